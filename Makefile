@@ -1,0 +1,33 @@
+# Two commands: `make demo` and `make test`. Both build .venv from nothing:
+# torch first (pinned, so no newer CUDA build is pulled in), then kiln with its extras.
+TORCH_VERSION ?= 2.13.0
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kiln-installed-$(TORCH_VERSION)
+PYTEST_WORKERS ?= 2
+DEMO_ARGS ?= --suite smoke --modes all --threads 2 --iters 10
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: setup demo test clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install --quiet -e ".[test,bench]"
+	rm -f $(VENV)/.kiln-installed-*
+	touch $@
+
+demo: setup
+	$(VENV)/bin/kiln bench $(DEMO_ARGS)
+
+test: setup
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -q tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

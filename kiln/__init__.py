@@ -1,0 +1,10 @@
+"""kiln: a deep-learning compiler for PyTorch.
+
+This module only re-exports the public API; each piece lives in its own layer.
+"""
+
+from kiln import config, logs
+
+__version__ = "0.1.0"
+
+__all__ = ["config", "logs", "__version__"]

@@ -1,0 +1,165 @@
+"""Arguments of `kiln bench` and `kiln report`, checked before any model runs."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from kiln import config
+from kiln.bench.models import MODELS, suites
+from kiln.bench.modes import MODES
+from kiln.bench.results import Case, Result
+
+DEFAULT_MODES = "all"
+
+
+def _choices(kind: str, given: list[str], valid: list[str]) -> list[str]:
+    unknown = [g for g in given if g not in valid]
+    if unknown:
+        raise ValueError(f"unknown {kind} {', '.join(map(repr, unknown))}; valid {kind}s: {', '.join(valid)}")
+    return given
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def parse_threads(text: str) -> list[int]:
+    try:
+        threads = [int(t) for t in _split(text)]
+    except ValueError:
+        threads = []
+    if not threads or min(threads) < 1:
+        raise ValueError(f"--threads takes positive integers separated by commas, e.g. 1,2 (got {text!r})")
+    return threads
+
+
+def check_writable(flag: str, path: str | None, suffix: str | None = None) -> None:
+    """Fail before any model runs if an output could not be written at the end."""
+    if path is None:
+        return
+    target = Path(path)
+    if suffix and target.suffix.lower() != suffix:
+        raise ValueError(f"{flag} must name a {suffix} file (got {path!r})")
+    if target.is_dir():
+        raise ValueError(f"{flag} {path!r} is a directory; give a file path")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path!r}: folder {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise ValueError(f"{flag} {path!r} cannot be written (permission denied)")
+
+
+def _check_plotting(path: str | None) -> None:
+    check_writable("--plot", path, ".png")
+    if path and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError("--plot needs matplotlib: pip install 'kiln[bench]'")
+
+
+def select_cases(args: argparse.Namespace) -> list[Case]:
+    all_suites = suites()
+    if args.models:
+        models = _choices("model", _split(args.models), list(MODELS))
+    else:
+        models = all_suites[_choices("suite", [args.suite], list(all_suites))[0]]
+    modes = list(MODES) if args.modes == "all" else _choices("mode", _split(args.modes), list(MODES))
+    threads = parse_threads(args.threads)
+    if args.iters < 1 or args.warmup < 0 or args.timeout <= 0:
+        raise ValueError("--iters must be >= 1, --warmup >= 0 and --timeout > 0")
+    return [
+        Case(model, mode, t, train=args.train, iters=args.iters, warmup=args.warmup)
+        for model in models
+        for t in threads
+        for mode in modes
+    ]
+
+
+def write_outputs(results: list[Result], meta: dict[str, Any], args: argparse.Namespace) -> None:
+    from kiln.bench import report
+
+    print(report.text_report(results, meta))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.json_report(results, meta), indent=1) + "\n")
+    if args.plot:
+        from kiln.bench.plot import plot_speedups
+
+        plot_speedups(results, meta, args.plot)
+    if args.markdown:
+        plot = os.path.relpath(args.plot, Path(args.markdown).parent) if args.plot else None
+        Path(args.markdown).write_text(report.markdown_report(results, meta, plot))
+
+
+def run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from kiln.bench.report import run_metadata
+    from kiln.bench.runner import Progress, run_cases
+
+    try:
+        cases = select_cases(args)
+        check_writable("--json", args.json, ".json")
+        check_writable("--markdown", args.markdown, ".md")
+        _check_plotting(args.plot)
+    except ValueError as e:
+        parser.error(str(e))
+    meta = run_metadata(
+        task="training step" if args.train else "inference",
+        suite=args.suite if not args.models else "custom",
+        threads=parse_threads(args.threads),
+        iters=args.iters,
+        warmup=args.warmup,
+        cache=args.cache,
+        timeout_s=args.timeout,
+    )
+    results = run_cases(cases, args.timeout, cold_cache=args.cache == "cold", progress=Progress(len(cases)))
+    write_outputs(results, meta, args)
+    return 0
+
+
+def run_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        check_writable("--markdown", args.markdown, ".md")
+        _check_plotting(args.plot)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        data = json.loads(Path(args.run).read_text())
+        results = [Result.from_json(r) for r in data["results"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        parser.error(f"cannot read the run {args.run!r}: {e}")
+    args.json = None
+    write_outputs(results, data["meta"], args)
+    return 0
+
+
+def add_bench_command(commands: argparse._SubParsersAction) -> None:
+    suite_names = ", ".join(f"{name} ({', '.join(models)})" for name, models in suites().items())
+    p = commands.add_parser(
+        "bench",
+        help="benchmark eager, torch.compile and kiln side by side",
+        description="Each (model, mode, threads) case runs in its own subprocess; eager and compiled "
+        "calls are interleaved in that process and their medians compared.",
+    )
+    p.add_argument("--suite", default="hf", help=f"model suite: {suite_names} (default: hf)")
+    p.add_argument("--models", help="comma-separated model names from any suite (overrides --suite)")
+    p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated, or all: {', '.join(MODES)}")
+    p.add_argument("--threads", default="1", help="torch thread counts to run, e.g. 1,2 (default: 1)")
+    p.add_argument("--iters", type=int, default=config.bench.iters, help="timed iterations (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=config.bench.warmup, help="untimed iterations (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=config.bench.timeout_s, help="seconds per case (default: %(default)s)")
+    p.add_argument("--train", action="store_true", help="time a training step and check gradients")
+    p.add_argument("--cache", choices=["cold", "warm"], default="cold", help="compile caches: fresh per case (cold) or the user's (warm)")
+    p.add_argument("--json", metavar="PATH", help="write every result and the run's metadata as JSON")
+    p.add_argument("--markdown", metavar="PATH", help="write the tables as markdown")
+    p.add_argument("--plot", metavar="PATH.png", help="write a bar chart of speedups")
+    p.set_defaults(handler=run_bench)
+
+
+def add_report_command(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("report", help="re-render a run saved by kiln bench --json")
+    p.add_argument("run", help="the JSON file of a run")
+    p.add_argument("--markdown", metavar="PATH")
+    p.add_argument("--plot", metavar="PATH.png")
+    p.set_defaults(handler=run_report)

@@ -1,0 +1,215 @@
+"""The benchmark's models: one `ModelSpec` entry per model, grouped into suites.
+
+Every model is built from a config object with seeded random weights (no hub access), and comes
+with its input maker. Adding a model is one `_register(...)` call at the bottom of this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+SEED = 0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to build one benchmark model and its inputs.
+
+    `build(train)` returns the module in train() or eval() mode; `make_inputs()` returns the keyword
+    arguments of one forward call. Both are deterministic.
+    """
+
+    name: str
+    suites: tuple[str, ...]
+    description: str
+    build: Callable[[bool], nn.Module]
+    make_inputs: Callable[[], dict[str, torch.Tensor]]
+
+
+MODELS: dict[str, ModelSpec] = {}
+
+
+def _register(spec: ModelSpec) -> None:
+    if spec.name in MODELS:
+        raise ValueError(f"benchmark model {spec.name!r} is registered twice")
+    MODELS[spec.name] = spec
+
+
+def suites() -> dict[str, list[str]]:
+    """Suite name -> model names, in registration order."""
+    out: dict[str, list[str]] = {}
+    for spec in MODELS.values():
+        for suite in spec.suites:
+            out.setdefault(suite, []).append(spec.name)
+    return out
+
+
+def _generator() -> torch.Generator:
+    return torch.Generator().manual_seed(SEED + 1)
+
+
+def token_ids(vocab_size: int, seq: int, batch: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab_size, (batch, seq), generator=_generator())
+
+
+def image(size: int, batch: int = 1) -> torch.Tensor:
+    return torch.randn(batch, 3, size, size, generator=_generator())
+
+
+def _without_dropout(config: Any) -> Any:
+    # Training comparisons need the same masks in eager and compiled runs; compilers do not promise
+    # eager's RNG stream, so every dropout probability in the config is set to zero.
+    for key, value in config.to_dict().items():
+        if isinstance(value, float) and any(w in key for w in ("dropout", "pdrop", "drop_path")):
+            setattr(config, key, 0.0)
+    return config
+
+
+def _finish(model: nn.Module, train: bool) -> nn.Module:
+    if train:
+        for module in model.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = 0.0
+    return model.train(train)
+
+
+def hf_model(
+    name: str,
+    suites: tuple[str, ...],
+    model_class: str,
+    config_class: str,
+    config: dict[str, Any],
+    inputs: Callable[[Any], dict[str, torch.Tensor]],
+) -> ModelSpec:
+    """A HuggingFace `transformers` model built from `config_class(**config)` with random weights."""
+
+    def make_config() -> Any:
+        import transformers
+
+        return getattr(transformers, config_class)(**config)
+
+    def build(train: bool) -> nn.Module:
+        import transformers
+
+        cfg = make_config()
+        if train:
+            cfg = _without_dropout(cfg)
+        torch.manual_seed(SEED)
+        return _finish(getattr(transformers, model_class)(cfg), train)
+
+    return ModelSpec(
+        name=name,
+        suites=suites,
+        description=f"transformers.{model_class}",
+        build=build,
+        make_inputs=lambda: inputs(make_config()),
+    )
+
+
+class MLP(nn.Module):
+    """Two linear layers with a GELU: the harness's own tests use it because it compiles in seconds."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, 2 * width)
+        self.down = nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(nn.functional.gelu(self.up(x)))
+
+
+def _build_mlp(train: bool) -> nn.Module:
+    torch.manual_seed(SEED)
+    return _finish(MLP(), train)
+
+
+# Text models take token ids; `no_cache` keeps outputs plain tensors (no KV-cache objects).
+def _ids(seq: int) -> Callable[[Any], dict[str, torch.Tensor]]:
+    return lambda cfg: {"input_ids": token_ids(cfg.vocab_size, seq)}
+
+
+def _encoder_decoder_ids(seq: int) -> Callable[[Any], dict[str, torch.Tensor]]:
+    return lambda cfg: {
+        "input_ids": token_ids(cfg.vocab_size, seq),
+        "decoder_input_ids": token_ids(cfg.vocab_size, seq).flip(-1),
+    }
+
+
+def _pixels(size: int) -> Callable[[Any], dict[str, torch.Tensor]]:
+    return lambda cfg: {"pixel_values": image(size)}
+
+
+no_cache = {"use_cache": False}
+
+# ---- the hf suite: the models every issue is judged on ----
+_register(hf_model("bert", ("hf",), "BertModel", "BertConfig", {}, _ids(128)))
+_register(hf_model("gpt2", ("hf",), "GPT2LMHeadModel", "GPT2Config", no_cache, _ids(128)))
+_register(
+    hf_model(
+        "t5",
+        ("hf",),
+        "T5Model",
+        "T5Config",
+        {**no_cache, "d_model": 512, "d_ff": 2048, "num_layers": 6, "num_heads": 8, "d_kv": 64},
+        _encoder_decoder_ids(128),
+    )
+)
+_register(hf_model("distilbert", ("hf",), "DistilBertModel", "DistilBertConfig", {}, _ids(128)))
+_register(hf_model("vit", ("hf",), "ViTModel", "ViTConfig", {}, _pixels(224)))
+_register(hf_model("resnet50", ("hf",), "ResNetModel", "ResNetConfig", {}, _pixels(224)))
+_register(
+    hf_model(
+        "llama",
+        ("hf",),
+        "LlamaForCausalLM",
+        "LlamaConfig",
+        {
+            **no_cache,
+            "hidden_size": 512,
+            "intermediate_size": 1376,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 8,
+            "vocab_size": 32000,
+        },
+        _ids(128),
+    )
+)
+_register(hf_model("convnext", ("hf",), "ConvNextModel", "ConvNextConfig", {}, _pixels(224)))
+
+# ---- the smoke suite: two real models small enough for `make demo` ----
+_register(
+    hf_model(
+        "bert-tiny",
+        ("smoke",),
+        "BertModel",
+        "BertConfig",
+        {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 512},
+        _ids(64),
+    )
+)
+_register(
+    hf_model(
+        "resnet-tiny",
+        ("smoke",),
+        "ResNetModel",
+        "ResNetConfig",
+        {"embedding_size": 16, "hidden_sizes": [32, 64], "depths": [1, 1], "layer_type": "basic"},
+        _pixels(64),
+    )
+)
+
+# ---- the unit suite: kiln's own harness tests ----
+_register(
+    ModelSpec(
+        name="mlp",
+        suites=("unit",),
+        description="two-layer MLP (harness tests)",
+        build=_build_mlp,
+        make_inputs=lambda: {"x": torch.randn(8, 64, generator=_generator())},
+    )
+)

@@ -1,0 +1,133 @@
+"""The benchmark's modes: how one model gets compiled, and whether that is possible yet.
+
+A mode that does not exist yet reports why (`unavailable_reason`) and is shown as "not available";
+it is never replaced by something else under its name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import nn
+
+# kiln/bench measures the peer, Inductor, so it is one of the two places allowed to use torch._dynamo.
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way to run a model.
+
+    `compile(model)` returns the callable to time. `unavailable_reason(train)` is None when the mode
+    can run, else a sentence saying why not. `stats()` returns graph and break counts where known.
+    """
+
+    name: str
+    help: str
+    compile: Callable[[nn.Module], Callable]
+    unavailable_reason: Callable[[bool], str | None]
+    stats: Callable[[], dict[str, int]]
+
+
+def _always(train: bool) -> None:
+    return None
+
+
+def _no_stats() -> dict[str, int]:
+    return {}
+
+
+def _dynamo_stats() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+
+    return {
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+    }
+
+
+def _torch_compile(backend: str = "inductor", freezing: bool = False) -> Callable[[nn.Module], Callable]:
+    def compile(model: nn.Module) -> Callable:
+        import torch
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        if freezing:
+            import torch._inductor.config as inductor_config
+
+            inductor_config.freezing = True
+        return torch.compile(model, backend=backend)
+
+    return compile
+
+
+def _freezing_reason(train: bool) -> str | None:
+    return "Inductor freezes weights for inference only" if train else None
+
+
+def _dynamo_backend_reason(backend: str, issue: str) -> Callable[[bool], str | None]:
+    def reason(train: bool) -> str | None:
+        import torch._dynamo
+
+        import kiln  # noqa: F401  (registers kiln's backends, once they exist)
+
+        if backend in torch._dynamo.list_backends(exclude_tags=()):
+            return None
+        return f'torch.compile backend "{backend}" is not registered yet ({issue})'
+
+    return reason
+
+
+def _kiln_compile(backend: str) -> Callable[[nn.Module], Callable]:
+    def compile(model: nn.Module) -> Callable:
+        import kiln
+
+        return kiln.compile(model, backend=backend)
+
+    return compile
+
+
+def _kiln_compile_reason(train: bool) -> str | None:
+    import kiln
+
+    if callable(getattr(kiln, "compile", None)):
+        return None
+    return "kiln.compile (kiln's own capture, issue 5) has not landed yet"
+
+
+MODES: dict[str, Mode] = {
+    m.name: m
+    for m in [
+        Mode("eager", "plain PyTorch (timed against itself: the noise floor)", lambda m: m, _always, _no_stats),
+        Mode("inductor", 'torch.compile(model) with its defaults', _torch_compile(), _always, _dynamo_stats),
+        Mode(
+            "inductor-freeze",
+            "torch.compile with Inductor's freezing (inference only)",
+            _torch_compile(freezing=True),
+            _freezing_reason,
+            _dynamo_stats,
+        ),
+        Mode("kiln", "kiln.compile(model): kiln's capture and backend", _kiln_compile("kiln"), _kiln_compile_reason, _no_stats),
+        Mode(
+            "kiln-dynamo",
+            'torch.compile(model, backend="kiln"): Dynamo capture, kiln backend',
+            _torch_compile("kiln"),
+            _dynamo_backend_reason("kiln", "issue 4"),
+            _dynamo_stats,
+        ),
+        Mode(
+            "kiln-eager",
+            'kiln.compile(model, backend="eager"): kiln capture only (debug)',
+            _kiln_compile("eager"),
+            _kiln_compile_reason,
+            _no_stats,
+        ),
+        Mode(
+            "kiln-aot-eager",
+            'torch.compile(model, backend="kiln_aot_eager"): Dynamo capture + kiln AOT (debug)',
+            _torch_compile("kiln_aot_eager"),
+            _dynamo_backend_reason("kiln_aot_eager", "issue 3"),
+            _dynamo_stats,
+        ),
+    ]
+}

@@ -1,0 +1,196 @@
+"""Turns benchmark results into a summary, a terminal table, markdown and JSON."""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from kiln.bench.results import Result
+
+
+@dataclass
+class ModeSummary:
+    mode: str
+    threads: int
+    passed: int
+    ran: int  # cases that were attempted (not "n/a")
+    geomean_speedup: float | None  # over passing cases
+    median_compile_s: float | None
+
+    @property
+    def pass_rate(self) -> str:
+        return f"{self.passed}/{self.ran}" if self.ran else "not available"
+
+
+def geomean(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def summarize(results: list[Result]) -> list[ModeSummary]:
+    """Per (mode, threads): pass rate, geometric-mean speedup and median compile time."""
+    keys = list(dict.fromkeys((r.case.mode, r.case.threads) for r in results))
+    out = []
+    for mode, threads in keys:
+        group = [r for r in results if (r.case.mode, r.case.threads) == (mode, threads)]
+        ran = [r for r in group if r.status != "n/a"]
+        passed = [r for r in ran if r.passed]
+        compile_times = [r.compile_s for r in passed if r.compile_s is not None]
+        out.append(
+            ModeSummary(
+                mode,
+                threads,
+                len(passed),
+                len(ran),
+                geomean([r.speedup for r in passed if r.speedup]),
+                statistics.median(compile_times) if compile_times else None,
+            )
+        )
+    return out
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def cell(result: Result) -> str:
+    """A short verdict for a pivot table: speedup, or what went wrong."""
+    if result.status == "n/a":
+        return "not available"
+    if result.status != "ok":
+        return result.status
+    if result.accuracy != "pass":
+        return f"{result.speedup:.2f}x (wrong)"
+    return f"{result.speedup:.2f}x"
+
+
+DETAIL_COLUMNS = [
+    ("model", lambda r: r.case.model),
+    ("threads", lambda r: str(r.case.threads)),
+    ("mode", lambda r: r.case.mode),
+    ("status", lambda r: r.status),
+    ("accuracy", lambda r: r.accuracy or "-"),
+    ("compile s", lambda r: _fmt(r.compile_s, ".1f")),
+    ("eager ms", lambda r: _fmt(r.eager_ms, ".2f")),
+    ("compiled ms", lambda r: _fmt(r.compiled_ms, ".2f")),
+    ("speedup", lambda r: _fmt(r.speedup, ".2f", "x")),
+    ("peak MB", lambda r: _fmt(r.peak_rss_mb, ".0f")),
+    ("graphs", lambda r: _fmt(r.graphs, "d")),
+    ("breaks", lambda r: _fmt(r.graph_breaks, "d")),
+    ("note", lambda r: r.error or r.accuracy_detail or ""),
+]
+
+SUMMARY_COLUMNS = [
+    ("mode", lambda s: s.mode),
+    ("threads", lambda s: str(s.threads)),
+    ("pass rate", lambda s: s.pass_rate),
+    ("geomean speedup", lambda s: _fmt(s.geomean_speedup, ".2f", "x")),
+    ("median compile s", lambda s: _fmt(s.median_compile_s, ".1f")),
+]
+
+
+def pivot(results: list[Result]) -> tuple[list[str], list[list[str]]]:
+    """Rows (model, threads) x columns mode, each cell a speedup or a status."""
+    modes = list(dict.fromkeys(r.case.mode for r in results))
+    rows: dict[tuple[str, int], dict[str, str]] = {}
+    for r in results:
+        rows.setdefault((r.case.model, r.case.threads), {})[r.case.mode] = cell(r)
+    header = ["model", "threads"] + modes
+    body = [[model, str(threads)] + [cells.get(m, "") for m in modes] for (model, threads), cells in rows.items()]
+    return header, body
+
+
+def _text_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    escape = lambda s: s.replace("|", "\\|")  # noqa: E731
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(escape(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _tables(results: list[Result]) -> list[tuple[str, list[str], list[list[str]]]]:
+    summaries = summarize(results)
+    return [
+        ("Speedup over eager (median latency, eager / compiled)", *pivot(results)),
+        ("Summary per mode", [c for c, _ in SUMMARY_COLUMNS], [[f(s) for _, f in SUMMARY_COLUMNS] for s in summaries]),
+        ("Every case", [c for c, _ in DETAIL_COLUMNS], [[f(r) for _, f in DETAIL_COLUMNS] for r in results]),
+    ]
+
+
+def describe_run(meta: dict[str, Any]) -> str:
+    threads = ",".join(str(t) for t in meta["threads"])
+    return (
+        f"{meta['task']} · suite {meta['suite']} · threads {threads} · {meta['iters']} iters after {meta['warmup']} "
+        f"warm-up · {meta['cache']} cache · torch {meta['torch']} · {meta['cpu']} ({meta['cores']} cores) · {meta['date']}"
+    )
+
+
+def text_report(results: list[Result], meta: dict[str, Any]) -> str:
+    parts = [describe_run(meta)]
+    for title, header, rows in _tables(results):
+        parts += ["", title, _text_table(header, rows)]
+    return "\n".join(parts)
+
+
+def markdown_report(results: list[Result], meta: dict[str, Any], plot: str | None = None) -> str:
+    parts = ["# kiln bench", "", describe_run(meta)]
+    if plot:
+        parts += ["", f"![speedup per model and mode]({plot})"]
+    for title, header, rows in _tables(results):
+        parts += ["", f"## {title}", "", _markdown_table(header, rows)]
+    return "\n".join(parts) + "\n"
+
+
+def json_report(results: list[Result], meta: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "meta": meta,
+        "results": [r.to_json() for r in results],
+        "summary": [s.__dict__ | {"pass_rate": s.pass_rate} for s in summarize(results)],
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run_metadata(**settings: Any) -> dict[str, Any]:
+    """What a reader needs to reproduce the numbers: machine, versions, settings."""
+    import os
+
+    import torch
+
+    import kiln
+
+    try:
+        import transformers
+
+        transformers_version = transformers.__version__
+    except ImportError:
+        transformers_version = None
+    return {
+        **settings,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": _cpu_name(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers_version,
+        "kiln": kiln.__version__,
+    }

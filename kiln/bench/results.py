@@ -1,0 +1,60 @@
+"""What one benchmark case is, and what it measured: plain records that travel as JSON."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+# Statuses: "ok" ran and was measured; "error" raised (see `error`, `phase`); "timeout" passed its
+# time limit; "crash" died without a result (a signal, an abort); "n/a" the mode is not available.
+STATUSES = ("ok", "error", "timeout", "crash", "n/a")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One (model, mode, threads) measurement, run in its own subprocess."""
+
+    model: str
+    mode: str
+    threads: int
+    train: bool = False
+    iters: int = 20
+    warmup: int = 3
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} · {self.mode} · {self.threads} thread{'s' if self.threads > 1 else ''}"
+
+
+@dataclass
+class Result:
+    case: Case
+    status: str
+    error: str | None = None  # first line of the error, or why a mode is not available
+    phase: str | None = None  # build, reference, compile, accuracy, timing
+    accuracy: str | None = None  # "pass" or "fail"
+    accuracy_rule: str | None = None  # which step of the tolerance rule decided
+    accuracy_detail: str | None = None
+    max_abs_err: float | None = None
+    compile_s: float | None = None  # wall time of the first compiled call (compilation included)
+    eager_ms: float | None = None  # median, interleaved with compiled_ms in the same process
+    compiled_ms: float | None = None
+    speedup: float | None = None  # eager_ms / compiled_ms
+    peak_rss_mb: float | None = None  # peak resident memory of the case's whole process
+    graphs: int | None = None
+    graph_breaks: int | None = None
+    wall_s: float | None = None  # the whole subprocess, start to end
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "ok" and self.accuracy == "pass"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self.case), **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "case"}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Result":
+        case_keys = {f.name for f in fields(Case)}
+        case = Case(**{k: v for k, v in data.items() if k in case_keys})
+        known = {f.name for f in fields(cls)}
+        return cls(case=case, **{k: v for k, v in data.items() if k in known and k != "case"})

@@ -1,0 +1,167 @@
+"""Runs one benchmark case inside its own process: `python -m kiln.bench.worker CASE_JSON RESULT_PATH`.
+
+Builds the model twice from the same seed (an eager copy and one to compile), checks the compiled
+result against eager with the tolerance rule of `accuracy.py`, then times eager and compiled calls
+interleaved in this same process, so both see the same machine state.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import resource
+import statistics
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from kiln.bench.accuracy import Verdict, compare, flatten_tensors
+from kiln.bench.models import MODELS
+from kiln.bench.modes import MODES
+from kiln.bench.results import Case, Result
+
+
+class PhaseError(Exception):
+    def __init__(self, phase: str, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.phase, self.error = phase, error
+
+
+def _phase(name: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - every failure is recorded, the suite goes on
+        raise PhaseError(name, e) from e
+
+
+def _loss(output: Any) -> torch.Tensor:
+    floats = [t for t in flatten_tensors(output) if t.is_floating_point() and t.requires_grad]
+    return sum(t.float().mean() for t in floats)
+
+
+class InferenceStep:
+    """One forward call without autograd."""
+
+    def __init__(self, model: Callable, inputs: dict[str, torch.Tensor]) -> None:
+        self.model, self.inputs = model, inputs
+
+    def __call__(self) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return flatten_tensors(self.model(**self.inputs))
+
+
+class TrainStep:
+    """Forward, loss, backward and an SGD step; returns the loss and every parameter's gradient."""
+
+    def __init__(self, model: Callable, params: nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+        self.model, self.params, self.inputs = model, params, inputs
+        self.optimizer = torch.optim.SGD(params.parameters(), lr=1e-4)
+
+    def gradients(self) -> list[torch.Tensor]:
+        """Loss and gradients of one step, without updating the weights (for the accuracy check)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = _loss(self.model(**self.inputs))
+        loss.backward()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params.parameters()]
+        return [loss.detach()] + grads
+
+    def __call__(self) -> None:
+        self.gradients()
+        self.optimizer.step()
+
+
+def _double(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
+
+
+def _make_step(case: Case, model: nn.Module, runner: Callable, inputs: dict[str, torch.Tensor]):
+    return TrainStep(runner, model, inputs) if case.train else InferenceStep(runner, inputs)
+
+
+def _first_outputs(case: Case, step) -> list[torch.Tensor]:
+    return step.gradients() if case.train else step()
+
+
+def _median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e3
+
+
+def _time_interleaved(eager: Callable, compiled: Callable, case: Case) -> tuple[float, float]:
+    for _ in range(case.warmup):
+        eager()
+        compiled()
+    eager_s, compiled_s = [], []
+    for i in range(case.iters):
+        # Alternate which goes first so neither always runs on a cache the other warmed.
+        order = [(eager, eager_s), (compiled, compiled_s)]
+        for fn, samples in order if i % 2 == 0 else reversed(order):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+    return _median_ms(eager_s), _median_ms(compiled_s)
+
+
+def run_case(case: Case) -> Result:
+    """Measure one case in this process. Failures become a Result with status "error", never a raise."""
+    result = Result(case=case, status="ok")
+    start = time.perf_counter()
+    torch.set_num_threads(case.threads)
+    try:
+        _measure(case, result)
+    except PhaseError as e:
+        result.status, result.phase = "error", e.phase
+        result.error = f"{type(e.error).__name__}: {str(e.error).strip().splitlines()[0] if str(e.error).strip() else ''}"
+        traceback.print_exception(e.error, file=sys.stderr)
+    result.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result.wall_s = time.perf_counter() - start
+    return result
+
+
+def _measure(case: Case, result: Result) -> None:
+    spec, mode = MODELS[case.model], MODES[case.mode]
+    eager_model = _phase("build", lambda: spec.build(case.train))
+    compiled_model = copy.deepcopy(eager_model)
+    inputs = _phase("build", spec.make_inputs)
+    torch.manual_seed(0)
+
+    eager = _make_step(case, eager_model, eager_model, inputs)
+    reference = _phase("reference", lambda: _first_outputs(case, eager))
+
+    def fp64_reference() -> list[torch.Tensor]:
+        model64 = copy.deepcopy(eager_model).double()
+        return _first_outputs(case, _make_step(case, model64, model64, _double(inputs)))
+
+    def compile_and_run():
+        runner = mode.compile(compiled_model)
+        step = _make_step(case, compiled_model, runner, inputs)
+        return step, _first_outputs(case, step)
+
+    t0 = time.perf_counter()
+    compiled, outputs = _phase("compile", compile_and_run)
+    result.compile_s = time.perf_counter() - t0
+
+    verdict: Verdict = _phase("accuracy", lambda: compare(outputs, reference, fp64_reference))
+    result.accuracy = "pass" if verdict.passed else "fail"
+    result.accuracy_rule, result.accuracy_detail = verdict.rule, verdict.detail or None
+    result.max_abs_err = verdict.max_abs_err
+
+    result.eager_ms, result.compiled_ms = _phase("timing", lambda: _time_interleaved(eager, compiled, case))
+    result.speedup = result.eager_ms / result.compiled_ms
+    stats = mode.stats()
+    result.graphs, result.graph_breaks = stats.get("graphs"), stats.get("graph_breaks")
+
+
+def main(argv: list[str]) -> int:
+    case = Case(**json.loads(argv[0]))
+    result = run_case(case)
+    with open(argv[1], "w") as f:
+        json.dump(result.to_json(), f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

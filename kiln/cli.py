@@ -1,0 +1,21 @@
+"""The `kiln` command: `kiln bench` runs the benchmark, `kiln report` re-renders a saved run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kiln.bench import cli as bench_cli
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kiln", description="kiln, a deep-learning compiler for PyTorch")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    bench_cli.add_bench_command(commands)
+    bench_cli.add_report_command(commands)
+    args = parser.parse_args(argv)
+    return args.handler(args, parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,442 @@
+"""Typed settings, grouped by area, each mirrored by a ``KILN_*`` environment variable.
+
+Read a setting as an attribute of its group; change it by assignment (checked against the
+declared type) or, in tests and experiments, with :func:`patch`, which puts it back afterwards::
+
+    import kiln
+    kiln.config.debug.dump_dir            # None, or $KILN_DEBUG_DIR
+    kiln.config.bench.iters = 50          # a str here would raise TypeError
+    with kiln.config.patch({"bench.iters": 5}):
+        ...
+
+Adding a setting: declare a field with :func:`setting` in its group below. Adding a group: a
+class decorated with ``@_group("area")``, a module-level instance, and an entry in ``_GROUPS``.
+Every ``KILN_*`` variable kiln reads must be a setting here, because unknown ones are reported
+as likely typos.
+
+This module must not import torch: it is read at ``import kiln`` and by tools that only need
+settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import numbers
+import os
+import types
+import typing
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+__all__ = [
+    "BenchSettings",
+    "CacheSettings",
+    "DebugSettings",
+    "as_dict",
+    "bench",
+    "cache",
+    "cache_dir",
+    "debug",
+    "describe",
+    "patch",
+    "reload_from_env",
+    "setting",
+]
+
+ENV_PREFIX = "KILN_"
+
+
+# --- types a setting can have ----------------------------------------------------------------
+
+_REJECT = object()  # returned by a converter for a value of the wrong type
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kind:
+    """How one declared type is checked on assignment and parsed from the environment."""
+
+    name: str  # shown in errors and describe(), e.g. "tuple[str, ...]"
+    form: str  # the accepted environment spelling, shown when parsing fails
+    convert: Callable[[object], object]  # value -> stored value, or _REJECT
+    parse: Callable[[str], object]  # env text -> value; raises ValueError
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _parse_bool(text: str) -> bool:
+    word = text.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ValueError(text)
+
+
+def _split_names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _to_names(value: object) -> object:
+    if isinstance(value, str):
+        return _split_names(value)
+    if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    return _REJECT
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass, but True as an iteration count is always a mistake.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+_KINDS: dict[object, _Kind] = {
+    bool: _Kind(
+        "bool",
+        "one of 1/0, true/false, yes/no, on/off (any case)",
+        lambda v: v if isinstance(v, bool) else _REJECT,
+        _parse_bool,
+    ),
+    int: _Kind(
+        "int",
+        "an integer, e.g. 20",
+        lambda v: int(v) if _is_int(v) else _REJECT,
+        lambda text: int(text.strip()),
+    ),
+    float: _Kind(
+        "float",
+        "a number, e.g. 900 or 0.5",
+        lambda v: float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else _REJECT,
+        lambda text: float(text.strip()),
+    ),
+    str: _Kind("str", "any text", lambda v: v if isinstance(v, str) else _REJECT, str),
+    tuple[str, ...]: _Kind(
+        "tuple[str, ...]",
+        "comma-separated names, e.g. graph,code",
+        _to_names,
+        _split_names,
+    ),
+}
+
+
+def _optional(kind: _Kind) -> _Kind:
+    # An empty variable means "not set": `KILN_DEBUG_DIR= cmd` turns dumping off.
+    return _Kind(
+        f"{kind.name} | None",
+        f"{kind.form}, or empty for None",
+        lambda v: None if v is None else kind.convert(v),
+        lambda text: None if text == "" else kind.parse(text),
+    )
+
+
+def _kind_for(hint: object) -> _Kind:
+    if hint in _KINDS:
+        return _KINDS[hint]
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 2:
+        inner = [arg for arg in args if arg is not type(None)]
+        if len(inner) == 1 and inner[0] in _KINDS:
+            return _optional(_KINDS[inner[0]])
+    supported = ", ".join(kind.name for kind in _KINDS.values())
+    raise TypeError(f"settings may be {supported}, or one of those | None; not {hint!r}")
+
+
+# --- declaring settings ----------------------------------------------------------------------
+
+
+def setting(default: object, *, env: str, help: str) -> typing.Any:
+    """Declare one setting in a group: its default, environment variable and one-line help.
+
+    Example::
+
+        @_group("bench")
+        class BenchSettings(_Group):
+            iters: int = setting(20, env="KILN_BENCH_ITERS", help="timed iterations")
+    """
+    if not env.startswith(ENV_PREFIX):
+        raise ValueError(f"environment variable {env!r} must start with {ENV_PREFIX!r}")
+    return dataclasses.field(default=default, metadata={"env": env, "help": help})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """Everything declared about one setting."""
+
+    name: str  # "group.field"
+    kind: _Kind
+    default: object
+    env: str
+    help: str
+
+    def check(self, value: object) -> object:
+        stored = self.kind.convert(value)
+        if stored is _REJECT:
+            raise TypeError(
+                f"{self.name} expects {self.kind.name}, got {value!r} ({type(value).__name__})"
+            )
+        return stored
+
+    def from_env(self, text: str) -> object:
+        try:
+            return self.kind.parse(text)
+        except ValueError:
+            raise ValueError(
+                f"environment variable {self.env}={text!r} is not valid for {self.name}: "
+                f"expected {self.kind.form}"
+            ) from None
+
+
+class _Group:
+    """Base of every settings group: a dataclass whose assignments are type-checked."""
+
+    _area: typing.ClassVar[str]
+    _specs: typing.ClassVar[dict[str, _Spec]]
+
+    def __setattr__(self, field: str, value: object) -> None:
+        spec = self._specs.get(field)
+        if spec is None:
+            raise _unknown(f"{self._area}.{field}")
+        object.__setattr__(self, field, spec.check(value))
+
+    def __getattr__(self, field: str) -> typing.NoReturn:
+        # Only reached for names that do not exist; keep Python's protocol probes quiet.
+        if field.startswith("__"):
+            raise AttributeError(field)
+        raise _unknown(f"{self._area}.{field}")
+
+
+def _group(area: str) -> Callable[[type], type]:
+    """Make a class a settings group named ``area``: a dataclass with checked fields."""
+
+    def wrap(cls: type) -> type:
+        cls._area = area
+        cls = dataclasses.dataclass(cls)
+        hints = typing.get_type_hints(cls)
+        specs = {}
+        for field in dataclasses.fields(cls):
+            if "env" not in field.metadata:
+                raise TypeError(f"{area}.{field.name} must be declared with setting(...)")
+            specs[field.name] = _Spec(
+                name=f"{area}.{field.name}",
+                kind=_kind_for(hints[field.name]),
+                default=field.default,
+                env=field.metadata["env"],
+                help=field.metadata["help"],
+            )
+        cls._specs = specs
+        return cls
+
+    return wrap
+
+
+# --- the settings ----------------------------------------------------------------------------
+
+
+@_group("debug")
+class DebugSettings(_Group):
+    """What kiln reports about its own work: log artifacts and per-graph dump files."""
+
+    logs: tuple[str, ...] = setting(
+        (),
+        env="KILN_LOGS",
+        help="which named log artifacts are on, e.g. graph,code or all (see kiln.logs)",
+    )
+    dump_dir: str | None = setting(
+        None,
+        env="KILN_DEBUG_DIR",
+        help="folder that every layer dumps per-graph debug files into; None for no dumps",
+    )
+
+
+@_group("cache")
+class CacheSettings(_Group):
+    """Where compiled artifacts persist between processes."""
+
+    dir: str = setting(
+        "~/.cache/kiln",
+        env="KILN_CACHE_DIR",
+        help="root folder of the on-disk compile caches (~ is expanded; see cache_dir())",
+    )
+
+
+@_group("bench")
+class BenchSettings(_Group):
+    """How the benchmark harness runs each (model, mode) pair."""
+
+    timeout_s: float = setting(
+        900.0,
+        env="KILN_BENCH_TIMEOUT",
+        help="time limit in seconds for the subprocess that runs one (model, mode)",
+    )
+    iters: int = setting(20, env="KILN_BENCH_ITERS", help="timed iterations per model and mode")
+    warmup: int = setting(
+        3, env="KILN_BENCH_WARMUP", help="untimed iterations after compilation, before timing"
+    )
+
+
+debug = DebugSettings()
+cache = CacheSettings()
+bench = BenchSettings()
+
+# The one list of groups; patch(), describe() and the environment all go through it.
+_GROUPS: dict[str, _Group] = {group._area: group for group in (debug, cache, bench)}
+
+
+# --- reading settings by name ----------------------------------------------------------------
+
+
+def _all_specs() -> dict[str, _Spec]:
+    return {spec.name: spec for group in _GROUPS.values() for spec in group._specs.values()}
+
+
+def _unknown(name: str) -> AttributeError:
+    known = sorted(_all_specs())
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return AttributeError(f"unknown setting {name!r}{hint}; accepted: {', '.join(known)}")
+
+
+def _lookup(name: str) -> tuple[_Group, str, _Spec]:
+    area, _, field = name.partition(".")
+    group = _GROUPS.get(area)
+    spec = group._specs.get(field) if group is not None else None
+    if spec is None:
+        raise _unknown(name)
+    return group, field, spec
+
+
+def cache_dir() -> Path:
+    """The cache root with ``~`` expanded.
+
+    Example::
+
+        kiln.config.cache_dir() / "kernels"   # PosixPath('/home/me/.cache/kiln/kernels')
+    """
+    return Path(os.path.expanduser(cache.dir))
+
+
+def as_dict() -> dict[str, object]:
+    """Every setting as ``{"group.field": value}``, in declaration order.
+
+    Example::
+
+        kiln.config.as_dict()["bench.iters"]   # 20
+    """
+    values = {}
+    for name in _all_specs():
+        group, field, _ = _lookup(name)
+        values[name] = getattr(group, field)
+    return values
+
+
+def describe() -> str:
+    """A table of every setting: name, type, current value, environment variable and help.
+
+    Example::
+
+        print(kiln.config.describe())
+    """
+    header = ("setting", "type", "value", "env", "help")
+    values = as_dict()
+    rows = [header] + [
+        (name, spec.kind.name, repr(values[name]), spec.env, spec.help)
+        for name, spec in _all_specs().items()
+    ]
+    widths = [max(len(row[col]) for row in rows) for col in range(len(header) - 1)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1]
+             for row in rows]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+# --- environment -----------------------------------------------------------------------------
+
+
+def reload_from_env(environ: Mapping[str, str] | None = None) -> None:
+    """Reset every setting to its default, then apply ``KILN_*`` variables from ``environ``.
+
+    ``environ`` defaults to ``os.environ``. All variables are parsed before anything changes,
+    so a malformed one (ValueError naming it) leaves the settings as they were. An unknown
+    ``KILN_*`` variable is most likely a typo and gives a warning.
+
+    Example::
+
+        kiln.config.reload_from_env({"KILN_BENCH_ITERS": "5"})
+        kiln.config.bench.iters   # 5
+    """
+    environ = os.environ if environ is None else environ
+    specs = _all_specs()
+    by_env = {spec.env: spec for spec in specs.values()}
+    values = {name: spec.default for name, spec in specs.items()}
+    for var in sorted(environ):
+        if not var.startswith(ENV_PREFIX):
+            continue
+        spec = by_env.get(var)
+        if spec is None:
+            close = difflib.get_close_matches(var, by_env, n=1, cutoff=0.8)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            warnings.warn(
+                f"unknown environment variable {var} is ignored{hint}; "
+                f"kiln reads: {', '.join(sorted(by_env))}",
+                stacklevel=2,
+            )
+            continue
+        values[spec.name] = spec.from_env(environ[var])
+    for name, value in values.items():
+        group, field, _ = _lookup(name)
+        setattr(group, field, value)
+
+
+# --- temporary changes -----------------------------------------------------------------------
+
+
+class patch(contextlib.ContextDecorator):
+    """Set settings by ``"group.field"`` name for a ``with`` block or a decorated function.
+
+    Names and types are all checked when the patch is created, before anything changes; the
+    previous values come back on exit, also after an exception. Patches nest, and one patch
+    object may be entered again (e.g. a decorated function that recurses).
+
+    Example::
+
+        with kiln.config.patch({"bench.iters": 5}, **{"debug.dump_dir": "/tmp/dumps"}):
+            ...
+
+        @kiln.config.patch({"debug.logs": "graph"})
+        def test_something(): ...
+    """
+
+    def __init__(self, changes: Mapping[str, object] | None = None, **kwargs: object) -> None:
+        merged = {**(changes or {}), **kwargs}
+        self._changes = {}
+        for name, value in merged.items():
+            _, _, spec = _lookup(name)
+            self._changes[name] = spec.check(value)
+        self._saved: list[dict[str, object]] = []  # a stack, so re-entry restores in order
+
+    def __enter__(self) -> patch:
+        targets = {name: _lookup(name)[:2] for name in self._changes}
+        self._saved.append({name: getattr(g, f) for name, (g, f) in targets.items()})
+        for name, (group, field) in targets.items():
+            setattr(group, field, self._changes[name])
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for name, value in self._saved.pop().items():
+            group, field, _ = _lookup(name)
+            setattr(group, field, value)
+
+
+def _check_env_names() -> None:
+    seen: dict[str, str] = {}
+    for spec in _all_specs().values():
+        if spec.env in seen:
+            raise ValueError(f"{spec.name} and {seen[spec.env]} both read {spec.env}")
+        seen[spec.env] = spec.name
+
+
+_check_env_names()
+reload_from_env()
