@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kiln import logs
 from kiln.bench import cli as bench_cli
 
 
@@ -14,6 +15,10 @@ def main(argv: list[str] | None = None) -> int:
     bench_cli.add_bench_command(commands)
     bench_cli.add_report_command(commands)
     args = parser.parse_args(argv)
+    try:
+        logs.enabled_artifacts()  # a typo in KILN_LOGS fails now, not in the middle of a run
+    except ValueError as e:
+        parser.error(str(e))
     return args.handler(args, parser)
 
 

@@ -16,7 +16,8 @@ def plot_speedups(results: list[Result], meta: dict[str, Any], path: str | Path)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    modes = [m for m in dict.fromkeys(r.case.mode for r in results) if m != "eager"]
+    # Eager is the 1.0 line; modes that never ran (not available) get no empty legend entry.
+    modes = [m for m in dict.fromkeys(r.case.mode for r in results if r.status != "n/a") if m != "eager"]
     models = list(dict.fromkeys(r.case.model for r in results))
     threads = sorted({r.case.threads for r in results})
     fig, axes = plt.subplots(len(threads), 1, figsize=(max(6.0, 1.1 * (len(models) + 1) * max(1, len(modes)) ** 0.5 + 2), 3.2 * len(threads)), squeeze=False)

@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, TextIO
 
+from kiln import logs
 from kiln.bench.modes import MODES
 from kiln.bench.results import Case, Result
 
@@ -43,6 +44,7 @@ def run_in_subprocess(case: Case, timeout_s: float, cold_cache: bool = True) -> 
         result_path, log_path = tmpdir / "result.json", tmpdir / "stderr.log"
         env = _child_env(case.threads, tmpdir / "cache" if cold_cache else None)
         cmd = [sys.executable, "-m", "kiln.bench.worker", json.dumps(asdict(case)), str(result_path)]
+        logs.log("bench", "%s: %s", case.label, " ".join(cmd))
         start = time.perf_counter()
         with open(log_path, "w") as log:
             proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

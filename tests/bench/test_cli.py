@@ -1,0 +1,78 @@
+"""`kiln bench` rejects bad input before any model runs, naming what is accepted."""
+
+import pytest
+
+import kiln.bench.cli
+import kiln.bench.runner
+from kiln.cli import main
+
+
+@pytest.fixture(autouse=True)
+def no_model_may_run(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a model ran although the arguments were bad")
+
+    monkeypatch.setattr(kiln.bench.runner, "run_cases", forbidden)
+
+
+def _error(capsys, *argv) -> str:
+    with pytest.raises(SystemExit) as exit:
+        main(["bench", *argv])
+    assert exit.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_unknown_model_lists_valid_ones(capsys):
+    err = _error(capsys, "--models", "bert,nosuch")
+    assert "unknown model 'nosuch'" in err and "distilbert" in err and "mlp" in err
+
+
+def test_unknown_suite_lists_valid_ones(capsys):
+    err = _error(capsys, "--suite", "huge")
+    assert "unknown suite 'huge'" in err and "hf, smoke, unit" in err
+
+
+def test_unknown_mode_lists_valid_ones(capsys):
+    err = _error(capsys, "--modes", "eager,turbo")
+    assert "unknown mode 'turbo'" in err and "inductor-freeze" in err and "kiln-aot-eager" in err
+
+
+@pytest.mark.parametrize("threads", ["0", "two", "1,,-1", ""])
+def test_bad_thread_counts(capsys, threads):
+    assert "--threads takes positive integers" in _error(capsys, "--models", "mlp", "--threads", threads)
+
+
+def test_bad_iteration_counts(capsys):
+    assert "--iters must be >= 1" in _error(capsys, "--models", "mlp", "--iters", "0")
+
+
+def test_output_folder_must_exist(capsys, tmp_path):
+    err = _error(capsys, "--models", "mlp", "--json", str(tmp_path / "missing" / "run.json"))
+    assert "does not exist" in err
+
+
+def test_output_may_not_be_a_directory(capsys, tmp_path):
+    (tmp_path / "run.md").mkdir()
+    assert "is a directory" in _error(capsys, "--models", "mlp", "--markdown", str(tmp_path / "run.md"))
+
+
+def test_plot_must_be_png(capsys, tmp_path):
+    assert "must name a .png file" in _error(capsys, "--models", "mlp", "--plot", str(tmp_path / "run.jpg"))
+
+
+def test_unwritable_output(capsys, tmp_path, monkeypatch):
+    # CI runs as root, who may write anywhere; so the permission answer is what we stand in for.
+    monkeypatch.setattr(kiln.bench.cli.os, "access", lambda path, mode: False)
+    assert "cannot be written" in _error(capsys, "--models", "mlp", "--json", str(tmp_path / "run.json"))
+
+
+def test_unknown_log_artifact_is_rejected_at_start(capsys):
+    with kiln.config.patch({"debug.logs": "bench,grpah"}):
+        err = _error(capsys, "--models", "mlp")
+    assert "unknown log artifact 'grpah'" in err and "graph" in err
+
+
+def test_report_of_a_missing_run(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit:
+        main(["report", str(tmp_path / "none.json")])
+    assert exit.value.code == 2 and "cannot read the run" in capsys.readouterr().err

@@ -1,0 +1,55 @@
+"""The model registry: suites, and every model builds and runs as the benchmark will run it."""
+
+import pytest
+import torch
+from torch import nn
+
+from kiln.bench.accuracy import flatten_tensors
+from kiln.bench.models import MODELS, suites
+
+HF = ["bert", "gpt2", "t5", "distilbert", "vit", "resnet50", "llama", "convnext"]
+
+
+def test_suites():
+    assert suites()["hf"] == HF
+    assert suites()["smoke"] == ["bert-tiny", "resnet-tiny"]
+    assert suites()["unit"] == ["mlp"]
+
+
+def test_inputs_are_deterministic():
+    for name in ("bert-tiny", "resnet-tiny", "mlp"):
+        a, b = MODELS[name].make_inputs(), MODELS[name].make_inputs()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _dropouts(model: nn.Module) -> list[float]:
+    probs = [m.p for m in model.modules() if isinstance(m, nn.Dropout)]
+    config = getattr(model, "config", None)
+    if config is not None:
+        probs += [v for k, v in config.to_dict().items() if isinstance(v, float) and "drop" in k]
+    return probs
+
+
+@pytest.mark.parametrize("name", ["bert-tiny", "resnet-tiny", "mlp"])
+def test_weights_are_seeded(name):
+    a, b = MODELS[name].build(False), MODELS[name].build(False)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+@pytest.mark.parametrize("name", HF + ["bert-tiny", "resnet-tiny", "mlp"])
+def test_model_builds_and_runs(name):
+    spec = MODELS[name]
+    model = spec.build(False)
+    assert not model.training
+    with torch.no_grad():
+        outputs = flatten_tensors(model(**spec.make_inputs()))
+    assert outputs and all(torch.isfinite(t).all() for t in outputs if t.is_floating_point())
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "t5", "distilbert", "bert-tiny"])
+def test_training_builds_have_no_dropout(name):
+    # Eager and compiled training steps must see the same masks: none.
+    model = MODELS[name].build(True)
+    assert model.training
+    assert _dropouts(model) and all(p == 0.0 for p in _dropouts(model))
+    assert any(p > 0 for p in _dropouts(MODELS[name].build(False)))  # inference keeps the config

@@ -1,0 +1,59 @@
+"""Summaries, tables and JSON of kiln bench, from hand-made results."""
+
+import json
+import math
+
+from kiln.bench.report import json_report, markdown_report, pivot, summarize, text_report
+from kiln.bench.results import Case, Result
+
+META = dict(task="inference", suite="unit", threads=[1], iters=5, warmup=1, cache="cold", torch="2.x",
+            cpu="cpu", cores=2, date="today")
+
+
+def _ok(model, mode, speedup, compile_s=1.0, accuracy="pass", threads=1):
+    return Result(Case(model, mode, threads), "ok", accuracy=accuracy, speedup=speedup, compile_s=compile_s,
+                  eager_ms=1.0, compiled_ms=1.0 / speedup)
+
+
+RESULTS = [
+    _ok("a", "inductor", 2.0, compile_s=10.0),
+    _ok("b", "inductor", 0.5, compile_s=30.0),
+    _ok("c", "inductor", 8.0, compile_s=99.0, accuracy="fail"),
+    Result(Case("d", "inductor", 1), "timeout", error="no result after 5 s"),
+    Result(Case("a", "kiln", 1), "n/a", error="not built yet"),
+]
+
+
+def test_summary_counts_only_accurate_cases_and_skips_unavailable():
+    by_mode = {s.mode: s for s in summarize(RESULTS)}
+    inductor = by_mode["inductor"]
+    assert (inductor.passed, inductor.ran, inductor.pass_rate) == (2, 4, "2/4")
+    assert math.isclose(inductor.geomean_speedup, 1.0)  # sqrt(2 * 0.5); the wrong 8x is left out
+    assert inductor.median_compile_s == 20.0
+    assert by_mode["kiln"].pass_rate == "not available" and by_mode["kiln"].geomean_speedup is None
+
+
+def test_pivot_marks_wrong_results_and_failures():
+    header, rows = pivot(RESULTS)
+    assert header == ["model", "threads", "inductor", "kiln"]
+    cells = {row[0]: row[2:] for row in rows}
+    assert cells["a"] == ["2.00x", "not available"]
+    assert cells["c"][0] == "8.00x (wrong)"
+    assert cells["d"][0] == "timeout"
+
+
+def test_text_and_markdown_reports_hold_every_case():
+    text = text_report(RESULTS, META)
+    md = markdown_report(RESULTS, META, plot="run.png")
+    for report in (text, md):
+        assert "no result after 5 s" in report and "not built yet" in report
+    assert "![speedup per model and mode](run.png)" in md
+    table_rows = [line for line in md.splitlines() if line.startswith("| a | 1 |")]
+    assert len(table_rows) == 3  # pivot row, and the detail rows of inductor and kiln
+
+
+def test_json_round_trips_results():
+    data = json.loads(json.dumps(json_report(RESULTS, META)))
+    back = [Result.from_json(r) for r in data["results"]]
+    assert back == RESULTS
+    assert data["summary"][0]["pass_rate"] == "2/4"

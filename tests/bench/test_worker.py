@@ -1,0 +1,62 @@
+"""One case measured in-process: what the subprocess of kiln bench does, without the subprocess."""
+
+import pytest
+import torch
+
+from kiln.bench import models, modes, worker
+from kiln.bench.results import Case
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def _mode(name, compile):
+    return modes.Mode(name, "test mode", compile, lambda train: None, lambda: {"graphs": 7})
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_eager_case_is_measured(train):
+    r = worker.run_case(Case("mlp", "eager", 1, train=train, iters=3, warmup=1))
+    assert r.status == "ok" and r.accuracy == "pass" and r.accuracy_rule == "fp32"
+    assert r.eager_ms > 0 and r.compiled_ms > 0 and r.speedup == pytest.approx(r.eager_ms / r.compiled_ms)
+    assert r.compile_s >= 0 and r.peak_rss_mb > 10 and r.wall_s > 0
+
+
+def test_wrong_results_fail_accuracy(monkeypatch):
+    def off_by_one(model):
+        return lambda **inputs: model(**inputs) + 1
+
+    monkeypatch.setitem(modes.MODES, "wrong", _mode("wrong", off_by_one))
+    r = worker.run_case(Case("mlp", "wrong", 1, iters=2, warmup=0))
+    assert r.status == "ok" and r.accuracy == "fail" and r.accuracy_rule == "fp64"
+    assert r.graphs == 7 and r.speedup is not None  # still timed, so the report can show "(wrong)"
+
+
+def test_wrong_gradients_fail_accuracy_in_training(monkeypatch):
+    def doubled_gradients(model):
+        return lambda **inputs: model(**inputs) * 2 - model(**inputs).detach()  # same value, 2x grad
+
+    monkeypatch.setitem(modes.MODES, "wrong", _mode("wrong", doubled_gradients))
+    r = worker.run_case(Case("mlp", "wrong", 1, train=True, iters=2, warmup=0))
+    assert r.accuracy == "fail"
+
+
+@pytest.mark.parametrize("phase", ["build", "compile"])
+def test_errors_are_recorded_with_their_phase(monkeypatch, phase):
+    def boom(*args):
+        raise RuntimeError(f"{phase} went wrong\nsecond line")
+
+    if phase == "build":
+        spec = models.MODELS["mlp"]
+        monkeypatch.setitem(models.MODELS, "mlp", models.ModelSpec("mlp", ("unit",), "", boom, spec.make_inputs))
+        case = Case("mlp", "eager", 1)
+    else:
+        monkeypatch.setitem(modes.MODES, "boom", _mode("boom", boom))
+        case = Case("mlp", "boom", 1)
+    r = worker.run_case(case)
+    assert r.status == "error" and r.phase == phase
+    assert r.error == f"RuntimeError: {phase} went wrong"
