@@ -4,7 +4,10 @@ This module only re-exports the public API; each piece lives in its own layer.
 """
 
 from kiln import config, logs
+from kiln.integrations import dynamo as _dynamo
 
 __version__ = "0.1.0"
 
 __all__ = ["config", "logs", "__version__"]
+
+_dynamo.register()

@@ -1,0 +1,9 @@
+"""kiln's AOT layer: torch-level graph -> functional core-ATen graphs, forward and backward.
+
+`kiln.aot.compile(gm, example_inputs, compile_graph)` is the entry point (see compile.py).
+"""
+
+from kiln.aot.compile import AotOptions, compile
+from kiln.aot.signature import UnsupportedByAot
+
+__all__ = ["AotOptions", "UnsupportedByAot", "compile"]

@@ -1,0 +1,137 @@
+"""`kiln.aot.compile`: a torch-level graph in, a callable with eager's semantics out.
+
+    compiled = kiln.aot.compile(gm, example_inputs, compile_graph)
+    outputs = compiled(*inputs)
+
+Parameters and buffers of `gm` become graph inputs. Under grad mode with an input that requires
+grad, the joint forward+backward graph is traced and split by the partitioner, and both halves go
+to `compile_graph`; otherwise one inference graph does. Each variant is built on first need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import fx
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
+
+from kiln import logs
+from kiln.aot import dump
+from kiln.aot.runtime import inference_runner, training_runner
+from kiln.aot.signature import Signature, UnsupportedByAot, analyze
+from kiln.aot.trace import differentiable_outputs, trace_inference, trace_joint
+
+CompileGraph = Callable[[fx.GraphModule, Sequence[Any]], Callable]
+
+
+@dataclass(frozen=True)
+class AotOptions:
+    """How the AOT layer builds graphs.
+
+    recompute: let the partitioner recompute cheap forward ops in the backward instead of saving
+    them (min-cut rematerialization); False saves everything the backward needs.
+    label: names the debug dump folder of this graph.
+    """
+
+    recompute: bool = True
+    label: str = "graph"
+
+
+def _placeholder_values(gm: fx.GraphModule) -> list[Any]:
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+class AotCompiled:
+    """The callable `kiln.aot.compile` returns; builds the inference or training variant on demand."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], compile_graph: CompileGraph, options: AotOptions) -> None:
+        self.compile_graph, self.options = compile_graph, options
+        lifted = dict(gm.named_parameters(remove_duplicate=False)) | dict(gm.named_buffers(remove_duplicate=False))
+        self.lifted_names, self.lifted = list(lifted), list(lifted.values())
+        self.out_spec: pytree.TreeSpec | None = None
+        self.fn = self._flat_function(gm)
+        self.fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode()
+        self.fake_args = [self._fake(a) for a in (*self.lifted, *example_inputs)]
+        self.sig: Signature = analyze(self.fn, self.fake_args, self.fake_mode)
+        self.variants: dict[bool, Callable[..., list[Any]]] = {}
+        # Build now for the grad mode of the example inputs, so compile errors surface here (where
+        # a backend can fall back) rather than in the middle of the user's call.
+        self._variant(self._wants_training(self.fake_args))
+
+    def _flat_function(self, gm: fx.GraphModule) -> Callable[..., tuple]:
+        n = len(self.lifted_names)
+
+        def flat(*args: Any) -> tuple:
+            state = dict(zip(self.lifted_names, args[:n]))
+            leaves, spec = pytree.tree_flatten(torch.func.functional_call(gm, state, tuple(args[n:])))
+            self.out_spec = spec
+            return tuple(leaves)
+
+        return flat
+
+    def _fake(self, value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or isinstance(value, torch._subclasses.FakeTensor):
+            return value
+        return self.fake_mode.from_tensor(value, static_shapes=self.fake_mode.shape_env is None)
+
+    def _wants_training(self, args: Sequence[Any]) -> bool:
+        return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+    def _build_inference(self) -> Callable[..., list[Any]]:
+        graph = trace_inference(self.fn, self.fake_args, self.sig, self.fake_mode)
+        dump.inference(self.options.label, graph, self.sig)
+        return inference_runner(self.compile_graph(graph, _placeholder_values(graph)), self.sig)
+
+    def _build_training(self) -> Callable[..., list[Any]]:
+        from kiln.aot.partition import PartitionPolicy, partition  # networkx, only when training
+
+        sig = self.sig
+        for i in sig.mutated_inputs:
+            if getattr(self.fake_args[i], "requires_grad", False):
+                raise UnsupportedByAot(f"input {i} requires grad and is mutated in place")
+        joint = trace_joint(self.fn, self.fake_args, sig, self.fake_mode)
+        num_forward_outputs = sig.num_outputs + len(sig.mutated_inputs)
+        split = partition(joint, num_forward_outputs, policy=PartitionPolicy(recompute=self.options.recompute))
+        dump.training(self.options.label, joint, split, sig)
+        forward = self.compile_graph(split.forward, _placeholder_values(split.forward))
+        backward = self.compile_graph(split.backward, _placeholder_values(split.backward))
+        return training_runner(forward, backward, sig, differentiable_outputs(sig), split.num_saved_tensors)
+
+    def _variant(self, training: bool) -> Callable[..., list[Any]]:
+        if training not in self.variants:
+            logs.log("aot", "building the %s graph(s) of %s", "training" if training else "inference", self.options.label)
+            self.variants[training] = self._build_training() if training else self._build_inference()
+        return self.variants[training]
+
+    def __call__(self, *args: Any) -> Any:
+        run = self._variant(self._wants_training([*self.lifted, *args]))
+        return pytree.tree_unflatten(run(*self.lifted, *args), self.out_spec)
+
+
+def compile(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    compile_graph: CompileGraph,
+    *,
+    options: AotOptions | None = None,
+) -> Callable:
+    """Trace `gm` to functional core-ATen graph(s), compile each with `compile_graph`, and return
+    a callable with eager's mutation, aliasing and autograd semantics.
+
+    Example::
+
+        compiled = kiln.aot.compile(gm, inputs, lambda aten_gm, example: aten_gm)
+        out = compiled(*inputs)
+    """
+    if not isinstance(gm, fx.GraphModule):
+        raise TypeError(f"kiln.aot.compile: gm must be a torch.fx.GraphModule, got {type(gm).__name__}")
+    if not callable(compile_graph):
+        raise TypeError("kiln.aot.compile: compile_graph must be callable as compile_graph(aten_gm, example_inputs)")
+    options = options or AotOptions()
+    if not isinstance(options, AotOptions):
+        raise TypeError(f"kiln.aot.compile: options must be kiln.aot.AotOptions, got {type(options).__name__}")
+    return AotCompiled(gm, example_inputs, compile_graph, options)

@@ -1,0 +1,47 @@
+"""The decomposition table used to trace to core ATen: PyTorch's core table plus kiln's own.
+
+kiln's entries go in `KILN_DECOMPOSITIONS`, one small function per op, registered with
+`@decomposition(aten.op.overload)`; they win over PyTorch's for the same op. Add one when a later
+layer (a lowering, a pattern) wants an op in a different form than PyTorch's table gives.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+from torch._decomp import core_aten_decompositions
+
+aten = torch.ops.aten
+
+KILN_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {}
+
+
+def decomposition(op: torch._ops.OpOverload) -> Callable[[Callable], Callable]:
+    """Register `fn` as kiln's decomposition of `op`.
+
+    Example::
+
+        @decomposition(aten.silu.default)
+        def silu(x):
+            return x * torch.sigmoid(x)
+    """
+
+    def register(fn: Callable) -> Callable:
+        if op in KILN_DECOMPOSITIONS:
+            raise ValueError(f"kiln already decomposes {op}")
+        KILN_DECOMPOSITIONS[op] = fn
+        return fn
+
+    return register
+
+
+@functools.cache
+def _core_table() -> dict:
+    return dict(core_aten_decompositions())
+
+
+def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
+    """The table make_fx traces with: PyTorch's core-ATen decompositions, then kiln's on top."""
+    return {**_core_table(), **KILN_DECOMPOSITIONS}

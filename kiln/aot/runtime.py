@@ -1,0 +1,107 @@
+"""Runtime wrappers around compiled functional graphs: they restore eager's semantics.
+
+A functional graph returns new values instead of mutating, and fresh tensors instead of views. The
+wrappers copy mutated inputs' new values back, hand aliasing outputs back as views of their bases,
+and for training run the forward and backward graphs inside one `torch.autograd.Function`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from kiln.aot.signature import Alias, Signature, TensorMeta
+
+
+def _layout(alias: Alias, graph_output: torch.Tensor) -> tuple[Any, Any, Any]:
+    # Sizes known at trace time are exact; symbolic ones are read from what the graph returned.
+    if all(isinstance(v, int) for v in (*alias.size, *alias.stride, alias.storage_offset)):
+        return alias.size, alias.stride, alias.storage_offset
+    return graph_output.size(), graph_output.stride(), graph_output.storage_offset()
+
+
+def _as_view_of(base: torch.Tensor, alias: Alias, graph_output: torch.Tensor) -> torch.Tensor:
+    if alias.same_tensor:
+        return base
+    if graph_output.untyped_storage().data_ptr() == base.untyped_storage().data_ptr():
+        return graph_output  # the graph already returned a view of the right storage
+    size, stride, offset = _layout(alias, graph_output)
+    return base.as_strided(size, stride, offset)
+
+
+def restore_aliases(sig: Signature, args: Sequence[Any], outputs: list[Any]) -> list[Any]:
+    """Outputs that were views of inputs (or of other outputs) in eager become views again."""
+    for k, alias in sig.aliases.items():
+        base = args[alias.base] if alias.of == "input" else outputs[alias.base]
+        outputs[k] = _as_view_of(base, alias, outputs[k])
+    return outputs
+
+
+def copy_back_mutations(sig: Signature, args: Sequence[Any], new_values: Sequence[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for i, value in zip(sig.mutated_inputs, new_values):
+            args[i].copy_(value)
+
+
+def inference_runner(compiled: Callable, sig: Signature) -> Callable[..., list[Any]]:
+    """`(*args) -> outputs` for a graph `(*args) -> (*outputs, *mutated input values)`."""
+    n = sig.num_outputs
+
+    def run(*args: Any) -> list[Any]:
+        out = list(compiled(*args))
+        copy_back_mutations(sig, args, out[n:])
+        return restore_aliases(sig, args, out[:n])
+
+    return run
+
+
+def _as_traced(grad: torch.Tensor, meta: TensorMeta | None) -> torch.Tensor:
+    # The backward graph was traced for tangents with the output's strides; give it those.
+    if meta is None or grad.numel() <= 1:
+        return grad
+    if not all(isinstance(s, int) for s in meta.stride):
+        return grad.contiguous()  # symbolic strides: tangents were traced contiguous-like
+    if tuple(grad.stride()) == meta.stride:
+        return grad
+    return torch.empty_strided(grad.size(), meta.stride, dtype=grad.dtype, device=grad.device).copy_(grad)
+
+
+def training_runner(
+    forward: Callable,
+    backward: Callable,
+    sig: Signature,
+    differentiable: list[int],
+    num_saved_tensors: int,
+) -> Callable[..., list[Any]]:
+    """`(*args) -> outputs` with autograd: forward graph now, backward graph when grads are asked for.
+
+    forward: `(*args) -> (*outputs, *mutated input values, *saved tensors, *saved symbols)`;
+    backward: `(*saved tensors, *saved symbols, *tangents) -> (one gradient or None per arg)`.
+    """
+    n_out = sig.num_outputs + len(sig.mutated_inputs)
+    non_differentiable = [k for k in range(n_out) if k not in differentiable]
+
+    class CompiledFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *args: Any) -> tuple:
+            out = forward(*args)
+            saved = out[n_out:]
+            ctx.save_for_backward(*saved[:num_saved_tensors])
+            ctx.saved_symbols = saved[num_saved_tensors:]
+            ctx.mark_non_differentiable(*[out[k] for k in non_differentiable if isinstance(out[k], torch.Tensor)])
+            return tuple(out[:n_out])
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx: Any, *grads: Any) -> tuple:
+            tangents = [_as_traced(grads[k], sig.output_metas[k]) for k in differentiable]
+            return tuple(backward(*ctx.saved_tensors, *ctx.saved_symbols, *tangents))
+
+    def run(*args: Any) -> list[Any]:
+        out = list(CompiledFunction.apply(*args))
+        copy_back_mutations(sig, args, out[sig.num_outputs :])
+        return restore_aliases(sig, args, out[: sig.num_outputs])
+
+    return run

@@ -1,0 +1,128 @@
+"""What a function does to its inputs and how its outputs alias, learned from one fake-tensor run.
+
+The traced graph is functional, so these facts are recorded beside it: which inputs the function
+mutates (the runtime copies new values back), and which outputs are views of an input or of
+another output (the runtime hands them back as views, as eager does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from kiln.aot.functional import functional_mode, has_data_mutation, has_metadata_mutation, to_functional
+
+
+class UnsupportedByAot(RuntimeError):
+    """A construct the AOT layer does not handle; the caller runs the graph eagerly instead."""
+
+
+@dataclass(frozen=True)
+class Alias:
+    """Output `k` is a view of input or output `base`, with this layout inside the base's storage."""
+
+    of: str  # "input" or "output"
+    base: int
+    same_tensor: bool  # the output is the base object itself (e.g. `return x.add_(1)`)
+    size: tuple[Any, ...]
+    stride: tuple[Any, ...]
+    storage_offset: Any
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    size: tuple[Any, ...]
+    stride: tuple[Any, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "TensorMeta":
+        return cls(tuple(t.size()), tuple(t.stride()), t.dtype, t.device)
+
+    def empty(self) -> torch.Tensor:
+        return torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=self.device)
+
+
+@dataclass
+class Signature:
+    num_inputs: int
+    mutated_inputs: list[int] = field(default_factory=list)
+    aliases: dict[int, Alias] = field(default_factory=dict)  # output index -> alias
+    output_requires_grad: list[bool] = field(default_factory=list)
+    output_is_tensor: list[bool] = field(default_factory=list)
+    output_metas: list[TensorMeta | None] = field(default_factory=list)
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.output_is_tensor)
+
+    def describe(self) -> str:
+        lines = [f"inputs: {self.num_inputs}, outputs: {self.num_outputs}"]
+        if self.mutated_inputs:
+            lines.append(f"mutated inputs (copied back after each call): {self.mutated_inputs}")
+        for k, a in self.aliases.items():
+            lines.append(f"output {k} is a view of {a.of} {a.base}" + (" (the same tensor)" if a.same_tensor else ""))
+        return "\n".join(lines)
+
+
+def _fresh(value: Any) -> Any:
+    # A copy with the same metadata, so the analysis run may mutate it freely.
+    if not isinstance(value, torch.Tensor):
+        return value
+    copy = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device)
+    return copy.requires_grad_(value.requires_grad)
+
+
+def _storage(t: torch.Tensor) -> StorageWeakRef:
+    return StorageWeakRef(t.untyped_storage())
+
+
+def _grad_mode(args: Sequence[Any]) -> Any:
+    return torch.enable_grad() if any(getattr(a, "requires_grad", False) for a in args) else torch.no_grad()
+
+
+def _mutated_inputs(fn: Callable[..., Sequence[Any]], fake_args: Sequence[Any], fake_mode: Any) -> list[int]:
+    # Functionalization sees every write, including those that version counters miss (ops whose
+    # C++ schema does not declare the mutation).
+    with fake_mode:
+        args = [_fresh(a) for a in fake_args]
+        with _grad_mode(args), functional_mode():
+            wrapped = [to_functional(a) for a in args]
+            fn(*wrapped)
+            for i, w in enumerate(wrapped):
+                if has_metadata_mutation(w):
+                    raise UnsupportedByAot(f"input {i} has its shape or strides changed in place (e.g. resize_, t_)")
+            return [i for i, w in enumerate(wrapped) if has_data_mutation(w)]
+
+
+def analyze(fn: Callable[..., Sequence[Any]], fake_args: Sequence[Any], fake_mode: Any) -> Signature:
+    """Run `fn` on fake copies of `fake_args` and record mutations and output aliasing."""
+    sig = Signature(num_inputs=len(fake_args), mutated_inputs=_mutated_inputs(fn, fake_args, fake_mode))
+    with fake_mode:
+        args = [_fresh(a) for a in fake_args]
+        with _grad_mode(args):
+            outputs = list(fn(*args))
+    input_storages = {_storage(a): i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    output_storages: dict[StorageWeakRef, int] = {}
+    for k, out in enumerate(outputs):
+        is_tensor = isinstance(out, torch.Tensor)
+        sig.output_is_tensor.append(is_tensor)
+        sig.output_requires_grad.append(bool(is_tensor and out.requires_grad))
+        sig.output_metas.append(TensorMeta.of(out) if is_tensor else None)
+        if not is_tensor:
+            continue
+        storage = _storage(out)
+        layout = (tuple(out.size()), tuple(out.stride()), out.storage_offset())
+        if storage in input_storages:
+            base = input_storages[storage]
+            sig.aliases[k] = Alias("input", base, out is args[base], *layout)
+        elif storage in output_storages:
+            base = output_storages[storage]
+            sig.aliases[k] = Alias("output", base, out is outputs[base], *layout)
+        else:
+            output_storages[storage] = k
+    return sig

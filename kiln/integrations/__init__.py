@@ -1,0 +1,1 @@
+"""kiln seen from other tools: torch.compile backends (dynamo.py)."""

@@ -1,0 +1,41 @@
+"""Graphs kiln could not compile and ran eagerly instead, each with its reason.
+
+Never breaking the user's program means a failed compilation falls back to eager; never hiding it
+means the fallback is recorded here, logged under `breaks`, and counted as a failure by the tests
+and by `kiln bench`.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+
+from kiln import logs
+
+
+@dataclass(frozen=True)
+class GraphFallback:
+    backend: str
+    graph: str
+    reason: str  # the exception's type and first line
+    detail: str  # the traceback's last lines
+
+    def __str__(self) -> str:
+        return f"{self.backend}: graph {self.graph} runs eagerly: {self.reason}"
+
+
+FALLBACKS: list[GraphFallback] = []
+
+
+def record_fallback(backend: str, graph: str, error: BaseException) -> GraphFallback:
+    """Remember that `graph` runs eagerly because compiling it raised `error`."""
+    first_line = (str(error).strip().splitlines() or [""])[0]
+    tail = "".join(traceback.format_exception(error)[-3:])
+    fallback = GraphFallback(backend, graph, f"{type(error).__name__}: {first_line}", tail)
+    FALLBACKS.append(fallback)
+    logs.log("breaks", "%s", fallback)
+    return fallback
+
+
+def reset() -> None:
+    FALLBACKS.clear()
