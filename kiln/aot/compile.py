@@ -17,6 +17,7 @@ import torch
 from torch import fx
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils import _pytree as pytree
 
 from kiln import logs
@@ -54,7 +55,8 @@ class AotCompiled:
         self.lifted_names, self.lifted = list(lifted), list(lifted.values())
         self.out_spec: pytree.TreeSpec | None = None
         self.fn = self._flat_function(gm)
-        self.fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode()
+        # A shape environment lets data-dependent values (`.item()`) trace as unbacked symbols.
+        self.fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(shape_env=ShapeEnv())
         self.fake_args = [self._fake(a) for a in (*self.lifted, *example_inputs)]
         self.sig: Signature = analyze(self.fn, self.fake_args, self.fake_mode)
         self.variants: dict[bool, Callable[..., list[Any]]] = {}
@@ -76,7 +78,7 @@ class AotCompiled:
     def _fake(self, value: Any) -> Any:
         if not isinstance(value, torch.Tensor) or isinstance(value, torch._subclasses.FakeTensor):
             return value
-        return self.fake_mode.from_tensor(value, static_shapes=self.fake_mode.shape_env is None)
+        return self.fake_mode.from_tensor(value, static_shapes=True)
 
     def _wants_training(self, args: Sequence[Any]) -> bool:
         return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)

@@ -1,5 +1,7 @@
 """The decomposition table used to trace to core ATen: PyTorch's core table plus kiln's own.
 
+A few ops in PyTorch's table are kept whole (`KEPT_WHOLE`), each with the reason.
+
 kiln's entries go in `KILN_DECOMPOSITIONS`, one small function per op, registered with
 `@decomposition(aten.op.overload)`; they win over PyTorch's for the same op. Add one when a later
 layer (a lowering, a pattern) wants an op in a different form than PyTorch's table gives.
@@ -16,6 +18,14 @@ from torch._decomp import core_aten_decompositions
 aten = torch.ops.aten
 
 KILN_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {}
+
+# Ops PyTorch's core table decomposes that kiln keeps whole.
+KEPT_WHOLE = {
+    # The table's version returns the attention probabilities where the op returns logsumexp, and
+    # the decomposition runs under autograd, so the recorded backward op would get the wrong
+    # tensor. Kept whole, it is one call of the fused CPU flash kernel, forward and backward.
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
 
 
 def decomposition(op: torch._ops.OpOverload) -> Callable[[Callable], Callable]:
@@ -44,4 +54,5 @@ def _core_table() -> dict:
 
 def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
     """The table make_fx traces with: PyTorch's core-ATen decompositions, then kiln's on top."""
-    return {**_core_table(), **KILN_DECOMPOSITIONS}
+    table = {op: fn for op, fn in _core_table().items() if op not in KEPT_WHOLE}
+    return {**table, **KILN_DECOMPOSITIONS}

@@ -7,6 +7,7 @@ another output (the runtime hands them back as views, as eager does).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -85,10 +86,17 @@ def _grad_mode(args: Sequence[Any]) -> Any:
     return torch.enable_grad() if any(getattr(a, "requires_grad", False) for a in args) else torch.no_grad()
 
 
+def _untraced(fake_mode: Any) -> Any:
+    # Analysis runs are not traced: data-dependent symbols they create (`.item()`) must not be
+    # left pending for the tracer that runs next.
+    env = fake_mode.shape_env
+    return env.ignore_fresh_unbacked_symbols() if env is not None else contextlib.nullcontext()
+
+
 def _mutated_inputs(fn: Callable[..., Sequence[Any]], fake_args: Sequence[Any], fake_mode: Any) -> list[int]:
     # Functionalization sees every write, including those that version counters miss (ops whose
     # C++ schema does not declare the mutation).
-    with fake_mode:
+    with fake_mode, _untraced(fake_mode):
         args = [_fresh(a) for a in fake_args]
         with _grad_mode(args), functional_mode():
             wrapped = [to_functional(a) for a in args]
@@ -102,7 +110,7 @@ def _mutated_inputs(fn: Callable[..., Sequence[Any]], fake_args: Sequence[Any], 
 def analyze(fn: Callable[..., Sequence[Any]], fake_args: Sequence[Any], fake_mode: Any) -> Signature:
     """Run `fn` on fake copies of `fake_args` and record mutations and output aliasing."""
     sig = Signature(num_inputs=len(fake_args), mutated_inputs=_mutated_inputs(fn, fake_args, fake_mode))
-    with fake_mode:
+    with fake_mode, _untraced(fake_mode):
         args = [_fresh(a) for a in fake_args]
         with _grad_mode(args):
             outputs = list(fn(*args))

@@ -1,0 +1,102 @@
+"""The AOT layer's training path: joint graph, partition, autograd.Function runtime."""
+
+import torch
+import torch._dynamo
+from torch import fx, nn
+
+import kiln
+from kiln import aot
+from kiln.integrations.dynamo import run_as_is
+
+
+def _compiled(fn):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="kiln_aot_eager")
+
+
+def _grads_match(model_a, model_b, loss_a, loss_b):
+    loss_a.backward()
+    loss_b.backward()
+    for (name, pa), pb in zip(model_a.named_parameters(), model_b.parameters()):
+        torch.testing.assert_close(pa.grad, pb.grad, msg=name)
+
+
+def test_mlp_gradients_match_eager():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+    twin = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(16, 8)
+    out = _compiled(model)(x)
+    assert out.grad_fn is not None
+    _grads_match(model, twin, out.pow(2).mean(), twin(x).pow(2).mean())
+
+
+def test_batch_norm_training_updates_statistics_and_gradients():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    twin = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    twin.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 8, 8)
+    _grads_match(model, twin, _compiled(model)(x).sum(), twin(x).sum())
+    torch.testing.assert_close(model[1].running_mean, twin[1].running_mean)
+    torch.testing.assert_close(model[1].running_var, twin[1].running_var)
+
+
+def test_dropout_mask_is_the_same_in_forward_and_backward():
+    x = torch.randn(1000, requires_grad=True)
+
+    def f(x):
+        return torch.nn.functional.dropout(x.sin(), p=0.5, training=True).cos()
+
+    y = _compiled(f)(x)
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    kept = (y != 1.0)  # cos(0) == 1 where the mask dropped the value
+    expected = torch.where(kept, -torch.sin(x.sin() * 2) * 2 * x.cos(), torch.zeros_like(x))
+    torch.testing.assert_close(grad, expected.detach())
+    assert 0.4 < kept.float().mean() < 0.6  # eager's distribution: half dropped
+
+
+def test_outputs_without_grad_detach_no_grad_and_reuse():
+    w = torch.randn(5, 5, requires_grad=True)
+
+    def f(x, w):
+        h = x @ w
+        with torch.no_grad():
+            stat = h.abs().max()
+        return h * h + h, stat, h.detach() * 2, (x > 0).sum()
+
+    x = torch.randn(3, 5)
+    out, stat, detached, count = _compiled(f)(x, w)
+    e_out, e_stat, e_detached, e_count = f(x, w)
+    assert not stat.requires_grad and not detached.requires_grad and count.dtype == torch.int64
+    torch.testing.assert_close((stat, detached, count), (e_stat, e_detached, e_count))
+    (g,) = torch.autograd.grad(out.sum(), w)
+    (e_g,) = torch.autograd.grad(e_out.sum(), w)
+    torch.testing.assert_close(g, e_g)
+
+
+def test_scaled_dot_product_attention_backward():
+    q, k, v = (torch.randn(2, 4, 16, 8, requires_grad=True) for _ in range(3))
+
+    def f(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    out = _compiled(f)(q, k, v)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    expected = torch.autograd.grad(f(q, k, v).sum(), (q, k, v))
+    torch.testing.assert_close(grads, expected)
+
+
+def test_partition_is_dumped(tmp_path):
+    w = torch.randn(4, 4, requires_grad=True)
+    gm = fx.symbolic_trace(lambda x, w: (x @ w).sin().cos())
+    with kiln.config.patch({"debug.dump_dir": str(tmp_path)}):
+        compiled = aot.compile(gm, [torch.randn(2, 4), w], run_as_is, options=aot.AotOptions(label="chain"))
+    compiled(torch.randn(2, 4), w).sum().backward()
+    (folder,) = tmp_path.glob("run_*/000_chain")
+    names = [p.name for p in sorted(folder.iterdir())]
+    assert names == ["00_aot_signature.txt", "01_aten_joint.py", "02_aten_forward.py", "03_aten_backward.py",
+                     "04_partition.txt"]
+    assert "saved" in (folder / "04_partition.txt").read_text()
+    assert w.grad is not None
