@@ -82,6 +82,7 @@ def training_runner(
     """
     n_out = sig.num_outputs + len(sig.mutated_inputs)
     non_differentiable = [k for k in range(n_out) if k not in differentiable]
+    gradient_metas = {k: sig.output_metas[k].for_gradient() for k in differentiable}
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -96,7 +97,7 @@ def training_runner(
         @staticmethod
         @once_differentiable
         def backward(ctx: Any, *grads: Any) -> tuple:
-            tangents = [_as_traced(grads[k], sig.output_metas[k]) for k in differentiable]
+            tangents = [_as_traced(grads[k], gradient_metas[k]) for k in differentiable]
             return tuple(backward(*ctx.saved_tensors, *ctx.saved_symbols, *tangents))
 
     def run(*args: Any) -> list[Any]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
+from torch._prims_common import make_contiguous_strides_for
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.aot.functional import functional_mode, has_data_mutation, has_metadata_mutation, to_functional
@@ -33,6 +34,18 @@ class Alias:
     storage_offset: Any
 
 
+def _dense(size: tuple[Any, ...], stride: tuple[Any, ...]) -> bool:
+    """Every element stored once, none skipped (a permutation of a contiguous layout)."""
+    if not all(isinstance(v, int) for v in (*size, *stride)):
+        return False  # symbolic: callers fall back to contiguous, which is always dense
+    expected = 1
+    for st, sz in sorted((st, sz) for sz, st in zip(size, stride) if sz != 1):
+        if st != expected:
+            return False
+        expected *= sz
+    return True
+
+
 @dataclass(frozen=True)
 class TensorMeta:
     size: tuple[Any, ...]
@@ -46,6 +59,13 @@ class TensorMeta:
 
     def empty(self) -> torch.Tensor:
         return torch.empty_strided(self.size, self.stride, dtype=self.dtype, device=self.device)
+
+    def for_gradient(self) -> "TensorMeta":
+        """The layout a gradient of this output gets: the output's own, unless that layout has
+        overlapping or missing elements (e.g. an `expand`), where a gradient needs every element."""
+        if _dense(self.size, self.stride):
+            return self
+        return TensorMeta(self.size, tuple(make_contiguous_strides_for(self.size)), self.dtype, self.device)
 
 
 @dataclass

@@ -91,7 +91,7 @@ def trace_joint(fn: Callable, fake_args: Sequence[Any], sig: Signature, fake_mod
         return (*out[:n_fwd], *out[n_fwd + num_primals :], *out[n_fwd : n_fwd + num_primals])
 
     with fake_mode:
-        tangents = [sig.output_metas[k].empty() for k in diff_outputs]
+        tangents = [sig.output_metas[k].for_gradient().empty() for k in diff_outputs]
     with torch.enable_grad():
         gm = _trace(functional_joint, [*fake_args, *tangents], fake_mode)
     names = [f"primals_{i + 1}" for i in range(num_primals)] + [f"tangents_{j + 1}" for j in range(len(tangents))]
