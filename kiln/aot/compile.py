@@ -46,6 +46,26 @@ def _placeholder_values(gm: fx.GraphModule) -> list[Any]:
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
 
 
+def _is_symbolic(value: Any) -> bool:
+    if isinstance(value, torch.SymInt):
+        return True
+    return isinstance(value, torch.Tensor) and any(not isinstance(s, int) for s in value.shape)
+
+
+def _fake_mode_for(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FakeTensorMode:
+    """The caller's fake mode when its graph has symbolic sizes or its inputs are fake; else our own.
+
+    Our own has a shape environment in which data-dependent values (`.item()` inside `narrow`,
+    `nonzero`) trace as unbacked symbols, which a caller's mode may forbid.
+    """
+    found = detect_fake_mode(example_inputs)
+    metas = [n.meta.get("example_value", n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
+    needs_callers = any(isinstance(a, torch._subclasses.FakeTensor) or _is_symbolic(a) for a in example_inputs)
+    if found is not None and (needs_callers or any(_is_symbolic(m) for m in metas)):
+        return found
+    return FakeTensorMode(shape_env=ShapeEnv())
+
+
 class AotCompiled:
     """The callable `kiln.aot.compile` returns; builds the inference or training variant on demand."""
 
@@ -55,11 +75,11 @@ class AotCompiled:
         self.lifted_names, self.lifted = list(lifted), list(lifted.values())
         self.out_spec: pytree.TreeSpec | None = None
         self.fn = self._flat_function(gm)
-        # A shape environment lets data-dependent values (`.item()`) trace as unbacked symbols.
-        self.fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(shape_env=ShapeEnv())
+        self.fake_mode = _fake_mode_for(gm, example_inputs)
         self.fake_args = [self._fake(a) for a in (*self.lifted, *example_inputs)]
         self.sig: Signature = analyze(self.fn, self.fake_args, self.fake_mode)
         self.variants: dict[bool, Callable[..., list[Any]]] = {}
+        self.partition: Any = None  # the training variant's Partition, once built
         # Build now for the grad mode of the example inputs, so compile errors surface here (where
         # a backend can fall back) rather than in the middle of the user's call.
         self._variant(self._wants_training(self.fake_args))
@@ -98,6 +118,7 @@ class AotCompiled:
         joint = trace_joint(self.fn, self.fake_args, sig, self.fake_mode)
         num_forward_outputs = sig.num_outputs + len(sig.mutated_inputs)
         split = partition(joint, num_forward_outputs, policy=PartitionPolicy(recompute=self.options.recompute))
+        self.partition = split  # for inspection: what is saved and recomputed
         dump.training(self.options.label, joint, split, sig)
         forward = self.compile_graph(split.forward, _placeholder_values(split.forward))
         backward = self.compile_graph(split.backward, _placeholder_values(split.backward))

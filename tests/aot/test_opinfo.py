@@ -43,7 +43,9 @@ def test_forward(op):
     outcomes = [check_sample(op, s, backward=False) for s in _samples(op, requires_grad=False)]
     ran = [o for o in outcomes if o.status != "eager-error"]
     assert ran, "no sample ran in eager"
-    assert all(o.status == "pass" for o in ran), [o for o in ran if o.status != "pass"]
+    # A sample Dynamo never hands to a backend says nothing about kiln; at least one must run.
+    assert any(o.status == "pass" for o in ran), ran
+    assert all(o.status in ("pass", "not-exercised") for o in ran), [o for o in ran if o.status != "pass"]
 
 
 @pytest.mark.parametrize("op", [op for op in _cases() if op.supports_autograd], ids=lambda op: op.name)
@@ -51,4 +53,6 @@ def test_backward(op):
     outcomes = [check_sample(op, s, backward=True) for s in _samples(op, requires_grad=True)]
     ran = [o for o in outcomes if o.status != "eager-error"]
     assert ran, "no sample ran in eager"
-    assert all(o.status == "pass" for o in ran), [o for o in ran if o.status != "pass"]
+    # A sample Dynamo never hands to a backend says nothing about kiln; at least one must run.
+    assert any(o.status == "pass" for o in ran), ran
+    assert all(o.status in ("pass", "not-exercised") for o in ran), [o for o in ran if o.status != "pass"]
