@@ -46,6 +46,12 @@ def _dynamo_stats() -> dict[str, int]:
     }
 
 
+def _kiln_dynamo_stats() -> dict[str, int]:
+    from kiln.runtime.fallback import FALLBACKS
+
+    return {**_dynamo_stats(), "fallbacks": len(FALLBACKS)}
+
+
 def _torch_compile(backend: str = "inductor", freezing: bool = False) -> Callable[[nn.Module], Callable]:
     def compile(model: nn.Module) -> Callable:
         import torch
@@ -113,7 +119,7 @@ MODES: dict[str, Mode] = {
             'torch.compile(model, backend="kiln"): Dynamo capture, kiln backend',
             _torch_compile("kiln"),
             _dynamo_backend_reason("kiln", "issue 4"),
-            _dynamo_stats,
+            _kiln_dynamo_stats,
         ),
         Mode(
             "kiln-eager",
@@ -127,7 +133,7 @@ MODES: dict[str, Mode] = {
             'torch.compile(model, backend="kiln_aot_eager"): Dynamo capture + kiln AOT (debug)',
             _torch_compile("kiln_aot_eager"),
             _dynamo_backend_reason("kiln_aot_eager", "issue 3"),
-            _dynamo_stats,
+            _kiln_dynamo_stats,
         ),
     ]
 }

@@ -64,6 +64,8 @@ def cell(result: Result) -> str:
         return result.status
     if result.accuracy != "pass":
         return f"{result.speedup:.2f}x (wrong)"
+    if result.fallbacks:
+        return f"{result.speedup:.2f}x ({result.fallbacks} graphs fell back)"
     return f"{result.speedup:.2f}x"
 
 
@@ -80,6 +82,7 @@ DETAIL_COLUMNS = [
     ("peak MB", lambda r: _fmt(r.peak_rss_mb, ".0f")),
     ("graphs", lambda r: _fmt(r.graphs, "d")),
     ("breaks", lambda r: _fmt(r.graph_breaks, "d")),
+    ("fallbacks", lambda r: _fmt(r.fallbacks, "d")),
     ("note", lambda r: r.error or r.accuracy_detail or ""),
 ]
 

@@ -43,11 +43,12 @@ class Result:
     peak_rss_mb: float | None = None  # peak resident memory of the case's whole process
     graphs: int | None = None
     graph_breaks: int | None = None
+    fallbacks: int | None = None  # graphs kiln failed to compile and ran eagerly: a failure
     wall_s: float | None = None  # the whole subprocess, start to end
 
     @property
     def passed(self) -> bool:
-        return self.status == "ok" and self.accuracy == "pass"
+        return self.status == "ok" and self.accuracy == "pass" and not self.fallbacks
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self.case), **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "case"}}

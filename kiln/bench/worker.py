@@ -153,6 +153,7 @@ def _measure(case: Case, result: Result) -> None:
     result.speedup = result.eager_ms / result.compiled_ms
     stats = mode.stats()
     result.graphs, result.graph_breaks = stats.get("graphs"), stats.get("graph_breaks")
+    result.fallbacks = stats.get("fallbacks")
 
 
 def main(argv: list[str]) -> int:

@@ -57,3 +57,11 @@ def test_json_round_trips_results():
     back = [Result.from_json(r) for r in data["results"]]
     assert back == RESULTS
     assert data["summary"][0]["pass_rate"] == "2/4"
+
+
+def test_a_graph_that_fell_back_to_eager_is_a_failure():
+    fell_back = _ok("e", "kiln-aot-eager", 1.0)
+    fell_back.fallbacks = 2
+    (summary,) = summarize([fell_back])
+    assert not fell_back.passed and summary.pass_rate == "0/1"
+    assert pivot([fell_back])[1][0][2] == "1.00x (2 graphs fell back)"
