@@ -15,7 +15,6 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import fx
-from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils import _pytree as pytree
@@ -53,16 +52,17 @@ def _is_symbolic(value: Any) -> bool:
 
 
 def _fake_mode_for(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FakeTensorMode:
-    """The caller's fake mode when its graph has symbolic sizes or its inputs are fake; else our own.
+    """The mode of the graph's symbolic placeholder values or of fake inputs, else a new one.
 
-    Our own has a shape environment in which data-dependent values (`.item()` inside `narrow`,
-    `nonzero`) trace as unbacked symbols, which a caller's mode may forbid.
+    A graph with symbolic sizes must be traced in the mode that owns its symbols. Otherwise kiln
+    uses its own mode, whose shape environment lets data-dependent values (`.item()` inside
+    `narrow`, `nonzero`) trace as unbacked symbols, which a caller's mode may forbid.
     """
-    found = detect_fake_mode(example_inputs)
     metas = [n.meta.get("example_value", n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
-    needs_callers = any(isinstance(a, torch._subclasses.FakeTensor) or _is_symbolic(a) for a in example_inputs)
-    if found is not None and (needs_callers or any(_is_symbolic(m) for m in metas)):
-        return found
+    symbolic = [m for m in metas if isinstance(m, torch._subclasses.FakeTensor) and _is_symbolic(m)]
+    fake_inputs = [a for a in example_inputs if isinstance(a, torch._subclasses.FakeTensor)]
+    for value in (*symbolic, *fake_inputs):
+        return value.fake_mode
     return FakeTensorMode(shape_env=ShapeEnv())
 
 
@@ -76,7 +76,7 @@ class AotCompiled:
         self.out_spec: pytree.TreeSpec | None = None
         self.fn = self._flat_function(gm)
         self.fake_mode = _fake_mode_for(gm, example_inputs)
-        self.fake_args = [self._fake(a) for a in (*self.lifted, *example_inputs)]
+        self.fake_args = [self._fake(a) for a in self.lifted] + self._fake_inputs(gm, example_inputs)
         self.sig: Signature = analyze(self.fn, self.fake_args, self.fake_mode)
         self.variants: dict[bool, Callable[..., list[Any]]] = {}
         self.partition: Any = None  # the training variant's Partition, once built
@@ -99,6 +99,18 @@ class AotCompiled:
         if not isinstance(value, torch.Tensor) or isinstance(value, torch._subclasses.FakeTensor):
             return value
         return self.fake_mode.from_tensor(value, static_shapes=True)
+
+    def _fake_inputs(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[Any]:
+        # Under the caller's mode, the graph's own placeholder values carry its symbolic sizes.
+        metas = [n.meta.get("example_value", n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
+        if len(metas) != len(example_inputs):
+            metas = [None] * len(example_inputs)
+        return [meta if self._in_our_mode(meta) else self._fake(a) for meta, a in zip(metas, example_inputs)]
+
+    def _in_our_mode(self, value: Any) -> bool:
+        if isinstance(value, torch._subclasses.FakeTensor):
+            return value.fake_mode is self.fake_mode
+        return isinstance(value, torch.SymInt) and value.node.shape_env is self.fake_mode.shape_env
 
     def _wants_training(self, args: Sequence[Any]) -> bool:
         return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)

@@ -139,14 +139,12 @@ def partition(
     chosen = _min_cut(needed, fw_outputs, order, policy) if policy.recompute else set(needed)
     chosen_sorted = sorted(chosen, key=order.__getitem__)
     saved_tensors = [n for n in chosen_sorted if is_tensor_value(n.meta.get("val"))]
-    saved_scalars = [n for n in chosen_sorted if not is_tensor_value(n.meta.get("val"))]
-    for node in saved_scalars:
-        if not is_scalar_value(node.meta.get("val")):
-            raise RuntimeError(f"partition would save {node.name!r}, which is neither a tensor nor a SymInt")
+    others = [n for n in chosen_sorted if not is_tensor_value(n.meta.get("val"))]
+    saved_scalars, same_as = _unique_scalars(others)
     saved = saved_tensors + saved_scalars
 
     forward, _ = _extract(joint, primals, [*fw_outputs, *saved])
-    backward, copied = _extract(joint, [*saved, *tangents], grads)
+    backward, copied = _extract(joint, [*saved, *tangents], grads, same_as)
     recomputed = [n for n in sorted(copied, key=order.__getitem__) if n not in from_tangents]
     for node in recomputed:
         if not can_recompute(node, policy):
@@ -228,6 +226,29 @@ def _backward_uses(grads: Sequence[object], from_tangents: set[fx.Node]) -> set[
         else:
             stack.extend(node.all_input_nodes)
     return needed
+
+
+def _unique_scalars(nodes: list[fx.Node]) -> tuple[list[fx.Node], dict[fx.Node, fx.Node]]:
+    """Saved SymInts with one node per distinct value, and a map from each repeat to its twin.
+
+    Sizes of different tensors often share a symbol (``sym_size(x, 0)`` and ``sym_size(y, 0)``
+    both ``s0``); one saved value serves both.
+    """
+    kept: list[fx.Node] = []
+    same_as: dict[fx.Node, fx.Node] = {}
+    first: dict[object, fx.Node] = {}
+    for node in nodes:
+        val = node.meta.get("val")
+        if not is_scalar_value(val):
+            raise RuntimeError(f"partition would save {node.name!r}, which is neither a tensor nor a SymInt")
+        symbolic = isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool))
+        key = val.node.expr if symbolic else (type(val), val)
+        if key in first:
+            same_as[node] = first[key]
+        else:
+            first[key] = node
+            kept.append(node)
+    return kept, same_as
 
 
 # --- the min cut -----------------------------------------------------------------------------
@@ -327,18 +348,23 @@ def _save_cost(node: fx.Node, depth: int) -> int | None:
 
 
 def _extract(
-    joint: fx.GraphModule, inputs: Sequence[fx.Node], outputs: Sequence[object]
+    joint: fx.GraphModule,
+    inputs: Sequence[fx.Node],
+    outputs: Sequence[object],
+    same_as: dict[fx.Node, fx.Node] | None = None,
 ) -> tuple[fx.GraphModule, set[fx.Node]]:
     """A graph taking ``inputs`` as placeholders and computing ``outputs`` from joint nodes.
 
-    Copies only the nodes the outputs need, in the joint's (topological) order; returns the
-    module and the joint nodes it copied.
+    Copies only the nodes the outputs need, in the joint's (topological) order; a node in
+    ``same_as`` reads the input it maps to instead. Returns the module and the copied nodes.
     """
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in inputs:
         env[node] = graph.placeholder(node.name)
         env[node].meta = dict(node.meta)
+    for node, twin in (same_as or {}).items():
+        env[node] = env[twin]
     copied: set[fx.Node] = set()
     stack = [o for o in outputs if isinstance(o, fx.Node)]
     while stack:

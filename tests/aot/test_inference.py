@@ -142,3 +142,29 @@ def test_bad_arguments_are_named(bad):
     args.update(bad)
     with pytest.raises(TypeError, match=next(iter(bad), "options")):
         aot.compile(**args, options=options)
+
+
+def test_symbolic_sizes_pass_through():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        return aot.compile(gm, example_inputs, _capture(graphs))
+
+    def f(x):
+        return torch.nn.functional.softmax(x * 2, dim=-1).sum(0)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=backend, dynamic=True)
+    for n in (3, 5, 9):
+        x = torch.randn(n, n + 1)
+        torch.testing.assert_close(compiled(x), f(x))
+    assert len(graphs) == 1  # one graph serves every size
+    sizes = [n.meta["val"].shape for n in graphs[0].graph.nodes if n.op == "placeholder" and isinstance(n.meta["val"], torch.Tensor)]
+    assert any(not isinstance(s, int) for shape in sizes for s in shape)
+
+
+def test_entry_point_names_the_backend():
+    from importlib.metadata import entry_points
+
+    (ep,) = [e for e in entry_points(group="torch_dynamo_backends") if e.name == "kiln_aot_eager"]
+    assert ep.load() is kiln_aot_eager

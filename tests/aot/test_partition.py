@@ -383,6 +383,17 @@ def test_saved_bytes_accounting(case):
         assert split.saved_bytes == sum(t.numel() * t.element_size() for t in real)
 
 
+def test_symints_with_the_same_value_are_saved_once():
+    # x and y share their size symbols, and the backward needs only their sizes (to expand).
+    f = lambda x, y: ((x.sum(1) * y.sum(1)).sin(),)  # noqa: E731
+    joint, nf = make_joint(f, _t(4, 6), _t(4, 6), tracing_mode="symbolic")
+    split = partition(joint, nf)
+    placeholders = split.backward.graph.find_nodes(op="placeholder")
+    symints = [str(n.meta["val"]) for n in placeholders[split.num_saved_tensors : len(split.saved)]]
+    assert len(symints) == 2 and len(set(symints)) == 2
+    assert_matches_eager(split, f, [_t(3, 5), _t(3, 5)])
+
+
 def test_symbolic_saved_bytes_use_hints():
     f = lambda x: (x.exp().sum(),)  # noqa: E731
     joint, nf = make_joint(f, _t(6, 10), tracing_mode="symbolic")
