@@ -7,6 +7,7 @@ import copy
 
 import torch
 import torch._dynamo
+from torch.nn.parameter import is_lazy
 from torch.utils import _pytree as pytree
 
 from kiln.runtime import fallback
@@ -45,6 +46,10 @@ def check_module(module_info, module_input, training: bool) -> Outcome:
         torch.manual_seed(0)
         module = module_info.module_cls(*module_input.constructor_input.args, **module_input.constructor_input.kwargs)
         module.train(training)
+        if any(is_lazy(p) for p in module.parameters()):
+            # Lazy modules draw their weights on the first call: draw them once, before the copy.
+            with torch.no_grad():
+                module(*_clone_inputs(module_input.forward_input)[0], **_clone_inputs(module_input.forward_input)[1])
         twin = copy.deepcopy(module)
         args, kwargs = _clone_inputs(module_input.forward_input)
         expected, expected_grads = _run(module, args, kwargs, backward)
