@@ -95,6 +95,9 @@ def _fresh(value: Any) -> Any:
     if not isinstance(value, torch.Tensor):
         return value
     copy = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device)
+    # A scalar tensor Dynamo made from a Python float knows its value as a symbol; keep that.
+    if getattr(value, "item_memo", None) is not None:
+        copy.item_memo = value.item_memo
     return copy.requires_grad_(value.requires_grad)
 
 

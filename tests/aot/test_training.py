@@ -100,3 +100,19 @@ def test_partition_is_dumped(tmp_path):
                      "04_partition.txt"]
     assert "saved" in (folder / "04_partition.txt").read_text()
     assert w.grad is not None
+
+
+def test_training_with_symbolic_sizes():
+    # dynamic=True also turns the LayerNorm's eps into a tensor input read with .item().
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="kiln_aot_eager", dynamic=True)
+    for n in (3, 5, 7):
+        x = torch.randn(n, 8)
+        model.zero_grad()
+        compiled(x).sum().backward()
+        ours = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        model(x).sum().backward()
+        torch.testing.assert_close(ours, [p.grad for p in model.parameters()])
