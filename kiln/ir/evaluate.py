@@ -1,0 +1,112 @@
+"""A reference executor: a node's body run once over whole tensors with PyTorch's kernels.
+
+Each index symbol becomes an `arange` shaped to broadcast along its own dimension, so one run of
+the body computes every element. Slow and memory-hungry, but independent of any code generator:
+lowerings and fusion are checked against it without compiling anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import sympy
+import torch
+
+from kiln.ir.nodes import Node, Reduction
+from kiln.ir.ops import BINARY_OPS, UNARY_OPS, use_handler
+
+_UNARY: dict[str, Callable] = {name: getattr(torch, name) for name in UNARY_OPS}
+_BINARY: dict[str, Callable] = {name: getattr(torch, name) for name in BINARY_OPS if hasattr(torch, name)}
+_BINARY.update(
+    add=torch.add, sub=torch.sub, mul=torch.mul, truediv=torch.true_divide,
+    floordiv=lambda a, b: torch.div(a, b, rounding_mode="floor"),
+)  # fmt: skip
+_REDUCE: dict[str, Callable] = {
+    "sum": lambda v, dims: v.sum(dims),
+    "prod": lambda v, dims: v.flatten(-len(dims)).prod(-1),
+    "max": lambda v, dims: v.amax(dims),
+    "min": lambda v, dims: v.amin(dims),
+    "any": lambda v, dims: v.flatten(-len(dims)).any(-1),
+    "all": lambda v, dims: v.flatten(-len(dims)).all(-1),
+}
+
+
+def eval_index(expr: sympy.Expr, env: dict[sympy.Symbol, torch.Tensor]) -> torch.Tensor | int:
+    """An integer index expression evaluated on tensors of index values."""
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        return env[expr]
+    args = [eval_index(a, env) for a in expr.args]
+    if expr.is_Add:
+        return sum(args[1:], args[0])
+    if expr.is_Mul:
+        out = args[0]
+        for a in args[1:]:
+            out = out * a
+        return out
+    if isinstance(expr, sympy.Mod):
+        return torch.remainder(args[0], args[1])
+    raise NotImplementedError(f"index expression {expr} ({type(expr).__name__})")
+
+
+class TorchEvaluator:
+    """The ops protocol on whole tensors."""
+
+    def __init__(self, storages: dict[str, torch.Tensor], env: dict[sympy.Symbol, torch.Tensor], reduced_dims: tuple[int, ...]) -> None:
+        self.storages = {name: t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1) for name, t in storages.items()}
+        self.env, self.reduced_dims = env, reduced_dims
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _UNARY:
+            return _UNARY[name]
+        if name in _BINARY:
+            return _BINARY[name]
+        raise AttributeError(name)
+
+    def load(self, name: str, index: sympy.Expr) -> torch.Tensor:
+        return self.storages[name][torch.as_tensor(eval_index(index, self.env))]
+
+    def store(self, name: str, index: sympy.Expr, value: torch.Tensor) -> None:
+        raise NotImplementedError("the evaluator returns values; it does not write buffers")
+
+    def constant(self, value: Any, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(value, dtype=dtype)
+
+    def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> torch.Tensor:
+        return torch.as_tensor(eval_index(sympy.sympify(expr), self.env)).to(dtype)
+
+    def to_dtype(self, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return value.to(dtype)
+
+    def where(self, condition: torch.Tensor, if_true: torch.Tensor, if_false: torch.Tensor) -> torch.Tensor:
+        return torch.where(condition, if_true, if_false)
+
+    def reduction(self, reduction_type: str, dtype: torch.dtype, value: torch.Tensor) -> torch.Tensor:
+        return _REDUCE[reduction_type](value, self.reduced_dims).to(dtype)
+
+
+def evaluate(node: Node, storages: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The node's result as a contiguous tensor; `storages` maps buffer names to their tensors
+    (their flat storage is what `ops.load` indexes)."""
+    sizes = [int(r) for r in node.ranges]
+    rsizes = [int(r) for r in node.reduction_ranges] if isinstance(node, Reduction) else []
+    symbols = list(node.index_vars()) + (list(node.reduction_vars()) if isinstance(node, Reduction) else [])
+    rank = len(symbols)
+    env = {
+        sym: torch.arange(n).view([n if d == k else 1 for k in range(rank)])
+        for d, (sym, n) in enumerate(zip(symbols, sizes + rsizes))
+    }
+    full = sizes + rsizes
+    reduced = tuple(range(len(sizes), rank))
+    with use_handler(TorchEvaluator(storages, env, reduced)):
+        if isinstance(node, Reduction):
+            # Broadcast the element body to the whole iteration space before reducing it.
+            value = node.inner_fn(node.index_vars(), node.reduction_vars())
+            value = torch.as_tensor(value).expand(full)
+            from kiln.ir.ops import ops
+
+            result = ops.reduction(node.reduction_type, node.dtype, value)
+        else:
+            result = torch.as_tensor(node.body())
+    return result.to(node.dtype).expand(sizes).contiguous()

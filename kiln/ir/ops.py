@@ -1,0 +1,68 @@
+"""The ops-handler protocol: the one vocabulary every loop body is written in.
+
+An IR node's body is a Python function `inner_fn(index)` that calls `ops.load`, `ops.add`,
+`ops.exp`, ... on whatever handler is current. Running the same body under a different handler
+turns it into C++, Triton, a dependency list, an op count or a reference result (seed 003's
+define-by-run IR). The op names and their meanings are listed here once; each handler implements
+them all (`missing_ops(handler)` says which it lacks).
+
+    with use_handler(OpCounter()) as counter:
+        node.inner_fn(node.index_vars())
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Iterator
+
+# name -> arity, for the pointwise ops every handler implements.
+UNARY_OPS = (
+    "neg", "abs", "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "sin", "cos",
+    "tanh", "sigmoid", "erf", "relu", "floor", "ceil", "logical_not", "sign",
+)  # fmt: skip
+BINARY_OPS = (
+    "add", "sub", "mul", "truediv", "floordiv", "remainder", "pow", "maximum", "minimum", "atan2",
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
+)  # fmt: skip
+# Ops with their own signatures:
+#   load(buffer_name, index) -> value          store(buffer_name, index, value) -> None
+#   constant(value, dtype) -> value             index_expr(expr, dtype) -> value
+#   to_dtype(value, dtype) -> value             where(condition, if_true, if_false) -> value
+#   reduction(reduction_type, dtype, value) -> value   (over the node's reduction ranges)
+SPECIAL_OPS = ("load", "store", "constant", "index_expr", "to_dtype", "where", "reduction")
+REDUCTION_TYPES = ("sum", "prod", "max", "min", "any", "all")
+
+ALL_OPS = UNARY_OPS + BINARY_OPS + SPECIAL_OPS
+
+_current: contextvars.ContextVar[Any] = contextvars.ContextVar("kiln_ops_handler", default=None)
+
+
+class _Ops:
+    """`ops.<name>(...)` calls `<name>` on the current handler."""
+
+    def __getattr__(self, name: str) -> Any:
+        handler = _current.get()
+        if handler is None:
+            raise RuntimeError(f"ops.{name} called outside `with use_handler(...)`")
+        if name not in ALL_OPS:
+            raise AttributeError(f"ops.{name} is not an op of the protocol; known ops: {', '.join(ALL_OPS)}")
+        return getattr(handler, name)
+
+
+ops = _Ops()
+
+
+@contextlib.contextmanager
+def use_handler(handler: Any) -> Iterator[Any]:
+    """Make `handler` the target of `ops.*` inside the block (nests; restores the previous one)."""
+    token = _current.set(handler)
+    try:
+        yield handler
+    finally:
+        _current.reset(token)
+
+
+def missing_ops(handler: Any) -> list[str]:
+    """The protocol's ops that `handler` does not implement (a complete handler has none)."""
+    return [name for name in ALL_OPS if not callable(getattr(handler, name, None))]
