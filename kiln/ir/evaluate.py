@@ -12,6 +12,7 @@ from typing import Any, Callable
 import sympy
 import torch
 
+from kiln.ir.indexing import FloorDiv
 from kiln.ir.nodes import Node, Reduction
 from kiln.ir.ops import BINARY_OPS, UNARY_OPS, use_handler
 
@@ -31,6 +32,11 @@ _REDUCE: dict[str, Callable] = {
 }
 
 
+def flat_storage(t: torch.Tensor) -> torch.Tensor:
+    """All of `t`'s storage as a 1-D tensor: what a layout's flat index addresses."""
+    return t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,), 0)
+
+
 def eval_index(expr: sympy.Expr, env: dict[sympy.Symbol, torch.Tensor]) -> torch.Tensor | int:
     """An integer index expression evaluated on tensors of index values."""
     if expr.is_Integer:
@@ -47,6 +53,8 @@ def eval_index(expr: sympy.Expr, env: dict[sympy.Symbol, torch.Tensor]) -> torch
         return out
     if isinstance(expr, sympy.Mod):
         return torch.remainder(args[0], args[1])
+    if isinstance(expr, FloorDiv):
+        return torch.div(args[0], args[1], rounding_mode="floor")
     raise NotImplementedError(f"index expression {expr} ({type(expr).__name__})")
 
 
@@ -54,7 +62,7 @@ class TorchEvaluator:
     """The ops protocol on whole tensors."""
 
     def __init__(self, storages: dict[str, torch.Tensor], env: dict[sympy.Symbol, torch.Tensor], reduced_dims: tuple[int, ...]) -> None:
-        self.storages = {name: t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1) for name, t in storages.items()}
+        self.storages = {name: flat_storage(t) for name, t in storages.items()}
         self.env, self.reduced_dims = env, reduced_dims
 
     def __getattr__(self, name: str) -> Any:
@@ -87,8 +95,8 @@ class TorchEvaluator:
 
 
 def evaluate(node: Node, storages: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The node's result as a contiguous tensor; `storages` maps buffer names to their tensors
-    (their flat storage is what `ops.load` indexes)."""
+    """The node's result as a contiguous tensor; `storages` maps buffer names to tensors, whose
+    flat storage is what `ops.load` indexes through the buffer's layout."""
     sizes = [int(r) for r in node.ranges]
     rsizes = [int(r) for r in node.reduction_ranges] if isinstance(node, Reduction) else []
     symbols = list(node.index_vars()) + (list(node.reduction_vars()) if isinstance(node, Reduction) else [])

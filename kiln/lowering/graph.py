@@ -1,0 +1,138 @@
+"""An ATen graph lowered to a `Program`: loop-IR nodes and extern calls over named buffers.
+
+Pointwise values stay unrealized loaders until something needs memory (see values.py), so a chain
+of pointwise ops is one `ComputeStep`. Ops without a lowering, or whose lowering declines
+(NotImplementedError), become `ExternStep`s calling the ATen op, so every graph lowers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from kiln.ir.nodes import Buffer, Layout, Node, Pointwise
+from kiln.lowering import pointwise as _pointwise, views as _views  # noqa: F401  (register lowerings)
+from kiln.lowering.reductions import ReductionResult
+from kiln.lowering.registry import LOWERINGS
+from kiln.lowering.values import TensorValue
+
+
+@dataclass
+class ComputeStep:
+    buffer: Buffer
+    node: Node
+
+
+@dataclass
+class ExternStep:
+    outputs: list[Buffer | None]  # one per tensor the op returns
+    op: Any
+    args: tuple
+    kwargs: dict  # Buffers stand for tensors in args and kwargs
+
+
+@dataclass
+class Program:
+    inputs: list[Buffer | None]  # None for a non-tensor input
+    steps: list[ComputeStep | ExternStep] = field(default_factory=list)
+    outputs: list[Any] = field(default_factory=list)  # Buffers, or constants
+
+    @property
+    def kernels(self) -> list[ComputeStep]:
+        return [s for s in self.steps if isinstance(s, ComputeStep)]
+
+    @property
+    def externs(self) -> list[ExternStep]:
+        return [s for s in self.steps if isinstance(s, ExternStep)]
+
+
+def _layout_of(val: torch.Tensor) -> Layout:
+    exprs = lambda xs: tuple(sympy.sympify(getattr(x, "node", x).expr if isinstance(x, torch.SymInt) else x) for x in xs)  # noqa: E731
+    return Layout(exprs(val.shape), exprs(val.stride()), val.dtype, sympy.sympify(val.storage_offset()))
+
+
+class GraphLowering:
+    """Walks an ATen fx graph once and builds its Program."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm = gm
+        self.program = Program(inputs=[])
+        self._names = itertools.count()
+
+    def _new_name(self) -> str:
+        return f"buf{next(self._names)}"
+
+    def realize(self, value: TensorValue, layout: Layout | None = None) -> Buffer:
+        if value.buffer is not None and layout is None:
+            return value.buffer
+        buffer = Buffer(self._new_name(), layout or Layout.contiguous(value.size, value.dtype))
+        self.program.steps.append(ComputeStep(buffer, Pointwise(value.dtype, value.size, value.loader, name=buffer.name)))
+        return buffer
+
+    def _realize_args(self, tree: Any) -> Any:
+        return pytree.tree_map_only(TensorValue, self.realize, tree)
+
+    def _extern(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
+        vals = node.meta["val"]
+        multiple = isinstance(vals, (tuple, list))
+        outs = [Buffer(self._new_name(), _layout_of(v)) if isinstance(v, torch.Tensor) else None
+                for v in (vals if multiple else [vals])]
+        self.program.steps.append(ExternStep(outs, node.target, self._realize_args(args), self._realize_args(kwargs)))
+        values = [TensorValue.of_buffer(b) if b is not None else None for b in outs]
+        return tuple(values) if multiple else values[0]
+
+    def _call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
+        lowering = LOWERINGS.get(node.target)
+        if lowering is not None:
+            try:
+                result = lowering(*args, **kwargs)
+            except NotImplementedError:
+                result = None
+            if isinstance(result, ReductionResult):
+                value = TensorValue.of_buffer(self.realize_reduction(result))
+                if [*value.size] != [*result.size]:
+                    value = _views.view(value, result.size)
+                return result.then(value) if result.then else value
+            if result is not None:
+                return result
+        return self._extern(node, args, kwargs)
+
+    def realize_reduction(self, result: ReductionResult) -> Buffer:
+        node = result.node
+        buffer = Buffer(self._new_name(), Layout.contiguous(node.ranges, node.dtype))
+        node.name = buffer.name
+        self.program.steps.append(ComputeStep(buffer, node))
+        return buffer
+
+    def lower(self) -> Program:
+        env: dict[fx.Node, Any] = {}
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                val = node.meta.get("val")
+                if isinstance(val, torch.Tensor):
+                    buffer = Buffer(node.name, _layout_of(val))
+                    self.program.inputs.append(buffer)
+                    env[node] = TensorValue.of_buffer(buffer)
+                else:
+                    self.program.inputs.append(None)
+                    env[node] = val
+            elif node.op == "call_function":
+                args, kwargs = pytree.tree_map_only(fx.Node, env.__getitem__, (node.args, node.kwargs))
+                env[node] = args[0][args[1]] if node.target is operator.getitem else self._call(node, args, kwargs)
+            elif node.op == "output":
+                outs = pytree.tree_map_only(fx.Node, env.__getitem__, node.args[0])
+                metas = [n.meta.get("val") if isinstance(n, fx.Node) else None for n in pytree.tree_leaves(node.args[0])]
+                leaves = pytree.tree_leaves(outs)
+                self.program.outputs = [
+                    self.realize(v, _layout_of(m) if v.buffer is None and isinstance(m, torch.Tensor) else None)
+                    if isinstance(v, TensorValue) else v
+                    for v, m in zip(leaves, metas)
+                ]
+        return self.program

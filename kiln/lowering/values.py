@@ -1,0 +1,58 @@
+"""What lowerings pass around: a tensor as sizes, a dtype and a loader `index -> ops value`.
+
+A value computed by pointwise lowerings is not materialized: its loader calls its inputs' loaders,
+so a chain of pointwise ops becomes one loop body (vertical fusion by construction). Values are
+`realize`d into buffers only where something needs memory: an extern call, a reduction's result,
+a graph output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import sympy
+import torch
+
+from kiln.ir.nodes import Buffer, Layout
+
+Index = Sequence[sympy.Expr]
+
+
+@dataclass(frozen=True)
+class TensorValue:
+    size: tuple[sympy.Expr, ...]
+    dtype: torch.dtype
+    loader: Callable[[Index], Any]
+    buffer: Buffer | None = None  # set when the value is exactly a buffer's contents
+
+    @classmethod
+    def of_buffer(cls, buffer: Buffer) -> "TensorValue":
+        return cls(buffer.layout.size, buffer.layout.dtype, buffer.load, buffer)
+
+    @property
+    def rank(self) -> int:
+        return len(self.size)
+
+
+def broadcast_sizes(*sizes: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
+    """NumPy broadcasting over sympy sizes (equal, or one of them 1)."""
+    rank = max(len(s) for s in sizes)
+    out = []
+    for d in range(rank):
+        dims = {s[len(s) - rank + d] for s in sizes if len(s) - rank + d >= 0} - {sympy.Integer(1)}
+        if len(dims) > 1:
+            raise ValueError(f"sizes {[list(s) for s in sizes]} do not broadcast")
+        out.append(dims.pop() if dims else sympy.Integer(1))
+    return tuple(out)
+
+
+def broadcast_to(value: TensorValue, size: Sequence[sympy.Expr]) -> TensorValue:
+    """`value` read at the indices of the broadcast `size` (size-1 dims read index 0)."""
+    lead = len(size) - value.rank
+    own = value.size
+
+    def loader(index: Index) -> Any:
+        return value.loader([sympy.Integer(0) if own[d] == 1 else index[lead + d] for d in range(len(own))])
+
+    return TensorValue(tuple(size), value.dtype, loader)

@@ -1,0 +1,96 @@
+"""Views as index maps: a view's loader reads its base at transformed indices, copying nothing."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import sympy
+import torch
+
+from kiln.ir.indexing import FloorDiv
+from kiln.ir.nodes import contiguous_strides
+from kiln.lowering.registry import register_lowering
+from kiln.lowering.values import TensorValue
+
+aten = torch.ops.aten
+
+
+def _dim(d: int, rank: int) -> int:
+    return d + rank if d < 0 else d
+
+
+def _view(x: TensorValue, size: Sequence[sympy.Expr], index_map) -> TensorValue:
+    return TensorValue(tuple(sympy.sympify(s) for s in size), x.dtype, lambda index: x.loader(index_map(list(index))))
+
+
+@register_lowering(aten.permute.default)
+def permute(x: TensorValue, dims: Sequence[int]) -> TensorValue:
+    dims = [_dim(d, x.rank) for d in dims]
+    inverse = [dims.index(d) for d in range(x.rank)]
+    return _view(x, [x.size[d] for d in dims], lambda idx: [idx[inverse[d]] for d in range(x.rank)])
+
+
+@register_lowering(aten.expand.default)
+def expand(x: TensorValue, size: Sequence[int]) -> TensorValue:
+    lead = len(size) - x.rank
+    full = [x.size[d - lead] if s == -1 else s for d, s in enumerate(size)]
+    return _view(x, full, lambda idx: [sympy.Integer(0) if x.size[d] == 1 else idx[lead + d] for d in range(x.rank)])
+
+
+@register_lowering(aten.unsqueeze.default)
+def unsqueeze(x: TensorValue, dim: int) -> TensorValue:
+    dim = _dim(dim, x.rank + 1)
+    return _view(x, [*x.size[:dim], 1, *x.size[dim:]], lambda idx: idx[:dim] + idx[dim + 1 :])
+
+
+@register_lowering(aten.squeeze.dims, aten.squeeze.dim)
+def squeeze(x: TensorValue, dims: int | Sequence[int]) -> TensorValue:
+    dims = {_dim(d, x.rank) for d in ([dims] if isinstance(dims, int) else dims) if x.size[_dim(d, x.rank)] == 1}
+    kept = [d for d in range(x.rank) if d not in dims]
+
+    def index_map(idx):
+        it = iter(idx)
+        return [sympy.Integer(0) if d in dims else next(it) for d in range(x.rank)]
+
+    return _view(x, [x.size[d] for d in kept], index_map)
+
+
+@register_lowering(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def view(x: TensorValue, size: Sequence[int]) -> TensorValue:
+    numel = sympy.Mul(*x.size)
+    known = sympy.Mul(*[s for s in size if s != -1])
+    size = [FloorDiv(numel, known) if s == -1 else sympy.sympify(s) for s in size]
+    if list(size) == list(x.size):
+        return x
+    out_strides, in_strides = contiguous_strides(size), contiguous_strides(x.size)
+
+    def index_map(idx):
+        flat = sum((i * s for i, s in zip(idx, out_strides)), sympy.Integer(0))
+        return [sympy.Mod(FloorDiv(flat, st), sz) if d else FloorDiv(flat, st) for d, (st, sz) in enumerate(zip(in_strides, x.size))]
+
+    return _view(x, size, index_map)
+
+
+@register_lowering(aten.slice.Tensor)
+def slice_(x: TensorValue, dim: int = 0, start: int | None = None, end: int | None = None, step: int = 1) -> TensorValue:
+    dim = _dim(dim, x.rank)
+    length = x.size[dim]
+    start = 0 if start is None else (start + length if start < 0 else start)
+    end = length if end is None else (end + length if end < 0 else end)
+    end = sympy.Min(end, length)
+    start = sympy.Min(start, length)
+    new = [*x.size[:dim], FloorDiv(sympy.Max(end - start + step - 1, 0), step), *x.size[dim + 1 :]]
+    return _view(x, new, lambda idx: idx[:dim] + [start + idx[dim] * step] + idx[dim + 1 :])
+
+
+@register_lowering(aten.select.int)
+def select(x: TensorValue, dim: int, index: int) -> TensorValue:
+    dim = _dim(dim, x.rank)
+    index = index + x.size[dim] if index < 0 else index
+    return _view(x, [*x.size[:dim], *x.size[dim + 1 :]], lambda idx: idx[:dim] + [sympy.sympify(index)] + idx[dim:])
+
+
+@register_lowering(aten.alias.default, aten.clone.default)
+def alias(x: TensorValue, **kwargs) -> TensorValue:
+    # A clone is a fresh buffer only once realized; as a value it reads the same elements.
+    return x
