@@ -1,0 +1,1 @@
+"""C++/OpenMP kernels from loop-IR nodes (printer.py: ops -> C++ expressions; kernel.py: loops)."""

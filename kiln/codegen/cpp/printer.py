@@ -1,0 +1,120 @@
+"""The ops protocol printed as C++: each op appends one `auto tmpN = ...;` line to the body.
+
+Values are computed in the IR's dtypes; C++ types come from `CTYPES`. Index expressions are
+sympy, printed by `cpp_index` (non-negative, so `/` and `%` are floor division and modulo).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+import torch
+
+from kiln.ir.indexing import FloorDiv
+
+CTYPES = {
+    torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+}  # fmt: skip
+
+_UNARY = {
+    "neg": "-({0})", "abs": "std::abs({0})", "exp": "std::exp({0})", "expm1": "std::expm1({0})",
+    "log": "std::log({0})", "log1p": "std::log1p({0})", "sqrt": "std::sqrt({0})",
+    "rsqrt": "(1 / std::sqrt({0}))", "reciprocal": "(1 / ({0}))", "sin": "std::sin({0})",
+    "cos": "std::cos({0})", "tanh": "std::tanh({0})", "sigmoid": "(1 / (1 + std::exp(-({0}))))",
+    "erf": "std::erf({0})", "relu": "std::max({0}, decltype({0})(0))", "floor": "std::floor({0})",
+    "ceil": "std::ceil({0})", "logical_not": "!({0})", "sign": "(({0}) > 0) - (({0}) < 0)",
+}  # fmt: skip
+_BINARY = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
+    "pow": "std::pow({0}, {1})", "maximum": "kiln_max({0}, {1})", "minimum": "kiln_min({0}, {1})",
+    "atan2": "std::atan2({0}, {1})", "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})",
+    "le": "({0} <= {1})", "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "({0} && {1})",
+    "logical_or": "({0} || {1})", "floordiv": "kiln_floordiv({0}, {1})", "remainder": "kiln_remainder({0}, {1})",
+}  # fmt: skip
+
+
+def cpp_index(expr: sympy.Expr) -> str:
+    """A non-negative integer index expression as C++ (int64_t arithmetic)."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        return f"{int(expr)}L"
+    if expr.is_Symbol:
+        return expr.name
+    if isinstance(expr, FloorDiv):
+        return f"({cpp_index(expr.args[0])} / {cpp_index(expr.args[1])})"
+    if isinstance(expr, sympy.Mod):
+        return f"({cpp_index(expr.args[0])} % {cpp_index(expr.args[1])})"
+    if expr.is_Add:
+        return "(" + " + ".join(cpp_index(a) for a in expr.args) + ")"
+    if expr.is_Mul:
+        return "(" + " * ".join(cpp_index(a) for a in expr.args) + ")"
+    if isinstance(expr, (sympy.Min, sympy.Max)):
+        fn = "std::min" if isinstance(expr, sympy.Min) else "std::max"
+        out = cpp_index(expr.args[0])
+        for a in expr.args[1:]:
+            out = f"{fn}<int64_t>({out}, {cpp_index(a)})"
+        return out
+    raise NotImplementedError(f"index expression {expr} ({type(expr).__name__}) in C++")
+
+
+def cpp_constant(value: Any, dtype: torch.dtype) -> str:
+    ctype = CTYPES[dtype]
+    if isinstance(value, bool) or dtype == torch.bool:
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if value != value:
+            return f"std::numeric_limits<{ctype}>::quiet_NaN()"
+        if value in (float("inf"), float("-inf")):
+            return f"{'-' if value < 0 else ''}std::numeric_limits<{ctype}>::infinity()"
+        return f"{ctype}({value!r})"
+    return f"{ctype}({int(value)}L)"
+
+
+class CppPrinter:
+    """Prints one loop body; `buffers` maps buffer names to C++ pointer names."""
+
+    def __init__(self, buffers: dict[str, str], offsets: dict[str, sympy.Expr] | None = None) -> None:
+        # Pointers are passed at each tensor's first element, so storage offsets are taken out.
+        self.buffers, self.offsets = buffers, offsets or {}
+        self.lines: list[str] = []
+        self._count = 0
+        self.reduced: tuple[str, torch.dtype, str] | None = None  # (type, dtype, value) of the body
+
+    def _emit(self, expr: str) -> str:
+        name = f"tmp{self._count}"
+        self._count += 1
+        self.lines.append(f"auto {name} = {expr};")
+        return name
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _UNARY:
+            return lambda x: self._emit(_UNARY[name].format(x))
+        if name in _BINARY:
+            return lambda a, b: self._emit(_BINARY[name].format(a, b))
+        raise AttributeError(name)
+
+    def load(self, buffer: str, index: sympy.Expr) -> str:
+        index = sympy.sympify(index) - self.offsets.get(buffer, 0)
+        return self._emit(f"{self.buffers[buffer]}[{cpp_index(index)}]")
+
+    def store(self, buffer: str, index: sympy.Expr, value: str) -> None:
+        self.lines.append(f"{self.buffers[buffer]}[{cpp_index(index)}] = {value};")
+
+    def constant(self, value: Any, dtype: torch.dtype) -> str:
+        return self._emit(cpp_constant(value, dtype))
+
+    def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> str:
+        return self._emit(f"static_cast<{CTYPES[dtype]}>({cpp_index(expr)})")
+
+    def to_dtype(self, value: str, dtype: torch.dtype) -> str:
+        return self._emit(f"static_cast<{CTYPES[dtype]}>({value})")
+
+    def where(self, condition: str, if_true: str, if_false: str) -> str:
+        return self._emit(f"({condition} ? {if_true} : {if_false})")
+
+    def reduction(self, reduction_type: str, dtype: torch.dtype, value: str) -> str:
+        # The kernel folds `value` into its accumulator; the body's result is the accumulator.
+        self.reduced = (reduction_type, dtype, value)
+        return "acc"
