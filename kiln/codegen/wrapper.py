@@ -56,25 +56,74 @@ class CppProgram:
             fn.restype = None
             self.kernels[step.buffer.name] = fn
 
-    def __call__(self, *args: Any) -> tuple:
-        tensors: dict[str, torch.Tensor] = {}
-        for buffer, arg in zip(self.program.inputs, args):
-            if buffer is not None:
-                tensors[buffer.name] = _in_layout(arg, buffer.layout)
-        for step in self.program.steps:
+        self.call = self._generate_call()
+
+    def _generate_call(self):
+        """The program as straight-line Python: allocate, call kernels and externs, return outputs.
+        Generated once, so a call pays no interpretation of the step list."""
+        lines, scope = [], {"torch": torch, "_in_layout": _in_layout, "empty_strided": torch.empty_strided}
+        params = [b.name if b is not None else f"_unused{k}" for k, b in enumerate(self.program.inputs)]
+        for b in self.program.inputs:
+            if b is not None:
+                scope[f"layout_{b.name}"] = b.layout
+                lines.append(f"{b.name} = _in_layout({b.name}, layout_{b.name})")
+        for k, step in enumerate(self.program.steps):
             if isinstance(step, ComputeStep):
                 size, stride = _ints(step.buffer.layout)
-                out = torch.empty_strided(size, stride, dtype=step.buffer.layout.dtype)
-                ptrs = [tensors[b.name].data_ptr() for b in self.reads[step.buffer.name]]
-                self.kernels[step.buffer.name](*ptrs, out.data_ptr())
-                tensors[step.buffer.name] = out
+                name = step.buffer.name
+                scope[f"kernel_{name}"] = self.kernels[name]
+                scope[f"dtype_{name}"] = step.buffer.layout.dtype
+                ptrs = ", ".join(f"{b.name}.data_ptr()" for b in self.reads[name])
+                lines.append(f"{name} = empty_strided({size}, {stride}, dtype=dtype_{name})")
+                lines.append(f"kernel_{name}({ptrs + ', ' if ptrs else ''}{name}.data_ptr())")
             else:
-                call_args, call_kwargs = pytree.tree_map_only(Buffer, lambda b: tensors[b.name], (step.args, step.kwargs))
-                result = step.op(*call_args, **call_kwargs)
-                for buffer, value in zip(step.outputs, result if isinstance(result, (tuple, list)) else [result]):
-                    if buffer is not None:
-                        tensors[buffer.name] = _in_layout(value, buffer.layout)
-        return tuple(tensors[o.name] if isinstance(o, Buffer) else o for o in self.program.outputs)
+                scope[f"op{k}"] = step.op
+                names = {}
+
+                def arg(value: Any) -> str:
+                    if isinstance(value, Buffer):
+                        return value.name
+                    key = f"const{k}_{len(names)}"
+                    names[key] = value
+                    return key
+
+                args = pytree.tree_map(arg, list(step.args), is_leaf=lambda v: isinstance(v, Buffer))
+                kwargs = pytree.tree_map(arg, dict(step.kwargs), is_leaf=lambda v: isinstance(v, Buffer))
+                scope.update(names)
+                call = f"op{k}({', '.join(_render(a) for a in args)}{', ' if args and kwargs else ''}" \
+                       f"{', '.join(f'{key}={_render(v)}' for key, v in kwargs.items())})"
+                outs = step.outputs
+                if len(outs) == 1 and outs[0] is not None:
+                    lines.append(f"{outs[0].name} = {call}")
+                else:
+                    lines.append(f"_result = {call}")
+                    lines += [f"{b.name} = _result[{i}]" for i, b in enumerate(outs) if b is not None]
+                for b in outs:
+                    if b is not None and step.op is not torch.ops.aten.as_strided.default:
+                        scope[f"layout_{b.name}"] = b.layout
+                        lines.append(f"{b.name} = _in_layout({b.name}, layout_{b.name})")
+        returns = []
+        for k, o in enumerate(self.program.outputs):
+            if isinstance(o, Buffer):
+                returns.append(o.name)
+            else:
+                scope[f"out_const{k}"] = o
+                returns.append(f"out_const{k}")
+        body = "\n".join(f"    {line}" for line in lines) or "    pass"
+        self.python = f"def call({', '.join(params)}):\n{body}\n    return ({', '.join(returns)}{',' if len(returns) == 1 else ''})\n"
+        exec(compile(self.python, "<kiln wrapper>", "exec"), scope)
+        return scope["call"]
+
+    def __call__(self, *args: Any) -> tuple:
+        return self.call(*args)
+
+
+def _render(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_render(v) for v in value) + "]"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_render(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return str(value)
 
 
 def compile_cpp(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CppProgram:

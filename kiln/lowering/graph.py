@@ -76,8 +76,20 @@ class GraphLowering:
         self.program.steps.append(ComputeStep(buffer, Pointwise(value.dtype, value.size, value.loader, name=buffer.name)))
         return buffer
 
+    def _extern_arg(self, value: TensorValue) -> Buffer:
+        # A strided view of a buffer reaches an extern as a view (as_strided), not as a copy.
+        if value.buffer is None and value.strided is not None:
+            base, layout = value.strided
+            if all(sympy.sympify(v).is_Integer for v in (*layout.size, *layout.stride, layout.offset)):
+                view = Buffer(self._new_name(), layout)
+                size, stride = [int(v) for v in layout.size], [int(v) for v in layout.stride]
+                self.program.steps.append(
+                    ExternStep([view], torch.ops.aten.as_strided.default, (base, size, stride, int(layout.offset)), {}))
+                return view
+        return self.realize(value)
+
     def _realize_args(self, tree: Any) -> Any:
-        return pytree.tree_map_only(TensorValue, self.realize, tree)
+        return pytree.tree_map_only(TensorValue, self._extern_arg, tree)
 
     def _extern(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         vals = node.meta["val"]

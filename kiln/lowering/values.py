@@ -25,10 +25,13 @@ class TensorValue:
     dtype: torch.dtype
     loader: Callable[[Index], Any]
     buffer: Buffer | None = None  # set when the value is exactly a buffer's contents
+    # Set when the value is a strided view of a buffer's storage: (base buffer, the view's layout).
+    # An extern call can then take it as a view instead of a copy.
+    strided: tuple[Buffer, Layout] | None = None
 
     @classmethod
     def of_buffer(cls, buffer: Buffer) -> "TensorValue":
-        return cls(buffer.layout.size, buffer.layout.dtype, buffer.load, buffer)
+        return cls(buffer.layout.size, buffer.layout.dtype, buffer.load, buffer, (buffer, buffer.layout))
 
     @property
     def rank(self) -> int:

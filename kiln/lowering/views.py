@@ -8,7 +8,7 @@ import sympy
 import torch
 
 from kiln.ir.indexing import FloorDiv
-from kiln.ir.nodes import contiguous_strides
+from kiln.ir.nodes import Layout, contiguous_strides
 from kiln.lowering.registry import register_lowering
 from kiln.lowering.values import TensorValue
 
@@ -19,28 +19,41 @@ def _dim(d: int, rank: int) -> int:
     return d + rank if d < 0 else d
 
 
-def _view(x: TensorValue, size: Sequence[sympy.Expr], index_map) -> TensorValue:
-    return TensorValue(tuple(sympy.sympify(s) for s in size), x.dtype, lambda index: x.loader(index_map(list(index))))
+def _view(x: TensorValue, size: Sequence[sympy.Expr], index_map, restride=None) -> TensorValue:
+    """A view of `x`: reads `x` at `index_map(index)`. `restride(layout) -> (stride, offset)` gives
+    the view's layout when `x` is a strided view of a buffer, so externs can take it uncopied."""
+    size = tuple(sympy.sympify(s) for s in size)
+    strided = None
+    if x.strided is not None and restride is not None:
+        base, layout = x.strided
+        described = restride(layout)
+        if described is not None:
+            stride, offset = described
+            strided = (base, Layout(size, tuple(sympy.sympify(s) for s in stride), layout.dtype, sympy.sympify(offset)))
+    return TensorValue(size, x.dtype, lambda index: x.loader(index_map(list(index))), strided=strided)
 
 
 @register_lowering(aten.permute.default)
 def permute(x: TensorValue, dims: Sequence[int]) -> TensorValue:
     dims = [_dim(d, x.rank) for d in dims]
     inverse = [dims.index(d) for d in range(x.rank)]
-    return _view(x, [x.size[d] for d in dims], lambda idx: [idx[inverse[d]] for d in range(x.rank)])
+    return _view(x, [x.size[d] for d in dims], lambda idx: [idx[inverse[d]] for d in range(x.rank)],
+                 lambda lay: ([lay.stride[d] for d in dims], lay.offset))
 
 
 @register_lowering(aten.expand.default)
 def expand(x: TensorValue, size: Sequence[int]) -> TensorValue:
     lead = len(size) - x.rank
     full = [x.size[d - lead] if s == -1 else s for d, s in enumerate(size)]
-    return _view(x, full, lambda idx: [sympy.Integer(0) if x.size[d] == 1 else idx[lead + d] for d in range(x.rank)])
+    return _view(x, full, lambda idx: [sympy.Integer(0) if x.size[d] == 1 else idx[lead + d] for d in range(x.rank)],
+                 lambda lay: ([0] * lead + [0 if x.size[d] == 1 and full[lead + d] != 1 else lay.stride[d] for d in range(x.rank)], lay.offset))
 
 
 @register_lowering(aten.unsqueeze.default)
 def unsqueeze(x: TensorValue, dim: int) -> TensorValue:
     dim = _dim(dim, x.rank + 1)
-    return _view(x, [*x.size[:dim], 1, *x.size[dim:]], lambda idx: idx[:dim] + idx[dim + 1 :])
+    return _view(x, [*x.size[:dim], 1, *x.size[dim:]], lambda idx: idx[:dim] + idx[dim + 1 :],
+                 lambda lay: ([*lay.stride[:dim], 1, *lay.stride[dim:]], lay.offset))
 
 
 @register_lowering(aten.squeeze.dims, aten.squeeze.dim)
@@ -52,7 +65,7 @@ def squeeze(x: TensorValue, dims: int | Sequence[int]) -> TensorValue:
         it = iter(idx)
         return [sympy.Integer(0) if d in dims else next(it) for d in range(x.rank)]
 
-    return _view(x, [x.size[d] for d in kept], index_map)
+    return _view(x, [x.size[d] for d in kept], index_map, lambda lay: ([lay.stride[d] for d in kept], lay.offset))
 
 
 @register_lowering(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
@@ -68,7 +81,26 @@ def view(x: TensorValue, size: Sequence[int]) -> TensorValue:
         flat = sum((i * s for i, s in zip(idx, out_strides)), sympy.Integer(0))
         return [sympy.Mod(FloorDiv(flat, st), sz) if d else FloorDiv(flat, st) for d, (st, sz) in enumerate(zip(in_strides, x.size))]
 
-    return _view(x, size, index_map)
+    def restride(lay):
+        if list(lay.stride) != list(in_strides):
+            raise _NotStrided  # a reshape of a non-contiguous layout is not one strided view
+        return out_strides, lay.offset
+
+    return _view(x, size, index_map, _strided_or_none(restride))
+
+
+class _NotStrided(Exception):
+    pass
+
+
+def _strided_or_none(restride):
+    def attempt(lay):
+        try:
+            return restride(lay)
+        except _NotStrided:
+            return None
+
+    return attempt
 
 
 @register_lowering(aten.slice.Tensor)
@@ -80,14 +112,16 @@ def slice_(x: TensorValue, dim: int = 0, start: int | None = None, end: int | No
     end = sympy.Min(end, length)
     start = sympy.Min(start, length)
     new = [*x.size[:dim], FloorDiv(sympy.Max(end - start + step - 1, 0), step), *x.size[dim + 1 :]]
-    return _view(x, new, lambda idx: idx[:dim] + [start + idx[dim] * step] + idx[dim + 1 :])
+    return _view(x, new, lambda idx: idx[:dim] + [start + idx[dim] * step] + idx[dim + 1 :],
+                 lambda lay: ([*lay.stride[:dim], lay.stride[dim] * step, *lay.stride[dim + 1 :]], lay.offset + start * lay.stride[dim]))
 
 
 @register_lowering(aten.select.int)
 def select(x: TensorValue, dim: int, index: int) -> TensorValue:
     dim = _dim(dim, x.rank)
     index = index + x.size[dim] if index < 0 else index
-    return _view(x, [*x.size[:dim], *x.size[dim + 1 :]], lambda idx: idx[:dim] + [sympy.sympify(index)] + idx[dim:])
+    return _view(x, [*x.size[:dim], *x.size[dim + 1 :]], lambda idx: idx[:dim] + [sympy.sympify(index)] + idx[dim:],
+                 lambda lay: ([*lay.stride[:dim], *lay.stride[dim + 1 :]], lay.offset + index * lay.stride[dim]))
 
 
 @register_lowering(aten.alias.default, aten.clone.default)

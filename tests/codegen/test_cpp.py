@@ -81,3 +81,17 @@ def test_symbolic_sizes_are_declined():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="symbolic sizes"):
         torch.compile(lambda x: x * 2, backend=backend, dynamic=True)(torch.randn(3))
+
+
+def test_torch_compile_backend_kiln_runs_a_model():
+    import torch._dynamo
+    from kiln.runtime import fallback
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    x = torch.randn(4, 16)
+    torch._dynamo.reset()
+    fallback.reset()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="kiln")(x), model(x))
+    assert not fallback.FALLBACKS
