@@ -6,12 +6,10 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch._dynamo
 from torch.nn.parameter import is_lazy
 from torch.utils import _pytree as pytree
 
-from kiln.runtime import fallback
-from tests.aot.opinfo import Outcome
+from tests.aot.opinfo import CountingBackend, Outcome, raised
 
 RANDOM_MODULES = {"FractionalMaxPool2d", "FractionalMaxPool3d", "RReLU"}
 
@@ -55,25 +53,14 @@ def check_module(module_info, module_input, training: bool) -> Outcome:
         expected, expected_grads = _run(module, args, kwargs, backward)
     except Exception as e:  # noqa: BLE001 - eager rejects it: says nothing about kiln
         return Outcome("eager-error", f"{type(e).__name__}: {e}")
-    calls = []
-
-    def backend(gm, example_inputs):
-        from kiln.integrations.dynamo import kiln_aot_eager
-
-        calls.append(gm)
-        return kiln_aot_eager(gm, example_inputs)
-
-    torch._dynamo.reset()
-    fallback.reset()
+    backend = CountingBackend()
     args, kwargs = _clone_inputs(module_input.forward_input)
     try:
         actual, actual_grads = _run(torch.compile(twin, backend=backend), args, kwargs, backward)
     except Exception as e:  # noqa: BLE001
-        return Outcome("fail", f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    if fallback.FALLBACKS:
-        return Outcome("fallback", str(fallback.FALLBACKS[0]))
-    if not calls:
-        return Outcome("not-exercised", "Dynamo produced no graph")
+        return raised(e)
+    if (unjudged := backend.verdict()) is not None:
+        return unjudged
     if module_info.module_cls.__name__ in RANDOM_MODULES:
         return Outcome("pass")
     try:

@@ -23,6 +23,40 @@ class Outcome:
     detail: str = ""
 
 
+class CountingBackend:
+    """kiln_aot_eager that remembers the graphs Dynamo hands it (Dynamo and fallbacks reset)."""
+
+    def __init__(self) -> None:
+        self.graphs: list = []
+        torch._dynamo.reset()
+        fallback.reset()
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return kiln_aot_eager(gm, example_inputs)
+
+    def verdict(self) -> Outcome | None:
+        """A fallback or an unexercised run, which no comparison can pass; else None."""
+        if fallback.FALLBACKS:
+            return Outcome("fallback", str(fallback.FALLBACKS[0]))
+        if not self.graphs:
+            return Outcome("not-exercised", "Dynamo produced no graph")
+        return None
+
+
+def raised(error: Exception) -> Outcome:
+    return Outcome("fail", f"raised {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+
+
+def assert_outcomes(outcomes: list[Outcome]) -> None:
+    """At least one sample ran through kiln and passed, and none failed or fell back."""
+    ran = [o for o in outcomes if o.status != "eager-error"]
+    assert ran, "no sample ran in eager"
+    # A sample Dynamo never hands to a backend says nothing about kiln; at least one must run.
+    assert any(o.status == "pass" for o in ran), ran
+    assert all(o.status in ("pass", "not-exercised") for o in ran), [o for o in ran if o.status != "pass"]
+
+
 def _split(sample) -> tuple[list[torch.Tensor], callable]:
     leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
     positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
@@ -74,25 +108,16 @@ def check_sample(op, sample, backward: bool, seed: int = 0) -> Outcome:
     except Exception as e:  # noqa: BLE001 - a sample eager rejects says nothing about kiln
         return Outcome("eager-error", f"{type(e).__name__}: {e}")
 
-    calls = []
-
-    def backend(gm, example_inputs):
-        calls.append(gm)
-        return kiln_aot_eager(gm, example_inputs)
-
-    torch._dynamo.reset()
-    fallback.reset()
+    backend = CountingBackend()
     inputs = _fresh(tensors)
     try:
         torch.manual_seed(seed)
         actual = torch.compile(fn, backend=backend)(*inputs)
         actual_grads = _grads(actual, inputs, seed) if backward else []
     except Exception as e:  # noqa: BLE001
-        return Outcome("fail", f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    if fallback.FALLBACKS:
-        return Outcome("fallback", str(fallback.FALLBACKS[0]))
-    if not calls:
-        return Outcome("not-exercised", "Dynamo produced no graph")
+        return raised(e)
+    if (unjudged := backend.verdict()) is not None:
+        return unjudged
     try:
         if is_random(op):  # values come from the random stream; only their form can be compared
             _same_metadata(actual, expected)

@@ -5,6 +5,7 @@ import torch
 from torch.testing._internal.common_modules import module_db
 
 from tests.aot.modules import check_module
+from tests.aot.opinfo import assert_outcomes
 
 SUBSET = ["Linear", "Conv2d", "BatchNorm2d", "LayerNorm", "GroupNorm", "Embedding", "GELU", "ReLU", "SiLU",
           "Softmax", "LogSoftmax", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "CrossEntropyLoss", "MSELoss",
