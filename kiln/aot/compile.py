@@ -143,7 +143,8 @@ class AotCompiled:
         return self.variants[training]
 
     def __call__(self, *args: Any) -> Any:
-        run = self._variant(self._wants_training([*self.lifted, *args]))
+        # Under no_grad (inference) the parameter scan is skipped: that is the hot path.
+        run = self._variant(torch.is_grad_enabled() and self._wants_training([*self.lifted, *args]))
         return pytree.tree_unflatten(run(*self.lifted, *args), self.out_spec)
 
 
