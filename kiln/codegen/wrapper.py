@@ -41,15 +41,19 @@ class CppProgram:
                     buffers[b.name] = b
         self.reads: dict[str, list[Buffer]] = {}
         sources = [HEADER]
+        self.checks_indices: set[str] = set()  # kernels with indirect indexing: check the error flag after
         for step in program.kernels:
             if not is_static(step.node):
                 raise NotImplementedError("C++ kernels with symbolic sizes")
             inputs = [buffers[name] for name in buffers_read(step.node)]
             self.reads[step.buffer.name] = inputs
             sources.append(kernel_source(f"kernel_{step.buffer.name}", step.node, step.buffer, inputs))
+            if "kiln_index(" in sources[-1]:
+                self.checks_indices.add(step.buffer.name)
         self.source = "\n\n".join(sources)
         library = load_library(self.source) if program.kernels else None
         self.kernels = {}
+        self.index_error = ctypes.c_int.in_dll(library, "kiln_index_error") if library is not None else None
         for step in program.kernels:
             fn = getattr(library, f"kernel_{step.buffer.name}")
             fn.argtypes = [ctypes.c_void_p] * (len(self.reads[step.buffer.name]) + 1)
@@ -61,7 +65,8 @@ class CppProgram:
     def _generate_call(self):
         """The program as straight-line Python: allocate, call kernels and externs, return outputs.
         Generated once, so a call pays no interpretation of the step list."""
-        lines, scope = [], {"torch": torch, "_in_layout": _in_layout, "empty_strided": torch.empty_strided}
+        lines, scope = [], {"torch": torch, "_in_layout": _in_layout, "empty_strided": torch.empty_strided,
+                            "index_error": self.index_error, "_raise_index_error": _raise_index_error}
         params = [b.name if b is not None else f"_unused{k}" for k, b in enumerate(self.program.inputs)]
         for b in self.program.inputs:
             if b is not None:
@@ -76,6 +81,8 @@ class CppProgram:
                 ptrs = ", ".join(f"{b.name}.data_ptr()" for b in self.reads[name])
                 lines.append(f"{name} = empty_strided({size}, {stride}, dtype=dtype_{name})")
                 lines.append(f"kernel_{name}({ptrs + ', ' if ptrs else ''}{name}.data_ptr())")
+                if name in self.checks_indices:
+                    lines.append(f"if index_error.value: _raise_index_error(index_error, {name!r})")
             else:
                 scope[f"op{k}"] = step.op
                 names = {}
@@ -116,6 +123,11 @@ class CppProgram:
 
     def __call__(self, *args: Any) -> tuple:
         return self.call(*args)
+
+
+def _raise_index_error(flag: ctypes.c_int, kernel: str) -> None:
+    flag.value = 0
+    raise IndexError(f"index out of range in kiln kernel {kernel} (an indexing op read outside its input)")
 
 
 def _render(value: Any) -> str:

@@ -31,10 +31,12 @@ class _Recorder:
             return functools.partial(self._dispatch, name)
         raise AttributeError(name)
 
-    def _dispatch(self, name: str, *args: Any) -> _Value:
+    def _dispatch(self, name: str, *args: Any) -> Any:
         value = _Value(f"tmp{self._count}")
         self._count += 1
         self.record(name, args, value)
+        if name == "indirect_indexing":  # an index symbol, so later index arithmetic works on it
+            return sympy.Symbol(f"ind{self._count - 1}", integer=True)
         return value
 
     def record(self, name: str, args: tuple, value: _Value) -> None:  # pragma: no cover - overridden

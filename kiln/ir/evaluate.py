@@ -29,6 +29,8 @@ _REDUCE: dict[str, Callable] = {
     "min": lambda v, dims: v.amin(dims),
     "any": lambda v, dims: v.flatten(-len(dims)).any(-1),
     "all": lambda v, dims: v.flatten(-len(dims)).all(-1),
+    "argmax": lambda v, dims: v.flatten(-len(dims)).argmax(-1),
+    "argmin": lambda v, dims: v.flatten(-len(dims)).argmin(-1),
 }
 
 
@@ -86,6 +88,12 @@ class TorchEvaluator:
 
     def to_dtype(self, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return value.to(dtype)
+
+    def indirect_indexing(self, value: torch.Tensor, size: Any) -> sympy.Symbol:
+        symbol = sympy.Symbol(f"ind{len(self.env)}", integer=True)
+        value = torch.as_tensor(value).long()
+        self.env[symbol] = torch.where(value < 0, value + int(size), value)
+        return symbol
 
     def where(self, condition: torch.Tensor, if_true: torch.Tensor, if_false: torch.Tensor) -> torch.Tensor:
         return torch.where(condition, if_true, if_false)

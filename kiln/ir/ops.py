@@ -30,8 +30,13 @@ BINARY_OPS = (
 #   constant(value, dtype) -> value             index_expr(expr, dtype) -> value
 #   to_dtype(value, dtype) -> value             where(condition, if_true, if_false) -> value
 #   reduction(reduction_type, dtype, value) -> value   (over the node's reduction ranges)
-SPECIAL_OPS = ("load", "store", "constant", "index_expr", "to_dtype", "where", "reduction")
-REDUCTION_TYPES = ("sum", "prod", "max", "min", "any", "all")
+#   indirect_indexing(value, size) -> sympy.Symbol
+#       an integer tensor value used as an index into a dimension of `size` elements (negative
+#       values count from the end, as in eager); the symbol can appear in later load indices.
+SPECIAL_OPS = ("load", "store", "constant", "index_expr", "to_dtype", "where", "reduction", "indirect_indexing")
+# argmax/argmin: the flat position (over the reduction ranges, row-major) of the first max/min,
+# NaN counting as the largest and the smallest, as in eager. Their dtype is int64.
+REDUCTION_TYPES = ("sum", "prod", "max", "min", "any", "all", "argmax", "argmin")
 
 ALL_OPS = UNARY_OPS + BINARY_OPS + SPECIAL_OPS
 

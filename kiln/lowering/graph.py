@@ -18,7 +18,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from kiln.ir.nodes import Buffer, Layout, Node, Pointwise
-from kiln.lowering import pointwise as _pointwise, views as _views  # noqa: F401  (register lowerings)
+from kiln.lowering import table as _table, views as _views  # noqa: F401  (fills the lowering table)
 from kiln.lowering.reductions import ReductionResult
 from kiln.lowering.registry import LOWERINGS
 from kiln.lowering.values import TensorValue

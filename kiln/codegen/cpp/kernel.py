@@ -10,7 +10,7 @@ import torch
 
 from kiln.codegen.cpp.printer import CTYPES, CppPrinter, cpp_constant, cpp_index
 from kiln.ir.analysis import ReadsWrites, run
-from kiln.ir.nodes import Buffer, Node, Reduction
+from kiln.ir.nodes import Buffer, Layout, Node, Reduction
 from kiln.ir.ops import use_handler
 
 PARALLEL_MIN_WORK = 32768  # elements (times reduction length) below which threads cost more than they save
@@ -22,6 +22,14 @@ HEADER = r"""
 #include <limits>
 template <typename T> static inline T kiln_max(T a, T b) { if (a != a) return a; if (b != b) return b; return a > b ? a : b; }
 template <typename T> static inline T kiln_min(T a, T b) { if (a != a) return a; if (b != b) return b; return a < b ? a : b; }
+extern "C" { int kiln_index_error = 0; }
+static inline int64_t kiln_index(int64_t i, int64_t size) {
+  if (i < 0) i += size;
+  if (i < 0 || i >= size) { kiln_index_error = 1; return i < 0 ? 0 : size - 1; }
+  return i;
+}
+template <typename T> static inline bool kiln_gt(T a, T b) { return a > b || (a != a && b == b); }
+template <typename T> static inline bool kiln_lt(T a, T b) { return a < b || (a != a && b == b); }
 template <typename T> static inline T kiln_floordiv(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) { return std::floor(a / b); }
   else { T q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) --q; return q; }
@@ -35,6 +43,8 @@ template <typename T> static inline T kiln_remainder(T a, T b) {
 
 def _init(kind: str, dtype: torch.dtype) -> str:
     ctype = CTYPES[dtype]
+    if kind in ("argmax", "argmin"):
+        kind = kind[3:]
     if kind in ("max", "min"):
         if dtype.is_floating_point:
             return f"{'-' if kind == 'max' else ''}std::numeric_limits<{ctype}>::infinity()"
@@ -74,12 +84,22 @@ def kernel_source(name: str, node: Node, out: Buffer, inputs: list[Buffer]) -> s
     ctype = CTYPES[out.layout.dtype]
     if isinstance(node, Reduction):
         kind, dtype, value = printer.reduced
-        lines.append(f"{indent}{CTYPES[dtype]} acc = {_init(kind, dtype)};")
-        rloops, rindent = _loops(node.reduction_vars(), [int(s) for s in node.reduction_ranges], indent)
+        rsizes = [int(s) for s in node.reduction_ranges]
+        arg = kind in ("argmax", "argmin")
+        acc_dtype = node.src_dtype if arg else dtype
+        lines.append(f"{indent}{CTYPES[acc_dtype]} acc = {_init(kind, acc_dtype)};")
+        if arg:
+            lines.append(f"{indent}int64_t acc_index = 0;")
+        rloops, rindent = _loops(node.reduction_vars(), rsizes, indent)
         lines += rloops + [f"{rindent}{line}" for line in printer.lines]
-        lines.append(f"{rindent}acc = {_COMBINE[kind].format(v=value)};")
+        if arg:
+            rflat = cpp_index(Layout.contiguous(rsizes, dtype).flat_index(node.reduction_vars()))
+            better = "kiln_gt" if kind == "argmax" else "kiln_lt"
+            lines.append(f"{rindent}if ({better}({value}, acc)) {{ acc = {value}; acc_index = {rflat}; }}")
+        else:
+            lines.append(f"{rindent}acc = {_COMBINE[kind].format(v=value)};")
         lines += [indent + "  " * (len(rloops) - 1 - k) + "}" for k in range(len(rloops))]
-        lines.append(f"{indent}out[{out_index}] = static_cast<{ctype}>(acc);")
+        lines.append(f"{indent}out[{out_index}] = static_cast<{ctype}>({'acc_index' if arg else 'acc'});")
     else:
         lines += [f"{indent}{line}" for line in printer.lines]
         lines.append(f"{indent}out[{out_index}] = static_cast<{ctype}>({result});")

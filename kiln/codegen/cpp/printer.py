@@ -111,6 +111,13 @@ class CppPrinter:
     def to_dtype(self, value: str, dtype: torch.dtype) -> str:
         return self._emit(f"static_cast<{CTYPES[dtype]}>({value})")
 
+    def indirect_indexing(self, value: str, size: Any) -> sympy.Symbol:
+        # Out-of-range indices are clamped (memory stays safe) and flagged; the wrapper raises.
+        name = f"ind{self._count}"
+        self._count += 1
+        self.lines.append(f"int64_t {name} = kiln_index(static_cast<int64_t>({value}), {cpp_index(sympy.sympify(size))});")
+        return sympy.Symbol(name, integer=True)
+
     def where(self, condition: str, if_true: str, if_false: str) -> str:
         return self._emit(f"({condition} ? {if_true} : {if_false})")
 
