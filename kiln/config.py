@@ -263,6 +263,17 @@ class CacheSettings(_Group):
     )
 
 
+@_group("backend")
+class BackendSettings(_Group):
+    """How kiln's backend builds the kernels of a graph."""
+
+    compile_workers: int = setting(
+        0,
+        env="KILN_COMPILE_WORKERS",
+        help="C++ compiler processes run at once for one graph's kernels; 0 for one per CPU core",
+    )
+
+
 @_group("bench")
 class BenchSettings(_Group):
     """How the benchmark harness runs each (model, mode) pair."""
@@ -280,10 +291,11 @@ class BenchSettings(_Group):
 
 debug = DebugSettings()
 cache = CacheSettings()
+backend = BackendSettings()
 bench = BenchSettings()
 
 # The one list of groups; patch(), describe() and the environment all go through it.
-_GROUPS: dict[str, _Group] = {group._area: group for group in (debug, cache, bench)}
+_GROUPS: dict[str, _Group] = {group._area: group for group in (debug, cache, backend, bench)}
 
 
 # --- reading settings by name ----------------------------------------------------------------

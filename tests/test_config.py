@@ -57,6 +57,7 @@ def test_defaults():
         "debug.logs": (),
         "debug.dump_dir": None,
         "cache.dir": "~/.cache/kiln",
+        "backend.compile_workers": 0,
         "bench.timeout_s": 900.0,
         "bench.iters": 20,
         "bench.warmup": 3,

@@ -20,7 +20,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils import _pytree as pytree
 
 from kiln import logs
-from kiln.aot import dump
+from kiln.aot import cache as aot_cache, dump
 from kiln.aot.runtime import inference_runner, training_runner
 from kiln.aot.signature import Signature, UnsupportedByAot, analyze
 from kiln.aot.trace import differentiable_outputs, trace_inference, trace_joint
@@ -35,10 +35,13 @@ class AotOptions:
     recompute: let the partitioner recompute cheap forward ops in the backward instead of saving
     them (min-cut rematerialization); False saves everything the backward needs.
     label: names the debug dump folder of this graph.
+    cache: reuse graphs traced and compiled by an earlier process (kiln/aot/cache.py), when
+    `compile_graph` has `save` and `load`.
     """
 
     recompute: bool = True
     label: str = "graph"
+    cache: bool = False  # use the AOT graph cache (kiln.aot.cache) when compile_graph can save/load
 
 
 def _placeholder_values(gm: fx.GraphModule) -> list[Any]:
@@ -71,18 +74,24 @@ class AotCompiled:
 
     def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], compile_graph: CompileGraph, options: AotOptions) -> None:
         self.compile_graph, self.options = compile_graph, options
+        self.gm, self.example_inputs = gm, list(example_inputs)
         lifted = dict(gm.named_parameters(remove_duplicate=False)) | dict(gm.named_buffers(remove_duplicate=False))
         self.lifted_names, self.lifted = list(lifted), list(lifted.values())
         self.out_spec: pytree.TreeSpec | None = None
         self.fn = self._flat_function(gm)
-        self.fake_mode = _fake_mode_for(gm, example_inputs)
-        self.fake_args = [self._fake(a) for a in self.lifted] + self._fake_inputs(gm, example_inputs)
-        self.sig: Signature = analyze(self.fn, self.fake_args, self.fake_mode)
+        self.sig: Signature | None = None  # with fake_mode and fake_args, made by _prepare()
         self.variants: dict[bool, Callable[..., list[Any]]] = {}
         self.partition: Any = None  # the training variant's Partition, once built
         # Build now for the grad mode of the example inputs, so compile errors surface here (where
         # a backend can fall back) rather than in the middle of the user's call.
-        self._variant(self._wants_training(self.fake_args))
+        self._variant(self._wants_training([*self.lifted, *self.example_inputs]))
+
+    def _prepare(self) -> None:
+        """Fake inputs and the signature: what tracing needs (a cache hit needs neither)."""
+        if not hasattr(self, "fake_args"):
+            self.fake_mode = _fake_mode_for(self.gm, self.example_inputs)
+            self.fake_args = [self._fake(a) for a in self.lifted] + self._fake_inputs(self.gm, self.example_inputs)
+            self.sig = self.sig or analyze(self.fn, self.fake_args, self.fake_mode)
 
     def _flat_function(self, gm: fx.GraphModule) -> Callable[..., tuple]:
         n = len(self.lifted_names)
@@ -115,12 +124,13 @@ class AotCompiled:
     def _wants_training(self, args: Sequence[Any]) -> bool:
         return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
-    def _build_inference(self) -> Callable[..., list[Any]]:
+    def _build_inference(self) -> tuple[Callable[..., list[Any]], list[Any], int]:
         graph = trace_inference(self.fn, self.fake_args, self.sig, self.fake_mode)
         dump.inference(self.options.label, graph, self.sig)
-        return inference_runner(self.compile_graph(graph, _placeholder_values(graph)), self.sig)
+        compiled = self.compile_graph(graph, _placeholder_values(graph))
+        return inference_runner(compiled, self.sig), [compiled], 0
 
-    def _build_training(self) -> Callable[..., list[Any]]:
+    def _build_training(self) -> tuple[Callable[..., list[Any]], list[Any], int]:
         from kiln.aot.partition import PartitionPolicy, partition  # networkx, only when training
 
         sig = self.sig
@@ -134,12 +144,50 @@ class AotCompiled:
         dump.training(self.options.label, joint, split, sig)
         forward = self.compile_graph(split.forward, _placeholder_values(split.forward))
         backward = self.compile_graph(split.backward, _placeholder_values(split.backward))
-        return training_runner(forward, backward, sig, differentiable_outputs(sig), split.num_saved_tensors)
+        runner = training_runner(forward, backward, sig, differentiable_outputs(sig), split.num_saved_tensors)
+        return runner, [forward, backward], split.num_saved_tensors
+
+    def _runner(self, training: bool, compiled: list[Any], num_saved: int) -> Callable[..., list[Any]]:
+        if training:
+            return training_runner(*compiled, self.sig, differentiable_outputs(self.sig), num_saved)
+        return inference_runner(compiled[0], self.sig)
+
+    def _cache_key(self, training: bool) -> str | None:
+        savable = hasattr(self.compile_graph, "save") and hasattr(self.compile_graph, "load")
+        if not (self.options.cache and savable):
+            return None
+        lifted = dict(zip(self.lifted_names, self.lifted))
+        return aot_cache.cache_key(self.gm, self.example_inputs, lifted, training, (self.options.recompute,))
+
+    def _from_cache(self, key: str | None, training: bool) -> Callable[..., list[Any]] | None:
+        entry = aot_cache.load(key) if key is not None else None
+        if entry is None:
+            return None
+        try:
+            compiled = [self.compile_graph.load(p) for p in entry.payloads]
+        except Exception as error:  # noqa: BLE001 - an entry that does not load is rebuilt
+            logs.log("cache", "AOT graph cache entry %s not loaded (%s): rebuilding", key[:12], error)
+            return None
+        self.sig = self.sig or entry.sig
+        self.out_spec = pytree.treespec_loads(entry.out_spec)
+        return self._runner(training, compiled, entry.num_saved_tensors)
+
+    def _to_cache(self, key: str | None, compiled: list[Any], num_saved: int) -> None:
+        spec = aot_cache.dumps_spec(self.out_spec) if key is not None and self.out_spec is not None else None
+        payloads = [self.compile_graph.save(c) for c in compiled] if spec is not None else []
+        if spec is not None and all(p is not None for p in payloads):
+            aot_cache.store(key, aot_cache.CachedVariant(self.sig, spec, payloads, num_saved))
 
     def _variant(self, training: bool) -> Callable[..., list[Any]]:
         if training not in self.variants:
-            logs.log("aot", "building the %s graph(s) of %s", "training" if training else "inference", self.options.label)
-            self.variants[training] = self._build_training() if training else self._build_inference()
+            key = self._cache_key(training)
+            runner = self._from_cache(key, training)
+            if runner is None:
+                logs.log("aot", "building the %s graph(s) of %s", "training" if training else "inference", self.options.label)
+                self._prepare()
+                runner, compiled, num_saved = self._build_training() if training else self._build_inference()
+                self._to_cache(key, compiled, num_saved)
+            self.variants[training] = runner
         return self.variants[training]
 
     def __call__(self, *args: Any) -> Any:

@@ -1,22 +1,32 @@
-"""A lowered Program as a callable: C++ kernels compiled once per graph, externs through PyTorch.
+"""A lowered Program as a callable: scheduled into fused C++ kernels compiled once per graph,
+externs through PyTorch, and a generated straight-line Python function that runs them.
 
-`compile_cpp(gm, example_inputs)` is a graph compiler for `kiln.aot.compile`. Today's limits: all
-sizes static (symbolic ones raise NotImplementedError), scalar (not yet vectorized) loops.
+`compile_cpp(gm, example_inputs)` is a graph compiler for `kiln.aot.compile`. Today's limits:
+all sizes static (symbolic ones raise NotImplementedError, and the graph falls back).
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import pickle
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from kiln.codegen.cpp.kernel import HEADER, buffers_read, is_static, kernel_source
+from kiln import logs
+from kiln.codegen.cpp.kernel import is_static, kernel_source
+from kiln.codegen.cpp.preamble import preamble
+from kiln.ir.analysis import OpCounter, run
 from kiln.ir.nodes import Buffer, Layout
-from kiln.lowering.graph import ComputeStep, GraphLowering, Program
-from kiln.runtime.cpp_compile import load_library
+from kiln.lowering.graph import GraphLowering, Program
+from kiln.passes import run_passes
+from kiln.runtime.cpp_compile import load_library, workers
+from kiln.schedule import Schedule, schedule
+from kiln.schedule.fusion import FusedKernel
 
 
 def _ints(layout: Layout) -> tuple[list[int], list[int]]:
@@ -31,98 +41,192 @@ def _in_layout(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     return torch.empty_strided(size, stride, dtype=t.dtype).copy_(t)
 
 
+@dataclass
+class CompiledGraph:
+    """Everything needed to run a compiled graph again, picklable: what the graph cache stores."""
+
+    units: list[str]  # C++ translation units (the library is found in the C++ cache by their hash)
+    python: str  # the generated wrapper
+    constants: dict[str, Any]  # wrapper globals that are plain values: layouts, dtypes, arguments
+    ops: dict[str, str]  # wrapper globals that are ATen ops, by qualified name
+    kernels: dict[str, tuple[str, int]]  # kernel -> (C function, pointer count)
+    checks_indices: list[str]  # kernels after which the index-error flag is checked
+    report: str
+
+
+def _op_name(op: Any) -> str | None:
+    return op.name() if isinstance(op, torch._ops.OpOverload) else None
+
+
+def _resolve_op(name: str) -> Any:
+    namespace, rest = name.split("::")
+    packet, _, overload = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+
+
 class CppProgram:
+    """`program` lowered, scheduled and compiled; calling it runs the graph."""
+
     def __init__(self, program: Program) -> None:
         self.program = program
-        buffers: dict[str, Buffer] = {b.name: b for b in program.inputs if b is not None}
-        for step in program.steps:
-            for b in [step.buffer] if isinstance(step, ComputeStep) else step.outputs:
-                if b is not None:
-                    buffers[b.name] = b
-        self.reads: dict[str, list[Buffer]] = {}
-        sources = [HEADER]
-        self.checks_indices: set[str] = set()  # kernels with indirect indexing: check the error flag after
-        for step in program.kernels:
-            if not is_static(step.node):
+        self.schedule: Schedule = schedule(program)
+        # Kernels are printed under a placeholder name and named by content, so the identical
+        # kernels of repeated layers are compiled once.
+        sources, self.functions, self.vectorized, checks = {}, {}, {}, []
+        for kernel in self.schedule.kernels:
+            if not is_static(kernel):
                 raise NotImplementedError("C++ kernels with symbolic sizes")
-            inputs = [buffers[name] for name in buffers_read(step.node)]
-            self.reads[step.buffer.name] = inputs
-            sources.append(kernel_source(f"kernel_{step.buffer.name}", step.node, step.buffer, inputs))
-            if "kiln_index(" in sources[-1]:
-                self.checks_indices.add(step.buffer.name)
-        self.source = "\n\n".join(sources)
-        library = load_library(self.source) if program.kernels else None
+            text, vectorized = kernel_source(kernel, "KILN_KERNEL")
+            function = f"kernel_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+            sources.setdefault(function, text.replace("KILN_KERNEL", function))
+            self.functions[kernel.name] = function
+            self.vectorized[kernel.name] = vectorized
+            if "kiln_index(" in text or "kiln::vindex(" in text:
+                checks.append(kernel.name)  # indirect indexing: check the error flag after
+        self.source = "\n\n".join([preamble(), *sources.values()])
+        kernels = {k.name: (self.functions[k.name], len(k.inputs) + len(k.outputs)) for k in self.schedule.kernels}
+        constants, ops = {}, {}
+        python = self._generate_call(constants, ops, set(checks))
+        self.artifact = CompiledGraph(_translation_units(list(sources.values())), python, constants, ops, kernels,
+                                      checks, self._report())
+        self._load(self.artifact)
+        logs.log("fusion", "%s", self.artifact.report)
+
+    @classmethod
+    def load(cls, artifact: CompiledGraph) -> "CppProgram":
+        """A program from the graph cache: its library loaded, nothing lowered or generated."""
+        self = cls.__new__(cls)
+        self.program = self.schedule = None
+        self.artifact = artifact
+        self._load(artifact)
+        return self
+
+    def _load(self, artifact: CompiledGraph) -> None:
+        self.python, self.units = artifact.python, artifact.units
+        library = load_library(artifact.units) if artifact.kernels else None
+        scope: dict[str, Any] = {"_in_layout": _in_layout, "empty_strided": torch.empty_strided,
+                                 "_raise_index_error": _raise_index_error, **artifact.constants}
+        scope.update({name: _resolve_op(op) for name, op in artifact.ops.items()})
+        if library is not None:
+            scope["index_error"] = ctypes.c_int.in_dll(library, "kiln_index_error")
         self.kernels = {}
-        self.index_error = ctypes.c_int.in_dll(library, "kiln_index_error") if library is not None else None
-        for step in program.kernels:
-            fn = getattr(library, f"kernel_{step.buffer.name}")
-            fn.argtypes = [ctypes.c_void_p] * (len(self.reads[step.buffer.name]) + 1)
+        for kernel, (function, count) in artifact.kernels.items():
+            fn = getattr(library, function)
+            fn.argtypes = [ctypes.c_void_p] * count
             fn.restype = None
-            self.kernels[step.buffer.name] = fn
+            self.kernels[kernel] = scope[kernel] = fn
+        exec(compile(artifact.python, "<kiln wrapper>", "exec"), scope)
+        self.call = scope["call"]
 
-        self.call = self._generate_call()
+    def report(self) -> str:
+        return self.artifact.report
 
-    def _generate_call(self):
-        """The program as straight-line Python: allocate, call kernels and externs, return outputs.
-        Generated once, so a call pays no interpretation of the step list."""
-        lines, scope = [], {"torch": torch, "_in_layout": _in_layout, "empty_strided": torch.empty_strided,
-                            "index_error": self.index_error, "_raise_index_error": _raise_index_error}
+    def _report(self) -> str:
+        """Kernels, ops fused per kernel and the share vectorized, for KILN_LOGS=fusion."""
+        kernels = self.schedule.kernels
+        lines = [f"{len(kernels)} kernels ({sum(self.vectorized.values())} vectorized, {len(set(self.functions.values()))} distinct) and "
+                 f"{len(self.schedule.externs)} extern calls from {len(self.program.kernels)} IR nodes"]
+        for k in kernels:
+            members = ", ".join(f"{m.name}{'(local)' if m.name in k.locals else ''}" for m in k.members)
+            ops = sum(_op_count(m.node) for m in k.members)
+            lines.append(f"  {k.name}: {ops} ops, outer {list(k.outer)} [{members}]{' vectorized' if self.vectorized[k.name] else ''}")
+        return "\n".join(lines)
+
+    def _generate_call(self, constants: dict[str, Any], ops: dict[str, str], checks: set[str]) -> str:
+        """The schedule as straight-line Python: allocate, call kernels and externs, free, return.
+        Generated once, so a call pays no interpretation of the step list. Plain values it needs
+        go to `constants`, ATen ops to `ops`."""
+        lines = []
         params = [b.name if b is not None else f"_unused{k}" for k, b in enumerate(self.program.inputs)]
         for b in self.program.inputs:
             if b is not None:
-                scope[f"layout_{b.name}"] = b.layout
+                constants[f"layout_{b.name}"] = b.layout
                 lines.append(f"{b.name} = _in_layout({b.name}, layout_{b.name})")
-        for k, step in enumerate(self.program.steps):
-            if isinstance(step, ComputeStep):
-                size, stride = _ints(step.buffer.layout)
-                name = step.buffer.name
-                scope[f"kernel_{name}"] = self.kernels[name]
-                scope[f"dtype_{name}"] = step.buffer.layout.dtype
-                ptrs = ", ".join(f"{b.name}.data_ptr()" for b in self.reads[name])
-                lines.append(f"{name} = empty_strided({size}, {stride}, dtype=dtype_{name})")
-                lines.append(f"kernel_{name}({ptrs + ', ' if ptrs else ''}{name}.data_ptr())")
-                if name in self.checks_indices:
-                    lines.append(f"if index_error.value: _raise_index_error(index_error, {name!r})")
+        memory = self.schedule.memory
+        reused = set(memory.reuses.values())
+        for k, step in enumerate(self.schedule.steps):
+            if isinstance(step, FusedKernel):
+                lines += _kernel_call(step, constants, memory.reuses, step.name in checks)
             else:
-                scope[f"op{k}"] = step.op
-                names = {}
-
-                def arg(value: Any) -> str:
-                    if isinstance(value, Buffer):
-                        return value.name
-                    key = f"const{k}_{len(names)}"
-                    names[key] = value
-                    return key
-
-                args = pytree.tree_map(arg, list(step.args), is_leaf=lambda v: isinstance(v, Buffer))
-                kwargs = pytree.tree_map(arg, dict(step.kwargs), is_leaf=lambda v: isinstance(v, Buffer))
-                scope.update(names)
-                call = f"op{k}({', '.join(_render(a) for a in args)}{', ' if args and kwargs else ''}" \
-                       f"{', '.join(f'{key}={_render(v)}' for key, v in kwargs.items())})"
-                outs = step.outputs
-                if len(outs) == 1 and outs[0] is not None:
-                    lines.append(f"{outs[0].name} = {call}")
-                else:
-                    lines.append(f"_result = {call}")
-                    lines += [f"{b.name} = _result[{i}]" for i, b in enumerate(outs) if b is not None]
-                for b in outs:
-                    if b is not None and step.op is not torch.ops.aten.as_strided.default:
-                        scope[f"layout_{b.name}"] = b.layout
-                        lines.append(f"{b.name} = _in_layout({b.name}, layout_{b.name})")
+                lines += _extern_call(k, step, constants, ops)
+            dead = [name for name in memory.frees.get(k, []) if name not in reused]
+            if dead:
+                lines.append(f"del {', '.join(dead)}")
         returns = []
         for k, o in enumerate(self.program.outputs):
             if isinstance(o, Buffer):
                 returns.append(o.name)
             else:
-                scope[f"out_const{k}"] = o
+                constants[f"out_const{k}"] = o
                 returns.append(f"out_const{k}")
         body = "\n".join(f"    {line}" for line in lines) or "    pass"
-        self.python = f"def call({', '.join(params)}):\n{body}\n    return ({', '.join(returns)}{',' if len(returns) == 1 else ''})\n"
-        exec(compile(self.python, "<kiln wrapper>", "exec"), scope)
-        return scope["call"]
+        return f"def call({', '.join(params)}):\n{body}\n    return ({', '.join(returns)}{',' if len(returns) == 1 else ''})\n"
 
     def __call__(self, *args: Any) -> tuple:
         return self.call(*args)
+
+
+def _op_count(node: Any) -> int:
+    """Computing ops in one element of `node` (loads, stores and constants not counted)."""
+    counts = run(OpCounter(), node).counts
+    return sum(n for op, n in counts.items() if op not in ("load", "store", "constant", "index_expr"))
+
+
+def _kernel_call(kernel: FusedKernel, constants: dict, reuses: dict[str, str], check: bool) -> list[str]:
+    lines = []
+    for b in kernel.outputs:
+        if b.name in reuses:
+            lines.append(f"{b.name} = {reuses[b.name]}")
+        else:
+            size, stride = _ints(b.layout)
+            constants[f"dtype_{b.name}"] = b.layout.dtype
+            lines.append(f"{b.name} = empty_strided({size}, {stride}, dtype=dtype_{b.name})")
+    ptrs = ", ".join(f"{b.name}.data_ptr()" for b in kernel.inputs + kernel.outputs)
+    lines.append(f"{kernel.name}({ptrs})")
+    if check:
+        lines.append(f"if index_error.value: _raise_index_error(index_error, {kernel.name!r})")
+    return lines
+
+
+def _extern_call(k: int, step, constants: dict, ops: dict) -> list[str]:
+    name = _op_name(step.op)
+    if name is not None:
+        ops[f"op{k}"] = name
+    else:
+        constants[f"op{k}"] = step.op  # not an ATen op: kept as is (such a graph is not cacheable)
+    names: dict[str, Any] = {}
+
+    def arg(value: Any) -> str:
+        if isinstance(value, Buffer):
+            return value.name
+        key = f"const{k}_{len(names)}"
+        names[key] = value
+        return key
+
+    args = pytree.tree_map(arg, list(step.args), is_leaf=lambda v: isinstance(v, Buffer))
+    kwargs = pytree.tree_map(arg, dict(step.kwargs), is_leaf=lambda v: isinstance(v, Buffer))
+    constants.update(names)
+    call = f"op{k}({', '.join(_render(a) for a in args)}{', ' if args and kwargs else ''}" \
+           f"{', '.join(f'{key}={_render(v)}' for key, v in kwargs.items())})"
+    outs, lines = step.outputs, []
+    if len(outs) == 1 and outs[0] is not None:
+        lines.append(f"{outs[0].name} = {call}")
+    else:
+        lines.append(f"_result = {call}")
+        lines += [f"{b.name} = _result[{i}]" for i, b in enumerate(outs) if b is not None]
+    for b in outs:
+        if b is not None and step.op is not torch.ops.aten.as_strided.default:
+            constants[f"layout_{b.name}"] = b.layout
+            lines.append(f"{b.name} = _in_layout({b.name}, layout_{b.name})")
+    return lines
+
+
+def _translation_units(kernels: list[str]) -> list[str]:
+    """Kernels split into about one unit per compile worker (each unit also parses the preamble,
+    so small graphs stay one unit); the first unit defines the shared error flag."""
+    count = max(1, min(workers(), len(kernels) // 4))
+    chunks = [kernels[k::count] for k in range(count)]
+    return [preamble(defines_flag=k == 0) + "\n\n" + "\n\n".join(chunk) for k, chunk in enumerate(chunks)]
 
 
 def _raise_index_error(flag: ctypes.c_int, kernel: str) -> None:
@@ -138,6 +242,29 @@ def _render(value: Any) -> str:
     return str(value)
 
 
+def _save(compiled: CppProgram) -> CompiledGraph | None:
+    """What the AOT graph cache stores for `compiled`, or None when it holds unpicklable values."""
+    if not isinstance(compiled, CppProgram):
+        return None
+    try:
+        pickle.dumps(compiled.artifact)
+    except Exception:  # noqa: BLE001 - e.g. a non-ATen extern: not cached, still correct
+        return None
+    return compiled.artifact
+
+
 def compile_cpp(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CppProgram:
-    """Lower `gm` and compile its kernels; the result runs the graph."""
-    return CppProgram(GraphLowering(gm).lower())
+    """Lower `gm`, schedule and compile its kernels; the result runs the graph. A graph with
+    symbolic sizes is compiled per concrete size set at call time (kiln/codegen/specialize.py)."""
+    from kiln.codegen import dump
+    from kiln.codegen.specialize import Specialized, has_symbolic_sizes
+
+    if has_symbolic_sizes(gm):
+        return Specialized(gm, compile_cpp)
+    compiled = CppProgram(GraphLowering(run_passes(gm)).lower())
+    dump.dump(gm, compiled)
+    return compiled
+
+
+compile_cpp.save = _save  # the AOT graph cache's protocol (kiln/aot/cache.py)
+compile_cpp.load = CppProgram.load

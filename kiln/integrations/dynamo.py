@@ -29,12 +29,12 @@ def run_as_is(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
     return gm
 
 
-def _with_aot(name: str, gm: fx.GraphModule, example_inputs: Sequence[Any], compile_graph: Callable) -> Callable:
+def _with_aot(name: str, gm: fx.GraphModule, example_inputs: Sequence[Any], compile_graph: Callable, cache: bool = False) -> Callable:
     from kiln import aot
 
     label = f"dynamo_{next(_graph_ids)}"
     try:
-        return aot.compile(gm, example_inputs, compile_graph, options=aot.AotOptions(label=label))
+        return aot.compile(gm, example_inputs, compile_graph, options=aot.AotOptions(label=label, cache=cache))
     except Exception as error:  # noqa: BLE001 - never break the user's program; the fallback is recorded
         record_fallback(name, label, error)
         return gm.forward
@@ -49,7 +49,7 @@ def kiln(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
     """Dynamo backend: kiln's AOT layer and kiln's C++ backend."""
     from kiln.codegen.wrapper import compile_cpp
 
-    return _with_aot("kiln", gm, example_inputs, compile_cpp)
+    return _with_aot("kiln", gm, example_inputs, compile_cpp, cache=True)
 
 
 BACKENDS = {"kiln": kiln, "kiln_aot_eager": kiln_aot_eager}

@@ -57,6 +57,12 @@ def eval_index(expr: sympy.Expr, env: dict[sympy.Symbol, torch.Tensor]) -> torch
         return torch.remainder(args[0], args[1])
     if isinstance(expr, FloorDiv):
         return torch.div(args[0], args[1], rounding_mode="floor")
+    if isinstance(expr, (sympy.Min, sympy.Max)):  # clamps that keep every load in bounds
+        pick = torch.minimum if isinstance(expr, sympy.Min) else torch.maximum
+        out = torch.as_tensor(args[0])
+        for a in args[1:]:
+            out = pick(out, torch.as_tensor(a))
+        return out
     raise NotImplementedError(f"index expression {expr} ({type(expr).__name__})")
 
 

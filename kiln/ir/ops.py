@@ -17,13 +17,22 @@ import contextvars
 from typing import Any, Iterator
 
 # name -> arity, for the pointwise ops every handler implements.
+# Each means what the torch function of the same name means on operands of one dtype (the
+# reference executor calls it), except truediv/floordiv (torch.div and its rounding modes).
+# Float-only: the transcendental ones, trunc, round (half to even), fmod, hypot, copysign.
+# Integer or bool only: the bitwise ops and shifts (shifts by a negative amount or by the bit
+# width or more give 0, or -1 for a negative value shifted right, as eager's kernels do).
 UNARY_OPS = (
     "neg", "abs", "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "sin", "cos",
     "tanh", "sigmoid", "erf", "relu", "floor", "ceil", "logical_not", "sign",
+    "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "exp2", "log2", "log10",
+    "erfc", "lgamma", "trunc", "round", "signbit", "bitwise_not",
 )  # fmt: skip
 BINARY_OPS = (
     "add", "sub", "mul", "truediv", "floordiv", "remainder", "pow", "maximum", "minimum", "atan2",
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
+    "fmod", "hypot", "copysign", "bitwise_and", "bitwise_or", "bitwise_xor",
+    "bitwise_left_shift", "bitwise_right_shift",
 )  # fmt: skip
 # Ops with their own signatures:
 #   load(buffer_name, index) -> value          store(buffer_name, index, value) -> None

@@ -19,9 +19,10 @@ from torch.utils import _pytree as pytree
 
 from kiln.ir.nodes import Buffer, Layout, Node, Pointwise
 from kiln.lowering import table as _table, views as _views  # noqa: F401  (fills the lowering table)
-from kiln.lowering.reductions import ReductionResult
+from kiln.lowering.context import lowering_graph
+from kiln.lowering.realize import should_realize
 from kiln.lowering.registry import LOWERINGS
-from kiln.lowering.values import TensorValue
+from kiln.lowering.values import ReductionResult, TensorValue
 
 
 @dataclass
@@ -50,12 +51,20 @@ class Program:
 
     @property
     def externs(self) -> list[ExternStep]:
-        return [s for s in self.steps if isinstance(s, ExternStep)]
+        """ATen calls that compute something (as_strided views of buffers, which only describe
+        memory, are not counted)."""
+        return [s for s in self.steps if isinstance(s, ExternStep) and s.op is not torch.ops.aten.as_strided.default]
 
 
 def _layout_of(val: torch.Tensor) -> Layout:
     exprs = lambda xs: tuple(sympy.sympify(getattr(x, "node", x).expr if isinstance(x, torch.SymInt) else x) for x in xs)  # noqa: E731
     return Layout(exprs(val.shape), exprs(val.stride()), val.dtype, sympy.sympify(val.storage_offset()))
+
+
+def _has_complex(node: fx.Node, args: tuple, kwargs: dict) -> bool:
+    """Kernels have no complex types: such ops stay ATen calls."""
+    values = [*pytree.tree_leaves(node.meta.get("val")), *pytree.tree_leaves((args, kwargs))]
+    return any(getattr(v, "dtype", None) is not None and v.dtype.is_complex for v in values)
 
 
 class GraphLowering:
@@ -102,19 +111,25 @@ class GraphLowering:
 
     def _call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         lowering = LOWERINGS.get(node.target)
-        if lowering is not None:
+        if lowering is not None and not _has_complex(node, args, kwargs):
+            mark = len(self.program.steps)
             try:
                 result = lowering(*args, **kwargs)
             except NotImplementedError:
+                # A lowering may have realized values before it declined; the extern replaces them.
+                del self.program.steps[mark:]
                 result = None
-            if isinstance(result, ReductionResult):
-                value = TensorValue.of_buffer(self.realize_reduction(result))
-                if [*value.size] != [*result.size]:
-                    value = _views.view(value, result.size)
-                return result.then(value) if result.then else value
             if result is not None:
-                return result
+                # A multi-output op returns a tuple; any reduction in it is realized here.
+                return pytree.tree_map_only(ReductionResult, self.finish, result)
         return self._extern(node, args, kwargs)
+
+    def finish(self, result: ReductionResult) -> TensorValue:
+        """A reduction realized into a buffer, viewed at eager's size, then its `then` step."""
+        value = TensorValue.of_buffer(self.realize_reduction(result))
+        if [*value.size] != [*result.size]:
+            value = _views.view(value, result.size)
+        return result.then(value) if result.then else value
 
     def realize_reduction(self, result: ReductionResult) -> Buffer:
         node = result.node
@@ -123,7 +138,32 @@ class GraphLowering:
         self.program.steps.append(ComputeStep(buffer, node))
         return buffer
 
+    def _constant(self, value: Any) -> Any:
+        # A tensor held by the graph module: an extern aliasing it gives it a buffer, uncopied.
+        if not isinstance(value, torch.Tensor):
+            return value
+        buffer = Buffer(self._new_name(), _layout_of(value))
+        self.program.steps.append(ExternStep([buffer], torch.ops.aten.alias.default, (value,), {}))
+        return TensorValue.of_buffer(buffer)
+
+    def _output(self, value: Any, meta: Any) -> Any:
+        """A graph output as a buffer: a view of a buffer already laid out as eager's output is
+        returned as that view (a transposed weight gradient, say), anything else is computed
+        into a buffer with eager's layout."""
+        if not isinstance(value, TensorValue):
+            return value
+        if value.buffer is not None:
+            return value.buffer
+        layout = _layout_of(meta) if isinstance(meta, torch.Tensor) else None
+        if layout is not None and value.strided is not None and value.strided[1] == layout:
+            return self._extern_arg(value)
+        return self.realize(value, layout)
+
     def lower(self) -> Program:
+        with lowering_graph(self):
+            return self._lower()
+
+    def _lower(self) -> Program:
         env: dict[fx.Node, Any] = {}
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
@@ -135,16 +175,16 @@ class GraphLowering:
                 else:
                     self.program.inputs.append(None)
                     env[node] = val
+            elif node.op == "get_attr":
+                env[node] = self._constant(operator.attrgetter(node.target)(self.gm))
             elif node.op == "call_function":
                 args, kwargs = pytree.tree_map_only(fx.Node, env.__getitem__, (node.args, node.kwargs))
                 env[node] = args[0][args[1]] if node.target is operator.getitem else self._call(node, args, kwargs)
+                if should_realize(node, env[node]):
+                    env[node] = TensorValue.of_buffer(self.realize(env[node]))
             elif node.op == "output":
                 outs = pytree.tree_map_only(fx.Node, env.__getitem__, node.args[0])
                 metas = [n.meta.get("val") if isinstance(n, fx.Node) else None for n in pytree.tree_leaves(node.args[0])]
                 leaves = pytree.tree_leaves(outs)
-                self.program.outputs = [
-                    self.realize(v, _layout_of(m) if v.buffer is None and isinstance(m, torch.Tensor) else None)
-                    if isinstance(v, TensorValue) else v
-                    for v, m in zip(leaves, metas)
-                ]
+                self.program.outputs = [self._output(v, m) for v, m in zip(leaves, metas)]
         return self.program

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
-import sympy
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Kind
 from torch._prims_common import elementwise_dtypes
@@ -26,18 +25,25 @@ def _cast(value: Any, have: torch.dtype, want: torch.dtype) -> Any:
     return value if have == want else ops.to_dtype(value, want)
 
 
-def pointwise(name: str, args: list[Any], kind: Kind = Kind.DEFAULT) -> TensorValue:
-    """`ops.<name>` applied elementwise to tensors and Python scalars, with eager's promotion."""
-    compute, result = elementwise_dtypes(*[_promotion_example(a) for a in args], type_promotion_kind=kind)
+def promoted_dtypes(args: list[Any], kind: Kind = Kind.DEFAULT) -> tuple[torch.dtype, torch.dtype]:
+    """(compute dtype, result dtype) of an elementwise op over tensors and Python scalars, as eager."""
+    return elementwise_dtypes(*[_promotion_example(a) for a in args], type_promotion_kind=kind)
+
+
+def pointwise(op: str | Callable[..., Any], args: list[Any], kind: Kind = Kind.DEFAULT) -> TensorValue:
+    """`ops.<op>` (or `op(*values)`, a body of ops calls) applied elementwise to tensors and Python
+    scalars, with eager's promotion: operands cast to the compute dtype, the result to eager's."""
+    compute, result = promoted_dtypes(args, kind)
     size = broadcast_sizes(*(a.size for a in args if isinstance(a, TensorValue)))
     inputs = [broadcast_to(a, size) if isinstance(a, TensorValue) else a for a in args]
+    body = (lambda *values: getattr(ops, op)(*values)) if isinstance(op, str) else op
 
     def loader(index):
         values = [
             _cast(a.loader(index), a.dtype, compute) if isinstance(a, TensorValue) else ops.constant(a, compute)
             for a in inputs
         ]
-        return _cast(getattr(ops, name)(*values), compute, result)
+        return _cast(body(*values), compute, result)
 
     return TensorValue(size, result, loader)
 
@@ -51,13 +57,18 @@ def register_pointwise(op_name: str, *overloads: torch._ops.OpOverload, kind: Ki
 
 _FLOAT = Kind.INT_TO_FLOAT
 _BOOL = Kind.ALWAYS_BOOL
-for _name, _kind in {"exp": _FLOAT, "log": _FLOAT, "sqrt": _FLOAT, "rsqrt": _FLOAT, "sin": _FLOAT, "cos": _FLOAT,
-                     "tanh": _FLOAT, "sigmoid": _FLOAT, "erf": _FLOAT, "expm1": _FLOAT, "log1p": _FLOAT,
-                     "reciprocal": _FLOAT, "neg": Kind.DEFAULT, "abs": Kind.DEFAULT, "relu": Kind.DEFAULT,
-                     "floor": Kind.DEFAULT, "ceil": Kind.DEFAULT, "sign": Kind.DEFAULT}.items():
-    register_pointwise(_name, getattr(aten, _name).default, kind=_kind)
-for _name in ("maximum", "minimum", "atan2"):
-    register_pointwise(_name, getattr(aten, _name).default, kind=_FLOAT if _name == "atan2" else Kind.DEFAULT)
+# Unary ops that compute in floating point (integers are promoted first, as in eager).
+for _name in ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "expm1", "log1p", "reciprocal",
+              "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "exp2", "log2", "log10",
+              "erfc", "lgamma"):
+    register_pointwise(_name, getattr(aten, _name).default, kind=_FLOAT)
+for _name in ("neg", "abs", "relu", "sign"):
+    register_pointwise(_name, getattr(aten, _name).default)
+for _name in ("maximum", "minimum"):
+    register_pointwise(_name, getattr(aten, _name).default)
+for _name in ("atan2", "hypot"):
+    register_pointwise(_name, getattr(aten, _name).default, kind=_FLOAT)
+register_pointwise("copysign", aten.copysign.Tensor, aten.copysign.Scalar, kind=_FLOAT)
 for _name in ("eq", "ne", "lt", "le", "gt", "ge"):
     register_pointwise(_name, getattr(aten, _name).Tensor, getattr(aten, _name).Scalar, kind=_BOOL)
 register_pointwise("logical_not", aten.logical_not.default, kind=_BOOL)
@@ -65,7 +76,36 @@ register_pointwise("logical_and", aten.logical_and.default, kind=_BOOL)
 register_pointwise("logical_or", aten.logical_or.default, kind=_BOOL)
 register_pointwise("mul", aten.mul.Tensor, aten.mul.Scalar)
 register_pointwise("truediv", aten.div.Tensor, aten.div.Scalar, kind=_FLOAT)
-register_pointwise("pow", aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, kind=Kind.BOOL_TO_LONG)
+
+
+@register_lowering(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar)
+def pow_(base: Any, exponent: Any) -> TensorValue:
+    dtype = promoted_dtypes([base, exponent], Kind.BOOL_TO_LONG)[1]
+    if dtype.is_floating_point:
+        return pointwise("pow", [base, exponent], Kind.BOOL_TO_LONG)
+    # Integer powers must be exact (std::pow goes through double): small constant exponents only.
+    if not isinstance(exponent, int) or isinstance(exponent, bool) or not 0 <= exponent <= 8:
+        raise NotImplementedError("an integer power by a tensor or a large exponent")
+
+    def body(v):
+        out = ops.constant(1, dtype)
+        for _ in range(exponent):
+            out = ops.mul(out, v)
+        return out
+
+    return pointwise(body, [base], Kind.BOOL_TO_LONG)
+
+
+def _rounding(name: str):
+    def lower(x: TensorValue) -> TensorValue:
+        # Integers are already whole (and C++'s std::floor of one would go through double).
+        return x if not x.dtype.is_floating_point else pointwise(name, [x])
+
+    return lower
+
+
+for _name in ("floor", "ceil", "trunc", "round"):
+    register_lowering(getattr(aten, _name).default)(_rounding(_name))
 
 
 @register_lowering(aten.add.Tensor, aten.add.Scalar)
@@ -108,18 +148,3 @@ def to_copy(x: TensorValue, *, dtype: torch.dtype | None = None, device: Any = N
         raise NotImplementedError("_to_copy to another device or layout")  # an extern call
     dtype = dtype or x.dtype
     return TensorValue(x.size, dtype, lambda index: _cast(x.loader(index), x.dtype, dtype))
-
-
-def _filled(size: Any, value: Any, dtype: torch.dtype | None) -> TensorValue:
-    dtype = dtype or (torch.float32 if isinstance(value, float) else torch.bool if isinstance(value, bool) else torch.int64)
-    return TensorValue(tuple(sympy.sympify(s) for s in size), dtype, lambda index: ops.constant(value, dtype))
-
-
-@register_lowering(aten.scalar_tensor.default)
-def scalar_tensor(value: Any, *, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorValue:
-    return _filled((), value, dtype or torch.float32)
-
-
-@register_lowering(aten.full.default)
-def full(size: Any, value: Any, *, dtype: torch.dtype | None = None, **kwargs: Any) -> TensorValue:
-    return _filled(size, value, dtype)

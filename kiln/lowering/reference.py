@@ -18,6 +18,14 @@ def _concrete(layout) -> tuple[list[int], list[int], int]:
     return [int(s) for s in layout.size], [int(s) for s in layout.stride], int(layout.offset)
 
 
+def _write(out: torch.Tensor, value: torch.Tensor) -> None:
+    # A layout with stride-0 dims (an expanded graph output) holds one element per such dim.
+    for d, (size, stride) in enumerate(zip(out.shape, out.stride())):
+        if stride == 0 and size > 1:
+            out, value = out.narrow(d, 0, 1), value.narrow(d, 0, 1)
+    out.copy_(value)
+
+
 def run_program(program: Program, args: Sequence[Any]) -> tuple:
     tensors: dict[str, torch.Tensor] = {}
     for buffer, arg in zip(program.inputs, args):
@@ -27,7 +35,7 @@ def run_program(program: Program, args: Sequence[Any]) -> tuple:
         if isinstance(step, ComputeStep):
             size, stride, offset = _concrete(step.buffer.layout)
             out = torch.empty_strided(size, stride, dtype=step.buffer.layout.dtype)
-            out.copy_(evaluate(step.node, tensors))
+            _write(out, evaluate(step.node, tensors))
             tensors[step.buffer.name] = out
         else:
             call_args, call_kwargs = pytree.tree_map_only(Buffer, lambda b: tensors[b.name], (step.args, step.kwargs))

@@ -14,7 +14,8 @@ from typing import Any, Callable, Sequence
 import sympy
 import torch
 
-from kiln.ir.nodes import Buffer, Layout
+from kiln.ir.nodes import Buffer, Layout, Reduction
+from kiln.ir.ops import ops
 
 Index = Sequence[sympy.Expr]
 
@@ -38,6 +39,19 @@ class TensorValue:
         return len(self.size)
 
 
+@dataclass
+class ReductionResult:
+    """What a reduction lowering returns: the node to realize, the size eager gives its result
+    (keepdim), and an optional pointwise step on the realized result (mean's division).
+
+    Only a buffer can hold a reduction's result, so the graph realizes it (graph.py, or a lowering
+    through `context.realize`) and continues with `then` on the buffer's value."""
+
+    node: Reduction
+    size: list[sympy.Expr]
+    then: Callable[["TensorValue"], "TensorValue"] | None = None
+
+
 def broadcast_sizes(*sizes: Sequence[sympy.Expr]) -> tuple[sympy.Expr, ...]:
     """NumPy broadcasting over sympy sizes (equal, or one of them 1)."""
     rank = max(len(s) for s in sizes)
@@ -59,3 +73,10 @@ def broadcast_to(value: TensorValue, size: Sequence[sympy.Expr]) -> TensorValue:
         return value.loader([sympy.Integer(0) if own[d] == 1 else index[lead + d] for d in range(len(own))])
 
     return TensorValue(tuple(size), value.dtype, loader)
+
+
+def as_dtype(value: TensorValue, dtype: torch.dtype) -> TensorValue:
+    """`value` converted elementwise to `dtype` (itself if it already has it)."""
+    if value.dtype == dtype:
+        return value
+    return TensorValue(value.size, dtype, lambda index: ops.to_dtype(value.loader(index), dtype))

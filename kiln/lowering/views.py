@@ -124,7 +124,8 @@ def select(x: TensorValue, dim: int, index: int) -> TensorValue:
                  lambda lay: ([*lay.stride[:dim], *lay.stride[dim + 1 :]], lay.offset + index * lay.stride[dim]))
 
 
-@register_lowering(aten.alias.default, aten.clone.default)
+@register_lowering(aten.alias.default, aten.clone.default, aten.lift_fresh_copy.default)
 def alias(x: TensorValue, **kwargs) -> TensorValue:
-    # A clone is a fresh buffer only once realized; as a value it reads the same elements.
+    # A clone (or a lifted constant's copy) is a fresh buffer only once realized; as a value it
+    # reads the same elements.
     return x

@@ -1,8 +1,13 @@
-"""Check one OpInfo sample through `torch.compile(backend="kiln_aot_eager")` against eager.
+"""Check one OpInfo sample through `torch.compile(backend=...)` against eager.
 
-Shared by the OpInfo tests (a representative subset) and the full sweep (`python -m
-tests.aot.sweep_opinfo`). A sample passes when kiln's backend really compiled a graph for it, no
-graph fell back to eager, and outputs (and, for backward, gradients) match eager's.
+Shared by the OpInfo tests (representative subsets) and the sweeps (`python -m tests.aot.sweep_opinfo`
+for kiln_aot_eager, `python -m tests.ops.sweep_opinfo` for kiln beside Inductor). A sample passes
+when the backend really compiled a graph for it, no graph fell back to eager, and outputs (and, for
+backward, gradients) match eager's.
+
+Backends: "kiln_aot_eager" and "kiln" (kiln's own), or any name Dynamo knows ("inductor", the peer
+the kiln sweep measures against). For "kiln" the lowered `Program`s are kept, so a caller can tell
+an op kiln generated code for from one it called as an ATen extern.
 """
 
 from __future__ import annotations
@@ -13,27 +18,65 @@ import torch
 import torch._dynamo
 from torch.utils import _pytree as pytree
 
-from kiln.integrations.dynamo import kiln_aot_eager
+from kiln.integrations.dynamo import _with_aot, kiln_aot_eager
 from kiln.runtime import fallback
+
+
+UNOBSERVED = "<a compiled graph whose Program the test could not see>"
 
 
 @dataclass
 class Outcome:
     status: str  # pass, fail, fallback, not-exercised, eager-error
     detail: str = ""
+    externs: tuple[str, ...] = ()  # backend "kiln": the ATen ops its Programs call as externs
+    kernels: int = 0  # backend "kiln": generated C++ kernels
 
 
 class CountingBackend:
-    """kiln_aot_eager that remembers the graphs Dynamo hands it (Dynamo and fallbacks reset)."""
+    """A backend that remembers the graphs Dynamo hands it (Dynamo and fallbacks reset) and, for
+    "kiln", every lowered Program.
 
-    def __init__(self) -> None:
+    "kiln" is rebuilt from `_with_aot` around `compile_cpp`, exactly as
+    `kiln.integrations.dynamo.kiln` builds it (fallbacks recorded the same way), with the
+    Program kept on the side.
+    """
+
+    def __init__(self, backend: str = "kiln_aot_eager") -> None:
+        self.backend = backend
         self.graphs: list = []
+        self.programs: list = []
+        self.unobserved = 0
         torch._dynamo.reset()
         fallback.reset()
 
     def __call__(self, gm, example_inputs):
         self.graphs.append(gm)
-        return kiln_aot_eager(gm, example_inputs)
+        if self.backend == "kiln_aot_eager":
+            return kiln_aot_eager(gm, example_inputs)
+        if self.backend == "kiln":
+            return _with_aot("kiln", gm, example_inputs, self._compile_cpp)
+        return torch._dynamo.lookup_backend(self.backend)(gm, example_inputs)
+
+    def _compile_cpp(self, gm, example_inputs):
+        from kiln.codegen.wrapper import compile_cpp
+
+        compiled = compile_cpp(gm, example_inputs)
+        if getattr(compiled, "program", None) is not None:
+            self.programs.append(compiled.program)
+        elif hasattr(compiled, "compile_static"):
+            # Symbolic sizes: compiled per concrete sizes at call time; observe those compilations too.
+            compiled.compile_static = self._compile_cpp
+        else:
+            self.unobserved += 1
+        return compiled
+
+    def record(self, outcome: Outcome) -> Outcome:
+        """`outcome` with the externs and kernel count of the Programs compiled so far (a graph
+        whose Program could not be seen counts as the extern `UNOBSERVED`)."""
+        outcome.externs = tuple(str(step.op) for p in self.programs for step in p.externs) + (UNOBSERVED,) * self.unobserved
+        outcome.kernels = sum(len(p.kernels) for p in self.programs)
+        return outcome
 
     def verdict(self) -> Outcome | None:
         """A fallback or an unexercised run, which no comparison can pass; else None."""
@@ -49,12 +92,32 @@ def raised(error: Exception) -> Outcome:
 
 
 def assert_outcomes(outcomes: list[Outcome]) -> None:
-    """At least one sample ran through kiln and passed, and none failed or fell back."""
+    """At least one sample ran through the backend and passed, and none failed or fell back."""
     ran = [o for o in outcomes if o.status != "eager-error"]
     assert ran, "no sample ran in eager"
     # A sample Dynamo never hands to a backend says nothing about kiln; at least one must run.
     assert any(o.status == "pass" for o in ran), ran
     assert all(o.status in ("pass", "not-exercised") for o in ran), [o for o in ran if o.status != "pass"]
+
+
+def op_status(outcomes: list[Outcome]) -> tuple[str, str]:
+    """One op's status over its samples, and the first failing sample's detail.
+
+    pass: every sample that ran in eager passed (or never reached the backend, as long as one did);
+    fail wins over fallback; eager-error when eager rejected every sample.
+    """
+    checked = [o for o in outcomes if o.status != "eager-error"]
+    statuses = {o.status for o in checked}
+    if not checked:
+        status = "eager-error"
+    elif statuses <= {"pass", "not-exercised"}:
+        status = "pass" if "pass" in statuses else "not-exercised"
+    elif statuses & {"fail", "fallback"} == {"fallback"}:
+        status = "fallback"
+    else:
+        status = "fail"
+    detail = next((o.detail for o in checked if o.status not in ("pass", "not-exercised")), "")
+    return status, detail
 
 
 def _split(sample) -> tuple[list[torch.Tensor], callable]:
@@ -93,7 +156,7 @@ def _same_metadata(actual, expected) -> None:
     assert [(t.shape, t.dtype) for t in a] == [(t.shape, t.dtype) for t in e], "output shapes or dtypes differ"
 
 
-def check_sample(op, sample, backward: bool, seed: int = 0) -> Outcome:
+def check_sample(op, sample, backward: bool, seed: int = 0, backend: str = "kiln_aot_eager") -> Outcome:
     tensors, rebuild = _split(sample)
 
     def fn(*ts):
@@ -105,29 +168,34 @@ def check_sample(op, sample, backward: bool, seed: int = 0) -> Outcome:
         torch.manual_seed(seed)
         expected = fn(*eager_inputs)
         expected_grads = _grads(expected, eager_inputs, seed) if backward else []
-    except Exception as e:  # noqa: BLE001 - a sample eager rejects says nothing about kiln
+    except Exception as e:  # noqa: BLE001 - a sample eager rejects says nothing about the backend
         return Outcome("eager-error", f"{type(e).__name__}: {e}")
 
-    backend = CountingBackend()
+    counting = CountingBackend(backend)
     inputs = _fresh(tensors)
     try:
         torch.manual_seed(seed)
-        actual = torch.compile(fn, backend=backend)(*inputs)
+        actual = torch.compile(fn, backend=counting)(*inputs)
         actual_grads = _grads(actual, inputs, seed) if backward else []
     except Exception as e:  # noqa: BLE001
-        return raised(e)
-    if (unjudged := backend.verdict()) is not None:
-        return unjudged
+        return counting.record(raised(e))
+    if (unjudged := counting.verdict()) is not None:
+        return counting.record(unjudged)
     try:
         if is_random(op):  # values come from the random stream; only their form can be compared
             _same_metadata(actual, expected)
-            return Outcome("pass")
+            return counting.record(Outcome("pass"))
         torch.testing.assert_close(actual, expected, equal_nan=True, atol=1e-4, rtol=1e-4)
         if backward:
             torch.testing.assert_close(actual_grads, expected_grads, equal_nan=True, atol=1e-4, rtol=1e-4)
     except AssertionError as e:
-        return Outcome("fail", str(e).strip().splitlines()[0])
-    return Outcome("pass")
+        return counting.record(Outcome("fail", str(e).strip().splitlines()[0]))
+    return counting.record(Outcome("pass"))
+
+
+def op_id(op) -> str:
+    """An OpInfo entry's name with its variant: `div.floor_rounding`, `max.binary`, `add`."""
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
 
 
 def is_random(op) -> bool:

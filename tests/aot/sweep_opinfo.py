@@ -17,7 +17,7 @@ import warnings
 import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
-from tests.aot.opinfo import check_sample
+from tests.aot.opinfo import check_sample, op_id, op_status
 
 
 def sweep(samples_per_op: int, only: set[str] | None) -> list[dict]:
@@ -35,22 +35,9 @@ def sweep(samples_per_op: int, only: set[str] | None) -> list[dict]:
             except Exception as e:  # noqa: BLE001
                 rows.append(dict(op=op.name, variant=op.variant_test_name, backward=backward, status="no-samples", detail=str(e)[:200]))
                 continue
-            outcomes = [check_sample(op, s, backward) for s in samples]
-            checked = [o for o in outcomes if o.status != "eager-error"]
-            statuses = {o.status for o in checked}
-            if not checked:
-                status = "eager-error"
-            elif statuses == {"pass"}:
-                status = "pass"
-            elif "fail" in statuses or "fallback" in statuses:
-                status = "fallback" if "fallback" in statuses and "fail" not in statuses else "fail"
-            elif statuses <= {"pass", "not-exercised"}:
-                status = "pass" if "pass" in statuses else "not-exercised"
-            else:
-                status = "fail"
-            detail = next((o.detail for o in checked if o.status not in ("pass", "not-exercised")), "")
+            status, detail = op_status([check_sample(op, s, backward) for s in samples])
             rows.append(dict(op=op.name, variant=op.variant_test_name, backward=backward, status=status, detail=detail[:300]))
-            print(f"{op.name}{'.' + op.variant_test_name if op.variant_test_name else ''} {'bwd' if backward else 'fwd'}: {status} {detail[:120]}", file=sys.stderr, flush=True)
+            print(f"{op_id(op)} {'bwd' if backward else 'fwd'}: {status} {detail[:120]}", file=sys.stderr, flush=True)
     return rows
 
 

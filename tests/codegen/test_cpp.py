@@ -2,28 +2,11 @@
 
 import pytest
 import torch
-from torch import fx
 
 import kiln
-from kiln import aot
-from kiln.codegen.wrapper import CppProgram, compile_cpp
 
 
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path):
-    with kiln.config.patch({"cache.dir": str(tmp_path / "cache")}):
-        yield tmp_path / "cache"
-
-
-def compiled(fn, *inputs):
-    programs = []
-
-    def compile_graph(gm, example_inputs):
-        programs.append(compile_cpp(gm, example_inputs))
-        return programs[-1]
-
-    out = aot.compile(fx.symbolic_trace(fn), list(inputs), compile_graph)(*inputs)
-    return out, programs[0]
+from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
 
 
 def softmax(x):
@@ -41,6 +24,11 @@ CASES = {
     "strided input": (lambda x: x * 2 + 1, [torch.randn(6, 8).t()[2:5]]),
     "nan and inf": (lambda x: (x.amax(-1), torch.maximum(x, torch.zeros(()))), [torch.tensor([[1.0, float("nan")], [float("-inf"), 2.0]])]),
     "large (parallel)": (lambda x: (x * x).sum(-1), [torch.randn(512, 256)]),
+    "bfloat16": (lambda x, y: (softmax(x.float()).to(torch.bfloat16), (x * y).sum(-1), x.amax(0), (x + 1).to(torch.float32)),
+                 [torch.randn(20, 37).to(torch.bfloat16), torch.randn(37).to(torch.bfloat16)]),
+    "float16": (lambda x: ((x * 2).exp(), x.sum(-1), x.to(torch.float32) + 1), [torch.randn(9, 40).to(torch.float16)]),
+    "bool and int": (lambda x, m: (torch.where(m, x, -x), (x > 0).sum(-1), m.any(-1), (x.int() * 3 + m.int()) // 2),
+                     [torch.randn(12, 33) * 4, torch.randn(12, 33) > 0]),
 }
 
 
@@ -49,13 +37,6 @@ def test_matches_eager(name):
     fn, inputs = CASES[name]
     out, _ = compiled(fn, *inputs)
     torch.testing.assert_close(out, fn(*inputs), equal_nan=True)
-
-
-def test_softmax_code_has_three_kernels_and_no_externs():
-    _, program = compiled(softmax, torch.randn(4, 8))
-    assert len(program.program.kernels) == 3 and not program.program.externs
-    assert program.source.count('extern "C" void kernel_') == 3
-    assert "std::exp" in program.source and "kiln_max(acc" in program.source
 
 
 def test_second_build_loads_from_the_cache_and_a_corrupt_entry_is_rebuilt(private_cache):
@@ -72,15 +53,17 @@ def test_second_build_loads_from_the_cache_and_a_corrupt_entry_is_rebuilt(privat
     assert entry.read_bytes()[:4] == b"\x7fELF"  # rebuilt in place
 
 
-def test_symbolic_sizes_are_declined():
+def test_symbolic_sizes_are_specialized_per_call_sizes():
     import torch._dynamo
-
-    def backend(gm, example_inputs):
-        return aot.compile(gm, example_inputs, compile_cpp)
+    from kiln.runtime import fallback
 
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="symbolic sizes"):
-        torch.compile(lambda x: x * 2, backend=backend, dynamic=True)(torch.randn(3))
+    fallback.reset()
+    fn = torch.compile(lambda x, y: (x * 2 + y).softmax(-1), backend="kiln", dynamic=True)
+    for n in (3, 5, 3, 9):
+        x, y = torch.randn(n, 7), torch.randn(7)
+        torch.testing.assert_close(fn(x, y), (x * 2 + y).softmax(-1))
+    assert not fallback.FALLBACKS
 
 
 def test_torch_compile_backend_kiln_runs_a_model():
@@ -94,4 +77,38 @@ def test_torch_compile_backend_kiln_runs_a_model():
     fallback.reset()
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(model, backend="kiln")(x), model(x))
+    assert not fallback.FALLBACKS
+
+
+def test_debug_dir_gets_every_backend_stage(tmp_path):
+    with kiln.config.patch({"debug.dump_dir": str(tmp_path / "dump")}):
+        compiled(lambda x: (x - x.amax(-1, keepdim=True)).exp(), torch.randn(4, 8))
+    (folder,) = (tmp_path / "dump").glob("run_*/*_kiln_backend")
+    files = sorted(p.name for p in folder.iterdir())
+    assert files == ["00_aten_graph.py", "01_ir_before_fusion.txt", "02_ir_after_fusion.txt", "03_kernels.cpp", "04_wrapper.py"]
+    after = (folder / "02_ir_after_fusion.txt").read_text()
+    assert "in registers ['buf0']" in after and "reduction" in after
+    assert 'extern "C" void kernel_' in (folder / "03_kernels.cpp").read_text()
+
+
+def test_many_kernels_compile_as_parallel_units_into_one_library():
+    def many(x):
+        return tuple((x * k).sum(d) for k in range(1, 5) for d in (0, 1)) + (x.exp(),)
+
+    x = torch.randn(6, 7)
+    with kiln.config.patch({"backend.compile_workers": 2}):
+        out, program = compiled(many, x)
+    assert len(program.units) == 2, len(set(program.functions.values()))
+    torch.testing.assert_close(out, many(x))
+
+
+def test_complex_tensors_run_as_aten_calls_without_falling_back():
+    import torch._dynamo
+    from kiln.runtime import fallback
+
+    torch._dynamo.reset()
+    fallback.reset()
+    fn = torch.compile(lambda x, y: ((x * 2).abs() + y).softmax(-1), backend="kiln")
+    x, y = torch.randn(4, 3, dtype=torch.complex64), torch.randn(4, 3)
+    torch.testing.assert_close(fn(x, y), ((x * 2).abs() + y).softmax(-1))
     assert not fallback.FALLBACKS

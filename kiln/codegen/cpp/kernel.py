@@ -1,5 +1,6 @@
-"""One C++ function per loop-IR node: nested loops, the outer one OpenMP-parallel when the work
-is large enough, the body printed by `CppPrinter`. All kernels of a program share one source file."""
+"""One C++ function per fused kernel: shared outer loops (OpenMP-parallel when the work is large),
+then each member's inner loops, the innermost one vectorized (include/kiln_vec.h) with a scalar
+tail. A graph's kernels are compiled together after `preamble.preamble()`."""
 
 from __future__ import annotations
 
@@ -8,110 +9,334 @@ import math
 import sympy
 import torch
 
-from kiln.codegen.cpp.printer import CTYPES, CppPrinter, cpp_constant, cpp_index
-from kiln.ir.analysis import ReadsWrites, run
-from kiln.ir.nodes import Buffer, Layout, Node, Reduction
+from kiln.codegen.cpp.body import STORAGE_CTYPES, CppBody, value_ctype, value_dtype
+from kiln.codegen.cpp.printer import CTYPES, cpp_constant, cpp_index
+from kiln.ir.nodes import Layout
 from kiln.ir.ops import use_handler
+from kiln.schedule.fusion import FusedKernel
+from kiln.schedule.index_bounds import linear_stride
+from kiln.schedule.loop_nest import LoopNest, loop_extents
 
 PARALLEL_MIN_WORK = 32768  # elements (times reduction length) below which threads cost more than they save
 
-HEADER = r"""
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <limits>
-template <typename T> static inline T kiln_max(T a, T b) { if (a != a) return a; if (b != b) return b; return a > b ? a : b; }
-template <typename T> static inline T kiln_min(T a, T b) { if (a != a) return a; if (b != b) return b; return a < b ? a : b; }
-extern "C" { int kiln_index_error = 0; }
-static inline int64_t kiln_index(int64_t i, int64_t size) {
-  if (i < 0) i += size;
-  if (i < 0 || i >= size) { kiln_index_error = 1; return i < 0 ? 0 : size - 1; }
-  return i;
-}
-template <typename T> static inline bool kiln_gt(T a, T b) { return a > b || (a != a && b == b); }
-template <typename T> static inline bool kiln_lt(T a, T b) { return a < b || (a != a && b == b); }
-template <typename T> static inline T kiln_floordiv(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) { return std::floor(a / b); }
-  else { T q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) --q; return q; }
-}
-template <typename T> static inline T kiln_remainder(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) { T r = std::fmod(a, b); if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
-  else { T r = a % b; if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
-}
-"""
+
+
+_INIT = {"sum": 0, "prod": 1, "any": False, "all": True}
+_COMBINE = {"sum": "acc + {v}", "prod": "acc * {v}", "max": "kiln_max(acc, {v})", "min": "kiln_min(acc, {v})",
+            "any": "acc || {v}", "all": "acc && {v}"}
+_VCOMBINE = {"sum": "vacc + {v}", "prod": "vacc * {v}", "max": "kiln::vmax(vacc, {v})", "min": "kiln::vmin(vacc, {v})",
+             "any": "vacc || {v}", "all": "vacc && {v}"}
+_VCOMBINE_ACCUMULATORS = {"sum": "{a} + {b}", "prod": "{a} * {b}", "max": "kiln::vmax({a}, {b})",
+                          "min": "kiln::vmin({a}, {b})", "any": "{a} || {b}", "all": "{a} && {b}"}
+_UNROLL = 4
+_HORIZONTAL = {"sum": "hsum", "prod": "hprod", "max": "hmax", "min": "hmin", "any": "hany", "all": "hall"}
 
 
 def _init(kind: str, dtype: torch.dtype) -> str:
+    kind = kind[3:] if kind in ("argmax", "argmin") else kind
     ctype = CTYPES[dtype]
-    if kind in ("argmax", "argmin"):
-        kind = kind[3:]
     if kind in ("max", "min"):
         if dtype.is_floating_point:
             return f"{'-' if kind == 'max' else ''}std::numeric_limits<{ctype}>::infinity()"
         return f"std::numeric_limits<{ctype}>::{'lowest' if kind == 'max' else 'max'}()"
-    return cpp_constant({"sum": 0, "prod": 1, "any": False, "all": True}[kind], dtype)
+    return cpp_constant(_INIT[kind], dtype)
 
 
-_COMBINE = {"sum": "acc + {v}", "prod": "acc * {v}", "max": "kiln_max(acc, {v})", "min": "kiln_min(acc, {v})",
-            "any": "acc || {v}", "all": "acc && {v}"}
+class KernelPrinter:
+    """Prints one FusedKernel. `lines` is the function; `vectorized` says whether any loop got
+    vector code."""
 
+    def __init__(self, kernel: FusedKernel, function: str) -> None:
+        self.kernel, self.function = kernel, function
+        self.pointers = {b.name: f"in{k}" for k, b in enumerate(kernel.inputs)}
+        self.pointers.update({b.name: f"out{k}" for k, b in enumerate(kernel.outputs)})
+        self.buffers = {b.name: b for b in kernel.inputs + kernel.outputs}
+        self.buffers.update({m.name: m.buffer for m in kernel.members})
+        self.locals = {name: f"{name}_value" for name in kernel.locals}
+        self.vectorized = False
+        self.lines: list[str] = []
 
-def _loops(symbols, sizes, indent: str) -> tuple[list[str], str]:
-    lines = []
-    for sym, size in zip(symbols, sizes):
-        lines.append(f"{indent}for (int64_t {sym} = 0; {sym} < {cpp_index(size)}; ++{sym}) {{")
-        indent += "  "
-    return lines, indent
+    def _emit(self, line: str, depth: int) -> None:
+        self.lines.append("  " * depth + line)
 
+    def _body(self, nest: LoopNest, vector_var: sympy.Symbol | None, scalar_locals: bool | None = None) -> CppBody:
+        # Members sharing one loop share a scope: each names its temporaries after itself.
+        prefix = f"t{self.kernel.members.index(nest)}_"
+        if scalar_locals is None:
+            scalar_locals = not self.kernel.vectorizes_outer
+        printer = CppBody(self.pointers, self.buffers, self.locals, vector_var, prefix, scalar_locals=scalar_locals,
+                          extents=loop_extents(nest.node))
+        with use_handler(printer):
+            printer.result = nest.node.body()
+        return printer
 
-def kernel_source(name: str, node: Node, out: Buffer, inputs: list[Buffer]) -> str:
-    """`extern "C" void name(const T* in..., T* out)` computing `node` into `out`'s layout."""
-    pointers = {b.name: f"in{k}" for k, b in enumerate(inputs)}
-    params = [f"const {CTYPES[b.layout.dtype]}* __restrict__ in{k}" for k, b in enumerate(inputs)]
-    params.append(f"{CTYPES[out.layout.dtype]}* __restrict__ out")
-    printer = CppPrinter(pointers, {b.name: b.layout.offset for b in inputs})
-    with use_handler(printer):
-        result = node.body()
-    index_vars = node.index_vars()
-    out_index = cpp_index(out.layout.flat_index(index_vars) - out.layout.offset)
-    sizes = [int(s) for s in node.ranges]
-    work = math.prod(sizes) * (math.prod(int(s) for s in node.reduction_ranges) if isinstance(node, Reduction) else 1)
-    lines = [f'extern "C" void {name}({", ".join(params)}) {{']
-    if sizes and work >= PARALLEL_MIN_WORK and sizes[0] > 1:
-        lines.append("  #pragma omp parallel for")
-    loop_lines, indent = _loops(index_vars, sizes, "  ")
-    lines += loop_lines
-    ctype = CTYPES[out.layout.dtype]
-    if isinstance(node, Reduction):
-        kind, dtype, value = printer.reduced
-        rsizes = [int(s) for s in node.reduction_ranges]
-        arg = kind in ("argmax", "argmin")
-        acc_dtype = node.src_dtype if arg else dtype
-        lines.append(f"{indent}{CTYPES[acc_dtype]} acc = {_init(kind, acc_dtype)};")
-        if arg:
-            lines.append(f"{indent}int64_t acc_index = 0;")
-        rloops, rindent = _loops(node.reduction_vars(), rsizes, indent)
-        lines += rloops + [f"{rindent}{line}" for line in printer.lines]
-        if arg:
-            rflat = cpp_index(Layout.contiguous(rsizes, dtype).flat_index(node.reduction_vars()))
-            better = "kiln_gt" if kind == "argmax" else "kiln_lt"
-            lines.append(f"{rindent}if ({better}({value}, acc)) {{ acc = {value}; acc_index = {rflat}; }}")
+    def _result(self, nest: LoopNest, value: str, depth: int, vector: bool, declare_local: bool | None = None) -> None:
+        """A member's value for the current iteration: into its local, or stored."""
+        if nest.name in self.locals:
+            # Members sharing the vector loop declare their local where computed; members with
+            # inner loops assign one declared before their block.
+            declare = "auto " if (self.kernel.vectorizes_outer if declare_local is None else declare_local) else ""
+            self._emit(f"{declare}{self.locals[nest.name]} = {value};", depth)
+            return
+        printer = CppBody(self.pointers, self.buffers, None, self._vector_var if vector else None)
+        ctype = value_ctype(nest.buffer.layout.dtype)
+        if vector:
+            cast = f"kiln::to_bool({value})" if nest.buffer.layout.dtype == torch.bool else f"kiln::convert<{ctype}>({value})"
         else:
-            lines.append(f"{rindent}acc = {_COMBINE[kind].format(v=value)};")
-        lines += [indent + "  " * (len(rloops) - 1 - k) + "}" for k in range(len(rloops))]
-        lines.append(f"{indent}out[{out_index}] = static_cast<{ctype}>({'acc_index' if arg else 'acc'});")
-    else:
-        lines += [f"{indent}{line}" for line in printer.lines]
-        lines.append(f"{indent}out[{out_index}] = static_cast<{ctype}>({result});")
-    lines += ["  " + "  " * (len(loop_lines) - 1 - k) + "}" for k in range(len(loop_lines))]
-    lines.append("}")
-    return "\n".join(lines)
+            cast = f"static_cast<{ctype}>({value})"
+        printer.store(nest.name, nest.store_index, cast)
+        for line in printer.lines:
+            self._emit(line, depth)
+
+    def source(self) -> str:
+        k = self.kernel
+        params = [f"const {STORAGE_CTYPES[b.layout.dtype]}* __restrict__ in{n}" for n, b in enumerate(k.inputs)]
+        params += [f"{STORAGE_CTYPES[b.layout.dtype]}* __restrict__ out{n}" for n, b in enumerate(k.outputs)]
+        self._emit(f'extern "C" void {self.function}({", ".join(params)}) {{', 0)
+        outer = [int(s) for s in k.outer]
+        work = math.prod(outer) * max([math.prod(int(s) for s in k.inner_ranges(m)) for m in k.members] + [1])
+        if k.vectorizes_outer and outer:
+            self._pointwise_rows(outer, work)
+        elif _reduces_across_rows(k):
+            self._across_rows(outer, work)
+        else:
+            depth = self._outer_loops(outer, len(outer), work)
+            for nest in k.members:
+                self._member(nest, depth)
+            self._close(depth, 1)
+        self._emit("}", 0)
+        return "\n".join(self.lines)
+
+    def _outer_loops(self, sizes: list[int], count: int, work: int, depth: int = 1) -> int:
+        if count and work >= PARALLEL_MIN_WORK and math.prod(sizes[:count]) > 1:
+            self._emit(f"#pragma omp parallel for collapse({count})" if count > 1 else "#pragma omp parallel for", depth)
+        for d in range(count):
+            self._emit(f"for (int64_t i{d} = 0; i{d} < {sizes[d]}L; ++i{d}) {{", depth + d)
+        return depth + count
+
+    def _close(self, depth: int, down_to: int) -> None:
+        for d in range(depth - 1, down_to - 1, -1):
+            self._emit("}", d)
+
+    # -- kernels of pointwise members over the same loops: vectorize the last outer loop --------
+    def _pointwise_rows(self, outer: list[int], work: int) -> None:
+        last = len(outer) - 1
+        rows = math.prod(outer[:last])
+        split_rows = rows >= 16 or last == 0
+        depth = self._outer_loops(outer, last, work if rows >= 16 else 0)
+        var = sympy.Symbol(f"i{last}", integer=True, nonnegative=True)
+        self._vector_var = var
+        n = outer[last]
+        if work >= PARALLEL_MIN_WORK and not (split_rows and last):
+            self._emit("#pragma omp parallel for", depth)
+        self._emit(f"for (int64_t {var} = 0; {var} < {n}L - {n}L % kiln::L; {var} += kiln::L) {{", depth)
+        self._members_once(depth + 1, var)
+        self._emit("}", depth)
+        self._emit(f"for (int64_t {var} = {n}L - {n}L % kiln::L; {var} < {n}L; ++{var}) {{", depth)
+        self._members_once(depth + 1, None)
+        self._emit("}", depth)
+        self.vectorized = self.vectorized or n >= 4
+        self._close(depth, 1)
+
+    def _members_once(self, depth: int, vector_var: sympy.Symbol | None) -> None:
+        for nest in self.kernel.members:
+            body = self._body(nest, vector_var)
+            for line in body.lines:
+                self._emit(line, depth)
+            self._result(nest, body.result, depth, vector_var is not None)
+
+    # -- reductions over a non-contiguous dim: vector accumulators along the last outer loop -----
+    def _across_rows(self, outer: list[int], work: int) -> None:
+        last = len(outer) - 1
+        depth = self._outer_loops(outer, last, work if math.prod(outer[:last]) >= 16 else 0)
+        var = sympy.Symbol(f"i{last}", integer=True, nonnegative=True)
+        self._vector_var = var
+        n = outer[last]
+        if work >= PARALLEL_MIN_WORK and math.prod(outer[:last]) < 16:
+            self._emit("#pragma omp parallel for", depth)
+        self._emit(f"for (int64_t {var} = 0; {var} < {n}L - {n}L % kiln::L; {var} += kiln::L) {{", depth)
+        for nest in self.kernel.members:
+            if nest.name in self.locals:
+                dtype = nest.buffer.layout.dtype
+                vtype = "kiln::mask" if dtype == torch.bool else f"kiln::vec<{value_ctype(dtype)}>"
+                self._emit(f"{vtype} {self.locals[nest.name]};", depth + 1)
+            self._emit("{", depth + 1)
+            if nest.is_reduction:
+                self._vector_accumulation(nest, var, depth + 2)
+            else:
+                body = self._body(nest, var, scalar_locals=False)
+                for line in body.lines:
+                    self._emit(line, depth + 2)
+                self._result(nest, body.result, depth + 2, True, declare_local=False)
+            self._emit("}", depth + 1)
+        self._emit("}", depth)
+        self._emit(f"for (int64_t {var} = {n}L - {n}L % kiln::L; {var} < {n}L; ++{var}) {{", depth)
+        for nest in self.kernel.members:
+            self._member(nest, depth + 1)
+        self._emit("}", depth)
+        self.vectorized = self.vectorized or n >= 4
+        self._close(depth, 1)
+
+    def _vector_accumulation(self, nest: LoopNest, var: sympy.Symbol, depth: int) -> None:
+        node = nest.node
+        kind, ctype = node.reduction_type, value_ctype(node.dtype)
+        boolean = node.dtype == torch.bool
+        self._emit(f"auto vacc = {'kiln::splat_mask' if boolean else f'kiln::splat<{ctype}>'}({_init(kind, value_dtype(node.dtype))});", depth)
+        symbols = self._inner_vars(nest)
+        inner_depth = self._scalar_loops(symbols, [int(s) for s in node.reduction_ranges], depth)
+        body = self._body(nest, var, scalar_locals=False)
+        _, _, value = body.reduced
+        for line in body.lines:
+            self._emit(line, inner_depth)
+        converted = f"kiln::to_bool({value})" if boolean else f"kiln::convert<{ctype}>({value})"
+        self._emit(f"vacc = {_VCOMBINE[kind].format(v=converted)};", inner_depth)
+        self._close(inner_depth, depth)
+        self._result(nest, "vacc", depth, True, declare_local=False)
+
+    # -- members with their own inner loops -----------------------------------------------------
+    def _member(self, nest: LoopNest, depth: int) -> None:
+        inner = [int(s) for s in self.kernel.inner_ranges(nest)]
+        if nest.name in self.locals:
+            self._emit(f"{value_ctype(nest.buffer.layout.dtype)} {self.locals[nest.name]};", depth)
+        self._emit("{", depth)
+        if not inner:
+            body = self._body(nest, None)
+            for line in body.lines:
+                self._emit(line, depth + 1)
+            self._result(nest, body.result, depth + 1, False)
+        elif nest.is_reduction:
+            self._reduction(nest, inner, depth + 1)
+        else:
+            self._inner_pointwise(nest, inner, depth + 1)
+        self._emit("}", depth)
+
+    def _inner_vars(self, nest: LoopNest) -> list[sympy.Symbol]:
+        if nest.is_reduction:
+            return list(nest.node.reduction_vars())
+        return list(nest.node.index_vars())[len(self.kernel.outer):]
+
+    def _scalar_loops(self, symbols, sizes, depth: int) -> int:
+        for sym, size in zip(symbols, sizes):
+            self._emit(f"for (int64_t {sym} = 0; {sym} < {size}L; ++{sym}) {{", depth)
+            depth += 1
+        return depth
+
+    def _vector_loop(self, var: sympy.Symbol, n: int, depth: int, vector_part, scalar_part, start: str = "0") -> None:
+        self._emit(f"int64_t {var}_end = {n}L - {n}L % kiln::L;", depth)
+        self._emit(f"for (int64_t {var} = {start}; {var} < {var}_end; {var} += kiln::L) {{", depth)
+        vector_part(depth + 1)
+        self._emit("}", depth)
+        self._emit(f"for (int64_t {var} = {var}_end; {var} < {n}L; ++{var}) {{", depth)
+        scalar_part(depth + 1)
+        self._emit("}", depth)
+        self.vectorized = self.vectorized or n >= 4
+
+    def _inner_pointwise(self, nest: LoopNest, inner: list[int], depth: int) -> None:
+        symbols = self._inner_vars(nest)
+        inner_depth = self._scalar_loops(symbols[:-1], inner[:-1], depth)
+        self._vector_var = symbols[-1]
+
+        def part(vector: bool):
+            def emit(d: int) -> None:
+                body = self._body(nest, symbols[-1] if vector else None)
+                for line in body.lines:
+                    self._emit(line, d)
+                self._result(nest, body.result, d, vector)
+            return emit
+
+        self._vector_loop(symbols[-1], inner[-1], inner_depth, part(True), part(False))
+        self._close(inner_depth, depth)
+
+    def _reduction(self, nest: LoopNest, inner: list[int], depth: int) -> None:
+        node = nest.node
+        symbols = self._inner_vars(nest)
+        kind = self._kind = node.reduction_type
+        arg = kind in ("argmax", "argmin")
+        acc_dtype = value_dtype(node.src_dtype if arg else node.dtype)  # 16-bit floats accumulate in float32
+        ctype = CTYPES[acc_dtype]
+        self._emit(f"{ctype} acc = {_init(kind, acc_dtype)};", depth)
+        if arg:
+            self._emit("int64_t acc_index = 0;", depth)
+            inner_depth = self._scalar_loops(symbols, inner, depth)
+            body = self._body(nest, None)
+            kind_, _, value = body.reduced
+            for line in body.lines:
+                self._emit(line, inner_depth)
+            rflat = cpp_index(Layout.contiguous(inner, acc_dtype).flat_index(symbols))
+            better = "kiln_gt" if kind == "argmax" else "kiln_lt"
+            self._emit(f"if ({better}({value}, acc)) {{ acc = {value}; acc_index = {rflat}; }}", inner_depth)
+            self._close(inner_depth, depth)
+            self._result(nest, "acc_index", depth, False)
+            return
+        boolean = acc_dtype == torch.bool
+        identity = f"{'kiln::splat_mask' if boolean else f'kiln::splat<{ctype}>'}({_init(kind, acc_dtype)})"
+        self._emit(f"auto vacc = {identity};", depth)
+        inner_depth = self._scalar_loops(symbols[:-1], inner[:-1], depth)
+
+        def part(vector: bool, accumulator: str = "vacc"):
+            def emit(d: int) -> None:
+                body = self._body(nest, symbols[-1] if vector else None)
+                _, _, value = body.reduced
+                for line in body.lines:
+                    self._emit(line, d)
+                if vector:
+                    converted = f"kiln::to_bool({value})" if boolean else f"kiln::convert<{ctype}>({value})"
+                    combined = _VCOMBINE[kind].format(v=converted).replace("vacc", accumulator)
+                    self._emit(f"{accumulator} = {combined};", d)
+                else:
+                    self._emit(f"acc = {_COMBINE[kind].format(v=value)};", d)
+            return emit
+
+        var, n = symbols[-1], inner[-1]
+        unrolled = n >= 4 * 16  # long rows: independent accumulators hide the combine's latency
+        if unrolled:
+            self._unrolled_accumulation(var, n, inner_depth, part, identity)
+        self._vector_loop(var, n, inner_depth, part(True), part(False), start=f"{var}_unrolled" if unrolled else "0")
+        self._close(inner_depth, depth)
+        self._emit(f"acc = {_COMBINE[kind].format(v=f'kiln::{_HORIZONTAL[kind]}(vacc)')};", depth)
+        self._result(nest, "acc", depth, False)
+
+    def _unrolled_accumulation(self, var: sympy.Symbol, n: int, depth: int, part, identity: str) -> None:
+        """Four vectors per step into four accumulators (each block rebinds the loop variable),
+        folded into `vacc`; the plain vector loop and the scalar tail finish the row. The extra
+        accumulators start from the identity: inside outer reduction loops `vacc` already holds
+        earlier rows."""
+        for k in range(1, _UNROLL):
+            self._emit(f"auto vacc{k} = {identity};", depth)
+        self._emit(f"int64_t {var}_unrolled = {n}L - {n}L % ({_UNROLL} * kiln::L);", depth)
+        self._emit(f"for (int64_t {var}_base = 0; {var}_base < {var}_unrolled; {var}_base += {_UNROLL} * kiln::L) {{", depth)
+        for k in range(_UNROLL):
+            self._emit("{", depth + 1)
+            self._emit(f"int64_t {var} = {var}_base + {k} * kiln::L;", depth + 2)
+            part(True, "vacc" if k == 0 else f"vacc{k}")(depth + 2)
+            self._emit("}", depth + 1)
+        self._emit("}", depth)
+        for k in range(1, _UNROLL):
+            self._emit(f"vacc = {_VCOMBINE_ACCUMULATORS[self._kind].format(a='vacc', b=f'vacc{k}')};", depth)
 
 
-def buffers_read(node: Node) -> list[str]:
-    return run(ReadsWrites(), node).buffers_read
+def _unit_strides(nest: LoopNest, var: sympy.Symbol) -> int:
+    return sum(1 for _, index in nest.reads if linear_stride(index, var) == 1)
 
 
-def is_static(node: Node) -> bool:
-    ranges = list(node.ranges) + (list(node.reduction_ranges) if isinstance(node, Reduction) else [])
-    return all(sympy.sympify(r).is_Integer for r in ranges)
+def _reduces_across_rows(kernel: FusedKernel) -> bool:
+    """Every member computes one value per outer index, and the reductions read contiguously
+    along the last outer loop rather than along their own innermost loop."""
+    if not kernel.outer or any(len(m.ranges) != len(kernel.outer) for m in kernel.members):
+        return False
+    reductions = [m for m in kernel.members if m.is_reduction]
+    if not reductions or any(m.node.reduction_type in ("argmax", "argmin") for m in reductions):
+        return False
+    last = sympy.Symbol(f"i{len(kernel.outer) - 1}", integer=True, nonnegative=True)
+    return all(_unit_strides(m, last) > _unit_strides(m, m.node.reduction_vars()[-1]) for m in reductions)
+
+
+def kernel_source(kernel: FusedKernel, function: str) -> tuple[str, bool]:
+    """The kernel's C++ function named `function`, and whether it has vector loops."""
+    printer = KernelPrinter(kernel, function)
+    return printer.source(), printer.vectorized
+
+
+def is_static(kernel: FusedKernel) -> bool:
+    sizes = list(kernel.outer) + [s for m in kernel.members for s in (*m.ranges, *kernel.inner_ranges(m))]
+    return all(sympy.sympify(s).is_Integer for s in sizes)

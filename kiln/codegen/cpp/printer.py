@@ -25,6 +25,14 @@ _UNARY = {
     "cos": "std::cos({0})", "tanh": "std::tanh({0})", "sigmoid": "(1 / (1 + std::exp(-({0}))))",
     "erf": "std::erf({0})", "relu": "std::max({0}, decltype({0})(0))", "floor": "std::floor({0})",
     "ceil": "std::ceil({0})", "logical_not": "!({0})", "sign": "(({0}) > 0) - (({0}) < 0)",
+    "tan": "std::tan({0})", "asin": "std::asin({0})", "acos": "std::acos({0})", "atan": "std::atan({0})",
+    "sinh": "std::sinh({0})", "cosh": "std::cosh({0})", "asinh": "std::asinh({0})",
+    "acosh": "std::acosh({0})", "atanh": "std::atanh({0})", "exp2": "std::exp2({0})",
+    "log2": "std::log2({0})", "log10": "std::log10({0})", "erfc": "std::erfc({0})",
+    "lgamma": "std::lgamma({0})", "trunc": "std::trunc({0})", "round": "std::nearbyint({0})",
+    "signbit": "std::signbit({0})",
+    # x ^ all-ones flips every bit and, for bool, is logical not (~true would be -2, also true).
+    "bitwise_not": "decltype({0})({0} ^ decltype({0})(-1))",
 }  # fmt: skip
 _BINARY = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
@@ -32,6 +40,15 @@ _BINARY = {
     "atan2": "std::atan2({0}, {1})", "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})",
     "le": "({0} <= {1})", "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "({0} && {1})",
     "logical_or": "({0} || {1})", "floordiv": "kiln_floordiv({0}, {1})", "remainder": "kiln_remainder({0}, {1})",
+    "fmod": "std::fmod({0}, {1})", "hypot": "std::hypot({0}, {1})", "copysign": "std::copysign({0}, {1})",
+    # C++ promotes narrow integers to int; the cast gives the operands' type back, as eager's kernels.
+    "bitwise_and": "decltype({0})({0} & {1})", "bitwise_or": "decltype({0})({0} | {1})",
+    "bitwise_xor": "decltype({0})({0} ^ {1})",
+    # Shifts outside [0, bits) are undefined in C++; eager gives 0 (or -1 for negatives shifted right).
+    "bitwise_left_shift": "(({1}) < 0 || ({1}) >= decltype({1})(8 * sizeof({0})) ? decltype({0})(0)"
+                          " : decltype({0})(static_cast<std::make_unsigned_t<decltype({0})>>({0}) << ({1})))",
+    "bitwise_right_shift": "(({1}) < 0 || ({1}) >= decltype({1})(8 * sizeof({0})) ? decltype({0})({0} < 0 ? -1 : 0)"
+                           " : decltype({0})({0} >> ({1})))",
 }  # fmt: skip
 
 

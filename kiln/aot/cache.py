@@ -1,0 +1,91 @@
+"""The AOT graph cache: a later process that meets the same torch-level graph with the same input
+layouts skips tracing, partitioning and compiling, and loads what the first one built.
+
+Only graph compilers that can save and restore what they build take part: `compile_graph.save(
+compiled) -> payload` and `compile_graph.load(payload) -> compiled` (kiln's C++ backend can).
+The key covers the graph's code, every input's and lifted parameter's layout and requires_grad,
+the values of tensor constants, grad mode, the options, and the versions of torch and of kiln's
+own source. Graphs with symbolic sizes or fake inputs are not cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from kiln import logs
+from kiln.aot.signature import Signature
+from kiln.runtime import disk_cache
+
+
+@dataclass
+class CachedVariant:
+    sig: Signature
+    out_spec: str  # pytree.treespec_dumps
+    payloads: list[Any]  # the compile_graph's saved graphs: [inference] or [forward, backward]
+    num_saved_tensors: int = 0
+
+
+def _describe(value: Any) -> str | None:
+    if isinstance(value, torch._subclasses.FakeTensor) or isinstance(value, torch.SymInt):
+        return None
+    if isinstance(value, torch.Tensor):
+        return f"T{tuple(value.shape)}{value.stride()}{value.storage_offset()}{value.dtype}{value.device}{value.requires_grad}"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    return None
+
+
+def _constants(gm: fx.GraphModule, lifted: set[str]) -> bytes:
+    h = hashlib.sha256()
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and node.target not in lifted:
+            value = getattr(gm, node.target, None)
+            if isinstance(value, torch.Tensor):
+                h.update(value.detach().contiguous().cpu().numpy().tobytes() if value.numel() else b"")
+    return h.digest()
+
+
+def cache_key(gm: fx.GraphModule, example_inputs: Sequence[Any], lifted: dict[str, Any], training: bool, options: Any) -> str | None:
+    """The key of `gm` compiled for these inputs, or None when it cannot be cached."""
+    described = [_describe(v) for v in [*lifted.values(), *example_inputs]]
+    if any(d is None for d in described):
+        return None
+    parts = [gm.code, *lifted, *described, repr(training), repr(options), torch.__version__, disk_cache.kiln_fingerprint()]
+    h = hashlib.sha256("\0".join(parts).encode())
+    h.update(_constants(gm, set(lifted)))
+    return h.hexdigest()
+
+
+def load(key: str) -> CachedVariant | None:
+    data = disk_cache.read(disk_cache.entry("aot", key, ".pkl"))
+    if data is None:
+        return None
+    try:
+        entry = pickle.loads(data)
+    except Exception:  # noqa: BLE001 - an entry that does not unpickle is rebuilt
+        return None
+    logs.log("cache", "AOT graph cache hit %s", key[:12])
+    return entry if isinstance(entry, CachedVariant) else None
+
+
+def store(key: str, entry: CachedVariant) -> None:
+    try:
+        data = pickle.dumps(entry)
+    except Exception as error:  # noqa: BLE001 - what cannot be pickled is simply not cached
+        logs.log("cache", "AOT graph not cached: %s", error)
+        return
+    disk_cache.write(disk_cache.entry("aot", key, ".pkl"), data)
+
+
+def dumps_spec(spec: pytree.TreeSpec) -> str | None:
+    try:
+        return pytree.treespec_dumps(spec)
+    except Exception:  # noqa: BLE001 - output structures pytree cannot serialize are not cached
+        return None

@@ -1,0 +1,42 @@
+"""The graph being lowered, as a lowering sees it: `realize` puts a value into a buffer.
+
+Most lowerings only build loaders. A few need memory in the middle of their own work: layer norm's
+variance reduction reads the mean, which must be a buffer first (a reduction's result exists only
+once its loop has run). They call `realize`, which asks the `GraphLowering` that is running them.
+
+    mean = realize(reduce("sum", x, dims, keepdim=True))   # a Reduction, realized, then divided
+    centered = pointwise("sub", [x, mean])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Iterator
+
+from kiln.lowering.values import ReductionResult, TensorValue
+
+_graph: contextvars.ContextVar[Any] = contextvars.ContextVar("kiln_graph_lowering", default=None)
+
+
+@contextlib.contextmanager
+def lowering_graph(graph: Any) -> Iterator[Any]:
+    """Make `graph` (a GraphLowering) the one `realize` writes to inside the block."""
+    token = _graph.set(graph)
+    try:
+        yield graph
+    finally:
+        _graph.reset(token)
+
+
+def realize(value: TensorValue | ReductionResult) -> TensorValue:
+    """`value` backed by a buffer of the current graph.
+
+    A TensorValue is computed into a new contiguous buffer (unless it already is one). A
+    ReductionResult's node is realized and its `then` step applied, which may leave a pointwise
+    value over that buffer: the reduction is in memory, its cheap epilogue stays inlinable.
+    """
+    graph = _graph.get()
+    if graph is None:
+        raise RuntimeError("realize() called outside a graph lowering")
+    return graph.finish(value) if isinstance(value, ReductionResult) else TensorValue.of_buffer(graph.realize(value))

@@ -1,0 +1,29 @@
+"""The one ordered list of graph passes kiln's backend runs before lowering.
+
+Each pass takes an ATen `fx.GraphModule` whose nodes carry `meta["val"]` and returns one
+(rewriting a copy is not required: passes edit the graph they are given and recompile it).
+`KILN_LOGS=passes` prints the graph after each pass that changed it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import fx
+
+from kiln import logs
+from kiln.passes.bias_epilogue import bias_epilogue
+
+Pass = Callable[[fx.GraphModule], bool]  # edits the graph; True when it changed something
+
+PASSES: list[tuple[str, Pass]] = [
+    ("bias_epilogue", bias_epilogue),
+]
+
+
+def run_passes(gm: fx.GraphModule) -> fx.GraphModule:
+    for name, graph_pass in PASSES:
+        if graph_pass(gm):
+            gm.recompile()
+            logs.log_lazy("passes", lambda: f"after {name}:\n{gm.code}")
+    return gm

@@ -1,0 +1,78 @@
+"""A compute node as the scheduler sees it: its loops with size-1 dims dropped, in a chosen order,
+and the flat index it stores to. Normalizing lets nodes that differ only by `keepdim`-style unit
+dims share loops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import sympy
+
+from kiln.ir.analysis import ReadsWrites, run
+from kiln.ir.nodes import Buffer, Node, Pointwise, Reduction, index_symbols
+from kiln.schedule.index_bounds import simplify
+
+
+@dataclass
+class LoopNest:
+    buffer: Buffer
+    node: Node  # normalized: no size-1 ranges (a reduction keeps at least one reduction range)
+    store_index: sympy.Expr  # element offset into `buffer`'s storage, over node.index_vars()
+    reads: list[tuple[str, sympy.Expr]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.buffer.name
+
+    @property
+    def is_reduction(self) -> bool:
+        return isinstance(self.node, Reduction)
+
+    @property
+    def ranges(self) -> tuple[sympy.Expr, ...]:
+        return self.node.ranges
+
+
+def _expand(kept: Sequence[int], rank: int, index: Sequence[sympy.Expr]) -> list[sympy.Expr]:
+    full = [sympy.Integer(0)] * rank
+    for d, i in zip(kept, index):
+        full[d] = i
+    return full
+
+
+def _non_unit(sizes: Sequence[sympy.Expr]) -> list[int]:
+    return [d for d, s in enumerate(sizes) if s != 1]
+
+
+def loop_nest(buffer: Buffer, node: Node, order: Sequence[int] | None = None) -> LoopNest:
+    """`node` (computing `buffer`) normalized; `order` permutes its non-unit output dims
+    (outermost first), for pointwise nodes whose loop order the scheduler chooses."""
+    rank = len(node.ranges)
+    kept = _non_unit(node.ranges)
+    if order is not None:
+        kept = [kept[k] for k in order]
+    ranges = [node.ranges[d] for d in kept]
+    if isinstance(node, Reduction):
+        rrank = len(node.reduction_ranges)
+        rkept = _non_unit(node.reduction_ranges) or [0]
+        new: Node = Reduction(
+            node.dtype, ranges, [node.reduction_ranges[d] for d in rkept], node.reduction_type,
+            lambda idx, ridx: node.inner_fn(_expand(kept, rank, idx), _expand(rkept, rrank, ridx)),
+            name=node.name, src_dtype=node.src_dtype,
+        )
+    else:
+        new = Pointwise(node.dtype, ranges, lambda idx: node.inner_fn(_expand(kept, rank, idx)), name=node.name)
+    layout = buffer.layout
+    store = layout.flat_index(_expand(kept, rank, index_symbols("i", len(ranges)))) - layout.offset
+    extents = loop_extents(new)
+    reads = [(name, simplify(index, extents)) for name, index in run(ReadsWrites(), new).reads]
+    return LoopNest(buffer, new, simplify(sympy.expand(store), extents), reads)
+
+
+def loop_extents(node: Node) -> dict[sympy.Symbol, sympy.Expr]:
+    """Each loop variable of `node` with its trip count."""
+    extents = dict(zip(node.index_vars(), node.ranges))
+    if isinstance(node, Reduction):
+        extents.update(zip(node.reduction_vars(), node.reduction_ranges))
+    return extents

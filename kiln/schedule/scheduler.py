@@ -1,0 +1,113 @@
+"""The scheduling pipeline over a lowered Program: drop nodes nobody reads, give pointwise nodes
+their loop order, fuse nodes into kernels, keep kernel-private results in registers, plan memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils import _pytree as pytree
+
+from kiln.ir.analysis import ReadsWrites, run
+from kiln.ir.nodes import Buffer
+from kiln.lowering.graph import ComputeStep, ExternStep, Program
+from kiln.schedule.fusion import FusedKernel, KernelBuilder
+from kiln.schedule.loop_order import ordered_nest
+from kiln.schedule.memory import MemoryPlan, plan_memory
+
+
+@dataclass
+class Schedule:
+    inputs: list[Buffer | None]
+    steps: list[FusedKernel | ExternStep]
+    outputs: list[Any]
+    memory: MemoryPlan
+
+    @property
+    def kernels(self) -> list[FusedKernel]:
+        return [s for s in self.steps if isinstance(s, FusedKernel)]
+
+    @property
+    def externs(self) -> list[ExternStep]:
+        return [s for s in self.steps if isinstance(s, ExternStep)]
+
+
+def _extern_reads(step: ExternStep) -> list[str]:
+    return [b.name for b in pytree.tree_leaves((step.args, step.kwargs)) if isinstance(b, Buffer)]
+
+
+def live_steps(program: Program) -> list[ComputeStep | ExternStep]:
+    """The program's steps without compute nodes whose results nobody reads."""
+    needed = {o.name for o in program.outputs if isinstance(o, Buffer)}
+    kept = []
+    for step in reversed(program.steps):
+        if isinstance(step, ComputeStep):
+            if step.buffer.name not in needed:
+                continue
+            needed.update(run(ReadsWrites(), step.node).buffers_read)
+        else:
+            needed.update(_extern_reads(step))
+        kept.append(step)
+    return kept[::-1]
+
+
+def _group(steps: list[ComputeStep | ExternStep]) -> list[FusedKernel | ExternStep]:
+    """Greedy fusion in program order: a node joins the latest kernel when it fits and everything
+    it reads from outside that kernel already exists at the kernel's position."""
+    placed: list[Any] = []
+    available: set[str] = set()  # buffers written by steps placed so far
+    builder: KernelBuilder | None = None
+    available_at_builder: set[str] = set()
+    for step in steps:
+        if isinstance(step, ExternStep):
+            placed.append(step)
+            available |= {b.name for b in step.outputs if b is not None}
+            continue
+        nest = ordered_nest(step.buffer, step.node)
+        reads = {name for name, _ in nest.reads}
+        if builder is not None:
+            inside = set(builder.kernel.written)
+            outside_ok = all(r in inside or r in available_at_builder or r not in available for r in reads)
+            if outside_ok and builder.accepts(nest):
+                available.add(nest.name)
+                continue
+        builder = KernelBuilder(f"kernel{len(placed)}", nest, len(placed))
+        available_at_builder = set(available)
+        placed.append(builder.kernel)
+        available.add(nest.name)
+    return placed
+
+
+def _finish(steps: list, outputs: list[Any], buffers: dict[str, Buffer]) -> None:
+    """Locals, inputs and outputs of each kernel, once every reader is known."""
+    readers: dict[str, set[int]] = {}
+    for k, step in enumerate(steps):
+        reads = _extern_reads(step) if isinstance(step, ExternStep) else {n for m in step.members for n, _ in m.reads}
+        for name in reads:
+            readers.setdefault(name, set()).add(k)
+    results = {o.name for o in outputs if isinstance(o, Buffer)}
+    for k, step in enumerate(steps):
+        if not isinstance(step, FusedKernel):
+            continue
+        for m in step.members:
+            private = readers.get(m.name, set()) <= {k} and m.name not in results
+            if private and len(m.ranges) == len(step.outer):  # one value per outer iteration
+                step.locals.add(m.name)
+            else:
+                step.outputs.append(m.buffer)
+        written = step.written
+        names = dict.fromkeys(name for m in step.members for name, _ in m.reads if name not in written)
+        step.inputs = [buffers[name] for name in names]
+
+
+def schedule(program: Program) -> Schedule:
+    """The program's steps as fused kernels and externs, with a memory plan."""
+    steps = _group(live_steps(program))
+    buffers = {b.name: b for b in program.inputs if b is not None}
+    for step in program.steps:
+        for b in [step.buffer] if isinstance(step, ComputeStep) else step.outputs:
+            if b is not None:
+                buffers[b.name] = b
+    _finish(steps, program.outputs, buffers)
+    owned = {b.name: b for s in steps if isinstance(s, FusedKernel) for b in s.outputs}
+    return Schedule(program.inputs, steps, program.outputs, plan_memory(steps, program.outputs, owned))

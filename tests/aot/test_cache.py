@@ -1,0 +1,96 @@
+"""The AOT graph cache: a second compile of the same graph loads what the first built; a changed
+input layout or grad mode misses; a corrupted entry is rebuilt, never loaded."""
+
+import sys
+
+import pytest
+import torch
+from torch import fx
+
+import kiln
+from kiln import aot
+from kiln.codegen.wrapper import compile_cpp
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path):
+    with kiln.config.patch({"cache.dir": str(tmp_path / "cache")}):
+        yield tmp_path / "cache"
+
+
+@pytest.fixture
+def traces(monkeypatch):
+    """How many inference graphs the AOT layer traced."""
+    compile_module = sys.modules["kiln.aot.compile"]
+    count = {"n": 0}
+    original = compile_module.trace_inference
+
+    def counting(*args, **kwargs):
+        count["n"] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(compile_module, "trace_inference", counting)
+    return count
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.softmax(self.linear(x), -1) * 2, x.sum()
+
+
+def compile_block(x, module=None):
+    gm = fx.symbolic_trace(module or Block().eval())
+    return aot.compile(gm, [x], compile_cpp, options=aot.AotOptions(cache=True))
+
+
+def test_second_compile_loads_instead_of_tracing(traces):
+    x = torch.randn(4, 8)
+    module = Block().eval()
+    with torch.no_grad():
+        first = compile_block(x, module)(x)
+        second_compiled = compile_block(x, module)
+        second = second_compiled(x)
+    assert traces["n"] == 1
+    torch.testing.assert_close(second, first)
+    torch.testing.assert_close(second, module(x))
+
+
+def test_other_weights_same_graph_hit_and_use_their_own_weights(traces):
+    x = torch.randn(4, 8)
+    a, b = Block().eval(), Block().eval()
+    with torch.no_grad():
+        compile_block(x, a)(x)
+        out = compile_block(x, b)(x)
+    assert traces["n"] == 1
+    torch.testing.assert_close(out, b(x))
+
+
+def test_other_layouts_miss(traces):
+    with torch.no_grad():
+        compile_block(torch.randn(4, 8))(torch.randn(4, 8))
+        compile_block(torch.randn(5, 8))(torch.randn(5, 8))
+        compile_block(torch.randn(8, 4).t())(torch.randn(8, 4).t())
+    assert traces["n"] == 3
+
+
+def test_a_corrupted_entry_is_rebuilt(traces, private_cache):
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        compile_block(x)(x)
+        (entry,) = private_cache.glob("aot/*/*.pkl")
+        entry.write_bytes(entry.read_bytes()[:-7] + b"garbage")
+        out = compile_block(x)(x)
+    assert traces["n"] == 2
+    assert out[0].shape == (4, 8)
+
+
+def test_without_the_option_nothing_is_cached(private_cache):
+    x = torch.randn(4, 8)
+    gm = fx.symbolic_trace(Block().eval())
+    with torch.no_grad():
+        aot.compile(gm, [x], compile_cpp)(x)
+    assert not list(private_cache.glob("aot/*/*.pkl"))

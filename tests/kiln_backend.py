@@ -1,0 +1,32 @@
+"""Shared by the backend's tests: compile a function through kiln's AOT layer and C++ backend and
+keep the CppProgram, with a private compile cache per test."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import fx
+
+import kiln
+from kiln import aot
+from kiln.codegen.wrapper import compile_cpp
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path):
+    """Import into a test module to give each of its tests an empty compile cache."""
+    with kiln.config.patch({"cache.dir": str(tmp_path / "cache")}):
+        yield tmp_path / "cache"
+
+
+def compiled(fn, *inputs):
+    """(outputs, CppProgram of the first graph) of `fn` (a function or module) compiled by kiln."""
+    programs = []
+
+    def compile_graph(gm, example_inputs):
+        programs.append(compile_cpp(gm, example_inputs))
+        return programs[-1]
+
+    with torch.no_grad():
+        out = aot.compile(fx.symbolic_trace(fn), list(inputs), compile_graph)(*inputs)
+    return out, programs[0]

@@ -1,0 +1,64 @@
+"""cat, constant_pad_nd, split and slice/select scatter as kernels over clamped loads."""
+
+import sympy
+import torch
+import torch.nn.functional as F
+
+from kiln.ir.analysis import ReadsWrites, run
+from tests.lowering.support import check, through, through_all
+
+aten = torch.ops.aten
+
+
+def test_cat_of_mixed_dtypes_views_and_legacy_empty_tensors():
+    a, b, c = torch.randn(2, 3), torch.arange(8).reshape(2, 4), torch.randn(3, 2).t()
+    fn = lambda a, b, c, e: (torch.cat([a, b, c], 1), torch.cat([a, e, a * 2], 0), torch.cat([b[:, :1], b], -1),  # noqa: E731
+                             torch.cat([a[:, :0], a], 1))
+    programs = check(fn, a, b, c, torch.empty(0), lowered=[aten.cat.default])
+    assert not programs["cpp"].externs
+
+
+def test_cat_loads_stay_in_bounds():
+    # Both sides of each `where` are computed: every load index is clamped into its own input.
+    _, program = through("reference", lambda a, b: torch.cat([a, b], 0), torch.randn(3, 4), torch.randn(5, 4))
+    (step,) = program.kernels
+    reads = run(ReadsWrites(), step.node).reads
+    assert len(reads) == 2 and all(expr.has(sympy.Min) or expr.has(sympy.Max) for _, expr in reads)
+
+
+def test_constant_pad_nd_pads_and_crops():
+    x = torch.randn(2, 3, 4)
+    fn = lambda x, i: (F.pad(x, (1, 2)), F.pad(x, (2, -1, -1, 3), value=-7.5), F.pad(x, (0, 0, 0, 0, 1, 1)),  # noqa: E731
+                       F.pad(i, (3, 3), value=9), F.pad(x.transpose(0, 2), (-1, -1)))
+    programs = check(fn, x, torch.arange(5), lowered=[aten.constant_pad_nd.default])
+    assert not programs["cpp"].externs
+
+
+def test_split_pieces_are_views():
+    x = torch.randn(10, 6)
+
+    def fn(x):
+        sizes, equal = torch.split(x, [3, 5, 2]), torch.split(x, 4, dim=1)
+        return sizes[0] * 1, sizes[1] * 1, sizes[2] * 1, equal[0] + 1, equal[1] + 1
+
+    programs = check(fn, x, lowered=[aten.split_with_sizes.default, aten.split.Tensor])
+    assert not programs["cpp"].externs
+
+
+def test_slice_and_select_scatter():
+    x, s, t, r = torch.randn(6, 5), torch.randn(2, 5), torch.randn(2, 6).t(), torch.randn(6)
+    fn = lambda x, s, t, r: (torch.slice_scatter(x, s, 0, 1, 3), torch.slice_scatter(x, s, 0, 0, 6, 3),  # noqa: E731
+                             torch.slice_scatter(x, t, 1, -3, None, 2), torch.select_scatter(x, r, 1, -1),
+                             torch.slice_scatter(x, torch.ones(6, 5, dtype=torch.int64), 0))
+    check(fn, x, s, t, r, lowered=[aten.slice_scatter.default, aten.select_scatter.default])
+
+
+def test_backward_of_slices_and_cat_is_kernels():
+    x = torch.randn(4, 6, requires_grad=True)
+    fn = lambda x: torch.cat([x[:, 3:], x[:, :3]], 1).sin()  # noqa: E731
+    (expected,) = torch.autograd.grad(fn(x).sum(), x)
+    for backend in ("reference", "cpp"):
+        out, programs = through_all(backend, fn, x)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        torch.testing.assert_close(grad, expected)
+        assert not any(step.op in (aten.cat.default, aten.slice_scatter.default) for p in programs for step in p.externs)
