@@ -36,7 +36,8 @@ FORWARD_COMPILED = [
     "clamp", "cat", "stack", "chunk", "index_select", "gather", "nn.functional.embedding", "softmax",
     "nn.functional.layer_norm", "argmax", "var", "max.reduction_with_dim",
 ]
-INT64_GENERATED = ["add", "sub", "mul", "maximum", "eq", "where", "masked_fill", "abs", "pow"]
+# Not pow: an integer power by a tensor exponent stays an ATen call (exactness; see pointwise.pow_).
+INT64_GENERATED = ["add", "sub", "mul", "maximum", "eq", "where", "masked_fill", "abs"]
 BACKWARD_GENERATED = [
     "add", "mul", "exp", "tanh", "sigmoid", "pow", "where", "nn.functional.gelu", "nn.functional.silu",
     "permute", "reshape", "transpose", "linalg.vector_norm", "nn.functional.rms_norm", "mm",
