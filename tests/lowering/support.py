@@ -10,7 +10,8 @@ from torch import fx
 
 from kiln import aot
 from kiln.codegen.wrapper import compile_cpp
-from kiln.lowering.graph import Program
+from kiln.ir.verify import verify
+from kiln.lowering.graph import ComputeStep, Program
 from kiln.lowering.reference import compile_reference
 
 BACKENDS = {"reference": compile_reference, "cpp": compile_cpp}
@@ -36,6 +37,17 @@ def through(backend: str, fn: Callable, *inputs) -> tuple[object, Program]:
     return out, program
 
 
+def verify_program(program: Program) -> None:
+    """Every kernel passes the IR verifier, reading only buffers defined before it."""
+    known = {b.name for b in program.inputs if b is not None}
+    for step in program.steps:
+        if isinstance(step, ComputeStep):
+            verify(step.node, known)
+            known.add(step.buffer.name)
+        else:
+            known.update(b.name for b in step.outputs if b is not None)
+
+
 def extern_ops(program: Program) -> set:
     return {step.op for step in program.externs}
 
@@ -52,6 +64,7 @@ def check(fn: Callable, *inputs, lowered: Iterable = (), backends: Iterable[str]
         out, program = through(backend, fn, *inputs)
         torch.testing.assert_close(out, expected, equal_nan=True, **tolerance, msg=lambda m: f"{backend}: {m}")
         assert program.kernels, f"{backend}: no kernels"
+        verify_program(program)
         left = extern_ops(program) & set(lowered)
         assert not left, f"{backend}: still extern: {left}"
         programs[backend] = program
