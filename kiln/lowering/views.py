@@ -78,6 +78,8 @@ def view(x: TensorValue, size: Sequence[int]) -> TensorValue:
     out_strides, in_strides = contiguous_strides(size), contiguous_strides(x.size)
 
     def index_map(idx):
+        if numel == 0:  # no element is ever read; and the unravelling below would divide by zero
+            return [sympy.Integer(0)] * x.rank
         flat = sum((i * s for i, s in zip(idx, out_strides)), sympy.Integer(0))
         return [sympy.Mod(FloorDiv(flat, st), sz) if d else FloorDiv(flat, st) for d, (st, sz) in enumerate(zip(in_strides, x.size))]
 

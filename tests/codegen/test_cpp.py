@@ -112,3 +112,9 @@ def test_complex_tensors_run_as_aten_calls_without_falling_back():
     x, y = torch.randn(4, 3, dtype=torch.complex64), torch.randn(4, 3)
     torch.testing.assert_close(fn(x, y), ((x * 2).abs() + y).softmax(-1))
     assert not fallback.FALLBACKS
+
+
+def test_reshaping_an_empty_tensor():
+    x = torch.randn(1, 0, 1, 1)
+    out, _ = compiled(lambda x: torch.nn.functional.pixel_shuffle(x, 1) + 1, x)
+    assert out.shape == (1, 0, 1, 1)
