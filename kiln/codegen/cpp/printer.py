@@ -1,4 +1,5 @@
-"""The ops protocol printed as C++: each op appends one `auto tmpN = ...;` line to the body.
+"""C++ spellings of the ops protocol's scalar ops, the C type of each dtype, constants and index
+expressions; kiln/codegen/cpp/body.py prints loop bodies with them (and lane by lane in vectors).
 
 Values are computed in the IR's dtypes; C++ types come from `CTYPES`. Index expressions are
 sympy, printed by `cpp_index` (non-negative, so `/` and `%` are floor division and modulo).
@@ -87,58 +88,3 @@ def cpp_constant(value: Any, dtype: torch.dtype) -> str:
             return f"{'-' if value < 0 else ''}std::numeric_limits<{ctype}>::infinity()"
         return f"{ctype}({value!r})"
     return f"{ctype}({int(value)}L)"
-
-
-class CppPrinter:
-    """Prints one loop body; `buffers` maps buffer names to C++ pointer names."""
-
-    def __init__(self, buffers: dict[str, str], offsets: dict[str, sympy.Expr] | None = None) -> None:
-        # Pointers are passed at each tensor's first element, so storage offsets are taken out.
-        self.buffers, self.offsets = buffers, offsets or {}
-        self.lines: list[str] = []
-        self._count = 0
-        self.reduced: tuple[str, torch.dtype, str] | None = None  # (type, dtype, value) of the body
-
-    def _emit(self, expr: str) -> str:
-        name = f"tmp{self._count}"
-        self._count += 1
-        self.lines.append(f"auto {name} = {expr};")
-        return name
-
-    def __getattr__(self, name: str) -> Any:
-        if name in _UNARY:
-            return lambda x: self._emit(_UNARY[name].format(x))
-        if name in _BINARY:
-            return lambda a, b: self._emit(_BINARY[name].format(a, b))
-        raise AttributeError(name)
-
-    def load(self, buffer: str, index: sympy.Expr) -> str:
-        index = sympy.sympify(index) - self.offsets.get(buffer, 0)
-        return self._emit(f"{self.buffers[buffer]}[{cpp_index(index)}]")
-
-    def store(self, buffer: str, index: sympy.Expr, value: str) -> None:
-        self.lines.append(f"{self.buffers[buffer]}[{cpp_index(index)}] = {value};")
-
-    def constant(self, value: Any, dtype: torch.dtype) -> str:
-        return self._emit(cpp_constant(value, dtype))
-
-    def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> str:
-        return self._emit(f"static_cast<{CTYPES[dtype]}>({cpp_index(expr)})")
-
-    def to_dtype(self, value: str, dtype: torch.dtype) -> str:
-        return self._emit(f"static_cast<{CTYPES[dtype]}>({value})")
-
-    def indirect_indexing(self, value: str, size: Any) -> sympy.Symbol:
-        # Out-of-range indices are clamped (memory stays safe) and flagged; the wrapper raises.
-        name = f"ind{self._count}"
-        self._count += 1
-        self.lines.append(f"int64_t {name} = kiln_index(static_cast<int64_t>({value}), {cpp_index(sympy.sympify(size))});")
-        return sympy.Symbol(name, integer=True)
-
-    def where(self, condition: str, if_true: str, if_false: str) -> str:
-        return self._emit(f"({condition} ? {if_true} : {if_false})")
-
-    def reduction(self, reduction_type: str, dtype: torch.dtype, value: str) -> str:
-        # The kernel folds `value` into its accumulator; the body's result is the accumulator.
-        self.reduced = (reduction_type, dtype, value)
-        return "acc"
