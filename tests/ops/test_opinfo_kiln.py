@@ -20,29 +20,30 @@ SAMPLES_PER_OP = 3
 
 FORWARD_GENERATED = [
     # pointwise, type promotion (scalars, int and bool results), conversions
-    "add", "sub", "mul", "div.no_rounding_mode", "true_divide", "rsub", "exp", "log", "sin", "tanh", "sigmoid",
-    "rsqrt", "abs", "neg", "pow", "atan2", "maximum", "max.binary", "eq", "lt", "logical_and", "logical_not",
-    "where", "masked_fill", "addcmul", "lerp", "nn.functional.relu", "nn.functional.gelu", "nn.functional.silu",
-    "long", "bool",
-    # reductions
-    "norm", "linalg.vector_norm", "nn.functional.rms_norm",
-    # views and layout
+    "add", "sub", "mul", "div.no_rounding_mode", "div.floor_rounding", "true_divide", "rsub", "remainder", "exp",
+    "log", "sin", "tanh", "sigmoid", "rsqrt", "abs", "neg", "pow", "atan2", "maximum", "max.binary", "eq", "lt",
+    "logical_and", "logical_not", "where", "masked_fill", "clamp", "addcmul", "lerp", "nn.functional.relu",
+    "nn.functional.gelu", "nn.functional.silu", "nn.functional.hardtanh", "long", "bool",
+    # reductions, normalizations, a loss
+    "sum", "mean", "amax", "prod", "var", "any", "argmax", "max.reduction_with_dim", "logsumexp", "softmax", "norm",
+    "linalg.vector_norm", "nn.functional.layer_norm", "nn.functional.rms_norm", "nn.functional.cross_entropy",
+    # views, layout, concatenation, padding
     "view", "reshape", "permute", "transpose", "expand", "squeeze", "unsqueeze", "flatten", "t", "select", "slice",
-    "movedim", "unbind", "unflatten", "contiguous",
+    "movedim", "unbind", "unflatten", "contiguous", "cat", "stack", "chunk", "flip", "nn.functional.pad.constant",
+    # indexing
+    "gather", "nn.functional.embedding",
     # library kernels (GEMM) around generated code
     "mm", "nn.functional.linear",
 ]
-FORWARD_COMPILED = [
-    "clamp", "cat", "stack", "chunk", "index_select", "gather", "nn.functional.embedding", "softmax",
-    "nn.functional.layer_norm", "argmax", "var", "max.reduction_with_dim",
-]
+FORWARD_COMPILED = ["index_select", "index_add", "scatter_add", "cumsum", "diagonal"]
 # Not pow: an integer power by a tensor exponent stays an ATen call (exactness; see pointwise.pow_).
 INT64_GENERATED = ["add", "sub", "mul", "maximum", "eq", "where", "masked_fill", "abs"]
 BACKWARD_GENERATED = [
-    "add", "mul", "exp", "tanh", "sigmoid", "pow", "where", "nn.functional.gelu", "nn.functional.silu",
-    "permute", "reshape", "transpose", "linalg.vector_norm", "nn.functional.rms_norm", "mm",
+    "add", "mul", "exp", "tanh", "sigmoid", "pow", "where", "clamp", "nn.functional.gelu", "nn.functional.silu",
+    "permute", "reshape", "transpose", "cat", "sum", "amax", "softmax", "linalg.vector_norm",
+    "nn.functional.layer_norm", "nn.functional.rms_norm", "mm",
 ]
-BACKWARD_COMPILED = ["clamp", "cat", "index_select", "softmax"]
+BACKWARD_COMPILED = ["index_select", "gather", "nn.functional.embedding", "nn.functional.cross_entropy"]
 
 
 def _ops() -> dict:
