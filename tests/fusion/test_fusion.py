@@ -87,6 +87,17 @@ def test_siblings_over_the_same_range_share_one_loop():
     assert len(kernel.members) == 2 and kernel.vectorizes_outer
 
 
+def test_a_zero_dim_kernel_keeps_a_shared_value_in_one_register():
+    # atan2's backward: 1 / (a² + b²), shared by both gradients, is computed once into a local.
+    def fn(a, b):
+        shared = torch.where(a * a + b * b == 0, 0.0, (a * a + b * b).reciprocal()).exp().sin()
+        return a * shared, -b * shared
+
+    _, program = compiled(fn, torch.tensor(0.3), torch.tensor(-1.2))
+    (kernel,) = program.schedule.kernels
+    assert kernel.locals and len(kernel.members) == 3
+
+
 def test_pointwise_and_reductions_are_vectorized():
     _, program = compiled(lambda x: (x * 2 + 1, x.sum(-1)), torch.randn(8, 64))
     assert all(program.vectorized.values()) and program.vectorized

@@ -203,7 +203,7 @@ class KernelPrinter:
             body = self._body(nest, None)
             for line in body.lines:
                 self._emit(line, depth + 1)
-            self._result(nest, body.result, depth + 1, False)
+            self._result(nest, body.result, depth + 1, False, declare_local=False)  # declared above
         elif nest.is_reduction:
             self._reduction(nest, inner, depth + 1)
         else:
