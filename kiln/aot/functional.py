@@ -21,8 +21,20 @@ def functional_mode() -> Iterator[None]:
     # Functionalization must be the innermost layer, under the tracer; the C++ key is excluded
     # so that only the Python mode does it.
     no_cpp = torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize))
-    with enable_python_dispatcher(), no_cpp, FunctionalTensorMode():
+    with enable_python_dispatcher(), no_cpp, FunctionalTensorMode() as mode:
+        _seed_effect_tokens(mode)
         yield
+
+
+def _seed_effect_tokens(mode: FunctionalTensorMode) -> None:
+    """Ops with side effects (linear algebra's error checks) are kept in order by a token that
+    each `with_effects` call takes and returns. The first token is made in the traced program
+    itself, an empty tensor, so the graph's signature is unchanged; a graph without such ops
+    loses it to dead-code elimination."""
+    from torch._higher_order_ops.effects import _EffectType
+
+    for effect in _EffectType:
+        mode._tokens[effect] = torch.empty(0)  # made under the mode, so already functional
 
 
 def to_functional(value: Any) -> Any:

@@ -31,6 +31,11 @@ def functionalized(fn: Callable[..., Sequence[Any]], sig: Signature) -> Callable
     return run
 
 
+def has_side_effects(node: fx.Node) -> bool:
+    """Kept though nothing reads its result: a `with_effects` call (an error check that raises)."""
+    return node.is_impure() or node.target is torch.ops.higher_order.with_effects
+
+
 def _rename_placeholders(gm: fx.GraphModule, names: list[str]) -> fx.GraphModule:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, name in zip(placeholders, names):
@@ -43,7 +48,7 @@ def _trace(fn: Callable, fake_args: Sequence[Any], fake_mode: Any) -> fx.GraphMo
     with fake_mode, enable_python_dispatcher():
         gm = make_fx(fn, decomposition_table=decomposition_table())(*fake_args)
     # make_fx leaves a pytree output spec; kiln's contract is a flat tuple, which it already is.
-    gm.graph.eliminate_dead_code()
+    gm.graph.eliminate_dead_code(is_impure_node=has_side_effects)
     gm.recompile()
     return gm
 

@@ -84,3 +84,24 @@ def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: torch.dtype | N
 def iota(length: int, *, start: int, step: int, dtype: torch.dtype, device: Any, requires_grad: bool) -> TensorValue:
     _on_cpu(device)
     return _range(length, start, step, dtype)
+
+
+# Uninitialized tensors: any contents are right, and zeros cost one store per element (nothing at
+# all where a later op overwrites them before anything reads them, once fused).
+@register_lowering(aten.empty.memory_format)
+def empty(size: Any, *, dtype: torch.dtype | None = None, layout=None, device=None, pin_memory=None,
+          memory_format=None) -> TensorValue:
+    _on_cpu(device, layout)
+    return filled(size, 0, dtype or torch.get_default_dtype())
+
+
+@register_lowering(aten.empty_permuted.default)
+def empty_permuted(size: Any, physical_layout: Any, *, dtype: torch.dtype | None = None, layout=None, device=None,
+                   pin_memory=None) -> TensorValue:
+    return empty(size, dtype=dtype, layout=layout, device=device)
+
+
+@register_lowering(aten.new_empty_strided.default)
+def new_empty_strided(x: TensorValue, size: Any, stride: Any, *, dtype: torch.dtype | None = None, layout=None,
+                      device=None, pin_memory=None) -> TensorValue:
+    return empty(size, dtype=dtype or x.dtype, layout=layout, device=device)

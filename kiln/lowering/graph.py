@@ -51,9 +51,15 @@ class Program:
 
     @property
     def externs(self) -> list[ExternStep]:
-        """ATen calls that compute something (as_strided views of buffers, which only describe
-        memory, are not counted)."""
-        return [s for s in self.steps if isinstance(s, ExternStep) and s.op is not torch.ops.aten.as_strided.default]
+        """ATen calls that compute something (not the bindings of `binds_memory`)."""
+        return [s for s in self.steps if isinstance(s, ExternStep) and not binds_memory(s)]
+
+
+def binds_memory(step: ExternStep) -> bool:
+    """An extern step that computes nothing: an as_strided view of a buffer (how a strided view
+    reaches an extern), or the alias that names a tensor the graph module holds (a constant)."""
+    aten = torch.ops.aten
+    return step.op is aten.as_strided.default or (step.op is aten.alias.default and isinstance(step.args[0], torch.Tensor))
 
 
 def _layout_of(val: torch.Tensor) -> Layout:

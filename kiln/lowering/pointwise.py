@@ -78,11 +78,25 @@ register_pointwise("mul", aten.mul.Tensor, aten.mul.Scalar)
 register_pointwise("truediv", aten.div.Tensor, aten.div.Scalar, kind=_FLOAT)
 
 
+# Small constant exponents as products and roots, as eager's kernel computes them: exact where
+# a general pow (exp·log) would be off by an ulp, which then differs from eager (T5's variance,
+# x.pow(2).mean(), decides ReLU masks downstream).
+_EXACT_POWERS = {
+    2: lambda x: ops.mul(x, x),
+    3: lambda x: ops.mul(ops.mul(x, x), x),
+    0.5: lambda x: ops.sqrt(x),
+    -0.5: lambda x: ops.rsqrt(x),
+    -1: lambda x: ops.reciprocal(x),
+    -2: lambda x: ops.reciprocal(ops.mul(x, x)),
+}
+
+
 @register_lowering(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar)
 def pow_(base: Any, exponent: Any) -> TensorValue:
     dtype = promoted_dtypes([base, exponent], Kind.BOOL_TO_LONG)[1]
     if dtype.is_floating_point:
-        return pointwise("pow", [base, exponent], Kind.BOOL_TO_LONG)
+        exact = _EXACT_POWERS.get(exponent) if isinstance(base, TensorValue) and type(exponent) in (int, float) else None
+        return pointwise(exact or "pow", [base] if exact else [base, exponent], Kind.BOOL_TO_LONG)
     # Integer powers must be exact (std::pow goes through double): small constant exponents only.
     if not isinstance(exponent, int) or isinstance(exponent, bool) or not 0 <= exponent <= 8:
         raise NotImplementedError("an integer power by a tensor or a large exponent")

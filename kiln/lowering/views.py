@@ -131,3 +131,62 @@ def alias(x: TensorValue, **kwargs) -> TensorValue:
     # A clone (or a lifted constant's copy) is a fresh buffer only once realized; as a value it
     # reads the same elements.
     return x
+
+
+@register_lowering(aten.diagonal.default)
+def diagonal(x: TensorValue, offset: int = 0, dim1: int = 0, dim2: int = 1) -> TensorValue:
+    """The diagonal of dims (dim1, dim2) as a last dim: element k reads (k + row0, k + col0)."""
+    dim1, dim2 = _dim(dim1, x.rank), _dim(dim2, x.rank)
+    if dim1 == dim2:
+        raise NotImplementedError("diagonal of a dim with itself")  # eager raises; so does the extern
+    row0, col0 = max(-offset, 0), max(offset, 0)
+    length = sympy.Max(sympy.Min(x.size[dim1] - row0, x.size[dim2] - col0), 0)
+    kept = [d for d in range(x.rank) if d not in (dim1, dim2)]
+
+    def index_map(idx):
+        source = [sympy.Integer(0)] * x.rank
+        for d, i in zip(kept, idx):
+            source[d] = i
+        source[dim1], source[dim2] = idx[-1] + row0, idx[-1] + col0
+        return source
+
+    def restride(lay):
+        start = lay.offset + row0 * lay.stride[dim1] + col0 * lay.stride[dim2] if length != 0 else lay.offset
+        return [lay.stride[d] for d in kept] + [lay.stride[dim1] + lay.stride[dim2]], start
+
+    return _view(x, [x.size[d] for d in kept] + [length], index_map, restride)
+
+
+@register_lowering(aten.unfold.default)
+def unfold(x: TensorValue, dimension: int, size: int, step: int) -> TensorValue:
+    """Windows of `size` elements every `step` along `dimension`, as a new last dim."""
+    if x.rank == 0:
+        return _view(x, [size], lambda idx: [], lambda lay: ([1], lay.offset))
+    dim = _dim(dimension, x.rank)
+    windows = FloorDiv(x.size[dim] - size, step) + 1
+    return _view(x, [*x.size[:dim], windows, *x.size[dim + 1 :], size],
+                 lambda idx: idx[:dim] + [idx[dim] * step + idx[-1]] + idx[dim + 1 : -1],
+                 lambda lay: ([*lay.stride[:dim], lay.stride[dim] * step, *lay.stride[dim + 1 :], lay.stride[dim]], lay.offset))
+
+
+# The *_copy variants return a new tensor with the view's values: the same value, realized only
+# where something needs memory.
+register_lowering(aten.view_copy.default)(view)
+register_lowering(aten.permute_copy.default)(permute)
+register_lowering(aten.expand_copy.default)(lambda x, size, *, implicit=False: expand(x, size))
+register_lowering(aten.diagonal_copy.default)(diagonal)
+register_lowering(aten.unfold_copy.default)(unfold)
+
+
+@register_lowering(aten.narrow_copy.default, aten.narrow.default)
+def narrow(x: TensorValue, dim: int, start: int, length: int) -> TensorValue:
+    start = start + x.size[_dim(dim, x.rank)] if start < 0 else start
+    return slice_(x, dim, start, start + length)
+
+
+@register_lowering(aten.unbind_copy.int, aten.unbind.int)
+def unbind(x: TensorValue, dim: int = 0) -> tuple[TensorValue, ...]:
+    length = x.size[_dim(dim, x.rank)]
+    if not length.is_Integer:
+        raise NotImplementedError("unbind of a symbolic number of slices")
+    return tuple(select(x, dim, k) for k in range(int(length)))

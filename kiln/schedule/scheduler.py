@@ -10,7 +10,7 @@ from torch.utils import _pytree as pytree
 
 from kiln.ir.analysis import ReadsWrites, run
 from kiln.ir.nodes import Buffer
-from kiln.lowering.graph import ComputeStep, ExternStep, Program
+from kiln.lowering.graph import ComputeStep, ExternStep, Program, binds_memory
 from kiln.schedule.fusion import FusedKernel, KernelBuilder
 from kiln.schedule.loop_order import ordered_nest
 from kiln.schedule.memory import MemoryPlan, plan_memory
@@ -29,7 +29,8 @@ class Schedule:
 
     @property
     def externs(self) -> list[ExternStep]:
-        return [s for s in self.steps if isinstance(s, ExternStep)]
+        """ATen calls that compute something (as `Program.externs`)."""
+        return [s for s in self.steps if isinstance(s, ExternStep) and not binds_memory(s)]
 
 
 def _extern_reads(step: ExternStep) -> list[str]:
