@@ -272,7 +272,7 @@ static inline double spherical_bessel_j0(double x) {
 }
 
 // --- orthogonal polynomials of integer degree n (eager truncates n; n < 0 gives 0) -------------
-static inline int64_t degree(double n) { return n >= 0 && n < 9e18 ? static_cast<int64_t>(n) : -1; }
+static inline int64_t degree(double n) { return std::fabs(n) < 9e18 ? static_cast<int64_t>(n) : -1; }  // -0.5 -> 0
 
 // p_n from p_0 = 1, p_1 and p_(k+1) = step(k, p_(k-1), p_k).
 template <typename Step> static inline double recurrence(double n_value, double p1, Step step) {
