@@ -14,7 +14,7 @@ import torch
 
 from kiln.ir.indexing import FloorDiv
 from kiln.ir.nodes import Node, Reduction
-from kiln.ir.ops import BINARY_OPS, UNARY_OPS, use_handler
+from kiln.ir.ops import BINARY_OPS, SPECIAL_FUNCTION_BINARY_OPS, SPECIAL_FUNCTION_UNARY_OPS, UNARY_OPS, use_handler
 
 _UNARY: dict[str, Callable] = {name: getattr(torch, name) for name in UNARY_OPS}
 _BINARY: dict[str, Callable] = {name: getattr(torch, name) for name in BINARY_OPS if hasattr(torch, name)}
@@ -22,6 +22,17 @@ _BINARY.update(
     add=torch.add, sub=torch.sub, mul=torch.mul, truediv=torch.true_divide,
     floordiv=lambda a, b: torch.div(a, b, rounding_mode="floor"),
 )  # fmt: skip
+
+
+def _special(name: str) -> Callable:
+    return getattr(torch.special, name, None) or getattr(torch, name)
+
+
+# The special functions: torch.special's (or torch's) function of the same name.
+_UNARY.update({name: _special(name) for name in SPECIAL_FUNCTION_UNARY_OPS if not name.startswith("frexp")})
+_UNARY.update(frexp_mantissa=lambda x: torch.frexp(x).mantissa, frexp_exponent=lambda x: torch.frexp(x).exponent)
+_BINARY.update({name: _special(name) for name in SPECIAL_FUNCTION_BINARY_OPS if name != "polygamma"})
+_BINARY.update(polygamma=lambda n, x: torch.special.polygamma(int(n), x))  # n is a constant
 _REDUCE: dict[str, Callable] = {
     "sum": lambda v, dims: v.sum(dims),
     "prod": lambda v, dims: v.flatten(-len(dims)).prod(-1),

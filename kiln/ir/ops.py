@@ -34,6 +34,21 @@ BINARY_OPS = (
     "fmod", "hypot", "copysign", "bitwise_and", "bitwise_or", "bitwise_xor",
     "bitwise_left_shift", "bitwise_right_shift",
 )  # fmt: skip
+# Special functions, float only, each meaning its torch.special (or torch) function: polygamma's
+# first operand is the order n, the polynomials' second the degree n (truncated to an integer).
+# frexp_mantissa and frexp_exponent are torch.frexp's two results (the exponent is int32).
+SPECIAL_FUNCTION_UNARY_OPS = (
+    "digamma", "erfinv", "erfcx", "ndtri", "i0", "i0e", "i1", "i1e", "bessel_j0", "bessel_j1",
+    "bessel_y0", "bessel_y1", "modified_bessel_k0", "modified_bessel_k1", "scaled_modified_bessel_k0",
+    "scaled_modified_bessel_k1", "airy_ai", "spherical_bessel_j0", "frexp_mantissa", "frexp_exponent",
+)  # fmt: skip
+SPECIAL_FUNCTION_BINARY_OPS = (
+    "polygamma", "zeta", "igamma", "igammac", "nextafter",
+    "chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w",
+    "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
+    "shifted_chebyshev_polynomial_w", "hermite_polynomial_h", "hermite_polynomial_he",
+    "laguerre_polynomial_l", "legendre_polynomial_p",
+)  # fmt: skip
 # Ops with their own signatures:
 #   load(buffer_name, index) -> value          store(buffer_name, index, value) -> None
 #   constant(value, dtype) -> value             index_expr(expr, dtype) -> value
@@ -47,7 +62,7 @@ SPECIAL_OPS = ("load", "store", "constant", "index_expr", "to_dtype", "where", "
 # NaN counting as the largest and the smallest, as in eager. Their dtype is int64.
 REDUCTION_TYPES = ("sum", "prod", "max", "min", "any", "all", "argmax", "argmin")
 
-ALL_OPS = UNARY_OPS + BINARY_OPS + SPECIAL_OPS
+ALL_OPS = UNARY_OPS + BINARY_OPS + SPECIAL_FUNCTION_UNARY_OPS + SPECIAL_FUNCTION_BINARY_OPS + SPECIAL_OPS
 
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("kiln_ops_handler", default=None)
 

@@ -7,7 +7,7 @@ import functools
 from pathlib import Path
 
 INCLUDE = Path(__file__).parent / "include"
-HEADERS = ["kiln_scalar.h", "kiln_vec.h", "kiln_half.h", "kiln_vec_math.h"]
+HEADERS = ["kiln_scalar.h", "kiln_vec.h", "kiln_half.h", "kiln_vec_math.h", "kiln_special.h"]
 
 
 @functools.cache

@@ -13,6 +13,7 @@ import sympy
 import torch
 
 from kiln.ir.indexing import FloorDiv
+from kiln.ir.ops import SPECIAL_FUNCTION_BINARY_OPS, SPECIAL_FUNCTION_UNARY_OPS
 
 CTYPES = {
     torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
@@ -51,6 +52,13 @@ _BINARY = {
     "bitwise_right_shift": "(({1}) < 0 || ({1}) >= decltype({1})(8 * sizeof({0})) ? decltype({0})({0} < 0 ? -1 : 0)"
                            " : decltype({0})({0} >> ({1})))",
 }  # fmt: skip
+
+# The special functions of include/kiln_special.h compute in double; the result takes the value's
+# type back. frexp and nextafter work in the value's own type (their results depend on its bits).
+_UNARY.update({name: f"decltype({{0}})(kiln_{name}(double({{0}})))" for name in SPECIAL_FUNCTION_UNARY_OPS})
+_UNARY.update(frexp_mantissa="kiln_frexp_mantissa({0})", frexp_exponent="kiln_frexp_exponent({0})")
+_BINARY.update({name: f"decltype({{1}})(kiln_{name}(double({{0}}), double({{1}})))" for name in SPECIAL_FUNCTION_BINARY_OPS})
+_BINARY.update(nextafter="std::nextafter({0}, {1})")
 
 
 def cpp_index(expr: sympy.Expr) -> str:

@@ -1,0 +1,351 @@
+// Special functions of kiln's kernels. Each is computed in double from its mathematical definition
+// (power series, asymptotic expansions, three-term recurrences, continued fractions, quadrature)
+// and cast back to the value's type by the caller; poles, NaN and infinities follow eager PyTorch.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace kiln_special {
+constexpr double kPi = 3.14159265358979323846, kEulerGamma = 0.57721566490153286061;
+constexpr double kInf = std::numeric_limits<double>::infinity(), kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kEps = 1e-17;  // terms this much smaller than the sum no longer change a double
+
+// --- gamma family ---------------------------------------------------------------------------
+// psi(x) = ln x - 1/(2x) - sum B_2k / (2k x^2k), accurate to double for x >= 10.
+static inline double digamma_asymptotic(double x) {
+  static const double b[] = {1.0 / 12, -1.0 / 120, 1.0 / 252, -1.0 / 240, 1.0 / 132, -691.0 / 32760, 1.0 / 12};
+  double z = 1 / (x * x), p = z, s = 0;
+  for (double c : b) { s += c * p; p *= z; }
+  return std::log(x) - 0.5 / x - s;
+}
+
+static inline double digamma(double x) {
+  if (x == 0) return std::copysign(kInf, -x);
+  if (x < 0) {
+    if (x == std::floor(x)) return kNaN;  // the poles (and -inf)
+    // Reflection psi(x) = psi(1 - x) - pi / tan(pi x); tan has period pi, so reduce x first.
+    return digamma(1 - x) - kPi / std::tan(kPi * (x - std::trunc(x)));
+  }
+  double shift = 0;
+  for (; x < 10; x += 1) shift -= 1 / x;  // psi(x) = psi(x + 1) - 1/x
+  return shift + digamma_asymptotic(x);
+}
+
+// Hurwitz zeta(s, q) = sum_{k>=0} (q + k)^-s by Euler-Maclaurin summation: terms one by one until
+// q + k is large enough, then the integral of the rest and its Bernoulli corrections.
+static inline double zeta(double s, double q) {
+  if (s == 1) return kInf;
+  if (s < 1) return kNaN;
+  if (std::isinf(s)) return q == 1 ? 1 : q < 1 ? kInf : kNaN;  // eager's values
+  if (q <= 0) {
+    if (q == std::floor(q)) return kInf;  // a term (q + k)^-s with q + k == 0
+    if (s != std::floor(s)) return kNaN;  // a negative base to a fractional power
+  }
+  const double large = std::fmax(10, s);  // where the corrections below shrink quickly
+  double sum = 0, a = q;
+  for (; a < large; a += 1) {
+    double term = std::pow(a, -s);
+    sum += term;
+    // The rest is at most term * a / (s - 1): stop once it cannot matter (large s).
+    if (a > 1 && std::fabs(term) * (1 + (a + 1) / (s - 1)) <= kEps * std::fabs(sum)) return sum;
+  }
+  static const double b[] = {1.0 / 12, -1.0 / 720, 1.0 / 30240, -1.0 / 1209600, 1.0 / 47900160,
+                             -691.0 / 1307674368000, 1.0 / 74724249600, -3617.0 / 10670622842880000};
+  double power = std::pow(a, -s), tail = power * a / (s - 1) + power / 2;
+  double rising = s, x = power / a;  // s (s+1) ... (s + 2j - 2) and a^(-s - 2j + 1)
+  for (int j = 0; j < 8; ++j) {
+    double term = b[j] * rising * x;
+    tail += term;
+    if (std::fabs(term) <= kEps * std::fabs(sum + tail)) break;
+    rising *= (s + 2 * j + 1) * (s + 2 * j + 2);
+    x /= a * a;
+  }
+  return sum + tail;
+}
+
+// psi^(n)(x) = (-1)^(n+1) n! zeta(n + 1, x) for n >= 1.
+static inline double polygamma(double n, double x) {
+  if (n == 0) return digamma(x);
+  if (n == 1 && std::isinf(x)) return x > 0 ? 0 : kNaN;  // eager's trigamma; higher orders follow zeta
+  double sign = std::fmod(n, 2) == 1 ? 1 : -1;
+  return sign * std::exp(std::lgamma(n + 1)) * zeta(n + 1, x);
+}
+
+// Regularized incomplete gamma: P(a, x) by its power series where it converges fast (x < a + 1),
+// Q(a, x) = 1 - P by Legendre's continued fraction (Lentz's evaluation) elsewhere.
+static inline double gamma_prefactor(double a, double x) { return std::exp(a * std::log(x) - x - std::lgamma(a)); }
+
+static inline double igamma_series(double a, double x) {
+  double term = 1 / a, sum = term;
+  for (int n = 1; n < 5000 && std::fabs(term) > kEps * sum; ++n) { term *= x / (a + n); sum += term; }
+  return sum * gamma_prefactor(a, x);
+}
+
+static inline double igammac_fraction(double a, double x) {
+  const double tiny = 1e-300;
+  double b = x + 1 - a, c = 1 / tiny, d = 1 / b, h = d;
+  for (int i = 1; i < 5000; ++i) {
+    double an = -i * (i - a);
+    b += 2;
+    d = an * d + b; d = 1 / (std::fabs(d) < tiny ? tiny : d);
+    c = b + an / c; c = std::fabs(c) < tiny ? tiny : c;
+    h *= d * c;
+    if (std::fabs(d * c - 1) < 1e-16) break;
+  }
+  return h * gamma_prefactor(a, x);
+}
+
+// `upper` picks Q(a, x) instead of P(a, x).
+static inline double incomplete_gamma(double a, double x, bool upper) {
+  // The edge cases in eager's order (a NaN operand still gives a value where one of them decides).
+  if (a < 0 || x < 0) return kNaN;
+  if (a == 0) return x > 0 ? (upper ? 0 : 1) : kNaN;
+  if (x == 0) return upper ? 1 : 0;
+  if (std::isinf(a)) return std::isinf(x) ? kNaN : (upper ? 1 : 0);
+  if (std::isinf(x)) return upper ? 0 : 1;
+  if (a != a || x != x) return kNaN;
+  if (x < a + 1) { double p = igamma_series(a, x); return upper ? 1 - p : p; }
+  double q = igammac_fraction(a, x);
+  return upper ? q : 1 - q;
+}
+
+// --- error function family -------------------------------------------------------------------
+// exp(x^2) erfc(x); for large x the asymptotic series 1/(x sqrt(pi)) sum (-1)^k (2k-1)!! / (2x^2)^k.
+static inline double erfcx(double x) {
+  if (x < 10) return std::exp(x * x) * std::erfc(x);
+  double r = 1 / (2 * x * x), term = 1, sum = 1;
+  for (int k = 1; k < 14; ++k) { term *= -(2 * k - 1) * r; sum += term; }
+  return sum / (x * std::sqrt(kPi));
+}
+
+// Winitzki's closed form for erfinv(y), given L = ln(1 - y^2); relative error about 1e-3.
+static inline double erfinv_estimate(double L) {
+  const double a = 0.147, b = 2 / (kPi * a) + L / 2;
+  return std::sqrt(std::sqrt(b * b - L / a) - b);
+}
+
+// Halley's step for f(x) = g(x) - target, where g is erf or erfc: f'' = -2x f' for both.
+static inline double halley_step(double x, double f, double fprime) {
+  double newton = f / fprime;
+  return x - newton / (1 + x * newton);
+}
+
+// x >= 0 with erfc(x) = q, q in (0, 1]; solving with erfc keeps the tails accurate.
+static inline double inverse_erfc(double q) {
+  double x = erfinv_estimate(std::log(q) + std::log(2 - q));  // 1 - y^2 = q (2 - q)
+  for (int i = 0; i < 3; ++i) x = halley_step(x, std::erfc(x) - q, -2 / std::sqrt(kPi) * std::exp(-x * x));
+  return x;
+}
+
+static inline double erfinv(double y) {
+  if (!(std::fabs(y) < 1)) return std::fabs(y) == 1 ? std::copysign(kInf, y) : kNaN;
+  if (std::fabs(y) >= 0.5) return std::copysign(inverse_erfc(1 - std::fabs(y)), y);
+  double x = std::copysign(erfinv_estimate(std::log1p(-y * y)), y);
+  for (int i = 0; i < 3; ++i) x = halley_step(x, std::erf(x) - y, 2 / std::sqrt(kPi) * std::exp(-x * x));
+  return x;
+}
+
+// The standard normal quantile: Phi(x) = erfc(-x / sqrt 2) / 2 = p.
+static inline double ndtri(double p) {
+  if (!(p > 0 && p < 1)) return p == 0 ? -kInf : p == 1 ? kInf : kNaN;
+  return p < 0.5 ? -std::sqrt(2.0) * inverse_erfc(2 * p) : std::sqrt(2.0) * inverse_erfc(2 * (1 - p));
+}
+
+// --- Bessel functions of order 0 and 1 -------------------------------------------------------
+// The power series of J_n (sign -1) or I_n (sign +1), and the same terms weighted by
+// psi(k + 1) + psi(n + k + 1), which make the log-free part of Y_n or K_n.
+struct BesselSeries { double plain, weighted; };
+static inline BesselSeries bessel_series(int n, double x, double sign) {
+  double term = n ? x / 2 : 1, z = sign * x * x / 4, psi_a = -kEulerGamma, psi_b = n - kEulerGamma;
+  BesselSeries s{0, 0};
+  for (int k = 0; k < 300; ++k) {
+    s.plain += term;
+    s.weighted += (psi_a + psi_b) * term;
+    if (std::fabs(term) <= kEps * std::fabs(s.plain)) break;
+    psi_a += 1.0 / (k + 1);
+    psi_b += 1.0 / (k + 1 + n);
+    term *= z / ((k + 1.0) * (k + 1 + n));
+  }
+  return s;
+}
+
+// Hankel's expansion for large x: P = sum (-1)^k a_2k / x^2k, Q = sum (-1)^k a_2k+1 / x^2k+1 with
+// a_k = prod_{j<=k} (4n^2 - (2j-1)^2) / (k! 8^k); the terms are cut where they stop shrinking.
+// J_n = sqrt(2/(pi x)) (P cos chi - Q sin chi), Y_n = sqrt(2/(pi x)) (P sin chi + Q cos chi).
+static inline double bessel_hankel(int n, double x, bool y) {
+  double mu = 4.0 * n * n, term = 1, p = 1, q = 0, previous = kInf;
+  for (int k = 1; k < 60; ++k) {
+    term *= (mu - (2 * k - 1.0) * (2 * k - 1.0)) / (8 * k * x);
+    if (std::fabs(term) >= previous || std::fabs(term) < kEps) break;
+    previous = std::fabs(term);
+    double signed_term = (k / 2) % 2 ? -term : term;  // (-1)^floor(k/2)
+    (k % 2 ? q : p) += signed_term;
+  }
+  // chi = x - (n/2 + 1/4) pi, expanded so that only cos x and sin x of the exact x are needed.
+  double c = std::cos(x), s = std::sin(x), r = std::sqrt(0.5);
+  double cos_chi = n ? (s - c) * r : (c + s) * r, sin_chi = n ? -(s + c) * r : (s - c) * r;
+  return std::sqrt(2 / (kPi * x)) * (y ? p * sin_chi + q * cos_chi : p * cos_chi - q * sin_chi);
+}
+
+static inline double bessel_j(int n, double x) {
+  double ax = std::fabs(x), odd = n && x < 0 ? -1 : 1;  // J_1 is odd, J_0 even
+  if (ax != ax) return x;
+  if (ax >= 12) return std::isinf(ax) ? kNaN : odd * bessel_hankel(n, ax, false);  // NaN at inf as eager
+  return bessel_series(n, x, -1).plain;
+}
+
+static inline double bessel_y(int n, double x) {
+  if (!(x > 0)) return x == 0 ? -kInf : kNaN;
+  if (x >= 12) return std::isinf(x) ? kNaN : bessel_hankel(n, x, true);
+  BesselSeries s = bessel_series(n, x, -1);
+  return 2 / kPi * std::log(x / 2) * s.plain - (n ? 2 / (kPi * x) : 0) - s.weighted / kPi;
+}
+
+// I_n(x) scaled by exp(-|x|) when `scaled`: the series, or for large |x| the expansion
+// e^x / sqrt(2 pi x) sum (-1)^k a_k / x^k (a_k as in Hankel's).
+static inline double bessel_i(int n, double x, bool scaled) {
+  double ax = std::fabs(x), odd = n && x < 0 ? -1 : 1;
+  if (ax != ax) return x;
+  if (ax <= 30) return bessel_series(n, x, 1).plain * (scaled ? std::exp(-ax) : 1);
+  double mu = 4.0 * n * n, term = 1, sum = 1;
+  for (int k = 1; k < 60 && std::fabs(term) > kEps; ++k) { term *= -(mu - (2 * k - 1.0) * (2 * k - 1.0)) / (8 * k * ax); sum += term; }
+  double scale = scaled ? 1 : std::exp(ax / 2);  // e^x as two halves: finite for longer
+  return odd * scale * (sum / std::sqrt(2 * kPi * ax)) * scale;
+}
+
+// K_n(x) scaled by exp(x) when `scaled`. Small x: the series with the log term. Otherwise the
+// trapezoidal rule on K_n(x) e^x = int_0^inf exp(-x (cosh t - 1)) cosh(n t) dt, exact to double for
+// a step small beside the integrand's width (about 1/sqrt(x)).
+static inline double bessel_k(int n, double x, bool scaled) {
+  if (!(x > 0)) return x == 0 ? kInf : kNaN;
+  if (std::isinf(x)) return 0;
+  if (x <= 2) {
+    BesselSeries s = bessel_series(n, x, 1);
+    double k = (n ? std::log(x / 2) : -std::log(x / 2)) * s.plain + (n ? 1 / x - s.weighted / 2 : s.weighted / 2);
+    return scaled ? k * std::exp(x) : k;
+  }
+  double h = std::fmin(0.25, 0.5 / std::sqrt(x)), sum = 0.5;
+  for (int k = 1; k < 1000; ++k) {
+    double t = k * h, sinh_half = std::sinh(t / 2);
+    double term = std::exp(-2 * x * sinh_half * sinh_half) * (n ? std::cosh(t) : 1);  // cosh t - 1 = 2 sinh^2(t/2)
+    sum += term;
+    if (term <= kEps * sum) break;
+  }
+  return h * sum * (scaled ? 1 : std::exp(-x));
+}
+
+// Ai(x): the Maclaurin series Ai(0) f(x) + Ai'(0) g(x) for moderate |x|, else the asymptotic
+// expansions in zeta = (2/3)|x|^(3/2) with u_k = (6k-5)(6k-3)(6k-1) / ((2k-1) 216 k) u_(k-1).
+static inline double airy_ai(double x) {
+  if (!std::isfinite(x)) return kNaN;  // as eager, at both infinities
+  if (x >= 5 || x <= -8) {
+    double ax = std::fabs(x), zeta = 2.0 / 3 * ax * std::sqrt(ax), u = 1, term = 1, previous = kInf;
+    double even = 1, odd = 0, all = 1;  // the oscillating (x < 0) and decaying (x > 0) sums
+    for (int k = 1; k < 60; ++k) {
+      u *= (6 * k - 5.0) * (6 * k - 3) * (6 * k - 1) / ((2 * k - 1.0) * 216 * k);
+      term = u / std::pow(zeta, k);
+      if (term >= previous || term < kEps) break;
+      previous = term;
+      all += k % 2 ? -term : term;
+      (k % 2 ? odd : even) += (k / 2) % 2 ? -term : term;
+    }
+    double root = std::sqrt(kPi) * std::sqrt(std::sqrt(ax));
+    if (x > 0) return std::exp(-zeta) * all / (2 * root);
+    double phase = zeta + kPi / 4;
+    return (std::sin(phase) * even - std::cos(phase) * odd) / root;
+  }
+  const double ai0 = 0.355028053887817239, aip0 = -0.258819403792806798;
+  double x3 = x * x * x, f = 1, g = x, fs = 1, gs = x;
+  for (int k = 0; k < 200 && (std::fabs(f) > kEps * std::fabs(fs) || std::fabs(g) > kEps * std::fabs(gs)); ++k) {
+    f *= x3 / ((3 * k + 2.0) * (3 * k + 3));
+    g *= x3 / ((3 * k + 3.0) * (3 * k + 4));
+    fs += f;
+    gs += g;
+  }
+  return ai0 * fs + aip0 * gs;
+}
+
+static inline double spherical_bessel_j0(double x) {
+  if (std::isinf(x)) return 0;
+  return x == 0 ? 1 : std::sin(x) / x;
+}
+
+// --- orthogonal polynomials of integer degree n (eager truncates n; n < 0 gives 0) -------------
+static inline int64_t degree(double n) { return std::fabs(n) < 9e18 ? static_cast<int64_t>(n) : -1; }  // -0.5 -> 0
+
+// p_n from p_0 = 1, p_1 and p_(k+1) = step(k, p_(k-1), p_k).
+template <typename Step> static inline double recurrence(double n_value, double p1, Step step) {
+  int64_t n = degree(n_value);
+  if (n <= 0) return n == 0 ? 1 : 0;
+  double p = 1, q = p1;
+  for (int64_t k = 1; k < n && q == q; ++k) { double r = step(k, p, q); p = q; q = r; }
+  return q;
+}
+
+// Chebyshev polynomials: kind 0 = T, 1 = U, 2 = V, 3 = W. All share p_(k+1) = 2x p_k - p_(k-1);
+// for |x| < 1 and high degree, their closed forms in theta = acos x take O(1) time.
+static inline double chebyshev(int kind, double x, double n) {
+  if (std::fabs(x) < 1 && degree(n) > 8) {
+    double t = std::acos(x), m = static_cast<double>(degree(n));
+    if (kind == 0) return std::cos(m * t);
+    if (kind == 1) return std::sin((m + 1) * t) / std::sin(t);
+    if (kind == 2) return std::cos((m + 0.5) * t) / std::cos(t / 2);
+    return std::sin((m + 0.5) * t) / std::sin(t / 2);
+  }
+  double p1 = kind == 0 ? x : kind == 1 ? 2 * x : kind == 2 ? 2 * x - 1 : 2 * x + 1;
+  return recurrence(n, p1, [x](int64_t, double p, double q) { return 2 * x * q - p; });
+}
+
+static inline double hermite_h(double x, double n) {
+  return recurrence(n, 2 * x, [x](int64_t k, double p, double q) { return 2 * x * q - 2.0 * k * p; });
+}
+static inline double hermite_he(double x, double n) {
+  return recurrence(n, x, [x](int64_t k, double p, double q) { return x * q - double(k) * p; });
+}
+static inline double laguerre_l(double x, double n) {
+  return recurrence(n, 1 - x, [x](int64_t k, double p, double q) { return ((2.0 * k + 1 - x) * q - double(k) * p) / (k + 1.0); });
+}
+static inline double legendre_p(double x, double n) {
+  return recurrence(n, x, [x](int64_t k, double p, double q) { return ((2.0 * k + 1) * x * q - double(k) * p) / (k + 1.0); });
+}
+}  // namespace kiln_special
+
+// The spellings printer.py uses: each takes and returns doubles; the caller casts.
+static inline double kiln_digamma(double x) { return kiln_special::digamma(x); }
+static inline double kiln_polygamma(double n, double x) { return kiln_special::polygamma(n, x); }
+static inline double kiln_zeta(double s, double q) { return kiln_special::zeta(s, q); }
+static inline double kiln_igamma(double a, double x) { return kiln_special::incomplete_gamma(a, x, false); }
+static inline double kiln_igammac(double a, double x) { return kiln_special::incomplete_gamma(a, x, true); }
+static inline double kiln_erfinv(double x) { return kiln_special::erfinv(x); }
+static inline double kiln_erfcx(double x) { return kiln_special::erfcx(x); }
+static inline double kiln_ndtri(double x) { return kiln_special::ndtri(x); }
+static inline double kiln_i0(double x) { return kiln_special::bessel_i(0, x, false); }
+static inline double kiln_i0e(double x) { return kiln_special::bessel_i(0, x, true); }
+static inline double kiln_i1(double x) { return kiln_special::bessel_i(1, x, false); }
+static inline double kiln_i1e(double x) { return kiln_special::bessel_i(1, x, true); }
+static inline double kiln_bessel_j0(double x) { return kiln_special::bessel_j(0, x); }
+static inline double kiln_bessel_j1(double x) { return kiln_special::bessel_j(1, x); }
+static inline double kiln_bessel_y0(double x) { return kiln_special::bessel_y(0, x); }
+static inline double kiln_bessel_y1(double x) { return kiln_special::bessel_y(1, x); }
+static inline double kiln_modified_bessel_k0(double x) { return kiln_special::bessel_k(0, x, false); }
+static inline double kiln_modified_bessel_k1(double x) { return kiln_special::bessel_k(1, x, false); }
+static inline double kiln_scaled_modified_bessel_k0(double x) { return kiln_special::bessel_k(0, x, true); }
+static inline double kiln_scaled_modified_bessel_k1(double x) { return kiln_special::bessel_k(1, x, true); }
+static inline double kiln_airy_ai(double x) { return kiln_special::airy_ai(x); }
+static inline double kiln_spherical_bessel_j0(double x) { return kiln_special::spherical_bessel_j0(x); }
+static inline double kiln_chebyshev_polynomial_t(double x, double n) { return kiln_special::chebyshev(0, x, n); }
+static inline double kiln_chebyshev_polynomial_u(double x, double n) { return kiln_special::chebyshev(1, x, n); }
+static inline double kiln_chebyshev_polynomial_v(double x, double n) { return kiln_special::chebyshev(2, x, n); }
+static inline double kiln_chebyshev_polynomial_w(double x, double n) { return kiln_special::chebyshev(3, x, n); }
+static inline double kiln_shifted_chebyshev_polynomial_t(double x, double n) { return kiln_special::chebyshev(0, 2 * x - 1, n); }
+static inline double kiln_shifted_chebyshev_polynomial_u(double x, double n) { return kiln_special::chebyshev(1, 2 * x - 1, n); }
+static inline double kiln_shifted_chebyshev_polynomial_v(double x, double n) { return kiln_special::chebyshev(2, 2 * x - 1, n); }
+static inline double kiln_shifted_chebyshev_polynomial_w(double x, double n) { return kiln_special::chebyshev(3, 2 * x - 1, n); }
+static inline double kiln_hermite_polynomial_h(double x, double n) { return kiln_special::hermite_h(x, n); }
+static inline double kiln_hermite_polynomial_he(double x, double n) { return kiln_special::hermite_he(x, n); }
+static inline double kiln_laguerre_polynomial_l(double x, double n) { return kiln_special::laguerre_l(x, n); }
+static inline double kiln_legendre_polynomial_p(double x, double n) { return kiln_special::legendre_p(x, n); }
+// frexp works in the value's own type: the mantissa keeps its bits, the exponent is int32.
+template <typename T> static inline T kiln_frexp_mantissa(T x) { int e; return std::frexp(x, &e); }
+template <typename T> static inline int32_t kiln_frexp_exponent(T x) { int e = 0; std::frexp(x, &e); return std::isfinite(x) ? e : 0; }
