@@ -8,6 +8,7 @@ specialization is logged (`KILN_LOGS=recompiles`).
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Sequence
 
 import torch
@@ -33,20 +34,52 @@ def _signature(args: Sequence[Any]) -> tuple:
     return tuple((tuple(a.shape), tuple(a.stride()), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
 
 
+def _scalar_inputs(gm: fx.GraphModule) -> list[int]:
+    """Positions of the inputs whose value the graph reads as a Python number (`x.item()`, e.g. a
+    tensor start of narrow). A graph is specialized to those values too, so they are part of the
+    key. A number read from a computed tensor cannot be known before the graph runs: declined."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    positions = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten._local_scalar_dense.default:
+            source = node.args[0]
+            if source not in placeholders:
+                raise NotImplementedError("a size or index computed from tensor data inside the graph")
+            positions.append(placeholders.index(source))
+    return sorted(set(positions))
+
+
+def _with_values(gm: fx.GraphModule, values: dict[int, Any]) -> fx.GraphModule:
+    """A copy of `gm` where reading input k's value (`x.item()`) is the constant `values[k]`."""
+    if not values:
+        return gm
+    gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten._local_scalar_dense.default:
+            node.replace_all_uses_with(values[placeholders.index(node.args[0])])  # type: ignore[arg-type]
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
 class Specialized:
     """Calls `compile_static` on `gm` traced at each new set of argument sizes."""
 
     def __init__(self, gm: fx.GraphModule, compile_static: Callable[[fx.GraphModule, list], Callable]) -> None:
         self.gm, self.compile_static = gm, compile_static
+        self.scalar_inputs = _scalar_inputs(gm)
         self.compiled: dict[tuple, Callable] = {}
 
     def __call__(self, *args: Any) -> Any:
-        key = _signature(args)
+        values = tuple(args[i].item() for i in self.scalar_inputs)
+        key = (_signature(args), values)
         compiled = self.compiled.get(key)
         if compiled is None:
             sizes = [tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args]
-            logs.log("recompiles", "kiln backend: graph with symbolic sizes specialized to %s", sizes)
+            logs.log("recompiles", "kiln backend: graph with symbolic sizes specialized to %s%s", sizes,
+                     f" and input values {values}" if values else "")
             with torch.no_grad():
-                static = make_fx(self.gm, tracing_mode="fake")(*args)
+                static = make_fx(_with_values(self.gm, dict(zip(self.scalar_inputs, values))), tracing_mode="fake")(*args)
             compiled = self.compiled[key] = self.compile_static(static, list(args))
         return compiled(*args)
