@@ -168,3 +168,25 @@ def test_entry_point_names_the_backend():
 
     (ep,) = [e for e in entry_points(group="torch_dynamo_backends") if e.name == "kiln_aot_eager"]
     assert ep.load() is kiln_aot_eager
+
+
+def test_linalg_error_checks_stay_in_the_graph_and_raise():
+    # inv's error check is an effectful op: kept in order by a token, never dead-code eliminated.
+    fallback.reset()
+    fn = torch.compile(lambda a: torch.linalg.inv(a) * 2, backend="kiln")
+    a = torch.randn(3, 4, 4)
+    torch.testing.assert_close(fn(a), torch.linalg.inv(a) * 2)
+    with pytest.raises(torch.linalg.LinAlgError):
+        fn(torch.zeros(3, 4, 4))
+    assert not fallback.FALLBACKS
+
+
+def test_values_read_from_inputs_specialize_the_graph():
+    fallback.reset()
+    fn = lambda x, start, i: (torch.narrow(x, 1, start, 2) * 2, torch.take(x, i))  # noqa: E731
+    compiled = torch.compile(fn, backend="kiln")
+    x = torch.randn(5, 5, 5)
+    for start, i in [(2, 7), (-3, -1), (2, 0)]:
+        got, want = compiled(x, torch.tensor(start), torch.tensor(i)), fn(x, torch.tensor(start), torch.tensor(i))
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert not fallback.FALLBACKS

@@ -62,3 +62,23 @@ def test_backward_of_slices_and_cat_is_kernels():
         (grad,) = torch.autograd.grad(out.sum(), x)
         torch.testing.assert_close(grad, expected)
         assert not any(step.op in (aten.cat.default, aten.slice_scatter.default) for p in programs for step in p.externs)
+
+
+def test_diagonal_unfold_narrow_and_copies_are_views():
+    x = torch.randn(4, 5, 6)
+
+    def fn(x):
+        return (torch.diagonal(x, 1, 0, 2), torch.diagonal(x, -2, -1, 1), torch.diagonal(x, 9), x.unfold(2, 3, 2),
+                torch.narrow(x, 1, -3, 2), aten.narrow_copy(x, 2, 1, 4), aten.view_copy(x, [20, 6]),
+                aten.permute_copy(x, [2, 0, 1]), aten.unbind_copy(x, 1)[3], x[0].diagonal())
+
+    lowered = [aten.diagonal.default, aten.unfold.default, aten.narrow_copy.default, aten.view_copy.default,
+               aten.permute_copy.default, aten.unbind_copy.int]
+    programs = check(fn, x, lowered=lowered, exact=True)
+    assert not programs["cpp"].externs
+
+
+def test_empty_tensors_need_no_extern():
+    fn = lambda x: (torch.empty(3, 4).fill_(2.0) + x, torch.empty_like(x).copy_(x) * 3, x.new_empty((2, 4)).zero_())  # noqa: E731
+    programs = check(fn, torch.randn(3, 4), lowered=[aten.empty.memory_format, aten.empty_permuted.default])
+    assert not programs["cpp"].externs

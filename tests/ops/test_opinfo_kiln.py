@@ -33,11 +33,12 @@ FORWARD_GENERATED = [
     "view", "reshape", "permute", "transpose", "expand", "squeeze", "unsqueeze", "flatten", "t", "select", "slice",
     "movedim", "unbind", "unflatten", "contiguous", "cat", "stack", "chunk", "flip", "nn.functional.pad.constant",
     # indexing
-    "gather", "nn.functional.embedding",
+    "gather", "nn.functional.embedding", "take", "diagonal", "unfold", "narrow", "masked.sum", "empty_like",
+    "signal.windows.hann",
     # library kernels (GEMM) around generated code
     "mm", "nn.functional.linear",
 ]
-FORWARD_COMPILED = ["index_select", "index_add", "scatter_add", "cumsum", "diagonal"]
+FORWARD_COMPILED = ["index_select", "index_add", "scatter_add", "cumsum", "linalg.inv"]
 # Not pow: an integer power by a tensor exponent stays an ATen call (exactness; see pointwise.pow_).
 INT64_GENERATED = ["add", "sub", "mul", "maximum", "eq", "where", "masked_fill", "abs"]
 BACKWARD_GENERATED = [
