@@ -58,6 +58,8 @@ def unsqueeze(x: TensorValue, dim: int) -> TensorValue:
 
 @register_lowering(aten.squeeze.dims, aten.squeeze.dim)
 def squeeze(x: TensorValue, dims: int | Sequence[int]) -> TensorValue:
+    if x.rank == 0:
+        return x  # a 0-d tensor squeezed at dim 0 or -1 is itself
     dims = {_dim(d, x.rank) for d in ([dims] if isinstance(dims, int) else dims) if x.size[_dim(d, x.rank)] == 1}
     kept = [d for d in range(x.rank) if d not in dims]
 

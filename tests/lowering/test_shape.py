@@ -82,3 +82,9 @@ def test_empty_tensors_need_no_extern():
     fn = lambda x: (torch.empty(3, 4).fill_(2.0) + x, torch.empty_like(x).copy_(x) * 3, x.new_empty((2, 4)).zero_())  # noqa: E731
     programs = check(fn, torch.randn(3, 4), lowered=[aten.empty.memory_format, aten.empty_permuted.default])
     assert not programs["cpp"].externs
+
+
+def test_squeezing_a_zero_dim_tensor_keeps_it():
+    fn = lambda s: (aten.squeeze.dim(s * 2, 0), aten.squeeze.dims(s + 1, [-1]))  # noqa: E731
+    programs = check(fn, torch.tensor(1.5), lowered=[aten.squeeze.dim, aten.squeeze.dims])
+    assert not programs["cpp"].externs
