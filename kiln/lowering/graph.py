@@ -132,7 +132,10 @@ class GraphLowering:
         return result.then(value) if result.then else value
 
     def realize_reduction(self, result: ReductionResult) -> Buffer:
-        node = result.node
+        return self.realize_node(result.node)
+
+    def realize_node(self, node: Node) -> Buffer:
+        """A node (a reduction, a scatter) computed into a new contiguous buffer of its own."""
         buffer = Buffer(self._new_name(), Layout.contiguous(node.ranges, node.dtype))
         node.name = buffer.name
         self.program.steps.append(ComputeStep(buffer, node))

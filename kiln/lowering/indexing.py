@@ -77,15 +77,13 @@ def gather(x: TensorValue, dim: int, index: TensorValue, *, sparse_grad: bool = 
     return TensorValue(index.size, x.dtype, loader)
 
 
-@register_lowering(aten.index.Tensor)
-def index(x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
-    """`x[..., i, ..., j, ...]` with integer index tensors (None keeps a dim): the index tensors
-    broadcast together to one block of dims, which stands where they stood if they are adjacent,
-    else in front (NumPy's rule)."""
+def indexed_positions(x: TensorValue, indices: Sequence[TensorValue | None]):
+    """`x[..., i, ..., j, ...]` with integer index tensors (None keeps a dim): (the result's size,
+    `position(index)`: the element of `x` a result index reads, as one index expression per dim of
+    `x`). The index tensors broadcast together to one block of dims, which stands where they stood
+    if they are adjacent, else in front (NumPy's rule). Negative indices count from the end."""
     indices = list(indices) + [None] * (x.rank - len(indices))
     indexed = [d for d, t in enumerate(indices) if t is not None]
-    if not indexed:
-        return x
     for d in indexed:
         _integer_index(indices[d])
     block = broadcast_sizes(*(indices[d].size for d in indexed))
@@ -94,15 +92,23 @@ def index(x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
     adjacent = indexed == list(range(indexed[0], indexed[-1] + 1))
     lead = len([d for d in kept if d < indexed[0]]) if adjacent else 0
 
-    def loader(idx):
+    def position(idx):
         idx = list(idx)
         block_index = idx[lead : lead + len(block)]
         rest = iter(idx[:lead] + idx[lead + len(block) :])
-        source = [
+        return [
             next(rest) if indices[d] is None else ops.indirect_indexing(readers[d].loader(block_index), x.size[d])
             for d in range(x.rank)
         ]
-        return x.loader(source)
 
     size = [x.size[d] for d in kept]
-    return TensorValue(tuple(size[:lead] + list(block) + size[lead:]), x.dtype, loader)
+    return tuple(size[:lead] + list(block) + size[lead:]), position
+
+
+@register_lowering(aten.index.Tensor)
+def index(x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
+    """`x[..., i, ..., j, ...]` as an indirect load (see `indexed_positions`)."""
+    if all(t is None for t in indices):
+        return x
+    size, position = indexed_positions(x, indices)
+    return TensorValue(size, x.dtype, lambda idx: x.loader(position(idx)))

@@ -1,5 +1,5 @@
 """Importing this module fills the lowering table: one import per module of lowerings."""
 
 from kiln.lowering import (  # noqa: F401
-    bitwise, composite, creation, division, indexing, norms, pointwise, reductions, shape, softmax, views,
+    bitwise, composite, creation, division, indexing, norms, pointwise, reductions, scatter, shape, softmax, views,
 )

@@ -1,0 +1,110 @@
+"""Scatters as kiln code: index_put (and what decomposes to it), scatter, scatter_add,
+scatter_reduce, index_reduce and put, with duplicate and negative indices, against eager."""
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.kiln_backend import compiled, private_cache  # noqa: F401
+from tests.lowering.support import check, extern_ops, through, through_all
+
+aten = torch.ops.aten
+SCATTERS = [aten.index_put.default, aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter_add.default,
+            aten.scatter_reduce.two, aten.index_reduce.default, aten.put.default]
+
+
+def test_index_put_family_with_duplicate_negative_and_broadcast_indices():
+    x, v = torch.randn(6, 4), torch.randn(5, 4)
+    dup = torch.tensor([1, -1, 1, 0, 5])  # 1 twice, -1 is row 5: 5 twice
+    rows = torch.tensor([0, 2, -3])
+    fn = lambda x, v, dup, rows, xi: (  # noqa: E731
+        torch.index_put(x, (rows,), v[:3]),  # overwrite, negative index
+        torch.index_put(x, (dup,), v, accumulate=True),  # every duplicate sums
+        aten.index_put(x.t(), [None, dup], v[:1, 0], True),  # non-contiguous base, broadcast values
+        aten.index_put(x, [rows, rows.flip(0)], torch.tensor(2.0)),  # two index tensors, one value
+        x.index_add(0, dup.abs(), v, alpha=2), x.index_copy(0, rows.abs(), v[:3]), x.index_fill(1, rows, -1.5),
+        torch.index_put(xi, (dup,), xi[:5] * 3, accumulate=True),  # int64
+    )
+    check(fn, x, v, dup, rows, torch.randint(-9, 9, (6, 4)), lowered=SCATTERS)
+
+
+def test_scatter_family_with_duplicates_and_every_reduction():
+    x, src = torch.randn(5, 4), torch.randn(3, 4)
+    index = torch.tensor([[0, 4, 4, 1], [4, 4, 0, 1], [2, 4, 0, 1]])  # many duplicates per column
+    reductions = [(r, s) for r in ("sum", "prod", "mean", "amax", "amin") for s in (True, False)]
+    fn = lambda x, index, src, xi: (  # noqa: E731
+        x.scatter(1, index[:2, :2] % 4, src[:2, :2]), x.scatter(0, index, 2.5),
+        x.scatter(0, index, src, reduce="multiply"), x.t().scatter_add(1, index.t(), src.t()),
+        *[x.scatter_reduce(0, index, src, r, include_self=s) for r, s in reductions],
+        *[xi.scatter_reduce(0, index, xi[:3] * 7, r, include_self=s) for r in ("mean", "amax") for s in (True, False)],
+    )
+    check(fn, x, index, src, torch.randint(-9, 9, (5, 4)), lowered=SCATTERS, atol=1e-4, rtol=1e-4)
+
+
+def test_index_reduce_and_put():
+    x, src = torch.randn(5, 3), torch.randn(4, 3)
+    rows = torch.tensor([3, 0, 3, 3])
+    fn = lambda x, rows, src, flat: (  # noqa: E731
+        *[x.index_reduce(0, rows, src, r, include_self=s) for r in ("prod", "mean", "amax", "amin") for s in (True, False)],
+        x.put(flat[0], src[0]), x.put(flat, src[:2], accumulate=True),  # negative flat indices count from the end
+    )
+    check(fn, x, rows, src, torch.tensor([[1, -1, 7], [7, 7, -15]]), lowered=SCATTERS, atol=1e-4, rtol=1e-4)
+
+
+def test_boolean_mask_with_one_value_is_pointwise():
+    x = torch.randn(4, 5)
+    fn = lambda x, m: (aten.index_put(x, [m], torch.tensor(0.0)), aten.index_put(x, [None, m[0]], torch.tensor(1.0), True))  # noqa: E731
+    programs = check(fn, x, x > 0, lowered=SCATTERS)
+    assert not programs["cpp"].externs
+    # Values for each selected element: their positions depend on the data, an ATen call.
+    mask = torch.tensor([True, False, True, False])
+    out, program = through("cpp", lambda x, m, v: aten.index_put(x, [m], v), x, mask, torch.randn(5))
+    assert extern_ops(program) == {aten.index_put.default}
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, i: x.scatter(0, i.view(-1, 1).expand(-1, 3), 1.0),
+    lambda x, i: x.scatter_add(0, i.view(-1, 1).expand(-1, 3), torch.ones(3, 3)),
+    lambda x, i: x.index_reduce(0, i, torch.ones(3, 3), "amax"),
+    lambda x, i: torch.index_put(x, (i * 2,), torch.ones(3)),
+], ids=["scatter", "scatter_add", "index_reduce", "index_put"])
+def test_out_of_range_indices_raise_index_error(fn):
+    x, i = torch.randn(5, 3), torch.tensor([0, -1, 4])  # -1: out of range for scatter-style ops; 8 for index_put
+    with pytest.raises((IndexError, RuntimeError)):
+        fn(x, i)
+    with pytest.raises(IndexError):
+        through("cpp", fn, x, i)
+
+
+def _scatter_loops(source: str) -> str:
+    """The C++ after the initial copy: the scatter's own loops (`r` variables)."""
+    return source[source.index("for (int64_t r0"):] if "for (int64_t r0" in source else ""
+
+
+def test_accumulating_scatters_parallelize_only_disjoint_loops():
+    # An embedding's backward: 4096 rows of 64 into 1000 rows, many duplicates. Threads split the
+    # columns (disjoint writes), never the rows (duplicates would race).
+    weight, ids = torch.randn(1000, 64, requires_grad=True), torch.randint(0, 50, (4096,))
+    out, programs = through_all("cpp", lambda w, i: F.embedding(i, w), weight, ids)
+    grad = torch.randn(4096, 64)
+    out.backward(grad)
+    expected = torch.zeros(1000, 64).index_add_(0, ids, grad)
+    torch.testing.assert_close(weight.grad, expected, atol=1e-4, rtol=1e-4)
+    backward = programs[-1]
+    assert not extern_ops(backward) & set(SCATTERS)
+
+    x, flat = torch.zeros(64, 64), torch.randint(-100, 100, (200, 200))  # put: no disjoint loop at all
+    (result, program) = compiled(lambda x, i: x.put(i, torch.ones(200, 200), accumulate=True), x, flat)
+    torch.testing.assert_close(result[0] if isinstance(result, tuple) else result, x.put(flat, torch.ones(200, 200), accumulate=True))
+    put_loops = _scatter_loops(program.source)
+    assert put_loops and "omp" not in put_loops, put_loops
+
+    x, index = torch.zeros(10, 300), torch.randint(0, 10, (200, 300))
+    result, program = compiled(lambda x, i, s: x.scatter_add(0, i, s), x, index, torch.ones(200, 300))
+    torch.testing.assert_close(result[0] if isinstance(result, tuple) else result, x.scatter_add(0, index, torch.ones(200, 300)))
+    loops = _scatter_loops(program.source)
+    # Rows (r0) run in every thread; the columns (r1) are shared out by an `omp for`.
+    assert re.search(r"#pragma omp parallel\s*\{\s*for \(int64_t r0.*?#pragma omp for schedule\(static\) nowait\s*for \(int64_t r1",
+                     program.source, re.S), loops
