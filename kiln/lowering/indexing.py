@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import sympy
 import torch
 
 from kiln.ir.ops import ops
@@ -48,9 +49,13 @@ def embedding(weight: TensorValue, indices: TensorValue, padding_idx: int = -1, 
 
 @register_lowering(aten.index_select.default)
 def index_select(x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
-    if x.rank == 0:
-        raise NotImplementedError("index_select of a 0-d tensor")
     _integer_index(index)
+    if x.rank == 0:
+        def only_element(idx):
+            _unwrapped(index.loader([sympy.Integer(0)] * index.rank), 1)  # flags an index other than 0
+            return x.loader([])
+
+        return TensorValue((), x.dtype, only_element)
     dim = _dim(dim, x.rank)
     length = index.size[0] if index.rank else 1
 

@@ -96,23 +96,26 @@ def _add(dtype: torch.dtype, a: Any, b: Any) -> Any:
 
 
 def _masked_put(x: TensorValue, indices: list, values: TensorValue, accumulate: bool) -> TensorValue:
-    """`x[mask] = v` for one boolean mask over consecutive dims and one value (the common
-    `x[mask] = 0`): `where(mask, v, x)`, pointwise. A mask selects a data-dependent number of
-    elements, so values of more than one element would need their positions counted: those stay
-    an ATen call."""
+    """`x[mask] = v` for one boolean mask over consecutive dims `d..d+m` and values that are the
+    same for every selected element (`x[mask] = 0`, or one row for all selected rows):
+    `where(mask, v, x)`, pointwise. Values given per selected element would need the selected
+    positions counted (a data-dependent size): those stay an ATen call."""
     indexed = [d for d, t in enumerate(indices) if t is not None]
-    if len(indexed) != 1 or any(s != 1 for s in values.size):
-        raise NotImplementedError("index_put with a boolean mask and several index tensors or values")
+    if len(indexed) != 1:
+        raise NotImplementedError("index_put with a boolean mask beside other index tensors")
     d = indexed[0]
     mask = indices[d]
     if list(mask.size) != list(x.size[d : d + mask.rank]):
         raise NotImplementedError("index_put with a boolean mask of another size than the dims it covers")
-    value = as_dtype(values, x.dtype)
-    zeros = [sympy.Integer(0)] * values.rank
+    lead, trailing = list(x.size[:d]), list(x.size[d + mask.rank :])
+    selected_dim = values.rank - len(trailing) - 1  # where the count of selected elements stands
+    if selected_dim >= 0 and values.size[selected_dim] != 1:
+        raise NotImplementedError("index_put with a boolean mask and values for each selected element")
+    value = _values_at(values, [*lead, 1, *trailing], x.dtype)
 
     def loader(idx):
         selected = ops.to_dtype(mask.loader(list(idx[d : d + mask.rank])), torch.bool)
-        new = value.loader(zeros)
+        new = value.loader([*idx[:d], sympy.Integer(0), *idx[d + mask.rank :]])
         if accumulate:
             new = _add(x.dtype, x.loader(idx), new)
         return ops.where(selected, new, x.loader(idx))
@@ -179,9 +182,13 @@ def scatter_reduce(x: TensorValue, dim: int, index: TensorValue, src: TensorValu
 def index_reduce(x: TensorValue, dim: int, index: TensorValue, source: TensorValue, reduce: str, *,
                  include_self: bool = True) -> TensorValue:
     """Rows of `source` along `dim` reduced into the rows of `x` that `index` names."""
-    if x.rank == 0 or index.rank > 1 or source.rank != x.rank:
-        raise NotImplementedError("index_reduce of 0-d tensors")
+    if index.rank > 1 or source.rank != x.rank:
+        raise NotImplementedError("index_reduce with an index of more than one dim")
     _integer_index(index)
+    if x.rank == 0:  # as a tensor of one element
+        one = views.view(x, [1])
+        result = index_reduce(one, 0, index, views.view(source, [1]), reduce, include_self=include_self)
+        return views.view(result, [])
     dim = _dim(dim, x.rank)
     values = as_dtype(source, x.dtype)
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.aot.opinfo import CountingBackend
 from tests.kiln_backend import compiled, private_cache  # noqa: F401
 from tests.lowering.support import check, extern_ops, through, through_all
 
@@ -55,12 +56,15 @@ def test_index_reduce_and_put():
 
 def test_boolean_mask_with_one_value_is_pointwise():
     x = torch.randn(4, 5)
-    fn = lambda x, m: (aten.index_put(x, [m], torch.tensor(0.0)), aten.index_put(x, [None, m[0]], torch.tensor(1.0), True))  # noqa: E731
-    programs = check(fn, x, x > 0, lowered=SCATTERS)
+    rows = torch.tensor([True, False, True, False])
+    fn = lambda x, m, rows, row: (  # noqa: E731
+        aten.index_put(x, [m], torch.tensor(0.0)), aten.index_put(x, [None, m[0]], torch.tensor(1.0), True),
+        aten.index_put(x, [rows], row),  # one row for every selected row
+    )
+    programs = check(fn, x, x > 0, rows, torch.randn(5), lowered=SCATTERS)
     assert not programs["cpp"].externs
-    # Values for each selected element: their positions depend on the data, an ATen call.
-    mask = torch.tensor([True, False, True, False])
-    out, program = through("cpp", lambda x, m, v: aten.index_put(x, [m], v), x, mask, torch.randn(5))
+    # Values for each selected element: which one goes where depends on the data, an ATen call.
+    out, program = through("cpp", lambda x, m, v: aten.index_put(x, [m], v), x, rows, torch.randn(2, 5))
     assert extern_ops(program) == {aten.index_put.default}
 
 
@@ -108,3 +112,22 @@ def test_accumulating_scatters_parallelize_only_disjoint_loops():
     # Rows (r0) run in every thread; the columns (r1) are shared out by an `omp for`.
     assert re.search(r"#pragma omp parallel\s*\{\s*for \(int64_t r0.*?#pragma omp for schedule\(static\) nowait\s*for \(int64_t r1",
                      program.source, re.S), loops
+
+
+def test_data_dependent_sizes_run_without_endless_specialization():
+    # index_fill's autograd saves unique(index) (a data-dependent size) for its backward; a mask's
+    # gradient selects masked rows. Such graphs used to re-trace themselves forever; now the kernels
+    # around an extern of data-dependent size are kiln's, and a kernel over such a size runs through ATen.
+    x, value = torch.randn(4, 3), torch.tensor(2.0, requires_grad=True)
+    backend = CountingBackend("kiln")
+    out = torch.compile(lambda x, i, v: x.index_fill(0, i, v), backend=backend)(x, torch.tensor([1, 1, 3]), value)
+    out.sum().backward()
+    torch.testing.assert_close(out, x.index_fill(0, torch.tensor([1, 3]), 2.0))
+    assert value.grad.item() == 6.0  # two filled rows of three, duplicates counted once
+    assert len(backend.programs) == 2 and not any(aten.index_put.default in extern_ops(p) for p in backend.programs)
+
+    v = torch.randn(3, requires_grad=True)
+    compiled_fn = torch.compile(lambda x, m, v: aten.index_put(x, [m], v), backend="kiln")
+    mask = torch.tensor([True, False, True, True])
+    compiled_fn(x, mask, v).sum().backward()
+    torch.testing.assert_close(v.grad, torch.full((3,), 3.0))
