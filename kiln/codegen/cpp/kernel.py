@@ -5,6 +5,7 @@ tail. A graph's kernels are compiled together after `preamble.preamble()`."""
 from __future__ import annotations
 
 import math
+import re
 
 import sympy
 import torch
@@ -223,7 +224,13 @@ class KernelPrinter:
         with use_handler(body):
             target, value = node.scattered()
         flat = cpp_index(nest.buffer.layout.flat_index(target) - nest.buffer.layout.offset)
+        if 0 in sizes:
+            return  # no source element: nothing is written, and no index is checked (as eager)
         parallel = _disjoint_dim(target, symbols, sizes) if math.prod(sizes) >= PARALLEL_MIN_WORK else None
+        levels = _loop_levels(body.lines, symbols)
+        for line, level in zip(body.lines, levels):  # loop invariants (constants) go first
+            if level == 0:
+                self._emit(line, 1)
         depth = 1
         if parallel is not None and parallel > 0:
             self._emit("#pragma omp parallel", depth)
@@ -234,8 +241,9 @@ class KernelPrinter:
                 self._emit("#pragma omp parallel for" if d == 0 else "#pragma omp for schedule(static) nowait", depth)
             self._emit(f"for (int64_t {sym} = 0; {sym} < {size}L; ++{sym}) {{", depth)
             depth += 1
-        for line in body.lines:
-            self._emit(line, depth)
+            for line, level in zip(body.lines, levels):  # what depends on this loop and none inside it
+                if level == d + 1:
+                    self._emit(line, depth)
         self._emit(f"int64_t at = {flat};", depth)
         self._emit(f"{self.pointers[nest.name]}[at] = {_scatter_combine(node, 'at', value, self.pointers[nest.name])};", depth)
         self._close(depth, 1)
@@ -387,6 +395,24 @@ def _reduces_across_rows(kernel: FusedKernel) -> bool:
         return False
     last = sympy.Symbol(f"i{len(kernel.outer) - 1}", integer=True, nonnegative=True)
     return all(_unit_strides(m, last) > _unit_strides(m, m.node.reduction_vars()[-1]) for m in reductions)
+
+
+def _loop_levels(lines: list[str], symbols: list[sympy.Symbol]) -> list[int]:
+    """For each scalar body line (`auto t = expr;`), the loop it belongs in: 0 outside all loops,
+    d + 1 inside loop d, the innermost loop whose variable it uses directly or through earlier
+    lines. An embedding backward's row index is then read once per row, not once per element.
+    (Lines only read inputs, never the scatter's output, so moving them out of loops is safe.)"""
+    level_of = {str(s): d + 1 for d, s in enumerate(symbols)}
+    innermost, levels = len(symbols), []
+    for line in lines:
+        left, sep, right = line.partition(" = ")
+        if not sep:
+            levels.append(innermost)
+            continue
+        level = max((level_of.get(t, 0) for t in re.findall(r"[A-Za-z_]\w*", right)), default=0)
+        level_of[left.split()[-1]] = level
+        levels.append(level)
+    return levels
 
 
 _SCATTER_COMBINE = {None: "{v}", "sum": "{old} + {v}", "prod": "{old} * {v}", "max": "kiln_max({old}, {v})",
