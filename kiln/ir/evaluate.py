@@ -122,7 +122,8 @@ _SCATTER_REDUCE = {"prod": "prod", "max": "amax", "min": "amin"}
 def _evaluate_scatter(node: Scatter, storages: dict[str, torch.Tensor]) -> torch.Tensor:
     sizes, sources = [int(r) for r in node.ranges], [int(r) for r in node.source_ranges]
     with use_handler(TorchEvaluator(storages, _grid(node.index_vars(), sizes), ())):
-        out = torch.as_tensor(node.init()).to(node.dtype).expand(sizes).contiguous()
+        # A copy: a load may return a view of an input, which the writes below must not change.
+        out = torch.as_tensor(node.init()).to(node.dtype).expand(sizes).clone(memory_format=torch.contiguous_format)
     with use_handler(TorchEvaluator(storages, _grid(node.source_vars(), sources), ())) as handler:
         target, value = node.scattered()
         flat = torch.as_tensor(eval_index(Layout.contiguous(sizes, node.dtype).flat_index(target), handler.env))

@@ -69,9 +69,15 @@ def index_select(x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
 
 @register_lowering(aten.gather.default)
 def gather(x: TensorValue, dim: int, index: TensorValue, *, sparse_grad: bool = False) -> TensorValue:
-    if x.rank == 0 or index.rank != x.rank:
-        raise NotImplementedError("gather of 0-d tensors")
     _integer_index(index)
+    if x.rank == 0 and index.rank <= 1:  # the one element, for each (checked) index
+        def only_element(idx):
+            _unwrapped(index.loader(idx), 1)
+            return x.loader([])
+
+        return TensorValue(index.size, x.dtype, only_element)
+    if index.rank != x.rank:
+        raise NotImplementedError("gather with an index of another rank than the input")
     dim = _dim(dim, x.rank)
 
     def loader(idx):

@@ -125,11 +125,11 @@ def _masked_put(x: TensorValue, indices: list, values: TensorValue, accumulate: 
 
 # -- scatter-style ops: index has the source's rank, its value replaces one dim ----------------
 def _along(x: TensorValue, dim: int, index: TensorValue, value_at: Callable) -> tuple[tuple, TargetValue]:
+    _integer_index(index)
+    if x.rank == 0 and index.rank <= 1:  # the one element; each index must still be 0
+        return index.size, lambda idx: (_checked_scalar_target(index.loader(idx)), value_at(idx))
     if index.rank != x.rank:
         raise NotImplementedError("scatter with an index of another rank than self")
-    _integer_index(index)
-    if x.rank == 0:  # the one element; the index must still be 0 (or -1 is flagged)
-        return (), lambda idx: (_checked_scalar_target(index.loader(idx)), value_at(idx))
     dim = _dim(dim, x.rank)
 
     def target_value(idx):
@@ -146,8 +146,9 @@ def _checked_scalar_target(value: Any) -> list:
 
 
 def _source(src: TensorValue, dtype: torch.dtype) -> Callable:
+    """src read at the index's positions (a 0-d src, beside a 1-d index into a 0-d self, at [])."""
     src = as_dtype(src, dtype)
-    return lambda idx: src.loader(idx)
+    return lambda idx: src.loader(list(idx)[len(idx) - src.rank :] if src.rank else [])
 
 
 def _scalar(value: Any, dtype: torch.dtype) -> Callable:
