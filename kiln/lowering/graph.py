@@ -67,6 +67,18 @@ def _has_complex(node: fx.Node, args: tuple, kwargs: dict) -> bool:
     return any(getattr(v, "dtype", None) is not None and v.dtype.is_complex for v in values)
 
 
+def _has_data_dependent_sizes(node: fx.Node, args: tuple, kwargs: dict) -> bool:
+    """Sizes an earlier op computed from tensor values (nonzero, unique, masks) are symbols no
+    kernel can be generated for: ops over such tensors stay ATen calls, so the rest of the graph
+    is still kiln's. (Graphs whose inputs have symbolic sizes are traced again at concrete sizes
+    before they are lowered; see codegen/specialize.py.)"""
+    symbolic = lambda x: isinstance(x, torch.SymInt) or not sympy.sympify(x).is_Integer  # noqa: E731
+    for v in pytree.tree_leaves(node.meta.get("val")):
+        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(map(symbolic, (*v.shape, *v.stride())))):
+            return True
+    return any(isinstance(v, TensorValue) and any(map(symbolic, v.size)) for v in pytree.tree_leaves((args, kwargs)))
+
+
 class GraphLowering:
     """Walks an ATen fx graph once and builds its Program."""
 
@@ -111,7 +123,7 @@ class GraphLowering:
 
     def _call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         lowering = LOWERINGS.get(node.target)
-        if lowering is not None and not _has_complex(node, args, kwargs):
+        if lowering is not None and not _has_complex(node, args, kwargs) and not _has_data_dependent_sizes(node, args, kwargs):
             mark = len(self.program.steps)
             try:
                 result = lowering(*args, **kwargs)

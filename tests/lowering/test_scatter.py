@@ -123,8 +123,8 @@ def test_accumulating_scatters_parallelize_only_disjoint_loops():
 
 def test_data_dependent_sizes_run_without_endless_specialization():
     # index_fill's autograd saves unique(index) (a data-dependent size) for its backward; a mask's
-    # gradient selects masked rows. Such graphs used to re-trace themselves forever; now the kernels
-    # around an extern of data-dependent size are kiln's, and a kernel over such a size runs through ATen.
+    # gradient selects masked rows. Such graphs used to re-trace themselves forever; now ops over
+    # data-dependent sizes are ATen calls and the rest of the graph is kiln's.
     x, value = torch.randn(4, 3), torch.tensor(2.0, requires_grad=True)
     backend = CountingBackend("kiln")
     out = torch.compile(lambda x, i, v: x.index_fill(0, i, v), backend=backend)(x, torch.tensor([1, 1, 3]), value)
@@ -134,7 +134,16 @@ def test_data_dependent_sizes_run_without_endless_specialization():
     assert len(backend.programs) == 2 and not any(aten.index_put.default in extern_ops(p) for p in backend.programs)
 
     v = torch.randn(3, requires_grad=True)
-    compiled_fn = torch.compile(lambda x, m, v: aten.index_put(x, [m], v), backend="kiln")
+    backend = CountingBackend("kiln")
+    compiled_fn = torch.compile(lambda x, m, v: aten.index_put(x, [m], v), backend=backend)
     mask = torch.tensor([True, False, True, True])
     compiled_fn(x, mask, v).sum().backward()
     torch.testing.assert_close(v.grad, torch.full((3,), 3.0))
+    # The gradient's masked rows (a data-dependent count) and their sum are ATen calls; the rest is kiln's.
+    forward, backward = backend.programs
+    assert forward.kernels and not forward.externs
+    assert {str(op) for op in extern_ops(backward)} <= {"aten.index.Tensor", "aten.sum.dim_IntList"}
+
+    out, program = through("cpp", lambda x, m: (x[m] * 2, x.exp() + 1), x, mask)
+    torch.testing.assert_close(out, (x[mask] * 2, x.exp() + 1))
+    assert program.kernels and aten.index.Tensor in extern_ops(program)
