@@ -123,7 +123,8 @@ class GraphLowering:
 
     def _call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         lowering = LOWERINGS.get(node.target)
-        if lowering is not None and not _has_complex(node, args, kwargs) and not _has_data_dependent_sizes(node, args, kwargs):
+        lowerable = not _has_complex(node, args, kwargs) and not _has_data_dependent_sizes(node, args, kwargs)
+        if lowering is not None and lowerable:
             mark = len(self.program.steps)
             try:
                 result = lowering(*args, **kwargs)

@@ -20,12 +20,12 @@ def _dim(d: int, rank: int) -> int:
     return d + rank if d < 0 else d
 
 
-def _integer_index(index: TensorValue) -> None:
+def require_integer_index(index: TensorValue) -> None:
     if index.dtype in (torch.bool, torch.uint8) or index.dtype.is_floating_point:
         raise NotImplementedError(f"indexing with a {index.dtype} tensor (masks have data-dependent sizes)")
 
 
-def _unwrapped(value, size):
+def unwrapped_index(value, size):
     """An index symbol for `value` where, unlike `x[i]`, a negative value is out of range (embedding,
     index_select and gather raise for it): negatives are sent to `size`, which gets flagged."""
     value = ops.to_dtype(value, torch.int64)
@@ -38,10 +38,10 @@ def embedding(weight: TensorValue, indices: TensorValue, padding_idx: int = -1, 
               sparse: bool = False) -> TensorValue:
     if weight.rank != 2:
         raise NotImplementedError("embedding of a weight that is not 2-D")
-    _integer_index(indices)
+    require_integer_index(indices)
 
     def loader(index):
-        row = _unwrapped(indices.loader(index[:-1]), weight.size[0])
+        row = unwrapped_index(indices.loader(index[:-1]), weight.size[0])
         return weight.loader([row, index[-1]])
 
     return TensorValue((*indices.size, weight.size[1]), weight.dtype, loader)
@@ -49,10 +49,10 @@ def embedding(weight: TensorValue, indices: TensorValue, padding_idx: int = -1, 
 
 @register_lowering(aten.index_select.default)
 def index_select(x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
-    _integer_index(index)
+    require_integer_index(index)
     if x.rank == 0:
         def only_element(idx):
-            _unwrapped(index.loader([sympy.Integer(0)] * index.rank), 1)  # flags an index other than 0
+            unwrapped_index(index.loader([sympy.Integer(0)] * index.rank), 1)  # flags an index other than 0
             return x.loader([])
 
         return TensorValue((), x.dtype, only_element)
@@ -61,7 +61,7 @@ def index_select(x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
 
     def loader(idx):
         idx = list(idx)
-        idx[dim] = _unwrapped(index.loader(idx[dim : dim + 1] if index.rank else []), x.size[dim])
+        idx[dim] = unwrapped_index(index.loader(idx[dim : dim + 1] if index.rank else []), x.size[dim])
         return x.loader(idx)
 
     return TensorValue((*x.size[:dim], length, *x.size[dim + 1 :]), x.dtype, loader)
@@ -69,10 +69,10 @@ def index_select(x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
 
 @register_lowering(aten.gather.default)
 def gather(x: TensorValue, dim: int, index: TensorValue, *, sparse_grad: bool = False) -> TensorValue:
-    _integer_index(index)
+    require_integer_index(index)
     if x.rank == 0 and index.rank <= 1:  # the one element, for each (checked) index
         def only_element(idx):
-            _unwrapped(index.loader(idx), 1)
+            unwrapped_index(index.loader(idx), 1)
             return x.loader([])
 
         return TensorValue(index.size, x.dtype, only_element)
@@ -82,7 +82,7 @@ def gather(x: TensorValue, dim: int, index: TensorValue, *, sparse_grad: bool = 
 
     def loader(idx):
         idx = list(idx)
-        idx[dim] = _unwrapped(index.loader(idx), x.size[dim])
+        idx[dim] = unwrapped_index(index.loader(idx), x.size[dim])
         return x.loader(idx)
 
     return TensorValue(index.size, x.dtype, loader)
@@ -96,7 +96,7 @@ def indexed_positions(x: TensorValue, indices: Sequence[TensorValue | None]):
     indices = list(indices) + [None] * (x.rank - len(indices))
     indexed = [d for d, t in enumerate(indices) if t is not None]
     for d in indexed:
-        _integer_index(indices[d])
+        require_integer_index(indices[d])
     block = broadcast_sizes(*(indices[d].size for d in indexed))
     readers = {d: broadcast_to(indices[d], block) for d in indexed}
     kept = [d for d in range(x.rank) if indices[d] is None]

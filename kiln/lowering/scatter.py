@@ -24,7 +24,7 @@ from kiln.ir.nodes import Scatter
 from kiln.ir.ops import ops
 from kiln.lowering import views
 from kiln.lowering.context import realize_node
-from kiln.lowering.indexing import _integer_index, _unwrapped, indexed_positions
+from kiln.lowering.indexing import require_integer_index, unwrapped_index, indexed_positions
 from kiln.lowering.registry import register_lowering
 from kiln.lowering.values import TensorValue, as_dtype, broadcast_sizes, broadcast_to
 
@@ -32,7 +32,8 @@ aten = torch.ops.aten
 
 # Eager's reduce names -> the node's combine modes.
 _MODES = {"sum": "sum", "add": "sum", "mean": "sum", "prod": "prod", "multiply": "prod", "amax": "max", "amin": "min"}
-TargetValue = Callable[[Sequence[sympy.Expr]], tuple[list[Any], Any]]
+Targets = Callable[[Sequence[sympy.Expr]], list[Any]]  # source index -> target index
+TargetValue = Callable[[Sequence[sympy.Expr]], tuple[list[Any], Any]]  # ... and the value written there
 
 
 def _dim(d: int, rank: int) -> int:
@@ -124,81 +125,85 @@ def _masked_put(x: TensorValue, indices: list, values: TensorValue, accumulate: 
 
 
 # -- scatter-style ops: index has the source's rank, its value replaces one dim ----------------
-def _along(x: TensorValue, dim: int, index: TensorValue, value_at: Callable) -> tuple[tuple, TargetValue]:
-    _integer_index(index)
+def _along(x: TensorValue, dim: int, index: TensorValue) -> tuple[tuple, Targets]:
+    """(source size, target of each source index) for scatter's `x[..., index[i], ...] = src[i]`."""
+    require_integer_index(index)
     if x.rank == 0 and index.rank <= 1:  # the one element; each index must still be 0
-        return index.size, lambda idx: (_checked_scalar_target(index.loader(idx)), value_at(idx))
+        return index.size, lambda idx: _checked_scalar_target(index.loader(idx))
     if index.rank != x.rank:
         raise NotImplementedError("scatter with an index of another rank than self")
     dim = _dim(dim, x.rank)
 
-    def target_value(idx):
+    def target_of(idx):
         target = list(idx)
-        target[dim] = _unwrapped(index.loader(idx), x.size[dim])
-        return target, value_at(idx)
+        target[dim] = unwrapped_index(index.loader(idx), x.size[dim])
+        return target
 
-    return index.size, target_value
+    return index.size, target_of
 
 
 def _checked_scalar_target(value: Any) -> list:
-    _unwrapped(value, 1)  # flags a bad index; the target is the only element
+    unwrapped_index(value, 1)  # flags a bad index; the target is the only element
     return []
 
 
-def _source(src: TensorValue, dtype: torch.dtype) -> Callable:
-    """src read at the index's positions (a 0-d src, beside a 1-d index into a 0-d self, at [])."""
+def _values(src: Any, dtype: torch.dtype) -> Callable:
+    """The value written for a source index: src's element there (a 0-d src, beside a 1-d index
+    into a 0-d self, at []), or a Python scalar."""
+    if not isinstance(src, TensorValue):
+        return lambda idx: ops.constant(src, dtype)
     src = as_dtype(src, dtype)
     return lambda idx: src.loader(list(idx)[len(idx) - src.rank :] if src.rank else [])
 
 
-def _scalar(value: Any, dtype: torch.dtype) -> Callable:
-    return lambda idx: ops.constant(value, dtype)
+def _paired(target_of: Targets, value_at: Callable) -> TargetValue:
+    return lambda idx: (target_of(idx), value_at(idx))
 
 
 @register_lowering(aten.scatter.src, aten.scatter.value)
 def scatter(x: TensorValue, dim: int, index: TensorValue, src: Any) -> TensorValue:
-    value_at = _source(src, x.dtype) if isinstance(src, TensorValue) else _scalar(src, x.dtype)
-    return scatter_into(x, *_along(x, dim, index, value_at), None)
+    size, target_of = _along(x, dim, index)
+    return scatter_into(x, size, _paired(target_of, _values(src, x.dtype)), None)
 
 
 @register_lowering(aten.scatter.reduce, aten.scatter.value_reduce)
 def scatter_reduce_old(x: TensorValue, dim: int, index: TensorValue, src: Any, *, reduce: str) -> TensorValue:
-    value_at = _source(src, x.dtype) if isinstance(src, TensorValue) else _scalar(src, x.dtype)
-    return scatter_into(x, *_along(x, dim, index, value_at), _MODES[reduce])
+    size, target_of = _along(x, dim, index)
+    return scatter_into(x, size, _paired(target_of, _values(src, x.dtype)), _MODES[reduce])
 
 
 @register_lowering(aten.scatter_add.default)
 def scatter_add(x: TensorValue, dim: int, index: TensorValue, src: TensorValue) -> TensorValue:
-    return scatter_into(x, *_along(x, dim, index, _source(src, x.dtype)), "sum")
+    size, target_of = _along(x, dim, index)
+    return scatter_into(x, size, _paired(target_of, _values(src, x.dtype)), "sum")
 
 
 @register_lowering(aten.scatter_reduce.two)
 def scatter_reduce(x: TensorValue, dim: int, index: TensorValue, src: TensorValue, reduce: str, *,
                    include_self: bool = True) -> TensorValue:
-    size, target_value = _along(x, dim, index, _source(src, x.dtype))
-    return reduce_into(x, size, target_value, reduce, include_self)
+    size, target_of = _along(x, dim, index)
+    return reduce_into(x, size, target_of, _values(src, x.dtype), reduce, include_self)
 
 
 @register_lowering(aten.index_reduce.default)
 def index_reduce(x: TensorValue, dim: int, index: TensorValue, source: TensorValue, reduce: str, *,
                  include_self: bool = True) -> TensorValue:
-    """Rows of `source` along `dim` reduced into the rows of `x` that `index` names."""
+    """Slices of `source` along `dim` reduced into the slices of `x` that `index` names."""
     if index.rank > 1 or source.rank != x.rank:
         raise NotImplementedError("index_reduce with an index of more than one dim")
-    _integer_index(index)
+    require_integer_index(index)
     if x.rank == 0:  # as a tensor of one element
         one = views.view(x, [1])
         result = index_reduce(one, 0, index, views.view(source, [1]), reduce, include_self=include_self)
         return views.view(result, [])
     dim = _dim(dim, x.rank)
-    values = as_dtype(source, x.dtype)
 
-    def target_value(idx):
+    def target_of(idx):
         target = list(idx)
-        target[dim] = _unwrapped(index.loader(idx[dim : dim + 1] if index.rank else []), x.size[dim])
-        return target, values.loader(idx)
+        target[dim] = unwrapped_index(index.loader(idx[dim : dim + 1] if index.rank else []), x.size[dim])
+        return target
 
-    return reduce_into(x, source.size, target_value, reduce, include_self)
+    return reduce_into(x, source.size, target_of, _values(source, x.dtype), reduce, include_self)
 
 
 def _identity(mode: str, dtype: torch.dtype) -> Any:
@@ -212,7 +217,7 @@ def _identity(mode: str, dtype: torch.dtype) -> Any:
     return info.min if mode == "max" else info.max
 
 
-def reduce_into(x: TensorValue, size: Sequence[sympy.Expr], target_value: TargetValue, reduce: str,
+def reduce_into(x: TensorValue, size: Sequence[sympy.Expr], target_of: Targets, value_at: Callable, reduce: str,
                 include_self: bool) -> TensorValue:
     """scatter_reduce / index_reduce: combine every source element into its target; with
     `include_self=False` targets that receive any element start from the identity; `mean`
@@ -223,10 +228,10 @@ def reduce_into(x: TensorValue, size: Sequence[sympy.Expr], target_value: Target
         raise NotImplementedError("scatter_reduce of booleans")
     mode = _MODES[reduce]
     if include_self and reduce != "mean":
-        return scatter_into(x, size, target_value, mode)
+        return scatter_into(x, size, _paired(target_of, value_at), mode)
     count_dtype = x.dtype if x.dtype.is_floating_point else torch.int64
     ones = TensorValue(x.size, count_dtype, lambda idx: ops.constant(1 if include_self else 0, count_dtype))
-    counts = scatter_into(ones, size, lambda idx: (target_value(idx)[0], ops.constant(1, count_dtype)), "sum")
+    counts = scatter_into(ones, size, _paired(target_of, lambda idx: ops.constant(1, count_dtype)), "sum")
     init = x
     if not include_self:
         identity = _identity(mode, x.dtype)
@@ -236,10 +241,11 @@ def reduce_into(x: TensorValue, size: Sequence[sympy.Expr], target_value: Target
             return ops.where(touched, ops.constant(identity, x.dtype), x.loader(idx))
 
         init = TensorValue(x.size, x.dtype, init_loader)
-    total = scatter_into(x, size, target_value, mode, init)
+    total = scatter_into(x, size, _paired(target_of, value_at), mode, init)
     if reduce != "mean":
         return total
-    return TensorValue(x.size, x.dtype, lambda idx: _divide_by_count(total.loader(idx), counts.loader(idx), x.dtype, count_dtype))
+    mean = lambda idx: _divide_by_count(total.loader(idx), counts.loader(idx), x.dtype, count_dtype)  # noqa: E731
+    return TensorValue(x.size, x.dtype, mean)
 
 
 def _divide_by_count(total: Any, count: Any, dtype: torch.dtype, count_dtype: torch.dtype) -> Any:
@@ -253,10 +259,10 @@ def _divide_by_count(total: Any, count: Any, dtype: torch.dtype, count_dtype: to
 # -- put: flat indices into the tensor read in row-major order ---------------------------------
 @register_lowering(aten.put.default)
 def put(x: TensorValue, index: TensorValue, source: TensorValue, accumulate: bool = False) -> TensorValue:
-    _integer_index(index)
+    require_integer_index(index)
     numel = sympy.Mul(*x.size)
     flat = views.view(x, [numel])
-    values = _source(views.view(source, list(index.size)), x.dtype)
+    values = _values(views.view(source, list(index.size)), x.dtype)
 
     def target_value(idx):
         return [ops.indirect_indexing(index.loader(idx), numel)], values(idx)

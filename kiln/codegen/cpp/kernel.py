@@ -220,12 +220,12 @@ class KernelPrinter:
         schedule gives each thread the same share of that loop every time)."""
         node = nest.node
         symbols, sizes = list(node.source_vars()), [int(s) for s in node.source_ranges]
+        if 0 in sizes:
+            return  # no source element: nothing is written, and no index is checked (as eager)
         body = CppBody(self.pointers, self.buffers, None, None, "s", extents=loop_extents(node))
         with use_handler(body):
             target, value = node.scattered()
         flat = cpp_index(nest.buffer.layout.flat_index(target) - nest.buffer.layout.offset)
-        if 0 in sizes:
-            return  # no source element: nothing is written, and no index is checked (as eager)
         parallel = _disjoint_dim(target, symbols, sizes) if math.prod(sizes) >= PARALLEL_MIN_WORK else None
         levels = _loop_levels(body.lines, symbols)
         for line, level in zip(body.lines, levels):  # loop invariants (constants) go first
@@ -245,7 +245,8 @@ class KernelPrinter:
                 if level == d + 1:
                     self._emit(line, depth)
         self._emit(f"int64_t at = {flat};", depth)
-        self._emit(f"{self.pointers[nest.name]}[at] = {_scatter_combine(node, 'at', value, self.pointers[nest.name])};", depth)
+        out = self.pointers[nest.name]
+        self._emit(f"{out}[at] = {_scatter_combine(node, f'{out}[at]', value)};", depth)
         self._close(depth, 1)
 
     # -- members with their own inner loops -----------------------------------------------------
@@ -419,11 +420,10 @@ _SCATTER_COMBINE = {None: "{v}", "sum": "{old} + {v}", "prod": "{old} * {v}", "m
                     "min": "kiln_min({old}, {v})"}
 
 
-def _scatter_combine(node, at: str, value: str, pointer: str) -> str:
-    """The new value of the target element `pointer[at]` in the value type (16-bit floats
-    combine in float32)."""
+def _scatter_combine(node, target: str, value: str) -> str:
+    """The new value of the element `target` in the value type (16-bit floats combine in float32)."""
     ctype = value_ctype(node.dtype)
-    combined = _SCATTER_COMBINE[node.mode].format(old=f"static_cast<{ctype}>({pointer}[{at}])", v=f"static_cast<{ctype}>({value})")
+    combined = _SCATTER_COMBINE[node.mode].format(old=f"static_cast<{ctype}>({target})", v=f"static_cast<{ctype}>({value})")
     return f"static_cast<{ctype}>({combined})"
 
 
