@@ -69,6 +69,8 @@ def index_select(x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
 
 @register_lowering(aten.gather.default)
 def gather(x: TensorValue, dim: int, index: TensorValue, *, sparse_grad: bool = False) -> TensorValue:
+    if 0 in index.size:  # nothing read (eager skips its checks too)
+        return TensorValue(index.size, x.dtype, lambda idx: ops.constant(0, x.dtype))
     require_integer_index(index)
     if x.rank == 0 and index.rank <= 1:  # the one element, for each (checked) index
         def only_element(idx):

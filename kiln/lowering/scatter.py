@@ -126,7 +126,8 @@ def _masked_put(x: TensorValue, indices: list, values: TensorValue, accumulate: 
 
 # -- scatter-style ops: index has the source's rank, its value replaces one dim ----------------
 def _along(x: TensorValue, dim: int, index: TensorValue) -> tuple[tuple, Targets]:
-    """(source size, target of each source index) for scatter's `x[..., index[i], ...] = src[i]`."""
+    """(source size, target of each source index) for scatter's `x[..., index[i], ...] = src[i]`.
+    An empty index scatters nothing: callers return `x` (eager checks nothing else either)."""
     require_integer_index(index)
     if x.rank == 0 and index.rank <= 1:  # the one element; each index must still be 0
         return index.size, lambda idx: _checked_scalar_target(index.loader(idx))
@@ -162,18 +163,24 @@ def _paired(target_of: Targets, value_at: Callable) -> TargetValue:
 
 @register_lowering(aten.scatter.src, aten.scatter.value)
 def scatter(x: TensorValue, dim: int, index: TensorValue, src: Any) -> TensorValue:
+    if 0 in index.size:
+        return x
     size, target_of = _along(x, dim, index)
     return scatter_into(x, size, _paired(target_of, _values(src, x.dtype)), None)
 
 
 @register_lowering(aten.scatter.reduce, aten.scatter.value_reduce)
 def scatter_reduce_old(x: TensorValue, dim: int, index: TensorValue, src: Any, *, reduce: str) -> TensorValue:
+    if 0 in index.size:
+        return x
     size, target_of = _along(x, dim, index)
     return scatter_into(x, size, _paired(target_of, _values(src, x.dtype)), _MODES[reduce])
 
 
 @register_lowering(aten.scatter_add.default)
 def scatter_add(x: TensorValue, dim: int, index: TensorValue, src: TensorValue) -> TensorValue:
+    if 0 in index.size:
+        return x
     size, target_of = _along(x, dim, index)
     return scatter_into(x, size, _paired(target_of, _values(src, x.dtype)), "sum")
 
@@ -181,6 +188,8 @@ def scatter_add(x: TensorValue, dim: int, index: TensorValue, src: TensorValue) 
 @register_lowering(aten.scatter_reduce.two)
 def scatter_reduce(x: TensorValue, dim: int, index: TensorValue, src: TensorValue, reduce: str, *,
                    include_self: bool = True) -> TensorValue:
+    if 0 in index.size:
+        return x
     size, target_of = _along(x, dim, index)
     return reduce_into(x, size, target_of, _values(src, x.dtype), reduce, include_self)
 
@@ -188,6 +197,8 @@ def scatter_reduce(x: TensorValue, dim: int, index: TensorValue, src: TensorValu
 @register_lowering(aten.index_reduce.default)
 def index_reduce(x: TensorValue, dim: int, index: TensorValue, source: TensorValue, reduce: str, *,
                  include_self: bool = True) -> TensorValue:
+    if 0 in index.size:
+        return x
     """Slices of `source` along `dim` reduced into the slices of `x` that `index` names."""
     if index.rank > 1 or source.rank != x.rank:
         raise NotImplementedError("index_reduce with an index of more than one dim")

@@ -55,11 +55,14 @@ def test_index_reduce_and_put():
     check(fn, x, rows, src, torch.tensor([[1, -1, 7], [7, 7, -15]]), lowered=SCATTERS, atol=1e-4, rtol=1e-4)
 
 
-def test_zero_dim_self_is_one_element():
-    fn = lambda x, i, s: (x.scatter_add(0, i, s), x.scatter(0, i[:1], 2.0), torch.gather(x, 0, i),  # noqa: E731
-                          torch.index_select(x, 0, i[:1]), x.index_reduce(0, i[:1], x * 3, "prod"))
-    check(fn, torch.tensor(1.5), torch.tensor([0, 0]), torch.tensor([1.0, 2.0]),
-          lowered=SCATTERS + [aten.gather.default, aten.index_select.default])
+def test_zero_dim_self_is_one_element_and_empty_indices_scatter_nothing():
+    fn = lambda x, i, s, v, empty: (  # noqa: E731
+        x.scatter_add(0, i, s), x.scatter(0, i[:1], 2.0), torch.gather(x, 0, i),
+        torch.index_select(x, 0, i[:1]), x.index_reduce(0, i[:1], x * 3, "prod"),
+        torch.gather(v, 0, empty), v.scatter_add(0, empty, v[:0]),
+    )
+    check(fn, torch.tensor(1.5), torch.tensor([0, 0]), torch.tensor([1.0, 2.0]), torch.randn(5),
+          torch.zeros(0, dtype=torch.uint8), lowered=SCATTERS + [aten.gather.default, aten.index_select.default])
 
 
 def test_boolean_mask_with_one_value_is_pointwise():
