@@ -56,3 +56,10 @@ def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
     """The table make_fx traces with: PyTorch's core-ATen decompositions, then kiln's on top."""
     table = {op: fn for op, fn in _core_table().items() if op not in KEPT_WHOLE}
     return {**table, **KILN_DECOMPOSITIONS}
+
+
+@decomposition(aten.take.default)
+def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    # PyTorch's version indexes with Python's `x[index]`, which reads a 0-d index's value while
+    # tracing (a data-dependent guard: put's backward with a 0-d index failed to trace).
+    return aten.index.Tensor(x.reshape(-1), [index])

@@ -151,3 +151,12 @@ def test_data_dependent_sizes_run_without_endless_specialization():
     out, program = through("cpp", lambda x, m: (x[m] * 2, x.exp() + 1), x, mask)
     torch.testing.assert_close(out, (x[mask] * 2, x.exp() + 1))
     assert program.kernels and aten.index.Tensor in extern_ops(program)
+
+
+def test_put_backward_with_a_zero_dim_index():
+    # put's gradient takes (`take`) at the index; a 0-d index used to stop the trace on its value.
+    x, v = torch.randn(2, 3, requires_grad=True), torch.tensor(4.0, requires_grad=True)
+    out, programs = through_all("cpp", lambda x, i, v: x.put(i, v), x, torch.tensor(-2), v)
+    out.backward(torch.arange(6.0).view(2, 3))
+    assert v.grad.item() == 4.0 and x.grad.view(-1)[4] == 0
+    assert not any(extern_ops(p) & set(SCATTERS) for p in programs)
