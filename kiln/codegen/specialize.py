@@ -18,8 +18,15 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from kiln import logs
 
 
-def has_symbolic_sizes(gm: fx.GraphModule) -> bool:
+def has_symbolic_sizes(gm: fx.GraphModule, inputs_only: bool = False) -> bool:
+    """Whether any size (or stride) in the graph is symbolic; with `inputs_only`, any of its inputs'.
+
+    Inputs' symbolic sizes go away when the graph is traced again at concrete inputs. Sizes that
+    an op computes from tensor values (nonzero, unique, boolean masks) stay symbolic however the
+    inputs are given."""
     for node in gm.graph.nodes:
+        if inputs_only and node.op != "placeholder":
+            continue
         val = node.meta.get("val")
         values = val if isinstance(val, (tuple, list)) else [val]
         for v in values:

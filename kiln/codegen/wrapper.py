@@ -13,6 +13,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import sympy
 import torch
 from torch import fx
 from torch.utils import _pytree as pytree
@@ -215,10 +216,15 @@ def _extern_call(k: int, step, constants: dict, ops: dict) -> list[str]:
         lines.append(f"_result = {call}")
         lines += [f"{b.name} = _result[{i}]" for i, b in enumerate(outs) if b is not None]
     for b in outs:
-        if b is not None and step.op is not torch.ops.aten.as_strided.default:
+        if b is not None and step.op is not torch.ops.aten.as_strided.default and _is_static_layout(b.layout):
             constants[f"layout_{b.name}"] = b.layout
             lines.append(f"{b.name} = _in_layout({b.name}, layout_{b.name})")
     return lines
+
+
+def _is_static_layout(layout: Layout) -> bool:
+    """False for a tensor whose size depends on data (unique, nonzero): nothing to check it against."""
+    return all(sympy.sympify(v).is_Integer for v in (*layout.size, *layout.stride))
 
 
 def _translation_units(kernels: list[str]) -> list[str]:
@@ -259,9 +265,20 @@ def compile_cpp(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CppProgram
     from kiln.codegen import dump
     from kiln.codegen.specialize import Specialized, has_symbolic_sizes
 
-    if has_symbolic_sizes(gm):
+    if has_symbolic_sizes(gm, inputs_only=True):
         return Specialized(gm, compile_cpp)
-    compiled = CppProgram(GraphLowering(run_passes(gm)).lower())
+    gm = run_passes(gm)
+    try:
+        compiled = CppProgram(GraphLowering(gm).lower())
+    except NotImplementedError as error:
+        if not has_symbolic_sizes(gm):
+            raise
+        # Sizes computed from tensor values inside the graph (unique, nonzero, masks) that an op
+        # kiln lowers depends on: the graph runs through ATen, op by op, recorded as a fallback.
+        from kiln.runtime.fallback import record_fallback
+
+        record_fallback("kiln", "graph with data-dependent sizes", error)
+        return gm
     dump.dump(gm, compiled)
     return compiled
 

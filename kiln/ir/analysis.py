@@ -105,5 +105,7 @@ def format_node(node: Node) -> str:
     ranges = f"ranges={list(node.ranges)}"
     if kind == "Reduction":
         ranges += f", reduction_ranges={list(node.reduction_ranges)}, {node.reduction_type}"
+    if kind == "Scatter":
+        ranges += f", source_ranges={list(node.source_ranges)}, mode={node.mode}"
     header = f"{node.name or kind}: {kind}({str(node.dtype).replace('torch.', '')}, {ranges})"
     return "\n".join([header, *(f"  {line}" for line in printer.lines), f"  return {printer.result}"])

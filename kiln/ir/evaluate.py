@@ -13,7 +13,7 @@ import sympy
 import torch
 
 from kiln.ir.indexing import FloorDiv
-from kiln.ir.nodes import Node, Reduction
+from kiln.ir.nodes import Layout, Node, Reduction, Scatter
 from kiln.ir.ops import BINARY_OPS, SPECIAL_FUNCTION_BINARY_OPS, SPECIAL_FUNCTION_UNARY_OPS, UNARY_OPS, use_handler
 
 _UNARY: dict[str, Callable] = {name: getattr(torch, name) for name in UNARY_OPS}
@@ -119,17 +119,45 @@ class TorchEvaluator:
         return _REDUCE[reduction_type](value, self.reduced_dims).to(dtype)
 
 
+def _grid(symbols, sizes) -> dict[sympy.Symbol, torch.Tensor]:
+    """Each symbol as an arange along its own dim of the grid `sizes`."""
+    rank = len(symbols)
+    return {sym: torch.arange(n).view([n if d == k else 1 for k in range(rank)])
+            for d, (sym, n) in enumerate(zip(symbols, sizes))}
+
+
+# Eager's own scatter_reduce defines the combines (NaN propagation of max and min included).
+_SCATTER_REDUCE = {"prod": "prod", "max": "amax", "min": "amin"}
+
+
+def _evaluate_scatter(node: Scatter, storages: dict[str, torch.Tensor]) -> torch.Tensor:
+    sizes, sources = [int(r) for r in node.ranges], [int(r) for r in node.source_ranges]
+    with use_handler(TorchEvaluator(storages, _grid(node.index_vars(), sizes), ())):
+        # A copy: a load may return a view of an input, which the writes below must not change.
+        out = torch.as_tensor(node.init()).to(node.dtype).expand(sizes).clone(memory_format=torch.contiguous_format)
+    with use_handler(TorchEvaluator(storages, _grid(node.source_vars(), sources), ())) as handler:
+        target, value = node.scattered()
+        flat = torch.as_tensor(eval_index(Layout.contiguous(sizes, node.dtype).flat_index(target), handler.env))
+    flat = flat.expand(sources).reshape(-1)
+    value = torch.as_tensor(value).to(node.dtype).expand(sources).reshape(-1)
+    flat_out = out.view(-1)
+    if node.mode in _SCATTER_REDUCE:
+        flat_out.scatter_reduce_(0, flat, value, _SCATTER_REDUCE[node.mode], include_self=True)
+    else:
+        flat_out.index_put_((flat,), value, accumulate=node.mode == "sum")
+    return out
+
+
 def evaluate(node: Node, storages: dict[str, torch.Tensor]) -> torch.Tensor:
     """The node's result as a contiguous tensor; `storages` maps buffer names to tensors, whose
     flat storage is what `ops.load` indexes through the buffer's layout."""
+    if isinstance(node, Scatter):
+        return _evaluate_scatter(node, storages)
     sizes = [int(r) for r in node.ranges]
     rsizes = [int(r) for r in node.reduction_ranges] if isinstance(node, Reduction) else []
     symbols = list(node.index_vars()) + (list(node.reduction_vars()) if isinstance(node, Reduction) else [])
     rank = len(symbols)
-    env = {
-        sym: torch.arange(n).view([n if d == k else 1 for k in range(rank)])
-        for d, (sym, n) in enumerate(zip(symbols, sizes + rsizes))
-    }
+    env = _grid(symbols, sizes + rsizes)
     full = sizes + rsizes
     reduced = tuple(range(len(sizes), rank))
     with use_handler(TorchEvaluator(storages, env, reduced)):

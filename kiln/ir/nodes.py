@@ -118,4 +118,61 @@ class Reduction:
         return ops.reduction(self.reduction_type, self.dtype, value)
 
 
-Node = Pointwise | Reduction
+SCATTER_MODES = (None, "sum", "prod", "max", "min")
+
+
+@dataclass
+class Scatter:
+    """Writes at computed positions: `out[index] = init_fn(index)` for every index in `ranges`,
+    then for every `source` index in `source_ranges`, with `(target, value) = inner_fn(source)`,
+    `out[target] = value` (mode None: several sources hitting one target leave any one of their
+    values, as eager's index_put) or `out[target] = combine(out[target], value)` (mode "sum",
+    "prod", "max", "min": every source counts).
+
+    `target` is an index over `ranges` (one expression per dim, usually holding symbols from
+    `ops.indirect_indexing`); the output is the node's own contiguous buffer, so a scatter never
+    writes memory another node produced. Source loop variables are `r0, r1, ...`.
+    """
+
+    dtype: torch.dtype
+    ranges: tuple[sympy.Expr, ...]
+    init_fn: Callable[[tuple[sympy.Symbol, ...]], Any]
+    source_ranges: tuple[sympy.Expr, ...]
+    inner_fn: Callable[[tuple[sympy.Symbol, ...]], tuple[Sequence[sympy.Expr], Any]]
+    mode: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        self.ranges, self.source_ranges = _exprs(self.ranges), _exprs(self.source_ranges)
+        if self.mode not in SCATTER_MODES:
+            raise ValueError(f"mode must be one of {SCATTER_MODES}, got {self.mode!r}")
+
+    def index_vars(self) -> tuple[sympy.Symbol, ...]:
+        return index_symbols("i", len(self.ranges))
+
+    def source_vars(self) -> tuple[sympy.Symbol, ...]:
+        return index_symbols("r", len(self.source_ranges))
+
+    def init(self) -> Any:
+        """The initial value of `out[index]`, on the node's own index symbols."""
+        return self.init_fn(self.index_vars())
+
+    def scattered(self) -> tuple[tuple[sympy.Expr, ...], Any]:
+        """(target index, value) of one source element, on the node's source symbols."""
+        target, value = self.inner_fn(self.source_vars())
+        return tuple(sympy.sympify(t) for t in target), value
+
+    def body(self) -> Any:
+        """Both parts once under the current handler (what analyses read): the initial value,
+        then the scattered value, stored at its target's offset in a contiguous output."""
+        from kiln.ir.ops import ops
+
+        init = self.init()
+        target, value = self.scattered()
+        if len(target) != len(self.ranges):
+            raise ValueError(f"scatter target {target} has rank {len(target)}, the output {len(self.ranges)}")
+        ops.store(self.name or "scatter", Layout.contiguous(self.ranges, self.dtype).flat_index(target), value)
+        return init
+
+
+Node = Pointwise | Reduction | Scatter

@@ -8,7 +8,7 @@ import sympy
 import torch
 
 from kiln.ir.analysis import ReadsWrites, run
-from kiln.ir.nodes import Node, Reduction
+from kiln.ir.nodes import Node, Reduction, Scatter
 
 
 class IRError(ValueError):
@@ -20,13 +20,25 @@ def _is_index_symbol(sym: sympy.Symbol) -> bool:
     return len(name) > 1 and name[0] in "ir" and name[1:].isdigit()
 
 
+def _inner_ranges(node: Node) -> tuple:
+    if isinstance(node, Reduction):
+        return node.reduction_ranges
+    return node.source_ranges if isinstance(node, Scatter) else ()
+
+
+def _inner_vars(node: Node) -> tuple:
+    if isinstance(node, Reduction):
+        return node.reduction_vars()
+    return node.source_vars() if isinstance(node, Scatter) else ()
+
+
 def verify(node: Node, known_buffers: Iterable[str] | None = None) -> None:
     """Raise IRError unless `node` is well formed: a torch dtype, integer-valued ranges, a body that
     runs under the protocol, loads only from known buffers, and indices only over its own loops."""
     label = node.name or type(node).__name__
     if not isinstance(node.dtype, torch.dtype):
         raise IRError(f"{label}: dtype must be a torch.dtype, got {node.dtype!r}")
-    ranges = list(node.ranges) + (list(node.reduction_ranges) if isinstance(node, Reduction) else [])
+    ranges = list(node.ranges) + list(_inner_ranges(node))
     for r in ranges:
         if r.is_integer is False or (r.is_number and r < 0):
             raise IRError(f"{label}: range {r} is not a non-negative integer")
@@ -36,8 +48,8 @@ def verify(node: Node, known_buffers: Iterable[str] | None = None) -> None:
         deps = run(ReadsWrites(), node)
     except Exception as e:  # noqa: BLE001 - any failure of the body is the node's fault
         raise IRError(f"{label}: body fails under the ops protocol: {type(e).__name__}: {e}") from e
-    own = set(node.index_vars()) | (set(node.reduction_vars()) if isinstance(node, Reduction) else set())
-    for expr in [index for _, index in deps.reads] + deps.index_exprs:
+    own = set(node.index_vars()) | set(_inner_vars(node))
+    for expr in [index for _, index in deps.reads + deps.writes] + deps.index_exprs:
         stray = {s for s in expr.free_symbols if _is_index_symbol(s) and s not in own}
         if stray:
             raise IRError(f"{label}: index {expr} uses loop variables {sorted(map(str, stray))} it does not own")

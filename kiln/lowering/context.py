@@ -40,3 +40,11 @@ def realize(value: TensorValue | ReductionResult) -> TensorValue:
     if graph is None:
         raise RuntimeError("realize() called outside a graph lowering")
     return graph.finish(value) if isinstance(value, ReductionResult) else TensorValue.of_buffer(graph.realize(value))
+
+
+def realize_node(node: Any) -> TensorValue:
+    """A loop-IR node (a `Scatter`, say) computed into a new buffer of the current graph."""
+    graph = _graph.get()
+    if graph is None:
+        raise RuntimeError("realize_node() called outside a graph lowering")
+    return TensorValue.of_buffer(graph.realize_node(node))

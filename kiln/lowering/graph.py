@@ -73,6 +73,18 @@ def _has_complex(node: fx.Node, args: tuple, kwargs: dict) -> bool:
     return any(getattr(v, "dtype", None) is not None and v.dtype.is_complex for v in values)
 
 
+def _has_data_dependent_sizes(node: fx.Node, args: tuple, kwargs: dict) -> bool:
+    """Sizes an earlier op computed from tensor values (nonzero, unique, masks) are symbols no
+    kernel can be generated for: ops over such tensors stay ATen calls, so the rest of the graph
+    is still kiln's. (Graphs whose inputs have symbolic sizes are traced again at concrete sizes
+    before they are lowered; see codegen/specialize.py.)"""
+    symbolic = lambda x: isinstance(x, torch.SymInt) or not sympy.sympify(x).is_Integer  # noqa: E731
+    for v in pytree.tree_leaves(node.meta.get("val")):
+        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(map(symbolic, (*v.shape, *v.stride())))):
+            return True
+    return any(isinstance(v, TensorValue) and any(map(symbolic, v.size)) for v in pytree.tree_leaves((args, kwargs)))
+
+
 class GraphLowering:
     """Walks an ATen fx graph once and builds its Program."""
 
@@ -117,7 +129,8 @@ class GraphLowering:
 
     def _call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         lowering = LOWERINGS.get(node.target)
-        if lowering is not None and not _has_complex(node, args, kwargs):
+        lowerable = not _has_complex(node, args, kwargs) and not _has_data_dependent_sizes(node, args, kwargs)
+        if lowering is not None and lowerable:
             mark = len(self.program.steps)
             try:
                 result = lowering(*args, **kwargs)
@@ -138,7 +151,10 @@ class GraphLowering:
         return result.then(value) if result.then else value
 
     def realize_reduction(self, result: ReductionResult) -> Buffer:
-        node = result.node
+        return self.realize_node(result.node)
+
+    def realize_node(self, node: Node) -> Buffer:
+        """A node (a reduction, a scatter) computed into a new contiguous buffer of its own."""
         buffer = Buffer(self._new_name(), Layout.contiguous(node.ranges, node.dtype))
         node.name = buffer.name
         self.program.steps.append(ComputeStep(buffer, node))

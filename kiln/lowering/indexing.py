@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import sympy
 import torch
 
 from kiln.ir.ops import ops
@@ -19,12 +20,12 @@ def _dim(d: int, rank: int) -> int:
     return d + rank if d < 0 else d
 
 
-def _integer_index(index: TensorValue) -> None:
+def require_integer_index(index: TensorValue) -> None:
     if index.dtype in (torch.bool, torch.uint8) or index.dtype.is_floating_point:
         raise NotImplementedError(f"indexing with a {index.dtype} tensor (masks have data-dependent sizes)")
 
 
-def _unwrapped(value, size):
+def unwrapped_index(value, size):
     """An index symbol for `value` where, unlike `x[i]`, a negative value is out of range (embedding,
     index_select and gather raise for it): negatives are sent to `size`, which gets flagged."""
     value = ops.to_dtype(value, torch.int64)
@@ -37,10 +38,10 @@ def embedding(weight: TensorValue, indices: TensorValue, padding_idx: int = -1, 
               sparse: bool = False) -> TensorValue:
     if weight.rank != 2:
         raise NotImplementedError("embedding of a weight that is not 2-D")
-    _integer_index(indices)
+    require_integer_index(indices)
 
     def loader(index):
-        row = _unwrapped(indices.loader(index[:-1]), weight.size[0])
+        row = unwrapped_index(indices.loader(index[:-1]), weight.size[0])
         return weight.loader([row, index[-1]])
 
     return TensorValue((*indices.size, weight.size[1]), weight.dtype, loader)
@@ -48,15 +49,19 @@ def embedding(weight: TensorValue, indices: TensorValue, padding_idx: int = -1, 
 
 @register_lowering(aten.index_select.default)
 def index_select(x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
+    require_integer_index(index)
     if x.rank == 0:
-        raise NotImplementedError("index_select of a 0-d tensor")
-    _integer_index(index)
+        def only_element(idx):
+            unwrapped_index(index.loader([sympy.Integer(0)] * index.rank), 1)  # flags an index other than 0
+            return x.loader([])
+
+        return TensorValue((), x.dtype, only_element)
     dim = _dim(dim, x.rank)
     length = index.size[0] if index.rank else 1
 
     def loader(idx):
         idx = list(idx)
-        idx[dim] = _unwrapped(index.loader(idx[dim : dim + 1] if index.rank else []), x.size[dim])
+        idx[dim] = unwrapped_index(index.loader(idx[dim : dim + 1] if index.rank else []), x.size[dim])
         return x.loader(idx)
 
     return TensorValue((*x.size[:dim], length, *x.size[dim + 1 :]), x.dtype, loader)
@@ -64,45 +69,59 @@ def index_select(x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
 
 @register_lowering(aten.gather.default)
 def gather(x: TensorValue, dim: int, index: TensorValue, *, sparse_grad: bool = False) -> TensorValue:
-    if x.rank == 0 or index.rank != x.rank:
-        raise NotImplementedError("gather of 0-d tensors")
-    _integer_index(index)
+    if 0 in index.size:  # nothing read (eager skips its checks too)
+        return TensorValue(index.size, x.dtype, lambda idx: ops.constant(0, x.dtype))
+    require_integer_index(index)
+    if x.rank == 0 and index.rank <= 1:  # the one element, for each (checked) index
+        def only_element(idx):
+            unwrapped_index(index.loader(idx), 1)
+            return x.loader([])
+
+        return TensorValue(index.size, x.dtype, only_element)
+    if index.rank != x.rank:
+        raise NotImplementedError("gather with an index of another rank than the input")
     dim = _dim(dim, x.rank)
 
     def loader(idx):
         idx = list(idx)
-        idx[dim] = _unwrapped(index.loader(idx), x.size[dim])
+        idx[dim] = unwrapped_index(index.loader(idx), x.size[dim])
         return x.loader(idx)
 
     return TensorValue(index.size, x.dtype, loader)
 
 
-@register_lowering(aten.index.Tensor)
-def index(x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
-    """`x[..., i, ..., j, ...]` with integer index tensors (None keeps a dim): the index tensors
-    broadcast together to one block of dims, which stands where they stood if they are adjacent,
-    else in front (NumPy's rule)."""
+def indexed_positions(x: TensorValue, indices: Sequence[TensorValue | None]):
+    """`x[..., i, ..., j, ...]` with integer index tensors (None keeps a dim): (the result's size,
+    `position(index)`: the element of `x` a result index reads, as one index expression per dim of
+    `x`). The index tensors broadcast together to one block of dims, which stands where they stood
+    if they are adjacent, else in front (NumPy's rule). Negative indices count from the end."""
     indices = list(indices) + [None] * (x.rank - len(indices))
     indexed = [d for d, t in enumerate(indices) if t is not None]
-    if not indexed:
-        return x
     for d in indexed:
-        _integer_index(indices[d])
+        require_integer_index(indices[d])
     block = broadcast_sizes(*(indices[d].size for d in indexed))
     readers = {d: broadcast_to(indices[d], block) for d in indexed}
     kept = [d for d in range(x.rank) if indices[d] is None]
     adjacent = indexed == list(range(indexed[0], indexed[-1] + 1))
     lead = len([d for d in kept if d < indexed[0]]) if adjacent else 0
 
-    def loader(idx):
+    def position(idx):
         idx = list(idx)
         block_index = idx[lead : lead + len(block)]
         rest = iter(idx[:lead] + idx[lead + len(block) :])
-        source = [
+        return [
             next(rest) if indices[d] is None else ops.indirect_indexing(readers[d].loader(block_index), x.size[d])
             for d in range(x.rank)
         ]
-        return x.loader(source)
 
     size = [x.size[d] for d in kept]
-    return TensorValue(tuple(size[:lead] + list(block) + size[lead:]), x.dtype, loader)
+    return tuple(size[:lead] + list(block) + size[lead:]), position
+
+
+@register_lowering(aten.index.Tensor)
+def index(x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
+    """`x[..., i, ..., j, ...]` as an indirect load (see `indexed_positions`)."""
+    if all(t is None for t in indices):
+        return x
+    size, position = indexed_positions(x, indices)
+    return TensorValue(size, x.dtype, lambda idx: x.loader(position(idx)))

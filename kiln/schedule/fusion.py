@@ -42,6 +42,8 @@ class FusedKernel:
         return {m.name: m for m in self.members}
 
     def inner_ranges(self, member: LoopNest) -> tuple[sympy.Expr, ...]:
+        if member.is_scatter:
+            return tuple(member.node.source_ranges)
         if member.is_reduction:
             return tuple(member.node.reduction_ranges)
         return tuple(member.ranges[len(self.outer):])
@@ -49,7 +51,12 @@ class FusedKernel:
     @property
     def vectorizes_outer(self) -> bool:
         """No member has inner loops: the last outer loop is the one to vectorize."""
-        return all(not self.inner_ranges(m) for m in self.members)
+        return all(not self.inner_ranges(m) and not m.is_scatter for m in self.members)
+
+    @property
+    def is_scatter(self) -> bool:
+        """A scatter kernel: its one member, alone (see `KernelBuilder.accepts`)."""
+        return any(m.is_scatter for m in self.members)
 
 
 def _outer_vars(count: int) -> list[sympy.Symbol]:
@@ -106,6 +113,10 @@ class KernelBuilder:
         return True
 
     def accepts(self, nest: LoopNest) -> bool:
+        # A scatter writes anywhere in its output, in no order another member could follow
+        # (its value loaders inline their pointwise producers anyway): it is never fused.
+        if nest.is_scatter or self.kernel.is_scatter:
+            return False
         outer = self._outer_for(nest)
         if outer is None:
             return False

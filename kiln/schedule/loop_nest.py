@@ -10,7 +10,7 @@ from typing import Sequence
 import sympy
 
 from kiln.ir.analysis import ReadsWrites, run
-from kiln.ir.nodes import Buffer, Node, Pointwise, Reduction, index_symbols
+from kiln.ir.nodes import Buffer, Node, Pointwise, Reduction, Scatter, index_symbols
 from kiln.schedule.index_bounds import simplify
 
 
@@ -28,6 +28,10 @@ class LoopNest:
     @property
     def is_reduction(self) -> bool:
         return isinstance(self.node, Reduction)
+
+    @property
+    def is_scatter(self) -> bool:
+        return isinstance(self.node, Scatter)
 
     @property
     def ranges(self) -> tuple[sympy.Expr, ...]:
@@ -48,6 +52,8 @@ def _non_unit(sizes: Sequence[sympy.Expr]) -> list[int]:
 def loop_nest(buffer: Buffer, node: Node, order: Sequence[int] | None = None) -> LoopNest:
     """`node` (computing `buffer`) normalized; `order` permutes its non-unit output dims
     (outermost first), for pointwise nodes whose loop order the scheduler chooses."""
+    if isinstance(node, Scatter):
+        return _scatter_nest(buffer, node)
     rank = len(node.ranges)
     kept = _non_unit(node.ranges)
     if order is not None:
@@ -70,9 +76,20 @@ def loop_nest(buffer: Buffer, node: Node, order: Sequence[int] | None = None) ->
     return LoopNest(buffer, new, simplify(sympy.expand(store), extents), reads)
 
 
+def _scatter_nest(buffer: Buffer, node: Scatter) -> LoopNest:
+    """A scatter as it is: it runs alone in its kernel (never fused), so its loops need no
+    normalizing; `store_index` is where its initial values go."""
+    extents = loop_extents(node)
+    store = buffer.layout.flat_index(node.index_vars()) - buffer.layout.offset
+    reads = [(name, simplify(index, extents)) for name, index in run(ReadsWrites(), node).reads]
+    return LoopNest(buffer, node, simplify(sympy.expand(store), extents), reads)
+
+
 def loop_extents(node: Node) -> dict[sympy.Symbol, sympy.Expr]:
     """Each loop variable of `node` with its trip count."""
     extents = dict(zip(node.index_vars(), node.ranges))
     if isinstance(node, Reduction):
         extents.update(zip(node.reduction_vars(), node.reduction_ranges))
+    if isinstance(node, Scatter):
+        extents.update(zip(node.source_vars(), node.source_ranges))
     return extents

@@ -92,7 +92,7 @@ def _finish(steps: list, outputs: list[Any], buffers: dict[str, Buffer]) -> None
             continue
         for m in step.members:
             private = readers.get(m.name, set()) <= {k} and m.name not in results
-            if private and len(m.ranges) == len(step.outer):  # one value per outer iteration
+            if private and len(m.ranges) == len(step.outer) and not m.is_scatter:  # one value per outer iteration
                 step.locals.add(m.name)
             else:
                 step.outputs.append(m.buffer)

@@ -6,7 +6,7 @@ import torch
 
 from kiln.ir.analysis import IRPrinter, OpCounter, ReadsWrites, format_node, run
 from kiln.ir.evaluate import evaluate
-from kiln.ir.nodes import Buffer, Layout, Pointwise, Reduction
+from kiln.ir.nodes import Buffer, Layout, Pointwise, Reduction, Scatter
 from kiln.ir.ops import ALL_OPS, missing_ops, ops, use_handler
 from kiln.ir.verify import IRError, verify
 
@@ -124,3 +124,41 @@ def test_symbolic_sizes_are_plain_expressions():
     verify(node)  # s0 is a size, not a loop variable
     (name, index), = run(ReadsWrites(), node).reads
     assert index == 8 * node.index_vars()[0] + node.index_vars()[1]
+
+
+IDS = Buffer("ids", Layout.contiguous([5], torch.int64))
+ROWS = Buffer("rows", Layout.contiguous([5, 6], torch.float32))
+
+
+def row_scatter(mode, target_rank: int = 2) -> Scatter:
+    """X (4x6) with the 5 rows of ROWS combined into the rows `ids` names."""
+    def scattered(r):
+        row = ops.indirect_indexing(IDS.load([r[0]]), 4)
+        return [row, r[1]][:target_rank], ROWS.load(r)
+
+    return Scatter(torch.float32, [4, 6], X.load, [5, 6], scattered, mode, name="out")
+
+
+@pytest.mark.parametrize("mode, reduce", [(None, None), ("sum", "sum"), ("prod", "prod"), ("max", "amax"), ("min", "amin")])
+def test_scatter_node_under_every_handler(mode, reduce):
+    x, ids, rows = torch.randn(4, 6), torch.tensor([3, 0, 3, -1, 1]), torch.randn(5, 6)
+    node = row_scatter(mode)
+    result = evaluate(node, {"x": x, "ids": ids, "rows": rows})
+    index = (ids % 4).view(-1, 1).expand(5, 6)
+    if mode is None:  # duplicates: any of their values
+        expected = x.scatter(0, index[[1, 2, 3, 4]], rows[[1, 2, 3, 4]])
+    else:
+        expected = x.scatter_reduce(0, index, rows, reduce)
+    torch.testing.assert_close(result, expected)
+    deps = run(ReadsWrites(), node)
+    assert deps.buffers_read == ["x", "ids", "rows"] and len(deps.writes) == 1
+    assert run(OpCounter(), node).counts["indirect_indexing"] == 1
+    verify(node, known_buffers=["x", "ids", "rows"])
+    assert "source_ranges=[5, 6]" in format_node(node)
+
+
+def test_verifier_names_a_scatter_target_of_the_wrong_rank():
+    with pytest.raises(IRError, match="rank"):
+        verify(row_scatter("sum", target_rank=1))
+    with pytest.raises(ValueError, match="mode"):
+        Scatter(torch.float32, [4], X.load, [4], lambda r: ([r[0]], X.load(r)), "mean")

@@ -30,8 +30,8 @@ def test_advanced_indexing_with_none_entries_broadcasting_and_negative_indices()
 def test_integer_source_and_bool_mask_indexing():
     x = torch.arange(24).reshape(4, 6)
     check(lambda x, i: x[i, None, -1:], x, torch.tensor([3, 0]), lowered=[aten.index.Tensor], exact=True)
-    # A mask's result size depends on its values: an extern call, still correct. (The C++ wrapper
-    # and the reference executor do not take data-dependent sizes yet.)
+    # A mask's result size depends on its values: an extern call, still correct. (The reference
+    # executor does not take data-dependent sizes; the C++ backend does, see test_scatter.py.)
     out, program = through("reference", lambda x, m: x[m], x, x[:, 0] > 5)
     assert out.tolist() == x[x[:, 0] > 5].tolist() and program.externs
 

@@ -32,21 +32,28 @@ FORWARD_GENERATED = [
     # views, layout, concatenation, padding
     "view", "reshape", "permute", "transpose", "expand", "squeeze", "unsqueeze", "flatten", "t", "select", "slice",
     "movedim", "unbind", "unflatten", "contiguous", "cat", "stack", "chunk", "flip", "nn.functional.pad.constant",
-    # indexing
-    "gather", "nn.functional.embedding", "take", "diagonal", "unfold", "narrow", "masked.sum", "empty_like",
-    "signal.windows.hann",
+    # indexing: indirect loads, and scatters (index_put and what decomposes to it, scatter-style ops)
+    "gather", "nn.functional.embedding", "index_select", "index_put", "index_add", "index_copy", "index_fill",
+    "_unsafe_masked_index_put_accumulate", "nn.functional.max_unpool2d", "scatter", "scatter_add",
+    "scatter_reduce.sum", "scatter_reduce.mean", "scatter_reduce.amax", "index_reduce.prod", "put", "take",
+    # views and factories that were externs
+    "diagonal", "unfold", "narrow", "masked.sum", "empty_like", "signal.windows.hann",
     # library kernels (GEMM) around generated code
     "mm", "nn.functional.linear",
 ]
-FORWARD_COMPILED = ["index_select", "index_add", "scatter_add", "cumsum", "linalg.inv"]
+FORWARD_COMPILED = ["cumsum", "linalg.inv"]
 # Not pow: an integer power by a tensor exponent stays an ATen call (exactness; see pointwise.pow_).
-INT64_GENERATED = ["add", "sub", "mul", "maximum", "eq", "where", "masked_fill", "abs"]
+INT64_GENERATED = ["add", "sub", "mul", "maximum", "eq", "where", "masked_fill", "abs", "index_put", "scatter_add"]
 BACKWARD_GENERATED = [
     "add", "mul", "exp", "tanh", "sigmoid", "pow", "where", "clamp", "nn.functional.gelu", "nn.functional.silu",
     "permute", "reshape", "transpose", "cat", "sum", "amax", "softmax", "linalg.vector_norm",
     "nn.functional.layer_norm", "nn.functional.rms_norm", "mm",
+    "index_select", "gather", "nn.functional.embedding", "nn.functional.cross_entropy", "index_add", "scatter_add",
+    "scatter_reduce.prod",
 ]
-BACKWARD_COMPILED = ["index_select", "gather", "nn.functional.embedding", "nn.functional.cross_entropy"]
+# index_put: a boolean-mask sample's gradient selects masked rows (a data-dependent size), a graph
+# that runs through ATen. index_fill: its autograd formula saves `_unique(index)` (an ATen call).
+BACKWARD_COMPILED = ["index_put", "index_fill"]
 
 
 def _ops() -> dict:

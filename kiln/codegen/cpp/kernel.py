@@ -5,17 +5,19 @@ tail. A graph's kernels are compiled together after `preamble.preamble()`."""
 from __future__ import annotations
 
 import math
+import re
 
 import sympy
 import torch
 
 from kiln.codegen.cpp.body import STORAGE_CTYPES, CppBody, value_ctype, value_dtype
 from kiln.codegen.cpp.printer import CTYPES, cpp_constant, cpp_index
-from kiln.ir.nodes import Layout
+from kiln.ir.nodes import Layout, Pointwise
 from kiln.ir.ops import use_handler
 from kiln.schedule.fusion import FusedKernel
 from kiln.schedule.index_bounds import linear_stride
 from kiln.schedule.loop_nest import LoopNest, loop_extents
+from kiln.schedule.loop_order import ordered_nest
 
 PARALLEL_MIN_WORK = 32768  # elements (times reduction length) below which threads cost more than they save
 
@@ -93,6 +95,15 @@ class KernelPrinter:
         params = [f"const {STORAGE_CTYPES[b.layout.dtype]}* __restrict__ in{n}" for n, b in enumerate(k.inputs)]
         params += [f"{STORAGE_CTYPES[b.layout.dtype]}* __restrict__ out{n}" for n, b in enumerate(k.outputs)]
         self._emit(f'extern "C" void {self.function}({", ".join(params)}) {{', 0)
+        self._function_body()
+        self._emit("}", 0)
+        return "\n".join(self.lines)
+
+    def _function_body(self) -> None:
+        k = self.kernel
+        if k.is_scatter:
+            self._scatter(k.members[0])
+            return
         outer = [int(s) for s in k.outer]
         work = math.prod(outer) * max([math.prod(int(s) for s in k.inner_ranges(m)) for m in k.members] + [1])
         if k.vectorizes_outer and outer:
@@ -104,8 +115,6 @@ class KernelPrinter:
             for nest in k.members:
                 self._member(nest, depth)
             self._close(depth, 1)
-        self._emit("}", 0)
-        return "\n".join(self.lines)
 
     def _outer_loops(self, sizes: list[int], count: int, work: int, depth: int = 1) -> int:
         if count and work >= PARALLEL_MIN_WORK and math.prod(sizes[:count]) > 1:
@@ -192,6 +201,53 @@ class KernelPrinter:
         self._emit(f"vacc = {_VCOMBINE[kind].format(v=converted)};", inner_depth)
         self._close(inner_depth, depth)
         self._result(nest, "vacc", depth, True, declare_local=False)
+
+    # -- scatters: the initial values, then one write per source element ------------------------
+    def _scatter(self, nest: LoopNest) -> None:
+        node = nest.node
+        init = ordered_nest(nest.buffer, Pointwise(node.dtype, node.ranges, node.init_fn, name=node.name))
+        init_kernel = FusedKernel(self.kernel.name, tuple(init.ranges), [init], set(), self.kernel.inputs,
+                                  self.kernel.outputs)
+        printer = KernelPrinter(init_kernel, self.function)
+        printer._function_body()
+        self.lines += printer.lines
+        self.vectorized = printer.vectorized
+        self._scatter_writes(nest)
+
+    def _scatter_writes(self, nest: LoopNest) -> None:
+        """Scalar loops over the source; only a loop of disjoint writes runs in parallel (an
+        `omp for` inside a parallel region whose threads all run the loops around it: the static
+        schedule gives each thread the same share of that loop every time)."""
+        node = nest.node
+        symbols, sizes = list(node.source_vars()), [int(s) for s in node.source_ranges]
+        if 0 in sizes:
+            return  # no source element: nothing is written, and no index is checked (as eager)
+        body = CppBody(self.pointers, self.buffers, None, None, "s", extents=loop_extents(node))
+        with use_handler(body):
+            target, value = node.scattered()
+        flat = cpp_index(nest.buffer.layout.flat_index(target) - nest.buffer.layout.offset)
+        parallel = _disjoint_dim(target, symbols, sizes) if math.prod(sizes) >= PARALLEL_MIN_WORK else None
+        levels = _loop_levels(body.lines, symbols)
+        for line, level in zip(body.lines, levels):  # loop invariants (constants) go first
+            if level == 0:
+                self._emit(line, 1)
+        depth = 1
+        if parallel is not None and parallel > 0:
+            self._emit("#pragma omp parallel", depth)
+            self._emit("{", depth)
+            depth += 1
+        for d, (sym, size) in enumerate(zip(symbols, sizes)):
+            if d == parallel:
+                self._emit("#pragma omp parallel for" if d == 0 else "#pragma omp for schedule(static) nowait", depth)
+            self._emit(f"for (int64_t {sym} = 0; {sym} < {size}L; ++{sym}) {{", depth)
+            depth += 1
+            for line, level in zip(body.lines, levels):  # what depends on this loop and none inside it
+                if level == d + 1:
+                    self._emit(line, depth)
+        self._emit(f"int64_t at = {flat};", depth)
+        out = self.pointers[nest.name]
+        self._emit(f"{out}[at] = {_scatter_combine(node, f'{out}[at]', value)};", depth)
+        self._close(depth, 1)
 
     # -- members with their own inner loops -----------------------------------------------------
     def _member(self, nest: LoopNest, depth: int) -> None:
@@ -315,6 +371,17 @@ class KernelPrinter:
             self._emit(f"vacc = {_VCOMBINE_ACCUMULATORS[self._kind].format(a='vacc', b=f'vacc{k}')};", depth)
 
 
+def _disjoint_dim(target: tuple[sympy.Expr, ...], symbols: list[sympy.Symbol], sizes: list[int]) -> int | None:
+    """The outermost source loop whose iterations write disjoint elements: one whose variable is,
+    by itself, the target's index in some dim (the columns of an index_put into rows, every dim
+    but `dim` of a scatter). Threads splitting that loop never write the same element, whatever
+    the indirect indices are; a loop feeding only indirect indices may hit duplicates."""
+    for d, (sym, size) in enumerate(zip(symbols, sizes)):
+        if size > 1 and any(t == sym for t in target):
+            return d
+    return None
+
+
 def _unit_strides(nest: LoopNest, var: sympy.Symbol) -> int:
     return sum(1 for _, index in nest.reads if linear_stride(index, var) == 1)
 
@@ -329,6 +396,35 @@ def _reduces_across_rows(kernel: FusedKernel) -> bool:
         return False
     last = sympy.Symbol(f"i{len(kernel.outer) - 1}", integer=True, nonnegative=True)
     return all(_unit_strides(m, last) > _unit_strides(m, m.node.reduction_vars()[-1]) for m in reductions)
+
+
+def _loop_levels(lines: list[str], symbols: list[sympy.Symbol]) -> list[int]:
+    """For each scalar body line (`auto t = expr;`), the loop it belongs in: 0 outside all loops,
+    d + 1 inside loop d, the innermost loop whose variable it uses directly or through earlier
+    lines. An embedding backward's row index is then read once per row, not once per element.
+    (Lines only read inputs, never the scatter's output, so moving them out of loops is safe.)"""
+    level_of = {str(s): d + 1 for d, s in enumerate(symbols)}
+    innermost, levels = len(symbols), []
+    for line in lines:
+        left, sep, right = line.partition(" = ")
+        if not sep:
+            levels.append(innermost)
+            continue
+        level = max((level_of.get(t, 0) for t in re.findall(r"[A-Za-z_]\w*", right)), default=0)
+        level_of[left.split()[-1]] = level
+        levels.append(level)
+    return levels
+
+
+_SCATTER_COMBINE = {None: "{v}", "sum": "{old} + {v}", "prod": "{old} * {v}", "max": "kiln_max({old}, {v})",
+                    "min": "kiln_min({old}, {v})"}
+
+
+def _scatter_combine(node, target: str, value: str) -> str:
+    """The new value of the element `target` in the value type (16-bit floats combine in float32)."""
+    ctype = value_ctype(node.dtype)
+    combined = _SCATTER_COMBINE[node.mode].format(old=f"static_cast<{ctype}>({target})", v=f"static_cast<{ctype}>({value})")
+    return f"static_cast<{ctype}>({combined})"
 
 
 def kernel_source(kernel: FusedKernel, function: str) -> tuple[str, bool]:
