@@ -56,6 +56,14 @@ def _scalar_inputs(gm: fx.GraphModule) -> list[int]:
     return sorted(set(positions))
 
 
+def reads_input_values(gm: fx.GraphModule) -> bool:
+    """Whether the graph reads a Python number out of one of its inputs (and only inputs)."""
+    try:
+        return bool(_scalar_inputs(gm))
+    except NotImplementedError:
+        return False
+
+
 def _with_values(gm: fx.GraphModule, values: dict[int, Any]) -> fx.GraphModule:
     """A copy of `gm` where reading input k's value (`x.item()`) is the constant `values[k]`."""
     if not values:

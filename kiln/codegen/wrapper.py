@@ -263,9 +263,9 @@ def compile_cpp(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CppProgram
     """Lower `gm`, schedule and compile its kernels; the result runs the graph. A graph with
     symbolic sizes is compiled per concrete size set at call time (kiln/codegen/specialize.py)."""
     from kiln.codegen import dump
-    from kiln.codegen.specialize import Specialized, has_symbolic_sizes
+    from kiln.codegen.specialize import Specialized, has_symbolic_sizes, reads_input_values
 
-    if has_symbolic_sizes(gm, inputs_only=True):
+    if has_symbolic_sizes(gm, inputs_only=True) or reads_input_values(gm):
         return Specialized(gm, compile_cpp)
     gm = run_passes(gm)
     try:
