@@ -63,3 +63,9 @@ def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     # PyTorch's `flat[index]` reads a 0-d index as a Python integer (a data-dependent `.item()`);
     # advanced indexing keeps it a tensor, for any index shape, negative indices included.
     return aten.index.Tensor(x.reshape(-1), [index])
+
+
+@decomposition(aten.dist.default)
+def dist(x: torch.Tensor, other: torch.Tensor, p: float = 2) -> torch.Tensor:
+    # The p-norm of the difference, which the vector-norm lowering computes as one reduction.
+    return aten.linalg_vector_norm.default(x - other, p)

@@ -37,7 +37,7 @@ FORWARD_GENERATED = [
     "_unsafe_masked_index_put_accumulate", "nn.functional.max_unpool2d", "scatter", "scatter_add",
     "scatter_reduce.sum", "scatter_reduce.mean", "scatter_reduce.amax", "index_reduce.prod", "put", "take",
     # views and factories that were externs
-    "diagonal", "unfold", "narrow", "masked.sum", "empty_like", "signal.windows.hann",
+    "diagonal", "unfold", "narrow", "masked.sum", "empty_like", "signal.windows.hann", "dist",
     # library kernels (GEMM) around generated code
     "mm", "nn.functional.linear",
 ]
