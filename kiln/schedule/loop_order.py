@@ -1,16 +1,30 @@
-"""Loop order of pointwise nodes: the dim most accesses walk contiguously goes innermost, where
-the vector loop runs. Reductions keep their order (their reduction loop is innermost)."""
+"""Loop order of pointwise nodes: the dim along which most memory is walked contiguously goes
+innermost, where the vector loop runs. Reductions keep their order (their reduction loop is
+innermost)."""
 
 from __future__ import annotations
+
+import math
+
+import sympy
 
 from kiln.ir.nodes import Buffer, Pointwise
 from kiln.schedule.index_bounds import linear_stride
 from kiln.schedule.loop_nest import LoopNest, loop_nest
 
 
+def _footprint(index: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> int:
+    """How many elements an access touches over the loops: the product of the ranges of the loop
+    variables its index depends on. A batch norm's per-channel parameters (C elements) must not
+    outvote the activations (N·C·H·W) it reads and writes."""
+    return math.prod(ranges[v] for v in sympy.sympify(index).free_symbols if v in ranges)
+
+
 def _unit_stride_counts(nest: LoopNest) -> list[int]:
     accesses = [index for _, index in nest.reads] + [nest.store_index]
-    return [sum(1 for a in accesses if linear_stride(a, v) == 1) for v in nest.node.index_vars()]
+    variables = nest.node.index_vars()
+    ranges = {v: int(r) if sympy.sympify(r).is_Integer else 1 for v, r in zip(variables, nest.node.ranges)}
+    return [sum(_footprint(a, ranges) for a in accesses if linear_stride(a, v) == 1) for v in variables]
 
 
 def ordered_nest(buffer: Buffer, node) -> LoopNest:

@@ -121,6 +121,20 @@ def test_reduction_over_rows_accumulates_vectors_along_the_contiguous_dim():
     assert "kiln::load<float>(in0 + (i0 + (40L * r0)))" in code and "i0 += kiln::L" in code
 
 
+def test_batch_norm_vectorizes_along_the_activations_not_the_per_channel_parameters():
+    # Four per-channel loads walk C contiguously, the activation's load and store walk W: the
+    # loop order weighs accesses by how much memory they cover, so W is the vector loop.
+    def bn_relu(x, mean, var, w, b):
+        return torch.relu((x - mean[:, None, None]) * torch.rsqrt(var[:, None, None] + 1e-5) * w[:, None, None]
+                          + b[:, None, None])
+
+    c = 32
+    _, program = compiled(bn_relu, torch.randn(2, c, 8, 64), torch.randn(c), torch.rand(c) + 0.5, torch.randn(c),
+                          torch.randn(c))
+    (kernel,) = program.schedule.kernels
+    assert [int(s) for s in kernel.outer][-1] == 64 and kernel.vectorizes_outer
+
+
 def test_siblings_that_both_index_indirectly_share_one_loop():
     w1, w2, idx = torch.randn(10, 32), torch.randn(10, 32), torch.tensor([3, 0, 9, 3, -1])
     _, program = compiled(lambda w1, w2, idx: (w1[idx] * 2, w2[idx] + 1), w1, w2, idx)
