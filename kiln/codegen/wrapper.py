@@ -13,7 +13,6 @@ import pickle
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import sympy
 import torch
 from torch import fx
 from torch.utils import _pytree as pytree
@@ -216,15 +215,10 @@ def _extern_call(k: int, step, constants: dict, ops: dict) -> list[str]:
         lines.append(f"_result = {call}")
         lines += [f"{b.name} = _result[{i}]" for i, b in enumerate(outs) if b is not None]
     for b in outs:
-        if b is not None and step.op is not torch.ops.aten.as_strided.default and _is_static_layout(b.layout):
+        if b is not None and step.op is not torch.ops.aten.as_strided.default and b.layout.is_static:
             constants[f"layout_{b.name}"] = b.layout
             lines.append(f"{b.name} = _in_layout({b.name}, layout_{b.name})")
     return lines
-
-
-def _is_static_layout(layout: Layout) -> bool:
-    """False for a tensor whose size depends on data (unique, nonzero): nothing to check it against."""
-    return all(sympy.sympify(v).is_Integer for v in (*layout.size, *layout.stride))
 
 
 def _translation_units(kernels: list[str]) -> list[str]:

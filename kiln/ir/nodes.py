@@ -45,6 +45,11 @@ class Layout:
         size = _exprs(size)
         return cls(size, contiguous_strides(size), dtype)
 
+    @property
+    def is_static(self) -> bool:
+        """Every size, stride and the offset are integers (not symbols a graph computed from data)."""
+        return all(sympy.sympify(v).is_Integer for v in (*self.size, *self.stride, self.offset))
+
     def flat_index(self, index: Sequence[sympy.Expr]) -> sympy.Expr:
         if len(index) != len(self.size):
             raise ValueError(f"index of rank {len(index)} into a layout of rank {len(self.size)}")

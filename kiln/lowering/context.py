@@ -36,15 +36,17 @@ def realize(value: TensorValue | ReductionResult) -> TensorValue:
     ReductionResult's node is realized and its `then` step applied, which may leave a pointwise
     value over that buffer: the reduction is in memory, its cheap epilogue stays inlinable.
     """
-    graph = _graph.get()
-    if graph is None:
-        raise RuntimeError("realize() called outside a graph lowering")
+    graph = _current_graph("realize")
     return graph.finish(value) if isinstance(value, ReductionResult) else TensorValue.of_buffer(graph.realize(value))
 
 
 def realize_node(node: Any) -> TensorValue:
     """A loop-IR node (a `Scatter`, say) computed into a new buffer of the current graph."""
+    return TensorValue.of_buffer(_current_graph("realize_node").realize_node(node))
+
+
+def _current_graph(caller: str) -> Any:
     graph = _graph.get()
     if graph is None:
-        raise RuntimeError("realize_node() called outside a graph lowering")
-    return TensorValue.of_buffer(graph.realize_node(node))
+        raise RuntimeError(f"{caller}() called outside a graph lowering")
+    return graph

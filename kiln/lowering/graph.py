@@ -107,7 +107,7 @@ class GraphLowering:
         # A strided view of a buffer reaches an extern as a view (as_strided), not as a copy.
         if value.buffer is None and value.strided is not None:
             base, layout = value.strided
-            if all(sympy.sympify(v).is_Integer for v in (*layout.size, *layout.stride, layout.offset)):
+            if layout.is_static:
                 view = Buffer(self._new_name(), layout)
                 size, stride = [int(v) for v in layout.size], [int(v) for v in layout.stride]
                 self.program.steps.append(
