@@ -20,6 +20,7 @@ from torch.utils import _pytree as pytree
 from kiln.ir.nodes import Buffer, Layout, Node, Pointwise
 from kiln.lowering import table as _table, views as _views  # noqa: F401  (fills the lowering table)
 from kiln.lowering.context import lowering_graph
+from kiln.lowering.extern_layouts import argument_layout, layout_of, output_layouts
 from kiln.lowering.realize import should_realize
 from kiln.lowering.registry import LOWERINGS
 from kiln.lowering.values import ReductionResult, TensorValue
@@ -62,11 +63,6 @@ def binds_memory(step: ExternStep) -> bool:
     return step.op is aten.as_strided.default or (step.op is aten.alias.default and isinstance(step.args[0], torch.Tensor))
 
 
-def _layout_of(val: torch.Tensor) -> Layout:
-    exprs = lambda xs: tuple(sympy.sympify(getattr(x, "node", x).expr if isinstance(x, torch.SymInt) else x) for x in xs)  # noqa: E731
-    return Layout(exprs(val.shape), exprs(val.stride()), val.dtype, sympy.sympify(val.storage_offset()))
-
-
 def _has_complex(node: fx.Node, args: tuple, kwargs: dict) -> bool:
     """Kernels have no complex types: such ops stay ATen calls."""
     values = [*pytree.tree_leaves(node.meta.get("val")), *pytree.tree_leaves((args, kwargs))]
@@ -103,8 +99,9 @@ class GraphLowering:
         self.program.steps.append(ComputeStep(buffer, Pointwise(value.dtype, value.size, value.loader, name=buffer.name)))
         return buffer
 
-    def _extern_arg(self, value: TensorValue) -> Buffer:
-        # A strided view of a buffer reaches an extern as a view (as_strided), not as a copy.
+    def _extern_arg(self, value: TensorValue, meta: Any = None, channels_last: bool = False) -> Buffer:
+        # A strided view of a buffer reaches an extern as a view (as_strided), not as a copy;
+        # a value computed for the extern is written in eager's layout of that argument.
         if value.buffer is None and value.strided is not None:
             base, layout = value.strided
             if layout.is_static:
@@ -113,17 +110,32 @@ class GraphLowering:
                 self.program.steps.append(
                     ExternStep([view], torch.ops.aten.as_strided.default, (base, size, stride, int(layout.offset)), {}))
                 return view
-        return self.realize(value)
+        if value.buffer is None:
+            return self.realize(value, argument_layout(meta, value.size, value.dtype, channels_last))
+        return value.buffer
 
-    def _realize_args(self, tree: Any) -> Any:
-        return pytree.tree_map_only(TensorValue, self._extern_arg, tree)
+    def _realize_args(self, tree: Any, metas: Any = None, channels_last: bool = False) -> Any:
+        """Buffers for the tensors of an extern's arguments; `metas` are the fx arguments (eager's
+        layouts), `channels_last` asks for the first tensor (a convolution's input) channels-last."""
+        leaves, spec = pytree.tree_flatten(tree)
+        meta_leaves = pytree.tree_leaves(pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"), metas))
+        if len(meta_leaves) != len(leaves):
+            meta_leaves = [None] * len(leaves)
+        return pytree.tree_unflatten(
+            [self._extern_arg(v, m, channels_last and i == 0) if isinstance(v, TensorValue) else v
+             for i, (v, m) in enumerate(zip(leaves, meta_leaves))], spec)
 
     def _extern(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         vals = node.meta["val"]
         multiple = isinstance(vals, (tuple, list))
-        outs = [Buffer(self._new_name(), _layout_of(v)) if isinstance(v, torch.Tensor) else None
-                for v in (vals if multiple else [vals])]
-        self.program.steps.append(ExternStep(outs, node.target, self._realize_args(args), self._realize_args(kwargs)))
+        vals = list(vals) if multiple else [vals]
+        conv = node.target is torch.ops.aten.convolution.default
+        args, kwargs = self._realize_args(args, node.args, conv), self._realize_args(kwargs, node.kwargs)
+        real = output_layouts(node.target, args, kwargs)
+        layouts = real if real is not None and len(real) == len(vals) else [None] * len(vals)
+        outs = [Buffer(self._new_name(), layout or layout_of(v)) if isinstance(v, torch.Tensor) else None
+                for v, layout in zip(vals, layouts)]
+        self.program.steps.append(ExternStep(outs, node.target, args, kwargs))
         values = [TensorValue.of_buffer(b) if b is not None else None for b in outs]
         return tuple(values) if multiple else values[0]
 
@@ -164,7 +176,7 @@ class GraphLowering:
         # A tensor held by the graph module: an extern aliasing it gives it a buffer, uncopied.
         if not isinstance(value, torch.Tensor):
             return value
-        buffer = Buffer(self._new_name(), _layout_of(value))
+        buffer = Buffer(self._new_name(), layout_of(value))
         self.program.steps.append(ExternStep([buffer], torch.ops.aten.alias.default, (value,), {}))
         return TensorValue.of_buffer(buffer)
 
@@ -176,7 +188,7 @@ class GraphLowering:
             return value
         if value.buffer is not None:
             return value.buffer
-        layout = _layout_of(meta) if isinstance(meta, torch.Tensor) else None
+        layout = layout_of(meta) if isinstance(meta, torch.Tensor) else None
         if layout is not None and value.strided is not None and value.strided[1] == layout:
             return self._extern_arg(value)
         return self.realize(value, layout)
@@ -191,7 +203,7 @@ class GraphLowering:
             if node.op == "placeholder":
                 val = node.meta.get("val")
                 if isinstance(val, torch.Tensor):
-                    buffer = Buffer(node.name, _layout_of(val))
+                    buffer = Buffer(node.name, layout_of(val))
                     self.program.inputs.append(buffer)
                     env[node] = TensorValue.of_buffer(buffer)
                 else:

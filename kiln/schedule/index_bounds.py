@@ -3,6 +3,7 @@ inside the row its producer wrote in the same outer iteration?"""
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import sympy
@@ -78,15 +79,66 @@ def simplify(expr: sympy.Expr, extents: Mapping[sympy.Symbol, sympy.Expr]) -> sy
     if not expr.args or not (expr.has(FloorDiv) or expr.has(sympy.Mod)):
         return expr
     if isinstance(expr, (FloorDiv, sympy.Mod)):
-        inner, divisor = simplify(expr.args[0], extents), expr.args[1]
-        if not divisor.is_Integer or not is_nonnegative(inner):
-            return expr.func(inner, divisor)
-        whole, rest = _split_multiples(inner, int(divisor))
-        top = max_value(rest, extents)
+        return _simplify_div_mod(expr, simplify(expr.args[0], extents), expr.args[1], extents)
+    args = [simplify(a, extents) for a in expr.args]
+    return _merge_div_mod_pairs(sympy.Add(*args)) if expr.is_Add else expr.func(*args)
+
+
+def _simplify_div_mod(expr, inner: sympy.Expr, divisor: sympy.Expr, extents) -> sympy.Expr:
+    if not divisor.is_Integer or not is_nonnegative(inner):
+        return expr.func(inner, divisor)
+    d = int(divisor)
+    whole, rest = _split_multiples(inner, d)
+    top = max_value(rest, extents)
+    if top is not None and top < d:
+        return whole if isinstance(expr, FloorDiv) else rest
+    # rest = g*big + small with g dividing d and 0 <= small < g: (rest // d) = big // (d/g) and
+    # rest % d = g*(big % (d/g)) + small. A flattened row index (i1 + 384*i0) // 21504 is i0 // 56.
+    for g in _common_factors(rest, d):
+        big, small = _split_multiples(rest, g)
+        small_top = max_value(small, extents)
+        if small_top is None or small_top >= g:
+            continue
         if isinstance(expr, FloorDiv):
-            return whole + (sympy.Integer(0) if top is not None and top < divisor else FloorDiv(rest, divisor))
-        return rest if top is not None and top < divisor else sympy.Mod(rest, divisor)
-    return expr.func(*(simplify(a, extents) for a in expr.args))
+            return whole + simplify(FloorDiv(big, d // g), extents)
+        return g * simplify(sympy.Mod(big, d // g), extents) + small
+    return whole + FloorDiv(rest, divisor) if isinstance(expr, FloorDiv) else sympy.Mod(rest, divisor)
+
+
+def _common_factors(expr: sympy.Expr, divisor: int) -> list[int]:
+    """Divisors of `divisor` (largest first, above 1) that divide some term's coefficient."""
+    found = set()
+    for term in expr.args if expr.is_Add else (expr,):
+        coeff, _ = term.as_coeff_Mul()
+        if coeff.is_Integer and int(coeff) > 1:
+            g = math.gcd(int(coeff), divisor)
+            if g > 1:
+                found.add(g)
+    return sorted(found, reverse=True)
+
+
+def _merge_div_mod_pairs(expr: sympy.Expr) -> sympy.Expr:
+    """`c*Mod(x, m) + c*m*FloorDiv(x, m)` is `c*x`: a reshape's unravel followed by a re-flatten."""
+    if not expr.is_Add:
+        return expr
+    terms = {}
+    for term in expr.args:
+        coeff, factor = term.as_coeff_Mul()
+        terms[factor] = terms.get(factor, 0) + coeff
+    changed = True
+    while changed:
+        changed = False
+        for factor, coeff in list(terms.items()):
+            if not isinstance(factor, sympy.Mod):
+                continue
+            x, m = factor.args
+            partner = FloorDiv(x, m)
+            if partner in terms and terms[partner] == coeff * m:
+                del terms[factor], terms[partner]
+                terms[x] = terms.get(x, 0) + coeff
+                changed = True
+                break
+    return sympy.Add(*(c * f for f, c in terms.items()))
 
 
 def _split_multiples(expr: sympy.Expr, divisor: int) -> tuple[sympy.Expr, sympy.Expr]:

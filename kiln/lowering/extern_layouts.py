@@ -1,0 +1,74 @@
+"""Layouts around an ATen extern call: the layout its computed arguments are written in, and the
+layout its outputs will really have.
+
+Eager's strides (the fake tensors of the fx graph) are the best guess for an argument that kiln
+computes anyway, and a convolution's input is computed channels-last: oneDNN works in that layout
+(its output is channels-last too, so the permutes around it in ConvNeXt-style blocks are free). The outputs' strides depend on the strides the call
+really gets, so they are found by running the op on fake tensors of the realized arguments; the
+wrapper would otherwise copy every output whose strides differ from the fx graph's guess.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
+
+from kiln.ir.nodes import Buffer, Layout
+
+
+def layout_of(val: torch.Tensor) -> Layout:
+    """The Layout of a real, fake or meta tensor (symbolic sizes as their sympy expressions)."""
+    exprs = lambda xs: tuple(sympy.sympify(getattr(x, "node", x).expr if isinstance(x, torch.SymInt) else x) for x in xs)  # noqa: E731
+    return Layout(exprs(val.shape), exprs(val.stride()), val.dtype, sympy.sympify(val.storage_offset()))
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """The elements fill a storage span of numel() exactly once: a permuted contiguous tensor."""
+    expected = 1
+    for stride, size in sorted((int(st), int(n)) for n, st in zip(t.shape, t.stride()) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _static_tensor(meta: Any) -> bool:
+    return isinstance(meta, torch.Tensor) and not any(isinstance(v, torch.SymInt) for v in (*meta.shape, *meta.stride()))
+
+
+def argument_layout(meta: Any, size: Any, dtype: torch.dtype, channels_last: bool = False) -> Layout | None:
+    """Eager's dense layout of an argument, or None (use contiguous) when eager's was not dense,
+    or the value's size or dtype is not the argument's."""
+    if not _static_tensor(meta) or meta.dtype != dtype or [int(s) for s in meta.shape] != [int(s) for s in size]:
+        return None
+    if channels_last and meta.dim() == 4:
+        return layout_of(torch.empty(meta.shape, dtype=dtype, device="meta", memory_format=torch.channels_last))
+    if meta.is_contiguous() or not _dense(meta):
+        return None
+    return layout_of(meta.as_strided(meta.shape, meta.stride(), 0))
+
+
+def _fake(buffer: Buffer) -> torch.Tensor:
+    layout = buffer.layout
+    return torch.empty_strided([int(s) for s in layout.size], [int(s) for s in layout.stride], dtype=layout.dtype)
+
+
+def output_layouts(op: Any, args: tuple, kwargs: dict) -> list[Layout] | None:
+    """The layouts of `op`'s tensor outputs on these realized arguments, or None when that cannot
+    be known ahead (symbolic layouts, or no meta kernel)."""
+    leaves = pytree.tree_leaves((args, kwargs))
+    if any(isinstance(v, Buffer) and not v.layout.is_static for v in leaves):
+        return None
+    try:
+        # Fake CPU tensors, not meta ones: fake convolution follows the CPU kernel's layout choice.
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            fargs, fkwargs = pytree.tree_map_only(Buffer, _fake, (args, kwargs))
+            out = op(*fargs, **fkwargs)
+    except Exception:  # no fake kernel, or one stricter than the CPU kernel: keep eager's guess
+        return None
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    return [layout_of(o) if isinstance(o, torch.Tensor) else None for o in outs]

@@ -1,0 +1,42 @@
+"""Index simplification over loop ranges: reshapes that unravel and re-flatten an index give plain
+affine indices again, so the loads vectorize instead of gathering lane by lane."""
+
+import sympy
+import torch
+
+from kiln.ir.indexing import FloorDiv
+from kiln.schedule.index_bounds import simplify
+from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
+
+i0, i1 = sympy.symbols("i0 i1")
+
+
+def test_row_of_a_flattened_index_is_the_outer_loop_divided():
+    # (i1 + 384*i0) // 21504 with i1 < 384 is i0 // 56: the inner term never carries.
+    assert simplify(FloorDiv(i1 + 384 * i0, 21504), {i0: 3136, i1: 384}) == FloorDiv(i0, 56)
+    assert simplify(sympy.Mod(i1 + 96 * i0, 192), {i0: 3136, i1: 96}) == i1 + 96 * sympy.Mod(i0, 2)
+
+
+def test_unravel_then_flatten_is_the_identity():
+    index = i1 + 384 * sympy.Mod(i0, 56) + 21504 * FloorDiv(i1 + 384 * i0, 21504)
+    assert simplify(index, {i0: 3136, i1: 384}) == i1 + 384 * i0
+
+
+def test_a_carrying_inner_term_is_kept():
+    # i1 reaches 400 >= 384: the division can carry, so nothing may be dropped.
+    index = FloorDiv(i1 + 384 * i0, 21504)
+    assert simplify(index, {i0: 3136, i1: 400}) == index
+
+
+def test_bias_and_gelu_over_a_reshaped_matmul_output_load_contiguously():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(1, 8, 8, 16), torch.randn(16, 32), torch.randn(32)
+
+    def fn(x, w, b):
+        y = torch.mm(x.reshape(64, 16), w).view(1, 8, 8, 32)
+        return torch.nn.functional.gelu(y + b).view(64, 32)
+
+    out, program = compiled(fn, x, w, b)
+    torch.testing.assert_close(out, fn(x, w, b))
+    (kernel,) = [chunk for chunk in program.source.split('extern "C" void ')[1:] if chunk.startswith("kernel_")]
+    assert "kiln::lanes" not in kernel and "kiln::load<float>(in0 + (i1 + (32L * i0)))" in kernel, kernel
