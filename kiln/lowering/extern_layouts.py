@@ -2,8 +2,8 @@
 layout its outputs will really have.
 
 Eager's strides (the fake tensors of the fx graph) are the best guess for an argument that kiln
-computes anyway, and a convolution's input is computed channels-last: oneDNN works in that layout
-(its output is channels-last too, so the permutes around it in ConvNeXt-style blocks are free). The outputs' strides depend on the strides the call
+computes anyway: a convolution fed channels-last data in eager (ConvNeXt's blocks) gets it here
+too, and one fed contiguous data (ResNet's) stays contiguous, where oneDNN is faster for it. The outputs' strides depend on the strides the call
 really gets, so they are found by running the op on fake tensors of the realized arguments; the
 wrapper would otherwise copy every output whose strides differ from the fx graph's guess.
 """
@@ -40,13 +40,11 @@ def _static_tensor(meta: Any) -> bool:
     return isinstance(meta, torch.Tensor) and not any(isinstance(v, torch.SymInt) for v in (*meta.shape, *meta.stride()))
 
 
-def argument_layout(meta: Any, size: Any, dtype: torch.dtype, channels_last: bool = False) -> Layout | None:
+def argument_layout(meta: Any, size: Any, dtype: torch.dtype) -> Layout | None:
     """Eager's dense layout of an argument, or None (use contiguous) when eager's was not dense,
     or the value's size or dtype is not the argument's."""
     if not _static_tensor(meta) or meta.dtype != dtype or [int(s) for s in meta.shape] != [int(s) for s in size]:
         return None
-    if channels_last and meta.dim() == 4:
-        return layout_of(torch.empty(meta.shape, dtype=dtype, device="meta", memory_format=torch.channels_last))
     if meta.is_contiguous() or not _dense(meta):
         return None
     return layout_of(meta.as_strided(meta.shape, meta.stride(), 0))

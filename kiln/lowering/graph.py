@@ -99,7 +99,7 @@ class GraphLowering:
         self.program.steps.append(ComputeStep(buffer, Pointwise(value.dtype, value.size, value.loader, name=buffer.name)))
         return buffer
 
-    def _extern_arg(self, value: TensorValue, meta: Any = None, channels_last: bool = False) -> Buffer:
+    def _extern_arg(self, value: TensorValue, meta: Any = None) -> Buffer:
         # A strided view of a buffer reaches an extern as a view (as_strided), not as a copy;
         # a value computed for the extern is written in eager's layout of that argument.
         if value.buffer is None and value.strided is not None:
@@ -111,26 +111,24 @@ class GraphLowering:
                     ExternStep([view], torch.ops.aten.as_strided.default, (base, size, stride, int(layout.offset)), {}))
                 return view
         if value.buffer is None:
-            return self.realize(value, argument_layout(meta, value.size, value.dtype, channels_last))
+            return self.realize(value, argument_layout(meta, value.size, value.dtype))
         return value.buffer
 
-    def _realize_args(self, tree: Any, metas: Any = None, channels_last: bool = False) -> Any:
-        """Buffers for the tensors of an extern's arguments; `metas` are the fx arguments (eager's
-        layouts), `channels_last` asks for the first tensor (a convolution's input) channels-last."""
+    def _realize_args(self, tree: Any, metas: Any = None) -> Any:
+        """Buffers for the tensors of an extern's arguments; `metas` are the fx arguments, whose
+        fake values give eager's layouts."""
         leaves, spec = pytree.tree_flatten(tree)
         meta_leaves = pytree.tree_leaves(pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"), metas))
         if len(meta_leaves) != len(leaves):
             meta_leaves = [None] * len(leaves)
         return pytree.tree_unflatten(
-            [self._extern_arg(v, m, channels_last and i == 0) if isinstance(v, TensorValue) else v
-             for i, (v, m) in enumerate(zip(leaves, meta_leaves))], spec)
+            [self._extern_arg(v, m) if isinstance(v, TensorValue) else v for v, m in zip(leaves, meta_leaves)], spec)
 
     def _extern(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         vals = node.meta["val"]
         multiple = isinstance(vals, (tuple, list))
         vals = list(vals) if multiple else [vals]
-        conv = node.target is torch.ops.aten.convolution.default
-        args, kwargs = self._realize_args(args, node.args, conv), self._realize_args(kwargs, node.kwargs)
+        args, kwargs = self._realize_args(args, node.args), self._realize_args(kwargs, node.kwargs)
         real = output_layouts(node.target, args, kwargs)
         layouts = real if real is not None and len(real) == len(vals) else [None] * len(vals)
         outs = [Buffer(self._new_name(), layout or layout_of(v)) if isinstance(v, torch.Tensor) else None

@@ -1,8 +1,10 @@
 """The memory plan: when each buffer dies, and which dead buffer's memory a new one takes.
 
-Only memory kiln's own kernels allocate is planned; graph inputs, outputs and extern results
-belong to others. An extern whose schema says it returns a view keeps its inputs alive as long
-as its outputs. A new buffer reuses a dead one of exactly the same size, strides and dtype, so
+Only memory kiln's own kernels allocate is reused; graph inputs and outputs belong to the caller.
+Every other buffer, an extern's result included, is dropped right after its last reader, as eager
+drops it: results held to the end of the call raise the peak, and their release all at once lets
+malloc hand the heap back to the system, so the next call page-faults its memory in again. An extern whose schema says it returns a view keeps its
+inputs alive as long as its outputs. A new buffer reuses a dead one of exactly the same size, strides and dtype, so
 the wrapper just rebinds a name (no allocation, and memory that is already in cache)."""
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def plan_memory(steps: list, outputs: list, owned: dict[str, Buffer]) -> MemoryP
         if isinstance(o, Buffer):
             kept |= {o.name} | aliases.get(o.name, set())
 
+    produced = {b.name for step in steps for b in step.outputs if b is not None}
     plan, dead = MemoryPlan(), []
     for k, step in enumerate(steps):
         if isinstance(step, FusedKernel):
@@ -63,17 +66,16 @@ def plan_memory(steps: list, outputs: list, owned: dict[str, Buffer]) -> MemoryP
                 if match is not None and out.name not in kept:
                     dead.remove(match)
                     plan.reuses[out.name] = match
-        for name in _dying(last_use, k, owned, kept, steps):
+        for name in _dying(last_use, k, produced, kept, steps):
             plan.frees.setdefault(k, []).append(name)
-            dead.append(name)
+            if name in owned:
+                dead.append(name)
     return plan
 
 
-def _dying(last_use: dict[str, int], k: int, owned: dict[str, Buffer], kept: set[str], steps: list) -> list[str]:
-    # A buffer nobody reads after its own kernel (rows only that kernel uses) dies with it.
-    from kiln.schedule.fusion import FusedKernel
-
+def _dying(last_use: dict[str, int], k: int, produced: set[str], kept: set[str], steps: list) -> list[str]:
+    # A buffer nobody reads after the step that makes it (rows only its kernel uses) dies with it.
     step = steps[k]
-    unread = [b.name for b in step.outputs if b.name not in last_use] if isinstance(step, FusedKernel) else []
-    return [name for name, at in last_use.items() if at == k and name in owned and name not in kept] + \
+    unread = [b.name for b in step.outputs if b is not None and b.name not in last_use]
+    return [name for name, at in last_use.items() if at == k and name in produced and name not in kept] + \
         [name for name in unread if name not in kept]

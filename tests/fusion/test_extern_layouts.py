@@ -11,14 +11,16 @@ from tests.kiln_backend import private_cache  # noqa: F401  (fixture)
 
 
 class ChannelsLastBlock(torch.nn.Module):
-    """A depthwise convolution between channels-last pointwise work, as in ConvNeXt's blocks."""
+    """A depthwise convolution of channels-last data (a linear layer's output over the channels),
+    as in ConvNeXt's blocks."""
 
     def __init__(self):
         super().__init__()
+        self.pointwise = torch.nn.Linear(8, 8)
         self.conv = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
 
     def forward(self, x):
-        y = x.permute(0, 2, 3, 1) * 2.0
+        y = self.pointwise(x.permute(0, 2, 3, 1)) * 2.0
         return self.conv(y.permute(0, 3, 1, 2)).permute(0, 2, 3, 1) + 1.0
 
 
