@@ -3,13 +3,15 @@ layout its outputs will really have.
 
 Eager's strides (the fake tensors of the fx graph) are the best guess for an argument that kiln
 computes anyway: a convolution fed channels-last data in eager (ConvNeXt's blocks) gets it here
-too, and one fed contiguous data (ResNet's) stays contiguous, where oneDNN is faster for it. The outputs' strides depend on the strides the call
-really gets, so they are found by running the op on fake tensors of the realized arguments; the
-wrapper would otherwise copy every output whose strides differ from the fx graph's guess.
+too, and one fed contiguous data (ResNet's) stays contiguous, where oneDNN is faster for it. The
+outputs' strides depend on the strides the call really gets, so they are found by running the op
+on fake tensors of the realized arguments; the wrapper would otherwise copy every output whose
+strides differ from the fx graph's guess.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import sympy
@@ -47,7 +49,7 @@ def argument_layout(meta: Any, size: Any, dtype: torch.dtype) -> Layout | None:
         return None
     if meta.is_contiguous() or not _dense(meta):
         return None
-    return layout_of(meta.as_strided(meta.shape, meta.stride(), 0))
+    return dataclasses.replace(layout_of(meta), offset=sympy.Integer(0))
 
 
 def _fake(buffer: Buffer) -> torch.Tensor:
@@ -57,7 +59,7 @@ def _fake(buffer: Buffer) -> torch.Tensor:
 
 def output_layouts(op: Any, args: tuple, kwargs: dict) -> list[Layout] | None:
     """The layouts of `op`'s tensor outputs on these realized arguments, or None when that cannot
-    be known ahead (symbolic layouts, or no meta kernel)."""
+    be known ahead (symbolic layouts, or no fake kernel)."""
     leaves = pytree.tree_leaves((args, kwargs))
     if any(isinstance(v, Buffer) and not v.layout.is_static for v in leaves):
         return None

@@ -3,9 +3,10 @@
 Only memory kiln's own kernels allocate is reused; graph inputs and outputs belong to the caller.
 Every other buffer, an extern's result included, is dropped right after its last reader, as eager
 drops it: results held to the end of the call raise the peak, and their release all at once lets
-malloc hand the heap back to the system, so the next call page-faults its memory in again. An extern whose schema says it returns a view keeps its
-inputs alive as long as its outputs. A new buffer reuses a dead one of exactly the same size, strides and dtype, so
-the wrapper just rebinds a name (no allocation, and memory that is already in cache)."""
+malloc hand the heap back to the system, so the next call page-faults its memory in again. An
+extern whose schema says it returns a view keeps its inputs alive as long as its outputs. A new
+buffer reuses a dead one of exactly the same size, strides and dtype, so the wrapper just rebinds
+a name (no allocation, and memory that is already in cache)."""
 
 from __future__ import annotations
 
