@@ -27,6 +27,7 @@ from kiln.passes import run_passes
 from kiln.runtime.cpp_compile import load_library, workers
 from kiln.schedule import Schedule, schedule
 from kiln.schedule.fusion import FusedKernel
+from kiln.schedule.memory import MemoryPlan
 
 
 def _ints(layout: Layout) -> tuple[list[int], list[int]]:
@@ -146,7 +147,7 @@ class CppProgram:
         reused = set(memory.reuses.values())
         for k, step in enumerate(self.schedule.steps):
             if isinstance(step, FusedKernel):
-                lines += _kernel_call(step, constants, memory.reuses, step.name in checks)
+                lines += _kernel_call(step, constants, memory, step.name in checks)
             else:
                 lines += _extern_call(k, step, constants, ops)
             dead = [name for name in memory.frees.get(k, []) if name not in reused]
@@ -172,11 +173,13 @@ def _op_count(node: Any) -> int:
     return sum(n for op, n in counts.items() if op not in ("load", "store", "constant", "index_expr"))
 
 
-def _kernel_call(kernel: FusedKernel, constants: dict, reuses: dict[str, str], check: bool) -> list[str]:
+def _kernel_call(kernel: FusedKernel, constants: dict, memory: MemoryPlan, check: bool) -> list[str]:
     lines = []
     for b in kernel.outputs:
-        if b.name in reuses:
-            lines.append(f"{b.name} = {reuses[b.name]}")
+        if b.name in memory.reuses:  # the dead buffer's name goes with its memory
+            lines.append(f"{b.name} = {memory.reuses[b.name]}; del {memory.reuses[b.name]}")
+        elif b.name in memory.inplace:  # the input's name dies after the call, as it would anyway
+            lines.append(f"{b.name} = {memory.inplace[b.name]}")
         else:
             size, stride = _ints(b.layout)
             constants[f"dtype_{b.name}"] = b.layout.dtype

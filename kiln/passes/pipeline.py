@@ -13,11 +13,13 @@ from torch import fx
 
 from kiln import logs
 from kiln.passes.bias_epilogue import bias_epilogue
+from kiln.passes.scatter_accumulate import scatter_accumulate
 
 Pass = Callable[[fx.GraphModule], bool]  # edits the graph; True when it changed something
 
 PASSES: list[tuple[str, Pass]] = [
     ("bias_epilogue", bias_epilogue),
+    ("scatter_accumulate", scatter_accumulate),
 ]
 
 

@@ -36,6 +36,7 @@ class FusedKernel:
     locals: set[str] = field(default_factory=set)  # members kept in registers, never stored
     inputs: list[Buffer] = field(default_factory=list)  # read from memory written elsewhere
     outputs: list[Buffer] = field(default_factory=list)  # members stored to memory
+    overwrites: dict[str, Buffer] = field(default_factory=dict)  # output -> input it is written over
 
     @property
     def written(self) -> dict[str, LoopNest]:

@@ -6,7 +6,9 @@ drops it: results held to the end of the call raise the peak, and their release 
 malloc hand the heap back to the system, so the next call page-faults its memory in again. An
 extern whose schema says it returns a view keeps its inputs alive as long as its outputs. A new
 buffer reuses a dead one of exactly the same size, strides and dtype, so the wrapper just rebinds
-a name (no allocation, and memory that is already in cache)."""
+a name (no allocation, and memory that is already in cache). A kernel's output may also be
+written over one of its inputs that dies at that kernel (kiln/schedule/inplace.py says which
+inputs a kernel can overwrite), an extern's result included unless it may view other memory."""
 
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ from typing import Any
 
 from torch.utils import _pytree as pytree
 
-from kiln.ir.nodes import Buffer
+from kiln.ir.nodes import Buffer, Layout
 
 
 @dataclass
 class MemoryPlan:
     frees: dict[int, list[str]] = field(default_factory=dict)  # step -> buffers dead after it
     reuses: dict[str, str] = field(default_factory=dict)  # new buffer -> dead buffer it takes over
+    inplace: dict[str, str] = field(default_factory=dict)  # kernel output -> input it is written over
 
 
 def _returns_view(op: Any) -> bool:
@@ -58,20 +61,37 @@ def plan_memory(steps: list, outputs: list, owned: dict[str, Buffer]) -> MemoryP
         if isinstance(o, Buffer):
             kept |= {o.name} | aliases.get(o.name, set())
 
-    produced = {b.name for step in steps for b in step.outputs if b is not None}
+    layouts = {b.name: b.layout for step in steps for b in step.outputs if b is not None}
     plan, dead = MemoryPlan(), []
     for k, step in enumerate(steps):
+        dying = _dying(last_use, k, set(layouts), kept, steps)
         if isinstance(step, FusedKernel):
+            overwritable = {name for name in dying if name not in aliases}
+            plan.inplace.update(_overwrites(step, overwritable, layouts))
             for out in step.outputs:
                 match = next((d for d in dead if owned[d].layout == out.layout), None)
-                if match is not None and out.name not in kept:
+                if match is not None and out.name not in kept and out.name not in plan.inplace:
                     dead.remove(match)
                     plan.reuses[out.name] = match
-        for name in _dying(last_use, k, produced, kept, steps):
+        for name in dying:
             plan.frees.setdefault(k, []).append(name)
-            if name in owned:
+            if name in owned and name not in plan.inplace.values():
                 dead.append(name)
     return plan
+
+
+def _overwrites(kernel: Any, dying: set[str], layouts: dict[str, Layout]) -> dict[str, str]:
+    """Outputs of `kernel` written over inputs that die at it (at most one input per output).
+    A graph output may be: what it overwrites is an intermediate nothing else holds."""
+    from kiln.schedule.inplace import overwritable_inputs
+
+    chosen: dict[str, str] = {}
+    for out, names in overwritable_inputs(kernel).items():
+        layout = next(b.layout for b in kernel.outputs if b.name == out)
+        name = next((n for n in names if n in dying and n not in chosen.values() and layouts[n] == layout), None)
+        if name is not None:
+            chosen[out] = name
+    return chosen
 
 
 def _dying(last_use: dict[str, int], k: int, produced: set[str], kept: set[str], steps: list) -> list[str]:

@@ -111,4 +111,9 @@ def schedule(program: Program) -> Schedule:
                 buffers[b.name] = b
     _finish(steps, program.outputs, buffers)
     owned = {b.name: b for s in steps if isinstance(s, FusedKernel) for b in s.outputs}
-    return Schedule(program.inputs, steps, program.outputs, plan_memory(steps, program.outputs, owned))
+    memory = plan_memory(steps, program.outputs, owned)
+    for kernel in (s for s in steps if isinstance(s, FusedKernel)):
+        kernel.overwrites = {b.name: buffers[memory.inplace[b.name]] for b in kernel.outputs if b.name in memory.inplace}
+        taken = {b.name for b in kernel.overwrites.values()}
+        kernel.inputs = [b for b in kernel.inputs if b.name not in taken]  # read through the output's pointer
+    return Schedule(program.inputs, steps, program.outputs, memory)

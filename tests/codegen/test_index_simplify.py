@@ -39,4 +39,4 @@ def test_bias_and_gelu_over_a_reshaped_matmul_output_load_contiguously():
     out, program = compiled(fn, x, w, b)
     torch.testing.assert_close(out, fn(x, w, b))
     (kernel,) = [chunk for chunk in program.source.split('extern "C" void ')[1:] if chunk.startswith("kernel_")]
-    assert "kiln::lanes" not in kernel and "kiln::load<float>(in0 + (i1 + (32L * i0)))" in kernel, kernel
+    assert "kiln::lanes" not in kernel and "kiln::load<float>(out0 + (i1 + (32L * i0)))" in kernel, kernel  # in place over mm

@@ -1,5 +1,6 @@
-"""The memory plan: kernels' buffers reuse dead ones of the same layout, and every intermediate,
-an extern's result included, is dropped right after its last reader, as eager drops it."""
+"""The memory plan: kernels' buffers reuse dead ones of the same layout, write over inputs that
+die at them, and every intermediate, an extern's result included, is dropped right after its
+last reader, as eager drops it."""
 
 import torch
 
@@ -12,24 +13,60 @@ def mlp(x, w1, w2, w3):
     return torch.mm(g, w3)
 
 
+def sliced_chain(x, y):
+    a = torch.relu(x) * 2
+    b = torch.mm(a, y)  # a dies here
+    c = torch.sigmoid(b[:, :16])  # b is laid out otherwise: c cannot overwrite it, takes a's memory
+    return torch.mm(c, y)
+
+
+def _line(lines, text):
+    return next(k for k, line in enumerate(lines) if text in line)
+
+
 def test_extern_results_are_dropped_after_their_last_reader():
     torch.manual_seed(0)
-    inputs = [torch.randn(16, 32), torch.randn(32, 32), torch.randn(32, 32), torch.randn(32, 8)]
-    out, program = compiled(mlp, *inputs)
-    torch.testing.assert_close(out, mlp(*inputs))
+    inputs = [torch.randn(32, 16), torch.randn(16, 32)]
+    out, program = compiled(sliced_chain, *inputs)
+    torch.testing.assert_close(out, sliced_chain(*inputs))
     lines = program.python.splitlines()
-    mm_results = [line.split("=")[0].strip() for line in lines if "= op" in line]
-    assert len(mm_results) == 3
-    for name in mm_results[:2]:  # the last one is the graph's output
-        made = next(k for k, line in enumerate(lines) if line.strip().startswith(f"{name} = op"))
-        freed = [k for k, line in enumerate(lines) if line.strip().startswith("del ") and name in line.split()]
-        read = [k for k, line in enumerate(lines) if f"{name}.data_ptr()" in line]
-        assert freed and read and made < max(read) < freed[0], program.python
+    b = lines[_line(lines, "= op")].split("=")[0].strip()
+    made, read = _line(lines, f"{b} = op"), _line(lines, f"{b}.data_ptr()")
+    freed = [k for k, line in enumerate(lines) if line.strip().startswith("del ") and b in line.replace(",", " ").split()]
+    assert freed and made < read < freed[0], program.python
 
 
 def test_same_layout_buffers_are_reused_not_reallocated():
     torch.manual_seed(0)
+    inputs = [torch.randn(32, 16), torch.randn(16, 32)]
+    _, program = compiled(sliced_chain, *inputs)
+    assert len(program.schedule.memory.reuses) == 1 and not program.schedule.memory.inplace
+    assert program.python.count("empty_strided(") == 1, program.python
+    (new, dead), = program.schedule.memory.reuses.items()
+    assert f"{new} = {dead}; del {dead}" in program.python  # the dead name does not hold the memory
+
+
+def test_pointwise_kernel_writes_over_a_dying_extern_result():
+    torch.manual_seed(0)
     inputs = [torch.randn(16, 32), torch.randn(32, 32), torch.randn(32, 32), torch.randn(32, 8)]
-    _, program = compiled(mlp, *inputs)
-    assert program.schedule.memory.reuses  # the second relu writes into the first one's buffer
-    assert program.python.count("empty_strided(") == 1
+    out, program = compiled(mlp, *inputs)
+    torch.testing.assert_close(out, mlp(*inputs))
+    inplace = program.schedule.memory.inplace
+    assert len(inplace) == 2 and "empty_strided(" not in program.python, program.python
+    for kernel in program.schedule.kernels:
+        (out_name, taken), = kernel.overwrites.items()
+        assert inplace[out_name] == taken.name and taken not in kernel.inputs
+        assert program.source.count("const float* __restrict__") == 0  # one pointer: read and written
+
+
+def test_input_read_at_another_element_is_not_overwritten():
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+
+    def f(x, w):
+        y = torch.mm(x, w)
+        return torch.relu(y + y.t()) + 1
+
+    out, program = compiled(f, x, w)
+    torch.testing.assert_close(out, f(x, w))
+    assert not program.schedule.memory.inplace

@@ -16,6 +16,7 @@ from kiln.ir.nodes import Layout, Pointwise
 from kiln.ir.ops import use_handler
 from kiln.schedule.fusion import FusedKernel
 from kiln.schedule.index_bounds import linear_stride
+from kiln.schedule.inplace import init_is_copy_of
 from kiln.schedule.loop_nest import LoopNest, loop_extents
 from kiln.schedule.loop_order import ordered_nest
 
@@ -52,7 +53,8 @@ class KernelPrinter:
         self.kernel, self.function = kernel, function
         self.pointers = {b.name: f"in{k}" for k, b in enumerate(kernel.inputs)}
         self.pointers.update({b.name: f"out{k}" for k, b in enumerate(kernel.outputs)})
-        self.buffers = {b.name: b for b in kernel.inputs + kernel.outputs}
+        self.pointers.update({b.name: self.pointers[out] for out, b in kernel.overwrites.items()})
+        self.buffers = {b.name: b for b in [*kernel.inputs, *kernel.outputs, *kernel.overwrites.values()]}
         self.buffers.update({m.name: m.buffer for m in kernel.members})
         self.locals = {name: f"{name}_value" for name in kernel.locals}
         self.vectorized = False
@@ -205,13 +207,15 @@ class KernelPrinter:
     # -- scatters: the initial values, then one write per source element ------------------------
     def _scatter(self, nest: LoopNest) -> None:
         node = nest.node
-        init = ordered_nest(nest.buffer, Pointwise(node.dtype, node.ranges, node.init_fn, name=node.name))
-        init_kernel = FusedKernel(self.kernel.name, tuple(init.ranges), [init], set(), self.kernel.inputs,
-                                  self.kernel.outputs)
-        printer = KernelPrinter(init_kernel, self.function)
-        printer._function_body()
-        self.lines += printer.lines
-        self.vectorized = printer.vectorized
+        overwritten = self.kernel.overwrites.get(nest.name)
+        if overwritten is None or not init_is_copy_of(nest, overwritten.name):  # else already in place
+            init = ordered_nest(nest.buffer, Pointwise(node.dtype, node.ranges, node.init_fn, name=node.name))
+            init_kernel = FusedKernel(self.kernel.name, tuple(init.ranges), [init], set(), self.kernel.inputs,
+                                      self.kernel.outputs, self.kernel.overwrites)
+            printer = KernelPrinter(init_kernel, self.function)
+            printer._function_body()
+            self.lines += printer.lines
+            self.vectorized = printer.vectorized
         self._scatter_writes(nest)
 
     def _scatter_writes(self, nest: LoopNest) -> None:
