@@ -1,5 +1,6 @@
 """The scheduling pipeline over a lowered Program: drop nodes nobody reads, give pointwise nodes
-their loop order, fuse nodes into kernels, keep kernel-private results in registers, plan memory."""
+their loop order, fuse nodes into kernels, merge loops that walk memory as one, keep
+kernel-private results in registers, plan memory."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from kiln.lowering.graph import ComputeStep, ExternStep, Program, binds_memory
 from kiln.schedule.fusion import FusedKernel, KernelBuilder
 from kiln.schedule.loop_order import ordered_nest
 from kiln.schedule.memory import MemoryPlan, plan_memory
+from kiln.schedule.merge_loops import merge_loops
 
 
 @dataclass
@@ -103,7 +105,7 @@ def _finish(steps: list, outputs: list[Any], buffers: dict[str, Buffer]) -> None
 
 def schedule(program: Program) -> Schedule:
     """The program's steps as fused kernels and externs, with a memory plan."""
-    steps = _group(live_steps(program))
+    steps = [merge_loops(s) if isinstance(s, FusedKernel) else s for s in _group(live_steps(program))]
     buffers = {b.name: b for b in program.inputs if b is not None}
     for step in program.steps:
         for b in [step.buffer] if isinstance(step, ComputeStep) else step.outputs:

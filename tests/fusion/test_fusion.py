@@ -123,7 +123,8 @@ def test_reduction_over_rows_accumulates_vectors_along_the_contiguous_dim():
 
 def test_batch_norm_vectorizes_along_the_activations_not_the_per_channel_parameters():
     # Four per-channel loads walk C contiguously, the activation's load and store walk W: the
-    # loop order weighs accesses by how much memory they cover, so W is the vector loop.
+    # loop order weighs accesses by how much memory they cover, so W is the vector loop, merged
+    # with H (each plane is contiguous) into one loop of 8*64.
     def bn_relu(x, mean, var, w, b):
         return torch.relu((x - mean[:, None, None]) * torch.rsqrt(var[:, None, None] + 1e-5) * w[:, None, None]
                           + b[:, None, None])
@@ -132,7 +133,7 @@ def test_batch_norm_vectorizes_along_the_activations_not_the_per_channel_paramet
     _, program = compiled(bn_relu, torch.randn(2, c, 8, 64), torch.randn(c), torch.rand(c) + 0.5, torch.randn(c),
                           torch.randn(c))
     (kernel,) = program.schedule.kernels
-    assert [int(s) for s in kernel.outer][-1] == 64 and kernel.vectorizes_outer
+    assert [int(s) for s in kernel.outer] == [2, 32, 512] and kernel.vectorizes_outer
 
 
 def test_siblings_that_both_index_indirectly_share_one_loop():
@@ -145,3 +146,16 @@ def test_siblings_that_both_index_indirectly_share_one_loop():
 def test_reductions_over_several_dims_with_long_rows_count_every_row_once():
     x = torch.randn(3, 5, 70)  # rows of 70: the unrolled loop runs inside the loop over dim 1
     compiled(lambda x: (x.sum((1, 2)), x.amax((1, 2)), x.var((1, 2))), x)
+
+
+def test_small_contiguous_planes_merge_into_one_vector_loop():
+    # 7x7 planes: a loop over 7 columns has no full vector at 8 lanes; the plane is one loop of 49.
+    x, w = torch.randn(2, 16, 7, 7), torch.randn(16)
+    out, program = compiled(lambda x, w: (torch.relu(x * w[:, None, None]), x.sum(dim=(2, 3))), x, w)
+    torch.testing.assert_close(out[0], torch.relu(x * w[:, None, None]))
+    torch.testing.assert_close(out[1], x.sum(dim=(2, 3)))
+    source = kernel_functions(program)[0]
+    assert "49L - 49L % kiln::L" in source and "7L" not in source, source
+    # A row vector broadcast over the planes' rows reads by column alone: its loops stay apart.
+    out, program = compiled(lambda x, v: x + v, x, torch.randn(7))
+    assert "49L" not in kernel_functions(program)[0]
