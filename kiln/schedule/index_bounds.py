@@ -33,6 +33,12 @@ def max_value(expr: sympy.Expr, extents: Mapping[sympy.Symbol, sympy.Expr]) -> i
         return out
     if isinstance(expr, sympy.Mod) and expr.args[1].is_Integer:
         return int(expr.args[1]) - 1
+    if isinstance(expr, (sympy.Min, sympy.Max)):  # a clamped index (cat, padding): Min(195, Max(0, i - 1))
+        parts = [max_value(a, extents) for a in expr.args]
+        if isinstance(expr, sympy.Max):
+            return None if any(p is None for p in parts) else max(parts)
+        known = [p for p in parts if p is not None]
+        return min(known) if known else None
     if isinstance(expr, FloorDiv) and expr.args[1].is_Integer:
         top = max_value(expr.args[0], extents)
         return None if top is None else top // int(expr.args[1])
@@ -46,6 +52,10 @@ def is_nonnegative(expr: sympy.Expr) -> bool:
         return expr >= 0
     if expr.is_Symbol or isinstance(expr, (sympy.Mod, FloorDiv)):
         return True
+    if isinstance(expr, sympy.Max):
+        return any(is_nonnegative(a) for a in expr.args)
+    if isinstance(expr, sympy.Min):
+        return all(is_nonnegative(a) for a in expr.args)
     if expr.is_Add or expr.is_Mul:
         return all(is_nonnegative(a) for a in expr.args)
     return False

@@ -22,6 +22,18 @@ def test_unravel_then_flatten_is_the_identity():
     assert simplify(index, {i0: 3136, i1: 384}) == i1 + 384 * i0
 
 
+def test_a_clamped_index_is_bounded_by_its_clamp():
+    # ViT's patch tokens after the class token: column Min(195, Max(0, i0 - 1)) of a (768, 14, 14)
+    # plane read through flatten(2).transpose(1, 2) is plain `196*i1 + column`.
+    column = sympy.Min(195, sympy.Max(0, i0 - 1))
+    flat = 196 * i1 + column
+    index = (14 * sympy.Mod(FloorDiv(flat, 14), 14) + 196 * sympy.Mod(FloorDiv(flat, 196), 768)
+             + 150528 * FloorDiv(flat, 150528) + sympy.Mod(column, 14))
+    assert simplify(index, {i0: 197, i1: 768}) == flat
+    unclamped = sympy.Max(0, i0 - 1)  # up to 196: the remainder by 14 may be needed
+    assert simplify(sympy.Mod(unclamped, 196), {i0: 198}) == sympy.Mod(unclamped, 196)
+
+
 def test_a_carrying_inner_term_is_kept():
     # i1 reaches 400 >= 384: the division can carry, so nothing may be dropped.
     index = FloorDiv(i1 + 384 * i0, 21504)

@@ -29,3 +29,18 @@ def test_a_cheap_value_read_twice_is_recomputed_not_stored():
     fn = lambda x: (x + 1) * (x + 1) - (x + 1)  # noqa: E731
     _, program = compiled(fn, torch.randn(4, 16))
     assert len(program.program.kernels) == 1
+
+
+def test_a_gathered_value_read_twice_is_realized_once():
+    # ViT's embeddings: patches read across a convolution's channels-first planes, a class token
+    # in front; every reader of the sum would gather it lane by lane unless it is stored once.
+    def embed(planes, cls, pos):
+        tokens = torch.cat([cls, planes.flatten(2).transpose(1, 2)], dim=1) + pos
+        return torch.nn.functional.layer_norm(tokens, (64,)), tokens * 2
+
+    planes, cls, pos = torch.randn(1, 64, 4, 4), torch.randn(1, 1, 64), torch.randn(1, 17, 64)
+    out, program = compiled(embed, planes, cls, pos)
+    for got, want in zip(out, embed(planes, cls, pos)):
+        torch.testing.assert_close(got, want)
+    assert len(program.program.kernels) >= 2  # the tokens are a buffer of their own
+    assert program.source.count("kiln::lanes") <= 1, program.source  # gathered by one loop only
