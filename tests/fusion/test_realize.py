@@ -44,3 +44,18 @@ def test_a_gathered_value_read_twice_is_realized_once():
         torch.testing.assert_close(got, want)
     assert len(program.program.kernels) >= 2  # the tokens are a buffer of their own
     assert program.source.count("kiln::lanes") <= 1, program.source  # gathered by one loop only
+
+
+def test_costly_math_broadcast_over_an_outer_dim_is_realized():
+    # Llama's rotary tables: cos and sin of (positions, 64) read by every head. Inlined, each
+    # head would compute them again; stored, they are computed once.
+    def rotary(q, angles):
+        return q * angles.cos()[None] + q * angles.sin()[None]
+
+    q, angles = torch.randn(8, 128, 64), torch.randn(128, 64)
+    out, program = compiled(rotary, q, angles)
+    torch.testing.assert_close(out, rotary(q, angles))
+    assert len(program.program.kernels) == 3, program.report()  # cos, sin, and the product
+    # A per-channel scale broadcast over the inner dims only: the compiler hoists it, no buffer.
+    out, program = compiled(lambda x, v: x * torch.rsqrt(v)[:, None], torch.randn(64, 256), torch.rand(64) + 1)
+    assert len(program.program.kernels) == 1

@@ -5,6 +5,10 @@ include/kiln_vec.h) covering the L consecutive iterations `vector_var .. vector_
 a load whose index moves by 1 with that variable is one vector load, by 0 a broadcast, anything
 else (strides, div/mod, indirect indices) a lane-by-lane gather. Ops with a vector form use it;
 the rest apply the scalar spelling (printer.py's tables) lane by lane, so every body vectorizes.
+
+A vector value that is the same in every lane (built from broadcasts only) also keeps its scalar
+spelling: an indirect index taken from it (an embedding's token id, per row) is one index for
+the whole vector, so the rows it selects load contiguously instead of lane by lane.
 """
 
 from __future__ import annotations
@@ -55,6 +59,27 @@ def value_ctype(dtype: torch.dtype) -> str:
     return CTYPES[value_dtype(dtype)]
 
 
+_LAST_LANE = sympy.Symbol("kiln::L", integer=True, positive=True) - 1
+
+
+def _clamped_run(index: sympy.Expr, var: sympy.Symbol, lane_symbols: set[sympy.Symbol]) -> bool:
+    """Is `index` `a + clamp(var + b)`: one chain of Min/Max (constant bounds along `var`) around
+    a term moving by 1 with `var`? Along the lanes it then rises by 0 or 1 each step, so its
+    ends tell whether the lanes are contiguous (ends L-1 apart) or all one element (ends equal)."""
+    if index.free_symbols & lane_symbols:
+        return False
+    chains = [t for t in (index.args if index.is_Add else (index,)) if var in t.free_symbols]
+    if len(chains) != 1 or not isinstance(chains[0], (sympy.Min, sympy.Max)):
+        return False
+    term = chains[0]
+    while isinstance(term, (sympy.Min, sympy.Max)):
+        moving = [a for a in term.args if var in a.free_symbols]
+        if len(moving) != 1:
+            return False
+        term = moving[0]
+    return linear_stride(term, var) == 1
+
+
 class CppBody:
     """Prints one loop body; `pointers` maps buffer names to C++ pointers (at the tensor's first
     element), `locals` maps buffers kept in registers to their variable names."""
@@ -73,6 +98,7 @@ class CppBody:
         self._count = 0
         self._cse: dict[str, str] = {}
         self.vector_symbols: set[sympy.Symbol] = set()  # indirect indices that differ per lane
+        self._uniform: dict[str, str] = {}  # vector value equal in every lane -> its scalar spelling
         self.reduced: tuple[str, torch.dtype, str] | None = None
 
     # -- helpers ---------------------------------------------------------------------------
@@ -116,10 +142,27 @@ class CppBody:
     # -- the protocol ------------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
         if name in _UNARY:
-            return lambda x: self._emit(self._unary(name, x))
+            return lambda x: self._op(self._unary(name, x), _UNARY[name], x)
         if name in _BINARY:
-            return lambda a, b: self._emit(self._binary(name, a, b))
+            return lambda a, b: self._op(self._binary(name, a, b), _BINARY[name], a, b)
         raise AttributeError(name)
+
+    def _op(self, expr: str, scalar_form: str, *operands: str) -> str:
+        name = self._emit(expr)
+        if self.vectorized and all(o in self._uniform for o in operands):
+            self._set_uniform(name, scalar_form.format(*(self._uniform[o] for o in operands)))
+        return name
+
+    def _set_uniform(self, name: str, scalar: str) -> str:
+        if len(scalar) < 2000:  # long chains are not worth carrying
+            self._uniform.setdefault(name, f"({scalar})")
+        return name
+
+    def _broadcast(self, scalar: str, dtype: torch.dtype) -> str:
+        """A vector of `scalar` in every lane (remembered as uniform), or the scalar itself."""
+        if not self.vectorized:
+            return self._emit(scalar)
+        return self._set_uniform(self._emit(self._splat(scalar, dtype)), scalar)
 
     def _unary(self, name: str, x: str) -> str:
         if not self.vectorized:
@@ -143,13 +186,13 @@ class CppBody:
         dtype = self._dtype(buffer)
         if buffer in self.locals:
             local = self.locals[buffer]
-            return self._emit(self._splat(local, dtype)) if self.vectorized and self.scalar_locals else local
+            return self._broadcast(local, dtype) if self.vectorized and self.scalar_locals else local
         index = simplify(sympy.sympify(index) - self.buffers[buffer].layout.offset, self.extents)
         ptr = self.pointers[buffer]
         widen = "float" if dtype in HALF else ""
         if not self.vectorized or not self._lane_varying(index):
             scalar = f"{widen}({ptr}[{cpp_index(index)}])" if widen else f"{ptr}[{cpp_index(index)}]"
-            return self._emit(scalar if not self.vectorized else self._splat(scalar, dtype))
+            return self._broadcast(scalar, dtype)
         boolean = dtype == torch.bool
         if self._stride(index) == 1:
             if dtype in HALF:
@@ -157,7 +200,19 @@ class CppBody:
             return self._emit(f"kiln::load_mask({ptr} + {cpp_index(index)})" if boolean
                               else f"kiln::load<{CTYPES[dtype]}>({ptr} + {cpp_index(index)})")
         lane = f"[&](int l) {{ return {widen}({ptr}[{self._at_lane(index)}]); }}"
-        return self._emit(f"kiln::lanes_mask({lane})" if boolean else f"kiln::lanes<{value_ctype(dtype)}>({lane})")
+        gather = f"kiln::lanes_mask({lane})" if boolean else f"kiln::lanes<{value_ctype(dtype)}>({lane})"
+        if not boolean and dtype not in HALF and _clamped_run(index, self.vector_var, self.vector_symbols):
+            return self._emit(self._clamped_load(ptr, index, dtype, gather))
+        return self._emit(gather)
+
+    def _clamped_load(self, ptr: str, index: sympy.Expr, dtype: torch.dtype, gather: str) -> str:
+        """A load at a clamped run (cat, padding): the vector's lanes are one run of memory, one
+        element repeated (all clamped to one end) or, at the edge, a mix of both (gathered)."""
+        first = self._emit(f"static_cast<int64_t>({cpp_index(index)})")
+        last = self._emit(f"static_cast<int64_t>({cpp_index(index.xreplace({self.vector_var: self.vector_var + _LAST_LANE}))})")
+        ctype = CTYPES[dtype]
+        return (f"({last} - {first} == kiln::L - 1 ? kiln::load<{ctype}>({ptr} + {first}) : "
+                f"{last} == {first} ? kiln::splat<{ctype}>({ptr}[{first}]) : {gather})")
 
     def _splat(self, scalar: str, dtype: torch.dtype) -> str:
         return f"kiln::splat_mask({scalar})" if dtype == torch.bool else f"kiln::splat<{value_ctype(dtype)}>({scalar})"
@@ -178,33 +233,36 @@ class CppBody:
         scalar = cpp_constant(value, value_dtype(dtype))
         if dtype in HALF:
             scalar = f"kiln_round_{HALF[dtype]}({scalar})"
-        return self._emit(self._splat(scalar, dtype) if self.vectorized else scalar)
+        return self._broadcast(scalar, dtype)
 
     def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> str:
         expr, ctype = simplify(sympy.sympify(expr), self.extents), value_ctype(dtype)
         scalar = f"static_cast<{ctype}>({cpp_index(expr)})"
         if not self.vectorized or not self._lane_varying(expr):
-            return self._emit(self._splat(scalar, dtype) if self.vectorized else scalar)
+            return self._broadcast(scalar, dtype)
         step = self._stride(expr)
         if step is not None:
             return self._emit(f"kiln::iota<{ctype}>({scalar}, {ctype}({int(step)}))")
         return self._emit(f"kiln::lanes<{ctype}>([&](int l) {{ return static_cast<{ctype}>({self._at_lane(expr)}); }})")
 
     def to_dtype(self, value: str, dtype: torch.dtype) -> str:
+        cast = f"static_cast<{value_ctype(dtype)}>({{0}})"
+        scalar_form = f"kiln_round_{HALF[dtype]}({cast})" if dtype in HALF else cast
         if not self.vectorized:
-            cast = f"static_cast<{value_ctype(dtype)}>({value})"
-            return self._emit(f"kiln_round_{HALF[dtype]}({cast})" if dtype in HALF else cast)
+            return self._emit(scalar_form.format(value))
         if dtype == torch.bool:
-            return self._emit(f"kiln::to_bool({value})")
+            return self._op(f"kiln::to_bool({value})", scalar_form, value)
         cast = f"kiln::convert<{value_ctype(dtype)}>({value})"
-        return self._emit(f"kiln::round_{HALF[dtype]}({cast})" if dtype in HALF else cast)
+        return self._op(f"kiln::round_{HALF[dtype]}({cast})" if dtype in HALF else cast, scalar_form, value)
 
     def indirect_indexing(self, value: str, size: Any) -> sympy.Symbol:
         # Out-of-range indices are clamped (memory stays safe) and flagged; the wrapper raises.
         name = self._name().replace(self.prefix, f"{self.prefix}ind")  # unique among fused members
         size = cpp_index(sympy.sympify(size))
         symbol = sympy.Symbol(name, integer=True)
-        if self.vectorized:
+        if self.vectorized and value in self._uniform:  # one index for every lane
+            self.lines.append(f"int64_t {name} = kiln_index(static_cast<int64_t>({self._uniform[value]}), {size});")
+        elif self.vectorized:
             self.lines.append(f"auto {name} = kiln::vindex({value}, {size});")
             self.vector_symbols.add(symbol)
         else:
@@ -213,7 +271,8 @@ class CppBody:
 
     def where(self, condition: str, if_true: str, if_false: str) -> str:
         if self.vectorized:
-            return self._emit(f"kiln::select({condition}, {if_true}, {if_false})")
+            return self._op(f"kiln::select({condition}, {if_true}, {if_false})", "({0} ? {1} : {2})",
+                            condition, if_true, if_false)
         return self._emit(f"({condition} ? {if_true} : {if_false})")
 
     def reduction(self, reduction_type: str, dtype: torch.dtype, value: str) -> str:
