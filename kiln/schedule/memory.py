@@ -66,7 +66,9 @@ def plan_memory(steps: list, outputs: list, owned: dict[str, Buffer]) -> MemoryP
     for k, step in enumerate(steps):
         dying = _dying(last_use, k, set(layouts), kept, steps)
         if isinstance(step, FusedKernel):
-            overwritable = {name for name in dying if name not in aliases}
+            # Not a view (it would write into its base), nor viewed by another input of the kernel.
+            viewed = set().union(*(aliases.get(b.name, set()) for b in step.inputs))
+            overwritable = {name for name in dying if name not in aliases and name not in viewed}
             plan.inplace.update(_overwrites(step, overwritable, layouts))
             for out in step.outputs:
                 match = next((d for d in dead if owned[d].layout == out.layout), None)

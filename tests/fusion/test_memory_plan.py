@@ -70,3 +70,24 @@ def test_input_read_at_another_element_is_not_overwritten():
     out, program = compiled(f, x, w)
     torch.testing.assert_close(out, f(x, w))
     assert not program.schedule.memory.inplace
+
+
+def test_an_input_another_input_views_is_not_overwritten():
+    # y = x + x.t(), the transpose an ATen view of x: writing y over x would change what the
+    # view reads. (Scheduled only; nothing is compiled.)
+    from kiln.ir.nodes import Buffer, Layout, Pointwise
+    from kiln.ir.ops import ops
+    from kiln.lowering.graph import ComputeStep, ExternStep, Program
+    from kiln.schedule import schedule
+
+    a = Buffer("a", Layout.contiguous((4, 4), torch.float32))
+    x = Buffer("x", Layout.contiguous((4, 4), torch.float32))
+    v = Buffer("v", Layout((4, 4), (1, 4), torch.float32))
+    y = Buffer("y", Layout.contiguous((4, 4), torch.float32))
+    plus_one = Pointwise(torch.float32, (4, 4), lambda i: ops.add(ops.load("a", 4 * i[0] + i[1]),
+                                                                  ops.constant(1.0, torch.float32)), name="x")
+    total = Pointwise(torch.float32, (4, 4), lambda i: ops.add(ops.load("x", 4 * i[0] + i[1]),
+                                                               ops.load("v", i[0] + 4 * i[1])), name="y")
+    program = Program([a], [ComputeStep(x, plus_one), ExternStep([v], torch.ops.aten.t.default, (x,), {}),
+                            ComputeStep(y, total)], [y])
+    assert not schedule(program).memory.inplace
