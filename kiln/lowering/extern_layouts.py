@@ -22,6 +22,14 @@ from torch.utils import _pytree as pytree
 from kiln.ir.nodes import Buffer, Layout
 
 
+def returns_view(op: Any) -> bool | None:
+    """Does `op`'s schema say its result aliases an input? None when it has no schema."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return None
+    return any(r.alias_info is not None for r in schema.returns)
+
+
 def layout_of(val: torch.Tensor) -> Layout:
     """The Layout of a real, fake or meta tensor (symbolic sizes as their sympy expressions)."""
     exprs = lambda xs: tuple(sympy.sympify(getattr(x, "node", x).expr if isinstance(x, torch.SymInt) else x) for x in xs)  # noqa: E731

@@ -25,6 +25,7 @@ from torch.utils import _pytree as pytree
 from kiln.ir.analysis import OpCounter, ReadsWrites
 from kiln.ir.nodes import index_symbols
 from kiln.ir.ops import use_handler
+from kiln.lowering.extern_layouts import returns_view
 from kiln.lowering.values import TensorValue
 from kiln.schedule.index_bounds import linear_stride, simplify
 
@@ -64,11 +65,6 @@ def _shape(node: fx.Node) -> list[int] | None:
     return [int(d) for d in val.shape]
 
 
-def _is_view(node: fx.Node) -> bool:
-    schema = getattr(node.target, "_schema", None)
-    return schema is not None and bool(schema.returns) and schema.returns[0].alias_info is not None
-
-
 def _recomputed(read: list[int], reader: list[int]) -> int:
     """Times a reader of shape `reader` recomputes each element of an inlined value it reads
     broadcast from shape `read`, beyond the first. Only dims left of the value's last varying
@@ -97,7 +93,7 @@ def recomputed_elements(node: fx.Node) -> int:
         reader = _shape(user)
         if user.op != "call_function" or reader is None or len(reader) < len(read):
             continue
-        if _is_view(user) and math.prod(reader) == math.prod(read):
+        if returns_view(user.target) and math.prod(reader) == math.prod(read):
             pending.extend((u, reader) for u in user.users)  # a reshape or permute: same elements
         else:
             total += numel * _recomputed(read, reader)

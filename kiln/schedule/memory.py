@@ -18,6 +18,7 @@ from typing import Any
 from torch.utils import _pytree as pytree
 
 from kiln.ir.nodes import Buffer, Layout
+from kiln.lowering.extern_layouts import returns_view
 
 
 @dataclass
@@ -28,8 +29,7 @@ class MemoryPlan:
 
 
 def _returns_view(op: Any) -> bool:
-    schema = getattr(op, "_schema", None)
-    return schema is None or any(r.alias_info is not None for r in schema.returns)
+    return returns_view(op) is not False  # an op without a schema may return anything
 
 
 def _step_reads(step: Any) -> list[str]:
@@ -62,14 +62,16 @@ def plan_memory(steps: list, outputs: list, owned: dict[str, Buffer]) -> MemoryP
             kept |= {o.name} | aliases.get(o.name, set())
 
     layouts = {b.name: b.layout for step in steps for b in step.outputs if b is not None}
-    plan, dead = MemoryPlan(), []
+    plan, dead, overwritten = MemoryPlan(), [], set()
     for k, step in enumerate(steps):
         dying = _dying(last_use, k, set(layouts), kept, steps)
         if isinstance(step, FusedKernel):
             # Not a view (it would write into its base), nor viewed by another input of the kernel.
             viewed = set().union(*(aliases.get(b.name, set()) for b in step.inputs))
             overwritable = {name for name in dying if name not in aliases and name not in viewed}
-            plan.inplace.update(_overwrites(step, overwritable, layouts))
+            chosen = _overwrites(step, overwritable, layouts)
+            plan.inplace.update(chosen)
+            overwritten |= set(chosen.values())
             for out in step.outputs:
                 match = next((d for d in dead if owned[d].layout == out.layout), None)
                 if match is not None and out.name not in kept and out.name not in plan.inplace:
@@ -77,7 +79,7 @@ def plan_memory(steps: list, outputs: list, owned: dict[str, Buffer]) -> MemoryP
                     plan.reuses[out.name] = match
         for name in dying:
             plan.frees.setdefault(k, []).append(name)
-            if name in owned and name not in plan.inplace.values():
+            if name in owned and name not in overwritten:
                 dead.append(name)
     return plan
 
