@@ -1,4 +1,5 @@
-"""The `kiln` command: `kiln bench` runs the benchmark, `kiln report` re-renders a saved run."""
+"""The `kiln` command: `kiln bench` runs the benchmark, `kiln report` re-renders a saved run,
+`kiln capture-cost` measures what kiln's own capture costs per model."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import sys
 
 from kiln import logs
-from kiln.bench import cli as bench_cli
+from kiln.bench import capture_cost, cli as bench_cli
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench_cli.add_bench_command(commands)
     bench_cli.add_report_command(commands)
+    capture_cost.add_command(commands)
     args = parser.parse_args(argv)
     try:
         logs.enabled_artifacts()  # a typo in KILN_LOGS fails now, not in the middle of a run

@@ -34,11 +34,13 @@ from pathlib import Path
 __all__ = [
     "BenchSettings",
     "CacheSettings",
+    "CaptureSettings",
     "DebugSettings",
     "as_dict",
     "bench",
     "cache",
     "cache_dir",
+    "capture",
     "debug",
     "describe",
     "patch",
@@ -274,6 +276,20 @@ class BackendSettings(_Group):
     )
 
 
+@_group("capture")
+class CaptureSettings(_Group):
+    """How kiln.compile captures graphs from Python bytecode."""
+
+    recompile_limit: int = setting(
+        8,
+        env="KILN_RECOMPILE_LIMIT",
+        help="compiled entries kept per function; a call that misses them all beyond this runs eagerly",
+    )
+    inline_depth: int = setting(
+        64, env="KILN_INLINE_DEPTH", help="deepest chain of user calls the interpreter inlines"
+    )
+
+
 @_group("bench")
 class BenchSettings(_Group):
     """How the benchmark harness runs each (model, mode) pair."""
@@ -292,10 +308,11 @@ class BenchSettings(_Group):
 debug = DebugSettings()
 cache = CacheSettings()
 backend = BackendSettings()
+capture = CaptureSettings()
 bench = BenchSettings()
 
 # The one list of groups; patch(), describe() and the environment all go through it.
-_GROUPS: dict[str, _Group] = {group._area: group for group in (debug, cache, backend, bench)}
+_GROUPS: dict[str, _Group] = {group._area: group for group in (debug, cache, backend, capture, bench)}
 
 
 # --- reading settings by name ----------------------------------------------------------------

@@ -52,6 +52,21 @@ def _kiln_dynamo_stats() -> dict[str, int]:
     return {**_dynamo_stats(), "fallbacks": len(FALLBACKS)}
 
 
+def _kiln_capture_stats() -> dict[str, int]:
+    """kiln.compile: compiled entries (graphs), frames run eagerly (graph breaks, issue 5 has no
+    resuming breaks yet) and backend fallbacks."""
+    from kiln.capture.breaks import BREAKS
+    from kiln.capture.cache import all_caches
+    from kiln.runtime.fallback import FALLBACKS
+
+    caches = all_caches()
+    return {
+        "graphs": sum(len(c.entries) for c in caches),
+        "graph_breaks": len(BREAKS),
+        "fallbacks": len(FALLBACKS) + sum(c.fallback is not None for c in caches),
+    }
+
+
 def _torch_compile(backend: str = "inductor", freezing: bool = False) -> Callable[[nn.Module], Callable]:
     def compile(model: nn.Module) -> Callable:
         import torch
@@ -113,7 +128,7 @@ MODES: dict[str, Mode] = {
             _freezing_reason,
             _dynamo_stats,
         ),
-        Mode("kiln", "kiln.compile(model): kiln's capture and backend", _kiln_compile("kiln"), _kiln_compile_reason, _no_stats),
+        Mode("kiln", "kiln.compile(model): kiln's capture and backend", _kiln_compile("kiln"), _kiln_compile_reason, _kiln_capture_stats),
         Mode(
             "kiln-dynamo",
             'torch.compile(model, backend="kiln"): Dynamo capture, kiln backend',
@@ -126,7 +141,7 @@ MODES: dict[str, Mode] = {
             'kiln.compile(model, backend="eager"): kiln capture only (debug)',
             _kiln_compile("eager"),
             _kiln_compile_reason,
-            _no_stats,
+            _kiln_capture_stats,
         ),
         Mode(
             "kiln-aot-eager",

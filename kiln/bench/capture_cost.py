@@ -1,0 +1,81 @@
+"""What kiln's own capture costs per model: capture time, guards, and per-call overhead.
+
+    kiln capture-cost --suite hf
+
+For each model: the time to capture one graph (`kiln.compile(model, backend="eager")`, first
+call minus an eager call), the number of guards, the time of one guard check, and the whole
+per-call overhead in front of the graph (binding the arguments, the guard check, reading the
+graph's inputs, rebuilding the output) measured with a backend whose "graph" returns at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from kiln.bench.models import MODELS, suites
+
+
+def _median_us(fn: Any, repeats: int = 2000) -> float:
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        samples.append((time.perf_counter() - start) / repeats * 1e6)
+    return statistics.median(samples)
+
+
+def _instant_backend(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+    outputs = gm(*example_inputs)  # computed once; the timed calls cost only kiln's own Python
+    return lambda *args: outputs
+
+
+def measure(name: str) -> dict[str, Any]:
+    import kiln
+
+    spec = MODELS[name]
+    model, inputs = spec.build(False), spec.make_inputs()
+    with torch.no_grad():
+        start = time.perf_counter()
+        expected = model(**inputs)
+        eager_s = time.perf_counter() - start
+        compiled = kiln.compile(model, backend="eager", fullgraph=True)
+        start = time.perf_counter()
+        compiled(**inputs)
+        capture_s = time.perf_counter() - start - eager_s
+        cache = compiled.kiln_cache
+        entry = cache.entries[0]
+        bound = cache.binder(**inputs)
+        guard_us = _median_us(lambda: entry.guards.check(bound))
+        instant = kiln.compile(model, backend=_instant_backend, fullgraph=True)
+        instant(**inputs)
+        call_us = _median_us(lambda: instant(**inputs), repeats=500)
+    del expected
+    return {"model": name, "capture_s": capture_s, "ops": entry.stats["ops"], "guards": entry.stats["guards"],
+            "guard_check_us": guard_us, "call_overhead_us": call_us}
+
+
+def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    names = suites().get(args.suite) if args.suite else args.models.split(",")
+    if not names:
+        parser.error(f"unknown suite {args.suite!r}; known: {', '.join(suites())}")
+    torch.set_num_threads(args.threads)
+    print("| model | capture s | graph ops | guards | guard check µs | call overhead µs |")
+    print("|---|---|---|---|---|---|")
+    for name in names:
+        r = measure(name)
+        print(f"| {r['model']} | {r['capture_s']:.2f} | {r['ops']} | {r['guards']} | {r['guard_check_us']:.1f} | {r['call_overhead_us']:.1f} |", flush=True)
+    return 0
+
+
+def add_command(commands: Any) -> None:
+    parser = commands.add_parser("capture-cost", help="capture time, guards and per-call overhead of kiln.compile per model")
+    parser.add_argument("--suite", default=None, help="a model suite, e.g. hf or smoke")
+    parser.add_argument("--models", default="bert", help="comma-separated model names (without --suite)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the overhead is single-threaded Python)")
+    parser.set_defaults(handler=main)

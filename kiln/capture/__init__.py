@@ -1,0 +1,6 @@
+"""kiln's own graph capture: symbolic interpretation of CPython bytecode (see api.py)."""
+
+from kiln.capture.api import CompiledFunction, CompiledModule, compile, reset
+from kiln.capture.breaks import BREAKS, BreakRecord, CaptureError
+
+__all__ = ["BREAKS", "BreakRecord", "CaptureError", "CompiledFunction", "CompiledModule", "compile", "reset"]

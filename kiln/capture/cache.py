@@ -1,0 +1,86 @@
+"""Per-function cache of compiled entries, the recompile limit, and the eager fallback.
+
+A call binds its arguments, checks the entries' guards in order and runs the first that holds.
+A miss captures again (logged under `recompiles` with the guard that failed), until
+`kiln.config.capture.recompile_limit` entries exist; beyond that, misses run eagerly.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+from kiln import config, logs
+from kiln.capture.breaks import BreakRecord, CaptureError, Unsupported, record_break
+from kiln.capture.exceptions import UserRaise
+from kiln.capture.frame import Entry, capture
+
+_ALL_CACHES: "weakref.WeakSet[FrameCache]" = weakref.WeakSet()
+
+
+class FrameCache:
+    def __init__(self, fn: Any, binder: Callable[..., tuple], eager: Callable, backend: Callable, fullgraph: bool, label: str, recompile_limit: int | None) -> None:
+        self.fn, self.binder, self.eager, self.backend = fn, binder, eager, backend
+        self.fullgraph, self.label = fullgraph, label
+        self.recompile_limit = recompile_limit
+        self.entries: list[Entry] = []
+        self.fallback: BreakRecord | None = None  # set when the frame runs eagerly for good
+        self.limit_hit = False
+        self.eager_calls = 0
+        _ALL_CACHES.add(self)
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.fallback = None
+        self.limit_hit = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        L = self.binder(*args, **kwargs)
+        for entry in self.entries:
+            if entry.guards.check(L):
+                return entry.run(L)
+        return self._miss(L, args, kwargs)
+
+    def _miss(self, L: tuple, args: tuple, kwargs: dict) -> Any:
+        if self.fallback is not None:
+            self.eager_calls += 1
+            return self.eager(*args, **kwargs)
+        limit = self.recompile_limit if self.recompile_limit is not None else config.capture.recompile_limit
+        if len(self.entries) >= limit:
+            if not self.limit_hit:
+                self.limit_hit = True
+                logs.log("recompiles", "%s: recompile limit (%d) reached; calls that match no entry run eagerly", self.label, limit)
+            self.eager_calls += 1
+            return self.eager(*args, **kwargs)
+        if self.entries:
+            failed = self.entries[-1].guards.first_failure(L)
+            logs.log("recompiles", "%s: recompiling (entry %d): %s failed", self.label, len(self.entries) + 1,
+                     failed.describe() if failed is not None else "a guard")
+        try:
+            entry = capture(self.fn, L, self.backend, self.label)
+        except Unsupported as error:
+            record = error.record()
+            if self.fullgraph:
+                raise CaptureError(record) from None
+            record_break(record)
+            self.fallback = record
+            self.eager_calls += 1
+            return self.eager(*args, **kwargs)
+        except UserRaise:
+            # The traced code raised and nothing caught it: eager raises it for real.
+            self.eager_calls += 1
+            return self.eager(*args, **kwargs)
+        self.entries.append(entry)
+        logs.log("recompiles" if len(self.entries) > 1 else "graph", "%s: compiled entry %d in %.2f s (%s)", self.label,
+                 len(self.entries), entry.capture_seconds, ", ".join(f"{k} {v}" for k, v in entry.stats.items()))
+        return entry.run(L)
+
+
+def all_caches() -> list[FrameCache]:
+    """Every live compiled function's cache (for reports and the benchmark)."""
+    return list(_ALL_CACHES)
+
+
+def reset_all() -> None:
+    for cache in list(_ALL_CACHES):
+        cache.clear()

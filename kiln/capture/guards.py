@@ -1,0 +1,224 @@
+"""Guards: the assumptions a captured graph relies on, compiled into one Python check.
+
+Each `Guard` has a kind (TYPE_MATCH, ID_MATCH, EQUALS, TENSOR_MATCH, LENGTH_MATCH, HASATTR,
+GLOBAL_STATE, MODULE_STRUCTURE), the source of the value it checks and the expected value.
+`GuardSet.compile()` prints them as the statements of one function `check(L) -> bool`, with
+sub-expressions shared by several guards read once into locals. `KILN_LOGS=guards` prints the
+list and the generated code.
+
+    guards.add(Guard("TENSOR_MATCH", LocalSource("x", 0), expected=fake_or_real_tensor))
+    check = guards.compile()
+    check((x,))     # True while x keeps its dtype, device, shape, strides and requires_grad
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from kiln.capture.sources import Namespace, Source
+
+GUARD_KINDS = (
+    "TYPE_MATCH",  # type(x) is T
+    "ID_MATCH",  # x is obj (modules, functions, classes)
+    "EQUALS",  # x == value, of the same type (Python constants)
+    "TENSOR_MATCH",  # tensor type, dtype, device, size, stride, requires_grad
+    "LENGTH_MATCH",  # len(x) == n (containers whose items were read)
+    "HASATTR",  # hasattr(x, name) is b
+    "GLOBAL_STATE",  # grad mode, autocast, default dtype
+    "MODULE_STRUCTURE",  # no watched nn.Module gained or lost a child, parameter or buffer
+)
+
+
+@dataclass(frozen=True)
+class Guard:
+    kind: str
+    source: Source | None
+    expected: Any = None
+    detail: str = ""  # HASATTR's attribute name, GLOBAL_STATE's item
+
+    def key(self) -> tuple:
+        expected = id(self.expected) if self.kind in ("ID_MATCH", "TENSOR_MATCH") else _hashable(self.expected)
+        return (self.kind, self.source, self.detail, expected)
+
+    def check_expr(self, value: str, ns: Namespace) -> str:
+        """The boolean expression that holds while the assumption does."""
+        return _EXPRS[self.kind](self, value, ns)
+
+    def describe(self) -> str:
+        where = str(self.source) if self.source is not None else self.detail
+        return f"{self.kind:<16} {where}  {_describe_expected(self)}"
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+        return (type(value), value)
+    except TypeError:
+        return id(value)
+
+
+def _describe_expected(guard: Guard) -> str:
+    e = guard.expected
+    if guard.kind == "TENSOR_MATCH":
+        return f"{type(e).__name__}({e.dtype}, {e.device}, size={tuple(e.shape)}, stride={e.stride()}, requires_grad={e.requires_grad})"
+    if guard.kind in ("ID_MATCH", "TYPE_MATCH"):
+        name = getattr(e, "__qualname__", None) or type(e).__name__
+        return f"is {name} (id {id(e):#x})"
+    if guard.kind == "HASATTR":
+        return f"hasattr(.., {guard.detail!r}) is {e}"
+    if guard.kind == "GLOBAL_STATE":
+        return f"{guard.detail} == {e!r}"
+    return f"== {e!r}"
+
+
+def _type_match(g: Guard, v: str, ns: Namespace) -> str:
+    return f"type({v}) is {ns.bind(g.expected, 'T')}"
+
+
+def _id_match(g: Guard, v: str, ns: Namespace) -> str:
+    return f"{v} is {ns.bind(g.expected, 'O')}"
+
+
+def _equals(g: Guard, v: str, ns: Namespace) -> str:
+    e = g.expected
+    if e is None or isinstance(e, bool) or e is Ellipsis or e is NotImplemented:
+        return f"{v} is {e!r}"
+    if isinstance(e, (torch.dtype, torch.memory_format, torch.layout)):
+        return f"{v} is {ns.bind(e, 'O')}"
+    if type(e) is int and -5 <= e <= 256:
+        return f"{v} is {ns.bind(e, 'V')}"  # CPython keeps one object per small int
+    if type(e) in (int, str):
+        return f"type({v}) is {type(e).__name__} and {v} == {e!r}"
+    # floats (nan != nan), tuples, enums, ...: compare to the bound value.
+    same = f"({v} == {ns.bind(e, 'V')} or {v} != {v})" if isinstance(e, float) else f"{v} == {ns.bind(e, 'V')}"
+    return f"type({v}) is {ns.bind(type(e), 'T')} and {same}"
+
+
+def _tensor_match(g: Guard, v: str, ns: Namespace) -> str:
+    t = g.expected
+    return (
+        f"type({v}) is {ns.bind(type(t), 'T')} and {v}.dtype is {ns.bind(t.dtype, 'O')}"
+        f" and {v}.device == {ns.bind(t.device, 'D')} and {v}.size() == {tuple(t.shape)!r}"
+        f" and {v}.stride() == {tuple(t.stride())!r} and {v}.requires_grad is {bool(t.requires_grad)!r}"
+    )
+
+
+def _length_match(g: Guard, v: str, ns: Namespace) -> str:
+    return f"len({v}) == {g.expected!r}"
+
+
+def _hasattr(g: Guard, v: str, ns: Namespace) -> str:
+    return f"hasattr({v}, {g.detail!r}) is {bool(g.expected)!r}"
+
+
+def _global_state(g: Guard, v: str, ns: Namespace) -> str:
+    reader = ns.bind(GLOBAL_STATE_READERS[g.detail], "S")
+    return f"{reader}() == {ns.bind(g.expected, 'V')}"
+
+
+def _module_structure(g: Guard, v: str, ns: Namespace) -> str:
+    from kiln.capture import module_watch
+
+    return f"{ns.bind(module_watch.STATE, 'W')}.version == {g.expected!r}"
+
+
+_EXPRS: dict[str, Callable[[Guard, str, Namespace], str]] = {
+    "TYPE_MATCH": _type_match,
+    "ID_MATCH": _id_match,
+    "EQUALS": _equals,
+    "TENSOR_MATCH": _tensor_match,
+    "LENGTH_MATCH": _length_match,
+    "HASATTR": _hasattr,
+    "GLOBAL_STATE": _global_state,
+    "MODULE_STRUCTURE": _module_structure,
+}
+
+
+def _autocast_state() -> tuple:
+    return (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
+
+
+GLOBAL_STATE_READERS: dict[str, Callable[[], Any]] = {
+    "grad_enabled": torch.is_grad_enabled,
+    "autocast_cpu": _autocast_state,
+    "default_dtype": torch.get_default_dtype,
+}
+
+
+class GuardSet:
+    """The guards of one compiled entry, in the order they were added, without repeats."""
+
+    def __init__(self) -> None:
+        self._guards: dict[tuple, Guard] = {}
+
+    def add(self, guard: Guard) -> None:
+        if guard.kind not in GUARD_KINDS:
+            raise ValueError(f"unknown guard kind {guard.kind!r}; known: {', '.join(GUARD_KINDS)}")
+        self._guards.setdefault(guard.key(), guard)
+
+    def __iter__(self):
+        return iter(self._guards.values())
+
+    def __len__(self) -> int:
+        return len(self._guards)
+
+    def compile(self) -> "CompiledGuards":
+        return CompiledGuards(list(self._guards.values()))
+
+    def describe(self) -> str:
+        return "\n".join(g.describe() for g in self)
+
+
+class CompiledGuards:
+    """`check(L)`: one generated function; `first_failure(L)` names the guard that fails."""
+
+    def __init__(self, guards: list[Guard]) -> None:
+        self.guards = guards
+        self.ns = Namespace()
+        self.source_code = self._generate()
+        scope: dict[str, Any] = dict(self.ns.values)
+        exec(compile(self.source_code, "<kiln guards>", "exec"), scope)
+        self.check: Callable[[tuple], bool] = scope["check"]
+
+    def _generate(self) -> str:
+        uses: dict[Source, int] = {}
+        for g in self.guards:
+            for sub in g.source.chain()[:-1] if g.source is not None else ():
+                uses[sub] = uses.get(sub, 0) + 1
+        hoisted: dict[Source, str] = {}
+        lines = ["def check(L):", "    try:"]
+
+        def name_of(source: Source) -> str | None:
+            return hoisted.get(source)
+
+        for g in self.guards:
+            value = "None"
+            if g.source is not None:
+                for sub in g.source.chain()[:-1]:
+                    if uses.get(sub, 0) > 1 and sub not in hoisted and sub.__class__.__name__ not in ("LocalSource", "ConstSource"):
+                        name = f"v{len(hoisted)}"
+                        lines.append(f"        {name} = {sub.expr(self.ns, name_of)}")
+                        hoisted[sub] = name
+                value = g.source.expr(self.ns, name_of)
+                if not value.isidentifier() and g.check_expr("_v", Namespace()).count("_v") > 1:
+                    lines.append(f"        _v = {value}")  # read once, checked several ways
+                    value = "_v"
+            lines.append(f"        if not ({g.check_expr(value, self.ns)}): return False")
+        lines += ["    except Exception:", "        return False", "    return True", ""]
+        return "\n".join(lines)
+
+    def first_failure(self, L: tuple) -> Guard | None:
+        for g in self.guards:
+            ns = Namespace()
+            value = g.source.expr(ns) if g.source is not None else "None"
+            expr = g.check_expr(value, ns)
+            try:
+                ok = eval(expr, dict(ns.values), {"L": L})
+            except Exception:
+                ok = False
+            if not ok:
+                return g
+        return None

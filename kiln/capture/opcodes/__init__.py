@@ -1,0 +1,11 @@
+"""Opcode handlers: one function per opcode, named after it, registered for the Python versions
+it serves. `HANDLERS` maps the running interpreter's opcode names to their handlers.
+
+Adding Python 3.13: register the new opcodes (and the changed ones) with `versions=(3, 13)` in
+the module of their family; handlers that keep their meaning list 3.13 among their versions.
+"""
+
+from kiln.capture.opcodes.registry import HANDLERS, opcode
+from kiln.capture.opcodes import stack, names, calls, operators, build, control, exceptions  # noqa: F401 - registration
+
+__all__ = ["HANDLERS", "opcode"]

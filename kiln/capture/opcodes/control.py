@@ -1,0 +1,123 @@
+"""Jumps, loops, returns, `with` blocks and generators."""
+
+from __future__ import annotations
+
+from kiln.capture.breaks import unsupported
+from kiln.capture.opcodes.registry import opcode
+from kiln.capture.variables.base import Variable
+from kiln.capture.variables.constant import ConstantVariable
+from kiln.capture.variables.containers import IteratorVariable, ListVariable
+from kiln.capture.variables.functions import BoundBuiltinMethod
+
+
+@opcode("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP", "JUMP_NO_INTERRUPT")
+def JUMP_FORWARD(tx, inst) -> None:
+    tx.jump_to(inst.argval)
+
+
+def _is_none(v: Variable) -> bool:
+    return v.is_constant() and v.as_constant() is None
+
+
+_CONDITIONS = {
+    "TRUE": lambda tx, v: v.truth(tx),
+    "FALSE": lambda tx, v: not v.truth(tx),
+    "NONE": lambda tx, v: _is_none(v),
+    "NOT_NONE": lambda tx, v: not _is_none(v),
+}
+
+
+def _pop_jump(tx, inst) -> None:
+    condition = inst.opname.split("_IF_")[1]
+    if _CONDITIONS[condition](tx, tx.pop()):
+        tx.jump_to(inst.argval)
+
+
+for _direction in ("POP_JUMP_FORWARD", "POP_JUMP_BACKWARD"):
+    opcode(*[f"{_direction}_IF_{c}" for c in _CONDITIONS], versions=((3, 11),))(_pop_jump)
+opcode(*[f"POP_JUMP_IF_{c}" for c in _CONDITIONS], versions=((3, 12),))(_pop_jump)
+
+
+@opcode("JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP", versions=((3, 11),))
+def JUMP_IF_TRUE_OR_POP(tx, inst) -> None:
+    want = inst.opname == "JUMP_IF_TRUE_OR_POP"
+    if tx.stack[-1].truth(tx) == want:
+        tx.jump_to(inst.argval)
+    else:
+        tx.pop()
+
+
+@opcode("GET_ITER")
+def GET_ITER(tx, inst) -> None:
+    value = tx.pop()
+    if isinstance(value, ListVariable):
+        tx.push(_live_list_iterator(value))
+    else:
+        tx.push(value.get_iter(tx))
+
+
+def _live_list_iterator(lst: ListVariable) -> IteratorVariable:
+    # A list iterator reads the list as it is now: items appended inside the loop are visited,
+    # as in Python. The list variable changes its `items` in place, so sharing it is enough.
+    iterator = IteratorVariable([])
+    iterator.items = lst.items
+    return iterator
+
+
+@opcode("FOR_ITER")
+def FOR_ITER(tx, inst) -> None:
+    iterator = tx.stack[-1]
+    if not isinstance(iterator, IteratorVariable):
+        iterator = tx.stack[-1] = IteratorVariable(iterator.iterate(tx))
+    item = iterator.next(tx)
+    if item is not None:
+        tx.push(item)
+        return
+    tx.pop()
+    tx.jump_to(inst.argval)
+    if tx.instructions[tx.ip].opname == "END_FOR":  # 3.12: exhaustion skips END_FOR
+        tx.ip += 1
+
+
+@opcode("RETURN_VALUE")
+def RETURN_VALUE(tx, inst) -> None:
+    tx.return_value = tx.pop()
+    tx.done = True
+
+
+@opcode("RETURN_CONST", versions=((3, 12),))
+def RETURN_CONST(tx, inst) -> None:
+    from kiln.capture.variables.builder import wrap_constant_result
+
+    tx.return_value = wrap_constant_result(inst.argval)
+    tx.done = True
+
+
+@opcode("BEFORE_WITH")
+def BEFORE_WITH(tx, inst) -> None:
+    manager = tx.pop()
+    tx.push(BoundBuiltinMethod(manager, "__exit__") if not hasattr(manager, "_dunder") else manager.getattr(tx, "__exit__"))
+    tx.push(manager.call_method(tx, "__enter__", [], {}))
+
+
+@opcode("RETURN_GENERATOR")
+def RETURN_GENERATOR(tx, inst) -> None:
+    if tx.yields is None:
+        raise unsupported("unsupported_opcode", "a generator run outside of iteration")
+    tx.push(ConstantVariable(None))
+
+
+@opcode("YIELD_VALUE")
+def YIELD_VALUE(tx, inst) -> None:
+    if tx.yields is None:
+        raise unsupported("unsupported_opcode", "yield outside a generator being consumed")
+    tx.yields.append(tx.pop())
+    tx.push(ConstantVariable(None))
+    tx.suspended = True
+
+
+@opcode("GET_YIELD_FROM_ITER")
+def GET_YIELD_FROM_ITER(tx, inst) -> None:
+    raise unsupported("unsupported_opcode", "`yield from` inside captured code", "yield the items in a for loop")
+
+

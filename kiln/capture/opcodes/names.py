@@ -1,0 +1,169 @@
+"""Loads and stores: locals, globals, cells, attributes, constants, imports."""
+
+from __future__ import annotations
+
+import sys
+
+from kiln.capture.breaks import unsupported
+from kiln.capture.exceptions import raise_real
+from kiln.capture.opcodes.registry import opcode
+from kiln.capture.variables.base import NULL, NullVariable
+from kiln.capture.variables.builder import wrap_constant_result
+from kiln.capture.variables.functions import CellVariable, RealCellVariable
+
+
+@opcode("LOAD_CONST")
+def LOAD_CONST(tx, inst) -> None:
+    tx.push(wrap_constant_result(inst.argval))
+
+
+@opcode("LOAD_FAST", "LOAD_FAST_CHECK")
+def LOAD_FAST(tx, inst) -> None:
+    value = tx.locals.get(inst.argval)
+    if value is None:
+        raise raise_real(UnboundLocalError(f"cannot access local variable '{inst.argval}' where it is not associated with a value"))
+    tx.push(value)
+
+
+@opcode("LOAD_FAST_AND_CLEAR", versions=((3, 12),))
+def LOAD_FAST_AND_CLEAR(tx, inst) -> None:
+    tx.push(tx.locals.pop(inst.argval, NULL))
+
+
+@opcode("STORE_FAST")
+def STORE_FAST(tx, inst) -> None:
+    value = tx.pop()
+    if isinstance(value, NullVariable):  # 3.12 comprehensions restore an unbound name
+        tx.locals.pop(inst.argval, None)
+    else:
+        tx.locals[inst.argval] = value
+
+
+@opcode("DELETE_FAST")
+def DELETE_FAST(tx, inst) -> None:
+    tx.locals.pop(inst.argval, None)
+
+
+@opcode("LOAD_GLOBAL")
+def LOAD_GLOBAL(tx, inst) -> None:
+    if inst.arg & 1:
+        tx.push(NULL)
+    tx.push(tx.load_global(inst.argval))
+
+
+@opcode("STORE_GLOBAL")
+def STORE_GLOBAL(tx, inst) -> None:
+    tx.output.side_effects.record_global(tx.f_globals, inst.argval, tx.pop())
+
+
+@opcode("MAKE_CELL")
+def MAKE_CELL(tx, inst) -> None:
+    tx.cells[inst.argval] = CellVariable(tx.locals.pop(inst.argval, None))
+
+
+@opcode("LOAD_DEREF", "LOAD_CLASSDEREF")
+def LOAD_DEREF(tx, inst) -> None:
+    tx.push(tx.load_cell(inst.argval))
+
+
+@opcode("STORE_DEREF")
+def STORE_DEREF(tx, inst) -> None:
+    cell = tx.cells.get(inst.argval)
+    value = tx.pop()
+    if isinstance(cell, CellVariable):
+        cell.contents = value
+    elif isinstance(cell, RealCellVariable):
+        raise unsupported("unsupported_side_effect", f"assigning nonlocal {inst.argval!r} of a function defined outside the compiled code")
+    else:
+        tx.cells[inst.argval] = CellVariable(value)
+
+
+@opcode("DELETE_DEREF")
+def DELETE_DEREF(tx, inst) -> None:
+    cell = tx.cells.get(inst.argval)
+    if isinstance(cell, CellVariable):
+        cell.contents = None
+
+
+@opcode("LOAD_CLOSURE")
+def LOAD_CLOSURE(tx, inst) -> None:
+    cell = tx.cells.get(inst.argval)
+    if cell is None:
+        cell = tx.cells[inst.argval] = CellVariable(tx.locals.pop(inst.argval, None))
+    tx.push(cell)
+
+
+@opcode("LOAD_ATTR")
+def LOAD_ATTR(tx, inst) -> None:
+    obj = tx.pop()
+    name = inst.argval
+    if sys.version_info >= (3, 12) and inst.arg & 1:
+        tx.push(NULL)
+    tx.push(obj.getattr(tx, name))
+
+
+@opcode("LOAD_METHOD", versions=((3, 11),))
+def LOAD_METHOD(tx, inst) -> None:
+    obj = tx.pop()
+    tx.push(NULL)
+    tx.push(obj.getattr(tx, inst.argval))
+
+
+@opcode("LOAD_SUPER_ATTR", versions=((3, 12),))
+def LOAD_SUPER_ATTR(tx, inst) -> None:
+    from kiln.capture.variables.objects import SuperVariable
+
+    obj, cls = tx.pop(), tx.pop()
+    tx.pop()  # the global `super`
+    if inst.arg & 2:
+        sup = SuperVariable(cls.as_constant(), obj)
+    else:
+        sup = tx.zero_arg_super()
+    if inst.arg & 1:
+        tx.push(NULL)
+    tx.push(sup.getattr(tx, inst.argval))
+
+
+@opcode("STORE_ATTR")
+def STORE_ATTR(tx, inst) -> None:
+    obj, value = tx.pop(), tx.pop()
+    obj.setattr(tx, inst.argval, value)
+
+
+@opcode("DELETE_ATTR")
+def DELETE_ATTR(tx, inst) -> None:
+    from kiln.capture.variables.objects import UserObjectVariable
+
+    obj = tx.pop()
+    if not isinstance(obj, UserObjectVariable):
+        raise unsupported("unsupported_setattr", f"del of attribute {inst.argval!r} of {obj.describe()}")
+    obj.setattr_plain(tx, inst.argval, None)
+
+
+@opcode("IMPORT_NAME")
+def IMPORT_NAME(tx, inst) -> None:
+    fromlist, level = tx.pop().as_constant(), tx.pop().as_constant()
+    name = inst.argval
+    package = tx.f_globals.get("__package__") or ""
+    absolute = name if level == 0 else _resolve(name, package, level)
+    if absolute not in sys.modules:
+        raise unsupported("unsupported_import", f"importing {absolute!r} (not imported yet) while capturing",
+                          "import it at the top of the module")
+    module = __import__(name, tx.f_globals, None, fromlist, level)
+    tx.push(wrap_constant_result(module))
+
+
+def _resolve(name: str, package: str, level: int) -> str:
+    parts = package.split(".")
+    base = ".".join(parts[: len(parts) - level + 1])
+    return f"{base}.{name}" if name else base
+
+
+@opcode("IMPORT_FROM")
+def IMPORT_FROM(tx, inst) -> None:
+    tx.push(tx.stack[-1].getattr(tx, inst.argval))
+
+
+@opcode("LOAD_ASSERTION_ERROR")
+def LOAD_ASSERTION_ERROR(tx, inst) -> None:
+    tx.push(wrap_constant_result(AssertionError))

@@ -1,0 +1,271 @@
+"""Python's binary, unary and comparison operators on variables.
+
+Tensors make graph nodes; constants are computed now; sequences follow Python's rules; user
+objects go through their dunder methods (inlined).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+from kiln.capture.breaks import unsupported
+from kiln.capture.exceptions import raise_real
+from kiln.capture.variables.base import Variable
+from kiln.capture.variables.constant import ConstantVariable
+
+# BINARY_OP's argrepr -> (operator function, dunder, reflected dunder)
+BINARY_OPS: dict[str, tuple[Callable, str, str]] = {
+    "+": (operator.add, "__add__", "__radd__"), "-": (operator.sub, "__sub__", "__rsub__"),
+    "*": (operator.mul, "__mul__", "__rmul__"), "/": (operator.truediv, "__truediv__", "__rtruediv__"),
+    "//": (operator.floordiv, "__floordiv__", "__rfloordiv__"), "%": (operator.mod, "__mod__", "__rmod__"),
+    "**": (operator.pow, "__pow__", "__rpow__"), "@": (operator.matmul, "__matmul__", "__rmatmul__"),
+    "&": (operator.and_, "__and__", "__rand__"), "|": (operator.or_, "__or__", "__ror__"),
+    "^": (operator.xor, "__xor__", "__rxor__"), "<<": (operator.lshift, "__lshift__", "__rlshift__"),
+    ">>": (operator.rshift, "__rshift__", "__rrshift__"),
+}
+INPLACE_OPS: dict[str, Callable] = {
+    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
+    "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow, "@=": operator.imatmul,
+    "&=": operator.iand, "|=": operator.ior, "^=": operator.ixor, "<<=": operator.ilshift, ">>=": operator.irshift,
+}
+COMPARE_OPS: dict[str, tuple[Callable, str, str]] = {
+    "<": (operator.lt, "__lt__", "__gt__"), "<=": (operator.le, "__le__", "__ge__"),
+    "==": (operator.eq, "__eq__", "__eq__"), "!=": (operator.ne, "__ne__", "__ne__"),
+    ">": (operator.gt, "__gt__", "__lt__"), ">=": (operator.ge, "__ge__", "__le__"),
+}
+_BY_FUNCTION = {fn: (fn, d, r) for fn, d, r in [*BINARY_OPS.values(), *COMPARE_OPS.values()]}
+_INPLACE_TO_BINARY = {INPLACE_OPS[k + "="]: BINARY_OPS[k] for k in BINARY_OPS}
+
+
+def _is_tensor(v: Variable) -> bool:
+    from kiln.capture.variables.tensor import TensorVariable
+
+    return isinstance(v, TensorVariable)
+
+
+def apply_binary(tx: Any, fn: Callable, a: Variable, b: Variable) -> Variable:
+    """`fn(a, b)` for an operator function (operator.add, operator.lt, operator.iadd, ...)."""
+    from kiln.capture.variables.containers import BaseSequenceVariable, ListVariable, TupleVariable, equal
+    from kiln.capture.variables.objects import UserObjectVariable
+
+    if _is_tensor(a) or _is_tensor(b):
+        if fn in _INPLACE_TO_BINARY and not _is_tensor(a):
+            fn = _INPLACE_TO_BINARY[fn][0]
+        return tx.output.call("call_function", fn, [a, b], {})
+    if a.is_constant() and b.is_constant() or _is_printf(fn, a, b):
+        from kiln.capture.variables.constant import plain_data
+
+        try:
+            return _constant_result(fn(a.as_constant(), plain_data(b)))
+        except Exception as error:  # noqa: BLE001 - e.g. ZeroDivisionError, raised in the user's code
+            raise raise_real(error) from None
+    inplace = fn in _INPLACE_TO_BINARY
+    base_fn = _INPLACE_TO_BINARY[fn][0] if inplace else fn
+    if fn in (operator.eq, operator.ne) and not isinstance(a, UserObjectVariable) and not isinstance(b, UserObjectVariable):
+        same = equal(tx, a, b)
+        return ConstantVariable(same if fn is operator.eq else not same)
+    if isinstance(a, BaseSequenceVariable):
+        if base_fn is operator.add and isinstance(b, BaseSequenceVariable):
+            if inplace and isinstance(a, ListVariable):
+                a.call_method(tx, "extend", [b], {})
+                return a
+            if a.python_type() is not b.python_type() and not (isinstance(a, TupleVariable) and isinstance(b, TupleVariable)):
+                raise raise_real(TypeError(f"can only concatenate {a.python_type().__name__} (not {b.python_type().__name__})"))
+            return (ListVariable if isinstance(a, ListVariable) else TupleVariable)(a.items + b.items)
+        if base_fn is operator.mul and b.is_constant():
+            if inplace and isinstance(a, ListVariable):
+                return _repeat_list_in_place(tx, a, b)
+            return (ListVariable if isinstance(a, ListVariable) else TupleVariable)(a.items * b.as_constant())
+        if base_fn in (operator.lt, operator.le, operator.gt, operator.ge) and isinstance(b, BaseSequenceVariable):
+            return _constant_result(base_fn(a.as_constant(), b.as_constant()))
+    collection = _collection_operator(tx, base_fn, a, b, inplace)
+    if collection is not None:
+        return collection
+    if isinstance(b, BaseSequenceVariable) and base_fn is operator.mul and a.is_constant():
+        return (ListVariable if isinstance(b, ListVariable) else TupleVariable)(b.items * a.as_constant())
+    _, dunder, reflected = _BY_FUNCTION.get(base_fn, (None, None, None))
+    if dunder is not None:
+        if isinstance(a, UserObjectVariable):
+            result = a._dunder(tx, dunder, [b])
+            if result is not None and not (result.is_constant() and result.as_constant() is NotImplemented):
+                return result
+        if isinstance(b, UserObjectVariable):
+            result = b._dunder(tx, reflected, [a])
+            if result is not None and not (result.is_constant() and result.as_constant() is NotImplemented):
+                return result
+    if fn in (operator.eq, operator.ne):
+        from kiln.capture.variables.containers import hash_key
+
+        same = a is b or hash_key(a) == hash_key(b)
+        return ConstantVariable(same if fn is operator.eq else not same)
+    raise unsupported("unsupported_operator", f"{getattr(fn, '__name__', fn)} of {a.describe()} and {b.describe()}")
+
+
+def _is_printf(fn: Callable, a: Variable, b: Variable) -> bool:
+    """`"%(name)s" % {...}` or `"%s" % [...]`: printf-style formatting reads the container's constants."""
+    from kiln.capture.variables.constant import is_plain_data
+
+    return fn in (operator.mod, operator.imod) and a.is_constant() and isinstance(a.as_constant(), (str, bytes)) and is_plain_data(b)
+
+
+def _repeat_list_in_place(tx: Any, a: Variable, times: Variable) -> Variable:
+    # `items *= n` changes the list every alias sees.
+    a.items[:] = a.items * times.as_constant()
+    a._changed(tx)
+    return a
+
+
+_SET_OPERATORS = {operator.or_, operator.and_, operator.sub, operator.xor}
+_SET_COMPARISONS = {operator.lt, operator.le, operator.gt, operator.ge}
+
+
+def _collection_operator(tx: Any, fn: Callable, a: Variable, b: Variable, inplace: bool) -> Variable | None:
+    """Set algebra (`|`, `&`, `-`, `^`, subset comparisons) and dict `|`; None when it does not apply."""
+    from kiln.capture.variables.containers import DictVariable, SetVariable
+
+    if isinstance(a, SetVariable) and isinstance(b, SetVariable):
+        if fn in _SET_OPERATORS:
+            return _set_algebra(tx, fn, a, b, inplace)
+        if fn in _SET_COMPARISONS:
+            return ConstantVariable(fn(set(a.entries), set(b.entries)))
+    if isinstance(a, DictVariable) and isinstance(b, DictVariable) and fn is operator.or_:
+        target = a if inplace else DictVariable(a.entries, cls=a.cls, default_factory=a.default_factory)
+        target._update(tx, b)
+        return target
+    return None
+
+
+def _set_algebra(tx: Any, fn: Callable, a: Variable, b: Variable, inplace: bool) -> Variable:
+    from kiln.capture.variables.containers import SetVariable
+
+    if inplace and a.frozen:
+        inplace = False  # frozenset |= makes a new frozenset, as in Python
+    keys = fn(a.entries.keys(), b.entries.keys())
+    items = {**b.entries, **a.entries}  # a's item wins for equal keys, as in Python
+    ordered = [k for k in (*a.entries, *b.entries) if k in keys]
+    result = {k: items[k] for k in dict.fromkeys(ordered)}
+    if not inplace:
+        return SetVariable(list(result.values()), frozen=a.frozen)
+    a.entries = result
+    a._changed(tx)
+    return a
+
+
+def _constant_result(value: Any) -> Variable:
+    from kiln.capture.variables.builder import wrap_constant_result
+
+    return wrap_constant_result(value)
+
+
+def apply_unary(tx: Any, fn: Callable, a: Variable) -> Variable:
+    if _is_tensor(a):
+        return tx.output.call("call_function", fn, [a], {})
+    if fn is operator.not_:
+        return ConstantVariable(not a.truth(tx))
+    if a.is_constant():
+        try:
+            return _constant_result(fn(a.as_constant()))
+        except Exception as error:  # noqa: BLE001
+            raise raise_real(error) from None
+    from kiln.capture.variables.objects import UserObjectVariable
+
+    dunder = {operator.neg: "__neg__", operator.pos: "__pos__", operator.invert: "__invert__"}.get(fn)
+    if dunder and isinstance(a, UserObjectVariable):
+        result = a._dunder(tx, dunder, [])
+        if result is not None:
+            return result
+    raise unsupported("unsupported_operator", f"{fn.__name__} of {a.describe()}")
+
+
+def identical(a: Variable, b: Variable) -> bool:
+    """Python `a is b` where the answer is known while capturing."""
+    if a is b:
+        return True
+    if a.is_constant() and b.is_constant():
+        x, y = a.as_constant(), b.as_constant()
+        if x is None or y is None or isinstance(x, bool) or isinstance(y, bool):
+            return x is y
+        if type(x) is not type(y):
+            return False
+        return x is y or x == y and isinstance(x, (type, type(Ellipsis)))
+    real_a, real_b = getattr(a, "value", None), getattr(b, "value", None)
+    if real_a is not None and real_b is not None:
+        return real_a is real_b
+    if _is_tensor(a) and _is_tensor(b):
+        return a.node is b.node
+    return False
+
+
+def contains(tx: Any, container: Variable, item: Variable) -> bool:
+    if _is_tensor(container):
+        raise unsupported("data_dependent_branch", "`in` on a tensor")
+    if hasattr(container, "contains"):
+        return container.contains(tx, item)
+    if container.is_constant() and item.is_constant():
+        try:
+            return item.as_constant() in container.as_constant()
+        except Exception as error:  # noqa: BLE001
+            raise raise_real(error) from None
+    from kiln.capture.variables.objects import UserObjectVariable, ModelOutputVariable
+
+    if isinstance(container, (UserObjectVariable, ModelOutputVariable)):
+        result = container.call_method(tx, "__contains__", [item], {})
+        return result.truth(tx)
+    from kiln.capture.variables.containers import equal
+
+    return any(equal(tx, item, x) for x in container.iterate(tx))
+
+
+# --- turning values into text -------------------------------------------------------------------
+
+_TEXT_DUNDERS = {str: "__str__", repr: "__repr__", ascii: "__repr__"}
+
+
+def text_of(tx: Any, value: Variable, kind: Callable) -> Variable:
+    """`str(value)`, `repr(value)` or `ascii(value)` (kind is that builtin) while capturing."""
+    from kiln.capture.exceptions import ExceptionVariable
+    from kiln.capture.variables.constant import is_plain_data, plain_data
+    from kiln.capture.variables.objects import UserObjectVariable
+
+    if isinstance(value, ExceptionVariable):
+        return ConstantVariable(kind(value.real()))
+    if is_plain_data(value):
+        return _constant_call(kind, plain_data(value))
+    if isinstance(value, UserObjectVariable):
+        result = value._dunder(tx, _TEXT_DUNDERS[kind], [])
+        if result is None and kind is str:
+            result = value._dunder(tx, "__repr__", [])
+        if result is not None:
+            return ConstantVariable(ascii(result.as_constant())[1:-1]) if kind is ascii else result
+    raise unsupported("unsupported_format", f"turning {value.describe()} into a string while capturing",
+                      "a graph break here needs issue 7; format outside the compiled code")
+
+
+def format_value(tx: Any, value: Variable, conversion: Callable | None, spec: str) -> Variable:
+    """What an f-string field `{value!conversion:spec}` becomes (FORMAT_VALUE)."""
+    from kiln.capture.exceptions import ExceptionVariable
+    from kiln.capture.variables.constant import is_plain_data, plain_data
+    from kiln.capture.variables.objects import UserObjectVariable
+
+    if conversion is not None:
+        value = text_of(tx, value, conversion)
+    if isinstance(value, UserObjectVariable):
+        result = value._dunder(tx, "__format__", [ConstantVariable(spec)])
+        if result is not None:
+            return result
+        if not spec:
+            return text_of(tx, value, str)
+    if isinstance(value, ExceptionVariable):
+        value = text_of(tx, value, str)
+    if not is_plain_data(value):
+        raise unsupported("unsupported_format", f"formatting {value.describe()} into a string while capturing",
+                          "a graph break here needs issue 7; format outside the compiled code")
+    return _constant_call(format, plain_data(value), spec)
+
+
+def _constant_call(fn: Callable, *args: Any) -> Variable:
+    try:
+        return ConstantVariable(fn(*args))
+    except Exception as error:  # noqa: BLE001 - e.g. a bad format spec: raised in the user's code
+        raise raise_real(error) from None

@@ -1,0 +1,172 @@
+"""The graph a capture builds: fx nodes, fake-tensor metadata, inputs, guards and side effects.
+
+Tensor operations met by the interpreter become `call_function`/`call_method` nodes; each is run
+on fake tensors at once, so every value in the graph knows its dtype, shape and strides while the
+trace goes on. Frame inputs become placeholders (with a TENSOR_MATCH guard); parameters and
+buffers of captured modules become `get_attr` nodes of the graph's root module, holding the
+same tensor objects, so gradients and optimizer steps reach them.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from typing import Any, Sequence
+
+import torch
+from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+from kiln.capture.breaks import unsupported
+from kiln.capture.guards import Guard, GuardSet
+from kiln.capture.side_effects import SideEffects
+from kiln.capture.sources import Source
+from kiln.capture.variables.base import Variable
+
+_DATA_DEPENDENT = ("DynamicOutputShapeException", "DataDependentOutputException", "GuardOnDataDependentSymNode", "UnsupportedOperatorException")
+
+
+def _node_name(text: str) -> str:
+    name = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_")
+    return name if name and not name[0].isdigit() else f"_{name}"
+
+
+class OutputGraph:
+    def __init__(self, frame_args: tuple) -> None:
+        self.graph = fx.Graph()
+        self.fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
+        self.guards = GuardSet()
+        self.side_effects = SideEffects()
+        self.frame_args = frame_args
+        self.inputs: list[tuple[Source, fx.Node, torch.Tensor]] = []
+        self.attrs: dict[str, torch.Tensor] = {}
+        self._attr_by_id: dict[int, Variable] = {}
+        self.wrapped: dict[Source, Variable] = {}  # one variable per source, so reads agree
+        self._fakes: dict[int, torch.Tensor] = {}
+        self._last_input: fx.Node | None = None
+        self.op_count = 0
+        self.pending_restores: list[tuple[str, Any]] = []  # autocast states to leave if capture stops
+
+    # --- values entering the graph --------------------------------------------------------------
+
+    def fake(self, tensor: torch.Tensor) -> torch.Tensor:
+        fake = self._fakes.get(id(tensor))
+        if fake is None:
+            fake = self.fake_mode.from_tensor(tensor, static_shapes=True)
+            self._fakes[id(tensor)] = fake
+        return fake
+
+    def add_input(self, tensor: torch.Tensor, source: Source) -> Variable:
+        from kiln.capture.variables.tensor import TensorVariable
+
+        self.guards.add(Guard("TENSOR_MATCH", source, tensor))
+        if self._last_input is None:
+            first = next(iter(self.graph.nodes), None)
+            context = self.graph.inserting_before(first) if first is not None else self.graph.inserting_after(None)
+        else:
+            context = self.graph.inserting_after(self._last_input)
+        name = _node_name(str(source))
+        while any(n.op == "placeholder" and n.target == name for n in self.graph.nodes):
+            name += "_"  # `x.a_b` and `x.a.b` clean up to the same name
+        with context:
+            node = self.graph.placeholder(name)
+        self._last_input = node
+        fake = self.fake(tensor)
+        node.meta["example_value"] = fake
+        self.inputs.append((source, node, tensor))
+        return TensorVariable(node, fake, source=source, cls=type(tensor))
+
+    def add_attr(self, tensor: torch.Tensor, source: Source, path: str) -> Variable:
+        """A parameter or buffer read through a module: a get_attr node holding the real tensor."""
+        from kiln.capture.variables.tensor import TensorVariable
+
+        known = self._attr_by_id.get(id(tensor))
+        if known is not None:
+            return known
+        name = _node_name(path) or "attr"
+        while name in self.attrs:
+            name += "_"
+        self.attrs[name] = tensor
+        node = self.graph.get_attr(name)
+        fake = self.fake(tensor)
+        node.meta["example_value"] = fake
+        var = TensorVariable(node, fake, source=source, cls=type(tensor))
+        self._attr_by_id[id(tensor)] = var
+        return var
+
+    # --- operations ---------------------------------------------------------------------------
+
+    def call(self, kind: str, target: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        """Add a call node (`call_function` or `call_method`) and run it on fake tensors."""
+        fx_args = tuple(a.as_fx_arg() for a in args)
+        fx_kwargs = {k: v.as_fx_arg() for k, v in kwargs.items()}
+        ex_args = [a.as_example() for a in args]
+        ex_kwargs = {k: v.as_example() for k, v in kwargs.items()}
+        try:
+            with self.fake_mode:
+                if kind == "call_method":
+                    result = getattr(ex_args[0], target)(*ex_args[1:], **ex_kwargs)
+                else:
+                    result = target(*ex_args, **ex_kwargs)
+        except Exception as error:  # noqa: BLE001 - eager will run (and raise, if the user's code is wrong)
+            name = type(error).__name__
+            kind_name = "data_dependent_op" if name in _DATA_DEPENDENT else "op_error"
+            what = target if isinstance(target, str) else getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+            first = (str(error).strip().splitlines() or [""])[0][:300]
+            raise unsupported(kind_name, f"{what} could not run on fake tensors: {name}: {first}",
+                              "a data-dependent output shape needs a graph break (issue 7)" if kind_name == "data_dependent_op" else "") from None
+        if not _has_tensor(result):
+            from kiln.capture.variables.builder import wrap_constant_result
+
+            return wrap_constant_result(result)
+        node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
+        self.op_count += 1
+        return self.wrap_result(node, result)
+
+    def wrap_result(self, node: fx.Node, value: Any) -> Variable:
+        from kiln.capture.variables.containers import ListVariable, TupleVariable, NamedTupleVariable, is_namedtuple_class
+        from kiln.capture.variables.tensor import TensorVariable
+        from kiln.capture.variables.builder import wrap_constant_result
+
+        if isinstance(value, torch.Tensor):
+            node.meta["example_value"] = value
+            return TensorVariable(node, value)
+        if isinstance(value, (tuple, list)):
+            node.meta["example_value"] = value
+            items = []
+            for i, item in enumerate(value):
+                if isinstance(item, torch.Tensor) or isinstance(item, (tuple, list)) and _has_tensor(item):
+                    items.append(self.wrap_result(self.graph.call_function(operator.getitem, (node, i)), item))
+                else:
+                    items.append(wrap_constant_result(item))
+            if isinstance(value, tuple) and is_namedtuple_class(type(value)):
+                return NamedTupleVariable(items, type(value))
+            return ListVariable(items) if isinstance(value, list) else TupleVariable(items)
+        raise unsupported("unsupported_output", f"an operation returned {type(value).__name__} holding tensors")
+
+    # --- the finished graph -------------------------------------------------------------------
+
+    def graph_module(self, outputs: list[fx.Node]) -> fx.GraphModule:
+        self.graph.output(tuple(outputs))
+        root = torch.nn.Module()
+        for name, tensor in self.attrs.items():
+            if isinstance(tensor, torch.nn.Parameter):
+                root.register_parameter(name, tensor)
+            else:
+                root.register_buffer(name, tensor)
+        gm = fx.GraphModule(root, self.graph, class_name="KilnCaptured")
+        # No dead-code elimination here: in-place calls and grad-mode switches have no users.
+        gm.recompile()
+        return gm
+
+
+def _has_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(_has_tensor(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_tensor(v) for v in value.values())
+    return False
+

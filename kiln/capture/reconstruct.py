@@ -1,0 +1,130 @@
+"""The compiled frame's runner: call the graph, replay side effects, rebuild the return value.
+
+Generated as Python source, like the guards: `run(L)` reads the graph's inputs through their
+sources, calls the compiled graph once, applies the recorded side effects and returns the
+function's result rebuilt around the graph's flat tensor outputs (tuples, lists, dicts,
+dataclasses and ModelOutputs, constants, and objects the frame received).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any, Callable
+
+import torch
+from torch import fx
+
+from kiln.capture.breaks import unsupported
+from kiln.capture.sources import Namespace
+from kiln.capture.variables.base import Variable
+
+
+def _new_object(cls: type) -> Any:
+    return cls.__new__(cls)
+
+
+class Reconstructor:
+    def __init__(self) -> None:
+        self.ns = Namespace()
+        self.outputs: list[fx.Node] = []
+        self._index: dict[fx.Node, int] = {}
+        # Objects made in the trace are built once into a local, so `return p, [p]` keeps identity.
+        self.prelude: list[str] = []
+        self._built: dict[int, str] = {}
+
+    def graph_output(self, node: fx.Node) -> str:
+        if node not in self._index:
+            self._index[node] = len(self.outputs)
+            self.outputs.append(node)
+        return f"outs[{self._index[node]}]"
+
+    def const(self, value: Any) -> str:
+        if value is None or isinstance(value, (bool, int, str, bytes)) or isinstance(value, float) and math.isfinite(value):
+            return repr(value)
+        return self.ns.bind(value, "K")
+
+    def expr(self, var: Variable) -> str:
+        if id(var) in self._built:
+            return self._built[id(var)]
+        if var.source is None and self._is_new_mutable(var):
+            return self._build_once(var)
+        return self._expr(var)
+
+    @staticmethod
+    def _is_new_mutable(var: Variable) -> bool:
+        from kiln.capture.variables import containers as c
+        from kiln.capture.variables.objects import ModelOutputVariable, UserObjectVariable
+
+        if isinstance(var, UserObjectVariable):
+            return var.is_new
+        return isinstance(var, (ModelOutputVariable, c.DictVariable, c.SetVariable)) or type(var) is c.ListVariable
+
+    def _build_once(self, var: Variable) -> str:
+        from kiln.capture.variables.objects import UserObjectVariable
+
+        name = f"_o{len(self._built)}"
+        self._built[id(var)] = name
+        if isinstance(var, UserObjectVariable):
+            # Bound before its attributes are built, so an attribute may refer back to it.
+            self.prelude.append(f"{name} = {self.ns.bind(_new_object, 'F')}({self.ns.bind(var.cls, 'T')})")
+            attrs = "{" + ", ".join(f"{k!r}: {self.expr(v)}" for k, v in var.attrs.items()) + "}"
+            self.prelude.append(f"{name}.__dict__.update({attrs})")
+        else:
+            self.prelude.append(f"{name} = {self._expr(var)}")
+        return name
+
+    def _expr(self, var: Variable) -> str:
+        from kiln.capture.variables import containers as c
+        from kiln.capture.variables.constant import ConstantVariable
+        from kiln.capture.variables.objects import ModelOutputVariable, UserObjectVariable
+        from kiln.capture.variables.tensor import TensorVariable
+
+        if isinstance(var, TensorVariable):
+            if var.source is not None and var.node.op in ("placeholder", "get_attr"):
+                return var.source.expr(self.ns)
+            return self.graph_output(var.node)
+        if var.source is not None and not isinstance(var, ConstantVariable):
+            return var.source.expr(self.ns)
+        if isinstance(var, ConstantVariable):
+            return self.const(var.value)
+        if isinstance(var, c.SizeVariable):
+            return f"{self.ns.bind(torch.Size, 'T')}([{', '.join(self.expr(i) for i in var.items)}])"
+        if isinstance(var, c.NamedTupleVariable):
+            return f"{self.ns.bind(var.constructor(), 'T')}({', '.join(self.expr(i) for i in var.items)})"
+        if isinstance(var, c.ListVariable):
+            return f"[{', '.join(self.expr(i) for i in var.items)}]"
+        if isinstance(var, c.TupleVariable):
+            return f"({''.join(self.expr(i) + ', ' for i in var.items)})"
+        if isinstance(var, c.DictVariable):
+            body = "{" + ", ".join(f"{self.expr(k)}: {self.expr(v)}" for k, v in var.entries.values()) + "}"
+            if var.cls is defaultdict:  # defaultdict(factory, {...})
+                factory = "None" if var.default_factory is None else self.expr(var.default_factory)
+                return f"{self.ns.bind(var.cls, 'T')}({factory}, {body})"
+            return body if var.cls is dict else f"{self.ns.bind(var.cls, 'T')}({body})"
+        if isinstance(var, c.SetVariable):
+            items = ", ".join(self.expr(i) for i in var.entries.values())
+            return f"{self.ns.bind(var.python_type(), 'T')}([{items}])"
+        if isinstance(var, ModelOutputVariable):
+            fields = ", ".join(f"{k}={self.expr(v)}" for k, v in var.fields.items())
+            return f"{self.ns.bind(var.cls, 'T')}({fields})"
+        real = getattr(var, "value", None)
+        if real is not None and var.is_constant():
+            return self.const(real)
+        raise unsupported("unsupported_output", f"returning {var.describe()} from a compiled function")
+
+
+def build_runner(rc: Reconstructor, input_exprs: list[str], compiled: Callable | None, side_effect_lines: list[str], result: str) -> tuple[Callable, str]:
+    """`run(L)` as generated source; returns the function and its text (for KILN_LOGS=guards)."""
+    lines = ["def run(L):"]
+    if compiled is not None:
+        lines.append(f"    outs = {rc.ns.bind(compiled, 'graph')}({', '.join(input_exprs)})")
+    lines += [f"    {line}" for line in rc.prelude]
+    # Sources in the result name the inputs as they were on entry: read them before the replay.
+    lines.append(f"    result = {result}")
+    lines += [f"    {line}" for line in side_effect_lines]
+    lines.append("    return result")
+    text = "\n".join(lines) + "\n"
+    scope: dict[str, Any] = dict(rc.ns.values)
+    exec(compile(text, "<kiln frame runner>", "exec"), scope)
+    return scope["run"], text

@@ -1,0 +1,77 @@
+"""Changes the captured code makes to objects that outlive the call, replayed after the graph runs.
+
+The interpreter does not touch real objects while capturing: a write to an attribute of an input
+object, an append to an input list, a write to a global, is recorded here. The compiled frame's
+runner replays them in order, with the graph's results in hand.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.capture.variables.base import Variable
+
+
+class SideEffects:
+    def __init__(self) -> None:
+        self.mutated: dict[int, Variable] = {}  # containers with a source, changed in place
+        self.attr_writes: dict[int, tuple[Variable, dict[str, Variable | None]]] = {}  # None: deleted
+        self.global_writes: dict[tuple[int, str], tuple[dict, str, Variable]] = {}
+
+    def record_mutation(self, container: Variable) -> None:
+        self.mutated.setdefault(id(container), container)
+
+    def record_setattr(self, obj: Variable, name: str, value: Variable | None) -> None:
+        self.attr_writes.setdefault(id(obj), (obj, {}))[1][name] = value
+
+    def pending_attr(self, obj: Variable, name: str) -> tuple[bool, Variable | None]:
+        """(True, value) if the trace wrote `name` on `obj` (value None: deleted)."""
+        entry = self.attr_writes.get(id(obj))
+        if entry is None or name not in entry[1]:
+            return False, None
+        return True, entry[1][name]
+
+    def record_global(self, globals_dict: dict, name: str, value: Variable) -> None:
+        self.global_writes[(id(globals_dict), name)] = (globals_dict, name, value)
+
+    def pending_global(self, globals_dict: dict, name: str) -> Variable | None:
+        entry = self.global_writes.get((id(globals_dict), name))
+        return entry[2] if entry is not None else None
+
+    def __bool__(self) -> bool:
+        return bool(self.mutated or self.attr_writes or self.global_writes)
+
+    def replay_lines(self, rc: Any) -> list[str]:
+        """Python statements that apply the recorded changes (rc: the output reconstructor)."""
+        from kiln.capture.variables.containers import DictVariable, ListVariable, SetVariable
+
+        # Every new content is read first: it may come from an input another replay line changes.
+        reads, lines = [], []
+        for n, var in enumerate(self.mutated.values()):
+            target, new = f"_t{n}", f"_n{n}"
+            reads.append(f"{target} = {var.source.expr(rc.ns)}")
+            if isinstance(var, ListVariable):
+                reads.append(f"{new} = [{', '.join(rc.expr(i) for i in var.items)}]")
+                lines.append(f"{target}[:] = {new}")
+            elif isinstance(var, DictVariable):
+                pairs = ", ".join(f"({rc.expr(k)}, {rc.expr(v)})" for k, v in var.entries.values())
+                reads.append(f"{new} = [{pairs}]")
+                lines += [f"{target}.clear()", f"{target}.update({new})"]
+            elif isinstance(var, SetVariable):
+                reads.append(f"{new} = [{', '.join(rc.expr(i) for i in var.entries.values())}]")
+                lines += [f"{target}.clear()", f"{target}.update({new})"]
+        lines = reads + lines
+        for obj, attrs in self.attr_writes.values():
+            if obj.source is None:
+                continue  # a new object: its attributes are set when it is built
+            target = obj.source.expr(rc.ns)
+            raw = getattr(obj, "raw_setattr", False)  # write past the class's own __setattr__/__delattr__
+            for name, value in attrs.items():
+                if value is None:
+                    lines.append(f"{'object.__delattr__' if raw else 'delattr'}({target}, {name!r})")
+                else:
+                    lines.append(f"{'object.__setattr__' if raw else 'setattr'}({target}, {name!r}, {rc.expr(value)})")
+        for globals_dict, name, value in self.global_writes.values():
+            lines.append(f"{rc.ns.bind(globals_dict, 'G')}[{name!r}] = {rc.expr(value)}")
+        return lines
+

@@ -1,0 +1,161 @@
+"""Sources: how a value the interpreter reads is reached from the frame's inputs.
+
+A source prints as a Python expression over `L` (the frame's bound arguments, a tuple) and names
+bound in a namespace (`ConstSource` objects, kept by identity). Guards and the compiled frame's
+input getter are both generated from these expressions.
+
+    ItemSource(AttrSource(LocalSource("self", 0), "_modules"), "encoder")   # L[0]._modules['encoder']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Namespace:
+    """Names for objects that generated code refers to by identity (`C0`, `C1`, ...)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self._by_id: dict[int, str] = {}
+
+    def bind(self, value: Any, stem: str = "C") -> str:
+        name = self._by_id.get(id(value))
+        if name is None:
+            name = f"{stem}{len(self.values)}"
+            self.values[name] = value
+            self._by_id[id(value)] = name
+        return name
+
+
+class Source:
+    """Base class; subclasses are frozen dataclasses so equal paths compare and hash equal."""
+
+    def expr(self, ns: Namespace, name_of: Any = None) -> str:
+        """The expression; `name_of(source)` may return a hoisted local name for a sub-source."""
+        raise NotImplementedError
+
+    def _sub(self, base: "Source", ns: Namespace, name_of: Any) -> str:
+        hoisted = name_of(base) if name_of is not None else None
+        return hoisted if hoisted is not None else base.expr(ns, name_of)
+
+    def chain(self) -> list["Source"]:
+        """This source and every base it is built on, outermost first."""
+        base = getattr(self, "base", None)
+        return [*base.chain(), self] if base is not None else [self]
+
+    def is_local(self) -> bool:
+        return isinstance(self.chain()[0], LocalSource)
+
+    def __str__(self) -> str:
+        return self.expr(_DisplayNamespace())
+
+
+class _DisplayNamespace(Namespace):
+    def bind(self, value: Any, stem: str = "C") -> str:
+        return _display_name(value)
+
+
+def _display_name(value: Any) -> str:
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    if isinstance(name, str):
+        return f"<{name}>"
+    return f"<{type(value).__name__} object>"
+
+
+@dataclass(frozen=True)
+class LocalSource(Source):
+    """An argument of the compiled frame: position `index` in the bound-arguments tuple."""
+
+    name: str
+    index: int
+
+    def expr(self, ns: Namespace, name_of: Any = None) -> str:
+        return f"L[{self.index}]"
+
+    def __str__(self) -> str:
+        return f"L[{self.name!r}]"
+
+
+@dataclass(frozen=True, eq=False)
+class ConstSource(Source):
+    """An object whose identity a guard (or a registration hook) already pins."""
+
+    value: Any
+    label: str = ""
+
+    def expr(self, ns: Namespace, name_of: Any = None) -> str:
+        return ns.bind(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ConstSource) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+    def __str__(self) -> str:
+        return self.label or _display_name(self.value)
+
+
+@dataclass(frozen=True)
+class AttrSource(Source):
+    base: Source
+    name: str
+
+    def expr(self, ns: Namespace, name_of: Any = None) -> str:
+        return f"{self._sub(self.base, ns, name_of)}.{self.name}"
+
+
+@dataclass(frozen=True)
+class ItemSource(Source):
+    """`base[key]` for a constant key (int, str, or any hashable bound by identity)."""
+
+    base: Source
+    key: Any
+
+    def expr(self, ns: Namespace, name_of: Any = None) -> str:
+        key = repr(self.key) if isinstance(self.key, (int, str)) and not isinstance(self.key, bool) else ns.bind(self.key, "K")
+        return f"{self._sub(self.base, ns, name_of)}[{key}]"
+
+
+@dataclass(frozen=True)
+class ClosureSource(Source):
+    """The contents of cell `index` of a function's closure."""
+
+    base: Source
+    index: int
+
+    def expr(self, ns: Namespace, name_of: Any = None) -> str:
+        return f"{self._sub(self.base, ns, name_of)}.__closure__[{self.index}].cell_contents"
+
+
+@dataclass(frozen=True)
+class TypeSource(Source):
+    base: Source
+
+    def expr(self, ns: Namespace, name_of: Any = None) -> str:
+        return f"type({self._sub(self.base, ns, name_of)})"
+
+
+@dataclass(frozen=True)
+class DefaultSource(Source):
+    """A default argument value of a function: `fn.__defaults__[i]` or `fn.__kwdefaults__[name]`."""
+
+    base: Source
+    key: Any
+    keyword: bool = field(default=False)
+
+    def expr(self, ns: Namespace, name_of: Any = None) -> str:
+        where = "__kwdefaults__" if self.keyword else "__defaults__"
+        return f"{self._sub(self.base, ns, name_of)}.{where}[{self.key!r}]"
+
+
+@dataclass(frozen=True)
+class KeysSource(Source):
+    """The keys of a dict, in order, as a list."""
+
+    base: Source
+
+    def expr(self, ns: Namespace, name_of: Any = None) -> str:
+        return f"list({self._sub(self.base, ns, name_of)}.keys())"

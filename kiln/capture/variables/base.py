@@ -1,0 +1,107 @@
+"""`Variable`: what the interpreter keeps on its stack in place of a Python value.
+
+Each kind of Python value has its own subclass (`ConstantVariable`, `TensorVariable`,
+`ListVariable`, `UserFunctionVariable`, `ModuleVariable`, ...). A variable knows the Python type
+it stands for, how it is reached from the frame's inputs (`source`, None for values made during
+the trace), and how the Python operations the bytecode applies to it behave: attribute reads,
+calls, method calls, iteration, truth. What a subclass does not model raises `Unsupported`, and
+the frame runs eagerly.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from kiln.capture.breaks import unsupported
+
+if TYPE_CHECKING:
+    from kiln.capture.interpreter import Translator
+    from kiln.capture.sources import Source
+
+
+class Variable:
+    source: "Source | None" = None
+
+    def __init__(self, source: "Source | None" = None) -> None:
+        self.source = source
+
+    # --- what it is ---------------------------------------------------------------------------
+
+    def python_type(self) -> type:
+        raise unsupported("unknown_type", f"{type(self).__name__} does not know its Python type")
+
+    def is_constant(self) -> bool:
+        """Whether `as_constant()` gives the Python value (no tensors, nothing mutable tracked)."""
+        return False
+
+    def as_constant(self) -> Any:
+        raise unsupported("not_constant", f"{self.describe()} is not a Python constant here")
+
+    def describe(self) -> str:
+        return f"a {self.python_type().__name__} value"
+
+    # --- Python operations ------------------------------------------------------------------
+
+    def getattr(self, tx: "Translator", name: str) -> "Variable":
+        raise unsupported("unsupported_attribute", f"reading attribute {name!r} of {self.describe()} is not supported")
+
+    def setattr(self, tx: "Translator", name: str, value: "Variable") -> None:
+        raise unsupported("unsupported_setattr", f"setting attribute {name!r} of {self.describe()} is not supported")
+
+    def call(self, tx: "Translator", args: Sequence["Variable"], kwargs: dict[str, "Variable"]) -> "Variable":
+        raise unsupported("unsupported_call", f"calling {self.describe()} is not supported")
+
+    def call_method(self, tx: "Translator", name: str, args: Sequence["Variable"], kwargs: dict[str, "Variable"]) -> "Variable":
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    def iterate(self, tx: "Translator") -> list["Variable"]:
+        """The items `for x in value` would produce (the whole sequence, eagerly)."""
+        raise unsupported("unsupported_iteration", f"iterating over {self.describe()} is not supported")
+
+    def get_iter(self, tx: "Translator") -> "Variable":
+        from kiln.capture.variables.containers import IteratorVariable
+
+        return IteratorVariable(self.iterate(tx))
+
+    def truth(self, tx: "Translator") -> bool:
+        raise unsupported("unsupported_truth", f"the truth value of {self.describe()} is not known while capturing")
+
+    def length(self, tx: "Translator") -> int:
+        return len(self.iterate(tx))
+
+    def hasattr(self, tx: "Translator", name: str) -> bool:
+        from kiln.capture.exceptions import UserRaise
+
+        try:
+            self.getattr(tx, name)
+            return True
+        except UserRaise as error:
+            if error.is_instance(AttributeError):
+                return False
+            raise
+
+    # --- graph arguments --------------------------------------------------------------------
+
+    def as_fx_arg(self) -> Any:
+        """The value as an argument of an fx node: a Node for tensors, plain Python otherwise."""
+        return self.as_constant()
+
+    def as_example(self) -> Any:
+        """The value with fake tensors in place of graph values, to run an op on."""
+        return self.as_constant()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()})"
+
+
+class NullVariable(Variable):
+    """The NULL that CPython pushes below a callable that is not a bound method."""
+
+    def python_type(self) -> type:
+        return type(None)
+
+    def describe(self) -> str:
+        return "NULL"
+
+
+NULL = NullVariable()

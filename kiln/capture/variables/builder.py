@@ -1,0 +1,183 @@
+"""Turning real Python values into variables, with the guards that keep them valid.
+
+`wrap(tx, value, source)` is how every value read from the frame (arguments, globals, attributes,
+closure cells) enters the trace. It picks the variable kind and adds the guard that pins what the
+trace will assume: TENSOR_MATCH for tensors, EQUALS for constants, ID_MATCH for functions,
+classes, modules and objects reached through them, TYPE_MATCH + LENGTH_MATCH for containers.
+An object pinned by identity is afterwards reached as a constant of the guard (`ConstSource`), so
+deeper guards stay short.
+
+`wrap_constant_result(value)` wraps a value computed while capturing (no source, no guard).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections import OrderedDict, defaultdict
+from typing import Any
+
+import torch
+from torch import nn
+
+from kiln.capture.guards import Guard
+from kiln.capture.sources import ConstSource, ItemSource, KeysSource, Source
+from kiln.capture.variables.base import Variable
+from kiln.capture.variables.constant import ConstantVariable, is_literal
+
+
+# Standard-library Python functions computed for real on constant arguments rather than inlined
+# (introspection and typing helpers: pure, and their code is not worth interpreting).
+FOLDED_MODULES = {"inspect", "typing", "re", "posixpath", "genericpath", "textwrap", "string", "copy", "warnings"}
+
+
+def _pin(tx: Any, value: Any, source: Source | None) -> Source | None:
+    """ID_MATCH `value` at `source`; return the source to use for reads below it."""
+    if source is None:
+        return None
+    if isinstance(source, ConstSource):
+        return source
+    tx.output.guards.add(Guard("ID_MATCH", source, value))
+    return ConstSource(value, str(source))
+
+
+def wrap(tx: Any, value: Any, source: Source | None) -> Variable:
+    if source is not None:
+        cached = tx.output.wrapped.get(source)
+        if cached is not None:
+            return cached
+    var = _build(tx, value, source)
+    if source is not None:
+        tx.output.wrapped[source] = var
+    return var
+
+
+def wrap_constant_result(value: Any) -> Variable:
+    return _build(None, value, None)
+
+
+def _guard(tx: Any, kind: str, source: Source | None, expected: Any) -> None:
+    if tx is not None and source is not None:
+        tx.output.guards.add(Guard(kind, source, expected))
+
+
+def _is_plain_dict(value: Any) -> bool:
+    # A subclass may override any method (a registry's `get`): it is a user object whose dict
+    # methods read a guarded view of its contents (UserObjectVariable.container_view).
+    return type(value) in (dict, OrderedDict, defaultdict)
+
+
+def _is_model_output(cls: type) -> bool:
+    return any(base.__name__ == "ModelOutput" and base.__module__.startswith("transformers") for base in cls.__mro__)
+
+
+def _build(tx: Any, value: Any, source: Source | None) -> Variable:
+    from kiln.capture.variables import containers as c
+    from kiln.capture.variables import functions as f
+    from kiln.capture.variables import objects as o
+    from kiln.capture.variables.builtins import BuiltinVariable, is_builtin_callable
+    from kiln.capture.variables.modules import ModuleVariable
+    from kiln.capture.variables.torch_fns import TorchFunctionVariable, is_torch_callable, special_callable
+
+    if is_literal(value):
+        _guard(tx, "EQUALS", source, value)
+        return ConstantVariable(value, source)
+    if isinstance(value, torch.Tensor):
+        if tx is None:
+            from kiln.capture.breaks import unsupported
+
+            raise unsupported("unsupported_constant", "a tensor computed outside the graph while capturing")
+        return tx.output.add_input(value, source)
+    if isinstance(value, torch.Size):
+        _guard(tx, "EQUALS", source, tuple(value))
+        return c.SizeVariable([ConstantVariable(int(s)) for s in value], source)
+    if isinstance(value, (tuple, list)):
+        _guard(tx, "TYPE_MATCH", source, type(value))
+        _guard(tx, "LENGTH_MATCH", source, len(value))
+        items = [wrap(tx, item, ItemSource(source, i)) if source is not None else _build(tx, item, None) for i, item in enumerate(value)]
+        if isinstance(value, list):
+            return c.ListVariable(items, source)
+        if hasattr(type(value), "_fields"):
+            return c.NamedTupleVariable(items, type(value), source)
+        return c.TupleVariable(items, source)
+    if isinstance(value, dict) and _is_plain_dict(value):
+        _guard(tx, "TYPE_MATCH", source, type(value))
+        return wrap_dict_contents(tx, value, source)
+    if isinstance(value, (set, frozenset)) and all(is_literal(v) for v in value):
+        if isinstance(value, frozenset):
+            _guard(tx, "EQUALS", source, value)
+        else:
+            _guard(tx, "TYPE_MATCH", source, type(value))
+            _guard(tx, "EQUALS", source, set(value))
+        return c.SetVariable([ConstantVariable(v) for v in value], source, frozen=isinstance(value, frozenset))
+    if isinstance(value, nn.Module):
+        return ModuleVariable(value, _pin(tx, value, source))
+    special = special_callable(value)
+    if special is not None:
+        _pin(tx, value, source)
+        return special
+    if is_torch_callable(value):
+        _pin(tx, value, source)
+        return TorchFunctionVariable(value)
+    if is_builtin_callable(value):
+        _pin(tx, value, source)
+        return BuiltinVariable(value)
+    if isinstance(value, types.FunctionType):
+        if getattr(value, "__module__", None) in FOLDED_MODULES:
+            _pin(tx, value, source)
+            return BuiltinVariable(value)
+        return f.UserFunctionVariable(value, _pin(tx, value, source))
+    if isinstance(value, types.MethodType):
+        self_var = wrap(tx, value.__self__, None if source is None else _attr(source, "__self__")) if tx is not None else _build(None, value.__self__, None)
+        func_var = wrap(tx, value.__func__, None if source is None else _attr(source, "__func__")) if tx is not None else _build(None, value.__func__, None)
+        return f.BoundMethodVariable(func_var, self_var)
+    if isinstance(value, functools.partial):
+        src = _pin(tx, value, source)
+        return f.PartialVariable(
+            _build(tx, value.func, None),
+            [_build(tx, a, None) for a in value.args],
+            {k: _build(tx, v, None) for k, v in value.keywords.items()},
+            src,
+        )
+    if isinstance(value, type):
+        return o.ClassVariable(value, _pin(tx, value, source))
+    if isinstance(value, types.ModuleType):
+        return o.PythonModuleVariable(value, _pin(tx, value, source))
+    if isinstance(value, (staticmethod, classmethod, property, types.MethodDescriptorType, types.WrapperDescriptorType, types.BuiltinMethodType, types.MethodWrapperType, types.GetSetDescriptorType, types.MemberDescriptorType)):
+        return o.OpaqueVariable(value, _pin(tx, value, source))
+    if isinstance(value, BaseException):
+        from kiln.capture.exceptions import ExceptionVariable
+
+        return ExceptionVariable(type(value), (), value)
+    # Any other object: its attributes are read (and guarded) one at a time.
+    if source is not None and source.is_local():
+        _guard(tx, "TYPE_MATCH", source, type(value))
+        return o.UserObjectVariable(value, source)
+    return o.UserObjectVariable(value, _pin(tx, value, source))
+
+
+def _attr(source: Source, name: str) -> Source:
+    from kiln.capture.sources import AttrSource
+
+    return AttrSource(source, name)
+
+
+def wrap_dict_contents(tx: Any, value: dict, source: Source | None) -> Variable:
+    """A DictVariable of `value`'s items, guarding its keys (not its type: the caller's business)."""
+    from kiln.capture.variables import containers as c
+
+    if source is not None:
+        keys = list(value.keys())
+        if all(is_literal(k) for k in keys):
+            tx.output.guards.add(Guard("EQUALS", KeysSource(source), keys))
+        else:
+            _guard(tx, "LENGTH_MATCH", source, len(value))
+    pairs = []
+    for k, v in value.items():
+        key = _build(tx, k, None)
+        pairs.append((key, wrap(tx, v, ItemSource(source, k)) if source is not None else _build(tx, v, None)))
+    d = c.DictVariable.from_pairs(pairs, cls=type(value) if type(value) in (dict, OrderedDict, defaultdict) else dict)
+    d.source = source
+    if isinstance(value, defaultdict) and value.default_factory is not None:
+        d.default_factory = _build(tx, value.default_factory, None)
+    return d

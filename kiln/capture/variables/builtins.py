@@ -1,0 +1,678 @@
+"""Python's builtins (len, isinstance, getattr, zip, ...) and `operator`/`math` functions.
+
+Each modelled builtin is one small handler in `HANDLERS`. A builtin without a handler that is
+pure on constants (`math.sqrt`, `str.upper` called through the class, `ord`) is computed now when
+its arguments are constants.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import copy
+import dataclasses
+import functools
+import inspect
+import itertools
+import math
+import operator
+import types
+import typing
+from typing import Any, Callable, Sequence
+
+from kiln.capture.breaks import unsupported
+from kiln.capture.exceptions import ExceptionVariable, UserRaise, raise_real
+from kiln.capture.operators import _BY_FUNCTION, _INPLACE_TO_BINARY, apply_binary, apply_unary, contains, identical, text_of
+from kiln.capture.variables.base import Variable
+from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
+from kiln.capture.variables.containers import (
+    DictVariable, IteratorVariable, ListVariable, SetVariable, TupleVariable, hash_key,
+)
+
+Handler = Callable[..., Variable]
+HANDLERS: dict[Any, Handler] = {}
+
+# Pure functions computed now when all arguments are constants.
+_PURE_MODULES = (math, operator)
+_PURE = {abs, chr, ord, divmod, pow, round, hex, oct, bin, hash, repr, format, ascii}
+# Calls kiln refuses rather than run at capture time.
+_SIDE_EFFECTS = {print, input, open, exec, eval, compile, globals, locals, vars, breakpoint}
+# Callable objects of the operator module, applied to variables by `_call_getter`.
+_GETTER_TYPES = (operator.itemgetter, operator.attrgetter, operator.methodcaller)
+
+
+def handles(*fns: Any) -> Callable[[Handler], Handler]:
+    def register(handler: Handler) -> Handler:
+        for fn in fns:
+            HANDLERS[fn] = handler
+        return handler
+
+    return register
+
+
+def is_builtin_callable(value: Any) -> bool:
+    if isinstance(value, _GETTER_TYPES):
+        return True
+    try:
+        if value in _SIDE_EFFECTS or value in HANDLERS or value in _PURE:
+            return True
+    except TypeError:
+        return False
+    if isinstance(value, types.BuiltinFunctionType) and getattr(value, "__module__", None) in ("math", "_operator", "operator"):
+        return True
+    return False
+
+
+def const(value: Any) -> ConstantVariable:
+    return ConstantVariable(value)
+
+
+class BuiltinVariable(Variable):
+    def __init__(self, fn: Any) -> None:
+        super().__init__(None)
+        self.value = fn
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.value
+
+    def describe(self) -> str:
+        return f"builtin {getattr(self.value, '__name__', self.value)}"
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        fn = self.value
+        if fn in _SIDE_EFFECTS:
+            raise unsupported("unsupported_call", f"{fn.__name__}() inside a compiled function has effects kiln does not replay",
+                              "a graph break at this call needs issue 7; remove it from the compiled code")
+        if isinstance(fn, _GETTER_TYPES):
+            return _call_getter(tx, fn, args, kwargs)
+        handler = HANDLERS.get(fn)
+        if handler is not None:
+            return handler(tx, *args, **kwargs)
+        if fn in _BY_FUNCTION or fn in _INPLACE_TO_BINARY:
+            return apply_binary(tx, fn, *args)
+        return constant_fold(fn, args, kwargs)
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name in ("__name__", "__qualname__", "__module__"):
+            return const(getattr(self.value, name))
+        if name == "fromkeys" and self.value in (dict, collections.OrderedDict):  # a classmethod: see call_method
+            from kiln.capture.variables.functions import BoundBuiltinMethod
+
+            return BoundBuiltinMethod(self, name)
+        if isinstance(self.value, type) and not name.startswith("__") and isinstance(inspect.getattr_static(self.value, name, None), _METHOD_DESCRIPTORS):
+            return UnboundBuiltinMethod(self.value, name)
+        if isinstance(self.value, type):
+            from kiln.capture.variables.objects import ClassVariable
+
+            return ClassVariable(self.value).getattr(tx, name)
+        return super().getattr(tx, name)
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if self.value in (dict, collections.OrderedDict) and name == "fromkeys":
+            value = args[1] if len(args) > 1 else const(None)
+            return DictVariable.from_pairs([(k, value) for k in args[0].iterate(tx)], cls=self.value)
+        if isinstance(self.value, type) and name in ("__new__", "__init__") and self.value is object:
+            from kiln.capture.variables.objects import ObjectSlotVariable
+
+            return ObjectSlotVariable(name).call(tx, args, kwargs)
+        if self.value is object and name in ("__setattr__", "__getattribute__"):
+            from kiln.capture.variables.objects import ObjectSlotVariable
+
+            return ObjectSlotVariable(name).call(tx, args, kwargs)
+        if isinstance(self.value, type) and self.value in (str, int, float, tuple, list, dict, bytes):
+            # str.join(sep, items) and the like: unbound methods of builtin types
+            return args[0].call_method(tx, name, args[1:], kwargs)
+        return super().call_method(tx, name, args, kwargs)
+
+
+_METHOD_DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType)
+
+
+class UnboundBuiltinMethod(Variable):
+    """`str.upper`, `dict.get`, `list.append` read from the class: calling it calls the method on its first argument."""
+
+    def __init__(self, cls: type, name: str) -> None:
+        super().__init__(None)
+        self.cls, self.name = cls, name
+
+    def python_type(self) -> type:
+        return type(inspect.getattr_static(self.cls, self.name))
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return getattr(self.cls, self.name)
+
+    def describe(self) -> str:
+        return f"method {self.cls.__name__}.{self.name}"
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if not args:
+            raise raise_real(TypeError(f"unbound method {self.cls.__name__}.{self.name}() needs an argument"))
+        if args[0].python_type() is not self.cls:
+            # A subclass may override the method this call means to bypass: the class's own reading.
+            from kiln.capture.variables.objects import ClassVariable
+
+            return ClassVariable(self.cls).getattr(tx, self.name).call(tx, args, kwargs)
+        return args[0].call_method(tx, self.name, list(args[1:]), kwargs)
+
+
+def constant_fold(fn: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+    from kiln.capture.variables.builder import wrap_constant_result
+
+    if not all(is_plain_data(a) for a in (*args, *kwargs.values())):
+        name = getattr(fn, "__qualname__", None) or repr(fn)
+        raise unsupported("unsupported_call", f"{name}() called with {', '.join(a.describe() for a in args)} while capturing")
+    try:
+        result = fn(*[plain_data(a) for a in args], **{k: plain_data(v) for k, v in kwargs.items()})
+    except Exception as error:  # noqa: BLE001 - the user's call raises in eager too
+        raise raise_real(error) from None
+    return wrap_constant_result(result)
+
+
+# --- sizes and types ---------------------------------------------------------------------------
+
+
+@handles(len)
+def _len(tx: Any, obj: Variable) -> Variable:
+    return const(obj.length(tx))
+
+
+def _class_of(v: Variable) -> type:
+    return v.python_type()
+
+
+@handles(isinstance)
+def _isinstance(tx: Any, obj: Variable, classes: Variable) -> Variable:
+    spec = _class_spec(tx, classes)
+    cls = _class_of(obj)
+    try:
+        return const(issubclass(cls, spec) or _instance_check(obj, spec))
+    except TypeError as error:
+        raise raise_real(error) from None
+
+
+def _instance_check(obj: Variable, spec: Any) -> bool:
+    # Classes with their own __instancecheck__ (typing, ABCs) decide on the real object when known.
+    real = getattr(obj, "value", None)
+    if real is not None and not isinstance(real, (list, dict, set)):
+        try:
+            return isinstance(real, spec)
+        except TypeError:
+            return False
+    return False
+
+
+def _class_spec(tx: Any, classes: Variable) -> Any:
+    if isinstance(classes, TupleVariable):
+        return tuple(_class_spec(tx, c) for c in classes.items)
+    return classes.as_constant()
+
+
+@handles(issubclass)
+def _issubclass(tx: Any, cls: Variable, classes: Variable) -> Variable:
+    try:
+        return const(issubclass(cls.as_constant(), _class_spec(tx, classes)))
+    except TypeError as error:
+        raise raise_real(error) from None
+
+
+@handles(type)
+def _type(tx: Any, obj: Variable, *rest: Variable) -> Variable:
+    if rest:
+        raise unsupported("unsupported_call", "type() with three arguments (making a class) while capturing")
+    from kiln.capture.variables.builder import wrap_constant_result
+
+    return wrap_constant_result(_class_of(obj))
+
+
+@handles(callable)
+def _callable(tx: Any, obj: Variable) -> Variable:
+    from kiln.capture.variables.functions import FunctionVariableBase, BoundMethodVariable, PartialVariable
+    from kiln.capture.variables.objects import ClassVariable, UserObjectVariable, class_lookup
+
+    if isinstance(obj, (FunctionVariableBase, BoundMethodVariable, PartialVariable, ClassVariable, BuiltinVariable)):
+        return const(True)
+    if isinstance(obj, UserObjectVariable):
+        return const(class_lookup(obj.cls, "__call__")[0] is not class_lookup(object, "__nonexistent__")[0])
+    if obj.is_constant():
+        return const(callable(obj.as_constant()))
+    # Instances are callable when their class (not its metaclass) defines __call__.
+    return const(any("__call__" in vars(k) for k in obj.python_type().__mro__))
+
+
+@handles(id)
+def _id(tx: Any, obj: Variable) -> Variable:
+    real = getattr(obj, "value", None)
+    if real is None or obj.source is None:
+        raise unsupported("unsupported_call", f"id() of {obj.describe()} while capturing")
+    return const(id(real))
+
+
+# --- attributes ----------------------------------------------------------------------------------
+
+
+@handles(getattr)
+def _getattr(tx: Any, obj: Variable, name: Variable, *default: Variable) -> Variable:
+    try:
+        return obj.getattr(tx, name.as_constant())
+    except UserRaise as error:
+        if default and error.is_instance(AttributeError):
+            return default[0]
+        raise
+
+
+@handles(hasattr)
+def _hasattr(tx: Any, obj: Variable, name: Variable) -> Variable:
+    return const(obj.hasattr(tx, name.as_constant()))
+
+
+@handles(setattr)
+def _setattr(tx: Any, obj: Variable, name: Variable, value: Variable) -> Variable:
+    obj.setattr(tx, name.as_constant(), value)
+    return const(None)
+
+
+@handles(delattr)
+def _delattr(tx: Any, obj: Variable, name: Variable) -> Variable:
+    from kiln.capture.variables.objects import UserObjectVariable
+
+    if isinstance(obj, UserObjectVariable):
+        obj.setattr_plain(tx, name.as_constant(), None)
+        return const(None)
+    raise unsupported("unsupported_setattr", f"delattr on {obj.describe()}")
+
+
+# --- iteration -----------------------------------------------------------------------------------
+
+
+@handles(iter)
+def _iter(tx: Any, obj: Variable) -> Variable:
+    return obj.get_iter(tx)
+
+
+@handles(next)
+def _next(tx: Any, it: Variable, *default: Variable) -> Variable:
+    if not isinstance(it, IteratorVariable):
+        it = it.get_iter(tx) if not hasattr(it, "next") else it
+    item = it.next(tx)
+    if item is None:
+        if default:
+            return default[0]
+        raise UserRaise(ExceptionVariable(StopIteration))
+    return item
+
+
+@handles(enumerate)
+def _enumerate(tx: Any, seq: Variable, start: Variable | None = None) -> Variable:
+    first = start.as_constant() if start is not None else 0
+    return IteratorVariable([TupleVariable([const(first + i), item]) for i, item in enumerate(seq.iterate(tx))])
+
+
+@handles(zip)
+def _zip(tx: Any, *seqs: Variable, strict: Variable | None = None) -> Variable:
+    lists = [s.iterate(tx) for s in seqs]
+    if strict is not None and strict.as_constant() and len({len(x) for x in lists}) > 1:
+        raise raise_real(ValueError("zip() arguments have different lengths"))
+    return IteratorVariable([TupleVariable(list(items)) for items in zip(*lists)])
+
+
+@handles(map)
+def _map(tx: Any, fn: Variable, *seqs: Variable) -> Variable:
+    return IteratorVariable([fn.call(tx, list(items), {}) for items in zip(*[s.iterate(tx) for s in seqs])])
+
+
+@handles(filter)
+def _filter(tx: Any, fn: Variable, seq: Variable) -> Variable:
+    keep = (lambda v: v.truth(tx)) if fn.is_constant() and fn.as_constant() is None else (lambda v: fn.call(tx, [v], {}).truth(tx))
+    return IteratorVariable([item for item in seq.iterate(tx) if keep(item)])
+
+
+@handles(reversed)
+def _reversed(tx: Any, seq: Variable) -> Variable:
+    return IteratorVariable(list(reversed(seq.iterate(tx))))
+
+
+@handles(sorted)
+def _sorted(tx: Any, seq: Variable, key: Variable | None = None, reverse: Variable | None = None) -> Variable:
+    items = seq.iterate(tx)
+    flip = bool(reverse.as_constant()) if reverse is not None else False
+    if key is None:
+        if not all(i.is_constant() for i in items):
+            raise unsupported("unsupported_call", "sorted() of values that are not constants")
+        return ListVariable(sorted(items, key=lambda v: v.as_constant(), reverse=flip))
+    keyed = [(key.call(tx, [i], {}).as_constant(), n, i) for n, i in enumerate(items)]
+    keyed.sort(key=lambda t: (t[0], t[1]), reverse=flip)
+    return ListVariable([i for _, _, i in keyed])
+
+
+@handles(range)
+def _range(tx: Any, *args: Variable) -> Variable:
+    return const(range(*[a.as_constant() for a in args]))
+
+
+@handles(slice)
+def _slice(tx: Any, *args: Variable) -> Variable:
+    return const(slice(*[a.as_constant() for a in args]))
+
+
+# --- reductions ------------------------------------------------------------------------------------
+
+
+@handles(any)
+def _any(tx: Any, seq: Variable) -> Variable:
+    return const(any(item.truth(tx) for item in seq.iterate(tx)))
+
+
+@handles(all)
+def _all(tx: Any, seq: Variable) -> Variable:
+    return const(all(item.truth(tx) for item in seq.iterate(tx)))
+
+
+@handles(sum)
+def _sum(tx: Any, seq: Variable, start: Variable | None = None) -> Variable:
+    total = start if start is not None else const(0)
+    for item in seq.iterate(tx):
+        total = apply_binary(tx, operator.add, total, item)
+    return total
+
+
+def _extreme(pick: Callable, tx: Any, *args: Variable, key: Variable | None = None, default: Variable | None = None) -> Variable:
+    items = args[0].iterate(tx) if len(args) == 1 else list(args)
+    if not items:
+        if default is not None:
+            return default
+        raise raise_real(ValueError(f"{pick.__name__}() arg is an empty sequence"))
+    from kiln.capture.variables.tensor import TensorVariable
+
+    if any(isinstance(i, TensorVariable) for i in items):
+        raise unsupported("data_dependent_branch", f"{pick.__name__}() over tensors compares their values")
+    keys = [key.call(tx, [i], {}).as_constant() if key is not None else i.as_constant() for i in items]
+    best = pick(range(len(items)), key=lambda n: keys[n])
+    return items[best]
+
+
+HANDLERS[min] = functools.partial(_extreme, min)
+HANDLERS[max] = functools.partial(_extreme, max)
+
+
+@handles(abs)
+def _abs(tx: Any, x: Variable) -> Variable:
+    return apply_unary(tx, operator.abs, x)
+
+
+# --- constructors ------------------------------------------------------------------------------------
+
+
+@handles(tuple)
+def _tuple(tx: Any, seq: Variable | None = None) -> Variable:
+    return TupleVariable(seq.iterate(tx) if seq is not None else [])
+
+
+@handles(list)
+def _list(tx: Any, seq: Variable | None = None) -> Variable:
+    return ListVariable(seq.iterate(tx) if seq is not None else [])
+
+
+def _dict_like(cls: type) -> Handler:
+    def build(tx: Any, *args: Variable, **kwargs: Variable) -> Variable:
+        d = DictVariable(cls=cls)
+        d._update(tx, *args, **kwargs)
+        return d
+
+    return build
+
+
+HANDLERS[dict] = _dict_like(dict)
+HANDLERS[collections.OrderedDict] = _dict_like(collections.OrderedDict)
+
+
+@handles(collections.defaultdict)
+def _defaultdict(tx: Any, factory: Variable | None = None, *args: Variable) -> Variable:
+    d = DictVariable(cls=collections.defaultdict, default_factory=factory if factory is not None and not (factory.is_constant() and factory.as_constant() is None) else None)
+    if args:
+        d._update(tx, *args)
+    return d
+
+
+@handles(set)
+def _set(tx: Any, seq: Variable | None = None) -> Variable:
+    return SetVariable(seq.iterate(tx) if seq is not None else [])
+
+
+@handles(frozenset)
+def _frozenset(tx: Any, seq: Variable | None = None) -> Variable:
+    return SetVariable(seq.iterate(tx) if seq is not None else [], frozen=True)
+
+
+def _scalar(cls: type) -> Handler:
+    def convert(tx: Any, *args: Variable, **kwargs: Variable) -> Variable:
+        from kiln.capture.variables.tensor import TensorVariable
+
+        if args and isinstance(args[0], TensorVariable):
+            raise unsupported("data_dependent", f"{cls.__name__}() of a tensor reads its data while capturing",
+                              "a graph break here needs issue 7; keep the value a tensor")
+        if cls is bool and args and not args[0].is_constant():
+            return const(args[0].truth(tx))
+        if cls is str and len(args) == 1 and not kwargs:
+            return text_of(tx, args[0], str)
+        return constant_fold(cls, args, kwargs)
+
+    return convert
+
+
+for _cls in (int, float, bool, str, complex, bytes):
+    HANDLERS[_cls] = _scalar(_cls)
+
+
+@handles(object)
+def _object(tx: Any) -> Variable:
+    from kiln.capture.variables.objects import UserObjectVariable
+
+    return UserObjectVariable(None, None, object)
+
+
+# --- functional tools ---------------------------------------------------------------------------------
+
+
+@handles(functools.partial)
+def _partial(tx: Any, fn: Variable, *args: Variable, **kwargs: Variable) -> Variable:
+    from kiln.capture.variables.functions import PartialVariable
+
+    return PartialVariable(fn, list(args), dict(kwargs))
+
+
+@handles(functools.reduce)
+def _reduce(tx: Any, fn: Variable, seq: Variable, *initial: Variable) -> Variable:
+    items = seq.iterate(tx)
+    acc = initial[0] if initial else items.pop(0)
+    for item in items:
+        acc = fn.call(tx, [acc, item], {})
+    return acc
+
+
+@handles(itertools.chain)
+def _chain(tx: Any, *seqs: Variable) -> Variable:
+    return IteratorVariable([item for s in seqs for item in s.iterate(tx)])
+
+
+@handles(itertools.product)
+def _product(tx: Any, *seqs: Variable, repeat: Variable | None = None) -> Variable:
+    lists = [s.iterate(tx) for s in seqs] * (repeat.as_constant() if repeat is not None else 1)
+    return IteratorVariable([TupleVariable(list(p)) for p in itertools.product(*lists)])
+
+
+@handles(itertools.zip_longest)
+def _zip_longest(tx: Any, *seqs: Variable, fillvalue: Variable | None = None) -> Variable:
+    fill = fillvalue or const(None)
+    return IteratorVariable([TupleVariable(list(p)) for p in itertools.zip_longest(*[s.iterate(tx) for s in seqs], fillvalue=fill)])
+
+
+@handles(itertools.islice)
+def _islice(tx: Any, seq: Variable, *bounds: Variable) -> Variable:
+    return IteratorVariable(list(itertools.islice(seq.iterate(tx), *[b.as_constant() for b in bounds])))
+
+
+@handles(operator.getitem)
+def _getitem(tx: Any, obj: Variable, key: Variable) -> Variable:
+    from kiln.capture.interpreter import subscript
+
+    return subscript(tx, obj, key)
+
+
+@handles(operator.not_)
+def _not(tx: Any, x: Variable) -> Variable:
+    return apply_unary(tx, operator.not_, x)
+
+
+@handles(operator.truth)
+def _truth(tx: Any, x: Variable) -> Variable:
+    return const(x.truth(tx))
+
+
+for _fn in (operator.neg, operator.pos, operator.invert):
+    HANDLERS[_fn] = functools.partial(lambda fn, tx, x: apply_unary(tx, fn, x), _fn)
+
+
+@handles(operator.is_)
+def _is(tx: Any, a: Variable, b: Variable) -> Variable:
+    return const(identical(a, b))
+
+
+@handles(operator.is_not)
+def _is_not(tx: Any, a: Variable, b: Variable) -> Variable:
+    return const(not identical(a, b))
+
+
+@handles(operator.contains)
+def _contains(tx: Any, container: Variable, item: Variable) -> Variable:
+    return const(contains(tx, container, item))
+
+
+def _make_getter(cls: type, tx: Any, *parts: Variable, **kwargs: Variable) -> Variable:
+    # Built from constants now; applied to variables when called (`_call_getter`).
+    if not all(p.is_constant() for p in (*parts, *kwargs.values())):
+        raise unsupported("unsupported_call", f"operator.{cls.__name__} of values that are not constants")
+    try:
+        getter = cls(*[p.as_constant() for p in parts], **{k: v.as_constant() for k, v in kwargs.items()})
+    except Exception as error:  # noqa: BLE001
+        raise raise_real(error) from None
+    return BuiltinVariable(getter)
+
+
+for _cls in _GETTER_TYPES:
+    HANDLERS[_cls] = functools.partial(_make_getter, _cls)
+
+
+def _call_getter(tx: Any, getter: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+    """Apply an itemgetter/attrgetter/methodcaller (made of constants) to variables."""
+    if len(args) != 1 or kwargs:
+        raise raise_real(TypeError(f"{type(getter).__name__} expected 1 argument, got {len(args)}"))
+    obj = args[0]
+    maker, parts = getter.__reduce__()
+    if isinstance(getter, operator.methodcaller):
+        name, *call_args = parts if not isinstance(maker, functools.partial) else (*maker.args, *parts)
+        call_kwargs = maker.keywords if isinstance(maker, functools.partial) else {}
+        return obj.call_method(tx, name, [const(a) for a in call_args], {k: const(v) for k, v in call_kwargs.items()})
+    if isinstance(getter, operator.itemgetter):
+        from kiln.capture.interpreter import subscript
+
+        results = [subscript(tx, obj, const(key)) for key in parts]
+    else:
+        results = [_dotted_getattr(tx, obj, name) for name in parts]
+    return results[0] if len(results) == 1 else TupleVariable(results)
+
+
+def _dotted_getattr(tx: Any, obj: Variable, dotted: str) -> Variable:
+    for name in dotted.split("."):
+        obj = obj.getattr(tx, name)
+    return obj
+
+
+@handles(operator.setitem)
+def _setitem(tx: Any, obj: Variable, key: Variable, value: Variable) -> Variable:
+    from kiln.capture.interpreter import store_subscript
+
+    store_subscript(tx, obj, key, value)
+    return const(None)
+
+
+@handles(operator.delitem)
+def _delitem(tx: Any, obj: Variable, key: Variable) -> Variable:
+    obj.call_method(tx, "__delitem__", [key], {})
+    return const(None)
+
+
+@handles(operator.iconcat)
+def _iconcat(tx: Any, a: Variable, b: Variable) -> Variable:
+    return apply_binary(tx, operator.iadd, a, b)
+
+
+@handles(copy.copy)
+def _copy(tx: Any, x: Variable) -> Variable:
+    if isinstance(x, ListVariable):
+        return ListVariable(x.items)
+    if isinstance(x, DictVariable):
+        return DictVariable(x.entries, cls=x.cls)
+    if x.is_constant() or isinstance(x, TupleVariable):
+        return x
+    raise unsupported("unsupported_call", f"copy.copy of {x.describe()}")
+
+
+@handles(dataclasses.fields)
+def _fields(tx: Any, x: Variable) -> Variable:
+    from kiln.capture.variables.builder import wrap_constant_result
+
+    return wrap_constant_result(dataclasses.fields(x.python_type() if not isinstance(x.as_constant() if x.is_constant() else None, type) else x.as_constant()))
+
+
+@handles(dataclasses.is_dataclass)
+def _is_dataclass(tx: Any, x: Variable) -> Variable:
+    target = x.as_constant() if x.is_constant() and isinstance(x.as_constant(), type) else x.python_type()
+    return const(dataclasses.is_dataclass(target))
+
+
+@handles(typing.cast)
+def _cast(tx: Any, typ: Variable, value: Variable) -> Variable:
+    return value
+
+
+for _fn in (inspect.isclass, inspect.isfunction, inspect.ismethod):
+    HANDLERS[_fn] = functools.partial(lambda fn, tx, x: const(fn(x.as_constant()) if x.is_constant() else fn is inspect.ismethod and x.python_type() is types.MethodType), _fn)
+
+
+@handles(builtins.divmod)
+def _divmod(tx: Any, a: Variable, b: Variable) -> Variable:
+    from kiln.capture.variables.tensor import TensorVariable
+
+    if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):  # Tensor has no __divmod__
+        raise raise_real(TypeError(f"unsupported operand type(s) for divmod(): '{a.python_type().__name__}' and '{b.python_type().__name__}'"))
+    return TupleVariable([apply_binary(tx, operator.floordiv, a, b), apply_binary(tx, operator.mod, a, b)])
+
+
+for _fn in (repr, ascii):
+    HANDLERS[_fn] = functools.partial(lambda fn, tx, x: text_of(tx, x, fn), _fn)
+
+
+@handles(hash)
+def _hash(tx: Any, x: Variable) -> Variable:
+    key = hash_key(x)
+    if key[0] != "const":
+        raise unsupported("unsupported_call", f"hash() of {x.describe()}")
+    return const(hash(key[1]))
+
+
+@handles(super)
+def _super(tx: Any, *args: Variable) -> Variable:
+    from kiln.capture.variables.objects import SuperVariable
+
+    if not args:
+        return tx.zero_arg_super()
+    return SuperVariable(args[0].as_constant(), args[1])

@@ -1,0 +1,133 @@
+"""Immutable Python values known while capturing: None, numbers, strings, dtypes, devices, slices..."""
+
+from __future__ import annotations
+
+import enum
+import types
+from typing import Any, Sequence
+
+import torch
+
+from kiln.capture.breaks import unsupported
+from kiln.capture.exceptions import raise_real
+from kiln.capture.variables.base import Variable
+
+LITERAL_TYPES = (
+    type(None), bool, int, float, complex, str, bytes, type(Ellipsis), type(NotImplemented),
+    range, slice, torch.dtype, torch.device, torch.layout, torch.memory_format, enum.Enum,
+    types.CodeType,
+)
+
+
+def is_literal(value: Any) -> bool:
+    if isinstance(value, slice):
+        return all(is_literal(part) for part in (value.start, value.stop, value.step))
+    return isinstance(value, LITERAL_TYPES) and not isinstance(value, torch.Tensor)
+
+
+def is_plain_data(var: Variable) -> bool:
+    """A constant, or a list/tuple/set/dict built only of constants: safe to hand to a pure function."""
+    from kiln.capture.variables.containers import BaseSequenceVariable, DictVariable, SetVariable
+
+    if var.is_constant():
+        return True
+    if isinstance(var, BaseSequenceVariable):
+        return all(is_plain_data(item) for item in var.items)
+    if isinstance(var, SetVariable):
+        return all(is_plain_data(item) for item in var.entries.values())
+    if isinstance(var, DictVariable):
+        return all(is_plain_data(k) and is_plain_data(v) for k, v in var.entries.values())
+    return False
+
+
+def plain_data(var: Variable) -> Any:
+    """The Python value of a variable that `is_plain_data`: a fresh copy for mutable containers."""
+    from kiln.capture.variables.containers import BaseSequenceVariable, DictVariable, SetVariable
+
+    if var.is_constant():
+        return var.as_constant()
+    if isinstance(var, BaseSequenceVariable):
+        items = [plain_data(item) for item in var.items]
+        return items if isinstance(var.python_type(), type) and issubclass(var.python_type(), list) else tuple(items)
+    if isinstance(var, SetVariable):
+        return var.python_type()(plain_data(item) for item in var.entries.values())
+    return {plain_data(k): plain_data(v) for k, v in var.entries.values()}
+
+
+class ConstantVariable(Variable):
+    """A Python value that cannot change: operations on it are computed while capturing."""
+
+    def __init__(self, value: Any, source: Any = None) -> None:
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.value
+
+    def describe(self) -> str:
+        text = repr(self.value)
+        return text if len(text) < 60 else text[:57] + "..."
+
+    def truth(self, tx: Any) -> bool:
+        return bool(self.value)
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        if isinstance(self.value, (str, bytes, range)):
+            return [ConstantVariable(v) for v in self.value]
+        return super().iterate(tx)
+
+    def length(self, tx: Any) -> int:
+        try:
+            return len(self.value)
+        except TypeError as error:
+            raise raise_real(error) from None
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        try:
+            attr = getattr(self.value, name)
+        except AttributeError as error:
+            raise raise_real(error) from None
+        if callable(attr) and not isinstance(attr, type):
+            return ConstantMethodVariable(self.value, name)
+        from kiln.capture.variables.builder import wrap_constant_result
+
+        return wrap_constant_result(attr)
+
+
+class ConstantMethodVariable(Variable):
+    """A method of a constant, e.g. `"{}-{}".format` or `(3).bit_length`: called for real."""
+
+    def __init__(self, obj: Any, name: str) -> None:
+        super().__init__(None)
+        self.obj, self.name = obj, name
+
+    def python_type(self) -> type:
+        return types.BuiltinMethodType
+
+    def describe(self) -> str:
+        return f"method {type(self.obj).__name__}.{self.name}"
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        from kiln.capture.variables.builder import wrap_constant_result
+
+        if self.name == "join" and len(args) == 1 and not is_plain_data(args[0]):
+            from kiln.capture.variables.containers import TupleVariable
+
+            args = [TupleVariable(args[0].iterate(tx))]  # "".join(generator): the items it yields
+        if not all(is_plain_data(a) for a in (*args, *kwargs.values())):
+            raise unsupported(
+                "unsupported_call",
+                f"{self.describe()} called with values that are not constants while capturing",
+                "compute the value outside the compiled function, or from constants",
+            )
+        try:
+            result = getattr(self.obj, self.name)(*[plain_data(a) for a in args], **{k: plain_data(v) for k, v in kwargs.items()})
+        except Exception as error:  # noqa: BLE001 - the user's code raised; it lands in its handler
+            raise raise_real(error) from None
+        return wrap_constant_result(result)

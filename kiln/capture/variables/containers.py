@@ -1,0 +1,672 @@
+"""Tuples, lists, dicts, sets and iterators whose items are variables.
+
+Containers made during the trace are changed in place. Containers read from the frame's inputs
+(they have a source) record their changes as side effects, replayed on the real objects after the
+graph runs.
+"""
+
+from __future__ import annotations
+
+import operator
+import types
+from typing import Any, Callable, Sequence
+
+import torch
+
+from kiln.capture.breaks import unsupported
+from kiln.capture.exceptions import ExceptionVariable, UserRaise, raise_real
+from kiln.capture.variables.base import Variable
+from kiln.capture.variables.constant import ConstantVariable
+
+
+def const(value: Any) -> ConstantVariable:
+    return ConstantVariable(value)
+
+
+def hash_key(var: Variable) -> Any:
+    """The dict/set key a variable stands for: its value for constants, its identity otherwise."""
+    if var.is_constant():
+        value = var.as_constant()
+        try:
+            hash(value)
+        except TypeError as error:
+            raise raise_real(error) from None
+        return ("const", value)
+    if isinstance(var, TupleVariable):
+        return ("tuple", tuple(hash_key(item) for item in var.items))
+    real = getattr(var, "value", None)
+    if real is not None and not isinstance(real, (list, dict, set)):
+        return ("id", id(real))
+    return ("var", id(var))
+
+
+def _index(tx: Any, var: Variable, length: int) -> int | slice:
+    if not var.is_constant():
+        raise unsupported("unsupported_index", f"indexing a sequence with {var.describe()}", "index with Python ints")
+    value = var.as_constant()
+    if isinstance(value, bool) or not isinstance(value, (int, slice)):
+        if hasattr(value, "__index__"):
+            return operator.index(value)
+        raise raise_real(TypeError(f"indices must be integers or slices, not {type(value).__name__}"))
+    return value
+
+
+def _raise(exc_type: type[BaseException], *args: Any) -> UserRaise:
+    return UserRaise(ExceptionVariable(exc_type, tuple(const(a) for a in args)))
+
+
+def equal(tx: Any, a: Variable, b: Variable) -> bool:
+    """Python `a == b` for the values a container compares (constants, or identity)."""
+    if a is b:
+        return True
+    if a.is_constant() and b.is_constant():
+        return bool(a.as_constant() == b.as_constant())
+    if isinstance(a, BaseSequenceVariable) and isinstance(b, BaseSequenceVariable):
+        return _sequence_kind(a) is _sequence_kind(b) and len(a.items) == len(b.items) and all(equal(tx, x, y) for x, y in zip(a.items, b.items))
+    if isinstance(a, DictVariable) and isinstance(b, DictVariable):
+        return a.entries.keys() == b.entries.keys() and all(equal(tx, v, b.entries[k][1]) for k, (_, v) in a.entries.items())
+    if isinstance(a, SetVariable) and isinstance(b, SetVariable):
+        return a.entries.keys() == b.entries.keys()
+    from kiln.capture.variables.tensor import TensorVariable
+
+    if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
+        raise unsupported("data_dependent_branch", "comparing tensors with == inside a container operation")
+    return hash_key(a) == hash_key(b)
+
+
+def _sequence_kind(var: "BaseSequenceVariable") -> type:
+    # Python compares a list only with lists; tuples, torch.Size and namedtuples with each other.
+    kind = var.python_type()
+    return tuple if issubclass(kind, tuple) else kind
+
+
+class BaseSequenceVariable(Variable):
+    mutable = False
+
+    def __init__(self, items: Sequence[Variable], source: Any = None) -> None:
+        super().__init__(source)
+        self.items = list(items)
+
+    def is_constant(self) -> bool:
+        return not self.mutable and all(item.is_constant() for item in self.items)
+
+    def as_constant(self) -> Any:
+        return self.python_type()(item.as_constant() for item in self.items)
+
+    def as_fx_arg(self) -> Any:
+        kind = list if self.python_type() is list else tuple
+        return kind(item.as_fx_arg() for item in self.items)
+
+    def as_example(self) -> Any:
+        kind = self.python_type()
+        if kind is torch.Size:
+            return torch.Size([item.as_example() for item in self.items])
+        return (list if kind is list else tuple)(item.as_example() for item in self.items)
+
+    def describe(self) -> str:
+        return f"{self.python_type().__name__} of {len(self.items)} items"
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        return list(self.items)
+
+    def length(self, tx: Any) -> int:
+        return len(self.items)
+
+    def truth(self, tx: Any) -> bool:
+        return bool(self.items)
+
+    def getitem(self, tx: Any, key: Variable) -> Variable:
+        index = _index(tx, key, len(self.items))
+        if isinstance(index, slice):
+            return self.rebuild(self.items[index])
+        try:
+            return self.items[index]
+        except IndexError:
+            raise _raise(IndexError, f"{self.python_type().__name__} index out of range") from None
+
+    def rebuild(self, items: list[Variable]) -> Variable:
+        return type(self)(items)
+
+    def contains(self, tx: Any, item: Variable) -> bool:
+        return any(equal(tx, item, x) for x in self.items)
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        from kiln.capture.variables.functions import BoundBuiltinMethod
+
+        if name in self.methods():
+            return BoundBuiltinMethod(self, name)
+        raise raise_real(AttributeError(f"'{self.python_type().__name__}' object has no attribute '{name}'"))
+
+    def methods(self) -> dict[str, Callable]:
+        return {"index": self._index_of, "count": self._count, "__getitem__": self.getitem, "__len__": lambda tx: const(len(self.items)),
+                "__contains__": lambda tx, x: const(self.contains(tx, x))}
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        method = self.methods().get(name)
+        if method is None or kwargs and name != "sort":
+            return super().call_method(tx, name, args, kwargs)
+        return method(tx, *args, **kwargs)
+
+    def _index_of(self, tx: Any, value: Variable, *bounds: Variable) -> Variable:
+        for i, item in enumerate(self.items):
+            if equal(tx, value, item):
+                return const(i)
+        raise _raise(ValueError, f"{value.describe()} is not in {self.python_type().__name__}")
+
+    def _count(self, tx: Any, value: Variable) -> Variable:
+        return const(sum(equal(tx, value, item) for item in self.items))
+
+
+class TupleVariable(BaseSequenceVariable):
+    def python_type(self) -> type:
+        return tuple
+
+
+class SizeVariable(TupleVariable):
+    """torch.Size: a tuple of ints that prints and compares as a size."""
+
+    def python_type(self) -> type:
+        return torch.Size
+
+    def as_fx_arg(self) -> Any:
+        return tuple(item.as_fx_arg() for item in self.items)
+
+    def rebuild(self, items: list[Variable]) -> Variable:
+        return SizeVariable(items)
+
+    def methods(self) -> dict[str, Callable]:
+        return {**super().methods(), "numel": lambda tx: const(int(torch.Size(self.as_constant()).numel()))}
+
+
+def is_namedtuple_class(cls: type) -> bool:
+    """collections.namedtuple classes and C struct sequences (torch.return_types.max, ...)."""
+    return issubclass(cls, tuple) and (hasattr(cls, "_fields") or hasattr(cls, "n_sequence_fields"))
+
+
+def tuple_fields(cls: type) -> tuple[str, ...]:
+    """The field names of a namedtuple class or a struct sequence, in order."""
+    if hasattr(cls, "_fields"):
+        return tuple(cls._fields)
+    # A struct sequence keeps its names in member descriptors: read back which index each one gives.
+    probe = cls(tuple(range(cls.n_sequence_fields)))
+    names = [k for k, v in vars(cls).items() if isinstance(v, types.MemberDescriptorType)]
+    return tuple(sorted((n for n in names if isinstance(getattr(probe, n), int)), key=lambda n: getattr(probe, n)))
+
+
+def _make_struct_sequence(cls: type) -> Callable:
+    return lambda *items: cls(items)
+
+
+class NamedTupleVariable(TupleVariable):
+    def __init__(self, items: Sequence[Variable], cls: type, source: Any = None) -> None:
+        super().__init__(items, source)
+        self.cls = cls
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def fields(self) -> tuple[str, ...]:
+        return tuple_fields(self.cls)
+
+    def constructor(self) -> Callable:
+        """Called with the items as positional arguments, builds the real tuple."""
+        return self.cls if hasattr(self.cls, "_fields") else _make_struct_sequence(self.cls)
+
+    def as_constant(self) -> Any:
+        return self.constructor()(*(item.as_constant() for item in self.items))
+
+    def rebuild(self, items: list[Variable]) -> Variable:
+        return TupleVariable(items)
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        fields = self.fields()
+        if name in fields:
+            return self.items[fields.index(name)]
+        if name == "_fields" and hasattr(self.cls, "_fields"):
+            return TupleVariable([const(f) for f in fields])
+        return super().getattr(tx, name)
+
+    def methods(self) -> dict[str, Callable]:
+        if not hasattr(self.cls, "_fields"):
+            return super().methods()
+        return {**super().methods(), "_replace": self._replace, "_asdict": self._asdict}
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if name == "_replace" and name in self.methods():
+            return self._replace(tx, *args, **kwargs)
+        return super().call_method(tx, name, args, kwargs)
+
+    def _replace(self, tx: Any, **changes: Variable) -> Variable:
+        fields = self.fields()
+        unknown = [k for k in changes if k not in fields]
+        if unknown:
+            raise raise_real(ValueError(f"Got unexpected field names: {unknown!r}"))
+        return NamedTupleVariable([changes.get(f, item) for f, item in zip(fields, self.items)], self.cls)
+
+    def _asdict(self, tx: Any) -> Variable:
+        return DictVariable.from_pairs([(const(f), item) for f, item in zip(self.fields(), self.items)])
+
+
+class ListVariable(BaseSequenceVariable):
+    mutable = True
+
+    def python_type(self) -> type:
+        return list
+
+    def _changed(self, tx: Any) -> None:
+        if self.source is not None:
+            tx.output.side_effects.record_mutation(self)
+
+    def methods(self) -> dict[str, Callable]:
+        return {
+            **super().methods(),
+            "append": self._append, "extend": self._extend, "insert": self._insert, "pop": self._pop,
+            "remove": self._remove, "clear": self._clear, "reverse": self._reverse, "copy": lambda tx: ListVariable(self.items),
+            "sort": self._sort, "__setitem__": self.setitem, "__delitem__": self.delitem,
+        }
+
+    def _append(self, tx: Any, item: Variable) -> Variable:
+        self.items.append(item)
+        self._changed(tx)
+        return const(None)
+
+    def _extend(self, tx: Any, other: Variable) -> Variable:
+        self.items.extend(other.iterate(tx))
+        self._changed(tx)
+        return const(None)
+
+    def _insert(self, tx: Any, index: Variable, item: Variable) -> Variable:
+        self.items.insert(index.as_constant(), item)
+        self._changed(tx)
+        return const(None)
+
+    def _pop(self, tx: Any, index: Variable | None = None) -> Variable:
+        if not self.items:
+            raise _raise(IndexError, "pop from empty list")
+        item = self.items.pop(-1 if index is None else index.as_constant())
+        self._changed(tx)
+        return item
+
+    def _remove(self, tx: Any, value: Variable) -> Variable:
+        index = self._index_of(tx, value).as_constant()
+        del self.items[index]
+        self._changed(tx)
+        return const(None)
+
+    def _clear(self, tx: Any) -> Variable:
+        self.items.clear()
+        self._changed(tx)
+        return const(None)
+
+    def _reverse(self, tx: Any) -> Variable:
+        self.items.reverse()
+        self._changed(tx)
+        return const(None)
+
+    def _sort(self, tx: Any, key: Variable | None = None, reverse: Variable | None = None) -> Variable:
+        keys = [item if key is None or key.is_constant() and key.as_constant() is None else key.call(tx, [item], {}) for item in self.items]
+        if not all(k.is_constant() for k in keys):
+            raise unsupported("unsupported_call", "list.sort of values that are not constants (tensors compare by data)")
+        flip = bool(reverse.as_constant()) if reverse is not None else False
+        order = {id(item): k.as_constant() for item, k in zip(self.items, keys)}
+        try:
+            self.items.sort(key=lambda v: order[id(v)], reverse=flip)
+        except TypeError as error:
+            raise raise_real(error) from None
+        self._changed(tx)
+        return const(None)
+
+    def setitem(self, tx: Any, key: Variable, value: Variable) -> Variable:
+        index = _index(tx, key, len(self.items))
+        if isinstance(index, slice):
+            self.items[index] = value.iterate(tx)
+        else:
+            try:
+                self.items[index] = value
+            except IndexError:
+                raise _raise(IndexError, "list assignment index out of range") from None
+        self._changed(tx)
+        return const(None)
+
+    def delitem(self, tx: Any, key: Variable) -> Variable:
+        del self.items[_index(tx, key, len(self.items))]
+        self._changed(tx)
+        return const(None)
+
+
+class DictVariable(Variable):
+    """A dict (or OrderedDict/defaultdict) with variable keys and values, in insertion order."""
+
+    def __init__(self, entries: dict[Any, tuple[Variable, Variable]] | None = None, source: Any = None, cls: type = dict, default_factory: Variable | None = None) -> None:
+        super().__init__(source)
+        self.entries: dict[Any, tuple[Variable, Variable]] = dict(entries or {})
+        self.cls, self.default_factory = cls, default_factory
+
+    @staticmethod
+    def from_pairs(pairs: Sequence[tuple[Variable, Variable]], cls: type = dict) -> "DictVariable":
+        d = DictVariable(cls=cls)
+        for k, v in pairs:
+            d.entries[hash_key(k)] = (k, v)
+        return d
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def describe(self) -> str:
+        return f"{self.cls.__name__} with {len(self.entries)} keys"
+
+    def as_fx_arg(self) -> Any:
+        return {k.as_constant(): v.as_fx_arg() for k, v in self.entries.values()}
+
+    def as_example(self) -> Any:
+        return {k.as_constant(): v.as_example() for k, v in self.entries.values()}
+
+    def keys(self) -> list[Variable]:
+        return [k for k, _ in self.entries.values()]
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        return self.keys()
+
+    def length(self, tx: Any) -> int:
+        return len(self.entries)
+
+    def truth(self, tx: Any) -> bool:
+        return bool(self.entries)
+
+    def _changed(self, tx: Any) -> None:
+        if self.source is not None:
+            tx.output.side_effects.record_mutation(self)
+
+    def getitem(self, tx: Any, key: Variable) -> Variable:
+        entry = self.entries.get(hash_key(key))
+        if entry is None:
+            if self.default_factory is not None:
+                value = self.default_factory.call(tx, [], {})
+                self.setitem(tx, key, value)
+                return value
+            raise UserRaise(ExceptionVariable(KeyError, (key,)))
+        return entry[1]
+
+    def setitem(self, tx: Any, key: Variable, value: Variable) -> Variable:
+        self.entries[hash_key(key)] = (key, value)
+        self._changed(tx)
+        return const(None)
+
+    def delitem(self, tx: Any, key: Variable) -> Variable:
+        if self.entries.pop(hash_key(key), None) is None:
+            raise UserRaise(ExceptionVariable(KeyError, (key,)))
+        self._changed(tx)
+        return const(None)
+
+    def contains(self, tx: Any, key: Variable) -> bool:
+        return hash_key(key) in self.entries
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        from kiln.capture.variables.functions import BoundBuiltinMethod
+
+        if name in self.methods():
+            return BoundBuiltinMethod(self, name)
+        raise raise_real(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        method = self.methods().get(name)
+        if method is None:
+            return super().call_method(tx, name, args, kwargs)
+        if kwargs and name != "update":
+            raise unsupported("unsupported_call", f"dict.{name} with keyword arguments")
+        return method(tx, *args, **kwargs)
+
+    def methods(self) -> dict[str, Callable]:
+        return {
+            "__getitem__": self.getitem, "__setitem__": self.setitem, "__delitem__": self.delitem,
+            "__contains__": lambda tx, k: const(self.contains(tx, k)), "__len__": lambda tx: const(len(self.entries)),
+            "get": self._get, "keys": lambda tx: ListViewVariable(self.keys(), "dict_keys"),
+            "values": lambda tx: ListViewVariable([v for _, v in self.entries.values()], "dict_values"),
+            "items": lambda tx: ListViewVariable([TupleVariable([k, v]) for k, v in self.entries.values()], "dict_items"),
+            "pop": self._pop, "setdefault": self._setdefault, "update": self._update, "copy": lambda tx: DictVariable(self.entries, cls=self.cls),
+            "clear": self._clear, "popitem": self._popitem,
+        }
+
+    def _get(self, tx: Any, key: Variable, default: Variable | None = None) -> Variable:
+        entry = self.entries.get(hash_key(key))
+        return entry[1] if entry is not None else (default or const(None))
+
+    def _pop(self, tx: Any, key: Variable, *default: Variable) -> Variable:
+        entry = self.entries.pop(hash_key(key), None)
+        if entry is None:
+            if default:
+                return default[0]
+            raise UserRaise(ExceptionVariable(KeyError, (key,)))
+        self._changed(tx)
+        return entry[1]
+
+    def _popitem(self, tx: Any) -> Variable:
+        if not self.entries:
+            raise _raise(KeyError, "popitem(): dictionary is empty")
+        _, (k, v) = self.entries.popitem()
+        self._changed(tx)
+        return TupleVariable([k, v])
+
+    def _setdefault(self, tx: Any, key: Variable, default: Variable | None = None) -> Variable:
+        entry = self.entries.get(hash_key(key))
+        if entry is not None:
+            return entry[1]
+        value = default or const(None)
+        self.setitem(tx, key, value)
+        return value
+
+    def _update(self, tx: Any, *others: Variable, **kwargs: Variable) -> Variable:
+        for other in others:
+            pairs = other.entries.values() if isinstance(other, DictVariable) else [tuple(p.iterate(tx)) for p in other.iterate(tx)]
+            for k, v in pairs:
+                self.entries[hash_key(k)] = (k, v)
+        for k, v in kwargs.items():
+            self.entries[hash_key(const(k))] = (const(k), v)
+        self._changed(tx)
+        return const(None)
+
+    def _clear(self, tx: Any) -> Variable:
+        self.entries.clear()
+        self._changed(tx)
+        return const(None)
+
+
+class ListViewVariable(TupleVariable):
+    """dict.keys()/values()/items(): iterable snapshots (kiln does not track later dict changes)."""
+
+    def __init__(self, items: Sequence[Variable], kind: str) -> None:
+        super().__init__(items)
+        self.kind = kind
+
+    def python_type(self) -> type:
+        return {"dict_keys": type({}.keys()), "dict_values": type({}.values()), "dict_items": type({}.items())}[self.kind]
+
+    def as_example(self) -> Any:
+        return [item.as_example() for item in self.items]
+
+
+class SetVariable(Variable):
+    def __init__(self, items: Sequence[Variable], source: Any = None, frozen: bool = False) -> None:
+        super().__init__(source)
+        self.entries: dict[Any, Variable] = {}
+        self.frozen = frozen
+        for item in items:
+            self.entries.setdefault(hash_key(item), item)
+
+    def python_type(self) -> type:
+        return frozenset if self.frozen else set
+
+    def is_constant(self) -> bool:
+        return self.frozen and all(v.is_constant() for v in self.entries.values())
+
+    def as_constant(self) -> Any:
+        return self.python_type()(v.as_constant() for v in self.entries.values())
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        return list(self.entries.values())
+
+    def length(self, tx: Any) -> int:
+        return len(self.entries)
+
+    def truth(self, tx: Any) -> bool:
+        return bool(self.entries)
+
+    def contains(self, tx: Any, item: Variable) -> bool:
+        return hash_key(item) in self.entries
+
+    def _changed(self, tx: Any) -> None:
+        if self.source is not None:
+            tx.output.side_effects.record_mutation(self)
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        from kiln.capture.variables.functions import BoundBuiltinMethod
+
+        if name in _SET_METHODS:
+            return BoundBuiltinMethod(self, name)
+        raise raise_real(AttributeError(f"'{self.python_type().__name__}' object has no attribute '{name}'"))
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if name not in _SET_METHODS:
+            return super().call_method(tx, name, args, kwargs)
+        if kwargs:
+            raise raise_real(TypeError(f"set.{name}() takes no keyword arguments"))
+        if name in _SET_MUTATORS and self.frozen:
+            raise raise_real(AttributeError(f"'frozenset' object has no attribute '{name}'"))
+        if name == "add":
+            self.entries.setdefault(hash_key(args[0]), args[0])
+        elif name in ("discard", "remove"):
+            if self.entries.pop(hash_key(args[0]), None) is None and name == "remove":
+                raise UserRaise(ExceptionVariable(KeyError, (args[0],)))
+        elif name == "update":
+            for other in args:
+                for item in other.iterate(tx):
+                    self.entries.setdefault(hash_key(item), item)
+        elif name == "clear":
+            self.entries.clear()
+        elif name.endswith("_update"):  # intersection_update, difference_update, ...
+            self.entries = self.call_method(tx, name[: -len("_update")], args, {}).entries
+        elif name == "pop":
+            if not self.entries:
+                raise _raise(KeyError, "pop from an empty set")
+            item = self.entries.pop(next(iter(self.entries)))
+            self._changed(tx)
+            return item
+        elif name == "__contains__":
+            return const(self.contains(tx, args[0]))
+        elif name == "__len__":
+            return const(len(self.entries))
+        elif name in ("union", "intersection", "difference", "symmetric_difference", "copy"):
+            return self._combined(tx, name, args)
+        else:  # issubset, issuperset, isdisjoint
+            other = {hash_key(i) for i in args[0].iterate(tx)}
+            mine = set(self.entries)
+            return const({"issubset": mine <= other, "issuperset": mine >= other, "isdisjoint": not mine & other}[name])
+        self._changed(tx)
+        return const(None)
+
+    def _combined(self, tx: Any, name: str, others: Sequence[Variable]) -> "SetVariable":
+        result = SetVariable(list(self.entries.values()), frozen=self.frozen)
+        for other in others:
+            keys = {hash_key(i): i for i in other.iterate(tx)}
+            if name == "union":
+                for k, v in keys.items():
+                    result.entries.setdefault(k, v)
+            elif name == "intersection":
+                result.entries = {k: v for k, v in result.entries.items() if k in keys}
+            elif name == "difference":
+                result.entries = {k: v for k, v in result.entries.items() if k not in keys}
+            else:
+                mine = result.entries
+                result.entries = {**{k: v for k, v in mine.items() if k not in keys}, **{k: v for k, v in keys.items() if k not in mine}}
+        return result
+
+
+_SET_MUTATORS = {"add", "discard", "remove", "update", "pop", "clear", "intersection_update", "difference_update", "symmetric_difference_update"}
+_SET_METHODS = _SET_MUTATORS | {"union", "intersection", "difference", "symmetric_difference", "issubset", "issuperset",
+                                "isdisjoint", "copy", "__contains__", "__len__"}
+
+
+class IteratorVariable(Variable):
+    """An iterator over items known now (iter(list), zip, enumerate, map, reversed, ...)."""
+
+    def __init__(self, items: Sequence[Variable]) -> None:
+        super().__init__(None)
+        self.items, self.position = list(items), 0
+
+    def python_type(self) -> type:
+        return type(iter([]))
+
+    def next(self, tx: Any) -> Variable | None:
+        """The next item, or None when exhausted."""
+        if self.position >= len(self.items):
+            return None
+        item = self.items[self.position]
+        self.position += 1
+        return item
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        rest = self.items[self.position:]
+        self.position = len(self.items)
+        return rest
+
+    def get_iter(self, tx: Any) -> Variable:
+        return self
+
+    def truth(self, tx: Any) -> bool:
+        return True
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        from kiln.capture.variables.functions import BoundBuiltinMethod
+
+        if name in ("__next__", "__iter__"):
+            return BoundBuiltinMethod(self, name)
+        return super().getattr(tx, name)
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if name == "__iter__" and not args and not kwargs:
+            return self
+        if name == "__next__" and not args and not kwargs:
+            item = self.next(tx)
+            if item is None:
+                raise UserRaise(ExceptionVariable(StopIteration))
+            return item
+        return super().call_method(tx, name, args, kwargs)
+
+
+GENERATOR_ITEM_LIMIT = 10_000
+
+
+class GeneratorIterator(IteratorVariable):
+    """A user generator being consumed: its frame runs to the next yield each time an item is asked
+    for, so the generator's effects interleave with the consumer's as in Python."""
+
+    def __init__(self, frame: Any) -> None:
+        super().__init__([])
+        self.frame = frame  # None once the generator returned or raised
+
+    def python_type(self) -> type:
+        return types.GeneratorType
+
+    def next(self, tx: Any) -> Variable | None:
+        if self.frame is None:
+            return None
+        try:
+            self.frame.run()
+        except UserRaise:
+            self.frame = None  # a generator that raised is finished
+            raise
+        if self.frame.yields:
+            return self.frame.yields.pop(0)
+        self.frame = None  # returned: its return value only ends the iteration
+        return None
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        # zip, map and enumerate consume whole iterators while capturing: an endless generator
+        # under them must stop capture, not hang it.
+        items = []
+        while (item := self.next(tx)) is not None:
+            items.append(item)
+            if len(items) > GENERATOR_ITEM_LIMIT:
+                raise unsupported("unsupported_iteration", f"a generator consumed whole yielded more than {GENERATOR_ITEM_LIMIT} items",
+                                  "pass a finite generator, or take its items with next() or a for loop")
+        return items

@@ -1,0 +1,324 @@
+"""Python functions the interpreter inlines, bound methods, partials and closure cells."""
+
+from __future__ import annotations
+
+import inspect
+import types
+from typing import Any, Sequence
+
+from kiln.capture.breaks import unsupported
+from kiln.capture.exceptions import raise_real
+from kiln.capture.sources import AttrSource, ClosureSource, DefaultSource
+from kiln.capture.variables.base import Variable
+from kiln.capture.variables.constant import ConstantVariable
+
+CO_VARARGS, CO_VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
+CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR = inspect.CO_GENERATOR, inspect.CO_COROUTINE, inspect.CO_ASYNC_GENERATOR
+
+
+class CellVariable(Variable):
+    """A closure cell made during the trace (MAKE_CELL), shared by the frames that hold it."""
+
+    def __init__(self, contents: Variable | None = None) -> None:
+        super().__init__(None)
+        self.contents = contents
+
+    def python_type(self) -> type:
+        return types.CellType
+
+
+class RealCellVariable(Variable):
+    """A cell of a function that existed before the trace: read through its source."""
+
+    def __init__(self, cell: types.CellType, source: Any) -> None:
+        super().__init__(source)
+        self.cell = cell
+        self.written: Variable | None = None
+
+    def python_type(self) -> type:
+        return types.CellType
+
+
+class FunctionVariableBase(Variable):
+    """What inlining needs from a function: code, globals, defaults, closure."""
+
+    code: types.CodeType
+    f_globals: dict
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def defaults(self, tx: Any) -> list[Variable]:
+        raise NotImplementedError
+
+    def kwdefaults(self, tx: Any) -> dict[str, Variable]:
+        raise NotImplementedError
+
+    def closure(self, tx: Any) -> list[Variable]:
+        raise NotImplementedError
+
+    def name(self) -> str:
+        return self.code.co_name
+
+    def qualified_name(self) -> str:
+        """The name CPython's call errors use (functools.wraps may have changed it)."""
+        return getattr(self, "qualname", self.name())
+
+    def describe(self) -> str:
+        return f"function {self.name()} ({self.code.co_filename}:{self.code.co_firstlineno})"
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        flags = self.code.co_flags
+        if flags & (CO_COROUTINE | CO_ASYNC_GENERATOR):
+            raise unsupported("unsupported_call", f"calling async {self.describe()}")
+        if flags & CO_GENERATOR:
+            return GeneratorVariable(self, list(args), dict(kwargs))
+        return tx.inline_call(self, args, kwargs)
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name == "__get__":
+            return BoundBuiltinMethod(self, "__get__")
+        if name in ("__name__", "__qualname__"):
+            return ConstantVariable(self.name() if name == "__name__" else getattr(self, "qualname", self.name()))
+        if name == "__code__":
+            return ConstantVariable(self.code)
+        if name == "__globals__":
+            from kiln.capture.variables.builder import wrap
+            from kiln.capture.sources import ConstSource
+
+            return wrap(tx, self.f_globals, ConstSource(self.f_globals, "globals"))
+        return super().getattr(tx, name)
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if name == "__get__":
+            instance = args[0]
+            if instance.is_constant() and instance.as_constant() is None:
+                return self
+            return BoundMethodVariable(self, instance)
+        if name == "__call__":
+            return self.call(tx, args, kwargs)
+        return super().call_method(tx, name, args, kwargs)
+
+
+def _default(tx: Any, value: Any, source: Any) -> Variable:
+    from kiln.capture.variables.builder import wrap, wrap_constant_result
+    from kiln.capture.variables.constant import is_literal
+
+    return wrap_constant_result(value) if is_literal(value) else wrap(tx, value, source)
+
+
+class UserFunctionVariable(FunctionVariableBase):
+    """A Python function object that exists outside the trace (guarded by identity)."""
+
+    def __init__(self, fn: types.FunctionType, source: Any = None) -> None:
+        super().__init__(source)
+        self.value = fn
+        self.code, self.f_globals = fn.__code__, fn.__globals__
+        self.qualname = fn.__qualname__
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.value
+
+    def defaults(self, tx: Any) -> list[Variable]:
+        from kiln.capture.variables.builder import wrap
+
+        # Defaults belong to the function, which is pinned by identity; reassigning
+        # `fn.__defaults__` later is not noticed (README: limits).
+        values = self.value.__defaults__ or ()
+        return [_default(tx, v, DefaultSource(self.source, i) if self.source is not None else None) for i, v in enumerate(values)]
+
+    def kwdefaults(self, tx: Any) -> dict[str, Variable]:
+        from kiln.capture.variables.builder import wrap
+
+        values = self.value.__kwdefaults__ or {}
+        return {k: _default(tx, v, DefaultSource(self.source, k, True) if self.source is not None else None) for k, v in values.items()}
+
+    def closure(self, tx: Any) -> list[Variable]:
+        cells = self.value.__closure__ or ()
+        return [RealCellVariable(cell, ClosureSource(self.source, i) if self.source is not None else None) for i, cell in enumerate(cells)]
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        # __name__ and __qualname__ are read from the function: functools.wraps rewrites them
+        if name in ("__get__", "__code__", "__globals__"):
+            return super().getattr(tx, name)
+        from kiln.capture.variables.builder import wrap
+
+        try:
+            value = getattr(self.value, name)
+        except AttributeError as error:
+            raise raise_real(error) from None
+        return wrap(tx, value, AttrSource(self.source, name) if self.source is not None else None)
+
+
+class NestedFunctionVariable(FunctionVariableBase):
+    """A function made by MAKE_FUNCTION during the trace (lambdas, closures, comprehensions)."""
+
+    # Attributes a function keeps in slots, not in its __dict__ (functools.wraps assigns them).
+    SLOTS = ("__name__", "__qualname__", "__doc__", "__module__", "__annotations__", "__type_params__")
+
+    def __init__(self, code: types.CodeType, f_globals: dict, qualname: str, defaults: list[Variable], kwdefaults: dict[str, Variable], closure: list[Variable], annotations: Variable | None = None) -> None:
+        from kiln.capture.variables.containers import DictVariable
+
+        super().__init__(None)
+        self.code, self.f_globals, self.qualname = code, f_globals, qualname
+        self._defaults, self._kwdefaults, self._closure = defaults, kwdefaults, closure
+        self.attrs: dict[str, Variable] = {}
+        self.annotations = annotations if annotations is not None else DictVariable()
+        self.dict = DictVariable()  # the function's __dict__: __wrapped__ and user attributes
+
+    def qualified_name(self) -> str:
+        renamed = self.attrs.get("__qualname__")
+        return renamed.as_constant() if renamed is not None and renamed.is_constant() else self.qualname
+
+    def defaults(self, tx: Any) -> list[Variable]:
+        return list(self._defaults)
+
+    def kwdefaults(self, tx: Any) -> dict[str, Variable]:
+        return dict(self._kwdefaults)
+
+    def closure(self, tx: Any) -> list[Variable]:
+        return list(self._closure)
+
+    def _slot(self, name: str) -> Variable:
+        if name == "__annotations__":
+            return self.annotations
+        if name == "__type_params__":
+            from kiln.capture.variables.containers import TupleVariable
+
+            return TupleVariable([])
+        if name == "__doc__":
+            consts = self.code.co_consts
+            return ConstantVariable(consts[0] if consts and isinstance(consts[0], str) else None)
+        if name == "__module__":
+            return ConstantVariable(self.f_globals.get("__name__"))
+        return super().getattr(None, name)
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name in self.attrs:
+            return self.attrs[name]
+        if name in self.SLOTS:
+            return self._slot(name)
+        if name == "__dict__":
+            return self.dict
+        entry = _dict_entry(self.dict, name)
+        if entry is not None:
+            return entry
+        return super().getattr(tx, name)
+
+    def setattr(self, tx: Any, name: str, value: Variable) -> None:
+        if name in self.SLOTS:
+            self.attrs[name] = value
+        else:
+            self.dict.setitem(tx, ConstantVariable(name), value)
+
+
+def _dict_entry(d: Variable, name: str) -> Variable | None:
+    from kiln.capture.variables.containers import hash_key
+
+    entry = d.entries.get(hash_key(ConstantVariable(name)))
+    return entry[1] if entry is not None else None
+
+
+class BoundMethodVariable(Variable):
+    """`obj.method`: a function with its first argument bound."""
+
+    def __init__(self, func: Variable, obj: Variable, source: Any = None) -> None:
+        super().__init__(source)
+        self.func, self.obj = func, obj
+
+    def python_type(self) -> type:
+        return types.MethodType
+
+    def describe(self) -> str:
+        return f"bound method {self.func.describe()}"
+
+    def is_constant(self) -> bool:
+        return self.func.is_constant() and getattr(self.obj, "value", None) is not None and not getattr(self.obj, "is_new", False)
+
+    def as_constant(self) -> Any:
+        if not self.is_constant():
+            return super().as_constant()
+        return types.MethodType(self.func.as_constant(), self.obj.value)
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        return self.func.call(tx, [self.obj, *args], kwargs)
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name == "__self__":
+            return self.obj
+        if name == "__func__":
+            return self.func
+        return self.func.getattr(tx, name)
+
+
+class BoundBuiltinMethod(Variable):
+    """A method of a modelled value (list.append, dict.get, ...), dispatched to its `call_method`."""
+
+    def __init__(self, obj: Variable, name: str) -> None:
+        super().__init__(None)
+        self.obj, self.name = obj, name
+
+    def python_type(self) -> type:
+        return types.BuiltinMethodType
+
+    def describe(self) -> str:
+        return f"method {self.name} of {self.obj.describe()}"
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        return self.obj.call_method(tx, self.name, args, kwargs)
+
+
+class PartialVariable(Variable):
+    def __init__(self, func: Variable, args: list[Variable], kwargs: dict[str, Variable], source: Any = None) -> None:
+        super().__init__(source)
+        self.func, self.args, self.kwargs = func, args, kwargs
+
+    def python_type(self) -> type:
+        import functools
+
+        return functools.partial
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        return self.func.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        from kiln.capture.variables.containers import DictVariable, TupleVariable
+
+        if name == "func":
+            return self.func
+        if name == "args":
+            return TupleVariable(self.args)
+        if name == "keywords":
+            return DictVariable.from_pairs([(ConstantVariable(k), v) for k, v in self.kwargs.items()])
+        return super().getattr(tx, name)
+
+
+class GeneratorVariable(Variable):
+    """A generator made by calling a generator function: run one yield at a time as it is consumed."""
+
+    def __init__(self, fn: FunctionVariableBase, args: list[Variable], kwargs: dict[str, Variable]) -> None:
+        super().__init__(None)
+        self.fn, self.args, self.kwargs = fn, args, kwargs
+        self.iterator: Any = None
+
+    def python_type(self) -> type:
+        return types.GeneratorType
+
+    def _items(self, tx: Any) -> Any:
+        from kiln.capture.variables.containers import GeneratorIterator
+
+        if self.iterator is None:
+            self.iterator = GeneratorIterator(tx.generator_frame(self.fn, self.args, self.kwargs))
+        return self.iterator
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        return self._items(tx).iterate(tx)
+
+    def get_iter(self, tx: Any) -> Variable:
+        return self._items(tx)
+
+    def truth(self, tx: Any) -> bool:
+        return True

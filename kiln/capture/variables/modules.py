@@ -1,0 +1,301 @@
+"""nn.Modules: submodules, parameters and buffers read by identity, `forward` inlined with hooks.
+
+A module reached from the frame is pinned once (ID_MATCH for the root), then its children are
+read through `_modules`/`_parameters`/`_buffers` without a guard each: the MODULE_STRUCTURE guard
+(kiln/capture/module_watch.py) notices any later registration on a module the capture read.
+Parameters and buffers become `get_attr` nodes holding the real tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import Any, Sequence
+
+
+import torch
+from torch import nn
+from torch.nn.modules import module as module_file
+from torch.utils.hooks import RemovableHandle
+
+from kiln.capture import module_watch
+from kiln.capture.breaks import unsupported
+from kiln.capture.exceptions import raise_real
+from kiln.capture.guards import Guard
+from kiln.capture.sources import AttrSource, ConstSource, Source
+from kiln.capture.variables.base import Variable
+from kiln.capture.variables.constant import ConstantVariable, is_literal
+from kiln.capture.variables.objects import UserObjectVariable, class_lookup, wrap_class_attr, _MISSING
+
+_GLOBAL_HOOKS = ("_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_hooks",
+                 "_global_forward_pre_hooks", "_global_forward_hooks_always_called", "_global_forward_hooks_with_kwargs")
+_CONTAINER_TYPES = (nn.ModuleList, nn.Sequential, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+
+
+class ModuleVariable(UserObjectVariable):
+    def __init__(self, value: nn.Module, source: Source | None, path: str = "") -> None:
+        super().__init__(value, source)
+        self.path = path or (str(source.label) if isinstance(source, ConstSource) and source.label else "self")
+        module_watch.watch(value)
+        _watch_hook_changes()
+
+    def describe(self) -> str:
+        return f"module {self.path} ({type(self.value).__name__})"
+
+    def _child(self, tx: Any, name: str, child: nn.Module) -> "ModuleVariable":
+        key = ConstSource(child, f"{self.path}.{name}")
+        cached = tx.output.wrapped.get(key)
+        if cached is None:
+            cached = ModuleVariable(child, key, f"{self.path}.{name}")
+            tx.output.wrapped[key] = cached
+        return cached
+
+    def _instance_attr(self, tx: Any, name: str) -> Variable | None:
+        # Plain attributes of a watched module need no guard of their own (module_watch.py);
+        # only what is reached through a mutable one (a list's items, an object's fields) does.
+        from kiln.capture.variables.builder import wrap, wrap_constant_result
+
+        written, value = tx.output.side_effects.pending_attr(self, name)
+        if written:
+            return value
+        if name not in self.value.__dict__:
+            return None
+        value = self.value.__dict__[name]
+        if is_immutable(value):
+            return wrap_constant_result(value)
+        if isinstance(value, (list, dict, set, torch.Tensor)):
+            return wrap(tx, value, AttrSource(self.source, name))
+        return wrap(tx, value, ConstSource(value, f"{self.path}.{name}"))
+
+    def _registered(self, tx: Any, name: str) -> Variable | None:
+        m = self.value
+        d = m.__dict__
+        if name in d.get("_parameters", {}) or name in d.get("_buffers", {}):
+            tensor = d["_parameters"].get(name) if name in d["_parameters"] else d["_buffers"].get(name)
+            if tensor is None:
+                return ConstantVariable(None)
+            return tx.output.add_attr(tensor, AttrSource(self.source, name), f"{self.path}.{name}")
+        if name in d.get("_modules", {}):
+            child = d["_modules"][name]
+            return ConstantVariable(None) if child is None else self._child(tx, name, child)
+        return None
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name == "__class__":
+            return super().getattr(tx, name)
+        if name in ("_modules", "_parameters", "_buffers"):
+            from kiln.capture.variables.containers import DictVariable
+
+            table = getattr(self.value, name)
+            return DictVariable.from_pairs([(ConstantVariable(k), self._registered(tx, k)) for k in table])
+        raw, owner = class_lookup(type(self.value), name)
+        if raw is not _MISSING and (isinstance(raw, property) or hasattr(type(raw), "__set__")):
+            return wrap_class_attr(tx, raw, owner, name, self)
+        found = self._instance_attr(tx, name)
+        if found is not None:
+            return found
+        if raw is not _MISSING:
+            if raw is nn.Module.__call__ or raw is nn.Module._call_impl:
+                from kiln.capture.variables.functions import BoundMethodVariable
+
+                return BoundMethodVariable(ModuleCallVariable(), self)
+            return wrap_class_attr(tx, raw, owner, name, self)
+        registered = self._registered(tx, name)
+        if registered is not None:
+            return registered
+        hook, _ = class_lookup(type(self.value), "__getattr__")
+        if isinstance(hook, types.FunctionType) and hook is not nn.Module.__getattr__:
+            from kiln.capture.variables.builder import wrap_constant_result
+
+            return wrap_constant_result(hook).call(tx, [self, ConstantVariable(name)], {})
+        raise raise_real(AttributeError(f"'{type(self.value).__name__}' object has no attribute '{name}'"))
+
+    def setattr(self, tx: Any, name: str, value: Variable) -> None:
+        if isinstance(value, ModuleVariable) or name in self.value._parameters or name in self.value._buffers or name in self.value._modules:
+            raise unsupported("unsupported_setattr", f"assigning module/parameter/buffer {name!r} of {self.describe()} inside a compiled function")
+        from kiln.capture.variables.tensor import TensorVariable
+
+        if isinstance(value, TensorVariable):
+            raise unsupported("unsupported_setattr", f"storing a tensor on {self.describe()} inside a compiled function")
+        tx.output.side_effects.record_setattr(self, name, value)
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        raw, owner = class_lookup(type(self.value), "__call__")
+        if raw is nn.Module.__call__ or raw is nn.Module._call_impl:
+            return call_module(tx, self, args, kwargs)
+        return wrap_class_attr(tx, raw, owner, "__call__", self).call(tx, args, kwargs)
+
+    # --- containers: ModuleList, Sequential, ModuleDict ---------------------------------------
+
+    def _children(self, tx: Any) -> list[tuple[str, Variable]]:
+        return [(k, self._registered(tx, k)) for k in (*self.value._modules, *self.value._parameters)]
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        if isinstance(self.value, (nn.ModuleDict, nn.ParameterDict)):
+            return [ConstantVariable(k) for k, _ in self._children(tx)]
+        if isinstance(self.value, _CONTAINER_TYPES):
+            return [v for _, v in self._children(tx)]
+        return super().iterate(tx)
+
+    def length(self, tx: Any) -> int:
+        if isinstance(self.value, _CONTAINER_TYPES):
+            return len(self._children(tx))
+        return super().length(tx)
+
+    def truth(self, tx: Any) -> bool:
+        if isinstance(self.value, _CONTAINER_TYPES):
+            return bool(self._children(tx))
+        return super().truth(tx)
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        from kiln.capture.variables.containers import ListViewVariable, TupleVariable
+
+        if isinstance(self.value, _CONTAINER_TYPES):
+            children = self._children(tx)
+            if name == "__getitem__":
+                key = args[0].as_constant()
+                if isinstance(key, str):
+                    return self._registered(tx, key) or _key_error(key)
+                if isinstance(key, slice):
+                    return TupleVariable([v for _, v in children][key])
+                try:
+                    return children[key][1]
+                except IndexError:
+                    raise raise_real(IndexError(f"index {key} is out of range")) from None
+            if name == "__len__":
+                return ConstantVariable(len(children))
+            if name == "__iter__":
+                from kiln.capture.variables.containers import IteratorVariable
+
+                return IteratorVariable(self.iterate(tx))
+            if name == "__contains__":
+                return ConstantVariable(args[0].as_constant() in dict(children))
+            if name in ("keys", "values", "items") and isinstance(self.value, (nn.ModuleDict, nn.ParameterDict)):
+                pick = {"keys": lambda k, v: ConstantVariable(k), "values": lambda k, v: v, "items": lambda k, v: TupleVariable([ConstantVariable(k), v])}[name]
+                return ListViewVariable([pick(k, v) for k, v in children], f"dict_{name}")
+        if name == "__call__":
+            return self.call(tx, args, kwargs)
+        return super().call_method(tx, name, args, kwargs)
+
+
+# --- hooks added or removed after capture ---------------------------------------------------------
+
+_HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+_HOOK_REGISTRATIONS = ("register_forward_pre_hook", "register_forward_hook", "register_full_backward_pre_hook",
+                       "register_full_backward_hook", "register_backward_hook")
+_hooks_watched = False
+
+
+def _bump_version_after(method: Any) -> Any:
+    @functools.wraps(method)
+    def registering(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        handle = method(self, *args, **kwargs)
+        if self in module_watch.STATE.watched:
+            module_watch.STATE.version += 1
+        return handle
+
+    return registering
+
+
+def _removing(remove: Any) -> Any:
+    @functools.wraps(remove)
+    def remove_hook(handle: RemovableHandle) -> None:
+        table = handle.hooks_dict_ref()
+        remove(handle)
+        if table is not None and any(getattr(m, name, None) is table for m in list(module_watch.STATE.watched) for name in _HOOK_TABLES):
+            module_watch.STATE.version += 1
+
+    return remove_hook
+
+
+def _watch_hook_changes() -> None:
+    """Hooks are added by `register_*_hook` and removed through their handle, neither of which
+    goes through `__setattr__`: count both as structure changes of a watched module, so a
+    captured frame that inlined (or skipped) a module's hooks is captured again."""
+    global _hooks_watched
+    if _hooks_watched:
+        return
+    for name in _HOOK_REGISTRATIONS:
+        setattr(nn.Module, name, _bump_version_after(getattr(nn.Module, name)))
+    RemovableHandle.remove = _removing(RemovableHandle.remove)  # type: ignore[method-assign]
+    _hooks_watched = True
+
+
+def is_immutable(value: Any) -> bool:
+    if is_literal(value):
+        return True
+    return type(value) in (tuple, frozenset) and all(is_immutable(v) for v in value)
+
+
+def _key_error(key: Any) -> Variable:
+    raise raise_real(KeyError(key))
+
+
+class ModuleCallVariable(Variable):
+    """`nn.Module.__call__` itself (reached through super() or the class): call_module on args[0]."""
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if not args or not isinstance(args[0], ModuleVariable):
+            raise unsupported("unsupported_call", "nn.Module.__call__ on something kiln does not see as a module")
+        return call_module(tx, args[0], args[1:], kwargs)
+
+
+def _guard_no_global_hooks(tx: Any) -> None:
+    for name in _GLOBAL_HOOKS:
+        table = getattr(module_file, name, None)
+        if table is None:
+            continue
+        if table:
+            raise unsupported("unsupported_hook", f"global nn.Module hooks ({name}) are not supported while capturing")
+        tx.output.guards.add(Guard("LENGTH_MATCH", ConstSource(table, f"torch.nn.modules.module.{name}"), 0))
+
+
+def call_module(tx: Any, module: ModuleVariable, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+    """What `nn.Module._call_impl` does: forward pre-hooks, forward, forward hooks, all inlined."""
+    from kiln.capture.variables.containers import TupleVariable
+
+    m = module.value
+    _guard_no_global_hooks(tx)
+    if m._backward_hooks or m._backward_pre_hooks:
+        raise unsupported("unsupported_hook", f"backward hooks on {module.describe()} are not supported while capturing")
+    args = list(args)
+    for hook_id, hook in list(m._forward_pre_hooks.items()):
+        hook_var = _hook(tx, module, hook, "forward pre-hook")
+        if hook_id in m._forward_pre_hooks_with_kwargs:
+            result = hook_var.call(tx, [module, TupleVariable(args), _kwargs_dict(kwargs)], {})
+            if not (result.is_constant() and result.as_constant() is None):
+                new_args, new_kwargs = result.iterate(tx)
+                args, kwargs = new_args.iterate(tx), {k.as_constant(): new_kwargs.getitem(tx, k) for k in new_kwargs.iterate(tx)}
+        else:
+            result = hook_var.call(tx, [module, TupleVariable(args)], {})
+            if not (result.is_constant() and result.as_constant() is None):
+                args = result.iterate(tx) if isinstance(result, TupleVariable) else [result]
+    output = module.getattr(tx, "forward").call(tx, args, kwargs)
+    for hook_id, hook in list(m._forward_hooks.items()):
+        hook_var = _hook(tx, module, hook, "forward hook")
+        if hook_id in m._forward_hooks_with_kwargs:
+            result = hook_var.call(tx, [module, TupleVariable(args), _kwargs_dict(kwargs), output], {})
+        else:
+            result = hook_var.call(tx, [module, TupleVariable(args), output], {})
+        if not (result.is_constant() and result.as_constant() is None):
+            output = result
+    return output
+
+
+def _hook(tx: Any, module: ModuleVariable, hook: Any, what: str) -> Variable:
+    # With a source, what the hook changes in its closure (a list it appends to) is replayed.
+    # The hook itself is pinned: adding or removing one moves the module_watch version.
+    from kiln.capture.variables.builder import wrap
+
+    return wrap(tx, hook, ConstSource(hook, f"{module.path} {what}"))
+
+
+def _kwargs_dict(kwargs: dict[str, Variable]) -> Variable:
+    from kiln.capture.variables.containers import DictVariable
+
+    return DictVariable.from_pairs([(ConstantVariable(k), v) for k, v in kwargs.items()])
+
+

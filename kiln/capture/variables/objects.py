@@ -1,0 +1,551 @@
+"""User-defined objects and classes, Python modules, `super()`, and HuggingFace `ModelOutput`s.
+
+Attribute reads follow Python's rules (data descriptors, then the instance dict, then class
+attributes and methods, then `__getattr__`), with properties and methods inlined. Writes to an
+object that outlives the call are recorded as side effects; objects made during the trace hold
+their attributes here and are rebuilt if they escape.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import types
+from typing import Any, Sequence
+
+from kiln.capture.breaks import unsupported
+from kiln.capture.exceptions import ExceptionVariable, UserRaise, raise_real
+from kiln.capture.sources import AttrSource, ConstSource, ItemSource, Source
+from kiln.capture.variables.base import Variable
+from kiln.capture.variables.constant import ConstantVariable
+
+_MISSING = object()
+_CONTAINER_BASES = (dict, collections.OrderedDict)
+
+
+def class_lookup(cls: type, name: str) -> tuple[Any, type | None]:
+    """The raw class attribute `name` (as stored in the defining class's __dict__) and its owner."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name], klass
+    return _MISSING, None
+
+
+def class_attr_source(owner: type, name: str) -> Source:
+    return ItemSource(AttrSource(ConstSource(owner, owner.__qualname__), "__dict__"), name)
+
+
+def wrap_class_attr(tx: Any, raw: Any, owner: type, name: str, instance: Variable | None, cls_var: Variable | None = None) -> Variable:
+    """What `instance.name` (or `cls.name`) gives for a class attribute `raw`, descriptors applied."""
+    from kiln.capture.variables.builder import wrap, wrap_constant_result
+    from kiln.capture.variables.functions import BoundMethodVariable
+
+    if isinstance(raw, staticmethod):
+        return wrap_constant_result(raw.__func__)
+    if isinstance(raw, classmethod):
+        return BoundMethodVariable(wrap_constant_result(raw.__func__), cls_var or ClassVariable(owner))
+    if isinstance(raw, property):
+        if instance is None:
+            return OpaqueVariable(raw)
+        if raw.fget is None:
+            raise raise_real(AttributeError(f"property {name!r} has no getter"))
+        return wrap_constant_result(raw.fget).call(tx, [instance], {})
+    if isinstance(raw, functools.cached_property):
+        if instance is None:
+            return OpaqueVariable(raw)
+        value = wrap_constant_result(raw.func).call(tx, [instance], {})
+        instance.setattr_plain(tx, raw.attrname or name, value)
+        return value
+    if isinstance(raw, types.FunctionType):
+        func = wrap_constant_result(raw)
+        return func if instance is None else BoundMethodVariable(func, instance)
+    # Functions and descriptors are pinned by the class; plain values are guarded where they live.
+    if instance is not None and hasattr(type(raw), "__get__") and not isinstance(raw, type):
+        return instance.getattr_real(tx, name)
+    return wrap(tx, raw, class_attr_source(owner, name))
+
+
+class UserObjectVariable(Variable):
+    """An instance of a user class. `value` is the real object, or None for one made in the trace."""
+
+    def __init__(self, value: Any, source: Source | None = None, cls: type | None = None) -> None:
+        super().__init__(source)
+        self.value = value
+        self.cls = cls if cls is not None else type(value)
+        self.attrs: dict[str, Variable] = {}  # a new object's attributes
+
+    @property
+    def is_new(self) -> bool:
+        return self.value is None
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def is_constant(self) -> bool:
+        # A real object the trace has not written to can be passed to functions computed now.
+        return not self.is_new and not getattr(self, "_written", False)
+
+    def as_constant(self) -> Any:
+        if not self.is_constant():
+            return super().as_constant()
+        return self.value
+
+    def describe(self) -> str:
+        return f"{self.cls.__qualname__} object"
+
+    # --- attributes -------------------------------------------------------------------------
+
+    def _instance_attr(self, tx: Any, name: str) -> Variable | None:
+        if self.is_new:
+            return self.attrs.get(name)
+        written, value = tx.output.side_effects.pending_attr(self, name)
+        if written:
+            if value is None:
+                return None
+            return value
+        instance_dict = getattr(self.value, "__dict__", None)
+        if instance_dict is not None and name in instance_dict:
+            from kiln.capture.variables.builder import wrap
+
+            return wrap(tx, instance_dict[name], AttrSource(self.source, name) if self.source is not None else None)
+        return None
+
+    def container_view(self, tx: Any) -> Variable | None:
+        """For a real dict/list subclass: its contents as a DictVariable/ListVariable (guarded)."""
+        from kiln.capture.variables.builder import wrap_dict_contents
+
+        if self.is_new or not isinstance(self.value, dict):
+            return None
+        view = tx.output.wrapped.get(("view", self.source)) if self.source is not None else None
+        if view is None:
+            view = wrap_dict_contents(tx, self.value, self.source)
+            if self.source is not None:
+                tx.output.wrapped[("view", self.source)] = view
+        return view
+
+    def getattr_real(self, tx: Any, name: str) -> Variable:
+        from kiln.capture.variables.builder import wrap
+
+        if self.is_new:
+            raise unsupported("unsupported_attribute", f"attribute {name!r} of a {self.describe()} made while capturing")
+        try:
+            value = getattr(self.value, name)
+        except AttributeError as error:
+            raise raise_real(error) from None
+        return wrap(tx, value, AttrSource(self.source, name) if self.source is not None else None)
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name == "__class__":
+            return ClassVariable(self.cls)
+        if name == "__dict__" and not self.is_new:
+            raise unsupported("unsupported_attribute", f"reading __dict__ of a {self.describe()}")
+        raw, owner = class_lookup(self.cls, name)
+        if owner in _CONTAINER_BASES:
+            view = self.container_view(tx)
+            if view is not None:
+                return view.getattr(tx, name)
+        is_data_descriptor = raw is not _MISSING and (isinstance(raw, property) or hasattr(type(raw), "__set__") and not isinstance(raw, functools.cached_property))
+        if is_data_descriptor:
+            return wrap_class_attr(tx, raw, owner, name, self)
+        found = self._instance_attr(tx, name)
+        if found is not None:
+            return found
+        if raw is not _MISSING:
+            return wrap_class_attr(tx, raw, owner, name, self)
+        getattr_hook, _ = class_lookup(self.cls, "__getattr__")
+        if isinstance(getattr_hook, types.FunctionType):
+            from kiln.capture.variables.builder import wrap_constant_result
+
+            return wrap_constant_result(getattr_hook).call(tx, [self, ConstantVariable(name)], {})
+        raise raise_real(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
+
+    def setattr(self, tx: Any, name: str, value: Variable) -> None:
+        hook, _ = class_lookup(self.cls, "__setattr__")
+        if isinstance(hook, types.FunctionType):
+            from kiln.capture.variables.builder import wrap_constant_result
+
+            wrap_constant_result(hook).call(tx, [self, ConstantVariable(name), value], {})
+            return
+        raw, _ = class_lookup(self.cls, name)
+        if isinstance(raw, property):
+            if raw.fset is None:
+                raise raise_real(AttributeError(f"can't set attribute {name!r}"))
+            from kiln.capture.variables.builder import wrap_constant_result
+
+            wrap_constant_result(raw.fset).call(tx, [self, value], {})
+            return
+        self.setattr_plain(tx, name, value)
+
+    def setattr_plain(self, tx: Any, name: str, value: Variable | None) -> None:
+        """`object.__setattr__`: into the instance dict (recorded if the object is real)."""
+        if self.is_new:
+            if value is None:
+                self.attrs.pop(name, None)
+            else:
+                self.attrs[name] = value
+            return
+        if self.source is None:
+            raise unsupported("unsupported_setattr", f"setting {name!r} on a {self.describe()} that kiln cannot reach after the call")
+        self._written = True
+        tx.output.side_effects.record_setattr(self, name, value)
+
+    # --- protocols through dunder methods -----------------------------------------------------
+
+    def _dunder(self, tx: Any, name: str, args: Sequence[Variable]) -> Variable | None:
+        raw, owner = class_lookup(self.cls, name)
+        if raw is _MISSING or owner is object:
+            return None
+        if owner in _CONTAINER_BASES:
+            view = self.container_view(tx)
+            if view is not None:
+                return view.call_method(tx, name, list(args), {})
+        return wrap_class_attr(tx, raw, owner, name, self).call(tx, list(args), {})
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        raw, owner = class_lookup(self.cls, "__call__")
+        if raw is _MISSING:
+            raise raise_real(TypeError(f"'{self.cls.__name__}' object is not callable"))
+        if not isinstance(raw, (types.FunctionType, staticmethod, classmethod)):
+            raise unsupported("unsupported_call", f"calling {self.describe()} (its __call__ is implemented in C)")
+        return wrap_class_attr(tx, raw, owner, "__call__", self).call(tx, args, kwargs)
+
+    def truth(self, tx: Any) -> bool:
+        view = self.container_view(tx)
+        if view is not None and class_lookup(self.cls, "__len__")[1] in _CONTAINER_BASES:
+            return view.truth(tx)
+        for name in ("__bool__", "__len__"):
+            result = self._dunder(tx, name, [])
+            if result is not None:
+                return bool(result.as_constant())
+        return True
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        view = self.container_view(tx)
+        if view is not None and class_lookup(self.cls, "__iter__")[1] in _CONTAINER_BASES:
+            return view.iterate(tx)
+        result = self._dunder(tx, "__iter__", [])
+        if result is None:
+            raise raise_real(TypeError(f"'{self.cls.__name__}' object is not iterable"))
+        return result.iterate(tx)
+
+    def length(self, tx: Any) -> int:
+        result = self._dunder(tx, "__len__", [])
+        if result is None:
+            raise raise_real(TypeError(f"object of type '{self.cls.__name__}' has no len()"))
+        return int(result.as_constant())
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if name in ("__getitem__", "__setitem__", "__contains__", "__delitem__") or name.startswith("__") and name.endswith("__"):
+            raw, owner = class_lookup(self.cls, name)
+            if raw is not _MISSING and owner in _CONTAINER_BASES and self.container_view(tx) is not None:
+                return self.container_view(tx).call_method(tx, name, list(args), kwargs)
+            if raw is not _MISSING and owner is not object:
+                return wrap_class_attr(tx, raw, owner, name, self).call(tx, list(args), kwargs)
+            if name == "__setattr__" and raw is not _MISSING:
+                self.setattr_plain(tx, args[0].as_constant(), args[1])
+                return ConstantVariable(None)
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+
+class ClassVariable(Variable):
+    """A class: calling it builds an object (its `__init__` inlined)."""
+
+    def __init__(self, value: type, source: Source | None = None) -> None:
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.value
+
+    def describe(self) -> str:
+        return f"class {self.value.__qualname__}"
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name in ("__name__", "__qualname__", "__module__"):
+            return ConstantVariable(getattr(self.value, name))
+        if name == "__mro__":
+            from kiln.capture.variables.containers import TupleVariable
+
+            return TupleVariable([ClassVariable(k) for k in self.value.__mro__])
+        raw, owner = class_lookup(self.value, name)
+        if raw is _MISSING:
+            meta_raw, meta_owner = class_lookup(type(self.value), name)
+            if meta_raw is not _MISSING and isinstance(meta_raw, types.FunctionType):
+                from kiln.capture.variables.builder import wrap_constant_result
+                from kiln.capture.variables.functions import BoundMethodVariable
+
+                return BoundMethodVariable(wrap_constant_result(meta_raw), self)
+            raise raise_real(AttributeError(f"type object '{self.value.__name__}' has no attribute '{name}'"))
+        return wrap_class_attr(tx, raw, owner, name, None, self)
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        cls = self.value
+        if issubclass(cls, BaseException):
+            return ExceptionVariable(cls, tuple(args))
+        from kiln.capture.variables.builder import _is_model_output
+
+        if _is_model_output(cls):
+            return ModelOutputVariable.construct(tx, cls, args, kwargs)
+        if hasattr(cls, "_fields") and issubclass(cls, tuple):
+            from kiln.capture.variables.containers import NamedTupleVariable
+
+            fields = list(cls._fields)
+            values = dict(zip(fields, args))
+            values.update(kwargs)
+            defaults = getattr(cls, "_field_defaults", {})
+            items = [values[f] if f in values else _constant(defaults[f]) for f in fields]
+            return NamedTupleVariable(items, cls)
+        if all(a.is_constant() for a in (*args, *kwargs.values())) and _constructs_constant(cls):
+            try:
+                value = cls(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
+            except Exception as error:  # noqa: BLE001
+                raise raise_real(error) from None
+            return ConstantVariable(value)
+        new, _ = class_lookup(cls, "__new__")
+        if new is not object.__new__ and not isinstance(new, staticmethod) or isinstance(new, staticmethod) and new.__func__ is not object.__new__:
+            raise unsupported("unsupported_call", f"building a {cls.__qualname__} (it defines __new__) while capturing")
+        from torch import nn
+
+        if issubclass(cls, nn.Module):
+            raise unsupported("unsupported_call", f"building the module {cls.__qualname__} inside a compiled function", "build modules outside the compiled code")
+        obj = UserObjectVariable(None, None, cls)
+        init, owner = class_lookup(cls, "__init__")
+        if isinstance(init, types.FunctionType):
+            wrap_class_attr(tx, init, owner, "__init__", obj).call(tx, args, kwargs)
+        elif args or kwargs:
+            raise raise_real(TypeError(f"{cls.__name__}() takes no arguments"))
+        return obj
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if name == "__call__":
+            return self.call(tx, args, kwargs)
+        return super().call_method(tx, name, args, kwargs)
+
+
+def _constant(value: Any) -> Variable:
+    from kiln.capture.variables.builder import wrap_constant_result
+
+    return wrap_constant_result(value)
+
+
+def _constructs_constant(cls: type) -> bool:
+    import enum
+
+    return issubclass(cls, enum.Enum)
+
+
+class PythonModuleVariable(Variable):
+    """A Python module (`math`, `torch.nn.functional`, the user's own module)."""
+
+    def __init__(self, value: types.ModuleType, source: Source | None = None) -> None:
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self) -> type:
+        return types.ModuleType
+
+    def describe(self) -> str:
+        return f"module {self.value.__name__}"
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        from kiln.capture.variables.builder import wrap
+
+        try:
+            value = getattr(self.value, name)
+        except AttributeError as error:
+            raise raise_real(error) from None
+        # The standard library and torch do not change under a running program: no guard.
+        fixed = self.value.__name__.split(".")[0] in _FIXED_MODULES
+        return wrap(tx, value, None if fixed or self.source is None else AttrSource(self.source, name))
+
+
+_FIXED_MODULES = {"torch", "math", "operator", "functools", "itertools", "collections", "typing", "builtins", "inspect", "warnings", "dataclasses", "enum", "abc", "types", "copy", "numbers", "contextlib", "logging", "sys", "os"}
+
+
+class OpaqueVariable(Variable):
+    """A real object kiln only passes along (descriptors, builtin methods of real objects)."""
+
+    def __init__(self, value: Any, source: Source | None = None) -> None:
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.value
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        try:
+            return _constant(getattr(self.value, name))
+        except AttributeError as error:
+            raise raise_real(error) from None
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if isinstance(self.value, property) or not all(a.is_constant() for a in (*args, *kwargs.values())):
+            raise unsupported("unsupported_call", f"calling {self.describe()} while capturing")
+        try:
+            result = self.value(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
+        except Exception as error:  # noqa: BLE001
+            raise raise_real(error) from None
+        return _constant(result)
+
+
+class SuperVariable(Variable):
+    """`super()` / `super(cls, obj)`: attribute lookup starting after `cls` in obj's MRO."""
+
+    def __init__(self, cls: type, obj: Variable) -> None:
+        super().__init__(None)
+        self.cls, self.obj = cls, obj
+
+    def python_type(self) -> type:
+        return super
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        obj_type = self.obj.value if isinstance(self.obj, ClassVariable) else self.obj.python_type()
+        mro = obj_type.__mro__
+        start = mro.index(self.cls) + 1 if self.cls in mro else len(mro)
+        for klass in mro[start:]:
+            if name in klass.__dict__:
+                raw = klass.__dict__[name]
+                instance = None if isinstance(self.obj, ClassVariable) else self.obj
+                if klass in _CONTAINER_BASES and isinstance(self.obj, UserObjectVariable) and self.obj.container_view(tx) is not None:
+                    return self.obj.container_view(tx).getattr(tx, name)
+                if isinstance(raw, classmethod):
+                    from kiln.capture.variables.functions import BoundMethodVariable
+
+                    cls_var = self.obj if isinstance(self.obj, ClassVariable) else ClassVariable(obj_type)
+                    return BoundMethodVariable(_constant(raw.__func__), cls_var)
+                if raw is object.__init__ or raw is object.__setattr__ or klass is object and callable(raw):
+                    return ObjectSlotVariable(name, self.obj)
+                from kiln.capture.variables.torch_fns import special_callable
+
+                special = special_callable(raw)
+                if special is not None:
+                    from kiln.capture.variables.functions import BoundMethodVariable
+
+                    return BoundMethodVariable(special, self.obj)
+                return wrap_class_attr(tx, raw, klass, name, instance)
+        raise raise_real(AttributeError(f"'super' object has no attribute '{name}'"))
+
+
+class ObjectSlotVariable(Variable):
+    """`object.__init__`, `object.__setattr__` and friends reached through super() or object."""
+
+    def __init__(self, name: str, obj: Variable | None = None) -> None:
+        super().__init__(None)
+        self.name, self.obj = name, obj
+
+    def python_type(self) -> type:
+        return types.MethodWrapperType
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        args = list(args) if self.obj is None else [self.obj, *args]
+        if self.name == "__init__":
+            return ConstantVariable(None)
+        if self.name == "__setattr__" and isinstance(args[0], UserObjectVariable):
+            args[0].setattr_plain(tx, args[1].as_constant(), args[2])
+            return ConstantVariable(None)
+        if self.name == "__getattribute__":
+            return args[0].getattr(tx, args[1].as_constant())
+        raise unsupported("unsupported_call", f"object.{self.name} on {args[0].describe()}")
+
+
+class ModelOutputVariable(Variable):
+    """A HuggingFace `ModelOutput` (an ordered dict that is also a dataclass) made in the trace."""
+
+    def __init__(self, cls: type, fields: dict[str, Variable]) -> None:
+        super().__init__(None)
+        self.cls, self.fields = cls, fields
+
+    @staticmethod
+    def construct(tx: Any, cls: type, args: Sequence[Variable], kwargs: dict[str, Variable]) -> "ModelOutputVariable":
+        import dataclasses
+
+        names = [f.name for f in dataclasses.fields(cls)]
+        values: dict[str, Variable] = {}
+        for name, arg in zip(names, args):
+            values[name] = arg
+        values.update(kwargs)
+        fields = {}
+        for f in dataclasses.fields(cls):
+            if f.name in values:
+                fields[f.name] = values[f.name]
+            elif f.default is not dataclasses.MISSING:
+                fields[f.name] = _constant(f.default)
+            else:
+                fields[f.name] = ConstantVariable(None)
+        return ModelOutputVariable(cls, fields)
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def describe(self) -> str:
+        return f"{self.cls.__name__}"
+
+    def _present(self) -> list[tuple[str, Variable]]:
+        return [(k, v) for k, v in self.fields.items() if not (v.is_constant() and v.as_constant() is None)]
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name in self.fields:
+            return self.fields[name]
+        from kiln.capture.variables.functions import BoundBuiltinMethod
+
+        if name in ("to_tuple", "keys", "values", "items", "get", "__getitem__", "__setitem__", "__contains__", "__len__"):
+            return BoundBuiltinMethod(self, name)
+        raw, owner = class_lookup(self.cls, name)
+        if raw is not _MISSING:
+            return wrap_class_attr(tx, raw, owner, name, self)
+        raise raise_real(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
+
+    def setattr(self, tx: Any, name: str, value: Variable) -> None:
+        self.fields[name] = value
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        from kiln.capture.variables.containers import TupleVariable, ListViewVariable
+
+        present = self._present()
+        if name == "to_tuple":
+            return TupleVariable([v for _, v in present])
+        if name == "keys":
+            return ListViewVariable([ConstantVariable(k) for k, _ in present], "dict_keys")
+        if name == "values":
+            return ListViewVariable([v for _, v in present], "dict_values")
+        if name == "items":
+            return ListViewVariable([TupleVariable([ConstantVariable(k), v]) for k, v in present], "dict_items")
+        if name == "__len__":
+            return ConstantVariable(len(present))
+        if name == "__contains__":
+            return ConstantVariable(args[0].as_constant() in dict(present))
+        if name == "get":
+            return dict(present).get(args[0].as_constant(), args[1] if len(args) > 1 else ConstantVariable(None))
+        if name == "__getitem__":
+            key = args[0].as_constant()
+            if isinstance(key, str):
+                found = dict(present).get(key)
+                if found is None:
+                    raise UserRaise(ExceptionVariable(KeyError, (args[0],)))
+                return found
+            return TupleVariable([v for _, v in present]).getitem(tx, args[0])
+        if name == "__setitem__":
+            self.fields[args[0].as_constant()] = args[1]
+            return ConstantVariable(None)
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        return [ConstantVariable(k) for k, _ in self._present()]
+
+    def length(self, tx: Any) -> int:
+        return len(self._present())
+
+    def truth(self, tx: Any) -> bool:
+        return bool(self._present())

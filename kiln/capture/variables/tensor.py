@@ -1,0 +1,131 @@
+"""Tensors in the graph: an fx node plus the fake tensor that carries its metadata."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import fx
+
+from kiln.capture.breaks import unsupported
+from kiln.capture.exceptions import raise_real
+from kiln.capture.variables.base import Variable
+from kiln.capture.variables.constant import ConstantVariable
+
+# Read from the fake tensor: they are fixed by the guards of the graph's inputs.
+_STATIC_ATTRS = {
+    "dtype", "device", "layout", "ndim", "is_cuda", "is_cpu", "is_sparse", "is_quantized", "is_meta",
+    "is_mkldnn", "is_nested", "requires_grad", "is_leaf", "itemsize", "nbytes", "is_mps", "is_xpu",
+}
+_STATIC_METHODS = {
+    "dim", "ndimension", "numel", "nelement", "element_size", "is_contiguous", "is_floating_point",
+    "is_complex", "stride", "storage_offset", "get_device", "is_signed", "is_inference",
+}
+_DATA_DEPENDENT = {"item", "tolist", "numpy", "__bool__", "__index__", "__int__", "__float__", "data_ptr", "any_", "nonzero_static"}
+_VIEW_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}
+
+
+class TensorVariable(Variable):
+    def __init__(self, node: fx.Node, example: torch.Tensor, source: Any = None, cls: type = torch.Tensor) -> None:
+        super().__init__(source)
+        self.node, self.example, self.cls = node, example, cls
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def describe(self) -> str:
+        return f"tensor {self.node.name} {tuple(self.example.shape)} {self.example.dtype}"
+
+    def as_fx_arg(self) -> Any:
+        return self.node
+
+    def as_example(self) -> Any:
+        return self.example
+
+    def size(self) -> Variable:
+        from kiln.capture.variables.containers import SizeVariable
+
+        return SizeVariable([ConstantVariable(int(s)) for s in self.example.shape])
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name == "shape":
+            return self.size()
+        if name in _STATIC_ATTRS:
+            return ConstantVariable(getattr(self.example, name))
+        if name in _VIEW_ATTRS:
+            return tx.output.call("call_function", getattr, [self, ConstantVariable(name)], {})
+        if name == "grad":
+            raise unsupported("unsupported_attribute", "reading tensor.grad inside a compiled function")
+        if name == "__class__":
+            from kiln.capture.variables.builder import wrap_constant_result
+
+            return wrap_constant_result(self.cls)
+        if callable(getattr(torch.Tensor, name, None)):
+            return TensorMethodVariable(self, name)
+        raise raise_real(AttributeError(f"'Tensor' object has no attribute '{name}'"))
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if name == "size":
+            size = self.size()
+            return size.items[args[0].as_constant()] if args else size
+        if name in _STATIC_METHODS:
+            try:
+                value = getattr(self.example, name)(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
+            except Exception as error:  # noqa: BLE001 - the user's call is wrong in eager too
+                raise raise_real(error) from None
+            from kiln.capture.variables.builder import wrap_constant_result
+
+            return wrap_constant_result(value)
+        if name in _DATA_DEPENDENT:
+            raise unsupported(
+                "data_dependent", f"tensor.{name}() reads tensor data while capturing",
+                "a graph break here needs issue 7; keep the value a tensor, or move this out of the compiled code",
+            )
+        if name == "type" and not args and not kwargs:
+            return ConstantVariable(self.example.type().replace("Fake", ""))
+        if name == "__setitem__":
+            tx.output.call("call_function", _setitem, [self, *args], {})
+            return ConstantVariable(None)
+        if name == "requires_grad_" or name in ("register_hook", "retain_grad", "backward"):
+            raise unsupported("unsupported_call", f"tensor.{name}() inside a compiled function")
+        return tx.output.call("call_method", name, [self, *args], kwargs)
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        if self.example.dim() == 0:
+            raise raise_real(TypeError("iteration over a 0-d tensor"))
+        return tx.output.call("call_method", "unbind", [self, ConstantVariable(0)], {}).items
+
+    def length(self, tx: Any) -> int:
+        if self.example.dim() == 0:
+            raise raise_real(TypeError("len() of a 0-d tensor"))
+        return int(self.example.shape[0])
+
+    def truth(self, tx: Any) -> bool:
+        raise unsupported(
+            "data_dependent_branch", f"the truth value of {self.describe()} decides Python control flow",
+            "a graph break here needs issue 7; use torch.where or keep the branch outside the compiled code",
+        )
+
+    def setattr(self, tx: Any, name: str, value: Variable) -> None:
+        raise unsupported("unsupported_setattr", f"setting tensor attribute {name!r} inside a compiled function")
+
+
+def _setitem(tensor: torch.Tensor, index: Any, value: Any) -> None:
+    tensor[index] = value
+
+
+class TensorMethodVariable(Variable):
+    """`x.view` before it is called."""
+
+    def __init__(self, tensor: TensorVariable, name: str) -> None:
+        super().__init__(None)
+        self.tensor, self.name = tensor, name
+
+    def python_type(self) -> type:
+        return type(torch.empty(0).view)
+
+    def describe(self) -> str:
+        return f"method Tensor.{self.name}"
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        return self.tensor.call_method(tx, self.name, args, kwargs)

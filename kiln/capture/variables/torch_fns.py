@@ -1,0 +1,303 @@
+"""torch functions (graph nodes), and the torch callables kiln models itself: grad mode and
+autocast contexts, `is_compiling`, `torch.Size`/`torch.device`, global-state queries.
+
+Any torch function or tensor method called with graph values becomes one node; the AOT layer
+traces it further to ATen. torch's own Python code for nn.Module internals is inlined instead
+(it is user-level Python, like any library's).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from kiln.capture.breaks import unsupported
+from kiln.capture.guards import Guard
+from kiln.capture.variables.base import Variable
+from kiln.capture.variables.constant import ConstantVariable
+
+# torch Python functions that are operators (traced by the AOT layer), not torch internals.
+_GRAPH_MODULES = ("torch", "torch.functional", "torch.nn.functional", "torch._tensor", "torch.special", "torch.fft",
+                  "torch.linalg", "torch.random", "torch.nested", "torch._refs", "torch.masked", "torch._decomp")
+_STATEFUL_NAMES = ("set_", "_set_", "manual_seed", "seed", "use_deterministic", "initial_seed", "set_num_threads")
+
+
+def is_torch_callable(value: Any) -> bool:
+    if isinstance(value, type) or not callable(value):
+        return False
+    if isinstance(value, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        owner = getattr(value, "__objclass__", None)
+        return owner is not None and issubclass(owner, torch._C.TensorBase)
+    module = getattr(value, "__module__", None) or ""
+    if isinstance(value, types.FunctionType):
+        return module in _GRAPH_MODULES
+    if isinstance(value, types.BuiltinFunctionType):
+        return module.startswith("torch") or getattr(value, "__self__", None) in _TORCH_C_NAMESPACES
+    return isinstance(value, torch._ops.OpOverloadPacket) or isinstance(value, torch._ops.OpOverload)
+
+
+_TORCH_C_NAMESPACES = {torch._C._VariableFunctions, torch._C._nn, torch._C._fft, torch._C._linalg, torch._C._special}
+
+
+class TorchFunctionVariable(Variable):
+    def __init__(self, fn: Any) -> None:
+        super().__init__(None)
+        self.value = fn
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.value
+
+    def describe(self) -> str:
+        return f"torch function {getattr(self.value, '__qualname__', None) or getattr(self.value, '__name__', self.value)}"
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        name = getattr(self.value, "__name__", "")
+        if name.startswith(_STATEFUL_NAMES):
+            raise unsupported("unsupported_call", f"{self.describe()} changes global state while capturing",
+                              "call it outside the compiled function")
+        if isinstance(self.value, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+            return args[0].call_method(tx, name, list(args[1:]), kwargs)
+        return tx.output.call("call_function", self.value, list(args), kwargs)
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name in ("__name__", "__qualname__", "__module__"):
+            return ConstantVariable(getattr(self.value, name, None))
+        return super().getattr(tx, name)
+
+
+# --- grad mode and autocast -----------------------------------------------------------------------
+
+
+class GradModeVariable(Variable):
+    """`torch.no_grad()` / `enable_grad()` / `set_grad_enabled(b)`: switches grad mode in the graph."""
+
+    def __init__(self, enabled: bool, cls: type, prior: bool | None = None) -> None:
+        super().__init__(None)
+        self.enabled, self.cls = enabled, cls
+        self.prior = prior  # set_grad_enabled switches on construction; exit restores this
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def enter(self, tx: Any) -> Variable:
+        if self.prior is None:
+            self.prior = torch.is_grad_enabled()
+            tx.set_grad_mode(self.enabled)
+        return ConstantVariable(None)
+
+    def exit(self, tx: Any) -> Variable:
+        tx.set_grad_mode(self.prior)
+        self.prior = None if self.cls is not torch.set_grad_enabled else self.prior
+        return ConstantVariable(None)
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if name == "__enter__":
+            return self.enter(tx)
+        if name == "__exit__":
+            return self.exit(tx)
+        if name == "clone":
+            return GradModeVariable(self.enabled, self.cls)
+        return super().call_method(tx, name, args, kwargs)
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name == "__class__":
+            return TorchClassVariable(self.cls)
+        from kiln.capture.variables.functions import BoundBuiltinMethod
+
+        if name in ("__enter__", "__exit__", "clone"):
+            return BoundBuiltinMethod(self, name)
+        return super().getattr(tx, name)
+
+
+class AutocastVariable(Variable):
+    """`torch.autocast(device_type, dtype=..., enabled=...)`: entered and left as graph nodes."""
+
+    def __init__(self, device_type: str, dtype: Any, enabled: bool, cache_enabled: Any) -> None:
+        super().__init__(None)
+        self.args = (device_type, dtype, enabled, cache_enabled)
+        self.node: Any = None
+        self.real: Any = None
+
+    def python_type(self) -> type:
+        return torch.autocast
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        from torch.amp import autocast_mode
+
+        if name == "__enter__":
+            self.real = autocast_mode._enter_autocast(*self.args)
+            tx.output.pending_restores.append(("autocast", self.real))
+            self.node = tx.output.graph.call_function(autocast_mode._enter_autocast, self.args)
+            return ConstantVariable(None)
+        if name == "__exit__":
+            autocast_mode._exit_autocast(self.real)
+            tx.output.pending_restores.remove(("autocast", self.real))
+            tx.output.graph.call_function(autocast_mode._exit_autocast, (self.node,))
+            return ConstantVariable(None)
+        return super().call_method(tx, name, args, kwargs)
+
+
+def _autocast(tx: Any, device_type: Variable, dtype: Variable | None = None, enabled: Variable | None = None, cache_enabled: Variable | None = None) -> Variable:
+    device = device_type.as_constant()
+    dt = dtype.as_constant() if dtype is not None else torch.get_autocast_dtype(device)
+    return AutocastVariable(device, dt, True if enabled is None else bool(enabled.as_constant()), None if cache_enabled is None else cache_enabled.as_constant())
+
+
+def _cpu_autocast(tx: Any, enabled: Variable | None = None, dtype: Variable | None = None, cache_enabled: Variable | None = None) -> Variable:
+    return _autocast(tx, ConstantVariable("cpu"), dtype, enabled, cache_enabled)
+
+
+class TorchClassVariable(Variable):
+    """A torch class or callable kiln builds itself (`torch.no_grad`, `torch.Size`, `torch.device`)."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__(None)
+        self.value = value
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.value
+
+    def describe(self) -> str:
+        return f"{getattr(self.value, '__qualname__', self.value)}"
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        return _SPECIAL_CALLS[self.value](tx, *args, **kwargs)
+
+
+def _global_state(tx: Any, item: str, value: Any) -> Variable:
+    tx.output.guards.add(Guard("GLOBAL_STATE", None, value, item))
+    return ConstantVariable(value)
+
+
+def _set_grad_enabled(tx: Any, mode: Variable) -> Variable:
+    prior = torch.is_grad_enabled()
+    tx.set_grad_mode(bool(mode.as_constant()))
+    return GradModeVariable(bool(mode.as_constant()), torch.set_grad_enabled, prior)
+
+
+def _size(tx: Any, items: Variable | None = None) -> Variable:
+    from kiln.capture.variables.containers import SizeVariable
+
+    return SizeVariable(items.iterate(tx) if items is not None else [])
+
+
+def _fold(fn: Callable) -> Callable:
+    def call(tx: Any, *args: Variable, **kwargs: Variable) -> Variable:
+        from kiln.capture.variables.builtins import constant_fold
+
+        return constant_fold(fn, args, kwargs)
+
+    return call
+
+
+def _is_tensor(tx: Any, x: Variable) -> Variable:
+    from kiln.capture.variables.tensor import TensorVariable
+
+    return ConstantVariable(isinstance(x, TensorVariable))
+
+
+def _false(*args: Any, **kwargs: Any) -> Variable:
+    return ConstantVariable(False)
+
+
+def _true(*args: Any, **kwargs: Any) -> Variable:
+    return ConstantVariable(True)
+
+
+def _none(*args: Any, **kwargs: Any) -> Variable:
+    return ConstantVariable(None)
+
+
+def _check(tx: Any, cond: Variable, *rest: Variable, **kwargs: Variable) -> Variable:
+    if cond.is_constant() and not cond.as_constant():
+        from kiln.capture.exceptions import raise_real
+
+        raise raise_real(RuntimeError("torch._check failed while capturing"))
+    return ConstantVariable(None)
+
+
+def _dynamo_disabled(*args: Any, **kwargs: Any) -> Variable:
+    raise unsupported("disabled", "torch.compiler.disable()d code is not compiled")
+
+
+_SPECIAL_CALLS: dict[Any, Callable[..., Variable]] = {
+    torch.no_grad: lambda tx: GradModeVariable(False, torch.no_grad),
+    torch.enable_grad: lambda tx: GradModeVariable(True, torch.enable_grad),
+    torch.set_grad_enabled: _set_grad_enabled,
+    torch._C._set_grad_enabled: lambda tx, mode: (_set_grad_enabled(tx, mode), ConstantVariable(None))[1],
+    torch.autocast: _autocast,
+    torch.amp.autocast: _autocast,
+    torch.is_grad_enabled: lambda tx: _global_state(tx, "grad_enabled", torch.is_grad_enabled()),
+    torch.get_default_dtype: lambda tx: _global_state(tx, "default_dtype", torch.get_default_dtype()),
+    torch.is_autocast_enabled: lambda tx, *a: ConstantVariable(_global_state(tx, "autocast_cpu", (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))) and torch.is_autocast_enabled(*[x.as_constant() for x in a])),
+    torch.compiler.is_compiling: _true,
+    torch.compiler.is_dynamo_compiling: _false,
+    torch.jit.is_scripting: _false,
+    torch.jit.is_tracing: _false,
+    torch._C._get_tracing_state: _none,
+    torch.fx._symbolic_trace.is_fx_tracing: _false,
+    torch.is_tensor: _is_tensor,
+    torch.overrides.is_tensor_like: _is_tensor,
+    torch.overrides.has_torch_function: _false,
+    torch.overrides.has_torch_function_unary: _false,
+    torch.overrides.has_torch_function_variadic: _false,
+    torch._check: _check,
+    torch._assert: _check,
+    torch.Size: _size,
+    torch.device: _fold(torch.device),
+    torch.finfo: _fold(torch.finfo),
+    torch.iinfo: _fold(torch.iinfo),
+    torch.promote_types: _fold(torch.promote_types),
+}
+if hasattr(torch.cpu.amp, "autocast"):
+    _SPECIAL_CALLS[torch.cpu.amp.autocast] = _cpu_autocast
+
+
+def special_callable(value: Any) -> Variable | None:
+    """The variable for a torch callable kiln models itself, or None."""
+    try:
+        if value in _SPECIAL_CALLS:
+            return TorchClassVariable(value)
+    except TypeError:
+        return None
+    if isinstance(value, torch.no_grad) or isinstance(value, torch.enable_grad):
+        return GradModeVariable(isinstance(value, torch.enable_grad), type(value))
+    if isinstance(value, torch.autocast):
+        return AutocastVariable(value.device, value.fast_dtype, value._enabled, value._cache_enabled)
+    if value in _MODULE_CALLS:
+        from kiln.capture.variables.modules import ModuleCallVariable
+
+        return ModuleCallVariable()
+    if getattr(value, "_torchdynamo_disable", False):
+        return _Disabled(value)
+    return None
+
+
+_MODULE_CALLS = {nn.Module.__call__, nn.Module._call_impl}
+
+
+class _Disabled(Variable):
+    def __init__(self, value: Any) -> None:
+        super().__init__(None)
+        self.value = value
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        return _dynamo_disabled()

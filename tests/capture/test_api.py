@@ -1,0 +1,133 @@
+"""kiln.compile's arguments, backends, fallbacks and errors."""
+
+import pytest
+import torch
+
+import kiln
+from kiln.capture import BREAKS
+
+
+def test_bad_arguments_name_the_argument_and_accepted_values():
+    f = lambda x: x  # noqa: E731
+    with pytest.raises(ValueError, match="backend must be one of 'kiln', 'aot_eager', 'eager'"):
+        kiln.compile(f, backend="inductor")
+    with pytest.raises(TypeError, match="fullgraph must be True or False"):
+        kiln.compile(f, fullgraph="yes")
+    with pytest.raises(ValueError, match="dynamic must be None, False or True"):
+        kiln.compile(f, dynamic="auto")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        kiln.compile(f, mode="fast")
+    with pytest.raises(ValueError, match="unknown option 'unroll'; accepted options: recompile_limit"):
+        kiln.compile(f, options={"unroll": 1})
+    with pytest.raises(TypeError, match="fn_or_module must be"):
+        kiln.compile(3)
+
+
+def test_decorator_forms():
+    @kiln.compile
+    def f(x):
+        return x + 1
+
+    @kiln.compile(backend="eager", fullgraph=True)
+    def g(x):
+        return x * 2
+
+    x = torch.ones(2)
+    torch.testing.assert_close(f(x), x + 1)
+    torch.testing.assert_close(g(x), x * 2)
+    assert g.__name__ == "g"
+
+
+def test_custom_backend_gets_the_torch_level_graph():
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append((gm, example_inputs))
+        return gm.forward
+
+    def f(x, y):
+        return torch.nn.functional.relu(x @ y).sum(dim=0)
+
+    x, y = torch.randn(3, 4), torch.randn(4, 5)
+    torch.testing.assert_close(kiln.compile(f, backend=backend)(x, y), f(x, y))
+    (gm, inputs), = seen
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.nn.functional.relu in targets
+    assert [tuple(t.shape) for t in inputs] == [(3, 4), (4, 5)]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_real_backends(backend):
+    def f(x, w):
+        return torch.nn.functional.gelu(x @ w) + 1
+
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    compiled = kiln.compile(f, backend=backend, fullgraph=True)
+    torch.testing.assert_close(compiled(x, w), f(x, w))
+    assert len(compiled.kiln_cache.entries) == 1
+
+
+def _prints(x):
+    y = x + 1
+    print("y is", y)
+    return y * 2
+
+
+def test_unsupported_construct_falls_back_with_a_record(capsys):
+    kiln.reset()
+    compiled = kiln.compile(_prints, backend="eager")
+    x = torch.ones(2)
+    torch.testing.assert_close(compiled(x), _prints(x))
+    assert compiled.kiln_cache.fallback is not None
+    record = BREAKS[-1]
+    assert record.kind == "unsupported_call"
+    assert record.filename == __file__ and record.lineno == _prints.__code__.co_firstlineno + 2
+    assert "print" in record.explanation and record.hint
+
+
+def test_fullgraph_raises_with_the_users_line():
+    compiled = kiln.compile(_prints, backend="eager", fullgraph=True)
+    with pytest.raises(kiln.CaptureError) as info:
+        compiled(torch.ones(2))
+    assert f"{__file__}:{_prints.__code__.co_firstlineno + 2}" in str(info.value)
+
+
+def test_data_dependent_branch_is_recorded():
+    def f(x):
+        if x.sum() > 0:
+            return x
+        return -x
+
+    compiled = kiln.compile(f, backend="eager")
+    x = torch.randn(4)
+    torch.testing.assert_close(compiled(x), f(x))
+    assert compiled.kiln_cache.fallback.kind == "data_dependent_branch"
+
+
+def test_user_exception_behaves_as_in_eager():
+    def f(x, n):
+        if n < 0:
+            raise ValueError("negative")
+        return x + n
+
+    compiled = kiln.compile(f, backend="eager")
+    with pytest.raises(ValueError, match="negative"):
+        compiled(torch.ones(1), -1)
+    torch.testing.assert_close(compiled(torch.ones(1), 2), torch.ones(1) + 2)
+
+
+def test_reset_forgets_entries():
+    compiled = kiln.compile(lambda x: x + 1, backend="eager")
+    compiled(torch.ones(1))
+    assert len(compiled.kiln_cache.entries) == 1
+    kiln.reset()
+    assert len(compiled.kiln_cache.entries) == 0
+    compiled(torch.ones(1))
+    assert len(compiled.kiln_cache.entries) == 1
+
+
+def test_is_compiling_is_true_while_capturing():
+    def f(x):
+        return x + 1 if torch.compiler.is_compiling() else x - 1
+
+    torch.testing.assert_close(kiln.compile(f, backend="eager", fullgraph=True)(torch.zeros(1)), torch.ones(1))

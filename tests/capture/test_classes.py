@@ -1,0 +1,585 @@
+"""User classes under capture: construction, methods, inheritance, descriptors, dunders, escapes."""
+
+import copy
+
+import torch
+
+import kiln
+from tests.capture.util import assert_same
+
+
+def _state(value, seen=None):
+    """A user object as (type, its attributes), recursively, so plain objects compare by content."""
+    seen = {} if seen is None else seen
+    if isinstance(value, (list, tuple)):
+        return type(value)(_state(v, seen) for v in value)
+    if isinstance(value, dict):
+        return {k: _state(v, seen) for k, v in value.items()}
+    if hasattr(value, "__dict__") and not isinstance(value, (torch.Tensor, type)) and type(value).__module__ == __name__:
+        if id(value) in seen:
+            return ("<seen>", seen[id(value)])
+        seen[id(value)] = len(seen)
+        return (type(value).__qualname__, {k: _state(v, seen) for k, v in vars(value).items()})
+    return value
+
+
+def check(fn, *args, graphs=1):
+    """tests.capture.util.check, with user objects (results and arguments) compared by content."""
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    eager_args = copy.deepcopy(args)
+    expected = fn(*eager_args)
+    compiled_args = copy.deepcopy(args)
+    actual = compiled(*compiled_args)
+    assert_same(_state(actual), _state(expected))
+    assert_same(_state(compiled_args), _state(eager_args))
+    assert len(compiled.kiln_cache.entries) == graphs
+    assert compiled.kiln_cache.fallback is None
+    return compiled
+
+
+class Scaler:
+    factor = 3.0  # class attribute
+
+    def __init__(self, weight, bias=1.0):
+        self.weight = weight
+        self.bias = bias
+
+    def apply(self, x):
+        return x * self.weight + self.bias * self.factor
+
+
+class Counter:
+    def __init__(self):
+        self.calls = 0
+        self.last = None
+
+
+def test_object_created_inside_and_methods():
+    def f(x):
+        s = Scaler(2.0)
+        y = s.apply(x)
+        s.bias = -1.0
+        return y + s.apply(x)
+
+    check(f, torch.randn(4))
+
+
+def test_object_passed_in_reads_attributes():
+    def f(x, s):
+        return s.apply(x) + s.factor
+
+    check(f, torch.randn(3), Scaler(0.5, bias=2.0))
+
+
+def test_object_passed_in_with_tensor_attribute():
+    def f(x, s):
+        return s.apply(x)
+
+    check(f, torch.randn(3), Scaler(torch.randn(3)))
+
+
+class Base:
+    def __init__(self, a):
+        self.a = a
+
+    def value(self, x):
+        return x + self.a
+
+    def name(self):
+        return "base"
+
+
+class Middle(Base):
+    def __init__(self, a, b):
+        super().__init__(a)
+        self.b = b
+
+    def value(self, x):
+        return super().value(x) * self.b
+
+    def name(self):
+        return "middle/" + super().name()
+
+
+class Leaf(Middle):
+    def __init__(self, a, b, c):
+        super(Leaf, self).__init__(a, b)
+        self.c = c
+
+    def value(self, x):
+        return super(Leaf, self).value(x) - self.c
+
+    def name(self):
+        return "leaf/" + super().name()
+
+
+def test_inheritance_and_super_multi_level():
+    def f(x):
+        obj = Leaf(1.0, 2.0, 3.0)
+        return obj.value(x), obj.name(), isinstance(obj, Base), type(obj).__name__
+
+    check(f, torch.randn(4))
+
+
+def test_super_on_input_object():
+    def f(x, obj):
+        return obj.value(x), obj.name()
+
+    check(f, torch.randn(4), Leaf(0.5, 1.5, 2.5))
+
+
+class A:
+    def __init__(self, **kw):
+        self.trail = ["A"]
+        super().__init__(**kw)
+
+    def describe(self, x):
+        return x + 1
+
+
+class B(A):
+    def __init__(self, b=0, **kw):
+        super().__init__(**kw)
+        self.trail = self.trail + ["B"]
+        self.b = b
+
+    def describe(self, x):
+        return super().describe(x) * 2
+
+
+class C(A):
+    def __init__(self, c=0, **kw):
+        super().__init__(**kw)
+        self.trail = self.trail + ["C"]
+        self.c = c
+
+    def describe(self, x):
+        return super().describe(x) - 3
+
+
+class D(B, C):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.trail = self.trail + ["D"]
+
+    def describe(self, x):
+        return super().describe(x).sin()
+
+
+def test_cooperative_multiple_inheritance():
+    def f(x):
+        d = D(b=2, c=5)
+        return d.describe(x), d.trail, d.b, d.c, [k.__name__ for k in type(d).__mro__]
+
+    check(f, torch.randn(3))
+
+
+class Temperature:
+    def __init__(self, celsius):
+        self._c = celsius
+
+    @property
+    def celsius(self):
+        return self._c
+
+    @celsius.setter
+    def celsius(self, value):
+        self._c = value * 1.0
+
+    @property
+    def fahrenheit(self):
+        return self._c * 9 / 5 + 32
+
+    @classmethod
+    def from_fahrenheit(cls, f):
+        return cls((f - 32) * 5 / 9)
+
+    @staticmethod
+    def offset():
+        return 32
+
+
+def test_properties_getter_and_setter():
+    def f(x):
+        t = Temperature(x)
+        a = t.fahrenheit
+        t.celsius = x * 2
+        return a, t.celsius, t.fahrenheit
+
+    check(f, torch.randn(3))
+
+
+def test_classmethod_and_staticmethod():
+    def f(x):
+        t = Temperature.from_fahrenheit(x)
+        u = t.from_fahrenheit(x + 1)
+        return t.celsius + u.celsius + Temperature.offset() + t.offset()
+
+    check(f, torch.randn(3))
+
+
+def test_property_setter_on_input_object_replayed():
+    def f(x, t):
+        t.celsius = 7
+        return x + t.fahrenheit
+
+    t = Temperature(1.0)
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    out = compiled(torch.ones(2), t)
+    assert_same(out, f(torch.ones(2), Temperature(1.0)))
+    assert t._c == 7.0 and isinstance(t._c, float)
+
+
+def test_class_attribute_read_through_class_and_instance():
+    class Config:
+        depth = 2
+        tag = "cfg"
+
+    def f(x):
+        c = Config()
+        for _ in range(Config.depth):
+            x = x * 2
+        return x, c.tag, c.depth
+
+    check(f, torch.randn(2))
+
+
+class Affine:
+    def __init__(self, w):
+        self.w = w
+
+    def __call__(self, x):
+        return x * self.w + 1
+
+
+def test_dunder_call():
+    def f(x, aff):
+        inner = Affine(3.0)
+        return inner(aff(x))
+
+    check(f, torch.randn(4), Affine(torch.randn(4)))
+
+
+class Bag:
+    def __init__(self, items):
+        self.items = list(items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __contains__(self, key):
+        return key in ("a", "b")
+
+
+def test_container_dunders():
+    def f(x):
+        bag = Bag([x, x * 2, x * 3])
+        total = bag[0] + bag[-1]
+        for t in bag:
+            total = total + t
+        return total, len(bag), "a" in bag, "z" in bag, bool(bag)
+
+    check(f, torch.randn(3))
+
+
+def test_container_dunders_on_input_object():
+    def f(bag):
+        return sum(bag) + bag[1], len(bag)
+
+    check(f, Bag([torch.randn(2), torch.randn(2)]))
+
+
+class Vec:
+    def __init__(self, data):
+        self.data = data
+
+    def __add__(self, other):
+        if isinstance(other, Vec):
+            return Vec(self.data + other.data)
+        return Vec(self.data + other)
+
+    def __radd__(self, other):
+        return Vec(self.data + other * 10)
+
+    def __mul__(self, k):
+        return Vec(self.data * k)
+
+    def __eq__(self, other):
+        return isinstance(other, Vec) and self.data.shape == other.data.shape
+
+    def __neg__(self):
+        return Vec(-self.data)
+
+
+def test_operator_dunders():
+    def f(x, y):
+        a, b = Vec(x), Vec(y)
+        c = a + b
+        d = 2 + c  # __radd__
+        e = -(d * 3) + 1
+        return e.data, a == b, a == 5, a != b
+
+    check(f, torch.randn(3), torch.randn(3))
+
+
+def test_sum_uses_radd():
+    def f(x):
+        return sum([Vec(x), Vec(x * 2)]).data
+
+    check(f, torch.randn(3))
+
+
+class Lazy:
+    def __init__(self):
+        self.known = 1.0
+
+    def __getattr__(self, name):
+        if name.startswith("x_"):
+            return float(name[2:])
+        raise AttributeError(name)
+
+
+def test_getattr_fallback():
+    def f(x):
+        obj = Lazy()
+        return x * obj.known + obj.x_4, hasattr(obj, "y"), hasattr(obj, "x_1")
+
+    check(f, torch.randn(2))
+
+
+def test_getattr_fallback_on_input_object():
+    def f(x, obj):
+        return x + obj.x_2 + obj.known
+
+    check(f, torch.randn(2), Lazy())
+
+
+class Pair:
+    def __init__(self, left, right):
+        self.left = left
+        self.right = right
+
+    def total(self):
+        return self.left + self.right
+
+
+def test_object_returned_is_rebuilt():
+    def f(x):
+        p = Pair(x.sin(), x.cos())
+        p.extra = [x, "tag"]
+        return p
+
+    x = torch.randn(3)
+    compiled = check(f, x)
+    out = compiled(x)
+    assert type(out) is Pair
+    assert_same(out.total(), x.sin() + x.cos())
+    assert out.extra[1] == "tag"
+    assert set(vars(out)) == {"left", "right", "extra"}
+
+
+def test_nested_objects_returned():
+    def f(x):
+        inner = Pair(x, 1)
+        return Pair(inner, [inner, x + 1])
+
+    x = torch.randn(2)
+    out = check(f, x)(x)
+    assert out.left is out.right[0]  # identity is kept
+    assert_same(out.left.left, x)
+
+
+def test_attribute_writes_on_input_replayed():
+    def f(x, counter):
+        counter.calls = counter.calls + 1
+        counter.last = x * 2
+        counter.new_attr = "seen"
+        return x + counter.calls
+
+    counter_eager, counter_compiled = Counter(), Counter()
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    for _ in range(3):
+        expected = f(x, counter_eager)
+        actual = compiled(x, counter_compiled)
+        assert_same(actual, expected)
+        assert counter_compiled.calls == counter_eager.calls
+        assert_same(counter_compiled.last, counter_eager.last)
+        assert counter_compiled.new_attr == "seen"
+    # calls changed 0 -> 1 -> 2: the value is guarded, so each distinct count re-captures or reuses
+    assert compiled.kiln_cache.fallback is None
+
+
+def test_attribute_write_then_read_inside():
+    def f(x, obj):
+        obj.w = obj.w * 2
+        obj.w = obj.w + 1
+        return obj(x)
+
+    check(f, torch.randn(3), Affine(torch.randn(3)))
+
+
+def test_delattr_on_input_replayed():
+    def f(x, obj):
+        y = x * obj.extra
+        del obj.extra
+        return y, hasattr(obj, "extra")
+
+    obj = Pair(1, 2)
+    obj.extra = 3.0
+    check(f, torch.randn(2), obj)
+
+
+def test_method_object_identity_and_isinstance():
+    def f(x, s):
+        m = s.apply
+        return m(x), isinstance(s, Scaler), type(s) is Scaler, callable(s.apply)
+
+    check(f, torch.randn(2), Scaler(2.0))
+
+
+def test_user_raise_caught():
+    class Oops(Exception):
+        pass
+
+    class Thrower:
+        def go(self, x):
+            raise Oops("no")
+
+    def f(x):
+        try:
+            Thrower().go(x)
+        except Oops:
+            return x + 1
+        return x
+
+    check(f, torch.randn(2))
+
+
+class Recorder:
+    """Its __setattr__ hook keeps a log: replaying a write must not run it a second time."""
+
+    def __init__(self):
+        object.__setattr__(self, "log", [])
+
+    def __setattr__(self, name, value):
+        self.log.append(name)
+        object.__setattr__(self, name, value)
+
+
+def test_setattr_hook_on_input_object_runs_once():
+    def f(x, rec):
+        rec.scale = 2.0
+        return x * rec.scale
+
+    check(f, torch.randn(2), Recorder())
+
+
+def test_attribute_names_that_clean_up_alike():
+    class Holder:
+        pass
+
+    outer, inner = Holder(), Holder()
+    outer.a_b, outer.a, inner.b = torch.randn(2), inner, torch.randn(2)
+
+    def f(o):
+        return o.a_b + o.a.b
+
+    check(f, outer)
+
+
+def test_class_attribute_changed_between_calls_is_followed():
+    class Knob:
+        gain = 2.0
+
+        def apply(self, x):
+            return x * self.gain
+
+    def f(x, k):
+        return k.apply(x)
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x, k = torch.randn(3), Knob()
+    assert_same(compiled(x, k), x * 2.0)
+    Knob.gain = 5.0
+    assert_same(compiled(x, k), x * 5.0)
+    Knob.apply = lambda self, x: x - self.gain
+    assert_same(compiled(x, k), x - 5.0)
+    k.gain = 1.0  # instance attribute now shadows the class attribute
+    assert_same(compiled(x, k), x - 1.0)
+
+
+def test_class_attribute_written_inside_is_replayed():
+    class Registry:
+        count = 0
+
+    def f(x):
+        Registry.count = Registry.count + 1
+        return x * Registry.count
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(2)
+    assert_same(compiled(x), x * 1)
+    assert Registry.count == 1
+    assert_same(compiled(x), x * 2)
+    assert Registry.count == 2
+
+
+class Slotted:
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b):
+        self.a = a
+        self.b = b
+
+
+def test_slots_object_passed_in():
+    def f(x, s):
+        return x * s.a + s.b
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x, s = torch.randn(2), Slotted(2.0, torch.randn(2))
+    assert_same(compiled(x, s), f(x, s))
+
+
+class Truthy:
+    def __init__(self, flag):
+        self.flag = flag
+
+    def __bool__(self):
+        return self.flag
+
+
+def test_dunder_bool():
+    def f(x, t):
+        if t:
+            return x + 1
+        return x - 1
+
+    check(f, torch.randn(2), Truthy(True))
+    check(f, torch.randn(2), Truthy(False))
+
+
+class Gen:
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield i * 2
+
+
+def test_iter_as_generator():
+    def f(x):
+        total = x
+        for k in Gen(3):
+            total = total + k
+        return total
+
+    check(f, torch.randn(2))

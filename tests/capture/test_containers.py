@@ -1,0 +1,732 @@
+"""Tuples, lists, dicts and sets inside compiled functions: built, read, changed and returned."""
+
+import collections
+from collections import OrderedDict, defaultdict, namedtuple
+
+import pytest
+import torch
+
+import kiln
+from tests.capture.util import check
+
+Point = namedtuple("Point", ["x", "y"])
+
+
+def t(*shape):
+    return torch.randn(*shape) if shape else torch.randn(3)
+
+
+# --- tuples ------------------------------------------------------------------------------------
+
+
+def test_tuple_build_index_slice():
+    def f(x):
+        tup = (x, x + 1, x * 2, 3)
+        return tup[0] + tup[-2], tup[1:3], tup[::-1], tup[-1] * x, tup[:0]
+
+    check(f, t())
+
+
+def test_tuple_methods_len_in():
+    def f(x):
+        tup = (1, 2, 3, 2, "a")
+        return x * tup.count(2) + tup.index(3) + len(tup), 2 in tup, 7 not in tup, "a" in tup
+
+    check(f, t())
+
+
+def test_tuple_concat_repeat_compare():
+    def f(x):
+        a, b = (1, 2), (3,)
+        c = a + b
+        d = a * 2
+        e = 2 * b
+        return x * len(c + d + e), c, d, e, a == (1, 2), a != b, a < b, (x,) + (x + 1,)
+
+    check(f, t())
+
+
+def test_tuple_of_tensors_input():
+    def f(pair):
+        a, b = pair
+        return pair[0] * b, len(pair)
+
+    check(f, (t(), t()))
+
+
+def test_tuple_index_out_of_range_caught():
+    def f(x):
+        tup = (x,)
+        try:
+            return tup[3]
+        except IndexError:
+            return x - 1
+
+    check(f, t())
+
+
+# --- lists -------------------------------------------------------------------------------------
+
+
+def test_list_build_index_slice():
+    def f(x):
+        xs = [x, x + 1, x + 2, x + 3]
+        return xs[1], xs[-1], xs[1:3], xs[::2], xs[:], xs[-3:-1]
+
+    check(f, t())
+
+
+def test_list_methods():
+    def f(x):
+        xs = [3, 1, 2]
+        xs.append(5)
+        xs.extend([7, 8])
+        xs.extend((9,))
+        xs.insert(0, 10)
+        xs.insert(-1, 11)
+        last = xs.pop()
+        first = xs.pop(0)
+        xs.remove(7)
+        where = xs.index(2)
+        ones = xs.count(1)
+        xs.reverse()
+        ys = xs.copy()
+        ys.sort()
+        zs = sorted(xs, reverse=True)
+        xs.sort(reverse=True)
+        return x * last + first + where + ones, xs, ys, zs
+
+    check(f, t())
+
+
+def test_list_clear_and_setitem_delitem():
+    def f(x):
+        xs = [x, x + 1, x + 2, x + 3, x + 4]
+        xs[0] = x * 10
+        xs[-1] = x * 20
+        del xs[1]
+        xs[1:3] = [x - 1]
+        ys = list(xs)
+        del ys[::2]
+        zs = xs[:]
+        zs.clear()
+        return xs, ys, zs, len(zs)
+
+    check(f, t())
+
+
+def test_list_of_tensors_methods():
+    def f(x, y):
+        xs = [x, y]
+        xs.append(x + y)
+        xs.insert(1, x * y)
+        popped = xs.pop(2)
+        return torch.stack(xs).sum(0), popped, xs.index(x)
+
+    check(f, t(), t())
+
+
+def test_list_concat_repeat_inplace():
+    def f(x):
+        a = [x, 1]
+        b = a + [2]
+        c = a * 2
+        a += [3]
+        a *= 2
+        return a, b, c, len(a), [0] * 3
+
+    check(f, t())
+
+
+def test_list_equality_and_membership():
+    def f(x):
+        a, b = [1, 2, 3], [1, 2, 3]
+        return x + (a == b) + (a != [1, 2]) + (2 in a) + (4 in a) + ([1, 2] < [1, 3]), a is b
+
+    check(f, t())
+
+
+def test_list_mutated_input_is_visible():
+    def f(xs, x):
+        xs.append(x * 2)
+        xs[0] = xs[0] + 1
+        xs.insert(1, 5)
+        return len(xs)
+
+    check(f, [t(), t()], t())
+
+
+def test_list_input_pop_remove_sort_reverse():
+    def f(xs, nums):
+        v = xs.pop()
+        nums.remove(3)
+        nums.sort()
+        nums.reverse()
+        nums.extend([9, 8])
+        return v * 2, len(nums)
+
+    check(f, [t(), t(), t()], [5, 3, 1, 4])
+
+
+def test_list_input_cleared_and_replaced_slice():
+    def f(a, b, x):
+        a.clear()
+        b[1:] = [x, x + 1, x + 2]
+        return x.sum()
+
+    check(f, [1, 2, 3], [t(), t()], t())
+
+
+def test_list_input_inplace_add():
+    def f(xs, x):
+        ys = xs
+        ys += [x + 1]
+        return ys is xs
+
+    check(f, [t()], t())
+
+
+def test_list_input_not_mutated_when_copied():
+    def f(xs, x):
+        ys = list(xs)
+        ys.append(x)
+        zs = xs.copy()
+        zs.pop()
+        w = xs[:]
+        w.clear()
+        return len(ys), len(zs), len(xs)
+
+    check(f, [t(), t()], t())
+
+
+def test_list_index_error_and_pop_empty_caught():
+    def f(x):
+        out = []
+        try:
+            [1, 2][5]
+        except IndexError:
+            out.append(x + 1)
+        try:
+            [].pop()
+        except IndexError:
+            out.append(x + 2)
+        try:
+            [1].remove(9)
+        except ValueError:
+            out.append(x + 3)
+        try:
+            (1, 2).index(9)
+        except ValueError:
+            out.append(x + 4)
+        return out
+
+    check(f, t())
+
+
+# --- dicts -------------------------------------------------------------------------------------
+
+
+def test_dict_build_read_write():
+    def f(x):
+        d = {"a": x, "b": x + 1, 3: x * 2}
+        d["c"] = d["a"] + d[3]
+        del d["b"]
+        d[(1, 2)] = 7
+        return d, len(d), "a" in d, "b" in d, (1, 2) in d, d[(1, 2)]
+
+    check(f, t())
+
+
+def test_dict_methods():
+    def f(x):
+        d = {"a": x, "b": x + 1}
+        g1 = d.get("a")
+        g2 = d.get("z", x * 0)
+        g3 = d.get("z")
+        keys = list(d.keys())
+        values = list(d.values())
+        items = list(d.items())
+        s = d.setdefault("c", x * 3)
+        s2 = d.setdefault("a", 100)
+        p = d.pop("b")
+        p2 = d.pop("zz", 5)
+        d.update({"e": x - 1}, f=x + 5)
+        d.update([("g", 1)])
+        d.update(h=2)
+        last = d.popitem()
+        c = d.copy()
+        c["new"] = 1
+        return g1, g2, g3, keys, values, items, s, s2 is d["a"], p, p2, last, d, c
+
+    check(f, t())
+
+
+def test_dict_clear_fromkeys_constructor():
+    def f(x):
+        d = dict.fromkeys(["a", "b"], 0)
+        e = dict.fromkeys("xy")
+        g = dict(a=x, b=2)
+        h = dict([("k", x), ("j", x + 1)])
+        i = dict(g, c=3)
+        z = {"z": 1}
+        z.clear()
+        return d, e, g, h, i, z
+
+    check(f, t())
+
+
+def test_dict_iteration_orders():
+    def f(x):
+        d = {"b": 1, "a": 2}
+        d["c"] = 3
+        d["b"] = 10
+        total = x
+        for k in d:
+            total = total + d[k]
+        for k, v in d.items():
+            total = total * v
+        return total, [k for k in d], sorted(d), list(reversed(list(d.values())))
+
+    check(f, t())
+
+
+def test_dict_equality():
+    def f(x):
+        a = {"a": 1, "b": 2}
+        b = {"b": 2, "a": 1}
+        return x + (a == b) + (a != {"a": 1}), a == {"a": 1, "b": 3}
+
+    check(f, t())
+
+
+def test_dict_key_error_caught():
+    def f(x):
+        d = {"a": x}
+        try:
+            return d["missing"]
+        except KeyError:
+            return x + 1
+
+    check(f, t())
+
+
+def test_dict_mutated_input_is_visible():
+    def f(d, x):
+        d["new"] = d["a"] * x
+        d["a"] = d["a"] + 1
+        d.pop("b")
+        d.setdefault("c", 3)
+        d.update(e=x)
+        return len(d)
+
+    check(f, {"a": t(), "b": 2}, t())
+
+
+def test_dict_input_popitem_clear_del():
+    def f(d1, d2, x):
+        k, v = d1.popitem()
+        del d1["a"]
+        d2.clear()
+        return x + v, k
+
+    check(f, {"a": 1, "b": 2, "c": 3}, {"z": t()}, t())
+
+
+def test_ordered_dict():
+    def f(x):
+        d = OrderedDict()
+        d["b"] = x
+        d["a"] = x + 1
+        e = collections.OrderedDict([("k", x * 2)])
+        return d, e, list(d.keys()), d["a"]
+
+    check(f, t())
+
+
+def test_ordered_dict_input():
+    def f(d, x):
+        d["z"] = x
+        return d["a"] + x, list(d)
+
+    check(f, OrderedDict([("a", t()), ("b", 1)]), t())
+
+
+def test_defaultdict_list():
+    def f(xs):
+        groups = defaultdict(list)
+        for i, x in enumerate(xs):
+            groups[i % 2].append(x)
+        counts = defaultdict(int)
+        for w in ["a", "b", "a"]:
+            counts[w] += 1
+        return [torch.stack(v).sum(0) for v in groups.values()], dict(counts), len(groups)
+
+    check(f, [t(), t(), t()])
+
+
+def test_defaultdict_returned():
+    def f(x):
+        d = defaultdict(list)
+        d["a"].append(x)
+        d["b"]
+        return d
+
+    check(f, t())
+
+
+def test_defaultdict_input_mutated():
+    def f(d, x):
+        d["new"].append(x)
+        d["old"].append(x + 1)
+        return len(d)
+
+    check(f, defaultdict(list, {"old": [t()]}), t())
+
+
+def test_dict_of_lists_of_tensors():
+    def f(batch):
+        out = {}
+        for name, tensors in batch.items():
+            out[name] = [v * 2 for v in tensors]
+        out["sum"] = sum(batch["a"])
+        return out
+
+    check(f, {"a": [t(), t()], "b": [t()]})
+
+
+def test_dict_tuple_and_tensor_free_keys():
+    def f(x):
+        d = {(0, "a"): x, None: 1, True: 2, 1.5: 3}
+        return d[(0, "a")] * d[True], d[None], d[1.5], d[1]
+
+    check(f, t())
+
+
+# --- sets --------------------------------------------------------------------------------------
+
+
+def test_set_build_and_methods():
+    def f(x):
+        s = {1, 2, 3}
+        s.add(4)
+        s.add(1)
+        s.discard(2)
+        s.discard(99)
+        s.remove(3)
+        u = s.union({10, 11}, [12])
+        i = s.intersection({1, 4, 7})
+        d = s.difference({1})
+        sub = {1}.issubset(s)
+        sup = s.issuperset({1, 4})
+        s.update([5, 6])
+        c = s.copy()
+        return x * len(s), sorted(s), sorted(u), sorted(i), sorted(d), sub, sup, sorted(c), 5 in s, 2 in s
+
+    check(f, t())
+
+
+def test_set_operators():
+    def f(x):
+        a, b = {1, 2, 3}, {2, 3, 4}
+        return x, sorted(a | b), sorted(a & b), sorted(a - b), sorted(a ^ b), a == {3, 2, 1}, a <= {1, 2, 3, 4}
+
+    check(f, t())
+
+
+def test_set_returned_and_frozenset():
+    def f(x):
+        s = set([1, 2, 2, 3])
+        fs = frozenset([1, 2])
+        return x + len(s), s, fs, 1 in fs
+
+    check(f, t())
+
+
+def test_set_input_mutated():
+    def f(s, x):
+        s.add(7)
+        s.discard(1)
+        return x * len(s)
+
+    check(f, {1, 2, 3}, t())
+
+
+def test_set_remove_missing_caught():
+    def f(x):
+        try:
+            set().remove(1)
+        except KeyError:
+            return x + 1
+        return x
+
+    check(f, t())
+
+
+def test_set_of_tensors_membership_by_identity():
+    def f(x, y):
+        s = {x}
+        s.add(x)
+        s.add(y)
+        return len(s), x in s, (x + 1) in s
+
+    check(f, t(), t())
+
+
+# --- nested containers and returned structure ----------------------------------------------------
+
+
+def test_nested_containers_of_tensors():
+    def f(data):
+        out = {"pairs": [(a * 2, b + 1) for a, b in data["pairs"]], "meta": data["meta"], "nested": ([data["x"]], {"y": (data["x"],)})}
+        out["nested"][0].append(data["x"] * 3)
+        return out
+
+    check(f, {"pairs": [(t(), t()), (t(), t())], "meta": {"n": 2, "name": "ab"}, "x": t()})
+
+
+def test_returned_structure_identical():
+    def f(x):
+        return [x, (x + 1, [x + 2, {"k": (x * 2,)}]), {"a": [], "b": ()}, (), [[]], None, 1.5, "s"]
+
+    check(f, t())
+
+
+def test_returned_same_tensor_twice_and_input_passthrough():
+    def f(x, y):
+        z = x + 1
+        return (z, z, y, [y, x])
+
+    check(f, t(), t())
+
+
+def test_returned_input_containers():
+    def f(xs, d):
+        return xs, d, xs[0]
+
+    check(f, [t(), 1], {"a": t()})
+
+
+def test_container_aliasing_inside_function():
+    def f(x):
+        a = [x]
+        b = a
+        b.append(x + 1)
+        d = {"list": a}
+        d["list"].append(x + 2)
+        return a, len(b), d
+
+    check(f, t())
+
+
+def test_input_list_nested_inside_dict_mutated():
+    def f(d, x):
+        d["items"].append(x)
+        d["items"][0] = x * 5
+        return len(d["items"])
+
+    check(f, {"items": [t(), t()]}, t())
+
+
+def test_truthiness_of_containers():
+    def f(x):
+        out = x
+        if []:
+            out = out + 1
+        if [0]:
+            out = out + 2
+        if {}:
+            out = out + 4
+        if {"a": 1}:
+            out = out + 8
+        if set():
+            out = out + 16
+        if ():
+            out = out + 32
+        if not (1,):
+            out = out + 64
+        return out
+
+    check(f, t())
+
+
+# --- torch.Size and shapes ---------------------------------------------------------------------
+
+
+def test_shape_arithmetic():
+    def f(x):
+        s = x.shape
+        n = s[0] * s[1]
+        new = s[:-1] + (s[-1] * 2,)
+        return x.reshape(n), torch.zeros(new), s, s.numel(), len(s), s == (2, 3), s[1:], x.view(*s[::-1])
+
+    check(f, t(2, 3))
+
+
+def test_shape_returned_types():
+    def f(x):
+        return x.shape, x.size(), x.size(1), tuple(x.shape), list(x.shape), x.shape + (1,), (1,) + x.shape
+
+    check(f, t(2, 3))
+
+
+def test_size_construction_and_methods():
+    def f(x):
+        s = torch.Size([2, 3])
+        return x.new_zeros(s), s.numel(), s.index(3), s.count(2), s == x.shape, 3 in s
+
+    check(f, t(2, 3))
+
+
+def test_shape_in_loop_and_max():
+    def f(x):
+        total = 1
+        for d in x.shape:
+            total *= d
+        return x.flatten() * total, max(x.shape), min(x.shape), sum(x.shape)
+
+    check(f, t(2, 3, 4))
+
+
+# --- namedtuples -------------------------------------------------------------------------------
+
+
+def test_namedtuple_build_and_fields():
+    def f(x):
+        p = Point(x, x + 1)
+        q = Point(x=1, y=2)
+        return p.x * p.y + q.x, p[1], len(p), p, q, tuple(p)
+
+    check(f, t())
+
+
+def test_namedtuple_input_and_returned():
+    def f(p):
+        return Point(p.y, p.x), p.x + p.y, p
+
+    check(f, Point(t(), t()))
+
+
+def test_namedtuple_unpack_and_replace():
+    def f(x):
+        p = Point(x, 2)
+        a, b = p
+        r = p._replace(y=3)
+        return a * b, r, p._fields, p._asdict()
+
+    check(f, t())
+
+
+def test_torch_return_types_namedtuple():
+    def f(x):
+        m = x.max(dim=0)
+        values, indices = torch.sort(x, dim=1)
+        return m.values, m.indices, m[0], values, indices
+
+    check(f, t(3, 4))
+
+
+# --- not supported under fullgraph -------------------------------------------------------------
+
+
+def test_tensor_in_list_membership_is_a_capture_error_and_falls_back():
+    def f(x, xs):
+        return (x in xs) * 1.0 + x
+
+    x = torch.randn(1)
+    xs = [x.clone(), torch.randn(1)]
+    with pytest.raises(kiln.CaptureError):
+        kiln.compile(f, backend="eager", fullgraph=True)(x, xs)
+    fallback = kiln.compile(f, backend="eager")
+    torch.testing.assert_close(fallback(x, xs), f(x, xs))
+
+
+def test_popped_input_items_returned():
+    def f(d, xs):
+        a = d.pop("a")
+        b = xs.pop(0)
+        c = xs[0]
+        xs[0] = b * 2
+        return a + 1, b, c, a
+
+    check(f, {"a": t(), "b": t()}, [t(), t()])
+
+
+def test_input_dict_and_its_list_both_changed():
+    def f(d, x):
+        old = d["items"]
+        old.append(x)
+        d["items"] = [x * 2]
+        return old, d["items"]
+
+    check(f, {"items": [t()]}, t())
+
+
+def test_ordered_dict_fromkeys_and_move():
+    def f(x):
+        d = OrderedDict.fromkeys(["a", "b"], 0)
+        d["a"] = x
+        return d, list(d.items())
+
+    check(f, t())
+
+
+def test_dict_views():
+    def f(x):
+        d = {"a": x, "b": 2}
+        return len(d.keys()), "a" in d.keys(), len(d.items()), [v for v in d.values() if v is not x], tuple(d)
+
+    check(f, t())
+
+
+def test_more_set_methods():
+    def f(x, s):
+        a = {1, 2, 3}
+        sym = a.symmetric_difference([3, 4])
+        dis = a.isdisjoint({7}), a.isdisjoint([1])
+        b = set(a)
+        b.intersection_update({1, 2, 9})
+        c = set(a)
+        c.difference_update([1])
+        d = set(a)
+        d.symmetric_difference_update({1, 5})
+        e = frozenset(a).union({8})
+        s.clear()
+        return x * len(sym), sorted(sym), dis, sorted(b), sorted(c), sorted(d), sorted(e), type(e).__name__
+
+    check(f, t(), {1, 2})
+
+
+def test_frozenset_has_no_add():
+    def f(x):
+        fs = frozenset([1])
+        try:
+            fs.add(2)
+        except AttributeError:
+            return x + 1
+        return x
+
+    check(f, t())
+
+
+def test_list_sort_with_key():
+    def f(x, names):
+        names.sort(key=len)
+        pairs = [(2, "b"), (1, "z"), (2, "a")]
+        pairs.sort(key=lambda p: p[0], reverse=True)
+        items = [x, x + 1, x + 2]
+        items.sort(key=lambda v: -v.shape[0])
+        return names, pairs, items
+
+    check(f, t(), ["ccc", "a", "bb"])
+
+
+def test_list_sort_of_tensors_is_a_capture_error_and_falls_back():
+    def f(xs):
+        xs.sort()
+        return xs
+
+    xs = [torch.tensor(2.0), torch.tensor(1.0)]
+    with pytest.raises(kiln.CaptureError):
+        kiln.compile(f, backend="eager", fullgraph=True)(list(xs))
+    fallback = kiln.compile(f, backend="eager")
+    assert [v.item() for v in fallback(list(xs))] == [1.0, 2.0]

@@ -1,0 +1,246 @@
+"""Context managers under capture: grad mode, autocast, user context managers, is_compiling."""
+
+import contextlib
+
+import pytest
+import torch
+
+import kiln
+from tests.capture.util import assert_same, check
+
+
+def _grad_flags(value):
+    if isinstance(value, torch.Tensor):
+        return [value.requires_grad]
+    if isinstance(value, (list, tuple)):
+        return [flag for v in value for flag in _grad_flags(v)]
+    return []
+
+
+def check_grad(fn, *args):
+    """check(), plus: outputs' requires_grad as in eager, and grad mode restored after the call."""
+    compiled = check(fn, *args)
+    expected = fn(*args)
+    before = torch.is_grad_enabled()
+    actual = compiled(*args)
+    assert torch.is_grad_enabled() is before
+    assert _grad_flags(actual) == _grad_flags(expected)
+    return compiled
+
+
+def test_no_grad_block():
+    def f(x):
+        with torch.no_grad():
+            y = x * 2
+        z = x * 3
+        return y, z, y.requires_grad
+
+    check_grad(f, torch.randn(3, requires_grad=True))
+
+
+def test_enable_grad_inside_no_grad():
+    def f(x):
+        with torch.no_grad():
+            a = x + 1
+            with torch.enable_grad():
+                b = x * 2
+            c = x - 1
+        return a, b, c
+
+    check_grad(f, torch.randn(3, requires_grad=True))
+
+
+@pytest.mark.parametrize("mode", [True, False])
+def test_set_grad_enabled_block(mode):
+    def f(x, mode):
+        with torch.set_grad_enabled(mode):
+            y = x.sin()
+        return y, x.cos(), torch.is_grad_enabled()
+
+    check_grad(f, torch.randn(3, requires_grad=True), mode)
+
+
+def test_set_grad_enabled_as_call_restored_after_frame():
+    def f(x):
+        torch.set_grad_enabled(False)
+        y = x * 2
+        torch.set_grad_enabled(True)
+        return y, x * 3
+
+    check_grad(f, torch.randn(3, requires_grad=True))
+
+
+def test_called_under_outer_no_grad():
+    def f(x):
+        with torch.enable_grad():
+            return x * 2, torch.is_grad_enabled()
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3, requires_grad=True)
+    with torch.no_grad():
+        out, flag = compiled(x)
+        assert not torch.is_grad_enabled()
+    assert out.requires_grad and flag
+
+
+@torch.no_grad()
+def _frozen_double(x):
+    return x * 2
+
+
+@torch.enable_grad()
+def _tracked_triple(x):
+    return x * 3
+
+
+def test_grad_decorators_on_inlined_functions():
+    def f(x):
+        a = _frozen_double(x)
+        with torch.no_grad():
+            b = _tracked_triple(x)
+        return a, b, x + 1
+
+    check_grad(f, torch.randn(3, requires_grad=True))
+
+
+def test_decorated_function_compiled_directly():
+    check_grad(_frozen_double, torch.randn(3, requires_grad=True))
+
+
+def test_is_grad_enabled_read_inside():
+    def f(x):
+        if torch.is_grad_enabled():
+            return x * 2
+        return x * 3
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    assert_same(compiled(x), x * 2)
+    with torch.no_grad():
+        assert_same(compiled(x), x * 3)  # the grad mode is guarded: a second entry
+    assert_same(compiled(x), x * 2)
+    assert len(compiled.kiln_cache.entries) == 2
+
+
+def test_autocast_bfloat16():
+    def f(a, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            c = a @ b
+            d = c.float() + 1
+        return c, d, c @ b.to(c.dtype)
+
+    compiled = check(f, torch.randn(4, 4), torch.randn(4, 4))
+    expected = f(torch.ones(4, 4), torch.ones(4, 4))
+    actual = compiled(torch.ones(4, 4), torch.ones(4, 4))
+    assert [t.dtype for t in actual] == [t.dtype for t in expected] == [torch.bfloat16, torch.float32, torch.bfloat16]
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_autocast_disabled_inside_enabled():
+    def f(a, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            c = a @ b
+            with torch.autocast("cpu", enabled=False):
+                d = a @ b
+        return c.dtype, d.dtype, c, d
+
+    check(f, torch.randn(2, 2), torch.randn(2, 2))
+
+
+class Tracker:
+    def __init__(self, scale):
+        self.scale = scale
+        self.events = []
+
+    def __enter__(self):
+        self.events.append("enter")
+        return self.scale
+
+    def __exit__(self, exc_type, exc, tb):
+        self.events.append("exit" if exc_type is None else "error")
+        return False
+
+
+def test_user_context_manager_created_inside():
+    def f(x):
+        t = Tracker(3.0)
+        with t as s:
+            y = x * s
+        return y, t.events
+
+    check(f, torch.randn(3))
+
+
+def test_user_context_manager_passed_in_records_events():
+    def f(x, t):
+        with t as s:
+            y = x * s
+        return y
+
+    t_eager, t_compiled = Tracker(2.0), Tracker(2.0)
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    assert_same(compiled(x, t_compiled), f(x, t_eager))
+    assert t_compiled.events == t_eager.events == ["enter", "exit"]
+
+
+class Suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        return exc_type is not None and issubclass(exc_type, ValueError)
+
+
+def test_user_context_manager_suppresses_exception():
+    def f(x):
+        y = x + 1
+        with Suppress():
+            y = y * 2
+            raise ValueError("dropped")
+        return y
+
+    check(f, torch.randn(3))
+
+
+@contextlib.contextmanager
+def _scaled(k):
+    yield k * 2
+
+
+def test_contextlib_contextmanager():
+    def f(x):
+        with _scaled(3) as k:
+            return x * k
+
+    check(f, torch.randn(3))
+
+
+def test_is_compiling_takes_other_branch():
+    def f(x):
+        if torch.compiler.is_compiling():
+            return x * 10
+        return x - 10
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    assert_same(f(x), x - 10)
+    # The one allowed difference from eager: compiled code sees is_compiling() == True.
+    assert_same(compiled(x), x * 10)
+    assert len(compiled.kiln_cache.entries) == 1 and compiled.kiln_cache.fallback is None
+    assert not torch.compiler.is_compiling()
+
+
+def test_grad_mode_restored_after_capture_error():
+    def f(x):
+        with torch.no_grad():
+            return x.item()
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    with pytest.raises(kiln.CaptureError):
+        compiled(torch.randn(1, requires_grad=True))
+    assert torch.is_grad_enabled()
+    fallback = kiln.compile(f, backend="eager")
+    x = torch.randn(1, requires_grad=True)
+    assert fallback(x) == f(x)
+    assert torch.is_grad_enabled()

@@ -1,0 +1,273 @@
+"""User generator functions and itertools, consumed inside the compiled function."""
+
+import itertools
+
+import pytest
+import torch
+
+import kiln
+from tests.capture.util import check
+
+
+def t(*shape):
+    return torch.randn(*shape) if shape else torch.randn(3)
+
+
+def count_up(n):
+    for i in range(n):
+        yield i
+
+
+def scaled(xs, factor):
+    for v in xs:
+        yield v * factor
+
+
+def pairs(xs):
+    previous = None
+    for v in xs:
+        if previous is not None:
+            yield previous, v
+        previous = v
+
+
+def with_return(x):
+    yield x
+    yield x + 1
+    return "ignored"
+
+
+def layers(x):
+    h = x
+    for i in range(3):
+        h = h * 2 + i
+        yield h
+
+
+def test_for_loop_over_generator():
+    def f(x):
+        total = x
+        for i in count_up(4):
+            total = total + i
+        return total
+
+    check(f, t())
+
+
+def test_list_of_generator_yielding_tensors():
+    def f(x, y):
+        return list(scaled([x, y], 3)), tuple(scaled((x,), 0.5))
+
+    check(f, t(), t())
+
+
+def test_next_on_generator():
+    def f(x):
+        gen = layers(x)
+        first = next(gen)
+        second = next(gen)
+        rest = list(gen)
+        after = next(gen, None)
+        return first, second, rest, after
+
+    check(f, t())
+
+
+def test_stop_iteration_from_next_caught():
+    def f(x):
+        gen = count_up(1)
+        next(gen)
+        try:
+            next(gen)
+        except StopIteration:
+            return x + 1
+        return x
+
+    check(f, t())
+
+
+def test_zip_with_generator():
+    def f(xs):
+        return [v * i for i, v in zip(count_up(10), xs)], dict(zip("ab", scaled(xs, 2)))
+
+    check(f, [t(), t()])
+
+
+def test_generator_of_tuples_unpacked():
+    def f(xs):
+        return [a - b for a, b in pairs(xs)]
+
+    check(f, [t(), t(), t()])
+
+
+def test_generator_return_value_ignored():
+    def f(x):
+        return list(with_return(x)), sum(with_return(x))
+
+    check(f, t())
+
+
+def test_generator_with_closure_and_state():
+    def f(x):
+        seen = []
+
+        def gen(n):
+            for i in range(n):
+                seen.append(i)
+                yield x * i
+
+        out = list(gen(3))
+        return out, seen
+
+    check(f, t())
+
+
+def test_generator_expression_passed_to_torch():
+    def f(xs):
+        return torch.stack(list(v + 1 for v in xs)), torch.cat([v for v in scaled(xs, 2)])
+
+    check(f, [t(), t()])
+
+
+def test_generator_consumed_by_builtins():
+    def f(x):
+        return sum(count_up(5)), max(count_up(4)), sorted(count_up(3), reverse=True), any(count_up(2)), set(count_up(3)), enumerate(count_up(2)).__next__()
+
+    check(f, t())
+
+
+def test_generator_in_comprehension_and_enumerate():
+    def f(x):
+        return [h.sum() * i for i, h in enumerate(layers(x))]
+
+    check(f, t())
+
+
+def test_itertools_chain_product_islice():
+    def f(x):
+        chained = list(itertools.chain([1, 2], (3, 4), "ab"))
+        prod = list(itertools.product([0, 1], "xy"))
+        cut = list(itertools.islice(range(10), 2, 8, 2))
+        head = list(itertools.islice(count_up(100), 3))
+        rep = list(itertools.product(range(2), repeat=2))
+        return x * len(chained), chained, prod, cut, head, rep
+
+    check(f, t())
+
+
+def test_itertools_over_tensors():
+    def f(xs, ys):
+        every = [v * 2 for v in itertools.chain(xs, ys)]
+        mixed = [a * b for a, b in itertools.product(xs, [1, 2])]
+        return every, mixed, list(itertools.islice(xs, 1))
+
+    check(f, [t(), t()], [t()])
+
+
+def test_yield_from_is_a_capture_error_and_falls_back():
+    def delegating(xs):
+        yield from xs
+
+    def f(x):
+        return sum(delegating([x, x + 1]))
+
+    x = t()
+    with pytest.raises(kiln.CaptureError):
+        kiln.compile(f, backend="eager", fullgraph=True)(x)
+    fallback = kiln.compile(f, backend="eager")
+    torch.testing.assert_close(fallback(x), f(x))
+
+
+def test_generator_effects_interleave_with_consumer():
+    def f(x, log):
+        def gen(n):
+            for i in range(n):
+                log.append(("gen", i))
+                yield x * i
+
+        out = []
+        for v in gen(3):
+            log.append(("use", len(out)))
+            out.append(v + 1)
+        return out
+
+    check(f, t(), [])
+
+
+def test_infinite_generator_consumed_partially():
+    def naturals():
+        i = 0
+        while True:
+            yield i
+            i += 1
+
+    def f(x):
+        gen = naturals()
+        a, b = next(gen), next(gen)
+        total = x
+        for i in gen:
+            if i > 4:
+                break
+            total = total + i
+        return total * a + b, next(gen)
+
+    check(f, t())
+
+
+def test_generator_not_run_past_last_request():
+    def f(x, log):
+        def gen():
+            log.append("start")
+            yield x
+            log.append("after first")
+            yield x + 1
+
+        g = gen()
+        first = next(g)
+        return first
+
+    check(f, t(), [])
+
+
+def test_generator_raising_propagates_to_consumer_handler():
+    def failing(x):
+        yield x
+        raise KeyError("boom")
+
+    def f(x):
+        out = []
+        try:
+            for v in failing(x):
+                out.append(v * 2)
+        except KeyError:
+            out.append(x - 1)
+        return out
+
+    check(f, t())
+
+
+def test_generator_dunder_next_and_iter():
+    def f(x):
+        g = scaled([x, x + 1], 2)
+        it = iter(g)
+        return it.__next__(), next(it), iter([1, 2]).__next__()
+
+    check(f, t())
+
+
+def test_zip_with_endless_generator_is_a_capture_error_and_falls_back():
+    def naturals():
+        i = 0
+        while True:
+            yield i
+            i += 1
+
+    def f(xs):
+        return [v * i for i, v in zip(naturals(), xs)]
+
+    xs = [t(), t()]
+    with pytest.raises(kiln.CaptureError):
+        kiln.compile(f, backend="eager", fullgraph=True)(xs)
+    fallback = kiln.compile(f, backend="eager")
+    for a, b in zip(fallback(xs), f(xs)):
+        torch.testing.assert_close(a, b)

@@ -1,0 +1,324 @@
+"""isinstance, issubclass, type(), getattr/hasattr, callable and class names while capturing."""
+
+import collections
+import dataclasses
+import enum
+import numbers
+import typing
+from collections import abc
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+from kiln.capture.breaks import CaptureError
+from tests.capture.util import check
+
+
+class Base:
+    kind = "base"
+
+    def __init__(self, value=1):
+        self.value = value
+
+    def method(self):
+        return self.value
+
+    def __eq__(self, other):  # lets `check` compare the arguments after the call
+        return type(self) is type(other) and vars(self).keys() == vars(other).keys() and all(
+            torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(vars(self).values(), vars(other).values()))
+
+
+class Child(Base):
+    kind = "child"
+
+
+class Other:
+    def __eq__(self, other):
+        return type(self) is type(other)
+
+
+class WithCall:
+    def __call__(self, x):
+        return x + 1
+
+    def __eq__(self, other):
+        return type(self) is type(other)
+
+
+class Slots:
+    __slots__ = ("a",)
+
+    def __init__(self):
+        self.a = 3
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self.a == other.a
+
+
+class WithGetattr:
+    def __getattr__(self, name):
+        if name.startswith("dyn_"):
+            return len(name)
+        raise AttributeError(name)
+
+    def __eq__(self, other):
+        return type(self) is type(other)
+
+
+@dataclasses.dataclass
+class Config:
+    size: int = 4
+    name: str = "cfg"
+
+
+class Mode(enum.Enum):
+    A = 1
+    B = 2
+
+
+class Pair(typing.NamedTuple):
+    left: int
+    right: int
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return self.linear(x) * self.scale
+
+
+# --- isinstance ------------------------------------------------------------------------------------
+
+
+def test_isinstance_of_constants_and_bool_int_subtleties():
+    def f(x, i, b, fl, s, none):
+        return (x, isinstance(i, int), isinstance(b, int), isinstance(b, bool), isinstance(i, bool), isinstance(fl, int),
+                isinstance(fl, float), isinstance(i, float), isinstance(i, (float, int)), isinstance(s, str),
+                isinstance(s, (int, (bytes, str))), isinstance(none, type(None)), isinstance(i, numbers.Number),
+                isinstance(b, numbers.Integral), isinstance(fl, numbers.Real), isinstance(i, object), isinstance(i, ()))
+
+    check(f, torch.randn(2), 3, True, 1.5, "s", None)
+
+
+def test_isinstance_of_containers():
+    def f(x, items, pair, table, named):
+        return (x, isinstance(items, list), isinstance(items, tuple), isinstance(pair, tuple), isinstance(table, dict),
+                isinstance(table, collections.OrderedDict), isinstance(items, (list, tuple)), isinstance(named, tuple),
+                isinstance(named, Pair), isinstance(items, abc.Sequence), isinstance(table, abc.Mapping),
+                isinstance(pair, abc.Iterable), isinstance({1}, set), isinstance(x.shape, tuple), isinstance(x.shape, torch.Size),
+                isinstance(range(3), abc.Sequence), isinstance(items, abc.Mapping))
+
+    check(f, torch.randn(2), [1, 2], (1, 2), {"a": 1}, Pair(1, 2))
+
+
+def test_isinstance_of_tensors_and_modules():
+    block = Block()
+
+    def f(x, p):
+        return (x * 2, isinstance(x, torch.Tensor), isinstance(x, nn.Parameter), isinstance(p, nn.Parameter),
+                isinstance(p, torch.Tensor), isinstance(block, nn.Module), isinstance(block, Block),
+                isinstance(block.linear, nn.Linear), isinstance(block.linear, (nn.Conv1d, nn.Linear)),
+                isinstance(block, nn.Linear), isinstance(x, (int, float)), isinstance(x + 1, torch.Tensor),
+                isinstance(block.linear.weight, nn.Parameter), isinstance(block.scale, float), isinstance(x, nn.Module))
+
+    check(f, torch.randn(3), nn.Parameter(torch.randn(2)))
+
+
+def test_isinstance_of_user_classes():
+    def f(x, obj, child, other):
+        made = Child(5)
+        return (x, isinstance(obj, Base), isinstance(child, Base), isinstance(obj, Child), isinstance(other, Base),
+                isinstance(child, (Other, Child)), isinstance(made, Base), isinstance(made, Other), isinstance(Base, type),
+                isinstance(Mode.A, Mode), isinstance(Mode.A, enum.Enum), isinstance(Config(), Config), isinstance(obj, object))
+
+    check(f, torch.randn(2), Base(), Child(), Other())
+
+
+def test_isinstance_picks_branch():
+    def f(x, v):
+        if isinstance(v, torch.Tensor):
+            return x + v
+        if isinstance(v, (list, tuple)):
+            return x + sum(v)
+        if isinstance(v, bool):
+            return x * 0 if v else x
+        return x * v
+
+    for v in (torch.ones(2), [1, 2], (3.0,), True, False, 4, 0.5):
+        check(f, torch.randn(2), v)
+
+
+def test_isinstance_with_bad_class_argument_raises_type_error():
+    def f(x, v):
+        try:
+            result = isinstance(v, 3)
+        except TypeError:
+            result = "type error"
+        return x, result
+
+    check(f, torch.randn(2), 1)
+
+
+# --- issubclass and type ------------------------------------------------------------------------
+
+
+def test_issubclass():
+    def f(x):
+        return (x, issubclass(Child, Base), issubclass(Base, Child), issubclass(bool, int), issubclass(int, bool),
+                issubclass(Child, (Other, Base)), issubclass(Block, nn.Module), issubclass(nn.Parameter, torch.Tensor),
+                issubclass(Mode, enum.Enum), issubclass(list, abc.Sequence), issubclass(dict, abc.Sequence),
+                issubclass(Child, object), issubclass(Pair, tuple), issubclass(type(x), torch.Tensor))
+
+    check(f, torch.randn(2))
+
+
+def test_type_comparisons():
+    def f(x, i, b, s, obj, items):
+        return (x, type(i) is int, type(b) is int, type(b) is bool, type(i) == int, type(s) is str, type(obj) is Base,
+                type(obj) is Child, type(obj) == Child, type(items) is list, type(x) is torch.Tensor, type(i) in (int, float),
+                type(None) is type(None), type(obj) is not Base, type(i) is type(b), type(Base) is type, type(x.shape))
+
+    check(f, torch.randn(2), 3, True, "s", Child(), [1])
+
+
+def test_type_names():
+    block = Block()
+
+    def f(x, obj, i):
+        return (x, type(obj).__name__, type(i).__name__, type(x).__name__, type(block).__name__, type(block.linear).__name__,
+                obj.__class__.__name__, Child.__name__, Child.__qualname__, type(obj).__module__ == __name__,
+                x.__class__.__name__, type([]).__name__, type(Mode.A).__name__, block.__class__.__name__, len.__name__,
+                Child.__mro__[1].__name__, [c.__name__ for c in Child.__mro__], Child.__mro__[1] is Base)
+
+    check(f, torch.randn(2), Child(), 4)
+
+
+def test_type_call_builds_instance():
+    def f(x, obj):
+        twin = type(obj)(obj.value + 1)
+        return x + twin.value, type(twin).__name__, type(twin) is type(obj)
+
+    check(f, torch.randn(2), Child(3))
+
+
+# --- getattr, hasattr, callable -----------------------------------------------------------------
+
+
+def test_getattr_with_and_without_default():
+    block = Block()
+
+    def f(x, obj, name):
+        return (x * getattr(obj, "value"), getattr(obj, name), getattr(obj, "missing", None), getattr(obj, "missing", x).shape,
+                getattr(obj, "kind"), getattr(Child, "kind"), getattr(block, "scale"), getattr(block, "nothing", 7),
+                getattr(x, "shape"), getattr(x, "nope", "d"), getattr(x, "ndim"), getattr(3, "real"), getattr("s", "zz", 0),
+                getattr(obj, "method")(), getattr(block.linear, "out_features"), getattr(block, "linear").in_features)
+
+    check(f, torch.randn(3), Child(2), "kind")
+
+
+def test_getattr_missing_without_default_raises_attribute_error():
+    def f(x, obj):
+        try:
+            getattr(obj, "missing")
+        except AttributeError:
+            found = False
+        else:
+            found = True
+        return x, found
+
+    check(f, torch.randn(2), Base())
+
+
+def test_getattr_through_user_getattr_hook():
+    def f(x, obj):
+        return x + getattr(obj, "dyn_abc"), getattr(obj, "other", -1), hasattr(obj, "dyn_z"), hasattr(obj, "zzz")
+
+    check(f, torch.randn(2), WithGetattr())
+
+
+def test_getattr_module_parameters_by_name():
+    block = Block()
+
+    def f(x):
+        out = x
+        for name in ("weight", "bias"):
+            out = out + getattr(block.linear, name).sum()
+        return out, getattr(block.linear, "bias") is block.linear.bias
+
+    check(f, torch.randn(3))
+
+
+def test_hasattr_on_user_objects_modules_and_tensors():
+    block = Block()
+
+    def f(x, obj, slots):
+        return (x, hasattr(obj, "value"), hasattr(obj, "missing"), hasattr(obj, "method"), hasattr(obj, "kind"),
+                hasattr(Child, "method"), hasattr(slots, "a"), hasattr(slots, "b"), hasattr(block, "linear"),
+                hasattr(block, "scale"), hasattr(block, "missing"), hasattr(block, "forward"), hasattr(block.linear, "weight"),
+                hasattr(x, "shape"), hasattr(x, "view"), hasattr(x, "missing"), hasattr(3, "real"), hasattr("s", "upper"),
+                hasattr([], "append"), hasattr({}, "append"), hasattr(Mode.A, "name"), hasattr(Config(), "size"))
+
+    check(f, torch.randn(2), Child(), Slots())
+
+
+def test_hasattr_after_setattr_in_compiled_code():
+    def f(x, obj):
+        before = hasattr(obj, "extra")
+        obj.extra = x * 2
+        setattr(obj, "other", 3)
+        return x, before, hasattr(obj, "extra"), hasattr(obj, "other"), getattr(obj, "other")
+
+    check(f, torch.randn(2), Base())
+
+
+def test_callable():
+    block = Block()
+
+    def helper():
+        return 1
+
+    def f(x, obj, fn_obj):
+        return (x, callable(obj), callable(fn_obj), callable(helper), callable(len), callable(Base), callable(block),
+                callable(block.forward), callable(x), callable(3), callable("s"), callable(None), callable(obj.method),
+                callable(torch.relu), callable(x.view), callable(lambda: 0), callable(print), callable([]))
+
+    check(f, torch.randn(2), Base(), WithCall())
+
+
+def test_callable_object_is_called():
+    def f(x, fn_obj):
+        if callable(fn_obj):
+            return fn_obj(x)
+        return x
+
+    check(f, torch.randn(2), WithCall())
+
+
+def test_dataclass_and_enum_introspection():
+    def f(x, cfg, mode):
+        names = [field.name for field in dataclasses.fields(cfg)]
+        return (x * cfg.size, names, dataclasses.is_dataclass(cfg), dataclasses.is_dataclass(x), mode is Mode.A,
+                mode == Mode.B, mode.name, mode.value, isinstance(mode, Mode), type(mode).__name__)
+
+    check(f, torch.randn(2), Config(), Mode.A)
+    check(f, torch.randn(2), Config(size=2), Mode.B)
+
+
+def test_isinstance_of_data_dependent_value_is_unsupported():
+    # Branching on tensor data is a graph break (issue 7); the fallback still runs it right.
+    def f(x):
+        if isinstance(x, torch.Tensor) and x.sum() > 0:
+            return x + 1
+        return x - 1
+
+    with pytest.raises(CaptureError):
+        kiln.compile(f, backend="eager", fullgraph=True)(torch.ones(2))
+    fallback = kiln.compile(f, backend="eager")
+    for x in (torch.ones(2), -torch.ones(2)):
+        torch.testing.assert_close(fallback(x), f(x))

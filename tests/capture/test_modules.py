@@ -1,0 +1,401 @@
+"""nn.Modules under kiln.compile: containers, hooks, the compiled module as the original, training."""
+
+import copy
+
+import torch
+from torch import nn
+
+import kiln
+from tests.capture.util import assert_same
+
+
+def compile_and_compare(module, *args, entries=1):
+    """Compile `module` (fullgraph), call it and the original, compare; returns the compiled module."""
+    compiled = kiln.compile(module, backend="eager", fullgraph=True)
+    expected = module(*args)
+    actual = compiled(*args)
+    assert_same(actual, expected)
+    assert len(compiled.kiln_cache.entries) == entries
+    assert compiled.kiln_cache.fallback is None
+    return compiled
+
+
+class Blocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+        self.heads = nn.ModuleDict({"a": nn.Linear(4, 2), "b": nn.Linear(4, 3)})
+        self.seq = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x).relu()
+        x = self.layers[-1](x) + self.layers[0](x)
+        x = self.seq(x) + self.seq[0](x) + self.seq[-1](x)
+        for i, layer in enumerate(self.seq):
+            if i < 2:
+                x = layer(x)
+        outs = {name: head(x) for name, head in self.heads.items()}
+        outs["n"] = len(self.layers) + len(self.heads)
+        outs["sum"] = sum(self.heads[k](x).sum() for k in self.heads)
+        outs["has_a"] = "a" in self.heads
+        return outs
+
+
+def test_containers_iteration_and_indexing():
+    torch.manual_seed(0)
+    compile_and_compare(Blocks(), torch.randn(2, 4))
+
+
+def test_sequential_compiled_directly():
+    torch.manual_seed(0)
+    compile_and_compare(nn.Sequential(nn.Linear(3, 5), nn.GELU(), nn.LayerNorm(5), nn.Linear(5, 2)), torch.randn(4, 3))
+
+
+def test_module_list_slice():
+    class Sliced(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(3, 3) for _ in range(4)])
+
+        def forward(self, x):
+            for layer in self.layers[1:3]:
+                x = layer(x)
+            return x
+
+    torch.manual_seed(0)
+    compile_and_compare(Sliced(), torch.randn(2, 3))
+
+
+class Inner(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(3, 3)
+        self.scale = 1.0
+
+    def forward(self, x):
+        return self.proj(x) * self.scale
+
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = Inner()
+        self.register_buffer("offset", torch.ones(3))
+
+    def forward(self, x):
+        return self.inner(x) + self.offset
+
+
+def test_forward_hooks_on_module_and_submodule():
+    torch.manual_seed(0)
+    model = Outer()
+    seen = []
+    model.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+    model.register_forward_hook(lambda mod, args, out: out + 1)
+    model.inner.register_forward_hook(lambda mod, args, out: out * 3)
+    model.inner.register_forward_pre_hook(lambda mod, args, kwargs: (args, kwargs), with_kwargs=True)
+
+    def record_only(mod, args, out):
+        seen.append(type(mod).__name__)
+
+    model.inner.proj.register_forward_hook(record_only)
+    x = torch.randn(2, 3)
+    compiled = kiln.compile(model, backend="eager", fullgraph=True)
+    expected = model(x)
+    count = len(seen)
+    actual = compiled(x)
+    assert_same(actual, expected)
+    # the hook's list append is replayed: eager and compiled both appended once per call
+    assert len(seen) == count + 1
+
+
+def test_hook_registered_after_compile_is_followed():
+    torch.manual_seed(0)
+    model = Outer()
+    compiled = compile_and_compare(model, torch.randn(2, 3))
+    handle = model.register_forward_hook(lambda mod, args, out: out * -1)
+    x = torch.randn(2, 3)
+    assert_same(compiled(x), model(x))
+    handle.remove()
+    assert_same(compiled(x), model(x))
+
+
+def test_compiled_module_behaves_as_original():
+    torch.manual_seed(0)
+    model = Outer()
+    compiled = kiln.compile(model, backend="eager", fullgraph=True)
+    assert compiled.inner is model.inner
+    assert compiled.offset is model.offset
+    assert compiled.inner.scale == 1.0
+    assert [n for n, _ in compiled.named_parameters()] == [n for n, _ in model.named_parameters()]
+    assert all(a is b for a, b in zip(compiled.parameters(), model.parameters()))
+    assert list(compiled.state_dict()) == list(model.state_dict()) == ["offset", "inner.proj.weight", "inner.proj.bias"]
+    assert [n for n, _ in compiled.named_modules()] == [n for n, _ in model.named_modules()]
+    assert compiled.training is model.training
+
+
+def test_load_state_dict_through_compiled():
+    torch.manual_seed(0)
+    model, other = Outer(), Outer()
+    compiled = compile_and_compare(model, torch.randn(2, 3))
+    compiled.load_state_dict(other.state_dict())
+    x = torch.randn(2, 3)
+    assert_same(compiled(x), other(x))
+    assert_same(model.inner.proj.weight, other.inner.proj.weight)
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if self.training:
+            return y * 2
+        return y - 1
+
+
+def test_train_eval_switching_recompiles_and_follows():
+    torch.manual_seed(0)
+    model = Branchy()
+    compiled = kiln.compile(model, backend="eager", fullgraph=True)
+    x = torch.randn(2, 3)
+    assert_same(compiled(x), model(x))
+    assert compiled.eval() is compiled
+    assert not model.training
+    assert_same(compiled(x), model(x))
+    assert_same(compiled(x), model.lin(x) - 1)
+    model.train()
+    assert compiled.training
+    assert_same(compiled(x), model.lin(x) * 2)
+    # every change of a watched module retires the entries captured before it (module_watch.py)
+    assert len(compiled.kiln_cache.entries) in (2, 3)
+    assert compiled.kiln_cache.fallback is None
+
+
+def test_train_eval_switching_on_submodule_through_compiled():
+    class Wrapper(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = Branchy()
+
+        def forward(self, x):
+            return self.body(x) + (1.0 if self.training else 0.0)
+
+    torch.manual_seed(0)
+    model = Wrapper()
+    compiled = compile_and_compare(model, torch.randn(2, 3))
+    x = torch.randn(2, 3)
+    for mode in (False, True, False, True):
+        compiled.train(mode)
+        assert model.training is mode and model.body.training is mode
+        assert_same(compiled(x), model(x))
+    compiled.body.eval()  # only the submodule
+    assert model.training and not model.body.training
+    assert_same(compiled(x), model.body.lin(x) - 1 + 1.0)
+
+
+def test_attribute_change_after_compile():
+    torch.manual_seed(0)
+    model = Outer()
+    compiled = compile_and_compare(model, torch.randn(2, 3))
+    model.inner.scale = 2.0
+    x = torch.randn(2, 3)
+    assert_same(compiled(x), model(x))
+    compiled.inner.scale = -1.5  # through the compiled module
+    assert model.inner.scale == -1.5
+    assert_same(compiled(x), model(x))
+
+
+def test_attribute_set_on_compiled_module_reaches_original():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.k = 1.0
+
+        def forward(self, x):
+            return x * self.k
+
+    model = Scaled()
+    compiled = compile_and_compare(model, torch.randn(3))
+    compiled.k = 4.0
+    assert model.k == 4.0
+    x = torch.randn(3)
+    assert_same(compiled(x), x * 4.0)
+
+
+def test_replacing_a_submodule():
+    torch.manual_seed(0)
+    model = Outer()
+    compiled = compile_and_compare(model, torch.randn(2, 3))
+    model.inner.proj = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+    x = torch.randn(2, 3)
+    assert_same(compiled(x), model(x))
+    compiled.inner = Inner()
+    assert model.inner is compiled.inner
+    assert_same(compiled(x), model(x))
+
+
+def test_parameter_updated_in_place_is_seen():
+    torch.manual_seed(0)
+    model = Outer()
+    compiled = compile_and_compare(model, torch.randn(2, 3))
+    with torch.no_grad():
+        model.inner.proj.weight.mul_(2)
+    x = torch.randn(2, 3)
+    assert_same(compiled(x), model(x))
+
+
+def test_training_step_gradients_match_eager():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, backend="eager", fullgraph=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for step in range(3):
+        x, target = torch.randn(5, 4), torch.randn(5, 1)
+        loss = nn.functional.mse_loss(compiled(x), target)
+        ref_loss = nn.functional.mse_loss(reference(x), target)
+        assert_same(loss, ref_loss)
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        loss.backward()
+        ref_loss.backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            assert_same(p.grad, q.grad)
+        opt.step()
+        ref_opt.step()
+    assert len(compiled.kiln_cache.entries) == 1
+
+
+def test_module_with_kwargs_and_structured_output():
+    class KW(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(2, 2)
+
+        def forward(self, x, *, mask=None, scale=1.0):
+            y = self.a(x) * scale
+            if mask is not None:
+                y = y.masked_fill(mask, 0.0)
+            return {"y": y, "pair": (y.sum(), scale)}
+
+    torch.manual_seed(0)
+    model = KW()
+    compiled = kiln.compile(model, backend="eager", fullgraph=True)
+    x, mask = torch.randn(3, 2), torch.rand(3, 2) > 0.5
+    assert_same(compiled(x, mask=mask, scale=2.0), model(x, mask=mask, scale=2.0))
+    assert_same(compiled(x), model(x))
+
+
+def test_module_method_calling_super_forward():
+    class Base(nn.Linear):
+        def forward(self, x):
+            return super().forward(x).relu()
+
+    torch.manual_seed(0)
+    compile_and_compare(Base(3, 3), torch.randn(2, 3))
+
+
+def test_module_returning_self_attribute_list_is_guarded():
+    class Cfg(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.sizes = [1, 2]
+
+        def forward(self, x):
+            return x * len(self.sizes)
+
+    model = Cfg()
+    compiled = compile_and_compare(model, torch.randn(2))
+    model.sizes.append(3)  # in-place change of a mutable attribute: guarded where read
+    x = torch.randn(2)
+    assert_same(compiled(x), x * 3)
+
+
+def test_building_a_module_inside_is_unsupported():
+    def f(x):
+        return nn.Linear(2, 2)(x)
+
+    import pytest
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    with pytest.raises(kiln.CaptureError):
+        compiled(torch.randn(2))
+    fallback = kiln.compile(f, backend="eager")
+    assert fallback(torch.randn(2)).shape == (2,)
+
+
+class Config:
+    def __init__(self):
+        self.scale = 2.0
+        self.use_bias = True
+
+
+class Configured(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.lin = nn.Linear(3, 3)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        y = self.lin(x) * self.config.scale
+        if self.config.use_bias:
+            y = y + 1
+        return y
+
+
+def test_config_object_changed_in_place_after_compile():
+    torch.manual_seed(0)
+    model = Configured(Config())
+    compiled = compile_and_compare(model, torch.randn(2, 3))
+    x = torch.randn(2, 3)
+    model.config.scale = -3.0
+    assert_same(compiled(x), model(x))
+    model.config.use_bias = False
+    assert_same(compiled(x), model(x))
+
+
+def test_counter_written_in_forward_is_replayed():
+    torch.manual_seed(0)
+    model, reference = Configured(Config()), None
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, backend="eager", fullgraph=True)
+    x = torch.randn(2, 3)
+    for _ in range(3):
+        assert_same(compiled(x), reference(x))
+    assert model.calls == reference.calls == 3
+
+
+def test_batchnorm_running_stats_updated_in_training():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, backend="eager", fullgraph=True)
+    for _ in range(2):
+        x = torch.randn(5, 3)
+        assert_same(compiled(x), reference(x))
+    assert_same(model[1].running_mean, reference[1].running_mean)
+    assert_same(model[1].running_var, reference[1].running_var)
+    assert int(model[1].num_batches_tracked) == int(reference[1].num_batches_tracked) == 2
+    model.eval()
+    reference.eval()
+    x = torch.randn(5, 3)
+    assert_same(compiled(x), reference(x))
+
+
+def test_dropout_eval_is_identity_and_train_is_random():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5)).eval()
+    compiled = compile_and_compare(model, torch.randn(4, 3))
+    model.train()
+    torch.manual_seed(1)
+    actual = compiled(torch.ones(64, 3))
+    torch.manual_seed(1)
+    expected = model(torch.ones(64, 3))
+    assert_same(actual, expected)
