@@ -1,6 +1,6 @@
 """Guards: the assumptions a captured graph relies on, compiled into one Python check.
 
-Each `Guard` has a kind (TYPE_MATCH, ID_MATCH, EQUALS, TENSOR_MATCH, LENGTH_MATCH, HASATTR,
+Each `Guard` has a kind (TYPE_MATCH, ID_MATCH, EQUALS, TENSOR_MATCH, LENGTH_MATCH, HASATTR, DICT_CONTAINS,
 GLOBAL_STATE, MODULE_STRUCTURE), the source of the value it checks and the expected value.
 `GuardSet.compile()` prints them as the statements of one function `check(L) -> bool`, with
 sub-expressions shared by several guards read once into locals. `KILN_LOGS=guards` prints the
@@ -27,6 +27,7 @@ GUARD_KINDS = (
     "TENSOR_MATCH",  # tensor type, dtype, device, size, stride, requires_grad
     "LENGTH_MATCH",  # len(x) == n (containers whose items were read)
     "HASATTR",  # hasattr(x, name) is b
+    "DICT_CONTAINS",  # (name in x) is b: an instance dict that does not shadow a class attribute
     "GLOBAL_STATE",  # grad mode, autocast, default dtype
     "MODULE_STRUCTURE",  # no watched nn.Module gained or lost a child, parameter or buffer
 )
@@ -69,6 +70,8 @@ def _describe_expected(guard: Guard) -> str:
         return f"is {name} (id {id(e):#x})"
     if guard.kind == "HASATTR":
         return f"hasattr(.., {guard.detail!r}) is {e}"
+    if guard.kind == "DICT_CONTAINS":
+        return f"({guard.detail!r} in ..) is {e}"
     if guard.kind == "GLOBAL_STATE":
         return f"{guard.detail} == {e!r}"
     return f"== {e!r}"
@@ -114,6 +117,10 @@ def _hasattr(g: Guard, v: str, ns: Namespace) -> str:
     return f"hasattr({v}, {g.detail!r}) is {bool(g.expected)!r}"
 
 
+def _dict_contains(g: Guard, v: str, ns: Namespace) -> str:
+    return f"({g.detail!r} in {v}) is {bool(g.expected)!r}"
+
+
 def _global_state(g: Guard, v: str, ns: Namespace) -> str:
     reader = ns.bind(GLOBAL_STATE_READERS[g.detail], "S")
     return f"{reader}() == {ns.bind(g.expected, 'V')}"
@@ -132,6 +139,7 @@ _EXPRS: dict[str, Callable[[Guard, str, Namespace], str]] = {
     "TENSOR_MATCH": _tensor_match,
     "LENGTH_MATCH": _length_match,
     "HASATTR": _hasattr,
+    "DICT_CONTAINS": _dict_contains,
     "GLOBAL_STATE": _global_state,
     "MODULE_STRUCTURE": _module_structure,
 }

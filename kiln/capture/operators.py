@@ -86,20 +86,27 @@ def apply_binary(tx: Any, fn: Callable, a: Variable, b: Variable) -> Variable:
         return (ListVariable if isinstance(b, ListVariable) else TupleVariable)(b.items * a.as_constant())
     _, dunder, reflected = _BY_FUNCTION.get(base_fn, (None, None, None))
     if dunder is not None:
-        if isinstance(a, UserObjectVariable):
-            result = a._dunder(tx, dunder, [b])
-            if result is not None and not (result.is_constant() and result.as_constant() is NotImplemented):
-                return result
-        if isinstance(b, UserObjectVariable):
-            result = b._dunder(tx, reflected, [a])
-            if result is not None and not (result.is_constant() and result.as_constant() is NotImplemented):
-                return result
+        for obj, name, other in ((a, dunder, b), (b, reflected, a)):
+            if isinstance(obj, UserObjectVariable):
+                result = _user_dunder(tx, obj, name, other)
+                if result is not None and not (result.is_constant() and result.as_constant() is NotImplemented):
+                    return result
     if fn in (operator.eq, operator.ne):
         from kiln.capture.variables.containers import hash_key
 
         same = a is b or hash_key(a) == hash_key(b)
         return ConstantVariable(same if fn is operator.eq else not same)
     raise unsupported("unsupported_operator", f"{getattr(fn, '__name__', fn)} of {a.describe()} and {b.describe()}")
+
+
+def _user_dunder(tx: Any, obj: Variable, name: str, other: Variable) -> Variable | None:
+    """`obj.name(other)`; a class without its own `__ne__` inverts its `__eq__`, as object's does."""
+    result = obj._dunder(tx, name, [other])
+    if result is None and name == "__ne__":
+        equal = obj._dunder(tx, "__eq__", [other])
+        if equal is not None and not (equal.is_constant() and equal.as_constant() is NotImplemented):
+            return ConstantVariable(not equal.truth(tx))
+    return result
 
 
 def _is_printf(fn: Callable, a: Variable, b: Variable) -> bool:

@@ -21,10 +21,11 @@ class SideEffects:
     def record_mutation(self, container: Variable) -> None:
         self.mutated.setdefault(id(container), container)
 
-    def record_setattr(self, obj: Variable, name: str, value: Variable | None) -> None:
-        self.attr_writes.setdefault(id(obj), (obj, {}))[1][name] = value
+    def record_setattr(self, obj: Variable, name: str, value: Variable | None, key: Any = None) -> None:
+        """`key`: what the write is looked up by (default the variable; a class is its real self)."""
+        self.attr_writes.setdefault(id(obj if key is None else key), (obj, {}))[1][name] = value
 
-    def pending_attr(self, obj: Variable, name: str) -> tuple[bool, Variable | None]:
+    def pending_attr(self, obj: Any, name: str) -> tuple[bool, Variable | None]:
         """(True, value) if the trace wrote `name` on `obj` (value None: deleted)."""
         entry = self.attr_writes.get(id(obj))
         if entry is None or name not in entry[1]:

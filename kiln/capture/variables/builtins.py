@@ -105,6 +105,10 @@ class BuiltinVariable(Variable):
             from kiln.capture.variables.functions import BoundBuiltinMethod
 
             return BoundBuiltinMethod(self, name)
+        if self.value is object and name in _OBJECT_SLOTS:  # `object.__setattr__(self, ...)` (frozen dataclasses)
+            from kiln.capture.variables.objects import ObjectSlotVariable
+
+            return ObjectSlotVariable(name)
         if isinstance(self.value, type) and not name.startswith("__") and isinstance(inspect.getattr_static(self.value, name, None), _METHOD_DESCRIPTORS):
             return UnboundBuiltinMethod(self.value, name)
         if isinstance(self.value, type):
@@ -117,11 +121,7 @@ class BuiltinVariable(Variable):
         if self.value in (dict, collections.OrderedDict) and name == "fromkeys":
             value = args[1] if len(args) > 1 else const(None)
             return DictVariable.from_pairs([(k, value) for k in args[0].iterate(tx)], cls=self.value)
-        if isinstance(self.value, type) and name in ("__new__", "__init__") and self.value is object:
-            from kiln.capture.variables.objects import ObjectSlotVariable
-
-            return ObjectSlotVariable(name).call(tx, args, kwargs)
-        if self.value is object and name in ("__setattr__", "__getattribute__"):
+        if self.value is object and name in _OBJECT_SLOTS:
             from kiln.capture.variables.objects import ObjectSlotVariable
 
             return ObjectSlotVariable(name).call(tx, args, kwargs)
@@ -132,6 +132,7 @@ class BuiltinVariable(Variable):
 
 
 _METHOD_DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType)
+_OBJECT_SLOTS = ("__new__", "__init__", "__setattr__", "__delattr__", "__getattribute__")
 
 
 class UnboundBuiltinMethod(Variable):

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from kiln.capture.breaks import unsupported
 from kiln.capture.exceptions import ExceptionVariable, UserRaise, raise_real
+from kiln.capture.guards import Guard
 from kiln.capture.sources import AttrSource, ConstSource, ItemSource, Source
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable
@@ -40,6 +41,12 @@ def wrap_class_attr(tx: Any, raw: Any, owner: type, name: str, instance: Variabl
     from kiln.capture.variables.builder import wrap, wrap_constant_result
     from kiln.capture.variables.functions import BoundMethodVariable
 
+    pending = pending_class_attr(tx, owner, name)
+    if pending is not None:
+        return pending
+    if _is_descriptor_or_function(raw):
+        # The class dict can be patched between calls (`Cls.method = other`): pin the entry.
+        tx.output.guards.add(Guard("ID_MATCH", class_attr_source(owner, name), raw))
     if isinstance(raw, staticmethod):
         return wrap_constant_result(raw.__func__)
     if isinstance(raw, classmethod):
@@ -63,6 +70,22 @@ def wrap_class_attr(tx: Any, raw: Any, owner: type, name: str, instance: Variabl
     if instance is not None and hasattr(type(raw), "__get__") and not isinstance(raw, type):
         return instance.getattr_real(tx, name)
     return wrap(tx, raw, class_attr_source(owner, name))
+
+
+def _is_descriptor_or_function(raw: Any) -> bool:
+    return isinstance(raw, (types.FunctionType, staticmethod, classmethod, property, functools.cached_property)) or (
+        hasattr(type(raw), "__get__") and not isinstance(raw, type))
+
+
+def pending_class_attr(tx: Any, cls: type, name: str) -> Variable | None:
+    """The value the trace assigned to `cls.name` (or to the class of `cls`'s MRO that it reads), if any."""
+    for klass in cls.__mro__:
+        written, value = tx.output.side_effects.pending_attr(klass, name)
+        if written:
+            return value
+        if name in klass.__dict__:
+            return None
+    return None
 
 
 class UserObjectVariable(Variable):
@@ -123,6 +146,11 @@ class UserObjectVariable(Variable):
                 tx.output.wrapped[("view", self.source)] = view
         return view
 
+    def _guard_not_in_instance(self, tx: Any, name: str) -> None:
+        # The class attribute is what the trace read: an instance attribute set later shadows it.
+        if not self.is_new and self.source is not None and isinstance(getattr(self.value, "__dict__", None), dict):
+            tx.output.guards.add(Guard("DICT_CONTAINS", AttrSource(self.source, "__dict__"), False, name))
+
     def getattr_real(self, tx: Any, name: str) -> Variable:
         from kiln.capture.variables.builder import wrap
 
@@ -151,6 +179,7 @@ class UserObjectVariable(Variable):
         if found is not None:
             return found
         if raw is not _MISSING:
+            self._guard_not_in_instance(tx, name)
             return wrap_class_attr(tx, raw, owner, name, self)
         getattr_hook, _ = class_lookup(self.cls, "__getattr__")
         if isinstance(getattr_hook, types.FunctionType):
@@ -267,6 +296,11 @@ class ClassVariable(Variable):
         return f"class {self.value.__qualname__}"
 
     def getattr(self, tx: Any, name: str) -> Variable:
+        written, value = tx.output.side_effects.pending_attr(self.value, name)
+        if written:
+            if value is None:
+                raise raise_real(AttributeError(f"type object '{self.value.__name__}' has no attribute '{name}'"))
+            return value
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantVariable(getattr(self.value, name))
         if name == "__mro__":
@@ -284,10 +318,16 @@ class ClassVariable(Variable):
             raise raise_real(AttributeError(f"type object '{self.value.__name__}' has no attribute '{name}'"))
         return wrap_class_attr(tx, raw, owner, name, None, self)
 
+    def setattr(self, tx: Any, name: str, value: Variable | None) -> None:
+        """`Cls.name = value`: recorded and replayed after the graph, as for any object that outlives the call."""
+        if self.source is None:
+            self.source = ConstSource(self.value, self.value.__qualname__)
+        tx.output.side_effects.record_setattr(self, name, value, key=self.value)
+
     def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         cls = self.value
         if issubclass(cls, BaseException):
-            return ExceptionVariable(cls, tuple(args))
+            return ExceptionVariable.construct(cls, tuple(args), kwargs)
         from kiln.capture.variables.builder import _is_model_output
 
         if _is_model_output(cls):
@@ -452,8 +492,10 @@ class ObjectSlotVariable(Variable):
         args = list(args) if self.obj is None else [self.obj, *args]
         if self.name == "__init__":
             return ConstantVariable(None)
-        if self.name == "__setattr__" and isinstance(args[0], UserObjectVariable):
-            args[0].setattr_plain(tx, args[1].as_constant(), args[2])
+        if self.name in ("__setattr__", "__delattr__") and isinstance(args[0], UserObjectVariable):
+            # Past the class's own __setattr__ (a frozen dataclass's): the replay must be too.
+            args[0].raw_setattr = True
+            args[0].setattr_plain(tx, args[1].as_constant(), args[2] if self.name == "__setattr__" else None)
             return ConstantVariable(None)
         if self.name == "__getattribute__":
             return args[0].getattr(tx, args[1].as_constant())
