@@ -19,6 +19,7 @@ from kiln import config
 from kiln.capture.breaks import Unsupported, unsupported
 from kiln.capture.bytecode import decode
 from kiln.capture.exceptions import UserRaise, raise_real
+from kiln.capture.guards import Guard
 from kiln.capture.sources import ConstSource, ItemSource
 from kiln.capture.variables.base import NULL, Variable
 from kiln.capture.variables.constant import ConstantVariable
@@ -117,6 +118,8 @@ class Translator:
         if isinstance(builtins_dict, types.ModuleType):
             builtins_dict = builtins_dict.__dict__
         if name in builtins_dict:
+            # A module global of the same name defined later would shadow the builtin.
+            self.output.guards.add(Guard("DICT_CONTAINS", self.globals_source, False, name))
             return wrap(self, builtins_dict[name], None)
         raise raise_real(NameError(f"name '{name}' is not defined"))
 

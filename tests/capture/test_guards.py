@@ -1,10 +1,12 @@
 """Each guard kind: a call that breaks the assumption recompiles, one that keeps it does not."""
 
+import pytest
 import torch
 
 import kiln
 from kiln.capture.guards import GuardSet, Guard
 from kiln.capture.sources import LocalSource
+from tests.capture.util import assert_same
 
 
 def _entries(compiled) -> int:
@@ -117,3 +119,95 @@ def test_first_failure_names_the_guard():
     assert compiled.check((3, "a"))
     assert not compiled.check((4, "a"))
     assert compiled.first_failure((3, 1.0)).kind == "TYPE_MATCH"
+
+
+class _Point:
+    def __init__(self, v):
+        self.v = v
+
+
+class _OtherPoint(_Point):
+    pass
+
+
+class _Knob:
+    gain = 2.0
+
+
+def _reads_missing_attribute(x, obj):
+    return x + (obj.extra if hasattr(obj, "extra") else 0)
+
+
+# kind -> (function, first arguments, same again (no recompile), arguments that violate the guard)
+_KINDS = {
+    "TENSOR_MATCH": (lambda x: x + 1, lambda: (torch.ones(2),), lambda: (torch.zeros(2),), lambda: (torch.ones(3),)),
+    "EQUALS": (lambda x, n: x + n, lambda: (torch.ones(2), 1), lambda: (torch.ones(2), 1), lambda: (torch.ones(2), 2)),
+    "TYPE_MATCH": (lambda x, p: x + p.v, lambda: (torch.ones(2), _Point(1)), lambda: (torch.ones(2), _Point(1)),
+                   lambda: (torch.ones(2), _OtherPoint(1))),
+    "ID_MATCH": (lambda f, x: f(x), lambda: (torch.relu, torch.ones(2)), lambda: (torch.relu, torch.ones(2)),
+                 lambda: (torch.neg, torch.ones(2))),
+    "LENGTH_MATCH": (lambda xs: sum(xs), lambda: ([torch.ones(2)] * 2,), lambda: ([torch.zeros(2)] * 2,),
+                     lambda: ([torch.ones(2)] * 3,)),
+    "HASATTR": (_reads_missing_attribute, lambda: (torch.ones(2), _Point(1)), lambda: (torch.ones(2), _Point(2)),
+                lambda: (torch.ones(2), _with_extra(_Point(1)))),
+    "DICT_CONTAINS": (lambda x, k: x * k.gain, lambda: (torch.ones(2), _Knob()), lambda: (torch.ones(2), _Knob()),
+                      lambda: (torch.ones(2), _with_gain(_Knob()))),
+}
+
+
+def _with_extra(p):
+    p.extra = 5
+    return p
+
+
+def _with_gain(k):
+    k.gain = 7.0
+    return k
+
+
+@pytest.mark.parametrize("kind", list(_KINDS))
+def test_each_guard_kind_recompiles_only_when_violated(kind):
+    fn, first, same, violating = _KINDS[kind]
+    f = _compiled(fn)
+    assert_same(f(*first()), fn(*first()))
+    assert kind in {g.kind for g in f.kiln_cache.entries[0].guards.guards}
+    assert_same(f(*same()), fn(*same()))
+    assert _entries(f) == 1
+    bad = violating()
+    assert f.kiln_cache.entries[0].guards.first_failure(f.kiln_cache.binder(*bad)).kind == kind
+    assert_same(f(*bad), fn(*violating()))
+    assert _entries(f) == 2
+
+
+@pytest.mark.parametrize("change", ["autocast", "default_dtype"])
+def test_global_state_autocast_and_default_dtype(change):
+    f = _compiled(lambda x: torch.ones(2) @ x)
+    x = torch.ones(2, 2)
+    f(x)
+    f(x)
+    assert _entries(f) == 1
+    if change == "autocast":
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert f(x).dtype == torch.bfloat16
+    else:
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            assert f(x.double()).dtype == torch.float64
+        finally:
+            torch.set_default_dtype(old)
+    assert _entries(f) == 2
+    assert f(x).dtype == torch.float32
+    assert _entries(f) == 2
+
+
+def test_module_structure_child_replaced_recompiles():
+    m = torch.nn.Sequential(torch.nn.ReLU())
+    f = kiln.compile(m, backend="eager", fullgraph=True)
+    x = torch.randn(4)
+    assert_same(f(x), x.relu())
+    assert_same(f(x), x.relu())
+    assert _entries(f) == 1
+    m[0] = torch.nn.Tanh()
+    assert_same(f(x), x.tanh())
+    assert _entries(f) == 2

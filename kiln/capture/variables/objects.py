@@ -186,6 +186,8 @@ class UserObjectVariable(Variable):
             from kiln.capture.variables.builder import wrap_constant_result
 
             return wrap_constant_result(getattr_hook).call(tx, [self, ConstantVariable(name)], {})
+        if not self.is_new and self.source is not None:  # `hasattr(obj, name)` was False: it must stay so
+            tx.output.guards.add(Guard("HASATTR", self.source, False, name))
         raise raise_real(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
 
     def setattr(self, tx: Any, name: str, value: Variable) -> None:
