@@ -194,7 +194,7 @@ class CompiledGuards:
     def _generate(self) -> str:
         uses: dict[Source, int] = {}
         for g in self.guards:
-            for sub in g.source.chain()[:-1] if g.source is not None else ():
+            for sub in g.source.chain() if g.source is not None else ():
                 uses[sub] = uses.get(sub, 0) + 1
         hoisted: dict[Source, str] = {}
         lines = ["def check(L):", "    try:"]
@@ -205,12 +205,12 @@ class CompiledGuards:
         for g in self.guards:
             value = "None"
             if g.source is not None:
-                for sub in g.source.chain()[:-1]:
+                for sub in g.source.chain():
                     if uses.get(sub, 0) > 1 and sub not in hoisted and sub.__class__.__name__ not in ("LocalSource", "ConstSource"):
                         name = f"v{len(hoisted)}"
                         lines.append(f"        {name} = {sub.expr(self.ns, name_of)}")
                         hoisted[sub] = name
-                value = g.source.expr(self.ns, name_of)
+                value = hoisted.get(g.source) or g.source.expr(self.ns, name_of)
                 if not value.isidentifier() and g.check_expr("_v", Namespace()).count("_v") > 1:
                     lines.append(f"        _v = {value}")  # read once, checked several ways
                     value = "_v"

@@ -159,3 +159,13 @@ class KeysSource(Source):
 
     def expr(self, ns: Namespace, name_of: Any = None) -> str:
         return f"list({self._sub(self.base, ns, name_of)}.keys())"
+
+
+@dataclass(frozen=True)
+class InstanceDictSource(Source):
+    """`base.__dict__` as `object.__getattribute__` finds it: no class `__getattribute__` runs."""
+
+    base: Source
+
+    def expr(self, ns: Namespace, name_of: Any = None) -> str:
+        return f"{ns.bind(object.__getattribute__, 'F')}({self._sub(self.base, ns, name_of)}, '__dict__')"

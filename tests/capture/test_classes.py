@@ -583,3 +583,39 @@ def test_iter_as_generator():
         return total
 
     check(f, torch.randn(2))
+
+
+class MappedConfig:
+    """Like a HuggingFace config: names are mapped by a class-level table in __getattribute__."""
+
+    attribute_map = {"hidden_size": "n_embd"}
+
+    def __init__(self, n_embd, scale):
+        self.n_embd, self.scale = n_embd, scale
+
+    def __getattribute__(self, key):
+        if key != "attribute_map" and key in super().__getattribute__("attribute_map"):
+            key = super().__getattribute__("attribute_map")[key]
+        return super().__getattribute__(key)
+
+    def __getattr__(self, key):
+        if key.startswith("other"):
+            return f"missing {key}"
+        raise AttributeError(key)
+
+
+def test_class_with_its_own_getattribute_and_instance_dict_reads():
+    def f(x, cfg):
+        spec = cfg.__dict__.get("spec")
+        return x * cfg.hidden_size * cfg.scale, spec, "n_embd" in cfg.__dict__, cfg.other
+
+    cfg = MappedConfig(3, 0.5)
+    compiled = check(f, torch.randn(2), cfg)
+    x = torch.randn(2)
+    assert_same(compiled(x, cfg), f(x, cfg))
+    assert len(compiled.kiln_cache.entries) == 1
+    cfg.n_embd = 4  # read through the mapping: the guard follows the instance dict
+    assert_same(compiled(x, cfg), f(x, cfg))
+    cfg.spec = "given"
+    assert_same(compiled(x, cfg), f(x, cfg))
+    assert len(compiled.kiln_cache.entries) == 3

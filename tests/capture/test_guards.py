@@ -130,6 +130,13 @@ class _OtherPoint(_Point):
     pass
 
 
+class _Slotted:
+    __slots__ = ("v", "extra")
+
+    def __init__(self, v):
+        self.v = v
+
+
 class _Knob:
     gain = 2.0
 
@@ -148,9 +155,11 @@ _KINDS = {
                  lambda: (torch.neg, torch.ones(2))),
     "LENGTH_MATCH": (lambda xs: sum(xs), lambda: ([torch.ones(2)] * 2,), lambda: ([torch.zeros(2)] * 2,),
                      lambda: ([torch.ones(2)] * 3,)),
-    "HASATTR": (_reads_missing_attribute, lambda: (torch.ones(2), _Point(1)), lambda: (torch.ones(2), _Point(2)),
-                lambda: (torch.ones(2), _with_extra(_Point(1)))),
-    "DICT_CONTAINS": (lambda x, k: x * k.gain, lambda: (torch.ones(2), _Knob()), lambda: (torch.ones(2), _Knob()),
+    "HASATTR": (_reads_missing_attribute, lambda: (torch.ones(2), _Slotted(1)), lambda: (torch.ones(2), _Slotted(2)),
+                lambda: (torch.ones(2), _with_extra(_Slotted(1)))),
+    "DICT_CONTAINS": (_reads_missing_attribute, lambda: (torch.ones(2), _Point(1)), lambda: (torch.ones(2), _Point(2)),
+                      lambda: (torch.ones(2), _with_extra(_Point(1)))),
+    "DICT_CONTAINS shadowing": (lambda x, k: x * k.gain, lambda: (torch.ones(2), _Knob()), lambda: (torch.ones(2), _Knob()),
                       lambda: (torch.ones(2), _with_gain(_Knob()))),
 }
 
@@ -168,6 +177,7 @@ def _with_gain(k):
 @pytest.mark.parametrize("kind", list(_KINDS))
 def test_each_guard_kind_recompiles_only_when_violated(kind):
     fn, first, same, violating = _KINDS[kind]
+    kind = kind.split()[0]
     f = _compiled(fn)
     assert_same(f(*first()), fn(*first()))
     assert kind in {g.kind for g in f.kiln_cache.entries[0].guards.guards}

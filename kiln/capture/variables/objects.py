@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from kiln.capture.breaks import unsupported
 from kiln.capture.exceptions import ExceptionVariable, UserRaise, raise_real
 from kiln.capture.guards import Guard
-from kiln.capture.sources import AttrSource, ConstSource, ItemSource, Source
+from kiln.capture.sources import AttrSource, ConstSource, InstanceDictSource, ItemSource, Source
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable
 
@@ -130,8 +130,12 @@ class UserObjectVariable(Variable):
         if instance_dict is not None and name in instance_dict:
             from kiln.capture.variables.builder import wrap
 
-            return wrap(tx, instance_dict[name], AttrSource(self.source, name) if self.source is not None else None)
+            # Guarded through the dict, as read: no class __getattribute__ runs in the guard.
+            return wrap(tx, instance_dict[name], ItemSource(self._dict_source(), name) if self.source is not None else None)
         return None
+
+    def _dict_source(self) -> Source:
+        return InstanceDictSource(self.source)
 
     def container_view(self, tx: Any) -> Variable | None:
         """For a real dict/list subclass: its contents as a DictVariable/ListVariable (guarded)."""
@@ -149,7 +153,18 @@ class UserObjectVariable(Variable):
     def _guard_not_in_instance(self, tx: Any, name: str) -> None:
         # The class attribute is what the trace read: an instance attribute set later shadows it.
         if not self.is_new and self.source is not None and isinstance(getattr(self.value, "__dict__", None), dict):
-            tx.output.guards.add(Guard("DICT_CONTAINS", AttrSource(self.source, "__dict__"), False, name))
+            tx.output.guards.add(Guard("DICT_CONTAINS", self._dict_source(), False, name))
+
+    def _guard_missing(self, tx: Any, name: str) -> None:
+        """`obj.name` raised AttributeError: neither the instance nor a class of its MRO may gain it."""
+        if self.is_new or self.source is None:
+            return
+        if not isinstance(getattr(self.value, "__dict__", None), dict):
+            tx.output.guards.add(Guard("HASATTR", self.source, False, name))
+            return
+        self._guard_not_in_instance(tx, name)
+        for klass in self.cls.__mro__[:-1]:  # `object` is builtin and cannot change
+            tx.output.guards.add(Guard("DICT_CONTAINS", AttrSource(ConstSource(klass, klass.__qualname__), "__dict__"), False, name))
 
     def getattr_real(self, tx: Any, name: str) -> Variable:
         from kiln.capture.variables.builder import wrap
@@ -159,14 +174,31 @@ class UserObjectVariable(Variable):
         try:
             value = getattr(self.value, name)
         except AttributeError as error:
+            if self.source is not None:  # an unset slot, a descriptor that raises: it must stay so
+                tx.output.guards.add(Guard("HASATTR", self.source, False, name))
             raise raise_real(error) from None
         return wrap(tx, value, AttrSource(self.source, name) if self.source is not None else None)
 
     def getattr(self, tx: Any, name: str) -> Variable:
+        hook, owner = class_lookup(self.cls, "__getattribute__")
+        if not isinstance(hook, types.FunctionType) or name == "__class__":
+            return self.generic_getattr(tx, name)
+        # A class's own __getattribute__ (HuggingFace configs map names through `attribute_map`) is
+        # inlined; `super().__getattribute__` inside it comes back to generic_getattr.
+        try:
+            return wrap_class_attr(tx, hook, owner, "__getattribute__", self).call(tx, [ConstantVariable(name)], {})
+        except UserRaise as error:
+            getattr_hook, getattr_owner = class_lookup(self.cls, "__getattr__")
+            if not error.is_instance(AttributeError) or not isinstance(getattr_hook, types.FunctionType):
+                raise
+            return wrap_class_attr(tx, getattr_hook, getattr_owner, "__getattr__", self).call(tx, [ConstantVariable(name)], {})
+
+    def generic_getattr(self, tx: Any, name: str, fallback: bool = True) -> Variable:
+        """`object.__getattribute__` (data descriptors, instance dict, class), then `__getattr__` if `fallback`."""
         if name == "__class__":
             return ClassVariable(self.cls)
         if name == "__dict__" and not self.is_new:
-            raise unsupported("unsupported_attribute", f"reading __dict__ of a {self.describe()}")
+            return InstanceDictVariable(self)
         raw, owner = class_lookup(self.cls, name)
         if owner in _CONTAINER_BASES:
             view = self.container_view(tx)
@@ -182,12 +214,11 @@ class UserObjectVariable(Variable):
             self._guard_not_in_instance(tx, name)
             return wrap_class_attr(tx, raw, owner, name, self)
         getattr_hook, _ = class_lookup(self.cls, "__getattr__")
-        if isinstance(getattr_hook, types.FunctionType):
+        if fallback and isinstance(getattr_hook, types.FunctionType):
             from kiln.capture.variables.builder import wrap_constant_result
 
             return wrap_constant_result(getattr_hook).call(tx, [self, ConstantVariable(name)], {})
-        if not self.is_new and self.source is not None:  # `hasattr(obj, name)` was False: it must stay so
-            tx.output.guards.add(Guard("HASATTR", self.source, False, name))
+        self._guard_missing(tx, name)
         raise raise_real(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
 
     def setattr(self, tx: Any, name: str, value: Variable) -> None:
@@ -500,8 +531,60 @@ class ObjectSlotVariable(Variable):
             args[0].setattr_plain(tx, args[1].as_constant(), args[2] if self.name == "__setattr__" else None)
             return ConstantVariable(None)
         if self.name == "__getattribute__":
+            if isinstance(args[0], UserObjectVariable) and not isinstance(args[0], _module_variable_type()):
+                return args[0].generic_getattr(tx, args[1].as_constant(), fallback=False)
             return args[0].getattr(tx, args[1].as_constant())
         raise unsupported("unsupported_call", f"object.{self.name} on {args[0].describe()}")
+
+
+class InstanceDictVariable(Variable):
+    """`obj.__dict__` of a real object, read key by key: each key read is guarded on its own."""
+
+    def __init__(self, obj: UserObjectVariable) -> None:
+        super().__init__(obj._dict_source() if obj.source is not None else None)
+        self.obj = obj
+
+    def python_type(self) -> type:
+        return dict
+
+    def describe(self) -> str:
+        return f"__dict__ of {self.obj.describe()}"
+
+    def _read(self, tx: Any, key: Variable) -> Variable | None:
+        name = key.as_constant()
+        found = self.obj._instance_attr(tx, name) if isinstance(name, str) else None
+        if found is None:
+            self.obj._guard_not_in_instance(tx, name)
+        return found
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        from kiln.capture.variables.functions import BoundBuiltinMethod
+
+        if name in ("get", "__getitem__", "__contains__"):
+            return BoundBuiltinMethod(self, name)
+        raise unsupported("unsupported_attribute", f"{name} of {self.describe()}")
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if name == "get" and not kwargs and 1 <= len(args) <= 2:
+            found = self._read(tx, args[0])
+            return found if found is not None else (args[1] if len(args) == 2 else ConstantVariable(None))
+        if name == "__getitem__" and len(args) == 1:
+            found = self._read(tx, args[0])
+            if found is None:
+                raise UserRaise(ExceptionVariable(KeyError, (args[0],)))
+            return found
+        if name == "__contains__" and len(args) == 1:
+            return ConstantVariable(self._read(tx, args[0]) is not None)
+        raise unsupported("unsupported_call", f"{name} of {self.describe()} while capturing")
+
+    def contains(self, tx: Any, item: Variable) -> bool:
+        return self._read(tx, item) is not None
+
+
+def _module_variable_type() -> type:
+    from kiln.capture.variables.modules import ModuleVariable
+
+    return ModuleVariable
 
 
 class ModelOutputVariable(Variable):
