@@ -12,8 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln import logs
-from kiln.capture import module_watch
+from kiln.capture import dump, module_watch
 from kiln.capture.guards import GLOBAL_STATE_READERS, CompiledGuards, Guard
 from kiln.capture.interpreter import Translator
 from kiln.capture.output_graph import OutputGraph
@@ -72,15 +71,14 @@ def capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str) -> 
     result_expr = rc.expr(result)
     input_exprs = [source.expr(rc.ns) for source, _, _ in output.inputs]
     compiled = None
-    gm = None
-    if rc.outputs or output.op_count:
-        gm = output.graph_module(rc.outputs)
-        logs.log_lazy("graph", lambda: f"captured graph of {label}:\n{gm.print_readable(print_output=False)}")
+    gm = output.graph_module(rc.outputs) if rc.outputs or output.op_count else None
+    guards = output.guards.compile()
+    folder = dump.captured(label, gm, output.guards.describe(), guards.source_code)
+    if gm is not None:
         example_inputs = [tensor for _, _, tensor in output.inputs]
         compiled = backend(gm, example_inputs)
     run, runner_source = build_runner(rc, input_exprs, compiled, side_effects, result_expr)
-    guards = output.guards.compile()
-    logs.log_lazy("guards", lambda: f"guards of {label}:\n{output.guards.describe()}\n{guards.source_code}")
+    dump.runner(folder, runner_source)
     seconds = time.perf_counter() - start
     stats = {"ops": output.op_count, "inputs": len(output.inputs), "attrs": len(output.attrs), "guards": len(guards.guards)}
     return Entry(guards, run, gm, runner_source, seconds, stats)

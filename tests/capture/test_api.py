@@ -131,3 +131,20 @@ def test_is_compiling_is_true_while_capturing():
         return x + 1 if torch.compiler.is_compiling() else x - 1
 
     torch.testing.assert_close(kiln.compile(f, backend="eager", fullgraph=True)(torch.zeros(1)), torch.ones(1))
+
+
+def test_debug_dir_gets_graph_guards_and_runner_in_pipeline_order(tmp_path):
+    def f(x, n):
+        return x.sin() * n
+
+    with kiln.config.patch({"debug.dump_dir": str(tmp_path)}):
+        kiln.compile(f, backend="aot_eager")(torch.randn(3), 2)
+    (run,) = tmp_path.iterdir()
+    folders = sorted(p.name for p in run.iterdir())
+    assert folders[0].startswith("000_capture_") and len(folders) >= 2  # then the AOT layer's folder
+    files = sorted((run / folders[0]).iterdir())
+    assert [p.name for p in files] == ["00_captured_graph.py", "01_guards.txt", "02_runner.py"]
+    graph, guards, runner = (p.read_text() for p in files)
+    assert "torch.sin" in graph or "sin()" in graph
+    assert "TENSOR_MATCH" in guards and "EQUALS" in guards and "def check(L):" in guards
+    assert "def run(L):" in runner

@@ -1,0 +1,30 @@
+"""The capture layer's debug output: the `graph` and `guards` logs, and per compiled entry a
+folder under KILN_DEBUG_DIR with the torch-level graph, the guards and the runner."""
+
+from __future__ import annotations
+
+from torch import fx
+
+from kiln import logs
+
+
+def _readable(label: str, gm: fx.GraphModule) -> str:
+    return f"# {label}: torch-level graph, written by kiln.capture\n" + gm.print_readable(print_output=False)
+
+
+def captured(label: str, gm: fx.GraphModule | None, guards_text: str, guards_code: str) -> logs.DumpFolder | None:
+    """Log and dump what capture built, before the backend compiles it (folders in pipeline order)."""
+    if gm is not None:
+        logs.log_lazy("graph", lambda: f"captured graph of {label}:\n{_readable(label, gm)}")
+    logs.log_lazy("guards", lambda: f"guards of {label}:\n{guards_text}\n{guards_code}")
+    folder = logs.dump_folder(f"capture_{label}")
+    if folder is not None:
+        if gm is not None:
+            folder.write("captured_graph.py", _readable(label, gm))
+        folder.write("guards.txt", f"{guards_text}\n\n# compiled to one check:\n{guards_code}")
+    return folder
+
+
+def runner(folder: logs.DumpFolder | None, runner_source: str) -> None:
+    if folder is not None:
+        folder.write("runner.py", f"# a call that passes the guards: run the graph, replay side effects, rebuild the result\n{runner_source}")
