@@ -94,6 +94,24 @@ class Variable:
         return f"{type(self).__name__}({self.describe()})"
 
 
+class RealValueVariable(Variable):
+    """A real Python object the trace uses as it is (a builtin, a torch function, a class, a
+    descriptor): it is its own constant, pinned by a guard where it was read."""
+
+    def __init__(self, value: Any, source: "Source | None" = None) -> None:
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.value
+
+
 class NullVariable(Variable):
     """The NULL that CPython pushes below a callable that is not a bound method."""
 

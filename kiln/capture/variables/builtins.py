@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 from kiln.capture.breaks import unsupported
 from kiln.capture.exceptions import ExceptionVariable, UserRaise, raise_real
 from kiln.capture.operators import _BY_FUNCTION, _INPLACE_TO_BINARY, apply_binary, apply_unary, contains, identical, text_of
-from kiln.capture.variables.base import Variable
+from kiln.capture.variables.base import RealValueVariable, Variable
 from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
 from kiln.capture.variables.containers import (
     DictVariable, IteratorVariable, ListVariable, SetVariable, TupleVariable, hash_key,
@@ -67,20 +67,7 @@ def const(value: Any) -> ConstantVariable:
     return ConstantVariable(value)
 
 
-class BuiltinVariable(Variable):
-    def __init__(self, fn: Any) -> None:
-        super().__init__(None)
-        self.value = fn
-
-    def python_type(self) -> type:
-        return type(self.value)
-
-    def is_constant(self) -> bool:
-        return True
-
-    def as_constant(self) -> Any:
-        return self.value
-
+class BuiltinVariable(RealValueVariable):
     def describe(self) -> str:
         return f"builtin {getattr(self.value, '__name__', self.value)}"
 

@@ -10,7 +10,7 @@ import torch
 
 from kiln.capture.breaks import unsupported
 from kiln.capture.exceptions import raise_real
-from kiln.capture.variables.base import Variable
+from kiln.capture.variables.base import RealValueVariable, Variable
 
 LITERAL_TYPES = (
     type(None), bool, int, float, complex, str, bytes, type(Ellipsis), type(NotImplemented),
@@ -54,21 +54,8 @@ def plain_data(var: Variable) -> Any:
     return {plain_data(k): plain_data(v) for k, v in var.entries.values()}
 
 
-class ConstantVariable(Variable):
+class ConstantVariable(RealValueVariable):
     """A Python value that cannot change: operations on it are computed while capturing."""
-
-    def __init__(self, value: Any, source: Any = None) -> None:
-        super().__init__(source)
-        self.value = value
-
-    def python_type(self) -> type:
-        return type(self.value)
-
-    def is_constant(self) -> bool:
-        return True
-
-    def as_constant(self) -> Any:
-        return self.value
 
     def describe(self) -> str:
         text = repr(self.value)

@@ -17,7 +17,7 @@ from kiln.capture.breaks import unsupported
 from kiln.capture.exceptions import ExceptionVariable, UserRaise, raise_real
 from kiln.capture.guards import Guard
 from kiln.capture.sources import AttrSource, ConstSource, InstanceDictSource, ItemSource, Source
-from kiln.capture.variables.base import Variable
+from kiln.capture.variables.base import RealValueVariable, Variable
 from kiln.capture.variables.constant import ConstantVariable
 
 _MISSING = object()
@@ -309,21 +309,8 @@ class UserObjectVariable(Variable):
         return self.getattr(tx, name).call(tx, args, kwargs)
 
 
-class ClassVariable(Variable):
+class ClassVariable(RealValueVariable):
     """A class: calling it builds an object (its `__init__` inlined)."""
-
-    def __init__(self, value: type, source: Source | None = None) -> None:
-        super().__init__(source)
-        self.value = value
-
-    def python_type(self) -> type:
-        return type(self.value)
-
-    def is_constant(self) -> bool:
-        return True
-
-    def as_constant(self) -> Any:
-        return self.value
 
     def describe(self) -> str:
         return f"class {self.value.__qualname__}"
@@ -441,21 +428,8 @@ class PythonModuleVariable(Variable):
 _FIXED_MODULES = {"torch", "math", "operator", "functools", "itertools", "collections", "typing", "builtins", "inspect", "warnings", "dataclasses", "enum", "abc", "types", "copy", "numbers", "contextlib", "logging", "sys", "os"}
 
 
-class OpaqueVariable(Variable):
+class OpaqueVariable(RealValueVariable):
     """A real object kiln only passes along (descriptors, builtin methods of real objects)."""
-
-    def __init__(self, value: Any, source: Source | None = None) -> None:
-        super().__init__(source)
-        self.value = value
-
-    def python_type(self) -> type:
-        return type(self.value)
-
-    def is_constant(self) -> bool:
-        return True
-
-    def as_constant(self) -> Any:
-        return self.value
 
     def getattr(self, tx: Any, name: str) -> Variable:
         try:

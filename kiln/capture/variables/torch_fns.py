@@ -16,7 +16,7 @@ from torch import nn
 
 from kiln.capture.breaks import unsupported
 from kiln.capture.guards import Guard
-from kiln.capture.variables.base import Variable
+from kiln.capture.variables.base import RealValueVariable, Variable
 from kiln.capture.variables.constant import ConstantVariable
 
 # torch Python functions that are operators (traced by the AOT layer), not torch internals.
@@ -42,20 +42,7 @@ def is_torch_callable(value: Any) -> bool:
 _TORCH_C_NAMESPACES = {torch._C._VariableFunctions, torch._C._nn, torch._C._fft, torch._C._linalg, torch._C._special}
 
 
-class TorchFunctionVariable(Variable):
-    def __init__(self, fn: Any) -> None:
-        super().__init__(None)
-        self.value = fn
-
-    def python_type(self) -> type:
-        return type(self.value)
-
-    def is_constant(self) -> bool:
-        return True
-
-    def as_constant(self) -> Any:
-        return self.value
-
+class TorchFunctionVariable(RealValueVariable):
     def describe(self) -> str:
         return f"torch function {getattr(self.value, '__qualname__', None) or getattr(self.value, '__name__', self.value)}"
 
@@ -156,21 +143,8 @@ def _cpu_autocast(tx: Any, enabled: Variable | None = None, dtype: Variable | No
     return _autocast(tx, ConstantVariable("cpu"), dtype, enabled, cache_enabled)
 
 
-class TorchClassVariable(Variable):
+class TorchClassVariable(RealValueVariable):
     """A torch class or callable kiln builds itself (`torch.no_grad`, `torch.Size`, `torch.device`)."""
-
-    def __init__(self, value: Any) -> None:
-        super().__init__(None)
-        self.value = value
-
-    def python_type(self) -> type:
-        return type(self.value)
-
-    def is_constant(self) -> bool:
-        return True
-
-    def as_constant(self) -> Any:
-        return self.value
 
     def describe(self) -> str:
         return f"{getattr(self.value, '__qualname__', self.value)}"
