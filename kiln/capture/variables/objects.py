@@ -421,11 +421,24 @@ class PythonModuleVariable(Variable):
         except AttributeError as error:
             raise raise_real(error) from None
         # The standard library and torch do not change under a running program: no guard.
-        fixed = self.value.__name__.split(".")[0] in _FIXED_MODULES
-        return wrap(tx, value, None if fixed or self.source is None else AttrSource(self.source, name))
+        # The standard library's and torch's functions, classes and constants do not change under a
+        # running program: no guard. Their mutable state (os.environ, a registry dict) is guarded.
+        fixed = self.value.__name__.split(".")[0] in _FIXED_MODULES and _is_definition(value)
+        if fixed:
+            return wrap(tx, value, None)
+        return wrap(tx, value, AttrSource(self.source or ConstSource(self.value, self.value.__name__), name))
+
+
+def _is_definition(value: Any) -> bool:
+    from kiln.capture.variables.constant import is_literal
+
+    return callable(value) or isinstance(value, (type, types.ModuleType)) or is_literal(value)
 
 
 _FIXED_MODULES = {"torch", "math", "operator", "functools", "itertools", "collections", "typing", "builtins", "inspect", "warnings", "dataclasses", "enum", "abc", "types", "copy", "numbers", "contextlib", "logging", "sys", "os"}
+
+
+_IMMUTABLE = (str, bytes, int, float, complex, tuple, frozenset, range, type(None), types.MappingProxyType)
 
 
 class OpaqueVariable(RealValueVariable):
@@ -440,6 +453,11 @@ class OpaqueVariable(RealValueVariable):
     def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         if isinstance(self.value, property) or not all(a.is_constant() for a in (*args, *kwargs.values())):
             raise unsupported("unsupported_call", f"calling {self.describe()} while capturing")
+        if not isinstance(getattr(self.value, "__self__", None), _IMMUTABLE):
+            # C code of unknown effects (random.random, time.time, a counter's __next__): its result
+            # may differ on every call, so it cannot be computed once while capturing.
+            raise unsupported("unsupported_call", f"calling {self.value!r}, C code kiln does not model, while capturing",
+                              "a graph break at this call needs issue 7; call it outside the compiled code and pass the result in")
         try:
             result = self.value(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
         except Exception as error:  # noqa: BLE001
