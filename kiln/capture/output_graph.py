@@ -119,6 +119,9 @@ class OutputGraph:
         if not _has_tensor(result):
             from kiln.capture.variables.builder import wrap_constant_result
 
+            if result is None and _has_tensor(ex_args):  # `x[i] = v`: no result, but a tensor changed
+                self.graph.create_node(kind, target, fx_args, fx_kwargs)
+                self.op_count += 1
             return wrap_constant_result(result)
         node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
         self.op_count += 1

@@ -1,0 +1,48 @@
+"""In-place tensor operations inside the captured code: item assignment and `op_` methods, on
+tensors made in the frame and on the caller's own tensors, through each backend."""
+
+import operator
+
+import pytest
+import torch
+
+from tests.capture.util import check
+
+
+def _assignments(x, mask, rows):
+    y = x.clone()
+    y[0] = 5.0
+    y[1:, :2] = -1.0
+    y[mask] = 0.5
+    y[rows] = y[rows] * 3
+    operator.setitem(y, (..., -1), 7.0)
+    y.add_(1).mul_(2)
+    return y
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_item_assignment_and_in_place_methods_on_a_new_tensor(backend):
+    x = torch.randn(4, 3)
+    check(_assignments, x, x > 1, torch.tensor([0, 2]), backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_caller_tensor_changed_in_place(backend):
+    def f(x, buf):
+        buf[0] = x.sum()
+        buf.add_(x[:2])
+        x.mul_(2)
+        return buf * 2
+
+    check(f, torch.randn(2), torch.zeros(2), backend=backend)
+
+
+def test_assignment_through_a_view_reaches_the_base():
+    def f(x):
+        y = x.clone()
+        v = y.view(2, 2)
+        v[1] = 9.0
+        y.t_() if y.dim() == 2 else None
+        return y, v
+
+    check(f, torch.randn(4))
