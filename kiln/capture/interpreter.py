@@ -74,6 +74,8 @@ class Translator:
                 if error.where is None:
                     error.where = (self.code.co_filename, self.bytecode.line_of(index), self.code.co_name)
                 raise
+            except Exception as error:  # noqa: BLE001 - a fault of kiln's, not the user's: the frame runs eagerly
+                raise _internal_error(error, (self.code.co_filename, self.bytecode.line_of(index), self.code.co_name)) from error
         assert self.return_value is not None
         return self.return_value
 
@@ -188,6 +190,17 @@ class Translator:
         if obj is None:
             raise raise_real(RuntimeError("super(): no arguments"))
         return SuperVariable(cls, obj)
+
+
+def _internal_error(error: Exception, where: tuple[str, int, str]) -> Unsupported:
+    if isinstance(error, RecursionError):
+        failure = unsupported("inline_depth", "Python's recursion limit was reached while inlining calls",
+                              "check for unbounded recursion, or lower kiln.config.capture.inline_depth")
+    else:
+        failure = unsupported("internal_error", f"kiln's interpreter failed here: {type(error).__name__}: {str(error)[:200]}",
+                              "a bug in kiln's capture: the frame runs eagerly; please report it with this record")
+    failure.where = where
+    return failure
 
 
 def bind_arguments(code: types.CodeType, name: str, defaults: list[Variable], kwdefaults: dict[str, Variable],

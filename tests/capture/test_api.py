@@ -148,3 +148,23 @@ def test_debug_dir_gets_graph_guards_and_runner_in_pipeline_order(tmp_path):
     assert "torch.sin" in graph or "sin()" in graph
     assert "TENSOR_MATCH" in guards and "EQUALS" in guards and "def check(L):" in guards
     assert "def run(L):" in runner
+
+
+def test_a_fault_in_kiln_runs_the_frame_eagerly_with_a_record(monkeypatch):
+    from kiln.capture.opcodes import HANDLERS
+
+    def broken(tx, inst):
+        raise KeyError("a bug of kiln's own")
+
+    monkeypatch.setitem(HANDLERS, "BINARY_OP", broken)
+
+    def f(x):
+        return x + 1
+
+    x = torch.randn(3)
+    compiled = kiln.compile(f, backend="eager")
+    torch.testing.assert_close(compiled(x), x + 1)
+    record = compiled.kiln_cache.fallback
+    assert record.kind == "internal_error" and "KeyError" in record.explanation and record.lineno > 0
+    with pytest.raises(kiln.CaptureError, match="internal_error"):
+        kiln.compile(f, backend="eager", fullgraph=True)(x)
