@@ -168,4 +168,7 @@ class InstanceDictSource(Source):
     base: Source
 
     def expr(self, ns: Namespace, name_of: Any = None) -> str:
-        return f"{ns.bind(object.__getattribute__, 'F')}({self._sub(self.base, ns, name_of)}, '__dict__')"
+        base = self._sub(self.base, ns, name_of)
+        if isinstance(ns, _DisplayNamespace):  # logs and node names read as the user would write it
+            return f"{base}.__dict__"
+        return f"{ns.bind(object.__getattribute__, 'F')}({base}, '__dict__')"
