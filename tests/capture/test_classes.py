@@ -619,3 +619,23 @@ def test_class_with_its_own_getattribute_and_instance_dict_reads():
     cfg.spec = "given"
     assert_same(compiled(x, cfg), f(x, cfg))
     assert len(compiled.kiln_cache.entries) == 3
+
+
+class DefaultScale:
+    def __getattr__(self, name):
+        if name == "scale":
+            return 1.0
+        raise AttributeError(name)
+
+
+def test_attribute_answered_by_getattr_then_set_on_the_instance_recompiles():
+    def f(x, obj):
+        return x * obj.scale
+
+    obj = DefaultScale()
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(2)
+    assert_same(compiled(x, obj), x * 1.0)
+    obj.scale = 3.0
+    assert_same(compiled(x, obj), x * 3.0)
+    assert len(compiled.kiln_cache.entries) == 2

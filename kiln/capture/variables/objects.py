@@ -213,12 +213,12 @@ class UserObjectVariable(Variable):
         if raw is not _MISSING:
             self._guard_not_in_instance(tx, name)
             return wrap_class_attr(tx, raw, owner, name, self)
+        self._guard_missing(tx, name)  # also when __getattr__ answers: it runs only while `name` is missing
         getattr_hook, _ = class_lookup(self.cls, "__getattr__")
         if fallback and isinstance(getattr_hook, types.FunctionType):
             from kiln.capture.variables.builder import wrap_constant_result
 
             return wrap_constant_result(getattr_hook).call(tx, [self, ConstantVariable(name)], {})
-        self._guard_missing(tx, name)
         raise raise_real(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
 
     def setattr(self, tx: Any, name: str, value: Variable) -> None:
