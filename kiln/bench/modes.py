@@ -144,6 +144,13 @@ MODES: dict[str, Mode] = {
             _kiln_capture_stats,
         ),
         Mode(
+            "dynamo-eager",
+            'torch.compile(model, backend="eager"): Dynamo capture only (the peer of kiln-eager)',
+            _torch_compile("eager"),
+            _always,
+            _dynamo_stats,
+        ),
+        Mode(
             "kiln-aot-eager",
             'torch.compile(model, backend="kiln_aot_eager"): Dynamo capture + kiln AOT (debug)',
             _torch_compile("kiln_aot_eager"),
