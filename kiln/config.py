@@ -274,6 +274,16 @@ class BackendSettings(_Group):
         env="KILN_COMPILE_WORKERS",
         help="C++ compiler processes run at once for one graph's kernels; 0 for one per CPU core",
     )
+    freezing: bool = setting(
+        True,
+        env="KILN_FREEZING",
+        help="in inference, treat parameters and buffers as constants (folded, prepacked); re-frozen when changed",
+    )
+    autotune: str = setting(
+        "default",
+        env="KILN_AUTOTUNE",
+        help="how GEMM and convolution implementations are chosen: off (fixed rules), default, max-autotune",
+    )
 
 
 @_group("capture")

@@ -93,6 +93,8 @@ for _name, _help in {
     "recompiles": "recompilations and the guard that failed",
     "aot": "ATen forward/backward graphs and partition decisions",
     "passes": "the graph after each pass",
+    "freezing": "frozen inputs, constants folded, memory of packed weights, re-freezes",
+    "autotune": "autotune measurements and choices",
     "ir": "loop IR before and after fusion",
     "fusion": "fusion decisions and kernel counts",
     "code": "generated source code",

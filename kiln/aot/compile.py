@@ -19,8 +19,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils import _pytree as pytree
 
-from kiln import logs
+from kiln import config, logs
 from kiln.aot import cache as aot_cache, dump
+from kiln.aot.freeze import frozen_positions, mark_frozen
 from kiln.aot.runtime import inference_runner, training_runner
 from kiln.aot.signature import Signature, UnsupportedByAot, analyze
 from kiln.aot.trace import differentiable_outputs, trace_inference, trace_joint
@@ -126,6 +127,7 @@ class AotCompiled:
 
     def _build_inference(self) -> tuple[Callable[..., list[Any]], list[Any], int]:
         graph = trace_inference(self.fn, self.fake_args, self.sig, self.fake_mode)
+        mark_frozen(graph, frozen_positions(len(self.lifted), self.example_inputs, self.sig))
         dump.inference(self.options.label, graph, self.sig)
         compiled = self.compile_graph(graph, _placeholder_values(graph))
         return inference_runner(compiled, self.sig), [compiled], 0
@@ -157,7 +159,8 @@ class AotCompiled:
         if not (self.options.cache and savable):
             return None
         lifted = dict(zip(self.lifted_names, self.lifted))
-        return aot_cache.cache_key(self.gm, self.example_inputs, lifted, training, (self.options.recompute,))
+        options = (self.options.recompute, config.backend.freezing, config.backend.autotune)
+        return aot_cache.cache_key(self.gm, self.example_inputs, lifted, training, options)
 
     def _from_cache(self, key: str | None, training: bool) -> Callable[..., list[Any]] | None:
         entry = aot_cache.load(key) if key is not None else None

@@ -24,6 +24,9 @@ from kiln.ir.analysis import OpCounter, run
 from kiln.ir.nodes import Buffer, Layout
 from kiln.lowering.graph import GraphLowering, Program
 from kiln.passes import run_passes
+from kiln.passes.constant_split import split_constants
+from kiln.passes.constants import has_frozen_inputs, unmark_frozen
+from kiln.runtime.frozen import FrozenProgram
 from kiln.runtime.cpp_compile import load_library, workers
 from kiln.schedule import Schedule, schedule
 from kiln.schedule.fusion import FusedKernel
@@ -265,6 +268,11 @@ def compile_cpp(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CppProgram
     if has_symbolic_sizes(gm, inputs_only=True) or reads_input_values(gm):
         return Specialized(gm, compile_cpp)
     gm = run_passes(gm)
+    if has_frozen_inputs(gm):
+        split = split_constants(gm)
+        if split is not None:
+            return FrozenProgram(split, compile_cpp(split.runtime, [n.meta.get("val") for n in split.runtime.graph.nodes if n.op == "placeholder"]))
+        unmark_frozen(gm)
     try:
         compiled = CppProgram(GraphLowering(gm).lower())
     except NotImplementedError as error:

@@ -13,12 +13,20 @@ from torch import fx
 
 from kiln import logs
 from kiln.passes.bias_epilogue import bias_epilogue
+from kiln.passes.conv_batchnorm import conv_batchnorm
+from kiln.passes.conv_prepack import conv_prepack
+from kiln.passes.gemm_prepack import gemm_prepack
 from kiln.passes.scatter_accumulate import scatter_accumulate
 
 Pass = Callable[[fx.GraphModule], bool]  # edits the graph; True when it changed something
 
+# Passes over frozen weights (conv_batchnorm, conv_prepack, gemm_prepack) do nothing in graphs
+# without frozen inputs (training, or freezing off).
 PASSES: list[tuple[str, Pass]] = [
+    ("conv_batchnorm", conv_batchnorm),
+    ("conv_prepack", conv_prepack),
     ("bias_epilogue", bias_epilogue),
+    ("gemm_prepack", gemm_prepack),
     ("scatter_accumulate", scatter_accumulate),
 ]
 

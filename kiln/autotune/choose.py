@@ -1,0 +1,41 @@
+"""Pick the fastest of a few candidates, measured once per question and remembered on disk."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from kiln import logs
+from kiln.autotune import store
+from kiln.autotune.timing import median_seconds
+
+# Within this fraction of the fastest, the earlier candidate (the simpler one) is kept: closer
+# timings are noise on a shared machine, and a needless library switch is a risk for nothing.
+_TIE = 0.03
+
+# Results measured in this process, so a question asked by many graphs is answered once.
+_MEMORY: dict[str, dict[str, Any]] = {}
+
+
+def choose(op: str, signature: Any, candidates: dict[str, Callable[[], object]], budget_s: float = 0.2) -> str:
+    """The name of the fastest candidate for `signature` (anything with a stable repr: shapes,
+    dtypes, flags). Candidates run with inputs the caller prepared; the first is the reference."""
+    names = list(candidates)
+    if len(names) == 1:
+        return names[0]
+    key = store.question_key(op, signature, names)
+    result = _MEMORY.get(key) or store.load(key)
+    if result is None or result["choice"] not in candidates:
+        times = {name: median_seconds(run, budget_s) for name, run in candidates.items()}
+        best = min(times.values())
+        choice = next(name for name in names if times[name] <= best * (1 + _TIE))
+        result = {"op": op, "signature": repr(signature), "choice": choice, "seconds": times}
+        store.save(key, result)
+        logs.log("autotune", "%s %s: %s (%s)", op, signature, choice,
+                 ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in times.items()))
+    _MEMORY[key] = result
+    return result["choice"]
+
+
+def clear_memory() -> None:
+    """Forget this process's answers (tests: make the next question read the disk)."""
+    _MEMORY.clear()

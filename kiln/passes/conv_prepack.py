@@ -1,0 +1,114 @@
+"""A 2-d convolution with a frozen weight, and the pointwise ops after it, as one library call.
+
+    relu(conv(x, w, b) + other)  ->  kiln::conv(x, w, b, ..., "relu", other=other, impl)
+
+The post-ops oneDNN can apply inside its convolution are folded in: an added tensor of the
+output's shape (a residual), then one unary op. The implementation is measured per shape with
+its post-ops (kiln/autotune/gemm.py): oneDNN with the weight reordered once into its blocked
+layout and data in channels-last, ATen on channels-last data, or ATen as eager runs it, in which
+case the graph is left alone. Values after a channels-last convolution are channels-last too
+(`refresh_meta`), so the kernels between convolutions write the layout the next one reads.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from kiln import logs
+from kiln.autotune import mode as autotune_mode
+from kiln.autotune.gemm import choose_conv
+from kiln.passes.constants import ConstantSet, has_frozen_inputs
+from kiln.passes.fake_values import refresh_meta
+from kiln.passes.pattern import Op, Var, arguments, insert, matches, remove_dead
+
+aten = torch.ops.aten
+
+_CONV = Op(aten.convolution.default, Var("x"), Var("w"), Var("b"), Var("stride"), Var("padding"), Var("dilation"),
+           False, Var("output_padding"), Var("groups"))
+
+# ATen unary op -> (oneDNN post-op name, its scalars, its algorithm) from the node's arguments.
+_UNARY = {
+    aten.relu.default: lambda args: ("relu", [], ""),
+    aten.sigmoid.default: lambda args: ("sigmoid", [], ""),
+    aten.tanh.default: lambda args: ("tanh", [], ""),
+    aten.silu.default: lambda args: ("swish", [], ""),
+    aten.hardswish.default: lambda args: ("hardswish", [], ""),
+    aten.gelu.default: lambda args: ("gelu", [], args[1]),
+    aten.leaky_relu.default: lambda args: ("leaky_relu", [args[1]], ""),
+    aten.hardtanh.default: lambda args: ("hardtanh", [args[1], args[2]], ""),
+}
+
+
+def _only_user(node: fx.Node) -> fx.Node | None:
+    if len(node.users) != 1:
+        return None
+    user = next(iter(node.users))
+    return user if user.op == "call_function" else None
+
+
+def _residual(conv: fx.Node, add: fx.Node | None) -> fx.Node | None:
+    """The tensor added to the convolution's output, when `add` is such an add."""
+    if add is None or add.target is not aten.add.Tensor:
+        return None
+    args = arguments(add)
+    if len(args) != 3 or args[2] != 1:
+        return None
+    other = args[1] if args[0] is conv else args[0] if args[1] is conv else None
+    if not isinstance(other, fx.Node) or other is conv:
+        return None
+    vo, vc = other.meta.get("val"), conv.meta.get("val")
+    same = isinstance(vo, torch.Tensor) and vo.shape == vc.shape and vo.dtype == vc.dtype
+    return other if same else None
+
+
+def _post_ops(conv: fx.Node) -> tuple[fx.Node, fx.Node | None, tuple[str, list, str]]:
+    """The last node of the fusable chain after `conv`, the added tensor, the unary post-op."""
+    last, user = conv, _only_user(conv)
+    other = _residual(conv, user)
+    if other is not None:
+        last, user = user, _only_user(user)
+    if user is not None and user.target in _UNARY:
+        return user, other, _UNARY[user.target](arguments(user))
+    return last, other, ("none", [], "")
+
+
+def _static_float(*nodes: fx.Node) -> bool:
+    vals = [n.meta.get("val") for n in nodes]
+    return all(isinstance(v, torch.Tensor) and v.dtype in (torch.float32, torch.bfloat16)
+               and all(isinstance(s, int) for s in (*v.shape, *v.stride())) for v in vals)
+
+
+def conv_prepack(gm: fx.GraphModule) -> bool:
+    mode = autotune_mode()
+    if not has_frozen_inputs(gm):
+        return False
+    constants = ConstantSet(gm)
+    changed = False
+    for conv, found in matches(gm, _CONV):
+        x, w, b = found["x"], found["w"], found["b"]
+        if w not in constants or not constants.all(b) or w.meta["val"].dim() != 4 or not _static_float(x, w):
+            continue
+        if any(found["output_padding"]):
+            continue
+        last, other, (unary, scalars, algorithm) = _post_ops(conv)
+        conv_args = (found["stride"], found["padding"], found["dilation"], found["groups"])
+        if mode == "off":
+            impl = "onednn"
+        else:
+            impl = choose_conv(x.meta["val"], w.meta["val"], b.meta["val"] if b is not None else None, conv_args,
+                               unary, scalars, algorithm or None, other.meta["val"] if other is not None else None, mode)
+        logs.log("freezing", "%s %s w%s +%s %s: %s", conv.name, tuple(x.meta["val"].shape), tuple(w.meta["val"].shape),
+                 "residual" if other is not None else "", unary, impl)
+        if impl == "aten":
+            continue
+        if impl != "onednn":  # ATen on channels-last data: the post-ops stay kiln's kernels
+            last, other, (unary, scalars, algorithm) = conv, None, ("none", [], "")
+        fused = insert(gm, last, torch.ops.kiln.conv.default, x, w, b, *conv_args, unary, scalars, algorithm or None,
+                       other, impl)
+        last.replace_all_uses_with(fused)
+        remove_dead(gm, [last])
+        changed = True
+    if changed:
+        refresh_meta(gm)
+    return changed

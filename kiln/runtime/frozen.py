@@ -1,0 +1,73 @@
+"""A compiled graph whose parameters are frozen: constants computed once, kept valid by a check.
+
+On each call the frozen inputs must be the very tensors the constants were computed from, at the
+same version counter (an in-place change, an optimizer step, `load_state_dict`, bumps it). If not,
+the constants graph runs again on the new tensors: a weight changed after compiling gives the new,
+correct result, at the cost of one re-freeze. New tensors with other shapes, dtypes or strides
+than the compiled ones run the graphs through ATen, op by op, logged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+from kiln import logs
+from kiln.passes.constant_split import ConstantSplit
+from kiln.runtime.prepacked import packed_bytes
+
+
+def _signature(t: Any) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return type(t)
+    return (tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+
+
+class FrozenProgram:
+    """`(*args) -> outputs` of the original graph, from the runtime graph and cached constants."""
+
+    def __init__(self, split: ConstantSplit, runtime: Callable, label: str = "graph") -> None:
+        self.split, self.runtime, self.label = split, runtime, label
+        self.frozen_positions, self.runtime_positions = split.frozen_positions, split.runtime_positions
+        self.held: list[Any] = []
+        self.versions: list[int] = []
+        self.constants: tuple = ()
+        self.signatures: list[Any] | None = None
+        self.freezes = 0
+
+    def _stale(self, frozen: list[Any]) -> bool:
+        if [t._version for t in frozen] != self.versions:
+            return True
+        return any(a is not b for a, b in zip(frozen, self.held))
+
+    def _freeze(self, frozen: list[Any]) -> bool:
+        signatures = [_signature(t) for t in frozen]
+        if self.signatures is not None and signatures != self.signatures:
+            logs.log("freezing", "%s: a frozen input changed shape, dtype or strides; running the graph eagerly", self.label)
+            return False
+        with torch.no_grad():
+            self.constants = tuple(self.split.constants(*frozen))
+        self.held, self.versions, self.signatures = list(frozen), [t._version for t in frozen], signatures
+        self.freezes += 1
+        if self.freezes > 1:
+            logs.log("freezing", "%s: frozen inputs changed; constants computed again (%d times)", self.label, self.freezes)
+        return True
+
+    def __call__(self, *args: Any) -> Any:
+        frozen = [args[i] for i in self.frozen_positions]
+        if self._stale(frozen) and not self._freeze(frozen):
+            return self._eager(args, frozen)
+        return self.runtime(*[args[i] for i in self.runtime_positions], *self.constants)
+
+    def _eager(self, args: Sequence[Any], frozen: list[Any]) -> Any:
+        with torch.no_grad():
+            constants = self.split.constants(*frozen)
+            return self.split.runtime(*[args[i] for i in self.runtime_positions], *constants)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes kiln holds beyond the user's tensors: computed constants and packed weights."""
+        computed = sum(c.numel() * c.element_size() for c, own in zip(self.constants, self.split.computed)
+                       if own and isinstance(c, torch.Tensor))
+        packs = sum(packed_bytes(c) for c in self.constants if isinstance(c, torch.Tensor))
+        return {"constants": computed, "packed": packs}
+

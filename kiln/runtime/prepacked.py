@@ -1,0 +1,162 @@
+"""kiln's extern ops over frozen weights: `kiln::mm` and `kiln::conv`.
+
+A frozen weight reaches these ops as an ordinary strided tensor (a constant the frozen graph
+computed once, kiln/runtime/frozen.py), so every layer of the backend sees plain tensors. The
+library layout an implementation wants (oneDNN's blocked weights, MKL's packed GEMM weights, a
+contiguous transpose) is made on the first call and kept on the weight tensor object itself,
+tagged with the weight's version counter: a weight changed in place is packed again, and a new
+weight object starts with no pack.
+
+`impl` names the implementation the autotuner chose for these shapes (kiln/autotune/gemm.py);
+each is a function in `MM_IMPLS` / `CONV_IMPLS`, the same ones the autotuner times.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+aten, mkldnn, mkl = torch.ops.aten, torch.ops.mkldnn, torch.ops.mkl
+
+_lib = torch.library.Library("kiln", "DEF")
+_lib.define("mm(Tensor a, Tensor b, Tensor? bias, str impl) -> Tensor")
+_lib.define(
+    "conv(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, "
+    "str unary, Scalar?[] scalars, str? algorithm, Tensor? other, str impl) -> Tensor"
+)
+
+_PACKS = "_kiln_packs"
+
+
+def packed(weight: torch.Tensor, kind: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """`make()`'s packed form of `weight`, made once per weight object and version."""
+    packs = weight.__dict__.setdefault(_PACKS, {})
+    entry = packs.get(kind)
+    if entry is None or entry[0] != weight._version:
+        with torch.no_grad():
+            entry = packs[kind] = (weight._version, make())
+    return entry[1]
+
+
+def packed_bytes(weight: torch.Tensor) -> int:
+    """Memory held by `weight`'s packed forms."""
+    return sum(p.numel() * p.element_size() for _, p in weight.__dict__.get(_PACKS, {}).values())
+
+
+# ---- kiln::mm(a [M, K], b [K, N], bias [N] | None) -------------------------------------------
+
+def _mm_aten(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return aten.addmm(bias, a, b) if bias is not None else aten.mm(a, b)
+
+
+def _mm_dense(order: str) -> Callable:
+    # b copied once into row-major [K, N] ("kn") or [N, K] read transposed ("nk"): BLAS's speed
+    # depends on which, by shape.
+    def run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        make = (lambda: b.contiguous()) if order == "kn" else (lambda: b.t().contiguous().t())
+        return _mm_aten(a, packed(b, order, make), bias)
+
+    return run
+
+
+def _mm_mkl(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    weight = packed(b, "nk", lambda: b.t().contiguous().t()).t()
+    mkl_weight = packed(b, f"mkl{a.shape[0]}", lambda: mkl._mkl_reorder_linear_weight(weight, a.shape[0]))
+    return mkl._mkl_linear(a, mkl_weight, weight, bias, a.shape[0])
+
+
+def _mm_onednn(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    weight = packed(b, f"onednn{a.shape[0]}", lambda: mkldnn._reorder_linear_weight(b.t(), a.shape[0]))
+    return mkldnn._linear_pointwise(a, weight, bias, "none", [], "")
+
+
+MM_IMPLS: dict[str, Callable] = {
+    "aten": _mm_aten,
+    "aten_kn": _mm_dense("kn"),
+    "aten_nk": _mm_dense("nk"),
+    "mkl": _mm_mkl,
+    "onednn": _mm_onednn,
+}
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, impl: str) -> torch.Tensor:
+    return MM_IMPLS[impl](a, b, bias)
+
+
+def _mm_fake(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, impl: str) -> torch.Tensor:
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+# ---- kiln::conv: 2-d convolution with optional unary post-op and added tensor ----------------
+
+# The post-ops oneDNN applies in its convolution, and the ATen function that means the same.
+UNARY: dict[str, Callable[..., torch.Tensor]] = {
+    "none": lambda y: y,
+    "relu": torch.relu,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "swish": torch.nn.functional.silu,
+    "hardswish": torch.nn.functional.hardswish,
+    "gelu": lambda y, approximate="none": torch.nn.functional.gelu(y, approximate=approximate or "none"),
+    "leaky_relu": lambda y, slope: torch.nn.functional.leaky_relu(y, slope),
+    "hardtanh": lambda y, low, high: torch.clamp(y, low, high),
+}
+
+
+def _unary_aten(y: torch.Tensor, unary: str, scalars: list, algorithm: str | None) -> torch.Tensor:
+    if unary == "gelu":
+        return UNARY["gelu"](y, algorithm)
+    return UNARY[unary](y, *scalars)
+
+
+def _conv_aten(memory_format: torch.memory_format | None) -> Callable:
+    def run(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other):
+        if memory_format is not None:
+            x = x.contiguous(memory_format=memory_format)
+            weight = packed(weight, "channels_last", lambda: weight.contiguous(memory_format=memory_format))
+        y = aten.convolution(x, weight, bias, stride, padding, dilation, False, [0, 0], groups)
+        if other is not None:
+            y = y + other
+        return _unary_aten(y, unary, scalars, algorithm)
+
+    return run
+
+
+def _conv_onednn(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other):
+    x = x.contiguous(memory_format=torch.channels_last)
+    blocked = packed(weight, f"onednn{tuple(x.shape)}", lambda: mkldnn._reorder_convolution_weight(
+        weight, padding, stride, dilation, groups, list(x.shape)))
+    if other is None:
+        return mkldnn._convolution_pointwise(x, blocked, bias, padding, stride, dilation, groups, unary, scalars, algorithm)
+    other = other.contiguous(memory_format=torch.channels_last)
+    unary_or_none = None if unary == "none" else unary
+    return mkldnn._convolution_pointwise.binary(
+        x, other, blocked, bias, padding, stride, dilation, groups, "add", 1.0, unary_or_none, scalars, algorithm)
+
+
+CONV_IMPLS: dict[str, Callable] = {
+    "aten": _conv_aten(None),
+    "aten_channels_last": _conv_aten(torch.channels_last),
+    "onednn": _conv_onednn,
+}
+
+
+def _conv(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other, impl):
+    return CONV_IMPLS[impl](x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other)
+
+
+def _conv_fake(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other, impl):
+    if impl == "aten":
+        y = aten.convolution(x, weight, bias, stride, padding, dilation, False, [0, 0], groups)
+        return y if other is None else y + other
+    y = aten.convolution(x.contiguous(memory_format=torch.channels_last), weight, bias, stride, padding,
+                         dilation, False, [0, 0], groups)
+    return y.contiguous(memory_format=torch.channels_last)
+
+
+_lib.impl("mm", _mm, "CPU")
+_lib.impl("conv", _conv, "CPU")
+torch.library.register_fake("kiln::mm", _mm_fake, lib=_lib)
+torch.library.register_fake("kiln::conv", _conv_fake, lib=_lib)
+
