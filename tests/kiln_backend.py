@@ -19,14 +19,18 @@ def private_cache(tmp_path):
         yield tmp_path / "cache"
 
 
-def compiled(fn, *inputs):
-    """(outputs, CppProgram of the first graph) of `fn` (a function or module) compiled by kiln."""
+def compiled(fn, *inputs, freezing=False, autotune="off"):
+    """(outputs, CppProgram of the first graph) of `fn` (a function or module) compiled by kiln.
+
+    Freezing is off unless asked for, so a test of one backend feature sees the module's
+    parameters as graph inputs; with `freezing=True` the program is a FrozenProgram whose
+    `runtime` is the CppProgram."""
     programs = []
 
     def compile_graph(gm, example_inputs):
         programs.append(compile_cpp(gm, example_inputs))
         return programs[-1]
 
-    with torch.no_grad():
+    with torch.no_grad(), kiln.config.patch({"backend.freezing": freezing, "backend.autotune": autotune}):
         out = aot.compile(fx.symbolic_trace(fn), list(inputs), compile_graph)(*inputs)
     return out, programs[0]

@@ -16,16 +16,22 @@ _TIE = 0.03
 _MEMORY: dict[str, dict[str, Any]] = {}
 
 
-def choose(op: str, signature: Any, candidates: dict[str, Callable[[], object]], budget_s: float = 0.2) -> str:
+def choose(op: str, signature: Any, candidates: dict[str, Callable[[], object]], budget_s: float = 0.2,
+           after_each: Callable[[], None] | None = None) -> str:
     """The name of the fastest candidate for `signature` (anything with a stable repr: shapes,
-    dtypes, flags). Candidates run with inputs the caller prepared; the first is the reference."""
+    dtypes, flags). Candidates run with inputs the caller prepared; the first one wins ties.
+    `after_each` runs after each candidate's timing (to free what it allocated)."""
     names = list(candidates)
     if len(names) == 1:
         return names[0]
     key = store.question_key(op, signature, names)
     result = _MEMORY.get(key) or store.load(key)
     if result is None or result["choice"] not in candidates:
-        times = {name: median_seconds(run, budget_s) for name, run in candidates.items()}
+        times = {}
+        for name, run in candidates.items():
+            times[name] = median_seconds(run, budget_s)
+            if after_each is not None:
+                after_each()
         best = min(times.values())
         choice = next(name for name in names if times[name] <= best * (1 + _TIE))
         result = {"op": op, "signature": repr(signature), "choice": choice, "seconds": times}

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from kiln.autotune.choose import choose
-from kiln.runtime.prepacked import CONV_IMPLS, MM_IMPLS
+from kiln.runtime.prepacked import CONV_IMPLS, MM_IMPLS, drop_packs
 
 # Timing budget per candidate in seconds: the default search, and mode="max-autotune"'s.
 BUDGET = {"default": 0.05, "max-autotune": 0.3}
@@ -25,29 +25,36 @@ def _like(val: torch.Tensor, memory_format: torch.memory_format | None = None) -
     return torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype).normal_()
 
 
-def _guarded(run: Callable[[], object]) -> Callable[[], object] | None:
+def _runs(run: Callable[[], object]) -> bool:
     try:
         with torch.no_grad():
             run()
     except RuntimeError:
-        return None
-    return run
+        return False
+    return True
 
 
-def _timed(candidates: dict[str, Callable[[], object]]) -> dict[str, Callable[[], object]]:
+def _timed(candidates: dict[str, Callable[[], object]], weight: torch.Tensor) -> dict[str, Callable[[], object]]:
+    """The candidates that run, each under no_grad; packs made by the trial runs are dropped."""
+
     def no_grad(run: Callable[[], object]) -> Callable[[], object]:
         def go() -> object:
             with torch.no_grad():
                 return run()
         return go
 
-    return {name: no_grad(run) for name, run in candidates.items() if _guarded(run) is not None}
+    working = {}
+    for name, run in candidates.items():
+        if _runs(run):
+            working[name] = no_grad(run)
+        drop_packs(weight)
+    return working
 
 
-def mm_impls(dtype: torch.dtype) -> list[str]:
-    """The mm candidates for `dtype`, ATen first (the reference a tie goes to)."""
+def mm_impls(dtype: torch.dtype, mode: str) -> list[str]:
+    """The mm candidates for `dtype`, ATen first (a tie goes to it: no copy of the weight)."""
     names = ["aten", "aten_kn", "aten_nk", "onednn"]
-    if dtype == torch.float32 and torch.backends.mkl.is_available():
+    if mode == "max-autotune" and dtype == torch.float32 and torch.backends.mkl.is_available():
         names.append("mkl")
     return names
 
@@ -56,26 +63,25 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
     """The fastest `kiln::mm` implementation for fake or meta values `a` [M, K], `b` [K, N]."""
     ra, rb = _like(a), _like(b)
     rbias = _like(bias) if bias is not None else None
-    candidates = {name: (lambda f=MM_IMPLS[name]: f(ra, rb, rbias)) for name in mm_impls(a.dtype)}
+    candidates = {name: (lambda f=MM_IMPLS[name]: f(ra, rb, rbias)) for name in mm_impls(a.dtype, mode)}
     signature = (tuple(a.shape), tuple(b.shape), tuple(b.stride()), str(a.dtype), bias is not None)
-    return choose("mm", signature, _timed(candidates), BUDGET[mode])
+    return choose("mm", signature, _timed(candidates, rb), BUDGET[mode], after_each=lambda: drop_packs(rb))
 
 
-def choose_conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, conv_args: tuple, unary: str,
-                scalars: list, algorithm: str | None, other: torch.Tensor | None, mode: str = "default") -> str:
-    """The fastest `kiln::conv` implementation, post-ops included: ATen's convolution on eager's
-    layout or on channels-last data, or oneDNN with a blocked weight and the post-ops fused."""
+def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: torch.Tensor | None, conv_args: tuple,
+                unary: str, scalars: list, algorithm: str | None, other: torch.Tensor | None, mode: str = "default") -> str:
+    """The fastest `kiln::conv` implementation, post-ops included: ATen's convolution on the
+    input as it arrives, ATen on channels-last data, or oneDNN with a blocked weight and the
+    post-ops fused. Input that arrives channels-last (from an earlier rewritten convolution)
+    leaves ATen's own layout out: its convolution on such data takes a slow path."""
     stride, padding, dilation, groups = conv_args
-    rw = _like(w)
+    arriving = torch.channels_last if x_channels_last else None
+    rx, rw = _like(x, arriving), _like(w)
     rbias = _like(bias) if bias is not None else None
-    candidates: dict[str, Callable[[], object]] = {}
-    for name, impl in CONV_IMPLS.items():
-        fmt = None if name == "aten" else torch.channels_last
-        rx = _like(x, fmt)
-        rother = _like(other, fmt) if other is not None else None
-        candidates[name] = lambda impl=impl, rx=rx, rother=rother: impl(
-            rx, rw, rbias, stride, padding, dilation, groups, unary, scalars, algorithm, rother)
-    signature = (tuple(x.shape), tuple(x.stride()), tuple(w.shape), str(x.dtype), bias is not None, tuple(stride),
+    rother = _like(other, arriving) if other is not None else None
+    names = [n for n in CONV_IMPLS if not (x_channels_last and n == "aten")]
+    candidates = {name: (lambda impl=CONV_IMPLS[name]: impl(
+        rx, rw, rbias, stride, padding, dilation, groups, unary, scalars, algorithm, rother)) for name in names}
+    signature = (tuple(x.shape), tuple(rx.stride()), tuple(w.shape), str(x.dtype), bias is not None, tuple(stride),
                  tuple(padding), tuple(dilation), groups, unary, tuple(scalars), algorithm, other is not None)
-    return choose("conv", signature, _timed(candidates), BUDGET[mode])
-
+    return choose("conv", signature, _timed(candidates, rw), BUDGET[mode], after_each=lambda: drop_packs(rw))

@@ -3,7 +3,8 @@
     relu(conv(x, w, b) + other)  ->  kiln::conv(x, w, b, ..., "relu", other=other, impl)
 
 The post-ops oneDNN can apply inside its convolution are folded in: an added tensor of the
-output's shape (a residual), then one unary op. The implementation is measured per shape with
+output's shape (a residual), then one unary op (relu, sigmoid, tanh, silu, gelu, leaky_relu,
+hardtanh; hardswish when the graph has it whole, which the core-ATen table does not leave). The implementation is measured per shape with
 its post-ops (kiln/autotune/gemm.py): oneDNN with the weight reordered once into its blocked
 layout and data in channels-last, ATen on channels-last data, or ATen as eager runs it, in which
 case the graph is left alone. Values after a channels-last convolution are channels-last too
@@ -20,7 +21,7 @@ from kiln.autotune import mode as autotune_mode
 from kiln.autotune.gemm import choose_conv
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
 from kiln.passes.fake_values import refresh_meta
-from kiln.passes.pattern import Op, Var, arguments, insert, matches, remove_dead
+from kiln.passes.pattern import Op, Var, arguments, insert, match, matches, remove_dead
 
 aten = torch.ops.aten
 
@@ -62,6 +63,21 @@ def _residual(conv: fx.Node, add: fx.Node | None) -> fx.Node | None:
     return other if same else None
 
 
+_SILU = Op(aten.mul.Tensor, Var("y"), Op(aten.sigmoid.default, Var("y")), commutative=True)
+
+
+def _decomposed_silu(value: fx.Node) -> fx.Node | None:
+    """The `value * sigmoid(value)` node (silu as the core-ATen table writes it), if that is
+    all `value` feeds."""
+    if len(value.users) != 2:
+        return None
+    for user in value.users:
+        found = match(_SILU, user) if user.op == "call_function" else None
+        if found is not None and found["y"] is value:
+            return user
+    return None
+
+
 def _post_ops(conv: fx.Node) -> tuple[fx.Node, fx.Node | None, tuple[str, list, str]]:
     """The last node of the fusable chain after `conv`, the added tensor, the unary post-op."""
     last, user = conv, _only_user(conv)
@@ -70,6 +86,9 @@ def _post_ops(conv: fx.Node) -> tuple[fx.Node, fx.Node | None, tuple[str, list, 
         last, user = user, _only_user(user)
     if user is not None and user.target in _UNARY:
         return user, other, _UNARY[user.target](arguments(user))
+    silu = _decomposed_silu(last)
+    if silu is not None:
+        return silu, other, ("swish", [], "")
     return last, other, ("none", [], "")
 
 
@@ -79,11 +98,25 @@ def _static_float(*nodes: fx.Node) -> bool:
                and all(isinstance(s, int) for s in (*v.shape, *v.stride())) for v in vals)
 
 
+def _descendants(node: fx.Node, into: set[fx.Node]) -> None:
+    """`node` and everything computed from it, added to `into`."""
+    into.add(node)
+    pending = [node]
+    while pending:
+        for user in pending.pop().users:
+            if user not in into:
+                into.add(user)
+                pending.append(user)
+
+
 def conv_prepack(gm: fx.GraphModule) -> bool:
     mode = autotune_mode()
     if not has_frozen_inputs(gm):
         return False
     constants = ConstantSet(gm)
+    # Values computed from a rewritten convolution's channels-last output: their fake values
+    # (eager's layout) are stale until refresh_meta, and ATen's convolution on them is slow.
+    channels_last: set[fx.Node] = set()
     changed = False
     for conv, found in matches(gm, _CONV):
         x, w, b = found["x"], found["w"], found["b"]
@@ -96,8 +129,9 @@ def conv_prepack(gm: fx.GraphModule) -> bool:
         if mode == "off":
             impl = "onednn"
         else:
-            impl = choose_conv(x.meta["val"], w.meta["val"], b.meta["val"] if b is not None else None, conv_args,
-                               unary, scalars, algorithm or None, other.meta["val"] if other is not None else None, mode)
+            impl = choose_conv(x.meta["val"], x in channels_last, w.meta["val"], b.meta["val"] if b is not None else None,
+                               conv_args, unary, scalars, algorithm or None,
+                               other.meta["val"] if other is not None else None, mode)
         logs.log("freezing", "%s %s w%s +%s %s: %s", conv.name, tuple(x.meta["val"].shape), tuple(w.meta["val"].shape),
                  "residual" if other is not None else "", unary, impl)
         if impl == "aten":
@@ -108,6 +142,7 @@ def conv_prepack(gm: fx.GraphModule) -> bool:
                        other, impl)
         last.replace_all_uses_with(fused)
         remove_dead(gm, [last])
+        _descendants(fused, channels_last)
         changed = True
     if changed:
         refresh_meta(gm)

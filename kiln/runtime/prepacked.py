@@ -39,6 +39,10 @@ def packed(weight: torch.Tensor, kind: str, make: Callable[[], torch.Tensor]) ->
     return entry[1]
 
 
+def drop_packs(weight: torch.Tensor) -> None:
+    weight.__dict__.pop(_PACKS, None)
+
+
 def packed_bytes(weight: torch.Tensor) -> int:
     """Memory held by `weight`'s packed forms."""
     return sum(p.numel() * p.element_size() for _, p in weight.__dict__.get(_PACKS, {}).values())
@@ -61,9 +65,10 @@ def _mm_dense(order: str) -> Callable:
 
 
 def _mm_mkl(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    weight = packed(b, "nk", lambda: b.t().contiguous().t()).t()
-    mkl_weight = packed(b, f"mkl{a.shape[0]}", lambda: mkl._mkl_reorder_linear_weight(weight, a.shape[0]))
-    return mkl._mkl_linear(a, mkl_weight, weight, bias, a.shape[0])
+    # MKL's packed weight takes four times the weight's memory (torch sizes it in floats, not
+    # bytes): a candidate of mode="max-autotune" only.
+    mkl_weight = packed(b, f"mkl{a.shape[0]}", lambda: mkl._mkl_reorder_linear_weight(b.t(), a.shape[0]))
+    return mkl._mkl_linear(a, mkl_weight, b.t(), bias, a.shape[0])
 
 
 def _mm_onednn(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -135,10 +140,11 @@ def _conv_onednn(x, weight, bias, stride, padding, dilation, groups, unary, scal
         x, other, blocked, bias, padding, stride, dilation, groups, "add", 1.0, unary_or_none, scalars, algorithm)
 
 
+# In order of preference when timings tie (kiln/autotune/choose.py).
 CONV_IMPLS: dict[str, Callable] = {
-    "aten": _conv_aten(None),
-    "aten_channels_last": _conv_aten(torch.channels_last),
     "onednn": _conv_onednn,
+    "aten_channels_last": _conv_aten(torch.channels_last),
+    "aten": _conv_aten(None),
 }
 
 

@@ -1,0 +1,98 @@
+"""Autotuning picks the measured fastest candidate, keeps the answer on disk, and a later process
+uses it without measuring; a damaged entry is measured again."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import kiln
+from kiln.autotune import choose, store
+from kiln.autotune.choose import clear_memory
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path):
+    clear_memory()
+    with kiln.config.patch({"cache.dir": str(tmp_path / "cache")}):
+        yield tmp_path / "cache"
+    clear_memory()
+
+
+def _sleeper(seconds, calls):
+    def run():
+        calls.append(seconds)
+        time.sleep(seconds)
+    return run
+
+
+def test_the_faster_candidate_wins_and_is_remembered():
+    calls = []
+    candidates = {"slow": _sleeper(0.004, calls), "fast": _sleeper(0.001, calls)}
+    assert choose("demo", (1, 2), candidates, budget_s=0.01) == "fast"
+    measured = len(calls)
+    assert choose("demo", (1, 2), candidates, budget_s=0.01) == "fast" and len(calls) == measured
+    assert choose("demo", (1, 3), candidates, budget_s=0.01) == "fast" and len(calls) > measured  # a new question
+
+
+def test_within_three_percent_the_first_candidate_wins(monkeypatch):
+    choose_module = sys.modules["kiln.autotune.choose"]  # the package re-exports the function under this name
+
+    first, second = (lambda: None), (lambda: None)
+    monkeypatch.setattr(choose_module, "median_seconds", lambda run, budget: 1.0 if run is first else timing[0])
+    timing = [0.98]
+    assert choose("demo", "tie", {"first": first, "second": second}) == "first"
+    timing = [0.9]
+    assert choose("demo", "clear", {"first": first, "second": second}) == "second"
+
+
+_CHILD = textwrap.dedent("""
+    import sys, time
+    import kiln
+    from kiln.autotune import choose
+    kiln.config.cache.dir = sys.argv[1]
+    measured = []
+    def sleeper(s):
+        return lambda: (measured.append(s), time.sleep(s))
+    # Measuring now would pick "b"; the answer written by the first process says "a".
+    print(choose("demo", ("shape",), {"a": sleeper(float(sys.argv[2])), "b": sleeper(float(sys.argv[3]))}, budget_s=0.01), len(measured))
+""")
+
+
+def _child(cache, a, b):
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(cache), str(a), str(b)], capture_output=True, text=True, check=True)
+    choice, measured = out.stdout.split()
+    return choice, int(measured)
+
+
+def test_a_result_written_by_one_process_is_used_by_the_next(private_cache):
+    choice, measured = _child(private_cache, 0.001, 0.004)
+    assert choice == "a" and measured > 0
+    choice, measured = _child(private_cache, 0.004, 0.001)
+    assert choice == "a" and measured == 0
+
+
+def test_a_damaged_entry_is_measured_again(private_cache):
+    calls = []
+    assert choose("demo", "damaged", {"a": _sleeper(0.001, calls), "b": _sleeper(0.004, calls)}, budget_s=0.01) == "a"
+    (entry,) = [p for p in private_cache.rglob("*.json")]
+    entry.write_text(entry.read_text().replace('"a"', '"b"'))  # edited: its digest no longer matches
+    clear_memory()
+    calls.clear()
+    assert choose("demo", "damaged", {"a": _sleeper(0.001, calls), "b": _sleeper(0.004, calls)}, budget_s=0.01) == "a"
+    assert calls  # measured again, not read
+
+
+def test_the_key_names_threads_and_candidates():
+    import torch
+
+    key = store.question_key("mm", (1, 2), ["a", "b"])
+    assert key != store.question_key("mm", (1, 2), ["a", "c"])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert key != store.question_key("mm", (1, 2), ["a", "b"])
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,185 @@
+"""Freezing: parameters become constants of the compiled graph, folded and prepacked once, and
+recomputed when the user changes them. Autotuning is off here, so oneDNN runs every frozen
+convolution (its fixed rule) and matrix products stay ATen's unless a test picks one."""
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+from kiln.runtime.frozen import FrozenProgram
+from kiln.runtime.prepacked import MM_IMPLS
+from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
+
+VIEWS = {"aten.as_strided.default", "aten.alias.default"}
+
+
+def _externs(program):
+    return [str(s.op) for s in program.runtime.schedule.externs if str(s.op) not in VIEWS]
+
+
+def _randomize_norms(model):
+    torch.manual_seed(1)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-1, 1)
+            m.running_var.uniform_(0.5, 2)
+            if m.affine:
+                m.weight.data.uniform_(0.5, 2)
+                m.bias.data.uniform_(-1, 1)
+    return model.eval()
+
+
+def _frozen(model, x):
+    out, program = compiled(model, x, freezing=True)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    assert isinstance(program, FrozenProgram)
+    return program
+
+
+class ConvBnRelu(nn.Module):
+    def __init__(self, bias=False, affine=True):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1, bias=bias)
+        self.norm = nn.BatchNorm2d(8, affine=affine)
+
+    def forward(self, x):
+        return torch.relu(self.norm(self.conv(x)))
+
+
+@pytest.mark.parametrize("bias,affine", [(False, True), (True, True), (True, False)])
+def test_batch_norm_folds_into_the_convolution_and_relu_fuses(bias, affine):
+    torch.manual_seed(0)
+    program = _frozen(_randomize_norms(ConvBnRelu(bias, affine)), torch.randn(2, 4, 10, 10))
+    assert _externs(program) == ["kiln.conv.default"]
+    assert not program.runtime.schedule.kernels  # no norm, no relu: all inside the convolution
+    conv = next(s for s in program.runtime.schedule.externs if str(s.op) == "kiln.conv.default")
+    assert conv.args[7] == "relu" and conv.args[-1] == "onednn"
+
+
+class Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = ConvBnRelu(), nn.Conv2d(8, 8, 3, padding=1)
+        self.norm = nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        y = self.a(x)
+        return torch.relu(self.norm(self.b(y)) + y)
+
+
+def test_residual_add_and_relu_fuse_into_the_second_convolution():
+    torch.manual_seed(0)
+    program = _frozen(_randomize_norms(Residual()), torch.randn(1, 4, 12, 12))
+    assert _externs(program) == ["kiln.conv.default", "kiln.conv.default"]
+    second = [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.conv.default"][1]
+    assert second.args[7] == "relu" and second.args[10] is not None  # the residual is an operand
+    assert not program.runtime.schedule.kernels
+
+
+@pytest.mark.parametrize("act", [nn.ReLU(), nn.Sigmoid(), nn.Tanh(), nn.SiLU(), nn.GELU(),
+                                 nn.GELU(approximate="tanh"), nn.LeakyReLU(0.2), nn.ReLU6()],
+                         ids=lambda m: repr(m))
+def test_each_unary_post_op_fuses_into_the_convolution(act):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), act).eval()
+    program = _frozen(model, torch.randn(1, 3, 9, 9))
+    assert _externs(program) == ["kiln.conv.default"] and not program.runtime.schedule.kernels
+
+
+def test_kernels_after_a_channels_last_convolution_write_channels_last_for_the_next():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3)).eval()
+    program = _frozen(model, torch.randn(1, 3, 16, 16))
+    second = [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.conv.default"][1]
+    pooled = second.args[0]
+    assert pooled.layout.stride[1] == 1  # channels innermost: no conversion before oneDNN
+
+
+@pytest.mark.parametrize("impl", list(MM_IMPLS))
+def test_every_mm_implementation_matches_eager(impl, monkeypatch):
+    if impl == "mkl" and not torch.backends.mkl.is_available():
+        pytest.skip("this torch has no MKL")
+    import kiln.passes.gemm_prepack as gemm_prepack
+
+    monkeypatch.setattr(gemm_prepack, "choose_mm", lambda *args: impl)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).eval()
+    x = torch.randn(1, 5, 16)
+    out, program = compiled(model, x, freezing=True, autotune="default")
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+        y = torch.randn(1, 5, 16)  # a second call: the packs made by the first are reused
+        torch.testing.assert_close(program(*_flat(model), y)[0], model(y), rtol=1e-4, atol=1e-4)
+    externs = _externs(program)
+    assert externs.count("kiln.mm.default") == (0 if impl == "aten" else 2)
+
+
+def _flat(model):
+    return [*model.parameters(), *model.buffers()]
+
+
+class Changing(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = ConvBnRelu()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.conv(x).mean((2, 3)))
+
+
+@pytest.mark.parametrize("how", ["in_place", "new_parameter", "load_state_dict", "buffer"])
+def test_a_weight_changed_after_compiling_gives_the_new_result(how):
+    torch.manual_seed(0)
+    model = _randomize_norms(Changing())
+    compiled_model = kiln.compile(model)
+    x = torch.randn(2, 4, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled_model(x), model(x), rtol=1e-4, atol=1e-4)
+        if how == "in_place":
+            model.conv.conv.weight.mul_(-0.5)
+        elif how == "new_parameter":
+            model.head.weight = nn.Parameter(torch.randn(3, 8))
+        elif how == "load_state_dict":
+            other = _randomize_norms(Changing())
+            for p in other.parameters():
+                p.data.normal_()
+            model.load_state_dict(other.state_dict())
+        else:
+            model.conv.norm.running_var.mul_(4.0)
+        torch.testing.assert_close(compiled_model(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_freezing_off_and_training_leave_parameters_as_inputs():
+    torch.manual_seed(0)
+    model = _randomize_norms(ConvBnRelu())
+    x = torch.randn(1, 4, 6, 6)
+    _, program = compiled(model, x, freezing=False)
+    assert not isinstance(program, FrozenProgram)
+    assert any(str(s.op) == "aten.convolution.default" for s in program.schedule.externs)
+
+
+def test_memory_of_constants_and_packs_is_reported():
+    torch.manual_seed(0)
+    model = _randomize_norms(ConvBnRelu())
+    program = _frozen(model, torch.randn(1, 4, 6, 6))
+    memory = program.memory()
+    weight_bytes = model.conv.weight.numel() * 4
+    assert memory["constants"] >= weight_bytes  # the folded weight (and bias) are kiln's own
+    assert memory["packed"] >= weight_bytes  # oneDNN's blocked copy
+
+
+def test_a_frozen_input_of_another_shape_runs_the_graph_through_aten():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4)).eval()
+    _, program = compiled(model, torch.randn(3, 6), freezing=True)
+    weight, bias = model[0].weight, model[0].bias
+    x = torch.randn(3, 6)
+    wider_w, wider_b = torch.randn(5, 6), torch.randn(5)
+    with torch.no_grad():
+        (out,) = program(wider_w, wider_b, x)
+        torch.testing.assert_close(out, x @ wider_w.t() + wider_b)
+        (out,) = program(weight, bias, x)  # the compiled shapes again: fine
+        torch.testing.assert_close(out, model(x))
