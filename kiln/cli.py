@@ -1,5 +1,6 @@
 """The `kiln` command: `kiln bench` runs the benchmark, `kiln report` re-renders a saved run,
-`kiln capture-cost` measures what kiln's own capture costs per model."""
+`kiln capture-cost` measures what kiln's own capture costs per model, `kiln autotune` fills the
+autotune cache for models ahead of time."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 import sys
 
 from kiln import logs
+from kiln.autotune import cli as autotune_cli
 from kiln.bench import capture_cost, cli as bench_cli
 
 
@@ -16,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_cli.add_bench_command(commands)
     bench_cli.add_report_command(commands)
     capture_cost.add_command(commands)
+    autotune_cli.add_command(commands)
     args = parser.parse_args(argv)
     try:
         logs.enabled_artifacts()  # a typo in KILN_LOGS fails now, not in the middle of a run

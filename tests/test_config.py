@@ -58,6 +58,8 @@ def test_defaults():
         "debug.dump_dir": None,
         "cache.dir": "~/.cache/kiln",
         "backend.compile_workers": 0,
+        "backend.freezing": True,
+        "backend.autotune": "default",
         "capture.recompile_limit": 8,
         "capture.inline_depth": 64,
         "bench.timeout_s": 900.0,

@@ -2,7 +2,8 @@
 
 The candidates are the functions `kiln::mm` and `kiln::conv` dispatch to (kiln/runtime/prepacked.py),
 run on random tensors of the node's shapes, dtypes and strides. The weight's packing is done in
-the warm-up run, so only the steady state is timed. A candidate that raises (a library without
+the warm-up run, so only the steady state is timed, and dropped after each candidate, so at most
+one packed copy of a trial weight exists at a time. A candidate that raises (a library without
 that dtype) is out.
 """
 
@@ -25,30 +26,14 @@ def _like(val: torch.Tensor, memory_format: torch.memory_format | None = None) -
     return torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype).normal_()
 
 
-def _runs(run: Callable[[], object]) -> bool:
-    try:
-        with torch.no_grad():
-            run()
-    except RuntimeError:
-        return False
-    return True
-
-
-def _timed(candidates: dict[str, Callable[[], object]], weight: torch.Tensor) -> dict[str, Callable[[], object]]:
-    """The candidates that run, each under no_grad; packs made by the trial runs are dropped."""
-
-    def no_grad(run: Callable[[], object]) -> Callable[[], object]:
+def _no_grad(candidates: dict[str, Callable[[], object]]) -> dict[str, Callable[[], object]]:
+    def wrap(run: Callable[[], object]) -> Callable[[], object]:
         def go() -> object:
             with torch.no_grad():
                 return run()
         return go
 
-    working = {}
-    for name, run in candidates.items():
-        if _runs(run):
-            working[name] = no_grad(run)
-        drop_packs(weight)
-    return working
+    return {name: wrap(run) for name, run in candidates.items()}
 
 
 def mm_impls(dtype: torch.dtype, mode: str) -> list[str]:
@@ -65,7 +50,7 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
     rbias = _like(bias) if bias is not None else None
     candidates = {name: (lambda f=MM_IMPLS[name]: f(ra, rb, rbias)) for name in mm_impls(a.dtype, mode)}
     signature = (tuple(a.shape), tuple(b.shape), tuple(b.stride()), str(a.dtype), bias is not None)
-    return choose("mm", signature, _timed(candidates, rb), BUDGET[mode], after_each=lambda: drop_packs(rb))
+    return choose("mm", signature, _no_grad(candidates), BUDGET[mode], after_each=lambda: drop_packs(rb))
 
 
 def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: torch.Tensor | None, conv_args: tuple,
@@ -84,4 +69,4 @@ def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: t
         rx, rw, rbias, stride, padding, dilation, groups, unary, scalars, algorithm, rother)) for name in names}
     signature = (tuple(x.shape), tuple(rx.stride()), tuple(w.shape), str(x.dtype), bias is not None, tuple(stride),
                  tuple(padding), tuple(dilation), groups, unary, tuple(scalars), algorithm, other is not None)
-    return choose("conv", signature, _timed(candidates, rw), BUDGET[mode], after_each=lambda: drop_packs(rw))
+    return choose("conv", signature, _no_grad(candidates), BUDGET[mode], after_each=lambda: drop_packs(rw))

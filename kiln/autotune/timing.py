@@ -8,7 +8,7 @@ import time
 from typing import Callable
 
 
-def median_seconds(run: Callable[[], object], budget_s: float, min_runs: int = 3, max_runs: int = 25) -> float:
+def median_seconds(run: Callable[[], object], budget_s: float, min_runs: int = 2, max_runs: int = 25) -> float:
     run()  # warm-up: first-touch page faults, library dispatch caches, packing done on first call
     times: list[float] = []
     spent = 0.0

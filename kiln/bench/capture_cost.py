@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from kiln.bench.models import MODELS, suites
+from kiln.bench.models import MODELS, chosen_models
 
 
 def _median_us(fn: Any, repeats: int = 2000) -> float:
@@ -64,12 +64,10 @@ def measure(name: str) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    names = suites().get(args.suite) if args.suite else args.models.split(",")
-    if not names:
-        parser.error(f"unknown suite {args.suite!r}; known: {', '.join(suites())}")
-    unknown = [n for n in names if n not in MODELS]
-    if unknown:
-        parser.error(f"unknown model {unknown[0]!r}; known: {', '.join(MODELS)}")
+    try:
+        names = chosen_models(args.suite, args.models)
+    except ValueError as error:
+        parser.error(str(error))
     torch.set_num_threads(args.threads)
     print("| model | capture s | graph ops | guards | guard check µs | dispatch µs | call overhead µs |")
     print("|---|---|---|---|---|---|---|")

@@ -39,6 +39,18 @@ def _register(spec: ModelSpec) -> None:
     MODELS[spec.name] = spec
 
 
+def chosen_models(suite: str | None, models: str) -> list[str]:
+    """The model names a command line asked for: a suite's, or a comma-separated list; ValueError
+    naming the unknown one otherwise."""
+    names = suites().get(suite) if suite else models.split(",")
+    if not names:
+        raise ValueError(f"unknown suite {suite!r}; known: {', '.join(suites())}")
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        raise ValueError(f"unknown model {unknown[0]!r}; known: {', '.join(MODELS)}")
+    return names
+
+
 def suites() -> dict[str, list[str]]:
     """Suite name -> model names, in registration order."""
     out: dict[str, list[str]] = {}

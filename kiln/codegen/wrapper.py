@@ -26,7 +26,7 @@ from kiln.lowering.graph import GraphLowering, Program
 from kiln.passes import run_passes
 from kiln.passes.constant_split import split_constants
 from kiln.passes.constants import has_frozen_inputs, unmark_frozen
-from kiln.runtime.frozen import FrozenProgram
+from kiln.runtime.frozen import FrozenArtifact, FrozenProgram
 from kiln.runtime.cpp_compile import load_library, workers
 from kiln.schedule import Schedule, schedule
 from kiln.schedule.fusion import FusedKernel
@@ -248,8 +248,10 @@ def _render(value: Any) -> str:
     return str(value)
 
 
-def _save(compiled: CppProgram) -> CompiledGraph | None:
+def _save(compiled: Any) -> CompiledGraph | FrozenArtifact | None:
     """What the AOT graph cache stores for `compiled`, or None when it holds unpicklable values."""
+    if isinstance(compiled, FrozenProgram):
+        return compiled.artifact(_save)
     if not isinstance(compiled, CppProgram):
         return None
     try:
@@ -289,4 +291,10 @@ def compile_cpp(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CppProgram
 
 
 compile_cpp.save = _save  # the AOT graph cache's protocol (kiln/aot/cache.py)
-compile_cpp.load = CppProgram.load
+def _load(artifact: CompiledGraph | FrozenArtifact) -> Any:
+    if isinstance(artifact, FrozenArtifact):
+        return FrozenProgram.load(artifact, _load)
+    return CppProgram.load(artifact)
+
+
+compile_cpp.load = _load

@@ -9,6 +9,8 @@ than the compiled ones run the graphs through ATen, op by op, logged.
 
 from __future__ import annotations
 
+import pickle
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -21,6 +23,15 @@ def _signature(t: Any) -> Any:
     if not isinstance(t, torch.Tensor):
         return type(t)
     return (tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+
+
+@dataclass
+class FrozenArtifact:
+    """A FrozenProgram as the AOT graph cache stores it: no tensor values, only graphs and code
+    (constants are computed from the frozen inputs of the process that loads it)."""
+
+    split: bytes  # the pickled ConstantSplit (its two graph modules as code)
+    runtime: Any  # the compiled runtime graph's own artifact
 
 
 class FrozenProgram:
@@ -63,6 +74,21 @@ class FrozenProgram:
         with torch.no_grad():
             constants = self.split.constants(*frozen)
             return self.split.runtime(*[args[i] for i in self.runtime_positions], *constants)
+
+    def artifact(self, save_runtime: Callable[[Any], Any]) -> FrozenArtifact | None:
+        runtime = save_runtime(self.runtime)
+        if runtime is None:
+            return None
+        try:
+            return FrozenArtifact(pickle.dumps(self.split), runtime)
+        except Exception:  # noqa: BLE001 - a graph that does not pickle is simply not cached
+            return None
+
+    @classmethod
+    def load(cls, artifact: FrozenArtifact, load_runtime: Callable[[Any], Callable]) -> "FrozenProgram":
+        import kiln.runtime.prepacked  # noqa: F401  (the graphs call kiln's ops)
+
+        return cls(pickle.loads(artifact.split), load_runtime(artifact.runtime))
 
     def memory(self) -> dict[str, int]:
         """Bytes kiln holds beyond the user's tensors: computed constants and packed weights."""

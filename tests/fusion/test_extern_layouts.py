@@ -5,6 +5,7 @@ wrapper copies nothing at run time."""
 import torch
 from torch import fx
 
+import kiln
 from kiln import aot
 from kiln.codegen.wrapper import compile_cpp
 from tests.kiln_backend import private_cache  # noqa: F401  (fixture)
@@ -33,7 +34,9 @@ def test_channels_last_depthwise_convolution_copies_nothing_at_run_time():
         programs.append(compile_cpp(gm, example_inputs))
         return programs[-1]
 
-    with torch.no_grad():
+    # Unfrozen: the convolution is ATen's, on the layout eager gives it (tests/fusion/test_freezing.py
+    # covers frozen convolutions).
+    with torch.no_grad(), kiln.config.patch({"backend.freezing": False}):
         fn = aot.compile(fx.symbolic_trace(block), [x], compile_graph)
         globals_ = programs[0].call.__globals__
         original = globals_["_in_layout"]
