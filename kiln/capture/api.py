@@ -12,7 +12,7 @@ from kiln.capture.binder import make_binder
 from kiln.capture.cache import FrameCache, reset_all
 
 BACKEND_NAMES = ("kiln", "aot_eager", "eager")
-MODES = (None, "default")
+MODES = (None, "default", "max-autotune", "max-autotune-no-cudagraphs")
 OPTIONS = ("recompile_limit",)
 
 
@@ -45,8 +45,9 @@ def _check_arguments(fullgraph: Any, dynamic: Any, mode: Any, options: Any) -> d
     if dynamic is True:
         raise NotImplementedError("kiln.compile: dynamic=True (symbolic sizes) is not supported yet (issue 7); use None or False")
     if mode not in MODES:
-        if mode in ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
-            raise NotImplementedError(f"kiln.compile: mode={mode!r} is not supported yet; accepted now: None, 'default'")
+        if mode == "reduce-overhead":
+            raise NotImplementedError("kiln.compile: mode='reduce-overhead' (CUDA graphs) is not supported yet; "
+                                      "accepted now: None, 'default', 'max-autotune', 'max-autotune-no-cudagraphs'")
         raise ValueError(f"kiln.compile: mode must be one of None, 'default', 'reduce-overhead', 'max-autotune', "
                          f"'max-autotune-no-cudagraphs'; got {mode!r}")
     if options is None:
@@ -60,6 +61,18 @@ def _check_arguments(fullgraph: Any, dynamic: Any, mode: Any, options: Any) -> d
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise ValueError(f"kiln.compile: options['recompile_limit'] must be a positive int, got {limit!r}")
     return options
+
+
+def _with_autotune_mode(backend: Callable, mode: str) -> Callable:
+    """`backend` compiling under autotune mode `mode` (the wider GEMM and convolution search)."""
+    from kiln import config
+
+    @functools.wraps(backend)
+    def compile_graph(gm: fx.GraphModule, example_inputs: list) -> Callable:
+        with config.patch({"backend.autotune": mode}):
+            return backend(gm, example_inputs)
+
+    return compile_graph
 
 
 def _module_call(self, *args, **kwargs):
@@ -178,6 +191,8 @@ def compile(fn_or_module: Any = None, *, backend: Any = "kiln", fullgraph: bool 
     """
     opts = _check_arguments(fullgraph, dynamic, mode, options)
     compiled_backend = resolve_backend(backend)
+    if mode in ("max-autotune", "max-autotune-no-cudagraphs"):  # the same on CPU: no CUDA graphs either way
+        compiled_backend = _with_autotune_mode(compiled_backend, "max-autotune")
     if fn_or_module is None:
         return functools.partial(compile, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode, options=options)
     if isinstance(fn_or_module, nn.Module):

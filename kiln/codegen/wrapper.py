@@ -27,6 +27,7 @@ from kiln.passes import run_passes
 from kiln.passes.constant_split import split_constants
 from kiln.passes.constants import has_frozen_inputs, unmark_frozen
 from kiln.runtime.frozen import FrozenArtifact, FrozenProgram
+from kiln.runtime.prepacked import DIRECT_CALLS
 from kiln.runtime.cpp_compile import load_library, workers
 from kiln.schedule import Schedule, schedule
 from kiln.schedule.fusion import FusedKernel
@@ -63,6 +64,9 @@ def _op_name(op: Any) -> str | None:
 
 
 def _resolve_op(name: str) -> Any:
+    direct = DIRECT_CALLS.get(name)
+    if direct is not None:  # kiln's own extern ops, called without the dispatcher's detour
+        return direct
     namespace, rest = name.split("::")
     packet, _, overload = rest.partition(".")
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")

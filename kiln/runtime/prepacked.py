@@ -68,12 +68,12 @@ def _mm_mkl(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torc
     # MKL's packed weight takes four times the weight's memory (torch sizes it in floats, not
     # bytes): a candidate of mode="max-autotune" only.
     mkl_weight = packed(b, f"mkl{a.shape[0]}", lambda: mkl._mkl_reorder_linear_weight(b.t(), a.shape[0]))
-    return mkl._mkl_linear(a, mkl_weight, b.t(), bias, a.shape[0])
+    return mkl._mkl_linear(a.contiguous(), mkl_weight, b.t(), bias, a.shape[0])
 
 
 def _mm_onednn(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     weight = packed(b, f"onednn{a.shape[0]}", lambda: mkldnn._reorder_linear_weight(b.t(), a.shape[0]))
-    return mkldnn._linear_pointwise(a, weight, bias, "none", [], "")
+    return mkldnn._linear_pointwise(a.contiguous(), weight, bias, "none", [], "")
 
 
 MM_IMPLS: dict[str, Callable] = {
@@ -160,6 +160,10 @@ def _conv_fake(x, weight, bias, stride, padding, dilation, groups, unary, scalar
                          dilation, False, [0, 0], groups)
     return y.contiguous(memory_format=torch.channels_last)
 
+
+# The compiled wrapper calls these Python functions directly (kiln/codegen/wrapper.py): the same
+# code the registered CPU kernels run, without ~20 µs of dispatch per call.
+DIRECT_CALLS: dict[str, Callable] = {"kiln::mm": _mm, "kiln::conv": _conv}
 
 _lib.impl("mm", _mm, "CPU")
 _lib.impl("conv", _conv, "CPU")

@@ -183,3 +183,19 @@ def test_a_frozen_input_of_another_shape_runs_the_graph_through_aten():
         torch.testing.assert_close(out, x @ wider_w.t() + wider_b)
         (out,) = program(weight, bias, x)  # the compiled shapes again: fine
         torch.testing.assert_close(out, model(x))
+
+
+def test_mode_max_autotune_searches_wider(monkeypatch):
+    import kiln.passes.gemm_prepack as gemm_prepack
+    from kiln.autotune.gemm import mm_impls
+
+    seen = []
+    monkeypatch.setattr(gemm_prepack, "choose_mm", lambda a, b, bias, mode: seen.append(mode) or "aten")
+    model = nn.Linear(8, 8).eval()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(kiln.compile(model, mode="max-autotune")(x), model(x))
+    assert seen == ["max-autotune"]
+    assert len(mm_impls(torch.float32, "max-autotune")) >= len(mm_impls(torch.float32, "default"))
+    with pytest.raises(NotImplementedError, match="reduce-overhead"):
+        kiln.compile(model, mode="reduce-overhead")
