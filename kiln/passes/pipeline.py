@@ -12,6 +12,7 @@ from typing import Callable
 from torch import fx
 
 from kiln import logs
+from kiln.passes.attention import attention
 from kiln.passes.bias_epilogue import bias_epilogue
 from kiln.passes.conv_batchnorm import conv_batchnorm
 from kiln.passes.conv_prepack import conv_prepack
@@ -23,6 +24,7 @@ Pass = Callable[[fx.GraphModule], bool]  # edits the graph; True when it changed
 # Passes over frozen weights (conv_batchnorm, conv_prepack, gemm_prepack) do nothing in graphs
 # without frozen inputs (training, or freezing off).
 PASSES: list[tuple[str, Pass]] = [
+    ("attention", attention),
     ("conv_batchnorm", conv_batchnorm),
     ("conv_prepack", conv_prepack),
     ("bias_epilogue", bias_epilogue),

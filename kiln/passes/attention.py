@@ -1,0 +1,123 @@
+"""Attention written out in eager ops, rewritten to one call of the CPU flash-attention kernel.
+
+    softmax(q @ kᵀ · scale [+ mask]) @ v   ->   _scaled_dot_product_flash_attention_for_cpu(q, k, v,
+                                                      attn_mask=mask, scale=scale)[0]
+
+The scale may multiply or divide the scores, or have been applied to q before the product (then
+it stays there and the call's scale is 1); eval-mode dropout is already gone from the graph. In
+core ATen each 4-d matmul is `view(bmm(view(expand(a)), view(expand(b))))`, which is what is
+matched, for float32 tensors of 4 dims and an additive mask broadcastable to the scores. The
+kernel computes the same sum in another order, in blocks, never storing the scores.
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+
+import torch
+from torch import fx
+
+from kiln.passes.pattern import Op, Var, insert, match, remove_dead
+
+aten = torch.ops.aten
+
+_VIEW = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def _matmul(name_a: str, name_b: str) -> Op:
+    """A 4-d matmul as core ATen writes it."""
+    return Op(_VIEW, Op(aten.bmm.default,
+                        Op(_VIEW, Op(aten.expand.default, Var(name_a), Var(f"{name_a}_size")), Var(f"{name_a}_flat")),
+                        Op(_VIEW, Op(aten.expand.default, Var(name_b), Var(f"{name_b}_size")), Var(f"{name_b}_flat"))),
+              Var("shape"))
+
+
+_SCORES = _matmul("q", "kt")
+_OUTPUT = _matmul("probs", "v")
+
+
+def _float4d(*nodes: fx.Node) -> bool:
+    vals = [n.meta.get("val") for n in nodes]
+    return all(isinstance(v, torch.Tensor) and v.dim() == 4 and v.dtype == torch.float32 for v in vals)
+
+
+def _unwrap_scores(node: fx.Node) -> tuple[fx.Node, fx.Node | None, float] | None:
+    """(the q·kᵀ node, the additive mask, the scale) behind a softmax's input."""
+    mask, scale = None, 1.0
+    if node.op == "call_function" and node.target is aten.add.Tensor and len(node.users) == 1:
+        a, b = node.args[:2]
+        if len(node.args) > 2 or node.kwargs or not isinstance(b, fx.Node):
+            return None
+        node, mask = a, b
+    if node.op == "call_function" and node.target in (aten.mul.Tensor, aten.div.Tensor) and len(node.users) == 1:
+        a, c = node.args[:2]
+        if not isinstance(c, numbers.Number) or isinstance(c, bool) or c == 0:
+            return None
+        scale = float(c) if node.target is aten.mul.Tensor else 1.0 / float(c)
+        node = a
+    return node, mask, scale
+
+
+def _mask_fits(mask: fx.Node | None, scores: fx.Node) -> bool:
+    if mask is None:
+        return True
+    vm, vs = mask.meta.get("val"), scores.meta.get("val")
+    if not isinstance(vm, torch.Tensor) or vm.dtype != vs.dtype or vm.dim() != 4:
+        return False
+    return all(m in (1, s) for m, s in zip(vm.shape, vs.shape))
+
+
+def attention(gm: fx.GraphModule) -> bool:
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten._softmax.default or node.args[1:] not in ((-1, False), (3, False)):
+            continue
+        if getattr(node, "_erased", False) or len(node.users) != 1:
+            continue
+        unwrapped = _unwrap_scores(node.args[0])
+        if unwrapped is None:
+            continue
+        scores, mask, scale = unwrapped
+        found = match(_SCORES, scores) if scores.op == "call_function" and len(scores.users) == 1 else None
+        consumer = _consumer(node)
+        out = match(_OUTPUT, consumer) if consumer is not None else None
+        if found is None or out is None or _through_dropout(out["probs"]) is not node:
+            continue
+        q, kt, v = found["q"], found["kt"], out["v"]
+        if not _float4d(q, kt, v, scores) or not _mask_fits(mask, scores):
+            continue
+        k = insert(gm, consumer, aten.transpose.int, kt, -2, -1)
+        with gm.graph.inserting_before(consumer):
+            call = gm.graph.call_function(aten._scaled_dot_product_flash_attention_for_cpu.default, (q, k, v),
+                                          {"attn_mask": mask, "scale": scale})
+        with q.meta["val"].fake_mode:
+            call.meta["val"] = aten._scaled_dot_product_flash_attention_for_cpu.default(
+                q.meta["val"], k.meta["val"], v.meta["val"], attn_mask=mask.meta["val"] if mask is not None else None,
+                scale=scale)
+        result = insert(gm, consumer, operator.getitem, call, 0)
+        consumer.replace_all_uses_with(result)
+        remove_dead(gm, [consumer])
+        changed = True
+    return changed
+
+
+def _through_dropout(node: fx.Node) -> fx.Node:
+    """Eval-mode dropout is a clone in core ATen: look through it."""
+    if node.op == "call_function" and node.target is aten.clone.default and len(node.users) == 1:
+        return node.args[0]
+    return node
+
+
+def _consumer(softmax: fx.Node) -> fx.Node | None:
+    """The view after the bmm that reads the probabilities (the root of the second matmul)."""
+    node = softmax
+    if len(node.users) == 1 and next(iter(node.users)).target is aten.clone.default:
+        node = next(iter(node.users))
+    for _ in range(3):  # expand, view, bmm
+        if len(node.users) != 1:
+            return None
+        node = next(iter(node.users))
+    if node.target is not aten.bmm.default or len(node.users) != 1:
+        return None
+    return next(iter(node.users))

@@ -1,0 +1,80 @@
+"""Attention written out in eager ops becomes one call of the CPU flash-attention kernel: scale
+before or after the product, multiplied or divided, with or without an additive mask, with
+eval-mode dropout; what does not match stays as it was."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
+
+SDPA = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+
+
+class Attention(nn.Module):
+    def __init__(self, form, mask=None):
+        super().__init__()
+        self.form, self.mask, self.drop = form, mask, nn.Dropout(0.1)
+
+    def forward(self, q, k, v):
+        d = q.shape[-1]
+        if self.form == "div_after":
+            s = q @ k.transpose(-2, -1) / math.sqrt(d)
+        elif self.form == "mul_after":
+            s = torch.matmul(q, k.transpose(-1, -2)) * d ** -0.5
+        elif self.form == "scale_q_first":
+            s = (q * d ** -0.5) @ k.transpose(-2, -1)
+        else:
+            s = q @ k.transpose(-2, -1)
+        if self.mask is not None:
+            s = s + self.mask
+        p = self.drop(F.softmax(s, dim=-1))
+        return p @ v
+
+
+def _qkv(b=2, h=3, l=7, s=7, d=8):
+    torch.manual_seed(0)
+    return torch.randn(b, h, l, d), torch.randn(b, h, s, d), torch.randn(b, h, s, d)
+
+
+def _externs(program):
+    return [str(e.op) for e in program.schedule.externs]
+
+
+@pytest.mark.parametrize("form", ["div_after", "mul_after", "scale_q_first", "unscaled"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_eager_attention_becomes_one_flash_call(form, masked):
+    q, k, v = _qkv()
+    mask = torch.randn(2, 1, 7, 7) if masked else None
+    model = Attention(form, mask).eval()
+    out, program = compiled(model, q, k, v)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(q, k, v), rtol=1e-4, atol=1e-5)
+    externs = _externs(program)
+    assert externs.count(SDPA) == 1 and "aten.bmm.default" not in externs
+
+
+def test_softmax_over_another_dim_is_left_alone():
+    class Other(nn.Module):
+        def forward(self, q, k, v):
+            return F.softmax(q @ k.transpose(-2, -1), dim=-2) @ v
+
+    q, k, v = _qkv()
+    out, program = compiled(Other(), q, k, v)
+    torch.testing.assert_close(out, Other()(q, k, v))
+    assert SDPA not in _externs(program)
+
+
+def test_probabilities_used_twice_are_left_alone():
+    class Returned(nn.Module):
+        def forward(self, q, k, v):
+            p = F.softmax(q @ k.transpose(-2, -1), dim=-1)
+            return p @ v, p
+
+    q, k, v = _qkv()
+    out, program = compiled(Returned(), q, k, v)
+    torch.testing.assert_close(out, Returned()(q, k, v))
+    assert SDPA not in _externs(program)
