@@ -17,6 +17,7 @@ from kiln.passes.bias_epilogue import bias_epilogue
 from kiln.passes.conv_batchnorm import conv_batchnorm
 from kiln.passes.conv_prepack import conv_prepack
 from kiln.passes.gemm_prepack import gemm_prepack
+from kiln.passes.redundant_casts import redundant_casts
 from kiln.passes.scatter_accumulate import scatter_accumulate
 
 Pass = Callable[[fx.GraphModule], bool]  # edits the graph; True when it changed something
@@ -24,6 +25,7 @@ Pass = Callable[[fx.GraphModule], bool]  # edits the graph; True when it changed
 # Passes over frozen weights (conv_batchnorm, conv_prepack, gemm_prepack) do nothing in graphs
 # without frozen inputs (training, or freezing off).
 PASSES: list[tuple[str, Pass]] = [
+    ("redundant_casts", redundant_casts),
     ("attention", attention),
     ("conv_batchnorm", conv_batchnorm),
     ("conv_prepack", conv_prepack),

@@ -1,0 +1,70 @@
+"""bfloat16 under `torch.autocast("cpu")`: frozen weights are cast once, in the constants graph,
+casts that change nothing are removed, and results match eager autocast. (This machine has no
+native bfloat16, so these are correctness tests; its speed is not quoted.)"""
+
+import torch
+from torch import fx, nn
+
+import kiln
+from kiln.passes.redundant_casts import redundant_casts
+from kiln.runtime.frozen import FrozenProgram
+from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
+
+aten = torch.ops.aten
+
+
+def _casts(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is aten._to_copy.default]
+
+
+def test_weights_are_cast_once_and_results_match_eager_autocast():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16)).eval()
+    x = torch.randn(8, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, program = compiled(model, x, freezing=True, autotune="default")
+        with torch.no_grad():
+            expected = model(x)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
+    assert isinstance(program, FrozenProgram)
+    # The four weight and bias casts live in the constants graph; only the input is cast per call.
+    assert len(_casts(program.split.constants)) == 4 and len(_casts(program.split.runtime)) == 1
+
+
+def test_convolution_under_autocast_matches_eager():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+    x = torch.randn(1, 3, 10, 10)
+    compiled_model = kiln.compile(model)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out, expected = compiled_model(x), model(x)
+    assert out.dtype == expected.dtype
+    torch.testing.assert_close(out.float(), expected.float(), rtol=3e-2, atol=3e-2)
+
+
+def _graph(fn, *inputs):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(fn, tracing_mode="fake")(*inputs)
+
+
+def test_exact_round_trips_and_same_dtype_casts_go_lossy_ones_stay():
+    x16 = torch.randn(4, dtype=torch.bfloat16)
+    gm = _graph(lambda x: (x.float().to(torch.bfloat16) * 2).to(torch.bfloat16) + 1, x16)
+    assert redundant_casts(gm)
+    gm.recompile()
+    assert not _casts(gm)
+    torch.testing.assert_close(gm(x16), x16 * 2 + 1)
+    x32 = torch.randn(4)
+    lossy = _graph(lambda x: x.to(torch.bfloat16).float() * 2, x32)
+    assert not redundant_casts(lossy) and len(_casts(lossy)) == 2
+
+
+def test_a_returned_cast_stays_a_fresh_tensor():
+    x = torch.randn(4)
+    gm = _graph(lambda x: x.to(torch.float32, copy=True), x)
+    redundant_casts(gm)
+    gm.recompile()
+    out = gm(x)
+    assert out.data_ptr() != x.data_ptr()
