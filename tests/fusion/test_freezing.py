@@ -116,6 +116,42 @@ def test_every_mm_implementation_matches_eager(impl, monkeypatch):
     assert externs.count("kiln.mm.default") == (0 if impl == "aten" else 2)
 
 
+class LinearThen(nn.Module):
+    """A linear layer, then one post-op; `residual` adds or subtracts a tensor first."""
+
+    def __init__(self, act, residual=None):
+        super().__init__()
+        self.linear, self.act, self.residual = nn.Linear(16, 32), act, residual
+
+    def forward(self, x, r):
+        y = self.linear(x)
+        if self.residual == "add":
+            y = y + r
+        elif self.residual == "sub":
+            y = y - r
+        return self.act(y)
+
+
+@pytest.mark.parametrize("act,residual", [
+    (nn.GELU(), None), (nn.ReLU(), None), (nn.SiLU(), None), (nn.Sigmoid(), None), (nn.Tanh(), None),
+    (nn.Hardswish(), None), (nn.LeakyReLU(0.1), None), (nn.Identity(), "add"), (nn.Identity(), "sub"),
+    (nn.ReLU(), "add")], ids=lambda v: repr(v))
+def test_each_linear_post_op_is_one_epilogue_kernel_after_the_packed_gemm(act, residual, monkeypatch):
+    # The GEMM runs from oneDNN's packed weight; its bias, the residual and the post-op are one
+    # kernel that reads the GEMM's output once.
+    import kiln.passes.gemm_prepack as gemm_prepack
+
+    monkeypatch.setattr(gemm_prepack, "choose_mm", lambda *args: "onednn")
+    torch.manual_seed(0)
+    model = LinearThen(act, residual).eval()
+    x, r = torch.randn(8, 16), torch.randn(8, 32)
+    out, program = compiled(model, x, r, freezing=True, autotune="default")
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x, r), rtol=1e-4, atol=1e-4)
+    assert _externs(program) == ["kiln.mm.default"]
+    assert len(program.runtime.schedule.kernels) == 1
+
+
 def _flat(model):
     return [*model.parameters(), *model.buffers()]
 
