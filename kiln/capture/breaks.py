@@ -23,11 +23,13 @@ class BreakRecord:
     explanation: str
     hint: str
     function: str = ""
+    resumed: bool = False  # a graph break: the graph ended here and a resume function goes on
 
     def __str__(self) -> str:
         where = f"{self.filename}:{self.lineno}" + (f" in {self.function}" if self.function else "")
         hint = f"\n  hint: {self.hint}" if self.hint else ""
-        return f"[{self.kind}] {where}: {self.explanation}{hint}"
+        what = "graph break" if self.resumed else "frame runs eagerly"
+        return f"[{self.kind}] {where}: {self.explanation} ({what}){hint}"
 
 
 class Unsupported(Exception):
@@ -37,10 +39,12 @@ class Unsupported(Exception):
         super().__init__(explanation)
         self.kind, self.explanation, self.hint = kind, explanation, hint
         self.where: tuple[str, int, str] | None = None  # innermost user (file, line, function)
+        self.at: tuple[int, int] | None = None  # (instruction index, arrival) in the compiled frame
+        self.inlined = False  # raised inside a call the compiled frame was inlining
 
-    def record(self) -> BreakRecord:
+    def record(self, resumed: bool = False) -> "BreakRecord":
         filename, lineno, function = self.where or ("<unknown>", 0, "")
-        return BreakRecord(self.kind, filename, lineno, self.explanation, self.hint, function)
+        return BreakRecord(self.kind, filename, lineno, self.explanation, self.hint, function, resumed)
 
 
 class CaptureError(RuntimeError):

@@ -57,7 +57,7 @@ class FrameCache:
             logs.log("recompiles", "%s: recompiling (entry %d): %s failed", self.label, len(self.entries) + 1,
                      failed.describe() if failed is not None else "a guard")
         try:
-            entry = capture(self.fn, L, self.backend, self.label)
+            entry = capture(self.fn, L, self.backend, self.label, allow_breaks=not self.fullgraph)
         except Unsupported as error:
             record = error.record()
             if self.fullgraph:
@@ -70,6 +70,8 @@ class FrameCache:
             # The traced code raised and nothing caught it: eager raises it for real.
             self.eager_calls += 1
             return self.eager(*args, **kwargs)
+        if entry.graph_break is not None:
+            record_break(entry.graph_break)  # once: a break inside a callee is recorded by the callee's frame
         self.entries.append(entry)
         logs.log("recompiles" if len(self.entries) > 1 else "graph", "%s: compiled entry %d in %.2f s (%s)", self.label,
                  len(self.entries), entry.capture_seconds, ", ".join(f"{k} {v}" for k, v in entry.stats.items()))

@@ -12,12 +12,14 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.capture import dump, module_watch
+from kiln.capture import dump, graph_break, module_watch, resume_code
+from kiln.capture.breaks import BreakRecord, Unsupported
 from kiln.capture.guards import GLOBAL_STATE_READERS, CompiledGuards, Guard
 from kiln.capture.interpreter import Translator
 from kiln.capture.output_graph import OutputGraph
 from kiln.capture.reconstruct import Reconstructor, build_runner
 from kiln.capture.sources import ClosureSource, ConstSource, LocalSource
+from kiln.capture.variables.base import NullVariable
 from kiln.capture.variables.builder import wrap
 from kiln.capture.variables.functions import RealCellVariable
 
@@ -32,6 +34,7 @@ class Entry:
     runner_source: str
     capture_seconds: float
     stats: dict[str, int] = field(default_factory=dict)
+    graph_break: BreakRecord | None = None  # where the graph ended, when a resume function goes on
 
 
 def argument_names(code: types.CodeType) -> list[str]:
@@ -41,8 +44,25 @@ def argument_names(code: types.CodeType) -> list[str]:
     return list(code.co_varnames[:count])
 
 
-def capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str) -> Entry:
-    """Interpret `fn` on the bound arguments `L`; raises Unsupported or UserRaise when it cannot."""
+def capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, allow_breaks: bool = True) -> Entry:
+    """Interpret `fn` on the bound arguments `L`; raises Unsupported or UserRaise when it cannot.
+
+    Where the interpreter fails at an instruction of `fn` and `allow_breaks`, the frame is
+    interpreted again up to that instruction and the entry's graph ends there: a graph break
+    (kiln/capture/graph_break.py)."""
+    try:
+        return _capture(fn, L, backend, label, None)
+    except Unsupported as error:
+        if not allow_breaks:
+            raise
+        why = graph_break.why_not_resumable(fn.__code__, error)
+        if why is not None:
+            error.explanation += f"; kiln could not resume after it ({why})"
+            raise
+        return _capture(fn, L, backend, label, error)
+
+
+def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, breaking: Unsupported | None) -> Entry:
     start = time.perf_counter()
     output = OutputGraph(L)
     for item, reader in GLOBAL_STATE_READERS.items():
@@ -50,8 +70,11 @@ def capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str) -> 
     code = fn.__code__
     fn_source = ConstSource(fn, fn.__qualname__)
     grad_mode = torch.is_grad_enabled()
+    entry_autocast = torch.is_autocast_enabled("cpu")
     tx = Translator(code, fn.__globals__, output, {},
                     {name: RealCellVariable(cell, ClosureSource(fn_source, i)) for i, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or ()))})
+    if breaking is not None:
+        tx.stop_at = breaking.at
     recursion_limit = sys.getrecursionlimit()
     # Each inlined call costs the interpreter several Python frames; deep models need more.
     sys.setrecursionlimit(max(recursion_limit, 20000))
@@ -59,6 +82,11 @@ def capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str) -> 
         for index, name in enumerate(argument_names(code)):
             tx.locals[name] = wrap(tx, L[index], LocalSource(name, index))
         result = tx.run()
+        if breaking is not None:
+            if not tx.stopped:
+                raise breaking
+            graph_break.settle_state(tx, breaking, grad_mode, entry_autocast)
+        final_grad_mode = torch.is_grad_enabled()
     finally:
         sys.setrecursionlimit(recursion_limit)
         torch._C._set_grad_enabled(grad_mode)
@@ -68,7 +96,13 @@ def capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str) -> 
         output.guards.add(Guard("MODULE_STRUCTURE", None, module_watch.STATE.version))
     rc = Reconstructor()
     side_effects = output.side_effects.replay_lines(rc)
-    result_expr = rc.expr(result)
+    if final_grad_mode != grad_mode:  # a resume function that leaves the grad-mode block it started in
+        side_effects.append(f"{rc.ns.bind(torch._C._set_grad_enabled, 'F')}({final_grad_mode!r})")
+    finish = None
+    if breaking is None:
+        result_expr = rc.expr(result)
+    else:
+        result_expr, finish = _break_state(tx, rc, fn, breaking, backend, label)
     input_exprs = [source.expr(rc.ns) for source, _, _ in output.inputs]
     compiled = None
     gm = output.graph_module(rc.outputs) if rc.outputs or output.op_count else None
@@ -77,8 +111,27 @@ def capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str) -> 
     if gm is not None:
         example_inputs = [tensor for _, _, tensor in output.inputs]
         compiled = backend(gm, example_inputs)
-    run, runner_source = build_runner(rc, input_exprs, compiled, side_effects, result_expr)
+    run, runner_source = build_runner(rc, input_exprs, compiled, side_effects, result_expr, finish)
     dump.runner(folder, runner_source)
     seconds = time.perf_counter() - start
     stats = {"ops": output.op_count, "inputs": len(output.inputs), "attrs": len(output.attrs), "guards": len(guards.guards)}
-    return Entry(guards, run, gm, runner_source, seconds, stats)
+    record = breaking.record(resumed=True) if breaking is not None and not breaking.inlined else None
+    return Entry(guards, run, gm, runner_source, seconds, stats, record)
+
+
+def _break_state(tx: Translator, rc: Reconstructor, fn: types.FunctionType, breaking: Unsupported, backend: Callable,
+                 label: str) -> tuple[str, str]:
+    """The runner's expression of the live stack and locals at the break, and the continuation
+    that takes them. A value that cannot be rebuilt makes the frame run eagerly."""
+    null = rc.ns.bind(resume_code.NULL_SLOT, "NULL")
+    try:
+        stack = [null if isinstance(v, NullVariable) else rc.expr(v) for v in tx.stack]
+        names = resume_code.origin(fn.__code__)[0].co_varnames
+        local_values = ["None" if n not in tx.locals else rc.expr(tx.locals[n]) for n in names]
+    except Unsupported as error:
+        breaking.explanation += f"; kiln could not resume after it ({error.explanation})"
+        raise breaking from None
+    unbound = tuple(n for n in names if n not in tx.locals)
+    continuation = graph_break.Continuation(fn, breaking.at[0], breaking.inlined, unbound, backend, label)
+    state = f"([{', '.join(stack)}], [{', '.join(local_values)}])"
+    return state, rc.ns.bind(continuation, "resume")

@@ -46,6 +46,10 @@ class Translator:
         self.yields: list[Variable] | None = None  # collecting a generator's items
         self.suspended = False  # a generator frame stopped at a yield; `run` resumes it
         self.globals_source = ConstSource(f_globals, f"globals of {f_globals.get('__name__', '?')}")
+        # Graph breaks (top frame only): how often each instruction was reached, and where to stop.
+        self.arrivals: dict[int, int] = {}
+        self.stop_at: tuple[int, int] | None = None  # (instruction index, arrival)
+        self.stopped = False
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -60,12 +64,17 @@ class Translator:
                 raise unsupported("unsupported_opcode", "ran past the end of the bytecode")
             index = self.ip
             inst = self.instructions[index]
+            if self.parent is None:
+                arrival = self.arrivals[index] = self.arrivals.get(index, 0) + 1
+                if self.stop_at == (index, arrival):
+                    self.stopped = True  # the state before this instruction is what a break resumes from
+                    return None
             self.ip += 1
             handler = HANDLERS.get(inst.opname)
             try:
                 if handler is None:
                     raise unsupported("unsupported_opcode", f"the {inst.opname} instruction is not supported yet",
-                                      "a graph break here needs issue 7; rewrite the construct")
+                                      "kiln runs this instruction outside the graph (a graph break); rewrite the construct to keep one graph")
                 handler(self, inst)
             except UserRaise as error:
                 if not self._to_handler(error, inst):
@@ -73,6 +82,10 @@ class Translator:
             except Unsupported as error:
                 if error.where is None:
                     error.where = (self.code.co_filename, self.bytecode.line_of(index), self.code.co_name)
+                if self.parent is not None:
+                    error.inlined = True
+                elif error.at is None:
+                    error.at = (index, self.arrivals[index])
                 raise
             except Exception as error:  # noqa: BLE001 - a fault of kiln's, not the user's: the frame runs eagerly
                 raise _internal_error(error, (self.code.co_filename, self.bytecode.line_of(index), self.code.co_name)) from error

@@ -246,7 +246,7 @@ def text_of(tx: Any, value: Variable, kind: Callable) -> Variable:
         if result is not None:
             return ConstantVariable(ascii(result.as_constant())[1:-1]) if kind is ascii else result
     raise unsupported("unsupported_format", f"turning {value.describe()} into a string while capturing",
-                      "a graph break here needs issue 7; format outside the compiled code")
+                      "the graph breaks here; format outside the compiled code")
 
 
 def format_value(tx: Any, value: Variable, conversion: Callable | None, spec: str) -> Variable:
@@ -267,7 +267,7 @@ def format_value(tx: Any, value: Variable, conversion: Callable | None, spec: st
         value = text_of(tx, value, str)
     if not is_plain_data(value):
         raise unsupported("unsupported_format", f"formatting {value.describe()} into a string while capturing",
-                          "a graph break here needs issue 7; format outside the compiled code")
+                          "the graph breaks here; format outside the compiled code")
     return _constant_call(format, plain_data(value), spec)
 
 

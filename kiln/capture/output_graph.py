@@ -115,7 +115,7 @@ class OutputGraph:
             what = target if isinstance(target, str) else getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
             first = (str(error).strip().splitlines() or [""])[0][:300]
             raise unsupported(kind_name, f"{what} could not run on fake tensors: {name}: {first}",
-                              "a data-dependent output shape needs a graph break (issue 7)" if kind_name == "data_dependent_op" else "") from None
+                              "the graph breaks at an op whose output shape depends on data" if kind_name == "data_dependent_op" else "") from None
         if not _has_tensor(result):
             from kiln.capture.variables.builder import wrap_constant_result
 

@@ -9,6 +9,7 @@ dataclasses and ModelOutputs, constants, and objects the frame received).
 from __future__ import annotations
 
 import math
+import types
 from collections import defaultdict
 from typing import Any, Callable
 
@@ -18,6 +19,13 @@ from torch import fx
 from kiln.capture.breaks import unsupported
 from kiln.capture.sources import Namespace
 from kiln.capture.variables.base import Variable
+
+
+def reentered_grad_mode_exit(prior: bool, enabled: bool) -> Any:
+    """Switch grad mode to `enabled` and return an `__exit__` that restores `prior`: the state of
+    a `with torch.no_grad():` (or enable_grad, set_grad_enabled) block a graph break is inside."""
+    torch._C._set_grad_enabled(prior)
+    return torch.set_grad_enabled(enabled).__exit__
 
 
 def _new_object(cls: type) -> Any:
@@ -102,20 +110,52 @@ class Reconstructor:
                 factory = "None" if var.default_factory is None else self.expr(var.default_factory)
                 return f"{self.ns.bind(var.cls, 'T')}({factory}, {body})"
             return body if var.cls is dict else f"{self.ns.bind(var.cls, 'T')}({body})"
+        if isinstance(var, c.IteratorVariable):  # a running loop's iterator, at a graph break
+            return f"{self.ns.bind(iter, 'F')}(({''.join(self.expr(i) + ', ' for i in var.items[var.position:])}))"
         if isinstance(var, c.SetVariable):
             items = ", ".join(self.expr(i) for i in var.entries.values())
             return f"{self.ns.bind(var.python_type(), 'T')}([{items}])"
         if isinstance(var, ModelOutputVariable):
             fields = ", ".join(f"{k}={self.expr(v)}" for k, v in var.fields.items())
             return f"{self.ns.bind(var.cls, 'T')}({fields})"
+        method = self._method(var)
+        if method is not None:
+            return method
         real = getattr(var, "value", None)
         if real is not None and var.is_constant():
             return self.const(real)
         raise unsupported("unsupported_output", f"returning {var.describe()} from a compiled function")
 
 
-def build_runner(rc: Reconstructor, input_exprs: list[str], compiled: Callable | None, side_effect_lines: list[str], result: str) -> tuple[Callable, str]:
-    """`run(L)` as generated source; returns the function and its text (for KILN_LOGS=guards)."""
+    def _method(self, var: Variable) -> str | None:
+        """A method read but not called yet: on the stack at a graph break (`x.item` of `x.item()`)."""
+        from kiln.capture.variables.builtins import UnboundBuiltinMethod
+        from kiln.capture.variables.constant import ConstantMethodVariable
+        from kiln.capture.variables.functions import BoundBuiltinMethod, BoundMethodVariable
+        from kiln.capture.variables.tensor import TensorMethodVariable
+        from kiln.capture.variables.torch_fns import GradModeVariable
+
+        if isinstance(var, TensorMethodVariable):
+            return f"{self.expr(var.tensor)}.{var.name}"
+        if isinstance(var, BoundBuiltinMethod) and var.name == "__exit__" and isinstance(var.obj, GradModeVariable):
+            # A grad-mode block the graph ended inside: entered again here, left by this __exit__.
+            return f"{self.ns.bind(reentered_grad_mode_exit, 'F')}({var.obj.prior!r}, {var.obj.enabled!r})"
+        if isinstance(var, BoundBuiltinMethod) and var.name.isidentifier():
+            return f"{self.expr(var.obj)}.{var.name}"
+        if isinstance(var, BoundMethodVariable):
+            return f"{self.ns.bind(types.MethodType, 'T')}({self.expr(var.func)}, {self.expr(var.obj)})"
+        if isinstance(var, UnboundBuiltinMethod):
+            return f"{self.ns.bind(getattr(var.cls, var.name), 'K')}"
+        if isinstance(var, ConstantMethodVariable):
+            return f"{self.ns.bind(getattr(var.obj, var.name), 'K')}"
+        return None
+
+
+def build_runner(rc: Reconstructor, input_exprs: list[str], compiled: Callable | None, side_effect_lines: list[str], result: str,
+                 finish: str | None = None) -> tuple[Callable, str]:
+    """`run(L)` as generated source; returns the function and its text (for KILN_LOGS=guards).
+    With `finish` (a graph break), `result` is the live (stack, locals) at the break and the
+    runner returns `finish(*result)`, the rest of the frame run after the side effects."""
     lines = ["def run(L):"]
     if compiled is not None:
         lines.append(f"    outs = {rc.ns.bind(compiled, 'graph')}({', '.join(input_exprs)})")
@@ -123,7 +163,7 @@ def build_runner(rc: Reconstructor, input_exprs: list[str], compiled: Callable |
     # Sources in the result name the inputs as they were on entry: read them before the replay.
     lines.append(f"    result = {result}")
     lines += [f"    {line}" for line in side_effect_lines]
-    lines.append("    return result")
+    lines.append(f"    return {finish}(*result)" if finish else "    return result")
     text = "\n".join(lines) + "\n"
     scope: dict[str, Any] = dict(rc.ns.values)
     exec(compile(text, "<kiln frame runner>", "exec"), scope)

@@ -119,6 +119,25 @@ class ItemSource(Source):
         return f"{self._sub(self.base, ns, name_of)}[{key}]"
 
 
+TUPLE_ITERATOR = type(iter(()))
+
+
+def remaining_items(iterator: Any) -> tuple:
+    """The items a tuple iterator has not produced yet, without advancing it."""
+    state = iterator.__reduce__()  # (iter, (tuple,), position), or (iter, ((),)) once exhausted
+    return state[1][0][state[2]:] if len(state) > 2 else ()
+
+
+@dataclass(frozen=True)
+class RemainingItemsSource(Source):
+    """The items the tuple iterator `base` has left, as a tuple."""
+
+    base: Source
+
+    def expr(self, ns: Namespace, name_of: Any = None) -> str:
+        return f"{ns.bind(remaining_items, 'F')}({self._sub(self.base, ns, name_of)})"
+
+
 @dataclass(frozen=True)
 class ClosureSource(Source):
     """The contents of cell `index` of a function's closure."""

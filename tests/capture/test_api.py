@@ -73,14 +73,36 @@ def _prints(x):
     return y * 2
 
 
-def test_unsupported_construct_falls_back_with_a_record(capsys):
+def _prints_in_try(x):
+    y = x + 1
+    try:
+        print("y is", y)
+    finally:
+        y = y * 2
+    return y
+
+
+def test_a_break_inside_a_try_block_falls_back_with_a_record(capsys):
+    kiln.reset()
+    compiled = kiln.compile(_prints_in_try, backend="eager")
+    x = torch.ones(2)
+    torch.testing.assert_close(compiled(x), _prints_in_try(x))
+    assert compiled.kiln_cache.fallback is not None
+    record = BREAKS[-1]
+    assert record.kind == "unsupported_call" and not record.resumed
+    assert record.filename == __file__ and record.lineno == _prints_in_try.__code__.co_firstlineno + 3
+    assert "print" in record.explanation and "inside a try block" in record.explanation and record.hint
+    assert capsys.readouterr().out == "y is tensor([2., 2.])\n" * 2
+
+
+def test_a_break_is_recorded_with_the_users_line(capsys):
     kiln.reset()
     compiled = kiln.compile(_prints, backend="eager")
     x = torch.ones(2)
     torch.testing.assert_close(compiled(x), _prints(x))
-    assert compiled.kiln_cache.fallback is not None
+    assert compiled.kiln_cache.fallback is None
     record = BREAKS[-1]
-    assert record.kind == "unsupported_call"
+    assert record.kind == "unsupported_call" and record.resumed
     assert record.filename == __file__ and record.lineno == _prints.__code__.co_firstlineno + 2
     assert "print" in record.explanation and record.hint
 
@@ -98,10 +120,11 @@ def test_data_dependent_branch_is_recorded():
             return x
         return -x
 
+    kiln.reset()
     compiled = kiln.compile(f, backend="eager")
-    x = torch.randn(4)
-    torch.testing.assert_close(compiled(x), f(x))
-    assert compiled.kiln_cache.fallback.kind == "data_dependent_branch"
+    for x in (torch.ones(4), -torch.ones(4)):
+        torch.testing.assert_close(compiled(x), f(x))
+    assert BREAKS[-1].kind == "data_dependent_branch" and BREAKS[-1].resumed
 
 
 def test_user_exception_behaves_as_in_eager():

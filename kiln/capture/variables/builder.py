@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from kiln.capture.guards import Guard
-from kiln.capture.sources import ConstSource, ItemSource, KeysSource, Source
+from kiln.capture.sources import TUPLE_ITERATOR, AttrSource, ConstSource, ItemSource, KeysSource, RemainingItemsSource, Source, remaining_items
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable, is_literal
 
@@ -69,6 +69,9 @@ def _is_plain_dict(value: Any) -> bool:
 
 def _is_model_output(cls: type) -> bool:
     return any(base.__name__ == "ModelOutput" and base.__module__.startswith("transformers") for base in cls.__mro__)
+
+
+GRAD_MODE_MANAGERS = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
 
 
 def _build(tx: Any, value: Any, source: Source | None) -> Variable:
@@ -127,6 +130,14 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
             _pin(tx, value, source)
             return BuiltinVariable(value)
         return f.UserFunctionVariable(value, _pin(tx, value, source))
+    if (isinstance(value, types.MethodType) and isinstance(value.__self__, GRAD_MODE_MANAGERS) and source is not None
+            and value.__func__.__name__ == "__exit__" and hasattr(value.__self__, "prev")):
+        # The `__exit__` of a grad-mode block that a graph break re-entered (graph_break.py).
+        from kiln.capture.variables.torch_fns import GradModeVariable
+
+        prior = value.__self__.prev
+        _guard(tx, "EQUALS", AttrSource(AttrSource(source, "__self__"), "prev"), prior)
+        return f.BoundBuiltinMethod(GradModeVariable(not prior, type(value.__self__), prior), value.__func__.__name__)
     if isinstance(value, types.MethodType):
         self_var = wrap(tx, value.__self__, None if source is None else _attr(source, "__self__")) if tx is not None else _build(None, value.__self__, None)
         func_var = wrap(tx, value.__func__, None if source is None else _attr(source, "__func__")) if tx is not None else _build(None, value.__func__, None)
@@ -145,6 +156,12 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
         return o.PythonModuleVariable(value, _pin(tx, value, source))
     if isinstance(value, (staticmethod, classmethod, property, types.MethodDescriptorType, types.WrapperDescriptorType, types.BuiltinMethodType, types.MethodWrapperType, types.GetSetDescriptorType, types.MemberDescriptorType)):
         return o.OpaqueVariable(value, _pin(tx, value, source))
+    if type(value) is TUPLE_ITERATOR and source is not None:
+        # A loop's iterator handed to a resume function (kiln/capture/graph_break.py): the items
+        # it has left, guarded as a tuple; the iterator itself is a temporary nobody else sees.
+        _guard(tx, "TYPE_MATCH", source, TUPLE_ITERATOR)
+        rest = wrap(tx, remaining_items(value), RemainingItemsSource(source))
+        return c.IteratorVariable(rest.items)
     if isinstance(value, BaseException):
         from kiln.capture.exceptions import ExceptionVariable
 

@@ -75,7 +75,7 @@ class BuiltinVariable(RealValueVariable):
         fn = self.value
         if fn in _SIDE_EFFECTS:
             raise unsupported("unsupported_call", f"{fn.__name__}() inside a compiled function has effects kiln does not replay",
-                              "a graph break at this call needs issue 7; remove it from the compiled code")
+                              "the call runs outside the graph (a graph break); remove it from the compiled code to keep one graph")
         if isinstance(fn, _GETTER_TYPES):
             return _call_getter(tx, fn, args, kwargs)
         handler = HANDLERS.get(fn)
@@ -446,7 +446,7 @@ def _scalar(cls: type) -> Handler:
 
         if args and isinstance(args[0], TensorVariable):
             raise unsupported("data_dependent", f"{cls.__name__}() of a tensor reads its data while capturing",
-                              "a graph break here needs issue 7; keep the value a tensor")
+                              "the graph breaks here; keep the value a tensor to stay in one graph")
         if cls is bool and args and not args[0].is_constant():
             return const(args[0].truth(tx))
         if cls is str and len(args) == 1 and not kwargs:

@@ -457,7 +457,7 @@ class OpaqueVariable(RealValueVariable):
             # C code of unknown effects (random.random, time.time, a counter's __next__): its result
             # may differ on every call, so it cannot be computed once while capturing.
             raise unsupported("unsupported_call", f"calling {self.value!r}, C code kiln does not model, while capturing",
-                              "a graph break at this call needs issue 7; call it outside the compiled code and pass the result in")
+                              "the call runs outside the graph (a graph break); call it outside the compiled code and pass the result in")
         try:
             result = self.value(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
         except Exception as error:  # noqa: BLE001

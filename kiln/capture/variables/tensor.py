@@ -79,7 +79,7 @@ class TensorVariable(Variable):
         if name in _DATA_DEPENDENT:
             raise unsupported(
                 "data_dependent", f"tensor.{name}() reads tensor data while capturing",
-                "a graph break here needs issue 7; keep the value a tensor, or move this out of the compiled code",
+                "the graph breaks here; keep the value a tensor, or move this out of the compiled code",
             )
         if name == "type" and not args and not kwargs:
             return ConstantVariable(self.example.type().replace("Fake", ""))
@@ -103,7 +103,7 @@ class TensorVariable(Variable):
     def truth(self, tx: Any) -> bool:
         raise unsupported(
             "data_dependent_branch", f"the truth value of {self.describe()} decides Python control flow",
-            "a graph break here needs issue 7; use torch.where or keep the branch outside the compiled code",
+            "the graph breaks at the branch; use torch.where, or keep the branch outside the compiled code",
         )
 
     def setattr(self, tx: Any, name: str, value: Variable) -> None:

@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from kiln.capture.breaks import unsupported
-from kiln.capture.guards import Guard
 from kiln.capture.variables.base import RealValueVariable, Variable
 from kiln.capture.variables.constant import ConstantVariable
 
@@ -154,7 +153,9 @@ class TorchClassVariable(RealValueVariable):
 
 
 def _global_state(tx: Any, item: str, value: Any) -> Variable:
-    tx.output.guards.add(Guard("GLOBAL_STATE", None, value, item))
+    # Every capture guards these items' values on entry (kiln/capture/frame.py); what the traced
+    # code reads later follows from them and the switches it made, so it needs no guard of its own
+    # (one would check the value inside a block against the state on entry).
     return ConstantVariable(value)
 
 

@@ -1,0 +1,259 @@
+"""Graph breaks that resume: end the graph before an instruction kiln cannot capture, run that
+instruction natively, and go on in a resume function that kiln captures on its first call.
+
+A capture that fails at instruction i of the compiled frame (or inside a call that instruction
+was inlining) is interpreted again up to i, and the state there — the value stack and the
+locals — is what the frame's runner rebuilds after calling the graph. The runner then hands it
+to a `Continuation`, which executes instruction i for real and calls the resume function of
+the instruction that comes next (kiln/capture/resume_code.py):
+
+- a conditional jump on a value kiln could not decide (`if tensor.sum() > 0:`) evaluates it
+  and resumes at the branch taken (one resume function per branch);
+- a call that failed inside the callee calls the callee compiled as its own frame, so its
+  graph work up to its own break is compiled too;
+- any other instruction (a call into C code, `print`, `.item()`, an opcode kiln lacks) runs in
+  a step function holding that one instruction.
+
+Where a break cannot resume — inside a `try` or `with` block, in a frame with closure cells or a
+generator, or with a value on the stack or in a local that cannot be rebuilt (an iterator of a
+running loop) — the frame runs eagerly, as before, with the reason recorded.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from kiln.capture import resume_code as rcode
+from kiln.capture.breaks import Unsupported
+from kiln.capture.bytecode import PY, decode
+
+# Kinds of failure that are kiln's own faults or limits of the whole frame: never resumed.
+_NOT_RESUMABLE = {"internal_error"}
+_JUMPS = {"TRUE": lambda v: bool(v), "FALSE": lambda v: not v, "NONE": lambda v: v is None, "NOT_NONE": lambda v: v is not None}
+
+
+def _operands(inst: Any) -> int | None:
+    """How many stack values `inst` consumes, for the instructions a step function may run alone
+    (none reads the frame's locals or pushes a NULL); None for any other."""
+    fixed = {"BINARY_OP": 2, "COMPARE_OP": 2, "IS_OP": 2, "CONTAINS_OP": 2, "BINARY_SUBSCR": 2, "STORE_SUBSCR": 3,
+             "DELETE_SUBSCR": 2, "STORE_ATTR": 2, "DELETE_ATTR": 1, "GET_ITER": 1, "UNPACK_SEQUENCE": 1, "UNPACK_EX": 1,
+             "UNARY_NEGATIVE": 1, "UNARY_POSITIVE": 1, "UNARY_INVERT": 1, "UNARY_NOT": 1, "BINARY_SLICE": 3,
+             "STORE_SLICE": 4, "POP_TOP": 1, "LOAD_ASSERTION_ERROR": 0, "BEFORE_WITH": 1}
+    name, arg = inst.opname, inst.arg or 0
+    if name in fixed:
+        return fixed[name]
+    if name == "CALL":
+        return arg + 2
+    if name == "CALL_FUNCTION_EX":
+        return 3 + (arg & 1)  # NULL, callable, args tuple, kwargs dict
+    if name == "FORMAT_VALUE":
+        return 1 + bool(arg & 0x04)
+    if name in ("BUILD_STRING", "BUILD_TUPLE", "BUILD_LIST", "BUILD_SET"):
+        return arg
+    if name == "BUILD_MAP":
+        return 2 * arg
+    if name == "LOAD_ATTR" and not (PY >= (3, 12) and arg & 1):
+        return 1
+    return None
+
+
+def why_not_resumable(code: types.CodeType, error: Unsupported) -> str | None:
+    """None when a capture of `code` that failed with `error` can break there and resume."""
+    if error.at is None or error.kind in _NOT_RESUMABLE:
+        return "the failure is not at an instruction of the compiled frame"
+    why = rcode.check_resumable(code)
+    if why is not None:
+        return why
+    inst = decode(code).instructions[error.at[0]]
+    if "try" in enclosing_blocks(code, inst.offset):
+        return "the break is inside a try block"
+    if _jump_condition(inst) is None and _operands(inst) is None:
+        return f"the {inst.opname} instruction cannot run on its own"
+    return None
+
+
+def enclosing_blocks(code: types.CodeType, offset: int) -> list[str]:
+    """The blocks around the instruction at `offset`, innermost first: "with" or "try", read
+    from the exception table (a with block's handler starts PUSH_EXC_INFO, WITH_EXCEPT_START;
+    a handler's own cleanup, COPY ... RERAISE, is no block)."""
+    bc, kinds = decode(code), []
+    entry = bc.handler_for(offset)
+    while entry is not None:
+        index = bc.index_of[entry.target]
+        if bc.instructions[index].opname == "PUSH_EXC_INFO":
+            if bc.instructions[index + 1].opname != "WITH_EXCEPT_START":
+                return [*kinds, "try"]
+            kinds.append("with")
+        entry = bc.handler_for(entry.target)
+    return kinds
+
+
+def _jump_condition(inst: Any) -> str | None:
+    if "_IF_" in inst.opname and inst.opname.startswith("POP_JUMP"):
+        return inst.opname.split("_IF_")[1]
+    return None
+
+
+def _next_offset(code: types.CodeType, index: int) -> int:
+    return decode(code).instructions[index + 1].offset
+
+
+def _kw_names_const(code: types.CodeType, index: int) -> int | None:
+    # 3.11: KW_NAMES, PRECALL, CALL; 3.12: KW_NAMES, CALL.
+    for back in (1, 2):
+        if index - back >= 0 and decode(code).instructions[index - back].opname == "KW_NAMES":
+            return decode(code).instructions[index - back].arg
+    return None
+
+
+class Continuation:
+    """What the runner of a broken frame calls with the live stack and locals: the instruction
+    at the break, run natively, then the resume function of the frame from the next one."""
+
+    def __init__(self, fn: types.FunctionType, index: int, inlined: bool, unbound: tuple[str, ...],
+                 backend: Callable, label: str) -> None:
+        # A break inside a resume function continues the user's code, not the resume function's.
+        self.code, shift = rcode.origin(fn.__code__)
+        self.f_globals = fn.__globals__
+        self.index = decode(self.code).index_of[decode(fn.__code__).instructions[index].offset - shift]
+        self.inst = decode(self.code).instructions[self.index]
+        self.inlined, self.unbound, self.backend, self.label = inlined, unbound, backend, label
+        self._resumes: dict[tuple, Any] = {}
+        self._step: Callable | None = None
+
+    def __call__(self, stack: list, locals_: list) -> Any:
+        stack, offset = self._run_instruction(stack)
+        return self._resume(offset, stack)(*locals_, *stack)
+
+    # --- the instruction at the break ---------------------------------------------------------
+
+    def _run_instruction(self, stack: list) -> tuple[list, int]:
+        inst, nxt = self.inst, _next_offset(self.code, self.index)
+        condition = _jump_condition(inst)
+        if condition is not None:
+            value = stack.pop()
+            return stack, inst.argval if _JUMPS[condition](value) else nxt
+        if self.inlined and inst.opname in ("CALL", "CALL_FUNCTION_EX"):
+            return self._call_compiled(stack), nxt
+        count = _operands(inst)
+        operands = stack[len(stack) - count:]
+        del stack[len(stack) - count:]
+        return stack + list(self._step_function(operands)(*operands)), nxt
+
+    def _step_function(self, operands: list) -> Callable:
+        if self._step is None:
+            nulls = tuple(v is rcode.NULL_SLOT for v in operands)
+            code = rcode.step_code(self.code, self.inst.offset, nulls, _kw_names_const(self.code, self.index))
+            self._step = rcode.function_of(code, self.f_globals)
+        return self._step
+
+    def _call_compiled(self, stack: list) -> list:
+        """The call at the break with its callee compiled as a frame of its own."""
+        inst = self.inst
+        if inst.opname == "CALL":
+            names = self.code.co_consts[_kw_names_const(self.code, self.index)] if _kw_names_const(self.code, self.index) is not None else ()
+            args = stack[len(stack) - inst.arg:]
+            del stack[len(stack) - inst.arg:]
+            first, second = stack[-2], stack[-1]
+            del stack[-2:]
+            fn, args = (second, args) if first is rcode.NULL_SLOT else (first, [second, *args])
+            kwargs = dict(zip(names, args[len(args) - len(names):])) if names else {}
+            args = args[: len(args) - len(names)]
+        else:
+            kwargs = stack.pop() if inst.arg & 1 else {}
+            args, fn = stack.pop(), stack.pop()
+            if stack and stack[-1] is rcode.NULL_SLOT:
+                stack.pop()
+        stack.append(compiled_callee(fn, self.backend)(*args, **kwargs))
+        return stack
+
+    # --- the rest of the frame ------------------------------------------------------------------
+
+    def _resume(self, offset: int, stack: list) -> Any:
+        from kiln.capture.cache import FrameCache
+
+        nulls = tuple(v is rcode.NULL_SLOT for v in stack)
+        key = (offset, nulls)
+        cache = self._resumes.get(key)
+        if cache is None:
+            code = rcode.resume_code(self.code, offset, nulls, self.unbound)
+            fn = rcode.function_of(code, self.f_globals)
+            line = decode(self.code).line_of(decode(self.code).index_of[offset])
+            cache = self._resumes[key] = FrameCache(fn, _positional, fn, self.backend, False, f"{self.label} (resumed at line {line})", None)
+        for i, is_null in enumerate(nulls):
+            if is_null:
+                stack[i] = None  # the prologue pushes NULL there
+        return cache
+
+
+def _positional(*args: Any) -> tuple:
+    return args
+
+
+_CALLEES: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def compiled_callee(fn: Any, backend: Callable) -> Callable:
+    """`fn` (a Python function, bound method or nn.Module without hooks) compiled by kiln as a
+    frame of its own; anything else as it is."""
+    from kiln.capture.binder import make_binder
+    from kiln.capture.cache import FrameCache
+
+    target, bound = fn, None
+    if isinstance(fn, nn.Module):
+        if _has_hooks(fn):
+            return fn
+        target, bound = type(fn).forward, fn
+    elif isinstance(fn, types.MethodType):
+        target, bound = fn.__func__, fn.__self__
+    if not isinstance(target, types.FunctionType):
+        return fn
+    key = bound if bound is not None else target
+    try:
+        per_key = _CALLEES.setdefault(key, {})
+    except TypeError:  # not weak-referenceable: compile without caching the compiled form
+        per_key = {}
+    cache = per_key.get((target, id(backend)))
+    if cache is None:
+        binder = make_binder(target)
+        eager: Callable = target
+        if bound is not None:
+            binder, eager = functools.partial(binder, bound), functools.partial(target, bound)
+        cache = per_key[(target, id(backend))] = FrameCache(target, binder, eager, backend, False, target.__qualname__, None)
+    return cache
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    from torch.nn.modules import module as module_mod
+
+    own = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks, module._backward_pre_hooks)
+    shared = (module_mod._global_forward_hooks, module_mod._global_forward_pre_hooks, module_mod._global_backward_hooks,
+              module_mod._global_backward_pre_hooks)
+    return any(own) or any(shared)
+
+
+def settle_state(tx: Any, breaking: Unsupported, entry_grad: bool, entry_autocast: bool) -> None:
+    """At the break: end the graph in the grad mode it started in, where grad-mode blocks the
+    runner enters again explain the difference; raise `breaking` where nothing does."""
+    from kiln.capture.variables.functions import BoundBuiltinMethod
+    from kiln.capture.variables.torch_fns import GradModeVariable
+
+    exits = [v.obj for v in tx.stack if isinstance(v, BoundBuiltinMethod) and v.name == "__exit__" and isinstance(v.obj, GradModeVariable)]
+    withs = enclosing_blocks(tx.code, tx.instructions[tx.ip].offset).count("with")
+    expected = exits[-1].enabled if exits else entry_grad
+    why = None
+    if withs != len(exits):
+        why = "the break is inside a with block other than torch.no_grad / enable_grad / set_grad_enabled"
+    elif torch.is_grad_enabled() != expected or torch.is_autocast_enabled("cpu") != entry_autocast:
+        why = "grad mode or autocast was switched there outside a with block"
+    if why is not None:
+        breaking.explanation += f"; kiln could not resume after it ({why})"
+        raise breaking
+    if torch.is_grad_enabled() != entry_grad:
+        tx.set_grad_mode(entry_grad)

@@ -1,0 +1,167 @@
+"""Code objects for graph breaks: the rest of a frame from one instruction on, and one instruction alone.
+
+A *resume function* continues a frame at an instruction: its parameters are the frame's locals
+(in `co_varnames` order) followed by the value stack at that point. Its bytecode is a short
+prologue — drop the locals that were unbound, push the stack, jump — followed by the original
+bytecode unchanged. CPython 3.11/3.12 jumps are relative, so the copied instructions need no
+edits; only the exception table (absolute offsets) is shifted, and the line table gets a
+no-location entry for the prologue. kiln captures the resume function like any other frame.
+
+A *step function* runs one instruction natively on a given stack and returns the stack after it:
+how the code around a graph break executes the construct kiln could not capture.
+"""
+
+from __future__ import annotations
+
+import dis
+import types
+import weakref
+
+from kiln.capture.bytecode import PY, ExceptionEntry, decode
+
+NULL_SLOT = object()  # passed for a stack slot that holds CPython's NULL; the prologue pushes NULL
+
+# resume code -> (the user's code it continues, prologue length in bytes), so a break inside a
+# resume function resumes from the user's code again instead of stacking prologues.
+_ORIGINS: "weakref.WeakKeyDictionary[types.CodeType, tuple[types.CodeType, int]]" = weakref.WeakKeyDictionary()
+
+
+def origin(code: types.CodeType) -> tuple[types.CodeType, int]:
+    """The user's code object `code` continues, and the byte offset of its first instruction in `code`."""
+    return _ORIGINS.get(code, (code, 0))
+
+
+def _op(name: str) -> int:
+    return dis.opmap[name]
+
+
+def _emit(name: str, arg: int = 0) -> bytes:
+    """One instruction with its EXTENDED_ARG prefixes and zeroed inline caches."""
+    out = bytearray()
+    for shift in (24, 16, 8):
+        if arg >> shift:
+            out += bytes([_op("EXTENDED_ARG"), (arg >> shift) & 0xFF])
+    out += bytes([_op(name), arg & 0xFF])
+    out += bytes(2 * _cache_entries(_op(name)))
+    return bytes(out)
+
+
+def _cache_entries(opcode: int) -> int:
+    entries = dis._inline_cache_entries
+    return entries[opcode] if isinstance(entries, list) else entries.get(dis.opname[opcode], 0)
+
+
+def _no_location(units: int) -> bytes:
+    # Line table entries of "no location" (code 15), at most 8 code units each.
+    out = bytearray()
+    while units > 0:
+        n = min(units, 8)
+        out.append(0x80 | (15 << 3) | (n - 1))
+        units -= n
+    return bytes(out)
+
+
+def _varint(value: int, first: bool) -> bytes:
+    chunks = [value & 63]
+    value >>= 6
+    while value:
+        chunks.append(value & 63)
+        value >>= 6
+    chunks.reverse()
+    out = [c | 64 for c in chunks[:-1]] + [chunks[-1]]
+    if first:
+        out[0] |= 128
+    return bytes(out)
+
+
+def encode_exception_table(entries: list[ExceptionEntry]) -> bytes:
+    """The inverse of `dis._parse_exception_table` (offsets in bytes, stored in code units)."""
+    out = bytearray()
+    for e in entries:
+        out += _varint(e.start // 2, True) + _varint((e.end - e.start) // 2, False) + _varint(e.target // 2, False)
+        out += _varint((e.depth << 1) | int(e.lasti), False)
+    return bytes(out)
+
+
+def check_resumable(code: types.CodeType) -> str | None:
+    """Why a frame of `code` cannot continue in a resume function, or None."""
+    if code.co_cellvars or code.co_freevars:
+        return "the function has closure cells (a nested function reads its locals, or it reads an outer function's)"
+    if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+        return "the function is a generator or coroutine"
+    return None
+
+
+def stack_name(i: int) -> str:
+    return f"___stack{i}"
+
+
+def resume_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...], unbound: tuple[str, ...]) -> types.CodeType:
+    """The rest of `code` from the instruction at byte `offset`, entered with a stack of
+    `len(stack_nulls)` values (True where the slot holds NULL) and the locals `unbound` unbound."""
+    varnames = code.co_varnames + tuple(stack_name(i) for i in range(len(stack_nulls)))
+    prologue = bytearray(_emit("RESUME"))
+    for name in unbound:
+        prologue += _emit("DELETE_FAST", code.co_varnames.index(name))
+    for i, is_null in enumerate(stack_nulls):
+        prologue += _emit("PUSH_NULL") if is_null else _emit("LOAD_FAST", len(code.co_varnames) + i)
+    # The jump is the prologue's last instruction: its relative target is the original offset.
+    prologue += _emit("JUMP_FORWARD", offset // 2)
+    shift = len(prologue)
+    table = [ExceptionEntry(e.start + shift, e.end + shift, e.target + shift, e.depth, e.lasti)
+             for e in decode(code).exception_table]
+    flags = code.co_flags & ~(0x04 | 0x08)  # no *args / **kwargs: every parameter is positional
+    line = decode(code).line_of(decode(code).index_of[offset])
+    resumed = code.replace(
+        co_code=bytes(prologue) + code.co_code,
+        co_varnames=varnames,
+        co_nlocals=len(varnames),
+        co_argcount=len(varnames),
+        co_posonlyargcount=0,
+        co_kwonlyargcount=0,
+        co_flags=flags,
+        co_stacksize=code.co_stacksize + 1,
+        co_linetable=_no_location(shift // 2) + code.co_linetable,
+        co_exceptiontable=encode_exception_table(table),
+        co_name=code.co_name,  # tracebacks and break records name the user's function
+        co_qualname=f"{code.co_qualname}_kiln_resume_at_line{line}",
+    )
+    _ORIGINS[resumed] = (code, shift)
+    return resumed
+
+
+def step_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...], kw_names_const: int | None) -> types.CodeType:
+    """A function of the stack values the instruction of `code` at `offset` consumes (True in
+    `stack_nulls` where one is NULL) that runs that instruction and returns what it pushes, as
+    a tuple. For CALL, `kw_names_const` re-issues the pending KW_NAMES (3.11, 3.12)."""
+    depth = len(stack_nulls)
+    inst = decode(code).instructions[decode(code).index_of[offset]]
+    steps: list[tuple[str, int]] = []
+    if kw_names_const is not None:
+        steps.append(("KW_NAMES", kw_names_const))
+    if inst.opname == "CALL" and PY == (3, 11):
+        steps.append(("PRECALL", inst.arg))
+    steps.append((inst.opname, inst.arg or 0))
+    after = depth + sum(_stack_effect(name, arg) for name, arg in steps)
+    body = bytearray(_emit("RESUME"))
+    for i, is_null in enumerate(stack_nulls):
+        body += _emit("PUSH_NULL") if is_null else _emit("LOAD_FAST", i)
+    for name, arg in steps:
+        body += _emit(name, arg)
+    body += _emit("BUILD_TUPLE", after) + _emit("RETURN_VALUE")
+    names = tuple(stack_name(i) for i in range(depth))
+    return code.replace(
+        co_code=bytes(body), co_varnames=names, co_nlocals=depth, co_argcount=depth, co_posonlyargcount=0, co_kwonlyargcount=0,
+        co_flags=code.co_flags & ~(0x04 | 0x08), co_stacksize=max(depth, after) + 2,
+        co_linetable=_no_location(len(body) // 2), co_exceptiontable=b"",
+        co_name=f"{code.co_name}_kiln_step_{inst.opname}", co_qualname=f"{code.co_qualname}_kiln_step_{inst.opname}",
+    )
+
+
+def _stack_effect(name: str, arg: int) -> int:
+    opcode = _op(name)
+    return dis.stack_effect(opcode, arg if opcode >= dis.HAVE_ARGUMENT else None, jump=False)
+
+
+def function_of(code: types.CodeType, f_globals: dict) -> types.FunctionType:
+    return types.FunctionType(code, f_globals, code.co_name)

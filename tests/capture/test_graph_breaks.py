@@ -1,0 +1,251 @@
+"""Graph breaks that resume: the graph ends before what kiln cannot capture, that runs natively,
+and the rest of the frame is captured as a resume function. Each test compares with eager and
+counts the graphs the backend received."""
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+from kiln.capture.breaks import BREAKS
+
+
+class Counting:
+    """A backend that runs graphs as they are and remembers each one."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward
+
+    def ops(self):
+        return [sum(n.op in ("call_function", "call_method") for n in gm.graph.nodes) for gm in self.graphs]
+
+
+def _compiled(fn, **kwargs):
+    kiln.reset()
+    backend = Counting()
+    return kiln.compile(fn, backend=backend, **kwargs), backend
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b)
+    elif isinstance(a, (tuple, list)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    else:
+        assert a == b
+
+
+def _check(fn, *args, graphs):
+    """Compiled `fn` matches eager on two calls; the first compiles `graphs` graphs, the second none."""
+    compiled, backend = _compiled(fn)
+    _same(compiled(*args), fn(*args))
+    assert len(backend.graphs) == graphs
+    _same(compiled(*args), fn(*args))
+    assert len(backend.graphs) == graphs
+    return backend
+
+
+def middle(x):
+    a = x.sin() + 1
+    print("a is", a)
+    return a.cos() * 2
+
+
+def test_a_break_in_the_middle_of_a_function(capsys):
+    backend = _check(middle, torch.randn(3), graphs=2)
+    assert backend.ops() == [2, 2]
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 4 and out[0] == out[1] and out[0].startswith("a is tensor(")  # once per call, as eager
+    assert BREAKS[-1].kind == "unsupported_call" and BREAKS[-1].resumed
+    assert BREAKS[-1].lineno == middle.__code__.co_firstlineno + 2 and BREAKS[-1].function == "middle"
+
+
+def test_a_printed_tensor_prints_what_eager_prints(capsys):
+    def f(x):
+        y = x * 3
+        print(y, sep="", end="!\n")  # keyword arguments at the break
+        return y - 1
+
+    x = torch.arange(4.0)
+    compiled, backend = _compiled(f)
+    _same(compiled(x), f(x))
+    compiled_out, eager_out = capsys.readouterr().out.split("!\n")[:2]
+    assert compiled_out == eager_out == str(x * 3)
+    assert len(backend.graphs) == 2
+
+
+def loop(x):
+    for i in range(3):
+        x = x * 2 + i
+        print("step", i)
+    return x.sin()
+
+
+def test_a_break_in_a_loop_body(capsys):
+    # Each iteration's break resumes in the loop with the iterator's remaining items: the graphs
+    # are the first iteration, the two that follow (one resume function, two entries), the end.
+    _check(loop, torch.randn(4), graphs=4)
+    assert capsys.readouterr().out.count("step") == 12  # 3 per call: 2 compiled, 2 eager
+
+
+def test_a_data_dependent_branch_in_a_loop_over_a_list():
+    def f(x, ws):
+        seen = []
+        for w in ws:
+            x = x @ w
+            if x.sum() > 0:
+                x = x.relu()
+            seen.append(x.shape[0])
+        return x, seen
+
+    torch.manual_seed(0)
+    _check(f, torch.randn(4), [torch.randn(4, 4) for _ in range(3)], graphs=4)
+
+
+def helper(t):
+    u = t * 2
+    print("in helper")
+    return u + 1
+
+
+def calls_helper(x):
+    a = x.exp()
+    b = helper(a)
+    return b.sin()
+
+
+def test_a_break_inside_an_inlined_callee_compiles_the_callee_as_its_own_frame(capsys):
+    # calls_helper breaks at the call; helper is compiled on its own and breaks at print.
+    backend = _check(calls_helper, torch.randn(3), graphs=4)
+    assert backend.ops() == [1, 1, 1, 1]  # exp | t * 2 | u + 1 | sin
+    assert [r.function for r in BREAKS] == ["helper"]  # recorded once, where it happened
+
+
+class Inner(nn.Module):
+    def forward(self, x):
+        x = x + 1
+        print("inner")
+        return x * 2
+
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner, self.lin = Inner(), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(self.inner(self.lin(x)))
+
+
+def test_a_break_inside_a_submodule(capsys):
+    torch.manual_seed(0)
+    model = Outer()
+    compiled, backend = _compiled(model)
+    x = torch.randn(2, 4)
+    _same(compiled(x), model(x))
+    _same(compiled(x), model(x))
+    assert len(backend.graphs) == 4  # lin | x + 1 | x * 2 | lin
+
+
+def in_no_grad(x):
+    with torch.no_grad():
+        y = x * 2
+        print("inside no_grad")
+        z = y + 1
+    return z * x, z.requires_grad, torch.is_grad_enabled()
+
+
+def test_a_break_inside_no_grad_keeps_the_blocks_grad_mode(capsys):
+    x = torch.randn(3, requires_grad=True)
+    backend = _check(in_no_grad, x, graphs=2)
+    compiled, _ = _compiled(in_no_grad)
+    out, z_requires_grad, grad_on = compiled(x)
+    assert not z_requires_grad and grad_on and torch.is_grad_enabled()
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    (expected,) = torch.autograd.grad(in_no_grad(x)[0].sum(), x)
+    torch.testing.assert_close(grad, expected)
+    assert backend.ops()[0] >= 1
+
+
+def test_nested_grad_mode_blocks(capsys):
+    def f(x):
+        with torch.no_grad():
+            a = x * 2
+            with torch.enable_grad():
+                b = x * 3
+                print("both")
+                c = b * a
+            d = c + 1
+        return d, c.requires_grad, d.requires_grad
+
+    _check(f, torch.randn(3, requires_grad=True), graphs=2)
+
+
+def test_item_feeding_an_if():
+    def f(x):
+        n = x.sum().item()
+        if n > 0:
+            return x + n
+        return x - n
+
+    compiled, backend = _compiled(f)
+    for x in (torch.ones(3), -torch.ones(3)):
+        _same(compiled(x), f(x))
+    # one graph before .item(); the resume function once per value of n it was called with
+    assert len(backend.graphs) == 3
+    assert BREAKS[0].kind == "data_dependent"
+
+
+def test_graph_work_after_a_break_uses_the_breaks_value():
+    def f(x):
+        y = x.relu()
+        k = int(y.sum().item() * 10) % 3 + 1
+        return y * k + y.cos(), k
+
+    backend = _check(f, torch.tensor([0.31, 0.2, -1.0]), graphs=2)
+    assert backend.ops() == [2, 3]  # relu, sum | mul, cos, add
+
+
+def test_a_local_first_assigned_after_the_break_stays_unbound_until_then():
+    def f(x, flag):
+        if flag:
+            late = x + 1
+        print("break")
+        if not flag:
+            return x * 2
+        return late * 2
+
+    compiled, backend = _compiled(f)
+    for flag in (True, False):
+        _same(compiled(torch.ones(2), flag), f(torch.ones(2), flag))
+
+
+def test_an_exception_after_the_break_reaches_the_user_with_its_line():
+    def f(x):
+        print("before")
+        raise ValueError("after the break")
+
+    compiled, _ = _compiled(f)
+    with pytest.raises(ValueError, match="after the break"):
+        compiled(torch.ones(1))
+
+
+def test_fullgraph_turns_the_break_into_an_error():
+    compiled, _ = _compiled(middle, fullgraph=True)
+    with pytest.raises(kiln.CaptureError, match="print"):
+        compiled(torch.ones(2))
+
+
+def test_the_kiln_backend_compiles_each_graph(capsys):
+    kiln.reset()
+    compiled = kiln.compile(calls_helper)
+    x = torch.randn(8)
+    _same(compiled(x), calls_helper(x))
+    assert compiled.kiln_cache.fallback is None
+    assert [e.graph is not None for e in compiled.kiln_cache.entries] == [True]
