@@ -2,5 +2,6 @@
 
 from kiln.capture.api import CompiledFunction, CompiledModule, compile, reset
 from kiln.capture.breaks import BREAKS, BreakRecord, CaptureError
+from kiln.capture.explain import ExplainReport, explain
 
-__all__ = ["BREAKS", "BreakRecord", "CaptureError", "CompiledFunction", "CompiledModule", "compile", "reset"]
+__all__ = ["BREAKS", "BreakRecord", "CaptureError", "CompiledFunction", "CompiledModule", "ExplainReport", "compile", "explain", "reset"]

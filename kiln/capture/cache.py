@@ -17,6 +17,15 @@ from kiln.capture.frame import Entry, capture
 
 _ALL_CACHES: "weakref.WeakSet[FrameCache]" = weakref.WeakSet()
 
+# Called as observer(event, cache, payload) for "entry" (an Entry), "recompile" (the failed
+# guard, described), "fallback" (a BreakRecord) and "limit" (the limit): kiln.explain listens.
+OBSERVERS: list[Callable[[str, "FrameCache", Any], None]] = []
+
+
+def _notify(event: str, cache: "FrameCache", payload: Any) -> None:
+    for observer in OBSERVERS:
+        observer(event, cache, payload)
+
 
 class FrameCache:
     def __init__(self, fn: Any, binder: Callable[..., tuple], eager: Callable, backend: Callable, fullgraph: bool, label: str, recompile_limit: int | None) -> None:
@@ -50,12 +59,14 @@ class FrameCache:
             if not self.limit_hit:
                 self.limit_hit = True
                 logs.log("recompiles", "%s: recompile limit (%d) reached; calls that match no entry run eagerly", self.label, limit)
+                _notify("limit", self, limit)
             self.eager_calls += 1
             return self.eager(*args, **kwargs)
         if self.entries:
             failed = self.entries[-1].guards.first_failure(L)
-            logs.log("recompiles", "%s: recompiling (entry %d): %s failed", self.label, len(self.entries) + 1,
-                     failed.describe() if failed is not None else "a guard")
+            reason = failed.describe() if failed is not None else "a guard"
+            logs.log("recompiles", "%s: recompiling (entry %d): %s failed", self.label, len(self.entries) + 1, reason)
+            _notify("recompile", self, reason)
         try:
             entry = capture(self.fn, L, self.backend, self.label, allow_breaks=not self.fullgraph)
         except Unsupported as error:
@@ -64,6 +75,7 @@ class FrameCache:
                 raise CaptureError(record) from None
             record_break(record)
             self.fallback = record
+            _notify("fallback", self, record)
             self.eager_calls += 1
             return self.eager(*args, **kwargs)
         except UserRaise:
@@ -73,6 +85,7 @@ class FrameCache:
         if entry.graph_break is not None:
             record_break(entry.graph_break)  # once: a break inside a callee is recorded by the callee's frame
         self.entries.append(entry)
+        _notify("entry", self, entry)
         logs.log("recompiles" if len(self.entries) > 1 else "graph", "%s: compiled entry %d in %.2f s (%s)", self.label,
                  len(self.entries), entry.capture_seconds, ", ".join(f"{k} {v}" for k, v in entry.stats.items()))
         return entry.run(L)

@@ -123,8 +123,8 @@ class Continuation:
         self.f_globals = fn.__globals__
         self.index = decode(self.code).index_of[decode(fn.__code__).instructions[index].offset - shift]
         self.inst = decode(self.code).instructions[self.index]
-        self.inlined, self.unbound, self.backend, self.label = inlined, unbound, backend, label
-        self._resumes: dict[tuple, Any] = {}
+        self.inlined, self.unbound, self.backend = inlined, unbound, backend
+        self.label = label.split(" (resumed at line")[0]  # a resume function's own breaks resume the user's frame
         self._step: Callable | None = None
 
     def __call__(self, stack: list, locals_: list) -> Any:
@@ -179,17 +179,23 @@ class Continuation:
         from kiln.capture.cache import FrameCache
 
         nulls = tuple(v is rcode.NULL_SLOT for v in stack)
-        key = (offset, nulls)
-        cache = self._resumes.get(key)
+        # One resume function per place, shared by every break that resumes there: a loop's
+        # iterations enter the same function (and recompile when what they pass differs).
+        resumes = _RESUMES.setdefault(self.code, {})
+        key = (offset, nulls, self.unbound, id(self.f_globals), self.backend)
+        cache = resumes.get(key)
         if cache is None:
             code = rcode.resume_code(self.code, offset, nulls, self.unbound)
             fn = rcode.function_of(code, self.f_globals)
             line = decode(self.code).line_of(decode(self.code).index_of[offset])
-            cache = self._resumes[key] = FrameCache(fn, _positional, fn, self.backend, False, f"{self.label} (resumed at line {line})", None)
+            cache = resumes[key] = FrameCache(fn, _positional, fn, self.backend, False, f"{self.label} (resumed at line {line})", None)
         for i, is_null in enumerate(nulls):
             if is_null:
                 stack[i] = None  # the prologue pushes NULL there
         return cache
+
+
+_RESUMES: "weakref.WeakKeyDictionary[types.CodeType, dict[tuple, Any]]" = weakref.WeakKeyDictionary()
 
 
 def _positional(*args: Any) -> tuple:

@@ -1,0 +1,56 @@
+"""kiln.explain: graphs, ops, breaks (kind, user's file:line, explanation, hint), guards, recompiles."""
+
+import pytest
+import torch
+
+import kiln
+
+
+def two_graphs(x):
+    y = x.sin() * 2
+    print("y", y.shape)
+    return y.cos()
+
+
+def test_explain_reports_graphs_ops_breaks_and_guards(capsys):
+    kiln.reset()
+    report = kiln.explain(two_graphs, torch.randn(3))
+    assert report.graph_count == 2 and report.break_count == 1 and not report.recompiles
+    assert report.graphs[0].ops == [".sin", "mul"] and report.graphs[1].ops == [".cos"]
+    assert report.graphs[1].frame == "two_graphs (resumed at line 11)"
+    (record,) = report.breaks
+    assert (record.kind, record.filename, record.lineno) == ("unsupported_call", __file__, two_graphs.__code__.co_firstlineno + 2)
+    assert record.hint and report.graphs[0].ended_by == record
+    assert any(g.startswith("TENSOR_MATCH") and "L['x']" in g for g in report.graphs[0].guards)
+    printed = capsys.readouterr().out
+    assert "2 graph(s), 1 graph break(s), 0 recompile(s)" in printed
+    assert f"{__file__}:{two_graphs.__code__.co_firstlineno + 2}" in printed and "hint:" in printed
+
+
+def test_explain_reports_recompiles_and_eager_frames(capsys):
+    def loop(x):
+        for i in range(3):
+            x = x + i
+            print(i)
+        return x
+
+    def in_try(x):
+        try:
+            print(x)
+        finally:
+            x = x + 1
+        return x
+
+    kiln.reset()
+    report = kiln.explain(loop, torch.ones(2))
+    # The loop's resume function is entered with i = 0, 1, 2 (and 2, 1, 0 items left): each
+    # entry after the first recompiles; the last returns x and has no graph.
+    assert report.graph_count == 3 and len(report.recompiles) == 2 and "EQUALS           L['i']  == 0" in report.recompiles[0]
+    report = kiln.explain(in_try, torch.ones(2))
+    assert report.graph_count == 0 and [r.resumed for r in report.breaks] == [False]
+    assert "inside a try block" in report.breaks[0].explanation
+
+
+def test_explain_rejects_what_is_not_callable():
+    with pytest.raises(TypeError, match="fn must be"):
+        kiln.explain(3)
