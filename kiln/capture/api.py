@@ -42,8 +42,6 @@ def _check_arguments(fullgraph: Any, dynamic: Any, mode: Any, options: Any) -> d
         raise TypeError(f"kiln.compile: fullgraph must be True or False, got {fullgraph!r}")
     if dynamic not in (None, False, True):
         raise ValueError(f"kiln.compile: dynamic must be None, False or True, got {dynamic!r}")
-    if dynamic is True:
-        raise NotImplementedError("kiln.compile: dynamic=True (symbolic sizes) is not supported yet (issue 7); use None or False")
     if mode not in MODES:
         if mode == "reduce-overhead":
             raise NotImplementedError("kiln.compile: mode='reduce-overhead' (CUDA graphs) is not supported yet; "
@@ -83,7 +81,7 @@ def _module_call(self, *args, **kwargs):
 class CompiledFunction:
     """What `kiln.compile(fn)` returns: call it like `fn`."""
 
-    def __init__(self, fn: Callable, backend: Callable, fullgraph: bool, options: dict) -> None:
+    def __init__(self, fn: Callable, backend: Callable, fullgraph: bool, options: dict, dynamic: bool | None = None) -> None:
         target, bound_self = fn, None
         if isinstance(fn, types.MethodType):
             target, bound_self = fn.__func__, fn.__self__
@@ -92,7 +90,7 @@ class CompiledFunction:
         binder = make_binder(target)
         if bound_self is not None:
             binder = functools.partial(binder, bound_self)
-        self._cache = FrameCache(target, binder, fn, backend, fullgraph, target.__qualname__, options.get("recompile_limit"))
+        self._cache = FrameCache(target, binder, fn, backend, fullgraph, target.__qualname__, options.get("recompile_limit"), dynamic)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -130,12 +128,12 @@ class CompiledModule(nn.Module):
     original, forward hooks included, through kiln's capture.
     """
 
-    def __init__(self, module: nn.Module, backend: Callable, fullgraph: bool, options: dict) -> None:
+    def __init__(self, module: nn.Module, backend: Callable, fullgraph: bool, options: dict, dynamic: bool | None = None) -> None:
         nn.Module.__init__(self)
         self.__dict__["_orig_mod"] = module
         binder = functools.partial(make_binder(_module_call), module)
         label = type(module).__qualname__
-        self.__dict__["_cache"] = FrameCache(_module_call, binder, module, backend, fullgraph, label, options.get("recompile_limit"))
+        self.__dict__["_cache"] = FrameCache(_module_call, binder, module, backend, fullgraph, label, options.get("recompile_limit"), dynamic)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.__dict__["_cache"](*args, **kwargs)
@@ -196,10 +194,10 @@ def compile(fn_or_module: Any = None, *, backend: Any = "kiln", fullgraph: bool 
     if fn_or_module is None:
         return functools.partial(compile, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode, options=options)
     if isinstance(fn_or_module, nn.Module):
-        return CompiledModule(fn_or_module, compiled_backend, fullgraph, opts)
+        return CompiledModule(fn_or_module, compiled_backend, fullgraph, opts, dynamic)
     if not callable(fn_or_module):
         raise TypeError(f"kiln.compile: fn_or_module must be a function, method or nn.Module, got {type(fn_or_module).__name__}")
-    return CompiledFunction(fn_or_module, compiled_backend, fullgraph, opts)
+    return CompiledFunction(fn_or_module, compiled_backend, fullgraph, opts, dynamic)
 
 
 def reset() -> None:

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from kiln import config, logs
 from kiln.capture.breaks import BreakRecord, CaptureError, Unsupported, record_break
+from kiln.capture.dynamic import DynamicPolicy
 from kiln.capture.exceptions import UserRaise
 from kiln.capture.frame import Entry, capture
 
@@ -28,10 +29,12 @@ def _notify(event: str, cache: "FrameCache", payload: Any) -> None:
 
 
 class FrameCache:
-    def __init__(self, fn: Any, binder: Callable[..., tuple], eager: Callable, backend: Callable, fullgraph: bool, label: str, recompile_limit: int | None) -> None:
+    def __init__(self, fn: Any, binder: Callable[..., tuple], eager: Callable, backend: Callable, fullgraph: bool, label: str,
+                 recompile_limit: int | None, dynamic: bool | None = None) -> None:
         self.fn, self.binder, self.eager, self.backend = fn, binder, eager, backend
         self.fullgraph, self.label = fullgraph, label
         self.recompile_limit = recompile_limit
+        self.dynamic = DynamicPolicy(dynamic)
         self.entries: list[Entry] = []
         self.fallback: BreakRecord | None = None  # set when the frame runs eagerly for good
         self.limit_hit = False
@@ -42,6 +45,7 @@ class FrameCache:
         self.entries.clear()
         self.fallback = None
         self.limit_hit = False
+        self.dynamic.seen.clear()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         L = self.binder(*args, **kwargs)
@@ -67,8 +71,11 @@ class FrameCache:
             reason = failed.describe() if failed is not None else "a guard"
             logs.log("recompiles", "%s: recompiling (entry %d): %s failed", self.label, len(self.entries) + 1, reason)
             _notify("recompile", self, reason)
+            changed = self.dynamic.note_changes(self.entries[-1].guards.guards, lambda source: read_source(source, L))
+            if changed:
+                logs.log("recompiles", "%s: sizes changed (%s): captured with those dimensions dynamic", self.label, "; ".join(changed))
         try:
-            entry = capture(self.fn, L, self.backend, self.label, allow_breaks=not self.fullgraph)
+            entry = capture(self.fn, L, self.backend, self.label, allow_breaks=not self.fullgraph, dynamic=self.dynamic)
         except Unsupported as error:
             record = error.record()
             if self.fullgraph:
@@ -89,6 +96,14 @@ class FrameCache:
         logs.log("recompiles" if len(self.entries) > 1 else "graph", "%s: compiled entry %d in %.2f s (%s)", self.label,
                  len(self.entries), entry.capture_seconds, ", ".join(f"{k} {v}" for k, v in entry.stats.items()))
         return entry.run(L)
+
+
+def read_source(source: Any, L: tuple) -> Any:
+    """The value `source` names in the call whose bound arguments are `L`."""
+    from kiln.capture.sources import Namespace
+
+    ns = Namespace()
+    return eval(source.expr(ns), dict(ns.values), {"L": L})
 
 
 def all_caches() -> list[FrameCache]:

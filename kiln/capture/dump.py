@@ -12,17 +12,21 @@ def _readable(label: str, gm: fx.GraphModule) -> str:
     return f"# {label}: torch-level graph, written by kiln.capture\n" + gm.print_readable(print_output=False)
 
 
-def captured(label: str, gm: fx.GraphModule | None, guards_text: str, guards_code: str) -> logs.DumpFolder | None:
-    """Log and dump what capture built, before the backend compiles it (folders in pipeline order)."""
+def captured(label: str, gm: fx.GraphModule | None) -> logs.DumpFolder | None:
+    """Log and dump the graph capture built, before the backend compiles it (folders in pipeline order)."""
     if gm is not None:
         logs.log_lazy("graph", lambda: f"captured graph of {label}:\n{_readable(label, gm)}")
-    logs.log_lazy("guards", lambda: f"guards of {label}:\n{guards_text}\n{guards_code}")
     folder = logs.dump_folder(f"capture_{label}")
-    if folder is not None:
-        if gm is not None:
-            folder.write("captured_graph.py", _readable(label, gm))
-        folder.write("guards.txt", f"{guards_text}\n\n# compiled to one check:\n{guards_code}")
+    if folder is not None and gm is not None:
+        folder.write("captured_graph.py", _readable(label, gm))
     return folder
+
+
+def guards(folder: logs.DumpFolder | None, label: str, guards_text: str, guards_code: str) -> None:
+    """Log and dump the entry's guards (after the backend: shape guards may come from its tracing)."""
+    logs.log_lazy("guards", lambda: f"guards of {label}:\n{guards_text}\n{guards_code}")
+    if folder is not None:
+        folder.write("guards.txt", f"{guards_text}\n\n# compiled to one check:\n{guards_code}")
 
 
 def runner(folder: logs.DumpFolder | None, runner_source: str) -> None:

@@ -14,6 +14,7 @@ import torch
 
 from kiln.capture import dump, graph_break, module_watch, resume_code
 from kiln.capture.breaks import BreakRecord, Unsupported
+from kiln.capture.dynamic import DynamicPolicy
 from kiln.capture.guards import GLOBAL_STATE_READERS, CompiledGuards, Guard
 from kiln.capture.interpreter import Translator
 from kiln.capture.output_graph import OutputGraph
@@ -44,14 +45,16 @@ def argument_names(code: types.CodeType) -> list[str]:
     return list(code.co_varnames[:count])
 
 
-def capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, allow_breaks: bool = True) -> Entry:
+def capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, allow_breaks: bool = True,
+            dynamic: DynamicPolicy | None = None) -> Entry:
     """Interpret `fn` on the bound arguments `L`; raises Unsupported or UserRaise when it cannot.
 
     Where the interpreter fails at an instruction of `fn` and `allow_breaks`, the frame is
     interpreted again up to that instruction and the entry's graph ends there: a graph break
     (kiln/capture/graph_break.py)."""
+    dynamic = dynamic or DynamicPolicy()
     try:
-        return _capture(fn, L, backend, label, None)
+        return _capture(fn, L, backend, label, None, dynamic)
     except Unsupported as error:
         if not allow_breaks:
             raise
@@ -59,12 +62,14 @@ def capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, all
         if why is not None:
             error.explanation += f"; kiln could not resume after it ({why})"
             raise
-        return _capture(fn, L, backend, label, error)
+        return _capture(fn, L, backend, label, error, dynamic)
 
 
-def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, breaking: Unsupported | None) -> Entry:
+def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, breaking: Unsupported | None,
+             dynamic: DynamicPolicy) -> Entry:
     start = time.perf_counter()
     output = OutputGraph(L)
+    output.dynamic_dims = dynamic.dims
     for item, reader in GLOBAL_STATE_READERS.items():
         output.guards.add(Guard("GLOBAL_STATE", None, reader(), item))
     code = fn.__code__
@@ -102,15 +107,18 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
     if breaking is None:
         result_expr = rc.expr(result)
     else:
-        result_expr, finish = _break_state(tx, rc, fn, breaking, backend, label)
+        result_expr, finish = _break_state(tx, rc, fn, breaking, backend, label, dynamic.mode)
     input_exprs = [source.expr(rc.ns) for source, _, _ in output.inputs]
     compiled = None
     gm = output.graph_module(rc.outputs) if rc.outputs or output.op_count else None
-    guards = output.guards.compile()
-    folder = dump.captured(label, gm, output.guards.describe(), guards.source_code)
+    folder = dump.captured(label, gm)
     if gm is not None:
         example_inputs = [tensor for _, _, tensor in output.inputs]
         compiled = backend(gm, example_inputs)
+    for guard in output.shape_guards():  # after the backend: its tracing may add some
+        output.guards.add(guard)
+    guards = output.guards.compile()
+    dump.guards(folder, label, output.guards.describe(), guards.source_code)
     run, runner_source = build_runner(rc, input_exprs, compiled, side_effects, result_expr, finish)
     dump.runner(folder, runner_source)
     seconds = time.perf_counter() - start
@@ -120,7 +128,7 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
 
 
 def _break_state(tx: Translator, rc: Reconstructor, fn: types.FunctionType, breaking: Unsupported, backend: Callable,
-                 label: str) -> tuple[str, str]:
+                 label: str, dynamic_mode: bool | None) -> tuple[str, str]:
     """The runner's expression of the live stack and locals at the break, and the continuation
     that takes them. A value that cannot be rebuilt makes the frame run eagerly."""
     null = rc.ns.bind(resume_code.NULL_SLOT, "NULL")
@@ -132,6 +140,6 @@ def _break_state(tx: Translator, rc: Reconstructor, fn: types.FunctionType, brea
         breaking.explanation += f"; kiln could not resume after it ({error.explanation})"
         raise breaking from None
     unbound = tuple(n for n in names if n not in tx.locals)
-    continuation = graph_break.Continuation(fn, breaking.at[0], breaking.inlined, unbound, backend, label)
+    continuation = graph_break.Continuation(fn, breaking.at[0], breaking.inlined, unbound, backend, label, dynamic_mode)
     state = f"([{', '.join(stack)}], [{', '.join(local_values)}])"
     return state, rc.ns.bind(continuation, "resume")

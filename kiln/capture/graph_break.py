@@ -117,13 +117,13 @@ class Continuation:
     at the break, run natively, then the resume function of the frame from the next one."""
 
     def __init__(self, fn: types.FunctionType, index: int, inlined: bool, unbound: tuple[str, ...],
-                 backend: Callable, label: str) -> None:
+                 backend: Callable, label: str, dynamic: bool | None = None) -> None:
         # A break inside a resume function continues the user's code, not the resume function's.
         self.code, shift = rcode.origin(fn.__code__)
         self.f_globals = fn.__globals__
         self.index = decode(self.code).index_of[decode(fn.__code__).instructions[index].offset - shift]
         self.inst = decode(self.code).instructions[self.index]
-        self.inlined, self.unbound, self.backend = inlined, unbound, backend
+        self.inlined, self.unbound, self.backend, self.dynamic = inlined, unbound, backend, dynamic
         self.label = label.split(" (resumed at line")[0]  # a resume function's own breaks resume the user's frame
         self._step: Callable | None = None
 
@@ -170,7 +170,7 @@ class Continuation:
             args, fn = stack.pop(), stack.pop()
             if stack and stack[-1] is rcode.NULL_SLOT:
                 stack.pop()
-        stack.append(compiled_callee(fn, self.backend)(*args, **kwargs))
+        stack.append(compiled_callee(fn, self.backend, self.dynamic)(*args, **kwargs))
         return stack
 
     # --- the rest of the frame ------------------------------------------------------------------
@@ -182,13 +182,14 @@ class Continuation:
         # One resume function per place, shared by every break that resumes there: a loop's
         # iterations enter the same function (and recompile when what they pass differs).
         resumes = _RESUMES.setdefault(self.code, {})
-        key = (offset, nulls, self.unbound, id(self.f_globals), self.backend)
+        key = (offset, nulls, self.unbound, id(self.f_globals), self.backend, self.dynamic)
         cache = resumes.get(key)
         if cache is None:
             code = rcode.resume_code(self.code, offset, nulls, self.unbound)
             fn = rcode.function_of(code, self.f_globals)
             line = decode(self.code).line_of(decode(self.code).index_of[offset])
-            cache = resumes[key] = FrameCache(fn, _positional, fn, self.backend, False, f"{self.label} (resumed at line {line})", None)
+            cache = resumes[key] = FrameCache(fn, _positional, fn, self.backend, False, f"{self.label} (resumed at line {line})", None,
+                                              self.dynamic)
         for i, is_null in enumerate(nulls):
             if is_null:
                 stack[i] = None  # the prologue pushes NULL there
@@ -205,7 +206,7 @@ def _positional(*args: Any) -> tuple:
 _CALLEES: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
-def compiled_callee(fn: Any, backend: Callable) -> Callable:
+def compiled_callee(fn: Any, backend: Callable, dynamic: bool | None = None) -> Callable:
     """`fn` (a Python function, bound method or nn.Module without hooks) compiled by kiln as a
     frame of its own; anything else as it is."""
     from kiln.capture.binder import make_binder
@@ -225,13 +226,13 @@ def compiled_callee(fn: Any, backend: Callable) -> Callable:
         per_key = _CALLEES.setdefault(key, {})
     except TypeError:  # not weak-referenceable: compile without caching the compiled form
         per_key = {}
-    cache = per_key.get((target, id(backend)))
+    cache = per_key.get((target, id(backend), dynamic))
     if cache is None:
         binder = make_binder(target)
         eager: Callable = target
         if bound is not None:
             binder, eager = functools.partial(binder, bound), functools.partial(target, bound)
-        cache = per_key[(target, id(backend))] = FrameCache(target, binder, eager, backend, False, target.__qualname__, None)
+        cache = per_key[(target, id(backend), dynamic)] = FrameCache(target, binder, eager, backend, False, target.__qualname__, None, dynamic)
     return cache
 
 

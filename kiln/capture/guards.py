@@ -24,7 +24,8 @@ GUARD_KINDS = (
     "TYPE_MATCH",  # type(x) is T
     "ID_MATCH",  # x is obj (modules, functions, classes)
     "EQUALS",  # x == value, of the same type (Python constants)
-    "TENSOR_MATCH",  # tensor type, dtype, device, size, stride, requires_grad
+    "TENSOR_MATCH",  # tensor type, dtype, device, size, stride, requires_grad (dynamic: no size, stride)
+    "SHAPE",  # a relation of dynamic inputs' sizes the trace relied on (from the ShapeEnv)
     "LENGTH_MATCH",  # len(x) == n (containers whose items were read)
     "HASATTR",  # hasattr(x, name) is b
     "DICT_CONTAINS",  # (name in x) is b: an instance dict that does not shadow a class attribute
@@ -38,7 +39,7 @@ class Guard:
     kind: str
     source: Source | None
     expected: Any = None
-    detail: str = ""  # HASATTR's attribute name, GLOBAL_STATE's item
+    detail: str = ""  # HASATTR's attribute name, GLOBAL_STATE's item, "dynamic" for TENSOR_MATCH
 
     def key(self) -> tuple:
         expected = id(self.expected) if self.kind in ("ID_MATCH", "TENSOR_MATCH") else _hashable(self.expected)
@@ -63,8 +64,15 @@ def _hashable(value: Any) -> Any:
 
 def _describe_expected(guard: Guard) -> str:
     e = guard.expected
+    if guard.kind == "TENSOR_MATCH" and guard.detail == "dynamic":
+        return f"{type(e).__name__}({e.dtype}, {e.device}, dim={e.dim()}, requires_grad={e.requires_grad}; sizes: SHAPE guards)"
     if guard.kind == "TENSOR_MATCH":
         return f"{type(e).__name__}({e.dtype}, {e.device}, size={tuple(e.shape)}, stride={e.stride()}, requires_grad={e.requires_grad})"
+    if guard.kind == "SHAPE":
+        text, sources = e
+        for name, source in sources:
+            text = text.replace(name, str(source))
+        return text
     if guard.kind in ("ID_MATCH", "TYPE_MATCH"):
         name = getattr(e, "__qualname__", None) or type(e).__name__
         return f"is {name} (id {id(e):#x})"
@@ -102,11 +110,21 @@ def _equals(g: Guard, v: str, ns: Namespace) -> str:
 
 def _tensor_match(g: Guard, v: str, ns: Namespace) -> str:
     t = g.expected
+    if g.detail == "dynamic":
+        return (f"type({v}) is {ns.bind(type(t), 'T')} and {v}.dtype is {ns.bind(t.dtype, 'O')}"
+                f" and {v}.device == {ns.bind(t.device, 'D')} and {v}.dim() == {t.dim()} and {v}.requires_grad is {bool(t.requires_grad)!r}")
     return (
         f"type({v}) is {ns.bind(type(t), 'T')} and {v}.dtype is {ns.bind(t.dtype, 'O')}"
         f" and {v}.device == {ns.bind(t.device, 'D')} and {v}.size() == {tuple(t.shape)!r}"
         f" and {v}.stride() == {tuple(t.stride())!r} and {v}.requires_grad is {bool(t.requires_grad)!r}"
     )
+
+
+def _shape(g: Guard, v: str, ns: Namespace) -> str:
+    text, sources = g.expected
+    for name, source in sources:
+        text = text.replace(name, f"({source.expr(ns)})")
+    return text
 
 
 def _length_match(g: Guard, v: str, ns: Namespace) -> str:
@@ -137,6 +155,7 @@ _EXPRS: dict[str, Callable[[Guard, str, Namespace], str]] = {
     "ID_MATCH": _id_match,
     "EQUALS": _equals,
     "TENSOR_MATCH": _tensor_match,
+    "SHAPE": _shape,
     "LENGTH_MATCH": _length_match,
     "HASATTR": _hasattr,
     "DICT_CONTAINS": _dict_contains,

@@ -44,12 +44,22 @@ def _is_tensor(v: Variable) -> bool:
     return isinstance(v, TensorVariable)
 
 
+def _is_symbolic(v: Variable) -> bool:
+    from kiln.capture.variables.symbolic import SymNodeVariable
+
+    return isinstance(v, SymNodeVariable)
+
+
+def _is_number(v: Variable) -> bool:
+    return _is_symbolic(v) or v.is_constant() and isinstance(v.as_constant(), (int, float, bool))
+
+
 def apply_binary(tx: Any, fn: Callable, a: Variable, b: Variable) -> Variable:
     """`fn(a, b)` for an operator function (operator.add, operator.lt, operator.iadd, ...)."""
     from kiln.capture.variables.containers import BaseSequenceVariable, ListVariable, TupleVariable, equal
     from kiln.capture.variables.objects import UserObjectVariable
 
-    if _is_tensor(a) or _is_tensor(b):
+    if _is_tensor(a) or _is_tensor(b) or (_is_symbolic(a) or _is_symbolic(b)) and _is_number(a) and _is_number(b):
         if fn in _INPLACE_TO_BINARY and not _is_tensor(a):
             fn = _INPLACE_TO_BINARY[fn][0]
         return tx.output.call("call_function", fn, [a, b], {})
@@ -166,7 +176,7 @@ def _constant_result(value: Any) -> Variable:
 
 
 def apply_unary(tx: Any, fn: Callable, a: Variable) -> Variable:
-    if _is_tensor(a):
+    if _is_tensor(a) or _is_symbolic(a) and fn is not operator.not_:
         return tx.output.call("call_function", fn, [a], {})
     if fn is operator.not_:
         return ConstantVariable(not a.truth(tx))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import fx
@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from kiln.capture.breaks import unsupported
+from kiln.capture.dynamic import ShapeSource, placeholder, symbolic_fake
 from kiln.capture.guards import Guard, GuardSet
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.sources import Source
@@ -47,20 +48,33 @@ class OutputGraph:
         self._last_input: fx.Node | None = None
         self.op_count = 0
         self.pending_restores: list[tuple[str, Any]] = []  # autocast states to leave if capture stops
+        # Which dimensions of an input tensor are symbolic (kiln/capture/dynamic.py decides).
+        self.dynamic_dims: Callable[[Source, torch.Tensor], frozenset[int]] = lambda source, tensor: frozenset()
+        self.symbolic_inputs: list[tuple[Source, torch.Tensor]] = []  # (source, its symbolic fake tensor)
 
     # --- values entering the graph --------------------------------------------------------------
 
-    def fake(self, tensor: torch.Tensor) -> torch.Tensor:
+    def fake(self, tensor: torch.Tensor, dynamic: frozenset[int] = frozenset()) -> torch.Tensor:
         fake = self._fakes.get(id(tensor))
         if fake is None:
-            fake = self.fake_mode.from_tensor(tensor, static_shapes=True)
+            if dynamic:
+                fake = symbolic_fake(self.fake_mode, tensor, dynamic, len(self.symbolic_inputs))
+            else:
+                fake = self.fake_mode.from_tensor(tensor, static_shapes=True)
             self._fakes[id(tensor)] = fake
         return fake
 
     def add_input(self, tensor: torch.Tensor, source: Source) -> Variable:
         from kiln.capture.variables.tensor import TensorVariable
 
-        self.guards.add(Guard("TENSOR_MATCH", source, tensor))
+        dynamic = self.dynamic_dims(source, tensor) if id(tensor) not in self._fakes else frozenset()
+        fake = self.fake(tensor, dynamic)
+        if dynamic:
+            # Sizes and strides are checked by the shape environment's guards (shape_guards).
+            self.symbolic_inputs.append((source, fake))
+            self.guards.add(Guard("TENSOR_MATCH", source, tensor, "dynamic"))
+        else:
+            self.guards.add(Guard("TENSOR_MATCH", source, tensor))
         if self._last_input is None:
             first = next(iter(self.graph.nodes), None)
             context = self.graph.inserting_before(first) if first is not None else self.graph.inserting_after(None)
@@ -72,7 +86,6 @@ class OutputGraph:
         with context:
             node = self.graph.placeholder(name)
         self._last_input = node
-        fake = self.fake(tensor)
         node.meta["example_value"] = fake
         self.inputs.append((source, node, tensor))
         return TensorVariable(node, fake, source=source, cls=type(tensor))
@@ -118,6 +131,10 @@ class OutputGraph:
                               "the graph breaks at an op whose output shape depends on data" if kind_name == "data_dependent_op" else "") from None
         if not _has_tensor(result):
             from kiln.capture.variables.builder import wrap_constant_result
+            from kiln.capture.variables.symbolic import has_symbolic, wrap_symbolic
+
+            if has_symbolic(result):  # arithmetic on sizes of dynamic inputs, numel(), ...
+                return wrap_symbolic(self.graph, self.graph.create_node(kind, target, fx_args, fx_kwargs), result)
 
             if result is None and _has_tensor(ex_args):  # `x[i] = v`: no result, but a tensor changed
                 self.graph.create_node(kind, target, fx_args, fx_kwargs)
@@ -149,6 +166,17 @@ class OutputGraph:
         raise unsupported("unsupported_output", f"an operation returned {type(value).__name__} holding tensors")
 
     # --- the finished graph -------------------------------------------------------------------
+
+    def shape_guards(self) -> list[Guard]:
+        """The shape environment's guards over the dynamic inputs (sizes, strides, relations):
+        call after everything that may add one (the trace, and the backend's own tracing)."""
+        if not self.symbolic_inputs:
+            return []
+        fakes = [fake for _, fake in self.symbolic_inputs]
+        names = [ShapeSource(placeholder(i)) for i in range(len(fakes))]
+        texts = self.fake_mode.shape_env.produce_guards(fakes, names, ignore_static=False)
+        by_name = {placeholder(i): source for i, (source, _) in enumerate(self.symbolic_inputs)}
+        return [Guard("SHAPE", None, (text, tuple(sorted(by_name.items())))) for text in texts]
 
     def graph_module(self, outputs: list[fx.Node]) -> fx.GraphModule:
         self.graph.output(tuple(outputs))

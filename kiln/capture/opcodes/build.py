@@ -39,10 +39,12 @@ def BUILD_CONST_KEY_MAP(tx, inst) -> None:
 
 @opcode("BUILD_SLICE")
 def BUILD_SLICE(tx, inst) -> None:
-    parts = tx.popn(inst.arg)
-    if not all(p.is_constant() for p in parts):
+    from kiln.capture.variables.symbolic import make_slice
+
+    value = make_slice(tx.popn(inst.arg))
+    if value is None:
         raise unsupported("unsupported_index", "a slice with bounds that are not constants")
-    tx.push(ConstantVariable(slice(*[p.as_constant() for p in parts])))
+    tx.push(value)
 
 
 @opcode("BUILD_STRING")

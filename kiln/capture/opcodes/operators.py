@@ -78,12 +78,21 @@ def DELETE_SUBSCR(tx, inst) -> None:
     obj.call_method(tx, "__delitem__", [key], {})
 
 
+def _slice(start, stop):
+    from kiln.capture.variables.symbolic import make_slice
+
+    value = make_slice([start, stop])
+    if value is None:
+        raise unsupported("unsupported_index", "a slice with bounds that are not constants")
+    return value
+
+
 @opcode("BINARY_SLICE", versions=((3, 12),))
 def BINARY_SLICE(tx, inst) -> None:
     from kiln.capture.interpreter import subscript
 
     stop, start, obj = tx.pop(), tx.pop(), tx.pop()
-    tx.push(subscript(tx, obj, ConstantVariable(slice(start.as_constant(), stop.as_constant()))))
+    tx.push(subscript(tx, obj, _slice(start, stop)))
 
 
 @opcode("STORE_SLICE", versions=((3, 12),))
@@ -91,4 +100,4 @@ def STORE_SLICE(tx, inst) -> None:
     from kiln.capture.interpreter import store_subscript
 
     stop, start, obj, value = tx.pop(), tx.pop(), tx.pop(), tx.pop()
-    store_subscript(tx, obj, ConstantVariable(slice(start.as_constant(), stop.as_constant())), value)
+    store_subscript(tx, obj, _slice(start, stop), value)

@@ -11,6 +11,7 @@ from kiln.capture.breaks import unsupported
 from kiln.capture.exceptions import raise_real
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable
+from kiln.capture.variables.symbolic import has_symbolic
 
 # Read from the fake tensor: they are fixed by the guards of the graph's inputs.
 _STATIC_ATTRS = {
@@ -45,7 +46,9 @@ class TensorVariable(Variable):
     def size(self) -> Variable:
         from kiln.capture.variables.containers import SizeVariable
 
-        return SizeVariable([ConstantVariable(int(s)) for s in self.example.shape])
+        from kiln.capture.variables.symbolic import size_item
+
+        return SizeVariable([size_item(self.node, i, s) for i, s in enumerate(self.example.shape)])
 
     def getattr(self, tx: Any, name: str) -> Variable:
         if name == "shape":
@@ -73,6 +76,8 @@ class TensorVariable(Variable):
                 value = getattr(self.example, name)(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
             except Exception as error:  # noqa: BLE001 - the user's call is wrong in eager too
                 raise raise_real(error) from None
+            if has_symbolic(value):  # numel() or stride() of a tensor with dynamic sizes
+                return tx.output.call("call_method", name, [self, *args], kwargs)
             from kiln.capture.variables.builder import wrap_constant_result
 
             return wrap_constant_result(value)

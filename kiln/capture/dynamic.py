@@ -1,0 +1,108 @@
+"""Dynamic shapes: which input dimensions a capture makes symbolic, and the guards that keep it valid.
+
+`kiln.compile(fn, dynamic=None)` (the default) starts with every size static; when a call misses
+only because an input's size changed, the next capture makes those dimensions symbolic, so later
+sizes reuse it. `dynamic=True` makes every dimension of every input symbolic from the first
+capture; `dynamic=False` never does. `kiln.mark_dynamic(tensor, dim)` marks a dimension ahead of
+time. Symbolic dimensions are symbols of the capture's ShapeEnv (torch.fx.experimental.
+symbolic_shapes): the relations the trace relied on (`s0 == s1`, `2 <= s0`, a size equal to a
+weight's) come back from it as guards over the inputs' sizes and strides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._guards import GuardSource, Source as TorchSource
+from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+_MARK = "_kiln_dynamic_dims"
+
+
+def mark_dynamic(tensor: torch.Tensor, dim: int | list[int] | tuple[int, ...]) -> None:
+    """Make dimension `dim` (or each of several) of `tensor` symbolic in the captures it enters,
+    so a compiled function does not specialize on its size.
+
+    Example::
+
+        x = torch.randn(8, 128)
+        kiln.mark_dynamic(x, 0)
+        compiled(x)   # one capture for every batch size
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"kiln.mark_dynamic: tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    for d in dims:
+        if not isinstance(d, int) or isinstance(d, bool) or not -tensor.dim() <= d < max(tensor.dim(), 1):
+            raise ValueError(f"kiln.mark_dynamic: dim must be a dimension of a {tensor.dim()}-d tensor, got {d!r}")
+    marked = set(getattr(tensor, _MARK, ()))
+    marked.update(d % tensor.dim() for d in dims)
+    setattr(tensor, _MARK, frozenset(marked))
+
+
+@dataclass
+class DynamicPolicy:
+    """Per compiled frame: `mode` is kiln.compile's `dynamic`; `seen` the dimensions found to change."""
+
+    mode: bool | None = None
+    seen: dict[str, set[int]] = field(default_factory=dict)  # str(source) -> dims
+
+    def dims(self, source: Any, tensor: torch.Tensor) -> frozenset[int]:
+        if self.mode is False or tensor.dim() == 0:
+            return frozenset()
+        if self.mode is True:
+            return frozenset(range(tensor.dim()))
+        return frozenset(self.seen.get(str(source), ())) | getattr(tensor, _MARK, frozenset())
+
+    def note_changes(self, guards: list[Any], read: Any) -> list[str]:
+        """After a miss: the inputs whose sizes alone changed get those dimensions made dynamic.
+        `read(source)` is the input's value now. Returns what changed, for the log."""
+        if self.mode is not None:
+            return []
+        changed = []
+        for guard in guards:
+            if guard.kind != "TENSOR_MATCH":
+                continue
+            try:
+                now, then = read(guard.source), guard.expected
+            except Exception:  # noqa: BLE001 - the input is not there any more: another guard failed
+                continue
+            if not _same_but_sizes(now, then):
+                continue
+            dims = {i for i, (a, b) in enumerate(zip(now.shape, then.shape)) if a != b}
+            if dims - self.seen.get(str(guard.source), set()):
+                self.seen.setdefault(str(guard.source), set()).update(dims)
+                changed.append(f"{guard.source} dims {sorted(dims)}")
+        return changed
+
+
+def _same_but_sizes(now: Any, then: torch.Tensor) -> bool:
+    return (type(now) is type(then) and now.dtype == then.dtype and now.device == then.device and now.dim() == then.dim()
+            and now.requires_grad == then.requires_grad and tuple(now.shape) != tuple(then.shape))
+
+
+@dataclass(frozen=True)
+class ShapeSource(TorchSource):
+    """A name the shape environment writes its guards with; kiln swaps in the input's source."""
+
+    placeholder: str
+
+    @property
+    def name(self) -> str:
+        return self.placeholder
+
+    def guard_source(self) -> GuardSource:
+        return GuardSource.LOCAL
+
+
+def placeholder(index: int) -> str:
+    return f"__kiln_input{index}__"
+
+
+def symbolic_fake(fake_mode: Any, tensor: torch.Tensor, dims: frozenset[int], index: int) -> torch.Tensor:
+    """A fake of `tensor` whose dimensions `dims` are fresh symbols of `fake_mode`'s ShapeEnv."""
+    sizes = [DimDynamic.DYNAMIC if i in dims else DimDynamic.STATIC for i in range(tensor.dim())]
+    context = StatelessSymbolicContext(dynamic_sizes=sizes, dynamic_strides=[DimDynamic.INFER_STRIDE] * tensor.dim())
+    return fake_mode.from_tensor(tensor, source=ShapeSource(placeholder(index)), symbolic_context=context)
