@@ -78,6 +78,12 @@ def _with_values(gm: fx.GraphModule, values: dict[int, Any]) -> fx.GraphModule:
     return gm
 
 
+def _is_symbolic_value(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return any(not isinstance(s, int) for s in value.shape)
+    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
 class Specialized:
     """Calls `compile_static` on `gm` traced at each new set of argument sizes."""
 
@@ -85,13 +91,17 @@ class Specialized:
         self.gm, self.compile_static = gm, compile_static
         self.scalar_inputs = _scalar_inputs(gm)
         self.compiled: dict[tuple, Callable] = {}
+        # The inputs whose sizes are symbolic: the ones a specialization's log line names.
+        self.symbolic_inputs = [i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")
+                                if _is_symbolic_value(n.meta.get("val"))]
 
     def __call__(self, *args: Any) -> Any:
         values = tuple(args[i].item() for i in self.scalar_inputs)
         key = (_signature(args), values)
         compiled = self.compiled.get(key)
         if compiled is None:
-            sizes = [tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args]
+            shown = self.symbolic_inputs or range(len(args))
+            sizes = [tuple(args[i].shape) if isinstance(args[i], torch.Tensor) else args[i] for i in shown]
             logs.log("recompiles", "kiln backend: graph with symbolic sizes specialized to %s%s", sizes,
                      f" and input values {values}" if values else "")
             with torch.no_grad():

@@ -1,0 +1,148 @@
+"""Dynamic shapes: a recompile caused only by changed sizes makes those dimensions symbolic, so
+later sizes reuse one capture; the relations the trace relied on are guarded."""
+
+import logging
+import os
+
+import pytest
+import torch
+
+import kiln
+from tests.capture.test_graph_breaks import Counting
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def reshape_and_slice(x, w):
+    b, s = x.shape
+    y = x.view(b, s // 2, 2) * 2
+    z = y.sum(-1) @ w[: s // 2]
+    return z.relu() + torch.arange(b).unsqueeze(-1)
+
+
+SHAPES = [(1, 16), (2, 32), (3, 64), (4, 16), (2, 128), (1, 32), (3, 48), (4, 96)]
+
+
+def _run(compiled, fn, shapes, *rest):
+    for b, s in shapes:
+        x = torch.randn(b, s)
+        torch.testing.assert_close(compiled(x, *rest), fn(x, *rest))
+
+
+def test_automatic_dynamic_after_a_size_change():
+    kiln.reset()
+    backend = Counting()
+    compiled = kiln.compile(reshape_and_slice, backend=backend)
+    _run(compiled, reshape_and_slice, SHAPES, torch.randn(64, 8))
+    # static (1, 16); dynamic for batch >= 2; dynamic with batch 1 specialized (sizes 0 and 1 are)
+    assert len(compiled.kiln_cache.entries) == 3 and len(backend.graphs) == 3
+    dynamic = compiled.kiln_cache.entries[1]
+    shapes = [g.describe() for g in dynamic.guards.guards if g.kind == "SHAPE"]
+    assert "SHAPE              2 <= L['x'].size()[0]" in shapes
+    assert any("<= 129" in g for g in shapes)  # w[: s // 2] needs s // 2 <= 64
+    placeholder = next(n for n in backend.graphs[1].graph.nodes if n.op == "placeholder")
+    assert all(isinstance(d, torch.SymInt) for d in placeholder.meta["example_value"].shape)
+
+
+def test_a_size_past_what_the_trace_relied_on_recompiles():
+    kiln.reset()
+    compiled = kiln.compile(reshape_and_slice, backend=Counting())
+    w = torch.randn(64, 8)
+    _run(compiled, reshape_and_slice, [(2, 16), (2, 32)], w)
+    assert len(compiled.kiln_cache.entries) == 2
+    with pytest.raises(RuntimeError):  # eager raises too: w has 64 rows, the slice needs 70
+        reshape_and_slice(torch.randn(2, 140), w)
+    with pytest.raises(RuntimeError):
+        compiled(torch.randn(2, 140), w)
+
+
+def test_dynamic_true_makes_every_size_symbolic_from_the_start():
+    kiln.reset()
+    compiled = kiln.compile(reshape_and_slice, backend=Counting(), dynamic=True)
+    _run(compiled, reshape_and_slice, [s for s in SHAPES if s[0] > 1], torch.randn(64, 8))
+    assert len(compiled.kiln_cache.entries) == 1
+
+
+def test_dynamic_false_specializes_every_size():
+    kiln.reset()
+    compiled = kiln.compile(reshape_and_slice, backend=Counting(), dynamic=False)
+    _run(compiled, reshape_and_slice, SHAPES[:4], torch.randn(64, 8))
+    assert len(compiled.kiln_cache.entries) == 4
+    assert not any(g.kind == "SHAPE" for e in compiled.kiln_cache.entries for g in e.guards.guards)
+
+
+def test_mark_dynamic():
+    def f(x):
+        return x.softmax(-1) * x.shape[0]
+
+    kiln.reset()
+    compiled = kiln.compile(f, backend=Counting())
+    for b in (3, 5, 9):
+        x = torch.randn(b, 4)
+        kiln.mark_dynamic(x, 0)
+        torch.testing.assert_close(compiled(x), f(x))
+    assert len(compiled.kiln_cache.entries) == 1
+    with pytest.raises(ValueError, match="dim must be"):
+        kiln.mark_dynamic(torch.randn(2, 2), 2)
+    with pytest.raises(TypeError, match="tensor must be"):
+        kiln.mark_dynamic([1, 2], 0)
+
+
+def test_relations_between_inputs_are_guarded():
+    def f(x, y):
+        return (x + y).sum(0)
+
+    kiln.reset()
+    compiled = kiln.compile(f, backend=Counting())
+    for n in (3, 4, 5):
+        x, y = torch.randn(n, 2), torch.randn(n, 2)
+        torch.testing.assert_close(compiled(x, y), f(x, y))
+    assert len(compiled.kiln_cache.entries) == 2
+    # broadcasting a size-1 row is another relation: a new entry, same result as eager
+    x, y = torch.randn(6, 2), torch.randn(1, 2)
+    torch.testing.assert_close(compiled(x, y), f(x, y))
+    assert len(compiled.kiln_cache.entries) == 3
+
+
+def test_python_branching_on_a_size_specializes_that_decision():
+    def f(x):
+        if x.shape[0] > 4:
+            return x * 2
+        return x - 1
+
+    kiln.reset()
+    compiled = kiln.compile(f, backend=Counting())
+    for n in (2, 3, 4, 6, 7, 8):
+        x = torch.randn(n)
+        torch.testing.assert_close(compiled(x), f(x))
+    # static 2; dynamic n <= 4; dynamic n > 4
+    assert len(compiled.kiln_cache.entries) == 3
+
+
+def test_the_kiln_backend_specializes_per_size_and_says_so(caplog):
+    kiln.reset()
+    compiled = kiln.compile(reshape_and_slice)
+    with kiln.config.patch({"debug.logs": "recompiles"}), caplog.at_level(logging.INFO):
+        _run(compiled, reshape_and_slice, [(2, 16), (3, 32), (4, 48)], torch.randn(64, 8))
+    assert len(compiled.kiln_cache.entries) == 2
+    specialized = [r.getMessage() for r in caplog.records if "specialized to" in r.getMessage()]
+    assert len(specialized) == 2 and "(3, 32)" in specialized[0]
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_hf_models_over_many_shapes_recompile_at_most_twice(name):
+    # The hf suite's models (full size, random weights): 13 batch x sequence shapes, 1-4 x 16-128.
+    from kiln.bench.models import MODELS
+
+    model = MODELS[name].build(False)
+    kiln.reset()
+    backend = Counting()
+    compiled = kiln.compile(model, backend=backend)
+    shapes = [(1, 16), (2, 32), (3, 64), (4, 128), (1, 48), (2, 128), (4, 16), (3, 100), (1, 128), (2, 77), (4, 64), (3, 16), (2, 16)]
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for b, s in shapes:
+            ids = torch.randint(0, 1000, (b, s), generator=g)
+            torch.testing.assert_close(compiled(input_ids=ids)[0], model(input_ids=ids)[0], rtol=1e-4, atol=1e-4)
+    cache = compiled.kiln_cache
+    assert len(backend.graphs) == len(cache.entries) <= 3 and cache.eager_calls == 0 and cache.fallback is None
