@@ -128,8 +128,16 @@ class Continuation:
         self._step: Callable | None = None
 
     def __call__(self, stack: list, locals_: list) -> Any:
+        """`locals_`: the frame's locals in `co_varnames` order (None where unbound)."""
         stack, offset = self._run_instruction(stack)
-        return self._resume(offset, stack)(*locals_, *stack)
+        nulls = tuple(v is rcode.NULL_SLOT for v in stack)
+        live = self._live(offset)
+        values = dict(zip(self.code.co_varnames, locals_))
+        return self._resume(offset, nulls, live)(*[values[n] for n in live], *[v for v in stack if v is not rcode.NULL_SLOT])
+
+    def _live(self, offset: int) -> tuple[str, ...]:
+        live = rcode.live_locals(self.code, offset)
+        return tuple(n for n in self.code.co_varnames if n in live and n not in self.unbound)
 
     # --- the instruction at the break ---------------------------------------------------------
 
@@ -175,24 +183,20 @@ class Continuation:
 
     # --- the rest of the frame ------------------------------------------------------------------
 
-    def _resume(self, offset: int, stack: list) -> Any:
+    def _resume(self, offset: int, nulls: tuple[bool, ...], live: tuple[str, ...]) -> Any:
         from kiln.capture.cache import FrameCache
 
-        nulls = tuple(v is rcode.NULL_SLOT for v in stack)
         # One resume function per place, shared by every break that resumes there: a loop's
         # iterations enter the same function (and recompile when what they pass differs).
         resumes = _RESUMES.setdefault(self.code, {})
-        key = (offset, nulls, self.unbound, id(self.f_globals), self.backend, self.dynamic)
+        key = (offset, nulls, live, id(self.f_globals), self.backend, self.dynamic)
         cache = resumes.get(key)
         if cache is None:
-            code = rcode.resume_code(self.code, offset, nulls, self.unbound)
+            code = rcode.resume_code(self.code, offset, nulls, live)
             fn = rcode.function_of(code, self.f_globals)
             line = decode(self.code).line_of(decode(self.code).index_of[offset])
             cache = resumes[key] = FrameCache(fn, _positional, fn, self.backend, False, f"{self.label} (resumed at line {line})", None,
                                               self.dynamic)
-        for i, is_null in enumerate(nulls):
-            if is_null:
-                stack[i] = None  # the prologue pushes NULL there
         return cache
 
 

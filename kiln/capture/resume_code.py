@@ -14,6 +14,7 @@ how the code around a graph break executes the construct kiln could not capture.
 from __future__ import annotations
 
 import dis
+import functools
 import types
 import weakref
 
@@ -89,6 +90,8 @@ def check_resumable(code: types.CodeType) -> str | None:
         return "the function has closure cells (a nested function reads its locals, or it reads an outer function's)"
     if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
         return "the function is a generator or coroutine"
+    if len(code.co_varnames) + code.co_stacksize > 255:
+        return "the function has too many locals"
     return None
 
 
@@ -96,15 +99,49 @@ def stack_name(i: int) -> str:
     return f"___stack{i}"
 
 
-def resume_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...], unbound: tuple[str, ...]) -> types.CodeType:
-    """The rest of `code` from the instruction at byte `offset`, entered with a stack of
-    `len(stack_nulls)` values (True where the slot holds NULL) and the locals `unbound` unbound."""
-    varnames = code.co_varnames + tuple(stack_name(i) for i in range(len(stack_nulls)))
+_FAST = ("LOAD_FAST", "STORE_FAST", "DELETE_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR")
+_READS = ("LOAD_FAST", "DELETE_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR")
+_NO_FALLTHROUGH = ("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "RETURN_VALUE", "RETURN_CONST",
+                   "RAISE_VARARGS", "RERAISE")
+
+
+@functools.lru_cache(maxsize=4096)
+def live_locals(code: types.CodeType, offset: int) -> frozenset[str]:
+    """The locals some instruction reachable from `offset` may read (or delete): the ones a
+    resume function there takes. Conservative: a write before the read still counts as live."""
+    if {"locals", "vars", "eval", "exec"} & set(code.co_names):
+        return frozenset(code.co_varnames)
+    bc = decode(code)
+    seen, todo, names = set(), [bc.index_of[offset]], set()
+    while todo:
+        index = todo.pop()
+        if index in seen or index >= len(bc.instructions):
+            continue
+        seen.add(index)
+        inst = bc.instructions[index]
+        if inst.opname in _READS:
+            names.add(inst.argval)
+        if inst.opcode in dis.hasjrel or inst.opcode in dis.hasjabs:
+            todo.append(bc.index_of[inst.argval])
+        if inst.opname not in _NO_FALLTHROUGH:
+            todo.append(index + 1)
+        handler = bc.handler_for(inst.offset)
+        if handler is not None:
+            todo.append(bc.index_of[handler.target])
+    return frozenset(names)
+
+
+def resume_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...], live: tuple[str, ...]) -> types.CodeType:
+    """The rest of `code` from the instruction at byte `offset`, entered with the locals `live`
+    bound (every other local unbound) and a stack of `len(stack_nulls)` values (True where the
+    slot holds NULL). Parameters: the live locals, then the stack values that are not NULL."""
+    stack_params = tuple(stack_name(i) for i, null in enumerate(stack_nulls) if not null)
+    params = tuple(live) + stack_params
+    varnames = params + tuple(n for n in code.co_varnames if n not in live)
+    renumber = {code.co_varnames.index(n): varnames.index(n) for n in code.co_varnames}
     prologue = bytearray(_emit("RESUME"))
-    for name in unbound:
-        prologue += _emit("DELETE_FAST", code.co_varnames.index(name))
     for i, is_null in enumerate(stack_nulls):
-        prologue += _emit("PUSH_NULL") if is_null else _emit("LOAD_FAST", len(code.co_varnames) + i)
+        prologue += _emit("PUSH_NULL") if is_null else _emit("LOAD_FAST", varnames.index(stack_name(i)))
     # The jump is the prologue's last instruction: its relative target is the original offset.
     prologue += _emit("JUMP_FORWARD", offset // 2)
     shift = len(prologue)
@@ -113,10 +150,10 @@ def resume_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...]
     flags = code.co_flags & ~(0x04 | 0x08)  # no *args / **kwargs: every parameter is positional
     line = decode(code).line_of(decode(code).index_of[offset])
     resumed = code.replace(
-        co_code=bytes(prologue) + code.co_code,
+        co_code=bytes(prologue) + _renumber_locals(code.co_code, renumber),
         co_varnames=varnames,
         co_nlocals=len(varnames),
-        co_argcount=len(varnames),
+        co_argcount=len(params),
         co_posonlyargcount=0,
         co_kwonlyargcount=0,
         co_flags=flags,
@@ -128,6 +165,22 @@ def resume_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...]
     )
     _ORIGINS[resumed] = (code, shift)
     return resumed
+
+
+def _renumber_locals(co_code: bytes, renumber: dict[int, int]) -> bytes:
+    """`co_code` with the local index of every *_FAST instruction mapped through `renumber`
+    (3.11/3.12 jumps are relative and no other instruction names a local by index)."""
+    out = bytearray(co_code)
+    fast = {_op(n) for n in _FAST if n in dis.opmap}
+    extended = False
+    for i in range(0, len(out), 2):
+        op = out[i]
+        if op in fast:
+            if extended or renumber[out[i + 1]] > 255:
+                raise ValueError("a function with more than 256 locals cannot resume after a graph break")
+            out[i + 1] = renumber[out[i + 1]]
+        extended = op == _op("EXTENDED_ARG")
+    return bytes(out)
 
 
 def step_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...], kw_names_const: int | None) -> types.CodeType:

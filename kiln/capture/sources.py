@@ -86,6 +86,8 @@ class ConstSource(Source):
     label: str = ""
 
     def expr(self, ns: Namespace, name_of: Any = None) -> str:
+        if isinstance(ns, _DisplayNamespace) and self.label:
+            return f"<{self.label}>"  # guards print as `<globals of __main__>['torch']`
         return ns.bind(self.value)
 
     def __eq__(self, other: object) -> bool:
