@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.capture import dump, graph_break, module_watch, resume_code
+from kiln.capture import dump, graph_break, module_watch, reentry, resume_code
 from kiln.capture.breaks import BreakRecord, Unsupported
 from kiln.capture.dynamic import DynamicPolicy
 from kiln.capture.guards import GLOBAL_STATE_READERS, CompiledGuards, Guard
@@ -75,7 +75,7 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
     code = fn.__code__
     fn_source = ConstSource(fn, fn.__qualname__)
     grad_mode = torch.is_grad_enabled()
-    entry_autocast = torch.is_autocast_enabled("cpu")
+    entry_autocast = reentry.autocast_state()
     tx = Translator(code, fn.__globals__, output, {},
                     {name: RealCellVariable(cell, ClosureSource(fn_source, i)) for i, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or ()))})
     if breaking is not None:
@@ -91,23 +91,29 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
             if not tx.stopped:
                 raise breaking
             graph_break.settle_state(tx, breaking, grad_mode, entry_autocast)
-        final_grad_mode = torch.is_grad_enabled()
+        final_grad_mode, final_autocast = torch.is_grad_enabled(), reentry.autocast_state()
     finally:
         sys.setrecursionlimit(recursion_limit)
         torch._C._set_grad_enabled(grad_mode)
         for kind, ctx in reversed(output.pending_restores):
             torch.amp.autocast_mode._exit_autocast(ctx)
+        if reentry.autocast_state() != entry_autocast:  # a resume function left a re-entered block
+            reentry.set_autocast_state(entry_autocast)
     if module_watch.STATE.watched:
         output.guards.add(Guard("MODULE_STRUCTURE", None, module_watch.STATE.version))
     rc = Reconstructor()
     side_effects = output.side_effects.replay_lines(rc)
-    if final_grad_mode != grad_mode:  # a resume function that leaves the grad-mode block it started in
+    # A resume function that leaves the block it started in: compiled graphs do not switch
+    # global state when they run, so the runner does.
+    if final_grad_mode != grad_mode:
         side_effects.append(f"{rc.ns.bind(torch._C._set_grad_enabled, 'F')}({final_grad_mode!r})")
+    if final_autocast != entry_autocast:
+        side_effects.append(f"{rc.ns.bind(reentry.set_autocast_state, 'F')}({rc.ns.bind(final_autocast, 'K')})")
     finish = None
     if breaking is None:
         result_expr = rc.expr(result)
     else:
-        result_expr, finish = _break_state(tx, rc, fn, breaking, backend, label, dynamic.mode)
+        result_expr, finish = _break_state(tx, rc, fn, breaking, backend, label, dynamic.mode, grad_mode)
     input_exprs = [source.expr(rc.ns) for source, _, _ in output.inputs]
     compiled = None
     gm = output.graph_module(rc.outputs) if rc.outputs or output.op_count else None
@@ -128,7 +134,7 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
 
 
 def _break_state(tx: Translator, rc: Reconstructor, fn: types.FunctionType, breaking: Unsupported, backend: Callable,
-                 label: str, dynamic_mode: bool | None) -> tuple[str, str]:
+                 label: str, dynamic_mode: bool | None, entry_grad: bool) -> tuple[str, str]:
     """The runner's expression of the live stack and locals at the break, and the continuation
     that takes them. A value that cannot be rebuilt makes the frame run eagerly."""
     null = rc.ns.bind(resume_code.NULL_SLOT, "NULL")
@@ -140,6 +146,6 @@ def _break_state(tx: Translator, rc: Reconstructor, fn: types.FunctionType, brea
         breaking.explanation += f"; kiln could not resume after it ({error.explanation})"
         raise breaking from None
     unbound = tuple(n for n in names if n not in tx.locals)
-    continuation = graph_break.Continuation(fn, breaking.at[0], breaking.inlined, unbound, backend, label, dynamic_mode)
+    continuation = graph_break.Continuation(fn, breaking.at[0], breaking.inlined, unbound, backend, label, dynamic_mode, entry_grad)
     state = f"([{', '.join(stack)}], [{', '.join(local_values)}])"
     return state, rc.ns.bind(continuation, "resume")

@@ -117,13 +117,14 @@ class Continuation:
     at the break, run natively, then the resume function of the frame from the next one."""
 
     def __init__(self, fn: types.FunctionType, index: int, inlined: bool, unbound: tuple[str, ...],
-                 backend: Callable, label: str, dynamic: bool | None = None) -> None:
+                 backend: Callable, label: str, dynamic: bool | None = None, entry_grad: bool = True) -> None:
         # A break inside a resume function continues the user's code, not the resume function's.
         self.code, shift = rcode.origin(fn.__code__)
         self.f_globals = fn.__globals__
         self.index = decode(self.code).index_of[decode(fn.__code__).instructions[index].offset - shift]
         self.inst = decode(self.code).instructions[self.index]
         self.inlined, self.unbound, self.backend, self.dynamic = inlined, unbound, backend, dynamic
+        self.entry_grad = entry_grad  # the broken frame's grad mode on entry
         self.label = label.split(" (resumed at line")[0]  # a resume function's own breaks resume the user's frame
         self._step: Callable | None = None
 
@@ -133,7 +134,16 @@ class Continuation:
         nulls = tuple(v is rcode.NULL_SLOT for v in stack)
         live = self._live(offset)
         values = dict(zip(self.code.co_varnames, locals_))
-        return self._resume(offset, nulls, live)(*[values[n] for n in live], *[v for v in stack if v is not rcode.NULL_SLOT])
+        # Inside a grad-mode block, the resume function is called in the mode outside it and
+        # enters the block's mode itself: its graph then switches modes inside, as eager's
+        # does (the AOT layer decides on training from the mode it is called in).
+        inner = torch.is_grad_enabled()
+        enter_grad = None
+        if inner != self.entry_grad:
+            torch._C._set_grad_enabled(self.entry_grad)
+            enter_grad = inner
+        resume = self._resume(offset, nulls, live, enter_grad)
+        return resume(*[values[n] for n in live], *[v for v in stack if v is not rcode.NULL_SLOT])
 
     def _live(self, offset: int) -> tuple[str, ...]:
         live = rcode.live_locals(self.code, offset)
@@ -183,16 +193,16 @@ class Continuation:
 
     # --- the rest of the frame ------------------------------------------------------------------
 
-    def _resume(self, offset: int, nulls: tuple[bool, ...], live: tuple[str, ...]) -> Any:
+    def _resume(self, offset: int, nulls: tuple[bool, ...], live: tuple[str, ...], enter_grad: bool | None) -> Any:
         from kiln.capture.cache import FrameCache
 
         # One resume function per place, shared by every break that resumes there: a loop's
         # iterations enter the same function (and recompile when what they pass differs).
         resumes = _RESUMES.setdefault(self.code, {})
-        key = (offset, nulls, live, id(self.f_globals), self.backend, self.dynamic)
+        key = (offset, nulls, live, enter_grad, id(self.f_globals), self.backend, self.dynamic)
         cache = resumes.get(key)
         if cache is None:
-            code = rcode.resume_code(self.code, offset, nulls, live)
+            code = rcode.resume_code(self.code, offset, nulls, live, enter_grad)
             fn = rcode.function_of(code, self.f_globals)
             line = decode(self.code).line_of(decode(self.code).index_of[offset])
             cache = resumes[key] = FrameCache(fn, _positional, fn, self.backend, False, f"{self.label} (resumed at line {line})", None,
@@ -249,20 +259,27 @@ def _has_hooks(module: nn.Module) -> bool:
     return any(own) or any(shared)
 
 
-def settle_state(tx: Any, breaking: Unsupported, entry_grad: bool, entry_autocast: bool) -> None:
-    """At the break: end the graph in the grad mode it started in, where grad-mode blocks the
-    runner enters again explain the difference; raise `breaking` where nothing does."""
+def settle_state(tx: Any, breaking: Unsupported, entry_grad: bool, entry_autocast: tuple) -> None:
+    """At the break: end the graph in the grad mode and autocast state it started in, where the
+    grad-mode and CPU autocast blocks the runner enters again explain the difference; raise
+    `breaking` where nothing does."""
+    from kiln.capture.reentry import autocast_state
     from kiln.capture.variables.functions import BoundBuiltinMethod
     from kiln.capture.variables.torch_fns import GradModeVariable
 
-    exits = [v.obj for v in tx.stack if isinstance(v, BoundBuiltinMethod) and v.name == "__exit__" and isinstance(v.obj, GradModeVariable)]
+    exits = [v.obj for v in tx.stack if isinstance(v, BoundBuiltinMethod) and v.name == "__exit__"]
+    grad_exits = [e for e in exits if isinstance(e, GradModeVariable)]
+    autocast_exits = [e for e in exits if getattr(e, "block_state", lambda: None)() is not None]
     withs = enclosing_blocks(tx.code, tx.instructions[tx.ip].offset).count("with")
-    expected = exits[-1].enabled if exits else entry_grad
+    expected = grad_exits[-1].enabled if grad_exits else entry_grad
     why = None
-    if withs != len(exits):
-        why = "the break is inside a with block other than torch.no_grad / enable_grad / set_grad_enabled"
-    elif torch.is_grad_enabled() != expected or torch.is_autocast_enabled("cpu") != entry_autocast:
-        why = "grad mode or autocast was switched there outside a with block"
+    if withs != len(grad_exits) + len(autocast_exits):
+        why = "the break is inside a with block other than grad mode or CPU autocast"
+    else:
+        for block in reversed(autocast_exits):  # innermost first: the graph leaves them
+            block.call_method(tx, "__exit__", [], {})
+        if torch.is_grad_enabled() != expected or autocast_state() != entry_autocast:
+            why = "grad mode or autocast was switched there outside a with block"
     if why is not None:
         breaking.explanation += f"; kiln could not resume after it ({why})"
         raise breaking

@@ -168,6 +168,7 @@ class Translator:
         if torch.is_grad_enabled() != enabled:
             torch._C._set_grad_enabled(enabled)
         self.output.graph.call_function(torch._C._set_grad_enabled, (enabled,))
+        self.output.graph_grad = enabled
 
     # --- calls --------------------------------------------------------------------------------
 

@@ -51,6 +51,11 @@ class OutputGraph:
         # Which dimensions of an input tensor are symbolic (kiln/capture/dynamic.py decides).
         self.dynamic_dims: Callable[[Source, torch.Tensor], frozenset[int]] = lambda source, tensor: frozenset()
         self.symbolic_inputs: list[tuple[Source, torch.Tensor]] = []  # (source, its symbolic fake tensor)
+        # Global state the graph switches: it ends in the state it started in (graph_module), so
+        # tracing it twice (the AOT layer does) starts both times alike; the runner sets the
+        # state the frame ends in.
+        self.start_grad = self.graph_grad = torch.is_grad_enabled()
+        self.open_autocast: list[fx.Node] = []  # _enter_autocast nodes of blocks a resume function left
 
     # --- values entering the graph --------------------------------------------------------------
 
@@ -179,6 +184,12 @@ class OutputGraph:
         return [Guard("SHAPE", None, (text, tuple(sorted(by_name.items())))) for text in texts]
 
     def graph_module(self, outputs: list[fx.Node]) -> fx.GraphModule:
+        from torch.amp import autocast_mode
+
+        for node in reversed(self.open_autocast):
+            self.graph.call_function(autocast_mode._exit_autocast, (node,))
+        if self.graph_grad != self.start_grad:
+            self.graph.call_function(torch._C._set_grad_enabled, (self.start_grad,))
         self.graph.output(tuple(outputs))
         root = torch.nn.Module()
         for name, tensor in self.attrs.items():

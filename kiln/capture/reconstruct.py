@@ -16,16 +16,10 @@ from typing import Any, Callable
 import torch
 from torch import fx
 
+from kiln.capture import reentry
 from kiln.capture.breaks import unsupported
 from kiln.capture.sources import Namespace
 from kiln.capture.variables.base import Variable
-
-
-def reentered_grad_mode_exit(prior: bool, enabled: bool) -> Any:
-    """Switch grad mode to `enabled` and return an `__exit__` that restores `prior`: the state of
-    a `with torch.no_grad():` (or enable_grad, set_grad_enabled) block a graph break is inside."""
-    torch._C._set_grad_enabled(prior)
-    return torch.set_grad_enabled(enabled).__exit__
 
 
 def _new_object(cls: type) -> Any:
@@ -139,7 +133,10 @@ class Reconstructor:
             return f"{self.expr(var.tensor)}.{var.name}"
         if isinstance(var, BoundBuiltinMethod) and var.name == "__exit__" and isinstance(var.obj, GradModeVariable):
             # A grad-mode block the graph ended inside: entered again here, left by this __exit__.
-            return f"{self.ns.bind(reentered_grad_mode_exit, 'F')}({var.obj.prior!r}, {var.obj.enabled!r})"
+            return f"{self.ns.bind(reentry.reentered_grad_mode_exit, 'F')}({var.obj.prior!r}, {var.obj.enabled!r})"
+        if isinstance(var, BoundBuiltinMethod) and var.name == "__exit__" and hasattr(var.obj, "block_state"):
+            enabled, dtype = var.obj.block_state()  # an autocast block, likewise
+            return f"{self.ns.bind(reentry.reentered_autocast_exit, 'F')}({enabled!r}, {self.ns.bind(dtype, 'K')})"
         if isinstance(var, BoundBuiltinMethod) and var.name.isidentifier():
             return f"{self.expr(var.obj)}.{var.name}"
         if isinstance(var, BoundMethodVariable):

@@ -18,6 +18,8 @@ import functools
 import types
 import weakref
 
+import torch
+
 from kiln.capture.bytecode import PY, ExceptionEntry, decode
 
 NULL_SLOT = object()  # passed for a stack slot that holds CPython's NULL; the prologue pushes NULL
@@ -131,15 +133,23 @@ def live_locals(code: types.CodeType, offset: int) -> frozenset[str]:
     return frozenset(names)
 
 
-def resume_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...], live: tuple[str, ...]) -> types.CodeType:
+def resume_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...], live: tuple[str, ...],
+                grad_mode: bool | None = None) -> types.CodeType:
     """The rest of `code` from the instruction at byte `offset`, entered with the locals `live`
     bound (every other local unbound) and a stack of `len(stack_nulls)` values (True where the
-    slot holds NULL). Parameters: the live locals, then the stack values that are not NULL."""
+    slot holds NULL). Parameters: the live locals, then the stack values that are not NULL.
+    With `grad_mode`, the prologue first switches grad mode to it (a break inside a grad-mode
+    block: the function is called in the mode outside the block, and enters the block's)."""
     stack_params = tuple(stack_name(i) for i, null in enumerate(stack_nulls) if not null)
     params = tuple(live) + stack_params
     varnames = params + tuple(n for n in code.co_varnames if n not in live)
     renumber = {code.co_varnames.index(n): varnames.index(n) for n in code.co_varnames}
     prologue = bytearray(_emit("RESUME"))
+    consts = code.co_consts
+    if grad_mode is not None:
+        consts = consts + (torch._C._set_grad_enabled, grad_mode)
+        prologue += _emit("PUSH_NULL") + _emit("LOAD_CONST", len(consts) - 2) + _emit("LOAD_CONST", len(consts) - 1)
+        prologue += (_emit("PRECALL", 1) if PY == (3, 11) else b"") + _emit("CALL", 1) + _emit("POP_TOP")
     for i, is_null in enumerate(stack_nulls):
         prologue += _emit("PUSH_NULL") if is_null else _emit("LOAD_FAST", varnames.index(stack_name(i)))
     # The jump is the prologue's last instruction: its relative target is the original offset.
@@ -151,13 +161,14 @@ def resume_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...]
     line = decode(code).line_of(decode(code).index_of[offset])
     resumed = code.replace(
         co_code=bytes(prologue) + _renumber_locals(code.co_code, renumber),
+        co_consts=consts,
         co_varnames=varnames,
         co_nlocals=len(varnames),
         co_argcount=len(params),
         co_posonlyargcount=0,
         co_kwonlyargcount=0,
         co_flags=flags,
-        co_stacksize=code.co_stacksize + 1,
+        co_stacksize=max(code.co_stacksize + 1, 3),
         co_linetable=_no_location(shift // 2) + code.co_linetable,
         co_exceptiontable=encode_exception_table(table),
         co_name=code.co_name,  # tracebacks and break records name the user's function

@@ -249,3 +249,39 @@ def test_the_kiln_backend_compiles_each_graph(capsys):
     _same(compiled(x), calls_helper(x))
     assert compiled.kiln_cache.fallback is None
     assert [e.graph is not None for e in compiled.kiln_cache.entries] == [True]
+
+
+def in_autocast(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = x @ w
+        print("inside autocast")
+        z = y @ w
+    return z.float() + 1, y.dtype, z.dtype, torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize("backend", ["counting", "kiln"])
+def test_a_break_inside_autocast_keeps_the_blocks_state(backend, capsys):
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    if backend == "counting":
+        _check(in_autocast, x, w, graphs=2)
+    else:
+        kiln.reset()
+        compiled = kiln.compile(in_autocast)
+        for _ in range(2):
+            _same(compiled(x, w), in_autocast(x, w))
+        assert compiled.kiln_cache.fallback is None
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_a_break_inside_no_grad_with_the_kiln_backend(capsys):
+    kiln.reset()
+    compiled = kiln.compile(in_no_grad)
+    x = torch.randn(3, requires_grad=True)
+    out, z_requires_grad, grad_on = compiled(x)
+    expected = in_no_grad(x)
+    _same((out.detach(), z_requires_grad, grad_on), (expected[0].detach(), *expected[1:]))
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    (want,) = torch.autograd.grad(expected[0].sum(), x)
+    torch.testing.assert_close(grad, want)
+    assert torch.is_grad_enabled()

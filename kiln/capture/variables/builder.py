@@ -72,6 +72,7 @@ def _is_model_output(cls: type) -> bool:
 
 
 GRAD_MODE_MANAGERS = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
+from kiln.capture.reentry import ReenteredAutocast  # noqa: E402  (after the constants it sits with)
 
 
 def _build(tx: Any, value: Any, source: Source | None) -> Variable:
@@ -138,6 +139,13 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
         prior = value.__self__.prev
         _guard(tx, "EQUALS", AttrSource(AttrSource(source, "__self__"), "prev"), prior)
         return f.BoundBuiltinMethod(GradModeVariable(not prior, type(value.__self__), prior), value.__func__.__name__)
+    if isinstance(value, types.MethodType) and type(value.__self__) is ReenteredAutocast and source is not None:
+        # The `__exit__` of an autocast block that a graph break re-entered.
+        from kiln.capture.variables.torch_fns import ReenteredAutocastVariable
+
+        block = value.__self__
+        _guard(tx, "EQUALS", AttrSource(AttrSource(source, "__self__"), "prior"), block.prior)
+        return f.BoundBuiltinMethod(ReenteredAutocastVariable(block.enabled, block.dtype, block.prior), "__exit__")
     if isinstance(value, types.MethodType):
         self_var = wrap(tx, value.__self__, None if source is None else _attr(source, "__self__")) if tx is not None else _build(None, value.__self__, None)
         func_var = wrap(tx, value.__func__, None if source is None else _attr(source, "__func__")) if tx is not None else _build(None, value.__func__, None)

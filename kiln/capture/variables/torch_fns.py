@@ -116,6 +116,11 @@ class AutocastVariable(Variable):
     def python_type(self) -> type:
         return torch.autocast
 
+    def block_state(self) -> tuple | None:
+        """The CPU autocast state inside the block, (enabled, dtype); None on other devices."""
+        device, dtype, enabled, _ = self.args
+        return (enabled, dtype) if device == "cpu" else None
+
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         from torch.amp import autocast_mode
 
@@ -129,6 +134,36 @@ class AutocastVariable(Variable):
             tx.output.pending_restores.remove(("autocast", self.real))
             tx.output.graph.call_function(autocast_mode._exit_autocast, (self.node,))
             return ConstantVariable(None)
+        return super().call_method(tx, name, args, kwargs)
+
+
+class ReenteredAutocastVariable(Variable):
+    """An autocast block a resume function starts inside (kiln/capture/reentry.py): its
+    `__exit__` restores the state from before the block, for real and in the graph."""
+
+    def __init__(self, enabled: bool, dtype: Any, prior: tuple) -> None:
+        super().__init__(None)
+        self.enabled, self.dtype, self.prior = enabled, dtype, prior
+
+    def python_type(self) -> type:
+        from kiln.capture.reentry import ReenteredAutocast
+
+        return ReenteredAutocast
+
+    def block_state(self) -> tuple:
+        return (self.enabled, self.dtype)
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        from kiln.capture.reentry import set_autocast_state
+
+        if name == "__exit__":
+            from torch.amp import autocast_mode
+
+            # The graph enters the outer state as a nested block, closed at the graph's end.
+            set_autocast_state(self.prior)
+            enabled, dtype = self.prior
+            tx.output.open_autocast.append(tx.output.graph.call_function(autocast_mode._enter_autocast, ("cpu", dtype, enabled, None)))
+            return ConstantVariable(False)
         return super().call_method(tx, name, args, kwargs)
 
 
