@@ -146,6 +146,7 @@ def _break_state(tx: Translator, rc: Reconstructor, fn: types.FunctionType, brea
         breaking.explanation += f"; kiln could not resume after it ({error.explanation})"
         raise breaking from None
     unbound = tuple(n for n in names if n not in tx.locals)
-    continuation = graph_break.Continuation(fn, breaking.at[0], breaking.inlined, unbound, backend, label, dynamic_mode, entry_grad)
+    continuation = graph_break.Continuation(fn, breaking.at[0], breaking.inlined, unbound, backend, label, dynamic_mode, entry_grad,
+                                            breaking.record(resumed=True) if breaking.inlined else None)
     state = f"([{', '.join(stack)}], [{', '.join(local_values)}])"
     return state, rc.ns.bind(continuation, "resume")

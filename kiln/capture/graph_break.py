@@ -21,6 +21,7 @@ running loop) — the frame runs eagerly, as before, with the reason recorded.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
 import weakref
@@ -30,7 +31,7 @@ import torch
 from torch import nn
 
 from kiln.capture import resume_code as rcode
-from kiln.capture.breaks import Unsupported
+from kiln.capture.breaks import BreakRecord, Unsupported, record_break
 from kiln.capture.bytecode import PY, decode
 
 # Kinds of failure that are kiln's own faults or limits of the whole frame: never resumed.
@@ -117,7 +118,8 @@ class Continuation:
     at the break, run natively, then the resume function of the frame from the next one."""
 
     def __init__(self, fn: types.FunctionType, index: int, inlined: bool, unbound: tuple[str, ...],
-                 backend: Callable, label: str, dynamic: bool | None = None, entry_grad: bool = True) -> None:
+                 backend: Callable, label: str, dynamic: bool | None = None, entry_grad: bool = True,
+                 record: BreakRecord | None = None) -> None:
         # A break inside a resume function continues the user's code, not the resume function's.
         self.code, shift = rcode.origin(fn.__code__)
         self.f_globals = fn.__globals__
@@ -125,6 +127,7 @@ class Continuation:
         self.inst = decode(self.code).instructions[self.index]
         self.inlined, self.unbound, self.backend, self.dynamic = inlined, unbound, backend, dynamic
         self.entry_grad = entry_grad  # the broken frame's grad mode on entry
+        self.record = record  # an inlined break, recorded here if its callee cannot be compiled
         self.label = label.split(" (resumed at line")[0]  # a resume function's own breaks resume the user's frame
         self._step: Callable | None = None
 
@@ -188,7 +191,13 @@ class Continuation:
             args, fn = stack.pop(), stack.pop()
             if stack and stack[-1] is rcode.NULL_SLOT:
                 stack.pop()
-        stack.append(compiled_callee(fn, self.backend, self.dynamic)(*args, **kwargs))
+        callee = compiled_callee(fn, self.backend, self.dynamic)
+        if callee is fn and self.record is not None:
+            # The callee runs eagerly: the break inside it has no frame of its own to record it.
+            record_break(dataclasses.replace(self.record, resumed=False, explanation=self.record.explanation
+                                             + "; the call runs eagerly (its callee has hooks or is not a Python function)"))
+            self.record = None
+        stack.append(callee(*args, **kwargs))
         return stack
 
     # --- the rest of the frame ------------------------------------------------------------------

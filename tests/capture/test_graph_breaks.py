@@ -285,3 +285,14 @@ def test_a_break_inside_no_grad_with_the_kiln_backend(capsys):
     (want,) = torch.autograd.grad(expected[0].sum(), x)
     torch.testing.assert_close(grad, want)
     assert torch.is_grad_enabled()
+
+
+def test_a_break_inside_a_hooked_submodule_runs_that_call_eagerly_with_a_record(capsys):
+    torch.manual_seed(0)
+    model = Outer()
+    model.inner.register_forward_hook(lambda module, args, out: out + 1)
+    compiled, backend = _compiled(model)
+    x = torch.randn(2, 4)
+    _same(compiled(x), model(x))
+    assert len(backend.graphs) == 2  # lin | lin: the hooked module runs as eager runs it
+    assert not BREAKS[-1].resumed and "hooks" in BREAKS[-1].explanation and BREAKS[-1].function == "forward"
