@@ -38,10 +38,16 @@ def _ints(layout: Layout) -> tuple[list[int], list[int]]:
     return [int(s) for s in layout.size], [int(s) for s in layout.stride]
 
 
-def _in_layout(t: torch.Tensor, layout: Layout) -> torch.Tensor:
-    # Kernels were generated for these strides; a tensor laid out otherwise is copied to them.
+def _sizes_strides(layout: Layout) -> tuple[tuple[int, ...], tuple[int, ...]]:
     size, stride = _ints(layout)
-    if list(t.stride()) == stride or t.numel() <= 1:
+    return tuple(size), tuple(stride)
+
+
+def _in_layout(t: torch.Tensor, layout: tuple[tuple[int, ...], tuple[int, ...]]) -> torch.Tensor:
+    # Kernels were generated for these strides; a tensor laid out otherwise is copied to them.
+    # `layout` is (sizes, strides) as plain ints: this runs for every extern result of every call.
+    size, stride = layout
+    if t.stride() == stride or t.numel() <= 1:
         return t
     return torch.empty_strided(size, stride, dtype=t.dtype).copy_(t)
 
@@ -148,7 +154,7 @@ class CppProgram:
         params = [b.name if b is not None else f"_unused{k}" for k, b in enumerate(self.program.inputs)]
         for b in self.program.inputs:
             if b is not None:
-                constants[f"layout_{b.name}"] = b.layout
+                constants[f"layout_{b.name}"] = _sizes_strides(b.layout)
                 lines.append(f"{b.name} = _in_layout({b.name}, layout_{b.name})")
         memory = self.schedule.memory
         reused = set(memory.reuses.values())
@@ -156,7 +162,7 @@ class CppProgram:
             if isinstance(step, FusedKernel):
                 lines += _kernel_call(step, constants, memory, step.name in checks)
             else:
-                lines += _extern_call(k, step, constants, ops)
+                lines += _extern_call(k, step, constants, ops, memory.extern_inplace.get(k))
             dead = [name for name in memory.frees.get(k, []) if name not in reused]
             if dead:
                 lines.append(f"del {', '.join(dead)}")
@@ -198,7 +204,8 @@ def _kernel_call(kernel: FusedKernel, constants: dict, memory: MemoryPlan, check
     return lines
 
 
-def _extern_call(k: int, step, constants: dict, ops: dict) -> list[str]:
+def _extern_call(k: int, step, constants: dict, ops: dict, into: str | None = None) -> list[str]:
+    """`into`: a kiln::conv whose result the memory plan writes over its added input."""
     name = _op_name(step.op)
     if name is not None:
         ops[f"op{k}"] = name
@@ -213,7 +220,10 @@ def _extern_call(k: int, step, constants: dict, ops: dict) -> list[str]:
         names[key] = value
         return key
 
-    args = pytree.tree_map(arg, list(step.args), is_leaf=lambda v: isinstance(v, Buffer))
+    step_args = list(step.args)
+    if into is not None:
+        step_args[11] = "onednn_into_other"
+    args = pytree.tree_map(arg, step_args, is_leaf=lambda v: isinstance(v, Buffer))
     kwargs = pytree.tree_map(arg, dict(step.kwargs), is_leaf=lambda v: isinstance(v, Buffer))
     constants.update(names)
     call = f"op{k}({', '.join(_render(a) for a in args)}{', ' if args and kwargs else ''}" \
@@ -226,7 +236,7 @@ def _extern_call(k: int, step, constants: dict, ops: dict) -> list[str]:
         lines += [f"{b.name} = _result[{i}]" for i, b in enumerate(outs) if b is not None]
     for b in outs:
         if b is not None and step.op is not torch.ops.aten.as_strided.default and b.layout.is_static:
-            constants[f"layout_{b.name}"] = b.layout
+            constants[f"layout_{b.name}"] = _sizes_strides(b.layout)
             lines.append(f"{b.name} = _in_layout({b.name}, layout_{b.name})")
     return lines
 

@@ -140,6 +140,16 @@ def _conv_onednn(x, weight, bias, stride, padding, dilation, groups, unary, scal
         x, other, blocked, bias, padding, stride, dilation, groups, "add", 1.0, unary_or_none, scalars, algorithm)
 
 
+def _conv_onednn_into_other(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other):
+    # oneDNN's convolution writing its result over the added tensor: the memory plan chooses this
+    # when `other` dies here and has the result's layout (kiln/schedule/memory.py).
+    blocked = packed(weight, f"onednn{tuple(x.shape)}", lambda: mkldnn._reorder_convolution_weight(
+        weight, padding, stride, dilation, groups, list(x.shape)))
+    unary_or_none = None if unary == "none" else unary
+    return mkldnn._convolution_pointwise_.binary(other, x.contiguous(memory_format=torch.channels_last), blocked, bias, padding,
+                                                 stride, dilation, groups, "add", 1.0, unary_or_none, scalars, algorithm)
+
+
 # In order of preference when timings tie (kiln/autotune/choose.py).
 CONV_IMPLS: dict[str, Callable] = {
     "onednn": _conv_onednn,
@@ -148,8 +158,13 @@ CONV_IMPLS: dict[str, Callable] = {
 }
 
 
+# Implementations the memory plan picks rather than the autotuner (they overwrite an input).
+IN_PLACE_CONV_IMPLS: dict[str, Callable] = {"onednn_into_other": _conv_onednn_into_other}
+
+
 def _conv(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other, impl):
-    return CONV_IMPLS[impl](x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other)
+    run = CONV_IMPLS.get(impl) or IN_PLACE_CONV_IMPLS[impl]
+    return run(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other)
 
 
 def _conv_fake(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other, impl):

@@ -26,6 +26,7 @@ class MemoryPlan:
     frees: dict[int, list[str]] = field(default_factory=dict)  # step -> buffers dead after it
     reuses: dict[str, str] = field(default_factory=dict)  # new buffer -> dead buffer it takes over
     inplace: dict[str, str] = field(default_factory=dict)  # kernel output -> input it is written over
+    extern_inplace: dict[int, str] = field(default_factory=dict)  # step -> the input its result is written over
 
 
 def _returns_view(op: Any) -> bool:
@@ -77,11 +78,30 @@ def plan_memory(steps: list, outputs: list, owned: dict[str, Buffer]) -> MemoryP
                 if match is not None and out.name not in kept and out.name not in plan.inplace:
                     dead.remove(match)
                     plan.reuses[out.name] = match
+        else:
+            into = _conv_into_other(step, set(dying), aliases, layouts)
+            if into is not None:
+                plan.extern_inplace[k] = into
+                overwritten.add(into)
         for name in dying:
             plan.frees.setdefault(k, []).append(name)
             if name in owned and name not in overwritten:
                 dead.append(name)
     return plan
+
+
+def _conv_into_other(step: Any, dying: set[str], aliases: dict[str, set[str]], layouts: dict[str, Layout]) -> str | None:
+    """The residual a oneDNN `kiln::conv` may write its result over: it dies here, is an
+    intermediate of this graph with the result's layout, and neither views nor is viewed by the
+    convolution's other inputs."""
+    if str(step.op) != "kiln.conv.default" or step.args[11] != "onednn" or not isinstance(step.args[10], Buffer):
+        return None
+    other, out = step.args[10].name, step.outputs[0]
+    others = {b.name for b in pytree.tree_leaves(list(step.args[:10])) if isinstance(b, Buffer)}
+    others = others.union(*(aliases.get(n, set()) for n in others))
+    if other not in dying or other in aliases or other in others or out is None or layouts.get(other) != out.layout:
+        return None
+    return other
 
 
 def _overwrites(kernel: Any, dying: set[str], layouts: dict[str, Layout]) -> dict[str, str]:

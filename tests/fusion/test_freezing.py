@@ -78,6 +78,29 @@ def test_residual_add_and_relu_fuse_into_the_second_convolution():
     assert not program.runtime.schedule.kernels
 
 
+class Downsample(nn.Module):
+    """ResNet's downsampling block: the shortcut is its own convolution, dead after the add."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.shortcut = nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(4, 8, 1)
+
+    def forward(self, x):
+        return torch.relu(self.b(torch.relu(self.a(x))) + self.shortcut(x))
+
+
+def test_a_convolution_writes_over_a_residual_that_dies_there_and_not_over_one_it_reads():
+    torch.manual_seed(0)
+    program = _frozen(Downsample().eval(), torch.randn(1, 4, 12, 12))
+    steps = program.runtime.schedule.steps
+    (k, into), = program.runtime.schedule.memory.extern_inplace.items()
+    assert steps[k].args[10].name == into and steps[k].args[7] == "relu"
+    assert "onednn_into_other" in program.runtime.artifact.constants.values()
+    # Residual's add reads y, which the second convolution also reads: no overwrite.
+    program = _frozen(_randomize_norms(Residual()), torch.randn(1, 4, 12, 12))
+    assert not program.runtime.schedule.memory.extern_inplace
+
+
 @pytest.mark.parametrize("act", [nn.ReLU(), nn.Sigmoid(), nn.Tanh(), nn.SiLU(), nn.GELU(),
                                  nn.GELU(approximate="tanh"), nn.LeakyReLU(0.2), nn.ReLU6()],
                          ids=lambda m: repr(m))
