@@ -4,7 +4,7 @@ layouts skips tracing, partitioning and compiling, and loads what the first one 
 Only graph compilers that can save and restore what they build take part: `compile_graph.save(
 compiled) -> payload` and `compile_graph.load(payload) -> compiled` (kiln's C++ backend can).
 The key covers the graph's code, every input's and lifted parameter's layout and requires_grad,
-the values of tensor constants, grad mode, the options, and the versions of torch and of kiln's
+the values of tensor constants, grad mode, CPU autocast and the default dtype, the options, and the versions of torch and of kiln's
 own source. Graphs with symbolic sizes or fake inputs are not cached.
 """
 
@@ -57,7 +57,10 @@ def cache_key(gm: fx.GraphModule, example_inputs: Sequence[Any], lifted: dict[st
     described = [_describe(v) for v in [*lifted.values(), *example_inputs]]
     if any(d is None for d in described):
         return None
-    parts = [gm.code, *lifted, *described, repr(training), repr(options), torch.__version__, disk_cache.kiln_fingerprint()]
+    # Ambient state the trace bakes in: autocast's casts (a graph traced under autocast differs)
+    # and the default dtype of factory calls.
+    ambient = repr((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.get_default_dtype()))
+    parts = [gm.code, *lifted, *described, repr(training), repr(options), ambient, torch.__version__, disk_cache.kiln_fingerprint()]
     h = hashlib.sha256("\0".join(parts).encode())
     h.update(_constants(gm, set(lifted)))
     return h.hexdigest()

@@ -60,6 +60,9 @@ def _check_plotting(path: str | None) -> None:
         raise ValueError("--plot needs matplotlib: pip install 'kiln[bench]'")
 
 
+AUTOCAST = {"bf16": "bfloat16"}  # --autocast value -> torch dtype name
+
+
 def select_cases(args: argparse.Namespace) -> list[Case]:
     all_suites = suites()
     if args.models:
@@ -70,8 +73,11 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
     threads = parse_threads(args.threads)
     if args.iters < 1 or args.warmup < 0 or args.timeout <= 0:
         raise ValueError("--iters must be >= 1, --warmup >= 0 and --timeout > 0")
+    if args.autocast and args.train:
+        raise ValueError("--autocast times inference only; leave out --train")
+    autocast = AUTOCAST[args.autocast] if args.autocast else None
     return [
-        Case(model, mode, t, train=args.train, iters=args.iters, warmup=args.warmup)
+        Case(model, mode, t, train=args.train, iters=args.iters, warmup=args.warmup, autocast=autocast)
         for model in models
         for t in threads
         for mode in modes
@@ -105,7 +111,7 @@ def run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ValueError as e:
         parser.error(str(e))
     meta = run_metadata(
-        task="training step" if args.train else "inference",
+        task="training step" if args.train else "inference" + (f" under {args.autocast} autocast" if args.autocast else ""),
         suite=args.suite if not args.models else "custom",
         threads=parse_threads(args.threads),
         iters=args.iters,
@@ -150,6 +156,7 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=config.bench.warmup, help="untimed iterations (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=config.bench.timeout_s, help="seconds per case (default: %(default)s)")
     p.add_argument("--train", action="store_true", help="time a training step and check gradients")
+    p.add_argument("--autocast", choices=list(AUTOCAST), help="run inference under torch.autocast('cpu', dtype=...)")
     p.add_argument("--cache", choices=["cold", "warm"], default="cold", help="compile caches: fresh per case (cold) or the user's (warm)")
     p.add_argument("--json", metavar="PATH", help="write every result and the run's metadata as JSON")
     p.add_argument("--markdown", metavar="PATH", help="write the tables as markdown")

@@ -20,6 +20,7 @@ class Case:
     train: bool = False
     iters: int = 20
     warmup: int = 3
+    autocast: str | None = None  # "bfloat16": inference under torch.autocast("cpu", dtype=torch.bfloat16)
 
     @property
     def label(self) -> str:

@@ -7,6 +7,7 @@ interleaved in this same process, so both see the same machine state.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import resource
@@ -44,13 +45,15 @@ def _loss(output: Any) -> torch.Tensor:
 
 
 class InferenceStep:
-    """One forward call without autograd."""
+    """One forward call without autograd, under CPU autocast to `autocast` (a dtype name) if given."""
 
-    def __init__(self, model: Callable, inputs: dict[str, torch.Tensor]) -> None:
+    def __init__(self, model: Callable, inputs: dict[str, torch.Tensor], autocast: str | None = None) -> None:
         self.model, self.inputs = model, inputs
+        self.autocast = getattr(torch, autocast) if autocast else None
 
     def __call__(self) -> list[torch.Tensor]:
-        with torch.no_grad():
+        cast = torch.autocast("cpu", dtype=self.autocast) if self.autocast is not None else contextlib.nullcontext()
+        with torch.no_grad(), cast:
             return flatten_tensors(self.model(**self.inputs))
 
 
@@ -79,7 +82,8 @@ def _double(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _make_step(case: Case, model: nn.Module, runner: Callable, inputs: dict[str, torch.Tensor]):
-    return TrainStep(runner, model, inputs) if case.train else InferenceStep(runner, inputs)
+    # Under autocast the float64 reference stays float64: autocast casts float32 only.
+    return TrainStep(runner, model, inputs) if case.train else InferenceStep(runner, inputs, case.autocast)
 
 
 def _first_outputs(case: Case, step) -> list[torch.Tensor]:

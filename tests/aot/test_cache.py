@@ -77,6 +77,21 @@ def test_other_layouts_miss(traces):
     assert traces["n"] == 3
 
 
+def test_a_graph_traced_under_autocast_is_another_entry(traces):
+    # autocast's casts are baked into the traced graph: an fp32 entry must not serve bf16 calls
+    x = torch.randn(4, 8)
+    module = Block().eval()
+    with torch.no_grad():
+        fp32 = compile_block(x, module)(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16 = compile_block(x, module)(x)
+            expected = module(x)
+    assert traces["n"] == 2
+    assert fp32[0].dtype == torch.float32 and bf16[0].dtype == expected[0].dtype == torch.bfloat16
+    assert not torch.equal(bf16[0].float(), fp32[0])  # the linear ran in bfloat16
+    torch.testing.assert_close(bf16[0], expected[0], rtol=2e-2, atol=2e-2)
+
+
 def test_a_corrupted_entry_is_rebuilt(traces, private_cache):
     x = torch.randn(4, 8)
     with torch.no_grad():

@@ -46,6 +46,11 @@ def test_bad_iteration_counts(capsys):
     assert "--iters must be >= 1" in _error(capsys, "--models", "mlp", "--iters", "0")
 
 
+def test_autocast_is_for_inference_and_names_its_choices(capsys):
+    assert "--autocast times inference only" in _error(capsys, "--models", "mlp", "--autocast", "bf16", "--train")
+    assert "invalid choice: 'fp8'" in _error(capsys, "--models", "mlp", "--autocast", "fp8")
+
+
 def test_output_folder_must_exist(capsys, tmp_path):
     err = _error(capsys, "--models", "mlp", "--json", str(tmp_path / "missing" / "run.json"))
     assert "does not exist" in err

@@ -26,6 +26,21 @@ def test_eager_case_is_measured(train):
     assert r.compile_s >= 0 and r.peak_rss_mb > 10 and r.wall_s > 0
 
 
+def test_an_autocast_case_runs_under_autocast_against_a_float64_reference(monkeypatch):
+    seen = []
+
+    def spy(model):
+        def run(**inputs):
+            seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+            return model(**inputs)
+        return run
+
+    monkeypatch.setitem(modes.MODES, "spy", _mode("spy", spy))
+    r = worker.run_case(Case("mlp", "spy", 1, iters=2, warmup=0, autocast="bfloat16"))
+    assert r.status == "ok" and r.accuracy == "pass"
+    assert seen and all(s == (True, torch.bfloat16) for s in seen)
+
+
 def test_wrong_results_fail_accuracy(monkeypatch):
     def off_by_one(model):
         return lambda **inputs: model(**inputs) + 1
