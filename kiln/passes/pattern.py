@@ -159,17 +159,18 @@ def _fake_mode(values: list[Any]) -> Any:
     raise ValueError("no fake tensor among the operands: cannot compute the new node's meta value")
 
 
-def insert(gm: fx.GraphModule, before: fx.Node, target: Any, *args: Any) -> fx.Node:
+def insert(gm: fx.GraphModule, before: fx.Node, target: Any, *args: Any, **kwargs: Any) -> fx.Node:
     """A new call of `target` before `before`, its `meta["val"]` computed on the operands' fake
-    values (so later passes and the lowering see its shape, dtype and strides)."""
+    values (so later passes and the lowering see its shape, dtype and strides). Keyword
+    arguments are plain values (`dtype=`)."""
     vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in args]
     vals = [[v.meta.get("val") if isinstance(v, fx.Node) else v for v in a] if isinstance(a, (list, tuple)) else a
             for a in vals]
     with gm.graph.inserting_before(before):
-        node = gm.graph.call_function(target, tuple(args))
+        node = gm.graph.call_function(target, tuple(args), kwargs)
     leaves = [v for a in vals for v in (a if isinstance(a, list) else [a])]
     with _fake_mode(leaves):
-        node.meta["val"] = target(*vals)
+        node.meta["val"] = target(*vals, **kwargs)
     return node
 
 

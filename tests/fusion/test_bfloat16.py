@@ -1,6 +1,6 @@
 """bfloat16 under `torch.autocast("cpu")`: frozen weights are cast once, in the constants graph,
-casts that change nothing are removed, and results match eager autocast. (This machine has no
-native bfloat16, so these are correctness tests; its speed is not quoted.)"""
+casts that change nothing are removed, a BatchNorm folds into a bfloat16 convolution, and results
+match eager autocast. (Correctness tests: speed is `kiln bench --autocast bf16`'s.)"""
 
 import torch
 from torch import fx, nn
@@ -41,6 +41,32 @@ def test_convolution_under_autocast_matches_eager():
         out, expected = compiled_model(x), model(x)
     assert out.dtype == expected.dtype
     torch.testing.assert_close(out.float(), expected.float(), rtol=3e-2, atol=3e-2)
+
+
+def test_batch_norm_folds_into_a_bfloat16_convolution_in_float32():
+    # Under autocast the convolution is bfloat16 and the norm's statistics float32: the fold is
+    # computed from the float32 weight and cast, and ReLU fuses, so one oneDNN call remains.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()).eval()
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1, 1)
+        model[1].running_var.uniform_(0.5, 2)
+    x = torch.randn(1, 3, 10, 10)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, program = compiled(model, x, freezing=True)
+        with torch.no_grad():
+            expected = model(x)
+            truth = model.double()(x.double())
+    assert out.dtype == expected.dtype == torch.bfloat16
+    externs = [str(s.op) for s in program.runtime.schedule.externs if str(s.op) not in ("aten.as_strided.default", "aten.alias.default")]
+    kernels = program.runtime.schedule.kernels
+    assert externs == ["kiln.conv.default"] and len(kernels) == 1  # the one kernel casts the input
+    assert kernels[0].outputs[0].layout.dtype == torch.bfloat16 and tuple(kernels[0].outputs[0].layout.size) == (1, 3, 10, 10)
+    conv = program.runtime.schedule.externs[-1]
+    assert conv.args[7] == "relu"
+    # as exact as eager's bfloat16 (rounding at other places)
+    ours, eagers = (out.double() - truth).abs().max().item(), (expected.double() - truth).abs().max().item()
+    assert ours <= 2 * eagers + 1e-3
 
 
 def _graph(fn, *inputs):
