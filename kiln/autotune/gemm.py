@@ -44,12 +44,18 @@ def mm_impls(dtype: torch.dtype, mode: str) -> list[str]:
     return names
 
 
-def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode: str = "default") -> str:
-    """The fastest `kiln::mm` implementation for fake or meta values `a` [M, K], `b` [K, N]."""
+def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode: str = "default",
+              post_op: tuple[str, list, str] = ("none", [], "")) -> str:
+    """The fastest `kiln::mm` implementation for fake or meta values `a` [M, K], `b` [K, N],
+    timed with its unary post-op: inside oneDNN's GEMM, or after the others as ATen runs it."""
     ra, rb = _like(a), _like(b)
     rbias = _like(bias) if bias is not None else None
-    candidates = {name: (lambda f=MM_IMPLS[name]: f(ra, rb, rbias)) for name in mm_impls(a.dtype, mode)}
+    unary, scalars, algorithm = post_op
+    candidates = {name: (lambda f=MM_IMPLS[name]: f(ra, rb, rbias, unary, scalars, algorithm or None))
+                  for name in mm_impls(a.dtype, mode)}
     signature = (tuple(a.shape), tuple(b.shape), tuple(b.stride()), str(a.dtype), bias is not None)
+    if unary != "none":  # signatures of plain GEMMs as before, so their cache entries stay valid
+        signature += (unary, tuple(scalars), algorithm)
     return choose("mm", signature, _no_grad(candidates), BUDGET[mode], after_each=lambda: drop_packs(rb))
 
 

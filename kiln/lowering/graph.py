@@ -213,7 +213,9 @@ class GraphLowering:
                 args, kwargs = pytree.tree_map_only(fx.Node, env.__getitem__, (node.args, node.kwargs))
                 env[node] = args[0][args[1]] if node.target is operator.getitem else self._call(node, args, kwargs)
                 if should_realize(node, env[node]):
-                    env[node] = TensorValue.of_buffer(self.realize(env[node]))
+                    # In eager's layout when that is dense: a channels-last stream stays channels-last.
+                    layout = argument_layout(node.meta.get("val"), env[node].size, env[node].dtype)
+                    env[node] = TensorValue.of_buffer(self.realize(env[node], layout))
             elif node.op == "output":
                 outs = pytree.tree_map_only(fx.Node, env.__getitem__, node.args[0])
                 metas = [n.meta.get("val") if isinstance(n, fx.Node) else None for n in pytree.tree_leaves(node.args[0])]

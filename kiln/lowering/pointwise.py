@@ -11,7 +11,7 @@ from torch._prims_common import elementwise_dtypes
 
 from kiln.ir.ops import ops
 from kiln.lowering.registry import register_lowering
-from kiln.lowering.values import TensorValue, broadcast_sizes, broadcast_to
+from kiln.lowering.values import LOW_PRECISION, TensorValue, broadcast_sizes, broadcast_to, round_low_precision
 
 aten = torch.ops.aten
 
@@ -23,6 +23,11 @@ def _promotion_example(arg: Any) -> Any:
 
 def _cast(value: Any, have: torch.dtype, want: torch.dtype) -> Any:
     return value if have == want else ops.to_dtype(value, want)
+
+
+def _result(value: Any, compute: torch.dtype, result: torch.dtype) -> Any:
+    # A 16-bit float result stays in float32 until it is stored or cast (values.LOW_PRECISION).
+    return value if result in LOW_PRECISION and compute == torch.float32 else _cast(value, compute, result)
 
 
 def promoted_dtypes(args: list[Any], kind: Kind = Kind.DEFAULT) -> tuple[torch.dtype, torch.dtype]:
@@ -43,7 +48,7 @@ def pointwise(op: str | Callable[..., Any], args: list[Any], kind: Kind = Kind.D
             _cast(a.loader(index), a.dtype, compute) if isinstance(a, TensorValue) else ops.constant(a, compute)
             for a in inputs
         ]
-        return _cast(body(*values), compute, result)
+        return _result(body(*values), compute, result)
 
     return TensorValue(size, result, loader)
 
@@ -161,4 +166,7 @@ def to_copy(x: TensorValue, *, dtype: torch.dtype | None = None, device: Any = N
     if device is not None and torch.device(device).type != "cpu" or layout not in (None, torch.strided):
         raise NotImplementedError("_to_copy to another device or layout")  # an extern call
     dtype = dtype or x.dtype
-    return TensorValue(x.size, dtype, lambda index: _cast(x.loader(index), x.dtype, dtype))
+    if dtype == x.dtype:
+        return TensorValue(x.size, dtype, x.loader)  # a copy: not the same buffer
+    # An explicit cast converts the 16-bit values eager's tensor holds: round first.
+    return TensorValue(x.size, dtype, lambda index: _cast(round_low_precision(x.loader(index), x.dtype), x.dtype, dtype))

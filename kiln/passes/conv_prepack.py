@@ -21,31 +21,13 @@ from kiln.autotune import mode as autotune_mode
 from kiln.autotune.gemm import choose_conv
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
 from kiln.passes.fake_values import refresh_meta
-from kiln.passes.pattern import Op, Var, arguments, insert, match, matches, remove_dead
+from kiln.passes.pattern import Op, Var, arguments, insert, matches, remove_dead
+from kiln.passes.post_ops import NO_POST_OP, PostOp, only_user, unary_after
 
 aten = torch.ops.aten
 
 _CONV = Op(aten.convolution.default, Var("x"), Var("w"), Var("b"), Var("stride"), Var("padding"), Var("dilation"),
            False, Var("output_padding"), Var("groups"))
-
-# ATen unary op -> (oneDNN post-op name, its scalars, its algorithm) from the node's arguments.
-_UNARY = {
-    aten.relu.default: lambda args: ("relu", [], ""),
-    aten.sigmoid.default: lambda args: ("sigmoid", [], ""),
-    aten.tanh.default: lambda args: ("tanh", [], ""),
-    aten.silu.default: lambda args: ("swish", [], ""),
-    aten.hardswish.default: lambda args: ("hardswish", [], ""),
-    aten.gelu.default: lambda args: ("gelu", [], args[1]),
-    aten.leaky_relu.default: lambda args: ("leaky_relu", [args[1]], ""),
-    aten.hardtanh.default: lambda args: ("hardtanh", [args[1], args[2]], ""),
-}
-
-
-def _only_user(node: fx.Node) -> fx.Node | None:
-    if len(node.users) != 1:
-        return None
-    user = next(iter(node.users))
-    return user if user.op == "call_function" else None
 
 
 def _residual(conv: fx.Node, add: fx.Node | None) -> fx.Node | None:
@@ -63,33 +45,14 @@ def _residual(conv: fx.Node, add: fx.Node | None) -> fx.Node | None:
     return other if same else None
 
 
-_SILU = Op(aten.mul.Tensor, Var("y"), Op(aten.sigmoid.default, Var("y")), commutative=True)
-
-
-def _decomposed_silu(value: fx.Node) -> fx.Node | None:
-    """The `value * sigmoid(value)` node (silu as the core-ATen table writes it), if that is
-    all `value` feeds."""
-    if len(value.users) != 2:
-        return None
-    for user in value.users:
-        found = match(_SILU, user) if user.op == "call_function" else None
-        if found is not None and found["y"] is value:
-            return user
-    return None
-
-
-def _post_ops(conv: fx.Node) -> tuple[fx.Node, fx.Node | None, tuple[str, list, str]]:
+def _post_ops(conv: fx.Node) -> tuple[fx.Node, fx.Node | None, PostOp]:
     """The last node of the fusable chain after `conv`, the added tensor, the unary post-op."""
-    last, user = conv, _only_user(conv)
-    other = _residual(conv, user)
+    last = conv
+    other = _residual(conv, only_user(conv))
     if other is not None:
-        last, user = user, _only_user(user)
-    if user is not None and user.target in _UNARY:
-        return user, other, _UNARY[user.target](arguments(user))
-    silu = _decomposed_silu(last)
-    if silu is not None:
-        return silu, other, ("swish", [], "")
-    return last, other, ("none", [], "")
+        last = only_user(conv)
+    unary = unary_after(last)
+    return (unary[0], other, unary[1]) if unary is not None else (last, other, NO_POST_OP)
 
 
 def _static_float(*nodes: fx.Node) -> bool:
@@ -137,7 +100,7 @@ def conv_prepack(gm: fx.GraphModule) -> bool:
         if impl == "aten":
             continue
         if impl != "onednn":  # ATen on channels-last data: the post-ops stay kiln's kernels
-            last, other, (unary, scalars, algorithm) = conv, None, ("none", [], "")
+            last, other, (unary, scalars, algorithm) = conv, None, NO_POST_OP
         fused = insert(gm, last, torch.ops.kiln.conv.default, x, w, b, *conv_args, unary, scalars, algorithm or None,
                        other, impl)
         last.replace_all_uses_with(fused)

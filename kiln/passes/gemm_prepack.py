@@ -3,8 +3,14 @@ shapes: ATen as it is, a contiguous copy of the weight in either order, MKL's pa
 oneDNN's blocked weights (`kiln::mm`, kiln/runtime/prepacked.py). When ATen wins, the node is
 left as it is.
 
-    mm(a, b)              -> kiln::mm(a, b, None, impl)
-    addmm(bias, a, b)     -> kiln::mm(a, b, bias, impl)     (beta = alpha = 1, bias of shape [N])
+    mm(a, b)              -> kiln::mm(a, b, None, "none", impl)
+    addmm(bias, a, b)     -> kiln::mm(a, b, bias, "none", impl)     (beta = alpha = 1, bias of shape [N])
+
+A unary op that is all the product feeds (after a constant bias add and reshapes, as linear
+layers leave them) is timed with it, and when oneDNN wins it runs inside oneDNN's GEMM as a
+post-op instead of as a kernel of its own: the GEMM's output is written once, activated.
+
+    gelu(view(mm(a, b) + bias))  -> view(kiln::mm(a, b, bias, "gelu", "onednn"))
 """
 
 from __future__ import annotations
@@ -16,12 +22,14 @@ from kiln import logs
 from kiln.autotune import mode as autotune_mode
 from kiln.autotune.gemm import choose_mm
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
-from kiln.passes.pattern import Op, Var, matches, replace
+from kiln.passes.pattern import Op, Var, arguments, insert, matches, remove_dead, replace
+from kiln.passes.post_ops import NO_POST_OP, PostOp, only_user, unary_after
 
 aten = torch.ops.aten
 
 _MM = Op(aten.mm.default, Var("a"), Var("b"))
 _ADDMM = Op(aten.addmm.default, Var("bias"), Var("a"), Var("b"), 1, 1)
+_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
 def _suitable(a: fx.Node, b: fx.Node, bias: fx.Node | None) -> bool:
@@ -39,6 +47,40 @@ def _matches(gm: fx.GraphModule):
         yield from matches(gm, pattern)
 
 
+def _bias_add(mm: fx.Node, constants: ConstantSet) -> fx.Node | None:
+    """The constant bias that `mm(a, b) + bias` adds, when that add is all the product feeds."""
+    add = only_user(mm)
+    if add is None or add.target is not aten.add.Tensor:
+        return None
+    args = arguments(add)
+    other = args[1] if args[0] is mm else args[0]
+    return other if args[2] == 1 and other is not mm and other in constants else None
+
+
+def _post_op(node: fx.Node, bias: fx.Node | None, constants: ConstantSet) -> tuple[fx.Node | None, fx.Node, PostOp] | None:
+    """(bias, the unary node, its post-op) when the product, its bias add and reshapes feed
+    nothing but a unary op oneDNN applies."""
+    last = node
+    if bias is None and (added := _bias_add(node, constants)) is not None:
+        bias, last = added, only_user(node)
+    while (user := only_user(last)) is not None and user.target in _RESHAPES:
+        last = user
+    found = unary_after(last)
+    return (bias, *found) if found is not None else None
+
+
+def _fuse(gm: fx.GraphModule, unary: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None, post_op: PostOp,
+          impl: str) -> None:
+    """`unary`'s value as one library call, reshaped to the unary's shape."""
+    name, scalars, algorithm = post_op
+    fused = insert(gm, unary, torch.ops.kiln.mm.default, a, b, bias, name, scalars, algorithm or None, impl)
+    shape = list(unary.meta["val"].shape)
+    if list(fused.meta["val"].shape) != shape:
+        fused = insert(gm, unary, aten.view.default, fused, shape)
+    unary.replace_all_uses_with(fused)
+    remove_dead(gm, [unary])
+
+
 def gemm_prepack(gm: fx.GraphModule) -> bool:
     mode = autotune_mode()
     if not has_frozen_inputs(gm) or mode == "off":
@@ -49,10 +91,27 @@ def gemm_prepack(gm: fx.GraphModule) -> bool:
         a, b, bias = bound["a"], bound["b"], bound.get("bias")
         if b not in constants or not constants.all(bias) or not _suitable(a, b, bias):
             continue
-        impl = choose_mm(a.meta["val"], b.meta["val"], bias.meta["val"] if bias is not None else None, mode)
-        logs.log("freezing", "%s %s x %s: %s", node.name, tuple(a.meta["val"].shape), tuple(b.meta["val"].shape), impl)
+        chain = _post_op(node, bias, constants)
+        if chain is not None and _suitable(a, b, chain[0]):
+            fused_bias, unary, post_op = chain
+            impl = choose_mm(a.meta["val"], b.meta["val"], _val(fused_bias), mode, post_op)
+            logs.log("freezing", "%s %s x %s + %s: %s", node.name, _shape(a), _shape(b), post_op[0], impl)
+            if impl == "onednn":
+                _fuse(gm, unary, a, b, fused_bias, post_op, impl)
+                changed = True
+                continue
+        impl = choose_mm(a.meta["val"], b.meta["val"], _val(bias), mode)
+        logs.log("freezing", "%s %s x %s: %s", node.name, _shape(a), _shape(b), impl)
         if impl == "aten":
             continue
-        replace(gm, node, torch.ops.kiln.mm.default, a, b, bias, impl)
+        replace(gm, node, torch.ops.kiln.mm.default, a, b, bias, *NO_POST_OP[:2], None, impl)
         changed = True
     return changed
+
+
+def _val(node: fx.Node | None) -> torch.Tensor | None:
+    return node.meta["val"] if node is not None else None
+
+
+def _shape(node: fx.Node) -> tuple[int, ...]:
+    return tuple(node.meta["val"].shape)

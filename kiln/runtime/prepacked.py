@@ -20,7 +20,7 @@ import torch
 aten, mkldnn, mkl = torch.ops.aten, torch.ops.mkldnn, torch.ops.mkl
 
 _lib = torch.library.Library("kiln", "DEF")
-_lib.define("mm(Tensor a, Tensor b, Tensor? bias, str impl) -> Tensor")
+_lib.define("mm(Tensor a, Tensor b, Tensor? bias, str unary, Scalar?[] scalars, str? algorithm, str impl) -> Tensor")
 _lib.define(
     "conv(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, "
     "str unary, Scalar?[] scalars, str? algorithm, Tensor? other, str impl) -> Tensor"
@@ -48,54 +48,7 @@ def packed_bytes(weight: torch.Tensor) -> int:
     return sum(p.numel() * p.element_size() for _, p in weight.__dict__.get(_PACKS, {}).values())
 
 
-# ---- kiln::mm(a [M, K], b [K, N], bias [N] | None) -------------------------------------------
-
-def _mm_aten(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return aten.addmm(bias, a, b) if bias is not None else aten.mm(a, b)
-
-
-def _mm_dense(order: str) -> Callable:
-    # b copied once into row-major [K, N] ("kn") or [N, K] read transposed ("nk"): BLAS's speed
-    # depends on which, by shape.
-    def run(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        make = (lambda: b.contiguous()) if order == "kn" else (lambda: b.t().contiguous().t())
-        return _mm_aten(a, packed(b, order, make), bias)
-
-    return run
-
-
-def _mm_mkl(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    # MKL's packed weight takes four times the weight's memory (torch sizes it in floats, not
-    # bytes): a candidate of mode="max-autotune" only.
-    mkl_weight = packed(b, f"mkl{a.shape[0]}", lambda: mkl._mkl_reorder_linear_weight(b.t(), a.shape[0]))
-    return mkl._mkl_linear(a.contiguous(), mkl_weight, b.t(), bias, a.shape[0])
-
-
-def _mm_onednn(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    weight = packed(b, f"onednn{a.shape[0]}", lambda: mkldnn._reorder_linear_weight(b.t(), a.shape[0]))
-    return mkldnn._linear_pointwise(a.contiguous(), weight, bias, "none", [], "")
-
-
-MM_IMPLS: dict[str, Callable] = {
-    "aten": _mm_aten,
-    "aten_kn": _mm_dense("kn"),
-    "aten_nk": _mm_dense("nk"),
-    "mkl": _mm_mkl,
-    "onednn": _mm_onednn,
-}
-
-
-def _mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, impl: str) -> torch.Tensor:
-    return MM_IMPLS[impl](a, b, bias)
-
-
-def _mm_fake(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, impl: str) -> torch.Tensor:
-    return a.new_empty((a.shape[0], b.shape[1]))
-
-
-# ---- kiln::conv: 2-d convolution with optional unary post-op and added tensor ----------------
-
-# The post-ops oneDNN applies in its convolution, and the ATen function that means the same.
+# The post-ops oneDNN applies in its GEMMs and convolutions, and the ATen function that means the same.
 UNARY: dict[str, Callable[..., torch.Tensor]] = {
     "none": lambda y: y,
     "relu": torch.relu,
@@ -114,6 +67,56 @@ def _unary_aten(y: torch.Tensor, unary: str, scalars: list, algorithm: str | Non
         return UNARY["gelu"](y, algorithm)
     return UNARY[unary](y, *scalars)
 
+
+# ---- kiln::mm(a [M, K], b [K, N], bias [N] | None, post-op) ------------------------------------
+# Only oneDNN applies the post-op inside the GEMM; the others run it after, as ATen (the graph
+# pass gives them "none" and leaves the op to kiln's kernels; the autotuner times them with it).
+
+def _mm_aten(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, unary: str, scalars: list,
+             algorithm: str | None) -> torch.Tensor:
+    return _unary_aten(aten.addmm(bias, a, b) if bias is not None else aten.mm(a, b), unary, scalars, algorithm)
+
+
+def _mm_dense(order: str) -> Callable:
+    # b copied once into row-major [K, N] ("kn") or [N, K] read transposed ("nk"): BLAS's speed
+    # depends on which, by shape.
+    def run(a, b, bias, unary, scalars, algorithm):
+        make = (lambda: b.contiguous()) if order == "kn" else (lambda: b.t().contiguous().t())
+        return _mm_aten(a, packed(b, order, make), bias, unary, scalars, algorithm)
+
+    return run
+
+
+def _mm_mkl(a, b, bias, unary, scalars, algorithm):
+    # MKL's packed weight takes four times the weight's memory (torch sizes it in floats, not
+    # bytes): a candidate of mode="max-autotune" only.
+    mkl_weight = packed(b, f"mkl{a.shape[0]}", lambda: mkl._mkl_reorder_linear_weight(b.t(), a.shape[0]))
+    return _unary_aten(mkl._mkl_linear(a.contiguous(), mkl_weight, b.t(), bias, a.shape[0]), unary, scalars, algorithm)
+
+
+def _mm_onednn(a, b, bias, unary, scalars, algorithm):
+    weight = packed(b, f"onednn{a.shape[0]}", lambda: mkldnn._reorder_linear_weight(b.t(), a.shape[0]))
+    return mkldnn._linear_pointwise(a.contiguous(), weight, bias, unary, scalars, algorithm or "")
+
+
+MM_IMPLS: dict[str, Callable] = {
+    "aten": _mm_aten,
+    "aten_kn": _mm_dense("kn"),
+    "aten_nk": _mm_dense("nk"),
+    "mkl": _mm_mkl,
+    "onednn": _mm_onednn,
+}
+
+
+def _mm(a, b, bias, unary, scalars, algorithm, impl):
+    return MM_IMPLS[impl](a, b, bias, unary, scalars, algorithm)
+
+
+def _mm_fake(a, b, bias, unary, scalars, algorithm, impl):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+# ---- kiln::conv: 2-d convolution with optional unary post-op and added tensor ----------------
 
 def _conv_aten(memory_format: torch.memory_format | None) -> Callable:
     def run(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other):

@@ -155,11 +155,29 @@ class LinearThen(nn.Module):
         return self.act(y)
 
 
-@pytest.mark.parametrize("act,residual", [
-    (nn.GELU(), None), (nn.ReLU(), None), (nn.SiLU(), None), (nn.Sigmoid(), None), (nn.Tanh(), None),
-    (nn.Hardswish(), None), (nn.LeakyReLU(0.1), None), (nn.Identity(), "add"), (nn.Identity(), "sub"),
-    (nn.ReLU(), "add")], ids=lambda v: repr(v))
-def test_each_linear_post_op_is_one_epilogue_kernel_after_the_packed_gemm(act, residual, monkeypatch):
+@pytest.mark.parametrize("act,post_op", [
+    (nn.GELU(), "gelu"), (nn.GELU(approximate="tanh"), "gelu"), (nn.ReLU(), "relu"), (nn.SiLU(), "swish"),
+    (nn.Sigmoid(), "sigmoid"), (nn.Tanh(), "tanh"), (nn.LeakyReLU(0.1), "leaky_relu"), (nn.Hardtanh(-1, 2), "hardtanh")],
+    ids=lambda v: repr(v))
+def test_each_linear_unary_post_op_runs_inside_the_onednn_gemm(act, post_op, monkeypatch):
+    # bias + activation become oneDNN post-ops of the packed GEMM: no kernel of kiln's reads the output.
+    import kiln.passes.gemm_prepack as gemm_prepack
+
+    monkeypatch.setattr(gemm_prepack, "choose_mm", lambda *args: "onednn")
+    torch.manual_seed(0)
+    model = LinearThen(act).eval()
+    x, r = torch.randn(2, 4, 16), torch.randn(2, 4, 32)  # 3-d: reshapes between the GEMM and the post-op
+    out, program = compiled(model, x, r, freezing=True, autotune="default")
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x, r), rtol=1e-4, atol=1e-4)
+    (gemm,) = [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm.default"]
+    assert gemm.args[3] == post_op and gemm.args[2] is not None  # the bias too
+    assert _externs(program) == ["kiln.mm.default"] and not program.runtime.schedule.kernels
+
+
+@pytest.mark.parametrize("act,residual", [(nn.Identity(), "add"), (nn.Identity(), "sub"), (nn.ReLU(), "add")],
+                         ids=lambda v: repr(v))
+def test_a_linear_residual_is_one_epilogue_kernel_after_the_packed_gemm(act, residual, monkeypatch):
     # The GEMM runs from oneDNN's packed weight; its bias, the residual and the post-op are one
     # kernel that reads the GEMM's output once.
     import kiln.passes.gemm_prepack as gemm_prepack
@@ -173,6 +191,20 @@ def test_each_linear_post_op_is_one_epilogue_kernel_after_the_packed_gemm(act, r
         torch.testing.assert_close(out, model(x, r), rtol=1e-4, atol=1e-4)
     assert _externs(program) == ["kiln.mm.default"]
     assert len(program.runtime.schedule.kernels) == 1
+
+
+def test_a_post_op_stays_a_kernel_when_aten_wins(monkeypatch):
+    import kiln.passes.gemm_prepack as gemm_prepack
+
+    monkeypatch.setattr(gemm_prepack, "choose_mm", lambda *args: "aten_kn")
+    torch.manual_seed(0)
+    model = LinearThen(nn.GELU()).eval()
+    x, r = torch.randn(8, 16), torch.randn(8, 32)
+    out, program = compiled(model, x, r, freezing=True, autotune="default")
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x, r), rtol=1e-4, atol=1e-4)
+    (gemm,) = [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm.default"]
+    assert gemm.args[3] == "none" and len(program.runtime.schedule.kernels) == 1
 
 
 def _flat(model):
@@ -249,7 +281,7 @@ def test_mode_max_autotune_searches_wider(monkeypatch):
     from kiln.autotune.gemm import mm_impls
 
     seen = []
-    monkeypatch.setattr(gemm_prepack, "choose_mm", lambda a, b, bias, mode: seen.append(mode) or "aten")
+    monkeypatch.setattr(gemm_prepack, "choose_mm", lambda a, b, bias, mode, *post_op: seen.append(mode) or "aten")
     model = nn.Linear(8, 8).eval()
     x = torch.randn(4, 8)
     with torch.no_grad():

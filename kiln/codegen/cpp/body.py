@@ -99,6 +99,9 @@ class CppBody:
         self._cse: dict[str, str] = {}
         self.vector_symbols: set[sympy.Symbol] = set()  # indirect indices that differ per lane
         self._uniform: dict[str, str] = {}  # vector value equal in every lane -> its scalar spelling
+        # Values holding exactly a 16-bit float (loaded from memory, or rounded): rounding them
+        # again would change nothing (lowering/values.py LOW_PRECISION).
+        self._exact: dict[str, torch.dtype] = {}
         self.reduced: tuple[str, torch.dtype, str] | None = None
 
     # -- helpers ---------------------------------------------------------------------------
@@ -183,6 +186,12 @@ class CppBody:
         return f"kiln::map2([&](auto a, auto b) {{ return {_BINARY[name].format('a', 'b')}; }}, {a}, {b})"
 
     def load(self, buffer: str, index: sympy.Expr) -> str:
+        value = self._load(buffer, index)
+        if self._dtype(buffer) in HALF and buffer not in self.locals:  # locals are unrounded
+            self._exact[value] = self._dtype(buffer)
+        return value
+
+    def _load(self, buffer: str, index: sympy.Expr) -> str:
         dtype = self._dtype(buffer)
         if buffer in self.locals:
             local = self.locals[buffer]
@@ -246,6 +255,14 @@ class CppBody:
         return self._emit(f"kiln::lanes<{ctype}>([&](int l) {{ return static_cast<{ctype}>({self._at_lane(expr)}); }})")
 
     def to_dtype(self, value: str, dtype: torch.dtype) -> str:
+        if dtype in HALF:
+            if self._exact.get(value) == dtype:
+                return value
+            self._exact[rounded := self._to_dtype(value, dtype)] = dtype
+            return rounded
+        return self._to_dtype(value, dtype)
+
+    def _to_dtype(self, value: str, dtype: torch.dtype) -> str:
         cast = f"static_cast<{value_ctype(dtype)}>({{0}})"
         scalar_form = f"kiln_round_{HALF[dtype]}({cast})" if dtype in HALF else cast
         if not self.vectorized:

@@ -1,0 +1,59 @@
+"""The unary ops oneDNN applies inside a GEMM or convolution ("post-ops"), found after a node.
+
+Shared by conv_prepack and gemm_prepack: each unary ATen op, the oneDNN post-op that means the
+same (kiln/runtime/prepacked.py `UNARY` runs it in ATen), and silu in the two forms graphs hold
+(`aten.silu`, or `y * sigmoid(y)` as the core-ATen table writes it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from kiln.passes.pattern import Op, Var, arguments, match
+
+aten = torch.ops.aten
+
+PostOp = tuple[str, list, str]  # (oneDNN post-op name, its scalars, its algorithm)
+NO_POST_OP: PostOp = ("none", [], "")
+
+# ATen unary op -> its post-op, from the node's arguments.
+UNARY = {
+    aten.relu.default: lambda args: ("relu", [], ""),
+    aten.sigmoid.default: lambda args: ("sigmoid", [], ""),
+    aten.tanh.default: lambda args: ("tanh", [], ""),
+    aten.silu.default: lambda args: ("swish", [], ""),
+    aten.hardswish.default: lambda args: ("hardswish", [], ""),
+    aten.gelu.default: lambda args: ("gelu", [], args[1]),
+    aten.leaky_relu.default: lambda args: ("leaky_relu", [args[1]], ""),
+    aten.hardtanh.default: lambda args: ("hardtanh", [args[1], args[2]], ""),
+}
+
+_SILU = Op(aten.mul.Tensor, Var("y"), Op(aten.sigmoid.default, Var("y")), commutative=True)
+
+
+def only_user(node: fx.Node) -> fx.Node | None:
+    if len(node.users) != 1:
+        return None
+    user = next(iter(node.users))
+    return user if user.op == "call_function" else None
+
+
+def _decomposed_silu(value: fx.Node) -> fx.Node | None:
+    """The `value * sigmoid(value)` node, if that is all `value` feeds."""
+    if len(value.users) != 2:
+        return None
+    for user in value.users:
+        found = match(_SILU, user) if user.op == "call_function" else None
+        if found is not None and found["y"] is value:
+            return user
+    return None
+
+
+def unary_after(value: fx.Node) -> tuple[fx.Node, PostOp] | None:
+    """The unary op that is all `value` feeds, as (its node, its post-op)."""
+    user = only_user(value)
+    if user is not None and user.target in UNARY:
+        return user, UNARY[user.target](arguments(user))
+    silu = _decomposed_silu(value)
+    return (silu, ("swish", [], "")) if silu is not None else None
