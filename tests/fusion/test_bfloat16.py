@@ -94,3 +94,32 @@ def test_a_returned_cast_stays_a_fresh_tensor():
     gm.recompile()
     out = gm(x)
     assert out.data_ptr() != x.data_ptr()
+
+
+def _kernel_text(program):
+    return program.source[program.source.index('extern "C" void kernel_'):]  # after the inlined headers
+
+
+def test_a_bfloat16_pointwise_chain_is_rounded_once_where_it_is_stored():
+    # Eager rounds the sum to bfloat16, then GELU computes in float32 and rounds once. kiln keeps
+    # float32 through the whole fused chain (as Inductor does): no rounding in the kernel but the
+    # store's, and no further from the exact result than eager.
+    torch.manual_seed(0)
+    x, b = torch.randn(64, 48, dtype=torch.bfloat16), torch.randn(48, dtype=torch.bfloat16)
+    fn = lambda x, b: torch.nn.functional.gelu(x + b) * 0.5  # noqa: E731
+    out, program = compiled(fn, x, b)
+    assert len(program.schedule.kernels) == 1
+    assert "round_bf16" not in _kernel_text(program) and "store_bf16" in _kernel_text(program)
+    truth = fn(x.double(), b.double())
+    ours, eagers = (out.double() - truth).abs().max().item(), (fn(x, b).double() - truth).abs().max().item()
+    assert ours <= eagers
+    torch.testing.assert_close(out, fn(x, b), rtol=2**-7, atol=2**-7)
+
+
+def test_an_explicit_cast_of_a_bfloat16_result_rounds_it_first():
+    # `.float()` of a bfloat16 product converts the rounded product, exactly as eager does.
+    x = torch.randn(256, dtype=torch.bfloat16)
+    fn = lambda x: (x * 3.3).float() * 1.5  # noqa: E731
+    out, program = compiled(fn, x)
+    assert "round_bf16" in _kernel_text(program)
+    torch.testing.assert_close(out, fn(x), rtol=0, atol=0)
