@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from kiln.autotune.choose import choose
-from kiln.runtime.prepacked import CONV_IMPLS, MM_IMPLS, drop_packs
+from kiln.runtime.prepacked import CONV_IMPLS, MM_IMPLS, unary_aten, drop_packs
 
 # Timing budget per candidate in seconds: the default search, and mode="max-autotune"'s.
 BUDGET = {"default": 0.05, "max-autotune": 0.3}
@@ -44,17 +44,26 @@ def mm_impls(dtype: torch.dtype, mode: str) -> list[str]:
     return names
 
 
+# The candidate that applies the post-op inside oneDNN's GEMM (every other runs it after, as ATen).
+FUSED_POST_OP = "onednn_post_op"
+
+
 def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode: str = "default",
               post_op: tuple[str, list, str] = ("none", [], "")) -> str:
-    """The fastest `kiln::mm` implementation for fake or meta values `a` [M, K], `b` [K, N],
-    timed with its unary post-op: inside oneDNN's GEMM, or after the others as ATen runs it."""
+    """The fastest `kiln::mm` implementation for fake or meta values `a` [M, K], `b` [K, N].
+
+    With a unary `post_op`, each candidate is timed followed by it as ATen runs it (what kiln's
+    kernel after the GEMM costs, roughly), and oneDNN also with the op inside its GEMM:
+    `FUSED_POST_OP` when that wins."""
     ra, rb = _like(a), _like(b)
     rbias = _like(bias) if bias is not None else None
     unary, scalars, algorithm = post_op
-    candidates = {name: (lambda f=MM_IMPLS[name]: f(ra, rb, rbias, unary, scalars, algorithm or None))
+    after = lambda y: unary_aten(y, unary, scalars, algorithm or None)  # noqa: E731
+    candidates = {name: (lambda f=MM_IMPLS[name]: after(f(ra, rb, rbias, "none", [], None)))
                   for name in mm_impls(a.dtype, mode)}
     signature = (tuple(a.shape), tuple(b.shape), tuple(b.stride()), str(a.dtype), bias is not None)
     if unary != "none":  # signatures of plain GEMMs as before, so their cache entries stay valid
+        candidates[FUSED_POST_OP] = lambda: MM_IMPLS["onednn"](ra, rb, rbias, unary, scalars, algorithm or None)
         signature += (unary, tuple(scalars), algorithm)
     return choose("mm", signature, _no_grad(candidates), BUDGET[mode], after_each=lambda: drop_packs(rb))
 

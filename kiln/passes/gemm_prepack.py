@@ -7,8 +7,8 @@ left as it is.
     addmm(bias, a, b)     -> kiln::mm(a, b, bias, "none", impl)     (beta = alpha = 1, bias of shape [N])
 
 A unary op that is all the product feeds (after a constant bias add and reshapes, as linear
-layers leave them) is timed with it, and when oneDNN wins it runs inside oneDNN's GEMM as a
-post-op instead of as a kernel of its own: the GEMM's output is written once, activated.
+layers leave them) is timed with it, and when oneDNN with the op inside its GEMM wins, it runs
+there as a post-op instead of as a kernel of its own: the GEMM's output is written once, activated.
 
     gelu(view(mm(a, b) + bias))  -> view(kiln::mm(a, b, bias, "gelu", "onednn"))
 """
@@ -20,7 +20,7 @@ from torch import fx
 
 from kiln import logs
 from kiln.autotune import mode as autotune_mode
-from kiln.autotune.gemm import choose_mm
+from kiln.autotune.gemm import FUSED_POST_OP, choose_mm
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
 from kiln.passes.pattern import Op, Var, arguments, insert, matches, remove_dead, replace
 from kiln.passes.post_ops import NO_POST_OP, PostOp, only_user, unary_after
@@ -69,11 +69,10 @@ def _post_op(node: fx.Node, bias: fx.Node | None, constants: ConstantSet) -> tup
     return (bias, *found) if found is not None else None
 
 
-def _fuse(gm: fx.GraphModule, unary: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None, post_op: PostOp,
-          impl: str) -> None:
-    """`unary`'s value as one library call, reshaped to the unary's shape."""
+def _fuse(gm: fx.GraphModule, unary: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None, post_op: PostOp) -> None:
+    """`unary`'s value as one oneDNN call, reshaped to the unary's shape."""
     name, scalars, algorithm = post_op
-    fused = insert(gm, unary, torch.ops.kiln.mm.default, a, b, bias, name, scalars, algorithm or None, impl)
+    fused = insert(gm, unary, torch.ops.kiln.mm.default, a, b, bias, name, scalars, algorithm or None, "onednn")
     shape = list(unary.meta["val"].shape)
     if list(fused.meta["val"].shape) != shape:
         fused = insert(gm, unary, aten.view.default, fused, shape)
@@ -92,20 +91,17 @@ def gemm_prepack(gm: fx.GraphModule) -> bool:
         if b not in constants or not constants.all(bias) or not _suitable(a, b, bias):
             continue
         chain = _post_op(node, bias, constants)
-        if chain is not None and _suitable(a, b, chain[0]):
-            fused_bias, unary, post_op = chain
-            impl = choose_mm(a.meta["val"], b.meta["val"], _val(fused_bias), mode, post_op)
-            logs.log("freezing", "%s %s x %s + %s: %s", node.name, _shape(a), _shape(b), post_op[0], impl)
-            if impl == "onednn":
-                _fuse(gm, unary, a, b, fused_bias, post_op, impl)
-                changed = True
-                continue
-        impl = choose_mm(a.meta["val"], b.meta["val"], _val(bias), mode)
-        logs.log("freezing", "%s %s x %s: %s", node.name, _shape(a), _shape(b), impl)
-        if impl == "aten":
-            continue
-        replace(gm, node, torch.ops.kiln.mm.default, a, b, bias, *NO_POST_OP[:2], None, impl)
-        changed = True
+        if chain is not None and not _suitable(a, b, chain[0]):
+            chain = None
+        timed_bias, post_op = (chain[0], chain[2]) if chain is not None else (bias, NO_POST_OP)
+        impl = choose_mm(a.meta["val"], b.meta["val"], _val(timed_bias), mode, post_op)
+        logs.log("freezing", "%s %s x %s%s: %s", node.name, _shape(a), _shape(b),
+                 f" + {post_op[0]}" if chain is not None else "", impl)
+        if impl == FUSED_POST_OP:
+            _fuse(gm, chain[1], a, b, chain[0], post_op)
+        elif impl != "aten":
+            replace(gm, node, torch.ops.kiln.mm.default, a, b, bias, *NO_POST_OP[:2], None, impl)
+        changed = changed or impl != "aten"
     return changed
 
 

@@ -62,7 +62,7 @@ UNARY: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
-def _unary_aten(y: torch.Tensor, unary: str, scalars: list, algorithm: str | None) -> torch.Tensor:
+def unary_aten(y: torch.Tensor, unary: str, scalars: list, algorithm: str | None) -> torch.Tensor:
     if unary == "gelu":
         return UNARY["gelu"](y, algorithm)
     return UNARY[unary](y, *scalars)
@@ -74,7 +74,7 @@ def _unary_aten(y: torch.Tensor, unary: str, scalars: list, algorithm: str | Non
 
 def _mm_aten(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, unary: str, scalars: list,
              algorithm: str | None) -> torch.Tensor:
-    return _unary_aten(aten.addmm(bias, a, b) if bias is not None else aten.mm(a, b), unary, scalars, algorithm)
+    return unary_aten(aten.addmm(bias, a, b) if bias is not None else aten.mm(a, b), unary, scalars, algorithm)
 
 
 def _mm_dense(order: str) -> Callable:
@@ -91,7 +91,7 @@ def _mm_mkl(a, b, bias, unary, scalars, algorithm):
     # MKL's packed weight takes four times the weight's memory (torch sizes it in floats, not
     # bytes): a candidate of mode="max-autotune" only.
     mkl_weight = packed(b, f"mkl{a.shape[0]}", lambda: mkl._mkl_reorder_linear_weight(b.t(), a.shape[0]))
-    return _unary_aten(mkl._mkl_linear(a.contiguous(), mkl_weight, b.t(), bias, a.shape[0]), unary, scalars, algorithm)
+    return unary_aten(mkl._mkl_linear(a.contiguous(), mkl_weight, b.t(), bias, a.shape[0]), unary, scalars, algorithm)
 
 
 def _mm_onednn(a, b, bias, unary, scalars, algorithm):
@@ -126,7 +126,7 @@ def _conv_aten(memory_format: torch.memory_format | None) -> Callable:
         y = aten.convolution(x, weight, bias, stride, padding, dilation, False, [0, 0], groups)
         if other is not None:
             y = y + other
-        return _unary_aten(y, unary, scalars, algorithm)
+        return unary_aten(y, unary, scalars, algorithm)
 
     return run
 

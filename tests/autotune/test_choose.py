@@ -96,3 +96,26 @@ def test_the_key_names_threads_and_candidates():
         assert key != store.question_key("mm", (1, 2), ["a", "b"])
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_gemm_with_a_post_op_also_times_onednn_with_the_op_inside(monkeypatch):
+    import torch
+
+    from kiln.autotune import gemm
+
+    seen = {}
+
+    def record(op, signature, candidates, budget_s, after_each=None):
+        seen.update(signature=signature, names=list(candidates))
+        for run in candidates.values():  # every candidate computes the same activated product
+            seen.setdefault("outs", []).append(run())
+        return gemm.FUSED_POST_OP
+
+    monkeypatch.setattr(gemm, "choose", record)
+    a, b, bias = torch.empty(8, 16), torch.empty(16, 32), torch.empty(32)
+    assert gemm.choose_mm(a, b, bias, "default", ("gelu", [], "tanh")) == gemm.FUSED_POST_OP
+    assert seen["names"] == ["aten", "aten_kn", "aten_nk", "onednn", gemm.FUSED_POST_OP]
+    assert seen["signature"][-3:] == ("gelu", (), "tanh")
+    assert (seen["outs"][0] >= -0.2).all()  # gelu's minimum is about -0.17: the op was applied
+    for out in seen["outs"][1:]:
+        torch.testing.assert_close(out, seen["outs"][0], rtol=1e-4, atol=1e-4)

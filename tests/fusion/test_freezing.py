@@ -163,7 +163,7 @@ def test_each_linear_unary_post_op_runs_inside_the_onednn_gemm(act, post_op, mon
     # bias + activation become oneDNN post-ops of the packed GEMM: no kernel of kiln's reads the output.
     import kiln.passes.gemm_prepack as gemm_prepack
 
-    monkeypatch.setattr(gemm_prepack, "choose_mm", lambda *args: "onednn")
+    monkeypatch.setattr(gemm_prepack, "choose_mm", lambda *args: gemm_prepack.FUSED_POST_OP if len(args) > 4 else "onednn")
     torch.manual_seed(0)
     model = LinearThen(act).eval()
     x, r = torch.randn(2, 4, 16), torch.randn(2, 4, 32)  # 3-d: reshapes between the GEMM and the post-op
@@ -193,10 +193,11 @@ def test_a_linear_residual_is_one_epilogue_kernel_after_the_packed_gemm(act, res
     assert len(program.runtime.schedule.kernels) == 1
 
 
-def test_a_post_op_stays_a_kernel_when_aten_wins(monkeypatch):
+@pytest.mark.parametrize("impl", ["aten_kn", "onednn"])
+def test_a_post_op_stays_a_kernel_when_a_gemm_without_it_wins(impl, monkeypatch):
     import kiln.passes.gemm_prepack as gemm_prepack
 
-    monkeypatch.setattr(gemm_prepack, "choose_mm", lambda *args: "aten_kn")
+    monkeypatch.setattr(gemm_prepack, "choose_mm", lambda *args: impl)
     torch.manual_seed(0)
     model = LinearThen(nn.GELU()).eval()
     x, r = torch.randn(8, 16), torch.randn(8, 32)
