@@ -14,6 +14,7 @@ def softmax(x):
     return e / e.sum(-1, keepdim=True)
 
 
+torch.manual_seed(0)  # the cases' inputs, the same in every run
 CASES = {
     "pointwise chain": (lambda x, y: (x.sin() + y).relu() * 2 - x.exp() / 3, [torch.randn(64, 65), torch.randn(65)]),
     "promotion": (lambda i, f: (i + f, i / 2, i > f, torch.where(f > 0, i, 0.5)), [torch.arange(12).reshape(3, 4), torch.randn(3, 4)]),
@@ -32,11 +33,16 @@ CASES = {
 }
 
 
+# kiln keeps a bfloat16 product in float32 until it is stored (lowering/values.py LOW_PRECISION);
+# eager rounds each of the 37 products before summing them: the sums differ by those roundings.
+TOLERANCES = {"bfloat16": {"rtol": 1.6e-2, "atol": 2e-2}}
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_matches_eager(name):
     fn, inputs = CASES[name]
     out, _ = compiled(fn, *inputs)
-    torch.testing.assert_close(out, fn(*inputs), equal_nan=True)
+    torch.testing.assert_close(out, fn(*inputs), equal_nan=True, **TOLERANCES.get(name, {}))
 
 
 def test_second_build_loads_from_the_cache_and_a_corrupt_entry_is_rebuilt(private_cache):
