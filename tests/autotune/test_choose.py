@@ -1,6 +1,8 @@
 """Autotuning picks the measured fastest candidate, keeps the answer on disk, and a later process
 uses it without measuring; a damaged entry is measured again."""
 
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -119,3 +121,22 @@ def test_a_gemm_with_a_post_op_also_times_onednn_with_the_op_inside(monkeypatch)
     assert (seen["outs"][0] >= -0.2).all()  # gelu's minimum is about -0.17: the op was applied
     for out in seen["outs"][1:]:
         torch.testing.assert_close(out, seen["outs"][0], rtol=1e-4, atol=1e-4)
+
+
+def _kiln_autotune(cache):
+    env = {**os.environ, "KILN_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "kiln", "autotune", "--models", "mlp", "--threads", "1"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = [line for line in done.stdout.splitlines() if line.startswith("| mlp |")]
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def test_kiln_autotune_measures_once_and_a_second_process_reads_the_cache(tmp_path):
+    first = _kiln_autotune(tmp_path / "cache")
+    assert int(first[2]) > 0  # questions measured
+    # Without the compiled graphs (the AOT cache would skip compiling altogether), a second process
+    # asks the same questions and the autotune cache answers them all.
+    shutil.rmtree(tmp_path / "cache" / "aot")
+    second = _kiln_autotune(tmp_path / "cache")
+    assert int(second[2]) == 0 and int(second[3]) == int(first[2]) + int(first[3])
