@@ -47,10 +47,9 @@ def _residual(conv: fx.Node, add: fx.Node | None) -> fx.Node | None:
 
 def _post_ops(conv: fx.Node) -> tuple[fx.Node, fx.Node | None, PostOp]:
     """The last node of the fusable chain after `conv`, the added tensor, the unary post-op."""
-    last = conv
-    other = _residual(conv, only_user(conv))
-    if other is not None:
-        last = only_user(conv)
+    add = only_user(conv)
+    other = _residual(conv, add)
+    last = add if other is not None else conv
     unary = unary_after(last)
     return (unary[0], other, unary[1]) if unary is not None else (last, other, NO_POST_OP)
 
