@@ -1,14 +1,14 @@
 """kiln: a deep-learning compiler for PyTorch.
 
-This module only re-exports the public API; each piece lives in its own layer.
+This module only re-exports the public API; each piece lives in its own layer. The backends for
+`torch.compile(model, backend="kiln")` are found by Dynamo through an entry point
+(kiln/integrations/dynamo.py), so importing kiln does not import Dynamo.
 """
 
 from kiln import config, logs
-from kiln.capture import CaptureError, compile, explain, mark_dynamic, reset
-from kiln.integrations import dynamo as _dynamo
+from kiln.api import compile, reset
+from kiln.capture import CaptureError, explain, mark_dynamic
 
 __version__ = "0.1.0"
 
 __all__ = ["CaptureError", "compile", "config", "explain", "logs", "mark_dynamic", "reset", "__version__"]
-
-_dynamo.register()

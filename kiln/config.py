@@ -252,6 +252,11 @@ class DebugSettings(_Group):
         env="KILN_DEBUG_DIR",
         help="folder that every layer dumps per-graph debug files into; None for no dumps",
     )
+    verify: bool = setting(
+        False,
+        env="KILN_VERIFY",
+        help="run the IR verifier on every graph after lowering and after scheduling (slower compiles)",
+    )
 
 
 @_group("cache")

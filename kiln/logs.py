@@ -99,6 +99,7 @@ for _name, _help in {
     "fusion": "fusion decisions and kernel counts",
     "code": "generated source code",
     "cache": "compile cache hits and misses",
+    "compile_time": "seconds spent in each compile stage of each graph (capture, AOT, each pass, ..., build, load)",
     "bench": "benchmark harness progress",
 }.items():
     register_artifact(_name, _help)

@@ -1,5 +1,5 @@
 """Shared by the backend's tests: compile a function through kiln's AOT layer and C++ backend and
-keep the CppProgram, with a private compile cache per test."""
+keep the CompiledGraph, with a private compile cache per test."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torch import fx
 
 import kiln
 from kiln import aot
-from kiln.codegen.wrapper import compile_cpp
+from kiln.backend import Backend
 
 
 @pytest.fixture(autouse=True)
@@ -20,15 +20,15 @@ def private_cache(tmp_path):
 
 
 def compiled(fn, *inputs, freezing=False, autotune="off"):
-    """(outputs, CppProgram of the first graph) of `fn` (a function or module) compiled by kiln.
+    """(outputs, CompiledGraph of the first graph) of `fn` (a function or module) compiled by kiln.
 
     Freezing is off unless asked for, so a test of one backend feature sees the module's
     parameters as graph inputs; with `freezing=True` the program is a FrozenProgram whose
-    `runtime` is the CppProgram."""
+    `runtime` is the CompiledGraph."""
     programs = []
 
     def compile_graph(gm, example_inputs):
-        programs.append(compile_cpp(gm, example_inputs))
+        programs.append(Backend()(gm, example_inputs))
         return programs[-1]
 
     with torch.no_grad(), kiln.config.patch({"backend.freezing": freezing, "backend.autotune": autotune}):

@@ -3,7 +3,7 @@
 `kiln.aot.compile(gm, example_inputs, compile_graph)` is the entry point (see compile.py).
 """
 
-from kiln.aot.compile import AotOptions, compile
+from kiln.aot.compile import AotOptions, SavingGraphCompiler, compile
 from kiln.aot.signature import UnsupportedByAot
 
-__all__ = ["AotOptions", "UnsupportedByAot", "compile"]
+__all__ = ["AotOptions", "SavingGraphCompiler", "UnsupportedByAot", "compile"]

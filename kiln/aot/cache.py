@@ -1,8 +1,8 @@
 """The AOT graph cache: a later process that meets the same torch-level graph with the same input
 layouts skips tracing, partitioning and compiling, and loads what the first one built.
 
-Only graph compilers that can save and restore what they build take part: `compile_graph.save(
-compiled) -> payload` and `compile_graph.load(payload) -> compiled` (kiln's C++ backend can).
+Only graph compilers that can save and restore what they build take part (`SavingGraphCompiler`
+in kiln/aot/compile.py, which kiln's backend driver is).
 The key covers the graph's code, every input's and lifted parameter's layout and requires_grad,
 the values of tensor constants, grad mode, CPU autocast and the default dtype, the options, and the versions of torch and of kiln's
 own source. Graphs with symbolic sizes or fake inputs are not cached.
@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 
 from kiln import logs
 from kiln.aot.signature import Signature
-from kiln.runtime import disk_cache
+from kiln import disk_cache
 
 
 @dataclass

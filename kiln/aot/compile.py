@@ -11,7 +11,7 @@ to `compile_graph`; otherwise one inference graph does. Each variant is built on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import fx
@@ -19,14 +19,28 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils import _pytree as pytree
 
-from kiln import config, logs
+from kiln import compile_time, config, logs
 from kiln.aot import cache as aot_cache, dump
-from kiln.aot.freeze import frozen_positions, mark_frozen
+from kiln.aot.module_state import mark_module_state, module_state_positions
 from kiln.aot.runtime import inference_runner, training_runner
 from kiln.aot.signature import Signature, UnsupportedByAot, analyze
 from kiln.aot.trace import differentiable_outputs, trace_inference, trace_joint
 
 CompileGraph = Callable[[fx.GraphModule, Sequence[Any]], Callable]
+
+
+@runtime_checkable
+class SavingGraphCompiler(Protocol):
+    """A graph compiler that can also keep what it built across processes (kiln's backend,
+    kiln/backend/driver.py): only such compilers take part in the AOT graph cache."""
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable: ...
+
+    def save(self, compiled: Any) -> Any:
+        """A picklable payload for `compiled`, or None when it cannot be kept."""
+
+    def load(self, payload: Any) -> Callable:
+        """The compiled graph again, from `save`'s payload."""
 
 
 @dataclass(frozen=True)
@@ -37,12 +51,12 @@ class AotOptions:
     them (min-cut rematerialization); False saves everything the backward needs.
     label: names the debug dump folder of this graph.
     cache: reuse graphs traced and compiled by an earlier process (kiln/aot/cache.py), when
-    `compile_graph` has `save` and `load`.
+    `compile_graph` is a `SavingGraphCompiler`.
     """
 
     recompute: bool = True
     label: str = "graph"
-    cache: bool = False  # use the AOT graph cache (kiln.aot.cache) when compile_graph can save/load
+    cache: bool = False
 
 
 def _placeholder_values(gm: fx.GraphModule) -> list[Any]:
@@ -126,26 +140,33 @@ class AotCompiled:
         return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
     def _build_inference(self) -> tuple[Callable[..., list[Any]], list[Any], int]:
-        graph = trace_inference(self.fn, self.fake_args, self.sig, self.fake_mode)
-        mark_frozen(graph, frozen_positions(len(self.lifted), self.example_inputs, self.sig))
-        dump.inference(self.options.label, graph, self.sig)
-        compiled = self.compile_graph(graph, _placeholder_values(graph))
+        with compile_time.stage("aot"):
+            self._prepare()
+            graph = trace_inference(self.fn, self.fake_args, self.sig, self.fake_mode)
+            mark_module_state(graph, module_state_positions(len(self.lifted), self.example_inputs, self.sig))
+            dump.inference(self.options.label, graph, self.sig)
+        with compile_time.stage("inference graph"):
+            compiled = self.compile_graph(graph, _placeholder_values(graph))
         return inference_runner(compiled, self.sig), [compiled], 0
 
     def _build_training(self) -> tuple[Callable[..., list[Any]], list[Any], int]:
         from kiln.aot.partition import PartitionPolicy, partition  # networkx, only when training
 
-        sig = self.sig
-        for i in sig.mutated_inputs:
-            if getattr(self.fake_args[i], "requires_grad", False):
-                raise UnsupportedByAot(f"input {i} requires grad and is mutated in place")
-        joint = trace_joint(self.fn, self.fake_args, sig, self.fake_mode)
-        num_forward_outputs = sig.num_outputs + len(sig.mutated_inputs)
-        split = partition(joint, num_forward_outputs, policy=PartitionPolicy(recompute=self.options.recompute))
-        self.partition = split  # for inspection: what is saved and recomputed
-        dump.training(self.options.label, joint, split, sig)
-        forward = self.compile_graph(split.forward, _placeholder_values(split.forward))
-        backward = self.compile_graph(split.backward, _placeholder_values(split.backward))
+        with compile_time.stage("aot"):
+            self._prepare()
+            sig = self.sig
+            for i in sig.mutated_inputs:
+                if getattr(self.fake_args[i], "requires_grad", False):
+                    raise UnsupportedByAot(f"input {i} requires grad and is mutated in place")
+            joint = trace_joint(self.fn, self.fake_args, sig, self.fake_mode)
+            num_forward_outputs = sig.num_outputs + len(sig.mutated_inputs)
+            split = partition(joint, num_forward_outputs, policy=PartitionPolicy(recompute=self.options.recompute))
+            self.partition = split  # for inspection: what is saved and recomputed
+            dump.training(self.options.label, joint, split, sig)
+        with compile_time.stage("forward graph"):
+            forward = self.compile_graph(split.forward, _placeholder_values(split.forward))
+        with compile_time.stage("backward graph"):
+            backward = self.compile_graph(split.backward, _placeholder_values(split.backward))
         runner = training_runner(forward, backward, sig, differentiable_outputs(sig), split.num_saved_tensors)
         return runner, [forward, backward], split.num_saved_tensors
 
@@ -155,8 +176,7 @@ class AotCompiled:
         return inference_runner(compiled[0], self.sig)
 
     def _cache_key(self, training: bool) -> str | None:
-        savable = hasattr(self.compile_graph, "save") and hasattr(self.compile_graph, "load")
-        if not (self.options.cache and savable):
+        if not (self.options.cache and isinstance(self.compile_graph, SavingGraphCompiler)):
             return None
         lifted = dict(zip(self.lifted_names, self.lifted))
         options = (self.options.recompute, config.backend.freezing, config.backend.autotune)
@@ -166,6 +186,7 @@ class AotCompiled:
         entry = aot_cache.load(key) if key is not None else None
         if entry is None:
             return None
+        compile_time.note("graph loaded from the AOT graph cache")
         try:
             compiled = [self.compile_graph.load(p) for p in entry.payloads]
         except Exception as error:  # noqa: BLE001 - an entry that does not load is rebuilt
@@ -183,13 +204,14 @@ class AotCompiled:
 
     def _variant(self, training: bool) -> Callable[..., list[Any]]:
         if training not in self.variants:
-            key = self._cache_key(training)
-            runner = self._from_cache(key, training)
+            with compile_time.stage("aot cache lookup"):
+                key = self._cache_key(training)
+                runner = self._from_cache(key, training)
             if runner is None:
                 logs.log("aot", "building the %s graph(s) of %s", "training" if training else "inference", self.options.label)
-                self._prepare()
                 runner, compiled, num_saved = self._build_training() if training else self._build_inference()
-                self._to_cache(key, compiled, num_saved)
+                with compile_time.stage("aot cache store"):
+                    self._to_cache(key, compiled, num_saved)
             self.variants[training] = runner
         return self.variants[training]
 

@@ -1,6 +1,6 @@
 """Which implementation runs a GEMM or a convolution over a frozen weight, by measurement.
 
-The candidates are the functions `kiln::mm` and `kiln::conv` dispatch to (kiln/runtime/prepacked.py),
+The candidates are the functions `kiln::mm` and `kiln::conv` dispatch to (kiln/externs/prepacked.py),
 run on random tensors of the node's shapes, dtypes and strides. The weight's packing is done in
 the warm-up run, so only the steady state is timed, and dropped after each candidate, so at most
 one packed copy of a trial weight exists at a time. A candidate that raises (a library without
@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from kiln.autotune.choose import choose
-from kiln.runtime.prepacked import CONV_IMPLS, MM_IMPLS, unary_aten, drop_packs
+from kiln.externs.prepacked import CONV_IMPLS, MM_IMPLS, unary_aten, drop_packs
 
 # Timing budget per candidate in seconds: the default search, and mode="max-autotune"'s.
 BUDGET = {"default": 0.05, "max-autotune": 0.3}

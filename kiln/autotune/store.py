@@ -1,5 +1,5 @@
 """The autotune results kept on disk: one small JSON file per question, under
-`<cache dir>/autotune/`, written atomically with a digest (kiln/runtime/disk_cache.py), so a torn
+`<cache dir>/autotune/`, written atomically with a digest (kiln/disk_cache.py), so a torn
 or edited file reads as a miss and is measured again.
 
 A question's key names everything that decides its answer: the op, shapes and dtypes, the
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from kiln.runtime import disk_cache
+from kiln import disk_cache
 
 
 @functools.cache

@@ -55,7 +55,7 @@ def _kiln_dynamo_stats() -> dict[str, int]:
 def _kiln_capture_stats() -> dict[str, int]:
     """kiln.compile: compiled entries (graphs), frames run eagerly (graph breaks, issue 5 has no
     resuming breaks yet) and backend fallbacks."""
-    from kiln.capture.breaks import BREAKS
+    from kiln.capture.break_records import BREAKS
     from kiln.capture.cache import all_caches
     from kiln.runtime.fallback import FALLBACKS
 

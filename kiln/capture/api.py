@@ -1,4 +1,5 @@
-"""`kiln.compile`: kiln's own capture in front of a backend, for functions and nn.Modules."""
+"""kiln's own capture in front of a backend, for functions and nn.Modules: what `kiln.compile`
+(the door, kiln/api.py) returns."""
 
 from __future__ import annotations
 
@@ -6,72 +7,10 @@ import functools
 import types
 from typing import Any, Callable
 
-from torch import fx, nn
+from torch import nn
 
 from kiln.capture.binder import make_binder
 from kiln.capture.cache import FrameCache, reset_all
-
-BACKEND_NAMES = ("kiln", "aot_eager", "eager")
-MODES = (None, "default", "max-autotune", "max-autotune-no-cudagraphs")
-OPTIONS = ("recompile_limit",)
-
-
-def _eager_backend(gm: fx.GraphModule, example_inputs: list) -> Callable:
-    return gm.forward
-
-
-def resolve_backend(backend: Any) -> Callable:
-    if callable(backend):
-        return backend
-    if backend == "eager":
-        return _eager_backend
-    if backend == "aot_eager":
-        from kiln.integrations.dynamo import kiln_aot_eager
-
-        return kiln_aot_eager
-    if backend == "kiln":
-        from kiln.integrations.dynamo import kiln
-
-        return kiln
-    raise ValueError(f"kiln.compile: backend must be one of {', '.join(map(repr, BACKEND_NAMES))} or a callable "
-                     f"(gm, example_inputs) -> callable; got {backend!r}")
-
-
-def _check_arguments(fullgraph: Any, dynamic: Any, mode: Any, options: Any) -> dict:
-    if not isinstance(fullgraph, bool):
-        raise TypeError(f"kiln.compile: fullgraph must be True or False, got {fullgraph!r}")
-    if dynamic not in (None, False, True):
-        raise ValueError(f"kiln.compile: dynamic must be None, False or True, got {dynamic!r}")
-    if mode not in MODES:
-        if mode == "reduce-overhead":
-            raise NotImplementedError("kiln.compile: mode='reduce-overhead' (CUDA graphs) is not supported yet; "
-                                      "accepted now: None, 'default', 'max-autotune', 'max-autotune-no-cudagraphs'")
-        raise ValueError(f"kiln.compile: mode must be one of None, 'default', 'reduce-overhead', 'max-autotune', "
-                         f"'max-autotune-no-cudagraphs'; got {mode!r}")
-    if options is None:
-        return {}
-    if not isinstance(options, dict):
-        raise TypeError(f"kiln.compile: options must be a dict or None, got {type(options).__name__}")
-    unknown = [k for k in options if k not in OPTIONS]
-    if unknown:
-        raise ValueError(f"kiln.compile: unknown option {unknown[0]!r}; accepted options: {', '.join(OPTIONS)}")
-    limit = options.get("recompile_limit")
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise ValueError(f"kiln.compile: options['recompile_limit'] must be a positive int, got {limit!r}")
-    return options
-
-
-def _with_autotune_mode(backend: Callable, mode: str) -> Callable:
-    """`backend` compiling under autotune mode `mode` (the wider GEMM and convolution search)."""
-    from kiln import config
-
-    @functools.wraps(backend)
-    def compile_graph(gm: fx.GraphModule, example_inputs: list) -> Callable:
-        with config.patch({"backend.autotune": mode}):
-            return backend(gm, example_inputs)
-
-    return compile_graph
-
 
 def _module_call(self, *args, **kwargs):
     # The frame kiln captures for a compiled module: nn.Module.__call__ with its hooks, inlined.
@@ -175,39 +114,32 @@ def _set_training(self: CompiledModule, value: bool) -> None:
 CompiledModule.training = property(lambda self: self.__dict__["_orig_mod"].training, _set_training)  # type: ignore[assignment]
 
 
-def compile(fn_or_module: Any = None, *, backend: Any = "kiln", fullgraph: bool = False, dynamic: bool | None = None,
-            mode: str | None = None, options: dict | None = None) -> Any:
-    """Compile a function or nn.Module with kiln's own bytecode capture and the chosen backend.
+def capture(fn_or_module: Any, backend: Callable, fullgraph: bool = False, dynamic: bool | None = None,
+            options: dict | None = None) -> Any:
+    """`fn_or_module` wrapped so that its calls run through kiln's capture and `backend` (a
+    callable `(gm, example_inputs) -> callable`). Arguments are checked by the door, `kiln.compile`
+    (kiln/api.py); `explain` uses this directly with a backend that keeps the graphs.
 
     Example::
 
-        model = kiln.compile(model)                      # kiln backend
-        f = kiln.compile(f, backend="eager")             # capture only (debugging)
-
-        @kiln.compile(fullgraph=True)
-        def g(x): return x.sin() + 1
+        f = capture(f, lambda gm, example_inputs: gm.forward)
     """
-    opts = _check_arguments(fullgraph, dynamic, mode, options)
-    compiled_backend = resolve_backend(backend)
-    if mode in ("max-autotune", "max-autotune-no-cudagraphs"):  # the same on CPU: no CUDA graphs either way
-        compiled_backend = _with_autotune_mode(compiled_backend, "max-autotune")
-    if fn_or_module is None:
-        return functools.partial(compile, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode, options=options)
+    options = options or {}
     if isinstance(fn_or_module, nn.Module):
-        return CompiledModule(fn_or_module, compiled_backend, fullgraph, opts, dynamic)
+        return CompiledModule(fn_or_module, backend, fullgraph, options, dynamic)
     if not callable(fn_or_module):
         raise TypeError(f"kiln.compile: fn_or_module must be a function, method or nn.Module, got {type(fn_or_module).__name__}")
-    return CompiledFunction(fn_or_module, compiled_backend, fullgraph, opts, dynamic)
+    return CompiledFunction(fn_or_module, backend, fullgraph, options, dynamic)
 
 
 def reset() -> None:
-    """Forget every compiled entry and recorded fallback; the next calls capture again.
+    """Forget every compiled entry and recorded graph break; the next calls capture again.
 
     Example::
 
         kiln.reset()
     """
-    from kiln.capture import breaks
+    from kiln.capture import break_records as breaks
 
     reset_all()
     breaks.BREAKS.clear()

@@ -2,6 +2,7 @@
 
 Python's own call machinery then does the argument binding (defaults, keywords, *args,
 **kwargs, and the TypeError for a bad call) at C speed, which keeps guard checks cheap.
+`argument_names` gives a code object's parameters in that binding order.
 """
 
 from __future__ import annotations
@@ -10,7 +11,12 @@ import inspect
 import types
 from typing import Callable
 
-from kiln.capture.frame import argument_names
+
+def argument_names(code: types.CodeType) -> list[str]:
+    """The frame's parameters in binding order: positional, keyword-only, *args, **kwargs."""
+    count = code.co_argcount + code.co_kwonlyargcount
+    count += bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
+    return list(code.co_varnames[:count])
 
 
 def make_binder(fn: types.FunctionType) -> Callable[..., tuple]:

@@ -11,10 +11,11 @@ import weakref
 from typing import Any, Callable
 
 from kiln import config, logs
-from kiln.capture.breaks import BreakRecord, CaptureError, Unsupported, record_break
+from kiln.capture.break_records import BreakRecord, CaptureError, Unsupported, record_break
 from kiln.capture.dynamic import DynamicPolicy
-from kiln.capture.exceptions import UserRaise
 from kiln.capture.frame import Entry, capture
+from kiln.capture.sources import Namespace
+from kiln.capture.user_exceptions import UserRaise
 
 _ALL_CACHES: "weakref.WeakSet[FrameCache]" = weakref.WeakSet()
 
@@ -100,8 +101,6 @@ class FrameCache:
 
 def read_source(source: Any, L: tuple) -> Any:
     """The value `source` names in the call whose bound arguments are `L`."""
-    from kiln.capture.sources import Namespace
-
     ns = Namespace()
     return eval(source.expr(ns), dict(ns.values), {"L": L})
 

@@ -13,7 +13,9 @@ from typing import Any, Callable
 import torch
 from torch import fx
 
-from kiln.capture.breaks import BreakRecord
+from kiln.capture.api import capture
+from kiln.capture.break_records import BreakRecord
+from kiln.capture.cache import OBSERVERS
 
 
 @dataclass
@@ -98,15 +100,12 @@ def explain(fn: Any, *args: Any, **kwargs: Any) -> ExplainReport:
         report = kiln.explain(model, input_ids)
         assert report.break_count == 0
     """
-    from kiln.capture.api import compile
-    from kiln.capture.cache import OBSERVERS
-
     if not callable(fn):
         raise TypeError(f"kiln.explain: fn must be a function, method or nn.Module, got {type(fn).__name__}")
     name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
     report = ExplainReport(name)
     observer = _observer(report)
-    compiled = compile(fn, backend=_keep_graph)
+    compiled = capture(fn, _keep_graph)
     OBSERVERS.append(observer)
     try:
         compiled(*args, **kwargs)

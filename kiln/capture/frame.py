@@ -12,8 +12,10 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.capture import dump, graph_break, module_watch, reentry, resume_code
-from kiln.capture.breaks import BreakRecord, Unsupported
+from kiln import compile_time
+from kiln.capture import dump, module_watch, reentry, resume_at_break, resume_code
+from kiln.capture.binder import argument_names
+from kiln.capture.break_records import BreakRecord, Unsupported
 from kiln.capture.dynamic import DynamicPolicy
 from kiln.capture.guards import GLOBAL_STATE_READERS, CompiledGuards, Guard
 from kiln.capture.interpreter import Translator
@@ -21,7 +23,7 @@ from kiln.capture.output_graph import OutputGraph
 from kiln.capture.reconstruct import Reconstructor, build_runner
 from kiln.capture.sources import ClosureSource, ConstSource, LocalSource
 from kiln.capture.variables.base import NullVariable
-from kiln.capture.variables.builder import wrap
+from kiln.capture.variables.builder import wrap  # importing the builder installs it behind `wrap` (variables/wrapping.py)
 from kiln.capture.variables.functions import RealCellVariable
 
 
@@ -38,27 +40,26 @@ class Entry:
     graph_break: BreakRecord | None = None  # where the graph ended, when a resume function goes on
 
 
-def argument_names(code: types.CodeType) -> list[str]:
-    """The frame's parameters in binding order: positional, keyword-only, *args, **kwargs."""
-    count = code.co_argcount + code.co_kwonlyargcount
-    count += bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
-    return list(code.co_varnames[:count])
-
-
 def capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, allow_breaks: bool = True,
             dynamic: DynamicPolicy | None = None) -> Entry:
     """Interpret `fn` on the bound arguments `L`; raises Unsupported or UserRaise when it cannot.
 
     Where the interpreter fails at an instruction of `fn` and `allow_breaks`, the frame is
     interpreted again up to that instruction and the entry's graph ends there: a graph break
-    (kiln/capture/graph_break.py)."""
-    dynamic = dynamic or DynamicPolicy()
+    (kiln/capture/resume_at_break.py). The time spent, outside the backend's, is the compile-time
+    log's "capture" (kiln/compile_time.py)."""
+    with compile_time.stage(f"frame {label}", self_name="capture"):
+        return _capture_or_break(fn, L, backend, label, allow_breaks, dynamic or DynamicPolicy())
+
+
+def _capture_or_break(fn: types.FunctionType, L: tuple, backend: Callable, label: str, allow_breaks: bool,
+                      dynamic: DynamicPolicy) -> Entry:
     try:
         return _capture(fn, L, backend, label, None, dynamic)
     except Unsupported as error:
         if not allow_breaks:
             raise
-        why = graph_break.why_not_resumable(fn.__code__, error)
+        why = resume_at_break.why_not_resumable(fn.__code__, error)
         if why is not None:
             error.explanation += f"; kiln could not resume after it ({why})"
             raise
@@ -90,7 +91,7 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
         if breaking is not None:
             if not tx.stopped:
                 raise breaking
-            graph_break.settle_state(tx, breaking, grad_mode, entry_autocast)
+            resume_at_break.settle_state(tx, breaking, grad_mode, entry_autocast)
         final_grad_mode, final_autocast = torch.is_grad_enabled(), reentry.autocast_state()
     finally:
         sys.setrecursionlimit(recursion_limit)
@@ -146,7 +147,7 @@ def _break_state(tx: Translator, rc: Reconstructor, fn: types.FunctionType, brea
         breaking.explanation += f"; kiln could not resume after it ({error.explanation})"
         raise breaking from None
     unbound = tuple(n for n in names if n not in tx.locals)
-    continuation = graph_break.Continuation(fn, breaking.at[0], breaking.inlined, unbound, backend, label, dynamic_mode, entry_grad,
-                                            breaking.record(resumed=True) if breaking.inlined else None)
+    continuation = resume_at_break.Continuation(fn, breaking.at[0], breaking.inlined, unbound, backend, label, dynamic_mode, entry_grad,
+                                                breaking.record(resumed=True) if breaking.inlined else None)
     state = f"([{', '.join(stack)}], [{', '.join(local_values)}])"
     return state, rc.ns.bind(continuation, "resume")

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from kiln.capture import module_watch
 from kiln.capture.sources import Namespace, Source
 
 GUARD_KINDS = (
@@ -145,8 +146,6 @@ def _global_state(g: Guard, v: str, ns: Namespace) -> str:
 
 
 def _module_structure(g: Guard, v: str, ns: Namespace) -> str:
-    from kiln.capture import module_watch
-
     return f"{ns.bind(module_watch.STATE, 'W')}.version == {g.expected!r}"
 
 

@@ -16,14 +16,19 @@ from typing import Any, Sequence
 import torch
 
 from kiln import config
-from kiln.capture.breaks import Unsupported, unsupported
+from kiln.capture.binder import argument_names, make_binder
+from kiln.capture.break_records import Unsupported, unsupported
 from kiln.capture.bytecode import decode
-from kiln.capture.exceptions import UserRaise, raise_real
 from kiln.capture.guards import Guard
+from kiln.capture.opcodes import HANDLERS
 from kiln.capture.sources import ConstSource, ItemSource
+from kiln.capture.user_exceptions import UserRaise, raise_real
 from kiln.capture.variables.base import NULL, Variable
 from kiln.capture.variables.constant import ConstantVariable
+from kiln.capture.variables.containers import DictVariable, TupleVariable
 from kiln.capture.variables.functions import CellVariable, RealCellVariable
+from kiln.capture.variables.objects import SuperVariable
+from kiln.capture.variables.wrapping import wrap
 
 _BUILTINS = builtins.__dict__
 
@@ -54,8 +59,6 @@ class Translator:
     # --- the loop ---------------------------------------------------------------------------
 
     def run(self) -> Variable:
-        from kiln.capture.opcodes import HANDLERS
-
         while not self.done:
             if self.suspended:  # run generators lazily: their consumer's code runs between yields
                 self.suspended = False
@@ -122,8 +125,6 @@ class Translator:
     # --- names --------------------------------------------------------------------------------
 
     def load_global(self, name: str) -> Variable:
-        from kiln.capture.variables.builder import wrap
-
         pending = self.output.side_effects.pending_global(self.f_globals, name)
         if pending is not None:
             return pending
@@ -139,8 +140,6 @@ class Translator:
         raise raise_real(NameError(f"name '{name}' is not defined"))
 
     def load_cell(self, name: str) -> Variable:
-        from kiln.capture.variables.builder import wrap
-
         cell = self.cells.get(name)
         if isinstance(cell, CellVariable):
             if cell.contents is None:
@@ -194,8 +193,6 @@ class Translator:
         return Translator(code, fn.f_globals, self.output, bound, freevars, parent=self)
 
     def zero_arg_super(self) -> Variable:
-        from kiln.capture.variables.objects import SuperVariable
-
         cls = self.load_cell("__class__").as_constant()
         first = self.code.co_varnames[0] if self.code.co_argcount else None
         obj = self.locals.get(first) if first is not None else None
@@ -225,9 +222,6 @@ def bind_arguments(code: types.CodeType, name: str, defaults: list[Variable], kw
     on one placeholder per variable, so defaults, keywords, *args, **kwargs and the exact
     TypeError message are CPython's own.
     """
-    from kiln.capture.frame import argument_names
-    from kiln.capture.variables.containers import DictVariable, TupleVariable
-
     values: list[Variable] = []
 
     def slot(variable: Variable) -> _Slot:
@@ -263,54 +257,7 @@ class _Slot:
 
 @functools.lru_cache(maxsize=1024)
 def _binder(code: types.CodeType, qualname: str) -> Any:
-    from kiln.capture.binder import make_binder
-
     # Comprehensions take `.0`, which is no identifier; it is only ever passed by position.
     names = tuple(n if n.isidentifier() else f"_kiln_arg{i}" for i, n in enumerate(code.co_varnames))
     signature = types.SimpleNamespace(__code__=code.replace(co_varnames=names), __qualname__=qualname, __defaults__=None, __kwdefaults__=None)
     return make_binder(signature)
-
-
-def subscript(tx: Translator, obj: Variable, key: Variable) -> Variable:
-    """`obj[key]`."""
-    from kiln.capture.variables.containers import BaseSequenceVariable, DictVariable
-    from kiln.capture.variables.objects import ClassVariable, ModelOutputVariable, UserObjectVariable
-    from kiln.capture.variables.tensor import TensorVariable
-
-    if isinstance(obj, TensorVariable):
-        import operator
-
-        return tx.output.call("call_function", operator.getitem, [obj, key], {})
-    if isinstance(obj, (BaseSequenceVariable, DictVariable)):
-        return obj.getitem(tx, key)
-    if isinstance(obj, (UserObjectVariable, ModelOutputVariable)):
-        return obj.call_method(tx, "__getitem__", [key], {})
-    if isinstance(key, TensorVariable):
-        raise unsupported("unsupported_index", f"indexing {obj.describe()} with a tensor")
-    if obj.is_constant() and key.is_constant():
-        from kiln.capture.variables.builder import wrap_constant_result
-
-        try:
-            return wrap_constant_result(obj.as_constant()[key.as_constant()])
-        except Exception as error:  # noqa: BLE001
-            raise raise_real(error) from None
-    if isinstance(obj, ClassVariable):
-        raise unsupported("unsupported_index", f"subscripting {obj.describe()}")
-    raise unsupported("unsupported_index", f"subscripting {obj.describe()} with {key.describe()}")
-
-
-def store_subscript(tx: Translator, obj: Variable, key: Variable, value: Variable) -> None:
-    from kiln.capture.variables.containers import DictVariable, ListVariable
-    from kiln.capture.variables.objects import ModelOutputVariable, UserObjectVariable
-    from kiln.capture.variables.tensor import TensorVariable
-
-    if isinstance(obj, TensorVariable):
-        obj.call_method(tx, "__setitem__", [key, value], {})
-    elif isinstance(obj, (ListVariable, DictVariable)):
-        obj.setitem(tx, key, value)
-    elif isinstance(obj, (UserObjectVariable, ModelOutputVariable)):
-        obj.call_method(tx, "__setitem__", [key, value], {})
-    else:
-        raise unsupported("unsupported_index", f"assigning into {obj.describe()}")
-
-

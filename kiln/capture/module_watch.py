@@ -23,6 +23,7 @@ import weakref
 from typing import Any
 
 from torch import nn
+from torch.nn.modules import module as module_file
 
 
 class _State:
@@ -57,8 +58,6 @@ def _wrap(method: Any) -> Any:
 
 
 def _install() -> None:
-    from torch.nn.modules import module as module_file
-
     module_file.register_module_module_registration_hook(_on_registration)
     module_file.register_module_parameter_registration_hook(_on_registration)
     module_file.register_module_buffer_registration_hook(_on_registration)

@@ -16,14 +16,19 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.amp import autocast_mode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from kiln.capture.breaks import unsupported
+from kiln.capture.break_records import unsupported
 from kiln.capture.dynamic import ShapeSource, placeholder, symbolic_fake
 from kiln.capture.guards import Guard, GuardSet
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.sources import Source
 from kiln.capture.variables.base import Variable
+from kiln.capture.variables.containers import ListVariable, NamedTupleVariable, TupleVariable, is_namedtuple_class
+from kiln.capture.variables.symbolic import has_symbolic, wrap_symbolic
+from kiln.capture.variables.tensor import TensorVariable
+from kiln.capture.variables.wrapping import wrap_constant_result
 
 _DATA_DEPENDENT = ("DynamicOutputShapeException", "DataDependentOutputException", "GuardOnDataDependentSymNode", "UnsupportedOperatorException")
 
@@ -70,8 +75,6 @@ class OutputGraph:
         return fake
 
     def add_input(self, tensor: torch.Tensor, source: Source) -> Variable:
-        from kiln.capture.variables.tensor import TensorVariable
-
         dynamic = self.dynamic_dims(source, tensor) if id(tensor) not in self._fakes else frozenset()
         fake = self.fake(tensor, dynamic)
         if dynamic:
@@ -97,8 +100,6 @@ class OutputGraph:
 
     def add_attr(self, tensor: torch.Tensor, source: Source, path: str) -> Variable:
         """A parameter or buffer read through a module: a get_attr node holding the real tensor."""
-        from kiln.capture.variables.tensor import TensorVariable
-
         known = self._attr_by_id.get(id(tensor))
         if known is not None:
             return known
@@ -135,9 +136,6 @@ class OutputGraph:
             raise unsupported(kind_name, f"{what} could not run on fake tensors: {name}: {first}",
                               "the graph breaks at an op whose output shape depends on data" if kind_name == "data_dependent_op" else "") from None
         if not _has_tensor(result):
-            from kiln.capture.variables.builder import wrap_constant_result
-            from kiln.capture.variables.symbolic import has_symbolic, wrap_symbolic
-
             if has_symbolic(result):  # arithmetic on sizes of dynamic inputs, numel(), ...
                 return wrap_symbolic(self.graph, self.graph.create_node(kind, target, fx_args, fx_kwargs), result)
 
@@ -150,10 +148,6 @@ class OutputGraph:
         return self.wrap_result(node, result)
 
     def wrap_result(self, node: fx.Node, value: Any) -> Variable:
-        from kiln.capture.variables.containers import ListVariable, TupleVariable, NamedTupleVariable, is_namedtuple_class
-        from kiln.capture.variables.tensor import TensorVariable
-        from kiln.capture.variables.builder import wrap_constant_result
-
         if isinstance(value, torch.Tensor):
             node.meta["example_value"] = value
             return TensorVariable(node, value)
@@ -184,8 +178,6 @@ class OutputGraph:
         return [Guard("SHAPE", None, (text, tuple(sorted(by_name.items())))) for text in texts]
 
     def graph_module(self, outputs: list[fx.Node]) -> fx.GraphModule:
-        from torch.amp import autocast_mode
-
         for node in reversed(self.open_autocast):
             self.graph.call_function(autocast_mode._exit_autocast, (node,))
         if self.graph_grad != self.start_grad:

@@ -17,9 +17,16 @@ import torch
 from torch import fx
 
 from kiln.capture import reentry
-from kiln.capture.breaks import unsupported
+from kiln.capture.break_records import unsupported
 from kiln.capture.sources import Namespace
-from kiln.capture.variables.base import Variable
+from kiln.capture.variables import containers as c
+from kiln.capture.variables.base import BoundBuiltinMethod, Variable
+from kiln.capture.variables.builtins import UnboundBuiltinMethod
+from kiln.capture.variables.constant import ConstantMethodVariable, ConstantVariable
+from kiln.capture.variables.functions import BoundMethodVariable
+from kiln.capture.variables.objects import ModelOutputVariable, UserObjectVariable
+from kiln.capture.variables.tensor import TensorMethodVariable, TensorVariable
+from kiln.capture.variables.torch_fns import GradModeVariable
 
 
 def _new_object(cls: type) -> Any:
@@ -55,16 +62,11 @@ class Reconstructor:
 
     @staticmethod
     def _is_new_mutable(var: Variable) -> bool:
-        from kiln.capture.variables import containers as c
-        from kiln.capture.variables.objects import ModelOutputVariable, UserObjectVariable
-
         if isinstance(var, UserObjectVariable):
             return var.is_new
         return isinstance(var, (ModelOutputVariable, c.DictVariable, c.SetVariable)) or type(var) is c.ListVariable
 
     def _build_once(self, var: Variable) -> str:
-        from kiln.capture.variables.objects import UserObjectVariable
-
         name = f"_o{len(self._built)}"
         self._built[id(var)] = name
         if isinstance(var, UserObjectVariable):
@@ -77,11 +79,6 @@ class Reconstructor:
         return name
 
     def _expr(self, var: Variable) -> str:
-        from kiln.capture.variables import containers as c
-        from kiln.capture.variables.constant import ConstantVariable
-        from kiln.capture.variables.objects import ModelOutputVariable, UserObjectVariable
-        from kiln.capture.variables.tensor import TensorVariable
-
         if isinstance(var, TensorVariable):
             if var.source is not None and var.node.op in ("placeholder", "get_attr"):
                 return var.source.expr(self.ns)
@@ -123,12 +120,6 @@ class Reconstructor:
 
     def _method(self, var: Variable) -> str | None:
         """A method read but not called yet: on the stack at a graph break (`x.item` of `x.item()`)."""
-        from kiln.capture.variables.builtins import UnboundBuiltinMethod
-        from kiln.capture.variables.constant import ConstantMethodVariable
-        from kiln.capture.variables.functions import BoundBuiltinMethod, BoundMethodVariable
-        from kiln.capture.variables.tensor import TensorMethodVariable
-        from kiln.capture.variables.torch_fns import GradModeVariable
-
         if isinstance(var, TensorMethodVariable):
             return f"{self.expr(var.tensor)}.{var.name}"
         if isinstance(var, BoundBuiltinMethod) and var.name == "__exit__" and isinstance(var.obj, GradModeVariable):

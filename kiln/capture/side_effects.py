@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.capture.variables.base import Variable
+from kiln.capture.variables.containers import DictVariable, ListVariable, SetVariable
 
 
 class SideEffects:
@@ -44,8 +45,6 @@ class SideEffects:
 
     def replay_lines(self, rc: Any) -> list[str]:
         """Python statements that apply the recorded changes (rc: the output reconstructor)."""
-        from kiln.capture.variables.containers import DictVariable, ListVariable, SetVariable
-
         # Every new content is read first: it may come from an input another replay line changes.
         reads, lines = [], []
         for n, var in enumerate(self.mutated.values()):

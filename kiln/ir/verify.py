@@ -1,4 +1,8 @@
-"""IR invariants, checked after every pass in the tests and under a verify setting later."""
+"""IR invariants: `verify(node)` for one node, `verify_program(program)` for a lowered graph.
+
+The tests check every lowered Program; `KILN_VERIFY=1` makes the driver check each graph after
+lowering (and the scheduler's invariants after scheduling, kiln/schedule/verify.py).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import torch
 
 from kiln.ir.analysis import ReadsWrites, run
 from kiln.ir.nodes import Node, Reduction, Scatter
+from kiln.ir.program import ComputeStep, Program
 
 
 class IRError(ValueError):
@@ -57,3 +62,17 @@ def verify(node: Node, known_buffers: Iterable[str] | None = None) -> None:
         unknown = [b for b in deps.buffers_read if b not in set(known_buffers)]
         if unknown:
             raise IRError(f"{label}: loads from unknown buffers {unknown}")
+
+
+def verify_program(program: Program) -> None:
+    """Every node passes `verify`, reading only buffers defined before it (inputs, earlier steps)."""
+    known = {b.name for b in program.inputs if b is not None}
+    for step in program.steps:
+        if isinstance(step, ComputeStep):
+            verify(step.node, known)
+            known.add(step.buffer.name)
+        else:
+            known.update(b.name for b in step.outputs if b is not None)
+    missing = [o.name for o in program.outputs if hasattr(o, "name") and o.name not in known]
+    if missing:
+        raise IRError(f"program outputs {missing} are never computed")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import operator
-from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
@@ -18,49 +17,13 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from kiln.ir.nodes import Buffer, Layout, Node, Pointwise
+from kiln.ir.program import ComputeStep, ExternStep, Program
 from kiln.lowering import table as _table, views as _views  # noqa: F401  (fills the lowering table)
 from kiln.lowering.context import lowering_graph
 from kiln.lowering.extern_layouts import argument_layout, layout_of, output_layouts
 from kiln.lowering.realize import should_realize
 from kiln.lowering.registry import LOWERINGS
 from kiln.lowering.values import ReductionResult, TensorValue
-
-
-@dataclass
-class ComputeStep:
-    buffer: Buffer
-    node: Node
-
-
-@dataclass
-class ExternStep:
-    outputs: list[Buffer | None]  # one per tensor the op returns
-    op: Any
-    args: tuple
-    kwargs: dict  # Buffers stand for tensors in args and kwargs
-
-
-@dataclass
-class Program:
-    inputs: list[Buffer | None]  # None for a non-tensor input
-    steps: list[ComputeStep | ExternStep] = field(default_factory=list)
-    outputs: list[Any] = field(default_factory=list)  # Buffers, or constants
-
-    @property
-    def kernels(self) -> list[ComputeStep]:
-        return [s for s in self.steps if isinstance(s, ComputeStep)]
-
-    @property
-    def externs(self) -> list[ExternStep]:
-        """ATen calls that compute something (not the bindings of `binds_memory`)."""
-        return [s for s in self.steps if isinstance(s, ExternStep) and not binds_memory(s)]
-
-
-def binds_memory(step: ExternStep) -> bool:
-    """An extern step that computes nothing: an as_strided view of a buffer (how a strided view
-    reaches an extern), or the alias that names a tensor the graph module holds (a constant)."""
-    aten = torch.ops.aten
-    return step.op is aten.as_strided.default or (step.op is aten.alias.default and isinstance(step.args[0], torch.Tensor))
 
 
 def _has_complex(node: fx.Node, args: tuple, kwargs: dict) -> bool:
@@ -73,7 +36,7 @@ def _has_data_dependent_sizes(node: fx.Node, args: tuple, kwargs: dict) -> bool:
     """Sizes an earlier op computed from tensor values (nonzero, unique, masks) are symbols no
     kernel can be generated for: ops over such tensors stay ATen calls, so the rest of the graph
     is still kiln's. (Graphs whose inputs have symbolic sizes are traced again at concrete sizes
-    before they are lowered; see codegen/specialize.py.)"""
+    before they are lowered; see kiln/passes/specialize_sizes.py.)"""
     symbolic = lambda x: isinstance(x, torch.SymInt) or not sympy.sympify(x).is_Integer  # noqa: E731
     for v in pytree.tree_leaves(node.meta.get("val")):
         if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(map(symbolic, (*v.shape, *v.stride())))):

@@ -11,7 +11,8 @@ from torch.utils import _pytree as pytree
 
 from kiln.ir.evaluate import evaluate
 from kiln.ir.nodes import Buffer
-from kiln.lowering.graph import ComputeStep, GraphLowering, Program
+from kiln.ir.program import ComputeStep, Program
+from kiln.lowering.graph import GraphLowering
 
 
 def _concrete(layout) -> tuple[list[int], list[int], int]:

@@ -1,3 +1,3 @@
-"""ATen graph -> ATen graph passes, each pure and named, run in the order `pipeline.PASSES` lists."""
-
-from kiln.passes.pipeline import PASSES, run_passes  # noqa: F401
+"""ATen graph -> ATen graph: what the backend does to a graph before lowering it, in the order
+`pipeline.py` lists. Rewrites edit the graph they are given in place and say whether they changed
+it; size specialization and freezing's constant split are named steps of the same list."""

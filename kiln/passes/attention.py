@@ -18,6 +18,7 @@ import operator
 import torch
 from torch import fx
 
+from kiln.ir.target import Target
 from kiln.passes.pattern import Op, Var, insert, match, remove_dead
 
 aten = torch.ops.aten
@@ -68,7 +69,7 @@ def _mask_fits(mask: fx.Node | None, scores: fx.Node) -> bool:
     return all(m in (1, s) for m, s in zip(vm.shape, vs.shape))
 
 
-def attention(gm: fx.GraphModule) -> bool:
+def attention(gm: fx.GraphModule, target: Target) -> bool:
     changed = False
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not aten._softmax.default or node.args[1:] not in ((-1, False), (3, False)):

@@ -1,4 +1,5 @@
-"""A graph with frozen inputs, cut in two: what the frozen inputs alone decide, and the rest.
+"""Freezing's split: a graph with frozen inputs cut in two, what the frozen inputs alone decide
+and the rest (the `ConstantSplit` of kiln/ir/constant_split.py).
 
     constants graph:  (*frozen inputs) -> (*constants)          run once, and again on change
     runtime graph:    (*other inputs, *constants) -> outputs    compiled, run on every call
@@ -12,24 +13,14 @@ the user's parameters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from kiln.ir.constant_split import ConstantSplit
 from kiln.passes.constants import constant_nodes, is_frozen_placeholder
 
 aten = torch.ops.aten
-
-
-@dataclass
-class ConstantSplit:
-    constants: fx.GraphModule  # (*frozen inputs) -> tuple of constants
-    runtime: fx.GraphModule  # (*other inputs, *constants) -> the original outputs
-    frozen_positions: list[int]  # positions of the frozen inputs among the original inputs
-    runtime_positions: list[int]  # positions of the other inputs
-    computed: list[bool]  # per constant: not a view of a frozen input (it holds memory of its own)
 
 
 def _read_by_runtime(gm: fx.GraphModule, constant: set[fx.Node]) -> list[fx.Node]:

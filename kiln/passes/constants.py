@@ -1,7 +1,7 @@
 """Which values of a graph are constants once its frozen inputs are fixed.
 
-The AOT layer marks the placeholders of parameters and buffers it freezes with
-`meta["kiln_frozen"]` (kiln/aot/freeze.py). A node is constant when it is one of those, a tensor
+The freeze pass (kiln/passes/freeze.py) marks the placeholders of the parameters and buffers it
+freezes with `meta["kiln_frozen"]`. A node is constant when it is one of those, a tensor
 the graph module holds, or a deterministic op whose inputs are all constant. Random ops are never
 constant, and neither is a fresh tensor made from nothing that would cost much memory to keep
 (a large `zeros` is cheaper to make than to store and read).

@@ -15,6 +15,7 @@ import operator
 import torch
 from torch import fx
 
+from kiln.ir.target import Target
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
 from kiln.passes.pattern import Op, Var, insert, matches, remove_dead
 
@@ -51,7 +52,7 @@ def _in_dtype(g, node: fx.Node | None, dtype: torch.dtype) -> fx.Node | None:
     return g(aten._to_copy.default, node, dtype=dtype)
 
 
-def conv_batchnorm(gm: fx.GraphModule) -> bool:
+def conv_batchnorm(gm: fx.GraphModule, target: Target) -> bool:
     if not has_frozen_inputs(gm):
         return False
     constants = ConstantSet(gm)

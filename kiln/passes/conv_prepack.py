@@ -19,6 +19,7 @@ from torch import fx
 from kiln import logs
 from kiln.autotune import mode as autotune_mode
 from kiln.autotune.gemm import choose_conv
+from kiln.ir.target import Target
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
 from kiln.passes.fake_values import refresh_meta
 from kiln.passes.pattern import Op, Var, arguments, insert, matches, remove_dead
@@ -71,9 +72,9 @@ def _descendants(node: fx.Node, into: set[fx.Node]) -> None:
                 pending.append(user)
 
 
-def conv_prepack(gm: fx.GraphModule) -> bool:
+def conv_prepack(gm: fx.GraphModule, target: Target) -> bool:
     mode = autotune_mode()
-    if not has_frozen_inputs(gm):
+    if target.device != "cpu" or not has_frozen_inputs(gm):
         return False
     constants = ConstantSet(gm)
     # Values computed from a rewritten convolution's channels-last output: their fake values

@@ -1,6 +1,6 @@
 """A matrix product with a frozen right operand runs the implementation measured fastest for its
 shapes: ATen as it is, a contiguous copy of the weight in either order, MKL's packed GEMM or
-oneDNN's blocked weights (`kiln::mm`, kiln/runtime/prepacked.py). When ATen wins, the node is
+oneDNN's blocked weights (`kiln::mm`, kiln/externs/prepacked.py). When ATen wins, the node is
 left as it is.
 
     mm(a, b)              -> kiln::mm(a, b, None, "none", impl)
@@ -21,6 +21,7 @@ from torch import fx
 from kiln import logs
 from kiln.autotune import mode as autotune_mode
 from kiln.autotune.gemm import FUSED_POST_OP, choose_mm
+from kiln.ir.target import Target
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
 from kiln.passes.pattern import Op, Var, arguments, insert, matches, remove_dead, replace
 from kiln.passes.post_ops import NO_POST_OP, PostOp, only_user, unary_after
@@ -80,9 +81,9 @@ def _fuse(gm: fx.GraphModule, unary: fx.Node, a: fx.Node, b: fx.Node, bias: fx.N
     remove_dead(gm, [unary])
 
 
-def gemm_prepack(gm: fx.GraphModule) -> bool:
+def gemm_prepack(gm: fx.GraphModule, target: Target) -> bool:
     mode = autotune_mode()
-    if not has_frozen_inputs(gm) or mode == "off":
+    if target.device != "cpu" or not has_frozen_inputs(gm) or mode == "off":
         return False
     constants = ConstantSet(gm)
     changed = False

@@ -1,8 +1,18 @@
-"""The one ordered list of graph passes kiln's backend runs before lowering.
+"""The one ordered list of what kiln's backend does to an ATen graph before lowering.
 
-Each pass takes an ATen `fx.GraphModule` whose nodes carry `meta["val"]` and returns one
-(rewriting a copy is not required: passes edit the graph they are given and recompile it).
-`KILN_LOGS=passes` prints the graph after each pass that changed it.
+The driver (kiln/backend/driver.py) runs these, in this order, each as a named and timed stage
+whose result it can dump (`KILN_DEBUG_DIR`, `KILN_LOGS=passes`, `KILN_LOGS=compile_time`):
+
+1. `SPECIALIZE_SIZES`: a graph whose inputs have symbolic sizes (or whose values it reads as
+   numbers) is not compiled now: the runtime traces it again at each new set of concrete sizes
+   and sends that static graph through the whole pipeline (kiln/runtime/specialized.py).
+2. `REWRITES`, in order. Each rewrite edits the graph it is given in place (it does not copy) and
+   returns whether it changed anything; the driver then recompiles the module's code. Rewrites get
+   the `Target` (kiln/ir/target.py) so that a rewrite for one device or code generator can
+   decline on others. The rewrites over frozen weights (conv_batchnorm, conv_prepack,
+   gemm_prepack) do nothing in graphs without frozen inputs (training, or freezing off).
+3. `SPLIT_CONSTANTS`: freezing's split of a graph with frozen inputs into a constants graph (run by
+   the runtime once, and again when a frozen input changes) and the runtime graph that is lowered.
 """
 
 from __future__ import annotations
@@ -11,20 +21,25 @@ from typing import Callable
 
 from torch import fx
 
-from kiln import logs
+from kiln.ir.target import Target
 from kiln.passes.attention import attention
 from kiln.passes.bias_epilogue import bias_epilogue
+from kiln.passes.constant_split import split_constants
 from kiln.passes.conv_batchnorm import conv_batchnorm
 from kiln.passes.conv_prepack import conv_prepack
+from kiln.passes.dead_code import dead_code
+from kiln.passes.freeze import freeze
 from kiln.passes.gemm_prepack import gemm_prepack
 from kiln.passes.redundant_casts import redundant_casts
 from kiln.passes.scatter_accumulate import scatter_accumulate
+from kiln.passes.specialize_sizes import needs_specialization
 
-Pass = Callable[[fx.GraphModule], bool]  # edits the graph; True when it changed something
+Rewrite = Callable[[fx.GraphModule, Target], bool]  # edits the graph in place; True when it changed it
 
-# Passes over frozen weights (conv_batchnorm, conv_prepack, gemm_prepack) do nothing in graphs
-# without frozen inputs (training, or freezing off).
-PASSES: list[tuple[str, Pass]] = [
+SPECIALIZE_SIZES = ("specialize_sizes", needs_specialization)
+
+REWRITES: list[tuple[str, Rewrite]] = [
+    ("freeze", freeze),  # module state -> frozen inputs, when backend.freezing is on
     ("redundant_casts", redundant_casts),
     ("attention", attention),
     ("conv_batchnorm", conv_batchnorm),
@@ -32,12 +47,12 @@ PASSES: list[tuple[str, Pass]] = [
     ("bias_epilogue", bias_epilogue),
     ("gemm_prepack", gemm_prepack),
     ("scatter_accumulate", scatter_accumulate),
+    ("dead_code", dead_code),
 ]
 
+SPLIT_CONSTANTS = ("split_constants", split_constants)
 
-def run_passes(gm: fx.GraphModule) -> fx.GraphModule:
-    for name, graph_pass in PASSES:
-        if graph_pass(gm):
-            gm.recompile()
-            logs.log_lazy("passes", lambda: f"after {name}:\n{gm.code}")
-    return gm
+
+def names() -> list[str]:
+    """Every step of the pipeline by name, in the order the driver runs them."""
+    return [SPECIALIZE_SIZES[0], *(name for name, _ in REWRITES), SPLIT_CONSTANTS[0]]

@@ -1,7 +1,7 @@
 """The unary ops oneDNN applies inside a GEMM or convolution ("post-ops"), found after a node.
 
 Shared by conv_prepack and gemm_prepack: each unary ATen op, the oneDNN post-op that means the
-same (kiln/runtime/prepacked.py `UNARY` runs it in ATen), and silu in the two forms graphs hold
+same (kiln/externs/prepacked.py `UNARY` runs it in ATen), and silu in the two forms graphs hold
 (`aten.silu`, or `y * sigmoid(y)` as the core-ATen table writes it).
 """
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from kiln.ir.target import Target
 from kiln.passes.pattern import Op, Var, matches, remove_dead
 
 aten = torch.ops.aten
@@ -35,7 +36,7 @@ def _dtype(node: object) -> torch.dtype | None:
     return val.dtype if isinstance(val, torch.Tensor) else None
 
 
-def redundant_casts(gm: fx.GraphModule) -> bool:
+def redundant_casts(gm: fx.GraphModule, target: Target) -> bool:
     changed = False
     returned = {n for n in next(n for n in gm.graph.nodes if n.op == "output").all_input_nodes}
     for node, found in matches(gm, _CAST):

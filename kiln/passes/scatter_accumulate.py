@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from kiln.ir.target import Target
+
 aten = torch.ops.aten
 
 
@@ -36,7 +38,7 @@ def _same_tensor_type(a: fx.Node, b: fx.Node) -> bool:
             and va.shape == vb.shape and va.dtype == vb.dtype)
 
 
-def scatter_accumulate(gm: fx.GraphModule) -> bool:
+def scatter_accumulate(gm: fx.GraphModule, target: Target) -> bool:
     changed = False
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not aten.add.Tensor or node.kwargs:

@@ -5,7 +5,7 @@ processes (`backend.compile_workers`) and linked into one library. The key cover
 the compiler's identity and the flags (`-march=native`: the ISA is the machine's, chosen when the
 kernels are built on it), so a cache entry is reused only for exactly what produced it. Entries
 are written to a temporary name and renamed into place, then their digest beside them
-(runtime/disk_cache.py); an entry whose digest is missing or does not match is rebuilt, never loaded.
+(disk_cache.py); an entry whose digest is missing or does not match is rebuilt, never loaded.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from kiln import config, logs
-from kiln.runtime import disk_cache
+from kiln import disk_cache
 
 # -O2: as fast as -O3 for explicitly vectorized kernels, and compiles several times faster.
 # -fno-math-errno: eager never reads errno, and with it sqrt is one vector instruction.
@@ -76,16 +76,21 @@ def _build(sources: Sequence[str], target: Path) -> None:
         os.replace(lib, target)
 
 
-def load_library(sources: str | Sequence[str]) -> ctypes.CDLL:
-    """The compiled and loaded library of `sources` (translation units, compiled in parallel),
-    from the cache when it holds it intact."""
+def build_library(sources: str | Sequence[str]) -> tuple[Path, bool]:
+    """The path of the compiled library of `sources` (translation units, compiled in parallel),
+    and whether it was built now (False: found intact in the cache)."""
     sources = [sources] if isinstance(sources, str) else list(sources)
     key = hashlib.sha256("\0".join([*sources, *compiler(), machine(), *FLAGS]).encode()).hexdigest()
     target = disk_cache.entry("cpp", key, ".so")
     if disk_cache.intact(target):
         logs.log("cache", "C++ cache hit %s", key[:12])
-    else:
-        logs.log("cache", "C++ cache miss %s: compiling %d units", key[:12], len(sources))
-        _build(sources, target)
-        disk_cache.seal(target)
-    return ctypes.CDLL(str(target))
+        return target, False
+    logs.log("cache", "C++ cache miss %s: compiling %d units", key[:12], len(sources))
+    _build(sources, target)
+    disk_cache.seal(target)
+    return target, True
+
+
+def load_library(sources: str | Sequence[str]) -> ctypes.CDLL:
+    """The compiled and loaded library of `sources`, from the cache when it holds it intact."""
+    return ctypes.CDLL(str(build_library(sources)[0]))

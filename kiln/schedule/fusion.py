@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from kiln.ir.nodes import Buffer
-from kiln.schedule.index_bounds import is_nonnegative, max_value
+from kiln.ir.index_bounds import is_nonnegative, max_value
 from kiln.schedule.loop_nest import LoopNest, loop_extents
 
 

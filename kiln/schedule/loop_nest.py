@@ -11,7 +11,7 @@ import sympy
 
 from kiln.ir.analysis import ReadsWrites, run
 from kiln.ir.nodes import Buffer, Node, Pointwise, Reduction, Scatter, index_symbols
-from kiln.schedule.index_bounds import simplify
+from kiln.ir.index_bounds import simplify
 
 
 @dataclass

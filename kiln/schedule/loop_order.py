@@ -9,7 +9,7 @@ import math
 import sympy
 
 from kiln.ir.nodes import Buffer, Pointwise
-from kiln.schedule.index_bounds import linear_stride
+from kiln.ir.index_bounds import linear_stride
 from kiln.schedule.loop_nest import LoopNest, loop_nest
 
 

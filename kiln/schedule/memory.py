@@ -94,10 +94,11 @@ def _conv_into_other(step: Any, dying: set[str], aliases: dict[str, set[str]], l
     """The residual a oneDNN `kiln::conv` may write its result over: it dies here, is an
     intermediate of this graph with the result's layout, and neither views nor is viewed by the
     convolution's other inputs."""
-    if str(step.op) != "kiln.conv.default" or step.args[11] != "onednn" or not isinstance(step.args[10], Buffer):
+    if str(step.op) != "kiln.conv.default" or step.argument("impl") != "onednn" or not isinstance(step.argument("other"), Buffer):
         return None
-    other, out = step.args[10].name, step.outputs[0]
-    others = {b.name for b in pytree.tree_leaves(list(step.args[:10])) if isinstance(b, Buffer)}
+    other, out = step.argument("other").name, step.outputs[0]
+    inputs = [step.argument(name) for name in ("x", "weight", "bias")]
+    others = {b.name for b in inputs if isinstance(b, Buffer)}
     others = others.union(*(aliases.get(n, set()) for n in others))
     if other not in dying or other in aliases or other in others or out is None or layouts.get(other) != out.layout:
         return None

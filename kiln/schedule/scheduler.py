@@ -11,7 +11,7 @@ from torch.utils import _pytree as pytree
 
 from kiln.ir.analysis import ReadsWrites, run
 from kiln.ir.nodes import Buffer
-from kiln.lowering.graph import ComputeStep, ExternStep, Program, binds_memory
+from kiln.ir.program import ComputeStep, ExternStep, Program, binds_memory
 from kiln.schedule.fusion import FusedKernel, KernelBuilder
 from kiln.schedule.loop_order import ordered_nest
 from kiln.schedule.memory import MemoryPlan, plan_memory

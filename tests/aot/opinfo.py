@@ -18,7 +18,8 @@ import torch
 import torch._dynamo
 from torch.utils import _pytree as pytree
 
-from kiln.integrations.dynamo import _with_aot, kiln_aot_eager
+from kiln.backend import Backend, kiln_aot_eager
+from kiln.backend.backends import with_aot
 from kiln.runtime import fallback
 
 
@@ -37,9 +38,9 @@ class CountingBackend:
     """A backend that remembers the graphs Dynamo hands it (Dynamo and fallbacks reset) and, for
     "kiln", every lowered Program.
 
-    "kiln" is rebuilt from `_with_aot` around `compile_cpp`, exactly as
-    `kiln.integrations.dynamo.kiln` builds it (fallbacks recorded the same way), with the
-    Program kept on the side.
+    "kiln" is rebuilt from `with_aot` around the backend driver, exactly as `kiln.backend.kiln`
+    builds it (fallbacks recorded the same way), with each Program the driver lowers kept on the
+    side (the driver's `observe` hook).
     """
 
     def __init__(self, backend: str = "kiln_aot_eager") -> None:
@@ -55,20 +56,13 @@ class CountingBackend:
         if self.backend == "kiln_aot_eager":
             return kiln_aot_eager(gm, example_inputs)
         if self.backend == "kiln":
-            return _with_aot("kiln", gm, example_inputs, self._compile_cpp)
+            return with_aot("kiln", gm, example_inputs, self._compile_cpp)
         return torch._dynamo.lookup_backend(self.backend)(gm, example_inputs)
 
     def _compile_cpp(self, gm, example_inputs):
-        from kiln.codegen.wrapper import compile_cpp
-
-        compiled = compile_cpp(gm, example_inputs)
-        if getattr(compiled, "program", None) is not None:
-            self.programs.append(compiled.program)
-        elif hasattr(compiled, "compile_static"):
-            # Symbolic sizes: compiled per concrete sizes at call time; observe those compilations too.
-            compiled.compile_static = self._compile_cpp
-        else:
-            self.unobserved += 1
+        compiled = Backend(observe=lambda graph: self.programs.append(graph.program))(gm, example_inputs)
+        if isinstance(compiled, torch.fx.GraphModule):
+            self.unobserved += 1  # ran through ATen (data-dependent sizes): no Program to see
         return compiled
 
     def record(self, outcome: Outcome) -> Outcome:

@@ -14,7 +14,7 @@ import torch._dynamo
 from kiln import aot
 from kiln.bench.models import MODELS
 from kiln.bench.worker import _loss
-from kiln.integrations.dynamo import run_as_is
+from kiln.backend import run_as_is
 
 
 def _storages(tensors) -> set[int]:

@@ -9,7 +9,7 @@ from torch import fx
 
 import kiln
 from kiln import aot
-from kiln.codegen.wrapper import compile_cpp
+from kiln.backend import Backend
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +44,7 @@ class Block(torch.nn.Module):
 
 def compile_block(x, module=None):
     gm = fx.symbolic_trace(module or Block().eval())
-    return aot.compile(gm, [x], compile_cpp, options=aot.AotOptions(cache=True))
+    return aot.compile(gm, [x], Backend(), options=aot.AotOptions(cache=True))
 
 
 def test_second_compile_loads_instead_of_tracing(traces):
@@ -107,5 +107,5 @@ def test_without_the_option_nothing_is_cached(private_cache):
     x = torch.randn(4, 8)
     gm = fx.symbolic_trace(Block().eval())
     with torch.no_grad():
-        aot.compile(gm, [x], compile_cpp)(x)
+        aot.compile(gm, [x], Backend())(x)
     assert not list(private_cache.glob("aot/*/*.pkl"))

@@ -6,7 +6,7 @@ from torch import fx, nn
 
 import kiln
 from kiln import aot
-from kiln.integrations.dynamo import kiln_aot_eager, run_as_is
+from kiln.backend import kiln_aot_eager, run_as_is
 from kiln.runtime import fallback
 
 aten = torch.ops.aten

@@ -6,7 +6,7 @@ from torch import fx, nn
 
 import kiln
 from kiln import aot
-from kiln.integrations.dynamo import run_as_is
+from kiln.backend import run_as_is
 
 
 def _compiled(fn):

@@ -191,3 +191,14 @@ def test_a_fault_in_kiln_runs_the_frame_eagerly_with_a_record(monkeypatch):
     assert record.kind == "internal_error" and "KeyError" in record.explanation and record.lineno > 0
     with pytest.raises(kiln.CaptureError, match="internal_error"):
         kiln.compile(f, backend="eager", fullgraph=True)(x)
+
+
+def test_a_slice_with_a_tensor_bound_is_recorded_as_an_unsupported_index():
+    def f(x, t):
+        return (x * 2)[:t] + 1
+
+    kiln.reset()
+    compiled = kiln.compile(f, backend="eager")
+    x, t = torch.arange(6.0), torch.tensor(3)
+    torch.testing.assert_close(compiled(x, t), f(x, t))
+    assert BREAKS[-1].kind == "unsupported_index" and "slice" in BREAKS[-1].explanation

@@ -227,7 +227,7 @@ def test_tensor_comparisons_produce_bool_tensors():
 
 def test_tensor_comparison_in_python_branch_is_unsupported():
     import kiln
-    from kiln.capture.breaks import CaptureError
+    from kiln.capture.break_records import CaptureError
 
     def f(x):
         if (x > 0).all():
@@ -280,7 +280,7 @@ def test_math_function_result_scales_tensor():
 
 def test_math_of_tensor_is_unsupported():
     import kiln
-    from kiln.capture.breaks import CaptureError
+    from kiln.capture.break_records import CaptureError
 
     def f(x):
         return math.sqrt(x)
@@ -316,7 +316,7 @@ def test_min_max_sum_over_tensors():
 
 def test_max_over_tensors_is_unsupported():
     import kiln
-    from kiln.capture.breaks import CaptureError
+    from kiln.capture.break_records import CaptureError
 
     def f(x, y):
         return max(x, y)

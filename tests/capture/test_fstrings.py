@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kiln
-from kiln.capture.breaks import CaptureError
+from kiln.capture.break_records import CaptureError
 from tests.capture.util import check
 
 

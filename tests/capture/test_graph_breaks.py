@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import kiln
-from kiln.capture.breaks import BREAKS
+from kiln.capture.break_records import BREAKS
 
 
 class Counting:

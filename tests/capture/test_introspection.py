@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import kiln
-from kiln.capture.breaks import CaptureError
+from kiln.capture.break_records import CaptureError
 from tests.capture.util import check
 
 

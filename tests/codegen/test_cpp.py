@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import kiln
+from kiln.passes import pipeline
 
 
 from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
@@ -91,10 +92,15 @@ def test_debug_dir_gets_every_backend_stage(tmp_path):
         compiled(lambda x: (x - x.amax(-1, keepdim=True)).exp(), torch.randn(4, 8))
     (folder,) = (tmp_path / "dump").glob("run_*/*_kiln_backend")
     files = sorted(p.name for p in folder.iterdir())
-    assert files == ["00_aten_graph.py", "01_ir_before_fusion.txt", "02_ir_after_fusion.txt", "03_kernels.cpp", "04_wrapper.py"]
-    after = (folder / "02_ir_after_fusion.txt").read_text()
+    rewrites = [name for name, _ in pipeline.REWRITES]
+    stages = ["aten_graph.py", *(f"pass_{name}.py" for name in rewrites),
+              "ir_before_fusion.txt", "ir_after_fusion.txt", "kernels.cpp", "wrapper.py"]
+    assert files == [f"{k:02d}_{stage}" for k, stage in enumerate(stages)]
+    for k, name in enumerate(rewrites, start=1):  # each pass's dump names the pass
+        assert (folder / files[k]).read_text().startswith(f"# after pass {name}")
+    after = (folder / files[-3]).read_text()
     assert "in registers ['buf0']" in after and "reduction" in after
-    assert 'extern "C" void kernel_' in (folder / "03_kernels.cpp").read_text()
+    assert 'extern "C" void kernel_' in (folder / files[-2]).read_text()
 
 
 def test_many_kernels_compile_as_parallel_units_into_one_library():

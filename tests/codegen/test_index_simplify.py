@@ -5,7 +5,7 @@ import sympy
 import torch
 
 from kiln.ir.indexing import FloorDiv
-from kiln.schedule.index_bounds import simplify
+from kiln.ir.index_bounds import simplify
 from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
 
 i0, i1 = sympy.symbols("i0 i1")

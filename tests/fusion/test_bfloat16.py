@@ -8,6 +8,7 @@ from torch import fx, nn
 import kiln
 from kiln.passes.redundant_casts import redundant_casts
 from kiln.runtime.frozen import FrozenProgram
+from kiln.backend.driver import target_for
 from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
 
 aten = torch.ops.aten
@@ -78,19 +79,19 @@ def _graph(fn, *inputs):
 def test_exact_round_trips_and_same_dtype_casts_go_lossy_ones_stay():
     x16 = torch.randn(4, dtype=torch.bfloat16)
     gm = _graph(lambda x: (x.float().to(torch.bfloat16) * 2).to(torch.bfloat16) + 1, x16)
-    assert redundant_casts(gm)
+    assert redundant_casts(gm, target_for(gm))
     gm.recompile()
     assert not _casts(gm)
     torch.testing.assert_close(gm(x16), x16 * 2 + 1)
     x32 = torch.randn(4)
     lossy = _graph(lambda x: x.to(torch.bfloat16).float() * 2, x32)
-    assert not redundant_casts(lossy) and len(_casts(lossy)) == 2
+    assert not redundant_casts(lossy, target_for(lossy)) and len(_casts(lossy)) == 2
 
 
 def test_a_returned_cast_stays_a_fresh_tensor():
     x = torch.randn(4)
     gm = _graph(lambda x: x.to(torch.float32, copy=True), x)
-    redundant_casts(gm)
+    redundant_casts(gm, target_for(gm))
     gm.recompile()
     out = gm(x)
     assert out.data_ptr() != x.data_ptr()

@@ -7,7 +7,7 @@ from torch import fx
 
 import kiln
 from kiln import aot
-from kiln.codegen.wrapper import compile_cpp
+from kiln.backend import Backend
 from tests.kiln_backend import private_cache  # noqa: F401  (fixture)
 
 
@@ -31,7 +31,7 @@ def test_channels_last_depthwise_convolution_copies_nothing_at_run_time():
     programs, copied = [], []
 
     def compile_graph(gm, example_inputs):
-        programs.append(compile_cpp(gm, example_inputs))
+        programs.append(Backend()(gm, example_inputs))
         return programs[-1]
 
     # Unfrozen: the convolution is ATen's, on the layout eager gives it (tests/fusion/test_freezing.py

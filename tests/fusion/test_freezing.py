@@ -8,7 +8,7 @@ from torch import nn
 
 import kiln
 from kiln.runtime.frozen import FrozenProgram
-from kiln.runtime.prepacked import MM_IMPLS
+from kiln.externs.prepacked import MM_IMPLS
 from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
 
 VIEWS = {"aten.as_strided.default", "aten.alias.default"}

@@ -77,7 +77,7 @@ def test_an_input_another_input_views_is_not_overwritten():
     # view reads. (Scheduled only; nothing is compiled.)
     from kiln.ir.nodes import Buffer, Layout, Pointwise
     from kiln.ir.ops import ops
-    from kiln.lowering.graph import ComputeStep, ExternStep, Program
+    from kiln.ir.program import ComputeStep, ExternStep, Program
     from kiln.schedule import schedule
 
     a = Buffer("a", Layout.contiguous((4, 4), torch.float32))

@@ -6,19 +6,20 @@ import torch.nn.functional as F
 from torch import fx
 
 from kiln import aot
-from kiln.codegen.wrapper import compile_cpp
+from kiln.backend import Backend
 from kiln.passes.scatter_accumulate import scatter_accumulate
+from kiln.backend.driver import target_for
 from tests.kiln_backend import private_cache  # noqa: F401  (fixture)
 
 aten = torch.ops.aten
 
 
 def _train(fn, weight, *inputs):
-    """(weight's gradient, the backward CppProgram) of `fn(weight, *inputs).sum()` through kiln."""
+    """(weight's gradient, the backward CompiledGraph) of `fn(weight, *inputs).sum()` through kiln."""
     programs = []
 
     def compile_graph(gm, example_inputs):
-        programs.append(compile_cpp(gm, example_inputs))
+        programs.append(Backend()(gm, example_inputs))
         return programs[-1]
 
     w = weight.detach().clone().requires_grad_()
@@ -85,10 +86,12 @@ def test_pass_folds_only_a_zero_table_of_the_sum_s_type():
 
     gm, example = graph(0, (8, 4))
     expected = gm(**example)
-    assert scatter_accumulate(gm)
+    assert scatter_accumulate(gm, target_for(gm))
     gm.recompile()
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert targets == [aten.index_put.default]
     torch.testing.assert_close(gm(**example), expected)
-    assert not scatter_accumulate(graph(1.5, (8, 4))[0])  # not a zero table
-    assert not scatter_accumulate(graph(0, (4,))[0])  # `other` broadcasts: the sum is not its shape
+    table = graph(1.5, (8, 4))[0]
+    assert not scatter_accumulate(table, target_for(table))  # not a zero table
+    broadcast = graph(0, (4,))[0]
+    assert not scatter_accumulate(broadcast, target_for(broadcast))  # `other` broadcasts: the sum is not its shape

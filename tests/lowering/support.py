@@ -10,12 +10,12 @@ from torch import fx
 
 import kiln
 from kiln import aot
-from kiln.codegen.wrapper import compile_cpp
-from kiln.ir.verify import verify
-from kiln.lowering.graph import ComputeStep, Program
+from kiln.backend import Backend
+from kiln.ir.verify import verify_program
+from kiln.ir.program import ComputeStep, Program
 from kiln.lowering.reference import compile_reference
 
-BACKENDS = {"reference": compile_reference, "cpp": compile_cpp}
+BACKENDS = {"reference": compile_reference, "cpp": Backend()}
 
 
 def through_all(backend: str, fn: Callable, *inputs) -> tuple[object, list[Program]]:
@@ -38,17 +38,6 @@ def through(backend: str, fn: Callable, *inputs) -> tuple[object, Program]:
     """(fn's result, the Program of its one graph) with `backend` compiling the graph."""
     out, (program,) = through_all(backend, fn, *inputs)
     return out, program
-
-
-def verify_program(program: Program) -> None:
-    """Every kernel passes the IR verifier, reading only buffers defined before it."""
-    known = {b.name for b in program.inputs if b is not None}
-    for step in program.steps:
-        if isinstance(step, ComputeStep):
-            verify(step.node, known)
-            known.add(step.buffer.name)
-        else:
-            known.update(b.name for b in step.outputs if b is not None)
 
 
 def extern_ops(program: Program) -> set:

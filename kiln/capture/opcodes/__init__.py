@@ -6,6 +6,6 @@ the module of their family; handlers that keep their meaning list 3.13 among the
 """
 
 from kiln.capture.opcodes.registry import HANDLERS, opcode
-from kiln.capture.opcodes import stack, names, calls, operators, build, control, exceptions  # noqa: F401 - registration
+from kiln.capture.opcodes import stack, names, calls, arithmetic, build, control, exception_handling  # noqa: F401 - registration
 
 __all__ = ["HANDLERS", "opcode"]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from kiln.capture.breaks import unsupported
-from kiln.capture.exceptions import raise_real
+import operator
+
+from kiln.capture.break_records import unsupported
 from kiln.capture.opcodes.registry import opcode
+from kiln.capture.python_operators import apply_unary, format_value
+from kiln.capture.user_exceptions import raise_real
 from kiln.capture.variables.constant import ConstantVariable
 from kiln.capture.variables.containers import DictVariable, ListVariable, SetVariable, TupleVariable
+from kiln.capture.variables.symbolic import make_slice
 
 
 @opcode("BUILD_TUPLE")
@@ -39,8 +43,6 @@ def BUILD_CONST_KEY_MAP(tx, inst) -> None:
 
 @opcode("BUILD_SLICE")
 def BUILD_SLICE(tx, inst) -> None:
-    from kiln.capture.variables.symbolic import make_slice
-
     value = make_slice(tx.popn(inst.arg))
     if value is None:
         raise unsupported("unsupported_index", "a slice with bounds that are not constants")
@@ -54,8 +56,6 @@ def BUILD_STRING(tx, inst) -> None:
 
 @opcode("FORMAT_VALUE")
 def FORMAT_VALUE(tx, inst) -> None:
-    from kiln.capture.operators import format_value
-
     flags = inst.arg
     spec = tx.pop().as_constant() if flags & 0x04 else ""
     value = tx.pop()
@@ -119,10 +119,6 @@ def LIST_TO_TUPLE(tx, inst) -> None:
 
 @opcode("CALL_INTRINSIC_1", versions=((3, 12),))
 def CALL_INTRINSIC_1(tx, inst) -> None:
-    import operator
-
-    from kiln.capture.operators import apply_unary
-
     name = inst.argrepr
     if name == "INTRINSIC_LIST_TO_TUPLE":
         tx.push(TupleVariable(tx.pop().items))

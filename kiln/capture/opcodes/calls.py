@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kiln.capture.breaks import unsupported
+from kiln.capture.break_records import unsupported
 from kiln.capture.opcodes.registry import opcode
 from kiln.capture.variables.base import NullVariable
 from kiln.capture.variables.containers import DictVariable, TupleVariable

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from kiln.capture.breaks import unsupported
+from kiln.capture.break_records import unsupported
 from kiln.capture.opcodes.registry import opcode
-from kiln.capture.variables.base import Variable
+from kiln.capture.variables.base import BoundBuiltinMethod, Variable
 from kiln.capture.variables.constant import ConstantVariable
 from kiln.capture.variables.containers import IteratorVariable, ListVariable
-from kiln.capture.variables.functions import BoundBuiltinMethod
+from kiln.capture.variables.wrapping import wrap_constant_result
 
 
 @opcode("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP", "JUMP_NO_INTERRUPT")
@@ -87,8 +87,6 @@ def RETURN_VALUE(tx, inst) -> None:
 
 @opcode("RETURN_CONST", versions=((3, 12),))
 def RETURN_CONST(tx, inst) -> None:
-    from kiln.capture.variables.builder import wrap_constant_result
-
     tx.return_value = wrap_constant_result(inst.argval)
     tx.done = True
 

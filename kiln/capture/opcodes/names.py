@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from kiln.capture.breaks import unsupported
-from kiln.capture.exceptions import raise_real
+from kiln.capture.break_records import unsupported
 from kiln.capture.opcodes.registry import opcode
+from kiln.capture.user_exceptions import raise_real
 from kiln.capture.variables.base import NULL, NullVariable
-from kiln.capture.variables.builder import wrap_constant_result
 from kiln.capture.variables.functions import CellVariable, RealCellVariable
+from kiln.capture.variables.objects import SuperVariable, UserObjectVariable
+from kiln.capture.variables.wrapping import wrap_constant_result
 
 
 @opcode("LOAD_CONST")
@@ -111,8 +112,6 @@ def LOAD_METHOD(tx, inst) -> None:
 
 @opcode("LOAD_SUPER_ATTR", versions=((3, 12),))
 def LOAD_SUPER_ATTR(tx, inst) -> None:
-    from kiln.capture.variables.objects import SuperVariable
-
     obj, cls = tx.pop(), tx.pop()
     tx.pop()  # the global `super`
     if inst.arg & 2:
@@ -132,8 +131,6 @@ def STORE_ATTR(tx, inst) -> None:
 
 @opcode("DELETE_ATTR")
 def DELETE_ATTR(tx, inst) -> None:
-    from kiln.capture.variables.objects import UserObjectVariable
-
     obj = tx.pop()
     if not isinstance(obj, UserObjectVariable):
         raise unsupported("unsupported_setattr", f"del of attribute {inst.argval!r} of {obj.describe()}")

@@ -10,9 +10,10 @@ the frame runs eagerly.
 
 from __future__ import annotations
 
+import types
 from typing import TYPE_CHECKING, Any, Sequence
 
-from kiln.capture.breaks import unsupported
+from kiln.capture.break_records import unsupported
 
 if TYPE_CHECKING:
     from kiln.capture.interpreter import Translator
@@ -59,7 +60,7 @@ class Variable:
         raise unsupported("unsupported_iteration", f"iterating over {self.describe()} is not supported")
 
     def get_iter(self, tx: "Translator") -> "Variable":
-        from kiln.capture.variables.containers import IteratorVariable
+        from kiln.capture.variables.containers import IteratorVariable  # containers.py imports this module (Variable)
 
         return IteratorVariable(self.iterate(tx))
 
@@ -70,7 +71,7 @@ class Variable:
         return len(self.iterate(tx))
 
     def hasattr(self, tx: "Translator", name: str) -> bool:
-        from kiln.capture.exceptions import UserRaise
+        from kiln.capture.user_exceptions import UserRaise  # user_exceptions.py imports this module (Variable)
 
         try:
             self.getattr(tx, name)
@@ -110,6 +111,23 @@ class RealValueVariable(Variable):
 
     def as_constant(self) -> Any:
         return self.value
+
+
+class BoundBuiltinMethod(Variable):
+    """A method of a modelled value (list.append, dict.get, ...), dispatched to its `call_method`."""
+
+    def __init__(self, obj: "Variable", name: str) -> None:
+        super().__init__(None)
+        self.obj, self.name = obj, name
+
+    def python_type(self) -> type:
+        return types.BuiltinMethodType
+
+    def describe(self) -> str:
+        return f"method {self.name} of {self.obj.describe()}"
+
+    def call(self, tx: "Translator", args: Sequence["Variable"], kwargs: dict[str, "Variable"]) -> "Variable":
+        return self.obj.call_method(tx, self.name, args, kwargs)
 
 
 class NullVariable(Variable):

@@ -1,13 +1,16 @@
 """Turning real Python values into variables, with the guards that keep them valid.
 
 `wrap(tx, value, source)` is how every value read from the frame (arguments, globals, attributes,
-closure cells) enters the trace. It picks the variable kind and adds the guard that pins what the
-trace will assume: TENSOR_MATCH for tensors, EQUALS for constants, ID_MATCH for functions,
+closure cells) enters the trace. `_build` here picks the variable kind and adds the guard that
+pins what the trace will assume: TENSOR_MATCH for tensors, EQUALS for constants, ID_MATCH for functions,
 classes, modules and objects reached through them, TYPE_MATCH + LENGTH_MATCH for containers.
 An object pinned by identity is afterwards reached as a constant of the guard (`ConstSource`), so
 deeper guards stay short.
 
 `wrap_constant_result(value)` wraps a value computed while capturing (no source, no guard).
+
+Both live in wrapping.py, which imports no variable kind, so that every kind can wrap the values
+it reads; this module imports every kind and installs `_build` there when it is imported.
 """
 
 from __future__ import annotations
@@ -20,10 +23,23 @@ from typing import Any
 import torch
 from torch import nn
 
+from kiln.capture.break_records import unsupported
 from kiln.capture.guards import Guard
-from kiln.capture.sources import TUPLE_ITERATOR, AttrSource, ConstSource, ItemSource, KeysSource, RemainingItemsSource, Source, remaining_items
-from kiln.capture.variables.base import Variable
+from kiln.capture.reentry import ReenteredAutocast
+from kiln.capture.sources import TUPLE_ITERATOR, AttrSource, ConstSource, ItemSource, RemainingItemsSource, Source, remaining_items
+from kiln.capture.user_exceptions import ExceptionVariable
+from kiln.capture.variables import containers as c
+from kiln.capture.variables import functions as f
+from kiln.capture.variables import objects as o
+from kiln.capture.variables import wrapping
+from kiln.capture.variables.base import BoundBuiltinMethod, Variable
+from kiln.capture.variables.builtins import BuiltinVariable, is_builtin_callable
 from kiln.capture.variables.constant import ConstantVariable, is_literal
+from kiln.capture.variables.containers import wrap_dict_contents
+from kiln.capture.variables.modules import ModuleVariable
+from kiln.capture.variables.torch_fns import (GradModeVariable, ReenteredAutocastVariable, TorchFunctionVariable, is_torch_callable,
+                                              special_callable)
+from kiln.capture.variables.wrapping import wrap
 
 
 # Standard-library Python functions computed for real on constant arguments rather than inlined
@@ -41,21 +57,6 @@ def _pin(tx: Any, value: Any, source: Source | None) -> Source | None:
     return ConstSource(value, str(source))
 
 
-def wrap(tx: Any, value: Any, source: Source | None) -> Variable:
-    if source is not None:
-        cached = tx.output.wrapped.get(source)
-        if cached is not None:
-            return cached
-    var = _build(tx, value, source)
-    if source is not None:
-        tx.output.wrapped[source] = var
-    return var
-
-
-def wrap_constant_result(value: Any) -> Variable:
-    return _build(None, value, None)
-
-
 def _guard(tx: Any, kind: str, source: Source | None, expected: Any) -> None:
     if tx is not None and source is not None:
         tx.output.guards.add(Guard(kind, source, expected))
@@ -67,29 +68,15 @@ def _is_plain_dict(value: Any) -> bool:
     return type(value) in (dict, OrderedDict, defaultdict)
 
 
-def _is_model_output(cls: type) -> bool:
-    return any(base.__name__ == "ModelOutput" and base.__module__.startswith("transformers") for base in cls.__mro__)
-
-
 GRAD_MODE_MANAGERS = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
-from kiln.capture.reentry import ReenteredAutocast  # noqa: E402  (after the constants it sits with)
 
 
 def _build(tx: Any, value: Any, source: Source | None) -> Variable:
-    from kiln.capture.variables import containers as c
-    from kiln.capture.variables import functions as f
-    from kiln.capture.variables import objects as o
-    from kiln.capture.variables.builtins import BuiltinVariable, is_builtin_callable
-    from kiln.capture.variables.modules import ModuleVariable
-    from kiln.capture.variables.torch_fns import TorchFunctionVariable, is_torch_callable, special_callable
-
     if is_literal(value):
         _guard(tx, "EQUALS", source, value)
         return ConstantVariable(value, source)
     if isinstance(value, torch.Tensor):
         if tx is None:
-            from kiln.capture.breaks import unsupported
-
             raise unsupported("unsupported_constant", "a tensor computed outside the graph while capturing")
         return tx.output.add_input(value, source)
     if isinstance(value, torch.Size):
@@ -133,19 +120,15 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
         return f.UserFunctionVariable(value, _pin(tx, value, source))
     if (isinstance(value, types.MethodType) and isinstance(value.__self__, GRAD_MODE_MANAGERS) and source is not None
             and value.__func__.__name__ == "__exit__" and hasattr(value.__self__, "prev")):
-        # The `__exit__` of a grad-mode block that a graph break re-entered (graph_break.py).
-        from kiln.capture.variables.torch_fns import GradModeVariable
-
+        # The `__exit__` of a grad-mode block that a graph break re-entered (resume_at_break.py).
         prior = value.__self__.prev
         _guard(tx, "EQUALS", AttrSource(AttrSource(source, "__self__"), "prev"), prior)
-        return f.BoundBuiltinMethod(GradModeVariable(not prior, type(value.__self__), prior), value.__func__.__name__)
+        return BoundBuiltinMethod(GradModeVariable(not prior, type(value.__self__), prior), value.__func__.__name__)
     if isinstance(value, types.MethodType) and type(value.__self__) is ReenteredAutocast and source is not None:
         # The `__exit__` of an autocast block that a graph break re-entered.
-        from kiln.capture.variables.torch_fns import ReenteredAutocastVariable
-
         block = value.__self__
         _guard(tx, "EQUALS", AttrSource(AttrSource(source, "__self__"), "prior"), block.prior)
-        return f.BoundBuiltinMethod(ReenteredAutocastVariable(block.enabled, block.dtype, block.prior), "__exit__")
+        return BoundBuiltinMethod(ReenteredAutocastVariable(block.enabled, block.dtype, block.prior), "__exit__")
     if isinstance(value, types.MethodType):
         self_var = wrap(tx, value.__self__, None if source is None else _attr(source, "__self__")) if tx is not None else _build(None, value.__self__, None)
         func_var = wrap(tx, value.__func__, None if source is None else _attr(source, "__func__")) if tx is not None else _build(None, value.__func__, None)
@@ -165,14 +148,12 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
     if isinstance(value, (staticmethod, classmethod, property, types.MethodDescriptorType, types.WrapperDescriptorType, types.BuiltinMethodType, types.MethodWrapperType, types.GetSetDescriptorType, types.MemberDescriptorType)):
         return o.OpaqueVariable(value, _pin(tx, value, source))
     if type(value) is TUPLE_ITERATOR and source is not None:
-        # A loop's iterator handed to a resume function (kiln/capture/graph_break.py): the items
+        # A loop's iterator handed to a resume function (kiln/capture/resume_at_break.py): the items
         # it has left, guarded as a tuple; the iterator itself is a temporary nobody else sees.
         _guard(tx, "TYPE_MATCH", source, TUPLE_ITERATOR)
         rest = wrap(tx, remaining_items(value), RemainingItemsSource(source))
         return c.IteratorVariable(rest.items)
     if isinstance(value, BaseException):
-        from kiln.capture.exceptions import ExceptionVariable
-
         return ExceptionVariable(type(value), (), value)
     # Any other object: its attributes are read (and guarded) one at a time.
     if source is not None and source.is_local():
@@ -182,27 +163,7 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
 
 
 def _attr(source: Source, name: str) -> Source:
-    from kiln.capture.sources import AttrSource
-
     return AttrSource(source, name)
 
 
-def wrap_dict_contents(tx: Any, value: dict, source: Source | None) -> Variable:
-    """A DictVariable of `value`'s items, guarding its keys (not its type: the caller's business)."""
-    from kiln.capture.variables import containers as c
-
-    if source is not None:
-        keys = list(value.keys())
-        if all(is_literal(k) for k in keys):
-            tx.output.guards.add(Guard("EQUALS", KeysSource(source), keys))
-        else:
-            _guard(tx, "LENGTH_MATCH", source, len(value))
-    pairs = []
-    for k, v in value.items():
-        key = _build(tx, k, None)
-        pairs.append((key, wrap(tx, v, ItemSource(source, k)) if source is not None else _build(tx, v, None)))
-    d = c.DictVariable.from_pairs(pairs, cls=type(value) if type(value) in (dict, OrderedDict, defaultdict) else dict)
-    d.source = source
-    if isinstance(value, defaultdict) and value.default_factory is not None:
-        d.default_factory = _build(tx, value.default_factory, None)
-    return d
+wrapping.install(_build)

@@ -20,14 +20,19 @@ import types
 import typing
 from typing import Any, Callable, Sequence
 
-from kiln.capture.breaks import unsupported
-from kiln.capture.exceptions import ExceptionVariable, UserRaise, raise_real
-from kiln.capture.operators import _BY_FUNCTION, _INPLACE_TO_BINARY, apply_binary, apply_unary, contains, identical, text_of
-from kiln.capture.variables.base import RealValueVariable, Variable
+from kiln.capture.break_records import unsupported
+from kiln.capture.python_operators import (_BY_FUNCTION, _INPLACE_TO_BINARY, apply_binary, apply_unary, contains, identical,
+                                           store_subscript, subscript, text_of)
+from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
+from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
 from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
 from kiln.capture.variables.containers import (
     DictVariable, IteratorVariable, ListVariable, SetVariable, TupleVariable, hash_key,
 )
+from kiln.capture.variables.functions import BoundMethodVariable, FunctionVariableBase, PartialVariable
+from kiln.capture.variables.objects import ClassVariable, ObjectSlotVariable, SuperVariable, UserObjectVariable, class_lookup
+from kiln.capture.variables.tensor import TensorVariable
+from kiln.capture.variables.wrapping import wrap_constant_result
 
 Handler = Callable[..., Variable]
 HANDLERS: dict[Any, Handler] = {}
@@ -89,18 +94,12 @@ class BuiltinVariable(RealValueVariable):
         if name in ("__name__", "__qualname__", "__module__"):
             return const(getattr(self.value, name))
         if name == "fromkeys" and self.value in (dict, collections.OrderedDict):  # a classmethod: see call_method
-            from kiln.capture.variables.functions import BoundBuiltinMethod
-
             return BoundBuiltinMethod(self, name)
         if self.value is object and name in _OBJECT_SLOTS:  # `object.__setattr__(self, ...)` (frozen dataclasses)
-            from kiln.capture.variables.objects import ObjectSlotVariable
-
             return ObjectSlotVariable(name)
         if isinstance(self.value, type) and not name.startswith("__") and isinstance(inspect.getattr_static(self.value, name, None), _METHOD_DESCRIPTORS):
             return UnboundBuiltinMethod(self.value, name)
         if isinstance(self.value, type):
-            from kiln.capture.variables.objects import ClassVariable
-
             return ClassVariable(self.value).getattr(tx, name)
         return super().getattr(tx, name)
 
@@ -109,8 +108,6 @@ class BuiltinVariable(RealValueVariable):
             value = args[1] if len(args) > 1 else const(None)
             return DictVariable.from_pairs([(k, value) for k in args[0].iterate(tx)], cls=self.value)
         if self.value is object and name in _OBJECT_SLOTS:
-            from kiln.capture.variables.objects import ObjectSlotVariable
-
             return ObjectSlotVariable(name).call(tx, args, kwargs)
         if isinstance(self.value, type) and self.value in (str, int, float, tuple, list, dict, bytes):
             # str.join(sep, items) and the like: unbound methods of builtin types
@@ -146,15 +143,11 @@ class UnboundBuiltinMethod(Variable):
             raise raise_real(TypeError(f"unbound method {self.cls.__name__}.{self.name}() needs an argument"))
         if args[0].python_type() is not self.cls:
             # A subclass may override the method this call means to bypass: the class's own reading.
-            from kiln.capture.variables.objects import ClassVariable
-
             return ClassVariable(self.cls).getattr(tx, self.name).call(tx, args, kwargs)
         return args[0].call_method(tx, self.name, list(args[1:]), kwargs)
 
 
 def constant_fold(fn: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
-    from kiln.capture.variables.builder import wrap_constant_result
-
     if not all(is_plain_data(a) for a in (*args, *kwargs.values())):
         name = getattr(fn, "__qualname__", None) or repr(fn)
         raise unsupported("unsupported_call", f"{name}() called with {', '.join(a.describe() for a in args)} while capturing")
@@ -216,16 +209,11 @@ def _issubclass(tx: Any, cls: Variable, classes: Variable) -> Variable:
 def _type(tx: Any, obj: Variable, *rest: Variable) -> Variable:
     if rest:
         raise unsupported("unsupported_call", "type() with three arguments (making a class) while capturing")
-    from kiln.capture.variables.builder import wrap_constant_result
-
     return wrap_constant_result(_class_of(obj))
 
 
 @handles(callable)
 def _callable(tx: Any, obj: Variable) -> Variable:
-    from kiln.capture.variables.functions import FunctionVariableBase, BoundMethodVariable, PartialVariable
-    from kiln.capture.variables.objects import ClassVariable, UserObjectVariable, class_lookup
-
     if isinstance(obj, (FunctionVariableBase, BoundMethodVariable, PartialVariable, ClassVariable, BuiltinVariable)):
         return const(True)
     if isinstance(obj, UserObjectVariable):
@@ -270,8 +258,6 @@ def _setattr(tx: Any, obj: Variable, name: Variable, value: Variable) -> Variabl
 
 @handles(delattr)
 def _delattr(tx: Any, obj: Variable, name: Variable) -> Variable:
-    from kiln.capture.variables.objects import UserObjectVariable
-
     if isinstance(obj, UserObjectVariable):
         obj.setattr_plain(tx, name.as_constant(), None)
         return const(None)
@@ -378,8 +364,6 @@ def _extreme(pick: Callable, tx: Any, *args: Variable, key: Variable | None = No
         if default is not None:
             return default
         raise raise_real(ValueError(f"{pick.__name__}() arg is an empty sequence"))
-    from kiln.capture.variables.tensor import TensorVariable
-
     if any(isinstance(i, TensorVariable) for i in items):
         raise unsupported("data_dependent_branch", f"{pick.__name__}() over tensors compares their values")
     keys = [key.call(tx, [i], {}).as_constant() if key is not None else i.as_constant() for i in items]
@@ -442,8 +426,6 @@ def _frozenset(tx: Any, seq: Variable | None = None) -> Variable:
 
 def _scalar(cls: type) -> Handler:
     def convert(tx: Any, *args: Variable, **kwargs: Variable) -> Variable:
-        from kiln.capture.variables.tensor import TensorVariable
-
         if args and isinstance(args[0], TensorVariable):
             raise unsupported("data_dependent", f"{cls.__name__}() of a tensor reads its data while capturing",
                               "the graph breaks here; keep the value a tensor to stay in one graph")
@@ -462,8 +444,6 @@ for _cls in (int, float, bool, str, complex, bytes):
 
 @handles(object)
 def _object(tx: Any) -> Variable:
-    from kiln.capture.variables.objects import UserObjectVariable
-
     return UserObjectVariable(None, None, object)
 
 
@@ -472,8 +452,6 @@ def _object(tx: Any) -> Variable:
 
 @handles(functools.partial)
 def _partial(tx: Any, fn: Variable, *args: Variable, **kwargs: Variable) -> Variable:
-    from kiln.capture.variables.functions import PartialVariable
-
     return PartialVariable(fn, list(args), dict(kwargs))
 
 
@@ -510,8 +488,6 @@ def _islice(tx: Any, seq: Variable, *bounds: Variable) -> Variable:
 
 @handles(operator.getitem)
 def _getitem(tx: Any, obj: Variable, key: Variable) -> Variable:
-    from kiln.capture.interpreter import subscript
-
     return subscript(tx, obj, key)
 
 
@@ -570,8 +546,6 @@ def _call_getter(tx: Any, getter: Any, args: Sequence[Variable], kwargs: dict[st
         call_kwargs = maker.keywords if isinstance(maker, functools.partial) else {}
         return obj.call_method(tx, name, [const(a) for a in call_args], {k: const(v) for k, v in call_kwargs.items()})
     if isinstance(getter, operator.itemgetter):
-        from kiln.capture.interpreter import subscript
-
         results = [subscript(tx, obj, const(key)) for key in parts]
     else:
         results = [_dotted_getattr(tx, obj, name) for name in parts]
@@ -586,8 +560,6 @@ def _dotted_getattr(tx: Any, obj: Variable, dotted: str) -> Variable:
 
 @handles(operator.setitem)
 def _setitem(tx: Any, obj: Variable, key: Variable, value: Variable) -> Variable:
-    from kiln.capture.interpreter import store_subscript
-
     store_subscript(tx, obj, key, value)
     return const(None)
 
@@ -616,8 +588,6 @@ def _copy(tx: Any, x: Variable) -> Variable:
 
 @handles(dataclasses.fields)
 def _fields(tx: Any, x: Variable) -> Variable:
-    from kiln.capture.variables.builder import wrap_constant_result
-
     return wrap_constant_result(dataclasses.fields(x.python_type() if not isinstance(x.as_constant() if x.is_constant() else None, type) else x.as_constant()))
 
 
@@ -638,8 +608,6 @@ for _fn in (inspect.isclass, inspect.isfunction, inspect.ismethod):
 
 @handles(builtins.divmod)
 def _divmod(tx: Any, a: Variable, b: Variable) -> Variable:
-    from kiln.capture.variables.tensor import TensorVariable
-
     if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):  # Tensor has no __divmod__
         raise raise_real(TypeError(f"unsupported operand type(s) for divmod(): '{a.python_type().__name__}' and '{b.python_type().__name__}'"))
     return TupleVariable([apply_binary(tx, operator.floordiv, a, b), apply_binary(tx, operator.mod, a, b)])
@@ -659,8 +627,6 @@ def _hash(tx: Any, x: Variable) -> Variable:
 
 @handles(super)
 def _super(tx: Any, *args: Variable) -> Variable:
-    from kiln.capture.variables.objects import SuperVariable
-
     if not args:
         return tx.zero_arg_super()
     return SuperVariable(args[0].as_constant(), args[1])

@@ -8,9 +8,10 @@ from typing import Any, Sequence
 
 import torch
 
-from kiln.capture.breaks import unsupported
-from kiln.capture.exceptions import raise_real
+from kiln.capture.break_records import unsupported
+from kiln.capture.user_exceptions import raise_real
 from kiln.capture.variables.base import RealValueVariable, Variable
+from kiln.capture.variables.wrapping import wrap_constant_result
 
 LITERAL_TYPES = (
     type(None), bool, int, float, complex, str, bytes, type(Ellipsis), type(NotImplemented),
@@ -27,6 +28,7 @@ def is_literal(value: Any) -> bool:
 
 def is_plain_data(var: Variable) -> bool:
     """A constant, or a list/tuple/set/dict built only of constants: safe to hand to a pure function."""
+    # containers.py imports this module (ConstantVariable)
     from kiln.capture.variables.containers import BaseSequenceVariable, DictVariable, SetVariable
 
     if var.is_constant():
@@ -42,6 +44,7 @@ def is_plain_data(var: Variable) -> bool:
 
 def plain_data(var: Variable) -> Any:
     """The Python value of a variable that `is_plain_data`: a fresh copy for mutable containers."""
+    # containers.py imports this module (ConstantVariable)
     from kiln.capture.variables.containers import BaseSequenceVariable, DictVariable, SetVariable
 
     if var.is_constant():
@@ -82,8 +85,6 @@ class ConstantVariable(RealValueVariable):
             raise raise_real(error) from None
         if callable(attr) and not isinstance(attr, type):
             return ConstantMethodVariable(self.value, name)
-        from kiln.capture.variables.builder import wrap_constant_result
-
         return wrap_constant_result(attr)
 
 
@@ -101,10 +102,8 @@ class ConstantMethodVariable(Variable):
         return f"method {type(self.obj).__name__}.{self.name}"
 
     def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
-        from kiln.capture.variables.builder import wrap_constant_result
-
         if self.name == "join" and len(args) == 1 and not is_plain_data(args[0]):
-            from kiln.capture.variables.containers import TupleVariable
+            from kiln.capture.variables.containers import TupleVariable  # containers.py imports this module
 
             args = [TupleVariable(args[0].iterate(tx))]  # "".join(generator): the items it yields
         if not all(is_plain_data(a) for a in (*args, *kwargs.values())):

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import operator
 import types
+from collections import OrderedDict, defaultdict
 from typing import Any, Callable, Sequence
 
 import torch
 
-from kiln.capture.breaks import unsupported
-from kiln.capture.exceptions import ExceptionVariable, UserRaise, raise_real
-from kiln.capture.variables.base import Variable
-from kiln.capture.variables.constant import ConstantVariable
+from kiln.capture.break_records import unsupported
+from kiln.capture.guards import Guard
+from kiln.capture.sources import ItemSource, KeysSource, Source
+from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
+from kiln.capture.variables.base import BoundBuiltinMethod, Variable
+from kiln.capture.variables.constant import ConstantVariable, is_literal
+from kiln.capture.variables.wrapping import wrap
 
 
 def const(value: Any) -> ConstantVariable:
@@ -67,7 +71,7 @@ def equal(tx: Any, a: Variable, b: Variable) -> bool:
         return a.entries.keys() == b.entries.keys() and all(equal(tx, v, b.entries[k][1]) for k, (_, v) in a.entries.items())
     if isinstance(a, SetVariable) and isinstance(b, SetVariable):
         return a.entries.keys() == b.entries.keys()
-    from kiln.capture.variables.tensor import TensorVariable
+    from kiln.capture.variables.tensor import TensorVariable  # tensor.py imports this module (SizeVariable)
 
     if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
         raise unsupported("data_dependent_branch", "comparing tensors with == inside a container operation")
@@ -131,8 +135,6 @@ class BaseSequenceVariable(Variable):
         return any(equal(tx, item, x) for x in self.items)
 
     def getattr(self, tx: Any, name: str) -> Variable:
-        from kiln.capture.variables.functions import BoundBuiltinMethod
-
         if name in self.methods():
             return BoundBuiltinMethod(self, name)
         raise raise_real(AttributeError(f"'{self.python_type().__name__}' object has no attribute '{name}'"))
@@ -402,8 +404,6 @@ class DictVariable(Variable):
         return hash_key(key) in self.entries
 
     def getattr(self, tx: Any, name: str) -> Variable:
-        from kiln.capture.variables.functions import BoundBuiltinMethod
-
         if name in self.methods():
             return BoundBuiltinMethod(self, name)
         raise raise_real(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
@@ -471,6 +471,25 @@ class DictVariable(Variable):
         return const(None)
 
 
+def wrap_dict_contents(tx: Any, value: dict, source: Source | None) -> Variable:
+    """A DictVariable of `value`'s items, guarding its keys (not its type: the caller's business)."""
+    if source is not None:
+        keys = list(value.keys())
+        if all(is_literal(k) for k in keys):
+            tx.output.guards.add(Guard("EQUALS", KeysSource(source), keys))
+        elif tx is not None:
+            tx.output.guards.add(Guard("LENGTH_MATCH", source, len(value)))
+    pairs = []
+    for k, v in value.items():
+        key = wrap(tx, k, None)
+        pairs.append((key, wrap(tx, v, ItemSource(source, k)) if source is not None else wrap(tx, v, None)))
+    d = DictVariable.from_pairs(pairs, cls=type(value) if type(value) in (dict, OrderedDict, defaultdict) else dict)
+    d.source = source
+    if isinstance(value, defaultdict) and value.default_factory is not None:
+        d.default_factory = wrap(tx, value.default_factory, None)
+    return d
+
+
 class ListViewVariable(TupleVariable):
     """dict.keys()/values()/items(): iterable snapshots (kiln does not track later dict changes)."""
 
@@ -519,8 +538,6 @@ class SetVariable(Variable):
             tx.output.side_effects.record_mutation(self)
 
     def getattr(self, tx: Any, name: str) -> Variable:
-        from kiln.capture.variables.functions import BoundBuiltinMethod
-
         if name in _SET_METHODS:
             return BoundBuiltinMethod(self, name)
         raise raise_real(AttributeError(f"'{self.python_type().__name__}' object has no attribute '{name}'"))
@@ -616,8 +633,6 @@ class IteratorVariable(Variable):
         return True
 
     def getattr(self, tx: Any, name: str) -> Variable:
-        from kiln.capture.variables.functions import BoundBuiltinMethod
-
         if name in ("__next__", "__iter__"):
             return BoundBuiltinMethod(self, name)
         return super().getattr(tx, name)

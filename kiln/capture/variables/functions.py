@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from typing import Any, Sequence
 
-from kiln.capture.breaks import unsupported
-from kiln.capture.exceptions import raise_real
-from kiln.capture.sources import AttrSource, ClosureSource, DefaultSource
-from kiln.capture.variables.base import Variable
-from kiln.capture.variables.constant import ConstantVariable
+from kiln.capture.break_records import unsupported
+from kiln.capture.sources import AttrSource, ClosureSource, ConstSource, DefaultSource
+from kiln.capture.user_exceptions import raise_real
+from kiln.capture.variables.base import BoundBuiltinMethod, Variable
+from kiln.capture.variables.constant import ConstantVariable, is_literal
+from kiln.capture.variables.containers import DictVariable, GeneratorIterator, TupleVariable, hash_key
+from kiln.capture.variables.wrapping import wrap, wrap_constant_result
 
 CO_VARARGS, CO_VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
 CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR = inspect.CO_GENERATOR, inspect.CO_COROUTINE, inspect.CO_ASYNC_GENERATOR
@@ -83,9 +86,6 @@ class FunctionVariableBase(Variable):
         if name == "__code__":
             return ConstantVariable(self.code)
         if name == "__globals__":
-            from kiln.capture.variables.builder import wrap
-            from kiln.capture.sources import ConstSource
-
             return wrap(tx, self.f_globals, ConstSource(self.f_globals, "globals"))
         return super().getattr(tx, name)
 
@@ -101,9 +101,6 @@ class FunctionVariableBase(Variable):
 
 
 def _default(tx: Any, value: Any, source: Any) -> Variable:
-    from kiln.capture.variables.builder import wrap, wrap_constant_result
-    from kiln.capture.variables.constant import is_literal
-
     return wrap_constant_result(value) if is_literal(value) else wrap(tx, value, source)
 
 
@@ -123,16 +120,12 @@ class UserFunctionVariable(FunctionVariableBase):
         return self.value
 
     def defaults(self, tx: Any) -> list[Variable]:
-        from kiln.capture.variables.builder import wrap
-
         # Defaults belong to the function, which is pinned by identity; reassigning
         # `fn.__defaults__` later is not noticed (README: limits).
         values = self.value.__defaults__ or ()
         return [_default(tx, v, DefaultSource(self.source, i) if self.source is not None else None) for i, v in enumerate(values)]
 
     def kwdefaults(self, tx: Any) -> dict[str, Variable]:
-        from kiln.capture.variables.builder import wrap
-
         values = self.value.__kwdefaults__ or {}
         return {k: _default(tx, v, DefaultSource(self.source, k, True) if self.source is not None else None) for k, v in values.items()}
 
@@ -144,8 +137,6 @@ class UserFunctionVariable(FunctionVariableBase):
         # __name__ and __qualname__ are read from the function: functools.wraps rewrites them
         if name in ("__get__", "__code__", "__globals__"):
             return super().getattr(tx, name)
-        from kiln.capture.variables.builder import wrap
-
         try:
             value = getattr(self.value, name)
         except AttributeError as error:
@@ -160,8 +151,6 @@ class NestedFunctionVariable(FunctionVariableBase):
     SLOTS = ("__name__", "__qualname__", "__doc__", "__module__", "__annotations__", "__type_params__")
 
     def __init__(self, code: types.CodeType, f_globals: dict, qualname: str, defaults: list[Variable], kwdefaults: dict[str, Variable], closure: list[Variable], annotations: Variable | None = None) -> None:
-        from kiln.capture.variables.containers import DictVariable
-
         super().__init__(None)
         self.code, self.f_globals, self.qualname = code, f_globals, qualname
         self._defaults, self._kwdefaults, self._closure = defaults, kwdefaults, closure
@@ -186,8 +175,6 @@ class NestedFunctionVariable(FunctionVariableBase):
         if name == "__annotations__":
             return self.annotations
         if name == "__type_params__":
-            from kiln.capture.variables.containers import TupleVariable
-
             return TupleVariable([])
         if name == "__doc__":
             consts = self.code.co_consts
@@ -216,8 +203,6 @@ class NestedFunctionVariable(FunctionVariableBase):
 
 
 def _dict_entry(d: Variable, name: str) -> Variable | None:
-    from kiln.capture.variables.containers import hash_key
-
     entry = d.entries.get(hash_key(ConstantVariable(name)))
     return entry[1] if entry is not None else None
 
@@ -254,39 +239,18 @@ class BoundMethodVariable(Variable):
         return self.func.getattr(tx, name)
 
 
-class BoundBuiltinMethod(Variable):
-    """A method of a modelled value (list.append, dict.get, ...), dispatched to its `call_method`."""
-
-    def __init__(self, obj: Variable, name: str) -> None:
-        super().__init__(None)
-        self.obj, self.name = obj, name
-
-    def python_type(self) -> type:
-        return types.BuiltinMethodType
-
-    def describe(self) -> str:
-        return f"method {self.name} of {self.obj.describe()}"
-
-    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
-        return self.obj.call_method(tx, self.name, args, kwargs)
-
-
 class PartialVariable(Variable):
     def __init__(self, func: Variable, args: list[Variable], kwargs: dict[str, Variable], source: Any = None) -> None:
         super().__init__(source)
         self.func, self.args, self.kwargs = func, args, kwargs
 
     def python_type(self) -> type:
-        import functools
-
         return functools.partial
 
     def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         return self.func.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
 
     def getattr(self, tx: Any, name: str) -> Variable:
-        from kiln.capture.variables.containers import DictVariable, TupleVariable
-
         if name == "func":
             return self.func
         if name == "args":
@@ -308,8 +272,6 @@ class GeneratorVariable(Variable):
         return types.GeneratorType
 
     def _items(self, tx: Any) -> Any:
-        from kiln.capture.variables.containers import GeneratorIterator
-
         if self.iterator is None:
             self.iterator = GeneratorIterator(tx.generator_frame(self.fn, self.args, self.kwargs))
         return self.iterator

@@ -19,13 +19,17 @@ from torch.nn.modules import module as module_file
 from torch.utils.hooks import RemovableHandle
 
 from kiln.capture import module_watch
-from kiln.capture.breaks import unsupported
-from kiln.capture.exceptions import raise_real
+from kiln.capture.break_records import unsupported
 from kiln.capture.guards import Guard
 from kiln.capture.sources import AttrSource, ConstSource, Source
+from kiln.capture.user_exceptions import raise_real
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable, is_literal
+from kiln.capture.variables.containers import DictVariable, IteratorVariable, ListViewVariable, TupleVariable
+from kiln.capture.variables.functions import BoundMethodVariable
 from kiln.capture.variables.objects import UserObjectVariable, class_lookup, wrap_class_attr, _MISSING
+from kiln.capture.variables.tensor import TensorVariable
+from kiln.capture.variables.wrapping import wrap, wrap_constant_result
 
 _GLOBAL_HOOKS = ("_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_hooks",
                  "_global_forward_pre_hooks", "_global_forward_hooks_always_called", "_global_forward_hooks_with_kwargs")
@@ -53,8 +57,6 @@ class ModuleVariable(UserObjectVariable):
     def _instance_attr(self, tx: Any, name: str) -> Variable | None:
         # Plain attributes of a watched module need no guard of their own (module_watch.py);
         # only what is reached through a mutable one (a list's items, an object's fields) does.
-        from kiln.capture.variables.builder import wrap, wrap_constant_result
-
         written, value = tx.output.side_effects.pending_attr(self, name)
         if written:
             return value
@@ -84,8 +86,6 @@ class ModuleVariable(UserObjectVariable):
         if name == "__class__":
             return super().getattr(tx, name)
         if name in ("_modules", "_parameters", "_buffers"):
-            from kiln.capture.variables.containers import DictVariable
-
             table = getattr(self.value, name)
             return DictVariable.from_pairs([(ConstantVariable(k), self._registered(tx, k)) for k in table])
         raw, owner = class_lookup(type(self.value), name)
@@ -96,8 +96,6 @@ class ModuleVariable(UserObjectVariable):
             return found
         if raw is not _MISSING:
             if raw is nn.Module.__call__ or raw is nn.Module._call_impl:
-                from kiln.capture.variables.functions import BoundMethodVariable
-
                 return BoundMethodVariable(ModuleCallVariable(), self)
             return wrap_class_attr(tx, raw, owner, name, self)
         registered = self._registered(tx, name)
@@ -105,16 +103,12 @@ class ModuleVariable(UserObjectVariable):
             return registered
         hook, _ = class_lookup(type(self.value), "__getattr__")
         if isinstance(hook, types.FunctionType) and hook is not nn.Module.__getattr__:
-            from kiln.capture.variables.builder import wrap_constant_result
-
             return wrap_constant_result(hook).call(tx, [self, ConstantVariable(name)], {})
         raise raise_real(AttributeError(f"'{type(self.value).__name__}' object has no attribute '{name}'"))
 
     def setattr(self, tx: Any, name: str, value: Variable) -> None:
         if isinstance(value, ModuleVariable) or name in self.value._parameters or name in self.value._buffers or name in self.value._modules:
             raise unsupported("unsupported_setattr", f"assigning module/parameter/buffer {name!r} of {self.describe()} inside a compiled function")
-        from kiln.capture.variables.tensor import TensorVariable
-
         if isinstance(value, TensorVariable):
             raise unsupported("unsupported_setattr", f"storing a tensor on {self.describe()} inside a compiled function")
         tx.output.side_effects.record_setattr(self, name, value)
@@ -148,8 +142,6 @@ class ModuleVariable(UserObjectVariable):
         return super().truth(tx)
 
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
-        from kiln.capture.variables.containers import ListViewVariable, TupleVariable
-
         if isinstance(self.value, _CONTAINER_TYPES):
             children = self._children(tx)
             if name == "__getitem__":
@@ -165,8 +157,6 @@ class ModuleVariable(UserObjectVariable):
             if name == "__len__":
                 return ConstantVariable(len(children))
             if name == "__iter__":
-                from kiln.capture.variables.containers import IteratorVariable
-
                 return IteratorVariable(self.iterate(tx))
             if name == "__contains__":
                 return ConstantVariable(args[0].as_constant() in dict(children))
@@ -255,8 +245,6 @@ def _guard_no_global_hooks(tx: Any) -> None:
 
 def call_module(tx: Any, module: ModuleVariable, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
     """What `nn.Module._call_impl` does: forward pre-hooks, forward, forward hooks, all inlined."""
-    from kiln.capture.variables.containers import TupleVariable
-
     m = module.value
     _guard_no_global_hooks(tx)
     if m._backward_hooks or m._backward_pre_hooks:
@@ -288,14 +276,10 @@ def call_module(tx: Any, module: ModuleVariable, args: Sequence[Variable], kwarg
 def _hook(tx: Any, module: ModuleVariable, hook: Any, what: str) -> Variable:
     # With a source, what the hook changes in its closure (a list it appends to) is replayed.
     # The hook itself is pinned: adding or removing one moves the module_watch version.
-    from kiln.capture.variables.builder import wrap
-
     return wrap(tx, hook, ConstSource(hook, f"{module.path} {what}"))
 
 
 def _kwargs_dict(kwargs: dict[str, Variable]) -> Variable:
-    from kiln.capture.variables.containers import DictVariable
-
     return DictVariable.from_pairs([(ConstantVariable(k), v) for k, v in kwargs.items()])
 
 

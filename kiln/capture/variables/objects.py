@@ -9,16 +9,23 @@ their attributes here and are rebuilt if they escape.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import enum
 import functools
 import types
 from typing import Any, Sequence
 
-from kiln.capture.breaks import unsupported
-from kiln.capture.exceptions import ExceptionVariable, UserRaise, raise_real
+from torch import nn
+
+from kiln.capture.break_records import unsupported
 from kiln.capture.guards import Guard
 from kiln.capture.sources import AttrSource, ConstSource, InstanceDictSource, ItemSource, Source
-from kiln.capture.variables.base import RealValueVariable, Variable
-from kiln.capture.variables.constant import ConstantVariable
+from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
+from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
+from kiln.capture.variables.constant import ConstantVariable, is_literal
+from kiln.capture.variables.containers import ListViewVariable, NamedTupleVariable, TupleVariable, wrap_dict_contents
+from kiln.capture.variables.functions import BoundMethodVariable
+from kiln.capture.variables.wrapping import wrap, wrap_constant_result
 
 _MISSING = object()
 _CONTAINER_BASES = (dict, collections.OrderedDict)
@@ -38,9 +45,6 @@ def class_attr_source(owner: type, name: str) -> Source:
 
 def wrap_class_attr(tx: Any, raw: Any, owner: type, name: str, instance: Variable | None, cls_var: Variable | None = None) -> Variable:
     """What `instance.name` (or `cls.name`) gives for a class attribute `raw`, descriptors applied."""
-    from kiln.capture.variables.builder import wrap, wrap_constant_result
-    from kiln.capture.variables.functions import BoundMethodVariable
-
     pending = pending_class_attr(tx, owner, name)
     if pending is not None:
         return pending
@@ -128,8 +132,6 @@ class UserObjectVariable(Variable):
             return value
         instance_dict = getattr(self.value, "__dict__", None)
         if instance_dict is not None and name in instance_dict:
-            from kiln.capture.variables.builder import wrap
-
             # Guarded through the dict, as read: no class __getattribute__ runs in the guard.
             return wrap(tx, instance_dict[name], ItemSource(self._dict_source(), name) if self.source is not None else None)
         return None
@@ -139,8 +141,6 @@ class UserObjectVariable(Variable):
 
     def container_view(self, tx: Any) -> Variable | None:
         """For a real dict/list subclass: its contents as a DictVariable/ListVariable (guarded)."""
-        from kiln.capture.variables.builder import wrap_dict_contents
-
         if self.is_new or not isinstance(self.value, dict):
             return None
         view = tx.output.wrapped.get(("view", self.source)) if self.source is not None else None
@@ -167,8 +167,6 @@ class UserObjectVariable(Variable):
             tx.output.guards.add(Guard("DICT_CONTAINS", AttrSource(ConstSource(klass, klass.__qualname__), "__dict__"), False, name))
 
     def getattr_real(self, tx: Any, name: str) -> Variable:
-        from kiln.capture.variables.builder import wrap
-
         if self.is_new:
             raise unsupported("unsupported_attribute", f"attribute {name!r} of a {self.describe()} made while capturing")
         try:
@@ -216,24 +214,18 @@ class UserObjectVariable(Variable):
         self._guard_missing(tx, name)  # also when __getattr__ answers: it runs only while `name` is missing
         getattr_hook, _ = class_lookup(self.cls, "__getattr__")
         if fallback and isinstance(getattr_hook, types.FunctionType):
-            from kiln.capture.variables.builder import wrap_constant_result
-
             return wrap_constant_result(getattr_hook).call(tx, [self, ConstantVariable(name)], {})
         raise raise_real(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
 
     def setattr(self, tx: Any, name: str, value: Variable) -> None:
         hook, _ = class_lookup(self.cls, "__setattr__")
         if isinstance(hook, types.FunctionType):
-            from kiln.capture.variables.builder import wrap_constant_result
-
             wrap_constant_result(hook).call(tx, [self, ConstantVariable(name), value], {})
             return
         raw, _ = class_lookup(self.cls, name)
         if isinstance(raw, property):
             if raw.fset is None:
                 raise raise_real(AttributeError(f"can't set attribute {name!r}"))
-            from kiln.capture.variables.builder import wrap_constant_result
-
             wrap_constant_result(raw.fset).call(tx, [self, value], {})
             return
         self.setattr_plain(tx, name, value)
@@ -324,16 +316,11 @@ class ClassVariable(RealValueVariable):
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantVariable(getattr(self.value, name))
         if name == "__mro__":
-            from kiln.capture.variables.containers import TupleVariable
-
             return TupleVariable([ClassVariable(k) for k in self.value.__mro__])
         raw, owner = class_lookup(self.value, name)
         if raw is _MISSING:
             meta_raw, meta_owner = class_lookup(type(self.value), name)
             if meta_raw is not _MISSING and isinstance(meta_raw, types.FunctionType):
-                from kiln.capture.variables.builder import wrap_constant_result
-                from kiln.capture.variables.functions import BoundMethodVariable
-
                 return BoundMethodVariable(wrap_constant_result(meta_raw), self)
             raise raise_real(AttributeError(f"type object '{self.value.__name__}' has no attribute '{name}'"))
         return wrap_class_attr(tx, raw, owner, name, None, self)
@@ -348,13 +335,9 @@ class ClassVariable(RealValueVariable):
         cls = self.value
         if issubclass(cls, BaseException):
             return ExceptionVariable.construct(cls, tuple(args), kwargs)
-        from kiln.capture.variables.builder import _is_model_output
-
         if _is_model_output(cls):
             return ModelOutputVariable.construct(tx, cls, args, kwargs)
         if hasattr(cls, "_fields") and issubclass(cls, tuple):
-            from kiln.capture.variables.containers import NamedTupleVariable
-
             fields = list(cls._fields)
             values = dict(zip(fields, args))
             values.update(kwargs)
@@ -370,8 +353,6 @@ class ClassVariable(RealValueVariable):
         new, _ = class_lookup(cls, "__new__")
         if new is not object.__new__ and not isinstance(new, staticmethod) or isinstance(new, staticmethod) and new.__func__ is not object.__new__:
             raise unsupported("unsupported_call", f"building a {cls.__qualname__} (it defines __new__) while capturing")
-        from torch import nn
-
         if issubclass(cls, nn.Module):
             raise unsupported("unsupported_call", f"building the module {cls.__qualname__} inside a compiled function", "build modules outside the compiled code")
         obj = UserObjectVariable(None, None, cls)
@@ -388,15 +369,15 @@ class ClassVariable(RealValueVariable):
         return super().call_method(tx, name, args, kwargs)
 
 
-def _constant(value: Any) -> Variable:
-    from kiln.capture.variables.builder import wrap_constant_result
+def _is_model_output(cls: type) -> bool:
+    return any(base.__name__ == "ModelOutput" and base.__module__.startswith("transformers") for base in cls.__mro__)
 
+
+def _constant(value: Any) -> Variable:
     return wrap_constant_result(value)
 
 
 def _constructs_constant(cls: type) -> bool:
-    import enum
-
     return issubclass(cls, enum.Enum)
 
 
@@ -414,8 +395,6 @@ class PythonModuleVariable(Variable):
         return f"module {self.value.__name__}"
 
     def getattr(self, tx: Any, name: str) -> Variable:
-        from kiln.capture.variables.builder import wrap
-
         try:
             value = getattr(self.value, name)
         except AttributeError as error:
@@ -430,8 +409,6 @@ class PythonModuleVariable(Variable):
 
 
 def _is_definition(value: Any) -> bool:
-    from kiln.capture.variables.constant import is_literal
-
     return callable(value) or isinstance(value, (type, types.ModuleType)) or is_literal(value)
 
 
@@ -486,18 +463,14 @@ class SuperVariable(Variable):
                 if klass in _CONTAINER_BASES and isinstance(self.obj, UserObjectVariable) and self.obj.container_view(tx) is not None:
                     return self.obj.container_view(tx).getattr(tx, name)
                 if isinstance(raw, classmethod):
-                    from kiln.capture.variables.functions import BoundMethodVariable
-
                     cls_var = self.obj if isinstance(self.obj, ClassVariable) else ClassVariable(obj_type)
                     return BoundMethodVariable(_constant(raw.__func__), cls_var)
                 if raw is object.__init__ or raw is object.__setattr__ or klass is object and callable(raw):
                     return ObjectSlotVariable(name, self.obj)
-                from kiln.capture.variables.torch_fns import special_callable
+                from kiln.capture.variables.torch_fns import special_callable  # torch_fns.py imports modules.py, which imports this module
 
                 special = special_callable(raw)
                 if special is not None:
-                    from kiln.capture.variables.functions import BoundMethodVariable
-
                     return BoundMethodVariable(special, self.obj)
                 return wrap_class_attr(tx, raw, klass, name, instance)
         raise raise_real(AttributeError(f"'super' object has no attribute '{name}'"))
@@ -550,8 +523,6 @@ class InstanceDictVariable(Variable):
         return found
 
     def getattr(self, tx: Any, name: str) -> Variable:
-        from kiln.capture.variables.functions import BoundBuiltinMethod
-
         if name in ("get", "__getitem__", "__contains__"):
             return BoundBuiltinMethod(self, name)
         raise unsupported("unsupported_attribute", f"{name} of {self.describe()}")
@@ -574,7 +545,7 @@ class InstanceDictVariable(Variable):
 
 
 def _module_variable_type() -> type:
-    from kiln.capture.variables.modules import ModuleVariable
+    from kiln.capture.variables.modules import ModuleVariable  # modules.py imports this module (ModuleVariable is a UserObjectVariable)
 
     return ModuleVariable
 
@@ -588,8 +559,6 @@ class ModelOutputVariable(Variable):
 
     @staticmethod
     def construct(tx: Any, cls: type, args: Sequence[Variable], kwargs: dict[str, Variable]) -> "ModelOutputVariable":
-        import dataclasses
-
         names = [f.name for f in dataclasses.fields(cls)]
         values: dict[str, Variable] = {}
         for name, arg in zip(names, args):
@@ -617,8 +586,6 @@ class ModelOutputVariable(Variable):
     def getattr(self, tx: Any, name: str) -> Variable:
         if name in self.fields:
             return self.fields[name]
-        from kiln.capture.variables.functions import BoundBuiltinMethod
-
         if name in ("to_tuple", "keys", "values", "items", "get", "__getitem__", "__setitem__", "__contains__", "__len__"):
             return BoundBuiltinMethod(self, name)
         raw, owner = class_lookup(self.cls, name)
@@ -630,8 +597,6 @@ class ModelOutputVariable(Variable):
         self.fields[name] = value
 
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
-        from kiln.capture.variables.containers import TupleVariable, ListViewVariable
-
         present = self._present()
         if name == "to_tuple":
             return TupleVariable([v for _, v in present])

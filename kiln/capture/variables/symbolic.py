@@ -9,12 +9,16 @@ seen now is used, and the shape environment records the guard that keeps it vali
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
 from torch import fx
 
 from kiln.capture.variables.base import Variable
+from kiln.capture.variables.constant import ConstantVariable
+from kiln.capture.variables.containers import SizeVariable, TupleVariable
+from kiln.capture.variables.wrapping import wrap_constant_result
 
 SYMBOLIC = (torch.SymInt, torch.SymBool, torch.SymFloat)
 
@@ -31,11 +35,6 @@ def has_symbolic(value: Any) -> bool:
 
 def wrap_symbolic(graph: fx.Graph, node: fx.Node, value: Any) -> Variable:
     """The variable for `node`, whose value is symbolic or a tuple/Size holding symbolic items."""
-    import operator
-
-    from kiln.capture.variables.builder import wrap_constant_result
-    from kiln.capture.variables.containers import SizeVariable, TupleVariable
-
     if is_symbolic(value):
         return SymNodeVariable(node, value)
     node.meta["example_value"] = value
@@ -71,8 +70,6 @@ class SymNodeVariable(Variable):
 
     def call_method(self, tx: Any, name: str, args: Any, kwargs: dict[str, Variable]) -> Variable:
         if name in ("__index__", "__int__"):
-            from kiln.capture.variables.constant import ConstantVariable
-
             return ConstantVariable(int(self.value))
         return super().call_method(tx, name, args, kwargs)
 
@@ -99,8 +96,6 @@ class SliceVariable(Variable):
 
 def make_slice(parts: list[Variable]) -> Variable:
     """The variable for `slice(*parts)`: a constant unless a bound is symbolic."""
-    from kiln.capture.variables.constant import ConstantVariable
-
     if all(p.is_constant() for p in parts):
         return ConstantVariable(slice(*[p.as_constant() for p in parts]))
     if all(p.is_constant() or isinstance(p, SymNodeVariable) for p in parts):
@@ -110,8 +105,6 @@ def make_slice(parts: list[Variable]) -> Variable:
 
 def size_item(tensor_node: fx.Node, dim: int, value: Any) -> Variable:
     """Dimension `dim` of a tensor's size: a constant, or a node reading it when symbolic."""
-    from kiln.capture.variables.constant import ConstantVariable
-
     if not is_symbolic(value):
         return ConstantVariable(int(value))
     node = tensor_node.graph.call_method("size", (tensor_node, dim))

@@ -7,11 +7,13 @@ from typing import Any, Sequence
 import torch
 from torch import fx
 
-from kiln.capture.breaks import unsupported
-from kiln.capture.exceptions import raise_real
+from kiln.capture.break_records import unsupported
+from kiln.capture.user_exceptions import raise_real
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable
-from kiln.capture.variables.symbolic import has_symbolic
+from kiln.capture.variables.containers import SizeVariable
+from kiln.capture.variables.symbolic import has_symbolic, size_item
+from kiln.capture.variables.wrapping import wrap_constant_result
 
 # Read from the fake tensor: they are fixed by the guards of the graph's inputs.
 _STATIC_ATTRS = {
@@ -44,10 +46,6 @@ class TensorVariable(Variable):
         return self.example
 
     def size(self) -> Variable:
-        from kiln.capture.variables.containers import SizeVariable
-
-        from kiln.capture.variables.symbolic import size_item
-
         return SizeVariable([size_item(self.node, i, s) for i, s in enumerate(self.example.shape)])
 
     def getattr(self, tx: Any, name: str) -> Variable:
@@ -60,8 +58,6 @@ class TensorVariable(Variable):
         if name == "grad":
             raise unsupported("unsupported_attribute", "reading tensor.grad inside a compiled function")
         if name == "__class__":
-            from kiln.capture.variables.builder import wrap_constant_result
-
             return wrap_constant_result(self.cls)
         if callable(getattr(torch.Tensor, name, None)):
             return TensorMethodVariable(self, name)
@@ -78,8 +74,6 @@ class TensorVariable(Variable):
                 raise raise_real(error) from None
             if has_symbolic(value):  # numel() or stride() of a tensor with dynamic sizes
                 return tx.output.call("call_method", name, [self, *args], kwargs)
-            from kiln.capture.variables.builder import wrap_constant_result
-
             return wrap_constant_result(value)
         if name in _DATA_DEPENDENT:
             raise unsupported(

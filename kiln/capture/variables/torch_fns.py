@@ -13,10 +13,17 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
+from torch.amp import autocast_mode
 
-from kiln.capture.breaks import unsupported
-from kiln.capture.variables.base import RealValueVariable, Variable
+from kiln.capture.break_records import unsupported
+from kiln.capture.reentry import ReenteredAutocast, set_autocast_state
+from kiln.capture.user_exceptions import raise_real
+from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
+from kiln.capture.variables.builtins import constant_fold
 from kiln.capture.variables.constant import ConstantVariable
+from kiln.capture.variables.containers import SizeVariable
+from kiln.capture.variables.modules import ModuleCallVariable
+from kiln.capture.variables.tensor import TensorVariable
 
 # torch Python functions that are operators (traced by the AOT layer), not torch internals.
 _GRAPH_MODULES = ("torch", "torch.functional", "torch.nn.functional", "torch._tensor", "torch.special", "torch.fft",
@@ -97,8 +104,6 @@ class GradModeVariable(Variable):
     def getattr(self, tx: Any, name: str) -> Variable:
         if name == "__class__":
             return TorchClassVariable(self.cls)
-        from kiln.capture.variables.functions import BoundBuiltinMethod
-
         if name in ("__enter__", "__exit__", "clone"):
             return BoundBuiltinMethod(self, name)
         return super().getattr(tx, name)
@@ -122,8 +127,6 @@ class AutocastVariable(Variable):
         return (enabled, dtype) if device == "cpu" else None
 
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
-        from torch.amp import autocast_mode
-
         if name == "__enter__":
             self.real = autocast_mode._enter_autocast(*self.args)
             tx.output.pending_restores.append(("autocast", self.real))
@@ -146,19 +149,13 @@ class ReenteredAutocastVariable(Variable):
         self.enabled, self.dtype, self.prior = enabled, dtype, prior
 
     def python_type(self) -> type:
-        from kiln.capture.reentry import ReenteredAutocast
-
         return ReenteredAutocast
 
     def block_state(self) -> tuple:
         return (self.enabled, self.dtype)
 
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
-        from kiln.capture.reentry import set_autocast_state
-
         if name == "__exit__":
-            from torch.amp import autocast_mode
-
             # The graph enters the outer state as a nested block, closed at the graph's end.
             set_autocast_state(self.prior)
             enabled, dtype = self.prior
@@ -201,23 +198,17 @@ def _set_grad_enabled(tx: Any, mode: Variable) -> Variable:
 
 
 def _size(tx: Any, items: Variable | None = None) -> Variable:
-    from kiln.capture.variables.containers import SizeVariable
-
     return SizeVariable(items.iterate(tx) if items is not None else [])
 
 
 def _fold(fn: Callable) -> Callable:
     def call(tx: Any, *args: Variable, **kwargs: Variable) -> Variable:
-        from kiln.capture.variables.builtins import constant_fold
-
         return constant_fold(fn, args, kwargs)
 
     return call
 
 
 def _is_tensor(tx: Any, x: Variable) -> Variable:
-    from kiln.capture.variables.tensor import TensorVariable
-
     return ConstantVariable(isinstance(x, TensorVariable))
 
 
@@ -235,8 +226,6 @@ def _none(*args: Any, **kwargs: Any) -> Variable:
 
 def _check(tx: Any, cond: Variable, *rest: Variable, **kwargs: Variable) -> Variable:
     if cond.is_constant() and not cond.as_constant():
-        from kiln.capture.exceptions import raise_real
-
         raise raise_real(RuntimeError("torch._check failed while capturing"))
     return ConstantVariable(None)
 
@@ -290,8 +279,6 @@ def special_callable(value: Any) -> Variable | None:
     if isinstance(value, torch.autocast):
         return AutocastVariable(value.device, value.fast_dtype, value._enabled, value._cache_enabled)
     if value in _MODULE_CALLS:
-        from kiln.capture.variables.modules import ModuleCallVariable
-
         return ModuleCallVariable()
     if getattr(value, "_torchdynamo_disable", False):
         return _Disabled(value)

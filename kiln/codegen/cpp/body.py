@@ -22,7 +22,7 @@ import sympy
 import torch
 
 from kiln.codegen.cpp.printer import _BINARY, _UNARY, CTYPES, cpp_constant, cpp_index
-from kiln.schedule.index_bounds import linear_stride, simplify
+from kiln.ir.index_bounds import linear_stride, simplify
 
 @functools.cache
 def vector_math() -> frozenset[str]:

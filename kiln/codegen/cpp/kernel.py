@@ -15,7 +15,7 @@ from kiln.codegen.cpp.printer import CTYPES, cpp_constant, cpp_index
 from kiln.ir.nodes import Layout, Pointwise
 from kiln.ir.ops import use_handler
 from kiln.schedule.fusion import FusedKernel
-from kiln.schedule.index_bounds import linear_stride
+from kiln.ir.index_bounds import linear_stride
 from kiln.schedule.inplace import init_is_copy_of
 from kiln.schedule.loop_nest import LoopNest, loop_extents
 from kiln.schedule.loop_order import ordered_nest

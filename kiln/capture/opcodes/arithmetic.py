@@ -1,12 +1,16 @@
-"""Arithmetic, comparisons, identity and membership."""
+"""Operator opcodes: arithmetic, comparisons, identity, membership and subscripts. The operators
+themselves, on variables, are in kiln/capture/python_operators.py."""
 
 from __future__ import annotations
 
 import operator
 
-from kiln.capture.operators import BINARY_OPS, COMPARE_OPS, INPLACE_OPS, apply_binary, apply_unary, contains, identical
+from kiln.capture.break_records import unsupported
 from kiln.capture.opcodes.registry import opcode
+from kiln.capture.python_operators import (BINARY_OPS, COMPARE_OPS, INPLACE_OPS, apply_binary, apply_unary, contains, identical,
+                                           store_subscript, subscript)
 from kiln.capture.variables.constant import ConstantVariable
+from kiln.capture.variables.symbolic import make_slice
 
 
 @opcode("BINARY_OP")
@@ -58,16 +62,12 @@ def UNARY_NOT(tx, inst) -> None:
 
 @opcode("BINARY_SUBSCR")
 def BINARY_SUBSCR(tx, inst) -> None:
-    from kiln.capture.interpreter import subscript
-
     key, obj = tx.pop(), tx.pop()
     tx.push(subscript(tx, obj, key))
 
 
 @opcode("STORE_SUBSCR")
 def STORE_SUBSCR(tx, inst) -> None:
-    from kiln.capture.interpreter import store_subscript
-
     key, obj, value = tx.pop(), tx.pop(), tx.pop()
     store_subscript(tx, obj, key, value)
 
@@ -79,8 +79,6 @@ def DELETE_SUBSCR(tx, inst) -> None:
 
 
 def _slice(start, stop):
-    from kiln.capture.variables.symbolic import make_slice
-
     value = make_slice([start, stop])
     if value is None:
         raise unsupported("unsupported_index", "a slice with bounds that are not constants")
@@ -89,15 +87,11 @@ def _slice(start, stop):
 
 @opcode("BINARY_SLICE", versions=((3, 12),))
 def BINARY_SLICE(tx, inst) -> None:
-    from kiln.capture.interpreter import subscript
-
     stop, start, obj = tx.pop(), tx.pop(), tx.pop()
     tx.push(subscript(tx, obj, _slice(start, stop)))
 
 
 @opcode("STORE_SLICE", versions=((3, 12),))
 def STORE_SLICE(tx, inst) -> None:
-    from kiln.capture.interpreter import store_subscript
-
     stop, start, obj, value = tx.pop(), tx.pop(), tx.pop(), tx.pop()
     store_subscript(tx, obj, _slice(start, stop), value)

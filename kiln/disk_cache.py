@@ -57,7 +57,7 @@ def read(path: Path) -> bytes | None:
 @functools.cache
 def kiln_fingerprint() -> str:
     """A hash of kiln's own source: any change to the compiler invalidates what it cached."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parent  # the kiln package
     h = hashlib.sha256()
     for path in sorted(root.rglob("*")):
         if path.suffix in (".py", ".h") and "bench" not in path.parts:

@@ -1,10 +1,11 @@
-"""Raising and handling exceptions (3.11+ zero-cost exception tables)."""
+"""Opcodes that raise and handle exceptions (3.11+ zero-cost exception tables). The exceptions
+themselves, as variables, are in kiln/capture/user_exceptions.py."""
 
 from __future__ import annotations
 
-from kiln.capture.breaks import unsupported
-from kiln.capture.exceptions import ExceptionVariable, UserRaise
+from kiln.capture.break_records import unsupported
 from kiln.capture.opcodes.registry import opcode
+from kiln.capture.user_exceptions import ExceptionVariable, UserRaise
 from kiln.capture.variables.constant import ConstantVariable
 from kiln.capture.variables.objects import ClassVariable
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kiln.capture.break_records import unsupported
 from kiln.capture.variables.base import Variable
+from kiln.capture.variables.wrapping import wrap_constant_result
 
 
 class ExceptionVariable(Variable):
@@ -28,8 +30,6 @@ class ExceptionVariable(Variable):
         # A class with its own __init__ may compute its args and attributes: build the real
         # exception, which needs its arguments as Python values.
         if not all(a.is_constant() for a in (*args, *kwargs.values())):
-            from kiln.capture.breaks import unsupported
-
             raise unsupported("unsupported_raise", f"building {exc_type.__name__}, whose __init__ is Python code, from non-constant arguments")
         try:
             value = exc_type(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
@@ -52,11 +52,7 @@ class ExceptionVariable(Variable):
         return self.value
 
     def getattr(self, tx: Any, name: str) -> Variable:
-        from kiln.capture.variables.constant import ConstantVariable
-        from kiln.capture.variables.containers import TupleVariable
-
-        from kiln.capture.variables.builder import wrap_constant_result
-
+        from kiln.capture.variables.containers import TupleVariable  # containers.py imports this module (UserRaise)
         if name == "args":
             if not self.args and self.value is not None:
                 return wrap_constant_result(self.value.args)

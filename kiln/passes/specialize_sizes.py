@@ -1,21 +1,22 @@
-"""Graphs with symbolic sizes, compiled once per set of concrete sizes they are called with.
+"""Size specialization, the pass half: a graph with symbolic input sizes traced again as a static
+graph at concrete sizes.
 
-kiln's kernels are generated for static sizes. When Dynamo hands over a graph with symbolic sizes
-(after a recompile, or `dynamic=True`), the graph is re-traced at each new set of input sizes into
-a static ATen graph and compiled for it; later calls with those sizes reuse it. Each
-specialization is logged (`KILN_LOGS=recompiles`).
+kiln's kernels are generated for static sizes. When a graph with symbolic sizes arrives (after a
+recompile, or `dynamic=True`), the driver does not compile it now: the runtime
+(kiln/runtime/specialized.py) calls `specialize` at each new set of input sizes it meets and has
+the result compiled then, through the whole pipeline. A graph that reads a Python number out of
+an input (`x.item()` feeding `narrow`) is specialized to that value too.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kiln import logs
 
 
 def has_symbolic_sizes(gm: fx.GraphModule, inputs_only: bool = False) -> bool:
@@ -37,11 +38,7 @@ def has_symbolic_sizes(gm: fx.GraphModule, inputs_only: bool = False) -> bool:
     return False
 
 
-def _signature(args: Sequence[Any]) -> tuple:
-    return tuple((tuple(a.shape), tuple(a.stride()), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
-
-
-def _scalar_inputs(gm: fx.GraphModule) -> list[int]:
+def scalar_inputs(gm: fx.GraphModule) -> list[int]:
     """Positions of the inputs whose value the graph reads as a Python number (`x.item()`, e.g. a
     tensor start of narrow). A graph is specialized to those values too, so they are part of the
     key. A number read from a computed tensor cannot be known before the graph runs: declined."""
@@ -59,7 +56,7 @@ def _scalar_inputs(gm: fx.GraphModule) -> list[int]:
 def reads_input_values(gm: fx.GraphModule) -> bool:
     """Whether the graph reads a Python number out of one of its inputs (and only inputs)."""
     try:
-        return bool(_scalar_inputs(gm))
+        return bool(scalar_inputs(gm))
     except NotImplementedError:
         return False
 
@@ -78,33 +75,24 @@ def _with_values(gm: fx.GraphModule, values: dict[int, Any]) -> fx.GraphModule:
     return gm
 
 
+def needs_specialization(gm: fx.GraphModule) -> bool:
+    """Whether `gm` is compiled per concrete input sizes (and input values) at call time."""
+    return has_symbolic_sizes(gm, inputs_only=True) or reads_input_values(gm)
+
+
+def symbolic_inputs(gm: fx.GraphModule) -> list[int]:
+    """Positions of the inputs whose sizes are symbolic: the ones a specialization's log names."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return [i for i, n in enumerate(placeholders) if _is_symbolic_value(n.meta.get("val"))]
+
+
 def _is_symbolic_value(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return any(not isinstance(s, int) for s in value.shape)
     return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
-class Specialized:
-    """Calls `compile_static` on `gm` traced at each new set of argument sizes."""
-
-    def __init__(self, gm: fx.GraphModule, compile_static: Callable[[fx.GraphModule, list], Callable]) -> None:
-        self.gm, self.compile_static = gm, compile_static
-        self.scalar_inputs = _scalar_inputs(gm)
-        self.compiled: dict[tuple, Callable] = {}
-        # The inputs whose sizes are symbolic: the ones a specialization's log line names.
-        self.symbolic_inputs = [i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")
-                                if _is_symbolic_value(n.meta.get("val"))]
-
-    def __call__(self, *args: Any) -> Any:
-        values = tuple(args[i].item() for i in self.scalar_inputs)
-        key = (_signature(args), values)
-        compiled = self.compiled.get(key)
-        if compiled is None:
-            shown = self.symbolic_inputs or range(len(args))
-            sizes = [tuple(args[i].shape) if isinstance(args[i], torch.Tensor) else args[i] for i in shown]
-            logs.log("recompiles", "kiln backend: graph with symbolic sizes specialized to %s%s", sizes,
-                     f" and input values {values}" if values else "")
-            with torch.no_grad():
-                static = make_fx(_with_values(self.gm, dict(zip(self.scalar_inputs, values))), tracing_mode="fake")(*args)
-            compiled = self.compiled[key] = self.compile_static(static, list(args))
-        return compiled(*args)
+def specialize(gm: fx.GraphModule, args: Sequence[Any], values: dict[int, Any]) -> fx.GraphModule:
+    """`gm` traced again as a static ATen graph at `args`' sizes, input k's value read as `values[k]`."""
+    with torch.no_grad():
+        return make_fx(_with_values(gm, values), tracing_mode="fake")(*args)

@@ -1,7 +1,9 @@
-"""Python's binary, unary and comparison operators on variables.
+"""Python's operators on variables: binary, unary and comparison operators, identity,
+membership, subscripting (`obj[key]`, `obj[key] = value`) and turning values into text.
 
 Tensors make graph nodes; constants are computed now; sequences follow Python's rules; user
-objects go through their dunder methods (inlined).
+objects go through their dunder methods (inlined). The opcode handlers (opcodes/arithmetic.py)
+and the builtins that stand for operators (`operator.add`, `operator.getitem`, `str`, ...) both call here.
 """
 
 from __future__ import annotations
@@ -9,10 +11,15 @@ from __future__ import annotations
 import operator
 from typing import Any, Callable
 
-from kiln.capture.breaks import unsupported
-from kiln.capture.exceptions import raise_real
+from kiln.capture.break_records import unsupported
+from kiln.capture.user_exceptions import ExceptionVariable, raise_real
 from kiln.capture.variables.base import Variable
-from kiln.capture.variables.constant import ConstantVariable
+from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
+from kiln.capture.variables.containers import BaseSequenceVariable, DictVariable, ListVariable, SetVariable, TupleVariable, equal, hash_key
+from kiln.capture.variables.objects import ClassVariable, ModelOutputVariable, UserObjectVariable
+from kiln.capture.variables.symbolic import SymNodeVariable
+from kiln.capture.variables.tensor import TensorVariable
+from kiln.capture.variables.wrapping import wrap_constant_result
 
 # BINARY_OP's argrepr -> (operator function, dunder, reflected dunder)
 BINARY_OPS: dict[str, tuple[Callable, str, str]] = {
@@ -39,14 +46,10 @@ _INPLACE_TO_BINARY = {INPLACE_OPS[k + "="]: BINARY_OPS[k] for k in BINARY_OPS}
 
 
 def _is_tensor(v: Variable) -> bool:
-    from kiln.capture.variables.tensor import TensorVariable
-
     return isinstance(v, TensorVariable)
 
 
 def _is_symbolic(v: Variable) -> bool:
-    from kiln.capture.variables.symbolic import SymNodeVariable
-
     return isinstance(v, SymNodeVariable)
 
 
@@ -56,16 +59,11 @@ def _is_number(v: Variable) -> bool:
 
 def apply_binary(tx: Any, fn: Callable, a: Variable, b: Variable) -> Variable:
     """`fn(a, b)` for an operator function (operator.add, operator.lt, operator.iadd, ...)."""
-    from kiln.capture.variables.containers import BaseSequenceVariable, ListVariable, TupleVariable, equal
-    from kiln.capture.variables.objects import UserObjectVariable
-
     if _is_tensor(a) or _is_tensor(b) or (_is_symbolic(a) or _is_symbolic(b)) and _is_number(a) and _is_number(b):
         if fn in _INPLACE_TO_BINARY and not _is_tensor(a):
             fn = _INPLACE_TO_BINARY[fn][0]
         return tx.output.call("call_function", fn, [a, b], {})
     if a.is_constant() and b.is_constant() or _is_printf(fn, a, b):
-        from kiln.capture.variables.constant import plain_data
-
         try:
             return _constant_result(fn(a.as_constant(), plain_data(b)))
         except Exception as error:  # noqa: BLE001 - e.g. ZeroDivisionError, raised in the user's code
@@ -102,8 +100,6 @@ def apply_binary(tx: Any, fn: Callable, a: Variable, b: Variable) -> Variable:
                 if result is not None and not (result.is_constant() and result.as_constant() is NotImplemented):
                     return result
     if fn in (operator.eq, operator.ne):
-        from kiln.capture.variables.containers import hash_key
-
         same = a is b or hash_key(a) == hash_key(b)
         return ConstantVariable(same if fn is operator.eq else not same)
     raise unsupported("unsupported_operator", f"{getattr(fn, '__name__', fn)} of {a.describe()} and {b.describe()}")
@@ -121,8 +117,6 @@ def _user_dunder(tx: Any, obj: Variable, name: str, other: Variable) -> Variable
 
 def _is_printf(fn: Callable, a: Variable, b: Variable) -> bool:
     """`"%(name)s" % {...}` or `"%s" % [...]`: printf-style formatting reads the container's constants."""
-    from kiln.capture.variables.constant import is_plain_data
-
     return fn in (operator.mod, operator.imod) and a.is_constant() and isinstance(a.as_constant(), (str, bytes)) and is_plain_data(b)
 
 
@@ -139,8 +133,6 @@ _SET_COMPARISONS = {operator.lt, operator.le, operator.gt, operator.ge}
 
 def _collection_operator(tx: Any, fn: Callable, a: Variable, b: Variable, inplace: bool) -> Variable | None:
     """Set algebra (`|`, `&`, `-`, `^`, subset comparisons) and dict `|`; None when it does not apply."""
-    from kiln.capture.variables.containers import DictVariable, SetVariable
-
     if isinstance(a, SetVariable) and isinstance(b, SetVariable):
         if fn in _SET_OPERATORS:
             return _set_algebra(tx, fn, a, b, inplace)
@@ -154,8 +146,6 @@ def _collection_operator(tx: Any, fn: Callable, a: Variable, b: Variable, inplac
 
 
 def _set_algebra(tx: Any, fn: Callable, a: Variable, b: Variable, inplace: bool) -> Variable:
-    from kiln.capture.variables.containers import SetVariable
-
     if inplace and a.frozen:
         inplace = False  # frozenset |= makes a new frozenset, as in Python
     keys = fn(a.entries.keys(), b.entries.keys())
@@ -170,8 +160,6 @@ def _set_algebra(tx: Any, fn: Callable, a: Variable, b: Variable, inplace: bool)
 
 
 def _constant_result(value: Any) -> Variable:
-    from kiln.capture.variables.builder import wrap_constant_result
-
     return wrap_constant_result(value)
 
 
@@ -185,8 +173,6 @@ def apply_unary(tx: Any, fn: Callable, a: Variable) -> Variable:
             return _constant_result(fn(a.as_constant()))
         except Exception as error:  # noqa: BLE001
             raise raise_real(error) from None
-    from kiln.capture.variables.objects import UserObjectVariable
-
     dunder = {operator.neg: "__neg__", operator.pos: "__pos__", operator.invert: "__invert__"}.get(fn)
     if dunder and isinstance(a, UserObjectVariable):
         result = a._dunder(tx, dunder, [])
@@ -224,14 +210,41 @@ def contains(tx: Any, container: Variable, item: Variable) -> bool:
             return item.as_constant() in container.as_constant()
         except Exception as error:  # noqa: BLE001
             raise raise_real(error) from None
-    from kiln.capture.variables.objects import UserObjectVariable, ModelOutputVariable
-
     if isinstance(container, (UserObjectVariable, ModelOutputVariable)):
         result = container.call_method(tx, "__contains__", [item], {})
         return result.truth(tx)
-    from kiln.capture.variables.containers import equal
-
     return any(equal(tx, item, x) for x in container.iterate(tx))
+
+
+def subscript(tx: Any, obj: Variable, key: Variable) -> Variable:
+    """`obj[key]`."""
+    if isinstance(obj, TensorVariable):
+        return tx.output.call("call_function", operator.getitem, [obj, key], {})
+    if isinstance(obj, (BaseSequenceVariable, DictVariable)):
+        return obj.getitem(tx, key)
+    if isinstance(obj, (UserObjectVariable, ModelOutputVariable)):
+        return obj.call_method(tx, "__getitem__", [key], {})
+    if isinstance(key, TensorVariable):
+        raise unsupported("unsupported_index", f"indexing {obj.describe()} with a tensor")
+    if obj.is_constant() and key.is_constant():
+        try:
+            return wrap_constant_result(obj.as_constant()[key.as_constant()])
+        except Exception as error:  # noqa: BLE001
+            raise raise_real(error) from None
+    if isinstance(obj, ClassVariable):
+        raise unsupported("unsupported_index", f"subscripting {obj.describe()}")
+    raise unsupported("unsupported_index", f"subscripting {obj.describe()} with {key.describe()}")
+
+
+def store_subscript(tx: Any, obj: Variable, key: Variable, value: Variable) -> None:
+    if isinstance(obj, TensorVariable):
+        obj.call_method(tx, "__setitem__", [key, value], {})
+    elif isinstance(obj, (ListVariable, DictVariable)):
+        obj.setitem(tx, key, value)
+    elif isinstance(obj, (UserObjectVariable, ModelOutputVariable)):
+        obj.call_method(tx, "__setitem__", [key, value], {})
+    else:
+        raise unsupported("unsupported_index", f"assigning into {obj.describe()}")
 
 
 # --- turning values into text -------------------------------------------------------------------
@@ -241,10 +254,6 @@ _TEXT_DUNDERS = {str: "__str__", repr: "__repr__", ascii: "__repr__"}
 
 def text_of(tx: Any, value: Variable, kind: Callable) -> Variable:
     """`str(value)`, `repr(value)` or `ascii(value)` (kind is that builtin) while capturing."""
-    from kiln.capture.exceptions import ExceptionVariable
-    from kiln.capture.variables.constant import is_plain_data, plain_data
-    from kiln.capture.variables.objects import UserObjectVariable
-
     if isinstance(value, ExceptionVariable):
         return ConstantVariable(kind(value.real()))
     if is_plain_data(value):
@@ -261,10 +270,6 @@ def text_of(tx: Any, value: Variable, kind: Callable) -> Variable:
 
 def format_value(tx: Any, value: Variable, conversion: Callable | None, spec: str) -> Variable:
     """What an f-string field `{value!conversion:spec}` becomes (FORMAT_VALUE)."""
-    from kiln.capture.exceptions import ExceptionVariable
-    from kiln.capture.variables.constant import is_plain_data, plain_data
-    from kiln.capture.variables.objects import UserObjectVariable
-
     if conversion is not None:
         value = text_of(tx, value, conversion)
     if isinstance(value, UserObjectVariable):

@@ -29,10 +29,15 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.nn.modules import module as module_mod
 
 from kiln.capture import resume_code as rcode
-from kiln.capture.breaks import BreakRecord, Unsupported, record_break
+from kiln.capture.binder import make_binder
+from kiln.capture.break_records import BreakRecord, Unsupported, record_break
 from kiln.capture.bytecode import PY, decode
+from kiln.capture.reentry import autocast_state
+from kiln.capture.variables.base import BoundBuiltinMethod
+from kiln.capture.variables.torch_fns import GradModeVariable
 
 # Kinds of failure that are kiln's own faults or limits of the whole frame: never resumed.
 _NOT_RESUMABLE = {"internal_error"}
@@ -203,7 +208,7 @@ class Continuation:
     # --- the rest of the frame ------------------------------------------------------------------
 
     def _resume(self, offset: int, nulls: tuple[bool, ...], live: tuple[str, ...], enter_grad: bool | None) -> Any:
-        from kiln.capture.cache import FrameCache
+        from kiln.capture.cache import FrameCache  # cache.py imports frame.py, which imports this module
 
         # One resume function per place, shared by every break that resumes there: a loop's
         # iterations enter the same function (and recompile when what they pass differs).
@@ -232,8 +237,7 @@ _CALLEES: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 def compiled_callee(fn: Any, backend: Callable, dynamic: bool | None = None) -> Callable:
     """`fn` (a Python function, bound method or nn.Module without hooks) compiled by kiln as a
     frame of its own; anything else as it is."""
-    from kiln.capture.binder import make_binder
-    from kiln.capture.cache import FrameCache
+    from kiln.capture.cache import FrameCache  # cache.py imports frame.py, which imports this module
 
     target, bound = fn, None
     if isinstance(fn, nn.Module):
@@ -260,8 +264,6 @@ def compiled_callee(fn: Any, backend: Callable, dynamic: bool | None = None) -> 
 
 
 def _has_hooks(module: nn.Module) -> bool:
-    from torch.nn.modules import module as module_mod
-
     own = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks, module._backward_pre_hooks)
     shared = (module_mod._global_forward_hooks, module_mod._global_forward_pre_hooks, module_mod._global_backward_hooks,
               module_mod._global_backward_pre_hooks)
@@ -272,10 +274,6 @@ def settle_state(tx: Any, breaking: Unsupported, entry_grad: bool, entry_autocas
     """At the break: end the graph in the grad mode and autocast state it started in, where the
     grad-mode and CPU autocast blocks the runner enters again explain the difference; raise
     `breaking` where nothing does."""
-    from kiln.capture.reentry import autocast_state
-    from kiln.capture.variables.functions import BoundBuiltinMethod
-    from kiln.capture.variables.torch_fns import GradModeVariable
-
     exits = [v.obj for v in tx.stack if isinstance(v, BoundBuiltinMethod) and v.name == "__exit__"]
     grad_exits = [e for e in exits if isinstance(e, GradModeVariable)]
     autocast_exits = [e for e in exits if getattr(e, "block_state", lambda: None)() is not None]

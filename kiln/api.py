@@ -1,0 +1,92 @@
+"""`kiln.compile`: the door where everything, capture included, is kiln's.
+
+The door checks the user's arguments, turns a backend name into the backend (kiln/backend/), and
+hands the function or module to kiln's capture (kiln/capture/api.py), which calls the backend
+with each graph it captures.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from torch import fx
+
+from kiln import config
+from kiln.backend import kiln as kiln_backend, kiln_aot_eager
+from kiln.capture.api import capture, reset  # noqa: F401  (reset: kiln.reset)
+
+BACKEND_NAMES = ("kiln", "aot_eager", "eager")
+MODES = (None, "default", "max-autotune", "max-autotune-no-cudagraphs")
+OPTIONS = ("recompile_limit",)
+
+
+def _eager_backend(gm: fx.GraphModule, example_inputs: list) -> Callable:
+    return gm.forward
+
+
+def resolve_backend(backend: Any) -> Callable:
+    """The backend callable for `backend`: a name from BACKEND_NAMES, or a callable as it is."""
+    if callable(backend):
+        return backend
+    named = {"eager": _eager_backend, "aot_eager": kiln_aot_eager, "kiln": kiln_backend}
+    if backend in named:
+        return named[backend]
+    raise ValueError(f"kiln.compile: backend must be one of {', '.join(map(repr, BACKEND_NAMES))} or a callable "
+                     f"(gm, example_inputs) -> callable; got {backend!r}")
+
+
+def _check_arguments(fullgraph: Any, dynamic: Any, mode: Any, options: Any) -> dict:
+    if not isinstance(fullgraph, bool):
+        raise TypeError(f"kiln.compile: fullgraph must be True or False, got {fullgraph!r}")
+    if dynamic not in (None, False, True):
+        raise ValueError(f"kiln.compile: dynamic must be None, False or True, got {dynamic!r}")
+    if mode not in MODES:
+        if mode == "reduce-overhead":
+            raise NotImplementedError("kiln.compile: mode='reduce-overhead' (CUDA graphs) is not supported yet; "
+                                      "accepted now: None, 'default', 'max-autotune', 'max-autotune-no-cudagraphs'")
+        raise ValueError(f"kiln.compile: mode must be one of None, 'default', 'reduce-overhead', 'max-autotune', "
+                         f"'max-autotune-no-cudagraphs'; got {mode!r}")
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise TypeError(f"kiln.compile: options must be a dict or None, got {type(options).__name__}")
+    unknown = [k for k in options if k not in OPTIONS]
+    if unknown:
+        raise ValueError(f"kiln.compile: unknown option {unknown[0]!r}; accepted options: {', '.join(OPTIONS)}")
+    limit = options.get("recompile_limit")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ValueError(f"kiln.compile: options['recompile_limit'] must be a positive int, got {limit!r}")
+    return options
+
+
+def _with_autotune_mode(backend: Callable, mode: str) -> Callable:
+    """`backend` compiling under autotune mode `mode` (the wider GEMM and convolution search)."""
+
+    @functools.wraps(backend)
+    def compile_graph(gm: fx.GraphModule, example_inputs: list) -> Callable:
+        with config.patch({"backend.autotune": mode}):
+            return backend(gm, example_inputs)
+
+    return compile_graph
+
+
+def compile(fn_or_module: Any = None, *, backend: Any = "kiln", fullgraph: bool = False, dynamic: bool | None = None,
+            mode: str | None = None, options: dict | None = None) -> Any:
+    """Compile a function or nn.Module with kiln's own bytecode capture and the chosen backend.
+
+    Example::
+
+        model = kiln.compile(model)                      # kiln backend
+        f = kiln.compile(f, backend="eager")             # capture only (debugging)
+
+        @kiln.compile(fullgraph=True)
+        def g(x): return x.sin() + 1
+    """
+    opts = _check_arguments(fullgraph, dynamic, mode, options)
+    compiled_backend = resolve_backend(backend)
+    if mode in ("max-autotune", "max-autotune-no-cudagraphs"):  # the same on CPU: no CUDA graphs either way
+        compiled_backend = _with_autotune_mode(compiled_backend, "max-autotune")
+    if fn_or_module is None:
+        return functools.partial(compile, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode, options=options)
+    return capture(fn_or_module, compiled_backend, fullgraph, dynamic, opts)

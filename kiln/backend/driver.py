@@ -1,0 +1,171 @@
+"""kiln's backend driver: one ATen graph in, a callable that runs it out, stage by stage.
+
+    graph ─ specialize_sizes ─ rewrites (passes/pipeline.py) ─ split_constants
+          ─ lowering ─ scheduling ─ code generation (for the graph's device) ─ build ─ load
+
+This is the one place that assembles the stages after the AOT layer, in the order the pipeline
+lists them. Each stage is timed (`KILN_LOGS=compile_time`, kiln/compile_time.py), its result can
+be dumped (`KILN_DEBUG_DIR`, kiln/backend/dump.py) and, under `KILN_VERIFY=1`, the IR is checked
+after lowering and after scheduling. The code generator is chosen once per graph, from its device
+(`choose_codegen`): C++ for CPU today; a second generator plugs in there.
+
+`Backend` is a graph compiler for `kiln.aot.compile` that can also save what it built and load it
+back, so the AOT graph cache can keep it across processes.
+
+Example::
+
+    compiled = kiln.aot.compile(gm, example_inputs, Backend())
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import fx
+
+from kiln import compile_time, config, logs
+from kiln.backend import dump
+from kiln.backend.report import fusion_report
+from kiln.codegen.cpp.library import CppKernels, cpp_kernels, translation_units
+from kiln.codegen.wrapper import WrapperCode, python_wrapper
+from kiln.ir.program import Program
+from kiln.ir.target import Target
+from kiln.ir.verify import verify_program
+from kiln.lowering.graph import GraphLowering
+from kiln.lowering.registry import LOWERINGS
+from kiln.passes import pipeline
+from kiln.passes.constants import has_frozen_inputs, unmark_frozen
+from kiln.passes.specialize_sizes import has_symbolic_sizes, scalar_inputs, specialize, symbolic_inputs
+from kiln.runtime import saved
+from kiln.runtime.compiled_graph import CompiledGraph, GraphArtifact, build
+from kiln.runtime.cpp_compile import workers
+from kiln.runtime.fallback import record_fallback
+from kiln.runtime.frozen import FrozenProgram
+from kiln.runtime.specialized import SizeSpecialized
+from kiln.schedule import Schedule, schedule
+from kiln.schedule.verify import verify_schedule
+
+
+@dataclass
+class BuiltStages:
+    """What one graph was compiled from, kept on the CompiledGraph for tests and dumps."""
+
+    program: Program  # after lowering
+    schedule: Schedule  # after scheduling
+    kernels: CppKernels  # after code generation
+    wrapper: WrapperCode
+
+
+def graph_device(gm: fx.GraphModule) -> str:
+    """The device type of the graph's tensors ("cpu" for a graph with none)."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return val.device.type
+    return "cpu"
+
+
+def choose_codegen(device: str) -> str:
+    """The code generator for graphs on `device`: the one place this is decided."""
+    if device == "cpu":
+        return "cpp"
+    raise NotImplementedError(f"kiln generates code for CPU graphs only; this graph's tensors are on {device!r}")
+
+
+def target_for(gm: fx.GraphModule) -> Target:
+    device = graph_device(gm)
+    return Target(device=device, codegen=choose_codegen(device), loop_ops=frozenset(LOWERINGS))
+
+
+class Backend:
+    """`Backend()(gm, example_inputs) -> callable`, with `save` and `load` for the AOT graph cache.
+
+    observe: called with every CompiledGraph built (each size specialization and the runtime graph
+    of a frozen one included), for tests that look at Programs and kernels.
+    """
+
+    def __init__(self, observe: Callable[[CompiledGraph], None] | None = None) -> None:
+        self.observe = observe
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        target = target_for(gm)
+        folder = logs.dump_folder("kiln_backend")
+        dump.aten_graph(folder, gm)
+        name, needs_specialization = pipeline.SPECIALIZE_SIZES
+        with compile_time.stage(f"pass {name}"):
+            per_size = needs_specialization(gm)
+        if per_size:
+            return SizeSpecialized(scalar_inputs(gm), symbolic_inputs(gm),
+                                   lambda args, values: self(specialize(gm, args, values), args))
+        for name, rewrite in pipeline.REWRITES:
+            with compile_time.stage(f"pass {name}"):
+                changed = rewrite(gm, target)
+                if changed:
+                    gm.recompile()
+            if changed:
+                logs.log_lazy("passes", lambda: f"after {name}:\n{gm.code}")
+            dump.after_pass(folder, name, gm, changed)
+        name, split_constants = pipeline.SPLIT_CONSTANTS
+        with compile_time.stage(f"pass {name}"):
+            split = split_constants(gm) if has_frozen_inputs(gm) else None
+        if split is None:
+            unmark_frozen(gm)
+            return self._lowered(gm, target, folder)
+        dump.constant_split(folder, split)
+        return FrozenProgram(split, self._lowered(split.runtime, target, folder))
+
+    def _lowered(self, gm: fx.GraphModule, target: Target, folder: Any) -> Callable:
+        try:
+            return self._compile(gm, target, folder)
+        except NotImplementedError as error:
+            if not has_symbolic_sizes(gm):
+                raise
+            # Sizes computed from tensor values inside the graph (unique, nonzero, masks) that an
+            # op kiln lowers depends on: the graph runs through ATen, op by op, recorded as a fallback.
+            record_fallback("kiln", "graph with data-dependent sizes", error)
+            return gm
+
+    def _compile(self, gm: fx.GraphModule, target: Target, folder: Any) -> CompiledGraph:
+        with compile_time.stage("lowering"):
+            program = GraphLowering(gm).lower()
+            if config.debug.verify:
+                verify_program(program)
+        dump.ir_before_fusion(folder, program)
+        with compile_time.stage("scheduling"):
+            scheduled = schedule(program)
+            if config.debug.verify:
+                verify_schedule(scheduled)
+        with compile_time.stage(f"codegen {target.codegen}"):
+            kernels = cpp_kernels(scheduled.kernels)
+            wrapper = python_wrapper(scheduled, set(kernels.checks))
+            units = translation_units(kernels, workers())
+            report = fusion_report(program, scheduled, kernels)
+        artifact = GraphArtifact(units, wrapper.source, wrapper.constants, wrapper.ops,
+                                 {k: (kernels.functions[k], kernels.arity[k]) for k in kernels.functions},
+                                 kernels.checks, report)
+        dump.ir_after_fusion(folder, scheduled, kernels.functions, report)
+        dump.code(folder, kernels.source, wrapper.source)
+        with compile_time.stage("build"):
+            library = build(artifact)
+        with compile_time.stage("load"):
+            compiled = CompiledGraph(artifact, library, BuiltStages(program, scheduled, kernels, wrapper))
+        logs.log("fusion", "%s", report)
+        if self.observe is not None:
+            self.observe(compiled)
+        return compiled
+
+    def save(self, compiled: Any) -> Any:
+        """What the AOT graph cache stores for `compiled`, or None when it cannot be kept."""
+        return saved.save(compiled)
+
+    def load(self, payload: Any) -> Callable:
+        """`compiled` again from what `save` gave."""
+        with compile_time.stage("load"):
+            return saved.load(payload)
+
+
+def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+    """kiln's backend as a plain graph compiler: `Backend()(gm, example_inputs)`."""
+    return Backend()(gm, example_inputs)

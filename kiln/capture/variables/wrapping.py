@@ -1,0 +1,48 @@
+"""`wrap` and `wrap_constant_result`: how any module of the capture turns a real Python value into
+a variable, without importing the builder.
+
+The builder (builder.py) picks the variable kind for a value, so it imports every kind; the kinds
+in turn wrap the values they read (an attribute, a default, the result of an operation folded on
+constants). To keep that from being an import cycle, the kinds call the functions here, which
+import no kind: builder.py installs its `build` when it is imported, and frame.py imports it before
+any capture runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from kiln.capture.sources import Source
+    from kiln.capture.variables.base import Variable
+
+
+def _builder_missing(tx: Any, value: Any, source: "Source | None") -> "Variable":
+    raise RuntimeError("kiln.capture.variables.builder was not imported: nothing can turn values into variables")
+
+
+_build: Callable[[Any, Any, "Source | None"], "Variable"] = _builder_missing
+
+
+def install(build: Callable[[Any, Any, "Source | None"], "Variable"]) -> None:
+    """Called once by builder.py: `build(tx, value, source)` makes the variable for `value`."""
+    global _build
+    _build = build
+
+
+def wrap(tx: Any, value: Any, source: "Source | None") -> "Variable":
+    """The variable for `value`, read from the frame at `source` (None: made while capturing, not
+    guarded). One variable per source: a second read gives the first one back."""
+    if source is not None:
+        cached = tx.output.wrapped.get(source)
+        if cached is not None:
+            return cached
+    var = _build(tx, value, source)
+    if source is not None:
+        tx.output.wrapped[source] = var
+    return var
+
+
+def wrap_constant_result(value: Any) -> "Variable":
+    """The variable for a value computed while capturing (no source, no guard)."""
+    return _build(None, value, None)

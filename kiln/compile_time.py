@@ -1,0 +1,99 @@
+"""Compile-time attribution: where the seconds of compiling a graph went, stage by stage.
+
+Every stage of kiln that compiles something opens a named stage around its work::
+
+    with compile_time.stage("lowering"):
+        program = GraphLowering(gm).lower()
+
+Stages nest (capture -> AOT -> one group per graph -> each pass, lowering, scheduling, code
+generation, build, load), and each records the time spent in it *outside* its nested stages, so
+the tree adds up. When the outermost stage closes, its tree is logged under `KILN_LOGS=compile_time`
+and kept as `last()`. Timing is always on: it costs two clock reads per stage.
+
+Example::
+
+    KILN_LOGS=compile_time python my_model.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from kiln import logs
+
+@dataclass
+class Stage:
+    name: str
+    self_name: str | None = None  # how the time outside nested stages is shown, when it has them
+    seconds: float = 0.0  # inclusive
+    children: list["Stage"] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def self_seconds(self) -> float:
+        return self.seconds - sum(c.seconds for c in self.children)
+
+    def find(self, name: str) -> list["Stage"]:
+        """Every stage named `name` in this tree, in order."""
+        found = [self] if self.name == name else []
+        for child in self.children:
+            found += child.find(name)
+        return found
+
+    def format(self, indent: int = 0) -> list[str]:
+        note = f"  ({'; '.join(self.notes)})" if self.notes else ""
+        lines = [f"{'  ' * indent}{self.name:<{max(1, 40 - 2 * indent)}} {self.seconds:8.3f} s{note}"]
+        if self.children and self.self_name is not None and self.self_seconds >= 0.0005:
+            lines.append(f"{'  ' * (indent + 1)}{self.self_name:<{max(1, 38 - 2 * indent)}} {self.self_seconds:8.3f} s")
+        for child in self.children:
+            lines += child.format(indent + 1)
+        return lines
+
+
+_state = threading.local()
+_last: Stage | None = None
+
+
+def _stack() -> list[Stage]:
+    if not hasattr(_state, "stack"):
+        _state.stack = []
+    return _state.stack
+
+
+@contextlib.contextmanager
+def stage(name: str, self_name: str | None = None) -> Iterator[Stage]:
+    """Time the enclosed work as stage `name` (nested in the stage open around it, if any).
+
+    `self_name`: for a stage with nested stages, the name its own remaining time is shown under
+    (e.g. the frame stage of kiln's capture shows it as "capture")."""
+    global _last
+    stack = _stack()
+    current = Stage(name, self_name)
+    if stack:
+        stack[-1].children.append(current)
+    stack.append(current)
+    start = time.perf_counter()
+    try:
+        yield current
+    finally:
+        current.seconds = time.perf_counter() - start
+        stack.pop()
+        if not stack:
+            _last = current
+            logs.log_lazy("compile_time", lambda: "\n".join(current.format()))
+
+
+def note(text: str) -> None:
+    """Attach `text` to the innermost open stage (e.g. how many kernels were built)."""
+    stack = _stack()
+    if stack:
+        stack[-1].notes.append(text)
+
+
+def last() -> Stage | None:
+    """The tree of the last outermost stage that finished in this process."""
+    return _last

@@ -1,0 +1,112 @@
+"""A compiled graph as it runs: its kernel library loaded, its Python wrapper bound and ready.
+
+`GraphArtifact` is everything needed to run the graph again, picklable: what the AOT graph cache
+stores. `CompiledGraph(artifact)` loads it: the library is found in the C++ cache by the hash of
+its translation units (and built when missing), the kernels are bound as ctypes functions, the
+wrapper's ATen ops are resolved by name, and the wrapper is executed to define `call`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kiln import compile_time
+from kiln.externs.prepacked import DIRECT_CALLS
+from kiln.runtime.cpp_compile import build_library
+
+
+@dataclass
+class GraphArtifact:
+    units: list[str]  # C++ translation units (the library is found in the C++ cache by their hash)
+    python: str  # the generated wrapper
+    constants: dict[str, Any]  # wrapper globals that are plain values: layouts, dtypes, arguments
+    ops: dict[str, str]  # wrapper globals that are ATen ops, by qualified name
+    kernels: dict[str, tuple[str, int]]  # kernel -> (C function, pointer count)
+    checks_indices: list[str]  # kernels after which the index-error flag is checked
+    report: str  # kernels, ops fused and vectorized (KILN_LOGS=fusion)
+
+
+def _in_layout(t: torch.Tensor, layout: tuple[tuple[int, ...], tuple[int, ...]]) -> torch.Tensor:
+    # Kernels were generated for these strides; a tensor laid out otherwise is copied to them.
+    # `layout` is (sizes, strides) as plain ints: this runs for every extern result of every call.
+    size, stride = layout
+    if t.stride() == stride or t.numel() <= 1:
+        return t
+    return torch.empty_strided(size, stride, dtype=t.dtype).copy_(t)
+
+
+def _raise_index_error(flag: ctypes.c_int, kernel: str) -> None:
+    flag.value = 0
+    raise IndexError(f"index out of range in kiln kernel {kernel} (an indexing op read outside its input)")
+
+
+def _resolve_op(name: str) -> Any:
+    direct = DIRECT_CALLS.get(name)
+    if direct is not None:  # kiln's own extern ops, called without the dispatcher's detour
+        return direct
+    namespace, rest = name.split("::")
+    packet, _, overload = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+
+
+def build(artifact: GraphArtifact) -> str | None:
+    """The path of the artifact's kernel library, built now when the C++ cache lacks it (None
+    when the graph has no kernels). Notes on the open compile-time stage what was built."""
+    if not artifact.kernels:
+        compile_time.note("no kernels")
+        return None
+    path, built = build_library(artifact.units)
+    functions = len({function for function, _ in artifact.kernels.values()})
+    compile_time.note(f"{len(artifact.units)} units, {functions} kernels compiled" if built
+                      else f"{functions} kernels loaded from the C++ cache")
+    return str(path)
+
+
+class CompiledGraph:
+    """`(*inputs) -> tuple of outputs`: the artifact's wrapper over its loaded kernels.
+
+    `stages` is what the driver built it from (kiln/backend/driver.py `BuiltStages`: the Program,
+    the Schedule, the C++ kernels), kept for inspection by tests and dumps; None when the graph
+    came from the AOT graph cache.
+    """
+
+    def __init__(self, artifact: GraphArtifact, library: str | None, stages: Any = None) -> None:
+        self.artifact, self.stages = artifact, stages
+        scope: dict[str, Any] = {"_in_layout": _in_layout, "empty_strided": torch.empty_strided,
+                                 "_raise_index_error": _raise_index_error, **artifact.constants}
+        scope.update({name: _resolve_op(op) for name, op in artifact.ops.items()})
+        loaded = ctypes.CDLL(library) if library is not None else None
+        if loaded is not None:
+            scope["index_error"] = ctypes.c_int.in_dll(loaded, "kiln_index_error")
+        self.kernels = {}
+        for kernel, (function, count) in artifact.kernels.items():
+            fn = getattr(loaded, function)
+            fn.argtypes = [ctypes.c_void_p] * count
+            fn.restype = None
+            self.kernels[kernel] = scope[kernel] = fn
+        exec(compile(artifact.python, "<kiln wrapper>", "exec"), scope)
+        self.call = scope["call"]
+
+    @classmethod
+    def load(cls, artifact: GraphArtifact) -> "CompiledGraph":
+        """A graph from the AOT graph cache: its library built if missing, loaded, nothing lowered."""
+        return cls(artifact, build(artifact))
+
+    def __call__(self, *args: Any) -> tuple:
+        return self.call(*args)
+
+    # What it was built from, for tests and debug dumps (None after a cache load).
+    program = property(lambda self: getattr(self.stages, "program", None))
+    schedule = property(lambda self: getattr(self.stages, "schedule", None))
+    functions = property(lambda self: self.stages.kernels.functions)
+    vectorized = property(lambda self: self.stages.kernels.vectorized)
+    source = property(lambda self: self.stages.kernels.source)
+    python = property(lambda self: self.artifact.python)
+    units = property(lambda self: self.artifact.units)
+
+    def report(self) -> str:
+        return self.artifact.report

@@ -1,0 +1,32 @@
+"""What the AOT graph cache keeps of a compiled graph, and the graph loaded back from it.
+
+`save(compiled)` gives a picklable payload (a `GraphArtifact`, or a `FrozenArtifact` around one),
+or None for what cannot be kept (a graph calling a non-ATen extern, a graph specialized per size
+at call time, a graph that fell back to eager); `load(payload)` returns the callable again.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from kiln.runtime.compiled_graph import CompiledGraph, GraphArtifact
+from kiln.runtime.frozen import FrozenArtifact, FrozenProgram
+
+
+def save(compiled: Any) -> GraphArtifact | FrozenArtifact | None:
+    if isinstance(compiled, FrozenProgram):
+        return compiled.artifact(save)
+    if not isinstance(compiled, CompiledGraph):
+        return None
+    try:
+        pickle.dumps(compiled.artifact)
+    except Exception:  # noqa: BLE001 - e.g. a non-ATen extern: not cached, still correct
+        return None
+    return compiled.artifact
+
+
+def load(payload: GraphArtifact | FrozenArtifact) -> Any:
+    if isinstance(payload, FrozenArtifact):
+        return FrozenProgram.load(payload, load)
+    return CompiledGraph.load(payload)

@@ -1,0 +1,99 @@
+"""kiln's layering, checked on its import graph: stages never reach forward.
+
+In the order capture -> aot -> passes -> lowering -> schedule -> codegen -> runtime, no module of
+a stage imports a later stage, at module level or inside a function; `codegen/` imports neither
+`passes/` nor `lowering/` (it reads their output through `ir/`); the modules every stage may
+import (`ir/`, `config`, `logs`, shared infrastructure) import no stage at all. Only the doors
+and the driver assemble stages: kiln/__init__.py, kiln/api.py, backend/, integrations/, cli.py,
+bench/, and the autotune command (autotune/cli.py).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import kiln
+
+ROOT = Path(kiln.__file__).parent
+STAGES = ["capture", "aot", "passes", "lowering", "schedule", "codegen", "runtime"]
+SHARED = ["ir", "config", "logs", "compile_time", "disk_cache", "externs", "autotune"]
+DOORS = {"kiln.autotune.cli"}  # a command line, like kiln/cli.py
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[str, int]]:
+    """Every kiln module `path` imports (anywhere in the file), with the line."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            found.append((base, node.lineno))
+            found += [(f"{base}.{alias.name}", node.lineno) for alias in node.names]
+    return [(name, line) for name, line in found if name == "kiln" or name.startswith("kiln.")]
+
+
+def _area(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def import_edges() -> list[tuple[str, str, int]]:
+    """(importer, imported, line) over every module of the kiln package."""
+    return [(_module_name(path), name, line) for path in sorted(ROOT.rglob("*.py")) for name, line in _imports(path)]
+
+
+def violations() -> list[str]:
+    found = []
+    for importer, imported, line in import_edges():
+        src, dst = _area(importer), _area(imported)
+        if importer in DOORS or dst is None or src == dst:
+            continue
+        where = f"{importer}:{line} imports {imported}"
+        if src in STAGES and dst in STAGES and STAGES.index(dst) > STAGES.index(src):
+            found.append(f"{where}: stage {src} reaches forward to stage {dst}")
+        if src == "codegen" and dst in ("passes", "lowering"):
+            found.append(f"{where}: codegen reads earlier stages only through ir/")
+        if src in SHARED and dst in STAGES:
+            found.append(f"{where}: {src} is shared by every stage and imports none")
+        if src in STAGES + SHARED and dst in ("backend", "api", "integrations", "cli", "bench"):
+            found.append(f"{where}: only the doors and the driver assemble stages")
+    return found
+
+
+def test_the_import_graph_is_seen():
+    edges = import_edges()
+    assert len(edges) > 500  # the walk sees the package, function-level imports included
+    assert ("kiln.backend.driver", "kiln.lowering.graph.GraphLowering") in {(a, b) for a, b, _ in edges}
+
+
+def test_stages_never_reach_forward():
+    assert violations() == []
+
+
+@pytest.mark.parametrize("source, message", [
+    ("def f():\n    from kiln.runtime import fallback\n", "reaches forward"),
+    ("from kiln.lowering.registry import LOWERINGS\n", "only through ir/"),
+])
+def test_a_forward_import_is_caught(tmp_path, monkeypatch, source, message):
+    # The check itself can fail: a codegen module importing a later or an earlier stage directly.
+    fake = tmp_path / "kiln" / "codegen"
+    fake.mkdir(parents=True)
+    (tmp_path / "kiln" / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (fake / "bad.py").write_text(source)
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path / "kiln")
+    assert any(message in v for v in violations())
