@@ -32,6 +32,7 @@ class Stage:
     seconds: float = 0.0  # inclusive
     children: list["Stage"] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    entries: int = 0  # times the stage was entered (more than once only when merged)
 
     @property
     def self_seconds(self) -> float:
@@ -65,22 +66,27 @@ def _stack() -> list[Stage]:
 
 
 @contextlib.contextmanager
-def stage(name: str, self_name: str | None = None) -> Iterator[Stage]:
+def stage(name: str, self_name: str | None = None, merge: bool = False) -> Iterator[Stage]:
     """Time the enclosed work as stage `name` (nested in the stage open around it, if any).
 
     `self_name`: for a stage with nested stages, the name its own remaining time is shown under
-    (e.g. the frame stage of kiln's capture shows it as "capture")."""
+    (e.g. the frame stage of kiln's capture shows it as "capture"). `merge`: add the time to the
+    enclosing stage's child of the same name, if it has one (work done in many small pieces, such
+    as autotuning each GEMM of a graph, shows as one line)."""
     global _last
     stack = _stack()
-    current = Stage(name, self_name)
-    if stack:
-        stack[-1].children.append(current)
+    siblings = stack[-1].children if stack else []
+    current = next((c for c in siblings if c.name == name), None) if merge else None
+    if current is None:
+        current = Stage(name, self_name)
+        siblings.append(current)
+    current.entries += 1
     stack.append(current)
     start = time.perf_counter()
     try:
         yield current
     finally:
-        current.seconds = time.perf_counter() - start
+        current.seconds += time.perf_counter() - start
         stack.pop()
         if not stack:
             _last = current

@@ -19,9 +19,8 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
-from kiln import logs
+from kiln import disk_cache, logs
 from kiln.aot.signature import Signature
-from kiln import disk_cache
 
 
 @dataclass

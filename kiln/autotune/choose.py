@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from kiln import logs
+from kiln import compile_time, logs
 from kiln.autotune import store
 from kiln.autotune.timing import median_seconds
 
@@ -30,13 +30,15 @@ def choose(op: str, signature: Any, candidates: dict[str, Callable[[], object]],
     result = _MEMORY.get(key) or store.load(key)
     if result is None or result["choice"] not in candidates:
         times = {}
-        for name, run in candidates.items():
-            try:
-                times[name] = median_seconds(run, budget_s)
-            except RuntimeError:  # this library cannot run it (a dtype, a layout): out
-                times[name] = float("inf")
-            if after_each is not None:
-                after_each()
+        with compile_time.stage("autotune", merge=True) as timed:
+            for name, run in candidates.items():
+                try:
+                    times[name] = median_seconds(run, budget_s)
+                except RuntimeError:  # this library cannot run it (a dtype, a layout): out
+                    times[name] = float("inf")
+                if after_each is not None:
+                    after_each()
+            timed.notes[:] = [f"{timed.entries} question{'s' if timed.entries > 1 else ''} measured"]
         best = min(times.values())
         choice = next(name for name in names if times[name] <= best * (1 + _TIE))
         result = {"op": op, "signature": repr(signature), "choice": choice, "seconds": times}

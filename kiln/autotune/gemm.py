@@ -20,10 +20,36 @@ from kiln.externs.prepacked import CONV_IMPLS, MM_IMPLS, unary_aten, drop_packs
 BUDGET = {"default": 0.05, "max-autotune": 0.3}
 
 
-def _like(val: torch.Tensor, memory_format: torch.memory_format | None = None) -> torch.Tensor:
-    if memory_format is not None:
-        return torch.randn(tuple(val.shape), dtype=val.dtype).contiguous(memory_format=memory_format)
-    return torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype).normal_()
+class _Inputs:
+    """Random tensors like the fake values a question is about, made on first use by a
+    candidate: a question answered from the cache never pays for them (filling them was most of
+    a cold BERT compile's autotuning time), and they are drawn from a generator of their own, so
+    compiling never moves the user's random stream."""
+
+    def __init__(self, **like: tuple[torch.Tensor | None, torch.memory_format | None]) -> None:
+        self._like, self._made = like, {}
+        self._generator = torch.Generator().manual_seed(0)
+
+    def __getattr__(self, name: str) -> torch.Tensor | None:
+        made = self.__dict__.get("_made")
+        if made is None or name not in self._like:
+            raise AttributeError(name)
+        if name not in made:
+            val, memory_format = self._like[name]
+            made[name] = None if val is None else self._random(val, memory_format)
+        return made[name]
+
+    def _random(self, val: torch.Tensor, memory_format: torch.memory_format | None) -> torch.Tensor:
+        if memory_format is not None:
+            return torch.randn(tuple(val.shape), dtype=val.dtype, generator=self._generator).contiguous(memory_format=memory_format)
+        return torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype).normal_(generator=self._generator)
+
+
+def _strides(val: torch.Tensor, memory_format: torch.memory_format | None) -> tuple[int, ...]:
+    """The strides `_Inputs` gives a tensor like `val` (without making it)."""
+    if memory_format is None:
+        return tuple(val.stride())
+    return tuple(torch.empty(tuple(val.shape), dtype=val.dtype, device="meta").contiguous(memory_format=memory_format).stride())
 
 
 def _no_grad(candidates: dict[str, Callable[[], object]]) -> dict[str, Callable[[], object]]:
@@ -55,17 +81,16 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
     With a unary `post_op`, each candidate is timed followed by it as ATen runs it (what kiln's
     kernel after the GEMM costs, roughly), and oneDNN also with the op inside its GEMM:
     `FUSED_POST_OP` when that wins."""
-    ra, rb = _like(a), _like(b)
-    rbias = _like(bias) if bias is not None else None
+    r = _Inputs(a=(a, None), b=(b, None), bias=(bias, None))
     unary, scalars, algorithm = post_op
     after = lambda y: unary_aten(y, unary, scalars, algorithm or None)  # noqa: E731
-    candidates = {name: (lambda f=MM_IMPLS[name]: after(f(ra, rb, rbias, "none", [], None)))
+    candidates = {name: (lambda f=MM_IMPLS[name]: after(f(r.a, r.b, r.bias, "none", [], None)))
                   for name in mm_impls(a.dtype, mode)}
     signature = (tuple(a.shape), tuple(b.shape), tuple(b.stride()), str(a.dtype), bias is not None)
     if unary != "none":  # signatures of plain GEMMs as before, so their cache entries stay valid
-        candidates[FUSED_POST_OP] = lambda: MM_IMPLS["onednn"](ra, rb, rbias, unary, scalars, algorithm or None)
+        candidates[FUSED_POST_OP] = lambda: MM_IMPLS["onednn"](r.a, r.b, r.bias, unary, scalars, algorithm or None)
         signature += (unary, tuple(scalars), algorithm)
-    return choose("mm", signature, _no_grad(candidates), BUDGET[mode], after_each=lambda: drop_packs(rb))
+    return choose("mm", signature, _no_grad(candidates), BUDGET[mode], after_each=lambda: drop_packs(r.b))
 
 
 def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: torch.Tensor | None, conv_args: tuple,
@@ -76,12 +101,10 @@ def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: t
     leaves ATen's own layout out: its convolution on such data takes a slow path."""
     stride, padding, dilation, groups = conv_args
     arriving = torch.channels_last if x_channels_last else None
-    rx, rw = _like(x, arriving), _like(w)
-    rbias = _like(bias) if bias is not None else None
-    rother = _like(other, arriving) if other is not None else None
+    r = _Inputs(x=(x, arriving), w=(w, None), bias=(bias, None), other=(other, arriving))
     names = [n for n in CONV_IMPLS if not (x_channels_last and n == "aten")]
     candidates = {name: (lambda impl=CONV_IMPLS[name]: impl(
-        rx, rw, rbias, stride, padding, dilation, groups, unary, scalars, algorithm, rother)) for name in names}
-    signature = (tuple(x.shape), tuple(rx.stride()), tuple(w.shape), str(x.dtype), bias is not None, tuple(stride),
+        r.x, r.w, r.bias, stride, padding, dilation, groups, unary, scalars, algorithm, r.other)) for name in names}
+    signature = (tuple(x.shape), _strides(x, arriving), tuple(w.shape), str(x.dtype), bias is not None, tuple(stride),
                  tuple(padding), tuple(dilation), groups, unary, tuple(scalars), algorithm, other is not None)
-    return choose("conv", signature, _no_grad(candidates), BUDGET[mode], after_each=lambda: drop_packs(rw))
+    return choose("conv", signature, _no_grad(candidates), BUDGET[mode], after_each=lambda: drop_packs(r.w))

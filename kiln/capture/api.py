@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from torch import nn
 
+from kiln.capture import break_records
 from kiln.capture.binder import make_binder
 from kiln.capture.cache import FrameCache, reset_all
 
@@ -139,7 +140,5 @@ def reset() -> None:
 
         kiln.reset()
     """
-    from kiln.capture import break_records as breaks
-
     reset_all()
-    breaks.BREAKS.clear()
+    break_records.BREAKS.clear()

@@ -23,11 +23,11 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from kiln.ir.analysis import OpCounter, ReadsWrites
+from kiln.ir.index_bounds import linear_stride, simplify
 from kiln.ir.nodes import index_symbols
 from kiln.ir.ops import use_handler
 from kiln.lowering.extern_layouts import returns_view
 from kiln.lowering.values import TensorValue
-from kiln.ir.index_bounds import linear_stride, simplify
 
 MAX_INLINED_OPS = 8  # body ops a value may have and still be recomputed by each of its readers
 MIN_RECOMPUTED = 16384  # elements broadcasting readers may recompute before a costly value is stored

@@ -15,8 +15,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 from kiln import logs
-from kiln.ir.constant_split import ConstantSplit
 from kiln.externs.prepacked import packed_bytes
+from kiln.ir.constant_split import ConstantSplit
 
 
 def _signature(t: Any) -> Any:
@@ -86,8 +86,6 @@ class FrozenProgram:
 
     @classmethod
     def load(cls, artifact: FrozenArtifact, load_runtime: Callable[[Any], Callable]) -> "FrozenProgram":
-        import kiln.externs.prepacked  # noqa: F401  (the graphs call kiln's ops)
-
         return cls(pickle.loads(artifact.split), load_runtime(artifact.runtime))
 
     def memory(self) -> dict[str, int]:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from kiln.ir.nodes import Buffer
 from kiln.ir.index_bounds import is_nonnegative, max_value
+from kiln.ir.nodes import Buffer
 from kiln.schedule.loop_nest import LoopNest, loop_extents
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import sympy
 
 from kiln.ir.analysis import OpCounter, ReadsWrites, run
+from kiln.ir.index_bounds import simplify
 from kiln.ir.nodes import Pointwise
 from kiln.schedule.fusion import FusedKernel
-from kiln.ir.index_bounds import simplify
 from kiln.schedule.loop_nest import LoopNest, loop_extents
 
 

@@ -10,8 +10,8 @@ from typing import Sequence
 import sympy
 
 from kiln.ir.analysis import ReadsWrites, run
-from kiln.ir.nodes import Buffer, Node, Pointwise, Reduction, Scatter, index_symbols
 from kiln.ir.index_bounds import simplify
+from kiln.ir.nodes import Buffer, Node, Pointwise, Reduction, Scatter, index_symbols
 
 
 @dataclass

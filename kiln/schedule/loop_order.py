@@ -8,8 +8,8 @@ import math
 
 import sympy
 
-from kiln.ir.nodes import Buffer, Pointwise
 from kiln.ir.index_bounds import linear_stride
+from kiln.ir.nodes import Buffer, Pointwise
 from kiln.schedule.loop_nest import LoopNest, loop_nest
 
 

@@ -19,6 +19,8 @@ from torch.utils import _pytree as pytree
 
 from kiln.ir.nodes import Buffer, Layout
 from kiln.lowering.extern_layouts import returns_view
+from kiln.schedule.fusion import FusedKernel
+from kiln.schedule.inplace import overwritable_inputs
 
 
 @dataclass
@@ -34,8 +36,6 @@ def _returns_view(op: Any) -> bool:
 
 
 def _step_reads(step: Any) -> list[str]:
-    from kiln.schedule.fusion import FusedKernel
-
     if isinstance(step, FusedKernel):
         return [b.name for b in step.inputs]
     return [b.name for b in pytree.tree_leaves((step.args, step.kwargs)) if isinstance(b, Buffer)]
@@ -43,8 +43,6 @@ def _step_reads(step: Any) -> list[str]:
 
 def plan_memory(steps: list, outputs: list, owned: dict[str, Buffer]) -> MemoryPlan:
     """`owned`: the buffers kernels allocate (by name), in allocation order."""
-    from kiln.schedule.fusion import FusedKernel
-
     last_use: dict[str, int] = {}
     aliases: dict[str, set[str]] = {}  # extern output -> buffers it may view
     for k, step in enumerate(steps):
@@ -108,8 +106,6 @@ def _conv_into_other(step: Any, dying: set[str], aliases: dict[str, set[str]], l
 def _overwrites(kernel: Any, dying: set[str], layouts: dict[str, Layout]) -> dict[str, str]:
     """Outputs of `kernel` written over inputs that die at it (at most one input per output).
     A graph output may be: what it overwrites is an intermediate nothing else holds."""
-    from kiln.schedule.inplace import overwritable_inputs
-
     chosen: dict[str, str] = {}
     for out, names in overwritable_inputs(kernel).items():
         layout = next(b.layout for b in kernel.outputs if b.name == out)

@@ -20,10 +20,10 @@ from typing import Callable, Sequence
 import sympy
 
 from kiln.ir.analysis import ReadsWrites, run
+from kiln.ir.index_bounds import linear_stride, simplify
 from kiln.ir.indexing import FloorDiv
 from kiln.ir.nodes import Pointwise, Reduction, index_symbols
 from kiln.schedule.fusion import FusedKernel
-from kiln.ir.index_bounds import linear_stride, simplify
 from kiln.schedule.loop_nest import LoopNest, loop_extents
 
 

@@ -12,10 +12,10 @@ import torch
 
 from kiln.codegen.cpp.body import STORAGE_CTYPES, CppBody, value_ctype, value_dtype
 from kiln.codegen.cpp.printer import CTYPES, cpp_constant, cpp_index
+from kiln.ir.index_bounds import linear_stride
 from kiln.ir.nodes import Layout, Pointwise
 from kiln.ir.ops import use_handler
 from kiln.schedule.fusion import FusedKernel
-from kiln.ir.index_bounds import linear_stride
 from kiln.schedule.inplace import init_is_copy_of
 from kiln.schedule.loop_nest import LoopNest, loop_extents
 from kiln.schedule.loop_order import ordered_nest
