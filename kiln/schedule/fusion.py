@@ -37,6 +37,9 @@ class FusedKernel:
     inputs: list[Buffer] = field(default_factory=list)  # read from memory written elsewhere
     outputs: list[Buffer] = field(default_factory=list)  # members stored to memory
     overwrites: dict[str, Buffer] = field(default_factory=dict)  # output -> input it is written over
+    # A scatter kernel's loop writing its initial values, or None when they are already in place
+    # (its output is written over an input that holds them); chosen by the scheduler.
+    scatter_init: LoopNest | None = None
 
     @property
     def written(self) -> dict[str, LoopNest]:

@@ -21,7 +21,7 @@ from kiln.schedule.fusion import FusedKernel
 from kiln.schedule.loop_nest import LoopNest, loop_extents
 
 
-def _scatter_init(nest: LoopNest) -> Pointwise:
+def scatter_init(nest: LoopNest) -> Pointwise:
     node = nest.node
     return Pointwise(node.dtype, node.ranges, node.init_fn, name=node.name)
 
@@ -34,7 +34,7 @@ def _scattered_reads(nest: LoopNest) -> set[str]:
 
 
 def _init_reads(nest: LoopNest) -> list[tuple[str, sympy.Expr]]:
-    init = _scatter_init(nest)
+    init = scatter_init(nest)
     extents = loop_extents(init)
     return [(name, simplify(index, extents)) for name, index in run(ReadsWrites(), init).reads]
 
@@ -67,6 +67,6 @@ def overwritable_inputs(kernel: FusedKernel) -> dict[str, list[str]]:
 def init_is_copy_of(nest: LoopNest, name: str) -> bool:
     """Are a scatter's initial values just `name` at the element they initialize? (Written over
     `name`, the scatter then has nothing to initialize.)"""
-    init = _scatter_init(nest)
+    init = scatter_init(nest)
     counts = run(OpCounter(), init).counts
     return set(counts) <= {"load"} and _init_reads(nest) == [(name, nest.store_index)]

@@ -13,6 +13,8 @@ from kiln.ir.analysis import ReadsWrites, run
 from kiln.ir.nodes import Buffer
 from kiln.ir.program import ComputeStep, ExternStep, Program, binds_memory
 from kiln.schedule.fusion import FusedKernel, KernelBuilder
+from kiln.schedule.inplace import init_is_copy_of, scatter_init
+from kiln.schedule.loop_nest import LoopNest
 from kiln.schedule.loop_order import ordered_nest
 from kiln.schedule.memory import MemoryPlan, plan_memory
 from kiln.schedule.merge_loops import merge_loops
@@ -103,6 +105,16 @@ def _finish(steps: list, outputs: list[Any], buffers: dict[str, Buffer]) -> None
         step.inputs = [buffers[name] for name in names]
 
 
+def _scatter_init_nest(kernel: FusedKernel) -> LoopNest | None:
+    """The loop that writes a scatter kernel's initial values, unless the input its output is
+    written over already holds them."""
+    nest = kernel.members[0]
+    overwritten = kernel.overwrites.get(nest.name)
+    if overwritten is not None and init_is_copy_of(nest, overwritten.name):
+        return None
+    return ordered_nest(nest.buffer, scatter_init(nest))
+
+
 def schedule(program: Program) -> Schedule:
     """The program's steps as fused kernels and externs, with a memory plan."""
     steps = [merge_loops(s) if isinstance(s, FusedKernel) else s for s in _group(live_steps(program))]
@@ -118,4 +130,6 @@ def schedule(program: Program) -> Schedule:
         kernel.overwrites = {b.name: buffers[memory.inplace[b.name]] for b in kernel.outputs if b.name in memory.inplace}
         taken = {b.name for b in kernel.overwrites.values()}
         kernel.inputs = [b for b in kernel.inputs if b.name not in taken]  # read through the output's pointer
+        if kernel.is_scatter:
+            kernel.scatter_init = _scatter_init_nest(kernel)
     return Schedule(program.inputs, steps, program.outputs, memory)

@@ -13,12 +13,10 @@ import torch
 from kiln.codegen.cpp.body import STORAGE_CTYPES, CppBody, value_ctype, value_dtype
 from kiln.codegen.cpp.printer import CTYPES, cpp_constant, cpp_index
 from kiln.ir.index_bounds import linear_stride
-from kiln.ir.nodes import Layout, Pointwise
+from kiln.ir.nodes import Layout
 from kiln.ir.ops import use_handler
 from kiln.schedule.fusion import FusedKernel
-from kiln.schedule.inplace import init_is_copy_of
 from kiln.schedule.loop_nest import LoopNest, loop_extents
-from kiln.schedule.loop_order import ordered_nest
 
 PARALLEL_MIN_WORK = 32768  # elements (times reduction length) below which threads cost more than they save
 
@@ -206,10 +204,8 @@ class KernelPrinter:
 
     # -- scatters: the initial values, then one write per source element ------------------------
     def _scatter(self, nest: LoopNest) -> None:
-        node = nest.node
-        overwritten = self.kernel.overwrites.get(nest.name)
-        if overwritten is None or not init_is_copy_of(nest, overwritten.name):  # else already in place
-            init = ordered_nest(nest.buffer, Pointwise(node.dtype, node.ranges, node.init_fn, name=node.name))
+        init = self.kernel.scatter_init
+        if init is not None:  # else the initial values are already in place (kernel.overwrites)
             init_kernel = FusedKernel(self.kernel.name, tuple(init.ranges), [init], set(), self.kernel.inputs,
                                       self.kernel.outputs, self.kernel.overwrites)
             printer = KernelPrinter(init_kernel, self.function)
