@@ -134,7 +134,8 @@ def describe_run(meta: dict[str, Any]) -> str:
     threads = ",".join(str(t) for t in meta["threads"])
     return (
         f"{meta['task']} · suite {meta['suite']} · threads {threads} · {meta['iters']} iters after {meta['warmup']} "
-        f"warm-up · {meta['cache']} cache · torch {meta['torch']} · {meta['cpu']} ({meta['cores']} cores) · {meta['date']}"
+        f"warm-up · {meta['cache']} cache · torch {meta['torch']} · {meta['cpu']} ({meta['cores']} cores"
+        f"{'; ' + ', '.join(meta['isa']) if meta.get('isa') else ''}) · {meta['date']}"
     )
 
 
@@ -173,6 +174,23 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# The vector and matrix extensions that decide which GEMM library wins on a CPU.
+_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "asimd", "sve")
+
+
+def _isa() -> list[str]:
+    """The CPU's flags among `_ISA_FLAGS` (from /proc/cpuinfo; empty where it is unreadable)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    flags = set(line.split(":", 1)[1].split())
+                    return [flag for flag in _ISA_FLAGS if flag in flags]
+    except OSError:
+        pass
+    return []
+
+
 def run_metadata(**settings: Any) -> dict[str, Any]:
     """What a reader needs to reproduce the numbers: machine, versions, settings."""
     import os
@@ -191,6 +209,7 @@ def run_metadata(**settings: Any) -> dict[str, Any]:
         **settings,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": _cpu_name(),
+        "isa": _isa(),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -65,3 +65,13 @@ def test_a_graph_that_fell_back_to_eager_is_a_failure():
     (summary,) = summarize([fell_back])
     assert not fell_back.passed and summary.pass_rate == "0/1"
     assert pivot([fell_back])[1][0][2] == "1.00x (2 graphs fell back)"
+
+
+def test_the_run_header_names_the_cpus_vector_extensions():
+    from kiln.bench.report import describe_run, run_metadata
+
+    meta = run_metadata(task="inference", suite="unit", threads=[1], iters=1, warmup=1, cache="cold")
+    assert isinstance(meta["isa"], list) and set(meta["isa"]) <= {"avx2", "avx512f", "avx512_bf16", "avx512_vnni",
+                                                                   "amx_bf16", "amx_tile", "asimd", "sve"}
+    assert describe_run({**META, "isa": ["avx2", "avx512f"]}).endswith("cpu (2 cores; avx2, avx512f) · today")
+    assert describe_run(META).endswith("cpu (2 cores) · today")  # runs saved before the field existed
