@@ -255,7 +255,7 @@ class DebugSettings(_Group):
     verify: bool = setting(
         False,
         env="KILN_VERIFY",
-        help="run the IR verifier on every graph after lowering and after scheduling (slower compiles)",
+        help="check every graph after each pass, after lowering and after scheduling (slower compiles)",
     )
 
 

@@ -5,8 +5,8 @@
 
 This is the one place that assembles the stages after the AOT layer, in the order the pipeline
 lists them. Each stage is timed (`KILN_LOGS=compile_time`, kiln/compile_time.py), its result can
-be dumped (`KILN_DEBUG_DIR`, kiln/backend/dump.py) and, under `KILN_VERIFY=1`, the IR is checked
-after lowering and after scheduling. The code generator is chosen once per graph, from its device
+be dumped (`KILN_DEBUG_DIR`, kiln/backend/dump.py) and, under `KILN_VERIFY=1`, checked: the ATen
+graph after every rewrite, the IR after lowering and after scheduling. The code generator is chosen once per graph, from its device
 (`choose_codegen`): C++ for CPU today; a second generator plugs in there.
 
 `Backend` is a graph compiler for `kiln.aot.compile` that can also save what it built and load it
@@ -38,6 +38,7 @@ from kiln.lowering.registry import LOWERINGS
 from kiln.passes import pipeline
 from kiln.passes.constants import has_frozen_inputs, unmark_frozen
 from kiln.passes.specialize_sizes import has_symbolic_sizes, scalar_inputs, specialize, symbolic_inputs
+from kiln.passes.verify import verify_graph
 from kiln.runtime import saved
 from kiln.runtime.compiled_graph import CompiledGraph, GraphArtifact, build
 from kiln.runtime.cpp_compile import workers
@@ -104,6 +105,8 @@ class Backend:
                 changed = rewrite(gm, target)
                 if changed:
                     gm.recompile()
+                if config.debug.verify:
+                    verify_graph(gm, after=name)
             if changed:
                 logs.log_lazy("passes", lambda: f"after {name}:\n{gm.code}")
             dump.after_pass(folder, name, gm, changed)

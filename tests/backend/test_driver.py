@@ -123,3 +123,23 @@ def test_extern_arguments_are_read_and_replaced_by_name():
     assert step.with_argument("dtype", torch.float64).kwargs == {"keepdim": True, "dtype": torch.float64}
     with pytest.raises(KeyError, match="no argument 'other'"):
         step.argument("other")
+
+
+def _rewrite_without_fake_values(gm, target):
+    # A careless rewrite: adds a node and forgets its fake value.
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    first = out.args[0][0]
+    with gm.graph.inserting_before(out):
+        neg = gm.graph.call_function(torch.ops.aten.neg.default, (first,))
+    out.args = ((neg, *out.args[0][1:]),)
+    return True
+
+
+def test_kiln_verify_names_the_pass_that_broke_the_aten_graph(monkeypatch):
+    from kiln.passes.verify import GraphError
+
+    monkeypatch.setattr(pipeline, "REWRITES", [*pipeline.REWRITES, ("careless", _rewrite_without_fake_values)])
+    x = torch.randn(4, 8)
+    with kiln.config.patch({"debug.verify": True}):
+        with pytest.raises(GraphError, match="after pass careless: node neg"):
+            Backend()(aot_graph(lambda x: x.sin() + 1, x), [x])
