@@ -45,7 +45,8 @@ from kiln.runtime.cpp_compile import workers
 from kiln.runtime.fallback import record_fallback
 from kiln.runtime.frozen import FrozenProgram
 from kiln.runtime.specialized import SizeSpecialized
-from kiln.schedule import Schedule, schedule
+from kiln.ir.schedule import Schedule
+from kiln.schedule import schedule
 from kiln.schedule.verify import verify_schedule
 
 

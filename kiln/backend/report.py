@@ -8,7 +8,7 @@ from typing import Any
 from kiln.codegen.cpp.library import CppKernels
 from kiln.ir.analysis import OpCounter, run
 from kiln.ir.program import Program
-from kiln.schedule import Schedule
+from kiln.ir.schedule import Schedule
 
 
 def _op_count(node: Any) -> int:

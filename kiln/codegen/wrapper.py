@@ -18,9 +18,7 @@ from torch.utils import _pytree as pytree
 
 from kiln.ir.nodes import Buffer, Layout
 from kiln.ir.program import ExternStep
-from kiln.schedule import Schedule
-from kiln.schedule.fusion import FusedKernel
-from kiln.schedule.memory import MemoryPlan
+from kiln.ir.schedule import FusedKernel, MemoryPlan, Schedule
 
 
 @dataclass

@@ -3,4 +3,4 @@
     schedule(program) -> Schedule   (dead nodes removed, nodes fused, loop order chosen, buffers planned)
 """
 
-from kiln.schedule.scheduler import Schedule, schedule  # noqa: F401
+from kiln.schedule.scheduler import schedule  # noqa: F401

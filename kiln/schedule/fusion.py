@@ -1,6 +1,6 @@
 """Fusion: compute nodes grouped into kernels that share outer loops.
 
-A `FusedKernel` runs its outer loops once; inside, each member runs its own inner loops in order
+A `FusedKernel` (kiln/ir/schedule.py) runs its outer loops once; inside, each member runs its own inner loops in order
 (a reduction's reduction loop, a pointwise node's remaining dims). So softmax is one kernel: per
 row, a max loop, a sum loop and a write loop; a layer norm's statistics and normalization, or a
 residual add followed by a layer norm, likewise. Nodes join a kernel when
@@ -19,48 +19,10 @@ kept in a local variable instead of memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import sympy
 
 from kiln.ir.index_bounds import is_nonnegative, max_value
-from kiln.ir.nodes import Buffer
-from kiln.schedule.loop_nest import LoopNest, loop_extents
-
-
-@dataclass
-class FusedKernel:
-    name: str
-    outer: tuple[sympy.Expr, ...]
-    members: list[LoopNest] = field(default_factory=list)
-    locals: set[str] = field(default_factory=set)  # members kept in registers, never stored
-    inputs: list[Buffer] = field(default_factory=list)  # read from memory written elsewhere
-    outputs: list[Buffer] = field(default_factory=list)  # members stored to memory
-    overwrites: dict[str, Buffer] = field(default_factory=dict)  # output -> input it is written over
-    # A scatter kernel's loop writing its initial values, or None when they are already in place
-    # (its output is written over an input that holds them); chosen by the scheduler.
-    scatter_init: LoopNest | None = None
-
-    @property
-    def written(self) -> dict[str, LoopNest]:
-        return {m.name: m for m in self.members}
-
-    def inner_ranges(self, member: LoopNest) -> tuple[sympy.Expr, ...]:
-        if member.is_scatter:
-            return tuple(member.node.source_ranges)
-        if member.is_reduction:
-            return tuple(member.node.reduction_ranges)
-        return tuple(member.ranges[len(self.outer):])
-
-    @property
-    def vectorizes_outer(self) -> bool:
-        """No member has inner loops: the last outer loop is the one to vectorize."""
-        return all(not self.inner_ranges(m) and not m.is_scatter for m in self.members)
-
-    @property
-    def is_scatter(self) -> bool:
-        """A scatter kernel: its one member, alone (see `KernelBuilder.accepts`)."""
-        return any(m.is_scatter for m in self.members)
+from kiln.ir.schedule import FusedKernel, LoopNest, loop_extents
 
 
 def _outer_vars(count: int) -> list[sympy.Symbol]:

@@ -17,8 +17,7 @@ import sympy
 from kiln.ir.analysis import OpCounter, ReadsWrites, run
 from kiln.ir.index_bounds import simplify
 from kiln.ir.nodes import Pointwise
-from kiln.schedule.fusion import FusedKernel
-from kiln.schedule.loop_nest import LoopNest, loop_extents
+from kiln.ir.schedule import FusedKernel, LoopNest, loop_extents
 
 
 def scatter_init(nest: LoopNest) -> Pointwise:

@@ -1,10 +1,9 @@
-"""A compute node as the scheduler sees it: its loops with size-1 dims dropped, in a chosen order,
-and the flat index it stores to. Normalizing lets nodes that differ only by `keepdim`-style unit
-dims share loops."""
+"""A compute node made into a `LoopNest` (kiln/ir/schedule.py), as the scheduler sees it: its loops
+with size-1 dims dropped, in a chosen order, and the flat index it stores to. Normalizing lets
+nodes that differ only by `keepdim`-style unit dims share loops."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Sequence
 
 import sympy
@@ -12,30 +11,7 @@ import sympy
 from kiln.ir.analysis import ReadsWrites, run
 from kiln.ir.index_bounds import simplify
 from kiln.ir.nodes import Buffer, Node, Pointwise, Reduction, Scatter, index_symbols
-
-
-@dataclass
-class LoopNest:
-    buffer: Buffer
-    node: Node  # normalized: no size-1 ranges (a reduction keeps at least one reduction range)
-    store_index: sympy.Expr  # element offset into `buffer`'s storage, over node.index_vars()
-    reads: list[tuple[str, sympy.Expr]] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.buffer.name
-
-    @property
-    def is_reduction(self) -> bool:
-        return isinstance(self.node, Reduction)
-
-    @property
-    def is_scatter(self) -> bool:
-        return isinstance(self.node, Scatter)
-
-    @property
-    def ranges(self) -> tuple[sympy.Expr, ...]:
-        return self.node.ranges
+from kiln.ir.schedule import LoopNest, loop_extents
 
 
 def _expand(kept: Sequence[int], rank: int, index: Sequence[sympy.Expr]) -> list[sympy.Expr]:
@@ -85,11 +61,3 @@ def _scatter_nest(buffer: Buffer, node: Scatter) -> LoopNest:
     return LoopNest(buffer, node, simplify(sympy.expand(store), extents), reads)
 
 
-def loop_extents(node: Node) -> dict[sympy.Symbol, sympy.Expr]:
-    """Each loop variable of `node` with its trip count."""
-    extents = dict(zip(node.index_vars(), node.ranges))
-    if isinstance(node, Reduction):
-        extents.update(zip(node.reduction_vars(), node.reduction_ranges))
-    if isinstance(node, Scatter):
-        extents.update(zip(node.source_vars(), node.source_ranges))
-    return extents

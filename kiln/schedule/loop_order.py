@@ -10,7 +10,8 @@ import sympy
 
 from kiln.ir.index_bounds import linear_stride
 from kiln.ir.nodes import Buffer, Pointwise
-from kiln.schedule.loop_nest import LoopNest, loop_nest
+from kiln.ir.schedule import LoopNest
+from kiln.schedule.loop_nest import loop_nest
 
 
 def _footprint(index: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> int:

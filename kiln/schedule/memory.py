@@ -1,4 +1,5 @@
-"""The memory plan: when each buffer dies, and which dead buffer's memory a new one takes.
+"""The memory plan (`MemoryPlan`, kiln/ir/schedule.py): when each buffer dies, and which dead
+buffer's memory a new one takes.
 
 Only memory kiln's own kernels allocate is reused; graph inputs and outputs belong to the caller.
 Every other buffer, an extern's result included, is dropped right after its last reader, as eager
@@ -12,23 +13,14 @@ inputs a kernel can overwrite), an extern's result included unless it may view o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from torch.utils import _pytree as pytree
 
 from kiln.ir.nodes import Buffer, Layout
+from kiln.ir.schedule import FusedKernel, MemoryPlan
 from kiln.lowering.extern_layouts import returns_view
-from kiln.schedule.fusion import FusedKernel
 from kiln.schedule.inplace import overwritable_inputs
-
-
-@dataclass
-class MemoryPlan:
-    frees: dict[int, list[str]] = field(default_factory=dict)  # step -> buffers dead after it
-    reuses: dict[str, str] = field(default_factory=dict)  # new buffer -> dead buffer it takes over
-    inplace: dict[str, str] = field(default_factory=dict)  # kernel output -> input it is written over
-    extern_inplace: dict[int, str] = field(default_factory=dict)  # step -> the input its result is written over
 
 
 def _returns_view(op: Any) -> bool:

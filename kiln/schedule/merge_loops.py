@@ -23,8 +23,7 @@ from kiln.ir.analysis import ReadsWrites, run
 from kiln.ir.index_bounds import linear_stride, simplify
 from kiln.ir.indexing import FloorDiv
 from kiln.ir.nodes import Pointwise, Reduction, index_symbols
-from kiln.schedule.fusion import FusedKernel
-from kiln.schedule.loop_nest import LoopNest, loop_extents
+from kiln.ir.schedule import FusedKernel, LoopNest, loop_extents
 
 
 def _merged_ranges(ranges: Sequence[sympy.Expr], d: int) -> tuple[sympy.Expr, ...]:

@@ -4,37 +4,19 @@ kernel-private results in registers, plan memory."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from torch.utils import _pytree as pytree
 
 from kiln.ir.analysis import ReadsWrites, run
 from kiln.ir.nodes import Buffer
-from kiln.ir.program import ComputeStep, ExternStep, Program, binds_memory
-from kiln.schedule.fusion import FusedKernel, KernelBuilder
+from kiln.ir.program import ComputeStep, ExternStep, Program
+from kiln.ir.schedule import FusedKernel, LoopNest, Schedule
+from kiln.schedule.fusion import KernelBuilder
 from kiln.schedule.inplace import init_is_copy_of, scatter_init
-from kiln.schedule.loop_nest import LoopNest
 from kiln.schedule.loop_order import ordered_nest
-from kiln.schedule.memory import MemoryPlan, plan_memory
+from kiln.schedule.memory import plan_memory
 from kiln.schedule.merge_loops import merge_loops
-
-
-@dataclass
-class Schedule:
-    inputs: list[Buffer | None]
-    steps: list[FusedKernel | ExternStep]
-    outputs: list[Any]
-    memory: MemoryPlan
-
-    @property
-    def kernels(self) -> list[FusedKernel]:
-        return [s for s in self.steps if isinstance(s, FusedKernel)]
-
-    @property
-    def externs(self) -> list[ExternStep]:
-        """ATen calls that compute something (as `Program.externs`)."""
-        return [s for s in self.steps if isinstance(s, ExternStep) and not binds_memory(s)]
 
 
 def _extern_reads(step: ExternStep) -> list[str]:

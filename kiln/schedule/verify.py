@@ -10,9 +10,8 @@ from __future__ import annotations
 from torch.utils import _pytree as pytree
 
 from kiln.ir.nodes import Buffer
+from kiln.ir.schedule import FusedKernel, Schedule
 from kiln.ir.verify import IRError, verify
-from kiln.schedule.fusion import FusedKernel
-from kiln.schedule.scheduler import Schedule
 
 
 def _reads(step) -> set[str]:

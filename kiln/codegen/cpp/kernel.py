@@ -15,8 +15,7 @@ from kiln.codegen.cpp.printer import CTYPES, cpp_constant, cpp_index
 from kiln.ir.index_bounds import linear_stride
 from kiln.ir.nodes import Layout
 from kiln.ir.ops import use_handler
-from kiln.schedule.fusion import FusedKernel
-from kiln.schedule.loop_nest import LoopNest, loop_extents
+from kiln.ir.schedule import FusedKernel, LoopNest, loop_extents
 
 PARALLEL_MIN_WORK = 32768  # elements (times reduction length) below which threads cost more than they save
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from kiln.codegen.cpp.kernel import is_static, kernel_source
 from kiln.codegen.cpp.preamble import preamble
-from kiln.schedule.fusion import FusedKernel
+from kiln.ir.schedule import FusedKernel
 
 _PLACEHOLDER = "KILN_KERNEL"
 
