@@ -23,7 +23,7 @@ from kiln.capture.guards import Guard
 from kiln.capture.opcodes import HANDLERS
 from kiln.capture.sources import ConstSource, ItemSource
 from kiln.capture.user_exceptions import UserRaise, raise_real
-from kiln.capture.variables.base import NULL, Variable
+from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable
 from kiln.capture.variables.containers import DictVariable, TupleVariable
 from kiln.capture.variables.functions import CellVariable, RealCellVariable

@@ -45,7 +45,7 @@ def is_plain_data(var: Variable) -> bool:
 def plain_data(var: Variable) -> Any:
     """The Python value of a variable that `is_plain_data`: a fresh copy for mutable containers."""
     # containers.py imports this module (ConstantVariable)
-    from kiln.capture.variables.containers import BaseSequenceVariable, DictVariable, SetVariable
+    from kiln.capture.variables.containers import BaseSequenceVariable, SetVariable
 
     if var.is_constant():
         return var.as_constant()
