@@ -7,7 +7,13 @@ backward, gradients) match eager's.
 
 Backends: "kiln_aot_eager" and "kiln" (kiln's own), or any name Dynamo knows ("inductor", the peer
 the kiln sweep measures against). For "kiln" the lowered `Program`s are kept, so a caller can tell
-an op kiln generated code for from one it called as an ATen extern.
+an op kiln generated code for from one it called as an ATen extern. `door="kiln.compile"` captures
+with kiln's own bytecode capture (`kiln.compile(fn, backend=...)`) instead of Dynamo; the same
+rules hold (a graph compiled, no backend fallback, values match).
+
+Tolerances (`tolerance=`): "1e-4" (atol = rtol = 1e-4, what the CI subsets use) or "float32"
+(torch.testing's defaults for the output dtype: rtol 1.3e-6 and atol 1e-5 for float32, exact for
+integers; what OpInfo's own tests use where an op declares no override).
 """
 
 from __future__ import annotations
@@ -18,12 +24,16 @@ import torch
 import torch._dynamo
 from torch.utils import _pytree as pytree
 
+import kiln
 from kiln.backend import Backend, kiln_aot_eager
+from kiln.capture.cache import OBSERVERS
 from kiln.backend.backends import with_aot
 from kiln.runtime import fallback
 
 
 UNOBSERVED = "<a compiled graph whose Program the test could not see>"
+DOORS = ("torch.compile", "kiln.compile")
+TOLERANCES = {"1e-4": dict(atol=1e-4, rtol=1e-4), "float32": {}}  # {}: torch.testing's defaults per dtype
 
 
 @dataclass
@@ -150,7 +160,33 @@ def _same_metadata(actual, expected) -> None:
     assert [(t.shape, t.dtype) for t in a] == [(t.shape, t.dtype) for t in e], "output shapes or dtypes differ"
 
 
-def check_sample(op, sample, backward: bool, seed: int = 0, backend: str = "kiln_aot_eager") -> Outcome:
+def _compile(fn, counting: CountingBackend, door: str, breaks: list):
+    """`fn` compiled through `door` with `counting` as its backend; kiln's capture reports the
+    frames it ran eagerly into `breaks`."""
+    if door == "torch.compile":
+        return torch.compile(fn, backend=counting)
+    if door != "kiln.compile":
+        raise ValueError(f"door must be one of {DOORS}, got {door!r}")
+    kiln.reset()
+    compiled = kiln.compile(fn, backend=counting)
+
+    def run(*args):
+        def observe(event, cache, payload):
+            if event == "fallback":
+                breaks.append(payload)
+
+        OBSERVERS.append(observe)
+        try:
+            return compiled(*args)
+        finally:
+            OBSERVERS.remove(observe)
+
+    return run
+
+
+def check_sample(op, sample, backward: bool, seed: int = 0, backend: str = "kiln_aot_eager",
+                 door: str = "torch.compile", tolerance: str = "1e-4") -> Outcome:
+    tol = TOLERANCES[tolerance]
     tensors, rebuild = _split(sample)
 
     def fn(*ts):
@@ -166,25 +202,36 @@ def check_sample(op, sample, backward: bool, seed: int = 0, backend: str = "kiln
         return Outcome("eager-error", f"{type(e).__name__}: {e}")
 
     counting = CountingBackend(backend)
+    breaks: list = []  # kiln.compile: frames kiln's capture ran eagerly
     inputs = _fresh(tensors)
     try:
         torch.manual_seed(seed)
-        actual = torch.compile(fn, backend=counting)(*inputs)
+        actual = _compile(fn, counting, door, breaks)(*inputs)
         actual_grads = _grads(actual, inputs, seed) if backward else []
     except Exception as e:  # noqa: BLE001
         return counting.record(raised(e))
     if (unjudged := counting.verdict()) is not None:
+        if unjudged.status == "not-exercised" and breaks:
+            unjudged.detail = f"kiln's capture ran the frame eagerly: {breaks[0]}".splitlines()[0]
         return counting.record(unjudged)
     try:
         if is_random(op):  # values come from the random stream; only their form can be compared
             _same_metadata(actual, expected)
             return counting.record(Outcome("pass"))
-        torch.testing.assert_close(actual, expected, equal_nan=True, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(actual, expected, equal_nan=True, **tol)
         if backward:
-            torch.testing.assert_close(actual_grads, expected_grads, equal_nan=True, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(actual_grads, expected_grads, equal_nan=True, **tol)
     except AssertionError as e:
-        return counting.record(Outcome("fail", str(e).strip().splitlines()[0]))
+        return counting.record(Outcome("fail", _mismatch(e)))
     return counting.record(Outcome("pass"))
+
+
+def _mismatch(error: AssertionError) -> str:
+    """assert_close's message in one line: what differed and the greatest differences, so a
+    summary tells a rounding miss from a wrong value."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    kept = [lines[0]] + [line for line in lines[1:] if line.startswith(("Greatest", "Mismatched", "The failure"))]
+    return " ".join(kept)
 
 
 def op_id(op) -> str:

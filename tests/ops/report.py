@@ -1,4 +1,8 @@
-"""Summaries of a kiln-vs-Inductor OpInfo sweep: pass rates, the family table, kiln's failures by cause."""
+"""Summaries of a kiln-vs-Inductor OpInfo sweep: pass rates, the family table, kiln's failures by cause.
+
+Backends in the rows: "kiln" (`torch.compile(backend="kiln")`), "kiln.compile" (kiln's own capture)
+and "inductor"; pass rates of all are over the same rows.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +12,22 @@ import re
 from tests.ops.families import FAMILIES
 
 JUDGED = ("pass", "fail", "fallback")
+ALL_BACKENDS = ("kiln", "kiln.compile", "inductor")
+TOLERANCE_TEXT = {"1e-4": "atol = rtol = 1e-4",
+                  "float32": "torch.testing's float32 defaults: rtol = 1.3e-6, atol = 1e-5"}
+
+
+def tolerance_text(meta: dict) -> str:
+    return TOLERANCE_TEXT[meta.get("tolerance", "1e-4")]  # runs before the option existed used 1e-4
 CORE = ("pointwise", "reduction", "view", "indexing")
 
 
 def _backends(rows: list[dict]) -> list[str]:
-    return [b for b in ("kiln", "inductor") if any(b in r for r in rows)]
+    return [b for b in ALL_BACKENDS if any(b in r for r in rows)]
 
 
 def _is_judged(row: dict) -> bool:
-    return any(row.get(b) in JUDGED for b in ("kiln", "inductor"))
+    return any(row.get(b) in JUDGED for b in ALL_BACKENDS)
 
 
 def judged(rows: list[dict]) -> list[dict]:
@@ -26,7 +37,7 @@ def judged(rows: list[dict]) -> list[dict]:
 
 
 def not_judged(rows: list[dict]) -> list[str]:
-    return [f"{r['op']} ({r.get('kiln', r.get('inductor'))})" for r in rows if not _is_judged(r)]
+    return [f"{r['op']} ({next(r[b] for b in ALL_BACKENDS if b in r)})" for r in rows if not _is_judged(r)]
 
 
 def family_table(rows: list[dict]) -> list[dict]:
@@ -88,19 +99,22 @@ def summary_text(rows: list[dict], meta: dict, seconds: float | None) -> str:
     backends = _backends(rows)
     lines = [f"OpInfo {meta['dtype']} {meta['device']} {meta['direction']} sweep, torch {meta['torch']}, "
              f"{meta['samples_per_op']} samples per op, threads={meta['threads']}"
+             + f", {tolerance_text(meta)}"
+             + (f", commit {meta['commit']}" if meta.get("commit") else "")
+             + (f", {meta['cpu']}" if meta.get("cpu") else "")
              + (f", {meta['note']}" if meta.get("note") else "")
              + (f", {seconds:.0f} s" if seconds else "")]
     counts = {b: collections.Counter(r.get(b) for r in rows) for b in backends}
     for b in backends:
         passed = counts[b]["pass"]
-        lines.append(f"{b:9s}: pass rate {passed}/{len(rows_j)} = {_pct(passed, len(rows_j))}   {dict(counts[b])}")
+        lines.append(f"{b:12s}: pass rate {passed}/{len(rows_j)} = {_pct(passed, len(rows_j))}   {dict(counts[b])}")
     lines.append("")
-    header = f"{'family':18s} {'swept':>5s} " + " ".join(f"{b:>9s}" for b in backends)
+    header = f"{'family':18s} {'swept':>5s} " + " ".join(f"{b:>12s}" for b in backends)
     if "kiln" in backends:
         header += f" {'kiln-generated':>16s}"
     lines.append(header)
     for e in family_table(rows):
-        line = f"{e['family']:18s} {e['swept']:5d} " + " ".join(f"{e[b]:9d}" for b in backends)
+        line = f"{e['family']:18s} {e['swept']:5d} " + " ".join(f"{e[b]:12d}" for b in backends)
         if "generated" in e:
             line += f" {e['generated']:5d} = {_pct(e['generated'], e['swept']):>7s}"
         lines.append(line)
@@ -111,9 +125,10 @@ def summary_text(rows: list[dict], meta: dict, seconds: float | None) -> str:
             for cause, ops in causes.items():
                 core = f", core {core_count(rows, ops)}" if kind == "extern" else ""
                 lines.append(f"  [{len(ops)}{core}] {cause}: {' '.join(ops)}")
-    if "inductor" in backends:
-        bad = [r["op"] for r in rows_j if r.get("inductor") != "pass"]
-        lines.append(f"\ninductor not passing ({len(bad)}): {' '.join(bad)}")
+    for b in backends:
+        if b != "kiln":
+            bad = [f"{r['op']} ({r.get(b)}: {r.get(f'{b}_detail', '')[:100]})" for r in rows_j if r.get(b) != "pass"]
+            lines.append(f"\n{b} not passing ({len(bad)}):\n  " + "\n  ".join(bad))
     skipped = not_judged(rows)
     lines.append(f"\nnot judged ({len(skipped)}): {' '.join(skipped)}")
     return "\n".join(lines)
@@ -123,14 +138,20 @@ def markdown(rows: list[dict], meta: dict, seconds: float | None) -> str:
     rows_j = judged(rows)
     backends = _backends(rows)
     note = f"; {meta['note']}" if meta.get("note") else ""
+    flags = (" --backward" if meta["direction"] == "backward" else "") + (
+        f" --tolerance {meta['tolerance']}" if meta.get("tolerance") else "")
+    doors = ("through `torch.compile(backend=...)` (*kiln*, *inductor*) and `kiln.compile` (*kiln.compile*: kiln's "
+             "own capture)" if "kiln.compile" in backends else "through `torch.compile(backend=...)`")
+    where = "".join(f", {k} {meta[k]}" for k in ("commit", "cpu", "started") if meta.get(k))
+    resumed = f", resumed at {', '.join(meta['resumed_at'])}" if meta.get("resumed_at") else ""
     out = [f"# OpInfo {meta['direction']} sweep: kiln beside Inductor\n",
-           f"`python -m tests.ops.sweep_opinfo{' --backward' if meta['direction'] == 'backward' else ''}`: every "
+           f"`python -m tests.ops.sweep_opinfo{flags}`: every "
            f"OpInfo entry with {meta['dtype']} support on {meta['device']}, its first {meta['samples_per_op']} samples, "
-           f"through `torch.compile(backend=...)` against eager, kiln and Inductor interleaved in one process "
+           f"{doors} against eager, every backend interleaved in one process "
            f"(torch {meta['torch']}, threads={meta['threads']}{f', {seconds / 60:.0f} min' if seconds else ''}"
-           f"{note}). "
+           f"{where}{resumed}{note}). "
            "An op passes when every sample eager accepts compiled without a fallback to eager and matched "
-           "(atol = rtol = 1e-4). *kiln-generated*: passed, and no graph called an ATen op as an extern other "
+           f"({tolerance_text(meta)}). *kiln-generated*: passed, and no graph called an ATen op as an extern other "
            "than structural views and library kernels (GEMM, convolution, SDPA, LAPACK, FFT; "
            "`tests/ops/families.py`).\n",
            "| backend | passed | swept | pass rate |", "|---|---:|---:|---:|"]
@@ -158,9 +179,12 @@ def markdown(rows: list[dict], meta: dict, seconds: float | None) -> str:
                 out += [f"### {kind} ({n} ops)\n", "| ops | cause | which |", "|---:|---|---|"]
                 out += [f"| {len(ops)} | `{cause.replace('|', '/')}` | {', '.join(ops)} |" for cause, ops in causes.items()]
             out.append("")
-    if "inductor" in backends:
-        bad = [f"{r['op']} ({r.get('inductor')})" for r in rows_j if r.get("inductor") != "pass"]
-        out.append(f"## Inductor not passing ({len(bad)})\n\n{', '.join(bad)}\n")
+    for b in backends:
+        if b != "kiln":
+            bad = [f"| {r['op']} | {r.get(b)} | `{r.get(f'{b}_detail', '')[:160].replace('|', '/')}` |"
+                   for r in rows_j if r.get(b) != "pass"]
+            out += [f"## {b} not passing ({len(bad)})\n", "| op | status | first failing sample |", "|---|---|---|",
+                    *bad, ""]
     skipped = not_judged(rows)
     out.append(f"## Not judged ({len(skipped)})\n\nNo backend compiled anything for these: Dynamo handed no graph "
                "(OpInfo wrappers defined in `torch.testing`, which Dynamo does not trace; data-dependent output "

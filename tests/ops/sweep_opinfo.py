@@ -1,10 +1,13 @@
-"""The OpInfo float32 CPU sweep through `torch.compile(backend="kiln")` beside Inductor, in one run.
+"""The OpInfo float32 CPU sweep through kiln's two doors beside Inductor, in one run.
 
-    python -m tests.ops.sweep_opinfo [--ops add,sum] [--backward] [--json PATH] [--markdown PATH]
+    python -m tests.ops.sweep_opinfo [--ops add,sum] [--backward] [--tolerance float32] [--json PATH] [--markdown PATH]
 
-For each op (each OpInfo entry: name and variant) its first samples run through kiln, then through
-Inductor, against eager (see tests/aot/opinfo.py for what passing means: a graph compiled, no
-fallback to eager, values and, with --backward, gradients match). It prints both pass rates over
+For each op (each OpInfo entry: name and variant) its first samples run through each of --backends
+against eager: "kiln" is `torch.compile(backend="kiln")` (Dynamo's capture, kiln's backend),
+"kiln.compile" is `kiln.compile(fn)` (kiln's own capture and backend), "inductor" is
+`torch.compile(backend="inductor")` (see tests/aot/opinfo.py for what passing means: a graph
+compiled, no fallback to eager, values and, with --backward, gradients match within --tolerance:
+"float32", torch.testing's defaults, rtol 1.3e-6 and atol 1e-5, or "1e-4", atol = rtol = 1e-4). It prints both pass rates over
 the same ops, a table per family (tests/ops/families.py) with the share of ops kiln ran as its own
 generated code rather than as ATen externs, and kiln's failures grouped by cause.
 
@@ -18,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import signal
+import subprocess
 import sys
 import time
 import warnings
@@ -30,11 +35,13 @@ import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 
-from tests.aot.opinfo import Outcome, check_sample, op_id, op_status  # noqa: E402
+from tests.aot.opinfo import TOLERANCES, Outcome, check_sample, op_id, op_status  # noqa: E402
 from tests.ops.families import family, fallback_externs  # noqa: E402
 from tests.ops.report import markdown, summary_text  # noqa: E402
 
-BACKENDS = ("kiln", "inductor")
+# Each name in the results: (backend, door).
+BACKENDS = {"kiln": ("kiln", "torch.compile"), "kiln.compile": ("kiln", "kiln.compile"),
+            "inductor": ("inductor", "torch.compile")}
 
 
 class SampleTimeout(BaseException):
@@ -55,10 +62,11 @@ def time_limit(seconds: int):
         signal.signal(signal.SIGALRM, previous)
 
 
-def run_sample(op, sample, backward: bool, backend: str, timeout: int) -> Outcome:
+def run_sample(op, sample, backward: bool, name: str, timeout: int, tolerance: str) -> Outcome:
+    backend, door = BACKENDS[name]
     try:
         with time_limit(timeout):
-            return check_sample(op, sample, backward, backend=backend)
+            return check_sample(op, sample, backward, backend=backend, door=door, tolerance=tolerance)
     except SampleTimeout as e:
         return Outcome("fail", f"raised SampleTimeout: {e}")
     except Exception as e:  # noqa: BLE001 - the sweep goes on whatever one sample does
@@ -72,7 +80,7 @@ def selected_ops(only: set[str] | None) -> list:
     return [op for op in ops if not only or op.name in only or op_id(op) in only]
 
 
-def sweep_op(op, backward: bool, samples_per_op: int, backends: tuple[str, ...], timeout: int) -> dict:
+def sweep_op(op, backward: bool, samples_per_op: int, backends: tuple[str, ...], timeout: int, tolerance: str) -> dict:
     row = dict(op=op_id(op), family=family(op), backward=backward)
     try:
         samples = list(op.sample_inputs("cpu", torch.float32, requires_grad=backward))[:samples_per_op]
@@ -81,7 +89,7 @@ def sweep_op(op, backward: bool, samples_per_op: int, backends: tuple[str, ...],
     outcomes: dict[str, list[Outcome]] = {b: [] for b in backends}
     for sample in samples:  # interleaved: each sample through every backend before the next
         for b in backends:
-            outcomes[b].append(run_sample(op, sample, backward, b, timeout))
+            outcomes[b].append(run_sample(op, sample, backward, b, timeout, tolerance))
     for b in backends:
         status, detail = op_status(outcomes[b])
         row[b], row[f"{b}_detail"] = status, detail[:300]
@@ -94,7 +102,7 @@ def sweep_op(op, backward: bool, samples_per_op: int, backends: tuple[str, ...],
     return row
 
 
-def sweep(ops: list, backward: bool, samples_per_op: int, backends: tuple[str, ...], timeout: int,
+def sweep(ops: list, backward: bool, samples_per_op: int, backends: tuple[str, ...], timeout: int, tolerance: str,
           done: list[dict], save) -> list[dict]:
     rows = list(done)
     seen = {r["op"] for r in done}
@@ -102,7 +110,7 @@ def sweep(ops: list, backward: bool, samples_per_op: int, backends: tuple[str, .
         if op_id(op) in seen or (backward and not op.supports_autograd):
             continue
         start = time.time()
-        row = sweep_op(op, backward, samples_per_op, backends, timeout)
+        row = sweep_op(op, backward, samples_per_op, backends, timeout, tolerance)
         rows.append(row)
         save(rows)
         extra = " ".join(f"{b}={row[b]}" for b in backends)
@@ -111,15 +119,36 @@ def sweep(ops: list, backward: bool, samples_per_op: int, backends: tuple[str, .
     return rows
 
 
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _cpu() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", help="comma-separated op names or name.variant (default: every float32 op)")
     parser.add_argument("--backward", action="store_true", help="check gradients too (ops that support autograd)")
     parser.add_argument("--samples", type=int, default=3, help="samples per op (default 3)")
-    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated (default kiln,inductor)")
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help=f"comma-separated, of {', '.join(BACKENDS)} (default all)")
+    parser.add_argument("--tolerance", choices=tuple(TOLERANCES), default="float32",
+                        help="float32: torch.testing's defaults (rtol 1.3e-6, atol 1e-5); 1e-4: atol = rtol = 1e-4")
     parser.add_argument("--timeout", type=int, default=180, help="seconds per sample and backend (default 180)")
     parser.add_argument("--json", help="write every row here, after each op")
     parser.add_argument("--resume", action="store_true", help="keep the rows already in --json and skip their ops")
+    parser.add_argument("--redo", help="with --resume: comma-separated ops (name or name.variant) whose saved rows are "
+                                       "dropped and run again (after a fix)")
     parser.add_argument("--markdown", help="write the summary here as Markdown")
     parser.add_argument("--report", help="summarize this saved --json file instead of running")
     parser.add_argument("--note", help="what was measured (e.g. the commit), kept in the results")
@@ -127,7 +156,8 @@ def main() -> int:
     warnings.filterwarnings("ignore")
 
     meta = dict(torch=torch.__version__, threads=torch.get_num_threads(), samples_per_op=args.samples,
-                direction="backward" if args.backward else "forward", dtype="float32", device="cpu", note=args.note or "")
+                direction="backward" if args.backward else "forward", dtype="float32", device="cpu", note=args.note or "",
+                tolerance=args.tolerance, commit=_commit(), cpu=_cpu(), started=time.strftime("%Y-%m-%d %H:%M %Z"))
     if args.report:
         with open(args.report) as f:
             saved = json.load(f)
@@ -136,21 +166,29 @@ def main() -> int:
             meta["note"] = args.note
     else:
         backends = tuple(args.backends.split(","))
-        done = []
+        unknown = [b for b in backends if b not in BACKENDS]
+        if unknown:
+            parser.error(f"unknown backend {unknown[0]!r}; known: {', '.join(BACKENDS)}")
+        done, prior = [], 0
         if args.resume and args.json and os.path.exists(args.json):
             with open(args.json) as f:
-                done = json.load(f)["rows"]
+                saved = json.load(f)
+            redo = set(args.redo.split(",")) if args.redo else set()
+            done = [r for r in saved["rows"] if r["op"] not in redo and r["op"].split(".")[0] not in redo]
+            prior = saved.get("seconds") or 0
+            # A resumed run keeps its first start and commit; the commits it resumed at are listed.
+            meta = saved["meta"] | dict(resumed_at=saved["meta"].get("resumed_at", []) + [meta["commit"]])
         start = time.time()
 
         def save(rows: list[dict]) -> None:
             if args.json:
                 with open(args.json + ".tmp", "w") as f:
-                    json.dump(dict(meta=meta, seconds=round(time.time() - start), rows=rows), f, indent=1)
+                    json.dump(dict(meta=meta, seconds=prior + round(time.time() - start), rows=rows), f, indent=1)
                 os.replace(args.json + ".tmp", args.json)
 
         only = set(args.ops.split(",")) if args.ops else None
-        rows = sweep(selected_ops(only), args.backward, args.samples, backends, args.timeout, done, save)
-        seconds = round(time.time() - start)
+        rows = sweep(selected_ops(only), args.backward, args.samples, backends, args.timeout, args.tolerance, done, save)
+        seconds = prior + round(time.time() - start)
         save(rows)
     print(summary_text(rows, meta, seconds))
     if args.markdown:
