@@ -59,6 +59,8 @@ _UNARY.update({name: f"decltype({{0}})(kiln_{name}(double({{0}})))" for name in 
 _UNARY.update(frexp_mantissa="kiln_frexp_mantissa({0})", frexp_exponent="kiln_frexp_exponent({0})")
 _BINARY.update({name: f"decltype({{1}})(kiln_{name}(double({{0}}), double({{1}})))" for name in SPECIAL_FUNCTION_BINARY_OPS})
 _BINARY.update(nextafter="std::nextafter({0}, {1})")
+# polygamma takes x in its own type: float trigamma follows eager's float steps (kiln_special.h).
+_BINARY.update(polygamma="decltype({1})(kiln_polygamma(double({0}), {1}))")
 
 
 def cpp_index(expr: sympy.Expr) -> str:

@@ -64,6 +64,29 @@ static inline double zeta(double s, double q) {
   return sum + tail;
 }
 
+// Trigamma as eager computes it (ATen's native/Math.h `trigamma`), in the value's own type: near the
+// poles eager's float32 result carries the rounding of float sin(pi x), up to ~1e-5 relative to the
+// true value, and digamma's and polygamma's gradients are this function, so kiln follows eager's
+// steps rather than computing the true value in double.
+template <typename T>
+static inline T trigamma_as_eager(T x) {
+  const T pi = T(kPi);
+  T sign = 1, result = 0;
+  if (x < T(0.5)) {
+    sign = -1;
+    const T sin_pi_x = std::sin(pi * x);
+    result -= (pi * pi) / (sin_pi_x * sin_pi_x);
+    x = 1 - x;
+  }
+  for (int i = 0; i < 6; ++i) {
+    result += 1 / (x * x);
+    x += 1;
+  }
+  const T ixx = 1 / (x * x);
+  result += (1 + 1 / (2 * x) + ixx * (T(1. / 6) - ixx * (T(1. / 30) - ixx * T(1. / 42)))) / x;
+  return sign * result;
+}
+
 // psi^(n)(x) = (-1)^(n+1) n! zeta(n + 1, x) for n >= 1.
 static inline double polygamma(double n, double x) {
   if (n == 0) return digamma(x);
@@ -314,6 +337,11 @@ static inline double legendre_p(double x, double n) {
 // The spellings printer.py uses: each takes and returns doubles; the caller casts.
 static inline double kiln_digamma(double x) { return kiln_special::digamma(x); }
 static inline double kiln_polygamma(double n, double x) { return kiln_special::polygamma(n, x); }
+// float (and the half types, through their float conversion): trigamma in float as eager; the rest in double.
+static inline float kiln_polygamma(double n, float x) {
+  if (n == 1 && !std::isinf(x)) return kiln_special::trigamma_as_eager<float>(x);
+  return float(kiln_special::polygamma(n, x));
+}
 static inline double kiln_zeta(double s, double q) { return kiln_special::zeta(s, q); }
 static inline double kiln_igamma(double a, double x) { return kiln_special::incomplete_gamma(a, x, false); }
 static inline double kiln_igammac(double a, double x) { return kiln_special::incomplete_gamma(a, x, true); }
