@@ -6,6 +6,8 @@ the compiler's identity and the flags (`-march=native`: the ISA is the machine's
 kernels are built on it), so a cache entry is reused only for exactly what produced it. Entries
 are written to a temporary name and renamed into place, then their digest beside them
 (disk_cache.py); an entry whose digest is missing or does not match is rebuilt, never loaded.
+Processes sharing the cache build a key one at a time (an advisory lock on the entry): the second
+waits for the first and loads its library.
 """
 
 from __future__ import annotations
@@ -24,7 +26,12 @@ from kiln import disk_cache
 
 # -O2: as fast as -O3 for explicitly vectorized kernels, and compiles several times faster.
 # -fno-math-errno: eager never reads errno, and with it sqrt is one vector instruction.
-FLAGS = ["-O2", "-march=native", "-fopenmp", "-fPIC", "-std=c++17", "-fno-finite-math-only", "-fno-math-errno", "-Wno-psabi"]
+# -ffp-contract=off: GCC's default (fast) fuses a * b + c into one FMA, which rounds once where eager's
+# kernels round twice; next to a cancellation that is a large relative difference (1 - x * x near
+# x = 1: asin's and atanh's gradients missed float32 tolerances). Inductor compiles with it off too;
+# kiln_vec_math.h asks for its FMAs explicitly (std::fma), so they stay.
+FLAGS = ["-O2", "-march=native", "-fopenmp", "-fPIC", "-std=c++17", "-fno-finite-math-only", "-fno-math-errno",
+         "-ffp-contract=off", "-Wno-psabi"]
 
 
 @functools.cache
@@ -62,8 +69,11 @@ def _run_all(commands: list[list[str]]) -> None:
 
 def _build(sources: Sequence[str], target: Path) -> None:
     cxx, _ = compiler()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+    disk_cache.make_private_dirs(target.parent)
+    # Objects and the library are made in a folder of their own beside the target and renamed
+    # into place: a process that has the old file loaded keeps its mapping, and no process ever
+    # loads a library the linker is still writing.
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=target.name + ".") as tmp:
         objects, commands = [], []
         for k, source in enumerate(sources):
             src, obj = Path(tmp) / f"kernels{k}.cpp", Path(tmp) / f"kernels{k}.o"
@@ -85,9 +95,14 @@ def build_library(sources: str | Sequence[str]) -> tuple[Path, bool]:
     if disk_cache.intact(target):
         logs.log("cache", "C++ cache hit %s", key[:12])
         return target, False
-    logs.log("cache", "C++ cache miss %s: compiling %d units", key[:12], len(sources))
-    _build(sources, target)
-    disk_cache.seal(target)
+    # One process builds a key at a time: another that wants it waits, then finds it intact.
+    with disk_cache.locked(target):
+        if disk_cache.intact(target):
+            logs.log("cache", "C++ cache hit %s (built by another process meanwhile)", key[:12])
+            return target, False
+        logs.log("cache", "C++ cache miss %s: compiling %d units", key[:12], len(sources))
+        _build(sources, target)
+        disk_cache.seal(target)
     return target, True
 
 
