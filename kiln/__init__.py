@@ -6,9 +6,9 @@ This module only re-exports the public API; each piece lives in its own layer. T
 """
 
 from kiln import config, logs
-from kiln.api import compile, reset
+from kiln.api import compile, refreeze, reset
 from kiln.capture import CaptureError, explain, mark_dynamic
 
 __version__ = "0.1.0"
 
-__all__ = ["CaptureError", "compile", "config", "explain", "logs", "mark_dynamic", "reset", "__version__"]
+__all__ = ["CaptureError", "compile", "config", "explain", "logs", "mark_dynamic", "refreeze", "reset", "__version__"]

@@ -10,11 +10,13 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+import torch
 from torch import fx
 
 from kiln import config
 from kiln.backend import kiln as kiln_backend, kiln_aot_eager
 from kiln.capture.api import capture, reset  # noqa: F401  (reset: kiln.reset)
+from kiln.runtime import data_watch
 
 BACKEND_NAMES = ("kiln", "aot_eager", "eager")
 MODES = (None, "default", "max-autotune", "max-autotune-no-cudagraphs")
@@ -90,3 +92,29 @@ def compile(fn_or_module: Any = None, *, backend: Any = "kiln", fullgraph: bool 
     if fn_or_module is None:
         return functools.partial(compile, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode, options=options)
     return capture(fn_or_module, compiled_backend, fullgraph, dynamic, opts)
+
+
+def refreeze(model: Any) -> None:
+    """Make every compiled graph that froze these weights compute its constants again on its next call.
+
+    kiln sees every change to a frozen weight made through PyTorch — in place (`w.add_`, an optimizer
+    step, `load_state_dict`), through `.data` of a parameter, or by rebinding (`w.data = t`,
+    `module.weight = nn.Parameter(t)`, `module.to(...)`). Call this after a write it cannot see:
+    through NumPy, DLPack or a raw pointer, through `.data` of a buffer, or through a `.data`
+    tensor taken before the first compiled call (docs/freezing.md).
+
+    Example::
+
+        np.copyto(model.fc.weight.detach().numpy(), new_weights)
+        kiln.refreeze(model)
+    """
+    if isinstance(model, torch.nn.Module):
+        tensors = [*model.parameters(), *model.buffers()]
+    elif isinstance(model, torch.Tensor):
+        tensors = [model]
+    elif isinstance(model, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in model):
+        tensors = list(model)
+    else:
+        raise TypeError(f"kiln.refreeze: model must be an nn.Module, a tensor or a list of tensors, "
+                        f"got {type(model).__name__}")
+    data_watch.mark_written(tensors)

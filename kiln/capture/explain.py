@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 from torch import fx
 
+from kiln import config
 from kiln.capture.api import capture
 from kiln.capture.break_records import BreakRecord
 from kiln.capture.cache import OBSERVERS
@@ -36,6 +37,7 @@ class ExplainReport:
     graphs: list[GraphReport] = field(default_factory=list)
     breaks: list[BreakRecord] = field(default_factory=list)  # graph breaks and frames run eagerly
     recompiles: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the user should know beyond the graphs
 
     @property
     def graph_count(self) -> int:
@@ -62,6 +64,9 @@ class ExplainReport:
         if self.recompiles:
             lines.append("\nRecompiles:")
             lines += [f"  {reason}" for reason in self.recompiles]
+        if self.notes:
+            lines.append("\nNotes:")
+            lines += [f"  - {note}" for note in self.notes]
         return "\n".join(lines)
 
 
@@ -111,8 +116,22 @@ def explain(fn: Any, *args: Any, **kwargs: Any) -> ExplainReport:
         compiled(*args, **kwargs)
     finally:
         OBSERVERS.remove(observer)
+    if isinstance(fn, torch.nn.Module) and config.backend.freezing and next(_state(fn), None) is not None:
+        report.notes.append(FROZEN_WRITES)
     print(report)
     return report
+
+
+FROZEN_WRITES = (
+    "In inference kiln freezes this module's parameters and buffers (backend.freezing). It sees every change "
+    "made through PyTorch, `.data` of parameters included, but not: writes through `.data` of a buffer, "
+    "through a `.data` tensor taken before the first compiled call, or outside PyTorch (tensor.numpy(), "
+    "DLPack, data_ptr()). After such a write call kiln.refreeze(model) (docs/freezing.md).")
+
+
+def _state(module: torch.nn.Module):
+    yield from module.parameters()
+    yield from module.buffers()
 
 
 def _keep_graph(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:

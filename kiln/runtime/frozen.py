@@ -1,9 +1,10 @@
 """A compiled graph whose parameters are frozen: constants computed once, kept valid by a check.
 
 On each call the frozen inputs must be the very tensors the constants were computed from, at the
-same version counter (an in-place change, an optimizer step, `load_state_dict`, bumps it). If not,
-the constants graph runs again on the new tensors: a weight changed after compiling gives the new,
-correct result, at the cost of one re-freeze. New tensors with other shapes, dtypes or strides
+same version counter (an in-place change, an optimizer step, `load_state_dict`, bumps it), on the
+same memory (`w.data = new` and `module.to(...)` rebind it), and not written through `.data` since
+(kiln/runtime/data_watch.py). If not, the constants graph runs again on the new tensors: a weight
+changed after compiling gives the new, correct result, at the cost of one re-freeze. New tensors with other shapes, dtypes or strides
 than the compiled ones run the graphs through ATen, op by op, logged.
 """
 
@@ -15,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from kiln import logs
+from kiln.runtime import data_watch
 from kiln.externs.prepacked import packed_bytes
 from kiln.ir.constant_split import ConstantSplit
 
@@ -42,23 +44,39 @@ class FrozenProgram:
         self.frozen_positions, self.runtime_positions = split.frozen_positions, split.runtime_positions
         self.held: list[Any] = []
         self.versions: list[int] = []
+        self.addresses: list[int] = []
+        self.storages: list[Any] = []  # held so that a rebound tensor's old memory is not reused before the check
+        self.epoch = -1  # data_watch's epoch when the constants were last known valid
         self.constants: tuple = ()
         self.signatures: list[Any] | None = None
         self.freezes = 0
 
     def _stale(self, frozen: list[Any]) -> bool:
-        if [t._version for t in frozen] != self.versions:
+        if self.signatures is None:  # never frozen
             return True
-        return any(a is not b for a, b in zip(frozen, self.held))
+        epoch = data_watch.sweep()
+        if epoch != self.epoch:
+            if data_watch.written_since(frozen, self.epoch):
+                return True
+            self.epoch = epoch
+        for t, held, version, address in zip(frozen, self.held, self.versions, self.addresses):
+            if t is not held or t._version != version or t.data_ptr() != address:
+                return True
+        return False
 
     def _freeze(self, frozen: list[Any]) -> bool:
         signatures = [_signature(t) for t in frozen]
         if self.signatures is not None and signatures != self.signatures:
             logs.log("freezing", "%s: a frozen input changed shape, dtype or strides; running the graph eagerly", self.label)
             return False
+        data_watch.watch(frozen)
+        epoch = data_watch.sweep()
         with torch.no_grad():
             self.constants = tuple(self.split.constants(*frozen))
         self.held, self.versions, self.signatures = list(frozen), [t._version for t in frozen], signatures
+        self.addresses = [t.data_ptr() for t in frozen]
+        self.storages = [t.untyped_storage() for t in frozen]
+        self.epoch = epoch
         self.freezes += 1
         if self.freezes > 1:
             logs.log("freezing", "%s: frozen inputs changed; constants computed again (%d times)", self.label, self.freezes)

@@ -54,3 +54,14 @@ def test_explain_reports_recompiles_and_eager_frames(capsys):
 def test_explain_rejects_what_is_not_callable():
     with pytest.raises(TypeError, match="fn must be"):
         kiln.explain(3)
+
+
+def test_explain_lists_the_frozen_weight_writes_kiln_cannot_see(capsys):
+    model = torch.nn.Linear(4, 4).eval()
+    with torch.no_grad():
+        report = kiln.explain(model, torch.randn(2, 4))
+    assert any("kiln.refreeze(model)" in note and ".data` of a buffer" in note for note in report.notes)
+    assert "Notes:" in capsys.readouterr().out
+    with kiln.config.patch({"backend.freezing": False}):
+        assert kiln.explain(model, torch.randn(2, 4)).notes == []
+    assert kiln.explain(lambda x: x + 1, torch.randn(2)).notes == []
