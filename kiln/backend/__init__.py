@@ -3,4 +3,4 @@ load in order for one ATen graph (driver.py), and the backends for torch-level g
 doors call (backends.py)."""
 
 from kiln.backend.backends import BACKENDS, kiln, kiln_aot_eager, run_as_is  # noqa: F401
-from kiln.backend.driver import Backend, compile_graph  # noqa: F401
+from kiln.backend.driver import Backend, compile_graph, watch  # noqa: F401

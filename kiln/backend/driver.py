@@ -19,8 +19,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import fx
@@ -81,6 +82,33 @@ def target_for(gm: fx.GraphModule) -> Target:
     return Target(device=device, codegen=choose_codegen(device), loop_ops=frozenset(LOWERINGS))
 
 
+# Called with what every Backend returns for an ATen graph it builds, the doors' own Backends
+# included: the doors build theirs with no `observe`, so this is how a test sees what the default
+# configuration produced. Graphs loaded from the AOT graph cache are not built and not seen.
+WATCHERS: list[Callable[[Any], None]] = []
+
+
+@contextlib.contextmanager
+def watch() -> Iterator[list[Any]]:
+    """What each ATen graph compiled in the block became, in build order: a FrozenProgram, a
+    CompiledGraph, the graph itself (run by ATen, recorded as a fallback), or a SizeSpecialized
+    followed by what each size it compiles becomes.
+
+    Example::
+
+        with kiln.backend.watch() as built:
+            torch.compile(model, backend="kiln")(x)
+        assert isinstance(built[0], kiln.runtime.frozen.FrozenProgram)
+    """
+    built: list[Any] = []
+    watcher = built.append
+    WATCHERS.append(watcher)
+    try:
+        yield built
+    finally:
+        WATCHERS.remove(watcher)
+
+
 class Backend:
     """`Backend()(gm, example_inputs) -> callable`, with `save` and `load` for the AOT graph cache.
 
@@ -92,6 +120,12 @@ class Backend:
         self.observe = observe
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        built = self._build(gm, example_inputs)
+        for watcher in WATCHERS:
+            watcher(built)
+        return built
+
+    def _build(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         target = target_for(gm)
         folder = logs.dump_folder("kiln_backend")
         dump.aten_graph(folder, gm)
@@ -100,7 +134,7 @@ class Backend:
             per_size = needs_specialization(gm)
         if per_size:
             return SizeSpecialized(scalar_inputs(gm), symbolic_inputs(gm),
-                                   lambda args, values: self(specialize(gm, args, values), args))
+                                   lambda args, values: self(specialize(gm, args, values), args), eager=gm)
         for name, rewrite in pipeline.REWRITES:
             with compile_time.stage(f"pass {name}"):
                 changed = rewrite(gm, target)
