@@ -69,3 +69,26 @@ def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 def dist(x: torch.Tensor, other: torch.Tensor, p: float = 2) -> torch.Tensor:
     # The p-norm of the difference, which the vector-norm lowering computes as one reduction.
     return aten.linalg_vector_norm.default(x - other, p)
+
+
+@decomposition(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    # PyTorch's table, except float32's weight gradient, which takes eager's CPU kernel's steps:
+    # dgamma = sum(dy * fma(rstd, x, -rstd * mean)). Where x == mean (a one-element row) the true
+    # value is 0, PyTorch's table gives 0, and eager gives the rounding of rstd * mean (up to 1e-4
+    # with rstd = 1/sqrt(eps)); the FMA is computed in float64, exact for float32 operands.
+    from torch._decomp.decompositions import native_layer_norm_backward as table
+
+    want_weight = output_mask[1] and weight is not None and input.dtype == torch.float32
+    if not want_weight:
+        return table(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask)
+    d_input, _, d_bias = table(grad_out, input, normalized_shape, mean, rstd, weight, bias,
+                               [output_mask[0], False, output_mask[2]])
+    axis = input.dim() - len(normalized_shape)
+    mean, rstd = (t.reshape(*t.shape[:axis], *[1] * len(normalized_shape)) for t in (mean, rstd))
+    shift = -(rstd * mean)  # rounded to float32, as eager's
+    x_hat = (rstd.double() * input.double() + shift.double()).float()
+    d_weight = grad_out * x_hat
+    if axis > 0:
+        d_weight = torch.sum(d_weight, list(range(axis)))
+    return d_input, d_weight, d_bias

@@ -116,3 +116,16 @@ def test_training_with_symbolic_sizes():
         model.zero_grad()
         model(x).sum().backward()
         torch.testing.assert_close(ours, [p.grad for p in model.parameters()])
+
+
+def test_layer_norm_weight_gradient_takes_eager_steps():
+    # One element per row: x == mean, so (x - mean) * rstd is 0, while eager's CPU kernel computes
+    # fma(rstd, x, -rstd * mean), the rounding of rstd * mean (up to 1e-4 here): kiln's
+    # decomposition takes eager's steps, so the weight gradient matches at float32 tolerances.
+    x, w, b = (torch.tensor(v).requires_grad_() for v in ([[5.123456], [1.7]], [0.7], [0.2]))
+    fn = lambda x, w, b: torch.nn.functional.layer_norm(x, [1], w, b)  # noqa: E731
+    grad = torch.tensor([[1.3], [-0.4]])
+    expected = torch.autograd.grad(fn(x, w, b), (x, w, b), grad)
+    assert expected[1].abs().item() > 1e-5  # the case is the one where eager's rounding shows
+    actual = torch.autograd.grad(_compiled(fn)(x, w, b), (x, w, b), grad)
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1.3e-6)
