@@ -133,8 +133,8 @@ def slice_scatter(x: TensorValue, src: TensorValue, dim: int = 0, start: int | N
                   step: int = 1) -> TensorValue:
     dim = _dim(dim, x.rank)
     length = x.size[dim]
-    start = 0 if start is None else (start + length if start < 0 else start)
-    end = length if end is None else (end + length if end < 0 else end)
+    start = 0 if start is None else (sympy.Max(start + length, 0) if start < 0 else start)
+    end = length if end is None else (sympy.Max(end + length, 0) if end < 0 else end)
     start, end = sympy.Min(start, length), sympy.Min(end, length)
     if src.size[dim] == 0:
         return x

@@ -111,8 +111,9 @@ def _strided_or_none(restride):
 def slice_(x: TensorValue, dim: int = 0, start: int | None = None, end: int | None = None, step: int = 1) -> TensorValue:
     dim = _dim(dim, x.rank)
     length = x.size[dim]
-    start = 0 if start is None else (start + length if start < 0 else start)
-    end = length if end is None else (end + length if end < 0 else end)
+    # A negative bound counts from the end and stops at 0 (x[-5:] of 3 elements starts at 0).
+    start = 0 if start is None else (sympy.Max(start + length, 0) if start < 0 else start)
+    end = length if end is None else (sympy.Max(end + length, 0) if end < 0 else end)
     end = sympy.Min(end, length)
     start = sympy.Min(start, length)
     new = [*x.size[:dim], FloorDiv(sympy.Max(end - start + step - 1, 0), step), *x.size[dim + 1 :]]

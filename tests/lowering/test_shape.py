@@ -88,3 +88,10 @@ def test_squeezing_a_zero_dim_tensor_keeps_it():
     fn = lambda s: (aten.squeeze.dim(s * 2, 0), aten.squeeze.dims(s + 1, [-1]))  # noqa: E731
     programs = check(fn, torch.tensor(1.5), lowered=[aten.squeeze.dim, aten.squeeze.dims])
     assert not programs["cpp"].externs
+
+
+def test_slices_with_negative_bounds_past_the_start():
+    # Found by the graph fuzzer: x[:, -1::3] of a size-0 dim read element -1 (a crash); a negative
+    # bound beyond the length starts at 0, as in eager.
+    fn = lambda x, e: (x[:, -1::3], x[-9:2], x[:, -7:-5], e[:, -1::3], torch.slice_scatter(x, x[-9:], 0, -9))  # noqa: E731
+    check(fn, torch.randn(4, 5), torch.zeros(6, 0, dtype=torch.int64), lowered=[aten.slice_scatter.default])
