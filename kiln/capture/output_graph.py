@@ -75,6 +75,9 @@ class OutputGraph:
         return fake
 
     def add_input(self, tensor: torch.Tensor, source: Source) -> Variable:
+        if tensor.layout != torch.strided:  # no sizes and strides to guard on, no fake tensor to trace with
+            raise unsupported("sparse_tensor", f"{source} is a {tensor.layout} tensor; kiln captures strided tensors",
+                              "the frame runs eagerly; pass a dense tensor (`.to_dense()`) to compile it")
         dynamic = self.dynamic_dims(source, tensor) if id(tensor) not in self._fakes else frozenset()
         fake = self.fake(tensor, dynamic)
         if dynamic:

@@ -296,3 +296,15 @@ def test_a_break_inside_a_hooked_submodule_runs_that_call_eagerly_with_a_record(
     _same(compiled(x), model(x))
     assert len(backend.graphs) == 2  # lin | lin: the hooked module runs as eager runs it
     assert not BREAKS[-1].resumed and "hooks" in BREAKS[-1].explanation and BREAKS[-1].function == "forward"
+
+
+def test_a_sparse_tensor_input_runs_the_frame_eagerly_with_a_record():
+    # A sparse tensor has no strides to guard on: the frame runs eagerly, recorded, instead of
+    # raising out of guard generation.
+    BREAKS.clear()
+    dense = torch.tensor([[0.0, 2.0], [3.0, 0.0]])
+    fn, backend = _compiled(lambda s, d: torch.sparse.mm(s, d) + 1)
+    sparse = dense.to_sparse_csr()
+    torch.testing.assert_close(fn(sparse, dense), torch.sparse.mm(sparse, dense) + 1)
+    assert backend.graphs == []
+    assert BREAKS and BREAKS[0].kind == "sparse_tensor"
