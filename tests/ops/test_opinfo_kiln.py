@@ -54,6 +54,10 @@ BACKWARD_GENERATED = [
 # index_put: a boolean-mask sample's gradient selects masked rows (a data-dependent size), a graph
 # that runs through ATen. index_fill: its autograd formula saves `_unique(index)` (an ATen call).
 BACKWARD_COMPILED = ["index_put", "index_fill"]
+# Held at torch.testing's float32 tolerances (the sweep's default), where kiln once missed by
+# rounding differently from eager: trigamma near its poles (digamma's and polygamma's gradients),
+# 1 - x * x near 1 (asin's and atanh's), layer_norm's weight gradient on a one-element row.
+BACKWARD_FLOAT32_TOLERANCE = ["digamma", "polygamma.polygamma_n_1", "asin", "atanh", "nn.functional.layer_norm"]
 
 
 def _ops() -> dict:
@@ -67,11 +71,11 @@ def _ops() -> dict:
 OPS = _ops()
 
 
-def _run(name: str, dtype: torch.dtype, backward: bool) -> list[str]:
+def _run(name: str, dtype: torch.dtype, backward: bool, tolerance: str = "1e-4") -> list[str]:
     """Check the op's first samples through kiln; the fallback externs its graphs called."""
     op = OPS[name]
     samples = list(op.sample_inputs("cpu", dtype, requires_grad=backward))[:SAMPLES_PER_OP]
-    outcomes = [check_sample(op, s, backward, backend="kiln") for s in samples]
+    outcomes = [check_sample(op, s, backward, backend="kiln", tolerance=tolerance) for s in samples]
     assert_outcomes(outcomes)
     return fallback_externs([e for o in outcomes for e in o.externs])
 
@@ -101,8 +105,14 @@ def test_backward_compiled(name):
     _run(name, torch.float32, backward=True)
 
 
+@pytest.mark.parametrize("name", BACKWARD_FLOAT32_TOLERANCE)
+def test_backward_float32_tolerance(name):
+    _run(name, torch.float32, backward=True, tolerance="float32")
+
+
 def test_lists_name_ops():
-    lists = FORWARD_GENERATED + FORWARD_COMPILED + INT64_GENERATED + BACKWARD_GENERATED + BACKWARD_COMPILED
+    lists = (FORWARD_GENERATED + FORWARD_COMPILED + INT64_GENERATED + BACKWARD_GENERATED + BACKWARD_COMPILED
+             + BACKWARD_FLOAT32_TOLERANCE)
     assert [n for n in lists if n not in OPS] == []
     assert all(torch.int64 in OPS[n].supported_dtypes("cpu") for n in INT64_GENERATED)
-    assert all(OPS[n].supports_autograd for n in BACKWARD_GENERATED + BACKWARD_COMPILED)
+    assert all(OPS[n].supports_autograd for n in BACKWARD_GENERATED + BACKWARD_COMPILED + BACKWARD_FLOAT32_TOLERANCE)
