@@ -130,3 +130,14 @@ def test_reshaping_an_empty_tensor():
     x = torch.randn(1, 0, 1, 1)
     out, _ = compiled(lambda x: torch.nn.functional.pixel_shuffle(x, 1) + 1, x)
     assert out.shape == (1, 0, 1, 1)
+
+
+def test_bool_orders_and_max_min_in_vector_lanes():
+    # Found by the graph fuzzer: a comparison or max/min of two bool tensors did not compile (a
+    # mask's lanes are -1 for true, so their integer order is the reverse of false < true).
+    a, b = torch.randn(3, 37) > 0, torch.randn(3, 37) > 0
+    fn = lambda a, b: (a > b, a <= b, a < b, a >= b, torch.maximum(a, b), torch.minimum(a, b),  # noqa: E731
+                       torch.clamp(a, max=b), a.amax(-1), a.amin(0))
+    out, _ = compiled(fn, a, b)
+    for got, want in zip(out, fn(a, b)):
+        assert torch.equal(got, want)

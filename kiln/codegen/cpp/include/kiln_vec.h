@@ -101,6 +101,13 @@ template <typename A, typename B, typename F> static inline auto map2(F f, A a, 
 // NaN-propagating max/min, as torch.maximum and eager's max reductions.
 template <typename V> static inline V vmax(V a, V b) { V r = a > b ? a : b; r = b != b ? b : r; return a != a ? a : r; }
 template <typename V> static inline V vmin(V a, V b) { V r = a < b ? a : b; r = b != b ? b : r; return a != a ? a : r; }
+// Bools order false < true, the reverse of a mask's lanes as integers (true is -1).
+static inline mask vlt(mask a, mask b) { return {~a.m & b.m}; }
+static inline mask vle(mask a, mask b) { return {~a.m | b.m}; }
+static inline mask vgt(mask a, mask b) { return {a.m & ~b.m}; }
+static inline mask vge(mask a, mask b) { return {a.m | ~b.m}; }
+static inline mask vmax(mask a, mask b) { return a || b; }
+static inline mask vmin(mask a, mask b) { return a && b; }
 template <typename V> static inline V vrelu(V a) { return a < 0 ? V{} : a; }
 
 template <typename V> static inline auto hsum(V v) { elem_t<V> s = 0; for (int l = 0; l < L; ++l) s += v[l]; return s; }
@@ -109,6 +116,8 @@ template <typename V> static inline auto hmax(V v) { auto s = v[0]; for (int l =
 template <typename V> static inline auto hmin(V v) { auto s = v[0]; for (int l = 1; l < L; ++l) s = kiln_min(s, v[l]); return s; }
 static inline bool hany(mask v) { for (int l = 0; l < L; ++l) if (v.m[l]) return true; return false; }
 static inline bool hall(mask v) { for (int l = 0; l < L; ++l) if (!v.m[l]) return false; return true; }
+static inline bool hmax(mask v) { return hany(v); }  // max and min of bools: any and all
+static inline bool hmin(mask v) { return hall(v); }
 
 // Indirect indexing lane by lane; out-of-range lanes are clamped and flagged as in scalar code.
 template <typename V> static inline vec<int64_t> vindex(V v, int64_t size) {
