@@ -10,7 +10,12 @@ use), registering a child, parameter or buffer, or converting it (`_apply`: `to(
 To see assignments, kiln wraps `nn.Module.__setattr__`, `__delattr__` and `_apply` once, on the
 first capture; the wrappers call the originals, then check membership in a WeakSet.
 
-Not seen: writes that bypass those methods (`module.__dict__[...] = `, `object.__setattr__`,
+The wrappers do nothing while torch.compile (Dynamo) traces through them: reading the WeakSet
+there put kiln's watched set into Dynamo's guards (a recompile whenever kiln watched another
+module, and an IndexError while building the guard when a watched module died during the
+compile).
+
+Not seen: changes made inside code that torch.compile compiled, writes that bypass those methods (`module.__dict__[...] = `, `object.__setattr__`,
 `module._modules[...] = `), in-place changes of a mutable attribute's contents (those contents
 are guarded where the trace reads them), and `param.data = ...`. Call `kiln.reset()` after such
 a change.
@@ -22,6 +27,7 @@ import functools
 import weakref
 from typing import Any
 
+import torch
 from torch import nn
 from torch.nn.modules import module as module_file
 
@@ -42,14 +48,15 @@ def _bump_if_watched(module: nn.Module) -> None:
 
 
 def _on_registration(module: nn.Module, name: str, value: Any) -> None:
-    _bump_if_watched(module)
+    if not torch.compiler.is_compiling():
+        _bump_if_watched(module)
 
 
 def _wrap(method: Any) -> Any:
     @functools.wraps(method)
     def watched(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         result = method(self, *args, **kwargs)
-        if STATE.watched:
+        if not torch.compiler.is_compiling() and STATE.watched:
             _bump_if_watched(self)
         return result
 
