@@ -27,6 +27,7 @@ shapes this small) is a small part of each compile.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ import transformers
 import kiln
 from kiln.autotune.choose import clear_memory
 from kiln.backend import watch
+from kiln.bench.accuracy import compare
 from kiln.config import BackendSettings
 from kiln.ir.analysis import OpCounter, run
 from kiln.runtime import fallback
@@ -193,13 +195,73 @@ def _ops_in_kernels(graph: CompiledGraph) -> set[str]:
             for op in run(OpCounter(), member.node).counts}
 
 
-def _check_one_graph(door: str, model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+# --- running a case, checking what the defaults did -------------------------------------------
+
+
+@dataclass
+class Run:
+    expected: list[list[torch.Tensor]]  # eager's outputs for the two inputs
+    actual: list[list[torch.Tensor]]  # the compiled model's
+    built: list[Any]  # what kiln's backend built meanwhile (kiln.backend.watch)
+    answers: list[dict[str, Any]]  # the autotuner's stored answers after the first call
+    packed: int | None  # bytes of packed weights after the first call
+
+
+def _run(case: Case, door: str, cache: Path, context: Callable[[], Any] = contextlib.nullcontext) -> Run:
+    """Eager and compiled calls on two different inputs, the second after the first, under
+    `torch.no_grad()` and `context()`."""
+    model = case.build()
+    inputs = [case.inputs(1), case.inputs(2)]
+    with torch.no_grad(), context():
+        expected = [case.outputs(model(**x)) for x in inputs]
+        compiled = DOORS[door](model)
+        with watch() as built:
+            actual = [case.outputs(compiled(**inputs[0]))]
+            answers = _answers(cache)
+            packed = built[0].memory()["packed"] if built and isinstance(built[0], FrozenProgram) else None
+            actual.append(case.outputs(compiled(**inputs[1])))
+    _check_one_graph(door, model, inputs[0], context)
+    return Run(expected, actual, built, answers, packed)
+
+
+def _check_one_graph(door: str, model: torch.nn.Module, inputs: dict[str, torch.Tensor], context: Callable[[], Any]) -> None:
+    """One graph, compiled whole: no graph break, no fallback to eager."""
+    assert not fallback.FALLBACKS, [str(f) for f in fallback.FALLBACKS]
     if door == "kiln.compile":
-        with torch.no_grad():
+        with torch.no_grad(), context():
             report = kiln.explain(model, **inputs)
         assert report.graph_count == 1 and not report.breaks, report
     else:
         assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+
+
+def _check_defaults_took_effect(name: str, case: Case, result: Run, cache: Path) -> None:
+    # One graph, and nothing compiled again for the second input.
+    assert len(result.built) == 1, result.built
+    program = result.built[0]
+    # Frozen: the parameters are constants, computed once for both calls.
+    assert isinstance(program, FrozenProgram), type(program)
+    assert program.freezes == 1
+    graph = program.runtime
+    assert isinstance(graph, CompiledGraph) and graph.program is not None
+
+    # Autotuned, with the answers kept in the private cache and reused by the second call.
+    assert result.answers, "the autotuner stored no answer"
+    assert _answers(cache) == result.answers
+    op, externs = ("conv", CONVS) if name == "resnet" else ("mm", GEMMS)
+    _check_choices_run(graph, result.answers, op, externs)
+    # Prepacked where chosen: every kiln:: extern keeps a packed weight, made on the first call
+    # and reused (not made again) by the second.
+    ours = [s for s in graph.program.externs if str(s.op).startswith("kiln.")]
+    assert (result.packed > 0) == bool(ours), (result.packed, ours)
+    assert program.memory()["packed"] == result.packed
+
+    # Post-ops fused: no activation runs as a kernel of its own after a GEMM or convolution.
+    assert _fused_activations(graph) == case.activations
+    if name == "resnet":
+        # BatchNorm folded into the convolutions' weights and biases, in the constants graph.
+        assert not {"rsqrt", "sqrt"} & _ops_in_kernels(graph)
+        assert not [s for s in graph.program.externs if "batch_norm" in str(s.op)]
 
 
 # --- the tests -------------------------------------------------------------------------------
@@ -214,45 +276,52 @@ def _assert_close(actual: list[torch.Tensor], expected: list[torch.Tensor], **to
 @pytest.mark.parametrize("door", list(DOORS))
 @pytest.mark.parametrize("name", list(CASES))
 def test_default_configuration_matches_eager_and_takes_effect(name, door, cache):
+    result = _run(CASES[name], door, cache)
+    for actual, expected in zip(result.actual, result.expected):
+        _assert_close(actual, expected, **F32)
+    _check_defaults_took_effect(name, CASES[name], result, cache)
+
+
+def _key_values(out: Any) -> list[torch.Tensor]:
+    """Every layer's keys and values in a decoder's returned cache (its name and layout changed
+    between transformers 4 and 5)."""
+    cache = out["cache"] if "cache" in out else out["past_key_values"]
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [t for layer in layers for t in (layer.keys, layer.values)]
+    return [t for pair in zip(cache.key_cache, cache.value_cache) for t in pair]
+
+
+@pytest.mark.parametrize("door", list(DOORS))
+def test_decoder_returns_its_key_value_cache(door, cache):
+    # The config says use_cache=False (as above); a call may still ask for the cache, as
+    # generation's first step does: the keys and values become outputs of the same graph.
+    case = dataclasses.replace(CASES["llama"], inputs=lambda seed: {"input_ids": _ids(seed), "use_cache": True},
+                               outputs=lambda o: [o.logits, *_key_values(o)])
+    result = _run(case, door, cache)
+    for actual, expected in zip(result.actual, result.expected):
+        assert len(actual) == 1 + 2 * SMALL["num_hidden_layers"]
+        _assert_close(actual, expected, **F32)
+    _check_defaults_took_effect("llama", case, result, cache)
+
+
+# bfloat16 autocast is on the default path too (docs/freezing.md#bfloat16): casts of frozen
+# weights made once in the constants graph, BatchNorm folded into a bfloat16 convolution, GEMMs
+# autotuned in bfloat16. Two models, one door each: the doors differ only in capture.
+@pytest.mark.parametrize("name,door", [("bert", "torch.compile"), ("resnet", "kiln.compile")])
+def test_bfloat16_autocast_matches_eager_and_takes_effect(name, door, cache):
     case = CASES[name]
+    result = _run(case, door, cache, lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    # kiln rounds in other places than eager (a fused chain rounds once; a folded BatchNorm is
+    # rounded into the weight), so bfloat16 results differ from eager's by a few bfloat16 ulps
+    # (2**-8 relative). kiln bench's tolerance rule judges them: close to eager, or no further
+    # from the exact result than eager's own bfloat16 run (here a float32 run is exact enough:
+    # 2**16 times finer).
     model = case.build()
-    first, second = case.inputs(1), case.inputs(2)
     with torch.no_grad():
-        expected = [case.outputs(model(**first)), case.outputs(model(**second))]
-        compiled = DOORS[door](model)
-        with watch() as built:
-            actual = [case.outputs(compiled(**first))]
-            answers = _answers(cache)
-            program = built[0] if built else None
-            packed = program.memory()["packed"] if isinstance(program, FrozenProgram) else None
-            actual.append(case.outputs(compiled(**second)))
-    _assert_close(actual[0], expected[0], **F32)
-    _assert_close(actual[1], expected[1], **F32)
-
-    # One graph, compiled whole, and nothing compiled again for the second input.
-    assert not fallback.FALLBACKS, [str(f) for f in fallback.FALLBACKS]
-    _check_one_graph(door, model, first)
-    assert len(built) == 1, built
-    # Frozen: the parameters are constants, computed once for both calls.
-    assert isinstance(program, FrozenProgram), type(program)
-    assert program.freezes == 1
-    graph = program.runtime
-    assert isinstance(graph, CompiledGraph) and graph.program is not None
-
-    # Autotuned, with the answers kept in the private cache and reused by the second call.
-    assert answers, "the autotuner stored no answer"
-    assert _answers(cache) == answers
-    op, externs = ("conv", CONVS) if name == "resnet" else ("mm", GEMMS)
-    _check_choices_run(graph, answers, op, externs)
-    # Prepacked where chosen: every kiln:: extern keeps a packed weight, made on the first call
-    # and reused (not made again) by the second.
-    ours = [s for s in graph.program.externs if str(s.op).startswith("kiln.")]
-    assert (packed > 0) == bool(ours), (packed, ours)
-    assert program.memory()["packed"] == packed
-
-    # Post-ops fused: no activation runs as a kernel of its own after a GEMM or convolution.
-    assert _fused_activations(graph) == case.activations
-    if name == "resnet":
-        # BatchNorm folded into the convolutions' weights and biases, in the constants graph.
-        assert "rsqrt" not in _ops_in_kernels(graph) and "sqrt" not in _ops_in_kernels(graph)
-        assert not [s for s in graph.program.externs if "batch_norm" in str(s.op)]
+        exact = [case.outputs(model(**case.inputs(seed))) for seed in (1, 2)]
+    for actual, expected, truth in zip(result.actual, result.expected, exact):
+        verdict = compare(actual, expected, lambda truth=truth: truth)
+        assert verdict.passed, verdict
+    assert any(t.dtype == torch.bfloat16 for t in result.actual[0])
+    _check_defaults_took_effect(name, case, result, cache)
