@@ -47,3 +47,21 @@ def test_dynamo_compiles_through_the_watch_while_a_watched_module_dies():
     kiln.compile(Watched(), backend="eager")(x)
     torch.testing.assert_close(fn(x), x * 2 + 1)
     assert len(compiles) == 1
+
+
+def test_kiln_watching_another_module_does_not_make_dynamo_compile_again():
+    kiln.compile(Watched(), backend="eager")(torch.randn(3))  # the watch is installed
+    compiles = []
+
+    def counting(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    fn = torch.compile(RegistersInForward(), backend=counting)
+    x = torch.randn(3)
+    fn(x)
+    another = Watched()
+    kiln.compile(another, backend="eager")(x)
+    torch.testing.assert_close(fn(x), x * 2 + 1)
+    assert len(compiles) == 1
