@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch._prims_common import make_contiguous_strides_for
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.aot.functional import functional_mode, has_data_mutation, has_metadata_mutation, to_functional
@@ -138,7 +139,13 @@ def analyze(fn: Callable[..., Sequence[Any]], fake_args: Sequence[Any], fake_mod
         with _grad_mode(args):
             outputs = list(fn(*args))
     input_storages = {_storage(a): i for i, a in enumerate(args) if isinstance(a, torch.Tensor)}
+    # Outputs viewing one intermediate become views of the output that holds that whole storage:
+    # a compiled graph returns each output in its own buffer, so a part (y[:1]) cannot be the base
+    # of another part (y.expand(...)). Without such an output they stay separate tensors.
     output_storages: dict[StorageWeakRef, int] = {}
+    for k, out in enumerate(outputs):
+        if isinstance(out, torch.Tensor) and _storage(out) not in input_storages and _holds_storage(out):
+            output_storages.setdefault(_storage(out), k)
     for k, out in enumerate(outputs):
         is_tensor = isinstance(out, torch.Tensor)
         sig.output_is_tensor.append(is_tensor)
@@ -151,9 +158,14 @@ def analyze(fn: Callable[..., Sequence[Any]], fake_args: Sequence[Any], fake_mod
         if storage in input_storages:
             base = input_storages[storage]
             sig.aliases[k] = Alias("input", base, out is args[base], *layout)
-        elif storage in output_storages:
+        elif output_storages.get(storage, k) != k:
             base = output_storages[storage]
             sig.aliases[k] = Alias("output", base, out is outputs[base], *layout)
-        else:
-            output_storages[storage] = k
     return sig
+
+
+def _holds_storage(t: torch.Tensor) -> bool:
+    """`t` covers its whole storage, each element once (so a graph's output buffer can stand for it)."""
+    nbytes = t.untyped_storage().nbytes()
+    return (_dense(tuple(t.size()), tuple(t.stride())) and statically_known_true(t.storage_offset() == 0)
+            and statically_known_true(nbytes == t.numel() * t.element_size()))

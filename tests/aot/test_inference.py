@@ -190,3 +190,18 @@ def test_values_read_from_inputs_specialize_the_graph():
         got, want = compiled(x, torch.tensor(start), torch.tensor(i)), fn(x, torch.tensor(start), torch.tensor(i))
         assert all(torch.equal(g, w) for g, w in zip(got, want))
     assert not fallback.FALLBACKS
+
+
+def test_outputs_viewing_an_intermediate_that_is_not_returned_stay_separate():
+    # Found by the graph fuzzer: y[:1] became the base of y.expand(...), read past its own buffer
+    # (an error, or wrong values where it stayed in bounds). Only an output holding y's whole
+    # storage can be another output's base.
+    def f(x):
+        y = x.clamp(-0.5, 0.75)
+        return y.chunk(2, 0)[0], y.expand(2, 2, 2), y[1:]
+
+    x = torch.randn(2, 2)
+    for backend in (run_as_is, kiln.backend.kiln):
+        outs = aot.compile(fx.symbolic_trace(f), [x], backend)(x)
+        for got, want in zip(outs, f(x)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
