@@ -149,7 +149,12 @@ def summary(results: list[CaseResult], seconds: float) -> str:
     if fallbacks:
         lines.append("fallbacks by reason:")
         repro = {reason_key(r.fallbacks[0]): r.repro for r in results if r.status == "fallback" and r.repro}
-        lines += [f"  {n:5d}  {k}" + (f"  -> {repro[k]}" if k in repro else "") for k, n in fallbacks.most_common()]
+        cases = {}
+        for r in results:
+            if r.status == "fallback":
+                cases.setdefault(reason_key(r.fallbacks[0]), []).append(r.case)
+        lines += [f"  {n:5d}  {k}  (cases {', '.join(map(str, cases[k][:5]))}{', ...' if n > 5 else ''})"
+                  + (f"  -> {repro[k]}" if k in repro else "") for k, n in fallbacks.most_common()]
     failed = [r for r in results if r.status == "fail"]
     if failed:
         lines.append("failures:")
