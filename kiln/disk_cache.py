@@ -1,20 +1,173 @@
 """Files in kiln's on-disk caches: written atomically, each with a digest beside it, and read back
-only when the digest matches, so a torn or corrupted entry reads as a miss and is rebuilt."""
+only when the digest matches, so a torn or corrupted entry reads as a miss and is rebuilt.
+
+Several processes may share one cache directory. A writer holds an advisory lock on the entry
+(`locked`, `fcntl.flock` on `<entry>.lock`) from its data to its digest, so two writers never
+leave a digest that belongs to the other's data; readers take no lock, read the bytes once and
+compare them with the digest, so an entry caught between a new file and its new digest reads as
+a miss, never as half of one.
+
+The cache holds shared libraries that kiln loads, so a directory that another user can write
+into would let that user run code in this process. Before using a cache directory kiln checks it
+(`unsafe_reason`): the directory and the folders kiln keeps inside it must be owned by the
+current user and writable by no one else, and no folder above it may be writable by others
+unless it is sticky (as /tmp is). An unsafe directory is refused with a warning that names it and
+the fix, and this process caches into a private temporary directory instead. Folders kiln creates
+get mode 0o700.
+"""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
+import shutil
+import stat
 import tempfile
+import threading
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
-from kiln import config
+from kiln import config, logs
+
+# Cache directories refused in this process -> the private directory used instead.
+_REFUSED: dict[Path, Path] = {}
 
 
 def entry(kind: str, key: str, suffix: str) -> Path:
-    """Where the entry `key` of cache `kind` lives: <cache dir>/<kind>/<key[:2]>/<key><suffix>."""
-    return config.cache_dir() / kind / key[:2] / f"{key}{suffix}"
+    """Where the entry `key` of cache `kind` lives: <cache dir>/<kind>/<key[:2]>/<key><suffix>
+    (<cache dir> is a private temporary directory when the configured one is unsafe)."""
+    return _folder(kind, key[:2]) / f"{key}{suffix}"
+
+
+def _folder(*parts: str) -> Path:
+    """<cache dir>/<parts>, created (mode 0o700) and checked; see the module docstring."""
+    wanted = config.cache_dir()
+    private = _REFUSED.get(wanted)
+    if private is None:
+        problem = _prepare(wanted, parts)
+        if problem is None:
+            return wanted.joinpath(*parts)
+        private = _refuse(wanted, problem)
+    folder = private.joinpath(*parts)
+    make_private_dirs(folder)
+    return folder
+
+
+def _prepare(root: Path, parts: tuple[str, ...]) -> str | None:
+    """Create root/parts as needed; why they may not be used, or None when they may."""
+    folders = [root.joinpath(*parts[:n]) for n in range(len(parts) + 1)]
+    try:
+        make_private_dirs(root)
+        problem = unsafe_reason(root)
+        if problem is not None:
+            return problem
+        make_private_dirs(folders[-1])
+    except OSError as error:
+        return f"{error.filename or root} cannot be created ({error.strerror})"
+    for folder in folders[1:]:
+        problem = _owned_and_private(folder)
+        if problem is not None:
+            return problem
+    return None
+
+
+def make_private_dirs(folder: Path) -> None:
+    """`mkdir -p` that gives every folder it creates mode 0o700 (Path.mkdir's mode covers the
+    last one only): no other user may list or write the cache."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:  # another process created it in between
+            pass
+
+
+def unsafe_reason(root: Path, uid: int | None = None) -> str | None:
+    """Why shared libraries may not be loaded from the cache directory `root`, or None.
+
+    `root` must be owned by `uid` (the current user's by default) and writable by no one else;
+    each folder above it must be writable by no other user, unless it is sticky and owned by root
+    or `uid` (in a sticky folder such as /tmp, others cannot rename or replace what they do not own).
+
+    Example::
+
+        unsafe_reason(Path("/tmp/shared"))   # "/tmp/shared is writable by other users (mode 0o777)"
+    """
+    uid = os.geteuid() if uid is None else uid
+    problem = _owned_and_private(root, uid)
+    if problem is not None:
+        return problem
+    # Both the folders the path names and the ones a symlink in it leads to.
+    above = {*root.absolute().parents, *root.resolve().parents}
+    for folder in sorted(above, key=lambda p: -len(p.parts)):
+        info = folder.stat()
+        sticky = info.st_mode & stat.S_ISVTX and info.st_uid in (0, uid)
+        if info.st_mode & 0o022 and not sticky:
+            return f"{folder}, above it, is writable by other users (mode {oct(stat.S_IMODE(info.st_mode))})"
+    return None
+
+
+def _owned_and_private(folder: Path, uid: int | None = None) -> str | None:
+    uid = os.geteuid() if uid is None else uid
+    info = folder.stat()
+    if info.st_uid != uid:
+        return f"{folder} is owned by another user (uid {info.st_uid})"
+    if info.st_mode & 0o022:
+        return f"{folder} is writable by other users (mode {oct(stat.S_IMODE(info.st_mode))})"
+    return None
+
+
+def _refuse(wanted: Path, problem: str) -> Path:
+    private = Path(tempfile.mkdtemp(prefix="kiln-cache-"))  # mode 0o700, owned by this user
+    atexit.register(shutil.rmtree, private, ignore_errors=True)
+    _REFUSED[wanted] = private
+    message = (f"kiln will not use the cache directory {wanted}: {problem}, and kiln loads compiled "
+               f"code from it, so another user could run code in this process. This process compiles "
+               f"into a private temporary directory instead ({private}, removed at exit), so nothing "
+               f"is reused between runs. Fix: `chmod go-w` the folder named (and make it yours), or "
+               f"set KILN_CACHE_DIR to a directory only you can write.")
+    logs.log("cache", "%s", message)
+    warnings.warn(message, RuntimeWarning, stacklevel=2)
+    return private
+
+
+# --- writing and reading ---------------------------------------------------------------------
+
+_held = threading.local()  # lock files this thread holds: flock is per open file, not per process
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold the advisory lock of entry `path` (`<path>.lock`) against other processes and threads.
+    Re-entrant in one thread. Where the lock file cannot be made (a read-only cache), runs
+    unlocked: a race then costs a miss, never a wrong read."""
+    held = _held.__dict__.setdefault("paths", set())
+    name = str(path) + ".lock"
+    if name in held:
+        yield
+        return
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
+        held.add(name)
+        yield
+    finally:
+        held.discard(name)
+        os.close(fd)  # closing the file releases the lock
 
 
 def _digest_path(path: Path) -> Path:
@@ -27,31 +180,46 @@ def digest(path: Path) -> str:
 
 def intact(path: Path) -> bool:
     """The file exists and matches the digest written after it was complete."""
-    check = _digest_path(path)
-    return path.exists() and check.exists() and check.read_text() == digest(path)
+    return read(path) is not None
 
 
 def _replace_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(path.parent)
+    # A unique temporary name in the same folder, so concurrent writers never share one and the
+    # rename is atomic: a reader sees the old file or the new one, never part of either.
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(fd, "wb") as file:
-        file.write(data)
-    os.replace(temp, path)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
 
 
 def seal(path: Path) -> None:
-    """Mark a complete file valid by writing its digest (the last step of every write)."""
-    _replace_atomically(_digest_path(path), digest(path).encode())
+    """Mark a complete file valid by writing its digest (the last step of every write). Call it
+    holding `locked(path)`, so the digest written is that of the file another writer left."""
+    with locked(path):
+        _replace_atomically(_digest_path(path), digest(path).encode())
 
 
 def write(path: Path, data: bytes) -> None:
-    _replace_atomically(path, data)
-    seal(path)
+    with locked(path):
+        _replace_atomically(path, data)
+        _replace_atomically(_digest_path(path), hashlib.sha256(data).hexdigest().encode())
 
 
 def read(path: Path) -> bytes | None:
-    """The entry's bytes, or None when missing or not intact."""
-    return path.read_bytes() if intact(path) else None
+    """The entry's bytes, or None when missing or not intact. The file is read once and those
+    bytes are checked, so a writer replacing it meanwhile cannot make a check pass for other bytes."""
+    try:
+        check = _digest_path(path).read_text()
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return data if hashlib.sha256(data).hexdigest() == check else None
 
 
 @functools.cache

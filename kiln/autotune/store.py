@@ -40,6 +40,12 @@ def _path(key: str):
     return disk_cache.entry("autotune", key, ".json")
 
 
+def locked(key: str):
+    """Hold question `key` against other processes: the one that measures first answers for all,
+    so processes sharing a cache agree on every choice (and do not time while the other times)."""
+    return disk_cache.locked(_path(key))
+
+
 def load(key: str) -> dict[str, Any] | None:
     data = disk_cache.read(_path(key))
     if data is None:

@@ -2,11 +2,13 @@
 
 A call binds its arguments, checks the entries' guards in order and runs the first that holds.
 A miss captures again (logged under `recompiles` with the guard that failed), until
-`kiln.config.capture.recompile_limit` entries exist; beyond that, misses run eagerly.
+`kiln.config.capture.recompile_limit` entries exist; beyond that, misses run eagerly (a warning
+says so once per function, and `eager_calls` counts them).
 """
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -64,6 +66,15 @@ class FrameCache:
             if not self.limit_hit:
                 self.limit_hit = True
                 logs.log("recompiles", "%s: recompile limit (%d) reached; calls that match no entry run eagerly", self.label, limit)
+                # Told once per function even with logs off: from here on these calls lose kiln's
+                # speed-up, and the user can only fix it (dynamic=True, a higher limit) knowing.
+                failed = self.entries[-1].guards.first_failure(L) if self.entries else None
+                warnings.warn(f"kiln.compile: {self.label} was compiled {limit} times, the recompile limit "
+                              f"(last guard failed: {failed.describe() if failed is not None else 'a guard'}); "
+                              f"calls that match none of its compiled entries now run eagerly. If its input "
+                              f"sizes change from call to call, compile it with dynamic=True; or raise "
+                              f"KILN_RECOMPILE_LIMIT (kiln.compile(..., options={{'recompile_limit': n}})).",
+                              RuntimeWarning, stacklevel=4)
                 _notify("limit", self, limit)
             self.eager_calls += 1
             return self.eager(*args, **kwargs)
