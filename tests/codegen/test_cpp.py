@@ -141,3 +141,15 @@ def test_bool_orders_and_max_min_in_vector_lanes():
     out, _ = compiled(fn, a, b)
     for got, want in zip(out, fn(a, b)):
         assert torch.equal(got, want)
+
+
+def test_scalar_sign_keeps_its_type():
+    # Found by the graph fuzzer: the scalar loop's sign was an int, so max(sign(x), -4.0f) did
+    # not compile (a tensor of 2 floats runs only the scalar loop; 37 also runs the vector one).
+    fn = lambda x: (torch.sign(x).clamp(-4, 4).expm1(), torch.sign(x.long()) * 3)  # noqa: E731
+    for n in (2, 37):
+        x = torch.randn(n)
+        out, _ = compiled(fn, x)
+        for got, want in zip(out, fn(x)):
+            torch.testing.assert_close(got, want)
+        assert not kiln.runtime.fallback.FALLBACKS

@@ -26,7 +26,7 @@ _UNARY = {
     "rsqrt": "(1 / std::sqrt({0}))", "reciprocal": "(1 / ({0}))", "sin": "std::sin({0})",
     "cos": "std::cos({0})", "tanh": "std::tanh({0})", "sigmoid": "(1 / (1 + std::exp(-({0}))))",
     "erf": "std::erf({0})", "relu": "std::max({0}, decltype({0})(0))", "floor": "std::floor({0})",
-    "ceil": "std::ceil({0})", "logical_not": "!({0})", "sign": "(({0}) > 0) - (({0}) < 0)",
+    "ceil": "std::ceil({0})", "logical_not": "!({0})", "sign": "decltype({0})((({0}) > 0) - (({0}) < 0))",
     "tan": "std::tan({0})", "asin": "std::asin({0})", "acos": "std::acos({0})", "atan": "std::atan({0})",
     "sinh": "std::sinh({0})", "cosh": "std::cosh({0})", "asinh": "std::asinh({0})",
     "acosh": "std::acosh({0})", "atanh": "std::atanh({0})", "exp2": "std::exp2({0})",
