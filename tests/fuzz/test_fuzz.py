@@ -5,6 +5,7 @@ A fallback to eager passes only for a reason listed in docs/limits.md (ALLOWED_F
 other fallback is a kiln bug the fuzzer found, and fails like a wrong answer.
 """
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from tests.fuzz.run import run_case
 from tests.kiln_backend import private_cache  # noqa: F401  (each test gets an empty compile cache)
 
 SEED = 0
-CASES = 240
+CASES = 200
 CHUNK = 20
 # Fallback reasons that docs/limits.md states (a size that depends on data, read by a later op).
 ALLOWED_FALLBACKS = ("capture data_dependent",)
@@ -27,7 +28,8 @@ def _report(r) -> str:
 
 
 @pytest.mark.parametrize("first", range(0, CASES, CHUNK))
-def test_fuzz_cases(first, tmp_path):
+def test_fuzz_cases(first, tmp_path, caplog):
+    caplog.set_level(logging.WARNING)  # Dynamo's debug records would bury the repro in the report
     bad = []
     for case in range(first, first + CHUNK):
         if case in KNOWN:
