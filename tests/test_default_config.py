@@ -1,28 +1,31 @@
 """The configuration users get is the tested one: tiny HuggingFace models through both doors with
-no setting changed but a private, empty cache, compared with eager.
+kiln's backend settings at their defaults and a private, empty cache, compared with eager.
 
 Every other backend test compiles with freezing and autotuning off (tests/kiln_backend.py), so
 that it sees one feature at a time. Here everything is on, as `kiln bench` and users run it: an
-encoder with an attention mask (BERT), a decoder with a causal mask (Llama), a conv net with
-BatchNorm (ResNet), each through `kiln.compile(model)` and `torch.compile(model, backend="kiln")`.
-Each test checks, besides the results of two calls with different inputs, that the defaults
-really took effect:
+encoder with an attention mask (BERT), a decoder with a causal mask (Llama; also asked for its
+key/value cache), a conv net with BatchNorm (ResNet), each through `kiln.compile(model)` and
+`torch.compile(model, backend="kiln")`, and two of them under bfloat16 autocast. Each test checks,
+besides the results of two calls with different inputs (the second after the first), that the
+defaults really took effect:
 
 - one graph, no graph break, no fallback to eager;
 - the graph is frozen (a FrozenProgram) and its constants are computed once for both calls;
-- the autotuner answered every GEMM and convolution with a frozen weight (its answers are in the
-  private cache), nothing is measured again on the second call, and the lowered Program runs
-  what it chose: `kiln::mm` / `kiln::conv` where it chose a prepacked form (their packs held by
-  the frozen constants, made on the first call and reused), ATen's op where ATen won;
+- the autotuner was asked about the GEMMs (the convolutions in ResNet), its answers are stored in
+  the private cache, nothing is measured or compiled again on the second call, and the lowered
+  Program runs what it chose: `kiln::mm` / `kiln::conv` for each prepacked form it chose (their
+  packs held by the frozen constants, made on the first call and reused), ATen's op where ATen won;
 - every activation after a GEMM or convolution is fused: inside the library call as a oneDNN
   post-op, or in the kernel that reads the GEMM's output (with the bias add: `bias_epilogue`);
 - BatchNorm is folded into the convolutions (no normalization left in the runtime graph).
 
 Which implementation the autotuner picks is measured, so it varies between machines and runs
-(on tiny GEMMs ATen usually wins); the tests check that the choice made is the one that runs,
-whichever it is. The models are tiny (2 layers, hidden 32) so that the file stays cheap with an
-empty cache: autotuning with the default budget (50 ms per candidate at most, a few runs each for
-shapes this small) is a small part of each compile.
+(in float32 ATen usually wins these tiny GEMMs and oneDNN or ATen on channels-last data the
+convolutions; in bfloat16 oneDNN's packed GEMM usually wins); the tests check that the choice
+made is the one that runs, whichever it is. The models are tiny (2 layers, hidden 32) so that the
+file stays cheap with an empty cache: about 30 s on one core, of which autotuning takes 0.4 s
+(the default budget stops at 50 ms per candidate; these shapes run in microseconds) and building
+the C++ kernels about 8 s.
 """
 
 from __future__ import annotations
