@@ -9,6 +9,7 @@ same tensor objects, so gradients and optimizer steps reach them.
 
 from __future__ import annotations
 
+import enum
 import operator
 import re
 from typing import Any, Callable, Sequence
@@ -123,6 +124,13 @@ class OutputGraph:
         """Add a call node (`call_function` or `call_method`) and run it on fake tensors."""
         fx_args = tuple(a.as_fx_arg() for a in args)
         fx_kwargs = {k: v.as_fx_arg() for k, v in kwargs.items()}
+        odd = _unprintable((fx_args, fx_kwargs))
+        if odd is not None:
+            # The graph's code would name an object it cannot spell (a module, an options
+            # dataclass, a function): the call runs natively behind a graph break instead.
+            what = target if isinstance(target, str) else getattr(target, "__qualname__", None) or repr(target)
+            raise unsupported("unsupported_argument", f"{what} takes a {type(odd).__qualname__} argument, which a "
+                              "graph cannot hold as a constant", "the graph breaks at this call")
         ex_args = [a.as_example() for a in args]
         ex_kwargs = {k: v.as_example() for k, v in kwargs.items()}
         try:
@@ -196,6 +204,21 @@ class OutputGraph:
         # No dead-code elimination here: in-place calls and grad-mode switches have no users.
         gm.recompile()
         return gm
+
+
+# Constants an fx graph's generated code spells back exactly (besides Nodes and containers of them).
+_PRINTABLE = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format,
+              torch.Size, slice, range, type(Ellipsis), torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool, enum.Enum,
+              torch._ops.OpOverload, torch._ops.OpOverloadPacket, fx.Node)
+
+
+def _unprintable(value: Any) -> Any:
+    """The first leaf of `value` an fx graph cannot hold as a constant, or None."""
+    if isinstance(value, (tuple, list)):
+        return next((odd for v in value if (odd := _unprintable(v)) is not None), None)
+    if isinstance(value, dict):
+        return next((odd for v in value.values() if (odd := _unprintable(v)) is not None), None)
+    return None if isinstance(value, _PRINTABLE) else value
 
 
 def _has_tensor(value: Any) -> bool:

@@ -308,3 +308,16 @@ def test_a_sparse_tensor_input_runs_the_frame_eagerly_with_a_record():
     torch.testing.assert_close(fn(sparse, dense), torch.sparse.mm(sparse, dense) + 1)
     assert backend.graphs == []
     assert BREAKS and BREAKS[0].kind == "sparse_tensor"
+
+
+def test_a_call_with_an_argument_no_graph_can_spell_breaks_the_graph():
+    # An nn.Module passed to a torch function: as a graph constant the graph's code would name a
+    # class it does not import (NameError when run); the call runs natively instead, recorded.
+    BREAKS.clear()
+    distance = nn.PairwiseDistance()
+    a, p, n = torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4)
+    fn = lambda a, p, n: torch.nn.functional.triplet_margin_with_distance_loss(  # noqa: E731
+        a * 2, p, n, distance_function=distance).sin()
+    compiled, _ = _compiled(fn)
+    torch.testing.assert_close(compiled(a, p, n), fn(a, p, n))
+    assert [r.kind for r in BREAKS] == ["unsupported_argument"]
