@@ -35,10 +35,17 @@ def promoted_dtypes(args: list[Any], kind: Kind = Kind.DEFAULT) -> tuple[torch.d
     return elementwise_dtypes(*[_promotion_example(a) for a in args], type_promotion_kind=kind)
 
 
+# Arithmetic on bools is logic in eager (true + true is true); C++ would make an int of it (2),
+# which a later max or comparison then reads as a number.
+_BOOL_ARITHMETIC = {"add": "logical_or", "mul": "logical_and"}
+
+
 def pointwise(op: str | Callable[..., Any], args: list[Any], kind: Kind = Kind.DEFAULT) -> TensorValue:
     """`ops.<op>` (or `op(*values)`, a body of ops calls) applied elementwise to tensors and Python
     scalars, with eager's promotion: operands cast to the compute dtype, the result to eager's."""
     compute, result = promoted_dtypes(args, kind)
+    if compute == torch.bool and isinstance(op, str):
+        op = _BOOL_ARITHMETIC.get(op, op)
     size = broadcast_sizes(*(a.size for a in args if isinstance(a, TensorValue)))
     inputs = [broadcast_to(a, size) if isinstance(a, TensorValue) else a for a in args]
     body = (lambda *values: getattr(ops, op)(*values)) if isinstance(op, str) else op

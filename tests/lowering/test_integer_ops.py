@@ -49,3 +49,11 @@ def test_integer_division_by_a_tensor_stays_extern_and_raises_for_zero_like_eage
         through("reference", lambda a, b: a // b, a, b)
     _, program = through("reference", lambda a, b: (a // b, a % b), a, b.abs() + 1)
     assert extern_ops(program) == {aten.div.Tensor_mode, aten.remainder.Tensor}
+
+
+def test_bool_arithmetic_is_logic():
+    # Found by the graph fuzzer: true + true was the C++ int 2 in the scalar loop, so a max of it
+    # with a bool did not compile.
+    a, b = torch.rand(4, 7, 6) > 0.5, torch.rand(4, 1, 1) > 0.5
+    fn = lambda a, b: (torch.maximum(a + b, a), (a * b) == a, (a + b).to(torch.int64) * 3)  # noqa: E731
+    check(fn, a, b, exact=True)
