@@ -35,6 +35,7 @@ class Val:
     t: torch.Tensor  # eager, in the case's dtypes
     t64: torch.Tensor  # the arbiter's run
     exact: bool  # a float computed without rounding (always True for ints and bools)
+    leaf: bool = False  # of a size that depends on data (x[mask]): an output only, never an operand
 
     @property
     def is_float(self) -> bool:
@@ -103,7 +104,7 @@ class Generator:
     # -- choosing operands --------------------------------------------------------------------
     def pick(self, ok=lambda v: True) -> Val | None:
         """A value satisfying `ok`, most often one of the latest (so chains grow deep)."""
-        cands = [v for v in self.vals if ok(v)]
+        cands = [v for v in self.vals if not v.leaf and ok(v)]
         if not cands:
             return None
         if self.rng.random() < 0.6:

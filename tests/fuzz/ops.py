@@ -314,7 +314,12 @@ def advanced_index(g):
     r = g.rng.random()
     if r < 0.15:
         m = g.new_input(x.shape, "bool")
-        return g.try_stmt(f"{x.name}[{m.name}]", [x, m], True)
+        # Its size depends on data: ops after it run on unbacked sizes, where torch's own fake
+        # tensors give up on some (addcmul, log_softmax) and the frame runs eagerly (docs/limits.md).
+        made = g.try_stmt(f"{x.name}[{m.name}]", [x, m], True)
+        if made is not None:
+            made.leaf = True
+        return made
     if r < 0.5 or x.t.dim() < 2:
         idx = g.index(g.shape(g.rng.randint(1, 2)), x.shape[0], negative=True)
         return g.try_stmt(f"{x.name}[{idx.name}]", [x, idx], True)

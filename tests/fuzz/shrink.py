@@ -159,7 +159,7 @@ def main():
     truth = fn64(*[t.double() if t.is_floating_point() else t for t in inputs])
     scales = {[round(scale[o], 6) for o in prog.outputs]!r}  # magnitudes each output was computed from
     actual = {compiled}(*inputs)
-    assert not FALLBACKS, f"kiln ran a graph eagerly: {{FALLBACKS[0]}}"
+    assert not FALLBACKS, f"kiln ran a graph eagerly: {{FALLBACKS[0]}}\n{{FALLBACKS[0].detail}}"
     for i, (a, e, t, s) in enumerate(zip(actual, expected, truth, scales)):
         why = judge(a, e, t, s)
         assert why is None, f"output {{i}}: {{why}}"
