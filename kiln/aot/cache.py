@@ -51,8 +51,22 @@ def _constants(gm: fx.GraphModule, lifted: set[str]) -> bytes:
     return h.digest()
 
 
+def _has_symbolic_placeholders(gm: fx.GraphModule) -> bool:
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value", node.meta.get("val")) if node.op == "placeholder" else None
+        if isinstance(value, torch.SymInt) or (isinstance(value, torch.Tensor) and
+                                               any(not isinstance(size, int) for size in value.shape)):
+            return True
+    return False
+
+
 def cache_key(gm: fx.GraphModule, example_inputs: Sequence[Any], lifted: dict[str, Any], training: bool, options: Any) -> str | None:
     """The key of `gm` compiled for these inputs, or None when it cannot be cached."""
+    # A graph captured with symbolic sizes has the same code as its static twin and is handed
+    # real example inputs: keyed like them, it would load the twin, compiled for those sizes only,
+    # and run it on every other size (wrong results, reads out of bounds).
+    if _has_symbolic_placeholders(gm):
+        return None
     described = [_describe(v) for v in [*lifted.values(), *example_inputs]]
     if any(d is None for d in described):
         return None
