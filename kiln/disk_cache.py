@@ -59,21 +59,20 @@ def _folder(*parts: str) -> Path:
 
 
 def _prepare(root: Path, parts: tuple[str, ...]) -> str | None:
-    """Create root/parts as needed; why they may not be used, or None when they may."""
-    folders = [root.joinpath(*parts[:n]) for n in range(len(parts) + 1)]
+    """Create root/parts as needed, checking each folder before anything is made inside it; why
+    they may not be used, or None when they may."""
     try:
         make_private_dirs(root)
         problem = unsafe_reason(root)
-        if problem is not None:
-            return problem
-        make_private_dirs(folders[-1])
+        for n in range(1, len(parts) + 1):
+            if problem is not None:
+                return problem
+            folder = root.joinpath(*parts[:n])
+            make_private_dirs(folder)
+            problem = _owned_and_private(folder)
     except OSError as error:
         return f"{error.filename or root} cannot be created ({error.strerror})"
-    for folder in folders[1:]:
-        problem = _owned_and_private(folder)
-        if problem is not None:
-            return problem
-    return None
+    return problem
 
 
 def make_private_dirs(folder: Path) -> None:
