@@ -266,7 +266,7 @@ class CacheSettings(_Group):
     dir: str = setting(
         "~/.cache/kiln",
         env="KILN_CACHE_DIR",
-        help="root folder of the on-disk compile caches (~ is expanded; see cache_dir())",
+        help="root folder of the on-disk compile caches (~ is expanded); refused if others can write it",
     )
 
 
@@ -298,7 +298,7 @@ class CaptureSettings(_Group):
     recompile_limit: int = setting(
         8,
         env="KILN_RECOMPILE_LIMIT",
-        help="compiled entries kept per function; a call that misses them all beyond this runs eagerly",
+        help="compiled entries kept per function (and sizes per symbolic graph); calls beyond run eagerly",
     )
     inline_depth: int = setting(
         64, env="KILN_INLINE_DEPTH", help="deepest chain of user calls the interpreter inlines"
