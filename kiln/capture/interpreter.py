@@ -152,7 +152,10 @@ class Translator:
                 contents = cell.cell.cell_contents
             except ValueError:
                 raise self._unbound_cell(name) from None
-            return wrap(self, contents, cell.source)
+            var = wrap(self, contents, cell.source)
+            if cell.source is None and isinstance(contents, (list, dict, set)):
+                var.unreplayable = True  # changing it would change only kiln's copy (containers.record_change)
+            return var
         raise unsupported("unsupported_opcode", f"cell {name!r} is not known")
 
     def _unbound_cell(self, name: str) -> UserRaise:

@@ -50,6 +50,7 @@ class OutputGraph:
         self.attrs: dict[str, torch.Tensor] = {}
         self._attr_by_id: dict[int, Variable] = {}
         self.wrapped: dict[Source, Variable] = {}  # one variable per source, so reads agree
+        self.wrapped_containers: dict[int, tuple[Any, Variable]] = {}  # id -> (list/dict/set, its variable)
         self._fakes: dict[int, torch.Tensor] = {}
         self._last_input: fx.Node | None = None
         self.op_count = 0

@@ -456,3 +456,44 @@ def test_curried_closures_and_shared_cell_between_two_closures():
         return adder(x)(1)(2), x * get()
 
     check(f, torch.randn(3))
+
+
+def _module_appending_to_enclosing_list():
+    kept = []
+
+    class Recorder(torch.nn.Module):
+        def forward(self, x):
+            kept.append(x * 2)
+            return x + self.shift
+
+        @property
+        def shift(self):
+            kept.append("shift")
+            return 1.0
+
+        @staticmethod
+        def note(value):
+            kept.append(value)
+
+    return kept, Recorder()
+
+
+def test_a_method_appending_to_its_enclosing_functions_list_changes_the_real_list():
+    """A method's closure is reached through the class: its list was once changed only in kiln's
+    copy, so `kept` stayed empty where eager filled it."""
+    kept, module = _module_appending_to_enclosing_list()
+    compiled = kiln.compile(module)
+    x = torch.randn(4)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), x + 1)
+    assert len(kept) == 6
+    assert [k for k in kept if isinstance(k, str)] == ["shift"] * 3
+    torch.testing.assert_close(kept[0], x * 2)
+
+    def call_static(x):
+        type(module).note(x.sum())
+        return x * 3
+
+    compiled_static = kiln.compile(call_static)
+    compiled_static(x)
+    torch.testing.assert_close(kept[-1], x.sum())

@@ -730,3 +730,43 @@ def test_list_sort_of_tensors_is_a_capture_error_and_falls_back():
         kiln.compile(f, backend="eager", fullgraph=True)(list(xs))
     fallback = kiln.compile(f, backend="eager")
     assert [v.item() for v in fallback(list(xs))] == [1.0, 2.0]
+
+
+def test_one_list_reached_from_two_places_gets_both_changes():
+    shared = []
+
+    class TwoNames(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = shared, shared
+
+        def forward(self, x):
+            self.a.append(x * 2)
+            self.b.append(x + 1)
+            return x + len(self.a)
+
+    x = torch.randn(3)
+    compiled = kiln.compile(TwoNames())
+    torch.testing.assert_close(compiled(x), x + 2)
+    assert len(shared) == 2
+    torch.testing.assert_close(shared[1], x + 1)
+
+
+def test_an_argument_that_is_also_a_global_gets_both_changes_and_a_later_other_list_recompiles():
+    x = torch.randn(3)
+    compiled = kiln.compile(_append_to_argument_and_global)
+    compiled(x, GLOBAL_LIST)
+    assert len(GLOBAL_LIST) == 2
+    other = []
+    compiled(x, other)  # not the global any more: two lists, one change each
+    assert len(other) == 1 and len(GLOBAL_LIST) == 3
+    torch.testing.assert_close(GLOBAL_LIST[-1], x * 2)
+
+
+GLOBAL_LIST = []
+
+
+def _append_to_argument_and_global(x, items):
+    items.append(x)
+    GLOBAL_LIST.append(x * 2)
+    return x * 3

@@ -256,8 +256,7 @@ class ListVariable(BaseSequenceVariable):
         return list
 
     def _changed(self, tx: Any) -> None:
-        if self.source is not None:
-            tx.output.side_effects.record_mutation(self)
+        record_change(tx, self)
 
     def methods(self) -> dict[str, Callable]:
         return {
@@ -376,8 +375,7 @@ class DictVariable(Variable):
         return bool(self.entries)
 
     def _changed(self, tx: Any) -> None:
-        if self.source is not None:
-            tx.output.side_effects.record_mutation(self)
+        record_change(tx, self)
 
     def getitem(self, tx: Any, key: Variable) -> Variable:
         entry = self.entries.get(hash_key(key))
@@ -471,6 +469,20 @@ class DictVariable(Variable):
         return const(None)
 
 
+def record_change(tx: Any, container: Variable) -> None:
+    """A list, dict or set changed in place: replayed on the real object when it has a source.
+
+    A real object reached without a source (`unreplayable`, e.g. through the closure of a function
+    kiln cannot name) cannot be changed after the graph runs: that is a graph break, never a change
+    silently made only to kiln's copy."""
+    if container.source is not None:
+        tx.output.side_effects.record_mutation(container)
+    elif getattr(container, "unreplayable", False):
+        kind = container.python_type().__name__
+        raise unsupported("unsupported_side_effect", f"changing a {kind} from a closure cell kiln cannot name "
+                          "(the function holding it has no source); the change could not be replayed")
+
+
 def wrap_dict_contents(tx: Any, value: dict, source: Source | None) -> Variable:
     """A DictVariable of `value`'s items, guarding its keys (not its type: the caller's business)."""
     if source is not None:
@@ -534,8 +546,7 @@ class SetVariable(Variable):
         return hash_key(item) in self.entries
 
     def _changed(self, tx: Any) -> None:
-        if self.source is not None:
-            tx.output.side_effects.record_mutation(self)
+        record_change(tx, self)
 
     def getattr(self, tx: Any, name: str) -> Variable:
         if name in _SET_METHODS:

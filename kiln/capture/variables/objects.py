@@ -43,6 +43,15 @@ def class_attr_source(owner: type, name: str) -> Source:
     return ItemSource(AttrSource(ConstSource(owner, owner.__qualname__), "__dict__"), name)
 
 
+def _pinned_function(tx: Any, fn: Any, owner: type, name: str) -> Variable:
+    """The variable for a function the class dict holds, pinned by the guard on that entry. It gets
+    a source of its own so that what it reaches through its closure has one too: a list a method
+    appends to from its enclosing function is then changed for real (replayed), not in a copy."""
+    if tx is None or not isinstance(fn, types.FunctionType):
+        return wrap_constant_result(fn)
+    return wrap(tx, fn, ConstSource(fn, f"{owner.__qualname__}.{name}"))
+
+
 def wrap_class_attr(tx: Any, raw: Any, owner: type, name: str, instance: Variable | None, cls_var: Variable | None = None) -> Variable:
     """What `instance.name` (or `cls.name`) gives for a class attribute `raw`, descriptors applied."""
     pending = pending_class_attr(tx, owner, name)
@@ -52,23 +61,23 @@ def wrap_class_attr(tx: Any, raw: Any, owner: type, name: str, instance: Variabl
         # The class dict can be patched between calls (`Cls.method = other`): pin the entry.
         tx.output.guards.add(Guard("ID_MATCH", class_attr_source(owner, name), raw))
     if isinstance(raw, staticmethod):
-        return wrap_constant_result(raw.__func__)
+        return _pinned_function(tx, raw.__func__, owner, name)
     if isinstance(raw, classmethod):
-        return BoundMethodVariable(wrap_constant_result(raw.__func__), cls_var or ClassVariable(owner))
+        return BoundMethodVariable(_pinned_function(tx, raw.__func__, owner, name), cls_var or ClassVariable(owner))
     if isinstance(raw, property):
         if instance is None:
             return OpaqueVariable(raw)
         if raw.fget is None:
             raise raise_real(AttributeError(f"property {name!r} has no getter"))
-        return wrap_constant_result(raw.fget).call(tx, [instance], {})
+        return _pinned_function(tx, raw.fget, owner, name).call(tx, [instance], {})
     if isinstance(raw, functools.cached_property):
         if instance is None:
             return OpaqueVariable(raw)
-        value = wrap_constant_result(raw.func).call(tx, [instance], {})
+        value = _pinned_function(tx, raw.func, owner, name).call(tx, [instance], {})
         instance.setattr_plain(tx, raw.attrname or name, value)
         return value
     if isinstance(raw, types.FunctionType):
-        func = wrap_constant_result(raw)
+        func = _pinned_function(tx, raw, owner, name)
         return func if instance is None else BoundMethodVariable(func, instance)
     # Functions and descriptors are pinned by the class; plain values are guarded where they live.
     if instance is not None and hasattr(type(raw), "__get__") and not isinstance(raw, type):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
+from kiln.capture.guards import Guard
+
 if TYPE_CHECKING:
     from kiln.capture.sources import Source
     from kiln.capture.variables.base import Variable
@@ -37,10 +39,31 @@ def wrap(tx: Any, value: Any, source: "Source | None") -> "Variable":
         cached = tx.output.wrapped.get(source)
         if cached is not None:
             return cached
+        if isinstance(value, (list, dict, set)):
+            alias = _same_container(tx, value, source)
+            if alias is not None:
+                return alias
     var = _build(tx, value, source)
     if source is not None:
         tx.output.wrapped[source] = var
+        if isinstance(value, (list, dict, set)):
+            tx.output.wrapped_containers[id(value)] = (value, var)
     return var
+
+
+def _same_container(tx: Any, value: Any, source: "Source") -> "Variable | None":
+    """The variable of a list, dict or set already reached from another place (`self.a` and `self.b`
+    one list; an argument that is also a global). One variable, so that a change made through
+    either place is seen through both and replayed once; both places are pinned to this very
+    object, so a later call where they are two objects compiles again."""
+    seen = tx.output.wrapped_containers.get(id(value))
+    if seen is None or seen[0] is not value:
+        return None
+    first = seen[1]
+    tx.output.guards.add(Guard("ID_MATCH", first.source, value))
+    tx.output.guards.add(Guard("ID_MATCH", source, value))
+    tx.output.wrapped[source] = first
+    return first
 
 
 def wrap_constant_result(value: Any) -> "Variable":
