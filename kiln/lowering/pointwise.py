@@ -134,14 +134,25 @@ for _name in ("floor", "ceil", "trunc", "round"):
     register_lowering(getattr(aten, _name).default)(_rounding(_name))
 
 
+def _with_alpha(name: str, a: Any, b: Any, alpha: Any) -> TensorValue:
+    """a + alpha * b (or -) as eager computes it: alpha takes the operands' dtype and no part in
+    their promotion (bools: b counts if alpha is nonzero)."""
+    if alpha == 1:
+        return pointwise(name, [a, b])
+    compute, _ = promoted_dtypes([a, b])
+    if compute == torch.bool:
+        return pointwise(name, [a, b]) if alpha else pointwise(lambda x, y: x, [a, b])
+    return pointwise(lambda x, y: getattr(ops, name)(x, ops.mul(y, ops.constant(alpha, compute))), [a, b])
+
+
 @register_lowering(aten.add.Tensor, aten.add.Scalar)
 def add(a: Any, b: Any, *, alpha: Any = 1) -> TensorValue:
-    return pointwise("add", [a, b if alpha == 1 else pointwise("mul", [b, alpha])])
+    return _with_alpha("add", a, b, alpha)
 
 
 @register_lowering(aten.sub.Tensor, aten.sub.Scalar)
 def sub(a: Any, b: Any, *, alpha: Any = 1) -> TensorValue:
-    return pointwise("sub", [a, b if alpha == 1 else pointwise("mul", [b, alpha])])
+    return _with_alpha("sub", a, b, alpha)
 
 
 @register_lowering(aten.where.self)

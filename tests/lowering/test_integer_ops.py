@@ -57,3 +57,15 @@ def test_bool_arithmetic_is_logic():
     a, b = torch.rand(4, 7, 6) > 0.5, torch.rand(4, 1, 1) > 0.5
     fn = lambda a, b: (torch.maximum(a + b, a), (a * b) == a, (a + b).to(torch.int64) * 3)  # noqa: E731
     check(fn, a, b, exact=True)
+
+
+def test_add_with_alpha_keeps_the_operands_dtype():
+    # Found by the graph fuzzer: bool.add(bool, alpha=2) promoted b * 2 to int64 and stored the
+    # int 2 into a bool tensor (a sum of it counted 2 per element; a where on it did not compile).
+    a, b = torch.rand(4, 3) > 0.5, torch.rand(3) > 0.5
+    i, j = torch.arange(12).reshape(4, 3), torch.arange(3)
+    fn = lambda a, b, i, j: (a.add(b, alpha=2).sum(-1), torch.where(a.add(b, alpha=2), 1, 2), a.add(b, alpha=0),  # noqa: E731
+                             i.add(j, alpha=-3), i.sub(j, alpha=2), i.add(5, alpha=2))
+    check(fn, a, b, i, j, exact=True)
+    x, y = torch.randn(4, 3).to(torch.bfloat16), torch.randn(3).to(torch.bfloat16)
+    check(lambda x, y: (x.add(y, alpha=0.5), x.sub(y, alpha=3)), x, y, rtol=1.6e-2, atol=1e-2)
