@@ -159,7 +159,7 @@ def main():
     truth = fn64(*[t.double() if t.is_floating_point() else t for t in inputs])
     floors = {[float(f"{floor[o]:.4g}") for o in prog.outputs]!r}  # errors allowed whatever eager's (tests/fuzz/check.py)
     actual = {compiled}(*inputs)
-    assert not FALLBACKS, f"kiln ran a graph eagerly: {{FALLBACKS[0]}}\n{{FALLBACKS[0].detail}}"
+    assert not FALLBACKS, f"kiln ran a graph eagerly: {{FALLBACKS[0]}}\\n{{FALLBACKS[0].detail}}"
     for i, (a, e, t, f) in enumerate(zip(actual, expected, truth, floors)):
         why = judge(a, e, t, f)
         assert why is None, f"output {{i}}: {{why}}"
