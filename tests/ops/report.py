@@ -64,14 +64,17 @@ def _key(text: str) -> str:
 
 def failure_causes(rows: list[dict]) -> dict[str, dict[str, list[str]]]:
     """kiln's failures: kind -> cause -> ops. Kinds: extern (passed, but as an ATen call), fallback
-    (compiling a graph raised; it ran eagerly), error (raised at compile or run time), wrong result."""
+    (compiling a graph raised; it ran eagerly), error (raised at compile or run time), wrong result,
+    not captured (Dynamo handed kiln no graph where another door or backend compiled one)."""
     kinds: dict[str, dict[str, list[str]]] = {k: collections.defaultdict(list) for k in
-                                              ("extern", "fallback", "error", "wrong result")}
+                                              ("extern", "fallback", "error", "wrong result", "not captured")}
     for r in judged(rows):
         status, detail = r.get("kiln"), r.get("kiln_detail", "")
         if status == "pass":
             for e in r.get("kiln_fallback_externs", []):
                 kinds["extern"][e].append(r["op"])
+        elif status in ("not-exercised", "eager-error", None):
+            kinds["not captured"][status or "not run"].append(r["op"])
         elif status == "fallback":
             kinds["fallback"][_key(detail)].append(r["op"])
         elif detail.startswith("raised"):
