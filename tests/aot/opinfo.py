@@ -26,7 +26,7 @@ from torch.utils import _pytree as pytree
 
 import kiln
 from kiln.backend import Backend, kiln_aot_eager
-from kiln.capture.cache import OBSERVERS
+from kiln.capture.break_records import BREAKS
 from kiln.backend.backends import with_aot
 from kiln.runtime import fallback
 
@@ -120,7 +120,8 @@ def op_status(outcomes: list[Outcome]) -> tuple[str, str]:
         status = "fallback"
     else:
         status = "fail"
-    detail = next((o.detail for o in checked if o.status not in ("pass", "not-exercised")), "")
+    shown = ("not-exercised",) if status == "not-exercised" else ("fail", "fallback")  # why nothing ran, or what failed
+    detail = next((o.detail for o in checked if o.status in shown and o.detail), "")
     return status, detail
 
 
@@ -171,15 +172,13 @@ def _compile(fn, counting: CountingBackend, door: str, breaks: list):
     compiled = kiln.compile(fn, backend=counting)
 
     def run(*args):
-        def observe(event, cache, payload):
-            if event == "fallback":
-                breaks.append(payload)
-
-        OBSERVERS.append(observe)
+        BREAKS.clear()
         try:
             return compiled(*args)
         finally:
-            OBSERVERS.remove(observe)
+            # Graph breaks and frames run eagerly, callees' frames included (a frame of torch's
+            # own the capture could not take shows here, not in the backend's fallbacks).
+            breaks.extend(r for r in BREAKS if not r.resumed)
 
     return run
 
