@@ -36,6 +36,11 @@ def judged(rows: list[dict]) -> list[dict]:
     return [r for r in rows if _is_judged(r)]
 
 
+def handled_by(rows: list[dict], backend: str = "inductor") -> list[dict]:
+    """Rows `backend` was judged on (its capture handed it a graph): "the ops Inductor handles"."""
+    return [r for r in rows if r.get(backend) in JUDGED]
+
+
 def not_judged(rows: list[dict]) -> list[str]:
     return [f"{r['op']} ({next(r[b] for b in ALL_BACKENDS if b in r)})" for r in rows if not _is_judged(r)]
 
@@ -111,6 +116,10 @@ def summary_text(rows: list[dict], meta: dict, seconds: float | None) -> str:
     for b in backends:
         passed = counts[b]["pass"]
         lines.append(f"{b:12s}: pass rate {passed}/{len(rows_j)} = {_pct(passed, len(rows_j))}   {dict(counts[b])}")
+    handled = handled_by(rows)
+    if "inductor" in backends and len(handled) != len(rows_j):
+        rates = ", ".join(f"{b} {sum(r.get(b) == 'pass' for r in handled)}" for b in backends)
+        lines.append(f"over the {len(handled)} ops Dynamo handed Inductor a graph for: {rates}")
     lines.append("")
     header = f"{'family':18s} {'swept':>5s} " + " ".join(f"{b:>12s}" for b in backends)
     if "kiln" in backends:
@@ -161,6 +170,11 @@ def markdown(rows: list[dict], meta: dict, seconds: float | None) -> str:
     for b in backends:
         passed = sum(r.get(b) == "pass" for r in rows_j)
         out.append(f"| {b} | {passed} | {len(rows_j)} | {_pct(passed, len(rows_j))} |")
+    handled = handled_by(rows)
+    if "inductor" in backends and len(handled) != len(rows_j):
+        out += ["", f"Over the {len(handled)} ops Dynamo handed Inductor a graph for (the others were compiled only "
+                "through kiln.compile): " + ", ".join(f"{b} {sum(r.get(b) == 'pass' for r in handled)}" for b in backends)
+                + "."]
     out += ["", "| family | swept | " + " | ".join(f"passed ({b})" for b in backends)
             + (" | kiln-generated | share |" if "kiln" in backends else " |"),
             "|---|---:|" + "---:|" * len(backends) + ("---:|---:|" if "kiln" in backends else "")]
