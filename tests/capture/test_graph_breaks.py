@@ -321,3 +321,15 @@ def test_a_call_with_an_argument_no_graph_can_spell_breaks_the_graph():
     compiled, _ = _compiled(fn)
     torch.testing.assert_close(compiled(a, p, n), fn(a, p, n))
     assert [r.kind for r in BREAKS] == ["unsupported_argument"]
+
+
+def test_masked_reductions_are_graph_calls_without_a_break():
+    # torch.masked's ops live in torch.masked._ops, whose helpers build a class at run time (an
+    # opcode kiln does not capture): they are graph calls, traced by the AOT layer, as torch's others.
+    BREAKS.clear()
+    x = torch.randn(3, 4)
+    mask = x > 0
+    fn = lambda x: torch.masked.sum(x, 0, mask=mask) + torch.masked.softmax(x, 1, mask=mask)  # noqa: E731
+    compiled, backend = _compiled(fn)
+    torch.testing.assert_close(compiled(x), fn(x), equal_nan=True)
+    assert len(backend.graphs) == 1 and BREAKS == []

@@ -26,8 +26,10 @@ from kiln.capture.variables.modules import ModuleCallVariable
 from kiln.capture.variables.tensor import TensorVariable
 
 # torch Python functions that are operators (traced by the AOT layer), not torch internals.
+# torch.masked's ops are defined in torch.masked._ops (their helpers build classes at run time).
 _GRAPH_MODULES = ("torch", "torch.functional", "torch.nn.functional", "torch._tensor", "torch.special", "torch.fft",
-                  "torch.linalg", "torch.random", "torch.nested", "torch._refs", "torch.masked", "torch._decomp")
+                  "torch.linalg", "torch.random", "torch.nested", "torch._refs", "torch.masked", "torch.masked._ops",
+                  "torch._decomp")
 _STATEFUL_NAMES = ("set_", "_set_", "manual_seed", "seed", "use_deterministic", "initial_seed", "set_num_threads")
 
 
