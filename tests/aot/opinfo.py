@@ -87,7 +87,7 @@ class CountingBackend:
         if fallback.FALLBACKS:
             return Outcome("fallback", str(fallback.FALLBACKS[0]))
         if not self.graphs:
-            return Outcome("not-exercised", "Dynamo produced no graph")
+            return Outcome("not-exercised", "no graph reached the backend")
         return None
 
 

@@ -147,8 +147,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=int, default=180, help="seconds per sample and backend (default 180)")
     parser.add_argument("--json", help="write every row here, after each op")
     parser.add_argument("--resume", action="store_true", help="keep the rows already in --json and skip their ops")
-    parser.add_argument("--redo", help="with --resume: comma-separated ops (name or name.variant) whose saved rows are "
-                                       "dropped and run again (after a fix)")
+    parser.add_argument("--redo", help="with --resume: comma-separated ops (a name covers its variants: masked covers "
+                                       "masked.sum) whose saved rows are dropped and run again (after a fix)")
     parser.add_argument("--markdown", help="write the summary here as Markdown")
     parser.add_argument("--report", help="summarize this saved --json file instead of running")
     parser.add_argument("--note", help="what was measured (e.g. the commit), kept in the results")
@@ -174,7 +174,7 @@ def main() -> int:
             with open(args.json) as f:
                 saved = json.load(f)
             redo = set(args.redo.split(",")) if args.redo else set()
-            done = [r for r in saved["rows"] if r["op"] not in redo and r["op"].split(".")[0] not in redo]
+            done = [r for r in saved["rows"] if not any(r["op"] == n or r["op"].startswith(n + ".") for n in redo)]
             prior = saved.get("seconds") or 0
             # A resumed run keeps its first start and commit; the commits it resumed at are listed.
             meta = saved["meta"] | dict(resumed_at=saved["meta"].get("resumed_at", []) + [meta["commit"]])
