@@ -310,17 +310,18 @@ def test_a_sparse_tensor_input_runs_the_frame_eagerly_with_a_record():
     assert BREAKS and BREAKS[0].kind == "sparse_tensor"
 
 
-def test_a_call_with_an_argument_no_graph_can_spell_breaks_the_graph():
-    # An nn.Module passed to a torch function: as a graph constant the graph's code would name a
-    # class it does not import (NameError when run); the call runs natively instead, recorded.
+def test_a_torch_function_given_an_object_no_graph_can_spell_is_inlined():
+    # An nn.Module passed to a torch Python function: as a graph constant the graph's code would
+    # name a class it does not import (NameError when run); the function's body is captured instead.
     BREAKS.clear()
     distance = nn.PairwiseDistance()
     a, p, n = torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4)
     fn = lambda a, p, n: torch.nn.functional.triplet_margin_with_distance_loss(  # noqa: E731
         a * 2, p, n, distance_function=distance).sin()
-    compiled, _ = _compiled(fn)
+    compiled, backend = _compiled(fn)
     torch.testing.assert_close(compiled(a, p, n), fn(a, p, n))
-    assert [r.kind for r in BREAKS] == ["unsupported_argument"]
+    assert len(backend.graphs) == 1 and BREAKS == []
+    assert "PairwiseDistance" not in backend.graphs[0].code
 
 
 def test_masked_reductions_are_graph_calls_without_a_break():

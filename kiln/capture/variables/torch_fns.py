@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.amp import autocast_mode
 
-from kiln.capture.break_records import unsupported
+from kiln.capture.break_records import Unsupported, unsupported
 from kiln.capture.reentry import ReenteredAutocast, set_autocast_state
 from kiln.capture.user_exceptions import raise_real
 from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
@@ -61,7 +61,16 @@ class TorchFunctionVariable(RealValueVariable):
                               "call it outside the compiled function")
         if isinstance(self.value, (types.MethodDescriptorType, types.WrapperDescriptorType)):
             return args[0].call_method(tx, name, list(args[1:]), kwargs)
-        return tx.output.call("call_function", self.value, list(args), kwargs)
+        try:
+            return tx.output.call("call_function", self.value, list(args), kwargs)
+        except Unsupported as error:
+            if error.kind != "unsupported_argument" or not isinstance(self.value, types.FunctionType):
+                raise
+        # A Python function of torch's given an object no graph can hold (an options dataclass, a
+        # module): its body is captured instead, down to the ops that object parametrizes.
+        from kiln.capture.variables.functions import UserFunctionVariable
+
+        return UserFunctionVariable(self.value, self.source).call(tx, args, kwargs)
 
     def getattr(self, tx: Any, name: str) -> Variable:
         if name in ("__name__", "__qualname__", "__module__"):
