@@ -147,6 +147,10 @@ class OutputGraph:
             first = (str(error).strip().splitlines() or [""])[0][:300]
             raise unsupported(kind_name, f"{what} could not run on fake tensors: {name}: {first}",
                               "the graph breaks at an op whose output shape depends on data" if kind_name == "data_dependent_op" else "") from None
+        if any(isinstance(t, torch.Tensor) and t.layout != torch.strided for t in _leaves(result)):
+            what = target if isinstance(target, str) else getattr(target, "__qualname__", None) or repr(target)
+            raise unsupported("sparse_tensor", f"{what} returns a sparse tensor; kiln's graphs hold strided tensors",
+                              "the graph breaks at this call")
         if not _has_tensor(result):
             if has_symbolic(result):  # arithmetic on sizes of dynamic inputs, numel(), ...
                 return wrap_symbolic(self.graph, self.graph.create_node(kind, target, fx_args, fx_kwargs), result)
@@ -220,6 +224,12 @@ def _unprintable(value: Any) -> Any:
     if isinstance(value, dict):
         return next((odd for v in value.values() if (odd := _unprintable(v)) is not None), None)
     return None if isinstance(value, _PRINTABLE) else value
+
+
+def _leaves(value: Any) -> list:
+    if isinstance(value, (tuple, list)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
 
 
 def _has_tensor(value: Any) -> bool:

@@ -334,3 +334,11 @@ def test_masked_reductions_are_graph_calls_without_a_break():
     compiled, backend = _compiled(fn)
     torch.testing.assert_close(compiled(x), fn(x), equal_nan=True)
     assert len(backend.graphs) == 1 and BREAKS == []
+
+
+def test_an_op_returning_a_sparse_tensor_is_left_to_eager_with_a_record():
+    BREAKS.clear()
+    x = torch.tensor([[0.0, 2.0], [3.0, 0.0]])
+    compiled, backend = _compiled(lambda x: (x * 2).to_sparse())
+    torch.testing.assert_close(compiled(x).to_dense(), (x * 2))
+    assert BREAKS and {r.kind for r in BREAKS} == {"sparse_tensor"}

@@ -47,6 +47,7 @@ def not_judged(rows: list[dict]) -> list[str]:
 
 def family_table(rows: list[dict]) -> list[dict]:
     """Per family (and the four core families together, and all): swept, passed per backend, kiln-generated."""
+    backends = _backends(rows)
     rows = judged(rows)
     groups = [(f, [r for r in rows if r["family"] == f]) for f in FAMILIES]
     groups.append(("core (first four)", [r for r in rows if r["family"] in CORE]))
@@ -54,7 +55,7 @@ def family_table(rows: list[dict]) -> list[dict]:
     table = []
     for name, part in groups:
         entry = dict(family=name, swept=len(part))
-        for b in _backends(rows):
+        for b in backends:
             entry[b] = sum(r.get(b) == "pass" for r in part)
         if "kiln" in entry:
             entry["generated"] = sum(bool(r.get("kiln_generated")) for r in part)
