@@ -153,3 +153,13 @@ def test_scalar_sign_keeps_its_type():
         for got, want in zip(out, fn(x)):
             torch.testing.assert_close(got, want)
         assert not kiln.runtime.fallback.FALLBACKS
+
+
+def test_gather_through_a_flipped_reshape_indexes_with_floor_semantics():
+    # Found by the graph fuzzer: flip(reshape(x)) reads x at 4*((7 - k) // 4) + Mod(7 - k, 4), which
+    # sympy turns into Mod(3 - k, 4); C++'s % of a negative number is not that (wrong elements).
+    x, i = torch.randn(2, 4), torch.tensor([0, 1, 2, 3, 7, 6, 5, 4])
+    fn = lambda x, i: (x.reshape(8).flip(0).index_select(0, i), x.reshape(8).flip(0)[i[:3]])  # noqa: E731
+    out, _ = compiled(fn, x, i)
+    for got, want in zip(out, fn(x, i)):
+        assert torch.equal(got, want)

@@ -70,10 +70,14 @@ def cpp_index(expr: sympy.Expr) -> str:
         return f"{int(expr)}L"
     if expr.is_Symbol:
         return expr.name
-    if isinstance(expr, FloorDiv):
-        return f"({cpp_index(expr.args[0])} / {cpp_index(expr.args[1])})"
-    if isinstance(expr, sympy.Mod):
-        return f"({cpp_index(expr.args[0])} % {cpp_index(expr.args[1])})"
+    if isinstance(expr, (FloorDiv, sympy.Mod)):
+        a, b = expr.args
+        floor = isinstance(expr, FloorDiv)
+        if a.is_nonnegative and b.is_positive:
+            return f"({cpp_index(a)} {'/' if floor else '%'} {cpp_index(b)})"
+        # sympy reduces a Mod's constant term (Mod(7 - k, 4) is Mod(3 - k, 4)), which can leave a
+        # negative operand, where C++'s / and % round toward zero: index arithmetic floors.
+        return f"{'kiln_floordiv' if floor else 'kiln_remainder'}<int64_t>({cpp_index(a)}, {cpp_index(b)})"
     if expr.is_Add:
         return "(" + " + ".join(cpp_index(a) for a in expr.args) + ")"
     if expr.is_Mul:
