@@ -74,8 +74,16 @@ for _name in ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "e
               "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "exp2", "log2", "log10",
               "erfc", "lgamma"):
     register_pointwise(_name, getattr(aten, _name).default, kind=_FLOAT)
-for _name in ("neg", "abs", "relu", "sign"):
+for _name in ("neg", "abs", "relu"):
     register_pointwise(_name, getattr(aten, _name).default)
+
+
+@register_lowering(aten.sign.default)
+def sign(x: TensorValue) -> TensorValue:
+    # A bool's sign is itself (C++ would compare a bool vector with 0, which it cannot order).
+    return x if x.dtype == torch.bool else pointwise("sign", [x])
+
+
 for _name in ("maximum", "minimum"):
     register_pointwise(_name, getattr(aten, _name).default)
 for _name in ("atan2", "hypot"):

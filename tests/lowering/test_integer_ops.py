@@ -69,3 +69,9 @@ def test_add_with_alpha_keeps_the_operands_dtype():
     check(fn, a, b, i, j, exact=True)
     x, y = torch.randn(4, 3).to(torch.bfloat16), torch.randn(3).to(torch.bfloat16)
     check(lambda x, y: (x.add(y, alpha=0.5), x.sub(y, alpha=3)), x, y, rtol=1.6e-2, atol=1e-2)
+
+
+def test_sign_of_bools_is_the_bools():
+    # Found by the graph fuzzer: the vector sign of a bool tensor did not compile.
+    m = torch.rand(5, 37) > 0.5
+    check(lambda m: (torch.sign(m), torch.sign(m).to(torch.int64) + 1), m, exact=True)
