@@ -29,10 +29,23 @@ def test_layer_norm_of_a_non_contiguous_input_with_large_mean_keeps_its_variance
         assert not program.externs
 
 
-def test_layer_norm_is_four_kernels_mean_variance_rstd_output():
+def test_layer_norm_is_five_steps_shifted_sum_mean_variance_rstd_output():
     _, program = through("reference", lambda x: F.layer_norm(x, [8]), torch.randn(4, 8))
     kinds = [type(step.node).__name__ for step in program.kernels]
-    assert kinds == ["Reduction", "Reduction", "Pointwise", "Pointwise"], kinds
+    assert kinds == ["Reduction", "Pointwise", "Reduction", "Pointwise", "Pointwise"], kinds
+
+
+def test_a_constant_row_normalizes_to_exactly_the_bias():
+    # Found by the graph fuzzer: clamp then layer_norm, a row of six equal values. A mean summed
+    # as x * (1/6) was one rounding off, and 1/sqrt(eps) made that 4.7e-6 at weight 1.
+    x = torch.full((3, 6), -0.17646543681621552)
+    x[1] = torch.arange(6.0)
+    w, b = torch.randn(6), torch.randn(6)
+    fn = lambda x, w, b: F.layer_norm(x, [6], w, b)  # noqa: E731
+    for backend in ("reference", "cpp"):
+        out, _ = through(backend, fn, x, w, b)
+        assert torch.equal(out[0], b) and torch.equal(out[2], b), backend
+        torch.testing.assert_close(out, fn(x, w, b))
 
 
 def test_batch_norm_inference_and_empty_saved_stats():
