@@ -75,6 +75,13 @@ class TorchFunctionVariable(RealValueVariable):
     def getattr(self, tx: Any, name: str) -> Variable:
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantVariable(getattr(self.value, name, None))
+        if isinstance(self.value, torch._ops.OpOverloadPacket):  # torch.ops.aten.add.Tensor: an overload
+            try:
+                overload = getattr(self.value, name)
+            except AttributeError as error:  # no such overload: the user's AttributeError, as in eager
+                raise raise_real(error) from None
+            if isinstance(overload, torch._ops.OpOverload):
+                return TorchFunctionVariable(overload)
         return super().getattr(tx, name)
 
 
@@ -291,7 +298,8 @@ def special_callable(value: Any) -> Variable | None:
         return AutocastVariable(value.device, value.fast_dtype, value._enabled, value._cache_enabled)
     if value in _MODULE_CALLS:
         return ModuleCallVariable()
-    if getattr(value, "_torchdynamo_disable", False):
+    # Not asked of a module: `torch.ops` makes a namespace for any attribute name it is asked for.
+    if not isinstance(value, types.ModuleType) and getattr(value, "_torchdynamo_disable", False):
         return _Disabled(value)
     return None
 
