@@ -155,6 +155,11 @@ def _pixels(size: int) -> Callable[[Any], dict[str, torch.Tensor]]:
     return lambda cfg: {"pixel_values": image(size)}
 
 
+def _config_pixels(cfg: Any) -> dict[str, torch.Tensor]:
+    # The image size the model was designed for (MobileViT's is 256, not 224).
+    return {"pixel_values": image(cfg.image_size)}
+
+
 no_cache = {"use_cache": False}
 
 # ---- the hf suite: the models every issue is judged on ----
@@ -192,6 +197,11 @@ _register(
     )
 )
 _register(hf_model("convnext", ("hf",), "ConvNextModel", "ConvNextConfig", {}, _pixels(224)))
+# Depthwise-convolution nets, kiln's weakest family (issue 20): MobileNetV1 (depthwise + pointwise
+# blocks with ReLU6, 224x224) and MobileViT-small (inverted residuals with SiLU and transformer
+# blocks, 256x256), both at their configs' default sizes.
+_register(hf_model("mobilenetv1", ("hf",), "MobileNetV1Model", "MobileNetV1Config", {}, _config_pixels))
+_register(hf_model("mobilevit", ("hf",), "MobileViTModel", "MobileViTConfig", {}, _config_pixels))
 
 # ---- the smoke suite: two real models small enough for `make demo` ----
 _register(

@@ -67,7 +67,7 @@ def _kiln_capture_stats() -> dict[str, int]:
     }
 
 
-def _torch_compile(backend: str = "inductor", freezing: bool = False) -> Callable[[nn.Module], Callable]:
+def _torch_compile(backend: str = "inductor", freezing: bool = False, mode: str | None = None) -> Callable[[nn.Module], Callable]:
     def compile(model: nn.Module) -> Callable:
         import torch
         import torch._dynamo
@@ -77,7 +77,7 @@ def _torch_compile(backend: str = "inductor", freezing: bool = False) -> Callabl
             import torch._inductor.config as inductor_config
 
             inductor_config.freezing = True
-        return torch.compile(model, backend=backend)
+        return torch.compile(model, backend=backend, **({"mode": mode} if mode else {}))
 
     return compile
 
@@ -125,6 +125,14 @@ MODES: dict[str, Mode] = {
             "inductor-freeze",
             "torch.compile with Inductor's freezing (inference only)",
             _torch_compile(freezing=True),
+            _freezing_reason,
+            _dynamo_stats,
+        ),
+        Mode(
+            "inductor-max-autotune",
+            'torch.compile(mode="max-autotune") with Inductor\'s freezing (inference only; on CPU it times '
+            "Inductor's C++ GEMM templates against the libraries, so compiling can take many minutes)",
+            _torch_compile(freezing=True, mode="max-autotune"),
             _freezing_reason,
             _dynamo_stats,
         ),

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from kiln.bench.machine import cpu_cores, cpu_flags, cpu_model
 from kiln.bench.results import Result
 
 
@@ -134,9 +135,17 @@ def describe_run(meta: dict[str, Any]) -> str:
     threads = ",".join(str(t) for t in meta["threads"])
     return (
         f"{meta['task']} · suite {meta['suite']} · threads {threads} · {meta['iters']} iters after {meta['warmup']} "
-        f"warm-up · {meta['cache']} cache · torch {meta['torch']} · {meta['cpu']} ({meta['cores']} cores"
-        f"{'; ' + ', '.join(meta['isa']) if meta.get('isa') else ''}) · {meta['date']}"
+        f"warm-up · {meta['cache']} cache · torch {meta['torch']} · {describe_cpu(meta)} · {meta['date']}"
     )
+
+
+def describe_cpu(meta: dict[str, Any]) -> str:
+    """"Intel(R) Xeon(R) Processor (2 cores; avx2, avx512f, amx_tile)"; runs saved before a field
+    existed show what they have."""
+    flags = meta.get("isa") or []
+    cores = meta.get("cores")
+    inside = "; ".join(part for part in [f"{cores} cores" if cores else "", ", ".join(flags)] if part)
+    return f"{meta.get('cpu', 'unknown CPU')}" + (f" ({inside})" if inside else "")
 
 
 def text_report(results: list[Result], meta: dict[str, Any]) -> str:
@@ -163,38 +172,8 @@ def json_report(results: list[Result], meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-# The vector and matrix extensions that decide which GEMM library wins on a CPU.
-_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "asimd", "sve")
-
-
-def _isa() -> list[str]:
-    """The CPU's flags among `_ISA_FLAGS` (from /proc/cpuinfo; empty where it is unreadable)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    flags = set(line.split(":", 1)[1].split())
-                    return [flag for flag in _ISA_FLAGS if flag in flags]
-    except OSError:
-        pass
-    return []
-
-
 def run_metadata(**settings: Any) -> dict[str, Any]:
     """What a reader needs to reproduce the numbers: machine, versions, settings."""
-    import os
-
     import torch
 
     import kiln
@@ -208,9 +187,10 @@ def run_metadata(**settings: Any) -> dict[str, Any]:
     return {
         **settings,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": _cpu_name(),
-        "isa": _isa(),
-        "cores": os.cpu_count(),
+        "cpu": cpu_model(),
+        "isa": list(cpu_flags()),  # the speed flags of kiln.bench.machine.SPEED_FLAGS it has
+        "cores": cpu_cores(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the kernels ATen dispatches to
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers_version,

@@ -7,7 +7,7 @@ from torch import nn
 from kiln.bench.accuracy import flatten_tensors
 from kiln.bench.models import MODELS, suites
 
-HF = ["bert", "gpt2", "t5", "distilbert", "vit", "resnet50", "llama", "convnext"]
+HF = ["bert", "gpt2", "t5", "distilbert", "vit", "resnet50", "llama", "convnext", "mobilenetv1", "mobilevit"]
 
 
 def test_suites():

@@ -3,6 +3,7 @@
 import json
 import math
 
+from kiln.bench.machine import SPEED_FLAGS
 from kiln.bench.report import json_report, markdown_report, pivot, summarize, text_report
 from kiln.bench.results import Case, Result
 
@@ -71,7 +72,27 @@ def test_the_run_header_names_the_cpus_vector_extensions():
     from kiln.bench.report import describe_run, run_metadata
 
     meta = run_metadata(task="inference", suite="unit", threads=[1], iters=1, warmup=1, cache="cold")
-    assert isinstance(meta["isa"], list) and set(meta["isa"]) <= {"avx2", "avx512f", "avx512_bf16", "avx512_vnni",
-                                                                   "amx_bf16", "amx_tile", "asimd", "sve"}
+    assert isinstance(meta["isa"], list) and set(meta["isa"]) <= set(SPEED_FLAGS)
+    assert meta["cpu"] and meta["cores"] >= 1 and json.loads(json.dumps(meta)) == meta
     assert describe_run({**META, "isa": ["avx2", "avx512f"]}).endswith("cpu (2 cores; avx2, avx512f) · today")
     assert describe_run(META).endswith("cpu (2 cores) · today")  # runs saved before the field existed
+
+
+def test_reports_name_the_cpu_its_flags_and_cores():
+    meta = {**META, "cpu": "Intel(R) Xeon(R) Platinum 8480+", "cores": 4, "isa": ["fma", "avx512f", "amx_tile"]}
+    for report in (text_report(RESULTS, meta), markdown_report(RESULTS, meta)):
+        assert "Intel(R) Xeon(R) Platinum 8480+ (4 cores; fma, avx512f, amx_tile)" in report
+    old = {k: v for k, v in META.items() if k not in ("isa", "cores")}  # a run saved before the fields
+    assert "· cpu ·" in text_report(RESULTS, old)
+
+
+def test_cpu_flags_come_from_cpuinfo_or_lscpu(monkeypatch):
+    from kiln.bench import machine
+
+    monkeypatch.setattr(machine, "_cpuinfo", lambda: ["processor\t: 0", "Features\t: fp asimd sve bf16 crc32"])
+    monkeypatch.setattr(machine, "_lscpu", lambda: ["Architecture: aarch64", "Model name:   Neoverse-V1"])
+    machine.cpu_model.cache_clear(), machine.cpu_flags.cache_clear()
+    try:
+        assert machine.cpu_model() == "Neoverse-V1" and machine.cpu_flags() == ("asimd", "sve", "bf16")
+    finally:
+        machine.cpu_model.cache_clear(), machine.cpu_flags.cache_clear()

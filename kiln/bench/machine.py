@@ -1,0 +1,69 @@
+"""The CPU a benchmark ran on: its model name, the flags that decide which GEMM code wins, and its
+core count. Every run's JSON records them (`kiln.bench.report.run_metadata`), and the machine's
+measured peak is cached under them (`kiln.bench.peak`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import shutil
+import subprocess
+
+# The vector and matrix extensions that decide which GEMM library (or kiln's own kernel) wins on a
+# CPU: x86's FMA, AVX2, AVX-512 with its bfloat16 and VNNI dot products, AMX tiles; aarch64's
+# NEON (asimd), SVE and bfloat16 instructions.
+SPEED_FLAGS = ("fma", "avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "asimd", "sve", "bf16")
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
+
+
+def _field(lines: list[str], *names: str) -> str | None:
+    """The value of the first line `name<spaces>: value` among `lines`."""
+    for line in lines:
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() in names and value.strip():
+            return value.strip()
+    return None
+
+
+def _lscpu() -> list[str]:
+    # aarch64 kernels print no "model name" in /proc/cpuinfo; lscpu decodes the part number
+    # ("Neoverse-V1"), which is what a reader needs to know a Graviton from an Ampere.
+    if shutil.which("lscpu") is None:
+        return []
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, env={**os.environ, "LC_ALL": "C"})
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return out.stdout.splitlines()
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's model name, e.g. "Intel(R) Xeon(R) Processor" or "Neoverse-V1"."""
+    return (_field(_cpuinfo(), "model name") or _field(_lscpu(), "model name")
+            or platform.processor() or platform.machine() or "unknown CPU")
+
+
+@functools.cache
+def cpu_flags() -> tuple[str, ...]:
+    """The CPU's flags among `SPEED_FLAGS`, in that order (empty where /proc/cpuinfo is unreadable)."""
+    text = _field(_cpuinfo(), "flags", "features") or _field(_lscpu(), "flags") or ""
+    flags = set(text.split())
+    return tuple(flag for flag in SPEED_FLAGS if flag in flags)
+
+
+def cpu_cores() -> int:
+    """Logical CPUs this process may run on (a container's limit, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

@@ -1,0 +1,137 @@
+"""The machine's measured peak: float32 GFLOP/s from a large GEMM and GB/s from a large copy, at a
+given thread count. The gemm suite (`kiln bench --suite gemm`) and `kiln profile` state each
+GEMM's and kernel's speed as a fraction of it, a roofline without a datasheet.
+
+    from kiln.bench.peak import machine_peak
+    peak = machine_peak(threads=2)      # Peak(gflops=331.0, gbps=18.2, cpu='Intel(R) Xeon(R) ...', threads=2)
+
+Measuring takes a few seconds, so a result is measured once and kept in kiln's cache directory
+(`<cache dir>/peak/`, a small JSON file written atomically, kiln/disk_cache.py) under a key made of
+the CPU model, its speed flags, the torch version and the thread count: a new torch (a new MKL) or
+another CPU measures again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from kiln import disk_cache
+from kiln.bench.machine import cpu_flags, cpu_model
+
+# Bump when the measurement changes, so old figures are not read as new ones.
+_METHOD = 1
+_GEMM_SIZE = 2048  # n of the first n x n x n float32 GEMM timed
+_GEMM_MAX_SIZE = 8192
+# A GEMM call shorter than this leaves threads idle at its edges (many cores): double n and
+# measure again, keeping the best.
+_GEMM_MIN_CALL_S = 0.05
+_COPY_BYTES = 256 << 20  # each of source and destination: far beyond any CPU's last-level cache per core
+_RUNS = 5  # best of this many calls (after one warm-up): the peak is what the machine can do
+
+_MEMORY: dict[str, "Peak"] = {}
+
+
+@dataclass(frozen=True)
+class Peak:
+    """float32 GFLOP/s of the best large GEMM and GB/s of the best large copy (bytes read plus
+    bytes written), measured on `cpu` with `threads` torch threads."""
+
+    gflops: float
+    gbps: float
+    cpu: str
+    threads: int
+
+
+def _best_seconds(run, runs: int = _RUNS) -> float:
+    run()  # warm-up: page faults, library dispatch, thread pool start
+    best = float("inf")
+    for _ in range(runs):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _gemm_gflops() -> float:
+    """Best float32 torch.mm GFLOP/s at n = 2048, or larger while a call is too short to keep
+    every thread busy."""
+    best, n = 0.0, _GEMM_SIZE
+    while True:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        out = torch.empty(n, n)
+        seconds = _best_seconds(lambda: torch.mm(a, b, out=out))
+        best = max(best, 2 * n**3 / seconds / 1e9)
+        if seconds >= _GEMM_MIN_CALL_S or n >= _GEMM_MAX_SIZE:
+            return best
+        n *= 2
+
+
+def _copy_gbps() -> float:
+    """Best GB/s of a 256 MB float32 copy_, counting the bytes read and the bytes written."""
+    src = torch.randn(_COPY_BYTES // 4)
+    dst = torch.empty_like(src)
+    seconds = _best_seconds(lambda: dst.copy_(src))
+    return 2 * _COPY_BYTES / seconds / 1e9
+
+
+def peak_key(threads: int) -> str:
+    """The cache key of the peak at `threads` threads on this machine and torch."""
+    text = json.dumps([_METHOD, cpu_model(), list(cpu_flags()), torch.__version__, threads])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _load(path) -> Peak | None:
+    data = disk_cache.read(path)
+    if data is None:
+        return None
+    try:
+        return Peak(**json.loads(data))
+    except (ValueError, TypeError):
+        return None
+
+
+def _measure(threads: int) -> Peak:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            return Peak(gflops=_gemm_gflops(), gbps=_copy_gbps(), cpu=cpu_model(), threads=threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+def machine_peak(threads: int | None = None) -> Peak:
+    """This machine's peak at `threads` torch threads (default: torch's current count), measured
+    on the first call ever for this CPU, torch and thread count, then read from the cache.
+
+    Example::
+
+        peak = machine_peak(2)
+        print(f"{250.0 / peak.gflops:.0%} of peak")   # a kernel measured at 250 GFLOP/s
+    """
+    threads = threads or torch.get_num_threads()
+    key = peak_key(threads)
+    if key in _MEMORY:
+        return _MEMORY[key]
+    path = disk_cache.entry("peak", key, ".json")
+    peak = _load(path)
+    if peak is None:
+        # One process measures while others sharing the cache wait: two measuring at once would
+        # each see half the machine and record it as the peak.
+        with disk_cache.locked(path):
+            peak = _load(path)
+            if peak is None:
+                peak = _measure(threads)
+                disk_cache.write(path, json.dumps(asdict(peak), indent=1).encode())
+    _MEMORY[key] = peak
+    return peak
+
+
+def clear_memory() -> None:
+    """Forget this process's peaks (tests: make the next call read the disk)."""
+    _MEMORY.clear()

@@ -1,0 +1,46 @@
+"""The machine's peak is measured once per CPU, torch and thread count, then read from kiln's cache."""
+
+import pytest
+
+import kiln
+from kiln.bench import peak
+
+
+@pytest.fixture
+def counted(monkeypatch, tmp_path):
+    """Stand-in measurements that count their calls (the real ones take seconds), and a private cache."""
+    calls = []
+
+    def gemm():
+        calls.append(("gemm", peak.torch.get_num_threads()))
+        return 100.0 * peak.torch.get_num_threads()
+
+    monkeypatch.setattr(peak, "_gemm_gflops", gemm)
+    monkeypatch.setattr(peak, "_copy_gbps", lambda: 10.0)
+    peak.clear_memory()
+    with kiln.config.patch({"cache.dir": str(tmp_path / "cache")}):
+        yield calls
+    peak.clear_memory()
+
+
+def test_measured_once_then_cached_per_thread_count(counted):
+    first = peak.machine_peak(1)
+    assert first == peak.Peak(gflops=100.0, gbps=10.0, cpu=peak.cpu_model(), threads=1)
+    assert peak.machine_peak(1) == first and len(counted) == 1
+    peak.clear_memory()  # a new process: read from disk, nothing measured
+    assert peak.machine_peak(1) == first and len(counted) == 1
+    # Another thread count is another question, measured at that count.
+    assert peak.machine_peak(2).gflops == 200.0 and counted == [("gemm", 1), ("gemm", 2)]
+    assert peak.peak_key(1) != peak.peak_key(2)
+
+
+def test_default_is_torchs_thread_count(counted):
+    assert peak.machine_peak().threads == peak.torch.get_num_threads()
+
+
+def test_a_torn_entry_is_measured_again(counted):
+    peak.machine_peak(1)
+    path = kiln.disk_cache.entry("peak", peak.peak_key(1), ".json")
+    path.write_text("{torn")
+    peak.clear_memory()
+    assert peak.machine_peak(1).gflops == 100.0 and len(counted) == 2
