@@ -15,6 +15,7 @@ from kiln.bench.modes import MODES
 from kiln.bench.results import Case, Result
 
 DEFAULT_MODES = "all"
+GEMM_SUITE = "gemm"  # not a suite of models: single GEMMs through each kiln::mm implementation (kiln/bench/gemm.py)
 
 
 def _choices(kind: str, given: list[str], valid: list[str]) -> list[str]:
@@ -68,7 +69,7 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
     if args.models:
         models = _choices("model", _split(args.models), list(MODELS))
     else:
-        models = all_suites[_choices("suite", [args.suite], list(all_suites))[0]]
+        models = all_suites[_choices("suite", [args.suite], list(all_suites) + [GEMM_SUITE])[0]]
     modes = list(MODES) if args.modes == "all" else _choices("mode", _split(args.modes), list(MODES))
     threads = parse_threads(args.threads)
     if args.iters < 1 or args.warmup < 0 or args.timeout <= 0:
@@ -84,25 +85,60 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
     ]
 
 
-def write_outputs(results: list[Result], meta: dict[str, Any], args: argparse.Namespace) -> None:
+def write_outputs(results: list[Result], meta: dict[str, Any], args: argparse.Namespace, gemm=None) -> None:
     from kiln.bench import report
 
-    print(report.text_report(results, meta))
+    print(report.text_report(results, meta, gemm))
     if args.json:
-        Path(args.json).write_text(json.dumps(report.json_report(results, meta), indent=1) + "\n")
-    if args.plot:
+        Path(args.json).write_text(json.dumps(report.json_report(results, meta, gemm), indent=1) + "\n")
+    if args.plot and results:  # the plot draws models' speedups; a gemm run has none
         from kiln.bench.plot import plot_speedups
 
         plot_speedups(results, meta, args.plot)
     if args.markdown:
-        plot = os.path.relpath(args.plot, Path(args.markdown).parent) if args.plot else None
-        Path(args.markdown).write_text(report.markdown_report(results, meta, plot))
+        plot = os.path.relpath(args.plot, Path(args.markdown).parent) if args.plot and results else None
+        Path(args.markdown).write_text(report.markdown_report(results, meta, plot, gemm))
+
+
+def _gemm_choices(args: argparse.Namespace) -> tuple[list, list[int], list[str]]:
+    """Shapes, thread counts and dtypes of a gemm-suite run; ValueError for what does not apply."""
+    from kiln.bench.gemm import DTYPES, SHAPES, parse_shapes
+
+    for flag, given in [("--train", args.train), ("--autocast", args.autocast), ("--plot", args.plot),
+                        ("--modes", args.modes != DEFAULT_MODES)]:
+        if given:
+            raise ValueError(f"{flag} does not apply to --suite {GEMM_SUITE}, which times every kiln::mm implementation "
+                             "on single GEMMs")
+    if args.iters < 1 or args.warmup < 0:
+        raise ValueError("--iters must be >= 1, --warmup >= 0")
+    dtypes = _choices("dtype", _split(args.dtypes), list(DTYPES))
+    return (parse_shapes(args.shapes) if args.shapes else SHAPES), parse_threads(args.threads), dtypes
+
+
+def run_gemm(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`kiln bench --suite gemm`: in this process, no subprocess per case (nothing is compiled)."""
+    from kiln.bench.gemm import run_gemm_suite
+    from kiln.bench.report import run_metadata
+
+    try:
+        shapes, threads, dtypes = _gemm_choices(args)
+        check_writable("--json", args.json, ".json")
+        check_writable("--markdown", args.markdown, ".md")
+    except ValueError as e:
+        parser.error(str(e))
+    meta = run_metadata(task="single GEMMs through each kiln::mm implementation", suite=GEMM_SUITE, threads=threads,
+                        iters=args.iters, warmup=args.warmup, cache="user's", dtypes=dtypes)
+    gemm = run_gemm_suite(shapes, threads, dtypes, rounds=args.iters, warmup=args.warmup)
+    write_outputs([], meta, args, gemm)
+    return 0
 
 
 def run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from kiln.bench.report import run_metadata
     from kiln.bench.runner import Progress, run_cases
 
+    if args.suite == GEMM_SUITE and not args.models:
+        return run_gemm(args, parser)
     try:
         cases = select_cases(args)
         check_writable("--json", args.json, ".json")
@@ -125,6 +161,8 @@ def run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def run_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from kiln.bench.gemm import GemmRun
+
     try:
         check_writable("--markdown", args.markdown, ".md")
         _check_plotting(args.plot)
@@ -133,24 +171,32 @@ def run_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     try:
         data = json.loads(Path(args.run).read_text())
         results = [Result.from_json(r) for r in data["results"]]
+        gemm = GemmRun.from_json(data["gemm"]) if "gemm" in data else None
     except (OSError, ValueError, KeyError, TypeError) as e:
         parser.error(f"cannot read the run {args.run!r}: {e}")
     args.json = None
-    write_outputs(results, data["meta"], args)
+    write_outputs(results, data["meta"], args, gemm)
     return 0
 
 
 def add_bench_command(commands: argparse._SubParsersAction) -> None:
     suite_names = ", ".join(f"{name} ({', '.join(models)})" for name, models in suites().items())
+    suite_names += f", {GEMM_SUITE} (single GEMMs at the hf models' shapes through every kiln::mm implementation)"
+    modes = "\n".join(f"  {name:22} {mode.help}" for name, mode in MODES.items())
     p = commands.add_parser(
         "bench",
         help="benchmark eager, torch.compile and kiln side by side",
         description="Each (model, mode, threads) case runs in its own subprocess; eager and compiled "
         "calls are interleaved in that process and their medians compared.",
+        epilog=f"modes:\n{modes}\n\n--suite {GEMM_SUITE} times each kiln::mm implementation (ATen, MKL, oneDNN, "
+        "kiln's own, ...) on single GEMMs, in this process: rounds (--iters) interleaved across implementations "
+        "after --warmup calls, medians, GFLOP/s and the fraction of the machine's measured peak.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--suite", default="hf", help=f"model suite: {suite_names} (default: hf)")
     p.add_argument("--models", help="comma-separated model names from any suite (overrides --suite)")
-    p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated, or all: {', '.join(MODES)}")
+    p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated, or all: {', '.join(MODES)} "
+                   "(inductor-max-autotune can take many minutes per model on a CPU)")
     p.add_argument("--threads", default="1", help="torch thread counts to run, e.g. 1,2 (default: 1)")
     p.add_argument("--iters", type=int, default=config.bench.iters, help="timed iterations (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=config.bench.warmup, help="untimed iterations (default: %(default)s)")
@@ -158,6 +204,8 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--train", action="store_true", help="time a training step and check gradients")
     p.add_argument("--autocast", choices=list(AUTOCAST), help="run inference under torch.autocast('cpu', dtype=...)")
     p.add_argument("--cache", choices=["cold", "warm"], default="cold", help="compile caches: fresh per case (cold) or the user's (warm)")
+    p.add_argument("--shapes", metavar="MxKxN,...", help=f"--suite {GEMM_SUITE} only: these GEMM shapes instead of the hf models'")
+    p.add_argument("--dtypes", default="float32,bfloat16", help=f"--suite {GEMM_SUITE} only: float32, bfloat16 (default: both)")
     p.add_argument("--json", metavar="PATH", help="write every result and the run's metadata as JSON")
     p.add_argument("--markdown", metavar="PATH", help="write the tables as markdown")
     p.add_argument("--plot", metavar="PATH.png", help="write a bar chart of speedups")

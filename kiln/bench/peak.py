@@ -24,7 +24,7 @@ from kiln import disk_cache
 from kiln.bench.machine import cpu_flags, cpu_model
 
 # Bump when the measurement changes, so old figures are not read as new ones.
-_METHOD = 1
+_METHOD = 2
 _GEMM_SIZE = 2048  # n of the first n x n x n float32 GEMM timed
 _GEMM_MAX_SIZE = 8192
 # A GEMM call shorter than this leaves threads idle at its edges (many cores): double n and
@@ -39,12 +39,14 @@ _MEMORY: dict[str, "Peak"] = {}
 @dataclass(frozen=True)
 class Peak:
     """float32 GFLOP/s of the best large GEMM and GB/s of the best large copy (bytes read plus
-    bytes written), measured on `cpu` with `threads` torch threads."""
+    bytes written), measured on `cpu` with `threads` torch threads; and the bfloat16 GEMM's
+    GFLOP/s (AMX or avx512_bf16 make it several times the float32 figure)."""
 
     gflops: float
     gbps: float
     cpu: str
     threads: int
+    bf16_gflops: float | None = None
 
 
 def _best_seconds(run, runs: int = _RUNS) -> float:
@@ -57,13 +59,13 @@ def _best_seconds(run, runs: int = _RUNS) -> float:
     return best
 
 
-def _gemm_gflops() -> float:
-    """Best float32 torch.mm GFLOP/s at n = 2048, or larger while a call is too short to keep
-    every thread busy."""
+def _gemm_gflops(dtype: torch.dtype = torch.float32) -> float:
+    """Best torch.mm GFLOP/s at n = 2048, or larger while a call is too short to keep every
+    thread busy."""
     best, n = 0.0, _GEMM_SIZE
     while True:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        out = torch.empty(n, n)
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        out = torch.empty(n, n, dtype=dtype)
         seconds = _best_seconds(lambda: torch.mm(a, b, out=out))
         best = max(best, 2 * n**3 / seconds / 1e9)
         if seconds >= _GEMM_MIN_CALL_S or n >= _GEMM_MAX_SIZE:
@@ -100,7 +102,8 @@ def _measure(threads: int) -> Peak:
     torch.set_num_threads(threads)
     try:
         with torch.no_grad():
-            return Peak(gflops=_gemm_gflops(), gbps=_copy_gbps(), cpu=cpu_model(), threads=threads)
+            return Peak(gflops=_gemm_gflops(), gbps=_copy_gbps(), cpu=cpu_model(), threads=threads,
+                        bf16_gflops=_gemm_gflops(torch.bfloat16))
     finally:
         torch.set_num_threads(before)
 

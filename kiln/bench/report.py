@@ -7,10 +7,13 @@ import platform
 import statistics
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.bench.machine import cpu_cores, cpu_flags, cpu_model
 from kiln.bench.results import Result
+
+if TYPE_CHECKING:
+    from kiln.bench.gemm import GemmRun
 
 
 @dataclass
@@ -148,28 +151,47 @@ def describe_cpu(meta: dict[str, Any]) -> str:
     return f"{meta.get('cpu', 'unknown CPU')}" + (f" ({inside})" if inside else "")
 
 
-def text_report(results: list[Result], meta: dict[str, Any]) -> str:
-    parts = [describe_run(meta)]
-    for title, header, rows in _tables(results):
+def _all_tables(results: list[Result], gemm: "GemmRun | None") -> tuple[list[str], list[tuple[str, list[str], list[list[str]]]]]:
+    """Lines under the run's header, and the tables: the models' (when any ran), then the gemm suite's."""
+    if gemm is None:
+        return [], _tables(results)
+    from kiln.bench.gemm_report import describe_peaks, gemm_notes, gemm_tables
+
+    notes = gemm_notes(gemm)
+    tables = (_tables(results) if results else []) + gemm_tables(gemm)
+    if notes:
+        tables.append(("Why a cell is n/a or wrong", ["implementation, dtype: reason"], [[n] for n in notes]))
+    return [describe_peaks(gemm)], tables
+
+
+def text_report(results: list[Result], meta: dict[str, Any], gemm: "GemmRun | None" = None) -> str:
+    lines, tables = _all_tables(results, gemm)
+    parts = [describe_run(meta), *lines]
+    for title, header, rows in tables:
         parts += ["", title, _text_table(header, rows)]
     return "\n".join(parts)
 
 
-def markdown_report(results: list[Result], meta: dict[str, Any], plot: str | None = None) -> str:
-    parts = ["# kiln bench", "", describe_run(meta)]
+def markdown_report(results: list[Result], meta: dict[str, Any], plot: str | None = None,
+                    gemm: "GemmRun | None" = None) -> str:
+    lines, tables = _all_tables(results, gemm)
+    parts = ["# kiln bench", "", describe_run(meta), *("\n" + line for line in lines)]
     if plot:
         parts += ["", f"![speedup per model and mode]({plot})"]
-    for title, header, rows in _tables(results):
+    for title, header, rows in tables:
         parts += ["", f"## {title}", "", _markdown_table(header, rows)]
     return "\n".join(parts) + "\n"
 
 
-def json_report(results: list[Result], meta: dict[str, Any]) -> dict[str, Any]:
-    return {
+def json_report(results: list[Result], meta: dict[str, Any], gemm: "GemmRun | None" = None) -> dict[str, Any]:
+    out = {
         "meta": meta,
         "results": [r.to_json() for r in results],
         "summary": [s.__dict__ | {"pass_rate": s.pass_rate} for s in summarize(results)],
     }
+    if gemm is not None:
+        out["gemm"] = gemm.to_json()
+    return out
 
 
 def run_metadata(**settings: Any) -> dict[str, Any]:

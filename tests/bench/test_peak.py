@@ -11,9 +11,9 @@ def counted(monkeypatch, tmp_path):
     """Stand-in measurements that count their calls (the real ones take seconds), and a private cache."""
     calls = []
 
-    def gemm():
+    def gemm(dtype=peak.torch.float32):
         calls.append(("gemm", peak.torch.get_num_threads()))
-        return 100.0 * peak.torch.get_num_threads()
+        return 100.0 * peak.torch.get_num_threads() * (4 if dtype == peak.torch.bfloat16 else 1)
 
     monkeypatch.setattr(peak, "_gemm_gflops", gemm)
     monkeypatch.setattr(peak, "_copy_gbps", lambda: 10.0)
@@ -25,12 +25,12 @@ def counted(monkeypatch, tmp_path):
 
 def test_measured_once_then_cached_per_thread_count(counted):
     first = peak.machine_peak(1)
-    assert first == peak.Peak(gflops=100.0, gbps=10.0, cpu=peak.cpu_model(), threads=1)
-    assert peak.machine_peak(1) == first and len(counted) == 1
+    assert first == peak.Peak(gflops=100.0, gbps=10.0, cpu=peak.cpu_model(), threads=1, bf16_gflops=400.0)
+    assert peak.machine_peak(1) == first and len(counted) == 2  # float32 and bfloat16
     peak.clear_memory()  # a new process: read from disk, nothing measured
-    assert peak.machine_peak(1) == first and len(counted) == 1
+    assert peak.machine_peak(1) == first and len(counted) == 2
     # Another thread count is another question, measured at that count.
-    assert peak.machine_peak(2).gflops == 200.0 and counted == [("gemm", 1), ("gemm", 2)]
+    assert peak.machine_peak(2).gflops == 200.0 and counted == [("gemm", 1)] * 2 + [("gemm", 2)] * 2
     assert peak.peak_key(1) != peak.peak_key(2)
 
 
@@ -43,4 +43,4 @@ def test_a_torn_entry_is_measured_again(counted):
     path = kiln.disk_cache.entry("peak", peak.peak_key(1), ".json")
     path.write_text("{torn")
     peak.clear_memory()
-    assert peak.machine_peak(1).gflops == 100.0 and len(counted) == 2
+    assert peak.machine_peak(1).gflops == 100.0 and len(counted) == 4
