@@ -289,6 +289,12 @@ class BackendSettings(_Group):
         env="KILN_AUTOTUNE",
         help="how GEMM and convolution implementations are chosen: off (fixed rules), default, max-autotune",
     )
+    gemm_candidates: tuple[str, ...] = setting(
+        (),
+        env="KILN_GEMM_CANDIDATES",
+        help="GEMM implementations the autotuner may choose from, e.g. mkl,kiln (names of "
+        "kiln.externs.prepacked.MM_IMPLS, or onednn_post_op); empty for all; aten, the fallback, always",
+    )
 
 
 @_group("capture")

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from kiln import compile_time, logs
 from kiln.autotune import store
-from kiln.autotune.timing import median_seconds
+from kiln.autotune.timing import interleaved_seconds
 
 # Within this fraction of the fastest, the earlier candidate (the simpler one) is kept: closer
 # timings are noise on a shared machine, and a needless library switch is a risk for nothing.
@@ -18,11 +18,16 @@ _MEMORY: dict[str, dict[str, Any]] = {}
 COUNTS = {"measured": 0, "cached": 0}
 
 
-def choose(op: str, signature: Any, candidates: dict[str, Callable[[], object]], budget_s: float = 0.2,
-           after_each: Callable[[], None] | None = None) -> str:
+def choose(op: str, signature: Any, candidates: dict[str, Callable[[], object]], budget_s: float = 0.25,
+           max_rounds: int = 15, cleanup: Callable[[], None] | None = None) -> str:
     """The name of the fastest candidate for `signature` (anything with a stable repr: shapes,
-    dtypes, flags). Candidates run with inputs the caller prepared; the first one wins ties.
-    `after_each` runs after each candidate's timing (to free what it allocated)."""
+    dtypes, flags). Candidates run with inputs the caller prepared, interleaved in rounds until
+    their timed runs add up to `budget_s` or `max_rounds` (kiln/autotune/timing.py); the first
+    one wins ties.
+    `cleanup` runs once the question is measured (to free what the candidates allocated).
+
+        choose("mm", ((128, 768), (768, 768)), {"aten": run_aten, "mkl": run_mkl})  # -> "mkl"
+    """
     names = list(candidates)
     if len(names) == 1:
         return names[0]
@@ -30,7 +35,7 @@ def choose(op: str, signature: Any, candidates: dict[str, Callable[[], object]],
     result = _MEMORY.get(key) or store.load(key)
     if result is None or result["choice"] not in candidates:
         with store.locked(key):
-            result = _measured(op, signature, key, candidates, budget_s, after_each)
+            result = _measured(op, signature, key, candidates, budget_s, max_rounds, cleanup)
     else:
         COUNTS["cached"] += 1
     _MEMORY[key] = result
@@ -38,32 +43,35 @@ def choose(op: str, signature: Any, candidates: dict[str, Callable[[], object]],
 
 
 def _measured(op: str, signature: Any, key: str, candidates: dict[str, Callable[[], object]], budget_s: float,
-              after_each: Callable[[], None] | None) -> dict[str, Any]:
+              max_rounds: int, cleanup: Callable[[], None] | None) -> dict[str, Any]:
     """The answer to question `key`: another process's, when it measured while this one waited
     for the lock; else measured now and saved."""
-    names = list(candidates)
     result = store.load(key)
     if result is not None and result["choice"] in candidates:
         COUNTS["cached"] += 1
         return result
-    times = {}
     with compile_time.stage("autotune", merge=True) as timed:
-        for name, run in candidates.items():
-            try:
-                times[name] = median_seconds(run, budget_s)
-            except RuntimeError:  # this library cannot run it (a dtype, a layout): out
-                times[name] = float("inf")
-            if after_each is not None:
-                after_each()
+        try:
+            times, report = interleaved_seconds(candidates, budget_s, max_rounds=max_rounds)
+        finally:
+            if cleanup is not None:
+                cleanup()
         timed.notes[:] = [f"{timed.entries} question{'s' if timed.entries > 1 else ''} measured"]
-    best = min(times.values())
-    choice = next(name for name in names if times[name] <= best * (1 + _TIE))
-    result = {"op": op, "signature": repr(signature), "choice": choice, "seconds": times}
+    choice = fastest(times)
+    result = {"op": op, "signature": repr(signature), "choice": choice, "seconds": times, "rounds": report.rounds,
+              "remeasured": report.remeasured, "extra_rounds": report.extra_rounds}
     store.save(key, result)
     COUNTS["measured"] += 1
-    logs.log("autotune", "%s %s: %s (%s)", op, signature, choice,
-             ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in times.items()))
+    close = f"; {' and '.join(report.remeasured)} {report.extra_rounds} more" if report.remeasured else ""
+    logs.log("autotune", "%s %s: %s (%s; %d rounds%s)", op, signature, choice,
+             ", ".join(f"{n} {t * 1e3:.3f} ms" for n, t in times.items()), report.rounds, close)
     return result
+
+
+def fastest(times: dict[str, float]) -> str:
+    """The first candidate, in the given order, within `_TIE` of the fastest time."""
+    best = min(times.values())
+    return next(name for name, t in times.items() if t <= best * (1 + _TIE))
 
 
 def clear_memory() -> None:

@@ -1,14 +1,18 @@
 """Which implementation runs a GEMM or a convolution over a frozen weight, by measurement.
 
 The candidates are the functions `kiln::mm` and `kiln::conv` dispatch to (kiln/externs/prepacked.py),
-run on random tensors of the node's shapes, dtypes and strides. The weight's packing is done in
-the warm-up run, so only the steady state is timed, and dropped after each candidate, so at most
-one packed copy of a trial weight exists at a time. A candidate that raises (a library without
-that dtype) is out.
+every one that can run the dtype, in either autotune mode (`backend.gemm_candidates` may narrow
+the GEMM's), run on random tensors of the node's shapes, dtypes and strides. The weight's packing
+is done in each candidate's warm-up run, so only the steady state is timed; the candidates run
+interleaved, so every packed copy of the trial weight exists while the question is measured
+(a few times the weight's memory) and all are dropped when it is answered. A candidate that
+raises (a library without that dtype) is out.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
 from typing import Callable
 
 import torch
@@ -16,8 +20,10 @@ import torch
 from kiln.autotune.choose import choose
 from kiln.externs.prepacked import CONV_IMPLS, MM_IMPLS, unary_aten, drop_packs
 
-# Timing budget per candidate in seconds: the default search, and mode="max-autotune"'s.
-BUDGET = {"default": 0.05, "max-autotune": 0.3}
+# Timing budget per question in seconds of timed runs (all candidates together), and the most
+# interleaved rounds: the default search, and mode="max-autotune"'s.
+BUDGET = {"default": 0.25, "max-autotune": 1.5}
+ROUNDS = {"default": 15, "max-autotune": 50}
 
 
 class _Inputs:
@@ -62,16 +68,65 @@ def _no_grad(candidates: dict[str, Callable[[], object]]) -> dict[str, Callable[
     return {name: wrap(run) for name, run in candidates.items()}
 
 
-def mm_impls(dtype: torch.dtype, mode: str) -> list[str]:
-    """The mm candidates for `dtype`, ATen first (a tie goes to it: no copy of the weight)."""
-    names = ["aten", "aten_kn", "aten_nk", "onednn"]
-    if mode == "max-autotune" and dtype == torch.float32 and torch.backends.mkl.is_available():
-        names.append("mkl")
-    return names
+# What an `MM_IMPLS` entry can run, where it is less than float32 and bfloat16 on any CPU torch
+# runs on. A new entry (kiln's own GEMM) not named here is offered for both dtypes; one that
+# raises RuntimeError for a dtype all the same is simply out of that question.
+_MM_DTYPES = {"mkl": (torch.float32,)}
+_MM_AVAILABLE = {"mkl": torch.backends.mkl.is_available, "onednn": torch.backends.mkldnn.is_available}
+_DEFAULT_DTYPES = (torch.float32, torch.bfloat16)
 
-
-# The candidate that applies the post-op inside oneDNN's GEMM (every other runs it after, as ATen).
+# The candidates that apply a unary post-op inside the GEMM, and the `MM_IMPLS` entry each calls
+# with it (every other candidate is timed followed by the op as ATen runs it).
 FUSED_POST_OP = "onednn_post_op"
+FUSED_POST_OPS = {FUSED_POST_OP: "onednn"}
+
+
+def _runs(name: str, dtype: torch.dtype) -> bool:
+    available = _MM_AVAILABLE.get(name)
+    return dtype in _MM_DTYPES.get(name, _DEFAULT_DTYPES) and (available is None or available())
+
+
+def allowed_candidates() -> frozenset[str] | None:
+    """The GEMM candidates `backend.gemm_candidates` allows (ATen always among them), or None for all.
+
+        KILN_GEMM_CANDIDATES=mkl,kiln  ->  frozenset({"aten", "mkl", "kiln"})
+    """
+    from kiln import config
+
+    names = config.backend.gemm_candidates
+    if not names:
+        return None
+    accepted = [*MM_IMPLS, *FUSED_POST_OPS]
+    unknown = [name for name in names if name not in accepted]
+    if unknown:
+        message = (f"setting backend.gemm_candidates (KILN_GEMM_CANDIDATES) names {unknown[0]!r}, which is no GEMM "
+                   f"implementation; accepted: {', '.join(accepted)} (aten is always a candidate)")
+        _warn_once(message)  # the pass's error makes the graph run eagerly, recorded but silent
+        raise ValueError(message)
+    return frozenset(("aten", *names))
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
+
+
+def mm_impls(dtype: torch.dtype) -> list[str]:
+    """The plain mm candidates for `dtype`: every `MM_IMPLS` entry that can run it, in the table's
+    order (ATen first: a tie goes to it, no copy of the weight), less those the setting
+    `backend.gemm_candidates` leaves out.
+
+        mm_impls(torch.bfloat16)  # ["aten", "aten_kn", "aten_nk", "onednn"]
+    """
+    allowed = allowed_candidates()
+    return [name for name in MM_IMPLS if _runs(name, dtype) and (allowed is None or name in allowed)]
+
+
+def _fused_impls(dtype: torch.dtype) -> dict[str, str]:
+    """The fused post-op candidates for `dtype`: allowed by name, or by their GEMM's name."""
+    allowed = allowed_candidates()
+    return {fused: impl for fused, impl in FUSED_POST_OPS.items()
+            if impl in MM_IMPLS and _runs(impl, dtype) and (allowed is None or fused in allowed or impl in allowed)}
 
 
 def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode: str = "default",
@@ -79,18 +134,19 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
     """The fastest `kiln::mm` implementation for fake or meta values `a` [M, K], `b` [K, N].
 
     With a unary `post_op`, each candidate is timed followed by it as ATen runs it (what kiln's
-    kernel after the GEMM costs, roughly), and oneDNN also with the op inside its GEMM:
-    `FUSED_POST_OP` when that wins."""
+    kernel after the GEMM costs, roughly), and those of `FUSED_POST_OPS` also with the op inside
+    their GEMM: that candidate's name when it wins."""
     r = _Inputs(a=(a, None), b=(b, None), bias=(bias, None))
     unary, scalars, algorithm = post_op
     after = lambda y: unary_aten(y, unary, scalars, algorithm or None)  # noqa: E731
     candidates = {name: (lambda f=MM_IMPLS[name]: after(f(r.a, r.b, r.bias, "none", [], None)))
-                  for name in mm_impls(a.dtype, mode)}
+                  for name in mm_impls(a.dtype)}
     signature = (tuple(a.shape), tuple(b.shape), tuple(b.stride()), str(a.dtype), bias is not None)
     if unary != "none":  # signatures of plain GEMMs as before, so their cache entries stay valid
-        candidates[FUSED_POST_OP] = lambda: MM_IMPLS["onednn"](r.a, r.b, r.bias, unary, scalars, algorithm or None)
+        for fused, impl in _fused_impls(a.dtype).items():
+            candidates[fused] = lambda f=MM_IMPLS[impl]: f(r.a, r.b, r.bias, unary, scalars, algorithm or None)
         signature += (unary, tuple(scalars), algorithm)
-    return choose("mm", signature, _no_grad(candidates), BUDGET[mode], after_each=lambda: drop_packs(r.b))
+    return choose("mm", signature, _no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=lambda: drop_packs(r.b))
 
 
 def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: torch.Tensor | None, conv_args: tuple,
@@ -107,4 +163,4 @@ def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: t
         r.x, r.w, r.bias, stride, padding, dilation, groups, unary, scalars, algorithm, r.other)) for name in names}
     signature = (tuple(x.shape), _strides(x, arriving), tuple(w.shape), str(x.dtype), bias is not None, tuple(stride),
                  tuple(padding), tuple(dilation), groups, unary, tuple(scalars), algorithm, other is not None)
-    return choose("conv", signature, _no_grad(candidates), BUDGET[mode], after_each=lambda: drop_packs(r.w))
+    return choose("conv", signature, _no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=lambda: drop_packs(r.w))

@@ -3,8 +3,9 @@
 or edited file reads as a miss and is measured again.
 
 A question's key names everything that decides its answer: the op, shapes and dtypes, the
-candidate names, the thread count, the CPU and the torch version. Not kiln's own source: a change
-to the compiler does not change which library call is fastest.
+candidate names, the thread count, the CPU (its model, the ISA extensions GEMM speed turns on, and
+torch's CPU capability) and the torch version. Not kiln's own source: a change to the compiler
+does not change which library call is fastest.
 """
 
 from __future__ import annotations
@@ -20,15 +21,44 @@ import torch
 from kiln import disk_cache
 
 
-@functools.cache
-def _machine() -> str:
-    cpu = platform.processor()
+# The /proc/cpuinfo flags that decide which GEMM is fastest: vector width and FMA, bfloat16 dot
+# products and matrix units on x86; NEON, SVE and bfloat16 on aarch64. Two CPUs sold under one
+# model string (a cloud's "Intel Xeon Processor", with or without AMX) must not share answers.
+ISA_FLAGS = ("fma", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "asimd", "sve", "sve2", "bf16")
+
+# Lines naming the CPU: x86's model name, and its family and model numbers (clouds sell several
+# generations as "Intel(R) Xeon(R) Processor"); aarch64 has no name, only implementer and part.
+_MODEL_FIELDS = ("model name", "vendor_id", "cpu family", "model", "CPU implementer", "CPU part", "CPU variant")
+
+
+def _cpuinfo() -> str:
     try:
         with open("/proc/cpuinfo") as info:
-            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+            return info.read()
     except OSError:
-        pass
-    return f"{cpu}|{torch.__version__}|{torch.backends.cpu.get_cpu_capability()}"
+        return ""
+
+
+def cpu_description(cpuinfo: str) -> str:
+    """The CPU's model and GEMM-relevant ISA flags from /proc/cpuinfo text (the first processor's
+    line of each field: they are all alike).
+
+        cpu_description(open("/proc/cpuinfo").read())
+        # "Intel(R) Xeon(R) Processor GenuineIntel 6 167|fma avx2 avx512f avx512_bf16 amx_bf16 amx_tile"
+    """
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        name, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(name.strip(), value.strip())
+    model = " ".join(fields[f] for f in _MODEL_FIELDS if f in fields) or platform.processor()
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    return f"{model}|{' '.join(f for f in ISA_FLAGS if f in flags)}"
+
+
+@functools.cache
+def _machine() -> str:
+    return f"{cpu_description(_cpuinfo())}|{torch.__version__}|{torch.backends.cpu.get_cpu_capability()}"
 
 
 def question_key(op: str, signature: Any, candidates: list[str]) -> str:

@@ -1,21 +1,90 @@
-"""How long a candidate takes: the median of repeated runs after a warm-up, stopped early by a
-time budget so a slow candidate (a 50,000-wide vocabulary projection) costs a few runs, not many."""
+"""How long each candidate takes, measured so that a noisy machine misleads as little as it can.
+
+    seconds, report = interleaved_seconds({"aten": run_a, "mkl": run_b}, budget_s=0.25)
+
+The candidates run in rounds, each candidate once a round and the starting one rotating (A B C,
+B C A, C A B, ...), and each gets the median of its rounds. On a 2-core machine shared with other
+work, noise comes in bursts (another process scheduled on one core stalls both OpenMP threads);
+timing one candidate after the other puts a whole burst on whichever ran then, while interleaved
+rounds spread it over all of them alike. It is also closer to how a GEMM runs in a model: after
+other work has evicted its weight from the caches, not straight after itself.
+
+When the best two end within `CLOSE` of each other, those two alone run more rounds and their
+medians are taken over all their rounds, so the decision rests on more samples where it is close.
+
+A candidate that raises RuntimeError in its warm-up (a library without that dtype or layout) is
+out: its time is infinite.
+"""
 
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass, field
 from typing import Callable
 
+# Best two closer than this (relative) are measured again, alone, before deciding.
+CLOSE = 0.05
 
-def median_seconds(run: Callable[[], object], budget_s: float, min_runs: int = 2, max_runs: int = 25) -> float:
-    run()  # warm-up: first-touch page faults, library dispatch caches, packing done on first call
-    times: list[float] = []
-    spent = 0.0
-    while len(times) < max_runs and (len(times) < min_runs or spent < budget_s):
-        start = time.perf_counter()
-        run()
-        elapsed = time.perf_counter() - start
-        times.append(elapsed)
-        spent += elapsed
-    return statistics.median(times)
+# The clock; a module attribute so tests can replace it with one that candidates advance.
+_clock = time.perf_counter
+
+
+@dataclass
+class Report:
+    """What the measurement did, for the log and the stored answer."""
+
+    rounds: int = 0  # rounds of all candidates
+    remeasured: list[str] = field(default_factory=list)  # the close two, when they ran more rounds
+    extra_rounds: int = 0
+
+
+def interleaved_seconds(runs: dict[str, Callable[[], object]], budget_s: float, min_rounds: int = 3,
+                        max_rounds: int = 15) -> tuple[dict[str, float], Report]:
+    """Each candidate's median seconds over interleaved rounds, run until the timed runs add up to
+    `budget_s` (at least `min_rounds`, at most `max_rounds` rounds), then the close call's extra
+    rounds (a fraction of the budget more). A slow candidate (a 50,000-wide vocabulary projection)
+    so costs a few rounds, a fast one many."""
+    report = Report()
+    samples: dict[str, list[float]] = {}
+    for name, run in runs.items():
+        try:
+            run()  # warm-up: first-touch page faults, library dispatch caches, packing done on first call
+        except RuntimeError:
+            continue
+        samples[name] = []
+    live = list(samples)
+    if live:
+        report.rounds = _rounds(runs, live, samples, budget_s, min_rounds, max_rounds)
+    seconds = {name: statistics.median(samples[name]) if name in samples else float("inf") for name in runs}
+    close = _close_two(seconds)
+    if close is not None:
+        # Rounds of the two alone, each of them cheaper than a round of all: up to as many again.
+        report.remeasured = close
+        report.extra_rounds = _rounds(runs, close, samples, budget_s * 0.4, min_rounds, max_rounds)
+        seconds.update({name: statistics.median(samples[name]) for name in close})
+    return seconds, report
+
+
+def _rounds(runs: dict[str, Callable[[], object]], names: list[str], samples: dict[str, list[float]], budget_s: float,
+            min_rounds: int, max_rounds: int) -> int:
+    """Run rounds of `names` into `samples`; the number of rounds run."""
+    spent, done = 0.0, 0
+    while done < max_rounds and (done < min_rounds or spent < budget_s):
+        start_at = done % len(names)
+        for name in names[start_at:] + names[:start_at]:
+            start = _clock()
+            runs[name]()
+            elapsed = _clock() - start
+            samples[name].append(elapsed)
+            spent += elapsed
+        done += 1
+    return done
+
+
+def _close_two(seconds: dict[str, float]) -> list[str] | None:
+    """The fastest two, in the candidates' order, when they are within `CLOSE` of each other."""
+    finite = sorted((t, i, name) for i, (name, t) in enumerate(seconds.items()) if t != float("inf"))
+    if len(finite) < 2 or finite[1][0] > finite[0][0] * (1 + CLOSE):
+        return None
+    return [name for _, _, name in sorted(finite[:2], key=lambda entry: entry[1])]

@@ -20,7 +20,7 @@ from torch import fx
 
 from kiln import logs
 from kiln.autotune import mode as autotune_mode
-from kiln.autotune.gemm import FUSED_POST_OP, choose_mm
+from kiln.autotune.gemm import FUSED_POST_OP, FUSED_POST_OPS, choose_mm  # noqa: F401 - FUSED_POST_OP for tests
 from kiln.ir.target import Target
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
 from kiln.passes.pattern import Op, Var, arguments, insert, matches, remove_dead, replace
@@ -70,10 +70,11 @@ def _post_op(node: fx.Node, bias: fx.Node | None, constants: ConstantSet) -> tup
     return (bias, *found) if found is not None else None
 
 
-def _fuse(gm: fx.GraphModule, unary: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None, post_op: PostOp) -> None:
-    """`unary`'s value as one oneDNN call, reshaped to the unary's shape."""
+def _fuse(gm: fx.GraphModule, unary: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None, post_op: PostOp,
+          impl: str) -> None:
+    """`unary`'s value as one call of GEMM `impl` with the op inside, reshaped to the unary's shape."""
     name, scalars, algorithm = post_op
-    fused = insert(gm, unary, torch.ops.kiln.mm.default, a, b, bias, name, scalars, algorithm or None, "onednn")
+    fused = insert(gm, unary, torch.ops.kiln.mm.default, a, b, bias, name, scalars, algorithm or None, impl)
     shape = list(unary.meta["val"].shape)
     if list(fused.meta["val"].shape) != shape:
         fused = insert(gm, unary, aten.view.default, fused, shape)
@@ -98,8 +99,8 @@ def gemm_prepack(gm: fx.GraphModule, target: Target) -> bool:
         impl = choose_mm(a.meta["val"], b.meta["val"], _val(timed_bias), mode, post_op)
         logs.log("freezing", "%s %s x %s%s: %s", node.name, _shape(a), _shape(b),
                  f" + {post_op[0]}" if chain is not None else "", impl)
-        if impl == FUSED_POST_OP:
-            _fuse(gm, chain[1], a, b, chain[0], post_op)
+        if impl in FUSED_POST_OPS:
+            _fuse(gm, chain[1], a, b, chain[0], post_op, FUSED_POST_OPS[impl])
         elif impl != "aten":
             replace(gm, node, torch.ops.kiln.mm.default, a, b, bias, *NO_POST_OP[:2], None, impl)
         changed = changed or impl != "aten"

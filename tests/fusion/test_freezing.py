@@ -288,6 +288,6 @@ def test_mode_max_autotune_searches_wider(monkeypatch):
     with torch.no_grad():
         torch.testing.assert_close(kiln.compile(model, mode="max-autotune")(x), model(x))
     assert seen == ["max-autotune"]
-    assert len(mm_impls(torch.float32, "max-autotune")) >= len(mm_impls(torch.float32, "default"))
+    assert "onednn" in mm_impls(torch.float32)  # every implementation in either mode; the mode sets the budget
     with pytest.raises(NotImplementedError, match="reduce-overhead"):
         kiln.compile(model, mode="reduce-overhead")
