@@ -78,7 +78,8 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
         raise ValueError("--autocast times inference only; leave out --train")
     autocast = AUTOCAST[args.autocast] if args.autocast else None
     return [
-        Case(model, mode, t, train=args.train, iters=args.iters, warmup=args.warmup, autocast=autocast)
+        Case(model, mode, t, train=args.train, iters=args.iters, warmup=args.warmup, autocast=autocast,
+             profile=getattr(args, "profile", False))
         for model in models
         for t in threads
         for mode in modes
@@ -89,6 +90,10 @@ def write_outputs(results: list[Result], meta: dict[str, Any], args: argparse.Na
     from kiln.bench import report
 
     print(report.text_report(results, meta, gemm))
+    if any(r.kernel_profile for r in results):
+        from kiln.bench.profile_report import format_results
+
+        print("\n" + format_results(results))
     if args.json:
         Path(args.json).write_text(json.dumps(report.json_report(results, meta, gemm), indent=1) + "\n")
     if args.plot and results:  # the plot draws models' speedups; a gemm run has none
@@ -204,6 +209,8 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--train", action="store_true", help="time a training step and check gradients")
     p.add_argument("--autocast", choices=list(AUTOCAST), help="run inference under torch.autocast('cpu', dtype=...)")
     p.add_argument("--cache", choices=["cold", "warm"], default="cold", help="compile caches: fresh per case (cold) or the user's (warm)")
+    p.add_argument("--profile", action="store_true",
+                   help="also time each kernel and extern of kiln's graphs: a roofline table per case (docs/profile.md)")
     p.add_argument("--shapes", metavar="MxKxN,...", help=f"--suite {GEMM_SUITE} only: these GEMM shapes instead of the hf models'")
     p.add_argument("--dtypes", default="float32,bfloat16", help=f"--suite {GEMM_SUITE} only: float32, bfloat16 (default: both)")
     p.add_argument("--json", metavar="PATH", help="write every result and the run's metadata as JSON")

@@ -21,6 +21,7 @@ class Case:
     iters: int = 20
     warmup: int = 3
     autocast: str | None = None  # "bfloat16": inference under torch.autocast("cpu", dtype=torch.bfloat16)
+    profile: bool = False  # also time each kernel and extern of kiln's graphs (kiln/bench/profile.py)
 
     @property
     def label(self) -> str:
@@ -46,6 +47,7 @@ class Result:
     graph_breaks: int | None = None
     fallbacks: int | None = None  # graphs kiln failed to compile and ran eagerly: a failure
     wall_s: float | None = None  # the whole subprocess, start to end
+    kernel_profile: dict | None = None  # kiln.bench.profile.Profile.to_json(), when the case asked for one
 
     @property
     def passed(self) -> bool:

@@ -158,6 +158,10 @@ def _measure(case: Case, result: Result) -> None:
     stats = mode.stats()
     result.graphs, result.graph_breaks = stats.get("graphs"), stats.get("graph_breaks")
     result.fallbacks = stats.get("fallbacks")
+    if case.profile:
+        from kiln.bench.profile import profile_step
+
+        result.kernel_profile = _phase("profile", lambda: profile_step(compiled, case.iters, case.warmup))
 
 
 def main(argv: list[str]) -> int:

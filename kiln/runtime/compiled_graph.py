@@ -4,13 +4,18 @@
 stores. `CompiledGraph(artifact)` loads it: the library is found in the C++ cache by the hash of
 its translation units (and built when missing), the kernels are bound as ctypes functions, the
 wrapper's ATen ops are resolved by name, and the wrapper is executed to define `call`.
+
+`CompiledGraph.instrumented(wrap)` defines `call` a second time from the same wrapper text with
+each kernel and extern op passed through `wrap`: how the profiler (kiln/bench/profile.py) times
+every step without a second wrapper to generate or keep, and without a cost on the normal call.
 """
 
 from __future__ import annotations
 
 import ctypes
+import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -66,6 +71,17 @@ def build(artifact: GraphArtifact) -> str | None:
     return str(path)
 
 
+# Every CompiledGraph alive in this process, built or loaded from the AOT graph cache: the profiler
+# finds a model's graphs here (those a call runs) without having watched them being compiled.
+LIVE: "weakref.WeakSet[CompiledGraph]" = weakref.WeakSet()
+
+
+def _constant_ops(artifact: GraphArtifact) -> list[str]:
+    # Externs that are not ATen ops ride in the constants under the same `op<step>` name.
+    return [name for name, value in artifact.constants.items()
+            if name.startswith("op") and name[2:].isdigit() and callable(value)]
+
+
 class CompiledGraph:
     """`(*inputs) -> tuple of outputs`: the artifact's wrapper over its loaded kernels.
 
@@ -88,8 +104,25 @@ class CompiledGraph:
             fn.argtypes = [ctypes.c_void_p] * count
             fn.restype = None
             self.kernels[kernel] = scope[kernel] = fn
+        self._bound = dict(scope)  # the wrapper's globals before it runs, for `instrumented`
         exec(compile(artifact.python, "<kiln wrapper>", "exec"), scope)
         self.call = scope["call"]
+        LIVE.add(self)
+
+    def instrumented(self, wrap: Callable[[str, Any], Any]) -> Callable:
+        """A second `call`, from the same wrapper text, where each kernel, extern op and
+        `_in_layout` is `wrap(name, original)`: names are the wrapper's globals (kernel names,
+        `op<step>` for the extern of schedule step <step>, `_in_layout`).
+
+        Example::
+
+            graph.call = graph.instrumented(lambda name, fn: timed(name, fn))  # and back after
+        """
+        scope = dict(self._bound)
+        for name in [*self.kernels, *self.artifact.ops, *_constant_ops(self.artifact), "_in_layout"]:
+            scope[name] = wrap(name, scope[name])
+        exec(compile(self.artifact.python, "<kiln wrapper, instrumented>", "exec"), scope)
+        return scope["call"]
 
     @classmethod
     def load(cls, artifact: GraphArtifact) -> "CompiledGraph":

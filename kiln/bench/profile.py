@@ -1,0 +1,352 @@
+"""Where the time of a compiled call goes: each kernel's and extern's time, FLOPs and bytes, and
+the fraction of the machine's peak it reached (a roofline table per compiled graph).
+
+    import kiln
+    from kiln.bench.profile import profile, format_profile
+
+    model = kiln.compile(model)              # or torch.compile(model, backend="kiln")
+    report = profile(model, x, iters=20)     # compiles on its first call if not done yet
+    print(format_profile(report))
+
+How it measures: the model is called once, and the kiln graphs that call runs are found among the
+live `CompiledGraph`s (kiln/runtime/compiled_graph.py `LIVE`), so graphs compiled earlier, or
+loaded from the AOT graph cache, are found too. Each graph's wrapper is defined a second time
+with a `perf_counter` pair around every kernel, extern op and layout copy
+(`CompiledGraph.instrumented`); the normal wrapper is untouched, so profiling off costs nothing.
+Plain and instrumented calls of the whole model then alternate, `iters` of each, as `kiln bench`
+alternates eager and compiled calls. Times are midmeans, the mean of the middle half: the whole
+call's over the plain calls; an entry's over the instrumented calls whose total is in the middle
+half. Like a median it ignores the calls a busy machine slowed, and unlike per-entry medians the
+entries' times add up: the sum of per-entry medians falls short of the median call whenever each
+step is slowed now and then, and some step is slowed in most calls. What the entries do not cover (the Python wrapper's own lines: allocations, `data_ptr()`, `del`; the
+freezing check; guards; eager code between graphs) is printed as "unaccounted".
+
+FLOPs and bytes: kiln/bench/profile_costs.py. Peak GFLOP/s and GB/s: `kiln.bench.peak.machine_peak`
+(a large GEMM and a large copy, measured once per machine and thread count, and cached).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from kiln.bench.profile_costs import Cost, extern_cost, kernel_cost, layout_copy_cost, unknown_kernel_cost
+from kiln.runtime.compiled_graph import LIVE, CompiledGraph
+
+class NoKilnGraph(ValueError):
+    """The profiled call ran no graph compiled by kiln's backend."""
+
+
+MEASURE = "measure"  # `profile(peak=MEASURE)`: ask kiln.bench.peak for the machine's peak
+
+
+@dataclass
+class Entry:
+    """One kernel, extern op or the layout copies of one graph, per model call."""
+
+    step: str  # the wrapper's name for it: a kernel name, op<step>, _in_layout
+    kind: str  # kernel, gemm, conv, attention, aten, view, layout copy
+    what: str
+    calls: int  # calls per model call
+    ms: float  # time per model call, all its calls together (mean over the middle half of the calls)
+    flops: int | None  # per model call; None when not known
+    bytes: int | None
+
+    @property
+    def gflops_per_s(self) -> float | None:
+        return self.flops / self.ms / 1e6 if self.flops is not None and self.ms > 0 else None
+
+    @property
+    def gb_per_s(self) -> float | None:
+        return self.bytes / self.ms / 1e6 if self.bytes is not None and self.ms > 0 else None
+
+    def bound(self, peak: dict | None) -> str | None:
+        """"compute" when the entry's FLOPs per byte exceed the machine's balance (peak GFLOP/s
+        over peak GB/s), else "memory": the roof it is measured against."""
+        if peak is None or self.bytes is None or self.flops is None or not (self.flops or self.bytes):
+            return None
+        if not self.bytes:
+            return "compute"
+        return "compute" if self.flops / self.bytes > peak["gflops"] / peak["gbps"] else "memory"
+
+    def peak_fraction(self, peak: dict | None) -> float | None:
+        bound = self.bound(peak)
+        if bound == "compute" and self.gflops_per_s is not None:
+            return self.gflops_per_s / peak["gflops"]
+        if bound == "memory" and self.gb_per_s is not None:
+            return self.gb_per_s / peak["gbps"]
+        return None
+
+
+@dataclass
+class GraphProfile:
+    index: int  # in the order the model's call first runs the graphs
+    label: str
+    entries: list[Entry] = field(default_factory=list)
+
+    @property
+    def ms(self) -> float:
+        return sum(e.ms for e in self.entries)
+
+
+@dataclass
+class Profile:
+    graphs: list[GraphProfile]
+    call_ms: float  # the plain (uninstrumented) whole calls' midmean: the mean of their middle half
+    timed_call_ms: float  # the instrumented whole calls' midmean
+    iters: int
+    threads: int
+    timer_us: float  # what one timed entry costs the instrumented call, measured
+    peak: dict | None  # gflops, gbps, cpu, threads (kiln.bench.peak); None when not measured
+    call_median_ms: float | None = None  # the plain whole calls' median, as kiln bench reports
+
+    @property
+    def entries_ms(self) -> float:
+        return sum(g.ms for g in self.graphs)
+
+    @property
+    def unaccounted_ms(self) -> float:
+        return self.call_ms - self.entries_ms
+
+    @property
+    def timed_entries(self) -> int:
+        return sum(e.calls for g in self.graphs for e in g.entries)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Profile":
+        graphs = [GraphProfile(g["index"], g["label"], [Entry(**e) for e in g["entries"]]) for g in data["graphs"]]
+        return cls(**{**data, "graphs": graphs})
+
+
+# ---- finding the graphs a call runs ------------------------------------------------------------
+
+def graphs_run_by(fn: Callable, args: tuple, kwargs: dict) -> list[CompiledGraph]:
+    """The live CompiledGraphs one call of `fn` runs, in the order it first runs them."""
+    seen: list[CompiledGraph] = []
+    graphs = list(LIVE)
+
+    def spy(graph: CompiledGraph, call: Callable) -> Callable:
+        def run(*a: Any) -> Any:
+            if all(g is not graph for g in seen):
+                seen.append(graph)
+            return call(*a)
+        return run
+
+    originals = [g.call for g in graphs]
+    for graph, call in zip(graphs, originals):
+        graph.call = spy(graph, call)
+    try:
+        fn(*args, **kwargs)
+    finally:
+        for graph, call in zip(graphs, originals):
+            graph.call = call
+    return seen
+
+
+# ---- the cost pass: what each step is and costs, from one call -------------------------------
+
+def _qualified(graph: CompiledGraph, name: str, op: Any) -> str:
+    return graph.artifact.ops.get(name) or getattr(op, "__name__", None) or str(op)
+
+
+def _kernel_costs(graph: CompiledGraph) -> dict[str, Cost]:
+    schedule = graph.schedule
+    if schedule is None:
+        return {name: unknown_kernel_cost() for name in graph.kernels}
+    vectorized = graph.stages.kernels.vectorized
+    return {k.name: kernel_cost(k, vectorized.get(k.name)) for k in schedule.kernels}
+
+
+class _CostPass:
+    """Wraps every step of one graph to count its calls and note its cost on the first call."""
+
+    def __init__(self, graph: CompiledGraph) -> None:
+        self.graph = graph
+        self.kernels = _kernel_costs(graph)
+        self.costs: dict[str, Cost] = {}
+        self.calls: dict[str, int] = {}
+        self.copied = 0
+
+    def wrap(self, name: str, fn: Callable) -> Callable:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            self.calls[name] = self.calls.get(name, 0) + 1
+            if name == "_in_layout":
+                if out is not args[0]:
+                    self.copied += 2 * out.numel() * out.element_size()  # read and written
+            elif name in self.kernels:
+                self.costs.setdefault(name, self.kernels[name])
+            elif name not in self.costs:
+                self.costs[name] = extern_cost(_qualified(self.graph, name, fn), fn, args, kwargs, out)
+            return out
+        return run
+
+    def cost(self, name: str) -> Cost:
+        return layout_copy_cost(self.copied) if name == "_in_layout" else self.costs[name]
+
+
+# ---- timing ---------------------------------------------------------------------------------
+
+class _Timers:
+    """One accumulator per step of every graph; a timed step adds its seconds to its slot."""
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[int, str]] = []
+        self.seconds: list[float] = []
+
+    def wrap(self, key: tuple[int, str], fn: Callable) -> Callable:
+        slot = len(self.keys)
+        self.keys.append(key)
+        self.seconds.append(0.0)
+        seconds, clock = self.seconds, time.perf_counter
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = clock()
+            out = fn(*args, **kwargs)
+            seconds[slot] += clock() - start
+            return out
+        return timed
+
+    def take(self) -> list[float]:
+        taken = list(self.seconds)
+        self.seconds[:] = [0.0] * len(taken)
+        return taken
+
+
+def timer_overhead_us(n: int = 20000) -> float:
+    """Microseconds one timed step adds to a call: a timed no-op against a bare one."""
+    def noop() -> None:
+        return None
+
+    timed = _Timers().wrap((0, "noop"), noop)
+    best = []
+    for f in (noop, timed):
+        samples = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(n):
+                f()
+            samples.append(time.perf_counter() - start)
+        best.append(min(samples))
+    return max(0.0, (best[1] - best[0]) / n * 1e6)
+
+
+def _middle_half(samples: list[float]) -> list[int]:
+    """The positions of the middle half of `samples` by value (all of them when fewer than 4)."""
+    order = sorted(range(len(samples)), key=samples.__getitem__)
+    cut = len(samples) // 4
+    return order[cut:len(order) - cut]
+
+
+def _midmean(samples: list[float]) -> float:
+    middle = _middle_half(samples)
+    return sum(samples[i] for i in middle) / len(middle)
+
+
+def _swap(graphs: list[CompiledGraph], calls: list[Callable]) -> None:
+    for graph, call in zip(graphs, calls):
+        graph.call = call
+
+
+def _machine_peak(threads: int) -> dict | None:
+    try:
+        from kiln.bench.peak import machine_peak
+    except ImportError:  # the peak measurement is not part of this checkout
+        return None
+    p = machine_peak(threads)
+    return {"gflops": p.gflops, "gbps": p.gbps, "cpu": p.cpu, "threads": p.threads}
+
+
+def profile(fn: Callable, *args: Any, iters: int = 20, warmup: int = 3, peak: Any = MEASURE,
+            **kwargs: Any) -> Profile:
+    """Profile `fn(*args, **kwargs)`, a model compiled by kiln (either door), per kiln graph.
+
+    peak: the machine's peak as {"gflops", "gbps", "cpu", "threads"}, MEASURE (the default) to ask
+    `kiln.bench.peak.machine_peak`, or None for no roofline columns.
+
+    Example::
+
+        report = profile(kiln.compile(model), x)
+        print(format_profile(report))
+    """
+    fn(*args, **kwargs)  # compiles, if it has not yet
+    graphs = graphs_run_by(fn, args, kwargs)
+    if not graphs:
+        raise NoKilnGraph("no kiln-compiled graph ran in this call: profile a model compiled by kiln.compile "
+                         "or torch.compile(backend=\"kiln\") (graphs that fell back to eager are not profiled)")
+    plain = [g.call for g in graphs]
+    passes = [_CostPass(g) for g in graphs]
+    _swap(graphs, [g.instrumented(p.wrap) for g, p in zip(graphs, passes)])
+    try:
+        fn(*args, **kwargs)
+    finally:
+        _swap(graphs, plain)
+
+    timers = _Timers()
+    instrumented = [g.instrumented(lambda name, f, i=i: timers.wrap((i, name), f)) for i, g in enumerate(graphs)]
+
+    def run_plain() -> float:
+        start = time.perf_counter()
+        fn(*args, **kwargs)
+        return time.perf_counter() - start
+
+    def run_timed() -> float:
+        _swap(graphs, instrumented)
+        try:
+            timers.take()
+            start = time.perf_counter()
+            fn(*args, **kwargs)
+            return time.perf_counter() - start
+        finally:
+            _swap(graphs, plain)
+
+    for _ in range(warmup):
+        run_plain(), run_timed()
+    plain_s, timed_s, per_step = [], [], []
+    for i in range(iters):
+        # Alternate which goes first, as kiln bench does, so neither always runs on warmed caches.
+        for run in ((run_plain, run_timed) if i % 2 == 0 else (run_timed, run_plain)):
+            seconds = run()
+            if run is run_plain:
+                plain_s.append(seconds)
+            else:
+                timed_s.append(seconds)
+                per_step.append(timers.take())
+    middle = _middle_half(timed_s)
+    means = [sum(per_step[i][slot] for i in middle) / len(middle) * 1e3 for slot in range(len(timers.keys))]
+    timed_ms = dict(zip(timers.keys, means))
+
+    profiles = []
+    for i, (graph, costs) in enumerate(zip(graphs, passes)):
+        entries = []
+        for name, calls in costs.calls.items():
+            if name == "_in_layout" and not costs.copied:
+                continue  # layout checks that copied nothing: their time is unaccounted
+            cost = costs.cost(name)
+            scale = calls if name != "_in_layout" else 1  # the copies were summed over calls already
+            entries.append(Entry(name, cost.kind, cost.what, calls, timed_ms[(i, name)],
+                                 None if cost.flops is None else cost.flops * scale,
+                                 None if cost.bytes is None else cost.bytes * scale))
+        entries.sort(key=lambda e: -e.ms)
+        externs = sum(1 for name in costs.calls if name != "_in_layout" and name not in graph.kernels)
+        profiles.append(GraphProfile(i, f"graph {i}: {len(graph.kernels)} kernels, {externs} extern calls", entries))
+    threads = torch.get_num_threads()
+    return Profile(profiles, _midmean(plain_s) * 1e3, _midmean(timed_s) * 1e3, iters, threads,
+                   timer_overhead_us(), _machine_peak(threads) if peak == MEASURE else peak,
+                   statistics.median(plain_s) * 1e3)
+
+
+def profile_step(step: Callable[[], Any], iters: int, warmup: int) -> dict | None:
+    """What `kiln bench --profile` records for one case: the profile of `step()` (the compiled
+    model's call) as JSON, or None for a mode that runs no kiln graph (eager, Inductor)."""
+    try:
+        return profile(step, iters=iters, warmup=warmup).to_json()
+    except NoKilnGraph:
+        return None

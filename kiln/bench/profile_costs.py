@@ -1,0 +1,147 @@
+"""What one step of a compiled graph costs, for the profile's roofline (kiln/bench/profile.py):
+floating-point operations and bytes moved.
+
+- A loop kernel (`FusedKernel`): FLOPs from the IR, each member's ops per element (every
+  computing op counts 1: an `exp` as much as an `add`; loads, stores, constants, index
+  arithmetic and casts count 0) times its elements (its loops, reduction loops included);
+  bytes: the kernel's input and output buffers, each counted once (what it reads from and
+  writes to memory, assuming a buffer read twice comes from cache the second time).
+- An extern call: FLOPs from its tensors' shapes (kiln::mm 2·M·N·K, kiln::conv 2 · output
+  elements · input channels per group · kernel area, attention 2·B·H·L·S·(E + Ev), ATen's GEMMs
+  and convolutions through torch's own formulas in `torch.utils.flop_counter`); an op with no
+  formula counts 0 FLOPs and is read as memory-bound. Bytes: the tensors it is given and returns.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils.flop_counter import flop_registry
+
+from kiln.ir.analysis import OpCounter, run
+from kiln.ir.schedule import FusedKernel, LoopNest, loop_extents
+
+# Ops that move or name values rather than compute them.
+_NOT_FLOPS = frozenset({"load", "store", "constant", "index_expr", "to_dtype", "indirect_indexing"})
+
+
+@dataclass(frozen=True)
+class Cost:
+    flops: int | None  # None: not known (a kernel loaded from the AOT graph cache has no IR)
+    bytes: int | None
+    kind: str  # kernel, gemm, conv, attention, aten, view, layout copy
+    what: str  # a short description: the fused nodes, the op and its shapes
+
+
+def _int(expr: Any) -> int | None:
+    try:
+        return int(expr)
+    except TypeError:  # a symbolic size: not known until the call
+        return None
+
+
+def _layout_bytes(buffer: Any) -> int | None:
+    layout = buffer.layout
+    sizes = [_int(s) for s in layout.size]
+    if None in sizes:
+        return None
+    return math.prod(sizes) * torch.empty((), dtype=layout.dtype).element_size()
+
+
+def _member_flops(member: LoopNest) -> int | None:
+    counts = run(OpCounter(), member.node).counts
+    per_element = sum(n for op, n in counts.items() if op not in _NOT_FLOPS)
+    extents = [_int(e) for e in loop_extents(member.node).values()]
+    return None if None in extents else per_element * math.prod(extents)
+
+
+def kernel_cost(kernel: FusedKernel, vectorized: bool | None = None) -> Cost:
+    members = list(kernel.members) + ([kernel.scatter_init] if kernel.scatter_init is not None else [])
+    flops = [_member_flops(m) for m in members]
+    sizes = [_layout_bytes(b) for b in {b.name: b for b in kernel.inputs + kernel.outputs}.values()]
+    reductions = sum(m.is_reduction for m in kernel.members)
+    names = ", ".join(m.name for m in kernel.members[:4]) + (", …" if len(kernel.members) > 4 else "")
+    what = (f"{len(kernel.members)} node{'s' if len(kernel.members) > 1 else ''}"
+            f"{f' ({reductions} reduction)' if reductions else ''}: {names}"
+            f"{'' if vectorized is None else ' vec' if vectorized else ' scalar'}")
+    return Cost(None if None in flops else sum(flops), None if None in sizes else sum(sizes), "kernel", what)
+
+
+def unknown_kernel_cost() -> Cost:
+    return Cost(None, None, "kernel", "(no IR: graph loaded from the AOT graph cache)")
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def _nbytes(tensors: list[torch.Tensor]) -> int:
+    seen, total = set(), 0
+    for t in tensors:  # one tensor passed twice is read once
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _shape(t: Any) -> str:
+    return "x".join(map(str, t.shape)) if isinstance(t, torch.Tensor) else "-"
+
+
+def _mm(args: tuple, out: Any) -> tuple[int, str]:
+    a, b, bias, unary, impl = args[0], args[1], args[2], args[3], args[6]
+    m, k = a.shape
+    n = b.shape[1]
+    post = ("+bias" if bias is not None else "") + ("" if unary == "none" else f"+{unary}")
+    return 2 * m * n * k, f"kiln::mm[{impl}] {m}x{k} @ {k}x{n}{' ' + post if post else ''}"
+
+
+def _conv(args: tuple, out: Any) -> tuple[int, str]:
+    x, weight, groups, unary, other, impl = args[0], args[1], args[6], args[7], args[10], args[11]
+    flops = 2 * out.numel() * weight[0].numel()  # weight [Cout, Cin/groups, kh, kw]
+    post = ("" if unary == "none" else f"+{unary}") + ("+add" if other is not None else "")
+    kernel = "x".join(map(str, weight.shape[2:]))
+    return flops, (f"kiln::conv[{impl}] {_shape(x)} -> {_shape(out)} k{kernel}"
+                   f"{f' g{groups}' if groups != 1 else ''}{' ' + post if post else ''}")
+
+
+def _attention(args: tuple, kwargs: dict, out: Any) -> tuple[int, str]:
+    q, k, v = args[:3]
+    causal = kwargs.get("is_causal", args[4] if len(args) > 4 else False)
+    *batch, length, e = q.shape
+    source, ev = k.shape[-2], v.shape[-1]
+    # Q·Kᵀ and P·V; a causal mask skips about half of both.
+    flops = 2 * math.prod(batch) * length * source * (e + ev) // (2 if causal else 1)
+    return flops, f"attention {_shape(q)} · {_shape(k)} · {_shape(v)}{' causal' if causal else ''}"
+
+
+def extern_cost(name: str, op: Any, args: tuple, kwargs: dict, out: Any) -> Cost:
+    """The cost of one extern call `op(*args, **kwargs) -> out`; `name` its qualified op name."""
+    moved = _nbytes(_tensors((args, kwargs)) + _tensors(out))
+    shapes = ", ".join(_shape(t) for t in _tensors((args, kwargs))[:3])
+    if name == "kiln::mm":
+        flops, what = _mm(args, out)
+        return Cost(flops, moved, "gemm", what)
+    if name == "kiln::conv":
+        flops, what = _conv(args, out)
+        return Cost(flops, moved, "conv", what)
+    if "scaled_dot_product" in name:
+        flops, what = _attention(args, kwargs, out)
+        return Cost(flops, moved, "attention", what)
+    if getattr(op, "is_view", False):  # as_strided, alias: how views reach externs; no work
+        return Cost(0, 0, "view", f"{name} {shapes}")
+    packet = getattr(op, "_overloadpacket", None)
+    formula = flop_registry.get(packet)
+    if formula is not None:
+        flops = int(formula(*args, out_val=out, **kwargs))
+        kind = "conv" if "conv" in name else "gemm"
+        return Cost(flops, moved, kind, f"{name} {shapes}")
+    return Cost(0, moved, "aten", f"{name} {shapes}")
+
+
+def layout_copy_cost(copied: int) -> Cost:
+    return Cost(0, copied, "layout copy", "_in_layout: extern results and inputs copied to the strides kernels expect")
