@@ -291,10 +291,24 @@ def profile(fn: Callable, *args: Any, iters: int = 20, warmup: int = 3, peak: An
 
     timers = _Timers()
     instrumented = [g.instrumented(lambda name, f, i=i: timers.wrap((i, name), f)) for i, g in enumerate(graphs)]
+    plain_s, timed_s, per_step = _alternate(lambda: fn(*args, **kwargs), graphs, plain, instrumented, timers,
+                                            iters, warmup)
+    middle = _middle_half(timed_s)
+    means = [sum(per_step[i][slot] for i in middle) / len(middle) * 1e3 for slot in range(len(timers.keys))]
+    timed_ms = dict(zip(timers.keys, means))
+    threads = torch.get_num_threads()
+    return Profile([_graph_profile(i, g, p, timed_ms) for i, (g, p) in enumerate(zip(graphs, passes))],
+                   _midmean(plain_s) * 1e3, _midmean(timed_s) * 1e3, iters, threads, timer_overhead_us(),
+                   _machine_peak(threads) if peak == MEASURE else peak, statistics.median(plain_s) * 1e3)
 
+
+def _alternate(call: Callable[[], Any], graphs: list[CompiledGraph], plain: list[Callable],
+               instrumented: list[Callable], timers: _Timers, iters: int, warmup: int) -> tuple[list, list, list]:
+    """Seconds of `iters` plain and `iters` instrumented calls, alternated, and each instrumented
+    call's seconds per step."""
     def run_plain() -> float:
         start = time.perf_counter()
-        fn(*args, **kwargs)
+        call()
         return time.perf_counter() - start
 
     def run_timed() -> float:
@@ -302,7 +316,7 @@ def profile(fn: Callable, *args: Any, iters: int = 20, warmup: int = 3, peak: An
         try:
             timers.take()
             start = time.perf_counter()
-            fn(*args, **kwargs)
+            call()
             return time.perf_counter() - start
         finally:
             _swap(graphs, plain)
@@ -319,28 +333,22 @@ def profile(fn: Callable, *args: Any, iters: int = 20, warmup: int = 3, peak: An
             else:
                 timed_s.append(seconds)
                 per_step.append(timers.take())
-    middle = _middle_half(timed_s)
-    means = [sum(per_step[i][slot] for i in middle) / len(middle) * 1e3 for slot in range(len(timers.keys))]
-    timed_ms = dict(zip(timers.keys, means))
+    return plain_s, timed_s, per_step
 
-    profiles = []
-    for i, (graph, costs) in enumerate(zip(graphs, passes)):
-        entries = []
-        for name, calls in costs.calls.items():
-            if name == "_in_layout" and not costs.copied:
-                continue  # layout checks that copied nothing: their time is unaccounted
-            cost = costs.cost(name)
-            scale = calls if name != "_in_layout" else 1  # the copies were summed over calls already
-            entries.append(Entry(name, cost.kind, cost.what, calls, timed_ms[(i, name)],
-                                 None if cost.flops is None else cost.flops * scale,
-                                 None if cost.bytes is None else cost.bytes * scale))
-        entries.sort(key=lambda e: -e.ms)
-        externs = sum(1 for name in costs.calls if name != "_in_layout" and name not in graph.kernels)
-        profiles.append(GraphProfile(i, f"graph {i}: {len(graph.kernels)} kernels, {externs} extern calls", entries))
-    threads = torch.get_num_threads()
-    return Profile(profiles, _midmean(plain_s) * 1e3, _midmean(timed_s) * 1e3, iters, threads,
-                   timer_overhead_us(), _machine_peak(threads) if peak == MEASURE else peak,
-                   statistics.median(plain_s) * 1e3)
+
+def _graph_profile(index: int, graph: CompiledGraph, costs: _CostPass, timed_ms: dict) -> GraphProfile:
+    entries = []
+    for name, calls in costs.calls.items():
+        if name == "_in_layout" and not costs.copied:
+            continue  # layout checks that copied nothing: their time is unaccounted
+        cost = costs.cost(name)
+        scale = calls if name != "_in_layout" else 1  # the copies were summed over calls already
+        entries.append(Entry(name, cost.kind, cost.what, calls, timed_ms[(index, name)],
+                             None if cost.flops is None else cost.flops * scale,
+                             None if cost.bytes is None else cost.bytes * scale))
+    entries.sort(key=lambda e: -e.ms)
+    externs = sum(1 for name in costs.calls if name != "_in_layout" and name not in graph.kernels)
+    return GraphProfile(index, f"graph {index}: {len(graph.kernels)} kernels, {externs} extern calls", entries)
 
 
 def profile_step(step: Callable[[], Any], iters: int, warmup: int) -> dict | None:

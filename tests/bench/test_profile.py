@@ -150,3 +150,20 @@ def test_a_call_without_kiln_graphs_is_not_profiled():
     with pytest.raises(profiling.NoKilnGraph):
         profiling.profile(lambda: torch.ones(2) + 1, iters=1, warmup=0, peak=None)
     assert profiling.profile_step(lambda: torch.ones(2) + 1, iters=1, warmup=0) is None
+
+
+def test_cli_profiles_kiln_modes_only_and_bench_passes_the_flag(monkeypatch, capsys):
+    import kiln.bench.runner
+    from kiln.cli import main
+
+    cases = []
+    monkeypatch.setattr(kiln.bench.runner, "run_cases", lambda c, *a, **k: cases.extend(c) or [])
+    with pytest.raises(SystemExit):
+        main(["profile", "--models", "mlp", "--mode", "eager"])
+    assert "unknown mode 'eager'" in capsys.readouterr().err and not cases
+    main(["profile", "--models", "mlp", "--mode", "kiln,kiln-dynamo", "--threads", "1,2"])
+    assert [(c.mode, c.threads, c.profile) for c in cases] == [
+        ("kiln", 1, True), ("kiln-dynamo", 1, True), ("kiln", 2, True), ("kiln-dynamo", 2, True)]
+    cases.clear()
+    main(["bench", "--models", "mlp", "--modes", "eager,kiln", "--profile"])
+    assert [c.profile for c in cases] == [True, True]
