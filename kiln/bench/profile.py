@@ -55,6 +55,7 @@ class Entry:
     ms: float  # time per model call, all its calls together (mean over the middle half of the calls)
     flops: int | None  # per model call; None when not known
     bytes: int | None
+    dtype: str | None = None  # an extern's operands' dtype (kernels: None)
 
     @property
     def gflops_per_s(self) -> float | None:
@@ -64,6 +65,10 @@ class Entry:
     def gb_per_s(self) -> float | None:
         return self.bytes / self.ms / 1e6 if self.bytes is not None and self.ms > 0 else None
 
+    def peak_gflops(self, peak: dict) -> float:
+        """The compute roof: bfloat16 GEMMs have their own (AMX, avx512_bf16) where it was measured."""
+        return (self.dtype == "bfloat16" and peak.get("bf16_gflops")) or peak["gflops"]
+
     def bound(self, peak: dict | None) -> str | None:
         """"compute" when the entry's FLOPs per byte exceed the machine's balance (peak GFLOP/s
         over peak GB/s), else "memory": the roof it is measured against."""
@@ -71,12 +76,12 @@ class Entry:
             return None
         if not self.bytes:
             return "compute"
-        return "compute" if self.flops / self.bytes > peak["gflops"] / peak["gbps"] else "memory"
+        return "compute" if self.flops / self.bytes > self.peak_gflops(peak) / peak["gbps"] else "memory"
 
     def peak_fraction(self, peak: dict | None) -> float | None:
         bound = self.bound(peak)
         if bound == "compute" and self.gflops_per_s is not None:
-            return self.gflops_per_s / peak["gflops"]
+            return self.gflops_per_s / self.peak_gflops(peak)
         if bound == "memory" and self.gb_per_s is not None:
             return self.gb_per_s / peak["gbps"]
         return None
@@ -101,7 +106,7 @@ class Profile:
     iters: int
     threads: int
     timer_us: float  # what one timed entry costs the instrumented call, measured
-    peak: dict | None  # gflops, gbps, cpu, threads (kiln.bench.peak); None when not measured
+    peak: dict | None  # gflops, gbps, cpu, threads, bf16_gflops (kiln.bench.peak); None when not measured
     call_median_ms: float | None = None  # the plain whole calls' median, as kiln bench reports
 
     @property
@@ -261,14 +266,15 @@ def _machine_peak(threads: int) -> dict | None:
     except ImportError:  # the peak measurement is not part of this checkout
         return None
     p = machine_peak(threads)
-    return {"gflops": p.gflops, "gbps": p.gbps, "cpu": p.cpu, "threads": p.threads}
+    return {"gflops": p.gflops, "gbps": p.gbps, "cpu": p.cpu, "threads": p.threads,
+            "bf16_gflops": getattr(p, "bf16_gflops", None)}
 
 
 def profile(fn: Callable, *args: Any, iters: int = 20, warmup: int = 3, peak: Any = MEASURE,
             **kwargs: Any) -> Profile:
     """Profile `fn(*args, **kwargs)`, a model compiled by kiln (either door), per kiln graph.
 
-    peak: the machine's peak as {"gflops", "gbps", "cpu", "threads"}, MEASURE (the default) to ask
+    peak: the machine's peak as {"gflops", "gbps", "cpu", "threads"[, "bf16_gflops"]}, MEASURE (the default) to ask
     `kiln.bench.peak.machine_peak`, or None for no roofline columns.
 
     Example::
@@ -345,7 +351,7 @@ def _graph_profile(index: int, graph: CompiledGraph, costs: _CostPass, timed_ms:
         scale = calls if name != "_in_layout" else 1  # the copies were summed over calls already
         entries.append(Entry(name, cost.kind, cost.what, calls, timed_ms[(index, name)],
                              None if cost.flops is None else cost.flops * scale,
-                             None if cost.bytes is None else cost.bytes * scale))
+                             None if cost.bytes is None else cost.bytes * scale, cost.dtype))
     entries.sort(key=lambda e: -e.ms)
     externs = sum(1 for name in costs.calls if name != "_in_layout" and name not in graph.kernels)
     return GraphProfile(index, f"graph {index}: {len(graph.kernels)} kernels, {externs} extern calls", entries)

@@ -35,6 +35,7 @@ class Cost:
     bytes: int | None
     kind: str  # kernel, gemm, conv, attention, aten, view, layout copy
     what: str  # a short description: the fused nodes, the op and its shapes
+    dtype: str | None = None  # an extern's first tensor's dtype: a bfloat16 GEMM has its own peak
 
 
 def _int(expr: Any) -> int | None:
@@ -122,16 +123,18 @@ def _attention(args: tuple, kwargs: dict, out: Any) -> tuple[int, str]:
 def extern_cost(name: str, op: Any, args: tuple, kwargs: dict, out: Any) -> Cost:
     """The cost of one extern call `op(*args, **kwargs) -> out`; `name` its qualified op name."""
     moved = _nbytes(_tensors((args, kwargs)) + _tensors(out))
+    first = next(iter(_tensors((args, kwargs))), None)
+    dtype = str(first.dtype).replace("torch.", "") if first is not None else None
     shapes = ", ".join(_shape(t) for t in _tensors((args, kwargs))[:3])
     if name == "kiln::mm":
         flops, what = _mm(args, out)
-        return Cost(flops, moved, "gemm", what)
+        return Cost(flops, moved, "gemm", what, dtype)
     if name == "kiln::conv":
         flops, what = _conv(args, out)
-        return Cost(flops, moved, "conv", what)
+        return Cost(flops, moved, "conv", what, dtype)
     if "scaled_dot_product" in name:
         flops, what = _attention(args, kwargs, out)
-        return Cost(flops, moved, "attention", what)
+        return Cost(flops, moved, "attention", what, dtype)
     if getattr(op, "is_view", False):  # as_strided, alias: how views reach externs; no work
         return Cost(0, 0, "view", f"{name} {shapes}")
     packet = getattr(op, "_overloadpacket", None)
@@ -139,7 +142,7 @@ def extern_cost(name: str, op: Any, args: tuple, kwargs: dict, out: Any) -> Cost
     if formula is not None:
         flops = int(formula(*args, out_val=out, **kwargs))
         kind = "conv" if "conv" in name else "gemm"
-        return Cost(flops, moved, kind, f"{name} {shapes}")
+        return Cost(flops, moved, kind, f"{name} {shapes}", dtype)
     return Cost(0, moved, "aten", f"{name} {shapes}")
 
 

@@ -130,6 +130,9 @@ def test_roofline_picks_the_roof_by_arithmetic_intensity():
     assert copy.bound(PEAK) == "memory" and copy.peak_fraction(PEAK) == pytest.approx(0.5)  # 5 of 10 GB/s
     unknown = profiling.Entry("kernel2", "kernel", "", 1, 1.0, flops=None, bytes=None)
     assert unknown.bound(PEAK) is None and unknown.peak_fraction(PEAK) is None and gemm.bound(None) is None
+    bf16 = profiling.Entry("op3", "gemm", "", 1, 1.0, flops=80_000_000, bytes=1_000_000, dtype="bfloat16")
+    assert bf16.peak_fraction({**PEAK, "bf16_gflops": 400.0}) == pytest.approx(0.2)  # its own roof
+    assert bf16.peak_fraction(PEAK) == pytest.approx(0.8)  # none measured: the float32 one
 
 
 def test_report_prints_every_entry_and_travels_in_bench_json():
