@@ -19,7 +19,7 @@ import kiln
 
 ROOT = Path(kiln.__file__).parent
 STAGES = ["capture", "aot", "passes", "lowering", "schedule", "codegen", "runtime"]
-SHARED = ["ir", "config", "logs", "compile_time", "disk_cache", "externs", "autotune"]
+SHARED = ["ir", "config", "logs", "compile_time", "disk_cache", "native", "externs", "autotune"]
 DOORS = {"kiln.autotune.cli"}  # a command line, like kiln/cli.py
 
 

@@ -42,7 +42,7 @@ from kiln.passes.specialize_sizes import has_symbolic_sizes, scalar_inputs, spec
 from kiln.passes.verify import verify_graph
 from kiln.runtime import saved
 from kiln.runtime.compiled_graph import CompiledGraph, GraphArtifact, build
-from kiln.runtime.cpp_compile import workers
+from kiln.native.build import workers
 from kiln.runtime.fallback import record_fallback
 from kiln.runtime.frozen import FrozenProgram
 from kiln.runtime.specialized import SizeSpecialized

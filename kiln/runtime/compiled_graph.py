@@ -21,7 +21,7 @@ import torch
 
 from kiln import compile_time
 from kiln.externs.prepacked import DIRECT_CALLS
-from kiln.runtime.cpp_compile import build_library
+from kiln.native.build import build_library
 
 
 @dataclass

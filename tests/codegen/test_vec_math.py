@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import kiln
-from kiln.runtime import cpp_compile
+from kiln.native import build as cpp_compile
 
-HEADER = Path(kiln.__file__).parent / "codegen" / "cpp" / "include" / "kiln_vec_math.h"
+HEADER = Path(kiln.__file__).parent / "native" / "include" / "kiln_vec_math.h"
 
 
 def sigmoid_reference(x):

@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import functools
 import re
-from pathlib import Path
 from typing import Any
 
 import sympy
 import torch
 
 from kiln.codegen.cpp.printer import _BINARY, _UNARY, CTYPES, cpp_constant, cpp_index
+from kiln.native import INCLUDE
 from kiln.ir.index_bounds import linear_stride, simplify
 
 @functools.cache
 def vector_math() -> frozenset[str]:
     """Ops with a vector algorithm `kiln_v<op>` in include/kiln_vec_math.h."""
-    header = Path(__file__).parent / "include" / "kiln_vec_math.h"
+    header = INCLUDE / "kiln_vec_math.h"
     text = header.read_text() if header.exists() else ""
     return frozenset(re.findall(r"\bkiln_v(\w+)\s*\(", text))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-INCLUDE = Path(__file__).parent / "include"
+from kiln.native import INCLUDE
 HEADERS = ["kiln_scalar.h", "kiln_vec.h", "kiln_half.h", "kiln_vec_math.h", "kiln_special.h"]
 
 

@@ -1,4 +1,4 @@
-"""C++ sources -> one loaded shared library, cached on disk by content hash.
+"""C++ sources -> one loaded shared library, cached on disk by content hash (kernels and kiln's GEMM).
 
 A graph's kernels come as several translation units, compiled to objects by parallel compiler
 processes (`backend.compile_workers`) and linked into one library. The key covers every source,
