@@ -96,8 +96,10 @@ def hf_model(
     config_class: str,
     config: dict[str, Any],
     inputs: Callable[[Any], dict[str, torch.Tensor]],
+    prepare: Callable[[nn.Module, dict[str, torch.Tensor]], None] | None = None,
 ) -> ModelSpec:
-    """A HuggingFace `transformers` model built from `config_class(**config)` with random weights."""
+    """A HuggingFace `transformers` model built from `config_class(**config)` with random weights;
+    `prepare(model, inputs)`, if given, adjusts the fresh model before it is put in train/eval mode."""
 
     def make_config() -> Any:
         import transformers
@@ -111,7 +113,10 @@ def hf_model(
         if train:
             cfg = _without_dropout(cfg)
         torch.manual_seed(SEED)
-        return _finish(getattr(transformers, model_class)(cfg), train)
+        model = getattr(transformers, model_class)(cfg)
+        if prepare is not None:
+            prepare(model, inputs(cfg))
+        return _finish(model, train)
 
     return ModelSpec(
         name=name,
@@ -132,6 +137,30 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(nn.functional.gelu(self.up(x)))
+
+
+def calibrate_batch_norms(model: nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+    """Give every BatchNorm PyTorch's default affine (weight 1, bias 0) and running statistics
+    measured on `inputs`, as training leaves them.
+
+    A randomly initialized deep conv net has no normalization in eval mode (running mean 0,
+    variance 1), so each layer scales its input by its weights' gain: HF's init (std 0.02, and
+    MobileViT's BatchNorm weights drawn at std 0.02 too) leaves MobileNetV1's output near 1e-27 and
+    MobileViT's at 1e-40, denormal floats that are slow on x86 and that a compiler flushing them to
+    zero gets "wrong". Calibrated, activations have the scale of a trained net's."""
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    with torch.no_grad():
+        for bn in norms:
+            nn.init.ones_(bn.weight), nn.init.zeros_(bn.bias)
+            bn.reset_running_stats()
+            bn.momentum = None  # a cumulative average: the statistics of this one batch
+        model.eval()
+        for bn in norms:
+            bn.train()
+        model(**inputs)
+    for bn in norms:
+        bn.momentum = 0.1  # PyTorch's default, for training runs
+        bn.eval()
 
 
 def _build_mlp(train: bool) -> nn.Module:
@@ -199,9 +228,11 @@ _register(
 _register(hf_model("convnext", ("hf",), "ConvNextModel", "ConvNextConfig", {}, _pixels(224)))
 # Depthwise-convolution nets, kiln's weakest family (issue 20): MobileNetV1 (depthwise + pointwise
 # blocks with ReLU6, 224x224) and MobileViT-small (inverted residuals with SiLU and transformer
-# blocks, 256x256), both at their configs' default sizes.
-_register(hf_model("mobilenetv1", ("hf",), "MobileNetV1Model", "MobileNetV1Config", {}, _config_pixels))
-_register(hf_model("mobilevit", ("hf",), "MobileViTModel", "MobileViTConfig", {}, _config_pixels))
+# blocks, 256x256), both at their configs' default sizes, BatchNorms calibrated on the input.
+_register(hf_model("mobilenetv1", ("hf",), "MobileNetV1Model", "MobileNetV1Config", {}, _config_pixels,
+                   calibrate_batch_norms))
+_register(hf_model("mobilevit", ("hf",), "MobileViTModel", "MobileViTConfig", {}, _config_pixels,
+                   calibrate_batch_norms))
 
 # ---- the smoke suite: two real models small enough for `make demo` ----
 _register(
