@@ -59,5 +59,5 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--suite", default=None, help="a model suite, e.g. hf or smoke")
     parser.add_argument("--models", default="bert", help="comma-separated model names (without --suite)")
     parser.add_argument("--threads", default="1", help="comma-separated torch thread counts, e.g. 1,2")
-    parser.add_argument("--mode", default="default", choices=["default", "max-autotune"], help="how wide the search is")
+    parser.add_argument("--mode", default="default", choices=["default", "max-autotune"], help="how long each question is measured (max-autotune: longer budgets, more rounds)")
     parser.set_defaults(handler=main)

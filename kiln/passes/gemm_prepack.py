@@ -20,7 +20,7 @@ from torch import fx
 
 from kiln import logs
 from kiln.autotune import mode as autotune_mode
-from kiln.autotune.gemm import FUSED_POST_OP, FUSED_POST_OPS, choose_mm  # noqa: F401 - FUSED_POST_OP for tests
+from kiln.autotune.gemm import FUSED_POST_OPS, choose_mm
 from kiln.ir.target import Target
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
 from kiln.passes.pattern import Op, Var, arguments, insert, matches, remove_dead, replace

@@ -162,8 +162,9 @@ class LinearThen(nn.Module):
 def test_each_linear_unary_post_op_runs_inside_the_onednn_gemm(act, post_op, monkeypatch):
     # bias + activation become oneDNN post-ops of the packed GEMM: no kernel of kiln's reads the output.
     import kiln.passes.gemm_prepack as gemm_prepack
+    from kiln.autotune.gemm import FUSED_POST_OP
 
-    monkeypatch.setattr(gemm_prepack, "choose_mm", lambda *args: gemm_prepack.FUSED_POST_OP if len(args) > 4 else "onednn")
+    monkeypatch.setattr(gemm_prepack, "choose_mm", lambda *args: FUSED_POST_OP if len(args) > 4 else "onednn")
     torch.manual_seed(0)
     model = LinearThen(act).eval()
     x, r = torch.randn(2, 4, 16), torch.randn(2, 4, 32)  # 3-d: reshapes between the GEMM and the post-op
