@@ -14,6 +14,7 @@ floating-point operations and bytes moved.
 
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -53,21 +54,28 @@ def _layout_bytes(buffer: Any) -> int | None:
     return math.prod(sizes) * torch.empty((), dtype=layout.dtype).element_size()
 
 
-def _member_flops(member: LoopNest) -> int | None:
-    counts = run(OpCounter(), member.node).counts
-    per_element = sum(n for op, n in counts.items() if op not in _NOT_FLOPS)
+def _member_ops(member: LoopNest) -> tuple[collections.Counter, int | None]:
+    """The computing ops of one element of `member`, and its FLOPs over all its elements."""
+    counts = collections.Counter({op: n for op, n in run(OpCounter(), member.node).counts.items()
+                                  if op not in _NOT_FLOPS})
     extents = [_int(e) for e in loop_extents(member.node).values()]
-    return None if None in extents else per_element * math.prod(extents)
+    return counts, None if None in extents else sum(counts.values()) * math.prod(extents)
 
 
 def kernel_cost(kernel: FusedKernel, vectorized: bool | None = None) -> Cost:
     members = list(kernel.members) + ([kernel.scatter_init] if kernel.scatter_init is not None else [])
-    flops = [_member_flops(m) for m in members]
+    ops, flops = collections.Counter(), []
+    for member in members:
+        counts, member_flops = _member_ops(member)
+        ops.update(counts)
+        flops.append(member_flops)
     sizes = [_layout_bytes(b) for b in {b.name: b for b in kernel.inputs + kernel.outputs}.values()]
     reductions = sum(m.is_reduction for m in kernel.members)
-    names = ", ".join(m.name for m in kernel.members[:4]) + (", …" if len(kernel.members) > 4 else "")
+    # No ATen origin survives lowering; the ops it computes say what it is (sum, rsqrt, mul: a norm).
+    common = " ".join(op for op, _ in ops.most_common(5)) + (" …" if len(ops) > 5 else "")
     what = (f"{len(kernel.members)} node{'s' if len(kernel.members) > 1 else ''}"
-            f"{f' ({reductions} reduction)' if reductions else ''}: {names}"
+            f"{f', {reductions} reduction' + ('s' if reductions > 1 else '') if reductions else ''}: "
+            f"{common or 'copy'} [{kernel.members[0].name}{'…' if len(kernel.members) > 1 else ''}]"
             f"{'' if vectorized is None else ' vec' if vectorized else ' scalar'}")
     return Cost(None if None in flops else sum(flops), None if None in sizes else sum(sizes), "kernel", what)
 
