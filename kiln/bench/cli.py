@@ -93,7 +93,7 @@ def write_outputs(results: list[Result], meta: dict[str, Any], args: argparse.Na
     if any(r.kernel_profile for r in results):
         from kiln.bench.profile_report import format_results
 
-        print("\n" + format_results(results))
+        print("\n" + format_results(results, top=25))  # all entries are in the JSON
     if args.json:
         Path(args.json).write_text(json.dumps(report.json_report(results, meta, gemm), indent=1) + "\n")
     if args.plot and results:  # the plot draws models' speedups; a gemm run has none
