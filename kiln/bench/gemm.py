@@ -124,11 +124,14 @@ class GemmResult:
         return min(timed, key=timed.get) if timed else None
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "shape": asdict(self.shape)}
+        # GFLOP/s and the fastest are derived, written for readers of the JSON, ignored when read back.
+        gflops = {name: self.gflops(name) for name in self.ms}
+        return {**asdict(self), "shape": asdict(self.shape), "gflops": gflops, "fastest": self.fastest}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "GemmResult":
-        return cls(**{**data, "shape": GemmShape(**data["shape"])})
+        known = {"dtype", "threads", "ms", "notes"}
+        return cls(shape=GemmShape(**data["shape"]), **{k: v for k, v in data.items() if k in known})
 
 
 @dataclass
