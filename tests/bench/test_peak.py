@@ -44,3 +44,24 @@ def test_a_torn_entry_is_measured_again(counted):
     path.write_text("{torn")
     peak.clear_memory()
     assert peak.machine_peak(1).gflops == 100.0 and len(counted) == 4
+
+
+def test_a_peak_measured_on_shared_cores_is_retried_and_not_cached(counted, monkeypatch):
+    shares = iter([0.5, 0.5, 0.5, 1.0])  # three contended attempts, then a quiet one
+    monkeypatch.setattr(peak, "_copy_gbps", lambda: peak._cpu_shares.append(next(shares)) or 10.0)
+    monkeypatch.setattr(peak.time, "sleep", lambda s: None)
+    with pytest.warns(UserWarning, match="not cached"):
+        assert peak.machine_peak(1).gflops == 100.0
+    assert len(counted) == 6  # float32 and bfloat16, three attempts
+    peak.clear_memory()
+    peak.machine_peak(1)  # the next process measures again; alone this time, so it is kept
+    peak.clear_memory()
+    peak.machine_peak(1)
+    assert len(counted) == 8
+
+
+def test_cpu_share_of_a_timed_call(monkeypatch):
+    peak._cpu_shares.clear()
+    peak._best_seconds(lambda: sum(range(20000)), runs=2)  # one busy thread of torch's count
+    (share,) = peak._cpu_shares
+    assert 0.0 < share <= 1 / min(peak.torch.get_num_threads(), peak.cpu_cores()) + 0.25
