@@ -42,6 +42,10 @@ def _off_by_one(a, b, bias, unary, scalars, algorithm):
     return _fake(a, b, bias, unary, scalars, algorithm) + 1
 
 
+def cells_of(header, rows):
+    return dict(zip(header, rows[0]))
+
+
 def test_a_row_per_registered_implementation(monkeypatch):
     monkeypatch.setitem(prepacked.MM_IMPLS, "fake", _fake)
     monkeypatch.setitem(prepacked.MM_IMPLS, "fp32only", _float32_only)
@@ -56,7 +60,8 @@ def test_a_row_per_registered_implementation(monkeypatch):
     assert run.peaks[1].gflops == 100.0
 
     (title, header, rows), (_, bf16_header, bf16_rows), summary = gemm_tables(run)
-    assert "float32" in title and header[3:-1] == list(prepacked.MM_IMPLS) and header[-1] == "fastest"
+    assert "float32" in title and header[3:-2] == list(prepacked.MM_IMPLS) and header[-2:] == ["fastest", "cores held"]
+    assert 0 < f32.cpu_share and cells_of(header, rows)["cores held"].endswith("%")
     cells = dict(zip(header, rows[0]))
     share = f"({f32.gflops('fake') / 100.0:.0%})"
     assert cells["M x K x N"] == "8x16x12" and cells["fake"].endswith(share) and cells["wrong"] == "wrong"
