@@ -43,6 +43,7 @@ import transformers
 
 import kiln
 from kiln.autotune.choose import clear_memory
+from kiln.autotune.gemm import FUSED_POST_OPS
 from kiln.backend import watch
 from kiln.bench.accuracy import compare
 from kiln.config import BackendSettings
@@ -166,7 +167,8 @@ def _check_choices_run(graph: CompiledGraph, answers: list[dict[str, Any]], op: 
     choices = {answer["choice"] for answer in answers if answer["op"] == op}
     assert choices, f"the autotuner was asked nothing about {op}"
     ours = [step for step in _externs(graph, externs) if str(step.op).startswith("kiln.")]
-    run_impls = {"onednn_post_op" if op == "mm" and step.argument("unary") != "none" else step.argument("impl")
+    fused = {impl: name for name, impl in FUSED_POST_OPS.items()}  # a GEMM with its post-op inside
+    run_impls = {fused[step.argument("impl")] if op == "mm" and step.argument("unary") != "none" else step.argument("impl")
                  for step in ours}
     assert run_impls == choices - {"aten"}, (run_impls, choices)
     aten_left = [step for step in _externs(graph, externs) if not str(step.op).startswith("kiln.")]

@@ -78,7 +78,7 @@ _DEFAULT_DTYPES = (torch.float32, torch.bfloat16)
 # The candidates that apply a unary post-op inside the GEMM, and the `MM_IMPLS` entry each calls
 # with it (every other candidate is timed followed by the op as ATen runs it).
 FUSED_POST_OP = "onednn_post_op"
-FUSED_POST_OPS = {FUSED_POST_OP: "onednn"}
+FUSED_POST_OPS = {FUSED_POST_OP: "onednn", "kiln_post_op": "kiln"}
 
 
 def _runs(name: str, dtype: torch.dtype) -> bool:

@@ -17,6 +17,8 @@ from typing import Callable
 
 import torch
 
+from kiln.externs import kiln_gemm
+
 aten, mkldnn, mkl = torch.ops.aten, torch.ops.mkldnn, torch.ops.mkl
 
 _lib = torch.library.Library("kiln", "DEF")
@@ -69,8 +71,9 @@ def unary_aten(y: torch.Tensor, unary: str, scalars: list, algorithm: str | None
 
 
 # ---- kiln::mm(a [M, K], b [K, N], bias [N] | None, post-op) ------------------------------------
-# Only oneDNN applies the post-op inside the GEMM; the others run it after, as ATen (the graph
-# pass gives them "none" and leaves the op to kiln's kernels; the autotuner times them with it).
+# oneDNN and kiln's own GEMM apply the post-op inside the GEMM; the others run it after, as ATen
+# (the graph pass gives them "none" and leaves the op to kiln's kernels; the autotuner times them
+# with it).
 
 def _mm_aten(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, unary: str, scalars: list,
              algorithm: str | None) -> torch.Tensor:
@@ -88,8 +91,8 @@ def _mm_dense(order: str) -> Callable:
 
 
 def _mm_mkl(a, b, bias, unary, scalars, algorithm):
-    # MKL's packed weight takes four times the weight's memory (torch sizes it in floats, not
-    # bytes): a candidate of mode="max-autotune" only.
+    # MKL's packed weight: torch allocates about 1-1.3x the weight plus ~7.5 MB, of which 1-1.7x
+    # the weight becomes resident (measured with torch 2.13; docs/freezing.md).
     mkl_weight = packed(b, f"mkl{a.shape[0]}", lambda: mkl._mkl_reorder_linear_weight(b.t(), a.shape[0]))
     return unary_aten(mkl._mkl_linear(a.contiguous(), mkl_weight, b.t(), bias, a.shape[0]), unary, scalars, algorithm)
 
@@ -99,10 +102,19 @@ def _mm_onednn(a, b, bias, unary, scalars, algorithm):
     return mkldnn._linear_pointwise(a.contiguous(), weight, bias, unary, scalars, algorithm or "")
 
 
+def _mm_kiln(a, b, bias, unary, scalars, algorithm):
+    # kiln's own GEMM (kiln_gemm.py): panels packed once per weight, any post-op applied in the
+    # store, so it is its own fused candidate as well.
+    panels = packed(b, "kiln", lambda: kiln_gemm.pack(b))
+    return kiln_gemm.mm(a, panels, b.shape[1], bias, unary, scalars, algorithm=algorithm)
+
+
+# In order of preference when timings tie (kiln/autotune/choose.py): ATen's own call first.
 MM_IMPLS: dict[str, Callable] = {
     "aten": _mm_aten,
     "aten_kn": _mm_dense("kn"),
     "aten_nk": _mm_dense("nk"),
+    "kiln": _mm_kiln,
     "mkl": _mm_mkl,
     "onednn": _mm_onednn,
 }

@@ -10,3 +10,15 @@ the GEMM library from them (kiln/externs/kiln_gemm.py): one toolchain, one cache
 from pathlib import Path
 
 INCLUDE = Path(__file__).parent / "include"
+
+# The headers a kernel source starts with, in dependency order.
+HEADERS = ("kiln_scalar.h", "kiln_vec.h", "kiln_half.h", "kiln_vec_math.h", "kiln_special.h")
+
+
+def header_text(names: tuple[str, ...] = HEADERS, defines_flag: bool = True) -> str:
+    """The text of headers `names`, inlined so that a source's hash (its cache key) covers
+    everything it includes. One translation unit of a library defines the index-error flag
+    that kiln_scalar.h declares; the others declare it extern."""
+    texts = [(INCLUDE / name).read_text().replace("#pragma once", "") for name in names]
+    flag = "int kiln_index_error = 0;" if defines_flag else "extern int kiln_index_error;"
+    return "\n".join(text.replace("KILN_INDEX_ERROR_DECL", flag) for text in texts)

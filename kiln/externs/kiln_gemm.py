@@ -1,0 +1,109 @@
+"""kiln's own GEMM: the micro-kernel GEMM of kiln/native/include/kiln_gemm.h, built for this
+machine once (`-march=native`, kept in the C++ cache) and called through ctypes.
+
+`pack(b)` makes the weight's packed panels (at freezing, through `prepacked.packed`, so once per
+weight and version); `mm(a, packed_b, n, ...)` runs the GEMM with its epilogue: bias, one of the
+unary post-ops oneDNN also offers, a residual added after it, and the output's dtype. float32 and
+bfloat16 operands, float32 accumulation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from kiln.native import header_text
+from kiln.native.build import load_library
+
+# kiln_gemm::Unary, by the post-op names kiln::mm uses (kiln/externs/prepacked.py: UNARY).
+UNARY_CODES = {"none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "swish": 4, "sigmoid": 5, "tanh": 6,
+               "hardswish": 7, "leaky_relu": 8, "hardtanh": 9}
+DTYPES = (torch.float32, torch.bfloat16)
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_CTYPE = {"f32": "float", "bf16": "kiln_bf16"}
+
+# K blocks of this many rows keep a panel's block in L1/L2 while every row block of A passes over it.
+K_BLOCK = 384
+
+
+class Epilogue(ctypes.Structure):
+    """kiln_gemm::Epilogue, field by field."""
+    _fields_ = [("bias", ctypes.c_void_p), ("residual", ctypes.c_void_p), ("ld_residual", ctypes.c_int64),
+                ("bias_bf16", ctypes.c_int32), ("residual_bf16", ctypes.c_int32), ("out_bf16", ctypes.c_int32),
+                ("unary", ctypes.c_int32), ("scalar0", ctypes.c_float), ("scalar1", ctypes.c_float)]
+
+
+def _entries() -> str:
+    lines = ['extern "C" {', "int kiln_gemm_nr() { return kiln_gemm::NR; }"]
+    for suffix, ctype in _CTYPE.items():
+        lines += [
+            f"int64_t kiln_gemm_packed_elements_{suffix}(int64_t K, int64_t N) "
+            f"{{ return kiln_gemm::packed_elements<{ctype}>(K, N); }}",
+            f"void kiln_gemm_pack_{suffix}(const {ctype}* b, int64_t K, int64_t N, int64_t sk, int64_t sn, {ctype}* out) "
+            "{ kiln_gemm::pack_b(b, K, N, sk, sn, out); }",
+            f"void kiln_gemm_{suffix}(int64_t M, int64_t N, int64_t K, const {ctype}* a, int64_t lda, const {ctype}* bp, "
+            "void* c, int64_t ldc, const kiln_gemm::Epilogue* e, int64_t kc) "
+            "{ kiln_gemm::gemm(M, N, K, a, lda, bp, c, ldc, e, kc); }",
+        ]
+    return "\n".join([*lines, "}"])
+
+
+def source() -> str:
+    return "\n".join([header_text(), header_text(("kiln_gemm.h",)), _entries()])
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The GEMM built for this machine (once; then from the C++ cache)."""
+    return bind(load_library(source()))
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """`lib` (the GEMM source built with any flags: tests build other ISAs) with its functions typed."""
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    for suffix in _CTYPE:
+        getattr(lib, f"kiln_gemm_packed_elements_{suffix}").restype = i64
+        getattr(lib, f"kiln_gemm_packed_elements_{suffix}").argtypes = [i64, i64]
+        getattr(lib, f"kiln_gemm_pack_{suffix}").argtypes = [ptr, i64, i64, i64, i64, ptr]
+        getattr(lib, f"kiln_gemm_{suffix}").argtypes = [i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
+    return lib
+
+
+def pack(b: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """B [K, N] (any strides) in the GEMM's panel layout, a flat tensor of b's dtype."""
+    suffix = _SUFFIX[b.dtype]
+    lib = lib or library()
+    K, N = b.shape
+    out = torch.empty(getattr(lib, f"kiln_gemm_packed_elements_{suffix}")(K, N), dtype=b.dtype)
+    getattr(lib, f"kiln_gemm_pack_{suffix}")(b.data_ptr(), K, N, b.stride(0), b.stride(1), out.data_ptr())
+    return out
+
+
+def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | None = None, unary: str = "none",
+       scalars: list | tuple = (), residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+       algorithm: str | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """epilogue(a [M, K] @ B [K, n]) with B packed by `pack`: `unary(a @ B + bias) + residual`,
+    stored as `out_dtype` (a's dtype by default). `algorithm` "tanh" makes gelu the tanh form."""
+    if a.dtype != packed_b.dtype or a.dtype not in DTYPES:
+        raise RuntimeError(f"kiln's GEMM takes float32 or bfloat16 operands of one dtype, not {a.dtype} and {packed_b.dtype}")
+    if a.dim() != 2 or a.stride(1) != 1:
+        a = a.contiguous()
+    M, K = a.shape
+    out = torch.empty((M, n), dtype=out_dtype or a.dtype)
+    epilogue = None
+    if bias is not None or unary != "none" or residual is not None or out.dtype != torch.float32:
+        name = "gelu_tanh" if unary == "gelu" and algorithm == "tanh" else unary
+        values = [float(s) for s in scalars] + [0.0, 0.0]
+        if residual is not None and residual.stride(-1) != 1:
+            residual = residual.contiguous()
+        epilogue = Epilogue(
+            bias.data_ptr() if bias is not None else None, residual.data_ptr() if residual is not None else None,
+            residual.stride(0) if residual is not None else 0, int(bias is not None and bias.dtype == torch.bfloat16),
+            int(residual is not None and residual.dtype == torch.bfloat16), int(out.dtype == torch.bfloat16),
+            UNARY_CODES[name], values[0], values[1])
+    getattr(lib or library(), f"kiln_gemm_{_SUFFIX[a.dtype]}")(
+        M, n, K, a.data_ptr(), a.stride(0), packed_b.data_ptr(), out.data_ptr(), n,
+        ctypes.byref(epilogue) if epilogue is not None else None, K_BLOCK)
+    return out

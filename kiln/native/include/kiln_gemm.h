@@ -1,0 +1,311 @@
+// kiln's own GEMM: C[M, N] = epilogue(A[M, K] @ B[K, N]) over a B packed once, at freezing.
+//
+// The structure is the classic one of high-performance BLAS (Goto; BLIS): B is packed into panels
+// of NR columns, [ceil(N / NR)][K][NR], zero-padded, so the micro-kernel reads it with aligned
+// vector loads in exactly the order it consumes it. The micro-kernel keeps an MR x NR block of C in
+// registers (MR x NV vectors of kiln::L lanes) and, for each k, loads NV vectors of B and
+// broadcasts MR scalars of A: MR * NV fused multiply-adds for NV + MR loads. K is cut in blocks of
+// KC so that a panel's block (KC x NR) stays in L1/L2 while every row block of A passes over it.
+// Threads split the N panels (each weight panel is read by one thread: the weight is the largest
+// stream at transformer shapes) and, when there are fewer panels than threads would need, M too.
+//
+// The epilogue runs on the registers before the one store of C: bias, a unary op (the post-ops
+// oneDNN offers), a residual added after it, and a float32 or bfloat16 output.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <omp.h>
+#include <type_traits>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+namespace kiln_gemm {
+using kiln::L;
+using V = kiln::vec<float>;
+
+// Register blocking per ISA: accumulators MR * NV plus NV loads of B and one broadcast must fit
+// the register file (32 vector registers with AVX-512, 16 with AVX2 and SSE, 32 with NEON).
+#if defined(KILN_GEMM_MR) && defined(KILN_GEMM_NV)  // experiments: tools/ and tests pick their own
+constexpr int MR = KILN_GEMM_MR, NV = KILN_GEMM_NV;
+#elif KILN_VEC_BYTES == 64
+constexpr int MR = 8, NV = 3;
+#elif KILN_VEC_BYTES == 32
+constexpr int MR = 6, NV = 2;
+#elif defined(__aarch64__)
+constexpr int MR = 8, NV = 3;
+#else
+constexpr int MR = 6, NV = 2;
+#endif
+constexpr int NR = NV * L;
+
+enum Unary : int32_t { NONE = 0, RELU, GELU, GELU_TANH, SILU, SIGMOID, TANH, HARDSWISH, LEAKY_RELU, HARDTANH };
+
+// What happens to an MR x NR block between the accumulators and memory. Passed by pointer from
+// Python (ctypes), so its layout is fixed: kiln/externs/kiln_gemm.py mirrors it.
+struct Epilogue {
+  const void* bias;       // [N] or null
+  const void* residual;   // [M, N] with row stride ld_residual, added after the unary op; or null
+  int64_t ld_residual;
+  int32_t bias_bf16, residual_bf16, out_bf16;  // element types: bfloat16, else float32
+  int32_t unary;          // Unary
+  float scalar0, scalar1; // leaky_relu's slope; hardtanh's bounds
+};
+
+// bfloat16 dot products in pairs of k (vdpbf16ps) where the CPU has them; elsewhere bfloat16 is
+// widened to float32 on load and multiplied as float32.
+#if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
+constexpr bool BF16_PAIRS = true;
+#else
+constexpr bool BF16_PAIRS = false;
+#endif
+
+// One fused multiply-add per register: kernels are compiled with -ffp-contract=off (eager rounds
+// a * b + c twice), so the GEMM asks for its FMAs by name.
+static inline V fma(V a, V b, V c) {
+#if KILN_VEC_BYTES == 64
+  return _mm512_fmadd_ps(a, b, c);
+#elif KILN_VEC_BYTES == 32 && defined(__FMA__)
+  return _mm256_fmadd_ps(a, b, c);
+#elif defined(__aarch64__)
+  return vfmaq_f32(c, a, b);
+#else
+  return a * b + c;
+#endif
+}
+
+static inline V unary(V y, const Epilogue& e) {
+  switch (e.unary) {
+    case RELU: return y < 0 ? V{} : y;
+    case GELU: return y * 0.5f * (1.0f + kiln_verf(y * 0.70710678118654752440f));
+    case GELU_TANH: {
+      V inner = 0.79788456080286535588f * (y + 0.044715f * y * y * y);
+      return 0.5f * y * (1.0f + kiln_vtanh(inner));
+    }
+    case SILU: return y * kiln_vsigmoid(y);
+    case SIGMOID: return kiln_vsigmoid(y);
+    case TANH: return kiln_vtanh(y);
+    case HARDSWISH: {
+      V t = y + 3.0f;
+      t = t < 0 ? V{} : t;
+      t = t > 6.0f ? V{} + 6.0f : t;
+      return y * t / 6.0f;
+    }
+    case LEAKY_RELU: return y > 0 ? y : y * e.scalar0;
+    case HARDTANH: {
+      V lo = e.scalar0 - V{}, hi = e.scalar1 - V{};
+      V r = y < lo ? lo : y;
+      return r > hi ? hi : r;
+    }
+    default: return y;
+  }
+}
+
+// n <= L elements as float32 lanes (the rest zero), from float32 or bfloat16 memory.
+static inline V load_n(const void* p, bool bf16, int n) {
+  if (bf16) {
+    const kiln_bf16* q = static_cast<const kiln_bf16*>(p);
+    return n == L ? kiln::load_bf16(q) : kiln::lanes<float>([&](int l) { return l < n ? float(q[l]) : 0.0f; });
+  }
+  const float* q = static_cast<const float*>(p);
+  return n == L ? kiln::load(q) : kiln::lanes<float>([&](int l) { return l < n ? q[l] : 0.0f; });
+}
+
+static inline void store_n(void* p, bool bf16, V y, int n) {
+  if (bf16) {
+    kiln_bf16* q = static_cast<kiln_bf16*>(p);
+    if (n == L) kiln::store_bf16(q, y);
+    else for (int l = 0; l < n; ++l) q[l] = kiln_bf16(y[l]);
+  } else {
+    float* q = static_cast<float*>(p);
+    if (n == L) kiln::store(q, y);
+    else for (int l = 0; l < n; ++l) q[l] = y[l];
+  }
+}
+
+static inline const void* at(const void* p, bool bf16, int64_t offset) {
+  return bf16 ? static_cast<const void*>(static_cast<const kiln_bf16*>(p) + offset)
+              : static_cast<const void*>(static_cast<const float*>(p) + offset);
+}
+
+// Store `rows` x `cols` of the accumulator block at C[i0, j0] (cols <= NR; a ragged edge when
+// less): through the epilogue on the last K block, as float32 partial sums before it.
+template <int R>
+static inline void store_block(V (&acc)[R][NV], int rows, int cols, int64_t i0, int64_t j0, void* c, int64_t ldc,
+                               const Epilogue* e, bool last) {
+  const bool out_bf16 = last && e && e->out_bf16;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    for (int v = 0; v < NV; ++v) {
+      const int64_t j = j0 + v * L;
+      const int n = std::min(L, cols - v * L);
+      if (n <= 0) break;
+      V y = acc[r][v];
+      if (last && e) {
+        if (e->bias) y += load_n(at(e->bias, e->bias_bf16, j), e->bias_bf16, n);
+        if (e->unary) y = unary(y, *e);
+        if (e->residual) y += load_n(at(e->residual, e->residual_bf16, i * e->ld_residual + j), e->residual_bf16, n);
+      }
+      store_n(const_cast<void*>(at(c, out_bf16, i * ldc + j)), out_bf16, y, n);
+    }
+  }
+}
+
+// acc += A[R rows, kc] @ panel[kc, NR], float32. Fully unrolled over the register block, so the
+// accumulators live in registers (-O2 does not unroll these loops by itself).
+template <int R>
+static inline void micro(V (&acc)[R][NV], int64_t kc, const float* a, int64_t lda, const float* bp) {
+  for (int64_t k = 0; k < kc; ++k) {
+    V b[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) b[v] = kiln::load(bp + k * NR + v * L);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      V ar = a[r * lda + k] - V{};  // a broadcast (x - 0 is x for every x; x + 0 is not, for -0)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = fma(ar, b[v], acc[r][v]);
+    }
+  }
+}
+
+// The same over bfloat16 A and panel, accumulating in float32.
+template <int R>
+static inline void micro(V (&acc)[R][NV], int64_t kc, const kiln_bf16* a, int64_t lda, const kiln_bf16* bp) {
+#if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
+  // Panel in pairs of k: [kc / 2][NR][2]; one vdpbf16ps adds a[k] * b[k] + a[k+1] * b[k+1]. An
+  // odd K's last pair has a zero second element in the panel, and A's second is not read.
+  const int64_t pairs = kc / 2;
+  auto step = [&](int64_t kp, auto a_pair) {
+    __m512bh b[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(bp + (kp * NR + v * L) * 2);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      __m512bh ar = (__m512bh)_mm512_set1_epi32(a_pair(r));
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = (V)_mm512_dpbf16_ps((__m512)acc[r][v], ar, b[v]);
+    }
+  };
+  for (int64_t kp = 0; kp < pairs; ++kp)
+    step(kp, [&](int r) { int32_t pair; std::memcpy(&pair, a + r * lda + 2 * kp, 4); return pair; });
+  if (kc % 2)
+    step(pairs, [&](int r) { return int32_t(a[r * lda + kc - 1].bits); });
+#else
+  for (int64_t k = 0; k < kc; ++k) {
+    V b[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) b[v] = kiln::load_bf16(bp + k * NR + v * L);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      V ar = float(a[r * lda + k]) - V{};
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = fma(ar, b[v], acc[r][v]);
+    }
+  }
+#endif
+}
+
+
+template <int R, typename T>
+static inline void tile(int rows, int cols, int64_t kc, bool first, bool last, const T* a, int64_t lda, const T* bp,
+                        void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e) {
+  V acc[R][NV];
+  if (first) {
+    for (int r = 0; r < R; ++r) for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+  } else {  // a later K block: C holds float32 partial sums
+    for (int r = 0; r < R; ++r) for (int v = 0; v < NV; ++v)
+      acc[r][v] = r < rows ? load_n(static_cast<const float*>(c) + (i0 + r) * ldc + j0 + v * L, false,
+                                    std::max(0, std::min(L, cols - v * L)))
+                           : V{};
+  }
+  micro<R>(acc, kc, a, lda, bp);
+  store_block<R>(acc, rows, cols, i0, j0, c, ldc, e, last);
+}
+
+// One tile of `rows` <= MR: the micro-kernel instantiated for exactly that many rows.
+template <int R = MR, typename T>
+static inline void tile_rows(int rows, int cols, int64_t kc, bool first, bool last, const T* a, int64_t lda,
+                             const T* bp, void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e) {
+  if constexpr (R > 1) {
+    if (rows < R) return tile_rows<R - 1>(rows, cols, kc, first, last, a, lda, bp, c, ldc, i0, j0, e);
+  }
+  tile<R>(rows, cols, kc, first, last, a, lda, bp, c, ldc, i0, j0, e);
+}
+
+// Elements of B's packed form: ceil(N / NR) panels of K x NR (bfloat16 pairs: K rounded up to even).
+template <typename T> static inline int64_t packed_elements(int64_t K, int64_t N) {
+  const int64_t rows = (std::is_same_v<T, kiln_bf16> && BF16_PAIRS) ? (K + 1) / 2 * 2 : K;
+  return (N + NR - 1) / NR * rows * NR;
+}
+
+// Pack B [K, N] (element strides sk, sn) into panels, zero-padded.
+template <typename T>
+static void pack_b(const T* b, int64_t K, int64_t N, int64_t sk, int64_t sn, T* out) {
+  constexpr bool pairs = std::is_same_v<T, kiln_bf16> && BF16_PAIRS;
+  const int64_t panels = (N + NR - 1) / NR, rows = pairs ? (K + 1) / 2 * 2 : K;
+#pragma omp parallel for
+  for (int64_t p = 0; p < panels; ++p) {
+    T* dst = out + p * rows * NR;
+    const int64_t j0 = p * NR, n = std::min<int64_t>(NR, N - j0);
+    for (int64_t k = 0; k < rows; ++k) {
+      for (int64_t j = 0; j < NR; ++j) {
+        const T value = (k < K && j < n) ? b[k * sk + (j0 + j) * sn] : T(0.0f);
+        if (pairs) dst[((k / 2) * NR + j) * 2 + (k % 2)] = value;
+        else dst[k * NR + j] = value;
+      }
+    }
+  }
+}
+
+// The thread grid: `tn` threads along the panels and `tm` along the row blocks, tn * tm = threads.
+// Panels first (a weight panel read by one thread only); rows as well when panels are too few to
+// give every thread a few.
+static inline void split(int64_t panels, int64_t row_blocks, int threads, int& tn, int& tm) {
+  tn = threads, tm = 1;
+  while (tn > 1 && panels < 2 * tn && row_blocks >= 2 * tm && tn % 2 == 0) tn /= 2, tm *= 2;
+}
+
+static inline void range(int64_t total, int parts, int index, int64_t& lo, int64_t& hi) {
+  const int64_t base = total / parts, extra = total % parts;
+  lo = index * base + std::min<int64_t>(index, extra);
+  hi = lo + base + (index < extra ? 1 : 0);
+}
+
+// C [M, N] (row stride ldc) = epilogue(A [M, K] (row stride lda) @ B), B packed by pack_b.
+// K is cut in blocks of kc (0: not cut); partial sums live in C, so only a float32 C is cut.
+template <typename T>
+static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const T* bp, void* c, int64_t ldc,
+                 const Epilogue* e, int64_t kc) {
+  constexpr bool pairs = std::is_same_v<T, kiln_bf16> && BF16_PAIRS;
+  if (kc <= 0 || kc >= K || (e && e->out_bf16)) kc = K;
+  if (pairs && kc % 2) kc += 1;  // blocks start at a pair
+  const int64_t panels = (N + NR - 1) / NR, row_blocks = (M + MR - 1) / MR;
+  const int64_t panel_rows = pairs ? (K + 1) / 2 * 2 : K;
+#pragma omp parallel
+  {
+    int tn, tm;
+    split(panels, row_blocks, omp_get_num_threads(), tn, tm);
+    const int id = omp_get_thread_num();
+    int64_t p0, p1, r0, r1;
+    range(panels, tn, id % tn, p0, p1);
+    range(row_blocks, tm, id / tn, r0, r1);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int cols = int(std::min<int64_t>(NR, N - p * NR));
+      const T* panel = bp + p * panel_rows * NR;
+      for (int64_t k0 = 0; k0 < K; k0 += kc) {
+        const int64_t kn = std::min<int64_t>(kc, K - k0);
+        for (int64_t rb = r0; rb < r1; ++rb) {
+          const int64_t i0 = rb * MR;
+          const int rows = int(std::min<int64_t>(MR, M - i0));
+          tile_rows(rows, cols, kn, k0 == 0, k0 + kn == K, a + i0 * lda + k0, lda, panel + k0 * NR, c, ldc, i0,
+                    p * NR, e);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace kiln_gemm

@@ -1,0 +1,103 @@
+"""kiln's own GEMM (kiln/native/include/kiln_gemm.h) against float64 matmuls: random shapes with
+ragged edges (M not a multiple of the register block's rows, N not of a panel's width, K odd and
+not a multiple of the vector width or of the K block), every epilogue, float32 and bfloat16, a
+transposed weight as the frozen graph hands it, and the ISAs this machine can also run (AVX2
+without AVX-512, SSE, AVX-512 without its bfloat16 dot products)."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+
+import pytest
+import torch
+
+from kiln.externs import kiln_gemm
+from kiln.externs.prepacked import unary_aten
+from kiln.native import build
+
+EPILOGUES = [("none", [], None), ("relu", [], None), ("gelu", [], None), ("gelu", [], "tanh"), ("swish", [], None),
+             ("sigmoid", [], None), ("tanh", [], None), ("hardswish", [], None), ("leaky_relu", [0.1], None),
+             ("hardtanh", [-0.5, 0.5], None)]
+SHAPES = [(1, 1, 1), (3, 5, 7), (17, 33, 49), (9, 385, 50), (8, 769, 48), (64, 1000, 130), (130, 64, 97)]
+
+
+def _reference(a, b, bias, unary, scalars, algorithm, residual):
+    y = a.double() @ b.double()
+    if bias is not None:
+        y = y + bias.double()
+    y = unary_aten(y, unary, scalars, algorithm)
+    return y + residual.double() if residual is not None else y
+
+
+def _check(out, ref, dtype, k):
+    # float32: error grows like sqrt(K) ulps of the sum; bfloat16 output: one rounding to 8 bits.
+    tol = 2e-6 * k ** 0.5 + 1e-6 if dtype == torch.float32 else 1e-2
+    err = ((out.double() - ref).abs() / (ref.abs() + 1)).max().item()
+    assert err <= tol, (err, tol)
+
+
+def _operands(m, k, n, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=g).to(dtype)
+    weight = torch.randn(n, k, generator=g).to(dtype)  # nn.Linear's [out, in]: the GEMM sees its transpose
+    bias = torch.randn(n, generator=g).to(dtype)
+    residual = torch.randn(m, n, generator=g).to(dtype)
+    return a, weight.t(), bias, residual
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_every_epilogue_matches_a_float64_product(shape, dtype):
+    m, k, n = shape
+    a, b, bias, residual = _operands(m, k, n, dtype, seed=m * 7 + k)
+    panels = kiln_gemm.pack(b)
+    for unary, scalars, algorithm in EPILOGUES:
+        for use_bias, use_residual in [(False, False), (True, False), (True, True)]:
+            out = kiln_gemm.mm(a, panels, n, bias if use_bias else None, unary, scalars,
+                               residual if use_residual else None, algorithm=algorithm)
+            assert out.dtype == dtype and out.shape == (m, n)
+            _check(out, _reference(a, b, bias if use_bias else None, unary, scalars, algorithm,
+                                   residual if use_residual else None), dtype, k)
+
+
+def test_k_blocks_partial_sums_and_strided_rows():
+    # K spans several K blocks (partial sums kept in C between them); A is a view whose rows are
+    # further apart than K; the output is bfloat16 from float32 operands, the residual bfloat16.
+    m, k, n = 37, 3 * kiln_gemm.K_BLOCK + 5, 75
+    a, b, bias, residual = _operands(m, k + 11, n, torch.float32, seed=3)
+    a = a[:, :k]
+    b = torch.randn(k, n)
+    assert a.stride(0) == k + 11
+    panels = kiln_gemm.pack(b)
+    _check(kiln_gemm.mm(a, panels, n), _reference(a, b, None, "none", [], None, None), torch.float32, k)
+    out = kiln_gemm.mm(a, panels, n, bias, "relu", [], residual.bfloat16(), out_dtype=torch.bfloat16)
+    assert out.dtype == torch.bfloat16
+    _check(out, _reference(a, b, bias, "relu", [], None, residual.bfloat16()), torch.bfloat16, k)
+
+
+def test_operands_of_two_dtypes_are_refused():
+    panels = kiln_gemm.pack(torch.randn(4, 4))
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        kiln_gemm.mm(torch.randn(2, 4).bfloat16(), panels, 4)
+
+
+@pytest.mark.parametrize("flags", [["-march=x86-64-v3"], ["-march=x86-64-v2"], ["-mno-avx512bf16"]],
+                         ids=["avx2", "sse4", "avx512-no-bf16"])
+def test_other_isas(flags, tmp_path):
+    """The register blocking and bfloat16 paths of ISAs narrower than this machine's (every x86
+    CPU kiln runs on has AVX2), built with their flags and run here. NEON is built on aarch64
+    machines only: not run on x86."""
+    if "x86_64" not in subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout:
+        pytest.skip("x86 ISAs")
+    src, lib_path = tmp_path / "gemm.cpp", tmp_path / "gemm.so"
+    src.write_text(kiln_gemm.source())
+    cxx, _ = build.compiler()
+    subprocess.run([cxx, *build.FLAGS, *flags, "-shared", str(src), "-o", str(lib_path)], check=True,
+                   capture_output=True)
+    lib = kiln_gemm.bind(ctypes.CDLL(str(lib_path)))
+    for dtype in (torch.float32, torch.bfloat16):
+        for m, k, n in [(13, 77, 50), (1, 9, 3)]:
+            a, b, bias, residual = _operands(m, k, n, dtype, seed=k)
+            out = kiln_gemm.mm(a, kiln_gemm.pack(b, lib), n, bias, "gelu", [], residual, lib=lib)
+            _check(out, _reference(a, b, bias, "gelu", [], None, residual), dtype, k)
