@@ -5,7 +5,8 @@ floating-point operations and bytes moved.
   computing op counts 1: an `exp` as much as an `add`; loads, stores, constants, index
   arithmetic and casts count 0) times its elements (its loops, reduction loops included);
   bytes: the kernel's input and output buffers, each counted once (what it reads from and
-  writes to memory, assuming a buffer read twice comes from cache the second time).
+  writes to memory, assuming a buffer read twice comes from cache the second time; an input read
+  through an index, such as an embedding table, counts at most one element per load).
 - An extern call: FLOPs from its tensors' shapes (kiln::mm 2·M·N·K, kiln::conv 2 · output
   elements · input channels per group · kernel area, attention 2·B·H·L·S·(E + Ev), ATen's GEMMs
   and convolutions through torch's own formulas in `torch.utils.flop_counter`); an op with no
@@ -23,7 +24,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import flop_registry
 
-from kiln.ir.analysis import OpCounter, run
+from kiln.ir.analysis import OpCounter, ReadsWrites, run
 from kiln.ir.schedule import FusedKernel, LoopNest, loop_extents
 
 # Ops that move or name values rather than compute them.
@@ -46,30 +47,45 @@ def _int(expr: Any) -> int | None:
         return None
 
 
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def _layout_bytes(buffer: Any) -> int | None:
-    layout = buffer.layout
-    sizes = [_int(s) for s in layout.size]
-    if None in sizes:
-        return None
-    return math.prod(sizes) * torch.empty((), dtype=layout.dtype).element_size()
+    sizes = [_int(s) for s in buffer.layout.size]
+    return None if None in sizes else math.prod(sizes) * _itemsize(buffer.layout.dtype)
 
 
-def _member_ops(member: LoopNest) -> tuple[collections.Counter, int | None]:
-    """The computing ops of one element of `member`, and its FLOPs over all its elements."""
+def _member_ops(member: LoopNest) -> tuple[collections.Counter, collections.Counter, int | None]:
+    """The computing ops of one element of `member`, its loads per buffer over all its elements,
+    and its FLOPs over all its elements (None for both totals when a loop's extent is symbolic)."""
     counts = collections.Counter({op: n for op, n in run(OpCounter(), member.node).counts.items()
                                   if op not in _NOT_FLOPS})
     extents = [_int(e) for e in loop_extents(member.node).values()]
-    return counts, None if None in extents else sum(counts.values()) * math.prod(extents)
+    if None in extents:
+        return counts, collections.Counter(), None
+    elements = math.prod(extents)
+    loads = collections.Counter(buffer for buffer, _ in run(ReadsWrites(), member.node).reads)
+    return counts, collections.Counter({b: n * elements for b, n in loads.items()}), sum(counts.values()) * elements
+
+
+def _input_bytes(buffer: Any, loaded: int) -> int | None:
+    # A gather (an embedding's rows, an index_select) reads the elements it loads, not its whole
+    # input: never more than one element per load.
+    size = _layout_bytes(buffer)
+    return None if size is None else min(size, loaded * _itemsize(buffer.layout.dtype))
 
 
 def kernel_cost(kernel: FusedKernel, vectorized: bool | None = None) -> Cost:
     members = list(kernel.members) + ([kernel.scatter_init] if kernel.scatter_init is not None else [])
-    ops, flops = collections.Counter(), []
+    ops, loads, flops = collections.Counter(), collections.Counter(), []
     for member in members:
-        counts, member_flops = _member_ops(member)
+        counts, member_loads, member_flops = _member_ops(member)
         ops.update(counts)
+        loads.update(member_loads)
         flops.append(member_flops)
-    sizes = [_layout_bytes(b) for b in {b.name: b for b in kernel.inputs + kernel.outputs}.values()]
+    sizes = [_input_bytes(b, loads[b.name]) for b in {b.name: b for b in kernel.inputs}.values()]
+    sizes += [_layout_bytes(b) for b in {b.name: b for b in kernel.outputs}.values()]
     reductions = sum(m.is_reduction for m in kernel.members)
     # No ATen origin survives lowering; the ops it computes say what it is (sum, rsqrt, mul: a norm).
     common = " ".join(op for op, _ in ops.most_common(5)) + (" …" if len(ops) > 5 else "")

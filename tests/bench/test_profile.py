@@ -170,3 +170,13 @@ def test_cli_profiles_kiln_modes_only_and_bench_passes_the_flag(monkeypatch, cap
     cases.clear()
     main(["bench", "--models", "mlp", "--modes", "eager,kiln", "--profile"])
     assert [c.profile for c in cases] == [True, True]
+
+
+def test_a_gather_counts_the_rows_it_reads_not_its_whole_table():
+    table = nn.Embedding(1000, 64)
+    ids = torch.arange(8).reshape(1, 8)
+    report, _ = _profiled(table, ids, "kiln")
+    [gather] = [e for e in report.graphs[0].entries if e.kind == "kernel"]
+    # 8 rows of 64 read (at most one element per load, not the 1000-row table), 8 rows written;
+    # the ids: read once per element loaded, at most their own size.
+    assert gather.bytes == 8 * 64 * 4 * 2 + 8 * 8
