@@ -14,11 +14,13 @@ loaded from the AOT graph cache, are found too. Each graph's wrapper is defined 
 with a `perf_counter` pair around every kernel, extern op and layout copy
 (`CompiledGraph.instrumented`); the normal wrapper is untouched, so profiling off costs nothing.
 Plain and instrumented calls of the whole model then alternate, `iters` of each, as `kiln bench`
-alternates eager and compiled calls. Times are midmeans, the mean of the middle half: the whole
-call's over the plain calls; an entry's over the instrumented calls whose total is in the middle
-half. Like a median it ignores the calls a busy machine slowed, and unlike per-entry medians the
-entries' times add up: the sum of per-entry medians falls short of the median call whenever each
-step is slowed now and then, and some step is slowed in most calls. What the entries do not cover (the Python wrapper's own lines: allocations, `data_ptr()`, `del`; the
+alternates eager and compiled calls. Times are means over the half of the calls nearest their
+median ("near-median means"): the whole call's over the plain calls; an entry's over the
+instrumented calls whose total is among the half nearest the instrumented calls' median. Like a
+median it ignores the calls a busy machine slowed (and stays with the median's mode when a busy
+machine makes the times bimodal), and unlike per-entry medians the entries' times add up: the sum
+of per-entry medians falls short of the median call whenever each step is slowed now and then,
+and some step is slowed in most calls. What the entries do not cover (the Python wrapper's own lines: allocations, `data_ptr()`, `del`; the
 freezing check; guards; eager code between graphs) is printed as "unaccounted".
 
 FLOPs and bytes: kiln/bench/profile_costs.py. Peak GFLOP/s and GB/s: `kiln.bench.peak.machine_peak`
@@ -52,7 +54,7 @@ class Entry:
     kind: str  # kernel, gemm, conv, attention, aten, view, layout copy
     what: str
     calls: int  # calls per model call
-    ms: float  # time per model call, all its calls together (mean over the middle half of the calls)
+    ms: float  # time per model call, all its calls together (near-median mean, see above)
     flops: int | None  # per model call; None when not known
     bytes: int | None
     dtype: str | None = None  # an extern's operands' dtype (kernels: None)
@@ -101,8 +103,8 @@ class GraphProfile:
 @dataclass
 class Profile:
     graphs: list[GraphProfile]
-    call_ms: float  # the plain (uninstrumented) whole calls' midmean: the mean of their middle half
-    timed_call_ms: float  # the instrumented whole calls' midmean
+    call_ms: float  # the plain (uninstrumented) whole calls' near-median mean
+    timed_call_ms: float  # the instrumented whole calls' near-median mean
     iters: int
     threads: int
     timer_us: float  # what one timed entry costs the instrumented call, measured
@@ -243,16 +245,16 @@ def timer_overhead_us(n: int = 20000) -> float:
     return max(0.0, (best[1] - best[0]) / n * 1e6)
 
 
-def _middle_half(samples: list[float]) -> list[int]:
-    """The positions of the middle half of `samples` by value (all of them when fewer than 4)."""
-    order = sorted(range(len(samples)), key=samples.__getitem__)
-    cut = len(samples) // 4
-    return order[cut:len(order) - cut]
+def _near_median(samples: list[float]) -> list[int]:
+    """The positions of the half of `samples` nearest their median (at least one)."""
+    median = statistics.median(samples)
+    order = sorted(range(len(samples)), key=lambda i: abs(samples[i] - median))
+    return order[:max(1, (len(samples) + 1) // 2)]
 
 
-def _midmean(samples: list[float]) -> float:
-    middle = _middle_half(samples)
-    return sum(samples[i] for i in middle) / len(middle)
+def _near_median_mean(samples: list[float]) -> float:
+    near = _near_median(samples)
+    return sum(samples[i] for i in near) / len(near)
 
 
 def _swap(graphs: list[CompiledGraph], calls: list[Callable]) -> None:
@@ -299,12 +301,12 @@ def profile(fn: Callable, *args: Any, iters: int = 20, warmup: int = 3, peak: An
     instrumented = [g.instrumented(lambda name, f, i=i: timers.wrap((i, name), f)) for i, g in enumerate(graphs)]
     plain_s, timed_s, per_step = _alternate(lambda: fn(*args, **kwargs), graphs, plain, instrumented, timers,
                                             iters, warmup)
-    middle = _middle_half(timed_s)
-    means = [sum(per_step[i][slot] for i in middle) / len(middle) * 1e3 for slot in range(len(timers.keys))]
+    near = _near_median(timed_s)
+    means = [sum(per_step[i][slot] for i in near) / len(near) * 1e3 for slot in range(len(timers.keys))]
     timed_ms = dict(zip(timers.keys, means))
     threads = torch.get_num_threads()
     return Profile([_graph_profile(i, g, p, timed_ms) for i, (g, p) in enumerate(zip(graphs, passes))],
-                   _midmean(plain_s) * 1e3, _midmean(timed_s) * 1e3, iters, threads, timer_overhead_us(),
+                   _near_median_mean(plain_s) * 1e3, _near_median_mean(timed_s) * 1e3, iters, threads, timer_overhead_us(),
                    _machine_peak(threads) if peak == MEASURE else peak, statistics.median(plain_s) * 1e3)
 
 

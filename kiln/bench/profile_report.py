@@ -70,11 +70,11 @@ def format_profile(profile: Profile, top: int | None = None) -> str:
     median = f", median {profile.call_median_ms:.3f}" if profile.call_median_ms is not None else ""
     lines += [
         "",
-        f"whole call: {profile.call_ms:.3f} ms (midmean of {profile.iters} plain calls{median}); "
+        f"whole call: {profile.call_ms:.3f} ms (mean of the half of {profile.iters} plain calls nearest their median{median}); "
         f"entries {profile.entries_ms:.3f} ms "
         f"({share:.1f} %); unaccounted {profile.unaccounted_ms:.3f} ms (Python wrapper lines, freezing check, guards, "
         f"code between graphs)",
-        f"instrumented call: {profile.timed_call_ms:.3f} ms (midmean of {profile.iters}); {profile.timed_entries} timed "
+        f"instrumented call: {profile.timed_call_ms:.3f} ms (likewise); {profile.timed_entries} timed "
         f"steps at {profile.timer_us:.2f} µs each ≈ {profile.timed_entries * profile.timer_us / 1e3:.3f} ms of timing",
     ]
     return "\n".join(lines)
