@@ -16,6 +16,7 @@ floating-point operations and bytes moved.
 from __future__ import annotations
 
 import collections
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -117,20 +118,28 @@ def _shape(t: Any) -> str:
     return "x".join(map(str, t.shape)) if isinstance(t, torch.Tensor) else "-"
 
 
-def _mm(args: tuple, out: Any) -> tuple[int, str]:
-    a, b, bias, unary, impl = args[0], args[1], args[2], args[3], args[6]
+def _named(op: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The call's arguments by parameter name (kiln's extern ops are called as Python functions)."""
+    try:
+        return dict(inspect.signature(op).bind(*args, **kwargs).arguments)
+    except (TypeError, ValueError):
+        return {}
+
+
+def _mm(call: dict, out: Any) -> tuple[int, str]:
+    a, b, bias, unary = call["a"], call["b"], call.get("bias"), call.get("unary", "none")
     m, k = a.shape
     n = b.shape[1]
     post = ("+bias" if bias is not None else "") + ("" if unary == "none" else f"+{unary}")
-    return 2 * m * n * k, f"kiln::mm[{impl}] {m}x{k} @ {k}x{n}{' ' + post if post else ''}"
+    return 2 * m * n * k, f"kiln::mm[{call.get('impl')}] {m}x{k} @ {k}x{n}{' ' + post if post else ''}"
 
 
-def _conv(args: tuple, out: Any) -> tuple[int, str]:
-    x, weight, groups, unary, other, impl = args[0], args[1], args[6], args[7], args[10], args[11]
+def _conv(call: dict, out: Any) -> tuple[int, str]:
+    x, weight, groups, unary = call["x"], call["weight"], call.get("groups", 1), call.get("unary", "none")
     flops = 2 * out.numel() * weight[0].numel()  # weight [Cout, Cin/groups, kh, kw]
-    post = ("" if unary == "none" else f"+{unary}") + ("+add" if other is not None else "")
+    post = ("" if unary == "none" else f"+{unary}") + ("+add" if call.get("other") is not None else "")
     kernel = "x".join(map(str, weight.shape[2:]))
-    return flops, (f"kiln::conv[{impl}] {_shape(x)} -> {_shape(out)} k{kernel}"
+    return flops, (f"kiln::conv[{call.get('impl')}] {_shape(x)} -> {_shape(out)} k{kernel}"
                    f"{f' g{groups}' if groups != 1 else ''}{' ' + post if post else ''}")
 
 
@@ -150,12 +159,13 @@ def extern_cost(name: str, op: Any, args: tuple, kwargs: dict, out: Any) -> Cost
     first = next(iter(_tensors((args, kwargs))), None)
     dtype = str(first.dtype).replace("torch.", "") if first is not None else None
     shapes = ", ".join(_shape(t) for t in _tensors((args, kwargs))[:3])
-    if name == "kiln::mm":
-        flops, what = _mm(args, out)
-        return Cost(flops, moved, "gemm", what, dtype)
-    if name == "kiln::conv":
-        flops, what = _conv(args, out)
-        return Cost(flops, moved, "conv", what, dtype)
+    call = _named(op, args, kwargs) if name.startswith("kiln::") else {}
+    if {"a", "b"} <= call.keys():  # kiln::mm, and any kiln GEMM op with its a [M, K] and b [K, N]
+        flops, what = _mm(call, out)
+        return Cost(flops, moved, "gemm", what.replace("kiln::mm", name), dtype)
+    if {"x", "weight"} <= call.keys():  # kiln::conv
+        flops, what = _conv(call, out)
+        return Cost(flops, moved, "conv", what.replace("kiln::conv", name), dtype)
     if "scaled_dot_product" in name:
         flops, what = _attention(args, kwargs, out)
         return Cost(flops, moved, "attention", what, dtype)
