@@ -19,7 +19,7 @@ from typing import Any, Callable, TextIO
 
 import torch
 
-from kiln.bench.machine import cpu_cores
+from kiln.bench.machine import OthersClock
 from kiln.bench.peak import Peak, machine_peak
 
 
@@ -114,9 +114,9 @@ class GemmResult:
     threads: int
     ms: dict[str, float | None] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)  # implementation -> "n/a: ..." or "wrong: ..."
-    # CPU time of the timed rounds over (wall time x threads): under ~0.9 another process shared
-    # the cores, and every implementation's time (not their order) is inflated.
-    cpu_share: float | None = None
+    # The share of the machine's CPUs other processes used during the timed rounds: above a few
+    # percent, every implementation's time in the row is inflated (their order holds: rounds interleave).
+    others_cpu: float | None = None
 
     def gflops(self, impl: str) -> float | None:
         ms = self.ms.get(impl)
@@ -134,7 +134,7 @@ class GemmResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "GemmResult":
-        known = {"dtype", "threads", "ms", "notes", "cpu_share"}
+        known = {"dtype", "threads", "ms", "notes", "others_cpu"}
         return cls(shape=GemmShape(**data["shape"]), **{k: v for k, v in data.items() if k in known})
 
 
@@ -173,10 +173,10 @@ def _check(out: Any, expected: torch.Tensor, dtype: str) -> str | None:
 def _rounds(runs: dict[str, Callable[[], object]], reps: dict[str, int], rounds: int) -> tuple[dict[str, float], float]:
     """Median seconds per call of each run over `rounds` interleaved rounds, each round starting
     at the next run so that none always goes first (on caches the previous one left); and the
-    share of the cores the rounds had (CPU time over wall time x threads)."""
+    share of the machine's CPUs other processes used meanwhile."""
     names = list(runs)
     samples: dict[str, list[float]] = {name: [] for name in names}
-    wall, cpu = time.perf_counter(), time.process_time()
+    clock = OthersClock()
     for r in range(rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
             run, n = runs[name], reps[name]
@@ -184,8 +184,7 @@ def _rounds(runs: dict[str, Callable[[], object]], reps: dict[str, int], rounds:
             for _ in range(n):
                 run()
             samples[name].append((time.perf_counter() - start) / n)
-    share = (time.process_time() - cpu) / ((time.perf_counter() - wall) * min(torch.get_num_threads(), cpu_cores()))
-    return {name: statistics.median(s) for name, s in samples.items()}, share
+    return {name: statistics.median(s) for name, s in samples.items()}, clock.share()
 
 
 def measure(shape: GemmShape, dtype: str, threads: int, impls: dict[str, Callable], rounds: int, warmup: int) -> GemmResult:
@@ -218,7 +217,7 @@ def measure(shape: GemmShape, dtype: str, threads: int, impls: dict[str, Callabl
                 result.ms[name], result.notes[name] = None, wrong
                 continue
             runs[name], reps[name] = run, max(1, math.ceil(_SAMPLE_S / max(once, 1e-7)))
-        medians, result.cpu_share = _rounds(runs, reps, rounds) if runs else ({}, None)
+        medians, result.others_cpu = _rounds(runs, reps, rounds) if runs else ({}, None)
     drop_packs(b)
     result.ms.update({name: s * 1e3 for name, s in medians.items()})
     result.ms = {name: result.ms[name] for name in impls}  # the table's column order
@@ -260,5 +259,5 @@ def _verdict(result: GemmResult, peak: Peak) -> str:
         return "no implementation ran"
     top = peak.bf16_gflops if result.dtype == "bfloat16" else peak.gflops
     share = f" ({result.gflops(best) / top:.0%} of peak)" if top else ""
-    shared = f", cores {result.cpu_share:.0%} held" if result.cpu_share is not None and result.cpu_share < 0.9 else ""
+    shared = f", other processes used {result.others_cpu:.0%} of the CPUs" if (result.others_cpu or 0) > 0.05 else ""
     return f"fastest {best} {result.ms[best]:.3f} ms, {result.gflops(best):.0f} GFLOP/s{share}{shared}"

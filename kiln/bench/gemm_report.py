@@ -41,16 +41,16 @@ def _impls(results: list[GemmResult]) -> list[str]:
 
 def shape_table(threads: int, dtype: str, results: list[GemmResult], peak: Peak | None) -> Table:
     impls = _impls(results)
-    header = ["M x K x N", "bias", "models"] + impls + ["fastest", "cores held"]
+    header = ["M x K x N", "bias", "models"] + impls + ["fastest", "others' CPU"]
     rows = []
     for r in results:
         best = r.fastest
-        held = "-" if r.cpu_share is None else f"{min(r.cpu_share, 1.0):.0%}"
+        held = "-" if r.others_cpu is None else f"{r.others_cpu:.0%}"
         rows.append([r.shape.label, "yes" if r.shape.bias else "no", r.shape.models]
                     + [_cell(r, impl, peak) for impl in impls] + [best or "-", held])
     title = (f"GEMM time per implementation, {dtype}, {threads} thread{'s' if threads > 1 else ''}: "
-             f"ms · GFLOP/s (fraction of the machine's {dtype} peak); cores held: CPU time of the timed "
-             "rounds over wall time x threads (under 90 %, another process shared the cores)")
+             f"ms · GFLOP/s (fraction of the machine's {dtype} peak); others' CPU: the share of the machine's "
+             "CPUs other processes used during the row's timing (above a few %, every time in the row is inflated)")
     return title, header, rows
 
 

@@ -10,6 +10,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 
 # The vector and matrix extensions that decide which GEMM library (or kiln's own kernel) wins on a
 # CPU: x86's FMA, AVX2, AVX-512 with its bfloat16 and VNNI dot products, AMX tiles; aarch64's
@@ -67,3 +68,40 @@ def cpu_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def busy_cpu_seconds() -> float | None:
+    """CPU seconds every process on the machine has used since boot (all CPUs' non-idle time, from
+    /proc/stat); None where it cannot be read. Minus this process's own CPU time over an interval,
+    it says how much of the machine its neighbours took meanwhile (`OthersClock`)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal ...; idle and iowait are time no one ran.
+    ticks = [int(v) for v in fields[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class OthersClock:
+    """The share of the machine's CPUs other processes used while this one ran an interval:
+
+        clock = OthersClock()
+        ...                          # the timed work
+        clock.share()                # 0.0 on a quiet machine; 0.5: half the cores went to others
+
+    (None where /proc/stat cannot be read.) Used to flag timings taken on shared cores."""
+
+    def __init__(self) -> None:
+        self._busy, self._own, self._wall = busy_cpu_seconds(), time.process_time(), time.perf_counter()
+
+    def share(self) -> float | None:
+        busy = busy_cpu_seconds()
+        if busy is None or self._busy is None:
+            return None
+        wall = time.perf_counter() - self._wall
+        others = (busy - self._busy) - (time.process_time() - self._own)
+        return max(0.0, others / (wall * (os.cpu_count() or 1))) if wall > 0 else None

@@ -9,8 +9,8 @@ Measuring takes a few seconds, so a result is measured once and kept in kiln's c
 (`<cache dir>/peak/`, a small JSON file written atomically, kiln/disk_cache.py) under a key made of
 the CPU model, its speed flags, the torch version and the thread count: a new torch (a new MKL) or
 another CPU measures again. On a shared machine a neighbour can take half the cores mid-measure and
-halve the "peak" for good; so each timed call also reads its CPU time, and a figure whose threads did
-not have their cores to themselves is measured again, and never cached if that persists.
+halve the "peak" for good; so a measurement during which other processes used more than a tenth of
+the CPUs is tried again, and never cached if that persists.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from kiln import disk_cache
-from kiln.bench.machine import cpu_cores, cpu_flags, cpu_model
+from kiln.bench.machine import OthersClock, cpu_flags, cpu_model
 
 # Bump when the measurement changes, so old figures are not read as new ones.
 _METHOD = 2
@@ -35,13 +35,12 @@ _GEMM_MAX_SIZE = 8192
 _GEMM_MIN_CALL_S = 0.05
 _COPY_BYTES = 256 << 20  # each of source and destination: far beyond any CPU's last-level cache per core
 _RUNS = 5  # best of this many calls (after one warm-up): the peak is what the machine can do
-# A timed call whose threads got less CPU time than this share of (wall time x threads) shared
-# its cores with another process: the figure is the neighbour's leftovers, not the machine's.
-_MIN_CPU_SHARE = 0.9
+# When other processes took more than this share of the machine's CPUs during a measurement, the
+# figure is partly the neighbours' leftovers, not the machine's peak.
+_MAX_OTHERS_SHARE = 0.1
 _ATTEMPTS = 3  # measurements tried before a contended figure is used, uncached
 
 _MEMORY: dict[str, "Peak"] = {}
-_cpu_shares: list[float] = []  # of each best call since the last _measure began
 
 
 @dataclass(frozen=True)
@@ -59,15 +58,11 @@ class Peak:
 
 def _best_seconds(run, runs: int = _RUNS) -> float:
     run()  # warm-up: page faults, library dispatch, thread pool start
-    best, share = float("inf"), 1.0
-    threads = min(torch.get_num_threads(), cpu_cores())
+    best = float("inf")
     for _ in range(runs):
-        start, cpu = time.perf_counter(), time.process_time()
+        start = time.perf_counter()
         run()
-        wall = time.perf_counter() - start
-        if wall < best:
-            best, share = wall, (time.process_time() - cpu) / (wall * threads)
-    _cpu_shares.append(share)
+        best = min(best, time.perf_counter() - start)
     return best
 
 
@@ -119,14 +114,15 @@ def _measure(threads: int) -> tuple[Peak, bool]:
         for attempt in range(_ATTEMPTS):
             if attempt:
                 time.sleep(1.0)  # let the neighbour's burst pass
-            _cpu_shares.clear()
+            clock = OthersClock()
             with torch.no_grad():
                 peak = Peak(gflops=_gemm_gflops(), gbps=_copy_gbps(), cpu=cpu_model(), threads=threads,
                             bf16_gflops=_gemm_gflops(torch.bfloat16))
             best = peak if best is None else Peak(
                 max(best.gflops, peak.gflops), max(best.gbps, peak.gbps), peak.cpu, threads,
                 max(best.bf16_gflops or 0.0, peak.bf16_gflops or 0.0) or None)
-            if min(_cpu_shares, default=1.0) >= _MIN_CPU_SHARE:
+            others = clock.share()
+            if others is None or others <= _MAX_OTHERS_SHARE:
                 return best, True
     finally:
         torch.set_num_threads(before)
