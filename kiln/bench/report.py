@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 import platform
 import statistics
+import subprocess
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln.bench.machine import cpu_cores, cpu_flags, cpu_model
@@ -138,7 +140,8 @@ def describe_run(meta: dict[str, Any]) -> str:
     threads = ",".join(str(t) for t in meta["threads"])
     return (
         f"{meta['task']} · suite {meta['suite']} · threads {threads} · {meta['iters']} iters after {meta['warmup']} "
-        f"warm-up · {meta['cache']} cache · torch {meta['torch']} · {describe_cpu(meta)} · {meta['date']}"
+        f"warm-up · {meta['cache']} cache · torch {meta['torch']}"
+        f"{' · kiln ' + meta['kiln_commit'] if meta.get('kiln_commit') else ''} · {describe_cpu(meta)} · {meta['date']}"
     )
 
 
@@ -194,6 +197,19 @@ def json_report(results: list[Result], meta: dict[str, Any], gemm: "GemmRun | No
     return out
 
 
+def _kiln_commit() -> str | None:
+    """The commit of the kiln checkout that ran (None for an installed copy): kiln changes faster
+    than its version number."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
 def run_metadata(**settings: Any) -> dict[str, Any]:
     """What a reader needs to reproduce the numbers: machine, versions, settings."""
     import torch
@@ -217,4 +233,5 @@ def run_metadata(**settings: Any) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers_version,
         "kiln": kiln.__version__,
+        "kiln_commit": _kiln_commit(),
     }

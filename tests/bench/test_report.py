@@ -74,6 +74,8 @@ def test_the_run_header_names_the_cpus_vector_extensions():
     meta = run_metadata(task="inference", suite="unit", threads=[1], iters=1, warmup=1, cache="cold")
     assert isinstance(meta["isa"], list) and set(meta["isa"]) <= set(SPEED_FLAGS)
     assert meta["cpu"] and meta["cores"] >= 1 and json.loads(json.dumps(meta)) == meta
+    assert meta["kiln_commit"] is None or int(meta["kiln_commit"], 16) >= 0  # a checkout's short hash
+    assert " · kiln abc1234 · " in describe_run({**META, "kiln_commit": "abc1234"})
     assert describe_run({**META, "isa": ["avx2", "avx512f"]}).endswith("cpu (2 cores; avx2, avx512f) · today")
     assert describe_run(META).endswith("cpu (2 cores) · today")  # runs saved before the field existed
 
