@@ -70,6 +70,10 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+# /proc/stat counts in ticks of 10 ms per CPU: a shorter interval reads as noise.
+_MIN_INTERVAL_S = 0.1
+
+
 def busy_cpu_seconds() -> float | None:
     """CPU seconds every process on the machine has used since boot (all CPUs' non-idle time, from
     /proc/stat); None where it cannot be read. Minus this process's own CPU time over an interval,
@@ -93,7 +97,8 @@ class OthersClock:
         ...                          # the timed work
         clock.share()                # 0.0 on a quiet machine; 0.5: half the cores went to others
 
-    (None where /proc/stat cannot be read.) Used to flag timings taken on shared cores."""
+    (None where /proc/stat cannot be read, or the interval was under 0.1 s.) Used to flag timings
+    taken on shared cores."""
 
     def __init__(self) -> None:
         self._busy, self._own, self._wall = busy_cpu_seconds(), time.process_time(), time.perf_counter()
@@ -103,5 +108,7 @@ class OthersClock:
         if busy is None or self._busy is None:
             return None
         wall = time.perf_counter() - self._wall
+        if wall < _MIN_INTERVAL_S:
+            return None
         others = (busy - self._busy) - (time.process_time() - self._own)
-        return max(0.0, others / (wall * (os.cpu_count() or 1))) if wall > 0 else None
+        return min(1.0, max(0.0, others / (wall * (os.cpu_count() or 1))))
