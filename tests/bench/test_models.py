@@ -44,6 +44,9 @@ def test_model_builds_and_runs(name):
     with torch.no_grad():
         outputs = flatten_tensors(model(**spec.make_inputs()))
     assert outputs and all(torch.isfinite(t).all() for t in outputs if t.is_floating_point())
+    # A random deep net without normalization can shrink its activations to denormals (HF's init left
+    # MobileNetV1 at 1e-27, MobileViT at 1e-40): timing and accuracy would be about denormal arithmetic.
+    assert all(t.abs().max() > 1e-3 for t in outputs if t.is_floating_point())
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2", "t5", "distilbert", "bert-tiny"])
@@ -54,12 +57,3 @@ def test_training_builds_have_no_dropout(name):
     assert _dropouts(model) and all(p == 0.0 for p in _dropouts(model))
     assert any(p > 0 for p in _dropouts(MODELS[name].build(False)))  # inference keeps the config
 
-
-@pytest.mark.parametrize("name", ["mobilenetv1", "mobilevit"])
-def test_conv_nets_have_the_scale_of_a_trained_net(name):
-    # Uncalibrated, HF's init leaves these outputs near 1e-27 and 1e-40 (denormals): timing and
-    # accuracy would be about denormal arithmetic, not the nets.
-    spec = MODELS[name]
-    with torch.no_grad():
-        out = spec.build(False)(**spec.make_inputs()).last_hidden_state
-    assert 0.05 < out.std().item() < 10
