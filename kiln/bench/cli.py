@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -96,10 +97,13 @@ def write_outputs(results: list[Result], meta: dict[str, Any], args: argparse.Na
         print("\n" + format_results(results, top=25))  # all entries are in the JSON
     if args.json:
         Path(args.json).write_text(json.dumps(report.json_report(results, meta, gemm), indent=1) + "\n")
-    if args.plot and results:  # the plot draws models' speedups; a gemm run has none
+    if args.plot and results:
         from kiln.bench.plot import plot_speedups
 
         plot_speedups(results, meta, args.plot)
+    elif args.plot:
+        print(f"kiln: no plot written to {args.plot}: it draws models' speedups, and this run timed single GEMMs",
+              file=sys.stderr)
     if args.markdown:
         plot = os.path.relpath(args.plot, Path(args.markdown).parent) if args.plot and results else None
         Path(args.markdown).write_text(report.markdown_report(results, meta, plot, gemm))
