@@ -27,8 +27,6 @@ _CTYPE = {"f32": "float", "bf16": "kiln_bf16"}
 # K is cut in blocks of this many rows only beyond it: the partial sums a cut keeps in C cost more
 # than a panel's block out of L1 saves (measured: 192 and 384 slower than 1536 at BERT's shapes).
 K_BLOCK = 1536
-# Rows of A packed at a time per thread (a block of M_BLOCK x K_BLOCK floats stays in L2).
-M_BLOCK = 192
 
 
 class Epilogue(ctypes.Structure):
@@ -47,8 +45,8 @@ def _entries() -> str:
             f"void kiln_gemm_pack_{suffix}(const {ctype}* b, int64_t K, int64_t N, int64_t sk, int64_t sn, {ctype}* out) "
             "{ kiln_gemm::pack_b(b, K, N, sk, sn, out); }",
             f"void kiln_gemm_{suffix}(int64_t M, int64_t N, int64_t K, const {ctype}* a, int64_t lda, const {ctype}* bp, "
-            "void* c, int64_t ldc, const kiln_gemm::Epilogue* e, int64_t kc, int64_t mc) "
-            "{ kiln_gemm::gemm(M, N, K, a, lda, bp, c, ldc, e, kc, mc); }",
+            "void* c, int64_t ldc, const kiln_gemm::Epilogue* e, int64_t kc) "
+            "{ kiln_gemm::gemm(M, N, K, a, lda, bp, c, ldc, e, kc); }",
         ]
     return "\n".join([*lines, "}"])
 
@@ -70,7 +68,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         getattr(lib, f"kiln_gemm_packed_elements_{suffix}").restype = i64
         getattr(lib, f"kiln_gemm_packed_elements_{suffix}").argtypes = [i64, i64]
         getattr(lib, f"kiln_gemm_pack_{suffix}").argtypes = [ptr, i64, i64, i64, i64, ptr]
-        getattr(lib, f"kiln_gemm_{suffix}").argtypes = [i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64, i64]
+        getattr(lib, f"kiln_gemm_{suffix}").argtypes = [i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
     return lib
 
 
@@ -108,5 +106,5 @@ def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | Non
             UNARY_CODES[name], values[0], values[1])
     getattr(lib or library(), f"kiln_gemm_{_SUFFIX[a.dtype]}")(
         M, n, K, a.data_ptr(), a.stride(0), packed_b.data_ptr(), out.data_ptr(), n,
-        ctypes.byref(epilogue) if epilogue is not None else None, K_BLOCK, M_BLOCK)
+        ctypes.byref(epilogue) if epilogue is not None else None, K_BLOCK)
     return out

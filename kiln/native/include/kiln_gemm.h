@@ -17,7 +17,6 @@
 #include <cstring>
 #include <omp.h>
 #include <type_traits>
-#include <vector>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #elif defined(__aarch64__)
@@ -138,6 +137,25 @@ template <int R>
 static inline void store_block(V (&acc)[R][NV], int rows, int cols, int64_t i0, int64_t j0, void* c, int64_t ldc,
                                const Epilogue* e, bool last) {
   const bool out_bf16 = last && e && e->out_bf16;
+  if (cols == NR) {  // a whole block (all but the last panel's): fixed-size loops, checks hoisted (short K makes them count)
+    const bool bias = last && e && e->bias, act = last && e && e->unary, residual = last && e && e->residual;
+    V bias_v[NV];
+    if (bias)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) bias_v[v] = load_n(at(e->bias, e->bias_bf16, j0 + v * L), e->bias_bf16, L);
+    for (int r = 0; r < rows; ++r) {
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        V y = acc[r][v];
+        if (bias) y += bias_v[v];
+        if (act) y = unary(y, *e);
+        if (residual) y += load_n(at(e->residual, e->residual_bf16, (i0 + r) * e->ld_residual + j0 + v * L), e->residual_bf16, L);
+        if (out_bf16) kiln::store_bf16(static_cast<kiln_bf16*>(c) + (i0 + r) * ldc + j0 + v * L, y);
+        else kiln::store(static_cast<float*>(c) + (i0 + r) * ldc + j0 + v * L, y);
+      }
+    }
+    return;
+  }
   for (int r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;
     for (int v = 0; v < NV; ++v) {
@@ -155,14 +173,6 @@ static inline void store_block(V (&acc)[R][NV], int rows, int cols, int64_t i0, 
   }
 }
 
-// A is packed too, per thread and per block of rows and K, into panels of MR rows read k-major
-// (element (k, r) at k * MR + r): the micro-kernel's broadcasts then walk one contiguous stream
-// instead of MR rows far apart, and the tails need no special code (rows past M and, for
-// bfloat16 pairs, an odd K's last partner are zeros). bfloat16 A is widened to float32 when
-// packed unless the CPU has the pair dot products.
-template <typename T> struct packed_a { using type = float; };
-template <> struct packed_a<kiln_bf16> { using type = std::conditional_t<BF16_PAIRS, kiln_bf16, float>; };
-
 // The B panel's rows this many steps ahead are asked into L1 (the panel's K block lives in L2:
 // measured 3-5 % faster at transformer shapes than leaving it to the hardware prefetcher).
 constexpr int PREFETCH = 8;
@@ -171,21 +181,27 @@ template <typename TB> static inline void prefetch_panel(const TB* row) {
   for (int64_t byte = 0; byte < int64_t(NR * sizeof(TB)); byte += 64) __builtin_prefetch(reinterpret_cast<const char*>(row) + byte);
 }
 
-// acc += A panel [kc, MR] @ B panel [kc, NR]. Fully unrolled over the register block, so the
+// A is read where it lies, R rows lda apart, each value broadcast: packing A into MR-row panels
+// (as BLAS does) was measured no faster at M = 128 and costs a pass over A per thread, which at
+// narrow N (a few panels per thread) was a fifth of the time.
+static inline V broadcast(const float* a) { return *a - V{}; }  // x - 0 is x for every x; x + 0 is not, for -0
+static inline V broadcast(const kiln_bf16* a) { return float(*a) - V{}; }
+
+// acc += A [R rows, kc] @ B panel [kc, NR]. Fully unrolled over the register block, so the
 // accumulators live in registers (-O2 does not unroll these loops by itself).
-template <int R, typename TB>
-static inline void micro(V (&acc)[R][NV], int64_t kc, const float* ap, const TB* bp) {
+template <int R, typename T>
+static inline void micro_fma(V (&acc)[R][NV], int64_t kc, const T* a, int64_t lda, const T* bp) {
   for (int64_t k = 0; k < kc; ++k) {
     prefetch_panel(bp + (k + PREFETCH) * NR);
     V b[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
-      if constexpr (std::is_same_v<TB, float>) b[v] = kiln::load(bp + k * NR + v * L);
+      if constexpr (std::is_same_v<T, float>) b[v] = kiln::load(bp + k * NR + v * L);
       else b[v] = kiln::load_bf16(bp + k * NR + v * L);
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      V ar = ap[k * MR + r] - V{};  // a broadcast (x - 0 is x for every x; x + 0 is not, for -0)
+      V ar = broadcast(a + r * lda + k);
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[r][v] = fma(ar, b[v], acc[r][v]);
     }
@@ -193,29 +209,40 @@ static inline void micro(V (&acc)[R][NV], int64_t kc, const float* ap, const TB*
 }
 
 #if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
-// bfloat16 in pairs of k, A [kc / 2][MR][2] and B [kc / 2][NR][2] (kc even): one vdpbf16ps adds
-// a[k] * b[k] + a[k+1] * b[k+1] into float32 lanes.
+// bfloat16 in pairs of k, the B panel [kc / 2][NR][2]: one vdpbf16ps adds a[k] * b[k] +
+// a[k+1] * b[k+1] into float32 lanes. An odd kc's last pair (the last K block's) reads A's one
+// value alone; its partner in the panel is zero.
 template <int R>
-static inline void micro(V (&acc)[R][NV], int64_t kc, const kiln_bf16* ap, const kiln_bf16* bp) {
-  for (int64_t kp = 0; kp < kc / 2; ++kp) {
+static inline void micro_pairs(V (&acc)[R][NV], int64_t kc, const kiln_bf16* a, int64_t lda, const kiln_bf16* bp) {
+  auto step = [&](int64_t kp, auto a_pair) {
     prefetch_panel(bp + (kp + PREFETCH) * NR * 2);
     __m512bh b[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(bp + (kp * NR + v * L) * 2);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      int32_t pair;
-      std::memcpy(&pair, ap + (kp * MR + r) * 2, 4);
-      __m512bh ar = (__m512bh)_mm512_set1_epi32(pair);
+      __m512bh ar = (__m512bh)_mm512_set1_epi32(a_pair(r));
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[r][v] = (V)_mm512_dpbf16_ps((__m512)acc[r][v], ar, b[v]);
     }
-  }
+  };
+  const int64_t pairs = kc / 2;
+  for (int64_t kp = 0; kp < pairs; ++kp)
+    step(kp, [&](int r) { int32_t pair; std::memcpy(&pair, a + r * lda + 2 * kp, 4); return pair; });
+  if (kc % 2) step(pairs, [&](int r) { return int32_t(a[r * lda + kc - 1].bits); });
 }
 #endif
 
-template <int R, typename TA, typename TB>
-static inline void tile(int rows, int cols, int64_t kc, bool first, bool last, const TA* ap, const TB* bp,
+template <int R, typename T>
+static inline void micro(V (&acc)[R][NV], int64_t kc, const T* a, int64_t lda, const T* bp) {
+#if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
+  if constexpr (std::is_same_v<T, kiln_bf16>) return micro_pairs<R>(acc, kc, a, lda, bp);
+#endif
+  micro_fma<R>(acc, kc, a, lda, bp);
+}
+
+template <int R, typename T>
+static inline void tile(int rows, int cols, int64_t kc, bool first, bool last, const T* a, int64_t lda, const T* bp,
                         void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e) {
   V acc[R][NV];
   if (first) {
@@ -225,40 +252,23 @@ static inline void tile(int rows, int cols, int64_t kc, bool first, bool last, c
       acc[r][v] = load_n(static_cast<const float*>(c) + (i0 + r) * ldc + j0 + v * L, false,
                          std::max(0, std::min(L, cols - v * L)));
   }
-  micro<R>(acc, kc, ap, bp);
+  micro<R>(acc, kc, a, lda, bp);
   store_block<R>(acc, rows, cols, i0, j0, c, ldc, e, last);
 }
 
 // One tile of `rows` <= MR: the micro-kernel instantiated for exactly that many rows.
-template <int R = MR, typename TA, typename TB>
-static inline void tile_rows(int rows, int cols, int64_t kc, bool first, bool last, const TA* ap, const TB* bp,
-                             void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e) {
+template <int R = MR, typename T>
+static inline void tile_rows(int rows, int cols, int64_t kc, bool first, bool last, const T* a, int64_t lda,
+                             const T* bp, void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e) {
   if constexpr (R > 1) {
-    if (rows < R) return tile_rows<R - 1>(rows, cols, kc, first, last, ap, bp, c, ldc, i0, j0, e);
+    if (rows < R) return tile_rows<R - 1>(rows, cols, kc, first, last, a, lda, bp, c, ldc, i0, j0, e);
   }
-  tile<R>(rows, cols, kc, first, last, ap, bp, c, ldc, i0, j0, e);
+  tile<R>(rows, cols, kc, first, last, a, lda, bp, c, ldc, i0, j0, e);
 }
 
 // Whether panels of T hold k in pairs (bfloat16 with the pair dot products).
 template <typename T> constexpr bool in_pairs = std::is_same_v<T, kiln_bf16> && BF16_PAIRS;
 static inline int64_t round_even(int64_t k) { return (k + 1) / 2 * 2; }
-
-// Pack `rows` rows x `kn` columns of A (row stride lda) into MR-row panels of `kp` >= kn k each.
-template <typename T, typename P>
-static void pack_a(const T* a, int64_t lda, int64_t rows, int64_t kn, int64_t kp, P* out) {
-  for (int64_t t = 0; t * MR < rows; ++t) {
-    P* dst = out + t * kp * MR;
-    for (int r = 0; r < MR; ++r) {
-      const int64_t i = t * MR + r;
-      const T* src = a + i * lda;
-      for (int64_t k = 0; k < kp; ++k) {
-        const P value = (i < rows && k < kn) ? P(float(src[k])) : P(0.0f);
-        if constexpr (in_pairs<P>) out[t * kp * MR + ((k / 2) * MR + r) * 2 + (k % 2)] = value;
-        else dst[k * MR + r] = value;
-      }
-    }
-  }
-}
 
 // Elements of B's packed form: ceil(N / NR) panels of K x NR (bfloat16 pairs: K rounded up to even).
 template <typename T> static inline int64_t packed_elements(int64_t K, int64_t N) {
@@ -284,11 +294,18 @@ static void pack_b(const T* b, int64_t K, int64_t N, int64_t sk, int64_t sn, T* 
 }
 
 // The thread grid: `tn` threads along the panels and `tm` along the row blocks, tn * tm = threads.
-// Panels first (a weight panel read by one thread only); rows as well when panels are too few to
-// give every thread a few.
+// Panels by preference (a weight panel read by one thread only), rows where that balances the
+// tiles better (five panels on two threads: 3 + 2).
 static inline void split(int64_t panels, int64_t row_blocks, int threads, int& tn, int& tm) {
+  // The grid whose busiest thread has the fewest tiles; among equals, the most threads on panels.
   tn = threads, tm = 1;
-  while (tn > 1 && panels < 2 * tn && row_blocks >= 2 * tm && tn % 2 == 0) tn /= 2, tm *= 2;
+  int64_t best = (panels + threads - 1) / threads * row_blocks;
+  for (int n = threads - 1; n >= 1; --n) {
+    if (threads % n) continue;
+    const int m = threads / n;
+    const int64_t busiest = (panels + n - 1) / n * ((row_blocks + m - 1) / m);
+    if (busiest < best) best = busiest, tn = n, tm = m;
+  }
 }
 
 static inline void range(int64_t total, int parts, int index, int64_t& lo, int64_t& hi) {
@@ -298,19 +315,16 @@ static inline void range(int64_t total, int parts, int index, int64_t& lo, int64
 }
 
 // C [M, N] (row stride ldc) = epilogue(A [M, K] (row stride lda) @ B), B packed by pack_b.
-// K is cut in blocks of kc (0: not cut; partial sums live in C, so only a float32 C is cut) and
-// each thread's rows in blocks of mc rows: the packed A block (mc x kc) stays in L2 while the
-// thread's panels pass over it, and each panel's K block stays in L1/L2 while the tiles of the
-// row block pass over it.
+// K is cut in blocks of kc (0: not cut; partial sums live in C, so only a float32 C is cut).
+// Each thread runs its panels one by one, and over each panel's K block every tile of its rows:
+// the panel's block stays in L1/L2 while A's rows stream past it.
 template <typename T>
 static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const T* bp, void* c, int64_t ldc,
-                 const Epilogue* e, int64_t kc, int64_t mc) {
-  using P = typename packed_a<T>::type;
+                 const Epilogue* e, int64_t kc) {
   if (kc <= 0 || kc >= K || (e && e->out_bf16)) kc = K;
   if (in_pairs<T>) kc = round_even(kc);  // blocks start at a pair
   const int64_t panels = (N + NR - 1) / NR, row_blocks = (M + MR - 1) / MR;
   const int64_t panel_rows = in_pairs<T> ? round_even(K) : K;
-  const int64_t mc_blocks = std::max<int64_t>(1, mc / MR);
 #pragma omp parallel
   {
     int tn, tm;
@@ -319,22 +333,14 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
     int64_t p0, p1, r0, r1;
     range(panels, tn, id % tn, p0, p1);
     range(row_blocks, tm, id / tn, r0, r1);
-    static thread_local std::vector<P> buffer;
-    buffer.resize(std::max<int64_t>(buffer.size(), std::min(mc_blocks, r1 - r0) * MR * (in_pairs<T> ? round_even(kc) : kc)));
-    for (int64_t k0 = 0; k0 < K && r0 < r1; k0 += kc) {
-      const int64_t kn = std::min<int64_t>(kc, K - k0), kp = in_pairs<T> ? round_even(kn) : kn;
-      for (int64_t b0 = r0; b0 < r1; b0 += mc_blocks) {
-        const int64_t b1 = std::min(r1, b0 + mc_blocks), i_begin = b0 * MR;
-        pack_a(a + i_begin * lda + k0, lda, std::min(M, b1 * MR) - i_begin, kn, kp, buffer.data());
-        for (int64_t p = p0; p < p1; ++p) {
-          const int cols = int(std::min<int64_t>(NR, N - p * NR));
-          const T* panel = bp + p * panel_rows * NR + k0 * NR;
-          for (int64_t rb = b0; rb < b1; ++rb) {
-            const int64_t i0 = rb * MR;
-            const int rows = int(std::min<int64_t>(MR, M - i0));
-            tile_rows(rows, cols, kp, k0 == 0, k0 + kn == K, buffer.data() + (rb - b0) * kp * MR, panel, c, ldc, i0,
-                      p * NR, e);
-          }
+    for (int64_t p = p0; p < p1; ++p) {
+      const int cols = int(std::min<int64_t>(NR, N - p * NR));
+      for (int64_t k0 = 0; k0 < K; k0 += kc) {
+        const int64_t kn = std::min<int64_t>(kc, K - k0);
+        for (int64_t rb = r0; rb < r1; ++rb) {
+          const int64_t i0 = rb * MR;
+          tile_rows(int(std::min<int64_t>(MR, M - i0)), cols, kn, k0 == 0, k0 + kn == K, a + i0 * lda + k0, lda,
+                    bp + p * panel_rows * NR + k0 * NR, c, ldc, i0, p * NR, e);
         }
       }
     }
