@@ -190,9 +190,10 @@ static inline V broadcast(const kiln_bf16* a) { return float(*a) - V{}; }
 // acc += A [R rows, kc] @ B panel [kc, NR]. Fully unrolled over the register block, so the
 // accumulators live in registers (-O2 does not unroll these loops by itself).
 template <int R, typename T>
-static inline void micro_fma(V (&acc)[R][NV], int64_t kc, const T* a, int64_t lda, const T* bp) {
+static inline void micro_fma(V (&acc)[R][NV], int64_t kc, const T* a, int64_t lda, const T* bp, const char* ahead) {
   for (int64_t k = 0; k < kc; ++k) {
     prefetch_panel(bp + (k + PREFETCH) * NR);
+    if (ahead) __builtin_prefetch(ahead + k * 64, 0, 2);
     V b[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
@@ -213,9 +214,11 @@ static inline void micro_fma(V (&acc)[R][NV], int64_t kc, const T* a, int64_t ld
 // a[k+1] * b[k+1] into float32 lanes. An odd kc's last pair (the last K block's) reads A's one
 // value alone; its partner in the panel is zero.
 template <int R>
-static inline void micro_pairs(V (&acc)[R][NV], int64_t kc, const kiln_bf16* a, int64_t lda, const kiln_bf16* bp) {
+static inline void micro_pairs(V (&acc)[R][NV], int64_t kc, const kiln_bf16* a, int64_t lda, const kiln_bf16* bp,
+                               const char* ahead) {
   auto step = [&](int64_t kp, auto a_pair) {
     prefetch_panel(bp + (kp + PREFETCH) * NR * 2);
+    if (ahead) __builtin_prefetch(ahead + kp * 64, 0, 2);
     __m512bh b[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(bp + (kp * NR + v * L) * 2);
@@ -233,17 +236,19 @@ static inline void micro_pairs(V (&acc)[R][NV], int64_t kc, const kiln_bf16* a, 
 }
 #endif
 
+// `ahead`: memory to bring into L2 meanwhile, one cache line per step (the next panel's block: a
+// weight too large for the caches comes from DRAM, and its first tile would wait on every line).
 template <int R, typename T>
-static inline void micro(V (&acc)[R][NV], int64_t kc, const T* a, int64_t lda, const T* bp) {
+static inline void micro(V (&acc)[R][NV], int64_t kc, const T* a, int64_t lda, const T* bp, const char* ahead) {
 #if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
-  if constexpr (std::is_same_v<T, kiln_bf16>) return micro_pairs<R>(acc, kc, a, lda, bp);
+  if constexpr (std::is_same_v<T, kiln_bf16>) return micro_pairs<R>(acc, kc, a, lda, bp, ahead);
 #endif
-  micro_fma<R>(acc, kc, a, lda, bp);
+  micro_fma<R>(acc, kc, a, lda, bp, ahead);
 }
 
 template <int R, typename T>
 static inline void tile(int rows, int cols, int64_t kc, bool first, bool last, const T* a, int64_t lda, const T* bp,
-                        void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e) {
+                        void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e, const char* ahead) {
   V acc[R][NV];
   if (first) {
     for (int r = 0; r < R; ++r) for (int v = 0; v < NV; ++v) acc[r][v] = V{};
@@ -252,18 +257,19 @@ static inline void tile(int rows, int cols, int64_t kc, bool first, bool last, c
       acc[r][v] = load_n(static_cast<const float*>(c) + (i0 + r) * ldc + j0 + v * L, false,
                          std::max(0, std::min(L, cols - v * L)));
   }
-  micro<R>(acc, kc, a, lda, bp);
+  micro<R>(acc, kc, a, lda, bp, ahead);
   store_block<R>(acc, rows, cols, i0, j0, c, ldc, e, last);
 }
 
 // One tile of `rows` <= MR: the micro-kernel instantiated for exactly that many rows.
 template <int R = MR, typename T>
 static inline void tile_rows(int rows, int cols, int64_t kc, bool first, bool last, const T* a, int64_t lda,
-                             const T* bp, void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e) {
+                             const T* bp, void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e,
+                             const char* ahead) {
   if constexpr (R > 1) {
-    if (rows < R) return tile_rows<R - 1>(rows, cols, kc, first, last, a, lda, bp, c, ldc, i0, j0, e);
+    if (rows < R) return tile_rows<R - 1>(rows, cols, kc, first, last, a, lda, bp, c, ldc, i0, j0, e, ahead);
   }
-  tile<R>(rows, cols, kc, first, last, a, lda, bp, c, ldc, i0, j0, e);
+  tile<R>(rows, cols, kc, first, last, a, lda, bp, c, ldc, i0, j0, e, ahead);
 }
 
 // Whether panels of T hold k in pairs (bfloat16 with the pair dot products).
@@ -337,10 +343,15 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
       const int cols = int(std::min<int64_t>(NR, N - p * NR));
       for (int64_t k0 = 0; k0 < K; k0 += kc) {
         const int64_t kn = std::min<int64_t>(kc, K - k0);
+        // The next block of this thread's weight, fetched a line per step by the first tiles.
+        const bool more = k0 + kn < K || p + 1 < p1;
+        const T* next = k0 + kn < K ? bp + p * panel_rows * NR + (k0 + kn) * NR : bp + (p + 1) * panel_rows * NR;
+        const int64_t next_bytes = std::min<int64_t>(kc, K - (k0 + kn < K ? k0 + kn : 0)) * NR * int64_t(sizeof(T));
         for (int64_t rb = r0; rb < r1; ++rb) {
-          const int64_t i0 = rb * MR;
+          const int64_t i0 = rb * MR, fetched = (rb - r0) * kn * 64;
+          const char* ahead = more && fetched < next_bytes ? reinterpret_cast<const char*>(next) + fetched : nullptr;
           tile_rows(int(std::min<int64_t>(MR, M - i0)), cols, kn, k0 == 0, k0 + kn == K, a + i0 * lda + k0, lda,
-                    bp + p * panel_rows * NR + k0 * NR, c, ldc, i0, p * NR, e);
+                    bp + p * panel_rows * NR + k0 * NR, c, ldc, i0, p * NR, e, ahead);
         }
       }
     }
