@@ -32,7 +32,7 @@ using V = kiln::vec<float>;
 #if defined(KILN_GEMM_MR) && defined(KILN_GEMM_NV)  // experiments: tools/ and tests pick their own
 constexpr int MR = KILN_GEMM_MR, NV = KILN_GEMM_NV;
 #elif KILN_VEC_BYTES == 64
-constexpr int MR = 12, NV = 2;
+constexpr int MR = 8, NV = 3;
 #elif KILN_VEC_BYTES == 32
 constexpr int MR = 6, NV = 2;
 #elif defined(__aarch64__)
@@ -175,7 +175,11 @@ static inline void store_block(V (&acc)[R][NV], int rows, int cols, int64_t i0, 
 
 // The B panel's rows this many steps ahead are asked into L1 (the panel's K block lives in L2:
 // measured 3-5 % faster at transformer shapes than leaving it to the hardware prefetcher).
+#ifdef KILN_GEMM_PREFETCH
+constexpr int PREFETCH = KILN_GEMM_PREFETCH;
+#else
 constexpr int PREFETCH = 8;
+#endif
 template <typename TB> static inline void prefetch_panel(const TB* row) {
 #pragma GCC unroll 8
   for (int64_t byte = 0; byte < int64_t(NR * sizeof(TB)); byte += 64) __builtin_prefetch(reinterpret_cast<const char*>(row) + byte);
