@@ -82,6 +82,33 @@ def pack(b: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     return out
 
 
+# Epilogues without a residual, by what they hold: a GEMM call reuses its struct (building one
+# is a third of a small call's Python time). Holds pointers and flags only, no tensor.
+_EPILOGUES: dict[tuple, Epilogue] = {}
+
+
+def _epilogue(bias: torch.Tensor | None, unary: str, scalars: list | tuple, algorithm: str | None,
+              residual: torch.Tensor | None, out_dtype: torch.dtype) -> Epilogue | None:
+    if bias is None and unary == "none" and residual is None and out_dtype == torch.float32:
+        return None
+    name = "gelu_tanh" if unary == "gelu" and algorithm == "tanh" else unary
+    key = (bias.data_ptr() if bias is not None else 0, bias.dtype if bias is not None else None, name,
+           tuple(scalars), out_dtype)
+    if residual is None and (found := _EPILOGUES.get(key)) is not None:
+        return found
+    values = [float(s) for s in scalars] + [0.0, 0.0]
+    epilogue = Epilogue(
+        key[0] or None, residual.data_ptr() if residual is not None else None,
+        residual.stride(0) if residual is not None else 0, int(bias is not None and bias.dtype == torch.bfloat16),
+        int(residual is not None and residual.dtype == torch.bfloat16), int(out_dtype == torch.bfloat16),
+        UNARY_CODES[name], values[0], values[1])
+    if residual is None:
+        if len(_EPILOGUES) > 4096:
+            _EPILOGUES.clear()
+        _EPILOGUES[key] = epilogue
+    return epilogue
+
+
 def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | None = None, unary: str = "none",
        scalars: list | tuple = (), residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
        algorithm: str | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
@@ -91,20 +118,25 @@ def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | Non
         raise RuntimeError(f"kiln's GEMM takes float32 or bfloat16 operands of one dtype, not {a.dtype} and {packed_b.dtype}")
     if a.dim() != 2 or a.stride(1) != 1:
         a = a.contiguous()
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()
+    if residual is not None and residual.stride(-1) != 1:
+        residual = residual.contiguous()
     M, K = a.shape
     out = torch.empty((M, n), dtype=out_dtype or a.dtype)
-    epilogue = None
-    if bias is not None or unary != "none" or residual is not None or out.dtype != torch.float32:
-        name = "gelu_tanh" if unary == "gelu" and algorithm == "tanh" else unary
-        values = [float(s) for s in scalars] + [0.0, 0.0]
-        if residual is not None and residual.stride(-1) != 1:
-            residual = residual.contiguous()
-        epilogue = Epilogue(
-            bias.data_ptr() if bias is not None else None, residual.data_ptr() if residual is not None else None,
-            residual.stride(0) if residual is not None else 0, int(bias is not None and bias.dtype == torch.bfloat16),
-            int(residual is not None and residual.dtype == torch.bfloat16), int(out.dtype == torch.bfloat16),
-            UNARY_CODES[name], values[0], values[1])
-    getattr(lib or library(), f"kiln_gemm_{_SUFFIX[a.dtype]}")(
-        M, n, K, a.data_ptr(), a.stride(0), packed_b.data_ptr(), out.data_ptr(), n,
+    epilogue = _epilogue(bias, unary, scalars, algorithm, residual, out.dtype)
+    run = _GEMMS[a.dtype] if lib is None else getattr(lib, f"kiln_gemm_{_SUFFIX[a.dtype]}")
+    run(M, n, K, a.data_ptr(), a.stride(0), packed_b.data_ptr(), out.data_ptr(), n,
         ctypes.byref(epilogue) if epilogue is not None else None, K_BLOCK)
     return out
+
+
+class _Gemms(dict):
+    """dtype -> this machine's GEMM function, bound on first use (building the library then)."""
+
+    def __missing__(self, dtype: torch.dtype):
+        self[dtype] = getattr(library(), f"kiln_gemm_{_SUFFIX[dtype]}")
+        return self[dtype]
+
+
+_GEMMS = _Gemms()
