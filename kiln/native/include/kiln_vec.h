@@ -50,8 +50,14 @@ template <typename V> static inline mask vge(V a, V b) { return to_mask(a >= b);
 static inline mask veq(mask a, mask b) { return a == b; }
 static inline mask vne(mask a, mask b) { return a != b; }
 
-template <typename T> static inline vec<T> splat(T s) { return vec<T>{} + s; }
+// s - 0, not 0 + s: the latter turns -0.0 into +0.0.
+template <typename T> static inline vec<T> splat(T s) { return s - vec<T>{}; }
 static inline mask splat_mask(bool b) { return {vec<int32_t>{} - int32_t(b)}; }
+// A vector of type V (a vec or a mask) with `s` in every lane.
+template <typename V, typename S> static inline V splat_as(S s) {
+  if constexpr (std::is_same_v<V, mask>) return splat_mask(bool(s));
+  else return splat<elem_t<V>>(static_cast<elem_t<V>>(s));
+}
 
 template <typename V> static inline V select(mask c, V a, V b) {
   using I = typename int_of<sizeof(elem_t<V>)>::type;
