@@ -46,8 +46,9 @@ def drop_packs(weight: torch.Tensor) -> None:
 
 
 def packed_bytes(weight: torch.Tensor) -> int:
-    """Memory held by `weight`'s packed forms."""
-    return sum(p.numel() * p.element_size() for _, p in weight.__dict__.get(_PACKS, {}).values())
+    """Memory held by `weight`'s packed forms (views of the weight itself hold none)."""
+    return sum(p.numel() * p.element_size() for _, p in weight.__dict__.get(_PACKS, {}).values()
+               if p._base is None)
 
 
 # The post-ops oneDNN applies in its GEMMs and convolutions, and the ATen function that means the same.
@@ -94,7 +95,10 @@ def _mm_mkl(a, b, bias, unary, scalars, algorithm):
     # MKL's packed weight: torch allocates about 1-1.3x the weight plus ~7.5 MB, of which 1-1.7x
     # the weight becomes resident (measured with torch 2.13; docs/freezing.md).
     mkl_weight = packed(b, f"mkl{a.shape[0]}", lambda: mkl._mkl_reorder_linear_weight(b.t(), a.shape[0]))
-    return unary_aten(mkl._mkl_linear(a.contiguous(), mkl_weight, b.t(), bias, a.shape[0]), unary, scalars, algorithm)
+    # b.t() kept with the packs: a view made per call is two ATen calls (t, transpose) per GEMM.
+    # Of a detached alias, so the view's base is not `b` itself (no cycle through b's __dict__).
+    weight = packed(b, "t", lambda: b.detach().t())
+    return unary_aten(mkl._mkl_linear(a.contiguous(), mkl_weight, weight, bias, a.shape[0]), unary, scalars, algorithm)
 
 
 def _mm_onednn(a, b, bias, unary, scalars, algorithm):
