@@ -52,3 +52,19 @@ def test_bias_and_gelu_over_a_reshaped_matmul_output_load_contiguously():
     torch.testing.assert_close(out, fn(x, w, b))
     (kernel,) = [chunk for chunk in program.source.split('extern "C" void ')[1:] if chunk.startswith("kernel_")]
     assert "kiln::lanes" not in kernel and "kiln::load<float>(out0 + (i1 + (32L * i0)))" in kernel, kernel  # in place over mm
+
+
+def test_a_pads_bounds_on_outer_loops_are_scalars_broadcast():
+    # Channels-last pad: the lanes run over channels, the bounds test rows and columns, so every
+    # lane agrees: computed once as scalars, not as int64 vectors compared per element (8x slower).
+    x = torch.randn(1, 32, 12, 12).contiguous(memory_format=torch.channels_last)
+
+    def fn(x):
+        return torch.nn.functional.pad(x, (0, 1, 0, 1))
+
+    out, program = compiled(fn, x)
+    torch.testing.assert_close(out, fn(x))
+    (kernel,) = [chunk for chunk in program.source.split('extern "C" void ')[1:] if chunk.startswith("kernel_")]
+    vector_loop = kernel.split("i2 += kiln::L")[1].split("for (int64_t i2")[0]
+    # The vector compares appear only inside decltype (unevaluated; their splats are dead code).
+    assert "splat_as<" in vector_loop and "= kiln::vlt(" not in vector_loop and "= (t0_2 && t0_4)" not in vector_loop, kernel

@@ -151,14 +151,18 @@ class CppBody:
         raise AttributeError(name)
 
     def _op(self, expr: str, scalar_form: str, *operands: str) -> str:
-        if self.vectorized and operands and all(o in self._uniform for o in operands):
+        # (Not for ops spelled with a lambda: C++17 allows none inside decltype.)
+        if self.vectorized and operands and all(o in self._uniform for o in operands) and "[&]" not in expr:
             # Every lane the same (conditions on the outer loops, as padding's bounds): computed
             # once as a scalar and broadcast, with the vector op's type (`decltype` evaluates
             # nothing). In vectors, the int64 compares and masks of a 64-channel pad ran 8x slower
             # than eager's pad.
             scalar = scalar_form.format(*(self._uniform[o] for o in operands))
             return self._set_uniform(self._emit(f"kiln::splat_as<decltype({expr})>({scalar})"), scalar)
-        return self._emit(expr)
+        name = self._emit(expr)
+        if self.vectorized and all(o in self._uniform for o in operands):
+            self._set_uniform(name, scalar_form.format(*(self._uniform[o] for o in operands)))
+        return name
 
     def _set_uniform(self, name: str, scalar: str) -> str:
         if len(scalar) < 2000:  # long chains are not worth carrying
