@@ -45,10 +45,14 @@ def drop_packs(weight: torch.Tensor) -> None:
     weight.__dict__.pop(_PACKS, None)
 
 
+# Pack kinds that are views of the weight itself, no memory of their own.
+_VIEWS_OF_WEIGHT = frozenset({"t"})
+
+
 def packed_bytes(weight: torch.Tensor) -> int:
-    """Memory held by `weight`'s packed forms (views of the weight itself hold none)."""
-    return sum(p.numel() * p.element_size() for _, p in weight.__dict__.get(_PACKS, {}).values()
-               if p._base is None)
+    """Memory held by `weight`'s packed forms (its views kept beside them hold none)."""
+    return sum(p.numel() * p.element_size() for kind, (_, p) in weight.__dict__.get(_PACKS, {}).items()
+               if kind not in _VIEWS_OF_WEIGHT)
 
 
 # The post-ops oneDNN applies in its GEMMs and convolutions, and the ATen function that means the same.

@@ -292,3 +292,17 @@ def test_mode_max_autotune_searches_wider(monkeypatch):
     assert "onednn" in mm_impls(torch.float32)  # every implementation in either mode; the mode sets the budget
     with pytest.raises(NotImplementedError, match="reduce-overhead"):
         kiln.compile(model, mode="reduce-overhead")
+
+
+def test_packed_bytes_counts_packs_and_not_views_of_the_weight():
+    from kiln.externs.prepacked import MM_IMPLS, drop_packs, packed_bytes
+
+    a, b = torch.randn(4, 16), torch.randn(32, 16).t()  # b: a weight's transpose, as frozen graphs hand it
+    MM_IMPLS["aten_nk"](a, b, None, "none", [], None)  # a contiguous copy, kept as a view of itself
+    assert packed_bytes(b) == b.numel() * 4
+    drop_packs(b)
+    if torch.backends.mkl.is_available():
+        MM_IMPLS["mkl"](a, b, None, "none", [], None)  # MKL's pack, and b.t() kept beside it
+        assert "t" in b.__dict__["_kiln_packs"]
+        mkl_only = b.__dict__["_kiln_packs"][f"mkl{a.shape[0]}"][1]
+        assert packed_bytes(b) == mkl_only.numel() * mkl_only.element_size()
