@@ -103,3 +103,12 @@ def test_other_isas(flags, tmp_path):
             a, b, bias, residual = _operands(m, k, n, dtype, seed=k)
             out = kiln_gemm.mm(a, kiln_gemm.pack(b, lib), n, bias, "gelu", [], residual, lib=lib)
             _check(out, _reference(a, b, bias, "gelu", [], None, residual), dtype, k)
+
+
+def test_rows_in_several_passes_over_the_panels():
+    # M large enough that A is taken in several passes of about 1 MB (8 x 1536 floats per tile row
+    # block: 21 blocks per pass), K in two blocks, with the epilogue on the last.
+    m, k, n = 1000, kiln_gemm.K_BLOCK + 64, 50
+    a, b, bias, residual = _operands(m, k, n, torch.float32, seed=5)
+    out = kiln_gemm.mm(a, kiln_gemm.pack(b), n, bias, "relu", [], residual)
+    _check(out, _reference(a, b, bias, "relu", [], None, residual), torch.float32, k)

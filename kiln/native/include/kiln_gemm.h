@@ -343,19 +343,26 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
     int64_t p0, p1, r0, r1;
     range(panels, tn, id % tn, p0, p1);
     range(row_blocks, tm, id / tn, r0, r1);
-    for (int64_t p = p0; p < p1; ++p) {
-      const int cols = int(std::min<int64_t>(NR, N - p * NR));
-      for (int64_t k0 = 0; k0 < K; k0 += kc) {
-        const int64_t kn = std::min<int64_t>(kc, K - k0);
-        // The next block of this thread's weight, fetched a line per step by the first tiles.
-        const bool more = k0 + kn < K || p + 1 < p1;
-        const T* next = k0 + kn < K ? bp + p * panel_rows * NR + (k0 + kn) * NR : bp + (p + 1) * panel_rows * NR;
-        const int64_t next_bytes = std::min<int64_t>(kc, K - (k0 + kn < K ? k0 + kn : 0)) * NR * int64_t(sizeof(T));
-        for (int64_t rb = r0; rb < r1; ++rb) {
-          const int64_t i0 = rb * MR, fetched = (rb - r0) * kn * 64;
-          const char* ahead = more && fetched < next_bytes ? reinterpret_cast<const char*>(next) + fetched : nullptr;
-          tile_rows(int(std::min<int64_t>(MR, M - i0)), cols, kn, k0 == 0, k0 + kn == K, a + i0 * lda + k0, lda,
-                    bp + p * panel_rows * NR + k0 * NR, c, ldc, i0, p * NR, e, ahead);
+    // Rows per pass over the thread's panels: A's block (rows x kc) stays in L2, about 1 MB, while
+    // the panels stream past (at M = 128 one pass holds every row; at M = 2048 A would otherwise
+    // come from L3 once per panel).
+    const int64_t pass = std::max<int64_t>(1, (int64_t(1) << 20) / (MR * kc * int64_t(sizeof(T))));
+    for (int64_t b0 = r0; b0 < r1; b0 += pass) {
+      const int64_t b1 = std::min(r1, b0 + pass);
+      for (int64_t p = p0; p < p1; ++p) {
+        const int cols = int(std::min<int64_t>(NR, N - p * NR));
+        for (int64_t k0 = 0; k0 < K; k0 += kc) {
+          const int64_t kn = std::min<int64_t>(kc, K - k0);
+          // The next block of this thread's weight, fetched a line per step by the first tiles.
+          const bool more = k0 + kn < K || p + 1 < p1;
+          const T* next = k0 + kn < K ? bp + p * panel_rows * NR + (k0 + kn) * NR : bp + (p + 1) * panel_rows * NR;
+          const int64_t next_bytes = std::min<int64_t>(kc, K - (k0 + kn < K ? k0 + kn : 0)) * NR * int64_t(sizeof(T));
+          for (int64_t rb = b0; rb < b1; ++rb) {
+            const int64_t i0 = rb * MR, fetched = (rb - b0) * kn * 64;
+            const char* ahead = more && fetched < next_bytes ? reinterpret_cast<const char*>(next) + fetched : nullptr;
+            tile_rows(int(std::min<int64_t>(MR, M - i0)), cols, kn, k0 == 0, k0 + kn == K, a + i0 * lda + k0, lda,
+                      bp + p * panel_rows * NR + k0 * NR, c, ldc, i0, p * NR, e, ahead);
+          }
         }
       }
     }
