@@ -29,7 +29,7 @@ using V = kiln::vec<float>;
 
 // Register blocking per ISA: accumulators MR * NV plus NV loads of B and one broadcast must fit
 // the register file (32 vector registers with AVX-512, 16 with AVX2 and SSE, 32 with NEON).
-#if defined(KILN_GEMM_MR) && defined(KILN_GEMM_NV)  // experiments: tools/ and tests pick their own
+#if defined(KILN_GEMM_MR) && defined(KILN_GEMM_NV)  // to time another blocking: -DKILN_GEMM_MR=12 -DKILN_GEMM_NV=2
 constexpr int MR = KILN_GEMM_MR, NV = KILN_GEMM_NV;
 #elif KILN_VEC_BYTES == 64
 constexpr int MR = 8, NV = 3;
@@ -175,7 +175,7 @@ static inline void store_block(V (&acc)[R][NV], int rows, int cols, int64_t i0, 
 
 // The B panel's rows this many steps ahead are asked into L1 (the panel's K block lives in L2:
 // measured 3-5 % faster at transformer shapes than leaving it to the hardware prefetcher).
-#ifdef KILN_GEMM_PREFETCH
+#ifdef KILN_GEMM_PREFETCH  // to time another distance
 constexpr int PREFETCH = KILN_GEMM_PREFETCH;
 #else
 constexpr int PREFETCH = 8;
