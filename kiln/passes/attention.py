@@ -6,7 +6,7 @@
 The scale may multiply or divide the scores, or have been applied to q before the product (then
 it stays there and the call's scale is 1); eval-mode dropout is already gone from the graph. In
 core ATen each 4-d matmul is `view(bmm(view(expand(a)), view(expand(b))))`, which is what is
-matched, for float32 tensors of 4 dims and an additive mask broadcastable to the scores. The
+matched (with a copy before the bmm where an operand is a permuted view), for float32 tensors of 4 dims and an additive mask broadcastable to the scores. The
 kernel computes the same sum in another order, in blocks, never storing the scores.
 """
 
@@ -26,16 +26,27 @@ aten = torch.ops.aten
 _VIEW = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
-def _matmul(name_a: str, name_b: str) -> Op:
-    """A 4-d matmul as core ATen writes it."""
-    return Op(_VIEW, Op(aten.bmm.default,
-                        Op(_VIEW, Op(aten.expand.default, Var(name_a), Var(f"{name_a}_size")), Var(f"{name_a}_flat")),
-                        Op(_VIEW, Op(aten.expand.default, Var(name_b), Var(f"{name_b}_size")), Var(f"{name_b}_flat"))),
-              Var("shape"))
+def _operand(name: str, copied: bool) -> Op:
+    """One side of a 4-d matmul: `view(expand(x))`, or `view(clone(expand(x)))` where x is not
+    contiguous (a permuted head view: core ATen copies it before the bmm)."""
+    expanded = Op(aten.expand.default, Var(name), Var(f"{name}_size"))
+    if copied:
+        expanded = Op(aten.clone.default, expanded, ...)
+    return Op(_VIEW, expanded, Var(f"{name}_flat"))
 
 
-_SCORES = _matmul("q", "kt")
-_OUTPUT = _matmul("probs", "v")
+def _matmuls(name_a: str, name_b: str) -> list[Op]:
+    """A 4-d matmul as core ATen writes it, `view(bmm(operand, operand))`, each operand copied or not."""
+    return [Op(_VIEW, Op(aten.bmm.default, _operand(name_a, copy_a), _operand(name_b, copy_b)), Var("shape"))
+            for copy_a in (False, True) for copy_b in (False, True)]
+
+
+_SCORES = _matmuls("q", "kt")
+_OUTPUT = _matmuls("probs", "v")
+
+
+def _match_any(patterns: list[Op], node: fx.Node):
+    return next((found for pattern in patterns if (found := match(pattern, node)) is not None), None)
 
 
 def _float4d(*nodes: fx.Node) -> bool:
@@ -80,9 +91,9 @@ def attention(gm: fx.GraphModule, target: Target) -> bool:
         if unwrapped is None:
             continue
         scores, mask, scale = unwrapped
-        found = match(_SCORES, scores) if scores.op == "call_function" and len(scores.users) == 1 else None
+        found = _match_any(_SCORES, scores) if scores.op == "call_function" and len(scores.users) == 1 else None
         consumer = _consumer(node)
-        out = match(_OUTPUT, consumer) if consumer is not None else None
+        out = _match_any(_OUTPUT, consumer) if consumer is not None else None
         if found is None or out is None or _through_dropout(out["probs"]) is not node:
             continue
         q, kt, v = found["q"], found["kt"], out["v"]

@@ -78,3 +78,29 @@ def test_probabilities_used_twice_are_left_alone():
     out, program = compiled(Returned(), q, k, v)
     torch.testing.assert_close(out, Returned()(q, k, v))
     assert SDPA not in _externs(program)
+
+
+def test_attention_over_permuted_head_views_becomes_one_flash_call():
+    # MobileViT's form: q, k, v are heads split from projections and permuted, so core ATen copies
+    # them contiguous before each bmm (`view(clone(expand(x)))`); the copies go with the match.
+    class Heads(nn.Module):
+        def __init__(self, dim=24, heads=4):
+            super().__init__()
+            self.heads, self.q, self.k, self.v = heads, nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+        def split(self, x):
+            b, n, _ = x.shape
+            return x.view(b, n, self.heads, -1).permute(0, 2, 1, 3)
+
+        def forward(self, x):
+            q, k, v = self.split(self.q(x)), self.split(self.k(x)), self.split(self.v(x))
+            p = F.softmax(torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1]), dim=-1)
+            return torch.matmul(p, v).permute(0, 2, 1, 3).reshape(x.shape)
+
+    torch.manual_seed(0)
+    model, x = Heads().eval(), torch.randn(2, 16, 24)
+    out, program = compiled(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    externs = _externs(program)
+    assert externs.count(SDPA) == 1 and "aten.bmm.default" not in externs
