@@ -26,6 +26,7 @@ from kiln.passes.attention import attention
 from kiln.passes.bias_epilogue import bias_epilogue
 from kiln.passes.constant_split import split_constants
 from kiln.passes.conv_batchnorm import conv_batchnorm
+from kiln.passes.conv_padding import conv_padding
 from kiln.passes.conv_prepack import conv_prepack
 from kiln.passes.dead_code import dead_code
 from kiln.passes.freeze import freeze
@@ -42,6 +43,7 @@ REWRITES: list[tuple[str, Rewrite]] = [
     ("freeze", freeze),  # module state -> frozen inputs, when backend.freezing is on
     ("redundant_casts", redundant_casts),
     ("attention", attention),
+    ("conv_padding", conv_padding),
     ("conv_batchnorm", conv_batchnorm),
     ("conv_prepack", conv_prepack),
     ("bias_epilogue", bias_epilogue),
