@@ -24,9 +24,10 @@ DTYPES = (torch.float32, torch.bfloat16)
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _CTYPE = {"f32": "float", "bf16": "kiln_bf16"}
 
-# K is cut in blocks of this many rows only beyond it: the partial sums a cut keeps in C cost more
-# than a panel's block out of L1 saves (measured: 192 and 384 slower than 1536 at BERT's shapes).
-K_BLOCK = 1536
+# K longer than this is cut in blocks of equal size, none longer: each block of A stays in L2 while
+# the thread's panels stream past (blocks of 1024 beat 768 and 1536 at K = 2048 and 3072 with the
+# weights out of cache, 2048^3 included; shorter blocks cost more in C's partial sums).
+K_BLOCK = 1024
 
 
 class Epilogue(ctypes.Structure):

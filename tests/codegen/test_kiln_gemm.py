@@ -63,10 +63,12 @@ def test_every_epilogue_matches_a_float64_product(shape, dtype):
                                    residual if use_residual else None), dtype, k)
 
 
-def test_k_blocks_partial_sums_and_strided_rows():
-    # K spans several K blocks (partial sums kept in C between them); A is a view whose rows are
-    # further apart than K; the output is bfloat16 from float32 operands, the residual bfloat16.
-    m, k, n = 37, 3 * kiln_gemm.K_BLOCK + 5, 75
+@pytest.mark.parametrize("n", [75, 400])
+def test_k_blocks_partial_sums_and_strided_rows(n):
+    # K spans several K blocks (partial sums kept in C between them; the blocks the outer loop, so
+    # at n = 400 each thread runs several panels per block); A is a view whose rows are further
+    # apart than K; the output is bfloat16 from float32 operands, the residual bfloat16.
+    m, k = 37, 3 * kiln_gemm.K_BLOCK + 5
     a, b, bias, residual = _operands(m, k + 11, n, torch.float32, seed=3)
     a = a[:, :k]
     b = torch.randn(k, n)
@@ -106,8 +108,8 @@ def test_other_isas(flags, tmp_path):
 
 
 def test_rows_in_several_passes_over_the_panels():
-    # M large enough that A is taken in several passes of about 1 MB (8 x 1536 floats per tile row
-    # block: 21 blocks per pass), K in two blocks, with the epilogue on the last.
+    # M large enough that A is taken in several passes of about 1 MB (8 x K_BLOCK floats per tile row
+    # block), K in two blocks, with the epilogue on the last.
     m, k, n = 1000, kiln_gemm.K_BLOCK + 64, 50
     a, b, bias, residual = _operands(m, k, n, torch.float32, seed=5)
     out = kiln_gemm.mm(a, kiln_gemm.pack(b), n, bias, "relu", [], residual)
