@@ -33,10 +33,30 @@ def test_a_question_answered_from_the_cache_makes_no_inputs(monkeypatch):
     made = _count_inputs(monkeypatch)
     a, b = torch.empty(8, 64, device="meta"), torch.empty(64, 32, device="meta")
     first = gemm.choose_mm(a, b, None)
-    assert sorted(made) == [(8, 64), (64, 32)]  # measured: a and b, once each
+    copies = gemm.weight_copies(b)
+    assert copies == gemm.MAX_WEIGHT_COPIES  # a small weight: several copies, read from beyond L2
+    assert sorted(made) == [(8, 64)] + [(64, 32)] * copies  # measured: a once, each copy of b once
     clear_memory()  # the next answer comes from the disk cache
     made.clear()
     assert gemm.choose_mm(a, b, None) == first and made == []
+
+
+def test_a_weight_larger_than_the_stream_is_timed_alone():
+    assert gemm.weight_copies(torch.empty(4096, 4096, device="meta")) == 1  # 64 MB
+    assert gemm.weight_copies(torch.empty(2048, 1024, device="meta")) == 2  # 8 MB: 16 MB in two copies
+    assert gemm.weight_copies(torch.empty(3072, 1024, device="meta")) == 2  # 12 MB: two copies exceed 16 MB
+
+
+def test_each_call_of_a_candidate_reads_the_next_copy_and_the_warm_up_packs_them_all():
+    r = gemm._Inputs(**{f"b{k}": (torch.empty(2, 2, device="meta"), None) for k in range(3)})
+    seen = []
+    run = gemm._rotating(r, ["b0", "b1", "b2"], lambda b: seen.append(b.data_ptr()))
+    run()  # the warm-up: every copy
+    assert len(set(seen)) == 3
+    seen.clear()
+    for _ in range(6):
+        run()
+    assert len(set(seen)) == 3 and seen[:3] == seen[3:] and seen[0] != seen[1]
 
 
 def test_conv_inputs_keep_the_arriving_layout_in_the_question(monkeypatch):
