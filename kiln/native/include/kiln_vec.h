@@ -41,12 +41,37 @@ static inline mask operator!=(mask a, mask b) { return {a.m != b.m}; }
 static inline mask operator*(mask a, mask b) { return {a.m & b.m}; }
 static inline mask operator+(mask a, mask b) { return {a.m | b.m}; }
 
-template <typename V> static inline mask veq(V a, V b) { return to_mask(a == b); }
-template <typename V> static inline mask vne(V a, V b) { return to_mask(a != b); }
-template <typename V> static inline mask vlt(V a, V b) { return to_mask(a < b); }
-template <typename V> static inline mask vle(V a, V b) { return to_mask(a <= b); }
-template <typename V> static inline mask vgt(V a, V b) { return to_mask(a > b); }
-template <typename V> static inline mask vge(V a, V b) { return to_mask(a >= b); }
+// Vectors of 64-bit lanes span two registers. GCC (12) compares and selects such a vector lane by
+// lane in scalar code, about a hundred instructions for 16 x int64 on AVX-512 (a rotary
+// embedding's `index < 32` cost 8x the kernel's memory time); these helpers work on the two
+// register-wide halves instead, each one instruction or two.
+template <typename V> constexpr bool wide = sizeof(V) > KILN_VEC_BYTES;
+template <typename V> struct half_of { typedef elem_t<V> type __attribute__((vector_size(sizeof(V) / 2))); };
+template <typename V> using half_t = typename half_of<V>::type;
+typedef int32_t half_mask_t __attribute__((vector_size(KILN_VEC_BYTES / 2)));
+template <typename H, typename V> static inline H part(const V& v, int k) { H h; std::memcpy(&h, reinterpret_cast<const char*>(&v) + k * sizeof(H), sizeof(H)); return h; }
+template <typename V, typename H> static inline V join(H low, H high) {
+  V v;
+  std::memcpy(&v, &low, sizeof(H));
+  std::memcpy(reinterpret_cast<char*>(&v) + sizeof(H), &high, sizeof(H));
+  return v;
+}
+// A comparison's mask, `cmp` applied to whole vectors or, for wide ones, to each half.
+template <typename V, typename C> static inline mask compare(V a, V b, C cmp) {
+  if constexpr (wide<V>) {
+    using H = half_t<V>;
+    return {join<vec<int32_t>>(__builtin_convertvector(cmp(part<H>(a, 0), part<H>(b, 0)), half_mask_t),
+                               __builtin_convertvector(cmp(part<H>(a, 1), part<H>(b, 1)), half_mask_t))};
+  } else {
+    return to_mask(cmp(a, b));
+  }
+}
+template <typename V> static inline mask veq(V a, V b) { return compare(a, b, [](auto x, auto y) { return x == y; }); }
+template <typename V> static inline mask vne(V a, V b) { return compare(a, b, [](auto x, auto y) { return x != y; }); }
+template <typename V> static inline mask vlt(V a, V b) { return compare(a, b, [](auto x, auto y) { return x < y; }); }
+template <typename V> static inline mask vle(V a, V b) { return compare(a, b, [](auto x, auto y) { return x <= y; }); }
+template <typename V> static inline mask vgt(V a, V b) { return compare(a, b, [](auto x, auto y) { return x > y; }); }
+template <typename V> static inline mask vge(V a, V b) { return compare(a, b, [](auto x, auto y) { return x >= y; }); }
 static inline mask veq(mask a, mask b) { return a == b; }
 static inline mask vne(mask a, mask b) { return a != b; }
 
@@ -61,14 +86,21 @@ template <typename V, typename S> static inline V splat_as(S s) {
 
 template <typename V> static inline V select(mask c, V a, V b) {
   using I = typename int_of<sizeof(elem_t<V>)>::type;
-  return __builtin_convertvector(c.m, vec<I>) ? a : b;
+  if constexpr (wide<V>) {
+    using H = half_t<V>;
+    typedef I HI __attribute__((vector_size(sizeof(H))));
+    return join<V>(__builtin_convertvector(part<half_mask_t>(c.m, 0), HI) ? part<H>(a, 0) : part<H>(b, 0),
+                   __builtin_convertvector(part<half_mask_t>(c.m, 1), HI) ? part<H>(a, 1) : part<H>(b, 1));
+  } else {
+    return __builtin_convertvector(c.m, vec<I>) ? a : b;
+  }
 }
 static inline mask select(mask c, mask a, mask b) { return {c.m ? a.m : b.m}; }
 
 // Conversions: to a number type lane by lane (true -> 1), or to bool (nonzero -> true).
 template <typename T, typename V> static inline vec<T> convert(V v) { return __builtin_convertvector(v, vec<T>); }
 template <typename T> static inline vec<T> convert(mask v) { return __builtin_convertvector(v.m & 1, vec<T>); }
-template <typename V> static inline mask to_bool(V v) { return to_mask(v != 0); }
+template <typename V> static inline mask to_bool(V v) { return vne(v, V{}); }
 static inline mask to_bool(mask v) { return v; }
 
 template <typename T> static inline vec<T> load(const T* p) { vec<T> v; std::memcpy(&v, p, sizeof(v)); return v; }
@@ -105,8 +137,14 @@ template <typename A, typename B, typename F> static inline auto map2(F f, A a, 
 }
 
 // NaN-propagating max/min, as torch.maximum and eager's max reductions.
-template <typename V> static inline V vmax(V a, V b) { V r = a > b ? a : b; r = b != b ? b : r; return a != a ? a : r; }
-template <typename V> static inline V vmin(V a, V b) { V r = a < b ? a : b; r = b != b ? b : r; return a != a ? a : r; }
+template <typename V> static inline V vmax(V a, V b) {
+  if constexpr (wide<V>) { using H = half_t<V>; return join<V>(vmax(part<H>(a, 0), part<H>(b, 0)), vmax(part<H>(a, 1), part<H>(b, 1))); }
+  else { V r = a > b ? a : b; r = b != b ? b : r; return a != a ? a : r; }
+}
+template <typename V> static inline V vmin(V a, V b) {
+  if constexpr (wide<V>) { using H = half_t<V>; return join<V>(vmin(part<H>(a, 0), part<H>(b, 0)), vmin(part<H>(a, 1), part<H>(b, 1))); }
+  else { V r = a < b ? a : b; r = b != b ? b : r; return a != a ? a : r; }
+}
 // Bools order false < true, the reverse of a mask's lanes as integers (true is -1).
 static inline mask vlt(mask a, mask b) { return {~a.m & b.m}; }
 static inline mask vle(mask a, mask b) { return {~a.m | b.m}; }
@@ -114,7 +152,10 @@ static inline mask vgt(mask a, mask b) { return {a.m & ~b.m}; }
 static inline mask vge(mask a, mask b) { return {a.m | ~b.m}; }
 static inline mask vmax(mask a, mask b) { return a || b; }
 static inline mask vmin(mask a, mask b) { return a && b; }
-template <typename V> static inline V vrelu(V a) { return a < 0 ? V{} : a; }
+template <typename V> static inline V vrelu(V a) {
+  if constexpr (wide<V>) { using H = half_t<V>; return join<V>(vrelu(part<H>(a, 0)), vrelu(part<H>(a, 1))); }
+  else return a < 0 ? V{} : a;
+}
 
 template <typename V> static inline auto hsum(V v) { elem_t<V> s = 0; for (int l = 0; l < L; ++l) s += v[l]; return s; }
 template <typename V> static inline auto hprod(V v) { elem_t<V> s = 1; for (int l = 0; l < L; ++l) s *= v[l]; return s; }
