@@ -7,8 +7,7 @@ is done in each candidate's warm-up run, so only the steady state is timed; the 
 interleaved, so every packed copy of the trial weight exists while the question is measured
 (a few times the weight's memory) and all are dropped when it is answered. A GEMM's candidates
 cycle through several copies of a small weight, so that each call reads its weight from beyond L2,
-as in a model (`weight_copies`). A candidate that
-raises (a library without that dtype) is out.
+as in a model (`weight_copies`). A candidate that raises (a library without that dtype) is out.
 """
 
 from __future__ import annotations
