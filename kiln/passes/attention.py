@@ -6,8 +6,8 @@
 The scale may multiply or divide the scores, or have been applied to q before the product (then
 it stays there and the call's scale is 1); eval-mode dropout is already gone from the graph. In
 core ATen each 4-d matmul is `view(bmm(view(expand(a)), view(expand(b))))`, which is what is
-matched (with a copy before the bmm where an operand is a permuted view), for float32 tensors of 4 dims and an additive mask broadcastable to the scores. The
-kernel computes the same sum in another order, in blocks, never storing the scores.
+matched (with a copy before the bmm where an operand is a permuted view), for float32 tensors of
+4 dims and an additive mask broadcastable to the scores. The kernel computes the same sum in another order, in blocks, never storing the scores.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import torch
 from torch import fx
 
 from kiln.ir.target import Target
+from kiln.passes.pattern import insert
 
 aten = torch.ops.aten
 
@@ -44,14 +45,7 @@ def _fold_into(conv: fx.Node, gm: fx.GraphModule) -> bool:
         rest += [left - both, right - both]
     if folded == padding:
         return False
-    source = x.args[0]
-    if any(rest):
-        with gm.graph.inserting_before(conv):
-            source = gm.graph.call_function(aten.constant_pad_nd.default, (x.args[0], rest, 0.0))
-        val = x.args[0].meta.get("val")
-        if isinstance(val, torch.Tensor):
-            with val.fake_mode:
-                source.meta["val"] = aten.constant_pad_nd.default(val, rest, 0.0)
+    source = insert(gm, conv, aten.constant_pad_nd.default, x.args[0], rest, 0.0) if any(rest) else x.args[0]
     conv.args = (source, *conv.args[1:4], folded, *conv.args[5:])
     gm.graph.erase_node(x)
     return True
