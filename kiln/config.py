@@ -311,6 +311,18 @@ class CaptureSettings(_Group):
     )
 
 
+@_group("runtime")
+class RuntimeSettings(_Group):
+    """How compiled graphs run."""
+
+    keep_freed_mb: int = setting(
+        256,
+        env="KILN_KEEP_FREED_MB",
+        help="MiB of freed heap glibc's malloc keeps for the next call instead of returning it (set once "
+        "per process by the first compiled graph, kiln/runtime/heap.py); 0 leaves malloc alone",
+    )
+
+
 @_group("bench")
 class BenchSettings(_Group):
     """How the benchmark harness runs each (model, mode) pair."""
@@ -330,10 +342,11 @@ debug = DebugSettings()
 cache = CacheSettings()
 backend = BackendSettings()
 capture = CaptureSettings()
+runtime = RuntimeSettings()
 bench = BenchSettings()
 
 # The one list of groups; patch(), describe() and the environment all go through it.
-_GROUPS: dict[str, _Group] = {group._area: group for group in (debug, cache, backend, capture, bench)}
+_GROUPS: dict[str, _Group] = {group._area: group for group in (debug, cache, backend, capture, runtime, bench)}
 
 
 # --- reading settings by name ----------------------------------------------------------------

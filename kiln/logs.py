@@ -101,6 +101,7 @@ for _name, _help in {
     "cache": "compile cache hits and misses",
     "compile_time": "seconds spent in each compile stage of each graph (capture, AOT, each pass, ..., build, load)",
     "bench": "benchmark harness progress",
+    "runtime": "process-wide settings compiled graphs apply when they run (malloc's thresholds)",
 }.items():
     register_artifact(_name, _help)
 

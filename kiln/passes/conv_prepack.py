@@ -9,6 +9,12 @@ its post-ops (kiln/autotune/gemm.py): oneDNN with the weight reordered once into
 layout and data in channels-last, ATen on channels-last data, or ATen as eager runs it, in which
 case the graph is left alone. Values after a channels-last convolution are channels-last too
 (`refresh_meta`), so the kernels between convolutions write the layout the next one reads.
+
+The layout is decided for the whole graph, not per convolution: in a graph of two or more such
+convolutions, ATen's convolution in eager's layout is not a candidate. Timed alone, it can win a
+close call (MobileNetV1's first convolution: 0.375 against oneDNN's 0.385 ms), but its
+channels-first output then reaches the next convolutions, which read it at half their speed, and a
+layout-changing pad between them: that process's call took 18.6 ms against 13.1 ms.
 """
 
 from __future__ import annotations
@@ -72,6 +78,13 @@ def _descendants(node: fx.Node, into: set[fx.Node]) -> None:
                 pending.append(user)
 
 
+def _rewritable(found: dict, constants: ConstantSet) -> bool:
+    """A 2-d float convolution of static sizes with a frozen weight (and bias), not transposed."""
+    x, w, b = found["x"], found["w"], found["b"]
+    return (w in constants and constants.all(b) and w.meta["val"].dim() == 4 and _static_float(x, w)
+            and not any(found["output_padding"]))
+
+
 def conv_prepack(gm: fx.GraphModule, target: Target) -> bool:
     mode = autotune_mode()
     if target.device != "cpu" or not has_frozen_inputs(gm):
@@ -81,12 +94,13 @@ def conv_prepack(gm: fx.GraphModule, target: Target) -> bool:
     # (eager's layout) are stale until refresh_meta, and ATen's convolution on them is slow.
     channels_last: set[fx.Node] = set()
     changed = False
+    # Counted before any rewrite; matched again while rewriting, since a rewrite replaces the
+    # nodes a later match would hold (the next convolution's input).
+    count = sum(_rewritable(found, constants) for _, found in matches(gm, _CONV))
     for conv, found in matches(gm, _CONV):
+        if not _rewritable(found, constants):
+            continue
         x, w, b = found["x"], found["w"], found["b"]
-        if w not in constants or not constants.all(b) or w.meta["val"].dim() != 4 or not _static_float(x, w):
-            continue
-        if any(found["output_padding"]):
-            continue
         last, other, (unary, scalars, algorithm) = _post_ops(conv)
         conv_args = (found["stride"], found["padding"], found["dilation"], found["groups"])
         if mode == "off":
@@ -94,7 +108,8 @@ def conv_prepack(gm: fx.GraphModule, target: Target) -> bool:
         else:
             impl = choose_conv(x.meta["val"], x in channels_last, w.meta["val"], b.meta["val"] if b is not None else None,
                                conv_args, unary, scalars, algorithm or None,
-                               other.meta["val"] if other is not None else None, mode)
+                               other.meta["val"] if other is not None else None, mode,
+                               channels_last_only=count > 1)
         logs.log("freezing", "%s %s w%s +%s %s: %s", conv.name, tuple(x.meta["val"].shape), tuple(w.meta["val"].shape),
                  "residual" if other is not None else "", unary, impl)
         if impl == "aten":

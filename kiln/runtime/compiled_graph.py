@@ -22,6 +22,7 @@ import torch
 from kiln import compile_time
 from kiln.externs.prepacked import DIRECT_CALLS
 from kiln.native.build import build_library
+from kiln.runtime.heap import keep_freed_memory
 
 
 @dataclass
@@ -107,6 +108,7 @@ class CompiledGraph:
         self._bound = dict(scope)  # the wrapper's globals before it runs, for `instrumented`
         exec(compile(artifact.python, "<kiln wrapper>", "exec"), scope)
         self.call = scope["call"]
+        keep_freed_memory()  # once per process: the next call finds its buffers' memory resident
         LIVE.add(self)
 
     def instrumented(self, wrap: Callable[[str, Any], Any]) -> Callable:

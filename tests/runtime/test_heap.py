@@ -1,0 +1,89 @@
+"""The first compiled graph of a process asks glibc's malloc to keep freed memory for the next call
+(kiln/runtime/heap.py): without it, a call's large buffers can be handed back to the system and
+page-faulted in again by every later call."""
+
+import subprocess
+import sys
+
+import pytest
+
+import kiln
+from kiln.runtime import heap
+
+# Run in a fresh process: a 30 MB block allocated, touched and freed, then rounds of three 8 MB
+# blocks. glibc's mallinfo2 says where the 30 MB block came from: a mapping of its own (hblkhd)
+# or the heap (arena), and whether the heap kept it once freed.
+_ROUNDS = """
+import ctypes, resource, sys, torch
+from kiln.runtime import heap
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+applied = heap.keep_freed_memory() if sys.argv[1] == "kiln" else None
+start = libc.mallinfo2()
+big = torch.empty(30 << 18).fill_(1)
+held = libc.mallinfo2()
+del big
+freed = libc.mallinfo2()
+faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+counts = []
+for _ in range(6):
+    before = faults()
+    blocks = [torch.empty(2 << 20).fill_(1) for _ in range(3)]
+    del blocks
+    counts.append(faults() - before)
+print(applied, (held.hblkhd - start.hblkhd) >> 20, (freed.arena - start.arena) >> 20, *counts)
+"""
+
+
+def _rounds(which: str) -> tuple[str, int, int, list[int]]:
+    """Whether kiln set the thresholds, the MiB mapped apart for the 30 MB block, the MiB the heap
+    grew by and kept after its free, and the page faults of each round."""
+    done = subprocess.run([sys.executable, "-c", _ROUNDS, which], capture_output=True, text=True, check=True)
+    applied, mapped, heap_mb, *counts = done.stdout.split()
+    return applied, int(mapped), int(heap_mb), [int(c) for c in counts]
+
+
+@pytest.mark.skipif(heap._glibc_mallopt() is None, reason="glibc's malloc only")
+def test_large_buffers_come_from_the_heap_and_stay_there_once_freed():
+    applied, mapped, kept, counts = _rounds("kiln")
+    assert applied == "True"
+    assert mapped == 0 and kept >= 30  # from the heap, and kept after the free
+    # 24 MB is 6,144 pages: no round faults them in again (a few hundred faults are other memory,
+    # such as a thread pool started meanwhile).
+    assert max(counts[1:]) < 1500, counts
+    # glibc's own policy maps a block that size apart and unmaps it at the free: every such
+    # buffer is page-faulted in afresh.
+    applied, mapped, kept, counts = _rounds("plain")
+    assert mapped >= 30 and kept < 30
+
+
+@pytest.fixture
+def undecided(monkeypatch):
+    """A process where nothing was decided yet, with a stand-in mallopt that records its calls."""
+    calls = []
+    monkeypatch.setattr(heap, "_applied", None)
+    monkeypatch.setattr(heap, "_glibc_mallopt", lambda: lambda param, value: calls.append((param, value)) or 1)
+    for knob in heap._USERS_KNOBS:
+        monkeypatch.delenv(knob, raising=False)
+    return calls
+
+
+def test_thresholds_are_set_once_per_process(undecided):
+    with kiln.config.patch({"runtime.keep_freed_mb": 100}):
+        assert heap.keep_freed_memory() and heap.keep_freed_memory()
+    assert undecided == [(heap._M_MMAP_THRESHOLD, 32 << 20), (heap._M_TRIM_THRESHOLD, 100 << 20)]
+
+
+def test_left_alone_when_off(undecided):
+    with kiln.config.patch({"runtime.keep_freed_mb": 0}):
+        assert not heap.keep_freed_memory()
+    assert undecided == []
+
+
+def test_left_alone_when_the_user_tuned_malloc(undecided, monkeypatch):
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1000000")
+    assert not heap.keep_freed_memory()
+    assert undecided == []
