@@ -120,6 +120,31 @@ def test_kernels_after_a_channels_last_convolution_write_channels_last_for_the_n
     assert pooled.layout.stride[1] == 1  # channels innermost: no conversion before oneDNN
 
 
+class FoldThenConcat(nn.Module):
+    """MobileViT's shape: a convolution's output folded with views (into rows of C*H, which a
+    channels-last tensor cannot be viewed as), unfolded back, convolved, and concatenated with the
+    first output before a third convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1), nn.Conv2d(16, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.a(x)
+        folded = torch.tanh(y.view(1, 8 * 12, 12))
+        z = self.b(folded.view(1, 8, 12, 12))
+        return self.c(torch.cat([y, z], 1))
+
+
+def test_values_after_a_view_that_channels_last_data_refuses_keep_the_channels_last_stream():
+    # The fold's view has no strided form on channels-last data; its value still propagates, so
+    # the concatenation of two channels-last outputs is written channels-last for the next one.
+    torch.manual_seed(0)
+    program = _frozen(FoldThenConcat().eval(), torch.randn(1, 3, 12, 12))
+    third = [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.conv.default"][2]
+    assert third.args[0].layout.stride[1] == 1
+
+
 @pytest.mark.parametrize("impl", list(MM_IMPLS))
 def test_every_mm_implementation_matches_eager(impl, monkeypatch):
     if impl == "mkl" and not torch.backends.mkl.is_available():

@@ -50,14 +50,15 @@ def _rounds(which: str) -> tuple[str, int, int, list[int]]:
 def test_large_buffers_come_from_the_heap_and_stay_there_once_freed():
     applied, mapped, kept, counts = _rounds("kiln")
     assert applied == "True"
-    assert mapped == 0 and kept >= 30  # from the heap, and kept after the free
+    # From the heap, and kept after the free (the heap grows by less where free memory was at its top).
+    assert mapped == 0 and kept >= 20
     # 24 MB is 6,144 pages: no round faults them in again (a few hundred faults are other memory,
     # such as a thread pool started meanwhile).
     assert max(counts[1:]) < 1500, counts
     # glibc's own policy maps a block that size apart and unmaps it at the free: every such
     # buffer is page-faulted in afresh.
     applied, mapped, kept, counts = _rounds("plain")
-    assert mapped >= 30 and kept < 30
+    assert mapped >= 30 and kept < 20
 
 
 @pytest.fixture
