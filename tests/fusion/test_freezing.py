@@ -333,9 +333,9 @@ def test_packed_bytes_counts_packs_and_not_views_of_the_weight():
         assert packed_bytes(b) == mkl_only.numel() * mkl_only.element_size()
 
 
-def _aten_wins_every_conv_question(monkeypatch):
-    """The autotuner's conv questions answered "aten" whenever it is a candidate; the candidates of
-    each question recorded."""
+def _compiled_where_aten_wins_every_conv_question(monkeypatch, model, x):
+    """`model` compiled with the autotuner's conv questions answered "aten" whenever it is a
+    candidate (checked against eager); the program and each question's candidates."""
     from kiln.autotune import gemm
 
     asked = []
@@ -345,28 +345,23 @@ def _aten_wins_every_conv_question(monkeypatch):
         return "aten" if "aten" in candidates else next(iter(candidates))
 
     monkeypatch.setattr(gemm, "choose", choose)
-    return asked
+    torch.manual_seed(0)
+    model = _randomize_norms(model)
+    out, program = compiled(model, x, freezing=True, autotune="default")
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    return program, asked
 
 
 def test_a_graph_of_convolutions_goes_channels_last_even_where_aten_wins_one_alone(monkeypatch):
     # Timed alone, eager's layout can win a close call at the first convolution; its output would
     # then reach every later one channels-first (MobileNetV1: 18.6 against 13.1 ms a call).
-    asked = _aten_wins_every_conv_question(monkeypatch)
-    torch.manual_seed(0)
-    model, x = _randomize_norms(Residual()), torch.randn(1, 4, 12, 12)
-    out, program = compiled(model, x, freezing=True, autotune="default")
-    with torch.no_grad():
-        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    program, asked = _compiled_where_aten_wins_every_conv_question(monkeypatch, Residual(), torch.randn(1, 4, 12, 12))
     assert len(asked) == 2 and all("aten" not in names and "onednn" in names for names in asked)
     assert _externs(program) == ["kiln.conv.default", "kiln.conv.default"]
 
 
 def test_a_lone_convolution_keeps_eagers_layout_where_that_wins(monkeypatch):
-    asked = _aten_wins_every_conv_question(monkeypatch)
-    torch.manual_seed(0)
-    model, x = _randomize_norms(ConvBnRelu()), torch.randn(1, 4, 12, 12)
-    out, program = compiled(model, x, freezing=True, autotune="default")
-    with torch.no_grad():
-        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    program, asked = _compiled_where_aten_wins_every_conv_question(monkeypatch, ConvBnRelu(), torch.randn(1, 4, 12, 12))
     assert len(asked) == 1 and "aten" in asked[0]
     assert _externs(program) == ["aten.convolution.default"]
