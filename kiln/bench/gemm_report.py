@@ -79,7 +79,7 @@ def summary_table(run: GemmRun) -> Table:
 def describe_peaks(run: GemmRun) -> str:
     def one(p: Peak) -> str:
         bf16 = f", {p.bf16_gflops:.0f} bfloat16" if p.bf16_gflops else ""
-        return (f"machine peak at {p.threads} thread{'s' if p.threads > 1 else ''} (torch.mm): {p.gflops:.0f} GFLOP/s "
+        return (f"machine peak at {p.threads} thread{'s' if p.threads > 1 else ''} (best of torch.mm and oneDNN): {p.gflops:.0f} GFLOP/s "
                 f"float32{bf16}; copy {p.gbps:.1f} GB/s")
 
     return "; ".join(one(p) for p in run.peaks.values())
