@@ -80,3 +80,20 @@ def output_layouts(op: Any, args: tuple, kwargs: dict) -> list[Layout] | None:
         return None
     outs = out if isinstance(out, (tuple, list)) else [out]
     return [layout_of(o) if isinstance(o, torch.Tensor) else None for o in outs]
+
+
+def argument_metas(node: Any) -> tuple:
+    """The fx arguments whose fake values give the layouts of an extern's computed arguments
+    (a fake tensor in an argument's place stands for it): eager's, except that a `kiln::conv`
+    running on channels-last data (every implementation but "aten") gets its input computed
+    channels-last, whatever eager's layout of it was. Its wrapper would convert it otherwise, and a
+    kernel that computes along the channels and stores channels-first scatters lane by lane
+    (MobileViT's fold-back layer norm: 1.0 ms for 3.5 MB)."""
+    if node.target is not torch.ops.kiln.conv.default or not node.args:
+        return node.args
+    impl = node.args[11] if len(node.args) > 11 else node.kwargs.get("impl")
+    x = node.args[0]
+    val = x.meta.get("val") if impl != "aten" and hasattr(x, "meta") else None
+    if not _static_tensor(val) or val.dim() != 4:
+        return node.args
+    return (val.contiguous(memory_format=torch.channels_last), *node.args[1:])

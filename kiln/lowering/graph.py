@@ -20,7 +20,7 @@ from kiln.ir.nodes import Buffer, Layout, Node, Pointwise
 from kiln.ir.program import ComputeStep, ExternStep, Program
 from kiln.lowering import table as _table, views as _views  # noqa: F401  (fills the lowering table)
 from kiln.lowering.context import lowering_graph
-from kiln.lowering.extern_layouts import argument_layout, layout_of, output_layouts
+from kiln.lowering.extern_layouts import argument_layout, argument_metas, layout_of, output_layouts
 from kiln.lowering.realize import should_realize
 from kiln.lowering.registry import LOWERINGS
 from kiln.lowering.values import ReductionResult, TensorValue
@@ -91,7 +91,7 @@ class GraphLowering:
         vals = node.meta["val"]
         multiple = isinstance(vals, (tuple, list))
         vals = list(vals) if multiple else [vals]
-        args, kwargs = self._realize_args(args, node.args), self._realize_args(kwargs, node.kwargs)
+        args, kwargs = self._realize_args(args, argument_metas(node)), self._realize_args(kwargs, node.kwargs)
         real = output_layouts(node.target, args, kwargs)
         layouts = real if real is not None and len(real) == len(vals) else [None] * len(vals)
         outs = [Buffer(self._new_name(), layout or layout_of(v)) if isinstance(v, torch.Tensor) else None
