@@ -13,7 +13,7 @@ either design prevents it.
 So the first compiled graph of a process fixes the two thresholds (`mallopt`): allocations below
 32 MiB come from the heap (glibc's own ceiling for its adaptive threshold), and up to
 `runtime.keep_freed_mb` MiB (default 256) of free heap stays with the process instead of going
-back to the system. With them, all five processes above ran at 13.2-14.1 ms and none faulted. The
+back to the system. With them, five processes of five ran at 13.1-14.5 ms and none faulted. The
 cost is memory: a process keeps up to that much freed heap resident after its calls, where
 glibc alone would have returned most of it.
 
