@@ -289,6 +289,12 @@ class BackendSettings(_Group):
         env="KILN_AUTOTUNE",
         help="how GEMM and convolution implementations are chosen: off (fixed rules), default, max-autotune",
     )
+    codegen: str = setting(
+        "auto",
+        env="KILN_CODEGEN",
+        help="code generator for kernels: auto (C++ on CPU, Triton on CUDA), cpp, or triton "
+        "(on CPU tensors through Triton's interpreter: how the Triton printer is tested without a GPU)",
+    )
     gemm_candidates: tuple[str, ...] = setting(
         (),
         env="KILN_GEMM_CANDIDATES",

@@ -61,6 +61,7 @@ def test_defaults():
         "backend.compile_workers": 0,
         "backend.freezing": True,
         "backend.autotune": "default",
+        "backend.codegen": "auto",
         "backend.gemm_candidates": (),
         "capture.recompile_limit": 8,
         "capture.inline_depth": 64,

@@ -30,6 +30,7 @@ from kiln import compile_time, config, logs
 from kiln.backend import dump
 from kiln.backend.report import fusion_report
 from kiln.codegen.cpp.library import CppKernels, cpp_kernels, translation_units
+from kiln.codegen.triton.module import TritonKernels, triton_kernels
 from kiln.codegen.wrapper import WrapperCode, python_wrapper
 from kiln.ir.program import Program
 from kiln.ir.target import Target
@@ -57,7 +58,7 @@ class BuiltStages:
 
     program: Program  # after lowering
     schedule: Schedule  # after scheduling
-    kernels: CppKernels  # after code generation
+    kernels: CppKernels | TritonKernels  # after code generation
     wrapper: WrapperCode
 
 
@@ -70,11 +71,23 @@ def graph_device(gm: fx.GraphModule) -> str:
     return "cpu"
 
 
+CODEGENS = ("auto", "cpp", "triton")
+
+
 def choose_codegen(device: str) -> str:
-    """The code generator for graphs on `device`: the one place this is decided."""
-    if device == "cpu":
-        return "cpp"
-    raise NotImplementedError(f"kiln generates code for CPU graphs only; this graph's tensors are on {device!r}")
+    """The code generator for graphs on `device`: the one place this is decided. `auto` (the
+    setting `backend.codegen`) is C++ on CPU and Triton on CUDA; `triton` on CPU runs the
+    Triton kernels under Triton's interpreter (tests); `cpp` is for CPU graphs only."""
+    wanted = config.backend.codegen
+    if wanted not in CODEGENS:
+        raise ValueError(f"backend.codegen (KILN_CODEGEN) must be one of {', '.join(CODEGENS)}; got {wanted!r}")
+    if device not in ("cpu", "cuda"):
+        raise NotImplementedError(f"kiln generates code for CPU and CUDA graphs; this graph's tensors are on {device!r}")
+    if wanted == "auto":
+        return "cpp" if device == "cpu" else "triton"
+    if wanted == "cpp" and device != "cpu":
+        raise NotImplementedError(f"backend.codegen is 'cpp', which runs on CPU only; this graph's tensors are on {device!r}")
+    return wanted
 
 
 def target_for(gm: fx.GraphModule) -> Target:
@@ -176,15 +189,20 @@ class Backend:
             if config.debug.verify:
                 verify_schedule(scheduled)
         with compile_time.stage(f"codegen {target.codegen}"):
-            kernels = cpp_kernels(scheduled.kernels)
-            wrapper = python_wrapper(scheduled, set(kernels.checks))
-            units = translation_units(kernels, workers())
+            if target.codegen == "triton":
+                kernels = triton_kernels(scheduled.kernels)
+                units = [kernels.source]
+            else:
+                kernels = cpp_kernels(scheduled.kernels)
+                units = translation_units(kernels, workers())
+            arguments = "tensors" if target.codegen == "triton" else "pointers"
+            wrapper = python_wrapper(scheduled, set(kernels.checks), arguments, target.device)
             report = fusion_report(program, scheduled, kernels)
         artifact = GraphArtifact(units, wrapper.source, wrapper.constants, wrapper.ops,
                                  {k: (kernels.functions[k], kernels.arity[k]) for k in kernels.functions},
-                                 kernels.checks, report)
+                                 kernels.checks, report, target.codegen, target.device)
         dump.ir_after_fusion(folder, scheduled, kernels.functions, report)
-        dump.code(folder, kernels.source, wrapper.source)
+        dump.code(folder, kernels.source, wrapper.source, target.codegen)
         with compile_time.stage("build"):
             library = build(artifact)
         with compile_time.stage("load"):

@@ -64,7 +64,7 @@ def ir_after_fusion(folder: DumpFolder | None, schedule: Any, functions: dict[st
     folder.write("ir_after_fusion.txt", "\n".join(lines) + "\n")
 
 
-def code(folder: DumpFolder | None, kernels_source: str, wrapper_source: str) -> None:
+def code(folder: DumpFolder | None, kernels_source: str, wrapper_source: str, codegen: str = "cpp") -> None:
     if folder is not None:
-        folder.write("kernels.cpp", kernels_source)
+        folder.write("kernels.cpp" if codegen == "cpp" else "kernels_triton.py", kernels_source)
         folder.write("wrapper.py", wrapper_source)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.codegen.cpp.library import CppKernels
 from kiln.ir.analysis import OpCounter, run
 from kiln.ir.program import Program
 from kiln.ir.schedule import Schedule
@@ -17,7 +16,8 @@ def _op_count(node: Any) -> int:
     return sum(n for op, n in counts.items() if op not in ("load", "store", "constant", "index_expr"))
 
 
-def fusion_report(program: Program, schedule: Schedule, kernels: CppKernels) -> str:
+def fusion_report(program: Program, schedule: Schedule, kernels: Any) -> str:
+    """`kernels`: what a code generator printed (CppKernels, TritonKernels)."""
     scheduled = schedule.kernels
     lines = [f"{len(scheduled)} kernels ({sum(kernels.vectorized.values())} vectorized, {len(set(kernels.functions.values()))} distinct) and "
              f"{len(schedule.externs)} extern calls from {len(program.kernels)} IR nodes"]

@@ -41,9 +41,16 @@ def _op_name(op: Any) -> str | None:
     return op.name() if isinstance(op, torch._ops.OpOverload) else None
 
 
-def python_wrapper(schedule: Schedule, checks: set[str]) -> WrapperCode:
-    """`schedule` as the source of `call`; `checks`: kernels after which the index-error flag is read."""
+def python_wrapper(schedule: Schedule, checks: set[str], kernel_arguments: str = "pointers",
+                   device: str = "cpu") -> WrapperCode:
+    """`schedule` as the source of `call`; `checks`: kernels after which the index-error flag is
+    read; `kernel_arguments`: what a kernel is called with, its buffers' data pointers (C++
+    functions) or the tensors themselves (Triton launchers); `device`: where buffers are allocated."""
+    if kernel_arguments not in ("pointers", "tensors"):
+        raise ValueError(f"kernel_arguments must be 'pointers' or 'tensors', got {kernel_arguments!r}")
     code = WrapperCode("")
+    if device != "cpu":
+        code.constants["device"] = torch.device(device)
     lines = []
     params = [b.name if b is not None else f"_unused{k}" for k, b in enumerate(schedule.inputs)]
     for b in schedule.inputs:
@@ -54,7 +61,7 @@ def python_wrapper(schedule: Schedule, checks: set[str]) -> WrapperCode:
     reused = set(memory.reuses.values())
     for k, step in enumerate(schedule.steps):
         if isinstance(step, FusedKernel):
-            lines += _kernel_call(step, code.constants, memory, step.name in checks)
+            lines += _kernel_call(step, code.constants, memory, step.name in checks, kernel_arguments)
         else:
             lines += _extern_call(k, step, code, memory.extern_inplace.get(k))
         dead = [name for name in memory.frees.get(k, []) if name not in reused]
@@ -72,7 +79,7 @@ def python_wrapper(schedule: Schedule, checks: set[str]) -> WrapperCode:
     return code
 
 
-def _kernel_call(kernel: FusedKernel, constants: dict, memory: MemoryPlan, check: bool) -> list[str]:
+def _kernel_call(kernel: FusedKernel, constants: dict, memory: MemoryPlan, check: bool, arguments: str) -> list[str]:
     lines = []
     for b in kernel.outputs:
         if b.name in memory.reuses:  # the dead buffer's name goes with its memory
@@ -82,8 +89,10 @@ def _kernel_call(kernel: FusedKernel, constants: dict, memory: MemoryPlan, check
         else:
             size, stride = _ints(b.layout)
             constants[f"dtype_{b.name}"] = b.layout.dtype
-            lines.append(f"{b.name} = empty_strided({size}, {stride}, dtype=dtype_{b.name})")
-    ptrs = ", ".join(f"{b.name}.data_ptr()" for b in kernel.inputs + kernel.outputs)
+            on_device = ", device=device" if "device" in constants else ""
+            lines.append(f"{b.name} = empty_strided({size}, {stride}, dtype=dtype_{b.name}{on_device})")
+    pointer = ".data_ptr()" if arguments == "pointers" else ""
+    ptrs = ", ".join(f"{b.name}{pointer}" for b in kernel.inputs + kernel.outputs)
     lines.append(f"{kernel.name}({ptrs})")
     if check:
         lines.append(f"if index_error.value: _raise_index_error(index_error, {kernel.name!r})")

@@ -84,6 +84,12 @@ class FusedKernel:
         return all(not self.inner_ranges(m) and not m.is_scatter for m in self.members)
 
     @property
+    def has_static_sizes(self) -> bool:
+        """Every loop's trip count is an integer (code generators print sizes as constants)."""
+        sizes = list(self.outer) + [s for m in self.members for s in (*m.ranges, *self.inner_ranges(m))]
+        return all(sympy.sympify(s).is_Integer for s in sizes)
+
+    @property
     def is_scatter(self) -> bool:
         """A scatter kernel: its one member, alone (see `KernelBuilder.accepts`)."""
         return any(m.is_scatter for m in self.members)

@@ -23,6 +23,7 @@ from kiln import compile_time
 from kiln.externs.prepacked import DIRECT_CALLS
 from kiln.native.build import build_library
 from kiln.runtime.heap import keep_freed_memory
+from kiln.runtime.triton_kernels import ErrorFlag, load_module, module_path
 
 
 @dataclass
@@ -34,6 +35,8 @@ class GraphArtifact:
     kernels: dict[str, tuple[str, int]]  # kernel -> (C function, pointer count)
     checks_indices: list[str]  # kernels after which the index-error flag is checked
     report: str  # kernels, ops fused and vectorized (KILN_LOGS=fusion)
+    codegen: str = "cpp"  # "cpp": `units` are C++ translation units; "triton": `units` is one Triton module
+    device: str = "cpu"  # where the graph's tensors are
 
 
 def _in_layout(t: torch.Tensor, layout: tuple[tuple[int, ...], tuple[int, ...]]) -> torch.Tensor:
@@ -42,7 +45,7 @@ def _in_layout(t: torch.Tensor, layout: tuple[tuple[int, ...], tuple[int, ...]])
     size, stride = layout
     if t.stride() == stride or t.numel() <= 1:
         return t
-    return torch.empty_strided(size, stride, dtype=t.dtype).copy_(t)
+    return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
 def _raise_index_error(flag: ctypes.c_int, kernel: str) -> None:
@@ -65,6 +68,9 @@ def build(artifact: GraphArtifact) -> str | None:
     if not artifact.kernels:
         compile_time.note("no kernels")
         return None
+    if artifact.codegen == "triton":
+        compile_time.note(f"{len(set(f for f, _ in artifact.kernels.values()))} Triton kernels (compiled at first launch)")
+        return str(module_path(artifact.units[0]))
     path, built = build_library(artifact.units)
     functions = len({function for function, _ in artifact.kernels.values()})
     compile_time.note(f"{len(artifact.units)} units, {functions} kernels compiled" if built
@@ -83,6 +89,26 @@ def _constant_ops(artifact: GraphArtifact) -> list[str]:
             if name.startswith("op") and name[2:].isdigit() and callable(value)]
 
 
+def _load_kernels(artifact: GraphArtifact, library: str | None, scope: dict[str, Any]) -> dict[str, Any]:
+    """Each kernel's callable (a ctypes function of the C++ library, or a Triton module's
+    launcher); binds the index-error flag they report to as `index_error` in `scope`."""
+    if library is None:
+        return {}
+    if artifact.codegen == "triton":
+        module = load_module(artifact.units[0], artifact.device)
+        scope["index_error"] = ErrorFlag(module.kiln_error_flag)
+        return {kernel: getattr(module, function) for kernel, (function, _) in artifact.kernels.items()}
+    loaded = ctypes.CDLL(library)
+    scope["index_error"] = ctypes.c_int.in_dll(loaded, "kiln_index_error")
+    kernels = {}
+    for kernel, (function, count) in artifact.kernels.items():
+        fn = getattr(loaded, function)
+        fn.argtypes = [ctypes.c_void_p] * count
+        fn.restype = None
+        kernels[kernel] = fn
+    return kernels
+
+
 class CompiledGraph:
     """`(*inputs) -> tuple of outputs`: the artifact's wrapper over its loaded kernels.
 
@@ -96,15 +122,8 @@ class CompiledGraph:
         scope: dict[str, Any] = {"_in_layout": _in_layout, "empty_strided": torch.empty_strided,
                                  "_raise_index_error": _raise_index_error, **artifact.constants}
         scope.update({name: _resolve_op(op) for name, op in artifact.ops.items()})
-        loaded = ctypes.CDLL(library) if library is not None else None
-        if loaded is not None:
-            scope["index_error"] = ctypes.c_int.in_dll(loaded, "kiln_index_error")
-        self.kernels = {}
-        for kernel, (function, count) in artifact.kernels.items():
-            fn = getattr(loaded, function)
-            fn.argtypes = [ctypes.c_void_p] * count
-            fn.restype = None
-            self.kernels[kernel] = scope[kernel] = fn
+        self.kernels = _load_kernels(artifact, library, scope)
+        scope.update(self.kernels)
         self._bound = dict(scope)  # the wrapper's globals before it runs, for `instrumented`
         exec(compile(artifact.python, "<kiln wrapper>", "exec"), scope)
         self.call = scope["call"]

@@ -100,8 +100,9 @@ def test_kiln_verify_passes_real_graphs():
 
 def test_the_code_generator_is_chosen_by_device():
     assert driver.choose_codegen("cpu") == "cpp"
-    with pytest.raises(NotImplementedError, match="'cuda'"):
-        driver.choose_codegen("cuda")
+    assert driver.choose_codegen("cuda") == "triton"
+    with pytest.raises(NotImplementedError, match="'mps'"):
+        driver.choose_codegen("mps")
 
 
 def test_the_backend_keeps_what_it_builds_for_the_aot_cache():

@@ -431,7 +431,3 @@ def kernel_source(kernel: FusedKernel, function: str) -> tuple[str, bool]:
     printer = KernelPrinter(kernel, function)
     return printer.source(), printer.vectorized
 
-
-def is_static(kernel: FusedKernel) -> bool:
-    sizes = list(kernel.outer) + [s for m in kernel.members for s in (*m.ranges, *kernel.inner_ranges(m))]
-    return all(sympy.sympify(s).is_Integer for s in sizes)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from kiln.codegen.cpp.kernel import is_static, kernel_source
+from kiln.codegen.cpp.kernel import kernel_source
 from kiln.codegen.cpp.preamble import preamble
 from kiln.ir.schedule import FusedKernel
 
@@ -36,7 +36,7 @@ def cpp_kernels(kernels: list[FusedKernel]) -> CppKernels:
     """Print every kernel; NotImplementedError for a kernel with symbolic sizes."""
     printed = CppKernels()
     for kernel in kernels:
-        if not is_static(kernel):
+        if not kernel.has_static_sizes:
             raise NotImplementedError("C++ kernels with symbolic sizes")
         text, vectorized = kernel_source(kernel, _PLACEHOLDER)
         function = f"kernel_{hashlib.sha256(text.encode()).hexdigest()[:16]}"

@@ -1,0 +1,154 @@
+"""A loop body printed as Triton through the ops protocol.
+
+A Triton kernel computes a block of iterations at once: `XBLOCK` outer iterations (the kernel's
+shared loops, flattened) and, inside a member's own loop, `RBLOCK` inner ones. Each value is
+a block over some of those two axes, its *dims*: {"x"} for a value that varies with the outer
+loops (`[XBLOCK, 1]` in a kernel with inner loops, `[XBLOCK]` in one without), {"r"} with the
+inner loop (`[1, RBLOCK]`), both, or neither (a one-element block: a constant). The printer
+tracks each value's dims so that a load is masked by exactly the lanes its address depends on
+(`xmask`, `rmask`), and a store or a reduction broadcasts its value to the member's whole block.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+import torch
+
+from kiln.codegen.triton.printer import BINARY, HALF, TRITON_DTYPES, UNARY, triton_constant, triton_index
+from kiln.ir.index_bounds import simplify
+from kiln.ir.ops import ALL_OPS
+
+Dims = frozenset  # of "x" and "r"
+NO_DIMS: Dims = frozenset()
+
+
+class TritonBody:
+    """Prints one member's body. `pointers` maps buffer names to kernel arguments, `locals_`
+    maps buffers kept in registers to (variable, dims), `symbol_dims` gives each loop variable
+    its axis, `masks` each axis its mask's name; `error_flag` names the argument indirect
+    indices report out-of-range values to (None when the kernel has none)."""
+
+    def __init__(self, pointers: dict[str, str], buffers: dict[str, Any], locals_: dict[str, tuple[str, Dims]],
+                 symbol_dims: dict[sympy.Symbol, Dims], masks: dict[str, str], prefix: str,
+                 extents: dict[sympy.Symbol, sympy.Expr], error_flag: str | None = None) -> None:
+        self.pointers, self.buffers, self.locals = pointers, buffers, locals_
+        self.symbol_dims = dict(symbol_dims)
+        self.masks, self.prefix, self.extents, self.error_flag = masks, prefix, extents, error_flag
+        self.lines: list[str] = []
+        self.dims: dict[str, Dims] = {}  # value name -> its axes
+        self._cse: dict[str, str] = {}
+        self._count = 0
+        self.reduced: tuple[str, torch.dtype, str] | None = None
+        self.uses_error_flag = False
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _name(self) -> str:
+        self._count += 1
+        return f"{self.prefix}{self._count - 1}"
+
+    def _emit(self, expr: str, dims: Dims) -> str:
+        if expr in self._cse:  # every expression is pure: computed once
+            return self._cse[expr]
+        name = self._name()
+        self.lines.append(f"{name} = {expr}")
+        self._cse[expr], self.dims[name] = name, dims
+        return name
+
+    def value_dims(self, *values: str) -> Dims:
+        return Dims().union(*(self.dims.get(v, NO_DIMS) for v in values))
+
+    def index_dims(self, expr: sympy.Expr) -> Dims:
+        return Dims().union(*(self.symbol_dims.get(s, NO_DIMS) for s in sympy.sympify(expr).free_symbols))
+
+    def mask(self, dims: Dims) -> str | None:
+        names = [self.masks[d] for d in ("x", "r") if d in dims]
+        return " & ".join(names) if names else None
+
+    def _dtype(self, buffer: str) -> torch.dtype:
+        return self.buffers[buffer].layout.dtype
+
+    # -- the protocol ------------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        if name in UNARY:
+            return lambda x: self._emit(UNARY[name].format(x), self.value_dims(x))
+        if name in BINARY:
+            return lambda a, b: self._emit(BINARY[name].format(a, b), self.value_dims(a, b))
+        if name in ALL_OPS:  # an op with no Triton spelling: the graph runs through ATen
+            return lambda *args: self._unsupported(name)
+        raise AttributeError(name)
+
+    def _unsupported(self, name: str) -> str:
+        raise NotImplementedError(f"ops.{name} in Triton (libdevice has no such function)")
+
+    def load(self, buffer: str, index: sympy.Expr) -> str:
+        if buffer in self.locals:
+            variable, dims = self.locals[buffer]
+            self.dims.setdefault(variable, dims)
+            return variable
+        index = simplify(sympy.sympify(index) - self.buffers[buffer].layout.offset, self.extents)
+        dims = self.index_dims(index)
+        mask = self.mask(dims)
+        masked = f", mask={mask}, other=0" if mask else ""
+        text = f"tl.load({self.pointers[buffer]} + {triton_index(index)}{masked})"
+        if self._dtype(buffer) in HALF:
+            text += ".to(tl.float32)"
+        return self._emit(text, dims)
+
+    def store_line(self, buffer: str, index: sympy.Expr, value: str, dims: Dims, shape: str) -> str:
+        """The store of `value` at `index` over the member's block (`dims`, of shape `shape`)."""
+        index = simplify(sympy.sympify(index), self.extents)
+        dtype = self._dtype(buffer)
+        converted = f"({value} != 0)" if dtype == torch.bool else f"{value}.to({TRITON_DTYPES[dtype]})"
+        mask = self.mask(dims)
+        return (f"tl.store({self.pointers[buffer]} + ({triton_index(index)} + tl.full({shape}, 0, tl.int32)), "
+                f"tl.broadcast_to({converted}, {shape}){f', mask={mask}' if mask else ''})")
+
+    def store(self, buffer: str, index: sympy.Expr, value: str) -> None:
+        raise NotImplementedError("a Triton body's stores are printed by its kernel (store_line)")
+
+    def constant(self, value: Any, dtype: torch.dtype) -> str:
+        return self._emit(triton_constant(value, dtype), NO_DIMS)
+
+    def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> str:
+        expr = simplify(sympy.sympify(expr), self.extents)
+        if expr.is_Integer:
+            return self.constant(int(expr), dtype)
+        dims = self.index_dims(expr)
+        return self._emit(f"({triton_index(expr)}).to({TRITON_DTYPES[dtype]})", dims)
+
+    def to_dtype(self, value: str, dtype: torch.dtype) -> str:
+        dims = self.value_dims(value)
+        if dtype == torch.bool:
+            return self._emit(f"({value} != 0)", dims)
+        if dtype in HALF:  # rounded to 16 bits, held in float32
+            return self._emit(f"{value}.to({TRITON_DTYPES[dtype]}).to(tl.float32)", dims)
+        return self._emit(f"{value}.to({TRITON_DTYPES[dtype]})", dims)
+
+    def where(self, condition: str, if_true: str, if_false: str) -> str:
+        return self._emit(f"tl.where({condition}, {if_true}, {if_false})", self.value_dims(condition, if_true, if_false))
+
+    def indirect_indexing(self, value: str, size: Any) -> sympy.Symbol:
+        # Negative values count from the end; out-of-range ones are clamped (memory stays safe)
+        # and reported through the error flag, which the wrapper reads after the kernel.
+        name = self._name().replace(self.prefix, f"{self.prefix}ind")
+        dims = self.value_dims(value)
+        size = triton_index(sympy.sympify(size))
+        self.lines.append(f"{name} = {value}.to(tl.int64)")
+        self.lines.append(f"{name} = tl.where({name} < 0, {name} + {size}, {name})")
+        if self.error_flag is not None:
+            self.uses_error_flag = True
+            bad = f"({name} < 0) | ({name} >= {size})"
+            mask = self.mask(dims)
+            self.lines.append(f"tl.store({self.error_flag} + {name} * 0, tl.full([], 1, tl.int32), "
+                              f"mask=({bad}){f' & {mask}' if mask else ''})")
+        self.lines.append(f"{name} = tl.where({name} < 0, 0, tl.where({name} >= {size}, {size} - 1, {name}))")
+        symbol = sympy.Symbol(name, integer=True)
+        self.symbol_dims[symbol] = dims
+        return symbol
+
+    def reduction(self, reduction_type: str, dtype: torch.dtype, value: str) -> str:
+        # The kernel folds `value` into its accumulator; the body's result is the accumulator.
+        self.reduced = (reduction_type, dtype, value)
+        return "acc"

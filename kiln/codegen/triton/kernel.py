@@ -1,0 +1,322 @@
+"""One Triton kernel per fused kernel (seed 003's Triton side of the loop IR).
+
+The kernel's shared outer loops become one flat axis of `xnumel` iterations, `XBLOCK` of them per
+program (`tl.program_id(0)`); their loop variables are recovered by division and remainder. A
+kernel whose members all run over exactly those loops is a 1-D block. Otherwise each member
+runs in turn over the same `[XBLOCK, 1]` rows: one with no loops of its own once; a reduction
+in a loop over its flattened reduction ranges, `RBLOCK` at a time, into a `[XBLOCK, RBLOCK]`
+accumulator folded across the block at the end; a pointwise member with inner loops likewise,
+storing as it goes. Members kept in registers (a row's max, a layer norm's mean) are variables
+read by the members after them, as in the C++ kernel.
+
+A scatter is two kernels launched in order: its initial values, then one program block per
+`XBLOCK` source elements, writing with atomics where several sources may combine into one
+element (sum, max, min).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+
+from kiln.codegen.triton.body import Dims, TritonBody
+from kiln.codegen.triton.printer import TRITON_DTYPES, triton_index, value_dtype
+from kiln.ir.index_bounds import simplify
+from kiln.ir.nodes import Buffer
+from kiln.ir.ops import use_handler
+from kiln.ir.schedule import FusedKernel, LoopNest, loop_extents
+
+X, R, XR = Dims({"x"}), Dims({"r"}), Dims({"x", "r"})
+BLOCK_ELEMENTS = 4096  # lanes of a reduction kernel's [XBLOCK, RBLOCK] block
+POINTWISE_BLOCK = 1024
+_INDEX_LIMIT = 2**31  # beyond this many elements, offsets are computed in int64
+
+_POINTER_TYPES = {
+    torch.float32: "*fp32", torch.float64: "*fp64", torch.float16: "*fp16", torch.bfloat16: "*bf16",
+    torch.int64: "*i64", torch.int32: "*i32", torch.int16: "*i16", torch.int8: "*i8", torch.uint8: "*u8",
+    torch.bool: "*i1",
+}  # fmt: skip
+
+_COMBINE = {"sum": "{a} + {v}", "prod": "{a} * {v}", "max": "kiln_maximum({a}, {v})",
+            "min": "kiln_minimum({a}, {v})", "any": "tl.maximum({a}, {v})", "all": "tl.minimum({a}, {v})"}
+# Only Triton's builtins and the module's own helpers are called: Triton's library functions
+# (tl.sum, tl.zeros, ...) are jit functions decorated when triton is imported, for its
+# interpreter or for its compiler but not both, and kiln uses both in one process (tests).
+_FOLD = {"sum": "tl.reduce({a}, 1, kiln_add)", "prod": "tl.reduce({a}, 1, kiln_multiply)", "max": "tl.reduce({a}, 1, kiln_maximum)",
+         "min": "tl.reduce({a}, 1, kiln_minimum)", "any": "tl.reduce({a}, 1, kiln_maximum)", "all": "tl.reduce({a}, 1, kiln_minimum)"}
+_ATOMIC = {"sum": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_min"}
+_ATOMIC_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@dataclass
+class JitFunction:
+    """One `@triton.jit` function: its source, and its arguments as Triton's compiler types them
+    (what `triton.compile` needs to build it for a GPU without running it)."""
+
+    name: str
+    source: str
+    takes_error_flag: bool
+    signature: dict[str, str] = field(default_factory=dict)  # argument -> "*fp32", "i32", "constexpr"
+    constexprs: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class TritonKernel:
+    functions: list[JitFunction]
+    launcher: str  # `def <name>(*tensors)`: launches the functions in order
+    uses_error_flag: bool
+
+
+def _storage_elements(buffer: Buffer) -> int:
+    layout = buffer.layout
+    return int(layout.offset) + 1 + sum((int(s) - 1) * abs(int(st)) for s, st in zip(layout.size, layout.stride))
+
+
+def _decompose(flat: str, symbols: list[sympy.Symbol], sizes: list[int]) -> list[str]:
+    """Lines binding each loop variable from a flat row-major index."""
+    lines, divisor = [], 1
+    for symbol, size in reversed(list(zip(symbols, sizes))):
+        quotient = flat if divisor == 1 else f"({flat} // {divisor})"
+        lines.append(f"{symbol} = {quotient} % {size}" if divisor * size != math.prod(sizes) else f"{symbol} = {quotient}")
+        divisor *= size
+    return list(reversed(lines))
+
+
+def _init(kind: str, dtype: torch.dtype) -> str:
+    kind = kind[3:] if kind in ("argmax", "argmin") else kind
+    if kind in ("max", "min"):
+        if dtype.is_floating_point:
+            return f'float("{"-" if kind == "max" else ""}inf")'
+        info = torch.iinfo(dtype)
+        return str(info.min if kind == "max" else info.max)
+    return {"sum": "0", "prod": "1", "any": "0", "all": "1"}[kind]
+
+
+class TritonKernelPrinter:
+    def __init__(self, kernel: FusedKernel, function: str) -> None:
+        self.kernel, self.function = kernel, function
+        self.pointers = {b.name: f"in{k}" for k, b in enumerate(kernel.inputs)}
+        self.pointers.update({b.name: f"out{k}" for k, b in enumerate(kernel.outputs)})
+        self.pointers.update({b.name: self.pointers[out] for out, b in kernel.overwrites.items()})
+        self.buffers = {b.name: b for b in [*kernel.inputs, *kernel.outputs, *kernel.overwrites.values()]}
+        self.buffers.update({m.name: m.buffer for m in kernel.members})
+        self.locals: dict[str, tuple[str, Dims]] = {}
+        self.wide = any(_storage_elements(b) >= _INDEX_LIMIT for b in self.buffers.values())
+        self.uses_error_flag = False  # by the function being printed
+        self.lines: list[str] = []
+
+    def _emit(self, line: str, depth: int) -> None:
+        self.lines.append("    " * depth + line)
+
+    def _arguments(self) -> list[tuple[str, str]]:
+        k = self.kernel
+        return ([(f"in{n}", _POINTER_TYPES[b.layout.dtype]) for n, b in enumerate(k.inputs)]
+                + [(f"out{n}", _POINTER_TYPES[b.layout.dtype]) for n, b in enumerate(k.outputs)])
+
+    def _body(self, nest: LoopNest, symbol_dims: dict, masks: dict[str, str], depth: int) -> TritonBody:
+        members = self.kernel.members
+        prefix = f"t{members.index(nest)}_" if nest in members else "init"  # a scatter's initial values
+        body = TritonBody(self.pointers, self.buffers, self.locals, symbol_dims, masks, prefix,
+                          loop_extents(nest.node), error_flag="error_flag")
+        with use_handler(body):
+            body.result = nest.node.body()
+        self.uses_error_flag |= body.uses_error_flag
+        for line in body.lines:
+            self._emit(line, depth)
+        return body
+
+    def _jit(self, name: str, extra: list[tuple[str, str]], constexprs: dict[str, int]) -> JitFunction:
+        """Wraps the lines printed so far as the jit function `name`, and starts a new one."""
+        flag = self.uses_error_flag
+        arguments = self._arguments() + ([("error_flag", "*i32")] if flag else []) + extra
+        params = [a for a, _ in arguments] + [f"{c}: tl.constexpr" for c in constexprs]
+        source = "\n".join(["@triton.jit", f"def {name}({', '.join(params)}):", *self.lines])
+        self.lines, self.uses_error_flag = [], False
+        signature = dict(arguments) | {c: "constexpr" for c in constexprs}
+        return JitFunction(name, source, flag, signature, dict(constexprs))
+
+    def _program_rows(self, two_d: bool) -> None:
+        pid = "tl.program_id(0).to(tl.int64)" if self.wide else "tl.program_id(0)"
+        self._emit(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK){'[:, None]' if two_d else ''}", 1)
+        self._emit("xmask = xindex < xnumel", 1)
+
+    # -- the kernel ---------------------------------------------------------------------------
+    def kernel_source(self) -> TritonKernel:
+        k = self.kernel
+        if k.is_scatter:
+            return self._scatter(k.members[0])
+        outer = [int(s) for s in k.outer]
+        xnumel = math.prod(outer)
+        index_type = "i64" if self.wide else "i32"
+        two_d = not k.vectorizes_outer
+        outer_vars = [sympy.Symbol(f"i{d}", integer=True, nonnegative=True) for d in range(len(outer))]
+        self._program_rows(two_d)
+        for line in _decompose("xindex", outer_vars, outer):
+            self._emit(line, 1)
+        if not two_d:
+            for nest in k.members:
+                self._barrier_before(nest)
+                body = self._body(nest, {v: X for v in outer_vars}, {"x": "xmask"}, 1)
+                self._result(nest, body, body.result, X, "[XBLOCK]", 1)
+            xblock = min(POINTWISE_BLOCK, next_power_of_2(xnumel))
+            jit = self._jit(f"{self.function}_main", [("xnumel", index_type)], {"XBLOCK": xblock})
+            return self._kernel([(jit, _blocks(xnumel, xblock), f"{xnumel}, XBLOCK={xblock}, num_warps={_warps(xblock)}")])
+        inner = max([math.prod(int(s) for s in k.inner_ranges(m)) for m in k.members] + [1])
+        rblock = min(next_power_of_2(inner), BLOCK_ELEMENTS)
+        xblock = max(1, min(next_power_of_2(xnumel), BLOCK_ELEMENTS // rblock))
+        for nest in k.members:
+            self._member(nest, outer_vars)
+        jit = self._jit(f"{self.function}_main", [("xnumel", index_type)], {"XBLOCK": xblock, "RBLOCK": rblock})
+        return self._kernel([(jit, _blocks(xnumel, xblock),
+                              f"{xnumel}, XBLOCK={xblock}, RBLOCK={rblock}, num_warps={_warps(xblock * rblock)}")])
+
+    def _kernel(self, launches: list[tuple[JitFunction, int, str]]) -> TritonKernel:
+        """The launcher calling each function on its grid with the kernel's tensors, the error
+        flag where it reads indices, then `rest` (sizes, block sizes)."""
+        names = [a for a, _ in self._arguments()]
+        body = []
+        for function, grid, rest in launches:
+            args = ", ".join(names + (["kiln_error_flag"] if function.takes_error_flag else []))
+            body.append(f"    {function.name}[({grid},)]({args}, {rest})")
+        launcher = "\n".join([f"def {self.function}({', '.join(names)}):", *(body or ["    pass"])])
+        return TritonKernel([f for f, _, _ in launches], launcher, any(f.takes_error_flag for f, _, _ in launches))
+
+    def _result(self, nest: LoopNest, body: TritonBody, value: str, dims: Dims, shape: str, depth: int) -> None:
+        """A member's value for the current block: into its local, or stored."""
+        if nest.name in self.kernel.locals:
+            variable = f"{nest.name}_value"
+            self._emit(f"{variable} = {value}", depth)
+            self.locals[nest.name] = (variable, body.value_dims(value) if value in body.dims else dims)
+            return
+        self._emit(body.store_line(nest.name, nest.store_index, value, dims, shape), depth)
+
+    def _barrier_before(self, nest: LoopNest) -> None:
+        """Other threads of the program may have stored what `nest` reads: wait for them."""
+        members = self.kernel.members
+        stored = {m.name for m in members[: members.index(nest)]} - set(self.kernel.locals)
+        if any(name in stored for name, _ in nest.reads):
+            self._emit("tl.debug_barrier()", 1)
+
+    def _member(self, nest: LoopNest, outer_vars: list[sympy.Symbol]) -> None:
+        self._barrier_before(nest)
+        inner = [int(s) for s in self.kernel.inner_ranges(nest)]
+        symbol_dims = {v: X for v in outer_vars}
+        if not inner:
+            body = self._body(nest, symbol_dims, {"x": "xmask"}, 1)
+            self._result(nest, body, body.result, X, "[XBLOCK, 1]", 1)
+            return
+        inner_vars = list(nest.node.reduction_vars()) if nest.is_reduction else list(nest.node.index_vars())[len(outer_vars):]
+        numel = math.prod(inner)
+        masks = {"x": "xmask", "r": "rmask"}
+        symbol_dims.update({v: R for v in inner_vars})
+        if nest.is_reduction:
+            self._reduction(nest, inner_vars, inner, symbol_dims, masks)
+            return
+        self._emit(f"for roffset in range(0, {numel}, RBLOCK):", 1)
+        self._inner_rows(inner_vars, inner)
+        body = self._body(nest, symbol_dims, masks, 2)
+        self._result(nest, body, body.result, XR, "[XBLOCK, RBLOCK]", 2)
+
+    def _inner_rows(self, inner_vars: list[sympy.Symbol], inner: list[int]) -> None:
+        self._emit("rindex = roffset + tl.arange(0, RBLOCK)[None, :]", 2)
+        self._emit(f"rmask = rindex < {math.prod(inner)}", 2)
+        for line in _decompose("rindex", inner_vars, inner):
+            self._emit(line, 2)
+
+    def _reduction(self, nest: LoopNest, inner_vars, inner: list[int], symbol_dims, masks) -> None:
+        node, m = nest.node, self.kernel.members.index(nest)
+        kind = node.reduction_type
+        arg = kind in ("argmax", "argmin")
+        acc_dtype = value_dtype(node.src_dtype if arg else node.dtype)
+        boolean = acc_dtype == torch.bool
+        acc_type = "tl.int8" if boolean else TRITON_DTYPES[acc_dtype]
+        acc = f"acc{m}"
+        self._emit(f"{acc} = tl.full([XBLOCK, RBLOCK], {_init(kind, acc_dtype)}, {acc_type})", 1)
+        if arg:
+            self._emit(f"{acc}_index = tl.full([XBLOCK, RBLOCK], 0, tl.int64)", 1)
+        self._emit(f"for roffset in range(0, {math.prod(inner)}, RBLOCK):", 1)
+        self._inner_rows(inner_vars, inner)
+        body = self._body(nest, symbol_dims, masks, 2)
+        _, _, value = body.reduced
+        self._emit(f"value = tl.broadcast_to({value}.to({acc_type}), [XBLOCK, RBLOCK])", 2)
+        if arg:
+            better = "kiln_greater" if kind == "argmax" else "kiln_less"
+            self._emit(f"take = xmask & rmask & {better}(value, {acc})", 2)
+            self._emit(f"{acc} = tl.where(take, value, {acc})", 2)
+            self._emit(f"{acc}_index = tl.where(take, rindex.to(tl.int64), {acc}_index)", 2)
+            self._emit(f"_, folded = tl.reduce(({acc}, {acc}_index), 1, kiln_{kind}_combine)", 1)
+        else:
+            self._emit(f"{acc} = tl.where(xmask & rmask, {_COMBINE[kind].format(a=acc, v='value')}, {acc})", 2)
+            self._emit(f"folded = {_FOLD[kind].format(a=acc)}", 1)
+        result = "(folded[:, None] != 0)" if boolean else "folded[:, None]"
+        self._result(nest, body, result, X, "[XBLOCK, 1]", 1)
+
+    # -- scatters -------------------------------------------------------------------------------
+    def _scatter(self, nest: LoopNest) -> TritonKernel:
+        node = nest.node
+        index_type = "i64" if self.wide else "i32"
+        launches = []
+        init = self.kernel.scatter_init
+        if init is not None:  # else the initial values are already in place (kernel.overwrites)
+            sizes = [int(s) for s in init.ranges]
+            numel, block = math.prod(sizes), min(POINTWISE_BLOCK, next_power_of_2(math.prod(sizes)))
+            symbols = list(init.node.index_vars())
+            self._program_rows(False)
+            for line in _decompose("xindex", symbols, sizes):
+                self._emit(line, 1)
+            body = self._body(init, {v: X for v in symbols}, {"x": "xmask"}, 1)
+            self._emit(body.store_line(nest.name, init.store_index, body.result, X, "[XBLOCK]"), 1)
+            jit = self._jit(f"{self.function}_init", [("xnumel", index_type)], {"XBLOCK": block})
+            launches.append((jit, _blocks(numel, block), f"{numel}, XBLOCK={block}"))
+        sizes = [int(s) for s in node.source_ranges]
+        numel = math.prod(sizes)
+        if numel == 0:  # no source element: nothing is written, and no index is checked (as eager)
+            return self._kernel(launches)
+        if node.mode == "prod" or (node.mode is not None and value_dtype(node.dtype) not in _ATOMIC_DTYPES):
+            raise NotImplementedError(f"a {node.mode} scatter of {node.dtype} in Triton (no such atomic)")
+        block = min(POINTWISE_BLOCK, next_power_of_2(numel))
+        symbols = list(node.source_vars())
+        self._program_rows(False)
+        for line in _decompose("xindex", symbols, sizes):
+            self._emit(line, 1)
+        body = TritonBody(self.pointers, self.buffers, {}, {v: X for v in symbols}, {"x": "xmask"}, "s",
+                          loop_extents(node), error_flag="error_flag")
+        with use_handler(body):
+            target, value = node.scattered()
+        self.uses_error_flag |= body.uses_error_flag
+        for line in body.lines:
+            self._emit(line, 1)
+        flat = nest.buffer.layout.flat_index(target) - nest.buffer.layout.offset
+        if node.mode is None:
+            self._emit(body.store_line(nest.name, flat, value, X, "[XBLOCK]"), 1)
+        else:
+            dtype = TRITON_DTYPES[node.dtype]
+            self._emit(f"{_ATOMIC[node.mode]}({self.pointers[nest.name]} + ({body_index(flat, body)} + "
+                       f"tl.full([XBLOCK], 0, tl.int32)), tl.broadcast_to({value}.to({dtype}), [XBLOCK]), mask=xmask)", 1)
+        jit = self._jit(f"{self.function}_scatter", [("xnumel", index_type)], {"XBLOCK": block})
+        launches.append((jit, _blocks(numel, block), f"{numel}, XBLOCK={block}"))
+        return self._kernel(launches)
+
+
+def body_index(expr: sympy.Expr, body: TritonBody) -> str:
+    return triton_index(simplify(sympy.sympify(expr), body.extents))
+
+
+def _blocks(numel: int, block: int) -> int:
+    return max(1, -(-numel // block))
+
+
+def _warps(elements: int) -> int:
+    return max(1, min(8, elements // 256))
+
+
+def kernel_source(kernel: FusedKernel, function: str) -> TritonKernel:
+    return TritonKernelPrinter(kernel, function).kernel_source()
+

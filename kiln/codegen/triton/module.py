@@ -1,0 +1,181 @@
+"""A schedule's kernels as one Python module of Triton kernels.
+
+The module holds a preamble (imports, and the `kiln_*` helpers the printers call), each kernel's
+`@triton.jit` functions, and for each kernel a launcher `def kernel_<hash>(*tensors)` that
+launches them on their grids: what the wrapper calls, as it calls a C++ kernel. Kernels are
+named by a hash of their text, so identical kernels of repeated layers are one function. The
+runtime (kiln/runtime/triton_kernels.py) writes the module to the cache and imports it; it
+binds `libdevice` (NVIDIA's math library, or its stand-in under Triton's interpreter) and
+`kiln_error_flag` (the tensor indirect indices report to) before the module runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from kiln.codegen.triton.kernel import JitFunction, kernel_source
+from kiln.ir.schedule import FusedKernel
+
+_PLACEHOLDER = "KILN_KERNEL"
+
+PREAMBLE = '''\
+import triton
+import triton.language as tl
+
+# Bound by the loader before this module runs: `libdevice` and `kiln_error_flag`.
+
+
+@triton.jit
+def kiln_maximum(a, b):
+    # NaN wins, as in eager's maximum.
+    if a.dtype.is_floating():
+        return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+    else:
+        return tl.maximum(a, b)
+
+
+@triton.jit
+def kiln_minimum(a, b):
+    if a.dtype.is_floating():
+        return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+    else:
+        return tl.minimum(a, b)
+
+
+@triton.jit
+def kiln_add(a, b):
+    return a + b
+
+
+@triton.jit
+def kiln_multiply(a, b):
+    return a * b
+
+
+@triton.jit
+def kiln_floordiv(a, b):
+    if a.dtype.is_floating():
+        return libdevice.floor(a / b)
+    else:
+        # Triton's // rounds toward zero.
+        quotient = a // b
+        return tl.where((a % b != 0) & ((a < 0) != (b < 0)), quotient - 1, quotient)
+
+
+@triton.jit
+def kiln_remainder(a, b):
+    # The sign of the divisor, as eager's remainder (Triton's % takes the dividend's).
+    if a.dtype.is_floating():
+        r = libdevice.fmod(a, b)
+    else:
+        r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def kiln_sign(x):
+    return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
+
+
+@triton.jit
+def kiln_pow(a, b):
+    if a.dtype.is_floating():
+        return libdevice.pow(a, b)
+    else:
+        # An integer power by squaring (63 steps cover every int64 exponent); a negative
+        # exponent gives 0 unless the base is 1 or -1, as eager's integer pow.
+        result = a * 0 + 1 + b * 0
+        base = a + b * 0
+        exponent = b + a * 0
+        for _ in tl.static_range(63):
+            result = tl.where((exponent & 1) != 0, result * base, result)
+            base = base * base
+            exponent = exponent >> 1
+        odd = (b & 1) != 0
+        negative = tl.where(a == 1, 1, tl.where(a == -1, tl.where(odd, -1, 1), 0))
+        return tl.where(b < 0, negative.to(result.dtype), result)
+
+
+@triton.jit
+def kiln_shift_left(a, b):
+    # Shifts by a negative amount or by the bit width or more give 0, as eager's kernels.
+    bits = a.dtype.primitive_bitwidth
+    return tl.where((b < 0) | (b >= bits), 0, a << b).to(a.dtype)
+
+
+@triton.jit
+def kiln_shift_right(a, b):
+    bits = a.dtype.primitive_bitwidth
+    return tl.where((b < 0) | (b >= bits), tl.where(a < 0, -1, 0), a >> b).to(a.dtype)
+
+
+@triton.jit
+def kiln_greater(a, b):
+    # For argmax: NaN is the largest value.
+    return (a > b) | ((a != a) & (b == b))
+
+
+@triton.jit
+def kiln_less(a, b):
+    # For argmin: NaN is taken as eagerly as by argmax.
+    return (a < b) | ((a != a) & (b == b))
+
+
+@triton.jit
+def kiln_argmax_combine(value0, index0, value1, index1):
+    # The larger value, or on a tie (NaN ties NaN) the first position.
+    tie = (value0 == value1) | ((value0 != value0) & (value1 != value1))
+    take = kiln_greater(value1, value0) | (tie & (index1 < index0))
+    return tl.where(take, value1, value0), tl.where(take, index1, index0)
+
+
+@triton.jit
+def kiln_argmin_combine(value0, index0, value1, index1):
+    tie = (value0 == value1) | ((value0 != value0) & (value1 != value1))
+    take = kiln_less(value1, value0) | (tie & (index1 < index0))
+    return tl.where(take, value1, value0), tl.where(take, index1, index0)
+'''
+
+
+@dataclass
+class TritonKernels:
+    """What the Triton printer made of a schedule's kernels (the C++ printer's CppKernels)."""
+
+    launchers: dict[str, str] = field(default_factory=dict)  # launcher -> its source and its jit functions' sources
+    functions: dict[str, str] = field(default_factory=dict)  # kernel name -> launcher
+    jit: dict[str, list[JitFunction]] = field(default_factory=dict)  # launcher -> its jit functions
+    checks: list[str] = field(default_factory=list)  # kernels after which the index-error flag is read
+    vectorized: dict[str, bool] = field(default_factory=dict)  # kernel name -> True: every Triton kernel works on blocks
+    arity: dict[str, int] = field(default_factory=dict)  # kernel name -> tensor arguments
+
+    @property
+    def source(self) -> str:
+        """The module's whole text."""
+        return "\n\n\n".join([PREAMBLE, *self.launchers.values()]) + "\n"
+
+
+def triton_kernels(kernels: list[FusedKernel]) -> TritonKernels:
+    """Print every kernel; NotImplementedError for one Triton cannot express (symbolic sizes, an
+    op libdevice lacks, a scatter with no atomic)."""
+    printed = TritonKernels()
+    for kernel in kernels:
+        if not kernel.has_static_sizes:
+            raise NotImplementedError("Triton kernels with symbolic sizes")
+        made = kernel_source(kernel, _PLACEHOLDER)
+        text = "\n\n\n".join([*(f.source for f in made.functions), made.launcher])
+        name = f"kernel_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+        printed.launchers.setdefault(name, text.replace(_PLACEHOLDER, name))
+        printed.jit.setdefault(name, [_renamed(f, name) for f in made.functions])
+        printed.functions[kernel.name] = name
+        printed.arity[kernel.name] = len(kernel.inputs) + len(kernel.outputs)
+        printed.vectorized[kernel.name] = True
+        if made.uses_error_flag:
+            printed.checks.append(kernel.name)
+    return printed
+
+
+def _renamed(function: JitFunction, name: str) -> JitFunction:
+    return JitFunction(function.name.replace(_PLACEHOLDER, name), function.source.replace(_PLACEHOLDER, name),
+                       function.takes_error_flag, function.signature, function.constexprs)
+

@@ -1,0 +1,110 @@
+"""Triton spellings of the ops protocol's scalar ops, Triton's name for each dtype, constants and
+index expressions; kiln/codegen/triton/body.py prints loop bodies with them.
+
+Every value in a Triton kernel is a block (a tensor of lanes), so one spelling serves the whole
+body: there is no scalar/vector split as in the C++ printer. Ops whose meaning depends on the
+operands' dtype (NaN-propagating max, floor division, sign) call the `kiln_*` helpers of the
+kernel module's preamble (kiln/codegen/triton/module.py), which branch on `x.dtype` at compile
+time, as the C++ helpers are templates.
+
+Math functions go through `libdevice` (NVIDIA's accurate device library on a GPU); under Triton's
+interpreter, kiln/runtime/triton_math.py gives the same names torch's CPU implementations. Only
+functions libdevice has are printed, so every kernel also compiles for a GPU; an op without one
+raises NotImplementedError, and the graph runs through ATen (recorded as a fallback).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+import torch
+
+from kiln.ir.indexing import FloorDiv
+
+TRITON_DTYPES = {
+    torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
+    torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
+    torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
+}  # fmt: skip
+
+# Stored in 16 bits, computed in float32 (as in the C++ printer).
+HALF = (torch.bfloat16, torch.float16)
+
+
+def value_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a value of `dtype` has in registers."""
+    return torch.float32 if dtype in HALF else dtype
+
+
+UNARY = {
+    "neg": "(-{0})", "abs": "tl.abs({0})", "relu": "tl.where({0} < 0, 0, {0})", "logical_not": "({0} == 0)",
+    "sign": "kiln_sign({0})", "bitwise_not": "(~{0})",
+    "sigmoid": "(1 / (1 + libdevice.exp(-{0})))", "reciprocal": "(1 / {0})",
+    "round": "libdevice.nearbyint({0})", "signbit": "(libdevice.signbit({0}) != 0)",
+    # libdevice's names for the special functions it has
+    "erfinv": "libdevice.erfinv({0})", "erfcx": "libdevice.erfcx({0})", "ndtri": "libdevice.normcdfinv({0})",
+    "i0": "libdevice.cyl_bessel_i0({0})", "i1": "libdevice.cyl_bessel_i1({0})",
+    "bessel_j0": "libdevice.j0({0})", "bessel_j1": "libdevice.j1({0})",
+    "bessel_y0": "libdevice.y0({0})", "bessel_y1": "libdevice.y1({0})",
+}  # fmt: skip
+# Ops that are libdevice's function of the same name.
+LIBDEVICE_UNARY = (
+    "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
+    "tanh", "asinh", "acosh", "atanh", "exp2", "log2", "log10", "erf", "erfc", "lgamma", "trunc", "floor", "ceil",
+)  # fmt: skip
+UNARY.update({name: f"libdevice.{name}({{0}})" for name in LIBDEVICE_UNARY})
+
+BINARY = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
+    "maximum": "kiln_maximum({0}, {1})", "minimum": "kiln_minimum({0}, {1})",
+    "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
+    "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "(({0} != 0) & ({1} != 0))",
+    "logical_or": "(({0} != 0) | ({1} != 0))", "floordiv": "kiln_floordiv({0}, {1})",
+    "remainder": "kiln_remainder({0}, {1})", "pow": "kiln_pow({0}, {1})", "atan2": "libdevice.atan2({0}, {1})",
+    "fmod": "libdevice.fmod({0}, {1})", "hypot": "libdevice.hypot({0}, {1})",
+    "copysign": "libdevice.copysign({0}, {1})", "nextafter": "libdevice.nextafter({0}, {1})",
+    "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})",
+    "bitwise_left_shift": "kiln_shift_left({0}, {1})", "bitwise_right_shift": "kiln_shift_right({0}, {1})",
+}  # fmt: skip
+
+
+def triton_index(expr: sympy.Expr) -> str:
+    """An integer index expression as Triton (Python syntax on integer blocks). Triton's `//`
+    and `%` round toward zero, as C's: operands that may be negative go through kiln_floordiv."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        return str(int(expr))
+    if expr.is_Symbol:
+        return expr.name
+    if isinstance(expr, (FloorDiv, sympy.Mod)):
+        a, b = expr.args
+        floor = isinstance(expr, FloorDiv)
+        if a.is_nonnegative and b.is_positive:
+            return f"({triton_index(a)} {'//' if floor else '%'} {triton_index(b)})"
+        return f"{'kiln_floordiv' if floor else 'kiln_remainder'}({triton_index(a)}, {triton_index(b)})"
+    if expr.is_Add:
+        return "(" + " + ".join(triton_index(a) for a in expr.args) + ")"
+    if expr.is_Mul:
+        return "(" + " * ".join(triton_index(a) for a in expr.args) + ")"
+    if isinstance(expr, (sympy.Min, sympy.Max)):
+        fn = "tl.minimum" if isinstance(expr, sympy.Min) else "tl.maximum"
+        out = triton_index(expr.args[0])
+        for a in expr.args[1:]:
+            out = f"{fn}({out}, {triton_index(a)})"
+        return out
+    raise NotImplementedError(f"index expression {expr} ({type(expr).__name__}) in Triton")
+
+
+def triton_constant(value: Any, dtype: torch.dtype) -> str:
+    """A block of one element holding `value` as `dtype` (a 16-bit float: rounded to it, held
+    in float32)."""
+    if dtype in HALF:
+        return f"{triton_constant(value, torch.float32)}.to({TRITON_DTYPES[dtype]}).to(tl.float32)"
+    if dtype == torch.bool or isinstance(value, bool):
+        return f"tl.full([], {1 if value else 0}, {TRITON_DTYPES[dtype]})"
+    if dtype.is_floating_point:
+        value = float(value)
+        text = repr(value) if value == value and abs(value) != float("inf") else f'float("{value}")'
+        return f"tl.full([], {text}, {TRITON_DTYPES[dtype]})"
+    return f"tl.full([], {int(value)}, {TRITON_DTYPES[dtype]})"

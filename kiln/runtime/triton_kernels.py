@@ -1,0 +1,111 @@
+"""A graph's Triton module, written to the cache and imported; its launchers are the kernels the
+wrapper calls.
+
+`triton.jit` reads a kernel's source from its file, so the module is a real file, named by the
+hash of its text (<cache dir>/triton/<key[:2]>/<key>.py, written with its digest as every cache
+entry: a torn or edited file is written again, never imported). Triton compiles each kernel for
+the GPU at its first launch and keeps the binary in its own cache.
+
+Graphs on CPU tensors run under Triton's interpreter (how CI checks the Triton printer without a
+GPU): the module is imported with `TRITON_INTERPRET=1`, which makes each `@triton.jit` function
+an interpreted one, and its `libdevice` is kiln/runtime/triton_math.py's stand-in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Iterator
+
+import torch
+
+from kiln import disk_cache
+
+
+def module_path(source: str) -> Path:
+    """The cache file holding `source`, written now when missing or not intact."""
+    key = hashlib.sha256(source.encode()).hexdigest()
+    path = disk_cache.entry("triton", key, ".py")
+    if disk_cache.read(path) != source.encode():
+        disk_cache.write(path, source.encode())
+    return path
+
+
+@contextlib.contextmanager
+def _interpreting(on: bool) -> Iterator[None]:
+    """TRITON_INTERPRET set to 1 (on) or unset (off) while `triton.jit` decorates the module."""
+    before = os.environ.get("TRITON_INTERPRET")
+    if on:
+        os.environ["TRITON_INTERPRET"] = "1"
+    else:
+        os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+
+
+def load_module(source: str, device: str, interpret: bool | None = None) -> ModuleType:
+    """The module of `source` imported for graphs on `device` ("cpu": interpreted), with its
+    `libdevice` and its index-error flag (a one-element int32 tensor on the device) bound.
+    `interpret=False` imports it for Triton's compiler on a CPU machine (tests building kernels
+    for a GPU target)."""
+    from triton.language.extra import libdevice
+
+    from kiln.runtime.triton_math import INTERPRETER_LIBDEVICE
+
+    interpret = device == "cpu" if interpret is None else interpret
+    path = module_path(source)
+    name = f"kiln_triton_{path.stem}_{'interpreted' if interpret else 'compiled'}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    module.libdevice = INTERPRETER_LIBDEVICE if interpret else libdevice
+    module.kiln_error_flag = torch.zeros(1, dtype=torch.int32, device=device)
+    # linecache and inspect find a jit function's source through its module in sys.modules.
+    sys.modules[name] = module
+    with _interpreting(interpret):
+        spec.loader.exec_module(module)
+    return module
+
+
+class ErrorFlag:
+    """The wrapper's `index_error` for Triton kernels: `.value` reads (and, set to 0, clears)
+    the flag tensor that kernels with indirect indices write 1 into."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    @property
+    def value(self) -> int:
+        return int(self.tensor.item())
+
+    @value.setter
+    def value(self, value: int) -> None:
+        self.tensor.fill_(value)
+
+
+def build_for_gpu(source: str, functions: list, capability: int = 90, warp_size: int = 32) -> dict[str, bytes]:
+    """Compile every jit function of the module `source` for an NVIDIA GPU of compute capability
+    `capability` (90: H100) without one, down to its cubin; `functions` are the printer's
+    JitFunctions (their argument types). Triton's compiler rejects code its interpreter runs,
+    so tests compile each kernel they generate this way. Returns name -> cubin."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    module = load_module(source, "cpu", interpret=False)
+    target = GPUTarget("cuda", capability, warp_size)
+    built = {}
+    for function in functions:
+        jit = getattr(module, function.name)
+        compiled = triton.compile(ASTSource(jit, function.signature, function.constexprs), target=target)
+        built[function.name] = compiled.asm["cubin"]
+    return built

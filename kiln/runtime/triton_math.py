@@ -1,0 +1,69 @@
+"""`libdevice` for kernels run by Triton's interpreter.
+
+Triton's interpreter runs a kernel's body as Python over numpy arrays, but cannot run libdevice,
+NVIDIA's device math library (an external call of the GPU's code). kiln's Triton kernels call
+libdevice for every math function (kiln/codegen/triton/printer.py), so under the interpreter
+the module's `libdevice` is this stand-in: each function of libdevice's that kiln prints, by
+the same name, computed by torch's CPU implementation of the op (what eager computes), on the
+interpreter's arrays. On a GPU the real libdevice runs; the two agree to libdevice's documented
+accuracy, not bit for bit.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Callable
+
+import numpy as np
+import torch
+
+
+def _as_tensor(x):
+    import triton.language as tl
+
+    if isinstance(x, tl.tensor):
+        return torch.from_numpy(np.ascontiguousarray(x.handle.data))
+    return torch.tensor(x)
+
+
+def _block(result: torch.Tensor, like):
+    """`result` as an interpreter block of `like`'s element type (or of int32 for signbit)."""
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    data = result.numpy()
+    scalar = tl.int32 if result.dtype == torch.int32 else like.dtype.scalar
+    block = tl.block_type(scalar, list(data.shape)) if data.ndim else scalar
+    return tl.tensor(TensorHandle(data, scalar), block)
+
+
+def _function(torch_fn: Callable, result_dtype: torch.dtype | None = None) -> Callable:
+    def apply(*args, _semantic=None, **_):
+        import triton.language as tl
+
+        like = next(a for a in args if isinstance(a, tl.tensor))
+        result = torch_fn(*(_as_tensor(a) for a in args))
+        if result_dtype is not None:
+            result = result.to(result_dtype)
+        return _block(result, like)
+
+    return apply
+
+
+_FUNCTIONS = {
+    "exp": torch.exp, "expm1": torch.expm1, "log": torch.log, "log1p": torch.log1p, "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt, "sin": torch.sin, "cos": torch.cos, "tan": torch.tan, "asin": torch.asin,
+    "acos": torch.acos, "atan": torch.atan, "sinh": torch.sinh, "cosh": torch.cosh, "tanh": torch.tanh,
+    "asinh": torch.asinh, "acosh": torch.acosh, "atanh": torch.atanh, "exp2": torch.exp2, "log2": torch.log2,
+    "log10": torch.log10, "erf": torch.erf, "erfc": torch.erfc, "lgamma": torch.lgamma, "trunc": torch.trunc,
+    "floor": torch.floor, "ceil": torch.ceil, "nearbyint": torch.round, "erfinv": torch.erfinv,
+    "erfcx": torch.special.erfcx, "normcdfinv": torch.special.ndtri, "cyl_bessel_i0": torch.special.i0,
+    "cyl_bessel_i1": torch.special.i1, "j0": torch.special.bessel_j0, "j1": torch.special.bessel_j1,
+    "y0": torch.special.bessel_y0, "y1": torch.special.bessel_y1, "atan2": torch.atan2, "fmod": torch.fmod,
+    "hypot": torch.hypot, "copysign": torch.copysign, "nextafter": torch.nextafter, "pow": torch.pow,
+}  # fmt: skip
+
+INTERPRETER_LIBDEVICE = SimpleNamespace(
+    **{name: _function(fn) for name, fn in _FUNCTIONS.items()},
+    signbit=_function(torch.signbit, torch.int32),
+)
