@@ -26,26 +26,29 @@ def _as_tensor(x):
     return torch.tensor(x)
 
 
-def _block(result: torch.Tensor, like):
-    """`result` as an interpreter block of `like`'s element type (or of int32 for signbit)."""
+def _block(result: torch.Tensor, args):
+    """`result` as an interpreter value: of the first argument's element type (int32 for
+    signbit), a scalar when every argument is one (the interpreter holds a scalar's data as a
+    one-element array), else a block of the broadcast shape."""
     import triton.language as tl
     from triton.runtime.interpreter import TensorHandle
 
-    data = result.numpy()
-    scalar = tl.int32 if result.dtype == torch.int32 else like.dtype.scalar
-    block = tl.block_type(scalar, list(data.shape)) if data.ndim else scalar
-    return tl.tensor(TensorHandle(data, scalar), block)
+    tensors = [a for a in args if isinstance(a, tl.tensor)]
+    scalar = tl.int32 if result.dtype == torch.int32 else tensors[0].dtype.scalar
+    blocks = [a.type.get_block_shapes() for a in tensors if a.type.is_block()]
+    if not blocks:
+        return tl.tensor(TensorHandle(result.reshape(-1).numpy(), scalar), scalar)
+    shape = list(torch.broadcast_shapes(*(tuple(int(s) for s in b) for b in blocks)))
+    data = result.expand(shape).contiguous().numpy() if list(result.shape) != shape else result.numpy()
+    return tl.tensor(TensorHandle(data, scalar), tl.block_type(scalar, shape))
 
 
 def _function(torch_fn: Callable, result_dtype: torch.dtype | None = None) -> Callable:
     def apply(*args, _semantic=None, **_):
-        import triton.language as tl
-
-        like = next(a for a in args if isinstance(a, tl.tensor))
         result = torch_fn(*(_as_tensor(a) for a in args))
         if result_dtype is not None:
             result = result.to(result_dtype)
-        return _block(result, like)
+        return _block(result, args)
 
     return apply
 

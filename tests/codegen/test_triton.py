@@ -57,7 +57,11 @@ INDEXING = {
                           [torch.tensor([[1.0, 3.0, 3.0, -1.0], [float("nan"), 2.0, float("nan"), 0.0], [2.0, 2.0, 2.0, 2.0]])]),
     "integer division and shifts": (lambda a, b: (a // b, a % b, a << (b % 5), a >> (b % 5), a ** (b % 3)),
                                     [torch.arange(-12, 12).reshape(4, 6), torch.tensor([5, -3, 7, 2, -4, 9])]),
-    "prod and all": (lambda x: (x.prod(-1), (x > 0).all(-1), (x > 1).any(0)), [torch.randn(6, 9)]),
+    "prod and all": (lambda x: (x.prod(-1), (x > 0).all(-1), (x > 1).any(0), x.any()), [torch.randn(6, 9)]),
+    # no atomic for these: one source element at a time
+    "scatter_reduce prod": (lambda x, i, s: x.scatter_reduce(0, i, s, "prod"), [torch.randn(3, 4), torch.randint(0, 3, (5, 4)), torch.randn(5, 4)]),
+    "bfloat16 index_add": (lambda x, i, s: x.index_add(0, i, s), [torch.randn(4, 3).bfloat16(), torch.tensor([0, 3, 3]), torch.randn(3, 3).bfloat16()]),
+    "scalar operands": (lambda x, y: (torch.logical_and(x, y), x.pow(y), torch.maximum(x, y)), [torch.randn(5), torch.tensor(1.5)]),
 }
 
 
@@ -77,6 +81,18 @@ def test_an_index_out_of_range_raises_and_the_next_call_runs():
     with pytest.raises(IndexError, match="index out of range"):
         graph(w, torch.tensor([3, 10]))
     torch.testing.assert_close(graph(w, torch.tensor([3, 9]))[0], fn(w, torch.tensor([3, 9])))
+
+
+def test_an_op_libdevice_lacks_runs_through_aten_with_the_reason_recorded():
+    from kiln.runtime import fallback
+
+    fallback.reset()
+    fn = lambda x: torch.digamma(x) + 1  # noqa: E731
+    x = torch.rand(8) + 0.5
+    with kiln.config.patch({"backend.codegen": "triton"}):
+        compiled_fn = torch.compile(fn, backend="kiln")
+        torch.testing.assert_close(compiled_fn(x), fn(x))
+    assert any("ops.digamma in Triton" in str(f) for f in fallback.FALLBACKS)
 
 
 def test_codegen_setting_is_checked():

@@ -109,6 +109,7 @@ def summary_text(rows: list[dict], meta: dict, seconds: float | None) -> str:
     lines = [f"OpInfo {meta['dtype']} {meta['device']} {meta['direction']} sweep, torch {meta['torch']}, "
              f"{meta['samples_per_op']} samples per op, threads={meta['threads']}"
              + f", {tolerance_text(meta)}"
+             + (f", kiln's {meta['codegen']} code generator" if meta.get("codegen") else "")
              + (f", commit {meta['commit']}" if meta.get("commit") else "")
              + (f", {meta['cpu']}" if meta.get("cpu") else "")
              + (f", {meta['note']}" if meta.get("note") else "")

@@ -33,6 +33,8 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile-worker
 
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
+
+import kiln  # noqa: E402
 from torch.testing._internal.common_methods_invocations import op_db  # noqa: E402
 
 from tests.aot.opinfo import TOLERANCES, Outcome, check_sample, op_id, op_status  # noqa: E402
@@ -144,6 +146,8 @@ def main() -> int:
                         help=f"comma-separated, of {', '.join(BACKENDS)} (default all)")
     parser.add_argument("--tolerance", choices=tuple(TOLERANCES), default="float32",
                         help="float32: torch.testing's defaults (rtol 1.3e-6, atol 1e-5); 1e-4: atol = rtol = 1e-4")
+    parser.add_argument("--codegen", choices=("cpp", "triton"), default="cpp",
+                        help="kiln's code generator (triton: run by Triton's interpreter on CPU; default cpp)")
     parser.add_argument("--timeout", type=int, default=180, help="seconds per sample and backend (default 180)")
     parser.add_argument("--json", help="write every row here, after each op")
     parser.add_argument("--resume", action="store_true", help="keep the rows already in --json and skip their ops")
@@ -154,10 +158,11 @@ def main() -> int:
     parser.add_argument("--note", help="what was measured (e.g. the commit), kept in the results")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
+    kiln.config.backend.codegen = args.codegen
 
     meta = dict(torch=torch.__version__, threads=torch.get_num_threads(), samples_per_op=args.samples,
                 direction="backward" if args.backward else "forward", dtype="float32", device="cpu", note=args.note or "",
-                tolerance=args.tolerance, commit=_commit(), cpu=_cpu(), started=time.strftime("%Y-%m-%d %H:%M %Z"))
+                tolerance=args.tolerance, codegen=args.codegen, commit=_commit(), cpu=_cpu(), started=time.strftime("%Y-%m-%d %H:%M %Z"))
     if args.report:
         with open(args.report) as f:
             saved = json.load(f)

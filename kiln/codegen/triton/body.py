@@ -22,6 +22,7 @@ from kiln.ir.ops import ALL_OPS
 
 Dims = frozenset  # of "x" and "r"
 NO_DIMS: Dims = frozenset()
+X_DIMS: Dims = frozenset({"x"})
 
 
 class TritonBody:
@@ -89,9 +90,14 @@ class TritonBody:
             return variable
         index = simplify(sympy.sympify(index) - self.buffers[buffer].layout.offset, self.extents)
         dims = self.index_dims(index)
+        offset = triton_index(index)
+        if not dims:
+            # One element for every lane, loaded as a block of the rows (`xindex * 0`), not as a
+            # scalar: Triton's interpreter gives a comparison of scalars the operands' element
+            # type, and broadcasting that to a block turns booleans into floats.
+            offset, dims = f"{offset} + xindex * 0", X_DIMS
         mask = self.mask(dims)
-        masked = f", mask={mask}, other=0" if mask else ""
-        text = f"tl.load({self.pointers[buffer]} + {triton_index(index)}{masked})"
+        text = f"tl.load({self.pointers[buffer]} + {offset}, mask={mask}, other=0)"
         if self._dtype(buffer) in HALF:
             text += ".to(tl.float32)"
         return self._emit(text, dims)

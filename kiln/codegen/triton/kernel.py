@@ -26,7 +26,7 @@ from kiln.codegen.triton.body import Dims, TritonBody
 from kiln.codegen.triton.printer import TRITON_DTYPES, triton_index, value_dtype
 from kiln.ir.index_bounds import simplify
 from kiln.ir.nodes import Buffer
-from kiln.ir.ops import use_handler
+from kiln.ir.ops import ops, use_handler
 from kiln.ir.schedule import FusedKernel, LoopNest, loop_extents
 
 X, R, XR = Dims({"x"}), Dims({"r"}), Dims({"x", "r"})
@@ -49,6 +49,7 @@ _FOLD = {"sum": "tl.reduce({a}, 1, kiln_add)", "prod": "tl.reduce({a}, 1, kiln_m
          "min": "tl.reduce({a}, 1, kiln_minimum)", "any": "tl.reduce({a}, 1, kiln_maximum)", "all": "tl.reduce({a}, 1, kiln_minimum)"}
 _ATOMIC = {"sum": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_min"}
 _ATOMIC_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)
+_SERIAL_COMBINE = {"sum": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
 
 
 def next_power_of_2(n: int) -> int:
@@ -245,7 +246,8 @@ class TritonKernelPrinter:
         self._inner_rows(inner_vars, inner)
         body = self._body(nest, symbol_dims, masks, 2)
         _, _, value = body.reduced
-        self._emit(f"value = tl.broadcast_to({value}.to({acc_type}), [XBLOCK, RBLOCK])", 2)
+        converted = f"({value} != 0).to(tl.int8)" if boolean else f"{value}.to({acc_type})"  # any/all of numbers
+        self._emit(f"value = tl.broadcast_to({converted}, [XBLOCK, RBLOCK])", 2)
         if arg:
             better = "kiln_greater" if kind == "argmax" else "kiln_less"
             self._emit(f"take = xmask & rmask & {better}(value, {acc})", 2)
@@ -279,29 +281,42 @@ class TritonKernelPrinter:
         numel = math.prod(sizes)
         if numel == 0:  # no source element: nothing is written, and no index is checked (as eager)
             return self._kernel(launches)
-        if node.mode == "prod" or (node.mode is not None and value_dtype(node.dtype) not in _ATOMIC_DTYPES):
-            raise NotImplementedError(f"a {node.mode} scatter of {node.dtype} in Triton (no such atomic)")
-        block = min(POINTWISE_BLOCK, next_power_of_2(numel))
+        # Writes that combine with no atomic for them (a product; 16-bit floats, bools, bytes) run
+        # one source element at a time in a single program: correct, and slow on a GPU.
+        serial = node.mode is not None and (node.mode not in _ATOMIC or node.dtype not in _ATOMIC_DTYPES)
+        block = 1 if serial else min(POINTWISE_BLOCK, next_power_of_2(numel))
         symbols = list(node.source_vars())
-        self._program_rows(False)
+        depth = 1
+        if serial:
+            self._emit("for xstart in range(0, xnumel):", 1)
+            self._emit("xindex = xstart + tl.arange(0, XBLOCK)", 2)
+            self._emit("xmask = xindex < xnumel", 2)
+            depth = 2
+        else:
+            self._program_rows(False)
         for line in _decompose("xindex", symbols, sizes):
-            self._emit(line, 1)
+            self._emit(line, depth)
         body = TritonBody(self.pointers, self.buffers, {}, {v: X for v in symbols}, {"x": "xmask"}, "s",
                           loop_extents(node), error_flag="error_flag")
         with use_handler(body):
             target, value = node.scattered()
+            if serial:  # the element's current value, combined here
+                old = body.load(nest.name, nest.buffer.layout.flat_index(target))
+                value = getattr(ops, _SERIAL_COMBINE[node.mode])(old, value)
         self.uses_error_flag |= body.uses_error_flag
         for line in body.lines:
-            self._emit(line, 1)
+            self._emit(line, depth)
         flat = nest.buffer.layout.flat_index(target) - nest.buffer.layout.offset
-        if node.mode is None:
-            self._emit(body.store_line(nest.name, flat, value, X, "[XBLOCK]"), 1)
+        if node.mode is None or serial:
+            self._emit(body.store_line(nest.name, flat, value, X, "[XBLOCK]"), depth)
+            if serial:
+                self._emit("tl.debug_barrier()", depth)
         else:
             dtype = TRITON_DTYPES[node.dtype]
             self._emit(f"{_ATOMIC[node.mode]}({self.pointers[nest.name]} + ({body_index(flat, body)} + "
                        f"tl.full([XBLOCK], 0, tl.int32)), tl.broadcast_to({value}.to({dtype}), [XBLOCK]), mask=xmask)", 1)
         jit = self._jit(f"{self.function}_scatter", [("xnumel", index_type)], {"XBLOCK": block})
-        launches.append((jit, _blocks(numel, block), f"{numel}, XBLOCK={block}"))
+        launches.append((jit, 1 if serial else _blocks(numel, block), f"{numel}, XBLOCK={block}, num_warps=1"))
         return self._kernel(launches)
 
 
