@@ -44,6 +44,12 @@ def entry(kind: str, key: str, suffix: str) -> Path:
     return _folder(kind, key[:2]) / f"{key}{suffix}"
 
 
+def folder(kind: str) -> Path:
+    """<cache dir>/<kind>, created and checked, for a cache whose files another tool names
+    (Triton's compiled kernels)."""
+    return _folder(kind)
+
+
 def _folder(*parts: str) -> Path:
     """<cache dir>/<parts>, created (mode 0o700) and checked; see the module docstring."""
     wanted = config.cache_dir()

@@ -76,15 +76,21 @@ CODEGENS = ("auto", "cpp", "triton")
 
 def choose_codegen(device: str) -> str:
     """The code generator for graphs on `device`: the one place this is decided. `auto` (the
-    setting `backend.codegen`) is C++ on CPU and Triton on CUDA; `triton` on CPU runs the
-    Triton kernels under Triton's interpreter (tests); `cpp` is for CPU graphs only."""
+    setting `backend.codegen`) is C++ on CPU and, once the GPU pipeline is finished, Triton on
+    CUDA (today a CUDA graph is declined and runs eagerly); `triton` on CPU runs the Triton
+    kernels under Triton's interpreter (tests); `cpp` is for CPU graphs only."""
     wanted = config.backend.codegen
     if wanted not in CODEGENS:
         raise ValueError(f"backend.codegen (KILN_CODEGEN) must be one of {', '.join(CODEGENS)}; got {wanted!r}")
     if device not in ("cpu", "cuda"):
         raise NotImplementedError(f"kiln generates code for CPU and CUDA graphs; this graph's tensors are on {device!r}")
     if wanted == "auto":
-        return "cpp" if device == "cpu" else "triton"
+        if device == "cpu":
+            return "cpp"
+        # The Triton kernels are built and checked (interpreter, sm_90 builds), but the passes and
+        # externs around them have not run on a GPU yet: CUDA graphs run eagerly unless asked for.
+        raise NotImplementedError(f"kiln's pipeline for {device!r} graphs is not finished (docs/triton.md); "
+                                  "KILN_CODEGEN=triton tries its Triton kernels")
     if wanted == "cpp" and device != "cpu":
         raise NotImplementedError(f"backend.codegen is 'cpp', which runs on CPU only; this graph's tensors are on {device!r}")
     return wanted

@@ -83,6 +83,20 @@ class FusedKernel:
         """No member has inner loops: the last outer loop is the one to vectorize."""
         return all(not self.inner_ranges(m) and not m.is_scatter for m in self.members)
 
+    def argument_names(self) -> dict[str, str]:
+        """Each buffer the kernel reads or writes -> its argument: `in<k>` for inputs, `out<k>`
+        for outputs (an input written over is named as the output that takes its memory)."""
+        names = {b.name: f"in{k}" for k, b in enumerate(self.inputs)}
+        names.update({b.name: f"out{k}" for k, b in enumerate(self.outputs)})
+        names.update({b.name: names[out] for out, b in self.overwrites.items()})
+        return names
+
+    def buffers(self) -> dict[str, Buffer]:
+        """Every buffer the kernel's bodies name (its arguments and its members), by name."""
+        found = {b.name: b for b in [*self.inputs, *self.outputs, *self.overwrites.values()]}
+        found.update({m.name: m.buffer for m in self.members})
+        return found
+
     @property
     def has_static_sizes(self) -> bool:
         """Every loop's trip count is an integer (code generators print sizes as constants)."""

@@ -73,7 +73,25 @@ def load_module(source: str, device: str, interpret: bool | None = None) -> Modu
     sys.modules[name] = module
     with _interpreting(interpret):
         spec.loader.exec_module(module)
+    if device != "cpu":
+        # Triton compiles each kernel at its first launch, long after this returns: its binaries
+        # go under kiln's cache for the rest of the process (unless TRITON_CACHE_DIR is set).
+        os.environ.setdefault("TRITON_CACHE_DIR", str(disk_cache.folder("triton_binaries")))
     return module
+
+
+@contextlib.contextmanager
+def binary_cache() -> Iterator[None]:
+    """Triton's compiled kernels go to <kiln cache>/triton_binaries (not ~/.triton) while Triton
+    compiles, unless the user chose TRITON_CACHE_DIR."""
+    if "TRITON_CACHE_DIR" in os.environ:
+        yield
+        return
+    os.environ["TRITON_CACHE_DIR"] = str(disk_cache.folder("triton_binaries"))
+    try:
+        yield
+    finally:
+        os.environ.pop("TRITON_CACHE_DIR", None)
 
 
 class ErrorFlag:
@@ -106,6 +124,7 @@ def build_for_gpu(source: str, functions: list, capability: int = 90, warp_size:
     built = {}
     for function in functions:
         jit = getattr(module, function.name)
-        compiled = triton.compile(ASTSource(jit, function.signature, function.constexprs), target=target)
+        with binary_cache():
+            compiled = triton.compile(ASTSource(jit, function.signature, function.constexprs), target=target)
         built[function.name] = compiled.asm["cubin"]
     return built

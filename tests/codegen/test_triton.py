@@ -73,6 +73,17 @@ def test_indexing_and_integer_ops_match_eager(name):
     assert_builds_for_h100(graph)
 
 
+def test_bfloat16_rounds_to_nearest_even_as_eager():
+    # Triton's interpreter truncates float32 to bfloat16; kiln's kernels round themselves.
+    x = torch.randn(4096) * 100
+    x[:4] = torch.tensor([float("nan"), float("inf"), -0.0, 3.3895e38])
+    fn = lambda x: (x.bfloat16(), (x * 3).bfloat16().float() + 1)  # noqa: E731
+    out, graph = triton_compiled(fn, x)
+    for got, want in zip(out, fn(x)):
+        assert torch.equal(got.float().nan_to_num(), want.float().nan_to_num()) and got.dtype == want.dtype
+    assert_builds_for_h100(graph)
+
+
 def test_an_index_out_of_range_raises_and_the_next_call_runs():
     fn = lambda w, i: torch.nn.functional.embedding(i, w) + 1  # noqa: E731
     w = torch.randn(10, 4)
@@ -95,12 +106,22 @@ def test_an_op_libdevice_lacks_runs_through_aten_with_the_reason_recorded():
     assert any("ops.digamma in Triton" in str(f) for f in fallback.FALLBACKS)
 
 
+def test_gpu_builds_go_to_kilns_cache_not_home(private_cache, monkeypatch):
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    fn, inputs = CASES["softmax"]
+    _, graph = triton_compiled(fn, *inputs)
+    assert_builds_for_h100(graph)
+    assert any((private_cache / "triton_binaries").rglob("*.cubin"))
+    assert "TRITON_CACHE_DIR" not in __import__("os").environ
+
+
 def test_codegen_setting_is_checked():
     with kiln.config.patch({"backend.codegen": "cuda"}):
         with pytest.raises(ValueError, match="backend.codegen .KILN_CODEGEN. must be one of auto, cpp, triton"):
             choose_codegen("cpu")
     assert choose_codegen("cpu") == "cpp"
-    assert choose_codegen("cuda") == "triton"
+    with kiln.config.patch({"backend.codegen": "triton"}):
+        assert choose_codegen("cuda") == "triton" and choose_codegen("cpu") == "triton"
     with kiln.config.patch({"backend.codegen": "cpp"}):
         with pytest.raises(NotImplementedError, match="runs on CPU only"):
             choose_codegen("cuda")

@@ -48,11 +48,7 @@ class KernelPrinter:
 
     def __init__(self, kernel: FusedKernel, function: str) -> None:
         self.kernel, self.function = kernel, function
-        self.pointers = {b.name: f"in{k}" for k, b in enumerate(kernel.inputs)}
-        self.pointers.update({b.name: f"out{k}" for k, b in enumerate(kernel.outputs)})
-        self.pointers.update({b.name: self.pointers[out] for out, b in kernel.overwrites.items()})
-        self.buffers = {b.name: b for b in [*kernel.inputs, *kernel.outputs, *kernel.overwrites.values()]}
-        self.buffers.update({m.name: m.buffer for m in kernel.members})
+        self.pointers, self.buffers = kernel.argument_names(), kernel.buffers()
         self.locals = {name: f"{name}_value" for name in kernel.locals}
         self.vectorized = False
         self.lines: list[str] = []

@@ -12,7 +12,7 @@ from typing import Any
 import sympy
 import torch
 
-from kiln.ir.indexing import FloorDiv
+from kiln.codegen.index_printer import IndexSpelling, print_index
 from kiln.ir.ops import SPECIAL_FUNCTION_BINARY_OPS, SPECIAL_FUNCTION_UNARY_OPS
 
 CTYPES = {
@@ -63,32 +63,13 @@ _BINARY.update(nextafter="std::nextafter({0}, {1})")
 _BINARY.update(polygamma="decltype({1})(kiln_polygamma(double({0}), {1}))")
 
 
+CPP_INDEX = IndexSpelling("C++", "{0}L", "({0} / {1})", "({0} % {1})", "kiln_floordiv<int64_t>({0}, {1})",
+                          "kiln_remainder<int64_t>({0}, {1})", "std::min<int64_t>({0}, {1})", "std::max<int64_t>({0}, {1})")
+
+
 def cpp_index(expr: sympy.Expr) -> str:
     """A non-negative integer index expression as C++ (int64_t arithmetic)."""
-    expr = sympy.sympify(expr)
-    if expr.is_Integer:
-        return f"{int(expr)}L"
-    if expr.is_Symbol:
-        return expr.name
-    if isinstance(expr, (FloorDiv, sympy.Mod)):
-        a, b = expr.args
-        floor = isinstance(expr, FloorDiv)
-        if a.is_nonnegative and b.is_positive:
-            return f"({cpp_index(a)} {'/' if floor else '%'} {cpp_index(b)})"
-        # sympy reduces a Mod's constant term (Mod(7 - k, 4) is Mod(3 - k, 4)), which can leave a
-        # negative operand, where C++'s / and % round toward zero: index arithmetic floors.
-        return f"{'kiln_floordiv' if floor else 'kiln_remainder'}<int64_t>({cpp_index(a)}, {cpp_index(b)})"
-    if expr.is_Add:
-        return "(" + " + ".join(cpp_index(a) for a in expr.args) + ")"
-    if expr.is_Mul:
-        return "(" + " * ".join(cpp_index(a) for a in expr.args) + ")"
-    if isinstance(expr, (sympy.Min, sympy.Max)):
-        fn = "std::min" if isinstance(expr, sympy.Min) else "std::max"
-        out = cpp_index(expr.args[0])
-        for a in expr.args[1:]:
-            out = f"{fn}<int64_t>({out}, {cpp_index(a)})"
-        return out
-    raise NotImplementedError(f"index expression {expr} ({type(expr).__name__}) in C++")
+    return print_index(expr, CPP_INDEX)
 
 
 def cpp_constant(value: Any, dtype: torch.dtype) -> str:

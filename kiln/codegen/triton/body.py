@@ -16,7 +16,8 @@ from typing import Any
 import sympy
 import torch
 
-from kiln.codegen.triton.printer import BINARY, HALF, TRITON_DTYPES, UNARY, triton_constant, triton_index
+from kiln.codegen.triton.printer import (BINARY, HALF, TRITON_DTYPES, UNARY, round_to, triton_constant,
+                                         triton_index)
 from kiln.ir.index_bounds import simplify
 from kiln.ir.ops import ALL_OPS
 
@@ -33,13 +34,16 @@ class TritonBody:
 
     def __init__(self, pointers: dict[str, str], buffers: dict[str, Any], locals_: dict[str, tuple[str, Dims]],
                  symbol_dims: dict[sympy.Symbol, Dims], masks: dict[str, str], prefix: str,
-                 extents: dict[sympy.Symbol, sympy.Expr], error_flag: str | None = None) -> None:
+                 extents: dict[sympy.Symbol, sympy.Expr], error_flag: str | None = None,
+                 rename: dict[sympy.Symbol, sympy.Symbol] | None = None, shared: dict[str, str] | None = None) -> None:
         self.pointers, self.buffers, self.locals = pointers, buffers, locals_
+        self.rename = rename or {}  # the body's inner loop variables -> the block's
         self.symbol_dims = dict(symbol_dims)
         self.masks, self.prefix, self.extents, self.error_flag = masks, prefix, extents, error_flag
         self.lines: list[str] = []
         self.dims: dict[str, Dims] = {}  # value name -> its axes
-        self._cse: dict[str, str] = {}
+        # expression -> value; a persistent kernel's members share one, so each input is loaded once
+        self._cse: dict[str, str] = shared if shared is not None else {}
         self._count = 0
         self.reduced: tuple[str, torch.dtype, str] | None = None
         self.uses_error_flag = False
@@ -51,7 +55,9 @@ class TritonBody:
 
     def _emit(self, expr: str, dims: Dims) -> str:
         if expr in self._cse:  # every expression is pure: computed once
-            return self._cse[expr]
+            name = self._cse[expr]
+            self.dims.setdefault(name, dims)
+            return name
         name = self._name()
         self.lines.append(f"{name} = {expr}")
         self._cse[expr], self.dims[name] = name, dims
@@ -88,7 +94,7 @@ class TritonBody:
             variable, dims = self.locals[buffer]
             self.dims.setdefault(variable, dims)
             return variable
-        index = simplify(sympy.sympify(index) - self.buffers[buffer].layout.offset, self.extents)
+        index = simplify(sympy.sympify(index).xreplace(self.rename) - self.buffers[buffer].layout.offset, self.extents)
         dims = self.index_dims(index)
         offset = triton_index(index)
         if not dims:
@@ -104,9 +110,14 @@ class TritonBody:
 
     def store_line(self, buffer: str, index: sympy.Expr, value: str, dims: Dims, shape: str) -> str:
         """The store of `value` at `index` over the member's block (`dims`, of shape `shape`)."""
-        index = simplify(sympy.sympify(index), self.extents)
+        index = simplify(sympy.sympify(index).xreplace(self.rename), self.extents)
         dtype = self._dtype(buffer)
-        converted = f"({value} != 0)" if dtype == torch.bool else f"{value}.to({TRITON_DTYPES[dtype]})"
+        if dtype == torch.bool:
+            converted = f"({value} != 0)"
+        elif dtype == torch.bfloat16:  # rounded first: the interpreter's conversion truncates
+            converted = f"kiln_round_bf16({value}.to(tl.float32)).to(tl.bfloat16)"
+        else:
+            converted = f"{value}.to({TRITON_DTYPES[dtype]})"
         mask = self.mask(dims)
         return (f"tl.store({self.pointers[buffer]} + ({triton_index(index)} + tl.full({shape}, 0, tl.int32)), "
                 f"tl.broadcast_to({converted}, {shape}){f', mask={mask}' if mask else ''})")
@@ -118,7 +129,7 @@ class TritonBody:
         return self._emit(triton_constant(value, dtype), NO_DIMS)
 
     def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> str:
-        expr = simplify(sympy.sympify(expr), self.extents)
+        expr = simplify(sympy.sympify(expr).xreplace(self.rename), self.extents)
         if expr.is_Integer:
             return self.constant(int(expr), dtype)
         dims = self.index_dims(expr)
@@ -129,7 +140,7 @@ class TritonBody:
         if dtype == torch.bool:
             return self._emit(f"({value} != 0)", dims)
         if dtype in HALF:  # rounded to 16 bits, held in float32
-            return self._emit(f"{value}.to({TRITON_DTYPES[dtype]}).to(tl.float32)", dims)
+            return self._emit(round_to(dtype, value), dims)
         return self._emit(f"{value}.to({TRITON_DTYPES[dtype]})", dims)
 
     def where(self, condition: str, if_true: str, if_false: str) -> str:

@@ -32,6 +32,7 @@ from kiln.ir.schedule import FusedKernel, LoopNest, loop_extents
 X, R, XR = Dims({"x"}), Dims({"r"}), Dims({"x", "r"})
 BLOCK_ELEMENTS = 4096  # lanes of a reduction kernel's [XBLOCK, RBLOCK] block
 POINTWISE_BLOCK = 1024
+PERSISTENT_ROW = 4096  # rows up to this many elements are one block (no loop), read once for every member
 _INDEX_LIMIT = 2**31  # beyond this many elements, offsets are computed in int64
 
 _POINTER_TYPES = {
@@ -103,14 +104,11 @@ def _init(kind: str, dtype: torch.dtype) -> str:
 class TritonKernelPrinter:
     def __init__(self, kernel: FusedKernel, function: str) -> None:
         self.kernel, self.function = kernel, function
-        self.pointers = {b.name: f"in{k}" for k, b in enumerate(kernel.inputs)}
-        self.pointers.update({b.name: f"out{k}" for k, b in enumerate(kernel.outputs)})
-        self.pointers.update({b.name: self.pointers[out] for out, b in kernel.overwrites.items()})
-        self.buffers = {b.name: b for b in [*kernel.inputs, *kernel.outputs, *kernel.overwrites.values()]}
-        self.buffers.update({m.name: m.buffer for m in kernel.members})
+        self.pointers, self.buffers = kernel.argument_names(), kernel.buffers()
         self.locals: dict[str, tuple[str, Dims]] = {}
         self.wide = any(_storage_elements(b) >= _INDEX_LIMIT for b in self.buffers.values())
         self.uses_error_flag = False  # by the function being printed
+        self.shared: dict[str, str] = {}  # a persistent kernel's values, by expression, across members
         self.lines: list[str] = []
 
     def _emit(self, line: str, depth: int) -> None:
@@ -121,11 +119,15 @@ class TritonKernelPrinter:
         return ([(f"in{n}", _POINTER_TYPES[b.layout.dtype]) for n, b in enumerate(k.inputs)]
                 + [(f"out{n}", _POINTER_TYPES[b.layout.dtype]) for n, b in enumerate(k.outputs)])
 
-    def _body(self, nest: LoopNest, symbol_dims: dict, masks: dict[str, str], depth: int) -> TritonBody:
+    def _body(self, nest: LoopNest, symbol_dims: dict, masks: dict[str, str], depth: int,
+              rename: dict | None = None) -> TritonBody:
+        """`nest`'s body printed at `depth`; `rename` maps its inner loop variables to the
+        persistent block's (`self.shared` then carries values from member to member)."""
         members = self.kernel.members
         prefix = f"t{members.index(nest)}_" if nest in members else "init"  # a scatter's initial values
-        body = TritonBody(self.pointers, self.buffers, self.locals, symbol_dims, masks, prefix,
-                          loop_extents(nest.node), error_flag="error_flag")
+        extents = {rename.get(v, v) if rename else v: size for v, size in loop_extents(nest.node).items()}
+        body = TritonBody(self.pointers, self.buffers, self.locals, symbol_dims, masks, prefix, extents,
+                          error_flag="error_flag", rename=rename, shared=self.shared if rename else None)
         with use_handler(body):
             body.result = nest.node.body()
         self.uses_error_flag |= body.uses_error_flag
@@ -172,8 +174,9 @@ class TritonKernelPrinter:
         inner = max([math.prod(int(s) for s in k.inner_ranges(m)) for m in k.members] + [1])
         rblock = min(next_power_of_2(inner), BLOCK_ELEMENTS)
         xblock = max(1, min(next_power_of_2(xnumel), BLOCK_ELEMENTS // rblock))
+        persistent = self._persistent_vars(inner)
         for nest in k.members:
-            self._member(nest, outer_vars)
+            self._member(nest, outer_vars, persistent)
         jit = self._jit(f"{self.function}_main", [("xnumel", index_type)], {"XBLOCK": xblock, "RBLOCK": rblock})
         return self._kernel([(jit, _blocks(xnumel, xblock),
                               f"{xnumel}, XBLOCK={xblock}, RBLOCK={rblock}, num_warps={_warps(xblock * rblock)}")])
@@ -197,6 +200,8 @@ class TritonKernelPrinter:
             self.locals[nest.name] = (variable, body.value_dims(value) if value in body.dims else dims)
             return
         self._emit(body.store_line(nest.name, nest.store_index, value, dims, shape), depth)
+        stored = f"tl.load({self.pointers[nest.name]} + "  # later members load it again, not from before
+        self.shared = {text: name for text, name in self.shared.items() if not text.startswith(stored)}
 
     def _barrier_before(self, nest: LoopNest) -> None:
         """Other threads of the program may have stored what `nest` reads: wait for them."""
@@ -205,17 +210,41 @@ class TritonKernelPrinter:
         if any(name in stored for name, _ in nest.reads):
             self._emit("tl.debug_barrier()", 1)
 
-    def _member(self, nest: LoopNest, outer_vars: list[sympy.Symbol]) -> None:
+    def _persistent_vars(self, inner: int) -> list[sympy.Symbol] | None:
+        """Persistent (no loop: every member's whole row in one block, each input loaded once
+        for all members) when the members' inner loops are one shape whose rows fit in a block:
+        the variables of that block, bound here; else None (each member loops)."""
+        k = self.kernel
+        shapes = {tuple(int(s) for s in k.inner_ranges(m)) for m in k.members if k.inner_ranges(m)}
+        if len(shapes) != 1 or inner > PERSISTENT_ROW:
+            return None
+        (shape,) = shapes
+        symbols = [sympy.Symbol(f"r{d}", integer=True, nonnegative=True) for d in range(len(shape))]
+        self._emit("rindex = tl.arange(0, RBLOCK)[None, :]", 1)
+        self._emit(f"rmask = rindex < {inner}", 1)
+        for line in _decompose("rindex", symbols, list(shape)):
+            self._emit(line, 1)
+        return symbols
+
+    def _member(self, nest: LoopNest, outer_vars: list[sympy.Symbol], persistent: list[sympy.Symbol] | None) -> None:
         self._barrier_before(nest)
         inner = [int(s) for s in self.kernel.inner_ranges(nest)]
         symbol_dims = {v: X for v in outer_vars}
         if not inner:
-            body = self._body(nest, symbol_dims, {"x": "xmask"}, 1)
+            body = self._body(nest, symbol_dims, {"x": "xmask"}, 1, rename={} if persistent else None)
             self._result(nest, body, body.result, X, "[XBLOCK, 1]", 1)
             return
         inner_vars = list(nest.node.reduction_vars()) if nest.is_reduction else list(nest.node.index_vars())[len(outer_vars):]
         numel = math.prod(inner)
         masks = {"x": "xmask", "r": "rmask"}
+        if persistent is not None:
+            symbol_dims.update({v: R for v in persistent})
+            body = self._body(nest, symbol_dims, masks, 1, rename=dict(zip(inner_vars, persistent)))
+            if nest.is_reduction:
+                self._fold_block(nest, body)
+            else:
+                self._result(nest, body, body.result, XR, "[XBLOCK, RBLOCK]", 1)
+            return
         symbol_dims.update({v: R for v in inner_vars})
         if nest.is_reduction:
             self._reduction(nest, inner_vars, inner, symbol_dims, masks)
@@ -231,13 +260,38 @@ class TritonKernelPrinter:
         for line in _decompose("rindex", inner_vars, inner):
             self._emit(line, 2)
 
+    def _accumulator(self, nest: LoopNest) -> tuple[str, str, bool]:
+        """(the reduction's kind, its accumulator's Triton type, whether it is a bool's)."""
+        node = nest.node
+        kind = node.reduction_type
+        acc_dtype = value_dtype(node.src_dtype if kind in ("argmax", "argmin") else node.dtype)
+        boolean = acc_dtype == torch.bool
+        return kind, "tl.int8" if boolean else TRITON_DTYPES[acc_dtype], boolean
+
+    def _converted(self, value: str, acc_type: str, boolean: bool) -> str:
+        converted = f"({value} != 0).to(tl.int8)" if boolean else f"{value}.to({acc_type})"  # any/all of numbers
+        return f"tl.broadcast_to({converted}, [XBLOCK, RBLOCK])"
+
+    def _fold_block(self, nest: LoopNest, body: TritonBody) -> None:
+        """A persistent reduction: the whole row is one block, folded at once."""
+        kind, acc_type, boolean = self._accumulator(nest)
+        m = self.kernel.members.index(nest)
+        _, _, value = body.reduced
+        acc_dtype = value_dtype(nest.node.src_dtype if kind in ("argmax", "argmin") else nest.node.dtype)
+        init = f"tl.full([XBLOCK, RBLOCK], {_init(kind, acc_dtype)}, {acc_type})"
+        self._emit(f"block{m} = tl.where(xmask & rmask, {self._converted(value, acc_type, boolean)}, {init})", 1)
+        if kind in ("argmax", "argmin"):
+            positions = "tl.broadcast_to(rindex.to(tl.int64), [XBLOCK, RBLOCK])"
+            self._emit(f"_, folded = tl.reduce((block{m}, {positions}), 1, kiln_{kind}_combine)", 1)
+        else:
+            self._emit(f"folded = {_FOLD[kind].format(a=f'block{m}')}", 1)
+        self._result(nest, body, "(folded[:, None] != 0)" if boolean else "folded[:, None]", X, "[XBLOCK, 1]", 1)
+
     def _reduction(self, nest: LoopNest, inner_vars, inner: list[int], symbol_dims, masks) -> None:
         node, m = nest.node, self.kernel.members.index(nest)
-        kind = node.reduction_type
+        kind, acc_type, boolean = self._accumulator(nest)
         arg = kind in ("argmax", "argmin")
         acc_dtype = value_dtype(node.src_dtype if arg else node.dtype)
-        boolean = acc_dtype == torch.bool
-        acc_type = "tl.int8" if boolean else TRITON_DTYPES[acc_dtype]
         acc = f"acc{m}"
         self._emit(f"{acc} = tl.full([XBLOCK, RBLOCK], {_init(kind, acc_dtype)}, {acc_type})", 1)
         if arg:
@@ -246,8 +300,7 @@ class TritonKernelPrinter:
         self._inner_rows(inner_vars, inner)
         body = self._body(nest, symbol_dims, masks, 2)
         _, _, value = body.reduced
-        converted = f"({value} != 0).to(tl.int8)" if boolean else f"{value}.to({acc_type})"  # any/all of numbers
-        self._emit(f"value = tl.broadcast_to({converted}, [XBLOCK, RBLOCK])", 2)
+        self._emit(f"value = {self._converted(value, acc_type, boolean)}", 2)
         if arg:
             better = "kiln_greater" if kind == "argmax" else "kiln_less"
             self._emit(f"take = xmask & rmask & {better}(value, {acc})", 2)

@@ -74,6 +74,15 @@ def kiln_remainder(a, b):
 
 
 @triton.jit
+def kiln_round_bf16(x):
+    # float32 to the nearest bfloat16, ties to even, held in float32 (what the GPU's conversion
+    # does; Triton's interpreter truncates instead, so kernels round here, on both).
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
+
+
+@triton.jit
 def kiln_sign(x):
     return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
 

@@ -20,7 +20,7 @@ from typing import Any
 import sympy
 import torch
 
-from kiln.ir.indexing import FloorDiv
+from kiln.codegen.index_printer import IndexSpelling, print_index
 
 TRITON_DTYPES = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -69,38 +69,28 @@ BINARY = {
 }  # fmt: skip
 
 
+# Triton's `//` and `%` round toward zero, as C's.
+TRITON_INDEX = IndexSpelling("Triton", "{0}", "({0} // {1})", "({0} % {1})", "kiln_floordiv({0}, {1})",
+                             "kiln_remainder({0}, {1})", "tl.minimum({0}, {1})", "tl.maximum({0}, {1})")
+
+
 def triton_index(expr: sympy.Expr) -> str:
-    """An integer index expression as Triton (Python syntax on integer blocks). Triton's `//`
-    and `%` round toward zero, as C's: operands that may be negative go through kiln_floordiv."""
-    expr = sympy.sympify(expr)
-    if expr.is_Integer:
-        return str(int(expr))
-    if expr.is_Symbol:
-        return expr.name
-    if isinstance(expr, (FloorDiv, sympy.Mod)):
-        a, b = expr.args
-        floor = isinstance(expr, FloorDiv)
-        if a.is_nonnegative and b.is_positive:
-            return f"({triton_index(a)} {'//' if floor else '%'} {triton_index(b)})"
-        return f"{'kiln_floordiv' if floor else 'kiln_remainder'}({triton_index(a)}, {triton_index(b)})"
-    if expr.is_Add:
-        return "(" + " + ".join(triton_index(a) for a in expr.args) + ")"
-    if expr.is_Mul:
-        return "(" + " * ".join(triton_index(a) for a in expr.args) + ")"
-    if isinstance(expr, (sympy.Min, sympy.Max)):
-        fn = "tl.minimum" if isinstance(expr, sympy.Min) else "tl.maximum"
-        out = triton_index(expr.args[0])
-        for a in expr.args[1:]:
-            out = f"{fn}({out}, {triton_index(a)})"
-        return out
-    raise NotImplementedError(f"index expression {expr} ({type(expr).__name__}) in Triton")
+    """An integer index expression as Triton (Python syntax on integer blocks)."""
+    return print_index(expr, TRITON_INDEX)
+
+
+def round_to(dtype: torch.dtype, value: str) -> str:
+    """A float32 value rounded to the 16-bit float `dtype`, held in float32."""
+    if dtype == torch.bfloat16:
+        return f"kiln_round_bf16({value})"
+    return f"{value}.to(tl.float16).to(tl.float32)"
 
 
 def triton_constant(value: Any, dtype: torch.dtype) -> str:
     """A block of one element holding `value` as `dtype` (a 16-bit float: rounded to it, held
     in float32)."""
     if dtype in HALF:
-        return f"{triton_constant(value, torch.float32)}.to({TRITON_DTYPES[dtype]}).to(tl.float32)"
+        return round_to(dtype, triton_constant(value, torch.float32))
     if dtype == torch.bool or isinstance(value, bool):
         return f"tl.full([], {1 if value else 0}, {TRITON_DTYPES[dtype]})"
     if dtype.is_floating_point:
