@@ -191,7 +191,7 @@ class Backend:
                 verify_program(program)
         dump.ir_before_fusion(folder, program)
         with compile_time.stage("scheduling"):
-            scheduled = schedule(program)
+            scheduled = schedule(program, target)
             if config.debug.verify:
                 verify_schedule(scheduled)
         with compile_time.stage(f"codegen {target.codegen}"):

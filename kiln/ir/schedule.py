@@ -55,6 +55,16 @@ def loop_extents(node: Node) -> dict[sympy.Symbol, sympy.Expr]:
 
 
 @dataclass
+class GemmTemplate:
+    """A matrix product computed inside a kernel, ahead of its members (kiln/schedule/gemm_template.py):
+    `product` = `a` @ `b` is never stored; the members read it from registers."""
+
+    a: Buffer
+    b: Buffer
+    product: Buffer
+
+
+@dataclass
 class FusedKernel:
     name: str
     outer: tuple[sympy.Expr, ...]
@@ -66,6 +76,7 @@ class FusedKernel:
     # A scatter kernel's loop writing its initial values, or None when they are already in place
     # (its output is written over an input that holds them); chosen by the scheduler.
     scatter_init: LoopNest | None = None
+    gemm: GemmTemplate | None = None  # a product computed first, read by the members in registers
 
     @property
     def written(self) -> dict[str, LoopNest]:

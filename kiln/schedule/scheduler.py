@@ -12,7 +12,9 @@ from kiln.ir.analysis import ReadsWrites, run
 from kiln.ir.nodes import Buffer
 from kiln.ir.program import ComputeStep, ExternStep, Program
 from kiln.ir.schedule import FusedKernel, LoopNest, Schedule
+from kiln.ir.target import Target
 from kiln.schedule.fusion import KernelBuilder
+from kiln.schedule.gemm_template import gemm_templates
 from kiln.schedule.inplace import init_is_copy_of, scatter_init
 from kiln.schedule.loop_order import ordered_nest
 from kiln.schedule.memory import plan_memory
@@ -97,8 +99,10 @@ def _scatter_init_nest(kernel: FusedKernel) -> LoopNest | None:
     return ordered_nest(nest.buffer, scatter_init(nest))
 
 
-def schedule(program: Program) -> Schedule:
-    """The program's steps as fused kernels and externs, with a memory plan."""
+def schedule(program: Program, target: Target | None = None) -> Schedule:
+    """The program's steps as fused kernels and externs, with a memory plan. For a `target`
+    whose code generator computes matrix products inside kernels (Triton), products move into
+    the kernels that consume them (gemm_template.py)."""
     steps = [merge_loops(s) if isinstance(s, FusedKernel) else s for s in _group(live_steps(program))]
     buffers = {b.name: b for b in program.inputs if b is not None}
     for step in program.steps:
@@ -106,6 +110,8 @@ def schedule(program: Program) -> Schedule:
             if b is not None:
                 buffers[b.name] = b
     _finish(steps, program.outputs, buffers)
+    if target is not None and target.codegen == "triton":
+        steps = gemm_templates(steps, program.outputs)
     owned = {b.name: b for s in steps if isinstance(s, FusedKernel) for b in s.outputs}
     memory = plan_memory(steps, program.outputs, owned)
     for kernel in (s for s in steps if isinstance(s, FusedKernel)):

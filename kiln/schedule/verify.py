@@ -2,7 +2,8 @@
 
 Every kernel member passes the node verifier; a step reads only buffers that exist by then (graph
 inputs, outputs of earlier steps, the kernel's own members); a buffer the memory plan frees is
-never read after; the kernel a buffer is written over by is the last reader of that buffer.
+never read after; the kernel a buffer is written over by is the last reader of that buffer. A
+kernel's matrix product (`FusedKernel.gemm`) is available to its members.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def verify_schedule(schedule: Schedule) -> None:
             raise IRError(f"{label}: reads {dead}, freed after step {freed[dead[0]]}")
         if isinstance(step, FusedKernel):
             own = set(available) | set(step.written)
+            if step.gemm is not None:  # the product the kernel computes first, in registers
+                own.add(step.gemm.product.name)
             for member in step.members:
                 verify(member.node, own)
             available |= {b.name for b in step.outputs}

@@ -58,6 +58,8 @@ INDEXING = {
     "integer division and shifts": (lambda a, b: (a // b, a % b, a << (b % 5), a >> (b % 5), a ** (b % 3)),
                                     [torch.arange(-12, 12).reshape(4, 6), torch.tensor([5, -3, 7, 2, -4, 9])]),
     "prod and all": (lambda x: (x.prod(-1), (x > 0).all(-1), (x > 1).any(0), x.any()), [torch.randn(6, 9)]),
+    "reductions over nothing": (lambda x: (torch.var_mean(x, False), x.sum(), x.prod()),
+                                [torch.empty(0)]),
     # no atomic for these: one source element at a time
     "scatter_reduce prod": (lambda x, i, s: x.scatter_reduce(0, i, s, "prod"), [torch.randn(3, 4), torch.randint(0, 3, (5, 4)), torch.randn(5, 4)]),
     "bfloat16 index_add": (lambda x, i, s: x.index_add(0, i, s), [torch.randn(4, 3).bfloat16(), torch.tensor([0, 3, 3]), torch.randn(3, 3).bfloat16()]),
@@ -82,6 +84,40 @@ def test_bfloat16_rounds_to_nearest_even_as_eager():
     for got, want in zip(out, fn(x)):
         assert torch.equal(got.float().nan_to_num(), want.float().nan_to_num()) and got.dtype == want.dtype
     assert_builds_for_h100(graph)
+
+
+GEMM_EPILOGUES = {
+    "bias and gelu": (lambda x, w, b: torch.nn.functional.gelu(x @ w + b), [torch.randn(40, 70), torch.randn(70, 33), torch.randn(33)]),
+    "residual, transposed weight": (lambda x, w, r: (x @ w.t()) + r, [torch.randn(8, 16), torch.randn(24, 16), torch.randn(8, 24)]),
+    "bfloat16 relu and cast": (lambda x, w: torch.relu(x @ w).float(), [torch.randn(20, 32).bfloat16(), torch.randn(32, 48).bfloat16()]),
+    "float16": (lambda x, w: (x @ w) * 0.5, [torch.randn(17, 24).half(), torch.randn(24, 9).half()]),
+    "linear on a 3-d input": (lambda x, w, b: torch.tanh(torch.nn.functional.linear(x, w, b)),
+                              [torch.randn(2, 5, 16), torch.randn(12, 16), torch.randn(12)]),
+}
+GEMM_TOLERANCES = {"bfloat16 relu and cast": {"atol": 2e-2, "rtol": 2e-2}, "float16": {"atol": 2e-3, "rtol": 2e-3}}
+
+
+@pytest.mark.parametrize("name", GEMM_EPILOGUES)
+def test_a_product_and_its_epilogue_are_one_kernel(name):
+    fn, inputs = GEMM_EPILOGUES[name]
+    out, graph = triton_compiled(fn, *inputs)
+    torch.testing.assert_close(out, fn(*inputs), **GEMM_TOLERANCES.get(name, {"atol": 1e-4, "rtol": 1e-4}))
+    (kernel,) = graph.schedule.kernels
+    assert kernel.gemm is not None and graph.schedule.externs == []
+    assert "tl.dot(" in graph.stages.kernels.source
+    assert_builds_for_h100(graph)
+
+
+def test_a_product_read_elsewhere_stays_a_library_call():
+    # Returned as well as consumed: it must be stored, so the GEMM stays an extern (as on CPU).
+    def fn(x, w):
+        y = x @ w
+        return y, torch.relu(y)
+
+    x, w = torch.randn(8, 16), torch.randn(16, 8)
+    out, graph = triton_compiled(fn, x, w)
+    torch.testing.assert_close(out, fn(x, w))
+    assert all(k.gemm is None for k in graph.schedule.kernels) and len(graph.schedule.externs) == 1
 
 
 def test_an_index_out_of_range_raises_and_the_next_call_runs():

@@ -36,6 +36,8 @@ def cpp_kernels(kernels: list[FusedKernel]) -> CppKernels:
     """Print every kernel; NotImplementedError for a kernel with symbolic sizes."""
     printed = CppKernels()
     for kernel in kernels:
+        if kernel.gemm is not None:
+            raise NotImplementedError("a matrix product inside a C++ kernel (scheduled for Triton only)")
         if not kernel.has_static_sizes:
             raise NotImplementedError("C++ kernels with symbolic sizes")
         text, vectorized = kernel_source(kernel, _PLACEHOLDER)

@@ -23,7 +23,7 @@ import sympy
 import torch
 
 from kiln.codegen.triton.body import Dims, TritonBody
-from kiln.codegen.triton.printer import TRITON_DTYPES, triton_index, value_dtype
+from kiln.codegen.triton.printer import HALF, TRITON_DTYPES, round_to, triton_index, value_dtype
 from kiln.ir.index_bounds import simplify
 from kiln.ir.nodes import Buffer
 from kiln.ir.ops import ops, use_handler
@@ -155,6 +155,8 @@ class TritonKernelPrinter:
         k = self.kernel
         if k.is_scatter:
             return self._scatter(k.members[0])
+        if k.gemm is not None:
+            return self._gemm()
         outer = [int(s) for s in k.outer]
         xnumel = math.prod(outer)
         index_type = "i64" if self.wide else "i32"
@@ -221,7 +223,7 @@ class TritonKernelPrinter:
         (shape,) = shapes
         symbols = [sympy.Symbol(f"r{d}", integer=True, nonnegative=True) for d in range(len(shape))]
         self._emit("rindex = tl.arange(0, RBLOCK)[None, :]", 1)
-        self._emit(f"rmask = rindex < {inner}", 1)
+        self._emit(f"rmask = rindex < {math.prod(shape)}", 1)  # 0 for an empty row: every lane masked
         for line in _decompose("rindex", symbols, list(shape)):
             self._emit(line, 1)
         return symbols
@@ -312,6 +314,58 @@ class TritonKernelPrinter:
             self._emit(f"folded = {_FOLD[kind].format(a=acc)}", 1)
         result = "(folded[:, None] != 0)" if boolean else "folded[:, None]"
         self._result(nest, body, result, X, "[XBLOCK, 1]", 1)
+
+    # -- a matrix product, then the members over its tile ---------------------------------------
+    def _gemm(self) -> TritonKernel:
+        """One program per [XBLOCK, RBLOCK] tile of the product (rows, columns): the product over
+        K in steps of KBLOCK (`tl.dot`, float32 accumulation), rounded to the product's dtype as
+        eager's GEMM stores it, then each member at every element of the tile, reading the product
+        from registers."""
+        k = self.kernel
+        a, b, product = k.gemm.a, k.gemm.b, k.gemm.product
+        (m, kk), n = (int(s) for s in a.layout.size), int(b.layout.size[1])
+        xblock, rblock, kblock = (max(16, min(64, next_power_of_2(v))) for v in (m, n, kk))
+        columns = _blocks(n, rblock)
+        A, B = self.pointers[a.name], self.pointers[b.name]
+        sa = [int(s) for s in a.layout.stride]
+        sb = [int(s) for s in b.layout.stride]
+        self._emit("pid = tl.program_id(0)", 1)
+        self._emit(f"xindex = (pid // {columns}) * XBLOCK + tl.arange(0, XBLOCK)[:, None]", 1)
+        self._emit(f"rindex = (pid % {columns}) * RBLOCK + tl.arange(0, RBLOCK)[None, :]", 1)
+        self._emit(f"xmask = xindex < {m}", 1)
+        self._emit(f"rmask = rindex < {n}", 1)
+        self._emit("product = tl.full([XBLOCK, RBLOCK], 0, tl.float32)", 1)
+        self._emit(f"for koffset in range(0, {kk}, KBLOCK):", 1)
+        self._emit("kindex = koffset + tl.arange(0, KBLOCK)", 2)
+        self._emit(f"a = tl.load({A} + ({int(a.layout.offset)} + xindex * {sa[0]} + kindex[None, :] * {sa[1]}), "
+                   f"mask=xmask & (kindex[None, :] < {kk}), other=0)", 2)
+        self._emit(f"b = tl.load({B} + ({int(b.layout.offset)} + kindex[:, None] * {sb[0]} + rindex * {sb[1]}), "
+                   f"mask=(kindex[:, None] < {kk}) & rmask, other=0)", 2)
+        if a.layout.dtype == torch.float32:  # eager's float32 GEMM: full float32, no TF32
+            self._emit('product = tl.dot(a, b, product, input_precision="ieee")', 2)
+        elif a.layout.dtype == torch.bfloat16:
+            # bfloat16 values are exact in TF32, so widened to float32 and multiplied as TF32 they
+            # give bfloat16's exact products on the tensor cores; Triton's interpreter multiplies
+            # bfloat16 blocks as their raw bits, so they are never passed to tl.dot as they are.
+            self._emit('product = tl.dot(a.to(tl.float32), b.to(tl.float32), product, input_precision="tf32")', 2)
+        else:
+            self._emit("product = tl.dot(a, b, product)", 2)
+        dtype = product.layout.dtype
+        value = round_to(dtype, "product") if dtype in HALF else "product"
+        self._emit(f"{product.name}_value = {value}", 1)
+        self.locals[product.name] = (f"{product.name}_value", XR)
+        # The members' loop variables from each element's flat position in the product.
+        outer = [int(s) for s in k.outer]
+        outer_vars = [sympy.Symbol(f"i{d}", integer=True, nonnegative=True) for d in range(len(outer))]
+        self._emit(f"flat = xindex * {n} + rindex", 1)
+        for line in _decompose("flat", outer_vars, outer):
+            self._emit(line, 1)
+        for nest in k.members:
+            body = self._body(nest, {v: XR for v in outer_vars}, {"x": "xmask", "r": "rmask"}, 1, rename={})
+            self._result(nest, body, body.result, XR, "[XBLOCK, RBLOCK]", 1)
+        jit = self._jit(f"{self.function}_main", [], {"XBLOCK": xblock, "RBLOCK": rblock, "KBLOCK": kblock})
+        grid = _blocks(m, xblock) * columns
+        return self._kernel([(jit, grid, f"XBLOCK={xblock}, RBLOCK={rblock}, KBLOCK={kblock}, num_warps=4")])
 
     # -- scatters -------------------------------------------------------------------------------
     def _scatter(self, nest: LoopNest) -> TritonKernel:
