@@ -65,8 +65,8 @@ def test_compile_time_is_logged_and_says_when_kernels_come_from_the_cache(caplog
     assert " lowering " not in second
 
 
-def _schedule_reading_a_freed_buffer(program):
-    scheduled = schedule(program)
+def _schedule_reading_a_freed_buffer(program, target=None):
+    scheduled = schedule(program, target)
     last = len(scheduled.steps) - 1
     frees = {k: list(v) for k, v in scheduled.memory.frees.items()}
     frees.setdefault(0, []).extend(b.name for b in scheduled.inputs if b is not None)  # freed too early

@@ -60,6 +60,8 @@ INDEXING = {
     "prod and all": (lambda x: (x.prod(-1), (x > 0).all(-1), (x > 1).any(0), x.any()), [torch.randn(6, 9)]),
     "reductions over nothing": (lambda x: (torch.var_mean(x, False), x.sum(), x.prod()),
                                 [torch.empty(0)]),
+    # no rows at all: nothing is launched (a program would read the empty tensor's null pointer)
+    "empty outer loops": (lambda x, y: (y[:, None] - x[None, :], (y[:, None] * x).sum(-1)), [torch.randn(5), torch.empty(0)]),
     # no atomic for these: one source element at a time
     "scatter_reduce prod": (lambda x, i, s: x.scatter_reduce(0, i, s, "prod"), [torch.randn(3, 4), torch.randint(0, 3, (5, 4)), torch.randn(5, 4)]),
     "bfloat16 index_add": (lambda x, i, s: x.index_add(0, i, s), [torch.randn(4, 3).bfloat16(), torch.tensor([0, 3, 3]), torch.randn(3, 3).bfloat16()]),

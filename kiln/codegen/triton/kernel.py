@@ -189,6 +189,8 @@ class TritonKernelPrinter:
         names = [a for a, _ in self._arguments()]
         body = []
         for function, grid, rest in launches:
+            if grid == 0:  # no iteration (an empty tensor): nothing to run, and no address to read
+                continue
             args = ", ".join(names + (["kiln_error_flag"] if function.takes_error_flag else []))
             body.append(f"    {function.name}[({grid},)]({args}, {rest})")
         launcher = "\n".join([f"def {self.function}({', '.join(names)}):", *(body or ["    pass"])])
@@ -432,7 +434,8 @@ def body_index(expr: sympy.Expr, body: TritonBody) -> str:
 
 
 def _blocks(numel: int, block: int) -> int:
-    return max(1, -(-numel // block))
+    """Programs for `numel` iterations, `block` per program (0 for none: not launched)."""
+    return -(-numel // block)
 
 
 def _warps(elements: int) -> int:
