@@ -46,6 +46,7 @@ class TritonBody:
         self._cse: dict[str, str] = shared if shared is not None else {}
         self._count = 0
         self.reduced: tuple[str, torch.dtype, str] | None = None
+        self.constants: dict[str, Any] = {}  # value name -> the constant it holds
         self.uses_error_flag = False
 
     # -- helpers ---------------------------------------------------------------------------
@@ -87,7 +88,7 @@ class TritonBody:
         raise AttributeError(name)
 
     def _unsupported(self, name: str) -> str:
-        raise NotImplementedError(f"ops.{name} in Triton (libdevice has no such function)")
+        raise NotImplementedError(f"ops.{name} in Triton (libdevice has no such function, nor kiln's Triton helpers)")
 
     def load(self, buffer: str, index: sympy.Expr) -> str:
         if buffer in self.locals:
@@ -126,7 +127,17 @@ class TritonBody:
         raise NotImplementedError("a Triton body's stores are printed by its kernel (store_line)")
 
     def constant(self, value: Any, dtype: torch.dtype) -> str:
-        return self._emit(triton_constant(value, dtype), NO_DIMS)
+        name = self._emit(triton_constant(value, dtype), NO_DIMS)
+        self.constants[name] = value
+        return name
+
+    def polygamma(self, n: str, x: str) -> str:
+        # Orders 0 and 1 (digamma, trigamma) when the order is a constant; higher orders need the
+        # Hurwitz zeta function, which kiln has not written in Triton.
+        order = self.constants.get(n)
+        if order in (0, 1):
+            return self._emit(f"{'kiln_digamma' if order == 0 else 'kiln_trigamma'}({x})", self.value_dims(x))
+        return self._unsupported("polygamma")
 
     def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> str:
         expr = simplify(sympy.sympify(expr).xreplace(self.rename), self.extents)

@@ -96,6 +96,8 @@ def _init(kind: str, dtype: torch.dtype) -> str:
     if kind in ("max", "min"):
         if dtype.is_floating_point:
             return f'float("{"-" if kind == "max" else ""}inf")'
+        if dtype == torch.bool:  # accumulated as int8 0 and 1
+            return "0" if kind == "max" else "1"
         info = torch.iinfo(dtype)
         return str(info.min if kind == "max" else info.max)
     return {"sum": "0", "prod": "1", "any": "0", "all": "1"}[kind]

@@ -120,6 +120,47 @@ def kiln_shift_right(a, b):
 
 
 @triton.jit
+def kiln_digamma(x):
+    # In float64, as kiln's C++ (kiln_special.h): psi(x) = psi(x + 1) - 1/x up to x >= 10, then
+    # the asymptotic series; psi(x) = psi(1 - x) - pi / tan(pi x) below 0; poles give NaN, 0 gives
+    # -inf (+inf for -0).
+    v = x.to(tl.float64)
+    negative = v < 0
+    y = tl.where(negative, 1 - v, v)
+    shift = tl.where(negative, 0.0, 0.0).to(tl.float64)  # (not y * 0: NaN at y = inf)
+    for _ in tl.static_range(10):
+        small = y < 10
+        shift = tl.where(small, shift - 1 / y, shift)
+        y = tl.where(small, y + 1, y)
+    z = 1 / (y * y)
+    series = z * (1.0 / 12 + z * (-1.0 / 120 + z * (1.0 / 252 + z * (-1.0 / 240 + z * (1.0 / 132 + z * (
+        -691.0 / 32760 + z * (1.0 / 12)))))))
+    result = shift + libdevice.log(y) - 0.5 / y - series
+    pi = 3.141592653589793
+    result = tl.where(negative, result - pi / libdevice.tan(pi * (v - libdevice.trunc(v))), result)
+    result = tl.where(negative & (v == libdevice.floor(v)), float("nan"), result)
+    result = tl.where(v == 0, tl.where(libdevice.signbit(v) != 0, float("inf"), float("-inf")), result)
+    return result.to(x.dtype)
+
+
+@triton.jit
+def kiln_trigamma(x):
+    # Eager's steps in x's own type (ATen's trigamma; kiln_special.h trigamma_as_eager): near its
+    # poles eager's float result carries float sin(pi x)'s rounding, and kiln matches it.
+    pi = tl.full([], 3.141592653589793, x.dtype)
+    reflect = x < 0.5
+    sin_pi_x = libdevice.sin(pi * x)
+    result = tl.where(reflect, -((pi * pi) / (sin_pi_x * sin_pi_x)), 0.0).to(x.dtype)
+    y = tl.where(reflect, 1 - x, x)
+    for _ in tl.static_range(6):
+        result = result + 1 / (y * y)
+        y = y + 1
+    ixx = 1 / (y * y)
+    result = result + (1 + 1 / (2 * y) + ixx * (1.0 / 6 - ixx * (1.0 / 30 - ixx * (1.0 / 42)))) / y
+    return tl.where(reflect, -result, result)
+
+
+@triton.jit
 def kiln_greater(a, b):
     # For argmax: NaN is the largest value.
     return (a > b) | ((a != a) & (b == b))

@@ -47,6 +47,7 @@ UNARY = {
     "i0": "libdevice.cyl_bessel_i0({0})", "i1": "libdevice.cyl_bessel_i1({0})",
     "bessel_j0": "libdevice.j0({0})", "bessel_j1": "libdevice.j1({0})",
     "bessel_y0": "libdevice.y0({0})", "bessel_y1": "libdevice.y1({0})",
+    "digamma": "kiln_digamma({0})",  # the module's own (libdevice has none)
 }  # fmt: skip
 # Ops that are libdevice's function of the same name.
 LIBDEVICE_UNARY = (
