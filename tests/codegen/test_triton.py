@@ -67,6 +67,10 @@ INDEXING = {
     "digamma and trigamma": (lambda x: (torch.digamma(x), torch.polygamma(1, x), torch.polygamma(1, x.double())),
                              [torch.tensor([0.0, -0.0, -1.0, -2.5, 0.3, 1e-8, 3.7, 12.5, 1e4, float("inf"),
                                             float("-inf"), float("nan"), -0.5, -7.25])]),
+    # exp-scaled Bessel functions: libdevice's I0 and I1 below 700, the asymptotic series beyond
+    "i0e and i1e": (lambda x: (torch.special.i0e(x), torch.special.i1e(x), torch.special.i1e(x.double())),
+                    [torch.tensor([0.0, -0.0, 1e-8, 0.5, -3.0, 20.0, 699.0, 701.0, -1e4, 3e38, float("inf"),
+                                   float("-inf"), float("nan")])]),
     # no atomic for these: one source element at a time
     "scatter_reduce prod": (lambda x, i, s: x.scatter_reduce(0, i, s, "prod"), [torch.randn(3, 4), torch.randint(0, 3, (5, 4)), torch.randn(5, 4)]),
     "bfloat16 index_add": (lambda x, i, s: x.index_add(0, i, s), [torch.randn(4, 3).bfloat16(), torch.tensor([0, 3, 3]), torch.randn(3, 3).bfloat16()]),

@@ -161,6 +161,28 @@ def kiln_trigamma(x):
 
 
 @triton.jit
+def kiln_i0e(x):
+    # exp(-|x|) I0(x) in float64: libdevice's I0 below 700, beyond it (where I0 overflows) the
+    # asymptotic series, whose next term is below 1e-12 relative there.
+    v = tl.abs(x.to(tl.float64))
+    near = libdevice.cyl_bessel_i0(tl.minimum(v, 700.0)) * libdevice.exp(-tl.minimum(v, 700.0))
+    t = 1 / v
+    far = (1 + t * (0.125 + t * (0.0703125 + t * 0.0732421875))) / libdevice.sqrt(6.283185307179586 * v)
+    return tl.where(v < 700, near, far).to(x.dtype)
+
+
+@triton.jit
+def kiln_i1e(x):
+    # exp(-|x|) I1(x), odd, as kiln_i0e.
+    v = tl.abs(x.to(tl.float64))
+    near = libdevice.cyl_bessel_i1(tl.minimum(v, 700.0)) * libdevice.exp(-tl.minimum(v, 700.0))
+    t = 1 / v
+    far = (1 - t * (0.375 + t * (0.1171875 + t * 0.1025390625))) / libdevice.sqrt(6.283185307179586 * v)
+    result = tl.where(v < 700, near, far)
+    return tl.where(x < 0, -result, result).to(x.dtype)
+
+
+@triton.jit
 def kiln_greater(a, b):
     # For argmax: NaN is the largest value.
     return (a > b) | ((a != a) & (b == b))

@@ -47,7 +47,8 @@ UNARY = {
     "i0": "libdevice.cyl_bessel_i0({0})", "i1": "libdevice.cyl_bessel_i1({0})",
     "bessel_j0": "libdevice.j0({0})", "bessel_j1": "libdevice.j1({0})",
     "bessel_y0": "libdevice.y0({0})", "bessel_y1": "libdevice.y1({0})",
-    "digamma": "kiln_digamma({0})",  # the module's own (libdevice has none)
+    # the module's own (libdevice has none)
+    "digamma": "kiln_digamma({0})", "i0e": "kiln_i0e({0})", "i1e": "kiln_i1e({0})",
 }  # fmt: skip
 # Ops that are libdevice's function of the same name.
 LIBDEVICE_UNARY = (
