@@ -399,7 +399,7 @@ class TritonKernelPrinter:
         symbols = list(node.source_vars())
         depth = 1
         if serial:
-            self._emit("for xstart in range(0, xnumel):", 1)
+            self._emit(f"for xstart in range(0, {numel}):", 1)  # (Triton 3.6's interpreter: no range over an argument)
             self._emit("xindex = xstart + tl.arange(0, XBLOCK)", 2)
             self._emit("xmask = xindex < xnumel", 2)
             depth = 2
