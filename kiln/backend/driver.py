@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -93,6 +94,9 @@ def choose_codegen(device: str) -> str:
                                   "KILN_CODEGEN=triton tries its Triton kernels")
     if wanted == "cpp" and device != "cpu":
         raise NotImplementedError(f"backend.codegen is 'cpp', which runs on CPU only; this graph's tensors are on {device!r}")
+    if importlib.util.find_spec("triton") is None:
+        raise NotImplementedError("backend.codegen (KILN_CODEGEN) is 'triton', but the triton package is not installed: "
+                                  "pip install 'triton>=3.6' (or kiln's `gpu` extra)")
     return wanted
 
 

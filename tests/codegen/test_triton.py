@@ -162,6 +162,17 @@ def test_gpu_builds_go_to_kilns_cache_not_home(private_cache, monkeypatch):
     assert "TRITON_CACHE_DIR" not in __import__("os").environ
 
 
+def test_the_triton_setting_without_triton_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    with kiln.config.patch({"backend.codegen": "triton"}):
+        with pytest.raises(NotImplementedError, match="triton package is not installed: pip install 'triton>=3.6'"):
+            choose_codegen("cpu")
+    assert choose_codegen("cpu") == "cpp"  # the default needs no Triton
+
+
 def test_codegen_setting_is_checked():
     with kiln.config.patch({"backend.codegen": "cuda"}):
         with pytest.raises(ValueError, match="backend.codegen .KILN_CODEGEN. must be one of auto, cpp, triton"):
