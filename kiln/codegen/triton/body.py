@@ -109,9 +109,12 @@ class TritonBody:
             text += ".to(tl.float32)"
         return self._emit(text, dims)
 
+    def index(self, expr: sympy.Expr) -> str:
+        """An index over the body's loop variables, simplified by their ranges, as Triton."""
+        return triton_index(simplify(sympy.sympify(expr).xreplace(self.rename), self.extents))
+
     def store_line(self, buffer: str, index: sympy.Expr, value: str, dims: Dims, shape: str) -> str:
         """The store of `value` at `index` over the member's block (`dims`, of shape `shape`)."""
-        index = simplify(sympy.sympify(index).xreplace(self.rename), self.extents)
         dtype = self._dtype(buffer)
         if dtype == torch.bool:
             converted = f"({value} != 0)"
@@ -120,7 +123,7 @@ class TritonBody:
         else:
             converted = f"{value}.to({TRITON_DTYPES[dtype]})"
         mask = self.mask(dims)
-        return (f"tl.store({self.pointers[buffer]} + ({triton_index(index)} + tl.full({shape}, 0, tl.int32)), "
+        return (f"tl.store({self.pointers[buffer]} + ({self.index(index)} + tl.full({shape}, 0, tl.int32)), "
                 f"tl.broadcast_to({converted}, {shape}){f', mask={mask}' if mask else ''})")
 
     def store(self, buffer: str, index: sympy.Expr, value: str) -> None:

@@ -23,8 +23,7 @@ import sympy
 import torch
 
 from kiln.codegen.triton.body import Dims, TritonBody
-from kiln.codegen.triton.printer import HALF, TRITON_DTYPES, round_to, triton_index, value_dtype
-from kiln.ir.index_bounds import simplify
+from kiln.codegen.triton.printer import HALF, TRITON_DTYPES, round_to, value_dtype
 from kiln.ir.nodes import Buffer
 from kiln.ir.ops import ops, use_handler
 from kiln.ir.schedule import FusedKernel, LoopNest, loop_extents
@@ -266,13 +265,15 @@ class TritonKernelPrinter:
         for line in _decompose("rindex", inner_vars, inner):
             self._emit(line, 2)
 
-    def _accumulator(self, nest: LoopNest) -> tuple[str, str, bool]:
-        """(the reduction's kind, its accumulator's Triton type, whether it is a bool's)."""
+    def _accumulator(self, nest: LoopNest) -> tuple[str, str, bool, str]:
+        """(the reduction's kind, its accumulator's Triton type, whether it is a bool's, a block
+        of its initial value)."""
         node = nest.node
         kind = node.reduction_type
         acc_dtype = value_dtype(node.src_dtype if kind in ("argmax", "argmin") else node.dtype)
         boolean = acc_dtype == torch.bool
-        return kind, "tl.int8" if boolean else TRITON_DTYPES[acc_dtype], boolean
+        acc_type = "tl.int8" if boolean else TRITON_DTYPES[acc_dtype]
+        return kind, acc_type, boolean, f"tl.full([XBLOCK, RBLOCK], {_init(kind, acc_dtype)}, {acc_type})"
 
     def _converted(self, value: str, acc_type: str, boolean: bool) -> str:
         converted = f"({value} != 0).to(tl.int8)" if boolean else f"{value}.to({acc_type})"  # any/all of numbers
@@ -280,11 +281,9 @@ class TritonKernelPrinter:
 
     def _fold_block(self, nest: LoopNest, body: TritonBody) -> None:
         """A persistent reduction: the whole row is one block, folded at once."""
-        kind, acc_type, boolean = self._accumulator(nest)
+        kind, acc_type, boolean, init = self._accumulator(nest)
         m = self.kernel.members.index(nest)
         _, _, value = body.reduced
-        acc_dtype = value_dtype(nest.node.src_dtype if kind in ("argmax", "argmin") else nest.node.dtype)
-        init = f"tl.full([XBLOCK, RBLOCK], {_init(kind, acc_dtype)}, {acc_type})"
         self._emit(f"block{m} = tl.where(xmask & rmask, {self._converted(value, acc_type, boolean)}, {init})", 1)
         if kind in ("argmax", "argmin"):
             positions = "tl.broadcast_to(rindex.to(tl.int64), [XBLOCK, RBLOCK])"
@@ -294,12 +293,11 @@ class TritonKernelPrinter:
         self._result(nest, body, "(folded[:, None] != 0)" if boolean else "folded[:, None]", X, "[XBLOCK, 1]", 1)
 
     def _reduction(self, nest: LoopNest, inner_vars, inner: list[int], symbol_dims, masks) -> None:
-        node, m = nest.node, self.kernel.members.index(nest)
-        kind, acc_type, boolean = self._accumulator(nest)
+        m = self.kernel.members.index(nest)
+        kind, acc_type, boolean, init = self._accumulator(nest)
         arg = kind in ("argmax", "argmin")
-        acc_dtype = value_dtype(node.src_dtype if arg else node.dtype)
         acc = f"acc{m}"
-        self._emit(f"{acc} = tl.full([XBLOCK, RBLOCK], {_init(kind, acc_dtype)}, {acc_type})", 1)
+        self._emit(f"{acc} = {init}", 1)
         if arg:
             self._emit(f"{acc}_index = tl.full([XBLOCK, RBLOCK], 0, tl.int64)", 1)
         self._emit(f"for roffset in range(0, {math.prod(inner)}, RBLOCK):", 1)
@@ -424,15 +422,11 @@ class TritonKernelPrinter:
                 self._emit("tl.debug_barrier()", depth)
         else:
             dtype = TRITON_DTYPES[node.dtype]
-            self._emit(f"{_ATOMIC[node.mode]}({self.pointers[nest.name]} + ({body_index(flat, body)} + "
+            self._emit(f"{_ATOMIC[node.mode]}({self.pointers[nest.name]} + ({body.index(flat)} + "
                        f"tl.full([XBLOCK], 0, tl.int32)), tl.broadcast_to({value}.to({dtype}), [XBLOCK]), mask=xmask)", 1)
         jit = self._jit(f"{self.function}_scatter", [("xnumel", index_type)], {"XBLOCK": block})
         launches.append((jit, 1 if serial else _blocks(numel, block), f"{numel}, XBLOCK={block}, num_warps=1"))
         return self._kernel(launches)
-
-
-def body_index(expr: sympy.Expr, body: TritonBody) -> str:
-    return triton_index(simplify(sympy.sympify(expr), body.extents))
 
 
 def _blocks(numel: int, block: int) -> int:
