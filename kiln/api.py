@@ -15,11 +15,12 @@ from torch import fx
 
 from kiln import config
 from kiln.backend import kiln as kiln_backend, kiln_aot_eager
+from kiln.backend.backends import settings_for
 from kiln.capture.api import capture, reset  # noqa: F401  (reset: kiln.reset)
 from kiln.runtime import data_watch
 
 BACKEND_NAMES = ("kiln", "aot_eager", "eager")
-MODES = (None, "default", "max-autotune", "max-autotune-no-cudagraphs")
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 OPTIONS = ("recompile_limit",)
 
 
@@ -44,9 +45,6 @@ def _check_arguments(fullgraph: Any, dynamic: Any, mode: Any, options: Any) -> d
     if dynamic not in (None, False, True):
         raise ValueError(f"kiln.compile: dynamic must be None, False or True, got {dynamic!r}")
     if mode not in MODES:
-        if mode == "reduce-overhead":
-            raise NotImplementedError("kiln.compile: mode='reduce-overhead' (CUDA graphs) is not supported yet; "
-                                      "accepted now: None, 'default', 'max-autotune', 'max-autotune-no-cudagraphs'")
         raise ValueError(f"kiln.compile: mode must be one of None, 'default', 'reduce-overhead', 'max-autotune', "
                          f"'max-autotune-no-cudagraphs'; got {mode!r}")
     if options is None:
@@ -62,12 +60,15 @@ def _check_arguments(fullgraph: Any, dynamic: Any, mode: Any, options: Any) -> d
     return options
 
 
-def _with_autotune_mode(backend: Callable, mode: str) -> Callable:
-    """`backend` compiling under autotune mode `mode` (the wider GEMM and convolution search)."""
+def _with_mode(backend: Callable, mode: str) -> Callable:
+    """`backend` compiling under the settings of `mode` (kiln/backend/backends.py MODE_SETTINGS:
+    CUDA graphs for reduce-overhead and max-autotune, the wider GEMM and convolution search for
+    the max-autotune modes)."""
+    settings = settings_for(mode, None)
 
     @functools.wraps(backend)
     def compile_graph(gm: fx.GraphModule, example_inputs: list) -> Callable:
-        with config.patch({"backend.autotune": mode}):
+        with config.patch(settings):
             return backend(gm, example_inputs)
 
     return compile_graph
@@ -87,8 +88,8 @@ def compile(fn_or_module: Any = None, *, backend: Any = "kiln", fullgraph: bool 
     """
     opts = _check_arguments(fullgraph, dynamic, mode, options)
     compiled_backend = resolve_backend(backend)
-    if mode in ("max-autotune", "max-autotune-no-cudagraphs"):  # the same on CPU: no CUDA graphs either way
-        compiled_backend = _with_autotune_mode(compiled_backend, "max-autotune")
+    if mode not in (None, "default"):
+        compiled_backend = _with_mode(compiled_backend, mode)
     if fn_or_module is None:
         return functools.partial(compile, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode, options=options)
     return capture(fn_or_module, compiled_backend, fullgraph, dynamic, opts)

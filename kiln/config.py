@@ -295,6 +295,22 @@ class BackendSettings(_Group):
         help="code generator for kernels: auto (C++ on CPU, Triton on CUDA), cpp, or triton "
         "(on CPU tensors through Triton's interpreter: how the Triton printer is tested without a GPU)",
     )
+    cuda_graphs: bool = setting(
+        False,
+        env="KILN_CUDA_GRAPHS",
+        help="replay each compiled CUDA inference graph as one CUDA graph (what mode='reduce-overhead' turns on)",
+    )
+    cuda_graph_sizes: int = setting(
+        8,
+        env="KILN_CUDA_GRAPH_SIZES",
+        help="CUDA graphs recorded per compiled graph, one per set of input sizes; beyond, calls run without one",
+    )
+    triton_gemm: str = setting(
+        "auto",
+        env="KILN_TRITON_GEMM",
+        help="a matrix product fused with its pointwise consumer into one Triton kernel: auto (under "
+        "the interpreter on CPU; not on CUDA, where cuBLAS runs the product), always, never",
+    )
     gemm_candidates: tuple[str, ...] = setting(
         (),
         env="KILN_GEMM_CANDIDATES",

@@ -57,6 +57,9 @@ class AotOptions:
     recompute: bool = True
     label: str = "graph"
     cache: bool = False
+    # Applied to each compiled inference graph before it runs, with the positions of its module
+    # state among the flat inputs and the label (kiln's backend: CUDA graphs, when asked for).
+    wrap_inference: Callable[[Callable, list[int], str], Callable] | None = None
 
 
 def _placeholder_values(gm: fx.GraphModule) -> list[Any]:
@@ -147,7 +150,13 @@ class AotCompiled:
             dump.inference(self.options.label, graph, self.sig)
         with compile_time.stage("inference graph"):
             compiled = self.compile_graph(graph, _placeholder_values(graph))
-        return inference_runner(compiled, self.sig), [compiled], 0
+        return inference_runner(self._wrapped(compiled), self.sig), [compiled], 0
+
+    def _wrapped(self, compiled: Callable) -> Callable:
+        wrap = self.options.wrap_inference
+        if wrap is None:
+            return compiled
+        return wrap(compiled, module_state_positions(len(self.lifted), self.example_inputs, self.sig), self.options.label)
 
     def _build_training(self) -> tuple[Callable[..., list[Any]], list[Any], int]:
         from kiln.aot.partition import PartitionPolicy, partition  # networkx, only when training
@@ -173,7 +182,7 @@ class AotCompiled:
     def _runner(self, training: bool, compiled: list[Any], num_saved: int) -> Callable[..., list[Any]]:
         if training:
             return training_runner(*compiled, self.sig, differentiable_outputs(self.sig), num_saved)
-        return inference_runner(compiled[0], self.sig)
+        return inference_runner(self._wrapped(compiled[0]), self.sig)
 
     def _cache_key(self, training: bool) -> str | None:
         if not (self.options.cache and isinstance(self.compile_graph, SavingGraphCompiler)):

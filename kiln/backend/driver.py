@@ -7,7 +7,7 @@ This is the one place that assembles the stages after the AOT layer, in the orde
 lists them. Each stage is timed (`KILN_LOGS=compile_time`, kiln/compile_time.py), its result can
 be dumped (`KILN_DEBUG_DIR`, kiln/backend/dump.py) and, under `KILN_VERIFY=1`, checked: the ATen
 graph after every rewrite, the IR after lowering and after scheduling. The code generator is chosen once per graph, from its device
-(`choose_codegen`): C++ for CPU today; a second generator plugs in there.
+(`choose_codegen`): C++ for CPU, Triton for CUDA.
 
 `Backend` is a graph compiler for `kiln.aot.compile` that can also save what it built and load it
 back, so the AOT graph cache can keep it across processes.
@@ -77,8 +77,7 @@ CODEGENS = ("auto", "cpp", "triton")
 
 def choose_codegen(device: str) -> str:
     """The code generator for graphs on `device`: the one place this is decided. `auto` (the
-    setting `backend.codegen`) is C++ on CPU and, once the GPU pipeline is finished, Triton on
-    CUDA (today a CUDA graph is declined and runs eagerly); `triton` on CPU runs the Triton
+    setting `backend.codegen`) is C++ on CPU and Triton on CUDA; `triton` on CPU runs the Triton
     kernels under Triton's interpreter (tests); `cpp` is for CPU graphs only."""
     wanted = config.backend.codegen
     if wanted not in CODEGENS:
@@ -86,17 +85,12 @@ def choose_codegen(device: str) -> str:
     if device not in ("cpu", "cuda"):
         raise NotImplementedError(f"kiln generates code for CPU and CUDA graphs; this graph's tensors are on {device!r}")
     if wanted == "auto":
-        if device == "cpu":
-            return "cpp"
-        # The Triton kernels are built and checked (interpreter, sm_90 builds), but the passes and
-        # externs around them have not run on a GPU yet: CUDA graphs run eagerly unless asked for.
-        raise NotImplementedError(f"kiln's pipeline for {device!r} graphs is not finished (docs/triton.md); "
-                                  "KILN_CODEGEN=triton tries its Triton kernels")
+        wanted = "cpp" if device == "cpu" else "triton"
     if wanted == "cpp" and device != "cpu":
         raise NotImplementedError(f"backend.codegen is 'cpp', which runs on CPU only; this graph's tensors are on {device!r}")
-    if importlib.util.find_spec("triton") is None:
-        raise NotImplementedError("backend.codegen (KILN_CODEGEN) is 'triton', but the triton package is not installed: "
-                                  "pip install 'triton>=3.6' (or kiln's `gpu` extra)")
+    if wanted == "triton" and importlib.util.find_spec("triton") is None:
+        raise NotImplementedError("kiln generates Triton kernels for this graph, but the triton package is not "
+                                  "installed: pip install 'triton>=3.6' (or kiln's `gpu` extra)")
     return wanted
 
 
@@ -200,7 +194,7 @@ class Backend:
                 verify_schedule(scheduled)
         with compile_time.stage(f"codegen {target.codegen}"):
             if target.codegen == "triton":
-                kernels = triton_kernels(scheduled.kernels)
+                kernels = triton_kernels(scheduled.kernels, target.device)
                 units = [kernels.source]
             else:
                 kernels = cpp_kernels(scheduled.kernels)

@@ -167,9 +167,14 @@ def _autocast_state() -> tuple:
     return (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))
 
 
+def _cuda_autocast_state() -> tuple:
+    return (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"))
+
+
 GLOBAL_STATE_READERS: dict[str, Callable[[], Any]] = {
     "grad_enabled": torch.is_grad_enabled,
     "autocast_cpu": _autocast_state,
+    "autocast_cuda": _cuda_autocast_state,  # a graph captured under torch.autocast("cuda") casts in its ops
     "default_dtype": torch.get_default_dtype,
 }
 

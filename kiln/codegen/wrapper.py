@@ -45,7 +45,9 @@ def python_wrapper(schedule: Schedule, checks: set[str], kernel_arguments: str =
                    device: str = "cpu") -> WrapperCode:
     """`schedule` as the source of `call`; `checks`: kernels after which the index-error flag is
     read; `kernel_arguments`: what a kernel is called with, its buffers' data pointers (C++
-    functions) or the tensors themselves (Triton launchers); `device`: where buffers are allocated."""
+    functions) or the tensors themselves (Triton launchers); `device`: where buffers are allocated.
+    On a GPU the flag is read once, after the last kernel: reading it waits for the device, which
+    after every kernel would stall the host's launches."""
     if kernel_arguments not in ("pointers", "tensors"):
         raise ValueError(f"kernel_arguments must be 'pointers' or 'tensors', got {kernel_arguments!r}")
     code = WrapperCode("")
@@ -57,16 +59,27 @@ def python_wrapper(schedule: Schedule, checks: set[str], kernel_arguments: str =
         if b is not None:
             code.constants[f"layout_{b.name}"] = _sizes_strides(b.layout)
             lines.append(f"{b.name} = _in_layout({b.name}, layout_{b.name})")
+            if device != "cpu" and len(b.layout.size) == 0:
+                # A 0-dim tensor may come from the host (eager lets a CPU scalar tensor mix with
+                # GPU ones); a kernel can only read device memory.
+                lines.append(f"{b.name} = {b.name}.to(device)")
     memory = schedule.memory
     reused = set(memory.reuses.values())
+    read_at_end = [] if device != "cpu" else None
     for k, step in enumerate(schedule.steps):
         if isinstance(step, FusedKernel):
-            lines += _kernel_call(step, code.constants, memory, step.name in checks, kernel_arguments)
+            check = step.name in checks
+            if check and read_at_end is not None:
+                read_at_end.append(step.name)
+                check = False
+            lines += _kernel_call(step, code.constants, memory, check, kernel_arguments)
         else:
             lines += _extern_call(k, step, code, memory.extern_inplace.get(k))
         dead = [name for name in memory.frees.get(k, []) if name not in reused]
         if dead:
             lines.append(f"del {', '.join(dead)}")
+    if read_at_end:
+        lines.append(f"if index_error.value: _raise_index_error(index_error, {', '.join(read_at_end)!r})")
     returns = []
     for k, o in enumerate(schedule.outputs):
         if isinstance(o, Buffer):

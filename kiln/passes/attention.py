@@ -1,13 +1,18 @@
-"""Attention written out in eager ops, rewritten to one call of the CPU flash-attention kernel.
+"""Attention written out in eager ops, rewritten to one call of a fused attention kernel.
 
     softmax(q @ kᵀ · scale [+ mask]) @ v   ->   _scaled_dot_product_flash_attention_for_cpu(q, k, v,
-                                                      attn_mask=mask, scale=scale)[0]
+                                                      attn_mask=mask, scale=scale)[0]      (CPU)
+                                           ->   scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                      scale=scale)                          (CUDA)
+
+On CUDA, `scaled_dot_product_attention` picks ATen's flash, memory-efficient or cuDNN kernel for
+the call's dtype and mask at run time (the math fallback where none applies).
 
 The scale may multiply or divide the scores, or have been applied to q before the product (then
 it stays there and the call's scale is 1); eval-mode dropout is already gone from the graph. In
 core ATen each 4-d matmul is `view(bmm(view(expand(a)), view(expand(b))))`, which is what is
 matched (with a copy before the bmm where an operand is a permuted view), for float32 tensors of
-4 dims and an additive mask broadcastable to the scores. The kernel computes the same sum in another order, in blocks, never storing the scores.
+4 dims (on CUDA also bfloat16 and float16) and an additive mask broadcastable to the scores. The kernel computes the same sum in another order, in blocks, never storing the scores.
 """
 
 from __future__ import annotations
@@ -49,9 +54,16 @@ def _match_any(patterns: list[Op], node: fx.Node):
     return next((found for pattern in patterns if (found := match(pattern, node)) is not None), None)
 
 
-def _float4d(*nodes: fx.Node) -> bool:
+def _float4d(dtypes: tuple, *nodes: fx.Node) -> bool:
     vals = [n.meta.get("val") for n in nodes]
-    return all(isinstance(v, torch.Tensor) and v.dim() == 4 and v.dtype == torch.float32 for v in vals)
+    return all(isinstance(v, torch.Tensor) and v.dim() == 4 and v.dtype in dtypes for v in vals)
+
+
+# The fused kernel each device's graphs call, and the dtypes it takes.
+_KERNELS = {
+    "cpu": (aten._scaled_dot_product_flash_attention_for_cpu.default, (torch.float32,)),
+    "cuda": (aten.scaled_dot_product_attention.default, (torch.float32, torch.bfloat16, torch.float16)),
+}
 
 
 def _unwrap_scores(node: fx.Node) -> tuple[fx.Node, fx.Node | None, float] | None:
@@ -81,6 +93,9 @@ def _mask_fits(mask: fx.Node | None, scores: fx.Node) -> bool:
 
 
 def attention(gm: fx.GraphModule, target: Target) -> bool:
+    if target.device not in _KERNELS:
+        return False
+    kernel, dtypes = _KERNELS[target.device]
     changed = False
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not aten._softmax.default or node.args[1:] not in ((-1, False), (3, False)):
@@ -97,17 +112,16 @@ def attention(gm: fx.GraphModule, target: Target) -> bool:
         if found is None or out is None or _through_dropout(out["probs"]) is not node:
             continue
         q, kt, v = found["q"], found["kt"], out["v"]
-        if not _float4d(q, kt, v, scores) or not _mask_fits(mask, scores):
+        if not _float4d(dtypes, q, kt, v, scores) or not _mask_fits(mask, scores):
             continue
         k = insert(gm, consumer, aten.transpose.int, kt, -2, -1)
         with gm.graph.inserting_before(consumer):
-            call = gm.graph.call_function(aten._scaled_dot_product_flash_attention_for_cpu.default, (q, k, v),
-                                          {"attn_mask": mask, "scale": scale})
+            call = gm.graph.call_function(kernel, (q, k, v), {"attn_mask": mask, "scale": scale})
         with q.meta["val"].fake_mode:
-            call.meta["val"] = aten._scaled_dot_product_flash_attention_for_cpu.default(
-                q.meta["val"], k.meta["val"], v.meta["val"], attn_mask=mask.meta["val"] if mask is not None else None,
-                scale=scale)
-        result = insert(gm, consumer, operator.getitem, call, 0)
+            call.meta["val"] = kernel(q.meta["val"], k.meta["val"], v.meta["val"],
+                                      attn_mask=mask.meta["val"] if mask is not None else None, scale=scale)
+        # The CPU kernel returns (output, log-sum-exp); scaled_dot_product_attention the output.
+        result = insert(gm, consumer, operator.getitem, call, 0) if isinstance(call.meta["val"], tuple) else call
         consumer.replace_all_uses_with(result)
         remove_dead(gm, [consumer])
         changed = True

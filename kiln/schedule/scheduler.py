@@ -8,6 +8,7 @@ from typing import Any
 
 from torch.utils import _pytree as pytree
 
+from kiln import config
 from kiln.ir.analysis import ReadsWrites, run
 from kiln.ir.nodes import Buffer
 from kiln.ir.program import ComputeStep, ExternStep, Program
@@ -99,6 +100,16 @@ def _scatter_init_nest(kernel: FusedKernel) -> LoopNest | None:
     return ordered_nest(nest.buffer, scatter_init(nest))
 
 
+def _gemm_templates_wanted(target: Target) -> bool:
+    """The setting `backend.triton_gemm`: `auto` fuses on CPU (the interpreter, where the template
+    is what is being tested) and not on CUDA, where cuBLAS's product and a separate epilogue kernel
+    run until the autotuner times the template against them (docs/triton.md)."""
+    wanted = config.backend.triton_gemm
+    if wanted not in ("auto", "always", "never"):
+        raise ValueError(f"backend.triton_gemm (KILN_TRITON_GEMM) must be one of auto, always, never; got {wanted!r}")
+    return wanted == "always" or (wanted == "auto" and target.device == "cpu")
+
+
 def schedule(program: Program, target: Target | None = None) -> Schedule:
     """The program's steps as fused kernels and externs, with a memory plan. For a `target`
     whose code generator computes matrix products inside kernels (Triton), products move into
@@ -110,7 +121,7 @@ def schedule(program: Program, target: Target | None = None) -> Schedule:
             if b is not None:
                 buffers[b.name] = b
     _finish(steps, program.outputs, buffers)
-    if target is not None and target.codegen == "triton":
+    if target is not None and target.codegen == "triton" and _gemm_templates_wanted(target):
         steps = gemm_templates(steps, program.outputs)
     owned = {b.name: b for s in steps if isinstance(s, FusedKernel) for b in s.outputs}
     memory = plan_memory(steps, program.outputs, owned)

@@ -5,7 +5,12 @@ Triton kernel those graphs generated compiled for an H100 (sm_90) by Triton's co
 The C++ subset's lists (tests/ops/test_opinfo_kiln.py) less the ops libdevice has no function for,
 plus more pointwise, reduction, normalization, loss and view ops. `python -m tests.ops.sweep_opinfo
 --codegen triton` sweeps the whole database.
+
+On a GPU machine, `KILN_TEST_DEVICE=cuda` runs the same samples on CUDA tensors: the kernels are
+then compiled and run by Triton for the GPU itself (kiln's default code generator there).
 """
+
+import os
 
 import pytest
 import torch
@@ -63,9 +68,12 @@ def _triton_graphs(built: list) -> list[CompiledGraph]:
     return [g for g in graphs if isinstance(g, CompiledGraph) and g.artifact.codegen == "triton" and g.stages]
 
 
+DEVICE = os.environ.get("KILN_TEST_DEVICE", "cpu")
+
+
 def _run(name: str, dtype: torch.dtype, backward: bool) -> list:
     op = OPS[name]
-    samples = list(op.sample_inputs("cpu", dtype, requires_grad=backward))[:SAMPLES_PER_OP]
+    samples = list(op.sample_inputs(DEVICE, dtype, requires_grad=backward))[:SAMPLES_PER_OP]
     with kiln.config.patch({"backend.codegen": "triton"}), watch() as built:
         outcomes = [check_sample(op, s, backward, backend="kiln") for s in samples]
     return outcomes, _triton_graphs(built)
@@ -74,6 +82,9 @@ def _run(name: str, dtype: torch.dtype, backward: bool) -> list:
 def _check(name: str, dtype: torch.dtype, backward: bool) -> None:
     outcomes, graphs = _run(name, dtype, backward)
     assert_outcomes(outcomes)
+    if DEVICE != "cpu":
+        assert all(g.artifact.device == DEVICE for g in graphs)
+        return  # built and run on the GPU itself
     for graph in graphs:  # every kernel the interpreter ran also builds for a GPU
         kernels = graph.stages.kernels
         build_for_gpu(kernels.source, [f for group in kernels.jit.values() for f in group])

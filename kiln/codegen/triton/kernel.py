@@ -103,8 +103,8 @@ def _init(kind: str, dtype: torch.dtype) -> str:
 
 
 class TritonKernelPrinter:
-    def __init__(self, kernel: FusedKernel, function: str) -> None:
-        self.kernel, self.function = kernel, function
+    def __init__(self, kernel: FusedKernel, function: str, device: str = "cpu") -> None:
+        self.kernel, self.function, self.device = kernel, function, device
         self.pointers, self.buffers = kernel.argument_names(), kernel.buffers()
         self.locals: dict[str, tuple[str, Dims]] = {}
         self.wide = any(_storage_elements(b) >= _INDEX_LIMIT for b in self.buffers.values())
@@ -345,10 +345,11 @@ class TritonKernelPrinter:
                    f"mask=(kindex[:, None] < {kk}) & rmask, other=0)", 2)
         if a.layout.dtype == torch.float32:  # eager's float32 GEMM: full float32, no TF32
             self._emit('product = tl.dot(a, b, product, input_precision="ieee")', 2)
-        elif a.layout.dtype == torch.bfloat16:
+        elif a.layout.dtype == torch.bfloat16 and self.device == "cpu":
             # bfloat16 values are exact in TF32, so widened to float32 and multiplied as TF32 they
-            # give bfloat16's exact products on the tensor cores; Triton's interpreter multiplies
-            # bfloat16 blocks as their raw bits, so they are never passed to tl.dot as they are.
+            # give bfloat16's exact products; Triton's interpreter multiplies bfloat16 blocks as
+            # their raw bits, so under it they are never passed to tl.dot as they are (on a GPU
+            # they are: the tensor cores take bfloat16 at twice TF32's rate).
             self._emit('product = tl.dot(a.to(tl.float32), b.to(tl.float32), product, input_precision="tf32")', 2)
         else:
             self._emit("product = tl.dot(a, b, product)", 2)
@@ -438,6 +439,7 @@ def _warps(elements: int) -> int:
     return max(1, min(8, elements // 256))
 
 
-def kernel_source(kernel: FusedKernel, function: str) -> TritonKernel:
-    return TritonKernelPrinter(kernel, function).kernel_source()
+def kernel_source(kernel: FusedKernel, function: str, device: str = "cpu") -> TritonKernel:
+    """`kernel` printed as Triton for graphs on `device` ("cpu": run by Triton's interpreter)."""
+    return TritonKernelPrinter(kernel, function, device).kernel_source()
 

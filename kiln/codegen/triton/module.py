@@ -227,14 +227,14 @@ class TritonKernels:
         return "\n\n\n".join([PREAMBLE, *self.launchers.values()]) + "\n"
 
 
-def triton_kernels(kernels: list[FusedKernel]) -> TritonKernels:
-    """Print every kernel; NotImplementedError for one Triton cannot express (symbolic sizes, an
-    op libdevice lacks, a scatter with no atomic)."""
+def triton_kernels(kernels: list[FusedKernel], device: str = "cpu") -> TritonKernels:
+    """Print every kernel for graphs on `device`; NotImplementedError for one Triton cannot
+    express (symbolic sizes, an op libdevice lacks, a scatter with no atomic)."""
     printed = TritonKernels()
     for kernel in kernels:
         if not kernel.has_static_sizes:
             raise NotImplementedError("Triton kernels with symbolic sizes")
-        made = kernel_source(kernel, _PLACEHOLDER)
+        made = kernel_source(kernel, _PLACEHOLDER, device)
         text = "\n\n\n".join([*(f.source for f in made.functions), made.launcher])
         name = f"kernel_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
         printed.launchers.setdefault(name, text.replace(_PLACEHOLDER, name))

@@ -1,0 +1,184 @@
+"""kiln on a CUDA GPU: Triton kernels compiled and run for real, cuBLAS and SDPA externs, freezing,
+CUDA autocast, training, and CUDA graphs (`mode="reduce-overhead"`).
+
+Without a GPU (CI) these are skipped: CI checks the same kernels under Triton's interpreter
+(tests/codegen/test_triton*.py, tests/ops/test_opinfo_triton.py) and builds each for sm_90. On a
+GPU machine: `python -m pytest tests/gpu` (and `KILN_TEST_DEVICE=cuda python -m pytest
+tests/ops/test_opinfo_triton.py` for the OpInfo subset on the GPU).
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.backend import watch
+from kiln.runtime import fallback
+from kiln.runtime.compiled_graph import CompiledGraph
+from kiln.runtime.cuda_graphs import CudaGraphed
+from kiln.runtime.frozen import FrozenProgram
+from tests.codegen.test_triton_models import MODELS, PATTERNS
+from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
+
+CUDA = "cuda"
+
+
+def _cuda(values):
+    return [v.to(CUDA) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def _graphs(built: list) -> list[CompiledGraph]:
+    graphs = [b.runtime if isinstance(b, FrozenProgram) else b for b in built]
+    return [g for g in graphs if isinstance(g, CompiledGraph)]
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_fusion_patterns_on_the_gpu(name):
+    fn, inputs, expected = PATTERNS[name]
+    _, cpp = compiled(fn, *inputs)
+    out, tri = compiled(fn, *_cuda(inputs))
+    want = fn(*_cuda(inputs))
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    assert tri.artifact.codegen == "triton" and tri.artifact.device == CUDA  # auto: Triton on CUDA
+    assert len(tri.schedule.kernels) == len(cpp.schedule.kernels)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_matmul_template_with_epilogue_on_the_gpu(dtype):
+    fn = lambda x, w, b, r: F.gelu(x @ w + b) + r  # noqa: E731
+    inputs = [torch.randn(100, 72, device=CUDA, dtype=dtype), torch.randn(72, 130, device=CUDA, dtype=dtype),
+              torch.randn(130, device=CUDA, dtype=dtype), torch.randn(100, 130, device=CUDA, dtype=dtype)]
+    for setting in ("always", "never"):
+        with kiln.config.patch({"backend.triton_gemm": setting}):
+            out, graph = compiled(fn, *inputs)
+        tol = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-3}[dtype]
+        torch.testing.assert_close(out, fn(*inputs), atol=tol, rtol=tol)
+        templates = [k for k in graph.schedule.kernels if k.gemm is not None]
+        assert len(templates) == (1 if setting == "always" else 0)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_tiny_model_inference_on_the_gpu(name):
+    torch.manual_seed(0)
+    model, inputs, result = MODELS[name]()
+    model, inputs = model.eval().to(CUDA), _cuda(inputs)
+    fallback.reset()
+    with torch.no_grad(), watch() as built:
+        out = result(kiln.compile(model)(*inputs))
+        want = result(model(*inputs))
+    torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
+    assert fallback.FALLBACKS == []
+    graphs = _graphs(built)
+    assert graphs and all(g.artifact.codegen == "triton" for g in graphs)
+
+
+def test_tiny_bert_under_cuda_autocast():
+    torch.manual_seed(0)
+    model, inputs, result = MODELS["bert"]()
+    model, inputs = model.eval().to(CUDA), _cuda(inputs)
+    fallback.reset()
+    compiled_model = kiln.compile(model)
+    with torch.no_grad(), torch.autocast(CUDA, dtype=torch.bfloat16):
+        out = result(compiled_model(*inputs))
+        want = result(model(*inputs))
+    assert out.dtype == want.dtype
+    torch.testing.assert_close(out.float(), want.float(), atol=3e-2, rtol=3e-2)
+    with torch.no_grad():  # autocast off again: the guard on CUDA autocast picks the float32 graph
+        torch.testing.assert_close(result(compiled_model(*inputs)), result(model(*inputs)), atol=1e-4, rtol=1e-4)
+    assert fallback.FALLBACKS == []
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_tiny_model_training_step_on_the_gpu(name):
+    torch.manual_seed(0)
+    model, inputs, result = MODELS[name]()
+    model, inputs = model.train().to(CUDA), _cuda(inputs)
+    twin = copy.deepcopy(model)
+    fallback.reset()
+    expected = result(model(*inputs)).square().mean()
+    expected.backward()
+    loss = result(kiln.compile(twin)(*inputs)).square().mean()
+    loss.backward()
+    torch.testing.assert_close(loss, expected, atol=1e-5, rtol=1e-4)
+    for (name_, p), q in zip(model.named_parameters(), twin.parameters()):
+        want = p.grad if p.grad is not None else torch.zeros_like(p)
+        torch.testing.assert_close(q.grad, want, atol=1e-4, rtol=1e-3, msg=f"gradient of {name_}")
+    assert fallback.FALLBACKS == []
+
+
+def test_out_of_range_index_raises_on_the_gpu():
+    fn = kiln.compile(lambda w, i: w[i] * 2)
+    w = torch.randn(10, 4, device=CUDA)
+    torch.testing.assert_close(fn(w, torch.tensor([1, -1], device=CUDA)), w[torch.tensor([1, -1])] * 2)
+    with pytest.raises(IndexError, match="index out of range"):
+        fn(w, torch.tensor([1, 10], device=CUDA))
+    torch.testing.assert_close(fn(w, torch.tensor([2, 3], device=CUDA)), w[[2, 3]] * 2)  # the flag was cleared
+
+
+def _cuda_graphed(built: list) -> list:
+    return [b for b in built if isinstance(b, CudaGraphed)]
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+        self.norm = torch.nn.LayerNorm(32)
+
+    def forward(self, x, ids):
+        h = self.norm(x + self.fc2(F.gelu(self.fc1(x))))
+        return h, h[:, ids].sum(-1)
+
+
+def test_reduce_overhead_replays_cuda_graphs(monkeypatch):
+    recorded = []
+    real = CudaGraphed._record
+    monkeypatch.setattr(CudaGraphed, "_record", lambda self, *a: recorded.append(a[0]) or real(self, *a))
+    model = Block().eval().to(CUDA)
+    fast = kiln.compile(model, mode="reduce-overhead")
+    ids = torch.tensor([0, 3, 5], device=CUDA)
+    fallback.reset()
+    with torch.no_grad():
+        xs = [torch.randn(4, 8, 32, device=CUDA) for _ in range(3)]
+        outs = [fast(x, ids) for x in xs]  # one recording, two replays, each on new input values
+        assert len(recorded) == 1
+        for x, out in zip(xs, outs):  # earlier results are not overwritten by later replays
+            for got, want in zip(out, model(x, ids)):
+                torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        y = torch.randn(2, 8, 32, device=CUDA)  # new sizes: a second recording
+        torch.testing.assert_close(fast(y, ids)[0], model(y, ids)[0], atol=1e-5, rtol=1e-5)
+        assert len(recorded) == 2
+        model.fc1.weight.mul_(-1)  # a frozen weight changed in place: re-frozen and recorded again
+        torch.testing.assert_close(fast(xs[0], ids)[0], model(xs[0], ids)[0], atol=1e-5, rtol=1e-5)
+        assert len(recorded) == 3
+        with pytest.raises(IndexError, match="index out of range"):
+            fast(xs[0], torch.tensor([0, 9], device=CUDA))
+    assert fallback.FALLBACKS == []
+
+
+def test_reduce_overhead_through_torch_compile():
+    model = Block().eval().to(CUDA)
+    x, ids = torch.randn(4, 8, 32, device=CUDA), torch.tensor([1, 2], device=CUDA)
+    with torch.no_grad():
+        fast = torch.compile(model, backend="kiln", mode="reduce-overhead")
+        for _ in range(3):
+            torch.testing.assert_close(fast(x, ids)[0], model(x, ids)[0], atol=1e-5, rtol=1e-5)
+        opts = torch.compile(model, backend="kiln", options={"cuda_graphs": True})
+        torch.testing.assert_close(opts(x, ids)[1], model(x, ids)[1], atol=1e-5, rtol=1e-5)
+
+
+def test_cuda_graph_limits_are_recorded():
+    model = Block().eval().to(CUDA)
+    ids = torch.tensor([0], device=CUDA)
+    fallback.reset()
+    with torch.no_grad(), kiln.config.patch({"backend.cuda_graph_sizes": 1}):
+        fast = kiln.compile(model, mode="reduce-overhead", dynamic=True)
+        for batch in (1, 2):
+            x = torch.randn(batch, 8, 32, device=CUDA)
+            torch.testing.assert_close(fast(x, ids)[0], model(x, ids)[0], atol=1e-5, rtol=1e-5)
+    reasons = [f.reason for f in fallback.FALLBACKS]
+    assert any("more than 1 sets of input sizes" in r for r in reasons), reasons
