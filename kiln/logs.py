@@ -102,6 +102,7 @@ for _name, _help in {
     "compile_time": "seconds spent in each compile stage of each graph (capture, AOT, each pass, ..., build, load)",
     "bench": "benchmark harness progress",
     "runtime": "process-wide settings compiled graphs apply when they run (malloc's thresholds)",
+    "cuda_graphs": "CUDA graphs recorded for compiled graphs (mode='reduce-overhead'), per set of input sizes",
 }.items():
     register_artifact(_name, _help)
 

@@ -25,7 +25,7 @@ def build(name, batch, seq):
     model_cls, config_cls, extra = MODELS[name]
     config = getattr(transformers, config_cls)(**extra)
     model = getattr(transformers, model_cls)(config).eval().cuda()
-    ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda")
+    ids = torch.randint(0, config.vocab_size, (batch, seq)).cuda()
     return model, {"input_ids": ids}
 
 

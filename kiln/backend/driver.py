@@ -64,12 +64,12 @@ class BuiltStages:
 
 
 def graph_device(gm: fx.GraphModule) -> str:
-    """The device type of the graph's tensors ("cpu" for a graph with none)."""
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            return val.device.type
-    return "cpu"
+    """The device type of the graph's tensors: an accelerator's where any tensor is on one (host
+    tensors beside them are scalars and indices eager accepts there), else "cpu"."""
+    devices = {val.device.type for node in gm.graph.nodes
+               if isinstance(val := node.meta.get("val"), torch.Tensor)}
+    accelerators = sorted(devices - {"cpu"})
+    return accelerators[0] if accelerators else "cpu"
 
 
 CODEGENS = ("auto", "cpp", "triton")
@@ -94,8 +94,22 @@ def choose_codegen(device: str) -> str:
     return wanted
 
 
+def host_inputs(gm: fx.GraphModule, target: Target) -> frozenset[str]:
+    """Inputs of a GPU graph whose tensors are on the CPU (scalars, indices eager accepts there)."""
+    if target.device == "cpu":
+        return frozenset()
+    return frozenset(n.name for n in gm.graph.nodes if n.op == "placeholder"
+                     and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].device.type == "cpu")
+
+
 def target_for(gm: fx.GraphModule) -> Target:
     device = graph_device(gm)
+    if device != "cpu":
+        for node in gm.graph.nodes:
+            val = node.meta.get("val")
+            # (A 0-dim host value made inside the graph, a scalar_tensor, is lowered to a constant.)
+            if node.op != "placeholder" and isinstance(val, torch.Tensor) and val.device.type == "cpu" and val.dim() > 0:
+                raise NotImplementedError(f"a {device} graph that computes on the CPU too ({node.format_node()})")
     return Target(device=device, codegen=choose_codegen(device), loop_ops=frozenset(LOWERINGS))
 
 
@@ -200,7 +214,7 @@ class Backend:
                 kernels = cpp_kernels(scheduled.kernels)
                 units = translation_units(kernels, workers())
             arguments = "tensors" if target.codegen == "triton" else "pointers"
-            wrapper = python_wrapper(scheduled, set(kernels.checks), arguments, target.device)
+            wrapper = python_wrapper(scheduled, set(kernels.checks), arguments, target.device, host_inputs(gm, target))
             report = fusion_report(program, scheduled, kernels)
         artifact = GraphArtifact(units, wrapper.source, wrapper.constants, wrapper.ops,
                                  {k: (kernels.functions[k], kernels.arity[k]) for k in kernels.functions},

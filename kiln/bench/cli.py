@@ -63,6 +63,15 @@ def _check_plotting(path: str | None) -> None:
 
 
 AUTOCAST = {"bf16": "bfloat16"}  # --autocast value -> torch dtype name
+DEVICES = ("cpu", "cuda")
+
+
+def check_device(device: str) -> None:
+    """Fail before any model runs if the device is not there (each case would fail alike, later)."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
 
 
 def select_cases(args: argparse.Namespace) -> list[Case]:
@@ -77,10 +86,14 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
         raise ValueError("--iters must be >= 1, --warmup >= 0 and --timeout > 0")
     if args.autocast and args.train:
         raise ValueError("--autocast times inference only; leave out --train")
+    profile = getattr(args, "profile", False)
+    if profile and args.device != "cpu":
+        # kiln/bench/profile.py times each kernel with the CPU's clock, no synchronize, against the CPU's peak.
+        raise ValueError(f"--profile measures kernels on the CPU only; leave it out with --device {args.device}")
     autocast = AUTOCAST[args.autocast] if args.autocast else None
     return [
         Case(model, mode, t, train=args.train, iters=args.iters, warmup=args.warmup, autocast=autocast,
-             profile=getattr(args, "profile", False))
+             profile=profile, device=args.device)
         for model in models
         for t in threads
         for mode in modes
@@ -114,7 +127,7 @@ def _gemm_choices(args: argparse.Namespace) -> tuple[list, list[int], list[str]]
     from kiln.bench.gemm import DTYPES, SHAPES, parse_shapes
 
     for flag, given in [("--train", args.train), ("--autocast", args.autocast), ("--plot", args.plot),
-                        ("--modes", args.modes != DEFAULT_MODES)]:
+                        ("--modes", args.modes != DEFAULT_MODES), ("--device", args.device != "cpu")]:
         if given:
             raise ValueError(f"{flag} does not apply to --suite {GEMM_SUITE}, which times every kiln::mm implementation "
                              "on single GEMMs")
@@ -146,6 +159,10 @@ def run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from kiln.bench.report import run_metadata
     from kiln.bench.runner import Progress, run_cases
 
+    try:
+        check_device(args.device)
+    except ValueError as e:
+        parser.error(str(e))
     if args.suite == GEMM_SUITE and not args.models:
         return run_gemm(args, parser)
     try:
@@ -163,6 +180,7 @@ def run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         warmup=args.warmup,
         cache=args.cache,
         timeout_s=args.timeout,
+        device=args.device,
     )
     results = run_cases(cases, args.timeout, cold_cache=args.cache == "cold", progress=Progress(len(cases)))
     write_outputs(results, meta, args)
@@ -206,12 +224,15 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--models", help="comma-separated model names from any suite (overrides --suite)")
     p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated, or all: {', '.join(MODES)} "
                    "(inductor-max-autotune can take many minutes per model on a CPU)")
+    p.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="where the models run (default: cpu); on cuda --threads sets only the CPU's share, "
+                   "and the float64 accuracy reference still runs on the CPU")
     p.add_argument("--threads", default="1", help="torch thread counts to run, e.g. 1,2 (default: 1)")
     p.add_argument("--iters", type=int, default=config.bench.iters, help="timed iterations (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=config.bench.warmup, help="untimed iterations (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=config.bench.timeout_s, help="seconds per case (default: %(default)s)")
     p.add_argument("--train", action="store_true", help="time a training step and check gradients")
-    p.add_argument("--autocast", choices=list(AUTOCAST), help="run inference under torch.autocast('cpu', dtype=...)")
+    p.add_argument("--autocast", choices=list(AUTOCAST), help="run inference under torch.autocast(DEVICE, dtype=...)")
     p.add_argument("--cache", choices=["cold", "warm"], default="cold", help="compile caches: fresh per case (cold) or the user's (warm)")
     p.add_argument("--profile", action="store_true",
                    help="also time each kernel and extern of kiln's graphs: a roofline table per case (docs/profile.md)")

@@ -1,6 +1,7 @@
 """The CPU a benchmark ran on: its model name, the flags that decide which GEMM code wins, and its
-core count. Every run's JSON records them (`kiln.bench.report.run_metadata`), and the machine's
-measured peak is cached under them (`kiln.bench.peak`).
+core count; and the GPU, for a run on `--device cuda`. Every run's JSON records them
+(`kiln.bench.report.run_metadata`), and the machine's measured peak is cached under them
+(`kiln.bench.peak`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ def cpu_flags() -> tuple[str, ...]:
     text = _field(_cpuinfo(), "flags", "features") or _field(_lscpu(), "flags") or ""
     flags = set(text.split())
     return tuple(flag for flag in SPEED_FLAGS if flag in flags)
+
+
+def gpu_model() -> str:
+    """The name of the current CUDA device, e.g. "NVIDIA H100 80GB HBM3" (call only where CUDA is available)."""
+    import torch
+
+    return torch.cuda.get_device_name()
 
 
 def cpu_cores() -> int:

@@ -99,11 +99,11 @@ def _dynamo_backend_reason(backend: str, issue: str) -> Callable[[bool], str | N
     return reason
 
 
-def _kiln_compile(backend: str) -> Callable[[nn.Module], Callable]:
+def _kiln_compile(backend: str, mode: str | None = None) -> Callable[[nn.Module], Callable]:
     def compile(model: nn.Module) -> Callable:
         import kiln
 
-        return kiln.compile(model, backend=backend)
+        return kiln.compile(model, backend=backend, **({"mode": mode} if mode else {}))
 
     return compile
 
@@ -114,6 +114,17 @@ def _kiln_compile_reason(train: bool) -> str | None:
     if callable(getattr(kiln, "compile", None)):
         return None
     return "kiln.compile (kiln's own capture, issue 5) has not landed yet"
+
+
+def _kiln_mode_reason(mode: str) -> Callable[[bool], str | None]:
+    def reason(train: bool) -> str | None:
+        from kiln import api
+
+        if mode in getattr(api, "MODES", ()):
+            return _kiln_compile_reason(train)
+        return f"kiln.compile does not accept mode={mode!r} yet"
+
+    return reason
 
 
 MODES: dict[str, Mode] = {
@@ -136,7 +147,21 @@ MODES: dict[str, Mode] = {
             _freezing_reason,
             _dynamo_stats,
         ),
+        Mode(
+            "inductor-reduce-overhead",
+            'torch.compile(model, mode="reduce-overhead"): Inductor replaying CUDA graphs (on CPU the same as inductor)',
+            _torch_compile(mode="reduce-overhead"),
+            _always,
+            _dynamo_stats,
+        ),
         Mode("kiln", "kiln.compile(model): kiln's capture and backend", _kiln_compile("kiln"), _kiln_compile_reason, _kiln_capture_stats),
+        Mode(
+            "kiln-reduce-overhead",
+            'kiln.compile(model, mode="reduce-overhead"): kiln replaying CUDA graphs (on CPU the same as kiln)',
+            _kiln_compile("kiln", mode="reduce-overhead"),
+            _kiln_mode_reason("reduce-overhead"),
+            _kiln_capture_stats,
+        ),
         Mode(
             "kiln-dynamo",
             'torch.compile(model, backend="kiln"): Dynamo capture, kiln backend',

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiln.bench.machine import cpu_cores, cpu_flags, cpu_model
+from kiln.bench.machine import cpu_cores, cpu_flags, cpu_model, gpu_model
 from kiln.bench.results import Result
 
 if TYPE_CHECKING:
@@ -138,10 +138,12 @@ def _tables(results: list[Result]) -> list[tuple[str, list[str], list[list[str]]
 
 def describe_run(meta: dict[str, Any]) -> str:
     threads = ",".join(str(t) for t in meta["threads"])
+    device = f" · device {meta['device']}" if meta.get("device") else ""  # runs saved before the field: none
     return (
-        f"{meta['task']} · suite {meta['suite']} · threads {threads} · {meta['iters']} iters after {meta['warmup']} "
+        f"{meta['task']} · suite {meta['suite']}{device} · threads {threads} · {meta['iters']} iters after {meta['warmup']} "
         f"warm-up · {meta['cache']} cache · torch {meta['torch']}"
-        f"{' · kiln ' + meta['kiln_commit'] if meta.get('kiln_commit') else ''} · {describe_cpu(meta)} · {meta['date']}"
+        f"{' · kiln ' + meta['kiln_commit'] if meta.get('kiln_commit') else ''} · {describe_cpu(meta)}"
+        f"{' · ' + meta['gpu'] if meta.get('gpu') else ''} · {meta['date']}"
     )
 
 
@@ -229,6 +231,7 @@ def run_metadata(**settings: Any) -> dict[str, Any]:
         "isa": list(cpu_flags()),  # the speed flags of kiln.bench.machine.SPEED_FLAGS it has
         "cores": cpu_cores(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the kernels ATen dispatches to
+        **({"gpu": gpu_model()} if settings.get("device") == "cuda" else {}),  # where a cuda run's models ran
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers_version,

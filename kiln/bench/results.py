@@ -12,7 +12,7 @@ STATUSES = ("ok", "error", "timeout", "crash", "n/a")
 
 @dataclass(frozen=True)
 class Case:
-    """One (model, mode, threads) measurement, run in its own subprocess."""
+    """One (model, mode, threads) measurement on one device, run in its own subprocess."""
 
     model: str
     mode: str
@@ -20,12 +20,14 @@ class Case:
     train: bool = False
     iters: int = 20
     warmup: int = 3
-    autocast: str | None = None  # "bfloat16": inference under torch.autocast("cpu", dtype=torch.bfloat16)
+    autocast: str | None = None  # "bfloat16": inference under torch.autocast(device, dtype=torch.bfloat16)
     profile: bool = False  # also time each kernel and extern of kiln's graphs (kiln/bench/profile.py)
+    device: str = "cpu"  # "cuda": model and inputs on the GPU; the float64 reference stays on the CPU
 
     @property
     def label(self) -> str:
-        return f"{self.model} · {self.mode} · {self.threads} thread{'s' if self.threads > 1 else ''}"
+        device = f" · {self.device}" if self.device != "cpu" else ""
+        return f"{self.model} · {self.mode} · {self.threads} thread{'s' if self.threads > 1 else ''}{device}"
 
 
 @dataclass

@@ -3,6 +3,10 @@
 Builds the model twice from the same seed (an eager copy and one to compile), checks the compiled
 result against eager with the tolerance rule of `accuracy.py`, then times eager and compiled calls
 interleaved in this same process, so both see the same machine state.
+
+On `--device cuda` both copies and the inputs live on the GPU, every timed call is bracketed by
+`torch.cuda.synchronize()` (a CUDA call returns before its kernels finish), and outputs are compared
+on the CPU, where the float64 reference runs.
 """
 
 from __future__ import annotations
@@ -45,14 +49,15 @@ def _loss(output: Any) -> torch.Tensor:
 
 
 class InferenceStep:
-    """One forward call without autograd, under CPU autocast to `autocast` (a dtype name) if given."""
+    """One forward call without autograd, under `device`'s autocast to `autocast` (a dtype name) if given."""
 
-    def __init__(self, model: Callable, inputs: dict[str, torch.Tensor], autocast: str | None = None) -> None:
-        self.model, self.inputs = model, inputs
+    def __init__(self, model: Callable, inputs: dict[str, torch.Tensor], autocast: str | None = None,
+                 device: str = "cpu") -> None:
+        self.model, self.inputs, self.device = model, inputs, device
         self.autocast = getattr(torch, autocast) if autocast else None
 
     def __call__(self) -> list[torch.Tensor]:
-        cast = torch.autocast("cpu", dtype=self.autocast) if self.autocast is not None else contextlib.nullcontext()
+        cast = torch.autocast(self.device, dtype=self.autocast) if self.autocast is not None else contextlib.nullcontext()
         with torch.no_grad(), cast:
             return flatten_tensors(self.model(**self.inputs))
 
@@ -81,9 +86,25 @@ def _double(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
 
 
-def _make_step(case: Case, model: nn.Module, runner: Callable, inputs: dict[str, torch.Tensor]):
+def _on(device: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
+def _cpu(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    # Copied out at once: a CUDA-graph replay (mode reduce-overhead) overwrites its last outputs.
+    return [t.detach().cpu() for t in tensors]
+
+
+def _synchronizer(device: str) -> Callable[[], None]:
+    """What waits for the device's queued kernels: a CUDA call returns before they finish."""
+    return torch.cuda.synchronize if device == "cuda" else lambda: None
+
+
+def _make_step(case: Case, model: nn.Module, runner: Callable, inputs: dict[str, torch.Tensor], device: str | None = None):
     # Under autocast the float64 reference stays float64: autocast casts float32 only.
-    return TrainStep(runner, model, inputs) if case.train else InferenceStep(runner, inputs, case.autocast)
+    if case.train:
+        return TrainStep(runner, model, inputs)
+    return InferenceStep(runner, inputs, case.autocast, device or case.device)
 
 
 def _first_outputs(case: Case, step) -> list[torch.Tensor]:
@@ -95,6 +116,7 @@ def _median_ms(samples: list[float]) -> float:
 
 
 def _time_interleaved(eager: Callable, compiled: Callable, case: Case) -> tuple[float, float]:
+    sync = _synchronizer(case.device)
     for _ in range(case.warmup):
         eager()
         compiled()
@@ -103,8 +125,10 @@ def _time_interleaved(eager: Callable, compiled: Callable, case: Case) -> tuple[
         # Alternate which goes first so neither always runs on a cache the other warmed.
         order = [(eager, eager_s), (compiled, compiled_s)]
         for fn, samples in order if i % 2 == 0 else reversed(order):
+            sync()  # no kernel of the previous call may finish inside this one's time
             start = time.perf_counter()
             fn()
+            sync()
             samples.append(time.perf_counter() - start)
     return _median_ms(eager_s), _median_ms(compiled_s)
 
@@ -127,26 +151,33 @@ def run_case(case: Case) -> Result:
 
 def _measure(case: Case, result: Result) -> None:
     spec, mode = MODELS[case.model], MODES[case.mode]
-    eager_model = _phase("build", lambda: spec.build(case.train))
+    sync = _synchronizer(case.device)
+    eager_model = _phase("build", lambda: spec.build(case.train).to(case.device))
     compiled_model = copy.deepcopy(eager_model)
-    inputs = _phase("build", spec.make_inputs)
+    cpu_inputs = _phase("build", spec.make_inputs)
+    inputs = _phase("build", lambda: _on(case.device, cpu_inputs))
     torch.manual_seed(0)
 
     eager = _make_step(case, eager_model, eager_model, inputs)
-    reference = _phase("reference", lambda: _first_outputs(case, eager))
+    reference = _phase("reference", lambda: _cpu(_first_outputs(case, eager)))
 
     def fp64_reference() -> list[torch.Tensor]:
-        model64 = copy.deepcopy(eager_model).double()
-        return _first_outputs(case, _make_step(case, model64, model64, _double(inputs)))
+        # On the CPU whatever the device: one float64 truth for every run, and no third copy in GPU memory.
+        model64 = copy.deepcopy(eager_model).cpu().double()
+        return _first_outputs(case, _make_step(case, model64, model64, _double(cpu_inputs), device="cpu"))
 
     def compile_and_run():
         runner = mode.compile(compiled_model)
         step = _make_step(case, compiled_model, runner, inputs)
-        return step, _first_outputs(case, step)
+        outputs = _first_outputs(case, step)
+        sync()
+        return step, outputs
 
+    sync()
     t0 = time.perf_counter()
     compiled, outputs = _phase("compile", compile_and_run)
     result.compile_s = time.perf_counter() - t0
+    outputs = _cpu(outputs)
 
     verdict: Verdict = _phase("accuracy", lambda: compare(outputs, reference, fp64_reference))
     result.accuracy = "pass" if verdict.passed else "fail"

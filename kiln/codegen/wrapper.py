@@ -42,10 +42,11 @@ def _op_name(op: Any) -> str | None:
 
 
 def python_wrapper(schedule: Schedule, checks: set[str], kernel_arguments: str = "pointers",
-                   device: str = "cpu") -> WrapperCode:
+                   device: str = "cpu", host_inputs: frozenset[str] = frozenset()) -> WrapperCode:
     """`schedule` as the source of `call`; `checks`: kernels after which the index-error flag is
     read; `kernel_arguments`: what a kernel is called with, its buffers' data pointers (C++
-    functions) or the tensors themselves (Triton launchers); `device`: where buffers are allocated.
+    functions) or the tensors themselves (Triton launchers); `device`: where buffers are allocated;
+    `host_inputs`: inputs of a GPU graph that arrive on the CPU, moved to the device on entry.
     On a GPU the flag is read once, after the last kernel: reading it waits for the device, which
     after every kernel would stall the host's launches."""
     if kernel_arguments not in ("pointers", "tensors"):
@@ -59,9 +60,9 @@ def python_wrapper(schedule: Schedule, checks: set[str], kernel_arguments: str =
         if b is not None:
             code.constants[f"layout_{b.name}"] = _sizes_strides(b.layout)
             lines.append(f"{b.name} = _in_layout({b.name}, layout_{b.name})")
-            if device != "cpu" and len(b.layout.size) == 0:
-                # A 0-dim tensor may come from the host (eager lets a CPU scalar tensor mix with
-                # GPU ones); a kernel can only read device memory.
+            if b.name in host_inputs:
+                # Eager lets host tensors (a 0-dim scalar, a CPU index) mix with GPU ones; a
+                # kernel reads device memory only.
                 lines.append(f"{b.name} = {b.name}.to(device)")
     memory = schedule.memory
     reused = set(memory.reuses.values())

@@ -43,7 +43,7 @@ def _in_layout(t: torch.Tensor, layout: tuple[tuple[int, ...], tuple[int, ...]])
     # Kernels were generated for these strides; a tensor laid out otherwise is copied to them.
     # `layout` is (sizes, strides) as plain ints: this runs for every extern result of every call.
     size, stride = layout
-    if t.stride() == stride or t.numel() <= 1:
+    if t is None or t.stride() == stride or t.numel() <= 1:  # None: an optional result not computed
         return t
     return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
 

@@ -11,7 +11,9 @@ with one call:
   that very buffer).
 - **Warm-up, then capture.** The graph runs once on a side stream before it is recorded (Triton
   compiles its kernels and cuBLAS makes its handles outside the capture), then once under capture,
-  into one memory pool shared by every recording of the process (`torch.cuda.graph_pool_handle`).
+  into the recording's own memory pool. (A pool shared between recordings is freed by PyTorch
+  when the last graph using it goes, after which capturing into its handle fails: a recording
+  dropped after a weight change would break the next one.)
 - **Replay.** The recorded module state must still be the same tensors, at the same version and
   address: a weight changed in place, rebound or refrozen is recorded again (and the compiled
   graph re-freezes it on that call). Outputs are copied out of the recording's buffers, so
@@ -61,16 +63,6 @@ class _Recording:
             if arg is not tensor or arg._version != version or arg.data_ptr() != address:
                 return False
         return True
-
-
-_POOL: Any = None  # one memory pool for every recording of the process
-
-
-def _pool() -> Any:
-    global _POOL
-    if _POOL is None:
-        _POOL = torch.cuda.graph_pool_handle()
-    return _POOL
 
 
 class CudaGraphed:
@@ -132,7 +124,7 @@ class CudaGraphed:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         try:
-            with triton_kernels.flags_read_later() as flags, torch.cuda.graph(graph, pool=_pool()):
+            with triton_kernels.flags_read_later() as flags, torch.cuda.graph(graph):
                 outputs = list(self.compiled(*inputs))
         except Exception as error:  # noqa: BLE001 - the calls still run, recorded as such
             raise NoCudaGraph(f"the graph could not be captured ({type(error).__name__}: "

@@ -152,7 +152,7 @@ def _grads(out, inputs: list[torch.Tensor], seed: int) -> list[torch.Tensor | No
     if not outs or not wants:
         return []
     gen = torch.Generator().manual_seed(seed)
-    cotangents = [torch.randn(t.shape, generator=gen, dtype=t.dtype) for t in outs]
+    cotangents = [torch.randn(t.shape, generator=gen, dtype=t.dtype).to(t.device) for t in outs]
     return list(torch.autograd.grad(outs, wants, cotangents, allow_unused=True))
 
 
