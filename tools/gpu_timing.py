@@ -86,7 +86,9 @@ def main():
                         err = ((out - ref).norm() / ref.norm()).item()
                         ms = timed(lambda: fn(**inputs))
                 except Exception as e:  # noqa: BLE001
-                    print(f"{name} {dtype} {mode}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
+                    import traceback
+                    print(f"{name} {dtype} {mode}: FAILED {type(e).__name__}: {str(e)[:3000]}", flush=True)
+                    traceback.print_exc()
                     continue
                 finally:
                     kiln.config.backend.triton_gemm = "auto"

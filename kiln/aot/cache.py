@@ -72,7 +72,10 @@ def cache_key(gm: fx.GraphModule, example_inputs: Sequence[Any], lifted: dict[st
         return None
     # Ambient state the trace bakes in: autocast's casts (a graph traced under autocast differs)
     # and the default dtype of factory calls.
-    ambient = repr((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.get_default_dtype()))
+    # (CUDA's autocast too: found on an H200, where a float32 BERT loaded the graph its bfloat16
+    # autocast run had stored.)
+    ambient = repr((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
+                    torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"), torch.get_default_dtype()))
     parts = [gm.code, *lifted, *described, repr(training), repr(options), ambient, torch.__version__, disk_cache.kiln_fingerprint()]
     h = hashlib.sha256("\0".join(parts).encode())
     h.update(_constants(gm, set(lifted)))

@@ -188,7 +188,8 @@ class AotCompiled:
         if not (self.options.cache and isinstance(self.compile_graph, SavingGraphCompiler)):
             return None
         lifted = dict(zip(self.lifted_names, self.lifted))
-        options = (self.options.recompute, config.backend.freezing, config.backend.autotune)
+        options = (self.options.recompute, config.backend.freezing, config.backend.autotune, config.backend.codegen,
+                   config.backend.triton_gemm)
         return aot_cache.cache_key(self.gm, self.example_inputs, lifted, training, options)
 
     def _from_cache(self, key: str | None, training: bool) -> Callable[..., list[Any]] | None:

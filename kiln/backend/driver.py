@@ -224,7 +224,7 @@ class Backend:
         with compile_time.stage("build"):
             library = build(artifact)
         with compile_time.stage("load"):
-            compiled = CompiledGraph(artifact, library, BuiltStages(program, scheduled, kernels, wrapper))
+            compiled = CompiledGraph(artifact, library, BuiltStages(program, scheduled, kernels, wrapper), eager=gm)
         logs.log("fusion", "%s", report)
         if self.observe is not None:
             self.observe(compiled)

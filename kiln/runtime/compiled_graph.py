@@ -22,6 +22,7 @@ import torch
 from kiln import compile_time
 from kiln.externs.prepacked import DIRECT_CALLS
 from kiln.native.build import build_library
+from kiln.runtime.fallback import record_fallback
 from kiln.runtime.heap import keep_freed_memory
 from kiln.runtime.triton_kernels import ErrorFlag, load_module, module_path
 
@@ -117,8 +118,12 @@ class CompiledGraph:
     came from the AOT graph cache.
     """
 
-    def __init__(self, artifact: GraphArtifact, library: str | None, stages: Any = None) -> None:
+    def __init__(self, artifact: GraphArtifact, library: str | None, stages: Any = None,
+                 eager: Callable | None = None) -> None:
         self.artifact, self.stages = artifact, stages
+        # A GPU graph's Triton kernels compile at their first launch, after the driver returned:
+        # a kernel Triton rejects there makes the graph run through ATen (`eager`), recorded.
+        self.eager = eager if artifact.codegen == "triton" and artifact.device != "cpu" else None
         scope: dict[str, Any] = {"_in_layout": _in_layout, "empty_strided": torch.empty_strided,
                                  "_raise_index_error": _raise_index_error, **artifact.constants}
         scope.update({name: _resolve_op(op) for name, op in artifact.ops.items()})
@@ -151,7 +156,20 @@ class CompiledGraph:
         return cls(artifact, build(artifact))
 
     def __call__(self, *args: Any) -> tuple:
+        if self.eager is not None:
+            return self._first_call(args)
         return self.call(*args)
+
+    def _first_call(self, args: tuple) -> tuple:
+        eager, self.eager = self.eager, None
+        try:
+            return self.call(*args)
+        except Exception as error:  # noqa: BLE001 - only Triton's own errors are caught below
+            if not type(error).__module__.startswith("triton"):
+                raise
+            record_fallback("kiln", "a Triton kernel at its first launch", error)
+            self.call = lambda *a: tuple(eager(*a))
+            return self.call(*args)
 
     # What it was built from, for tests and debug dumps (None after a cache load).
     program = property(lambda self: getattr(self.stages, "program", None))

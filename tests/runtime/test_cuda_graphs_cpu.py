@@ -49,3 +49,25 @@ def test_triton_gemm_setting_is_checked():
     with kiln.config.patch({"backend.codegen": "triton", "backend.triton_gemm": "sometimes"}):
         with pytest.raises(ValueError, match="backend.triton_gemm .KILN_TRITON_GEMM. must be one of auto, always, never"):
             compiled(lambda a, b: (a @ b).relu(), torch.randn(4, 4), torch.randn(4, 4))
+
+
+def test_a_kernel_triton_rejects_at_first_launch_runs_through_aten():
+    class CompilationError(Exception):
+        __module__ = "triton.compiler.errors"  # as Triton's own error
+
+    fn = lambda x: (x.sin() + 1,)  # noqa: E731
+    x = torch.randn(8)
+    with kiln.config.patch({"backend.codegen": "triton"}):
+        _, graph = compiled(fn, x)
+
+    def rejected(*args):
+        raise CompilationError("at 7:11: unsupported")
+
+    graph.call, graph.eager = rejected, lambda *a: fn(*a)  # as a GPU graph holds its ATen graph
+    fallback.reset()
+    torch.testing.assert_close(graph(x)[0], fn(x)[0])
+    torch.testing.assert_close(graph(x)[0], fn(x)[0])  # and from then on
+    assert [f.reason for f in fallback.FALLBACKS] == ["CompilationError: at 7:11: unsupported"]
+    graph.eager, graph.call = (lambda *a: fn(*a)), lambda *a: [][1]  # any other error is the user's
+    with pytest.raises(IndexError):
+        graph(x)
