@@ -6,6 +6,10 @@
 Parameters and buffers of `gm` become graph inputs. Under grad mode with an input that requires
 grad, the joint forward+backward graph is traced and split by the partitioner, and both halves go
 to `compile_graph`; otherwise one inference graph does. Each variant is built on first need.
+
+The trace runs under the caller's autocast (its casts become ops of the graph); the graphs are
+compiled, and run (kiln/aot/runtime.py), with autocast off, so that neither a pass re-running ops
+on fake values nor an extern call at run time casts a second time.
 """
 
 from __future__ import annotations
@@ -148,7 +152,7 @@ class AotCompiled:
             graph = trace_inference(self.fn, self.fake_args, self.sig, self.fake_mode)
             mark_module_state(graph, module_state_positions(len(self.lifted), self.example_inputs, self.sig))
             dump.inference(self.options.label, graph, self.sig)
-        with compile_time.stage("inference graph"):
+        with compile_time.stage("inference graph"), torch._C._DisableAutocast():
             compiled = self.compile_graph(graph, _placeholder_values(graph))
         return inference_runner(self._wrapped(compiled), self.sig), [compiled], 0
 
@@ -172,9 +176,9 @@ class AotCompiled:
             split = partition(joint, num_forward_outputs, policy=PartitionPolicy(recompute=self.options.recompute))
             self.partition = split  # for inspection: what is saved and recomputed
             dump.training(self.options.label, joint, split, sig)
-        with compile_time.stage("forward graph"):
+        with compile_time.stage("forward graph"), torch._C._DisableAutocast():
             forward = self.compile_graph(split.forward, _placeholder_values(split.forward))
-        with compile_time.stage("backward graph"):
+        with compile_time.stage("backward graph"), torch._C._DisableAutocast():
             backward = self.compile_graph(split.backward, _placeholder_values(split.backward))
         runner = training_runner(forward, backward, sig, differentiable_outputs(sig), split.num_saved_tensors)
         return runner, [forward, backward], split.num_saved_tensors

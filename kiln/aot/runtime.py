@@ -45,9 +45,24 @@ def copy_back_mutations(sig: Signature, args: Sequence[Any], new_values: Sequenc
             args[i].copy_(value)
 
 
+def without_autocast(compiled: Callable) -> Callable:
+    """`compiled` run with autocast off: a graph traced under autocast holds its casts, and an
+    extern op of it (an `aten.mm` the trace kept in float32) must not be cast again by the
+    caller's autocast at run time (found on an H200: a float32 result arrived as bfloat16)."""
+
+    def run(*args: Any) -> Any:
+        if not torch._C._is_any_autocast_enabled():
+            return compiled(*args)
+        with torch._C._DisableAutocast():
+            return compiled(*args)
+
+    return run
+
+
 def inference_runner(compiled: Callable, sig: Signature) -> Callable[..., list[Any]]:
     """`(*args) -> outputs` for a graph `(*args) -> (*outputs, *mutated input values)`."""
     n = sig.num_outputs
+    compiled = without_autocast(compiled)
 
     def run(*args: Any) -> list[Any]:
         out = list(compiled(*args))
@@ -81,6 +96,7 @@ def training_runner(
     backward: `(*saved tensors, *saved symbols, *tangents) -> (one gradient or None per arg)`.
     """
     n_out = sig.num_outputs + len(sig.mutated_inputs)
+    forward, backward = without_autocast(forward), without_autocast(backward)
     non_differentiable = [k for k in range(n_out) if k not in differentiable]
     gradient_metas = {k: sig.output_metas[k].for_gradient() for k in differentiable}
 

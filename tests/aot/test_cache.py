@@ -109,3 +109,20 @@ def test_without_the_option_nothing_is_cached(private_cache):
     with torch.no_grad():
         aot.compile(gm, [x], Backend())(x)
     assert not list(private_cache.glob("aot/*/*.pkl"))
+
+
+def test_graphs_are_compiled_and_run_with_the_callers_autocast_off():
+    # The trace holds autocast's casts; an op it kept in float32 (autocast disabled around it) must
+    # stay float32 when the backend's passes re-run ops on fake values and when the compiled graph
+    # runs its extern ops under the caller's autocast.
+    def f(x, w):
+        with torch.autocast("cpu", enabled=False):
+            return torch.mm(x.float(), w).sin() + 1
+
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 16), torch.randn(16, 16)
+    compiled = kiln.compile(f)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want, got = f(x, w), compiled(x, w)
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got, want)
