@@ -36,6 +36,36 @@ def test_matches_eager_and_builds_for_an_h100(name):
     assert_builds_for_h100(graph)
 
 
+torch.manual_seed(0)
+# A few long rows: reduced in parts in parallel, then folded (a GPU runs one program per row on one
+# multiprocessor otherwise).
+SPLIT = {
+    "sum of everything": (lambda x: x.sum(), [torch.randn(300000)]),
+    "mean of three rows": (lambda x: x.mean(1), [torch.randn(3, 100000)]),
+    "row max, then pointwise": (lambda x: (x.amax(1) * 2).exp(), [torch.randn(2, 70000)]),
+    "any": (lambda x: (x > 4.0).any(), [torch.randn(200000)]),
+    "all": (lambda x: (x > -9.0).all(), [torch.randn(200000)]),
+    "int64 min": (lambda x: x.min(), [torch.randint(-1000, 1000, (100000,))]),
+    "bfloat16 sum": (lambda x: x.sum(), [torch.randn(100000).bfloat16()]),
+}
+
+
+@pytest.mark.parametrize("name", SPLIT)
+def test_a_few_long_rows_are_reduced_in_parts(name):
+    fn, inputs = SPLIT[name]
+    out, graph = triton_compiled(fn, *inputs)
+    torch.testing.assert_close(out, fn(*inputs), rtol=1e-5, atol=1e-3 if name != "bfloat16 sum" else 2.0)
+    assert "_partial" in graph.source and "partials = torch.empty" in graph.source
+    assert_builds_for_h100(graph)
+
+
+def test_many_rows_or_short_rows_are_not_split():
+    for fn, x in [(lambda x: x.sum(1), torch.randn(64, 70000)), (lambda x: x.sum(), torch.randn(60000))]:
+        out, graph = triton_compiled(fn, x)
+        torch.testing.assert_close(out, fn(x), rtol=1e-5, atol=1e-3)
+        assert "_partial" not in graph.source
+
+
 @pytest.mark.parametrize("name", ["pointwise chain", "softmax", "reductions", "bool and int"])
 def test_same_kernels_as_the_cpp_path(name):
     # Fusion is decided before code generation: both printers get the same kernels.

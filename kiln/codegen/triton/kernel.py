@@ -12,6 +12,11 @@ read by the members after them, as in the C++ kernel.
 A scatter is two kernels launched in order: its initial values, then one program block per
 `XBLOCK` source elements, writing with atomics where several sources may combine into one
 element (sum, max, min).
+
+A reduction of a few long rows (a loss's mean, `x.sum()` of a large tensor) is *split*: one
+program per row would run on one of a GPU's hundred-odd multiprocessors, looping over the whole
+row. The first launch reduces `SPLIT` chunks of each row in parallel into a partials buffer (the
+launcher allocates it), the second folds each row's partials and runs the kernel's members.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ X, R, XR = Dims({"x"}), Dims({"r"}), Dims({"x", "r"})
 BLOCK_ELEMENTS = 4096  # lanes of a reduction kernel's [XBLOCK, RBLOCK] block
 POINTWISE_BLOCK = 1024
 PERSISTENT_ROW = 4096  # rows up to this many elements are one block (no loop), read once for every member
+SPLIT_MAX_ROWS = 16  # a reduction kernel over at most this many rows ...
+SPLIT_MIN_ROW = 65536  # ... of at least this many elements each is split
+SPLIT_CHUNK = 16384  # elements per program of a split row's first launch (at most SPLIT_MAX_PARTS of them)
+SPLIT_MAX_PARTS = 256
 _INDEX_LIMIT = 2**31  # beyond this many elements, offsets are computed in int64
 
 _POINTER_TYPES = {
@@ -47,6 +56,9 @@ _COMBINE = {"sum": "{a} + {v}", "prod": "{a} * {v}", "max": "kiln_maximum({a}, {
 # interpreter or for its compiler but not both, and kiln uses both in one process (tests).
 _FOLD = {"sum": "tl.reduce({a}, 1, kiln_add)", "prod": "tl.reduce({a}, 1, kiln_multiply)", "max": "tl.reduce({a}, 1, kiln_maximum)",
          "min": "tl.reduce({a}, 1, kiln_minimum)", "any": "tl.reduce({a}, 1, kiln_maximum)", "all": "tl.reduce({a}, 1, kiln_minimum)"}
+# A split reduction's partials buffer, by its accumulator's Triton type.
+_ACC_POINTER = {"tl.float32": "fp32", "tl.float64": "fp64", "tl.int64": "i64", "tl.int32": "i32", "tl.int8": "i8"}
+_ACC_TORCH = {"tl.float32": "float32", "tl.float64": "float64", "tl.int64": "int64", "tl.int32": "int32", "tl.int8": "int8"}
 _ATOMIC = {"sum": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_min"}
 _ATOMIC_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)
 _SERIAL_COMBINE = {"sum": "add", "prod": "mul", "max": "maximum", "min": "minimum"}
@@ -175,6 +187,8 @@ class TritonKernelPrinter:
             jit = self._jit(f"{self.function}_main", [("xnumel", index_type)], {"XBLOCK": xblock})
             return self._kernel([(jit, _blocks(xnumel, xblock), f"{xnumel}, XBLOCK={xblock}, num_warps={_warps(xblock)}")])
         inner = max([math.prod(int(s) for s in k.inner_ranges(m)) for m in k.members] + [1])
+        if self._splits(xnumel, inner):
+            return self._split_reduction(xnumel, inner, outer, outer_vars, index_type)
         rblock = min(next_power_of_2(inner), BLOCK_ELEMENTS)
         xblock = max(1, min(next_power_of_2(xnumel), BLOCK_ELEMENTS // rblock))
         persistent = self._persistent_vars(inner)
@@ -184,11 +198,12 @@ class TritonKernelPrinter:
         return self._kernel([(jit, _blocks(xnumel, xblock),
                               f"{xnumel}, XBLOCK={xblock}, RBLOCK={rblock}, num_warps={_warps(xblock * rblock)}")])
 
-    def _kernel(self, launches: list[tuple[JitFunction, int, str]]) -> TritonKernel:
+    def _kernel(self, launches: list[tuple[JitFunction, int, str]], prologue: list[str] = ()) -> TritonKernel:
         """The launcher calling each function on its grid with the kernel's tensors, the error
-        flag where it reads indices, then `rest` (sizes, block sizes)."""
+        flag where it reads indices, then `rest` (sizes, block sizes); `prologue`: lines run
+        before the launches (a split reduction's partials buffer)."""
         names = [a for a, _ in self._arguments()]
-        body = []
+        body = [f"    {line}" for line in prologue]
         for function, grid, rest in launches:
             if grid == 0:  # no iteration (an empty tensor): nothing to run, and no address to read
                 continue
@@ -316,6 +331,72 @@ class TritonKernelPrinter:
             self._emit(f"folded = {_FOLD[kind].format(a=acc)}", 1)
         result = "(folded[:, None] != 0)" if boolean else "folded[:, None]"
         self._result(nest, body, result, X, "[XBLOCK, 1]", 1)
+
+    # -- a reduction of a few long rows, split -------------------------------------------------
+    def _splits(self, xnumel: int, inner: int) -> bool:
+        """The kernel is one reduction (sum, prod, max, min, any, all) over at most SPLIT_MAX_ROWS
+        rows of at least SPLIT_MIN_ROW elements, then members with no loops of their own."""
+        first, rest = self.kernel.members[0], self.kernel.members[1:]
+        return (0 < xnumel <= SPLIT_MAX_ROWS and inner >= SPLIT_MIN_ROW and first.is_reduction
+                and first.node.reduction_type in _COMBINE
+                and math.prod(int(s) for s in self.kernel.inner_ranges(first)) == inner
+                and not any(self.kernel.inner_ranges(m) for m in rest))
+
+    def _split_reduction(self, xnumel: int, inner: int, outer: list[int], outer_vars: list[sympy.Symbol],
+                         index_type: str) -> TritonKernel:
+        first = self.kernel.members[0]
+        kind, acc_type, boolean, _ = self._accumulator(first)
+        parts = min(SPLIT_MAX_PARTS, next_power_of_2(-(-inner // SPLIT_CHUNK)))
+        rblock = min(next_power_of_2(inner), BLOCK_ELEMENTS)
+        chunk = -(-(-(-inner // parts)) // rblock) * rblock  # each part's elements, whole blocks
+        partials = [("partials", f"*{_ACC_POINTER[acc_type]}")]
+        init = f"tl.full([XBLOCK, RBLOCK], {_init(kind, value_dtype(first.node.dtype))}, {acc_type})"
+        # First launch: program p reduces part p % PARTS of row p // PARTS.
+        self.lines = []  # (kernel_source bound xindex for one launch: this kernel has two)
+        self._emit("pid = tl.program_id(0)", 1)
+        self._emit("xindex = pid // PARTS + tl.arange(0, XBLOCK)[:, None]", 1)
+        self._emit("xmask = xindex < xnumel", 1)
+        self._emit("part = pid % PARTS", 1)
+        for line in _decompose("xindex", outer_vars, outer):
+            self._emit(line, 1)
+        inner_vars = list(first.node.reduction_vars())
+        inner_sizes = [int(s) for s in self.kernel.inner_ranges(first)]
+        self._emit("acc = " + init, 1)
+        self._emit(f"for roffset in range(0, {chunk}, RBLOCK):", 1)  # (constant bounds: the interpreter's range)
+        self._emit("rindex = part * CHUNK + roffset + tl.arange(0, RBLOCK)[None, :]", 2)
+        self._emit(f"rmask = rindex < {inner}", 2)
+        for line in _decompose("rindex", inner_vars, inner_sizes):
+            self._emit(line, 2)
+        symbol_dims = {v: X for v in outer_vars} | {v: R for v in inner_vars}
+        body = self._body(first, symbol_dims, {"x": "xmask", "r": "rmask"}, 2)
+        _, _, value = body.reduced
+        self._emit(f"value = {self._converted(value, acc_type, boolean)}", 2)
+        self._emit(f"acc = tl.where(xmask & rmask, {_COMBINE[kind].format(a='acc', v='value')}, acc)", 2)
+        self._emit(f"folded = {_FOLD[kind].format(a='acc')}", 1)
+        self._emit("tl.store(partials + (xindex * PARTS + part), folded[:, None], mask=xmask)", 1)
+        constexprs = {"XBLOCK": 1, "RBLOCK": rblock, "PARTS": parts, "CHUNK": chunk}
+        partial = self._jit(f"{self.function}_partial", partials + [("xnumel", index_type)], constexprs)
+        # Second launch: each row's partials folded, the reduction's result, then the other members.
+        xblock = next_power_of_2(xnumel)
+        self._program_rows(True)
+        for line in _decompose("xindex", outer_vars, outer):
+            self._emit(line, 1)
+        self._emit("rindex = tl.arange(0, PARTS)[None, :]", 1)
+        self._emit("block = tl.load(partials + (xindex * PARTS + rindex), mask=xmask, other=0)", 1)
+        self._emit(f"block = tl.where(xmask, block, {init.replace('RBLOCK', 'PARTS')})", 1)
+        self._emit(f"folded = {_FOLD[kind].format(a='block')}", 1)
+        result = "(folded[:, None] != 0)" if boolean else "folded[:, None]"
+        store = TritonBody(self.pointers, self.buffers, self.locals, {v: X for v in outer_vars}, {"x": "xmask"},
+                           "f", {}, error_flag="error_flag")
+        self._result(first, store, result, X, "[XBLOCK, 1]", 1)
+        for nest in self.kernel.members[1:]:
+            self._member(nest, outer_vars, None)
+        final = self._jit(f"{self.function}_main", partials + [("xnumel", index_type)], {"XBLOCK": xblock, "PARTS": parts})
+        allocate = (f"partials = torch.empty({xnumel * parts}, dtype=torch.{_ACC_TORCH[acc_type]}, "
+                    f"device={self._arguments()[0][0]}.device)")
+        return self._kernel([(partial, xnumel * parts, f"partials, {xnumel}, XBLOCK=1, RBLOCK={rblock}, PARTS={parts}, "
+                                                         f"CHUNK={chunk}, num_warps={_warps(rblock)}"),
+                             (final, 1, f"partials, {xnumel}, XBLOCK={xblock}, PARTS={parts}, num_warps=1")], [allocate])
 
     # -- a matrix product, then the members over its tile ---------------------------------------
     def _gemm(self) -> TritonKernel:

@@ -20,6 +20,7 @@ from kiln.ir.schedule import FusedKernel
 _PLACEHOLDER = "KILN_KERNEL"
 
 PREAMBLE = '''\
+import torch
 import triton
 import triton.language as tl
 
