@@ -14,6 +14,7 @@ import torch
 
 from kiln.ir.indexing import FloorDiv
 from kiln.ir.nodes import Layout, Node, Reduction, Scatter
+from kiln.ir.philox import philox_uniform
 from kiln.ir.ops import BINARY_OPS, SPECIAL_FUNCTION_BINARY_OPS, SPECIAL_FUNCTION_UNARY_OPS, UNARY_OPS, use_handler
 
 _UNARY: dict[str, Callable] = {name: getattr(torch, name) for name in UNARY_OPS}
@@ -33,6 +34,7 @@ _UNARY.update({name: _special(name) for name in SPECIAL_FUNCTION_UNARY_OPS if no
 _UNARY.update(frexp_mantissa=lambda x: torch.frexp(x).mantissa, frexp_exponent=lambda x: torch.frexp(x).exponent)
 _BINARY.update({name: _special(name) for name in SPECIAL_FUNCTION_BINARY_OPS if name != "polygamma"})
 _BINARY.update(polygamma=lambda n, x: torch.special.polygamma(int(n), x))  # n is a constant
+_BINARY.update(rand=philox_uniform)
 _REDUCE: dict[str, Callable] = {
     "sum": lambda v, dims: v.sum(dims),
     "prod": lambda v, dims: v.flatten(-len(dims)).prod(-1),

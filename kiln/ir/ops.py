@@ -61,8 +61,11 @@ SPECIAL_OPS = ("load", "store", "constant", "index_expr", "to_dtype", "where", "
 # argmax/argmin: the flat position (over the reduction ranges, row-major) of the first max/min,
 # NaN counting as the largest and the smallest, as in eager. Their dtype is int64.
 REDUCTION_TYPES = ("sum", "prod", "max", "min", "any", "all", "argmax", "argmin")
+# rand(seed, offset) -> float32 in [0, 1): Philox4x32-10 of the offset under the seed's key (both
+# non-negative int64 values), kiln/ir/philox.py; the same number on every handler, bit for bit.
+RANDOM_OPS = ("rand",)
 
-ALL_OPS = UNARY_OPS + BINARY_OPS + SPECIAL_FUNCTION_UNARY_OPS + SPECIAL_FUNCTION_BINARY_OPS + SPECIAL_OPS
+ALL_OPS = UNARY_OPS + BINARY_OPS + SPECIAL_FUNCTION_UNARY_OPS + SPECIAL_FUNCTION_BINARY_OPS + SPECIAL_OPS + RANDOM_OPS
 
 _current: contextvars.ContextVar[Any] = contextvars.ContextVar("kiln_ops_handler", default=None)
 

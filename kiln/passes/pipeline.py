@@ -29,6 +29,7 @@ from kiln.passes.conv_batchnorm import conv_batchnorm
 from kiln.passes.conv_padding import conv_padding
 from kiln.passes.conv_prepack import conv_prepack
 from kiln.passes.dead_code import dead_code
+from kiln.passes.dropout import dropout
 from kiln.passes.freeze import freeze
 from kiln.passes.gemm_prepack import gemm_prepack
 from kiln.passes.redundant_casts import redundant_casts
@@ -43,6 +44,7 @@ REWRITES: list[tuple[str, Rewrite]] = [
     ("freeze", freeze),  # module state -> frozen inputs, when backend.freezing is on
     ("redundant_casts", redundant_casts),
     ("attention", attention),
+    ("dropout", dropout),  # training-mode dropout: a seed per call, the mask computed in the kernels
     ("conv_padding", conv_padding),
     ("conv_batchnorm", conv_batchnorm),
     ("conv_prepack", conv_prepack),

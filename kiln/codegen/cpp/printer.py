@@ -61,6 +61,7 @@ _BINARY.update({name: f"decltype({{1}})(kiln_{name}(double({{0}}), double({{1}})
 _BINARY.update(nextafter="std::nextafter({0}, {1})")
 # polygamma takes x in its own type: float trigamma follows eager's float steps (kiln_special.h).
 _BINARY.update(polygamma="decltype({1})(kiln_polygamma(double({0}), {1}))")
+_BINARY.update(rand="kiln_rand(int64_t({0}), int64_t({1}))")  # float32, include/kiln_scalar.h
 
 
 CPP_INDEX = IndexSpelling("C++", "{0}L", "({0} / {1})", "({0} % {1})", "kiln_floordiv<int64_t>({0}, {1})",

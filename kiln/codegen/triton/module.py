@@ -84,6 +84,35 @@ def kiln_round_bf16(x):
 
 
 @triton.jit
+def kiln_rand(seed, offset):
+    # Philox4x32-10 of the counter (offset, 0, 0) under the key (seed), as kiln/ir/philox.py and
+    # kiln_scalar.h: a float32 in [0, 1) from the first word's top 24 bits.
+    s = seed.to(tl.int64)
+    o = offset.to(tl.int64) + s * 0
+    s = s + o * 0
+    c0 = (o & 0xFFFFFFFF).to(tl.uint32)
+    c1 = ((o >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c2 = c0 * 0
+    c3 = c0 * 0
+    k0 = (s & 0xFFFFFFFF).to(tl.uint32)
+    k1 = ((s >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    m0 = tl.full([], 0xD2511F53, tl.uint32)
+    m1 = tl.full([], 0xCD9E8D57, tl.uint32)
+    w0 = tl.full([], 0x9E3779B9, tl.uint32)
+    w1 = tl.full([], 0xBB67AE85, tl.uint32)
+    for _ in tl.static_range(10):
+        n0 = tl.umulhi(c2, m1) ^ c1 ^ k0
+        n2 = tl.umulhi(c0, m0) ^ c3 ^ k1
+        c1 = c2 * m1
+        c3 = c0 * m0
+        c0 = n0
+        c2 = n2
+        k0 = k0 + w0
+        k1 = k1 + w1
+    return (c0 >> 8).to(tl.float32) * (1.0 / 16777216.0)
+
+
+@triton.jit
 def kiln_sign(x):
     return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
 
