@@ -94,6 +94,16 @@ def choose_codegen(device: str) -> str:
     return wanted
 
 
+def triton_tuning(target: Target) -> str | None:
+    """How a GPU graph's Triton kernels choose their block sizes: `backend.autotune` ("default":
+    reductions among a few configs; "max-autotune": pointwise kernels and warps too), timed by
+    Triton's autotuner at their first launch; None (the fixed rule) under the interpreter, where
+    timing says nothing about a GPU, and with autotuning off."""
+    if target.device == "cpu" or config.backend.autotune == "off":
+        return None
+    return config.backend.autotune
+
+
 def host_inputs(gm: fx.GraphModule, target: Target) -> frozenset[str]:
     """Inputs of a GPU graph whose tensors are on the CPU (scalars, indices eager accepts there)."""
     if target.device == "cpu":
@@ -208,7 +218,7 @@ class Backend:
                 verify_schedule(scheduled)
         with compile_time.stage(f"codegen {target.codegen}"):
             if target.codegen == "triton":
-                kernels = triton_kernels(scheduled.kernels, target.device)
+                kernels = triton_kernels(scheduled.kernels, target.device, triton_tuning(target))
                 units = [kernels.source]
             else:
                 kernels = cpp_kernels(scheduled.kernels)

@@ -213,3 +213,36 @@ def test_codegen_setting_is_checked():
     with kiln.config.patch({"backend.codegen": "cpp"}):
         with pytest.raises(NotImplementedError, match="runs on CPU only"):
             choose_codegen("cuda")
+
+
+TUNED = {  # name -> (function, inputs, the setting)
+    "softmax (persistent rows)": (lambda x: torch.softmax(x, -1) * 2, [torch.randn(8, 100)], "default"),
+    "pointwise": (lambda x: x.sin() + 1, [torch.randn(600)], "max-autotune"),
+    "looped rows": (lambda x: x.sum(1), [torch.randn(2, 5000)], "default"),
+    "written in place": (lambda x: (torch.softmax(x, -1) + 1).relu(), [torch.randn(4, 50)], "default"),
+}
+
+
+@pytest.mark.parametrize("name", TUNED)
+def test_block_sizes_chosen_by_tritons_autotuner(name, monkeypatch, tmp_path):
+    from kiln.backend import driver
+
+    fn, inputs, setting = TUNED[name]
+    monkeypatch.setattr(driver, "triton_tuning", lambda target: setting)  # (a GPU's choice, here)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    out, graph = triton_compiled(fn, *inputs)
+    torch.testing.assert_close(out, fn(*inputs), atol=1e-5, rtol=1e-5)  # (outputs restored after each try)
+    assert "@triton.autotune(configs=[triton.Config(" in graph.source and "restore_value=['out0'" in graph.source
+    torch.testing.assert_close(graph(*inputs)[0], fn(*inputs), atol=1e-5, rtol=1e-5)  # the chosen config, again
+    assert_builds_for_h100(graph)
+
+
+def test_tuning_is_for_gpu_graphs_and_follows_the_autotune_setting():
+    from kiln.backend.driver import triton_tuning
+    from kiln.ir.target import Target
+
+    gpu, cpu = Target("cuda", "triton", frozenset()), Target("cpu", "triton", frozenset())
+    assert triton_tuning(cpu) is None and triton_tuning(gpu) == "default"
+    for mode in ("off", "max-autotune"):
+        with kiln.config.patch({"backend.autotune": mode}):
+            assert triton_tuning(gpu) == (None if mode == "off" else mode)

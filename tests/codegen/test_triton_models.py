@@ -94,6 +94,15 @@ class TinyResNet(torch.nn.Module):
 MODELS = {"bert": _tiny_bert, "resnet": lambda: (TinyResNet(), (torch.randn(2, 3, 8, 8),), lambda out: out)}
 
 
+def assert_same_gradients(model, twin, atol: float, rtol: float) -> None:
+    """Every parameter of `twin` (compiled) has `model`'s (eager) gradient."""
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        # (BERT's pooler is outside the loss: eager leaves its gradients None, a compiled backward,
+        # kiln's on either code generator, returns zeros.)
+        want = p.grad if p.grad is not None else torch.zeros_like(p)
+        torch.testing.assert_close(q.grad, want, atol=atol, rtol=rtol, msg=f"gradient of {name}")
+
+
 def _triton_graphs(built: list) -> list[CompiledGraph]:
     graphs = [b.runtime if isinstance(b, FrozenProgram) else b for b in built]
     return [g for g in graphs if isinstance(g, CompiledGraph) and g.artifact.codegen == "triton"]
@@ -126,11 +135,7 @@ def test_tiny_model_training_step(name):
         loss = result(kiln.compile(twin)(*inputs)).square().mean()
         loss.backward()
     torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-5)
-    for (name_, p), q in zip(model.named_parameters(), twin.parameters()):
-        # (BERT's pooler is outside the loss: eager leaves its gradients None, a compiled backward,
-        # kiln's on either code generator, returns zeros.)
-        want = p.grad if p.grad is not None else torch.zeros_like(p)
-        torch.testing.assert_close(q.grad, want, atol=1e-5, rtol=1e-4, msg=f"gradient of {name_}")
+    assert_same_gradients(model, twin, atol=1e-5, rtol=1e-4)
     assert fallback.FALLBACKS == []
     assert len(_triton_graphs(built)) >= 2  # forward and backward
 
@@ -160,9 +165,7 @@ def test_tiny_bert_amp_training_step():
     _, _, cpp = _amp_training_step("cpp")
     loss, twin, tri = _amp_training_step("triton")
     torch.testing.assert_close(loss, expected, atol=2e-2, rtol=2e-2)
-    for (name_, p), q in zip(model.named_parameters(), twin.parameters()):
-        want = p.grad if p.grad is not None else torch.zeros_like(p)
-        torch.testing.assert_close(q.grad, want, atol=5e-2, rtol=5e-2, msg=f"gradient of {name_}")
+    assert_same_gradients(model, twin, atol=5e-2, rtol=5e-2)
     assert fallback.FALLBACKS == []
     assert len(tri) == len(cpp) >= 2 and all(g.artifact.codegen == "triton" for g in tri)
     assert [len(g.schedule.kernels) for g in tri] == [len(g.schedule.kernels) for g in cpp]

@@ -19,7 +19,7 @@ from kiln.runtime import fallback
 from kiln.runtime.compiled_graph import CompiledGraph
 from kiln.runtime.cuda_graphs import CudaGraphed
 from kiln.runtime.frozen import FrozenProgram
-from tests.codegen.test_triton_models import MODELS, PATTERNS
+from tests.codegen.test_triton_models import MODELS, PATTERNS, assert_same_gradients
 from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")
@@ -104,9 +104,7 @@ def test_tiny_model_training_step_on_the_gpu(name):
     loss = result(kiln.compile(twin)(*inputs)).square().mean()
     loss.backward()
     torch.testing.assert_close(loss, expected, atol=1e-5, rtol=1e-4)
-    for (name_, p), q in zip(model.named_parameters(), twin.parameters()):
-        want = p.grad if p.grad is not None else torch.zeros_like(p)
-        torch.testing.assert_close(q.grad, want, atol=1e-4, rtol=1e-3, msg=f"gradient of {name_}")
+    assert_same_gradients(model, twin, atol=1e-4, rtol=1e-3)
     assert fallback.FALLBACKS == []
 
 

@@ -115,8 +115,8 @@ def _init(kind: str, dtype: torch.dtype) -> str:
 
 
 class TritonKernelPrinter:
-    def __init__(self, kernel: FusedKernel, function: str, device: str = "cpu") -> None:
-        self.kernel, self.function, self.device = kernel, function, device
+    def __init__(self, kernel: FusedKernel, function: str, device: str = "cpu", tune: str | None = None) -> None:
+        self.kernel, self.function, self.device, self.tune = kernel, function, device, tune
         self.pointers, self.buffers = kernel.argument_names(), kernel.buffers()
         self.locals: dict[str, tuple[str, Dims]] = {}
         self.wide = any(_storage_elements(b) >= _INDEX_LIMIT for b in self.buffers.values())
@@ -183,20 +183,32 @@ class TritonKernelPrinter:
                 self._barrier_before(nest)
                 body = self._body(nest, {v: X for v in outer_vars}, {"x": "xmask"}, 1)
                 self._result(nest, body, body.result, X, "[XBLOCK]", 1)
-            xblock = min(POINTWISE_BLOCK, next_power_of_2(xnumel))
-            jit = self._jit(f"{self.function}_main", [("xnumel", index_type)], {"XBLOCK": xblock})
-            return self._kernel([(jit, _blocks(xnumel, xblock), f"{xnumel}, XBLOCK={xblock}, num_warps={_warps(xblock)}")])
+            configs = _pointwise_configs(xnumel, self.tune)
+            return self._kernel([self._launch(f"{self.function}_main", index_type, xnumel, configs)])
         inner = max([math.prod(int(s) for s in k.inner_ranges(m)) for m in k.members] + [1])
         if self._splits(xnumel, inner):
             return self._split_reduction(xnumel, inner, outer, outer_vars, index_type)
-        rblock = min(next_power_of_2(inner), BLOCK_ELEMENTS)
-        xblock = max(1, min(next_power_of_2(xnumel), BLOCK_ELEMENTS // rblock))
         persistent = self._persistent_vars(inner)
         for nest in k.members:
             self._member(nest, outer_vars, persistent)
-        jit = self._jit(f"{self.function}_main", [("xnumel", index_type)], {"XBLOCK": xblock, "RBLOCK": rblock})
-        return self._kernel([(jit, _blocks(xnumel, xblock),
-                              f"{xnumel}, XBLOCK={xblock}, RBLOCK={rblock}, num_warps={_warps(xblock * rblock)}")])
+        configs = _reduction_configs(xnumel, inner, persistent is not None, self.tune)
+        return self._kernel([self._launch(f"{self.function}_main", index_type, xnumel, configs)])
+
+    def _launch(self, name: str, index_type: str, xnumel: int, configs: list[tuple[dict, int]]) -> tuple:
+        """The printed lines as jit function `name` over `xnumel` rows, with its launch: the first
+        of `configs` (block sizes, warps) as it is, or, with several, Triton's autotuner choosing
+        among them at the first launch (each timed on the call's own tensors, its outputs restored
+        after each try; the choice kept in Triton's cache, under kiln's cache directory)."""
+        (constexprs, warps), *others = configs
+        jit = self._jit(name, [("xnumel", index_type)], constexprs)
+        if not others:
+            fixed = ", ".join(f"{c}={v}" for c, v in constexprs.items())
+            return jit, _blocks(xnumel, constexprs["XBLOCK"]), f"{xnumel}, {fixed}, num_warps={warps}"
+        listed = ", ".join(f"triton.Config({values!r}, num_warps={w})" for values, w in configs)
+        outputs = [f"out{n}" for n in range(len(self.kernel.outputs))]
+        jit.source = (f"@triton.autotune(configs=[{listed}], key=['xnumel'], restore_value={outputs!r}, "
+                      f"do_bench=kiln_do_bench, cache_results=True)\n{jit.source}")
+        return jit, f"lambda meta: ({_blocks_text(xnumel)},)", f"{xnumel}"
 
     def _kernel(self, launches: list[tuple[JitFunction, int, str]], prologue: list[str] = ()) -> TritonKernel:
         """The launcher calling each function on its grid with the kernel's tensors, the error
@@ -208,7 +220,8 @@ class TritonKernelPrinter:
             if grid == 0:  # no iteration (an empty tensor): nothing to run, and no address to read
                 continue
             args = ", ".join(names + (["kiln_error_flag"] if function.takes_error_flag else []))
-            body.append(f"    {function.name}[({grid},)]({args}, {rest})")
+            launch_grid = grid if isinstance(grid, str) else f"({grid},)"  # a str: the autotuner's grid function
+            body.append(f"    {function.name}[{launch_grid}]({args}, {rest})")
         launcher = "\n".join([f"def {self.function}({', '.join(names)}):", *(body or ["    pass"])])
         return TritonKernel([f for f, _, _ in launches], launcher, any(f.takes_error_flag for f, _, _ in launches))
 
@@ -516,11 +529,43 @@ def _blocks(numel: int, block: int) -> int:
     return -(-numel // block)
 
 
+def _blocks_text(numel: int) -> str:
+    return f'-(-{numel} // meta["XBLOCK"])'
+
+
 def _warps(elements: int) -> int:
     return max(1, min(8, elements // 256))
 
 
-def kernel_source(kernel: FusedKernel, function: str, device: str = "cpu") -> TritonKernel:
-    """`kernel` printed as Triton for graphs on `device` ("cpu": run by Triton's interpreter)."""
-    return TritonKernelPrinter(kernel, function, device).kernel_source()
+# Block sizes and warps. The first config is the fixed rule's; `tune` ("default" or "max-autotune",
+# the setting backend.autotune on a GPU) adds the candidates Triton's autotuner times against it.
+def _pointwise_configs(xnumel: int, tune: str | None) -> list[tuple[dict, int]]:
+    block = min(POINTWISE_BLOCK, next_power_of_2(xnumel))
+    configs = [({"XBLOCK": block}, _warps(block))]
+    if tune == "max-autotune":  # (a pointwise kernel's block matters little: only under max-autotune)
+        configs += [({"XBLOCK": b}, _warps(b)) for b in (256, 512, 2048) if b != block and b <= max(256, next_power_of_2(xnumel))]
+    return configs
+
+
+def _reduction_configs(xnumel: int, inner: int, persistent: bool, tune: str | None) -> list[tuple[dict, int]]:
+    rblock = min(next_power_of_2(inner), BLOCK_ELEMENTS)
+    xblock = max(1, min(next_power_of_2(xnumel), BLOCK_ELEMENTS // rblock))
+    configs = [({"XBLOCK": xblock, "RBLOCK": rblock}, _warps(xblock * rblock))]
+    if tune is None:
+        return configs
+    rows = next_power_of_2(xnumel)
+    if persistent:  # the row is one block: only the rows per program and the warps vary
+        candidates = [(x, rblock) for x in (xblock // 2, xblock * 2) if 1 <= x <= rows and x * rblock <= 2 * BLOCK_ELEMENTS]
+    else:
+        candidates = [(x, r) for x, r in ((1, 2048), (4, 512), (8, 256)) if x <= rows and r <= next_power_of_2(inner)]
+    configs += [({"XBLOCK": x, "RBLOCK": r}, _warps(x * r)) for x, r in candidates if (x, r) != (xblock, rblock)]
+    if tune == "max-autotune":
+        configs += [({"XBLOCK": xblock, "RBLOCK": rblock}, w) for w in (2, 4, 8) if w != _warps(xblock * rblock)]
+    return configs
+
+
+def kernel_source(kernel: FusedKernel, function: str, device: str = "cpu", tune: str | None = None) -> TritonKernel:
+    """`kernel` printed as Triton for graphs on `device` ("cpu": run by Triton's interpreter);
+    `tune`: "default" or "max-autotune" for block sizes chosen by Triton's autotuner."""
+    return TritonKernelPrinter(kernel, function, device, tune).kernel_source()
 

@@ -24,7 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-# Bound by the loader before this module runs: `libdevice` and `kiln_error_flag`.
+# Bound by the loader before this module runs: `libdevice`, `kiln_error_flag` and `kiln_do_bench`
+# (how the autotuner times a config: None, Triton's own, on a GPU).
 
 
 @triton.jit
@@ -257,14 +258,15 @@ class TritonKernels:
         return "\n\n\n".join([PREAMBLE, *self.launchers.values()]) + "\n"
 
 
-def triton_kernels(kernels: list[FusedKernel], device: str = "cpu") -> TritonKernels:
-    """Print every kernel for graphs on `device`; NotImplementedError for one Triton cannot
-    express (symbolic sizes, an op libdevice lacks, a scatter with no atomic)."""
+def triton_kernels(kernels: list[FusedKernel], device: str = "cpu", tune: str | None = None) -> TritonKernels:
+    """Print every kernel for graphs on `device` (`tune`: block sizes chosen by Triton's
+    autotuner, kernel.py); NotImplementedError for one Triton cannot express (symbolic sizes, an
+    op libdevice lacks, a scatter with no atomic)."""
     printed = TritonKernels()
     for kernel in kernels:
         if not kernel.has_static_sizes:
             raise NotImplementedError("Triton kernels with symbolic sizes")
-        made = kernel_source(kernel, _PLACEHOLDER, device)
+        made = kernel_source(kernel, _PLACEHOLDER, device, tune)
         text = "\n\n\n".join([*(f.source for f in made.functions), made.launcher])
         name = f"kernel_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
         printed.launchers.setdefault(name, text.replace(_PLACEHOLDER, name))
