@@ -162,7 +162,8 @@ def build_for_gpu(source: str, functions: list, capability: int = 90, warp_size:
     built = {}
     for function in functions:
         jit = getattr(module, function.name)
-        jit = getattr(jit, "fn", jit)  # an autotuned kernel: its jit function, built with the first config
+        if isinstance(jit, triton.runtime.Autotuner):  # an autotuned kernel: built with its first config
+            jit = jit.fn
         with binary_cache():
             compiled = triton.compile(ASTSource(jit, function.signature, function.constexprs), target=target)
         built[function.name] = compiled.asm["cubin"]

@@ -24,10 +24,10 @@ from tests.aot.opinfo import assert_outcomes, check_sample
 from tests.ops.test_opinfo_kiln import (BACKWARD_GENERATED, FORWARD_GENERATED, INT64_GENERATED, OPS,
                                         SAMPLES_PER_OP)
 
-# Special functions neither libdevice nor kiln's Triton helpers have (digamma, trigamma, i0e and
-# i1e are kiln's own; polygamma of order 2 and up needs the Hurwitz zeta function, which polygamma_n_1's
+# Special functions neither libdevice nor kiln's Triton helpers have (digamma, trigamma, i0e, i1e,
+# spherical Bessel j0 and frexp are kiln's own; polygamma of order 2 and up needs the Hurwitz zeta function, which polygamma_n_1's
 # samples reach): their graphs run through ATen, the reason recorded.
-NO_LIBDEVICE = ["polygamma.polygamma_n_1", "special.zeta", "special.chebyshev_polynomial_t", "frexp",
+NO_LIBDEVICE = ["polygamma.polygamma_n_1", "special.zeta", "special.chebyshev_polynomial_t",
                 "special.modified_bessel_k0"]
 FORWARD_MORE = [
     # pointwise math (libdevice)
@@ -35,7 +35,7 @@ FORWARD_MORE = [
     "erf", "erfc", "lgamma", "trunc", "round", "floor", "ceil", "sign", "sgn", "square", "reciprocal", "sqrt",
     "frac", "fmod", "hypot", "copysign", "nextafter", "cos", "tan", "sinc", "logit", "deg2rad", "rad2deg",
     "special.erfcx", "special.ndtri", "i0", "special.i1", "special.bessel_j1", "special.bessel_y0",
-    "special.i0e", "special.i1e",
+    "special.i0e", "special.i1e", "special.spherical_bessel_j0", "frexp",
     # comparisons, selection, promotion
     "minimum", "min.binary", "fmax", "fmin", "clamp_min", "clamp_max", "xlogy", "logaddexp", "isnan", "isinf",
     "isfinite", "signbit", "nan_to_num", "addcdiv", "heaviside", "float_power", "floor_divide",

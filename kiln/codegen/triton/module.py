@@ -114,6 +114,48 @@ def kiln_rand(seed, offset):
 
 
 @triton.jit
+def kiln_spherical_bessel_j0(x):
+    # sin(x) / x in float64, 1 at 0 and 0 at the infinities (kiln_special.h).
+    v = x.to(tl.float64)
+    result = tl.where(v == 0, 1.0, libdevice.sin(v) / tl.where(v == 0, 1.0, v))
+    return tl.where(tl.abs(v) == float("inf"), 0.0, result).to(x.dtype)
+
+
+@triton.jit
+def kiln_frexp_parts(x):
+    # (mantissa in [0.5, 1) with x's sign, exponent) from x's bits, as std::frexp; subnormals are
+    # scaled into the normal range first; 0, infinities and NaN keep x with exponent 0.
+    if x.dtype == tl.float64:
+        tiny = tl.abs(x) < 2.2250738585072014e-308
+        v = tl.where(tiny, x * 18014398509481984.0, x)  # 2^54
+        bits = v.to(tl.uint64, bitcast=True)
+        field = ((bits >> 52) & 0x7FF).to(tl.int32)
+        mantissa = ((bits & 0x800FFFFFFFFFFFFF) | (1022 << 52)).to(tl.float64, bitcast=True)
+        exponent = field - 1022 - tl.where(tiny, 54, 0)
+    else:
+        tiny = tl.abs(x) < 1.1754943508222875e-38
+        v = tl.where(tiny, x * 16777216.0, x)  # 2^24
+        bits = v.to(tl.uint32, bitcast=True)
+        field = ((bits >> 23) & 0xFF).to(tl.int32)
+        mantissa = ((bits & 0x807FFFFF) | (126 << 23)).to(tl.float32, bitcast=True)
+        exponent = field - 126 - tl.where(tiny, 24, 0)
+    special = (x == 0) | (x != x) | (tl.abs(x) == float("inf"))
+    return tl.where(special, x, mantissa), tl.where(special, 0, exponent)
+
+
+@triton.jit
+def kiln_frexp_mantissa(x):
+    mantissa, _ = kiln_frexp_parts(x)
+    return mantissa
+
+
+@triton.jit
+def kiln_frexp_exponent(x):
+    _, exponent = kiln_frexp_parts(x)
+    return exponent
+
+
+@triton.jit
 def kiln_sign(x):
     return (x > 0).to(x.dtype) - (x < 0).to(x.dtype)
 

@@ -49,6 +49,8 @@ UNARY = {
     "bessel_y0": "libdevice.y0({0})", "bessel_y1": "libdevice.y1({0})",
     # the module's own (libdevice has none)
     "digamma": "kiln_digamma({0})", "i0e": "kiln_i0e({0})", "i1e": "kiln_i1e({0})",
+    "spherical_bessel_j0": "kiln_spherical_bessel_j0({0})",
+    "frexp_mantissa": "kiln_frexp_mantissa({0})", "frexp_exponent": "kiln_frexp_exponent({0})",
 }  # fmt: skip
 # Ops that are libdevice's function of the same name.
 LIBDEVICE_UNARY = (
