@@ -135,11 +135,13 @@ class TritonBody:
         return name
 
     def polygamma(self, n: str, x: str) -> str:
-        # Orders 0 and 1 (digamma, trigamma) when the order is a constant; higher orders need the
-        # Hurwitz zeta function, which kiln has not written in Triton.
+        # A constant order: 0 and 1 are digamma and trigamma, higher ones the Hurwitz zeta function's
+        # multiples (kiln_polygamma_n); an order that varies per element is not written in Triton.
         order = self.constants.get(n)
         if order in (0, 1):
             return self._emit(f"{'kiln_digamma' if order == 0 else 'kiln_trigamma'}({x})", self.value_dims(x))
+        if isinstance(order, (int, float)) and order >= 2 and order == int(order):
+            return self._emit(f"kiln_polygamma_n({n}, {x})", self.value_dims(x))
         return self._unsupported("polygamma")
 
     def index_expr(self, expr: sympy.Expr, dtype: torch.dtype) -> str:

@@ -114,6 +114,85 @@ def kiln_rand(seed, offset):
 
 
 @triton.jit
+def kiln_zeta(s_in, q_in):
+    # Hurwitz zeta in float64, kiln_special.h's steps: terms (q + k)^-s while q + k < max(10, s)
+    # (at most ZETA_TERMS of them: below q = -ZETA_TERMS + 10 the sum starts short), stopping once
+    # the rest cannot matter, then the Euler-Maclaurin tail; eager's values at the edges.
+    s = s_in.to(tl.float64) + q_in.to(tl.float64) * 0
+    q = q_in.to(tl.float64) + s * 0
+    large = tl.maximum(s * 0 + 10.0, s)
+    total = s * 0
+    a = q
+    finished = s != s
+    for _ in tl.static_range(64):
+        active = (a < large) & (finished == 0)
+        term = libdevice.pow(a, -s)
+        total = tl.where(active, total + term, total)
+        finished = finished | (active & (a > 1) & (tl.abs(term) * (1 + (a + 1) / (s - 1)) <= 1e-17 * tl.abs(total)))
+        a = tl.where(active & (finished == 0), a + 1, a)
+    power = libdevice.pow(a, -s)
+    tail = power * a / (s - 1) + power / 2
+    rising = s
+    x = power / a
+    settled = finished
+    term = (1.0 / 12) * rising * x
+    tail = tl.where(settled, tail, tail + term)
+    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
+    rising = rising * (s + 1) * (s + 2)
+    x = x / (a * a)
+    term = (-1.0 / 720) * rising * x
+    tail = tl.where(settled, tail, tail + term)
+    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
+    rising = rising * (s + 3) * (s + 4)
+    x = x / (a * a)
+    term = (1.0 / 30240) * rising * x
+    tail = tl.where(settled, tail, tail + term)
+    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
+    rising = rising * (s + 5) * (s + 6)
+    x = x / (a * a)
+    term = (-1.0 / 1209600) * rising * x
+    tail = tl.where(settled, tail, tail + term)
+    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
+    rising = rising * (s + 7) * (s + 8)
+    x = x / (a * a)
+    term = (1.0 / 47900160) * rising * x
+    tail = tl.where(settled, tail, tail + term)
+    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
+    rising = rising * (s + 9) * (s + 10)
+    x = x / (a * a)
+    term = (-691.0 / 1307674368000) * rising * x
+    tail = tl.where(settled, tail, tail + term)
+    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
+    rising = rising * (s + 11) * (s + 12)
+    x = x / (a * a)
+    term = (1.0 / 74724249600) * rising * x
+    tail = tl.where(settled, tail, tail + term)
+    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
+    rising = rising * (s + 13) * (s + 14)
+    x = x / (a * a)
+    term = (-3617.0 / 10670622842880000) * rising * x
+    tail = tl.where(settled, tail, tail + term)
+    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
+    result = tl.where(finished, total, total + tail)
+    integer_q = q == libdevice.floor(q)
+    result = tl.where((q <= 0) & (s != libdevice.floor(s)), float("nan"), result)
+    result = tl.where((q <= 0) & integer_q, float("inf"), result)
+    infinite_s = tl.abs(s) == float("inf")
+    result = tl.where(infinite_s, tl.where(q == 1, 1.0, tl.where(q < 1, float("inf"), float("nan"))), result)
+    result = tl.where(s < 1, float("nan"), result)
+    result = tl.where(s == 1, float("inf"), result)
+    return result.to(q_in.dtype)
+
+
+@triton.jit
+def kiln_polygamma_n(n, x):
+    # Order n >= 2: (-1)^(n+1) n! zeta(n + 1, x), in float64.
+    order = n.to(tl.float64) + x.to(tl.float64) * 0
+    sign = tl.where(order.to(tl.int64) % 2 == 1, 1.0, -1.0)
+    return (sign * libdevice.exp(libdevice.lgamma(order + 1)) * kiln_zeta(order + 1, x.to(tl.float64))).to(x.dtype)
+
+
+@triton.jit
 def kiln_spherical_bessel_j0(x):
     # sin(x) / x in float64, 1 at 0 and 0 at the infinities (kiln_special.h).
     v = x.to(tl.float64)

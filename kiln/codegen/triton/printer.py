@@ -71,6 +71,7 @@ BINARY = {
     "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})",
     "bitwise_left_shift": "kiln_shift_left({0}, {1})", "bitwise_right_shift": "kiln_shift_right({0}, {1})",
     "rand": "kiln_rand({0}, {1})",  # float32, the module's Philox helper
+    "zeta": "kiln_zeta({0}, {1})",  # the module's own, in float64
 }  # fmt: skip
 
 
