@@ -114,9 +114,19 @@ def kiln_rand(seed, offset):
 
 
 @triton.jit
+def kiln_zeta_tail_term(tail, settled, total, coefficient, rising, x, s, a, k):
+    # One term of kiln_zeta's tail, added until a term no longer changes the sum; then the next
+    # term's rising factorial and power.
+    term = coefficient * rising * x
+    tail = tl.where(settled, tail, tail + term)
+    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
+    return tail, settled, rising * (s + k) * (s + k + 1), x / (a * a)
+
+
+@triton.jit
 def kiln_zeta(s_in, q_in):
     # Hurwitz zeta in float64, kiln_special.h's steps: terms (q + k)^-s while q + k < max(10, s)
-    # (at most ZETA_TERMS of them: below q = -ZETA_TERMS + 10 the sum starts short), stopping once
+    # (at most 64 of them: below q = -54 the sum starts short), stopping once
     # the rest cannot matter, then the Euler-Maclaurin tail; eager's values at the edges.
     s = s_in.to(tl.float64) + q_in.to(tl.float64) * 0
     q = q_in.to(tl.float64) + s * 0
@@ -135,44 +145,15 @@ def kiln_zeta(s_in, q_in):
     rising = s
     x = power / a
     settled = finished
-    term = (1.0 / 12) * rising * x
-    tail = tl.where(settled, tail, tail + term)
-    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
-    rising = rising * (s + 1) * (s + 2)
-    x = x / (a * a)
-    term = (-1.0 / 720) * rising * x
-    tail = tl.where(settled, tail, tail + term)
-    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
-    rising = rising * (s + 3) * (s + 4)
-    x = x / (a * a)
-    term = (1.0 / 30240) * rising * x
-    tail = tl.where(settled, tail, tail + term)
-    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
-    rising = rising * (s + 5) * (s + 6)
-    x = x / (a * a)
-    term = (-1.0 / 1209600) * rising * x
-    tail = tl.where(settled, tail, tail + term)
-    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
-    rising = rising * (s + 7) * (s + 8)
-    x = x / (a * a)
-    term = (1.0 / 47900160) * rising * x
-    tail = tl.where(settled, tail, tail + term)
-    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
-    rising = rising * (s + 9) * (s + 10)
-    x = x / (a * a)
-    term = (-691.0 / 1307674368000) * rising * x
-    tail = tl.where(settled, tail, tail + term)
-    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
-    rising = rising * (s + 11) * (s + 12)
-    x = x / (a * a)
-    term = (1.0 / 74724249600) * rising * x
-    tail = tl.where(settled, tail, tail + term)
-    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
-    rising = rising * (s + 13) * (s + 14)
-    x = x / (a * a)
-    term = (-3617.0 / 10670622842880000) * rising * x
-    tail = tl.where(settled, tail, tail + term)
-    settled = settled | (tl.abs(term) <= 1e-17 * tl.abs(total + tail))
+    # The Euler-Maclaurin tail: B_2j / (2j)! s (s+1) ... (s+2j-2) a^(-s-2j+1), j = 1..8.
+    tail, settled, rising, x = kiln_zeta_tail_term(tail, settled, total, 1.0 / 12, rising, x, s, a, 1)
+    tail, settled, rising, x = kiln_zeta_tail_term(tail, settled, total, -1.0 / 720, rising, x, s, a, 3)
+    tail, settled, rising, x = kiln_zeta_tail_term(tail, settled, total, 1.0 / 30240, rising, x, s, a, 5)
+    tail, settled, rising, x = kiln_zeta_tail_term(tail, settled, total, -1.0 / 1209600, rising, x, s, a, 7)
+    tail, settled, rising, x = kiln_zeta_tail_term(tail, settled, total, 1.0 / 47900160, rising, x, s, a, 9)
+    tail, settled, rising, x = kiln_zeta_tail_term(tail, settled, total, -691.0 / 1307674368000, rising, x, s, a, 11)
+    tail, settled, rising, x = kiln_zeta_tail_term(tail, settled, total, 1.0 / 74724249600, rising, x, s, a, 13)
+    tail, settled, rising, x = kiln_zeta_tail_term(tail, settled, total, -3617.0 / 10670622842880000, rising, x, s, a, 15)
     result = tl.where(finished, total, total + tail)
     integer_q = q == libdevice.floor(q)
     result = tl.where((q <= 0) & (s != libdevice.floor(s)), float("nan"), result)
