@@ -80,7 +80,10 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
         models = _choices("model", _split(args.models), list(MODELS))
     else:
         models = all_suites[_choices("suite", [args.suite], list(all_suites) + [GEMM_SUITE])[0]]
-    modes = list(MODES) if args.modes == "all" else _choices("mode", _split(args.modes), list(MODES))
+    if args.modes == "all":  # (CUDA graphs' modes only on a GPU: on a CPU they repeat kiln and inductor)
+        modes = [m for m in MODES if args.device != "cpu" or not m.endswith("-reduce-overhead")]
+    else:
+        modes = _choices("mode", _split(args.modes), list(MODES))
     threads = parse_threads(args.threads)
     if args.iters < 1 or args.warmup < 0 or args.timeout <= 0:
         raise ValueError("--iters must be >= 1, --warmup >= 0 and --timeout > 0")

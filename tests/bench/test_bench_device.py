@@ -183,3 +183,11 @@ def test_autocast_runs_on_the_cases_device(monkeypatch, device):
     # The float64 reference runs on the CPU whatever the case's device.
     worker._make_step(case, None, lambda **inputs: inputs["x"], {"x": torch.zeros(2)}, device="cpu")()
     assert seen[-1] == ("cpu", torch.bfloat16)
+
+
+def test_all_modes_has_the_cuda_graph_modes_on_a_gpu_only(ran, fake_gpu):
+    for device in ("cpu", "cuda"):
+        ran.clear()
+        assert main(["bench", "--models", "mlp", "--modes", "all", "--device", device]) == 0
+        graphed = {c.mode for c in ran if c.mode.endswith("-reduce-overhead")}
+        assert graphed == (set() if device == "cpu" else {"kiln-reduce-overhead", "inductor-reduce-overhead"})
