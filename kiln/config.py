@@ -308,8 +308,9 @@ class BackendSettings(_Group):
     triton_gemm: str = setting(
         "auto",
         env="KILN_TRITON_GEMM",
-        help="a matrix product fused with its pointwise consumer into one Triton kernel: auto (under "
-        "the interpreter on CPU; not on CUDA, where cuBLAS runs the product), always, never",
+        help="a matrix product fused with its pointwise consumer into one Triton kernel: auto (always "
+        "under the interpreter on CPU; timed on CUDA), always, timed (the fused kernel timed against "
+        "the library's product and a separate kernel at the first call, the faster kept), never",
     )
     gemm_candidates: tuple[str, ...] = setting(
         (),

@@ -50,6 +50,7 @@ from kiln.runtime.frozen import FrozenProgram
 from kiln.runtime.specialized import SizeSpecialized
 from kiln.ir.schedule import Schedule
 from kiln.schedule import schedule
+from kiln.schedule.scheduler import gemm_template_mode
 from kiln.schedule.verify import verify_schedule
 
 
@@ -218,7 +219,8 @@ class Backend:
                 verify_schedule(scheduled)
         with compile_time.stage(f"codegen {target.codegen}"):
             if target.codegen == "triton":
-                kernels = triton_kernels(scheduled.kernels, target.device, triton_tuning(target))
+                kernels = triton_kernels(scheduled.kernels, target.device, triton_tuning(target),
+                                         gemm_template_mode(target) == "timed")
                 units = [kernels.source]
             else:
                 kernels = cpp_kernels(scheduled.kernels)

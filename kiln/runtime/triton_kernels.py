@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -71,6 +71,7 @@ def load_module(source: str, device: str, interpret: bool | None = None) -> Modu
     module.libdevice = INTERPRETER_LIBDEVICE if interpret else libdevice
     module.kiln_error_flag = torch.zeros(1, dtype=torch.int32, device=device)
     module.kiln_do_bench = host_timer if device == "cpu" else None
+    module.kiln_choose_gemm = choose_gemm
     # linecache and inspect find a jit function's source through its module in sys.modules.
     sys.modules[name] = module
     with _interpreting(interpret):
@@ -120,6 +121,34 @@ def host_timer(fn, quantiles=None, **_: object):
     fn()
     elapsed = (time.perf_counter() - start) * 1e3
     return [elapsed] * len(quantiles) if quantiles else elapsed
+
+
+def choose_gemm(kernel: str, shape: tuple, forms: dict[str, Callable[..., None]], tensors: tuple,
+                outputs: int) -> Callable[..., None]:
+    """The faster form of a product kernel (kiln/codegen/triton/kernel.py, `_timed_gemm`): each
+    run on the call's own tensors by kiln's autotuner (interleaved rounds, medians; on a GPU each
+    run waits for the device), the answer kept in kiln's autotune cache under the kernel's name
+    (a hash of its text, which holds the sizes) and the device's. The outputs are put back as
+    they were before the timing: a kernel that writes over one of its inputs reads it again."""
+    from kiln.autotune.choose import choose
+
+    device = tensors[0].device
+    written = tensors[len(tensors) - outputs:]
+    before = [t.clone() for t in written]
+    wait = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def timed(form: Callable[..., None]) -> Callable[[], None]:
+        def run() -> None:
+            form(*tensors)
+            wait()
+        return run
+
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "triton interpreter"
+    chosen = choose("triton_gemm", (kernel, shape, where), {name: timed(form) for name, form in forms.items()},
+                    budget_s=0.05)
+    for tensor, saved in zip(written, before):
+        tensor.copy_(saved)
+    return forms[chosen]
 
 
 class ErrorFlag:

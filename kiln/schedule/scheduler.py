@@ -100,14 +100,25 @@ def _scatter_init_nest(kernel: FusedKernel) -> LoopNest | None:
     return ordered_nest(nest.buffer, scatter_init(nest))
 
 
-def _gemm_templates_wanted(target: Target) -> bool:
-    """The setting `backend.triton_gemm`: `auto` fuses on CPU (the interpreter, where the template
-    is what is being tested) and not on CUDA, where cuBLAS's product and a separate epilogue kernel
-    run until the autotuner times the template against them (docs/triton.md)."""
+GEMM_TEMPLATE_SETTINGS = ("auto", "always", "timed", "never")
+
+
+def gemm_template_mode(target: Target) -> str:
+    """How matrix products meet their pointwise consumers in Triton kernels (setting
+    `backend.triton_gemm`): "fused" (the product computed in the consumer's kernel), "timed" (the
+    kernel times that template against the library's product, then the consumer, at its first
+    call and keeps the faster) or "never". `auto` is "fused" on CPU (the interpreter, where the
+    template is what is being tested: its times say nothing about a GPU) and "timed" on a GPU,
+    where with `backend.autotune` off nothing is timed and the library computes every product."""
     wanted = config.backend.triton_gemm
-    if wanted not in ("auto", "always", "never"):
-        raise ValueError(f"backend.triton_gemm (KILN_TRITON_GEMM) must be one of auto, always, never; got {wanted!r}")
-    return wanted == "always" or (wanted == "auto" and target.device == "cpu")
+    if wanted not in GEMM_TEMPLATE_SETTINGS:
+        raise ValueError(f"backend.triton_gemm (KILN_TRITON_GEMM) must be one of {', '.join(GEMM_TEMPLATE_SETTINGS)}; "
+                         f"got {wanted!r}")
+    if wanted == "auto":
+        if target.device == "cpu":
+            return "fused"
+        return "never" if config.backend.autotune == "off" else "timed"
+    return {"always": "fused"}.get(wanted, wanted)
 
 
 def schedule(program: Program, target: Target | None = None) -> Schedule:
@@ -121,7 +132,7 @@ def schedule(program: Program, target: Target | None = None) -> Schedule:
             if b is not None:
                 buffers[b.name] = b
     _finish(steps, program.outputs, buffers)
-    if target is not None and target.codegen == "triton" and _gemm_templates_wanted(target):
+    if target is not None and target.codegen == "triton" and gemm_template_mode(target) != "never":
         steps = gemm_templates(steps, program.outputs)
     owned = {b.name: b for s in steps if isinstance(s, FusedKernel) for b in s.outputs}
     memory = plan_memory(steps, program.outputs, owned)

@@ -161,6 +161,65 @@ def test_a_product_read_elsewhere_stays_a_library_call():
     assert all(k.gemm is None for k in graph.schedule.kernels) and len(graph.schedule.externs) == 1
 
 
+@pytest.mark.parametrize("name", ["bias and gelu", "residual, transposed weight", "bfloat16 relu and cast"])
+def test_a_timed_product_kernel_keeps_the_faster_of_template_and_library(name):
+    # backend.triton_gemm=timed (auto's choice on a GPU): both forms are printed; the first call
+    # times them and keeps one. Each must match eager; the answer is kept in the autotune cache.
+    from kiln.autotune.choose import COUNTS, clear_memory
+
+    fn, inputs = GEMM_EPILOGUES[name]
+    tolerance = GEMM_TOLERANCES.get(name, {"atol": 1e-4, "rtol": 1e-4})
+    with kiln.config.patch({"backend.triton_gemm": "timed"}):
+        out, graph = triton_compiled(fn, *inputs)
+    torch.testing.assert_close(out, fn(*inputs), **tolerance)
+    (kernel,) = graph.schedule.kernels
+    launcher = graph.kernels[kernel.name]
+    module, name_in_module = launcher.__globals__, launcher.__name__
+    choice = module[f"{name_in_module}_choice"]
+    assert len(choice) == 1  # chosen at the first call
+    chosen = choice[0]
+    for form in ("template", "library"):
+        choice[0] = module[f"{name_in_module}_{form}"]
+        torch.testing.assert_close(graph(*inputs)[0], fn(*inputs), **tolerance)
+    choice[0] = chosen
+    clear_memory()
+    counts = dict(COUNTS)
+    with kiln.config.patch({"backend.triton_gemm": "timed"}):
+        triton_compiled(fn, *inputs)  # the same kernel in a new graph: answered from the cache
+    assert COUNTS["cached"] == counts["cached"] + 1 and COUNTS["measured"] == counts["measured"]
+    assert_builds_for_h100(graph)
+
+
+def test_a_timed_product_kernel_writing_over_its_input_is_timed_on_a_copy():
+    # The second product (a library call: one template per kernel) dies at the kernel, which writes
+    # its result over it: timing runs the kernel many times, so its outputs are put back first.
+    def fn(x, w, y, v):
+        return torch.relu(x @ w) + y @ v
+
+    inputs = torch.randn(12, 20), torch.randn(20, 16), torch.randn(12, 8), torch.randn(8, 16)
+    with kiln.config.patch({"backend.triton_gemm": "timed"}):
+        out, graph = triton_compiled(fn, *inputs)
+    (kernel,) = graph.schedule.kernels
+    assert kernel.gemm is not None and kernel.overwrites
+    torch.testing.assert_close(out, fn(*inputs), atol=1e-4, rtol=1e-4)
+
+
+def test_the_product_template_setting():
+    from kiln.ir.target import Target
+    from kiln.schedule.scheduler import gemm_template_mode
+
+    gpu, cpu = Target("cuda", "triton", frozenset()), Target("cpu", "triton", frozenset())
+    assert gemm_template_mode(cpu) == "fused" and gemm_template_mode(gpu) == "timed"
+    with kiln.config.patch({"backend.autotune": "off"}):
+        assert gemm_template_mode(gpu) == "never"  # nothing timed: the library's product
+    for setting, mode in (("always", "fused"), ("timed", "timed"), ("never", "never")):
+        with kiln.config.patch({"backend.triton_gemm": setting}):
+            assert gemm_template_mode(gpu) == gemm_template_mode(cpu) == mode
+    with kiln.config.patch({"backend.triton_gemm": "sometimes"}):
+        with pytest.raises(ValueError, match="backend.triton_gemm .* must be one of auto, always, timed, never; got 'sometimes'"):
+            gemm_template_mode(gpu)
+
+
 def test_an_index_out_of_range_raises_and_the_next_call_runs():
     fn = lambda w, i: torch.nn.functional.embedding(i, w) + 1  # noqa: E731
     w = torch.randn(10, 4)
@@ -220,6 +279,8 @@ TUNED = {  # name -> (function, inputs, the setting)
     "pointwise": (lambda x: x.sin() + 1, [torch.randn(600)], "max-autotune"),
     "looped rows": (lambda x: x.sum(1), [torch.randn(2, 5000)], "default"),
     "written in place": (lambda x: (torch.softmax(x, -1) + 1).relu(), [torch.randn(4, 50)], "default"),
+    "product tiles": (lambda x, w, b: torch.relu(x @ w + b), [torch.randn(40, 70), torch.randn(70, 33), torch.randn(33)],
+                      "max-autotune"),
 }
 
 

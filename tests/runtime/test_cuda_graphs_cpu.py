@@ -47,7 +47,7 @@ def test_torch_compile_passes_mode_to_kiln_on_cpu():
 
 def test_triton_gemm_setting_is_checked():
     with kiln.config.patch({"backend.codegen": "triton", "backend.triton_gemm": "sometimes"}):
-        with pytest.raises(ValueError, match="backend.triton_gemm .KILN_TRITON_GEMM. must be one of auto, always, never"):
+        with pytest.raises(ValueError, match="backend.triton_gemm .KILN_TRITON_GEMM. must be one of auto, always, timed, never"):
             compiled(lambda a, b: (a @ b).relu(), torch.randn(4, 4), torch.randn(4, 4))
 
 

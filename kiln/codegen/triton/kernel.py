@@ -115,8 +115,9 @@ def _init(kind: str, dtype: torch.dtype) -> str:
 
 
 class TritonKernelPrinter:
-    def __init__(self, kernel: FusedKernel, function: str, device: str = "cpu", tune: str | None = None) -> None:
-        self.kernel, self.function, self.device, self.tune = kernel, function, device, tune
+    def __init__(self, kernel: FusedKernel, function: str, device: str = "cpu", tune: str | None = None,
+                 time_gemm: bool = False) -> None:
+        self.kernel, self.function, self.device, self.tune, self.time_gemm = kernel, function, device, tune, time_gemm
         self.pointers, self.buffers = kernel.argument_names(), kernel.buffers()
         self.locals: dict[str, tuple[str, Dims]] = {}
         self.wide = any(_storage_elements(b) >= _INDEX_LIMIT for b in self.buffers.values())
@@ -170,21 +171,15 @@ class TritonKernelPrinter:
             return self._scatter(k.members[0])
         if k.gemm is not None:
             return self._gemm()
+        if k.vectorizes_outer:
+            return self._kernel([self._pointwise(f"{self.function}_main")])
         outer = [int(s) for s in k.outer]
         xnumel = math.prod(outer)
         index_type = "i64" if self.wide else "i32"
-        two_d = not k.vectorizes_outer
         outer_vars = [sympy.Symbol(f"i{d}", integer=True, nonnegative=True) for d in range(len(outer))]
-        self._program_rows(two_d)
+        self._program_rows(True)
         for line in _decompose("xindex", outer_vars, outer):
             self._emit(line, 1)
-        if not two_d:
-            for nest in k.members:
-                self._barrier_before(nest)
-                body = self._body(nest, {v: X for v in outer_vars}, {"x": "xmask"}, 1)
-                self._result(nest, body, body.result, X, "[XBLOCK]", 1)
-            configs = _pointwise_configs(xnumel, self.tune)
-            return self._kernel([self._launch(f"{self.function}_main", index_type, xnumel, configs)])
         inner = max([math.prod(int(s) for s in k.inner_ranges(m)) for m in k.members] + [1])
         if self._splits(xnumel, inner):
             return self._split_reduction(xnumel, inner, outer, outer_vars, index_type)
@@ -194,23 +189,46 @@ class TritonKernelPrinter:
         configs = _reduction_configs(xnumel, inner, persistent is not None, self.tune)
         return self._kernel([self._launch(f"{self.function}_main", index_type, xnumel, configs)])
 
-    def _launch(self, name: str, index_type: str, xnumel: int, configs: list[tuple[dict, int]]) -> tuple:
+    def _pointwise(self, name: str, extra: list[tuple[str, str]] = ()) -> tuple:
+        """Every member over the kernel's outer loops, one element per lane (a 1-D block): the
+        jit function `name` (with `extra` arguments before the size) and its launch."""
+        outer = [int(s) for s in self.kernel.outer]
+        outer_vars = [sympy.Symbol(f"i{d}", integer=True, nonnegative=True) for d in range(len(outer))]
+        self._program_rows(False)
+        for line in _decompose("xindex", outer_vars, outer):
+            self._emit(line, 1)
+        for nest in self.kernel.members:
+            self._barrier_before(nest)
+            body = self._body(nest, {v: X for v in outer_vars}, {"x": "xmask"}, 1)
+            self._result(nest, body, body.result, X, "[XBLOCK]", 1)
+        xnumel = math.prod(outer)
+        index_type = "i64" if self.wide else "i32"
+        return self._launch(name, index_type, xnumel, _pointwise_configs(xnumel, self.tune), list(extra))
+
+    def _launch(self, name: str, index_type: str, xnumel: int, configs: list[tuple[dict, int]],
+                extra: list[tuple[str, str]] = ()) -> tuple:
         """The printed lines as jit function `name` over `xnumel` rows, with its launch: the first
         of `configs` (block sizes, warps) as it is, or, with several, Triton's autotuner choosing
         among them at the first launch (each timed on the call's own tensors, its outputs restored
         after each try; the choice kept in Triton's cache, under kiln's cache directory)."""
         (constexprs, warps), *others = configs
-        jit = self._jit(name, [("xnumel", index_type)], constexprs)
+        jit = self._jit(name, [*extra, ("xnumel", index_type)], constexprs)
+        before = "".join(f"{a}, " for a, _ in extra)  # the launch's arguments after the kernel's tensors
         if not others:
             fixed = ", ".join(f"{c}={v}" for c, v in constexprs.items())
-            return jit, _blocks(xnumel, constexprs["XBLOCK"]), f"{xnumel}, {fixed}, num_warps={warps}"
-        listed = ", ".join(f"triton.Config({values!r}, num_warps={w})" for values, w in configs)
-        outputs = [f"out{n}" for n in range(len(self.kernel.outputs))]
-        jit.source = (f"@triton.autotune(configs=[{listed}], key=['xnumel'], restore_value={outputs!r}, "
-                      f"do_bench=kiln_do_bench, cache_results=True)\n{jit.source}")
-        return jit, f"lambda meta: ({_blocks_text(xnumel)},)", f"{xnumel}"
+            return jit, _blocks(xnumel, constexprs["XBLOCK"]), f"{before}{xnumel}, {fixed}, num_warps={warps}"
+        self._autotuned(jit, [_config_text(values, w) for values, w in configs], ["xnumel"])
+        return jit, f"lambda meta: ({_blocks_text(xnumel)},)", f"{before}{xnumel}"
 
-    def _kernel(self, launches: list[tuple[JitFunction, int, str]], prologue: list[str] = ()) -> TritonKernel:
+    def _autotuned(self, jit: JitFunction, configs: list[str], key: list[str]) -> None:
+        """`jit` decorated with Triton's autotuner over `configs` (each one's outputs restored
+        after each try, so kernels that write in place stay right)."""
+        outputs = [f"out{n}" for n in range(len(self.kernel.outputs))]
+        jit.source = (f"@triton.autotune(configs=[{', '.join(configs)}], key={key!r}, restore_value={outputs!r}, "
+                      f"do_bench=kiln_do_bench, cache_results=True)\n{jit.source}")
+
+    def _kernel(self, launches: list[tuple[JitFunction, int, str]], prologue: list[str] = (),
+                name: str | None = None) -> TritonKernel:
         """The launcher calling each function on its grid with the kernel's tensors, the error
         flag where it reads indices, then `rest` (sizes, block sizes); `prologue`: lines run
         before the launches (a split reduction's partials buffer)."""
@@ -221,8 +239,8 @@ class TritonKernelPrinter:
                 continue
             args = ", ".join(names + (["kiln_error_flag"] if function.takes_error_flag else []))
             launch_grid = grid if isinstance(grid, str) else f"({grid},)"  # a str: the autotuner's grid function
-            body.append(f"    {function.name}[{launch_grid}]({args}, {rest})")
-        launcher = "\n".join([f"def {self.function}({', '.join(names)}):", *(body or ["    pass"])])
+            body.append(f"    {function.name}[{launch_grid}]({args}{', ' if rest else ''}{rest})")
+        launcher = "\n".join([f"def {name or self.function}({', '.join(names)}):", *(body or ["    pass"])])
         return TritonKernel([f for f, _, _ in launches], launcher, any(f.takes_error_flag for f, _, _ in launches))
 
     def _result(self, nest: LoopNest, body: TritonBody, value: str, dims: Dims, shape: str, depth: int) -> None:
@@ -413,21 +431,24 @@ class TritonKernelPrinter:
 
     # -- a matrix product, then the members over its tile ---------------------------------------
     def _gemm(self) -> TritonKernel:
+        template = self._gemm_template()
+        return self._timed_gemm(template) if self.time_gemm else self._kernel([template])
+
+    def _gemm_template(self) -> tuple:
         """One program per [XBLOCK, RBLOCK] tile of the product (rows, columns): the product over
         K in steps of KBLOCK (`tl.dot`, float32 accumulation), rounded to the product's dtype as
         eager's GEMM stores it, then each member at every element of the tile, reading the product
-        from registers."""
+        from registers. Tiles chosen by Triton's autotuner on a GPU (`tune`)."""
         k = self.kernel
         a, b, product = k.gemm.a, k.gemm.b, k.gemm.product
         (m, kk), n = (int(s) for s in a.layout.size), int(b.layout.size[1])
-        xblock, rblock, kblock = (max(16, min(64, next_power_of_2(v))) for v in (m, n, kk))
-        columns = _blocks(n, rblock)
         A, B = self.pointers[a.name], self.pointers[b.name]
         sa = [int(s) for s in a.layout.stride]
         sb = [int(s) for s in b.layout.stride]
         self._emit("pid = tl.program_id(0)", 1)
-        self._emit(f"xindex = (pid // {columns}) * XBLOCK + tl.arange(0, XBLOCK)[:, None]", 1)
-        self._emit(f"rindex = (pid % {columns}) * RBLOCK + tl.arange(0, RBLOCK)[None, :]", 1)
+        self._emit(f"columns = ({n} + RBLOCK - 1) // RBLOCK", 1)
+        self._emit("xindex = (pid // columns) * XBLOCK + tl.arange(0, XBLOCK)[:, None]", 1)
+        self._emit("rindex = (pid % columns) * RBLOCK + tl.arange(0, RBLOCK)[None, :]", 1)
         self._emit(f"xmask = xindex < {m}", 1)
         self._emit(f"rmask = rindex < {n}", 1)
         self._emit("product = tl.full([XBLOCK, RBLOCK], 0, tl.float32)", 1)
@@ -460,9 +481,49 @@ class TritonKernelPrinter:
         for nest in k.members:
             body = self._body(nest, {v: XR for v in outer_vars}, {"x": "xmask", "r": "rmask"}, 1, rename={})
             self._result(nest, body, body.result, XR, "[XBLOCK, RBLOCK]", 1)
-        jit = self._jit(f"{self.function}_main", [], {"XBLOCK": xblock, "RBLOCK": rblock, "KBLOCK": kblock})
-        grid = _blocks(m, xblock) * columns
-        return self._kernel([(jit, grid, f"XBLOCK={xblock}, RBLOCK={rblock}, KBLOCK={kblock}, num_warps=4")])
+        (blocks, warps, _), *others = configs = _gemm_configs(m, n, kk, self.tune)
+        jit = self._jit(f"{self.function}_main", [], blocks)
+        if not others:
+            fixed = ", ".join(f"{c}={v}" for c, v in blocks.items())
+            return jit, _blocks(m, blocks["XBLOCK"]) * _blocks(n, blocks["RBLOCK"]), f"{fixed}, num_warps={warps}"
+        self._autotuned(jit, [_config_text(*c) for c in configs], [])
+        return jit, f'lambda meta: (-(-{m} // meta["XBLOCK"]) * -(-{n} // meta["RBLOCK"]),)', ""
+
+    def _timed_gemm(self, template: tuple) -> TritonKernel:
+        """The product kernel in two forms, one chosen by timing both at the first call on the
+        call's own tensors (`kiln_choose_gemm`, kiln/runtime/triton_kernels.py; the answer kept in
+        kiln's autotune cache): the template above, or the library's product (`torch.mm`: cuBLAS
+        on a GPU) into a buffer, then the members as a pointwise kernel reading it. cuBLAS wins
+        most large products; the template wins where its fused epilogue saves more than cuBLAS's
+        kernels gain (small and skinny products)."""
+        a, b, product = self.kernel.gemm.a, self.kernel.gemm.b, self.kernel.gemm.product
+        fused = self._kernel([template], name=f"{self.function}_template")
+        self.locals.pop(product.name)
+        self.pointers = {**self.pointers, product.name: "gemm_product"}
+        self.buffers = {**self.buffers, product.name: product}
+        epilogue = self._pointwise(f"{self.function}_epilogue", [("gemm_product", _POINTER_TYPES[product.layout.dtype])])
+        library = self._kernel([epilogue], [f"gemm_product = torch.mm({self._operand(a)}, {self._operand(b)})"],
+                               name=f"{self.function}_library")
+        tensors = ", ".join(a for a, _ in self._arguments())
+        (m, kk), n = (int(s) for s in a.layout.size), int(b.layout.size[1])
+        choice = f"{self.function}_choice"
+        shape = (m, n, kk, str(a.layout.dtype))
+        launcher = "\n".join([
+            fused.launcher, "", library.launcher, "", f"{choice} = []", "",
+            f"def {self.function}({tensors}):",
+            f"    if not {choice}:",
+            f"        {choice}.append(kiln_choose_gemm({self.function!r}, {shape!r}, "
+            f'{{"template": {self.function}_template, "library": {self.function}_library}}, '
+            f"({tensors},), {len(self.kernel.outputs)}))",
+            f"    {choice}[0]({tensors})",
+        ])
+        return TritonKernel(fused.functions + library.functions, launcher, fused.uses_error_flag or library.uses_error_flag)
+
+    def _operand(self, buffer: Buffer) -> str:
+        """The launcher's view of a product's operand, as the template reads it."""
+        pointer, layout = self.pointers[buffer.name], buffer.layout
+        return (f"{pointer}.as_strided({tuple(int(s) for s in layout.size)}, {tuple(int(s) for s in layout.stride)}, "
+                f"{pointer}.storage_offset() + {int(layout.offset)})")
 
     # -- scatters -------------------------------------------------------------------------------
     def _scatter(self, nest: LoopNest) -> TritonKernel:
@@ -564,8 +625,33 @@ def _reduction_configs(xnumel: int, inner: int, persistent: bool, tune: str | No
     return configs
 
 
-def kernel_source(kernel: FusedKernel, function: str, device: str = "cpu", tune: str | None = None) -> TritonKernel:
+def _gemm_configs(m: int, n: int, kk: int, tune: str | None) -> list[tuple[dict, int, int | None]]:
+    """The product template's tiles, warps and pipeline stages: 64-wide tiles (narrower for a
+    small product), then, with `tune`, the tile shapes GPU products commonly run fastest with."""
+    fits = [max(16, next_power_of_2(v)) for v in (m, n, kk)]
+    first = (dict(zip(("XBLOCK", "RBLOCK", "KBLOCK"), (min(64, f) for f in fits))), 4, None)
+    if tune is None:
+        return [first]
+    shapes = [(128, 128, 32, 8, 3), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4)]
+    if tune == "max-autotune":
+        shapes += [(64, 64, 64, 4, 3), (32, 64, 64, 4, 4), (64, 32, 64, 4, 4), (16, 64, 128, 4, 3)]
+    configs = [first]
+    for *tile, warps, stages in shapes:
+        blocks = dict(zip(("XBLOCK", "RBLOCK", "KBLOCK"), (min(t, f) for t, f in zip(tile, fits))))
+        if all(blocks != c[0] for c in configs):
+            configs.append((blocks, warps, stages))
+    return configs
+
+
+def _config_text(values: dict, warps: int, stages: int | None = None) -> str:
+    return f"triton.Config({values!r}, num_warps={warps}{'' if stages is None else f', num_stages={stages}'})"
+
+
+def kernel_source(kernel: FusedKernel, function: str, device: str = "cpu", tune: str | None = None,
+                  time_gemm: bool = False) -> TritonKernel:
     """`kernel` printed as Triton for graphs on `device` ("cpu": run by Triton's interpreter);
-    `tune`: "default" or "max-autotune" for block sizes chosen by Triton's autotuner."""
-    return TritonKernelPrinter(kernel, function, device, tune).kernel_source()
+    `tune`: "default" or "max-autotune" for block sizes chosen by Triton's autotuner; `time_gemm`:
+    a product kernel chooses at its first call between the template and the library's product
+    (kiln/schedule/scheduler.py's `gemm_template_mode`)."""
+    return TritonKernelPrinter(kernel, function, device, tune, time_gemm).kernel_source()
 

@@ -360,15 +360,17 @@ class TritonKernels:
         return "\n\n\n".join([PREAMBLE, *self.launchers.values()]) + "\n"
 
 
-def triton_kernels(kernels: list[FusedKernel], device: str = "cpu", tune: str | None = None) -> TritonKernels:
+def triton_kernels(kernels: list[FusedKernel], device: str = "cpu", tune: str | None = None,
+                   time_gemm: bool = False) -> TritonKernels:
     """Print every kernel for graphs on `device` (`tune`: block sizes chosen by Triton's
-    autotuner, kernel.py); NotImplementedError for one Triton cannot express (symbolic sizes, an
+    autotuner; `time_gemm`: product kernels timed against the library's product; kernel.py);
+    NotImplementedError for one Triton cannot express (symbolic sizes, an
     op libdevice lacks, a scatter with no atomic)."""
     printed = TritonKernels()
     for kernel in kernels:
         if not kernel.has_static_sizes:
             raise NotImplementedError("Triton kernels with symbolic sizes")
-        made = kernel_source(kernel, _PLACEHOLDER, device, tune)
+        made = kernel_source(kernel, _PLACEHOLDER, device, tune, time_gemm)
         text = "\n\n\n".join([*(f.source for f in made.functions), made.launcher])
         name = f"kernel_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
         printed.launchers.setdefault(name, text.replace(_PLACEHOLDER, name))
