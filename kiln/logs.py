@@ -103,6 +103,7 @@ for _name, _help in {
     "bench": "benchmark harness progress",
     "runtime": "process-wide settings compiled graphs apply when they run (malloc's thresholds)",
     "cuda_graphs": "CUDA graphs recorded for compiled graphs (mode='reduce-overhead'), per set of input sizes",
+    "triton": "Triton kernels of GPU graphs compiled ahead of their first launch, in parallel",
 }.items():
     register_artifact(_name, _help)
 

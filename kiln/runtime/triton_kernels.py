@@ -14,6 +14,7 @@ an interpreted one, and its `libdevice` is kiln/runtime/triton_math.py's stand-i
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import ThreadPoolExecutor
 import hashlib
 import time
 import importlib.util
@@ -25,7 +26,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from kiln import disk_cache
+from kiln import disk_cache, logs
+from kiln.native.build import workers
 
 
 def module_path(source: str) -> Path:
@@ -77,10 +79,35 @@ def load_module(source: str, device: str, interpret: bool | None = None) -> Modu
     with _interpreting(interpret):
         spec.loader.exec_module(module)
     if device != "cpu":
-        # Triton compiles each kernel at its first launch, long after this returns: its binaries
-        # go under kiln's cache for the rest of the process (unless TRITON_CACHE_DIR is set).
+        # Triton's binaries go under kiln's cache for the rest of the process (unless
+        # TRITON_CACHE_DIR is set): a kernel precompile missed compiles at its first launch.
         os.environ.setdefault("TRITON_CACHE_DIR", str(disk_cache.folder("triton_binaries")))
+        precompile(module, workers())
     return module
+
+
+def precompile(module: ModuleType, workers: int) -> None:
+    """Compile every kernel of a GPU graph's module now, `workers` at a time, rather than one by
+    one at their first launches. Each launch's `warmup` call (kiln/codegen/triton/kernel.py)
+    runs under Triton's asynchronous compile mode, which hands each compilation to a thread
+    pool and puts the results in the jit functions' own caches: a launch then finds its kernel
+    there when its arguments specialize as the warm-up's did (tensors 16-byte aligned, as the
+    caching allocator's are; a launch that differs compiles then, as before). Threads overlap
+    where Triton's compiler leaves Python (its MLIR and LLVM passes and `ptxas`)."""
+    functions = getattr(module, "KILN_PRECOMPILE", [])
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode  # Triton 3.5 and later
+    except ImportError:
+        return  # (each kernel compiles at its first launch)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max(1, workers)) as pool, AsyncCompileMode(pool, ignore_errors=True):
+        for warm_up in functions:
+            try:
+                warm_up()
+            except Exception as error:  # noqa: BLE001 - the launch compiles it, and reports its error, itself
+                logs.log("triton", "precompile of %s failed (%s: %s); it compiles at its first launch",
+                         warm_up.__name__, type(error).__name__, error)
+    logs.log("triton", "%d kernels precompiled in %.2f s, %d workers", len(functions), time.perf_counter() - started, workers)
 
 
 @contextlib.contextmanager

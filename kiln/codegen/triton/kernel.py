@@ -22,6 +22,7 @@ launcher allocates it), the second folds each row's partials and runs the kernel
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import sympy
@@ -85,6 +86,10 @@ class TritonKernel:
     functions: list[JitFunction]
     launcher: str  # `def <name>(*tensors)`: launches the functions in order
     uses_error_flag: bool
+    # Each launch as a call of Triton's `warmup` (the function compiled for the arguments the
+    # launch passes, tensors by dtype alone, without running it): kiln/runtime/triton_kernels.py
+    # `precompile` runs them in parallel when a GPU graph loads.
+    warmups: list[str] = field(default_factory=list)
 
 
 def _storage_elements(buffer: Buffer) -> int:
@@ -234,14 +239,17 @@ class TritonKernelPrinter:
         before the launches (a split reduction's partials buffer)."""
         names = [a for a, _ in self._arguments()]
         body = [f"    {line}" for line in prologue]
+        warmups = []
         for function, grid, rest in launches:
             if grid == 0:  # no iteration (an empty tensor): nothing to run, and no address to read
                 continue
             args = ", ".join(names + (["kiln_error_flag"] if function.takes_error_flag else []))
             launch_grid = grid if isinstance(grid, str) else f"({grid},)"  # a str: the autotuner's grid function
             body.append(f"    {function.name}[{launch_grid}]({args}{', ' if rest else ''}{rest})")
+            warmups.append(_warmup(function, f"{args}{', ' if rest else ''}{rest}"))
         launcher = "\n".join([f"def {name or self.function}({', '.join(names)}):", *(body or ["    pass"])])
-        return TritonKernel([f for f, _, _ in launches], launcher, any(f.takes_error_flag for f, _, _ in launches))
+        return TritonKernel([f for f, _, _ in launches], launcher, any(f.takes_error_flag for f, _, _ in launches),
+                            warmups)
 
     def _result(self, nest: LoopNest, body: TritonBody, value: str, dims: Dims, shape: str, depth: int) -> None:
         """A member's value for the current block: into its local, or stored."""
@@ -517,7 +525,8 @@ class TritonKernelPrinter:
             f"({tensors},), {len(self.kernel.outputs)}))",
             f"    {choice}[0]({tensors})",
         ])
-        return TritonKernel(fused.functions + library.functions, launcher, fused.uses_error_flag or library.uses_error_flag)
+        return TritonKernel(fused.functions + library.functions, launcher, fused.uses_error_flag or library.uses_error_flag,
+                            fused.warmups + library.warmups)
 
     def _operand(self, buffer: Buffer) -> str:
         """The launcher's view of a product's operand, as the template reads it."""
@@ -583,6 +592,18 @@ class TritonKernelPrinter:
         jit = self._jit(f"{self.function}_scatter", [("xnumel", index_type)], {"XBLOCK": block})
         launches.append((jit, 1 if serial else _blocks(numel, block), f"{numel}, XBLOCK={block}, num_warps=1"))
         return self._kernel(launches)
+
+
+_DTYPE_OF_POINTER = {pointer: f"torch.{str(dtype).removeprefix('torch.')}" for dtype, pointer in _POINTER_TYPES.items()}
+
+
+def _warmup(function: JitFunction, arguments: str) -> str:
+    """A launch's arguments as a `warmup` call: each tensor (the jit function's pointer
+    arguments, named as at the launch) by its dtype."""
+    pointers = {name: _DTYPE_OF_POINTER[kind] for name, kind in function.signature.items() if kind.startswith("*")}
+    pointers["kiln_error_flag"] = "torch.int32"  # the launch's name for the `error_flag` argument
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, pointers)) + r")\b(?!=)")
+    return f"{function.name}.warmup({pattern.sub(lambda m: pointers[m.group(1)], arguments)}, grid=(1,))"
 
 
 def _blocks(numel: int, block: int) -> int:

@@ -357,7 +357,8 @@ class TritonKernels:
     @property
     def source(self) -> str:
         """The module's whole text."""
-        return "\n\n\n".join([PREAMBLE, *self.launchers.values()]) + "\n"
+        every = ", ".join(f"{name}_precompile" for name in self.launchers)
+        return "\n\n\n".join([PREAMBLE, *self.launchers.values(), f"KILN_PRECOMPILE = [{every}]"]) + "\n"
 
 
 def triton_kernels(kernels: list[FusedKernel], device: str = "cpu", tune: str | None = None,
@@ -371,7 +372,8 @@ def triton_kernels(kernels: list[FusedKernel], device: str = "cpu", tune: str | 
         if not kernel.has_static_sizes:
             raise NotImplementedError("Triton kernels with symbolic sizes")
         made = kernel_source(kernel, _PLACEHOLDER, device, tune, time_gemm)
-        text = "\n\n\n".join([*(f.source for f in made.functions), made.launcher])
+        precompile = "\n".join([f"def {_PLACEHOLDER}_precompile():", *(f"    {w}" for w in made.warmups or ["pass"])])
+        text = "\n\n\n".join([*(f.source for f in made.functions), made.launcher, precompile])
         name = f"kernel_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
         printed.launchers.setdefault(name, text.replace(_PLACEHOLDER, name))
         printed.jit.setdefault(name, [_renamed(f, name) for f in made.functions])

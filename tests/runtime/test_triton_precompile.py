@@ -1,0 +1,113 @@
+"""A GPU graph's Triton kernels compiled in parallel when it loads (kiln/runtime/triton_kernels.py
+`precompile`), checked on a machine without a GPU: Triton's CUDA driver is replaced by one that
+names an H100 as the target and cannot launch, so the kernels are really compiled for sm_90 and
+a launch shows whether it found its kernel compiled (it reaches the driver's launcher) or had
+to compile it (Triton's `jit_cache_hook` sees it first)."""
+
+import pytest
+import torch
+
+import kiln
+from kiln.backend import watch
+from kiln.runtime import triton_kernels
+from tests.codegen.test_triton_models import _tiny_bert, _triton_graphs
+from tests.kiln_backend import private_cache  # noqa: F401  (fixture)
+
+import triton  # noqa: E402  (a test requirement)
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+
+class Launched(Exception):
+    """A launch reached the driver: its kernel was found compiled."""
+
+
+class H100WithoutLaunches:
+    """Triton's active driver for the test: an H100 target, device 0, stream 0, no launches."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    @property
+    def launcher_cls(self):  # what a launch asks for first, once its kernel is compiled
+        raise Launched
+
+
+@pytest.fixture
+def h100_driver(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "binaries"))
+    driver = triton.runtime.driver
+    before = getattr(driver, "_active", None)
+    driver.set_active(H100WithoutLaunches())
+    try:
+        yield
+    finally:
+        driver._active = before
+        triton.knobs.runtime.jit_cache_hook = None
+
+
+def _bert_graph():
+    torch.manual_seed(0)
+    model, inputs, _ = _tiny_bert()
+    with torch.no_grad(), kiln.config.patch({"backend.codegen": "triton"}), watch() as built:
+        kiln.compile(model.eval())(*inputs)
+    (graph,) = _triton_graphs(built)
+    return graph
+
+
+def _launch_each_kernel(graph, module) -> tuple[int, list[str]]:
+    """(launches that found their kernel compiled, jit functions a launch had to compile)."""
+    compiled_at_launch = []
+
+    def hook(**kwargs):
+        compiled_at_launch.append(kwargs["repr"])
+        return True  # (do not compile: the test only asks whether it was needed)
+
+    triton.knobs.runtime.jit_cache_hook = hook
+    found = 0
+    for kernel in graph.schedule.kernels:
+        launcher = getattr(module, graph.stages.kernels.functions[kernel.name])
+        tensors = [torch.empty_strided(tuple(int(s) for s in b.layout.size), tuple(int(s) for s in b.layout.stride),
+                                       dtype=b.layout.dtype) for b in kernel.inputs + kernel.outputs]
+        try:
+            launcher(*tensors)
+        except Launched:
+            found += 1
+    return found, compiled_at_launch
+
+
+def test_every_launch_finds_its_kernel_precompiled(h100_driver):
+    graph = _bert_graph()
+    source = graph.stages.kernels.source
+    kernels = len(graph.schedule.kernels)
+    # Without precompiling, every launch compiles its kernel (the test's control).
+    found, compiled = _launch_each_kernel(graph, triton_kernels.load_module(source, "cpu", interpret=False))
+    assert found == 0 and len(compiled) == kernels
+    triton.knobs.runtime.jit_cache_hook = None
+    module = triton_kernels.load_module(source, "cpu", interpret=False)  # fresh jit functions
+    triton_kernels.precompile(module, workers=2)
+    found, compiled = _launch_each_kernel(graph, module)
+    assert compiled == [] and found == kernels
+
+
+def test_a_kernel_that_fails_to_precompile_is_left_to_its_launch(h100_driver):
+    graph = _bert_graph()
+    module = triton_kernels.load_module(graph.stages.kernels.source, "cpu", interpret=False)
+    first = module.KILN_PRECOMPILE[0]
+
+    def broken():
+        raise ValueError("not this one")
+
+    broken.__name__ = first.__name__
+    module.KILN_PRECOMPILE[0] = broken
+    triton_kernels.precompile(module, workers=2)  # no error: the others are compiled
+    found, compiled = _launch_each_kernel(graph, module)
+    assert len(compiled) >= 1 and found == len(graph.schedule.kernels) - 1
