@@ -220,6 +220,23 @@ def test_the_product_template_setting():
             gemm_template_mode(gpu)
 
 
+def test_one_jit_function_serves_every_batch_size():
+    # The rows are an argument (`xnumel`), named by the jit function's own text: a new batch size
+    # gives new launchers over the same jit functions, so Triton compiles nothing new for a GPU.
+    def fn(x, w, b):
+        y = torch.nn.functional.gelu(x @ w + b)
+        return torch.softmax(y, -1), torch.tanh(x @ w.t()[:, :16].t())
+
+    names = []
+    for rows in (32, 48):
+        inputs = torch.randn(rows, 16), torch.randn(16, 24), torch.randn(24)
+        out, graph = triton_compiled(fn, *inputs)
+        torch.testing.assert_close(out, fn(*inputs), atol=1e-5, rtol=1e-5)
+        names.append({f.name: f.source for fs in graph.stages.kernels.jit.values() for f in fs})
+    assert any(k.gemm is not None for k in graph.schedule.kernels)  # a product template among them
+    assert names[0] == names[1] and len(names[0]) == len(graph.schedule.kernels) == 2
+
+
 def test_an_index_out_of_range_raises_and_the_next_call_runs():
     fn = lambda w, i: torch.nn.functional.embedding(i, w) + 1  # noqa: E731
     w = torch.randn(10, 4)

@@ -457,7 +457,7 @@ class TritonKernelPrinter:
         self._emit(f"columns = ({n} + RBLOCK - 1) // RBLOCK", 1)
         self._emit("xindex = (pid // columns) * XBLOCK + tl.arange(0, XBLOCK)[:, None]", 1)
         self._emit("rindex = (pid % columns) * RBLOCK + tl.arange(0, RBLOCK)[None, :]", 1)
-        self._emit(f"xmask = xindex < {m}", 1)
+        self._emit("xmask = xindex < xnumel", 1)  # (the rows an argument: one kernel for every batch size)
         self._emit(f"rmask = rindex < {n}", 1)
         self._emit("product = tl.full([XBLOCK, RBLOCK], 0, tl.float32)", 1)
         self._emit(f"for koffset in range(0, {kk}, KBLOCK):", 1)
@@ -490,12 +490,12 @@ class TritonKernelPrinter:
             body = self._body(nest, {v: XR for v in outer_vars}, {"x": "xmask", "r": "rmask"}, 1, rename={})
             self._result(nest, body, body.result, XR, "[XBLOCK, RBLOCK]", 1)
         (blocks, warps, _), *others = configs = _gemm_configs(m, n, kk, self.tune)
-        jit = self._jit(f"{self.function}_main", [], blocks)
+        jit = self._jit(f"{self.function}_main", [("xnumel", "i64" if self.wide else "i32")], blocks)
         if not others:
             fixed = ", ".join(f"{c}={v}" for c, v in blocks.items())
-            return jit, _blocks(m, blocks["XBLOCK"]) * _blocks(n, blocks["RBLOCK"]), f"{fixed}, num_warps={warps}"
-        self._autotuned(jit, [_config_text(*c) for c in configs], [])
-        return jit, f'lambda meta: (-(-{m} // meta["XBLOCK"]) * -(-{n} // meta["RBLOCK"]),)', ""
+            return jit, _blocks(m, blocks["XBLOCK"]) * _blocks(n, blocks["RBLOCK"]), f"{m}, {fixed}, num_warps={warps}"
+        self._autotuned(jit, [_config_text(*c) for c in configs], ["xnumel"])
+        return jit, f'lambda meta: (-(-{m} // meta["XBLOCK"]) * -(-{n} // meta["RBLOCK"]),)', f"{m}"
 
     def _timed_gemm(self, template: tuple) -> TritonKernel:
         """The product kernel in two forms, one chosen by timing both at the first call on the

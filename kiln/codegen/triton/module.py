@@ -12,6 +12,7 @@ binds `libdevice` (NVIDIA's math library, or its stand-in under Triton's interpr
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 
 from kiln.codegen.triton.kernel import JitFunction, kernel_source
@@ -347,7 +348,8 @@ def kiln_argmin_combine(value0, index0, value1, index1):
 class TritonKernels:
     """What the Triton printer made of a schedule's kernels (the C++ printer's CppKernels)."""
 
-    launchers: dict[str, str] = field(default_factory=dict)  # launcher -> its source and its jit functions' sources
+    kernels: dict[str, str] = field(default_factory=dict)  # jit function name -> its source
+    launchers: dict[str, str] = field(default_factory=dict)  # launcher -> its source (and its warm-up's)
     functions: dict[str, str] = field(default_factory=dict)  # kernel name -> launcher
     jit: dict[str, list[JitFunction]] = field(default_factory=dict)  # launcher -> its jit functions
     checks: list[str] = field(default_factory=list)  # kernels after which the index-error flag is read
@@ -358,7 +360,8 @@ class TritonKernels:
     def source(self) -> str:
         """The module's whole text."""
         every = ", ".join(f"{name}_precompile" for name in self.launchers)
-        return "\n\n\n".join([PREAMBLE, *self.launchers.values(), f"KILN_PRECOMPILE = [{every}]"]) + "\n"
+        return "\n\n\n".join([PREAMBLE, *self.kernels.values(), *self.launchers.values(),
+                                 f"KILN_PRECOMPILE = [{every}]"]) + "\n"
 
 
 def triton_kernels(kernels: list[FusedKernel], device: str = "cpu", tune: str | None = None,
@@ -373,10 +376,14 @@ def triton_kernels(kernels: list[FusedKernel], device: str = "cpu", tune: str | 
             raise NotImplementedError("Triton kernels with symbolic sizes")
         made = kernel_source(kernel, _PLACEHOLDER, device, tune, time_gemm)
         precompile = "\n".join([f"def {_PLACEHOLDER}_precompile():", *(f"    {w}" for w in made.warmups or ["pass"])])
-        text = "\n\n\n".join([*(f.source for f in made.functions), made.launcher, precompile])
-        name = f"kernel_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+        functions = [_named_by_text(f) for f in made.functions]
+        text = "\n\n\n".join([made.launcher, precompile])
+        for before, after in zip(made.functions, functions):
+            text = re.sub(rf"\b{before.name}\b", after.name, text)
+        name = f"kernel_{hashlib.sha256((text + ''.join(f.name for f in functions)).encode()).hexdigest()[:16]}"
         printed.launchers.setdefault(name, text.replace(_PLACEHOLDER, name))
-        printed.jit.setdefault(name, [_renamed(f, name) for f in made.functions])
+        printed.kernels.update((f.name, f.source) for f in functions)
+        printed.jit.setdefault(name, functions)
         printed.functions[kernel.name] = name
         printed.arity[kernel.name] = len(kernel.inputs) + len(kernel.outputs)
         printed.vectorized[kernel.name] = True
@@ -385,7 +392,13 @@ def triton_kernels(kernels: list[FusedKernel], device: str = "cpu", tune: str | 
     return printed
 
 
-def _renamed(function: JitFunction, name: str) -> JitFunction:
-    return JitFunction(function.name.replace(_PLACEHOLDER, name), function.source.replace(_PLACEHOLDER, name),
-                       function.takes_error_flag, function.signature, function.constexprs)
+def _named_by_text(function: JitFunction) -> JitFunction:
+    """`function` named by the hash of its own text. Launchers hold the sizes a jit function
+    does not (a kernel's rows are its `xnumel` argument), so kernels that differ only there
+    (the same layer at another batch size, in this graph or another) share one jit function,
+    whose source, and so Triton's compiled binary, is the same."""
+    role = function.name.removeprefix(_PLACEHOLDER)  # _main, _partial, _epilogue, ...
+    name = f"triton_{hashlib.sha256(function.source.encode()).hexdigest()[:16]}{role}"
+    return JitFunction(name, re.sub(rf"\b{function.name}\b", name, function.source), function.takes_error_flag,
+                       function.signature, function.constexprs)
 
