@@ -31,6 +31,7 @@ from kiln import compile_time, config, logs
 from kiln.backend import dump
 from kiln.backend.report import fusion_report
 from kiln.codegen.cpp.library import CppKernels, cpp_kernels, translation_units
+from kiln.codegen.triton.body import unprintable_ops
 from kiln.codegen.triton.module import TritonKernels, triton_kernels
 from kiln.codegen.wrapper import WrapperCode, python_wrapper
 from kiln.ir.program import Program
@@ -209,7 +210,8 @@ class Backend:
 
     def _compile(self, gm: fx.GraphModule, target: Target, folder: Any) -> CompiledGraph:
         with compile_time.stage("lowering"):
-            program = GraphLowering(gm).lower()
+            unprintable = unprintable_ops() if target.codegen == "triton" else frozenset()
+            program = GraphLowering(gm, unprintable).lower()
             if config.debug.verify:
                 verify_program(program)
         dump.ir_before_fusion(folder, program)

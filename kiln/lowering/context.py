@@ -40,6 +40,14 @@ def realize(value: TensorValue | ReductionResult) -> TensorValue:
     return graph.finish(value) if isinstance(value, ReductionResult) else TensorValue.of_buffer(graph.realize(value))
 
 
+def declines(op: str) -> bool:
+    """Whether the graph being lowered is for a code generator with no code for `ops.<op>`
+    (Triton has none for a few special functions): the lowering then declines, and the ATen op
+    is an extern call in the compiled graph, rather than the whole graph running through ATen."""
+    graph = _graph.get()
+    return graph is not None and op in graph.unprintable
+
+
 def realize_node(node: Any) -> TensorValue:
     """A loop-IR node (a `Scatter`, say) computed into a new buffer of the current graph."""
     return TensorValue.of_buffer(_current_graph("realize_node").realize_node(node))

@@ -47,8 +47,10 @@ def _has_data_dependent_sizes(node: fx.Node, args: tuple, kwargs: dict) -> bool:
 class GraphLowering:
     """Walks an ATen fx graph once and builds its Program."""
 
-    def __init__(self, gm: fx.GraphModule) -> None:
-        self.gm = gm
+    def __init__(self, gm: fx.GraphModule, unprintable: frozenset[str] = frozenset()) -> None:
+        """`unprintable`: names of `ops` the target's code generator has no code for; lowerings
+        that would use them decline, and their ATen ops become extern calls."""
+        self.gm, self.unprintable = gm, unprintable
         self.program = Program(inputs=[])
         self._names = itertools.count()
 

@@ -10,6 +10,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as Kind
 from torch._prims_common import elementwise_dtypes
 
 from kiln.ir.ops import ops
+from kiln.lowering.context import declines
 from kiln.lowering.registry import register_lowering
 from kiln.lowering.values import LOW_PRECISION, TensorValue, broadcast_sizes, broadcast_to, round_low_precision
 
@@ -43,6 +44,8 @@ _BOOL_ARITHMETIC = {"add": "logical_or", "mul": "logical_and"}
 def pointwise(op: str | Callable[..., Any], args: list[Any], kind: Kind = Kind.DEFAULT) -> TensorValue:
     """`ops.<op>` (or `op(*values)`, a body of ops calls) applied elementwise to tensors and Python
     scalars, with eager's promotion: operands cast to the compute dtype, the result to eager's."""
+    if isinstance(op, str) and declines(op):
+        raise NotImplementedError(f"ops.{op}: the code generator has no code for it")  # an extern call
     compute, result = promoted_dtypes(args, kind)
     if compute == torch.bool and isinstance(op, str):
         op = _BOOL_ARITHMETIC.get(op, op)

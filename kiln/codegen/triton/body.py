@@ -185,3 +185,9 @@ class TritonBody:
         # The kernel folds `value` into its accumulator; the body's result is the accumulator.
         self.reduced = (reduction_type, dtype, value)
         return "acc"
+
+
+def unprintable_ops() -> frozenset[str]:
+    """The `ops` TritonBody has no code for (special functions neither libdevice nor kiln's Triton
+    helpers have): the driver lowers Triton graphs without them, as extern calls to ATen."""
+    return frozenset(name for name in ALL_OPS if name not in UNARY and name not in BINARY and name not in vars(TritonBody))
