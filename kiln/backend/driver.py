@@ -31,7 +31,8 @@ from kiln import compile_time, config, logs
 from kiln.backend import dump
 from kiln.backend.report import fusion_report
 from kiln.codegen.cpp.library import CppKernels, cpp_kernels, translation_units
-from kiln.codegen.triton.body import unprintable_ops
+from kiln.codegen.cpp.body import unprintable_ops as cpp_unprintable_ops
+from kiln.codegen.triton.body import unprintable_ops as triton_unprintable_ops
 from kiln.codegen.triton.module import TritonKernels, triton_kernels
 from kiln.codegen.wrapper import WrapperCode, python_wrapper
 from kiln.ir.program import Program
@@ -210,7 +211,7 @@ class Backend:
 
     def _compile(self, gm: fx.GraphModule, target: Target, folder: Any) -> CompiledGraph:
         with compile_time.stage("lowering"):
-            unprintable = unprintable_ops() if target.codegen == "triton" else frozenset()
+            unprintable = triton_unprintable_ops() if target.codegen == "triton" else cpp_unprintable_ops()
             program = GraphLowering(gm, unprintable).lower()
             if config.debug.verify:
                 verify_program(program)

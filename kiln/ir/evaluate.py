@@ -44,6 +44,7 @@ _REDUCE: dict[str, Callable] = {
     "all": lambda v, dims: v.flatten(-len(dims)).all(-1),
     "argmax": lambda v, dims: v.flatten(-len(dims)).argmax(-1),
     "argmin": lambda v, dims: v.flatten(-len(dims)).argmin(-1),
+    "welford": lambda v, dims: (v - v.mean(dims, keepdim=True)).square().sum(dims) if v.numel() else v.sum(dims),
 }
 
 

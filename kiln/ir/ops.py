@@ -60,7 +60,10 @@ SPECIAL_FUNCTION_BINARY_OPS = (
 SPECIAL_OPS = ("load", "store", "constant", "index_expr", "to_dtype", "where", "reduction", "indirect_indexing")
 # argmax/argmin: the flat position (over the reduction ranges, row-major) of the first max/min,
 # NaN counting as the largest and the smallest, as in eager. Their dtype is int64.
-REDUCTION_TYPES = ("sum", "prod", "max", "min", "any", "all", "argmax", "argmin")
+# welford: the sum of the values' squared deviations from their own mean (a variance's
+# numerator), which needs no mean computed first: Welford's running update reads a long row
+# once. A code generator without it (C++) declines it, and the lowering computes the mean first.
+REDUCTION_TYPES = ("sum", "prod", "max", "min", "any", "all", "argmax", "argmin", "welford")
 # rand(seed, offset) -> float32 in [0, 1): Philox4x32-10 of the offset under the seed's key (both
 # non-negative int64 values), kiln/ir/philox.py; the same number on every handler, bit for bit.
 RANDOM_OPS = ("rand",)

@@ -17,7 +17,7 @@ import torch
 
 from kiln.ir.indexing import FloorDiv
 from kiln.ir.ops import ops
-from kiln.lowering.context import realize
+from kiln.lowering.context import declines, realize
 from kiln.lowering.creation import filled
 from kiln.lowering.pointwise import pointwise
 from kiln.lowering.reductions import reduce
@@ -50,6 +50,11 @@ def moments(x: TensorValue, dims: Sequence[int]) -> tuple[TensorValue, TensorVal
 
     shifted = realize(reduce("sum", pointwise(scaled_shift, [x, first]), dims, keepdim=True))
     mean = realize(pointwise("add", [first, shifted]))
+
+    if not declines("welford"):  # the squared deviations from the row's own mean, in one pass
+        deviations = reduce("welford", x, dims, keepdim=True)
+        deviations.then = lambda total: pointwise(lambda d: ops.mul(d, ops.constant(scale, x.dtype)), [total])
+        return mean, realize(deviations)
 
     def scaled_square(v, m):
         d = ops.sub(v, m)

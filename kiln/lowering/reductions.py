@@ -1,8 +1,9 @@
 """Reductions over some dims: one `Reduction` node each (mean is its sum divided by the count).
 
-A lowering returns a `ReductionResult`; the graph realizes it. Variance is two passes, a mean
-realized first and then the sum of squared deviations from it (better conditioned than the mean
-of squares minus the squared mean).
+A lowering returns a `ReductionResult`; the graph realizes it. Variance is the sum of squared
+deviations from the mean (better conditioned than the mean of squares minus the squared mean):
+one `welford` reduction where the code generator has it (Triton: a long row read once), else two
+passes, the mean realized first.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from kiln.ir.nodes import Reduction
 from kiln.ir.ops import ops
-from kiln.lowering.context import realize
+from kiln.lowering.context import declines, realize
 from kiln.lowering.pointwise import pointwise
 from kiln.lowering.registry import register_lowering
 from kiln.lowering.values import ReductionResult, TensorValue, as_dtype
@@ -142,12 +143,18 @@ def _squared_deviation(v: Any, m: Any) -> Any:
     return ops.mul(d, d)
 
 
-def variance(x: TensorValue, dims: Any, correction: float, keepdim: bool) -> tuple[ReductionResult, TensorValue]:
-    """(the variance as a ReductionResult, the mean realized, at keepdim=True size)."""
+def variance(x: TensorValue, dims: Any, correction: float, keepdim: bool,
+             with_mean: bool = False) -> tuple[ReductionResult, TensorValue | None]:
+    """(the variance as a ReductionResult, the mean realized at keepdim=True size where the
+    variance needs it or `with_mean`, else None)."""
     if not x.dtype.is_floating_point:
         raise NotImplementedError(f"variance of {x.dtype}")  # eager rejects integers
-    mean_value = realize(mean(x, dims, keepdim=True))
-    result = reduce("sum", pointwise(_squared_deviation, [x, mean_value]), dims, keepdim)
+    if declines("welford"):
+        mean_value = realize(mean(x, dims, keepdim=True))
+        result = reduce("sum", pointwise(_squared_deviation, [x, mean_value]), dims, keepdim)
+    else:
+        mean_value = realize(mean(x, dims, keepdim=True)) if with_mean else None
+        result = reduce("welford", x, dims, keepdim)
     divisor = max(_count(result) - correction, 0)  # eager divides by zero (inf, NaN) past the count
     result.then = lambda total: pointwise("truediv", [total, divisor])
     return result, mean_value
@@ -172,7 +179,7 @@ def std(x: TensorValue, dims: Any = None, *, correction: float | None = None, ke
 
 @register_lowering(aten.var_mean.correction)
 def var_mean(x: TensorValue, dims: Any = None, *, correction: float | None = None, keepdim: bool = False):
-    result, mean_value = variance(x, dims, _correction(correction), keepdim)
+    result, mean_value = variance(x, dims, _correction(correction), keepdim, with_mean=True)
     return result, mean_value if keepdim else squeeze(mean_value, _dims(x, dims))
 
 

@@ -100,13 +100,17 @@ def precompile(module: ModuleType, workers: int) -> None:
     except ImportError:
         return  # (each kernel compiles at its first launch)
     started = time.perf_counter()
-    with ThreadPoolExecutor(max(1, workers)) as pool, AsyncCompileMode(pool, ignore_errors=True):
-        for warm_up in functions:
-            try:
-                warm_up()
-            except Exception as error:  # noqa: BLE001 - the launch compiles it, and reports its error, itself
-                logs.log("triton", "precompile of %s failed (%s: %s); it compiles at its first launch",
-                         warm_up.__name__, type(error).__name__, error)
+    try:
+        with ThreadPoolExecutor(max(1, workers)) as pool, AsyncCompileMode(pool, ignore_errors=True):
+            for warm_up in functions:
+                try:
+                    warm_up()
+                except Exception as error:  # noqa: BLE001 - the launch compiles it, and reports its error, itself
+                    logs.log("triton", "precompile of %s failed (%s: %s); it compiles at its first launch",
+                             warm_up.__name__, type(error).__name__, error)
+    except Exception as error:  # noqa: BLE001 - an optimization: never the reason a graph fails to load
+        logs.log("triton", "precompiling failed (%s: %s); kernels compile at their first launch", type(error).__name__, error)
+        return
     logs.log("triton", "%d kernels precompiled in %.2f s, %d workers", len(functions), time.perf_counter() - started, workers)
 
 

@@ -59,6 +59,33 @@ def test_a_few_long_rows_are_reduced_in_parts(name):
     assert_builds_for_h100(graph)
 
 
+VARIANCE = {  # name -> (function, inputs, loops over the row)
+    "var of long rows": (lambda x: torch.var(x, 1), [torch.randn(3, 10000) * 3 + 100], 1),
+    "var_mean of long rows": (lambda x: torch.var_mean(x, 1, correction=0), [torch.randn(5, 9000) + 1000], 1),
+    "layer norm of long rows": (lambda x, w, b: torch.layer_norm(x, (6000,), w, b),
+                                [torch.randn(4, 6000) * 5 + 3, torch.randn(6000), torch.randn(6000)], 2),
+    "bfloat16 var": (lambda x: torch.var(x, 1), [torch.randn(2, 8000).bfloat16()], 1),
+    "group norm": (lambda x: torch.group_norm(x, 2), [torch.randn(2, 4, 50, 50)], 1),
+    "std of short rows": (lambda x: torch.std(x, -1), [torch.randn(7, 100)], 0),  # in registers: two passes there
+    "var of empty rows": (lambda x: torch.var(x, 1), [torch.randn(3, 0)], 0),
+}
+
+
+@pytest.mark.parametrize("name", VARIANCE)
+def test_variance_reads_a_long_row_once(name):
+    # A `welford` reduction on Triton: the mean's sum and Welford's update share one loop over the
+    # row (a layer norm's output is a second); C++ kernels compute the mean first, as before.
+    fn, inputs, loops = VARIANCE[name]
+    out, graph = triton_compiled(fn, *inputs)
+    torch.testing.assert_close(out, fn(*inputs), rtol=1e-4, atol=1e-4, equal_nan=True)
+    source = graph.stages.kernels.source
+    assert source.count("for roffset") == loops
+    assert ("kiln_welford_combine)" in source) == (loops > 0)
+    _, cpp = compiled(fn, *inputs)
+    assert "welford" not in str([m.node for k in cpp.schedule.kernels for m in k.members if m.is_reduction])
+    assert_builds_for_h100(graph)
+
+
 def test_many_rows_or_short_rows_are_not_split():
     for fn, x in [(lambda x: x.sum(1), torch.randn(64, 70000)), (lambda x: x.sum(), torch.randn(60000))]:
         out, graph = triton_compiled(fn, x)

@@ -304,3 +304,9 @@ class CppBody:
         # The kernel folds `value` into its accumulator; the body's result is the accumulator.
         self.reduced = (reduction_type, dtype, value)
         return "acc"
+
+
+def unprintable_ops() -> frozenset[str]:
+    """What the C++ printer has no code for: the `welford` reduction (the lowering computes a
+    variance's mean first instead: a C++ kernel's row is in cache for the second pass)."""
+    return frozenset({"welford"})

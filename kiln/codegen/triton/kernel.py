@@ -116,7 +116,7 @@ def _init(kind: str, dtype: torch.dtype) -> str:
             return "0" if kind == "max" else "1"
         info = torch.iinfo(dtype)
         return str(info.min if kind == "max" else info.max)
-    return {"sum": "0", "prod": "1", "any": "0", "all": "1"}[kind]
+    return {"sum": "0", "prod": "1", "any": "0", "all": "1", "welford": "0"}[kind]
 
 
 class TritonKernelPrinter:
@@ -189,8 +189,21 @@ class TritonKernelPrinter:
         if self._splits(xnumel, inner):
             return self._split_reduction(xnumel, inner, outer, outer_vars, index_type)
         persistent = self._persistent_vars(inner)
-        for nest in k.members:
-            self._member(nest, outer_vars, persistent)
+        pending = list(k.members)
+        while pending:
+            group, after = self._sibling_reductions(pending) if persistent is None else ([], [])
+            if len(group) > 1:
+                for nest in group:
+                    self._barrier_before(nest)
+                inner_vars = list(group[0].node.reduction_vars())
+                symbol_dims = {v: X for v in outer_vars} | {v: R for v in inner_vars}
+                self._reductions(group, inner_vars, [int(s) for s in k.inner_ranges(group[0])], symbol_dims,
+                                 {"x": "xmask", "r": "rmask"})
+                for nest in after:
+                    self._member(nest, outer_vars, persistent)
+                pending = [m for m in pending if m not in group and m not in after]
+            else:
+                self._member(pending.pop(0), outer_vars, persistent)
         configs = _reduction_configs(xnumel, inner, persistent is not None, self.tune)
         return self._kernel([self._launch(f"{self.function}_main", index_type, xnumel, configs)])
 
@@ -339,7 +352,12 @@ class TritonKernelPrinter:
         m = self.kernel.members.index(nest)
         _, _, value = body.reduced
         self._emit(f"block{m} = tl.where(xmask & rmask, {self._converted(value, acc_type, boolean)}, {init})", 1)
-        if kind in ("argmax", "argmin"):
+        if kind == "welford":  # the row is in registers: its mean, then the squared deviations from it
+            count = max(1, math.prod(int(s) for s in self.kernel.inner_ranges(nest)))
+            self._emit(f"mean{m} = tl.reduce(block{m}, 1, kiln_add)[:, None] / {count}", 1)
+            self._emit(f"block{m} = tl.where(xmask & rmask, block{m} - mean{m}, {init})", 1)
+            self._emit(f"folded = tl.reduce(block{m} * block{m}, 1, kiln_add)", 1)
+        elif kind in ("argmax", "argmin"):
             positions = "tl.broadcast_to(rindex.to(tl.int64), [XBLOCK, RBLOCK])"
             self._emit(f"_, folded = tl.reduce((block{m}, {positions}), 1, kiln_{kind}_combine)", 1)
         else:
@@ -347,29 +365,87 @@ class TritonKernelPrinter:
         self._result(nest, body, "(folded[:, None] != 0)" if boolean else "folded[:, None]", X, "[XBLOCK, 1]", 1)
 
     def _reduction(self, nest: LoopNest, inner_vars, inner: list[int], symbol_dims, masks) -> None:
-        m = self.kernel.members.index(nest)
-        kind, acc_type, boolean, init = self._accumulator(nest)
-        arg = kind in ("argmax", "argmin")
-        acc = f"acc{m}"
-        self._emit(f"{acc} = {init}", 1)
-        if arg:
-            self._emit(f"{acc}_index = tl.full([XBLOCK, RBLOCK], 0, tl.int64)", 1)
+        self._reductions([nest], inner_vars, inner, symbol_dims, masks)
+
+    def _reductions(self, group: list[LoopNest], inner_vars, inner: list[int], symbol_dims, masks) -> None:
+        """Reductions over the same inner loops, none reading another, in one loop: each block of
+        the row is loaded once for all of them (a variance's `welford` beside its mean's sum)."""
+        for nest in group:
+            self._start_accumulator(nest)
         self._emit(f"for roffset in range(0, {math.prod(inner)}, RBLOCK):", 1)
         self._inner_rows(inner_vars, inner)
-        body = self._body(nest, symbol_dims, masks, 2)
+        rename = {v: v for v in inner_vars} if len(group) > 1 else None  # (shares loads across members)
+        self.shared = {}
+        bodies = []
+        for nest in group:
+            bodies.append(self._body(nest, symbol_dims, masks, 2, rename=rename))
+            self._accumulate(nest, bodies[-1])
+        self.shared = {}  # (values of the loop's last block)
+        for nest, body in zip(group, bodies):
+            self._fold_accumulator(nest, body)
+
+    def _start_accumulator(self, nest: LoopNest) -> None:
+        m = self.kernel.members.index(nest)
+        kind, _, _, init = self._accumulator(nest)
+        self._emit(f"acc{m} = {init}", 1)
+        if kind in ("argmax", "argmin"):
+            self._emit(f"acc{m}_index = tl.full([XBLOCK, RBLOCK], 0, tl.int64)", 1)
+        elif kind == "welford":  # acc: the running mean of each lane's values; then their squared deviations, count
+            self._emit(f"acc{m}_m2 = {init}", 1)
+            self._emit(f"acc{m}_count = {init}", 1)
+
+    def _accumulate(self, nest: LoopNest, body: TritonBody) -> None:
+        m = self.kernel.members.index(nest)
+        kind, acc_type, boolean, _ = self._accumulator(nest)
+        acc = f"acc{m}"
         _, _, value = body.reduced
-        self._emit(f"value = {self._converted(value, acc_type, boolean)}", 2)
-        if arg:
+        self._emit(f"value{m} = {self._converted(value, acc_type, boolean)}", 2)
+        if kind in ("argmax", "argmin"):
             better = "kiln_greater" if kind == "argmax" else "kiln_less"
-            self._emit(f"take = xmask & rmask & {better}(value, {acc})", 2)
-            self._emit(f"{acc} = tl.where(take, value, {acc})", 2)
+            self._emit(f"take = xmask & rmask & {better}(value{m}, {acc})", 2)
+            self._emit(f"{acc} = tl.where(take, value{m}, {acc})", 2)
             self._emit(f"{acc}_index = tl.where(take, rindex.to(tl.int64), {acc}_index)", 2)
-            self._emit(f"_, folded = tl.reduce(({acc}, {acc}_index), 1, kiln_{kind}_combine)", 1)
+        elif kind == "welford":  # Welford's update of each lane's mean and squared deviations
+            self._emit("take = xmask & rmask", 2)
+            self._emit(f"{acc}_count = tl.where(take, {acc}_count + 1, {acc}_count)", 2)
+            self._emit(f"delta = value{m} - {acc}", 2)
+            self._emit(f"{acc} = tl.where(take, {acc} + delta / tl.maximum({acc}_count, 1), {acc})", 2)
+            self._emit(f"{acc}_m2 = tl.where(take, {acc}_m2 + delta * (value{m} - {acc}), {acc}_m2)", 2)
         else:
-            self._emit(f"{acc} = tl.where(xmask & rmask, {_COMBINE[kind].format(a=acc, v='value')}, {acc})", 2)
+            self._emit(f"{acc} = tl.where(xmask & rmask, {_COMBINE[kind].format(a=acc, v=f'value{m}')}, {acc})", 2)
+
+    def _fold_accumulator(self, nest: LoopNest, body: TritonBody) -> None:
+        m = self.kernel.members.index(nest)
+        kind, _, boolean, _ = self._accumulator(nest)
+        acc = f"acc{m}"
+        if kind in ("argmax", "argmin"):
+            self._emit(f"_, folded = tl.reduce(({acc}, {acc}_index), 1, kiln_{kind}_combine)", 1)
+        elif kind == "welford":  # the lanes' means, deviations and counts combined (Chan et al.)
+            self._emit(f"_, folded, _ = tl.reduce(({acc}, {acc}_m2, {acc}_count), 1, kiln_welford_combine)", 1)
+        else:
             self._emit(f"folded = {_FOLD[kind].format(a=acc)}", 1)
         result = "(folded[:, None] != 0)" if boolean else "folded[:, None]"
         self._result(nest, body, result, X, "[XBLOCK, 1]", 1)
+
+    def _sibling_reductions(self, pending: list[LoopNest]) -> tuple[list[LoopNest], list[LoopNest]]:
+        """(the looping reductions among `pending` that can share one loop with the first: the
+        same inner loops, none reading another of them or a member passed over; the members with
+        no loop of their own passed over, printed after the loop)."""
+        first, k = pending[0], self.kernel
+        if not first.is_reduction or not k.inner_ranges(first):
+            return [], []
+        group, passed = [first], []
+        for nest in pending[1:]:
+            earlier = {m.name for m in group + passed}
+            reads_earlier = any(name in earlier for name, _ in nest.reads)
+            if nest.is_reduction and k.inner_ranges(nest) == k.inner_ranges(first) and not reads_earlier:
+                group.append(nest)
+            elif not k.inner_ranges(nest):
+                passed.append(nest)
+            else:
+                break
+        last = max(pending.index(n) for n in group)
+        return group, [n for n in passed if pending.index(n) < last]
 
     # -- a reduction of a few long rows, split -------------------------------------------------
     def _splits(self, xnumel: int, inner: int) -> bool:

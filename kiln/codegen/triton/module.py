@@ -329,6 +329,16 @@ def kiln_less(a, b):
 
 
 @triton.jit
+def kiln_welford_combine(mean0, m20, count0, mean1, m21, count1):
+    # Two parts' means, squared deviations from them and counts, as one part's (Chan et al.'s
+    # pairwise update); empty parts (count 0) add nothing.
+    count = count0 + count1
+    delta = mean1 - mean0
+    share = tl.where(count == 0, 0.0, count1 / tl.maximum(count, 1))
+    return mean0 + delta * share, m20 + m21 + delta * delta * count0 * share, count
+
+
+@triton.jit
 def kiln_argmax_combine(value0, index0, value1, index1):
     # The larger value, or on a tie (NaN ties NaN) the first position.
     tie = (value0 == value1) | ((value0 != value0) & (value1 != value1))
