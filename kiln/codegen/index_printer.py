@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import sympy
 
-from kiln.ir.indexing import FloorDiv
+from kiln.ir.indexing import REMAINDERS, FloorDiv, Mod
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def print_index(expr: sympy.Expr, spelling: IndexSpelling) -> str:
         return spelling.integer.format(int(expr))
     if expr.is_Symbol:
         return expr.name
-    if isinstance(expr, (FloorDiv, sympy.Mod)):
+    if isinstance(expr, (FloorDiv, *REMAINDERS)):
         a, b = (print_index(arg, spelling) for arg in expr.args)
         floor = isinstance(expr, FloorDiv)
         if expr.args[0].is_nonnegative and expr.args[1].is_positive:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import sympy
 import torch
 
-from kiln.ir.indexing import FloorDiv
+from kiln.ir.indexing import REMAINDERS, FloorDiv, Mod
 from kiln.ir.nodes import Layout, Node, Reduction, Scatter
 from kiln.ir.philox import philox_uniform
 from kiln.ir.ops import BINARY_OPS, SPECIAL_FUNCTION_BINARY_OPS, SPECIAL_FUNCTION_UNARY_OPS, UNARY_OPS, use_handler
@@ -67,7 +67,7 @@ def eval_index(expr: sympy.Expr, env: dict[sympy.Symbol, torch.Tensor]) -> torch
         for a in args[1:]:
             out = out * a
         return out
-    if isinstance(expr, sympy.Mod):
+    if isinstance(expr, REMAINDERS):
         return torch.remainder(args[0], args[1])
     if isinstance(expr, FloorDiv):
         return torch.div(args[0], args[1], rounding_mode="floor")

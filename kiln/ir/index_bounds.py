@@ -3,12 +3,13 @@ inside the row its producer wrote in the same outer iteration?"""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Mapping
 
 import sympy
 
-from kiln.ir.indexing import FloorDiv
+from kiln.ir.indexing import REMAINDERS, FloorDiv, Mod
 
 
 def max_value(expr: sympy.Expr, extents: Mapping[sympy.Symbol, sympy.Expr]) -> int | None:
@@ -31,7 +32,7 @@ def max_value(expr: sympy.Expr, extents: Mapping[sympy.Symbol, sympy.Expr]) -> i
         for p in parts:
             out *= p
         return out
-    if isinstance(expr, sympy.Mod) and expr.args[1].is_Integer:
+    if isinstance(expr, REMAINDERS) and expr.args[1].is_Integer:
         return int(expr.args[1]) - 1
     if isinstance(expr, (sympy.Min, sympy.Max)):  # a clamped index (cat, padding): Min(195, Max(0, i - 1))
         parts = [max_value(a, extents) for a in expr.args]
@@ -50,7 +51,7 @@ def is_nonnegative(expr: sympy.Expr) -> bool:
     expr = sympy.sympify(expr)
     if expr.is_Integer:
         return expr >= 0
-    if expr.is_Symbol or isinstance(expr, (sympy.Mod, FloorDiv)):
+    if expr.is_Symbol or isinstance(expr, (*REMAINDERS, FloorDiv)):
         return True
     if isinstance(expr, sympy.Max):
         return any(is_nonnegative(a) for a in expr.args)
@@ -86,9 +87,21 @@ def simplify(expr: sympy.Expr, extents: Mapping[sympy.Symbol, sympy.Expr]) -> sy
     (reshape) index through `FloorDiv(flat, n)` and `Mod(flat, n)`, which are often `0` or `flat`
     inside the loops, and plain affine indices vectorize where div/mod would gather."""
     expr = sympy.sympify(expr)
-    if not expr.args or not (expr.has(FloorDiv) or expr.has(sympy.Mod)):
+    if not expr.args or not (expr.has(FloorDiv) or expr.has(*REMAINDERS)):
         return expr
-    if isinstance(expr, (FloorDiv, sympy.Mod)):
+    return _simplified(expr, frozenset(extents.items()))
+
+
+@functools.lru_cache(maxsize=65536)
+def _simplified(expr: sympy.Expr, extents_items: frozenset) -> sympy.Expr:
+    """simplify's work, remembered: a chain of reshapes and permutes (a windowed attention's
+    window partition) nests the same divisions many times over, and every subexpression is
+    simplified again from each place it occurs, and again at each read of the element expression
+    (scheduling, then code generation), unless answers are kept."""
+    extents = dict(extents_items)
+    if not expr.args or not (expr.has(FloorDiv) or expr.has(*REMAINDERS)):
+        return expr
+    if isinstance(expr, (FloorDiv, *REMAINDERS)):
         return _simplify_div_mod(expr, simplify(expr.args[0], extents), expr.args[1], extents)
     args = [simplify(a, extents) for a in expr.args]
     return _merge_div_mod_pairs(sympy.Add(*args)) if expr.is_Add else expr.func(*args)
@@ -111,8 +124,8 @@ def _simplify_div_mod(expr, inner: sympy.Expr, divisor: sympy.Expr, extents) -> 
             continue
         if isinstance(expr, FloorDiv):
             return whole + simplify(FloorDiv(big, d // g), extents)
-        return g * simplify(sympy.Mod(big, d // g), extents) + small
-    return whole + FloorDiv(rest, divisor) if isinstance(expr, FloorDiv) else sympy.Mod(rest, divisor)
+        return g * simplify(Mod(big, d // g), extents) + small
+    return whole + FloorDiv(rest, divisor) if isinstance(expr, FloorDiv) else Mod(rest, divisor)
 
 
 def _common_factors(expr: sympy.Expr, divisor: int) -> list[int]:
@@ -139,7 +152,7 @@ def _merge_div_mod_pairs(expr: sympy.Expr) -> sympy.Expr:
     while changed:
         changed = False
         for factor, coeff in list(terms.items()):
-            if not isinstance(factor, sympy.Mod):
+            if not isinstance(factor, REMAINDERS):
                 continue
             x, m = factor.args
             partner = FloorDiv(x, m)

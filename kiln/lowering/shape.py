@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import sympy
 import torch
 
-from kiln.ir.indexing import FloorDiv
+from kiln.ir.indexing import FloorDiv, Mod
 from kiln.ir.ops import ops
 from kiln.lowering.creation import filled
 from kiln.lowering.pointwise import promoted_dtypes
@@ -146,7 +146,7 @@ def slice_scatter(x: TensorValue, src: TensorValue, dim: int = 0, start: int | N
         cond = ops.logical_and(ops.ge(ops.index_expr(i, torch.int64), ops.index_expr(start, torch.int64)), _index_lt(i, end))
         if step == 1:
             return cond
-        on_step = ops.eq(ops.index_expr(sympy.Mod(offset(i), step), torch.int64), ops.constant(0, torch.int64))
+        on_step = ops.eq(ops.index_expr(Mod(offset(i), step), torch.int64), ops.constant(0, torch.int64))
         return ops.logical_and(cond, on_step)
 
     def src_index(index):
@@ -183,6 +183,6 @@ def repeat(x: TensorValue, repeats: Sequence[int]) -> TensorValue:
         return filled(size, 0, x.dtype)  # nothing to read (and no modulo by a zero size)
 
     def loader(index):
-        return x.loader([sympy.Integer(0) if s == 1 else sympy.Mod(i, s) for s, i in zip(x.size, index[lead:])])
+        return x.loader([sympy.Integer(0) if s == 1 else Mod(i, s) for s, i in zip(x.size, index[lead:])])
 
     return TensorValue(tuple(sympy.sympify(s) for s in size), x.dtype, loader)

@@ -7,7 +7,7 @@ from typing import Sequence
 import sympy
 import torch
 
-from kiln.ir.indexing import FloorDiv
+from kiln.ir.indexing import FloorDiv, Mod
 from kiln.ir.nodes import Layout, contiguous_strides
 from kiln.lowering.registry import register_lowering
 from kiln.lowering.values import TensorValue
@@ -83,7 +83,7 @@ def view(x: TensorValue, size: Sequence[int]) -> TensorValue:
         if numel == 0:  # no element is ever read; and the unravelling below would divide by zero
             return [sympy.Integer(0)] * x.rank
         flat = sum((i * s for i, s in zip(idx, out_strides)), sympy.Integer(0))
-        return [sympy.Mod(FloorDiv(flat, st), sz) if d else FloorDiv(flat, st) for d, (st, sz) in enumerate(zip(in_strides, x.size))]
+        return [Mod(FloorDiv(flat, st), sz) if d else FloorDiv(flat, st) for d, (st, sz) in enumerate(zip(in_strides, x.size))]
 
     def restride(lay):
         if list(lay.stride) != list(in_strides):

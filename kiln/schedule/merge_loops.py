@@ -21,7 +21,7 @@ import sympy
 
 from kiln.ir.analysis import ReadsWrites, run
 from kiln.ir.index_bounds import linear_stride, simplify
-from kiln.ir.indexing import FloorDiv
+from kiln.ir.indexing import FloorDiv, Mod
 from kiln.ir.nodes import Pointwise, Reduction, index_symbols
 from kiln.ir.schedule import FusedKernel, LoopNest, loop_extents
 
@@ -33,7 +33,7 @@ def _merged_ranges(ranges: Sequence[sympy.Expr], d: int) -> tuple[sympy.Expr, ..
 def _unmerged(index: Sequence[sympy.Expr], d: int, inner: sympy.Expr) -> list[sympy.Expr]:
     """The original index of a merged one: the merged variable split into (v // inner, v % inner)."""
     v = index[d]
-    return [*index[:d], FloorDiv(v, inner), sympy.Mod(v, inner), *index[d + 1:]]
+    return [*index[:d], FloorDiv(v, inner), Mod(v, inner), *index[d + 1:]]
 
 
 def _substitution(prefix: str, rank: int, d: int, inner: sympy.Expr) -> dict[sympy.Symbol, sympy.Expr]:
