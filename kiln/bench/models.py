@@ -233,6 +233,9 @@ _register(hf_model("mobilenetv1", ("hf",), "MobileNetV1Model", "MobileNetV1Confi
                    calibrate_batch_norms))
 _register(hf_model("mobilevit", ("hf",), "MobileViTModel", "MobileViTConfig", {}, _config_pixels,
                    calibrate_batch_norms))
+# Windowed attention (shifted windows, relative position bias, patch merging): Swin V2-tiny at
+# 224x224, the model whose compile time was a cliff (issue 22).
+_register(hf_model("swinv2", ("hf",), "Swinv2Model", "Swinv2Config", {}, _pixels(224)))
 
 # ---- the smoke suite: two real models small enough for `make demo` ----
 _register(

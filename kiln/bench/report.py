@@ -58,6 +58,31 @@ def summarize(results: list[Result]) -> list[ModeSummary]:
     return out
 
 
+# The compile-time budget (issue 22): a kiln mode's cold compile against the peer's in the same
+# run, by model. Over half of the peer's is reported as over budget.
+COMPILE_PEERS = ("inductor-freeze", "inductor")
+COMPILE_BUDGET = 0.5
+
+
+def compile_budget(results: list[Result]) -> tuple[list[str], list[list[str]]]:
+    """Rows (model, threads, kiln mode): its compile time, the peer's, their ratio and a verdict;
+    empty when the run has no peer mode. Cases where either did not compile are left out."""
+    compiled = {(r.case.model, r.case.threads, r.case.mode): r.compile_s for r in results
+                if r.status == "ok" and r.compile_s is not None}
+    modes = {mode for _, _, mode in compiled}
+    peer = next((p for p in COMPILE_PEERS if p in modes), None)
+    header = ["model", "threads", "mode", "compile s", f"{peer} compile s", "ratio", "budget"]
+    rows = []
+    for (model, threads, mode), seconds in compiled.items():
+        theirs = compiled.get((model, threads, peer))
+        if peer is None or not mode.startswith("kiln") or theirs is None or theirs <= 0:
+            continue
+        ratio = seconds / theirs
+        verdict = "within" if ratio <= COMPILE_BUDGET else f"OVER (more than {COMPILE_BUDGET:g} of {peer}'s)"
+        rows.append([model, str(threads), mode, f"{seconds:.1f}", f"{theirs:.1f}", f"{ratio:.2f}", verdict])
+    return header, rows
+
+
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
@@ -129,9 +154,13 @@ def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 def _tables(results: list[Result]) -> list[tuple[str, list[str], list[list[str]]]]:
     summaries = summarize(results)
+    budget_header, budget_rows = compile_budget(results)
+    budget = [(f"Cold compile against the peer's (budget: at most {COMPILE_BUDGET:g} of its time)",
+               budget_header, budget_rows)] if budget_rows else []
     return [
         ("Speedup over eager (median latency, eager / compiled)", *pivot(results)),
         ("Summary per mode", [c for c, _ in SUMMARY_COLUMNS], [[f(s) for _, f in SUMMARY_COLUMNS] for s in summaries]),
+        *budget,
         ("Every case", [c for c, _ in DETAIL_COLUMNS], [[f(r) for _, f in DETAIL_COLUMNS] for r in results]),
     ]
 

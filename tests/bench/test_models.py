@@ -7,7 +7,7 @@ from torch import nn
 from kiln.bench.accuracy import flatten_tensors
 from kiln.bench.models import MODELS, suites
 
-HF = ["bert", "gpt2", "t5", "distilbert", "vit", "resnet50", "llama", "convnext", "mobilenetv1", "mobilevit"]
+HF = ["bert", "gpt2", "t5", "distilbert", "vit", "resnet50", "llama", "convnext", "mobilenetv1", "mobilevit", "swinv2"]
 
 
 def test_suites():

@@ -4,7 +4,7 @@ import json
 import math
 
 from kiln.bench.machine import SPEED_FLAGS
-from kiln.bench.report import json_report, markdown_report, pivot, summarize, text_report
+from kiln.bench.report import compile_budget, json_report, markdown_report, pivot, summarize, text_report
 from kiln.bench.results import Case, Result
 
 META = dict(task="inference", suite="unit", threads=[1], iters=5, warmup=1, cache="cold", torch="2.x",
@@ -98,3 +98,15 @@ def test_cpu_flags_come_from_cpuinfo_or_lscpu(monkeypatch):
         assert machine.cpu_model() == "Neoverse-V1" and machine.cpu_flags() == ("asimd", "sve", "bf16")
     finally:
         machine.cpu_model.cache_clear(), machine.cpu_flags.cache_clear()
+
+
+def test_kiln_compile_times_are_held_against_half_of_the_peers():
+    results = [_ok("a", "inductor-freeze", 1.0, compile_s=20.0), _ok("a", "kiln", 2.0, compile_s=6.0),
+               _ok("b", "inductor-freeze", 1.0, compile_s=10.0), _ok("b", "kiln", 2.0, compile_s=7.0),
+               _ok("c", "kiln", 2.0, compile_s=7.0)]  # no peer to compare with
+    header, rows = compile_budget(results)
+    assert header[4] == "inductor-freeze compile s"
+    assert [(r[0], r[5], r[6].split()[0]) for r in rows] == [("a", "0.30", "within"), ("b", "0.70", "OVER")]
+    assert "Cold compile against the peer's" in markdown_report(results, META)
+    assert compile_budget(RESULTS[:1]) == (compile_budget(RESULTS[:1])[0], [])  # no kiln mode: no rows
+    assert "Cold compile" not in text_report(RESULTS, META)
