@@ -8,6 +8,7 @@ with each graph it captures.
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -16,6 +17,7 @@ from torch import fx
 from kiln import config
 from kiln.backend import kiln as kiln_backend, kiln_aot_eager
 from kiln.backend.backends import settings_for
+from kiln.capture import bytecode
 from kiln.capture.api import capture, reset  # noqa: F401  (reset: kiln.reset)
 from kiln.runtime import data_watch
 
@@ -92,7 +94,22 @@ def compile(fn_or_module: Any = None, *, backend: Any = "kiln", fullgraph: bool 
         compiled_backend = _with_mode(compiled_backend, mode)
     if fn_or_module is None:
         return functools.partial(compile, backend=backend, fullgraph=fullgraph, dynamic=dynamic, mode=mode, options=options)
+    if bytecode.PY not in bytecode.SUPPORTED_PYTHONS:
+        return _unsupported_python(fn_or_module, fullgraph)
     return capture(fn_or_module, compiled_backend, fullgraph, dynamic, opts)
+
+
+def _unsupported_python(fn_or_module: Any, fullgraph: bool) -> Any:
+    """On a Python whose bytecode kiln's capture does not model: an error under fullgraph, else
+    the function or module itself (it runs eagerly), with a warning that says so and what works."""
+    version = ".".join(map(str, bytecode.PY))
+    supported = " and ".join(".".join(map(str, v)) for v in bytecode.SUPPORTED_PYTHONS)
+    message = (f"kiln.compile: kiln's bytecode capture supports Python {supported}, not {version}; "
+               f"torch.compile(model, backend=\"kiln\") uses Dynamo's capture with kiln's backend")
+    if fullgraph:
+        raise RuntimeError(message)
+    warnings.warn(message + "; this model runs eagerly", RuntimeWarning, stacklevel=3)
+    return fn_or_module
 
 
 def refreeze(model: Any) -> None:

@@ -333,6 +333,11 @@ class CaptureSettings(_Group):
     inline_depth: int = setting(
         64, env="KILN_INLINE_DEPTH", help="deepest chain of user calls the interpreter inlines"
     )
+    warn_eager_frames: bool = setting(
+        True,
+        env="KILN_WARN_EAGER_FRAMES",
+        help="warn once per function whose whole frame kiln cannot capture and runs eagerly (the reason in the warning)",
+    )
 
 
 @_group("runtime")

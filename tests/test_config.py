@@ -68,6 +68,7 @@ def test_defaults():
         "backend.gemm_candidates": (),
         "capture.recompile_limit": 8,
         "capture.inline_depth": 64,
+        "capture.warn_eager_frames": True,
         "runtime.keep_freed_mb": 256,
         "bench.timeout_s": 900.0,
         "bench.iters": 20,

@@ -13,6 +13,9 @@ import types
 from dataclasses import dataclass
 
 PY = sys.version_info[:2]
+# The CPython versions whose bytecode kiln's interpreter models (opcodes, inline caches, the
+# exception table and line table formats differ from version to version).
+SUPPORTED_PYTHONS = ((3, 11), (3, 12))
 
 
 @dataclass(frozen=True)

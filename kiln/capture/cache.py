@@ -8,6 +8,7 @@ says so once per function, and `eager_calls` counts them).
 
 from __future__ import annotations
 
+import types
 import warnings
 import weakref
 from typing import Any, Callable
@@ -95,6 +96,7 @@ class FrameCache:
             record_break(record)
             self.fallback = record
             _notify("fallback", self, record)
+            warn_eager_frame(self.fn, self.label, record)
             self.eager_calls += 1
             return self.eager(*args, **kwargs)
         except UserRaise:
@@ -108,6 +110,21 @@ class FrameCache:
         logs.log("recompiles" if len(self.entries) > 1 else "graph", "%s: compiled entry %d in %.2f s (%s)", self.label,
                  len(self.entries), entry.capture_seconds, ", ".join(f"{k} {v}" for k, v in entry.stats.items()))
         return entry.run(L)
+
+
+_WARNED: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
+
+
+def warn_eager_frame(fn: Any, label: str, record: BreakRecord) -> None:
+    """Tell the user, once per code object, that a whole frame runs eagerly: every call of it
+    loses kiln's speed-up, which `kiln.explain` shows only to those who ask."""
+    code = getattr(fn, "__code__", None)
+    if not config.capture.warn_eager_frames or code is None or code in _WARNED:
+        return
+    _WARNED.add(code)
+    warnings.warn(f"kiln.compile: {label} runs eagerly, without kiln's speed-up: {record}\n"
+                  f"kiln.explain(fn, *args) lists every break; KILN_WARN_EAGER_FRAMES=0 silences this warning.",
+                  RuntimeWarning, stacklevel=5)
 
 
 def read_source(source: Any, L: tuple) -> Any:

@@ -95,6 +95,49 @@ def test_a_break_inside_a_try_block_falls_back_with_a_record(capsys):
     assert capsys.readouterr().out == "y is tensor([2., 2.])\n" * 2
 
 
+def test_a_frame_that_runs_eagerly_is_warned_once_with_the_reason(capsys):
+    import warnings
+
+    def eager_only(x):  # a code object of its own: the warning is once per code object
+        try:
+            print("y")
+        finally:
+            return x * 2
+
+    kiln.reset()
+    compiled = kiln.compile(eager_only, backend="eager")
+    x = torch.ones(2)
+    with pytest.warns(RuntimeWarning, match=r"eager_only runs eagerly, without kiln's speed-up: \[unsupported_call\]") as caught:
+        compiled(x)
+    assert caught[0].filename == __file__  # the user's call
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled(x)  # not again
+        kiln.compile(eager_only, backend="eager")(x)  # nor for the same code compiled again
+
+    def silenced(x):
+        try:
+            print("y")
+        finally:
+            return x * 3
+
+    with warnings.catch_warnings(), kiln.config.patch({"capture.warn_eager_frames": False}):
+        warnings.simplefilter("error")
+        kiln.compile(silenced, backend="eager")(x)
+    capsys.readouterr()
+
+
+def test_an_unsupported_python_warns_and_runs_eagerly(monkeypatch):
+    from kiln.capture import bytecode
+
+    monkeypatch.setattr(bytecode, "PY", (3, 13))
+    model = torch.nn.Linear(2, 2)
+    with pytest.warns(RuntimeWarning, match=r"supports Python 3.11 and 3.12, not 3.13; torch.compile\(model, backend=\"kiln\"\)"):
+        assert kiln.compile(model) is model  # eager, as told
+    with pytest.raises(RuntimeError, match="not 3.13"):
+        kiln.compile(model, fullgraph=True)
+
+
 def test_a_break_is_recorded_with_the_users_line(capsys):
     kiln.reset()
     compiled = kiln.compile(_prints, backend="eager")

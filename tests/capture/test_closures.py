@@ -497,3 +497,33 @@ def test_a_method_appending_to_its_enclosing_functions_list_changes_the_real_lis
     compiled_static = kiln.compile(call_static)
     compiled_static(x)
     torch.testing.assert_close(kept[-1], x.sum())
+
+
+@functools.lru_cache
+def _scale_for(n):
+    return 1.0 / n
+
+
+@functools.cache
+def _offsets(n):
+    return tuple(range(n))
+
+
+class _Rotary(torch.nn.Module):
+    @functools.lru_cache(maxsize=None)  # noqa: B019  (a cached method, as some models write them)
+    def _angle(self, n):
+        return 3.0 / n
+
+    def forward(self, x):
+        return x * self._angle(x.shape[-1])
+
+
+def test_lru_cache_and_cache_wrapped_functions_are_traced_through():
+    # `functools.lru_cache` calls C code: kiln traces the wrapped function instead (issue 22: a
+    # transformers helper's lru_cache call broke a whole speech model's frame into eager).
+    def f(x):
+        return torch.relu(x) * _scale_for(x.shape[-1]) + len(_offsets(3))
+
+    check(f, torch.randn(4, 8))  # one graph, no break
+    check(_Rotary(), torch.randn(2, 6))
+    assert _scale_for.cache_info().hits + _scale_for.cache_info().misses >= 1  # eager's own calls used the cache
