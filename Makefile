@@ -6,6 +6,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kiln-installed-$(TORCH_VERSION)
 PYTEST_WORKERS ?= 2
+# redis-server (Debian package) for the shared-cache tests; root installs it, others through sudo.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEMO_ARGS ?= --suite smoke --modes all --threads 2 --iters 10
 
 export HF_HUB_OFFLINE := 1
@@ -16,6 +18,7 @@ export TRANSFORMERS_OFFLINE := 1
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	command -v redis-server >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server >/dev/null; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
 	$(PY) -m pip install --quiet -e ".[test,bench]"

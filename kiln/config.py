@@ -268,6 +268,12 @@ class CacheSettings(_Group):
         env="KILN_CACHE_DIR",
         help="root folder of the on-disk compile caches (~ is expanded); refused if others can write it",
     )
+    remote: str = setting(
+        "",
+        env="KILN_REMOTE_CACHE",
+        help="a shared cache tier under the disk cache, redis://host:port[/db]; empty for none "
+        "(KILN_REMOTE_CACHE_SECRET, if set, signs and checks its entries)",
+    )
 
 
 @_group("backend")

@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from kiln import config, logs
+from kiln import config, logs, remote_cache
 
 # Cache directories refused in this process -> the private directory used instead.
 _REFUSED: dict[Path, Path] = {}
@@ -205,12 +205,20 @@ def _replace_atomically(path: Path, data: bytes) -> None:
 
 def seal(path: Path) -> None:
     """Mark a complete file valid by writing its digest (the last step of every write). Call it
-    holding `locked(path)`, so the digest written is that of the file another writer left."""
+    holding `locked(path)`, so the digest written is that of the file another writer left. The
+    entry then goes to the remote tier, if one is set (kiln/remote_cache.py)."""
     with locked(path):
-        _replace_atomically(_digest_path(path), digest(path).encode())
+        data = path.read_bytes()
+        _replace_atomically(_digest_path(path), hashlib.sha256(data).hexdigest().encode())
+    _offer_remote(path, data)
 
 
 def write(path: Path, data: bytes) -> None:
+    _write_local(path, data)
+    _offer_remote(path, data)
+
+
+def _write_local(path: Path, data: bytes) -> None:
     with locked(path):
         _replace_atomically(path, data)
         _replace_atomically(_digest_path(path), hashlib.sha256(data).hexdigest().encode())
@@ -218,13 +226,32 @@ def write(path: Path, data: bytes) -> None:
 
 def read(path: Path) -> bytes | None:
     """The entry's bytes, or None when missing or not intact. The file is read once and those
-    bytes are checked, so a writer replacing it meanwhile cannot make a check pass for other bytes."""
+    bytes are checked, so a writer replacing it meanwhile cannot make a check pass for other bytes.
+    A local miss asks the remote tier, if one is set; what it gives (verified there) is written
+    locally."""
     try:
         check = _digest_path(path).read_text()
         data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() == check:
+            return data
     except OSError:
-        return None
-    return data if hashlib.sha256(data).hexdigest() == check else None
+        pass
+    tier = remote_cache.tier()
+    data = tier.get(_remote_name(path)) if tier is not None else None
+    if data is not None:
+        _write_local(path, data)
+    return data
+
+
+def _remote_name(path: Path) -> str:
+    """`<kind>/<file name>` of an entry at <cache dir>/<kind>/<key[:2]>/<file name> (`entry`)."""
+    return f"{path.parent.parent.name}/{path.name}"
+
+
+def _offer_remote(path: Path, data: bytes) -> None:
+    tier = remote_cache.tier()
+    if tier is not None:
+        tier.put(_remote_name(path), data)
 
 
 @functools.cache

@@ -58,6 +58,7 @@ def test_defaults():
         "debug.dump_dir": None,
         "debug.verify": False,
         "cache.dir": "~/.cache/kiln",
+        "cache.remote": "",
         "backend.compile_workers": 0,
         "backend.freezing": True,
         "backend.autotune": "default",
