@@ -518,12 +518,21 @@ class _Rotary(torch.nn.Module):
         return x * self._angle(x.shape[-1])
 
 
-def test_lru_cache_and_cache_wrapped_functions_are_traced_through():
-    # `functools.lru_cache` calls C code: kiln traces the wrapped function instead (issue 22: a
-    # transformers helper's lru_cache call broke a whole speech model's frame into eager).
+def test_lru_cache_and_cache_wrapped_functions_are_captured():
+    # `functools.lru_cache` is C code (issue 22: a transformers helper's call broke a whole speech
+    # model's frame into eager). On constant arguments it is called for real while capturing, as
+    # eager calls it (its cache filled or hit), and its constant result is a constant of the
+    # graph; otherwise the wrapped function is traced.
     def f(x):
         return torch.relu(x) * _scale_for(x.shape[-1]) + len(_offsets(3))
 
+    _scale_for.cache_clear()
     check(f, torch.randn(4, 8))  # one graph, no break
-    check(_Rotary(), torch.randn(2, 6))
-    assert _scale_for.cache_info().hits + _scale_for.cache_info().misses >= 1  # eager's own calls used the cache
+    assert _scale_for.cache_info().currsize == 1  # 8 -> 1/8, computed once, eager and the capture alike
+    check(_Rotary(), torch.randn(2, 6))  # a method: `self` is no constant, so the body is traced
+
+    @functools.lru_cache
+    def scaled(t):  # a tensor argument: traced
+        return t * 2
+
+    check(lambda x: scaled(x) + 1, torch.randn(3))

@@ -25,6 +25,10 @@ CASES = {
     "resnet": ("ResNetModel", "ResNetConfig", dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1]), "pixels"),
     "llama": ("LlamaForCausalLM", "LlamaConfig", dict(SMALL, num_key_value_heads=1, vocab_size=128, use_cache=False), "ids"),
     "convnext": ("ConvNextModel", "ConvNextConfig", dict(num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], image_size=32), "pixels"),
+    # Speech: a convolutional feature encoder, then a transformer. transformers' helpers call
+    # lru_cache-wrapped functions (package metadata): once the whole frame ran eagerly (issue 22).
+    "wav2vec2": ("Wav2Vec2Model", "Wav2Vec2Config", dict(SMALL, conv_dim=(16, 16), conv_kernel=(10, 3), conv_stride=(5, 2),
+                                                          num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2), "audio"),
 }
 
 
@@ -38,6 +42,8 @@ def _build(name: str):
         kwargs = {"input_ids": torch.randint(0, vocab, (2, 12), generator=g)}
     elif inputs == "seq2seq":
         kwargs = {"input_ids": torch.randint(0, vocab, (2, 12), generator=g), "decoder_input_ids": torch.randint(0, vocab, (2, 7), generator=g)}
+    elif inputs == "audio":
+        kwargs = {"input_values": torch.randn(2, 800, generator=g)}
     else:
         kwargs = {"pixel_values": torch.randn(2, 3, 32, 32, generator=g)}
     return model, kwargs

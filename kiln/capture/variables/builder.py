@@ -134,12 +134,11 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
         func_var = wrap(tx, value.__func__, None if source is None else _attr(source, "__func__")) if tx is not None else _build(None, value.__func__, None)
         return f.BoundMethodVariable(func_var, self_var)
     if isinstance(value, functools._lru_cache_wrapper) and isinstance(getattr(value, "__wrapped__", None), types.FunctionType):
-        # `functools.lru_cache` / `functools.cache`: the trace runs the function itself. The
-        # compiled graph keeps what it computed (a constant, or ops), so the body does not run
-        # again on later calls, as a cache hit would not: the same for the pure functions these
-        # decorate (configuration and version lookups). The wrapper is pinned by identity.
+        # `functools.lru_cache` / `functools.cache` (C code): called for real on constant
+        # arguments, else the wrapped function is traced (functions.py CachedFunctionVariable).
         src = _pin(tx, value, source)
-        return f.UserFunctionVariable(value.__wrapped__, None if src is None else ConstSource(value.__wrapped__, f"{src}.__wrapped__"))
+        wrapped = f.UserFunctionVariable(value.__wrapped__, None if src is None else ConstSource(value.__wrapped__, f"{src}.__wrapped__"))
+        return f.CachedFunctionVariable(value, wrapped, src)
     if isinstance(value, functools.partial):
         src = _pin(tx, value, source)
         return f.PartialVariable(

@@ -239,6 +239,37 @@ class BoundMethodVariable(Variable):
         return self.func.getattr(tx, name)
 
 
+class CachedFunctionVariable(Variable):
+    """A `functools.lru_cache` / `functools.cache` wrapper (C code), pinned by identity.
+
+    Called with constant arguments, it is called for real while capturing, as eager's call would
+    be (a cache lookup, or the one computation that fills it), and a constant result is a
+    constant of the graph: later calls of the compiled code would only have hit the cache. With
+    other arguments, or a result that is not a plain constant, the wrapped function is traced."""
+
+    def __init__(self, wrapper: Any, wrapped: Variable, source: Any = None) -> None:
+        super().__init__(source)
+        self.wrapper, self.wrapped = wrapper, wrapped
+
+    def python_type(self) -> type:
+        return type(self.wrapper)
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if all(a.is_constant() for a in [*args, *kwargs.values()]):
+            try:
+                result = self.wrapper(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
+            except Exception:  # noqa: BLE001 - the traced call raises it as eager would
+                return self.wrapped.call(tx, args, kwargs)
+            if is_literal(result) or (isinstance(result, (tuple, frozenset)) and all(is_literal(r) for r in result)):
+                return wrap_constant_result(result)
+        return self.wrapped.call(tx, args, kwargs)
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name == "__wrapped__":
+            return self.wrapped
+        return super().getattr(tx, name)
+
+
 class PartialVariable(Variable):
     def __init__(self, func: Variable, args: list[Variable], kwargs: dict[str, Variable], source: Any = None) -> None:
         super().__init__(source)
