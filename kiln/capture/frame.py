@@ -21,10 +21,10 @@ from kiln.capture.guards import GLOBAL_STATE_READERS, CompiledGuards, Guard
 from kiln.capture.interpreter import Translator
 from kiln.capture.output_graph import OutputGraph
 from kiln.capture.reconstruct import Reconstructor, build_runner
-from kiln.capture.sources import ClosureSource, ConstSource, LocalSource
+from kiln.capture.sources import AttrSource, ClosureSource, ConstSource, LocalSource
 from kiln.capture.variables.base import NullVariable
 from kiln.capture.variables.builder import wrap  # importing the builder installs it behind `wrap` (variables/wrapping.py)
-from kiln.capture.variables.functions import RealCellVariable
+from kiln.capture.variables.functions import real_cell
 
 
 @dataclass
@@ -77,16 +77,23 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
     fn_source = ConstSource(fn, fn.__qualname__)
     grad_mode = torch.is_grad_enabled()
     entry_autocast = reentry.autocast_state()
-    tx = Translator(code, fn.__globals__, output, {},
-                    {name: RealCellVariable(cell, ClosureSource(fn_source, i)) for i, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or ()))})
+    tx = Translator(code, fn.__globals__, output, {}, {})
+    for i, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or ())):
+        tx.cells[name] = real_cell(tx, cell, ClosureSource(fn_source, i))
     if breaking is not None:
         tx.stop_at = breaking.at
     recursion_limit = sys.getrecursionlimit()
     # Each inlined call costs the interpreter several Python frames; deep models need more.
     sys.setrecursionlimit(max(recursion_limit, 20000))
     try:
+        # A resume function's cell parameters are the broken frame's cells (resume_code.py).
+        cells = set(code.co_cellvars) if resume_code.origin(code)[0] is not code else set()
         for index, name in enumerate(argument_names(code)):
-            tx.locals[name] = wrap(tx, L[index], LocalSource(name, index))
+            if name in cells:
+                source = LocalSource(name, index)
+                tx.cells[name] = real_cell(tx, L[index], AttrSource(source, "cell_contents"), source)
+            else:
+                tx.locals[name] = wrap(tx, L[index], LocalSource(name, index))
         result = tx.run()
         if breaking is not None:
             if not tx.stopped:
@@ -141,7 +148,9 @@ def _break_state(tx: Translator, rc: Reconstructor, fn: types.FunctionType, brea
     null = rc.ns.bind(resume_code.NULL_SLOT, "NULL")
     try:
         stack = [null if isinstance(v, NullVariable) else rc.expr(v) for v in tx.stack]
-        names = resume_code.origin(fn.__code__)[0].co_varnames
+        user_code = resume_code.origin(fn.__code__)[0]
+        names = user_code.co_varnames
+        cells = [rc.cell(tx.cells.get(n)) for n in resume_code.cell_names(user_code)]
         local_values = ["None" if n not in tx.locals else rc.expr(tx.locals[n]) for n in names]
     except Unsupported as error:
         breaking.explanation += f"; kiln could not resume after it ({error.explanation})"
@@ -149,5 +158,5 @@ def _break_state(tx: Translator, rc: Reconstructor, fn: types.FunctionType, brea
     unbound = tuple(n for n in names if n not in tx.locals)
     continuation = resume_at_break.Continuation(fn, breaking.at[0], breaking.inlined, unbound, backend, label, dynamic_mode, entry_grad,
                                                 breaking.record(resumed=True) if breaking.inlined else None)
-    state = f"([{', '.join(stack)}], [{', '.join(local_values)}])"
+    state = f"([{', '.join(stack)}], [{', '.join(local_values)}], [{', '.join(cells)}])"
     return state, rc.ns.bind(continuation, "resume")

@@ -45,6 +45,9 @@ class OutputGraph:
         self.fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
         self.guards = GuardSet()
         self.side_effects = SideEffects()
+        # One variable per real closure cell, however it is reached (a resume function's cell
+        # parameter, the closure of a function that holds it): a write through one is seen by all.
+        self.real_cells: dict[int, Any] = {}
         self.frame_args = frame_args
         self.inputs: list[tuple[Source, fx.Node, torch.Tensor]] = []
         self.attrs: dict[str, torch.Tensor] = {}

@@ -23,7 +23,7 @@ from kiln.capture.variables import containers as c
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
 from kiln.capture.variables.builtins import UnboundBuiltinMethod
 from kiln.capture.variables.constant import ConstantMethodVariable, ConstantVariable
-from kiln.capture.variables.functions import BoundMethodVariable
+from kiln.capture.variables.functions import BoundMethodVariable, CellVariable, NestedFunctionVariable, RealCellVariable
 from kiln.capture.variables.objects import ModelOutputVariable, UserObjectVariable
 from kiln.capture.variables.tensor import TensorMethodVariable, TensorVariable
 from kiln.capture.variables.torch_fns import GradModeVariable
@@ -41,6 +41,8 @@ class Reconstructor:
         # Objects made in the trace are built once into a local, so `return p, [p]` keeps identity.
         self.prelude: list[str] = []
         self._built: dict[int, str] = {}
+        # Cells' contents, set after everything is built: a closure may hold the cell it is in.
+        self.cell_contents: list[str] = []
 
     def graph_output(self, node: fx.Node) -> str:
         if node not in self._index:
@@ -64,12 +66,50 @@ class Reconstructor:
     def _is_new_mutable(var: Variable) -> bool:
         if isinstance(var, UserObjectVariable):
             return var.is_new
-        return isinstance(var, (ModelOutputVariable, c.DictVariable, c.SetVariable)) or type(var) is c.ListVariable
+        return (isinstance(var, (ModelOutputVariable, c.DictVariable, c.SetVariable, NestedFunctionVariable))
+                or type(var) is c.ListVariable)
+
+    def cell(self, var: Variable | None) -> str:
+        """A closure cell at a graph break (kiln/capture/resume_at_break.py): one made in the trace
+        is built once, so every closure holding it shares it; one that existed before is the
+        object itself (a pinned function's) or the resume function's parameter it came in."""
+        if var is None:
+            return f"{self.ns.bind(types.CellType, 'T')}()"
+        if id(var) in self._built:
+            return self._built[id(var)]
+        if isinstance(var, RealCellVariable):  # (a write to it is replayed before it is used: side_effects.py)
+            return var.cell_source.expr(self.ns) if var.cell_source is not None else self.ns.bind(var.cell, "C")
+        if not isinstance(var, CellVariable):
+            raise unsupported("unsupported_output", f"a closure cell holding {var.describe()}")
+        name = self._built[id(var)] = f"_o{len(self._built)}"
+        self.prelude.append(f"{name} = {self.ns.bind(types.CellType, 'T')}()")
+        if var.contents is not None:
+            self.cell_contents.append(f"{name}.cell_contents = {self.expr(var.contents)}")
+        return name
+
+    def _function(self, var: NestedFunctionVariable, name: str) -> None:
+        """Lines building the function made in the trace into the local `name`."""
+        defaults = f"({''.join(self.expr(d) + ', ' for d in var._defaults)})" if var._defaults else "None"
+        closure = f"({''.join(self.cell(cell) + ', ' for cell in var._closure)})" if var._closure else "None"
+        code, f_globals = self.ns.bind(var.code, "K"), self.ns.bind(var.f_globals, "K")
+        self.prelude.append(f"{name} = {self.ns.bind(types.FunctionType, 'T')}({code}, {f_globals}, {var.code.co_name!r}, "
+                            f"{defaults}, {closure})")
+        self.prelude.append(f"{name}.__qualname__ = {var.qualified_name()!r}")
+        if var._kwdefaults:
+            kwdefaults = ", ".join(f"{k!r}: {self.expr(v)}" for k, v in var._kwdefaults.items())
+            self.prelude.append(f"{name}.__kwdefaults__ = {{{kwdefaults}}}")
+        for slot, value in var.attrs.items():
+            if slot != "__qualname__":
+                self.prelude.append(f"{name}.{slot} = {self.expr(value)}")
+        if var.dict.entries:
+            self.prelude.append(f"{name}.__dict__.update({self.expr(var.dict)})")
 
     def _build_once(self, var: Variable) -> str:
         name = f"_o{len(self._built)}"
         self._built[id(var)] = name
-        if isinstance(var, UserObjectVariable):
+        if isinstance(var, NestedFunctionVariable):
+            self._function(var, name)
+        elif isinstance(var, UserObjectVariable):
             # Bound before its attributes are built, so an attribute may refer back to it.
             self.prelude.append(f"{name} = {self.ns.bind(_new_object, 'F')}({self.ns.bind(var.cls, 'T')})")
             attrs = "{" + ", ".join(f"{k!r}: {self.expr(v)}" for k, v in var.attrs.items()) + "}"
@@ -147,7 +187,7 @@ def build_runner(rc: Reconstructor, input_exprs: list[str], compiled: Callable |
     lines = ["def run(L):"]
     if compiled is not None:
         lines.append(f"    outs = {rc.ns.bind(compiled, 'graph')}({', '.join(input_exprs)})")
-    lines += [f"    {line}" for line in rc.prelude]
+    lines += [f"    {line}" for line in rc.prelude + rc.cell_contents]
     # Sources in the result name the inputs as they were on entry: read them before the replay.
     lines.append(f"    result = {result}")
     lines += [f"    {line}" for line in side_effect_lines]

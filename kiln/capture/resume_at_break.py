@@ -14,9 +14,11 @@ the instruction that comes next (kiln/capture/resume_code.py):
 - any other instruction (a call into C code, `print`, `.item()`, an opcode kiln lacks) runs in
   a step function holding that one instruction.
 
-Where a break cannot resume — inside a `try` or `with` block, in a frame with closure cells or a
-generator, or with a value on the stack or in a local that cannot be rebuilt (an iterator of a
-running loop) — the frame runs eagerly, as before, with the reason recorded.
+A frame with closure cells hands its cell objects to the resume function, which takes them as
+its own (resume_code.py), so closures made before the break and the rest of the frame share
+them. Where a break cannot resume — inside a `try` or `with` block, in a generator, or with a
+value on the stack or in a local that cannot be rebuilt (an iterator of a running loop) — the
+frame runs eagerly, as before, with the reason recorded.
 """
 
 from __future__ import annotations
@@ -136,8 +138,9 @@ class Continuation:
         self.label = label.split(" (resumed at line")[0]  # a resume function's own breaks resume the user's frame
         self._step: Callable | None = None
 
-    def __call__(self, stack: list, locals_: list) -> Any:
-        """`locals_`: the frame's locals in `co_varnames` order (None where unbound)."""
+    def __call__(self, stack: list, locals_: list, cells: list) -> Any:
+        """`locals_`: the frame's locals in `co_varnames` order (None where unbound); `cells`:
+        its cell objects, in `resume_code.cell_names` order."""
         stack, offset = self._run_instruction(stack)
         nulls = tuple(v is rcode.NULL_SLOT for v in stack)
         live = self._live(offset)
@@ -151,11 +154,12 @@ class Continuation:
             torch._C._set_grad_enabled(self.entry_grad)
             enter_grad = inner
         resume = self._resume(offset, nulls, live, enter_grad)
-        return resume(*[values[n] for n in live], *[v for v in stack if v is not rcode.NULL_SLOT])
+        return resume(*[values[n] for n in live], *cells, *[v for v in stack if v is not rcode.NULL_SLOT])
 
     def _live(self, offset: int) -> tuple[str, ...]:
         live = rcode.live_locals(self.code, offset)
-        return tuple(n for n in self.code.co_varnames if n in live and n not in self.unbound)
+        cells = rcode.cell_names(self.code)  # (passed as cells, never as values)
+        return tuple(n for n in self.code.co_varnames if n in live and n not in self.unbound and n not in cells)
 
     # --- the instruction at the break ---------------------------------------------------------
 

@@ -86,13 +86,17 @@ def encode_exception_table(entries: list[ExceptionEntry]) -> bytes:
     return bytes(out)
 
 
+def cell_names(code: types.CodeType) -> tuple[str, ...]:
+    """The frame's closure cells, its own then its outer function's: what a resume function of it
+    takes, as cell objects, after the live locals."""
+    return tuple(code.co_cellvars) + tuple(code.co_freevars)
+
+
 def check_resumable(code: types.CodeType) -> str | None:
     """Why a frame of `code` cannot continue in a resume function, or None."""
-    if code.co_cellvars or code.co_freevars:
-        return "the function has closure cells (a nested function reads its locals, or it reads an outer function's)"
     if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
         return "the function is a generator or coroutine"
-    if len(code.co_varnames) + code.co_stacksize > 255:
+    if len(code.co_varnames) + len(cell_names(code)) + code.co_stacksize > 255:
         return "the function has too many locals"
     return None
 
@@ -141,9 +145,18 @@ def resume_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...]
     With `grad_mode`, the prologue first switches grad mode to it (a break inside a grad-mode
     block: the function is called in the mode outside the block, and enters the block's)."""
     stack_params = tuple(stack_name(i) for i, null in enumerate(stack_nulls) if not null)
-    params = tuple(live) + stack_params
-    varnames = params + tuple(n for n in code.co_varnames if n not in live)
+    # The frame's cells (its own and its outer function's) are parameters too, passed as the cell
+    # objects themselves and declared as cell parameters: without the MAKE_CELL that would wrap
+    # a parameter in a new cell (the original's, skipped by the jump), each slot holds the cell
+    # it was given, so the rest of the frame shares its cells with the closures made before the
+    # break, as the original frame would.
+    cells = cell_names(code)
+    live = tuple(n for n in live if n not in cells)
+    params = tuple(live) + cells + stack_params
+    varnames = params + tuple(n for n in code.co_varnames if n not in live and n not in cells)
     renumber = {code.co_varnames.index(n): varnames.index(n) for n in code.co_varnames}
+    for index, name in enumerate(_localsplus_names(code)):  # DEREF operands index the cell slots
+        renumber.setdefault(index, varnames.index(name))
     prologue = bytearray(_emit("RESUME"))
     consts = code.co_consts
     if grad_mode is not None:
@@ -163,6 +176,8 @@ def resume_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...]
         co_code=bytes(prologue) + _renumber_locals(code.co_code, renumber),
         co_consts=consts,
         co_varnames=varnames,
+        co_cellvars=cells,
+        co_freevars=(),
         co_nlocals=len(varnames),
         co_argcount=len(params),
         co_posonlyargcount=0,
@@ -178,11 +193,21 @@ def resume_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...]
     return resumed
 
 
+def _localsplus_names(code: types.CodeType) -> list[str]:
+    """The frame's slots in order: locals, then its own cells that are not parameters, then the
+    outer function's (what *_FAST and *_DEREF operands index in 3.11 and 3.12)."""
+    return [*code.co_varnames, *(n for n in code.co_cellvars if n not in code.co_varnames), *code.co_freevars]
+
+
+_DEREF = ("LOAD_DEREF", "STORE_DEREF", "DELETE_DEREF", "LOAD_CLOSURE", "MAKE_CELL", "LOAD_CLASSDEREF",
+          "LOAD_FROM_DICT_OR_DEREF")
+
+
 def _renumber_locals(co_code: bytes, renumber: dict[int, int]) -> bytes:
-    """`co_code` with the local index of every *_FAST instruction mapped through `renumber`
-    (3.11/3.12 jumps are relative and no other instruction names a local by index)."""
+    """`co_code` with the slot index of every *_FAST and *_DEREF instruction mapped through
+    `renumber` (3.11/3.12 jumps are relative and no other instruction names a slot by index)."""
     out = bytearray(co_code)
-    fast = {_op(n) for n in _FAST if n in dis.opmap}
+    fast = {_op(n) for n in _FAST + _DEREF if n in dis.opmap}
     extended = False
     for i in range(0, len(out), 2):
         op = out[i]

@@ -18,6 +18,7 @@ class SideEffects:
         self.mutated: dict[int, Variable] = {}  # containers with a source, changed in place
         self.attr_writes: dict[int, tuple[Variable, dict[str, Variable | None]]] = {}  # None: deleted
         self.global_writes: dict[tuple[int, str], tuple[dict, str, Variable]] = {}
+        self.cell_writes: dict[int, tuple[Variable, Variable]] = {}  # a real cell -> its new contents
 
     def record_mutation(self, container: Variable) -> None:
         self.mutated.setdefault(id(container), container)
@@ -40,8 +41,11 @@ class SideEffects:
         entry = self.global_writes.get((id(globals_dict), name))
         return entry[2] if entry is not None else None
 
+    def record_cell(self, cell: Variable, value: Variable) -> None:
+        self.cell_writes[id(cell)] = (cell, value)
+
     def __bool__(self) -> bool:
-        return bool(self.mutated or self.attr_writes or self.global_writes)
+        return bool(self.mutated or self.attr_writes or self.global_writes or self.cell_writes)
 
     def replay_lines(self, rc: Any) -> list[str]:
         """Python statements that apply the recorded changes (rc: the output reconstructor)."""
@@ -73,5 +77,7 @@ class SideEffects:
                     lines.append(f"{'object.__setattr__' if raw else 'setattr'}({target}, {name!r}, {rc.expr(value)})")
         for globals_dict, name, value in self.global_writes.values():
             lines.append(f"{rc.ns.bind(globals_dict, 'G')}[{name!r}] = {rc.expr(value)}")
+        for cell, value in self.cell_writes.values():
+            lines.append(f"{rc.cell(cell)}.cell_contents = {rc.expr(value)}")
         return lines
 

@@ -147,8 +147,8 @@ def test_closure_factory_with_counter_state():
     assert op_count(compiled) == 5
 
 
-def test_returning_a_closure_made_inside_is_unsupported_but_falls_back():
-    # Rebuilding a function object made during the trace is out of scope (needs reconstruction).
+def test_returning_a_closure_made_inside():
+    # The function object is rebuilt around a real cell holding what the trace put in it.
     def f(x):
         def inner(t):
             return t + x
@@ -156,11 +156,10 @@ def test_returning_a_closure_made_inside_is_unsupported_but_falls_back():
         return inner
 
     x = torch.randn(3)
-    with pytest.raises(kiln.CaptureError):
-        kiln.compile(f, backend="eager", fullgraph=True)(x)
-    compiled = kiln.compile(f, backend="eager")
-    torch.testing.assert_close(compiled(x)(x), x + x)
-    assert compiled.kiln_cache.fallback is not None
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    inner = compiled(x)
+    torch.testing.assert_close(inner(x), x + x)
+    assert inner.__qualname__ == f(x).__qualname__ and inner.__closure__[0].cell_contents is x
 
 
 def test_function_attributes_set_and_read_inside():
@@ -243,7 +242,7 @@ def test_closure_over_outside_tensor_sees_new_tensor():
     torch.testing.assert_close(compiled(x), x * 4)
 
 
-def test_nonlocal_write_to_outside_cell_is_unsupported_but_falls_back():
+def test_nonlocal_write_to_an_outside_cell_is_replayed():
     count = 0
 
     def f(x):
@@ -252,13 +251,37 @@ def test_nonlocal_write_to_outside_cell_is_unsupported_but_falls_back():
         return x + count
 
     x = torch.randn(3)
-    with pytest.raises(kiln.CaptureError):
-        kiln.compile(f, backend="eager", fullgraph=True)(x)
-    count = 0
-    fallback = kiln.compile(f, backend="eager")
-    torch.testing.assert_close(fallback(x), x + 1)
-    torch.testing.assert_close(fallback(x), x + 2)
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), x + 1)
+    torch.testing.assert_close(compiled(x), x + 2)  # (the cell's contents are guarded: it recompiles)
     assert count == 2
+
+
+def test_a_break_in_a_frame_with_closure_cells_resumes_and_shares_the_cells():
+    # The broken frame's cells go to its resume function as they are: the closure made before the
+    # break reads the value the rest of the frame writes.
+    def f(x):
+        k = 3
+
+        def inner(y):
+            return y * k
+
+        y = inner(x).sin()
+        print("a break")
+        k = 5
+        return inner(y).cos() + k
+
+    compiled = kiln.compile(f, backend="eager")
+    for _ in range(3):  # new cells and a new `inner` each call: no recompile
+        x = torch.randn(4)
+        torch.testing.assert_close(compiled(x), f(x))
+    (entry,) = compiled.kiln_cache.entries
+    assert entry.graph_break is not None and compiled.kiln_cache.fallback is None
+    from kiln.capture.resume_code import origin
+
+    (resume,) = [c for c in kiln.capture.cache.all_caches() if c.fn.__code__ is not f.__code__
+                 and origin(c.fn.__code__)[0] is f.__code__]
+    assert len(resume.entries) == 1 and resume.fallback is None
 
 
 def test_functools_partial():

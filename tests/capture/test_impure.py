@@ -24,7 +24,10 @@ def test_impure_calls_run_eagerly_every_time(impure):
     x = torch.zeros(1, dtype=torch.float64)
     first, second = compiled(x), compiled(x)
     assert not torch.equal(first, second)  # a value computed once while capturing would repeat
-    assert compiled.kiln_cache.entries == [] and compiled.kiln_cache.fallback.kind == "unsupported_call"
+    # A graph break at the call, which runs for real on every call (the frame's closure cell,
+    # `impure`, goes to the resume function), recorded where it happened.
+    assert len(compiled.kiln_cache.entries) == 1 and compiled.kiln_cache.fallback is None
+    assert kiln.capture.BREAKS[-1].kind == "unsupported_call" and kiln.capture.BREAKS[-1].resumed
     with pytest.raises(kiln.CaptureError, match="C code kiln does not model"):
         kiln.compile(f, backend="eager", fullgraph=True)(x)
 

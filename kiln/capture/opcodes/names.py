@@ -74,7 +74,10 @@ def STORE_DEREF(tx, inst) -> None:
     if isinstance(cell, CellVariable):
         cell.contents = value
     elif isinstance(cell, RealCellVariable):
-        raise unsupported("unsupported_side_effect", f"assigning nonlocal {inst.argval!r} of a function defined outside the compiled code")
+        # A cell that outlives the call (an outer function's, or a broken frame's handed to its
+        # resume function): written after the graph runs, read as written meanwhile.
+        cell.written = value
+        tx.output.side_effects.record_cell(cell, value)
     else:
         tx.cells[inst.argval] = CellVariable(value)
 

@@ -117,6 +117,14 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
         if getattr(value, "__module__", None) in FOLDED_MODULES:
             _pin(tx, value, source)
             return BuiltinVariable(value)
+        if (source is not None and source.is_local() and value.__closure__ is not None and not value.__defaults__
+                and not value.__kwdefaults__):
+            # A closure handed in as an argument (to a resume function, after a break in the frame
+            # that made it) is a new object each call: pinned by its code and globals, its
+            # cells' contents guarded as they are read, not by its identity.
+            _guard(tx, "ID_MATCH", AttrSource(source, "__code__"), value.__code__)
+            _guard(tx, "ID_MATCH", AttrSource(source, "__globals__"), value.__globals__)
+            return f.UserFunctionVariable(value, source)
         return f.UserFunctionVariable(value, _pin(tx, value, source))
     if (isinstance(value, types.MethodType) and isinstance(value.__self__, GRAD_MODE_MANAGERS) and source is not None
             and value.__func__.__name__ == "__exit__" and hasattr(value.__self__, "prev")):

@@ -8,7 +8,7 @@ import types
 from typing import Any, Sequence
 
 from kiln.capture.break_records import unsupported
-from kiln.capture.sources import AttrSource, ClosureSource, ConstSource, DefaultSource
+from kiln.capture.sources import AttrSource, ClosureSource, ConstSource, DefaultSource, ItemSource
 from kiln.capture.user_exceptions import raise_real
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
 from kiln.capture.variables.constant import ConstantVariable, is_literal
@@ -33,13 +33,24 @@ class CellVariable(Variable):
 class RealCellVariable(Variable):
     """A cell of a function that existed before the trace: read through its source."""
 
-    def __init__(self, cell: types.CellType, source: Any) -> None:
-        super().__init__(source)
+    def __init__(self, cell: types.CellType, source: Any, cell_source: Any = None) -> None:
+        super().__init__(source)  # (of its contents)
         self.cell = cell
+        self.cell_source = cell_source  # of the cell itself, where it is not a pinned function's
         self.written: Variable | None = None
 
     def python_type(self) -> type:
         return types.CellType
+
+
+def real_cell(tx: Any, cell: types.CellType, source: Any, cell_source: Any = None) -> "RealCellVariable":
+    """The trace's one variable for the real cell `cell` (the first way it was reached names it)."""
+    known = tx.output.real_cells.get(id(cell)) if tx is not None else None
+    if known is None:
+        known = RealCellVariable(cell, source, cell_source)
+        if tx is not None:
+            tx.output.real_cells[id(cell)] = known
+    return known
 
 
 class FunctionVariableBase(Variable):
@@ -131,7 +142,14 @@ class UserFunctionVariable(FunctionVariableBase):
 
     def closure(self, tx: Any) -> list[Variable]:
         cells = self.value.__closure__ or ()
-        return [RealCellVariable(cell, ClosureSource(self.source, i) if self.source is not None else None) for i, cell in enumerate(cells)]
+        if self.source is None:
+            return [real_cell(tx, cell, None) for cell in cells]
+        # The cell itself through its function (a closure handed in as an argument is a new
+        # object each call, with new cells: not pinned, kiln/capture/variables/builder.py).
+        pinned = isinstance(self.source, ConstSource)
+        return [real_cell(tx, cell, ClosureSource(self.source, i),
+                          None if pinned else ItemSource(AttrSource(self.source, "__closure__"), i))
+                for i, cell in enumerate(cells)]
 
     def getattr(self, tx: Any, name: str) -> Variable:
         # __name__ and __qualname__ are read from the function: functools.wraps rewrites them
