@@ -302,6 +302,12 @@ class BackendSettings(_Group):
         help="code generator for kernels: auto (C++ on CPU, Triton on CUDA), cpp, or triton "
         "(on CPU tensors through Triton's interpreter: how the Triton printer is tested without a GPU)",
     )
+    symbolic_kernels: bool = setting(
+        True,
+        env="KILN_SYMBOLIC_KERNELS",
+        help="compile a graph with symbolic sizes once, kernels taking the sizes as arguments; "
+        "off (or where kiln cannot) it is compiled again for each new set of sizes",
+    )
     cuda_graphs: bool = setting(
         False,
         env="KILN_CUDA_GRAPHS",

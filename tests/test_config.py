@@ -63,6 +63,7 @@ def test_defaults():
         "backend.freezing": True,
         "backend.autotune": "default",
         "backend.codegen": "auto",
+        "backend.symbolic_kernels": True,
         "backend.cuda_graphs": False,
         "backend.cuda_graph_sizes": 8,
         "backend.triton_gemm": "auto",

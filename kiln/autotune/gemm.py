@@ -134,6 +134,16 @@ def _fused_impls(dtype: torch.dtype) -> dict[str, str]:
             if impl in MM_IMPLS and _runs(impl, dtype) and (allowed is None or fused in allowed or impl in allowed)}
 
 
+def timing_value(val: torch.Tensor) -> torch.Tensor:
+    """`val`, or where its sizes are symbolic, a meta tensor of the size bucket its example
+    size falls in (the next power of two): a graph compiled once for all sizes is tuned for the
+    bucket of the call that compiled it, and the answer is kept per bucket."""
+    if all(isinstance(s, int) for s in val.shape):
+        return val
+    shape = [s if isinstance(s, int) else 1 << max(0, int(s.node.hint) - 1).bit_length() for s in val.shape]
+    return torch.empty(shape, dtype=val.dtype, device="meta")
+
+
 def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode: str = "default",
               post_op: tuple[str, list, str] = ("none", [], "")) -> str:
     """The fastest `kiln::mm` implementation for fake or meta values `a` [M, K], `b` [K, N].

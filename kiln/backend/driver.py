@@ -42,7 +42,8 @@ from kiln.lowering.graph import GraphLowering
 from kiln.lowering.registry import LOWERINGS
 from kiln.passes import pipeline
 from kiln.passes.constants import has_frozen_inputs, unmark_frozen
-from kiln.passes.specialize_sizes import has_symbolic_sizes, scalar_inputs, specialize, symbolic_inputs
+from kiln.passes.specialize_sizes import (deepcopy_graph, has_symbolic_sizes, scalar_inputs, specialize,
+                                          symbolic_declined, symbolic_inputs)
 from kiln.passes.verify import verify_graph
 from kiln.runtime import saved
 from kiln.runtime.compiled_graph import CompiledGraph, GraphArtifact, build
@@ -176,9 +177,29 @@ class Backend:
         name, needs_specialization = pipeline.SPECIALIZE_SIZES
         with compile_time.stage(f"pass {name}"):
             per_size = needs_specialization(gm)
-        if per_size:
-            return SizeSpecialized(scalar_inputs(gm), symbolic_inputs(gm),
-                                   lambda args, values: self(specialize(gm, args, values), args), eager=gm)
+        if not per_size:
+            return self._pipeline(gm, target, folder)
+        symbolic = self._symbolic(gm, target, folder)
+        if symbolic is not None:
+            return symbolic
+        return SizeSpecialized(scalar_inputs(gm), symbolic_inputs(gm),
+                               lambda args, values: self(specialize(gm, args, values), args), eager=gm)
+
+    def _symbolic(self, gm: fx.GraphModule, target: Target, folder: Any) -> Callable | None:
+        """`gm` compiled once for all its sizes (kernels take them as arguments), or None where
+        it cannot be, said in the `recompiles` log: the caller then compiles it per size."""
+        reason = symbolic_declined(gm, target)
+        if reason is None:
+            # The rewrites edit the graph in place; a copy keeps `gm` for per-size compiles.
+            copy = fx.GraphModule(gm, deepcopy_graph(gm.graph))
+            try:
+                return self._pipeline(copy, target, folder, symbolic=True)
+            except NotImplementedError as error:
+                reason = str(error) or type(error).__name__
+        logs.log("recompiles", "kiln backend: a graph with symbolic sizes is compiled per size: %s", reason)
+        return None
+
+    def _pipeline(self, gm: fx.GraphModule, target: Target, folder: Any, symbolic: bool = False) -> Callable:
         for name, rewrite in pipeline.REWRITES:
             with compile_time.stage(f"pass {name}"):
                 changed = rewrite(gm, target)
@@ -194,15 +215,15 @@ class Backend:
             split = split_constants(gm) if has_frozen_inputs(gm) else None
         if split is None:
             unmark_frozen(gm)
-            return self._lowered(gm, target, folder)
+            return self._lowered(gm, target, folder, symbolic)
         dump.constant_split(folder, split)
-        return FrozenProgram(split, self._lowered(split.runtime, target, folder))
+        return FrozenProgram(split, self._lowered(split.runtime, target, folder, symbolic))
 
-    def _lowered(self, gm: fx.GraphModule, target: Target, folder: Any) -> Callable:
+    def _lowered(self, gm: fx.GraphModule, target: Target, folder: Any, symbolic: bool = False) -> Callable:
         try:
             return self._compile(gm, target, folder)
         except NotImplementedError as error:
-            if not has_symbolic_sizes(gm):
+            if symbolic or not has_symbolic_sizes(gm):
                 raise
             # Sizes computed from tensor values inside the graph (unique, nonzero, masks) that an
             # op kiln lowers depends on: the graph runs through ATen, op by op, recorded as a fallback.
@@ -229,11 +250,13 @@ class Backend:
                 kernels = cpp_kernels(scheduled.kernels)
                 units = translation_units(kernels, workers())
             arguments = "tensors" if target.codegen == "triton" else "pointers"
-            wrapper = python_wrapper(scheduled, set(kernels.checks), arguments, target.device, host_inputs(gm, target))
+            size_arguments = getattr(kernels, "size_arguments", {})
+            wrapper = python_wrapper(scheduled, set(kernels.checks), arguments, target.device, host_inputs(gm, target),
+                                     size_arguments)
             report = fusion_report(program, scheduled, kernels)
         artifact = GraphArtifact(units, wrapper.source, wrapper.constants, wrapper.ops,
                                  {k: (kernels.functions[k], kernels.arity[k]) for k in kernels.functions},
-                                 kernels.checks, report, target.codegen, target.device)
+                                 kernels.checks, report, target.codegen, target.device, size_arguments)
         dump.ir_after_fusion(folder, scheduled, kernels.functions, report)
         dump.code(folder, kernels.source, wrapper.source, target.codegen)
         with compile_time.stage("build"):

@@ -28,6 +28,10 @@ class IndexSpelling:
     maximum: str
 
 
+PYTHON_INDEX = IndexSpelling("Python", "{0}", "({0} // {1})", "({0} % {1})", "({0} // {1})", "({0} % {1})",
+                             "min({0}, {1})", "max({0}, {1})")  # (Python's // and % floor)
+
+
 def print_index(expr: sympy.Expr, spelling: IndexSpelling) -> str:
     expr = sympy.sympify(expr)
     if expr.is_Integer:
@@ -44,6 +48,8 @@ def print_index(expr: sympy.Expr, spelling: IndexSpelling) -> str:
         return "(" + " + ".join(print_index(a, spelling) for a in expr.args) + ")"
     if expr.is_Mul:
         return "(" + " * ".join(print_index(a, spelling) for a in expr.args) + ")"
+    if expr.is_Pow and expr.exp.is_Integer and int(expr.exp) > 0:  # a symbolic size squared
+        return "(" + " * ".join([print_index(expr.base, spelling)] * int(expr.exp)) + ")"
     if isinstance(expr, (sympy.Min, sympy.Max)):
         form = spelling.minimum if isinstance(expr, sympy.Min) else spelling.maximum
         out = print_index(expr.args[0], spelling)

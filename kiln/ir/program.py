@@ -62,6 +62,7 @@ class Program:
     inputs: list[Buffer | None]  # None for a non-tensor input
     steps: list[ComputeStep | ExternStep] = field(default_factory=list)
     outputs: list[Any] = field(default_factory=list)  # Buffers, or constants
+    size_inputs: dict[int, Any] = field(default_factory=dict)  # position of an integer input -> its size symbol
 
     @property
     def kernels(self) -> list[ComputeStep]:

@@ -134,6 +134,7 @@ class Schedule:
     steps: list[FusedKernel | ExternStep]
     outputs: list[Any]
     memory: MemoryPlan
+    size_inputs: dict[int, Any] = field(default_factory=dict)  # as Program's
 
     @property
     def kernels(self) -> list[FusedKernel]:

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from kiln.ir.nodes import Buffer, Layout
+from kiln.ir.sizes import size_expr
 
 
 def returns_view(op: Any) -> bool | None:
@@ -32,8 +33,8 @@ def returns_view(op: Any) -> bool | None:
 
 def layout_of(val: torch.Tensor) -> Layout:
     """The Layout of a real, fake or meta tensor (symbolic sizes as their sympy expressions)."""
-    exprs = lambda xs: tuple(sympy.sympify(getattr(x, "node", x).expr if isinstance(x, torch.SymInt) else x) for x in xs)  # noqa: E731
-    return Layout(exprs(val.shape), exprs(val.stride()), val.dtype, sympy.sympify(val.storage_offset()))
+    exprs = lambda xs: tuple(size_expr(x) for x in xs)  # noqa: E731
+    return Layout(exprs(val.shape), exprs(val.stride()), val.dtype, size_expr(val.storage_offset()))
 
 
 def _dense(t: torch.Tensor) -> bool:

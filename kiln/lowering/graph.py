@@ -7,6 +7,7 @@ of pointwise ops is one `ComputeStep`. Ops without a lowering, or whose lowering
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import operator
 from typing import Any
@@ -18,6 +19,7 @@ from torch.utils import _pytree as pytree
 
 from kiln.ir.nodes import Buffer, Layout, Node, Pointwise
 from kiln.ir.program import ComputeStep, ExternStep, Program
+from kiln.ir.sizes import is_size_symbol, size_expr, unbound_symbols
 from kiln.lowering import table as _table, views as _views  # noqa: F401  (fills the lowering table)
 from kiln.lowering.context import lowering_graph
 from kiln.lowering.extern_layouts import argument_layout, argument_metas, layout_of, output_layouts
@@ -35,13 +37,41 @@ def _has_complex(node: fx.Node, args: tuple, kwargs: dict) -> bool:
 def _has_data_dependent_sizes(node: fx.Node, args: tuple, kwargs: dict) -> bool:
     """Sizes an earlier op computed from tensor values (nonzero, unique, masks) are symbols no
     kernel can be generated for: ops over such tensors stay ATen calls, so the rest of the graph
-    is still kiln's. (Graphs whose inputs have symbolic sizes are traced again at concrete sizes
-    before they are lowered; see kiln/passes/specialize_sizes.py.)"""
-    symbolic = lambda x: isinstance(x, torch.SymInt) or not sympy.sympify(x).is_Integer  # noqa: E731
+    is still kiln's. The inputs' symbolic sizes (size symbols, kiln/ir/sizes.py) are kernel
+    arguments like any other size."""
+    unbound = lambda x: bool(unbound_symbols(size_expr(x)))  # noqa: E731
     for v in pytree.tree_leaves(node.meta.get("val")):
-        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(map(symbolic, (*v.shape, *v.stride())))):
+        if isinstance(v, torch.SymInt) and unbound(v):
             return True
-    return any(isinstance(v, TensorValue) and any(map(symbolic, v.size)) for v in pytree.tree_leaves((args, kwargs)))
+        if isinstance(v, torch.Tensor) and any(map(unbound, (*v.shape, *v.stride()))):
+            return True
+    return any(isinstance(v, TensorValue) and any(map(unbound, v.size)) for v in pytree.tree_leaves((args, kwargs)))
+
+
+def _input_size(node: fx.Node) -> sympy.Expr | None:
+    """The expression of a node that computes a size from the inputs' symbolic sizes, else None."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.SymInt):
+        return None
+    expr = size_expr(val)
+    return None if unbound_symbols(expr) else expr
+
+
+def _with_traced_sizes(value: Any, val: Any) -> Any:
+    """`value` with the sizes of the trace's fake value where they are symbolic: the ShapeEnv
+    simplified those with what the guards promise (a slice `[:, :s]` of 512 positions is `s`
+    long, not `Min(512, s)`, under the guard `s <= 512`), which the lowering alone cannot know."""
+    if not isinstance(value, TensorValue) or value.buffer is not None or not isinstance(val, torch.Tensor):
+        return value
+    if len(val.shape) != value.rank or all(isinstance(s, int) for s in val.shape):
+        return value
+    traced = tuple(size_expr(s) for s in val.shape)
+    if traced == tuple(value.size) or any(unbound_symbols(s) for s in traced):
+        return value
+    strided = value.strided
+    if strided is not None:
+        strided = (strided[0], dataclasses.replace(strided[1], size=traced))
+    return dataclasses.replace(value, size=traced, strided=strided)
 
 
 class GraphLowering:
@@ -170,13 +200,19 @@ class GraphLowering:
                     self.program.inputs.append(buffer)
                     env[node] = TensorValue.of_buffer(buffer)
                 else:
+                    env[node] = size_expr(val)
+                    if is_size_symbol(env[node]):
+                        self.program.size_inputs[len(self.program.inputs)] = env[node]
                     self.program.inputs.append(None)
-                    env[node] = val
             elif node.op == "get_attr":
                 env[node] = self._constant(operator.attrgetter(node.target)(self.gm))
+            elif node.op == "call_function" and _input_size(node) is not None:
+                # A size computed from the inputs' sizes (sym_size, arithmetic on them): its expression.
+                env[node] = _input_size(node)
             elif node.op == "call_function":
                 args, kwargs = pytree.tree_map_only(fx.Node, env.__getitem__, (node.args, node.kwargs))
                 env[node] = args[0][args[1]] if node.target is operator.getitem else self._call(node, args, kwargs)
+                env[node] = _with_traced_sizes(env[node], node.meta.get("val"))
                 if should_realize(node, env[node]):
                     # In eager's layout when that is dense: a channels-last stream stays channels-last.
                     layout = argument_layout(node.meta.get("val"), env[node].size, env[node].dtype)

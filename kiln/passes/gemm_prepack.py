@@ -15,12 +15,14 @@ there as a post-op instead of as a kernel of its own: the GEMM's output is writt
 
 from __future__ import annotations
 
+import sympy
 import torch
 from torch import fx
 
 from kiln import logs
 from kiln.autotune import mode as autotune_mode
-from kiln.autotune.gemm import FUSED_POST_OPS, choose_mm
+from kiln.autotune.gemm import FUSED_POST_OPS, choose_mm, timing_value
+from kiln.ir.sizes import size_expr
 from kiln.ir.target import Target
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
 from kiln.passes.pattern import Op, Var, arguments, insert, matches, remove_dead, replace
@@ -37,7 +39,8 @@ def _suitable(a: fx.Node, b: fx.Node, bias: fx.Node | None) -> bool:
     va, vb = a.meta.get("val"), b.meta.get("val")
     if not (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)) or va.dtype != vb.dtype:
         return False
-    if va.dtype not in (torch.float32, torch.bfloat16) or not all(isinstance(s, int) for s in (*va.shape, *vb.shape)):
+    # Rows may be symbolic (a batch, a sequence): the weight, K and N may not.
+    if va.dtype not in (torch.float32, torch.bfloat16) or not all(isinstance(s, int) for s in (*va.shape[1:], *vb.shape)):
         return False
     vbias = bias.meta.get("val") if bias is not None else None
     return bias is None or (isinstance(vbias, torch.Tensor) and tuple(vbias.shape) == (vb.shape[1],) and vbias.dtype == va.dtype)
@@ -71,13 +74,21 @@ def _post_op(node: fx.Node, bias: fx.Node | None, constants: ConstantSet) -> tup
 
 
 def _fuse(gm: fx.GraphModule, unary: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None, post_op: PostOp,
-          impl: str) -> None:
+          impl: str) -> bool:
     """`unary`'s value as one call of GEMM `impl` with the op inside, reshaped to the unary's shape."""
     name, scalars, algorithm = post_op
     fused = insert(gm, unary, torch.ops.kiln.mm.default, a, b, bias, name, scalars, algorithm or None, impl)
-    shape = list(unary.meta["val"].shape)
-    if list(fused.meta["val"].shape) != shape:
-        fused = insert(gm, unary, aten.view.default, fused, shape)
+    shape = [size_expr(s) for s in unary.meta["val"].shape]
+    if [size_expr(s) for s in fused.meta["val"].shape] != shape:
+        source = unary.args[0]
+        # A symbolic shape is the reshape's own size arguments (graph nodes that compute it).
+        sizes = source.args[1] if isinstance(source, fx.Node) and source.target in _RESHAPES else shape
+        if any(not isinstance(s, (int, fx.Node)) and not s.is_Integer for s in sizes):
+            return False
+        fused = insert(gm, unary, aten.view.default, fused, [int(s) if isinstance(s, sympy.Integer) else s for s in sizes])
+    unary.replace_all_uses_with(fused)
+    remove_dead(gm, [unary])
+    return True
     unary.replace_all_uses_with(fused)
     remove_dead(gm, [unary])
 
@@ -96,11 +107,12 @@ def gemm_prepack(gm: fx.GraphModule, target: Target) -> bool:
         if chain is not None and not _suitable(a, b, chain[0]):
             chain = None
         timed_bias, post_op = (chain[0], chain[2]) if chain is not None else (bias, NO_POST_OP)
-        impl = choose_mm(a.meta["val"], b.meta["val"], _val(timed_bias), mode, post_op)
+        impl = choose_mm(timing_value(a.meta["val"]), b.meta["val"], _val(timed_bias), mode, post_op)
         logs.log("freezing", "%s %s x %s%s: %s", node.name, _shape(a), _shape(b),
                  f" + {post_op[0]}" if chain is not None else "", impl)
         if impl in FUSED_POST_OPS:
-            _fuse(gm, chain[1], a, b, chain[0], post_op, FUSED_POST_OPS[impl])
+            if not _fuse(gm, chain[1], a, b, chain[0], post_op, FUSED_POST_OPS[impl]):
+                continue
         elif impl != "aten":
             replace(gm, node, torch.ops.kiln.mm.default, a, b, bias, *NO_POST_OP[:2], None, impl)
         changed = changed or impl != "aten"

@@ -1,11 +1,14 @@
-"""Size specialization, the pass half: a graph with symbolic input sizes traced again as a static
-graph at concrete sizes.
+"""Graphs with symbolic sizes: compiled once with kernels over symbolic sizes where kiln can, and
+otherwise, the pass half of size specialization, traced again as a static graph per size.
 
-kiln's kernels are generated for static sizes. When a graph with symbolic sizes arrives (after a
-recompile, or `dynamic=True`), the driver does not compile it now: the runtime
-(kiln/runtime/specialized.py) calls `specialize` at each new set of input sizes it meets and has
-the result compiled then, through the whole pipeline. A graph that reads a Python number out of
-an input (`x.item()` feeding `narrow`) is specialized to that value too.
+When a graph with symbolic input sizes arrives (after a recompile, or `dynamic=True`), the driver
+first compiles it as it is: kernels take the sizes as arguments (kiln/ir/sizes.py) and the wrapper
+reads them off the inputs. `symbolic_declined` says why a graph cannot be: it reads a Python
+number out of an input (`x.item()` feeding `narrow`), a size is not one of an input's dims, or
+the setting is off; a stage that finds a symbolic size it cannot handle says so by raising
+NotImplementedError. The graph is then compiled per size: the runtime
+(kiln/runtime/specialized.py) calls `specialize` at each new set of input sizes (and read values)
+it meets and has the static result compiled through the whole pipeline.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from typing import Any, Sequence
 import torch
 from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from kiln import config
+from kiln.ir.sizes import is_size_symbol, size_expr
 
 
 
@@ -73,6 +79,51 @@ def _with_values(gm: fx.GraphModule, values: dict[int, Any]) -> fx.GraphModule:
             gm.graph.erase_node(node)
     gm.recompile()
     return gm
+
+
+def deepcopy_graph(graph: fx.Graph) -> fx.Graph:
+    return copy.deepcopy(graph)
+
+
+def bound_symbols(gm: fx.GraphModule) -> dict[Any, tuple[int, int | None]]:
+    """Each size symbol an input gives as it is, with where: (input position, dim), or (input
+    position, None) for an integer input."""
+    bound: dict[Any, tuple[int, int | None]] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for k, node in enumerate(placeholders):
+        val = node.meta.get("val")
+        dims = list(enumerate(val.shape)) if isinstance(val, torch.Tensor) else [(None, val)]
+        for d, size in dims:
+            if isinstance(size, torch.SymInt):
+                expr = size_expr(size)
+                if is_size_symbol(expr):
+                    bound.setdefault(expr, (k, d))
+    return bound
+
+
+def symbolic_declined(gm: fx.GraphModule, target: Any) -> str | None:
+    """Why `gm` cannot be compiled once for all its sizes, or None when it can be tried."""
+    if not config.backend.symbolic_kernels:
+        return "backend.symbolic_kernels (KILN_SYMBOLIC_KERNELS) is off"
+    if target.codegen != "cpp":
+        return "kernels over symbolic sizes are generated in C++ only"
+    if reads_input_values(gm) or any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
+        return "the graph reads a number out of a tensor"
+    bound = bound_symbols(gm)
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        values = [*val.shape, *val.stride(), val.storage_offset()] if isinstance(val, torch.Tensor) else [val]
+        for v in values:
+            try:
+                expr = size_expr(v)
+            except NotImplementedError as error:
+                return str(error)
+            free = getattr(expr, "free_symbols", set())
+            if any(s not in bound for s in free):
+                return f"input {node.name}'s size {expr} is not an input's dim"
+    return None
 
 
 def needs_specialization(gm: fx.GraphModule) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -38,6 +38,7 @@ class GraphArtifact:
     report: str  # kernels, ops fused and vectorized (KILN_LOGS=fusion)
     codegen: str = "cpp"  # "cpp": `units` are C++ translation units; "triton": `units` is one Triton module
     device: str = "cpu"  # where the graph's tensors are
+    size_arguments: dict[str, list[str]] = field(default_factory=dict)  # kernel -> size symbols after its pointers
 
 
 def _in_layout(t: torch.Tensor, layout: tuple[tuple[int, ...], tuple[int, ...]]) -> torch.Tensor:
@@ -104,7 +105,7 @@ def _load_kernels(artifact: GraphArtifact, library: str | None, scope: dict[str,
     kernels = {}
     for kernel, (function, count) in artifact.kernels.items():
         fn = getattr(loaded, function)
-        fn.argtypes = [ctypes.c_void_p] * count
+        fn.argtypes = [ctypes.c_void_p] * count + [ctypes.c_int64] * len(artifact.size_arguments.get(kernel, ()))
         fn.restype = None
         kernels[kernel] = fn
     return kernels

@@ -11,6 +11,7 @@ import sympy
 from kiln.ir.index_bounds import linear_stride
 from kiln.ir.nodes import Buffer, Pointwise
 from kiln.ir.schedule import LoopNest
+from kiln.ir.sizes import typical
 from kiln.schedule.loop_nest import loop_nest
 
 
@@ -24,7 +25,7 @@ def _footprint(index: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> int:
 def _unit_stride_counts(nest: LoopNest) -> list[int]:
     accesses = [index for _, index in nest.reads] + [nest.store_index]
     variables = nest.node.index_vars()
-    ranges = {v: int(r) if sympy.sympify(r).is_Integer else 1 for v, r in zip(variables, nest.node.ranges)}
+    ranges = {v: typical(r) for v, r in zip(variables, nest.node.ranges)}
     return [sum(_footprint(a, ranges) for a in accesses if linear_stride(a, v) == 1) for v in variables]
 
 

@@ -142,4 +142,4 @@ def schedule(program: Program, target: Target | None = None) -> Schedule:
         kernel.inputs = [b for b in kernel.inputs if b.name not in taken]  # read through the output's pointer
         if kernel.is_scatter:
             kernel.scatter_init = _scatter_init_nest(kernel)
-    return Schedule(program.inputs, steps, program.outputs, memory)
+    return Schedule(program.inputs, steps, program.outputs, memory, program.size_inputs)

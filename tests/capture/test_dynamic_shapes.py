@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import kiln
+from kiln.runtime import fallback
 from tests.capture.test_graph_breaks import Counting
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -119,13 +120,28 @@ def test_python_branching_on_a_size_specializes_that_decision():
     assert len(compiled.kiln_cache.entries) == 3
 
 
-def test_the_kiln_backend_specializes_per_size_and_says_so(caplog):
+def test_the_kiln_backend_compiles_a_graph_with_symbolic_sizes_once():
+    kiln.reset()
+    fallback.reset()
+    compiled = kiln.compile(reshape_and_slice)
+    with kiln.backend.watch() as built:
+        _run(compiled, reshape_and_slice, [(2, 16), (3, 32), (4, 48), (5, 64)], torch.randn(64, 8))
+    assert len(compiled.kiln_cache.entries) == 2
+    # The static first capture (it may come from the AOT graph cache), then one graph for every
+    # later size: its kernels take the sizes as arguments.
+    symbolic = [b for b in built if any(b.stages.kernels.size_arguments.values())]
+    assert len(symbolic) == 1 and built[-1] is symbolic[0] and not fallback.FALLBACKS
+
+
+def test_with_symbolic_kernels_off_the_backend_specializes_per_size_and_says_so(caplog):
     kiln.reset()
     compiled = kiln.compile(reshape_and_slice)
-    with kiln.config.patch({"debug.logs": "recompiles"}), caplog.at_level(logging.INFO):
+    with kiln.config.patch({"debug.logs": "recompiles", "backend.symbolic_kernels": False}), caplog.at_level(logging.INFO):
         _run(compiled, reshape_and_slice, [(2, 16), (3, 32), (4, 48)], torch.randn(64, 8))
     assert len(compiled.kiln_cache.entries) == 2
-    specialized = [r.getMessage() for r in caplog.records if "specialized to" in r.getMessage()]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("compiled per size: backend.symbolic_kernels (KILN_SYMBOLIC_KERNELS) is off" in m for m in messages)
+    specialized = [m for m in messages if "specialized to" in m]
     assert len(specialized) == 2 and "(3, 32)" in specialized[0]
 
 

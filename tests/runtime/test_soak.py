@@ -104,15 +104,17 @@ def _storm_function(x):
     return torch.nn.functional.gelu(x * 2 + 1).sum(-1)
 
 
-@pytest.mark.parametrize("dynamic", [False, None], ids=["static", "automatic-dynamic"])
-def test_a_recompile_storm_stops_at_the_limit_and_loads_nothing_more(private_cache, dynamic):  # noqa: F811
-    """Ever-new sizes: static compiles one entry per size, automatic-dynamic one entry and one
-    size specialization per size; both stop at the limit, later calls run eagerly (told once)
-    and correctly, and no library is loaded after the limit, nor after kiln.reset() and the
-    same storm again."""
+@pytest.mark.parametrize("dynamic, symbolic_kernels", [(False, True), (None, False), (None, True)],
+                         ids=["static", "automatic-dynamic-per-size", "automatic-dynamic"])
+def test_a_recompile_storm_stops_at_the_limit_and_loads_nothing_more(private_cache, dynamic, symbolic_kernels):  # noqa: F811
+    """Ever-new sizes: static compiles one entry per size, automatic-dynamic compiled per size one
+    entry and one size specialization per size; both stop at the limit, later calls run eagerly
+    (told once) and correctly, and no library is loaded after the limit, nor after kiln.reset()
+    and the same storm again. With kernels over symbolic sizes, automatic-dynamic compiles two
+    libraries in all and every call runs compiled."""
     limit = 3
     fallback.reset()
-    with kiln.config.patch({"capture.recompile_limit": limit}):
+    with kiln.config.patch({"capture.recompile_limit": limit, "backend.symbolic_kernels": symbolic_kernels}):
         compiled = kiln.compile(_storm_function, dynamic=dynamic)
         with warnings.catch_warnings(record=True) as told:
             warnings.simplefilter("always")
@@ -126,12 +128,17 @@ def test_a_recompile_storm_stops_at_the_limit_and_loads_nothing_more(private_cac
             assert len(libraries) == limit
             assert [str(w.message) for w in told if "recompile limit" in str(w.message)][0].startswith(
                 "kiln.compile: _storm_function was compiled 3 times")
-        else:
+        elif not symbolic_kernels:
             # Entry 1 for size 1, entry 2 with the size dynamic, specialized to sizes 2, 3, 4.
             assert len(cache.entries) == 2 and len(libraries) == 1 + limit
             recorded = [f for f in fallback.FALLBACKS if "recompile limit" in f.reason]
             assert len(recorded) == 1 and "KILN_RECOMPILE_LIMIT" in recorded[0].reason
-        assert len([w for w in told if "recompile limit" in str(w.message)]) == 1
+        else:
+            # Entry 1 for size 1, entry 2 with the size dynamic: one library for every size.
+            assert len(cache.entries) == 2 and len(libraries) == 2 and cache.eager_calls == 0
+            assert not fallback.FALLBACKS and not [w for w in told if "recompile limit" in str(w.message)]
+        if not (dynamic is None and symbolic_kernels):
+            assert len([w for w in told if "recompile limit" in str(w.message)]) == 1
 
         # Many more new sizes: nothing compiled or loaded, and memory flat. Eager PyTorch itself
         # keeps about 30 KiB for each size it first sees (measured without kiln), so the sizes

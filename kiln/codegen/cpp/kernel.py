@@ -12,12 +12,41 @@ import torch
 
 from kiln.codegen.cpp.body import STORAGE_CTYPES, CppBody, value_ctype, value_dtype
 from kiln.codegen.cpp.printer import CTYPES, cpp_constant, cpp_index
+from kiln.ir import sizes
 from kiln.ir.index_bounds import linear_stride
 from kiln.ir.nodes import Layout
 from kiln.ir.ops import use_handler
 from kiln.ir.schedule import FusedKernel, LoopNest, loop_extents
 
 PARALLEL_MIN_WORK = 32768  # elements (times reduction length) below which threads cost more than they save
+_SIZE_ARGUMENT = re.compile(rf"\b{sizes.PREFIX}\d+\b")
+
+Size = sympy.Expr  # a trip count: an integer, or an expression over size symbols (kiln/ir/sizes.py)
+
+
+def _at_least(size: Size, bound: int) -> bool | str:
+    """`size >= bound`: known now for an integer size, else the C++ test for run time."""
+    size = sympy.sympify(size)
+    return int(size) >= bound if size.is_Integer else f"({cpp_index(size)} >= {bound}L)"
+
+
+def _all(*tests: bool | str) -> bool | str:
+    """The conjunction of tests known now (bools) and at run time (C++ strings)."""
+    if any(t is False for t in tests):
+        return False
+    pending = [t for t in tests if t is not True]
+    return " && ".join(pending) if pending else True
+
+
+def _pragma(directive: str, when: bool | str) -> str | None:
+    """`directive` when `when` holds: always (True), never (False, None), or under OpenMP's `if`."""
+    if when is False:
+        return None
+    return directive if when is True else f"{directive} if({when})"
+
+
+def _prod(sizes) -> Size:
+    return sympy.Mul(*sizes) if sizes else sympy.Integer(1)
 
 
 
@@ -53,8 +82,9 @@ class KernelPrinter:
         self.vectorized = False
         self.lines: list[str] = []
 
-    def _emit(self, line: str, depth: int) -> None:
-        self.lines.append("  " * depth + line)
+    def _emit(self, line: str | None, depth: int) -> None:
+        if line is not None:  # (a pragma not wanted)
+            self.lines.append("  " * depth + line)
 
     def _body(self, nest: LoopNest, vector_var: sympy.Symbol | None, scalar_locals: bool | None = None) -> CppBody:
         # Members sharing one loop share a scope: each names its temporaries after itself.
@@ -89,8 +119,13 @@ class KernelPrinter:
         k = self.kernel
         params = [f"const {STORAGE_CTYPES[b.layout.dtype]}* __restrict__ in{n}" for n, b in enumerate(k.inputs)]
         params += [f"{STORAGE_CTYPES[b.layout.dtype]}* __restrict__ out{n}" for n, b in enumerate(k.outputs)]
-        self._emit(f'extern "C" void {self.function}({", ".join(params)}) {{', 0)
         self._function_body()
+        # Symbolic sizes are arguments, in order of their names: the same kernel text (and the
+        # same compiled function) serves every size.
+        used = sorted(set(_SIZE_ARGUMENT.findall("\n".join(self.lines))), key=lambda n: int(n[len(sizes.PREFIX):]))
+        self.size_arguments = used
+        params += [f"int64_t {name}" for name in used]
+        self.lines.insert(0, f'extern "C" void {self.function}({", ".join(params)}) {{')
         self._emit("}", 0)
         return "\n".join(self.lines)
 
@@ -99,23 +134,25 @@ class KernelPrinter:
         if k.is_scatter:
             self._scatter(k.members[0])
             return
-        outer = [int(s) for s in k.outer]
-        work = math.prod(outer) * max([math.prod(int(s) for s in k.inner_ranges(m)) for m in k.members] + [1])
+        outer = list(k.outer)
+        work = _prod(outer) * sympy.Max(*[_prod(k.inner_ranges(m)) for m in k.members], 1)
         if k.vectorizes_outer and outer:
             self._pointwise_rows(outer, work)
         elif _reduces_across_rows(k):
             self._across_rows(outer, work)
         else:
-            depth = self._outer_loops(outer, len(outer), work)
+            depth = self._outer_loops(outer, len(outer), _at_least(work, PARALLEL_MIN_WORK))
             for nest in k.members:
                 self._member(nest, depth)
             self._close(depth, 1)
 
-    def _outer_loops(self, sizes: list[int], count: int, work: int, depth: int = 1) -> int:
-        if count and work >= PARALLEL_MIN_WORK and math.prod(sizes[:count]) > 1:
-            self._emit(f"#pragma omp parallel for collapse({count})" if count > 1 else "#pragma omp parallel for", depth)
+    def _outer_loops(self, sizes: list[Size], count: int, when: bool | str, depth: int = 1) -> int:
+        """`count` outer loops, parallel `when` (and over more than one iteration)."""
+        if count:
+            when = _all(when, _at_least(_prod(sizes[:count]), 2))
+            self._emit(_pragma(f"#pragma omp parallel for collapse({count})" if count > 1 else "#pragma omp parallel for", when), depth)
         for d in range(count):
-            self._emit(f"for (int64_t i{d} = 0; i{d} < {sizes[d]}L; ++i{d}) {{", depth + d)
+            self._emit(f"for (int64_t i{d} = 0; i{d} < {cpp_index(sizes[d])}; ++i{d}) {{", depth + d)
         return depth + count
 
     def _close(self, depth: int, down_to: int) -> None:
@@ -123,23 +160,34 @@ class KernelPrinter:
             self._emit("}", d)
 
     # -- kernels of pointwise members over the same loops: vectorize the last outer loop --------
-    def _pointwise_rows(self, outer: list[int], work: int) -> None:
+    def _split_rows(self, outer: list[Size], work: Size) -> tuple[int, bool | str, bool | str]:
+        """(depth inside the rows' loops, whether the rows run in parallel, whether the last loop
+        does): threads split the rows where there are at least 16, else the last loop. With a
+        symbolic row count the choice is made at run time (a parallel region inside a running one
+        gets one thread)."""
         last = len(outer) - 1
-        rows = math.prod(outer[:last])
-        split_rows = rows >= 16 or last == 0
-        depth = self._outer_loops(outer, last, work if rows >= 16 else 0)
+        large = _at_least(work, PARALLEL_MIN_WORK)
+        many_rows = _at_least(_prod(outer[:last]), 16)
+        depth = self._outer_loops(outer, last, _all(large, many_rows))
+        if last == 0:
+            return depth, False, large
+        few_rows = not many_rows if isinstance(many_rows, bool) else f"!{many_rows}"
+        return depth, _all(large, many_rows), _all(large, few_rows)
+
+    def _pointwise_rows(self, outer: list[Size], work: Size) -> None:
+        last = len(outer) - 1
+        depth, _, last_parallel = self._split_rows(outer, work)
         var = sympy.Symbol(f"i{last}", integer=True, nonnegative=True)
         self._vector_var = var
-        n = outer[last]
-        if work >= PARALLEL_MIN_WORK and not (split_rows and last):
-            self._emit("#pragma omp parallel for", depth)
-        self._emit(f"for (int64_t {var} = 0; {var} < {n}L - {n}L % kiln::L; {var} += kiln::L) {{", depth)
+        n = cpp_index(outer[last])
+        self._emit(_pragma("#pragma omp parallel for", last_parallel), depth)
+        self._emit(f"for (int64_t {var} = 0; {var} < {n} - {n} % kiln::L; {var} += kiln::L) {{", depth)
         self._members_once(depth + 1, var)
         self._emit("}", depth)
-        self._emit(f"for (int64_t {var} = {n}L - {n}L % kiln::L; {var} < {n}L; ++{var}) {{", depth)
+        self._emit(f"for (int64_t {var} = {n} - {n} % kiln::L; {var} < {n}; ++{var}) {{", depth)
         self._members_once(depth + 1, None)
         self._emit("}", depth)
-        self.vectorized = self.vectorized or n >= 4
+        self.vectorized = self.vectorized or _at_least(outer[last], 4) is not False
         self._close(depth, 1)
 
     def _members_once(self, depth: int, vector_var: sympy.Symbol | None) -> None:
@@ -150,15 +198,14 @@ class KernelPrinter:
             self._result(nest, body.result, depth, vector_var is not None)
 
     # -- reductions over a non-contiguous dim: vector accumulators along the last outer loop -----
-    def _across_rows(self, outer: list[int], work: int) -> None:
+    def _across_rows(self, outer: list[Size], work: Size) -> None:
         last = len(outer) - 1
-        depth = self._outer_loops(outer, last, work if math.prod(outer[:last]) >= 16 else 0)
+        depth, _, last_parallel = self._split_rows(outer, work)
         var = sympy.Symbol(f"i{last}", integer=True, nonnegative=True)
         self._vector_var = var
-        n = outer[last]
-        if work >= PARALLEL_MIN_WORK and math.prod(outer[:last]) < 16:
-            self._emit("#pragma omp parallel for", depth)
-        self._emit(f"for (int64_t {var} = 0; {var} < {n}L - {n}L % kiln::L; {var} += kiln::L) {{", depth)
+        n = cpp_index(outer[last])
+        self._emit(_pragma("#pragma omp parallel for", last_parallel), depth)
+        self._emit(f"for (int64_t {var} = 0; {var} < {n} - {n} % kiln::L; {var} += kiln::L) {{", depth)
         for nest in self.kernel.members:
             if nest.name in self.locals:
                 dtype = nest.buffer.layout.dtype
@@ -174,11 +221,11 @@ class KernelPrinter:
                 self._result(nest, body.result, depth + 2, True, declare_local=False)
             self._emit("}", depth + 1)
         self._emit("}", depth)
-        self._emit(f"for (int64_t {var} = {n}L - {n}L % kiln::L; {var} < {n}L; ++{var}) {{", depth)
+        self._emit(f"for (int64_t {var} = {n} - {n} % kiln::L; {var} < {n}; ++{var}) {{", depth)
         for nest in self.kernel.members:
             self._member(nest, depth + 1)
         self._emit("}", depth)
-        self.vectorized = self.vectorized or n >= 4
+        self.vectorized = self.vectorized or _at_least(outer[last], 4) is not False
         self._close(depth, 1)
 
     def _vector_accumulation(self, nest: LoopNest, var: sympy.Symbol, depth: int) -> None:
@@ -187,7 +234,7 @@ class KernelPrinter:
         boolean = node.dtype == torch.bool
         self._emit(f"auto vacc = {'kiln::splat_mask' if boolean else f'kiln::splat<{ctype}>'}({_init(kind, value_dtype(node.dtype))});", depth)
         symbols = self._inner_vars(nest)
-        inner_depth = self._scalar_loops(symbols, [int(s) for s in node.reduction_ranges], depth)
+        inner_depth = self._scalar_loops(symbols, list(node.reduction_ranges), depth)
         body = self._body(nest, var, scalar_locals=False)
         _, _, value = body.reduced
         for line in body.lines:
@@ -214,27 +261,28 @@ class KernelPrinter:
         `omp for` inside a parallel region whose threads all run the loops around it: the static
         schedule gives each thread the same share of that loop every time)."""
         node = nest.node
-        symbols, sizes = list(node.source_vars()), [int(s) for s in node.source_ranges]
+        symbols, sizes = list(node.source_vars()), list(node.source_ranges)
         if 0 in sizes:
             return  # no source element: nothing is written, and no index is checked (as eager)
         body = CppBody(self.pointers, self.buffers, None, None, "s", extents=loop_extents(node))
         with use_handler(body):
             target, value = node.scattered()
         flat = cpp_index(nest.buffer.layout.flat_index(target) - nest.buffer.layout.offset)
-        parallel = _disjoint_dim(target, symbols, sizes) if math.prod(sizes) >= PARALLEL_MIN_WORK else None
+        large = _at_least(_prod(sizes), PARALLEL_MIN_WORK)
+        parallel = _disjoint_dim(target, symbols, sizes) if large is not False else None
         levels = _loop_levels(body.lines, symbols)
         for line, level in zip(body.lines, levels):  # loop invariants (constants) go first
             if level == 0:
                 self._emit(line, 1)
         depth = 1
         if parallel is not None and parallel > 0:
-            self._emit("#pragma omp parallel", depth)
+            self._emit(_pragma("#pragma omp parallel", large), depth)
             self._emit("{", depth)
             depth += 1
         for d, (sym, size) in enumerate(zip(symbols, sizes)):
             if d == parallel:
-                self._emit("#pragma omp parallel for" if d == 0 else "#pragma omp for schedule(static) nowait", depth)
-            self._emit(f"for (int64_t {sym} = 0; {sym} < {size}L; ++{sym}) {{", depth)
+                self._emit(_pragma("#pragma omp parallel for", large) if d == 0 else "#pragma omp for schedule(static) nowait", depth)
+            self._emit(f"for (int64_t {sym} = 0; {sym} < {cpp_index(size)}; ++{sym}) {{", depth)
             depth += 1
             for line, level in zip(body.lines, levels):  # what depends on this loop and none inside it
                 if level == d + 1:
@@ -246,7 +294,7 @@ class KernelPrinter:
 
     # -- members with their own inner loops -----------------------------------------------------
     def _member(self, nest: LoopNest, depth: int) -> None:
-        inner = [int(s) for s in self.kernel.inner_ranges(nest)]
+        inner = list(self.kernel.inner_ranges(nest))
         if nest.name in self.locals:
             self._emit(f"{value_ctype(nest.buffer.layout.dtype)} {self.locals[nest.name]};", depth)
         self._emit("{", depth)
@@ -268,19 +316,20 @@ class KernelPrinter:
 
     def _scalar_loops(self, symbols, sizes, depth: int) -> int:
         for sym, size in zip(symbols, sizes):
-            self._emit(f"for (int64_t {sym} = 0; {sym} < {size}L; ++{sym}) {{", depth)
+            self._emit(f"for (int64_t {sym} = 0; {sym} < {cpp_index(size)}; ++{sym}) {{", depth)
             depth += 1
         return depth
 
-    def _vector_loop(self, var: sympy.Symbol, n: int, depth: int, vector_part, scalar_part, start: str = "0") -> None:
-        self._emit(f"int64_t {var}_end = {n}L - {n}L % kiln::L;", depth)
+    def _vector_loop(self, var: sympy.Symbol, size: Size, depth: int, vector_part, scalar_part, start: str = "0") -> None:
+        n = cpp_index(size)
+        self._emit(f"int64_t {var}_end = {n} - {n} % kiln::L;", depth)
         self._emit(f"for (int64_t {var} = {start}; {var} < {var}_end; {var} += kiln::L) {{", depth)
         vector_part(depth + 1)
         self._emit("}", depth)
-        self._emit(f"for (int64_t {var} = {var}_end; {var} < {n}L; ++{var}) {{", depth)
+        self._emit(f"for (int64_t {var} = {var}_end; {var} < {n}; ++{var}) {{", depth)
         scalar_part(depth + 1)
         self._emit("}", depth)
-        self.vectorized = self.vectorized or n >= 4
+        self.vectorized = self.vectorized or _at_least(size, 4) is not False
 
     def _inner_pointwise(self, nest: LoopNest, inner: list[int], depth: int) -> None:
         symbols = self._inner_vars(nest)
@@ -339,7 +388,7 @@ class KernelPrinter:
             return emit
 
         var, n = symbols[-1], inner[-1]
-        unrolled = n >= 4 * 16  # long rows: independent accumulators hide the combine's latency
+        unrolled = _at_least(n, 4 * 16) is not False  # long rows: independent accumulators hide the combine's latency
         if unrolled:
             self._unrolled_accumulation(var, n, inner_depth, part, identity)
         self._vector_loop(var, n, inner_depth, part(True), part(False), start=f"{var}_unrolled" if unrolled else "0")
@@ -347,14 +396,15 @@ class KernelPrinter:
         self._emit(f"acc = {_COMBINE[kind].format(v=f'kiln::{_HORIZONTAL[kind]}(vacc)')};", depth)
         self._result(nest, "acc", depth, False)
 
-    def _unrolled_accumulation(self, var: sympy.Symbol, n: int, depth: int, part, identity: str) -> None:
+    def _unrolled_accumulation(self, var: sympy.Symbol, size: Size, depth: int, part, identity: str) -> None:
         """Four vectors per step into four accumulators (each block rebinds the loop variable),
         folded into `vacc`; the plain vector loop and the scalar tail finish the row. The extra
         accumulators start from the identity: inside outer reduction loops `vacc` already holds
         earlier rows."""
         for k in range(1, _UNROLL):
             self._emit(f"auto vacc{k} = {identity};", depth)
-        self._emit(f"int64_t {var}_unrolled = {n}L - {n}L % ({_UNROLL} * kiln::L);", depth)
+        n = cpp_index(size)
+        self._emit(f"int64_t {var}_unrolled = {n} - {n} % ({_UNROLL} * kiln::L);", depth)
         self._emit(f"for (int64_t {var}_base = 0; {var}_base < {var}_unrolled; {var}_base += {_UNROLL} * kiln::L) {{", depth)
         for k in range(_UNROLL):
             self._emit("{", depth + 1)
@@ -372,7 +422,7 @@ def _disjoint_dim(target: tuple[sympy.Expr, ...], symbols: list[sympy.Symbol], s
     but `dim` of a scatter). Threads splitting that loop never write the same element, whatever
     the indirect indices are; a loop feeding only indirect indices may hit duplicates."""
     for d, (sym, size) in enumerate(zip(symbols, sizes)):
-        if size > 1 and any(t == sym for t in target):
+        if _at_least(size, 2) is not False and any(t == sym for t in target):
             return d
     return None
 
@@ -422,8 +472,9 @@ def _scatter_combine(node, target: str, value: str) -> str:
     return f"static_cast<{ctype}>({combined})"
 
 
-def kernel_source(kernel: FusedKernel, function: str) -> tuple[str, bool]:
-    """The kernel's C++ function named `function`, and whether it has vector loops."""
+def kernel_source(kernel: FusedKernel, function: str) -> tuple[str, bool, list[str]]:
+    """The kernel's C++ function named `function`, whether it has vector loops, and the size
+    symbols it takes after its pointers (kiln/ir/sizes.py), in order."""
     printer = KernelPrinter(kernel, function)
-    return printer.source(), printer.vectorized
+    return printer.source(), printer.vectorized, printer.size_arguments
 

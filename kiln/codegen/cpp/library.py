@@ -25,6 +25,7 @@ class CppKernels:
     vectorized: dict[str, bool] = field(default_factory=dict)  # kernel name -> has a vector loop
     checks: list[str] = field(default_factory=list)  # kernels after which the index-error flag is read
     arity: dict[str, int] = field(default_factory=dict)  # kernel name -> pointer arguments
+    size_arguments: dict[str, list[str]] = field(default_factory=dict)  # kernel name -> size symbols after them
 
     @property
     def source(self) -> str:
@@ -33,19 +34,18 @@ class CppKernels:
 
 
 def cpp_kernels(kernels: list[FusedKernel]) -> CppKernels:
-    """Print every kernel; NotImplementedError for a kernel with symbolic sizes."""
+    """Print every kernel (symbolic sizes become arguments after the pointers)."""
     printed = CppKernels()
     for kernel in kernels:
         if kernel.gemm is not None:
             raise NotImplementedError("a matrix product inside a C++ kernel (scheduled for Triton only)")
-        if not kernel.has_static_sizes:
-            raise NotImplementedError("C++ kernels with symbolic sizes")
-        text, vectorized = kernel_source(kernel, _PLACEHOLDER)
+        text, vectorized, size_arguments = kernel_source(kernel, _PLACEHOLDER)
         function = f"kernel_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
         printed.sources.setdefault(function, text.replace(_PLACEHOLDER, function))
         printed.functions[kernel.name] = function
         printed.vectorized[kernel.name] = vectorized
         printed.arity[kernel.name] = len(kernel.inputs) + len(kernel.outputs)
+        printed.size_arguments[kernel.name] = size_arguments
         if "kiln_index(" in text or "kiln::vindex(" in text:
             printed.checks.append(kernel.name)  # indirect indexing: check the error flag after
     return printed

@@ -1,0 +1,108 @@
+"""Kernels over symbolic sizes: a graph whose input sizes are symbolic is compiled once, its C++
+kernels taking the sizes as arguments, and serves every size with eager's results."""
+
+import os
+
+import pytest
+import torch
+
+import kiln
+from kiln.runtime import fallback
+from kiln.runtime.compiled_graph import CompiledGraph
+from kiln.runtime.frozen import FrozenProgram
+from kiln.runtime.specialized import SizeSpecialized
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _compiled_graphs(built):
+    return [b.runtime if isinstance(b, FrozenProgram) else b for b in built if isinstance(b, (CompiledGraph, FrozenProgram))]
+
+
+def _run_sizes(fn, sizes, make, dynamic=True, **tolerance):
+    """`fn` compiled with `dynamic` over inputs `make(size)`; the graphs the backend built."""
+    kiln.reset()
+    fallback.reset()
+    compiled = kiln.compile(fn, dynamic=dynamic)
+    with torch.no_grad(), kiln.backend.watch() as built:
+        for size in sizes:
+            args = make(size)
+            torch.testing.assert_close(compiled(*args), fn(*args), **tolerance)
+    assert not fallback.FALLBACKS, fallback.FALLBACKS
+    assert not any(isinstance(b, SizeSpecialized) for b in built)
+    return _compiled_graphs(built)
+
+
+def _rows(x, w, b):
+    y = torch.nn.functional.layer_norm(x * 2, (x.shape[-1],), w, b)
+    return torch.softmax(y, -1) + y.sum(0, keepdim=True) + x.amax(-1, keepdim=True)
+
+
+# Sizes around the vector width (8 and 16 lanes), the unroll length and OpenMP's thresholds.
+ODD = [3, 1, 7, 8, 17, 33, 64, 130]
+
+
+@pytest.mark.parametrize("cols", [5, 16, 67])
+def test_rows_of_every_length_through_one_compiled_graph(cols):
+    w, b = torch.randn(cols), torch.randn(cols)
+    graphs = _run_sizes(_rows, [2, 3, 9, 17, 300, 2], lambda n: (torch.randn(n, cols), w, b))
+    assert len(graphs) == 1 and any(graphs[0].artifact.size_arguments.values())
+
+
+def _columns(x):
+    # A reduction over rows (vectorized across the columns), a transposed read and a cumulative op.
+    return x.sum(0) * 2, (x.t() * x.mean(0, keepdim=True).t()).relu(), torch.cat([x, x[:, :1]], 1)
+
+
+def test_symbolic_columns_and_rows():
+    graphs = _run_sizes(_columns, [(r, c) for r in (2, 5) for c in ODD], lambda rc: (torch.randn(*rc),))
+    assert len(graphs) <= 2  # a column count of 1 is its own capture
+
+
+def _gather_scatter(x, idx):
+    return x.index_select(0, idx) * 3, torch.zeros(x.shape[0], x.shape[1]).index_add(0, idx, x[: idx.shape[0]])
+
+
+def test_gathers_and_scatters_over_symbolic_sizes():
+    def make(n):
+        return torch.randn(n, 6), torch.randint(0, n, (max(n // 2, 2),))
+    graphs = _run_sizes(_gather_scatter, [4, 9, 33, 70], make)
+    assert len(graphs) == 1
+
+
+def test_a_kernel_takes_its_sizes_as_arguments():
+    graphs = _run_sizes(lambda x: (x * 2).relu().sum(-1), [(4, 9), (5, 17)], lambda s: (torch.randn(*s),))
+    source = graphs[0].source
+    assert "int64_t ks" in source and "9L" not in source and "17L" not in source
+
+
+def _tiny(name):
+    import transformers
+
+    common = dict(vocab_size=1000, num_hidden_layers=2)
+    if name == "bert":
+        config = transformers.BertConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                                         max_position_embeddings=256, **common)
+        return transformers.BertModel(config).eval()
+    config = transformers.GPT2Config(n_embd=64, n_head=4, n_positions=256, **common)
+    return transformers.GPT2Model(config).eval()
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_hf_models_over_twelve_shapes_compile_once_per_capture(name):
+    """Batch 1, 2, 4 x sequence 16-128 through kiln.compile's default backend: one backend compile
+    per capture (static first; sequence dynamic at batch 1; both dynamic), no compile per size."""
+    model = _tiny(name)
+    shapes = [(b, s) for b in (1, 2, 4) for s in (16, 32, 64, 128)]
+    g = torch.Generator().manual_seed(0)
+    kiln.reset()
+    fallback.reset()
+    compiled = kiln.compile(model)
+    with torch.no_grad(), kiln.backend.watch() as built:
+        for b, s in shapes:
+            ids = torch.randint(0, 1000, (b, s), generator=g)
+            torch.testing.assert_close(compiled(input_ids=ids)[0], model(input_ids=ids)[0], rtol=1e-4, atol=1e-4)
+    cache = compiled.kiln_cache
+    assert not fallback.FALLBACKS and cache.eager_calls == 0
+    assert not any(isinstance(b, SizeSpecialized) for b in built)
+    assert len(built) <= len(cache.entries) <= 3
