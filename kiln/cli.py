@@ -1,5 +1,6 @@
 """The `kiln` command: `kiln bench` runs the benchmark, `kiln report` re-renders a saved run,
-`kiln capture-cost` measures what kiln's own capture costs per model, `kiln autotune` fills the
+`kiln capture-cost` measures what kiln's own capture costs per model, `kiln many-shapes` what
+serving many input sizes costs, `kiln autotune` fills the
 autotune cache for models ahead of time, `kiln profile` times each kernel and extern of a model's
 compiled graphs against the machine's peak."""
 
@@ -10,7 +11,7 @@ import sys
 
 from kiln import logs
 from kiln.autotune import cli as autotune_cli
-from kiln.bench import capture_cost, cli as bench_cli, profile_cli
+from kiln.bench import capture_cost, cli as bench_cli, many_shapes, profile_cli
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_cli.add_bench_command(commands)
     bench_cli.add_report_command(commands)
     capture_cost.add_command(commands)
+    many_shapes.add_command(commands)
     autotune_cli.add_command(commands)
     profile_cli.add_command(commands)
     args = parser.parse_args(argv)

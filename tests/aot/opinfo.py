@@ -161,15 +161,15 @@ def _same_metadata(actual, expected) -> None:
     assert [(t.shape, t.dtype) for t in a] == [(t.shape, t.dtype) for t in e], "output shapes or dtypes differ"
 
 
-def _compile(fn, counting: CountingBackend, door: str, breaks: list):
-    """`fn` compiled through `door` with `counting` as its backend; kiln's capture reports the
-    frames it ran eagerly into `breaks`."""
+def _compile(fn, counting: CountingBackend, door: str, breaks: list, dynamic: bool | None = None):
+    """`fn` compiled through `door` with `counting` as its backend (`dynamic` passed on: True makes
+    every input size symbolic); kiln's capture reports the frames it ran eagerly into `breaks`."""
     if door == "torch.compile":
-        return torch.compile(fn, backend=counting)
+        return torch.compile(fn, backend=counting, dynamic=dynamic)
     if door != "kiln.compile":
         raise ValueError(f"door must be one of {DOORS}, got {door!r}")
     kiln.reset()
-    compiled = kiln.compile(fn, backend=counting)
+    compiled = kiln.compile(fn, backend=counting, dynamic=dynamic)
 
     def run(*args):
         BREAKS.clear()
@@ -184,7 +184,7 @@ def _compile(fn, counting: CountingBackend, door: str, breaks: list):
 
 
 def check_sample(op, sample, backward: bool, seed: int = 0, backend: str = "kiln_aot_eager",
-                 door: str = "torch.compile", tolerance: str = "1e-4") -> Outcome:
+                 door: str = "torch.compile", tolerance: str = "1e-4", dynamic: bool | None = None) -> Outcome:
     tol = TOLERANCES[tolerance]
     tensors, rebuild = _split(sample)
 
@@ -205,7 +205,7 @@ def check_sample(op, sample, backward: bool, seed: int = 0, backend: str = "kiln
     inputs = _fresh(tensors)
     try:
         torch.manual_seed(seed)
-        actual = _compile(fn, counting, door, breaks)(*inputs)
+        actual = _compile(fn, counting, door, breaks, dynamic)(*inputs)
         actual_grads = _grads(actual, inputs, seed) if backward else []
     except Exception as e:  # noqa: BLE001
         return counting.record(raised(e))

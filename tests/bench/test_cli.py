@@ -81,3 +81,11 @@ def test_report_of_a_missing_run(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit:
         main(["report", str(tmp_path / "none.json")])
     assert exit.value.code == 2 and "cannot read the run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, named", [(["--batches", "1,0"], "--batches"), (["--seqs", "16,x"], "--seqs"),
+                                         (["--models", "nosuch"], "unknown model 'nosuch'")])
+def test_many_shapes_refuses_bad_arguments_naming_them(capsys, argv, named):
+    with pytest.raises(SystemExit) as exit:
+        main(["many-shapes", *argv])
+    assert exit.value.code == 2 and named in capsys.readouterr().err

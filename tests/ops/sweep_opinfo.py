@@ -14,6 +14,7 @@ generated code rather than as ATen externs, and kiln's failures grouped by cause
 Each sample has a time limit (SIGALRM; --timeout). Rows are written to --json after every op, and
 --resume skips the ops already there, so a crash costs one op. `--report PATH` prints (and with
 --markdown writes) the summary of a saved run without running anything.
+`--dynamic` compiles with every input size symbolic (`dynamic=True` at both doors: torch.compile and kiln.compile).
 """
 
 from __future__ import annotations
@@ -64,11 +65,12 @@ def time_limit(seconds: int):
         signal.signal(signal.SIGALRM, previous)
 
 
-def run_sample(op, sample, backward: bool, name: str, timeout: int, tolerance: str) -> Outcome:
+def run_sample(op, sample, backward: bool, name: str, timeout: int, tolerance: str,
+               dynamic: bool | None = None) -> Outcome:
     backend, door = BACKENDS[name]
     try:
         with time_limit(timeout):
-            return check_sample(op, sample, backward, backend=backend, door=door, tolerance=tolerance)
+            return check_sample(op, sample, backward, backend=backend, door=door, tolerance=tolerance, dynamic=dynamic)
     except SampleTimeout as e:
         return Outcome("fail", f"raised SampleTimeout: {e}")
     except Exception as e:  # noqa: BLE001 - the sweep goes on whatever one sample does
@@ -82,7 +84,8 @@ def selected_ops(only: set[str] | None) -> list:
     return [op for op in ops if not only or op.name in only or op_id(op) in only]
 
 
-def sweep_op(op, backward: bool, samples_per_op: int, backends: tuple[str, ...], timeout: int, tolerance: str) -> dict:
+def sweep_op(op, backward: bool, samples_per_op: int, backends: tuple[str, ...], timeout: int, tolerance: str,
+             dynamic: bool | None = None) -> dict:
     row = dict(op=op_id(op), family=family(op), backward=backward)
     try:
         samples = list(op.sample_inputs("cpu", torch.float32, requires_grad=backward))[:samples_per_op]
@@ -91,7 +94,7 @@ def sweep_op(op, backward: bool, samples_per_op: int, backends: tuple[str, ...],
     outcomes: dict[str, list[Outcome]] = {b: [] for b in backends}
     for sample in samples:  # interleaved: each sample through every backend before the next
         for b in backends:
-            outcomes[b].append(run_sample(op, sample, backward, b, timeout, tolerance))
+            outcomes[b].append(run_sample(op, sample, backward, b, timeout, tolerance, dynamic))
     for b in backends:
         status, detail = op_status(outcomes[b])
         row[b], row[f"{b}_detail"] = status, detail[:300]
@@ -105,14 +108,14 @@ def sweep_op(op, backward: bool, samples_per_op: int, backends: tuple[str, ...],
 
 
 def sweep(ops: list, backward: bool, samples_per_op: int, backends: tuple[str, ...], timeout: int, tolerance: str,
-          done: list[dict], save) -> list[dict]:
+          done: list[dict], save, dynamic: bool | None = None) -> list[dict]:
     rows = list(done)
     seen = {r["op"] for r in done}
     for op in ops:
         if op_id(op) in seen or (backward and not op.supports_autograd):
             continue
         start = time.time()
-        row = sweep_op(op, backward, samples_per_op, backends, timeout, tolerance)
+        row = sweep_op(op, backward, samples_per_op, backends, timeout, tolerance, dynamic)
         rows.append(row)
         save(rows)
         extra = " ".join(f"{b}={row[b]}" for b in backends)
@@ -148,6 +151,8 @@ def main() -> int:
                         help="float32: torch.testing's defaults (rtol 1.3e-6, atol 1e-5); 1e-4: atol = rtol = 1e-4")
     parser.add_argument("--codegen", choices=("cpp", "triton"), default="cpp",
                         help="kiln's code generator (triton: run by Triton's interpreter on CPU; default cpp)")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="compile with dynamic=True (every input size symbolic) at both doors")
     parser.add_argument("--timeout", type=int, default=180, help="seconds per sample and backend (default 180)")
     parser.add_argument("--json", help="write every row here, after each op")
     parser.add_argument("--resume", action="store_true", help="keep the rows already in --json and skip their ops")
@@ -163,6 +168,8 @@ def main() -> int:
     meta = dict(torch=torch.__version__, threads=torch.get_num_threads(), samples_per_op=args.samples,
                 direction="backward" if args.backward else "forward", dtype="float32", device="cpu", note=args.note or "",
                 tolerance=args.tolerance, codegen=args.codegen, commit=_commit(), cpu=_cpu(), started=time.strftime("%Y-%m-%d %H:%M %Z"))
+    if args.dynamic:  # a static run's results keep their exact form
+        meta |= dict(dynamic=True, note="; ".join(filter(None, ["dynamic=True (--dynamic)", meta["note"]])))
     if args.report:
         with open(args.report) as f:
             saved = json.load(f)
@@ -192,7 +199,8 @@ def main() -> int:
                 os.replace(args.json + ".tmp", args.json)
 
         only = set(args.ops.split(",")) if args.ops else None
-        rows = sweep(selected_ops(only), args.backward, args.samples, backends, args.timeout, args.tolerance, done, save)
+        rows = sweep(selected_ops(only), args.backward, args.samples, backends, args.timeout, args.tolerance, done, save,
+                     True if args.dynamic else None)
         seconds = prior + round(time.time() - start)
         save(rows)
     print(summary_text(rows, meta, seconds))
