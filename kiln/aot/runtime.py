@@ -9,33 +9,59 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import sympy
 import torch
 from torch.autograd.function import once_differentiable
 
 from kiln.aot.signature import Alias, Signature, TensorMeta
 
 
-def _layout(alias: Alias, graph_output: torch.Tensor) -> tuple[Any, Any, Any]:
-    # Sizes known at trace time are exact; symbolic ones are read from what the graph returned.
+def _symbol_values(sig: Signature, args: Sequence[Any]) -> dict[Any, Any]:
+    """Each symbol an input's size (or an integer input) is, with its value in this call."""
+    values: dict[Any, int] = {}
+    for traced, arg in zip(sig.input_sizes, args):
+        pairs = zip(traced, arg.shape) if isinstance(traced, tuple) and isinstance(arg, torch.Tensor) else [(traced, arg)]
+        for size, value in pairs:
+            if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                values.setdefault(size.node.expr, sympy.Integer(int(value)))
+    return values
+
+
+def _evaluate(value: Any, symbols: dict[Any, int]) -> int | None:
+    if not isinstance(value, torch.SymInt):
+        return int(value)
+    expr = sympy.sympify(value.node.expr).xreplace(symbols)
+    return int(expr) if expr.is_Integer else None
+
+
+def _layout(alias: Alias, graph_output: torch.Tensor, symbols: dict[Any, int]) -> tuple[Any, Any, Any]:
+    # Sizes known at trace time are exact; symbolic ones are evaluated at this call's input sizes.
     if all(isinstance(v, int) for v in (*alias.size, *alias.stride, alias.storage_offset)):
         return alias.size, alias.stride, alias.storage_offset
-    return graph_output.size(), graph_output.stride(), graph_output.storage_offset()
+    size = [_evaluate(v, symbols) for v in alias.size]
+    stride = [_evaluate(v, symbols) for v in alias.stride]
+    offset = _evaluate(alias.storage_offset, symbols)
+    if None in (*size, *stride, offset):
+        raise RuntimeError(f"kiln: the layout of an output viewing an input, {alias.size} {alias.stride}, "
+                           "depends on a size no input gives")
+    return size, stride, offset
 
 
-def _as_view_of(base: torch.Tensor, alias: Alias, graph_output: torch.Tensor) -> torch.Tensor:
+def _as_view_of(base: torch.Tensor, alias: Alias, graph_output: torch.Tensor, symbols: dict[Any, int]) -> torch.Tensor:
     if alias.same_tensor:
         return base
     if graph_output.untyped_storage().data_ptr() == base.untyped_storage().data_ptr():
         return graph_output  # the graph already returned a view of the right storage
-    size, stride, offset = _layout(alias, graph_output)
+    size, stride, offset = _layout(alias, graph_output, symbols)
     return base.as_strided(size, stride, offset)
 
 
 def restore_aliases(sig: Signature, args: Sequence[Any], outputs: list[Any]) -> list[Any]:
     """Outputs that were views of inputs (or of other outputs) in eager become views again."""
+    symbols = _symbol_values(sig, args) if sig.aliases else {}
     for k, alias in sig.aliases.items():
         base = args[alias.base] if alias.of == "input" else outputs[alias.base]
-        outputs[k] = _as_view_of(base, alias, outputs[k])
+        outputs[k] = _as_view_of(base, alias, outputs[k], symbols)
     return outputs
 
 

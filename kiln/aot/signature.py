@@ -77,6 +77,9 @@ class Signature:
     output_requires_grad: list[bool] = field(default_factory=list)
     output_is_tensor: list[bool] = field(default_factory=list)
     output_metas: list[TensorMeta | None] = field(default_factory=list)
+    # Each input's sizes as traced (SymInts where symbolic), or the input itself when not a tensor:
+    # how an alias's symbolic layout is evaluated at each call (kiln/aot/runtime.py).
+    input_sizes: list[Any] = field(default_factory=list)
 
     @property
     def num_outputs(self) -> int:
@@ -134,6 +137,7 @@ def _mutated_inputs(fn: Callable[..., Sequence[Any]], fake_args: Sequence[Any], 
 def analyze(fn: Callable[..., Sequence[Any]], fake_args: Sequence[Any], fake_mode: Any) -> Signature:
     """Run `fn` on fake copies of `fake_args` and record mutations and output aliasing."""
     sig = Signature(num_inputs=len(fake_args), mutated_inputs=_mutated_inputs(fn, fake_args, fake_mode))
+    sig.input_sizes = [tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in fake_args]
     with fake_mode, _untraced(fake_mode):
         args = [_fresh(a) for a in fake_args]
         with _grad_mode(args):

@@ -106,3 +106,23 @@ def test_hf_models_over_twelve_shapes_compile_once_per_capture(name):
     assert not fallback.FALLBACKS and cache.eager_calls == 0
     assert not any(isinstance(b, SizeSpecialized) for b in built)
     assert len(built) <= len(cache.entries) <= 3
+
+
+VIEWS = {"permute": lambda x: x.permute(2, 0, 1), "narrow": lambda x: x.narrow(1, 1, 2),
+         "split": lambda x: x.split(2, 1), "diagonal": lambda x: x.diagonal(0, 1, 2), "select": lambda x: x[:, 1],
+         "unbind": lambda x: x.unbind(1), "expand": lambda x: x.expand(3, *x.shape)}
+
+
+@pytest.mark.parametrize("name", list(VIEWS))
+def test_outputs_viewing_an_input_get_the_layout_of_each_call(name):
+    # The AOT layer hands such outputs back as views of the input, their layout evaluated at the
+    # call's sizes (the graph's own output is a contiguous copy).
+    fn = VIEWS[name]
+    kiln.reset()
+    compiled = kiln.compile(fn, dynamic=True)
+    for shape in [(2, 3, 4), (3, 5, 6), (4, 7, 9)]:
+        x = torch.randn(*shape)
+        got, want = compiled(x), fn(x)
+        torch.testing.assert_close(got, want)
+        for g, w in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
+            assert g.stride() == w.stride() and g.data_ptr() == w.data_ptr()
