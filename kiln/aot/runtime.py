@@ -18,7 +18,7 @@ from kiln.aot.signature import Alias, Signature, TensorMeta
 
 def _symbol_values(sig: Signature, args: Sequence[Any]) -> dict[Any, Any]:
     """Each symbol an input's size (or an integer input) is, with its value in this call."""
-    values: dict[Any, int] = {}
+    values: dict[Any, Any] = {}
     for traced, arg in zip(sig.input_sizes, args):
         pairs = zip(traced, arg.shape) if isinstance(traced, tuple) and isinstance(arg, torch.Tensor) else [(traced, arg)]
         for size, value in pairs:
@@ -27,14 +27,14 @@ def _symbol_values(sig: Signature, args: Sequence[Any]) -> dict[Any, Any]:
     return values
 
 
-def _evaluate(value: Any, symbols: dict[Any, int]) -> int | None:
+def _evaluate(value: Any, symbols: dict[Any, Any]) -> int | None:
     if not isinstance(value, torch.SymInt):
         return int(value)
     expr = sympy.sympify(value.node.expr).xreplace(symbols)
     return int(expr) if expr.is_Integer else None
 
 
-def _layout(alias: Alias, graph_output: torch.Tensor, symbols: dict[Any, int]) -> tuple[Any, Any, Any]:
+def _layout(alias: Alias, symbols: dict[Any, Any]) -> tuple[Any, Any, Any]:
     # Sizes known at trace time are exact; symbolic ones are evaluated at this call's input sizes.
     if all(isinstance(v, int) for v in (*alias.size, *alias.stride, alias.storage_offset)):
         return alias.size, alias.stride, alias.storage_offset
@@ -47,12 +47,12 @@ def _layout(alias: Alias, graph_output: torch.Tensor, symbols: dict[Any, int]) -
     return size, stride, offset
 
 
-def _as_view_of(base: torch.Tensor, alias: Alias, graph_output: torch.Tensor, symbols: dict[Any, int]) -> torch.Tensor:
+def _as_view_of(base: torch.Tensor, alias: Alias, graph_output: torch.Tensor, symbols: dict[Any, Any]) -> torch.Tensor:
     if alias.same_tensor:
         return base
     if graph_output.untyped_storage().data_ptr() == base.untyped_storage().data_ptr():
         return graph_output  # the graph already returned a view of the right storage
-    size, stride, offset = _layout(alias, graph_output, symbols)
+    size, stride, offset = _layout(alias, symbols)
     return base.as_strided(size, stride, offset)
 
 

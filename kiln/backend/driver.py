@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -42,8 +43,8 @@ from kiln.lowering.graph import GraphLowering
 from kiln.lowering.registry import LOWERINGS
 from kiln.passes import pipeline
 from kiln.passes.constants import has_frozen_inputs, unmark_frozen
-from kiln.passes.specialize_sizes import (deepcopy_graph, has_symbolic_sizes, scalar_inputs, specialize,
-                                          symbolic_declined, symbolic_inputs)
+from kiln.passes.specialize_sizes import (has_symbolic_sizes, scalar_inputs, specialize, symbolic_declined,
+                                          symbolic_inputs)
 from kiln.passes.verify import verify_graph
 from kiln.runtime import saved
 from kiln.runtime.compiled_graph import CompiledGraph, GraphArtifact, build
@@ -191,11 +192,14 @@ class Backend:
         reason = symbolic_declined(gm, target)
         if reason is None:
             # The rewrites edit the graph in place; a copy keeps `gm` for per-size compiles.
-            copy = fx.GraphModule(gm, deepcopy_graph(gm.graph))
+            graph_copy = fx.GraphModule(gm, copy.deepcopy(gm.graph))
             try:
-                return self._pipeline(copy, target, folder, symbolic=True)
-            except NotImplementedError as error:
-                reason = str(error) or type(error).__name__
+                return self._pipeline(graph_copy, target, folder, symbolic=True)
+            except (NotImplementedError, TypeError, ValueError) as error:
+                # NotImplementedError: a stage declined a symbolic size. A TypeError or
+                # ValueError there is a stage meeting a symbol where it wanted a number: the
+                # per-size path, which sees only numbers, still compiles the graph.
+                reason = f"{type(error).__name__}: {error}"
         logs.log("recompiles", "kiln backend: a graph with symbolic sizes is compiled per size: %s", reason)
         return None
 
@@ -250,13 +254,12 @@ class Backend:
                 kernels = cpp_kernels(scheduled.kernels)
                 units = translation_units(kernels, workers())
             arguments = "tensors" if target.codegen == "triton" else "pointers"
-            size_arguments = getattr(kernels, "size_arguments", {})
             wrapper = python_wrapper(scheduled, set(kernels.checks), arguments, target.device, host_inputs(gm, target),
-                                     size_arguments)
+                                     kernels.size_arguments)
             report = fusion_report(program, scheduled, kernels)
         artifact = GraphArtifact(units, wrapper.source, wrapper.constants, wrapper.ops,
                                  {k: (kernels.functions[k], kernels.arity[k]) for k in kernels.functions},
-                                 kernels.checks, report, target.codegen, target.device, size_arguments)
+                                 kernels.checks, report, target.codegen, target.device, kernels.size_arguments)
         dump.ir_after_fusion(folder, scheduled, kernels.functions, report)
         dump.code(folder, kernels.source, wrapper.source, target.codegen)
         with compile_time.stage("build"):

@@ -19,15 +19,14 @@ from typing import Any
 
 import torch
 
+import kiln
 from kiln import config
 from kiln.bench.models import MODELS, chosen_models
+from kiln.runtime import fallback
+from kiln.runtime.specialized import SizeSpecialized
 
 
 def measure(name: str, shapes: list[tuple[int, int]]) -> dict[str, Any]:
-    import kiln
-    from kiln.runtime import fallback
-    from kiln.runtime.specialized import SizeSpecialized
-
     model = MODELS[name].build(False)
     kiln.reset()
     fallback.reset()

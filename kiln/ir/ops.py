@@ -16,6 +16,8 @@ import contextlib
 import contextvars
 from typing import Any, Iterator
 
+import sympy
+
 # name -> arity, for the pointwise ops every handler implements.
 # Each means what the torch function of the same name means on operands of one dtype (the
 # reference executor calls it), except truediv/floordiv (torch.div and its rounding modes).
@@ -83,6 +85,15 @@ class _Ops:
         if name not in ALL_OPS:
             raise AttributeError(f"ops.{name} is not an op of the protocol; known ops: {', '.join(ALL_OPS)}")
         return getattr(handler, name)
+
+    def constant(self, value: Any, dtype: Any) -> Any:
+        """A number; or a symbolic size (an expression over size symbols, kiln/ir/sizes.py), which
+        is an index expression, computed where the kernel runs, for every handler alike."""
+        if isinstance(value, sympy.Basic):
+            if not value.is_number:
+                return self.index_expr(value, dtype)
+            value = int(value) if value.is_Integer else float(value)
+        return self.__getattr__("constant")(value, dtype)
 
 
 ops = _Ops()

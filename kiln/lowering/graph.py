@@ -22,7 +22,7 @@ from kiln.ir.program import ComputeStep, ExternStep, Program
 from kiln.ir.sizes import is_size_symbol, size_expr, unbound_symbols
 from kiln.lowering import table as _table, views as _views  # noqa: F401  (fills the lowering table)
 from kiln.lowering.context import lowering_graph
-from kiln.lowering.extern_layouts import argument_layout, argument_metas, layout_of, output_layouts
+from kiln.lowering.extern_layouts import argument_layout, argument_metas, layout_of, output_layouts, returns_view
 from kiln.lowering.realize import should_realize
 from kiln.lowering.registry import LOWERINGS
 from kiln.lowering.values import ReductionResult, TensorValue
@@ -46,6 +46,11 @@ def _has_data_dependent_sizes(node: fx.Node, args: tuple, kwargs: dict) -> bool:
         if isinstance(v, torch.Tensor) and any(map(unbound, (*v.shape, *v.stride()))):
             return True
     return any(isinstance(v, TensorValue) and any(map(unbound, v.size)) for v in pytree.tree_leaves((args, kwargs)))
+
+
+def _makes_new_tensor(node: Any) -> bool:
+    """Whether an fx node is a call whose result eager allocates anew (not an input, not a view)."""
+    return isinstance(node, fx.Node) and node.op == "call_function" and returns_view(node.target) is False
 
 
 def _input_size(node: fx.Node) -> sympy.Expr | None:
@@ -173,13 +178,19 @@ class GraphLowering:
         self.program.steps.append(ExternStep([buffer], torch.ops.aten.alias.default, (value,), {}))
         return TensorValue.of_buffer(buffer)
 
-    def _output(self, value: Any, meta: Any) -> Any:
+    def _output(self, value: Any, meta: Any, node: Any) -> Any:
         """A graph output as a buffer: a view of a buffer already laid out as eager's output is
         returned as that view (a transposed weight gradient, say), anything else is computed
-        into a buffer with eager's layout."""
+        into a buffer with eager's layout. An output made by an op that returns a new tensor is
+        one, even where it holds an input's elements (`x.clone()` lowers to `x` itself): handed
+        back as the input, a write into it would change the caller's tensor. (An input returned
+        as it is, a tensor saved for the backward, and views stay as they are.)"""
         if not isinstance(value, TensorValue):
             return value
-        if value.buffer is not None:
+        base = value.buffer if value.buffer is not None else value.strided[0] if value.strided is not None else None
+        if base is not None and base in self.program.inputs and _makes_new_tensor(node):
+            value = TensorValue(value.size, value.dtype, value.loader)  # a loader only: realized below
+        elif value.buffer is not None:
             return value.buffer
         layout = layout_of(meta) if isinstance(meta, torch.Tensor) else None
         if layout is not None and value.strided is not None and value.strided[1] == layout:
@@ -206,9 +217,9 @@ class GraphLowering:
                     self.program.inputs.append(None)
             elif node.op == "get_attr":
                 env[node] = self._constant(operator.attrgetter(node.target)(self.gm))
-            elif node.op == "call_function" and _input_size(node) is not None:
+            elif node.op == "call_function" and (size := _input_size(node)) is not None:
                 # A size computed from the inputs' sizes (sym_size, arithmetic on them): its expression.
-                env[node] = _input_size(node)
+                env[node] = size
             elif node.op == "call_function":
                 args, kwargs = pytree.tree_map_only(fx.Node, env.__getitem__, (node.args, node.kwargs))
                 env[node] = args[0][args[1]] if node.target is operator.getitem else self._call(node, args, kwargs)
@@ -219,7 +230,8 @@ class GraphLowering:
                     env[node] = TensorValue.of_buffer(self.realize(env[node], layout))
             elif node.op == "output":
                 outs = pytree.tree_map_only(fx.Node, env.__getitem__, node.args[0])
-                metas = [n.meta.get("val") if isinstance(n, fx.Node) else None for n in pytree.tree_leaves(node.args[0])]
+                nodes = pytree.tree_leaves(node.args[0])
+                metas = [n.meta.get("val") if isinstance(n, fx.Node) else None for n in nodes]
                 leaves = pytree.tree_leaves(outs)
-                self.program.outputs = [self._output(v, m) for v, m in zip(leaves, metas)]
+                self.program.outputs = [self._output(v, m, n) for v, m, n in zip(leaves, metas, nodes)]
         return self.program

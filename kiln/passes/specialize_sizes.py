@@ -81,23 +81,14 @@ def _with_values(gm: fx.GraphModule, values: dict[int, Any]) -> fx.GraphModule:
     return gm
 
 
-def deepcopy_graph(graph: fx.Graph) -> fx.Graph:
-    return copy.deepcopy(graph)
-
-
-def bound_symbols(gm: fx.GraphModule) -> dict[Any, tuple[int, int | None]]:
-    """Each size symbol an input gives as it is, with where: (input position, dim), or (input
-    position, None) for an integer input."""
-    bound: dict[Any, tuple[int, int | None]] = {}
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for k, node in enumerate(placeholders):
-        val = node.meta.get("val")
-        dims = list(enumerate(val.shape)) if isinstance(val, torch.Tensor) else [(None, val)]
-        for d, size in dims:
-            if isinstance(size, torch.SymInt):
-                expr = size_expr(size)
-                if is_size_symbol(expr):
-                    bound.setdefault(expr, (k, d))
+def bound_symbols(gm: fx.GraphModule) -> set[Any]:
+    """The size symbols an input gives as they are: one of its dims, or an integer input."""
+    bound = set()
+    for node in gm.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        for size in val.shape if isinstance(val, torch.Tensor) else [val]:
+            if isinstance(size, torch.SymInt) and is_size_symbol(expr := size_expr(size)):
+                bound.add(expr)
     return bound
 
 
@@ -107,7 +98,7 @@ def symbolic_declined(gm: fx.GraphModule, target: Any) -> str | None:
         return "backend.symbolic_kernels (KILN_SYMBOLIC_KERNELS) is off"
     if target.codegen != "cpp":
         return "kernels over symbolic sizes are generated in C++ only"
-    if reads_input_values(gm) or any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
+    if any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
         return "the graph reads a number out of a tensor"
     bound = bound_symbols(gm)
     for node in gm.graph.nodes:

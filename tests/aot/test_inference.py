@@ -205,3 +205,23 @@ def test_outputs_viewing_an_intermediate_that_is_not_returned_stay_separate():
         outs = aot.compile(fx.symbolic_trace(f), [x], backend)(x)
         for got, want in zip(outs, f(x)):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+COPIES = {"clone": lambda x: x.clone(), "clone then add_": lambda x: x.clone().add_(1),
+          "transposed clone": lambda x: x.t().clone(), "contiguous copy": lambda x: x.t().contiguous()}
+VIEWS = {"itself": lambda x: x, "transpose": lambda x: x.t(), "row": lambda x: x[1]}
+
+
+@pytest.mark.parametrize("door", ["kiln.compile", "torch.compile"])
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_copies_of_an_input_are_fresh_and_views_of_it_stay_views(door, dynamic):
+    # clone lowers to its operand; a graph output that is an input's elements is still a new tensor.
+    for name, fn in {**COPIES, **VIEWS}.items():
+        kiln.reset()
+        compiled = kiln.compile(fn, dynamic=dynamic) if door == "kiln.compile" else \
+            torch.compile(fn, backend="kiln", dynamic=dynamic)
+        x = torch.randn(5, 5)
+        out, want = compiled(x), fn(x.clone())
+        torch.testing.assert_close(out, want)
+        shares = out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        assert shares == (name in VIEWS), name

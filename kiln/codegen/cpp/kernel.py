@@ -160,23 +160,22 @@ class KernelPrinter:
             self._emit("}", d)
 
     # -- kernels of pointwise members over the same loops: vectorize the last outer loop --------
-    def _split_rows(self, outer: list[Size], work: Size) -> tuple[int, bool | str, bool | str]:
-        """(depth inside the rows' loops, whether the rows run in parallel, whether the last loop
-        does): threads split the rows where there are at least 16, else the last loop. With a
-        symbolic row count the choice is made at run time (a parallel region inside a running one
-        gets one thread)."""
+    def _split_rows(self, outer: list[Size], work: Size) -> tuple[int, bool | str]:
+        """The rows' loops, parallel where there are at least 16 rows; (the depth inside them,
+        whether the last loop runs in parallel instead). With a symbolic row count the choice is
+        made at run time (a parallel region inside a running one gets one thread)."""
         last = len(outer) - 1
         large = _at_least(work, PARALLEL_MIN_WORK)
         many_rows = _at_least(_prod(outer[:last]), 16)
         depth = self._outer_loops(outer, last, _all(large, many_rows))
         if last == 0:
-            return depth, False, large
+            return depth, large
         few_rows = not many_rows if isinstance(many_rows, bool) else f"!{many_rows}"
-        return depth, _all(large, many_rows), _all(large, few_rows)
+        return depth, _all(large, few_rows)
 
     def _pointwise_rows(self, outer: list[Size], work: Size) -> None:
         last = len(outer) - 1
-        depth, _, last_parallel = self._split_rows(outer, work)
+        depth, last_parallel = self._split_rows(outer, work)
         var = sympy.Symbol(f"i{last}", integer=True, nonnegative=True)
         self._vector_var = var
         n = cpp_index(outer[last])
@@ -200,7 +199,7 @@ class KernelPrinter:
     # -- reductions over a non-contiguous dim: vector accumulators along the last outer loop -----
     def _across_rows(self, outer: list[Size], work: Size) -> None:
         last = len(outer) - 1
-        depth, _, last_parallel = self._split_rows(outer, work)
+        depth, last_parallel = self._split_rows(outer, work)
         var = sympy.Symbol(f"i{last}", integer=True, nonnegative=True)
         self._vector_var = var
         n = cpp_index(outer[last])

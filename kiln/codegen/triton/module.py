@@ -365,6 +365,7 @@ class TritonKernels:
     checks: list[str] = field(default_factory=list)  # kernels after which the index-error flag is read
     vectorized: dict[str, bool] = field(default_factory=dict)  # kernel name -> True: every Triton kernel works on blocks
     arity: dict[str, int] = field(default_factory=dict)  # kernel name -> tensor arguments
+    size_arguments: dict[str, list[str]] = field(default_factory=dict)  # none: Triton graphs are compiled per size
 
     @property
     def source(self) -> str:
