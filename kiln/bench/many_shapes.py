@@ -1,18 +1,21 @@
 """What serving many input sizes costs: a text model called at batch x sequence shapes in turn.
 
     kiln many-shapes --models bert,gpt2 [--batches 1,2,4] [--seqs 16,32,64,128] [--symbolic-kernels off]
+                     [--mode kiln|kiln-dynamo|inductor|inductor-freeze]
 
-For each model (full size, random weights, from the `hf` suite's configs), `kiln.compile(model)`
-is called once per shape with fresh `input_ids`, in a cold private cache: the first call at each
-shape is timed (it includes whatever capture, lowering and C++ compiles that shape brings), its
-output compared with eager's, and the graphs kiln's backend builds are counted — a graph with
-symbolic sizes compiled once, or (`--symbolic-kernels off`, or where kiln cannot) one graph per
-size. Graphs that ran through ATen instead (recorded fallbacks) are counted too.
+For each model (full size, random weights, from the `hf` suite's configs), the model compiled by
+`--mode` (a `kiln bench` mode, `kiln.compile(model)` by default) is called once per shape with fresh
+`input_ids`, in cold private caches (kiln's and Inductor's): the first call at each shape is timed
+(it includes whatever capture, lowering and compiles that shape brings) and its output compared
+with eager's. For kiln's modes the graphs kiln's backend builds are counted — a graph with symbolic
+sizes compiled once, or (`--symbolic-kernels off`, or where kiln cannot) one graph per size — and
+graphs that ran through ATen instead (recorded fallbacks); for the peer, the graphs Dynamo captured.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from typing import Any
@@ -22,15 +25,23 @@ import torch
 import kiln
 from kiln import config
 from kiln.bench.models import MODELS, chosen_models
+from kiln.bench.modes import MODES
 from kiln.runtime import fallback
 from kiln.runtime.specialized import SizeSpecialized
 
 
-def measure(name: str, shapes: list[tuple[int, int]]) -> dict[str, Any]:
+SHAPE_MODES = ("kiln", "kiln-dynamo", "inductor", "inductor-freeze")
+
+
+def measure(name: str, shapes: list[tuple[int, int]], mode: str = "kiln") -> dict[str, Any]:
     model = MODELS[name].build(False)
     kiln.reset()
     fallback.reset()
-    compiled = kiln.compile(model)
+    if mode != "kiln":
+        from torch._dynamo.utils import counters
+
+        counters.clear()  # the peer's graph count is per model
+    compiled = MODES[mode].compile(model)
     g = torch.Generator().manual_seed(0)
     rows, worst, total = [], 0.0, 0.0
     with torch.no_grad(), kiln.backend.watch() as built:
@@ -45,14 +56,15 @@ def measure(name: str, shapes: list[tuple[int, int]]) -> dict[str, Any]:
             worst = max(worst, error)
             graphs = [b for b in built[before:] if not isinstance(b, SizeSpecialized)]
             rows.append((f"{b}x{s}", seconds, len(graphs)))
-    return {"model": name, "rows": rows, "seconds": total, "error": worst,
+    captures = len(compiled.kiln_cache.entries) if mode == "kiln" else MODES[mode].stats().get("graphs", 0)
+    return {"model": name, "mode": mode, "rows": rows, "seconds": total, "error": worst,
             "graphs": sum(not isinstance(b, SizeSpecialized) for b in built),
-            "entries": len(compiled.kiln_cache.entries), "fallbacks": len(fallback.FALLBACKS)}
+            "entries": captures, "fallbacks": len(fallback.FALLBACKS)}
 
 
 def render(result: dict[str, Any]) -> str:
-    lines = [f"{result['model']}: {result['seconds']:.1f} s over {len(result['rows'])} shapes; "
-             f"{result['entries']} captures, {result['graphs']} backend graphs built, "
+    lines = [f"{result['model']} ({result['mode']}): {result['seconds']:.1f} s over {len(result['rows'])} shapes; "
+             f"{result['entries']} captures, {result['graphs']} kiln backend graphs built, "
              f"{result['fallbacks']} fallbacks; max |kiln - eager| {result['error']:.1e}",
              "  shape    first call (s)  graphs built"]
     lines += [f"  {shape:<8} {seconds:>14.2f}  {graphs:>12}" for shape, seconds, graphs in result["rows"]]
@@ -70,7 +82,8 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for name in names:
         with tempfile.TemporaryDirectory(prefix="kiln-shapes-") as cold, \
                 config.patch({"cache.dir": cold, "backend.symbolic_kernels": symbolic}):
-            print(render(measure(name, shapes)), flush=True)
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cold, "inductor")  # the peer's cache cold too
+            print(render(measure(name, shapes, args.mode)), flush=True)
     return 0
 
 
@@ -92,4 +105,6 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--symbolic-kernels", choices=("on", "off"), default="on",
                         help="compile graphs with symbolic sizes once (on) or per size (off)")
+    parser.add_argument("--mode", choices=SHAPE_MODES, default="kiln",
+                        help="how the model is compiled (a kiln bench mode; default kiln: kiln.compile)")
     parser.set_defaults(handler=main)
