@@ -9,6 +9,7 @@ same tensor objects, so gradients and optimizer steps reach them.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import operator
 import re
@@ -18,6 +19,7 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.amp import autocast_mode
+from torch._dispatch.python import enable_python_dispatcher
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from kiln.capture.break_records import unsupported
@@ -69,6 +71,16 @@ class OutputGraph:
 
     # --- values entering the graph --------------------------------------------------------------
 
+
+    def _symbolic_dispatch(self) -> Any:
+        """Torch's Python dispatcher once the capture has symbolic sizes: some ops' C++ meta
+        functions want concrete sizes (`trace`, `narrow_copy`, `addbmm` on symbolic inputs), and
+        their Python decompositions compute the result's shape symbolically. Static captures keep
+        the faster C++ path."""
+        shape_env = self.fake_mode.shape_env
+        # (torch 2.13 names the symbols' values backed_var_to_val; older versions var_to_val)
+        symbols = shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
+        return enable_python_dispatcher() if symbols else contextlib.nullcontext()
     def fake(self, tensor: torch.Tensor, dynamic: frozenset[int] = frozenset()) -> torch.Tensor:
         fake = self._fakes.get(id(tensor))
         if fake is None:
@@ -138,7 +150,7 @@ class OutputGraph:
         ex_args = [a.as_example() for a in args]
         ex_kwargs = {k: v.as_example() for k, v in kwargs.items()}
         try:
-            with self.fake_mode:
+            with self.fake_mode, self._symbolic_dispatch():
                 if kind == "call_method":
                     result = getattr(ex_args[0], target)(*ex_args[1:], **ex_kwargs)
                 else:

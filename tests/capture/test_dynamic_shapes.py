@@ -162,3 +162,18 @@ def test_hf_models_over_many_shapes_recompile_at_most_twice(name):
             torch.testing.assert_close(compiled(input_ids=ids)[0], model(input_ids=ids)[0], rtol=1e-4, atol=1e-4)
     cache = compiled.kiln_cache
     assert len(backend.graphs) == len(cache.entries) <= 3 and cache.eager_calls == 0 and cache.fallback is None
+
+
+@pytest.mark.parametrize("name, fn, shape", [
+    ("trace", lambda x: torch.trace(x), (5, 5)), ("narrow_copy", lambda x: x.narrow_copy(1, 1, 2), (5, 5)),
+    ("addbmm", lambda x: torch.addbmm(x[0], x, x), (3, 3, 3)), ("diagonal_copy", lambda x: torch.diagonal_copy(x), (5, 5))])
+def test_ops_whose_cpp_meta_wants_numbers_capture_with_symbolic_sizes(name, fn, shape):
+    # Their Python decompositions (torch's Python dispatcher) give the result's symbolic shape.
+    kiln.reset()
+    fallback.reset()
+    compiled = kiln.compile(fn, dynamic=True)
+    for grow in (0, 2):
+        x = torch.randn(*(s + grow for s in shape))
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert len(compiled.kiln_cache.entries) == 1 and compiled.kiln_cache.entries[0].graph_break is None
+    assert not fallback.FALLBACKS
