@@ -5,7 +5,9 @@ Only graph compilers that can save and restore what they build take part (`Savin
 in kiln/aot/compile.py, which kiln's backend driver is).
 The key covers the graph's code, every input's and lifted parameter's layout and requires_grad,
 the values of tensor constants, grad mode, CPU autocast and the default dtype, the options, and the versions of torch and of kiln's
-own source. Graphs with symbolic sizes or fake inputs are not cached.
+own source. A graph with symbolic sizes is keyed by its inputs' symbolic layouts and the shape
+environment's guards, replacements and ranges, so one entry serves every size; graphs handed
+fake inputs are not cached.
 """
 
 from __future__ import annotations
@@ -51,23 +53,52 @@ def _constants(gm: fx.GraphModule, lifted: set[str]) -> bytes:
     return h.digest()
 
 
-def _has_symbolic_placeholders(gm: fx.GraphModule) -> bool:
-    for node in gm.graph.nodes:
-        value = node.meta.get("example_value", node.meta.get("val")) if node.op == "placeholder" else None
-        if isinstance(value, torch.SymInt) or (isinstance(value, torch.Tensor) and
-                                               any(not isinstance(size, int) for size in value.shape)):
-            return True
-    return False
+def _placeholder_values(gm: fx.GraphModule) -> list[Any]:
+    return [node.meta.get("example_value", node.meta.get("val")) for node in gm.graph.nodes if node.op == "placeholder"]
+
+
+def _is_symbolic(value: Any) -> bool:
+    return isinstance(value, torch.SymInt) or (isinstance(value, torch.Tensor) and
+                                               any(not isinstance(size, int) for size in value.shape))
+
+
+def _describe_traced(value: Any, example: Any) -> str | None:
+    """A placeholder of a graph with symbolic sizes, by its traced value: sizes and strides as
+    expressions over the capture's size symbols, so every size the graph serves has one key."""
+    if isinstance(value, torch.SymInt):
+        return f"I{value.node.expr}"
+    if isinstance(value, torch._subclasses.FakeTensor):
+        layout = (tuple(map(str, value.shape)), tuple(map(str, value.stride())), str(value.storage_offset()))
+        return f"T{layout}{value.dtype}{value.device}{value.requires_grad}"
+    return _describe(example)
+
+
+def _shape_facts(values: Sequence[Any]) -> str:
+    """What the shape environment knew when the graph was handed over: its guards, replacements
+    and the ranges of the size symbols. A graph compiled under other facts (a size guarded equal to
+    another, a range from a branch) is compiled differently and must not be loaded for this one."""
+    env = next(v.node.shape_env if isinstance(v, torch.SymInt) else v.fake_mode.shape_env
+               for v in values if _is_symbolic(v))
+    guards = [str(guard.expr) for guard in env.guards]
+    replacements = sorted(f"{k}={v}" for k, v in env.replacements.items())
+    ranges = sorted(f"{k}:{v}" for k, v in env.var_to_range.items())
+    return repr((guards, replacements, ranges))
 
 
 def cache_key(gm: fx.GraphModule, example_inputs: Sequence[Any], lifted: dict[str, Any], training: bool, options: Any) -> str | None:
     """The key of `gm` compiled for these inputs, or None when it cannot be cached."""
+    traced = _placeholder_values(gm)
     # A graph captured with symbolic sizes has the same code as its static twin and is handed
-    # real example inputs: keyed like them, it would load the twin, compiled for those sizes only,
-    # and run it on every other size (wrong results, reads out of bounds).
-    if _has_symbolic_placeholders(gm):
+    # real example inputs: it is keyed by its symbolic layouts and shape facts, never by the
+    # example sizes (which would load the twin, compiled for those sizes only).
+    symbolic = len(traced) == len(example_inputs) and any(_is_symbolic(v) for v in traced)
+    if symbolic:
+        inputs = [_describe_traced(v, a) for v, a in zip(traced, example_inputs)] + [_shape_facts(traced)]
+    elif any(_is_symbolic(v) for v in traced):
         return None
-    described = [_describe(v) for v in [*lifted.values(), *example_inputs]]
+    else:
+        inputs = [_describe(v) for v in example_inputs]
+    described = [_describe(v) for v in lifted.values()] + inputs
     if any(d is None for d in described):
         return None
     # Ambient state the trace bakes in: autocast's casts (a graph traced under autocast differs)

@@ -113,7 +113,9 @@ class AotCompiled:
         if not hasattr(self, "fake_args"):
             self.fake_mode = _fake_mode_for(self.gm, self.example_inputs)
             self.fake_args = [self._fake(a) for a in self.lifted] + self._fake_inputs(self.gm, self.example_inputs)
-            self.sig = self.sig or analyze(self.fn, self.fake_args, self.fake_mode)
+            # Always analyzed here, even after a cache hit: a loaded signature holds sympy
+            # expressions where tracing needs the SymInts of this process.
+            self.sig = analyze(self.fn, self.fake_args, self.fake_mode)
 
     def _flat_function(self, gm: fx.GraphModule) -> Callable[..., tuple]:
         n = len(self.lifted_names)

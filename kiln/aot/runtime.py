@@ -22,15 +22,23 @@ def _symbol_values(sig: Signature, args: Sequence[Any]) -> dict[Any, Any]:
     for traced, arg in zip(sig.input_sizes, args):
         pairs = zip(traced, arg.shape) if isinstance(traced, tuple) and isinstance(arg, torch.Tensor) else [(traced, arg)]
         for size, value in pairs:
-            if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
-                values.setdefault(size.node.expr, sympy.Integer(int(value)))
+            expr = _expr(size)
+            if isinstance(expr, sympy.Symbol):
+                values.setdefault(expr, sympy.Integer(int(value)))
     return values
 
 
+def _expr(value: Any) -> Any:
+    """A traced size as sympy: a SymInt's expression (in the tracing process) or the expression
+    itself (a signature loaded from the AOT graph cache); an integer stays one."""
+    return sympy.sympify(value.node.expr) if isinstance(value, torch.SymInt) else value
+
+
 def _evaluate(value: Any, symbols: dict[Any, Any]) -> int | None:
-    if not isinstance(value, torch.SymInt):
-        return int(value)
-    expr = sympy.sympify(value.node.expr).xreplace(symbols)
+    expr = _expr(value)
+    if not isinstance(expr, sympy.Basic):
+        return int(expr)
+    expr = expr.xreplace(symbols)
     return int(expr) if expr.is_Integer else None
 
 

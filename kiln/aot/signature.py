@@ -11,6 +11,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import sympy
 import torch
 from torch._prims_common import make_contiguous_strides_for
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -85,6 +86,24 @@ class Signature:
     def num_outputs(self) -> int:
         return len(self.output_is_tensor)
 
+    @property
+    def portable(self) -> bool:
+        """No SymInt left: what the AOT graph cache stores and loads (see __getstate__)."""
+        return not any(isinstance(v, torch.SymInt) for v in _leaves(self.__dict__))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # SymInts belong to one process's shape environment and do not pickle; their sympy
+        # expressions over the capture's size symbols do, and are all the runtime evaluates
+        # (kiln/aot/runtime.py). Tracing needs the SymInts: a loaded signature is re-made
+        # before a trace (kiln/aot/compile.py).
+        state = dict(self.__dict__)
+        state["input_sizes"] = [_portable(v) for v in self.input_sizes]
+        state["aliases"] = {k: Alias(a.of, a.base, a.same_tensor, _portable(a.size), _portable(a.stride),
+                                     _portable(a.storage_offset)) for k, a in self.aliases.items()}
+        state["output_metas"] = [m if m is None else TensorMeta(_portable(m.size), _portable(m.stride), m.dtype, m.device)
+                                 for m in self.output_metas]
+        return state
+
     def describe(self) -> str:
         lines = [f"inputs: {self.num_inputs}, outputs: {self.num_outputs}"]
         if self.mutated_inputs:
@@ -92,6 +111,26 @@ class Signature:
         for k, a in self.aliases.items():
             lines.append(f"output {k} is a view of {a.of} {a.base}" + (" (the same tensor)" if a.same_tensor else ""))
         return "\n".join(lines)
+
+
+def _portable(value: Any) -> Any:
+    """`value` with each SymInt replaced by its integer or its sympy expression."""
+    if isinstance(value, tuple):
+        return tuple(_portable(v) for v in value)
+    if isinstance(value, torch.SymInt):
+        expr = sympy.sympify(value.node.expr)
+        return int(expr) if expr.is_Integer else expr
+    return value
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, (list, tuple)):
+        return [leaf for v in value for leaf in _leaves(v)]
+    if isinstance(value, (Alias, TensorMeta)):
+        return _leaves(tuple(value.__dict__.values()))
+    return [value]
 
 
 def _fresh(value: Any) -> Any:

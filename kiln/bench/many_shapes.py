@@ -1,7 +1,7 @@
 """What serving many input sizes costs: a text model called at batch x sequence shapes in turn.
 
     kiln many-shapes --models bert,gpt2 [--batches 1,2,4] [--seqs 16,32,64,128] [--symbolic-kernels off]
-                     [--mode kiln|kiln-dynamo|inductor|inductor-freeze]
+                     [--mode kiln|kiln-dynamo|inductor|inductor-freeze] [--dynamic auto|on]
 
 For each model (full size, random weights, from the `hf` suite's configs), the model compiled by
 `--mode` (a `kiln bench` mode, `kiln.compile(model)` by default) is called once per shape with fresh
@@ -10,6 +10,9 @@ For each model (full size, random weights, from the `hf` suite's configs), the m
 with eager's. For kiln's modes the graphs kiln's backend builds are counted — a graph with symbolic
 sizes compiled once, or (`--symbolic-kernels off`, or where kiln cannot) one graph per size — and
 graphs that ran through ATen instead (recorded fallbacks); for the peer, the graphs Dynamo captured.
+`--dynamic auto` (the default) compiles as the mode does by default: the first call with static
+sizes, dimensions made symbolic as they are seen to change; `--dynamic on` passes `dynamic=True`
+(every dimension symbolic from the first call, sizes 0 and 1 still specialized).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from kiln.runtime.specialized import SizeSpecialized
 SHAPE_MODES = ("kiln", "kiln-dynamo", "inductor", "inductor-freeze")
 
 
-def measure(name: str, shapes: list[tuple[int, int]], mode: str = "kiln") -> dict[str, Any]:
+def measure(name: str, shapes: list[tuple[int, int]], mode: str = "kiln", dynamic: bool = False) -> dict[str, Any]:
     model = MODELS[name].build(False)
     kiln.reset()
     fallback.reset()
@@ -41,7 +44,7 @@ def measure(name: str, shapes: list[tuple[int, int]], mode: str = "kiln") -> dic
         from torch._dynamo.utils import counters
 
         counters.clear()  # the peer's graph count is per model
-    compiled = MODES[mode].compile(model)
+    compiled = MODES[mode].compile(model, **({"dynamic": True} if dynamic else {}))
     g = torch.Generator().manual_seed(0)
     rows, worst, total = [], 0.0, 0.0
     with torch.no_grad(), kiln.backend.watch() as built:
@@ -57,7 +60,7 @@ def measure(name: str, shapes: list[tuple[int, int]], mode: str = "kiln") -> dic
             graphs = [b for b in built[before:] if not isinstance(b, SizeSpecialized)]
             rows.append((f"{b}x{s}", seconds, len(graphs)))
     captures = len(compiled.kiln_cache.entries) if mode == "kiln" else MODES[mode].stats().get("graphs", 0)
-    return {"model": name, "mode": mode, "rows": rows, "seconds": total, "error": worst,
+    return {"model": name, "mode": mode + (", dynamic=True" if dynamic else ""), "rows": rows, "seconds": total, "error": worst,
             "graphs": sum(not isinstance(b, SizeSpecialized) for b in built),
             "entries": captures, "fallbacks": len(fallback.FALLBACKS)}
 
@@ -83,7 +86,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         with tempfile.TemporaryDirectory(prefix="kiln-shapes-") as cold, \
                 config.patch({"cache.dir": cold, "backend.symbolic_kernels": symbolic}):
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cold, "inductor")  # the peer's cache cold too
-            print(render(measure(name, shapes, args.mode)), flush=True)
+            print(render(measure(name, shapes, args.mode, args.dynamic == "on")), flush=True)
     return 0
 
 
@@ -107,4 +110,6 @@ def add_command(commands: Any) -> None:
                         help="compile graphs with symbolic sizes once (on) or per size (off)")
     parser.add_argument("--mode", choices=SHAPE_MODES, default="kiln",
                         help="how the model is compiled (a kiln bench mode; default kiln: kiln.compile)")
+    parser.add_argument("--dynamic", choices=("auto", "on"), default="auto",
+                        help="auto: sizes made symbolic as they change (the default); on: dynamic=True from the first call")
     parser.set_defaults(handler=main)

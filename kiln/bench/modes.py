@@ -7,7 +7,7 @@ it is never replaced by something else under its name.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from torch import nn
 
@@ -18,13 +18,14 @@ from torch import nn
 class Mode:
     """One way to run a model.
 
-    `compile(model)` returns the callable to time. `unavailable_reason(train)` is None when the mode
+    `compile(model, **options)` returns the callable to time (`options`, such as `dynamic=True`, go
+    to torch.compile or kiln.compile). `unavailable_reason(train)` is None when the mode
     can run, else a sentence saying why not. `stats()` returns graph and break counts where known.
     """
 
     name: str
     help: str
-    compile: Callable[[nn.Module], Callable]
+    compile: Callable[..., Callable]
     unavailable_reason: Callable[[bool], str | None]
     stats: Callable[[], dict[str, int]]
 
@@ -67,8 +68,8 @@ def _kiln_capture_stats() -> dict[str, int]:
     }
 
 
-def _torch_compile(backend: str = "inductor", freezing: bool = False, mode: str | None = None) -> Callable[[nn.Module], Callable]:
-    def compile(model: nn.Module) -> Callable:
+def _torch_compile(backend: str = "inductor", freezing: bool = False, mode: str | None = None) -> Callable[..., Callable]:
+    def compile(model: nn.Module, **options: Any) -> Callable:
         import torch
         import torch._dynamo
 
@@ -77,7 +78,7 @@ def _torch_compile(backend: str = "inductor", freezing: bool = False, mode: str 
             import torch._inductor.config as inductor_config
 
             inductor_config.freezing = True
-        return torch.compile(model, backend=backend, **({"mode": mode} if mode else {}))
+        return torch.compile(model, backend=backend, **({"mode": mode} if mode else {}), **options)
 
     return compile
 
@@ -99,11 +100,11 @@ def _dynamo_backend_reason(backend: str, issue: str) -> Callable[[bool], str | N
     return reason
 
 
-def _kiln_compile(backend: str, mode: str | None = None) -> Callable[[nn.Module], Callable]:
-    def compile(model: nn.Module) -> Callable:
+def _kiln_compile(backend: str, mode: str | None = None) -> Callable[..., Callable]:
+    def compile(model: nn.Module, **options: Any) -> Callable:
         import kiln
 
-        return kiln.compile(model, backend=backend, **({"mode": mode} if mode else {}))
+        return kiln.compile(model, backend=backend, **({"mode": mode} if mode else {}), **options)
 
     return compile
 

@@ -11,6 +11,7 @@ from kiln.runtime import fallback
 from kiln.runtime.compiled_graph import CompiledGraph
 from kiln.runtime.frozen import FrozenProgram
 from kiln.runtime.specialized import SizeSpecialized
+from tests.kiln_backend import private_cache  # noqa: F401  (each test compiles in an empty cache: they count builds)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -88,16 +89,20 @@ def _tiny(name):
     return transformers.GPT2Model(config).eval()
 
 
+@pytest.mark.parametrize("dynamic", [None, True])
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
-def test_hf_models_over_twelve_shapes_compile_once_per_capture(name):
-    """Batch 1, 2, 4 x sequence 16-128 through kiln.compile's default backend: one backend compile
-    per capture (static first; sequence dynamic at batch 1; both dynamic), no compile per size."""
+def test_hf_models_over_twelve_shapes_compile_once_per_capture(name, dynamic):
+    """Batch 1, 2, 4 x sequence 16-128 through kiln.compile's default backend, batch first: one
+    backend compile per capture, none per size. By default (dynamic=None) the captures are static
+    first, then sequence dynamic at batch 1, then both dynamic; with dynamic=True the first call
+    is already symbolic in the sequence, so batch 2 is the only compile after it (sizes 0 and 1
+    are specialized, as Dynamo does)."""
     model = _tiny(name)
     shapes = [(b, s) for b in (1, 2, 4) for s in (16, 32, 64, 128)]
     g = torch.Generator().manual_seed(0)
     kiln.reset()
     fallback.reset()
-    compiled = kiln.compile(model)
+    compiled = kiln.compile(model, dynamic=dynamic)
     with torch.no_grad(), kiln.backend.watch() as built:
         for b, s in shapes:
             ids = torch.randint(0, 1000, (b, s), generator=g)
@@ -105,7 +110,10 @@ def test_hf_models_over_twelve_shapes_compile_once_per_capture(name):
     cache = compiled.kiln_cache
     assert not fallback.FALLBACKS and cache.eager_calls == 0
     assert not any(isinstance(b, SizeSpecialized) for b in built)
-    assert len(built) <= len(cache.entries) <= 3
+    if dynamic:
+        assert len(built) == len(cache.entries) == 2
+    else:
+        assert len(built) <= len(cache.entries) <= 3
 
 
 VIEWS = {"permute": lambda x: x.permute(2, 0, 1), "narrow": lambda x: x.narrow(1, 1, 2),
@@ -126,3 +134,21 @@ def test_outputs_viewing_an_input_get_the_layout_of_each_call(name):
         torch.testing.assert_close(got, want)
         for g, w in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
             assert g.stride() == w.stride() and g.data_ptr() == w.data_ptr()
+
+
+def test_a_graph_with_symbolic_sizes_is_loaded_from_the_aot_cache_for_every_size():
+    """A second compile (a new process, or after kiln.reset) loads the symbolic graph the first
+    built and runs it at sizes neither compiled; the loaded signature still hands back the view of
+    the input at each call's layout."""
+    w = torch.randn(6, 6)
+
+    def fn(x):
+        return torch.softmax(x @ w, -1) * 2, x.permute(1, 0, 2)
+
+    assert len(_run_sizes(fn, [(3, 5), (4, 7)], lambda s: [torch.randn(*s, 6)])) == 1
+    assert _run_sizes(fn, [(9, 2), (2, 11)], lambda s: [torch.randn(*s, 6)]) == []
+    kiln.reset()
+    compiled = kiln.compile(fn, dynamic=True)
+    x = torch.randn(5, 3, 6)
+    view = compiled(x)[1]
+    assert view.data_ptr() == x.data_ptr() and view.stride() == x.permute(1, 0, 2).stride()

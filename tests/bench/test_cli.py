@@ -84,7 +84,8 @@ def test_report_of_a_missing_run(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv, named", [(["--batches", "1,0"], "--batches"), (["--seqs", "16,x"], "--seqs"),
-                                         (["--models", "nosuch"], "unknown model 'nosuch'")])
+                                         (["--models", "nosuch"], "unknown model 'nosuch'"),
+                                         (["--dynamic", "yes"], "--dynamic")])
 def test_many_shapes_refuses_bad_arguments_naming_them(capsys, argv, named):
     with pytest.raises(SystemExit) as exit:
         main(["many-shapes", *argv])

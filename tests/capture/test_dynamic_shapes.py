@@ -10,6 +10,7 @@ import torch
 import kiln
 from kiln.runtime import fallback
 from tests.capture.test_graph_breaks import Counting
+from tests.kiln_backend import private_cache  # noqa: F401  (each test compiles in an empty cache: they count builds)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
