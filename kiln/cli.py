@@ -11,7 +11,7 @@ import sys
 
 from kiln import logs
 from kiln.autotune import cli as autotune_cli
-from kiln.bench import capture_cost, cli as bench_cli, many_shapes, profile_cli
+from kiln.bench import call_overhead, capture_cost, cli as bench_cli, many_shapes, profile_cli
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_cli.add_report_command(commands)
     capture_cost.add_command(commands)
     many_shapes.add_command(commands)
+    call_overhead.add_command(commands)
     autotune_cli.add_command(commands)
     profile_cli.add_command(commands)
     args = parser.parse_args(argv)

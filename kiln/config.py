@@ -308,6 +308,12 @@ class BackendSettings(_Group):
         help="compile a graph with symbolic sizes once, kernels taking the sizes as arguments; "
         "off (or where kiln cannot) it is compiled again for each new set of sizes",
     )
+    cpp_wrapper: bool = setting(
+        False,
+        env="KILN_CPP_WRAPPER",
+        help="run each compiled CPU graph through a generated C++ wrapper (one call from Python per graph, "
+        "not one per kernel); the Python wrapper stays the debugging view",
+    )
     cuda_graphs: bool = setting(
         False,
         env="KILN_CUDA_GRAPHS",

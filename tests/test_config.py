@@ -64,6 +64,7 @@ def test_defaults():
         "backend.autotune": "default",
         "backend.codegen": "auto",
         "backend.symbolic_kernels": True,
+        "backend.cpp_wrapper": False,
         "backend.cuda_graphs": False,
         "backend.cuda_graph_sizes": 8,
         "backend.triton_gemm": "auto",

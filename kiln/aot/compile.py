@@ -195,7 +195,7 @@ class AotCompiled:
             return None
         lifted = dict(zip(self.lifted_names, self.lifted))
         options = (self.options.recompute, config.backend.freezing, config.backend.autotune, config.backend.codegen,
-                   config.backend.triton_gemm)
+                   config.backend.triton_gemm, config.backend.cpp_wrapper)
         return aot_cache.cache_key(self.gm, self.example_inputs, lifted, training, options)
 
     def _from_cache(self, key: str | None, training: bool) -> Callable[..., list[Any]] | None:

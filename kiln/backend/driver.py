@@ -35,6 +35,7 @@ from kiln.codegen.cpp.library import CppKernels, cpp_kernels, translation_units
 from kiln.codegen.cpp.body import unprintable_ops as cpp_unprintable_ops
 from kiln.codegen.triton.body import unprintable_ops as triton_unprintable_ops
 from kiln.codegen.triton.module import TritonKernels, triton_kernels
+from kiln.codegen.cpp_wrapper import cpp_wrapper
 from kiln.codegen.wrapper import WrapperCode, python_wrapper
 from kiln.ir.program import Program
 from kiln.ir.target import Target
@@ -257,11 +258,13 @@ class Backend:
             wrapper = python_wrapper(scheduled, set(kernels.checks), arguments, target.device, host_inputs(gm, target),
                                      kernels.size_arguments)
             report = fusion_report(program, scheduled, kernels)
-        artifact = GraphArtifact(units, wrapper.source, wrapper.constants, wrapper.ops,
-                                 {k: (kernels.functions[k], kernels.arity[k]) for k in kernels.functions},
-                                 kernels.checks, report, target.codegen, target.device, kernels.size_arguments)
+            functions = {k: (kernels.functions[k], kernels.arity[k]) for k in kernels.functions}
+            native = _cpp_wrapper(scheduled, set(kernels.checks), functions, kernels.size_arguments, target)
+        artifact = GraphArtifact(units, wrapper.source, wrapper.constants, wrapper.ops, functions,
+                                 kernels.checks, report, target.codegen, target.device, kernels.size_arguments,
+                                 native, len(scheduled.outputs))
         dump.ir_after_fusion(folder, scheduled, kernels.functions, report)
-        dump.code(folder, kernels.source, wrapper.source, target.codegen)
+        dump.code(folder, kernels.source, wrapper.source, target.codegen, native)
         with compile_time.stage("build"):
             library = build(artifact)
         with compile_time.stage("load"):
@@ -279,6 +282,19 @@ class Backend:
         """`compiled` again from what `save` gave."""
         with compile_time.stage("load"):
             return saved.load(payload)
+
+
+def _cpp_wrapper(scheduled: Any, checks: set[str], functions: dict[str, tuple[str, int]],
+                 size_arguments: dict[str, list[str]], target: Target) -> str | None:
+    """The graph's C++ wrapper when `backend.cpp_wrapper` asks for one and kiln can write it
+    (else the Python wrapper runs, the reason logged under `KILN_LOGS=code`)."""
+    if not config.backend.cpp_wrapper or target.codegen != "cpp":
+        return None
+    try:
+        return cpp_wrapper(scheduled, checks, functions, size_arguments, target.device)
+    except NotImplementedError as error:
+        logs.log("code", "kiln backend: the Python wrapper runs this graph: %s", error)
+        return None
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:

@@ -64,7 +64,10 @@ def ir_after_fusion(folder: DumpFolder | None, schedule: Any, functions: dict[st
     folder.write("ir_after_fusion.txt", "\n".join(lines) + "\n")
 
 
-def code(folder: DumpFolder | None, kernels_source: str, wrapper_source: str, codegen: str = "cpp") -> None:
+def code(folder: DumpFolder | None, kernels_source: str, wrapper_source: str, codegen: str = "cpp",
+         cpp_wrapper_source: str | None = None) -> None:
     if folder is not None:
         folder.write("kernels.cpp" if codegen == "cpp" else "kernels_triton.py", kernels_source)
         folder.write("wrapper.py", wrapper_source)
+        if cpp_wrapper_source is not None:  # the wrapper that runs; wrapper.py its readable twin
+            folder.write("wrapper.cpp", cpp_wrapper_source)

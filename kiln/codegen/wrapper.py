@@ -194,12 +194,12 @@ def _extern_call(k: int, step: ExternStep, code: WrapperCode, into: str | None =
         lines.append(f"_result = {call}")
         lines += [f"{b.name} = _result[{i}]" for i, b in enumerate(outs) if b is not None]
     for b in outs:
-        if b is not None and step.op is not torch.ops.aten.as_strided.default and _computable(b.layout):
+        if b is not None and step.op is not torch.ops.aten.as_strided.default and computable_layout(b.layout):
             lines.append(f"{b.name} = _in_layout({b.name}, {_layout_argument(b.name, b.layout, code.constants)})")
     return lines
 
 
-def _computable(layout: Layout) -> bool:
+def computable_layout(layout: Layout) -> bool:
     """Known before the call or computed from the inputs' sizes (not from tensor data)."""
     return layout.is_static or not any(unbound_symbols(v) for v in (*layout.size, *layout.stride, layout.offset))
 

@@ -71,7 +71,8 @@ def _run_all(commands: list[list[str]]) -> None:
         raise RuntimeError(f"C++ compilation failed:\n{failures[0][-4000:]}")
 
 
-def _build(sources: Sequence[str], target: Path) -> None:
+def _build(sources: Sequence[str], target: Path, compile_flags: Sequence[str] = (), link_flags: Sequence[str] = (),
+           unit_flags: Sequence[Sequence[str]] = ()) -> None:
     cxx, _ = compiler()
     disk_cache.make_private_dirs(target.parent)
     # Objects and the library are made in a folder of their own beside the target and renamed
@@ -83,18 +84,23 @@ def _build(sources: Sequence[str], target: Path) -> None:
             src, obj = Path(tmp) / f"kernels{k}.cpp", Path(tmp) / f"kernels{k}.o"
             src.write_text(source)
             objects.append(str(obj))
-            commands.append([cxx, *FLAGS, "-c", str(src), "-o", str(obj)])
+            own = unit_flags[k] if k < len(unit_flags) else ()
+            commands.append([cxx, *FLAGS, *compile_flags, *own, "-c", str(src), "-o", str(obj)])
         _run_all(commands)
         lib = Path(tmp) / "kernels.so"
-        _run_all([[cxx, "-shared", "-fopenmp", *objects, "-o", str(lib)]])
+        _run_all([[cxx, "-shared", "-fopenmp", *objects, "-o", str(lib), *link_flags]])
         os.replace(lib, target)
 
 
-def build_library(sources: str | Sequence[str]) -> tuple[Path, bool]:
+def build_library(sources: str | Sequence[str], compile_flags: Sequence[str] = (),
+                  link_flags: Sequence[str] = (), unit_flags: Sequence[Sequence[str]] = ()) -> tuple[Path, bool]:
     """The path of the compiled library of `sources` (translation units, compiled in parallel),
-    and whether it was built now (False: found intact in the cache)."""
+    and whether it was built now (False: found intact in the cache). `compile_flags` and
+    `link_flags` come after kiln's own (kiln's runtime: libtorch's headers and libraries);
+    `unit_flags[k]`, after those, for unit k only (a C++ wrapper: -O0)."""
     sources = [sources] if isinstance(sources, str) else list(sources)
-    key = hashlib.sha256("\0".join([*sources, *compiler(), machine(), *FLAGS]).encode()).hexdigest()
+    flags = [*FLAGS, *compile_flags, *link_flags, *(" ".join(f) for f in unit_flags)]
+    key = hashlib.sha256("\0".join([*sources, *compiler(), machine(), *flags]).encode()).hexdigest()
     target = disk_cache.entry("cpp", key, ".so")
     if disk_cache.intact(target):
         logs.log("cache", "C++ cache hit %s", key[:12])
@@ -105,7 +111,7 @@ def build_library(sources: str | Sequence[str]) -> tuple[Path, bool]:
             logs.log("cache", "C++ cache hit %s (built by another process meanwhile)", key[:12])
             return target, False
         logs.log("cache", "C++ cache miss %s: compiling %d units", key[:12], len(sources))
-        _build(sources, target)
+        _build(sources, target, compile_flags, link_flags, unit_flags)
         disk_cache.seal(target)
     return target, True
 

@@ -21,6 +21,7 @@ import torch
 
 from kiln import compile_time
 from kiln.externs.prepacked import DIRECT_CALLS
+from kiln.native import runtime
 from kiln.native.build import build_library
 from kiln.runtime.fallback import record_fallback
 from kiln.runtime.heap import keep_freed_memory
@@ -39,6 +40,14 @@ class GraphArtifact:
     codegen: str = "cpp"  # "cpp": `units` are C++ translation units; "triton": `units` is one Triton module
     device: str = "cpu"  # where the graph's tensors are
     size_arguments: dict[str, list[str]] = field(default_factory=dict)  # kernel -> size symbols after its pointers
+    # The C++ wrapper (kiln/codegen/cpp_wrapper.py), a unit of the library, when the graph runs
+    # through it; then `python` is the debugging view (and the profiler's instrumented call).
+    cpp_wrapper: str | None = None
+    num_outputs: int = 0
+
+    @property
+    def library_units(self) -> list[str]:
+        return [*self.units, self.cpp_wrapper] if self.cpp_wrapper is not None else list(self.units)
 
 
 def _in_layout(t: torch.Tensor, layout: tuple[tuple[int, ...], tuple[int, ...]]) -> torch.Tensor:
@@ -67,13 +76,18 @@ def _resolve_op(name: str) -> Any:
 def build(artifact: GraphArtifact) -> str | None:
     """The path of the artifact's kernel library, built now when the C++ cache lacks it (None
     when the graph has no kernels). Notes on the open compile-time stage what was built."""
-    if not artifact.kernels:
+    if not artifact.kernels and artifact.cpp_wrapper is None:
         compile_time.note("no kernels")
         return None
     if artifact.codegen == "triton":
         compile_time.note(f"{len(set(f for f, _ in artifact.kernels.values()))} Triton kernels (compiled at first launch)")
         return str(module_path(artifact.units[0]))
-    path, built = build_library(artifact.units)
+    if artifact.cpp_wrapper is not None:
+        runtime.library()  # its symbols global before a wrapper that calls them is loaded
+    # The wrapper is straight-line calls: optimizing it buys nothing and cost BERT-base 3.2 s of
+    # compile (-O2: 3.7 s, -O0: 0.5 s for its 1,700 lines).
+    unit_flags = [[]] * len(artifact.units) + [["-O0"]] if artifact.cpp_wrapper is not None else []
+    path, built = build_library(artifact.library_units, unit_flags=unit_flags)
     functions = len({function for function, _ in artifact.kernels.values()})
     compile_time.note(f"{len(artifact.units)} units, {functions} kernels compiled" if built
                       else f"{functions} kernels loaded from the C++ cache")
@@ -94,7 +108,7 @@ def _constant_ops(artifact: GraphArtifact) -> list[str]:
 def _load_kernels(artifact: GraphArtifact, library: str | None, scope: dict[str, Any]) -> dict[str, Any]:
     """Each kernel's callable (a ctypes function of the C++ library, or a Triton module's
     launcher); binds the index-error flag they report to as `index_error` in `scope`."""
-    if library is None:
+    if library is None or not artifact.kernels:
         return {}
     if artifact.codegen == "triton":
         module = load_module(artifact.units[0], artifact.device)
@@ -109,6 +123,26 @@ def _load_kernels(artifact: GraphArtifact, library: str | None, scope: dict[str,
         fn.restype = None
         kernels[kernel] = fn
     return kernels
+
+
+def _cpp_call(library: str, num_outputs: int) -> Callable[..., tuple]:
+    """The graph's C++ wrapper as `call(*tensors) -> tuple of tensors`: the inputs handed over as
+    new tensor handles (the wrapper releases them), the outputs taken back from those it made."""
+    entry = ctypes.CDLL(library).kiln_graph_call
+    entry.argtypes, entry.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+    error = runtime.library().kiln_error
+    to_handles, from_handles = runtime.handles_of, runtime.tensors_of
+    outputs_type = ctypes.c_void_p * num_outputs
+
+    def call(*args: torch.Tensor) -> tuple:
+        handles = to_handles(args)
+        outputs = outputs_type()
+        status = entry((ctypes.c_void_p * len(handles))(*handles), outputs)
+        if status:
+            raise (IndexError if status == 2 else RuntimeError)(error().decode())
+        return tuple(from_handles(outputs))
+
+    return call
 
 
 class CompiledGraph:
@@ -132,7 +166,7 @@ class CompiledGraph:
         scope.update(self.kernels)
         self._bound = dict(scope)  # the wrapper's globals before it runs, for `instrumented`
         exec(compile(artifact.python, "<kiln wrapper>", "exec"), scope)
-        self.call = scope["call"]
+        self.call = scope["call"] if artifact.cpp_wrapper is None else _cpp_call(library, artifact.num_outputs)
         keep_freed_memory()  # once per process: the next call finds its buffers' memory resident
         LIVE.add(self)
 

@@ -90,3 +90,9 @@ def test_many_shapes_refuses_bad_arguments_naming_them(capsys, argv, named):
     with pytest.raises(SystemExit) as exit:
         main(["many-shapes", *argv])
     assert exit.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_call_overhead_refuses_an_unknown_model_naming_it(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["call-overhead", "--models", "nosuch"])
+    assert exit.value.code == 2 and "unknown model 'nosuch'" in capsys.readouterr().err

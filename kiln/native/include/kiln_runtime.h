@@ -1,0 +1,79 @@
+// kiln's runtime interface: what a generated C++ wrapper (kiln/codegen/cpp_wrapper.py) calls for
+// everything that is not one of its kernels -- tensors (allocation, layout, data) and ATen
+// operators -- as plain C functions over opaque handles. Only kiln_runtime.cpp includes libtorch's
+// headers; a wrapper includes this one, so it compiles as fast as a kernel does.
+//
+// A handle (kiln_tensor) is an owned at::Tensor*: whoever holds it releases it once. Functions
+// that can fail return non-zero and leave the message for kiln_error(); no C++ exception crosses
+// this interface.
+#pragma once
+#include <stdint.h>
+
+// The runtime is built with hidden visibility and loaded with its symbols global: only these
+// functions are exported, so the definitions it shares with kernel libraries (kiln_index_error,
+// from kiln's GEMM unit) never stand in for theirs.
+#define KILN_API __attribute__((visibility("default")))
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef void* kiln_tensor;
+
+// What an operator argument is; `kiln_arg` holds it in `i`, `d` or `p`/`n`.
+enum kiln_arg_kind {
+  KILN_NONE = 0,
+  KILN_TENSOR = 1,    // p: kiln_tensor (borrowed)
+  KILN_INT = 2,       // i
+  KILN_DOUBLE = 3,    // d
+  KILN_BOOL = 4,      // i
+  KILN_STRING = 5,    // p: const char*
+  KILN_DTYPE = 6,     // i: c10::ScalarType
+  KILN_LAYOUT = 7,    // i: c10::Layout
+  KILN_MEMORY_FORMAT = 8,  // i: c10::MemoryFormat
+  KILN_DEVICE = 9,    // i: c10::DeviceType, n: index (-1: none)
+  KILN_LIST = 10,     // p: const kiln_arg*, n elements; typed by the operator's schema
+};
+
+typedef struct kiln_arg {
+  int32_t kind;
+  int64_t i;
+  double d;
+  const void* p;
+  int64_t n;
+} kiln_arg;
+
+KILN_API kiln_tensor kiln_empty_strided(int64_t ndim, const int64_t* sizes, const int64_t* strides, int32_t dtype);
+// Another handle to the same tensor (for two names of one buffer).
+KILN_API kiln_tensor kiln_share(kiln_tensor t);
+KILN_API void kiln_release(kiln_tensor t);
+KILN_API void* kiln_data(kiln_tensor t);
+KILN_API int64_t kiln_size(kiln_tensor t, int64_t dim);
+// *t copied into this layout when its strides differ (the kernels were generated for them).
+KILN_API int kiln_in_layout(kiln_tensor* t, int64_t ndim, const int64_t* sizes, const int64_t* strides);
+// An operator of the dispatcher by qualified name ("aten::mm") and overload ("" for default);
+// NULL with the error set when there is none.
+KILN_API void* kiln_find_op(const char* name, const char* overload);
+// Calls `op` with every argument of its schema in order; its results, flattened (a list result
+// gives one handle per element, a None result a NULL handle), go to `outs` (at most `nouts`).
+KILN_API int kiln_call_op(void* op, const kiln_arg* args, int64_t nargs, kiln_tensor* outs, int64_t nouts);
+// kiln::mm(a, b, bias, unary, scalars, algorithm, impl) (kiln/externs/prepacked.py) without
+// Python: the implementation the autotuner chose (aten, aten_kn, aten_nk, mkl, onednn, kiln), its
+// packed weight made on first use and kept per weight and version. `bias` may be NULL, `algorithm`
+// NULL or ""; `scalars` are the post-op's (KILN_INT, KILN_DOUBLE or KILN_NONE); `k_block` is kiln's
+// GEMM's K blocking.
+KILN_API int kiln_mm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, const char* unary, const kiln_arg* scalars,
+            int64_t nscalars, const char* algorithm, const char* impl, int64_t k_block, kiln_tensor* out);
+// kiln::conv(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other,
+// impl), 2-d, likewise: oneDNN's blocked weights per input shape (`onednn`, and
+// `onednn_into_other`, which writes over `other`), ATen channels-last or as given. `stride`,
+// `padding`, `dilation` have `spatial` elements; `bias` and `other` may be NULL.
+KILN_API int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, const int64_t* stride, const int64_t* padding,
+              const int64_t* dilation, int64_t spatial, int64_t groups, const char* unary, const kiln_arg* scalars,
+              int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl, kiln_tensor* out);
+KILN_API const char* kiln_error(void);
+KILN_API void kiln_set_error(const char* message);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,118 @@
+"""kiln's runtime library: the C functions of include/kiln_runtime.h over libtorch, which a graph's
+C++ wrapper calls for tensors and ATen operators (kiln/codegen/cpp_wrapper.py).
+
+Built once per machine, compiler and torch (its headers and libraries are the ones inside the
+installed torch wheel; the torch version and ABI are part of the cache key) and loaded with its
+symbols global, so graph libraries loaded after it resolve their calls into it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from kiln.native import INCLUDE
+from kiln.native.build import build_library
+
+SOURCE = Path(__file__).parent / "src" / "kiln_runtime.cpp"
+
+
+def torch_flags() -> tuple[list[str], list[str]]:
+    """(compile flags, link flags) for code built against the installed torch's libtorch."""
+    root = Path(torch.__file__).parent
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    compile_flags = [f"-I{root / 'include'}", f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+                     f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DKILN_TORCH_VERSION=\"{torch.__version__}\"",
+                     "-std=c++20", "-w", "-fvisibility=hidden"]
+    lib = root / "lib"
+    link_flags = [f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]
+    return compile_flags, link_flags
+
+
+def source() -> str:
+    header = (INCLUDE / "kiln_runtime.h").read_text()
+    return header + "\n" + SOURCE.read_text()
+
+
+@functools.cache
+def library_path() -> str:
+    from kiln.externs import kiln_gemm  # the GEMM kiln::mm's "kiln" implementation runs, a unit of the runtime
+
+    compile_flags, link_flags = torch_flags()
+    path, _ = build_library([source(), kiln_gemm.source()], compile_flags, link_flags)
+    return str(path)
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The runtime, loaded (built first when the C++ cache lacks it) with RTLD_GLOBAL."""
+    lib = ctypes.CDLL(library_path(), mode=os.RTLD_GLOBAL | os.RTLD_NOW)
+    lib.kiln_error.restype = ctypes.c_char_p
+    return lib
+
+
+# Tensors to handles and back: torch's own converters (torch._C._aoti) make a new at::Tensor per
+# tensor, and take ownership of handles, each in a capsule.
+_CAPSULE_POINTER = ctypes.pythonapi.PyCapsule_GetPointer
+_CAPSULE_POINTER.argtypes, _CAPSULE_POINTER.restype = [ctypes.py_object, ctypes.c_char_p], ctypes.c_void_p
+_NEW_CAPSULE = ctypes.pythonapi.PyCapsule_New
+_NEW_CAPSULE.argtypes, _NEW_CAPSULE.restype = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p], ctypes.py_object
+
+
+def handles_of(tensors: Sequence[torch.Tensor]) -> list[int]:
+    """A new owned handle (an at::Tensor*) per tensor: whoever receives them releases them."""
+    return [_CAPSULE_POINTER(c, None) for c in torch._C._aoti.unsafe_alloc_void_ptrs_from_tensors(list(tensors))]
+
+
+def tensors_of(handles: Sequence[int]) -> list[torch.Tensor]:
+    """The tensors of owned handles, which this releases."""
+    return torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_NEW_CAPSULE(h, None, None) for h in handles])
+
+
+def _native(tensors: Sequence[torch.Tensor | None], call: Callable[[list[ctypes.c_void_p], Any], int]) -> torch.Tensor:
+    """`call(handles, out)` of a runtime function, with a borrowed handle per tensor (NULL for
+    None), its result taken back as a tensor."""
+    present = iter(handles_of([t for t in tensors if t is not None]))
+    handles = [ctypes.c_void_p(next(present) if t is not None else None) for t in tensors]
+    out = ctypes.c_void_p()
+    status = call(handles, ctypes.byref(out))
+    tensors_of([h.value for h in handles if h.value is not None])  # released
+    if status:
+        raise RuntimeError(library().kiln_error().decode())
+    return tensors_of([out.value])[0]
+
+
+def _scalars(values: Sequence[float]) -> Any:
+    return (KilnArg * max(len(values), 1))(*[KilnArg(3, 0, float(v), None, 0) for v in values])
+
+
+def mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, unary: str, scalars: Sequence[float],
+       algorithm: str | None, impl: str) -> torch.Tensor:
+    """The runtime's kiln::mm, called from Python (tests compare it with kiln/externs/prepacked.py)."""
+    from kiln.externs import kiln_gemm
+
+    return _native([a, b, bias], lambda h, out: library().kiln_mm(
+        h[0], h[1], h[2], unary.encode(), _scalars(scalars), ctypes.c_int64(len(scalars)),
+        algorithm.encode() if algorithm else None, impl.encode(), ctypes.c_int64(kiln_gemm.K_BLOCK), out))
+
+
+def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
+         padding: Sequence[int], dilation: Sequence[int], groups: int, unary: str, scalars: Sequence[float],
+         algorithm: str | None, other: torch.Tensor | None, impl: str) -> torch.Tensor:
+    """The runtime's kiln::conv, called from Python (likewise)."""
+    ints = lambda values: (ctypes.c_int64 * len(values))(*values)  # noqa: E731
+    return _native([x, weight, bias, other], lambda h, out: library().kiln_conv(
+        h[0], h[1], h[2], ints(stride), ints(padding), ints(dilation), ctypes.c_int64(len(stride)),
+        ctypes.c_int64(groups), unary.encode(), _scalars(scalars), ctypes.c_int64(len(scalars)),
+        algorithm.encode() if algorithm else None, h[3], impl.encode(), out))
+
+
+class KilnArg(ctypes.Structure):
+    """kiln_arg of kiln_runtime.h."""
+    _fields_ = [("kind", ctypes.c_int32), ("i", ctypes.c_int64), ("d", ctypes.c_double), ("p", ctypes.c_void_p),
+                ("n", ctypes.c_int64)]

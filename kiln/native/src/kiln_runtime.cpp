@@ -1,0 +1,407 @@
+// kiln's runtime over libtorch: the functions of kiln_runtime.h. Built once per machine and torch
+// version (kiln/native/runtime.py) and loaded before any graph library whose wrapper calls it.
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/clamp.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/hardswish.h>
+#include <ATen/ops/leaky_relu.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/sigmoid.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/tanh.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+// kiln's own GEMM, a unit of this library (kiln/externs/kiln_gemm.py `source`); the epilogue
+// field by field as kiln_gemm::Epilogue.
+struct KilnGemmEpilogue {
+  const void* bias;
+  const void* residual;
+  int64_t ld_residual;
+  int32_t bias_bf16, residual_bf16, out_bf16;
+  int32_t unary;
+  float scalar0, scalar1;
+};
+extern "C" int64_t kiln_gemm_packed_elements_f32(int64_t K, int64_t N);
+extern "C" int64_t kiln_gemm_packed_elements_bf16(int64_t K, int64_t N);
+extern "C" void kiln_gemm_pack_f32(const void* b, int64_t K, int64_t N, int64_t sk, int64_t sn, void* out);
+extern "C" void kiln_gemm_pack_bf16(const void* b, int64_t K, int64_t N, int64_t sk, int64_t sn, void* out);
+extern "C" void kiln_gemm_f32(int64_t M, int64_t N, int64_t K, const void* a, int64_t lda, const void* bp, void* c,
+                              int64_t ldc, const KilnGemmEpilogue* e, int64_t kc);
+extern "C" void kiln_gemm_bf16(int64_t M, int64_t N, int64_t K, const void* a, int64_t lda, const void* bp, void* c,
+                               int64_t ldc, const KilnGemmEpilogue* e, int64_t kc);
+
+namespace {
+
+thread_local std::string last_error;
+
+at::Tensor& tensor_of(kiln_tensor t) { return *static_cast<at::Tensor*>(t); }
+
+kiln_tensor new_handle(at::Tensor t) { return new at::Tensor(std::move(t)); }
+
+// An argument as the IValue the operator's schema asks for: list element types and optional
+// elements come from the schema's type, so a typed list (Tensor?[], Scalar?[], int[]) unboxes.
+c10::IValue to_ivalue(const kiln_arg& a, const c10::TypePtr& type) {
+  c10::TypePtr element = type;
+  if (auto optional = element->cast<c10::OptionalType>()) element = optional->getElementType();
+  if (element->kind() == c10::TypeKind::TensorType && (a.kind == KILN_INT || a.kind == KILN_DOUBLE || a.kind == KILN_BOOL)) {
+    // A number where the schema has a Tensor (`mul.Tensor(x, 2)`): a 0-dim tensor marked as a
+    // wrapped number, as torch's Python argument parser makes it, so type promotion treats it as
+    // the scalar it is.
+    at::Tensor t = a.kind == KILN_INT ? at::scalar_tensor(a.i, at::kLong)
+                   : a.kind == KILN_DOUBLE ? at::scalar_tensor(a.d, at::kDouble) : at::scalar_tensor(a.i != 0, at::kBool);
+    t.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return c10::IValue(t);
+  }
+  switch (a.kind) {
+    case KILN_NONE: return c10::IValue();
+    case KILN_TENSOR: return c10::IValue(tensor_of(const_cast<void*>(a.p)));
+    case KILN_INT: return c10::IValue(a.i);
+    case KILN_DOUBLE: return c10::IValue(a.d);
+    case KILN_BOOL: return c10::IValue(a.i != 0);
+    case KILN_STRING: return c10::IValue(std::string(static_cast<const char*>(a.p)));
+    case KILN_DTYPE: return c10::IValue(static_cast<c10::ScalarType>(a.i));
+    case KILN_LAYOUT: return c10::IValue(static_cast<c10::Layout>(a.i));
+    case KILN_MEMORY_FORMAT: return c10::IValue(static_cast<c10::MemoryFormat>(a.i));
+    case KILN_DEVICE: return c10::IValue(c10::Device(static_cast<c10::DeviceType>(a.i), static_cast<c10::DeviceIndex>(a.n)));
+    case KILN_LIST: {
+      c10::TypePtr list_type = type;
+      if (auto optional = list_type->cast<c10::OptionalType>()) list_type = optional->getElementType();
+      auto as_list = list_type->cast<c10::ListType>();
+      TORCH_CHECK(as_list, "kiln runtime: a list argument where the schema has ", type->str());
+      c10::TypePtr element = as_list->getElementType();
+      const kiln_arg* items = static_cast<const kiln_arg*>(a.p);
+      if (element->kind() == c10::TypeKind::IntType) {
+        std::vector<int64_t> values(a.n);
+        for (int64_t k = 0; k < a.n; ++k) values[k] = items[k].i;
+        return c10::IValue(values);
+      }
+      if (element->kind() == c10::TypeKind::FloatType) {
+        std::vector<double> values(a.n);
+        for (int64_t k = 0; k < a.n; ++k) values[k] = items[k].d;
+        return c10::IValue(values);
+      }
+      if (element->kind() == c10::TypeKind::BoolType) {
+        c10::List<bool> values;
+        for (int64_t k = 0; k < a.n; ++k) values.push_back(items[k].i != 0);
+        return c10::IValue(values);
+      }
+      if (element->kind() == c10::TypeKind::TensorType) {
+        std::vector<at::Tensor> values;
+        for (int64_t k = 0; k < a.n; ++k) values.push_back(tensor_of(const_cast<void*>(items[k].p)));
+        return c10::IValue(values);
+      }
+      c10::impl::GenericList values(element);
+      for (int64_t k = 0; k < a.n; ++k) values.push_back(to_ivalue(items[k], element));
+      return c10::IValue(values);
+    }
+  }
+  TORCH_CHECK(false, "kiln runtime: unknown argument kind ", a.kind);
+}
+
+void flatten(const c10::IValue& v, std::vector<kiln_tensor>& out) {
+  if (v.isTensor()) {
+    out.push_back(new_handle(v.toTensor()));
+  } else if (v.isNone()) {
+    out.push_back(nullptr);
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorVector()) out.push_back(new_handle(t));
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) flatten(e, out);
+  } else if (v.isTuple()) {
+    for (const c10::IValue& e : v.toTupleRef().elements()) flatten(e, out);
+  } else {
+    TORCH_CHECK(false, "kiln runtime: an operator result that is not a tensor: ", v.tagKind());
+  }
+}
+
+template <typename F>
+int guarded(F&& body) {
+  try {
+    body();
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+  } catch (...) {
+    last_error = "unknown C++ exception";
+  }
+  return 1;
+}
+
+// ---- kiln::mm ----------------------------------------------------------------------------------
+
+// Packed forms of weights, per weight, kind and version (prepacked.py `packed` keeps them on the
+// Python tensor object; here a weak reference tells a weight still alive from a new one at the
+// same address).
+struct Pack {
+  c10::weak_intrusive_ptr<c10::TensorImpl> weight;
+  uint32_t version;
+  at::Tensor packed;
+};
+std::mutex packs_mutex;
+std::map<std::pair<const c10::TensorImpl*, std::string>, Pack> packs;
+
+template <typename Make>
+at::Tensor packed(const at::Tensor& weight, const std::string& kind, Make&& make) {
+  std::lock_guard<std::mutex> lock(packs_mutex);
+  auto key = std::make_pair(weight.unsafeGetTensorImpl(), kind);
+  auto found = packs.find(key);
+  if (found != packs.end() && !found->second.weight.expired() &&
+      found->second.weight.lock().get() == weight.unsafeGetTensorImpl() && found->second.version == weight._version()) {
+    return found->second.packed;
+  }
+  if (packs.size() > 4096) {  // weights freed since: drop their packs
+    for (auto it = packs.begin(); it != packs.end();) it = it->second.weight.expired() ? packs.erase(it) : std::next(it);
+  }
+  at::NoGradGuard no_grad;
+  at::Tensor made = make();
+  packs.insert_or_assign(key, Pack{c10::weak_intrusive_ptr<c10::TensorImpl>(weight.getIntrusivePtr()), weight._version(), made});
+  return made;
+}
+
+c10::OperatorHandle find_op(const char* name, const char* overload) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+}
+
+double scalar_value(const kiln_arg& a) { return a.kind == KILN_DOUBLE ? a.d : static_cast<double>(a.i); }
+
+c10::List<std::optional<at::Scalar>> scalar_list(const kiln_arg* scalars, int64_t n) {
+  c10::List<std::optional<at::Scalar>> values;
+  for (int64_t k = 0; k < n; ++k) {
+    if (scalars[k].kind == KILN_NONE) values.push_back(std::nullopt);
+    else if (scalars[k].kind == KILN_DOUBLE) values.push_back(at::Scalar(scalars[k].d));
+    else values.push_back(at::Scalar(scalars[k].i));
+  }
+  return values;
+}
+
+// An operator called with its arguments boxed: for the oneDNN operators, whose schemas mix
+// optional strings, scalars and lists, this is simpler than spelling their C++ types.
+at::Tensor call_boxed(const c10::OperatorHandle& op, std::vector<c10::IValue> args) {
+  torch::jit::Stack stack(std::move(args));
+  op.callBoxed(stack);
+  return stack.at(0).toTensor();
+}
+
+at::Tensor unary_aten(const at::Tensor& y, const std::string& unary, const kiln_arg* scalars, int64_t n,
+                      const std::string& algorithm) {
+  if (unary == "none") return y;
+  if (unary == "relu") return at::relu(y);
+  if (unary == "sigmoid") return at::sigmoid(y);
+  if (unary == "tanh") return at::tanh(y);
+  if (unary == "swish") return at::silu(y);
+  if (unary == "hardswish") return at::hardswish(y);
+  if (unary == "gelu") return at::gelu(y, algorithm.empty() ? "none" : algorithm);
+  if (unary == "leaky_relu") return at::leaky_relu(y, scalar_value(scalars[0]));
+  if (unary == "hardtanh") return at::clamp(y, scalar_value(scalars[0]), scalar_value(scalars[1]));
+  TORCH_CHECK(false, "kiln::mm: unknown post-op ", unary);
+}
+
+int32_t gemm_unary_code(const std::string& unary, const std::string& algorithm) {
+  // kiln_gemm::Unary, as kiln/externs/kiln_gemm.py UNARY_CODES.
+  static const std::map<std::string, int32_t> codes = {
+      {"none", 0}, {"relu", 1}, {"gelu", 2}, {"gelu_tanh", 3}, {"swish", 4}, {"sigmoid", 5},
+      {"tanh", 6}, {"hardswish", 7}, {"leaky_relu", 8}, {"hardtanh", 9}};
+  auto found = codes.find(unary == "gelu" && algorithm == "tanh" ? "gelu_tanh" : unary);
+  TORCH_CHECK(found != codes.end(), "kiln::mm: kiln's GEMM has no post-op ", unary);
+  return found->second;
+}
+
+at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optional<at::Tensor>& bias_in,
+                   const std::string& unary, const kiln_arg* scalars, int64_t n, const std::string& algorithm,
+                   int64_t k_block) {
+  bool bf16 = b.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(a_in.scalar_type() == b.scalar_type() && (bf16 || b.scalar_type() == at::kFloat),
+              "kiln's GEMM takes float32 or bfloat16 operands of one dtype");
+  int64_t K = b.size(0), N = b.size(1);
+  at::Tensor panels = packed(b, "kiln", [&] {
+    at::Tensor out = at::empty({bf16 ? kiln_gemm_packed_elements_bf16(K, N) : kiln_gemm_packed_elements_f32(K, N)},
+                               b.options());
+    (bf16 ? kiln_gemm_pack_bf16 : kiln_gemm_pack_f32)(b.data_ptr(), K, N, b.stride(0), b.stride(1), out.data_ptr());
+    return out;
+  });
+  at::Tensor a = a_in.dim() == 2 && a_in.stride(1) == 1 ? a_in : a_in.contiguous();
+  std::optional<at::Tensor> bias = bias_in;
+  if (bias && bias->stride(0) != 1) bias = bias->contiguous();
+  int64_t M = a.size(0);
+  at::Tensor out = at::empty({M, N}, a.options());
+  float values[2] = {0.0f, 0.0f};
+  for (int64_t k = 0; k < n && k < 2; ++k) values[k] = static_cast<float>(scalar_value(scalars[k]));
+  KilnGemmEpilogue e{bias ? bias->data_ptr() : nullptr, nullptr, 0,
+                     bias && bias->scalar_type() == at::kBFloat16, 0, bf16, gemm_unary_code(unary, algorithm),
+                     values[0], values[1]};
+  bool plain = !bias && unary == "none" && !bf16;
+  (bf16 ? kiln_gemm_bf16 : kiln_gemm_f32)(M, N, K, a.data_ptr(), a.stride(0), panels.data_ptr(), out.data_ptr(), N,
+                                           plain ? nullptr : &e, k_block);
+  return out;
+}
+
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias, const std::string& unary,
+              const kiln_arg* scalars, int64_t n, const std::string& algorithm, const std::string& impl,
+              int64_t k_block) {
+  if (impl == "kiln") return mm_kiln(a, b, bias, unary, scalars, n, algorithm, k_block);
+  if (impl == "mkl") {
+    static auto reorder = find_op("mkl::_mkl_reorder_linear_weight", "").typed<at::Tensor(const at::Tensor&, int64_t)>();
+    static auto linear = find_op("mkl::_mkl_linear", "")
+        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, int64_t)>();
+    int64_t m = a.size(0);
+    at::Tensor weight = packed(b, "mkl" + std::to_string(m), [&] { return reorder.call(b.t(), m); });
+    at::Tensor origin = packed(b, "t", [&] { return b.detach().t(); });
+    return unary_aten(linear.call(a.contiguous(), weight, origin, bias, m), unary, scalars, n, algorithm);
+  }
+  if (impl == "onednn") {
+    static auto reorder = find_op("mkldnn::_reorder_linear_weight", "")
+        .typed<at::Tensor(const at::Tensor&, std::optional<int64_t>)>();
+    static auto linear = find_op("mkldnn::_linear_pointwise", "")
+        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
+                          c10::List<std::optional<at::Scalar>>, std::optional<c10::string_view>)>();
+    int64_t m = a.size(0);
+    at::Tensor weight = packed(b, "onednn" + std::to_string(m), [&] { return reorder.call(b.t(), m); });
+    return linear.call(a.contiguous(), weight, bias, unary, scalar_list(scalars, n), algorithm);
+  }
+  at::Tensor weight = b;
+  if (impl == "aten_kn") weight = packed(b, "kn", [&] { return b.contiguous(); });
+  else if (impl == "aten_nk") weight = packed(b, "nk", [&] { return b.t().contiguous().t(); });
+  else TORCH_CHECK(impl == "aten", "kiln::mm: unknown implementation ", impl);
+  return unary_aten(bias ? at::addmm(*bias, a, weight) : at::mm(a, weight), unary, scalars, n, algorithm);
+}
+
+// ---- kiln::conv (2-d) -----------------------------------------------------------------------------
+
+at::Tensor conv(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups,
+                const std::string& unary, const kiln_arg* scalars, int64_t n, const std::string& algorithm,
+                const std::optional<at::Tensor>& other, const std::string& impl) {
+  c10::IValue algorithm_or_none = algorithm.empty() ? c10::IValue() : c10::IValue(algorithm);
+  if (impl == "onednn" || impl == "onednn_into_other") {
+    static auto reorder = find_op("mkldnn::_reorder_convolution_weight", "");
+    static auto pointwise = find_op("mkldnn::_convolution_pointwise", "");
+    static auto binary = find_op("mkldnn::_convolution_pointwise", "binary");
+    static auto binary_into = find_op("mkldnn::_convolution_pointwise_", "binary");
+    at::Tensor x = x_in.contiguous(at::MemoryFormat::ChannelsLast);
+    std::string kind = "onednn";
+    for (int64_t s : x.sizes()) kind += "," + std::to_string(s);
+    at::Tensor blocked = packed(weight, kind, [&] {
+      return call_boxed(reorder, {weight, padding, stride, dilation, groups, x.sizes().vec()});
+    });
+    c10::IValue unary_or_none = unary == "none" ? c10::IValue() : c10::IValue(unary);
+    if (impl == "onednn_into_other") {
+      // Written over `other`, which the memory plan lets die here with the result's layout.
+      return call_boxed(binary_into, {*other, x, blocked, bias, padding, stride, dilation, groups, std::string("add"),
+                                      at::Scalar(1.0), unary_or_none, scalar_list(scalars, n), algorithm_or_none});
+    }
+    if (!other) {
+      return call_boxed(pointwise, {x, blocked, bias, padding, stride, dilation, groups, unary, scalar_list(scalars, n),
+                                    algorithm_or_none});
+    }
+    return call_boxed(binary, {x, other->contiguous(at::MemoryFormat::ChannelsLast), blocked, bias, padding, stride,
+                               dilation, groups, std::string("add"), at::Scalar(1.0), unary_or_none,
+                               scalar_list(scalars, n), algorithm_or_none});
+  }
+  at::Tensor x = x_in, w = weight;
+  if (impl == "aten_channels_last") {
+    x = x_in.contiguous(at::MemoryFormat::ChannelsLast);
+    w = packed(weight, "channels_last", [&] { return weight.contiguous(at::MemoryFormat::ChannelsLast); });
+  } else {
+    TORCH_CHECK(impl == "aten", "kiln::conv: unknown implementation ", impl);
+  }
+  at::Tensor y = at::convolution(x, w, bias, stride, padding, dilation, false, {0, 0}, groups);
+  if (other) y = at::add(y, *other);
+  return unary_aten(y, unary, scalars, n, algorithm);
+}
+
+}  // namespace
+
+extern "C" {
+
+int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, const int64_t* stride, const int64_t* padding,
+              const int64_t* dilation, int64_t spatial, int64_t groups, const char* unary, const kiln_arg* scalars,
+              int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl, kiln_tensor* out) {
+  return guarded([&] {
+    auto optional = [](kiln_tensor t) { return t ? std::optional<at::Tensor>(tensor_of(t)) : std::nullopt; };
+    std::vector<int64_t> s(stride, stride + spatial), p(padding, padding + spatial), d(dilation, dilation + spatial);
+    *out = new_handle(conv(tensor_of(x), tensor_of(weight), optional(bias), s, p, d, groups, unary, scalars, nscalars,
+                           algorithm ? algorithm : "", optional(other), impl));
+  });
+}
+
+int kiln_mm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, const char* unary, const kiln_arg* scalars,
+            int64_t nscalars, const char* algorithm, const char* impl, int64_t k_block, kiln_tensor* out) {
+  return guarded([&] {
+    std::optional<at::Tensor> b_opt = bias ? std::optional<at::Tensor>(tensor_of(bias)) : std::nullopt;
+    *out = new_handle(mm(tensor_of(a), tensor_of(b), b_opt, unary, scalars, nscalars, algorithm ? algorithm : "",
+                         impl, k_block));
+  });
+}
+
+
+kiln_tensor kiln_empty_strided(int64_t ndim, const int64_t* sizes, const int64_t* strides, int32_t dtype) {
+  return new_handle(at::empty_strided(c10::IntArrayRef(sizes, ndim), c10::IntArrayRef(strides, ndim),
+                                      at::TensorOptions().dtype(static_cast<c10::ScalarType>(dtype))));
+}
+
+kiln_tensor kiln_share(kiln_tensor t) { return new_handle(tensor_of(t)); }
+
+void kiln_release(kiln_tensor t) { delete static_cast<at::Tensor*>(t); }
+
+void* kiln_data(kiln_tensor t) { return tensor_of(t).data_ptr(); }
+
+int64_t kiln_size(kiln_tensor t, int64_t dim) { return tensor_of(t).size(dim); }
+
+int kiln_in_layout(kiln_tensor* t, int64_t ndim, const int64_t* sizes, const int64_t* strides) {
+  return guarded([&] {
+    at::Tensor& x = tensor_of(*t);
+    if (x.numel() <= 1 || x.strides() == c10::IntArrayRef(strides, ndim)) return;
+    at::Tensor copy = at::empty_strided(c10::IntArrayRef(sizes, ndim), c10::IntArrayRef(strides, ndim), x.options());
+    copy.copy_(x);
+    x = std::move(copy);
+  });
+}
+
+void* kiln_find_op(const char* name, const char* overload) {
+  auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
+  if (!handle.has_value()) {
+    last_error = std::string("no operator ") + name + (overload[0] ? "." : "") + overload;
+    return nullptr;
+  }
+  return new c10::OperatorHandle(*handle);
+}
+
+int kiln_call_op(void* op, const kiln_arg* args, int64_t nargs, kiln_tensor* outs, int64_t nouts) {
+  return guarded([&] {
+    const auto& handle = *static_cast<c10::OperatorHandle*>(op);
+    const auto& schema = handle.schema();
+    TORCH_CHECK(static_cast<size_t>(nargs) == schema.arguments().size(), "kiln runtime: ", schema.name(), " takes ",
+                schema.arguments().size(), " arguments, the wrapper gave ", nargs);
+    torch::jit::Stack stack;
+    stack.reserve(nargs);
+    for (int64_t k = 0; k < nargs; ++k) stack.push_back(to_ivalue(args[k], schema.arguments()[k].type()));
+    handle.callBoxed(stack);
+    std::vector<kiln_tensor> results;
+    for (const c10::IValue& v : stack) flatten(v, results);
+    for (size_t k = 0; k < results.size(); ++k) {
+      if (static_cast<int64_t>(k) < nouts) outs[k] = results[k];
+      else delete static_cast<at::Tensor*>(results[k]);
+    }
+    for (int64_t k = results.size(); k < nouts; ++k) outs[k] = nullptr;
+  });
+}
+
+const char* kiln_error(void) { return last_error.c_str(); }
+
+void kiln_set_error(const char* message) { last_error = message; }
+
+}  // extern "C"

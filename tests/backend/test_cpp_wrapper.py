@@ -1,0 +1,267 @@
+"""The C++ wrapper (backend.cpp_wrapper): a CPU graph run by one generated C function that calls
+its kernels directly and everything else through kiln's runtime over libtorch, with eager's
+results; kiln::mm's native implementations against the Python ones; the graphs it declines keep
+the Python wrapper, said in the log."""
+
+import dataclasses
+import gc
+import logging
+import os
+import weakref
+
+import pytest
+import sympy
+import torch
+
+import kiln
+from kiln.backend import driver
+from kiln.codegen.cpp_wrapper import cpp_wrapper
+from kiln.externs import prepacked
+from kiln.native import runtime
+from kiln.runtime import fallback
+from kiln.runtime.compiled_graph import CompiledGraph
+from kiln.runtime.frozen import FrozenProgram
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_cache(tmp_path_factory):
+    """One cache for the module: kiln's runtime library is built once (about 15 s), not per test."""
+    with kiln.config.patch({"cache.dir": str(tmp_path_factory.mktemp("cache")), "backend.cpp_wrapper": True}):
+        yield
+
+
+def _graphs(built):
+    return [b.runtime if isinstance(b, FrozenProgram) else b for b in built if isinstance(b, (CompiledGraph, FrozenProgram))]
+
+
+def _compiled(fn, *calls, dynamic=None, **tolerance):
+    """`fn` compiled with the C++ wrapper, checked against eager on each call's arguments; the
+    graphs built."""
+    kiln.reset()
+    fallback.reset()
+    compiled = kiln.compile(fn, dynamic=dynamic)
+    with torch.no_grad(), kiln.backend.watch() as built:
+        for args in calls:
+            torch.testing.assert_close(compiled(*args), fn(*args), **tolerance)
+    assert not fallback.FALLBACKS, fallback.FALLBACKS
+    graphs = _graphs(built)
+    assert graphs and all(g.artifact.cpp_wrapper is not None for g in graphs)
+    return graphs
+
+
+def _rows(x, w):
+    y = torch.nn.functional.layer_norm(x * 2, (x.shape[-1],))
+    return torch.softmax(y @ w, -1), y.sum(0), (x > 0).float().t()
+
+
+def _views_and_repeats(x):
+    y = x.sin()
+    return y, y, x.t(), x.long() + 3
+
+
+def _masked_fill(x, m):
+    return x.masked_fill(m, -1.0).cumsum(1)
+
+
+def _complex(z):
+    return torch.view_as_real(z * 2 + 1).sum(-1)
+
+
+CASES = {
+    "kernels and an aten::mm extern": (_rows, [(torch.randn(8, 16), torch.randn(16, 5))]),
+    "an output twice, a view, int64": (_views_and_repeats, [(torch.randn(4, 6),)]),
+    "a bool input, an extern with defaults": (_masked_fill, [(torch.randn(5, 7), torch.rand(5, 7) > 0.5)]),
+    # complex ops run as ATen externs, the 2 and 1 passed where their schemas have a Tensor
+    "numbers as tensor arguments": (_complex, [(torch.randn(4, 3, dtype=torch.complex64),)]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_graphs_run_through_the_cpp_wrapper_with_eagers_results(case):
+    fn, calls = CASES[case]
+    _compiled(fn, *calls)
+
+
+def test_symbolic_sizes_are_read_off_the_inputs():
+    graphs = _compiled(_rows, *[(torch.randn(n, 16), torch.randn(16, 5)) for n in (3, 9, 17)], dynamic=True)
+    assert len(graphs) == 1 and "kiln_size(" in graphs[0].artifact.cpp_wrapper
+
+
+def test_a_frozen_model_runs_its_gemms_through_the_runtime():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).eval()
+    (graph,) = _compiled(model, (torch.randn(4, 32),), (torch.randn(4, 32),), rtol=1e-4, atol=1e-4)
+    wrapper = graph.artifact.cpp_wrapper
+    assert "kiln_mm(" in wrapper and "kiln_find_op(\"kiln::mm\"" not in wrapper
+
+
+# The post-ops each implementation takes: the graph pass gives those that do not fuse one "none"
+# (ATen runs it after); gelu comes with its algorithm.
+POST_OPS = [("none", [], None), ("gelu", [], "none"), ("gelu", [], "tanh"), ("leaky_relu", [0.1], None),
+            ("hardtanh", [-0.5, 0.5], None)]
+MM_CASES = [(impl, *post) for impl in prepacked.MM_IMPLS for post in POST_OPS
+            if post[0] == "none" or impl in ("onednn", "kiln")]
+
+
+@pytest.mark.parametrize("impl, unary, scalars, algorithm", MM_CASES)
+def test_the_runtimes_kiln_mm_matches_the_python_one(impl, unary, scalars, algorithm):
+    torch.manual_seed(0)
+    a, b, bias = torch.randn(5, 33), torch.randn(33, 20), torch.randn(20)
+    want = prepacked.MM_IMPLS[impl](a, b, bias, unary, scalars, algorithm)
+    got = runtime.mm(a, b, bias, unary, scalars, algorithm, impl)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # The packed weight is kept: a second call with the weight changed in place packs again.
+    with torch.no_grad():
+        b.mul_(2)
+    torch.testing.assert_close(runtime.mm(a, b, bias, unary, scalars, algorithm, impl),
+                               prepacked.MM_IMPLS[impl](a, b, bias, unary, scalars, algorithm), rtol=1e-5, atol=1e-5)
+
+
+CONV_CASES = [(impl, unary, with_other) for impl in [*prepacked.CONV_IMPLS, *prepacked.IN_PLACE_CONV_IMPLS]
+              for unary in ("none", "relu") for with_other in (False, True)
+              if with_other or impl not in prepacked.IN_PLACE_CONV_IMPLS]
+
+
+@pytest.mark.parametrize("impl, unary, with_other", CONV_CASES)
+def test_the_runtimes_kiln_conv_matches_the_python_one(impl, unary, with_other):
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(2, 8, 9, 9), torch.randn(16, 4, 3, 3), torch.randn(16)
+    other = torch.randn(2, 16, 5, 5).contiguous(memory_format=torch.channels_last) if with_other else None
+    args = ([2, 2], [1, 1], [1, 1], 2, unary, [], None)
+    python = prepacked.CONV_IMPLS.get(impl) or prepacked.IN_PLACE_CONV_IMPLS[impl]
+    want = python(x, weight, bias, *args, other.clone() if with_other else None)
+    got = runtime.conv(x, weight, bias, *args, other, impl)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_conv_net_runs_its_convolutions_through_the_runtime():
+    torch.manual_seed(0)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.bn1 = torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
+            self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+
+        def forward(self, x):
+            return torch.relu(self.conv2(torch.relu(self.bn1(self.conv1(x)))) + x).mean((2, 3))
+
+    model = Block().eval()
+    graphs = _compiled(model, (torch.randn(2, 8, 12, 12),), rtol=1e-4, atol=1e-4)
+    wrappers = "".join(g.artifact.cpp_wrapper for g in graphs)
+    assert "kiln_conv(" in wrappers and "kiln_find_op(\"kiln::conv\"" not in wrappers
+
+
+def test_an_index_out_of_range_raises_index_error():
+    def gather_rows(w, i):
+        return w[i] * 2
+
+    w, i = torch.randn(10, 4), torch.tensor([1, 3, 9])
+    _compiled(gather_rows, (w, i))
+    compiled = kiln.compile(gather_rows)
+    compiled(w, i)
+    with pytest.raises(IndexError, match="index out of range in kiln kernel"):
+        compiled(w, torch.tensor([1, 30]))
+    torch.testing.assert_close(compiled(w, i), gather_rows(w, i))  # the flag was reset
+
+
+def test_the_python_wrapper_still_sees_index_errors_once_the_runtime_is_loaded():
+    # Found by the full suite: the runtime (loaded with global symbols) defined kiln_index_error
+    # too, and kernel libraries loaded after it wrote that one instead of their own.
+    runtime.library()
+
+    def gather_rows(w, i):
+        return w[i] * 2
+
+    kiln.reset()
+    with kiln.config.patch({"backend.cpp_wrapper": False}):
+        compiled = kiln.compile(gather_rows)
+        compiled(torch.randn(10, 4), torch.tensor([1, 3]))
+        with pytest.raises(IndexError, match="index out of range in kiln kernel"):
+            compiled(torch.randn(10, 4), torch.tensor([1, 30]))
+
+
+def test_the_wrapper_holds_no_input_or_output_after_the_call():
+    (graph,) = _compiled(lambda x: (x * 2).sum(0), (torch.randn(6, 5),))
+    x = torch.randn(6, 5)
+    (out,) = graph(x)
+    inputs, outputs = weakref.ref(x), weakref.ref(out)
+    del x, out
+    gc.collect()
+    assert inputs() is None and outputs() is None
+
+
+def test_what_the_cpp_wrapper_cannot_run_is_refused_naming_it():
+    (graph,) = _compiled(lambda x: x.sin() * 2, (torch.randn(4, 3),))
+    schedule = graph.schedule
+    functions = {k: graph.artifact.kernels[k] for k in graph.artifact.kernels}
+    with pytest.raises(NotImplementedError, match="on cuda"):
+        cpp_wrapper(schedule, set(), functions, {}, "cuda")
+    with pytest.raises(NotImplementedError, match="returning sizes or constants"):
+        cpp_wrapper(dataclasses.replace(schedule, outputs=[*schedule.outputs, sympy.Integer(3)]), set(), functions, {})
+
+
+def test_a_graph_the_cpp_wrapper_declines_runs_the_python_wrapper_and_says_why(monkeypatch, caplog):
+    def declined(*args, **kwargs):
+        raise NotImplementedError("a C++ wrapper for this graph (test)")
+
+    monkeypatch.setattr(driver, "cpp_wrapper", declined)
+    kiln.reset()
+    with kiln.config.patch({"debug.logs": "code"}), caplog.at_level(logging.INFO):
+        graphs = _graphs_of(lambda x: x.cos() + 1, torch.randn(5, 2))
+    assert graphs and all(g.artifact.cpp_wrapper is None for g in graphs)
+    assert "the Python wrapper runs this graph: a C++ wrapper for this graph (test)" in caplog.text
+
+
+def _graphs_of(fn, *args):
+    with torch.no_grad(), kiln.backend.watch() as built:
+        torch.testing.assert_close(kiln.compile(fn)(*args), fn(*args))
+    return _graphs(built)
+
+
+def test_tiny_bert_through_the_cpp_wrapper():
+    import transformers
+
+    config = transformers.BertConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                                     max_position_embeddings=256, vocab_size=1000, num_hidden_layers=2)
+    model = transformers.BertModel(config).eval()
+    ids = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(0))
+    kiln.reset()
+    fallback.reset()
+    compiled = kiln.compile(model)
+    with torch.no_grad(), kiln.backend.watch() as built:
+        got = compiled(input_ids=ids).last_hidden_state
+        want = model(input_ids=ids).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert not fallback.FALLBACKS
+    assert all(g.artifact.cpp_wrapper is not None for g in _graphs(built))
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_training_graphs_run_through_the_cpp_wrapper(dynamic):
+    def f(x, w):
+        return torch.softmax(x @ w, -1).sin().sum()
+
+    kiln.reset()
+    compiled = kiln.compile(f, dynamic=dynamic)
+    with kiln.backend.watch() as built:
+        for n in (4, 6):
+            x, w = torch.randn(n, 8, requires_grad=True), torch.randn(8, 3, requires_grad=True)
+            compiled(x, w).backward()
+            got = (x.grad, w.grad)
+            x.grad = w.grad = None
+            f(x, w).backward()
+            torch.testing.assert_close(got, (x.grad, w.grad))
+    graphs = _graphs(built)
+    assert len(graphs) >= 2 and all(g.artifact.cpp_wrapper is not None for g in graphs)
+
+
+def test_the_debug_dir_gets_both_wrappers(tmp_path):
+    with kiln.config.patch({"debug.dump_dir": str(tmp_path / "dump")}):
+        _compiled(lambda x: x.exp() + 1, (torch.randn(3, 4),))
+    (folder,) = (tmp_path / "dump").glob("run_*/*_kiln_backend")
+    names = [p.name.split("_", 1)[1] for p in sorted(folder.iterdir())]
+    assert names[-2:] == ["wrapper.py", "wrapper.cpp"]
+    assert 'extern "C" int kiln_graph_call' in sorted(folder.iterdir())[-1].read_text()
