@@ -53,6 +53,7 @@ def library() -> ctypes.CDLL:
     """The runtime, loaded (built first when the C++ cache lacks it) with RTLD_GLOBAL."""
     lib = ctypes.CDLL(library_path(), mode=os.RTLD_GLOBAL | os.RTLD_NOW)
     lib.kiln_error.restype = ctypes.c_char_p
+    lib.kiln_packs_held.restype = ctypes.c_int64
     return lib
 
 

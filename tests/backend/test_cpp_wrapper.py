@@ -119,6 +119,23 @@ def test_the_runtimes_kiln_mm_matches_the_python_one(impl, unary, scalars, algor
                                prepacked.MM_IMPLS[impl](a, b, bias, unary, scalars, algorithm), rtol=1e-5, atol=1e-5)
 
 
+def test_packs_of_freed_weights_are_dropped():
+    a = torch.randn(4, 16)
+    weights = [torch.randn(8, 16).t() for _ in range(3)]  # "aten_kn" packs a row-major copy
+    for w in weights:
+        runtime.mm(a, w, None, "none", [], None, "aten_kn")
+    held = runtime.library().kiln_packs_held()
+    del weights, w
+    gc.collect()
+    keep = torch.randn(8, 16).t()
+    runtime.mm(a, keep, None, "none", [], None, "aten_kn")  # packing drops the freed weights' packs
+    assert runtime.library().kiln_packs_held() <= held - 3 + 1
+    # A weight already in the wanted layout is its own pack: not held (it would never be freed).
+    before = runtime.library().kiln_packs_held()
+    runtime.mm(a, torch.randn(16, 8), None, "none", [], None, "aten_kn")
+    assert runtime.library().kiln_packs_held() == before
+
+
 CONV_CASES = [(impl, unary, with_other) for impl in [*prepacked.CONV_IMPLS, *prepacked.IN_PLACE_CONV_IMPLS]
               for unary in ("none", "relu") for with_other in (False, True)
               if with_other or impl not in prepacked.IN_PLACE_CONV_IMPLS]

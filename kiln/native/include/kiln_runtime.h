@@ -71,6 +71,8 @@ KILN_API int kiln_mm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, const char*
 KILN_API int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, const int64_t* stride, const int64_t* padding,
               const int64_t* dilation, int64_t spatial, int64_t groups, const char* unary, const kiln_arg* scalars,
               int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl, kiln_tensor* out);
+// Packed weights the runtime holds (those of freed weights are dropped at the next pack).
+KILN_API int64_t kiln_packs_held(void);
 KILN_API const char* kiln_error(void);
 KILN_API void kiln_set_error(const char* message);
 

@@ -163,11 +163,14 @@ at::Tensor packed(const at::Tensor& weight, const std::string& kind, Make&& make
       found->second.weight.lock().get() == weight.unsafeGetTensorImpl() && found->second.version == weight._version()) {
     return found->second.packed;
   }
-  if (packs.size() > 4096) {  // weights freed since: drop their packs
-    for (auto it = packs.begin(); it != packs.end();) it = it->second.weight.expired() ? packs.erase(it) : std::next(it);
-  }
+  // Packs of weights freed since (a re-frozen model's old constants) go now: packing is rare, and
+  // a pack kept past its weight would hold the weight's size in memory for nothing.
+  for (auto it = packs.begin(); it != packs.end();) it = it->second.weight.expired() ? packs.erase(it) : std::next(it);
   at::NoGradGuard no_grad;
   at::Tensor made = make();
+  if (made.unsafeGetTensorImpl() == weight.unsafeGetTensorImpl()) {
+    return made;  // the weight itself (already contiguous): kept, it would never be freed
+  }
   packs.insert_or_assign(key, Pack{c10::weak_intrusive_ptr<c10::TensorImpl>(weight.getIntrusivePtr()), weight._version(), made});
   return made;
 }
@@ -398,6 +401,11 @@ int kiln_call_op(void* op, const kiln_arg* args, int64_t nargs, kiln_tensor* out
     }
     for (int64_t k = results.size(); k < nouts; ++k) outs[k] = nullptr;
   });
+}
+
+int64_t kiln_packs_held(void) {
+  std::lock_guard<std::mutex> lock(packs_mutex);
+  return static_cast<int64_t>(packs.size());
 }
 
 const char* kiln_error(void) { return last_error.c_str(); }
