@@ -11,4 +11,7 @@ from kiln.capture import CaptureError, explain, mark_dynamic
 
 __version__ = "0.1.0"
 
-__all__ = ["CaptureError", "compile", "config", "explain", "logs", "mark_dynamic", "refreeze", "reset", "__version__"]
+from kiln.deploy import export, load  # noqa: E402  (after __version__, which artifacts record)
+
+__all__ = ["CaptureError", "compile", "config", "explain", "export", "load", "logs", "mark_dynamic", "refreeze", "reset",
+           "__version__"]

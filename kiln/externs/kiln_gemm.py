@@ -52,8 +52,10 @@ def _entries() -> str:
     return "\n".join([*lines, "}"])
 
 
-def source() -> str:
-    return "\n".join([header_text(), header_text(("kiln_gemm.h",)), _entries()])
+def source(defines_flag: bool = True) -> str:
+    """The GEMM's translation unit; `defines_flag` False where another unit of the same library
+    defines the index-error flag (an exported model's kernels, kiln/deploy/export.py)."""
+    return "\n".join([header_text(defines_flag=defines_flag), header_text(("kiln_gemm.h",)), _entries()])
 
 
 @functools.cache

@@ -1,0 +1,214 @@
+"""`kiln.export`: a model compiled ahead of time into a directory that runs without kiln.
+
+    kiln.export(model, (x,), path="out/mlp")
+    run = kiln.load("out/mlp")
+    (y,) = run(x)
+
+The model is captured whole (fullgraph: a construct that would break the graph is an error naming
+the user's file and line), frozen and compiled by kiln's backend with the C++ wrapper, on the
+example inputs' sizes. The directory holds:
+
+- `model.so`: the graph's kernels, its C++ wrapper (`kiln_graph_call`) and kiln's runtime
+  (kiln/native/src/kiln_runtime.cpp, with kiln's GEMM), one library that needs only libtorch;
+- `weights.safetensors`: the frozen constants (and any other tensor the graph reads that is not
+  an input), by the names the metadata gives;
+- `metadata.json`: the inputs (names, dtypes, shapes), the outputs (`output_0`, ... in the order of
+  the model's result, flattened), how the graph's inputs are made from inputs and weights, the
+  versions of kiln and torch, the CPU and its ISA, and the digests of the library and the weights.
+
+Not yet: symbolic sizes (`dynamic_shapes`), training, models that mutate their inputs or return
+views of them, GPUs; the C++ runner (docs/limits.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+import kiln
+from kiln import aot, config
+from kiln.backend import Backend, watch
+from kiln.capture.api import capture
+from kiln.deploy import safetensors
+from kiln.native import runtime
+from kiln.native.build import build_library, machine
+from kiln.runtime.compiled_graph import CompiledGraph
+from kiln.runtime.frozen import FrozenProgram
+
+FORMAT = 1
+
+
+class ExportError(RuntimeError):
+    """What `kiln.export` cannot put in an artifact, said with the reason."""
+
+
+def export(model: nn.Module | Callable, args: tuple, kwargs: dict | None = None, *, path: str | Path,
+           dynamic_shapes: Any = None) -> Path:
+    """Compile `model` for `args` and `kwargs` (example inputs: their sizes are the artifact's)
+    and write the artifact directory `path`; returns it.
+
+    Example::
+
+        kiln.export(model, (), {"input_ids": ids, "attention_mask": mask}, path="bert.kiln")
+    """
+    if not callable(model):
+        raise TypeError(f"kiln.export: model must be an nn.Module or a function, got {type(model).__name__}")
+    if not isinstance(args, tuple):
+        raise TypeError(f"kiln.export: args must be a tuple of example inputs, got {type(args).__name__}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"kiln.export: kwargs must be a dict or None, got {type(kwargs).__name__}")
+    if dynamic_shapes is not None:
+        raise ValueError("kiln.export: dynamic_shapes must be None: artifacts with symbolic sizes are not built yet "
+                         "(the artifact serves the example inputs' sizes)")
+    kwargs = kwargs or {}
+    names, inputs = _named_inputs(args, kwargs)
+    recorded: dict[str, Any] = {}
+    with config.patch({"backend.freezing": True, "backend.cpp_wrapper": True}), torch.no_grad():
+        compiled = capture(model, _recording_backend(recorded), fullgraph=True)
+        result = compiled(*args, **kwargs)
+    if "aot" not in recorded:
+        raise ExportError("kiln.export: the model ran no graph (no tensor operation was captured)")
+    plan, weights = _input_plan(recorded, inputs)
+    graph = recorded["graph"]
+    outputs = _output_indices(result, recorded["outputs"])
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    library = _build(graph)
+    shutil.copyfile(library, out / "model.so")
+    safetensors.save(weights, out / "weights.safetensors")
+    metadata = {
+        "format": FORMAT,
+        "kiln_version": kiln.__version__, "torch_version": torch.__version__,
+        "isa": machine(), "cpu": _cpu_name(), "arch": platform.machine(),
+        "inputs": [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+                   for n, t in zip(names, inputs)],
+        "outputs": [{"name": f"output_{k}", "graph_output": i} for k, i in enumerate(outputs)],
+        "graph_inputs": plan,
+        "graph_outputs": graph.artifact.num_outputs,
+        "weights": {n: {"stride": list(t.stride()), "storage_offset": 0} for n, t in weights.items()},
+        "entry": "kiln_graph_call",
+        "digests": {"model.so": _digest(out / "model.so"), "weights.safetensors": _digest(out / "weights.safetensors")},
+    }
+    (out / "metadata.json").write_text(json.dumps(metadata, indent=1))
+    return out
+
+
+def _named_inputs(args: tuple, kwargs: dict) -> tuple[list[str], list[torch.Tensor]]:
+    """The tensor inputs, flattened, each with a name: a keyword's own, `arg<i>` for positions
+    (`arg<i>_<j>` inside a nested structure)."""
+    names, tensors = [], []
+    for i, value in enumerate(args):
+        _collect(value, f"arg{i}", names, tensors)
+    for key, value in kwargs.items():
+        _collect(value, str(key), names, tensors)
+    return names, tensors
+
+
+def _collect(value: Any, name: str, names: list[str], tensors: list[torch.Tensor]) -> None:
+    leaves = pytree.tree_leaves(value)
+    for j, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor):
+            names.append(name if len(leaves) == 1 else f"{name}_{j}")
+            tensors.append(leaf)
+
+
+def _recording_backend(recorded: dict[str, Any]) -> Callable:
+    def backend(gm: fx.GraphModule, example_inputs: list) -> Callable:
+        if "aot" in recorded:
+            raise ExportError("kiln.export: the model was captured as more than one graph")
+        with watch() as built:
+            compiled = aot.compile(gm, example_inputs, Backend(), options=aot.AotOptions(label="export"))
+        programs = [b for b in built if isinstance(b, (FrozenProgram, CompiledGraph))]
+        if len(programs) != 1:
+            raise ExportError(f"kiln.export: kiln's backend did not compile the graph into one program ({built})")
+        recorded.update(aot=compiled, example_inputs=list(example_inputs), program=programs[0],
+                        graph=programs[0].runtime if isinstance(programs[0], FrozenProgram) else programs[0])
+        if recorded["graph"].artifact.cpp_wrapper is None:
+            raise ExportError("kiln.export: kiln could not write a C++ wrapper for this graph "
+                              "(KILN_LOGS=code says why)")
+
+        def call(*args: Any) -> Any:
+            outputs = compiled(*args)
+            recorded["outputs"] = pytree.tree_leaves(outputs)
+            return outputs
+
+        return call
+
+    return backend
+
+
+def _input_plan(recorded: dict[str, Any], inputs: list[torch.Tensor]) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    """How each input of the compiled graph is made: a model input (by index) or a weight (by
+    name); and the weights."""
+    compiled, program = recorded["aot"], recorded["program"]
+    sig = compiled.sig
+    if sig.mutated_inputs or sig.aliases:
+        raise ExportError("kiln.export: the model mutates an input or returns a view of one; an artifact returns "
+                          "fresh tensors only")
+    flat = [*compiled.lifted, *recorded["example_inputs"]]
+    if isinstance(program, FrozenProgram):
+        values = [flat[i] for i in program.runtime_positions] + list(program.constants)
+    else:
+        values = flat
+    by_identity = {id(t): k for k, t in enumerate(inputs)}
+    plan, weights = [], {}
+    for value in values:
+        if not isinstance(value, torch.Tensor):
+            raise ExportError(f"kiln.export: a graph input is not a tensor ({type(value).__name__})")
+        if id(value) in by_identity:
+            plan.append({"input": by_identity[id(value)]})
+        else:
+            name = f"weight_{len(weights)}"
+            weights[name] = value.detach()
+            plan.append({"weight": name})
+    return plan, weights
+
+
+def _output_indices(result: Any, graph_outputs: list[Any]) -> list[int]:
+    """For each tensor of the model's result, flattened, the graph output it is."""
+    by_identity = {id(t): k for k, t in enumerate(graph_outputs)}
+    indices = []
+    for leaf in pytree.tree_leaves(result):
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        if id(leaf) not in by_identity:
+            raise ExportError("kiln.export: a tensor of the model's result is not an output of its graph "
+                              "(a model input or a constant returned as it is)")
+        indices.append(by_identity[id(leaf)])
+    return indices
+
+
+def _build(graph: CompiledGraph) -> Path:
+    """One library: the graph's kernels and C++ wrapper, and kiln's runtime with kiln's GEMM."""
+    from kiln.externs import kiln_gemm
+
+    artifact = graph.artifact
+    compile_flags, link_flags = runtime.torch_flags()
+    units = [*artifact.library_units, runtime.source(), kiln_gemm.source(defines_flag=not artifact.units)]
+    unit_flags = [[]] * len(artifact.units) + [["-O0"]] + [compile_flags] * 2
+    # -Bsymbolic: the library's calls of kiln's runtime stay inside it even where a process has
+    # kiln's own runtime loaded with global symbols.
+    path, _ = build_library(units, link_flags=[*link_flags, "-Wl,-Bsymbolic"], unit_flags=unit_flags)
+    return path
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

@@ -1,0 +1,125 @@
+"""`kiln.load`: an exported artifact (kiln/deploy/export.py) as a Python callable.
+
+    run = kiln.load("out/bert")
+    last_hidden_state, pooler_output = run(input_ids=ids, attention_mask=mask)
+
+The artifact is checked before anything of it runs: its format, the kiln and torch versions and
+the CPU ISA it was built for against this process's (an error names both), the digests of its
+library and weights (a corrupted file is named, never loaded). A call is checked against the
+inputs the artifact was exported with (names, dtypes, shapes); the outputs come back as a tuple in
+the order of the model's result, flattened.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import kiln
+from kiln.deploy import safetensors
+from kiln.deploy.export import FORMAT
+from kiln.native import runtime
+from kiln.native.build import machine
+
+
+class ArtifactError(RuntimeError):
+    """An artifact that cannot run here: another version or ISA, a missing or corrupted file."""
+
+
+class LoadedArtifact:
+    """`(*inputs, **named_inputs) -> tuple of outputs` of an exported model."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.metadata = _metadata(self.path)
+        _check_compatible(self.path, self.metadata)
+        for name, digest in self.metadata["digests"].items():
+            if _digest(self.path / name) != digest:
+                raise ArtifactError(f"kiln.load: {self.path / name} does not match its digest in metadata.json "
+                                    "(the file is corrupted or was replaced): export the model again")
+        stored = safetensors.load(self.path / "weights.safetensors")
+        self.weights = {name: _laid_out(stored[name], layout) for name, layout in self.metadata["weights"].items()}
+        self.inputs = self.metadata["inputs"]
+        library = ctypes.CDLL(str(self.path / "model.so"))
+        self._entry = getattr(library, self.metadata["entry"])
+        self._entry.argtypes, self._entry.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+        self._error = library.kiln_error
+        self._error.restype = ctypes.c_char_p
+
+    def signature(self) -> str:
+        return ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.inputs)
+
+    def __call__(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        given = self._bind(args, kwargs)
+        graph_inputs = [given[step["input"]] if "input" in step else self.weights[step["weight"]]
+                        for step in self.metadata["graph_inputs"]]
+        handles = runtime.handles_of(graph_inputs)
+        outputs = (ctypes.c_void_p * self.metadata["graph_outputs"])()
+        status = self._entry((ctypes.c_void_p * len(handles))(*handles), outputs)
+        if status:
+            raise (IndexError if status == 2 else RuntimeError)(self._error().decode())
+        graph_outputs = runtime.tensors_of(list(outputs))
+        return tuple(graph_outputs[o["graph_output"]] for o in self.metadata["outputs"])
+
+    def _bind(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+        names = [i["name"] for i in self.inputs]
+        if len(args) > len(names):
+            raise TypeError(f"kiln.load: the artifact takes {len(names)} inputs ({self.signature()}), got {len(args)}")
+        bound = dict(zip(names, args))
+        for name, value in kwargs.items():
+            if name not in names or name in bound:
+                raise TypeError(f"kiln.load: unexpected or repeated input {name!r}; the artifact takes {self.signature()}")
+            bound[name] = value
+        missing = [n for n in names if n not in bound]
+        if missing:
+            raise TypeError(f"kiln.load: missing input {missing[0]!r}; the artifact takes {self.signature()}")
+        for spec in self.inputs:
+            value = bound[spec["name"]]
+            if not isinstance(value, torch.Tensor) or str(value.dtype).removeprefix("torch.") != spec["dtype"] \
+                    or list(value.shape) != spec["shape"]:
+                got = f"{value.dtype}{list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ValueError(f"kiln.load: input {spec['name']!r} must be {spec['dtype']}{spec['shape']}, got {got}; "
+                                 f"the artifact takes {self.signature()}")
+        return [bound[n] for n in names]
+
+
+def load(path: str | Path) -> LoadedArtifact:
+    """The artifact `kiln.export` wrote to `path`, ready to call."""
+    return LoadedArtifact(path)
+
+
+def _metadata(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((path / "metadata.json").read_text())
+    except (OSError, ValueError) as error:
+        raise ArtifactError(f"kiln.load: {path} is not a kiln artifact ({error})") from None
+
+
+def _check_compatible(path: Path, metadata: dict[str, Any]) -> None:
+    here = {"format": FORMAT, "kiln_version": kiln.__version__, "torch_version": torch.__version__, "isa": machine()}
+    what = {"format": "artifact format", "kiln_version": "kiln version", "torch_version": "torch version",
+            "isa": "CPU instruction set (-march=native)"}
+    for key, value in here.items():
+        if metadata.get(key) != value:
+            built_on = f" on {metadata.get('cpu')}" if key == "isa" else ""
+            raise ArtifactError(f"kiln.load: {path} was built for {what[key]} {metadata.get(key)!r}{built_on}; "
+                                f"this process has {value!r}: export the model again here")
+
+
+def _laid_out(t: torch.Tensor, layout: dict[str, Any]) -> torch.Tensor:
+    """A weight in the layout it had when exported (the file stores it contiguous)."""
+    if list(t.stride()) == layout["stride"] or t.numel() <= 1:
+        return t.clone()
+    return torch.empty_strided(t.shape, layout["stride"], dtype=t.dtype).copy_(t)
+
+
+def _digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as error:
+        raise ArtifactError(f"kiln.load: {path} cannot be read ({error})") from None

@@ -1,0 +1,175 @@
+"""kiln.export and kiln.load: a model compiled ahead of time into a directory (one library with
+kiln's runtime, the weights as safetensors, metadata) that a fresh process runs without compiling;
+clear errors for wrong inputs, corrupted files, another ISA or version, and graph breaks."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kiln
+from kiln.deploy import ArtifactError
+from kiln.deploy import safetensors
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_cache(tmp_path_factory):
+    """One cache for the module: kiln's runtime (about 10 s to build) is compiled once."""
+    with kiln.config.patch({"cache.dir": str(tmp_path_factory.mktemp("cache"))}):
+        yield
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)).eval()
+
+
+@pytest.fixture(scope="module")
+def mlp_artifact(tmp_path_factory):
+    model = _mlp()
+    path = kiln.export(model, (torch.randn(3, 16),), path=tmp_path_factory.mktemp("art") / "mlp")
+    return model, path
+
+
+def test_an_exported_mlp_runs_from_its_directory(mlp_artifact):
+    model, path = mlp_artifact
+    assert sorted(p.name for p in path.iterdir()) == ["metadata.json", "model.so", "weights.safetensors"]
+    run = kiln.load(path)
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        want = model(x)
+    (got,) = run(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    (named,) = run(arg0=x)
+    torch.testing.assert_close(named, want, rtol=1e-4, atol=1e-4)
+
+
+def test_tiny_bert_with_input_ids_and_attention_mask(tmp_path):
+    import transformers
+
+    config = transformers.BertConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                                     max_position_embeddings=128, vocab_size=1000, num_hidden_layers=2)
+    model = transformers.BertModel(config).eval()
+    g = torch.Generator().manual_seed(0)
+    ids, mask = torch.randint(0, 1000, (2, 12), generator=g), torch.ones(2, 12, dtype=torch.int64)
+    mask[1, 7:] = 0
+    run = kiln.load(kiln.export(model, (), {"input_ids": ids, "attention_mask": mask}, path=tmp_path / "bert"))
+    assert [i["name"] for i in run.inputs] == ["input_ids", "attention_mask"]
+    other = torch.randint(0, 1000, (2, 12), generator=g)
+    last_hidden_state, pooler_output = run(input_ids=other, attention_mask=mask)
+    with torch.no_grad():
+        want = model(input_ids=other, attention_mask=mask)
+    torch.testing.assert_close(last_hidden_state, want.last_hidden_state, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(pooler_output, want.pooler_output, rtol=1e-4, atol=1e-4)
+
+
+class TinyResNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+        self.block = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                         torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8))
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = self.stem(x)
+        y = torch.relu(self.block(y) + y)
+        return self.head(y.mean((2, 3)))
+
+
+def test_a_tiny_resnet(tmp_path):
+    torch.manual_seed(0)
+    model = TinyResNet().eval()
+    for m in model.modules():  # BatchNorm statistics that are not the identity
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 1.5)
+    run = kiln.load(kiln.export(model, (torch.randn(2, 3, 16, 16),), path=tmp_path / "resnet"))
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(run(x)[0], model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_fresh_process_runs_the_artifact_without_compiling(mlp_artifact, tmp_path):
+    model, path = mlp_artifact
+    x = torch.randn(3, 16)
+    safetensors.save({"x": x}, tmp_path / "x.safetensors")
+    script = (
+        "import sys, torch, kiln\n"
+        "from kiln.deploy import safetensors\n"
+        "run = kiln.load(sys.argv[1])\n"
+        "(y,) = run(safetensors.load(sys.argv[2])['x'])\n"
+        "safetensors.save({'output_0': y}, sys.argv[3])\n"
+    )
+    cache = tmp_path / "empty-cache"
+    env = {**os.environ, "KILN_CACHE_DIR": str(cache)}
+    subprocess.run([sys.executable, "-c", script, str(path), str(tmp_path / "x.safetensors"), str(tmp_path / "y.safetensors")],
+                   env=env, check=True, timeout=300)
+    with torch.no_grad():
+        torch.testing.assert_close(safetensors.load(tmp_path / "y.safetensors")["output_0"], model(x), rtol=1e-4, atol=1e-4)
+    assert not cache.exists() or not any(cache.rglob("*.so"))  # nothing was compiled
+
+
+def test_inputs_of_the_wrong_shape_dtype_or_name_are_refused_with_the_signature(mlp_artifact):
+    run = kiln.load(mlp_artifact[1])
+    with pytest.raises(ValueError, match=r"input 'arg0' must be float32\[3, 16\], got torch.float32\[4, 16\]"):
+        run(torch.randn(4, 16))
+    with pytest.raises(ValueError, match=r"must be float32\[3, 16\], got torch.float64"):
+        run(torch.randn(3, 16, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"unexpected or repeated input 'x'; the artifact takes arg0: float32\[3, 16\]"):
+        run(x=torch.randn(3, 16))
+    with pytest.raises(TypeError, match="missing input 'arg0'"):
+        run()
+
+
+def _copy(path, tmp_path):
+    import shutil
+
+    return Path(shutil.copytree(path, tmp_path / "copy"))
+
+
+def test_a_corrupted_weights_file_is_named_and_not_loaded(mlp_artifact, tmp_path):
+    copy = _copy(mlp_artifact[1], tmp_path)
+    weights = copy / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="weights.safetensors does not match its digest"):
+        kiln.load(copy)
+
+
+@pytest.mark.parametrize("key, value, said", [("isa", "0123456789abcdef", "CPU instruction set"),
+                                              ("kiln_version", "0.0.1", "kiln version"),
+                                              ("torch_version", "1.0.0", "torch version")])
+def test_an_artifact_for_another_isa_or_version_says_so_naming_both(mlp_artifact, tmp_path, key, value, said):
+    copy = _copy(mlp_artifact[1], tmp_path)
+    metadata = json.loads((copy / "metadata.json").read_text())
+    here = metadata[key]
+    metadata[key] = value
+    (copy / "metadata.json").write_text(json.dumps(metadata))
+    with pytest.raises(ArtifactError, match=f"built for {re.escape(said)}.* '{value}'.*this process has '{re.escape(here)}'"):
+        kiln.load(copy)
+
+
+def test_a_graph_break_is_an_error_naming_the_users_line(tmp_path):
+    def with_break(x):
+        y = x.sin()
+        print("a side effect")  # breaks the graph
+        return y * 2
+
+    with pytest.raises(kiln.CaptureError, match="test_export.py"):
+        kiln.export(with_break, (torch.randn(3),), path=tmp_path / "broken")
+
+
+def test_bad_arguments_are_refused_naming_them(tmp_path):
+    with pytest.raises(TypeError, match="args must be a tuple"):
+        kiln.export(_mlp(), [torch.randn(3, 16)], path=tmp_path / "a")
+    with pytest.raises(ValueError, match="dynamic_shapes must be None"):
+        kiln.export(_mlp(), (torch.randn(3, 16),), path=tmp_path / "a", dynamic_shapes={"x": {0: "batch"}})
