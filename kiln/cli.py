@@ -12,6 +12,7 @@ import sys
 from kiln import logs
 from kiln.autotune import cli as autotune_cli
 from kiln.bench import call_overhead, capture_cost, cli as bench_cli, many_shapes, profile_cli
+from kiln.deploy import runner
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     capture_cost.add_command(commands)
     many_shapes.add_command(commands)
     call_overhead.add_command(commands)
+    runner.add_command(commands)
     autotune_cli.add_command(commands)
     profile_cli.add_command(commands)
     args = parser.parse_args(argv)

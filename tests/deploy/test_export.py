@@ -51,12 +51,16 @@ def test_an_exported_mlp_runs_from_its_directory(mlp_artifact):
     torch.testing.assert_close(named, want, rtol=1e-4, atol=1e-4)
 
 
-def test_tiny_bert_with_input_ids_and_attention_mask(tmp_path):
+def _tiny_bert():
     import transformers
 
     config = transformers.BertConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128,
                                      max_position_embeddings=128, vocab_size=1000, num_hidden_layers=2)
-    model = transformers.BertModel(config).eval()
+    return transformers.BertModel(config).eval()
+
+
+def test_tiny_bert_with_input_ids_and_attention_mask(tmp_path):
+    model = _tiny_bert()
     g = torch.Generator().manual_seed(0)
     ids, mask = torch.randint(0, 1000, (2, 12), generator=g), torch.ones(2, 12, dtype=torch.int64)
     mask[1, 7:] = 0
@@ -173,3 +177,54 @@ def test_bad_arguments_are_refused_naming_them(tmp_path):
         kiln.export(_mlp(), [torch.randn(3, 16)], path=tmp_path / "a")
     with pytest.raises(ValueError, match="dynamic_shapes must be None"):
         kiln.export(_mlp(), (torch.randn(3, 16),), path=tmp_path / "a", dynamic_shapes={"x": {0: "batch"}})
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    from kiln.deploy.runner import build_runner
+
+    return build_runner(tmp_path_factory.mktemp("runner"))
+
+
+def _run_without_python(runner, artifact, inputs, tmp_path):
+    """kiln-run in a process whose PATH holds no Python (nor anything else)."""
+    safetensors.save(inputs, tmp_path / "in.safetensors")
+    empty = tmp_path / "no-bin"
+    empty.mkdir(exist_ok=True)
+    done = subprocess.run([str(runner), str(artifact), str(tmp_path / "in.safetensors"), str(tmp_path / "out.safetensors")],
+                          env={"PATH": str(empty)}, capture_output=True, text=True, timeout=300)
+    return done, (safetensors.load(tmp_path / "out.safetensors") if done.returncode == 0 else None)
+
+
+def test_kiln_run_runs_a_tiny_bert_and_a_tiny_resnet_without_python(runner, tmp_path):
+    bert = _tiny_bert()
+    g = torch.Generator().manual_seed(1)
+    ids, mask = torch.randint(0, 1000, (2, 10), generator=g), torch.ones(2, 10, dtype=torch.int64)
+    mask[0, 6:] = 0
+    artifact = kiln.export(bert, (), {"input_ids": ids, "attention_mask": mask}, path=tmp_path / "bert")
+    done, out = _run_without_python(runner, artifact, {"input_ids": ids, "attention_mask": mask}, tmp_path)
+    assert done.returncode == 0, done.stderr
+    with torch.no_grad():
+        want = bert(input_ids=ids, attention_mask=mask)
+    assert sorted(out) == ["output_0", "output_1"]
+    torch.testing.assert_close(out["output_0"], want.last_hidden_state, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out["output_1"], want.pooler_output, rtol=1e-4, atol=1e-4)
+
+    torch.manual_seed(0)
+    resnet, x = TinyResNet().eval(), torch.randn(2, 3, 16, 16)
+    artifact = kiln.export(resnet, (x,), path=tmp_path / "resnet")
+    done, out = _run_without_python(runner, artifact, {"arg0": x}, tmp_path)
+    assert done.returncode == 0, done.stderr
+    with torch.no_grad():
+        torch.testing.assert_close(out["output_0"], resnet(x), rtol=1e-4, atol=1e-4)
+
+
+def test_kiln_run_refuses_wrong_inputs_and_another_isa_naming_them(runner, mlp_artifact, tmp_path):
+    done, _ = _run_without_python(runner, mlp_artifact[1], {"x": torch.randn(3, 16)}, tmp_path)
+    assert done.returncode == 1 and "missing input 'arg0'; the artifact takes arg0: float32[3, 16]" in done.stderr
+    copy = _copy(mlp_artifact[1], tmp_path)
+    metadata = json.loads((copy / "metadata.json").read_text())
+    here, metadata["isa"] = metadata["isa"], "0123456789abcdef"
+    (copy / "metadata.json").write_text(json.dumps(metadata))
+    done, _ = _run_without_python(runner, copy, {"arg0": torch.randn(3, 16)}, tmp_path)
+    assert done.returncode == 1 and "built for CPU instruction set '0123456789abcdef'" in done.stderr and here in done.stderr

@@ -1,0 +1,308 @@
+// kiln::Artifact: a model `kiln.export` wrote (docs/deploy.md), run from C++ without Python.
+//
+//   kiln::Artifact a("bert.kiln");
+//   std::vector<at::Tensor> outs = a.run({{"input_ids", ids}, {"attention_mask", mask}});
+//
+// The constructor checks the artifact's format and torch version against the libtorch it is
+// built with, reads metadata.json and weights.safetensors, and opens model.so; `run` checks the
+// inputs (names, dtypes, shapes) and returns the outputs in metadata order (output_0, ...).
+// Errors are std::runtime_error with the reason. Header-only; needs libtorch and -ldl.
+#pragma once
+#include <ATen/ATen.h>
+#include <torch/version.h>
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+// ---- a small JSON reader (metadata.json and safetensors headers) ------------------------------
+struct Json {
+  enum Kind { Null, Bool, Number, String, Array, Object } kind = Null;
+  double number = 0;
+  bool boolean = false;
+  std::string text;
+  std::vector<Json> items;
+  std::vector<std::pair<std::string, Json>> fields;
+
+  const Json& operator[](const std::string& key) const {
+    for (const auto& f : fields)
+      if (f.first == key) return f.second;
+    throw std::runtime_error("kiln: missing JSON field '" + key + "'");
+  }
+  bool has(const std::string& key) const {
+    for (const auto& f : fields)
+      if (f.first == key) return true;
+    return false;
+  }
+  int64_t integer() const { return static_cast<int64_t>(number); }
+};
+
+class JsonParser {
+ public:
+  explicit JsonParser(const std::string& s) : s_(s) {}
+  Json parse() {
+    Json v = value();
+    space();
+    if (i_ != s_.size()) fail("trailing characters");
+    return v;
+  }
+
+ private:
+  const std::string& s_;
+  size_t i_ = 0;
+  [[noreturn]] void fail(const char* what) { throw std::runtime_error(std::string("kiln: bad JSON: ") + what); }
+  void space() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  void expect(char c) {
+    space();
+    if (i_ >= s_.size() || s_[i_] != c) fail("unexpected character");
+    ++i_;
+  }
+  Json value() {
+    space();
+    if (i_ >= s_.size()) fail("unexpected end");
+    char c = s_[i_];
+    Json v;
+    if (c == '{') {
+      v.kind = Json::Object;
+      ++i_;
+      space();
+      if (s_[i_] == '}') { ++i_; return v; }
+      while (true) {
+        space();
+        std::string key = string();
+        expect(':');
+        v.fields.emplace_back(key, value());
+        space();
+        if (s_[i_] == ',') { ++i_; continue; }
+        expect('}');
+        return v;
+      }
+    }
+    if (c == '[') {
+      v.kind = Json::Array;
+      ++i_;
+      space();
+      if (s_[i_] == ']') { ++i_; return v; }
+      while (true) {
+        v.items.push_back(value());
+        space();
+        if (s_[i_] == ',') { ++i_; continue; }
+        expect(']');
+        return v;
+      }
+    }
+    if (c == '"') { v.kind = Json::String; v.text = string(); return v; }
+    if (s_.compare(i_, 4, "true") == 0) { v.kind = Json::Bool; v.boolean = true; i_ += 4; return v; }
+    if (s_.compare(i_, 5, "false") == 0) { v.kind = Json::Bool; i_ += 5; return v; }
+    if (s_.compare(i_, 4, "null") == 0) { i_ += 4; return v; }
+    size_t used = 0;
+    v.kind = Json::Number;
+    v.number = std::stod(s_.substr(i_, 32), &used);
+    if (used == 0) fail("not a value");
+    i_ += used;
+    return v;
+  }
+  std::string string() {
+    if (s_[i_] != '"') fail("expected a string");
+    ++i_;
+    std::string out;
+    while (i_ < s_.size() && s_[i_] != '"') {
+      if (s_[i_] == '\\') {
+        ++i_;
+        char e = s_[i_];
+        out += e == 'n' ? '\n' : e == 't' ? '\t' : e;  // kiln writes no other escapes in names
+      } else {
+        out += s_[i_];
+      }
+      ++i_;
+    }
+    ++i_;
+    return out;
+  }
+};
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("kiln: cannot read " + path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// ---- safetensors ----------------------------------------------------------------------------------
+inline at::ScalarType dtype_of(const std::string& name) {
+  static const std::map<std::string, at::ScalarType> names = {
+      {"F32", at::kFloat}, {"F64", at::kDouble}, {"F16", at::kHalf}, {"BF16", at::kBFloat16}, {"I64", at::kLong},
+      {"I32", at::kInt}, {"I16", at::kShort}, {"I8", at::kChar}, {"U8", at::kByte}, {"BOOL", at::kBool},
+      {"float32", at::kFloat}, {"float64", at::kDouble}, {"float16", at::kHalf}, {"bfloat16", at::kBFloat16},
+      {"int64", at::kLong}, {"int32", at::kInt}, {"int16", at::kShort}, {"int8", at::kChar}, {"uint8", at::kByte},
+      {"bool", at::kBool}};
+  auto found = names.find(name);
+  if (found == names.end()) throw std::runtime_error("kiln: unknown dtype " + name);
+  return found->second;
+}
+
+inline std::string safetensors_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "F32";
+    case at::kDouble: return "F64";
+    case at::kHalf: return "F16";
+    case at::kBFloat16: return "BF16";
+    case at::kLong: return "I64";
+    case at::kInt: return "I32";
+    case at::kShort: return "I16";
+    case at::kChar: return "I8";
+    case at::kByte: return "U8";
+    case at::kBool: return "BOOL";
+    default: throw std::runtime_error("kiln: cannot store dtype in safetensors");
+  }
+}
+
+inline std::vector<std::pair<std::string, at::Tensor>> load_safetensors(const std::string& path) {
+  std::string data = read_file(path);
+  if (data.size() < 8) throw std::runtime_error("kiln: " + path + " is not a safetensors file");
+  uint64_t size = 0;
+  std::memcpy(&size, data.data(), 8);
+  if (8 + size > data.size()) throw std::runtime_error("kiln: " + path + " is truncated");
+  std::string header_text = data.substr(8, size);
+  Json header = JsonParser(header_text).parse();
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  size_t start = 8 + size;
+  for (const auto& [name, entry] : header.fields) {
+    if (name == "__metadata__") continue;
+    std::vector<int64_t> shape;
+    for (const auto& d : entry["shape"].items) shape.push_back(d.integer());
+    int64_t begin = entry["data_offsets"].items.at(0).integer(), end = entry["data_offsets"].items.at(1).integer();
+    if (begin < 0 || end < begin || start + end > data.size())
+      throw std::runtime_error("kiln: " + path + ": tensor " + name + " has bytes outside the file");
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype_of(entry["dtype"].text)));
+    if (static_cast<int64_t>(t.nbytes()) != end - begin)
+      throw std::runtime_error("kiln: " + path + ": tensor " + name + " has the wrong number of bytes");
+    std::memcpy(t.data_ptr(), data.data() + start + begin, end - begin);
+    out.emplace_back(name, t);
+  }
+  return out;
+}
+
+inline void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  std::string header = "{";
+  int64_t offset = 0;
+  std::vector<at::Tensor> contiguous;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    at::Tensor t = tensors[k].second.contiguous();
+    contiguous.push_back(t);
+    header += (k ? "," : "") + std::string("\"") + tensors[k].first + "\":{\"dtype\":\"" + safetensors_name(t.scalar_type()) +
+              "\",\"shape\":[";
+    for (int64_t d = 0; d < t.dim(); ++d) header += (d ? "," : "") + std::to_string(t.size(d));
+    header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t.nbytes()) + "]}";
+    offset += t.nbytes();
+  }
+  header += "}";
+  while (header.size() % 8) header += ' ';
+  std::ofstream f(path, std::ios::binary);
+  uint64_t size = header.size();
+  f.write(reinterpret_cast<const char*>(&size), 8);
+  f.write(header.data(), header.size());
+  for (const auto& t : contiguous) f.write(static_cast<const char*>(t.data_ptr()), t.nbytes());
+  if (!f) throw std::runtime_error("kiln: cannot write " + path);
+}
+
+// ---- the artifact ---------------------------------------------------------------------------------
+class Artifact {
+ public:
+  explicit Artifact(const std::string& dir) : dir_(dir) {
+    metadata_ = JsonParser(read_file(dir + "/metadata.json")).parse();
+    if (metadata_["format"].integer() != 1)
+      throw std::runtime_error("kiln: " + dir + " has artifact format " + std::to_string(metadata_["format"].integer()) +
+                               "; this runner reads format 1");
+    std::string built = metadata_["torch_version"].text, here = TORCH_VERSION;
+    if (built.rfind(here, 0) != 0)
+      throw std::runtime_error("kiln: " + dir + " was built for torch version '" + built + "'; this runner has '" + here +
+                               "': export the model again");
+#ifdef KILN_ISA
+    // What -march=native resolved to where the runner was built (kiln build-runner defines it).
+    if (metadata_["isa"].text != KILN_ISA)
+      throw std::runtime_error("kiln: " + dir + " was built for CPU instruction set '" + metadata_["isa"].text + "' on " +
+                               metadata_["cpu"].text + "; this runner has '" + KILN_ISA + "': export the model again here");
+#endif
+#ifdef KILN_VERSION
+    if (metadata_["kiln_version"].text != KILN_VERSION)
+      throw std::runtime_error("kiln: " + dir + " was built for kiln version '" + metadata_["kiln_version"].text +
+                               "'; this runner has '" + KILN_VERSION + "'");
+#endif
+    for (const auto& [name, t] : load_safetensors(dir + "/weights.safetensors")) {
+      std::vector<int64_t> stride;
+      for (const auto& s : metadata_["weights"][name]["stride"].items) stride.push_back(s.integer());
+      weights_[name] = at::empty_strided(t.sizes(), stride, t.options()).copy_(t);  // the layout it was exported in
+    }
+    library_ = dlopen((dir + "/model.so").c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!library_) throw std::runtime_error(std::string("kiln: cannot load ") + dir + "/model.so: " + dlerror());
+    entry_ = reinterpret_cast<int (*)(void**, void**)>(dlsym(library_, metadata_["entry"].text.c_str()));
+    error_ = reinterpret_cast<const char* (*)()>(dlsym(library_, "kiln_error"));
+    if (!entry_ || !error_) throw std::runtime_error("kiln: " + dir + "/model.so lacks its entry points");
+  }
+
+  const Json& metadata() const { return metadata_; }
+
+  std::string signature() const {
+    std::string out;
+    for (const auto& i : metadata_["inputs"].items) {
+      out += (out.empty() ? "" : ", ") + i["name"].text + ": " + i["dtype"].text + "[";
+      for (size_t d = 0; d < i["shape"].items.size(); ++d) out += (d ? ", " : "") + std::to_string(i["shape"].items[d].integer());
+      out += "]";
+    }
+    return out;
+  }
+
+  std::vector<at::Tensor> run(const std::map<std::string, at::Tensor>& named) {
+    std::vector<at::Tensor> inputs;
+    for (const auto& spec : metadata_["inputs"].items) {
+      auto found = named.find(spec["name"].text);
+      if (found == named.end()) throw std::runtime_error("kiln: missing input '" + spec["name"].text + "'; the artifact takes " + signature());
+      const at::Tensor& t = found->second;
+      std::vector<int64_t> shape;
+      for (const auto& d : spec["shape"].items) shape.push_back(d.integer());
+      if (t.scalar_type() != dtype_of(spec["dtype"].text) || t.sizes() != c10::IntArrayRef(shape))
+        throw std::runtime_error("kiln: input '" + spec["name"].text + "' has the wrong dtype or shape; the artifact takes " + signature());
+      inputs.push_back(t);
+    }
+    if (named.size() != inputs.size()) throw std::runtime_error("kiln: unexpected inputs; the artifact takes " + signature());
+    std::vector<void*> handles;
+    for (const auto& step : metadata_["graph_inputs"].items) {
+      at::Tensor t = step.has("input") ? inputs.at(step["input"].integer()) : weights_.at(step["weight"].text);
+      handles.push_back(new at::Tensor(t));  // owned by the graph, which releases it
+    }
+    std::vector<void*> outputs(metadata_["graph_outputs"].integer(), nullptr);
+    int status = entry_(handles.data(), outputs.data());
+    if (status) throw std::runtime_error(std::string("kiln: ") + error_());
+    std::vector<at::Tensor> graph_outputs;
+    for (void* h : outputs) {
+      graph_outputs.push_back(*static_cast<at::Tensor*>(h));
+      delete static_cast<at::Tensor*>(h);
+    }
+    std::vector<at::Tensor> result;
+    for (const auto& o : metadata_["outputs"].items) result.push_back(graph_outputs.at(o["graph_output"].integer()));
+    return result;
+  }
+
+ private:
+  std::string dir_;
+  Json metadata_;
+  std::map<std::string, at::Tensor> weights_;
+  void* library_ = nullptr;
+  int (*entry_)(void**, void**) = nullptr;
+  const char* (*error_)() = nullptr;
+};
+
+}  // namespace kiln
