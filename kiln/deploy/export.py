@@ -95,7 +95,7 @@ def export(model: nn.Module | Callable, args: tuple, kwargs: dict | None = None,
         "graph_outputs": graph.artifact.num_outputs,
         "weights": {n: {"stride": list(t.stride()), "storage_offset": 0} for n, t in weights.items()},
         "entry": "kiln_graph_call",
-        "digests": {"model.so": _digest(out / "model.so"), "weights.safetensors": _digest(out / "weights.safetensors")},
+        "digests": {"model.so": digest(out / "model.so"), "weights.safetensors": digest(out / "weights.safetensors")},
     }
     (out / "metadata.json").write_text(json.dumps(metadata, indent=1))
     return out
@@ -200,7 +200,8 @@ def _build(graph: CompiledGraph) -> Path:
     return path
 
 
-def _digest(path: Path) -> str:
+def digest(path: Path) -> str:
+    """The sha256 of a file, as metadata.json records it."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 

@@ -13,7 +13,6 @@ the order of the model's result, flattened.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import torch
 
 import kiln
 from kiln.deploy import safetensors
-from kiln.deploy.export import FORMAT
+from kiln.deploy.export import FORMAT, digest
 from kiln.native import runtime
 from kiln.native.build import machine
 
@@ -38,18 +37,16 @@ class LoadedArtifact:
         self.path = Path(path)
         self.metadata = _metadata(self.path)
         _check_compatible(self.path, self.metadata)
-        for name, digest in self.metadata["digests"].items():
-            if _digest(self.path / name) != digest:
+        for name, recorded in self.metadata["digests"].items():
+            if _readable_digest(self.path / name) != recorded:
                 raise ArtifactError(f"kiln.load: {self.path / name} does not match its digest in metadata.json "
                                     "(the file is corrupted or was replaced): export the model again")
         stored = safetensors.load(self.path / "weights.safetensors")
         self.weights = {name: _laid_out(stored[name], layout) for name, layout in self.metadata["weights"].items()}
         self.inputs = self.metadata["inputs"]
         library = ctypes.CDLL(str(self.path / "model.so"))
-        self._entry = getattr(library, self.metadata["entry"])
-        self._entry.argtypes, self._entry.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
-        self._error = library.kiln_error
-        self._error.restype = ctypes.c_char_p
+        self._run = runtime.graph_call(getattr(library, self.metadata["entry"]), library.kiln_error,
+                                       self.metadata["graph_outputs"])
 
     def signature(self) -> str:
         return ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.inputs)
@@ -58,12 +55,7 @@ class LoadedArtifact:
         given = self._bind(args, kwargs)
         graph_inputs = [given[step["input"]] if "input" in step else self.weights[step["weight"]]
                         for step in self.metadata["graph_inputs"]]
-        handles = runtime.handles_of(graph_inputs)
-        outputs = (ctypes.c_void_p * self.metadata["graph_outputs"])()
-        status = self._entry((ctypes.c_void_p * len(handles))(*handles), outputs)
-        if status:
-            raise (IndexError if status == 2 else RuntimeError)(self._error().decode())
-        graph_outputs = runtime.tensors_of(list(outputs))
+        graph_outputs = self._run(graph_inputs)
         return tuple(graph_outputs[o["graph_output"]] for o in self.metadata["outputs"])
 
     def _bind(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -118,8 +110,8 @@ def _laid_out(t: torch.Tensor, layout: dict[str, Any]) -> torch.Tensor:
     return torch.empty_strided(t.shape, layout["stride"], dtype=t.dtype).copy_(t)
 
 
-def _digest(path: Path) -> str:
+def _readable_digest(path: Path) -> str:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return digest(path)
     except OSError as error:
         raise ArtifactError(f"kiln.load: {path} cannot be read ({error})") from None

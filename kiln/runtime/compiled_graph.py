@@ -126,23 +126,9 @@ def _load_kernels(artifact: GraphArtifact, library: str | None, scope: dict[str,
 
 
 def _cpp_call(library: str, num_outputs: int) -> Callable[..., tuple]:
-    """The graph's C++ wrapper as `call(*tensors) -> tuple of tensors`: the inputs handed over as
-    new tensor handles (the wrapper releases them), the outputs taken back from those it made."""
-    entry = ctypes.CDLL(library).kiln_graph_call
-    entry.argtypes, entry.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
-    error = runtime.library().kiln_error
-    to_handles, from_handles = runtime.handles_of, runtime.tensors_of
-    outputs_type = ctypes.c_void_p * num_outputs
-
-    def call(*args: torch.Tensor) -> tuple:
-        handles = to_handles(args)
-        outputs = outputs_type()
-        status = entry((ctypes.c_void_p * len(handles))(*handles), outputs)
-        if status:
-            raise (IndexError if status == 2 else RuntimeError)(error().decode())
-        return tuple(from_handles(outputs))
-
-    return call
+    """The graph's C++ wrapper as the graph's `call(*tensors) -> tuple of tensors`."""
+    run = runtime.graph_call(ctypes.CDLL(library).kiln_graph_call, runtime.library().kiln_error, num_outputs)
+    return lambda *args: tuple(run(args))
 
 
 class CompiledGraph:
