@@ -233,8 +233,19 @@ class AotCompiled:
 
     def __call__(self, *args: Any) -> Any:
         # Under no_grad (inference) the parameter scan is skipped: that is the hot path.
-        run = self._variant(torch.is_grad_enabled() and self._wants_training([*self.lifted, *args]))
-        return pytree.tree_unflatten(run(*self.lifted, *args), self.out_spec)
+        if torch.is_grad_enabled():
+            run = self._variant(self._wants_training([*self.lifted, *args]))
+        else:
+            run = self.variants.get(False) or self._variant(False)
+        return self._rebuild(run(*self.lifted, *args))
+
+    def _rebuild(self, outputs: list[Any]) -> Any:
+        """The user's output structure from the flat outputs (`out_spec`): a tuple or list of
+        tensors directly, anything else through pytree (~2 µs a call for a tuple)."""
+        spec = self.out_spec
+        if (spec.type is tuple or spec.type is list) and spec.num_leaves == spec.num_children:  # children all leaves
+            return tuple(outputs) if spec.type is tuple else outputs
+        return pytree.tree_unflatten(outputs, spec)
 
 
 def compile(

@@ -97,6 +97,8 @@ def inference_runner(compiled: Callable, sig: Signature) -> Callable[..., list[A
     """`(*args) -> outputs` for a graph `(*args) -> (*outputs, *mutated input values)`."""
     n = sig.num_outputs
     compiled = without_autocast(compiled)
+    if not sig.mutated_inputs and not sig.aliases:  # the common case, without a step it does not need
+        return lambda *args: list(compiled(*args))
 
     def run(*args: Any) -> list[Any]:
         out = list(compiled(*args))

@@ -1,11 +1,20 @@
-"""What a compiled call costs where the model's own work is small: a tiny MLP and a tiny BERT.
+"""What a compiled call costs where the model's own work is small: a tiny MLP and a tiny BERT,
+and their narrow twins, where it is next to nothing.
 
-    kiln call-overhead [--models mlp,tiny-bert] [--calls 2000] [--threads 1]
+    kiln call-overhead [--models mlp,tiny-bert,mlp-narrow,tiny-bert-narrow] [--calls 2000] [--threads 1]
 
 Each model (batch 1) is compiled by every mode below, in one process, in cold private caches, and
 called `--calls` times after a warm-up, five rounds; the best round's microseconds per call are
-printed beside eager's. On such models a call is mostly what the compiler adds around the
-kernels: guards, the wrapper, its kernel and extern calls.
+printed beside eager's, with kiln's C++ wrapper's time over each Inductor mode's.
+
+The `-narrow` twins have the same layers, ops and kernels with every width shrunk (hidden size 8,
+sequence 4): their arithmetic takes nanoseconds, so a call's time is the compiler's fixed cost per
+call — guards, runtime wrappers, checks of frozen weights, the wrapper's allocations and its
+kernel and extern calls, and the libraries' own fixed cost per extern call. (The BERTs return a
+tuple, `return_dict=False`: their output dataclass would add ~18 µs of the model's own Python to
+every mode.) That is how
+docs/results.md "Per-call overhead" measures overhead (as PyTorch's own overhead benchmark does,
+with inputs too small to compute).
 
 Modes: eager; kiln (`kiln.compile`, the Python wrapper); kiln-cpp-wrapper (`backend.cpp_wrapper`:
 one C++ call per graph); inductor (`torch.compile` with freezing) and inductor-cpp-wrapper
@@ -29,21 +38,30 @@ from kiln import config
 MODES = ("eager", "kiln", "kiln-cpp-wrapper", "inductor", "inductor-cpp-wrapper")
 
 
+MODELS = ("mlp", "tiny-bert", "mlp-narrow", "tiny-bert-narrow")
+
+
 def build_model(name: str) -> tuple[nn.Module, dict[str, Any]]:
     """(model, keyword inputs) of a model whose call takes well under a millisecond."""
     torch.manual_seed(0)
-    if name == "mlp":
-        model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.LayerNorm(128), nn.Linear(128, 128), nn.ReLU(),
-                              nn.Linear(128, 10))
-        return model.eval(), {"input": torch.randn(1, 64)}
-    if name == "tiny-bert":
+    narrow = name.endswith("-narrow")
+    if name.removesuffix("-narrow") == "mlp":
+        w, out = (4, 2) if narrow else (64, 10)
+        model = nn.Sequential(nn.Linear(w, 2 * w), nn.GELU(), nn.LayerNorm(2 * w), nn.Linear(2 * w, 2 * w), nn.ReLU(),
+                              nn.Linear(2 * w, out))
+        return model.eval(), {"input": torch.randn(1, w)}
+    if name.removesuffix("-narrow") == "tiny-bert":
         import transformers
 
-        config_ = transformers.BertConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128,
-                                          max_position_embeddings=128, vocab_size=1000, num_hidden_layers=2)
-        ids = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(0))
+        hidden, heads, vocab, sequence = (8, 2, 16, 4) if narrow else (64, 4, 1000, 16)
+        # return_dict=False: the model returns a tuple, so a call times the compiled graph and its
+        # wrappers, not the output dataclass every mode builds in Python (~18 µs).
+        config_ = transformers.BertConfig(hidden_size=hidden, num_attention_heads=heads, intermediate_size=2 * hidden,
+                                          max_position_embeddings=128, vocab_size=vocab, num_hidden_layers=2,
+                                          return_dict=False)
+        ids = torch.randint(0, vocab, (1, sequence), generator=torch.Generator().manual_seed(0))
         return transformers.BertModel(config_).eval(), {"input_ids": ids}
-    raise ValueError(f"unknown model {name!r}: choose from mlp, tiny-bert")
+    raise ValueError(f"unknown model {name!r}: choose from {', '.join(MODELS)}")
 
 
 def compiled(mode: str, model: nn.Module, inputs: dict[str, Any]) -> Callable:
@@ -104,7 +122,8 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     names = [n for n in args.models.split(",") if n]
     torch.set_num_threads(args.threads)
     print(f"microseconds per call (best of 5 rounds of {args.calls}), {args.threads} thread(s):")
-    print("  model       " + "".join(f"{m:>22}" for m in MODES))
+    ratios = ("kiln-cpp-wrapper / inductor", "/ inductor-cpp-wrapper")
+    print("  model             " + "".join(f"{m:>22}" for m in MODES) + "".join(f"{r:>30}" for r in ratios))
     for name in names:
         with tempfile.TemporaryDirectory(prefix="kiln-overhead-") as cold, config.patch({"cache.dir": cold}):
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cold, "inductor")
@@ -112,13 +131,15 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 times = measure(name, args.calls)
             except ValueError as error:
                 parser.error(str(error))
-        print(f"  {name:<11} " + "".join(f"{times[m]:>22.1f}" for m in MODES), flush=True)
+        kiln_cpp = times["kiln-cpp-wrapper"]
+        print(f"  {name:<17} " + "".join(f"{times[m]:>22.1f}" for m in MODES)
+              + f"{kiln_cpp / times['inductor']:>30.2f}{kiln_cpp / times['inductor-cpp-wrapper']:>30.2f}", flush=True)
     return 0
 
 
 def add_command(commands: Any) -> None:
     parser = commands.add_parser("call-overhead", help="microseconds per call of tiny models, kiln's wrappers beside Inductor's")
-    parser.add_argument("--models", default="mlp,tiny-bert", help="comma-separated: mlp, tiny-bert")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated: {', '.join(MODELS)}")
     parser.add_argument("--calls", type=int, default=2000, help="calls per round (default 2000)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.set_defaults(handler=main)

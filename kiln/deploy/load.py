@@ -22,7 +22,7 @@ import torch
 import kiln
 from kiln.deploy import safetensors
 from kiln.deploy.export import FORMAT, digest
-from kiln.native import runtime
+from kiln.native import python_door
 from kiln.native.build import machine
 
 
@@ -45,8 +45,8 @@ class LoadedArtifact:
         self.weights = {name: _laid_out(stored[name], layout) for name, layout in self.metadata["weights"].items()}
         self.inputs = self.metadata["inputs"]
         library = ctypes.CDLL(str(self.path / "model.so"))
-        self._run = runtime.graph_call(getattr(library, self.metadata["entry"]), library.kiln_error,
-                                       self.metadata["graph_outputs"])
+        self._run = python_door.graph_call(getattr(library, self.metadata["entry"]), library.kiln_error,
+                                           self.metadata["graph_outputs"], build=False)
 
     def signature(self) -> str:
         return ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.inputs)
@@ -55,7 +55,7 @@ class LoadedArtifact:
         given = self._bind(args, kwargs)
         graph_inputs = [given[step["input"]] if "input" in step else self.weights[step["weight"]]
                         for step in self.metadata["graph_inputs"]]
-        graph_outputs = self._run(graph_inputs)
+        graph_outputs = self._run(*graph_inputs)
         return tuple(graph_outputs[o["graph_output"]] for o in self.metadata["outputs"])
 
     def _bind(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:

@@ -99,9 +99,8 @@ def build_library(sources: str | Sequence[str], compile_flags: Sequence[str] = (
     `link_flags` come after kiln's own (kiln's runtime: libtorch's headers and libraries);
     `unit_flags[k]`, after those, for unit k only (a C++ wrapper: -O0)."""
     sources = [sources] if isinstance(sources, str) else list(sources)
-    flags = [*FLAGS, *compile_flags, *link_flags, *(" ".join(f) for f in unit_flags)]
-    key = hashlib.sha256("\0".join([*sources, *compiler(), machine(), *flags]).encode()).hexdigest()
-    target = disk_cache.entry("cpp", key, ".so")
+    target = _target(sources, compile_flags, link_flags, unit_flags)
+    key = target.stem
     if disk_cache.intact(target):
         logs.log("cache", "C++ cache hit %s", key[:12])
         return target, False
@@ -114,6 +113,21 @@ def build_library(sources: str | Sequence[str], compile_flags: Sequence[str] = (
         _build(sources, target, compile_flags, link_flags, unit_flags)
         disk_cache.seal(target)
     return target, True
+
+
+def _target(sources: list[str], compile_flags: Sequence[str], link_flags: Sequence[str],
+            unit_flags: Sequence[Sequence[str]]) -> Path:
+    flags = [*FLAGS, *compile_flags, *link_flags, *(" ".join(f) for f in unit_flags)]
+    key = hashlib.sha256("\0".join([*sources, *compiler(), machine(), *flags]).encode()).hexdigest()
+    return disk_cache.entry("cpp", key, ".so")
+
+
+def cached_library(sources: str | Sequence[str], compile_flags: Sequence[str] = (),
+                   link_flags: Sequence[str] = ()) -> Path | None:
+    """The path of the library `build_library` would give, when the cache holds it intact; None
+    (nothing is built) otherwise."""
+    target = _target([sources] if isinstance(sources, str) else list(sources), compile_flags, link_flags, ())
+    return target if disk_cache.intact(target) else None
 
 
 def load_library(sources: str | Sequence[str]) -> ctypes.CDLL:

@@ -75,28 +75,6 @@ def tensors_of(handles: Sequence[int]) -> list[torch.Tensor]:
     return torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_NEW_CAPSULE(h, None, None) for h in handles])
 
 
-def graph_call(entry: Any, error: Any, num_outputs: int) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:
-    """A C++ wrapper's entry, `entry(inputs, outputs) -> status` (kiln/codegen/cpp_wrapper.py), as
-    `call(tensors) -> tensors`: the inputs handed over as new handles (the wrapper releases them),
-    the outputs taken back from those it made; a failure raised with `error()`'s message
-    (IndexError for a kernel's index check). Used in-process and by `kiln.load`."""
-    entry.argtypes, entry.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
-    error.restype = ctypes.c_char_p
-    outputs_type = ctypes.c_void_p * num_outputs
-    inputs_types: dict[int, Any] = {}
-
-    def call(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        handles = handles_of(tensors)
-        inputs_type = inputs_types.get(len(handles)) or inputs_types.setdefault(len(handles), ctypes.c_void_p * len(handles))
-        outputs = outputs_type()
-        status = entry(inputs_type(*handles), outputs)
-        if status:
-            raise (IndexError if status == 2 else RuntimeError)(error().decode())
-        return tensors_of(outputs)
-
-    return call
-
-
 def _native(tensors: Sequence[torch.Tensor | None], call: Callable[[list[ctypes.c_void_p], Any], int]) -> torch.Tensor:
     """`call(handles, out)` of a runtime function, with a borrowed handle per tensor (NULL for
     None), its result taken back as a tensor."""

@@ -21,7 +21,7 @@ import torch
 
 from kiln import compile_time
 from kiln.externs.prepacked import DIRECT_CALLS
-from kiln.native import runtime
+from kiln.native import python_door, runtime
 from kiln.native.build import build_library
 from kiln.runtime.fallback import record_fallback
 from kiln.runtime.heap import keep_freed_memory
@@ -127,8 +127,7 @@ def _load_kernels(artifact: GraphArtifact, library: str | None, scope: dict[str,
 
 def _cpp_call(library: str, num_outputs: int) -> Callable[..., tuple]:
     """The graph's C++ wrapper as the graph's `call(*tensors) -> tuple of tensors`."""
-    run = runtime.graph_call(ctypes.CDLL(library).kiln_graph_call, runtime.library().kiln_error, num_outputs)
-    return lambda *args: tuple(run(args))
+    return python_door.graph_call(ctypes.CDLL(library).kiln_graph_call, runtime.library().kiln_error, num_outputs)
 
 
 class CompiledGraph:

@@ -10,12 +10,14 @@ than the compiled ones run the graphs through ATen, op by op, logged.
 
 from __future__ import annotations
 
+import operator
 import pickle
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 from kiln import logs
+from kiln.native import python_door
 from kiln.runtime import data_watch
 from kiln.externs.prepacked import packed_bytes
 from kiln.ir.constant_split import ConstantSplit
@@ -36,32 +38,41 @@ class FrozenArtifact:
     runtime: Any  # the compiled runtime graph's own artifact
 
 
+def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    """`pick(args)`: the arguments at `positions`, in order; one C call for two or more."""
+    if len(positions) < 2:
+        return lambda args: [args[i] for i in positions]
+    return operator.itemgetter(*positions)
+
+
 class FrozenProgram:
     """`(*args) -> outputs` of the original graph, from the runtime graph and cached constants."""
 
     def __init__(self, split: ConstantSplit, runtime: Callable, label: str = "graph") -> None:
         self.split, self.runtime, self.label = split, runtime, label
         self.frozen_positions, self.runtime_positions = split.frozen_positions, split.runtime_positions
+        # The call's frozen and runtime arguments picked in C (a BERT graph has ~200 frozen).
+        self._frozen_of, self._runtime_of = _picker(self.frozen_positions), _picker(self.runtime_positions)
         self.held: list[Any] = []
-        self.versions: list[int] = []
-        self.addresses: list[int] = []
+        # How the frozen inputs are checked on each call: the same tensors, versions and memory
+        # (kiln/native/python_door.py `stamp`), one comparison of what `stamp_of` gives.
+        self.stamp_of: Callable[[list[Any]], Any] = python_door.stamp_function()
+        self.stamp: Any = None
         self.storages: list[Any] = []  # held so that a rebound tensor's old memory is not reused before the check
         self.epoch = -1  # data_watch's epoch when the constants were last known valid
         self.constants: tuple = ()
         self.signatures: list[Any] | None = None
         self.freezes = 0
 
-    def _stale(self, frozen: list[Any]) -> bool:
-        if self.signatures is None:  # never frozen
+    def _stale(self, frozen: Sequence[Any]) -> bool:
+        # Never frozen: the stamp is None. The stamp first: it is what changes in practice.
+        if self.stamp_of(frozen) != self.stamp:
             return True
         epoch = data_watch.sweep()
         if epoch != self.epoch:
             if data_watch.written_since(frozen, self.epoch):
                 return True
             self.epoch = epoch
-        for t, held, version, address in zip(frozen, self.held, self.versions, self.addresses):
-            if t is not held or t._version != version or t.data_ptr() != address:
-                return True
         return False
 
     def _freeze(self, frozen: list[Any]) -> bool:
@@ -73,8 +84,8 @@ class FrozenProgram:
         epoch = data_watch.sweep()
         with torch.no_grad():
             self.constants = tuple(self.split.constants(*frozen))
-        self.held, self.versions, self.signatures = list(frozen), [t._version for t in frozen], signatures
-        self.addresses = [t.data_ptr() for t in frozen]
+        self.held, self.signatures = list(frozen), signatures
+        self.stamp = self.stamp_of(frozen)
         self.storages = [t.untyped_storage() for t in frozen]
         self.epoch = epoch
         self.freezes += 1
@@ -83,10 +94,10 @@ class FrozenProgram:
         return True
 
     def __call__(self, *args: Any) -> Any:
-        frozen = [args[i] for i in self.frozen_positions]
+        frozen = self._frozen_of(args)
         if self._stale(frozen) and not self._freeze(frozen):
             return self._eager(args, frozen)
-        return self.runtime(*[args[i] for i in self.runtime_positions], *self.constants)
+        return self.runtime(*self._runtime_of(args), *self.constants)
 
     def _eager(self, args: Sequence[Any], frozen: list[Any]) -> Any:
         with torch.no_grad():

@@ -210,6 +210,65 @@ def test_the_wrapper_holds_no_input_or_output_after_the_call():
     assert inputs() is None and outputs() is None
 
 
+def test_the_graph_call_takes_tensors_by_position_only():
+    (graph,) = _compiled(lambda x: (x * 3).cos(), (torch.randn(6, 5),))
+    with pytest.raises(TypeError, match="input 0 is float"):
+        graph(1.5)
+    with pytest.raises(TypeError, match="by position"):
+        graph.call(x=torch.randn(6, 5))
+
+
+def _views_inside(x, w):
+    # A view that only feeds an extern (kiln_reinterpret) and one returned (a real view).
+    z = (x * 2).reshape(4, 8) @ w
+    return z.view(1, 4, 3), z + 1
+
+
+def test_views_inside_the_graph_are_aliases_and_returned_views_are_views():
+    (graph,) = _compiled(_views_inside, (torch.randn(1, 4, 8), torch.randn(8, 3)))
+    assert "kiln_reinterpret(" in graph.artifact.cpp_wrapper
+    view, _ = graph(torch.randn(1, 4, 8), torch.randn(8, 3))
+    # The returned view is autograd's view of its base, sharing the base's version counter.
+    assert view._is_view() and view._base is not None
+    version = view._version
+    view._base.add_(1)
+    assert view._version == version + 1
+
+
+def test_the_frozen_weight_check_sees_writes_rebinds_and_replacements():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).eval()
+    compiled = kiln.compile(model)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        compiled(x)
+        model[0].weight.add_(0.5)  # in place: the version counter moves
+        torch.testing.assert_close(compiled(x), model(x))
+        model[2].weight.data = torch.randn(2, 8)  # rebound to other memory
+        torch.testing.assert_close(compiled(x), model(x))
+        model[2].bias = torch.nn.Parameter(torch.randn(2))  # replaced
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_stamps_change_with_writes_rebinds_and_replacements():
+    from kiln.native import python_door
+
+    stamp = python_door.module().stamp
+    a, b = torch.randn(3), torch.randn(4)
+    with torch.inference_mode():
+        c = torch.randn(2)  # an inference tensor has no version counter
+    before = stamp([a, b, c])
+    assert stamp([a, b, c]) == before and len(before) == 3 * 3 * 8
+    b.add_(1)
+    assert stamp([a, b, c]) != before
+    before = stamp([a, b, c])
+    a.data = torch.randn(3)
+    assert stamp([a, b, c]) != before
+    assert stamp([a, b.clone(), c]) != stamp([a, b, c])
+    with pytest.raises(TypeError, match="item 1 is int"):
+        stamp([a, 3])
+
+
 def test_what_the_cpp_wrapper_cannot_run_is_refused_naming_it():
     (graph,) = _compiled(lambda x: x.sin() * 2, (torch.randn(4, 3),))
     schedule = graph.schedule

@@ -47,6 +47,8 @@ KILN_API kiln_tensor kiln_empty_strided(int64_t ndim, const int64_t* sizes, cons
 // Another handle to the same tensor (for two names of one buffer).
 KILN_API kiln_tensor kiln_share(kiln_tensor t);
 KILN_API void kiln_release(kiln_tensor t);
+// An alias of t's memory with this layout (a graph's view op whose result is not a graph output).
+KILN_API kiln_tensor kiln_reinterpret(kiln_tensor t, int64_t ndim, const int64_t* sizes, const int64_t* strides, int64_t offset);
 KILN_API void* kiln_data(kiln_tensor t);
 KILN_API int64_t kiln_size(kiln_tensor t, int64_t dim);
 // *t copied into this layout when its strides differ (the kernels were generated for them).

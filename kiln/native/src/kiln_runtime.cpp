@@ -360,6 +360,16 @@ kiln_tensor kiln_share(kiln_tensor t) { return new_handle(tensor_of(t)); }
 
 void kiln_release(kiln_tensor t) { delete static_cast<at::Tensor*>(t); }
 
+kiln_tensor kiln_reinterpret(kiln_tensor t, int64_t ndim, const int64_t* sizes, const int64_t* strides, int64_t offset) {
+  // The tensor a view op of the graph makes, without the dispatcher: a functional graph only reads
+  // through it, so it needs no view bookkeeping (autograd's view record, a shared version counter).
+  const at::Tensor& base = tensor_of(t);
+  auto alias = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(base.storage()), base.key_set(), base.dtype());
+  alias.unsafeGetTensorImpl()->set_sizes_and_strides(c10::IntArrayRef(sizes, ndim), c10::IntArrayRef(strides, ndim),
+                                                      std::make_optional(offset));
+  return new_handle(std::move(alias));
+}
+
 void* kiln_data(kiln_tensor t) { return tensor_of(t).data_ptr(); }
 
 int64_t kiln_size(kiln_tensor t, int64_t dim) { return tensor_of(t).size(dim); }

@@ -1,0 +1,109 @@
+"""kiln's door from Python into C++: the `kiln_python` extension (src/kiln_python.cpp).
+
+A C++ wrapper's graph call from Python used to hand each tensor over as a capsule made by torch's
+converters and read back through ctypes: ~0.4 µs a tensor, for every weight of a frozen model on
+every call. The extension turns the call's tensors into handles and the results back directly
+(`GraphCall`), and stamps a list of tensors (`stamp`: identity, version, data pointer) so that
+frozen weights are checked in one comparison.
+
+Built once per machine, compiler, Python and torch into the C++ cache (the Python and torch
+include paths and the torch version are in its key) and imported from there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.machinery
+import importlib.util
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import torch
+
+from kiln.native.build import build_library, cached_library
+
+SOURCE = Path(__file__).parent / "src" / "kiln_python.cpp"
+
+
+def _flags() -> tuple[list[str], list[str]]:
+    from kiln.native import runtime
+
+    compile_flags, link_flags = runtime.torch_flags()
+    return ([*compile_flags, f"-I{sysconfig.get_paths()['include']}", f"-DKILN_PYTHON_VERSION=\"{sys.version.split()[0]}\""],
+            [*link_flags, "-ltorch_python"])
+
+
+@functools.cache
+def module() -> ModuleType:
+    """The `kiln_python` extension, built first when the C++ cache lacks it."""
+    path, _ = build_library([SOURCE.read_text()], *_flags())
+    loader = importlib.machinery.ExtensionFileLoader("kiln_python", str(path))
+    spec = importlib.util.spec_from_file_location("kiln_python", str(path), loader=loader)
+    extension = importlib.util.module_from_spec(spec)
+    loader.exec_module(extension)
+    return extension
+
+
+def built_module() -> ModuleType | None:
+    """The extension when this process has it or the C++ cache holds it; None (nothing is built,
+    no compiler is needed) otherwise."""
+    if module.cache_info().currsize:
+        return module()
+    try:
+        found = cached_library(SOURCE.read_text(), *_flags())
+    except (OSError, subprocess.CalledProcessError):  # no compiler here: nothing can be cached either
+        found = None
+    return module() if found is not None else None
+
+
+def graph_call(entry: Any, error: Any, num_outputs: int, build: bool = True) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """A C++ wrapper's entry, `entry(inputs, outputs) -> status` (kiln/codegen/cpp_wrapper.py), as
+    `call(*tensors) -> tuple of tensors`: each input handed over as a new handle (the wrapper
+    releases it), the outputs taken back from those it made; a failure raised with `error()`'s
+    message (IndexError for a kernel's index check). `entry` and `error` are ctypes functions of
+    loaded libraries.
+
+    In-process graphs go through the extension (`build`: built if missing). `kiln.load` passes
+    `build=False`: a deployed artifact runs without compiling anything, through the extension
+    when the cache has it, else through ctypes and torch's own converters (~0.4 µs a tensor more)."""
+    door = module() if build else built_module()
+    if door is not None:
+        address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+        return door.GraphCall(address(entry), address(error), num_outputs)
+    return _ctypes_graph_call(entry, error, num_outputs)
+
+
+def _ctypes_graph_call(entry: Any, error: Any, num_outputs: int) -> Callable[..., tuple[torch.Tensor, ...]]:
+    from kiln.native.runtime import handles_of, tensors_of
+
+    entry.argtypes, entry.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
+    error.restype = ctypes.c_char_p
+    outputs_type = ctypes.c_void_p * num_outputs
+
+    def call(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        handles = handles_of(tensors)
+        outputs = outputs_type()
+        status = entry((ctypes.c_void_p * len(handles))(*handles), outputs)
+        if status:
+            raise (IndexError if status == 2 else RuntimeError)(error().decode())
+        return tuple(tensors_of(outputs))
+
+    return call
+
+
+def _python_stamp(tensors: list[torch.Tensor]) -> list[tuple[int, int, int]]:
+    return [(id(t), t._version, t.data_ptr()) for t in tensors]
+
+
+def stamp_function() -> Callable[[list[torch.Tensor]], Any]:
+    """`stamp(tensors)`: what changes when a tensor is replaced, written in place or rebound to
+    other memory (callers keep the tensors alive, so identities are not reused). The extension's
+    (one C loop, ~10 ns a tensor) when this process has it — it is built for C++ wrappers —
+    otherwise the same check in Python (~0.2 µs a tensor), so that a process without C++ wrappers
+    never waits for the extension to build."""
+    return module().stamp if module.cache_info().currsize else _python_stamp
