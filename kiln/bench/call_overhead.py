@@ -4,8 +4,9 @@ and their narrow twins, where it is next to nothing.
     kiln call-overhead [--models mlp,tiny-bert,mlp-narrow,tiny-bert-narrow] [--calls 2000] [--threads 1]
 
 Each model (batch 1) is compiled by every mode below, in one process, in cold private caches, and
-called `--calls` times after a warm-up, five rounds; the best round's microseconds per call are
-printed beside eager's, with kiln's C++ wrapper's time over each Inductor mode's.
+called `--calls` times after a warm-up, seven rounds taking the modes in turn; the best round's
+microseconds per call are printed beside eager's, with kiln's C++ wrapper's time over each
+Inductor mode's.
 
 The `-narrow` twins have the same layers, ops and kernels with every width shrunk (hidden size 8,
 sequence 4): their arithmetic takes nanoseconds, so a call's time is the compiler's fixed cost per
@@ -24,6 +25,7 @@ one C++ call per graph); inductor (`torch.compile` with freezing) and inductor-c
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import tempfile
 import time
@@ -65,63 +67,58 @@ def build_model(name: str) -> tuple[nn.Module, dict[str, Any]]:
 
 
 def compiled(mode: str, model: nn.Module, inputs: dict[str, Any]) -> Callable:
-    """`model` compiled by `mode` and called once (kiln reads its settings when it compiles)."""
+    """`model` compiled by `mode` and called once (kiln and Inductor read their settings when
+    they compile, so modes compiled one after the other each keep their own)."""
     if mode == "eager":
         return model
     if mode in ("kiln", "kiln-cpp-wrapper"):
         with config.patch({"backend.cpp_wrapper": mode == "kiln-cpp-wrapper"}), torch.no_grad():
-            kiln.reset()
             fn = kiln.compile(model)
             fn(**inputs)
         return fn
-    return _inductor(model, inputs, cpp_wrapper=mode == "inductor-cpp-wrapper")
-
-
-def _inductor(model: nn.Module, inputs: dict[str, Any], cpp_wrapper: bool) -> Callable:
-    import torch._dynamo
     from torch._inductor import config as inductor_config
 
-    torch._dynamo.reset()
-    inductor_config.freezing = True
-    inductor_config.cpp_wrapper = cpp_wrapper
-    fn = torch.compile(model)
-    with torch.no_grad():
+    with inductor_config.patch({"freezing": True, "cpp_wrapper": mode == "inductor-cpp-wrapper"}), torch.no_grad():
+        fn = torch.compile(model)
         fn(**inputs)
     return fn
 
 
-def per_call_us(fn: Callable, inputs: dict[str, Any], calls: int) -> float:
-    with torch.no_grad():
-        for _ in range(max(calls // 10, 20)):
-            fn(**inputs)
-        rounds = []
-        for _ in range(5):
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn(**inputs)
-            rounds.append((time.perf_counter() - start) / calls * 1e6)
-    return min(rounds)
+def measure(name: str, calls: int, rounds: int = 7) -> dict[str, float]:
+    """Best microseconds per call of each mode. Every mode is compiled first (each on its own copy
+    of the model), then the rounds go through the modes in turn: a noisy spell of the machine
+    (a shared VM's neighbours) reaches every mode alike instead of one."""
+    import torch._dynamo
 
-
-def measure(name: str, calls: int) -> dict[str, float]:
     model, inputs = build_model(name)
     with torch.no_grad():
         want = model(**inputs)
-    times = {}
+    kiln.reset()
+    torch._dynamo.reset()
+    first = lambda out: out[0] if isinstance(out, (tuple, list)) else out  # noqa: E731
+    functions = {}
     for mode in MODES:
-        fn = compiled(mode, model, inputs)
+        fn = compiled(mode, copy.deepcopy(model), inputs)
         with torch.no_grad():
-            got = fn(**inputs)
-        first = lambda out: out[0] if isinstance(out, (tuple, list)) else getattr(out, "last_hidden_state", out)  # noqa: E731
-        torch.testing.assert_close(first(got), first(want), rtol=1e-4, atol=1e-4)
-        times[mode] = per_call_us(fn, inputs, calls)
+            torch.testing.assert_close(first(fn(**inputs)), first(want), rtol=1e-4, atol=1e-4)
+            for _ in range(max(calls // 10, 20)):  # warm
+                fn(**inputs)
+        functions[mode] = fn
+    times = {mode: float("inf") for mode in MODES}
+    with torch.no_grad():
+        for _ in range(rounds):
+            for mode, fn in functions.items():
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn(**inputs)
+                times[mode] = min(times[mode], (time.perf_counter() - start) / calls * 1e6)
     return times
 
 
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     names = [n for n in args.models.split(",") if n]
     torch.set_num_threads(args.threads)
-    print(f"microseconds per call (best of 5 rounds of {args.calls}), {args.threads} thread(s):")
+    print(f"microseconds per call (best of 7 rounds of {args.calls}, the modes in turn), {args.threads} thread(s):")
     ratios = ("kiln-cpp-wrapper / inductor", "/ inductor-cpp-wrapper")
     print("  model             " + "".join(f"{m:>22}" for m in MODES) + "".join(f"{r:>30}" for r in ratios))
     for name in names:
