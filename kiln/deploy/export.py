@@ -16,8 +16,11 @@ example inputs' sizes. The directory holds:
   the model's result, flattened), how the graph's inputs are made from inputs and weights, the
   versions of kiln and torch, the CPU and its ISA, and the digests of the library and the weights.
 
-Not yet: symbolic sizes (`dynamic_shapes`), training, models that mutate their inputs or return
-views of them, GPUs; the C++ runner (docs/limits.md).
+With `dynamic_shapes` ({input name: {dim: torch.export.Dim("batch", min=2, max=64) or "batch"}}),
+those dimensions stay symbolic: the metadata gives each input's shape with symbol names and each
+symbol's range (kiln/deploy/symbolic_shapes.py), and the artifact serves every size in it.
+
+Not yet: training, models that mutate their inputs or return views of them, GPUs (docs/limits.md).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ import kiln
 from kiln import aot, config
 from kiln.backend import Backend, watch
 from kiln.capture.api import capture
-from kiln.deploy import safetensors
+from kiln.capture.dynamic import _MARK as _DYNAMIC_MARK
+from kiln.deploy import safetensors, symbolic_shapes
 from kiln.native import runtime
 from kiln.native.build import build_library, machine
 from kiln.runtime.compiled_graph import CompiledGraph
@@ -52,8 +56,9 @@ class ExportError(RuntimeError):
 
 def export(model: nn.Module | Callable, args: tuple, kwargs: dict | None = None, *, path: str | Path,
            dynamic_shapes: Any = None) -> Path:
-    """Compile `model` for `args` and `kwargs` (example inputs: their sizes are the artifact's)
-    and write the artifact directory `path`; returns it.
+    """Compile `model` for `args` and `kwargs` (example inputs: their sizes are the artifact's,
+    except the dimensions `dynamic_shapes` makes symbolic) and write the artifact directory
+    `path`; returns it.
 
     Example::
 
@@ -65,18 +70,26 @@ def export(model: nn.Module | Callable, args: tuple, kwargs: dict | None = None,
         raise TypeError(f"kiln.export: args must be a tuple of example inputs, got {type(args).__name__}")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise TypeError(f"kiln.export: kwargs must be a dict or None, got {type(kwargs).__name__}")
-    if dynamic_shapes is not None:
-        raise ValueError("kiln.export: dynamic_shapes must be None: artifacts with symbolic sizes are not built yet "
-                         "(the artifact serves the example inputs' sizes)")
     kwargs = kwargs or {}
     names, inputs = _named_inputs(args, kwargs)
+    declared = _declared_dims(dynamic_shapes, names, inputs)
     recorded: dict[str, Any] = {}
-    with config.patch({"backend.freezing": True, "backend.cpp_wrapper": True}), torch.no_grad():
-        compiled = capture(model, _recording_backend(recorded), fullgraph=True)
-        result = compiled(*args, **kwargs)
+    marks = [t.__dict__.get(_DYNAMIC_MARK) for t in inputs]
+    try:
+        for (k, d) in declared:
+            kiln.mark_dynamic(inputs[k], d)
+        with config.patch({"backend.freezing": True, "backend.cpp_wrapper": True}), torch.no_grad():
+            compiled = capture(model, _recording_backend(recorded), fullgraph=True)
+            result = compiled(*args, **kwargs)
+    finally:
+        for t, mark in zip(inputs, marks):  # the caller's tensors keep their own marks only
+            t.__dict__.pop(_DYNAMIC_MARK, None)
+            if mark is not None:
+                t.__dict__[_DYNAMIC_MARK] = mark
     if "aot" not in recorded:
         raise ExportError("kiln.export: the model ran no graph (no tensor operation was captured)")
     plan, weights = _input_plan(recorded, inputs)
+    shapes, symbols = symbolic_shapes.shapes_and_ranges(recorded, names, inputs, declared)
     graph = recorded["graph"]
     outputs = _output_indices(result, recorded["outputs"])
     out = Path(path)
@@ -88,8 +101,9 @@ def export(model: nn.Module | Callable, args: tuple, kwargs: dict | None = None,
         "format": FORMAT,
         "kiln_version": kiln.__version__, "torch_version": torch.__version__,
         "isa": machine(), "cpu": _cpu_name(), "arch": platform.machine(),
-        "inputs": [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
-                   for n, t in zip(names, inputs)],
+        "inputs": [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": shape}
+                   for n, t, shape in zip(names, inputs, shapes)],
+        "symbols": symbols,
         "outputs": [{"name": f"output_{k}", "graph_output": i} for k, i in enumerate(outputs)],
         "graph_inputs": plan,
         "graph_outputs": graph.artifact.num_outputs,
@@ -99,6 +113,37 @@ def export(model: nn.Module | Callable, args: tuple, kwargs: dict | None = None,
     }
     (out / "metadata.json").write_text(json.dumps(metadata, indent=1))
     return out
+
+
+def _declared_dims(dynamic_shapes: Any, names: list[str], inputs: list[torch.Tensor]) -> dict[tuple[int, int], Any]:
+    """(input index, dim) -> the Dim (or name) `dynamic_shapes` gives it; checked."""
+    if dynamic_shapes is None:
+        return {}
+    if not isinstance(dynamic_shapes, dict):
+        raise TypeError("kiln.export: dynamic_shapes must be None or a dict {input name: {dim: torch.export.Dim "
+                        f"or name}}, got {type(dynamic_shapes).__name__}; the inputs are {', '.join(names)}")
+    declared = {}
+    for name, dims in dynamic_shapes.items():
+        if name not in names:
+            raise ValueError(f"kiln.export: dynamic_shapes names {name!r}, which is no input; the inputs are "
+                             f"{', '.join(names)}")
+        k = names.index(name)
+        if dims is None:
+            continue
+        if not isinstance(dims, dict):
+            raise TypeError(f"kiln.export: dynamic_shapes[{name!r}] must be a dict {{dim: Dim or name}}, "
+                            f"got {type(dims).__name__}")
+        for d, dim in dims.items():
+            if not isinstance(d, int) or not 0 <= d < inputs[k].dim():
+                raise ValueError(f"kiln.export: dynamic_shapes[{name!r}] names dimension {d!r}; {name} has "
+                                 f"{inputs[k].dim()} dimensions")
+            if dim is None:
+                continue
+            if not (isinstance(dim, str) or hasattr(dim, "__name__") and hasattr(dim, "min")):
+                raise TypeError(f"kiln.export: dynamic_shapes[{name!r}][{d}] must be a torch.export.Dim or a name, "
+                                f"got {type(dim).__name__}")
+            declared[(k, d)] = dim
+    return declared
 
 
 def _named_inputs(args: tuple, kwargs: dict) -> tuple[list[str], list[torch.Tensor]]:
@@ -129,7 +174,7 @@ def _recording_backend(recorded: dict[str, Any]) -> Callable:
         programs = [b for b in built if isinstance(b, (FrozenProgram, CompiledGraph))]
         if len(programs) != 1:
             raise ExportError(f"kiln.export: kiln's backend did not compile the graph into one program ({built})")
-        recorded.update(aot=compiled, example_inputs=list(example_inputs), program=programs[0],
+        recorded.update(aot=compiled, gm=gm, example_inputs=list(example_inputs), program=programs[0],
                         graph=programs[0].runtime if isinstance(programs[0], FrozenProgram) else programs[0])
         if recorded["graph"].artifact.cpp_wrapper is None:
             raise ExportError("kiln.export: kiln could not write a C++ wrapper for this graph "

@@ -49,7 +49,12 @@ class LoadedArtifact:
                                            self.metadata["graph_outputs"], build=False)
 
     def signature(self) -> str:
-        return ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.inputs)
+        """`ids: int64[batch, 16], mask: int64[batch, 16] (batch in [2, 64])`."""
+        text = ", ".join(f"{i['name']}: {i['dtype']}[{', '.join(str(d) for d in i['shape'])}]" for i in self.inputs)
+        symbols = self.metadata.get("symbols", {})
+        ranges = ", ".join(f"{name} in [{r['min']}, {'inf' if r['max'] is None else r['max']}]"
+                           for name, r in symbols.items())
+        return f"{text} ({ranges})" if ranges else text
 
     def __call__(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         given = self._bind(args, kwargs)
@@ -70,14 +75,32 @@ class LoadedArtifact:
         missing = [n for n in names if n not in bound]
         if missing:
             raise TypeError(f"kiln.load: missing input {missing[0]!r}; the artifact takes {self.signature()}")
+        sizes: dict[str, int] = {}  # each symbol's size in this call
         for spec in self.inputs:
             value = bound[spec["name"]]
             if not isinstance(value, torch.Tensor) or str(value.dtype).removeprefix("torch.") != spec["dtype"] \
-                    or list(value.shape) != spec["shape"]:
+                    or not self._fits(list(value.shape), spec["shape"], sizes):
                 got = f"{value.dtype}{list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-                raise ValueError(f"kiln.load: input {spec['name']!r} must be {spec['dtype']}{spec['shape']}, got {got}; "
+                want = f"{spec['dtype']}[{', '.join(str(d) for d in spec['shape'])}]"
+                raise ValueError(f"kiln.load: input {spec['name']!r} must be {want}, got {got}; "
                                  f"the artifact takes {self.signature()}")
         return [bound[n] for n in names]
+
+    def _fits(self, shape: list[int], spec: list[int | str], sizes: dict[str, int]) -> bool:
+        """Whether `shape` is `spec`: its numbers exactly, each symbol within its range and the same
+        size wherever it appears (`sizes` keeps those seen so far in the call)."""
+        if len(shape) != len(spec):
+            return False
+        for size, want in zip(shape, spec):
+            if isinstance(want, int):
+                if size != want:
+                    return False
+                continue
+            bounds = self.metadata["symbols"][want]
+            if sizes.setdefault(want, size) != size or size < bounds["min"] \
+                    or bounds["max"] is not None and size > bounds["max"]:
+                return False
+        return True
 
 
 def load(path: str | Path) -> LoadedArtifact:

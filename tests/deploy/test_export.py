@@ -175,8 +175,80 @@ def test_a_graph_break_is_an_error_naming_the_users_line(tmp_path):
 def test_bad_arguments_are_refused_naming_them(tmp_path):
     with pytest.raises(TypeError, match="args must be a tuple"):
         kiln.export(_mlp(), [torch.randn(3, 16)], path=tmp_path / "a")
-    with pytest.raises(ValueError, match="dynamic_shapes must be None"):
+    with pytest.raises(ValueError, match="dynamic_shapes names 'x', which is no input; the inputs are arg0"):
         kiln.export(_mlp(), (torch.randn(3, 16),), path=tmp_path / "a", dynamic_shapes={"x": {0: "batch"}})
+    with pytest.raises(ValueError, match=r"names dimension 2; arg0 has 2 dimensions"):
+        kiln.export(_mlp(), (torch.randn(3, 16),), path=tmp_path / "a", dynamic_shapes={"arg0": {2: "batch"}})
+    with pytest.raises(TypeError, match="must be None or a dict"):
+        kiln.export(_mlp(), (torch.randn(3, 16),), path=tmp_path / "a", dynamic_shapes=[{0: "batch"}])
+
+
+def test_a_symbolic_batch_serves_every_size_in_its_range(tmp_path):
+    from torch.export import Dim
+
+    model = _mlp()
+    x = torch.randn(3, 16)
+    path = kiln.export(model, (x,), path=tmp_path / "mlp", dynamic_shapes={"arg0": {0: Dim("batch", min=2, max=64)}})
+    metadata = json.loads((path / "metadata.json").read_text())
+    assert metadata["inputs"][0]["shape"] == ["batch", 16] and metadata["symbols"] == {"batch": {"min": 2, "max": 64}}
+    assert not hasattr(x, "_kiln_dynamic_dims")  # the export's marks do not stay on the caller's tensor
+    run = kiln.load(path)
+    for batch in (2, 5, 64):
+        x = torch.randn(batch, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(run(x)[0], model(x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match=r"must be float32\[batch, 16\], got torch.float32\[65, 16\]; the artifact "
+                                         r"takes arg0: float32\[batch, 16\] \(batch in \[2, 64\]\)"):
+        run(torch.randn(65, 16))
+
+
+def _bert_inputs(batch, sequence, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids, mask = torch.randint(0, 1000, (batch, sequence), generator=g), torch.ones(batch, sequence, dtype=torch.int64)
+    mask[0, sequence // 2:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.fixture(scope="module")
+def dynamic_bert(tmp_path_factory):
+    from torch.export import Dim
+
+    model = _tiny_bert()
+    batch, sequence = Dim("batch", max=16), Dim("seq", max=128)
+    shapes = {"input_ids": {0: batch, 1: sequence}, "attention_mask": {0: batch, 1: sequence}}
+    path = kiln.export(model, (), _bert_inputs(2, 12, 0), path=tmp_path_factory.mktemp("art") / "bert",
+                       dynamic_shapes=shapes)
+    return model, path
+
+
+def test_a_tiny_bert_with_symbolic_batch_and_sequence(dynamic_bert):
+    model, path = dynamic_bert
+    run = kiln.load(path)
+    assert [i["shape"] for i in run.inputs] == [["batch", "seq"]] * 2
+    for batch, sequence in ((2, 12), (3, 7), (5, 40)):
+        inputs = _bert_inputs(batch, sequence, batch)
+        with torch.no_grad():
+            want = model(**inputs)
+        torch.testing.assert_close(run(**inputs)[0], want.last_hidden_state, rtol=1e-4, atol=1e-4)
+    inputs = _bert_inputs(3, 7, 0)
+    inputs["attention_mask"] = inputs["attention_mask"][:, :6]  # the two must share the sequence length
+    with pytest.raises(ValueError, match=r"input 'attention_mask' must be int64\[batch, seq\], got torch.int64\[3, 6\]"):
+        run(**inputs)
+
+
+def test_what_an_artifact_cannot_serve_is_refused_naming_it(tmp_path):
+    from torch.export import Dim
+
+    with pytest.raises(kiln.deploy.ExportError, match=r"serves seq only in \[2, 128\], narrower than dynamic_shapes "
+                                                      r"declares \(\[2, inf\]\)"):
+        kiln.export(_tiny_bert(), (), _bert_inputs(2, 12, 0), path=tmp_path / "a",
+                    dynamic_shapes={"input_ids": {1: Dim("seq")}, "attention_mask": {1: Dim("seq")}})
+
+    def reshapes_to_three(x):
+        return x.reshape(3, -1).sin()  # needs exactly 3 rows
+
+    with pytest.raises(kiln.deploy.ExportError, match="specializes dimension 0 of input 'arg0' to 3"):
+        kiln.export(reshapes_to_three, (torch.randn(3, 4),), path=tmp_path / "b", dynamic_shapes={"arg0": {0: "rows"}})
 
 
 @pytest.fixture(scope="module")
@@ -217,6 +289,18 @@ def test_kiln_run_runs_a_tiny_bert_and_a_tiny_resnet_without_python(runner, tmp_
     assert done.returncode == 0, done.stderr
     with torch.no_grad():
         torch.testing.assert_close(out["output_0"], resnet(x), rtol=1e-4, atol=1e-4)
+
+
+def test_kiln_run_serves_a_symbolic_artifact_at_other_sizes(runner, dynamic_bert, tmp_path):
+    model, path = dynamic_bert
+    inputs = _bert_inputs(3, 9, 7)
+    done, out = _run_without_python(runner, path, inputs, tmp_path)
+    assert done.returncode == 0, done.stderr
+    with torch.no_grad():
+        torch.testing.assert_close(out["output_0"], model(**inputs).last_hidden_state, rtol=1e-4, atol=1e-4)
+    done, _ = _run_without_python(runner, path, _bert_inputs(17, 9, 7), tmp_path)
+    assert done.returncode == 1 and "input 'input_ids' has the wrong dtype or shape; the artifact takes input_ids: " \
+        "int64[batch, seq], attention_mask: int64[batch, seq] (batch in [2, 16], seq in [2, 128])" in done.stderr
 
 
 def test_kiln_run_refuses_wrong_inputs_and_another_isa_naming_them(runner, mlp_artifact, tmp_path):

@@ -255,25 +255,33 @@ class Artifact {
 
   const Json& metadata() const { return metadata_; }
 
+  // "ids: int64[batch, 16], mask: int64[batch, 16] (batch in [2, 64])"
   std::string signature() const {
     std::string out;
     for (const auto& i : metadata_["inputs"].items) {
       out += (out.empty() ? "" : ", ") + i["name"].text + ": " + i["dtype"].text + "[";
-      for (size_t d = 0; d < i["shape"].items.size(); ++d) out += (d ? ", " : "") + std::to_string(i["shape"].items[d].integer());
+      for (size_t d = 0; d < i["shape"].items.size(); ++d) {
+        const Json& size = i["shape"].items[d];
+        out += (d ? ", " : "") + (size.kind == Json::String ? size.text : std::to_string(size.integer()));
+      }
       out += "]";
     }
-    return out;
+    std::string ranges;
+    if (metadata_.has("symbols"))
+      for (const auto& [name, range] : metadata_["symbols"].fields)
+        ranges += (ranges.empty() ? "" : ", ") + name + " in [" + std::to_string(range["min"].integer()) + ", " +
+                  (range["max"].kind == Json::Null ? std::string("inf") : std::to_string(range["max"].integer())) + "]";
+    return ranges.empty() ? out : out + " (" + ranges + ")";
   }
 
   std::vector<at::Tensor> run(const std::map<std::string, at::Tensor>& named) {
     std::vector<at::Tensor> inputs;
+    std::map<std::string, int64_t> sizes;  // each symbol's size in this call
     for (const auto& spec : metadata_["inputs"].items) {
       auto found = named.find(spec["name"].text);
       if (found == named.end()) throw std::runtime_error("kiln: missing input '" + spec["name"].text + "'; the artifact takes " + signature());
       const at::Tensor& t = found->second;
-      std::vector<int64_t> shape;
-      for (const auto& d : spec["shape"].items) shape.push_back(d.integer());
-      if (t.scalar_type() != dtype_of(spec["dtype"].text) || t.sizes() != c10::IntArrayRef(shape))
+      if (t.scalar_type() != dtype_of(spec["dtype"].text) || !fits(t, spec["shape"], sizes))
         throw std::runtime_error("kiln: input '" + spec["name"].text + "' has the wrong dtype or shape; the artifact takes " + signature());
       inputs.push_back(t);
     }
@@ -297,6 +305,25 @@ class Artifact {
   }
 
  private:
+  // Whether t's shape is `shape`: its numbers exactly, each symbol within its range and the same
+  // size wherever it appears in the call.
+  bool fits(const at::Tensor& t, const Json& shape, std::map<std::string, int64_t>& sizes) const {
+    if (t.dim() != static_cast<int64_t>(shape.items.size())) return false;
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      const Json& want = shape.items[d];
+      if (want.kind != Json::String) {
+        if (t.size(d) != want.integer()) return false;
+        continue;
+      }
+      const Json& range = metadata_["symbols"][want.text];
+      auto [seen, fresh] = sizes.emplace(want.text, t.size(d));
+      if (seen->second != t.size(d) || t.size(d) < range["min"].integer() ||
+          (range["max"].kind != Json::Null && t.size(d) > range["max"].integer()))
+        return false;
+    }
+    return true;
+  }
+
   std::string dir_;
   Json metadata_;
   std::map<std::string, at::Tensor> weights_;
