@@ -268,6 +268,12 @@ class CacheSettings(_Group):
         env="KILN_CACHE_DIR",
         help="root folder of the on-disk compile caches (~ is expanded); refused if others can write it",
     )
+    runtime_dir: str = setting(
+        "",
+        env="KILN_RUNTIME_CACHE_DIR",
+        help="where kiln's own libraries (its runtime over libtorch, its CPython extension) are cached; "
+        "empty for under cache.dir. They depend only on the machine, compiler, torch and Python",
+    )
     remote: str = setting(
         "",
         env="KILN_REMOTE_CACHE",
@@ -309,10 +315,10 @@ class BackendSettings(_Group):
         "off (or where kiln cannot) it is compiled again for each new set of sizes",
     )
     cpp_wrapper: bool = setting(
-        False,
+        True,
         env="KILN_CPP_WRAPPER",
         help="run each compiled CPU graph through a generated C++ wrapper (one call from Python per graph, "
-        "not one per kernel); the Python wrapper stays the debugging view",
+        "not one per kernel); off: the Python wrapper, which stays the debugging view either way",
     )
     cuda_graphs: bool = setting(
         False,
@@ -427,6 +433,11 @@ def cache_dir() -> Path:
         kiln.config.cache_dir() / "kernels"   # PosixPath('/home/me/.cache/kiln/kernels')
     """
     return Path(os.path.expanduser(cache.dir))
+
+
+def runtime_cache_dir() -> Path:
+    """Where kiln's own libraries are cached: ``cache.runtime_dir``, or the cache root."""
+    return Path(os.path.expanduser(cache.runtime_dir)) if cache.runtime_dir else cache_dir()
 
 
 def as_dict() -> dict[str, object]:

@@ -38,10 +38,11 @@ from kiln import config, logs, remote_cache
 _REFUSED: dict[Path, Path] = {}
 
 
-def entry(kind: str, key: str, suffix: str) -> Path:
+def entry(kind: str, key: str, suffix: str, root: Path | None = None) -> Path:
     """Where the entry `key` of cache `kind` lives: <cache dir>/<kind>/<key[:2]>/<key><suffix>
-    (<cache dir> is a private temporary directory when the configured one is unsafe)."""
-    return _folder(kind, key[:2]) / f"{key}{suffix}"
+    (<cache dir>: `root` when given, else the configured one; a private temporary directory when
+    that one is unsafe)."""
+    return _folder(kind, key[:2], root=root) / f"{key}{suffix}"
 
 
 def folder(kind: str) -> Path:
@@ -50,9 +51,9 @@ def folder(kind: str) -> Path:
     return _folder(kind)
 
 
-def _folder(*parts: str) -> Path:
+def _folder(*parts: str, root: Path | None = None) -> Path:
     """<cache dir>/<parts>, created (mode 0o700) and checked; see the module docstring."""
-    wanted = config.cache_dir()
+    wanted = root if root is not None else config.cache_dir()
     private = _REFUSED.get(wanted)
     if private is None:
         problem = _prepare(wanted, parts)

@@ -50,9 +50,13 @@ _VIEWS_OF_WEIGHT = frozenset({"t"})
 
 
 def packed_bytes(weight: torch.Tensor) -> int:
-    """Memory held by `weight`'s packed forms (its views kept beside them hold none)."""
-    return sum(p.numel() * p.element_size() for kind, (_, p) in weight.__dict__.get(_PACKS, {}).items()
+    """Memory held by `weight`'s packed forms (its views kept beside them hold none): those made
+    here (the Python wrapper's calls) and those kiln's runtime made (the C++ wrapper's)."""
+    from kiln.native import runtime
+
+    here = sum(p.numel() * p.element_size() for kind, (_, p) in weight.__dict__.get(_PACKS, {}).items()
                if kind not in _VIEWS_OF_WEIGHT)
+    return here + runtime.packed_bytes(weight)
 
 
 # The post-ops oneDNN applies in its GEMMs and convolutions, and the ATen function that means the same.

@@ -93,13 +93,15 @@ def _build(sources: Sequence[str], target: Path, compile_flags: Sequence[str] = 
 
 
 def build_library(sources: str | Sequence[str], compile_flags: Sequence[str] = (),
-                  link_flags: Sequence[str] = (), unit_flags: Sequence[Sequence[str]] = ()) -> tuple[Path, bool]:
+                  link_flags: Sequence[str] = (), unit_flags: Sequence[Sequence[str]] = (),
+                  own: bool = False) -> tuple[Path, bool]:
     """The path of the compiled library of `sources` (translation units, compiled in parallel),
     and whether it was built now (False: found intact in the cache). `compile_flags` and
     `link_flags` come after kiln's own (kiln's runtime: libtorch's headers and libraries);
-    `unit_flags[k]`, after those, for unit k only (a C++ wrapper: -O0)."""
+    `unit_flags[k]`, after those, for unit k only (a C++ wrapper: -O0). `own`: one of kiln's own
+    libraries (its runtime, its CPython extension), cached under `cache.runtime_dir`."""
     sources = [sources] if isinstance(sources, str) else list(sources)
-    target = _target(sources, compile_flags, link_flags, unit_flags)
+    target = _target(sources, compile_flags, link_flags, unit_flags, own)
     key = target.stem
     if disk_cache.intact(target):
         logs.log("cache", "C++ cache hit %s", key[:12])
@@ -116,17 +118,17 @@ def build_library(sources: str | Sequence[str], compile_flags: Sequence[str] = (
 
 
 def _target(sources: list[str], compile_flags: Sequence[str], link_flags: Sequence[str],
-            unit_flags: Sequence[Sequence[str]]) -> Path:
+            unit_flags: Sequence[Sequence[str]], own: bool = False) -> Path:
     flags = [*FLAGS, *compile_flags, *link_flags, *(" ".join(f) for f in unit_flags)]
     key = hashlib.sha256("\0".join([*sources, *compiler(), machine(), *flags]).encode()).hexdigest()
-    return disk_cache.entry("cpp", key, ".so")
+    return disk_cache.entry("cpp", key, ".so", root=config.runtime_cache_dir() if own else None)
 
 
 def cached_library(sources: str | Sequence[str], compile_flags: Sequence[str] = (),
-                   link_flags: Sequence[str] = ()) -> Path | None:
+                   link_flags: Sequence[str] = (), own: bool = False) -> Path | None:
     """The path of the library `build_library` would give, when the cache holds it intact; None
     (nothing is built) otherwise."""
-    target = _target([sources] if isinstance(sources, str) else list(sources), compile_flags, link_flags, ())
+    target = _target([sources] if isinstance(sources, str) else list(sources), compile_flags, link_flags, (), own)
     return target if disk_cache.intact(target) else None
 
 

@@ -6,8 +6,9 @@ every call. The extension turns the call's tensors into handles and the results 
 (`GraphCall`), and stamps a list of tensors (`stamp`: identity, version, data pointer) so that
 frozen weights are checked in one comparison.
 
-Built once per machine, compiler, Python and torch into the C++ cache (the Python and torch
-include paths and the torch version are in its key) and imported from there.
+Built once per machine, compiler, Python and torch into the cache of kiln's own libraries
+(`cache.runtime_dir`; the Python and torch include paths and the torch version are in its key) and
+imported from there.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import importlib.util
 import subprocess
 import sys
 import sysconfig
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
@@ -38,10 +40,26 @@ def _flags() -> tuple[list[str], list[str]]:
             [*link_flags, "-ltorch_python"])
 
 
-@functools.cache
+_building = threading.Lock()
+
+
 def module() -> ModuleType:
     """The `kiln_python` extension, built first when the C++ cache lacks it."""
-    path, _ = build_library([SOURCE.read_text()], *_flags())
+    with _building:  # one build and one import, whichever thread asks first
+        return _module()
+
+
+def build_in_background() -> None:
+    """Start building the extension in a thread, beside whatever this thread builds next (kiln's
+    runtime: together they take ~15 s on 2 cores on a machine's first compile, one after the other
+    ~25 s)."""
+    if not _module.cache_info().currsize:
+        threading.Thread(target=module, name="kiln-python-door-build", daemon=True).start()
+
+
+@functools.cache
+def _module() -> ModuleType:
+    path, _ = build_library([SOURCE.read_text()], *_flags(), own=True)
     loader = importlib.machinery.ExtensionFileLoader("kiln_python", str(path))
     spec = importlib.util.spec_from_file_location("kiln_python", str(path), loader=loader)
     extension = importlib.util.module_from_spec(spec)
@@ -52,10 +70,10 @@ def module() -> ModuleType:
 def built_module() -> ModuleType | None:
     """The extension when this process has it or the C++ cache holds it; None (nothing is built,
     no compiler is needed) otherwise."""
-    if module.cache_info().currsize:
+    if _module.cache_info().currsize:
         return module()
     try:
-        found = cached_library(SOURCE.read_text(), *_flags())
+        found = cached_library(SOURCE.read_text(), *_flags(), own=True)
     except (OSError, subprocess.CalledProcessError):  # no compiler here: nothing can be cached either
         found = None
     return module() if found is not None else None
@@ -106,4 +124,4 @@ def stamp_function() -> Callable[[list[torch.Tensor]], Any]:
     (one C loop, ~10 ns a tensor) when this process has it — it is built for C++ wrappers —
     otherwise the same check in Python (~0.2 µs a tensor), so that a process without C++ wrappers
     never waits for the extension to build."""
-    return module().stamp if module.cache_info().currsize else _python_stamp
+    return module().stamp if _module.cache_info().currsize else _python_stamp

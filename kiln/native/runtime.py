@@ -44,7 +44,7 @@ def library_path() -> str:
     from kiln.externs import kiln_gemm  # the GEMM kiln::mm's "kiln" implementation runs, a unit of the runtime
 
     compile_flags, link_flags = torch_flags()
-    path, _ = build_library([source(), kiln_gemm.source()], compile_flags, link_flags)
+    path, _ = build_library([source(), kiln_gemm.source()], compile_flags, link_flags, own=True)
     return str(path)
 
 
@@ -54,7 +54,20 @@ def library() -> ctypes.CDLL:
     lib = ctypes.CDLL(library_path(), mode=os.RTLD_GLOBAL | os.RTLD_NOW)
     lib.kiln_error.restype = ctypes.c_char_p
     lib.kiln_packs_held.restype = ctypes.c_int64
+    lib.kiln_packed_bytes.restype = ctypes.c_int64
     return lib
+
+
+def packed_bytes(weight: torch.Tensor) -> int:
+    """Bytes of the packed forms kiln's runtime holds for `weight` (0 when this process has not
+    loaded the runtime: then it holds none)."""
+    if not library.cache_info().currsize:
+        return 0
+    (handle,) = handles_of([weight])
+    try:
+        return library().kiln_packed_bytes(ctypes.c_void_p(handle))
+    finally:
+        tensors_of([handle])  # released
 
 
 # Tensors to handles and back: torch's own converters (torch._C._aoti) make a new at::Tensor per

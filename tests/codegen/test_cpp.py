@@ -94,13 +94,14 @@ def test_debug_dir_gets_every_backend_stage(tmp_path):
     files = sorted(p.name for p in folder.iterdir())
     rewrites = [name for name, _ in pipeline.REWRITES]
     stages = ["aten_graph.py", *(f"pass_{name}.py" for name in rewrites),
-              "ir_before_fusion.txt", "ir_after_fusion.txt", "kernels.cpp", "wrapper.py"]
+              "ir_before_fusion.txt", "ir_after_fusion.txt", "kernels.cpp", "wrapper.py", "wrapper.cpp"]
     assert files == [f"{k:02d}_{stage}" for k, stage in enumerate(stages)]
     for k, name in enumerate(rewrites, start=1):  # each pass's dump names the pass
         assert (folder / files[k]).read_text().startswith(f"# after pass {name}")
-    after = (folder / files[-3]).read_text()
+    after = (folder / files[-4]).read_text()
     assert "in registers ['buf0']" in after and "reduction" in after
-    assert 'extern "C" void kernel_' in (folder / files[-2]).read_text()
+    assert 'extern "C" void kernel_' in (folder / files[-3]).read_text()
+    assert 'extern "C" int kiln_graph_call' in (folder / files[-1]).read_text()  # the wrapper that runs
 
 
 def test_many_kernels_compile_as_parallel_units_into_one_library():

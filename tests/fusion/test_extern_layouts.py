@@ -35,8 +35,8 @@ def test_channels_last_depthwise_convolution_copies_nothing_at_run_time():
         return programs[-1]
 
     # Unfrozen: the convolution is ATen's, on the layout eager gives it (tests/fusion/test_freezing.py
-    # covers frozen convolutions).
-    with torch.no_grad(), kiln.config.patch({"backend.freezing": False}):
+    # covers frozen convolutions). The Python wrapper, whose layout checks this watches.
+    with torch.no_grad(), kiln.config.patch({"backend.freezing": False, "backend.cpp_wrapper": False}):
         fn = aot.compile(fx.symbolic_trace(block), [x], compile_graph)
         globals_ = programs[0].call.__globals__
         original = globals_["_in_layout"]
