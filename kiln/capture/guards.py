@@ -227,12 +227,13 @@ class CompiledGuards:
         def name_of(source: Source) -> str | None:
             return hoisted.get(source)
 
-        # Captured with autocast off on every device, where its dtypes change nothing: one C call
-        # checks that, where reading each device's (enabled, dtype) costs a Python call and two C
-        # calls (the guard check's largest part on a small model).
+        # Captured with autocast off: while no device's autocast is on (one C call) the state is the
+        # captured one; only otherwise is each device's (enabled, dtype) read (a Python call and two
+        # C calls each, the guard check's largest part on a small model).
         autocast = [g for g in self.guards if g.kind == "GLOBAL_STATE" and g.detail in AUTOCAST_STATES]
         if autocast and not any(g.expected[0] for g in autocast):
-            lines.append(f"        if {self.ns.bind(torch._C._is_any_autocast_enabled, 'S')}(): return False")
+            exact = " and ".join(_global_state(g, "None", self.ns) for g in autocast)
+            lines.append(f"        if {self.ns.bind(torch._C._is_any_autocast_enabled, 'S')}() and not ({exact}): return False")
         else:
             autocast = []
         for g in self.guards:

@@ -221,3 +221,18 @@ def test_module_structure_child_replaced_recompiles():
     m[0] = torch.nn.Tanh()
     assert_same(f(x), x.tanh())
     assert _entries(f) == 2
+
+
+def test_autocast_on_another_device_keeps_an_entry_captured_with_it_off():
+    # With autocast off at capture, one C call checks that no device's is on; when one is (here
+    # XPU's, which changes nothing for CPU tensors) each checked device's state is read exactly.
+    f = _compiled(lambda x: torch.ones(2) @ x)
+    x = torch.ones(2, 2)
+    f(x)
+    torch.set_autocast_enabled("xpu", True)
+    try:
+        assert torch._C._is_any_autocast_enabled()
+        assert f(x).dtype == torch.float32
+    finally:
+        torch.set_autocast_enabled("xpu", False)
+    assert _entries(f) == 1
