@@ -1,9 +1,11 @@
 """`kiln bench` rejects bad input before any model runs, naming what is accepted."""
 
+import os
 import pytest
 
 import kiln.bench.cli
 import kiln.bench.runner
+from kiln.bench.runner import run_cases  # before the fixture below replaces the module's
 from kiln.cli import main
 
 
@@ -96,3 +98,20 @@ def test_call_overhead_refuses_an_unknown_model_naming_it(capsys):
     with pytest.raises(SystemExit) as exit:
         main(["call-overhead", "--models", "nosuch"])
     assert exit.value.code == 2 and "unknown model 'nosuch'" in capsys.readouterr().err
+
+
+def test_cold_cases_share_kilns_runtime_built_once_up_front(monkeypatch):
+    from kiln.bench.results import Case, Result
+
+    monkeypatch.delenv("KILN_RUNTIME_CACHE_DIR", raising=False)
+    built, seen = [], []
+    monkeypatch.setattr(kiln.bench.runner, "_build_kiln_runtime", built.append)
+
+    def run_one(case, timeout_s, cold_cache):
+        seen.append(os.environ.get("KILN_RUNTIME_CACHE_DIR"))
+        return Result(case, "ok")
+
+    cases = [Case("mlp", "kiln", 1), Case("mlp", "eager", 1), Case("bert", "kiln", 1)]
+    run_cases(cases, 60.0, cold_cache=True, run_one=run_one)
+    assert len(built) == 1 and seen == [built[0]] * 3  # one build, every case on its folder
+    assert "KILN_RUNTIME_CACHE_DIR" not in os.environ  # and the variable gone after the run
