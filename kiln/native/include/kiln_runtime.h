@@ -75,7 +75,7 @@ KILN_API int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, cons
               int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl, kiln_tensor* out);
 // Packed weights the runtime holds (those of freed weights are dropped at the next pack).
 KILN_API int64_t kiln_packs_held(void);
-// Bytes of the packed forms held for `weight` now (those sharing its memory not counted).
+// Bytes of the packed forms held for `weight` now (as kiln/externs/prepacked.py counts them).
 KILN_API int64_t kiln_packed_bytes(kiln_tensor weight);
 KILN_API const char* kiln_error(void);
 KILN_API void kiln_set_error(const char* message);

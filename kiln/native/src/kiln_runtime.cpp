@@ -419,14 +419,14 @@ int64_t kiln_packs_held(void) {
 }
 
 int64_t kiln_packed_bytes(kiln_tensor weight) {
-  // As prepacked.py's packed_bytes: the packed forms held for this weight now, less those that
-  // share its memory (a transposed view is kept as a pack but holds nothing of its own).
+  // As prepacked.py's packed_bytes counts them: every packed form held for this weight now, a
+  // dense form that turned out to be a view of the weight included (it holds no memory of its
+  // own: both sides over-count it alike, docs/limits.md).
   const at::Tensor& w = tensor_of(weight);
   std::lock_guard<std::mutex> lock(packs_mutex);
   int64_t bytes = 0;
   for (const auto& [key, pack] : packs) {
     if (key.first != w.unsafeGetTensorImpl() || pack.weight.expired() || pack.version != w._version()) continue;
-    if (pack.packed.has_storage() && w.has_storage() && pack.packed.storage().is_alias_of(w.storage())) continue;
     bytes += pack.packed.numel() * static_cast<int64_t>(pack.packed.element_size());
   }
   return bytes;
