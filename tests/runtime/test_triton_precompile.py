@@ -4,6 +4,8 @@ names an H100 as the target and cannot launch, so the kernels are really compile
 a launch shows whether it found its kernel compiled (it reaches the driver's launcher) or had
 to compile it (Triton's `jit_cache_hook` sees it first)."""
 
+import threading
+
 import pytest
 import torch
 
@@ -96,6 +98,27 @@ def test_every_launch_finds_its_kernel_precompiled(h100_driver):
     triton_kernels.precompile(module, workers=2)
     found, compiled = _launch_each_kernel(graph, module)
     assert compiled == [] and found == kernels
+
+
+def test_a_compile_the_pool_loses_is_made_again_before_the_first_launch(h100_driver, monkeypatch):
+    """CPython 3.11's ast.parse can fail when two threads parse at once (a SystemError): the
+    pool's compile of that kernel is lost, and precompile's serial pass makes it."""
+    graph = _bert_graph()
+    module = triton_kernels.load_module(graph.stages.kernels.source, "cpu", interpret=False)
+    lost = []
+    compile_on_this_thread = triton.compiler.compile
+
+    def compile(*args, **kwargs):  # (a jit function takes it from triton.compiler when first called)
+        if threading.current_thread() is not threading.main_thread():
+            lost.append(1)
+            raise SystemError("AST constructor recursion depth mismatch (before=33, after=140)")
+        return compile_on_this_thread(*args, **kwargs)
+
+    monkeypatch.setattr(triton.compiler, "compile", compile)
+    triton_kernels.precompile(module, workers=2)
+    found, compiled = _launch_each_kernel(graph, module)
+    assert len(lost) == len(module.KILN_PRECOMPILE)  # (every pool compile failed ...)
+    assert compiled == [] and found == len(graph.schedule.kernels)  # (... and was made again)
 
 
 def test_a_kernel_that_fails_to_precompile_is_left_to_its_launch(h100_driver):
