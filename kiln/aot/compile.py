@@ -239,12 +239,12 @@ class AotCompiled:
             run = self.variants.get(False) or self._variant(False)
         return self._rebuild(run(*self.lifted, *args))
 
-    def _rebuild(self, outputs: list[Any]) -> Any:
+    def _rebuild(self, outputs: Sequence[Any]) -> Any:
         """The user's output structure from the flat outputs (`out_spec`): a tuple or list of
         tensors directly, anything else through pytree (~2 µs a call for a tuple)."""
         spec = self.out_spec
         if (spec.type is tuple or spec.type is list) and spec.num_leaves == spec.num_children:  # children all leaves
-            return tuple(outputs) if spec.type is tuple else outputs
+            return tuple(outputs) if spec.type is tuple else list(outputs)
         return pytree.tree_unflatten(outputs, spec)
 
 

@@ -93,12 +93,12 @@ def without_autocast(compiled: Callable) -> Callable:
     return run
 
 
-def inference_runner(compiled: Callable, sig: Signature) -> Callable[..., list[Any]]:
+def inference_runner(compiled: Callable, sig: Signature) -> Callable[..., Sequence[Any]]:
     """`(*args) -> outputs` for a graph `(*args) -> (*outputs, *mutated input values)`."""
     n = sig.num_outputs
     compiled = without_autocast(compiled)
-    if not sig.mutated_inputs and not sig.aliases:  # the common case, without a step it does not need
-        return lambda *args: list(compiled(*args))
+    if not sig.mutated_inputs and not sig.aliases:  # the common case: the graph's own outputs, as they come
+        return compiled
 
     def run(*args: Any) -> list[Any]:
         out = list(compiled(*args))

@@ -20,6 +20,7 @@ import torch
 
 from kiln.capture import module_watch
 from kiln.capture.sources import Namespace, Source
+from kiln.native import python_door
 
 GUARD_KINDS = (
     "TYPE_MATCH",  # type(x) is T
@@ -111,6 +112,14 @@ def _equals(g: Guard, v: str, ns: Namespace) -> str:
 
 def _tensor_match(g: Guard, v: str, ns: Namespace) -> str:
     t = g.expected
+    check = python_door.tensor_check()
+    if check is not None and type(t) in (torch.Tensor, torch.nn.Parameter):
+        # One C call (~30 ns) for what the expression below reads in ~0.4 µs. Only for the plain
+        # tensor types: a subclass may answer `.size()` or `.dtype` through __torch_function__.
+        static = g.detail != "dynamic"
+        matches = check(type(t), t.dtype, t.device, t.dim(), tuple(t.shape) if static else None,
+                        tuple(t.stride()) if static else None, bool(t.requires_grad))
+        return f"{ns.bind(matches, 'K')}({v})"
     if g.detail == "dynamic":
         return (f"type({v}) is {ns.bind(type(t), 'T')} and {v}.dtype is {ns.bind(t.dtype, 'O')}"
                 f" and {v}.device == {ns.bind(t.device, 'D')} and {v}.dim() == {t.dim()} and {v}.requires_grad is {bool(t.requires_grad)!r}")

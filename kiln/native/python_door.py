@@ -3,8 +3,9 @@
 A C++ wrapper's graph call from Python used to hand each tensor over as a capsule made by torch's
 converters and read back through ctypes: ~0.4 µs a tensor, for every weight of a frozen model on
 every call. The extension turns the call's tensors into handles and the results back directly
-(`GraphCall`), and stamps a list of tensors (`stamp`: identity, version, data pointer) so that
-frozen weights are checked in one comparison.
+(`GraphCall`), stamps a list of tensors (`stamp`: identity, version, data pointer) so that
+frozen weights are checked in one comparison, and checks a tensor against a guard's expectation
+(`TensorCheck`: ~30 ns against ~0.4 µs in Python).
 
 Built once per machine, compiler, Python and torch into the cache of kiln's own libraries
 (`cache.runtime_dir`; the Python and torch include paths and the torch version are in its key) and
@@ -112,6 +113,13 @@ def _ctypes_graph_call(entry: Any, error: Any, num_outputs: int) -> Callable[...
         return tuple(tensors_of(outputs))
 
     return call
+
+
+def tensor_check() -> Callable[..., Callable[[Any], bool]] | None:
+    """The extension's `TensorCheck(type, dtype, device, dim, sizes, strides, requires_grad)`, a
+    guard's tensor match as one C call, when this process has loaded the extension (C++ wrapper
+    graphs load it before their guards are compiled); None otherwise: guards then check in Python."""
+    return module().TensorCheck if _module.cache_info().currsize else None
 
 
 def _python_stamp(tensors: list[torch.Tensor]) -> list[tuple[int, int, int]]:

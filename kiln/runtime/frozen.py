@@ -39,9 +39,15 @@ class FrozenArtifact:
 
 
 def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], Sequence[Any]]:
-    """`pick(args)`: the arguments at `positions`, in order; one C call for two or more."""
-    if len(positions) < 2:
-        return lambda args: [args[i] for i in positions]
+    """`pick(args)`: the arguments at `positions`, in order, in one C call: a slice where they
+    follow each other (the usual case: the lifted weights come first), else an item getter."""
+    positions = list(positions)
+    if not positions:
+        return lambda args: ()
+    if positions == list(range(positions[0], positions[-1] + 1)):
+        return operator.itemgetter(slice(positions[0], positions[-1] + 1))
+    if len(positions) == 1:
+        return lambda args: (args[positions[0]],)
     return operator.itemgetter(*positions)
 
 
@@ -64,15 +70,12 @@ class FrozenProgram:
         self.signatures: list[Any] | None = None
         self.freezes = 0
 
-    def _stale(self, frozen: Sequence[Any]) -> bool:
-        # Never frozen: the stamp is None. The stamp first: it is what changes in practice.
-        if self.stamp_of(frozen) != self.stamp:
+    def _written(self, frozen: Sequence[Any], epoch: int) -> bool:
+        """Whether a frozen input was written through `.data` (or marked by kiln.refreeze) since
+        the constants were computed; asked only when data_watch's epoch moved."""
+        if data_watch.written_since(frozen, self.epoch):
             return True
-        epoch = data_watch.sweep()
-        if epoch != self.epoch:
-            if data_watch.written_since(frozen, self.epoch):
-                return True
-            self.epoch = epoch
+        self.epoch = epoch
         return False
 
     def _freeze(self, frozen: list[Any]) -> bool:
@@ -95,7 +98,11 @@ class FrozenProgram:
 
     def __call__(self, *args: Any) -> Any:
         frozen = self._frozen_of(args)
-        if self._stale(frozen) and not self._freeze(frozen):
+        # Stale constants: the stamp differs (never frozen: it is None; it is what changes in
+        # practice), or a write data_watch saw. Written out here: this runs on every call.
+        epoch = data_watch.sweep()
+        if (self.stamp_of(frozen) != self.stamp or epoch != self.epoch and self._written(frozen, epoch)) \
+                and not self._freeze(frozen):
             return self._eager(args, frozen)
         return self.runtime(*self._runtime_of(args), *self.constants)
 

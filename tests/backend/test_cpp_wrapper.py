@@ -269,6 +269,56 @@ def test_stamps_change_with_writes_rebinds_and_replacements():
         stamp([a, 3])
 
 
+def _python_tensor_match(t: torch.Tensor, expected: torch.Tensor, static: bool) -> bool:
+    try:
+        return (type(t) is type(expected) and t.dtype is expected.dtype and t.device == expected.device
+                and t.dim() == expected.dim() and t.requires_grad is expected.requires_grad
+                and (not static or (t.size() == expected.size() and t.stride() == expected.stride())))
+    except Exception:  # noqa: BLE001 - as the guards' check: a value that cannot answer fails
+        return False
+
+
+def test_a_tensor_check_answers_as_the_python_guard_expression():
+    from kiln.native import python_door
+
+    TensorCheck = python_door.module().TensorCheck
+    base = torch.randn(3, 4)
+    values = [base, base.t(), base[:, :2], base.double(), base.unsqueeze(0), torch.randn(3, 4).requires_grad_(),
+              torch.nn.Parameter(torch.randn(3, 4)), base.to_sparse(), torch.randn(12).view(3, 4), torch.randn(4, 3),
+              torch.tensor(1.0), torch.empty(0, 4), base.to(device="meta"), 3, "x", None]
+    for expected in values[:-3]:
+        for static in (True, False):
+            if static and expected.layout != torch.strided:
+                continue  # (a static guard is made for strided tensors only)
+            sizes, strides = (tuple(expected.shape), tuple(expected.stride())) if static else (None, None)
+            check = TensorCheck(type(expected), expected.dtype, expected.device, expected.dim(), sizes, strides,
+                                expected.requires_grad)
+            for value in values:
+                assert check(value) == _python_tensor_match(value, expected, static), (expected, value, static)
+    with pytest.raises(TypeError, match="dtype: torch.dtype"):
+        TensorCheck(torch.Tensor, "float32", torch.device("cpu"), 1, None, None, False)
+    with pytest.raises(ValueError, match="sizes must have dim integers"):
+        TensorCheck(torch.Tensor, torch.float32, torch.device("cpu"), 2, (3,), (1, 1), False)
+
+
+def test_guards_match_tensors_in_c_once_the_extension_is_loaded():
+    from kiln.native import python_door
+
+    python_door.module()
+    model = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        compiled = kiln.compile(model)
+        compiled(torch.randn(3, 4))
+        (entry,) = compiled.kiln_cache.entries
+        assert "TensorCheck" in repr(entry.guards.ns.values) and ".stride()" not in entry.guards.source_code
+        # It fails where the Python expression would: another stride, dtype, size or grad flag.
+        L = compiled.kiln_cache.binder(torch.randn(3, 4))
+        assert entry.guards.check(L)
+        for other in (torch.randn(4, 3).t(), torch.randn(3, 4).double(), torch.randn(2, 4), torch.randn(3, 4).requires_grad_()):
+            assert not entry.guards.check(compiled.kiln_cache.binder(other))
+            assert "TENSOR_MATCH" in entry.guards.first_failure(compiled.kiln_cache.binder(other)).describe()
+
+
 def test_what_the_cpp_wrapper_cannot_run_is_refused_naming_it():
     (graph,) = _compiled(lambda x: x.sin() * 2, (torch.randn(4, 3),))
     schedule = graph.schedule

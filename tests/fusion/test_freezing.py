@@ -373,3 +373,11 @@ def test_a_lone_convolution_keeps_eagers_layout_where_that_wins(monkeypatch):
     program, asked = _compiled_where_aten_wins_every_conv_question(monkeypatch, ConvBnRelu(), torch.randn(1, 4, 12, 12))
     assert len(asked) == 1 and "aten" in asked[0]
     assert _externs(program) == ["aten.convolution.default"]
+
+
+@pytest.mark.parametrize("positions", [[], [0], [3], [1, 2, 3], [0, 2], [3, 1]])
+def test_a_frozen_program_picks_its_arguments_in_order(positions):
+    from kiln.runtime.frozen import _picker
+
+    args = ("a", "b", "c", "d", "e")
+    assert tuple(_picker(positions)(args)) == tuple(args[i] for i in positions)

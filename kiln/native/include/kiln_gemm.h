@@ -338,7 +338,10 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
   if (in_pairs<T>) kc = round_even(kc);  // blocks start at a pair
   const int64_t panels = (N + NR - 1) / NR, row_blocks = (M + MR - 1) / MR;
   const int64_t panel_rows = in_pairs<T> ? round_even(K) : K;
-#pragma omp parallel
+  // A GEMM of less work than this runs on the calling thread: waking the team costs ~1-2 us, more
+  // than such a GEMM takes (a batch-1 projection of a small model; an MLP's 1x8x4 takes ~50 ns).
+  const bool worth_threads = panels * row_blocks > 1 && 2 * M * N * K >= (int64_t(1) << 18);
+#pragma omp parallel if (worth_threads)
   {
     int tn, tm;
     split(panels, row_blocks, omp_get_num_threads(), tn, tm);

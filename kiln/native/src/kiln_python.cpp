@@ -4,7 +4,11 @@
 //   GraphCall(entry, error, num_outputs)(*tensors) -> tuple of num_outputs tensors
 //       entry: the address of a wrapper's `int kiln_graph_call(kiln_tensor* inputs, kiln_tensor* outputs)`,
 //       error: of `const char* kiln_error(void)`. A status of 2 raises IndexError, any other RuntimeError.
-//       The GIL is released while the wrapper runs.
+//       The GIL is released while the wrapper runs when its inputs add up to kReleaseGilBytes or more:
+//       taking it back costs ~0.3 us, a fair share of a call over a few kilobytes.
+//   TensorCheck(type, dtype, device, dim, sizes, strides, requires_grad)(value) -> bool
+//       a guard's tensor match in one C call: type(value) is type (exactly), and its dtype,
+//       device, dimensions, sizes and strides (None: any) and requires_grad are these.
 //   stamp(tensors) -> bytes
 //       each tensor's identity (its TensorImpl), version counter and data pointer: two stamps are
 //       equal when no tensor was replaced, written in place or rebound to other memory.
@@ -14,10 +18,14 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
 #include <new>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -31,6 +39,10 @@ struct GraphCall {
   ErrorFn error;
   Py_ssize_t num_outputs;
 };
+
+// A call whose inputs (weights included) add up to less runs with the GIL held: it takes
+// microseconds, and releasing and re-taking the GIL would add ~0.3 us to it.
+constexpr int64_t kReleaseGilBytes = 64 << 10;
 
 // Handles live on the stack for graphs of up to this many inputs and outputs (a BERT-base graph
 // has ~200 inputs with its weights); larger ones use the heap.
@@ -52,6 +64,7 @@ PyObject* graph_call_vectorcall(PyObject* callable, PyObject* const* args, size_
   Py_ssize_t n = PyVectorcall_NARGS(nargsf);
   Handles inputs(n), outputs(self->num_outputs);
   if (inputs.data == nullptr || outputs.data == nullptr) return PyErr_NoMemory();
+  int64_t input_bytes = 0;
   for (Py_ssize_t k = 0; k < n; ++k) {
     if (!THPVariable_Check(args[k])) {
       for (Py_ssize_t j = 0; j < k; ++j) delete static_cast<at::Tensor*>(inputs.data[j]);
@@ -59,13 +72,19 @@ PyObject* graph_call_vectorcall(PyObject* callable, PyObject* const* args, size_
       return nullptr;
     }
     // A new owned handle per input: the wrapper releases its inputs when it is done with them.
-    inputs.data[k] = new at::Tensor(THPVariable_Unpack(args[k]));
+    const at::Tensor& tensor = THPVariable_Unpack(args[k]);
+    input_bytes += tensor.has_storage() ? static_cast<int64_t>(tensor.nbytes()) : 0;
+    inputs.data[k] = new at::Tensor(tensor);
   }
   for (Py_ssize_t k = 0; k < self->num_outputs; ++k) outputs.data[k] = nullptr;
   int status;
-  Py_BEGIN_ALLOW_THREADS
-  status = self->entry(inputs.data, outputs.data);
-  Py_END_ALLOW_THREADS
+  if (input_bytes >= kReleaseGilBytes) {
+    Py_BEGIN_ALLOW_THREADS
+    status = self->entry(inputs.data, outputs.data);
+    Py_END_ALLOW_THREADS
+  } else {
+    status = self->entry(inputs.data, outputs.data);
+  }
   if (status != 0) {
     PyErr_SetString(status == 2 ? PyExc_IndexError : PyExc_RuntimeError, self->error());
     return nullptr;
@@ -128,6 +147,104 @@ PyObject* stamp(PyObject*, PyObject* tensors) {
   return result;
 }
 
+struct TensorCheck {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* type;  // owned
+  c10::ScalarType dtype;
+  c10::DeviceType device_type;
+  c10::DeviceIndex device_index;
+  int64_t dim;
+  bool sized;  // sizes and strides checked (a static match), else the dimension count only
+  bool requires_grad;
+  std::vector<int64_t>* sizes;  // owned; [dim sizes..., dim strides...]
+};
+
+bool tensor_matches(const TensorCheck* self, PyObject* value) {
+  if (reinterpret_cast<PyObject*>(Py_TYPE(value)) != self->type) return false;
+  const at::Tensor& t = THPVariable_Unpack(value);
+  if (t.scalar_type() != self->dtype || t.device().type() != self->device_type ||
+      t.device().index() != self->device_index || t.dim() != self->dim || t.requires_grad() != self->requires_grad)
+    return false;
+  if (!self->sized) return true;
+  if (t.is_sparse() || t.is_nested() || t.layout() != c10::kStrided) return false;  // Python's size()/stride() differ or raise
+  c10::IntArrayRef sizes = t.sizes(), strides = t.strides();
+  const int64_t* expected = self->sizes->data();
+  for (int64_t d = 0; d < self->dim; ++d)
+    if (sizes[d] != expected[d] || strides[d] != expected[self->dim + d]) return false;
+  return true;
+}
+
+PyObject* tensor_check_vectorcall(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0)) {
+    PyErr_SetString(PyExc_TypeError, "a TensorCheck takes one value");
+    return nullptr;
+  }
+  bool ok;
+  try {
+    ok = tensor_matches(reinterpret_cast<TensorCheck*>(callable), args[0]);
+  } catch (const std::exception&) {  // (a tensor whose sizes cannot be read matches nothing)
+    ok = false;
+  }
+  return PyBool_FromLong(ok);
+}
+
+bool read_ints(PyObject* seq, int64_t n, int64_t* out, const char* what) {
+  PyObject* fast = PySequence_Fast(seq, what);
+  if (fast == nullptr) return false;
+  bool ok = PySequence_Fast_GET_SIZE(fast) == n;
+  for (int64_t k = 0; ok && k < n; ++k) {
+    out[k] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, k));
+    ok = !(out[k] == -1 && PyErr_Occurred());
+  }
+  Py_DECREF(fast);
+  if (!ok && !PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "TensorCheck: %s must have dim integers", what);
+  return ok;
+}
+
+PyObject* tensor_check_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  PyObject *tensor_type, *dtype, *device, *sizes, *strides;
+  long long dim;
+  int requires_grad;
+  static const char* names[] = {"type", "dtype", "device", "dim", "sizes", "strides", "requires_grad", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOLOOp", const_cast<char**>(names), &tensor_type, &dtype, &device,
+                                   &dim, &sizes, &strides, &requires_grad))
+    return nullptr;
+  if (!PyType_Check(tensor_type) || !THPDtype_Check(dtype) || !THPDevice_Check(device) || dim < 0 ||
+      (sizes == Py_None) != (strides == Py_None)) {
+    PyErr_SetString(PyExc_TypeError, "TensorCheck(type, dtype: torch.dtype, device: torch.device, dim >= 0, "
+                                     "sizes and strides: both sequences or both None, requires_grad)");
+    return nullptr;
+  }
+  std::vector<int64_t> expected(sizes == Py_None ? 0 : 2 * dim);
+  if (sizes != Py_None && (!read_ints(sizes, dim, expected.data(), "sizes") ||
+                           !read_ints(strides, dim, expected.data() + dim, "strides")))
+    return nullptr;
+  auto* self = reinterpret_cast<TensorCheck*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->vectorcall = tensor_check_vectorcall;
+  Py_INCREF(tensor_type);
+  self->type = tensor_type;
+  self->dtype = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
+  const c10::Device& d = reinterpret_cast<THPDevice*>(device)->device;
+  self->device_type = d.type();
+  self->device_index = d.index();
+  self->dim = dim;
+  self->sized = sizes != Py_None;
+  self->requires_grad = requires_grad != 0;
+  self->sizes = new std::vector<int64_t>(std::move(expected));
+  return reinterpret_cast<PyObject*>(self);
+}
+
+void tensor_check_dealloc(PyObject* object) {
+  auto* self = reinterpret_cast<TensorCheck*>(object);
+  Py_XDECREF(self->type);
+  delete self->sizes;
+  Py_TYPE(object)->tp_free(object);
+}
+
+PyTypeObject TensorCheckType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
 PyMethodDef methods[] = {
     {"stamp", stamp, METH_O, "Identity, version counter and data pointer of each tensor, as bytes."},
     {nullptr, nullptr, 0, nullptr},
@@ -145,14 +262,24 @@ PyMODINIT_FUNC PyInit_kiln_python(void) {
   GraphCallType.tp_call = PyVectorcall_Call;
   GraphCallType.tp_new = graph_call_new;
   GraphCallType.tp_doc = "GraphCall(entry, error, num_outputs): a C++ wrapper's entry as (*tensors) -> tuple.";
-  if (PyType_Ready(&GraphCallType) < 0) return nullptr;
+  TensorCheckType.tp_name = "kiln_python.TensorCheck";
+  TensorCheckType.tp_basicsize = sizeof(TensorCheck);
+  TensorCheckType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  TensorCheckType.tp_vectorcall_offset = offsetof(TensorCheck, vectorcall);
+  TensorCheckType.tp_call = PyVectorcall_Call;
+  TensorCheckType.tp_new = tensor_check_new;
+  TensorCheckType.tp_dealloc = tensor_check_dealloc;
+  TensorCheckType.tp_doc = "TensorCheck(type, dtype, device, dim, sizes, strides, requires_grad): a guard's tensor match.";
+  if (PyType_Ready(&GraphCallType) < 0 || PyType_Ready(&TensorCheckType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&module);
   if (m == nullptr) return nullptr;
-  Py_INCREF(&GraphCallType);
-  if (PyModule_AddObject(m, "GraphCall", reinterpret_cast<PyObject*>(&GraphCallType)) < 0) {
-    Py_DECREF(&GraphCallType);
-    Py_DECREF(m);
-    return nullptr;
+  for (auto [name, type] : {std::pair{"GraphCall", &GraphCallType}, std::pair{"TensorCheck", &TensorCheckType}}) {
+    Py_INCREF(type);
+    if (PyModule_AddObject(m, name, reinterpret_cast<PyObject*>(type)) < 0) {
+      Py_DECREF(type);
+      Py_DECREF(m);
+      return nullptr;
+    }
   }
   return m;
 }
