@@ -1,9 +1,11 @@
 // kiln's runtime over libtorch: the functions of kiln_runtime.h. Built once per machine and torch
 // version (kiln/native/runtime.py) and loaded before any graph library whose wrapper calls it.
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/ops/addmm.h>
+#include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/clamp.h>
 #include <ATen/ops/convolution.h>
@@ -13,6 +15,7 @@
 #include <ATen/ops/hardswish.h>
 #include <ATen/ops/leaky_relu.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/mm_cpu_dispatch.h>
 #include <ATen/ops/relu.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/sigmoid.h>
@@ -240,7 +243,7 @@ at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optio
   std::optional<at::Tensor> bias = bias_in;
   if (bias && bias->stride(0) != 1) bias = bias->contiguous();
   int64_t M = a.size(0);
-  at::Tensor out = at::empty({M, N}, a.options());
+  at::Tensor out = at::detail::empty_cpu({M, N}, a.scalar_type());
   float values[2] = {0.0f, 0.0f};
   for (int64_t k = 0; k < n && k < 2; ++k) values[k] = static_cast<float>(scalar_value(scalars[k]));
   KilnGemmEpilogue e{bias ? bias->data_ptr() : nullptr, nullptr, 0,
@@ -279,7 +282,9 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::
   if (impl == "aten_kn") weight = packed(b, "kn", [&] { return b.contiguous(); });
   else if (impl == "aten_nk") weight = packed(b, "nk", [&] { return b.t().contiguous().t(); });
   else TORCH_CHECK(impl == "aten", "kiln::mm: unknown implementation ", impl);
-  return unary_aten(bias ? at::addmm(*bias, a, weight) : at::mm(a, weight), unary, scalars, n, algorithm);
+  // The CPU kernels directly: a wrapper's graph is functional and on the CPU, so the dispatcher's
+  // autograd and view layers have nothing to do (~0.3 us a call at batch-1 sizes).
+  return unary_aten(bias ? at::cpu::addmm(*bias, a, weight) : at::cpu::mm(a, weight), unary, scalars, n, algorithm);
 }
 
 // ---- kiln::conv (2-d) -----------------------------------------------------------------------------
@@ -352,8 +357,9 @@ int kiln_mm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, const char* unary, c
 
 
 kiln_tensor kiln_empty_strided(int64_t ndim, const int64_t* sizes, const int64_t* strides, int32_t dtype) {
-  return new_handle(at::empty_strided(c10::IntArrayRef(sizes, ndim), c10::IntArrayRef(strides, ndim),
-                                      at::TensorOptions().dtype(static_cast<c10::ScalarType>(dtype))));
+  // (a C++ wrapper runs on the CPU: its buffers are made without the dispatcher)
+  return new_handle(at::detail::empty_strided_cpu(c10::IntArrayRef(sizes, ndim), c10::IntArrayRef(strides, ndim),
+                                                  static_cast<c10::ScalarType>(dtype)));
 }
 
 kiln_tensor kiln_share(kiln_tensor t) { return new_handle(tensor_of(t)); }
