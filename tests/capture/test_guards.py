@@ -236,3 +236,17 @@ def test_autocast_on_another_device_keeps_an_entry_captured_with_it_off():
     finally:
         torch.set_autocast_enabled("xpu", False)
     assert _entries(f) == 1
+
+
+def test_a_method_replaced_on_the_class_after_compiling_recompiles():
+    class Scale(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    model = Scale()
+    f = kiln.compile(model)
+    x = torch.ones(3)
+    assert_same(f(x), x * 2)
+    Scale.forward = lambda self, x: x * 3  # the class's dict changes: its bound view sees it
+    assert_same(f(x), x * 3)
+    assert _entries(f) == 2

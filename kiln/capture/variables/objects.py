@@ -19,7 +19,7 @@ from torch import nn
 
 from kiln.capture.break_records import unsupported
 from kiln.capture.guards import Guard
-from kiln.capture.sources import AttrSource, ConstSource, InstanceDictSource, ItemSource, Source
+from kiln.capture.sources import AttrSource, ClassDictSource, ConstSource, InstanceDictSource, ItemSource, Source
 from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
 from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
 from kiln.capture.variables.constant import ConstantVariable, is_literal
@@ -40,7 +40,7 @@ def class_lookup(cls: type, name: str) -> tuple[Any, type | None]:
 
 
 def class_attr_source(owner: type, name: str) -> Source:
-    return ItemSource(AttrSource(ConstSource(owner, owner.__qualname__), "__dict__"), name)
+    return ItemSource(ClassDictSource(owner), name)
 
 
 def _pinned_function(tx: Any, fn: Any, owner: type, name: str) -> Variable:
@@ -173,7 +173,7 @@ class UserObjectVariable(Variable):
             return
         self._guard_not_in_instance(tx, name)
         for klass in self.cls.__mro__[:-1]:  # `object` is builtin and cannot change
-            tx.output.guards.add(Guard("DICT_CONTAINS", AttrSource(ConstSource(klass, klass.__qualname__), "__dict__"), False, name))
+            tx.output.guards.add(Guard("DICT_CONTAINS", ClassDictSource(klass), False, name))
 
     def getattr_real(self, tx: Any, name: str) -> Variable:
         if self.is_new:
