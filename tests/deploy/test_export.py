@@ -312,3 +312,14 @@ def test_kiln_run_refuses_wrong_inputs_and_another_isa_naming_them(runner, mlp_a
     (copy / "metadata.json").write_text(json.dumps(metadata))
     done, _ = _run_without_python(runner, copy, {"arg0": torch.randn(3, 16)}, tmp_path)
     assert done.returncode == 1 and "built for CPU instruction set '0123456789abcdef'" in done.stderr and here in done.stderr
+
+
+def test_kiln_run_refuses_a_corrupted_weights_file_by_its_digest(runner, mlp_artifact, tmp_path):
+    # (every artifact kiln-run runs passes the same check: its SHA-256 agrees with hashlib's)
+    copy = _copy(mlp_artifact[1], tmp_path)
+    weights = copy / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0xFF  # a weight's byte: the file's structure is intact
+    weights.write_bytes(bytes(data))
+    done, _ = _run_without_python(runner, copy, {"arg0": torch.randn(3, 16)}, tmp_path)
+    assert done.returncode == 1 and "weights.safetensors does not match its digest in metadata.json" in done.stderr

@@ -4,14 +4,21 @@
 //   std::vector<at::Tensor> outs = a.run({{"input_ids", ids}, {"attention_mask", mask}});
 //
 // The constructor checks the artifact's format and torch version against the libtorch it is
-// built with, reads metadata.json and weights.safetensors, and opens model.so; `run` checks the
-// inputs (names, dtypes, shapes) and returns the outputs in metadata order (output_0, ...).
-// Errors are std::runtime_error with the reason. Header-only; needs libtorch and -ldl.
+// built with, reads metadata.json, checks the SHA-256 digests it records for model.so and
+// weights.safetensors, maps the weights (no copy of those stored in the layout they run in) and
+// opens model.so; `run` checks the inputs (names, dtypes, shapes) and returns the outputs in
+// metadata order (output_0, ...). Errors are std::runtime_error with the reason. Header-only;
+// needs libtorch and -ldl.
 #pragma once
 #include <ATen/ATen.h>
 #include <torch/version.h>
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -140,6 +147,110 @@ inline std::string read_file(const std::string& path) {
   return s.str();
 }
 
+// A file mapped copy-on-write: tensors over it share its pages until one is written.
+struct MappedFile {
+  void* base = nullptr;
+  size_t size = 0;
+  MappedFile() = default;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile() {
+    if (base != nullptr) munmap(base, size);
+  }
+  const char* data() const { return static_cast<const char*>(base); }
+};
+
+inline std::shared_ptr<MappedFile> map_file(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw std::runtime_error("kiln: cannot read " + path);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    throw std::runtime_error("kiln: cannot read " + path);
+  }
+  auto mapped = std::make_shared<MappedFile>();
+  mapped->size = static_cast<size_t>(st.st_size);
+  if (mapped->size > 0) {
+    void* base = mmap(nullptr, mapped->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (base == MAP_FAILED) {
+      close(fd);
+      throw std::runtime_error("kiln: cannot map " + path);
+    }
+    mapped->base = base;
+  }
+  close(fd);
+  return mapped;
+}
+
+// ---- SHA-256 (FIPS 180-4), to check the digests metadata.json records ----------------------------
+class Sha256 {
+ public:
+  void update(const void* data, size_t n) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    length_ += n;
+    while (n > 0) {
+      size_t take = std::min(n, size_t(64) - used_);
+      std::memcpy(block_ + used_, p, take);
+      used_ += take, p += take, n -= take;
+      if (used_ == 64) compress(block_), used_ = 0;
+    }
+  }
+  std::string hex() {
+    uint64_t bits = length_ * 8;
+    uint8_t pad = 0x80;
+    update(&pad, 1);
+    uint8_t zero = 0;
+    while (used_ != 56) update(&zero, 1);
+    uint8_t tail[8];
+    for (int k = 0; k < 8; ++k) tail[k] = uint8_t(bits >> (56 - 8 * k));
+    update(tail, 8);
+    static const char* digits = "0123456789abcdef";
+    std::string out;
+    for (uint32_t word : h_)
+      for (int k = 28; k >= 0; k -= 4) out += digits[(word >> k) & 15];
+    return out;
+  }
+
+ private:
+  static uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+  void compress(const uint8_t* b) {
+    static const uint32_t k[64] = {
+        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5, 0xd807aa98,
+        0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
+        0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8,
+        0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
+        0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819,
+        0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
+        0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
+        0xc67178f2};
+    uint32_t w[64];
+    for (int t = 0; t < 16; ++t)
+      w[t] = uint32_t(b[4 * t]) << 24 | uint32_t(b[4 * t + 1]) << 16 | uint32_t(b[4 * t + 2]) << 8 | b[4 * t + 3];
+    for (int t = 16; t < 64; ++t) {
+      uint32_t s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
+      uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
+      w[t] = w[t - 16] + s0 + w[t - 7] + s1;
+    }
+    uint32_t a = h_[0], bb = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
+    for (int t = 0; t < 64; ++t) {
+      uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + k[t] + w[t];
+      uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & bb) ^ (a & c) ^ (bb & c));
+      h = g, g = f, f = e, e = d + t1, d = c, c = bb, bb = a, a = t1 + t2;
+    }
+    h_[0] += a, h_[1] += bb, h_[2] += c, h_[3] += d, h_[4] += e, h_[5] += f, h_[6] += g, h_[7] += h;
+  }
+  uint32_t h_[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  uint8_t block_[64];
+  size_t used_ = 0;
+  uint64_t length_ = 0;
+};
+
+inline std::string sha256_hex(const MappedFile& file) {
+  Sha256 sha;
+  sha.update(file.data(), file.size);
+  return sha.hex();
+}
+
 // ---- safetensors ----------------------------------------------------------------------------------
 inline at::ScalarType dtype_of(const std::string& name) {
   static const std::map<std::string, at::ScalarType> names = {
@@ -169,13 +280,16 @@ inline std::string safetensors_name(at::ScalarType t) {
   }
 }
 
-inline std::vector<std::pair<std::string, at::Tensor>> load_safetensors(const std::string& path) {
-  std::string data = read_file(path);
-  if (data.size() < 8) throw std::runtime_error("kiln: " + path + " is not a safetensors file");
+// The tensors of a safetensors file, over its mapping (`mapped`: what map_file gave for `path`;
+// each tensor keeps it alive).
+inline std::vector<std::pair<std::string, at::Tensor>> load_safetensors(const std::string& path,
+                                                                        std::shared_ptr<MappedFile> mapped) {
+  const char* data = mapped->data();
+  if (mapped->size < 8) throw std::runtime_error("kiln: " + path + " is not a safetensors file");
   uint64_t size = 0;
-  std::memcpy(&size, data.data(), 8);
-  if (8 + size > data.size()) throw std::runtime_error("kiln: " + path + " is truncated");
-  std::string header_text = data.substr(8, size);
+  std::memcpy(&size, data, 8);
+  if (size > mapped->size - 8) throw std::runtime_error("kiln: " + path + " is truncated");
+  std::string header_text(data + 8, size);
   Json header = JsonParser(header_text).parse();
   std::vector<std::pair<std::string, at::Tensor>> out;
   size_t start = 8 + size;
@@ -184,15 +298,23 @@ inline std::vector<std::pair<std::string, at::Tensor>> load_safetensors(const st
     std::vector<int64_t> shape;
     for (const auto& d : entry["shape"].items) shape.push_back(d.integer());
     int64_t begin = entry["data_offsets"].items.at(0).integer(), end = entry["data_offsets"].items.at(1).integer();
-    if (begin < 0 || end < begin || start + end > data.size())
+    if (begin < 0 || end < begin || start + end > mapped->size)
       throw std::runtime_error("kiln: " + path + ": tensor " + name + " has bytes outside the file");
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype_of(entry["dtype"].text)));
-    if (static_cast<int64_t>(t.nbytes()) != end - begin)
+    auto options = at::TensorOptions().dtype(dtype_of(entry["dtype"].text));
+    int64_t elements = 1;
+    for (int64_t d : shape) elements *= d;
+    if (elements * static_cast<int64_t>(c10::elementSize(options.dtype().toScalarType())) != end - begin)
       throw std::runtime_error("kiln: " + path + ": tensor " + name + " has the wrong number of bytes");
-    std::memcpy(t.data_ptr(), data.data() + start + begin, end - begin);
+    at::Tensor t = end > begin ? at::from_blob(mapped->base == nullptr ? nullptr : static_cast<char*>(mapped->base) + start + begin,
+                                               shape, [mapped](void*) {}, options)
+                               : at::empty(shape, options);
     out.emplace_back(name, t);
   }
   return out;
+}
+
+inline std::vector<std::pair<std::string, at::Tensor>> load_safetensors(const std::string& path) {
+  return load_safetensors(path, map_file(path));
 }
 
 inline void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
@@ -241,10 +363,16 @@ class Artifact {
       throw std::runtime_error("kiln: " + dir + " was built for kiln version '" + metadata_["kiln_version"].text +
                                "'; this runner has '" + KILN_VERSION + "'");
 #endif
-    for (const auto& [name, t] : load_safetensors(dir + "/weights.safetensors")) {
+    // The files are what the export wrote: a corrupted or replaced file is refused here rather
+    // than run (its digest is metadata.json's).
+    auto weights_file = map_file(dir + "/weights.safetensors");
+    check_digest(dir, "weights.safetensors", *weights_file);
+    check_digest(dir, "model.so", *map_file(dir + "/model.so"));
+    for (const auto& [name, t] : load_safetensors(dir + "/weights.safetensors", weights_file)) {
       std::vector<int64_t> stride;
       for (const auto& s : metadata_["weights"][name]["stride"].items) stride.push_back(s.integer());
-      weights_[name] = at::empty_strided(t.sizes(), stride, t.options()).copy_(t);  // the layout it was exported in
+      // In the layout it was exported in: the mapped tensor itself where that is the stored one.
+      weights_[name] = t.strides() == c10::IntArrayRef(stride) ? t : at::empty_strided(t.sizes(), stride, t.options()).copy_(t);
     }
     library_ = dlopen((dir + "/model.so").c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!library_) throw std::runtime_error(std::string("kiln: cannot load ") + dir + "/model.so: " + dlerror());
@@ -254,6 +382,13 @@ class Artifact {
   }
 
   const Json& metadata() const { return metadata_; }
+
+  void check_digest(const std::string& dir, const std::string& name, const MappedFile& file) const {
+    if (!metadata_.has("digests") || !metadata_["digests"].has(name)) return;
+    if (sha256_hex(file) != metadata_["digests"][name].text)
+      throw std::runtime_error("kiln: " + dir + "/" + name + " does not match its digest in metadata.json "
+                               "(the file is corrupted or was replaced): export the model again");
+  }
 
   // "ids: int64[batch, 16], mask: int64[batch, 16] (batch in [2, 64])"
   std::string signature() const {
