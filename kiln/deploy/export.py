@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import shutil
 from pathlib import Path
@@ -95,8 +96,8 @@ def export(model: nn.Module | Callable, args: tuple, kwargs: dict | None = None,
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     library = _build(graph)
-    shutil.copyfile(library, out / "model.so")
-    safetensors.save(weights, out / "weights.safetensors")
+    _replace(out / "model.so", lambda tmp: shutil.copyfile(library, tmp))
+    _replace(out / "weights.safetensors", lambda tmp: safetensors.save(weights, tmp))
     metadata = {
         "format": FORMAT,
         "kiln_version": kiln.__version__, "torch_version": torch.__version__,
@@ -111,8 +112,20 @@ def export(model: nn.Module | Callable, args: tuple, kwargs: dict | None = None,
         "entry": "kiln_graph_call",
         "digests": {"model.so": digest(out / "model.so"), "weights.safetensors": digest(out / "weights.safetensors")},
     }
-    (out / "metadata.json").write_text(json.dumps(metadata, indent=1))
+    _replace(out / "metadata.json", lambda tmp: tmp.write_text(json.dumps(metadata, indent=1)))
     return out
+
+
+def _replace(path: Path, write: Callable[[Path], Any]) -> None:
+    """Write a file of the artifact beside it, then put it in its place: a process that has the
+    previous export loaded (its library opened, its weights mapped) keeps the old file's pages
+    rather than reading a file truncated under it (a crash, SIGBUS)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _declared_dims(dynamic_shapes: Any, names: list[str], inputs: list[torch.Tensor]) -> dict[tuple[int, int], Any]:

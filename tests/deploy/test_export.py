@@ -3,6 +3,7 @@ kiln's runtime, the weights as safetensors, metadata) that a fresh process runs 
 clear errors for wrong inputs, corrupted files, another ISA or version, and graph breaks."""
 
 import json
+import mmap
 import os
 import re
 import subprocess
@@ -323,3 +324,19 @@ def test_kiln_run_refuses_a_corrupted_weights_file_by_its_digest(runner, mlp_art
     weights.write_bytes(bytes(data))
     done, _ = _run_without_python(runner, copy, {"arg0": torch.randn(3, 16)}, tmp_path)
     assert done.returncode == 1 and "weights.safetensors does not match its digest in metadata.json" in done.stderr
+
+
+def test_exporting_again_replaces_the_files_and_leaves_the_loaded_ones_alone(mlp_artifact, tmp_path):
+    model, _ = mlp_artifact
+    x = torch.randn(3, 16)
+    path = kiln.export(model, (x,), path=tmp_path / "mlp")
+    first = kiln.load(path)
+    with open(path / "weights.safetensors", "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # as kiln-run maps it
+    before = {p.name: p.stat().st_ino for p in path.iterdir()}
+    kiln.export(model, (x,), path=path)
+    assert sorted(p.name for p in path.iterdir()) == sorted(before)  # (no temporary file left)
+    assert all(p.stat().st_ino != before[p.name] for p in path.iterdir())  # new files, the old ones intact
+    assert mapped[:8] == (path / "weights.safetensors").read_bytes()[:8] and len(mapped) > 8
+    with torch.no_grad():
+        torch.testing.assert_close(first(x)[0], model(x), rtol=1e-5, atol=1e-5)
