@@ -42,7 +42,7 @@ from kiln import aot, config
 from kiln.backend import Backend, watch
 from kiln.capture.api import capture
 from kiln.capture.dynamic import _MARK as _DYNAMIC_MARK
-from kiln.deploy import safetensors, symbolic_shapes
+from kiln.deploy import isa, safetensors, symbolic_shapes
 from kiln.native import runtime
 from kiln.native.build import build_library, machine
 from kiln.runtime.compiled_graph import CompiledGraph
@@ -101,7 +101,7 @@ def export(model: nn.Module | Callable, args: tuple, kwargs: dict | None = None,
     metadata = {
         "format": FORMAT,
         "kiln_version": kiln.__version__, "torch_version": torch.__version__,
-        "isa": machine(), "cpu": _cpu_name(), "arch": platform.machine(),
+        "isa": machine(), "isa_flags": isa.flags(), "cpu": isa.cpu_name(), "arch": platform.machine(),
         "inputs": [{"name": n, "dtype": str(t.dtype).removeprefix("torch."), "shape": shape}
                    for n, t, shape in zip(names, inputs, shapes)],
         "symbols": symbols,
@@ -261,13 +261,3 @@ def _build(graph: CompiledGraph) -> Path:
 def digest(path: Path) -> str:
     """The sha256 of a file, as metadata.json records it."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"

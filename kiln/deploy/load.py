@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 import kiln
-from kiln.deploy import safetensors
+from kiln.deploy import isa, safetensors
 from kiln.deploy.export import FORMAT, digest
 from kiln.native import python_door
 from kiln.native.build import machine
@@ -116,14 +116,22 @@ def _metadata(path: Path) -> dict[str, Any]:
 
 
 def _check_compatible(path: Path, metadata: dict[str, Any]) -> None:
-    here = {"format": FORMAT, "kiln_version": kiln.__version__, "torch_version": torch.__version__, "isa": machine()}
-    what = {"format": "artifact format", "kiln_version": "kiln version", "torch_version": "torch version",
-            "isa": "CPU instruction set (-march=native)"}
+    here = {"format": FORMAT, "kiln_version": kiln.__version__, "torch_version": torch.__version__}
+    what = {"format": "artifact format", "kiln_version": "kiln version", "torch_version": "torch version"}
     for key, value in here.items():
         if metadata.get(key) != value:
-            built_on = f" on {metadata.get('cpu')}" if key == "isa" else ""
-            raise ArtifactError(f"kiln.load: {path} was built for {what[key]} {metadata.get(key)!r}{built_on}; "
+            raise ArtifactError(f"kiln.load: {path} was built for {what[key]} {metadata.get(key)!r}; "
                                 f"this process has {value!r}: export the model again here")
+    if "isa_flags" in metadata:  # the extensions of the CPU it was built on, all needed here
+        lacking = isa.missing(metadata["isa_flags"], metadata.get("arch"))
+        if lacking:
+            raise ArtifactError(f"kiln.load: {path} was built for the CPU instruction set of {metadata.get('cpu')} "
+                                f"(-march=native there); this CPU ({isa.cpu_name()}) lacks {', '.join(lacking)}: "
+                                "export the model again here")
+    elif metadata.get("isa") != machine():  # (an artifact of an earlier kiln: the digest, which needs g++)
+        raise ArtifactError(f"kiln.load: {path} was built for CPU instruction set (-march=native) "
+                            f"{metadata.get('isa')!r} on {metadata.get('cpu')}; this process has {machine()!r}: "
+                            "export the model again here")
 
 
 def _laid_out(t: torch.Tensor, layout: dict[str, Any]) -> torch.Tensor:

@@ -150,6 +150,26 @@ def test_a_corrupted_weights_file_is_named_and_not_loaded(mlp_artifact, tmp_path
         kiln.load(copy)
 
 
+def test_an_artifact_for_a_cpu_with_other_extensions_names_what_this_one_lacks(mlp_artifact, tmp_path):
+    copy = _copy(mlp_artifact[1], tmp_path)
+    metadata = json.loads((copy / "metadata.json").read_text())
+    assert "avx2" in metadata["isa_flags"] or "asimd" in metadata["isa_flags"]
+    metadata["isa"] = "0123456789abcdef"  # what -march=native resolves to may differ (caches, gcc): not refused
+    (copy / "metadata.json").write_text(json.dumps(metadata))
+    kiln.load(copy)
+    metadata["isa_flags"] += ["kiln_test_extension"]
+    metadata["cpu"] = "Some Future CPU"
+    (copy / "metadata.json").write_text(json.dumps(metadata))
+    with pytest.raises(ArtifactError, match=r"built for the CPU instruction set of Some Future CPU .*this CPU \(.+\) "
+                                            r"lacks kiln_test_extension: export the model again here"):
+        kiln.load(copy)
+    metadata["isa_flags"].pop()
+    metadata["arch"] = "riscv64"
+    (copy / "metadata.json").write_text(json.dumps(metadata))
+    with pytest.raises(ArtifactError, match="lacks the riscv64 architecture"):
+        kiln.load(copy)
+
+
 @pytest.mark.parametrize("key, value, said", [("isa", "0123456789abcdef", "CPU instruction set"),
                                               ("kiln_version", "0.0.1", "kiln version"),
                                               ("torch_version", "1.0.0", "torch version")])
@@ -158,6 +178,7 @@ def test_an_artifact_for_another_isa_or_version_says_so_naming_both(mlp_artifact
     metadata = json.loads((copy / "metadata.json").read_text())
     here = metadata[key]
     metadata[key] = value
+    metadata.pop("isa_flags")  # (an artifact of an earlier kiln: the ISA is the -march=native digest)
     (copy / "metadata.json").write_text(json.dumps(metadata))
     with pytest.raises(ArtifactError, match=f"built for {re.escape(said)}.* '{value}'.*this process has '{re.escape(here)}'"):
         kiln.load(copy)
@@ -309,10 +330,19 @@ def test_kiln_run_refuses_wrong_inputs_and_another_isa_naming_them(runner, mlp_a
     assert done.returncode == 1 and "missing input 'arg0'; the artifact takes arg0: float32[3, 16]" in done.stderr
     copy = _copy(mlp_artifact[1], tmp_path)
     metadata = json.loads((copy / "metadata.json").read_text())
-    here, metadata["isa"] = metadata["isa"], "0123456789abcdef"
+    metadata["isa"], metadata["isa_flags"] = "0123456789abcdef", metadata["isa_flags"] + ["kiln_test_extension"]
     (copy / "metadata.json").write_text(json.dumps(metadata))
     done, _ = _run_without_python(runner, copy, {"arg0": torch.randn(3, 16)}, tmp_path)
-    assert done.returncode == 1 and "built for CPU instruction set '0123456789abcdef'" in done.stderr and here in done.stderr
+    assert done.returncode == 1 and "this CPU lacks kiln_test_extension" in done.stderr
+    metadata["isa_flags"].pop()
+    (copy / "metadata.json").write_text(json.dumps(metadata))
+    done, _ = _run_without_python(runner, copy, {"arg0": torch.randn(3, 16)}, tmp_path)
+    assert done.returncode == 0, done.stderr  # (another -march=native digest, the same extensions: it runs)
+    del metadata["isa_flags"]  # an artifact of an earlier kiln: the digest decides
+    (copy / "metadata.json").write_text(json.dumps(metadata))
+    done, _ = _run_without_python(runner, copy, {"arg0": torch.randn(3, 16)}, tmp_path)
+    assert done.returncode == 1 and "built for CPU instruction set '0123456789abcdef'" in done.stderr \
+        and "this runner has '" in done.stderr
 
 
 def test_kiln_run_refuses_a_corrupted_weights_file_by_its_digest(runner, mlp_artifact, tmp_path):
@@ -340,3 +370,20 @@ def test_exporting_again_replaces_the_files_and_leaves_the_loaded_ones_alone(mlp
     assert mapped[:8] == (path / "weights.safetensors").read_bytes()[:8] and len(mapped) > 8
     with torch.no_grad():
         torch.testing.assert_close(first(x)[0], model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_kiln_load_runs_on_a_machine_without_a_compiler(mlp_artifact, tmp_path):
+    model, path = mlp_artifact
+    x = torch.randn(3, 16)
+    torch.save({"x": x}, tmp_path / "x.pt")
+    (tmp_path / "no-bin").mkdir()
+    script = (f"import torch, kiln, shutil; assert shutil.which('g++') is None and shutil.which('c++') is None; "
+              f"x = torch.load({str(tmp_path / 'x.pt')!r})['x']; "
+              f"torch.save(kiln.load({str(path)!r})(x)[0], {str(tmp_path / 'y.pt')!r})")
+    env = {"PATH": str(tmp_path / "no-bin"), "HOME": str(tmp_path), "KILN_CACHE_DIR": str(tmp_path / "cache"),
+           "KILN_RUNTIME_CACHE_DIR": str(tmp_path / "runtime"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr
+    with torch.no_grad():
+        torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(x), rtol=1e-5, atol=1e-5)

@@ -340,6 +340,41 @@ inline void save_safetensors(const std::string& path, const std::vector<std::pai
   if (!f) throw std::runtime_error("kiln: cannot write " + path);
 }
 
+// ---- the CPU ---------------------------------------------------------------------------------------
+// This CPU's extensions as /proc/cpuinfo lists them (x86 `flags`, aarch64 `Features`).
+inline std::vector<std::string> cpu_extensions() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    std::string key = line.substr(0, line.find(':'));
+    key.erase(key.find_last_not_of(" \t") + 1);
+    if (key != "flags" && key != "Features") continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    std::vector<std::string> out;
+    for (std::string w; words >> w;) out.push_back(w);
+    return out;
+  }
+  return {};
+}
+
+// Those of `recorded` (metadata's isa_flags) this CPU lacks, comma-separated; the architecture
+// first when `arch` names another.
+inline std::string missing_extensions(const Json& recorded, const std::string& arch) {
+#if defined(__x86_64__)
+  const std::string here_arch = "x86_64";
+#elif defined(__aarch64__)
+  const std::string here_arch = "aarch64";
+#else
+  const std::string here_arch = arch;
+#endif
+  if (!arch.empty() && arch != here_arch) return "the " + arch + " architecture (this machine is " + here_arch + ")";
+  std::vector<std::string> here = cpu_extensions();
+  std::string out;
+  for (const auto& flag : recorded.items)
+    if (std::find(here.begin(), here.end(), flag.text) == here.end()) out += (out.empty() ? "" : ", ") + flag.text;
+  return out;
+}
+
 // ---- the artifact ---------------------------------------------------------------------------------
 class Artifact {
  public:
@@ -352,9 +387,18 @@ class Artifact {
     if (built.rfind(here, 0) != 0)
       throw std::runtime_error("kiln: " + dir + " was built for torch version '" + built + "'; this runner has '" + here +
                                "': export the model again");
+    if (metadata_.has("isa_flags")) {
+      // The extensions of the CPU it was built on (-march=native there), all needed here
+      // (kiln/deploy/isa.py).
+      std::string lacking = missing_extensions(metadata_["isa_flags"], metadata_.has("arch") ? metadata_["arch"].text : "");
+      if (!lacking.empty())
+        throw std::runtime_error("kiln: " + dir + " was built for the CPU instruction set of " + metadata_["cpu"].text +
+                                 " (-march=native there); this CPU lacks " + lacking + ": export the model again here");
+    }
 #ifdef KILN_ISA
-    // What -march=native resolved to where the runner was built (kiln build-runner defines it).
-    if (metadata_["isa"].text != KILN_ISA)
+    // An artifact of an earlier kiln: what -march=native resolved to where the runner was built
+    // (kiln build-runner defines it).
+    else if (metadata_["isa"].text != KILN_ISA)
       throw std::runtime_error("kiln: " + dir + " was built for CPU instruction set '" + metadata_["isa"].text + "' on " +
                                metadata_["cpu"].text + "; this runner has '" + KILN_ISA + "': export the model again here");
 #endif
