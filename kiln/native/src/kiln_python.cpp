@@ -252,25 +252,30 @@ PyMethodDef methods[] = {
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "kiln_python", "kiln's door from Python into C++ wrappers.", -1, methods};
 
+// A callable type whose calls go through its vectorcall slot at `offset`.
+int ready_callable_type(PyTypeObject& type, const char* name, Py_ssize_t size, Py_ssize_t offset, newfunc make,
+                        destructor dealloc, const char* doc) {
+  type.tp_name = name;
+  type.tp_basicsize = size;
+  type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  type.tp_vectorcall_offset = offset;
+  type.tp_call = PyVectorcall_Call;
+  type.tp_new = make;
+  if (dealloc != nullptr) type.tp_dealloc = dealloc;
+  type.tp_doc = doc;
+  return PyType_Ready(&type);
+}
+
 }  // namespace
 
 PyMODINIT_FUNC PyInit_kiln_python(void) {
-  GraphCallType.tp_name = "kiln_python.GraphCall";
-  GraphCallType.tp_basicsize = sizeof(GraphCall);
-  GraphCallType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
-  GraphCallType.tp_vectorcall_offset = offsetof(GraphCall, vectorcall);
-  GraphCallType.tp_call = PyVectorcall_Call;
-  GraphCallType.tp_new = graph_call_new;
-  GraphCallType.tp_doc = "GraphCall(entry, error, num_outputs): a C++ wrapper's entry as (*tensors) -> tuple.";
-  TensorCheckType.tp_name = "kiln_python.TensorCheck";
-  TensorCheckType.tp_basicsize = sizeof(TensorCheck);
-  TensorCheckType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
-  TensorCheckType.tp_vectorcall_offset = offsetof(TensorCheck, vectorcall);
-  TensorCheckType.tp_call = PyVectorcall_Call;
-  TensorCheckType.tp_new = tensor_check_new;
-  TensorCheckType.tp_dealloc = tensor_check_dealloc;
-  TensorCheckType.tp_doc = "TensorCheck(type, dtype, device, dim, sizes, strides, requires_grad): a guard's tensor match.";
-  if (PyType_Ready(&GraphCallType) < 0 || PyType_Ready(&TensorCheckType) < 0) return nullptr;
+  if (ready_callable_type(GraphCallType, "kiln_python.GraphCall", sizeof(GraphCall), offsetof(GraphCall, vectorcall),
+                          graph_call_new, nullptr,
+                          "GraphCall(entry, error, num_outputs): a C++ wrapper's entry as (*tensors) -> tuple.") < 0 ||
+      ready_callable_type(TensorCheckType, "kiln_python.TensorCheck", sizeof(TensorCheck), offsetof(TensorCheck, vectorcall),
+                          tensor_check_new, tensor_check_dealloc,
+                          "TensorCheck(type, dtype, device, dim, sizes, strides, requires_grad): a guard's tensor match.") < 0)
+    return nullptr;
   PyObject* m = PyModule_Create(&module);
   if (m == nullptr) return nullptr;
   for (auto [name, type] : {std::pair{"GraphCall", &GraphCallType}, std::pair{"TensorCheck", &TensorCheckType}}) {
