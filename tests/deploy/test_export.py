@@ -372,3 +372,16 @@ def test_exporting_again_replaces_the_files_and_leaves_the_loaded_ones_alone(mlp
     assert mapped[:8] == (path / "weights.safetensors").read_bytes()[:8] and len(mapped) > 8
     with torch.no_grad():
         torch.testing.assert_close(first(x)[0], model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_kiln_run_reads_a_tensor_whose_bytes_follow_an_odd_length_one(runner, tmp_path):
+    # safetensors packs tensors without gaps: `x` starts 3 bytes after the mask, misaligned for
+    # float32 (kiln_artifact.h copies such a tensor rather than use the mapped bytes).
+    def masked(mask, x):
+        return torch.where(mask, x, 0.0) * 2
+
+    mask, x = torch.tensor([True, False, True]), torch.randn(3)
+    artifact = kiln.export(masked, (mask, x), path=tmp_path / "masked")
+    done, out = _run_without_python(runner, artifact, {"arg0": mask, "arg1": x}, tmp_path)
+    assert done.returncode == 0, done.stderr
+    torch.testing.assert_close(out["output_0"], masked(mask, x))

@@ -305,9 +305,18 @@ inline std::vector<std::pair<std::string, at::Tensor>> load_safetensors(const st
     for (int64_t d : shape) elements *= d;
     if (elements * static_cast<int64_t>(c10::elementSize(options.dtype().toScalarType())) != end - begin)
       throw std::runtime_error("kiln: " + path + ": tensor " + name + " has the wrong number of bytes");
-    at::Tensor t = end > begin ? at::from_blob(mapped->base == nullptr ? nullptr : static_cast<char*>(mapped->base) + start + begin,
-                                               shape, [mapped](void*) {}, options)
-                               : at::empty(shape, options);
+    char* bytes = static_cast<char*>(mapped->base) + start + begin;
+    at::Tensor t;
+    if (end == begin) {
+      t = at::empty(shape, options);
+    } else if (reinterpret_cast<uintptr_t>(bytes) % options.dtype().itemsize() == 0) {
+      t = at::from_blob(bytes, shape, [mapped](void*) {}, options);  // (the mapping lives as long as the tensor)
+    } else {
+      // safetensors packs tensors without gaps: after a bool tensor of odd length the next one's
+      // bytes are misaligned for its type, which compiled loops may not read. A copy is aligned.
+      t = at::empty(shape, options);
+      std::memcpy(t.data_ptr(), bytes, end - begin);
+    }
     out.emplace_back(name, t);
   }
   return out;
