@@ -135,9 +135,12 @@ def _check_compatible(path: Path, metadata: dict[str, Any]) -> None:
 
 
 def _laid_out(t: torch.Tensor, layout: dict[str, Any]) -> torch.Tensor:
-    """A weight in the layout it had when exported (the file stores it contiguous)."""
+    """A weight in the layout it had when exported (the file stores it contiguous): the tensor
+    over the mapped file itself where that is its layout and its bytes are aligned for its type
+    (safetensors packs tensors without gaps, so after an odd-length one they may not be), else a
+    copy in that layout."""
     if list(t.stride()) == layout["stride"] or t.numel() <= 1:
-        return t.clone()
+        return t if t.data_ptr() % t.element_size() == 0 else t.clone()
     return torch.empty_strided(t.shape, layout["stride"], dtype=t.dtype).copy_(t)
 
 

@@ -102,6 +102,25 @@ def test_a_tiny_resnet(tmp_path):
         torch.testing.assert_close(run(x)[0], model(x), rtol=1e-4, atol=1e-4)
 
 
+def test_kiln_load_uses_the_mapped_weights_in_place_where_their_layout_is_the_stored_one(mlp_artifact):
+    run = kiln.load(mlp_artifact[1])
+    in_place = {name: w._base is not None for name, w in run.weights.items()}  # (a view of the mapped file's bytes)
+    layouts = json.loads((mlp_artifact[1] / "metadata.json").read_text())["weights"]
+    assert in_place == {name: run.weights[name].is_contiguous() and w["stride"] == list(run.weights[name].stride())
+                        for name, w in layouts.items()}
+    assert any(in_place.values()) and not all(in_place.values())  # (the MLP's permuted weights are copies)
+
+
+def test_a_weight_misaligned_in_the_file_is_copied(tmp_path):
+    from kiln.deploy.load import _laid_out
+
+    safetensors.save({"mask": torch.tensor([True, False, True]), "w": torch.arange(5.0)}, tmp_path / "w.safetensors")
+    stored = safetensors.load(tmp_path / "w.safetensors")
+    assert stored["w"].data_ptr() % 4 != 0  # (3 bytes after the mask)
+    w = _laid_out(stored["w"], {"stride": [1]})
+    assert w.data_ptr() % 4 == 0 and torch.equal(w, torch.arange(5.0))
+
+
 def test_a_fresh_process_runs_the_artifact_without_compiling_or_a_compiler(mlp_artifact, tmp_path):
     model, path = mlp_artifact
     x = torch.randn(3, 16)
