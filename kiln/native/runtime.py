@@ -20,6 +20,7 @@ from kiln.native import INCLUDE
 from kiln.native.build import build_library
 
 SOURCE = Path(__file__).parent / "src" / "kiln_runtime.cpp"
+EXPORTS = Path(__file__).parent / "src" / "kiln_runtime.map"  # the linker's version script: kiln_* only
 
 
 def torch_flags() -> tuple[list[str], list[str]]:
@@ -36,7 +37,9 @@ def torch_flags() -> tuple[list[str], list[str]]:
 
 def source() -> str:
     header = (INCLUDE / "kiln_runtime.h").read_text()
-    return header + "\n" + SOURCE.read_text()
+    # The version script rides along as a comment: the C++ cache's key covers what it exports.
+    exports = "".join(f"// {line}\n" for line in EXPORTS.read_text().splitlines())
+    return header + "\n" + SOURCE.read_text() + "\n// Linked with kiln_runtime.map:\n" + exports
 
 
 @functools.cache
@@ -44,7 +47,8 @@ def library_path() -> str:
     from kiln.externs import kiln_gemm  # the GEMM kiln::mm's "kiln" implementation runs, a unit of the runtime
 
     compile_flags, link_flags = torch_flags()
-    path, _ = build_library([source(), kiln_gemm.source()], compile_flags, link_flags, own=True)
+    path, _ = build_library([source(), kiln_gemm.source()], compile_flags,
+                            [*link_flags, f"-Wl,--version-script={EXPORTS}"], own=True)
     return str(path)
 
 
