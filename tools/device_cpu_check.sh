@@ -2,10 +2,13 @@
 # Issue 20's CPU measurements on a lent GPU machine's host CPU (16 cores, often an Intel Xeon), in
 # the few minutes a lease gives: the gemm suite, the hf suite against Inductor-freeze at 2 and 1
 # threads and with KILN_GEMM_CANDIDATES=mkl,kiln, each job pinned to its own physical cores
-# (tools/pinned_bench.py); the GPU tests beside them on two reserved cores.
-# Usage (device machine, repository root): bash tools/device_cpu_check.sh [launch_until_s] [deadline_s]
+# (tools/pinned_bench.py); beside them, on two cores each, the GPU tests and kiln's GEMM in other
+# register blockings (tools/gemm_blocking_sweep.py).
+# Usage (device machine, repository root): bash tools/device_cpu_check.sh [launch_until_s] [deadline_s] [max_jobs]
+# The first run (2026-11-27, docs/results.md) had 7 jobs at once and per-model ratios that moved by
+# tens of percent; max_jobs (default 4) trades suites measured for quieter neighbours.
 OUT=${OUT:-/tmp/device_out}; R=$OUT/r; mkdir -p $R
-LAUNCH_UNTIL=${1:-380}; DEADLINE=${2:-520}
+LAUNCH_UNTIL=${1:-380}; DEADLINE=${2:-520}; MAX_JOBS=${3:-4}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 KILN_RUNTIME_CACHE_DIR=/tmp/kiln_rt
 inc=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 # The image's Python may lack its headers (kiln's extension and Inductor's C++ need Python.h).
@@ -17,16 +20,20 @@ grep -E 'Model name|^CPU\(s\)|Thread|Socket|Flags' $R/machine.txt | cut -c1-400;
 t0=$(date +%s)
 python3 -c "from kiln.native import python_door, runtime; python_door.build_in_background(); runtime.library(); python_door.module()" \
   && echo "kiln runtime built in $(( $(date +%s) - t0 )) s" || echo "KILN RUNTIME BUILD FAILED"
-reserved=$(python3 -c "import sys; sys.path.insert(0, 'tools'); import pinned_bench as p; print(','.join(map(str, max(p.physical_cores(), key=len)[-2:])))")
-( taskset -c $reserved timeout 200 python3 -m pytest -q tests/gpu -p no:cacheprovider -x > $R/gpu_tests.log 2>&1
-  taskset -c $reserved timeout 150 python3 tools/gpu_timing.py --models bert --dtypes bf16,fp32 --modes eager,kiln,kiln-ro > $R/gpu_timing.log 2>&1 ) &
+cores=($(python3 tools/pinned_bench.py --cores)); n=${#cores[@]}
+sweep_cores=${cores[0]},${cores[1]}; gpu_cores=${cores[n-2]},${cores[n-1]}  # the jobs get the others
+( taskset -c $gpu_cores timeout 200 python3 -m pytest -q tests/gpu -p no:cacheprovider -x > $R/gpu_tests.log 2>&1
+  taskset -c $gpu_cores timeout 150 python3 tools/gpu_timing.py --models bert --dtypes bf16,fp32 --modes eager,kiln,kiln-ro > $R/gpu_timing.log 2>&1 ) &
 MODELS="bert gpt2 t5 llama distilbert vit swinv2 convnext resnet50 mobilenetv1 mobilevit"
 B="--iters 10 --warmup 2 --timeout 400"
-jobs=("gemm|2||--suite gemm --dtypes float32 --iters 10 --warmup 2")
+jobs=("gemm|2||--suite gemm --dtypes float32 --iters 10 --warmup 2"
+      "profile-bert|2||--models bert --modes kiln --profile $B")
 for m in $MODELS; do jobs+=("hf2-$m|2||--models $m --modes inductor-freeze,kiln $B"); done
 for m in $MODELS; do jobs+=("mk2-$m|2|KILN_GEMM_CANDIDATES=mkl,kiln|--models $m --modes kiln $B"); done
 for m in $MODELS; do jobs+=("hf1-$m|1||--models $m --modes inductor-freeze,kiln $B"); done
-python3 tools/pinned_bench.py --out $R --reserve 2 --launch-until $LAUNCH_UNTIL --deadline $DEADLINE "${jobs[@]}" 2>&1 | tee $R/schedule.txt
+# kiln's GEMM in other register blockings against MKL's, on 2 cores of their own (a plain script, not a bench job).
+( taskset -c $sweep_cores timeout 240 python3 tools/gemm_blocking_sweep.py --threads 2 > $R/gemm_blocking.txt 2>&1 ) &
+python3 tools/pinned_bench.py --out $R --exclude $sweep_cores,$gpu_cores --max-jobs $MAX_JOBS --launch-until $LAUNCH_UNTIL --deadline $DEADLINE "${jobs[@]}" 2>&1 | tee $R/schedule.txt
 wait
 tail -5 $R/gpu_tests.log; tail -12 $R/gpu_timing.log
 tar czf $OUT/results.tgz -C $R . && ls -la $OUT

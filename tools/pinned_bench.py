@@ -4,16 +4,18 @@ physical cores, so that a lent machine's few minutes measure a whole suite.
 Each job is one `kiln bench` command line with the thread count it asks for; it gets that many
 physical cores of one socket (never two hyperthreads of one core), the cores no other job holds,
 and runs under `taskset`. Jobs start in the order given, each as soon as its cores are free; none
-starts after --launch-until seconds, and every one still running at --deadline is killed (its
-bench JSON then holds the cases finished so far only if the bench got to write it, so a killed
-job's results are lost: order the jobs by importance).
+starts after --launch-until seconds, none while --max-jobs run, and every one still running at
+--deadline is killed (a killed job writes no JSON: order the jobs by importance).
 
 Jobs running side by side share the memory bus and the last-level cache: compare modes measured in
 the same conditions (a job's modes run one after another in its own process; the ratio of two
 jobs' times carries the neighbours' noise too).
 
-    python tools/pinned_bench.py --out DIR --reserve 2 --launch-until 400 --deadline 530 \\
+    python tools/pinned_bench.py --out DIR --exclude 14,15 --max-jobs 4 --launch-until 400 --deadline 530 \\
         'name|threads|ENV=V ...|bench args' ...
+
+`--cores` prints the first CPU of each physical core this process may use, for a script that
+sets some aside.
 """
 from __future__ import annotations
 
@@ -61,19 +63,22 @@ def take_cores(free: list[list[int]], count: int) -> tuple[int, list[int]] | Non
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
-    p.add_argument("--reserve", type=int, default=0, help="physical cores left for other work (the last ones)")
+    p.add_argument("--out")
+    p.add_argument("--cores", action="store_true", help="print the usable physical cores' CPUs and exit")
+    p.add_argument("--exclude", default="", help="CPUs left for other work, comma-separated")
     p.add_argument("--launch-until", type=float, default=400)
     p.add_argument("--deadline", type=float, default=530)
-    p.add_argument("jobs", nargs="+")
+    p.add_argument("--max-jobs", type=int, default=0, help="at most this many jobs at once (0: as many as cores allow)")
+    p.add_argument("jobs", nargs="*")
     a = p.parse_args()
+    if a.cores:
+        print(" ".join(str(c) for socket in physical_cores() for c in socket))
+        return
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    free = physical_cores()
-    reserved = []
-    for _ in range(a.reserve):
-        reserved.append(max(free, key=len).pop())
-    print(f"physical cores: {free}; reserved for other work: {reserved}", flush=True)
+    excluded = {int(c) for c in a.exclude.split(",") if c}
+    free = [[c for c in socket if c not in excluded] for socket in physical_cores()]
+    print(f"physical cores for the jobs: {free}; left for other work: {sorted(excluded)}", flush=True)
     pending = [parse_job(j) for j in a.jobs]
     running: list[tuple[dict, subprocess.Popen, tuple[int, list[int]], float]] = []
     start = time.monotonic()
@@ -92,6 +97,8 @@ def main() -> None:
             break
         if now < a.launch_until:
             for job in list(pending):
+                if a.max_jobs and len(running) >= a.max_jobs:
+                    break
                 cores = take_cores(free, job["threads"])
                 if cores is None:
                     continue
