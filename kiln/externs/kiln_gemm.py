@@ -49,13 +49,24 @@ def _entries() -> str:
             "void* c, int64_t ldc, const kiln_gemm::Epilogue* e, int64_t kc) "
             "{ kiln_gemm::gemm(M, N, K, a, lda, bp, c, ldc, e, kc); }",
         ]
+    # kiln's depthwise convolution (kiln/externs/kiln_depthwise.py) shares the GEMM's vectors and
+    # epilogue code, so it lives in this unit.
+    lines += [
+        "void kiln_depthwise_pack_f32(const float* w, int64_t C, int64_t taps, float* out) "
+        "{ kiln_depthwise::pack_weight(w, C, taps, out); }",
+        "void kiln_depthwise_f32(const int64_t* d, const float* x, const float* wp, const float* bias, "
+        "const float* other, float* y, const kiln_gemm::Epilogue* e) { kiln_depthwise::conv(kiln_depthwise::Shape{"
+        "d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13]}, x, wp, bias, other, y, *e); }",
+    ]
     return "\n".join([*lines, "}"])
 
 
 def source(defines_flag: bool = True) -> str:
-    """The GEMM's translation unit; `defines_flag` False where another unit of the same library
-    defines the index-error flag (an exported model's kernels, kiln/deploy/export.py)."""
-    return "\n".join([header_text(defines_flag=defines_flag), header_text(("kiln_gemm.h",)), _entries()])
+    """The translation unit of kiln's own CPU kernels: the GEMM and the depthwise convolution;
+    `defines_flag` False where another unit of the same library defines the index-error flag (an
+    exported model's kernels, kiln/deploy/export.py)."""
+    return "\n".join([header_text(defines_flag=defines_flag), header_text(("kiln_gemm.h", "kiln_depthwise.h")),
+                      _entries()])
 
 
 @functools.cache
@@ -72,6 +83,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         getattr(lib, f"kiln_gemm_packed_elements_{suffix}").argtypes = [i64, i64]
         getattr(lib, f"kiln_gemm_pack_{suffix}").argtypes = [ptr, i64, i64, i64, i64, ptr]
         getattr(lib, f"kiln_gemm_{suffix}").argtypes = [i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
+    lib.kiln_depthwise_pack_f32.argtypes = [ptr, i64, i64, ptr]
+    lib.kiln_depthwise_f32.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr]
     return lib
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from kiln.externs import kiln_gemm
+from kiln.externs import kiln_depthwise, kiln_gemm
 
 aten, mkldnn, mkl = torch.ops.aten, torch.ops.mkldnn, torch.ops.mkl
 
@@ -177,11 +177,23 @@ def _conv_onednn_into_other(x, weight, bias, stride, padding, dilation, groups, 
                                                  stride, dilation, groups, "add", 1.0, unary_or_none, scalars, algorithm)
 
 
+def _conv_kiln(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other):
+    # kiln's own kernel: depthwise convolutions only (kiln_depthwise.applies; the autotuner offers
+    # it nowhere else).
+    if not kiln_depthwise.applies(x, weight, groups):
+        raise RuntimeError(f"kiln::conv: kiln's kernel runs float32 depthwise convolutions only, not weight "
+                           f"{tuple(weight.shape)} in {groups} groups")
+    wp = packed(weight, "kiln_depthwise", lambda: kiln_depthwise.pack(weight))
+    return kiln_depthwise.conv(x, wp, tuple(weight.shape[2:]), bias, stride, padding, dilation, unary, scalars,
+                               algorithm, other)
+
+
 # In order of preference when timings tie (kiln/autotune/choose.py).
 CONV_IMPLS: dict[str, Callable] = {
     "onednn": _conv_onednn,
     "aten_channels_last": _conv_aten(torch.channels_last),
     "aten": _conv_aten(None),
+    "kiln": _conv_kiln,
 }
 
 

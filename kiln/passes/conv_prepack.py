@@ -6,8 +6,9 @@ The post-ops oneDNN can apply inside its convolution are folded in: an added ten
 output's shape (a residual), then one unary op (relu, sigmoid, tanh, silu, gelu, leaky_relu,
 hardtanh; hardswish when the graph has it whole, which the core-ATen table does not leave). The implementation is measured per shape with
 its post-ops (kiln/autotune/gemm.py): oneDNN with the weight reordered once into its blocked
-layout and data in channels-last, ATen on channels-last data, or ATen as eager runs it, in which
-case the graph is left alone. Values after a channels-last convolution are channels-last too
+layout and data in channels-last, kiln's own kernel for depthwise convolutions (the post-ops in
+its store), ATen on channels-last data, or ATen as eager runs it, in which case the graph is left
+alone. Values after a channels-last convolution are channels-last too
 (`refresh_meta`), so the kernels between convolutions write the layout the next one reads.
 
 The layout is decided for the whole graph, not per convolution: in a graph of two or more such
@@ -114,7 +115,7 @@ def conv_prepack(gm: fx.GraphModule, target: Target) -> bool:
                  "residual" if other is not None else "", unary, impl)
         if impl == "aten":
             continue
-        if impl != "onednn":  # ATen on channels-last data: the post-ops stay kiln's kernels
+        if impl.startswith("aten"):  # ATen on channels-last data: the post-ops stay kiln's kernels
             last, other, (unary, scalars, algorithm) = conv, None, NO_POST_OP
         fused = insert(gm, last, torch.ops.kiln.conv.default, x, w, b, *conv_args, unary, scalars, algorithm or None,
                        other, impl)

@@ -46,6 +46,10 @@ extern "C" void kiln_gemm_f32(int64_t M, int64_t N, int64_t K, const void* a, in
                               int64_t ldc, const KilnGemmEpilogue* e, int64_t kc);
 extern "C" void kiln_gemm_bf16(int64_t M, int64_t N, int64_t K, const void* a, int64_t lda, const void* bp, void* c,
                                int64_t ldc, const KilnGemmEpilogue* e, int64_t kc);
+// kiln's depthwise convolution, in the same unit (kiln/externs/kiln_depthwise.py).
+extern "C" void kiln_depthwise_pack_f32(const float* w, int64_t C, int64_t taps, float* out);
+extern "C" void kiln_depthwise_f32(const int64_t* shape, const float* x, const float* wp, const float* bias,
+                                   const float* other, float* y, const KilnGemmEpilogue* e);
 
 namespace {
 
@@ -289,6 +293,37 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::
 
 // ---- kiln::conv (2-d) -----------------------------------------------------------------------------
 
+// kiln's own kernel, for depthwise convolutions (weight [C, 1, KH, KW], groups = C), channels-last.
+at::Tensor conv_depthwise(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias_in,
+                          const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
+                          const std::vector<int64_t>& dilation, const std::string& unary, const kiln_arg* scalars,
+                          int64_t n, const std::string& algorithm, const std::optional<at::Tensor>& other_in) {
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && weight.dim() == 4 && weight.size(1) == 1 && stride.size() == 2,
+              "kiln::conv: kiln's kernel runs float32 2-d depthwise convolutions only");
+  const int64_t C = weight.size(0), KH = weight.size(2), KW = weight.size(3);
+  at::Tensor wp = packed(weight, "kiln_depthwise", [&] {
+    at::Tensor w = weight.contiguous(), out = at::empty({KH * KW * C}, weight.options());
+    kiln_depthwise_pack_f32(w.data_ptr<float>(), C, KH * KW, out.data_ptr<float>());
+    return out;
+  });
+  at::Tensor x = x_in.contiguous(at::MemoryFormat::ChannelsLast);
+  const int64_t N = x.size(0), H = x.size(2), W = x.size(3);
+  const int64_t OH = (H + 2 * padding[0] - dilation[0] * (KH - 1) - 1) / stride[0] + 1;
+  const int64_t OW = (W + 2 * padding[1] - dilation[1] * (KW - 1) - 1) / stride[1] + 1;
+  at::Tensor y = at::empty({N, C, OH, OW}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  std::optional<at::Tensor> other, bias;
+  if (other_in) other = other_in->contiguous(at::MemoryFormat::ChannelsLast);
+  if (bias_in) bias = bias_in->contiguous();
+  float values[2] = {0.0f, 0.0f};
+  for (int64_t k = 0; k < n && k < 2; ++k) values[k] = static_cast<float>(scalar_value(scalars[k]));
+  KilnGemmEpilogue e{nullptr, nullptr, 0, 0, 0, 0, gemm_unary_code(unary, algorithm), values[0], values[1]};
+  const int64_t shape[14] = {N, H, W, C, KH, KW, OH, OW, stride[0], stride[1], padding[0], padding[1], dilation[0],
+                             dilation[1]};
+  kiln_depthwise_f32(shape, x.data_ptr<float>(), wp.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr,
+                     other ? other->data_ptr<float>() : nullptr, y.data_ptr<float>(), &e);
+  return y;
+}
+
 at::Tensor conv(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                 std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups,
                 const std::string& unary, const kiln_arg* scalars, int64_t n, const std::string& algorithm,
@@ -319,6 +354,8 @@ at::Tensor conv(const at::Tensor& x_in, const at::Tensor& weight, const std::opt
                                dilation, groups, std::string("add"), at::Scalar(1.0), unary_or_none,
                                scalar_list(scalars, n), algorithm_or_none});
   }
+  if (impl == "kiln") return conv_depthwise(x_in, weight, bias, stride, padding, dilation, unary, scalars, n, algorithm,
+                                            other);
   at::Tensor x = x_in, w = weight;
   if (impl == "aten_channels_last") {
     x = x_in.contiguous(at::MemoryFormat::ChannelsLast);

@@ -1,0 +1,108 @@
+"""kiln's depthwise convolution (kiln/native/include/kiln_depthwise.h): against torch's
+convolution on shapes with ragged channel vectors, strides, paddings, dilations and inputs too
+small for an unchecked block, with every epilogue (bias, an added tensor, the unary ops); offered
+to the autotuner for depthwise convolutions only; run by compiled models through both wrappers."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.autotune import gemm
+from kiln.backend import watch
+from kiln.externs import kiln_depthwise, prepacked
+from kiln.native import runtime
+from kiln.runtime import fallback
+
+UNARY = {"none": lambda y: y, "relu": F.relu, "gelu": F.gelu, "swish": F.silu, "hardswish": F.hardswish,
+         "sigmoid": torch.sigmoid, "tanh": torch.tanh, "hardtanh": lambda y: F.hardtanh(y, -0.5, 0.5)}
+SCALARS = {"hardtanh": [-0.5, 0.5]}
+
+# (batch, channels, height, width, kernel, stride, padding, dilation)
+SHAPES = [(1, 32, 17, 19, 3, 1, 1, 1), (2, 40, 9, 11, 5, 2, 2, 1), (1, 19, 8, 8, 7, 1, 3, 1), (1, 24, 10, 13, 3, 2, 0, 1),
+          (1, 16, 12, 12, 3, 1, 2, 2), (1, 64, 5, 5, 7, 1, 3, 1), (1, 7, 4, 3, 3, 1, 1, 1), (1, 33, 20, 21, 3, 1, 1, 1)]
+
+
+def _reference(x, w, b, s, p, d, other, unary):
+    y = F.conv2d(x, w, b, s, p, d, x.shape[1])
+    return UNARY[unary](y + other if other is not None else y)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_kiln_depthwise_matches_torch(shape):
+    n, c, h, w, k, s, p, d = shape
+    torch.manual_seed(c * h + k)
+    x, wt, b = torch.randn(n, c, h, w), torch.randn(c, 1, k, k), torch.randn(c)
+    packed = kiln_depthwise.pack(wt)
+    for unary, bias, with_other in itertools.product(UNARY, (b, None), (False, True)):
+        other = torch.randn_like(F.conv2d(x, wt, None, s, p, d, c)) if with_other else None
+        out = kiln_depthwise.conv(x, packed, (k, k), bias, (s, s), (p, p), (d, d), unary, SCALARS.get(unary, ()),
+                                  None, other)
+        assert out.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(out, _reference(x, wt, bias, s, p, d, other, unary), rtol=1e-5, atol=1e-5)
+
+
+def test_only_float32_depthwise_convolutions_apply():
+    x = torch.randn(1, 8, 6, 6)
+    assert kiln_depthwise.applies(x, torch.randn(8, 1, 3, 3), 8)
+    assert not kiln_depthwise.applies(x, torch.randn(16, 1, 3, 3), 8)  # two filters a channel
+    assert not kiln_depthwise.applies(x, torch.randn(8, 2, 3, 3), 4)  # grouped, not depthwise
+    assert not kiln_depthwise.applies(x.bfloat16(), torch.randn(8, 1, 3, 3).bfloat16(), 8)
+    with pytest.raises(RuntimeError, match="depthwise"):
+        prepacked.CONV_IMPLS["kiln"](x, torch.randn(8, 2, 3, 3), None, [1, 1], [1, 1], [1, 1], 4, "none", [], None,
+                                     None)
+
+
+def test_the_autotuner_offers_kiln_for_depthwise_convolutions_only(monkeypatch):
+    offered = []
+    monkeypatch.setattr(gemm, "choose", lambda op, signature, candidates, *a, **k: offered.append(list(candidates))
+                        or "onednn")
+    x, args = torch.randn(1, 8, 6, 6), ([1, 1], [1, 1], [1, 1])
+    gemm.choose_conv(x, False, torch.randn(8, 1, 3, 3), None, (*args, 8), "relu", [], None, None)
+    gemm.choose_conv(x, False, torch.randn(8, 8, 3, 3), None, (*args, 1), "relu", [], None, None)
+    assert "kiln" in offered[0] and "kiln" not in offered[1]
+    assert set(offered[0]) == set(prepacked.CONV_IMPLS)
+
+
+def test_the_runtime_and_python_forms_agree():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 24, 9, 9), torch.randn(24, 1, 3, 3), torch.randn(24)
+    other = torch.randn(2, 24, 5, 5).contiguous(memory_format=torch.channels_last)
+    for unary, with_other in itertools.product(("none", "relu", "hardswish"), (False, True)):
+        args = (x, w, b, [2, 2], [1, 1], [1, 1], 24, unary, [], None)
+        want = prepacked.CONV_IMPLS["kiln"](*args, other if with_other else None)
+        got = runtime.conv(*args, other if with_other else None, "kiln")
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+class _InvertedResidual(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.expand = torch.nn.Conv2d(8, 32, 1)
+        self.depthwise = torch.nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.project = torch.nn.Conv2d(32, 8, 1)
+
+    def forward(self, x):
+        return self.project(F.hardswish(self.depthwise(F.relu(self.expand(x))))) + x
+
+
+@pytest.mark.parametrize("cpp_wrapper", [True, False], ids=["cpp-wrapper", "python-wrapper"])
+def test_a_depthwise_block_runs_kilns_kernel(monkeypatch, cpp_wrapper):
+    # The autotuner's answer made kiln's wherever offered: the test checks the kernel in a model,
+    # not which implementation this machine's timing would pick.
+    pick = gemm.choose
+    monkeypatch.setattr(gemm, "choose", lambda op, signature, candidates, *a, **k: "kiln" if "kiln" in candidates
+                        else pick(op, signature, candidates, *a, **k))
+    torch.manual_seed(0)
+    model, x = _InvertedResidual().eval(), torch.randn(1, 8, 14, 14)
+    kiln.reset()
+    fallback.reset()
+    with torch.no_grad(), kiln.config.patch({"backend.cpp_wrapper": cpp_wrapper}), watch() as built:
+        torch.testing.assert_close(kiln.compile(model)(x), model(x), rtol=1e-4, atol=1e-4)
+    assert not fallback.FALLBACKS
+    graphs = [getattr(b, "runtime", b) for b in built]
+    impls = [step.argument("impl") for g in graphs for step in g.schedule.externs if str(step.op) == "kiln.conv.default"]
+    assert impls and "kiln" in impls
+    assert all((g.artifact.cpp_wrapper is not None) == cpp_wrapper for g in graphs)
