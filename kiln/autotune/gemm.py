@@ -211,9 +211,10 @@ def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: t
                 *, channels_last_only: bool = False) -> str:
     """The fastest `kiln::conv` implementation, post-ops included: ATen's convolution on the
     input as it arrives, ATen on channels-last data, oneDNN with a blocked weight and the
-    post-ops fused, or, for a depthwise convolution, kiln's own kernel. Input that arrives channels-last (from an earlier rewritten convolution)
-    leaves ATen's own layout out: its convolution on such data takes a slow path; so does
-    `channels_last_only`, where the graph's layout was decided for it (conv_prepack.py)."""
+    post-ops fused, or, for a depthwise convolution, kiln's own kernel. Input that arrives
+    channels-last (from an earlier rewritten convolution) leaves ATen's own layout out: its
+    convolution on such data takes a slow path; so does `channels_last_only`, where the graph's
+    layout was decided for it (conv_prepack.py)."""
     stride, padding, dilation, groups = conv_args
     arriving = torch.channels_last if x_channels_last else None
     r = _Inputs(x=(x, arriving), w=(w, None), bias=(bias, None), other=(other, arriving))
