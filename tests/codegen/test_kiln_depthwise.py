@@ -15,6 +15,7 @@ from kiln.backend import watch
 from kiln.externs import kiln_depthwise, prepacked
 from kiln.native import runtime
 from kiln.runtime import fallback
+from tests.kiln_backend import private_cache  # noqa: F401  (fixture: each test's own compile cache)
 
 UNARY = {"none": lambda y: y, "relu": F.relu, "gelu": F.gelu, "swish": F.silu, "hardswish": F.hardswish,
          "sigmoid": torch.sigmoid, "tanh": torch.tanh, "hardtanh": lambda y: F.hardtanh(y, -0.5, 0.5)}
