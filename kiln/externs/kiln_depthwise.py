@@ -13,6 +13,9 @@ import torch
 from kiln.externs import kiln_gemm
 
 
+_NO_POST_OP = kiln_gemm.Epilogue()  # all zero: no bias, no residual, the identity
+
+
 def applies(x: torch.Tensor, weight: torch.Tensor, groups: int, transposed: bool = False) -> bool:
     """Whether kiln's kernel runs this convolution: 2-d, float32, every channel its own group with
     one filter (weight [C, 1, KH, KW], groups = C)."""
@@ -45,9 +48,7 @@ def conv(x: torch.Tensor, packed_weight: torch.Tensor, kernel: tuple[int, int], 
         other = other.contiguous(memory_format=torch.channels_last)
     if bias is not None:
         bias = bias.contiguous()
-    name = "gelu_tanh" if unary == "gelu" and algorithm == "tanh" else unary
-    values = [float(s) for s in scalars] + [0.0, 0.0]
-    epilogue = kiln_gemm.Epilogue(None, None, 0, 0, 0, 0, kiln_gemm.UNARY_CODES[name], values[0], values[1])
+    epilogue = kiln_gemm.epilogue(None, unary, scalars, algorithm, None, torch.float32) or _NO_POST_OP
     shape = (ctypes.c_int64 * 14)(n, h, w, c, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw)
     kiln_gemm.library().kiln_depthwise_f32(shape, x.data_ptr(), packed_weight.data_ptr(),
                                            bias.data_ptr() if bias is not None else None,

@@ -103,8 +103,10 @@ def pack(b: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
 _EPILOGUES: dict[tuple, Epilogue] = {}
 
 
-def _epilogue(bias: torch.Tensor | None, unary: str, scalars: list | tuple, algorithm: str | None,
-              residual: torch.Tensor | None, out_dtype: torch.dtype) -> Epilogue | None:
+def epilogue(bias: torch.Tensor | None, unary: str, scalars: list | tuple, algorithm: str | None,
+             residual: torch.Tensor | None, out_dtype: torch.dtype) -> Epilogue | None:
+    """The Epilogue struct of these post-ops (kept for reuse where it holds no residual); None
+    for none at all. Also kiln's depthwise convolution's (kiln_depthwise.py)."""
     if bias is None and unary == "none" and residual is None and out_dtype == torch.float32:
         return None
     name = "gelu_tanh" if unary == "gelu" and algorithm == "tanh" else unary
@@ -113,7 +115,7 @@ def _epilogue(bias: torch.Tensor | None, unary: str, scalars: list | tuple, algo
     if residual is None and (found := _EPILOGUES.get(key)) is not None:
         return found
     values = [float(s) for s in scalars] + [0.0, 0.0]
-    epilogue = Epilogue(
+    made = Epilogue(
         key[0] or None, residual.data_ptr() if residual is not None else None,
         residual.stride(0) if residual is not None else 0, int(bias is not None and bias.dtype == torch.bfloat16),
         int(residual is not None and residual.dtype == torch.bfloat16), int(out_dtype == torch.bfloat16),
@@ -121,8 +123,8 @@ def _epilogue(bias: torch.Tensor | None, unary: str, scalars: list | tuple, algo
     if residual is None:
         if len(_EPILOGUES) > 4096:
             _EPILOGUES.clear()
-        _EPILOGUES[key] = epilogue
-    return epilogue
+        _EPILOGUES[key] = made
+    return made
 
 
 def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | None = None, unary: str = "none",
@@ -140,10 +142,10 @@ def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | Non
         residual = residual.contiguous()
     M, K = a.shape
     out = torch.empty((M, n), dtype=out_dtype or a.dtype)
-    epilogue = _epilogue(bias, unary, scalars, algorithm, residual, out.dtype)
+    post = epilogue(bias, unary, scalars, algorithm, residual, out.dtype)
     run = _GEMMS[a.dtype] if lib is None else getattr(lib, f"kiln_gemm_{_SUFFIX[a.dtype]}")
     run(M, n, K, a.data_ptr(), a.stride(0), packed_b.data_ptr(), out.data_ptr(), n,
-        ctypes.byref(epilogue) if epilogue is not None else None, K_BLOCK)
+        ctypes.byref(post) if post is not None else None, K_BLOCK)
     return out
 
 

@@ -230,6 +230,15 @@ int32_t gemm_unary_code(const std::string& unary, const std::string& algorithm) 
   return found->second;
 }
 
+// An epilogue of the unary op alone (its scalars: leaky_relu's slope, hardtanh's bounds).
+KilnGemmEpilogue unary_epilogue(const std::string& unary, const std::string& algorithm, const kiln_arg* scalars,
+                                int64_t n) {
+  KilnGemmEpilogue e{nullptr, nullptr, 0, 0, 0, 0, gemm_unary_code(unary, algorithm), 0.0f, 0.0f};
+  if (n > 0) e.scalar0 = static_cast<float>(scalar_value(scalars[0]));
+  if (n > 1) e.scalar1 = static_cast<float>(scalar_value(scalars[1]));
+  return e;
+}
+
 at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optional<at::Tensor>& bias_in,
                    const std::string& unary, const kiln_arg* scalars, int64_t n, const std::string& algorithm,
                    int64_t k_block) {
@@ -248,11 +257,10 @@ at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optio
   if (bias && bias->stride(0) != 1) bias = bias->contiguous();
   int64_t M = a.size(0);
   at::Tensor out = at::detail::empty_cpu({M, N}, a.scalar_type());
-  float values[2] = {0.0f, 0.0f};
-  for (int64_t k = 0; k < n && k < 2; ++k) values[k] = static_cast<float>(scalar_value(scalars[k]));
-  KilnGemmEpilogue e{bias ? bias->data_ptr() : nullptr, nullptr, 0,
-                     bias && bias->scalar_type() == at::kBFloat16, 0, bf16, gemm_unary_code(unary, algorithm),
-                     values[0], values[1]};
+  KilnGemmEpilogue e = unary_epilogue(unary, algorithm, scalars, n);
+  e.bias = bias ? bias->data_ptr() : nullptr;
+  e.bias_bf16 = bias && bias->scalar_type() == at::kBFloat16;
+  e.out_bf16 = bf16;
   bool plain = !bias && unary == "none" && !bf16;
   (bf16 ? kiln_gemm_bf16 : kiln_gemm_f32)(M, N, K, a.data_ptr(), a.stride(0), panels.data_ptr(), out.data_ptr(), N,
                                            plain ? nullptr : &e, k_block);
@@ -314,9 +322,7 @@ at::Tensor conv_depthwise(const at::Tensor& x_in, const at::Tensor& weight, cons
   std::optional<at::Tensor> other, bias;
   if (other_in) other = other_in->contiguous(at::MemoryFormat::ChannelsLast);
   if (bias_in) bias = bias_in->contiguous();
-  float values[2] = {0.0f, 0.0f};
-  for (int64_t k = 0; k < n && k < 2; ++k) values[k] = static_cast<float>(scalar_value(scalars[k]));
-  KilnGemmEpilogue e{nullptr, nullptr, 0, 0, 0, 0, gemm_unary_code(unary, algorithm), values[0], values[1]};
+  KilnGemmEpilogue e = unary_epilogue(unary, algorithm, scalars, n);
   const int64_t shape[14] = {N, H, W, C, KH, KW, OH, OW, stride[0], stride[1], padding[0], padding[1], dilation[0],
                              dilation[1]};
   kiln_depthwise_f32(shape, x.data_ptr<float>(), wp.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr,
