@@ -10,3 +10,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # private cache (xdist workers inherit the folder from the controller), never in the user's home.
 if not os.environ.get("KILN_RUNTIME_CACHE_DIR"):
     os.environ["KILN_RUNTIME_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-test-runtime-")
+
+# Every other cache a test run writes (compiled graphs, kernels, autotuning answers, Triton's
+# binaries) in one temporary folder too, shared by the run's tests: never the user's home, whose
+# entries from earlier runs would also turn a test's compile into a cache hit. Tests that need an
+# empty cache of their own patch `cache.dir` per test (tests/kiln_backend.py `private_cache`).
+if not os.environ.get("KILN_CACHE_DIR"):
+    os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-test-cache-")

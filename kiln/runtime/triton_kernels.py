@@ -100,22 +100,20 @@ def precompile(module: ModuleType, workers: int) -> None:
     except ImportError:
         return  # (each kernel compiles at its first launch)
     started = time.perf_counter()
-    failed: set[str] = set()
     try:
         with ThreadPoolExecutor(max(1, workers)) as pool, AsyncCompileMode(pool, ignore_errors=True):
             for warm_up in functions:
-                if not _warm_up_logged(warm_up):
-                    failed.add(warm_up.__name__)
-        # A compile that failed in the pool left no kernel behind (`ignore_errors`). Some such
-        # failures are the pool's own: CPython 3.11's `ast.parse`, which Triton calls for every
-        # kernel it compiles, keeps its recursion depth per interpreter, not per thread, so two
-        # threads parsing at once can raise "AST constructor recursion depth mismatch" (a
-        # SystemError; CPython issue 106905's family). A second, serial pass finds each kernel
-        # compiled in the jit function's cache, or compiles the missing ones on this thread,
-        # where a real error is raised and logged.
-        for warm_up in functions:
-            if warm_up.__name__ not in failed:
                 _warm_up_logged(warm_up)
+        # A compile that failed left no kernel behind (`ignore_errors`). Some such failures are
+        # the pool's own: CPython 3.11's `ast.parse`, which Triton calls for every kernel it
+        # compiles, keeps its recursion depth per interpreter, not per thread, so two threads
+        # parsing at once can raise "AST constructor recursion depth mismatch" (a SystemError;
+        # CPython issue 106905's family) -- in a pool thread, or in this one, whose warm-up
+        # parses while the pool's threads do. A second, serial pass over every kernel, with no
+        # other thread parsing, finds each compiled in its jit function's cache or compiles it
+        # now; a real error is raised again there and logged.
+        for warm_up in functions:
+            _warm_up_logged(warm_up)
     except Exception as error:  # noqa: BLE001 - an optimization: never the reason a graph fails to load
         logs.log("triton", "precompiling failed (%s: %s); kernels compile at their first launch", type(error).__name__, error)
         return

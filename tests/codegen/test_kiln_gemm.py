@@ -90,8 +90,8 @@ def test_operands_of_two_dtypes_are_refused():
                          ids=["avx2", "sse4", "avx512-no-bf16"])
 def test_other_isas(flags, tmp_path):
     """The register blocking and bfloat16 paths of ISAs narrower than this machine's (every x86
-    CPU kiln runs on has AVX2), built with their flags and run here. NEON is built on aarch64
-    machines only: not run on x86."""
+    CPU kiln runs on has AVX2), built with their flags and run here. NEON (aarch64) is
+    cross-compiled and run under qemu instead: test_neon_cross.py."""
     if "x86_64" not in subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout:
         pytest.skip("x86 ISAs")
     src, lib_path = tmp_path / "gemm.cpp", tmp_path / "gemm.so"

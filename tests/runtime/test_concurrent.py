@@ -51,8 +51,10 @@ def test_two_processes_compile_into_one_cache_and_a_third_reuses_it(tmp_path):
     libraries = _entries(cache, "cpp", ".so")
     assert questions and libraries
     assert a["measured"] + b["measured"] == len(questions)
-    built = [line for seen in (a, b) for line in seen["log"] if "C++ cache miss" in line]
-    assert len(built) == len(libraries)
+    # (kiln's own runtime libraries are built into the test run's runtime folder, not this cache,
+    # by these processes when no earlier test of the run has built them: once, too.)
+    built = [line.split()[3].rstrip(":") for seen in (a, b) for line in seen["log"] if "C++ cache miss" in line]
+    assert len(built) == len(set(built)) and {p.stem[:12] for p in libraries} <= set(built)
     for entry in [*questions, *libraries, *_entries(cache, "aot", ".pkl")]:
         assert disk_cache.read(entry) is not None, entry
     leftovers = [p for p in cache.rglob("*") if p.is_file() and not p.name.endswith((".json", ".so", ".pkl", ".sha256", ".lock"))]

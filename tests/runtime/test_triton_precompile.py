@@ -121,6 +121,26 @@ def test_a_compile_the_pool_loses_is_made_again_before_the_first_launch(h100_dri
     assert compiled == [] and found == len(graph.schedule.kernels)  # (... and was made again)
 
 
+def test_a_warm_up_that_fails_on_this_thread_while_the_pool_runs_is_made_again(h100_driver):
+    """The parse race above can hit the loading thread too, whose warm-up parses while the pool's
+    threads do: that kernel is compiled in the serial pass, not left to its launch."""
+    graph = _bert_graph()
+    module = triton_kernels.load_module(graph.stages.kernels.source, "cpu", interpret=False)
+    first, calls = module.KILN_PRECOMPILE[0], []
+
+    def racing():
+        calls.append(1)
+        if len(calls) == 1:
+            raise SystemError("AST constructor recursion depth mismatch (before=33, after=140)")
+        return first()
+
+    racing.__name__ = first.__name__
+    module.KILN_PRECOMPILE[0] = racing
+    triton_kernels.precompile(module, workers=2)
+    found, compiled = _launch_each_kernel(graph, module)
+    assert len(calls) == 2 and compiled == [] and found == len(graph.schedule.kernels)
+
+
 def test_a_kernel_that_fails_to_precompile_is_left_to_its_launch(h100_driver):
     graph = _bert_graph()
     module = triton_kernels.load_module(graph.stages.kernels.source, "cpu", interpret=False)

@@ -18,6 +18,13 @@
 #define KILN_VEC_BYTES 16
 #endif
 
+// g++ before 13 knows _Float16 in C++ on x86 only; kiln_half.h (included after this file) needs
+// just its conversions to and from float, which ARM's IEEE __fp16 makes the same way (round to
+// nearest even, in one instruction).
+#if defined(__aarch64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
+typedef __fp16 _Float16;
+#endif
+
 namespace kiln {
 constexpr int L = KILN_VEC_BYTES / 4;
 
