@@ -19,8 +19,7 @@ from typing import Callable
 import torch
 
 from kiln.autotune.choose import choose
-from kiln.externs import kiln_depthwise
-from kiln.externs.prepacked import CONV_IMPLS, MM_IMPLS, unary_aten, drop_packs
+from kiln.externs.prepacked import CONV_IMPLS, MM_IMPLS, drop_packs, kiln_conv_applies, unary_aten
 
 # Timing budget per question in seconds of timed runs (all candidates together), and the most
 # interleaved rounds: the default search, and mode="max-autotune"'s.
@@ -211,15 +210,15 @@ def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: t
                 *, channels_last_only: bool = False) -> str:
     """The fastest `kiln::conv` implementation, post-ops included: ATen's convolution on the
     input as it arrives, ATen on channels-last data, oneDNN with a blocked weight and the
-    post-ops fused, or, for a depthwise convolution, kiln's own kernel. Input that arrives
-    channels-last (from an earlier rewritten convolution) leaves ATen's own layout out: its
-    convolution on such data takes a slow path; so does `channels_last_only`, where the graph's
-    layout was decided for it (conv_prepack.py)."""
+    post-ops fused, or, for a depthwise or a 1x1 stride-1 convolution, kiln's own kernel (the
+    latter its GEMM). Input that arrives channels-last (from an earlier rewritten convolution)
+    leaves ATen's own layout out: its convolution on such data takes a slow path; so does
+    `channels_last_only`, where the graph's layout was decided for it (conv_prepack.py)."""
     stride, padding, dilation, groups = conv_args
     arriving = torch.channels_last if x_channels_last else None
     r = _Inputs(x=(x, arriving), w=(w, None), bias=(bias, None), other=(other, arriving))
     names = [n for n in CONV_IMPLS if not ((x_channels_last or channels_last_only) and n == "aten")
-             and (n != "kiln" or kiln_depthwise.applies(x, w, groups))]
+             and (n != "kiln" or kiln_conv_applies(x, w, stride, padding, dilation, groups))]
     candidates = {name: (lambda impl=CONV_IMPLS[name]: impl(
         r.x, r.w, r.bias, stride, padding, dilation, groups, unary, scalars, algorithm, r.other)) for name in names}
     signature = (tuple(x.shape), _strides(x, arriving), tuple(w.shape), str(x.dtype), bias is not None, tuple(stride),

@@ -225,7 +225,7 @@ class _Writer:
         handle = lambda t: t.name if t is not None else "nullptr"  # noqa: E731
         call = (f"kiln_conv({x.name}, {weight.name}, {handle(bias)}, st, pa, di, {len(stride)}, {int(groups)}L, "
                 f"{json.dumps(unary)}, l0, {len(scalars)}, {json.dumps(algorithm) if algorithm else 'nullptr'}, "
-                f"{handle(other)}, {json.dumps(impl)}, &{out.name})")
+                f"{handle(other)}, {json.dumps(impl)}, {kiln_gemm.K_BLOCK}, &{out.name})")
         self.body.append("{ " + " ".join([*lists, ints("st", stride), ints("pa", padding), ints("di", dilation),
                                           f"if ({call}) goto fail;"]) + " }")
 

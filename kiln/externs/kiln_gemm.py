@@ -34,7 +34,8 @@ class Epilogue(ctypes.Structure):
     """kiln_gemm::Epilogue, field by field."""
     _fields_ = [("bias", ctypes.c_void_p), ("residual", ctypes.c_void_p), ("ld_residual", ctypes.c_int64),
                 ("bias_bf16", ctypes.c_int32), ("residual_bf16", ctypes.c_int32), ("out_bf16", ctypes.c_int32),
-                ("unary", ctypes.c_int32), ("scalar0", ctypes.c_float), ("scalar1", ctypes.c_float)]
+                ("unary", ctypes.c_int32), ("scalar0", ctypes.c_float), ("scalar1", ctypes.c_float),
+                ("residual_before_unary", ctypes.c_int32)]
 
 
 def _entries() -> str:
@@ -104,9 +105,11 @@ _EPILOGUES: dict[tuple, Epilogue] = {}
 
 
 def epilogue(bias: torch.Tensor | None, unary: str, scalars: list | tuple, algorithm: str | None,
-             residual: torch.Tensor | None, out_dtype: torch.dtype) -> Epilogue | None:
+             residual: torch.Tensor | None, out_dtype: torch.dtype, residual_first: bool = False) -> Epilogue | None:
     """The Epilogue struct of these post-ops (kept for reuse where it holds no residual); None
-    for none at all. Also kiln's depthwise convolution's (kiln_depthwise.py)."""
+    for none at all. `residual_first`: the residual is added before the unary op, as a
+    convolution's added tensor is (kiln_conv1x1.py). Also kiln's depthwise convolution's
+    (kiln_depthwise.py)."""
     if bias is None and unary == "none" and residual is None and out_dtype == torch.float32:
         return None
     name = "gelu_tanh" if unary == "gelu" and algorithm == "tanh" else unary
@@ -119,7 +122,7 @@ def epilogue(bias: torch.Tensor | None, unary: str, scalars: list | tuple, algor
         key[0] or None, residual.data_ptr() if residual is not None else None,
         residual.stride(0) if residual is not None else 0, int(bias is not None and bias.dtype == torch.bfloat16),
         int(residual is not None and residual.dtype == torch.bfloat16), int(out_dtype == torch.bfloat16),
-        UNARY_CODES[name], values[0], values[1])
+        UNARY_CODES[name], values[0], values[1], int(residual is not None and residual_first))
     if residual is None:
         if len(_EPILOGUES) > 4096:
             _EPILOGUES.clear()
@@ -129,9 +132,12 @@ def epilogue(bias: torch.Tensor | None, unary: str, scalars: list | tuple, algor
 
 def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | None = None, unary: str = "none",
        scalars: list | tuple = (), residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-       algorithm: str | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """epilogue(a [M, K] @ B [K, n]) with B packed by `pack`: `unary(a @ B + bias) + residual`,
-    stored as `out_dtype` (a's dtype by default). `algorithm` "tanh" makes gelu the tanh form."""
+       algorithm: str | None = None, lib: ctypes.CDLL | None = None, residual_first: bool = False,
+       out: torch.Tensor | None = None) -> torch.Tensor:
+    """epilogue(a [M, K] @ B [K, n]) with B packed by `pack`: `unary(a @ B + bias) + residual`
+    (`residual_first`: `unary(a @ B + bias + residual)`), stored as `out_dtype` (a's dtype by
+    default) into a new tensor, or into `out` ([M, n], rows of unit stride). `algorithm` "tanh"
+    makes gelu the tanh form."""
     if a.dtype != packed_b.dtype or a.dtype not in DTYPES:
         raise RuntimeError(f"kiln's GEMM takes float32 or bfloat16 operands of one dtype, not {a.dtype} and {packed_b.dtype}")
     if a.dim() != 2 or a.stride(1) != 1:
@@ -141,10 +147,11 @@ def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | Non
     if residual is not None and residual.stride(-1) != 1:
         residual = residual.contiguous()
     M, K = a.shape
-    out = torch.empty((M, n), dtype=out_dtype or a.dtype)
-    post = epilogue(bias, unary, scalars, algorithm, residual, out.dtype)
+    if out is None:
+        out = torch.empty((M, n), dtype=out_dtype or a.dtype)
+    post = epilogue(bias, unary, scalars, algorithm, residual, out.dtype, residual_first)
     run = _GEMMS[a.dtype] if lib is None else getattr(lib, f"kiln_gemm_{_SUFFIX[a.dtype]}")
-    run(M, n, K, a.data_ptr(), a.stride(0), packed_b.data_ptr(), out.data_ptr(), n,
+    run(M, n, K, a.data_ptr(), a.stride(0), packed_b.data_ptr(), out.data_ptr(), out.stride(0),
         ctypes.byref(post) if post is not None else None, K_BLOCK)
     return out
 

@@ -10,7 +10,8 @@
 // fewer panels than threads would need, M too. Long K is cut in blocks, the outermost loop.
 //
 // The epilogue runs on the registers before the one store of C: bias, a unary op (the post-ops
-// oneDNN offers), a residual added after it, and a float32 or bfloat16 output.
+// oneDNN offers), a residual added after it (or before it: a convolution's added tensor), and a
+// float32 or bfloat16 output.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -53,6 +54,7 @@ struct Epilogue {
   int32_t bias_bf16, residual_bf16, out_bf16;  // element types: bfloat16, else float32
   int32_t unary;          // Unary
   float scalar0, scalar1; // leaky_relu's slope; hardtanh's bounds
+  int32_t residual_before_unary;  // unary(acc + bias + residual), as kiln::conv adds its `other`
 };
 
 // bfloat16 dot products in pairs of k (vdpbf16ps) where the CPU has them; elsewhere bfloat16 is
@@ -139,6 +141,7 @@ static inline void store_block(V (&acc)[R][NV], int rows, int cols, int64_t i0, 
   const bool out_bf16 = last && e && e->out_bf16;
   if (cols == NR) {  // a whole block (all but the last panel's): fixed-size loops, checks hoisted (short K makes them count)
     const bool bias = last && e && e->bias, act = last && e && e->unary, residual = last && e && e->residual;
+    const bool residual_first = residual && e->residual_before_unary;
     V bias_v[NV];
     if (bias)
 #pragma GCC unroll 8
@@ -148,8 +151,9 @@ static inline void store_block(V (&acc)[R][NV], int rows, int cols, int64_t i0, 
       for (int v = 0; v < NV; ++v) {
         V y = acc[r][v];
         if (bias) y += bias_v[v];
+        if (residual_first) y += load_n(at(e->residual, e->residual_bf16, (i0 + r) * e->ld_residual + j0 + v * L), e->residual_bf16, L);
         if (act) y = unary(y, *e);
-        if (residual) y += load_n(at(e->residual, e->residual_bf16, (i0 + r) * e->ld_residual + j0 + v * L), e->residual_bf16, L);
+        if (residual && !residual_first) y += load_n(at(e->residual, e->residual_bf16, (i0 + r) * e->ld_residual + j0 + v * L), e->residual_bf16, L);
         if (out_bf16) kiln::store_bf16(static_cast<kiln_bf16*>(c) + (i0 + r) * ldc + j0 + v * L, y);
         else kiln::store(static_cast<float*>(c) + (i0 + r) * ldc + j0 + v * L, y);
       }
@@ -165,8 +169,9 @@ static inline void store_block(V (&acc)[R][NV], int rows, int cols, int64_t i0, 
       V y = acc[r][v];
       if (last && e) {
         if (e->bias) y += load_n(at(e->bias, e->bias_bf16, j), e->bias_bf16, n);
+        if (e->residual && e->residual_before_unary) y += load_n(at(e->residual, e->residual_bf16, i * e->ld_residual + j), e->residual_bf16, n);
         if (e->unary) y = unary(y, *e);
-        if (e->residual) y += load_n(at(e->residual, e->residual_bf16, i * e->ld_residual + j), e->residual_bf16, n);
+        if (e->residual && !e->residual_before_unary) y += load_n(at(e->residual, e->residual_bf16, i * e->ld_residual + j), e->residual_bf16, n);
       }
       store_n(const_cast<void*>(at(c, out_bf16, i * ldc + j)), out_bf16, y, n);
     }

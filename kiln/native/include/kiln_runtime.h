@@ -69,10 +69,12 @@ KILN_API int kiln_mm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, const char*
 // kiln::conv(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other,
 // impl), 2-d, likewise: oneDNN's blocked weights per input shape (`onednn`, and
 // `onednn_into_other`, which writes over `other`), ATen channels-last or as given. `stride`,
-// `padding`, `dilation` have `spatial` elements; `bias` and `other` may be NULL.
+// `padding`, `dilation` have `spatial` elements; `bias` and `other` may be NULL; `k_block` as
+// kiln_mm's, for kiln's GEMM (`kiln`: depthwise convolutions, and 1x1 ones through the GEMM).
 KILN_API int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, const int64_t* stride, const int64_t* padding,
               const int64_t* dilation, int64_t spatial, int64_t groups, const char* unary, const kiln_arg* scalars,
-              int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl, kiln_tensor* out);
+              int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl, int64_t k_block,
+              kiln_tensor* out);
 // Packed weights the runtime holds (those of freed weights are dropped at the next pack).
 KILN_API int64_t kiln_packs_held(void);
 // Bytes of the packed forms held for `weight` now (as kiln/externs/prepacked.py counts them).

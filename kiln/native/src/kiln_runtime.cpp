@@ -37,6 +37,7 @@ struct KilnGemmEpilogue {
   int32_t bias_bf16, residual_bf16, out_bf16;
   int32_t unary;
   float scalar0, scalar1;
+  int32_t residual_before_unary;
 };
 extern "C" int64_t kiln_gemm_packed_elements_f32(int64_t K, int64_t N);
 extern "C" int64_t kiln_gemm_packed_elements_bf16(int64_t K, int64_t N);
@@ -233,7 +234,7 @@ int32_t gemm_unary_code(const std::string& unary, const std::string& algorithm) 
 // An epilogue of the unary op alone (its scalars: leaky_relu's slope, hardtanh's bounds).
 KilnGemmEpilogue unary_epilogue(const std::string& unary, const std::string& algorithm, const kiln_arg* scalars,
                                 int64_t n) {
-  KilnGemmEpilogue e{nullptr, nullptr, 0, 0, 0, 0, gemm_unary_code(unary, algorithm), 0.0f, 0.0f};
+  KilnGemmEpilogue e{nullptr, nullptr, 0, 0, 0, 0, gemm_unary_code(unary, algorithm), 0.0f, 0.0f, 0};
   if (n > 0) e.scalar0 = static_cast<float>(scalar_value(scalars[0]));
   if (n > 1) e.scalar1 = static_cast<float>(scalar_value(scalars[1]));
   return e;
@@ -330,10 +331,50 @@ at::Tensor conv_depthwise(const at::Tensor& x_in, const at::Tensor& weight, cons
   return y;
 }
 
+// kiln's GEMM, for 1x1 convolutions of stride 1 (kiln/externs/kiln_conv1x1.py): channels-last input
+// [N*H*W, C] @ weight [C, K], the added tensor before the unary op, written channels-last.
+bool conv_is_pointwise(const at::Tensor& weight, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
+                       int64_t groups) {
+  return weight.dim() == 4 && weight.size(2) == 1 && weight.size(3) == 1 && groups == 1 && stride.size() == 2 &&
+         stride[0] == 1 && stride[1] == 1 && padding[0] == 0 && padding[1] == 0;
+}
+
+at::Tensor conv_pointwise(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias_in,
+                          const std::string& unary, const kiln_arg* scalars, int64_t n, const std::string& algorithm,
+                          const std::optional<at::Tensor>& other_in, int64_t k_block) {
+  const bool bf16 = weight.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(x_in.scalar_type() == weight.scalar_type() && (bf16 || weight.scalar_type() == at::kFloat),
+              "kiln::conv: kiln's GEMM takes float32 or bfloat16 operands of one dtype");
+  const int64_t K = weight.size(0), C = weight.size(1);
+  at::Tensor panels = packed(weight, "kiln", [&] {
+    at::Tensor b = weight.reshape({K, C}).t();
+    at::Tensor out = at::empty({bf16 ? kiln_gemm_packed_elements_bf16(C, K) : kiln_gemm_packed_elements_f32(C, K)},
+                               weight.options());
+    (bf16 ? kiln_gemm_pack_bf16 : kiln_gemm_pack_f32)(b.data_ptr(), C, K, b.stride(0), b.stride(1), out.data_ptr());
+    return out;
+  });
+  at::Tensor x = x_in.contiguous(at::MemoryFormat::ChannelsLast);
+  const int64_t M = x.size(0) * x.size(2) * x.size(3);
+  at::Tensor y = at::empty({x.size(0), K, x.size(2), x.size(3)}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  std::optional<at::Tensor> other, bias;
+  if (other_in) other = other_in->contiguous(at::MemoryFormat::ChannelsLast);
+  if (bias_in) bias = bias_in->contiguous();
+  KilnGemmEpilogue e = unary_epilogue(unary, algorithm, scalars, n);
+  e.bias = bias ? bias->data_ptr() : nullptr;
+  e.bias_bf16 = bias && bias->scalar_type() == at::kBFloat16;
+  e.residual = other ? other->data_ptr() : nullptr;
+  e.ld_residual = K;  // (channels-last: a pixel's K channels, then the next pixel's)
+  e.residual_bf16 = other && other->scalar_type() == at::kBFloat16;
+  e.residual_before_unary = 1;
+  e.out_bf16 = bf16;
+  (bf16 ? kiln_gemm_bf16 : kiln_gemm_f32)(M, K, C, x.data_ptr(), C, panels.data_ptr(), y.data_ptr(), K, &e, k_block);
+  return y;
+}
+
 at::Tensor conv(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                 std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups,
                 const std::string& unary, const kiln_arg* scalars, int64_t n, const std::string& algorithm,
-                const std::optional<at::Tensor>& other, const std::string& impl) {
+                const std::optional<at::Tensor>& other, const std::string& impl, int64_t k_block) {
   c10::IValue algorithm_or_none = algorithm.empty() ? c10::IValue() : c10::IValue(algorithm);
   if (impl == "onednn" || impl == "onednn_into_other") {
     static auto reorder = find_op("mkldnn::_reorder_convolution_weight", "");
@@ -360,6 +401,8 @@ at::Tensor conv(const at::Tensor& x_in, const at::Tensor& weight, const std::opt
                                dilation, groups, std::string("add"), at::Scalar(1.0), unary_or_none,
                                scalar_list(scalars, n), algorithm_or_none});
   }
+  if (impl == "kiln" && conv_is_pointwise(weight, stride, padding, groups))
+    return conv_pointwise(x_in, weight, bias, unary, scalars, n, algorithm, other, k_block);
   if (impl == "kiln") return conv_depthwise(x_in, weight, bias, stride, padding, dilation, unary, scalars, n, algorithm,
                                             other);
   at::Tensor x = x_in, w = weight;
@@ -380,12 +423,13 @@ extern "C" {
 
 int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, const int64_t* stride, const int64_t* padding,
               const int64_t* dilation, int64_t spatial, int64_t groups, const char* unary, const kiln_arg* scalars,
-              int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl, kiln_tensor* out) {
+              int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl, int64_t k_block,
+              kiln_tensor* out) {
   return guarded([&] {
     auto optional = [](kiln_tensor t) { return t ? std::optional<at::Tensor>(tensor_of(t)) : std::nullopt; };
     std::vector<int64_t> s(stride, stride + spatial), p(padding, padding + spatial), d(dilation, dilation + spatial);
     *out = new_handle(conv(tensor_of(x), tensor_of(weight), optional(bias), s, p, d, groups, unary, scalars, nscalars,
-                           algorithm ? algorithm : "", optional(other), impl));
+                           algorithm ? algorithm : "", optional(other), impl, k_block));
   });
 }
 

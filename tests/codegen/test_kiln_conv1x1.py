@@ -1,0 +1,118 @@
+"""1x1 convolutions through kiln's GEMM (kiln/externs/kiln_conv1x1.py): against torch's convolution
+with ragged channel counts (K not a multiple of a panel, C not of a vector), pixel counts below
+and past a register block, every epilogue (bias, the added tensor before the unary op, the unary
+ops), float32 and bfloat16; offered to the autotuner for 1x1 stride-1 convolutions only; the
+runtime's form bit-equal to Python's; run by a compiled bottleneck block through both wrappers."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.autotune import gemm
+from kiln.backend import watch
+from kiln.externs import kiln_conv1x1, prepacked
+from kiln.native import runtime
+from kiln.runtime import fallback
+from tests.codegen.test_kiln_depthwise import SCALARS, UNARY
+from tests.kiln_backend import private_cache  # noqa: F401  (fixture: each test's own compile cache)
+
+# (batch, in channels, out channels, height, width)
+SHAPES = [(1, 19, 29, 7, 5), (2, 64, 100, 3, 3), (1, 8, 48, 1, 1), (1, 3, 5, 2, 7), (1, 96, 130, 14, 14)]
+ONE = ([1, 1], [0, 0], [1, 1])  # stride, padding, dilation
+
+
+def _reference(x, w, b, other, unary):
+    y = F.conv2d(x.double(), w.double(), None if b is None else b.double())
+    return UNARY[unary](y + other.double() if other is not None else y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_kiln_conv1x1_matches_torch(shape, dtype):
+    n, c, k, h, w = shape
+    torch.manual_seed(c * k + h)
+    x = torch.randn(n, c, h, w, dtype=dtype)
+    wt, b = (torch.randn(k, c, 1, 1) / c ** 0.5).to(dtype), torch.randn(k, dtype=dtype)
+    packed = kiln_conv1x1.pack(wt)
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    for unary, bias, with_other in itertools.product(UNARY, (b, None), (False, True)):
+        other = torch.randn(n, k, h, w, dtype=dtype) if with_other else None
+        out = kiln_conv1x1.conv(x, packed, k, bias, unary, SCALARS.get(unary, ()), None, other)
+        assert out.dtype == dtype and out.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(out.double(), _reference(x, wt, bias, other, unary), **tolerance)
+
+
+def test_only_1x1_stride_1_convolutions_apply():
+    x, w = torch.randn(1, 8, 6, 6), torch.randn(16, 8, 1, 1)
+    assert kiln_conv1x1.applies(x, w, *ONE, 1)
+    assert kiln_conv1x1.applies(x.bfloat16(), w.bfloat16(), *ONE, 1)
+    assert not kiln_conv1x1.applies(x, w, [2, 2], [0, 0], [1, 1], 1)  # strided: not every pixel
+    assert not kiln_conv1x1.applies(x, w, [1, 1], [1, 1], [1, 1], 1)  # padded: a border of bias
+    assert not kiln_conv1x1.applies(x, torch.randn(16, 4, 1, 1), *ONE, 2)  # grouped
+    assert not kiln_conv1x1.applies(x, torch.randn(16, 8, 3, 3), *ONE, 1)
+    assert not kiln_conv1x1.applies(x.double(), w.double(), *ONE, 1)
+    with pytest.raises(RuntimeError, match="1x1 stride-1"):
+        prepacked.CONV_IMPLS["kiln"](x, w, None, [2, 2], [0, 0], [1, 1], 1, "none", [], None, None)
+
+
+def test_the_autotuner_offers_kiln_for_1x1_stride_1_convolutions():
+    offered = []
+    pick = lambda op, signature, candidates, *a, **k: offered.append(list(candidates)) or "onednn"  # noqa: E731
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gemm, "choose", pick)
+        x = torch.randn(1, 8, 6, 6)
+        gemm.choose_conv(x, False, torch.randn(16, 8, 1, 1), None, (*ONE, 1), "relu", [], None, None)
+        gemm.choose_conv(x, False, torch.randn(16, 8, 1, 1), None, ([2, 2], [0, 0], [1, 1], 1), "relu", [], None, None)
+    assert set(offered[0]) == set(prepacked.CONV_IMPLS) and "kiln" not in offered[1]
+
+
+def test_the_runtime_and_python_forms_agree():
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w, b = torch.randn(2, 24, 9, 9, dtype=dtype), torch.randn(40, 24, 1, 1, dtype=dtype), torch.randn(40, dtype=dtype)
+        other = torch.randn(2, 40, 9, 9, dtype=dtype).contiguous(memory_format=torch.channels_last)
+        for unary, with_other in itertools.product(("none", "relu", "hardswish"), (False, True)):
+            args = (x, w, b, *ONE, 1, unary, [], None)
+            want = prepacked.CONV_IMPLS["kiln"](*args, other if with_other else None)
+            got = runtime.conv(*args, other if with_other else None, "kiln")
+            assert got.is_contiguous(memory_format=torch.channels_last)
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+class _Bottleneck(torch.nn.Module):
+    """ResNet's block: 1x1 down, 3x3, 1x1 up, the identity added before the last ReLU."""
+
+    def __init__(self):
+        super().__init__()
+        self.reduce = torch.nn.Conv2d(32, 8, 1)
+        self.conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.expand = torch.nn.Conv2d(8, 32, 1)
+
+    def forward(self, x):
+        return F.relu(self.expand(F.relu(self.conv(F.relu(self.reduce(x))))) + x)
+
+
+@pytest.mark.parametrize("cpp_wrapper", [True, False], ids=["cpp-wrapper", "python-wrapper"])
+def test_a_bottleneck_block_runs_kilns_gemm_for_its_1x1_convolutions(monkeypatch, cpp_wrapper):
+    # The autotuner's answer made kiln's wherever offered: the test checks the kernel in a model,
+    # not which implementation this machine's timing would pick.
+    pick = gemm.choose
+    monkeypatch.setattr(gemm, "choose", lambda op, signature, candidates, *a, **k: "kiln" if "kiln" in candidates
+                        else pick(op, signature, candidates, *a, **k))
+    torch.manual_seed(0)
+    model, x = _Bottleneck().eval(), torch.randn(1, 32, 7, 7)
+    kiln.reset()
+    fallback.reset()
+    with torch.no_grad(), kiln.config.patch({"backend.cpp_wrapper": cpp_wrapper}), watch() as built:
+        torch.testing.assert_close(kiln.compile(model)(x), model(x), rtol=1e-4, atol=1e-4)
+    assert not fallback.FALLBACKS
+    graphs = [getattr(b, "runtime", b) for b in built]
+    convs = [step for g in graphs for step in g.schedule.externs if str(step.op) == "kiln.conv.default"]
+    # Both 1x1 convolutions kiln's, the last with the identity and the ReLU inside; the 3x3 not.
+    assert sorted(step.argument("impl") == "kiln" for step in convs) == [False, True, True]
+    assert any(step.argument("impl") == "kiln" and step.argument("other") is not None and step.argument("unary") == "relu"
+               for step in convs)
+    assert all((g.artifact.cpp_wrapper is not None) == cpp_wrapper for g in graphs)
