@@ -29,13 +29,16 @@ _CTYPE = {"f32": "float", "bf16": "kiln_bf16"}
 # weights out of cache, 2048^3 included; shorter blocks cost more in C's partial sums).
 K_BLOCK = 1024
 
+LayerNorm = tuple  # (weight [N] | None, bias [N] | None, eps): a row normalization after the epilogue
+
 
 class Epilogue(ctypes.Structure):
     """kiln_gemm::Epilogue, field by field."""
     _fields_ = [("bias", ctypes.c_void_p), ("residual", ctypes.c_void_p), ("ld_residual", ctypes.c_int64),
                 ("bias_bf16", ctypes.c_int32), ("residual_bf16", ctypes.c_int32), ("out_bf16", ctypes.c_int32),
                 ("unary", ctypes.c_int32), ("scalar0", ctypes.c_float), ("scalar1", ctypes.c_float),
-                ("residual_before_unary", ctypes.c_int32)]
+                ("residual_before_unary", ctypes.c_int32), ("layer_norm", ctypes.c_int32), ("norm_eps", ctypes.c_float),
+                ("norm_weight", ctypes.c_void_p), ("norm_bias", ctypes.c_void_p)]
 
 
 def _entries() -> str:
@@ -133,11 +136,12 @@ def epilogue(bias: torch.Tensor | None, unary: str, scalars: list | tuple, algor
 def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | None = None, unary: str = "none",
        scalars: list | tuple = (), residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
        algorithm: str | None = None, lib: ctypes.CDLL | None = None, residual_first: bool = False,
-       out: torch.Tensor | None = None) -> torch.Tensor:
+       out: torch.Tensor | None = None, layer_norm: LayerNorm | None = None) -> torch.Tensor:
     """epilogue(a [M, K] @ B [K, n]) with B packed by `pack`: `unary(a @ B + bias) + residual`
     (`residual_first`: `unary(a @ B + bias + residual)`), stored as `out_dtype` (a's dtype by
     default) into a new tensor, or into `out` ([M, n], rows of unit stride). `algorithm` "tanh"
-    makes gelu the tanh form."""
+    makes gelu the tanh form. `layer_norm` (weight [n] or None, bias [n] or None, eps): each row
+    of that result then layer-normalized, float32 only."""
     if a.dtype != packed_b.dtype or a.dtype not in DTYPES:
         raise RuntimeError(f"kiln's GEMM takes float32 or bfloat16 operands of one dtype, not {a.dtype} and {packed_b.dtype}")
     if a.dim() != 2 or a.stride(1) != 1:
@@ -150,10 +154,28 @@ def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | Non
     if out is None:
         out = torch.empty((M, n), dtype=out_dtype or a.dtype)
     post = epilogue(bias, unary, scalars, algorithm, residual, out.dtype, residual_first)
+    if layer_norm is not None:
+        post = _with_layer_norm(post, out.dtype, *layer_norm)
     run = _GEMMS[a.dtype] if lib is None else getattr(lib, f"kiln_gemm_{_SUFFIX[a.dtype]}")
     run(M, n, K, a.data_ptr(), a.stride(0), packed_b.data_ptr(), out.data_ptr(), out.stride(0),
         ctypes.byref(post) if post is not None else None, K_BLOCK)
     return out
+
+
+def _with_layer_norm(post: Epilogue | None, out_dtype: torch.dtype, weight: torch.Tensor | None,
+                     bias: torch.Tensor | None, eps: float) -> Epilogue:
+    """A copy of `post` (which may be a shared, cached struct) that also layer-normalizes C's rows."""
+    if out_dtype != torch.float32 or any(t is not None and (t.dtype != torch.float32 or t.stride(0) != 1)
+                                         for t in (weight, bias)):
+        raise RuntimeError("kiln's GEMM normalizes rows of a float32 result only, with float32 weight and bias "
+                           "of unit stride")
+    made = Epilogue()
+    if post is not None:
+        ctypes.pointer(made)[0] = post
+    made.layer_norm, made.norm_eps = 1, eps
+    made.norm_weight = weight.data_ptr() if weight is not None else None
+    made.norm_bias = bias.data_ptr() if bias is not None else None
+    return made
 
 
 class _Gemms(dict):

@@ -23,6 +23,8 @@ aten, mkldnn, mkl = torch.ops.aten, torch.ops.mkldnn, torch.ops.mkl
 
 _lib = torch.library.Library("kiln", "DEF")
 _lib.define("mm(Tensor a, Tensor b, Tensor? bias, str unary, Scalar?[] scalars, str? algorithm, str impl) -> Tensor")
+_lib.define("mm_layer_norm(Tensor a, Tensor b, Tensor? bias, Tensor? residual, Tensor? weight, Tensor? norm_bias, "
+            "float eps) -> Tensor")
 _lib.define(
     "conv(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, "
     "str unary, Scalar?[] scalars, str? algorithm, Tensor? other, str impl) -> Tensor"
@@ -140,6 +142,19 @@ def _mm_fake(a, b, bias, unary, scalars, algorithm, impl):
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
+# ---- kiln::mm_layer_norm: layer_norm(a @ b + bias + residual) in kiln's GEMM ---------------------
+
+def _mm_layer_norm(a, b, bias, residual, weight, norm_bias, eps):
+    # The rows normalized in the GEMM's parallel region right after their store (kiln_gemm.h):
+    # no second pass over the product from memory, no kernel of its own (passes/gemm_layer_norm.py).
+    panels = packed(b, "kiln", lambda: kiln_gemm.pack(b))
+    return kiln_gemm.mm(a, panels, b.shape[1], bias, residual=residual, layer_norm=(weight, norm_bias, eps))
+
+
+def _mm_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
 # ---- kiln::conv: 2-d convolution with optional unary post-op and added tensor ----------------
 
 def _conv_aten(memory_format: torch.memory_format | None) -> Callable:
@@ -225,10 +240,12 @@ def _conv_fake(x, weight, bias, stride, padding, dilation, groups, unary, scalar
 
 # The compiled wrapper calls these Python functions directly (kiln/codegen/wrapper.py): the same
 # code the registered CPU kernels run, without ~20 µs of dispatch per call.
-DIRECT_CALLS: dict[str, Callable] = {"kiln::mm": _mm, "kiln::conv": _conv}
+DIRECT_CALLS: dict[str, Callable] = {"kiln::mm": _mm, "kiln::mm_layer_norm": _mm_layer_norm, "kiln::conv": _conv}
 
 _lib.impl("mm", _mm, "CPU")
 _lib.impl("conv", _conv, "CPU")
+_lib.impl("mm_layer_norm", _mm_layer_norm, "CPU")
 torch.library.register_fake("kiln::mm", _mm_fake, lib=_lib)
 torch.library.register_fake("kiln::conv", _conv_fake, lib=_lib)
+torch.library.register_fake("kiln::mm_layer_norm", _mm_layer_norm_fake, lib=_lib)
 

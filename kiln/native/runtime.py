@@ -119,6 +119,15 @@ def mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, unary: str, 
         algorithm.encode() if algorithm else None, impl.encode(), ctypes.c_int64(kiln_gemm.K_BLOCK), out))
 
 
+def mm_layer_norm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                  weight: torch.Tensor | None, norm_bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """The runtime's kiln::mm_layer_norm, called from Python (likewise)."""
+    from kiln.externs import kiln_gemm
+
+    return _native([a, b, bias, residual, weight, norm_bias], lambda h, out: library().kiln_mm_layer_norm(
+        *h, ctypes.c_double(eps), ctypes.c_int64(kiln_gemm.K_BLOCK), out))
+
+
 def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
          padding: Sequence[int], dilation: Sequence[int], groups: int, unary: str, scalars: Sequence[float],
          algorithm: str | None, other: torch.Tensor | None, impl: str) -> torch.Tensor:

@@ -10,7 +10,8 @@ whose result it can dump (`KILN_DEBUG_DIR`, `KILN_LOGS=passes`, `KILN_LOGS=compi
    returns whether it changed anything; the driver then recompiles the module's code. Rewrites get
    the `Target` (kiln/ir/target.py) so that a rewrite for one device or code generator can
    decline on others. The rewrites over frozen weights (conv_batchnorm, conv_prepack,
-   gemm_prepack) do nothing in graphs without frozen inputs (training, or freezing off).
+   gemm_prepack, gemm_layer_norm) do nothing in graphs without frozen inputs (training, or
+   freezing off).
 3. `SPLIT_CONSTANTS`: freezing's split of a graph with frozen inputs into a constants graph (run by
    the runtime once, and again when a frozen input changes) and the runtime graph that is lowered.
 """
@@ -31,6 +32,7 @@ from kiln.passes.conv_prepack import conv_prepack
 from kiln.passes.dead_code import dead_code
 from kiln.passes.dropout import dropout
 from kiln.passes.freeze import freeze
+from kiln.passes.gemm_layer_norm import gemm_layer_norm
 from kiln.passes.gemm_prepack import gemm_prepack
 from kiln.passes.redundant_casts import redundant_casts
 from kiln.passes.scatter_accumulate import scatter_accumulate
@@ -50,6 +52,7 @@ REWRITES: list[tuple[str, Rewrite]] = [
     ("conv_prepack", conv_prepack),
     ("bias_epilogue", bias_epilogue),
     ("gemm_prepack", gemm_prepack),
+    ("gemm_layer_norm", gemm_layer_norm),  # after gemm_prepack: the products it gave kiln's GEMM
     ("scatter_accumulate", scatter_accumulate),
     ("dead_code", dead_code),
 ]

@@ -11,9 +11,11 @@
 //
 // The epilogue runs on the registers before the one store of C: bias, a unary op (the post-ops
 // oneDNN offers), a residual added after it (or before it: a convolution's added tensor), and a
-// float32 or bfloat16 output.
+// float32 or bfloat16 output. A layer norm over each row of a float32 C may follow, in the same
+// parallel region once every thread has stored its tiles, while C is still in the caches.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <omp.h>
@@ -55,6 +57,10 @@ struct Epilogue {
   int32_t unary;          // Unary
   float scalar0, scalar1; // leaky_relu's slope; hardtanh's bounds
   int32_t residual_before_unary;  // unary(acc + bias + residual), as kiln::conv adds its `other`
+  int32_t layer_norm;     // then each row of C normalized in place: (row - mean) / sqrt(var + eps) * w + b
+  float norm_eps;
+  const float* norm_weight;  // [N] or null (1)
+  const float* norm_bias;    // [N] or null (0)
 };
 
 // bfloat16 dot products in pairs of k (vdpbf16ps) where the CPU has them; elsewhere bfloat16 is
@@ -329,6 +335,38 @@ static inline void range(int64_t total, int parts, int index, int64_t& lo, int64
   hi = lo + base + (index < extra ? 1 : 0);
 }
 
+// Rows [r0, r1) of a float32 C [., N] as layer norm makes them: mean and variance over the row
+// (two passes over the row, which is in L1/L2: just stored), then (x - mean) * rstd * w + b.
+// Lanes accumulate separately and are summed at the end, as a vectorized reduction kernel does.
+static inline void layer_norm_rows(float* c, int64_t ldc, int64_t N, int64_t r0, int64_t r1, const Epilogue& e) {
+  const int64_t whole = N / L * L;
+  for (int64_t i = r0; i < r1; ++i) {
+    float* row = c + i * ldc;
+    V sum{};
+    for (int64_t j = 0; j < whole; j += L) sum += kiln::load(row + j);
+    float total = 0.0f;
+    for (int l = 0; l < L; ++l) total += sum[l];
+    for (int64_t j = whole; j < N; ++j) total += row[j];
+    const float mean = total / float(N);
+    V squares{};
+    for (int64_t j = 0; j < whole; j += L) {
+      V d = kiln::load(row + j) - mean;
+      squares += d * d;
+    }
+    float var = 0.0f;
+    for (int l = 0; l < L; ++l) var += squares[l];
+    for (int64_t j = whole; j < N; ++j) var += (row[j] - mean) * (row[j] - mean);
+    const float rstd = 1.0f / std::sqrt(var / float(N) + e.norm_eps);
+    for (int64_t j = 0; j < N; j += L) {
+      const int n = int(std::min<int64_t>(L, N - j));
+      V y = (load_n(row + j, false, n) - mean) * rstd;
+      if (e.norm_weight) y *= load_n(e.norm_weight + j, false, n);
+      if (e.norm_bias) y += load_n(e.norm_bias + j, false, n);
+      store_n(row + j, false, y, n);
+    }
+  }
+}
+
 // C [M, N] (row stride ldc) = epilogue(A [M, K] (row stride lda) @ B), B packed by pack_b.
 // K is cut in equal blocks of at most kc (0: not cut; partial sums live in C, so only a float32 C
 // is cut). For each K block, each thread runs its panels one by one, and over each panel's block
@@ -375,6 +413,12 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
           }
         }
       }
+    }
+    if (e && e->layer_norm) {  // every row whole once all threads have stored their panels
+#pragma omp barrier
+      int64_t n0, n1;
+      range(M, omp_get_num_threads(), id, n0, n1);
+      layer_norm_rows(static_cast<float*>(c), ldc, N, n0, n1, *e);
     }
   }
 }

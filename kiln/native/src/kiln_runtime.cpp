@@ -38,6 +38,10 @@ struct KilnGemmEpilogue {
   int32_t unary;
   float scalar0, scalar1;
   int32_t residual_before_unary;
+  int32_t layer_norm;
+  float norm_eps;
+  const float* norm_weight;
+  const float* norm_bias;
 };
 extern "C" int64_t kiln_gemm_packed_elements_f32(int64_t K, int64_t N);
 extern "C" int64_t kiln_gemm_packed_elements_bf16(int64_t K, int64_t N);
@@ -240,6 +244,18 @@ KilnGemmEpilogue unary_epilogue(const std::string& unary, const std::string& alg
   return e;
 }
 
+// B [K, N] (any strides) in kiln's GEMM's panels, packed once per weight.
+at::Tensor kiln_panels(const at::Tensor& b) {
+  const bool bf16 = b.scalar_type() == at::kBFloat16;
+  const int64_t K = b.size(0), N = b.size(1);
+  return packed(b, "kiln", [&] {
+    at::Tensor out = at::empty({bf16 ? kiln_gemm_packed_elements_bf16(K, N) : kiln_gemm_packed_elements_f32(K, N)},
+                               b.options());
+    (bf16 ? kiln_gemm_pack_bf16 : kiln_gemm_pack_f32)(b.data_ptr(), K, N, b.stride(0), b.stride(1), out.data_ptr());
+    return out;
+  });
+}
+
 at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optional<at::Tensor>& bias_in,
                    const std::string& unary, const kiln_arg* scalars, int64_t n, const std::string& algorithm,
                    int64_t k_block) {
@@ -247,12 +263,7 @@ at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optio
   TORCH_CHECK(a_in.scalar_type() == b.scalar_type() && (bf16 || b.scalar_type() == at::kFloat),
               "kiln's GEMM takes float32 or bfloat16 operands of one dtype");
   int64_t K = b.size(0), N = b.size(1);
-  at::Tensor panels = packed(b, "kiln", [&] {
-    at::Tensor out = at::empty({bf16 ? kiln_gemm_packed_elements_bf16(K, N) : kiln_gemm_packed_elements_f32(K, N)},
-                               b.options());
-    (bf16 ? kiln_gemm_pack_bf16 : kiln_gemm_pack_f32)(b.data_ptr(), K, N, b.stride(0), b.stride(1), out.data_ptr());
-    return out;
-  });
+  at::Tensor panels = kiln_panels(b);
   at::Tensor a = a_in.dim() == 2 && a_in.stride(1) == 1 ? a_in : a_in.contiguous();
   std::optional<at::Tensor> bias = bias_in;
   if (bias && bias->stride(0) != 1) bias = bias->contiguous();
@@ -265,6 +276,35 @@ at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optio
   bool plain = !bias && unary == "none" && !bf16;
   (bf16 ? kiln_gemm_bf16 : kiln_gemm_f32)(M, N, K, a.data_ptr(), a.stride(0), panels.data_ptr(), out.data_ptr(), N,
                                            plain ? nullptr : &e, k_block);
+  return out;
+}
+
+// layer_norm(a @ b + bias + residual) over rows, float32, in kiln's GEMM (kiln/externs/prepacked.py
+// `_mm_layer_norm`): the rows normalized in the GEMM's parallel region after their store.
+at::Tensor mm_layer_norm(const at::Tensor& a_in, const at::Tensor& b, const std::optional<at::Tensor>& bias_in,
+                         const std::optional<at::Tensor>& residual_in, const std::optional<at::Tensor>& weight_in,
+                         const std::optional<at::Tensor>& norm_bias_in, double eps, int64_t k_block) {
+  TORCH_CHECK(a_in.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat,
+              "kiln::mm_layer_norm: float32 operands only");
+  const int64_t K = b.size(0), N = b.size(1);
+  at::Tensor panels = kiln_panels(b);
+  at::Tensor a = a_in.dim() == 2 && a_in.stride(1) == 1 ? a_in : a_in.contiguous();
+  auto unit = [](const std::optional<at::Tensor>& t) {
+    return t && t->stride(-1) != 1 ? std::optional<at::Tensor>(t->contiguous()) : t;
+  };
+  std::optional<at::Tensor> bias = unit(bias_in), residual = unit(residual_in), weight = unit(weight_in),
+                            norm_bias = unit(norm_bias_in);
+  const int64_t M = a.size(0);
+  at::Tensor out = at::detail::empty_cpu({M, N}, at::kFloat);
+  KilnGemmEpilogue e{};
+  e.bias = bias ? bias->data_ptr() : nullptr;
+  e.residual = residual ? residual->data_ptr() : nullptr;
+  e.ld_residual = residual ? residual->stride(0) : 0;
+  e.layer_norm = 1;
+  e.norm_eps = static_cast<float>(eps);
+  e.norm_weight = weight ? weight->data_ptr<float>() : nullptr;
+  e.norm_bias = norm_bias ? norm_bias->data_ptr<float>() : nullptr;
+  kiln_gemm_f32(M, N, K, a.data_ptr(), a.stride(0), panels.data_ptr(), out.data_ptr(), N, &e, k_block);
   return out;
 }
 
@@ -430,6 +470,15 @@ int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, const int64_t
     std::vector<int64_t> s(stride, stride + spatial), p(padding, padding + spatial), d(dilation, dilation + spatial);
     *out = new_handle(conv(tensor_of(x), tensor_of(weight), optional(bias), s, p, d, groups, unary, scalars, nscalars,
                            algorithm ? algorithm : "", optional(other), impl, k_block));
+  });
+}
+
+int kiln_mm_layer_norm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, kiln_tensor residual, kiln_tensor weight,
+                       kiln_tensor norm_bias, double eps, int64_t k_block, kiln_tensor* out) {
+  return guarded([&] {
+    auto optional = [](kiln_tensor t) { return t ? std::optional<at::Tensor>(tensor_of(t)) : std::nullopt; };
+    *out = new_handle(mm_layer_norm(tensor_of(a), tensor_of(b), optional(bias), optional(residual), optional(weight),
+                                    optional(norm_bias), eps, k_block));
   });
 }
 

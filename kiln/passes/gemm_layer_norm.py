@@ -1,0 +1,128 @@
+"""A layer norm over the rows of kiln's GEMM (plus a bias and a residual) runs inside the GEMM:
+
+    layer_norm(view(kiln::mm(a, b, None, "none", "kiln")) + bias + residual, [N], w, beta, eps)
+        -> view(kiln::mm_layer_norm(a, b, bias, view(residual, [M, N]), w, beta, eps))
+
+as in a post-norm transformer's two sublayer outputs (BERT, DistilBERT). kiln's GEMM normalizes
+each row in its own parallel region once every thread has stored its tiles (kiln_gemm.h), while
+the product is in the caches, instead of a reduction kernel reading it back after the GEMM
+returns. Only where the autotuner gave the product to kiln's GEMM (gemm_prepack runs first), in
+float32, with static sizes, and where the sum feeds nothing but the norm (a pre-norm model's
+residual stream is read again later: left as it is). The terms of the sum may come in any order.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx
+
+from kiln import logs
+from kiln.ir.target import Target
+from kiln.passes.constants import ConstantSet, has_frozen_inputs
+from kiln.passes.pattern import arguments, insert, remove_dead
+from kiln.passes.post_ops import only_user
+
+aten = torch.ops.aten
+_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def _val(node: object) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _beneath(node: fx.Node) -> fx.Node:
+    """`node`'s value under single-use reshapes and clones that keep its layout (an inference
+    graph's dropout is a clone): the same elements in the same order."""
+    while node.op == "call_function" and len(node.users) == 1 and (
+            node.target in _RESHAPES or (node.target is aten.clone.default
+                                         and node.kwargs.get("memory_format") in (None, torch.preserve_format))):
+        node = node.args[0]
+    return node
+
+
+def _is_add(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is aten.add.Tensor and arguments(node)[2] == 1
+
+
+def _terms(node: fx.Node) -> list[fx.Node]:
+    """The addends of a tree of single-use `add`s (through reshapes and clones) rooted at `node`."""
+    if not _is_add(node) or not all(isinstance(a, fx.Node) for a in node.args[:2]):
+        return [node]
+    terms = []
+    for operand in node.args[:2]:
+        inner = _beneath(operand) if len(operand.users) == 1 else operand
+        terms += _terms(inner) if _is_add(inner) and len(inner.users) == 1 else [operand]
+    return terms
+
+
+def _kiln_product(node: fx.Node) -> fx.Node | None:
+    """The plain kiln-GEMM `kiln::mm` that `node` is (under single-use reshapes), else None."""
+    node = _beneath(node)
+    if node.op != "call_function" or node.target is not torch.ops.kiln.mm.default or len(node.users) != 1:
+        return None
+    a, b, bias, unary, _, _, impl = arguments(node)
+    return node if impl == "kiln" and unary == "none" and bias is None else None
+
+
+def _vector(node: object, n: int, constants: ConstantSet) -> bool:
+    val = _val(node)
+    return val is not None and node in constants and tuple(val.shape) == (n,) and val.dtype == torch.float32
+
+
+def _fusion(norm: fx.Node, constants: ConstantSet) -> dict | None:
+    """What the fused call takes, when `norm` (a native_layer_norm) normalizes a kiln product's sum."""
+    x, shape, weight, norm_bias, eps = arguments(norm)
+    getitems = list(norm.users)
+    if len(getitems) != 1 or getitems[0].target is not operator.getitem or getitems[0].args[1] != 0:
+        return None  # (mean and rstd are read: training, or a norm whose statistics are reused)
+    sum_val = _val(x)
+    if sum_val is None or sum_val.dtype != torch.float32 or not all(isinstance(s, int) for s in sum_val.shape):
+        return None
+    n = sum_val.shape[-1]
+    if len(x.users) != 1 or list(shape) != [n] or not all(v is None or _vector(v, n, constants) for v in (weight, norm_bias)):
+        return None
+    terms = _terms(x)
+    products = [p for p in map(_kiln_product, terms) if p is not None]
+    if len(terms) > 3 or len(products) != 1:
+        return None
+    (product,) = products
+    if _val(product).numel() != sum_val.numel():
+        return None  # (the product broadcast against a larger addend)
+    others = [t for t in terms if _kiln_product(t) is None]
+    bias = [t for t in others if _vector(t, n, constants)]
+    residual = [t for t in others if t not in bias and _val(t) is not None and _val(t).numel() == sum_val.numel()
+                and _val(t).shape[-1] == n and _val(t).dtype == torch.float32 and _val(t).is_contiguous()]
+    if len(bias) > 1 or len(residual) > 1 or len(bias) + len(residual) != len(others):
+        return None
+    a, b = product.args[:2]
+    return {"a": a, "b": b, "bias": bias[0] if bias else None, "residual": residual[0] if residual else None,
+            "weight": weight, "norm_bias": norm_bias, "eps": eps, "out": getitems[0], "shape": list(sum_val.shape),
+            "rows": _val(product).shape[0]}
+
+
+def gemm_layer_norm(gm: fx.GraphModule, target: Target) -> bool:
+    if target.device != "cpu" or not has_frozen_inputs(gm):
+        return False
+    constants = ConstantSet(gm)
+    changed = False
+    for norm in list(gm.graph.nodes):
+        if norm.op != "call_function" or norm.target is not aten.native_layer_norm.default:
+            continue
+        found = _fusion(norm, constants)
+        if found is None:
+            continue
+        out, n = found["out"], found["shape"][-1]
+        residual = found["residual"]
+        if residual is not None:
+            residual = insert(gm, out, aten.view.default, residual, [found["rows"], n])
+        fused = insert(gm, out, torch.ops.kiln.mm_layer_norm.default, found["a"], found["b"], found["bias"], residual,
+                       found["weight"], found["norm_bias"], found["eps"])
+        shaped = insert(gm, out, aten.view.default, fused, found["shape"])
+        out.replace_all_uses_with(shaped)
+        remove_dead(gm, [out])
+        logs.log("freezing", "%s: layer norm inside kiln's GEMM %s", norm.name, tuple(found["shape"]))
+        changed = True
+    return changed

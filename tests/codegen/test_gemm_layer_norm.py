@@ -1,0 +1,136 @@
+"""A layer norm inside kiln's GEMM (kiln_gemm.h `layer_norm_rows`, kiln::mm_layer_norm,
+passes/gemm_layer_norm.py): the kernel against a float64 layer norm of a float64 product on
+ragged shapes and K blocks, with and without each of the GEMM's bias, the residual, the norm's
+weight and bias; the runtime's form bit-equal to Python's; the pass fusing a post-norm block's
+sublayer output and nothing else (a pre-norm block's sum is read again; a bfloat16 block; a
+product another GEMM implementation computes); compiled blocks through both wrappers."""
+
+import ctypes
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.autotune import gemm
+from kiln.backend import watch
+from kiln.externs import kiln_gemm
+from kiln.native import runtime
+from kiln.runtime import fallback
+from tests.codegen.test_kiln_gemm import SHAPES, _operands
+from tests.kiln_backend import private_cache  # noqa: F401  (fixture: each test's own compile cache)
+
+
+def _reference(a, b, bias, residual, weight, norm_bias, eps):
+    y = a.double() @ b.double()
+    y = y + bias.double() if bias is not None else y
+    y = y + residual.double() if residual is not None else y
+    as_double = lambda t: t.double() if t is not None else None  # noqa: E731
+    return F.layer_norm(y, (y.shape[-1],), as_double(weight), as_double(norm_bias), eps)
+
+
+@pytest.mark.parametrize("shape", [*SHAPES, (128, 3072, 768)], ids=lambda s: "x".join(map(str, s)))
+def test_the_normalized_rows_match_a_float64_layer_norm(shape):
+    m, k, n = shape
+    a, b, bias, residual = _operands(m, k, n, torch.float32, seed=m + k + n)
+    g = torch.Generator().manual_seed(n)
+    weight, norm_bias = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    panels = kiln_gemm.pack(b)
+    for use_bias, use_residual, use_weight, use_norm_bias in itertools.product((False, True), repeat=4):
+        args = (bias if use_bias else None, residual if use_residual else None, weight if use_weight else None,
+                norm_bias if use_norm_bias else None)
+        out = kiln_gemm.mm(a, panels, n, args[0], residual=args[1], layer_norm=(args[2], args[3], 1e-5))
+        # A row of one element normalizes to exactly zero (plus the norm's bias) either way.
+        torch.testing.assert_close(out.double(), _reference(a, b, *args, 1e-5), rtol=1e-4, atol=1e-4)
+
+
+def test_k_blocks_finish_before_the_rows_are_normalized():
+    a, b, bias, residual = _operands(33, 70, 29, torch.float32, seed=3)
+    panels = kiln_gemm.pack(b)
+    want = kiln_gemm.mm(a, panels, 29, bias, residual=residual, layer_norm=(None, None, 1e-6))
+    torch.testing.assert_close(want.double(), _reference(a, b, bias, residual, None, None, 1e-6), rtol=1e-4, atol=1e-4)
+    # K = 70 is one block at the default K_BLOCK; called directly, cut in blocks of 16.
+    out = torch.empty(33, 29)
+    post = kiln_gemm._with_layer_norm(kiln_gemm.epilogue(bias, "none", (), None, residual, torch.float32), torch.float32,
+                                      None, None, 1e-6)
+    kiln_gemm.library().kiln_gemm_f32(33, 29, 70, a.data_ptr(), a.stride(0), panels.data_ptr(),
+                                      out.data_ptr(), 29, ctypes.byref(post), 16)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_only_float32_results_are_normalized():
+    a, b, _, _ = _operands(4, 8, 16, torch.bfloat16, seed=0)
+    with pytest.raises(RuntimeError, match="float32"):
+        kiln_gemm.mm(a, kiln_gemm.pack(b), 16, layer_norm=(None, None, 1e-5))
+
+
+def test_the_runtime_and_python_forms_agree():
+    a, b, bias, residual = _operands(50, 96, 100, torch.float32, seed=1)
+    weight, norm_bias = torch.randn(100), torch.randn(100)
+    for args in [(bias, residual, weight, norm_bias), (None, None, None, None), (bias, None, weight, None)]:
+        want = torch.ops.kiln.mm_layer_norm(a, b, *args, 1e-12)
+        torch.testing.assert_close(runtime.mm_layer_norm(a, b, *args, 1e-12), want, rtol=0, atol=0)
+
+
+class _PostNorm(torch.nn.Module):
+    """A transformer sublayer's output as BERT has it: LayerNorm(dropout(dense(h)) + x)."""
+
+    def __init__(self, pre_norm: bool = False):
+        super().__init__()
+        self.dense, self.norm, self.dropout, self.pre_norm = torch.nn.Linear(64, 48), torch.nn.LayerNorm(48), \
+            torch.nn.Dropout(0.1), pre_norm
+
+    def forward(self, h, x):
+        total = self.dropout(self.dense(h)) + x
+        return (self.norm(total), total) if self.pre_norm else self.norm(total)
+
+
+def _fused_calls(model, *inputs, cpp_wrapper=True):
+    kiln.reset()
+    fallback.reset()
+    with torch.no_grad(), kiln.config.patch({"backend.cpp_wrapper": cpp_wrapper}), watch() as built:
+        torch.testing.assert_close(kiln.compile(model)(*inputs), model(*inputs), rtol=1e-4, atol=1e-4)
+    assert not fallback.FALLBACKS
+    graphs = [getattr(b, "runtime", b) for b in built]
+    assert all((g.artifact.cpp_wrapper is not None) == cpp_wrapper for g in graphs)
+    return sum(1 for g in graphs for s in g.schedule.externs if s.op is torch.ops.kiln.mm_layer_norm.default)
+
+
+@pytest.fixture
+def kiln_gemm_wherever_offered(monkeypatch):
+    # The autotuner's answer made kiln's GEMM: the test checks the fusion, not this machine's choice.
+    pick = gemm.choose
+    monkeypatch.setattr(gemm, "choose", lambda op, signature, candidates, *a, **k: "kiln" if "kiln" in candidates
+                        else pick(op, signature, candidates, *a, **k))
+
+
+@pytest.mark.parametrize("cpp_wrapper", [True, False], ids=["cpp-wrapper", "python-wrapper"])
+def test_a_post_norm_sublayer_normalizes_inside_the_gemm(kiln_gemm_wherever_offered, cpp_wrapper):
+    torch.manual_seed(0)
+    model, h, x = _PostNorm().eval(), torch.randn(1, 10, 64), torch.randn(1, 10, 48)
+    assert _fused_calls(model, h, x, cpp_wrapper=cpp_wrapper) == 1
+
+
+def test_a_pre_norm_sum_read_again_is_left_alone(kiln_gemm_wherever_offered):
+    torch.manual_seed(0)
+    assert _fused_calls(_PostNorm(pre_norm=True).eval(), torch.randn(1, 10, 64), torch.randn(1, 10, 48)) == 0
+
+
+def test_a_bfloat16_sublayer_is_left_alone(kiln_gemm_wherever_offered):
+    torch.manual_seed(0)
+    model = _PostNorm().eval().to(torch.bfloat16)
+    inputs = torch.randn(1, 10, 64, dtype=torch.bfloat16), torch.randn(1, 10, 48, dtype=torch.bfloat16)
+    kiln.reset()
+    with torch.no_grad(), watch() as built:
+        torch.testing.assert_close(kiln.compile(model)(*inputs), model(*inputs), rtol=2e-2, atol=2e-2)
+    graphs = [getattr(b, "runtime", b) for b in built]
+    assert not any(s.op is torch.ops.kiln.mm_layer_norm.default for g in graphs for s in g.schedule.externs)
+
+
+def test_a_product_of_another_implementation_is_left_alone(monkeypatch):
+    pick = gemm.choose
+    monkeypatch.setattr(gemm, "choose", lambda op, signature, candidates, *a, **k: "onednn" if "onednn" in candidates
+                        else pick(op, signature, candidates, *a, **k))
+    torch.manual_seed(0)
+    assert _fused_calls(_PostNorm().eval(), torch.randn(1, 10, 64), torch.randn(1, 10, 48)) == 0
