@@ -158,7 +158,7 @@ class _Writer:
         if step.op is torch.ops.kiln.conv.default:
             self._kiln_conv(values, step.outputs)
             return
-        if step.op is torch.ops.kiln.mm_layer_norm.default:
+        if step.op in (torch.ops.kiln.mm_layer_norm.default, torch.ops.kiln.mm_add_layer_norm.default):
             self._kiln_mm_layer_norm(values, step.outputs)
             return
         if step.op is torch.ops.aten.as_strided.default and self._reinterpret(values, step.outputs[0]):
@@ -213,14 +213,18 @@ class _Writer:
         self.body.append("{ " + " ".join([*lists, f"if ({call}) goto fail;"]) + " }")
 
     def _kiln_mm_layer_norm(self, values: list[Any], outs: list[Buffer | None]) -> None:
-        """kiln::mm_layer_norm through the runtime's own implementation, likewise."""
+        """kiln::mm_layer_norm, and kiln::mm_add_layer_norm (outputs: the sum, the norm), through
+        the runtime's own implementation, likewise."""
         *tensors, eps = values
         if not all(t is None or isinstance(t, Buffer) for t in tensors) or tensors[0] is None or tensors[1] is None:
             raise NotImplementedError("a C++ wrapper calling kiln::mm_layer_norm on constants")
-        out = outs[0]
-        self.handles.append(out.name)
+        if any(o is None for o in outs):
+            raise NotImplementedError("a C++ wrapper calling kiln::mm_add_layer_norm with an output unused")
+        self.handles += [o.name for o in outs]
+        normed, total = (outs[1], f"&{outs[0].name}") if len(outs) == 2 else (outs[0], "nullptr")
         handles = ", ".join(t.name if t is not None else "nullptr" for t in tensors)
-        self.body.append(f"if (kiln_mm_layer_norm({handles}, {float(eps)!r}, {kiln_gemm.K_BLOCK}, &{out.name})) goto fail;")
+        self.body.append(f"if (kiln_mm_layer_norm({handles}, {float(eps)!r}, {kiln_gemm.K_BLOCK}, &{normed.name}, "
+                         f"{total})) goto fail;")
 
     def _kiln_conv(self, values: list[Any], outs: list[Buffer | None]) -> None:
         """kiln::conv through the runtime's own implementation, likewise."""

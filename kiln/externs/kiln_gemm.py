@@ -29,7 +29,7 @@ _CTYPE = {"f32": "float", "bf16": "kiln_bf16"}
 # weights out of cache, 2048^3 included; shorter blocks cost more in C's partial sums).
 K_BLOCK = 1024
 
-LayerNorm = tuple  # (weight [N] | None, bias [N] | None, eps): a row normalization after the epilogue
+LayerNorm = tuple  # (weight [N] | None, bias [N] | None, eps[, out]): a row normalization after the epilogue
 
 
 class Epilogue(ctypes.Structure):
@@ -38,7 +38,8 @@ class Epilogue(ctypes.Structure):
                 ("bias_bf16", ctypes.c_int32), ("residual_bf16", ctypes.c_int32), ("out_bf16", ctypes.c_int32),
                 ("unary", ctypes.c_int32), ("scalar0", ctypes.c_float), ("scalar1", ctypes.c_float),
                 ("residual_before_unary", ctypes.c_int32), ("layer_norm", ctypes.c_int32), ("norm_eps", ctypes.c_float),
-                ("norm_weight", ctypes.c_void_p), ("norm_bias", ctypes.c_void_p)]
+                ("norm_weight", ctypes.c_void_p), ("norm_bias", ctypes.c_void_p), ("norm_out", ctypes.c_void_p),
+                ("ld_norm_out", ctypes.c_int64)]
 
 
 def _entries() -> str:
@@ -141,7 +142,8 @@ def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | Non
     (`residual_first`: `unary(a @ B + bias + residual)`), stored as `out_dtype` (a's dtype by
     default) into a new tensor, or into `out` ([M, n], rows of unit stride). `algorithm` "tanh"
     makes gelu the tanh form. `layer_norm` (weight [n] or None, bias [n] or None, eps): each row
-    of that result then layer-normalized, float32 only."""
+    of that result then layer-normalized, float32 only; with a fourth element, a float32 [M, n]
+    tensor, the normalized rows go there and the result keeps the sum."""
     if a.dtype != packed_b.dtype or a.dtype not in DTYPES:
         raise RuntimeError(f"kiln's GEMM takes float32 or bfloat16 operands of one dtype, not {a.dtype} and {packed_b.dtype}")
     if a.dim() != 2 or a.stride(1) != 1:
@@ -163,18 +165,21 @@ def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | Non
 
 
 def _with_layer_norm(post: Epilogue | None, out_dtype: torch.dtype, weight: torch.Tensor | None,
-                     bias: torch.Tensor | None, eps: float) -> Epilogue:
-    """A copy of `post` (which may be a shared, cached struct) that also layer-normalizes C's rows."""
-    if out_dtype != torch.float32 or any(t is not None and (t.dtype != torch.float32 or t.stride(0) != 1)
-                                         for t in (weight, bias)):
-        raise RuntimeError("kiln's GEMM normalizes rows of a float32 result only, with float32 weight and bias "
-                           "of unit stride")
+                     bias: torch.Tensor | None, eps: float, normed: torch.Tensor | None = None) -> Epilogue:
+    """A copy of `post` (which may be a shared, cached struct) that also layer-normalizes C's
+    rows, in place or into `normed`."""
+    if out_dtype != torch.float32 or any(t is not None and (t.dtype != torch.float32 or t.stride(-1) != 1)
+                                         for t in (weight, bias, normed)):
+        raise RuntimeError("kiln's GEMM normalizes rows of a float32 result only, with float32 weight, bias and "
+                           "output of unit stride")
     made = Epilogue()
     if post is not None:
         ctypes.pointer(made)[0] = post
     made.layer_norm, made.norm_eps = 1, eps
     made.norm_weight = weight.data_ptr() if weight is not None else None
     made.norm_bias = bias.data_ptr() if bias is not None else None
+    if normed is not None:
+        made.norm_out, made.ld_norm_out = normed.data_ptr(), normed.stride(0)
     return made
 
 

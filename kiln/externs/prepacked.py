@@ -25,6 +25,8 @@ _lib = torch.library.Library("kiln", "DEF")
 _lib.define("mm(Tensor a, Tensor b, Tensor? bias, str unary, Scalar?[] scalars, str? algorithm, str impl) -> Tensor")
 _lib.define("mm_layer_norm(Tensor a, Tensor b, Tensor? bias, Tensor? residual, Tensor? weight, Tensor? norm_bias, "
             "float eps) -> Tensor")
+_lib.define("mm_add_layer_norm(Tensor a, Tensor b, Tensor? bias, Tensor? residual, Tensor? weight, Tensor? norm_bias, "
+            "float eps) -> (Tensor, Tensor)")
 _lib.define(
     "conv(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, "
     "str unary, Scalar?[] scalars, str? algorithm, Tensor? other, str impl) -> Tensor"
@@ -155,6 +157,18 @@ def _mm_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps):
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
+def _mm_add_layer_norm(a, b, bias, residual, weight, norm_bias, eps):
+    # (the sum, its layer norm): a pre-norm model reads the sum again as its residual stream.
+    panels = packed(b, "kiln", lambda: kiln_gemm.pack(b))
+    normed = torch.empty((a.shape[0], b.shape[1]))
+    total = kiln_gemm.mm(a, panels, b.shape[1], bias, residual=residual, layer_norm=(weight, norm_bias, eps, normed))
+    return total, normed
+
+
+def _mm_add_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps):
+    return a.new_empty((a.shape[0], b.shape[1])), a.new_empty((a.shape[0], b.shape[1]))
+
+
 # ---- kiln::conv: 2-d convolution with optional unary post-op and added tensor ----------------
 
 def _conv_aten(memory_format: torch.memory_format | None) -> Callable:
@@ -240,12 +254,15 @@ def _conv_fake(x, weight, bias, stride, padding, dilation, groups, unary, scalar
 
 # The compiled wrapper calls these Python functions directly (kiln/codegen/wrapper.py): the same
 # code the registered CPU kernels run, without ~20 µs of dispatch per call.
-DIRECT_CALLS: dict[str, Callable] = {"kiln::mm": _mm, "kiln::mm_layer_norm": _mm_layer_norm, "kiln::conv": _conv}
+DIRECT_CALLS: dict[str, Callable] = {"kiln::mm": _mm, "kiln::mm_layer_norm": _mm_layer_norm,
+                                     "kiln::mm_add_layer_norm": _mm_add_layer_norm, "kiln::conv": _conv}
 
 _lib.impl("mm", _mm, "CPU")
 _lib.impl("conv", _conv, "CPU")
 _lib.impl("mm_layer_norm", _mm_layer_norm, "CPU")
+_lib.impl("mm_add_layer_norm", _mm_add_layer_norm, "CPU")
 torch.library.register_fake("kiln::mm", _mm_fake, lib=_lib)
 torch.library.register_fake("kiln::conv", _conv_fake, lib=_lib)
 torch.library.register_fake("kiln::mm_layer_norm", _mm_layer_norm_fake, lib=_lib)
+torch.library.register_fake("kiln::mm_add_layer_norm", _mm_add_layer_norm_fake, lib=_lib)
 

@@ -125,7 +125,19 @@ def mm_layer_norm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, r
     from kiln.externs import kiln_gemm
 
     return _native([a, b, bias, residual, weight, norm_bias], lambda h, out: library().kiln_mm_layer_norm(
-        *h, ctypes.c_double(eps), ctypes.c_int64(kiln_gemm.K_BLOCK), out))
+        *h, ctypes.c_double(eps), ctypes.c_int64(kiln_gemm.K_BLOCK), out, None))
+
+
+def mm_add_layer_norm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                      weight: torch.Tensor | None, norm_bias: torch.Tensor | None,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The runtime's kiln::mm_add_layer_norm, called from Python (likewise): (the sum, its norm)."""
+    from kiln.externs import kiln_gemm
+
+    total = ctypes.c_void_p()
+    normed = _native([a, b, bias, residual, weight, norm_bias], lambda h, out: library().kiln_mm_layer_norm(
+        *h, ctypes.c_double(eps), ctypes.c_int64(kiln_gemm.K_BLOCK), out, ctypes.byref(total)))
+    return tensors_of([total.value])[0], normed
 
 
 def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],

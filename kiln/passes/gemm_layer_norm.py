@@ -3,12 +3,12 @@
     layer_norm(view(kiln::mm(a, b, None, "none", "kiln")) + bias + residual, [N], w, beta, eps)
         -> view(kiln::mm_layer_norm(a, b, bias, view(residual, [M, N]), w, beta, eps))
 
-as in a post-norm transformer's two sublayer outputs (BERT, DistilBERT). kiln's GEMM normalizes
-each row in its own parallel region once every thread has stored its tiles (kiln_gemm.h), while
-the product is in the caches, instead of a reduction kernel reading it back after the GEMM
-returns. Only where the autotuner gave the product to kiln's GEMM (gemm_prepack runs first), in
-float32, with static sizes, and where the sum feeds nothing but the norm (a pre-norm model's
-residual stream is read again later: left as it is). The terms of the sum may come in any order.
+as in a post-norm transformer's two sublayer outputs (BERT, DistilBERT); where the sum is read
+again (a pre-norm model's residual stream: GPT-2, ViT), `kiln::mm_add_layer_norm` returns it
+too. kiln's GEMM normalizes each row in its own parallel region once every thread has stored its
+tiles (kiln_gemm.h), while the product is in the caches, instead of a reduction kernel reading
+it back after the GEMM returns. Only where the autotuner gave the product to kiln's GEMM
+(gemm_prepack runs first), in float32, with static sizes; the terms of the sum in any order.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _fusion(norm: fx.Node, constants: ConstantSet) -> dict | None:
     if sum_val is None or sum_val.dtype != torch.float32 or not all(isinstance(s, int) for s in sum_val.shape):
         return None
     n = sum_val.shape[-1]
-    if len(x.users) != 1 or list(shape) != [n] or not all(v is None or _vector(v, n, constants) for v in (weight, norm_bias)):
+    if list(shape) != [n] or not all(v is None or _vector(v, n, constants) for v in (weight, norm_bias)):
         return None
     terms = _terms(x)
     products = [p for p in map(_kiln_product, terms) if p is not None]
@@ -97,10 +97,15 @@ def _fusion(norm: fx.Node, constants: ConstantSet) -> dict | None:
                 and _val(t).shape[-1] == n and _val(t).dtype == torch.float32 and _val(t).is_contiguous()]
     if len(bias) > 1 or len(residual) > 1 or len(bias) + len(residual) != len(others):
         return None
+    # The fused call goes before the sum's first reader; the norm's weight and bias must be there.
+    order = {node: k for k, node in enumerate(x.graph.nodes)}
+    first = min(x.users, key=order.__getitem__)
+    if any(isinstance(v, fx.Node) and order[v] > order[first] for v in (weight, norm_bias)):
+        return None
     a, b = product.args[:2]
     return {"a": a, "b": b, "bias": bias[0] if bias else None, "residual": residual[0] if residual else None,
             "weight": weight, "norm_bias": norm_bias, "eps": eps, "out": getitems[0], "shape": list(sum_val.shape),
-            "rows": _val(product).shape[0]}
+            "rows": _val(product).shape[0], "sum": x, "first": first}
 
 
 def gemm_layer_norm(gm: fx.GraphModule, target: Target) -> bool:
@@ -114,15 +119,23 @@ def gemm_layer_norm(gm: fx.GraphModule, target: Target) -> bool:
         found = _fusion(norm, constants)
         if found is None:
             continue
-        out, n = found["out"], found["shape"][-1]
+        out, total, at, n = found["out"], found["sum"], found["first"], found["shape"][-1]
         residual = found["residual"]
         if residual is not None:
-            residual = insert(gm, out, aten.view.default, residual, [found["rows"], n])
-        fused = insert(gm, out, torch.ops.kiln.mm_layer_norm.default, found["a"], found["b"], found["bias"], residual,
-                       found["weight"], found["norm_bias"], found["eps"])
-        shaped = insert(gm, out, aten.view.default, fused, found["shape"])
-        out.replace_all_uses_with(shaped)
+            residual = insert(gm, at, aten.view.default, residual, [found["rows"], n])
+        operands = (found["a"], found["b"], found["bias"], residual, found["weight"], found["norm_bias"], found["eps"])
+        keep_sum = len(total.users) > 1  # (a pre-norm model's residual stream reads the sum again)
+        if keep_sum:
+            both = insert(gm, at, torch.ops.kiln.mm_add_layer_norm.default, *operands)
+            fused = insert(gm, at, operator.getitem, both, 1)
+            kept = insert(gm, at, aten.view.default, insert(gm, at, operator.getitem, both, 0), found["shape"])
+        else:
+            fused = insert(gm, at, torch.ops.kiln.mm_layer_norm.default, *operands)
+        out.replace_all_uses_with(insert(gm, at, aten.view.default, fused, found["shape"]))
+        if keep_sum:
+            total.replace_all_uses_with(kept, delete_user_cb=lambda user: user is not norm)
         remove_dead(gm, [out])
-        logs.log("freezing", "%s: layer norm inside kiln's GEMM %s", norm.name, tuple(found["shape"]))
+        logs.log("freezing", "%s: layer norm inside kiln's GEMM %s%s", norm.name, tuple(found["shape"]),
+                 ", the sum kept" if keep_sum else "")
         changed = True
     return changed

@@ -1,9 +1,11 @@
 """A layer norm inside kiln's GEMM (kiln_gemm.h `layer_norm_rows`, kiln::mm_layer_norm,
 passes/gemm_layer_norm.py): the kernel against a float64 layer norm of a float64 product on
 ragged shapes and K blocks, with and without each of the GEMM's bias, the residual, the norm's
-weight and bias; the runtime's form bit-equal to Python's; the pass fusing a post-norm block's
-sublayer output and nothing else (a pre-norm block's sum is read again; a bfloat16 block; a
-product another GEMM implementation computes); compiled blocks through both wrappers."""
+weight and bias, normalized in place or beside the kept sum; the runtime's forms bit-equal to
+Python's; the pass fusing a post-norm block's sublayer output (kiln::mm_layer_norm) and a
+pre-norm block's, whose sum is read again (kiln::mm_add_layer_norm), and nothing else (a
+bfloat16 block; a product another GEMM implementation computes); compiled blocks through both
+wrappers."""
 
 import ctypes
 import itertools
@@ -18,14 +20,17 @@ from kiln.backend import watch
 from kiln.externs import kiln_gemm
 from kiln.native import runtime
 from kiln.runtime import fallback
-from tests.codegen.test_kiln_gemm import SHAPES, _operands
+from tests.codegen.test_kiln_gemm import SHAPES, _check, _operands
 from tests.kiln_backend import private_cache  # noqa: F401  (fixture: each test's own compile cache)
 
 
 def _reference(a, b, bias, residual, weight, norm_bias, eps):
+    """The float64 layer norm of a @ b + bias + residual; with `eps` None, the sum itself."""
     y = a.double() @ b.double()
     y = y + bias.double() if bias is not None else y
     y = y + residual.double() if residual is not None else y
+    if eps is None:
+        return y
     as_double = lambda t: t.double() if t is not None else None  # noqa: E731
     return F.layer_norm(y, (y.shape[-1],), as_double(weight), as_double(norm_bias), eps)
 
@@ -41,8 +46,13 @@ def test_the_normalized_rows_match_a_float64_layer_norm(shape):
         args = (bias if use_bias else None, residual if use_residual else None, weight if use_weight else None,
                 norm_bias if use_norm_bias else None)
         out = kiln_gemm.mm(a, panels, n, args[0], residual=args[1], layer_norm=(args[2], args[3], 1e-5))
-        # A row of one element normalizes to exactly zero (plus the norm's bias) either way.
         torch.testing.assert_close(out.double(), _reference(a, b, *args, 1e-5), rtol=1e-4, atol=1e-4)
+    # Beside the sum, which C keeps: rows of the normalized output further apart than N.
+    normed = torch.full((m, n + 3), float("nan"))[:, :n]
+    total = kiln_gemm.mm(a, panels, n, bias, residual=residual, layer_norm=(weight, norm_bias, 1e-5, normed))
+    _check(total, _reference(a, b, bias, residual, None, None, None), torch.float32, k)
+    torch.testing.assert_close(normed.double(), _reference(a, b, bias, residual, weight, norm_bias, 1e-5),
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_k_blocks_finish_before_the_rows_are_normalized():
@@ -71,6 +81,10 @@ def test_the_runtime_and_python_forms_agree():
     for args in [(bias, residual, weight, norm_bias), (None, None, None, None), (bias, None, weight, None)]:
         want = torch.ops.kiln.mm_layer_norm(a, b, *args, 1e-12)
         torch.testing.assert_close(runtime.mm_layer_norm(a, b, *args, 1e-12), want, rtol=0, atol=0)
+        kept, normed = torch.ops.kiln.mm_add_layer_norm(a, b, *args, 1e-12)
+        torch.testing.assert_close(normed, want, rtol=0, atol=0)
+        for got, expected in zip(runtime.mm_add_layer_norm(a, b, *args, 1e-12), (kept, normed)):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
 class _PostNorm(torch.nn.Module):
@@ -94,7 +108,8 @@ def _fused_calls(model, *inputs, cpp_wrapper=True):
     assert not fallback.FALLBACKS
     graphs = [getattr(b, "runtime", b) for b in built]
     assert all((g.artifact.cpp_wrapper is not None) == cpp_wrapper for g in graphs)
-    return sum(1 for g in graphs for s in g.schedule.externs if s.op is torch.ops.kiln.mm_layer_norm.default)
+    ops = [s.op for g in graphs for s in g.schedule.externs]
+    return ops.count(torch.ops.kiln.mm_layer_norm.default), ops.count(torch.ops.kiln.mm_add_layer_norm.default)
 
 
 @pytest.fixture
@@ -109,12 +124,14 @@ def kiln_gemm_wherever_offered(monkeypatch):
 def test_a_post_norm_sublayer_normalizes_inside_the_gemm(kiln_gemm_wherever_offered, cpp_wrapper):
     torch.manual_seed(0)
     model, h, x = _PostNorm().eval(), torch.randn(1, 10, 64), torch.randn(1, 10, 48)
-    assert _fused_calls(model, h, x, cpp_wrapper=cpp_wrapper) == 1
+    assert _fused_calls(model, h, x, cpp_wrapper=cpp_wrapper) == (1, 0)
 
 
-def test_a_pre_norm_sum_read_again_is_left_alone(kiln_gemm_wherever_offered):
+@pytest.mark.parametrize("cpp_wrapper", [True, False], ids=["cpp-wrapper", "python-wrapper"])
+def test_a_sum_read_again_is_kept_beside_its_norm(kiln_gemm_wherever_offered, cpp_wrapper):
     torch.manual_seed(0)
-    assert _fused_calls(_PostNorm(pre_norm=True).eval(), torch.randn(1, 10, 64), torch.randn(1, 10, 48)) == 0
+    model, h, x = _PostNorm(pre_norm=True).eval(), torch.randn(1, 10, 64), torch.randn(1, 10, 48)
+    assert _fused_calls(model, h, x, cpp_wrapper=cpp_wrapper) == (0, 1)
 
 
 def test_a_bfloat16_sublayer_is_left_alone(kiln_gemm_wherever_offered):
@@ -125,7 +142,7 @@ def test_a_bfloat16_sublayer_is_left_alone(kiln_gemm_wherever_offered):
     with torch.no_grad(), watch() as built:
         torch.testing.assert_close(kiln.compile(model)(*inputs), model(*inputs), rtol=2e-2, atol=2e-2)
     graphs = [getattr(b, "runtime", b) for b in built]
-    assert not any(s.op is torch.ops.kiln.mm_layer_norm.default for g in graphs for s in g.schedule.externs)
+    assert not any("layer_norm" in str(s.op) for g in graphs for s in g.schedule.externs)
 
 
 def test_a_product_of_another_implementation_is_left_alone(monkeypatch):
@@ -133,4 +150,4 @@ def test_a_product_of_another_implementation_is_left_alone(monkeypatch):
     monkeypatch.setattr(gemm, "choose", lambda op, signature, candidates, *a, **k: "onednn" if "onednn" in candidates
                         else pick(op, signature, candidates, *a, **k))
     torch.manual_seed(0)
-    assert _fused_calls(_PostNorm().eval(), torch.randn(1, 10, 64), torch.randn(1, 10, 48)) == 0
+    assert _fused_calls(_PostNorm().eval(), torch.randn(1, 10, 64), torch.randn(1, 10, 48)) == (0, 0)

@@ -61,6 +61,8 @@ struct Epilogue {
   float norm_eps;
   const float* norm_weight;  // [N] or null (1)
   const float* norm_bias;    // [N] or null (0)
+  float* norm_out;           // the normalized rows' own [M, N] (row stride ld_norm_out), C keeping the sum; or null: in place
+  int64_t ld_norm_out;
 };
 
 // bfloat16 dot products in pairs of k (vdpbf16ps) where the CPU has them; elsewhere bfloat16 is
@@ -336,7 +338,9 @@ static inline void range(int64_t total, int parts, int index, int64_t& lo, int64
 }
 
 // Rows [r0, r1) of a float32 C [., N] as layer norm makes them: mean and variance over the row
-// (two passes over the row, which is in L1/L2: just stored), then (x - mean) * rstd * w + b.
+// (two passes over the row, which is in L1/L2: just stored), then (x - mean) * rstd * w + b,
+// written over the row or, where the sum is needed too (a pre-norm model's residual stream), to
+// e.norm_out.
 // Lanes accumulate separately and are summed at the end, as a vectorized reduction kernel does.
 static inline void layer_norm_rows(float* c, int64_t ldc, int64_t N, int64_t r0, int64_t r1, const Epilogue& e) {
   const int64_t whole = N / L * L;
@@ -357,12 +361,13 @@ static inline void layer_norm_rows(float* c, int64_t ldc, int64_t N, int64_t r0,
     for (int l = 0; l < L; ++l) var += squares[l];
     for (int64_t j = whole; j < N; ++j) var += (row[j] - mean) * (row[j] - mean);
     const float rstd = 1.0f / std::sqrt(var / float(N) + e.norm_eps);
+    float* normed = e.norm_out ? e.norm_out + i * e.ld_norm_out : row;
     for (int64_t j = 0; j < N; j += L) {
       const int n = int(std::min<int64_t>(L, N - j));
       V y = (load_n(row + j, false, n) - mean) * rstd;
       if (e.norm_weight) y *= load_n(e.norm_weight + j, false, n);
       if (e.norm_bias) y += load_n(e.norm_bias + j, false, n);
-      store_n(row + j, false, y, n);
+      store_n(normed + j, false, y, n);
     }
   }
 }

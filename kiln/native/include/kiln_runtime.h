@@ -76,10 +76,11 @@ KILN_API int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, cons
               int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl, int64_t k_block,
               kiln_tensor* out);
 // layer_norm(a @ b + bias + residual) over the last dimension, float32, in kiln's GEMM
-// (kiln::mm_layer_norm); `bias`, `residual` ([M, N]), `weight`, `norm_bias` may be NULL.
+// (kiln::mm_layer_norm); `bias`, `residual` ([M, N]), `weight`, `norm_bias` may be NULL. With
+// `sum` (not NULL) the sum is kept there too (kiln::mm_add_layer_norm).
 KILN_API int kiln_mm_layer_norm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, kiln_tensor residual,
                                 kiln_tensor weight, kiln_tensor norm_bias, double eps, int64_t k_block,
-                                kiln_tensor* out);
+                                kiln_tensor* out, kiln_tensor* sum);
 // Packed weights the runtime holds (those of freed weights are dropped at the next pack).
 KILN_API int64_t kiln_packs_held(void);
 // Bytes of the packed forms held for `weight` now (as kiln/externs/prepacked.py counts them).

@@ -42,6 +42,8 @@ struct KilnGemmEpilogue {
   float norm_eps;
   const float* norm_weight;
   const float* norm_bias;
+  float* norm_out;
+  int64_t ld_norm_out;
 };
 extern "C" int64_t kiln_gemm_packed_elements_f32(int64_t K, int64_t N);
 extern "C" int64_t kiln_gemm_packed_elements_bf16(int64_t K, int64_t N);
@@ -280,10 +282,14 @@ at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optio
 }
 
 // layer_norm(a @ b + bias + residual) over rows, float32, in kiln's GEMM (kiln/externs/prepacked.py
-// `_mm_layer_norm`): the rows normalized in the GEMM's parallel region after their store.
-at::Tensor mm_layer_norm(const at::Tensor& a_in, const at::Tensor& b, const std::optional<at::Tensor>& bias_in,
-                         const std::optional<at::Tensor>& residual_in, const std::optional<at::Tensor>& weight_in,
-                         const std::optional<at::Tensor>& norm_bias_in, double eps, int64_t k_block) {
+// `_mm_layer_norm`): the rows normalized in the GEMM's parallel region after their store. With
+// `keep_sum`, (the sum, its norm) as `_mm_add_layer_norm`; else (the norm, undefined).
+std::pair<at::Tensor, at::Tensor> mm_layer_norm(const at::Tensor& a_in, const at::Tensor& b,
+                                                const std::optional<at::Tensor>& bias_in,
+                                                const std::optional<at::Tensor>& residual_in,
+                                                const std::optional<at::Tensor>& weight_in,
+                                                const std::optional<at::Tensor>& norm_bias_in, double eps,
+                                                int64_t k_block, bool keep_sum) {
   TORCH_CHECK(a_in.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat,
               "kiln::mm_layer_norm: float32 operands only");
   const int64_t K = b.size(0), N = b.size(1);
@@ -304,8 +310,14 @@ at::Tensor mm_layer_norm(const at::Tensor& a_in, const at::Tensor& b, const std:
   e.norm_eps = static_cast<float>(eps);
   e.norm_weight = weight ? weight->data_ptr<float>() : nullptr;
   e.norm_bias = norm_bias ? norm_bias->data_ptr<float>() : nullptr;
+  at::Tensor normed;
+  if (keep_sum) {
+    normed = at::detail::empty_cpu({M, N}, at::kFloat);
+    e.norm_out = normed.data_ptr<float>();
+    e.ld_norm_out = N;
+  }
   kiln_gemm_f32(M, N, K, a.data_ptr(), a.stride(0), panels.data_ptr(), out.data_ptr(), N, &e, k_block);
-  return out;
+  return {out, normed};
 }
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias, const std::string& unary,
@@ -474,11 +486,17 @@ int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, const int64_t
 }
 
 int kiln_mm_layer_norm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, kiln_tensor residual, kiln_tensor weight,
-                       kiln_tensor norm_bias, double eps, int64_t k_block, kiln_tensor* out) {
+                       kiln_tensor norm_bias, double eps, int64_t k_block, kiln_tensor* out, kiln_tensor* sum) {
   return guarded([&] {
     auto optional = [](kiln_tensor t) { return t ? std::optional<at::Tensor>(tensor_of(t)) : std::nullopt; };
-    *out = new_handle(mm_layer_norm(tensor_of(a), tensor_of(b), optional(bias), optional(residual), optional(weight),
-                                    optional(norm_bias), eps, k_block));
+    auto [first, normed] = mm_layer_norm(tensor_of(a), tensor_of(b), optional(bias), optional(residual),
+                                         optional(weight), optional(norm_bias), eps, k_block, sum != nullptr);
+    if (sum) {
+      *sum = new_handle(std::move(first));
+      *out = new_handle(std::move(normed));
+    } else {
+      *out = new_handle(std::move(first));
+    }
   });
 }
 
