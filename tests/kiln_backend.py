@@ -9,7 +9,9 @@ from torch import fx
 
 import kiln
 from kiln import aot
-from kiln.backend import Backend
+from kiln.autotune import gemm
+from kiln.backend import Backend, watch
+from kiln.runtime import fallback
 
 
 @pytest.fixture(autouse=True)
@@ -34,3 +36,25 @@ def compiled(fn, *inputs, freezing=False, autotune="off"):
     with torch.no_grad(), kiln.config.patch({"backend.freezing": freezing, "backend.autotune": autotune}):
         out = aot.compile(fx.symbolic_trace(fn), list(inputs), compile_graph)(*inputs)
     return out, programs[0]
+
+
+@pytest.fixture
+def kiln_wherever_offered(monkeypatch):
+    """The autotuner's answer made kiln's own implementation wherever it is a candidate: a test of
+    kiln's kernels in a model, not of which implementation this machine's timing would pick."""
+    pick = gemm.choose
+    monkeypatch.setattr(gemm, "choose", lambda op, signature, candidates, *a, **k: "kiln" if "kiln" in candidates
+                        else pick(op, signature, candidates, *a, **k))
+
+
+def compiled_graphs(model, *inputs, cpp_wrapper: bool = True, tolerance: float = 1e-4) -> list:
+    """The graphs `kiln.compile(model)` builds for `inputs`, after checking its result against
+    eager's, that nothing fell back to eager, and that each graph has the wrapper asked for."""
+    kiln.reset()
+    fallback.reset()
+    with torch.no_grad(), kiln.config.patch({"backend.cpp_wrapper": cpp_wrapper}), watch() as built:
+        torch.testing.assert_close(kiln.compile(model)(*inputs), model(*inputs), rtol=tolerance, atol=tolerance)
+    assert not fallback.FALLBACKS
+    graphs = [getattr(b, "runtime", b) for b in built]
+    assert all((g.artifact.cpp_wrapper is not None) == cpp_wrapper for g in graphs)
+    return graphs

@@ -14,14 +14,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kiln
 from kiln.autotune import gemm
-from kiln.backend import watch
 from kiln.externs import kiln_gemm
 from kiln.native import runtime
-from kiln.runtime import fallback
 from tests.codegen.test_kiln_gemm import SHAPES, _check, _operands
-from tests.kiln_backend import private_cache  # noqa: F401  (fixture: each test's own compile cache)
+from tests.kiln_backend import compiled_graphs
+from tests.kiln_backend import kiln_wherever_offered, private_cache  # noqa: F401  (fixtures)
 
 
 def _reference(a, b, bias, residual, weight, norm_bias, eps):
@@ -101,47 +99,29 @@ class _PostNorm(torch.nn.Module):
 
 
 def _fused_calls(model, *inputs, cpp_wrapper=True):
-    kiln.reset()
-    fallback.reset()
-    with torch.no_grad(), kiln.config.patch({"backend.cpp_wrapper": cpp_wrapper}), watch() as built:
-        torch.testing.assert_close(kiln.compile(model)(*inputs), model(*inputs), rtol=1e-4, atol=1e-4)
-    assert not fallback.FALLBACKS
-    graphs = [getattr(b, "runtime", b) for b in built]
-    assert all((g.artifact.cpp_wrapper is not None) == cpp_wrapper for g in graphs)
-    ops = [s.op for g in graphs for s in g.schedule.externs]
+    ops = [s.op for g in compiled_graphs(model, *inputs, cpp_wrapper=cpp_wrapper) for s in g.schedule.externs]
     return ops.count(torch.ops.kiln.mm_layer_norm.default), ops.count(torch.ops.kiln.mm_add_layer_norm.default)
 
 
-@pytest.fixture
-def kiln_gemm_wherever_offered(monkeypatch):
-    # The autotuner's answer made kiln's GEMM: the test checks the fusion, not this machine's choice.
-    pick = gemm.choose
-    monkeypatch.setattr(gemm, "choose", lambda op, signature, candidates, *a, **k: "kiln" if "kiln" in candidates
-                        else pick(op, signature, candidates, *a, **k))
-
-
 @pytest.mark.parametrize("cpp_wrapper", [True, False], ids=["cpp-wrapper", "python-wrapper"])
-def test_a_post_norm_sublayer_normalizes_inside_the_gemm(kiln_gemm_wherever_offered, cpp_wrapper):
+def test_a_post_norm_sublayer_normalizes_inside_the_gemm(kiln_wherever_offered, cpp_wrapper):
     torch.manual_seed(0)
     model, h, x = _PostNorm().eval(), torch.randn(1, 10, 64), torch.randn(1, 10, 48)
     assert _fused_calls(model, h, x, cpp_wrapper=cpp_wrapper) == (1, 0)
 
 
 @pytest.mark.parametrize("cpp_wrapper", [True, False], ids=["cpp-wrapper", "python-wrapper"])
-def test_a_sum_read_again_is_kept_beside_its_norm(kiln_gemm_wherever_offered, cpp_wrapper):
+def test_a_sum_read_again_is_kept_beside_its_norm(kiln_wherever_offered, cpp_wrapper):
     torch.manual_seed(0)
     model, h, x = _PostNorm(pre_norm=True).eval(), torch.randn(1, 10, 64), torch.randn(1, 10, 48)
     assert _fused_calls(model, h, x, cpp_wrapper=cpp_wrapper) == (0, 1)
 
 
-def test_a_bfloat16_sublayer_is_left_alone(kiln_gemm_wherever_offered):
+def test_a_bfloat16_sublayer_is_left_alone(kiln_wherever_offered):
     torch.manual_seed(0)
     model = _PostNorm().eval().to(torch.bfloat16)
     inputs = torch.randn(1, 10, 64, dtype=torch.bfloat16), torch.randn(1, 10, 48, dtype=torch.bfloat16)
-    kiln.reset()
-    with torch.no_grad(), watch() as built:
-        torch.testing.assert_close(kiln.compile(model)(*inputs), model(*inputs), rtol=2e-2, atol=2e-2)
-    graphs = [getattr(b, "runtime", b) for b in built]
+    graphs = compiled_graphs(model, *inputs, tolerance=2e-2)
     assert not any("layer_norm" in str(s.op) for g in graphs for s in g.schedule.externs)
 
 

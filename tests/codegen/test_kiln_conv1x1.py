@@ -10,14 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kiln
 from kiln.autotune import gemm
-from kiln.backend import watch
 from kiln.externs import kiln_conv1x1, prepacked
 from kiln.native import runtime
-from kiln.runtime import fallback
 from tests.codegen.test_kiln_depthwise import SCALARS, UNARY
-from tests.kiln_backend import private_cache  # noqa: F401  (fixture: each test's own compile cache)
+from tests.kiln_backend import compiled_graphs
+from tests.kiln_backend import kiln_wherever_offered, private_cache  # noqa: F401  (fixtures)
 
 # (batch, in channels, out channels, height, width)
 SHAPES = [(1, 19, 29, 7, 5), (2, 64, 100, 3, 3), (1, 8, 48, 1, 1), (1, 3, 5, 2, 7), (1, 96, 130, 14, 14)]
@@ -96,23 +94,11 @@ class _Bottleneck(torch.nn.Module):
 
 
 @pytest.mark.parametrize("cpp_wrapper", [True, False], ids=["cpp-wrapper", "python-wrapper"])
-def test_a_bottleneck_block_runs_kilns_gemm_for_its_1x1_convolutions(monkeypatch, cpp_wrapper):
-    # The autotuner's answer made kiln's wherever offered: the test checks the kernel in a model,
-    # not which implementation this machine's timing would pick.
-    pick = gemm.choose
-    monkeypatch.setattr(gemm, "choose", lambda op, signature, candidates, *a, **k: "kiln" if "kiln" in candidates
-                        else pick(op, signature, candidates, *a, **k))
+def test_a_bottleneck_block_runs_kilns_gemm_for_its_1x1_convolutions(kiln_wherever_offered, cpp_wrapper):
     torch.manual_seed(0)
-    model, x = _Bottleneck().eval(), torch.randn(1, 32, 7, 7)
-    kiln.reset()
-    fallback.reset()
-    with torch.no_grad(), kiln.config.patch({"backend.cpp_wrapper": cpp_wrapper}), watch() as built:
-        torch.testing.assert_close(kiln.compile(model)(x), model(x), rtol=1e-4, atol=1e-4)
-    assert not fallback.FALLBACKS
-    graphs = [getattr(b, "runtime", b) for b in built]
+    graphs = compiled_graphs(_Bottleneck().eval(), torch.randn(1, 32, 7, 7), cpp_wrapper=cpp_wrapper)
     convs = [step for g in graphs for step in g.schedule.externs if str(step.op) == "kiln.conv.default"]
     # Both 1x1 convolutions kiln's, the last with the identity and the ReLU inside; the 3x3 not.
     assert sorted(step.argument("impl") == "kiln" for step in convs) == [False, True, True]
     assert any(step.argument("impl") == "kiln" and step.argument("other") is not None and step.argument("unary") == "relu"
                for step in convs)
-    assert all((g.artifact.cpp_wrapper is not None) == cpp_wrapper for g in graphs)

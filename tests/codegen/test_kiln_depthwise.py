@@ -9,13 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kiln
 from kiln.autotune import gemm
-from kiln.backend import watch
 from kiln.externs import kiln_depthwise, prepacked
 from kiln.native import runtime
-from kiln.runtime import fallback
-from tests.kiln_backend import private_cache  # noqa: F401  (fixture: each test's own compile cache)
+from tests.kiln_backend import compiled_graphs
+from tests.kiln_backend import kiln_wherever_offered, private_cache  # noqa: F401  (fixtures)
 
 UNARY = {"none": lambda y: y, "relu": F.relu, "gelu": F.gelu, "swish": F.silu, "hardswish": F.hardswish,
          "sigmoid": torch.sigmoid, "tanh": torch.tanh, "hardtanh": lambda y: F.hardtanh(y, -0.5, 0.5)}
@@ -90,20 +88,9 @@ class _InvertedResidual(torch.nn.Module):
 
 
 @pytest.mark.parametrize("cpp_wrapper", [True, False], ids=["cpp-wrapper", "python-wrapper"])
-def test_a_depthwise_block_runs_kilns_kernel(monkeypatch, cpp_wrapper):
-    # The autotuner's answer made kiln's wherever offered: the test checks the kernel in a model,
-    # not which implementation this machine's timing would pick.
-    pick = gemm.choose
-    monkeypatch.setattr(gemm, "choose", lambda op, signature, candidates, *a, **k: "kiln" if "kiln" in candidates
-                        else pick(op, signature, candidates, *a, **k))
+def test_a_depthwise_block_runs_kilns_kernel(kiln_wherever_offered, cpp_wrapper):
     torch.manual_seed(0)
     model, x = _InvertedResidual().eval(), torch.randn(1, 8, 14, 14)
-    kiln.reset()
-    fallback.reset()
-    with torch.no_grad(), kiln.config.patch({"backend.cpp_wrapper": cpp_wrapper}), watch() as built:
-        torch.testing.assert_close(kiln.compile(model)(x), model(x), rtol=1e-4, atol=1e-4)
-    assert not fallback.FALLBACKS
-    graphs = [getattr(b, "runtime", b) for b in built]
+    graphs = compiled_graphs(model, x, cpp_wrapper=cpp_wrapper)
     impls = [step.argument("impl") for g in graphs for step in g.schedule.externs if str(step.op) == "kiln.conv.default"]
     assert impls and "kiln" in impls
-    assert all((g.artifact.cpp_wrapper is not None) == cpp_wrapper for g in graphs)
