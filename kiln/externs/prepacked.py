@@ -118,11 +118,15 @@ def _mm_onednn(a, b, bias, unary, scalars, algorithm):
     return mkldnn._linear_pointwise(a.contiguous(), weight, bias, unary, scalars, algorithm or "")
 
 
+def _kiln_panels(b: torch.Tensor) -> torch.Tensor:
+    """kiln's GEMM's panels of the frozen weight `b`, packed once per weight and version."""
+    return packed(b, "kiln", lambda: kiln_gemm.pack(b))
+
+
 def _mm_kiln(a, b, bias, unary, scalars, algorithm):
-    # kiln's own GEMM (kiln_gemm.py): panels packed once per weight, any post-op applied in the
-    # store, so it is its own fused candidate as well.
-    panels = packed(b, "kiln", lambda: kiln_gemm.pack(b))
-    return kiln_gemm.mm(a, panels, b.shape[1], bias, unary, scalars, algorithm=algorithm)
+    # kiln's own GEMM (kiln_gemm.py): any post-op applied in the store, so it is its own fused
+    # candidate as well.
+    return kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, unary, scalars, algorithm=algorithm)
 
 
 # In order of preference when timings tie (kiln/autotune/choose.py): ATen's own call first.
@@ -149,8 +153,7 @@ def _mm_fake(a, b, bias, unary, scalars, algorithm, impl):
 def _mm_layer_norm(a, b, bias, residual, weight, norm_bias, eps):
     # The rows normalized in the GEMM's parallel region right after their store (kiln_gemm.h):
     # no second pass over the product from memory, no kernel of its own (passes/gemm_layer_norm.py).
-    panels = packed(b, "kiln", lambda: kiln_gemm.pack(b))
-    return kiln_gemm.mm(a, panels, b.shape[1], bias, residual=residual, layer_norm=(weight, norm_bias, eps))
+    return kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, residual=residual, layer_norm=(weight, norm_bias, eps))
 
 
 def _mm_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps):
@@ -159,9 +162,8 @@ def _mm_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps):
 
 def _mm_add_layer_norm(a, b, bias, residual, weight, norm_bias, eps):
     # (the sum, its layer norm): a pre-norm model reads the sum again as its residual stream.
-    panels = packed(b, "kiln", lambda: kiln_gemm.pack(b))
     normed = torch.empty((a.shape[0], b.shape[1]))
-    total = kiln_gemm.mm(a, panels, b.shape[1], bias, residual=residual, layer_norm=(weight, norm_bias, eps, normed))
+    total = kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, residual=residual, layer_norm=(weight, norm_bias, eps, normed))
     return total, normed
 
 

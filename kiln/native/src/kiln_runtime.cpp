@@ -246,11 +246,15 @@ KilnGemmEpilogue unary_epilogue(const std::string& unary, const std::string& alg
   return e;
 }
 
-// B [K, N] (any strides) in kiln's GEMM's panels, packed once per weight.
-at::Tensor kiln_panels(const at::Tensor& b) {
-  const bool bf16 = b.scalar_type() == at::kBFloat16;
-  const int64_t K = b.size(0), N = b.size(1);
-  return packed(b, "kiln", [&] {
+// kiln's GEMM's panels of a frozen weight, packed once per weight: `as_b()` is the weight as B
+// [K, N] (any strides: the weight itself, or a 1x1 convolution's [K, C] viewed as [C, K]), made
+// only when the pack is.
+template <typename AsB>
+at::Tensor kiln_panels(const at::Tensor& weight, AsB&& as_b) {
+  return packed(weight, "kiln", [&] {
+    at::Tensor b = as_b();
+    const bool bf16 = b.scalar_type() == at::kBFloat16;
+    const int64_t K = b.size(0), N = b.size(1);
     at::Tensor out = at::empty({bf16 ? kiln_gemm_packed_elements_bf16(K, N) : kiln_gemm_packed_elements_f32(K, N)},
                                b.options());
     (bf16 ? kiln_gemm_pack_bf16 : kiln_gemm_pack_f32)(b.data_ptr(), K, N, b.stride(0), b.stride(1), out.data_ptr());
@@ -265,7 +269,7 @@ at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optio
   TORCH_CHECK(a_in.scalar_type() == b.scalar_type() && (bf16 || b.scalar_type() == at::kFloat),
               "kiln's GEMM takes float32 or bfloat16 operands of one dtype");
   int64_t K = b.size(0), N = b.size(1);
-  at::Tensor panels = kiln_panels(b);
+  at::Tensor panels = kiln_panels(b, [&] { return b; });
   at::Tensor a = a_in.dim() == 2 && a_in.stride(1) == 1 ? a_in : a_in.contiguous();
   std::optional<at::Tensor> bias = bias_in;
   if (bias && bias->stride(0) != 1) bias = bias->contiguous();
@@ -293,7 +297,7 @@ std::pair<at::Tensor, at::Tensor> mm_layer_norm(const at::Tensor& a_in, const at
   TORCH_CHECK(a_in.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat,
               "kiln::mm_layer_norm: float32 operands only");
   const int64_t K = b.size(0), N = b.size(1);
-  at::Tensor panels = kiln_panels(b);
+  at::Tensor panels = kiln_panels(b, [&] { return b; });
   at::Tensor a = a_in.dim() == 2 && a_in.stride(1) == 1 ? a_in : a_in.contiguous();
   auto unit = [](const std::optional<at::Tensor>& t) {
     return t && t->stride(-1) != 1 ? std::optional<at::Tensor>(t->contiguous()) : t;
@@ -398,13 +402,7 @@ at::Tensor conv_pointwise(const at::Tensor& x_in, const at::Tensor& weight, cons
   TORCH_CHECK(x_in.scalar_type() == weight.scalar_type() && (bf16 || weight.scalar_type() == at::kFloat),
               "kiln::conv: kiln's GEMM takes float32 or bfloat16 operands of one dtype");
   const int64_t K = weight.size(0), C = weight.size(1);
-  at::Tensor panels = packed(weight, "kiln", [&] {
-    at::Tensor b = weight.reshape({K, C}).t();
-    at::Tensor out = at::empty({bf16 ? kiln_gemm_packed_elements_bf16(C, K) : kiln_gemm_packed_elements_f32(C, K)},
-                               weight.options());
-    (bf16 ? kiln_gemm_pack_bf16 : kiln_gemm_pack_f32)(b.data_ptr(), C, K, b.stride(0), b.stride(1), out.data_ptr());
-    return out;
-  });
+  at::Tensor panels = kiln_panels(weight, [&] { return weight.reshape({K, C}).t(); });
   at::Tensor x = x_in.contiguous(at::MemoryFormat::ChannelsLast);
   const int64_t M = x.size(0) * x.size(2) * x.size(3);
   at::Tensor y = at::empty({x.size(0), K, x.size(2), x.size(3)}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
