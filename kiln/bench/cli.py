@@ -94,9 +94,15 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
         # kiln/bench/profile.py times each kernel with the CPU's clock, no synchronize, against the CPU's peak.
         raise ValueError(f"--profile measures kernels on the CPU only; leave it out with --device {args.device}")
     autocast = AUTOCAST[args.autocast] if args.autocast else None
+    against = getattr(args, "against", None)
+    if against is not None:
+        against = _choices("--against mode", [against], [m for m in MODES if m != "eager"])[0]
+        why = MODES[against].unavailable_reason(args.train)
+        if why:
+            raise ValueError(f"--against {against}: {why}")
     return [
         Case(model, mode, t, train=args.train, iters=args.iters, warmup=args.warmup, autocast=autocast,
-             profile=profile, device=args.device)
+             profile=profile, device=args.device, against=against if mode not in ("eager", against) else None)
         for model in models
         for t in threads
         for mode in modes
@@ -239,6 +245,10 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--cache", choices=["cold", "warm"], default="cold", help="compile caches: fresh per case (cold) or the user's (warm)")
     p.add_argument("--profile", action="store_true",
                    help="also time each kernel and extern of kiln's graphs: a roofline table per case (docs/profile.md)")
+    p.add_argument("--against", metavar="MODE",
+                   help="also compile each case's model with this peer mode in the case's own process and time "
+                        "the two compiled calls interleaved (e.g. inductor-freeze): a ratio immune to the machine's "
+                        "drift between processes")
     p.add_argument("--shapes", metavar="MxKxN,...", help=f"--suite {GEMM_SUITE} only: these GEMM shapes instead of the hf models'")
     p.add_argument("--dtypes", default="float32,bfloat16", help=f"--suite {GEMM_SUITE} only: float32, bfloat16 (default: both)")
     p.add_argument("--json", metavar="PATH", help="write every result and the run's metadata as JSON")

@@ -110,6 +110,7 @@ DETAIL_COLUMNS = [
     ("eager ms", lambda r: _fmt(r.eager_ms, ".2f")),
     ("compiled ms", lambda r: _fmt(r.compiled_ms, ".2f")),
     ("speedup", lambda r: _fmt(r.speedup, ".2f", "x")),
+    ("÷ peer", lambda r: _fmt(r.versus_peer, ".2f", "x")),
     ("peak MB", lambda r: _fmt(r.peak_rss_mb, ".0f")),
     ("graphs", lambda r: _fmt(r.graphs, "d")),
     ("breaks", lambda r: _fmt(r.graph_breaks, "d")),
@@ -137,6 +138,31 @@ def pivot(results: list[Result]) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
+def versus_peer(results: list[Result]) -> tuple[str, list[str], list[list[str]]] | None:
+    """Rows (model, threads) x columns mode: the compiled call's time over the `--against` peer's,
+    both timed in the case's own process; a geomean row per thread count over accurate cases."""
+    paired = [r for r in results if r.versus_peer is not None]
+    if not paired:
+        return None
+    peers = sorted({r.case.against for r in paired})
+    modes = list(dict.fromkeys(r.case.mode for r in paired))
+    rows: dict[tuple[str, int], dict[str, str]] = {}
+    for r in paired:
+        ok = r.passed and r.peer_accuracy == "pass"
+        rows.setdefault((r.case.model, r.case.threads), {})[r.case.mode] = f"{r.versus_peer:.2f}" + ("" if ok else " (wrong)")
+    body = [[model, str(threads)] + [cells.get(m, "") for m in modes] for (model, threads), cells in rows.items()]
+    for threads in sorted({r.case.threads for r in paired}):
+        cells = []
+        for m in modes:
+            group = [r.versus_peer for r in paired if r.case.mode == m and r.case.threads == threads and r.passed
+                     and r.peer_accuracy == "pass"]
+            cells.append(f"{geomean(group):.2f} (max {max(group):.2f})" if group else "-")
+        body.append(["geomean", str(threads)] + cells)
+    title = (f"Compiled time ÷ {', '.join(peers)}'s, both timed in one process (interleaved rounds); "
+             "below 1: kiln faster")
+    return title, ["model", "threads"] + modes, body
+
+
 def _text_table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
@@ -157,8 +183,10 @@ def _tables(results: list[Result]) -> list[tuple[str, list[str], list[list[str]]
     budget_header, budget_rows = compile_budget(results)
     budget = [(f"Cold compile against the peer's (budget: at most {COMPILE_BUDGET:g} of its time)",
                budget_header, budget_rows)] if budget_rows else []
+    paired = versus_peer(results)
     return [
         ("Speedup over eager (median latency, eager / compiled)", *pivot(results)),
+        *([paired] if paired else []),
         ("Summary per mode", [c for c, _ in SUMMARY_COLUMNS], [[f(s) for _, f in SUMMARY_COLUMNS] for s in summaries]),
         *budget,
         ("Every case", [c for c, _ in DETAIL_COLUMNS], [[f(r) for _, f in DETAIL_COLUMNS] for r in results]),

@@ -23,11 +23,13 @@ class Case:
     autocast: str | None = None  # "bfloat16": inference under torch.autocast(device, dtype=torch.bfloat16)
     profile: bool = False  # also time each kernel and extern of kiln's graphs (kiln/bench/profile.py)
     device: str = "cpu"  # "cuda": model and inputs on the GPU; the float64 reference stays on the CPU
+    against: str | None = None  # a peer mode compiled in the same process and timed interleaved with this one
 
     @property
     def label(self) -> str:
         device = f" · {self.device}" if self.device != "cpu" else ""
-        return f"{self.model} · {self.mode} · {self.threads} thread{'s' if self.threads > 1 else ''}{device}"
+        against = f" (against {self.against})" if self.against else ""
+        return f"{self.model} · {self.mode}{against} · {self.threads} thread{'s' if self.threads > 1 else ''}{device}"
 
 
 @dataclass
@@ -44,12 +46,20 @@ class Result:
     eager_ms: float | None = None  # median, interleaved with compiled_ms in the same process
     compiled_ms: float | None = None
     speedup: float | None = None  # eager_ms / compiled_ms
+    peer_ms: float | None = None  # the `against` mode's median, interleaved with eager_ms and compiled_ms
+    peer_compile_s: float | None = None
+    peer_accuracy: str | None = None  # "pass" or "fail": the peer's outputs under the same rule
     peak_rss_mb: float | None = None  # peak resident memory of the case's whole process
     graphs: int | None = None
     graph_breaks: int | None = None
     fallbacks: int | None = None  # graphs kiln failed to compile and ran eagerly: a failure
     wall_s: float | None = None  # the whole subprocess, start to end
     kernel_profile: dict | None = None  # kiln.bench.profile.Profile.to_json(), when the case asked for one
+
+    @property
+    def versus_peer(self) -> float | None:
+        """compiled_ms / peer_ms: this mode's call against the peer's, timed in one process."""
+        return self.compiled_ms / self.peer_ms if self.compiled_ms and self.peer_ms else None
 
     @property
     def passed(self) -> bool:

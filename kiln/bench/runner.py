@@ -112,7 +112,11 @@ def _outcome(result: Result) -> str:
     if result.status != "ok":
         return f"{result.status.upper()} {result.error or ''}".strip()
     accuracy = "accuracy ok" if result.accuracy == "pass" else f"ACCURACY FAIL ({result.accuracy_detail})"
-    return f"{result.speedup:.2f}x, compile {result.compile_s:.1f} s, {accuracy}"
+    peer = ""
+    if result.versus_peer:
+        wrong = "" if result.peer_accuracy == "pass" else ", its accuracy FAILED"
+        peer = f", {result.versus_peer:.2f}x {result.case.against}'s time in this process{wrong}"
+    return f"{result.speedup:.2f}x, compile {result.compile_s:.1f} s, {accuracy}{peer}"
 
 
 def _build_kiln_runtime(folder: str) -> None:

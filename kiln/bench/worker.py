@@ -115,22 +115,23 @@ def _median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
 
 
-def _time_interleaved(eager: Callable, compiled: Callable, case: Case) -> tuple[float, float]:
+def _time_interleaved(calls: list[Callable], case: Case) -> list[float]:
+    """Median ms of each call, timed in rounds: every round calls each once, its order rotated so
+    that none always runs first, or always on caches another one warmed."""
     sync = _synchronizer(case.device)
     for _ in range(case.warmup):
-        eager()
-        compiled()
-    eager_s, compiled_s = [], []
+        for fn in calls:
+            fn()
+    samples: list[list[float]] = [[] for _ in calls]
     for i in range(case.iters):
-        # Alternate which goes first so neither always runs on a cache the other warmed.
-        order = [(eager, eager_s), (compiled, compiled_s)]
-        for fn, samples in order if i % 2 == 0 else reversed(order):
+        shift = i % len(calls)
+        for k in list(range(shift, len(calls))) + list(range(shift)):
             sync()  # no kernel of the previous call may finish inside this one's time
             start = time.perf_counter()
-            fn()
+            calls[k]()
             sync()
-            samples.append(time.perf_counter() - start)
-    return _median_ms(eager_s), _median_ms(compiled_s)
+            samples[k].append(time.perf_counter() - start)
+    return [_median_ms(s) for s in samples]
 
 
 def run_case(case: Case) -> Result:
@@ -184,15 +185,38 @@ def _measure(case: Case, result: Result) -> None:
     result.accuracy_rule, result.accuracy_detail = verdict.rule, verdict.detail or None
     result.max_abs_err = verdict.max_abs_err
 
-    result.eager_ms, result.compiled_ms = _phase("timing", lambda: _time_interleaved(eager, compiled, case))
-    result.speedup = result.eager_ms / result.compiled_ms
-    stats = mode.stats()
+    stats = mode.stats()  # before a peer compiles: Dynamo's counters would count its graphs too
     result.graphs, result.graph_breaks = stats.get("graphs"), stats.get("graph_breaks")
     result.fallbacks = stats.get("fallbacks")
+    calls = [eager, compiled]
+    if case.against:
+        calls.append(_phase("peer", lambda: _compile_peer(case, eager_model, inputs, reference, fp64_reference, result)))
+    times = _phase("timing", lambda: _time_interleaved(calls, case))
+    result.eager_ms, result.compiled_ms = times[:2]
+    result.peer_ms = times[2] if case.against else None
+    result.speedup = result.eager_ms / result.compiled_ms
     if case.profile:
         from kiln.bench.profile import profile_step
 
         result.kernel_profile = _phase("profile", lambda: profile_step(compiled, case.iters, case.warmup))
+
+
+def _compile_peer(case: Case, eager_model: nn.Module, inputs: dict[str, torch.Tensor], reference: list[torch.Tensor],
+                  fp64_reference: Callable[[], list[torch.Tensor]], result: Result) -> Callable:
+    """A third copy of the model compiled by the peer mode `case.against`, checked under the same
+    accuracy rule; its calls are then timed in the same rounds as eager's and the case's own, so
+    the two compiled calls see one process's machine (a cloud VM's speed drifts between processes
+    by 10-30 %, more than the margins being measured)."""
+    peer_model = copy.deepcopy(eager_model)
+    sync = _synchronizer(case.device)
+    sync()
+    t0 = time.perf_counter()
+    step = _make_step(case, peer_model, MODES[case.against].compile(peer_model), inputs)
+    outputs = _cpu(_first_outputs(case, step))
+    sync()
+    result.peer_compile_s = time.perf_counter() - t0
+    result.peer_accuracy = "pass" if compare(outputs, reference, fp64_reference).passed else "fail"
+    return step
 
 
 def main(argv: list[str]) -> int:

@@ -148,7 +148,7 @@ def test_kiln_reduce_overhead_is_available_once_kiln_compile_accepts_it(monkeypa
 def test_cuda_timing_synchronizes_around_every_timed_call(monkeypatch):
     events = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *device: events.append("sync"))
-    worker._time_interleaved(lambda: events.append("eager"), lambda: events.append("compiled"),
+    worker._time_interleaved([lambda: events.append("eager"), lambda: events.append("compiled")],
                              Case("mlp", "eager", 1, iters=2, warmup=1, device="cuda"))
     timed = events[2:]  # after the warm-up pair
     assert events[:2] == ["eager", "compiled"]
@@ -158,7 +158,7 @@ def test_cuda_timing_synchronizes_around_every_timed_call(monkeypatch):
 
 def test_cpu_timing_never_synchronizes(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *device: pytest.fail("synchronized on cpu"))
-    worker._time_interleaved(lambda: None, lambda: None, Case("mlp", "eager", 1, iters=2, warmup=1))
+    worker._time_interleaved([lambda: None, lambda: None], Case("mlp", "eager", 1, iters=2, warmup=1))
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

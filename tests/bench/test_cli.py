@@ -115,3 +115,20 @@ def test_cold_cases_share_kilns_runtime_built_once_up_front(monkeypatch):
     run_cases(cases, 60.0, cold_cache=True, run_one=run_one)
     assert len(built) == 1 and seen == [built[0]] * 3  # one build, every case on its folder
     assert "KILN_RUNTIME_CACHE_DIR" not in os.environ  # and the variable gone after the run
+
+
+def test_against_names_the_peer_modes_it_accepts(capsys):
+    err = _error(capsys, "--models", "mlp", "--modes", "kiln", "--against", "turbo")
+    assert "unknown --against mode 'turbo'" in err and "inductor-freeze" in err
+    assert "--against inductor-freeze: " in _error(capsys, "--models", "mlp", "--modes", "kiln", "--against",
+                                                   "inductor-freeze", "--train")
+
+
+def test_against_pairs_every_compiled_case_but_eager_and_the_peer_itself():
+    import argparse
+
+    args = argparse.Namespace(models="mlp", suite="hf", modes="eager,kiln,inductor-freeze", threads="1", iters=2,
+                              warmup=0, timeout=10.0, train=False, autocast=None, profile=False, device="cpu",
+                              against="inductor-freeze")
+    cases = kiln.bench.cli.select_cases(args)
+    assert {c.mode: c.against for c in cases} == {"eager": None, "kiln": "inductor-freeze", "inductor-freeze": None}

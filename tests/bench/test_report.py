@@ -4,7 +4,8 @@ import json
 import math
 
 from kiln.bench.machine import SPEED_FLAGS
-from kiln.bench.report import compile_budget, json_report, markdown_report, pivot, summarize, text_report
+from kiln.bench.report import (compile_budget, json_report, markdown_report, pivot, summarize, text_report,
+                               versus_peer)
 from kiln.bench.results import Case, Result
 
 META = dict(task="inference", suite="unit", threads=[1], iters=5, warmup=1, cache="cold", torch="2.x",
@@ -110,3 +111,18 @@ def test_kiln_compile_times_are_held_against_half_of_the_peers():
     assert "Cold compile against the peer's" in markdown_report(results, META)
     assert compile_budget(RESULTS[:1]) == (compile_budget(RESULTS[:1])[0], [])  # no kiln mode: no rows
     assert "Cold compile" not in text_report(RESULTS, META)
+
+
+def test_the_peer_table_holds_same_process_ratios_and_their_geomean():
+    def paired(model, ms, peer_ms, peer_accuracy="pass", threads=1):
+        return Result(Case(model, "kiln", threads, against="inductor-freeze"), "ok", accuracy="pass", eager_ms=2.0,
+                      compiled_ms=ms, speedup=2.0 / ms, peer_ms=peer_ms, peer_accuracy=peer_accuracy)
+
+    results = [paired("a", 1.0, 2.0), paired("b", 2.0, 1.0), paired("c", 1.0, 4.0, peer_accuracy="fail"),
+               _ok("a", "eager", 1.0)]
+    title, header, rows = versus_peer(results)
+    assert "inductor-freeze" in title and header == ["model", "threads", "kiln"]
+    assert rows[:3] == [["a", "1", "0.50"], ["b", "1", "2.00"], ["c", "1", "0.25 (wrong)"]]
+    assert rows[3] == ["geomean", "1", "1.00 (max 2.00)"]  # the wrong peer's case left out
+    assert "0.50" in text_report(results, META) and versus_peer(RESULTS) is None
+    assert json.loads(json.dumps(json_report(results, META)))["results"][0]["peer_ms"] == 2.0

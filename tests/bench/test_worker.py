@@ -75,3 +75,32 @@ def test_errors_are_recorded_with_their_phase(monkeypatch, phase):
     r = worker.run_case(case)
     assert r.status == "error" and r.phase == phase
     assert r.error == f"RuntimeError: {phase} went wrong"
+
+
+def test_a_peer_is_compiled_in_the_same_process_and_timed_in_the_same_rounds(monkeypatch):
+    order = []
+
+    def tagged(tag, offset=0):
+        def compile(model):
+            def run(**inputs):
+                order.append(tag)
+                return model(**inputs) + offset
+            return run
+        return compile
+
+    monkeypatch.setitem(modes.MODES, "ours", _mode("ours", tagged("ours")))
+    monkeypatch.setitem(modes.MODES, "peer", _mode("peer", tagged("peer", offset=1)))  # a wrong peer
+    r = worker.run_case(Case("mlp", "ours", 1, iters=3, warmup=0, against="peer"))
+    assert r.status == "ok" and r.accuracy == "pass" and r.peer_accuracy == "fail"
+    assert r.peer_ms > 0 and r.peer_compile_s >= 0 and r.versus_peer == pytest.approx(r.compiled_ms / r.peer_ms)
+    assert r.graphs == 7  # the case's own mode's counts, read before the peer compiled
+    # After each one's first (accuracy) call, three rounds of eager, ours and the peer, rotated.
+    assert order[2:] == ["ours", "peer", "ours", "peer", "peer", "ours"]
+
+
+def test_rounds_rotate_which_call_goes_first():
+    events = []
+    calls = [lambda tag=tag: events.append(tag) for tag in "abc"]
+    medians = worker._time_interleaved(calls, Case("mlp", "eager", 1, iters=3, warmup=1))
+    assert len(medians) == 3 and all(m >= 0 for m in medians)
+    assert events == list("abc") + list("abc") + list("bca") + list("cab")
