@@ -5,6 +5,9 @@ in a model), medians. What it answers: whether another blocking suits a CPU bett
 8 x 3 on AVX-512, was chosen on an AMD EPYC, whose AVX-512 FMAs are 256 bits wide twice over).
 
     python tools/gemm_blocking_sweep.py --threads 2 --shapes 128x768x768,128x768x3072,128x3072x768
+
+`--k-blocks 1024,512,256` times each blocking with those K blocks too (kiln_gemm.K_BLOCK, the
+longest K a GEMM runs unblocked), `--blockings 8x3` only the default's build.
 """
 from __future__ import annotations
 
@@ -34,23 +37,39 @@ def build_blocking(mr: int, nv: int, folder: Path) -> ctypes.CDLL:
     return kiln_gemm.bind(ctypes.CDLL(str(lib)))
 
 
+def _with_k_block(kc: int, run):
+    default, kiln_gemm.K_BLOCK = kiln_gemm.K_BLOCK, kc
+    try:
+        return run()
+    finally:
+        kiln_gemm.K_BLOCK = default
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--shapes", default="128x768x768,128x768x3072,128x3072x768,197x768x3072,128x512x2048,2048x2048x2048")
     p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--blockings", default=",".join(f"{mr}x{nv}" for mr, nv in BLOCKINGS), help="MRxNV,...")
+    p.add_argument("--k-blocks", default=str(kiln_gemm.K_BLOCK), help="K block lengths to time, e.g. 1024,512,256")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
+    blockings = [tuple(map(int, b.split("x"))) for b in a.blockings.split(",")]
+    k_blocks = [int(kc) for kc in a.k_blocks.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        libs = {f"kiln {mr}x{nv}": build_blocking(mr, nv, Path(tmp)) for mr, nv in BLOCKINGS}
+        built = {(mr, nv): build_blocking(mr, nv, Path(tmp)) for mr, nv in blockings}
+        libs = {f"kiln {mr}x{nv}" + (f" kc{kc}" if len(k_blocks) > 1 else ""): (lib, kc)
+                for (mr, nv), lib in built.items() for kc in k_blocks}
         print(f"threads {a.threads}; {torch.backends.cpu.get_cpu_capability()}; times in ms (median of {a.rounds} "
               f"interleaved rounds, each the mean over {COPIES} weight copies)", flush=True)
         for shape in a.shapes.split(","):
             m, k, n = map(int, shape.split("x"))
             x, bias = torch.randn(m, k), torch.randn(n)
             weights = [torch.randn(k, n) for _ in range(COPIES)]
-            runs = {name: (lambda lib=lib, packs=[kiln_gemm.pack(w, lib) for w in weights]:
-                           [kiln_gemm.mm(x, pk, n, bias, lib=lib) for pk in packs]) for name, lib in libs.items()}
+            packs = {lib: [kiln_gemm.pack(w, lib) for w in weights] for lib in built.values()}
+            runs = {name: (lambda lib=lib, kc=kc: _with_k_block(kc, lambda: [kiln_gemm.mm(x, pk, n, bias, lib=lib)
+                                                                              for pk in packs[lib]]))
+                    for name, (lib, kc) in libs.items()}
             if torch.backends.mkl.is_available():  # Inductor-freeze's float32 GEMM, as kiln::mm calls it
                 originals = [w.t().contiguous() for w in weights]  # [N, K]
                 mkl_packs = [torch.ops.mkl._mkl_reorder_linear_weight(o, m) for o in originals]
