@@ -115,7 +115,7 @@ DETAIL_COLUMNS = [
     ("graphs", lambda r: _fmt(r.graphs, "d")),
     ("breaks", lambda r: _fmt(r.graph_breaks, "d")),
     ("fallbacks", lambda r: _fmt(r.fallbacks, "d")),
-    ("note", lambda r: r.error or r.accuracy_detail or ""),
+    ("note", lambda r: r.error or r.accuracy_detail or (f"{r.case.against}: {r.peer_error}" if r.peer_error else "")),
 ]
 
 SUMMARY_COLUMNS = [
@@ -142,16 +142,20 @@ def versus_peer(results: list[Result]) -> tuple[str, list[str], list[list[str]]]
     """Rows (model, threads) x columns mode: the compiled call's time over the `--against` peer's,
     both timed in the case's own process; a geomean row per thread count over accurate cases."""
     paired = [r for r in results if r.versus_peer is not None]
-    if not paired:
+    failed = [r for r in results if r.peer_error]
+    if not paired and not failed:
         return None
-    peers = sorted({r.case.against for r in paired})
+    peers = sorted({r.case.against for r in paired + failed})
     modes = list(dict.fromkeys(r.case.mode for r in paired))
     rows: dict[tuple[str, int], dict[str, str]] = {}
     for r in paired:
         ok = r.passed and r.peer_accuracy == "pass"
         rows.setdefault((r.case.model, r.case.threads), {})[r.case.mode] = f"{r.versus_peer:.2f}" + ("" if ok else " (wrong)")
+    for r in failed:  # (their own calls timed; the peer's compile or first call failed)
+        rows.setdefault((r.case.model, r.case.threads), {})[r.case.mode] = f"{r.case.against} failed"
+        modes += [r.case.mode] if r.case.mode not in modes else []
     body = [[model, str(threads)] + [cells.get(m, "") for m in modes] for (model, threads), cells in rows.items()]
-    for threads in sorted({r.case.threads for r in paired}):
+    for threads in sorted({r.case.threads for r in paired + failed}):
         cells = []
         for m in modes:
             group = [r.versus_peer for r in paired if r.case.mode == m and r.case.threads == threads and r.passed

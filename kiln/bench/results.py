@@ -49,6 +49,7 @@ class Result:
     peer_ms: float | None = None  # the `against` mode's median, interleaved with eager_ms and compiled_ms
     peer_compile_s: float | None = None
     peer_accuracy: str | None = None  # "pass" or "fail": the peer's outputs under the same rule
+    peer_error: str | None = None  # the first line of the peer's failure; the case itself is still timed
     peak_rss_mb: float | None = None  # peak resident memory of the case's whole process
     graphs: int | None = None
     graph_breaks: int | None = None

@@ -112,7 +112,7 @@ def _outcome(result: Result) -> str:
     if result.status != "ok":
         return f"{result.status.upper()} {result.error or ''}".strip()
     accuracy = "accuracy ok" if result.accuracy == "pass" else f"ACCURACY FAIL ({result.accuracy_detail})"
-    peer = ""
+    peer = f", {result.case.against} FAILED: {result.peer_error}" if result.peer_error else ""
     if result.versus_peer:
         wrong = "" if result.peer_accuracy == "pass" else ", its accuracy FAILED"
         peer = f", {result.versus_peer:.2f}x {result.case.against}'s time in this process{wrong}"

@@ -134,6 +134,11 @@ def _time_interleaved(calls: list[Callable], case: Case) -> list[float]:
     return [_median_ms(s) for s in samples]
 
 
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def run_case(case: Case) -> Result:
     """Measure one case in this process. Failures become a Result with status "error", never a raise."""
     result = Result(case=case, status="ok")
@@ -143,7 +148,7 @@ def run_case(case: Case) -> Result:
         _measure(case, result)
     except PhaseError as e:
         result.status, result.phase = "error", e.phase
-        result.error = f"{type(e.error).__name__}: {str(e.error).strip().splitlines()[0] if str(e.error).strip() else ''}"
+        result.error = _first_line(e.error)
         traceback.print_exception(e.error, file=sys.stderr)
     result.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result.wall_s = time.perf_counter() - start
@@ -190,10 +195,14 @@ def _measure(case: Case, result: Result) -> None:
     result.fallbacks = stats.get("fallbacks")
     calls = [eager, compiled]
     if case.against:
-        calls.append(_phase("peer", lambda: _compile_peer(case, eager_model, inputs, reference, fp64_reference, result)))
+        try:
+            calls.append(_compile_peer(case, eager_model, inputs, reference, fp64_reference, result))
+        except Exception as e:  # noqa: BLE001 - the peer's failure is recorded; the case's own mode is still timed
+            result.peer_error = _first_line(e)
+            traceback.print_exception(e, file=sys.stderr)
     times = _phase("timing", lambda: _time_interleaved(calls, case))
     result.eager_ms, result.compiled_ms = times[:2]
-    result.peer_ms = times[2] if case.against else None
+    result.peer_ms = times[2] if len(times) > 2 else None
     result.speedup = result.eager_ms / result.compiled_ms
     if case.profile:
         from kiln.bench.profile import profile_step

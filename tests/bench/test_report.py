@@ -126,3 +126,11 @@ def test_the_peer_table_holds_same_process_ratios_and_their_geomean():
     assert rows[3] == ["geomean", "1", "1.00 (max 2.00)"]  # the wrong peer's case left out
     assert "0.50" in text_report(results, META) and versus_peer(RESULTS) is None
     assert json.loads(json.dumps(json_report(results, META)))["results"][0]["peer_ms"] == 2.0
+
+
+def test_a_failed_peer_shows_in_the_peer_table_and_the_cases_note():
+    failed = Result(Case("a", "kiln", 1, against="inductor-freeze"), "ok", accuracy="pass", eager_ms=2.0,
+                    compiled_ms=1.0, speedup=2.0, peer_error="RuntimeError: boom")
+    title, header, rows = versus_peer([failed])
+    assert rows == [["a", "1", "inductor-freeze failed"], ["geomean", "1", "-"]]
+    assert "inductor-freeze: RuntimeError: boom" in text_report([failed], META)

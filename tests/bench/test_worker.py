@@ -104,3 +104,13 @@ def test_rounds_rotate_which_call_goes_first():
     medians = worker._time_interleaved(calls, Case("mlp", "eager", 1, iters=3, warmup=1))
     assert len(medians) == 3 and all(m >= 0 for m in medians)
     assert events == list("abc") + list("abc") + list("bca") + list("cab")
+
+
+def test_a_peer_that_fails_to_compile_is_recorded_and_the_case_still_timed(monkeypatch):
+    def broken(model):
+        raise RuntimeError("the peer broke\nmore")
+
+    monkeypatch.setitem(modes.MODES, "peer", _mode("peer", broken))
+    r = worker.run_case(Case("mlp", "eager", 1, iters=2, warmup=0, against="peer"))
+    assert r.status == "ok" and r.compiled_ms > 0 and r.speedup is not None
+    assert r.peer_error == "RuntimeError: the peer broke" and r.peer_ms is None and r.versus_peer is None
