@@ -146,14 +146,13 @@ def versus_peer(results: list[Result]) -> tuple[str, list[str], list[list[str]]]
     if not paired and not failed:
         return None
     peers = sorted({r.case.against for r in paired + failed})
-    modes = list(dict.fromkeys(r.case.mode for r in paired))
+    modes = list(dict.fromkeys(r.case.mode for r in paired + failed))
     rows: dict[tuple[str, int], dict[str, str]] = {}
     for r in paired:
         ok = r.passed and r.peer_accuracy == "pass"
         rows.setdefault((r.case.model, r.case.threads), {})[r.case.mode] = f"{r.versus_peer:.2f}" + ("" if ok else " (wrong)")
     for r in failed:  # (their own calls timed; the peer's compile or first call failed)
         rows.setdefault((r.case.model, r.case.threads), {})[r.case.mode] = f"{r.case.against} failed"
-        modes += [r.case.mode] if r.case.mode not in modes else []
     body = [[model, str(threads)] + [cells.get(m, "") for m in modes] for (model, threads), cells in rows.items()]
     for threads in sorted({r.case.threads for r in paired + failed}):
         cells = []

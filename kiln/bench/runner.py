@@ -112,8 +112,10 @@ def _outcome(result: Result) -> str:
     if result.status != "ok":
         return f"{result.status.upper()} {result.error or ''}".strip()
     accuracy = "accuracy ok" if result.accuracy == "pass" else f"ACCURACY FAIL ({result.accuracy_detail})"
-    peer = f", {result.case.against} FAILED: {result.peer_error}" if result.peer_error else ""
-    if result.versus_peer:
+    peer = ""
+    if result.peer_error:
+        peer = f", {result.case.against} FAILED: {result.peer_error}"
+    elif result.versus_peer:
         wrong = "" if result.peer_accuracy == "pass" else ", its accuracy FAILED"
         peer = f", {result.versus_peer:.2f}x {result.case.against}'s time in this process{wrong}"
     return f"{result.speedup:.2f}x, compile {result.compile_s:.1f} s, {accuracy}{peer}"

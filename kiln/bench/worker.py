@@ -26,7 +26,7 @@ from torch import nn
 
 from kiln.bench.accuracy import Verdict, compare, flatten_tensors
 from kiln.bench.models import MODELS
-from kiln.bench.modes import MODES
+from kiln.bench.modes import MODES, Mode
 from kiln.bench.results import Case, Result
 
 
@@ -157,7 +157,6 @@ def run_case(case: Case) -> Result:
 
 def _measure(case: Case, result: Result) -> None:
     spec, mode = MODELS[case.model], MODES[case.mode]
-    sync = _synchronizer(case.device)
     eager_model = _phase("build", lambda: spec.build(case.train).to(case.device))
     compiled_model = copy.deepcopy(eager_model)
     cpu_inputs = _phase("build", spec.make_inputs)
@@ -172,18 +171,7 @@ def _measure(case: Case, result: Result) -> None:
         model64 = copy.deepcopy(eager_model).cpu().double()
         return _first_outputs(case, _make_step(case, model64, model64, _double(cpu_inputs), device="cpu"))
 
-    def compile_and_run():
-        runner = mode.compile(compiled_model)
-        step = _make_step(case, compiled_model, runner, inputs)
-        outputs = _first_outputs(case, step)
-        sync()
-        return step, outputs
-
-    sync()
-    t0 = time.perf_counter()
-    compiled, outputs = _phase("compile", compile_and_run)
-    result.compile_s = time.perf_counter() - t0
-    outputs = _cpu(outputs)
+    compiled, outputs, result.compile_s = _phase("compile", lambda: _compile_and_run(case, mode, compiled_model, inputs))
 
     verdict: Verdict = _phase("accuracy", lambda: compare(outputs, reference, fp64_reference))
     result.accuracy = "pass" if verdict.passed else "fail"
@@ -210,20 +198,26 @@ def _measure(case: Case, result: Result) -> None:
         result.kernel_profile = _phase("profile", lambda: profile_step(compiled, case.iters, case.warmup))
 
 
+def _compile_and_run(case: Case, mode: Mode, model: nn.Module, inputs: dict[str, torch.Tensor]):
+    """The step of `model` compiled by `mode`, its first call's outputs (on the CPU), and the
+    seconds compiling and that call took: a first-ever compile when the caches are cold."""
+    sync = _synchronizer(case.device)
+    sync()
+    t0 = time.perf_counter()
+    step = _make_step(case, model, mode.compile(model), inputs)
+    outputs = _first_outputs(case, step)
+    sync()
+    seconds = time.perf_counter() - t0
+    return step, _cpu(outputs), seconds
+
+
 def _compile_peer(case: Case, eager_model: nn.Module, inputs: dict[str, torch.Tensor], reference: list[torch.Tensor],
                   fp64_reference: Callable[[], list[torch.Tensor]], result: Result) -> Callable:
     """A third copy of the model compiled by the peer mode `case.against`, checked under the same
     accuracy rule; its calls are then timed in the same rounds as eager's and the case's own, so
     the two compiled calls see one process's machine (a cloud VM's speed drifts between processes
     by 10-30 %, more than the margins being measured)."""
-    peer_model = copy.deepcopy(eager_model)
-    sync = _synchronizer(case.device)
-    sync()
-    t0 = time.perf_counter()
-    step = _make_step(case, peer_model, MODES[case.against].compile(peer_model), inputs)
-    outputs = _cpu(_first_outputs(case, step))
-    sync()
-    result.peer_compile_s = time.perf_counter() - t0
+    step, outputs, result.peer_compile_s = _compile_and_run(case, MODES[case.against], copy.deepcopy(eager_model), inputs)
     result.peer_accuracy = "pass" if compare(outputs, reference, fp64_reference).passed else "fail"
     return step
 
