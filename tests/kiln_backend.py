@@ -9,7 +9,7 @@ from torch import fx
 
 import kiln
 from kiln import aot
-from kiln.autotune import gemm
+from kiln.autotune import attention, gemm
 from kiln.backend import Backend, watch
 from kiln.runtime import fallback
 
@@ -43,8 +43,9 @@ def kiln_wherever_offered(monkeypatch):
     """The autotuner's answer made kiln's own implementation wherever it is a candidate: a test of
     kiln's kernels in a model, not of which implementation this machine's timing would pick."""
     pick = gemm.choose
-    monkeypatch.setattr(gemm, "choose", lambda op, signature, candidates, *a, **k: "kiln" if "kiln" in candidates
-                        else pick(op, signature, candidates, *a, **k))
+    for module in (gemm, attention):
+        monkeypatch.setattr(module, "choose", lambda op, signature, candidates, *a, **k: "kiln" if "kiln" in candidates
+                            else pick(op, signature, candidates, *a, **k))
 
 
 def compiled_graphs(model, *inputs, cpp_wrapper: bool = True, tolerance: float = 1e-4) -> list:

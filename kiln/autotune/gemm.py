@@ -27,7 +27,7 @@ BUDGET = {"default": 0.25, "max-autotune": 1.5}
 ROUNDS = {"default": 15, "max-autotune": 50}
 
 
-class _Inputs:
+class Inputs:
     """Random tensors like the fake values a question is about, made on first use by a
     candidate: a question answered from the cache never pays for them (filling them was most of
     a cold BERT compile's autotuning time), and they are drawn from a generator of their own, so
@@ -57,13 +57,13 @@ class _Inputs:
 
 
 def _strides(val: torch.Tensor, memory_format: torch.memory_format | None) -> tuple[int, ...]:
-    """The strides `_Inputs` gives a tensor like `val` (without making it)."""
+    """The strides `Inputs` gives a tensor like `val` (without making it)."""
     if memory_format is None:
         return tuple(val.stride())
     return tuple(torch.empty(tuple(val.shape), dtype=val.dtype, device="meta").contiguous(memory_format=memory_format).stride())
 
 
-def _no_grad(candidates: dict[str, Callable[[], object]]) -> dict[str, Callable[[], object]]:
+def no_grad(candidates: dict[str, Callable[[], object]]) -> dict[str, Callable[[], object]]:
     def wrap(run: Callable[[], object]) -> Callable[[], object]:
         def go() -> object:
             with torch.no_grad():
@@ -152,7 +152,7 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
     kernel after the GEMM costs, roughly), and those of `FUSED_POST_OPS` also with the op inside
     their GEMM: that candidate's name when it wins."""
     weights = [f"b{k}" for k in range(weight_copies(b))]
-    r = _Inputs(a=(a, None), bias=(bias, None), **{name: (b, None) for name in weights})
+    r = Inputs(a=(a, None), bias=(bias, None), **{name: (b, None) for name in weights})
     unary, scalars, algorithm = post_op
     after = lambda y: unary_aten(y, unary, scalars, algorithm or None)  # noqa: E731
     candidates = {name: _rotating(r, weights, lambda b, f=MM_IMPLS[name]: after(f(r.a, b, r.bias, "none", [], None)))
@@ -169,7 +169,7 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
             if r.made(name) is not None:
                 drop_packs(r.made(name))
 
-    return choose("mm", signature, _no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=cleanup)
+    return choose("mm", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=cleanup)
 
 
 # In a model, a GEMM's weight was last read a layer ago and comes from L3 or DRAM, while its input
@@ -188,7 +188,7 @@ def weight_copies(b: torch.Tensor) -> int:
     return max(1, min(MAX_WEIGHT_COPIES, -(-WEIGHT_STREAM_BYTES // nbytes)))
 
 
-def _rotating(r: _Inputs, weights: list[str], run: Callable[[torch.Tensor], object]) -> Callable[[], object]:
+def _rotating(r: Inputs, weights: list[str], run: Callable[[torch.Tensor], object]) -> Callable[[], object]:
     """A candidate that runs on the next copy of the weight at each call; its first call (the
     untimed warm-up) runs on every copy, so each is packed before the timed rounds."""
     turn = [-1]
@@ -216,11 +216,11 @@ def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: t
     `channels_last_only`, where the graph's layout was decided for it (conv_prepack.py)."""
     stride, padding, dilation, groups = conv_args
     arriving = torch.channels_last if x_channels_last else None
-    r = _Inputs(x=(x, arriving), w=(w, None), bias=(bias, None), other=(other, arriving))
+    r = Inputs(x=(x, arriving), w=(w, None), bias=(bias, None), other=(other, arriving))
     names = [n for n in CONV_IMPLS if not ((x_channels_last or channels_last_only) and n == "aten")
              and (n != "kiln" or kiln_conv_applies(x, w, stride, padding, dilation, groups))]
     candidates = {name: (lambda impl=CONV_IMPLS[name]: impl(
         r.x, r.w, r.bias, stride, padding, dilation, groups, unary, scalars, algorithm, r.other)) for name in names}
     signature = (tuple(x.shape), _strides(x, arriving), tuple(w.shape), str(x.dtype), bias is not None, tuple(stride),
                  tuple(padding), tuple(dilation), groups, unary, tuple(scalars), algorithm, other is not None)
-    return choose("conv", signature, _no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=lambda: drop_packs(r.w))
+    return choose("conv", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=lambda: drop_packs(r.w))

@@ -144,9 +144,7 @@ def _conv(call: dict, out: Any) -> tuple[int, str]:
                    f"{f' g{groups}' if groups != 1 else ''}{' ' + post if post else ''}")
 
 
-def _attention(args: tuple, kwargs: dict, out: Any) -> tuple[int, str]:
-    q, k, v = args[:3]
-    causal = kwargs.get("is_causal", args[4] if len(args) > 4 else False)
+def _attention(q: Any, k: Any, v: Any, causal: bool) -> tuple[int, str]:
     *batch, length, e = q.shape
     source, ev = k.shape[-2], v.shape[-1]
     # Q·Kᵀ and P·V; a causal mask skips about half of both.
@@ -167,8 +165,11 @@ def extern_cost(name: str, op: Any, args: tuple, kwargs: dict, out: Any) -> Cost
     if {"x", "weight"} <= call.keys():  # kiln::conv
         flops, what = _conv(call, out)
         return Cost(flops, moved, "conv", what.replace("kiln::conv", name), dtype)
-    if "scaled_dot_product" in name:
-        flops, what = _attention(args, kwargs, out)
+    if name == "kiln::attention":
+        flops, what = _attention(call["q"], call["k"], call["v"], call.get("is_causal", False))
+        return Cost(flops, moved, "attention", what.replace("attention", "kiln::attention", 1), dtype)
+    if "scaled_dot_product" in name:  # ATen's (q, k, v, dropout_p, is_causal, ...)
+        flops, what = _attention(*args[:3], kwargs.get("is_causal", args[4] if len(args) > 4 else False))
         return Cost(flops, moved, "attention", what, dtype)
     if getattr(op, "is_view", False):  # as_strided, alias: how views reach externs; no work
         return Cost(0, 0, "view", f"{name} {shapes}")

@@ -43,7 +43,7 @@ class Epilogue(ctypes.Structure):
 
 
 def _entries() -> str:
-    lines = ['extern "C" {', "int kiln_gemm_nr() { return kiln_gemm::NR; }"]
+    lines = ['extern "C" {', "int kiln_gemm_nr() { return kiln_gemm::NR; }", "int kiln_vec_lanes() { return kiln::L; }"]
     for suffix, ctype in _CTYPE.items():
         lines += [
             f"int64_t kiln_gemm_packed_elements_{suffix}(int64_t K, int64_t N) "
@@ -63,6 +63,12 @@ def _entries() -> str:
         "const float* other, float* y, const kiln_gemm::Epilogue* e) { kiln_depthwise::conv(kiln_depthwise::Shape{"
         "d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13]}, x, wp, bias, other, y, *e); }",
     ]
+    # kiln's attention (kiln/externs/kiln_attention.py) is built on the GEMM's register tiles.
+    lines += [
+        "void kiln_attention_f32(const int64_t* shape, const float* q, const float* k, const float* v, "
+        "const float* mask, float* out, float scale, int32_t causal) { kiln_attention::Shape z; "
+        "std::memcpy(&z, shape, sizeof z); kiln_attention::attention(z, q, k, v, mask, out, scale, causal != 0); }",
+    ]
     return "\n".join([*lines, "}"])
 
 
@@ -70,7 +76,7 @@ def source(defines_flag: bool = True) -> str:
     """The translation unit of kiln's own CPU kernels: the GEMM and the depthwise convolution;
     `defines_flag` False where another unit of the same library defines the index-error flag (an
     exported model's kernels, kiln/deploy/export.py)."""
-    return "\n".join([header_text(defines_flag=defines_flag), header_text(("kiln_gemm.h", "kiln_depthwise.h")),
+    return "\n".join([header_text(defines_flag=defines_flag), header_text(("kiln_gemm.h", "kiln_depthwise.h", "kiln_attention.h")),
                       _entries()])
 
 
@@ -90,6 +96,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         getattr(lib, f"kiln_gemm_{suffix}").argtypes = [i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
     lib.kiln_depthwise_pack_f32.argtypes = [ptr, i64, i64, ptr]
     lib.kiln_depthwise_f32.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+    lib.kiln_attention_f32.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ctypes.c_float, ctypes.c_int32]
     return lib
 
 

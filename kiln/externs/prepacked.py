@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from kiln.externs import kiln_conv1x1, kiln_depthwise, kiln_gemm
+from kiln.externs import kiln_attention, kiln_conv1x1, kiln_depthwise, kiln_gemm
 
 aten, mkldnn, mkl = torch.ops.aten, torch.ops.mkldnn, torch.ops.mkl
 
@@ -257,7 +257,8 @@ def _conv_fake(x, weight, bias, stride, padding, dilation, groups, unary, scalar
 # The compiled wrapper calls these Python functions directly (kiln/codegen/wrapper.py): the same
 # code the registered CPU kernels run, without ~20 µs of dispatch per call.
 DIRECT_CALLS: dict[str, Callable] = {"kiln::mm": _mm, "kiln::mm_layer_norm": _mm_layer_norm,
-                                     "kiln::mm_add_layer_norm": _mm_add_layer_norm, "kiln::conv": _conv}
+                                     "kiln::mm_add_layer_norm": _mm_add_layer_norm, "kiln::conv": _conv,
+                                     "kiln::attention": kiln_attention.attention}
 
 _lib.impl("mm", _mm, "CPU")
 _lib.impl("conv", _conv, "CPU")

@@ -19,13 +19,13 @@ def private_cache(tmp_path):
 
 def _count_inputs(monkeypatch) -> list:
     made = []
-    original = gemm._Inputs._random
+    original = gemm.Inputs._random
 
     def counting(self, val, memory_format):
         made.append(tuple(val.shape))
         return original(self, val, memory_format)
 
-    monkeypatch.setattr(gemm._Inputs, "_random", counting)
+    monkeypatch.setattr(gemm.Inputs, "_random", counting)
     return made
 
 
@@ -48,7 +48,7 @@ def test_a_weight_larger_than_the_stream_is_timed_alone():
 
 
 def test_each_call_of_a_candidate_reads_the_next_copy_and_the_warm_up_packs_them_all():
-    r = gemm._Inputs(**{f"b{k}": (torch.empty(2, 2, device="meta"), None) for k in range(3)})
+    r = gemm.Inputs(**{f"b{k}": (torch.empty(2, 2, device="meta"), None) for k in range(3)})
     seen = []
     run = gemm._rotating(r, ["b0", "b1", "b2"], lambda b: seen.append(b.data_ptr()))
     run()  # the warm-up: every copy

@@ -16,6 +16,7 @@ import torch
 import kiln
 from kiln.backend import driver
 from kiln.codegen.cpp_wrapper import cpp_wrapper
+from kiln.externs import kiln_attention
 from kiln.externs import prepacked
 from kiln.native import runtime
 from kiln.runtime import fallback
@@ -170,6 +171,47 @@ def test_a_conv_net_runs_its_convolutions_through_the_runtime():
     graphs = _compiled(model, (torch.randn(2, 8, 12, 12),), rtol=1e-4, atol=1e-4)
     wrappers = "".join(g.artifact.cpp_wrapper for g in graphs)
     assert "kiln_conv(" in wrappers and "kiln_find_op(\"kiln::conv\"" not in wrappers
+
+
+# kiln::attention's masks: none, one per query and key, and a key-padding one broadcast over the
+# queries (read where it lies, with a zero query stride).
+ATTENTION_MASKS = {"no mask": None, "a [Sq, Sk] mask": (1, 1, 7, 9), "a key-padding mask": (1, 1, 1, 9)}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask", list(ATTENTION_MASKS))
+def test_kiln_attention_runs_through_the_runtime_with_atens_results(mask, causal):
+    torch.manual_seed(0)
+    # q a transposed view ([B, S, H, D] as models make it), read where it lies
+    q, k, v = torch.randn(1, 7, 2, 32).transpose(1, 2), torch.randn(1, 2, 9, 32), torch.randn(1, 2, 9, 32)
+    m = torch.randn(ATTENTION_MASKS[mask]) if ATTENTION_MASKS[mask] else None
+
+    def fn(q, k, v, m):
+        return torch.ops.kiln.attention(q, k, v, m, 0.3, causal)
+
+    kiln.reset()
+    fallback.reset()
+    with torch.no_grad(), kiln.backend.watch() as built:
+        got = kiln.compile(fn)(q, k, v, m)
+    want = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=m, scale=0.3)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got.stride() == want.stride()  # ATen's layout, [B, Sq, H, Dv]
+    assert not fallback.FALLBACKS, fallback.FALLBACKS
+    graphs = _graphs(built)
+    assert graphs and all(g.artifact.cpp_wrapper is not None for g in graphs)
+    wrappers = "".join(g.artifact.cpp_wrapper for g in graphs)
+    assert "kiln_attention(" in wrappers and "kiln_find_op(\"kiln::attention\"" not in wrappers
+
+
+def test_the_runtimes_kiln_attention_refuses_what_its_kernel_does_not_compute():
+    d = kiln_attention.lanes() + 1  # v's head size not a multiple of the vector width
+    q = k = v = torch.randn(1, 2, 5, d)
+    kiln.reset()
+    fallback.reset()
+    # (the runtime's message: the Python kernel's writes the sizes as a tuple)
+    with torch.no_grad(), pytest.raises(RuntimeError, match=rf"kiln::attention: .* not q \[1, 2, 5, {d}\] Float") as e:
+        kiln.compile(lambda q, k, v: torch.ops.kiln.attention(q, k, v, None, 0.5, False))(q, k, v)
+    assert "frame #" not in str(e.value)  # no C++ backtrace
 
 
 def test_an_index_out_of_range_raises_index_error():

@@ -81,6 +81,12 @@ KILN_API int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, cons
 KILN_API int kiln_mm_layer_norm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, kiln_tensor residual,
                                 kiln_tensor weight, kiln_tensor norm_bias, double eps, int64_t k_block,
                                 kiln_tensor* out, kiln_tensor* sum);
+// kiln::attention(q, k, v, mask, scale, causal) (kiln/externs/kiln_attention.py), float32, in
+// kiln's own kernel: softmax(q · kᵀ · scale + mask) · v, [B, H, Sq, Dv] laid out [B, Sq, H, Dv];
+// `mask` (additive, broadcastable to the scores) may be NULL; `causal`: query i sees keys 0..i.
+// Fails, naming the operands, where the kernel does not apply.
+KILN_API int kiln_attention(kiln_tensor q, kiln_tensor k, kiln_tensor v, kiln_tensor mask, double scale,
+                            int32_t causal, kiln_tensor* out);
 // Packed weights the runtime holds (those of freed weights are dropped at the next pack).
 KILN_API int64_t kiln_packs_held(void);
 // Bytes of the packed forms held for `weight` now (as kiln/externs/prepacked.py counts them).

@@ -10,6 +10,8 @@
 #include <ATen/ops/clamp.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/empty_permuted.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/hardswish.h>
@@ -22,6 +24,7 @@
 #include <ATen/ops/silu.h>
 #include <ATen/ops/tanh.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -57,6 +60,12 @@ extern "C" void kiln_gemm_bf16(int64_t M, int64_t N, int64_t K, const void* a, i
 extern "C" void kiln_depthwise_pack_f32(const float* w, int64_t C, int64_t taps, float* out);
 extern "C" void kiln_depthwise_f32(const int64_t* shape, const float* x, const float* wp, const float* bias,
                                    const float* other, float* y, const KilnGemmEpilogue* e);
+// kiln's attention, in the same unit (kiln/externs/kiln_attention.py): `shape` as
+// kiln_attention::Shape, 21 values; `mask` may be NULL.
+extern "C" void kiln_attention_f32(const int64_t* shape, const float* q, const float* k, const float* v,
+                                   const float* mask, float* out, float scale, int32_t causal);
+// The float32 lanes of the unit's vectors (v's head size must be a multiple of them).
+extern "C" int kiln_vec_lanes();
 
 namespace {
 
@@ -147,6 +156,9 @@ int guarded(F&& body) {
   try {
     body();
     return 0;
+  } catch (const c10::Error& e) {
+    // (its message without libtorch's C++ backtrace, as torch's Python bindings show it)
+    last_error = e.what_without_backtrace();
   } catch (const std::exception& e) {
     last_error = e.what();
   } catch (...) {
@@ -467,9 +479,87 @@ at::Tensor conv(const at::Tensor& x_in, const at::Tensor& weight, const std::opt
   return unary_aten(y, unary, scalars, n, algorithm);
 }
 
+// ---- kiln::attention ------------------------------------------------------------------------------
+
+// Whether kiln's kernel computes this attention (kiln_attention.py `applies`): float32 [B, H, S, D]
+// operands of one batch and head count, v's head size a multiple of the vector width, and an
+// additive float32 mask broadcastable to the scores, or none.
+bool attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const std::optional<at::Tensor>& mask) {
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    if (t->dim() != 4 || t->scalar_type() != at::kFloat) return false;
+  }
+  const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), D = q.size(3), Sk = k.size(2), Dv = v.size(3);
+  if (k.size(0) != B || k.size(1) != H || k.size(3) != D || v.size(0) != B || v.size(1) != H || v.size(2) != Sk ||
+      Dv % kiln_vec_lanes() != 0 || B == 0 || H == 0 || Sq == 0 || Sk == 0 || D == 0 || Dv == 0) {
+    return false;
+  }
+  if (!mask) return true;
+  if (mask->scalar_type() != at::kFloat || mask->dim() != 4) return false;
+  const int64_t scores[4] = {B, H, Sq, Sk};
+  for (int d = 0; d < 4; ++d) {
+    if (mask->size(d) != 1 && mask->size(d) != scores[d]) return false;
+  }
+  return true;
+}
+
+// The kernel steps along rows by pointer: a row's elements must be adjacent (a row of one element
+// has no stride to mind).
+at::Tensor rows_unit(const at::Tensor& t) { return t.stride(-1) == 1 || t.size(-1) == 1 ? t : t.contiguous(); }
+
+// The output as ATen's CPU kernel makes it (its meta function: `empty_like(query)`), so that the
+// graph's later views of it stay valid: q's order of dimensions, v's head size (kiln_attention.py
+// `output_like`).
+at::Tensor attention_output(const at::Tensor& q, int64_t Dv) {
+  if (Dv == q.size(3)) return at::empty_like(q);
+  std::vector<int64_t> order = {0, 1, 2, 3};
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return q.stride(a) > q.stride(b); });
+  return at::empty_permuted({q.size(0), q.size(1), q.size(2), Dv}, order, q.options());
+}
+
+// kiln::attention (kiln_attention.py `attention`), the same preparation: q, k, v read where they
+// lie once their rows are of unit stride, the mask expanded to the scores (zero strides along its
+// broadcast dimensions) and copied only when its rows are not of unit stride.
+at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                     const std::optional<at::Tensor>& mask_in, double scale, bool causal) {
+  TORCH_CHECK(attention_applies(q_in, k_in, v_in, mask_in),
+              "kiln::attention: kiln's kernel takes float32 [B, H, S, D] q, k, v with v's head size a multiple of ",
+              kiln_vec_lanes(), " and a float32 mask broadcastable to the scores, not q ", q_in.sizes(), " ",
+              q_in.scalar_type(), ", k ", k_in.sizes(), ", v ", v_in.sizes(), ", mask ",
+              mask_in ? c10::str(mask_in->sizes(), " ", mask_in->scalar_type()) : std::string("None"));
+  const at::Tensor result = attention_output(q_in, v_in.size(3));
+  // The kernel writes rows of unit stride (where q's last dimension is not its innermost, into a copy first).
+  at::Tensor out = result.stride(3) == 1 ? result : at::empty(result.sizes(), result.options());
+  const at::Tensor q = rows_unit(q_in), k = rows_unit(k_in), v = rows_unit(v_in);
+  const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), D = q.size(3), Sk = k.size(2), Dv = v.size(3);
+  at::Tensor mask;
+  if (mask_in) {
+    mask = mask_in->expand({B, H, Sq, Sk});
+    if (mask.stride(3) != 1) mask = mask.contiguous();
+  }
+  const int64_t shape[21] = {B, H, Sq, Sk, D, Dv,
+                             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                             v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+                             mask.defined() ? mask.stride(0) : 0, mask.defined() ? mask.stride(1) : 0,
+                             mask.defined() ? mask.stride(2) : 0};
+  kiln_attention_f32(shape, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                     mask.defined() ? mask.data_ptr<float>() : nullptr, out.data_ptr<float>(),
+                     static_cast<float>(scale), causal ? 1 : 0);
+  if (!out.is_same(result)) result.copy_(out);
+  return result;
+}
+
 }  // namespace
 
 extern "C" {
+
+int kiln_attention(kiln_tensor q, kiln_tensor k, kiln_tensor v, kiln_tensor mask, double scale, int32_t causal,
+                   kiln_tensor* out) {
+  return guarded([&] {
+    std::optional<at::Tensor> m = mask ? std::optional<at::Tensor>(tensor_of(mask)) : std::nullopt;
+    *out = new_handle(attention(tensor_of(q), tensor_of(k), tensor_of(v), m, scale, causal != 0));
+  });
+}
 
 int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, const int64_t* stride, const int64_t* padding,
               const int64_t* dilation, int64_t spatial, int64_t groups, const char* unary, const kiln_arg* scalars,

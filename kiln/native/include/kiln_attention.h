@@ -1,0 +1,305 @@
+// kiln's own attention for inference: out = softmax(q · kᵀ · scale + mask) · v in float32, every
+// batch and head in one call. q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv] and out
+// [B, H, Sq, Dv] each have their own strides with rows of unit stride; the additive mask is
+// broadcast to [B, H, Sq, Sk] by zero strides; `causal`: query i sees keys 0..i (ATen's is_causal).
+//
+// A task is one head's range of query rows; each thread runs its tasks with buffers of its own:
+//   1. kᵀ packed into panels [ceil(keys / NR)][D][NR] (the GEMM's layout: kiln_gemm.h), once
+//      per task: a transpose of the head's keys, the only copy of an operand;
+//   2. for each block of QB query rows: S = q · kᵀ, register tiles of MR rows x NR keys (q's values
+//      broadcast where they lie), into a row-major buffer of QB x Sk that stays in L1/L2;
+//   3. each row of S scaled, masked, exponentiated against its maximum, its sum's inverse kept;
+//   4. out = P · v, register tiles of MR_O rows x NV_O vectors of v (read where it lies), each
+//      row multiplied by its inverse sum in the store.
+// Whole rows of scores are held (no running rescale as in flash attention): at the lengths a CPU
+// runs in inference the block of rows fits the caches (QB x Sk floats per thread). A causal task
+// computes only the tiles at or below the diagonal. A row whose every score is -inf (fully masked)
+// is zeros, as ATen's CPU flash kernel makes it.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <omp.h>
+#include <utility>
+#include <vector>
+
+namespace kiln_attention {
+using kiln::L;
+using V = kiln::vec<float>;
+
+// S tiles: the GEMM's register blocking. P · v tiles: v's rows are Dv wide (64 in most models), so
+// wider tiles of fewer rows: 6 x 4 vectors where the register file has 32 (AVX-512, NEON), 6 x 2
+// where it has 16.
+constexpr int MR_S = kiln_gemm::MR, NV_S = kiln_gemm::NV, NR_S = NV_S * L;
+constexpr int MR_O = 6, NV_O = kiln_gemm::NV >= 3 ? 4 : 2;
+// Query rows per block of scores: QB x Sk floats (48 x 197 x 4 = 38 KB for ViT-base) stay in L1/L2.
+constexpr int64_t QB = 48;
+
+struct Shape {
+  int64_t B, H, Sq, Sk, D, Dv;
+  int64_t q_b, q_h, q_s, k_b, k_h, k_s, v_b, v_h, v_s, o_b, o_h, o_s;  // element strides
+  int64_t m_b, m_h, m_q;  // the mask's (0 along a broadcast dimension); its rows of unit stride
+};
+
+// acc += A [R rows, kc] @ B [kc, NVX vectors], A's rows lda apart (its values broadcast), B's
+// rows ldb apart.
+template <int R, int NVX>
+static inline void micro(V (&acc)[R][NVX], int64_t kc, const float* a, int64_t lda, const float* b, int64_t ldb) {
+  for (int64_t k = 0; k < kc; ++k) {
+    V bv[NVX];
+#pragma GCC unroll 8
+    for (int v = 0; v < NVX; ++v) bv[v] = kiln::load(b + k * ldb + v * L);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      V ar = kiln_gemm::broadcast(a + r * lda + k);
+#pragma GCC unroll 8
+      for (int v = 0; v < NVX; ++v) acc[r][v] = kiln_gemm::fma(ar, bv[v], acc[r][v]);
+    }
+  }
+}
+
+// rows x NVX vectors of A @ B, each row times row_scale[r] (or 1), stored at c (rows ldc apart).
+template <int R, int NVX>
+static inline void tile(int64_t kc, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+                        const float* row_scale) {
+  V acc[R][NVX];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NVX; ++v) acc[r][v] = V{};
+  micro<R, NVX>(acc, kc, a, lda, b, ldb);
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NVX; ++v) kiln::store(c + r * ldc + v * L, row_scale ? acc[r][v] * row_scale[r] : acc[r][v]);
+}
+
+// The tile instantiated for exactly `rows` (<= MAX) rows and `nv` (<= NVMAX) vectors.
+template <int MAX, int NVMAX, int R = MAX>
+static inline void tile_rows(int rows, int nv, int64_t kc, const float* a, int64_t lda, const float* b, int64_t ldb,
+                             float* c, int64_t ldc, const float* row_scale) {
+  if constexpr (R > 1) {
+    if (rows < R) return tile_rows<MAX, NVMAX, R - 1>(rows, nv, kc, a, lda, b, ldb, c, ldc, row_scale);
+  }
+  if constexpr (NVMAX >= 4) if (nv == 4) return tile<R, 4>(kc, a, lda, b, ldb, c, ldc, row_scale);
+  if constexpr (NVMAX >= 3) if (nv == 3) return tile<R, 3>(kc, a, lda, b, ldb, c, ldc, row_scale);
+  if constexpr (NVMAX >= 2) if (nv == 2) return tile<R, 2>(kc, a, lda, b, ldb, c, ldc, row_scale);
+  tile<R, 1>(kc, a, lda, b, ldb, c, ldc, row_scale);
+}
+
+// What a tile of scores does before its store: scale, add the mask's row (mask + r * m_q, or
+// none), set -inf past each row's end (causal: keys after the row's own; always: keys past Sk),
+// and raise each row's running maximum (a vector per row: one horizontal max per row, later).
+struct ScoreStore {
+  float scale;
+  const float* mask;  // at the tile's first row and key
+  int64_t m_q;
+  int64_t i0, j0, Sk;  // the tile's first row and key; the key count
+  bool causal;
+  V* row_max;  // at the tile's first row
+};
+
+template <int R, int NVX>
+static inline void score_tile(int64_t D, const float* a, int64_t lda, const float* b, float* c, int64_t ldc,
+                              const ScoreStore& st) {
+  V acc[R][NVX];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NVX; ++v) acc[r][v] = V{};
+  micro<R, NVX>(acc, D, a, lda, b, NR_S);
+  const V minus_inf = V{} - std::numeric_limits<float>::infinity();
+  for (int r = 0; r < R; ++r) {
+    const int64_t end = st.causal ? std::min(st.Sk, st.i0 + r + 1) : st.Sk;
+    V m = st.row_max[r];
+#pragma GCC unroll 8
+    for (int v = 0; v < NVX; ++v) {
+      const int64_t j = st.j0 + v * L;
+      const int n = int(std::max<int64_t>(0, std::min<int64_t>(L, end - j)));
+      V x = acc[r][v] * st.scale;
+      if (n == L) {
+        if (st.mask) x += kiln::load(st.mask + r * st.m_q + v * L);
+      } else {
+        if (st.mask) x += kiln_gemm::load_n(st.mask + r * st.m_q + v * L, false, n);
+        x = kiln::select(kiln::vlt(kiln::iota<int32_t>(0, 1), kiln::splat<int32_t>(n)), x, minus_inf);
+      }
+      kiln::store(c + r * ldc + v * L, x);
+      m = x > m ? x : m;
+    }
+    st.row_max[r] = m;
+  }
+}
+
+template <int MAX, int R = MAX>
+static inline void score_rows(int rows, int nv, int64_t D, const float* a, int64_t lda, const float* b, float* c,
+                              int64_t ldc, const ScoreStore& st) {
+  if constexpr (R > 1) {
+    if (rows < R) return score_rows<MAX, R - 1>(rows, nv, D, a, lda, b, c, ldc, st);
+  }
+  if constexpr (NV_S >= 3) if (nv == 3) return score_tile<R, 3>(D, a, lda, b, c, ldc, st);
+  if constexpr (NV_S >= 2) if (nv == 2) return score_tile<R, 2>(D, a, lda, b, c, ldc, st);
+  score_tile<R, 1>(D, a, lda, b, c, ldc, st);
+}
+
+// The L x L block at rows r[0..L) transposed in registers: log2(L) rounds, each exchanging the
+// off-diagonal blocks of width w between rows i and i + w (two-source shuffles: vpermt2ps).
+template <int W, size_t... I>
+static inline void exchange(V& a, V& b, std::index_sequence<I...>) {
+  V lo = __builtin_shufflevector(a, b, ((I & W) ? L + I - W : I)...);
+  V hi = __builtin_shufflevector(a, b, ((I & W) ? L + I : I + W)...);
+  a = lo, b = hi;
+}
+template <int W = 1>
+static inline void transpose(V (&r)[L]) {
+  if constexpr (W < L) {
+#pragma GCC unroll 16
+    for (int i = 0; i < L; ++i)
+      if (!(i & W)) exchange<W>(r[i], r[i + W], std::make_index_sequence<L>{});
+    transpose<W * 2>(r);
+  }
+}
+
+// kᵀ of keys [0, keys) into panels [p][D][NR_S], a panel's columns past `keys` zero: blocks of L
+// keys x L dimensions transposed in registers, the ragged ends one by one.
+static inline void pack_keys(const float* k, int64_t k_s, int64_t D, int64_t keys, float* kt) {
+  const int64_t panels = (keys + NR_S - 1) / NR_S, whole_keys = keys / L * L, whole_d = D / L * L;
+  for (int64_t j0 = 0; j0 < whole_keys; j0 += L) {
+    float* dst = kt + (j0 / NR_S) * D * NR_S + j0 % NR_S;
+    for (int64_t d0 = 0; d0 < whole_d; d0 += L) {
+      V r[L];
+#pragma GCC unroll 16
+      for (int i = 0; i < L; ++i) r[i] = kiln::load(k + (j0 + i) * k_s + d0);
+      transpose(r);
+#pragma GCC unroll 16
+      for (int i = 0; i < L; ++i) kiln::store(dst + (d0 + i) * NR_S, r[i]);
+    }
+    for (int64_t d = whole_d; d < D; ++d)
+      for (int i = 0; i < L; ++i) dst[d * NR_S + i] = k[(j0 + i) * k_s + d];
+  }
+  for (int64_t key = whole_keys; key < panels * NR_S; ++key) {
+    float* dst = kt + (key / NR_S) * D * NR_S + key % NR_S;
+    for (int64_t d = 0; d < D; ++d) dst[d * NR_S] = key < keys ? k[key * k_s + d] : 0.0f;
+  }
+}
+
+// Horizontal max and sum of a vector (or half of one): halves combined, log2(L) steps.
+template <typename W> static inline float lane_max(W x) {
+  if constexpr (sizeof(W) == 2 * sizeof(float)) return std::max(x[0], x[1]);
+  else {
+    using H = kiln::half_t<W>;
+    H a = kiln::part<H>(x, 0), b = kiln::part<H>(x, 1);
+    return lane_max(a > b ? a : b);
+  }
+}
+template <typename W> static inline float lane_sum(W x) {
+  if constexpr (sizeof(W) == 2 * sizeof(float)) return x[0] + x[1];
+  else {
+    using H = kiln::half_t<W>;
+    return lane_sum(kiln::part<H>(x, 0) + kiln::part<H>(x, 1));
+  }
+}
+
+// e^x for x <= 0 (a score less the row's maximum), NaN kept; 0 below -87 (e^x < 2^-125, nothing
+// beside the maximum's 1), so 2^n is one normal factor.
+static inline V exp_nonpositive(V x) {
+  const auto underflow = x < -87.0f;
+  kiln_vm::ui_t<V> n;
+  V r = kiln_vm::exp_reduce(underflow ? V{} - 87.0f : x, n);
+  V e = (1.0f + kiln_vm::expm1_poly(r)) * kiln_vm::pow2i<V>(n);
+  return underflow ? V{} : e;
+}
+
+// Row `s` of scaled and masked scores [0, end) (whole vectors: the lanes past `end` hold -inf),
+// its maximum `m`: exp(x - m) in place; returns 1 / their sum. A row of -inf only becomes 0 and
+// returns 0; one of NaN (whose maximum the comparisons never raised) becomes NaN.
+static inline float softmax_row(float* s, int64_t end, float m) {
+  if (m == -std::numeric_limits<float>::infinity()) {
+    const bool nan = std::any_of(s, s + end, [](float x) { return std::isnan(x); });
+    std::fill(s, s + end, nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f);
+    return nan ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+  }
+  V sum{};
+  for (int64_t j = 0; j < end; j += L) {
+    V e = exp_nonpositive(kiln::load(s + j) - m);
+    kiln::store(s + j, e);
+    sum += e;
+  }
+  return 1.0f / lane_sum(sum);
+}
+
+struct Buffers {
+  std::vector<float> keys, scores, inverse;
+  std::vector<V> row_max;
+};
+
+// Query rows [i_lo, i_hi) of head (b, h).
+static void rows_of_head(const Shape& z, const float* q, const float* k, const float* v, const float* mask, float* out,
+                         float scale, bool causal, int64_t b, int64_t h, int64_t i_lo, int64_t i_hi, Buffers& buf) {
+  const float* qh = q + b * z.q_b + h * z.q_h;
+  const float* vh = v + b * z.v_b + h * z.v_h;
+  float* oh = out + b * z.o_b + h * z.o_h;
+  const float* mh = mask ? mask + b * z.m_b + h * z.m_h : nullptr;
+  const int64_t task_keys = causal ? std::min(z.Sk, i_hi) : z.Sk;
+  const int64_t lds = (z.Sk + L - 1) / L * L;
+  buf.keys.resize(std::max<int64_t>(1, (task_keys + NR_S - 1) / NR_S) * NR_S * z.D);
+  buf.scores.resize(QB * lds);
+  buf.inverse.resize(QB);
+  buf.row_max.resize(QB);
+  float* kt = buf.keys.data();
+  float* s = buf.scores.data();
+  pack_keys(k + b * z.k_b + h * z.k_h, z.k_s, z.D, task_keys, kt);
+  for (int64_t i0 = i_lo; i0 < i_hi; i0 += QB) {
+    const int64_t i1 = std::min(i_hi, i0 + QB), keys = causal ? std::min(z.Sk, i1) : z.Sk;
+    // S = q · kᵀ, scaled and masked, each row's maximum kept: the causal tiles wholly above the
+    // diagonal are skipped (their keys are past every row's end).
+    std::fill(buf.row_max.begin(), buf.row_max.end(), V{} - std::numeric_limits<float>::infinity());
+    for (int64_t p = 0; p * NR_S < keys; ++p) {
+      const int nv = int((std::min<int64_t>(NR_S, keys - p * NR_S) + L - 1) / L);
+      for (int64_t r0 = i0; r0 < i1; r0 += MR_S) {
+        const int rows = int(std::min<int64_t>(MR_S, i1 - r0));
+        if (causal && p * NR_S > r0 + rows - 1) continue;
+        const ScoreStore st{scale, mh ? mh + r0 * z.m_q + p * NR_S : nullptr, z.m_q, r0, p * NR_S, z.Sk, causal,
+                            buf.row_max.data() + (r0 - i0)};
+        score_rows<MR_S>(rows, nv, z.D, qh + r0 * z.q_s, z.q_s, kt + p * z.D * NR_S, s + (r0 - i0) * lds + p * NR_S,
+                         lds, st);
+      }
+    }
+    // Each row's probabilities up to its end, zeros from there to the block's last key.
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t end = causal ? std::min(z.Sk, i + 1) : z.Sk;
+      float* row = s + (i - i0) * lds;
+      buf.inverse[i - i0] = softmax_row(row, end, lane_max(buf.row_max[i - i0]));
+      std::fill(row + end, row + keys, 0.0f);
+    }
+    // out = P · v, each row times its inverse sum.
+    for (int64_t d0 = 0; d0 < z.Dv; d0 += NV_O * L) {
+      const int nv = int(std::min<int64_t>(NV_O, (z.Dv - d0) / L));
+      for (int64_t r0 = i0; r0 < i1; r0 += MR_O) {
+        const int rows = int(std::min<int64_t>(MR_O, i1 - r0));
+        const int64_t kc = causal ? std::min(z.Sk, r0 + rows) : keys;
+        tile_rows<MR_O, NV_O>(rows, nv, kc, s + (r0 - i0) * lds, lds, vh + d0, z.v_s, oh + r0 * z.o_s + d0, z.o_s,
+                              buf.inverse.data() + (r0 - i0));
+      }
+    }
+  }
+}
+
+// The whole attention. Dv must be a multiple of L (the caller checks: kiln/externs/kiln_attention.py).
+static void attention(const Shape& z, const float* q, const float* k, const float* v, const float* mask, float* out,
+                      float scale, bool causal) {
+  const int64_t heads = z.B * z.H;
+  const int threads = omp_get_max_threads();
+  // Heads split into row ranges where there are too few for every thread to have two tasks.
+  int64_t splits = heads >= 2 * threads ? 1 : (2 * threads + heads - 1) / heads;
+  splits = std::max<int64_t>(1, std::min<int64_t>(splits, (z.Sq + MR_S - 1) / MR_S));
+  const int64_t rows = ((z.Sq + splits - 1) / splits + MR_S - 1) / MR_S * MR_S;
+  splits = (z.Sq + rows - 1) / rows;
+  const int64_t tasks = heads * splits;
+#pragma omp parallel if (tasks > 1 && z.Sq * z.Sk * z.D * heads >= (int64_t(1) << 16))
+  {
+    static thread_local Buffers buf;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t head = t / splits, part = t % splits;
+      rows_of_head(z, q, k, v, mask, out, scale, causal, head / z.H, head % z.H, part * rows,
+                   std::min(z.Sq, (part + 1) * rows), buf);
+    }
+  }
+}
+
+}  // namespace kiln_attention

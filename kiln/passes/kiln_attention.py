@@ -1,0 +1,65 @@
+"""ATen's CPU flash attention -> kiln's own attention kernel, where the autotuner timed it faster:
+
+    getitem(_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=m, scale=s), 0)
+        -> kiln::attention(q, k, v, m, s (or 1/sqrt(head size)), causal)
+
+Inference only: a graph that reads the log-sum-exp (a training forward saves it for its backward)
+keeps ATen's kernel, as does dropout. float32 with static sizes, v's head size a multiple of the
+vector width and a mask, if any, of float32 (kiln/externs/kiln_attention.py: `applies`). The
+`attention` pass runs first, so attention written out in eager ops is offered too.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+from torch import fx
+
+from kiln import logs
+from kiln.autotune import mode as autotune_mode
+from kiln.autotune.attention import choose_attention
+from kiln.externs import kiln_attention as kernel
+from kiln.ir.target import Target
+from kiln.passes.pattern import arguments, insert, remove_dead
+
+aten = torch.ops.aten
+_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def _static(node: object) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    ok = isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in (*val.shape, *val.stride()))
+    return val if ok else None
+
+
+def kiln_attention(gm: fx.GraphModule, target: Target) -> bool:
+    mode = autotune_mode()
+    if target.device != "cpu" or mode == "off":
+        return False
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not _FLASH:
+            continue
+        if not node.users or any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
+            continue  # the log-sum-exp is read
+        q, k, v, dropout, causal, mask, scale = arguments(node)
+        vals = [_static(n) for n in (q, k, v)]
+        mask_val = _static(mask) if mask is not None else None
+        if dropout != 0 or any(val is None for val in vals) or (mask is not None and mask_val is None):
+            continue
+        if not kernel.applies(*vals, mask_val):
+            continue
+        scale = 1.0 / math.sqrt(vals[0].shape[-1]) if scale is None else float(scale)
+        impl = choose_attention(*vals, mask_val, scale, bool(causal), mode)
+        logs.log("autotune", "attention %s %s%s%s: %s", node.name, tuple(vals[0].shape), " causal" if causal else "",
+                 " masked" if mask is not None else "", impl)
+        if impl != "kiln":
+            continue
+        call = insert(gm, node, torch.ops.kiln.attention.default, q, k, v, mask, scale, bool(causal))
+        for user in list(node.users):
+            user.replace_all_uses_with(call)
+        remove_dead(gm, list(node.users))
+        changed = True
+    return changed

@@ -1,0 +1,172 @@
+"""kiln's attention (kiln/native/include/kiln_attention.h): against a float64 softmax(q kᵀ s + m) v
+on ragged shapes (sequence lengths and head sizes off the vector width and the register tiles),
+causal and not, masks of every broadcast shape, fully masked and NaN rows, strided operands and
+the row splits of few heads; ATen's output layout; other x86 ISAs; given to graphs by the
+kiln_attention pass where the autotuner picks it, through both wrappers, and never in a
+training graph (which reads the log-sum-exp)."""
+
+import ctypes
+import subprocess
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.autotune import attention as attention_autotune
+from kiln.externs import kiln_attention, kiln_gemm
+from kiln.native import build
+from tests.kiln_backend import compiled_graphs
+from tests.kiln_backend import kiln_wherever_offered, private_cache  # noqa: F401  (fixtures)
+
+aten = torch.ops.aten
+INF = float("inf")
+
+
+def _reference(q, k, v, mask, scale, causal):
+    scores = (q.double() @ k.double().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores + mask.double()
+    if causal:
+        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), -INF)
+    top = scores.amax(-1, keepdim=True)
+    top = torch.where(top == -INF, 0.0, top)  # a fully masked row: zeros, as ATen's CPU kernel gives
+    e = (scores - top).exp()
+    return (e / e.sum(-1, keepdim=True).clamp_min(1e-300) @ v.double()).float()
+
+
+def _operands(b, h, sq, sk, d, dv, seed, transposed=True):
+    torch.manual_seed(seed)
+    if transposed:  # [B, S, H, D] storage seen as [B, H, S, D], as a model's heads are
+        q = torch.randn(b, sq, h, d).transpose(1, 2)
+        k = torch.randn(b, sk, h, d).transpose(1, 2)
+        v = torch.randn(b, sk, h, dv).transpose(1, 2)
+        return q, k, v
+    return torch.randn(b, h, sq, d), torch.randn(b, h, sk, d), torch.randn(b, h, sk, dv)
+
+
+L = kiln_attention.lanes()
+# (batch, heads, queries, keys, head size, v's head size)
+SHAPES = [(1, 12, 128, 128, 64, 64), (1, 12, 197, 197, 64, 64), (2, 3, 7, 9, 5, L), (1, 2, 33, 33, 17, 2 * L),
+          (3, 1, 1, 50, 64, 64), (1, 1, 257, 300, 80, 3 * L), (2, 2, 60, 60, 64, 64), (1, 1, 100, 61, 64, 5 * L)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_kiln_attention_matches_a_float64_softmax(shape, causal):
+    b, h, sq, sk, d, dv = shape
+    q, k, v = _operands(*shape, seed=sq + sk)
+    for mask_shape in (None, (b, 1, 1, sk), (1, h, sq, sk), (b, h, sq, sk), (1, 1, sq, 1)):
+        mask = torch.randn(mask_shape) if mask_shape is not None else None
+        out = kiln_attention.attention(q, k, v, mask, 0.3, causal)
+        torch.testing.assert_close(out, _reference(q, k, v, mask, 0.3, causal), rtol=2e-5, atol=2e-5)
+
+
+def test_the_output_is_laid_out_as_atens():
+    q, k, v = _operands(2, 4, 9, 9, 64, 64, seed=0, transposed=False)
+    out = kiln_attention.attention(q, k, v)
+    want = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0]
+    assert out.stride() == want.stride()
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)  # the default scale is 1 / sqrt(head size)
+
+
+def test_masked_rows_are_zero_and_nan_rows_nan():
+    q, k, v = _operands(1, 2, 20, 20, 64, 64, seed=1)
+    mask = torch.zeros(1, 1, 20, 20)
+    mask[..., 3, :] = -INF  # every key masked: zeros
+    mask[..., 5, 2:] = -INF  # all but two
+    q = q.clone()
+    q[0, 1, 7] = float("nan")  # a row of NaN scores
+    out = kiln_attention.attention(q, k, v, mask, 0.125)
+    assert (out[:, :, 3] == 0).all()
+    assert out[0, 1, 7].isnan().all() and not out[0, 0, 7].isnan().any()
+    want = _reference(q, k, v, mask, 0.125, False)
+    keep = torch.ones(20, dtype=torch.bool)
+    keep[7] = False
+    torch.testing.assert_close(out[0, 0], want[0, 0], rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(out[0, 1, keep], want[0, 1, keep], rtol=2e-5, atol=2e-5)
+
+
+def test_what_the_kernel_takes():
+    q, k, v = _operands(1, 2, 8, 8, 64, 64, seed=2)
+    assert kiln_attention.applies(q, k, v, None)
+    assert kiln_attention.applies(q, k, v, torch.zeros(1, 1, 1, 8))
+    assert not kiln_attention.applies(q, k, v, torch.zeros(1, 1, 8, 8, dtype=torch.bool))
+    assert not kiln_attention.applies(q.bfloat16(), k.bfloat16(), v.bfloat16(), None)
+    assert not kiln_attention.applies(q, k, v[..., :L + 1], None)  # v's head size off the vector width
+    assert not kiln_attention.applies(q, k[:, :1], v[:, :1], None)  # fewer heads of keys (grouped queries)
+    with pytest.raises(RuntimeError, match="kiln::attention"):
+        kiln_attention.attention(q, k, v[..., :L + 1])
+
+
+@pytest.mark.parametrize("flags", [["-march=x86-64-v3"], ["-march=x86-64-v2"]], ids=["avx2", "sse4"])
+def test_other_isas(flags, tmp_path):
+    """The tiles of narrower ISAs (AVX2: 6 x 2 score tiles of 8 lanes), built with their flags."""
+    if "x86_64" not in subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout:
+        pytest.skip("x86 ISAs")
+    src, lib_path = tmp_path / "kernels.cpp", tmp_path / "kernels.so"
+    src.write_text(kiln_gemm.source())
+    cxx, _ = build.compiler()
+    subprocess.run([cxx, *build.FLAGS, *flags, "-shared", str(src), "-o", str(lib_path)], check=True,
+                   capture_output=True)
+    lib = kiln_gemm.bind(ctypes.CDLL(str(lib_path)))
+    for shape in [(1, 3, 37, 41, 20, 32), (2, 1, 9, 9, 64, 64)]:
+        b, h, sq, sk, d, dv = shape
+        q, k, v = _operands(*shape, seed=sq)
+        mask = torch.randn(b, 1, sq, sk)
+        for causal in (False, True):
+            out = kiln_attention.attention(q, k, v, mask, 0.2, causal, lib=lib)
+            torch.testing.assert_close(out, _reference(q, k, v, mask, 0.2, causal), rtol=2e-5, atol=2e-5)
+
+
+class _SelfAttention(torch.nn.Module):
+    def __init__(self, width=128, heads=2, causal=False):
+        super().__init__()
+        self.heads, self.causal = heads, causal
+        self.qkv, self.out = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+
+    def forward(self, x, mask=None):
+        b, s, w = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal)
+        return self.out(y.transpose(1, 2).reshape(b, s, w))
+
+
+def _attention_impls(graphs) -> list[str]:
+    return [str(step.op) for g in graphs for step in g.schedule.externs if "attention" in str(step.op)]
+
+
+@pytest.mark.parametrize("cpp_wrapper", [True, False], ids=["cpp-wrapper", "python-wrapper"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_model_runs_kilns_attention(kiln_wherever_offered, cpp_wrapper, causal):
+    torch.manual_seed(0)
+    model, x = _SelfAttention(causal=causal).eval(), torch.randn(1, 40, 128)
+    mask = None if causal else torch.randn(1, 1, 1, 40)
+    graphs = compiled_graphs(model, x, mask, cpp_wrapper=cpp_wrapper)
+    assert _attention_impls(graphs) == ["kiln.attention.default"]
+
+
+def test_the_autotuner_keeps_atens_where_it_is_faster(monkeypatch):
+    offered = []
+
+    def pick_aten(op, signature, candidates, *a, **k):
+        offered.append(sorted(candidates))
+        return "aten"
+
+    monkeypatch.setattr(attention_autotune, "choose", pick_aten)
+    torch.manual_seed(0)
+    graphs = compiled_graphs(_SelfAttention().eval(), torch.randn(1, 40, 128))
+    assert offered == [["aten", "kiln"]]
+    assert _attention_impls(graphs) == ["aten._scaled_dot_product_flash_attention_for_cpu.default"]
+
+
+def test_a_training_graph_keeps_atens_kernel(kiln_wherever_offered):
+    # The forward saves the log-sum-exp for the backward: ATen's kernel, whose backward reads it.
+    torch.manual_seed(0)
+    model, x = _SelfAttention(), torch.randn(1, 24, 128, requires_grad=True)
+    compiled = kiln.compile(model)
+    compiled(x).sum().backward()
+    got = x.grad.clone()
+    x.grad = None
+    model(x).sum().backward()
+    torch.testing.assert_close(got, x.grad, rtol=1e-4, atol=1e-4)
