@@ -121,6 +121,11 @@ def test_kiln_extern_flops_from_shapes():
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     cost = extern_cost(op.name(), op, (q, k, v), {}, op(q, k, v))
     assert cost.flops == 2 * 2 * 5 * 5 * (8 + 8) and cost.kind == "attention"
+    q = k = v = torch.randn(1, 2, 5, 16)  # kiln's attention: v's head size a multiple of the vector width
+    args = (q, k, v, None, 0.25, True)
+    cost = extern_cost("kiln::attention", DIRECT_CALLS["kiln::attention"], args, {}, DIRECT_CALLS["kiln::attention"](*args))
+    assert cost.flops == 2 * 2 * 5 * 5 * (16 + 16) // 2 and cost.kind == "attention"  # causal: half
+    assert cost.what.startswith("kiln::attention") and "causal" in cost.what
 
 
 def test_roofline_picks_the_roof_by_arithmetic_intensity():

@@ -5,17 +5,14 @@ the row splits of few heads; ATen's output layout; other x86 ISAs; given to grap
 kiln_attention pass where the autotuner picks it, through both wrappers, and never in a
 training graph (which reads the log-sum-exp)."""
 
-import ctypes
-import subprocess
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import kiln
 from kiln.autotune import attention as attention_autotune
-from kiln.externs import kiln_attention, kiln_gemm
-from kiln.native import build
+from kiln.externs import kiln_attention
+from tests.codegen.test_kiln_gemm import x86_kernels_built_with
 from tests.kiln_backend import compiled_graphs
 from tests.kiln_backend import kiln_wherever_offered, private_cache  # noqa: F401  (fixtures)
 
@@ -102,14 +99,7 @@ def test_what_the_kernel_takes():
 @pytest.mark.parametrize("flags", [["-march=x86-64-v3"], ["-march=x86-64-v2"]], ids=["avx2", "sse4"])
 def test_other_isas(flags, tmp_path):
     """The tiles of narrower ISAs (AVX2: 6 x 2 score tiles of 8 lanes), built with their flags."""
-    if "x86_64" not in subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout:
-        pytest.skip("x86 ISAs")
-    src, lib_path = tmp_path / "kernels.cpp", tmp_path / "kernels.so"
-    src.write_text(kiln_gemm.source())
-    cxx, _ = build.compiler()
-    subprocess.run([cxx, *build.FLAGS, *flags, "-shared", str(src), "-o", str(lib_path)], check=True,
-                   capture_output=True)
-    lib = kiln_gemm.bind(ctypes.CDLL(str(lib_path)))
+    lib = x86_kernels_built_with(flags, tmp_path)
     for shape in [(1, 3, 37, 41, 20, 32), (2, 1, 9, 9, 64, 64)]:
         b, h, sq, sk, d, dv = shape
         q, k, v = _operands(*shape, seed=sq)
@@ -143,6 +133,20 @@ def test_a_model_runs_kilns_attention(kiln_wherever_offered, cpp_wrapper, causal
     model, x = _SelfAttention(causal=causal).eval(), torch.randn(1, 40, 128)
     mask = None if causal else torch.randn(1, 1, 1, 40)
     graphs = compiled_graphs(model, x, mask, cpp_wrapper=cpp_wrapper)
+    assert _attention_impls(graphs) == ["kiln.attention.default"]
+
+
+class _WrittenOut(torch.nn.Module):
+    """Attention in eager ops with an additive bias, as T5 writes it: the attention pass makes it
+    ATen's flash call, then kiln_attention kiln's."""
+
+    def forward(self, q, k, v, bias):
+        return torch.softmax(q @ k.transpose(-1, -2) + bias, dim=-1) @ v
+
+
+def test_attention_written_out_runs_kilns_kernel(kiln_wherever_offered):
+    q, k, v = _operands(1, 4, 30, 30, 64, 64, seed=3)
+    graphs = compiled_graphs(_WrittenOut(), q, k, v, torch.randn(1, 4, 30, 30))
     assert _attention_impls(graphs) == ["kiln.attention.default"]
 
 

@@ -86,20 +86,27 @@ def test_operands_of_two_dtypes_are_refused():
         kiln_gemm.mm(torch.randn(2, 4).bfloat16(), panels, 4)
 
 
+def x86_kernels_built_with(flags: list[str], tmp_path) -> ctypes.CDLL:
+    """kiln's own kernels (kiln_gemm.source(): the GEMM, the depthwise convolution, the attention)
+    built with `flags` after the kernels' own and loaded, its functions typed; the test skipped off
+    x86."""
+    if "x86_64" not in subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout:
+        pytest.skip("x86 ISAs")
+    src, lib_path = tmp_path / "kernels.cpp", tmp_path / "kernels.so"
+    src.write_text(kiln_gemm.source())
+    cxx, _ = build.compiler()
+    subprocess.run([cxx, *build.FLAGS, *flags, "-shared", str(src), "-o", str(lib_path)], check=True,
+                   capture_output=True)
+    return kiln_gemm.bind(ctypes.CDLL(str(lib_path)))
+
+
 @pytest.mark.parametrize("flags", [["-march=x86-64-v3"], ["-march=x86-64-v2"], ["-mno-avx512bf16"]],
                          ids=["avx2", "sse4", "avx512-no-bf16"])
 def test_other_isas(flags, tmp_path):
     """The register blocking and bfloat16 paths of ISAs narrower than this machine's (every x86
     CPU kiln runs on has AVX2), built with their flags and run here. NEON (aarch64) is
     cross-compiled and run under qemu instead: test_neon_cross.py."""
-    if "x86_64" not in subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout:
-        pytest.skip("x86 ISAs")
-    src, lib_path = tmp_path / "gemm.cpp", tmp_path / "gemm.so"
-    src.write_text(kiln_gemm.source())
-    cxx, _ = build.compiler()
-    subprocess.run([cxx, *build.FLAGS, *flags, "-shared", str(src), "-o", str(lib_path)], check=True,
-                   capture_output=True)
-    lib = kiln_gemm.bind(ctypes.CDLL(str(lib_path)))
+    lib = x86_kernels_built_with(flags, tmp_path)
     for dtype in (torch.float32, torch.bfloat16):
         for m, k, n in [(13, 77, 50), (1, 9, 3)]:
             a, b, bias, residual = _operands(m, k, n, dtype, seed=k)

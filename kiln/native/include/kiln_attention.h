@@ -7,8 +7,10 @@
 //   1. kᵀ packed into panels [ceil(keys / NR)][D][NR] (the GEMM's layout: kiln_gemm.h), once
 //      per task: a transpose of the head's keys, the only copy of an operand;
 //   2. for each block of QB query rows: S = q · kᵀ, register tiles of MR rows x NR keys (q's values
-//      broadcast where they lie), into a row-major buffer of QB x Sk that stays in L1/L2;
-//   3. each row of S scaled, masked, exponentiated against its maximum, its sum's inverse kept;
+//      broadcast where they lie), scaled, masked and cut at each row's end in the tile's store,
+//      which also raises each row's running maximum, into a row-major buffer of QB x Sk that stays
+//      in L1/L2;
+//   3. each row exponentiated against its maximum in one pass, its sum's inverse kept;
 //   4. out = P · v, register tiles of MR_O rows x NV_O vectors of v (read where it lies), each
 //      row multiplied by its inverse sum in the store.
 // Whole rows of scores are held (no running rescale as in flash attention): at the lengths a CPU
