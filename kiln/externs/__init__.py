@@ -1,6 +1,7 @@
 """Operators kiln adds to PyTorch (the `kiln::` namespace of `torch.ops`), called by compiled
 graphs as extern kernels: `kiln::mm` and `kiln::conv` over weights packed once (prepacked.py);
-`kiln::philox_dropout` (dropout.py), which the lowering turns into loops.
+`kiln::attention`, kiln's own attention kernel (kiln_attention.py); `kiln::philox_dropout`
+(dropout.py), which the lowering turns into loops.
 
 Not a stage: passes insert calls to these operators, the autotuner times their implementations,
 and the runtime calls them, so they live beside the stages and import none of them.

@@ -255,7 +255,7 @@ def _conv_fake(x, weight, bias, stride, padding, dilation, groups, unary, scalar
 
 
 # The compiled wrapper calls these Python functions directly (kiln/codegen/wrapper.py): the same
-# code the registered CPU kernels run, without ~20 µs of dispatch per call.
+# code the registered CPU kernels run, without ~20 µs of dispatch per call (kiln::attention's too).
 DIRECT_CALLS: dict[str, Callable] = {"kiln::mm": _mm, "kiln::mm_layer_norm": _mm_layer_norm,
                                      "kiln::mm_add_layer_norm": _mm_add_layer_norm, "kiln::conv": _conv,
                                      "kiln::attention": kiln_attention.attention}
