@@ -404,3 +404,20 @@ def test_kiln_run_reads_a_tensor_whose_bytes_follow_an_odd_length_one(runner, tm
     done, out = _run_without_python(runner, artifact, {"arg0": mask, "arg1": x}, tmp_path)
     assert done.returncode == 0, done.stderr
     torch.testing.assert_close(out["output_0"], masked(mask, x))
+
+
+def test_kilns_attention_runs_in_an_exported_model(tmp_path, monkeypatch):
+    # The exported library calls the runtime's kiln_attention, which its own copy of kiln's
+    # kernels defines (no Python in the artifact's calls).
+    from kiln.autotune import attention
+    from tests.codegen.test_kiln_attention import _SelfAttention
+
+    asked = []
+    monkeypatch.setattr(attention, "choose", lambda op, signature, candidates, *a, **k: asked.append(op) or "kiln")
+    torch.manual_seed(0)
+    model, x = _SelfAttention().eval(), torch.randn(1, 20, 128)
+    run = kiln.load(kiln.export(model, (x,), path=tmp_path / "attention"))
+    (got,) = run(x)
+    assert asked == ["attention"]
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
