@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <limits>
 #include <omp.h>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -73,17 +74,18 @@ static inline void tile(int64_t kc, const float* a, int64_t lda, const float* b,
     for (int v = 0; v < NVX; ++v) kiln::store(c + r * ldc + v * L, row_scale ? acc[r][v] * row_scale[r] : acc[r][v]);
 }
 
-// The tile instantiated for exactly `rows` (<= MAX) rows and `nv` (<= NVMAX) vectors.
-template <int MAX, int NVMAX, int R = MAX>
-static inline void tile_rows(int rows, int nv, int64_t kc, const float* a, int64_t lda, const float* b, int64_t ldb,
-                             float* c, int64_t ldc, const float* row_scale) {
+// f(R, NVX) with R = `rows` (<= MAX) and NVX = `nv` (<= NVMAX) as compile-time constants
+// (std::integral_constant): a tile instantiated for exactly the ragged edge's size.
+template <int MAX, int NVMAX, int R = MAX, typename F>
+static inline void sized(int rows, int nv, F&& f) {
   if constexpr (R > 1) {
-    if (rows < R) return tile_rows<MAX, NVMAX, R - 1>(rows, nv, kc, a, lda, b, ldb, c, ldc, row_scale);
+    if (rows < R) return sized<MAX, NVMAX, R - 1>(rows, nv, f);
   }
-  if constexpr (NVMAX >= 4) if (nv == 4) return tile<R, 4>(kc, a, lda, b, ldb, c, ldc, row_scale);
-  if constexpr (NVMAX >= 3) if (nv == 3) return tile<R, 3>(kc, a, lda, b, ldb, c, ldc, row_scale);
-  if constexpr (NVMAX >= 2) if (nv == 2) return tile<R, 2>(kc, a, lda, b, ldb, c, ldc, row_scale);
-  tile<R, 1>(kc, a, lda, b, ldb, c, ldc, row_scale);
+  using RC = std::integral_constant<int, R>;
+  if constexpr (NVMAX >= 4) if (nv == 4) return f(RC{}, std::integral_constant<int, 4>{});
+  if constexpr (NVMAX >= 3) if (nv == 3) return f(RC{}, std::integral_constant<int, 3>{});
+  if constexpr (NVMAX >= 2) if (nv == 2) return f(RC{}, std::integral_constant<int, 2>{});
+  f(RC{}, std::integral_constant<int, 1>{});
 }
 
 // What a tile of scores does before its store: scale, add the mask's row (mask + r * m_q, or
@@ -125,17 +127,6 @@ static inline void score_tile(int64_t D, const float* a, int64_t lda, const floa
     }
     st.row_max[r] = m;
   }
-}
-
-template <int MAX, int R = MAX>
-static inline void score_rows(int rows, int nv, int64_t D, const float* a, int64_t lda, const float* b, float* c,
-                              int64_t ldc, const ScoreStore& st) {
-  if constexpr (R > 1) {
-    if (rows < R) return score_rows<MAX, R - 1>(rows, nv, D, a, lda, b, c, ldc, st);
-  }
-  if constexpr (NV_S >= 3) if (nv == 3) return score_tile<R, 3>(D, a, lda, b, c, ldc, st);
-  if constexpr (NV_S >= 2) if (nv == 2) return score_tile<R, 2>(D, a, lda, b, c, ldc, st);
-  score_tile<R, 1>(D, a, lda, b, c, ldc, st);
 }
 
 // The L x L block at rows r[0..L) transposed in registers: log2(L) rounds, each exchanging the
@@ -257,8 +248,10 @@ static void rows_of_head(const Shape& z, const float* q, const float* k, const f
         if (causal && p * NR_S > r0 + rows - 1) continue;
         const ScoreStore st{scale, mh ? mh + r0 * z.m_q + p * NR_S : nullptr, z.m_q, r0, p * NR_S, z.Sk, causal,
                             buf.row_max.data() + (r0 - i0)};
-        score_rows<MR_S>(rows, nv, z.D, qh + r0 * z.q_s, z.q_s, kt + p * z.D * NR_S, s + (r0 - i0) * lds + p * NR_S,
-                         lds, st);
+        sized<MR_S, NV_S>(rows, nv, [&](auto R, auto NVX) {
+          score_tile<decltype(R)::value, decltype(NVX)::value>(z.D, qh + r0 * z.q_s, z.q_s, kt + p * z.D * NR_S,
+                                                               s + (r0 - i0) * lds + p * NR_S, lds, st);
+        });
       }
     }
     // Each row's probabilities up to its end, zeros from there to the block's last key.
@@ -274,8 +267,10 @@ static void rows_of_head(const Shape& z, const float* q, const float* k, const f
       for (int64_t r0 = i0; r0 < i1; r0 += MR_O) {
         const int rows = int(std::min<int64_t>(MR_O, i1 - r0));
         const int64_t kc = causal ? std::min(z.Sk, r0 + rows) : keys;
-        tile_rows<MR_O, NV_O>(rows, nv, kc, s + (r0 - i0) * lds, lds, vh + d0, z.v_s, oh + r0 * z.o_s + d0, z.o_s,
-                              buf.inverse.data() + (r0 - i0));
+        sized<MR_O, NV_O>(rows, nv, [&](auto R, auto NVX) {
+          tile<decltype(R)::value, decltype(NVX)::value>(kc, s + (r0 - i0) * lds, lds, vh + d0, z.v_s,
+                                                         oh + r0 * z.o_s + d0, z.o_s, buf.inverse.data() + (r0 - i0));
+        });
       }
     }
   }
