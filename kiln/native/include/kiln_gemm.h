@@ -193,6 +193,24 @@ constexpr int PREFETCH = KILN_GEMM_PREFETCH;
 #else
 constexpr int PREFETCH = 8;
 #endif
+#ifdef KILN_GEMM_AHEAD_MAX_SHIFT  // to time other spacings (0: every line in the first tiles)
+constexpr int AHEAD_MAX_SHIFT = KILN_GEMM_AHEAD_MAX_SHIFT;
+#else
+constexpr int AHEAD_MAX_SHIFT = 4;
+#endif
+
+// Memory to bring into L2 while a tile computes: from `at` (nullptr: none), one new cache line
+// every 2^shift steps. The next panel's block, spread over all the tiles of the current one (see
+// gemm). Each step asks for its line (2^shift times the same one): a branch to ask once was
+// slower than the repeats, which cost one load slot beside the step's fourteen.
+struct Ahead {
+  const char* at = nullptr;
+  int shift = 0;
+  inline void step(int64_t k) const {
+    if (at) __builtin_prefetch(at + (k >> shift) * 64, 0, 2);
+  }
+};
+
 template <typename TB> static inline void prefetch_panel(const TB* row) {
 #pragma GCC unroll 8
   for (int64_t byte = 0; byte < int64_t(NR * sizeof(TB)); byte += 64) __builtin_prefetch(reinterpret_cast<const char*>(row) + byte);
@@ -207,10 +225,10 @@ static inline V broadcast(const kiln_bf16* a) { return float(*a) - V{}; }
 // acc += A [R rows, kc] @ B panel [kc, NR]. Fully unrolled over the register block, so the
 // accumulators live in registers (-O2 does not unroll these loops by itself).
 template <int R, typename T>
-static inline void micro_fma(V (&acc)[R][NV], int64_t kc, const T* a, int64_t lda, const T* bp, const char* ahead) {
+static inline void micro_fma(V (&acc)[R][NV], int64_t kc, const T* a, int64_t lda, const T* bp, Ahead ahead) {
   for (int64_t k = 0; k < kc; ++k) {
     prefetch_panel(bp + (k + PREFETCH) * NR);
-    if (ahead) __builtin_prefetch(ahead + k * 64, 0, 2);
+    ahead.step(k);
     V b[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
@@ -232,10 +250,10 @@ static inline void micro_fma(V (&acc)[R][NV], int64_t kc, const T* a, int64_t ld
 // value alone; its partner in the panel is zero.
 template <int R>
 static inline void micro_pairs(V (&acc)[R][NV], int64_t kc, const kiln_bf16* a, int64_t lda, const kiln_bf16* bp,
-                               const char* ahead) {
+                               Ahead ahead) {
   auto step = [&](int64_t kp, auto a_pair) {
     prefetch_panel(bp + (kp + PREFETCH) * NR * 2);
-    if (ahead) __builtin_prefetch(ahead + kp * 64, 0, 2);
+    ahead.step(kp);
     __m512bh b[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) b[v] = (__m512bh)_mm512_loadu_si512(bp + (kp * NR + v * L) * 2);
@@ -253,10 +271,10 @@ static inline void micro_pairs(V (&acc)[R][NV], int64_t kc, const kiln_bf16* a, 
 }
 #endif
 
-// `ahead`: memory to bring into L2 meanwhile, one cache line per step (the next panel's block: a
-// weight too large for the caches comes from DRAM, and its first tile would wait on every line).
+// `ahead`: memory to bring into L2 meanwhile (the next panel's block: a weight too large for the
+// caches comes from DRAM, and its first tile would wait on every line).
 template <int R, typename T>
-static inline void micro(V (&acc)[R][NV], int64_t kc, const T* a, int64_t lda, const T* bp, const char* ahead) {
+static inline void micro(V (&acc)[R][NV], int64_t kc, const T* a, int64_t lda, const T* bp, Ahead ahead) {
 #if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
   if constexpr (std::is_same_v<T, kiln_bf16>) return micro_pairs<R>(acc, kc, a, lda, bp, ahead);
 #endif
@@ -265,7 +283,7 @@ static inline void micro(V (&acc)[R][NV], int64_t kc, const T* a, int64_t lda, c
 
 template <int R, typename T>
 static inline void tile(int rows, int cols, int64_t kc, bool first, bool last, const T* a, int64_t lda, const T* bp,
-                        void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e, const char* ahead) {
+                        void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e, Ahead ahead) {
   V acc[R][NV];
   if (first) {
     for (int r = 0; r < R; ++r) for (int v = 0; v < NV; ++v) acc[r][v] = V{};
@@ -282,7 +300,7 @@ static inline void tile(int rows, int cols, int64_t kc, bool first, bool last, c
 template <int R = MR, typename T>
 static inline void tile_rows(int rows, int cols, int64_t kc, bool first, bool last, const T* a, int64_t lda,
                              const T* bp, void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e,
-                             const char* ahead) {
+                             Ahead ahead) {
   if constexpr (R > 1) {
     if (rows < R) return tile_rows<R - 1>(rows, cols, kc, first, last, a, lda, bp, c, ldc, i0, j0, e, ahead);
   }
@@ -410,9 +428,17 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
           const bool more = p + 1 < p1 || k0 + kn < K;
           const T* next = p + 1 < p1 ? bp + (p + 1) * panel_rows * NR + k0 * NR : bp + p0 * panel_rows * NR + (k0 + kn) * NR;
           const int64_t next_bytes = (p + 1 < p1 ? kn : std::min<int64_t>(kc, std::max<int64_t>(0, K - (k0 + kn)))) * NR * int64_t(sizeof(T));
+          // The next block's lines spread evenly over this panel's tiles: the sparsest spacing
+          // (2^shift steps apart) that still covers it. Asked for all at once, in the first
+          // tiles, they came from DRAM slower than the tiles ran (at 128x768x3072 with cold
+          // weights 311 -> 340 GFLOP/s on 2 threads of an Intel Xeon, MKL 318).
+          const int64_t steps = in_pairs<T> ? (kn + 1) / 2 : kn, lines = (next_bytes + 63) / 64;
+          int shift = 0;
+          while (shift < AHEAD_MAX_SHIFT && (b1 - b0) * ((steps + (int64_t(2) << shift) - 1) >> (shift + 1)) >= lines) ++shift;
+          const int64_t per_tile = ((steps + (int64_t(1) << shift) - 1) >> shift) * 64;
           for (int64_t rb = b0; rb < b1; ++rb) {
-            const int64_t i0 = rb * MR, fetched = (rb - b0) * kn * 64;
-            const char* ahead = more && fetched < next_bytes ? reinterpret_cast<const char*>(next) + fetched : nullptr;
+            const int64_t i0 = rb * MR, fetched = (rb - b0) * per_tile;
+            const Ahead ahead{more && fetched < next_bytes ? reinterpret_cast<const char*>(next) + fetched : nullptr, shift};
             tile_rows(int(std::min<int64_t>(MR, M - i0)), cols, kn, k0 == 0, k0 + kn == K, a + i0 * lda + k0, lda,
                       bp + p * panel_rows * NR + k0 * NR, c, ldc, i0, p * NR, e, ahead);
           }
