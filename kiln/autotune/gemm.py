@@ -144,6 +144,14 @@ def timing_value(val: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=val.dtype, device="meta")
 
 
+# The plain GEMM a tie goes to (the others keep the table's order, ATen first). The weights are
+# timed from L3 (copies of a few MB in turn); in a model they come from DRAM, where kiln's GEMM,
+# which asks for the next panel while it computes the current one, loses least: at T5's
+# 128x512x512 with 48 copies in turn (2 threads, Intel Xeon) kiln 274 GFLOP/s, MKL 259, ATen 240
+# and 226 (its transposed copy), where the autotuner had timed kiln 2 % ahead of the transposed copy.
+TIES_TO = "kiln"
+
+
 def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode: str = "default",
               post_op: tuple[str, list, str] = ("none", [], "")) -> str:
     """The fastest `kiln::mm` implementation for fake or meta values `a` [M, K], `b` [K, N].
@@ -156,7 +164,7 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
     unary, scalars, algorithm = post_op
     after = lambda y: unary_aten(y, unary, scalars, algorithm or None)  # noqa: E731
     candidates = {name: _rotating(r, weights, lambda b, f=MM_IMPLS[name]: after(f(r.a, b, r.bias, "none", [], None)))
-                  for name in mm_impls(a.dtype)}
+                  for name in sorted(mm_impls(a.dtype), key=lambda name: name != TIES_TO)}
     signature = (tuple(a.shape), tuple(b.shape), tuple(b.stride()), str(a.dtype), bias is not None)
     if unary != "none":  # signatures of plain GEMMs as before, so their cache entries stay valid
         for fused, impl in _fused_impls(a.dtype).items():

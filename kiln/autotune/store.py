@@ -4,8 +4,10 @@ or edited file reads as a miss and is measured again.
 
 A question's key names everything that decides its answer: the op, shapes and dtypes, the
 candidate names, the thread count, the CPU (its model, the ISA extensions GEMM speed turns on, and
-torch's CPU capability) and the torch version. Not kiln's own source: a change to the compiler
-does not change which library call is fastest.
+torch's CPU capability) and the torch version; where one of the candidates is kiln's own kernel,
+also a digest of those kernels' source (a faster kiln GEMM must be timed again, not lose to its
+older self's answers). Not the rest of kiln's source: a change to the compiler does not change
+which library call is fastest.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 
 from kiln import disk_cache
+from kiln.externs import kiln_gemm  # its one translation unit holds all of kiln's CPU kernels
 
 
 # The /proc/cpuinfo flags that decide which GEMM is fastest: vector width and FMA, bfloat16 dot
@@ -66,8 +69,14 @@ def _machine() -> str:
 METHOD = 2
 
 
+@functools.cache
+def _kiln_kernels() -> str:
+    return hashlib.sha256(kiln_gemm.source().encode()).hexdigest()[:16]
+
+
 def question_key(op: str, signature: Any, candidates: list[str]) -> str:
-    text = json.dumps([op, repr(signature), sorted(candidates), torch.get_num_threads(), _machine(), METHOD])
+    kernels = _kiln_kernels() if any(name.startswith("kiln") for name in candidates) else ""
+    text = json.dumps([op, repr(signature), sorted(candidates), torch.get_num_threads(), _machine(), METHOD, kernels])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
