@@ -86,11 +86,51 @@ def view(x: TensorValue, size: Sequence[int]) -> TensorValue:
         return [Mod(FloorDiv(flat, st), sz) if d else FloorDiv(flat, st) for d, (st, sz) in enumerate(zip(in_strides, x.size))]
 
     def restride(lay):
-        if list(lay.stride) != list(in_strides):
-            raise _NotStrided  # a reshape of a non-contiguous layout is not one strided view
-        return out_strides, lay.offset
+        if list(lay.stride) == list(in_strides):
+            return out_strides, lay.offset
+        stride = view_strides(lay.size, lay.stride, size)
+        if stride is None:
+            raise _NotStrided  # no strided view of this layout has that shape: a copy
+        return stride, lay.offset
 
     return _view(x, size, index_map, _strided_or_none(restride))
+
+
+def view_strides(size: Sequence[sympy.Expr], stride: Sequence[sympy.Expr],
+                 shape: Sequence[sympy.Expr]) -> list[int] | None:
+    """The strides of `shape` as a view of a layout of `size` and `stride` (static), or None where
+    it has none. A view can only split or merge dimensions that lie in memory as one run (each
+    one's stride the next one's times its size): a column slice [128, 512] of a [128, 1536]
+    product viewed as [1, 128, 8, 64] splits the row's 512 into 8 x 64 and keeps the row stride,
+    where a view to [65536] would need a copy. Dimensions of size 1 fit anywhere."""
+    if not all(isinstance(v, (int, sympy.Integer)) for v in (*size, *stride, *shape)):
+        return None
+    size, stride, shape = [int(v) for v in size], [int(v) for v in stride], [int(v) for v in shape]
+    if 0 in size:
+        return [int(v) for v in contiguous_strides(shape)]
+    # Runs of the layout's dimensions, innermost first: (elements, stride of its innermost).
+    runs: list[tuple[int, int]] = []
+    for extent, step in reversed([(e, st) for e, st in zip(size, stride) if e != 1]):
+        if runs and step == runs[-1][0] * runs[-1][1]:
+            runs[-1] = (runs[-1][0] * extent, runs[-1][1])
+        else:
+            runs.append((extent, step))
+    out = [0] * len(shape)
+    d = len(shape) - 1
+    for elements, step in runs:
+        covered = 1
+        while d >= 0 and (covered < elements or shape[d] == 1):
+            out[d] = covered * step
+            covered *= shape[d]
+            d -= 1
+        if covered != elements:
+            return None  # a dimension of `shape` straddles two runs
+    while d >= 0:  # leading dimensions of size 1
+        if shape[d] != 1:
+            return None
+        out[d] = 1
+        d -= 1
+    return out
 
 
 class _NotStrided(Exception):

@@ -95,3 +95,56 @@ def test_slices_with_negative_bounds_past_the_start():
     # bound beyond the length starts at 0, as in eager.
     fn = lambda x, e: (x[:, -1::3], x[-9:2], x[:, -7:-5], e[:, -1::3], torch.slice_scatter(x, x[-9:], 0, -9))  # noqa: E731
     check(fn, torch.randn(4, 5), torch.zeros(6, 0, dtype=torch.int64), lowered=[aten.slice_scatter.default])
+
+
+def test_a_view_of_a_column_slice_reaches_an_extern_uncopied():
+    # An attention's heads from one wide projection (GPT-2's split of c_attn): the row's 32
+    # columns split into 4 heads of 8 keep the row stride, so bmm reads them where they lie.
+    # A view that merges rows of the slice has no strided form: that one is copied.
+    a, w, x = torch.randn(16, 24), torch.randn(24, 96), torch.randn(1, 4, 8, 5)
+
+    def fn(a, w, x):
+        heads = (a @ w)[:, 32:64].view(1, 16, 4, 8).permute(0, 2, 1, 3)
+        return torch.matmul(heads, x)
+
+    out, program = through("cpp", fn, a, w, x)
+    torch.testing.assert_close(out, fn(a, w, x))
+    assert not program.kernels  # no copy: the slice, views and permute are an as_strided
+
+    def merged(a, w):
+        return torch.mm((a @ w)[:, 32:64].reshape(64, 8), w[:8])
+
+    out, program = through("cpp", merged, a, w)
+    torch.testing.assert_close(out, merged(a, w))
+    assert len(program.kernels) == 1  # the copy that makes the slice's rows one run
+
+
+def test_view_strides_agree_with_aten_s_views():
+    import random
+
+    from kiln.lowering.views import view_strides
+
+    rng = random.Random(0)
+    for _ in range(500):
+        base = torch.empty([rng.choice([1, 2, 3, 4, 6]) for _ in range(rng.randint(1, 4))])
+        order = list(range(base.dim()))
+        rng.shuffle(order)
+        x = base.permute(order)
+        if rng.random() < 0.5 and x.shape[0] > 1:
+            x = x.narrow(0, 1, x.shape[0] - 1)
+        shape, left = [], x.numel()
+        for factor in (2, 3, 2, 3):
+            if left % factor == 0 and rng.random() < 0.6:
+                shape.append(factor)
+                left //= factor
+        shape.append(left)
+        rng.shuffle(shape)
+        shape.insert(rng.randint(0, len(shape)), 1)
+        try:
+            expected = list(x.view(shape).stride())
+        except RuntimeError:
+            expected = None
+        got = view_strides(list(x.shape), list(x.stride()), shape)
+        assert (got is None) == (expected is None), (x.shape, x.stride(), shape)
+        if got is not None:  # a dimension of size 1 may have any stride
+            assert all(g == e for g, e, s in zip(got, expected, shape) if s != 1), (x.shape, x.stride(), shape)
