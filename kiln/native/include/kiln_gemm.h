@@ -359,25 +359,33 @@ static inline void range(int64_t total, int parts, int index, int64_t& lo, int64
 // (two passes over the row, which is in L1/L2: just stored), then (x - mean) * rstd * w + b,
 // written over the row or, where the sum is needed too (a pre-norm model's residual stream), to
 // e.norm_out.
-// Lanes accumulate separately and are summed at the end, as a vectorized reduction kernel does.
-static inline void layer_norm_rows(float* c, int64_t ldc, int64_t N, int64_t r0, int64_t r1, const Epilogue& e) {
+// Lanes accumulate separately and are summed at the end, as a vectorized reduction kernel does;
+// four vectors of them, so that the adds of a row do not wait on each other (one accumulator made
+// the norm of BERT's 128 x 768 rows 47 us on one thread, most of it add latency).
+template <typename F> static inline float row_sum(const float* row, int64_t N, F&& term) {
   const int64_t whole = N / L * L;
+  V acc[4] = {};
+  int64_t j = 0;
+  for (; j + 4 * L <= whole; j += 4 * L)
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) acc[u] += term(kiln::load(row + j + u * L));
+  for (; j < whole; j += L) acc[0] += term(kiln::load(row + j));
+  V both = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  float lanes[L];
+  std::memcpy(lanes, &both, sizeof lanes);
+#pragma GCC unroll 16
+  for (int width = L / 2; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  float total = lanes[0];
+  for (; j < N; ++j) total += term(V{} + row[j])[0];
+  return total;
+}
+
+static inline void layer_norm_rows(float* c, int64_t ldc, int64_t N, int64_t r0, int64_t r1, const Epilogue& e) {
   for (int64_t i = r0; i < r1; ++i) {
     float* row = c + i * ldc;
-    V sum{};
-    for (int64_t j = 0; j < whole; j += L) sum += kiln::load(row + j);
-    float total = 0.0f;
-    for (int l = 0; l < L; ++l) total += sum[l];
-    for (int64_t j = whole; j < N; ++j) total += row[j];
-    const float mean = total / float(N);
-    V squares{};
-    for (int64_t j = 0; j < whole; j += L) {
-      V d = kiln::load(row + j) - mean;
-      squares += d * d;
-    }
-    float var = 0.0f;
-    for (int l = 0; l < L; ++l) var += squares[l];
-    for (int64_t j = whole; j < N; ++j) var += (row[j] - mean) * (row[j] - mean);
+    const float mean = row_sum(row, N, [](V x) { return x; }) / float(N);
+    const float var = row_sum(row, N, [mean](V x) { V d = x - mean; return d * d; });
     const float rstd = 1.0f / std::sqrt(var / float(N) + e.norm_eps);
     float* normed = e.norm_out ? e.norm_out + i * e.ld_norm_out : row;
     for (int64_t j = 0; j < N; j += L) {
