@@ -121,3 +121,18 @@ def test_rows_in_several_passes_over_the_panels():
     a, b, bias, residual = _operands(m, k, n, torch.float32, seed=5)
     out = kiln_gemm.mm(a, kiln_gemm.pack(b), n, bias, "relu", [], residual)
     _check(out, _reference(a, b, bias, "relu", [], None, residual), torch.float32, k)
+
+
+@pytest.mark.parametrize("tiles,steps,bytes_per_step", [(16, 768, 192), (25, 768, 192), (7, 1024, 192), (16, 384, 192),
+                                                         (12, 96, 96), (2, 512, 192), (1, 768, 192), (400, 64, 192)])
+def test_the_next_block_s_prefetch_is_spread_over_every_tile_and_covers_it(tiles, steps, bytes_per_step):
+    # The next weight panel's block (steps x bytes_per_step bytes) is asked for while the current
+    # panel's tiles run, one new line every 2^shift steps: the sparsest spacing that still reaches
+    # its last line (kiln_gemm.h's ahead_shift; at BERT's M = 128, 16 tiles, every fourth step).
+    lib = kiln_gemm.library()
+    lines = -(-steps * bytes_per_step // 64)
+    shift = lib.kiln_gemm_ahead_shift(tiles, steps, lines)
+    asked = lambda s: tiles * -(-steps // (1 << s))  # noqa: E731  lines the tiles ask for at spacing s
+    assert 0 <= shift <= 4
+    assert asked(shift) >= lines or shift == 0  # covered (or, with too few tiles, a line every step)
+    assert shift == 4 or asked(shift + 1) < lines  # and no sparser spacing would cover it

@@ -211,6 +211,15 @@ struct Ahead {
   }
 };
 
+// The spacing of the next block's lines over `tiles` tiles of `steps` steps each: the sparsest
+// (largest shift, at most AHEAD_MAX_SHIFT) at which the tiles still ask for all `lines`; 0 where
+// even a line per step falls short (a few tiles: the rest come as the next panel's tiles run).
+static inline int ahead_shift(int64_t tiles, int64_t steps, int64_t lines) {
+  int shift = 0;
+  while (shift < AHEAD_MAX_SHIFT && tiles * ((steps + (int64_t(2) << shift) - 1) >> (shift + 1)) >= lines) ++shift;
+  return shift;
+}
+
 template <typename TB> static inline void prefetch_panel(const TB* row) {
 #pragma GCC unroll 8
   for (int64_t byte = 0; byte < int64_t(NR * sizeof(TB)); byte += 64) __builtin_prefetch(reinterpret_cast<const char*>(row) + byte);
@@ -441,8 +450,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
           // tiles, they came from DRAM slower than the tiles ran (at 128x768x3072 with cold
           // weights 311 -> 340 GFLOP/s on 2 threads of an Intel Xeon, MKL 318).
           const int64_t steps = in_pairs<T> ? (kn + 1) / 2 : kn, lines = (next_bytes + 63) / 64;
-          int shift = 0;
-          while (shift < AHEAD_MAX_SHIFT && (b1 - b0) * ((steps + (int64_t(2) << shift) - 1) >> (shift + 1)) >= lines) ++shift;
+          const int shift = ahead_shift(b1 - b0, steps, lines);
           const int64_t per_tile = ((steps + (int64_t(1) << shift) - 1) >> shift) * 64;
           for (int64_t rb = b0; rb < b1; ++rb) {
             const int64_t i0 = rb * MR, fetched = (rb - b0) * per_tile;
