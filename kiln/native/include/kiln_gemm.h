@@ -214,9 +214,12 @@ struct Ahead {
 // The spacing of the next block's lines over `tiles` tiles of `steps` steps each: the sparsest
 // (largest shift, at most AHEAD_MAX_SHIFT) at which the tiles still ask for all `lines`; 0 where
 // even a line per step falls short (a few tiles: the rest come as the next panel's tiles run).
+// Lines one tile of `steps` steps asks for, a new one every 2^shift steps.
+static inline int64_t ahead_lines(int64_t steps, int shift) { return (steps + (int64_t(1) << shift) - 1) >> shift; }
+
 static inline int ahead_shift(int64_t tiles, int64_t steps, int64_t lines) {
   int shift = 0;
-  while (shift < AHEAD_MAX_SHIFT && tiles * ((steps + (int64_t(2) << shift) - 1) >> (shift + 1)) >= lines) ++shift;
+  while (shift < AHEAD_MAX_SHIFT && tiles * ahead_lines(steps, shift + 1) >= lines) ++shift;
   return shift;
 }
 
@@ -451,7 +454,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
           // weights 311 -> 340 GFLOP/s on 2 threads of an Intel Xeon, MKL 318).
           const int64_t steps = in_pairs<T> ? (kn + 1) / 2 : kn, lines = (next_bytes + 63) / 64;
           const int shift = ahead_shift(b1 - b0, steps, lines);
-          const int64_t per_tile = ((steps + (int64_t(1) << shift) - 1) >> shift) * 64;
+          const int64_t per_tile = ahead_lines(steps, shift) * 64;
           for (int64_t rb = b0; rb < b1; ++rb) {
             const int64_t i0 = rb * MR, fetched = (rb - b0) * per_tile;
             const Ahead ahead{more && fetched < next_bytes ? reinterpret_cast<const char*>(next) + fetched : nullptr, shift};
