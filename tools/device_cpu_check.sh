@@ -5,6 +5,8 @@
 # (tools/pinned_bench.py); beside them, on two cores each, the GPU tests and kiln's GEMM in other
 # register blockings (tools/gemm_blocking_sweep.py).
 # Usage (device machine, repository root): bash tools/device_cpu_check.sh [launch_until_s] [deadline_s] [max_jobs]
+# SUITES picks the job groups in order (default "gemm profile hf2 mk2 hf1"); SWEEP=0 leaves out the
+# blocking sweep, whose memory traffic the jobs would share.
 # The first run (2026-11-27, docs/results.md) had 7 jobs at once and per-model ratios that moved by
 # tens of percent; max_jobs (default 4) trades suites measured for quieter neighbours.
 OUT=${OUT:-/tmp/device_out}; R=$OUT/r; mkdir -p $R
@@ -26,14 +28,24 @@ sweep_cores=${cores[0]},${cores[1]}; gpu_cores=${cores[n-2]},${cores[n-1]}  # th
   taskset -c $gpu_cores timeout 150 python3 tools/gpu_timing.py --models bert --dtypes bf16,fp32 --modes eager,kiln,kiln-ro > $R/gpu_timing.log 2>&1 ) &
 MODELS="bert gpt2 t5 llama distilbert vit swinv2 convnext resnet50 mobilenetv1 mobilevit"
 B="--iters 10 --warmup 2 --timeout 400"
-jobs=("gemm|2||--suite gemm --dtypes float32 --iters 10 --warmup 2"
-      "profile-bert|2||--models bert --modes kiln --profile $B")
-for m in $MODELS; do jobs+=("hf2-$m|2||--models $m --modes inductor-freeze,kiln $B"); done
-for m in $MODELS; do jobs+=("mk2-$m|2|KILN_GEMM_CANDIDATES=mkl,kiln|--models $m --modes kiln $B"); done
-for m in $MODELS; do jobs+=("hf1-$m|1||--models $m --modes inductor-freeze,kiln $B"); done
+jobs=()
+for suite in ${SUITES:-gemm profile hf2 mk2 hf1}; do
+  case $suite in
+    gemm) jobs+=("gemm|2||--suite gemm --dtypes float32 --iters 10 --warmup 2");;
+    profile) jobs+=("profile-bert|2||--models bert --modes kiln --profile $B");;
+    hf2) for m in $MODELS; do jobs+=("hf2-$m|2||--models $m --modes inductor-freeze,kiln $B"); done;;
+    mk2) for m in $MODELS; do jobs+=("mk2-$m|2|KILN_GEMM_CANDIDATES=mkl,kiln|--models $m --modes kiln $B"); done;;
+    hf1) for m in $MODELS; do jobs+=("hf1-$m|1||--models $m --modes inductor-freeze,kiln $B"); done;;
+    *) echo "SUITES: unknown group '$suite' (accepted: gemm profile hf2 mk2 hf1)"; exit 2;;
+  esac
+done
 # kiln's GEMM in other register blockings against MKL's, on 2 cores of their own (a plain script, not a bench job).
-( taskset -c $sweep_cores timeout 240 python3 tools/gemm_blocking_sweep.py --threads 2 > $R/gemm_blocking.txt 2>&1 ) &
-python3 tools/pinned_bench.py --out $R --exclude $sweep_cores,$gpu_cores --max-jobs $MAX_JOBS --launch-until $LAUNCH_UNTIL --deadline $DEADLINE "${jobs[@]}" 2>&1 | tee $R/schedule.txt
+exclude=$gpu_cores
+if [ "${SWEEP:-1}" != 0 ]; then
+  exclude=$sweep_cores,$gpu_cores
+  ( taskset -c $sweep_cores timeout 240 python3 tools/gemm_blocking_sweep.py --threads 2 > $R/gemm_blocking.txt 2>&1 ) &
+fi
+python3 tools/pinned_bench.py --out $R --exclude $exclude --max-jobs $MAX_JOBS --launch-until $LAUNCH_UNTIL --deadline $DEADLINE "${jobs[@]}" 2>&1 | tee $R/schedule.txt
 wait
 tail -5 $R/gpu_tests.log; tail -12 $R/gpu_timing.log
 tar czf $OUT/results.tgz -C $R . && ls -la $OUT

@@ -172,12 +172,7 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
                                                                                    algorithm or None))
         signature += (unary, tuple(scalars), algorithm)
 
-    def cleanup() -> None:
-        for name in weights:
-            if r.made(name) is not None:
-                drop_packs(r.made(name))
-
-    return choose("mm", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=cleanup)
+    return choose("mm", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=_dropping_packs(r, weights))
 
 
 # In a model, a GEMM's weight was last read a layer ago and comes from L3 or DRAM, while its input
@@ -213,6 +208,16 @@ def _rotating(r: Inputs, weights: list[str], run: Callable[[torch.Tensor], objec
     return go
 
 
+def _dropping_packs(r: Inputs, weights: list[str]) -> Callable[[], None]:
+    """A question's cleanup: the packed forms of the weight copies it made, dropped."""
+    def cleanup() -> None:
+        for name in weights:
+            if r.made(name) is not None:
+                drop_packs(r.made(name))
+
+    return cleanup
+
+
 def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: torch.Tensor | None, conv_args: tuple,
                 unary: str, scalars: list, algorithm: str | None, other: torch.Tensor | None, mode: str = "default",
                 *, channels_last_only: bool = False) -> str:
@@ -224,11 +229,13 @@ def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: t
     `channels_last_only`, where the graph's layout was decided for it (conv_prepack.py)."""
     stride, padding, dilation, groups = conv_args
     arriving = torch.channels_last if x_channels_last else None
-    r = Inputs(x=(x, arriving), w=(w, None), bias=(bias, None), other=(other, arriving))
+    weights = [f"w{k}" for k in range(weight_copies(w))]
+    r = Inputs(x=(x, arriving), bias=(bias, None), other=(other, arriving), **{name: (w, None) for name in weights})
     names = [n for n in CONV_IMPLS if not ((x_channels_last or channels_last_only) and n == "aten")
              and (n != "kiln" or kiln_conv_applies(x, w, stride, padding, dilation, groups))]
-    candidates = {name: (lambda impl=CONV_IMPLS[name]: impl(
-        r.x, r.w, r.bias, stride, padding, dilation, groups, unary, scalars, algorithm, r.other)) for name in names}
+    candidates = {name: _rotating(r, weights, lambda w, impl=CONV_IMPLS[name]: impl(
+        r.x, w, r.bias, stride, padding, dilation, groups, unary, scalars, algorithm, r.other))
+        for name in sorted(names, key=lambda name: name != TIES_TO)}
     signature = (tuple(x.shape), _strides(x, arriving), tuple(w.shape), str(x.dtype), bias is not None, tuple(stride),
                  tuple(padding), tuple(dilation), groups, unary, tuple(scalars), algorithm, other is not None)
-    return choose("conv", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=lambda: drop_packs(r.w))
+    return choose("conv", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=_dropping_packs(r, weights))

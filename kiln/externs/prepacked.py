@@ -227,7 +227,8 @@ def _conv_kiln(x, weight, bias, stride, padding, dilation, groups, unary, scalar
                        f"{tuple(weight.shape)} in {groups} groups, stride {tuple(stride)}, padding {tuple(padding)}")
 
 
-# In order of preference when timings tie (kiln/autotune/choose.py).
+# In order of preference when timings tie (kiln/autotune/choose.py), after "kiln" (TIES_TO in
+# kiln/autotune/gemm.py).
 CONV_IMPLS: dict[str, Callable] = {
     "onednn": _conv_onednn,
     "aten_channels_last": _conv_aten(torch.channels_last),
