@@ -122,7 +122,7 @@ def epilogue(bias: torch.Tensor | None, unary: str, scalars: list | tuple, algor
              residual: torch.Tensor | None, out_dtype: torch.dtype, residual_first: bool = False) -> Epilogue | None:
     """The Epilogue struct of these post-ops (kept for reuse where it holds no residual); None
     for none at all. `residual_first`: the residual is added before the unary op, as a
-    convolution's added tensor is (kiln_conv1x1.py). Also kiln's depthwise convolution's
+    convolution's added tensor is (kiln_conv_gemm.py). Also kiln's depthwise convolution's
     (kiln_depthwise.py)."""
     if bias is None and unary == "none" and residual is None and out_dtype == torch.float32:
         return None

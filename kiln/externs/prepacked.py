@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from kiln.externs import kiln_attention, kiln_conv1x1, kiln_depthwise, kiln_gemm
+from kiln.externs import kiln_attention, kiln_conv_gemm, kiln_depthwise, kiln_gemm
 
 aten, mkldnn, mkl = torch.ops.aten, torch.ops.mkldnn, torch.ops.mkl
 
@@ -209,21 +209,25 @@ def _conv_onednn_into_other(x, weight, bias, stride, padding, dilation, groups, 
 
 
 def kiln_conv_applies(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int) -> bool:
-    """Whether kiln's own kernels run this convolution: a depthwise one (kiln_depthwise.py) or a
-    pointwise one (kiln_conv1x1.py, kiln's GEMM). The autotuner offers "kiln" for these only."""
-    return kiln_depthwise.applies(x, weight, groups) or kiln_conv1x1.applies(x, weight, stride, padding, dilation, groups)
+    """Whether kiln's own kernels run this convolution: a depthwise one (kiln_depthwise.py) or one
+    whose windows do not overlap (kiln_conv_gemm.py, kiln's GEMM). The autotuner offers "kiln" for
+    these only."""
+    return (kiln_depthwise.applies(x, weight, groups)
+            or kiln_conv_gemm.applies(x, weight, stride, padding, dilation, groups))
 
 
 def _conv_kiln(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other):
-    # kiln's own kernels: depthwise convolutions, and pointwise ones as kiln's GEMM.
+    # kiln's own kernels: depthwise convolutions, and those of non-overlapping windows as kiln's GEMM.
     if kiln_depthwise.applies(x, weight, groups):
         wp = packed(weight, "kiln_depthwise", lambda: kiln_depthwise.pack(weight))
         return kiln_depthwise.conv(x, wp, tuple(weight.shape[2:]), bias, stride, padding, dilation, unary, scalars,
                                    algorithm, other)
-    if kiln_conv1x1.applies(x, weight, stride, padding, dilation, groups):
-        panels = packed(weight, "kiln", lambda: kiln_conv1x1.pack(weight))
-        return kiln_conv1x1.conv(x, panels, weight.shape[0], bias, unary, scalars, algorithm, other)
-    raise RuntimeError(f"kiln::conv: kiln's kernels run depthwise and 1x1 stride-1 convolutions only, not weight "
+    if kiln_conv_gemm.applies(x, weight, stride, padding, dilation, groups):
+        panels = packed(weight, "kiln", lambda: kiln_conv_gemm.pack(weight))
+        return kiln_conv_gemm.conv(x, panels, weight.shape[0], bias, unary, scalars, algorithm, other,
+                                   tuple(weight.shape[2:]), tuple(stride))
+    raise RuntimeError(f"kiln::conv: kiln's kernels run depthwise convolutions and those of non-overlapping windows "
+                       f"(1x1, or stride = kernel, no padding) only, not weight "
                        f"{tuple(weight.shape)} in {groups} groups, stride {tuple(stride)}, padding {tuple(padding)}")
 
 

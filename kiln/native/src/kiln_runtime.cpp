@@ -399,25 +399,32 @@ at::Tensor conv_depthwise(const at::Tensor& x_in, const at::Tensor& weight, cons
   return y;
 }
 
-// kiln's GEMM, for 1x1 convolutions of stride 1 (kiln/externs/kiln_conv1x1.py): channels-last input
-// [N*H*W, C] @ weight [C, K], the added tensor before the unary op, written channels-last.
-bool conv_is_pointwise(const at::Tensor& weight, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
-                       int64_t groups) {
-  return weight.dim() == 4 && weight.size(2) == 1 && weight.size(3) == 1 && groups == 1 && stride.size() == 2 &&
-         stride[0] == 1 && stride[1] == 1 && padding[0] == 0 && padding[1] == 0;
+// kiln's GEMM, for convolutions of non-overlapping windows (kiln/externs/kiln_conv_gemm.py): 2-d,
+// one group, no padding, a 1x1 kernel or a stride equal to the kernel's size. Channels-last input
+// as its windows' rows [N*OH*OW, KH*KW*C] (a view for 1x1 of stride 1, else a copy) @ weight
+// [KH*KW*C, K], the added tensor before the unary op, written channels-last.
+bool conv_is_gemm(const at::Tensor& weight, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
+                  const std::vector<int64_t>& dilation, int64_t groups) {
+  if (weight.dim() != 4 || groups != 1 || stride.size() != 2 || padding[0] != 0 || padding[1] != 0) return false;
+  const int64_t kh = weight.size(2), kw = weight.size(3);
+  return (kh == 1 && kw == 1) || (stride[0] == kh && stride[1] == kw && dilation[0] == 1 && dilation[1] == 1);
 }
 
-at::Tensor conv_pointwise(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias_in,
-                          const std::string& unary, const kiln_arg* scalars, int64_t n, const std::string& algorithm,
-                          const std::optional<at::Tensor>& other_in, int64_t k_block) {
+at::Tensor conv_gemm(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias_in,
+                     const std::vector<int64_t>& stride, const std::string& unary, const kiln_arg* scalars, int64_t n,
+                     const std::string& algorithm, const std::optional<at::Tensor>& other_in, int64_t k_block) {
   const bool bf16 = weight.scalar_type() == at::kBFloat16;
   TORCH_CHECK(x_in.scalar_type() == weight.scalar_type() && (bf16 || weight.scalar_type() == at::kFloat),
               "kiln::conv: kiln's GEMM takes float32 or bfloat16 operands of one dtype");
-  const int64_t K = weight.size(0), C = weight.size(1);
-  at::Tensor panels = kiln_panels(weight, [&] { return weight.reshape({K, C}).t(); });
+  const int64_t K = weight.size(0), C = weight.size(1), KH = weight.size(2), KW = weight.size(3);
+  at::Tensor panels = kiln_panels(weight, [&] { return weight.permute({2, 3, 1, 0}).reshape({KH * KW * C, K}); });
   at::Tensor x = x_in.contiguous(at::MemoryFormat::ChannelsLast);
-  const int64_t M = x.size(0) * x.size(2) * x.size(3);
-  at::Tensor y = at::empty({x.size(0), K, x.size(2), x.size(3)}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  const int64_t N = x.size(0), H = x.size(2), W = x.size(3);
+  const int64_t OH = (H - KH) / stride[0] + 1, OW = (W - KW) / stride[1] + 1, M = N * OH * OW;
+  at::Tensor rows = x.permute({0, 2, 3, 1})
+                        .as_strided({N, OH, OW, KH, KW, C}, {H * W * C, stride[0] * W * C, stride[1] * C, W * C, C, 1})
+                        .reshape({M, KH * KW * C});
+  at::Tensor y = at::empty({N, K, OH, OW}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   std::optional<at::Tensor> other, bias;
   if (other_in) other = other_in->contiguous(at::MemoryFormat::ChannelsLast);
   if (bias_in) bias = bias_in->contiguous();
@@ -429,7 +436,8 @@ at::Tensor conv_pointwise(const at::Tensor& x_in, const at::Tensor& weight, cons
   e.residual_bf16 = other && other->scalar_type() == at::kBFloat16;
   e.residual_before_unary = 1;
   e.out_bf16 = bf16;
-  (bf16 ? kiln_gemm_bf16 : kiln_gemm_f32)(M, K, C, x.data_ptr(), C, panels.data_ptr(), y.data_ptr(), K, &e, k_block);
+  (bf16 ? kiln_gemm_bf16 : kiln_gemm_f32)(M, K, KH * KW * C, rows.data_ptr(), rows.stride(0), panels.data_ptr(),
+                                           y.data_ptr(), K, &e, k_block);
   return y;
 }
 
@@ -463,8 +471,8 @@ at::Tensor conv(const at::Tensor& x_in, const at::Tensor& weight, const std::opt
                                dilation, groups, std::string("add"), at::Scalar(1.0), unary_or_none,
                                scalar_list(scalars, n), algorithm_or_none});
   }
-  if (impl == "kiln" && conv_is_pointwise(weight, stride, padding, groups))
-    return conv_pointwise(x_in, weight, bias, unary, scalars, n, algorithm, other, k_block);
+  if (impl == "kiln" && conv_is_gemm(weight, stride, padding, dilation, groups))
+    return conv_gemm(x_in, weight, bias, stride, unary, scalars, n, algorithm, other, k_block);
   if (impl == "kiln") return conv_depthwise(x_in, weight, bias, stride, padding, dilation, unary, scalars, n, algorithm,
                                             other);
   at::Tensor x = x_in, w = weight;
