@@ -9,7 +9,9 @@ On CUDA, `scaled_dot_product_attention` picks ATen's flash, memory-efficient or 
 the call's dtype and mask at run time (the math fallback where none applies).
 
 The scale may multiply or divide the scores, or have been applied to q before the product (then
-it stays there and the call's scale is 1); eval-mode dropout is already gone from the graph. In
+it stays there and the call's scale is 1); a tensor that scales each row of scores alike (Swin V2's
+per-head logit scale, [heads, 1, 1]) moves onto q, and the call's scale is 1. Eval-mode dropout is
+already gone from the graph. In
 core ATen each 4-d matmul is `view(bmm(view(expand(a)), view(expand(b))))`, which is what is
 matched (with a copy before the bmm where an operand is a permuted view), for float32 tensors of
 4 dims (on CUDA also bfloat16 and float16) and an additive mask broadcastable to the scores. The kernel computes the same sum in another order, in blocks, never storing the scores.
@@ -76,11 +78,27 @@ def _unwrap_scores(node: fx.Node) -> tuple[fx.Node, fx.Node | None, float] | Non
         node, mask = a, b
     if node.op == "call_function" and node.target in (aten.mul.Tensor, aten.div.Tensor) and len(node.users) == 1:
         a, c = node.args[:2]
+        if node.target is aten.mul.Tensor and isinstance(a, fx.Node) and isinstance(c, fx.Node):
+            if _scales_rows(a, c):
+                a, c = c, a
+            return (a, mask, c) if _scales_rows(c, a) else None
         if not isinstance(c, numbers.Number) or isinstance(c, bool) or c == 0:
             return None
         scale = float(c) if node.target is aten.mul.Tensor else 1.0 / float(c)
         node = a
     return node, mask, scale
+
+
+def _scales_rows(scale: fx.Node, scores: fx.Node) -> bool:
+    """Whether tensor `scale` multiplies every key's score of a row alike (size 1 along the keys,
+    broadcastable to the scores without growing them): Swin V2's per-head logit scale, [heads,
+    1, 1]. Such a scale moves onto q (q · s) · kᵀ = s (q · kᵀ)."""
+    vs, vc = scores.meta.get("val"), scale.meta.get("val")
+    if not isinstance(vs, torch.Tensor) or not isinstance(vc, torch.Tensor) or vc.dtype != vs.dtype:
+        return False
+    if vc.dim() > vs.dim() or vc.dim() == 0 or vc.shape[-1] != 1:
+        return False
+    return all(c in (1, s) for c, s in zip(reversed(vc.shape), reversed(vs.shape)))
 
 
 def _mask_fits(mask: fx.Node | None, scores: fx.Node) -> bool:
@@ -114,6 +132,8 @@ def attention(gm: fx.GraphModule, target: Target) -> bool:
         q, kt, v = found["q"], found["kt"], out["v"]
         if not _float4d(dtypes, q, kt, v, scores) or not _mask_fits(mask, scores):
             continue
+        if isinstance(scale, fx.Node):  # a tensor scale of rows: onto q, where it joins q's kernel
+            q, scale = insert(gm, consumer, aten.mul.Tensor, q, scale), 1.0
         k = insert(gm, consumer, aten.transpose.int, kt, -2, -1)
         with gm.graph.inserting_before(consumer):
             call = gm.graph.call_function(kernel, (q, k, v), {"attn_mask": mask, "scale": scale})

@@ -1,6 +1,6 @@
 """Attention written out in eager ops becomes one call of the CPU flash-attention kernel: scale
-before or after the product, multiplied or divided, with or without an additive mask, with
-eval-mode dropout; what does not match stays as it was."""
+before or after the product, multiplied or divided, a tensor scale per head (Swin V2's), with or
+without an additive mask, with eval-mode dropout; what does not match stays as it was."""
 
 import math
 
@@ -27,6 +27,8 @@ class Attention(nn.Module):
             s = torch.matmul(q, k.transpose(-1, -2)) * d ** -0.5
         elif self.form == "scale_q_first":
             s = (q * d ** -0.5) @ k.transpose(-2, -1)
+        elif self.form == "head_scale":  # Swin V2: cosine attention times a learned scale per head
+            s = (q @ k.transpose(-2, -1)) * torch.arange(1.0, q.shape[1] + 1).view(-1, 1, 1)
         else:
             s = q @ k.transpose(-2, -1)
         if self.mask is not None:
@@ -44,7 +46,7 @@ def _externs(program):
     return [str(e.op) for e in program.schedule.externs]
 
 
-@pytest.mark.parametrize("form", ["div_after", "mul_after", "scale_q_first", "unscaled"])
+@pytest.mark.parametrize("form", ["div_after", "mul_after", "scale_q_first", "head_scale", "unscaled"])
 @pytest.mark.parametrize("masked", [False, True])
 def test_eager_attention_becomes_one_flash_call(form, masked):
     q, k, v = _qkv()
@@ -65,6 +67,17 @@ def test_softmax_over_another_dim_is_left_alone():
     q, k, v = _qkv()
     out, program = compiled(Other(), q, k, v)
     torch.testing.assert_close(out, Other()(q, k, v))
+    assert SDPA not in _externs(program)
+
+
+def test_a_scale_that_varies_along_the_keys_is_left_alone():
+    class PerKey(nn.Module):
+        def forward(self, q, k, v):
+            return F.softmax((q @ k.transpose(-2, -1)) * torch.arange(1.0, k.shape[2] + 1), dim=-1) @ v
+
+    q, k, v = _qkv()
+    out, program = compiled(PerKey(), q, k, v)
+    torch.testing.assert_close(out, PerKey()(q, k, v))
     assert SDPA not in _externs(program)
 
 
