@@ -10,8 +10,9 @@ the call's dtype and mask at run time (the math fallback where none applies).
 
 The scale may multiply or divide the scores, or have been applied to q before the product (then
 it stays there and the call's scale is 1); a tensor that scales each row of scores alike (Swin V2's
-per-head logit scale, [heads, 1, 1]) moves onto q, and the call's scale is 1. Eval-mode dropout is
-already gone from the graph. In
+per-head logit scale, [heads, 1, 1]) moves onto q, and the call's scale is 1. Masks added in five
+dimensions between two views (Swin's shifted windows, [images, windows, heads, N, N]) become one
+four-dimensional mask. Eval-mode dropout is already gone from the graph. In
 core ATen each 4-d matmul is `view(bmm(view(expand(a)), view(expand(b))))`, which is what is
 matched (with a copy before the bmm where an operand is a permuted view), for float32 tensors of
 4 dims (on CUDA also bfloat16 and float16) and an additive mask broadcastable to the scores. The kernel computes the same sum in another order, in blocks, never storing the scores.
@@ -68,8 +69,62 @@ _KERNELS = {
 }
 
 
-def _unwrap_scores(node: fx.Node) -> tuple[fx.Node, fx.Node | None, float] | None:
-    """(the q·kᵀ node, the additive mask, the scale) behind a softmax's input."""
+def _window_masks(node: fx.Node) -> tuple[fx.Node, list[fx.Node], tuple] | None:
+    """Swin's shifted windows add their mask in five dimensions between two views,
+    `view(add(... add(view(x, [B/nW, nW, H, N, N]), m1) ..., mk), [B, H, N, N])`: (x, [m1, ...,
+    mk], the five dimensions), or None."""
+    if node.op != "call_function" or node.target not in _VIEW or len(node.users) != 1:
+        return None
+    masks, inner = [], node.args[0]
+    while (isinstance(inner, fx.Node) and inner.op == "call_function" and inner.target is aten.add.Tensor
+           and len(inner.users) == 1 and len(inner.args) == 2 and not inner.kwargs and isinstance(inner.args[1], fx.Node)):
+        masks.append(inner.args[1])
+        inner = inner.args[0]
+    if not masks or not isinstance(inner, fx.Node) or inner.op != "call_function" or inner.target not in _VIEW:
+        return None
+    x = inner.args[0]
+    vx, v5, vn = x.meta.get("val"), inner.meta.get("val"), node.meta.get("val")
+    if len(inner.users) != 1 or not all(isinstance(v, torch.Tensor) for v in (vx, v5, vn)):
+        return None
+    if vx.dim() != 4 or v5.dim() != 5 or vx.shape != vn.shape or v5.shape[0] * v5.shape[1] != vx.shape[0]:
+        return None
+    if tuple(v5.shape[2:]) != tuple(vx.shape[1:]):
+        return None
+    for mask in masks:
+        vm = mask.meta.get("val")
+        if not isinstance(vm, torch.Tensor) or vm.dtype != vx.dtype or vm.dim() != 5:
+            return None
+        if any(m not in (1, s) for m, s in zip(vm.shape, v5.shape)):
+            return None
+    return x, masks[::-1], tuple(v5.shape)
+
+
+def _window_mask(gm: fx.GraphModule, before: fx.Node, mask: fx.Node | None, masks: list[fx.Node],
+                 shape: tuple) -> fx.Node:
+    """`mask` plus each five-dimensional window mask as a four-dimensional one, [B, H or 1, N, N]
+    (expanded over the images, copied where that repeats it), added in the graph's order."""
+    images, windows, _, n, m = shape
+    for window in masks:
+        heads = window.meta["val"].shape[2]
+        expanded = insert(gm, before, aten.expand.default, window, [images, windows, heads, n, m])
+        copied = insert(gm, before, aten.clone.default, expanded, memory_format=torch.contiguous_format)
+        flat = insert(gm, before, aten.view.default, copied, [images * windows, heads, n, m])
+        mask = flat if mask is None else insert(gm, before, aten.add.Tensor, mask, flat)
+    return mask
+
+
+def _unwrap_scores(node: fx.Node) -> tuple[fx.Node, fx.Node | None, float | fx.Node, tuple | None] | None:
+    """(the q·kᵀ node, the additive mask, the scale, Swin's window masks or None) behind a
+    softmax's input."""
+    windowed = _window_masks(node)
+    if windowed is not None:
+        node = windowed[0]
+    unwrapped = _unwrap_scaled_scores(node)
+    return None if unwrapped is None else (*unwrapped, None if windowed is None else windowed[1:])
+
+
+def _unwrap_scaled_scores(node: fx.Node) -> tuple[fx.Node, fx.Node | None, float | fx.Node] | None:
+    """(the q·kᵀ node, the additive mask, the scale) behind `node`."""
     mask, scale = None, 1.0
     if node.op == "call_function" and node.target is aten.add.Tensor and len(node.users) == 1:
         a, b = node.args[:2]
@@ -123,7 +178,7 @@ def attention(gm: fx.GraphModule, target: Target) -> bool:
         unwrapped = _unwrap_scores(node.args[0])
         if unwrapped is None:
             continue
-        scores, mask, scale = unwrapped
+        scores, mask, scale, windowed = unwrapped
         found = _match_any(_SCORES, scores) if scores.op == "call_function" and len(scores.users) == 1 else None
         consumer = _consumer(node)
         out = _match_any(_OUTPUT, consumer) if consumer is not None else None
@@ -134,6 +189,8 @@ def attention(gm: fx.GraphModule, target: Target) -> bool:
             continue
         if isinstance(scale, fx.Node):  # a tensor scale of rows: onto q, where it joins q's kernel
             q, scale = insert(gm, consumer, aten.mul.Tensor, q, scale), 1.0
+        if windowed is not None:  # the window masks join the mask (constants: folded once)
+            mask = _window_mask(gm, consumer, mask, *windowed)
         k = insert(gm, consumer, aten.transpose.int, kt, -2, -1)
         with gm.graph.inserting_before(consumer):
             call = gm.graph.call_function(kernel, (q, k, v), {"attn_mask": mask, "scale": scale})

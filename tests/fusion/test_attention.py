@@ -117,3 +117,37 @@ def test_attention_over_permuted_head_views_becomes_one_flash_call():
         torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
     externs = _externs(program)
     assert externs.count(SDPA) == 1 and "aten.bmm.default" not in externs
+
+
+class ShiftedWindows(nn.Module):
+    """Swin V2's shifted-window attention: cosine scores times a scale per head, a position bias
+    per head, and the windows' mask added in five dimensions between two views."""
+
+    def __init__(self, windows=3, heads=2, n=5):
+        super().__init__()
+        torch.manual_seed(1)
+        self.windows, self.heads, self.n = windows, heads, n
+        self.scale = nn.Parameter(torch.rand(heads, 1, 1) + 0.5)
+        self.bias = nn.Parameter(torch.randn(1, heads, n, n))
+        mask = torch.zeros(windows, n, n)
+        mask[1:, :2, 3:] = -100.0  # the shifted windows' cross-region pairs
+        self.register_buffer("mask", mask)
+
+    def forward(self, q, k, v):
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        s = (q @ k.transpose(-2, -1)) * self.scale + self.bias
+        b = s.shape[0]
+        s = s.view(b // self.windows, self.windows, self.heads, self.n, self.n) + self.mask.unsqueeze(1).unsqueeze(0)
+        s = s.view(-1, self.heads, self.n, self.n)
+        return F.softmax(s, dim=-1) @ v
+
+
+@pytest.mark.parametrize("images", [1, 2], ids=["one-image", "two-images"])
+def test_shifted_window_attention_becomes_one_flash_call(images):
+    model = ShiftedWindows().eval()
+    q, k, v = _qkv(b=3 * images, h=2, l=5, s=5, d=8)
+    out, program = compiled(model, q, k, v)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(q, k, v), rtol=1e-4, atol=1e-5)
+    externs = _externs(program)
+    assert externs.count(SDPA) == 1 and "aten.bmm.default" not in externs
