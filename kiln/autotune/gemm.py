@@ -152,6 +152,11 @@ def timing_value(val: torch.Tensor) -> torch.Tensor:
 TIES_TO = "kiln"
 
 
+def _ties_first(names) -> list[str]:
+    """`names` with TIES_TO first (choose() gives a tie to the earlier candidate), the rest in order."""
+    return sorted(names, key=lambda name: name != TIES_TO)
+
+
 def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode: str = "default",
               post_op: tuple[str, list, str] = ("none", [], "")) -> str:
     """The fastest `kiln::mm` implementation for fake or meta values `a` [M, K], `b` [K, N].
@@ -164,7 +169,7 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
     unary, scalars, algorithm = post_op
     after = lambda y: unary_aten(y, unary, scalars, algorithm or None)  # noqa: E731
     candidates = {name: _rotating(r, weights, lambda b, f=MM_IMPLS[name]: after(f(r.a, b, r.bias, "none", [], None)))
-                  for name in sorted(mm_impls(a.dtype), key=lambda name: name != TIES_TO)}
+                  for name in _ties_first(mm_impls(a.dtype))}
     signature = (tuple(a.shape), tuple(b.shape), tuple(b.stride()), str(a.dtype), bias is not None)
     if unary != "none":  # signatures of plain GEMMs as before, so their cache entries stay valid
         for fused, impl in _fused_impls(a.dtype).items():
@@ -235,7 +240,7 @@ def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: t
              and (n != "kiln" or kiln_conv_applies(x, w, stride, padding, dilation, groups))]
     candidates = {name: _rotating(r, weights, lambda w, impl=CONV_IMPLS[name]: impl(
         r.x, w, r.bias, stride, padding, dilation, groups, unary, scalars, algorithm, r.other))
-        for name in sorted(names, key=lambda name: name != TIES_TO)}
+        for name in _ties_first(names)}
     signature = (tuple(x.shape), _strides(x, arriving), tuple(w.shape), str(x.dtype), bias is not None, tuple(stride),
                  tuple(padding), tuple(dilation), groups, unary, tuple(scalars), algorithm, other is not None)
     return choose("conv", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=_dropping_packs(r, weights))
