@@ -23,18 +23,19 @@ def applies(x: torch.Tensor, weight: torch.Tensor, groups: int, transposed: bool
             and weight.shape[1] == 1 and groups == x.shape[1] == weight.shape[0])
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """weight [C, 1, KH, KW] as [KH * KW, C]: each tap's channels one vector load."""
+def pack(weight: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """weight [C, 1, KH, KW] as [KH * KW, C]: each tap's channels one vector load. `lib`: kiln's
+    kernels built for another ISA (tests), else this machine's."""
     c, _, kh, kw = weight.shape
     w = weight.contiguous()
     out = torch.empty(kh * kw * c, dtype=torch.float32)
-    kiln_gemm.library().kiln_depthwise_pack_f32(w.data_ptr(), c, kh * kw, out.data_ptr())
+    (lib or kiln_gemm.library()).kiln_depthwise_pack_f32(w.data_ptr(), c, kh * kw, out.data_ptr())
     return out
 
 
 def conv(x: torch.Tensor, packed_weight: torch.Tensor, kernel: tuple[int, int], bias: torch.Tensor | None,
          stride, padding, dilation, unary: str = "none", scalars=(), algorithm: str | None = None,
-         other: torch.Tensor | None = None) -> torch.Tensor:
+         other: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """unary(depthwise_conv(x) + bias + other), channels-last, as kiln::conv computes it."""
     n, c, h, w = x.shape
     if x.dtype != torch.float32 or packed_weight.numel() != c * kernel[0] * kernel[1]:
@@ -50,7 +51,7 @@ def conv(x: torch.Tensor, packed_weight: torch.Tensor, kernel: tuple[int, int], 
         bias = bias.contiguous()
     epilogue = kiln_gemm.epilogue(None, unary, scalars, algorithm, None, torch.float32) or _NO_POST_OP
     shape = (ctypes.c_int64 * 14)(n, h, w, c, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw)
-    kiln_gemm.library().kiln_depthwise_f32(shape, x.data_ptr(), packed_weight.data_ptr(),
+    (lib or kiln_gemm.library()).kiln_depthwise_f32(shape, x.data_ptr(), packed_weight.data_ptr(),
                                            bias.data_ptr() if bias is not None else None,
                                            other.data_ptr() if other is not None else None, y.data_ptr(),
                                            ctypes.byref(epilogue))

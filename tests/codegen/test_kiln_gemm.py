@@ -11,8 +11,9 @@ import subprocess
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from kiln.externs import kiln_gemm
+from kiln.externs import kiln_depthwise, kiln_gemm
 from kiln.externs.prepacked import unary_aten
 from kiln.native import build
 
@@ -104,7 +105,8 @@ def x86_kernels_built_with(flags: list[str], tmp_path) -> ctypes.CDLL:
                          ids=["avx2", "sse4", "avx512-no-bf16"])
 def test_other_isas(flags, tmp_path):
     """The register blocking and bfloat16 paths of ISAs narrower than this machine's (every x86
-    CPU kiln runs on has AVX2), built with their flags and run here. NEON (aarch64) is
+    CPU kiln runs on has AVX2), built with their flags and run here, and the depthwise
+    convolution's blocks for 16 vector registers (one output row at a time). NEON (aarch64) is
     cross-compiled and run under qemu instead: test_neon_cross.py."""
     lib = x86_kernels_built_with(flags, tmp_path)
     for dtype in (torch.float32, torch.bfloat16):
@@ -112,6 +114,13 @@ def test_other_isas(flags, tmp_path):
             a, b, bias, residual = _operands(m, k, n, dtype, seed=k)
             out = kiln_gemm.mm(a, kiln_gemm.pack(b, lib), n, bias, "gelu", [], residual, lib=lib)
             _check(out, _reference(a, b, bias, "gelu", [], None, residual), dtype, k)
+    for n, c, h, w, k, s, p, d in [(2, 48, 13, 15, 3, 2, 1, 1), (1, 33, 20, 21, 3, 1, 1, 1), (1, 19, 8, 8, 7, 1, 3, 1)]:
+        torch.manual_seed(c)
+        x, weight, bias = torch.randn(n, c, h, w), torch.randn(c, 1, k, k), torch.randn(c)
+        other = torch.randn_like(F.conv2d(x, weight, None, s, p, d, c))
+        out = kiln_depthwise.conv(x, kiln_depthwise.pack(weight, lib), (k, k), bias, (s, s), (p, p), (d, d), "swish",
+                                  (), None, other, lib=lib)
+        torch.testing.assert_close(out, F.silu(F.conv2d(x, weight, bias, s, p, d, c) + other), rtol=1e-5, atol=1e-5)
 
 
 def test_rows_in_several_passes_over_the_panels():
