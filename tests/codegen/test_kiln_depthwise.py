@@ -22,9 +22,10 @@ SCALARS = {"hardtanh": [-0.5, 0.5]}
 # (batch, channels, height, width, kernel, stride, padding, dilation)
 SHAPES = [(1, 32, 17, 19, 3, 1, 1, 1), (2, 40, 9, 11, 5, 2, 2, 1), (1, 19, 8, 8, 7, 1, 3, 1), (1, 24, 10, 13, 3, 2, 0, 1),
           (1, 16, 12, 12, 3, 1, 2, 2), (1, 64, 5, 5, 7, 1, 3, 1), (1, 7, 4, 3, 3, 1, 1, 1), (1, 33, 20, 21, 3, 1, 1, 1),
-          # 3 x 3 kernels run two output rows at a time: odd output heights, one-row images, stride 2
+          # 3 x 3, 5 x 5 and 7 x 7 kernels run two output rows at a time: odd output heights, one-row images, stride 2
           # with and without padding, two images, rows of 8 + 8 + 8 + 4 + 2 pixels
-          (2, 48, 13, 15, 3, 2, 1, 1), (1, 17, 1, 9, 3, 1, 1, 1), (2, 20, 30, 30, 3, 1, 1, 1), (1, 36, 17, 17, 3, 2, 0, 1)]
+          (2, 48, 13, 15, 3, 2, 1, 1), (1, 17, 1, 9, 3, 1, 1, 1), (2, 20, 30, 30, 3, 1, 1, 1), (1, 36, 17, 17, 3, 2, 0, 1),
+          (1, 32, 14, 14, 7, 1, 3, 1), (1, 48, 23, 9, 5, 1, 2, 1), (1, 16, 3, 3, 7, 1, 3, 1)]
 
 
 def _reference(x, w, b, s, p, d, other, unary):

@@ -119,20 +119,20 @@ static inline Blocks blocks_for(const Shape& s) {
   return blocks_for<0>();
 }
 
-// 3 x 3 kernels of stride S (1 or 2 both ways), dilation 1, the common depthwise convolution of
-// MobileNets: R output rows of OB pixels at once. Each input row is loaded once for every output
+// K x K kernels of stride S, dilation 1 (3 x 3 of stride 1 or 2, the depthwise convolutions of
+// MobileNets; 5 x 5 and ConvNeXt's 7 x 7 of stride 1): R output rows of OB pixels at once. Each input row is loaded once for every output
 // row it reaches (R = 2: 2.5 loads an output vector at stride 1, against 3.75 a row at a time),
 // and the R * OB accumulators are that many independent FMA chains: a row at a time, eight
 // chains of nine dependent FMAs left the FMA units idle most of the time (3x slower at 16
 // channels, where everything is in L1). Checked: columns outside the input read as zeros; input
 // rows outside it are skipped.
 #if KILN_VEC_BYTES == 64 || defined(__aarch64__)
-constexpr int ROWS = 2;  // 32 vector registers: 16 accumulators, 6 weights, the input vector
+constexpr int ROWS = 2;  // 32 vector registers: 3 x 3: 16 accumulators, 6 weights, the input vector
 #else
-constexpr int ROWS = 1;  // 16 registers: 8 accumulators, 3 weights, the input vector
+constexpr int ROWS = 1;  // 16 registers: 3 x 3: 8 accumulators, 3 weights, the input vector
 #endif
 
-template <int R, int OB, int S, bool Checked>
+template <int R, int OB, int S, int K, bool Checked>
 static void rows_block(const Shape& s, const float* xn, const float* wp, const float* bias, int64_t oh, int64_t ow,
                        int64_t c0, int rows, const float* other, float* y, const kiln_gemm::Epilogue& e) {
   V acc[R][OB];
@@ -143,28 +143,28 @@ static void rows_block(const Shape& s, const float* xn, const float* wp, const f
     for (int o = 0; o < OB; ++o) acc[r][o] = b;
   const int64_t col = ow * S - s.pw;  // the block's first input column
 #pragma GCC unroll 8
-  for (int ir = 0; ir < S * (R - 1) + 3; ++ir) {
+  for (int ir = 0; ir < S * (R - 1) + K; ++ir) {
     const int64_t ih = oh * S - s.ph + ir;
     if (ih < 0 || ih >= s.H) continue;
     const float* xr = xn + (ih * s.W + col) * s.C + c0;
-    V w[R][3];
+    V w[R][K];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const int kh = ir - S * r;
-      if (kh < 0 || kh > 2) continue;
-#pragma GCC unroll 3
-      for (int kw = 0; kw < 3; ++kw) w[r][kw] = kiln::load(wp + (kh * 3 + kw) * s.C + c0);
+      if (kh < 0 || kh >= K) continue;
+#pragma GCC unroll 7
+      for (int kw = 0; kw < K; ++kw) w[r][kw] = kiln::load(wp + (kh * K + kw) * s.C + c0);
     }
 #pragma GCC unroll 32
-    for (int j = 0; j < S * (OB - 1) + 3; ++j) {
+    for (int j = 0; j < S * (OB - 1) + K; ++j) {
       V xv = V{};
       if (!Checked || (col + j >= 0 && col + j < s.W)) xv = kiln::load(xr + j * s.C);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const int kh = ir - S * r;
-        if (kh < 0 || kh > 2) continue;
-#pragma GCC unroll 3
-        for (int kw = 0; kw < 3; ++kw) {
+        if (kh < 0 || kh >= K) continue;
+#pragma GCC unroll 7
+        for (int kw = 0; kw < K; ++kw) {
           const int o = (j - kw) / S;
           if (j >= kw && (j - kw) % S == 0 && o < OB) acc[r][o] = kiln_gemm::fma(xv, w[r][kw], acc[r][o]);
         }
@@ -186,19 +186,30 @@ static void rows_block(const Shape& s, const float* xn, const float* wp, const f
   }
 }
 
-// Whole channel vectors: unchecked blocks of [8, 4, 2, 1] pixels and the checked one-pixel block
-// of the columns that reach into the padding (the first and last one or two of a row).
+// Whole channel vectors: blocks of [W, W/2, W/4, 1] pixels, [unchecked, checked] (checked: some
+// column reaches into the padding).
 using RowsBlock = void (*)(const Shape&, const float*, const float*, const float*, int64_t, int64_t, int64_t, int,
                            const float*, float*, const kiln_gemm::Epilogue&);
-struct RowsBlocks { RowsBlock unchecked[4], checked; };
-template <int S>
-static constexpr RowsBlocks rows_blocks_for() {
-  return {{rows_block<ROWS, 8, S, false>, rows_block<ROWS, 4, S, false>, rows_block<ROWS, 2, S, false>,
-           rows_block<ROWS, 1, S, false>},
-          rows_block<ROWS, 1, S, true>};
+struct RowsBlocks { int widest; RowsBlock by[2][4]; };
+template <int S, int K, int W, bool Checked>
+static constexpr void rows_blocks_into(RowsBlock (&by)[4]) {
+  by[0] = rows_block<ROWS, W, S, K, Checked>, by[1] = rows_block<ROWS, W / 2, S, K, Checked>;
+  by[2] = rows_block<ROWS, W / 4, S, K, Checked>, by[3] = rows_block<ROWS, 1, S, K, Checked>;
 }
-static inline bool rows_apply(const Shape& s) {
-  return s.KH == 3 && s.KW == 3 && s.dh == 1 && s.dw == 1 && s.sh == s.sw && (s.sh == 1 || s.sh == 2);
+template <int S, int K, int W>
+static constexpr RowsBlocks rows_blocks_for() {
+  RowsBlocks b{W, {}};
+  rows_blocks_into<S, K, W, false>(b.by[0]), rows_blocks_into<S, K, W, true>(b.by[1]);
+  return b;
+}
+// Blocks for s's kernel, or null: 3 x 3 of stride 1 or 2, 5 x 5 and 7 x 7 of stride 1, dilation 1.
+static inline const RowsBlocks* rows_blocks(const Shape& s) {
+  static constexpr RowsBlocks k3s1 = rows_blocks_for<1, 3, 8>(), k3s2 = rows_blocks_for<2, 3, 8>(),
+                              k5s1 = rows_blocks_for<1, 5, 8>(), k7s1 = rows_blocks_for<1, 7, 8>();
+  if (s.KH != s.KW || s.dh != 1 || s.dw != 1 || s.sh != s.sw) return nullptr;
+  if (s.KH == 3) return s.sh == 1 ? &k3s1 : s.sh == 2 ? &k3s2 : nullptr;
+  if (s.sh != 1) return nullptr;
+  return s.KH == 5 ? &k5s1 : s.KH == 7 ? &k7s1 : nullptr;
 }
 
 // Output columns [first, last) whose taps all lie inside the input row (no bounds checks).
@@ -218,11 +229,9 @@ static inline void store_block(const Shape& s, const V* acc, int ob, int64_t at,
   }
 }
 
-static void conv_rows(const Shape& s, const float* x, const float* wp, const float* bias, const float* other, float* y,
-                      const kiln_gemm::Epilogue& e) {
-  constexpr RowsBlocks stride1 = rows_blocks_for<1>(), stride2 = rows_blocks_for<2>();
-  const RowsBlocks& blocks = s.sh == 1 ? stride1 : stride2;
-  const Blocks tail_blocks = blocks_for<0>();  // the channels' last, partial vector: a row at a time
+static void conv_rows(const Shape& s, const RowsBlocks& blocks, const float* x, const float* wp, const float* bias,
+                      const float* other, float* y, const kiln_gemm::Epilogue& e) {
+  const Blocks tail_blocks = blocks_for(s);  // the channels' last, partial vector: a row at a time
   int64_t first, last;
   unchecked_columns(s, first, last);
   const int64_t row_blocks = (s.OH + ROWS - 1) / ROWS, whole = s.C / L * L;
@@ -233,13 +242,13 @@ static void conv_rows(const Shape& s, const float* x, const float* wp, const flo
       const int rows = int(std::min<int64_t>(ROWS, s.OH - oh));
       const float* other_n = other ? other + image_out : nullptr;
       for (int64_t ow = 0; ow < s.OW;) {
-        RowsBlock run = blocks.checked;
-        int ob = 1;
-        if (ow >= first && ow < last) {
-          const int64_t left = last - ow;
-          const int size = left >= 8 ? 0 : left >= 4 ? 1 : left >= 2 ? 2 : 3;
-          run = blocks.unchecked[size], ob = 8 >> size;
-        }
+        // Unchecked blocks inside [first, last); a checked block from a column before `first`
+        // reaches as far as the row allows (at 14 x 14 with a 7 x 7 kernel: 8 pixels from 0).
+        const bool checked = !(ow >= first && ow < last);
+        const int64_t left = (checked ? s.OW : last) - ow, w = blocks.widest;
+        const int size = left >= w ? 0 : left >= w / 2 ? 1 : left >= w / 4 ? 2 : 3;
+        const RowsBlock run = blocks.by[checked][size];
+        const int ob = size == 3 ? 1 : int(w >> size);
         for (int64_t c0 = 0; c0 < whole; c0 += L) run(s, x + image, wp, bias, oh, ow, c0, rows, other_n, y + image_out, e);
         ow += ob;
       }
@@ -263,7 +272,7 @@ static void conv_rows(const Shape& s, const float* x, const float* wp, const flo
 // residual fields unused: bias and other are passed here).
 static void conv(const Shape& s, const float* x, const float* wp, const float* bias, const float* other, float* y,
                  const kiln_gemm::Epilogue& e) {
-  if (rows_apply(s)) return conv_rows(s, x, wp, bias, other, y, e);
+  if (const RowsBlocks* rows = rows_blocks(s)) return conv_rows(s, *rows, x, wp, bias, other, y, e);
   int64_t first, last;
   unchecked_columns(s, first, last);
   const Blocks blocks = blocks_for(s);
