@@ -20,7 +20,10 @@ from kiln.native import build
 EPILOGUES = [("none", [], None), ("relu", [], None), ("gelu", [], None), ("gelu", [], "tanh"), ("swish", [], None),
              ("sigmoid", [], None), ("tanh", [], None), ("hardswish", [], None), ("leaky_relu", [0.1], None),
              ("hardtanh", [-0.5, 0.5], None)]
-SHAPES = [(1, 1, 1), (3, 5, 7), (17, 33, 49), (9, 385, 50), (8, 769, 48), (64, 1000, 130), (130, 64, 97)]
+# (M, K, N). Last panels of 1, 2 and 22 columns (one or two of its three vectors); 520 x 40 x 70: a
+# weight small enough that row blocks run outermost.
+SHAPES = [(1, 1, 1), (3, 5, 7), (17, 33, 49), (9, 385, 50), (8, 769, 48), (64, 1000, 130), (130, 64, 97),
+          (520, 40, 70)]
 
 
 def _reference(a, b, bias, unary, scalars, algorithm, residual):

@@ -171,13 +171,13 @@ template <class V> static inline V exp_f32(V x) {
 }
 
 // e^x for x <= 0 (or NaN), as exp_f32 gives it in fewer operations: one clamp, and 2^n applied as
-// an exponent add of n + 64 (p 2^(n+64) is a normal number for every n in [-150, 0]) and a multiply
-// by 2^-64, which rounds once where the result is denormal. sigmoid and tanh need only these.
+// p 2^(n+64), exact (a normal number for every n in [-150, 0]), times 2^-64, which rounds once
+// where the result is denormal. A NaN stays NaN through the multiplies, whatever its n. sigmoid
+// and tanh need only these arguments.
 template <class V> static inline V exp_nonpositive_f32(V x) {
   ui_t<V> n;
   V p = 1.0f + expm1_poly(exp_reduce(sel(x < -104.0f, splat<V>(-104.0f), x), n));
-  V r = from_bits<V>(bits(p) + ((n + 64u) << 23)) * 0x1p-64f;
-  return sel(x != x, x, r);  // NaN's n is garbage
+  return (p * pow2i<V>(n + 64u)) * 0x1p-64f;
 }
 
 template <class V> static inline V expm1_f32(V x) {
