@@ -61,26 +61,27 @@ def _bias_add(mm: fx.Node, constants: ConstantSet) -> fx.Node | None:
     return other if args[2] == 1 and other is not mm and other in constants else None
 
 
-def _post_op(node: fx.Node, bias: fx.Node | None, constants: ConstantSet) -> tuple[fx.Node | None, fx.Node, PostOp] | None:
-    """(bias, the unary node, its post-op) when the product, its bias add and reshapes feed
-    nothing but a unary op oneDNN applies."""
+def _post_op(node: fx.Node, bias: fx.Node | None,
+             constants: ConstantSet) -> tuple[fx.Node | None, fx.Node, PostOp, fx.Node] | None:
+    """(bias, the unary node, its post-op, the value the unary reads) when the product, its bias add
+    and reshapes feed nothing but a unary op oneDNN applies."""
     last = node
     if bias is None and (added := _bias_add(node, constants)) is not None:
         bias, last = added, only_user(node)
     while (user := only_user(last)) is not None and user.target in _RESHAPES:
         last = user
     found = unary_after(last)
-    return (bias, *found) if found is not None else None
+    return (bias, *found, last) if found is not None else None
 
 
-def _fuse(gm: fx.GraphModule, unary: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None, post_op: PostOp,
-          impl: str) -> bool:
-    """`unary`'s value as one call of GEMM `impl` with the op inside, reshaped to the unary's shape."""
+def _fuse(gm: fx.GraphModule, unary: fx.Node, source: fx.Node, a: fx.Node, b: fx.Node, bias: fx.Node | None,
+          post_op: PostOp, impl: str) -> bool:
+    """`unary`'s value (an op over `source`) as one call of GEMM `impl` with the op inside,
+    reshaped to the unary's shape."""
     name, scalars, algorithm = post_op
     fused = insert(gm, unary, torch.ops.kiln.mm.default, a, b, bias, name, scalars, algorithm or None, impl)
     shape = [size_expr(s) for s in unary.meta["val"].shape]
     if [size_expr(s) for s in fused.meta["val"].shape] != shape:
-        source = unary.args[0]
         # A symbolic shape is the reshape's own size arguments (graph nodes that compute it).
         sizes = source.args[1] if isinstance(source, fx.Node) and source.target in _RESHAPES else shape
         if any(not isinstance(s, (int, fx.Node)) and not s.is_Integer for s in sizes):
@@ -89,8 +90,6 @@ def _fuse(gm: fx.GraphModule, unary: fx.Node, a: fx.Node, b: fx.Node, bias: fx.N
     unary.replace_all_uses_with(fused)
     remove_dead(gm, [unary])
     return True
-    unary.replace_all_uses_with(fused)
-    remove_dead(gm, [unary])
 
 
 def gemm_prepack(gm: fx.GraphModule, target: Target) -> bool:
@@ -111,7 +110,7 @@ def gemm_prepack(gm: fx.GraphModule, target: Target) -> bool:
         logs.log("freezing", "%s %s x %s%s: %s", node.name, _shape(a), _shape(b),
                  f" + {post_op[0]}" if chain is not None else "", impl)
         if impl in FUSED_POST_OPS:
-            if not _fuse(gm, chain[1], a, b, chain[0], post_op, FUSED_POST_OPS[impl]):
+            if not _fuse(gm, chain[1], chain[3], a, b, chain[0], post_op, FUSED_POST_OPS[impl]):
                 continue
         elif impl != "aten":
             replace(gm, node, torch.ops.kiln.mm.default, a, b, bias, *NO_POST_OP[:2], None, impl)

@@ -1,11 +1,14 @@
 """The unary ops oneDNN applies inside a GEMM or convolution ("post-ops"), found after a node.
 
 Shared by conv_prepack and gemm_prepack: each unary ATen op, the oneDNN post-op that means the
-same (kiln/externs/prepacked.py `UNARY` runs it in ATen), and silu in the two forms graphs hold
-(`aten.silu`, or `y * sigmoid(y)` as the core-ATen table writes it).
+same (kiln/externs/prepacked.py `UNARY` runs it in ATen), silu in the two forms graphs hold
+(`aten.silu`, or `y * sigmoid(y)` as the core-ATen table writes it), and GELU's tanh form written
+out in eager ops (GPT-2's activation), which becomes the GEMM's `gelu` post-op, "tanh" algorithm.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import fx
@@ -32,6 +35,24 @@ UNARY = {
 _SILU = Op(aten.mul.Tensor, Var("y"), Op(aten.sigmoid.default, Var("y")), commutative=True)
 
 
+def _near(value: float):
+    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v - value) <= 1e-6 * abs(value)
+
+
+# GELU's tanh form written out, as GPT-2's `NewGELUActivation` (transformers' "gelu_new") does:
+# 0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3))).
+_MUL = aten.mul.Tensor
+_GELU_TANH = Op(_MUL, Op(_MUL, Var("y"), Var("half", _near(0.5)), commutative=True),
+                Op(aten.add.Tensor,
+                   Op(aten.tanh.default,
+                      Op(_MUL, Op(aten.add.Tensor, Var("y"),
+                                  Op(_MUL, Op(aten.pow.Tensor_Scalar, Var("y"), Var("three", _near(3.0))),
+                                     Var("c", _near(0.044715)), commutative=True), commutative=True),
+                         Var("k", _near(math.sqrt(2 / math.pi))), commutative=True)),
+                   Var("one", _near(1.0)), commutative=True),
+                commutative=True)
+
+
 def only_user(node: fx.Node) -> fx.Node | None:
     if len(node.users) != 1:
         return None
@@ -50,10 +71,25 @@ def _decomposed_silu(value: fx.Node) -> fx.Node | None:
     return None
 
 
+def _decomposed_gelu_tanh(value: fx.Node) -> fx.Node | None:
+    """The last node of GELU's tanh form written out over `value`, if that is all `value` feeds."""
+    if len(value.users) != 3:
+        return None
+    for user in value.users:
+        for root in user.users:
+            found = match(_GELU_TANH, root) if root.op == "call_function" else None
+            if found is not None and found["y"] is value:
+                return root
+    return None
+
+
 def unary_after(value: fx.Node) -> tuple[fx.Node, PostOp] | None:
     """The unary op that is all `value` feeds, as (its node, its post-op)."""
     user = only_user(value)
     if user is not None and user.target in UNARY:
         return user, UNARY[user.target](arguments(user))
     silu = _decomposed_silu(value)
-    return (silu, ("swish", [], "")) if silu is not None else None
+    if silu is not None:
+        return silu, ("swish", [], "")
+    gelu = _decomposed_gelu_tanh(value)
+    return (gelu, ("gelu", [], "tanh")) if gelu is not None else None

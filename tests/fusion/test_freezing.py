@@ -2,6 +2,8 @@
 recomputed when the user changes them. Autotuning is off here, so oneDNN runs every frozen
 convolution (its fixed rule) and matrix products stay ATen's unless a test picks one."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -202,6 +204,37 @@ def test_each_linear_unary_post_op_runs_inside_the_onednn_gemm(act, post_op, mon
     (gemm,) = [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm.default"]
     assert gemm.args[3] == post_op and gemm.args[2] is not None  # the bias too
     assert _externs(program) == ["kiln.mm.default"] and not program.runtime.schedule.kernels
+
+
+class WrittenOutGeluTanh(nn.Module):
+    """GELU's tanh form in eager ops, as GPT-2's activation (transformers' NewGELUActivation)
+    writes it; `cube` other than 0.044715 is no GELU."""
+
+    def __init__(self, cube=0.044715):
+        super().__init__()
+        self.cube = cube
+
+    def forward(self, y):
+        return 0.5 * y * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (y + self.cube * torch.pow(y, 3.0))))
+
+
+@pytest.mark.parametrize("impl,cube", [("kiln_post_op", 0.044715), ("onednn_post_op", 0.044715),
+                                       ("kiln_post_op", 0.05)])
+def test_gelu_written_out_in_its_tanh_form_runs_inside_the_gemm(impl, cube, monkeypatch):
+    import kiln.passes.gemm_prepack as gemm_prepack
+
+    monkeypatch.setattr(gemm_prepack, "choose_mm", lambda *args: impl if len(args) > 4 and args[4][0] != "none" else "kiln")
+    torch.manual_seed(0)
+    model = LinearThen(WrittenOutGeluTanh(cube)).eval()
+    x, r = torch.randn(2, 4, 16), torch.randn(2, 4, 32)
+    out, program = compiled(model, x, r, freezing=True, autotune="default")
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x, r), rtol=1e-5, atol=1e-5)
+    (gemm,) = [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm.default"]
+    if cube == 0.044715:
+        assert (gemm.args[3], gemm.args[5]) == ("gelu", "tanh") and not program.runtime.schedule.kernels
+    else:  # a different polynomial stays the graph's own kernel after a plain GEMM
+        assert gemm.args[3] == "none" and len(program.runtime.schedule.kernels) == 1
 
 
 @pytest.mark.parametrize("act,residual", [(nn.Identity(), "add"), (nn.Identity(), "sub"), (nn.ReLU(), "add")],

@@ -4,12 +4,13 @@
 // implementations do.
 //
 // Vectors run along the channels (contiguous in channels-last memory), the weight packed once as
-// [KH * KW][C] so each tap's weights are one vector load. A block of up to OWB output pixels of one
-// row shares each tap's weight vector (one accumulator a pixel, in registers); blocks whose every
-// tap lies inside the input run without bounds checks. Threads take (image, output row) pairs.
-// The autotuner times it against oneDNN's and ATen's convolutions per shape (docs/freezing.md):
-// it wins where oneDNN's per-call work is a large share (small images, many channels) and on
-// ConvNeXt's 7 x 7 kernels, and loses on some large images with few channels.
+// [KH * KW][C] so each tap's weights are one vector load. Square 3 x 3 (stride 1 or 2), 5 x 5 and
+// 7 x 7 (stride 1) kernels run blocks of two output rows (rows_block; threads take (image, row
+// pair) pairs); other kernels, and the channels' partial last vector, a block of up to OWB output
+// pixels of one row (block, block_unit_stride; threads take (image, output row) pairs). Either
+// way one accumulator a pixel, in registers, and blocks whose every tap lies inside the input run
+// without bounds checks. The autotuner times it against oneDNN's and ATen's convolutions per shape
+// (docs/freezing.md).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -120,8 +121,9 @@ static inline Blocks blocks_for(const Shape& s) {
 }
 
 // K x K kernels of stride S, dilation 1 (3 x 3 of stride 1 or 2, the depthwise convolutions of
-// MobileNets; 5 x 5 and ConvNeXt's 7 x 7 of stride 1): R output rows of OB pixels at once. Each input row is loaded once for every output
-// row it reaches (R = 2: 2.5 loads an output vector at stride 1, against 3.75 a row at a time),
+// MobileNets; 5 x 5 and ConvNeXt's 7 x 7 of stride 1): R output rows of OB pixels at once. Each
+// input row is loaded once for every output row it reaches (R = 2, 3 x 3: 2.5 loads an output
+// vector at stride 1, against 3.75 a row at a time),
 // and the R * OB accumulators are that many independent FMA chains: a row at a time, eight
 // chains of nine dependent FMAs left the FMA units idle most of the time (3x slower at 16
 // channels, where everything is in L1). Checked: columns outside the input read as zeros; input
