@@ -60,26 +60,20 @@ def only_user(node: fx.Node) -> fx.Node | None:
     return user if user.op == "call_function" else None
 
 
-def _decomposed_silu(value: fx.Node) -> fx.Node | None:
-    """The `value * sigmoid(value)` node, if that is all `value` feeds."""
-    if len(value.users) != 2:
+
+
+def _written_out(value: fx.Node, pattern: Op, reads: int, depth: int) -> fx.Node | None:
+    """The last node of `pattern` (an op written out in eager ops, reading its input `reads` times,
+    its last node `depth` steps from `value`) over `value`, if that is all `value` feeds."""
+    if len(value.users) != reads:
         return None
-    for user in value.users:
-        found = match(_SILU, user) if user.op == "call_function" else None
+    frontier = set(value.users)
+    for _ in range(depth - 1):
+        frontier = {root for node in frontier for root in node.users}
+    for root in frontier:
+        found = match(pattern, root) if root.op == "call_function" else None
         if found is not None and found["y"] is value:
-            return user
-    return None
-
-
-def _decomposed_gelu_tanh(value: fx.Node) -> fx.Node | None:
-    """The last node of GELU's tanh form written out over `value`, if that is all `value` feeds."""
-    if len(value.users) != 3:
-        return None
-    for user in value.users:
-        for root in user.users:
-            found = match(_GELU_TANH, root) if root.op == "call_function" else None
-            if found is not None and found["y"] is value:
-                return root
+            return root
     return None
 
 
@@ -88,8 +82,8 @@ def unary_after(value: fx.Node) -> tuple[fx.Node, PostOp] | None:
     user = only_user(value)
     if user is not None and user.target in UNARY:
         return user, UNARY[user.target](arguments(user))
-    silu = _decomposed_silu(value)
+    silu = _written_out(value, _SILU, reads=2, depth=1)  # y * sigmoid(y)
     if silu is not None:
         return silu, ("swish", [], "")
-    gelu = _decomposed_gelu_tanh(value)
+    gelu = _written_out(value, _GELU_TANH, reads=3, depth=2)  # 0.5 y (...), the last mul two steps on
     return (gelu, ("gelu", [], "tanh")) if gelu is not None else None

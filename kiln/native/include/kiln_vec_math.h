@@ -173,7 +173,8 @@ template <class V> static inline V exp_f32(V x) {
 // e^x for x <= 0 (or NaN), as exp_f32 gives it in fewer operations: one clamp, and 2^n applied as
 // p 2^(n+64), exact (a normal number for every n in [-150, 0]), times 2^-64, which rounds once
 // where the result is denormal. A NaN stays NaN through the multiplies, whatever its n. sigmoid
-// and tanh need only these arguments.
+// and tanh need only these arguments. (kiln_attention.h's softmax has its own, which flushes
+// below -87 to 0: masked scores of -1e9 would otherwise make denormals, slow on x86.)
 template <class V> static inline V exp_nonpositive_f32(V x) {
   ui_t<V> n;
   V p = 1.0f + expm1_poly(exp_reduce(sel(x < -104.0f, splat<V>(-104.0f), x), n));
