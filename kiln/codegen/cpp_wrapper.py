@@ -236,7 +236,7 @@ class _Writer:
         tensors = (x, weight, bias, other)
         if not all(t is None or isinstance(t, Buffer) for t in tensors) or x is None or weight is None:
             raise NotImplementedError("a C++ wrapper calling kiln::conv on constants")
-        if not len(stride) == len(padding) == len(dilation):
+        if not len(stride) == len(dilation) or len(padding) not in (len(stride), 2 * len(stride)):
             raise NotImplementedError("a C++ wrapper calling kiln::conv with stride, padding, dilation of other lengths")
         lists: list[str] = []
         self._argument(list(scalars), torch.ops.kiln.conv.default._schema.arguments[8].type, lists)  # declares l0
@@ -244,9 +244,10 @@ class _Writer:
         out = outs[0]
         self.handles.append(out.name)
         handle = lambda t: t.name if t is not None else "nullptr"  # noqa: E731
-        call = (f"kiln_conv({x.name}, {weight.name}, {handle(bias)}, st, pa, di, {len(stride)}, {int(groups)}L, "
-                f"{json.dumps(unary)}, l0, {len(scalars)}, {json.dumps(algorithm) if algorithm else 'nullptr'}, "
-                f"{handle(other)}, {json.dumps(impl)}, {kiln_gemm.K_BLOCK}, &{out.name})")
+        call = (f"kiln_conv({x.name}, {weight.name}, {handle(bias)}, st, pa, {len(padding)}, di, {len(stride)}, "
+                f"{int(groups)}L, {json.dumps(unary)}, l0, {len(scalars)}, "
+                f"{json.dumps(algorithm) if algorithm else 'nullptr'}, {handle(other)}, {json.dumps(impl)}, "
+                f"{kiln_gemm.K_BLOCK}, &{out.name})")
         self.body.append("{ " + " ".join([*lists, ints("st", stride), ints("pa", padding), ints("di", dilation),
                                           f"if ({call}) goto fail;"]) + " }")
 

@@ -33,6 +33,10 @@ def pack(weight: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     return out
 
 
+def _output_size(size: int, kernel: int, stride: int, before: int, after: int, dilation: int) -> int:
+    return (size + before + after - dilation * (kernel - 1) - 1) // stride + 1
+
+
 def conv(x: torch.Tensor, packed_weight: torch.Tensor, kernel: tuple[int, int], bias: torch.Tensor | None,
          stride, padding, dilation, unary: str = "none", scalars=(), algorithm: str | None = None,
          other: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
@@ -41,8 +45,11 @@ def conv(x: torch.Tensor, packed_weight: torch.Tensor, kernel: tuple[int, int], 
     if x.dtype != torch.float32 or packed_weight.numel() != c * kernel[0] * kernel[1]:
         raise RuntimeError(f"kiln::conv: kiln's kernel runs float32 depthwise convolutions only (input {tuple(x.shape)} "
                            f"{x.dtype}, {packed_weight.numel()} packed weights for a {kernel} kernel)")
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-    oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    # [ph, pw], or [top, left, bottom, right]: the kernel reads inside the image only, so padding
+    # after it is only in the output's size.
+    top, left, bottom, right = padding if len(padding) == 4 else (*padding, *padding)
+    oh, ow = _output_size(h, kh, sh, top, bottom, dh), _output_size(w, kw, sw, left, right, dw)
     x = x.contiguous(memory_format=torch.channels_last)
     y = torch.empty((n, c, oh, ow), memory_format=torch.channels_last)
     if other is not None:
@@ -50,7 +57,7 @@ def conv(x: torch.Tensor, packed_weight: torch.Tensor, kernel: tuple[int, int], 
     if bias is not None:
         bias = bias.contiguous()
     epilogue = kiln_gemm.epilogue(None, unary, scalars, algorithm, None, torch.float32) or _NO_POST_OP
-    shape = (ctypes.c_int64 * 14)(n, h, w, c, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw)
+    shape = (ctypes.c_int64 * 14)(n, h, w, c, kh, kw, oh, ow, sh, sw, top, left, dh, dw)
     (lib or kiln_gemm.library()).kiln_depthwise_f32(shape, x.data_ptr(), packed_weight.data_ptr(),
                                            bias.data_ptr() if bias is not None else None,
                                            other.data_ptr() if other is not None else None, y.data_ptr(),

@@ -172,9 +172,25 @@ def _mm_add_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps):
 
 
 # ---- kiln::conv: 2-d convolution with optional unary post-op and added tensor ----------------
+#
+# `padding` is [ph, pw] as ATen's, or [top, left, bottom, right]: a "same" pad of a stride-2
+# convolution (one more row and column after than before) folded in (conv_prepack.py), which
+# kiln's depthwise kernel pads inside its loops and the libraries through an explicit pad first.
+
+
+def symmetric(x: torch.Tensor, padding) -> tuple[torch.Tensor, list[int]]:
+    """x and a padding of ATen's form for the convolution `padding` asks for: four entries become
+    a zero pad of x by their difference and the smaller side's padding."""
+    if len(padding) != 4:
+        return x, list(padding)
+    top, left, bottom, right = padding
+    ph, pw = min(top, bottom), min(left, right)
+    return aten.constant_pad_nd(x, [left - pw, right - pw, top - ph, bottom - ph], 0.0), [ph, pw]
+
 
 def _conv_aten(memory_format: torch.memory_format | None) -> Callable:
     def run(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other):
+        x, padding = symmetric(x, padding)
         if memory_format is not None:
             x = x.contiguous(memory_format=memory_format)
             weight = packed(weight, "channels_last", lambda: weight.contiguous(memory_format=memory_format))
@@ -187,6 +203,7 @@ def _conv_aten(memory_format: torch.memory_format | None) -> Callable:
 
 
 def _conv_onednn(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other):
+    x, padding = symmetric(x, padding)
     x = x.contiguous(memory_format=torch.channels_last)
     blocked = packed(weight, f"onednn{tuple(x.shape)}", lambda: mkldnn._reorder_convolution_weight(
         weight, padding, stride, dilation, groups, list(x.shape)))
@@ -201,6 +218,7 @@ def _conv_onednn(x, weight, bias, stride, padding, dilation, groups, unary, scal
 def _conv_onednn_into_other(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other):
     # oneDNN's convolution writing its result over the added tensor: the memory plan chooses this
     # when `other` dies here and has the result's layout (kiln/schedule/memory.py).
+    x, padding = symmetric(x, padding)
     blocked = packed(weight, f"onednn{tuple(x.shape)}", lambda: mkldnn._reorder_convolution_weight(
         weight, padding, stride, dilation, groups, list(x.shape)))
     unary_or_none = None if unary == "none" else unary
@@ -222,6 +240,7 @@ def _conv_kiln(x, weight, bias, stride, padding, dilation, groups, unary, scalar
         wp = packed(weight, "kiln_depthwise", lambda: kiln_depthwise.pack(weight))
         return kiln_depthwise.conv(x, wp, tuple(weight.shape[2:]), bias, stride, padding, dilation, unary, scalars,
                                    algorithm, other)
+    x, padding = symmetric(x, padding)
     if kiln_conv_gemm.applies(x, weight, stride, padding, dilation, groups):
         panels = packed(weight, "kiln", lambda: kiln_conv_gemm.pack(weight))
         return kiln_conv_gemm.conv(x, panels, weight.shape[0], bias, unary, scalars, algorithm, other,
@@ -251,6 +270,7 @@ def _conv(x, weight, bias, stride, padding, dilation, groups, unary, scalars, al
 
 
 def _conv_fake(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other, impl):
+    x, padding = symmetric(x, padding)
     if impl == "aten":
         y = aten.convolution(x, weight, bias, stride, padding, dilation, False, [0, 0], groups)
         return y if other is None else y + other

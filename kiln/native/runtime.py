@@ -148,9 +148,10 @@ def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, strid
 
     ints = lambda values: (ctypes.c_int64 * len(values))(*values)  # noqa: E731
     return _native([x, weight, bias, other], lambda h, out: library().kiln_conv(
-        h[0], h[1], h[2], ints(stride), ints(padding), ints(dilation), ctypes.c_int64(len(stride)),
-        ctypes.c_int64(groups), unary.encode(), _scalars(scalars), ctypes.c_int64(len(scalars)),
-        algorithm.encode() if algorithm else None, h[3], impl.encode(), ctypes.c_int64(kiln_gemm.K_BLOCK), out))
+        h[0], h[1], h[2], ints(stride), ints(padding), ctypes.c_int64(len(padding)), ints(dilation),
+        ctypes.c_int64(len(stride)), ctypes.c_int64(groups), unary.encode(), _scalars(scalars),
+        ctypes.c_int64(len(scalars)), algorithm.encode() if algorithm else None, h[3], impl.encode(),
+        ctypes.c_int64(kiln_gemm.K_BLOCK), out))
 
 
 class KilnArg(ctypes.Structure):

@@ -7,7 +7,9 @@
 TensorFlow-style models (HuggingFace's MobileNet, EfficientNet, ...) pad before every
 convolution ("same" padding); each pad is a copy of the activation, and a convolution pads for
 free inside its own loops. The symmetric part of a pad goes into the convolution; what is left
-(the extra row and column of a stride-2 "same" pad) stays a pad of its own. A pad of nothing is
+(the extra row and column of a stride-2 "same" pad) stays a pad of its own, for ATen's and
+oneDNN's convolutions, which pad alike on both sides; conv_prepack folds it into a `kiln::conv`
+that kiln's depthwise kernel runs (`padding_inside`). A pad of nothing is
 an alias of its input. Only a pad whose one reader is the convolution is folded: a pad also
 returned or saved for backward stays as it is.
 """
@@ -49,6 +51,17 @@ def _fold_into(conv: fx.Node, gm: fx.GraphModule) -> bool:
     conv.args = (source, *conv.args[1:4], folded, *conv.args[5:])
     gm.graph.erase_node(x)
     return True
+
+
+def padding_inside(x: fx.Node, padding: list[int]) -> tuple[fx.Node, list[int]] | None:
+    """The pad left before a 2-d convolution (the extra row and column of a stride-2 "same" pad) as
+    the convolution's own padding, [top, left, bottom, right], and the pad's input; for a
+    `kiln::conv` whose kernel pads inside its loops on each side (kiln's depthwise convolution,
+    conv_prepack.py). None where `x` is no such pad."""
+    if not (_zero_pad(x) and len(x.users) == 1 and len(x.args[1]) == 4 and len(padding) == 2):
+        return None
+    left, right, top, bottom = x.args[1]
+    return x.args[0], [padding[0] + top, padding[1] + left, padding[0] + bottom, padding[1] + right]
 
 
 def conv_padding(gm: fx.GraphModule, target: Target) -> bool:

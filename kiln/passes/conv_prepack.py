@@ -8,7 +8,9 @@ hardtanh; hardswish when the graph has it whole, which the core-ATen table does 
 its post-ops (kiln/autotune/gemm.py): oneDNN with the weight reordered once into its blocked
 layout and data in channels-last, kiln's own kernel for depthwise convolutions (the post-ops in
 its store), ATen on channels-last data, or ATen as eager runs it, in which case the graph is left
-alone. Values after a channels-last convolution are channels-last too
+alone. A zero pad left before a depthwise convolution that kiln's kernel runs (the extra row and
+column of a stride-2 "same" pad, conv_padding.py) becomes its padding, [top, left, bottom, right]:
+the kernel pads inside its loops. Values after a channels-last convolution are channels-last too
 (`refresh_meta`), so the kernels between convolutions write the layout the next one reads.
 
 The layout is decided for the whole graph, not per convolution: in a graph of two or more such
@@ -26,8 +28,10 @@ from torch import fx
 from kiln import logs
 from kiln.autotune import mode as autotune_mode
 from kiln.autotune.gemm import choose_conv
+from kiln.externs import kiln_depthwise
 from kiln.ir.target import Target
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
+from kiln.passes.conv_padding import padding_inside
 from kiln.passes.fake_values import refresh_meta
 from kiln.passes.pattern import Op, Var, arguments, insert, matches, remove_dead
 from kiln.passes.post_ops import NO_POST_OP, PostOp, only_user, unary_after
@@ -117,6 +121,10 @@ def conv_prepack(gm: fx.GraphModule, target: Target) -> bool:
             continue
         if impl.startswith("aten"):  # ATen on channels-last data: the post-ops stay kiln's kernels
             last, other, (unary, scalars, algorithm) = conv, None, NO_POST_OP
+        inside = padding_inside(x, found["padding"]) if impl == "kiln" and kiln_depthwise.applies(
+            x.meta["val"], w.meta["val"], found["groups"]) else None
+        if inside is not None:  # kiln's depthwise kernel pads inside its loops, on each side its own
+            x, conv_args = inside[0], (conv_args[0], inside[1], *conv_args[2:])
         fused = insert(gm, last, torch.ops.kiln.conv.default, x, w, b, *conv_args, unary, scalars, algorithm or None,
                        other, impl)
         last.replace_all_uses_with(fused)

@@ -80,6 +80,23 @@ def test_the_runtime_and_python_forms_agree():
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+# [top, left, bottom, right]: a stride-2 "same" pad folded in (one more row and column after), and others.
+FOUR_PADDINGS = [(3, 2, [0, 0, 1, 1]), (3, 1, [1, 0, 2, 1]), (5, 2, [1, 2, 2, 1]), (3, 2, [0, 1, 0, 0])]
+
+
+@pytest.mark.parametrize("kernel, stride, padding", FOUR_PADDINGS, ids=lambda v: str(v))
+def test_a_padding_of_four_entries_pads_each_side_its_own(kernel, stride, padding):
+    torch.manual_seed(kernel + stride)
+    x, w, b = torch.randn(2, 24, 11, 10), torch.randn(24, 1, kernel, kernel), torch.randn(24)
+    top, left, bottom, right = padding
+    want = F.relu(F.conv2d(F.pad(x, (left, right, top, bottom)), w, b, stride, 0, 1, 24))
+    args = (x, w, b, [stride, stride], padding, [1, 1], 24, "relu", [], None, None)
+    for impl, run in prepacked.CONV_IMPLS.items():  # kiln's kernel pads inside; the others pad x first
+        torch.testing.assert_close(run(*args), want, rtol=1e-5, atol=1e-5, msg=impl)
+        torch.testing.assert_close(runtime.conv(*args, impl), want, rtol=1e-5, atol=1e-5, msg=impl)
+    assert prepacked._conv_fake(*args, "kiln").shape == want.shape
+
+
 class _InvertedResidual(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -1,12 +1,15 @@
 """A zero pad before a convolution goes into the convolution's padding (its symmetric part; a
-stride-2 "same" pad keeps its extra row and column as a pad), and a pad of nothing disappears."""
+stride-2 "same" pad keeps its extra row and column as a pad, except before a depthwise convolution
+that kiln's kernel runs, which pads each side its own), and a pad of nothing disappears."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
+from kiln.autotune import gemm
+from tests.kiln_backend import compiled, compiled_graphs
+from tests.kiln_backend import kiln_wherever_offered, private_cache  # noqa: F401  (fixtures)
 
 
 class PadConv(nn.Module):
@@ -64,3 +67,38 @@ def test_pad_of_another_value_or_also_returned_stays(kwargs):
     with torch.no_grad():
         torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
     assert _conv_paddings(program) == [[0, 0]] and program.schedule.kernels
+
+
+class SamePaddedBlock(nn.Module):
+    """A MobileNet block as TensorFlow pads it: 1x1, then a stride-2 depthwise convolution after a
+    pad of one row and one column (HuggingFace's MobileNetV1 with tf_padding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand, self.project = nn.Conv2d(8, 32, 1), nn.Conv2d(32, 8, 1)
+        self.depthwise = nn.Conv2d(32, 32, 3, stride=2, groups=32)
+
+    def forward(self, x):
+        y = F.pad(F.relu6(self.expand(x)), (0, 1, 0, 1))
+        return self.project(F.relu6(self.depthwise(y)))
+
+
+def _depthwise_paddings(graphs):
+    return [s.argument("padding") for g in graphs for s in g.schedule.externs
+            if str(s.op) == "kiln.conv.default" and s.argument("groups") > 1]
+
+
+@pytest.mark.parametrize("cpp_wrapper", [True, False], ids=["cpp-wrapper", "python-wrapper"])
+def test_kilns_depthwise_kernel_takes_the_pad_left_over(kiln_wherever_offered, cpp_wrapper):
+    torch.manual_seed(0)
+    model, x = SamePaddedBlock().eval(), torch.randn(1, 8, 14, 14)
+    graphs = compiled_graphs(model, x, cpp_wrapper=cpp_wrapper)
+    assert _depthwise_paddings(graphs) == [[0, 0, 1, 1]]
+    assert not any(g.schedule.kernels for g in graphs)  # the pad was the one kernel
+
+
+def test_the_pad_left_over_stays_before_a_library_convolution(monkeypatch):
+    monkeypatch.setattr(gemm, "choose", lambda op, signature, candidates, *a, **k: "onednn")
+    torch.manual_seed(0)
+    graphs = compiled_graphs(SamePaddedBlock().eval(), torch.randn(1, 8, 14, 14))
+    assert _depthwise_paddings(graphs) == [[0, 0]] and any(g.schedule.kernels for g in graphs)

@@ -68,13 +68,14 @@ KILN_API int kiln_mm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, const char*
             int64_t nscalars, const char* algorithm, const char* impl, int64_t k_block, kiln_tensor* out);
 // kiln::conv(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other,
 // impl), 2-d, likewise: oneDNN's blocked weights per input shape (`onednn`, and
-// `onednn_into_other`, which writes over `other`), ATen channels-last or as given. `stride`,
-// `padding`, `dilation` have `spatial` elements; `bias` and `other` may be NULL; `k_block` as
-// kiln_mm's, for kiln's GEMM (`kiln`: depthwise convolutions, and 1x1 ones through the GEMM).
+// `onednn_into_other`, which writes over `other`), ATen channels-last or as given. `stride` and
+// `dilation` have `spatial` elements, `padding` `npadding`: `spatial`, or 4 for [top, left, bottom,
+// right]; `bias` and `other` may be NULL; `k_block` as kiln_mm's, for kiln's GEMM (`kiln`:
+// depthwise convolutions, and 1x1 ones through the GEMM).
 KILN_API int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, const int64_t* stride, const int64_t* padding,
-              const int64_t* dilation, int64_t spatial, int64_t groups, const char* unary, const kiln_arg* scalars,
-              int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl, int64_t k_block,
-              kiln_tensor* out);
+              int64_t npadding, const int64_t* dilation, int64_t spatial, int64_t groups, const char* unary,
+              const kiln_arg* scalars, int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl,
+              int64_t k_block, kiln_tensor* out);
 // layer_norm(a @ b + bias + residual) over the last dimension, float32, in kiln's GEMM
 // (kiln::mm_layer_norm); `bias`, `residual` ([M, N]), `weight`, `norm_bias` may be NULL. With
 // `sum` (not NULL) the sum is kept there too (kiln::mm_add_layer_norm).

@@ -8,6 +8,7 @@
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/clamp.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -385,15 +386,18 @@ at::Tensor conv_depthwise(const at::Tensor& x_in, const at::Tensor& weight, cons
   });
   at::Tensor x = x_in.contiguous(at::MemoryFormat::ChannelsLast);
   const int64_t N = x.size(0), H = x.size(2), W = x.size(3);
-  const int64_t OH = (H + 2 * padding[0] - dilation[0] * (KH - 1) - 1) / stride[0] + 1;
-  const int64_t OW = (W + 2 * padding[1] - dilation[1] * (KW - 1) - 1) / stride[1] + 1;
+  // [ph, pw] or [top, left, bottom, right]: the kernel reads inside the image only, so padding after
+  // it is only in the output's size.
+  const bool four = padding.size() == 4;
+  const int64_t top = padding[0], left = padding[1], bottom = padding[four ? 2 : 0], right = padding[four ? 3 : 1];
+  const int64_t OH = (H + top + bottom - dilation[0] * (KH - 1) - 1) / stride[0] + 1;
+  const int64_t OW = (W + left + right - dilation[1] * (KW - 1) - 1) / stride[1] + 1;
   at::Tensor y = at::empty({N, C, OH, OW}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   std::optional<at::Tensor> other, bias;
   if (other_in) other = other_in->contiguous(at::MemoryFormat::ChannelsLast);
   if (bias_in) bias = bias_in->contiguous();
   KilnGemmEpilogue e = unary_epilogue(unary, algorithm, scalars, n);
-  const int64_t shape[14] = {N, H, W, C, KH, KW, OH, OW, stride[0], stride[1], padding[0], padding[1], dilation[0],
-                             dilation[1]};
+  const int64_t shape[14] = {N, H, W, C, KH, KW, OH, OW, stride[0], stride[1], top, left, dilation[0], dilation[1]};
   kiln_depthwise_f32(shape, x.data_ptr<float>(), wp.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr,
                      other ? other->data_ptr<float>() : nullptr, y.data_ptr<float>(), &e);
   return y;
@@ -441,10 +445,18 @@ at::Tensor conv_gemm(const at::Tensor& x_in, const at::Tensor& weight, const std
   return y;
 }
 
-at::Tensor conv(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+at::Tensor conv(at::Tensor x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                 std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups,
                 const std::string& unary, const kiln_arg* scalars, int64_t n, const std::string& algorithm,
                 const std::optional<at::Tensor>& other, const std::string& impl, int64_t k_block) {
+  // A padding of four entries, [top, left, bottom, right] (prepacked.py `symmetric`): kiln's
+  // depthwise kernel pads inside its loops; the others read x padded by the difference first.
+  const bool depthwise = weight.dim() == 4 && weight.size(1) == 1 && groups == weight.size(0);
+  if (padding.size() == 4 && !(impl == "kiln" && depthwise)) {
+    const int64_t ph = std::min(padding[0], padding[2]), pw = std::min(padding[1], padding[3]);
+    x_in = at::constant_pad_nd(x_in, {padding[1] - pw, padding[3] - pw, padding[0] - ph, padding[2] - ph}, 0);
+    padding = {ph, pw};
+  }
   c10::IValue algorithm_or_none = algorithm.empty() ? c10::IValue() : c10::IValue(algorithm);
   if (impl == "onednn" || impl == "onednn_into_other") {
     static auto reorder = find_op("mkldnn::_reorder_convolution_weight", "");
@@ -570,12 +582,12 @@ int kiln_attention(kiln_tensor q, kiln_tensor k, kiln_tensor v, kiln_tensor mask
 }
 
 int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, const int64_t* stride, const int64_t* padding,
-              const int64_t* dilation, int64_t spatial, int64_t groups, const char* unary, const kiln_arg* scalars,
-              int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl, int64_t k_block,
-              kiln_tensor* out) {
+              int64_t npadding, const int64_t* dilation, int64_t spatial, int64_t groups, const char* unary,
+              const kiln_arg* scalars, int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl,
+              int64_t k_block, kiln_tensor* out) {
   return guarded([&] {
     auto optional = [](kiln_tensor t) { return t ? std::optional<at::Tensor>(tensor_of(t)) : std::nullopt; };
-    std::vector<int64_t> s(stride, stride + spatial), p(padding, padding + spatial), d(dilation, dilation + spatial);
+    std::vector<int64_t> s(stride, stride + spatial), p(padding, padding + npadding), d(dilation, dilation + spatial);
     *out = new_handle(conv(tensor_of(x), tensor_of(weight), optional(bias), s, p, d, groups, unary, scalars, nscalars,
                            algorithm ? algorithm : "", optional(other), impl, k_block));
   });
