@@ -3,6 +3,9 @@
 // [B, H, Sq, Dv] each have their own strides with rows of unit stride; the additive mask is
 // broadcast to [B, H, Sq, Sk] by zero strides; `causal`: query i sees keys 0..i (ATen's is_causal).
 //
+// Once a call, each query row's end: after its own key (causal) and after the last key its mask
+// leaves above -inf (a causal mask written out as 0 and -inf); keys past a row's end are never
+// computed, and a mask that is zero before every row's end is not added.
 // A task is one head's range of query rows; each thread runs its tasks with buffers of its own:
 //   1. kᵀ packed into panels [ceil(keys / NR)][D][NR] (the GEMM's layout: kiln_gemm.h), once
 //      per task: a transpose of the head's keys, the only copy of an operand;
@@ -14,13 +17,14 @@
 //   4. out = P · v, register tiles of MR_O rows x NV_O vectors of v (read where it lies), each
 //      row multiplied by its inverse sum in the store.
 // Whole rows of scores are held (no running rescale as in flash attention): at the lengths a CPU
-// runs in inference the block of rows fits the caches (QB x Sk floats per thread). A causal task
-// computes only the tiles at or below the diagonal. A row whose every score is -inf (fully masked)
-// is zeros, as ATen's CPU flash kernel makes it.
+// runs in inference the block of rows fits the caches (QB x Sk floats per thread). A task computes
+// only the tiles before its rows' ends (at or below a causal diagonal). A row whose every score is
+// -inf (fully masked) is zeros, as ATen's CPU flash kernel makes it.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <omp.h>
 #include <type_traits>
@@ -89,14 +93,14 @@ static inline void sized(int rows, int nv, F&& f) {
 }
 
 // What a tile of scores does before its store: scale, add the mask's row (mask + r * m_q, or
-// none), set -inf past each row's end (causal: keys after the row's own; always: keys past Sk),
+// none), set -inf past each row's end (row_end; always past Sk),
 // and raise each row's running maximum (a vector per row: one horizontal max per row, later).
 struct ScoreStore {
   float scale;
   const float* mask;  // at the tile's first row and key
   int64_t m_q;
-  int64_t i0, j0, Sk;  // the tile's first row and key; the key count
-  bool causal;
+  int64_t j0;  // the tile's first key
+  const int64_t* row_end;  // each row's end (keys from there are -inf), at the tile's first row
   V* row_max;  // at the tile's first row
 };
 
@@ -109,7 +113,7 @@ static inline void score_tile(int64_t D, const float* a, int64_t lda, const floa
   micro<R, NVX>(acc, D, a, lda, b, NR_S);
   const V minus_inf = V{} - std::numeric_limits<float>::infinity();
   for (int r = 0; r < R; ++r) {
-    const int64_t end = st.causal ? std::min(st.Sk, st.i0 + r + 1) : st.Sk;
+    const int64_t end = st.row_end[r];
     V m = st.row_max[r];
 #pragma GCC unroll 8
     for (int v = 0; v < NVX; ++v) {
@@ -220,14 +224,55 @@ struct Buffers {
   std::vector<V> row_max;
 };
 
-// Query rows [i_lo, i_hi) of head (b, h).
+template <typename W> static inline int32_t lane_or(W x) {
+  if constexpr (sizeof(W) == 2 * sizeof(int32_t)) return x[0] | x[1];
+  else {
+    using H = kiln::half_t<W>;
+    return lane_or(kiln::part<H>(x, 0) | kiln::part<H>(x, 1));
+  }
+}
+
+// Where row i's keys end: a causal row's after its own key, and a masked row's after the last key
+// its mask leaves above -inf (a causal mask written out, as GPT-2 and Llama give it; padding): the
+// keys after it weigh e^-inf = 0, so their scores are never computed.
+static inline int64_t row_end(const Shape& z, const float* mask_row, bool causal, int64_t i) {
+  int64_t end = causal ? std::min(z.Sk, i + 1) : z.Sk;
+  if (!mask_row) return end;
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  for (; end >= L; end -= L) {  // a vector at a time while all of it is -inf
+    kiln::vec<int32_t> bits;
+    std::memcpy(&bits, mask_row + end - L, sizeof bits);
+    if (lane_or(bits ^ int32_t(0xff800000u)) != 0) break;  // -inf's bits, and no other float's
+  }
+  while (end > 0 && mask_row[end - 1] == minus_inf) --end;
+  return end;
+}
+
+// Whether mask_row[0, end) is all zeros, of either sign: adding it changes no score (x + 0 is x,
+// NaN and infinities included; -0 becomes +0, the same to softmax).
+static inline bool zeros(const float* mask_row, int64_t end) {
+  int64_t j = 0;
+  for (; j + L <= end; j += L) {
+    kiln::vec<int32_t> bits;
+    std::memcpy(&bits, mask_row + j, sizeof bits);
+    if (lane_or(bits & int32_t(0x7fffffff)) != 0) return false;
+  }
+  for (; j < end; ++j)
+    if (mask_row[j] != 0.0f) return false;
+  return true;
+}
+
+// Query rows [i_lo, i_hi) of head (b, h); `ends`: each of the head's rows' end (row_end).
 static void rows_of_head(const Shape& z, const float* q, const float* k, const float* v, const float* mask, float* out,
-                         float scale, bool causal, int64_t b, int64_t h, int64_t i_lo, int64_t i_hi, Buffers& buf) {
+                         float scale, int64_t b, int64_t h, int64_t i_lo, int64_t i_hi, const int64_t* ends,
+                         Buffers& buf) {
   const float* qh = q + b * z.q_b + h * z.q_h;
   const float* vh = v + b * z.v_b + h * z.v_h;
   float* oh = out + b * z.o_b + h * z.o_h;
   const float* mh = mask ? mask + b * z.m_b + h * z.m_h : nullptr;
-  const int64_t task_keys = causal ? std::min(z.Sk, i_hi) : z.Sk;
+  // The latest end among rows [r0, r1).
+  auto last_end = [&](int64_t r0, int64_t r1) { return *std::max_element(ends + r0, ends + r1); };
+  const int64_t task_keys = last_end(i_lo, i_hi);
   const int64_t lds = (z.Sk + L - 1) / L * L;
   buf.keys.resize(std::max<int64_t>(1, (task_keys + NR_S - 1) / NR_S) * NR_S * z.D);
   buf.scores.resize(QB * lds);
@@ -237,17 +282,17 @@ static void rows_of_head(const Shape& z, const float* q, const float* k, const f
   float* s = buf.scores.data();
   pack_keys(k + b * z.k_b + h * z.k_h, z.k_s, z.D, task_keys, kt);
   for (int64_t i0 = i_lo; i0 < i_hi; i0 += QB) {
-    const int64_t i1 = std::min(i_hi, i0 + QB), keys = causal ? std::min(z.Sk, i1) : z.Sk;
-    // S = q · kᵀ, scaled and masked, each row's maximum kept: the causal tiles wholly above the
-    // diagonal are skipped (their keys are past every row's end).
+    const int64_t i1 = std::min(i_hi, i0 + QB), keys = last_end(i0, i1);
+    // S = q · kᵀ, scaled and masked, each row's maximum kept: tiles wholly past their rows' ends
+    // (above a causal diagonal) are skipped.
     std::fill(buf.row_max.begin(), buf.row_max.end(), V{} - std::numeric_limits<float>::infinity());
     for (int64_t p = 0; p * NR_S < keys; ++p) {
       const int nv = int((std::min<int64_t>(NR_S, keys - p * NR_S) + L - 1) / L);
       for (int64_t r0 = i0; r0 < i1; r0 += MR_S) {
         const int rows = int(std::min<int64_t>(MR_S, i1 - r0));
-        if (causal && p * NR_S > r0 + rows - 1) continue;
-        const ScoreStore st{scale, mh ? mh + r0 * z.m_q + p * NR_S : nullptr, z.m_q, r0, p * NR_S, z.Sk, causal,
-                            buf.row_max.data() + (r0 - i0)};
+        if (p * NR_S >= last_end(r0, r0 + rows)) continue;
+        const ScoreStore st{scale, mh ? mh + r0 * z.m_q + p * NR_S : nullptr, z.m_q, p * NR_S,
+                            ends + r0, buf.row_max.data() + (r0 - i0)};
         sized<MR_S, NV_S>(rows, nv, [&](auto R, auto NVX) {
           score_tile<decltype(R)::value, decltype(NVX)::value>(z.D, qh + r0 * z.q_s, z.q_s, kt + p * z.D * NR_S,
                                                                s + (r0 - i0) * lds + p * NR_S, lds, st);
@@ -256,7 +301,7 @@ static void rows_of_head(const Shape& z, const float* q, const float* k, const f
     }
     // Each row's probabilities up to its end, zeros from there to the block's last key.
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t end = causal ? std::min(z.Sk, i + 1) : z.Sk;
+      const int64_t end = ends[i];
       float* row = s + (i - i0) * lds;
       buf.inverse[i - i0] = softmax_row(row, end, lane_max(buf.row_max[i - i0]));
       std::fill(row + end, row + keys, 0.0f);
@@ -266,7 +311,7 @@ static void rows_of_head(const Shape& z, const float* q, const float* k, const f
       const int nv = int(std::min<int64_t>(NV_O, (z.Dv - d0) / L));
       for (int64_t r0 = i0; r0 < i1; r0 += MR_O) {
         const int rows = int(std::min<int64_t>(MR_O, i1 - r0));
-        const int64_t kc = causal ? std::min(z.Sk, r0 + rows) : keys;
+        const int64_t kc = last_end(r0, r0 + rows);
         sized<MR_O, NV_O>(rows, nv, [&](auto R, auto NVX) {
           tile<decltype(R)::value, decltype(NVX)::value>(kc, s + (r0 - i0) * lds, lds, vh + d0, z.v_s,
                                                          oh + r0 * z.o_s + d0, z.o_s, buf.inverse.data() + (r0 - i0));
@@ -287,14 +332,28 @@ static void attention(const Shape& z, const float* q, const float* k, const floa
   const int64_t rows = ((z.Sq + splits - 1) / splits + MR_S - 1) / MR_S * MR_S;
   splits = (z.Sq + rows - 1) / rows;
   const int64_t tasks = heads * splits;
+  // Each query row's end, once a call: per batch and head where the mask differs by head, else
+  // per batch (GPT-2's causal mask serves all heads). A mask that is zero before every row's end
+  // (a causal or padding mask of 0 and -inf; BERT's of an unpadded input) is not added at all.
+  const int64_t mask_heads = mask && z.m_h != 0 ? z.H : 1, mask_batches = mask && z.m_b != 0 ? z.B : 1;
+  std::vector<int64_t> ends(mask_batches * mask_heads * z.Sq);
+  bool mask_adds = false;
 #pragma omp parallel if (tasks > 1 && z.Sq * z.Sk * z.D * heads >= (int64_t(1) << 16))
   {
+#pragma omp for schedule(static) reduction(|| : mask_adds)
+    for (int64_t r = 0; r < int64_t(ends.size()); ++r) {
+      const int64_t b = r / (mask_heads * z.Sq), h = r / z.Sq % mask_heads, i = r % z.Sq;
+      const float* row = mask ? mask + b * z.m_b + h * z.m_h + i * z.m_q : nullptr;
+      ends[r] = row_end(z, row, causal, i);
+      mask_adds = mask_adds || (row && !zeros(row, ends[r]));
+    }
     static thread_local Buffers buf;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
-      const int64_t head = t / splits, part = t % splits;
-      rows_of_head(z, q, k, v, mask, out, scale, causal, head / z.H, head % z.H, part * rows,
-                   std::min(z.Sq, (part + 1) * rows), buf);
+      const int64_t head = t / splits, part = t % splits, b = head / z.H, h = head % z.H;
+      const int64_t mask_head = (mask_batches > 1 ? b : 0) * mask_heads + (mask_heads > 1 ? h : 0);
+      rows_of_head(z, q, k, v, mask_adds ? mask : nullptr, out, scale, b, h, part * rows,
+                   std::min(z.Sq, (part + 1) * rows), ends.data() + mask_head * z.Sq, buf);
     }
   }
 }
