@@ -113,7 +113,7 @@ def test_other_isas(flags, tmp_path):
     cross-compiled and run under qemu instead: test_neon_cross.py."""
     lib = x86_kernels_built_with(flags, tmp_path)
     for dtype in (torch.float32, torch.bfloat16):
-        for m, k, n in [(13, 77, 50), (1, 9, 3)]:
+        for m, k, n in [(13, 77, 50), (1, 9, 3), (128, 8, 16432)]:  # the last: C streamed (float32)
             a, b, bias, residual = _operands(m, k, n, dtype, seed=k)
             out = kiln_gemm.mm(a, kiln_gemm.pack(b, lib), n, bias, "gelu", [], residual, lib=lib)
             _check(out, _reference(a, b, bias, "gelu", [], None, residual), dtype, k)
@@ -124,6 +124,19 @@ def test_other_isas(flags, tmp_path):
         out = kiln_depthwise.conv(x, kiln_depthwise.pack(weight, lib), (k, k), bias, (s, s), (p, p), (d, d), "swish",
                                   (), None, other, lib=lib)
         torch.testing.assert_close(out, F.silu(F.conv2d(x, weight, bias, s, p, d, c) + other), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [16432, 16433], ids=["aligned-rows", "rows-off-vectors"])
+def test_a_c_of_8_mb_is_written_alike_with_streaming_stores(n):
+    # 128 x 16432 floats (8.4 MB) in rows whole vectors apart: stored bypassing the caches (the
+    # ragged last panel through the ordinary stores); one column more puts the rows off the vector
+    # boundaries and the stores back in the caches.
+    m, k = 128, 24
+    a, b, bias, residual = _operands(m, k, n, torch.float32, seed=n)
+    panels = kiln_gemm.pack(b)
+    _check(kiln_gemm.mm(a, panels, n), _reference(a, b, None, "none", [], None, None), torch.float32, k)
+    out = kiln_gemm.mm(a, panels, n, bias, "relu", [], residual)
+    _check(out, _reference(a, b, bias, "relu", [], None, residual), torch.float32, k)
 
 
 def test_rows_in_several_passes_over_the_panels():

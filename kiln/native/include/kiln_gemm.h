@@ -142,10 +142,11 @@ static inline const void* at(const void* p, bool bf16, int64_t offset) {
 }
 
 // Store `rows` x `cols` of the accumulator block at C[i0, j0] (cols <= NR; a ragged edge when
-// less): through the epilogue on the last K block, as float32 partial sums before it.
+// less): through the epilogue on the last K block, as float32 partial sums before it. `stream`:
+// whole blocks with streaming stores (gemm's `stream`).
 template <int R>
 static inline void store_block(V (&acc)[R][NV], int rows, int cols, int64_t i0, int64_t j0, void* c, int64_t ldc,
-                               const Epilogue* e, bool last) {
+                               const Epilogue* e, bool last, bool stream = false) {
   const bool out_bf16 = last && e && e->out_bf16;
   if (cols == NR) {  // a whole block (all but the last panel's): fixed-size loops, checks hoisted (short K makes them count)
     const bool bias = last && e && e->bias, act = last && e && e->unary, residual = last && e && e->residual;
@@ -163,6 +164,7 @@ static inline void store_block(V (&acc)[R][NV], int rows, int cols, int64_t i0, 
         if (act) y = unary(y, *e);
         if (residual && !residual_first) y += load_n(at(e->residual, e->residual_bf16, (i0 + r) * e->ld_residual + j0 + v * L), e->residual_bf16, L);
         if (out_bf16) kiln::store_bf16(static_cast<kiln_bf16*>(c) + (i0 + r) * ldc + j0 + v * L, y);
+        else if (stream) kiln::store_stream(static_cast<float*>(c) + (i0 + r) * ldc + j0 + v * L, y);
         else kiln::store(static_cast<float*>(c) + (i0 + r) * ldc + j0 + v * L, y);
       }
     }
@@ -296,7 +298,8 @@ static inline void micro(V (&acc)[R][NV], int64_t kc, const T* a, int64_t lda, c
 
 template <int R, int NVT, typename T>
 static inline void tile(int rows, int cols, int64_t kc, bool first, bool last, const T* a, int64_t lda, const T* bp,
-                        void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e, Ahead ahead) {
+                        void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e, Ahead ahead,
+                        bool stream = false) {
   V acc[R][NV];
   if (first) {
     for (int r = 0; r < R; ++r) for (int v = 0; v < NV; ++v) acc[r][v] = V{};
@@ -306,16 +309,16 @@ static inline void tile(int rows, int cols, int64_t kc, bool first, bool last, c
                          std::max(0, std::min(L, cols - v * L)));
   }
   micro<R, NVT>(acc, kc, a, lda, bp, ahead);
-  store_block<R>(acc, rows, cols, i0, j0, c, ldc, e, last);
+  store_block<R>(acc, rows, cols, i0, j0, c, ldc, e, last, stream);
 }
 
 // One tile of `rows` <= MR: the micro-kernel instantiated for exactly that many rows.
 template <int R = MR, typename T>
 static inline void tile_rows(int rows, int cols, int64_t kc, bool first, bool last, const T* a, int64_t lda,
                              const T* bp, void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e,
-                             Ahead ahead) {
+                             Ahead ahead, bool stream = false) {
   if constexpr (R > 1) {
-    if (rows < R) return tile_rows<R - 1>(rows, cols, kc, first, last, a, lda, bp, c, ldc, i0, j0, e, ahead);
+    if (rows < R) return tile_rows<R - 1>(rows, cols, kc, first, last, a, lda, bp, c, ldc, i0, j0, e, ahead, stream);
   }
   // The last panel of an N that is not a multiple of NR, in whole row blocks: only the vectors that
   // hold columns (N = 64 in panels of 48: a third of the FMAs were on the zero padding).
@@ -324,7 +327,7 @@ static inline void tile_rows(int rows, int cols, int64_t kc, bool first, bool la
     if constexpr (NV >= 3)
       if (cols <= 2 * L) return tile<R, 2>(rows, cols, kc, first, last, a, lda, bp, c, ldc, i0, j0, e, ahead);
   }
-  tile<R, NV>(rows, cols, kc, first, last, a, lda, bp, c, ldc, i0, j0, e, ahead);
+  tile<R, NV>(rows, cols, kc, first, last, a, lda, bp, c, ldc, i0, j0, e, ahead, stream);
 }
 
 // Whether panels of T hold k in pairs (bfloat16 with the pair dot products).
@@ -436,6 +439,12 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
   // than such a GEMM takes (a batch-1 projection of a small model; an MLP's 1x8x4 takes ~50 ns).
   const bool worth_threads = panels * row_blocks > 1 && 2 * M * N * K >= (int64_t(1) << 18);
   const bool resident = panels * panel_rows * NR * int64_t(sizeof(T)) <= (int64_t(256) << 10) && row_blocks >= 64;
+  // A float32 C of 8 MB and more (Llama's logits, 128 x 32000) written in one K block with
+  // streaming stores where its rows are whole vectors apart on aligned memory: much larger than
+  // L2, its lines otherwise came from DRAM to be overwritten, then went back (128x512x32000, one
+  // thread: 28.9 -> 25.8 ms). Not where C is read again (K blocks, the layer norm's rows).
+  const bool stream = kc == K && !(e && (e->out_bf16 || e->layer_norm)) && M * N * 4 >= (int64_t(8) << 20) &&
+                      ldc % L == 0 && reinterpret_cast<uintptr_t>(c) % KILN_VEC_BYTES == 0;
 #pragma omp parallel if (worth_threads)
   {
     int tn, tm;
@@ -482,11 +491,12 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
             const int64_t i0 = rb * MR, fetched = (rb - b0) * per_tile;
             const Ahead ahead{more && fetched < next_bytes ? reinterpret_cast<const char*>(next) + fetched : nullptr, shift};
             tile_rows(int(std::min<int64_t>(MR, M - i0)), cols, kn, k0 == 0, k0 + kn == K, a + i0 * lda + k0, lda,
-                      bp + p * panel_rows * NR + k0 * NR, c, ldc, i0, p * NR, e, ahead);
+                      bp + p * panel_rows * NR + k0 * NR, c, ldc, i0, p * NR, e, ahead, stream);
           }
         }
       }
     }
+    if (stream) kiln::store_stream_fence();
     if (e && e->layer_norm) {  // every row whole once all threads have stored their panels
 #pragma omp barrier
       int64_t n0, n1;

@@ -116,6 +116,26 @@ static inline mask load_mask(const bool* p) {
   return {-__builtin_convertvector(b, vec<int32_t>)};
 }
 template <typename T> static inline void store(T* p, vec<T> v) { std::memcpy(p, &v, sizeof(v)); }
+// A store that does not bring p's line into the caches (a non-temporal store: no read of the line
+// before it is written), p aligned to a whole vector; a plain store where the ISA has none here.
+static inline void store_stream(float* p, vec<float> v) {
+#if defined(__AVX512F__)
+  __builtin_ia32_movntps512(p, v);
+#elif defined(__AVX__)
+  __builtin_ia32_movntps256(p, v);
+#elif defined(__SSE__)
+  __builtin_ia32_movntps(p, v);
+#else
+  store(p, v);
+#endif
+}
+// Orders this thread's streaming stores before its later stores (a barrier's flag): other threads
+// that see the flag see the data.
+static inline void store_stream_fence() {
+#if defined(__SSE__)
+  __builtin_ia32_sfence();
+#endif
+}
 static inline void store(bool* p, mask v) { vec<int8_t> b = __builtin_convertvector(v.m & 1, vec<int8_t>); std::memcpy(p, &b, sizeof(b)); }
 
 // Lanes computed one by one (gathers, strided and indirect loads, index expressions).
