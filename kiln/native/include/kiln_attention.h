@@ -71,10 +71,14 @@ template <int R, int NVX>
 static inline void tile(int64_t kc, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
                         const float* row_scale) {
   V acc[R][NVX];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int v = 0; v < NVX; ++v) acc[r][v] = V{};
   micro<R, NVX>(acc, kc, a, lda, b, ldb);
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int v = 0; v < NVX; ++v) kiln::store(c + r * ldc + v * L, row_scale ? acc[r][v] * row_scale[r] : acc[r][v]);
 }
 
@@ -108,10 +112,13 @@ template <int R, int NVX>
 static inline void score_tile(int64_t D, const float* a, int64_t lda, const float* b, float* c, int64_t ldc,
                               const ScoreStore& st) {
   V acc[R][NVX];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int v = 0; v < NVX; ++v) acc[r][v] = V{};
   micro<R, NVX>(acc, D, a, lda, b, NR_S);
   const V minus_inf = V{} - std::numeric_limits<float>::infinity();
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     const int64_t end = st.row_end[r];
     V m = st.row_max[r];
