@@ -62,8 +62,9 @@ def test_kiln_attention_matches_a_float64_softmax(shape, causal):
 @pytest.mark.parametrize("shape", SHAPES[:4], ids=lambda s: "x".join(map(str, s)))
 def test_keys_after_a_rows_last_unmasked_one_are_skipped_alike(shape):
     # Masks of 0 and -inf (GPT-2's causal mask written out, padding, rows masked after a random key
-    # or wholly) and with other values before the -inf: the kernel skips each row's keys after its
-    # last one above -inf, and adds no mask that is zero before every row's end.
+    # or wholly) and with other values before the -inf, and of the most negative float: the kernel
+    # skips each row's keys after its last one not masked, and adds no mask that is zero before
+    # every row's end.
     b, h, sq, sk, d, dv = shape
     q, k, v = _operands(*shape, seed=sq * sk)
     causal = torch.where(torch.ones(sq, sk, dtype=torch.bool).tril(), 0.0, -INF)
@@ -71,7 +72,10 @@ def test_keys_after_a_rows_last_unmasked_one_are_skipped_alike(shape):
         ends = torch.randint(0, sk + 1, mask_shape[:3] + (1,))
         trailing = torch.where(torch.arange(sk) < ends, 0.0, -INF)
         written_causal = [causal.expand(mask_shape).contiguous()] if mask_shape[2] == sq else []
-        for mask in (trailing, trailing + torch.randn(mask_shape), *written_causal):
+        # HuggingFace's masks of the most negative float (T5's causal one over its position bias,
+        # BERT's padding): cut where the row keeps an ordinary key, a row of only them even.
+        lowest = torch.where(torch.arange(sk) < ends, torch.randn(mask_shape), torch.finfo(torch.float32).min)
+        for mask in (trailing, trailing + torch.randn(mask_shape), *written_causal, lowest):
             out = kiln_attention.attention(q, k, v, mask, 0.3)
             torch.testing.assert_close(out, _reference(q, k, v, mask, 0.3, False), rtol=2e-5, atol=2e-5)
     torch.testing.assert_close(kiln_attention.attention(q, k, v, causal.expand(1, 1, sq, sk), 0.3),

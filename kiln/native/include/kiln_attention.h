@@ -239,19 +239,41 @@ template <typename W> static inline int32_t lane_or(W x) {
   }
 }
 
+// The end of mask_row[0, end) once its trailing masked keys are cut: those of -inf or, with
+// `far_below`, of any value at most -1e30 (HuggingFace writes masks with the most negative float;
+// NaN is neither). A vector at a time while all of it is masked, then key by key.
+template <bool FarBelow> static inline int64_t trailing_end(const float* mask_row, int64_t end) {
+  constexpr int32_t minus_inf = int32_t(0xff800000u), far = 0x7149f2ca, inf = 0x7f800000;  // -inf's, 1e30's, inf's bits
+  for (; end >= L; end -= L) {
+    kiln::vec<int32_t> bits;
+    std::memcpy(&bits, mask_row + end - L, sizeof bits);
+    kiln::vec<int32_t> kept;  // nonzero in a lane not masked
+    if constexpr (FarBelow) {
+      const kiln::vec<int32_t> magnitude = bits & int32_t(0x7fffffff);
+      kept = (bits >= 0) | (magnitude < far) | (magnitude > inf);
+    } else {
+      kept = bits ^ minus_inf;  // -inf's bits, and no other float's
+    }
+    if (lane_or(kept) != 0) break;
+  }
+  auto masked = [](float x) { return FarBelow ? x <= -1e30f : x == -std::numeric_limits<float>::infinity(); };
+  while (end > 0 && masked(mask_row[end - 1])) --end;
+  return end;
+}
+
 // Where row i's keys end: a causal row's after its own key, and a masked row's after the last key
 // its mask leaves above -inf (a causal mask written out, as GPT-2 and Llama give it; padding): the
-// keys after it weigh e^-inf = 0, so their scores are never computed.
+// keys after it weigh e^-inf = 0, so their scores are never computed. Keys masked with a value of
+// at most -1e30 (T5's causal mask, BERT's padding: the most negative float) are cut too where the
+// row has a key of an ordinary mask value (above -1e20): beside it they weigh e^(x - max) = 0
+// exactly (x - max below -8e29) for any scaled score below 1e29 in magnitude. A row of such keys
+// only keeps them (its softmax is even over them, as ATen computes it).
 static inline int64_t row_end(const Shape& z, const float* mask_row, bool causal, int64_t i) {
   int64_t end = causal ? std::min(z.Sk, i + 1) : z.Sk;
   if (!mask_row) return end;
-  const float minus_inf = -std::numeric_limits<float>::infinity();
-  for (; end >= L; end -= L) {  // a vector at a time while all of it is -inf
-    kiln::vec<int32_t> bits;
-    std::memcpy(&bits, mask_row + end - L, sizeof bits);
-    if (lane_or(bits ^ int32_t(0xff800000u)) != 0) break;  // -inf's bits, and no other float's
-  }
-  while (end > 0 && mask_row[end - 1] == minus_inf) --end;
+  end = trailing_end<false>(mask_row, end);
+  const int64_t far = trailing_end<true>(mask_row, end);
+  if (far < end && std::any_of(mask_row, mask_row + far, [](float x) { return x > -1e20f; })) end = far;
   return end;
 }
 
