@@ -181,22 +181,18 @@ static inline void pack_keys(const float* k, int64_t k_s, int64_t D, int64_t key
   }
 }
 
-// Horizontal max and sum of a vector (or half of one): halves combined, log2(L) steps.
-template <typename W> static inline float lane_max(W x) {
-  if constexpr (sizeof(W) == 2 * sizeof(float)) return std::max(x[0], x[1]);
+// A vector's lanes combined by op (max, sum, or): halves combined, log2(L) steps.
+template <typename W, typename Op> static inline auto lanes_reduce(W x, Op op) {
+  if constexpr (sizeof(W) == 2 * sizeof(x[0])) return op(x[0], x[1]);
   else {
     using H = kiln::half_t<W>;
-    H a = kiln::part<H>(x, 0), b = kiln::part<H>(x, 1);
-    return lane_max(a > b ? a : b);
+    return lanes_reduce(op(kiln::part<H>(x, 0), kiln::part<H>(x, 1)), op);
   }
 }
-template <typename W> static inline float lane_sum(W x) {
-  if constexpr (sizeof(W) == 2 * sizeof(float)) return x[0] + x[1];
-  else {
-    using H = kiln::half_t<W>;
-    return lane_sum(kiln::part<H>(x, 0) + kiln::part<H>(x, 1));
-  }
-}
+// (A row's running maximum is never NaN: it starts at -inf and is raised by comparisons only.)
+static inline float lane_max(V x) { return lanes_reduce(x, [](auto a, auto b) { return a > b ? a : b; }); }
+static inline float lane_sum(V x) { return lanes_reduce(x, [](auto a, auto b) { return a + b; }); }
+static inline int32_t lane_or(kiln::vec<int32_t> x) { return lanes_reduce(x, [](auto a, auto b) { return a | b; }); }
 
 // e^x for x <= 0 (a score less the row's maximum), NaN kept; 0 below -87 (e^x < 2^-125, nothing
 // beside the maximum's 1), so 2^n is one normal factor.
@@ -230,14 +226,6 @@ struct Buffers {
   std::vector<float> keys, scores, inverse;
   std::vector<V> row_max;
 };
-
-template <typename W> static inline int32_t lane_or(W x) {
-  if constexpr (sizeof(W) == 2 * sizeof(int32_t)) return x[0] | x[1];
-  else {
-    using H = kiln::half_t<W>;
-    return lane_or(kiln::part<H>(x, 0) | kiln::part<H>(x, 1));
-  }
-}
 
 // The end of mask_row[0, end) once its trailing masked keys are cut: those of -inf or, with
 // `far_below`, of any value at most -1e30 (HuggingFace writes masks with the most negative float;
