@@ -7,6 +7,7 @@ without AVX-512, SSE, AVX-512 without its bfloat16 dot products)."""
 from __future__ import annotations
 
 import ctypes
+import math
 import subprocess
 
 import pytest
@@ -82,6 +83,22 @@ def test_k_blocks_partial_sums_and_strided_rows(n):
     out = kiln_gemm.mm(a, panels, n, bias, "relu", [], residual.bfloat16(), out_dtype=torch.bfloat16)
     assert out.dtype == torch.bfloat16
     _check(out, _reference(a, b, bias, "relu", [], None, residual.bfloat16()), torch.bfloat16, k)
+
+
+@pytest.mark.parametrize("columns", [48, 53], ids=["whole-panel", "ragged"])
+def test_gelu_tanh_epilogue_at_extreme_values_is_eagers(columns):
+    """GELU's tanh form runs as y * sigmoid(2u) with 2u taken within +-80 (no denormal e^-|2u|):
+    beyond, eager's 1 + tanh u is exactly 0 or 2, and so is kiln's factor (y = -inf gives NaN, a
+    large negative y -0); inside, tiny values where eager's cancels to 0."""
+    values = torch.tensor([-math.inf, math.inf, math.nan, -1e20, 1e20, -100.0, -20.0, -10.0, -5.0, -3.0, -1.0,
+                           -0.5, 0.5, 1.0, 3.0, 88.0, 1e-3])
+    b = torch.zeros(1, columns)
+    b[0, :len(values)] = values
+    out = kiln_gemm.mm(torch.ones(9, 1), kiln_gemm.pack(b), columns, None, "gelu", [], algorithm="tanh")
+    expected = F.gelu(b.expand(9, columns), approximate="tanh")
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6, equal_nan=True)
+    assert torch.equal(out[:, :8].isinf(), expected[:, :8].isinf()) and torch.equal(out.isnan(), expected.isnan())
+    assert (out[:, 3] == 0).all() and out[:, 3].signbit().all()  # -1e20: -0, as eager
 
 
 def test_operands_of_two_dtypes_are_refused():
