@@ -173,7 +173,9 @@ static void rows_block(const Shape& s, const float* xn, const float* wp, const f
       }
     }
   }
-  // The epilogue in place; a block of the image's last rows (rows < R) stores only those.
+  // The epilogue: + other stored, then the unary op in place over each row (called per vector
+  // here, it was a call and a switch each: SiLU after c256 64x64 cost 749 against 544 us);
+  // a block of the image's last rows (rows < R) stores only those.
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
     if (r >= rows) break;
@@ -183,8 +185,9 @@ static void rows_block(const Shape& s, const float* xn, const float* wp, const f
     for (int o = 0; o < OB; ++o) {
       V v = acc[r][o];
       if (otherr) v += kiln::load(otherr + o * s.C);
-      kiln::store(yr + o * s.C, kiln_gemm::unary(v, e));
+      kiln::store(yr + o * s.C, v);
     }
+    if (e.unary) kiln_gemm::unary_in_place(yr, s.C, OB, e);
   }
 }
 

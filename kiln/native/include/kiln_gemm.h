@@ -142,6 +142,15 @@ static inline V unary(V y, const Epilogue& e) {
   return out;
 }
 
+// The unary op of `e` in place over `count` vectors at p, p + stride, ...: one loop per op
+// (with_unary), the op inlined (flatten), where a caller's loop would call unary() per vector
+// (kiln_depthwise.h's rows of pixels).
+[[gnu::noinline, gnu::flatten]] static void unary_in_place(float* p, int64_t stride, int count, const Epilogue& e) {
+  with_unary(e.unary, [&](auto op) {
+    for (int i = 0; i < count; ++i) kiln::store(p + i * stride, unary_op<decltype(op)::value>(kiln::load(p + i * stride), e));
+  });
+}
+
 // n <= L elements as float32 lanes (the rest zero), from float32 or bfloat16 memory.
 static inline V load_n(const void* p, bool bf16, int n) {
   if (bf16) {
