@@ -174,8 +174,8 @@ static void rows_block(const Shape& s, const float* xn, const float* wp, const f
     }
   }
   // The epilogue: + other stored, then the unary op in place over each row (called per vector
-  // here, it was a call and a switch each: SiLU after c256 64x64 cost 749 against 544 us);
-  // a block of the image's last rows (rows < R) stores only those.
+  // here, it was a call with a switch each, even for none: ReLU6 now 0.78-0.83x that time, no op
+  // 0.76x); a block of the image's last rows (rows < R) stores only those.
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
     if (r >= rows) break;
