@@ -143,9 +143,11 @@ static inline V unary(V y, const Epilogue& e) {
 }
 
 // The unary op of `e` in place over `count` vectors at p, p + stride, ...: one loop per op
-// (with_unary), the op inlined (flatten), where a caller's loop would call unary() per vector
-// (kiln_depthwise.h's rows of pixels).
-[[gnu::noinline, gnu::flatten]] static void unary_in_place(float* p, int64_t stride, int count, const Epilogue& e) {
+// (with_unary), where a caller's loop would call unary() per vector (kiln_depthwise.h's rows of
+// pixels). Not flattened, nor is epilogue_in_place: with the ops' math inlined into them (one call
+// per vector to sigmoid or tanh saved) kiln's library measured its plain GEMMs at K = 16-64 5-24 %
+// slower, though these functions are not on that path (code placement), for 2-3 % on SiLU.
+[[gnu::noinline]] static void unary_in_place(float* p, int64_t stride, int count, const Epilogue& e) {
   with_unary(e.unary, [&](auto op) {
     for (int i = 0; i < count; ++i) kiln::store(p + i * stride, unary_op<decltype(op)::value>(kiln::load(p + i * stride), e));
   });
@@ -178,6 +180,15 @@ static inline const void* at(const void* p, bool bf16, int64_t offset) {
               : static_cast<const void*>(static_cast<const float*>(p) + offset);
 }
 
+// y (its bias added) through the rest of e's epilogue, as both of the GEMM's stores apply it: the
+// residual's n lanes at `residual` (null: none) added before or after the unary op U, as e says.
+template <int U> static inline V residual_and_op(V y, const void* residual, int n, const Epilogue& e) {
+  if (residual && e.residual_before_unary) y += load_n(residual, e.residual_bf16, n);
+  if constexpr (U != NONE) y = unary_op<U>(y, e);
+  if (residual && !e.residual_before_unary) y += load_n(residual, e.residual_bf16, n);
+  return y;
+}
+
 // Store `rows` x `cols` of the accumulator block at C[i0, j0] (cols <= NR), each vector through
 // the epilogue on the last K block (as float32 partial sums before it): a ragged edge or a
 // bfloat16 C (tile stores the other blocks).
@@ -194,9 +205,8 @@ static inline void store_block(V (&acc)[R][NV], int rows, int cols, int64_t i0, 
       V y = acc[r][v];
       if (last && e) {
         if (e->bias) y += load_n(at(e->bias, e->bias_bf16, j), e->bias_bf16, n);
-        if (e->residual && e->residual_before_unary) y += load_n(at(e->residual, e->residual_bf16, i * e->ld_residual + j), e->residual_bf16, n);
-        if (e->unary) y = unary(y, *e);
-        if (e->residual && !e->residual_before_unary) y += load_n(at(e->residual, e->residual_bf16, i * e->ld_residual + j), e->residual_bf16, n);
+        const void* residual = e->residual ? at(e->residual, e->residual_bf16, i * e->ld_residual + j) : nullptr;
+        with_unary(e->unary, [&](auto op) { y = residual_and_op<decltype(op)::value>(y, residual, n, *e); });
       }
       store_n(const_cast<void*>(at(c, out_bf16, i * ldc + j)), out_bf16, y, n);
     }
@@ -317,24 +327,18 @@ static inline void micro(V (&acc)[R][NV], int64_t kc, const T* a, int64_t lda, c
 // ragged edge's are, the steps cost ~10 uops a vector and the unary op a call (ReLU after a
 // 16384x32x128 GEMM took 1.64 ms against 1.21 without, one thread of an Intel Xeon).
 template <int R, int NVT>
-[[gnu::noinline, gnu::flatten]] static void epilogue_in_place(float* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue& e) {
+[[gnu::noinline]] static void epilogue_in_place(float* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue& e) {
   V bias[NVT];  // without one, -0: x + -0 is x for every x (x + 0 is not, for -0)
 #pragma GCC unroll 8
   for (int v = 0; v < NVT; ++v)
     bias[v] = e.bias ? load_n(at(e.bias, e.bias_bf16, j0 + v * L), e.bias_bf16, L) : kiln::splat(-0.0f);
   const void* residual = e.residual ? at(e.residual, e.residual_bf16, i0 * e.ld_residual + j0) : nullptr;
-  auto residual_at = [&](int r, int v) {
-    return load_n(at(residual, e.residual_bf16, r * e.ld_residual + v * L), e.residual_bf16, L);
-  };
   with_unary(e.unary, [&](auto op) {
-    constexpr int U = decltype(op)::value;
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
       for (int v = 0; v < NVT; ++v) {
-        V y = kiln::load(c + r * ldc + v * L) + bias[v];
-        if (residual && e.residual_before_unary) y += residual_at(r, v);
-        if constexpr (U != NONE) y = unary_op<U>(y, e);
-        if (residual && !e.residual_before_unary) y += residual_at(r, v);
+        const void* residual_rv = residual ? at(residual, e.residual_bf16, r * e.ld_residual + v * L) : nullptr;
+        V y = residual_and_op<decltype(op)::value>(kiln::load(c + r * ldc + v * L) + bias[v], residual_rv, L, e);
         kiln::store(c + r * ldc + v * L, y);
       }
   });
