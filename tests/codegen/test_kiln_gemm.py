@@ -1,8 +1,9 @@
 """kiln's own GEMM (kiln/native/include/kiln_gemm.h) against float64 matmuls: random shapes with
 ragged edges (M not a multiple of the register block's rows, N not of a panel's width, K odd and
 not a multiple of the vector width or of the K block), every epilogue, float32 and bfloat16, a
-transposed weight as the frozen graph hands it, and the ISAs this machine can also run (AVX2
-without AVX-512, SSE, AVX-512 without its bfloat16 dot products)."""
+transposed weight as the frozen graph hands it, the ISAs this machine can also run (AVX2
+without AVX-512, SSE, AVX-512 without its bfloat16 dot products), and AVX-512's written-out tile
+against the C++ micro-kernel it replaces."""
 
 from __future__ import annotations
 
@@ -141,6 +142,28 @@ def test_other_isas(flags, tmp_path):
         out = kiln_depthwise.conv(x, kiln_depthwise.pack(weight, lib), (k, k), bias, (s, s), (p, p), (d, d), "swish",
                                   (), None, other, lib=lib)
         torch.testing.assert_close(out, F.silu(F.conv2d(x, weight, bias, s, p, d, c) + other), rtol=1e-5, atol=1e-5)
+
+
+def test_the_written_out_tile_sums_as_the_cplusplus_one(tmp_path):
+    """With AVX-512, a whole panel's 8 x 48 float32 tile runs written out in assembly
+    (kiln_gemm.h, tile_8x3_written); the same FMAs in the same order as the C++ micro-kernel, so
+    the two builds agree bit for bit: K of every remainder mod 8, fewer and more than 8
+    iterations (C's rows asked for in the last 8), K blocks (partial sums loaded from C), strided
+    A rows, several panels (the next block's prefetch), an epilogue after."""
+    lib = kiln_gemm.library()
+    if lib.kiln_vec_lanes() != 16:
+        pytest.skip("the written-out tile is AVX-512's")
+    cplusplus = x86_kernels_built_with(["-DKILN_GEMM_NO_ASM"], tmp_path)
+    for m, k, n, lda in [(8, 8, 48, 8), (16, 15, 96, 15), (9, 63, 50, 70), (24, 64, 144, 64), (17, 65, 48, 65),
+                         (32, 520, 480, 531), (40, 2 * kiln_gemm.K_BLOCK + 37, 100, 2 * kiln_gemm.K_BLOCK + 37)]:
+        a, b, bias, residual = _operands(m, lda, n, torch.float32, seed=k)
+        a, b = a[:, :k], b[:k]
+        for post in [dict(), dict(bias=bias, unary="relu", residual=residual)]:
+            written = kiln_gemm.mm(a, kiln_gemm.pack(b), n, **post)
+            stepped = kiln_gemm.mm(a, kiln_gemm.pack(b, cplusplus), n, lib=cplusplus, **post)
+            assert torch.equal(written, stepped), (m, k, n, (written - stepped).abs().max().item())
+            _check(written, _reference(a, b, post.get("bias"), post.get("unary", "none"), [], None,
+                                       post.get("residual")), torch.float32, k)
 
 
 @pytest.mark.parametrize("n", [16432, 16433], ids=["aligned-rows", "rows-off-vectors"])
