@@ -373,18 +373,18 @@ static inline void micro_pairs(V (&acc)[R][NV], int64_t kc, const kiln_bf16* a, 
   "vmovups 64(%[t]), %%zmm" #z1 "\n\t"                                                                \
   "vmovups 128(%[t]), %%zmm" #z2 "\n\t"                                                               \
   "add %[ldc], %[t]\n\t"
-#define KILN_GEMM_STORE_ROW(z0, z1, z2)                                                               \
-  "vmovups %%zmm" #z0 ", (%[t])\n\t"                                                                  \
-  "vmovups %%zmm" #z1 ", 64(%[t])\n\t"                                                                \
-  "vmovups %%zmm" #z2 ", 128(%[t])\n\t"                                                               \
+#define KILN_GEMM_STORE_ROW(op, z0, z1, z2)                                                           \
+  op " %%zmm" #z0 ", (%[t])\n\t"                                                                      \
+  op " %%zmm" #z1 ", 64(%[t])\n\t"                                                                    \
+  op " %%zmm" #z2 ", 128(%[t])\n\t"                                                                   \
   "add %[ldc], %[t]\n\t"
 static_assert(NR == 48 && NV == 3 && MR == 8, "the written-out tile is 8 x 48");
 
 // C's block at `out` (float32, rows ldc floats apart) = (first ? 0 : C's block) + A [8 rows, kc]
-// @ panel [kc, 48], kc >= 8. `ahead` as micro_fma's, but 4 lines an iteration (steps 0, 2, 4, 6):
+// @ panel [kc, 48], kc >= 8, stored bypassing the caches where `stream`. `ahead` as micro_fma's, but 4 lines an iteration (steps 0, 2, 4, 6):
 // where it asks for a line every step (a few tiles for a large block) half of them.
 static inline void tile_8x3_written(bool first, int64_t kc, const float* a, int64_t lda, const float* b, Ahead ahead,
-                                    float* out, int64_t ldc) {
+                                    float* out, int64_t ldc, bool stream) {
   const char* a0 = reinterpret_cast<const char*>(a);
   const char* a4 = a0 + 4 * lda * int64_t(sizeof(float));
   const int64_t lda_bytes = lda * int64_t(sizeof(float)), ldc_bytes = ldc * int64_t(sizeof(float));
@@ -393,9 +393,10 @@ static inline void tile_8x3_written(bool first, int64_t kc, const float* a, int6
   const int64_t line = int64_t(128) >> ahead.shift;
   // Iterations without and with a row of C to ask for (`tail`: C's rows asked for; all 8 from
   // kc = 64), then single steps (`rest`).
-  const int64_t tail = std::min<int64_t>(kc / 8, 8), rest = kc % 8;
+  // Streamed (stream: movntps, see gemm), C's rows are not asked for.
+  const int64_t tail = stream ? 0 : std::min<int64_t>(kc / 8, 8), rest = kc % 8;
   int64_t n = kc / 8 - tail, t;
-  const int32_t zero = first;
+  const int32_t zero = first, streamed = stream;
   const char* c = reinterpret_cast<const char*>(out);  // C's rows as they are asked for
   asm volatile(
       "mov %[c], %[t]\n\t"
@@ -464,19 +465,32 @@ static inline void tile_8x3_written(bool first, int64_t kc, const float* a, int6
       "jnz 8b\n\t"
       "4:\n\t"
       "mov %[out], %[t]\n\t"
-      KILN_GEMM_STORE_ROW(8, 9, 10)
-      KILN_GEMM_STORE_ROW(11, 12, 13)
-      KILN_GEMM_STORE_ROW(14, 15, 16)
-      KILN_GEMM_STORE_ROW(17, 18, 19)
-      KILN_GEMM_STORE_ROW(20, 21, 22)
-      KILN_GEMM_STORE_ROW(23, 24, 25)
-      KILN_GEMM_STORE_ROW(26, 27, 28)
-      KILN_GEMM_STORE_ROW(29, 30, 31)
+      "cmpl $0, %[stream]\n\t"
+      "jne 10f\n\t"
+      KILN_GEMM_STORE_ROW("vmovups", 8, 9, 10)
+      KILN_GEMM_STORE_ROW("vmovups", 11, 12, 13)
+      KILN_GEMM_STORE_ROW("vmovups", 14, 15, 16)
+      KILN_GEMM_STORE_ROW("vmovups", 17, 18, 19)
+      KILN_GEMM_STORE_ROW("vmovups", 20, 21, 22)
+      KILN_GEMM_STORE_ROW("vmovups", 23, 24, 25)
+      KILN_GEMM_STORE_ROW("vmovups", 26, 27, 28)
+      KILN_GEMM_STORE_ROW("vmovups", 29, 30, 31)
+      "jmp 11f\n\t"
+      "10:\n\t"
+      KILN_GEMM_STORE_ROW("vmovntps", 8, 9, 10)
+      KILN_GEMM_STORE_ROW("vmovntps", 11, 12, 13)
+      KILN_GEMM_STORE_ROW("vmovntps", 14, 15, 16)
+      KILN_GEMM_STORE_ROW("vmovntps", 17, 18, 19)
+      KILN_GEMM_STORE_ROW("vmovntps", 20, 21, 22)
+      KILN_GEMM_STORE_ROW("vmovntps", 23, 24, 25)
+      KILN_GEMM_STORE_ROW("vmovntps", 26, 27, 28)
+      KILN_GEMM_STORE_ROW("vmovntps", 29, 30, 31)
+      "11:\n\t"
       // Every operand the assembly changes early-clobbered: c starts equal to out, and GCC, seeing
       // equal inputs, gave the two one register (the final stores went to C's last row onwards).
       : [a0] "+&r"(a0), [a4] "+&r"(a4), [b] "+&r"(b), [n] "+&r"(n), [next] "+&r"(next), [c] "+&r"(c), [t] "=&r"(t)
       : [out] "r"(out), [lda] "r"(lda_bytes), [lda3] "r"(3 * lda_bytes), [line] "r"(line), [ldc] "r"(ldc_bytes),
-        [rest] "m"(rest), [tail] "m"(tail), [zero] "m"(zero), [pf] "i"(PREFETCH * NR * 4)
+        [rest] "m"(rest), [tail] "m"(tail), [zero] "m"(zero), [stream] "m"(streamed), [pf] "i"(PREFETCH * NR * 4)
       : "xmm0", "xmm1", "xmm2", "xmm3", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15",
         "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27",
         "xmm28", "xmm29", "xmm30", "xmm31", "memory", "cc");
@@ -540,11 +554,11 @@ static inline void tile(int rows, int cols, int64_t kc, bool first, bool last, c
                         void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e, Ahead ahead,
                         bool stream = false) {
 #ifdef KILN_GEMM_WRITTEN_TILE
-  // A whole panel into float32 C, not streamed: the written-out tile, the epilogue after.
+  // A whole panel into float32 C: the written-out tile, the epilogue after.
   if constexpr (R == MR && NVT == NV && std::is_same_v<T, float>) {
-    if (kc >= 8 && cols == NVT * L && !stream && !(last && e && e->out_bf16)) {
+    if (kc >= 8 && cols == NVT * L && !(last && e && e->out_bf16)) {
       float* out = static_cast<float*>(c) + i0 * ldc + j0;
-      tile_8x3_written(first, kc, a, lda, bp, ahead, out, ldc);
+      tile_8x3_written(first, kc, a, lda, bp, ahead, out, ldc, stream);
       if (last && e && (e->bias || e->unary || e->residual)) epilogue_in_place<R, NVT>(out, ldc, i0, j0, *e);
       return;
     }
