@@ -145,16 +145,17 @@ def test_other_isas(flags, tmp_path):
 
 
 def test_the_written_out_tile_sums_as_the_cplusplus_one(tmp_path):
-    """With AVX-512, a whole panel's 8 x 48 float32 tile runs written out in assembly
-    (kiln_gemm.h, tile_8x3_written); the same FMAs in the same order as the C++ micro-kernel, so
-    the two builds agree bit for bit: K of every remainder mod 8, fewer and more than 8
-    iterations (C's rows asked for in the last 8), K blocks (partial sums loaded from C), strided
-    A rows, several panels (the next block's prefetch), an epilogue after."""
+    """With AVX-512, a tile of 8 rows by 1, 2 or 3 whole vectors into float32 C runs written out
+    in assembly (kiln_gemm.h, tile_8_written); the same FMAs in the same order as the C++
+    micro-kernel, so the two builds agree bit for bit: K of every remainder mod 8, fewer and more
+    than 8 iterations (C's rows asked for in the last 8), K blocks (partial sums loaded from C),
+    strided A rows, several panels (the next block's prefetch), last panels of 1 and 2 vectors
+    (N = 64, 80), ragged ones (the C++ store), an epilogue after."""
     lib = kiln_gemm.library()
     if lib.kiln_vec_lanes() != 16:
         pytest.skip("the written-out tile is AVX-512's")
     cplusplus = x86_kernels_built_with(["-DKILN_GEMM_NO_ASM"], tmp_path)
-    for m, k, n, lda in [(8, 8, 48, 8), (16, 15, 96, 15), (9, 63, 50, 70), (24, 64, 144, 64), (17, 65, 48, 65),
+    for m, k, n, lda in [(8, 8, 64, 8), (16, 15, 80, 15), (9, 63, 50, 70), (24, 64, 144, 64), (17, 65, 48, 65),
                          (32, 520, 480, 531), (40, 2 * kiln_gemm.K_BLOCK + 37, 100, 2 * kiln_gemm.K_BLOCK + 37)]:
         a, b, bias, residual = _operands(m, lda, n, torch.float32, seed=k)
         a, b = a[:, :k], b[:k]

@@ -317,190 +317,505 @@ static inline void micro_pairs(V (&acc)[R][NV], int64_t kc, const kiln_bf16* a, 
 #endif
 
 #ifdef KILN_GEMM_WRITTEN_TILE
-// The 8 x 3-vector float32 tile over a whole panel, written out in assembly: the tile of nearly
-// every call. In C++ (micro_fma, one step of k per iteration) the loop's counter and branch and
-// the next block's prefetch arithmetic ran at every step, and the accumulators went through
-// memory to the store; unrolled by 8 in C++, GCC moved accumulators between registers at every
-// iteration (24 vmovaps) and kept the counter in memory. Here: 8 steps an iteration; the
-// accumulators zmm8-zmm31 (acc[r][v] in zmm 8 + 3r + v) start from zero or C's block and are
-// stored to it without leaving the registers; over the last 8 iterations one row of C's block is
-// asked for writing each, so that the stores find their lines in L1 (MKL's sgemm kernel does the
-// same, seen in a profile). The same FMAs in the same order as micro_fma: the same sums.
-// One thread of an Intel Xeon, against micro_fma: 4096x64x256 0.86x, 16384x16x64 0.77x,
-// 128x96x512 0.94x, 128x512x512 0.97x, 128x768x3072 0.97x; two threads 4096x64x256 0.83x.
-// A's rows 0-3 from a0 and 4-7 from a4, lda and 3 lda bytes apart; the panel's rows 192 bytes apart.
-#define KILN_GEMM_ROW(u, A, z0, z1, z2)                                                               \
-  "vbroadcastss 4*" #u A ", %%zmm3\n\t"                                                               \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm" #z0 "\n\t"                                                      \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm" #z1 "\n\t"                                                      \
-  "vfmadd231ps %%zmm2, %%zmm3, %%zmm" #z2 "\n\t"
-#define KILN_GEMM_STEP(u)                                                                             \
-  "prefetcht0 %c[pf]+192*" #u "(%[b])\n\t"                                                            \
-  "prefetcht0 %c[pf]+64+192*" #u "(%[b])\n\t"                                                         \
-  "prefetcht0 %c[pf]+128+192*" #u "(%[b])\n\t"                                                        \
-  "vmovups 192*" #u "(%[b]), %%zmm0\n\t"                                                              \
-  "vmovups 64+192*" #u "(%[b]), %%zmm1\n\t"                                                           \
-  "vmovups 128+192*" #u "(%[b]), %%zmm2\n\t"                                                          \
-  KILN_GEMM_ROW(u, "(%[a0])", 8, 9, 10) \
-  KILN_GEMM_ROW(u, "(%[a0],%[lda],1)", 11, 12, 13) \
-  KILN_GEMM_ROW(u, "(%[a0],%[lda],2)", 14, 15, 16) \
-  KILN_GEMM_ROW(u, "(%[a0],%[lda3],1)", 17, 18, 19) \
-  KILN_GEMM_ROW(u, "(%[a4])", 20, 21, 22) \
-  KILN_GEMM_ROW(u, "(%[a4],%[lda],1)", 23, 24, 25) \
-  KILN_GEMM_ROW(u, "(%[a4],%[lda],2)", 26, 27, 28) \
-  KILN_GEMM_ROW(u, "(%[a4],%[lda3],1)", 29, 30, 31)
-#define KILN_GEMM_GROUP                                                                               \
-  KILN_GEMM_STEP(0) KILN_GEMM_STEP(1) KILN_GEMM_STEP(2) KILN_GEMM_STEP(3)                             \
-  KILN_GEMM_STEP(4) KILN_GEMM_STEP(5) KILN_GEMM_STEP(6) KILN_GEMM_STEP(7)                             \
-  "add $32, %[a0]\n\t"                                                                                \
-  "add $32, %[a4]\n\t"                                                                                \
+// The tile of MR = 8 rows by NVT = 1, 2 or 3 vectors of a whole panel into float32 C, written out
+// in assembly: the tile of nearly every call. In C++ (micro_fma, one step of k per iteration) the
+// loop's counter and branch and the next block's prefetch arithmetic ran at every step, and the
+// accumulators went through memory to the store; unrolled by 8 in C++, GCC moved accumulators
+// between registers at every iteration (24 vmovaps) and kept the counter in memory. Here: 8 steps
+// an iteration; the accumulators (acc[r][v] in zmm 8 + NVT r + v) start from zero or C's block
+// and are stored to it without leaving the registers; over the last 8 iterations one row of C's
+// block is asked for writing each, so that the stores find their lines in L1 (MKL's sgemm kernel
+// does the same, seen in a profile). The same FMAs in the same order as micro_fma: the same sums.
+// One thread of an Intel Xeon, 3 vectors, against micro_fma: 4096x64x256 0.86x, 16384x16x64
+// 0.77x, 128x96x512 0.94x, 128x512x512 0.97x, 128x768x3072 0.97x; two threads 4096x64x256 0.83x.
+// A's rows 0-3 from a0 and 4-7 from a4, lda and 3 lda bytes apart; the panel's rows 192 bytes
+// apart (NR floats; the last panel's beyond its NVT vectors are padding, not read).
+#define KILN_GEMM_STEP1(u)                                                                          \
+  "prefetcht0 %c[pf]+0+192*" #u "(%[b])\n\t"                                                        \
+  "vmovups 0+192*" #u "(%[b]), %%zmm0\n\t"                                                          \
+  "vbroadcastss 4*" #u "(%[a0]), %%zmm3\n\t"                                                        \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm8\n\t"                                                          \
+  "vbroadcastss 4*" #u "(%[a0],%[lda],1), %%zmm3\n\t"                                               \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm9\n\t"                                                          \
+  "vbroadcastss 4*" #u "(%[a0],%[lda],2), %%zmm3\n\t"                                               \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm10\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a0],%[lda3],1), %%zmm3\n\t"                                              \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm11\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a4]), %%zmm3\n\t"                                                        \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm12\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a4],%[lda],1), %%zmm3\n\t"                                               \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm13\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a4],%[lda],2), %%zmm3\n\t"                                               \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm14\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a4],%[lda3],1), %%zmm3\n\t"                                              \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm15\n\t"
+#define KILN_GEMM_LOAD1                                                                             \
+  "vmovups 0(%[t]), %%zmm8\n\t"                                                                     \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm9\n\t"                                                                     \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm10\n\t"                                                                    \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm11\n\t"                                                                    \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm12\n\t"                                                                    \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm13\n\t"                                                                    \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm14\n\t"                                                                    \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm15\n\t"                                                                    \
+  "add %[ldc], %[t]\n\t"
+#define KILN_GEMM_STORE1                                                                            \
+  "vmovups %%zmm8, 0(%[t])\n\t"                                                                     \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm9, 0(%[t])\n\t"                                                                     \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm10, 0(%[t])\n\t"                                                                    \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm11, 0(%[t])\n\t"                                                                    \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm12, 0(%[t])\n\t"                                                                    \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm13, 0(%[t])\n\t"                                                                    \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm14, 0(%[t])\n\t"                                                                    \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm15, 0(%[t])\n\t"                                                                    \
+  "add %[ldc], %[t]\n\t"
+#define KILN_GEMM_STREAM1                                                                           \
+  "vmovntps %%zmm8, 0(%[t])\n\t"                                                                    \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm9, 0(%[t])\n\t"                                                                    \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm10, 0(%[t])\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm11, 0(%[t])\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm12, 0(%[t])\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm13, 0(%[t])\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm14, 0(%[t])\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm15, 0(%[t])\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"
+#define KILN_GEMM_ZERO1                                                                             \
+  "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"                                                               \
+  "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"                                                               \
+  "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"                                                            \
+  "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"                                                            \
+  "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"                                                            \
+  "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"                                                            \
+  "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"                                                            \
+  "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"
+#define KILN_GEMM_ASK_C1                                                                            \
+  "prefetchw 0(%[c])\n\t"
+#define KILN_GEMM_STEP2(u)                                                                          \
+  "prefetcht0 %c[pf]+0+192*" #u "(%[b])\n\t"                                                        \
+  "prefetcht0 %c[pf]+64+192*" #u "(%[b])\n\t"                                                       \
+  "vmovups 0+192*" #u "(%[b]), %%zmm0\n\t"                                                          \
+  "vmovups 64+192*" #u "(%[b]), %%zmm1\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a0]), %%zmm3\n\t"                                                        \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm8\n\t"                                                          \
+  "vfmadd231ps %%zmm1, %%zmm3, %%zmm9\n\t"                                                          \
+  "vbroadcastss 4*" #u "(%[a0],%[lda],1), %%zmm3\n\t"                                               \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm10\n\t"                                                         \
+  "vfmadd231ps %%zmm1, %%zmm3, %%zmm11\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a0],%[lda],2), %%zmm3\n\t"                                               \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm12\n\t"                                                         \
+  "vfmadd231ps %%zmm1, %%zmm3, %%zmm13\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a0],%[lda3],1), %%zmm3\n\t"                                              \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm14\n\t"                                                         \
+  "vfmadd231ps %%zmm1, %%zmm3, %%zmm15\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a4]), %%zmm3\n\t"                                                        \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm16\n\t"                                                         \
+  "vfmadd231ps %%zmm1, %%zmm3, %%zmm17\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a4],%[lda],1), %%zmm3\n\t"                                               \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm18\n\t"                                                         \
+  "vfmadd231ps %%zmm1, %%zmm3, %%zmm19\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a4],%[lda],2), %%zmm3\n\t"                                               \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm20\n\t"                                                         \
+  "vfmadd231ps %%zmm1, %%zmm3, %%zmm21\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a4],%[lda3],1), %%zmm3\n\t"                                              \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm22\n\t"                                                         \
+  "vfmadd231ps %%zmm1, %%zmm3, %%zmm23\n\t"
+#define KILN_GEMM_LOAD2                                                                             \
+  "vmovups 0(%[t]), %%zmm8\n\t"                                                                     \
+  "vmovups 64(%[t]), %%zmm9\n\t"                                                                    \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm10\n\t"                                                                    \
+  "vmovups 64(%[t]), %%zmm11\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm12\n\t"                                                                    \
+  "vmovups 64(%[t]), %%zmm13\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm14\n\t"                                                                    \
+  "vmovups 64(%[t]), %%zmm15\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm16\n\t"                                                                    \
+  "vmovups 64(%[t]), %%zmm17\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm18\n\t"                                                                    \
+  "vmovups 64(%[t]), %%zmm19\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm20\n\t"                                                                    \
+  "vmovups 64(%[t]), %%zmm21\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm22\n\t"                                                                    \
+  "vmovups 64(%[t]), %%zmm23\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"
+#define KILN_GEMM_STORE2                                                                            \
+  "vmovups %%zmm8, 0(%[t])\n\t"                                                                     \
+  "vmovups %%zmm9, 64(%[t])\n\t"                                                                    \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm10, 0(%[t])\n\t"                                                                    \
+  "vmovups %%zmm11, 64(%[t])\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm12, 0(%[t])\n\t"                                                                    \
+  "vmovups %%zmm13, 64(%[t])\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm14, 0(%[t])\n\t"                                                                    \
+  "vmovups %%zmm15, 64(%[t])\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm16, 0(%[t])\n\t"                                                                    \
+  "vmovups %%zmm17, 64(%[t])\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm18, 0(%[t])\n\t"                                                                    \
+  "vmovups %%zmm19, 64(%[t])\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm20, 0(%[t])\n\t"                                                                    \
+  "vmovups %%zmm21, 64(%[t])\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm22, 0(%[t])\n\t"                                                                    \
+  "vmovups %%zmm23, 64(%[t])\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"
+#define KILN_GEMM_STREAM2                                                                           \
+  "vmovntps %%zmm8, 0(%[t])\n\t"                                                                    \
+  "vmovntps %%zmm9, 64(%[t])\n\t"                                                                   \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm10, 0(%[t])\n\t"                                                                   \
+  "vmovntps %%zmm11, 64(%[t])\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm12, 0(%[t])\n\t"                                                                   \
+  "vmovntps %%zmm13, 64(%[t])\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm14, 0(%[t])\n\t"                                                                   \
+  "vmovntps %%zmm15, 64(%[t])\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm16, 0(%[t])\n\t"                                                                   \
+  "vmovntps %%zmm17, 64(%[t])\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm18, 0(%[t])\n\t"                                                                   \
+  "vmovntps %%zmm19, 64(%[t])\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm20, 0(%[t])\n\t"                                                                   \
+  "vmovntps %%zmm21, 64(%[t])\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm22, 0(%[t])\n\t"                                                                   \
+  "vmovntps %%zmm23, 64(%[t])\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"
+#define KILN_GEMM_ZERO2                                                                             \
+  "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"                                                               \
+  "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"                                                               \
+  "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"                                                            \
+  "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"                                                            \
+  "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"                                                            \
+  "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"                                                            \
+  "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"                                                            \
+  "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"                                                            \
+  "vpxord %%zmm16, %%zmm16, %%zmm16\n\t"                                                            \
+  "vpxord %%zmm17, %%zmm17, %%zmm17\n\t"                                                            \
+  "vpxord %%zmm18, %%zmm18, %%zmm18\n\t"                                                            \
+  "vpxord %%zmm19, %%zmm19, %%zmm19\n\t"                                                            \
+  "vpxord %%zmm20, %%zmm20, %%zmm20\n\t"                                                            \
+  "vpxord %%zmm21, %%zmm21, %%zmm21\n\t"                                                            \
+  "vpxord %%zmm22, %%zmm22, %%zmm22\n\t"                                                            \
+  "vpxord %%zmm23, %%zmm23, %%zmm23\n\t"
+#define KILN_GEMM_ASK_C2                                                                            \
+  "prefetchw 0(%[c])\n\t"                                                                           \
+  "prefetchw 64(%[c])\n\t"
+#define KILN_GEMM_STEP3(u)                                                                          \
+  "prefetcht0 %c[pf]+0+192*" #u "(%[b])\n\t"                                                        \
+  "prefetcht0 %c[pf]+64+192*" #u "(%[b])\n\t"                                                       \
+  "prefetcht0 %c[pf]+128+192*" #u "(%[b])\n\t"                                                      \
+  "vmovups 0+192*" #u "(%[b]), %%zmm0\n\t"                                                          \
+  "vmovups 64+192*" #u "(%[b]), %%zmm1\n\t"                                                         \
+  "vmovups 128+192*" #u "(%[b]), %%zmm2\n\t"                                                        \
+  "vbroadcastss 4*" #u "(%[a0]), %%zmm3\n\t"                                                        \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm8\n\t"                                                          \
+  "vfmadd231ps %%zmm1, %%zmm3, %%zmm9\n\t"                                                          \
+  "vfmadd231ps %%zmm2, %%zmm3, %%zmm10\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a0],%[lda],1), %%zmm3\n\t"                                               \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm11\n\t"                                                         \
+  "vfmadd231ps %%zmm1, %%zmm3, %%zmm12\n\t"                                                         \
+  "vfmadd231ps %%zmm2, %%zmm3, %%zmm13\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a0],%[lda],2), %%zmm3\n\t"                                               \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm14\n\t"                                                         \
+  "vfmadd231ps %%zmm1, %%zmm3, %%zmm15\n\t"                                                         \
+  "vfmadd231ps %%zmm2, %%zmm3, %%zmm16\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a0],%[lda3],1), %%zmm3\n\t"                                              \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm17\n\t"                                                         \
+  "vfmadd231ps %%zmm1, %%zmm3, %%zmm18\n\t"                                                         \
+  "vfmadd231ps %%zmm2, %%zmm3, %%zmm19\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a4]), %%zmm3\n\t"                                                        \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm20\n\t"                                                         \
+  "vfmadd231ps %%zmm1, %%zmm3, %%zmm21\n\t"                                                         \
+  "vfmadd231ps %%zmm2, %%zmm3, %%zmm22\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a4],%[lda],1), %%zmm3\n\t"                                               \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm23\n\t"                                                         \
+  "vfmadd231ps %%zmm1, %%zmm3, %%zmm24\n\t"                                                         \
+  "vfmadd231ps %%zmm2, %%zmm3, %%zmm25\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a4],%[lda],2), %%zmm3\n\t"                                               \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm26\n\t"                                                         \
+  "vfmadd231ps %%zmm1, %%zmm3, %%zmm27\n\t"                                                         \
+  "vfmadd231ps %%zmm2, %%zmm3, %%zmm28\n\t"                                                         \
+  "vbroadcastss 4*" #u "(%[a4],%[lda3],1), %%zmm3\n\t"                                              \
+  "vfmadd231ps %%zmm0, %%zmm3, %%zmm29\n\t"                                                         \
+  "vfmadd231ps %%zmm1, %%zmm3, %%zmm30\n\t"                                                         \
+  "vfmadd231ps %%zmm2, %%zmm3, %%zmm31\n\t"
+#define KILN_GEMM_LOAD3                                                                             \
+  "vmovups 0(%[t]), %%zmm8\n\t"                                                                     \
+  "vmovups 64(%[t]), %%zmm9\n\t"                                                                    \
+  "vmovups 128(%[t]), %%zmm10\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm11\n\t"                                                                    \
+  "vmovups 64(%[t]), %%zmm12\n\t"                                                                   \
+  "vmovups 128(%[t]), %%zmm13\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm14\n\t"                                                                    \
+  "vmovups 64(%[t]), %%zmm15\n\t"                                                                   \
+  "vmovups 128(%[t]), %%zmm16\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm17\n\t"                                                                    \
+  "vmovups 64(%[t]), %%zmm18\n\t"                                                                   \
+  "vmovups 128(%[t]), %%zmm19\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm20\n\t"                                                                    \
+  "vmovups 64(%[t]), %%zmm21\n\t"                                                                   \
+  "vmovups 128(%[t]), %%zmm22\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm23\n\t"                                                                    \
+  "vmovups 64(%[t]), %%zmm24\n\t"                                                                   \
+  "vmovups 128(%[t]), %%zmm25\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm26\n\t"                                                                    \
+  "vmovups 64(%[t]), %%zmm27\n\t"                                                                   \
+  "vmovups 128(%[t]), %%zmm28\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups 0(%[t]), %%zmm29\n\t"                                                                    \
+  "vmovups 64(%[t]), %%zmm30\n\t"                                                                   \
+  "vmovups 128(%[t]), %%zmm31\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"
+#define KILN_GEMM_STORE3                                                                            \
+  "vmovups %%zmm8, 0(%[t])\n\t"                                                                     \
+  "vmovups %%zmm9, 64(%[t])\n\t"                                                                    \
+  "vmovups %%zmm10, 128(%[t])\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm11, 0(%[t])\n\t"                                                                    \
+  "vmovups %%zmm12, 64(%[t])\n\t"                                                                   \
+  "vmovups %%zmm13, 128(%[t])\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm14, 0(%[t])\n\t"                                                                    \
+  "vmovups %%zmm15, 64(%[t])\n\t"                                                                   \
+  "vmovups %%zmm16, 128(%[t])\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm17, 0(%[t])\n\t"                                                                    \
+  "vmovups %%zmm18, 64(%[t])\n\t"                                                                   \
+  "vmovups %%zmm19, 128(%[t])\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm20, 0(%[t])\n\t"                                                                    \
+  "vmovups %%zmm21, 64(%[t])\n\t"                                                                   \
+  "vmovups %%zmm22, 128(%[t])\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm23, 0(%[t])\n\t"                                                                    \
+  "vmovups %%zmm24, 64(%[t])\n\t"                                                                   \
+  "vmovups %%zmm25, 128(%[t])\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm26, 0(%[t])\n\t"                                                                    \
+  "vmovups %%zmm27, 64(%[t])\n\t"                                                                   \
+  "vmovups %%zmm28, 128(%[t])\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovups %%zmm29, 0(%[t])\n\t"                                                                    \
+  "vmovups %%zmm30, 64(%[t])\n\t"                                                                   \
+  "vmovups %%zmm31, 128(%[t])\n\t"                                                                  \
+  "add %[ldc], %[t]\n\t"
+#define KILN_GEMM_STREAM3                                                                           \
+  "vmovntps %%zmm8, 0(%[t])\n\t"                                                                    \
+  "vmovntps %%zmm9, 64(%[t])\n\t"                                                                   \
+  "vmovntps %%zmm10, 128(%[t])\n\t"                                                                 \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm11, 0(%[t])\n\t"                                                                   \
+  "vmovntps %%zmm12, 64(%[t])\n\t"                                                                  \
+  "vmovntps %%zmm13, 128(%[t])\n\t"                                                                 \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm14, 0(%[t])\n\t"                                                                   \
+  "vmovntps %%zmm15, 64(%[t])\n\t"                                                                  \
+  "vmovntps %%zmm16, 128(%[t])\n\t"                                                                 \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm17, 0(%[t])\n\t"                                                                   \
+  "vmovntps %%zmm18, 64(%[t])\n\t"                                                                  \
+  "vmovntps %%zmm19, 128(%[t])\n\t"                                                                 \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm20, 0(%[t])\n\t"                                                                   \
+  "vmovntps %%zmm21, 64(%[t])\n\t"                                                                  \
+  "vmovntps %%zmm22, 128(%[t])\n\t"                                                                 \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm23, 0(%[t])\n\t"                                                                   \
+  "vmovntps %%zmm24, 64(%[t])\n\t"                                                                  \
+  "vmovntps %%zmm25, 128(%[t])\n\t"                                                                 \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm26, 0(%[t])\n\t"                                                                   \
+  "vmovntps %%zmm27, 64(%[t])\n\t"                                                                  \
+  "vmovntps %%zmm28, 128(%[t])\n\t"                                                                 \
+  "add %[ldc], %[t]\n\t"                                                                            \
+  "vmovntps %%zmm29, 0(%[t])\n\t"                                                                   \
+  "vmovntps %%zmm30, 64(%[t])\n\t"                                                                  \
+  "vmovntps %%zmm31, 128(%[t])\n\t"                                                                 \
+  "add %[ldc], %[t]\n\t"
+#define KILN_GEMM_ZERO3                                                                             \
+  "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"                                                               \
+  "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"                                                               \
+  "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"                                                            \
+  "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"                                                            \
+  "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"                                                            \
+  "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"                                                            \
+  "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"                                                            \
+  "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"                                                            \
+  "vpxord %%zmm16, %%zmm16, %%zmm16\n\t"                                                            \
+  "vpxord %%zmm17, %%zmm17, %%zmm17\n\t"                                                            \
+  "vpxord %%zmm18, %%zmm18, %%zmm18\n\t"                                                            \
+  "vpxord %%zmm19, %%zmm19, %%zmm19\n\t"                                                            \
+  "vpxord %%zmm20, %%zmm20, %%zmm20\n\t"                                                            \
+  "vpxord %%zmm21, %%zmm21, %%zmm21\n\t"                                                            \
+  "vpxord %%zmm22, %%zmm22, %%zmm22\n\t"                                                            \
+  "vpxord %%zmm23, %%zmm23, %%zmm23\n\t"                                                            \
+  "vpxord %%zmm24, %%zmm24, %%zmm24\n\t"                                                            \
+  "vpxord %%zmm25, %%zmm25, %%zmm25\n\t"                                                            \
+  "vpxord %%zmm26, %%zmm26, %%zmm26\n\t"                                                            \
+  "vpxord %%zmm27, %%zmm27, %%zmm27\n\t"                                                            \
+  "vpxord %%zmm28, %%zmm28, %%zmm28\n\t"                                                            \
+  "vpxord %%zmm29, %%zmm29, %%zmm29\n\t"                                                            \
+  "vpxord %%zmm30, %%zmm30, %%zmm30\n\t"                                                            \
+  "vpxord %%zmm31, %%zmm31, %%zmm31\n\t"
+#define KILN_GEMM_ASK_C3                                                                            \
+  "prefetchw 0(%[c])\n\t"                                                                           \
+  "prefetchw 64(%[c])\n\t"                                                                          \
+  "prefetchw 128(%[c])\n\t"
+#define KILN_GEMM_GROUP(STEP)                                                                       \
+  STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5) STEP(6) STEP(7)                                   \
+  "add $32, %[a0]\n\t"                                                                              \
+  "add $32, %[a4]\n\t"                                                                              \
   "add $1536, %[b]\n\t"
 // The next block's lines (Ahead) for the iteration's 8 steps: 4, `line` bytes apart, where `next`
 // is not null.
-#define KILN_GEMM_NEXT                                                                                \
-  "test %[next], %[next]\n\t"                                                                         \
-  "jz 5f\n\t"                                                                                         \
-  "prefetcht1 (%[next])\n\t"                                                                          \
-  "prefetcht1 (%[next],%[line],1)\n\t"                                                                \
-  "prefetcht1 (%[next],%[line],2)\n\t"                                                                \
-  "lea (%[next],%[line],2), %[t]\n\t"                                                                 \
-  "prefetcht1 (%[t],%[line],1)\n\t"                                                                   \
-  "lea (%[next],%[line],4), %[next]\n\t"                                                              \
+#define KILN_GEMM_NEXT                                                                              \
+  "test %[next], %[next]\n\t"                                                                       \
+  "jz 5f\n\t"                                                                                       \
+  "prefetcht1 (%[next])\n\t"                                                                        \
+  "prefetcht1 (%[next],%[line],1)\n\t"                                                              \
+  "prefetcht1 (%[next],%[line],2)\n\t"                                                              \
+  "lea (%[next],%[line],2), %[t]\n\t"                                                               \
+  "prefetcht1 (%[t],%[line],1)\n\t"                                                                 \
+  "lea (%[next],%[line],4), %[next]\n\t"                                                            \
   "5:\n\t"
-// One row of C's block (3 vectors at t), then t on to the next row.
-#define KILN_GEMM_LOAD_ROW(z0, z1, z2)                                                                \
-  "vmovups (%[t]), %%zmm" #z0 "\n\t"                                                                  \
-  "vmovups 64(%[t]), %%zmm" #z1 "\n\t"                                                                \
-  "vmovups 128(%[t]), %%zmm" #z2 "\n\t"                                                               \
-  "add %[ldc], %[t]\n\t"
-#define KILN_GEMM_STORE_ROW(op, z0, z1, z2)                                                           \
-  op " %%zmm" #z0 ", (%[t])\n\t"                                                                      \
-  op " %%zmm" #z1 ", 64(%[t])\n\t"                                                                    \
-  op " %%zmm" #z2 ", 128(%[t])\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"
-static_assert(NR == 48 && NV == 3 && MR == 8, "the written-out tile is 8 x 48");
+// The tile: C's block loaded (or zeros), the iterations without and with a row of C to ask for,
+// the single steps, the block stored (or streamed).
+#define KILN_GEMM_TILE(N)                                                                           \
+  "mov %[c], %[t]\n\t"                                                                              \
+  "cmpl $0, %[zero]\n\t"                                                                            \
+  "jne 6f\n\t"                                                                                      \
+  KILN_GEMM_LOAD##N                                                                                 \
+  "jmp 7f\n\t"                                                                                      \
+  "6:\n\t" KILN_GEMM_ZERO##N                                                                        \
+  "7:\n\t"                                                                                          \
+  "test %[n], %[n]\n\t"                                                                             \
+  "jle 2f\n\t"                                                                                      \
+  "1:\n\t" KILN_GEMM_NEXT KILN_GEMM_GROUP(KILN_GEMM_STEP##N)                                        \
+  "dec %[n]\n\t"                                                                                    \
+  "jnz 1b\n\t"                                                                                      \
+  "2:\n\t"                                                                                          \
+  "mov %[tail], %[n]\n\t"                                                                           \
+  "test %[n], %[n]\n\t"                                                                             \
+  "jle 9f\n\t"                                                                                      \
+  "3:\n\t" KILN_GEMM_NEXT KILN_GEMM_ASK_C##N                                                        \
+  "add %[ldc], %[c]\n\t" KILN_GEMM_GROUP(KILN_GEMM_STEP##N)                                         \
+  "dec %[n]\n\t"                                                                                    \
+  "jnz 3b\n\t"                                                                                      \
+  "9:\n\t"                                                                                          \
+  "mov %[rest], %[n]\n\t"                                                                           \
+  "test %[n], %[n]\n\t"                                                                             \
+  "jle 4f\n\t"                                                                                      \
+  "8:\n\t" KILN_GEMM_STEP##N(0)                                                                     \
+  "add $4, %[a0]\n\t"                                                                               \
+  "add $4, %[a4]\n\t"                                                                               \
+  "add $192, %[b]\n\t"                                                                              \
+  "dec %[n]\n\t"                                                                                    \
+  "jnz 8b\n\t"                                                                                      \
+  "4:\n\t"                                                                                          \
+  "mov %[out], %[t]\n\t"                                                                            \
+  "cmpl $0, %[stream]\n\t"                                                                          \
+  "jne 10f\n\t"                                                                                     \
+  KILN_GEMM_STORE##N                                                                                \
+  "jmp 11f\n\t"                                                                                     \
+  "10:\n\t" KILN_GEMM_STREAM##N                                                                     \
+  "11:\n\t"
+// Every operand the assembly changes early-clobbered: c starts equal to out, and GCC, seeing equal
+// inputs, gave the two one register (the final stores went to C's last row onwards).
+#define KILN_GEMM_OPERANDS                                                                          \
+  : [a0] "+&r"(a0), [a4] "+&r"(a4), [b] "+&r"(b), [n] "+&r"(n), [next] "+&r"(next), [c] "+&r"(c), [t] "=&r"(t)\
+  : [out] "r"(out), [lda] "r"(lda_bytes), [lda3] "r"(3 * lda_bytes), [line] "r"(line), [ldc] "r"(ldc_bytes),\
+    [rest] "m"(rest), [tail] "m"(tail), [zero] "m"(zero), [stream] "m"(streamed), [pf] "i"(PREFETCH * NR * 4)\
+  : "xmm0", "xmm1", "xmm2", "xmm3", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15",\
+    "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27",\
+    "xmm28", "xmm29", "xmm30", "xmm31", "memory", "cc"
+static_assert(NR == 48 && MR == 8, "the written-out tile is 8 rows of up to 48 columns");
 
 // C's block at `out` (float32, rows ldc floats apart) = (first ? 0 : C's block) + A [8 rows, kc]
-// @ panel [kc, 48], kc >= 8, stored bypassing the caches where `stream`. `ahead` as micro_fma's, but 4 lines an iteration (steps 0, 2, 4, 6):
-// where it asks for a line every step (a few tiles for a large block) half of them.
-static inline void tile_8x3_written(bool first, int64_t kc, const float* a, int64_t lda, const float* b, Ahead ahead,
-                                    float* out, int64_t ldc, bool stream) {
+// @ panel [kc, NVT vectors], kc >= 8, stored bypassing the caches where `stream`. `ahead` as
+// micro_fma's, but 4 lines an iteration (steps 0, 2, 4, 6): where it asks for a line every step (a
+// few tiles for a large block), half of them.
+template <int NVT>
+static inline void tile_8_written(bool first, int64_t kc, const float* a, int64_t lda, const float* b, Ahead ahead,
+                                  float* out, int64_t ldc, bool stream) {
   const char* a0 = reinterpret_cast<const char*>(a);
   const char* a4 = a0 + 4 * lda * int64_t(sizeof(float));
   const int64_t lda_bytes = lda * int64_t(sizeof(float)), ldc_bytes = ldc * int64_t(sizeof(float));
   // Ahead's lines (k >> shift) for k = 0, 2, 4, 6 of each iteration: 128 >> shift bytes apart.
   const char* next = ahead.at;
   const int64_t line = int64_t(128) >> ahead.shift;
-  // Iterations without and with a row of C to ask for (`tail`: C's rows asked for; all 8 from
-  // kc = 64), then single steps (`rest`).
-  // Streamed (stream: movntps, see gemm), C's rows are not asked for.
+  // Iterations without and with a row of C to ask for (`tail`: all 8 rows from kc = 64; none where
+  // C is streamed), then single steps (`rest`).
   const int64_t tail = stream ? 0 : std::min<int64_t>(kc / 8, 8), rest = kc % 8;
   int64_t n = kc / 8 - tail, t;
   const int32_t zero = first, streamed = stream;
   const char* c = reinterpret_cast<const char*>(out);  // C's rows as they are asked for
-  asm volatile(
-      "mov %[c], %[t]\n\t"
-      "cmpl $0, %[zero]\n\t"
-      "jne 6f\n\t"
-      KILN_GEMM_LOAD_ROW(8, 9, 10)
-      KILN_GEMM_LOAD_ROW(11, 12, 13)
-      KILN_GEMM_LOAD_ROW(14, 15, 16)
-      KILN_GEMM_LOAD_ROW(17, 18, 19)
-      KILN_GEMM_LOAD_ROW(20, 21, 22)
-      KILN_GEMM_LOAD_ROW(23, 24, 25)
-      KILN_GEMM_LOAD_ROW(26, 27, 28)
-      KILN_GEMM_LOAD_ROW(29, 30, 31)
-      "jmp 7f\n\t"
-      "6:\n\t"
-      "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"
-      "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"
-      "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"
-      "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"
-      "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"
-      "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"
-      "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"
-      "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"
-      "vpxord %%zmm16, %%zmm16, %%zmm16\n\t"
-      "vpxord %%zmm17, %%zmm17, %%zmm17\n\t"
-      "vpxord %%zmm18, %%zmm18, %%zmm18\n\t"
-      "vpxord %%zmm19, %%zmm19, %%zmm19\n\t"
-      "vpxord %%zmm20, %%zmm20, %%zmm20\n\t"
-      "vpxord %%zmm21, %%zmm21, %%zmm21\n\t"
-      "vpxord %%zmm22, %%zmm22, %%zmm22\n\t"
-      "vpxord %%zmm23, %%zmm23, %%zmm23\n\t"
-      "vpxord %%zmm24, %%zmm24, %%zmm24\n\t"
-      "vpxord %%zmm25, %%zmm25, %%zmm25\n\t"
-      "vpxord %%zmm26, %%zmm26, %%zmm26\n\t"
-      "vpxord %%zmm27, %%zmm27, %%zmm27\n\t"
-      "vpxord %%zmm28, %%zmm28, %%zmm28\n\t"
-      "vpxord %%zmm29, %%zmm29, %%zmm29\n\t"
-      "vpxord %%zmm30, %%zmm30, %%zmm30\n\t"
-      "vpxord %%zmm31, %%zmm31, %%zmm31\n\t"
-      "7:\n\t"
-      "test %[n], %[n]\n\t"
-      "jle 2f\n\t"
-      "1:\n\t" KILN_GEMM_NEXT KILN_GEMM_GROUP
-      "dec %[n]\n\t"
-      "jnz 1b\n\t"
-      "2:\n\t"
-      "mov %[tail], %[n]\n\t"
-      "test %[n], %[n]\n\t"
-      "jle 9f\n\t"
-      "3:\n\t" KILN_GEMM_NEXT
-      "prefetchw (%[c])\n\t"
-      "prefetchw 64(%[c])\n\t"
-      "prefetchw 128(%[c])\n\t"
-      "add %[ldc], %[c]\n\t" KILN_GEMM_GROUP
-      "dec %[n]\n\t"
-      "jnz 3b\n\t"
-      "9:\n\t"
-      "mov %[rest], %[n]\n\t"
-      "test %[n], %[n]\n\t"
-      "jle 4f\n\t"
-      "8:\n\t" KILN_GEMM_STEP(0)
-      "add $4, %[a0]\n\t"
-      "add $4, %[a4]\n\t"
-      "add $192, %[b]\n\t"
-      "dec %[n]\n\t"
-      "jnz 8b\n\t"
-      "4:\n\t"
-      "mov %[out], %[t]\n\t"
-      "cmpl $0, %[stream]\n\t"
-      "jne 10f\n\t"
-      KILN_GEMM_STORE_ROW("vmovups", 8, 9, 10)
-      KILN_GEMM_STORE_ROW("vmovups", 11, 12, 13)
-      KILN_GEMM_STORE_ROW("vmovups", 14, 15, 16)
-      KILN_GEMM_STORE_ROW("vmovups", 17, 18, 19)
-      KILN_GEMM_STORE_ROW("vmovups", 20, 21, 22)
-      KILN_GEMM_STORE_ROW("vmovups", 23, 24, 25)
-      KILN_GEMM_STORE_ROW("vmovups", 26, 27, 28)
-      KILN_GEMM_STORE_ROW("vmovups", 29, 30, 31)
-      "jmp 11f\n\t"
-      "10:\n\t"
-      KILN_GEMM_STORE_ROW("vmovntps", 8, 9, 10)
-      KILN_GEMM_STORE_ROW("vmovntps", 11, 12, 13)
-      KILN_GEMM_STORE_ROW("vmovntps", 14, 15, 16)
-      KILN_GEMM_STORE_ROW("vmovntps", 17, 18, 19)
-      KILN_GEMM_STORE_ROW("vmovntps", 20, 21, 22)
-      KILN_GEMM_STORE_ROW("vmovntps", 23, 24, 25)
-      KILN_GEMM_STORE_ROW("vmovntps", 26, 27, 28)
-      KILN_GEMM_STORE_ROW("vmovntps", 29, 30, 31)
-      "11:\n\t"
-      // Every operand the assembly changes early-clobbered: c starts equal to out, and GCC, seeing
-      // equal inputs, gave the two one register (the final stores went to C's last row onwards).
-      : [a0] "+&r"(a0), [a4] "+&r"(a4), [b] "+&r"(b), [n] "+&r"(n), [next] "+&r"(next), [c] "+&r"(c), [t] "=&r"(t)
-      : [out] "r"(out), [lda] "r"(lda_bytes), [lda3] "r"(3 * lda_bytes), [line] "r"(line), [ldc] "r"(ldc_bytes),
-        [rest] "m"(rest), [tail] "m"(tail), [zero] "m"(zero), [stream] "m"(streamed), [pf] "i"(PREFETCH * NR * 4)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15",
-        "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27",
-        "xmm28", "xmm29", "xmm30", "xmm31", "memory", "cc");
+  if constexpr (NVT == 3) asm volatile(KILN_GEMM_TILE(3) KILN_GEMM_OPERANDS);
+  else if constexpr (NVT == 2) asm volatile(KILN_GEMM_TILE(2) KILN_GEMM_OPERANDS);
+  else asm volatile(KILN_GEMM_TILE(1) KILN_GEMM_OPERANDS);
 }
-#undef KILN_GEMM_ROW
-#undef KILN_GEMM_STEP
 #undef KILN_GEMM_GROUP
 #undef KILN_GEMM_NEXT
-#undef KILN_GEMM_LOAD_ROW
-#undef KILN_GEMM_STORE_ROW
+#undef KILN_GEMM_TILE
+#undef KILN_GEMM_OPERANDS
+#undef KILN_GEMM_STEP1
+#undef KILN_GEMM_LOAD1
+#undef KILN_GEMM_STORE1
+#undef KILN_GEMM_STREAM1
+#undef KILN_GEMM_ZERO1
+#undef KILN_GEMM_ASK_C1
+#undef KILN_GEMM_STEP2
+#undef KILN_GEMM_LOAD2
+#undef KILN_GEMM_STORE2
+#undef KILN_GEMM_STREAM2
+#undef KILN_GEMM_ZERO2
+#undef KILN_GEMM_ASK_C2
+#undef KILN_GEMM_STEP3
+#undef KILN_GEMM_LOAD3
+#undef KILN_GEMM_STORE3
+#undef KILN_GEMM_STREAM3
+#undef KILN_GEMM_ZERO3
+#undef KILN_GEMM_ASK_C3
 #endif
 
 // `ahead`: memory to bring into L2 meanwhile (the next panel's block: a weight too large for the
@@ -554,11 +869,11 @@ static inline void tile(int rows, int cols, int64_t kc, bool first, bool last, c
                         void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e, Ahead ahead,
                         bool stream = false) {
 #ifdef KILN_GEMM_WRITTEN_TILE
-  // A whole panel into float32 C: the written-out tile, the epilogue after.
-  if constexpr (R == MR && NVT == NV && std::is_same_v<T, float>) {
+  // Whole vectors of a panel into float32 C: the written-out tile, the epilogue after.
+  if constexpr (R == MR && std::is_same_v<T, float>) {
     if (kc >= 8 && cols == NVT * L && !(last && e && e->out_bf16)) {
       float* out = static_cast<float*>(c) + i0 * ldc + j0;
-      tile_8x3_written(first, kc, a, lda, bp, ahead, out, ldc, stream);
+      tile_8_written<NVT>(first, kc, a, lda, bp, ahead, out, ldc, stream);
       if (last && e && (e->bias || e->unary || e->residual)) epilogue_in_place<R, NVT>(out, ldc, i0, j0, *e);
       return;
     }
