@@ -808,7 +808,7 @@ static_assert(NR == 48 && MR == 8, "the written-out tile is 8 rows of up to 48 c
 // micro_fma's, but 4 lines an iteration (steps 0, 2, 4, 6): where it asks for a line every step (a
 // few tiles for a large block), half of them.
 template <int NVT>
-static inline void tile_8_written(bool first, int64_t kc, const float* a, int64_t lda, const float* b, Ahead ahead,
+[[gnu::always_inline]] static inline void tile_8_written(bool first, int64_t kc, const float* a, int64_t lda, const float* b, Ahead ahead,
                                   float* out, int64_t ldc, bool stream) {
   const char* a0 = reinterpret_cast<const char*>(a);
   const char* a4 = a0 + 4 * lda * int64_t(sizeof(float));
@@ -933,9 +933,13 @@ static inline void tile(int rows, int cols, int64_t kc, bool first, bool last, c
   if (epilogue) epilogue_in_place<R, NVT>(out, ldc, i0, j0, *e);
 }
 
-// One tile of `rows` <= MR: the micro-kernel instantiated for exactly that many rows.
+// One tile of `rows` <= MR: the micro-kernel instantiated for exactly that many rows. Inlined
+// into gemm, always: called, it took the Ahead struct, written by gemm as a pointer and an int,
+// as one 16-byte load, which waits for every store before it to reach L1 (store forwarding fails)
+// - the previous tile's stores of C, from L2 - and GCC's choice flipped with unrelated code
+// (16384x16x64: 0.72x against 1.0x the time of the C++ kernel's build, one thread).
 template <int R = MR, typename T>
-static inline void tile_rows(int rows, int cols, int64_t kc, bool first, bool last, const T* a, int64_t lda,
+[[gnu::always_inline]] static inline void tile_rows(int rows, int cols, int64_t kc, bool first, bool last, const T* a, int64_t lda,
                              const T* bp, void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e,
                              Ahead ahead, bool stream = false) {
   if constexpr (R > 1) {
