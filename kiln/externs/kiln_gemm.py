@@ -45,7 +45,9 @@ class Epilogue(ctypes.Structure):
 def _entries() -> str:
     lines = ['extern "C" {', "int kiln_gemm_nr() { return kiln_gemm::NR; }", "int kiln_vec_lanes() { return kiln::L; }",
              "int kiln_gemm_ahead_shift(int64_t tiles, int64_t steps, int64_t lines) "
-             "{ return kiln_gemm::ahead_shift(tiles, steps, lines); }"]
+             "{ return kiln_gemm::ahead_shift(tiles, steps, lines); }",
+             "int kiln_gemm_split(int64_t panels, int64_t row_blocks, int last_vectors, int threads) "
+             "{ int tn, tm; kiln_gemm::split(panels, row_blocks, last_vectors, threads, tn, tm); return tn; }"]
     for suffix, ctype in _CTYPE.items():
         lines += [
             f"int64_t kiln_gemm_packed_elements_{suffix}(int64_t K, int64_t N) "
@@ -97,6 +99,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         getattr(lib, f"kiln_gemm_pack_{suffix}").argtypes = [ptr, i64, i64, i64, i64, ptr]
         getattr(lib, f"kiln_gemm_{suffix}").argtypes = [i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
     lib.kiln_gemm_ahead_shift.argtypes = [i64, i64, i64]
+    lib.kiln_gemm_split.argtypes = [i64, i64, ctypes.c_int, ctypes.c_int]
     lib.kiln_depthwise_pack_f32.argtypes = [ptr, i64, i64, ptr]
     lib.kiln_depthwise_f32.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.kiln_attention_f32.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ctypes.c_float, ctypes.c_int32]

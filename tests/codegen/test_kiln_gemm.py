@@ -189,6 +189,18 @@ def test_rows_in_several_passes_over_the_panels():
     _check(out, _reference(a, b, bias, "relu", [], None, residual), torch.float32, k)
 
 
+@pytest.mark.parametrize("panels,row_blocks,last_vectors,threads,along_panels", [
+    (2, 2048, 1, 2, 1),   # N = 64, M = 16384: by panels one thread would have 3 vectors, the other 1
+    (2, 2048, 3, 2, 2),   # N = 96: even by panels, which each thread then reads alone
+    (11, 16, 2, 2, 1),    # N = 512, M = 128: 6 + 5 panels, rows split instead
+    (16, 16, 3, 2, 2),    # N = 768: 8 + 8 panels
+    (64, 16, 3, 4, 4)])
+def test_the_thread_grid_balances_vectors_not_tiles(panels, row_blocks, last_vectors, threads, along_panels):
+    # kiln_gemm.h's split: threads along the panels unless splitting the rows gives the busiest
+    # thread fewer vector-tiles (the last panel has last_vectors of the 3).
+    assert kiln_gemm.library().kiln_gemm_split(panels, row_blocks, last_vectors, threads) == along_panels
+
+
 @pytest.mark.parametrize("tiles,steps,bytes_per_step", [(16, 768, 192), (25, 768, 192), (7, 1024, 192), (16, 384, 192),
                                                          (12, 96, 96), (2, 512, 192), (1, 768, 192), (400, 64, 192)])
 def test_the_next_block_s_prefetch_is_spread_over_every_tile_and_covers_it(tiles, steps, bytes_per_step):
