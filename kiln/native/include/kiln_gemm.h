@@ -358,8 +358,8 @@ static inline void micro_pairs(V (&acc)[R][NV], int64_t kc, const kiln_bf16* a, 
 // and are stored to it without leaving the registers; over the last 8 iterations one row of C's
 // block is asked for writing each, so that the stores find their lines in L1 (MKL's sgemm kernel
 // does the same, seen in a profile). The same FMAs in the same order as micro_fma: the same sums.
-// One thread of an Intel Xeon, 3 vectors, against micro_fma: 4096x64x256 0.86x, 16384x16x64
-// 0.77x, 128x96x512 0.94x, 128x512x512 0.97x, 128x768x3072 0.97x; two threads 4096x64x256 0.83x.
+// One thread of an Intel Xeon, against micro_fma (tile_rows inlined in both): 16384x16x64 0.74x,
+// 4096x64x256 0.85x, 128x96x512 0.94x, 128x512x512 0.97x, 128x768x3072 0.98x (docs/gemm.md).
 // A's rows 0-3 from a0 and 4-7 from a4, lda and 3 lda bytes apart; the panel's rows 192 bytes
 // apart (NR floats; the last panel's beyond its NVT vectors are padding, not read).
 #define KILN_GEMM_STEP1(u)                                                                          \
@@ -808,8 +808,9 @@ static_assert(NR == 48 && MR == 8, "the written-out tile is 8 rows of up to 48 c
 // micro_fma's, but 4 lines an iteration (steps 0, 2, 4, 6): where it asks for a line every step (a
 // few tiles for a large block), half of them.
 template <int NVT>
-[[gnu::always_inline]] static inline void tile_8_written(bool first, int64_t kc, const float* a, int64_t lda, const float* b, Ahead ahead,
-                                  float* out, int64_t ldc, bool stream) {
+[[gnu::always_inline]] static inline void tile_8_written(bool first, int64_t kc, const float* a, int64_t lda,
+                                                         const float* b, Ahead ahead, float* out, int64_t ldc,
+                                                         bool stream) {
   const char* a0 = reinterpret_cast<const char*>(a);
   const char* a4 = a0 + 4 * lda * int64_t(sizeof(float));
   const int64_t lda_bytes = lda * int64_t(sizeof(float)), ldc_bytes = ldc * int64_t(sizeof(float));
@@ -939,9 +940,10 @@ static inline void tile(int rows, int cols, int64_t kc, bool first, bool last, c
 // - the previous tile's stores of C, from L2 - and GCC's choice flipped with unrelated code
 // (16384x16x64: 0.72x against 1.0x the time of the C++ kernel's build, one thread).
 template <int R = MR, typename T>
-[[gnu::always_inline]] static inline void tile_rows(int rows, int cols, int64_t kc, bool first, bool last, const T* a, int64_t lda,
-                             const T* bp, void* c, int64_t ldc, int64_t i0, int64_t j0, const Epilogue* e,
-                             Ahead ahead, bool stream = false) {
+[[gnu::always_inline]] static inline void tile_rows(int rows, int cols, int64_t kc, bool first, bool last,
+                                                    const T* a, int64_t lda, const T* bp, void* c, int64_t ldc,
+                                                    int64_t i0, int64_t j0, const Epilogue* e, Ahead ahead,
+                                                    bool stream = false) {
   if constexpr (R > 1) {
     if (rows < R) return tile_rows<R - 1>(rows, cols, kc, first, last, a, lda, bp, c, ldc, i0, j0, e, ahead, stream);
   }
@@ -992,7 +994,7 @@ static inline void range(int64_t total, int parts, int index, int64_t& lo, int64
 // Panels by preference (a weight panel read by one thread only), rows where that balances the
 // work better (five panels on two threads: 3 + 2). Work counted in vectors of tiles: the last
 // panel has `last_vectors` of NV (N = 64 on two threads by panels: one thread 3 vectors, the other
-// 1; 16384x16x64 took 0.32 ms there against 0.27 on one thread).
+// 1; 16384x16x64 took 0.32-0.39 ms there against 0.27 on one thread).
 static inline void split(int64_t panels, int64_t row_blocks, int last_vectors, int threads, int& tn, int& tm) {
   // The grid whose busiest thread has the fewest vector-tiles; among equals, the most threads on panels.
   auto busiest = [&](int n, int m) {
