@@ -362,378 +362,53 @@ static inline void micro_pairs(V (&acc)[R][NV], int64_t kc, const kiln_bf16* a, 
 // 4096x64x256 0.85x, 128x96x512 0.94x, 128x512x512 0.97x, 128x768x3072 0.98x (docs/gemm.md).
 // A's rows 0-3 from a0 and 4-7 from a4, lda and 3 lda bytes apart; the panel's rows 192 bytes
 // apart (NR floats; the last panel's beyond its NVT vectors are padding, not read).
-#define KILN_GEMM_STEP1(u)                                                                          \
-  "prefetcht0 %c[pf]+0+192*" #u "(%[b])\n\t"                                                        \
-  "vmovups 0+192*" #u "(%[b]), %%zmm0\n\t"                                                          \
-  "vbroadcastss 4*" #u "(%[a0]), %%zmm3\n\t"                                                        \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm8\n\t"                                                          \
-  "vbroadcastss 4*" #u "(%[a0],%[lda],1), %%zmm3\n\t"                                               \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm9\n\t"                                                          \
-  "vbroadcastss 4*" #u "(%[a0],%[lda],2), %%zmm3\n\t"                                               \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm10\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a0],%[lda3],1), %%zmm3\n\t"                                              \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm11\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a4]), %%zmm3\n\t"                                                        \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm12\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a4],%[lda],1), %%zmm3\n\t"                                               \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm13\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a4],%[lda],2), %%zmm3\n\t"                                               \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm14\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a4],%[lda3],1), %%zmm3\n\t"                                              \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm15\n\t"
-#define KILN_GEMM_LOAD1                                                                             \
-  "vmovups 0(%[t]), %%zmm8\n\t"                                                                     \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm9\n\t"                                                                     \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm10\n\t"                                                                    \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm11\n\t"                                                                    \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm12\n\t"                                                                    \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm13\n\t"                                                                    \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm14\n\t"                                                                    \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm15\n\t"                                                                    \
-  "add %[ldc], %[t]\n\t"
-#define KILN_GEMM_STORE1                                                                            \
-  "vmovups %%zmm8, 0(%[t])\n\t"                                                                     \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm9, 0(%[t])\n\t"                                                                     \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm10, 0(%[t])\n\t"                                                                    \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm11, 0(%[t])\n\t"                                                                    \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm12, 0(%[t])\n\t"                                                                    \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm13, 0(%[t])\n\t"                                                                    \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm14, 0(%[t])\n\t"                                                                    \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm15, 0(%[t])\n\t"                                                                    \
-  "add %[ldc], %[t]\n\t"
-#define KILN_GEMM_STREAM1                                                                           \
-  "vmovntps %%zmm8, 0(%[t])\n\t"                                                                    \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm9, 0(%[t])\n\t"                                                                    \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm10, 0(%[t])\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm11, 0(%[t])\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm12, 0(%[t])\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm13, 0(%[t])\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm14, 0(%[t])\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm15, 0(%[t])\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"
-#define KILN_GEMM_ZERO1                                                                             \
-  "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"                                                               \
-  "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"                                                               \
-  "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"                                                            \
-  "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"                                                            \
-  "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"                                                            \
-  "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"                                                            \
-  "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"                                                            \
-  "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"
-#define KILN_GEMM_ASK_C1                                                                            \
-  "prefetchw 0(%[c])\n\t"
-#define KILN_GEMM_STEP2(u)                                                                          \
-  "prefetcht0 %c[pf]+0+192*" #u "(%[b])\n\t"                                                        \
-  "prefetcht0 %c[pf]+64+192*" #u "(%[b])\n\t"                                                       \
-  "vmovups 0+192*" #u "(%[b]), %%zmm0\n\t"                                                          \
-  "vmovups 64+192*" #u "(%[b]), %%zmm1\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a0]), %%zmm3\n\t"                                                        \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm8\n\t"                                                          \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm9\n\t"                                                          \
-  "vbroadcastss 4*" #u "(%[a0],%[lda],1), %%zmm3\n\t"                                               \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm10\n\t"                                                         \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm11\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a0],%[lda],2), %%zmm3\n\t"                                               \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm12\n\t"                                                         \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm13\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a0],%[lda3],1), %%zmm3\n\t"                                              \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm14\n\t"                                                         \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm15\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a4]), %%zmm3\n\t"                                                        \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm16\n\t"                                                         \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm17\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a4],%[lda],1), %%zmm3\n\t"                                               \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm18\n\t"                                                         \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm19\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a4],%[lda],2), %%zmm3\n\t"                                               \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm20\n\t"                                                         \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm21\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a4],%[lda3],1), %%zmm3\n\t"                                              \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm22\n\t"                                                         \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm23\n\t"
-#define KILN_GEMM_LOAD2                                                                             \
-  "vmovups 0(%[t]), %%zmm8\n\t"                                                                     \
-  "vmovups 64(%[t]), %%zmm9\n\t"                                                                    \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm10\n\t"                                                                    \
-  "vmovups 64(%[t]), %%zmm11\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm12\n\t"                                                                    \
-  "vmovups 64(%[t]), %%zmm13\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm14\n\t"                                                                    \
-  "vmovups 64(%[t]), %%zmm15\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm16\n\t"                                                                    \
-  "vmovups 64(%[t]), %%zmm17\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm18\n\t"                                                                    \
-  "vmovups 64(%[t]), %%zmm19\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm20\n\t"                                                                    \
-  "vmovups 64(%[t]), %%zmm21\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm22\n\t"                                                                    \
-  "vmovups 64(%[t]), %%zmm23\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"
-#define KILN_GEMM_STORE2                                                                            \
-  "vmovups %%zmm8, 0(%[t])\n\t"                                                                     \
-  "vmovups %%zmm9, 64(%[t])\n\t"                                                                    \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm10, 0(%[t])\n\t"                                                                    \
-  "vmovups %%zmm11, 64(%[t])\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm12, 0(%[t])\n\t"                                                                    \
-  "vmovups %%zmm13, 64(%[t])\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm14, 0(%[t])\n\t"                                                                    \
-  "vmovups %%zmm15, 64(%[t])\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm16, 0(%[t])\n\t"                                                                    \
-  "vmovups %%zmm17, 64(%[t])\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm18, 0(%[t])\n\t"                                                                    \
-  "vmovups %%zmm19, 64(%[t])\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm20, 0(%[t])\n\t"                                                                    \
-  "vmovups %%zmm21, 64(%[t])\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm22, 0(%[t])\n\t"                                                                    \
-  "vmovups %%zmm23, 64(%[t])\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"
-#define KILN_GEMM_STREAM2                                                                           \
-  "vmovntps %%zmm8, 0(%[t])\n\t"                                                                    \
-  "vmovntps %%zmm9, 64(%[t])\n\t"                                                                   \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm10, 0(%[t])\n\t"                                                                   \
-  "vmovntps %%zmm11, 64(%[t])\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm12, 0(%[t])\n\t"                                                                   \
-  "vmovntps %%zmm13, 64(%[t])\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm14, 0(%[t])\n\t"                                                                   \
-  "vmovntps %%zmm15, 64(%[t])\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm16, 0(%[t])\n\t"                                                                   \
-  "vmovntps %%zmm17, 64(%[t])\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm18, 0(%[t])\n\t"                                                                   \
-  "vmovntps %%zmm19, 64(%[t])\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm20, 0(%[t])\n\t"                                                                   \
-  "vmovntps %%zmm21, 64(%[t])\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm22, 0(%[t])\n\t"                                                                   \
-  "vmovntps %%zmm23, 64(%[t])\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"
-#define KILN_GEMM_ZERO2                                                                             \
-  "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"                                                               \
-  "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"                                                               \
-  "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"                                                            \
-  "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"                                                            \
-  "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"                                                            \
-  "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"                                                            \
-  "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"                                                            \
-  "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"                                                            \
-  "vpxord %%zmm16, %%zmm16, %%zmm16\n\t"                                                            \
-  "vpxord %%zmm17, %%zmm17, %%zmm17\n\t"                                                            \
-  "vpxord %%zmm18, %%zmm18, %%zmm18\n\t"                                                            \
-  "vpxord %%zmm19, %%zmm19, %%zmm19\n\t"                                                            \
-  "vpxord %%zmm20, %%zmm20, %%zmm20\n\t"                                                            \
-  "vpxord %%zmm21, %%zmm21, %%zmm21\n\t"                                                            \
-  "vpxord %%zmm22, %%zmm22, %%zmm22\n\t"                                                            \
-  "vpxord %%zmm23, %%zmm23, %%zmm23\n\t"
-#define KILN_GEMM_ASK_C2                                                                            \
-  "prefetchw 0(%[c])\n\t"                                                                           \
-  "prefetchw 64(%[c])\n\t"
-#define KILN_GEMM_STEP3(u)                                                                          \
-  "prefetcht0 %c[pf]+0+192*" #u "(%[b])\n\t"                                                        \
-  "prefetcht0 %c[pf]+64+192*" #u "(%[b])\n\t"                                                       \
-  "prefetcht0 %c[pf]+128+192*" #u "(%[b])\n\t"                                                      \
-  "vmovups 0+192*" #u "(%[b]), %%zmm0\n\t"                                                          \
-  "vmovups 64+192*" #u "(%[b]), %%zmm1\n\t"                                                         \
-  "vmovups 128+192*" #u "(%[b]), %%zmm2\n\t"                                                        \
-  "vbroadcastss 4*" #u "(%[a0]), %%zmm3\n\t"                                                        \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm8\n\t"                                                          \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm9\n\t"                                                          \
-  "vfmadd231ps %%zmm2, %%zmm3, %%zmm10\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a0],%[lda],1), %%zmm3\n\t"                                               \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm11\n\t"                                                         \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm12\n\t"                                                         \
-  "vfmadd231ps %%zmm2, %%zmm3, %%zmm13\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a0],%[lda],2), %%zmm3\n\t"                                               \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm14\n\t"                                                         \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm15\n\t"                                                         \
-  "vfmadd231ps %%zmm2, %%zmm3, %%zmm16\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a0],%[lda3],1), %%zmm3\n\t"                                              \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm17\n\t"                                                         \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm18\n\t"                                                         \
-  "vfmadd231ps %%zmm2, %%zmm3, %%zmm19\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a4]), %%zmm3\n\t"                                                        \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm20\n\t"                                                         \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm21\n\t"                                                         \
-  "vfmadd231ps %%zmm2, %%zmm3, %%zmm22\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a4],%[lda],1), %%zmm3\n\t"                                               \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm23\n\t"                                                         \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm24\n\t"                                                         \
-  "vfmadd231ps %%zmm2, %%zmm3, %%zmm25\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a4],%[lda],2), %%zmm3\n\t"                                               \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm26\n\t"                                                         \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm27\n\t"                                                         \
-  "vfmadd231ps %%zmm2, %%zmm3, %%zmm28\n\t"                                                         \
-  "vbroadcastss 4*" #u "(%[a4],%[lda3],1), %%zmm3\n\t"                                              \
-  "vfmadd231ps %%zmm0, %%zmm3, %%zmm29\n\t"                                                         \
-  "vfmadd231ps %%zmm1, %%zmm3, %%zmm30\n\t"                                                         \
-  "vfmadd231ps %%zmm2, %%zmm3, %%zmm31\n\t"
-#define KILN_GEMM_LOAD3                                                                             \
-  "vmovups 0(%[t]), %%zmm8\n\t"                                                                     \
-  "vmovups 64(%[t]), %%zmm9\n\t"                                                                    \
-  "vmovups 128(%[t]), %%zmm10\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm11\n\t"                                                                    \
-  "vmovups 64(%[t]), %%zmm12\n\t"                                                                   \
-  "vmovups 128(%[t]), %%zmm13\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm14\n\t"                                                                    \
-  "vmovups 64(%[t]), %%zmm15\n\t"                                                                   \
-  "vmovups 128(%[t]), %%zmm16\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm17\n\t"                                                                    \
-  "vmovups 64(%[t]), %%zmm18\n\t"                                                                   \
-  "vmovups 128(%[t]), %%zmm19\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm20\n\t"                                                                    \
-  "vmovups 64(%[t]), %%zmm21\n\t"                                                                   \
-  "vmovups 128(%[t]), %%zmm22\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm23\n\t"                                                                    \
-  "vmovups 64(%[t]), %%zmm24\n\t"                                                                   \
-  "vmovups 128(%[t]), %%zmm25\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm26\n\t"                                                                    \
-  "vmovups 64(%[t]), %%zmm27\n\t"                                                                   \
-  "vmovups 128(%[t]), %%zmm28\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups 0(%[t]), %%zmm29\n\t"                                                                    \
-  "vmovups 64(%[t]), %%zmm30\n\t"                                                                   \
-  "vmovups 128(%[t]), %%zmm31\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"
-#define KILN_GEMM_STORE3                                                                            \
-  "vmovups %%zmm8, 0(%[t])\n\t"                                                                     \
-  "vmovups %%zmm9, 64(%[t])\n\t"                                                                    \
-  "vmovups %%zmm10, 128(%[t])\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm11, 0(%[t])\n\t"                                                                    \
-  "vmovups %%zmm12, 64(%[t])\n\t"                                                                   \
-  "vmovups %%zmm13, 128(%[t])\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm14, 0(%[t])\n\t"                                                                    \
-  "vmovups %%zmm15, 64(%[t])\n\t"                                                                   \
-  "vmovups %%zmm16, 128(%[t])\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm17, 0(%[t])\n\t"                                                                    \
-  "vmovups %%zmm18, 64(%[t])\n\t"                                                                   \
-  "vmovups %%zmm19, 128(%[t])\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm20, 0(%[t])\n\t"                                                                    \
-  "vmovups %%zmm21, 64(%[t])\n\t"                                                                   \
-  "vmovups %%zmm22, 128(%[t])\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm23, 0(%[t])\n\t"                                                                    \
-  "vmovups %%zmm24, 64(%[t])\n\t"                                                                   \
-  "vmovups %%zmm25, 128(%[t])\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm26, 0(%[t])\n\t"                                                                    \
-  "vmovups %%zmm27, 64(%[t])\n\t"                                                                   \
-  "vmovups %%zmm28, 128(%[t])\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovups %%zmm29, 0(%[t])\n\t"                                                                    \
-  "vmovups %%zmm30, 64(%[t])\n\t"                                                                   \
-  "vmovups %%zmm31, 128(%[t])\n\t"                                                                  \
-  "add %[ldc], %[t]\n\t"
-#define KILN_GEMM_STREAM3                                                                           \
-  "vmovntps %%zmm8, 0(%[t])\n\t"                                                                    \
-  "vmovntps %%zmm9, 64(%[t])\n\t"                                                                   \
-  "vmovntps %%zmm10, 128(%[t])\n\t"                                                                 \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm11, 0(%[t])\n\t"                                                                   \
-  "vmovntps %%zmm12, 64(%[t])\n\t"                                                                  \
-  "vmovntps %%zmm13, 128(%[t])\n\t"                                                                 \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm14, 0(%[t])\n\t"                                                                   \
-  "vmovntps %%zmm15, 64(%[t])\n\t"                                                                  \
-  "vmovntps %%zmm16, 128(%[t])\n\t"                                                                 \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm17, 0(%[t])\n\t"                                                                   \
-  "vmovntps %%zmm18, 64(%[t])\n\t"                                                                  \
-  "vmovntps %%zmm19, 128(%[t])\n\t"                                                                 \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm20, 0(%[t])\n\t"                                                                   \
-  "vmovntps %%zmm21, 64(%[t])\n\t"                                                                  \
-  "vmovntps %%zmm22, 128(%[t])\n\t"                                                                 \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm23, 0(%[t])\n\t"                                                                   \
-  "vmovntps %%zmm24, 64(%[t])\n\t"                                                                  \
-  "vmovntps %%zmm25, 128(%[t])\n\t"                                                                 \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm26, 0(%[t])\n\t"                                                                   \
-  "vmovntps %%zmm27, 64(%[t])\n\t"                                                                  \
-  "vmovntps %%zmm28, 128(%[t])\n\t"                                                                 \
-  "add %[ldc], %[t]\n\t"                                                                            \
-  "vmovntps %%zmm29, 0(%[t])\n\t"                                                                   \
-  "vmovntps %%zmm30, 64(%[t])\n\t"                                                                  \
-  "vmovntps %%zmm31, 128(%[t])\n\t"                                                                 \
-  "add %[ldc], %[t]\n\t"
-#define KILN_GEMM_ZERO3                                                                             \
-  "vpxord %%zmm8, %%zmm8, %%zmm8\n\t"                                                               \
-  "vpxord %%zmm9, %%zmm9, %%zmm9\n\t"                                                               \
-  "vpxord %%zmm10, %%zmm10, %%zmm10\n\t"                                                            \
-  "vpxord %%zmm11, %%zmm11, %%zmm11\n\t"                                                            \
-  "vpxord %%zmm12, %%zmm12, %%zmm12\n\t"                                                            \
-  "vpxord %%zmm13, %%zmm13, %%zmm13\n\t"                                                            \
-  "vpxord %%zmm14, %%zmm14, %%zmm14\n\t"                                                            \
-  "vpxord %%zmm15, %%zmm15, %%zmm15\n\t"                                                            \
-  "vpxord %%zmm16, %%zmm16, %%zmm16\n\t"                                                            \
-  "vpxord %%zmm17, %%zmm17, %%zmm17\n\t"                                                            \
-  "vpxord %%zmm18, %%zmm18, %%zmm18\n\t"                                                            \
-  "vpxord %%zmm19, %%zmm19, %%zmm19\n\t"                                                            \
-  "vpxord %%zmm20, %%zmm20, %%zmm20\n\t"                                                            \
-  "vpxord %%zmm21, %%zmm21, %%zmm21\n\t"                                                            \
-  "vpxord %%zmm22, %%zmm22, %%zmm22\n\t"                                                            \
-  "vpxord %%zmm23, %%zmm23, %%zmm23\n\t"                                                            \
-  "vpxord %%zmm24, %%zmm24, %%zmm24\n\t"                                                            \
-  "vpxord %%zmm25, %%zmm25, %%zmm25\n\t"                                                            \
-  "vpxord %%zmm26, %%zmm26, %%zmm26\n\t"                                                            \
-  "vpxord %%zmm27, %%zmm27, %%zmm27\n\t"                                                            \
-  "vpxord %%zmm28, %%zmm28, %%zmm28\n\t"                                                            \
-  "vpxord %%zmm29, %%zmm29, %%zmm29\n\t"                                                            \
-  "vpxord %%zmm30, %%zmm30, %%zmm30\n\t"                                                            \
-  "vpxord %%zmm31, %%zmm31, %%zmm31\n\t"
-#define KILN_GEMM_ASK_C3                                                                            \
-  "prefetchw 0(%[c])\n\t"                                                                           \
-  "prefetchw 64(%[c])\n\t"                                                                          \
-  "prefetchw 128(%[c])\n\t"
+// The tile's 8 rows for NVT = 1, 2, 3: ROWS<NVT>(M, u) is M(u, A, registers...) for each row, A
+// its address in A (rows 0-3 from a0, 4-7 from a4) and the registers its accumulators.
+#define KILN_GEMM_ROWS1(M, u)                                                                        \
+  M(u, "(%[a0])", 8) M(u, "(%[a0],%[lda],1)", 9) M(u, "(%[a0],%[lda],2)", 10)                       \
+  M(u, "(%[a0],%[lda3],1)", 11) M(u, "(%[a4])", 12) M(u, "(%[a4],%[lda],1)", 13)                    \
+  M(u, "(%[a4],%[lda],2)", 14) M(u, "(%[a4],%[lda3],1)", 15)
+#define KILN_GEMM_ROWS2(M, u)                                                                        \
+  M(u, "(%[a0])", 8, 9) M(u, "(%[a0],%[lda],1)", 10, 11) M(u, "(%[a0],%[lda],2)", 12, 13)           \
+  M(u, "(%[a0],%[lda3],1)", 14, 15) M(u, "(%[a4])", 16, 17) M(u, "(%[a4],%[lda],1)", 18, 19)        \
+  M(u, "(%[a4],%[lda],2)", 20, 21) M(u, "(%[a4],%[lda3],1)", 22, 23)
+#define KILN_GEMM_ROWS3(M, u)                                                                        \
+  M(u, "(%[a0])", 8, 9, 10) M(u, "(%[a0],%[lda],1)", 11, 12, 13) M(u, "(%[a0],%[lda],2)", 14, 15, 16) \
+  M(u, "(%[a0],%[lda3],1)", 17, 18, 19) M(u, "(%[a4])", 20, 21, 22)                                 \
+  M(u, "(%[a4],%[lda],1)", 23, 24, 25) M(u, "(%[a4],%[lda],2)", 26, 27, 28)                         \
+  M(u, "(%[a4],%[lda3],1)", 29, 30, 31)
+// Step u of a row: A's value broadcast, one FMA per vector of the panel's row (zmm0-2).
+#define KILN_GEMM_BCAST(u, A) "vbroadcastss 4*" #u A ", %%zmm3\n\t"
+#define KILN_GEMM_FMA(v, z) "vfmadd231ps %%zmm" #v ", %%zmm3, %%zmm" #z "\n\t"
+#define KILN_GEMM_FMA1(u, A, z0) KILN_GEMM_BCAST(u, A) KILN_GEMM_FMA(0, z0)
+#define KILN_GEMM_FMA2(u, A, z0, z1) KILN_GEMM_FMA1(u, A, z0) KILN_GEMM_FMA(1, z1)
+#define KILN_GEMM_FMA3(u, A, z0, z1, z2) KILN_GEMM_FMA2(u, A, z0, z1) KILN_GEMM_FMA(2, z2)
+// Vector v of the panel's row of step u: asked for PREFETCH steps ahead, loaded into zmm v.
+#define KILN_GEMM_B(u, v)                                                                            \
+  "prefetcht0 %c[pf]+64*" #v "+192*" #u "(%[b])\n\t"                                                 \
+  "vmovups 64*" #v "+192*" #u "(%[b]), %%zmm" #v "\n\t"
+#define KILN_GEMM_STEP1(u) KILN_GEMM_B(u, 0) KILN_GEMM_ROWS1(KILN_GEMM_FMA1, u)
+#define KILN_GEMM_STEP2(u) KILN_GEMM_B(u, 0) KILN_GEMM_B(u, 1) KILN_GEMM_ROWS2(KILN_GEMM_FMA2, u)
+#define KILN_GEMM_STEP3(u) KILN_GEMM_B(u, 0) KILN_GEMM_B(u, 1) KILN_GEMM_B(u, 2) KILN_GEMM_ROWS3(KILN_GEMM_FMA3, u)
+// A row of C's block at t to and from the accumulators (op: vmovups, or vmovntps to stream), then
+// t on to the next row; the accumulators zeroed; C's row at c asked for writing.
+#define KILN_GEMM_IN(v, z) "vmovups 64*" #v "(%[t]), %%zmm" #z "\n\t"
+#define KILN_GEMM_OUT(op, v, z) op " %%zmm" #z ", 64*" #v "(%[t])\n\t"
+#define KILN_GEMM_NEXT_ROW "add %[ldc], %[t]\n\t"
+#define KILN_GEMM_ZERO(z) "vpxord %%zmm" #z ", %%zmm" #z ", %%zmm" #z "\n\t"
+#define KILN_GEMM_IN1(op, A, z0) KILN_GEMM_IN(0, z0) KILN_GEMM_NEXT_ROW
+#define KILN_GEMM_IN2(op, A, z0, z1) KILN_GEMM_IN(0, z0) KILN_GEMM_IN(1, z1) KILN_GEMM_NEXT_ROW
+#define KILN_GEMM_IN3(op, A, z0, z1, z2) KILN_GEMM_IN(0, z0) KILN_GEMM_IN(1, z1) KILN_GEMM_IN(2, z2) KILN_GEMM_NEXT_ROW
+#define KILN_GEMM_OUT1(op, A, z0) KILN_GEMM_OUT(op, 0, z0) KILN_GEMM_NEXT_ROW
+#define KILN_GEMM_OUT2(op, A, z0, z1) KILN_GEMM_OUT(op, 0, z0) KILN_GEMM_OUT(op, 1, z1) KILN_GEMM_NEXT_ROW
+#define KILN_GEMM_OUT3(op, A, z0, z1, z2)                                                            \
+  KILN_GEMM_OUT(op, 0, z0) KILN_GEMM_OUT(op, 1, z1) KILN_GEMM_OUT(op, 2, z2) KILN_GEMM_NEXT_ROW
+#define KILN_GEMM_ZERO1(u, A, z0) KILN_GEMM_ZERO(z0)
+#define KILN_GEMM_ZERO2(u, A, z0, z1) KILN_GEMM_ZERO(z0) KILN_GEMM_ZERO(z1)
+#define KILN_GEMM_ZERO3(u, A, z0, z1, z2) KILN_GEMM_ZERO(z0) KILN_GEMM_ZERO(z1) KILN_GEMM_ZERO(z2)
+#define KILN_GEMM_ASK_C1 "prefetchw 0(%[c])\n\t"
+#define KILN_GEMM_ASK_C2 KILN_GEMM_ASK_C1 "prefetchw 64(%[c])\n\t"
+#define KILN_GEMM_ASK_C3 KILN_GEMM_ASK_C2 "prefetchw 128(%[c])\n\t"
 #define KILN_GEMM_GROUP(STEP)                                                                       \
   STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5) STEP(6) STEP(7)                                   \
   "add $32, %[a0]\n\t"                                                                              \
@@ -757,9 +432,9 @@ static inline void micro_pairs(V (&acc)[R][NV], int64_t kc, const kiln_bf16* a, 
   "mov %[c], %[t]\n\t"                                                                              \
   "cmpl $0, %[zero]\n\t"                                                                            \
   "jne 6f\n\t"                                                                                      \
-  KILN_GEMM_LOAD##N                                                                                 \
+  KILN_GEMM_ROWS##N(KILN_GEMM_IN##N, 0)                                                             \
   "jmp 7f\n\t"                                                                                      \
-  "6:\n\t" KILN_GEMM_ZERO##N                                                                        \
+  "6:\n\t" KILN_GEMM_ROWS##N(KILN_GEMM_ZERO##N, 0)                                                  \
   "7:\n\t"                                                                                          \
   "test %[n], %[n]\n\t"                                                                             \
   "jle 2f\n\t"                                                                                      \
@@ -788,18 +463,18 @@ static inline void micro_pairs(V (&acc)[R][NV], int64_t kc, const kiln_bf16* a, 
   "mov %[out], %[t]\n\t"                                                                            \
   "cmpl $0, %[stream]\n\t"                                                                          \
   "jne 10f\n\t"                                                                                     \
-  KILN_GEMM_STORE##N                                                                                \
+  KILN_GEMM_ROWS##N(KILN_GEMM_OUT##N, "vmovups")                                                    \
   "jmp 11f\n\t"                                                                                     \
-  "10:\n\t" KILN_GEMM_STREAM##N                                                                     \
+  "10:\n\t" KILN_GEMM_ROWS##N(KILN_GEMM_OUT##N, "vmovntps")                                         \
   "11:\n\t"
 // Every operand the assembly changes early-clobbered: c starts equal to out, and GCC, seeing equal
 // inputs, gave the two one register (the final stores went to C's last row onwards).
 #define KILN_GEMM_OPERANDS                                                                          \
-  : [a0] "+&r"(a0), [a4] "+&r"(a4), [b] "+&r"(b), [n] "+&r"(n), [next] "+&r"(next), [c] "+&r"(c), [t] "=&r"(t)\
-  : [out] "r"(out), [lda] "r"(lda_bytes), [lda3] "r"(3 * lda_bytes), [line] "r"(line), [ldc] "r"(ldc_bytes),\
-    [rest] "m"(rest), [tail] "m"(tail), [zero] "m"(zero), [stream] "m"(streamed), [pf] "i"(PREFETCH * NR * 4)\
-  : "xmm0", "xmm1", "xmm2", "xmm3", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15",\
-    "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27",\
+  : [a0] "+&r"(a0), [a4] "+&r"(a4), [b] "+&r"(b), [n] "+&r"(n), [next] "+&r"(next), [c] "+&r"(c), [t] "=&r"(t) \
+  : [out] "r"(out), [lda] "r"(lda_bytes), [lda3] "r"(3 * lda_bytes), [line] "r"(line), [ldc] "r"(ldc_bytes), \
+    [rest] "m"(rest), [tail] "m"(tail), [zero] "m"(zero), [stream] "m"(streamed), [pf] "i"(PREFETCH * NR * 4) \
+  : "xmm0", "xmm1", "xmm2", "xmm3", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", \
+    "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", \
     "xmm28", "xmm29", "xmm30", "xmm31", "memory", "cc"
 static_assert(NR == 48 && MR == 8, "the written-out tile is 8 rows of up to 48 columns");
 
@@ -831,23 +506,33 @@ template <int NVT>
 #undef KILN_GEMM_NEXT
 #undef KILN_GEMM_TILE
 #undef KILN_GEMM_OPERANDS
+#undef KILN_GEMM_ROWS1
+#undef KILN_GEMM_ROWS2
+#undef KILN_GEMM_ROWS3
+#undef KILN_GEMM_BCAST
+#undef KILN_GEMM_FMA
+#undef KILN_GEMM_FMA1
+#undef KILN_GEMM_FMA2
+#undef KILN_GEMM_FMA3
+#undef KILN_GEMM_B
 #undef KILN_GEMM_STEP1
-#undef KILN_GEMM_LOAD1
-#undef KILN_GEMM_STORE1
-#undef KILN_GEMM_STREAM1
-#undef KILN_GEMM_ZERO1
-#undef KILN_GEMM_ASK_C1
 #undef KILN_GEMM_STEP2
-#undef KILN_GEMM_LOAD2
-#undef KILN_GEMM_STORE2
-#undef KILN_GEMM_STREAM2
-#undef KILN_GEMM_ZERO2
-#undef KILN_GEMM_ASK_C2
 #undef KILN_GEMM_STEP3
-#undef KILN_GEMM_LOAD3
-#undef KILN_GEMM_STORE3
-#undef KILN_GEMM_STREAM3
+#undef KILN_GEMM_IN
+#undef KILN_GEMM_OUT
+#undef KILN_GEMM_NEXT_ROW
+#undef KILN_GEMM_ZERO
+#undef KILN_GEMM_IN1
+#undef KILN_GEMM_IN2
+#undef KILN_GEMM_IN3
+#undef KILN_GEMM_OUT1
+#undef KILN_GEMM_OUT2
+#undef KILN_GEMM_OUT3
+#undef KILN_GEMM_ZERO1
+#undef KILN_GEMM_ZERO2
 #undef KILN_GEMM_ZERO3
+#undef KILN_GEMM_ASK_C1
+#undef KILN_GEMM_ASK_C2
 #undef KILN_GEMM_ASK_C3
 #endif
 
