@@ -5,7 +5,8 @@
 # (tools/pinned_bench.py); beside them, on two cores each, the GPU tests and kiln's GEMM in other
 # register blockings (tools/gemm_blocking_sweep.py).
 # Usage (device machine, repository root): bash tools/device_cpu_check.sh [launch_until_s] [deadline_s] [max_jobs]
-# SUITES picks the job groups in order (default "gemm profile hf2 mk2 hf1"); SWEEP=0 leaves out the
+# SUITES picks the job groups in order (default "gemm profile hf2 mk2 hf1"), MODELS the hf models (longest
+# first by default); SWEEP=0 leaves out the
 # blocking sweep, whose memory traffic the jobs would share.
 # The first run (2026-11-27, docs/results.md) had 7 jobs at once and per-model ratios that moved by
 # tens of percent; max_jobs (default 4) trades suites measured for quieter neighbours.
@@ -26,16 +27,19 @@ cores=($(python3 tools/pinned_bench.py --cores)); n=${#cores[@]}
 sweep_cores=${cores[0]},${cores[1]}; gpu_cores=${cores[n-2]},${cores[n-1]}  # the jobs get the others
 ( taskset -c $gpu_cores timeout 200 python3 -m pytest -q tests/gpu -p no:cacheprovider -x > $R/gpu_tests.log 2>&1
   taskset -c $gpu_cores timeout 150 python3 tools/gpu_timing.py --models bert --dtypes bf16,fp32 --modes eager,kiln,kiln-ro > $R/gpu_timing.log 2>&1 ) &
-MODELS="bert gpt2 t5 llama distilbert vit swinv2 convnext resnet50 mobilenetv1 mobilevit"
+MODELS=${MODELS:-"swinv2 mobilevit gpt2 vit bert t5 convnext llama resnet50 distilbert mobilenetv1"}
 B="--iters 10 --warmup 2 --timeout 400"
+# Both compilers in each job's process, their compiled calls interleaved: a ratio that the
+# neighbours' noise reaches far less than one between two jobs' times.
+A="--modes kiln --against inductor-freeze"
 jobs=()
 for suite in ${SUITES:-gemm profile hf2 mk2 hf1}; do
   case $suite in
     gemm) jobs+=("gemm|2||--suite gemm --dtypes float32 --iters 10 --warmup 2");;
     profile) jobs+=("profile-bert|2||--models bert --modes kiln --profile $B");;
-    hf2) for m in $MODELS; do jobs+=("hf2-$m|2||--models $m --modes inductor-freeze,kiln $B"); done;;
-    mk2) for m in $MODELS; do jobs+=("mk2-$m|2|KILN_GEMM_CANDIDATES=mkl,kiln|--models $m --modes kiln $B"); done;;
-    hf1) for m in $MODELS; do jobs+=("hf1-$m|1||--models $m --modes inductor-freeze,kiln $B"); done;;
+    hf2) for m in $MODELS; do jobs+=("hf2-$m|2||--models $m $A $B"); done;;
+    mk2) for m in $MODELS; do jobs+=("mk2-$m|2|KILN_GEMM_CANDIDATES=mkl,kiln|--models $m $A $B"); done;;
+    hf1) for m in $MODELS; do jobs+=("hf1-$m|1||--models $m $A $B"); done;;
     *) echo "SUITES: unknown group '$suite' (accepted: gemm profile hf2 mk2 hf1)"; exit 2;;
   esac
 done
