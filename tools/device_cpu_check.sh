@@ -6,8 +6,8 @@
 # register blockings (tools/gemm_blocking_sweep.py).
 # Usage (device machine, repository root): bash tools/device_cpu_check.sh [launch_until_s] [deadline_s] [max_jobs]
 # SUITES picks the job groups in order (default "gemm profile hf2 mk2 hf1"), MODELS the hf models (longest
-# first by default); SWEEP=0 leaves out the
-# blocking sweep, whose memory traffic the jobs would share.
+# first by default); SWEEP=0 leaves out the blocking sweep, whose memory traffic the jobs would share;
+# GPU=0 the GPU tests and timing.
 # The first run (2026-11-27, docs/results.md) had 7 jobs at once and per-model ratios that moved by
 # tens of percent; max_jobs (default 4) trades suites measured for quieter neighbours.
 OUT=${OUT:-/tmp/device_out}; R=$OUT/r; mkdir -p $R
@@ -25,7 +25,7 @@ python3 -c "from kiln.native import python_door, runtime; python_door.build_in_b
   && echo "kiln runtime built in $(( $(date +%s) - t0 )) s" || echo "KILN RUNTIME BUILD FAILED"
 cores=($(python3 tools/pinned_bench.py --cores)); n=${#cores[@]}
 sweep_cores=${cores[0]},${cores[1]}; gpu_cores=${cores[n-2]},${cores[n-1]}  # the jobs get the others
-( taskset -c $gpu_cores timeout 200 python3 -m pytest -q tests/gpu -p no:cacheprovider -x > $R/gpu_tests.log 2>&1
+[ "${GPU:-1}" != 0 ] && ( taskset -c $gpu_cores timeout 200 python3 -m pytest -q tests/gpu -p no:cacheprovider -x > $R/gpu_tests.log 2>&1
   taskset -c $gpu_cores timeout 150 python3 tools/gpu_timing.py --models bert --dtypes bf16,fp32 --modes eager,kiln,kiln-ro > $R/gpu_timing.log 2>&1 ) &
 MODELS=${MODELS:-"swinv2 mobilevit gpt2 vit bert t5 convnext llama resnet50 distilbert mobilenetv1"}
 B="--iters 10 --warmup 2 --timeout 400"
@@ -50,6 +50,9 @@ if [ "${SWEEP:-1}" != 0 ]; then
   ( taskset -c $sweep_cores timeout 240 python3 tools/gemm_blocking_sweep.py --threads 2 > $R/gemm_blocking.txt 2>&1 ) &
 fi
 python3 tools/pinned_bench.py --out $R --exclude $exclude --max-jobs $MAX_JOBS --launch-until $LAUNCH_UNTIL --deadline $DEADLINE "${jobs[@]}" 2>&1 | tee $R/schedule.txt
+# The jobs' results archived before waiting for the work beside them: a call cut short by its own
+# time limit still brings them back (only 8 files come back from a lease, not one per job).
+tar czf $OUT/results.tgz -C $R .
 wait
 tail -5 $R/gpu_tests.log; tail -12 $R/gpu_timing.log
 tar czf $OUT/results.tgz -C $R . && ls -la $OUT
