@@ -18,8 +18,10 @@ from typing import Callable
 
 import torch
 
+from kiln import config
 from kiln.autotune.choose import choose
 from kiln.externs.prepacked import CONV_IMPLS, MM_IMPLS, drop_packs, kiln_conv_applies, unary_aten
+from kiln.native import runtime
 
 # Timing budget per question in seconds of timed runs (all candidates together), and the most
 # interleaved rounds: the default search, and mode="max-autotune"'s.
@@ -96,8 +98,6 @@ def allowed_candidates() -> frozenset[str] | None:
 
         KILN_GEMM_CANDIDATES=mkl,kiln  ->  frozenset({"aten", "mkl", "kiln"})
     """
-    from kiln import config
-
     names = config.backend.gemm_candidates
     if not names:
         return None
@@ -168,16 +168,31 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
     r = Inputs(a=(a, None), bias=(bias, None), **{name: (b, None) for name in weights})
     unary, scalars, algorithm = post_op
     after = lambda y: unary_aten(y, unary, scalars, algorithm or None)  # noqa: E731
-    candidates = {name: _rotating(r, weights, lambda b, f=MM_IMPLS[name]: after(f(r.a, b, r.bias, "none", [], None)))
+    candidates = {name: _rotating(r, weights, lambda b, f=mm_as_graphs_call(name): after(f(r.a, b, r.bias, "none", [],
+                                                                                          None)))
                   for name in _ties_first(mm_impls(a.dtype))}
     signature = (tuple(a.shape), tuple(b.shape), tuple(b.stride()), str(a.dtype), bias is not None)
     if unary != "none":  # signatures of plain GEMMs as before, so their cache entries stay valid
         for fused, impl in _fused_impls(a.dtype).items():
-            candidates[fused] = _rotating(r, weights, lambda b, f=MM_IMPLS[impl]: f(r.a, b, r.bias, unary, scalars,
-                                                                                   algorithm or None))
+            candidates[fused] = _rotating(r, weights, lambda b, f=mm_as_graphs_call(impl): f(r.a, b, r.bias, unary,
+                                                                                            scalars, algorithm or None))
         signature += (unary, tuple(scalars), algorithm)
+    if not config.backend.cpp_wrapper:
+        signature += ("python wrapper",)
 
     return choose("mm", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=_dropping_packs(r, weights))
+
+
+def mm_as_graphs_call(impl: str) -> Callable:
+    """`impl` of kiln::mm as compiled graphs will call it, `(a, b, bias, unary, scalars, algorithm)`:
+    through kiln's runtime where graphs run in C++ wrappers (the default), else (or for an
+    implementation only Python has) the Python function the Python wrapper calls. Each implementation's own call costs differ: from Python, kiln's GEMM
+    paid ~3 µs more than ATen's (a ctypes call and a tensor made in Python), in a C++ wrapper ~1 µs
+    less; at batch-1 sizes (a pooler's 1x768x768 takes ~60 µs on one thread) that decided
+    questions the other way round from what the graph then ran."""
+    if not config.backend.cpp_wrapper or impl not in runtime.MM_IMPLS:
+        return MM_IMPLS[impl]
+    return lambda a, b, bias, unary, scalars, algorithm: runtime.mm(a, b, bias, unary, scalars, algorithm, impl)
 
 
 # In a model, a GEMM's weight was last read a layer ago and comes from L3 or DRAM, while its input

@@ -1,6 +1,8 @@
 """The gemm suite: `kiln bench --suite gemm` times single GEMMs `a [M, K] @ b [K, N] + bias` through
 every implementation of `kiln::mm` (`kiln.externs.prepacked.MM_IMPLS`, read when the suite runs, so
-a new implementation appears without a change here) on the shapes of the hf suite's models.
+a new implementation appears without a change here) on the shapes of the hf suite's models, each
+called as compiled graphs call it (`kiln.autotune.gemm.mm_as_graphs_call`: through kiln's runtime,
+as a C++ wrapper does, by default).
 
 As at freezing, each implementation packs the weight once (its first call, untimed); then rounds
 of calls are interleaved across implementations, each round in a rotated order, and the median of
@@ -229,9 +231,12 @@ def run_gemm_suite(shapes: list[GemmShape], threads: list[int], dtypes: list[str
     """Every shape at every dtype and thread count through every `kiln::mm` implementation; with
     the machine's peak at each thread count."""
     if impls is None:
+        from kiln.autotune.gemm import mm_as_graphs_call
         from kiln.externs.prepacked import MM_IMPLS
 
-        impls = dict(MM_IMPLS)  # read now: implementations registered since import count
+        # Read now (implementations registered since import count), each called as a compiled
+        # graph calls it: its call costs are part of a batch-1 GEMM's time.
+        impls = {name: mm_as_graphs_call(name) for name in MM_IMPLS}
     before = torch.get_num_threads()
     results, peaks = [], {}
     total, done = len(shapes) * len(dtypes) * len(threads), 0

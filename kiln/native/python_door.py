@@ -41,6 +41,13 @@ def _flags() -> tuple[list[str], list[str]]:
             [*link_flags, "-ltorch_python"])
 
 
+def _source() -> str:
+    # The runtime's interface inlined (its kiln_arg, kiln_mm's signature): the cache key covers it.
+    from kiln.native import INCLUDE
+
+    return (INCLUDE / "kiln_runtime.h").read_text() + "\n" + SOURCE.read_text()
+
+
 _building = threading.Lock()
 
 
@@ -60,7 +67,7 @@ def build_in_background() -> None:
 
 @functools.cache
 def _module() -> ModuleType:
-    path, _ = build_library([SOURCE.read_text()], *_flags(), own=True)
+    path, _ = build_library([_source()], *_flags(), own=True)
     loader = importlib.machinery.ExtensionFileLoader("kiln_python", str(path))
     spec = importlib.util.spec_from_file_location("kiln_python", str(path), loader=loader)
     extension = importlib.util.module_from_spec(spec)
@@ -74,7 +81,7 @@ def built_module() -> ModuleType | None:
     if _module.cache_info().currsize:
         return module()
     try:
-        found = cached_library(SOURCE.read_text(), *_flags(), own=True)
+        found = cached_library(_source(), *_flags(), own=True)
     except (OSError, subprocess.CalledProcessError):  # no compiler here: nothing can be cached either
         found = None
     return module() if found is not None else None

@@ -109,14 +109,29 @@ def _scalars(values: Sequence[float]) -> Any:
     return (KilnArg * max(len(values), 1))(*[KilnArg(3, 0, float(v), None, 0) for v in values])
 
 
-def mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, unary: str, scalars: Sequence[float],
-       algorithm: str | None, impl: str) -> torch.Tensor:
-    """The runtime's kiln::mm, called from Python (tests compare it with kiln/externs/prepacked.py)."""
-    from kiln.externs import kiln_gemm
+# The implementations of kiln::mm the runtime's `mm` runs (kiln_runtime.cpp), those of
+# kiln/externs/prepacked.py's MM_IMPLS.
+MM_IMPLS = ("aten", "aten_kn", "aten_nk", "kiln", "mkl", "onednn")
 
-    return _native([a, b, bias], lambda h, out: library().kiln_mm(
-        h[0], h[1], h[2], unary.encode(), _scalars(scalars), ctypes.c_int64(len(scalars)),
-        algorithm.encode() if algorithm else None, impl.encode(), ctypes.c_int64(kiln_gemm.K_BLOCK), out))
+
+def mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, unary: str, scalars: Sequence[float | None],
+       algorithm: str | None, impl: str) -> torch.Tensor:
+    """The runtime's kiln::mm, called from Python as a C++ wrapper's graph calls it: through kiln's
+    CPython extension (python_door.py), ~0.3 µs beyond the runtime's own work, where a ctypes call
+    with handles took ~8. The autotuner times the GEMM candidates through it; tests compare it with
+    kiln/externs/prepacked.py."""
+    from kiln.externs import kiln_gemm
+    from kiln.native import python_door
+
+    entry, error = _mm_entry()
+    return python_door.module().mm(entry, error, a, b, bias, unary, scalars, algorithm or None, impl,
+                                   kiln_gemm.K_BLOCK)
+
+
+@functools.cache
+def _mm_entry() -> tuple[int, int]:
+    address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+    return address(library().kiln_mm), address(library().kiln_error)
 
 
 def mm_layer_norm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,

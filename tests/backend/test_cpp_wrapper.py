@@ -434,3 +434,20 @@ def test_the_debug_dir_gets_both_wrappers(tmp_path):
     names = [p.name.split("_", 1)[1] for p in sorted(folder.iterdir())]
     assert names[-2:] == ["wrapper.py", "wrapper.cpp"]
     assert 'extern "C" int kiln_graph_call' in sorted(folder.iterdir())[-1].read_text()
+
+
+def test_the_runtime_runs_every_gemm_implementation():
+    assert list(runtime.MM_IMPLS) == sorted(prepacked.MM_IMPLS)  # what the autotuner times through it
+
+
+def test_the_runtimes_kiln_mm_from_python_names_what_is_wrong():
+    a, b = torch.randn(2, 8), torch.randn(8, 4)
+    with pytest.raises(TypeError, match="a must be a tensor"):
+        runtime.mm([1.0], b, None, "none", [], None, "aten")
+    with pytest.raises(TypeError, match="bias must be a tensor or None"):
+        runtime.mm(a, b, 3, "none", [], None, "aten")
+    with pytest.raises(RuntimeError, match="unknown implementation nope"):
+        runtime.mm(a, b, None, "none", [], None, "nope")
+    # Scalars as ints, floats or None, as a graph's post-ops carry them.
+    got = runtime.mm(a, b, None, "hardtanh", [0, 1.5], None, "kiln")
+    torch.testing.assert_close(got, torch.nn.functional.hardtanh(a @ b, 0.0, 1.5))
