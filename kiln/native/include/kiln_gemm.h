@@ -276,8 +276,8 @@ template <int R, int NVT, typename T>
 static inline void micro_fma(V (&acc)[R][NV], int64_t kc, const T* a, int64_t lda, const T* bp, Ahead ahead) {
   // A block of fewer than 8 accumulators (1 or 2 rows: M = 1, a GEMV) would wait on the FMA's
   // latency (4 cycles, 2 FMAs a cycle): it keeps CHAINS sets, for k = 0, 1, ... mod CHAINS, added
-  // at the end. One thread of an Intel Xeon: 1x768x768 0.95-0.97x the time, 1x4096x4096 0.91x
-  // (there, from memory, level with MKL's sgemm).
+  // at the end. (Its one-thread figures, 1x768x768 0.95-0.97x the time and 1x4096x4096 0.91x, were
+  // timed with the old build first, a place M = 1 timings penalize by 4-13 %: docs/results.md.)
   constexpr int CHAINS = R * NVT >= 8 ? 1 : R * NVT >= 4 ? 2 : 4;
   V part[CHAINS][R][NV];
   constexpr int distance = CHAINS > 1 ? PREFETCH_GEMV : PREFETCH;
