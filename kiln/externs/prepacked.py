@@ -46,7 +46,11 @@ def packed(weight: torch.Tensor, kind: str, make: Callable[[], torch.Tensor]) ->
 
 
 def drop_packs(weight: torch.Tensor) -> None:
+    """Drop `weight`'s packed forms: those made here and those kiln's runtime made."""
+    from kiln.native import runtime
+
     weight.__dict__.pop(_PACKS, None)
+    runtime.drop_packs(weight)
 
 
 # Pack kinds that are views of the weight itself, no memory of their own.

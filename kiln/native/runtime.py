@@ -74,6 +74,18 @@ def packed_bytes(weight: torch.Tensor) -> int:
         tensors_of([handle])  # released
 
 
+def drop_packs(weight: torch.Tensor) -> None:
+    """Drop the packed forms kiln's runtime holds for `weight` (none when this process has not
+    loaded the runtime)."""
+    if not library.cache_info().currsize:
+        return
+    (handle,) = handles_of([weight])
+    try:
+        library().kiln_drop_packs(ctypes.c_void_p(handle))
+    finally:
+        tensors_of([handle])  # released
+
+
 # Tensors to handles and back: torch's own converters (torch._C._aoti) make a new at::Tensor per
 # tensor, and take ownership of handles, each in a capsule.
 _CAPSULE_POINTER = ctypes.pythonapi.PyCapsule_GetPointer

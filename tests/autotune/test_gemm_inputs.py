@@ -115,3 +115,12 @@ def test_with_the_python_wrapper_gemm_candidates_are_timed_through_python(monkey
     clear_memory()
     gemm.choose_mm(a, b, None)  # its own question, not the Python wrapper's answer from the cache
     assert called
+
+
+def test_an_answered_question_leaves_no_packs_of_its_trial_weights_in_the_runtime():
+    from kiln.native import runtime
+
+    held = runtime.library().kiln_packs_held()
+    a, b = torch.empty(4, 64, device="meta"), torch.empty(64, 40, device="meta")
+    gemm.choose_mm(a, b, None)  # every packing candidate packs each of 8 weight copies
+    assert runtime.library().kiln_packs_held() <= held

@@ -436,6 +436,15 @@ def test_the_debug_dir_gets_both_wrappers(tmp_path):
     assert 'extern "C" int kiln_graph_call' in sorted(folder.iterdir())[-1].read_text()
 
 
+def test_a_weights_packs_are_dropped_on_request():
+    a, w = torch.randn(4, 16), torch.randn(8, 16).t()
+    runtime.mm(a, w, None, "none", [], None, "aten_kn")
+    runtime.mm(a, w, None, "none", [], None, "kiln")
+    assert prepacked.packed_bytes(w) >= 2 * w.numel() * 4
+    prepacked.drop_packs(w)
+    assert prepacked.packed_bytes(w) == 0
+
+
 def test_the_runtime_runs_every_gemm_implementation():
     assert list(runtime.MM_IMPLS) == sorted(prepacked.MM_IMPLS)  # what the autotuner times through it
 

@@ -90,6 +90,9 @@ KILN_API int kiln_attention(kiln_tensor q, kiln_tensor k, kiln_tensor v, kiln_te
                             int32_t causal, kiln_tensor* out);
 // Packed weights the runtime holds (those of freed weights are dropped at the next pack).
 KILN_API int64_t kiln_packs_held(void);
+// Drop every packed form held for `weight` (the autotuner's trial weights, once a question is
+// answered: a pack otherwise stays until the next pack after its weight is freed).
+KILN_API void kiln_drop_packs(kiln_tensor weight);
 // Bytes of the packed forms held for `weight` now (as kiln/externs/prepacked.py counts them).
 KILN_API int64_t kiln_packed_bytes(kiln_tensor weight);
 KILN_API const char* kiln_error(void);

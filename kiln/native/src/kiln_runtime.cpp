@@ -686,6 +686,13 @@ int64_t kiln_packs_held(void) {
   return static_cast<int64_t>(packs.size());
 }
 
+void kiln_drop_packs(kiln_tensor weight) {
+  const at::Tensor& w = tensor_of(weight);
+  std::lock_guard<std::mutex> lock(packs_mutex);
+  for (auto it = packs.begin(); it != packs.end();)
+    it = it->first.first == w.unsafeGetTensorImpl() ? packs.erase(it) : std::next(it);
+}
+
 int64_t kiln_packed_bytes(kiln_tensor weight) {
   // As prepacked.py's packed_bytes counts them: every packed form held for this weight now, a
   // dense form that turned out to be a view of the weight included (it holds no memory of its
