@@ -168,14 +168,14 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
     r = Inputs(a=(a, None), bias=(bias, None), **{name: (b, None) for name in weights})
     unary, scalars, algorithm = post_op
     after = lambda y: unary_aten(y, unary, scalars, algorithm or None)  # noqa: E731
-    candidates = {name: _rotating(r, weights, lambda b, f=mm_as_graphs_call(name): after(f(r.a, b, r.bias, "none", [],
-                                                                                          None)))
+    plain = lambda f: lambda b: after(f(r.a, b, r.bias, "none", [], None))  # noqa: E731
+    fused = lambda f: lambda b: f(r.a, b, r.bias, unary, scalars, algorithm or None)  # noqa: E731
+    candidates = {name: _rotating(r, weights, plain(mm_as_graphs_call(name)))
                   for name in _ties_first(mm_impls(a.dtype))}
     signature = (tuple(a.shape), tuple(b.shape), tuple(b.stride()), str(a.dtype), bias is not None)
     if unary != "none":  # signatures of plain GEMMs as before, so their cache entries stay valid
-        for fused, impl in _fused_impls(a.dtype).items():
-            candidates[fused] = _rotating(r, weights, lambda b, f=mm_as_graphs_call(impl): f(r.a, b, r.bias, unary,
-                                                                                            scalars, algorithm or None))
+        for name, impl in _fused_impls(a.dtype).items():
+            candidates[name] = _rotating(r, weights, fused(mm_as_graphs_call(impl)))
         signature += (unary, tuple(scalars), algorithm)
     if not config.backend.cpp_wrapper:
         signature += ("python wrapper",)
@@ -186,10 +186,11 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
 def mm_as_graphs_call(impl: str) -> Callable:
     """`impl` of kiln::mm as compiled graphs will call it, `(a, b, bias, unary, scalars, algorithm)`:
     through kiln's runtime where graphs run in C++ wrappers (the default), else (or for an
-    implementation only Python has) the Python function the Python wrapper calls. Each implementation's own call costs differ: from Python, kiln's GEMM
-    paid ~3 µs more than ATen's (a ctypes call and a tensor made in Python), in a C++ wrapper ~1 µs
-    less; at batch-1 sizes (a pooler's 1x768x768 takes ~60 µs on one thread) that decided
-    questions the other way round from what the graph then ran."""
+    implementation only Python has) the Python function the Python wrapper calls. The two cost
+    differently per call: from Python kiln's GEMM paid ~3 µs more than ATen's (a ctypes call and a
+    tensor made in Python), in a C++ wrapper ~1 µs less; at batch-1 sizes (a pooler's 1x768x768
+    takes ~60 µs on one thread) that decided questions the other way round from what the graph
+    then ran."""
     if not config.backend.cpp_wrapper or impl not in runtime.MM_IMPLS:
         return MM_IMPLS[impl]
     return lambda a, b, bias, unary, scalars, algorithm: runtime.mm(a, b, bias, unary, scalars, algorithm, impl)

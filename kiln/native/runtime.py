@@ -132,18 +132,19 @@ def mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, unary: str, 
     CPython extension (python_door.py), ~0.3 µs beyond the runtime's own work, where a ctypes call
     with handles took ~8. The autotuner times the GEMM candidates through it; tests compare it with
     kiln/externs/prepacked.py."""
-    from kiln.externs import kiln_gemm
-    from kiln.native import python_door
-
-    entry, error = _mm_entry()
-    return python_door.module().mm(entry, error, a, b, bias, unary, scalars, algorithm or None, impl,
-                                   kiln_gemm.K_BLOCK)
+    call, entry, error, k_block = _mm_door()
+    return call(entry, error, a, b, bias, unary, scalars, algorithm or None, impl, k_block)
 
 
 @functools.cache
-def _mm_entry() -> tuple[int, int]:
+def _mm_door() -> tuple[Callable[..., torch.Tensor], int, int, int]:
+    """The extension's `mm`, the addresses of the runtime's `kiln_mm` and `kiln_error`, and kiln's
+    GEMM's K blocking: looked up once, not in every timed call."""
+    from kiln.externs import kiln_gemm
+    from kiln.native import python_door
+
     address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
-    return address(library().kiln_mm), address(library().kiln_error)
+    return python_door.module().mm, address(library().kiln_mm), address(library().kiln_error), kiln_gemm.K_BLOCK
 
 
 def mm_layer_norm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
