@@ -56,6 +56,18 @@ def cpu_model() -> str:
 
 
 @functools.cache
+def cpu_generation() -> str | None:
+    """x86's family, model and stepping numbers, e.g. "family 26, model 2, stepping 1" (None elsewhere).
+    Clouds hide the generation behind one name ("AMD EPYC" is Zen 3, 4 or 5; "Intel(R) Xeon(R)
+    Processor" several Xeons), and it decides which kernel wins: the numbers tell them apart."""
+    lines = _cpuinfo()
+    numbers = [(name, _field(lines, name)) for name in ("cpu family", "model", "stepping")]
+    if any(value is None for _, value in numbers):
+        return None
+    return ", ".join(f"{name.removeprefix('cpu ')} {value}" for name, value in numbers)
+
+
+@functools.cache
 def cpu_flags() -> tuple[str, ...]:
     """The CPU's flags among `SPEED_FLAGS`, in that order (empty where /proc/cpuinfo is unreadable)."""
     text = _field(_cpuinfo(), "flags", "features") or _field(_lscpu(), "flags") or ""

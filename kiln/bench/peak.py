@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from kiln import disk_cache
-from kiln.bench.machine import OthersClock, cpu_flags, cpu_model
+from kiln.bench.machine import OthersClock, cpu_flags, cpu_generation, cpu_model
 
 # Bump when the measurement changes, so old figures are not read as new ones.
 _METHOD = 3  # 3: the best of torch.mm and oneDNN's packed linear
@@ -109,7 +109,7 @@ def _copy_gbps() -> float:
 
 def peak_key(threads: int) -> str:
     """The cache key of the peak at `threads` threads on this machine and torch."""
-    text = json.dumps([_METHOD, cpu_model(), list(cpu_flags()), torch.__version__, threads])
+    text = json.dumps([_METHOD, cpu_model(), cpu_generation(), list(cpu_flags()), torch.__version__, threads])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

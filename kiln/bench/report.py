@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiln.bench.machine import cpu_cores, cpu_flags, cpu_model, gpu_model
+from kiln.bench.machine import cpu_cores, cpu_flags, cpu_generation, cpu_model, gpu_model
 from kiln.bench.results import Result
 
 if TYPE_CHECKING:
@@ -208,11 +208,12 @@ def describe_run(meta: dict[str, Any]) -> str:
 
 
 def describe_cpu(meta: dict[str, Any]) -> str:
-    """"Intel(R) Xeon(R) Processor (2 cores; avx2, avx512f, amx_tile)"; runs saved before a field
+    """"AMD EPYC (family 26, model 2, stepping 1; 2 cores; avx2, avx512f)"; runs saved before a field
     existed show what they have."""
     flags = meta.get("isa") or []
     cores = meta.get("cores")
-    inside = "; ".join(part for part in [f"{cores} cores" if cores else "", ", ".join(flags)] if part)
+    parts = [meta.get("cpu_generation") or "", f"{cores} cores" if cores else "", ", ".join(flags)]
+    inside = "; ".join(part for part in parts if part)
     return f"{meta.get('cpu', 'unknown CPU')}" + (f" ({inside})" if inside else "")
 
 
@@ -288,6 +289,7 @@ def run_metadata(**settings: Any) -> dict[str, Any]:
         **settings,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu_model(),
+        "cpu_generation": cpu_generation(),  # "family 26, model 2, stepping 1": which EPYC or Xeon it is
         "isa": list(cpu_flags()),  # the speed flags of kiln.bench.machine.SPEED_FLAGS it has
         "cores": cpu_cores(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the kernels ATen dispatches to

@@ -89,6 +89,24 @@ def test_reports_name_the_cpu_its_flags_and_cores():
     assert "· cpu ·" in text_report(RESULTS, old)
 
 
+def test_reports_name_the_cpu_generation_behind_a_cloud_name(monkeypatch):
+    from kiln.bench import machine
+
+    meta = {**META, "cpu": "AMD EPYC", "cpu_generation": "family 26, model 2, stepping 1", "cores": 2, "isa": ["avx2"]}
+    assert "AMD EPYC (family 26, model 2, stepping 1; 2 cores; avx2)" in markdown_report(RESULTS, meta)
+    cpuinfo = ["vendor_id\t: AuthenticAMD", "cpu family\t: 25", "model\t\t: 17", "model name\t: AMD EPYC",
+               "stepping\t: 1"]
+    monkeypatch.setattr(machine, "_cpuinfo", lambda: cpuinfo)
+    machine.cpu_generation.cache_clear()
+    try:
+        assert machine.cpu_generation() == "family 25, model 17, stepping 1"
+        monkeypatch.setattr(machine, "_cpuinfo", lambda: ["Features\t: fp asimd"])  # aarch64: no such numbers
+        machine.cpu_generation.cache_clear()
+        assert machine.cpu_generation() is None
+    finally:
+        machine.cpu_generation.cache_clear()
+
+
 def test_cpu_flags_come_from_cpuinfo_or_lscpu(monkeypatch):
     from kiln.bench import machine
 
