@@ -219,7 +219,7 @@ class _Writer:
     def _kiln_mm_layer_norm(self, values: list[Any], outs: list[Buffer | None]) -> None:
         """kiln::mm_layer_norm, and kiln::mm_add_layer_norm (outputs: the sum, the norm), through
         the runtime's own implementation, likewise."""
-        *tensors, eps = values
+        *tensors, eps, rms = values
         if not all(t is None or isinstance(t, Buffer) for t in tensors) or tensors[0] is None or tensors[1] is None:
             raise NotImplementedError("a C++ wrapper calling kiln::mm_layer_norm on constants")
         if any(o is None for o in outs):
@@ -227,8 +227,8 @@ class _Writer:
         self.handles += [o.name for o in outs]
         normed, total = (outs[1], f"&{outs[0].name}") if len(outs) == 2 else (outs[0], "nullptr")
         handles = ", ".join(t.name if t is not None else "nullptr" for t in tensors)
-        self.body.append(f"if (kiln_mm_layer_norm({handles}, {float(eps)!r}, {kiln_gemm.K_BLOCK}, &{normed.name}, "
-                         f"{total})) goto fail;")
+        self.body.append(f"if (kiln_mm_layer_norm({handles}, {float(eps)!r}, {int(bool(rms))}, {kiln_gemm.K_BLOCK}, "
+                         f"&{normed.name}, {total})) goto fail;")
 
     def _kiln_conv(self, values: list[Any], outs: list[Buffer | None]) -> None:
         """kiln::conv through the runtime's own implementation, likewise."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -29,7 +30,15 @@ _CTYPE = {"f32": "float", "bf16": "kiln_bf16"}
 # weights out of cache, 2048^3 included; shorter blocks cost more in C's partial sums).
 K_BLOCK = 1024
 
-LayerNorm = tuple  # (weight [N] | None, bias [N] | None, eps[, out]): a row normalization after the epilogue
+class RowNorm(NamedTuple):
+    """A normalization of each row of C after the epilogue: a layer norm, or with `rms` an RMS norm
+    (T5's, Llama's: row / sqrt(mean(row^2) + eps) * weight, no bias). `out`: the normalized rows go
+    there, C keeping the sum. A plain tuple (weight, bias, eps[, out]) is a layer norm."""
+    weight: torch.Tensor | None  # [N] or None (1)
+    bias: torch.Tensor | None  # [N] or None (0)
+    eps: float
+    out: torch.Tensor | None = None
+    rms: bool = False
 
 
 class Epilogue(ctypes.Structure):
@@ -150,13 +159,13 @@ def epilogue(bias: torch.Tensor | None, unary: str, scalars: list | tuple, algor
 def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | None = None, unary: str = "none",
        scalars: list | tuple = (), residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
        algorithm: str | None = None, lib: ctypes.CDLL | None = None, residual_first: bool = False,
-       out: torch.Tensor | None = None, layer_norm: LayerNorm | None = None) -> torch.Tensor:
+       out: torch.Tensor | None = None, layer_norm: RowNorm | tuple | None = None) -> torch.Tensor:
     """epilogue(a [M, K] @ B [K, n]) with B packed by `pack`: `unary(a @ B + bias) + residual`
     (`residual_first`: `unary(a @ B + bias + residual)`), stored as `out_dtype` (a's dtype by
     default) into a new tensor, or into `out` ([M, n], rows of unit stride). `algorithm` "tanh"
-    makes gelu the tanh form. `layer_norm` (weight [n] or None, bias [n] or None, eps): each row
-    of that result then layer-normalized, float32 only; with a fourth element, a float32 [M, n]
-    tensor, the normalized rows go there and the result keeps the sum."""
+    makes gelu the tanh form. `layer_norm` (a `RowNorm`, or (weight [n] or None, bias [n] or None,
+    eps)): each row of that result then layer-normalized (or RMS-normalized), float32 only; with
+    its `out`, a float32 [M, n] tensor, the normalized rows go there and the result keeps the sum."""
     if a.dtype != packed_b.dtype or a.dtype not in DTYPES:
         raise RuntimeError(f"kiln's GEMM takes float32 or bfloat16 operands of one dtype, not {a.dtype} and {packed_b.dtype}")
     if a.dim() != 2 or a.stride(1) != 1:
@@ -178,17 +187,20 @@ def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | Non
 
 
 def _with_layer_norm(post: Epilogue | None, out_dtype: torch.dtype, weight: torch.Tensor | None,
-                     bias: torch.Tensor | None, eps: float, normed: torch.Tensor | None = None) -> Epilogue:
-    """A copy of `post` (which may be a shared, cached struct) that also layer-normalizes C's
-    rows, in place or into `normed`."""
+                     bias: torch.Tensor | None, eps: float, normed: torch.Tensor | None = None,
+                     rms: bool = False) -> Epilogue:
+    """A copy of `post` (which may be a shared, cached struct) that also layer-normalizes (or
+    RMS-normalizes) C's rows, in place or into `normed`."""
     if out_dtype != torch.float32 or any(t is not None and (t.dtype != torch.float32 or t.stride(-1) != 1)
                                          for t in (weight, bias, normed)):
         raise RuntimeError("kiln's GEMM normalizes rows of a float32 result only, with float32 weight, bias and "
                            "output of unit stride")
+    if rms and bias is not None:
+        raise RuntimeError("kiln's GEMM: an RMS norm takes no bias")
     made = Epilogue()
     if post is not None:
         ctypes.pointer(made)[0] = post
-    made.layer_norm, made.norm_eps = 1, eps
+    made.layer_norm, made.norm_eps = 2 if rms else 1, eps
     made.norm_weight = weight.data_ptr() if weight is not None else None
     made.norm_bias = bias.data_ptr() if bias is not None else None
     if normed is not None:

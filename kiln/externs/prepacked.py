@@ -24,9 +24,9 @@ aten, mkldnn, mkl = torch.ops.aten, torch.ops.mkldnn, torch.ops.mkl
 _lib = torch.library.Library("kiln", "DEF")
 _lib.define("mm(Tensor a, Tensor b, Tensor? bias, str unary, Scalar?[] scalars, str? algorithm, str impl) -> Tensor")
 _lib.define("mm_layer_norm(Tensor a, Tensor b, Tensor? bias, Tensor? residual, Tensor? weight, Tensor? norm_bias, "
-            "float eps) -> Tensor")
+            "float eps, bool rms=False) -> Tensor")
 _lib.define("mm_add_layer_norm(Tensor a, Tensor b, Tensor? bias, Tensor? residual, Tensor? weight, Tensor? norm_bias, "
-            "float eps) -> (Tensor, Tensor)")
+            "float eps, bool rms=False) -> (Tensor, Tensor)")
 _lib.define(
     "conv(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, "
     "str unary, Scalar?[] scalars, str? algorithm, Tensor? other, str impl) -> Tensor"
@@ -153,25 +153,28 @@ def _mm_fake(a, b, bias, unary, scalars, algorithm, impl):
 
 
 # ---- kiln::mm_layer_norm: layer_norm(a @ b + bias + residual) in kiln's GEMM ---------------------
+# (`rms`: an RMS norm, T5's and Llama's, instead: row / sqrt(mean(row^2) + eps) * weight.)
 
-def _mm_layer_norm(a, b, bias, residual, weight, norm_bias, eps):
+def _mm_layer_norm(a, b, bias, residual, weight, norm_bias, eps, rms=False):
     # The rows normalized in the GEMM's parallel region right after their store (kiln_gemm.h):
     # no second pass over the product from memory, no kernel of its own (passes/gemm_layer_norm.py).
-    return kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, residual=residual, layer_norm=(weight, norm_bias, eps))
+    return kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, residual=residual,
+                        layer_norm=kiln_gemm.RowNorm(weight, norm_bias, eps, rms=rms))
 
 
-def _mm_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps):
+def _mm_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps, rms=False):
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
-def _mm_add_layer_norm(a, b, bias, residual, weight, norm_bias, eps):
+def _mm_add_layer_norm(a, b, bias, residual, weight, norm_bias, eps, rms=False):
     # (the sum, its layer norm): a pre-norm model reads the sum again as its residual stream.
     normed = torch.empty((a.shape[0], b.shape[1]))
-    total = kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, residual=residual, layer_norm=(weight, norm_bias, eps, normed))
+    total = kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, residual=residual,
+                         layer_norm=kiln_gemm.RowNorm(weight, norm_bias, eps, normed, rms))
     return total, normed
 
 
-def _mm_add_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps):
+def _mm_add_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps, rms=False):
     return a.new_empty((a.shape[0], b.shape[1])), a.new_empty((a.shape[0], b.shape[1]))
 
 

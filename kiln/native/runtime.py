@@ -148,23 +148,23 @@ def _mm_door() -> tuple[Callable[..., torch.Tensor], int, int, int]:
 
 
 def mm_layer_norm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-                  weight: torch.Tensor | None, norm_bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+                  weight: torch.Tensor | None, norm_bias: torch.Tensor | None, eps: float, rms: bool = False) -> torch.Tensor:
     """The runtime's kiln::mm_layer_norm, called from Python (likewise)."""
     from kiln.externs import kiln_gemm
 
     return _native([a, b, bias, residual, weight, norm_bias], lambda h, out: library().kiln_mm_layer_norm(
-        *h, ctypes.c_double(eps), ctypes.c_int64(kiln_gemm.K_BLOCK), out, None))
+        *h, ctypes.c_double(eps), ctypes.c_int32(rms), ctypes.c_int64(kiln_gemm.K_BLOCK), out, None))
 
 
 def mm_add_layer_norm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                       weight: torch.Tensor | None, norm_bias: torch.Tensor | None,
-                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                      eps: float, rms: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The runtime's kiln::mm_add_layer_norm, called from Python (likewise): (the sum, its norm)."""
     from kiln.externs import kiln_gemm
 
     total = ctypes.c_void_p()
     normed = _native([a, b, bias, residual, weight, norm_bias], lambda h, out: library().kiln_mm_layer_norm(
-        *h, ctypes.c_double(eps), ctypes.c_int64(kiln_gemm.K_BLOCK), out, ctypes.byref(total)))
+        *h, ctypes.c_double(eps), ctypes.c_int32(rms), ctypes.c_int64(kiln_gemm.K_BLOCK), out, ctypes.byref(total)))
     return tensors_of([total.value])[0], normed
 
 

@@ -5,7 +5,8 @@
 
 as in a post-norm transformer's two sublayer outputs (BERT, DistilBERT); where the sum is read
 again (a pre-norm model's residual stream: GPT-2, ViT), `kiln::mm_add_layer_norm` returns it
-too. kiln's GEMM normalizes each row in its own parallel region once every thread has stored its
+too. An RMS norm as T5's and Llama's decompose, `weight * (x * rsqrt(mean(x^2, [-1]) + eps))`
+(the weight optional, either operand order), is fused the same way with `rms=True`. kiln's GEMM normalizes each row in its own parallel region once every thread has stored its
 tiles (kiln_gemm.h), while the product is in the caches, instead of a reduction kernel reading
 it back after the GEMM returns. Only where the autotuner gave the product to kiln's GEMM
 (gemm_prepack runs first), in float32, with static sizes; the terms of the sum in any order.
@@ -14,6 +15,7 @@ it back after the GEMM returns. Only where the autotuner gave the product to kil
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import torch
 from torch import fx
@@ -72,17 +74,68 @@ def _vector(node: object, n: int, constants: ConstantSet) -> bool:
     return val is not None and node in constants and tuple(val.shape) == (n,) and val.dtype == torch.float32
 
 
-def _fusion(norm: fx.Node, constants: ConstantSet) -> dict | None:
-    """What the fused call takes, when `norm` (a native_layer_norm) normalizes a kiln product's sum."""
+@dataclass
+class _Norm:
+    """A normalization over the last dimension of `x`, found in the graph."""
+    x: fx.Node
+    weight: object  # a node, or None
+    bias: object
+    eps: float
+    out: fx.Node  # the node whose value is the normalized x
+    readers: tuple[fx.Node, ...]  # the norm's own readers of x (any other reads the sum again)
+    rms: bool
+
+
+def _layer_norm(norm: fx.Node) -> _Norm | None:
+    """`norm`, a native_layer_norm over the last dimension whose statistics nothing reads."""
     x, shape, weight, norm_bias, eps = arguments(norm)
     getitems = list(norm.users)
     if len(getitems) != 1 or getitems[0].target is not operator.getitem or getitems[0].args[1] != 0:
         return None  # (mean and rstd are read: training, or a norm whose statistics are reused)
+    if _val(x) is None or list(shape) != list(_val(x).shape[-1:]):
+        return None
+    return _Norm(x, weight, norm_bias, eps, getitems[0], (norm,), rms=False)
+
+
+def _call(node: object, *targets) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _rms_norm(rsqrt: fx.Node, constants: ConstantSet) -> _Norm | None:
+    """The RMS norm around `rsqrt`: weight * (x * rsqrt(mean(x^2, [-1], keepdim) + eps)), each
+    step read by the next only (HF's T5LayerNorm, LlamaRMSNorm)."""
+    shifted = rsqrt.args[0]
+    if not _call(shifted, aten.add.Tensor, aten.add.Scalar) or len(shifted.users) != 1:
+        return None
+    mean, eps = shifted.args[:2]
+    if not isinstance(eps, float) or arguments(shifted)[2] != 1 or not _call(mean, aten.mean.dim) or len(mean.users) != 1:
+        return None
+    square, dims, keepdim, dtype = arguments(mean)
+    if not keepdim or dtype is not None or not _call(square, aten.pow.Tensor_Scalar) or len(square.users) != 1:
+        return None
+    x, exponent = square.args[:2]
+    if exponent != 2 or _val(x) is None or list(dims) not in ([-1], [_val(x).dim() - 1]):
+        return None
+    scaled = only_user(rsqrt)
+    if scaled is None or not _call(scaled, aten.mul.Tensor) or set(scaled.args[:2]) != {x, rsqrt}:
+        return None
+    out, weight, n = scaled, None, _val(x).shape[-1]
+    user = only_user(scaled)
+    if user is not None and _call(user, aten.mul.Tensor):
+        other = user.args[1] if user.args[0] is scaled else user.args[0]
+        if _vector(other, n, constants):
+            out, weight = user, other
+    return _Norm(x, weight, None, eps, out, (square, scaled), rms=True)
+
+
+def _fusion(norm: _Norm, constants: ConstantSet) -> dict | None:
+    """What the fused call takes, when `norm` normalizes a kiln product's sum."""
+    x, weight, norm_bias = norm.x, norm.weight, norm.bias
     sum_val = _val(x)
     if sum_val is None or sum_val.dtype != torch.float32 or not all(isinstance(s, int) for s in sum_val.shape):
         return None
     n = sum_val.shape[-1]
-    if list(shape) != [n] or not all(v is None or _vector(v, n, constants) for v in (weight, norm_bias)):
+    if not all(v is None or _vector(v, n, constants) for v in (weight, norm_bias)):
         return None
     terms = _terms(x)
     products = [p for p in map(_kiln_product, terms) if p is not None]
@@ -104,8 +157,7 @@ def _fusion(norm: fx.Node, constants: ConstantSet) -> dict | None:
         return None
     a, b = product.args[:2]
     return {"a": a, "b": b, "bias": bias[0] if bias else None, "residual": residual[0] if residual else None,
-            "weight": weight, "norm_bias": norm_bias, "eps": eps, "out": getitems[0], "shape": list(sum_val.shape),
-            "rows": _val(product).shape[0], "sum": x, "first": first}
+            "shape": list(sum_val.shape), "rows": _val(product).shape[0], "first": first}
 
 
 def gemm_layer_norm(gm: fx.GraphModule, target: Target) -> bool:
@@ -113,29 +165,37 @@ def gemm_layer_norm(gm: fx.GraphModule, target: Target) -> bool:
         return False
     constants = ConstantSet(gm)
     changed = False
-    for norm in list(gm.graph.nodes):
-        if norm.op != "call_function" or norm.target is not aten.native_layer_norm.default:
+    for node in list(gm.graph.nodes):
+        if getattr(node, "_erased", False) or node.op != "call_function":
             continue
-        found = _fusion(norm, constants)
+        if node.target is aten.native_layer_norm.default:
+            norm = _layer_norm(node)
+        elif node.target is aten.rsqrt.default:
+            norm = _rms_norm(node, constants)
+        else:
+            continue
+        found = _fusion(norm, constants) if norm is not None else None
         if found is None:
             continue
-        out, total, at, n = found["out"], found["sum"], found["first"], found["shape"][-1]
+        out, total, at, n = norm.out, norm.x, found["first"], found["shape"][-1]
         residual = found["residual"]
         if residual is not None:
             residual = insert(gm, at, aten.view.default, residual, [found["rows"], n])
-        operands = (found["a"], found["b"], found["bias"], residual, found["weight"], found["norm_bias"], found["eps"])
-        keep_sum = len(total.users) > 1  # (a pre-norm model's residual stream reads the sum again)
+        operands = (found["a"], found["b"], found["bias"], residual, norm.weight, norm.bias, norm.eps)
+        flags = {"rms": True} if norm.rms else {}
+        # (a pre-norm model's residual stream reads the sum again)
+        keep_sum = any(user not in norm.readers for user in total.users)
         if keep_sum:
-            both = insert(gm, at, torch.ops.kiln.mm_add_layer_norm.default, *operands)
+            both = insert(gm, at, torch.ops.kiln.mm_add_layer_norm.default, *operands, **flags)
             fused = insert(gm, at, operator.getitem, both, 1)
             kept = insert(gm, at, aten.view.default, insert(gm, at, operator.getitem, both, 0), found["shape"])
         else:
-            fused = insert(gm, at, torch.ops.kiln.mm_layer_norm.default, *operands)
+            fused = insert(gm, at, torch.ops.kiln.mm_layer_norm.default, *operands, **flags)
         out.replace_all_uses_with(insert(gm, at, aten.view.default, fused, found["shape"]))
         if keep_sum:
-            total.replace_all_uses_with(kept, delete_user_cb=lambda user: user is not norm)
+            total.replace_all_uses_with(kept, delete_user_cb=lambda user: user not in norm.readers)
         remove_dead(gm, [out])
-        logs.log("freezing", "%s: layer norm inside kiln's GEMM %s%s", norm.name, tuple(found["shape"]),
-                 ", the sum kept" if keep_sum else "")
+        logs.log("freezing", "%s: %s inside kiln's GEMM %s%s", node.name, "RMS norm" if norm.rms else "layer norm",
+                 tuple(found["shape"]), ", the sum kept" if keep_sum else "")
         changed = True
     return changed

@@ -57,7 +57,8 @@ struct Epilogue {
   int32_t unary;          // Unary
   float scalar0, scalar1; // leaky_relu's slope; hardtanh's bounds
   int32_t residual_before_unary;  // unary(acc + bias + residual), as kiln::conv adds its `other`
-  int32_t layer_norm;     // then each row of C normalized in place: (row - mean) / sqrt(var + eps) * w + b
+  int32_t layer_norm;     // then each row of C normalized in place: 1 (row - mean) / sqrt(var + eps) * w + b;
+                          // 2 RMS norm, row / sqrt(mean(row^2) + eps) * w (T5, Llama; no mean, no b)
   float norm_eps;
   const float* norm_weight;  // [N] or null (1)
   const float* norm_bias;    // [N] or null (0)
@@ -712,7 +713,7 @@ static inline void split(int64_t panels, int64_t row_blocks, int last_vectors, i
 // Rows [r0, r1) of a float32 C [., N] as layer norm makes them: mean and variance over the row
 // (two passes over the row, which is in L1/L2: just stored), then (x - mean) * rstd * w + b,
 // written over the row or, where the sum is needed too (a pre-norm model's residual stream), to
-// e.norm_out.
+// e.norm_out. An RMS norm (e.layer_norm 2) takes the mean of squares about zero: one pass.
 // Lanes accumulate separately and are summed at the end, as a vectorized reduction kernel does;
 // four vectors of them, so that the adds of a row do not wait on each other (one accumulator made
 // the norm of BERT's 128 x 768 rows 47 us on one thread, most of it add latency).
@@ -738,7 +739,7 @@ template <typename F> static inline float row_sum(const float* row, int64_t N, F
 static inline void layer_norm_rows(float* c, int64_t ldc, int64_t N, int64_t r0, int64_t r1, const Epilogue& e) {
   for (int64_t i = r0; i < r1; ++i) {
     float* row = c + i * ldc;
-    const float mean = row_sum(row, N, [](V x) { return x; }) / float(N);
+    const float mean = e.layer_norm == 2 ? 0.0f : row_sum(row, N, [](V x) { return x; }) / float(N);
     const float var = row_sum(row, N, [mean](V x) { V d = x - mean; return d * d; });
     const float rstd = 1.0f / std::sqrt(var / float(N) + e.norm_eps);
     float* normed = e.norm_out ? e.norm_out + i * e.ld_norm_out : row;

@@ -77,11 +77,12 @@ KILN_API int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, cons
               const kiln_arg* scalars, int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl,
               int64_t k_block, kiln_tensor* out);
 // layer_norm(a @ b + bias + residual) over the last dimension, float32, in kiln's GEMM
-// (kiln::mm_layer_norm); `bias`, `residual` ([M, N]), `weight`, `norm_bias` may be NULL. With
-// `sum` (not NULL) the sum is kept there too (kiln::mm_add_layer_norm).
+// (kiln::mm_layer_norm); `bias`, `residual` ([M, N]), `weight`, `norm_bias` may be NULL. `rms`
+// not 0: an RMS norm instead (no mean taken out; `norm_bias` NULL). With `sum` (not NULL) the sum
+// is kept there too (kiln::mm_add_layer_norm).
 KILN_API int kiln_mm_layer_norm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, kiln_tensor residual,
-                                kiln_tensor weight, kiln_tensor norm_bias, double eps, int64_t k_block,
-                                kiln_tensor* out, kiln_tensor* sum);
+                                kiln_tensor weight, kiln_tensor norm_bias, double eps, int32_t rms,
+                                int64_t k_block, kiln_tensor* out, kiln_tensor* sum);
 // kiln::attention(q, k, v, mask, scale, causal) (kiln/externs/kiln_attention.py), float32, in
 // kiln's own kernel: softmax(q · kᵀ · scale + mask) · v, [B, H, Sq, Dv] laid out [B, Sq, H, Dv];
 // `mask` (additive, broadcastable to the scores) may be NULL; `causal`: query i sees keys 0..i.
