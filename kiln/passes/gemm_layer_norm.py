@@ -6,9 +6,10 @@
 as in a post-norm transformer's two sublayer outputs (BERT, DistilBERT); where the sum is read
 again (a pre-norm model's residual stream: GPT-2, ViT), `kiln::mm_add_layer_norm` returns it
 too. An RMS norm as T5's and Llama's decompose, `weight * (x * rsqrt(mean(x^2, [-1]) + eps))`
-(the weight optional, either operand order), is fused the same way with `rms=True`. kiln's GEMM normalizes each row in its own parallel region once every thread has stored its
-tiles (kiln_gemm.h), while the product is in the caches, instead of a reduction kernel reading
-it back after the GEMM returns. Only where the autotuner gave the product to kiln's GEMM
+(the weight optional, either operand order), is fused the same way with `rms=True`. kiln's GEMM
+normalizes each row in its own parallel region once every thread has stored its tiles
+(kiln_gemm.h), while the product is in the caches, instead of a reduction kernel reading it back
+after the GEMM returns. Only where the autotuner gave the product to kiln's GEMM
 (gemm_prepack runs first), in float32, with static sizes; the terms of the sum in any order.
 """
 
@@ -108,7 +109,9 @@ def _rms_norm(rsqrt: fx.Node, constants: ConstantSet) -> _Norm | None:
     if not _call(shifted, aten.add.Tensor, aten.add.Scalar) or len(shifted.users) != 1:
         return None
     mean, eps = shifted.args[:2]
-    if not isinstance(eps, float) or arguments(shifted)[2] != 1 or not _call(mean, aten.mean.dim) or len(mean.users) != 1:
+    if not isinstance(eps, float) or arguments(shifted)[2] != 1:
+        return None
+    if not _call(mean, aten.mean.dim) or len(mean.users) != 1:
         return None
     square, dims, keepdim, dtype = arguments(mean)
     if not keepdim or dtype is not None or not _call(square, aten.pow.Tensor_Scalar) or len(square.users) != 1:

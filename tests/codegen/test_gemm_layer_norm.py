@@ -63,10 +63,12 @@ def test_rms_normalized_rows_match_a_float64_rms_norm(shape):
     panels = kiln_gemm.pack(b)
     for use_bias, use_residual, use_weight in itertools.product((False, True), repeat=3):
         args = (bias if use_bias else None, residual if use_residual else None, weight if use_weight else None)
-        out = kiln_gemm.mm(a, panels, n, args[0], residual=args[1], layer_norm=kiln_gemm.RowNorm(args[2], None, 1e-6, rms=True))
+        rms = kiln_gemm.RowNorm(args[2], None, 1e-6, rms=True)
+        out = kiln_gemm.mm(a, panels, n, args[0], residual=args[1], layer_norm=rms)
         torch.testing.assert_close(out.double(), _reference(a, b, *args, None, 1e-6, rms=True), rtol=1e-4, atol=1e-4)
     normed = torch.full((m, n + 3), float("nan"))[:, :n]
-    total = kiln_gemm.mm(a, panels, n, None, residual=residual, layer_norm=kiln_gemm.RowNorm(weight, None, 1e-6, normed, True))
+    beside = kiln_gemm.RowNorm(weight, None, 1e-6, normed, rms=True)
+    total = kiln_gemm.mm(a, panels, n, None, residual=residual, layer_norm=beside)
     _check(total, _reference(a, b, None, residual, None, None, None), torch.float32, k)
     torch.testing.assert_close(normed.double(), _reference(a, b, None, residual, weight, None, 1e-6, rms=True),
                                rtol=1e-4, atol=1e-4)
