@@ -14,8 +14,11 @@ import pytest
 import torch
 
 import kiln
+from kiln import logs
 from kiln.deploy import ArtifactError
 from kiln.deploy import safetensors
+
+from tests.kiln_backend import kiln_wherever_offered  # noqa: F401  (fixture)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -100,6 +103,25 @@ def test_a_tiny_resnet(tmp_path):
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         torch.testing.assert_close(run(x)[0], model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_pre_norm_block_with_its_rms_norm_inside_kiln_gemm(tmp_path, kiln_wherever_offered, caplog):
+    """An exported Llama block whose RMS norm runs inside kiln's GEMM (kiln::mm_add_layer_norm,
+    rms=True) serves other inputs through the artifact's own runtime, flag and all."""
+    from tests.codegen.test_gemm_layer_norm import _PreRmsNorm
+
+    torch.manual_seed(0)
+    model, h, x = _PreRmsNorm("llama").eval(), torch.randn(1, 10, 64), torch.randn(1, 10, 48) + 3.0
+    logs.set_logs("freezing")
+    try:
+        run = kiln.load(kiln.export(model, (h, x), path=tmp_path / "rms"))
+    finally:
+        logs.set_logs([])
+    assert any("RMS norm inside kiln's GEMM" in r.getMessage() for r in caplog.records)
+    h2, x2 = torch.randn(1, 10, 64), torch.randn(1, 10, 48) - 2.0
+    with torch.no_grad():
+        for got, want in zip(run(h2, x2), model(h2, x2)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_kiln_load_uses_the_mapped_weights_in_place_where_their_layout_is_the_stored_one(mlp_artifact):
