@@ -24,7 +24,7 @@ from torch import fx
 from kiln import logs
 from kiln.ir.target import Target
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
-from kiln.passes.pattern import arguments, insert, remove_dead
+from kiln.passes.pattern import Op, Var, arguments, insert, match, remove_dead
 from kiln.passes.post_ops import only_user
 
 aten = torch.ops.aten
@@ -98,37 +98,27 @@ def _layer_norm(norm: fx.Node) -> _Norm | None:
     return _Norm(x, weight, norm_bias, eps, getitems[0], (norm,), rms=False)
 
 
-def _call(node: object, *targets) -> bool:
-    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+# x * rsqrt(mean(x^2, dims, keepdim) + eps), each inner step read only by the next (pattern.py).
+_RMS_SCALED = Op(aten.mul.Tensor, Var("x"), Op(aten.rsqrt.default, Op(
+    (aten.add.Tensor, aten.add.Scalar), Op(aten.mean.dim, Op(aten.pow.Tensor_Scalar, Var("x"), 2), Var("dims"), True),
+    Var("eps", lambda eps: isinstance(eps, float)))), commutative=True)
 
 
-def _rms_norm(rsqrt: fx.Node, constants: ConstantSet) -> _Norm | None:
-    """The RMS norm around `rsqrt`: weight * (x * rsqrt(mean(x^2, [-1], keepdim) + eps)), each
-    step read by the next only (HF's T5LayerNorm, LlamaRMSNorm)."""
-    shifted = rsqrt.args[0]
-    if not _call(shifted, aten.add.Tensor, aten.add.Scalar) or len(shifted.users) != 1:
+def _rms_norm(scaled: fx.Node, constants: ConstantSet) -> _Norm | None:
+    """The RMS norm whose `x * rsqrt(...)` is `scaled`, times a weight where its one reader is that
+    product (HF's T5LayerNorm, LlamaRMSNorm: weight * (x * rsqrt(mean(x^2, [-1], keepdim) + eps)))."""
+    found = match(_RMS_SCALED, scaled)
+    x = found["x"] if found is not None else None
+    if x is None or _val(x) is None or list(found["dims"]) not in ([-1], [_val(x).dim() - 1]):
         return None
-    mean, eps = shifted.args[:2]
-    if not isinstance(eps, float) or arguments(shifted)[2] != 1:
-        return None
-    if not _call(mean, aten.mean.dim) or len(mean.users) != 1:
-        return None
-    square, dims, keepdim, dtype = arguments(mean)
-    if not keepdim or dtype is not None or not _call(square, aten.pow.Tensor_Scalar) or len(square.users) != 1:
-        return None
-    x, exponent = square.args[:2]
-    if exponent != 2 or _val(x) is None or list(dims) not in ([-1], [_val(x).dim() - 1]):
-        return None
-    scaled = only_user(rsqrt)
-    if scaled is None or not _call(scaled, aten.mul.Tensor) or set(scaled.args[:2]) != {x, rsqrt}:
-        return None
-    out, weight, n = scaled, None, _val(x).shape[-1]
+    square = next(node for node in found.nodes if node.target is aten.pow.Tensor_Scalar)
+    out, weight = scaled, None
     user = only_user(scaled)
-    if user is not None and _call(user, aten.mul.Tensor):
+    if user is not None and user.target is aten.mul.Tensor:
         other = user.args[1] if user.args[0] is scaled else user.args[0]
-        if _vector(other, n, constants):
+        if _vector(other, _val(x).shape[-1], constants):
             out, weight = user, other
-    return _Norm(x, weight, None, eps, out, (square, scaled), rms=True)
+    return _Norm(x, weight, None, found["eps"], out, (square, scaled), rms=True)
 
 
 def _fusion(norm: _Norm, constants: ConstantSet) -> dict | None:
@@ -173,7 +163,7 @@ def gemm_layer_norm(gm: fx.GraphModule, target: Target) -> bool:
             continue
         if node.target is aten.native_layer_norm.default:
             norm = _layer_norm(node)
-        elif node.target is aten.rsqrt.default:
+        elif node.target is aten.mul.Tensor:
             norm = _rms_norm(node, constants)
         else:
             continue
