@@ -160,7 +160,12 @@ class _Writer:
             self._kiln_conv(values, step.outputs)
             return
         if step.op in (torch.ops.kiln.mm_layer_norm.default, torch.ops.kiln.mm_add_layer_norm.default):
-            self._kiln_mm_layer_norm(values, step.outputs)
+            *tensors, eps, rms = values
+            self._kiln_mm_row_norm(tensors, eps, "rms_norm" if rms else "layer_norm", step.outputs)
+            return
+        if step.op is torch.ops.kiln.mm_softmax.default:
+            *tensors, log = values
+            self._kiln_mm_row_norm([*tensors, None, None], 0.0, "log_softmax" if log else "softmax", step.outputs)
             return
         if step.op is torch.ops.kiln.attention.default:
             self._kiln_attention(values, step.outputs)
@@ -216,19 +221,19 @@ class _Writer:
                 f"{kiln_gemm.K_BLOCK}, &{out.name})")
         self.body.append("{ " + " ".join([*lists, f"if ({call}) goto fail;"]) + " }")
 
-    def _kiln_mm_layer_norm(self, values: list[Any], outs: list[Buffer | None]) -> None:
-        """kiln::mm_layer_norm, and kiln::mm_add_layer_norm (outputs: the sum, the norm), through
-        the runtime's own implementation, likewise."""
-        *tensors, eps, rms = values
+    def _kiln_mm_row_norm(self, tensors: list[Any], eps: float, kind: str, outs: list[Buffer | None]) -> None:
+        """kiln::mm_layer_norm, kiln::mm_add_layer_norm (outputs: the sum, the norm) and
+        kiln::mm_softmax through the runtime's own implementation, likewise: `tensors` (a, b,
+        bias, residual, weight, norm_bias), normalized as `kind` (kiln_gemm.ROW_NORMS)."""
         if not all(t is None or isinstance(t, Buffer) for t in tensors) or tensors[0] is None or tensors[1] is None:
-            raise NotImplementedError("a C++ wrapper calling kiln::mm_layer_norm on constants")
+            raise NotImplementedError(f"a C++ wrapper calling kiln's GEMM with a {kind} on constants")
         if any(o is None for o in outs):
-            raise NotImplementedError("a C++ wrapper calling kiln::mm_add_layer_norm with an output unused")
+            raise NotImplementedError(f"a C++ wrapper calling kiln's GEMM with a {kind}, an output unused")
         self.handles += [o.name for o in outs]
         normed, total = (outs[1], f"&{outs[0].name}") if len(outs) == 2 else (outs[0], "nullptr")
         handles = ", ".join(t.name if t is not None else "nullptr" for t in tensors)
-        self.body.append(f"if (kiln_mm_layer_norm({handles}, {float(eps)!r}, {int(bool(rms))}, {kiln_gemm.K_BLOCK}, "
-                         f"&{normed.name}, {total})) goto fail;")
+        self.body.append(f"if (kiln_mm_row_norm({handles}, {float(eps)!r}, {kiln_gemm.ROW_NORMS[kind]}, "
+                         f"{kiln_gemm.K_BLOCK}, &{normed.name}, {total})) goto fail;")
 
     def _kiln_conv(self, values: list[Any], outs: list[Buffer | None]) -> None:
         """kiln::conv through the runtime's own implementation, likewise."""

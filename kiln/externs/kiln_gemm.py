@@ -3,7 +3,8 @@ machine once (`-march=native`, kept in the C++ cache) and called through ctypes.
 
 `pack(b)` makes the weight's packed panels (at freezing, through `prepacked.packed`, so once per
 weight and version); `mm(a, packed_b, n, ...)` runs the GEMM with its epilogue: bias, one of the
-unary post-ops oneDNN also offers, a residual added after it, and the output's dtype. float32 and
+unary post-ops oneDNN also offers, a residual added after it, the output's dtype, and a normalization
+of each row (`RowNorm`: layer or RMS norm, softmax, log-softmax). float32 and
 bfloat16 operands, float32 accumulation.
 """
 
@@ -30,15 +31,24 @@ _CTYPE = {"f32": "float", "bf16": "kiln_bf16"}
 # weights out of cache, 2048^3 included; shorter blocks cost more in C's partial sums).
 K_BLOCK = 1024
 
+# kiln_gemm::RowNorm: what each row of C becomes once it is whole.
+ROW_NORMS = {"layer_norm": 1, "rms_norm": 2, "softmax": 3, "log_softmax": 4}
+
+
 class RowNorm(NamedTuple):
-    """A normalization of each row of C after the epilogue: a layer norm, or with `rms` an RMS norm
-    (T5's, Llama's: row / sqrt(mean(row^2) + eps) * weight, no bias). `out`: the normalized rows go
-    there, C keeping the sum. A plain tuple (weight, bias, eps[, out]) is a layer norm."""
+    """A normalization of each row of C after the epilogue: `kind` "layer_norm"; "rms_norm" (T5's,
+    Llama's: row / sqrt(mean(row^2) + eps) * weight, no bias); "softmax" or "log_softmax" (no
+    weight, bias or eps). `out`: the normalized rows go there, C keeping the sum. A plain tuple
+    (weight, bias, eps[, out]) is a layer norm."""
     weight: torch.Tensor | None  # [N] or None (1)
     bias: torch.Tensor | None  # [N] or None (0)
     eps: float
     out: torch.Tensor | None = None
-    rms: bool = False
+    kind: str = "layer_norm"
+
+    @classmethod
+    def softmax(cls, log: bool = False, out: torch.Tensor | None = None) -> "RowNorm":
+        return cls(None, None, 0.0, out, "log_softmax" if log else "softmax")
 
 
 class Epilogue(ctypes.Structure):
@@ -46,7 +56,7 @@ class Epilogue(ctypes.Structure):
     _fields_ = [("bias", ctypes.c_void_p), ("residual", ctypes.c_void_p), ("ld_residual", ctypes.c_int64),
                 ("bias_bf16", ctypes.c_int32), ("residual_bf16", ctypes.c_int32), ("out_bf16", ctypes.c_int32),
                 ("unary", ctypes.c_int32), ("scalar0", ctypes.c_float), ("scalar1", ctypes.c_float),
-                ("residual_before_unary", ctypes.c_int32), ("layer_norm", ctypes.c_int32), ("norm_eps", ctypes.c_float),
+                ("residual_before_unary", ctypes.c_int32), ("row_norm", ctypes.c_int32), ("norm_eps", ctypes.c_float),
                 ("norm_weight", ctypes.c_void_p), ("norm_bias", ctypes.c_void_p), ("norm_out", ctypes.c_void_p),
                 ("ld_norm_out", ctypes.c_int64)]
 
@@ -159,13 +169,14 @@ def epilogue(bias: torch.Tensor | None, unary: str, scalars: list | tuple, algor
 def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | None = None, unary: str = "none",
        scalars: list | tuple = (), residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
        algorithm: str | None = None, lib: ctypes.CDLL | None = None, residual_first: bool = False,
-       out: torch.Tensor | None = None, layer_norm: RowNorm | tuple | None = None) -> torch.Tensor:
+       out: torch.Tensor | None = None, row_norm: RowNorm | tuple | None = None) -> torch.Tensor:
     """epilogue(a [M, K] @ B [K, n]) with B packed by `pack`: `unary(a @ B + bias) + residual`
     (`residual_first`: `unary(a @ B + bias + residual)`), stored as `out_dtype` (a's dtype by
     default) into a new tensor, or into `out` ([M, n], rows of unit stride). `algorithm` "tanh"
-    makes gelu the tanh form. `layer_norm` (a `RowNorm`, or (weight [n] or None, bias [n] or None,
-    eps)): each row of that result then layer-normalized (or RMS-normalized), float32 only; with
-    its `out`, a float32 [M, n] tensor, the normalized rows go there and the result keeps the sum."""
+    makes gelu the tanh form. `row_norm` (a `RowNorm`, or (weight [n] or None, bias [n] or None,
+    eps) for a layer norm): each row of that result then normalized (a layer or RMS norm, a
+    softmax), float32 only; with its `out`, a float32 [M, n] tensor, the normalized rows go there
+    and the result keeps the sum."""
     if a.dtype != packed_b.dtype or a.dtype not in DTYPES:
         raise RuntimeError(f"kiln's GEMM takes float32 or bfloat16 operands of one dtype, not {a.dtype} and {packed_b.dtype}")
     if a.dim() != 2 or a.stride(1) != 1:
@@ -178,29 +189,33 @@ def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | Non
     if out is None:
         out = torch.empty((M, n), dtype=out_dtype or a.dtype)
     post = epilogue(bias, unary, scalars, algorithm, residual, out.dtype, residual_first)
-    if layer_norm is not None:
-        post = _with_layer_norm(post, out.dtype, *layer_norm)
+    if row_norm is not None:
+        post = _with_row_norm(post, out.dtype, *row_norm)
     run = _GEMMS[a.dtype] if lib is None else getattr(lib, f"kiln_gemm_{_SUFFIX[a.dtype]}")
     run(M, n, K, a.data_ptr(), a.stride(0), packed_b.data_ptr(), out.data_ptr(), out.stride(0),
         ctypes.byref(post) if post is not None else None, K_BLOCK)
     return out
 
 
-def _with_layer_norm(post: Epilogue | None, out_dtype: torch.dtype, weight: torch.Tensor | None,
-                     bias: torch.Tensor | None, eps: float, normed: torch.Tensor | None = None,
-                     rms: bool = False) -> Epilogue:
-    """A copy of `post` (which may be a shared, cached struct) that also layer-normalizes (or
-    RMS-normalizes) C's rows, in place or into `normed`."""
+def _with_row_norm(post: Epilogue | None, out_dtype: torch.dtype, weight: torch.Tensor | None,
+                   bias: torch.Tensor | None, eps: float, normed: torch.Tensor | None = None,
+                   kind: str = "layer_norm") -> Epilogue:
+    """A copy of `post` (which may be a shared, cached struct) that also normalizes C's rows as
+    `kind` says (ROW_NORMS), in place or into `normed`."""
+    if kind not in ROW_NORMS:
+        raise ValueError(f"kiln's GEMM: row norm kind {kind!r}, not one of {sorted(ROW_NORMS)}")
     if out_dtype != torch.float32 or any(t is not None and (t.dtype != torch.float32 or t.stride(-1) != 1)
                                          for t in (weight, bias, normed)):
         raise RuntimeError("kiln's GEMM normalizes rows of a float32 result only, with float32 weight, bias and "
                            "output of unit stride")
-    if rms and bias is not None:
+    if kind == "rms_norm" and bias is not None:
         raise RuntimeError("kiln's GEMM: an RMS norm takes no bias")
+    if kind in ("softmax", "log_softmax") and (weight is not None or bias is not None):
+        raise RuntimeError(f"kiln's GEMM: a {kind} takes no weight or bias")
     made = Epilogue()
     if post is not None:
         ctypes.pointer(made)[0] = post
-    made.layer_norm, made.norm_eps = 2 if rms else 1, eps
+    made.row_norm, made.norm_eps = ROW_NORMS[kind], eps
     made.norm_weight = weight.data_ptr() if weight is not None else None
     made.norm_bias = bias.data_ptr() if bias is not None else None
     if normed is not None:

@@ -27,6 +27,7 @@ _lib.define("mm_layer_norm(Tensor a, Tensor b, Tensor? bias, Tensor? residual, T
             "float eps, bool rms=False) -> Tensor")
 _lib.define("mm_add_layer_norm(Tensor a, Tensor b, Tensor? bias, Tensor? residual, Tensor? weight, Tensor? norm_bias, "
             "float eps, bool rms=False) -> (Tensor, Tensor)")
+_lib.define("mm_softmax(Tensor a, Tensor b, Tensor? bias, Tensor? residual, bool log=False) -> Tensor")
 _lib.define(
     "conv(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, "
     "str unary, Scalar?[] scalars, str? algorithm, Tensor? other, str impl) -> Tensor"
@@ -155,11 +156,15 @@ def _mm_fake(a, b, bias, unary, scalars, algorithm, impl):
 # ---- kiln::mm_layer_norm: layer_norm(a @ b + bias + residual) in kiln's GEMM ---------------------
 # (`rms`: an RMS norm, T5's and Llama's, instead: row / sqrt(mean(row^2) + eps) * weight.)
 
+def _norm_kind(rms: bool) -> str:
+    return "rms_norm" if rms else "layer_norm"
+
+
 def _mm_layer_norm(a, b, bias, residual, weight, norm_bias, eps, rms=False):
     # The rows normalized in the GEMM's parallel region right after their store (kiln_gemm.h):
     # no second pass over the product from memory, no kernel of its own (passes/gemm_layer_norm.py).
     return kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, residual=residual,
-                        layer_norm=kiln_gemm.RowNorm(weight, norm_bias, eps, rms=rms))
+                        row_norm=kiln_gemm.RowNorm(weight, norm_bias, eps, kind=_norm_kind(rms)))
 
 
 def _mm_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps, rms=False):
@@ -170,12 +175,24 @@ def _mm_add_layer_norm(a, b, bias, residual, weight, norm_bias, eps, rms=False):
     # (the sum, its layer norm): a pre-norm model reads the sum again as its residual stream.
     normed = torch.empty((a.shape[0], b.shape[1]))
     total = kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, residual=residual,
-                         layer_norm=kiln_gemm.RowNorm(weight, norm_bias, eps, normed, rms))
+                         row_norm=kiln_gemm.RowNorm(weight, norm_bias, eps, normed, _norm_kind(rms)))
     return total, normed
 
 
 def _mm_add_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps, rms=False):
     return a.new_empty((a.shape[0], b.shape[1])), a.new_empty((a.shape[0], b.shape[1]))
+
+
+# ---- kiln::mm_softmax: softmax(a @ b + bias + residual) over rows in kiln's GEMM ---------------
+# (`log`: log_softmax.) A classifier's probabilities, an MoE router's weights over its experts.
+
+def _mm_softmax(a, b, bias, residual, log=False):
+    return kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, residual=residual,
+                        row_norm=kiln_gemm.RowNorm.softmax(log))
+
+
+def _mm_softmax_fake(a, b, bias, residual, log=False):
+    return a.new_empty((a.shape[0], b.shape[1]))
 
 
 # ---- kiln::conv: 2-d convolution with optional unary post-op and added tensor ----------------
@@ -289,15 +306,18 @@ def _conv_fake(x, weight, bias, stride, padding, dilation, groups, unary, scalar
 # The compiled wrapper calls these Python functions directly (kiln/codegen/wrapper.py): the same
 # code the registered CPU kernels run, without ~20 µs of dispatch per call (kiln::attention's too).
 DIRECT_CALLS: dict[str, Callable] = {"kiln::mm": _mm, "kiln::mm_layer_norm": _mm_layer_norm,
-                                     "kiln::mm_add_layer_norm": _mm_add_layer_norm, "kiln::conv": _conv,
+                                     "kiln::mm_add_layer_norm": _mm_add_layer_norm, "kiln::mm_softmax": _mm_softmax,
+                                     "kiln::conv": _conv,
                                      "kiln::attention": kiln_attention.attention}
 
 _lib.impl("mm", _mm, "CPU")
 _lib.impl("conv", _conv, "CPU")
 _lib.impl("mm_layer_norm", _mm_layer_norm, "CPU")
 _lib.impl("mm_add_layer_norm", _mm_add_layer_norm, "CPU")
+_lib.impl("mm_softmax", _mm_softmax, "CPU")
 torch.library.register_fake("kiln::mm", _mm_fake, lib=_lib)
 torch.library.register_fake("kiln::conv", _conv_fake, lib=_lib)
 torch.library.register_fake("kiln::mm_layer_norm", _mm_layer_norm_fake, lib=_lib)
 torch.library.register_fake("kiln::mm_add_layer_norm", _mm_add_layer_norm_fake, lib=_lib)
+torch.library.register_fake("kiln::mm_softmax", _mm_softmax_fake, lib=_lib)
 

@@ -147,25 +147,34 @@ def _mm_door() -> tuple[Callable[..., torch.Tensor], int, int, int]:
     return python_door.module().mm, address(library().kiln_mm), address(library().kiln_error), kiln_gemm.K_BLOCK
 
 
+def _mm_row_norm(tensors: list, eps: float, kind: str, total: ctypes.c_void_p | None = None) -> torch.Tensor:
+    """The runtime's `kiln_mm_row_norm` over (a, b, bias, residual, weight, norm_bias)."""
+    from kiln.externs import kiln_gemm
+
+    return _native(tensors, lambda h, out: library().kiln_mm_row_norm(
+        *h, ctypes.c_double(eps), ctypes.c_int32(kiln_gemm.ROW_NORMS[kind]), ctypes.c_int64(kiln_gemm.K_BLOCK), out,
+        ctypes.byref(total) if total is not None else None))
+
+
 def mm_layer_norm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                   weight: torch.Tensor | None, norm_bias: torch.Tensor | None, eps: float, rms: bool = False) -> torch.Tensor:
     """The runtime's kiln::mm_layer_norm, called from Python (likewise)."""
-    from kiln.externs import kiln_gemm
-
-    return _native([a, b, bias, residual, weight, norm_bias], lambda h, out: library().kiln_mm_layer_norm(
-        *h, ctypes.c_double(eps), ctypes.c_int32(rms), ctypes.c_int64(kiln_gemm.K_BLOCK), out, None))
+    return _mm_row_norm([a, b, bias, residual, weight, norm_bias], eps, "rms_norm" if rms else "layer_norm")
 
 
 def mm_add_layer_norm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                       weight: torch.Tensor | None, norm_bias: torch.Tensor | None,
                       eps: float, rms: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The runtime's kiln::mm_add_layer_norm, called from Python (likewise): (the sum, its norm)."""
-    from kiln.externs import kiln_gemm
-
     total = ctypes.c_void_p()
-    normed = _native([a, b, bias, residual, weight, norm_bias], lambda h, out: library().kiln_mm_layer_norm(
-        *h, ctypes.c_double(eps), ctypes.c_int32(rms), ctypes.c_int64(kiln_gemm.K_BLOCK), out, ctypes.byref(total)))
+    normed = _mm_row_norm([a, b, bias, residual, weight, norm_bias], eps, "rms_norm" if rms else "layer_norm", total)
     return tensors_of([total.value])[0], normed
+
+
+def mm_softmax(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+               log: bool = False) -> torch.Tensor:
+    """The runtime's kiln::mm_softmax, called from Python (likewise)."""
+    return _mm_row_norm([a, b, bias, residual, None, None], 0.0, "log_softmax" if log else "softmax")
 
 
 def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],

@@ -6,10 +6,11 @@
 as in a post-norm transformer's two sublayer outputs (BERT, DistilBERT); where the sum is read
 again (a pre-norm model's residual stream: GPT-2, ViT), `kiln::mm_add_layer_norm` returns it
 too. An RMS norm as T5's and Llama's decompose, `weight * (x * rsqrt(mean(x^2, [-1]) + eps))`
-(the weight optional, either operand order), is fused the same way with `rms=True`. kiln's GEMM
-normalizes each row in its own parallel region once every thread has stored its tiles
-(kiln_gemm.h), while the product is in the caches, instead of a reduction kernel reading it back
-after the GEMM returns. Only where the autotuner gave the product to kiln's GEMM
+(the weight optional, either operand order), is fused the same way with `rms=True`; a softmax or
+log-softmax over the last dimension (a classifier's probabilities, an MoE router's weights over
+its experts) whose sum nothing else reads becomes `kiln::mm_softmax`. kiln's GEMM normalizes each
+row in its own parallel region once every thread has stored its tiles (kiln_gemm.h), while the
+product is in the caches, instead of a reduction kernel reading it back after the GEMM returns. Only where the autotuner gave the product to kiln's GEMM
 (gemm_prepack runs first), in float32, with static sizes; the terms of the sum in any order.
 """
 
@@ -84,7 +85,7 @@ class _Norm:
     eps: float
     out: fx.Node  # the node whose value is the normalized x
     readers: tuple[fx.Node, ...]  # the norm's own readers of x (any other reads the sum again)
-    rms: bool
+    kind: str  # kiln_gemm.ROW_NORMS
 
 
 def _layer_norm(norm: fx.Node) -> _Norm | None:
@@ -95,7 +96,7 @@ def _layer_norm(norm: fx.Node) -> _Norm | None:
         return None  # (mean and rstd are read: training, or a norm whose statistics are reused)
     if _val(x) is None or list(shape) != list(_val(x).shape[-1:]):
         return None
-    return _Norm(x, weight, norm_bias, eps, getitems[0], (norm,), rms=False)
+    return _Norm(x, weight, norm_bias, eps, getitems[0], (norm,), "layer_norm")
 
 
 # x * rsqrt(mean(x^2, dims, keepdim) + eps), each inner step read only by the next (pattern.py).
@@ -118,7 +119,16 @@ def _rms_norm(scaled: fx.Node, constants: ConstantSet) -> _Norm | None:
         other = user.args[1] if user.args[0] is scaled else user.args[0]
         if _vector(other, _val(x).shape[-1], constants):
             out, weight = user, other
-    return _Norm(x, weight, None, found["eps"], out, (square, scaled), rms=True)
+    return _Norm(x, weight, None, found["eps"], out, (square, scaled), "rms_norm")
+
+
+def _softmax(node: fx.Node) -> _Norm | None:
+    """`node`, a softmax or log-softmax over the last dimension of a float32 x."""
+    x, dim, half_to_float = arguments(node)
+    if _val(x) is None or half_to_float or dim not in (-1, _val(x).dim() - 1):
+        return None
+    kind = "softmax" if node.target is aten._softmax.default else "log_softmax"
+    return _Norm(x, None, None, 0.0, node, (node,), kind)
 
 
 def _fusion(norm: _Norm, constants: ConstantSet) -> dict | None:
@@ -130,13 +140,13 @@ def _fusion(norm: _Norm, constants: ConstantSet) -> dict | None:
     n = sum_val.shape[-1]
     if not all(v is None or _vector(v, n, constants) for v in (weight, norm_bias)):
         return None
-    terms = _terms(x)
+    terms = _terms(_beneath(x) if len(x.users) == 1 else x)  # (a classifier's softmax reads a view of the sum)
     products = [p for p in map(_kiln_product, terms) if p is not None]
     if len(terms) > 3 or len(products) != 1:
         return None
     (product,) = products
-    if _val(product).numel() != sum_val.numel():
-        return None  # (the product broadcast against a larger addend)
+    if _val(product).numel() != sum_val.numel() or _val(product).shape[-1] != n:
+        return None  # (the product broadcast against a larger addend, or its rows cut: [M, h * d] as [M, h, d])
     others = [t for t in terms if _kiln_product(t) is None]
     bias = [t for t in others if _vector(t, n, constants)]
     residual = [t for t in others if t not in bias and _val(t) is not None and _val(t).numel() == sum_val.numel()
@@ -153,6 +163,9 @@ def _fusion(norm: _Norm, constants: ConstantSet) -> dict | None:
             "shape": list(sum_val.shape), "rows": _val(product).shape[0], "first": first}
 
 
+_NAMES = {"layer_norm": "layer norm", "rms_norm": "RMS norm", "softmax": "softmax", "log_softmax": "log-softmax"}
+
+
 def gemm_layer_norm(gm: fx.GraphModule, target: Target) -> bool:
     if target.device != "cpu" or not has_frozen_inputs(gm):
         return False
@@ -165,20 +178,25 @@ def gemm_layer_norm(gm: fx.GraphModule, target: Target) -> bool:
             norm = _layer_norm(node)
         elif node.target is aten.mul.Tensor:
             norm = _rms_norm(node, constants)
+        elif node.target in (aten._softmax.default, aten._log_softmax.default):
+            norm = _softmax(node)
         else:
             continue
         found = _fusion(norm, constants) if norm is not None else None
-        if found is None:
+        # (a pre-norm model's residual stream reads the sum again)
+        keep_sum = found is not None and any(user not in norm.readers for user in norm.x.users)
+        if found is None or (keep_sum and norm.kind in ("softmax", "log_softmax")):
             continue
         out, total, at, n = norm.out, norm.x, found["first"], found["shape"][-1]
         residual = found["residual"]
         if residual is not None:
             residual = insert(gm, at, aten.view.default, residual, [found["rows"], n])
         operands = (found["a"], found["b"], found["bias"], residual, norm.weight, norm.bias, norm.eps)
-        flags = {"rms": True} if norm.rms else {}
-        # (a pre-norm model's residual stream reads the sum again)
-        keep_sum = any(user not in norm.readers for user in total.users)
-        if keep_sum:
+        flags = {"rms": True} if norm.kind == "rms_norm" else {}
+        if norm.kind in ("softmax", "log_softmax"):
+            fused = insert(gm, at, torch.ops.kiln.mm_softmax.default, *operands[:4],
+                           **({"log": True} if norm.kind == "log_softmax" else {}))
+        elif keep_sum:
             both = insert(gm, at, torch.ops.kiln.mm_add_layer_norm.default, *operands, **flags)
             fused = insert(gm, at, operator.getitem, both, 1)
             kept = insert(gm, at, aten.view.default, insert(gm, at, operator.getitem, both, 0), found["shape"])
@@ -188,7 +206,7 @@ def gemm_layer_norm(gm: fx.GraphModule, target: Target) -> bool:
         if keep_sum:
             total.replace_all_uses_with(kept, delete_user_cb=lambda user: user not in norm.readers)
         remove_dead(gm, [out])
-        logs.log("freezing", "%s: %s inside kiln's GEMM %s%s", node.name, "RMS norm" if norm.rms else "layer norm",
+        logs.log("freezing", "%s: %s inside kiln's GEMM %s%s", node.name, _NAMES[norm.kind],
                  tuple(found["shape"]), ", the sum kept" if keep_sum else "")
         changed = True
     return changed

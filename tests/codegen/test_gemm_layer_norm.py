@@ -5,7 +5,8 @@ weight and bias, normalized in place or beside the kept sum; the runtime's forms
 Python's; the pass fusing a post-norm block's sublayer output (kiln::mm_layer_norm) and a
 pre-norm block's, whose sum is read again (kiln::mm_add_layer_norm), and nothing else (a
 bfloat16 block; a product another GEMM implementation computes); compiled blocks through both
-wrappers. The same for an RMS norm (T5's and Llama's) with `rms=True`."""
+wrappers. The same for an RMS norm (T5's and Llama's) with `rms=True`, and for a softmax or
+log-softmax over the product's rows (kiln::mm_softmax: a classifier's probabilities)."""
 
 import ctypes
 import itertools
@@ -45,11 +46,11 @@ def test_the_normalized_rows_match_a_float64_layer_norm(shape):
     for use_bias, use_residual, use_weight, use_norm_bias in itertools.product((False, True), repeat=4):
         args = (bias if use_bias else None, residual if use_residual else None, weight if use_weight else None,
                 norm_bias if use_norm_bias else None)
-        out = kiln_gemm.mm(a, panels, n, args[0], residual=args[1], layer_norm=(args[2], args[3], 1e-5))
+        out = kiln_gemm.mm(a, panels, n, args[0], residual=args[1], row_norm=(args[2], args[3], 1e-5))
         torch.testing.assert_close(out.double(), _reference(a, b, *args, 1e-5), rtol=1e-4, atol=1e-4)
     # Beside the sum, which C keeps: rows of the normalized output further apart than N.
     normed = torch.full((m, n + 3), float("nan"))[:, :n]
-    total = kiln_gemm.mm(a, panels, n, bias, residual=residual, layer_norm=(weight, norm_bias, 1e-5, normed))
+    total = kiln_gemm.mm(a, panels, n, bias, residual=residual, row_norm=(weight, norm_bias, 1e-5, normed))
     _check(total, _reference(a, b, bias, residual, None, None, None), torch.float32, k)
     torch.testing.assert_close(normed.double(), _reference(a, b, bias, residual, weight, norm_bias, 1e-5),
                                rtol=1e-4, atol=1e-4)
@@ -63,24 +64,24 @@ def test_rms_normalized_rows_match_a_float64_rms_norm(shape):
     panels = kiln_gemm.pack(b)
     for use_bias, use_residual, use_weight in itertools.product((False, True), repeat=3):
         args = (bias if use_bias else None, residual if use_residual else None, weight if use_weight else None)
-        rms = kiln_gemm.RowNorm(args[2], None, 1e-6, rms=True)
-        out = kiln_gemm.mm(a, panels, n, args[0], residual=args[1], layer_norm=rms)
+        rms = kiln_gemm.RowNorm(args[2], None, 1e-6, kind="rms_norm")
+        out = kiln_gemm.mm(a, panels, n, args[0], residual=args[1], row_norm=rms)
         torch.testing.assert_close(out.double(), _reference(a, b, *args, None, 1e-6, rms=True), rtol=1e-4, atol=1e-4)
     normed = torch.full((m, n + 3), float("nan"))[:, :n]
-    beside = kiln_gemm.RowNorm(weight, None, 1e-6, normed, rms=True)
-    total = kiln_gemm.mm(a, panels, n, None, residual=residual, layer_norm=beside)
+    beside = kiln_gemm.RowNorm(weight, None, 1e-6, normed, "rms_norm")
+    total = kiln_gemm.mm(a, panels, n, None, residual=residual, row_norm=beside)
     _check(total, _reference(a, b, None, residual, None, None, None), torch.float32, k)
     torch.testing.assert_close(normed.double(), _reference(a, b, None, residual, weight, None, 1e-6, rms=True),
                                rtol=1e-4, atol=1e-4)
     # Not a layer norm: rows with a mean far from zero tell the two apart.
-    shifted = kiln_gemm.mm(a, panels, n, bias + 5.0, layer_norm=kiln_gemm.RowNorm(None, None, 1e-6, rms=True))
-    assert not torch.allclose(shifted, kiln_gemm.mm(a, panels, n, bias + 5.0, layer_norm=(None, None, 1e-6)), atol=1e-2)
+    shifted = kiln_gemm.mm(a, panels, n, bias + 5.0, row_norm=kiln_gemm.RowNorm(None, None, 1e-6, kind="rms_norm"))
+    assert not torch.allclose(shifted, kiln_gemm.mm(a, panels, n, bias + 5.0, row_norm=(None, None, 1e-6)), atol=1e-2)
 
 
 def test_an_rms_norm_takes_no_bias():
     a, b, _, _ = _operands(4, 8, 16, torch.float32, seed=0)
     with pytest.raises(RuntimeError, match="RMS norm takes no bias"):
-        kiln_gemm.mm(a, kiln_gemm.pack(b), 16, layer_norm=kiln_gemm.RowNorm(None, torch.zeros(16), 1e-5, rms=True))
+        kiln_gemm.mm(a, kiln_gemm.pack(b), 16, row_norm=kiln_gemm.RowNorm(None, torch.zeros(16), 1e-5, kind="rms_norm"))
     with pytest.raises(RuntimeError, match="RMS norm takes no norm_bias"):
         runtime.mm_layer_norm(a, b, None, None, None, torch.zeros(16), 1e-5, rms=True)
 
@@ -88,11 +89,11 @@ def test_an_rms_norm_takes_no_bias():
 def test_k_blocks_finish_before_the_rows_are_normalized():
     a, b, bias, residual = _operands(33, 70, 29, torch.float32, seed=3)
     panels = kiln_gemm.pack(b)
-    want = kiln_gemm.mm(a, panels, 29, bias, residual=residual, layer_norm=(None, None, 1e-6))
+    want = kiln_gemm.mm(a, panels, 29, bias, residual=residual, row_norm=(None, None, 1e-6))
     torch.testing.assert_close(want.double(), _reference(a, b, bias, residual, None, None, 1e-6), rtol=1e-4, atol=1e-4)
     # K = 70 is one block at the default K_BLOCK; called directly, cut in blocks of 16.
     out = torch.empty(33, 29)
-    post = kiln_gemm._with_layer_norm(kiln_gemm.epilogue(bias, "none", (), None, residual, torch.float32), torch.float32,
+    post = kiln_gemm._with_row_norm(kiln_gemm.epilogue(bias, "none", (), None, residual, torch.float32), torch.float32,
                                       None, None, 1e-6)
     kiln_gemm.library().kiln_gemm_f32(33, 29, 70, a.data_ptr(), a.stride(0), panels.data_ptr(),
                                       out.data_ptr(), 29, ctypes.byref(post), 16)
@@ -102,7 +103,7 @@ def test_k_blocks_finish_before_the_rows_are_normalized():
 def test_only_float32_results_are_normalized():
     a, b, _, _ = _operands(4, 8, 16, torch.bfloat16, seed=0)
     with pytest.raises(RuntimeError, match="float32"):
-        kiln_gemm.mm(a, kiln_gemm.pack(b), 16, layer_norm=(None, None, 1e-5))
+        kiln_gemm.mm(a, kiln_gemm.pack(b), 16, row_norm=(None, None, 1e-5))
 
 
 def test_the_runtime_and_python_forms_agree():
@@ -211,3 +212,97 @@ def test_a_product_of_another_implementation_is_left_alone(monkeypatch):
                         else pick(op, signature, candidates, *a, **k))
     torch.manual_seed(0)
     assert _fused_calls(_PostNorm().eval(), torch.randn(1, 10, 64), torch.randn(1, 10, 48)) == (0, 0)
+
+
+def _softmax_reference(a, b, bias, residual, log):
+    y = _reference(a, b, bias, residual, None, None, None)
+    return y.log_softmax(-1) if log else y.softmax(-1)
+
+
+@pytest.mark.parametrize("shape", [*SHAPES, (1, 768, 1000), (128, 512, 4)], ids=lambda s: "x".join(map(str, s)))
+def test_softmax_rows_match_a_float64_softmax(shape):
+    m, k, n = shape
+    a, b, bias, residual = _operands(m, k, n, torch.float32, seed=m + k + n + 2)
+    a = a * k ** -0.5  # logits of unit size: probabilities spread over the row, not one-hot
+    panels = kiln_gemm.pack(b)
+    for log, use_bias, use_residual in itertools.product((False, True), repeat=3):
+        args = (bias if use_bias else None, residual if use_residual else None)
+        out = kiln_gemm.mm(a, panels, n, args[0], residual=args[1], row_norm=kiln_gemm.RowNorm.softmax(log))
+        torch.testing.assert_close(out.double(), _softmax_reference(a, b, *args, log), rtol=1e-4, atol=1e-5)
+    # Beside the sum, which C keeps.
+    normed = torch.full((m, n + 3), float("nan"))[:, :n]
+    total = kiln_gemm.mm(a, panels, n, bias, residual=residual, row_norm=kiln_gemm.RowNorm.softmax(out=normed))
+    _check(total, _reference(a, b, bias, residual, None, None, None), torch.float32, k)
+    torch.testing.assert_close(normed.double(), _softmax_reference(a, b, bias, residual, False), rtol=1e-4, atol=1e-5)
+
+
+def test_softmax_takes_the_row_max_out_before_the_exponentials():
+    # Logits near 100: exp overflows float32 (e^88.7) unless the row's max is taken out first.
+    a, b, bias, _ = _operands(20, 64, 37, torch.float32, seed=5)
+    a = a * 0.125
+    for log in (False, True):
+        out = kiln_gemm.mm(a, kiln_gemm.pack(b), 37, bias + 100.0, row_norm=kiln_gemm.RowNorm.softmax(log))
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out.double(), _softmax_reference(a, b, bias + 100.0, None, log), rtol=1e-4, atol=1e-5)
+
+
+def test_a_softmax_takes_no_weight_or_bias():
+    a, b, _, _ = _operands(4, 8, 16, torch.float32, seed=0)
+    with pytest.raises(RuntimeError, match="softmax takes no weight or bias"):
+        kiln_gemm.mm(a, kiln_gemm.pack(b), 16, row_norm=kiln_gemm.RowNorm(torch.ones(16), None, 0.0, kind="softmax"))
+    with pytest.raises(ValueError, match="'sparsemax', not one of"):
+        kiln_gemm.mm(a, kiln_gemm.pack(b), 16, row_norm=kiln_gemm.RowNorm(None, None, 0.0, kind="sparsemax"))
+    with pytest.raises(RuntimeError, match="softmax takes no weight or norm_bias"):
+        runtime._mm_row_norm([a, b, None, None, torch.ones(16), None], 0.0, "softmax")
+
+
+def test_the_runtime_softmax_and_python_forms_agree():
+    a, b, bias, residual = _operands(50, 96, 100, torch.float32, seed=4)
+    a = a * 0.1
+    for log, args in itertools.product((False, True), [(bias, residual), (None, None), (bias, None)]):
+        want = torch.ops.kiln.mm_softmax(a, b, *args, log=log)
+        torch.testing.assert_close(want.double(), _softmax_reference(a, b, *args, log), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(runtime.mm_softmax(a, b, *args, log=log), want, rtol=0, atol=0)
+
+
+class _Classifier(torch.nn.Module):
+    """A classification head's probabilities (or log-probabilities, as a CTC head's): softmax over
+    the logits of a linear layer, through a view of its 2-d product."""
+
+    def __init__(self, log: bool = False, heads: int = 1):
+        super().__init__()
+        self.head, self.log, self.heads = torch.nn.Linear(64, 48), log, heads
+
+    def forward(self, h):
+        logits = self.head(h)
+        logits = logits.unflatten(-1, (self.heads, -1)) if self.heads > 1 else logits
+        return F.log_softmax(logits, dim=-1) if self.log else F.softmax(logits, dim=-1)
+
+
+def _softmax_calls(model, *inputs, cpp_wrapper=True) -> list[bool]:
+    """The `log` flag of each kiln::mm_softmax the compiled graphs call."""
+    steps = [s for g in compiled_graphs(model, *inputs, cpp_wrapper=cpp_wrapper) for s in g.schedule.externs]
+    return [bool(s.kwargs.get("log", False)) for s in steps if s.op is torch.ops.kiln.mm_softmax.default]
+
+
+@pytest.mark.parametrize("cpp_wrapper", [True, False], ids=["cpp-wrapper", "python-wrapper"])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_a_classifiers_softmax_runs_inside_the_gemm(kiln_wherever_offered, cpp_wrapper, log):
+    torch.manual_seed(0)
+    assert _softmax_calls(_Classifier(log).eval(), torch.randn(2, 10, 64), cpp_wrapper=cpp_wrapper) == [log]
+
+
+def test_a_softmax_over_part_of_a_row_is_left_alone(kiln_wherever_offered):
+    # [20, 48] seen as [20, 4, 12]: the softmax's rows are not the GEMM's.
+    torch.manual_seed(0)
+    assert _softmax_calls(_Classifier(heads=4).eval(), torch.randn(2, 10, 64)) == []
+
+
+def test_logits_read_again_are_left_alone(kiln_wherever_offered):
+    class Both(_Classifier):
+        def forward(self, h):
+            logits = self.head(h)
+            return logits.softmax(-1), logits
+
+    torch.manual_seed(0)
+    assert _softmax_calls(Both().eval(), torch.randn(2, 10, 64)) == []

@@ -47,6 +47,12 @@ constexpr int NR = NV * L;
 
 enum Unary : int32_t { NONE = 0, RELU, GELU, GELU_TANH, SILU, SIGMOID, TANH, HARDSWISH, LEAKY_RELU, HARDTANH };
 
+// What a row of C becomes once all of it is stored: LAYER_NORM (row - mean) / sqrt(var + eps) * w + b;
+// RMS_NORM row / sqrt(mean(row^2) + eps) * w (T5, Llama; no mean, no b); SOFTMAX exp(row - max) /
+// sum(exp(row - max)); LOG_SOFTMAX row - max - log(sum(exp(row - max))) (a classifier's or an MoE
+// router's logits; no w, b, eps).
+enum RowNorm : int32_t { NO_ROW_NORM = 0, LAYER_NORM, RMS_NORM, SOFTMAX, LOG_SOFTMAX };
+
 // What happens to an MR x NR block between the accumulators and memory. Passed by pointer from
 // Python (ctypes), so its layout is fixed: kiln/externs/kiln_gemm.py mirrors it.
 struct Epilogue {
@@ -57,8 +63,7 @@ struct Epilogue {
   int32_t unary;          // Unary
   float scalar0, scalar1; // leaky_relu's slope; hardtanh's bounds
   int32_t residual_before_unary;  // unary(acc + bias + residual), as kiln::conv adds its `other`
-  int32_t layer_norm;     // then each row of C normalized in place: 1 (row - mean) / sqrt(var + eps) * w + b;
-                          // 2 RMS norm, row / sqrt(mean(row^2) + eps) * w (T5, Llama; no mean, no b)
+  int32_t row_norm;       // then each row of C normalized (RowNorm), in place or to norm_out
   float norm_eps;
   const float* norm_weight;  // [N] or null (1)
   const float* norm_bias;    // [N] or null (0)
@@ -713,33 +718,39 @@ static inline void split(int64_t panels, int64_t row_blocks, int last_vectors, i
 // Rows [r0, r1) of a float32 C [., N] as layer norm makes them: mean and variance over the row
 // (two passes over the row, which is in L1/L2: just stored), then (x - mean) * rstd * w + b,
 // written over the row or, where the sum is needed too (a pre-norm model's residual stream), to
-// e.norm_out. An RMS norm (e.layer_norm 2) takes the mean of squares about zero: one pass.
+// e.norm_out. An RMS norm (RMS_NORM) takes the mean of squares about zero: one pass.
 // Lanes accumulate separately and are summed at the end, as a vectorized reduction kernel does;
 // four vectors of them, so that the adds of a row do not wait on each other (one accumulator made
 // the norm of BERT's 128 x 768 rows 47 us on one thread, most of it add latency).
-template <typename F> static inline float row_sum(const float* row, int64_t N, F&& term) {
+// `combine` folds vectors and floats alike (a sum; the softmax's max), starting from `start`.
+template <typename F, typename C>
+static inline float row_reduce(const float* row, int64_t N, float start, F&& term, C&& combine) {
   const int64_t whole = N / L * L;
-  V acc[4] = {};
+  V acc[4] = {V{} + start, V{} + start, V{} + start, V{} + start};
   int64_t j = 0;
   for (; j + 4 * L <= whole; j += 4 * L)
 #pragma GCC unroll 4
-    for (int u = 0; u < 4; ++u) acc[u] += term(kiln::load(row + j + u * L));
-  for (; j < whole; j += L) acc[0] += term(kiln::load(row + j));
-  V both = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    for (int u = 0; u < 4; ++u) acc[u] = combine(acc[u], term(kiln::load(row + j + u * L)));
+  for (; j < whole; j += L) acc[0] = combine(acc[0], term(kiln::load(row + j)));
+  V both = combine(combine(acc[0], acc[1]), combine(acc[2], acc[3]));
   float lanes[L];
   std::memcpy(lanes, &both, sizeof lanes);
 #pragma GCC unroll 16
   for (int width = L / 2; width >= 1; width /= 2)
-    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+    for (int l = 0; l < width; ++l) lanes[l] = combine(lanes[l], lanes[l + width]);
   float total = lanes[0];
-  for (; j < N; ++j) total += term(V{} + row[j])[0];
+  for (; j < N; ++j) total = combine(total, term(V{} + row[j])[0]);
   return total;
+}
+
+template <typename F> static inline float row_sum(const float* row, int64_t N, F&& term) {
+  return row_reduce(row, N, 0.0f, term, [](auto x, auto y) { return x + y; });
 }
 
 static inline void layer_norm_rows(float* c, int64_t ldc, int64_t N, int64_t r0, int64_t r1, const Epilogue& e) {
   for (int64_t i = r0; i < r1; ++i) {
     float* row = c + i * ldc;
-    const float mean = e.layer_norm == 2 ? 0.0f : row_sum(row, N, [](V x) { return x; }) / float(N);
+    const float mean = e.row_norm == RMS_NORM ? 0.0f : row_sum(row, N, [](V x) { return x; }) / float(N);
     const float var = row_sum(row, N, [mean](V x) { V d = x - mean; return d * d; });
     const float rstd = 1.0f / std::sqrt(var / float(N) + e.norm_eps);
     float* normed = e.norm_out ? e.norm_out + i * e.ld_norm_out : row;
@@ -749,6 +760,44 @@ static inline void layer_norm_rows(float* c, int64_t ldc, int64_t N, int64_t r0,
       if (e.norm_weight) y *= load_n(e.norm_weight + j, false, n);
       if (e.norm_bias) y += load_n(e.norm_bias + j, false, n);
       store_n(normed + j, false, y, n);
+    }
+  }
+}
+
+// Rows [r0, r1) of a float32 C as softmax (or log-softmax) over each makes them: the row's max,
+// then exp(x - max) stored while it is summed (the row in L1/L2, just stored, as for the norms),
+// then a pass that scales the stored exponentials by 1 / sum (log-softmax: stores nothing in the
+// second pass, x - max - log(sum) in the third). One exponential an element.
+static inline void softmax_rows(float* c, int64_t ldc, int64_t N, int64_t r0, int64_t r1, const Epilogue& e) {
+  auto larger = [](auto x, auto y) {
+    if constexpr (std::is_same_v<decltype(x), float>) return kiln_max(x, y);
+    else return kiln::vmax(x, y);
+  };
+  const bool log = e.row_norm == LOG_SOFTMAX;
+  for (int64_t i = r0; i < r1; ++i) {
+    float* row = c + i * ldc;
+    float* normed = e.norm_out ? e.norm_out + i * e.ld_norm_out : row;
+    const float top = row_reduce(row, N, -INFINITY, [](V x) { return x; }, larger);
+    V sums[2] = {};
+    int64_t j = 0;
+    for (; j + L <= N; j += L) {
+      const V ex = kiln_vexp(kiln::load(row + j) - top);
+      if (!log) kiln::store(normed + j, ex);
+      sums[(j / L) & 1] += ex;
+    }
+    float total = row_sum(reinterpret_cast<const float*>(sums), 2 * L, [](V x) { return x; });
+    for (; j < N; ++j) {
+      const float ex = std::exp(row[j] - top);
+      if (!log) normed[j] = ex;
+      total += ex;
+    }
+    const float shift = top + std::log(total), scale = 1.0f / total;
+    if (log) {
+      for (j = 0; j + L <= N; j += L) kiln::store(normed + j, kiln::load(row + j) - shift);
+      for (; j < N; ++j) normed[j] = row[j] - shift;
+    } else {
+      for (j = 0; j + L <= N; j += L) kiln::store(normed + j, kiln::load(normed + j) * scale);
+      for (; j < N; ++j) normed[j] *= scale;
     }
   }
 }
@@ -776,7 +825,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
   // L2, its lines otherwise came from DRAM to be overwritten, then went back (128x512x32000, one
   // thread: 28.9 -> 25.8 ms). Not where C is read again (K blocks, the layer norm's rows, the
   // epilogue's pass over each tile).
-  const bool stream = kc == K && !(e && (e->out_bf16 || e->layer_norm || e->bias || e->unary || e->residual)) &&
+  const bool stream = kc == K && !(e && (e->out_bf16 || e->row_norm || e->bias || e->unary || e->residual)) &&
                       M * N * 4 >= (int64_t(8) << 20) &&
                       ldc % L == 0 && reinterpret_cast<uintptr_t>(c) % KILN_VEC_BYTES == 0;
 #pragma omp parallel if (worth_threads)
@@ -831,11 +880,12 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
       }
     }
     if (stream) kiln::store_stream_fence();
-    if (e && e->layer_norm) {  // every row whole once all threads have stored their panels
+    if (e && e->row_norm) {  // every row whole once all threads have stored their panels
 #pragma omp barrier
       int64_t n0, n1;
       range(M, omp_get_num_threads(), id, n0, n1);
-      layer_norm_rows(static_cast<float*>(c), ldc, N, n0, n1, *e);
+      if (e->row_norm == SOFTMAX || e->row_norm == LOG_SOFTMAX) softmax_rows(static_cast<float*>(c), ldc, N, n0, n1, *e);
+      else layer_norm_rows(static_cast<float*>(c), ldc, N, n0, n1, *e);
     }
   }
 }

@@ -76,13 +76,14 @@ KILN_API int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, cons
               int64_t npadding, const int64_t* dilation, int64_t spatial, int64_t groups, const char* unary,
               const kiln_arg* scalars, int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl,
               int64_t k_block, kiln_tensor* out);
-// layer_norm(a @ b + bias + residual) over the last dimension, float32, in kiln's GEMM
-// (kiln::mm_layer_norm); `bias`, `residual` ([M, N]), `weight`, `norm_bias` may be NULL. `rms`
-// not 0: an RMS norm instead (no mean taken out; `norm_bias` NULL). With `sum` (not NULL) the sum
-// is kept there too (kiln::mm_add_layer_norm).
-KILN_API int kiln_mm_layer_norm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, kiln_tensor residual,
-                                kiln_tensor weight, kiln_tensor norm_bias, double eps, int32_t rms,
-                                int64_t k_block, kiln_tensor* out, kiln_tensor* sum);
+// norm(a @ b + bias + residual) over the last dimension, float32, in kiln's GEMM; `bias`,
+// `residual` ([M, N]), `weight`, `norm_bias` may be NULL. `row_norm`: 1 a layer norm
+// (kiln::mm_layer_norm), 2 an RMS norm (no mean taken out; `norm_bias` NULL), 3 a softmax, 4 a
+// log-softmax (kiln::mm_softmax; `weight`, `norm_bias` NULL, `eps` unused). With `sum` (not NULL)
+// the sum is kept there too (kiln::mm_add_layer_norm).
+KILN_API int kiln_mm_row_norm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, kiln_tensor residual,
+                              kiln_tensor weight, kiln_tensor norm_bias, double eps, int32_t row_norm,
+                              int64_t k_block, kiln_tensor* out, kiln_tensor* sum);
 // kiln::attention(q, k, v, mask, scale, causal) (kiln/externs/kiln_attention.py), float32, in
 // kiln's own kernel: softmax(q · kᵀ · scale + mask) · v, [B, H, Sq, Dv] laid out [B, Sq, H, Dv];
 // `mask` (additive, broadcastable to the scores) may be NULL; `causal`: query i sees keys 0..i.

@@ -42,7 +42,7 @@ struct KilnGemmEpilogue {
   int32_t unary;
   float scalar0, scalar1;
   int32_t residual_before_unary;
-  int32_t layer_norm;
+  int32_t row_norm;
   float norm_eps;
   const float* norm_weight;
   const float* norm_bias;
@@ -298,19 +298,27 @@ at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optio
   return out;
 }
 
-// layer_norm(a @ b + bias + residual) over rows, float32, in kiln's GEMM (kiln/externs/prepacked.py
-// `_mm_layer_norm`): the rows normalized in the GEMM's parallel region after their store. With
-// `keep_sum`, (the sum, its norm) as `_mm_add_layer_norm`; else (the norm, undefined). `rms`: an
-// RMS norm (T5's, Llama's) instead, without a norm bias.
-std::pair<at::Tensor, at::Tensor> mm_layer_norm(const at::Tensor& a_in, const at::Tensor& b,
-                                                const std::optional<at::Tensor>& bias_in,
-                                                const std::optional<at::Tensor>& residual_in,
-                                                const std::optional<at::Tensor>& weight_in,
-                                                const std::optional<at::Tensor>& norm_bias_in, double eps,
-                                                bool rms, int64_t k_block, bool keep_sum) {
+// The row norms of kiln_gemm.h (kiln_gemm::RowNorm), by number.
+enum { ROW_LAYER_NORM = 1, ROW_RMS_NORM, ROW_SOFTMAX, ROW_LOG_SOFTMAX };
+
+// norm(a @ b + bias + residual) over rows, float32, in kiln's GEMM (kiln/externs/prepacked.py
+// `_mm_layer_norm`, `_mm_softmax`): the rows normalized in the GEMM's parallel region after their
+// store. With `keep_sum`, (the sum, its norm) as `_mm_add_layer_norm`; else (the norm, undefined).
+// `row_norm`: a layer norm, an RMS norm (T5's, Llama's; no norm bias), a softmax or log-softmax
+// (no weight, norm bias or eps).
+std::pair<at::Tensor, at::Tensor> mm_row_norm(const at::Tensor& a_in, const at::Tensor& b,
+                                              const std::optional<at::Tensor>& bias_in,
+                                              const std::optional<at::Tensor>& residual_in,
+                                              const std::optional<at::Tensor>& weight_in,
+                                              const std::optional<at::Tensor>& norm_bias_in, double eps,
+                                              int32_t row_norm, int64_t k_block, bool keep_sum) {
   TORCH_CHECK(a_in.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat,
-              "kiln::mm_layer_norm: float32 operands only");
-  TORCH_CHECK(!(rms && norm_bias_in), "kiln::mm_layer_norm: an RMS norm takes no norm_bias");
+              "kiln's GEMM with a row norm: float32 operands only");
+  TORCH_CHECK(row_norm >= ROW_LAYER_NORM && row_norm <= ROW_LOG_SOFTMAX, "kiln's GEMM: row norm ", row_norm,
+              ", not 1 (layer norm), 2 (RMS norm), 3 (softmax) or 4 (log-softmax)");
+  TORCH_CHECK(!(row_norm == ROW_RMS_NORM && norm_bias_in), "kiln::mm_layer_norm: an RMS norm takes no norm_bias");
+  TORCH_CHECK(row_norm <= ROW_RMS_NORM || (!weight_in && !norm_bias_in),
+              "kiln::mm_softmax: a softmax takes no weight or norm_bias");
   const int64_t K = b.size(0), N = b.size(1);
   at::Tensor panels = kiln_panels(b, [&] { return b; });
   at::Tensor a = a_in.dim() == 2 && a_in.stride(1) == 1 ? a_in : a_in.contiguous();
@@ -325,7 +333,7 @@ std::pair<at::Tensor, at::Tensor> mm_layer_norm(const at::Tensor& a_in, const at
   e.bias = bias ? bias->data_ptr() : nullptr;
   e.residual = residual ? residual->data_ptr() : nullptr;
   e.ld_residual = residual ? residual->stride(0) : 0;
-  e.layer_norm = rms ? 2 : 1;
+  e.row_norm = row_norm;
   e.norm_eps = static_cast<float>(eps);
   e.norm_weight = weight ? weight->data_ptr<float>() : nullptr;
   e.norm_bias = norm_bias ? norm_bias->data_ptr<float>() : nullptr;
@@ -595,14 +603,14 @@ int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, const int64_t
   });
 }
 
-int kiln_mm_layer_norm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, kiln_tensor residual, kiln_tensor weight,
-                       kiln_tensor norm_bias, double eps, int32_t rms, int64_t k_block, kiln_tensor* out,
-                       kiln_tensor* sum) {
+int kiln_mm_row_norm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, kiln_tensor residual, kiln_tensor weight,
+                     kiln_tensor norm_bias, double eps, int32_t row_norm, int64_t k_block, kiln_tensor* out,
+                     kiln_tensor* sum) {
   return guarded([&] {
     auto optional = [](kiln_tensor t) { return t ? std::optional<at::Tensor>(tensor_of(t)) : std::nullopt; };
-    auto [first, normed] = mm_layer_norm(tensor_of(a), tensor_of(b), optional(bias), optional(residual),
-                                         optional(weight), optional(norm_bias), eps, rms != 0, k_block,
-                                         sum != nullptr);
+    auto [first, normed] = mm_row_norm(tensor_of(a), tensor_of(b), optional(bias), optional(residual),
+                                       optional(weight), optional(norm_bias), eps, row_norm, k_block,
+                                       sum != nullptr);
     if (sum) {
       *sum = new_handle(std::move(first));
       *out = new_handle(std::move(normed));
