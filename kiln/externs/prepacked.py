@@ -160,11 +160,18 @@ def _norm_kind(rms: bool) -> str:
     return "rms_norm" if rms else "layer_norm"
 
 
+def _as_float32(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A bfloat16 model's norm weight or bias as the GEMM's row pass reads it: float32, made once."""
+    return packed(t, "float32", t.float) if t is not None and t.dtype == torch.bfloat16 else t
+
+
 def _mm_layer_norm(a, b, bias, residual, weight, norm_bias, eps, rms=False):
     # The rows normalized in the GEMM's parallel region right after their store (kiln_gemm.h):
     # no second pass over the product from memory, no kernel of its own (passes/gemm_layer_norm.py).
+    # A bfloat16 product is normalized from its float32 sum, as eager's layer norm computes.
     return kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, residual=residual,
-                        row_norm=kiln_gemm.RowNorm(weight, norm_bias, eps, kind=_norm_kind(rms)))
+                        row_norm=kiln_gemm.RowNorm(_as_float32(weight), _as_float32(norm_bias), eps,
+                                                   kind=_norm_kind(rms)))
 
 
 def _mm_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps, rms=False):
@@ -173,10 +180,12 @@ def _mm_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps, rms=False)
 
 def _mm_add_layer_norm(a, b, bias, residual, weight, norm_bias, eps, rms=False):
     # (the sum, its layer norm): a pre-norm model reads the sum again as its residual stream.
-    normed = torch.empty((a.shape[0], b.shape[1]))
-    total = kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, residual=residual,
-                         row_norm=kiln_gemm.RowNorm(weight, norm_bias, eps, normed, _norm_kind(rms)))
-    return total, normed
+    # (bfloat16: the float32 sum rounded after the row pass; the norm written as bfloat16 by it)
+    normed = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
+    total = kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, residual=residual, out_dtype=torch.float32,
+                         row_norm=kiln_gemm.RowNorm(_as_float32(weight), _as_float32(norm_bias), eps, normed,
+                                                    _norm_kind(rms)))
+    return total.to(a.dtype), normed
 
 
 def _mm_add_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps, rms=False):

@@ -10,8 +10,10 @@ too. An RMS norm as T5's and Llama's decompose, `weight * (x * rsqrt(mean(x^2, [
 log-softmax over the last dimension (a classifier's probabilities, an MoE router's weights over
 its experts) whose sum nothing else reads becomes `kiln::mm_softmax`. kiln's GEMM normalizes each
 row in its own parallel region once every thread has stored its tiles (kiln_gemm.h), while the
-product is in the caches, instead of a reduction kernel reading it back after the GEMM returns. Only where the autotuner gave the product to kiln's GEMM
-(gemm_prepack runs first), in float32, with static sizes; the terms of the sum in any order.
+product is in the caches, instead of a reduction kernel reading it back after the GEMM returns.
+Only where the autotuner gave the product to kiln's GEMM (gemm_prepack runs first), in float32 or
+bfloat16 (HF's bfloat16 RMS norms convert to float32 and back around the norm, which the pattern
+does not see through), with static sizes; the terms of the sum in any order.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from kiln.passes.pattern import Op, Var, arguments, insert, match, remove_dead
 from kiln.passes.post_ops import only_user
 
 aten = torch.ops.aten
+# The sums normalized: bfloat16 ones from their float32 values inside the GEMM, as eager's norms
+# compute in float32 (kiln_gemm.h `norm_out_bf16`).
+_DTYPES = (torch.float32, torch.bfloat16)
 _RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
@@ -71,9 +76,9 @@ def _kiln_product(node: fx.Node) -> fx.Node | None:
     return node if impl == "kiln" and unary == "none" and bias is None else None
 
 
-def _vector(node: object, n: int, constants: ConstantSet) -> bool:
+def _vector(node: object, n: int, constants: ConstantSet, dtype: torch.dtype = torch.float32) -> bool:
     val = _val(node)
-    return val is not None and node in constants and tuple(val.shape) == (n,) and val.dtype == torch.float32
+    return val is not None and node in constants and tuple(val.shape) == (n,) and val.dtype == dtype
 
 
 @dataclass
@@ -117,7 +122,7 @@ def _rms_norm(scaled: fx.Node, constants: ConstantSet) -> _Norm | None:
     user = only_user(scaled)
     if user is not None and user.target is aten.mul.Tensor:
         other = user.args[1] if user.args[0] is scaled else user.args[0]
-        if _vector(other, _val(x).shape[-1], constants):
+        if _vector(other, _val(x).shape[-1], constants, _val(x).dtype):
             out, weight = user, other
     return _Norm(x, weight, None, found["eps"], out, (square, scaled), "rms_norm")
 
@@ -135,10 +140,10 @@ def _fusion(norm: _Norm, constants: ConstantSet) -> dict | None:
     """What the fused call takes, when `norm` normalizes a kiln product's sum."""
     x, weight, norm_bias = norm.x, norm.weight, norm.bias
     sum_val = _val(x)
-    if sum_val is None or sum_val.dtype != torch.float32 or not all(isinstance(s, int) for s in sum_val.shape):
+    if sum_val is None or sum_val.dtype not in _DTYPES or not all(isinstance(s, int) for s in sum_val.shape):
         return None
-    n = sum_val.shape[-1]
-    if not all(v is None or _vector(v, n, constants) for v in (weight, norm_bias)):
+    n, dtype = sum_val.shape[-1], sum_val.dtype
+    if not all(v is None or _vector(v, n, constants, dtype) for v in (weight, norm_bias)):
         return None
     terms = _terms(_beneath(x) if len(x.users) == 1 else x)  # (a classifier's softmax reads a view of the sum)
     products = [p for p in map(_kiln_product, terms) if p is not None]
@@ -148,9 +153,9 @@ def _fusion(norm: _Norm, constants: ConstantSet) -> dict | None:
     if _val(product).numel() != sum_val.numel() or _val(product).shape[-1] != n:
         return None  # (the product broadcast against a larger addend, or its rows cut: [M, h * d] as [M, h, d])
     others = [t for t in terms if _kiln_product(t) is None]
-    bias = [t for t in others if _vector(t, n, constants)]
+    bias = [t for t in others if _vector(t, n, constants, dtype)]
     residual = [t for t in others if t not in bias and _val(t) is not None and _val(t).numel() == sum_val.numel()
-                and _val(t).shape[-1] == n and _val(t).dtype == torch.float32 and _val(t).is_contiguous()]
+                and _val(t).shape[-1] == n and _val(t).dtype == dtype and _val(t).is_contiguous()]
     if len(bias) > 1 or len(residual) > 1 or len(bias) + len(residual) != len(others):
         return None
     # The fused call goes before the sum's first reader; the norm's weight and bias must be there.

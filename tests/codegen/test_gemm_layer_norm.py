@@ -4,9 +4,10 @@ ragged shapes and K blocks, with and without each of the GEMM's bias, the residu
 weight and bias, normalized in place or beside the kept sum; the runtime's forms bit-equal to
 Python's; the pass fusing a post-norm block's sublayer output (kiln::mm_layer_norm) and a
 pre-norm block's, whose sum is read again (kiln::mm_add_layer_norm), and nothing else (a
-bfloat16 block; a product another GEMM implementation computes); compiled blocks through both
+product another GEMM implementation computes); compiled blocks through both
 wrappers. The same for an RMS norm (T5's and Llama's) with `rms=True`, and for a softmax or
-log-softmax over the product's rows (kiln::mm_softmax: a classifier's probabilities)."""
+log-softmax over the product's rows (kiln::mm_softmax: a classifier's probabilities), and in
+bfloat16 (the rows normalized from their float32 sum, written as bfloat16)."""
 
 import ctypes
 import itertools
@@ -100,10 +101,45 @@ def test_k_blocks_finish_before_the_rows_are_normalized():
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
-def test_only_float32_results_are_normalized():
+def _row_reference(a, b, bias, residual, norm: kiln_gemm.RowNorm):
+    """The float64 `norm` of a @ b + bias + residual, as kiln_gemm.mm's `row_norm` names it."""
+    if norm.kind in ("softmax", "log_softmax"):
+        return _softmax_reference(a, b, bias, residual, norm.kind == "log_softmax")
+    return _reference(a, b, bias, residual, norm.weight, norm.bias, norm.eps, rms=norm.kind == "rms_norm")
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (17, 33, 49), (9, 385, 50), (64, 1000, 130), (128, 768, 768)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_bfloat16_rows_are_normalized_from_their_float32_sum(shape):
+    m, k, n = shape
+    a, b, bias, residual = _operands(m, k, n, torch.bfloat16, seed=m + k + n + 3)
+    a = (a.float() * k ** -0.5).bfloat16()  # sums of unit size: a softmax spread over the row
+    g = torch.Generator().manual_seed(n)
+    weight, norm_bias = torch.randn(n, generator=g).bfloat16(), torch.randn(n, generator=g).bfloat16()
+    panels = kiln_gemm.pack(b)
+    norms = [kiln_gemm.RowNorm(weight, norm_bias, 1e-5), kiln_gemm.RowNorm(None, None, 1e-5),
+             kiln_gemm.RowNorm(weight, None, 1e-6, kind="rms_norm"), kiln_gemm.RowNorm.softmax(),
+             kiln_gemm.RowNorm.softmax(log=True)]
+    for norm, use_bias, use_residual in itertools.product(norms, (False, True), (False, True)):
+        args = (bias if use_bias else None, residual if use_residual else None)
+        out = kiln_gemm.mm(a, panels, n, args[0], residual=args[1], row_norm=norm)
+        assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+        # bfloat16's 8 bits: the result rounded once (from a float32 sum; eager rounds the sum too).
+        torch.testing.assert_close(out.double(), _row_reference(a, b, *args, norm), rtol=1e-2, atol=1e-2)
+    # Beside the sum, which C keeps in float32; the norm into a bfloat16 tensor.
+    normed = torch.full((m, n + 3), float("nan"), dtype=torch.bfloat16)[:, :n]
+    total = kiln_gemm.mm(a, panels, n, bias, residual=residual, out_dtype=torch.float32,
+                         row_norm=kiln_gemm.RowNorm(weight, norm_bias, 1e-5, normed))
+    assert total.dtype == torch.float32
+    _check(total, _reference(a, b, bias, residual, None, None, None), torch.float32, k)
+    torch.testing.assert_close(normed.double(), _reference(a, b, bias, residual, weight, norm_bias, 1e-5),
+                               rtol=1e-2, atol=1e-2)
+
+
+def test_a_sum_kept_beside_its_norm_is_float32():
     a, b, _, _ = _operands(4, 8, 16, torch.bfloat16, seed=0)
-    with pytest.raises(RuntimeError, match="float32"):
-        kiln_gemm.mm(a, kiln_gemm.pack(b), 16, row_norm=(None, None, 1e-5))
+    with pytest.raises(RuntimeError, match="float32 C"):
+        kiln_gemm.mm(a, kiln_gemm.pack(b), 16, row_norm=(None, None, 1e-5, torch.empty(4, 16)))
 
 
 def test_the_runtime_and_python_forms_agree():
@@ -124,6 +160,25 @@ def test_the_runtime_and_python_forms_agree():
         torch.testing.assert_close(normed, want, rtol=0, atol=0)
         for got, expected in zip(runtime.mm_add_layer_norm(a, b, *args, 1e-6, rms=True), (kept, normed)):
             torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_the_runtime_and_python_forms_agree_in_bfloat16():
+    a, b, bias, residual = _operands(50, 96, 100, torch.bfloat16, seed=6)
+    a = (a.float() * 0.1).bfloat16()
+    weight, norm_bias = torch.randn(100).bfloat16(), torch.randn(100).bfloat16()
+    for args, rms in [((bias, residual, weight, norm_bias), False), ((None, residual, weight, None), True)]:
+        want = torch.ops.kiln.mm_layer_norm(a, b, *args, 1e-5, rms=rms)
+        assert want.dtype == torch.bfloat16
+        torch.testing.assert_close(runtime.mm_layer_norm(a, b, *args, 1e-5, rms=rms), want, rtol=0, atol=0)
+        kept, normed = torch.ops.kiln.mm_add_layer_norm(a, b, *args, 1e-5, rms=rms)
+        assert kept.dtype == normed.dtype == torch.bfloat16
+        torch.testing.assert_close(normed, want, rtol=0, atol=0)
+        torch.testing.assert_close(kept.double(), _reference(a, b, *args[:2], None, None, None), rtol=1e-2, atol=1e-2)
+        for got, expected in zip(runtime.mm_add_layer_norm(a, b, *args, 1e-5, rms=rms), (kept, normed)):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    for log in (False, True):
+        want = torch.ops.kiln.mm_softmax(a, b, bias, residual, log=log)
+        torch.testing.assert_close(runtime.mm_softmax(a, b, bias, residual, log=log), want, rtol=0, atol=0)
 
 
 class _PostNorm(torch.nn.Module):
@@ -198,12 +253,16 @@ def test_an_rms_norm_of_a_sum_read_only_by_it_is_fused_without_the_sum(kiln_wher
     assert _fused_calls(Block().eval(), torch.randn(1, 10, 64), torch.randn(1, 10, 48), rms=True) == (1, 0)
 
 
-def test_a_bfloat16_sublayer_is_left_alone(kiln_wherever_offered):
+@pytest.mark.parametrize("cpp_wrapper", [True, False], ids=["cpp-wrapper", "python-wrapper"])
+@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-norm", "pre-norm"])
+def test_a_bfloat16_sublayer_normalizes_inside_the_gemm(kiln_wherever_offered, cpp_wrapper, pre_norm):
     torch.manual_seed(0)
-    model = _PostNorm().eval().to(torch.bfloat16)
+    model = _PostNorm(pre_norm).eval().to(torch.bfloat16)
     inputs = torch.randn(1, 10, 64, dtype=torch.bfloat16), torch.randn(1, 10, 48, dtype=torch.bfloat16)
-    graphs = compiled_graphs(model, *inputs, tolerance=2e-2)
-    assert not any("layer_norm" in str(s.op) for g in graphs for s in g.schedule.externs)
+    steps = [s for g in compiled_graphs(model, *inputs, cpp_wrapper=cpp_wrapper, tolerance=2e-2)
+             for s in g.schedule.externs]
+    fused = torch.ops.kiln.mm_add_layer_norm.default if pre_norm else torch.ops.kiln.mm_layer_norm.default
+    assert [s.op for s in steps if "layer_norm" in str(s.op)] == [fused]
 
 
 def test_a_product_of_another_implementation_is_left_alone(monkeypatch):
@@ -290,6 +349,13 @@ def _softmax_calls(model, *inputs, cpp_wrapper=True) -> list[bool]:
 def test_a_classifiers_softmax_runs_inside_the_gemm(kiln_wherever_offered, cpp_wrapper, log):
     torch.manual_seed(0)
     assert _softmax_calls(_Classifier(log).eval(), torch.randn(2, 10, 64), cpp_wrapper=cpp_wrapper) == [log]
+
+
+def test_a_bfloat16_classifiers_softmax_runs_inside_the_gemm(kiln_wherever_offered):
+    torch.manual_seed(0)
+    model, h = _Classifier().eval().to(torch.bfloat16), torch.randn(2, 10, 64, dtype=torch.bfloat16)
+    steps = [s for g in compiled_graphs(model, h, tolerance=2e-2) for s in g.schedule.externs]
+    assert [s.op for s in steps if s.op is torch.ops.kiln.mm_softmax.default] == [torch.ops.kiln.mm_softmax.default]
 
 
 def test_a_softmax_over_part_of_a_row_is_left_alone(kiln_wherever_offered):

@@ -67,8 +67,9 @@ struct Epilogue {
   float norm_eps;
   const float* norm_weight;  // [N] or null (1)
   const float* norm_bias;    // [N] or null (0)
-  float* norm_out;           // the normalized rows' own [M, N] (row stride ld_norm_out), C keeping the sum; or null: in place
+  void* norm_out;            // the normalized rows' own [M, N] (row stride ld_norm_out), C keeping the sum; or null: in place
   int64_t ld_norm_out;
+  int32_t norm_out_bf16;     // norm_out holds bfloat16 (C, always float32 under a row norm, holds the sum)
 };
 
 // bfloat16 dot products in pairs of k (vdpbf16ps) where the CPU has them; elsewhere bfloat16 is
@@ -747,19 +748,25 @@ template <typename F> static inline float row_sum(const float* row, int64_t N, F
   return row_reduce(row, N, 0.0f, term, [](auto x, auto y) { return x + y; });
 }
 
+// Where element j of row i's norm goes: e.norm_out's row (float32 or bfloat16), or C's own row.
+static inline void* normed_at(const Epilogue& e, float* row, int64_t i, int64_t j) {
+  if (!e.norm_out) return row + j;
+  return const_cast<void*>(at(e.norm_out, e.norm_out_bf16, i * e.ld_norm_out + j));
+}
+
 static inline void layer_norm_rows(float* c, int64_t ldc, int64_t N, int64_t r0, int64_t r1, const Epilogue& e) {
   for (int64_t i = r0; i < r1; ++i) {
     float* row = c + i * ldc;
     const float mean = e.row_norm == RMS_NORM ? 0.0f : row_sum(row, N, [](V x) { return x; }) / float(N);
     const float var = row_sum(row, N, [mean](V x) { V d = x - mean; return d * d; });
     const float rstd = 1.0f / std::sqrt(var / float(N) + e.norm_eps);
-    float* normed = e.norm_out ? e.norm_out + i * e.ld_norm_out : row;
+    const bool bf16 = e.norm_out_bf16;
     for (int64_t j = 0; j < N; j += L) {
       const int n = int(std::min<int64_t>(L, N - j));
       V y = (load_n(row + j, false, n) - mean) * rstd;
       if (e.norm_weight) y *= load_n(e.norm_weight + j, false, n);
       if (e.norm_bias) y += load_n(e.norm_bias + j, false, n);
-      store_n(normed + j, false, y, n);
+      store_n(normed_at(e, row, i, j), bf16, y, n);
     }
   }
 }
@@ -767,37 +774,41 @@ static inline void layer_norm_rows(float* c, int64_t ldc, int64_t N, int64_t r0,
 // Rows [r0, r1) of a float32 C as softmax (or log-softmax) over each makes them: the row's max,
 // then exp(x - max) stored while it is summed (the row in L1/L2, just stored, as for the norms),
 // then a pass that scales the stored exponentials by 1 / sum (log-softmax: stores nothing in the
-// second pass, x - max - log(sum) in the third). One exponential an element.
+// second pass, x - max - log(sum) in the third). One exponential an element; two into bfloat16
+// rows, which would round the exponentials before their scaling.
 static inline void softmax_rows(float* c, int64_t ldc, int64_t N, int64_t r0, int64_t r1, const Epilogue& e) {
   auto larger = [](auto x, auto y) {
     if constexpr (std::is_same_v<decltype(x), float>) return kiln_max(x, y);
     else return kiln::vmax(x, y);
   };
-  const bool log = e.row_norm == LOG_SOFTMAX;
+  const bool log = e.row_norm == LOG_SOFTMAX, bf16 = e.norm_out_bf16, keep_exps = !log && !bf16;
   for (int64_t i = r0; i < r1; ++i) {
     float* row = c + i * ldc;
-    float* normed = e.norm_out ? e.norm_out + i * e.ld_norm_out : row;
+    float* exps = keep_exps ? static_cast<float*>(normed_at(e, row, i, 0)) : nullptr;
     const float top = row_reduce(row, N, -INFINITY, [](V x) { return x; }, larger);
     V sums[2] = {};
     int64_t j = 0;
     for (; j + L <= N; j += L) {
       const V ex = kiln_vexp(kiln::load(row + j) - top);
-      if (!log) kiln::store(normed + j, ex);
+      if (keep_exps) kiln::store(exps + j, ex);
       sums[(j / L) & 1] += ex;
     }
     float total = row_sum(reinterpret_cast<const float*>(sums), 2 * L, [](V x) { return x; });
     for (; j < N; ++j) {
       const float ex = std::exp(row[j] - top);
-      if (!log) normed[j] = ex;
+      if (keep_exps) exps[j] = ex;
       total += ex;
     }
     const float shift = top + std::log(total), scale = 1.0f / total;
-    if (log) {
-      for (j = 0; j + L <= N; j += L) kiln::store(normed + j, kiln::load(row + j) - shift);
-      for (; j < N; ++j) normed[j] = row[j] - shift;
-    } else {
-      for (j = 0; j + L <= N; j += L) kiln::store(normed + j, kiln::load(normed + j) * scale);
-      for (; j < N; ++j) normed[j] *= scale;
+    if (keep_exps) {
+      for (j = 0; j + L <= N; j += L) kiln::store(exps + j, kiln::load(exps + j) * scale);
+      for (; j < N; ++j) exps[j] *= scale;
+      continue;
+    }
+    for (j = 0; j < N; j += L) {
+      const int n = int(std::min<int64_t>(L, N - j));
+      const V x = load_n(row + j, false, n);
+      store_n(normed_at(e, row, i, j), bf16, log ? x - shift : kiln_vexp(x - top) * scale, n);
     }
   }
 }

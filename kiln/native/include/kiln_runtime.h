@@ -76,8 +76,8 @@ KILN_API int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, cons
               int64_t npadding, const int64_t* dilation, int64_t spatial, int64_t groups, const char* unary,
               const kiln_arg* scalars, int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl,
               int64_t k_block, kiln_tensor* out);
-// norm(a @ b + bias + residual) over the last dimension, float32, in kiln's GEMM; `bias`,
-// `residual` ([M, N]), `weight`, `norm_bias` may be NULL. `row_norm`: 1 a layer norm
+// norm(a @ b + bias + residual) over the last dimension in kiln's GEMM, float32 or bfloat16 (from
+// a float32 sum); `bias`, `residual` ([M, N]), `weight`, `norm_bias` may be NULL. `row_norm`: 1 a layer norm
 // (kiln::mm_layer_norm), 2 an RMS norm (no mean taken out; `norm_bias` NULL), 3 a softmax, 4 a
 // log-softmax (kiln::mm_softmax; `weight`, `norm_bias` NULL, `eps` unused). With `sum` (not NULL)
 // the sum is kept there too (kiln::mm_add_layer_norm).

@@ -46,8 +46,9 @@ struct KilnGemmEpilogue {
   float norm_eps;
   const float* norm_weight;
   const float* norm_bias;
-  float* norm_out;
+  void* norm_out;
   int64_t ld_norm_out;
+  int32_t norm_out_bf16;
 };
 extern "C" int64_t kiln_gemm_packed_elements_f32(int64_t K, int64_t N);
 extern "C" int64_t kiln_gemm_packed_elements_bf16(int64_t K, int64_t N);
@@ -301,19 +302,22 @@ at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optio
 // The row norms of kiln_gemm.h (kiln_gemm::RowNorm), by number.
 enum { ROW_LAYER_NORM = 1, ROW_RMS_NORM, ROW_SOFTMAX, ROW_LOG_SOFTMAX };
 
-// norm(a @ b + bias + residual) over rows, float32, in kiln's GEMM (kiln/externs/prepacked.py
+// norm(a @ b + bias + residual) over rows in kiln's GEMM (kiln/externs/prepacked.py
 // `_mm_layer_norm`, `_mm_softmax`): the rows normalized in the GEMM's parallel region after their
 // store. With `keep_sum`, (the sum, its norm) as `_mm_add_layer_norm`; else (the norm, undefined).
 // `row_norm`: a layer norm, an RMS norm (T5's, Llama's; no norm bias), a softmax or log-softmax
-// (no weight, norm bias or eps).
+// (no weight, norm bias or eps). bfloat16 operands: the sum is float32 (C, a scratch), the norm
+// written as bfloat16 from it, the kept sum rounded after; a bfloat16 norm weight or bias read as
+// float32 (made once per weight).
 std::pair<at::Tensor, at::Tensor> mm_row_norm(const at::Tensor& a_in, const at::Tensor& b,
                                               const std::optional<at::Tensor>& bias_in,
                                               const std::optional<at::Tensor>& residual_in,
                                               const std::optional<at::Tensor>& weight_in,
                                               const std::optional<at::Tensor>& norm_bias_in, double eps,
                                               int32_t row_norm, int64_t k_block, bool keep_sum) {
-  TORCH_CHECK(a_in.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat,
-              "kiln's GEMM with a row norm: float32 operands only");
+  const bool bf16 = b.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(a_in.scalar_type() == b.scalar_type() && (bf16 || b.scalar_type() == at::kFloat),
+              "kiln's GEMM with a row norm takes float32 or bfloat16 operands of one dtype");
   TORCH_CHECK(row_norm >= ROW_LAYER_NORM && row_norm <= ROW_LOG_SOFTMAX, "kiln's GEMM: row norm ", row_norm,
               ", not 1 (layer norm), 2 (RMS norm), 3 (softmax) or 4 (log-softmax)");
   TORCH_CHECK(!(row_norm == ROW_RMS_NORM && norm_bias_in), "kiln::mm_layer_norm: an RMS norm takes no norm_bias");
@@ -325,26 +329,35 @@ std::pair<at::Tensor, at::Tensor> mm_row_norm(const at::Tensor& a_in, const at::
   auto unit = [](const std::optional<at::Tensor>& t) {
     return t && t->stride(-1) != 1 ? std::optional<at::Tensor>(t->contiguous()) : t;
   };
-  std::optional<at::Tensor> bias = unit(bias_in), residual = unit(residual_in), weight = unit(weight_in),
-                            norm_bias = unit(norm_bias_in);
+  auto as_float = [&](const std::optional<at::Tensor>& t) {
+    if (!t || t->scalar_type() == at::kFloat) return unit(t);
+    return std::optional<at::Tensor>(packed(*t, "float32", [&] { return t->to(at::kFloat).contiguous(); }));
+  };
+  std::optional<at::Tensor> bias = unit(bias_in), residual = unit(residual_in), weight = as_float(weight_in),
+                            norm_bias = as_float(norm_bias_in);
   const int64_t M = a.size(0);
   at::Tensor out = at::detail::empty_cpu({M, N}, at::kFloat);
   KilnGemmEpilogue e{};
   e.bias = bias ? bias->data_ptr() : nullptr;
+  e.bias_bf16 = bias && bias->scalar_type() == at::kBFloat16;
   e.residual = residual ? residual->data_ptr() : nullptr;
+  e.residual_bf16 = residual && residual->scalar_type() == at::kBFloat16;
   e.ld_residual = residual ? residual->stride(0) : 0;
   e.row_norm = row_norm;
   e.norm_eps = static_cast<float>(eps);
   e.norm_weight = weight ? weight->data_ptr<float>() : nullptr;
   e.norm_bias = norm_bias ? norm_bias->data_ptr<float>() : nullptr;
   at::Tensor normed;
-  if (keep_sum) {
-    normed = at::detail::empty_cpu({M, N}, at::kFloat);
-    e.norm_out = normed.data_ptr<float>();
+  if (keep_sum || bf16) {
+    normed = at::detail::empty_cpu({M, N}, a.scalar_type());
+    e.norm_out = normed.data_ptr();
     e.ld_norm_out = N;
+    e.norm_out_bf16 = bf16;
   }
-  kiln_gemm_f32(M, N, K, a.data_ptr(), a.stride(0), panels.data_ptr(), out.data_ptr(), N, &e, k_block);
-  return {out, normed};
+  (bf16 ? kiln_gemm_bf16 : kiln_gemm_f32)(M, N, K, a.data_ptr(), a.stride(0), panels.data_ptr(), out.data_ptr(), N,
+                                           &e, k_block);
+  if (keep_sum) return {bf16 ? out.to(at::kBFloat16) : out, normed};
+  return {bf16 ? normed : out, at::Tensor()};
 }
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias, const std::string& unary,
