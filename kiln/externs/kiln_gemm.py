@@ -58,7 +58,8 @@ class Epilogue(ctypes.Structure):
                 ("unary", ctypes.c_int32), ("scalar0", ctypes.c_float), ("scalar1", ctypes.c_float),
                 ("residual_before_unary", ctypes.c_int32), ("row_norm", ctypes.c_int32), ("norm_eps", ctypes.c_float),
                 ("norm_weight", ctypes.c_void_p), ("norm_bias", ctypes.c_void_p), ("norm_out", ctypes.c_void_p),
-                ("ld_norm_out", ctypes.c_int64), ("norm_out_bf16", ctypes.c_int32)]
+                ("ld_norm_out", ctypes.c_int64), ("norm_out_bf16", ctypes.c_int32), ("sum_out", ctypes.c_void_p),
+                ("ld_sum_out", ctypes.c_int64)]
 
 
 def _entries() -> str:
@@ -176,7 +177,7 @@ def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | Non
     makes gelu the tanh form. `row_norm` (a `RowNorm`, or (weight [n] or None, bias [n] or None,
     eps) for a layer norm): each row of that result then normalized (a layer or RMS norm, a
     softmax) from its float32 sum, its weight and bias taken as float32; with its `out`, a [M, n]
-    tensor of either dtype, the normalized rows go there and the result, float32, keeps the sum."""
+    tensor of either dtype, the normalized rows go there and the result keeps the sum."""
     if a.dtype != packed_b.dtype or a.dtype not in DTYPES:
         raise RuntimeError(f"kiln's GEMM takes float32 or bfloat16 operands of one dtype, not {a.dtype} and {packed_b.dtype}")
     if a.dim() != 2 or a.stride(1) != 1:
@@ -191,15 +192,24 @@ def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | Non
         row_norm = RowNorm(*row_norm)
         as_float = lambda t: t.float() if t is not None and t.dtype == torch.bfloat16 else t  # noqa: E731
         row_norm = row_norm._replace(weight=as_float(row_norm.weight), bias=as_float(row_norm.bias))
-        if (out.dtype if out is not None else out_dtype or a.dtype) == torch.bfloat16 and row_norm.out is None:
-            # A bfloat16 result normalized from float32 rows: C is a float32 scratch.
+        if (out.dtype if out is not None else out_dtype or a.dtype) == torch.bfloat16:
+            # A bfloat16 result from float32 rows, C a float32 scratch: the norm, or the sum kept
+            # beside the norm (the row pass rounds it there).
             result = out if out is not None else torch.empty((M, n), dtype=torch.bfloat16)
-            out, out_dtype, row_norm = None, torch.float32, row_norm._replace(out=result)
+            out, out_dtype = None, torch.float32
+            if row_norm.out is None:
+                row_norm, result_is_sum = row_norm._replace(out=result), False
+            else:
+                result_is_sum = True
     if out is None:
         out = torch.empty((M, n), dtype=out_dtype or a.dtype)
     post = epilogue(bias, unary, scalars, algorithm, residual, out.dtype, residual_first)
     if row_norm is not None:
         post = _with_row_norm(post, out.dtype, *row_norm)
+        if result is not None and result_is_sum:
+            if result.stride(-1) != 1:
+                raise RuntimeError("kiln's GEMM writes a bfloat16 sum beside its norm into rows of unit stride")
+            post.sum_out, post.ld_sum_out = result.data_ptr(), result.stride(0)
     run = _GEMMS[a.dtype] if lib is None else getattr(lib, f"kiln_gemm_{_SUFFIX[a.dtype]}")
     run(M, n, K, a.data_ptr(), a.stride(0), packed_b.data_ptr(), out.data_ptr(), out.stride(0),
         ctypes.byref(post) if post is not None else None, K_BLOCK)
@@ -215,8 +225,7 @@ def _with_row_norm(post: Epilogue | None, out_dtype: torch.dtype, weight: torch.
         raise ValueError(f"kiln's GEMM: row norm kind {kind!r}, not one of {sorted(ROW_NORMS)}")
     if out_dtype != torch.float32 or any(t is not None and (t.dtype != torch.float32 or t.stride(-1) != 1)
                                          for t in (weight, bias)):
-        raise RuntimeError("kiln's GEMM normalizes rows of a float32 C (a sum kept beside the norm is float32), "
-                           "with float32 weight and bias of unit stride")
+        raise RuntimeError("kiln's GEMM normalizes rows of a float32 C, with float32 weight and bias of unit stride")
     if normed is not None and (normed.dtype not in DTYPES or normed.stride(-1) != 1):
         raise RuntimeError("kiln's GEMM writes normalized rows as float32 or bfloat16 of unit stride, "
                            f"not {normed.dtype} of stride {normed.stride(-1)}")

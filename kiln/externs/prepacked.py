@@ -180,12 +180,12 @@ def _mm_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps, rms=False)
 
 def _mm_add_layer_norm(a, b, bias, residual, weight, norm_bias, eps, rms=False):
     # (the sum, its layer norm): a pre-norm model reads the sum again as its residual stream.
-    # (bfloat16: the float32 sum rounded after the row pass; the norm written as bfloat16 by it)
+    # (bfloat16: the sum and its norm both written as bfloat16 by the row pass from the float32 sum)
     normed = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
-    total = kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, residual=residual, out_dtype=torch.float32,
+    total = kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, residual=residual,
                          row_norm=kiln_gemm.RowNorm(_as_float32(weight), _as_float32(norm_bias), eps, normed,
                                                     _norm_kind(rms)))
-    return total.to(a.dtype), normed
+    return total, normed
 
 
 def _mm_add_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps, rms=False):

@@ -136,10 +136,16 @@ def test_bfloat16_rows_are_normalized_from_their_float32_sum(shape):
                                rtol=1e-2, atol=1e-2)
 
 
-def test_a_sum_kept_beside_its_norm_is_float32():
-    a, b, _, _ = _operands(4, 8, 16, torch.bfloat16, seed=0)
-    with pytest.raises(RuntimeError, match="float32 C"):
-        kiln_gemm.mm(a, kiln_gemm.pack(b), 16, row_norm=(None, None, 1e-5, torch.empty(4, 16)))
+def test_a_bfloat16_sum_kept_beside_its_norm_is_the_float32_sum_rounded():
+    a, b, bias, residual = _operands(37, 200, 70, torch.bfloat16, seed=7)
+    panels = kiln_gemm.pack(b)
+    as_float32, normed = torch.empty(37, 70, dtype=torch.bfloat16), torch.empty(37, 70, dtype=torch.bfloat16)
+    total = kiln_gemm.mm(a, panels, 70, bias, residual=residual, out_dtype=torch.float32,
+                         row_norm=kiln_gemm.RowNorm(None, None, 1e-5, as_float32))
+    kept = kiln_gemm.mm(a, panels, 70, bias, residual=residual, row_norm=kiln_gemm.RowNorm(None, None, 1e-5, normed))
+    assert kept.dtype == torch.bfloat16
+    torch.testing.assert_close(kept, total.bfloat16(), rtol=0, atol=0)
+    torch.testing.assert_close(normed, as_float32, rtol=0, atol=0)
 
 
 def test_the_runtime_and_python_forms_agree():

@@ -70,6 +70,8 @@ struct Epilogue {
   void* norm_out;            // the normalized rows' own [M, N] (row stride ld_norm_out), C keeping the sum; or null: in place
   int64_t ld_norm_out;
   int32_t norm_out_bf16;     // norm_out holds bfloat16 (C, always float32 under a row norm, holds the sum)
+  void* sum_out;             // or null: the sum rounded to bfloat16 there too (row stride ld_sum_out), as
+  int64_t ld_sum_out;        // the row pass reads it (a bfloat16 pre-norm model's residual stream)
 };
 
 // bfloat16 dot products in pairs of k (vdpbf16ps) where the CPU has them; elsewhere bfloat16 is
@@ -767,6 +769,7 @@ static inline void layer_norm_rows(float* c, int64_t ldc, int64_t N, int64_t r0,
       if (e.norm_weight) y *= load_n(e.norm_weight + j, false, n);
       if (e.norm_bias) y += load_n(e.norm_bias + j, false, n);
       store_n(normed_at(e, row, i, j), bf16, y, n);
+      if (e.sum_out) store_n(static_cast<kiln_bf16*>(e.sum_out) + i * e.ld_sum_out + j, true, load_n(row + j, false, n), n);
     }
   }
 }
@@ -781,7 +784,7 @@ static inline void softmax_rows(float* c, int64_t ldc, int64_t N, int64_t r0, in
     if constexpr (std::is_same_v<decltype(x), float>) return kiln_max(x, y);
     else return kiln::vmax(x, y);
   };
-  const bool log = e.row_norm == LOG_SOFTMAX, bf16 = e.norm_out_bf16, keep_exps = !log && !bf16;
+  const bool log = e.row_norm == LOG_SOFTMAX, bf16 = e.norm_out_bf16, keep_exps = !log && !bf16 && !e.sum_out;
   for (int64_t i = r0; i < r1; ++i) {
     float* row = c + i * ldc;
     float* exps = keep_exps ? static_cast<float*>(normed_at(e, row, i, 0)) : nullptr;
@@ -809,6 +812,7 @@ static inline void softmax_rows(float* c, int64_t ldc, int64_t N, int64_t r0, in
       const int n = int(std::min<int64_t>(L, N - j));
       const V x = load_n(row + j, false, n);
       store_n(normed_at(e, row, i, j), bf16, log ? x - shift : kiln_vexp(x - top) * scale, n);
+      if (e.sum_out) store_n(static_cast<kiln_bf16*>(e.sum_out) + i * e.ld_sum_out + j, true, x, n);
     }
   }
 }

@@ -49,6 +49,8 @@ struct KilnGemmEpilogue {
   void* norm_out;
   int64_t ld_norm_out;
   int32_t norm_out_bf16;
+  void* sum_out;
+  int64_t ld_sum_out;
 };
 extern "C" int64_t kiln_gemm_packed_elements_f32(int64_t K, int64_t N);
 extern "C" int64_t kiln_gemm_packed_elements_bf16(int64_t K, int64_t N);
@@ -307,8 +309,8 @@ enum { ROW_LAYER_NORM = 1, ROW_RMS_NORM, ROW_SOFTMAX, ROW_LOG_SOFTMAX };
 // store. With `keep_sum`, (the sum, its norm) as `_mm_add_layer_norm`; else (the norm, undefined).
 // `row_norm`: a layer norm, an RMS norm (T5's, Llama's; no norm bias), a softmax or log-softmax
 // (no weight, norm bias or eps). bfloat16 operands: the sum is float32 (C, a scratch), the norm
-// written as bfloat16 from it, the kept sum rounded after; a bfloat16 norm weight or bias read as
-// float32 (made once per weight).
+// and the kept sum written as bfloat16 from it by the row pass; a bfloat16 norm weight or bias read
+// as float32 (made once per weight).
 std::pair<at::Tensor, at::Tensor> mm_row_norm(const at::Tensor& a_in, const at::Tensor& b,
                                               const std::optional<at::Tensor>& bias_in,
                                               const std::optional<at::Tensor>& residual_in,
@@ -347,16 +349,21 @@ std::pair<at::Tensor, at::Tensor> mm_row_norm(const at::Tensor& a_in, const at::
   e.norm_eps = static_cast<float>(eps);
   e.norm_weight = weight ? weight->data_ptr<float>() : nullptr;
   e.norm_bias = norm_bias ? norm_bias->data_ptr<float>() : nullptr;
-  at::Tensor normed;
+  at::Tensor normed, sum;
   if (keep_sum || bf16) {
     normed = at::detail::empty_cpu({M, N}, a.scalar_type());
     e.norm_out = normed.data_ptr();
     e.ld_norm_out = N;
     e.norm_out_bf16 = bf16;
   }
+  if (keep_sum && bf16) {
+    sum = at::detail::empty_cpu({M, N}, at::kBFloat16);
+    e.sum_out = sum.data_ptr();
+    e.ld_sum_out = N;
+  }
   (bf16 ? kiln_gemm_bf16 : kiln_gemm_f32)(M, N, K, a.data_ptr(), a.stride(0), panels.data_ptr(), out.data_ptr(), N,
                                            &e, k_block);
-  if (keep_sum) return {bf16 ? out.to(at::kBFloat16) : out, normed};
+  if (keep_sum) return {bf16 ? sum : out, normed};
   return {bf16 ? normed : out, at::Tensor()};
 }
 
