@@ -12,8 +12,8 @@ its experts) whose sum nothing else reads becomes `kiln::mm_softmax`. kiln's GEM
 row in its own parallel region once every thread has stored its tiles (kiln_gemm.h), while the
 product is in the caches, instead of a reduction kernel reading it back after the GEMM returns.
 Only where the autotuner gave the product to kiln's GEMM (gemm_prepack runs first), in float32 or
-bfloat16 (HF's bfloat16 RMS norms convert to float32 and back around the norm, which the pattern
-does not see through), with static sizes; the terms of the sum in any order.
+bfloat16 (HF's bfloat16 RMS norms, which convert to float32 and back around the norm, taken with
+their casts), with static sizes; the terms of the sum in any order.
 """
 
 from __future__ import annotations
@@ -104,27 +104,61 @@ def _layer_norm(norm: fx.Node) -> _Norm | None:
     return _Norm(x, weight, norm_bias, eps, getitems[0], (norm,), "layer_norm")
 
 
-# x * rsqrt(mean(x^2, dims, keepdim) + eps), each inner step read only by the next (pattern.py).
-_RMS_SCALED = Op(aten.mul.Tensor, Var("x"), Op(aten.rsqrt.default, Op(
-    (aten.add.Tensor, aten.add.Scalar), Op(aten.mean.dim, Op(aten.pow.Tensor_Scalar, Var("x"), 2), Var("dims"), True),
-    Var("eps", lambda eps: isinstance(eps, float)))), commutative=True)
+def _cast_of(node: object, dtype: torch.dtype) -> fx.Node | None:
+    """What `node` converts to `dtype` (a `.to(dtype)` as HF writes it in its norms), else None."""
+    if not isinstance(node, fx.Node) or node.op != "call_function" or _val(node) is None or _val(node).dtype != dtype:
+        return None
+    if node.target is aten._to_copy.default and set(node.kwargs) == {"dtype"} and len(node.args) == 1:
+        return node.args[0]
+    if node.target is torch.ops.prims.convert_element_type.default:
+        return node.args[0]
+    return None
+
+
+def _rms_scaled(squared: object) -> Op:
+    """x * rsqrt(mean(squared^2, dims, keepdim) + eps), each inner step read only by the next
+    (pattern.py): `squared` is x itself, or a bfloat16 x's float32 copy (T5LayerNorm)."""
+    mean_square = Op(aten.mean.dim, Op(aten.pow.Tensor_Scalar, squared, 2), Var("dims"), True)
+    rstd = Op(aten.rsqrt.default, Op((aten.add.Tensor, aten.add.Scalar), mean_square,
+                                     Var("eps", lambda eps: isinstance(eps, float))))
+    return Op(aten.mul.Tensor, Var("x"), rstd, commutative=True)
+
+
+_RMS_SCALED = _rms_scaled(Var("x"))
+_WIDENED = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+_RMS_SCALED_WIDENED = _rms_scaled(Op(_WIDENED, Var("x"), ...))
 
 
 def _rms_norm(scaled: fx.Node, constants: ConstantSet) -> _Norm | None:
     """The RMS norm whose `x * rsqrt(...)` is `scaled`, times a weight where its one reader is that
-    product (HF's T5LayerNorm, LlamaRMSNorm: weight * (x * rsqrt(mean(x^2, [-1], keepdim) + eps)))."""
-    found = match(_RMS_SCALED, scaled)
+    product (HF's T5LayerNorm, LlamaRMSNorm: weight * (x * rsqrt(mean(x^2, [-1], keepdim) + eps))).
+    A bfloat16 sum's norm as HF computes it, in float32 and back, is taken whole: LlamaRMSNorm's
+    `weight * (x32 * rsqrt(mean(x32^2)...)).to(bf16)` with x32 = x.to(float32), and T5LayerNorm's
+    `weight * (x * rsqrt(mean(x.to(float32)^2)...)).to(bf16)`."""
+    found = match(_RMS_SCALED, scaled) or match(_RMS_SCALED_WIDENED, scaled)
     x = found["x"] if found is not None else None
     if x is None or _val(x) is None or list(found["dims"]) not in ([-1], [_val(x).dim() - 1]):
         return None
     square = next(node for node in found.nodes if node.target is aten.pow.Tensor_Scalar)
-    out, weight = scaled, None
-    user = only_user(scaled)
+    if square.args[0] is not x and _cast_of(square.args[0], torch.float32) is not x:
+        return None  # (T5's form squares x's float32 copy, nothing else)
+    readers = (square.args[0] if square.args[0] is not x else square, scaled)
+    narrow = _cast_of(x, torch.float32)
+    if narrow is not None and _val(narrow) is not None and _val(narrow).dtype == torch.bfloat16:
+        if any(user not in readers for user in x.users):
+            return None  # (the float32 copy read elsewhere too)
+        x, readers = narrow, (x,)  # (Llama: the norm reads the sum through its float32 copy only)
+    out = scaled
+    if _val(x).dtype == torch.bfloat16:
+        out = only_user(scaled)
+        if _cast_of(out, torch.bfloat16) is not scaled:
+            return None  # (the result must come back to the sum's dtype, as HF's norms end)
+    weight, user = None, only_user(out)
     if user is not None and user.target is aten.mul.Tensor:
-        other = user.args[1] if user.args[0] is scaled else user.args[0]
+        other = user.args[1] if user.args[0] is out else user.args[0]
         if _vector(other, _val(x).shape[-1], constants, _val(x).dtype):
             out, weight = user, other
-    return _Norm(x, weight, None, found["eps"], out, (square, scaled), "rms_norm")
+    return _Norm(x, weight, None, found["eps"], out, readers, "rms_norm")
 
 
 def _softmax(node: fx.Node) -> _Norm | None:

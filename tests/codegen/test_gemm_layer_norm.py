@@ -220,8 +220,9 @@ class _PreRmsNorm(torch.nn.Module):
         return self.up(self.norm(total)), total
 
 
-def _fused_calls(model, *inputs, cpp_wrapper=True, rms=False):
-    steps = [s for g in compiled_graphs(model, *inputs, cpp_wrapper=cpp_wrapper) for s in g.schedule.externs]
+def _fused_calls(model, *inputs, cpp_wrapper=True, rms=False, tolerance=1e-4):
+    steps = [s for g in compiled_graphs(model, *inputs, cpp_wrapper=cpp_wrapper, tolerance=tolerance)
+             for s in g.schedule.externs]
     fused = [s for s in steps if s.op in (torch.ops.kiln.mm_layer_norm.default, torch.ops.kiln.mm_add_layer_norm.default)]
     assert all(bool(s.kwargs.get("rms", False)) == rms for s in fused)
     ops = [s.op for s in fused]
@@ -248,6 +249,17 @@ def test_a_pre_rms_norm_stream_normalizes_inside_the_gemm(kiln_wherever_offered,
     torch.manual_seed(0)
     model, h, x = _PreRmsNorm(norm).eval(), torch.randn(1, 10, 64), torch.randn(1, 10, 48) + 3.0
     assert _fused_calls(model, h, x, cpp_wrapper=cpp_wrapper, rms=True) == (0, 1)
+
+
+@pytest.mark.parametrize("cpp_wrapper", [True, False], ids=["cpp-wrapper", "python-wrapper"])
+@pytest.mark.parametrize("norm", ["llama", "t5"])
+def test_a_bfloat16_rms_norm_is_taken_with_its_casts(kiln_wherever_offered, cpp_wrapper, norm):
+    # HF's norms in bfloat16 compute in float32 and cast back: Llama squares and scales x's float32
+    # copy; T5 squares the copy and scales x itself (promoted to float32).
+    torch.manual_seed(0)
+    model = _PreRmsNorm(norm).eval().bfloat16()
+    h, x = torch.randn(1, 10, 64).bfloat16(), (torch.randn(1, 10, 48) + 3.0).bfloat16()
+    assert _fused_calls(model, h, x, cpp_wrapper=cpp_wrapper, rms=True, tolerance=2e-2) == (0, 1)
 
 
 def test_an_rms_norm_of_a_sum_read_only_by_it_is_fused_without_the_sum(kiln_wherever_offered):
