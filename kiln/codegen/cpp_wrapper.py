@@ -161,11 +161,11 @@ class _Writer:
             return
         if step.op in (torch.ops.kiln.mm_layer_norm.default, torch.ops.kiln.mm_add_layer_norm.default):
             *tensors, eps, rms = values
-            self._kiln_mm_row_norm(tensors, eps, "rms_norm" if rms else "layer_norm", step.outputs)
+            self._kiln_mm_row_norm(tensors, eps, kiln_gemm.norm_kind(rms), step.outputs)
             return
         if step.op is torch.ops.kiln.mm_softmax.default:
             *tensors, log = values
-            self._kiln_mm_row_norm([*tensors, None, None], 0.0, "log_softmax" if log else "softmax", step.outputs)
+            self._kiln_mm_row_norm([*tensors, None, None], 0.0, kiln_gemm.softmax_kind(log), step.outputs)
             return
         if step.op is torch.ops.kiln.attention.default:
             self._kiln_attention(values, step.outputs)

@@ -35,6 +35,16 @@ K_BLOCK = 1024
 ROW_NORMS = {"layer_norm": 1, "rms_norm": 2, "softmax": 3, "log_softmax": 4}
 
 
+def norm_kind(rms: bool) -> str:
+    """The row norm of kiln::mm_layer_norm's `rms` flag."""
+    return "rms_norm" if rms else "layer_norm"
+
+
+def softmax_kind(log: bool) -> str:
+    """The row norm of kiln::mm_softmax's `log` flag."""
+    return "log_softmax" if log else "softmax"
+
+
 class RowNorm(NamedTuple):
     """A normalization of each row of C after the epilogue: `kind` "layer_norm"; "rms_norm" (T5's,
     Llama's: row / sqrt(mean(row^2) + eps) * weight, no bias); "softmax" or "log_softmax" (no
@@ -48,7 +58,7 @@ class RowNorm(NamedTuple):
 
     @classmethod
     def softmax(cls, log: bool = False, out: torch.Tensor | None = None) -> "RowNorm":
-        return cls(None, None, 0.0, out, "log_softmax" if log else "softmax")
+        return cls(None, None, 0.0, out, softmax_kind(log))
 
 
 class Epilogue(ctypes.Structure):
@@ -187,7 +197,7 @@ def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | Non
     if residual is not None and residual.stride(-1) != 1:
         residual = residual.contiguous()
     M, K = a.shape
-    result = None
+    result = sum_out = None
     if row_norm is not None:
         row_norm = RowNorm(*row_norm)
         as_float = lambda t: t.float() if t is not None and t.dtype == torch.bfloat16 else t  # noqa: E731
@@ -198,18 +208,18 @@ def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | Non
             result = out if out is not None else torch.empty((M, n), dtype=torch.bfloat16)
             out, out_dtype = None, torch.float32
             if row_norm.out is None:
-                row_norm, result_is_sum = row_norm._replace(out=result), False
+                row_norm = row_norm._replace(out=result)
             else:
-                result_is_sum = True
+                sum_out = result
     if out is None:
         out = torch.empty((M, n), dtype=out_dtype or a.dtype)
     post = epilogue(bias, unary, scalars, algorithm, residual, out.dtype, residual_first)
     if row_norm is not None:
         post = _with_row_norm(post, out.dtype, *row_norm)
-        if result is not None and result_is_sum:
-            if result.stride(-1) != 1:
-                raise RuntimeError("kiln's GEMM writes a bfloat16 sum beside its norm into rows of unit stride")
-            post.sum_out, post.ld_sum_out = result.data_ptr(), result.stride(0)
+    if sum_out is not None:
+        if sum_out.stride(-1) != 1:
+            raise RuntimeError("kiln's GEMM writes a bfloat16 sum beside its norm into rows of unit stride")
+        post.sum_out, post.ld_sum_out = sum_out.data_ptr(), sum_out.stride(0)
     run = _GEMMS[a.dtype] if lib is None else getattr(lib, f"kiln_gemm_{_SUFFIX[a.dtype]}")
     run(M, n, K, a.data_ptr(), a.stride(0), packed_b.data_ptr(), out.data_ptr(), out.stride(0),
         ctypes.byref(post) if post is not None else None, K_BLOCK)

@@ -156,10 +156,6 @@ def _mm_fake(a, b, bias, unary, scalars, algorithm, impl):
 # ---- kiln::mm_layer_norm: layer_norm(a @ b + bias + residual) in kiln's GEMM ---------------------
 # (`rms`: an RMS norm, T5's and Llama's, instead: row / sqrt(mean(row^2) + eps) * weight.)
 
-def _norm_kind(rms: bool) -> str:
-    return "rms_norm" if rms else "layer_norm"
-
-
 def _as_float32(t: torch.Tensor | None) -> torch.Tensor | None:
     """A bfloat16 model's norm weight or bias as the GEMM's row pass reads it: float32, made once."""
     return packed(t, "float32", t.float) if t is not None and t.dtype == torch.bfloat16 else t
@@ -171,7 +167,7 @@ def _mm_layer_norm(a, b, bias, residual, weight, norm_bias, eps, rms=False):
     # A bfloat16 product is normalized from its float32 sum, as eager's layer norm computes.
     return kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, residual=residual,
                         row_norm=kiln_gemm.RowNorm(_as_float32(weight), _as_float32(norm_bias), eps,
-                                                   kind=_norm_kind(rms)))
+                                                   kind=kiln_gemm.norm_kind(rms)))
 
 
 def _mm_layer_norm_fake(a, b, bias, residual, weight, norm_bias, eps, rms=False):
@@ -184,7 +180,7 @@ def _mm_add_layer_norm(a, b, bias, residual, weight, norm_bias, eps, rms=False):
     normed = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
     total = kiln_gemm.mm(a, _kiln_panels(b), b.shape[1], bias, residual=residual,
                          row_norm=kiln_gemm.RowNorm(_as_float32(weight), _as_float32(norm_bias), eps, normed,
-                                                    _norm_kind(rms)))
+                                                    kiln_gemm.norm_kind(rms)))
     return total, normed
 
 

@@ -159,22 +159,28 @@ def _mm_row_norm(tensors: list, eps: float, kind: str, total: ctypes.c_void_p | 
 def mm_layer_norm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                   weight: torch.Tensor | None, norm_bias: torch.Tensor | None, eps: float, rms: bool = False) -> torch.Tensor:
     """The runtime's kiln::mm_layer_norm, called from Python (likewise)."""
-    return _mm_row_norm([a, b, bias, residual, weight, norm_bias], eps, "rms_norm" if rms else "layer_norm")
+    from kiln.externs import kiln_gemm
+
+    return _mm_row_norm([a, b, bias, residual, weight, norm_bias], eps, kiln_gemm.norm_kind(rms))
 
 
 def mm_add_layer_norm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                       weight: torch.Tensor | None, norm_bias: torch.Tensor | None,
                       eps: float, rms: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The runtime's kiln::mm_add_layer_norm, called from Python (likewise): (the sum, its norm)."""
+    from kiln.externs import kiln_gemm
+
     total = ctypes.c_void_p()
-    normed = _mm_row_norm([a, b, bias, residual, weight, norm_bias], eps, "rms_norm" if rms else "layer_norm", total)
+    normed = _mm_row_norm([a, b, bias, residual, weight, norm_bias], eps, kiln_gemm.norm_kind(rms), total)
     return tensors_of([total.value])[0], normed
 
 
 def mm_softmax(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                log: bool = False) -> torch.Tensor:
     """The runtime's kiln::mm_softmax, called from Python (likewise)."""
-    return _mm_row_norm([a, b, bias, residual, None, None], 0.0, "log_softmax" if log else "softmax")
+    from kiln.externs import kiln_gemm
+
+    return _mm_row_norm([a, b, bias, residual, None, None], 0.0, kiln_gemm.softmax_kind(log))
 
 
 def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
