@@ -7,6 +7,7 @@ import torch
 
 import kiln
 from kiln.backend.driver import choose_codegen
+from kiln.runtime import fallback
 from kiln.runtime.triton_kernels import build_for_gpu
 from tests.codegen.test_cpp import CASES, TOLERANCES
 from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
@@ -151,6 +152,44 @@ def test_bfloat16_rounds_to_nearest_even_as_eager():
     out, graph = triton_compiled(fn, x)
     for got, want in zip(out, fn(x)):
         assert torch.equal(got.float().nan_to_num(), want.float().nan_to_num()) and got.dtype == want.dtype
+    assert_builds_for_h100(graph)
+
+
+
+CAST_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+               torch.bfloat16, torch.float32, torch.float64]
+
+
+def _cast_source(dtype):
+    """Values of `dtype` that round when cast to 16 bits: wide integers past float32's 24-bit
+    mantissa, floats with more digits than bfloat16 keeps."""
+    torch.manual_seed(1)
+    if dtype == torch.bool:
+        return torch.rand(4, 16) > 0.5
+    if dtype.is_floating_point:
+        return (torch.randn(4, 16) * 300).to(dtype)
+    info = torch.iinfo(dtype)
+    wide = torch.randint(max(info.min, -(2**40)), min(info.max, 2**40), (4, 16), dtype=torch.int64)
+    return wide.to(dtype)
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", CAST_DTYPES, ids=str)
+def test_every_cast_into_and_out_of_16_bit_floats_matches_eager(half, dtype):
+    # Fused with a layer norm as in the H200 report (an int32 mask cast to bfloat16 came out as
+    # its bits read as a float; other widths failed to compile): each cast into `half` from
+    # `dtype`, and out of `half` into `dtype`, bit for bit as eager (through float32 both ways).
+    def fn(x, m):
+        return torch.nn.functional.layer_norm(x, (16,)) * m.to(half), (x.abs() * 3).to(dtype)
+
+    # (|x| * 3 within int8's range: a float out of an integer's range converts to no defined value)
+    x, m = (torch.randn(4, 16) * 30).clamp(-40, 40).to(half), _cast_source(dtype)
+    fallback.reset()
+    out, graph = triton_compiled(fn, x, m)
+    assert not fallback.FALLBACKS, fallback.FALLBACKS
+    for got, want in zip(out, fn(x, m)):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    assert len(graph.stages.kernels.jit) == 1  # the casts inside the layer norm's kernel
     assert_builds_for_h100(graph)
 
 

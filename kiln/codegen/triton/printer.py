@@ -86,10 +86,15 @@ def triton_index(expr: sympy.Expr) -> str:
 
 
 def round_to(dtype: torch.dtype, value: str) -> str:
-    """A float32 value rounded to the 16-bit float `dtype`, held in float32."""
+    """A value of any dtype rounded to the 16-bit float `dtype`, held in float32. It goes through
+    float32 first, as eager's casts do (c10's 16-bit types are made from a float): an integer,
+    bool or float64 converts to float32, then rounds once more to 16 bits. (kiln_round_bf16 reads
+    its argument's bits as a float32's: handed an int32 it gave wrong values, and other widths
+    failed to compile.)"""
+    as_float = f"{value}.to(tl.float32)"
     if dtype == torch.bfloat16:
-        return f"kiln_round_bf16({value})"
-    return f"{value}.to(tl.float16).to(tl.float32)"
+        return f"kiln_round_bf16({as_float})"
+    return f"{as_float}.to(tl.float16).to(tl.float32)"
 
 
 def triton_constant(value: Any, dtype: torch.dtype) -> str:
