@@ -225,6 +225,18 @@ def _write_local(path: Path, data: bytes) -> None:
         _replace_atomically(_digest_path(path), hashlib.sha256(data).hexdigest().encode())
 
 
+def remove(path: Path) -> None:
+    """Forget an entry found bad after it was written (a compiled graph whose kernel failed at its
+    first launch): the file, its digest, and the remote tier's index of it, if one is set."""
+    with locked(path):
+        for file in (path, _digest_path(path)):
+            with contextlib.suppress(FileNotFoundError):
+                file.unlink()
+    tier = remote_cache.tier()
+    if tier is not None:
+        tier.delete(_remote_name(path))
+
+
 def read(path: Path) -> bytes | None:
     """The entry's bytes, or None when missing or not intact. The file is read once and those
     bytes are checked, so a writer replacing it meanwhile cannot make a check pass for other bytes.

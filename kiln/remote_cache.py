@@ -183,6 +183,18 @@ class RemoteTier:
         STATS["stored"] += 1
         logs.log("cache", "remote cache stored %s (%d bytes)", name, len(data))
 
+    def delete(self, name: str) -> None:
+        """Forget entry `name`: its index goes (the blob stays, unnamed, for whatever else shares
+        its bytes), so no process loads it again."""
+        if self.broken:
+            return
+        try:
+            self.client.command(b"DEL", self._index_key(name))
+        except (OSError, RemoteCacheError) as error:
+            self._switch_off(error)
+            return
+        logs.log("cache", "remote cache entry %s deleted", name)
+
     # -- helpers ---------------------------------------------------------------------------------
     def _index_key(self, name: str) -> bytes:
         return f"{self.prefix}index:{name}".encode()

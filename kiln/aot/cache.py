@@ -134,6 +134,12 @@ def store(key: str, entry: CachedVariant) -> None:
     disk_cache.write(disk_cache.entry("aot", key, ".pkl"), data)
 
 
+def drop(key: str) -> None:
+    """Forget the entry of `key`: a graph loaded from it failed where it ran."""
+    disk_cache.remove(disk_cache.entry("aot", key, ".pkl"))
+    logs.log("cache", "AOT graph cache entry %s dropped", key[:12])
+
+
 def dumps_spec(spec: pytree.TreeSpec) -> str | None:
     try:
         return pytree.treespec_dumps(spec)

@@ -46,6 +46,13 @@ class SavingGraphCompiler(Protocol):
     def load(self, payload: Any) -> Callable:
         """The compiled graph again, from `save`'s payload."""
 
+    def on_first_run(self, compiled: Any, then: Callable[[bool], None]) -> None:
+        """`then(True)` once `compiled` has completed its first call, `then(False)` when kiln's
+        code failed there and the graph runs through ATen instead; at once where nothing is left
+        to fail at the first call. A graph is cached only once it has run: a GPU graph's Triton
+        kernels compile at their first launch, and one rejected there must never be stored as
+        good, nor loaded by a later process."""
+
 
 @dataclass(frozen=True)
 class AotOptions:
@@ -64,6 +71,14 @@ class AotOptions:
     # Applied to each compiled inference graph before it runs, with the positions of its module
     # state among the flat inputs and the label (kiln's backend: CUDA graphs, when asked for).
     wrap_inference: Callable[[Callable, list[int], str], Callable] | None = None
+
+
+# The backend settings that change what is compiled, part of the AOT graph cache's key: a graph
+# built under other values is not loaded. (`compile_workers` and `cuda_graph_sizes` change how,
+# not what; tests/aot/test_cache.py checks every backend setting is one or the other.)
+KEYED_SETTINGS = ("freezing", "autotune", "codegen", "symbolic_kernels", "cpp_wrapper", "cuda_graphs", "triton_gemm",
+                  "gemm_candidates")
+UNKEYED_SETTINGS = ("compile_workers", "cuda_graph_sizes")
 
 
 def _placeholder_values(gm: fx.GraphModule) -> list[Any]:
@@ -194,8 +209,7 @@ class AotCompiled:
         if not (self.options.cache and isinstance(self.compile_graph, SavingGraphCompiler)):
             return None
         lifted = dict(zip(self.lifted_names, self.lifted))
-        options = (self.options.recompute, config.backend.freezing, config.backend.autotune, config.backend.codegen,
-                   config.backend.triton_gemm, config.backend.cpp_wrapper)
+        options = (self.options.recompute, *(getattr(config.backend, name) for name in KEYED_SETTINGS))
         return aot_cache.cache_key(self.gm, self.example_inputs, lifted, training, options)
 
     def _from_cache(self, key: str | None, training: bool) -> Callable[..., list[Any]] | None:
@@ -208,12 +222,33 @@ class AotCompiled:
         except Exception as error:  # noqa: BLE001 - an entry that does not load is rebuilt
             logs.log("cache", "AOT graph cache entry %s not loaded (%s): rebuilding", key[:12], error)
             return None
+        for graph in compiled:  # (it ran where it was stored; here, on another GPU, it may not)
+            self.compile_graph.on_first_run(graph, lambda ran: ran or aot_cache.drop(key))
         self.sig = self.sig or entry.sig
         self.out_spec = pytree.treespec_loads(entry.out_spec)
         return self._runner(training, compiled, entry.num_saved_tensors)
 
     def _to_cache(self, key: str | None, compiled: list[Any], num_saved: int) -> None:
-        spec = aot_cache.dumps_spec(self.out_spec) if key is not None and self.out_spec is not None else None
+        """Stores the graphs under `key` once each has completed its first call (never, if one
+        failed there)."""
+        if key is None or self.out_spec is None:
+            return
+        waiting, failed = set(range(len(compiled))), []
+
+        def ran(position: int, ok: bool) -> None:
+            waiting.discard(position)
+            failed.extend([] if ok else [position])
+            if not waiting and not failed:
+                self._store(key, compiled, num_saved)
+
+        # (A graph that has nothing left to fail is stored at once, inside this stage; one that
+        # waits for its first call is stored by that call, outside any compile-time stage.)
+        with compile_time.stage("aot cache store"):
+            for position, graph in enumerate(compiled):
+                self.compile_graph.on_first_run(graph, lambda ok, position=position: ran(position, ok))
+
+    def _store(self, key: str, compiled: list[Any], num_saved: int) -> None:
+        spec = aot_cache.dumps_spec(self.out_spec)
         payloads = [self.compile_graph.save(c) for c in compiled] if spec is not None else []
         if spec is not None and all(p is not None for p in payloads):
             aot_cache.store(key, aot_cache.CachedVariant(self.sig, spec, payloads, num_saved))
@@ -226,8 +261,7 @@ class AotCompiled:
             if runner is None:
                 logs.log("aot", "building the %s graph(s) of %s", "training" if training else "inference", self.options.label)
                 runner, compiled, num_saved = self._build_training() if training else self._build_inference()
-                with compile_time.stage("aot cache store"):
-                    self._to_cache(key, compiled, num_saved)
+                self._to_cache(key, compiled, num_saved)
             self.variants[training] = runner
         return self.variants[training]
 

@@ -283,6 +283,10 @@ class Backend:
         with compile_time.stage("load"):
             return saved.load(payload)
 
+    def on_first_run(self, compiled: Any, then: Callable[[bool], None]) -> None:
+        """`then(ok)` after `compiled`'s first call (kiln/aot/compile.py `SavingGraphCompiler`)."""
+        saved.on_first_run(compiled, then)
+
 
 def _cpp_wrapper(scheduled: Any, checks: set[str], functions: dict[str, tuple[str, int]],
                  size_arguments: dict[str, list[str]], target: Target) -> str | None:

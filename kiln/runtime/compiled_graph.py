@@ -13,6 +13,8 @@ every step without a second wrapper to generate or keep, and without a cost on t
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import pickle
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -44,6 +46,9 @@ class GraphArtifact:
     # through it; then `python` is the debugging view (and the profiler's instrumented call).
     cpp_wrapper: str | None = None
     num_outputs: int = 0
+    # A Triton graph's ATen graph, pickled (set when the AOT graph cache stores it): what a
+    # loaded graph runs instead if one of its kernels fails at its first launch here.
+    aten_graph: bytes | None = None
 
     @property
     def library_units(self) -> list[str]:
@@ -142,9 +147,14 @@ class CompiledGraph:
     def __init__(self, artifact: GraphArtifact, library: str | None, stages: Any = None,
                  eager: Callable | None = None) -> None:
         self.artifact, self.stages = artifact, stages
-        # A GPU graph's Triton kernels compile at their first launch, after the driver returned:
-        # a kernel Triton rejects there makes the graph run through ATen (`eager`), recorded.
-        self.eager = eager if artifact.codegen == "triton" and artifact.device != "cpu" else None
+        # A Triton graph's kernels compile at their first launch (on a GPU; under the
+        # interpreter, they first run there), after the driver returned: kiln's code failing in
+        # the first call makes the graph run through ATen (`eager`, the graph it was lowered
+        # from), recorded. C++ kernels were built and loaded before this: nothing is left to fail.
+        self.aten = eager if artifact.codegen == "triton" else None
+        self.eager = self.aten
+        self.first_run: bool | None = None if self.eager is not None else True  # None: not yet run
+        self._after_first_run: list[Callable[[bool], None]] = []
         scope: dict[str, Any] = {"_in_layout": _in_layout, "empty_strided": torch.empty_strided,
                                  "_raise_index_error": _raise_index_error, **artifact.constants}
         scope.update({name: _resolve_op(op) for name, op in artifact.ops.items()})
@@ -174,7 +184,22 @@ class CompiledGraph:
     @classmethod
     def load(cls, artifact: GraphArtifact) -> "CompiledGraph":
         """A graph from the AOT graph cache: its library built if missing, loaded, nothing lowered."""
-        return cls(artifact, build(artifact))
+        eager = pickle.loads(artifact.aten_graph) if artifact.aten_graph is not None else None
+        return cls(artifact, build(artifact), eager=eager)
+
+    def saved_artifact(self) -> GraphArtifact:
+        """The artifact as the AOT graph cache keeps it: a Triton graph's with its ATen graph."""
+        if self.aten is None:
+            return self.artifact
+        return dataclasses.replace(self.artifact, aten_graph=self.artifact.aten_graph or pickle.dumps(self.aten))
+
+    def on_first_run(self, then: Callable[[bool], None]) -> None:
+        """`then(True)` once the first call has completed, `then(False)` once it failed in kiln's
+        code and the graph runs through ATen; at once if that is already known."""
+        if self.first_run is None:
+            self._after_first_run.append(then)
+        else:
+            then(self.first_run)
 
     def __call__(self, *args: Any) -> tuple:
         if self.eager is not None:
@@ -182,15 +207,35 @@ class CompiledGraph:
         return self.call(*args)
 
     def _first_call(self, args: tuple) -> tuple:
-        eager, self.eager = self.eager, None
         try:
-            return self.call(*args)
-        except Exception as error:  # noqa: BLE001 - only Triton's own errors are caught below
-            if not type(error).__module__.startswith("triton"):
-                raise
-            record_fallback("kiln", "a Triton kernel at its first launch", error)
-            self.call = lambda *a: tuple(eager(*a))
-            return self.call(*args)
+            outputs = self.call(*args)
+        except Exception as error:  # noqa: BLE001 - told apart from the user's errors below
+            return self._fall_back(error, args)
+        self.eager = None
+        self._ran(True)
+        return outputs
+
+    def _fall_back(self, error: Exception, args: tuple) -> tuple:
+        """The first call failed: where ATen's graph runs these inputs, the failure was kiln's
+        (a kernel Triton rejects, a cast it cannot compile), and from now on ATen's graph runs
+        instead, recorded. Where ATen's fails too, the inputs are at fault: the error is raised as
+        eager would raise one, and the compiled graph is tried again on the next call."""
+        eager = self.eager
+        try:
+            outputs = tuple(eager(*args))
+        except Exception:  # noqa: BLE001 - the user's error, reported as the compiled graph's
+            raise error from None
+        record_fallback("kiln", "a Triton graph at its first call", error)
+        self.eager = None
+        self.call = lambda *a: tuple(eager(*a))
+        self._ran(False)
+        return outputs
+
+    def _ran(self, ok: bool) -> None:
+        self.first_run = ok
+        waiting, self._after_first_run = self._after_first_run, []
+        for then in waiting:
+            then(ok)
 
     # What it was built from, for tests and debug dumps (None after a cache load).
     program = property(lambda self: getattr(self.stages, "program", None))

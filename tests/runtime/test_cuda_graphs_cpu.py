@@ -63,11 +63,28 @@ def test_a_kernel_triton_rejects_at_first_launch_runs_through_aten():
     def rejected(*args):
         raise CompilationError("at 7:11: unsupported")
 
-    graph.call, graph.eager = rejected, lambda *a: fn(*a)  # as a GPU graph holds its ATen graph
+    graph.call, graph.eager, graph.first_run = rejected, lambda *a: fn(*a), None  # as before its first call
     fallback.reset()
     torch.testing.assert_close(graph(x)[0], fn(x)[0])
     torch.testing.assert_close(graph(x)[0], fn(x)[0])  # and from then on
     assert [f.reason for f in fallback.FALLBACKS] == ["CompilationError: at 7:11: unsupported"]
-    graph.eager, graph.call = (lambda *a: fn(*a)), lambda *a: [][1]  # any other error is the user's
-    with pytest.raises(IndexError):
+    assert graph.first_run is False
+
+
+def test_a_first_call_that_eager_fails_too_raises_and_is_tried_again():
+    fn = lambda x: (x.sin() + 1,)  # noqa: E731
+    x = torch.randn(8)
+    with kiln.config.patch({"backend.codegen": "triton"}):
+        _, graph = compiled(fn, x)
+    fallback.reset()
+
+    def bad_input(*args):
+        raise IndexError("index 9 is out of bounds")
+
+    graph.call, graph.eager, graph.first_run = bad_input, bad_input, None
+    with pytest.raises(IndexError, match="index 9"):  # the inputs' fault, as eager says: not a fallback
         graph(x)
+    assert not fallback.FALLBACKS and graph.first_run is None
+    graph.call = lambda *a: fn(*a)
+    torch.testing.assert_close(graph(x)[0], fn(x)[0])
+    assert graph.first_run is True and not fallback.FALLBACKS
