@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from kiln import compile_time, logs
 from kiln.autotune import store
-from kiln.autotune.timing import interleaved_seconds
+from kiln.autotune.timing import Timer, host_seconds, interleaved_seconds
 
 # Within this fraction of the fastest, the earlier candidate (the simpler one) is kept: closer
 # timings are noise on a shared machine, and a needless library switch is a risk for nothing.
@@ -19,12 +19,13 @@ COUNTS = {"measured": 0, "cached": 0}
 
 
 def choose(op: str, signature: Any, candidates: dict[str, Callable[[], object]], budget_s: float = 0.25,
-           max_rounds: int = 15, cleanup: Callable[[], None] | None = None) -> str:
+           max_rounds: int = 15, cleanup: Callable[[], None] | None = None, timer: Timer = host_seconds) -> str:
     """The name of the fastest candidate for `signature` (anything with a stable repr: shapes,
     dtypes, flags). Candidates run with inputs the caller prepared, interleaved in rounds until
     their timed runs add up to `budget_s` or `max_rounds` (kiln/autotune/timing.py); the first
     one wins ties.
     `cleanup` runs once the question is measured (to free what the candidates allocated).
+    `timer` measures one run: the host's clock by default, `timing.gpu_seconds` for GPU kernels.
 
         choose("mm", ((128, 768), (768, 768)), {"aten": run_aten, "mkl": run_mkl})  # -> "mkl"
     """
@@ -35,7 +36,7 @@ def choose(op: str, signature: Any, candidates: dict[str, Callable[[], object]],
     result = _MEMORY.get(key) or store.load(key)
     if result is None or result["choice"] not in candidates:
         with store.locked(key):
-            result = _measured(op, signature, key, candidates, budget_s, max_rounds, cleanup)
+            result = _measured(op, signature, key, candidates, budget_s, max_rounds, cleanup, timer)
     else:
         COUNTS["cached"] += 1
     _MEMORY[key] = result
@@ -43,7 +44,7 @@ def choose(op: str, signature: Any, candidates: dict[str, Callable[[], object]],
 
 
 def _measured(op: str, signature: Any, key: str, candidates: dict[str, Callable[[], object]], budget_s: float,
-              max_rounds: int, cleanup: Callable[[], None] | None) -> dict[str, Any]:
+              max_rounds: int, cleanup: Callable[[], None] | None, timer: Timer) -> dict[str, Any]:
     """The answer to question `key`: another process's, when it measured while this one waited
     for the lock; else measured now and saved."""
     result = store.load(key)
@@ -52,7 +53,7 @@ def _measured(op: str, signature: Any, key: str, candidates: dict[str, Callable[
         return result
     with compile_time.stage("autotune", merge=True) as timed:
         try:
-            times, report = interleaved_seconds(candidates, budget_s, max_rounds=max_rounds)
+            times, report = interleaved_seconds(candidates, budget_s, max_rounds=max_rounds, timer=timer)
         finally:
             if cleanup is not None:
                 cleanup()

@@ -175,26 +175,25 @@ def host_timer(fn, quantiles=None, **_: object):
 def choose_gemm(kernel: str, shape: tuple, forms: dict[str, Callable[..., None]], tensors: tuple,
                 outputs: int) -> Callable[..., None]:
     """The faster form of a product kernel (kiln/codegen/triton/kernel.py, `_timed_gemm`): each
-    run on the call's own tensors by kiln's autotuner (interleaved rounds, medians; on a GPU each
-    run waits for the device), the answer kept in kiln's autotune cache under the kernel's name
+    run on the call's own tensors by kiln's autotuner (interleaved rounds, medians; on a GPU the
+    GPU's time by CUDA events, never the host's, which would favour the form with fewer launches
+    over the faster kernels), the answer kept in kiln's autotune cache under the kernel's name
     (a hash of its text, which holds the sizes) and the device's. The outputs are put back as
     they were before the timing: a kernel that writes over one of its inputs reads it again."""
     from kiln.autotune.choose import choose
+    from kiln.autotune.timing import gpu_seconds, host_seconds
 
     device = tensors[0].device
     written = tensors[len(tensors) - outputs:]
     before = [t.clone() for t in written]
-    wait = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def timed(form: Callable[..., None]) -> Callable[[], None]:
-        def run() -> None:
-            form(*tensors)
-            wait()
-        return run
+        return lambda: form(*tensors)
 
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "triton interpreter"
-    chosen = choose("triton_gemm", (kernel, shape, where), {name: timed(form) for name, form in forms.items()},
-                    budget_s=0.05)
+    on_gpu = device.type == "cuda"
+    where = torch.cuda.get_device_name(device) if on_gpu else "triton interpreter"
+    chosen = choose("triton_gemm", (kernel, shape, where, "gpu time"), {name: timed(form) for name, form in forms.items()},
+                    budget_s=0.05, timer=gpu_seconds if on_gpu else host_seconds)
     for tensor, saved in zip(written, before):
         tensor.copy_(saved)
     return forms[chosen]

@@ -108,3 +108,56 @@ def test_the_clearly_faster_sleeper_wins():
     seconds, _ = timing.interleaved_seconds(runs, budget_s=0.05)
     assert fastest(seconds) == "fast"
     assert seconds["fast"] < seconds["slow"] < seconds["slower"]
+
+
+def test_a_timer_of_the_gpus_time_decides_not_the_hosts(clock):
+    # Many cheap launches (slow on the host) against one launch of a slower kernel: the GPU's
+    # times decide, as kiln's choice between a product template and cuBLAS must on a GPU.
+    fake = clock()
+    gpu_time = {}
+
+    def candidate(name, host_s, gpu_s):
+        run = fake.candidate(name, host_s)
+        gpu_time[run] = gpu_s
+        return run
+
+    runs = {"template": candidate("template", 1e-3, 5e-5), "library+epilogue": candidate("library+epilogue", 3e-3, 4e-5)}
+    assert fastest(timing.interleaved_seconds(runs, budget_s=0.01)[0]) == "template"  # the host's clock
+    seconds, _ = timing.interleaved_seconds(runs, budget_s=0.01, timer=lambda run: (run(), gpu_time[run])[1])
+    assert seconds == {"template": 5e-5, "library+epilogue": 4e-5} and fastest(seconds) == "library+epilogue"
+
+
+def test_gpu_seconds_queues_every_launch_before_its_start_event(monkeypatch):
+    # A stand-in torch.cuda that logs the order of what reaches the stream: the spin kernel comes
+    # before the start event, and it lasts longer than the host took to launch the run.
+    import torch
+
+    stream = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            self.at = len(stream)
+            stream.append("record")
+
+        def synchronize(self):
+            stream.append("wait")
+
+        def elapsed_time(self, end):
+            return 0.25  # ms
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: stream.append("synchronize"))
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: stream.append(("sleep", cycles)))
+
+    def run():
+        time.sleep(0.002)  # the host's launches
+        stream.append("kernels")
+
+    assert timing.gpu_seconds(run) == 0.25e-3
+    assert stream[:2] == ["kernels", "synchronize"]  # first: the launch time measured, alone
+    sleep, start, kernels, end, wait = stream[2:]
+    assert (start, kernels, end, wait) == ("record", "kernels", "record", "wait")
+    assert sleep[0] == "sleep" and sleep[1] >= 2 * 0.002 * timing._GPU_CYCLES_PER_S  # held past the launches
