@@ -27,7 +27,8 @@ from kiln.native import python_door, runtime
 from kiln.native.build import build_library
 from kiln.runtime.fallback import record_fallback
 from kiln.runtime.heap import keep_freed_memory
-from kiln.runtime.triton_kernels import ErrorFlag, load_module, module_path
+from kiln.runtime.error_flag import ErrorFlag
+from kiln.runtime.triton_kernels import load_module, module_path
 
 
 @dataclass
@@ -64,9 +65,10 @@ def _in_layout(t: torch.Tensor, layout: tuple[tuple[int, ...], tuple[int, ...]])
     return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
-def _raise_index_error(flag: ctypes.c_int, kernel: str) -> None:
+def _raise_index_error(flag: ctypes.c_int | ErrorFlag, kernel: str) -> None:
+    when = flag.when() if isinstance(flag, ErrorFlag) else ""
     flag.value = 0
-    raise IndexError(f"index out of range in kiln kernel {kernel} (an indexing op read outside its input)")
+    raise IndexError(f"index out of range in kiln kernel {kernel} (an indexing op read outside its input){when}")
 
 
 def _resolve_op(name: str) -> Any:

@@ -19,7 +19,8 @@ with one call:
   graph re-freezes it on that call). Outputs are copied out of the recording's buffers, so
   results of earlier calls are never overwritten by later replays.
 - **Index errors.** Kernels with indirect indices write a flag the wrapper reads after the last
-  kernel; under capture it cannot be read, so it is read after each replay instead.
+  kernel; under capture it cannot be read, so it is read after each replay instead (without
+  waiting for the GPU: kiln/runtime/error_flag.py).
 - **Limits, recorded, never silent.** Inputs on the CPU (a graph with host work), a capture that
   fails (an op that synchronizes with the host, as `.item()`), and more sets of input sizes than
   `backend.cuda_graph_sizes` make the calls run without a CUDA graph; each reason is recorded once
@@ -34,7 +35,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kiln import config, logs
-from kiln.runtime import triton_kernels
+from kiln.runtime.error_flag import flags_read_later
 from kiln.runtime.fallback import record_fallback
 
 
@@ -124,7 +125,7 @@ class CudaGraphed:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         try:
-            with triton_kernels.flags_read_later() as flags, torch.cuda.graph(graph):
+            with flags_read_later() as flags, torch.cuda.graph(graph):
                 outputs = list(self.compiled(*inputs))
         except Exception as error:  # noqa: BLE001 - the calls still run, recorded as such
             raise NoCudaGraph(f"the graph could not be captured ({type(error).__name__}: "

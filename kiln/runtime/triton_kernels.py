@@ -146,22 +146,6 @@ def binary_cache() -> Iterator[None]:
         os.environ.pop("TRITON_CACHE_DIR", None)
 
 
-_READ_LATER: list[list["ErrorFlag"]] = []  # open `flags_read_later` blocks, innermost last
-
-
-@contextlib.contextmanager
-def flags_read_later() -> Iterator[list["ErrorFlag"]]:
-    """While a CUDA graph is captured, a flag cannot be read (that would wait for the GPU): the
-    flags the wrapper asks for in the block are collected in the list yielded, to be read by the
-    caller after each replay (kiln/runtime/cuda_graphs.py)."""
-    collected: list[ErrorFlag] = []
-    _READ_LATER.append(collected)
-    try:
-        yield collected
-    finally:
-        _READ_LATER.remove(collected)
-
-
 def host_timer(fn, quantiles=None, **_: object):
     """Triton's autotuner's `do_bench` for interpreted kernels (CUDA events need a GPU): one
     wall-clock run, in milliseconds (an interpreted kernel's time says nothing about a GPU's;
@@ -197,32 +181,6 @@ def choose_gemm(kernel: str, shape: tuple, forms: dict[str, Callable[..., None]]
     for tensor, saved in zip(written, before):
         tensor.copy_(saved)
     return forms[chosen]
-
-
-class ErrorFlag:
-    """The wrapper's `index_error` for Triton kernels: `.value` reads (and, set to 0, clears)
-    the flag tensor that kernels with indirect indices write 1 into."""
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
-
-    @property
-    def value(self) -> int:
-        if _READ_LATER and self.tensor.is_cuda and torch.cuda.is_current_stream_capturing():
-            if self not in _READ_LATER[-1]:
-                _READ_LATER[-1].append(self)
-            return 0
-        return int(self.tensor.item())
-
-    @value.setter
-    def value(self, value: int) -> None:
-        self.tensor.fill_(value)
-
-    def check(self, where: str) -> None:
-        """IndexError (and the flag cleared) when a kernel set it."""
-        if self.value:
-            self.value = 0
-            raise IndexError(f"index out of range in {where} (an indexing op read outside its input)")
 
 
 def build_for_gpu(source: str, functions: list, capability: int = 90, warp_size: int = 32) -> dict[str, bytes]:
