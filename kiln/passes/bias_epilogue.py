@@ -20,12 +20,13 @@ _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, at
           aten.slice.Tensor, aten.select.int, aten.t.default, aten.transpose.int}
 
 
-def _consumers_are_lowered(node: fx.Node, loop_ops: frozenset) -> bool:
+def consumers_are_lowered(node: fx.Node, loop_ops: frozenset) -> bool:
+    """Every reader of `node`, looked through views, is an op kiln lowers into loops."""
     for user in node.users:
         if user.op != "call_function":
             return False
         if user.target in _VIEWS:
-            if not _consumers_are_lowered(user, loop_ops):
+            if not consumers_are_lowered(user, loop_ops):
                 return False
         elif user.target not in loop_ops:
             return False
@@ -38,7 +39,7 @@ def bias_epilogue(gm: fx.GraphModule, target: Target) -> bool:
         if node.op != "call_function" or node.target is not aten.addmm.default or node.kwargs:
             continue
         bias, x, w = node.args[:3]
-        if len(node.args) > 3 or not _consumers_are_lowered(node, target.loop_ops):
+        if len(node.args) > 3 or not consumers_are_lowered(node, target.loop_ops):
             continue  # beta/alpha other than 1, or an extern reads the result
         val = node.meta.get("val")
         with gm.graph.inserting_before(node):

@@ -58,8 +58,13 @@ def constant_nodes(gm: fx.GraphModule) -> set[fx.Node]:
 class ConstantSet:
     """`constant_nodes` kept current while a pass adds nodes computed from constants."""
 
-    def __init__(self, gm: fx.GraphModule) -> None:
-        self.nodes = constant_nodes(gm)
+    def __init__(self, gm: fx.GraphModule | None) -> None:
+        self.nodes = constant_nodes(gm) if gm is not None else set()
+
+    @classmethod
+    def empty(cls) -> "ConstantSet":
+        """No constants (a graph without frozen inputs: training, or freezing off)."""
+        return cls(None)
 
     def __contains__(self, value: object) -> bool:
         return isinstance(value, fx.Node) and value in self.nodes

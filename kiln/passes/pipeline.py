@@ -27,6 +27,7 @@ from kiln.passes.attention import attention
 from kiln.passes.bias_epilogue import bias_epilogue
 from kiln.passes.constant_split import split_constants
 from kiln.passes.conv_batchnorm import conv_batchnorm
+from kiln.passes.conv_layout import conv_layout
 from kiln.passes.conv_padding import conv_padding
 from kiln.passes.conv_prepack import conv_prepack
 from kiln.passes.dead_code import dead_code
@@ -52,6 +53,7 @@ REWRITES: list[tuple[str, Rewrite]] = [
     ("conv_padding", conv_padding),
     ("conv_batchnorm", conv_batchnorm),
     ("conv_prepack", conv_prepack),
+    ("conv_layout", conv_layout),  # GPU: channels-last weights, the bias in the consumer's kernel
     ("bias_epilogue", bias_epilogue),
     ("gemm_prepack", gemm_prepack),
     ("gemm_layer_norm", gemm_layer_norm),  # after gemm_prepack: the products it gave kiln's GEMM
