@@ -203,6 +203,9 @@ GEMM_EPILOGUES = {
     "float16": (lambda x, w: (x @ w) * 0.5, [torch.randn(17, 24).half(), torch.randn(24, 9).half()]),
     "linear on a 3-d input": (lambda x, w, b: torch.tanh(torch.nn.functional.linear(x, w, b)),
                               [torch.randn(2, 5, 16), torch.randn(12, 16), torch.randn(12)]),
+    # 10 rows of 64-row tiles (a group of 8 and a last group of 2) by 3 columns, K a multiple of
+    # the K step: every tile of the grouped order once, the K loop without its mask.
+    "tiles in groups, K even": (lambda x, w: torch.relu(x @ w), [torch.randn(600, 64), torch.randn(64, 130)]),
 }
 GEMM_TOLERANCES = {"bfloat16 relu and cast": {"atol": 2e-2, "rtol": 2e-2}, "float16": {"atol": 2e-3, "rtol": 2e-3}}
 

@@ -529,19 +529,31 @@ class TritonKernelPrinter:
         A, B = self.pointers[a.name], self.pointers[b.name]
         sa = [int(s) for s in a.layout.stride]
         sb = [int(s) for s in b.layout.stride]
+        # Tiles in groups of GROUP_ROWS rows of tiles, column by column within a group: the
+        # programs running at once share their A rows and B columns in the L2 cache, where
+        # row-major tile order would stream all of B for every row of tiles.
         self._emit("pid = tl.program_id(0)", 1)
+        self._emit("rows = (xnumel + XBLOCK - 1) // XBLOCK", 1)
         self._emit(f"columns = ({n} + RBLOCK - 1) // RBLOCK", 1)
-        self._emit("xindex = (pid // columns) * XBLOCK + tl.arange(0, XBLOCK)[:, None]", 1)
-        self._emit("rindex = (pid % columns) * RBLOCK + tl.arange(0, RBLOCK)[None, :]", 1)
+        self._emit("group_first = (pid // (GROUP_ROWS * columns)) * GROUP_ROWS", 1)
+        self._emit("group_rows = tl.minimum(rows - group_first, GROUP_ROWS)", 1)
+        self._emit("row = group_first + (pid % (GROUP_ROWS * columns)) % group_rows", 1)
+        self._emit("column = (pid % (GROUP_ROWS * columns)) // group_rows", 1)
+        self._emit("xindex = row * XBLOCK + tl.arange(0, XBLOCK)[:, None]", 1)
+        self._emit("rindex = column * RBLOCK + tl.arange(0, RBLOCK)[None, :]", 1)
         self._emit("xmask = xindex < xnumel", 1)  # (the rows an argument: one kernel for every batch size)
         self._emit(f"rmask = rindex < {n}", 1)
         self._emit("product = tl.full([XBLOCK, RBLOCK], 0, tl.float32)", 1)
         self._emit(f"for koffset in range(0, {kk}, KBLOCK):", 1)
         self._emit("kindex = koffset + tl.arange(0, KBLOCK)", 2)
-        self._emit(f"a = tl.load({A} + ({int(a.layout.offset)} + xindex * {sa[0]} + kindex[None, :] * {sa[1]}), "
-                   f"mask=xmask & (kindex[None, :] < {kk}), other=0)", 2)
-        self._emit(f"b = tl.load({B} + ({int(b.layout.offset)} + kindex[:, None] * {sb[0]} + rindex * {sb[1]}), "
-                   f"mask=(kindex[:, None] < {kk}) & rmask, other=0)", 2)
+        a_at = f"{A} + ({int(a.layout.offset)} + xindex * {sa[0]} + kindex[None, :] * {sa[1]})"
+        b_at = f"{B} + ({int(b.layout.offset)} + kindex[:, None] * {sb[0]} + rindex * {sb[1]})"
+        self._emit("if EVEN_K:  # (a constant of the config: KBLOCK divides K, no step is cut short)", 2)
+        self._emit(f"a = tl.load({a_at}, mask=xmask, other=0)", 3)
+        self._emit(f"b = tl.load({b_at}, mask=rmask, other=0)", 3)
+        self._emit("else:", 2)
+        self._emit(f"a = tl.load({a_at}, mask=xmask & (kindex[None, :] < {kk}), other=0)", 3)
+        self._emit(f"b = tl.load({b_at}, mask=(kindex[:, None] < {kk}) & rmask, other=0)", 3)
         if a.layout.dtype == torch.float32:  # eager's float32 GEMM: full float32, no TF32
             self._emit('product = tl.dot(a, b, product, input_precision="ieee")', 2)
         elif a.layout.dtype == torch.bfloat16 and self.device == "cpu":
@@ -722,22 +734,31 @@ def _reduction_configs(xnumel: int, inner: int, persistent: bool, tune: str | No
     return configs
 
 
+GEMM_GROUP_ROWS = 8  # rows of tiles per group of the template's tile order
+
+
 def _gemm_configs(m: int, n: int, kk: int, tune: str | None) -> list[tuple[dict, int, int | None]]:
     """The product template's tiles, warps and pipeline stages: 64-wide tiles (narrower for a
-    small product), then, with `tune`, the tile shapes GPU products commonly run fastest with."""
+    small product), then, with `tune`, the tile shapes Hopper's products commonly run fastest
+    with (K steps of 64 for 16-bit operands' wide tensor-core instructions, more warps and stages
+    for the largest tiles; the rest under max-autotune, each one more kernel to compile). Each
+    config also says whether its K step divides K (`EVEN_K`: no mask on the K loop) and the
+    tile order's group (`GROUP_ROWS`)."""
     fits = [max(16, next_power_of_2(v)) for v in (m, n, kk)]
     first = (dict(zip(("XBLOCK", "RBLOCK", "KBLOCK"), (min(64, f) for f in fits))), 4, None)
-    if tune is None:
-        return [first]
-    shapes = [(128, 128, 32, 8, 3), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4)]
+    shapes = []
+    if tune is not None:
+        shapes = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4)]
     if tune == "max-autotune":
-        shapes += [(64, 64, 64, 4, 3), (32, 64, 64, 4, 4), (64, 32, 64, 4, 4), (16, 64, 128, 4, 3)]
+        shapes += [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 32, 8, 4), (64, 64, 64, 4, 3),
+                   (32, 64, 64, 4, 4), (64, 32, 64, 4, 4), (16, 64, 128, 4, 3)]
     configs = [first]
     for *tile, warps, stages in shapes:
         blocks = dict(zip(("XBLOCK", "RBLOCK", "KBLOCK"), (min(t, f) for t, f in zip(tile, fits))))
         if all(blocks != c[0] for c in configs):
             configs.append((blocks, warps, stages))
-    return configs
+    return [({**blocks, "EVEN_K": int(kk % blocks["KBLOCK"] == 0), "GROUP_ROWS": GEMM_GROUP_ROWS}, warps, stages)
+            for blocks, warps, stages in configs]
 
 
 def _config_text(values: dict, warps: int, stages: int | None = None) -> str:
