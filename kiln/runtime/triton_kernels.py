@@ -72,7 +72,7 @@ def load_module(source: str, device: str, interpret: bool | None = None) -> Modu
     module = importlib.util.module_from_spec(spec)
     module.libdevice = INTERPRETER_LIBDEVICE if interpret else libdevice
     module.kiln_error_flag = torch.zeros(1, dtype=torch.int32, device=device)
-    module.kiln_do_bench = host_timer if device == "cpu" else None
+    module.kiln_do_bench = host_timer if device == "cpu" else short_gpu_bench
     module.kiln_choose_gemm = choose_gemm
     # linecache and inspect find a jit function's source through its module in sys.modules.
     sys.modules[name] = module
@@ -144,6 +144,20 @@ def binary_cache() -> Iterator[None]:
         yield
     finally:
         os.environ.pop("TRITON_CACHE_DIR", None)
+
+
+# Milliseconds of warm-up and of timed runs per config when Triton's autotuner times a GPU
+# kernel's block sizes (Triton's own default is 25 and 100: with 3-4 configs for each of a model's
+# reductions and products, seconds of a first call went to timing alone).
+GPU_BENCH_WARMUP_MS, GPU_BENCH_RUNS_MS = 3, 15
+
+
+def short_gpu_bench(fn, quantiles=None, **_: object):
+    """Triton's autotuner's `do_bench` for GPU kernels: Triton's own (CUDA events, the L2 cache
+    cleared between runs), over a few milliseconds instead of a hundred."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=GPU_BENCH_WARMUP_MS, rep=GPU_BENCH_RUNS_MS, quantiles=quantiles)
 
 
 def host_timer(fn, quantiles=None, **_: object):

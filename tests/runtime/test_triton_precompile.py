@@ -154,3 +154,14 @@ def test_a_kernel_that_fails_to_precompile_is_left_to_its_launch(h100_driver):
     triton_kernels.precompile(module, workers=2)  # no error: the others are compiled
     found, compiled = _launch_each_kernel(graph, module)
     assert len(compiled) >= 1 and found == len(graph.schedule.kernels) - 1
+
+
+def test_gpu_autotuning_times_each_config_briefly(monkeypatch):
+    import triton.testing
+
+    from kiln.runtime import triton_kernels
+
+    asked = {}
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kwargs: asked.update(kwargs) or [1.0])
+    assert triton_kernels.short_gpu_bench(lambda: None, quantiles=(0.5,)) == [1.0]
+    assert asked == {"warmup": 3, "rep": 15, "quantiles": (0.5,)}  # not Triton's 25 + 100 ms per config

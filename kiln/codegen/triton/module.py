@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 # Bound by the loader before this module runs: `libdevice`, `kiln_error_flag` and `kiln_do_bench`
-# (how the autotuner times a config: None, Triton's own, on a GPU).
+# (how the autotuner times a config: Triton's own over a few milliseconds, on a GPU).
 
 
 @triton.jit
