@@ -47,7 +47,7 @@ from kiln.passes.constants import has_frozen_inputs, unmark_frozen
 from kiln.passes.specialize_sizes import (has_symbolic_sizes, scalar_inputs, specialize, symbolic_declined,
                                           symbolic_inputs)
 from kiln.passes.verify import verify_graph
-from kiln.runtime import saved
+from kiln.runtime import saved, triton_compile_workers
 from kiln.runtime.compiled_graph import CompiledGraph, GraphArtifact, build
 from kiln.native.build import workers
 from kiln.runtime.fallback import record_fallback
@@ -236,6 +236,9 @@ class Backend:
             return gm
 
     def _compile(self, gm: fx.GraphModule, target: Target, folder: Any) -> CompiledGraph:
+        if target.codegen == "triton" and target.device != "cpu":
+            # Started now, their imports overlap the lowering: they compile the kernels at load.
+            triton_compile_workers.workers(workers())
         with compile_time.stage("lowering"):
             unprintable = triton_unprintable_ops() if target.codegen == "triton" else cpp_unprintable_ops()
             program = GraphLowering(gm, unprintable).lower()

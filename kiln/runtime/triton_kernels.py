@@ -88,18 +88,20 @@ def load_module(source: str, device: str, interpret: bool | None = None) -> Modu
 
 def precompile(module: ModuleType, workers: int) -> None:
     """Compile every kernel of a GPU graph's module now, `workers` at a time, rather than one by
-    one at their first launches. Each launch's `warmup` call (kiln/codegen/triton/kernel.py)
-    runs under Triton's asynchronous compile mode, which hands each compilation to a thread
-    pool and puts the results in the jit functions' own caches: a launch then finds its kernel
-    there when its arguments specialize as the warm-up's did (tensors 16-byte aligned, as the
-    caching allocator's are; a launch that differs compiles then, as before). Threads overlap
-    where Triton's compiler leaves Python (its MLIR and LLVM passes and `ptxas`)."""
+    one at their first launches. Worker processes compile them first, into Triton's on-disk
+    cache (kiln/runtime/triton_compile_workers.py). Then each launch's `warmup` call
+    (kiln/codegen/triton/kernel.py) runs here, under Triton's asynchronous compile mode, which
+    hands each compilation to a thread pool and puts the results in the jit functions' own
+    caches -- loaded from the disk cache where the workers compiled them: a launch then finds
+    its kernel there when its arguments specialize as the warm-up's did (tensors 16-byte
+    aligned, as the caching allocator's are; a launch that differs compiles then, as before)."""
     functions = getattr(module, "KILN_PRECOMPILE", [])
     try:
         from triton.runtime._async_compile import AsyncCompileMode  # Triton 3.5 and later
     except ImportError:
         return  # (each kernel compiles at its first launch)
     started = time.perf_counter()
+    _compile_in_workers(module, functions, workers)
     try:
         with ThreadPoolExecutor(max(1, workers)) as pool, AsyncCompileMode(pool, ignore_errors=True):
             for warm_up in functions:
@@ -118,6 +120,23 @@ def precompile(module: ModuleType, workers: int) -> None:
         logs.log("triton", "precompiling failed (%s: %s); kernels compile at their first launch", type(error).__name__, error)
         return
     logs.log("triton", "%d kernels precompiled in %.2f s, %d workers", len(functions), time.perf_counter() - started, workers)
+
+
+def _compile_in_workers(module: ModuleType, functions: list, workers: int) -> None:
+    """The module's warm-ups compiled by worker processes for this process's GPU; logged, never
+    raised: what they did not compile, the warm-ups here compile."""
+    from triton.runtime import driver
+
+    from kiln.runtime import triton_compile_workers
+
+    try:
+        target = driver.active.get_current_target()  # (the GPU's; in tests, a stand-in's)
+        errors = triton_compile_workers.compile_module(Path(module.__file__), [f.__name__ for f in functions],
+                                                       target.arch, workers)
+    except Exception as error:  # noqa: BLE001 - an optimization: never the reason a graph fails to load
+        errors = [f"{type(error).__name__}: {error}"]
+    for error in errors[:3]:
+        logs.log("triton", "a compile worker failed (%s); the kernel compiles here", error)
 
 
 def _warm_up_logged(warm_up) -> bool:

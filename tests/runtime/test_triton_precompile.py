@@ -165,3 +165,26 @@ def test_gpu_autotuning_times_each_config_briefly(monkeypatch):
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kwargs: asked.update(kwargs) or [1.0])
     assert triton_kernels.short_gpu_bench(lambda: None, quantiles=(0.5,)) == [1.0]
     assert asked == {"warmup": 3, "rep": 15, "quantiles": (0.5,)}  # not Triton's 25 + 100 ms per config
+
+
+def test_worker_processes_compile_the_kernels_the_parent_then_loads(h100_driver, tmp_path):
+    import os
+    from pathlib import Path
+
+    from kiln.runtime import triton_compile_workers
+
+    graph = _bert_graph()
+    module = triton_kernels.load_module(graph.stages.kernels.source, "cpu", interpret=False)
+    names = [f.__name__ for f in module.KILN_PRECOMPILE]
+    binaries = tmp_path / "binaries"
+    try:
+        assert triton_compile_workers.compile_module(Path(module.__file__), names, 90, 2) == []
+        compiled_by_workers = set(os.listdir(binaries))
+        assert len(compiled_by_workers) >= len(names)
+        for warm_up in module.KILN_PRECOMPILE:  # the parent's own warm-ups, on the same jit functions' sources
+            warm_up()
+        assert set(os.listdir(binaries)) == compiled_by_workers  # every one a hit in Triton's cache
+        found, compiled = _launch_each_kernel(graph, module)
+        assert compiled == [] and found == len(graph.schedule.kernels)
+    finally:
+        triton_compile_workers.workers(1).close()
