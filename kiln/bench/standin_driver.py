@@ -116,12 +116,14 @@ def _forget_standin_modules() -> None:
 
 @dataclass
 class StandInCudaDriver:
-    """Triton's driver protocol (`DriverBase`) for an H100 that is not there: device 0, one
-    stream, sm_90, no launches. `record=True` keeps each launch in `launches`."""
+    """Triton's driver protocol (`DriverBase`) for an H100 that is not there: current device 0
+    (`set_current_device` changes it), one stream, sm_90, no launches. `record=True` keeps each
+    launch in `launches`."""
 
     record: bool = False
     capability: int = 90
-    launches: list[Launch] = field(default_factory=list)
+    launches: list[Launch] = field(default_factory=list, repr=False)
+    device: int = 0
 
     def __post_init__(self) -> None:
         self.utils = _StandInUtils()
@@ -135,10 +137,10 @@ class StandInCudaDriver:
         return True
 
     def get_current_device(self) -> int:
-        return 0
+        return self.device
 
     def set_current_device(self, device: int) -> None:
-        pass
+        self.device = device
 
     def get_current_stream(self, device: int | None = None) -> int:
         return STREAM
