@@ -8,9 +8,8 @@ import pytest
 import torch
 
 import kiln
-from kiln.backend import watch
+from kiln.bench.launch_cost import printed_for_a_gpu
 from kiln.bench.standin_driver import STREAM, standin_cuda
-from kiln.codegen.triton.module import triton_kernels as print_triton_kernels
 from kiln.runtime import triton_kernels
 from kiln.runtime.triton_launch import DirectLaunch, TritonLaunch
 
@@ -49,17 +48,6 @@ def test_the_standin_compiles_for_an_h100_and_launches_nothing(binaries):
 
 # -- kiln's launches: through Triton once, then straight to the binary ------------------------------
 
-def _printed_for_a_gpu(fn, inputs, tune=None) -> tuple[str, list[tuple[str, list[torch.Tensor]]]]:
-    """(the Triton module of `fn`'s one graph as kiln prints it for a GPU graph, [(launcher, its
-    tensors)] in the schedule's order): compiled on the CPU, its kernels printed again for "cuda"."""
-    with kiln.config.patch({"backend.codegen": "triton"}), watch() as built:
-        kiln.compile(fn)(*inputs)
-    (graph,) = [b for b in built if getattr(b, "schedule", None) is not None]
-    printed = print_triton_kernels(graph.schedule.kernels, "cuda", tune)
-    return printed.source, [(printed.functions[k.name], [torch.zeros(b.layout.size, dtype=b.layout.dtype)
-                                                         for b in k.inputs + k.outputs]) for k in graph.schedule.kernels]
-
-
 @pytest.fixture(scope="module")
 def printed(tmp_path_factory):
     """A few graphs' modules as kiln prints them for a GPU graph, compiled once for the file in
@@ -74,7 +62,8 @@ def printed(tmp_path_factory):
     printed = {}
     with kiln.config.patch({"cache.dir": str(tmp_path_factory.mktemp("cache"))}):
         for name, (fn, inputs, tune) in graphs.items():
-            printed[name] = _printed_for_a_gpu(fn, inputs, tune)
+            (graph,) = printed_for_a_gpu(fn, inputs, tune)
+            printed[name] = graph.source, graph.launchers
     return printed
 
 
