@@ -2,7 +2,8 @@
 `kiln capture-cost` measures what kiln's own capture costs per model, `kiln many-shapes` what
 serving many input sizes costs, `kiln autotune` fills the
 autotune cache for models ahead of time, `kiln profile` times each kernel and extern of a model's
-compiled graphs against the machine's peak."""
+compiled graphs against the machine's peak, `kiln bench-launch` what a Triton kernel launch costs
+the host."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 
 from kiln import logs
 from kiln.autotune import cli as autotune_cli
-from kiln.bench import call_overhead, capture_cost, cli as bench_cli, many_shapes, profile_cli
+from kiln.bench import call_overhead, capture_cost, cli as bench_cli, launch_cost, many_shapes, profile_cli
 from kiln.deploy import runner
 
 
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     capture_cost.add_command(commands)
     many_shapes.add_command(commands)
     call_overhead.add_command(commands)
+    launch_cost.add_command(commands)
     runner.add_command(commands)
     autotune_cli.add_command(commands)
     profile_cli.add_command(commands)

@@ -330,6 +330,12 @@ class BackendSettings(_Group):
         env="KILN_CUDA_GRAPH_SIZES",
         help="CUDA graphs recorded per compiled graph, one per set of input sizes; beyond, calls run without one",
     )
+    triton_direct_launch: bool = setting(
+        True,
+        env="KILN_TRITON_DIRECT_LAUNCH",
+        help="launch a GPU graph's Triton kernels straight to their compiled binaries after each launch's "
+        "first call (alignment and device checked per call); off: through Triton's fn[grid](...) every time",
+    )
     triton_gemm: str = setting(
         "auto",
         env="KILN_TRITON_GEMM",

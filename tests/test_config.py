@@ -68,6 +68,7 @@ def test_defaults():
         "backend.cpp_wrapper": True,
         "backend.cuda_graphs": False,
         "backend.cuda_graph_sizes": 8,
+        "backend.triton_direct_launch": True,
         "backend.triton_gemm": "auto",
         "backend.gemm_candidates": (),
         "capture.recompile_limit": 8,

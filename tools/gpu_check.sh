@@ -1,6 +1,7 @@
 #!/bin/bash
 # kiln's checks on a lent GPU machine (torch, triton and transformers are already there): the
-# GPU tests, the OpInfo subset on CUDA tensors, and a timing of HuggingFace models.
+# GPU tests, the OpInfo subset on CUDA tensors, the host cost of a Triton launch (`kiln
+# bench-launch`) and a timing of HuggingFace models.
 # Usage (on the device machine, from the repository root): bash tools/gpu_check.sh [opinfo_s] [timing args...]
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
 OPINFO_S=${1:-150}; shift
@@ -14,4 +15,5 @@ timeout 150 python3 -m pytest -q tests/gpu -p no:cacheprovider --maxfail=15 2>&1
 if [ "$OPINFO_S" != 0 ]; then
   timeout $OPINFO_S env KILN_TEST_DEVICE=cuda python3 -m pytest -q tests/ops/test_opinfo_triton.py -n 12 -p no:cacheprovider 2>&1 | tee $OUT/opinfo_cuda.log | grep -E "FAILED|ERROR|passed|failed" | tail -40
 fi
+timeout 120 python3 -m kiln.cli bench-launch --rounds 5 2>&1 | tee $OUT/bench_launch.log | tail -8
 timeout 240 python3 tools/gpu_timing.py "$@" 2>&1 | tee $OUT/timing.log | tail -40

@@ -39,17 +39,17 @@ class CompileOnlyDriver:
     capability, current device 0, a stream that is never used. Nothing is launched."""
 
     def __init__(self, capability: int, warp_size: int = 32) -> None:
-        self.capability, self.warp_size = capability, warp_size
+        self.capability, self.warp_size, self.device = capability, warp_size, 0
 
     @staticmethod
     def is_active() -> bool:
         return True
 
     def get_current_device(self) -> int:
-        return 0
+        return self.device
 
     def set_current_device(self, device: int) -> None:
-        pass
+        self.device = device
 
     def get_current_stream(self, device: int | None = None) -> int:
         return 0

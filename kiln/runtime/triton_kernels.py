@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from kiln import disk_cache, logs
+from kiln import config, disk_cache, logs
 from kiln.native.build import workers
 
 
@@ -56,24 +56,31 @@ def _interpreting(on: bool) -> Iterator[None]:
             os.environ["TRITON_INTERPRET"] = before
 
 
-def load_module(source: str, device: str, interpret: bool | None = None) -> ModuleType:
+def load_module(source: str, device: str, interpret: bool | None = None, direct: bool | None = None) -> ModuleType:
     """The module of `source` imported for graphs on `device` ("cpu": interpreted), with its
-    `libdevice` and its index-error flag (a one-element int32 tensor on the device) bound.
-    `interpret=False` imports it for Triton's compiler on a CPU machine (tests building kernels
-    for a GPU target)."""
+    `libdevice`, its index-error flag (a one-element int32 tensor on the device) and its
+    launches' kind bound. `interpret=False` imports it for Triton's compiler on a CPU machine
+    (tests building kernels for a GPU target, under a stand-in driver). `direct`: launches
+    resolved once to their compiled binaries (kiln/runtime/triton_launch.py), the default for
+    compiled modules under `backend.triton_direct_launch`; never under the interpreter, whose
+    kernels have no binary."""
     from triton.language.extra import libdevice
 
+    from kiln.runtime.triton_launch import DirectLaunch, TritonLaunch
     from kiln.runtime.triton_math import INTERPRETER_LIBDEVICE
 
     interpret = device == "cpu" if interpret is None else interpret
+    direct = not interpret and (config.backend.triton_direct_launch if direct is None else direct)
     path = module_path(source)
-    name = f"kiln_triton_{path.stem}_{'interpreted' if interpret else 'compiled'}"
+    kind = "interpreted" if interpret else "direct" if direct else "compiled"
+    name = f"kiln_triton_{path.stem}_{kind}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     module.libdevice = INTERPRETER_LIBDEVICE if interpret else libdevice
     module.kiln_error_flag = torch.zeros(1, dtype=torch.int32, device=device)
     module.kiln_do_bench = host_timer if device == "cpu" else short_gpu_bench
     module.kiln_choose_gemm = choose_gemm
+    module.kiln_launch = DirectLaunch if direct else TritonLaunch
     # linecache and inspect find a jit function's source through its module in sys.modules.
     sys.modules[name] = module
     with _interpreting(interpret):

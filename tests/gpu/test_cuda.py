@@ -1,5 +1,6 @@
 """kiln on a CUDA GPU: Triton kernels compiled and run for real, cuBLAS and SDPA externs, freezing,
-CUDA autocast, training, and CUDA graphs (`mode="reduce-overhead"`).
+CUDA autocast, training, CUDA graphs (`mode="reduce-overhead"`), and launches straight to the
+compiled binaries.
 
 Without a GPU (CI) these are skipped: CI checks the same kernels under Triton's interpreter
 (tests/codegen/test_triton*.py, tests/ops/test_opinfo_triton.py) and builds each for sm_90. On a
@@ -20,6 +21,7 @@ from kiln.runtime.compiled_graph import CompiledGraph
 from kiln.runtime.cuda_graphs import CudaGraphed
 from kiln.runtime.error_flag import MAX_UNREAD
 from kiln.runtime.frozen import FrozenProgram
+from kiln.runtime.triton_launch import DirectLaunch
 from tests.codegen.test_triton_models import MODELS, PATTERNS, assert_same_gradients
 from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
 
@@ -76,6 +78,28 @@ def test_tiny_model_inference_on_the_gpu(name):
     assert fallback.FALLBACKS == []
     graphs = _graphs(built)
     assert graphs and all(g.artifact.codegen == "triton" for g in graphs)
+
+
+def test_launches_go_straight_to_their_binaries_after_the_first_call():
+    """kiln/runtime/triton_launch.py for real: the first call through Triton (compiling and
+    autotuning), later calls straight to the binaries, an input at an odd offset through Triton
+    again (its pointer off the 16-byte alignment the binaries were compiled for); eager's results
+    every time."""
+    fn = lambda x, w, b: torch.softmax(torch.layer_norm(x, (64,), w, b) * 2, -1) + x.sum(0)  # noqa: E731
+    inputs = [torch.randn(128, 64, device=CUDA), torch.randn(64, device=CUDA), torch.randn(64, device=CUDA)]
+    fallback.reset()
+    out, graph = compiled(fn, *inputs, autotune="default")
+    torch.testing.assert_close(out, fn(*inputs), atol=1e-5, rtol=1e-5)
+    assert fallback.FALLBACKS == []
+    launches = [v for launcher in graph.kernels.values() for v in launcher.__globals__.values()
+                if isinstance(v, DirectLaunch)]
+    assert launches and all(launch.resolved is not None for launch in launches)
+    for _ in range(3):
+        torch.testing.assert_close(graph(*inputs)[0], fn(*inputs), atol=1e-5, rtol=1e-5)
+    shifted = torch.randn(128 * 64 + 1, device=CUDA)[1:].view(128, 64)
+    assert shifted.data_ptr() % 16 != 0
+    torch.testing.assert_close(graph(shifted, *inputs[1:])[0], fn(shifted, *inputs[1:]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(graph(*inputs)[0], fn(*inputs), atol=1e-5, rtol=1e-5)
 
 
 def test_tiny_bert_under_cuda_autocast():

@@ -1,8 +1,8 @@
 """A GPU graph's Triton kernels compiled in parallel when it loads (kiln/runtime/triton_kernels.py
-`precompile`), checked on a machine without a GPU: Triton's CUDA driver is replaced by one that
-names an H100 as the target and cannot launch, so the kernels are really compiled for sm_90 and
-a launch shows whether it found its kernel compiled (it reaches the driver's launcher) or had
-to compile it (Triton's `jit_cache_hook` sees it first)."""
+`precompile`), checked on a machine without a GPU: Triton's CUDA driver is the stand-in
+(kiln/bench/standin_driver.py), which names an H100 as the target and launches nothing, so the
+kernels are really compiled for sm_90 and a launch shows whether it found its kernel compiled (it
+reaches the stand-in's launcher) or had to compile it (Triton's `jit_cache_hook` sees it first)."""
 
 import threading
 
@@ -11,48 +11,21 @@ import torch
 
 import kiln
 from kiln.backend import watch
+from kiln.bench.standin_driver import standin_cuda
 from kiln.runtime import triton_kernels
 from tests.codegen.test_triton_models import _tiny_bert, _triton_graphs
 from tests.kiln_backend import private_cache  # noqa: F401  (fixture)
 
 import triton  # noqa: E402  (a test requirement)
-from triton.backends.compiler import GPUTarget  # noqa: E402
-
-
-class Launched(Exception):
-    """A launch reached the driver: its kernel was found compiled."""
-
-
-class H100WithoutLaunches:
-    """Triton's active driver for the test: an H100 target, device 0, stream 0, no launches."""
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        return GPUTarget("cuda", 90, 32)
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
-    @property
-    def launcher_cls(self):  # what a launch asks for first, once its kernel is compiled
-        raise Launched
 
 
 @pytest.fixture
 def h100_driver(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "binaries"))
-    driver = triton.runtime.driver
-    before = getattr(driver, "_active", None)
-    driver.set_active(H100WithoutLaunches())
     try:
-        yield
+        with standin_cuda(record=True) as gpu:
+            yield gpu
     finally:
-        driver._active = before
         triton.knobs.runtime.jit_cache_hook = None
 
 
@@ -65,8 +38,8 @@ def _bert_graph():
     return graph
 
 
-def _launch_each_kernel(graph, module) -> tuple[int, list[str]]:
-    """(launches that found their kernel compiled, jit functions a launch had to compile)."""
+def _launch_each_kernel(graph, module, gpu) -> tuple[int, list[str]]:
+    """(launchers whose launches found their kernels compiled, jit functions a launch had to compile)."""
     compiled_at_launch = []
 
     def hook(**kwargs):
@@ -79,10 +52,9 @@ def _launch_each_kernel(graph, module) -> tuple[int, list[str]]:
         launcher = getattr(module, graph.stages.kernels.functions[kernel.name])
         tensors = [torch.empty_strided(tuple(int(s) for s in b.layout.size), tuple(int(s) for s in b.layout.stride),
                                        dtype=b.layout.dtype) for b in kernel.inputs + kernel.outputs]
-        try:
-            launcher(*tensors)
-        except Launched:
-            found += 1
+        before = len(gpu.launches)
+        launcher(*tensors)
+        found += len(gpu.launches) > before
     return found, compiled_at_launch
 
 
@@ -91,12 +63,13 @@ def test_every_launch_finds_its_kernel_precompiled(h100_driver):
     source = graph.stages.kernels.source
     kernels = len(graph.schedule.kernels)
     # Without precompiling, every launch compiles its kernel (the test's control).
-    found, compiled = _launch_each_kernel(graph, triton_kernels.load_module(source, "cpu", interpret=False))
+    module = triton_kernels.load_module(source, "cpu", interpret=False)
+    found, compiled = _launch_each_kernel(graph, module, h100_driver)
     assert found == 0 and len(compiled) == kernels
     triton.knobs.runtime.jit_cache_hook = None
     module = triton_kernels.load_module(source, "cpu", interpret=False)  # fresh jit functions
     triton_kernels.precompile(module, workers=2)
-    found, compiled = _launch_each_kernel(graph, module)
+    found, compiled = _launch_each_kernel(graph, module, h100_driver)
     assert compiled == [] and found == kernels
 
 
@@ -116,7 +89,7 @@ def test_a_compile_the_pool_loses_is_made_again_before_the_first_launch(h100_dri
 
     monkeypatch.setattr(triton.compiler, "compile", compile)
     triton_kernels.precompile(module, workers=2)
-    found, compiled = _launch_each_kernel(graph, module)
+    found, compiled = _launch_each_kernel(graph, module, h100_driver)
     assert len(lost) == len(module.KILN_PRECOMPILE)  # (every pool compile failed ...)
     assert compiled == [] and found == len(graph.schedule.kernels)  # (... and was made again)
 
@@ -137,7 +110,7 @@ def test_a_warm_up_that_fails_on_this_thread_while_the_pool_runs_is_made_again(h
     racing.__name__ = first.__name__
     module.KILN_PRECOMPILE[0] = racing
     triton_kernels.precompile(module, workers=2)
-    found, compiled = _launch_each_kernel(graph, module)
+    found, compiled = _launch_each_kernel(graph, module, h100_driver)
     assert len(calls) == 2 and compiled == [] and found == len(graph.schedule.kernels)
 
 
@@ -152,7 +125,7 @@ def test_a_kernel_that_fails_to_precompile_is_left_to_its_launch(h100_driver):
     broken.__name__ = first.__name__
     module.KILN_PRECOMPILE[0] = broken
     triton_kernels.precompile(module, workers=2)  # no error: the others are compiled
-    found, compiled = _launch_each_kernel(graph, module)
+    found, compiled = _launch_each_kernel(graph, module, h100_driver)
     assert len(compiled) >= 1 and found == len(graph.schedule.kernels) - 1
 
 
@@ -184,7 +157,7 @@ def test_worker_processes_compile_the_kernels_the_parent_then_loads(h100_driver,
         for warm_up in module.KILN_PRECOMPILE:  # the parent's own warm-ups, on the same jit functions' sources
             warm_up()
         assert set(os.listdir(binaries)) == compiled_by_workers  # every one a hit in Triton's cache
-        found, compiled = _launch_each_kernel(graph, module)
+        found, compiled = _launch_each_kernel(graph, module, h100_driver)
         assert compiled == [] and found == len(graph.schedule.kernels)
     finally:
         triton_compile_workers.workers(1).close()

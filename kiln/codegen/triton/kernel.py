@@ -21,6 +21,7 @@ launcher allocates it), the second folds each row's partials and runs the kernel
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from dataclasses import dataclass, field
@@ -84,7 +85,7 @@ class JitFunction:
 @dataclass
 class TritonKernel:
     functions: list[JitFunction]
-    launcher: str  # `def <name>(*tensors)`: launches the functions in order
+    launcher: str  # its launches (`kiln_launch(...)`), then `def <name>(*tensors)` calling them in order
     uses_error_flag: bool
     # Each launch as a call of Triton's `warmup` (the function compiled for the arguments the
     # launch passes, tensors by dtype alone, without running it): kiln/runtime/triton_kernels.py
@@ -249,20 +250,26 @@ class TritonKernelPrinter:
                 name: str | None = None) -> TritonKernel:
         """The launcher calling each function on its grid with the kernel's tensors, the error
         flag where it reads indices, then `rest` (sizes, block sizes); `prologue`: lines run
-        before the launches (a split reduction's partials buffer)."""
+        before the launches (a split reduction's partials buffer). Each launch is a module-level
+        `kiln_launch(function, grid, constants...)` made once, called with the tensors
+        (kiln/runtime/triton_launch.py: on a GPU it launches the compiled binary directly)."""
+        launcher = name or self.function
         names = [a for a, _ in self._arguments()]
         body = [f"    {line}" for line in prologue]
-        warmups = []
+        sites, warmups = [], []
         for function, grid, rest in launches:
             if grid == 0:  # no iteration (an empty tensor): nothing to run, and no address to read
                 continue
             args = ", ".join(names + (["kiln_error_flag"] if function.takes_error_flag else []))
             launch_grid = grid if isinstance(grid, str) else f"({grid},)"  # a str: the autotuner's grid function
-            body.append(f"    {function.name}[{launch_grid}]({args}{', ' if rest else ''}{rest})")
+            tensors, constants = _tensors_and_constants(f"{args}{', ' if rest else ''}{rest}")
+            site = f"{launcher}_launch{len(sites)}"
+            sites.append(f"{site} = kiln_launch({function.name}, {launch_grid}{', ' if constants else ''}{constants})")
+            body.append(f"    {site}({tensors})")
             warmups.append(_warmup(function, f"{args}{', ' if rest else ''}{rest}"))
-        launcher = "\n".join([f"def {name or self.function}({', '.join(names)}):", *(body or ["    pass"])])
-        return TritonKernel([f for f, _, _ in launches], launcher, any(f.takes_error_flag for f, _, _ in launches),
-                            warmups)
+        text = "\n".join([f"def {launcher}({', '.join(names)}):", *(body or ["    pass"])])
+        return TritonKernel([f for f, _, _ in launches], "\n\n\n".join([*(["\n".join(sites)] if sites else []), text]),
+                            any(f.takes_error_flag for f, _, _ in launches), warmups)
 
     def _result(self, nest: LoopNest, body: TritonBody, value: str, dims: Dims, shape: str, depth: int) -> None:
         """A member's value for the current block: into its local, or stored."""
@@ -683,6 +690,18 @@ class TritonKernelPrinter:
 
 
 _DTYPE_OF_POINTER = {pointer: f"torch.{str(dtype).removeprefix('torch.')}" for dtype, pointer in _POINTER_TYPES.items()}
+
+
+def _tensors_and_constants(arguments: str) -> tuple[str, str]:
+    """A launch's arguments split into the tensors (the names first: the kernel's buffers, the
+    error flag, a partials buffer) and what follows them (literal sizes and keyword constants,
+    the same at every call)."""
+    call = ast.parse(f"launch({arguments})", mode="eval").body
+    tensors = [a for a in call.args if isinstance(a, ast.Name)]
+    if call.args[: len(tensors)] != tensors:
+        raise AssertionError(f"a launch's tensors must come before its constants: {arguments}")
+    constants = [*call.args[len(tensors):], *call.keywords]
+    return ", ".join(t.id for t in tensors), ", ".join(ast.unparse(c) for c in constants)
 
 
 def _warmup(function: JitFunction, arguments: str) -> str:

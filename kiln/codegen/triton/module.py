@@ -2,11 +2,13 @@
 
 The module holds a preamble (imports, and the `kiln_*` helpers the printers call), each kernel's
 `@triton.jit` functions, and for each kernel a launcher `def kernel_<hash>(*tensors)` that
-launches them on their grids: what the wrapper calls, as it calls a C++ kernel. Kernels are
+launches them on their grids: what the wrapper calls, as it calls a C++ kernel. Each launch is an
+object made once beside its launcher, `kernel_<hash>_launch0 = kiln_launch(fn, grid, sizes...,
+BLOCKS=...)`, called with the tensors (kiln/runtime/triton_launch.py). Kernels are
 named by a hash of their text, so identical kernels of repeated layers are one function. The
 runtime (kiln/runtime/triton_kernels.py) writes the module to the cache and imports it; it
-binds `libdevice` (NVIDIA's math library, or its stand-in under Triton's interpreter) and
-`kiln_error_flag` (the tensor indirect indices report to) before the module runs.
+binds `libdevice` (NVIDIA's math library, or its stand-in under Triton's interpreter),
+`kiln_error_flag` (the tensor indirect indices report to) and `kiln_launch` before the module runs.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-# Bound by the loader before this module runs: `libdevice`, `kiln_error_flag` and `kiln_do_bench`
-# (how the autotuner times a config: Triton's own over a few milliseconds, on a GPU).
+# Bound by the loader before this module runs: `libdevice`, `kiln_error_flag`, `kiln_do_bench`
+# (how the autotuner times a config: Triton's own over a few milliseconds, on a GPU) and
+# `kiln_launch` (a launch: through Triton's `fn[grid](...)` each time, or on a GPU resolved once
+# to its compiled binary).
 
 
 @triton.jit
