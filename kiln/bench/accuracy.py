@@ -89,3 +89,28 @@ def compare(
             detail = f"output {i}: rms error vs float64 {ours:.3g}, eager float32's {eagers:.3g}"
             return Verdict(False, "fp64", worst, detail)
     return Verdict(True, rule, worst)
+
+
+def relative_error(actual: list[torch.Tensor], reference: list[torch.Tensor]) -> float | None:
+    """The largest `|actual - reference|` of any float output, as a fraction of that output's
+    largest `|reference|`: the worst output's figure (0.0 when all agree exactly).
+
+    What a lowered-precision run (bfloat16 weights, autocast) is stated as against float32: the
+    outputs may differ in dtype, never in count or shape (None then: nothing to compare). Values
+    are compared in float64 where the reference is finite; a NaN or infinity there is an infinite
+    error. Outputs whose reference is all zeros (a gradient no loss reaches) have no scale and are
+    left out."""
+    if len(actual) != len(reference) or any(a.shape != r.shape for a, r in zip(actual, reference)):
+        return None
+    worst = 0.0
+    for a, r in zip(actual, reference):
+        if not r.is_floating_point():
+            continue
+        finite = torch.isfinite(r)
+        a, r = a.detach()[finite].double(), r.detach()[finite].double()
+        scale = r.abs().max().item() if r.numel() else 0.0
+        if scale == 0.0:
+            continue
+        difference = torch.nan_to_num((a - r).abs(), nan=float("inf")).max().item()
+        worst = max(worst, difference / scale)
+    return worst
