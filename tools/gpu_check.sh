@@ -125,8 +125,14 @@ for name in $RUNS; do [ -f "$WORK/$name.md" ] && { cat "$WORK/$name.md"; echo; }
 echo; echo "==== $TESTS"; tail -15 "$WORK/tests.log" 2>/dev/null
 for name in $RUNS; do
   [ -f "$WORK/$name.log" ] || continue
-  echo; echo "==== $name"; grep -a '^\[[0-9]*/[0-9]*\]' "$WORK/$name.log"
-  # The text report's table of each case against its peer (a run stopped early has none: its JSON has the cases).
-  awk '/^Each case against its peer/ {on=1} on && /^$/ {exit} on' "$WORK/$name.log"
+  echo; echo "==== $name"
+  # The text report's table of each case against its peer; a run stopped early has none: its
+  # progress lines then, and always those of cases that failed (the JSON has every field).
+  table=$(awk '/^Each case against its peer/ {on=1} on && /^$/ {exit} on' "$WORK/$name.log")
+  if [ -n "$table" ]; then
+    echo "$table"; grep -a '^\[[0-9]*/[0-9]*\]' "$WORK/$name.log" | grep -aE 'FAIL|ERROR|TIMEOUT|CRASH|wrong' || true
+  else
+    grep -a '^\[[0-9]*/[0-9]*\]' "$WORK/$name.log"
+  fi
 done
 echo; ls -la "$OUT"; echo "ended after $(( $(date +%s) - START )) s (deadline $DEADLINE s)"

@@ -69,7 +69,7 @@ class Result:
     wall_s: float | None = None  # the whole subprocess, start to end
     kernel_profile: dict | None = None  # kiln.bench.profile.Profile.to_json(), when the case asked for one
     # Cases that lower precision (Case.lowers_precision): max |out - fp32 out| / max |fp32 out|, the
-    # worst output's (with --train: of the loss and every gradient), against eager float32 on the CPU
+    # worst output's (with --train: the loss, and the gradients as one), against eager float32 on the CPU
     # from the same weights before the cast; the same figure for eager itself and for the peer.
     fp32_rel_err: float | None = None
     eager_fp32_rel_err: float | None = None

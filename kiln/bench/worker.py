@@ -223,6 +223,12 @@ def _fp32_outputs(case: Case, model: nn.Module, inputs: dict[str, torch.Tensor])
     return _first_outputs(plain, _make_step(plain, model32, model32, inputs))
 
 
+def _error_vs_fp32(case: Case, outputs: list[torch.Tensor], fp32: list[torch.Tensor] | None) -> float | None:
+    """`accuracy.relative_error` of a step's outputs against float32's (None without a float32 run);
+    a training step's gradients (after its loss) taken as one output."""
+    return relative_error(outputs, fp32, pooled_from=1 if case.train else None) if fp32 is not None else None
+
+
 def _placed(model: nn.Module, case: Case) -> nn.Module:
     """`model` moved to the case's device and cast to its dtype (floating weights and buffers)."""
     model = model.to(case.device)
@@ -242,7 +248,7 @@ def _measure(case: Case, result: Result, checkpoint: Callable[[Result], None]) -
 
     eager = _make_step(case, eager_model, eager_model, inputs)
     reference = _phase("reference", lambda: _cpu(_first_outputs(case, eager)))
-    result.eager_fp32_rel_err = relative_error(reference, fp32) if fp32 is not None else None
+    result.eager_fp32_rel_err = _error_vs_fp32(case, reference, fp32)
 
     @functools.cache  # the case's mode and the peer are judged against one float64 run
     def fp64_reference() -> list[torch.Tensor]:
@@ -256,7 +262,7 @@ def _measure(case: Case, result: Result, checkpoint: Callable[[Result], None]) -
     result.accuracy = "pass" if verdict.passed else "fail"
     result.accuracy_rule, result.accuracy_detail = verdict.rule, verdict.detail or None
     result.max_abs_err = verdict.max_abs_err
-    result.fp32_rel_err = relative_error(outputs, fp32) if fp32 is not None else None
+    result.fp32_rel_err = _error_vs_fp32(case, outputs, fp32)
 
     stats = mode.stats()  # before a peer compiles: Dynamo's counters would count its graphs too
     result.graphs, result.graph_breaks = stats.get("graphs"), stats.get("graph_breaks")
@@ -303,7 +309,7 @@ def _compile_peer(case: Case, eager_model: nn.Module, inputs: dict[str, torch.Te
     by 10-30 %, more than the margins being measured)."""
     step, outputs, result.peer_compile_s = _compile_and_run(case, MODES[case.against], copy.deepcopy(eager_model), inputs)
     result.peer_accuracy = "pass" if compare(outputs, reference, fp64_reference).passed else "fail"
-    result.peer_fp32_rel_err = relative_error(outputs, fp32) if fp32 is not None else None
+    result.peer_fp32_rel_err = _error_vs_fp32(case, outputs, fp32)
     return step
 
 

@@ -44,6 +44,13 @@ def test_relative_error_is_the_worst_outputs_largest_difference_over_its_largest
     assert relative_error([torch.ones(2)], [torch.ones(3)]) is None and relative_error([], ref) is None
 
 
+def test_a_training_steps_gradients_count_as_one_output():
+    loss, grads = torch.tensor(2.0), [torch.tensor([4.0, -8.0]), torch.tensor([1e-9, 0.0])]  # a key bias's: ~0
+    amp = [torch.tensor(2.01), torch.tensor([4.0, -8.04]), torch.tensor([1e-5, 0.0])]
+    assert relative_error(amp, [loss, *grads]) == pytest.approx((1e-5 - 1e-9) / 1e-9, rel=1e-3)  # alone: noise / noise
+    assert relative_error(amp, [loss, *grads], pooled_from=1) == pytest.approx(max(0.01 / 2, 0.04 / 8))
+
+
 def test_batch_repeats_the_inputs_along_dim_0_and_dtype_casts_only_floating_ones():
     inputs = {"ids": torch.tensor([[1, 2, 3]]), "mask": torch.ones(1, 3, dtype=torch.int64), "x": torch.randn(1, 2, 4)}
     out = worker.batched(inputs, 3)
