@@ -395,6 +395,12 @@ class BenchSettings(_Group):
     warmup: int = setting(
         3, env="KILN_BENCH_WARMUP", help="untimed iterations after compilation, before timing"
     )
+    timing_lock: str = setting(
+        "",
+        env="KILN_BENCH_TIMING_LOCK",
+        help="file whose exclusive lock a CUDA case holds while it times its calls; empty: kiln bench "
+        "makes one per run (set, one lock is shared by runs and other GPU work: kiln/bench/timing_lock.py)",
+    )
 
 
 debug = DebugSettings()

@@ -78,6 +78,7 @@ def test_defaults():
         "bench.timeout_s": 900.0,
         "bench.iters": 20,
         "bench.warmup": 3,
+        "bench.timing_lock": "",
     }
     assert type(config.bench.timeout_s) is float
 

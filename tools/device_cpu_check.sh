@@ -26,7 +26,8 @@ python3 -c "from kiln.native import python_door, runtime; python_door.build_in_b
 cores=($(python3 tools/pinned_bench.py --cores)); n=${#cores[@]}
 sweep_cores=${cores[0]},${cores[1]}; gpu_cores=${cores[n-2]},${cores[n-1]}  # the jobs get the others
 [ "${GPU:-1}" != 0 ] && ( taskset -c $gpu_cores timeout 200 python3 -m pytest -q tests/gpu -p no:cacheprovider -x > $R/gpu_tests.log 2>&1
-  taskset -c $gpu_cores timeout 150 python3 tools/gpu_timing.py --models bert --dtypes bf16,fp32 --modes eager,kiln,kiln-ro > $R/gpu_timing.log 2>&1 ) &
+  taskset -c $gpu_cores timeout 150 python3 -m kiln bench --models bert --device cuda --autocast bf16 --batch 8 \
+    --modes kiln,kiln-reduce-overhead --iters 30 --json $R/gpu_bench.json > $R/gpu_bench.log 2>&1 ) &
 MODELS=${MODELS:-"swinv2 mobilevit gpt2 vit bert t5 convnext llama resnet50 distilbert mobilenetv1"}
 B="--iters 10 --warmup 2 --timeout 400"
 # Both compilers in each job's process, their compiled calls interleaved: a ratio that the
@@ -54,5 +55,5 @@ python3 tools/pinned_bench.py --out $R --exclude $exclude --max-jobs $MAX_JOBS -
 # time limit still brings them back (only 8 files come back from a lease, not one per job).
 tar czf $OUT/results.tgz -C $R .
 wait
-tail -5 $R/gpu_tests.log; tail -12 $R/gpu_timing.log
+tail -5 $R/gpu_tests.log; tail -12 $R/gpu_bench.log
 tar czf $OUT/results.tgz -C $R . && ls -la $OUT

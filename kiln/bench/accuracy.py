@@ -89,3 +89,36 @@ def compare(
             detail = f"output {i}: rms error vs float64 {ours:.3g}, eager float32's {eagers:.3g}"
             return Verdict(False, "fp64", worst, detail)
     return Verdict(True, rule, worst)
+
+
+def relative_error(actual: list[torch.Tensor], reference: list[torch.Tensor],
+                   pooled_from: int | None = None) -> float | None:
+    """The largest `|actual - reference|` of a float output, as a fraction of that output's largest
+    `|reference|`: the worst output's figure (0.0 when all agree exactly). Outputs from index
+    `pooled_from` on count as one output (a training step's gradients: their largest difference over
+    the largest gradient; alone, a gradient that is zero but for rounding, as an attention key's
+    bias, would turn float32's noise against bfloat16's into a ratio of thousands).
+
+    What a lowered-precision run (bfloat16 weights, autocast) is stated as against float32: the
+    outputs may differ in dtype, never in count or shape (None then: nothing to compare). Values
+    are compared in float64 where the reference is finite; a NaN or infinity there is an infinite
+    error. An output whose reference is all zeros has no scale and is left out."""
+    if len(actual) != len(reference) or any(a.shape != r.shape for a, r in zip(actual, reference)):
+        return None
+    largest = [(i, *_largest_difference_and_value(a, r))
+               for i, (a, r) in enumerate(zip(actual, reference)) if r.is_floating_point()]
+    alone = [(difference, scale) for i, difference, scale in largest if pooled_from is None or i < pooled_from]
+    pooled = [(difference, scale) for i, difference, scale in largest if pooled_from is not None and i >= pooled_from]
+    if pooled:
+        alone.append((max(d for d, _ in pooled), max(s for _, s in pooled)))
+    return max((difference / scale for difference, scale in alone if scale > 0), default=0.0)
+
+
+def _largest_difference_and_value(actual: torch.Tensor, reference: torch.Tensor) -> tuple[float, float]:
+    """max |actual - reference| and max |reference| where the reference is finite (NaN: infinite)."""
+    finite = torch.isfinite(reference)
+    a, r = actual.detach()[finite].double(), reference.detach()[finite].double()
+    if not r.numel():
+        return 0.0, 0.0
+    difference = torch.nan_to_num((a - r).abs(), nan=float("inf")).max().item()
+    return difference, r.abs().max().item()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -63,7 +65,19 @@ def _check_plotting(path: str | None) -> None:
 
 
 AUTOCAST = {"bf16": "bfloat16"}  # --autocast value -> torch dtype name
+DTYPES = {"fp32": None, "bf16": "bfloat16"}  # --dtype value -> Case.dtype (None: the model as built, float32)
 DEVICES = ("cpu", "cuda")
+
+
+def positive_int(text: str) -> int:
+    """argparse's type for counts (--batch, --jobs): its error names the argument and the value."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"takes a positive integer, e.g. 8 (got {text!r})")
+    return value
 
 
 def check_device(device: str) -> None:
@@ -87,8 +101,10 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
     threads = parse_threads(args.threads)
     if args.iters < 1 or args.warmup < 0 or args.timeout <= 0:
         raise ValueError("--iters must be >= 1, --warmup >= 0 and --timeout > 0")
-    if args.autocast and args.train:
-        raise ValueError("--autocast times inference only; leave out --train")
+    dtype = DTYPES[args.dtype]
+    if args.autocast and dtype:
+        raise ValueError(f"--autocast {args.autocast} and --dtype {args.dtype}: choose one (autocast keeps float32 "
+                         "weights and computes in bfloat16 where it is safe; --dtype casts the whole model)")
     profile = getattr(args, "profile", False)
     if profile and args.device != "cpu":
         # kiln/bench/profile.py times each kernel with the CPU's clock, no synchronize, against the CPU's peak.
@@ -102,7 +118,8 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
             raise ValueError(f"--against {against}: {why}")
     return [
         Case(model, mode, t, train=args.train, iters=args.iters, warmup=args.warmup, autocast=autocast,
-             profile=profile, device=args.device, against=against if mode not in ("eager", against) else None)
+             profile=profile, device=args.device, against=against if mode not in ("eager", against) else None,
+             dtype=dtype, batch=args.batch)
         for model in models
         for t in threads
         for mode in modes
@@ -118,7 +135,7 @@ def write_outputs(results: list[Result], meta: dict[str, Any], args: argparse.Na
 
         print("\n" + format_results(results, top=25))  # all entries are in the JSON
     if args.json:
-        Path(args.json).write_text(json.dumps(report.json_report(results, meta, gemm), indent=1) + "\n")
+        write_whole(args.json, json.dumps(report.json_report(results, meta, gemm), indent=1) + "\n")
     if args.plot and results:
         from kiln.bench.plot import plot_speedups
 
@@ -128,7 +145,7 @@ def write_outputs(results: list[Result], meta: dict[str, Any], args: argparse.Na
               file=sys.stderr)
     if args.markdown:
         plot = os.path.relpath(args.plot, Path(args.markdown).parent) if args.plot and results else None
-        Path(args.markdown).write_text(report.markdown_report(results, meta, plot, gemm))
+        write_whole(args.markdown, report.markdown_report(results, meta, plot, gemm))
 
 
 def _gemm_choices(args: argparse.Namespace) -> tuple[list, list[int], list[str]]:
@@ -136,7 +153,8 @@ def _gemm_choices(args: argparse.Namespace) -> tuple[list, list[int], list[str]]
     from kiln.bench.gemm import DTYPES, SHAPES, parse_shapes
 
     for flag, given in [("--train", args.train), ("--autocast", args.autocast), ("--plot", args.plot),
-                        ("--modes", args.modes != DEFAULT_MODES), ("--device", args.device != "cpu")]:
+                        ("--modes", args.modes != DEFAULT_MODES), ("--device", args.device != "cpu"),
+                        ("--dtype", args.dtype != "fp32"), ("--batch", args.batch != 1), ("--jobs", args.jobs != 1)]:
         if given:
             raise ValueError(f"{flag} does not apply to --suite {GEMM_SUITE}, which times every kiln::mm implementation "
                              "on single GEMMs")
@@ -164,9 +182,26 @@ def run_gemm(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    """Stop the run: its cases killed, the files of those finished kept, exit 143. Further SIGTERMs
+    are ignored (`timeout` sends one to the command and one to its process group: a second
+    SystemExit in the middle of the first one's unwinding would lose the files)."""
+    from kiln.bench.runner import stop_running_cases
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    stop_running_cases()
+    print("kiln bench: stopped (SIGTERM); the cases finished are in the --json and --markdown files", file=sys.stderr)
+    raise SystemExit(128 + signum)
+
+
+def check_folder(flag: str, path: str | None) -> None:
+    if path is not None and not Path(path).is_dir():
+        raise ValueError(f"{flag} {path!r} is not an existing folder")
+
+
 def run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from kiln.bench.report import run_metadata
-    from kiln.bench.runner import Progress, run_cases
+    from kiln.bench.runner import Progress, run_cases, run_in_subprocess
 
     try:
         check_device(args.device)
@@ -178,11 +213,12 @@ def run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         cases = select_cases(args)
         check_writable("--json", args.json, ".json")
         check_writable("--markdown", args.markdown, ".md")
+        check_folder("--case-logs", args.case_logs)
         _check_plotting(args.plot)
     except ValueError as e:
         parser.error(str(e))
     meta = run_metadata(
-        task="training step" if args.train else "inference" + (f" under {args.autocast} autocast" if args.autocast else ""),
+        task=("training step" if args.train else "inference") + (f" under {args.autocast} autocast" if args.autocast else ""),
         suite=args.suite if not args.models else "custom",
         threads=parse_threads(args.threads),
         iters=args.iters,
@@ -190,10 +226,41 @@ def run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         cache=args.cache,
         timeout_s=args.timeout,
         device=args.device,
+        dtype=DTYPES[args.dtype] or "float32",
+        batch=args.batch,
+        jobs=args.jobs,
     )
-    results = run_cases(cases, args.timeout, cold_cache=args.cache == "cold", progress=Progress(len(cases)))
+    run_one = functools.partial(run_in_subprocess, log_dir=Path(args.case_logs) if args.case_logs else None)
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)  # (a lease's limit: no case may outlive the run)
+    try:
+        results = run_cases(cases, args.timeout, cold_cache=args.cache == "cold", progress=Progress(len(cases)),
+                            run_one=run_one, jobs=args.jobs, on_result=lambda done: save_partial(done, len(cases), meta, args))
+    finally:
+        if signal.getsignal(signal.SIGTERM) is _stop_on_sigterm:  # (not stopped: SIGTERM as before)
+            signal.signal(signal.SIGTERM, previous)
     write_outputs(results, meta, args)
     return 0
+
+
+def save_partial(results: list[Result], total: int, meta: dict[str, Any], args: argparse.Namespace) -> None:
+    """The --json and --markdown files of the cases finished so far, rewritten after each: a run
+    stopped from outside (a lease's time limit) leaves what it measured, its cases stopped
+    midway included. A run that ends writes them once more, complete."""
+    from kiln.bench import report
+
+    partial = {**meta, "finished": f"{len(results)} of {total} cases"}
+    if args.json:
+        write_whole(args.json, json.dumps(report.json_report(results, partial), indent=1) + "\n")
+    if args.markdown:
+        write_whole(args.markdown, report.markdown_report(results, partial))
+
+
+def write_whole(path: str, text: str) -> None:
+    """Write `path` through a file beside it renamed over it: a reader, or a run killed meanwhile,
+    never leaves half a file."""
+    temporary = Path(f"{path}.writing")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 def run_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -241,7 +308,18 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup", type=int, default=config.bench.warmup, help="untimed iterations (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=config.bench.timeout_s, help="seconds per case (default: %(default)s)")
     p.add_argument("--train", action="store_true", help="time a training step and check gradients")
-    p.add_argument("--autocast", choices=list(AUTOCAST), help="run inference under torch.autocast(DEVICE, dtype=...)")
+    p.add_argument("--autocast", choices=list(AUTOCAST),
+                   help="run under torch.autocast(DEVICE, dtype=...): inference, or with --train the forward of "
+                        "a training step (mixed precision: float32 weights and gradients)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="fp32",
+                   help="cast the model and its floating inputs to this dtype (default: fp32, as built); the "
+                        "error against a float32 eager run is reported beside the accuracy verdict")
+    p.add_argument("--batch", type=positive_int, default=1,
+                   help="the models' batch-1 inputs repeated to this batch size (default: 1)")
+    p.add_argument("--jobs", type=positive_int, default=1,
+                   help="cases run at once, each in its own process (default: 1); on cuda their timings take "
+                        "turns on the GPU, while compile times measured side by side are inflated by the "
+                        "shared CPU (the report says so)")
     p.add_argument("--cache", choices=["cold", "warm"], default="cold", help="compile caches: fresh per case (cold) or the user's (warm)")
     p.add_argument("--profile", action="store_true",
                    help="also time each kernel and extern of kiln's graphs: a roofline table per case (docs/profile.md)")
@@ -254,6 +332,8 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--json", metavar="PATH", help="write every result and the run's metadata as JSON")
     p.add_argument("--markdown", metavar="PATH", help="write the tables as markdown")
     p.add_argument("--plot", metavar="PATH.png", help="write a bar chart of speedups")
+    p.add_argument("--case-logs", metavar="DIR",
+                   help="keep each case's output (tracebacks, warnings) in this folder, one file per case")
     p.set_defaults(handler=run_bench)
 
 

@@ -191,9 +191,23 @@ def _config_pixels(cfg: Any) -> dict[str, torch.Tensor]:
 
 no_cache = {"use_cache": False}
 
+def _protein_ids(seq: int, padded: int) -> Callable[[Any], dict[str, torch.Tensor]]:
+    """ESM's inputs: amino-acid tokens (ids 4-23 of ESM's vocabulary; no mask token) whose last
+    `padded` positions are padding, and the int64 attention mask that says so."""
+
+    def inputs(cfg: Any) -> dict[str, torch.Tensor]:
+        mask = torch.ones(1, seq, dtype=torch.int64)
+        mask[:, seq - padded:] = 0
+        ids = (4 + token_ids(20, seq)).masked_fill(mask == 0, cfg.pad_token_id)
+        return {"input_ids": ids, "attention_mask": mask}
+
+    return inputs
+
+
 # ---- the hf suite: the models every issue is judged on ----
-_register(hf_model("bert", ("hf",), "BertModel", "BertConfig", {}, _ids(128)))
-_register(hf_model("gpt2", ("hf",), "GPT2LMHeadModel", "GPT2Config", no_cache, _ids(128)))
+# (gpu: the models the GPU check of issue 50 times, in bfloat16 at batch 8; see the gpu suite below)
+_register(hf_model("bert", ("hf", "gpu"), "BertModel", "BertConfig", {}, _ids(128)))
+_register(hf_model("gpt2", ("hf", "gpu"), "GPT2LMHeadModel", "GPT2Config", no_cache, _ids(128)))
 _register(
     hf_model(
         "t5",
@@ -206,7 +220,7 @@ _register(
 )
 _register(hf_model("distilbert", ("hf",), "DistilBertModel", "DistilBertConfig", {}, _ids(128)))
 _register(hf_model("vit", ("hf",), "ViTModel", "ViTConfig", {}, _pixels(224)))
-_register(hf_model("resnet50", ("hf",), "ResNetModel", "ResNetConfig", {}, _pixels(224)))
+_register(hf_model("resnet50", ("hf", "gpu"), "ResNetModel", "ResNetConfig", {}, _pixels(224)))
 _register(
     hf_model(
         "llama",
@@ -236,6 +250,56 @@ _register(hf_model("mobilevit", ("hf",), "MobileViTModel", "MobileViTConfig", {}
 # Windowed attention (shifted windows, relative position bias, patch merging): Swin V2-tiny at
 # 224x224, the model whose compile time was a cliff (issue 22).
 _register(hf_model("swinv2", ("hf",), "Swinv2Model", "Swinv2Config", {}, _pixels(224)))
+
+# ---- the gpu suite: bert, gpt2 and resnet50 above, and two more (issue 50) ----
+# A Mistral-style decoder: grouped-query attention (16 query heads over 4 key-value heads), RMS
+# norms, SwiGLU, rotary positions; 4 layers at hidden 1024. No sliding window: at sequence 128 it
+# would mask nothing.
+_register(
+    hf_model(
+        "mistral",
+        ("gpu",),
+        "MistralForCausalLM",
+        "MistralConfig",
+        {
+            **no_cache,
+            "hidden_size": 1024,
+            "intermediate_size": 3584,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 4,
+            "vocab_size": 32000,
+            "max_position_embeddings": 2048,
+            "sliding_window": None,
+        },
+        _ids(128),
+    )
+)
+# ESM (a protein encoder, BERT-base sizes, ESM-1b's layer norm before the encoder): its embeddings
+# multiply the layer norm's output by the int64 attention mask and cast the product back, so in
+# bfloat16 an int64 tensor meets a bfloat16 one inside a norm's fusion. 16 of 128 positions padded.
+_register(
+    hf_model(
+        "esm",
+        ("gpu",),
+        "EsmModel",
+        "EsmConfig",
+        {
+            "vocab_size": 33,
+            "pad_token_id": 1,
+            "mask_token_id": 32,
+            "hidden_size": 768,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 12,
+            "intermediate_size": 3072,
+            "max_position_embeddings": 1026,
+            "position_embedding_type": "absolute",
+            "emb_layer_norm_before": True,
+            "token_dropout": False,
+        },
+        _protein_ids(128, padded=16),
+    )
+)
 
 # ---- the smoke suite: two real models small enough for `make demo` ----
 _register(

@@ -117,6 +117,23 @@ DETAIL_COLUMNS = [
     ("fallbacks", lambda r: _fmt(r.fallbacks, "d")),
     ("note", lambda r: r.error or r.accuracy_detail or (f"{r.case.against}: {r.peer_error}" if r.peer_error else "")),
 ]
+# Shown only where some case has them: a peer (--against), lowered precision (--dtype, --autocast).
+OPTIONAL_DETAIL_COLUMNS = {
+    "peer ms": lambda r: r.peer_ms,
+    "peer compile s": lambda r: r.peer_compile_s,
+    "eager err vs fp32": lambda r: r.eager_fp32_rel_err,
+    "err vs fp32": lambda r: r.fp32_rel_err,
+    "peer err vs fp32": lambda r: r.peer_fp32_rel_err,
+}
+_OPTIONAL_FORMATS = {"peer ms": ".2f", "peer compile s": ".1f"}
+
+
+def detail_columns(results: list[Result]) -> list[tuple[str, Any]]:
+    """The "every case" table's columns: the fixed ones, and before the note each optional one
+    that some result has."""
+    shown = [(name, lambda r, get=get, spec=_OPTIONAL_FORMATS.get(name, ".1e"): _fmt(get(r), spec))
+             for name, get in OPTIONAL_DETAIL_COLUMNS.items() if any(get(r) is not None for r in results)]
+    return DETAIL_COLUMNS[:-1] + shown + DETAIL_COLUMNS[-1:]
 
 SUMMARY_COLUMNS = [
     ("mode", lambda s: s.mode),
@@ -166,6 +183,30 @@ def versus_peer(results: list[Result]) -> tuple[str, list[str], list[list[str]]]
     return title, ["model", "threads"] + modes, body
 
 
+def against_peer(results: list[Result]) -> tuple[str, list[str], list[list[str]]] | None:
+    """One row per case that had a peer: both compiled calls' times and their ratio, both cold
+    compiles, both accuracy verdicts, and where precision was lowered each one's error against
+    float32 (eager's too): the figures an issue states a GPU run with."""
+    paired = [r for r in results if r.case.against and r.compile_s is not None]  # (stopped ones too: their compiles)
+    if not paired:
+        return None
+    lowered = any(r.case.lowers_precision for r in paired)
+    header = ["model", "threads", "mode", "peer", "ms", "peer ms", "÷ peer", "compile s", "peer compile s",
+              "accuracy", "peer accuracy"] + (["eager err vs fp32", "err vs fp32", "peer err vs fp32"] if lowered else [])
+    rows = []
+    for r in paired:
+        mode = r.case.mode if r.status == "ok" else f"{r.case.mode} ({r.status}: {r.error})"
+        row = [r.case.model, str(r.case.threads), mode, r.case.against, _fmt(r.compiled_ms, ".2f"),
+               _fmt(r.peer_ms, ".2f"), _fmt(r.versus_peer, ".2f", "x"), _fmt(r.compile_s, ".1f"),
+               _fmt(r.peer_compile_s, ".1f"), r.accuracy or "-", r.peer_accuracy or (f"failed: {r.peer_error}" if r.peer_error else "-")]
+        if lowered:
+            row += [_fmt(r.eager_fp32_rel_err, ".1e"), _fmt(r.fp32_rel_err, ".1e"), _fmt(r.peer_fp32_rel_err, ".1e")]
+        rows.append(row)
+    title = "Each case against its peer, in one process" + (
+        " (err vs fp32: max |out - float32 eager out| / max |float32 eager out|, the worst output's)" if lowered else "")
+    return title, header, rows
+
+
 def _text_table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
@@ -186,25 +227,39 @@ def _tables(results: list[Result]) -> list[tuple[str, list[str], list[list[str]]
     budget_header, budget_rows = compile_budget(results)
     budget = [(f"Cold compile against the peer's (budget: at most {COMPILE_BUDGET:g} of its time)",
                budget_header, budget_rows)] if budget_rows else []
-    paired = versus_peer(results)
+    paired, each_against = versus_peer(results), against_peer(results)
+    details = detail_columns(results)
     return [
         ("Speedup over eager (median latency, eager / compiled)", *pivot(results)),
         *([paired] if paired else []),
+        *([each_against] if each_against else []),
         ("Summary per mode", [c for c, _ in SUMMARY_COLUMNS], [[f(s) for _, f in SUMMARY_COLUMNS] for s in summaries]),
         *budget,
-        ("Every case", [c for c, _ in DETAIL_COLUMNS], [[f(r) for _, f in DETAIL_COLUMNS] for r in results]),
+        ("Every case", [c for c, _ in details], [[f(r) for _, f in details] for r in results]),
     ]
 
 
 def describe_run(meta: dict[str, Any]) -> str:
     threads = ",".join(str(t) for t in meta["threads"])
     device = f" · device {meta['device']}" if meta.get("device") else ""  # runs saved before the field: none
+    dtype = f" · {meta['dtype']} weights" if meta.get("dtype") not in (None, "float32") else ""
+    batch = f" · batch {meta['batch']}" if meta.get("batch", 1) != 1 else ""
     return (
-        f"{meta['task']} · suite {meta['suite']}{device} · threads {threads} · {meta['iters']} iters after {meta['warmup']} "
-        f"warm-up · {meta['cache']} cache · torch {meta['torch']}"
+        f"{meta['task']} · suite {meta['suite']}{device}{dtype}{batch} · threads {threads} · {meta['iters']} iters after "
+        f"{meta['warmup']} warm-up · {meta['cache']} cache{describe_jobs(meta)} · torch {meta['torch']}"
         f"{' · kiln ' + meta['kiln_commit'] if meta.get('kiln_commit') else ''} · {describe_cpu(meta)}"
         f"{' · ' + meta['gpu'] if meta.get('gpu') else ''} · {meta['date']}"
+        f"{' · PARTIAL: ' + meta['finished'] if meta.get('finished') else ''}"
     )
+
+
+def describe_jobs(meta: dict[str, Any]) -> str:
+    """" · 4 cases at once (...)" for a run with --jobs 4; nothing for one case at a time."""
+    jobs = meta.get("jobs", 1)
+    if jobs == 1:
+        return ""
+    timing = "timed one at a time on the GPU" if meta.get("device") == "cuda" else "timed side by side too"
+    return (f" · {jobs} cases at once (compile times inflated by the CPUs they shared; calls {timing})")
 
 
 def describe_cpu(meta: dict[str, Any]) -> str:

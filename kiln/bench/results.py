@@ -24,12 +24,24 @@ class Case:
     profile: bool = False  # also time each kernel and extern of kiln's graphs (kiln/bench/profile.py)
     device: str = "cpu"  # "cuda": model and inputs on the GPU; the float64 reference stays on the CPU
     against: str | None = None  # a peer mode compiled in the same process and timed interleaved with this one
+    dtype: str | None = None  # "bfloat16": the model cast with .to(dtype), floating inputs too; None: as built (float32)
+    batch: int = 1  # the model's batch-1 inputs repeated along dim 0 this many times
+
+    @property
+    def lowers_precision(self) -> bool:
+        """Whether the case computes in less than float32 (a cast model or autocast): its error is
+        then also stated against a float32 eager run."""
+        return self.dtype not in (None, "float32") or self.autocast is not None
 
     @property
     def label(self) -> str:
         device = f" · {self.device}" if self.device != "cpu" else ""
         against = f" (against {self.against})" if self.against else ""
-        return f"{self.model} · {self.mode}{against} · {self.threads} thread{'s' if self.threads > 1 else ''}{device}"
+        dtype = f" · {self.dtype}" if self.dtype else ""
+        autocast = f" · {self.autocast} autocast" if self.autocast else ""
+        batch = f" · batch {self.batch}" if self.batch != 1 else ""
+        return (f"{self.model} · {self.mode}{against} · {self.threads} thread{'s' if self.threads > 1 else ''}"
+                f"{device}{dtype}{autocast}{batch}")
 
 
 @dataclass
@@ -56,6 +68,13 @@ class Result:
     fallbacks: int | None = None  # graphs kiln failed to compile and ran eagerly: a failure
     wall_s: float | None = None  # the whole subprocess, start to end
     kernel_profile: dict | None = None  # kiln.bench.profile.Profile.to_json(), when the case asked for one
+    # Cases that lower precision (Case.lowers_precision): max |out - fp32 out| / max |fp32 out|, the
+    # worst output's (with --train: the loss, and the gradients as one), against eager float32 on the CPU
+    # from the same weights before the cast; the same figure for eager itself and for the peer.
+    fp32_rel_err: float | None = None
+    eager_fp32_rel_err: float | None = None
+    peer_fp32_rel_err: float | None = None
+    timing_wait_s: float | None = None  # on cuda: seconds waiting for the GPU while other cases timed theirs
 
     @property
     def versus_peer(self) -> float | None:

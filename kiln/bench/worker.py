@@ -4,16 +4,23 @@ Builds the model twice from the same seed (an eager copy and one to compile), ch
 result against eager with the tolerance rule of `accuracy.py`, then times eager and compiled calls
 interleaved in this same process, so both see the same machine state.
 
-On `--device cuda` both copies and the inputs live on the GPU, every timed call is bracketed by
-`torch.cuda.synchronize()` (a CUDA call returns before its kernels finish), and outputs are compared
-on the CPU, where the float64 reference runs.
+On `--device cuda` both copies and the inputs live on the GPU, every timed call is timed by CUDA
+events recorded around it on the current stream (a CUDA call returns before its kernels finish),
+the timing phase holds the run's GPU lock (`timing_lock.py`: cases run side by side with `--jobs`
+take turns), and outputs are compared on the CPU, where the float64 reference runs.
+
+A case that lowers precision (`Case.dtype`, `Case.autocast`) is also stated against a float32
+eager run of the same weights before the cast, on the CPU: `accuracy.relative_error`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import functools
 import json
+import os
 import resource
 import statistics
 import sys
@@ -24,7 +31,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from kiln.bench.accuracy import Verdict, compare, flatten_tensors
+from kiln.bench import timing_lock
+from kiln.bench.accuracy import Verdict, compare, flatten_tensors, relative_error
 from kiln.bench.models import MODELS
 from kiln.bench.modes import MODES, Mode
 from kiln.bench.results import Case, Result
@@ -48,31 +56,40 @@ def _loss(output: Any) -> torch.Tensor:
     return sum(t.float().mean() for t in floats)
 
 
+def _autocast(device: str, dtype: str | None) -> contextlib.AbstractContextManager:
+    """`device`'s autocast to `dtype` (a dtype name), or nothing when None."""
+    return torch.autocast(device, dtype=getattr(torch, dtype)) if dtype else contextlib.nullcontext()
+
+
 class InferenceStep:
     """One forward call without autograd, under `device`'s autocast to `autocast` (a dtype name) if given."""
 
     def __init__(self, model: Callable, inputs: dict[str, torch.Tensor], autocast: str | None = None,
                  device: str = "cpu") -> None:
-        self.model, self.inputs, self.device = model, inputs, device
-        self.autocast = getattr(torch, autocast) if autocast else None
+        self.model, self.inputs, self.device, self.autocast = model, inputs, device, autocast
 
     def __call__(self) -> list[torch.Tensor]:
-        cast = torch.autocast(self.device, dtype=self.autocast) if self.autocast is not None else contextlib.nullcontext()
-        with torch.no_grad(), cast:
+        with torch.no_grad(), _autocast(self.device, self.autocast):
             return flatten_tensors(self.model(**self.inputs))
 
 
 class TrainStep:
-    """Forward, loss, backward and an SGD step; returns the loss and every parameter's gradient."""
+    """Forward, loss, backward and an SGD step; returns the loss and every parameter's gradient.
 
-    def __init__(self, model: Callable, params: nn.Module, inputs: dict[str, torch.Tensor]) -> None:
+    With `autocast` (a dtype name) the forward and the loss run under `device`'s autocast and the
+    backward outside it, as automatic mixed precision trains: float32 weights and gradients."""
+
+    def __init__(self, model: Callable, params: nn.Module, inputs: dict[str, torch.Tensor],
+                 autocast: str | None = None, device: str = "cpu") -> None:
         self.model, self.params, self.inputs = model, params, inputs
+        self.autocast, self.device = autocast, device
         self.optimizer = torch.optim.SGD(params.parameters(), lr=1e-4)
 
     def gradients(self) -> list[torch.Tensor]:
         """Loss and gradients of one step, without updating the weights (for the accuracy check)."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss = _loss(self.model(**self.inputs))
+        with _autocast(self.device, self.autocast):
+            loss = _loss(self.model(**self.inputs))
         loss.backward()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params.parameters()]
         return [loss.detach()] + grads
@@ -83,7 +100,22 @@ class TrainStep:
 
 
 def _double(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
+    return _cast_floats(inputs, "float64")
+
+
+def _cast_floats(inputs: dict[str, torch.Tensor], dtype: str | None) -> dict[str, torch.Tensor]:
+    """Floating inputs cast to `dtype` (a dtype name; None: as they are); integer ones (token ids,
+    attention masks) untouched."""
+    if dtype is None:
+        return inputs
+    return {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in inputs.items()}
+
+
+def batched(inputs: dict[str, torch.Tensor], batch: int) -> dict[str, torch.Tensor]:
+    """The model's inputs repeated `batch` times along dim 0 (its batch-1 inputs become batch `batch`)."""
+    if batch == 1:
+        return inputs
+    return {k: v.repeat(batch, *[1] * (v.dim() - 1)) for k, v in inputs.items()}
 
 
 def _on(device: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -100,10 +132,33 @@ def _synchronizer(device: str) -> Callable[[], None]:
     return torch.cuda.synchronize if device == "cuda" else lambda: None
 
 
+def _cpu_seconds(call: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def _cuda_seconds(call: Callable[[], Any]) -> float:
+    """The GPU's time from before the call's first kernel to after its last: CUDA events recorded on
+    the current stream around it (where a CUDA graph replays too), the end waited for. Gaps where
+    the GPU waited for the host's launches count, as they do for a caller."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _clock(device: str) -> Callable[[Callable[[], Any]], float]:
+    """How one call is timed, in seconds: CUDA events on a GPU, the CPU's clock elsewhere."""
+    return _cuda_seconds if device == "cuda" else _cpu_seconds
+
+
 def _make_step(case: Case, model: nn.Module, runner: Callable, inputs: dict[str, torch.Tensor], device: str | None = None):
     # Under autocast the float64 reference stays float64: autocast casts float32 only.
     if case.train:
-        return TrainStep(runner, model, inputs)
+        return TrainStep(runner, model, inputs, case.autocast, device or case.device)
     return InferenceStep(runner, inputs, case.autocast, device or case.device)
 
 
@@ -118,7 +173,7 @@ def _median_ms(samples: list[float]) -> float:
 def _time_interleaved(calls: list[Callable], case: Case) -> list[float]:
     """Median ms of each call, timed in rounds: every round calls each once, its order rotated so
     that none always runs first, or always on caches another one warmed."""
-    sync = _synchronizer(case.device)
+    sync, seconds = _synchronizer(case.device), _clock(case.device)
     for _ in range(case.warmup):
         for fn in calls:
             fn()
@@ -127,11 +182,13 @@ def _time_interleaved(calls: list[Callable], case: Case) -> list[float]:
         shift = i % len(calls)
         for k in list(range(shift, len(calls))) + list(range(shift)):
             sync()  # no kernel of the previous call may finish inside this one's time
-            start = time.perf_counter()
-            calls[k]()
-            sync()
-            samples[k].append(time.perf_counter() - start)
+            samples[k].append(seconds(calls[k]))
     return [_median_ms(s) for s in samples]
+
+
+def _timing_lock(case: Case) -> contextlib.AbstractContextManager[float]:
+    """The run's GPU lock for a CUDA case's timing phase (none on the CPU, or outside a run)."""
+    return timing_lock.held(timing_lock.configured() if case.device == "cuda" else None)
 
 
 def _first_line(error: BaseException) -> str:
@@ -139,13 +196,15 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
-def run_case(case: Case) -> Result:
-    """Measure one case in this process. Failures become a Result with status "error", never a raise."""
+def run_case(case: Case, checkpoint: Callable[[Result], None] = lambda result: None) -> Result:
+    """Measure one case in this process. Failures become a Result with status "error", never a raise.
+    `checkpoint(result)` is given what is measured so far after each compile (and its accuracy):
+    a case killed before its timing ends still tells its compile times and verdicts."""
     result = Result(case=case, status="ok")
     start = time.perf_counter()
     torch.set_num_threads(case.threads)
     try:
-        _measure(case, result)
+        _measure(case, result, checkpoint)
     except PhaseError as e:
         result.status, result.phase = "error", e.phase
         result.error = _first_line(e.error)
@@ -155,17 +214,43 @@ def run_case(case: Case) -> Result:
     return result
 
 
-def _measure(case: Case, result: Result) -> None:
+def _fp32_outputs(case: Case, model: nn.Module, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """Eager float32's outputs, on the CPU, of a copy of `model` (float32, on the CPU): no cast, no
+    autocast. A float32 truth that is the same on every device (a GPU's float32 convolutions take
+    TF32 by default), that the peer's figure shares, and that keeps no copy in GPU memory."""
+    plain = dataclasses.replace(case, dtype=None, autocast=None, device="cpu")
+    model32 = copy.deepcopy(model)
+    return _first_outputs(plain, _make_step(plain, model32, model32, inputs))
+
+
+def _error_vs_fp32(case: Case, outputs: list[torch.Tensor], fp32: list[torch.Tensor] | None) -> float | None:
+    """`accuracy.relative_error` of a step's outputs against float32's (None without a float32 run);
+    a training step's gradients (after its loss) taken as one output."""
+    return relative_error(outputs, fp32, pooled_from=1 if case.train else None) if fp32 is not None else None
+
+
+def _placed(model: nn.Module, case: Case) -> nn.Module:
+    """`model` moved to the case's device and cast to its dtype (floating weights and buffers)."""
+    model = model.to(case.device)
+    return model.to(getattr(torch, case.dtype)) if case.dtype else model
+
+
+def _measure(case: Case, result: Result, checkpoint: Callable[[Result], None]) -> None:
     spec, mode = MODELS[case.model], MODES[case.mode]
-    eager_model = _phase("build", lambda: spec.build(case.train).to(case.device))
+    built = _phase("build", lambda: spec.build(case.train))
+    inputs32 = _phase("build", lambda: batched(spec.make_inputs(), case.batch))
+    fp32 = _phase("reference", lambda: _fp32_outputs(case, built, inputs32)) if case.lowers_precision else None
+    eager_model = _phase("build", lambda: _placed(built, case))
     compiled_model = copy.deepcopy(eager_model)
-    cpu_inputs = _phase("build", spec.make_inputs)
+    cpu_inputs = _cast_floats(inputs32, case.dtype)
     inputs = _phase("build", lambda: _on(case.device, cpu_inputs))
     torch.manual_seed(0)
 
     eager = _make_step(case, eager_model, eager_model, inputs)
     reference = _phase("reference", lambda: _cpu(_first_outputs(case, eager)))
+    result.eager_fp32_rel_err = _error_vs_fp32(case, reference, fp32)
 
+    @functools.cache  # the case's mode and the peer are judged against one float64 run
     def fp64_reference() -> list[torch.Tensor]:
         # On the CPU whatever the device: one float64 truth for every run, and no third copy in GPU memory.
         model64 = copy.deepcopy(eager_model).cpu().double()
@@ -177,18 +262,22 @@ def _measure(case: Case, result: Result) -> None:
     result.accuracy = "pass" if verdict.passed else "fail"
     result.accuracy_rule, result.accuracy_detail = verdict.rule, verdict.detail or None
     result.max_abs_err = verdict.max_abs_err
+    result.fp32_rel_err = _error_vs_fp32(case, outputs, fp32)
 
     stats = mode.stats()  # before a peer compiles: Dynamo's counters would count its graphs too
     result.graphs, result.graph_breaks = stats.get("graphs"), stats.get("graph_breaks")
     result.fallbacks = stats.get("fallbacks")
+    checkpoint(result)
     calls = [eager, compiled]
     if case.against:
         try:
-            calls.append(_compile_peer(case, eager_model, inputs, reference, fp64_reference, result))
+            calls.append(_compile_peer(case, eager_model, inputs, reference, fp64_reference, fp32, result))
         except Exception as e:  # noqa: BLE001 - the peer's failure is recorded; the case's own mode is still timed
             result.peer_error = _first_line(e)
             traceback.print_exception(e, file=sys.stderr)
-    times = _phase("timing", lambda: _time_interleaved(calls, case))
+        checkpoint(result)
+    with _timing_lock(case) as result.timing_wait_s:
+        times = _phase("timing", lambda: _time_interleaved(calls, case))
     result.eager_ms, result.compiled_ms = times[:2]
     result.peer_ms = times[2] if len(times) > 2 else None
     result.speedup = result.eager_ms / result.compiled_ms
@@ -212,21 +301,31 @@ def _compile_and_run(case: Case, mode: Mode, model: nn.Module, inputs: dict[str,
 
 
 def _compile_peer(case: Case, eager_model: nn.Module, inputs: dict[str, torch.Tensor], reference: list[torch.Tensor],
-                  fp64_reference: Callable[[], list[torch.Tensor]], result: Result) -> Callable:
+                  fp64_reference: Callable[[], list[torch.Tensor]], fp32: list[torch.Tensor] | None,
+                  result: Result) -> Callable:
     """A third copy of the model compiled by the peer mode `case.against`, checked under the same
     accuracy rule; its calls are then timed in the same rounds as eager's and the case's own, so
     the two compiled calls see one process's machine (a cloud VM's speed drifts between processes
     by 10-30 %, more than the margins being measured)."""
     step, outputs, result.peer_compile_s = _compile_and_run(case, MODES[case.against], copy.deepcopy(eager_model), inputs)
     result.peer_accuracy = "pass" if compare(outputs, reference, fp64_reference).passed else "fail"
+    result.peer_fp32_rel_err = _error_vs_fp32(case, outputs, fp32)
     return step
 
 
-def main(argv: list[str]) -> int:
-    case = Case(**json.loads(argv[0]))
-    result = run_case(case)
-    with open(argv[1], "w") as f:
+def write_result(path: str, result: Result) -> None:
+    """`result` as JSON at `path`, written beside it and renamed over it: never read half-written."""
+    with open(f"{path}.writing", "w") as f:
         json.dump(result.to_json(), f)
+    os.replace(f"{path}.writing", path)
+
+
+def main(argv: list[str]) -> int:
+    """`CASE_JSON RESULT_PATH`: the result at RESULT_PATH, and what was measured so far at
+    RESULT_PATH.partial while the case runs."""
+    case, path = Case(**json.loads(argv[0])), argv[1]
+    result = run_case(case, checkpoint=lambda so_far: write_result(f"{path}.partial", so_far))
+    write_result(path, result)
     return 0
 
 

@@ -145,19 +145,40 @@ def test_kiln_reduce_overhead_is_available_once_kiln_compile_accepts_it(monkeypa
 
 # ---- the worker on cuda: synchronized timing, autocast on the case's device ----
 
-def test_cuda_timing_synchronizes_around_every_timed_call(monkeypatch):
+class FakeEvent:
+    """torch.cuda.Event on a CPU: records what the worker does with it; 2 ms between any two."""
+
+    def __init__(self, log, enable_timing=False):
+        assert enable_timing
+        self.log = log
+
+    def record(self, stream=None):
+        assert stream is None  # the current stream, where the timed call's kernels (and graph replays) go
+        self.log.append("record")
+
+    def synchronize(self):
+        self.log.append("wait")
+
+    def elapsed_time(self, end):
+        return 2.0
+
+
+def test_cuda_calls_are_timed_by_events_around_each_call(monkeypatch):
     events = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *device: events.append("sync"))
-    worker._time_interleaved([lambda: events.append("eager"), lambda: events.append("compiled")],
-                             Case("mlp", "eager", 1, iters=2, warmup=1, device="cuda"))
+    monkeypatch.setattr(torch.cuda, "Event", lambda **kwargs: FakeEvent(events, **kwargs))
+    medians = worker._time_interleaved([lambda: events.append("eager"), lambda: events.append("compiled")],
+                                       Case("mlp", "eager", 1, iters=2, warmup=1, device="cuda"))
+    assert medians == [2.0, 2.0]  # the events' milliseconds, not the CPU's clock
     timed = events[2:]  # after the warm-up pair
     assert events[:2] == ["eager", "compiled"]
-    assert timed == ["sync", "eager", "sync", "sync", "compiled", "sync",
-                     "sync", "compiled", "sync", "sync", "eager", "sync"]
+    one = lambda call: ["sync", "record", call, "record", "wait"]  # noqa: E731  (start, call, end, wait for end)
+    assert timed == one("eager") + one("compiled") + one("compiled") + one("eager")
 
 
 def test_cpu_timing_never_synchronizes(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *device: pytest.fail("synchronized on cpu"))
+    monkeypatch.setattr(torch.cuda, "Event", lambda **kwargs: pytest.fail("a CUDA event on cpu"))
     worker._time_interleaved([lambda: None, lambda: None], Case("mlp", "eager", 1, iters=2, warmup=1))
 
 

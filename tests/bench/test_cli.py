@@ -31,7 +31,7 @@ def test_unknown_model_lists_valid_ones(capsys):
 
 def test_unknown_suite_lists_valid_ones(capsys):
     err = _error(capsys, "--suite", "huge")
-    assert "unknown suite 'huge'" in err and "hf, smoke, unit" in err
+    assert "unknown suite 'huge'" in err and "hf, gpu, smoke, unit" in err
 
 
 def test_unknown_mode_lists_valid_ones(capsys):
@@ -48,9 +48,46 @@ def test_bad_iteration_counts(capsys):
     assert "--iters must be >= 1" in _error(capsys, "--models", "mlp", "--iters", "0")
 
 
-def test_autocast_is_for_inference_and_names_its_choices(capsys):
-    assert "--autocast times inference only" in _error(capsys, "--models", "mlp", "--autocast", "bf16", "--train")
+def test_autocast_names_its_choices(capsys):
     assert "invalid choice: 'fp8'" in _error(capsys, "--models", "mlp", "--autocast", "fp8")
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--dtype", "fp8"], "argument --dtype: invalid choice: 'fp8' (choose from fp32, bf16)"),
+    (["--dtype", "bfloat16"], "argument --dtype: invalid choice: 'bfloat16'"),
+    (["--batch", "0"], "argument --batch: takes a positive integer, e.g. 8 (got '0')"),
+    (["--batch", "eight"], "argument --batch: takes a positive integer"),
+    (["--jobs", "-1"], "argument --jobs: takes a positive integer, e.g. 8 (got '-1')"),
+    (["--jobs", "1.5"], "argument --jobs: takes a positive integer"),
+    (["--dtype", "bf16", "--autocast", "bf16"], "--autocast bf16 and --dtype bf16: choose one"),
+    (["--case-logs", "/no/such/folder"], "--case-logs '/no/such/folder' is not an existing folder"),
+])
+def test_bad_dtype_batch_and_jobs_name_the_argument_and_what_it_accepts(capsys, argv, named):
+    err = _error(capsys, "--models", "mlp", *argv)
+    assert named in err.replace("'fp32', 'bf16'", "fp32, bf16")  # (Python 3.12's argparse quotes choices)
+
+
+@pytest.mark.parametrize("flag", [["--dtype", "bf16"], ["--batch", "8"], ["--jobs", "2"]])
+def test_the_gemm_suite_refuses_what_applies_to_models_only(capsys, flag):
+    assert f"{flag[0]} does not apply to --suite gemm" in _error(capsys, "--suite", "gemm", *flag)
+
+
+def _cases(monkeypatch, *argv):
+    """The cases and run_cases' keywords that `kiln bench --models mlp --modes kiln ARGV` asks for."""
+    seen = []
+    monkeypatch.setattr(kiln.bench.runner, "run_cases", lambda cases, *args, **kwargs: seen.append((cases, kwargs)) or [])
+    assert main(["bench", "--models", "mlp", "--modes", "kiln", *argv]) == 0
+    return seen[0]
+
+
+def test_dtype_batch_jobs_and_mixed_precision_training_reach_the_cases(monkeypatch):
+    (case,), kwargs = _cases(monkeypatch, "--dtype", "bf16", "--batch", "8", "--jobs", "3")
+    assert (case.dtype, case.batch, case.autocast, case.train) == ("bfloat16", 8, None, False)
+    assert kwargs["jobs"] == 3
+    (case,), _ = _cases(monkeypatch, "--train", "--autocast", "bf16", "--batch", "2")  # AMP training: float32 weights
+    assert (case.dtype, case.batch, case.autocast, case.train) == (None, 2, "bfloat16", True)
+    (case,), kwargs = _cases(monkeypatch, "--dtype", "fp32")
+    assert (case.dtype, case.batch, kwargs["jobs"]) == (None, 1, 1)  # the defaults: as before
 
 
 def test_output_folder_must_exist(capsys, tmp_path):
@@ -129,6 +166,7 @@ def test_against_pairs_every_compiled_case_but_eager_and_the_peer_itself():
 
     args = argparse.Namespace(models="mlp", suite="hf", modes="eager,kiln,inductor-freeze", threads="1", iters=2,
                               warmup=0, timeout=10.0, train=False, autocast=None, profile=False, device="cpu",
+                              dtype="fp32", batch=1,
                               against="inductor-freeze")
     cases = kiln.bench.cli.select_cases(args)
     assert {c.mode: c.against for c in cases} == {"eager": None, "kiln": "inductor-freeze", "inductor-freeze": None}

@@ -8,10 +8,12 @@ from kiln.bench.accuracy import flatten_tensors
 from kiln.bench.models import MODELS, suites
 
 HF = ["bert", "gpt2", "t5", "distilbert", "vit", "resnet50", "llama", "convnext", "mobilenetv1", "mobilevit", "swinv2"]
+GPU = ["bert", "gpt2", "resnet50", "mistral", "esm"]
 
 
 def test_suites():
     assert suites()["hf"] == HF
+    assert suites()["gpu"] == GPU
     assert suites()["smoke"] == ["bert-tiny", "resnet-tiny"]
     assert suites()["unit"] == ["mlp"]
 
@@ -36,7 +38,15 @@ def test_weights_are_seeded(name):
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
 
 
-@pytest.mark.parametrize("name", HF + ["bert-tiny", "resnet-tiny", "mlp"])
+def test_the_gpu_suites_encoder_takes_an_int64_attention_mask_with_padding():
+    inputs = MODELS["esm"].make_inputs()
+    mask, ids = inputs["attention_mask"], inputs["input_ids"]
+    assert mask.dtype == torch.int64 and mask.shape == ids.shape == (1, 128)
+    assert mask[0, :112].all() and not mask[0, 112:].any() and (ids[0, 112:] == 1).all()  # 16 pads
+    assert ((ids[0, :112] >= 4) & (ids[0, :112] < 24)).all()  # amino acids, never ESM's mask token
+
+
+@pytest.mark.parametrize("name", HF + ["mistral", "esm", "bert-tiny", "resnet-tiny", "mlp"])
 def test_model_builds_and_runs(name):
     spec = MODELS[name]
     model = spec.build(False)

@@ -152,3 +152,38 @@ def test_a_failed_peer_shows_in_the_peer_table_and_the_cases_note():
     title, header, rows = versus_peer([failed])
     assert rows == [["a", "1", "inductor-freeze failed"], ["geomean", "1", "-"]]
     assert "inductor-freeze: RuntimeError: boom" in text_report([failed], META)
+
+
+def _paired(model, **fields):
+    case = Case(model, "kiln", 1, device="cuda", dtype="bfloat16", batch=8, against="inductor")
+    base = dict(accuracy="pass", peer_accuracy="pass", eager_ms=4.0, compiled_ms=1.0, peer_ms=2.0, speedup=4.0,
+                compile_s=20.0, peer_compile_s=10.0, eager_fp32_rel_err=4e-3, fp32_rel_err=3e-3, peer_fp32_rel_err=5e-3)
+    return Result(case, "ok", **{**base, **fields})
+
+
+def test_a_gpu_runs_tables_state_each_case_against_its_peer_and_float32():
+    from kiln.bench.report import against_peer
+
+    results = [_paired("bert"), _paired("gpt2", peer_error="RuntimeError: boom", peer_ms=None, peer_accuracy=None,
+                                        peer_fp32_rel_err=None)]
+    title, header, rows = against_peer(results)
+    assert "max |out - float32 eager out| / max |float32 eager out|" in title
+    row = dict(zip(header, rows[0]))
+    assert (row["ms"], row["peer ms"], row["÷ peer"], row["compile s"], row["peer compile s"]) == (
+        "1.00", "2.00", "0.50x", "20.0", "10.0")
+    assert (row["eager err vs fp32"], row["err vs fp32"], row["peer err vs fp32"]) == ("4.0e-03", "3.0e-03", "5.0e-03")
+    assert dict(zip(header, rows[1]))["peer accuracy"] == "failed: RuntimeError: boom"
+    meta = {**META, "device": "cuda", "gpu": "NVIDIA H200", "dtype": "bfloat16", "batch": 8, "jobs": 4}
+    md = markdown_report(results, meta)
+    assert "suite unit · device cuda · bfloat16 weights · batch 8 · threads 1" in md and "NVIDIA H200" in md
+    assert "4 cases at once (compile times inflated by the CPUs they shared; calls timed one at a time on the GPU)" in md
+    every_case = md[md.index("## Every case"):]
+    assert "| peer ms | peer compile s | eager err vs fp32 | err vs fp32 | peer err vs fp32 | note |" in every_case
+
+
+def test_runs_without_peers_or_lowered_precision_keep_their_tables():
+    from kiln.bench.report import against_peer
+
+    assert against_peer(RESULTS) is None
+    md = markdown_report(RESULTS, META)
+    assert "err vs fp32" not in md and "peer ms" not in md and "cases at once" not in md
