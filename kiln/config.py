@@ -289,7 +289,7 @@ class BackendSettings(_Group):
     compile_workers: int = setting(
         0,
         env="KILN_COMPILE_WORKERS",
-        help="C++ compiler processes (Triton compile threads on a GPU) run at once for one graph's kernels; "
+        help="C++ compiler processes (Triton compile worker processes on a GPU) run at once for one graph's kernels; "
         "0 for one per CPU core",
     )
     freezing: bool = setting(

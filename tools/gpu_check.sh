@@ -57,6 +57,9 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFL
 # own); kiln's runtime built once below, in no case's compile time; one GPU timing lock for all.
 export KILN_CACHE_DIR=$WORK/kiln TORCHINDUCTOR_CACHE_DIR=$WORK/inductor TRITON_CACHE_DIR=$WORK/triton \
   KILN_RUNTIME_CACHE_DIR=$WORK/kiln-runtime KILN_BENCH_TIMING_LOCK=$WORK/gpu-timing.lock
+# kiln's Triton compile workers: the cores shared among the cases that run at once (one per core
+# in each case would start JOBS x cores processes, each importing torch).
+export KILN_COMPILE_WORKERS=${KILN_COMPILE_WORKERS:-$(( $(nproc) / JOBS > 0 ? $(nproc) / JOBS : 1 ))}
 
 if [ "$DRY" != 1 ]; then
   inc=$($PY -c "import sysconfig; print(sysconfig.get_paths()['include'])")
