@@ -43,12 +43,17 @@ def flags_read_later() -> Iterator[list["ErrorFlag"]]:
         _READ_LATER.remove(collected)
 
 
+# Pinned host buffers whose copies have been read, reused by the next copies: every call of a
+# GPU graph with indirect indices makes one, and a fresh pinned allocation costs more than a reuse.
+_READ_BUFFERS: list[torch.Tensor] = []
+
+
 class HostCopy:
     """The flag's value at one point of the GPU's stream, copied to pinned host memory without
     waiting for it."""
 
     def __init__(self, flag: torch.Tensor) -> None:
-        self.host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
+        self.host = _READ_BUFFERS.pop() if _READ_BUFFERS else torch.empty(1, dtype=torch.int32, pin_memory=True)
         self.host.copy_(flag, non_blocking=True)
         self.event = torch.cuda.Event()
         self.event.record()
@@ -58,7 +63,9 @@ class HostCopy:
 
     def read(self) -> int:
         self.event.synchronize()
-        return int(self.host[0])
+        value = int(self.host[0])
+        _READ_BUFFERS.append(self.host)  # (the copy into it is done: free for the next one)
+        return value
 
 
 class ErrorFlag:
