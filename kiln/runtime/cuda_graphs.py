@@ -16,8 +16,9 @@ with one call:
   dropped after a weight change would break the next one.)
 - **Replay.** The recorded module state must still be the same tensors, at the same version and
   address: a weight changed in place, rebound or refrozen is recorded again (and the compiled
-  graph re-freezes it on that call). Outputs are copied out of the recording's buffers, so
-  results of earlier calls are never overwritten by later replays.
+  graph re-freezes it on that call). Outputs are the recording's own memory, handed out without
+  a copy; a result the caller still holds when the next replay would overwrite it is moved to
+  memory of its own first (kiln/runtime/replay_outputs.py), so earlier results never change.
 - **Index errors.** Kernels with indirect indices write a flag the wrapper reads after the last
   kernel; under capture it cannot be read, so it is read after each replay instead (without
   waiting for the GPU: kiln/runtime/error_flag.py).
@@ -37,6 +38,7 @@ import torch
 from kiln import config, logs
 from kiln.runtime.error_flag import flags_read_later
 from kiln.runtime.fallback import record_fallback
+from kiln.runtime.replay_outputs import ReplayOutputs
 
 
 class NoCudaGraph(RuntimeError):
@@ -56,6 +58,16 @@ class _Recording:
     copied: list[int]  # positions copied into `inputs` before each replay
     state: list[tuple[int, Any, int, int]] = field(default_factory=list)  # (position, tensor, version, address)
     flags: list[Any] = field(default_factory=list)  # index-error flags read after each replay
+    handout: ReplayOutputs | None = None  # `outputs` handed to the caller per replay
+
+    def __post_init__(self) -> None:
+        if self.handout is None:
+            self.handout = ReplayOutputs(self.outputs, inputs=self.inputs)
+
+    def __del__(self) -> None:
+        # the recording's memory goes with it: results the caller still holds move out first
+        if self.handout is not None:
+            self.handout.release()
 
     def current(self, args: Sequence[Any]) -> bool:
         """The module state the recording read is still what `args` pass, unchanged."""
@@ -89,6 +101,7 @@ class CudaGraphed:
         recording = self.recordings.get(key)
         if recording is not None and not recording.current(args):
             del self.recordings[key]
+            recording.handout.release()
             recording = None
         if recording is None:
             try:
@@ -140,13 +153,14 @@ class CudaGraphed:
         return recording
 
     def _replay(self, recording: _Recording, args: Sequence[Any]) -> list[Any]:
+        recording.handout.before_replay()
         for i in recording.copied:
             if args[i] is not recording.inputs[i]:
                 recording.inputs[i].copy_(args[i])
         recording.graph.replay()
         for flag in recording.flags:
             flag.check("a CUDA graph's kernels")
-        return [o.clone() if isinstance(o, torch.Tensor) else o for o in recording.outputs]
+        return recording.handout.hand_out()
 
 
 def cuda_graphed(compiled: Callable, static_positions: Sequence[int], label: str) -> Callable:

@@ -9,6 +9,7 @@ tests/ops/test_opinfo_triton.py` for the OpInfo subset on the GPU).
 """
 
 import copy
+import gc
 
 import pytest
 import torch
@@ -210,3 +211,26 @@ def test_cuda_graph_limits_are_recorded():
     assert len(graphed.recordings) == 1
     reasons = [f.reason for f in fallback.FALLBACKS]
     assert len(reasons) == 1 and "more than 1 sets of input sizes" in reasons[0], reasons
+
+
+def test_cuda_graph_outputs_are_handed_out_without_copies():
+    graphed = CudaGraphed(lambda x: (x * 2, (x * 2)[1:]), label="g")
+    x = torch.randn(64, device=CUDA)
+    first = graphed(x)
+    (recording,) = graphed.recordings.values()
+    address = first[0].data_ptr()
+    second = graphed(x + 1)  # `first` is still held: it moves to memory of its own, once
+    torch.testing.assert_close(first[0], x * 2)
+    torch.testing.assert_close(first[1], (x * 2)[1:])
+    torch.testing.assert_close(second[0], (x + 1) * 2)
+    assert second[0].data_ptr() == address and recording.handout.copies == 1
+    del first, second
+    for i in range(3):  # results read and dropped: no copy at all
+        torch.testing.assert_close(graphed(x + i)[0], (x + i) * 2)
+    assert recording.handout.copies == 1
+    kept = graphed(x)
+    del graphed, recording  # the recording's memory is freed: what the caller holds moved first
+    gc.collect()
+    torch.cuda.empty_cache()
+    _ = torch.full((1 << 20,), 7.0, device=CUDA)
+    torch.testing.assert_close(kept[0], x * 2)
