@@ -401,3 +401,15 @@ def test_tuning_is_for_gpu_graphs_and_follows_the_autotune_setting():
     for mode in ("off", "max-autotune"):
         with kiln.config.patch({"backend.autotune": mode}):
             assert triton_tuning(gpu) == (None if mode == "off" else mode)
+
+
+def test_the_product_template_compiles_one_config_unless_tuned_to_the_maximum():
+    from kiln.codegen.triton.kernel import _gemm_configs
+
+    (only,) = _gemm_configs(1024, 768, 768, "default")  # timed against cuBLAS, not tuned: one compile
+    assert (only[0]["XBLOCK"], only[0]["RBLOCK"], only[0]["KBLOCK"], only[0]["EVEN_K"]) == (128, 128, 64, 1)
+    (small,) = _gemm_configs(40, 70, 33, "default")
+    assert (small[0]["XBLOCK"], small[0]["RBLOCK"], small[0]["KBLOCK"], small[0]["EVEN_K"]) == (64, 64, 64, 0)
+    assert _gemm_configs(40, 70, 33, None) == [small]  # the interpreter's one tile
+    tuned = _gemm_configs(1024, 768, 768, "max-autotune")
+    assert len(tuned) > 5 and only in tuned

@@ -757,21 +757,23 @@ GEMM_GROUP_ROWS = 8  # rows of tiles per group of the template's tile order
 
 
 def _gemm_configs(m: int, n: int, kk: int, tune: str | None) -> list[tuple[dict, int, int | None]]:
-    """The product template's tiles, warps and pipeline stages: 64-wide tiles (narrower for a
-    small product), then, with `tune`, the tile shapes Hopper's products commonly run fastest
-    with (K steps of 64 for 16-bit operands' wide tensor-core instructions, more warps and stages
-    for the largest tiles; the rest under max-autotune, each one more kernel to compile). Each
-    config also says whether its K step divides K (`EVEN_K`: no mask on the K loop) and the
+    """The product template's tiles, warps and pipeline stages. Untuned (the interpreter): 64-wide
+    tiles, narrower for a small product. In the default mode the template is only timed against
+    the library's product (`_timed_gemm`), so it gets one config, each one more kernel to compile
+    at the first call: Hopper's common 128 x 128 tile with K steps of 64 (16-bit operands' wide
+    tensor-core instructions) where the product is that large, else the 64-wide tile. Under
+    max-autotune it is tuned over the tile shapes Hopper's products commonly run fastest with.
+    Each config also says whether its K step divides K (`EVEN_K`: no mask on the K loop) and the
     tile order's group (`GROUP_ROWS`)."""
     fits = [max(16, next_power_of_2(v)) for v in (m, n, kk)]
     first = (dict(zip(("XBLOCK", "RBLOCK", "KBLOCK"), (min(64, f) for f in fits))), 4, None)
-    shapes = []
-    if tune is not None:
-        shapes = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4)]
-    if tune == "max-autotune":
-        shapes += [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 32, 8, 4), (64, 64, 64, 4, 3),
-                   (32, 64, 64, 4, 4), (64, 32, 64, 4, 4), (16, 64, 128, 4, 3)]
-    configs = [first]
+    configs, shapes = [first], []
+    if tune == "default" and m >= 128 and n >= 128:
+        configs, shapes = [], [(128, 128, 64, 8, 3)]
+    elif tune == "max-autotune":
+        shapes = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3),
+                  (256, 128, 64, 8, 3), (128, 128, 32, 8, 4), (64, 64, 64, 4, 3), (32, 64, 64, 4, 4),
+                  (64, 32, 64, 4, 4), (16, 64, 128, 4, 3)]
     for *tile, warps, stages in shapes:
         blocks = dict(zip(("XBLOCK", "RBLOCK", "KBLOCK"), (min(t, f) for t, f in zip(tile, fits))))
         if all(blocks != c[0] for c in configs):
