@@ -399,7 +399,7 @@ class BenchSettings(_Group):
         "",
         env="KILN_BENCH_TIMING_LOCK",
         help="file whose exclusive lock a CUDA case holds while it times its calls; empty: kiln bench "
-        "makes one per run (set, one lock is shared by runs and other GPU work: kiln/bench/timing_lock.py)",
+        "makes one per run (set, one lock is shared by runs and other GPU work: benchmarks/timing_lock.py)",
     )
 
 

@@ -45,7 +45,7 @@ import kiln
 from kiln.autotune.choose import clear_memory
 from kiln.autotune.gemm import FUSED_POST_OPS
 from kiln.backend import watch
-from kiln.bench.accuracy import compare
+from benchmarks.accuracy import compare
 from kiln.config import BackendSettings
 from kiln.ir.analysis import OpCounter, run
 from kiln.runtime import fallback

@@ -1,17 +1,25 @@
-"""`kiln autotune`: answer a model's autotune questions ahead of time, into the on-disk cache, so
+"""`kiln autotune`: answer a workload's autotune questions ahead of time, into the on-disk cache, so
 the first compile in production measures nothing (seed 002's offline autotuning).
 
-    kiln autotune --models bert,gpt2 --threads 1,2 [--mode max-autotune]
+    kiln autotune WORKLOAD [ARG ...] [--threads 1,2] [--mode max-autotune]
 
-Each model is compiled by `kiln.compile` for inference at each thread count (the answer depends
-on it) and run once; every GEMM and convolution over a frozen weight asks its question then.
+WORKLOAD names a function that returns the models to tune: `package.module:function`, or
+`path/to/file.py:function` (`:workload` when the function is left out). It is called with the
+ARGs (strings) and returns `(name, model, inputs)` triples, `inputs` a dict of keyword arguments
+or a tuple of positional ones. Each model is compiled by `kiln.compile` for inference at each
+thread count (the answer depends on it) and run once; every GEMM and convolution over a frozen
+weight asks its question then. The repository's benchmark models are one such workload:
+`kiln autotune benchmarks.models:workload bert gpt2`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -19,45 +27,68 @@ from kiln import config
 from kiln.autotune.choose import COUNTS  # the package's `choose` is the function; this is its module's tally
 
 
-def tune(name: str, threads: int) -> dict[str, Any]:
+def load_workload(spec: str) -> Callable[..., Iterable[tuple[str, Any, Any]]]:
+    """The function `spec` names (see the module's docstring); ValueError saying what is wrong."""
+    where, _, name = spec.rpartition(":") if ":" in spec else (spec, ":", "workload")
+    name = name or "workload"
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise ValueError(f"workload file {where!r} does not exist")
+        module_spec = importlib.util.spec_from_file_location(f"kiln_workload_{path.stem}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as error:
+            raise ValueError(f"workload module {where!r} cannot be imported ({error})") from error
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ValueError(f"workload {spec!r}: {where} has no function {name!r}")
+    return function
+
+
+def tune(name: str, model: Any, inputs: Any, threads: int) -> dict[str, Any]:
     import kiln
-    from kiln.bench.models import MODELS
 
     torch.set_num_threads(threads)
-    spec = MODELS[name]
-    model, inputs = spec.build(False), spec.make_inputs()
     before = dict(COUNTS)
     start = time.perf_counter()
     with torch.no_grad():
-        kiln.compile(model)(**inputs)
+        fast = kiln.compile(model)
+        fast(**inputs) if isinstance(inputs, dict) else fast(*inputs)
     kiln.reset()
     return {"model": name, "threads": threads, "seconds": time.perf_counter() - start,
             **{k: COUNTS[k] - before[k] for k in before}}
 
 
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from kiln.bench.models import chosen_models
-
     try:
-        names = chosen_models(args.suite, args.models)
+        workload = load_workload(args.workload)
         threads = [int(t) for t in args.threads.split(",")]
+        models = list(workload(*args.args))
     except ValueError as error:
         parser.error(str(error))
-    config.backend.autotune = args.mode
     print(f"autotune cache: {config.cache_dir() / 'autotune'} · mode {args.mode}")
     print("| model | threads | questions measured | answered from cache | seconds |")
     print("|---|---|---|---|---|")
-    for t in threads:
-        for name in names:
-            r = tune(name, t)
-            print(f"| {name} | {t} | {r['measured']} | {r['cached']} | {r['seconds']:.1f} |", flush=True)
+    before = torch.get_num_threads()
+    try:
+        with config.patch({"backend.autotune": args.mode}):
+            for t in threads:
+                for name, model, inputs in models:
+                    r = tune(name, model, inputs, t)
+                    print(f"| {name} | {t} | {r['measured']} | {r['cached']} | {r['seconds']:.1f} |", flush=True)
+    finally:
+        torch.set_num_threads(before)  # (a command's setting, not left behind when called from Python)
     return 0
 
 
 def add_command(commands: Any) -> None:
-    parser = commands.add_parser("autotune", help="measure a model's GEMM and convolution choices ahead of time into the autotune cache")
-    parser.add_argument("--suite", default=None, help="a model suite, e.g. hf or smoke")
-    parser.add_argument("--models", default="bert", help="comma-separated model names (without --suite)")
+    parser = commands.add_parser("autotune", help="measure a workload's GEMM and convolution choices ahead of time into the autotune cache")
+    parser.add_argument("workload", help="module:function or file.py:function returning (name, model, inputs) triples")
+    parser.add_argument("args", nargs="*", help="strings passed to the workload function")
     parser.add_argument("--threads", default="1", help="comma-separated torch thread counts, e.g. 1,2")
     parser.add_argument("--mode", default="default", choices=["default", "max-autotune"], help="how long each question is measured (max-autotune: longer budgets, more rounds)")
     parser.set_defaults(handler=main)

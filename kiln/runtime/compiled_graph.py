@@ -6,7 +6,7 @@ its translation units (and built when missing), the kernels are bound as ctypes 
 wrapper's ATen ops are resolved by name, and the wrapper is executed to define `call`.
 
 `CompiledGraph.instrumented(wrap)` defines `call` a second time from the same wrapper text with
-each kernel and extern op passed through `wrap`: how the profiler (kiln/bench/profile.py) times
+each kernel and extern op passed through `wrap`: how the profiler (benchmarks/profile.py) times
 every step without a second wrapper to generate or keep, and without a cost on the normal call.
 """
 

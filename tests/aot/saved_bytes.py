@@ -12,8 +12,8 @@ import torch
 import torch._dynamo
 
 from kiln import aot
-from kiln.bench.models import MODELS
-from kiln.bench.worker import _loss
+from benchmarks.models import MODELS
+from benchmarks.worker import _loss
 from kiln.backend import run_as_is
 
 

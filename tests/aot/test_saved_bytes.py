@@ -1,5 +1,5 @@
 from tests.aot.saved_bytes import eager_saved_bytes, kiln_saved_bytes
-from kiln.bench.models import MODELS
+from benchmarks.models import MODELS
 
 
 def test_partition_saves_no_more_activations_than_eager_on_bert():

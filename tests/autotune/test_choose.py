@@ -144,7 +144,7 @@ def test_a_gemm_with_a_post_op_also_times_onednn_and_kiln_with_the_op_inside(mon
 
 def _kiln_autotune(cache):
     env = {**os.environ, "KILN_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-m", "kiln", "autotune", "--models", "mlp", "--threads", "1"],
+    done = subprocess.run([sys.executable, "-m", "kiln", "autotune", "benchmarks.models:workload", "mlp", "--threads", "1"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = [line for line in done.stdout.splitlines() if line.startswith("| mlp |")]

@@ -5,7 +5,7 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from kiln.bench.accuracy import compare, flatten_tensors
+from benchmarks.accuracy import compare, flatten_tensors
 
 
 def _never() -> list[torch.Tensor]:

@@ -9,11 +9,11 @@ import torch._inductor.config as inductor_config
 
 import kiln
 import kiln.api
-import kiln.bench.runner
-from kiln.bench import worker
-from kiln.bench.modes import MODES
-from kiln.bench.report import markdown_report
-from kiln.bench.results import Case, Result
+import benchmarks.runner
+from benchmarks import worker
+from benchmarks.modes import MODES
+from benchmarks.report import markdown_report
+from benchmarks.results import Case, Result
 from kiln.cli import main
 
 GPU = "NVIDIA Stand-in 80GB"
@@ -28,7 +28,7 @@ def ran(monkeypatch):
         cases.extend(todo)
         return [Result(c, "n/a", error="not run by this test") for c in todo]
 
-    monkeypatch.setattr(kiln.bench.runner, "run_cases", record)
+    monkeypatch.setattr(benchmarks.runner, "run_cases", record)
     return cases
 
 

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from kiln.bench.capture_cost import measure
+from benchmarks.capture_cost import measure
 
 
 def test_measure_reports_one_graph_and_its_costs():

@@ -3,9 +3,10 @@
 import os
 import pytest
 
-import kiln.bench.cli
-import kiln.bench.runner
-from kiln.bench.runner import run_cases  # before the fixture below replaces the module's
+import benchmarks.cli
+import kiln
+import benchmarks.runner
+from benchmarks.runner import run_cases  # before the fixture below replaces the module's
 from kiln.cli import main
 
 
@@ -14,7 +15,7 @@ def no_model_may_run(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("a model ran although the arguments were bad")
 
-    monkeypatch.setattr(kiln.bench.runner, "run_cases", forbidden)
+    monkeypatch.setattr(benchmarks.runner, "run_cases", forbidden)
 
 
 def _error(capsys, *argv) -> str:
@@ -75,7 +76,7 @@ def test_the_gemm_suite_refuses_what_applies_to_models_only(capsys, flag):
 def _cases(monkeypatch, *argv):
     """The cases and run_cases' keywords that `kiln bench --models mlp --modes kiln ARGV` asks for."""
     seen = []
-    monkeypatch.setattr(kiln.bench.runner, "run_cases", lambda cases, *args, **kwargs: seen.append((cases, kwargs)) or [])
+    monkeypatch.setattr(benchmarks.runner, "run_cases", lambda cases, *args, **kwargs: seen.append((cases, kwargs)) or [])
     assert main(["bench", "--models", "mlp", "--modes", "kiln", *argv]) == 0
     return seen[0]
 
@@ -106,7 +107,7 @@ def test_plot_must_be_png(capsys, tmp_path):
 
 def test_unwritable_output(capsys, tmp_path, monkeypatch):
     # CI runs as root, who may write anywhere; so the permission answer is what we stand in for.
-    monkeypatch.setattr(kiln.bench.cli.os, "access", lambda path, mode: False)
+    monkeypatch.setattr(benchmarks.cli.os, "access", lambda path, mode: False)
     assert "cannot be written" in _error(capsys, "--models", "mlp", "--json", str(tmp_path / "run.json"))
 
 
@@ -138,11 +139,11 @@ def test_call_overhead_refuses_an_unknown_model_naming_it(capsys):
 
 
 def test_cold_cases_share_kilns_runtime_built_once_up_front(monkeypatch):
-    from kiln.bench.results import Case, Result
+    from benchmarks.results import Case, Result
 
     monkeypatch.delenv("KILN_RUNTIME_CACHE_DIR", raising=False)
     built, seen = [], []
-    monkeypatch.setattr(kiln.bench.runner, "_build_kiln_runtime", built.append)
+    monkeypatch.setattr(benchmarks.runner, "_build_kiln_runtime", built.append)
 
     def run_one(case, timeout_s, cold_cache):
         seen.append(os.environ.get("KILN_RUNTIME_CACHE_DIR"))
@@ -168,5 +169,5 @@ def test_against_pairs_every_compiled_case_but_eager_and_the_peer_itself():
                               warmup=0, timeout=10.0, train=False, autocast=None, profile=False, device="cpu",
                               dtype="fp32", batch=1,
                               against="inductor-freeze")
-    cases = kiln.bench.cli.select_cases(args)
+    cases = benchmarks.cli.select_cases(args)
     assert {c.mode: c.against for c in cases} == {"eager": None, "kiln": "inductor-freeze", "inductor-freeze": None}

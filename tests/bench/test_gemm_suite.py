@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import kiln
-from kiln.bench import gemm, peak
-from kiln.bench.gemm_report import gemm_tables
-from kiln.bench.report import json_report, markdown_report, text_report
+from benchmarks import gemm, peak
+from benchmarks.gemm_report import gemm_tables
+from benchmarks.report import json_report, markdown_report, text_report
 from kiln.cli import main
 from kiln.externs import prepacked
 

@@ -1,4 +1,4 @@
-"""tools/gpu_check.sh, the GPU check that runs unattended on a lent machine: its syntax, and in a dry
+"""benchmarks/tools/gpu_check.sh, the GPU check that runs unattended on a lent machine: its syntax, and in a dry
 run every command it would run, each `kiln bench` one parsed by kiln's own arguments."""
 
 import os
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import kiln.bench.runner
+import benchmarks.runner
 from kiln.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "tools" / "gpu_check.sh"
+SCRIPT = ROOT / "benchmarks" / "tools" / "gpu_check.sh"
 RUNS = {"bf16-b8", "bf16-b8-ro", "amp-train-b8", "bf16-b1", "bf16-b1-ro"}
 
 
@@ -44,7 +44,7 @@ def parsed(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "NVIDIA Stand-in")
     seen = []
-    monkeypatch.setattr(kiln.bench.runner, "run_cases", lambda cases, *a, **kw: seen.append((cases, kw)) or [])
+    monkeypatch.setattr(benchmarks.runner, "run_cases", lambda cases, *a, **kw: seen.append((cases, kw)) or [])
 
     def parse(args):
         seen.clear()
@@ -58,7 +58,7 @@ def test_a_dry_run_says_every_command_and_each_bench_run_is_valid(tmp_path, pars
     commands = _dry_run(tmp_path)
     tests = [c for c in commands if "pytest" in c]
     assert len(tests) == 1 and tests[0][:4] == ["timeout", "-k", "10", "90"]
-    assert "kiln.bench.timing_lock" in tests[0] and "tests/gpu" in tests[0]
+    assert "benchmarks.timing_lock" in tests[0] and "tests/gpu" in tests[0]
     benches = {}
     for command in (c for c in commands if "bench" in c and "kiln" in c):
         assert command[:3] == ["timeout", "-k", "20"] and 60 <= int(command[3]) <= 240  # stopped before the deadline

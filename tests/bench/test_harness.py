@@ -7,8 +7,8 @@ import sys
 import matplotlib.image
 import pytest
 
-from kiln.bench.results import Case
-from kiln.bench.runner import run_in_subprocess
+from benchmarks.results import Case
+from benchmarks.runner import run_in_subprocess
 
 
 @pytest.fixture(scope="module")

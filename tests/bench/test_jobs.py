@@ -12,8 +12,8 @@ import time
 import pytest
 
 from kiln import config
-from kiln.bench import cli, runner, timing_lock, worker
-from kiln.bench.results import Case, Result
+from benchmarks import cli, runner, timing_lock, worker
+from benchmarks.results import Case, Result
 
 
 def _cases(n, device="cpu"):
@@ -65,7 +65,7 @@ def test_cuda_cases_share_a_timing_lock_made_for_the_run_or_the_callers(monkeypa
     assert timing_lock.ENV not in os.environ and not os.path.exists(os.path.dirname(seen[0]))  # gone after the run
     runner.run_cases(_cases(1, "cpu"), 60.0, cold_cache=False, run_one=run_one)
     assert seen[2] is None  # CPU runs take no lock
-    monkeypatch.setattr(config.bench, "timing_lock", str(tmp_path / "shared.lock"))  # e.g. tools/gpu_check.sh's
+    monkeypatch.setattr(config.bench, "timing_lock", str(tmp_path / "shared.lock"))  # e.g. benchmarks/tools/gpu_check.sh's
     runner.run_cases(_cases(1, "cuda"), 60.0, cold_cache=False, run_one=run_one)
     assert seen[3] == str(tmp_path / "shared.lock")
 
@@ -85,7 +85,7 @@ def test_the_lock_lets_one_holder_at_a_time(tmp_path):
 
 
 def test_the_lock_runs_a_command_once_free(tmp_path, monkeypatch):
-    # `python -m kiln.bench.timing_lock CMD...` (tools/gpu_check.sh runs tests/gpu so), in a thread here.
+    # `python -m benchmarks.timing_lock CMD...` (benchmarks/tools/gpu_check.sh runs tests/gpu so), in a thread here.
     path = str(tmp_path / "gpu.lock")
     monkeypatch.setattr(config.bench, "timing_lock", path)
     codes = []

@@ -1,12 +1,12 @@
 """`kiln bench-launch`: host microseconds per Triton launch, through Triton and direct, here under
-the stand-in CUDA driver (kiln/bench/standin_driver.py)."""
+the stand-in CUDA driver (benchmarks/standin_driver.py)."""
 
 import pytest
 
 from kiln import config
 from kiln.cli import main
-from kiln.bench.launch_cost import PATHS, measure, table
-from kiln.bench.standin_driver import standin_cuda
+from benchmarks.launch_cost import PATHS, measure, table
+from benchmarks.standin_driver import standin_cuda
 from kiln.runtime.triton_kernels import binary_cache
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from kiln.bench.accuracy import flatten_tensors
-from kiln.bench.models import MODELS, suites
+from benchmarks.accuracy import flatten_tensors
+from benchmarks.models import MODELS, suites
 
 HF = ["bert", "gpt2", "t5", "distilbert", "vit", "resnet50", "llama", "convnext", "mobilenetv1", "mobilevit", "swinv2"]
 GPU = ["bert", "gpt2", "resnet50", "mistral", "esm"]

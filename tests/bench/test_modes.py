@@ -4,7 +4,7 @@ without compiling anything."""
 import torch
 import torch._inductor.config as inductor_config
 
-from kiln.bench.modes import MODES
+from benchmarks.modes import MODES
 
 
 def _handed(monkeypatch, mode: str) -> dict:

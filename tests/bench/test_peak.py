@@ -5,7 +5,7 @@ import time
 import pytest
 
 import kiln
-from kiln.bench import peak
+from benchmarks import peak
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_a_peak_measured_on_shared_cores_is_retried_and_not_cached(counted, monk
 
 
 def test_others_clock_reads_a_share_of_the_machine():
-    from kiln.bench.machine import OthersClock
+    from benchmarks.machine import OthersClock
 
     clock = OthersClock()
     assert clock.share() is None  # too short to read at /proc/stat's 10 ms ticks

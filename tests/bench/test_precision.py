@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 
-from kiln.bench import modes, worker
-from kiln.bench.accuracy import relative_error
-from kiln.bench.results import Case, Result
+from benchmarks import modes, worker
+from benchmarks.accuracy import relative_error
+from benchmarks.results import Case, Result
 
 
 @pytest.fixture(autouse=True)

@@ -8,10 +8,10 @@ from torch import nn
 
 import kiln
 from kiln.backend import watch
-from kiln.bench import profile as profiling
-from kiln.bench.profile_costs import extern_cost
-from kiln.bench.profile_report import format_profile, format_results
-from kiln.bench.results import Case, Result
+from benchmarks import profile as profiling
+from benchmarks.profile_costs import extern_cost
+from benchmarks.profile_report import format_profile, format_results
+from benchmarks.results import Case, Result
 from kiln.externs.prepacked import DIRECT_CALLS
 from tests.kiln_backend import private_cache  # noqa: F401  (each test compiles into its own cache)
 
@@ -161,11 +161,11 @@ def test_a_call_without_kiln_graphs_is_not_profiled():
 
 
 def test_cli_profiles_kiln_modes_only_and_bench_passes_the_flag(monkeypatch, capsys):
-    import kiln.bench.runner
+    import benchmarks.runner
     from kiln.cli import main
 
     cases = []
-    monkeypatch.setattr(kiln.bench.runner, "run_cases", lambda c, *a, **k: cases.extend(c) or [])
+    monkeypatch.setattr(benchmarks.runner, "run_cases", lambda c, *a, **k: cases.extend(c) or [])
     with pytest.raises(SystemExit):
         main(["profile", "--models", "mlp", "--mode", "eager"])
     assert "unknown mode 'eager'" in capsys.readouterr().err and not cases

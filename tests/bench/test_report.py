@@ -3,10 +3,10 @@
 import json
 import math
 
-from kiln.bench.machine import SPEED_FLAGS
-from kiln.bench.report import (compile_budget, json_report, markdown_report, pivot, summarize, text_report,
+from benchmarks.machine import SPEED_FLAGS
+from benchmarks.report import (compile_budget, json_report, markdown_report, pivot, summarize, text_report,
                                versus_peer)
-from kiln.bench.results import Case, Result
+from benchmarks.results import Case, Result
 
 META = dict(task="inference", suite="unit", threads=[1], iters=5, warmup=1, cache="cold", torch="2.x",
             cpu="cpu", cores=2, date="today")
@@ -70,7 +70,7 @@ def test_a_graph_that_fell_back_to_eager_is_a_failure():
 
 
 def test_the_run_header_names_the_cpus_vector_extensions():
-    from kiln.bench.report import describe_run, run_metadata
+    from benchmarks.report import describe_run, run_metadata
 
     meta = run_metadata(task="inference", suite="unit", threads=[1], iters=1, warmup=1, cache="cold")
     assert isinstance(meta["isa"], list) and set(meta["isa"]) <= set(SPEED_FLAGS)
@@ -90,7 +90,7 @@ def test_reports_name_the_cpu_its_flags_and_cores():
 
 
 def test_reports_name_the_cpu_generation_behind_a_cloud_name(monkeypatch):
-    from kiln.bench import machine
+    from benchmarks import machine
 
     meta = {**META, "cpu": "AMD EPYC", "cpu_generation": "family 26, model 2, stepping 1", "cores": 2, "isa": ["avx2"]}
     assert "AMD EPYC (family 26, model 2, stepping 1; 2 cores; avx2)" in markdown_report(RESULTS, meta)
@@ -108,7 +108,7 @@ def test_reports_name_the_cpu_generation_behind_a_cloud_name(monkeypatch):
 
 
 def test_cpu_flags_come_from_cpuinfo_or_lscpu(monkeypatch):
-    from kiln.bench import machine
+    from benchmarks import machine
 
     monkeypatch.setattr(machine, "_cpuinfo", lambda: ["processor\t: 0", "Features\t: fp asimd sve bf16 crc32"])
     monkeypatch.setattr(machine, "_lscpu", lambda: ["Architecture: aarch64", "Model name:   Neoverse-V1"])
@@ -162,7 +162,7 @@ def _paired(model, **fields):
 
 
 def test_a_gpu_runs_tables_state_each_case_against_its_peer_and_float32():
-    from kiln.bench.report import against_peer
+    from benchmarks.report import against_peer
 
     results = [_paired("bert"), _paired("gpt2", peer_error="RuntimeError: boom", peer_ms=None, peer_accuracy=None,
                                         peer_fp32_rel_err=None)]
@@ -182,7 +182,7 @@ def test_a_gpu_runs_tables_state_each_case_against_its_peer_and_float32():
 
 
 def test_runs_without_peers_or_lowered_precision_keep_their_tables():
-    from kiln.bench.report import against_peer
+    from benchmarks.report import against_peer
 
     assert against_peer(RESULTS) is None
     md = markdown_report(RESULTS, META)

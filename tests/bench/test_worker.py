@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kiln.bench import models, modes, worker
-from kiln.bench.results import Case
+from benchmarks import models, modes, worker
+from benchmarks.results import Case
 
 
 @pytest.fixture(autouse=True)

@@ -149,7 +149,7 @@ def test_with_symbolic_kernels_off_the_backend_specializes_per_size_and_says_so(
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
 def test_hf_models_over_many_shapes_recompile_at_most_twice(name):
     # The hf suite's models (full size, random weights): 13 batch x sequence shapes, 1-4 x 16-128.
-    from kiln.bench.models import MODELS
+    from benchmarks.models import MODELS
 
     model = MODELS[name].build(False)
     kiln.reset()

@@ -1,5 +1,5 @@
 """Triton launches on a machine without a GPU, through the stand-in CUDA driver
-(kiln/bench/standin_driver.py): kernels really compiled for an H100 (sm_90), launched through a
+(benchmarks/standin_driver.py): kernels really compiled for an H100 (sm_90), launched through a
 launcher that does nothing but write down what reached it."""
 
 import re
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import kiln
-from kiln.bench.launch_cost import printed_for_a_gpu
-from kiln.bench.standin_driver import STREAM, standin_cuda
+from benchmarks.launch_cost import printed_for_a_gpu
+from benchmarks.standin_driver import STREAM, standin_cuda
 from kiln.runtime import triton_kernels
 from kiln.runtime.triton_launch import DirectLaunch, TritonLaunch
 

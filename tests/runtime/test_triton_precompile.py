@@ -1,6 +1,6 @@
 """A GPU graph's Triton kernels compiled in parallel when it loads (kiln/runtime/triton_kernels.py
 `precompile`), checked on a machine without a GPU: Triton's CUDA driver is the stand-in
-(kiln/bench/standin_driver.py), which names an H100 as the target and launches nothing, so the
+(benchmarks/standin_driver.py), which names an H100 as the target and launches nothing, so the
 kernels are really compiled for sm_90 and a launch shows whether it found its kernel compiled (it
 reaches the stand-in's launcher) or had to compile it (Triton's `jit_cache_hook` sees it first)."""
 
@@ -11,7 +11,7 @@ import torch
 
 import kiln
 from kiln.backend import watch
-from kiln.bench.standin_driver import standin_cuda
+from benchmarks.standin_driver import standin_cuda
 from kiln.runtime import triton_kernels
 from tests.codegen.test_triton_models import _tiny_bert, _triton_graphs
 from tests.kiln_backend import private_cache  # noqa: F401  (fixture)

@@ -333,3 +333,10 @@ _register(
         make_inputs=lambda: {"x": torch.randn(8, 64, generator=_generator())},
     )
 )
+
+
+def workload(*names: str) -> list[tuple[str, nn.Module, dict[str, torch.Tensor]]]:
+    """The benchmark's models as `kiln autotune`'s workload (`kiln autotune benchmarks.models:workload
+    bert gpt2`; a suite's name stands for its models): (name, inference model, inputs) each."""
+    chosen = [m for name in names or ("bert",) for m in (suites().get(name) or chosen_models(None, name))]
+    return [(name, MODELS[name].build(False), MODELS[name].make_inputs()) for name in chosen]

@@ -1,4 +1,4 @@
-"""Runs one benchmark case inside its own process: `python -m kiln.bench.worker CASE_JSON RESULT_PATH`.
+"""Runs one benchmark case inside its own process: `python -m benchmarks.worker CASE_JSON RESULT_PATH`.
 
 Builds the model twice from the same seed (an eager copy and one to compile), checks the compiled
 result against eager with the tolerance rule of `accuracy.py`, then times eager and compiled calls
@@ -31,11 +31,11 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from kiln.bench import timing_lock
-from kiln.bench.accuracy import Verdict, compare, flatten_tensors, relative_error
-from kiln.bench.models import MODELS
-from kiln.bench.modes import MODES, Mode
-from kiln.bench.results import Case, Result
+from benchmarks import timing_lock
+from benchmarks.accuracy import Verdict, compare, flatten_tensors, relative_error
+from benchmarks.models import MODELS
+from benchmarks.modes import MODES, Mode
+from benchmarks.results import Case, Result
 
 
 class PhaseError(Exception):
@@ -282,7 +282,7 @@ def _measure(case: Case, result: Result, checkpoint: Callable[[Result], None]) -
     result.peer_ms = times[2] if len(times) > 2 else None
     result.speedup = result.eager_ms / result.compiled_ms
     if case.profile:
-        from kiln.bench.profile import profile_step
+        from benchmarks.profile import profile_step
 
         result.kernel_profile = _phase("profile", lambda: profile_step(compiled, case.iters, case.warmup))
 

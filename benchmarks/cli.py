@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from kiln import config
-from kiln.bench.models import MODELS, suites
-from kiln.bench.modes import MODES
-from kiln.bench.results import Case, Result
+from benchmarks.models import MODELS, suites
+from benchmarks.modes import MODES
+from benchmarks.results import Case, Result
 
 DEFAULT_MODES = "all"
-GEMM_SUITE = "gemm"  # not a suite of models: single GEMMs through each kiln::mm implementation (kiln/bench/gemm.py)
+GEMM_SUITE = "gemm"  # not a suite of models: single GEMMs through each kiln::mm implementation (benchmarks/gemm.py)
 
 
 def _choices(kind: str, given: list[str], valid: list[str]) -> list[str]:
@@ -107,7 +107,7 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
                          "weights and computes in bfloat16 where it is safe; --dtype casts the whole model)")
     profile = getattr(args, "profile", False)
     if profile and args.device != "cpu":
-        # kiln/bench/profile.py times each kernel with the CPU's clock, no synchronize, against the CPU's peak.
+        # benchmarks/profile.py times each kernel with the CPU's clock, no synchronize, against the CPU's peak.
         raise ValueError(f"--profile measures kernels on the CPU only; leave it out with --device {args.device}")
     autocast = AUTOCAST[args.autocast] if args.autocast else None
     against = getattr(args, "against", None)
@@ -127,17 +127,17 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
 
 
 def write_outputs(results: list[Result], meta: dict[str, Any], args: argparse.Namespace, gemm=None) -> None:
-    from kiln.bench import report
+    from benchmarks import report
 
     print(report.text_report(results, meta, gemm))
     if any(r.kernel_profile for r in results):
-        from kiln.bench.profile_report import format_results
+        from benchmarks.profile_report import format_results
 
         print("\n" + format_results(results, top=25))  # all entries are in the JSON
     if args.json:
         write_whole(args.json, json.dumps(report.json_report(results, meta, gemm), indent=1) + "\n")
     if args.plot and results:
-        from kiln.bench.plot import plot_speedups
+        from benchmarks.plot import plot_speedups
 
         plot_speedups(results, meta, args.plot)
     elif args.plot:
@@ -150,7 +150,7 @@ def write_outputs(results: list[Result], meta: dict[str, Any], args: argparse.Na
 
 def _gemm_choices(args: argparse.Namespace) -> tuple[list, list[int], list[str]]:
     """Shapes, thread counts and dtypes of a gemm-suite run; ValueError for what does not apply."""
-    from kiln.bench.gemm import DTYPES, SHAPES, parse_shapes
+    from benchmarks.gemm import DTYPES, SHAPES, parse_shapes
 
     for flag, given in [("--train", args.train), ("--autocast", args.autocast), ("--plot", args.plot),
                         ("--modes", args.modes != DEFAULT_MODES), ("--device", args.device != "cpu"),
@@ -166,8 +166,8 @@ def _gemm_choices(args: argparse.Namespace) -> tuple[list, list[int], list[str]]
 
 def run_gemm(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """`kiln bench --suite gemm`: in this process, no subprocess per case (nothing is compiled)."""
-    from kiln.bench.gemm import run_gemm_suite
-    from kiln.bench.report import run_metadata
+    from benchmarks.gemm import run_gemm_suite
+    from benchmarks.report import run_metadata
 
     try:
         shapes, threads, dtypes = _gemm_choices(args)
@@ -186,7 +186,7 @@ def _stop_on_sigterm(signum: int, frame: Any) -> None:
     """Stop the run: its cases killed, the files of those finished kept, exit 143. Further SIGTERMs
     are ignored (`timeout` sends one to the command and one to its process group: a second
     SystemExit in the middle of the first one's unwinding would lose the files)."""
-    from kiln.bench.runner import stop_running_cases
+    from benchmarks.runner import stop_running_cases
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stop_running_cases()
@@ -200,8 +200,8 @@ def check_folder(flag: str, path: str | None) -> None:
 
 
 def run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from kiln.bench.report import run_metadata
-    from kiln.bench.runner import Progress, run_cases, run_in_subprocess
+    from benchmarks.report import run_metadata
+    from benchmarks.runner import Progress, run_cases, run_in_subprocess
 
     try:
         check_device(args.device)
@@ -246,7 +246,7 @@ def save_partial(results: list[Result], total: int, meta: dict[str, Any], args: 
     """The --json and --markdown files of the cases finished so far, rewritten after each: a run
     stopped from outside (a lease's time limit) leaves what it measured, its cases stopped
     midway included. A run that ends writes them once more, complete."""
-    from kiln.bench import report
+    from benchmarks import report
 
     partial = {**meta, "finished": f"{len(results)} of {total} cases"}
     if args.json:
@@ -264,7 +264,7 @@ def write_whole(path: str, text: str) -> None:
 
 
 def run_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from kiln.bench.gemm import GemmRun
+    from benchmarks.gemm import GemmRun
 
     try:
         check_writable("--markdown", args.markdown, ".md")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kiln.bench.report import describe_run, geomean
-from kiln.bench.results import Result
+from benchmarks.report import describe_run, geomean
+from benchmarks.results import Result
 
 
 def plot_speedups(results: list[Result], meta: dict[str, Any], path: str | Path) -> None:

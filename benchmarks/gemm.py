@@ -21,8 +21,8 @@ from typing import Any, Callable, TextIO
 
 import torch
 
-from kiln.bench.machine import OthersClock
-from kiln.bench.peak import Peak, machine_peak
+from benchmarks.machine import OthersClock
+from benchmarks.peak import Peak, machine_peak
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class GemmShape:
 
 # The linear layers of the hf suite's models at their bench inputs (batch 1; M = tokens, or pixels
 # for ConvNeXt's pointwise layers), found by hooking every nn.Linear and GPT-2's Conv1D during one
-# eager forward of each model in kiln/bench/models.py; "bert 48" is 48 calls per BERT forward.
+# eager forward of each model in benchmarks/models.py; "bert 48" is 48 calls per BERT forward.
 # Convolutions run through kiln::conv, not here.
 SHAPES: list[GemmShape] = [
     GemmShape(128, 768, 768, True, "bert 48, distilbert 24, gpt2 12"),

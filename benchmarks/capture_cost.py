@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from kiln.bench.models import MODELS, chosen_models
+from benchmarks.models import MODELS, chosen_models
 
 
 def _median_us(fn: Any, repeats: int = 2000) -> float:

@@ -12,12 +12,12 @@
 # Two lanes: bf16, bf16 with CUDA graphs, then its batch 1; beside them the GPU tests, AMP training,
 # then bf16 batch 1. JOBS cases at once per run (2 for that last one, beside the main lane's second
 # run, which comes first), their GPU timings one at a time (one lock for all runs and the tests:
-# kiln/bench/timing_lock.py). A run still going near the deadline is stopped (SIGTERM: kiln bench
+# benchmarks/timing_lock.py). A run still going near the deadline is stopped (SIGTERM: kiln bench
 # kills its cases), and its JSON is rewritten after each case: a run cut short keeps what it measured.
 # Into $OUT, 7 files at most: NAME.json per run, gpu_check.md (every run's tables), gpu_check.log
 # (setup, the tests, each run's output and the last lines of each case's own log).
 #
-# Usage (device machine, repository root): bash tools/gpu_check.sh [deadline_s]
+# Usage (device machine, repository root): bash benchmarks/tools/gpu_check.sh [deadline_s]
 #   deadline_s (default 420): seconds after the start by which everything has ended; give the call
 #   a limit of deadline_s + 60.
 # Environment: BATCH1=0 leaves out the batch-1 runs; JOBS (4), ITERS (30), WARMUP (3), THREADS (2:
@@ -98,11 +98,11 @@ bench() {
 # Beside the main lane: the GPU tests (holding the timing lock: no case times meanwhile), AMP training, batch 1.
 beside() {
   local t=$(( $(left) - STOP_BEFORE )); (( t > 90 )) && t=90
-  run "$WORK/tests.log" timeout -k 10 "$t" $PY -m kiln.bench.timing_lock \
+  run "$WORK/tests.log" timeout -k 10 "$t" $PY -m benchmarks.timing_lock \
     $PY -m pytest -q "$TESTS" -p no:cacheprovider --maxfail=15
   say "tests: exit $?"
-  # The host's cost per Triton launch, through Triton and direct (kiln/bench/launch_cost.py).
-  run "$WORK/launch.log" timeout -k 10 60 $PY -m kiln.bench.timing_lock $PY -m kiln bench-launch --rounds 5
+  # The host's cost per Triton launch, through Triton and direct (benchmarks/launch_cost.py).
+  run "$WORK/launch.log" timeout -k 10 60 $PY -m benchmarks.timing_lock $PY -m kiln bench-launch --rounds 5
   say "bench-launch: exit $?"
   bench amp-train-b8 240 60 "$JOBS" --models "$TRAIN_MODELS" --train --autocast bf16 --batch 8 --modes kiln --against inductor
   # (fewer at once: beside the main lane's second run, which comes first)

@@ -5,9 +5,9 @@ timing phases take turns under this lock, so that no two processes' timed calls 
 while the others go on compiling. The file is the setting `bench.timing_lock`
 (`KILN_BENCH_TIMING_LOCK`, which carries it to the cases' processes): the runner makes one for a
 run, or keeps the caller's, so that several `kiln bench` runs and other GPU work can share one
-lock (tools/gpu_check.sh runs tests/gpu so):
+lock (benchmarks/tools/gpu_check.sh runs tests/gpu so):
 
-    KILN_BENCH_TIMING_LOCK=PATH python -m kiln.bench.timing_lock COMMAND ARGS...   # COMMAND holding the lock
+    KILN_BENCH_TIMING_LOCK=PATH python -m benchmarks.timing_lock COMMAND ARGS...   # COMMAND holding the lock
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def configured() -> str | None:
 
 def main(argv: list[str]) -> int:
     if not argv or configured() is None:
-        print(f"usage: {ENV}=PATH python -m kiln.bench.timing_lock COMMAND ARGS...", file=sys.stderr)
+        print(f"usage: {ENV}=PATH python -m benchmarks.timing_lock COMMAND ARGS...", file=sys.stderr)
         return 2
     with held(configured()):
         return subprocess.call(argv)

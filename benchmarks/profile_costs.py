@@ -1,4 +1,4 @@
-"""What one step of a compiled graph costs, for the profile's roofline (kiln/bench/profile.py):
+"""What one step of a compiled graph costs, for the profile's roofline (benchmarks/profile.py):
 floating-point operations and bytes moved.
 
 - A loop kernel (`FusedKernel`): FLOPs from the IR, each member's ops per element (every

@@ -2,9 +2,9 @@
 # Issue 20's CPU measurements on a lent GPU machine's host CPU (16 cores, often an Intel Xeon), in
 # the few minutes a lease gives: the gemm suite, the hf suite against Inductor-freeze at 2 and 1
 # threads and with KILN_GEMM_CANDIDATES=mkl,kiln, each job pinned to its own physical cores
-# (tools/pinned_bench.py); beside them, on two cores each, the GPU tests and kiln's GEMM in other
-# register blockings (tools/gemm_blocking_sweep.py).
-# Usage (device machine, repository root): bash tools/device_cpu_check.sh [launch_until_s] [deadline_s] [max_jobs]
+# (benchmarks/tools/pinned_bench.py); beside them, on two cores each, the GPU tests and kiln's GEMM in other
+# register blockings (benchmarks/tools/gemm_blocking_sweep.py).
+# Usage (device machine, repository root): bash benchmarks/tools/device_cpu_check.sh [launch_until_s] [deadline_s] [max_jobs]
 # SUITES picks the job groups in order (default "gemm profile hf2 mk2 hf1"), MODELS the hf models (longest
 # first by default); SWEEP=0 leaves out the blocking sweep, whose memory traffic the jobs would share;
 # GPU=0 the GPU tests and timing.
@@ -23,7 +23,7 @@ grep -E 'Model name|^CPU\(s\)|Thread|Socket|Flags' $R/machine.txt | cut -c1-400;
 t0=$(date +%s)
 python3 -c "from kiln.native import python_door, runtime; python_door.build_in_background(); runtime.library(); python_door.module()" \
   && echo "kiln runtime built in $(( $(date +%s) - t0 )) s" || echo "KILN RUNTIME BUILD FAILED"
-cores=($(python3 tools/pinned_bench.py --cores)); n=${#cores[@]}
+cores=($(python3 benchmarks/tools/pinned_bench.py --cores)); n=${#cores[@]}
 sweep_cores=${cores[0]},${cores[1]}; gpu_cores=${cores[n-2]},${cores[n-1]}  # the jobs get the others
 [ "${GPU:-1}" != 0 ] && ( taskset -c $gpu_cores timeout 200 python3 -m pytest -q tests/gpu -p no:cacheprovider -x > $R/gpu_tests.log 2>&1
   taskset -c $gpu_cores timeout 150 python3 -m kiln bench --models bert --device cuda --autocast bf16 --batch 8 \
@@ -48,9 +48,9 @@ done
 exclude=$gpu_cores
 if [ "${SWEEP:-1}" != 0 ]; then
   exclude=$sweep_cores,$gpu_cores
-  ( taskset -c $sweep_cores timeout 240 python3 tools/gemm_blocking_sweep.py --threads 2 > $R/gemm_blocking.txt 2>&1 ) &
+  ( taskset -c $sweep_cores timeout 240 python3 benchmarks/tools/gemm_blocking_sweep.py --threads 2 > $R/gemm_blocking.txt 2>&1 ) &
 fi
-python3 tools/pinned_bench.py --out $R --exclude $exclude --max-jobs $MAX_JOBS --launch-until $LAUNCH_UNTIL --deadline $DEADLINE "${jobs[@]}" 2>&1 | tee $R/schedule.txt
+python3 benchmarks/tools/pinned_bench.py --out $R --exclude $exclude --max-jobs $MAX_JOBS --launch-until $LAUNCH_UNTIL --deadline $DEADLINE "${jobs[@]}" 2>&1 | tee $R/schedule.txt
 # The jobs' results archived before waiting for the work beside them: a call cut short by its own
 # time limit still brings them back (only 8 files come back from a lease, not one per job).
 tar czf $OUT/results.tgz -C $R .

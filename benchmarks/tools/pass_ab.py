@@ -1,7 +1,7 @@
 """kiln with one of its graph rewrites against kiln without it, one model, one process, calls
 interleaved:
 
-    python tools/pass_ab.py MODEL THREADS PASS [flip]
+    python benchmarks/tools/pass_ab.py MODEL THREADS PASS [flip]
 
 PASS is a name in kiln/passes/pipeline.py's REWRITES (`kiln_attention`: kiln's attention against
 ATen's; `gemm_layer_norm`: layer norms inside kiln's GEMM against kernels of their own). Both copies are
@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import kiln  # noqa: E402
 from kiln import config  # noqa: E402
-from kiln.bench.models import MODELS  # noqa: E402
+from benchmarks.models import MODELS  # noqa: E402
 from kiln.passes import pipeline  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 torch.profiler over a few calls after warm-up; per call: the GPU's kernel time, kernel launches,
 host-side synchronizations, the host's time; then the kernels taking the most GPU time.
 
-    python tools/gpu_profile.py --models gpt2,bert --modes eager,kiln,inductor --batch 8 [--train]
+    python benchmarks/tools/gpu_profile.py --models gpt2,bert --modes eager,kiln,inductor --batch 8 [--train]
 
 Models are HuggingFace's, built from their configs and cast to bfloat16 (`--train`: float32
 weights, one AMP step, forward and backward under bf16 autocast). For a lent GPU machine: what the

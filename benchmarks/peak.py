@@ -2,7 +2,7 @@
 given thread count. The gemm suite (`kiln bench --suite gemm`) and `kiln profile` state each
 GEMM's and kernel's speed as a fraction of it, a roofline without a datasheet.
 
-    from kiln.bench.peak import machine_peak
+    from benchmarks.peak import machine_peak
     peak = machine_peak(threads=2)      # Peak(gflops=331.0, gbps=18.2, cpu='Intel(R) Xeon(R) ...', threads=2)
 
 Measuring takes a few seconds, so a result is measured once and kept in kiln's cache directory
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from kiln import disk_cache
-from kiln.bench.machine import OthersClock, cpu_flags, cpu_generation, cpu_model
+from benchmarks.machine import OthersClock, cpu_flags, cpu_generation, cpu_model
 
 # Bump when the measurement changes, so old figures are not read as new ones.
 _METHOD = 3  # 3: the best of torch.mm and oneDNN's packed linear

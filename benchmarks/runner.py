@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Callable, Iterator, TextIO
 
 from kiln import logs
-from kiln.bench import timing_lock
-from kiln.bench.modes import MODES
-from kiln.bench.results import Case, Result
+from benchmarks import timing_lock
+from benchmarks.modes import MODES
+from benchmarks.results import Case, Result
 
 
 def _tail(path: Path, lines: int = 1) -> str:
@@ -94,7 +94,7 @@ def run_in_subprocess(case: Case, timeout_s: float, cold_cache: bool = True, log
         tmpdir = Path(tmp)
         result_path, log_path = tmpdir / "result.json", tmpdir / "stderr.log"
         env = _child_env(case.threads, tmpdir / "cache" if cold_cache else None)
-        cmd = [sys.executable, "-m", "kiln.bench.worker", json.dumps(asdict(case)), str(result_path)]
+        cmd = [sys.executable, "-m", "benchmarks.worker", json.dumps(asdict(case)), str(result_path)]
         logs.log("bench", "%s: %s", case.label, " ".join(cmd))
         start = time.perf_counter()
         returncode = run_logged(cmd, env, log_path, timeout_s)

@@ -27,8 +27,8 @@ import torch
 
 import kiln
 from kiln import config
-from kiln.bench.models import MODELS, chosen_models
-from kiln.bench.modes import MODES
+from benchmarks.models import MODELS, chosen_models
+from benchmarks.modes import MODES
 from kiln.runtime import fallback
 from kiln.runtime.specialized import SizeSpecialized
 

@@ -3,9 +3,9 @@ machine's measured peak, and the fastest; then a summary per implementation."""
 
 from __future__ import annotations
 
-from kiln.bench.gemm import GemmResult, GemmRun
-from kiln.bench.peak import Peak
-from kiln.bench.report import geomean
+from benchmarks.gemm import GemmResult, GemmRun
+from benchmarks.peak import Peak
+from benchmarks.report import geomean
 
 Table = tuple[str, list[str], list[list[str]]]
 

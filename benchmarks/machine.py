@@ -1,7 +1,7 @@
 """The CPU a benchmark ran on: its model name, the flags that decide which GEMM code wins, and its
 core count; and the GPU, for a run on `--device cuda`. Every run's JSON records them
-(`kiln.bench.report.run_metadata`), and the machine's measured peak is cached under them
-(`kiln.bench.peak`).
+(`benchmarks.report.run_metadata`), and the machine's measured peak is cached under them
+(`benchmarks.peak`).
 """
 
 from __future__ import annotations

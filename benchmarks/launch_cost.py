@@ -11,7 +11,7 @@ in the other. A pass calls every kernel's launcher once, in the schedule's order
 made for it; after a warm-up (compiles, the autotuner's choice, each direct launch's first call),
 rounds time `--passes` passes of each module in turn, the best round kept.
 
-Without a GPU, Triton's driver is the stand-in (kiln/bench/standin_driver.py): kernels compiled
+Without a GPU, Triton's driver is the stand-in (benchmarks/standin_driver.py): kernels compiled
 for an H100 by Triton's compiler, CPU tensors, a launcher that does nothing. The time is the host
 cost of the launch path up to Triton's launcher, and not the launcher itself (on a GPU, Triton's
 `CudaLauncher.__call__` and `cuLaunchKernelEx`, which both paths pay).
@@ -219,7 +219,7 @@ def table(costs: list[LaunchCost]) -> str:
 def _where(on_gpu: bool) -> str:
     import triton
 
-    from kiln.bench.machine import cpu_model, gpu_model
+    from benchmarks.machine import cpu_model, gpu_model
 
     device = gpu_model() if on_gpu else "no GPU: the stand-in CUDA driver (sm_90, launches do nothing)"
     return f"{device}; CPU {cpu_model()}; torch {torch.__version__}, Triton {triton.__version__}"
@@ -250,7 +250,7 @@ def _driver(on_gpu: bool) -> contextlib.AbstractContextManager:
     """Triton's own driver on a GPU, the stand-in without one."""
     if on_gpu:
         return contextlib.nullcontext()
-    from kiln.bench.standin_driver import standin_cuda
+    from benchmarks.standin_driver import standin_cuda
 
     return standin_cuda()
 

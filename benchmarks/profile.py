@@ -2,7 +2,7 @@
 the fraction of the machine's peak it reached (a roofline table per compiled graph).
 
     import kiln
-    from kiln.bench.profile import profile, format_profile
+    from benchmarks.profile import profile, format_profile
 
     model = kiln.compile(model)              # or torch.compile(model, backend="kiln")
     report = profile(model, x, iters=20)     # compiles on its first call if not done yet
@@ -23,7 +23,7 @@ of per-entry medians falls short of the median call whenever each step is slowed
 and some step is slowed in most calls. What the entries do not cover (the Python wrapper's own lines: allocations, `data_ptr()`, `del`; the
 freezing check; guards; eager code between graphs) is printed as "unaccounted".
 
-FLOPs and bytes: kiln/bench/profile_costs.py. Peak GFLOP/s and GB/s: `kiln.bench.peak.machine_peak`
+FLOPs and bytes: benchmarks/profile_costs.py. Peak GFLOP/s and GB/s: `benchmarks.peak.machine_peak`
 (a large GEMM and a large copy, measured once per machine and thread count, and cached).
 """
 
@@ -36,14 +36,14 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.bench.profile_costs import Cost, extern_cost, kernel_cost, layout_copy_cost, unknown_kernel_cost
+from benchmarks.profile_costs import Cost, extern_cost, kernel_cost, layout_copy_cost, unknown_kernel_cost
 from kiln.runtime.compiled_graph import LIVE, CompiledGraph
 
 class NoKilnGraph(ValueError):
     """The profiled call ran no graph compiled by kiln's backend."""
 
 
-MEASURE = "measure"  # `profile(peak=MEASURE)`: ask kiln.bench.peak for the machine's peak
+MEASURE = "measure"  # `profile(peak=MEASURE)`: ask benchmarks.peak for the machine's peak
 
 
 @dataclass
@@ -108,7 +108,7 @@ class Profile:
     iters: int
     threads: int
     timer_us: float  # what one timed entry costs the instrumented call, measured
-    peak: dict | None  # gflops, gbps, cpu, threads, bf16_gflops (kiln.bench.peak); None when not measured
+    peak: dict | None  # gflops, gbps, cpu, threads, bf16_gflops (benchmarks.peak); None when not measured
     call_median_ms: float | None = None  # the plain whole calls' median, as kiln bench reports
 
     @property
@@ -264,7 +264,7 @@ def _swap(graphs: list[CompiledGraph], calls: list[Callable]) -> None:
 
 def _machine_peak(threads: int) -> dict | None:
     try:
-        from kiln.bench.peak import machine_peak
+        from benchmarks.peak import machine_peak
     except ImportError:  # the peak measurement is not part of this checkout
         return None
     p = machine_peak(threads)
@@ -277,7 +277,7 @@ def profile(fn: Callable, *args: Any, iters: int = 20, warmup: int = 3, peak: An
     """Profile `fn(*args, **kwargs)`, a model compiled by kiln (either door), per kiln graph.
 
     peak: the machine's peak as {"gflops", "gbps", "cpu", "threads"[, "bf16_gflops"]}, MEASURE (the default) to ask
-    `kiln.bench.peak.machine_peak`, or None for no roofline columns.
+    `benchmarks.peak.machine_peak`, or None for no roofline columns.
 
     Example::
 

@@ -11,7 +11,7 @@ Triton's binder and kiln's direct launches (kiln/runtime/triton_launch.py) run a
 the launcher, and there nothing happens. CPU tensors stand in for device tensors: their
 `data_ptr()` is all the launch path reads (Triton's binder specializes on its 16-byte alignment).
 
-It lives in kiln/bench/, not tests/, because `kiln bench-launch` (kiln/bench/launch_cost.py) uses
+It lives in benchmarks/, not tests/, because `kiln bench-launch` (benchmarks/launch_cost.py) uses
 it as well as the tests. It only ever replaces Triton's *active* driver (`driver.set_active`, in
 Triton 3.6 through 3.9), never kiln's code paths.
 

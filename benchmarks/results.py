@@ -21,7 +21,7 @@ class Case:
     iters: int = 20
     warmup: int = 3
     autocast: str | None = None  # "bfloat16": inference under torch.autocast(device, dtype=torch.bfloat16)
-    profile: bool = False  # also time each kernel and extern of kiln's graphs (kiln/bench/profile.py)
+    profile: bool = False  # also time each kernel and extern of kiln's graphs (benchmarks/profile.py)
     device: str = "cpu"  # "cuda": model and inputs on the GPU; the float64 reference stays on the CPU
     against: str | None = None  # a peer mode compiled in the same process and timed interleaved with this one
     dtype: str | None = None  # "bfloat16": the model cast with .to(dtype), floating inputs too; None: as built (float32)
@@ -67,7 +67,7 @@ class Result:
     graph_breaks: int | None = None
     fallbacks: int | None = None  # graphs kiln failed to compile and ran eagerly: a failure
     wall_s: float | None = None  # the whole subprocess, start to end
-    kernel_profile: dict | None = None  # kiln.bench.profile.Profile.to_json(), when the case asked for one
+    kernel_profile: dict | None = None  # benchmarks.profile.Profile.to_json(), when the case asked for one
     # Cases that lower precision (Case.lowers_precision): max |out - fp32 out| / max |fp32 out|, the
     # worst output's (with --train: the loss, and the gradients as one), against eager float32 on the CPU
     # from the same weights before the cast; the same figure for eager itself and for the peer.

@@ -1,10 +1,10 @@
 """The profile as text: one roofline table per compiled graph, sorted by time, then the whole
-call against the entries' sum (kiln/bench/profile.py measures; docs/profile.md explains the
+call against the entries' sum (benchmarks/profile.py measures; docs/profile.md explains the
 columns)."""
 
 from __future__ import annotations
 
-from kiln.bench.profile import Entry, GraphProfile, Profile
+from benchmarks.profile import Entry, GraphProfile, Profile
 
 HEADER = ("step", "kind", "calls", "ms", "%", "MFLOP", "MB", "GFLOP/s", "GB/s", "bound", "% peak", "what")
 _RIGHT = {"calls", "ms", "%", "MFLOP", "MB", "GFLOP/s", "GB/s", "% peak"}

@@ -11,7 +11,7 @@ Jobs running side by side share the memory bus and the last-level cache: compare
 the same conditions (a job's modes run one after another in its own process; the ratio of two
 jobs' times carries the neighbours' noise too).
 
-    python tools/pinned_bench.py --out DIR --exclude 14,15 --max-jobs 4 --launch-until 400 --deadline 530 \\
+    python benchmarks/tools/pinned_bench.py --out DIR --exclude 14,15 --max-jobs 4 --launch-until 400 --deadline 530 \\
         'name|threads|ENV=V ...|bench args' ...
 
 `--cores` prints the first CPU of each physical core this process may use, for a script that

@@ -4,7 +4,7 @@ process: rounds interleaved across the builds, weights out of cache (8 copies ca
 in a model), medians. What it answers: whether another blocking suits a CPU better (the default,
 8 x 3 on AVX-512, was chosen on an AMD EPYC, whose AVX-512 FMAs are 256 bits wide twice over).
 
-    python tools/gemm_blocking_sweep.py --threads 2 --shapes 128x768x768,128x768x3072,128x3072x768
+    python benchmarks/tools/gemm_blocking_sweep.py --threads 2 --shapes 128x768x768,128x768x3072,128x3072x768
 
 `--k-blocks 1024,512,256` times each blocking with those K blocks too (kiln_gemm.K_BLOCK, the
 longest K a GEMM runs unblocked), `--blockings 8x3` only the default's build.

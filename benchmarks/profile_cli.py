@@ -6,7 +6,7 @@ of the benchmark's suites.
 
 Each (model, mode, threads) runs as a `kiln bench --profile` case does: in its own subprocess with
 a fresh compile cache (so every graph is compiled and its kernels' FLOPs are known), checked
-against eager and timed, then profiled (kiln/bench/profile.py). The tables are printed per case.
+against eager and timed, then profiled (benchmarks/profile.py). The tables are printed per case.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 
 from kiln import config
-from kiln.bench.cli import _choices, _split, check_writable, parse_threads
-from kiln.bench.models import MODELS, suites
-from kiln.bench.results import Case
+from benchmarks.cli import _choices, _split, check_writable, parse_threads
+from benchmarks.models import MODELS, suites
+from benchmarks.results import Case
 
 KILN_MODES = ("kiln", "kiln-dynamo")
 
@@ -37,9 +37,9 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
 
 
 def run_profile(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from kiln.bench import report
-    from kiln.bench.profile_report import format_results
-    from kiln.bench.runner import Progress, run_cases
+    from benchmarks import report
+    from benchmarks.profile_report import format_results
+    from benchmarks.runner import Progress, run_cases
 
     try:
         cases = select_cases(args)

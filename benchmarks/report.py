@@ -11,11 +11,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiln.bench.machine import cpu_cores, cpu_flags, cpu_generation, cpu_model, gpu_model
-from kiln.bench.results import Result
+from benchmarks.machine import cpu_cores, cpu_flags, cpu_generation, cpu_model, gpu_model
+from benchmarks.results import Result
 
 if TYPE_CHECKING:
-    from kiln.bench.gemm import GemmRun
+    from benchmarks.gemm import GemmRun
 
 
 @dataclass
@@ -276,7 +276,7 @@ def _all_tables(results: list[Result], gemm: "GemmRun | None") -> tuple[list[str
     """Lines under the run's header, and the tables: the models' (when any ran), then the gemm suite's."""
     if gemm is None:
         return [], _tables(results)
-    from kiln.bench.gemm_report import describe_peaks, gemm_notes, gemm_tables
+    from benchmarks.gemm_report import describe_peaks, gemm_notes, gemm_tables
 
     notes = gemm_notes(gemm)
     tables = (_tables(results) if results else []) + gemm_tables(gemm)
@@ -345,7 +345,7 @@ def run_metadata(**settings: Any) -> dict[str, Any]:
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu_model(),
         "cpu_generation": cpu_generation(),  # "family 26, model 2, stepping 1": which EPYC or Xeon it is
-        "isa": list(cpu_flags()),  # the speed flags of kiln.bench.machine.SPEED_FLAGS it has
+        "isa": list(cpu_flags()),  # the speed flags of benchmarks.machine.SPEED_FLAGS it has
         "cores": cpu_cores(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the kernels ATen dispatches to
         **({"gpu": gpu_model()} if settings.get("device") == "cuda" else {}),  # where a cuda run's models ran

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-# kiln/bench measures the peer, Inductor, so it is one of the two places allowed to use torch._dynamo.
+# benchmarks measures the peer, Inductor, so it is one of the two places allowed to use torch._dynamo.
 
 
 @dataclass(frozen=True)
