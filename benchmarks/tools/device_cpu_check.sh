@@ -8,8 +8,9 @@
 # SUITES picks the job groups in order (default "gemm profile hf2 mk2 hf1"), MODELS the hf models (longest
 # first by default); SWEEP=0 leaves out the blocking sweep, whose memory traffic the jobs would share;
 # GPU=0 the GPU tests and timing.
-# The first run (2026-11-27, docs/results.md) had 7 jobs at once and per-model ratios that moved by
-# tens of percent; max_jobs (default 4) trades suites measured for quieter neighbours.
+# The first run (2026-11-27; `git show results-history:docs/results.md`) had 7 jobs at once and
+# per-model ratios that moved by tens of percent; max_jobs (default 4) trades suites measured for
+# quieter neighbours.
 OUT=${OUT:-/tmp/device_out}; R=$OUT/r; mkdir -p $R
 LAUNCH_UNTIL=${1:-380}; DEADLINE=${2:-520}; MAX_JOBS=${3:-4}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 KILN_RUNTIME_CACHE_DIR=/tmp/kiln_rt
