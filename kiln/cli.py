@@ -10,6 +10,7 @@ by its entry point, so `kiln bench` exists wherever `benchmarks` is installed (t
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from importlib.metadata import entry_points
 
@@ -20,13 +21,17 @@ from kiln.deploy import runner
 COMMAND_GROUP = "kiln.commands"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, extra: dict[str, str] | None = None) -> int:
+    """Run the `kiln` command line; `extra`: command -> "module:function" adding it, for commands
+    of a package that is not installed (its entry points are not there)."""
     parser = argparse.ArgumentParser(prog="kiln", description="kiln, a deep-learning compiler for PyTorch")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     runner.add_command(commands)
     autotune_cli.add_command(commands)
-    for entry in sorted(entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
-        entry.load()(commands)
+    added = {entry.name: entry.value for entry in entry_points(group=COMMAND_GROUP)}
+    for name, target in sorted({**added, **(extra or {})}.items()):
+        module, _, function = target.partition(":")
+        getattr(importlib.import_module(module), function)(commands)
     args = parser.parse_args(argv)
     try:
         logs.enabled_artifacts()  # a typo in KILN_LOGS fails now, not in the middle of a run

@@ -27,7 +27,7 @@ python3 -c "from kiln.native import python_door, runtime; python_door.build_in_b
 cores=($(python3 benchmarks/tools/pinned_bench.py --cores)); n=${#cores[@]}
 sweep_cores=${cores[0]},${cores[1]}; gpu_cores=${cores[n-2]},${cores[n-1]}  # the jobs get the others
 [ "${GPU:-1}" != 0 ] && ( taskset -c $gpu_cores timeout 200 python3 -m pytest -q tests/gpu -p no:cacheprovider -x > $R/gpu_tests.log 2>&1
-  taskset -c $gpu_cores timeout 150 python3 -m kiln bench --models bert --device cuda --autocast bf16 --batch 8 \
+  taskset -c $gpu_cores timeout 150 python3 -m benchmarks bench --models bert --device cuda --autocast bf16 --batch 8 \
     --modes kiln,kiln-reduce-overhead --iters 30 --json $R/gpu_bench.json > $R/gpu_bench.log 2>&1 ) &
 MODELS=${MODELS:-"swinv2 mobilevit gpt2 vit bert t5 convnext llama resnet50 distilbert mobilenetv1"}
 B="--iters 10 --warmup 2 --timeout 400"

@@ -89,7 +89,7 @@ bench() {
   if (( budget < min )); then say "$name: not run, $budget s left before the deadline (it needs $min)"; return 0; fi
   mkdir -p "$WORK/$name.cases"
   local t0=$(date +%s)
-  run "$WORK/$name.log" timeout -k 20 "$budget" $PY -m kiln bench --device "$DEVICE" --threads "$THREADS" \
+  run "$WORK/$name.log" timeout -k 20 "$budget" $PY -m benchmarks bench --device "$DEVICE" --threads "$THREADS" \
     --iters "$ITERS" --warmup "$WARMUP" --timeout "$budget" --jobs "$jobs" "$@" \
     --json "$OUT/$name.json" --markdown "$WORK/$name.md" --case-logs "$WORK/$name.cases"
   say "$name: exit $? after $(( $(date +%s) - t0 )) s (limit $budget s)"
@@ -102,7 +102,7 @@ beside() {
     $PY -m pytest -q "$TESTS" -p no:cacheprovider --maxfail=15
   say "tests: exit $?"
   # The host's cost per Triton launch, through Triton and direct (benchmarks/launch_cost.py).
-  run "$WORK/launch.log" timeout -k 10 60 $PY -m benchmarks.timing_lock $PY -m kiln bench-launch --rounds 5
+  run "$WORK/launch.log" timeout -k 10 60 $PY -m benchmarks.timing_lock $PY -m benchmarks bench-launch --rounds 5
   say "bench-launch: exit $?"
   bench amp-train-b8 240 60 "$JOBS" --models "$TRAIN_MODELS" --train --autocast bf16 --batch 8 --modes kiln --against inductor
   # (fewer at once: beside the main lane's second run, which comes first)

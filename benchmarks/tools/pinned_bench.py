@@ -104,7 +104,7 @@ def main() -> None:
                     continue
                 pending.remove(job)
                 log = open(out / f"{job['name']}.log", "w")
-                cmd = ["taskset", "-c", ",".join(map(str, cores[1])), sys.executable, "-m", "kiln", "bench",
+                cmd = ["taskset", "-c", ",".join(map(str, cores[1])), sys.executable, "-m", "benchmarks", "bench",
                        "--threads", str(job["threads"]), "--json", str(out / f"{job['name']}.json"), *job["args"]]
                 env = {**os.environ, **job["env"]}
                 proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -171,3 +171,16 @@ def test_against_pairs_every_compiled_case_but_eager_and_the_peer_itself():
                               against="inductor-freeze")
     cases = benchmarks.cli.select_cases(args)
     assert {c.mode: c.against for c in cases} == {"eager": None, "kiln": "inductor-freeze", "inductor-freeze": None}
+
+
+def test_the_benchmark_commands_are_the_same_installed_or_not():
+    import tomllib
+    from pathlib import Path
+
+    from benchmarks import COMMANDS
+
+    pyproject = tomllib.loads((Path(benchmarks.__file__).parents[1] / "pyproject.toml").read_text())
+    assert pyproject["project"]["entry-points"]["kiln.commands"] == COMMANDS
+    with pytest.raises(SystemExit) as done:  # `python -m benchmarks`: added without entry points
+        main(["bench-launch", "--help"], extra=COMMANDS)
+    assert done.value.code == 0

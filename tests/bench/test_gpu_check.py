@@ -33,8 +33,8 @@ def _dry_run(tmp_path, **env) -> list[list[str]]:
 
 
 def _bench_args(command: list[str]) -> list[str]:
-    start = command.index("kiln") + 1
-    assert command[start - 2:start + 1] == ["-m", "kiln", "bench"]
+    start = command.index("benchmarks") + 1
+    assert command[start - 2:start + 1] == ["-m", "benchmarks", "bench"]
     return command[start:]
 
 
@@ -60,7 +60,7 @@ def test_a_dry_run_says_every_command_and_each_bench_run_is_valid(tmp_path, pars
     assert len(tests) == 1 and tests[0][:4] == ["timeout", "-k", "10", "90"]
     assert "benchmarks.timing_lock" in tests[0] and "tests/gpu" in tests[0]
     benches = {}
-    for command in (c for c in commands if "bench" in c and "kiln" in c):
+    for command in (c for c in commands if "bench" in c and "benchmarks" in c):
         assert command[:3] == ["timeout", "-k", "20"] and 60 <= int(command[3]) <= 240  # stopped before the deadline
         args = _bench_args(command)
         json_path = Path(args[args.index("--json") + 1])
