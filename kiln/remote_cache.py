@@ -99,8 +99,10 @@ def _client(url: str):
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    # One retry, without waiting: a pooled connection the server closed while idle is reopened
-    # instead of switching the tier off; a server that is down costs two refused connects.
+    # At most one retry, at once (redis-py 6 on; 5 does not retry): a connection lost mid-command
+    # gets a second chance before the tier goes off, and a server that is down costs two connection
+    # attempts, not the default's three with backoff. (The pool itself reopens a pooled connection
+    # the server closed while it was idle.)
     # Options in the URL's query (?socket_timeout=, ?ssl_ca_certs=, ...) win over these.
     options = {"socket_connect_timeout": _timeout("remote_connect_timeout_s"),
                "socket_timeout": _timeout("remote_timeout_s"), "retry": Retry(NoBackoff(), 1)}

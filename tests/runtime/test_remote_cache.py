@@ -365,3 +365,20 @@ def test_without_redis_py_one_warning_names_the_extra_and_the_cache_is_local(tmp
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once
         _assert_local_cache_works("e2")
+
+
+def test_a_connection_the_server_closed_while_idle_is_reopened(tmp_path, monkeypatch):
+    with _server(tmp_path, "--timeout", "1") as port:  # the server closes clients idle for 1 s
+        _use(monkeypatch, tmp_path, f"redis://127.0.0.1:{port}")
+        path = disk_cache.entry("aot", "f1" + "0" * 62, ".pkl")
+        disk_cache.write(path, b"entry")  # kiln's connection is open, then idle
+        watcher = redis.Redis(port=port)
+        deadline = time.monotonic() + 20
+        while len(watcher.client_list()) > 1:  # until the server has closed kiln's
+            assert time.monotonic() < deadline, "redis-server kept an idle client past its timeout"
+            time.sleep(0.1)
+        path.unlink()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert disk_cache.read(path) == b"entry"
+        assert not remote_cache.tier().broken
