@@ -25,6 +25,7 @@ import dataclasses
 import difflib
 import numbers
 import os
+import re
 import types
 import typing
 import warnings
@@ -49,6 +50,12 @@ __all__ = [
 ]
 
 ENV_PREFIX = "KILN_"
+
+# ``KILN_*`` variables kiln reads that are deliberately not settings: secrets, which as_dict()
+# and describe() must never show. They are not reported as typos.
+READ_ELSEWHERE = {
+    "KILN_REMOTE_CACHE_SECRET": "the key that signs and checks remote cache entries (kiln/remote_cache.py)",
+}
 
 
 # --- types a setting can have ----------------------------------------------------------------
@@ -277,8 +284,21 @@ class CacheSettings(_Group):
     remote: str = setting(
         "",
         env="KILN_REMOTE_CACHE",
-        help="a shared cache tier under the disk cache, redis://host:port[/db]; empty for none "
+        help="a shared cache tier under the disk cache, redis://[[user]:password@]host[:port][/db] "
+        "(rediss:// for TLS; needs kiln's `remote` extra, redis-py); empty for none "
         "(KILN_REMOTE_CACHE_SECRET, if set, signs and checks its entries)",
+    )
+    remote_connect_timeout_s: float = setting(
+        5.0,
+        env="KILN_REMOTE_CACHE_CONNECT_TIMEOUT",
+        help="seconds to wait for a connection to the cache.remote server (and its TLS handshake) "
+        "before the tier is switched off for the process",
+    )
+    remote_timeout_s: float = setting(
+        5.0,
+        env="KILN_REMOTE_CACHE_TIMEOUT",
+        help="seconds one read or write on the cache.remote connection may wait for the server "
+        "before the tier is switched off for the process",
     )
 
 
@@ -476,13 +496,22 @@ def describe() -> str:
     header = ("setting", "type", "value", "env", "help")
     values = as_dict()
     rows = [header] + [
-        (name, spec.kind.name, repr(values[name]), spec.env, spec.help)
+        (name, spec.kind.name, _without_password(repr(values[name])), spec.env, spec.help)
         for name, spec in _all_specs().items()
     ]
     widths = [max(len(row[col]) for row in rows) for col in range(len(header) - 1)]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1]
              for row in rows]
     return "\n".join(line.rstrip() for line in lines)
+
+
+_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^/@\s:]*:)[^@/\s]+@", re.IGNORECASE)
+
+
+def _without_password(text: str) -> str:
+    """``text`` with the password of any URL in it (``scheme://user:password@host``) shown as ***:
+    describe() prints settings, and cache.remote may carry a Redis password."""
+    return _URL_PASSWORD.sub(r"\1***@", text)
 
 
 # --- environment -----------------------------------------------------------------------------
@@ -508,6 +537,8 @@ def reload_from_env(environ: Mapping[str, str] | None = None) -> None:
         if not var.startswith(ENV_PREFIX):
             continue
         spec = by_env.get(var)
+        if spec is None and var in READ_ELSEWHERE:
+            continue
         if spec is None:
             close = difflib.get_close_matches(var, by_env, n=1, cutoff=0.8)
             hint = f" (did you mean {close[0]}?)" if close else ""

@@ -1,5 +1,6 @@
 """A shared cache tier on Redis under the local disk cache (seed 002: a team or a fleet compiles
-a model once): `KILN_REMOTE_CACHE=redis://host:port[/db]`.
+a model once): `KILN_REMOTE_CACHE=redis://[[user]:password@]host[:port][/db]`, or `rediss://...`
+for TLS.
 
 kiln/disk_cache.py asks this tier on a local miss and, after every local write of a complete
 entry (a build that succeeded), offers it the entry. What the tier stores is content-addressed:
@@ -17,11 +18,23 @@ The cache holds shared libraries kiln loads, so whoever can write to the Redis s
 code in every process that reads from it. With `KILN_REMOTE_CACHE_SECRET` set (the same value on
 every machine of the team), each index entry carries an HMAC-SHA256 of its name and digest under
 that secret and entries without a valid one are refused (reported): only holders of the secret
-can add entries. Without a secret, use a Redis server only trusted machines can write.
+can add entries. Without a secret, use a Redis server only trusted machines can write; a password
+in the URL (Redis AUTH, or an ACL user) and `rediss://` (TLS) keep others off the server and the
+wire.
 
-The server being unreachable never fails a compile: the tier is switched off for the process
-with one warning, and kiln compiles locally. The client is kiln's own (RESP over a socket, the
-three commands it needs: PING, GET, SET).
+The client is redis-py (the `redis` package, kiln's `remote` extra: `pip install kiln[remote]`):
+it does AUTH and ACL users, TLS with certificate checks, connect and read timeouts, a connection
+pool shared by threads and reset in forked children, which kiln's own RESP client (PING, GET,
+SET over a plain socket) did not. It is optional because only this tier needs it; it is imported
+when a remote URL is first used, so `import kiln` never loads it. Without it, a configured URL
+gives one warning naming the extra and the process caches locally.
+
+No failure of the server fails a compile: unreachable, a timeout, refused credentials, a TLS
+handshake that fails, an error reply. The first switches the tier off for the process, with one
+warning and the reason kept in `RemoteTier.off_reason`, and kiln compiles locally. A user the
+server's ACL lets read but not write reads on: its first refused write is reported once and the
+process stops offering entries. A malformed URL or timeout is a configuration error, raised
+(ValueError naming the setting) at first use.
 """
 
 from __future__ import annotations
@@ -30,100 +43,114 @@ import hashlib
 import hmac
 import json
 import os
-import socket
 import threading
 import warnings
-from urllib.parse import urlparse
+from urllib.parse import urlsplit
 
 from kiln import config, logs
 
 # Bumped when the stored format changes, so old and new kilns sharing a server never mix.
 FORMAT = "1"
-TIMEOUT_S = 5.0
 
 # What this process did with the tier, for tests and reports.
 STATS = {"hits": 0, "misses": 0, "stored": 0, "rejected": 0}
 
-
-class RemoteCacheError(Exception):
-    """The server answered with an error, or the connection failed."""
-
-
-class _Redis:
-    """A minimal Redis client: one connection per thread, RESP2 requests and replies."""
-
-    def __init__(self, host: str, port: int, db: int) -> None:
-        self.host, self.port, self.db = host, port, db
-        self._local = threading.local()
-
-    def _connection(self) -> tuple[socket.socket, "socket.SocketIO"]:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            sock = socket.create_connection((self.host, self.port), timeout=TIMEOUT_S)
-            conn = self._local.conn = (sock, sock.makefile("rb"))
-            if self.db:
-                self._roundtrip(b"SELECT", str(self.db).encode())
-        return conn
-
-    def command(self, *parts: bytes) -> bytes | str | int | None:
-        try:
-            return self._roundtrip(*parts)
-        except (OSError, RemoteCacheError):
-            self.close()
-            raise
-
-    def _roundtrip(self, *parts: bytes) -> bytes | str | int | None:
-        sock, reader = self._connection()
-        request = [b"*%d\r\n" % len(parts)]
-        for part in parts:
-            request.append(b"$%d\r\n%s\r\n" % (len(part), part))
-        sock.sendall(b"".join(request))
-        return _reply(reader)
-
-    def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
-        if conn is not None:
-            conn[1].close()
-            conn[0].close()
+FORMS = "redis://[[user]:password@]host[:port][/db], or rediss://... for TLS"
+INSTALL = "pip install 'kiln[remote]' (or pip install 'redis>=5')"
 
 
-def _reply(reader) -> bytes | str | int | None:
-    line = reader.readline()
-    if not line.endswith(b"\r\n"):
-        raise RemoteCacheError("the connection closed mid-reply")
-    kind, rest = line[:1], line[1:-2]
-    if kind == b"+":
-        return rest.decode()
-    if kind == b"-":
-        raise RemoteCacheError(rest.decode(errors="replace"))
-    if kind == b":":
-        return int(rest)
-    if kind == b"$":
-        size = int(rest)
-        if size < 0:
-            return None
-        data = reader.read(size + 2)
-        if len(data) != size + 2:
-            raise RemoteCacheError("the connection closed mid-reply")
-        return data[:-2]
-    raise RemoteCacheError(f"unexpected reply {line[:40]!r}")
+def shown(url: str) -> str:
+    """`url` with its password, if any, as *** (for messages and logs)."""
+    return config._without_password(url)
+
+
+def _check_url(url: str) -> None:
+    """Raise ValueError naming the setting and the accepted forms unless `url` is one of them."""
+    problem = None
+    try:
+        parsed = urlsplit(url)
+        parsed.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError as error:
+        problem = str(error)
+    else:
+        db = parsed.path.lstrip("/")
+        if parsed.scheme not in ("redis", "rediss"):
+            problem = "the scheme must be redis or rediss"
+        elif not parsed.hostname:
+            problem = "it names no host"
+        elif db and not db.isdigit():
+            problem = f"the database {db!r} is not a number"
+    if problem is not None:
+        raise ValueError(f"cache.remote (KILN_REMOTE_CACHE) must be {FORMS}; got {shown(url)!r} ({problem})")
+
+
+def _timeout(name: str) -> float:
+    value = getattr(config.cache, name)
+    if not value > 0:
+        spec = config._all_specs()[f"cache.{name}"]
+        raise ValueError(f"cache.{name} ({spec.env}) must be a number of seconds above 0; got {value!r}")
+    return value
+
+
+def _client(url: str):
+    """A redis-py client for `url`, or ImportError when redis-py is not installed. Nothing
+    connects yet: the first command does."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    # At most one retry, at once (redis-py 6 on; 5 does not retry): a connection lost mid-command
+    # gets a second chance before the tier goes off, and a server that is down costs two connection
+    # attempts, not the default's three with backoff. (The pool itself reopens a pooled connection
+    # the server closed while it was idle.)
+    # Options in the URL's query (?socket_timeout=, ?ssl_ca_certs=, ...) win over these.
+    options = {"socket_connect_timeout": _timeout("remote_connect_timeout_s"),
+               "socket_timeout": _timeout("remote_timeout_s"), "retry": Retry(NoBackoff(), 1)}
+    if url.startswith("rediss:"):
+        options["ssl_check_hostname"] = True  # the default from redis-py 6 on; 5 did not check
+    try:
+        return redis.Redis.from_url(url, **options)
+    except ValueError as error:  # an option in the URL's query redis-py cannot parse
+        raise ValueError(f"cache.remote (KILN_REMOTE_CACHE) {shown(url)!r}: {error}") from None
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    """What a failed command raises: redis-py's errors (connection, timeout, authentication,
+    error replies) and the OS's (TLS handshakes, sockets)."""
+    import redis
+
+    return (redis.RedisError, OSError)
+
+
+def _is_no_permission(error: BaseException) -> bool:
+    """Whether `error` is the server refusing this user a command its ACL does not allow."""
+    from redis import exceptions
+
+    return isinstance(error, getattr(exceptions, "NoPermissionError", ())) or str(error).startswith("NOPERM")
 
 
 class RemoteTier:
-    """The Redis tier named by a `redis://` URL."""
+    """The Redis tier named by a `redis://` or `rediss://` URL."""
 
     def __init__(self, url: str) -> None:
-        parsed = urlparse(url)
-        if parsed.scheme != "redis" or not parsed.hostname:
-            raise ValueError(f"cache.remote (KILN_REMOTE_CACHE) must be redis://host:port[/db]; got {url!r}")
-        db = int(parsed.path.lstrip("/") or 0)
+        _check_url(url)
         self.url = url
-        self.client = _Redis(parsed.hostname, parsed.port or 6379, db)
         self.prefix = f"kiln:{FORMAT}:"
         self.secret = os.environ.get("KILN_REMOTE_CACHE_SECRET", "").encode() or None
-        self.broken = False  # set on the first connection failure: this process compiles locally
+        self.broken = False  # set on the first failure: this process compiles locally
+        self.read_only = False  # set when the server's ACL refuses kiln's user a write
+        self.off_reason: str | None = None  # why, once broken
+        self._lock = threading.Lock()
         self._reported: set[str] = set()
+        try:
+            self.client = _client(url)
+            self._failures = _errors()
+        except ImportError as error:
+            self.client = None
+            self._failures = ()
+            self._off(f"kiln: cache.remote (KILN_REMOTE_CACHE) is set to {shown(url)}, but the Redis client kiln "
+                      f"uses is not installed ({error}); {INSTALL} to use it. This process caches locally",
+                      stacklevel=5)
 
     # -- reading ---------------------------------------------------------------------------------
     def get(self, name: str) -> bytes | None:
@@ -131,15 +158,15 @@ class RemoteTier:
         if self.broken:
             return None
         try:
-            index = self.client.command(b"GET", self._index_key(name))
+            index = self.client.get(self._index_key(name))
             if index is None:
                 STATS["misses"] += 1
                 return None
             meta = self._meta(name, index)
             if meta is None:
                 return None
-            blob = self.client.command(b"GET", self._blob_key(meta["sha256"]))
-        except (OSError, RemoteCacheError) as error:
+            blob = self.client.get(self._blob_key(meta["sha256"]))
+        except self._failures as error:
             self._switch_off(error)
             return None
         if not isinstance(blob, bytes) or len(blob) != meta["bytes"] or hashlib.sha256(blob).hexdigest() != meta["sha256"]:
@@ -167,7 +194,7 @@ class RemoteTier:
     # -- writing ---------------------------------------------------------------------------------
     def put(self, name: str, data: bytes) -> None:
         """Offer entry `name` (complete, written locally after a successful build) to the server."""
-        if self.broken:
+        if self.broken or self.read_only:
             return
         digest = hashlib.sha256(data).hexdigest()
         meta = {"sha256": digest, "bytes": len(data)}
@@ -175,10 +202,10 @@ class RemoteTier:
             meta["hmac"] = self._signature(name, digest)
         try:
             # The blob before the index that names it: a reader never finds an index without it.
-            self.client.command(b"SET", self._blob_key(digest), data)
-            self.client.command(b"SET", self._index_key(name), json.dumps(meta).encode())
-        except (OSError, RemoteCacheError) as error:
-            self._switch_off(error)
+            self.client.set(self._blob_key(digest), data)
+            self.client.set(self._index_key(name), json.dumps(meta).encode())
+        except self._failures as error:
+            self._write_failed(error)
             return
         STATS["stored"] += 1
         logs.log("cache", "remote cache stored %s (%d bytes)", name, len(data))
@@ -186,12 +213,12 @@ class RemoteTier:
     def delete(self, name: str) -> None:
         """Forget entry `name`: its index goes (the blob stays, unnamed, for whatever else shares
         its bytes), so no process loads it again."""
-        if self.broken:
+        if self.broken or self.read_only:
             return
         try:
-            self.client.command(b"DEL", self._index_key(name))
-        except (OSError, RemoteCacheError) as error:
-            self._switch_off(error)
+            self.client.delete(self._index_key(name))
+        except self._failures as error:
+            self._write_failed(error)
             return
         logs.log("cache", "remote cache entry %s deleted", name)
 
@@ -207,21 +234,53 @@ class RemoteTier:
 
     def _reject(self, name: str, why: str) -> None:
         STATS["rejected"] += 1
-        message = f"kiln: the remote cache entry {name} at {self.url} was refused: {why}; it is rebuilt locally"
+        message = f"kiln: the remote cache entry {name} at {shown(self.url)} was refused: {why}; it is rebuilt locally"
         logs.log("cache", "%s", message)
         if name not in self._reported:
             self._reported.add(name)
             warnings.warn(message, RuntimeWarning, stacklevel=4)
 
-    def _switch_off(self, error: Exception) -> None:
-        self.broken = True
-        message = (f"kiln: the remote cache {self.url} is unreachable or failed ({type(error).__name__}: {error}); "
-                   f"this process compiles locally")
+    def _write_failed(self, error: BaseException) -> None:
+        """A write the server's ACL does not allow this user (a reader's account: Redis's own way
+        to let only some machines write) stops writes, not reads; any other failure, everything."""
+        if not _is_no_permission(error):
+            self._switch_off(error)
+            return
+        with self._lock:
+            if self.read_only:
+                return
+            self.read_only = True
+        message = (f"kiln: the remote cache {shown(self.url)} does not let kiln's user write "
+                   f"({type(error).__name__}: {error}); this process only reads from it")
         logs.log("cache", "%s", message)
-        warnings.warn(message, RuntimeWarning, stacklevel=4)
+        warnings.warn(message, RuntimeWarning, stacklevel=5)
+
+    def _switch_off(self, error: BaseException) -> None:
+        from redis import exceptions
+
+        refused = tuple(getattr(exceptions, name) for name in (
+            "AuthenticationError", "AuthenticationWrongNumberOfArgsError", "AuthorizationError", "NoPermissionError",
+        ) if hasattr(exceptions, name))
+        if isinstance(error, refused):
+            what = ("refused kiln's credentials or what they allow (the user and password in cache.remote, "
+                    "KILN_REMOTE_CACHE)")
+        else:
+            what = "is unreachable or failed"
+        self._off(f"kiln: the remote cache {shown(self.url)} {what} ({type(error).__name__}: {error}); "
+                  f"this process compiles locally", stacklevel=5)
+
+    def _off(self, message: str, stacklevel: int) -> None:
+        """Switch the tier off for the process, reporting why once (threads may fail together)."""
+        with self._lock:
+            if self.broken:
+                return
+            self.broken = True
+            self.off_reason = message
+        logs.log("cache", "%s", message)
+        warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
 
 
-_TIERS: dict[str, RemoteTier] = {}
+_TIERS: dict[tuple[str, float, float], RemoteTier] = {}  # by URL and timeouts
 
 
 def tier() -> RemoteTier | None:
@@ -229,7 +288,8 @@ def tier() -> RemoteTier | None:
     url = config.cache.remote
     if not url:
         return None
-    found = _TIERS.get(url)
+    key = (url, config.cache.remote_connect_timeout_s, config.cache.remote_timeout_s)
+    found = _TIERS.get(key)
     if found is None:
-        found = _TIERS[url] = RemoteTier(url)
+        found = _TIERS[key] = RemoteTier(url)
     return found

@@ -60,6 +60,8 @@ def test_defaults():
         "cache.dir": "~/.cache/kiln",
         "cache.runtime_dir": "",
         "cache.remote": "",
+        "cache.remote_connect_timeout_s": 5.0,
+        "cache.remote_timeout_s": 5.0,
         "backend.compile_workers": 0,
         "backend.freezing": True,
         "backend.autotune": "default",
@@ -174,6 +176,15 @@ def test_other_env_vars_are_ignored_quietly():
         warnings.simplefilter("error")
         config.reload_from_env({"PATH": "/bin", "MY_KILN_THING": "1", "KILN_BENCH_ITERS": "3"})
     assert config.bench.iters == 3
+
+
+def test_a_secret_kiln_reads_itself_is_no_typo_and_no_setting():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config.reload_from_env({"KILN_REMOTE_CACHE_SECRET": "team secret", "KILN_REMOTE_CACHE": "redis://h"})
+    assert config.cache.remote == "redis://h"
+    assert "team secret" not in repr(config.as_dict()) and "team secret" not in config.describe()
+    config.reload_from_env({})
 
 
 def test_environment_applies_at_import():
@@ -368,6 +379,16 @@ def test_describe_has_a_row_per_setting():
     (iters,) = [line for line in lines if line.startswith("bench.iters ")]
     assert iters.split()[:5] == ["bench.iters", "int", "4", "KILN_BENCH_ITERS", "timed"]
     assert repr(config.cache.dir) in table  # a string setting's value, quoted
+
+
+def test_describe_hides_a_password_in_a_url():
+    with config.patch({"cache.remote": "rediss://kiln:hunter2@cache.example:6380/1"}):
+        table = config.describe()
+        assert config.as_dict()["cache.remote"] == "rediss://kiln:hunter2@cache.example:6380/1"  # as set
+    assert "hunter2" not in table and "'rediss://kiln:***@cache.example:6380/1'" in table
+    with config.patch({"cache.remote": "redis://:p%40ss@cache.example"}):
+        table = config.describe()
+    assert "p%40ss" not in table and "'redis://:***@cache.example'" in table
 
 
 # --- declaring groups ------------------------------------------------------------------------
