@@ -8,7 +8,7 @@ grad, the joint forward+backward graph is traced and split by the partitioner, a
 to `compile_graph`; otherwise one inference graph does. Each variant is built on first need.
 
 The trace runs under the caller's autocast (its casts become ops of the graph); the graphs are
-compiled, and run (kiln/aot/runtime.py), with autocast off, so that neither a pass re-running ops
+compiled, and run (kiln/aot/call_wrappers.py), with autocast off, so that neither a pass re-running ops
 on fake values nor an extern call at run time casts a second time.
 """
 
@@ -26,7 +26,7 @@ from torch.utils import _pytree as pytree
 from kiln import compile_time, config, logs
 from kiln.aot import cache as aot_cache, dump
 from kiln.aot.module_state import mark_module_state, module_state_positions
-from kiln.aot.runtime import inference_runner, training_runner
+from kiln.aot.call_wrappers import inference_runner, training_runner
 from kiln.aot.signature import Signature, UnsupportedByAot, analyze
 from kiln.aot.trace import differentiable_outputs, trace_inference, trace_joint
 

@@ -79,7 +79,7 @@ class Signature:
     output_is_tensor: list[bool] = field(default_factory=list)
     output_metas: list[TensorMeta | None] = field(default_factory=list)
     # Each input's sizes as traced (SymInts where symbolic), or the input itself when not a tensor:
-    # how an alias's symbolic layout is evaluated at each call (kiln/aot/runtime.py).
+    # how an alias's symbolic layout is evaluated at each call (kiln/aot/call_wrappers.py).
     input_sizes: list[Any] = field(default_factory=list)
 
     @property
@@ -94,7 +94,7 @@ class Signature:
     def __getstate__(self) -> dict[str, Any]:
         # SymInts belong to one process's shape environment and do not pickle; their sympy
         # expressions over the capture's size symbols do, and are all the runtime evaluates
-        # (kiln/aot/runtime.py). Tracing needs the SymInts: a loaded signature is re-made
+        # (kiln/aot/call_wrappers.py). Tracing needs the SymInts: a loaded signature is re-made
         # before a trace (kiln/aot/compile.py).
         state = dict(self.__dict__)
         state["input_sizes"] = [_portable(v) for v in self.input_sizes]

@@ -1,4 +1,4 @@
-"""Runtime wrappers around compiled functional graphs: they restore eager's semantics.
+"""The calls around compiled functional graphs: they restore eager's semantics at each call.
 
 A functional graph returns new values instead of mutating, and fresh tensors instead of views. The
 wrappers copy mutated inputs' new values back, hand aliasing outputs back as views of their bases,
