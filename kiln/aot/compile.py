@@ -119,6 +119,7 @@ class AotCompiled:
         self.fn = self._flat_function(gm)
         self.sig: Signature | None = None  # with fake_mode and fake_args, made by _prepare()
         self.variants: dict[bool, Callable[..., list[Any]]] = {}
+        self.graphs: dict[bool, list[Any]] = {}  # what compile_graph made of each variant's graph(s)
         self.partition: Any = None  # the training variant's Partition, once built
         # Build now for the grad mode of the example inputs, so compile errors surface here (where
         # a backend can fall back) rather than in the middle of the user's call.
@@ -223,6 +224,7 @@ class AotCompiled:
         except Exception as error:  # noqa: BLE001 - an entry that does not load is rebuilt
             logs.log("cache", "AOT graph cache entry %s not loaded (%s): rebuilding", key[:12], error)
             return None
+        self.graphs[training] = compiled
         for graph in compiled:  # (it ran where it was stored; here, on another GPU, it may not)
             self.compile_graph.on_first_run(graph, lambda ran: ran or aot_cache.drop(key))
         self.sig = self.sig or entry.sig
@@ -262,9 +264,17 @@ class AotCompiled:
             if runner is None:
                 logs.log("aot", "building the %s graph(s) of %s", "training" if training else "inference", self.options.label)
                 runner, compiled, num_saved = self._build_training() if training else self._build_inference()
+                self.graphs[training] = compiled
                 self._to_cache(key, compiled, num_saved)
             self.variants[training] = runner
         return self.variants[training]
+
+    def built(self, training: bool = False) -> list[Any]:
+        """What `compile_graph` made of the inference graph (or of the training variant's forward
+        and backward graphs), built now if no call has yet: how a caller that builds ahead of
+        time (kiln.export) gets the backend's program."""
+        self._variant(training)
+        return self.graphs[training]
 
     def __call__(self, *args: Any) -> Any:
         # Under no_grad (inference) the parameter scan is skipped: that is the hot path.

@@ -11,8 +11,9 @@ weight's) come back from it as guards over the inputs' sizes and strides.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch._guards import GuardSource, Source as TorchSource
@@ -40,6 +41,21 @@ def mark_dynamic(tensor: torch.Tensor, dim: int | list[int] | tuple[int, ...]) -
     marked = set(getattr(tensor, _MARK, ()))
     marked.update(d % tensor.dim() for d in dims)
     setattr(tensor, _MARK, frozenset(marked))
+
+
+@contextlib.contextmanager
+def marks_restored(tensors: list[torch.Tensor]) -> Iterator[None]:
+    """The block may mark `tensors` dynamic (`mark_dynamic`); afterwards each has its own marks
+    again, as before the block (`kiln.export` marks the dimensions its `dynamic_shapes` declares
+    on the caller's tensors for one capture only)."""
+    before = [t.__dict__.get(_MARK) for t in tensors]
+    try:
+        yield
+    finally:
+        for t, marks in zip(tensors, before):
+            t.__dict__.pop(_MARK, None)
+            if marks is not None:
+                t.__dict__[_MARK] = marks
 
 
 @dataclass

@@ -39,9 +39,9 @@ from torch.utils import _pytree as pytree
 
 import kiln
 from kiln import aot, config
-from kiln.backend import Backend, watch
+from kiln.backend import Backend
 from kiln.capture.api import capture
-from kiln.capture.dynamic import _MARK as _DYNAMIC_MARK
+from kiln.capture.dynamic import marks_restored
 from kiln.deploy import isa, safetensors, symbolic_shapes
 from kiln.native import runtime
 from kiln.native.build import build_library, machine
@@ -75,18 +75,12 @@ def export(model: nn.Module | Callable, args: tuple, kwargs: dict | None = None,
     names, inputs = _named_inputs(args, kwargs)
     declared = _declared_dims(dynamic_shapes, names, inputs)
     recorded: dict[str, Any] = {}
-    marks = [t.__dict__.get(_DYNAMIC_MARK) for t in inputs]
-    try:
+    with marks_restored(inputs):  # the caller's tensors keep their own marks only
         for (k, d) in declared:
             kiln.mark_dynamic(inputs[k], d)
         with config.patch({"backend.freezing": True, "backend.cpp_wrapper": True}), torch.no_grad():
             compiled = capture(model, _recording_backend(recorded), fullgraph=True)
             result = compiled(*args, **kwargs)
-    finally:
-        for t, mark in zip(inputs, marks):  # the caller's tensors keep their own marks only
-            t.__dict__.pop(_DYNAMIC_MARK, None)
-            if mark is not None:
-                t.__dict__[_DYNAMIC_MARK] = mark
     if "aot" not in recorded:
         raise ExportError("kiln.export: the model ran no graph (no tensor operation was captured)")
     plan, weights = _input_plan(recorded, inputs)
@@ -182,10 +176,10 @@ def _recording_backend(recorded: dict[str, Any]) -> Callable:
     def backend(gm: fx.GraphModule, example_inputs: list) -> Callable:
         if "aot" in recorded:
             raise ExportError("kiln.export: the model was captured as more than one graph")
-        with watch() as built:
-            compiled = aot.compile(gm, example_inputs, Backend(), options=aot.AotOptions(label="export"))
+        compiled = aot.compile(gm, example_inputs, Backend(), options=aot.AotOptions(label="export"))
+        built = compiled.built(training=False)
         programs = [b for b in built if isinstance(b, (FrozenProgram, CompiledGraph))]
-        if len(programs) != 1:
+        if len(programs) != 1 or len(built) != 1:
             raise ExportError(f"kiln.export: kiln's backend did not compile the graph into one program ({built})")
         recorded.update(aot=compiled, gm=gm, example_inputs=list(example_inputs), program=programs[0],
                         graph=programs[0].runtime if isinstance(programs[0], FrozenProgram) else programs[0])

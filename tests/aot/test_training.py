@@ -129,3 +129,20 @@ def test_layer_norm_weight_gradient_takes_eager_steps():
     assert expected[1].abs().item() > 1e-5  # the case is the one where eager's rounding shows
     actual = torch.autograd.grad(_compiled(fn)(x, w, b), (x, w, b), grad)
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1.3e-6)
+
+
+def test_a_caller_building_ahead_of_time_gets_what_the_backend_made_of_each_variant():
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(gm)
+        return gm
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
+    gm = fx.symbolic_trace(model)
+    compiled = aot.compile(gm, [torch.randn(2, 4)], backend)  # (built for the example's grad mode: training)
+    forward, backward = compiled.built(training=True)
+    assert seen == [forward, backward]
+    (inference,) = compiled.built(training=False)  # built now, on request
+    assert seen[-1] is inference and len(seen) == 3
+    assert compiled.built(training=False) == [inference] and len(seen) == 3  # and only once
