@@ -124,8 +124,13 @@ OPTIONAL_DETAIL_COLUMNS = {
     "eager err vs fp32": lambda r: r.eager_fp32_rel_err,
     "err vs fp32": lambda r: r.fp32_rel_err,
     "peer err vs fp32": lambda r: r.peer_fp32_rel_err,
+    "launches": lambda r: r.launches,
+    "waits": lambda r: r.waits,
+    "peer launches": lambda r: r.peer_launches,
+    "peer waits": lambda r: r.peer_waits,
 }
-_OPTIONAL_FORMATS = {"peer ms": ".2f", "peer compile s": ".1f"}
+_OPTIONAL_FORMATS = {"peer ms": ".2f", "peer compile s": ".1f", "launches": ".0f", "waits": ".1f",
+                     "peer launches": ".0f", "peer waits": ".1f"}
 
 
 def detail_columns(results: list[Result]) -> list[tuple[str, Any]]:

@@ -75,6 +75,10 @@ class Result:
     eager_fp32_rel_err: float | None = None
     peer_fp32_rel_err: float | None = None
     timing_wait_s: float | None = None  # on cuda: seconds waiting for the GPU while other cases timed theirs
+    launches: float | None = None  # on cuda: kernel launches per call (a CUDA graph replay is one), launch_count.py
+    waits: float | None = None  # on cuda: host waits for the GPU per call
+    peer_launches: float | None = None
+    peer_waits: float | None = None
 
     @property
     def versus_peer(self) -> float | None:

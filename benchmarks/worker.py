@@ -281,6 +281,12 @@ def _measure(case: Case, result: Result, checkpoint: Callable[[Result], None]) -
     result.eager_ms, result.compiled_ms = times[:2]
     result.peer_ms = times[2] if len(times) > 2 else None
     result.speedup = result.eager_ms / result.compiled_ms
+    if case.device == "cuda":
+        from benchmarks.launch_count import count_per_call
+
+        result.launches, result.waits = _phase("launch count", lambda: count_per_call(compiled))
+        if len(calls) > 2:
+            result.peer_launches, result.peer_waits = _phase("launch count", lambda: count_per_call(calls[2]))
     if case.profile:
         from benchmarks.profile import profile_step
 

@@ -234,3 +234,16 @@ def test_cuda_graph_outputs_are_handed_out_without_copies():
     torch.cuda.empty_cache()
     _ = torch.full((1 << 20,), 7.0, device=CUDA)
     torch.testing.assert_close(kept[0], x * 2)
+
+
+def test_launches_and_waits_per_call_are_counted_on_the_gpu():
+    from benchmarks.launch_count import count_per_call
+
+    model = Block().eval().to(CUDA)
+    x, ids = torch.randn(4, 8, 32, device=CUDA), torch.tensor([0, 3], device=CUDA)
+    with torch.no_grad():
+        eager_launches, _ = count_per_call(lambda: model(x, ids))
+        graphed = kiln.compile(model, mode="reduce-overhead")
+        graphed_launches, graphed_waits = count_per_call(lambda: graphed(x, ids))
+    assert eager_launches >= 5  # two products, gelu, the norm, the gather, ...
+    assert graphed_launches < eager_launches and graphed_waits == 0  # replays, the index flag read without waiting
