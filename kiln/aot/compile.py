@@ -71,6 +71,9 @@ class AotOptions:
     # Applied to each compiled inference graph before it runs, with the positions of its module
     # state among the flat inputs and the label (kiln's backend: CUDA graphs, when asked for).
     wrap_inference: Callable[[Callable, list[int], str], Callable] | None = None
+    # Likewise for a training graph's forward and backward: (forward, backward, positions, label)
+    # -> (forward, backward).
+    wrap_training: Callable[[Callable, Callable, list[int], str], tuple[Callable, Callable]] | None = None
 
 
 # The backend settings that change what is compiled, part of the AOT graph cache's key: a graph
@@ -199,12 +202,20 @@ class AotCompiled:
             forward = self.compile_graph(split.forward, _placeholder_values(split.forward))
         with compile_time.stage("backward graph"), torch._C._DisableAutocast():
             backward = self.compile_graph(split.backward, _placeholder_values(split.backward))
-        runner = training_runner(forward, backward, sig, differentiable_outputs(sig), split.num_saved_tensors)
+        runner = training_runner(*self._wrapped_training(forward, backward), sig, differentiable_outputs(sig),
+                                 split.num_saved_tensors)
         return runner, [forward, backward], split.num_saved_tensors
+
+    def _wrapped_training(self, forward: Callable, backward: Callable) -> tuple[Callable, Callable]:
+        wrap = self.options.wrap_training
+        if wrap is None:
+            return forward, backward
+        return wrap(forward, backward, module_state_positions(len(self.lifted), self.example_inputs, self.sig),
+                    self.options.label)
 
     def _runner(self, training: bool, compiled: list[Any], num_saved: int) -> Callable[..., list[Any]]:
         if training:
-            return training_runner(*compiled, self.sig, differentiable_outputs(self.sig), num_saved)
+            return training_runner(*self._wrapped_training(*compiled), self.sig, differentiable_outputs(self.sig), num_saved)
         return inference_runner(self._wrapped(compiled[0]), self.sig)
 
     def _cache_key(self, training: bool) -> str | None:

@@ -23,7 +23,7 @@ from torch import fx
 
 from kiln import aot, compile_time, config
 from kiln.backend.driver import Backend
-from kiln.runtime.cuda_graphs import cuda_graphed
+from kiln.runtime.cuda_graphs import cuda_graphed, cuda_graphed_training
 from kiln.runtime.fallback import record_fallback
 
 _graph_ids = itertools.count()
@@ -35,12 +35,12 @@ def run_as_is(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
 
 
 def with_aot(name: str, gm: fx.GraphModule, example_inputs: Sequence[Any], compile_graph: Callable, cache: bool = False,
-             wrap_inference: Callable | None = None) -> Callable:
+             wrap_inference: Callable | None = None, wrap_training: Callable | None = None) -> Callable:
     """`gm` through the AOT layer and `compile_graph`; on any error, `gm` itself, recorded."""
     label = f"graph_{next(_graph_ids)}"
     with compile_time.stage(label, self_name="backend entry"):
         try:
-            options = aot.AotOptions(label=label, cache=cache, wrap_inference=wrap_inference)
+            options = aot.AotOptions(label=label, cache=cache, wrap_inference=wrap_inference, wrap_training=wrap_training)
             return aot.compile(gm, example_inputs, compile_graph, options=options)
         except Exception as error:  # noqa: BLE001 - never break the user's program; the fallback is recorded
             record_fallback(name, label, error)
@@ -81,8 +81,9 @@ def kiln(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = N
     (`mode="reduce-overhead"`: CUDA graphs; `options={"cuda_graphs": True, "autotune": ...}`)."""
     with config.patch(settings_for(mode, options)):
         on_gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
-        wrap = cuda_graphed if config.backend.cuda_graphs and on_gpu else None
-        return with_aot("kiln", gm, example_inputs, Backend(), cache=True, wrap_inference=wrap)
+        graphed = config.backend.cuda_graphs and on_gpu
+        return with_aot("kiln", gm, example_inputs, Backend(), cache=True, wrap_inference=cuda_graphed if graphed else None,
+                        wrap_training=cuda_graphed_training if graphed else None)
 
 
 BACKENDS = {"kiln": kiln, "kiln_aot_eager": kiln_aot_eager}

@@ -38,7 +38,7 @@ import torch
 from kiln import config, logs
 from kiln.runtime.error_flag import flags_read_later
 from kiln.runtime.fallback import record_fallback
-from kiln.runtime.replay_outputs import ReplayOutputs
+from kiln.runtime.replay_outputs import ReplayOutputs, handed_out
 
 
 class NoCudaGraph(RuntimeError):
@@ -59,6 +59,8 @@ class _Recording:
     state: list[tuple[int, Any, int, int]] = field(default_factory=list)  # (position, tensor, version, address)
     flags: list[Any] = field(default_factory=list)  # index-error flags read after each replay
     handout: ReplayOutputs | None = None  # `outputs` handed to the caller per replay
+    in_place: list[tuple[int, int]] = field(default_factory=list)  # (position, address) read where it is
+    check_versions: bool = True  # module state changed in place is recorded again (frozen weights)
 
     def __post_init__(self) -> None:
         if self.handout is None:
@@ -73,9 +75,13 @@ class _Recording:
         """The module state the recording read is still what `args` pass, unchanged."""
         for position, tensor, version, address in self.state:
             arg = args[position]
-            if arg is not tensor or arg._version != version or arg.data_ptr() != address:
+            if arg is not tensor or (self.check_versions and arg._version != version) or arg.data_ptr() != address:
                 return False
         return True
+
+    def in_place_moved(self, args: Sequence[Any]) -> bool:
+        """An input the recording reads in place is no longer at that address."""
+        return any(args[position].data_ptr() != address for position, address in self.in_place)
 
 
 class CudaGraphed:
@@ -88,8 +94,8 @@ class CudaGraphed:
     """
 
     def __init__(self, compiled: Callable, static_positions: Sequence[int] = (), label: str = "graph",
-                 limit: int | None = None) -> None:
-        self.compiled, self.label = compiled, label
+                 limit: int | None = None, check_versions: bool = True) -> None:
+        self.compiled, self.label, self.check_versions = compiled, label, check_versions
         self.static_positions = set(static_positions)
         self.limit = config.backend.cuda_graph_sizes if limit is None else limit
         self.recordings: dict[tuple, _Recording] = {}
@@ -109,6 +115,10 @@ class CudaGraphed:
             except NoCudaGraph as reason:
                 self._decline(reason)
                 return self.compiled(*args)
+        elif recording.in_place_moved(args):
+            self._decline(NoCudaGraph("an input the CUDA graph reads in place (another recording's output) has "
+                                      "moved, e.g. two forward calls before their backwards: such calls run without it"))
+            return self.compiled(*args)
         return self._replay(recording, args)
 
     def _decline(self, reason: NoCudaGraph) -> None:
@@ -125,8 +135,14 @@ class CudaGraphed:
         if any(t.device.type != "cuda" for t in tensors if t.dim() > 0):
             raise NoCudaGraph("an input is not on a CUDA device: the graph has host work, which a CUDA graph cannot replay")
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            raise NoCudaGraph("CUDA graphs are recorded for inference graphs only (an input requires grad)")
-        copied = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in self.static_positions]
+            # (a training graph's forward and backward run inside an autograd.Function, where
+            # grad mode is off: this is a graph called outside one)
+            raise NoCudaGraph("an input requires grad outside the AOT layer's training function")
+        moving = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in self.static_positions]
+        # Another recording's output, as handed out, stays at its address from replay to replay
+        # (a training forward's saved tensors, read by the backward): read where it is, not copied.
+        in_place = [(i, args[i].data_ptr()) for i in moving if handed_out(args[i])]
+        copied = [i for i in moving if i not in dict(in_place)]
         inputs = list(args)
         for i in copied:
             inputs[i] = torch.empty_strided(args[i].shape, args[i].stride(), dtype=args[i].dtype,
@@ -145,7 +161,10 @@ class CudaGraphed:
                               f"{(str(error).strip().splitlines() or [''])[0]})") from error
         state = [(i, args[i], args[i]._version, args[i].data_ptr()) for i in sorted(self.static_positions)
                  if isinstance(args[i], torch.Tensor)]
-        recording = _Recording(graph, inputs, outputs, copied, state, list(flags))
+        recording = _Recording(graph, inputs, outputs, copied, state, list(flags), in_place=in_place,
+                               check_versions=self.check_versions)
+        for i, _ in in_place:  # (held, they would be copied out of their recording at its every replay)
+            recording.inputs[i] = None
         self.recordings[key] = recording
         self.records += 1
         logs.log("cuda_graphs", "%s: CUDA graph recorded for input sizes %s (%d kept)", self.label,
@@ -167,3 +186,13 @@ def cuda_graphed(compiled: Callable, static_positions: Sequence[int], label: str
     """`compiled` replayed from CUDA graphs (the AOT layer's hook for inference graphs, set by
     kiln's backend when `backend.cuda_graphs` is on)."""
     return CudaGraphed(compiled, static_positions, label)
+
+
+def cuda_graphed_training(forward: Callable, backward: Callable, static_positions: Sequence[int],
+                          label: str) -> tuple[Callable, Callable]:
+    """A training graph's forward and backward, each replayed from CUDA graphs (the AOT layer's
+    hook for training graphs). Parameters are read where they are and may change in place between
+    calls (the optimizer's step): only a rebound or moved parameter is recorded again. The
+    backward reads the forward's saved tensors in place, in the forward recording's memory."""
+    return (CudaGraphed(forward, static_positions, f"{label} forward", check_versions=False),
+            CudaGraphed(backward, (), f"{label} backward", check_versions=False))

@@ -32,6 +32,17 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 
+# The storages every recording has handed out since its last replay (their StorageImpl addresses):
+# an input on one of them sits in a recording's memory at an address that stays the same from
+# replay to replay, which another recording may read in place (`handed_out`).
+_HANDED: set[int] = set()
+
+
+def handed_out(tensor: torch.Tensor) -> bool:
+    """`tensor` is a view of a recording's output as handed out (its storage is one of ours)."""
+    return tensor.untyped_storage()._cdata in _HANDED
+
+
 class ReplayOutputs:
     """The outputs of one recording, handed out per replay without copies.
 
@@ -56,6 +67,7 @@ class ReplayOutputs:
         """Give every output storage the caller still holds its own memory."""
         handed, self.handed = self.handed, []
         for ref in handed:
+            _HANDED.discard(ref.cdata)
             if ref.expired():
                 continue
             storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
@@ -84,6 +96,7 @@ class ReplayOutputs:
                 alias = torch._C._construct_storage_from_data_pointer(address, storage.device, storage.nbytes())
                 aliases[address] = alias
                 self.handed.append(StorageWeakRef(alias))
+                _HANDED.add(alias._cdata)
             out = torch.empty((), dtype=buffer.dtype, device=buffer.device)
             out.set_(alias, buffer.storage_offset(), buffer.shape, buffer.stride())
             outputs.append(out)

@@ -146,3 +146,29 @@ def test_a_caller_building_ahead_of_time_gets_what_the_backend_made_of_each_vari
     (inference,) = compiled.built(training=False)  # built now, on request
     assert seen[-1] is inference and len(seen) == 3
     assert compiled.built(training=False) == [inference] and len(seen) == 3  # and only once
+
+
+def test_a_training_graphs_forward_and_backward_pass_through_the_wrap_hook():
+    calls = []
+
+    def counted(name, fn):
+        def run(*args):
+            calls.append(name)
+            return fn(*args)
+        return run
+
+    def wrap(forward, backward, static_positions, label):
+        wrap.seen = (list(static_positions), label)
+        return counted("forward", forward), counted("backward", backward)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    twin = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    twin.load_state_dict(model.state_dict())
+    gm = fx.symbolic_trace(model)
+    x = torch.randn(3, 4)
+    compiled = aot.compile(gm, [x], run_as_is, options=aot.AotOptions(label="g", wrap_training=wrap))
+    (out,) = [compiled(x)]
+    _grads_match(model, twin, out.sum(), twin(x).sum())
+    assert calls == ["forward", "backward"]
+    assert wrap.seen == ([0, 1, 2, 3], "g")  # the four parameters, lifted first, are module state

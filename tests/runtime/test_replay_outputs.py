@@ -89,3 +89,36 @@ def test_replays_through_cuda_graphed_hand_out_without_copies_and_keep_earlier_r
     torch.testing.assert_close(first[0], torch.full((4, 6), 3.0))  # held across the replay: moved
     torch.testing.assert_close(second[0], torch.full((4, 6), 10.0))
     assert second[0].data_ptr() == buffers[0].data_ptr() and recording.handout.copies == 2
+
+
+def test_an_input_handed_out_by_a_recording_is_read_in_place_until_it_moves():
+    from kiln.runtime import fallback
+    from kiln.runtime.cuda_graphs import _key
+    from kiln.runtime.replay_outputs import handed_out
+
+    forward_graph, buffers, inputs = _recording()  # the forward: its outputs stay at their addresses
+    forward = ReplayOutputs(buffers, inputs=inputs)
+    forward_graph.replay()
+    saved = forward.hand_out()[0]
+    assert handed_out(saved) and handed_out(saved[1:]) and not handed_out(torch.zeros(3))
+
+    grad = torch.zeros(())  # the backward reads `saved` where the forward wrote it: no copy in
+    backward_graph = _Replay([grad], buffers[0])
+    backward = _Recording(backward_graph, [None], [grad], copied=[], in_place=[(0, saved.data_ptr())],
+                          check_versions=False)
+    uncaptured = []
+    graphed = CudaGraphed(lambda s: uncaptured.append(s) or [s.sum() * 7], label="g")
+    graphed.recordings[_key([saved])] = backward
+    fallback.reset()
+    graphed(saved)
+    assert backward_graph.calls == 1 and uncaptured == [] and backward.handout.copies == 0
+
+    forward.before_replay()  # a second forward before this backward: `saved` moves to its own memory
+    forward_graph.replay()
+    (out,) = graphed(saved)
+    assert backward_graph.calls == 1 and len(uncaptured) == 1  # run without the CUDA graph, right
+    torch.testing.assert_close(out, saved.sum() * 7)
+    graphed(saved)
+    assert [f.reason for f in fallback.FALLBACKS] == [
+        "NoCudaGraph: an input the CUDA graph reads in place (another recording's output) has moved, e.g. two forward calls "
+        "before their backwards: such calls run without it"]  # said once
