@@ -281,5 +281,5 @@ def test_reduce_overhead_replays_training_steps(monkeypatch):
         for o in (opt, twin_opt):
             o.step()
             o.zero_grad()
-    assert sorted(recorded) == ["graph_0 backward", "graph_0 forward"] or len(recorded) == 2, recorded
+    assert sorted(label.split()[-1] for label in recorded) == ["backward", "forward"], recorded
     assert fallback.FALLBACKS == []
