@@ -1,8 +1,9 @@
 """A compiled graph as it runs: its kernel library loaded, its Python wrapper bound and ready.
 
 `GraphArtifact` is everything needed to run the graph again, picklable: what the AOT graph cache
-stores. `CompiledGraph(artifact)` loads it: the library is found in the C++ cache by the hash of
-its translation units (and built when missing), the kernels are bound as ctypes functions, the
+stores. `CompiledGraph(artifact)` loads it: the artifact's `KernelLibrary` builds and loads its
+kernels (C++: the library found in the C++ cache by the hash of its translation units, built when
+missing, the kernels bound as ctypes functions; Triton: the module imported, its launchers), the
 wrapper's ATen ops are resolved by name, and the wrapper is executed to define `call`.
 
 `CompiledGraph.instrumented(wrap)` defines `call` a second time from the same wrapper text with
@@ -148,8 +149,8 @@ def _resolve_op(name: str) -> Any:
 
 
 def build(artifact: GraphArtifact) -> str | None:
-    """The path of the artifact's kernel library, built now when the C++ cache lacks it (None
-    when the graph has no kernels). Notes on the open compile-time stage what was built."""
+    """The path of what the artifact's kernel library loads, built now where kiln's cache lacks
+    it (None when the graph has no kernels). Notes on the open compile-time stage what was built."""
     if not artifact.kernels and artifact.cpp_wrapper is None:
         compile_time.note("no kernels")
         return None
