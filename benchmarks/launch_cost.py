@@ -93,7 +93,7 @@ def printed_for_a_gpu(fn: Callable, inputs: list[torch.Tensor], tune: str | None
     None: the fixed rule), each launcher given zeroed tensors as large as its buffers' storage."""
     from kiln.backend import watch
     from kiln.codegen.triton.module import triton_kernels
-    from kiln.runtime.compiled_graph import CompiledGraph
+    from kiln.runtime.compiled_graph import CompiledGraph, TritonModule
     from kiln.runtime.frozen import FrozenProgram
 
     # (Freezing off: frozen on a CPU, products become the CPU's prepacked externs, not Triton's template.)
@@ -102,7 +102,7 @@ def printed_for_a_gpu(fn: Callable, inputs: list[torch.Tensor], tune: str | None
     graphs = [b.runtime if isinstance(b, FrozenProgram) else b for b in built]
     printed = []
     for graph in graphs:
-        if not isinstance(graph, CompiledGraph) or graph.artifact.codegen != "triton":
+        if not isinstance(graph, CompiledGraph) or not isinstance(graph.artifact.kernel_library, TritonModule):
             continue
         kernels = triton_kernels(graph.schedule.kernels, "cuda", tune)
         launchers = [(kernels.functions[k.name], [_storage(b) for b in k.inputs + k.outputs]) for k in graph.schedule.kernels]

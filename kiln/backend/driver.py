@@ -7,7 +7,8 @@ This is the one place that assembles the stages after the AOT layer, in the orde
 lists them. Each stage is timed (`KILN_LOGS=compile_time`, kiln/compile_time.py), its result can
 be dumped (`KILN_DEBUG_DIR`, kiln/backend/dump.py) and, under `KILN_VERIFY=1`, checked: the ATen
 graph after every rewrite, the IR after lowering and after scheduling. The code generator is chosen once per graph, from its device
-(`choose_codegen`): C++ for CPU, Triton for CUDA.
+(`choose_codegen`): C++ for CPU, Triton for CUDA; the driver calls its object in the table
+`CODEGENS` (kiln/backend/codegens.py), and the stages before it read its traits on the `Target`.
 
 `Backend` is a graph compiler for `kiln.aot.compile` that can also save what it built and load it
 back, so the AOT graph cache can keep it across processes.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -30,13 +30,9 @@ from torch import fx
 
 from kiln import compile_time, config, logs
 from kiln.backend import dump
+from kiln.backend.codegens import AUTO, CODEGENS, Kernels
 from kiln.backend.report import fusion_report
-from kiln.codegen.cpp.library import CppKernels, cpp_kernels, translation_units
-from kiln.codegen.cpp.body import unprintable_ops as cpp_unprintable_ops
-from kiln.codegen.triton.body import unprintable_ops as triton_unprintable_ops
-from kiln.codegen.triton.module import TritonKernels, triton_kernels
-from kiln.codegen.cpp_wrapper import cpp_wrapper
-from kiln.codegen.wrapper import WrapperCode, python_wrapper
+from kiln.codegen.wrapper import WrapperCode
 from kiln.ir.program import Program
 from kiln.ir.target import Target
 from kiln.ir.verify import verify_program
@@ -47,15 +43,13 @@ from kiln.passes.constants import has_frozen_inputs, unmark_frozen
 from kiln.passes.specialize_sizes import (has_symbolic_sizes, scalar_inputs, specialize, symbolic_declined,
                                           symbolic_inputs)
 from kiln.passes.verify import verify_graph
-from kiln.runtime import saved, triton_compile_workers
+from kiln.runtime import saved
 from kiln.runtime.compiled_graph import CompiledGraph, GraphArtifact, build
-from kiln.native.build import workers
 from kiln.runtime.fallback import record_fallback
 from kiln.runtime.frozen import FrozenProgram
 from kiln.runtime.specialized import SizeSpecialized
 from kiln.ir.schedule import Schedule
 from kiln.schedule import schedule
-from kiln.schedule.scheduler import gemm_template_mode
 from kiln.schedule.verify import verify_schedule
 
 
@@ -65,7 +59,7 @@ class BuiltStages:
 
     program: Program  # after lowering
     schedule: Schedule  # after scheduling
-    kernels: CppKernels | TritonKernels  # after code generation
+    kernels: Kernels  # after code generation
     wrapper: WrapperCode
 
 
@@ -78,36 +72,19 @@ def graph_device(gm: fx.GraphModule) -> str:
     return accelerators[0] if accelerators else "cpu"
 
 
-CODEGENS = ("auto", "cpp", "triton")
-
-
 def choose_codegen(device: str) -> str:
-    """The code generator for graphs on `device`: the one place this is decided. `auto` (the
-    setting `backend.codegen`) is C++ on CPU and Triton on CUDA; `triton` on CPU runs the Triton
-    kernels under Triton's interpreter (tests); `cpp` is for CPU graphs only."""
+    """The name of the code generator for graphs on `device`: the one place this is decided.
+    `auto` (the setting `backend.codegen`) is C++ on CPU and Triton on CUDA; `triton` on CPU runs
+    the Triton kernels under Triton's interpreter (tests); `cpp` is for CPU graphs only."""
     wanted = config.backend.codegen
-    if wanted not in CODEGENS:
-        raise ValueError(f"backend.codegen (KILN_CODEGEN) must be one of {', '.join(CODEGENS)}; got {wanted!r}")
-    if device not in ("cpu", "cuda"):
+    settings = ("auto", *CODEGENS)
+    if wanted not in settings:
+        raise ValueError(f"backend.codegen (KILN_CODEGEN) must be one of {', '.join(settings)}; got {wanted!r}")
+    if device not in AUTO:
         raise NotImplementedError(f"kiln generates code for CPU and CUDA graphs; this graph's tensors are on {device!r}")
-    if wanted == "auto":
-        wanted = "cpp" if device == "cpu" else "triton"
-    if wanted == "cpp" and device != "cpu":
-        raise NotImplementedError(f"backend.codegen is 'cpp', which runs on CPU only; this graph's tensors are on {device!r}")
-    if wanted == "triton" and importlib.util.find_spec("triton") is None:
-        raise NotImplementedError("kiln generates Triton kernels for this graph, but the triton package is not "
-                                  "installed: pip install 'triton>=3.6' (or kiln's `gpu` extra)")
-    return wanted
-
-
-def triton_tuning(target: Target) -> str | None:
-    """How a GPU graph's Triton kernels choose their block sizes: `backend.autotune` ("default":
-    reductions among a few configs; "max-autotune": pointwise kernels and warps too), timed by
-    Triton's autotuner at their first launch; None (the fixed rule) under the interpreter, where
-    timing says nothing about a GPU, and with autotuning off."""
-    if target.device == "cpu" or config.backend.autotune == "off":
-        return None
-    return config.backend.autotune
+    name = AUTO[device] if wanted == "auto" else wanted
+    CODEGENS[name].check_available(device)
+    return name
 
 
 def host_inputs(gm: fx.GraphModule, target: Target) -> frozenset[str]:
@@ -126,7 +103,7 @@ def target_for(gm: fx.GraphModule) -> Target:
             # (A 0-dim host value made inside the graph, a scalar_tensor, is lowered to a constant.)
             if node.op != "placeholder" and isinstance(val, torch.Tensor) and val.device.type == "cpu" and val.dim() > 0:
                 raise NotImplementedError(f"a {device} graph that computes on the CPU too ({node.format_node()})")
-    return Target(device=device, codegen=choose_codegen(device), loop_ops=frozenset(LOWERINGS))
+    return Target(device=device, codegen=CODEGENS[choose_codegen(device)].traits, loop_ops=frozenset(LOWERINGS))
 
 
 # Called with what every Backend returns for an ATen graph it builds, the doors' own Backends
@@ -236,12 +213,10 @@ class Backend:
             return gm
 
     def _compile(self, gm: fx.GraphModule, target: Target, folder: Any) -> CompiledGraph:
-        if target.codegen == "triton" and target.device != "cpu":
-            # Started now, their imports overlap the lowering: they compile the kernels at load.
-            triton_compile_workers.workers(workers())
+        codegen = CODEGENS[target.codegen.name]
+        codegen.before_lowering(target)
         with compile_time.stage("lowering"):
-            unprintable = triton_unprintable_ops() if target.codegen == "triton" else cpp_unprintable_ops()
-            program = GraphLowering(gm, unprintable).lower()
+            program = GraphLowering(gm, codegen.unprintable_ops()).lower()
             if config.debug.verify:
                 verify_program(program)
         dump.ir_before_fusion(folder, program)
@@ -249,25 +224,18 @@ class Backend:
             scheduled = schedule(program, target)
             if config.debug.verify:
                 verify_schedule(scheduled)
-        with compile_time.stage(f"codegen {target.codegen}"):
-            if target.codegen == "triton":
-                kernels = triton_kernels(scheduled.kernels, target.device, triton_tuning(target),
-                                         gemm_template_mode(target) == "timed")
-                units = [kernels.source]
-            else:
-                kernels = cpp_kernels(scheduled.kernels)
-                units = translation_units(kernels, workers())
-            arguments = "tensors" if target.codegen == "triton" else "pointers"
-            wrapper = python_wrapper(scheduled, set(kernels.checks), arguments, target.device, host_inputs(gm, target),
-                                     kernels.size_arguments)
+        with compile_time.stage(f"codegen {codegen.name}"):
+            kernels = codegen.kernels(scheduled.kernels, target)
+            units = codegen.units(kernels)
+            wrapper = codegen.python_wrapper(scheduled, kernels, target, host_inputs(gm, target))
             report = fusion_report(program, scheduled, kernels)
             functions = {k: (kernels.functions[k], kernels.arity[k]) for k in kernels.functions}
-            native = _cpp_wrapper(scheduled, set(kernels.checks), functions, kernels.size_arguments, target)
+            native = codegen.native_wrapper(scheduled, kernels, functions, target)
         artifact = GraphArtifact(units, wrapper.source, wrapper.constants, wrapper.ops, functions,
-                                 kernels.checks, report, target.codegen, target.device, kernels.size_arguments,
-                                 native, len(scheduled.outputs))
+                                 kernels.checks, report, codegen.name, codegen.kernel_library, target.device,
+                                 kernels.size_arguments, native, len(scheduled.outputs))
         dump.ir_after_fusion(folder, scheduled, kernels.functions, report)
-        dump.code(folder, kernels.source, wrapper.source, target.codegen, native)
+        dump.code(folder, codegen.kernels_file, kernels.source, wrapper.source, native)
         with compile_time.stage("build"):
             library = build(artifact)
         with compile_time.stage("load"):
@@ -289,19 +257,6 @@ class Backend:
     def on_first_run(self, compiled: Any, then: Callable[[bool], None]) -> None:
         """`then(ok)` after `compiled`'s first call (kiln/aot/compile.py `SavingGraphCompiler`)."""
         saved.on_first_run(compiled, then)
-
-
-def _cpp_wrapper(scheduled: Any, checks: set[str], functions: dict[str, tuple[str, int]],
-                 size_arguments: dict[str, list[str]], target: Target) -> str | None:
-    """The graph's C++ wrapper when `backend.cpp_wrapper` asks for one and kiln can write it
-    (else the Python wrapper runs, the reason logged under `KILN_LOGS=code`)."""
-    if not config.backend.cpp_wrapper or target.codegen != "cpp":
-        return None
-    try:
-        return cpp_wrapper(scheduled, checks, functions, size_arguments, target.device)
-    except NotImplementedError as error:
-        logs.log("code", "kiln backend: the Python wrapper runs this graph: %s", error)
-        return None
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:

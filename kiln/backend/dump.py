@@ -64,10 +64,11 @@ def ir_after_fusion(folder: DumpFolder | None, schedule: Any, functions: dict[st
     folder.write("ir_after_fusion.txt", "\n".join(lines) + "\n")
 
 
-def code(folder: DumpFolder | None, kernels_source: str, wrapper_source: str, codegen: str = "cpp",
+def code(folder: DumpFolder | None, kernels_file: str, kernels_source: str, wrapper_source: str,
          cpp_wrapper_source: str | None = None) -> None:
+    """`kernels_file`: the code generator's name for its kernels' file (kiln/backend/codegens.py)."""
     if folder is not None:
-        folder.write("kernels.cpp" if codegen == "cpp" else "kernels_triton.py", kernels_source)
+        folder.write(kernels_file, kernels_source)
         folder.write("wrapper.py", wrapper_source)
         if cpp_wrapper_source is not None:  # the wrapper that runs; wrapper.py its readable twin
             folder.write("wrapper.cpp", cpp_wrapper_source)

@@ -12,9 +12,10 @@ ATen adds a convolution's bias as a second pass over the output after cuDNN's ke
 reader of the output is an op kiln lowers into loops (a folded BatchNorm's ReLU, a residual add),
 the bias becomes an add in their kernel instead, as `bias_epilogue` does for `addmm`.
 
-It rewrites graphs printed as Triton kernels: GPU graphs, and the CPU graphs of
-`KILN_CODEGEN=triton`, whose kernels run under Triton's interpreter (how CI runs it end to end).
-C++ graphs are left to conv_prepack (oneDNN's own layouts and post-ops).
+It rewrites graphs for code generators whose traits ask for it (`channels_last_convolutions`,
+kiln/ir/target.py): Triton's, on GPU graphs and on the CPU graphs of `KILN_CODEGEN=triton`, whose
+kernels run under Triton's interpreter (how CI runs it end to end). C++ graphs are left to
+conv_prepack (oneDNN's own layouts and post-ops).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def _bias_in_consumers(gm: fx.GraphModule, conv: fx.Node, target: Target) -> boo
 
 
 def conv_layout(gm: fx.GraphModule, target: Target) -> bool:
-    if target.codegen != "triton":
+    if not target.codegen.channels_last_convolutions:
         return False
     convolutions = _convolutions(gm)
     constants = ConstantSet(gm) if has_frozen_inputs(gm) else ConstantSet.empty()

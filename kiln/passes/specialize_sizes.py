@@ -96,8 +96,8 @@ def symbolic_declined(gm: fx.GraphModule, target: Any) -> str | None:
     """Why `gm` cannot be compiled once for all its sizes, or None when it can be tried."""
     if not config.backend.symbolic_kernels:
         return "backend.symbolic_kernels (KILN_SYMBOLIC_KERNELS) is off"
-    if target.codegen != "cpp":
-        return "kernels over symbolic sizes are generated in C++ only"
+    if not target.codegen.symbolic_sizes:
+        return f"the {target.codegen.name} code generator prints kernels for one size only"
     if any(n.target is torch.ops.aten._local_scalar_dense.default for n in gm.graph.nodes):
         return "the graph reads a number out of a tensor"
     bound = bound_symbols(gm)

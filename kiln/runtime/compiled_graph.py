@@ -1,8 +1,9 @@
 """A compiled graph as it runs: its kernel library loaded, its Python wrapper bound and ready.
 
 `GraphArtifact` is everything needed to run the graph again, picklable: what the AOT graph cache
-stores. `CompiledGraph(artifact)` loads it: the library is found in the C++ cache by the hash of
-its translation units (and built when missing), the kernels are bound as ctypes functions, the
+stores. `CompiledGraph(artifact)` loads it: the artifact's `KernelLibrary` builds and loads its
+kernels (C++: the library found in the C++ cache by the hash of its translation units, built when
+missing, the kernels bound as ctypes functions; Triton: the module imported, its launchers), the
 wrapper's ATen ops are resolved by name, and the wrapper is executed to define `call`.
 
 `CompiledGraph.instrumented(wrap)` defines `call` a second time from the same wrapper text with
@@ -31,6 +32,72 @@ from kiln.runtime.error_flag import ErrorFlag
 from kiln.runtime.triton_kernels import load_module, module_path
 
 
+class KernelLibrary:
+    """How the runtime builds and loads the kernels one code generator printed. The artifact
+    carries its generator's (kiln/backend/codegens.py puts it there), so the runtime never asks
+    which generator printed a graph, and a graph loaded from the AOT graph cache needs no driver."""
+
+    # The kernels compile at their first launch, after the driver returned (Triton's): kiln's code
+    # can still fail in the first call, so the compiled graph keeps its ATen graph to run instead.
+    compiles_at_first_launch = False
+
+    def build(self, artifact: GraphArtifact) -> str:
+        """The path of what `load` loads, built now where the cache lacks it."""
+        raise NotImplementedError
+
+    def load(self, artifact: GraphArtifact, library: str, scope: dict[str, Any]) -> dict[str, Any]:
+        """Each kernel's callable; binds the index-error flag they report to as `index_error` in `scope`."""
+        raise NotImplementedError
+
+
+class CppLibrary(KernelLibrary):
+    """C++ translation units (and the C++ wrapper) built into one shared library, found in the C++
+    cache by their hash; each kernel a ctypes function of it."""
+
+    def build(self, artifact: GraphArtifact) -> str:
+        if artifact.cpp_wrapper is not None:
+            python_door.build_in_background()  # on a machine's first compile, beside the runtime's build
+            runtime.library()  # its symbols global before a wrapper that calls them is loaded
+        # The wrapper is straight-line calls: optimizing it buys nothing and cost BERT-base 3.2 s of
+        # compile (-O2: 3.7 s, -O0: 0.5 s for its 1,700 lines).
+        unit_flags = [[]] * len(artifact.units) + [["-O0"]] if artifact.cpp_wrapper is not None else []
+        path, built = build_library(artifact.library_units, unit_flags=unit_flags)
+        functions = len({function for function, _ in artifact.kernels.values()})
+        compile_time.note(f"{len(artifact.units)} units, {functions} kernels compiled" if built
+                          else f"{functions} kernels loaded from the C++ cache")
+        return str(path)
+
+    def load(self, artifact: GraphArtifact, library: str, scope: dict[str, Any]) -> dict[str, Any]:
+        loaded = ctypes.CDLL(library)
+        scope["index_error"] = ctypes.c_int.in_dll(loaded, "kiln_index_error")
+        kernels = {}
+        for kernel, (function, count) in artifact.kernels.items():
+            fn = getattr(loaded, function)
+            fn.argtypes = [ctypes.c_void_p] * count + [ctypes.c_int64] * len(artifact.size_arguments.get(kernel, ()))
+            fn.restype = None
+            kernels[kernel] = fn
+        return kernels
+
+
+class TritonModule(KernelLibrary):
+    """One Triton module (the artifact's only unit) written to kiln's cache and imported; each
+    kernel a launcher of it, its jit functions compiled by Triton at their first launch."""
+
+    compiles_at_first_launch = True
+
+    def build(self, artifact: GraphArtifact) -> str:
+        compile_time.note(f"{len(set(f for f, _ in artifact.kernels.values()))} Triton kernels (compiled at first launch)")
+        return str(module_path(artifact.units[0]))
+
+    def load(self, artifact: GraphArtifact, library: str, scope: dict[str, Any]) -> dict[str, Any]:
+        module = load_module(artifact.units[0], artifact.device)
+        scope["index_error"] = ErrorFlag(module.kiln_error_flag)
+        return {kernel: getattr(module, function) for kernel, (function, _) in artifact.kernels.items()}
+
+
+CPP_LIBRARY, TRITON_MODULE = CppLibrary(), TritonModule()
+
+
 @dataclass
 class GraphArtifact:
     units: list[str]  # C++ translation units (the library is found in the C++ cache by their hash)
@@ -40,8 +107,9 @@ class GraphArtifact:
     kernels: dict[str, tuple[str, int]]  # kernel -> (C function, pointer count)
     checks_indices: list[str]  # kernels after which the index-error flag is checked
     report: str  # kernels, ops fused and vectorized (KILN_LOGS=fusion)
-    codegen: str = "cpp"  # "cpp": `units` are C++ translation units; "triton": `units` is one Triton module
-    device: str = "cpu"  # where the graph's tensors are
+    codegen: str  # the name of the code generator that printed the kernels ("cpp", "triton")
+    kernel_library: KernelLibrary  # how the runtime builds and loads them: `units` are its input
+    device: str  # where the graph's tensors are
     size_arguments: dict[str, list[str]] = field(default_factory=dict)  # kernel -> size symbols after its pointers
     # The C++ wrapper (kiln/codegen/cpp_wrapper.py), a unit of the library, when the graph runs
     # through it; then `python` is the debugging view (and the profiler's instrumented call).
@@ -81,25 +149,12 @@ def _resolve_op(name: str) -> Any:
 
 
 def build(artifact: GraphArtifact) -> str | None:
-    """The path of the artifact's kernel library, built now when the C++ cache lacks it (None
-    when the graph has no kernels). Notes on the open compile-time stage what was built."""
+    """The path of what the artifact's kernel library loads, built now where kiln's cache lacks
+    it (None when the graph has no kernels). Notes on the open compile-time stage what was built."""
     if not artifact.kernels and artifact.cpp_wrapper is None:
         compile_time.note("no kernels")
         return None
-    if artifact.codegen == "triton":
-        compile_time.note(f"{len(set(f for f, _ in artifact.kernels.values()))} Triton kernels (compiled at first launch)")
-        return str(module_path(artifact.units[0]))
-    if artifact.cpp_wrapper is not None:
-        python_door.build_in_background()  # on a machine's first compile, beside the runtime's build
-        runtime.library()  # its symbols global before a wrapper that calls them is loaded
-    # The wrapper is straight-line calls: optimizing it buys nothing and cost BERT-base 3.2 s of
-    # compile (-O2: 3.7 s, -O0: 0.5 s for its 1,700 lines).
-    unit_flags = [[]] * len(artifact.units) + [["-O0"]] if artifact.cpp_wrapper is not None else []
-    path, built = build_library(artifact.library_units, unit_flags=unit_flags)
-    functions = len({function for function, _ in artifact.kernels.values()})
-    compile_time.note(f"{len(artifact.units)} units, {functions} kernels compiled" if built
-                      else f"{functions} kernels loaded from the C++ cache")
-    return str(path)
+    return artifact.kernel_library.build(artifact)
 
 
 # Every CompiledGraph alive in this process, built or loaded from the AOT graph cache: the profiler
@@ -118,19 +173,7 @@ def _load_kernels(artifact: GraphArtifact, library: str | None, scope: dict[str,
     launcher); binds the index-error flag they report to as `index_error` in `scope`."""
     if library is None or not artifact.kernels:
         return {}
-    if artifact.codegen == "triton":
-        module = load_module(artifact.units[0], artifact.device)
-        scope["index_error"] = ErrorFlag(module.kiln_error_flag)
-        return {kernel: getattr(module, function) for kernel, (function, _) in artifact.kernels.items()}
-    loaded = ctypes.CDLL(library)
-    scope["index_error"] = ctypes.c_int.in_dll(loaded, "kiln_index_error")
-    kernels = {}
-    for kernel, (function, count) in artifact.kernels.items():
-        fn = getattr(loaded, function)
-        fn.argtypes = [ctypes.c_void_p] * count + [ctypes.c_int64] * len(artifact.size_arguments.get(kernel, ()))
-        fn.restype = None
-        kernels[kernel] = fn
-    return kernels
+    return artifact.kernel_library.load(artifact, library, scope)
 
 
 def _cpp_call(library: str, num_outputs: int) -> Callable[..., tuple]:
@@ -149,11 +192,11 @@ class CompiledGraph:
     def __init__(self, artifact: GraphArtifact, library: str | None, stages: Any = None,
                  eager: Callable | None = None) -> None:
         self.artifact, self.stages = artifact, stages
-        # A Triton graph's kernels compile at their first launch (on a GPU; under the
-        # interpreter, they first run there), after the driver returned: kiln's code failing in
-        # the first call makes the graph run through ATen (`eager`, the graph it was lowered
-        # from), recorded. C++ kernels were built and loaded before this: nothing is left to fail.
-        self.aten = eager if artifact.codegen == "triton" else None
+        # Kernels that compile at their first launch (Triton's, on a GPU; under the interpreter,
+        # they first run there) do so after the driver returned: kiln's code failing in the first
+        # call makes the graph run through ATen (`eager`, the graph it was lowered from),
+        # recorded. C++ kernels were built and loaded before this: nothing is left to fail.
+        self.aten = eager if artifact.kernel_library.compiles_at_first_launch else None
         self.eager = self.aten
         self.first_run: bool | None = None if self.eager is not None else True  # None: not yet run
         self._after_first_run: list[Callable[[bool], None]] = []

@@ -132,7 +132,7 @@ def schedule(program: Program, target: Target | None = None) -> Schedule:
             if b is not None:
                 buffers[b.name] = b
     _finish(steps, program.outputs, buffers)
-    if target is not None and target.codegen == "triton" and gemm_template_mode(target) != "never":
+    if target is not None and target.codegen.gemm_templates and gemm_template_mode(target) != "never":
         steps = gemm_templates(steps, program.outputs)
     owned = {b.name: b for s in steps if isinstance(s, FusedKernel) for b in s.outputs}
     memory = plan_memory(steps, program.outputs, owned)

@@ -14,7 +14,7 @@ import sympy
 import torch
 
 import kiln
-from kiln.backend import driver
+from kiln.backend import codegens
 from kiln.codegen.cpp_wrapper import cpp_wrapper
 from kiln.externs import kiln_attention
 from kiln.externs import prepacked
@@ -376,7 +376,7 @@ def test_a_graph_the_cpp_wrapper_declines_runs_the_python_wrapper_and_says_why(m
     def declined(*args, **kwargs):
         raise NotImplementedError("a C++ wrapper for this graph (test)")
 
-    monkeypatch.setattr(driver, "cpp_wrapper", declined)
+    monkeypatch.setattr(codegens, "cpp_wrapper", declined)
     kiln.reset()
     with kiln.config.patch({"debug.logs": "code"}), caplog.at_level(logging.INFO):
         graphs = _graphs_of(lambda x: x.cos() + 1, torch.randn(5, 2))

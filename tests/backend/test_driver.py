@@ -107,6 +107,24 @@ def test_the_code_generator_is_chosen_by_device():
         driver.choose_codegen("mps")
 
 
+@pytest.mark.parametrize("setting", ["cpp", "triton"])
+def test_the_target_carries_the_traits_of_the_generator_whose_object_builds_the_graph(setting):
+    # Passes and the scheduler read the generator's traits on the Target; the driver runs its
+    # object from the one table, and the artifact carries the runtime's way of loading its kernels.
+    gm = fx.symbolic_trace(lambda x: x.sin() + 1)
+    x = torch.randn(8)
+    gm.graph.find_nodes(op="placeholder")[0].meta["val"] = x
+    codegen = driver.CODEGENS[setting]
+    with kiln.config.patch({"backend.codegen": setting}):
+        assert driver.target_for(gm).codegen is codegen.traits
+    with torch.no_grad(), kiln.config.patch({"backend.codegen": setting, "backend.freezing": False}), \
+            kiln.backend.watch() as built:
+        kiln.compile(lambda x: x.sin() + 1)(x)
+    (graph,) = built
+    assert graph.artifact.codegen == codegen.name and graph.artifact.kernel_library is codegen.kernel_library
+    assert (graph.aten is not None) == codegen.kernel_library.compiles_at_first_launch  # Triton's: a first-call fallback
+
+
 def test_the_backend_keeps_what_it_builds_for_the_aot_cache():
     backend = Backend()
     assert isinstance(backend, SavingGraphCompiler)

@@ -277,10 +277,12 @@ def test_a_timed_product_kernel_writing_over_its_input_is_timed_on_a_copy():
 
 
 def test_the_product_template_setting():
+    from kiln.backend.codegens import CODEGENS
     from kiln.ir.target import Target
     from kiln.schedule.scheduler import gemm_template_mode
 
-    gpu, cpu = Target("cuda", "triton", frozenset()), Target("cpu", "triton", frozenset())
+    triton = CODEGENS["triton"].traits
+    gpu, cpu = Target("cuda", triton, frozenset()), Target("cpu", triton, frozenset())
     assert gemm_template_mode(cpu) == "fused" and gemm_template_mode(gpu) == "timed"
     with kiln.config.patch({"backend.autotune": "off"}):
         assert gemm_template_mode(gpu) == "never"  # nothing timed: the library's product
@@ -380,10 +382,10 @@ TUNED = {  # name -> (function, inputs, the setting)
 
 @pytest.mark.parametrize("name", TUNED)
 def test_block_sizes_chosen_by_tritons_autotuner(name, monkeypatch, tmp_path):
-    from kiln.backend import driver
+    from kiln.backend import codegens
 
     fn, inputs, setting = TUNED[name]
-    monkeypatch.setattr(driver, "triton_tuning", lambda target: setting)  # (a GPU's choice, here)
+    monkeypatch.setattr(codegens, "triton_tuning", lambda target: setting)  # (a GPU's choice, here)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     out, graph = triton_compiled(fn, *inputs)
     torch.testing.assert_close(out, fn(*inputs), atol=1e-5, rtol=1e-5)  # (outputs restored after each try)
@@ -393,10 +395,11 @@ def test_block_sizes_chosen_by_tritons_autotuner(name, monkeypatch, tmp_path):
 
 
 def test_tuning_is_for_gpu_graphs_and_follows_the_autotune_setting():
-    from kiln.backend.driver import triton_tuning
+    from kiln.backend.codegens import CODEGENS, triton_tuning
     from kiln.ir.target import Target
 
-    gpu, cpu = Target("cuda", "triton", frozenset()), Target("cpu", "triton", frozenset())
+    triton = CODEGENS["triton"].traits
+    gpu, cpu = Target("cuda", triton, frozenset()), Target("cpu", triton, frozenset())
     assert triton_tuning(cpu) is None and triton_tuning(gpu) == "default"
     for mode in ("off", "max-autotune"):
         with kiln.config.patch({"backend.autotune": mode}):

@@ -9,6 +9,7 @@ from torch import fx
 
 import kiln
 from kiln import aot
+from kiln.backend.codegens import CODEGENS
 from kiln.ir.target import Target
 from kiln.lowering.registry import LOWERINGS
 from kiln.passes import pipeline
@@ -30,7 +31,7 @@ class Block(torch.nn.Module):
 
 def rewritten(model, x, codegen="triton"):
     """(the ATen graph after the passes up to conv_layout for a GPU, or C++, its output on x)."""
-    target = Target("cuda" if codegen == "triton" else "cpu", codegen, frozenset(LOWERINGS))
+    target = Target("cuda" if codegen == "triton" else "cpu", CODEGENS[codegen].traits, frozenset(LOWERINGS))
     graphs = []
 
     def compile_graph(gm, example_inputs):
@@ -83,5 +84,5 @@ def test_a_bias_read_by_an_extern_stays_in_the_convolution():
 def test_cpp_graphs_are_left_to_conv_prepack():
     model, x = Block().eval(), torch.randn(1, 4, 6, 6)
     gm, _ = rewritten(model, x, codegen="cpp")
-    assert not conv_layout(gm, Target("cpu", "cpp", frozenset(LOWERINGS)))
+    assert not conv_layout(gm, Target("cpu", CODEGENS["cpp"].traits, frozenset(LOWERINGS)))
     assert not calls(gm, aten.clone.default)

@@ -21,6 +21,7 @@ import sympy
 import torch
 
 from kiln.codegen.cpp.printer import _BINARY, _UNARY, CTYPES, cpp_constant, cpp_index
+from kiln.codegen.value_rules import value_dtype
 from kiln.native import INCLUDE
 from kiln.ir.index_bounds import linear_stride, simplify
 
@@ -46,13 +47,8 @@ VEC_BINARY = {
 }  # fmt: skip
 
 
-HALF = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # stored in 16 bits, computed in float32
+HALF = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # HALF_DTYPES (value_rules.py), by their helpers' suffix
 STORAGE_CTYPES = {**CTYPES, torch.bfloat16: "kiln_bf16", torch.float16: "kiln_fp16"}
-
-
-def value_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a value of `dtype` has in registers."""
-    return torch.float32 if dtype in HALF else dtype
 
 
 def value_ctype(dtype: torch.dtype) -> str:

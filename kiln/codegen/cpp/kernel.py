@@ -10,8 +10,9 @@ import re
 import sympy
 import torch
 
-from kiln.codegen.cpp.body import STORAGE_CTYPES, CppBody, value_ctype, value_dtype
+from kiln.codegen.cpp.body import STORAGE_CTYPES, CppBody, value_ctype
 from kiln.codegen.cpp.printer import CTYPES, cpp_constant, cpp_index
+from kiln.codegen.value_rules import reduction_identity, value_dtype
 from kiln.ir import sizes
 from kiln.ir.index_bounds import linear_stride
 from kiln.ir.nodes import Layout
@@ -50,7 +51,6 @@ def _prod(sizes) -> Size:
 
 
 
-_INIT = {"sum": 0, "prod": 1, "any": False, "all": True}
 _COMBINE = {"sum": "acc + {v}", "prod": "acc * {v}", "max": "kiln_max(acc, {v})", "min": "kiln_min(acc, {v})",
             "any": "acc || {v}", "all": "acc && {v}"}
 _VCOMBINE = {"sum": "vacc + {v}", "prod": "vacc * {v}", "max": "kiln::vmax(vacc, {v})", "min": "kiln::vmin(vacc, {v})",
@@ -62,13 +62,13 @@ _HORIZONTAL = {"sum": "hsum", "prod": "hprod", "max": "hmax", "min": "hmin", "an
 
 
 def _init(kind: str, dtype: torch.dtype) -> str:
-    kind = kind[3:] if kind in ("argmax", "argmin") else kind
-    ctype = CTYPES[dtype]
-    if kind in ("max", "min"):
-        if dtype.is_floating_point:
-            return f"{'-' if kind == 'max' else ''}std::numeric_limits<{ctype}>::infinity()"
-        return f"std::numeric_limits<{ctype}>::{'lowest' if kind == 'max' else 'max'}()"
-    return cpp_constant(_INIT[kind], dtype)
+    """The reduction's identity (value_rules.py), the ends of a range spelled by std::numeric_limits."""
+    identity, ctype = reduction_identity(kind, dtype), CTYPES[dtype]
+    if isinstance(identity, float):
+        return f"{'-' if identity < 0 else ''}std::numeric_limits<{ctype}>::infinity()"
+    if kind.endswith(("max", "min")):
+        return f"std::numeric_limits<{ctype}>::{'lowest' if kind.endswith('max') else 'max'}()"
+    return cpp_constant(identity, dtype)
 
 
 class KernelPrinter:

@@ -16,8 +16,9 @@ from typing import Any
 import sympy
 import torch
 
-from kiln.codegen.triton.printer import (BINARY, HALF, TRITON_DTYPES, UNARY, round_to, triton_constant,
+from kiln.codegen.triton.printer import (BINARY, TRITON_DTYPES, UNARY, round_to, triton_constant,
                                          triton_index)
+from kiln.codegen.value_rules import HALF_DTYPES
 from kiln.ir.index_bounds import simplify
 from kiln.ir.ops import ALL_OPS
 
@@ -105,7 +106,7 @@ class TritonBody:
             offset, dims = f"{offset} + xindex * 0", X_DIMS
         mask = self.mask(dims)
         text = f"tl.load({self.pointers[buffer]} + {offset}, mask={mask}, other=0)"
-        if self._dtype(buffer) in HALF:
+        if self._dtype(buffer) in HALF_DTYPES:
             text += ".to(tl.float32)"
         return self._emit(text, dims)
 
@@ -155,7 +156,7 @@ class TritonBody:
         dims = self.value_dims(value)
         if dtype == torch.bool:
             return self._emit(f"({value} != 0)", dims)
-        if dtype in HALF:  # rounded to 16 bits, held in float32
+        if dtype in HALF_DTYPES:  # rounded to 16 bits, held in float32
             return self._emit(round_to(dtype, value), dims)
         return self._emit(f"{value}.to({TRITON_DTYPES[dtype]})", dims)
 

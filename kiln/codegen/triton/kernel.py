@@ -30,7 +30,8 @@ import sympy
 import torch
 
 from kiln.codegen.triton.body import Dims, TritonBody
-from kiln.codegen.triton.printer import HALF, TRITON_DTYPES, round_to, value_dtype
+from kiln.codegen.triton.printer import TRITON_DTYPES, round_to
+from kiln.codegen.value_rules import HALF_DTYPES, reduction_identity, value_dtype
 from kiln.ir.nodes import Buffer
 from kiln.ir.ops import ops, use_handler
 from kiln.ir.schedule import FusedKernel, LoopNest, loop_extents
@@ -109,15 +110,11 @@ def _decompose(flat: str, symbols: list[sympy.Symbol], sizes: list[int]) -> list
 
 
 def _init(kind: str, dtype: torch.dtype) -> str:
-    kind = kind[3:] if kind in ("argmax", "argmin") else kind
-    if kind in ("max", "min"):
-        if dtype.is_floating_point:
-            return f'float("{"-" if kind == "max" else ""}inf")'
-        if dtype == torch.bool:  # accumulated as int8 0 and 1
-            return "0" if kind == "max" else "1"
-        info = torch.iinfo(dtype)
-        return str(info.min if kind == "max" else info.max)
-    return {"sum": "0", "prod": "1", "any": "0", "all": "1", "welford": "0"}[kind]
+    """The reduction's identity (value_rules.py); booleans are accumulated as int8 0 and 1."""
+    identity = reduction_identity(kind, dtype)
+    if isinstance(identity, float):
+        return f'float("{"-" if identity < 0 else ""}inf")'
+    return str(int(identity))
 
 
 class TritonKernelPrinter:
@@ -572,7 +569,7 @@ class TritonKernelPrinter:
         else:
             self._emit("product = tl.dot(a, b, product)", 2)
         dtype = product.layout.dtype
-        value = round_to(dtype, "product") if dtype in HALF else "product"
+        value = round_to(dtype, "product") if dtype in HALF_DTYPES else "product"
         self._emit(f"{product.name}_value = {value}", 1)
         self.locals[product.name] = (f"{product.name}_value", XR)
         # The members' loop variables from each element's flat position in the product.

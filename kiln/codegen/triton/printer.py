@@ -21,21 +21,13 @@ import sympy
 import torch
 
 from kiln.codegen.index_printer import IndexSpelling, print_index
+from kiln.codegen.value_rules import HALF_DTYPES
 
 TRITON_DTYPES = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
     torch.bfloat16: "tl.bfloat16", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
     torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
 }  # fmt: skip
-
-# Stored in 16 bits, computed in float32 (as in the C++ printer).
-HALF = (torch.bfloat16, torch.float16)
-
-
-def value_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a value of `dtype` has in registers."""
-    return torch.float32 if dtype in HALF else dtype
-
 
 UNARY = {
     "neg": "(-{0})", "abs": "tl.abs({0})", "relu": "tl.where({0} < 0, 0, {0})", "logical_not": "({0} == 0)",
@@ -100,7 +92,7 @@ def round_to(dtype: torch.dtype, value: str) -> str:
 def triton_constant(value: Any, dtype: torch.dtype) -> str:
     """A block of one element holding `value` as `dtype` (a 16-bit float: rounded to it, held
     in float32)."""
-    if dtype in HALF:
+    if dtype in HALF_DTYPES:
         return round_to(dtype, triton_constant(value, torch.float32))
     if dtype == torch.bool or isinstance(value, bool):
         return f"tl.full([], {1 if value else 0}, {TRITON_DTYPES[dtype]})"
