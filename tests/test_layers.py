@@ -7,7 +7,10 @@ import (`ir/`, `config`, `logs`, shared infrastructure) import no stage at all. 
 and the driver assemble stages: kiln/__init__.py, kiln/api.py, backend/, integrations/, cli.py,
 deploy/ (export and the artifact loader); `remote_cache` is shared infrastructure like `disk_cache`.
 The benchmark (the top-level `benchmarks/` package) is not part of the product: no kiln module
-imports it (it adds its commands to `kiln` through entry points).
+imports it (it adds its commands to `kiln` through entry points). `externs/` (operators' Python
+views and fake functions) builds on `native/` (the C++ that defines them), not the other way:
+`native/` imports of `externs/` only the kernels' unit in kiln_gemm.py, until it moves
+(docs/native.md).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ ROOT = Path(kiln.__file__).parent
 STAGES = ["capture", "aot", "passes", "lowering", "schedule", "codegen", "runtime"]
 SHARED = ["ir", "config", "logs", "compile_time", "disk_cache", "remote_cache", "native", "externs", "autotune"]
 DOORS = ["backend", "api", "integrations", "cli", "deploy"]  # they assemble stages; nothing inside imports them
+# What native/ still imports of externs/ (the kernels' unit source and constants): docs/native.md.
+NATIVE_FROM_EXTERNS = {"kiln.externs.kiln_gemm"}
 
 
 def _module_name(path: Path) -> str:
@@ -76,6 +81,9 @@ def violations() -> list[str]:
             found.append(f"{where}: {src} is shared by every stage and imports none")
         if src in STAGES + SHARED and dst in DOORS:
             found.append(f"{where}: only the doors and the driver assemble stages")
+        if src == "native" and dst == "externs" and imported != "kiln.externs" and not any(
+                imported == m or imported.startswith(m + ".") for m in NATIVE_FROM_EXTERNS):
+            found.append(f"{where}: externs builds on native, not the other way")
     return found
 
 
@@ -97,13 +105,25 @@ def test_stages_never_reach_forward():
 ])
 def test_a_forward_import_is_caught(tmp_path, monkeypatch, source, message):
     # The check itself can fail: a codegen module importing a later or an earlier stage directly.
-    fake = tmp_path / "kiln" / "codegen"
-    fake.mkdir(parents=True)
+    _plant(tmp_path, monkeypatch, "codegen", source)
+    assert any(message in v for v in violations())
+
+
+def test_native_importing_an_operators_python_view_is_caught(tmp_path, monkeypatch):
+    _plant(tmp_path, monkeypatch, "native", "def f():\n    from kiln.externs import kiln_attention\n")
+    assert any("externs builds on native" in v for v in violations())
+    _plant(tmp_path, monkeypatch, "native", "def f():\n    from kiln.externs import kiln_gemm\n")
+    assert violations() == []  # the kernels' unit, until it moves
+
+
+def _plant(tmp_path, monkeypatch, area, source):
+    """A package kiln/ under tmp_path whose only module is kiln/<area>/bad.py, `source`."""
+    fake = tmp_path / "kiln" / area
+    fake.mkdir(parents=True, exist_ok=True)
     (tmp_path / "kiln" / "__init__.py").write_text("")
     (fake / "__init__.py").write_text("")
     (fake / "bad.py").write_text(source)
     monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path / "kiln")
-    assert any(message in v for v in violations())
 
 
 BORROWED = ("torch._dynamo", "torch._inductor", "torch._functorch.aot_autograd", "torch._functorch.partitioners")

@@ -7,8 +7,9 @@ It takes ownership of one tensor handle per graph input, writes one new handle p
 returns 0; 1 on an error (the message in `kiln_error()`), 2 when a kernel's index check failed.
 Kernels are called directly (the wrapper is a translation unit of the graph's library);
 allocations, layout copies and extern operators go through kiln's runtime (kiln_runtime.h), whose
-`kiln_call_op` calls an operator of the dispatcher with every argument of its schema, normalized
-here from the step's arguments and the schema's defaults.
+`kiln_call_op` calls an operator with every argument of its schema, normalized here from the
+step's arguments and the schema's defaults: one of kiln's C++ operators (kiln::attention) as the
+runtime's own function, directly, any other through the dispatcher.
 
 Not generated (`NotImplementedError`, the caller keeps the Python wrapper): a graph with size or
 constant outputs, with size inputs, on another device, or calling an extern that is not a
@@ -27,7 +28,6 @@ import torch
 from kiln.codegen.cpp.printer import CPP_INDEX
 from kiln.codegen.index_printer import print_index
 from kiln.codegen.wrapper import computable_layout
-from kiln.externs import kiln_attention  # noqa: F401 (defines kiln::attention, matched below)
 from kiln.externs import kiln_gemm
 from kiln.ir.nodes import Buffer, Layout
 from kiln.ir.program import ExternStep
@@ -167,9 +167,6 @@ class _Writer:
             *tensors, log = values
             self._kiln_mm_row_norm([*tensors, None, None], 0.0, kiln_gemm.softmax_kind(log), step.outputs)
             return
-        if step.op is torch.ops.kiln.attention.default:
-            self._kiln_attention(values, step.outputs)
-            return
         if step.op is torch.ops.aten.as_strided.default and self._reinterpret(values, step.outputs[0]):
             return
         lists: list[str] = []
@@ -255,20 +252,6 @@ class _Writer:
                 f"{kiln_gemm.K_BLOCK}, &{out.name})")
         self.body.append("{ " + " ".join([*lists, ints("st", stride), ints("pa", padding), ints("di", dilation),
                                           f"if ({call}) goto fail;"]) + " }")
-
-    def _kiln_attention(self, values: list[Any], outs: list[Buffer | None]) -> None:
-        """kiln::attention through the runtime's own implementation, likewise (the dispatcher's
-        kernel for it is Python, kiln/externs/kiln_attention.py, which calls the same kernel)."""
-        q, k, v, mask, scale, is_causal = values
-        if not all(isinstance(t, Buffer) for t in (q, k, v)) or not (mask is None or isinstance(mask, Buffer)):
-            raise NotImplementedError("a C++ wrapper calling kiln::attention on constants")
-        if isinstance(scale, sympy.Basic) and not scale.is_number:
-            raise NotImplementedError(f"a C++ wrapper calling kiln::attention with a symbolic scale, {scale}")
-        out = outs[0]
-        self.handles.append(out.name)
-        handle = mask.name if mask is not None else "nullptr"
-        self.body.append(f"if (kiln_attention({q.name}, {k.name}, {v.name}, {handle}, {_double(float(scale))}, "
-                         f"{int(bool(is_causal))}, &{out.name})) goto fail;")
 
     def _argument(self, value: Any, type_: Any, lists: list[str]) -> str:
         kind = type_.kind()

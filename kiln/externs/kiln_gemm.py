@@ -97,7 +97,8 @@ def _entries() -> str:
         "const float* other, float* y, const kiln_gemm::Epilogue* e) { kiln_depthwise::conv(kiln_depthwise::Shape{"
         "d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13]}, x, wp, bias, other, y, *e); }",
     ]
-    # kiln's attention (kiln/externs/kiln_attention.py) is built on the GEMM's register tiles.
+    # kiln's attention (kiln::attention, kiln/native/src/kiln_runtime.cpp) is built on the GEMM's
+    # register tiles; the runtime calls it through this entry.
     lines += [
         "void kiln_attention_f32(const int64_t* shape, const float* q, const float* k, const float* v, "
         "const float* mask, float* out, float scale, int32_t causal) { kiln_attention::Shape z; "
@@ -132,7 +133,6 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.kiln_gemm_split.argtypes = [i64, i64, ctypes.c_int, ctypes.c_int]
     lib.kiln_depthwise_pack_f32.argtypes = [ptr, i64, i64, ptr]
     lib.kiln_depthwise_f32.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr]
-    lib.kiln_attention_f32.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ctypes.c_float, ctypes.c_int32]
     return lib
 
 

@@ -47,6 +47,9 @@ def library_path() -> str:
     from kiln.externs import kiln_gemm  # the GEMM kiln::mm's "kiln" implementation runs, a unit of the runtime
 
     compile_flags, link_flags = torch_flags()
+    # This runtime registers kiln's C++ operators with the dispatcher (kiln_runtime.cpp
+    # KILN_OPERATOR); an exported model's copy of it does not (kiln/deploy/export.py).
+    compile_flags.append("-DKILN_REGISTER_OPS")
     path, _ = build_library([source(), kiln_gemm.source()], compile_flags,
                             [*link_flags, f"-Wl,--version-script={EXPORTS}"], own=True)
     return str(path)
@@ -54,7 +57,9 @@ def library_path() -> str:
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    """The runtime, loaded (built first when the C++ cache lacks it) with RTLD_GLOBAL."""
+    """The runtime, loaded (built first when the C++ cache lacks it) with RTLD_GLOBAL. Loading it
+    defines kiln's C++ operators (kiln::attention) in the dispatcher: their fake functions are
+    registered by kiln/externs/native_ops.py `load`, which Python code calls before it uses them."""
     lib = ctypes.CDLL(library_path(), mode=os.RTLD_GLOBAL | os.RTLD_NOW)
     lib.kiln_error.restype = ctypes.c_char_p
     lib.kiln_packs_held.restype = ctypes.c_int64

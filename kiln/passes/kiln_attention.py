@@ -57,7 +57,7 @@ def kiln_attention(gm: fx.GraphModule, target: Target) -> bool:
                  " masked" if mask is not None else "", impl)
         if impl != "kiln":
             continue
-        call = insert(gm, node, torch.ops.kiln.attention.default, q, k, v, mask, scale, bool(causal))
+        call = insert(gm, node, kernel.op(), q, k, v, mask, scale, bool(causal))
         for user in list(node.users):
             user.replace_all_uses_with(call)
         remove_dead(gm, list(node.users))

@@ -19,6 +19,7 @@ import torch
 from kiln import logs
 from kiln.native import python_door
 from kiln.runtime import data_watch
+from kiln.externs import native_ops
 from kiln.externs.prepacked import packed_bytes
 from kiln.ir.constant_split import ConstantSplit
 
@@ -122,6 +123,8 @@ class FrozenProgram:
 
     @classmethod
     def load(cls, artifact: FrozenArtifact, load_runtime: Callable[[Any], Callable]) -> "FrozenProgram":
+        if native_ops.names_in(artifact.split):  # kiln's C++ operators, defined before their graph's code runs
+            native_ops.load()
         return cls(pickle.loads(artifact.split), load_runtime(artifact.runtime))
 
     def memory(self) -> dict[str, int]:

@@ -7,6 +7,7 @@ import dataclasses
 import gc
 import logging
 import os
+import warnings
 import weakref
 
 import pytest
@@ -186,8 +187,10 @@ def test_kiln_attention_runs_through_the_runtime_with_atens_results(mask, causal
     q, k, v = torch.randn(1, 7, 2, 32).transpose(1, 2), torch.randn(1, 2, 9, 32), torch.randn(1, 2, 9, 32)
     m = torch.randn(ATTENTION_MASKS[mask]) if ATTENTION_MASKS[mask] else None
 
+    op = kiln_attention.op()  # defined by kiln's runtime
+
     def fn(q, k, v, m):
-        return torch.ops.kiln.attention(q, k, v, m, 0.3, causal)
+        return op(q, k, v, m, 0.3, causal)
 
     kiln.reset()
     fallback.reset()
@@ -196,11 +199,35 @@ def test_kiln_attention_runs_through_the_runtime_with_atens_results(mask, causal
     want = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=m, scale=0.3)[0]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert got.stride() == want.stride()  # ATen's layout, [B, Sq, H, Dv]
+    assert torch.equal(got, op(q, k, v, m, 0.3, causal))  # one implementation: the dispatcher's is the same
     assert not fallback.FALLBACKS, fallback.FALLBACKS
     graphs = _graphs(built)
     assert graphs and all(g.artifact.cpp_wrapper is not None for g in graphs)
     wrappers = "".join(g.artifact.cpp_wrapper for g in graphs)
-    assert "kiln_attention(" in wrappers and "kiln_find_op(\"kiln::attention\"" not in wrappers
+    assert "kiln_find_op(\"kiln::attention\"" in wrappers  # the generic call of an operator
+
+
+def test_a_cpp_wrapper_calls_kilns_cpp_operators_without_the_dispatcher():
+    # The runtime's own function, not the dispatcher's CPU kernel: with that kernel replaced, the
+    # compiled graph still computes kiln's attention, while the dispatcher gives the replacement.
+    op = kiln_attention.op()
+    q = k = v = torch.randn(1, 2, 5, 16)
+    want = op(q, k, v, None, 0.5, False)
+    kiln.reset()
+    fallback.reset()
+    compiled = kiln.compile(lambda q, k, v: op(q, k, v, None, 0.5, False))
+    with torch.no_grad():
+        compiled(q, k, v)  # compiled (and its fake function run) before the kernel is replaced
+        replacement = torch.library.Library("kiln", "IMPL")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "Overriding a previously registered kernel"
+                replacement.impl("attention", lambda q, k, v, m, s, c: torch.zeros_like(q), "CPU")
+            assert torch.equal(op(q, k, v, None, 0.5, False), torch.zeros_like(q))
+            assert torch.equal(compiled(q, k, v), want)
+        finally:
+            replacement._destroy()
+    assert torch.equal(op(q, k, v, None, 0.5, False), want)  # the runtime's kernel back
 
 
 def test_the_runtimes_kiln_attention_refuses_what_its_kernel_does_not_compute():
@@ -208,9 +235,9 @@ def test_the_runtimes_kiln_attention_refuses_what_its_kernel_does_not_compute():
     q = k = v = torch.randn(1, 2, 5, d)
     kiln.reset()
     fallback.reset()
-    # (the runtime's message: the Python kernel's writes the sizes as a tuple)
+    op = kiln_attention.op()
     with torch.no_grad(), pytest.raises(RuntimeError, match=rf"kiln::attention: .* not q \[1, 2, 5, {d}\] Float") as e:
-        kiln.compile(lambda q, k, v: torch.ops.kiln.attention(q, k, v, None, 0.5, False))(q, k, v)
+        kiln.compile(lambda q, k, v: op(q, k, v, None, 0.5, False))(q, k, v)
     assert "frame #" not in str(e.value)  # no C++ backtrace
 
 

@@ -5,6 +5,11 @@ the row splits of few heads; ATen's output layout; other x86 ISAs; given to grap
 kiln_attention pass where the autotuner picks it, through both wrappers, and never in a
 training graph (which reads the log-sum-exp)."""
 
+import ctypes
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -119,6 +124,21 @@ def test_what_the_kernel_takes():
         kiln_attention.attention(q, k, v[..., :L + 1])
 
 
+def _kernel_entry(lib, q, k, v, mask, scale, causal):
+    """The kernel's C entry (kiln_attention_f32 of kiln_gemm.source(), which kiln::attention calls)
+    in `lib`, on contiguous q, k, v and a mask of full size: no preparation to repeat here."""
+    b, h, sq, d = q.shape
+    sk, dv = k.shape[2], v.shape[3]
+    q, k, v, mask = (t.contiguous() for t in (q, k, v, mask.expand(b, h, sq, sk)))
+    out = torch.empty(b, h, sq, dv)
+    shape = (ctypes.c_int64 * 21)(b, h, sq, sk, d, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                                  *out.stride()[:3], *mask.stride()[:3])
+    lib.kiln_attention_f32.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_float, ctypes.c_int32]
+    lib.kiln_attention_f32(shape, q.data_ptr(), k.data_ptr(), v.data_ptr(), mask.data_ptr(), out.data_ptr(), scale,
+                           int(causal))
+    return out
+
+
 @pytest.mark.parametrize("flags", [["-march=x86-64-v3"], ["-march=x86-64-v2"]], ids=["avx2", "sse4"])
 def test_other_isas(flags, tmp_path):
     """The tiles of narrower ISAs (AVX2: 6 x 2 score tiles of 8 lanes), built with their flags."""
@@ -128,7 +148,7 @@ def test_other_isas(flags, tmp_path):
         q, k, v = _operands(*shape, seed=sq)
         mask = torch.randn(b, 1, sq, sk)
         for causal in (False, True):
-            out = kiln_attention.attention(q, k, v, mask, 0.2, causal, lib=lib)
+            out = _kernel_entry(lib, q, k, v, mask, 0.2, causal)
             torch.testing.assert_close(out, _reference(q, k, v, mask, 0.2, causal), rtol=2e-5, atol=2e-5)
 
 
@@ -197,3 +217,30 @@ def test_a_training_graph_keeps_atens_kernel(kiln_wherever_offered):
     x.grad = None
     model(x).sum().backward()
     torch.testing.assert_close(got, x.grad, rtol=1e-4, atol=1e-4)
+
+
+# A process that compiles _SelfAttention with kiln's attention, the AOT cache in argv[1]: prints
+# how many graphs it built (0: all read from the cache).
+_FRESH = """
+import sys, torch, kiln
+from kiln.autotune import attention, gemm
+from tests.codegen.test_kiln_attention import _SelfAttention
+attention.choose = lambda op, signature, candidates, *a, **k: "kiln"
+gemm.choose = lambda op, signature, candidates, *a, **k: next(iter(candidates))  # nothing timed
+torch.manual_seed(0)
+model, x = _SelfAttention().eval(), torch.randn(1, 40, 128)
+with kiln.config.patch({"cache.dir": sys.argv[1], "backend.cpp_wrapper": False}), torch.no_grad(), \\
+        kiln.backend.watch() as built:
+    torch.testing.assert_close(kiln.compile(model)(x), model(x), rtol=1e-4, atol=1e-4)
+print(len(built))
+"""
+
+
+def test_a_cached_graph_calling_kilns_attention_loads_in_a_fresh_process(tmp_path):
+    # kiln::attention is defined when kiln's runtime is loaded: a frozen graph that calls it, read
+    # from the AOT cache by a process that has not loaded the runtime, loads it first (a cache
+    # hit, not a graph that fails to unpickle and is built again).
+    root = Path(__file__).parents[2]
+    built = [subprocess.run([sys.executable, "-c", _FRESH, str(tmp_path)], cwd=root, capture_output=True, text=True,
+                            check=True, timeout=600).stdout.split()[-1] for _ in range(2)]
+    assert built == ["1", "0"]

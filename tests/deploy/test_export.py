@@ -428,9 +428,10 @@ def test_kiln_run_reads_a_tensor_whose_bytes_follow_an_odd_length_one(runner, tm
     torch.testing.assert_close(out["output_0"], masked(mask, x))
 
 
-def test_kilns_attention_runs_in_an_exported_model(tmp_path, monkeypatch):
-    # The exported library calls the runtime's kiln_attention, which its own copy of kiln's
-    # kernels defines (no Python in the artifact's calls).
+def test_kilns_attention_runs_in_an_exported_model(tmp_path, monkeypatch, runner):
+    # The exported library calls kiln::attention as its own copy of kiln's runtime defines it (no
+    # Python in the artifact's calls), directly: in kiln-run, no dispatcher knows kiln::attention
+    # (an exported runtime registers no operator).
     from kiln.autotune import attention
     from tests.codegen.test_kiln_attention import _SelfAttention
 
@@ -438,8 +439,12 @@ def test_kilns_attention_runs_in_an_exported_model(tmp_path, monkeypatch):
     monkeypatch.setattr(attention, "choose", lambda op, signature, candidates, *a, **k: asked.append(op) or "kiln")
     torch.manual_seed(0)
     model, x = _SelfAttention().eval(), torch.randn(1, 20, 128)
-    run = kiln.load(kiln.export(model, (x,), path=tmp_path / "attention"))
+    artifact = kiln.export(model, (x,), path=tmp_path / "attention")
+    run = kiln.load(artifact)
     (got,) = run(x)
     assert asked == ["attention"]
     with torch.no_grad():
         torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+    done, out = _run_without_python(runner, artifact, {"arg0": x}, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert torch.equal(out["output_0"], got)

@@ -53,8 +53,9 @@ KILN_API void* kiln_data(kiln_tensor t);
 KILN_API int64_t kiln_size(kiln_tensor t, int64_t dim);
 // *t copied into this layout when its strides differ (the kernels were generated for them).
 KILN_API int kiln_in_layout(kiln_tensor* t, int64_t ndim, const int64_t* sizes, const int64_t* strides);
-// An operator of the dispatcher by qualified name ("aten::mm") and overload ("" for default);
-// NULL with the error set when there is none.
+// An operator by qualified name ("aten::mm") and overload ("" for default): one of kiln's own that
+// the runtime defines (kiln::attention; kiln_runtime.cpp KILN_OPERATOR), called directly, else the
+// dispatcher's; NULL with the error set when there is none.
 KILN_API void* kiln_find_op(const char* name, const char* overload);
 // Calls `op` with every argument of its schema in order; its results, flattened (a list result
 // gives one handle per element, a None result a NULL handle), go to `outs` (at most `nouts`).
@@ -84,12 +85,6 @@ KILN_API int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, cons
 KILN_API int kiln_mm_row_norm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, kiln_tensor residual,
                               kiln_tensor weight, kiln_tensor norm_bias, double eps, int32_t row_norm,
                               int64_t k_block, kiln_tensor* out, kiln_tensor* sum);
-// kiln::attention(q, k, v, mask, scale, causal) (kiln/externs/kiln_attention.py), float32, in
-// kiln's own kernel: softmax(q · kᵀ · scale + mask) · v, [B, H, Sq, Dv] laid out [B, Sq, H, Dv];
-// `mask` (additive, broadcastable to the scores) may be NULL; `causal`: query i sees keys 0..i.
-// Fails, naming the operands, where the kernel does not apply.
-KILN_API int kiln_attention(kiln_tensor q, kiln_tensor k, kiln_tensor v, kiln_tensor mask, double scale,
-                            int32_t causal, kiln_tensor* out);
 // Packed weights the runtime holds (those of freed weights are dropped at the next pack).
 KILN_API int64_t kiln_packs_held(void);
 // Drop every packed form held for `weight` (the autotuner's trial weights, once a question is

@@ -24,12 +24,16 @@
 #include <ATen/ops/sigmoid.h>
 #include <ATen/ops/silu.h>
 #include <ATen/ops/tanh.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 // kiln's own GEMM, a unit of this library (kiln/externs/kiln_gemm.py `source`); the epilogue
@@ -64,7 +68,7 @@ extern "C" void kiln_gemm_bf16(int64_t M, int64_t N, int64_t K, const void* a, i
 extern "C" void kiln_depthwise_pack_f32(const float* w, int64_t C, int64_t taps, float* out);
 extern "C" void kiln_depthwise_f32(const int64_t* shape, const float* x, const float* wp, const float* bias,
                                    const float* other, float* y, const KilnGemmEpilogue* e);
-// kiln's attention, in the same unit (kiln/externs/kiln_attention.py): `shape` as
+// kiln's attention, in the same unit (kiln::attention below): `shape` as
 // kiln_attention::Shape, 21 values; `mask` may be NULL.
 extern "C" void kiln_attention_f32(const int64_t* shape, const float* q, const float* k, const float* v,
                                    const float* mask, float* out, float scale, int32_t causal);
@@ -531,7 +535,8 @@ at::Tensor conv(at::Tensor x_in, const at::Tensor& weight, const std::optional<a
 
 // ---- kiln::attention ------------------------------------------------------------------------------
 
-// Whether kiln's kernel computes this attention (kiln_attention.py `applies`): float32 [B, H, S, D]
+// Whether kiln's kernel computes this attention (the autotuner's view of it: kiln/externs/
+// kiln_attention.py `applies`): float32 [B, H, S, D]
 // operands of one batch and head count, v's head size a multiple of the vector width, and an
 // additive float32 mask broadcastable to the scores, or none.
 bool attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -558,8 +563,8 @@ bool attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 at::Tensor rows_unit(const at::Tensor& t) { return t.stride(-1) == 1 || t.size(-1) == 1 ? t : t.contiguous(); }
 
 // The output as ATen's CPU kernel makes it (its meta function: `empty_like(query)`), so that the
-// graph's later views of it stay valid: q's order of dimensions, v's head size (kiln_attention.py
-// `output_like`).
+// graph's later views of it stay valid: q's order of dimensions, v's head size (its fake function,
+// kiln_attention.py `output_like`).
 at::Tensor attention_output(const at::Tensor& q, int64_t Dv) {
   if (Dv == q.size(3)) return at::empty_like(q);
   std::vector<int64_t> order = {0, 1, 2, 3};
@@ -567,7 +572,7 @@ at::Tensor attention_output(const at::Tensor& q, int64_t Dv) {
   return at::empty_permuted({q.size(0), q.size(1), q.size(2), Dv}, order, q.options());
 }
 
-// kiln::attention (kiln_attention.py `attention`), the same preparation: q, k, v read where they
+// kiln::attention: q, k, v read where they
 // lie once their rows are of unit stride, the mask expanded to the scores (zero strides along its
 // broadcast dimensions) and copied only when its rows are not of unit stride.
 at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
@@ -599,17 +604,112 @@ at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
   return result;
 }
 
+// ---- kiln's operators, defined once ---------------------------------------------------------------
+// Each operator here is one C++ function, registered from this file twice over (docs/native.md):
+// with the dispatcher under its schema (its CPU kernel; torch.ops.kiln.<name> from Python, whose
+// fake function stays in Python), and in the runtime's own table of direct calls, which
+// kiln_find_op consults first, so that a C++ wrapper calls the function itself with its arguments
+// unboxed from kiln_arg (no IValue, no dispatcher). kiln's own runtime registers with the
+// dispatcher (KILN_REGISTER_OPS, kiln/native/runtime.py); an exported model's copy of the runtime
+// does not (a process may load both), and finds its operators in its own table alone.
+
+// A kiln_arg as the C++ parameter type of an operator's function.
+template <typename T>
+struct FromArg;
+template <>
+struct FromArg<at::Tensor> {
+  static const at::Tensor& get(const kiln_arg& a) {
+    TORCH_CHECK(a.kind == KILN_TENSOR && a.p, "kiln runtime: a tensor argument missing");
+    return tensor_of(const_cast<void*>(a.p));
+  }
+};
+template <>
+struct FromArg<std::optional<at::Tensor>> {
+  static std::optional<at::Tensor> get(const kiln_arg& a) {
+    return a.kind == KILN_NONE ? std::nullopt : std::optional<at::Tensor>(FromArg<at::Tensor>::get(a));
+  }
+};
+template <>
+struct FromArg<double> {
+  static double get(const kiln_arg& a) { return scalar_value(a); }
+};
+template <>
+struct FromArg<int64_t> {
+  static int64_t get(const kiln_arg& a) { return a.i; }
+};
+template <>
+struct FromArg<bool> {
+  static bool get(const kiln_arg& a) { return a.i != 0; }
+};
+
+void put_results(at::Tensor t, kiln_tensor* outs, int64_t nouts, int64_t& k) {
+  if (k < nouts) outs[k] = new_handle(std::move(t));
+  ++k;
+}
+template <typename... T>
+void put_results(std::tuple<T...> ts, kiln_tensor* outs, int64_t nouts, int64_t& k) {
+  std::apply([&](auto&... t) { (put_results(std::move(t), outs, nouts, k), ...); }, ts);
+}
+
+// A direct call: the operator's arguments in schema order, its results flattened into `outs`.
+using DirectCall = void (*)(const kiln_arg* args, int64_t nargs, kiln_tensor* outs, int64_t nouts);
+
+template <typename Fn>
+struct Direct;
+template <typename R, typename... A>
+struct Direct<R (*)(A...)> {
+  template <R (*F)(A...), size_t... I>
+  static R unboxed(const kiln_arg* args, std::index_sequence<I...>) {
+    return F(FromArg<std::decay_t<A>>::get(args[I])...);
+  }
+  template <R (*F)(A...)>
+  static void call(const kiln_arg* args, int64_t nargs, kiln_tensor* outs, int64_t nouts) {
+    TORCH_CHECK(nargs == static_cast<int64_t>(sizeof...(A)), "kiln runtime: the operator takes ", sizeof...(A),
+                " arguments, the wrapper gave ", nargs);
+    int64_t k = 0;
+    put_results(unboxed<F>(args, std::index_sequence_for<A...>{}), outs, nouts, k);
+    for (; k < nouts; ++k) outs[k] = nullptr;
+  }
+};
+
+// The runtime's table of direct calls, by qualified name ("kiln::attention").
+std::map<std::string, DirectCall>& direct_calls() {
+  static std::map<std::string, DirectCall> table;
+  return table;
+}
+
+bool add_direct_call(const char* name, DirectCall call) {
+  direct_calls().emplace(name, call);
+  return true;
+}
+
+// An operator handle as kiln_find_op makes it: the runtime's own function, or the dispatcher's.
+struct FoundOp {
+  DirectCall direct;
+  std::optional<c10::OperatorHandle> handle;
+};
+
 }  // namespace
 
-extern "C" {
+// KILN_OPERATOR(name, schema): `name`, a function of this file, as the operator kiln::name.
+#ifdef KILN_REGISTER_OPS
+#define KILN_OPERATOR(name, schema)                                                                    \
+  TORCH_LIBRARY_FRAGMENT(kiln, m) { m.def(schema); }                                                  \
+  TORCH_LIBRARY_IMPL(kiln, CPU, m) { m.impl(#name, TORCH_FN(name)); }                                 \
+  static const bool kiln_direct_##name =                                                             \
+      add_direct_call("kiln::" #name, &Direct<decltype(&name)>::call<&name>);
+#else
+#define KILN_OPERATOR(name, schema)                                                                    \
+  static const bool kiln_direct_##name =                                                             \
+      add_direct_call("kiln::" #name, &Direct<decltype(&name)>::call<&name>);
+#endif
 
-int kiln_attention(kiln_tensor q, kiln_tensor k, kiln_tensor v, kiln_tensor mask, double scale, int32_t causal,
-                   kiln_tensor* out) {
-  return guarded([&] {
-    std::optional<at::Tensor> m = mask ? std::optional<at::Tensor>(tensor_of(mask)) : std::nullopt;
-    *out = new_handle(attention(tensor_of(q), tensor_of(k), tensor_of(v), m, scale, causal != 0));
-  });
-}
+// softmax(q · kᵀ · scale + attn_mask) · v in kiln's kernel (fake function:
+// kiln/externs/kiln_attention.py).
+KILN_OPERATOR(attention,
+              "attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float scale, bool is_causal) -> Tensor")
+
+extern "C" {
 
 int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, const int64_t* stride, const int64_t* padding,
               int64_t npadding, const int64_t* dilation, int64_t spatial, int64_t groups, const char* unary,
@@ -685,17 +785,24 @@ int kiln_in_layout(kiln_tensor* t, int64_t ndim, const int64_t* sizes, const int
 }
 
 void* kiln_find_op(const char* name, const char* overload) {
+  // kiln's own operators are called directly (their one overload is the default)
+  if (!overload[0]) {
+    auto direct = direct_calls().find(name);
+    if (direct != direct_calls().end()) return new FoundOp{direct->second, std::nullopt};
+  }
   auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
   if (!handle.has_value()) {
     last_error = std::string("no operator ") + name + (overload[0] ? "." : "") + overload;
     return nullptr;
   }
-  return new c10::OperatorHandle(*handle);
+  return new FoundOp{nullptr, *handle};
 }
 
 int kiln_call_op(void* op, const kiln_arg* args, int64_t nargs, kiln_tensor* outs, int64_t nouts) {
   return guarded([&] {
-    const auto& handle = *static_cast<c10::OperatorHandle*>(op);
+    const FoundOp& found = *static_cast<FoundOp*>(op);
+    if (found.direct) return found.direct(args, nargs, outs, nouts);
+    const auto& handle = *found.handle;
     const auto& schema = handle.schema();
     TORCH_CHECK(static_cast<size_t>(nargs) == schema.arguments().size(), "kiln runtime: ", schema.name(), " takes ",
                 schema.arguments().size(), " arguments, the wrapper gave ", nargs);
