@@ -142,7 +142,8 @@ class CudaGraphed:
         # Another recording's output, as handed out, stays at its address from replay to replay
         # (a training forward's saved tensors, read by the backward): read where it is, not copied.
         in_place = [(i, args[i].data_ptr()) for i in moving if handed_out(args[i])]
-        copied = [i for i in moving if i not in dict(in_place)]
+        read_in_place = {i for i, _ in in_place}
+        copied = [i for i in moving if i not in read_in_place]
         inputs = list(args)
         for i in copied:
             inputs[i] = torch.empty_strided(args[i].shape, args[i].stride(), dtype=args[i].dtype,
