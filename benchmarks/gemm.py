@@ -1,8 +1,7 @@
 """The gemm suite: `kiln bench --suite gemm` times single GEMMs `a [M, K] @ b [K, N] + bias` through
 every implementation of `kiln::mm` (`kiln.externs.prepacked.MM_IMPLS`, read when the suite runs, so
 a new implementation appears without a change here) on the shapes of the hf suite's models, each
-called as compiled graphs call it (`kiln.autotune.gemm.mm_as_graphs_call`: through kiln's runtime,
-as a C++ wrapper does, by default).
+called as compiled graphs call it (`kiln.autotune.gemm.mm_call`: kiln's runtime's function itself).
 
 As at freezing, each implementation packs the weight once (its first call, untimed); then rounds
 of calls are interleaved across implementations, each round in a rotated order, and the median of
@@ -190,7 +189,7 @@ def _rounds(runs: dict[str, Callable[[], object]], reps: dict[str, int], rounds:
 
 
 def measure(shape: GemmShape, dtype: str, threads: int, impls: dict[str, Callable], rounds: int, warmup: int) -> GemmResult:
-    """Time `shape` at `dtype` through each of `impls` (name -> a `MM_IMPLS` function)."""
+    """Time `shape` at `dtype` through each of `impls` (name -> `(a, b, bias, unary, scalars, algorithm)`, as `mm_call` makes)."""
     from kiln.externs.prepacked import drop_packs
 
     result = GemmResult(shape, dtype, threads)
@@ -226,17 +225,21 @@ def measure(shape: GemmShape, dtype: str, threads: int, impls: dict[str, Callabl
     return result
 
 
+def implementations() -> dict[str, Callable]:
+    """Every implementation of kiln::mm (`kiln.externs.prepacked.MM_IMPLS`), each called as a
+    compiled graph calls it: its call costs are part of a batch-1 GEMM's time."""
+    from kiln.autotune.gemm import mm_call
+    from kiln.externs.prepacked import MM_IMPLS
+
+    return {name: mm_call(name) for name in MM_IMPLS}
+
+
 def run_gemm_suite(shapes: list[GemmShape], threads: list[int], dtypes: list[str], rounds: int, warmup: int,
                    impls: dict[str, Callable] | None = None, progress: TextIO | None = sys.stderr) -> GemmRun:
     """Every shape at every dtype and thread count through every `kiln::mm` implementation; with
     the machine's peak at each thread count."""
     if impls is None:
-        from kiln.autotune.gemm import mm_as_graphs_call
-        from kiln.externs.prepacked import MM_IMPLS
-
-        # Read now (implementations registered since import count), each called as a compiled
-        # graph calls it: its call costs are part of a batch-1 GEMM's time.
-        impls = {name: mm_as_graphs_call(name) for name in MM_IMPLS}
+        impls = implementations()
     before = torch.get_num_threads()
     results, peaks = [], {}
     total, done = len(shapes) * len(dtypes) * len(threads), 0

@@ -16,7 +16,6 @@ floating-point operations and bytes moved.
 from __future__ import annotations
 
 import collections
-import inspect
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -118,12 +117,15 @@ def _shape(t: Any) -> str:
     return "x".join(map(str, t.shape)) if isinstance(t, torch.Tensor) else "-"
 
 
-def _named(op: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """The call's arguments by parameter name (kiln's extern ops are called as Python functions)."""
-    try:
-        return dict(inspect.signature(op).bind(*args, **kwargs).arguments)
-    except (TypeError, ValueError):
+def _named(name: str, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The call's arguments by their schema's names (kiln's C++ operators, kiln/externs/native_ops.py)."""
+    from kiln.externs import native_ops
+
+    short = name.split("::", 1)[1]
+    if short not in native_ops.FAKES:
         return {}
+    names = [argument.name for argument in native_ops.op(short)._schema.arguments]
+    return {**dict(zip(names, args)), **kwargs}
 
 
 def _mm(call: dict, out: Any) -> tuple[int, str]:
@@ -158,7 +160,7 @@ def extern_cost(name: str, op: Any, args: tuple, kwargs: dict, out: Any) -> Cost
     first = next(iter(_tensors((args, kwargs))), None)
     dtype = str(first.dtype).replace("torch.", "") if first is not None else None
     shapes = ", ".join(_shape(t) for t in _tensors((args, kwargs))[:3])
-    call = _named(op, args, kwargs) if name.startswith("kiln::") else {}
+    call = _named(name, args, kwargs) if name.startswith("kiln::") else {}
     if {"a", "b"} <= call.keys():  # kiln::mm, and any kiln GEMM op with its a [M, K] and b [K, N]
         flops, what = _mm(call, out)
         return Cost(flops, moved, "gemm", what.replace("kiln::mm", name), dtype)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import kernels
 from kiln.externs import kiln_gemm
 from kiln.native import build
 
@@ -34,15 +35,15 @@ def build_blocking(mr: int, nv: int, folder: Path) -> ctypes.CDLL:
     cxx, _ = build.compiler()
     subprocess.run([cxx, *build.FLAGS, f"-DKILN_GEMM_MR={mr}", f"-DKILN_GEMM_NV={nv}", "-shared", str(src), "-o",
                     str(lib)], check=True, capture_output=True)
-    return kiln_gemm.bind(ctypes.CDLL(str(lib)))
+    return kernels.bind(ctypes.CDLL(str(lib)))
 
 
 def _with_k_block(kc: int, run):
-    default, kiln_gemm.K_BLOCK = kiln_gemm.K_BLOCK, kc
+    default, kernels.K_BLOCK = kernels.K_BLOCK, kc
     try:
         return run()
     finally:
-        kiln_gemm.K_BLOCK = default
+        kernels.K_BLOCK = default
 
 
 def main() -> None:
@@ -66,8 +67,8 @@ def main() -> None:
             m, k, n = map(int, shape.split("x"))
             x, bias = torch.randn(m, k), torch.randn(n)
             weights = [torch.randn(k, n) for _ in range(COPIES)]
-            packs = {lib: [kiln_gemm.pack(w, lib) for w in weights] for lib in built.values()}
-            runs = {name: (lambda lib=lib, kc=kc: _with_k_block(kc, lambda: [kiln_gemm.mm(x, pk, n, bias, lib=lib)
+            packs = {lib: [kernels.pack(w, lib) for w in weights] for lib in built.values()}
+            runs = {name: (lambda lib=lib, kc=kc: _with_k_block(kc, lambda: [kernels.mm(x, pk, n, bias, lib=lib)
                                                                               for pk in packs[lib]]))
                     for name, (lib, kc) in libs.items()}
             if torch.backends.mkl.is_available():  # Inductor-freeze's float32 GEMM, as kiln::mm calls it

@@ -1,8 +1,8 @@
 """Which implementation runs a GEMM or a convolution over a frozen weight, by measurement.
 
-The candidates are the functions `kiln::mm` and `kiln::conv` dispatch to (kiln/externs/prepacked.py),
-every one that can run the dtype, in either autotune mode (`backend.gemm_candidates` may narrow
-the GEMM's), run on random tensors of the node's shapes, dtypes and strides. The weight's packing
+The candidates are the implementations of `kiln::mm` and `kiln::conv` (kiln/externs/prepacked.py),
+called as compiled graphs call them, every one that can run the dtype, in either autotune mode
+(`backend.gemm_candidates` may narrow the GEMM's), run on random tensors of the node's shapes, dtypes and strides. The weight's packing
 is done in each candidate's warm-up run, so only the steady state is timed; the candidates run
 interleaved, so every packed copy of the trial weight exists while the question is measured
 (a few times the weight's memory) and all are dropped when it is answered. A GEMM's candidates
@@ -20,8 +20,8 @@ import torch
 
 from kiln import config
 from kiln.autotune.choose import choose
+from kiln.externs import native_ops
 from kiln.externs.prepacked import CONV_IMPLS, MM_IMPLS, drop_packs, kiln_conv_applies, unary_aten
-from kiln.native import runtime
 
 # Timing budget per question in seconds of timed runs (all candidates together), and the most
 # interleaved rounds: the default search, and mode="max-autotune"'s.
@@ -170,30 +170,23 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
     after = lambda y: unary_aten(y, unary, scalars, algorithm or None)  # noqa: E731
     plain = lambda f: lambda b: after(f(r.a, b, r.bias, "none", [], None))  # noqa: E731
     fused = lambda f: lambda b: f(r.a, b, r.bias, unary, scalars, algorithm or None)  # noqa: E731
-    candidates = {name: _rotating(r, weights, plain(mm_as_graphs_call(name)))
+    candidates = {name: _rotating(r, weights, plain(mm_call(name)))
                   for name in _ties_first(mm_impls(a.dtype))}
     signature = (tuple(a.shape), tuple(b.shape), tuple(b.stride()), str(a.dtype), bias is not None)
     if unary != "none":  # signatures of plain GEMMs as before, so their cache entries stay valid
         for name, impl in _fused_impls(a.dtype).items():
-            candidates[name] = _rotating(r, weights, fused(mm_as_graphs_call(impl)))
+            candidates[name] = _rotating(r, weights, fused(mm_call(impl)))
         signature += (unary, tuple(scalars), algorithm)
-    if not config.backend.cpp_wrapper:
-        signature += ("python wrapper",)
 
     return choose("mm", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=_dropping_packs(r, weights))
 
 
-def mm_as_graphs_call(impl: str) -> Callable:
-    """`impl` of kiln::mm as compiled graphs will call it, `(a, b, bias, unary, scalars, algorithm)`:
-    through kiln's runtime where graphs run in C++ wrappers (the default), else (or for an
-    implementation only Python has) the Python function the Python wrapper calls. The two cost
-    differently per call: from Python kiln's GEMM paid ~3 µs more than ATen's (a ctypes call and a
-    tensor made in Python), in a C++ wrapper ~1 µs less; at batch-1 sizes (a pooler's 1x768x768
-    takes ~60 µs on one thread) that decided questions the other way round from what the graph
-    then ran."""
-    if not config.backend.cpp_wrapper or impl not in runtime.MM_IMPLS:
-        return MM_IMPLS[impl]
-    return lambda a, b, bias, unary, scalars, algorithm: runtime.mm(a, b, bias, unary, scalars, algorithm, impl)
+def mm_call(impl: str) -> Callable:
+    """`impl` of kiln::mm as compiled graphs call it, `(a, b, bias, unary, scalars, algorithm)`:
+    kiln's runtime's function itself, without the dispatcher (kiln/externs/native_ops.py
+    `direct`), so that each candidate pays per call what it pays in a graph."""
+    mm = native_ops.direct("mm")
+    return lambda a, b, bias, unary, scalars, algorithm: mm(a, b, bias, unary, scalars, algorithm, impl)
 
 
 # In a model, a GEMM's weight was last read a layer ago and comes from L3 or DRAM, while its input
@@ -254,8 +247,9 @@ def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: t
     r = Inputs(x=(x, arriving), bias=(bias, None), other=(other, arriving), **{name: (w, None) for name in weights})
     names = [n for n in CONV_IMPLS if not ((x_channels_last or channels_last_only) and n == "aten")
              and (n != "kiln" or kiln_conv_applies(x, w, stride, padding, dilation, groups))]
-    candidates = {name: _rotating(r, weights, lambda w, impl=CONV_IMPLS[name]: impl(
-        r.x, w, r.bias, stride, padding, dilation, groups, unary, scalars, algorithm, r.other))
+    conv = native_ops.direct("conv")
+    candidates = {name: _rotating(r, weights, lambda w, impl=name: conv(
+        r.x, w, r.bias, stride, padding, dilation, groups, unary, scalars, algorithm, r.other, impl))
         for name in _ties_first(names)}
     signature = (tuple(x.shape), _strides(x, arriving), tuple(w.shape), str(x.dtype), bias is not None, tuple(stride),
                  tuple(padding), tuple(dilation), groups, unary, tuple(scalars), algorithm, other is not None)

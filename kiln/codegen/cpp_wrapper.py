@@ -8,8 +8,8 @@ returns 0; 1 on an error (the message in `kiln_error()`), 2 when a kernel's inde
 Kernels are called directly (the wrapper is a translation unit of the graph's library);
 allocations, layout copies and extern operators go through kiln's runtime (kiln_runtime.h), whose
 `kiln_call_op` calls an operator with every argument of its schema, normalized here from the
-step's arguments and the schema's defaults: one of kiln's C++ operators (kiln::attention) as the
-runtime's own function, directly, any other through the dispatcher.
+step's arguments and the schema's defaults: one of kiln's C++ operators (kiln::mm, kiln::conv,
+kiln::attention, ...) as the runtime's own function, directly, any other through the dispatcher.
 
 Not generated (`NotImplementedError`, the caller keeps the Python wrapper): a graph with size or
 constant outputs, with size inputs, on another device, or calling an extern that is not a
@@ -28,7 +28,7 @@ import torch
 from kiln.codegen.cpp.printer import CPP_INDEX
 from kiln.codegen.index_printer import print_index
 from kiln.codegen.wrapper import computable_layout
-from kiln.externs import kiln_gemm
+from kiln.externs.prepacked import IN_PLACE_CONV_IMPL
 from kiln.ir.nodes import Buffer, Layout
 from kiln.ir.program import ExternStep
 from kiln.ir.schedule import FusedKernel, Schedule
@@ -150,23 +150,9 @@ class _Writer:
         if not isinstance(step.op, torch._ops.OpOverload):
             raise NotImplementedError(f"a C++ wrapper calling {step.op!r}, not a dispatcher operator")
         if into is not None:
-            step = step.with_argument("impl", "onednn_into_other")
+            step = step.with_argument("impl", IN_PLACE_CONV_IMPL)
         schema = step.op._schema
         values = _schema_values(schema, list(step.args), dict(step.kwargs))
-        if step.op is torch.ops.kiln.mm.default:
-            self._kiln_mm(values, step.outputs)
-            return
-        if step.op is torch.ops.kiln.conv.default:
-            self._kiln_conv(values, step.outputs)
-            return
-        if step.op in (torch.ops.kiln.mm_layer_norm.default, torch.ops.kiln.mm_add_layer_norm.default):
-            *tensors, eps, rms = values
-            self._kiln_mm_row_norm(tensors, eps, kiln_gemm.norm_kind(rms), step.outputs)
-            return
-        if step.op is torch.ops.kiln.mm_softmax.default:
-            *tensors, log = values
-            self._kiln_mm_row_norm([*tensors, None, None], 0.0, kiln_gemm.softmax_kind(log), step.outputs)
-            return
         if step.op is torch.ops.aten.as_strided.default and self._reinterpret(values, step.outputs[0]):
             return
         lists: list[str] = []
@@ -202,56 +188,6 @@ class _Writer:
                          f"{out.name} = kiln_reinterpret({base.name}, {len(size)}, s, t, "
                          f"{print_index(sympy.sympify(offset), CPP_INDEX)}); }}")
         return True
-
-    def _kiln_mm(self, values: list[Any], outs: list[Buffer | None]) -> None:
-        """kiln::mm through the runtime's own implementation, not the dispatcher (whose kernel for
-        it is Python, kiln/externs/prepacked.py)."""
-        a, b, bias, unary, scalars, algorithm, impl = values
-        if not (isinstance(a, Buffer) and isinstance(b, Buffer) and (bias is None or isinstance(bias, Buffer))):
-            raise NotImplementedError("a C++ wrapper calling kiln::mm on constants")
-        lists: list[str] = []
-        self._argument(list(scalars), torch.ops.kiln.mm.default._schema.arguments[4].type, lists)  # declares l0
-        out = outs[0]
-        self.handles.append(out.name)
-        call = (f"kiln_mm({a.name}, {b.name}, {bias.name if bias is not None else 'nullptr'}, {json.dumps(unary)}, "
-                f"l0, {len(scalars)}, {json.dumps(algorithm) if algorithm else 'nullptr'}, {json.dumps(impl)}, "
-                f"{kiln_gemm.K_BLOCK}, &{out.name})")
-        self.body.append("{ " + " ".join([*lists, f"if ({call}) goto fail;"]) + " }")
-
-    def _kiln_mm_row_norm(self, tensors: list[Any], eps: float, kind: str, outs: list[Buffer | None]) -> None:
-        """kiln::mm_layer_norm, kiln::mm_add_layer_norm (outputs: the sum, the norm) and
-        kiln::mm_softmax through the runtime's own implementation, likewise: `tensors` (a, b,
-        bias, residual, weight, norm_bias), normalized as `kind` (kiln_gemm.ROW_NORMS)."""
-        if not all(t is None or isinstance(t, Buffer) for t in tensors) or tensors[0] is None or tensors[1] is None:
-            raise NotImplementedError(f"a C++ wrapper calling kiln's GEMM with a {kind} on constants")
-        if any(o is None for o in outs):
-            raise NotImplementedError(f"a C++ wrapper calling kiln's GEMM with a {kind}, an output unused")
-        self.handles += [o.name for o in outs]
-        normed, total = (outs[1], f"&{outs[0].name}") if len(outs) == 2 else (outs[0], "nullptr")
-        handles = ", ".join(t.name if t is not None else "nullptr" for t in tensors)
-        self.body.append(f"if (kiln_mm_row_norm({handles}, {float(eps)!r}, {kiln_gemm.ROW_NORMS[kind]}, "
-                         f"{kiln_gemm.K_BLOCK}, &{normed.name}, {total})) goto fail;")
-
-    def _kiln_conv(self, values: list[Any], outs: list[Buffer | None]) -> None:
-        """kiln::conv through the runtime's own implementation, likewise."""
-        x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other, impl = values
-        tensors = (x, weight, bias, other)
-        if not all(t is None or isinstance(t, Buffer) for t in tensors) or x is None or weight is None:
-            raise NotImplementedError("a C++ wrapper calling kiln::conv on constants")
-        if not len(stride) == len(dilation) or len(padding) not in (len(stride), 2 * len(stride)):
-            raise NotImplementedError("a C++ wrapper calling kiln::conv with stride, padding, dilation of other lengths")
-        lists: list[str] = []
-        self._argument(list(scalars), torch.ops.kiln.conv.default._schema.arguments[8].type, lists)  # declares l0
-        ints = lambda name, vs: f"const int64_t {name}[] = {{{', '.join(f'{int(v)}L' for v in vs)}}};"  # noqa: E731
-        out = outs[0]
-        self.handles.append(out.name)
-        handle = lambda t: t.name if t is not None else "nullptr"  # noqa: E731
-        call = (f"kiln_conv({x.name}, {weight.name}, {handle(bias)}, st, pa, {len(padding)}, di, {len(stride)}, "
-                f"{int(groups)}L, {json.dumps(unary)}, l0, {len(scalars)}, "
-                f"{json.dumps(algorithm) if algorithm else 'nullptr'}, {handle(other)}, {json.dumps(impl)}, "
-                f"{kiln_gemm.K_BLOCK}, &{out.name})")
-        self.body.append("{ " + " ".join([*lists, ints("st", stride), ints("pa", padding), ints("di", dilation),
-                                          f"if ({call}) goto fail;"]) + " }")
 
     def _argument(self, value: Any, type_: Any, lists: list[str]) -> str:
         kind = type_.kind()

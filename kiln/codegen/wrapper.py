@@ -18,6 +18,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from kiln.codegen.index_printer import PYTHON_INDEX, print_index
+from kiln.externs.prepacked import IN_PLACE_CONV_IMPL
 from kiln.ir.nodes import Buffer, Layout
 from kiln.ir.program import ExternStep
 from kiln.ir.schedule import FusedKernel, MemoryPlan, Schedule
@@ -181,7 +182,7 @@ def _extern_call(k: int, step: ExternStep, code: WrapperCode, into: str | None =
         return key
 
     if into is not None:
-        step = step.with_argument("impl", "onednn_into_other")
+        step = step.with_argument("impl", IN_PLACE_CONV_IMPL)
     args = pytree.tree_map(arg, list(step.args), is_leaf=lambda v: isinstance(v, Buffer))
     kwargs = pytree.tree_map(arg, dict(step.kwargs), is_leaf=lambda v: isinstance(v, Buffer))
     code.constants.update(names)

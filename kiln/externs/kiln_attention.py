@@ -14,13 +14,14 @@ import math
 
 import torch
 
-from kiln.externs import kiln_gemm, native_ops
+from kiln.externs import native_ops
+from kiln.native import runtime
 
 
 @functools.cache
 def lanes() -> int:
     """float32 lanes of this machine's vectors (v's head size must be a multiple)."""
-    return kiln_gemm.library().kiln_vec_lanes()
+    return runtime.library().kiln_vector_lanes()
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:

@@ -8,8 +8,10 @@ size: the same product after that copy. `kiln::conv`'s "kiln" implementation for
 convolutions: the autotuner times it against oneDNN's and ATen's for each one and keeps the
 fastest (kiln/autotune/gemm.py).
 
-    unary(conv(x) + bias + other)  ==  kiln_gemm.mm(windows(x) [N*OH*OW, KH*KW*C], pack(w), K, bias, unary,
-                                                    residual=other as [N*OH*OW, K], residual_first=True)
+    unary(conv(x) + bias + other)  ==  GEMM(windows(x) [N*OH*OW, KH*KW*C], w as [KH*KW*C, K]) with bias,
+                                       other as [N*OH*OW, K] and unary in its epilogue
+
+(kiln/native/src/kiln_runtime.cpp `conv_gemm`); this module is the autotuner's view of what it takes.
 """
 
 from __future__ import annotations
@@ -30,36 +32,3 @@ def applies(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, gr
         return False
     kernel = tuple(weight.shape[2:])
     return kernel == (1, 1) or (tuple(stride) == kernel and tuple(dilation) == (1, 1))
-
-
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """weight [K, C, KH, KW] as the GEMM's packed B [KH*KW*C, K], rows in the windows' order."""
-    k, c, kh, kw = weight.shape
-    return kiln_gemm.pack(weight.permute(2, 3, 1, 0).reshape(kh * kw * c, k))
-
-
-def windows(x: torch.Tensor, kernel: tuple[int, int], stride) -> torch.Tensor:
-    """Channels-last x's windows as rows [N*OH*OW, KH*KW*C]: a view for a 1x1 kernel of stride 1,
-    else a copy (each input pixel in it at most once)."""
-    n, c, h, w = x.shape
-    (kh, kw), (sh, sw) = kernel, stride
-    oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
-    pixels = x.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)
-    rows = pixels.as_strided((n, oh, ow, kh, kw, c), (h * w * c, sh * w * c, sw * c, w * c, c, 1))
-    return rows.reshape(n * oh * ow, kh * kw * c)
-
-
-def conv(x: torch.Tensor, packed_weight: torch.Tensor, out_channels: int, bias: torch.Tensor | None,
-         unary: str = "none", scalars=(), algorithm: str | None = None, other: torch.Tensor | None = None,
-         kernel: tuple[int, int] = (1, 1), stride=(1, 1)) -> torch.Tensor:
-    """unary(conv(x) + bias + other), channels-last, as kiln::conv computes it."""
-    n, h, w = x.shape[0], x.shape[2], x.shape[3]
-    oh, ow = (h - kernel[0]) // stride[0] + 1, (w - kernel[1]) // stride[1] + 1
-    y = torch.empty((n, out_channels, oh, ow), dtype=x.dtype, memory_format=torch.channels_last)
-    residual = None
-    if other is not None:
-        residual = other.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1).reshape(n * oh * ow, out_channels)
-    kiln_gemm.mm(windows(x, kernel, stride), packed_weight, out_channels, bias, unary, scalars,
-                 residual=residual, algorithm=algorithm, residual_first=True,
-                 out=y.permute(0, 2, 3, 1).view(n * oh * ow, out_channels))
-    return y

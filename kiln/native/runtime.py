@@ -12,7 +12,7 @@ import ctypes
 import functools
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -58,12 +58,13 @@ def library_path() -> str:
 @functools.cache
 def library() -> ctypes.CDLL:
     """The runtime, loaded (built first when the C++ cache lacks it) with RTLD_GLOBAL. Loading it
-    defines kiln's C++ operators (kiln::attention) in the dispatcher: their fake functions are
+    defines kiln's C++ operators (kiln::mm, kiln::conv, kiln::attention, ...) in the dispatcher: their fake functions are
     registered by kiln/externs/native_ops.py `load`, which Python code calls before it uses them."""
     lib = ctypes.CDLL(library_path(), mode=os.RTLD_GLOBAL | os.RTLD_NOW)
     lib.kiln_error.restype = ctypes.c_char_p
     lib.kiln_packs_held.restype = ctypes.c_int64
     lib.kiln_packed_bytes.restype = ctypes.c_int64
+    lib.kiln_find_op.argtypes, lib.kiln_find_op.restype = [ctypes.c_char_p, ctypes.c_char_p], ctypes.c_void_p
     return lib
 
 
@@ -107,102 +108,3 @@ def handles_of(tensors: Sequence[torch.Tensor]) -> list[int]:
 def tensors_of(handles: Sequence[int]) -> list[torch.Tensor]:
     """The tensors of owned handles, which this releases."""
     return torch._C._aoti.alloc_tensors_by_stealing_from_void_ptrs([_NEW_CAPSULE(h, None, None) for h in handles])
-
-
-def _native(tensors: Sequence[torch.Tensor | None], call: Callable[[list[ctypes.c_void_p], Any], int]) -> torch.Tensor:
-    """`call(handles, out)` of a runtime function, with a borrowed handle per tensor (NULL for
-    None), its result taken back as a tensor."""
-    present = iter(handles_of([t for t in tensors if t is not None]))
-    handles = [ctypes.c_void_p(next(present) if t is not None else None) for t in tensors]
-    out = ctypes.c_void_p()
-    status = call(handles, ctypes.byref(out))
-    tensors_of([h.value for h in handles if h.value is not None])  # released
-    if status:
-        raise RuntimeError(library().kiln_error().decode())
-    return tensors_of([out.value])[0]
-
-
-def _scalars(values: Sequence[float]) -> Any:
-    return (KilnArg * max(len(values), 1))(*[KilnArg(3, 0, float(v), None, 0) for v in values])
-
-
-# The implementations of kiln::mm the runtime's `mm` runs (kiln_runtime.cpp), those of
-# kiln/externs/prepacked.py's MM_IMPLS.
-MM_IMPLS = ("aten", "aten_kn", "aten_nk", "kiln", "mkl", "onednn")
-
-
-def mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, unary: str, scalars: Sequence[float | None],
-       algorithm: str | None, impl: str) -> torch.Tensor:
-    """The runtime's kiln::mm, called from Python as a C++ wrapper's graph calls it: through kiln's
-    CPython extension (python_door.py), ~0.3 µs beyond the runtime's own work, where a ctypes call
-    with handles took ~8. The autotuner times the GEMM candidates through it; tests compare it with
-    kiln/externs/prepacked.py."""
-    call, entry, error, k_block = _mm_door()
-    return call(entry, error, a, b, bias, unary, scalars, algorithm or None, impl, k_block)
-
-
-@functools.cache
-def _mm_door() -> tuple[Callable[..., torch.Tensor], int, int, int]:
-    """The extension's `mm`, the addresses of the runtime's `kiln_mm` and `kiln_error`, and kiln's
-    GEMM's K blocking: looked up once, not in every timed call."""
-    from kiln.externs import kiln_gemm
-    from kiln.native import python_door
-
-    address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
-    return python_door.module().mm, address(library().kiln_mm), address(library().kiln_error), kiln_gemm.K_BLOCK
-
-
-def _mm_row_norm(tensors: list, eps: float, kind: str, total: ctypes.c_void_p | None = None) -> torch.Tensor:
-    """The runtime's `kiln_mm_row_norm` over (a, b, bias, residual, weight, norm_bias)."""
-    from kiln.externs import kiln_gemm
-
-    return _native(tensors, lambda h, out: library().kiln_mm_row_norm(
-        *h, ctypes.c_double(eps), ctypes.c_int32(kiln_gemm.ROW_NORMS[kind]), ctypes.c_int64(kiln_gemm.K_BLOCK), out,
-        ctypes.byref(total) if total is not None else None))
-
-
-def mm_layer_norm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-                  weight: torch.Tensor | None, norm_bias: torch.Tensor | None, eps: float, rms: bool = False) -> torch.Tensor:
-    """The runtime's kiln::mm_layer_norm, called from Python (likewise)."""
-    from kiln.externs import kiln_gemm
-
-    return _mm_row_norm([a, b, bias, residual, weight, norm_bias], eps, kiln_gemm.norm_kind(rms))
-
-
-def mm_add_layer_norm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-                      weight: torch.Tensor | None, norm_bias: torch.Tensor | None,
-                      eps: float, rms: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The runtime's kiln::mm_add_layer_norm, called from Python (likewise): (the sum, its norm)."""
-    from kiln.externs import kiln_gemm
-
-    total = ctypes.c_void_p()
-    normed = _mm_row_norm([a, b, bias, residual, weight, norm_bias], eps, kiln_gemm.norm_kind(rms), total)
-    return tensors_of([total.value])[0], normed
-
-
-def mm_softmax(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-               log: bool = False) -> torch.Tensor:
-    """The runtime's kiln::mm_softmax, called from Python (likewise)."""
-    from kiln.externs import kiln_gemm
-
-    return _mm_row_norm([a, b, bias, residual, None, None], 0.0, kiln_gemm.softmax_kind(log))
-
-
-def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
-         padding: Sequence[int], dilation: Sequence[int], groups: int, unary: str, scalars: Sequence[float],
-         algorithm: str | None, other: torch.Tensor | None, impl: str) -> torch.Tensor:
-    """The runtime's kiln::conv, called from Python (likewise)."""
-    from kiln.externs import kiln_gemm
-
-    ints = lambda values: (ctypes.c_int64 * len(values))(*values)  # noqa: E731
-    return _native([x, weight, bias, other], lambda h, out: library().kiln_conv(
-        h[0], h[1], h[2], ints(stride), ints(padding), ctypes.c_int64(len(padding)), ints(dilation),
-        ctypes.c_int64(len(stride)), ctypes.c_int64(groups), unary.encode(), _scalars(scalars),
-        ctypes.c_int64(len(scalars)), algorithm.encode() if algorithm else None, h[3], impl.encode(),
-        ctypes.c_int64(kiln_gemm.K_BLOCK), out))
-
-
-class KilnArg(ctypes.Structure):
-    """kiln_arg of kiln_runtime.h."""
-    _fields_ = [("kind", ctypes.c_int32), ("i", ctypes.c_int64), ("d", ctypes.c_double), ("p", ctypes.c_void_p),
-                ("n", ctypes.c_int64)]

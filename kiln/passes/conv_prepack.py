@@ -28,7 +28,7 @@ from torch import fx
 from kiln import logs
 from kiln.autotune import mode as autotune_mode
 from kiln.autotune.gemm import choose_conv
-from kiln.externs import kiln_depthwise
+from kiln.externs import kiln_depthwise, native_ops
 from kiln.ir.target import Target
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
 from kiln.passes.conv_padding import padding_inside
@@ -125,7 +125,7 @@ def conv_prepack(gm: fx.GraphModule, target: Target) -> bool:
             x.meta["val"], w.meta["val"], found["groups"]) else None
         if inside is not None:  # kiln's depthwise kernel pads inside its loops, on each side its own
             x, conv_args = inside[0], (conv_args[0], inside[1], *conv_args[2:])
-        fused = insert(gm, last, torch.ops.kiln.conv.default, x, w, b, *conv_args, unary, scalars, algorithm or None,
+        fused = insert(gm, last, native_ops.op("conv"), x, w, b, *conv_args, unary, scalars, algorithm or None,
                        other, impl)
         last.replace_all_uses_with(fused)
         remove_dead(gm, [last])

@@ -25,6 +25,7 @@ import torch
 from torch import fx
 
 from kiln import logs
+from kiln.externs import native_ops
 from kiln.ir.target import Target
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
 from kiln.passes.pattern import Op, Var, arguments, insert, match, remove_dead
@@ -70,7 +71,7 @@ def _terms(node: fx.Node) -> list[fx.Node]:
 def _kiln_product(node: fx.Node) -> fx.Node | None:
     """The plain kiln-GEMM `kiln::mm` that `node` is (under single-use reshapes), else None."""
     node = _beneath(node)
-    if node.op != "call_function" or node.target is not torch.ops.kiln.mm.default or len(node.users) != 1:
+    if node.op != "call_function" or not native_ops.is_op(node.target, "mm") or len(node.users) != 1:
         return None
     a, b, bias, unary, _, _, impl = arguments(node)
     return node if impl == "kiln" and unary == "none" and bias is None else None
@@ -90,7 +91,7 @@ class _Norm:
     eps: float
     out: fx.Node  # the node whose value is the normalized x
     readers: tuple[fx.Node, ...]  # the norm's own readers of x (any other reads the sum again)
-    kind: str  # kiln_gemm.ROW_NORMS
+    kind: str  # "layer_norm", "rms_norm", "softmax" or "log_softmax"
 
 
 def _layer_norm(norm: fx.Node) -> _Norm | None:
@@ -233,14 +234,14 @@ def gemm_layer_norm(gm: fx.GraphModule, target: Target) -> bool:
         operands = (found["a"], found["b"], found["bias"], residual, norm.weight, norm.bias, norm.eps)
         flags = {"rms": True} if norm.kind == "rms_norm" else {}
         if norm.kind in ("softmax", "log_softmax"):
-            fused = insert(gm, at, torch.ops.kiln.mm_softmax.default, *operands[:4],
+            fused = insert(gm, at, native_ops.op("mm_softmax"), *operands[:4],
                            **({"log": True} if norm.kind == "log_softmax" else {}))
         elif keep_sum:
-            both = insert(gm, at, torch.ops.kiln.mm_add_layer_norm.default, *operands, **flags)
+            both = insert(gm, at, native_ops.op("mm_add_layer_norm"), *operands, **flags)
             fused = insert(gm, at, operator.getitem, both, 1)
             kept = insert(gm, at, aten.view.default, insert(gm, at, operator.getitem, both, 0), found["shape"])
         else:
-            fused = insert(gm, at, torch.ops.kiln.mm_layer_norm.default, *operands, **flags)
+            fused = insert(gm, at, native_ops.op("mm_layer_norm"), *operands, **flags)
         out.replace_all_uses_with(insert(gm, at, aten.view.default, fused, found["shape"]))
         if keep_sum:
             total.replace_all_uses_with(kept, delete_user_cb=lambda user: user not in norm.readers)

@@ -22,6 +22,7 @@ from torch import fx
 from kiln import logs
 from kiln.autotune import mode as autotune_mode
 from kiln.autotune.gemm import FUSED_POST_OPS, choose_mm, timing_value
+from kiln.externs import native_ops
 from kiln.ir.sizes import size_expr
 from kiln.ir.target import Target
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
@@ -79,7 +80,7 @@ def _fuse(gm: fx.GraphModule, unary: fx.Node, source: fx.Node, a: fx.Node, b: fx
     """`unary`'s value (an op over `source`) as one call of GEMM `impl` with the op inside,
     reshaped to the unary's shape."""
     name, scalars, algorithm = post_op
-    fused = insert(gm, unary, torch.ops.kiln.mm.default, a, b, bias, name, scalars, algorithm or None, impl)
+    fused = insert(gm, unary, native_ops.op("mm"), a, b, bias, name, scalars, algorithm or None, impl)
     shape = [size_expr(s) for s in unary.meta["val"].shape]
     if [size_expr(s) for s in fused.meta["val"].shape] != shape:
         # A symbolic shape is the reshape's own size arguments (graph nodes that compute it).
@@ -113,7 +114,7 @@ def gemm_prepack(gm: fx.GraphModule, target: Target) -> bool:
             if not _fuse(gm, chain[1], chain[3], a, b, chain[0], post_op, FUSED_POST_OPS[impl]):
                 continue
         elif impl != "aten":
-            replace(gm, node, torch.ops.kiln.mm.default, a, b, bias, *NO_POST_OP[:2], None, impl)
+            replace(gm, node, native_ops.op("mm"), a, b, bias, *NO_POST_OP[:2], None, impl)
         changed = changed or impl != "aten"
     return changed
 

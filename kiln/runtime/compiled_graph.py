@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from kiln import compile_time
-from kiln.externs.prepacked import DIRECT_CALLS
+from kiln.externs import native_ops
 from kiln.native import python_door, runtime
 from kiln.native.build import build_library
 from kiln.runtime.fallback import record_fallback
@@ -140,10 +140,9 @@ def _raise_index_error(flag: ctypes.c_int | ErrorFlag, kernel: str) -> None:
 
 
 def _resolve_op(name: str) -> Any:
-    direct = DIRECT_CALLS.get(name)
-    if direct is not None:  # kiln's own extern ops, called without the dispatcher's detour
-        return direct
     namespace, rest = name.split("::")
+    if namespace == "kiln" and rest in native_ops.FAKES:  # kiln's C++ operators, called as a C++ wrapper calls them
+        return native_ops.direct(rest)
     packet, _, overload = rest.partition(".")
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
 

@@ -83,13 +83,16 @@ def test_compiling_leaves_the_users_random_stream_alone():
 
 def _record_runtime_calls(monkeypatch) -> list:
     called = []
-    original = gemm.runtime.mm
+    original = gemm.native_ops.direct
 
-    def recording(a, b, bias, unary, scalars, algorithm, impl):
-        called.append((impl, unary))
-        return original(a, b, bias, unary, scalars, algorithm, impl)
+    def direct(name):
+        def recording(a, b, bias, unary, scalars, algorithm, impl):
+            called.append((impl, unary))
+            return original(name)(a, b, bias, unary, scalars, algorithm, impl)
 
-    monkeypatch.setattr(gemm.runtime, "mm", recording)
+        return recording if name == "mm" else original(name)
+
+    monkeypatch.setattr(gemm.native_ops, "direct", direct)
     return called
 
 
@@ -104,17 +107,6 @@ def test_gemm_candidates_are_timed_as_the_cpp_wrapper_calls_them(monkeypatch):
     assert choice in [*impls, *gemm._fused_impls(torch.float32)]
     assert {impl for impl, unary in called if unary == "none"} == set(impls)  # every plain candidate
     assert {impl for impl, unary in called if unary == "relu"} == set(gemm._fused_impls(torch.float32).values())
-
-
-def test_with_the_python_wrapper_gemm_candidates_are_timed_through_python(monkeypatch):
-    called = _record_runtime_calls(monkeypatch)
-    a, b = torch.empty(1, 64, device="meta"), torch.empty(64, 48, device="meta")
-    with kiln.config.patch({"backend.cpp_wrapper": False}):
-        python_choice = gemm.choose_mm(a, b, None)
-    assert called == [] and python_choice in gemm.mm_impls(torch.float32)
-    clear_memory()
-    gemm.choose_mm(a, b, None)  # its own question, not the Python wrapper's answer from the cache
-    assert called
 
 
 def test_an_answered_question_leaves_no_packs_of_its_trial_weights_in_the_runtime():

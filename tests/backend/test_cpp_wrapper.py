@@ -1,7 +1,7 @@
 """The C++ wrapper (backend.cpp_wrapper): a CPU graph run by one generated C function that calls
 its kernels directly and everything else through kiln's runtime over libtorch, with eager's
-results; kiln::mm's native implementations against the Python ones; the graphs it declines keep
-the Python wrapper, said in the log."""
+results; every implementation of kiln::mm and kiln::conv (C++, kiln's runtime) against ATen; the
+graphs it declines keep the Python wrapper, said in the log."""
 
 import dataclasses
 import gc
@@ -17,7 +17,7 @@ import torch
 import kiln
 from kiln.backend import codegens
 from kiln.codegen.cpp_wrapper import cpp_wrapper
-from kiln.externs import kiln_attention
+from kiln.externs import kiln_attention, native_ops
 from kiln.externs import prepacked
 from kiln.native import runtime
 from kiln.runtime import fallback
@@ -96,7 +96,7 @@ def test_a_frozen_model_runs_its_gemms_through_the_runtime():
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).eval()
     (graph,) = _compiled(model, (torch.randn(4, 32),), (torch.randn(4, 32),), rtol=1e-4, atol=1e-4)
     wrapper = graph.artifact.cpp_wrapper
-    assert "kiln_mm(" in wrapper and "kiln_find_op(\"kiln::mm\"" not in wrapper
+    assert "kiln_find_op(\"kiln::mm\"" in wrapper  # the runtime's own function (no dispatcher: docs/native.md)
 
 
 # The post-ops each implementation takes: the graph pass gives those that do not fuse one "none"
@@ -108,52 +108,64 @@ MM_CASES = [(impl, *post) for impl in prepacked.MM_IMPLS for post in POST_OPS
 
 
 @pytest.mark.parametrize("impl, unary, scalars, algorithm", MM_CASES)
-def test_the_runtimes_kiln_mm_matches_the_python_one(impl, unary, scalars, algorithm):
+def test_every_kiln_mm_implementation_matches_aten(impl, unary, scalars, algorithm):
     torch.manual_seed(0)
     a, b, bias = torch.randn(5, 33), torch.randn(33, 20), torch.randn(20)
-    want = prepacked.MM_IMPLS[impl](a, b, bias, unary, scalars, algorithm)
-    got = runtime.mm(a, b, bias, unary, scalars, algorithm, impl)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    aten = lambda: prepacked.unary_aten(torch.addmm(bias, a, b), unary, scalars, algorithm)  # noqa: E731
+    direct, dispatched = native_ops.direct("mm"), native_ops.op("mm")
+    torch.testing.assert_close(direct(a, b, bias, unary, scalars, algorithm, impl), aten(), rtol=1e-5, atol=1e-5)
     # The packed weight is kept: a second call with the weight changed in place packs again.
     with torch.no_grad():
         b.mul_(2)
-    torch.testing.assert_close(runtime.mm(a, b, bias, unary, scalars, algorithm, impl),
-                               prepacked.MM_IMPLS[impl](a, b, bias, unary, scalars, algorithm), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(direct(a, b, bias, unary, scalars, algorithm, impl), aten(), rtol=1e-5, atol=1e-5)
+    # One implementation: the dispatcher's kernel is the same function.
+    assert torch.equal(dispatched(a, b, bias, unary, scalars, algorithm, impl),
+                       direct(a, b, bias, unary, scalars, algorithm, impl))
+
+
+def test_kiln_mm_refuses_an_unknown_implementation_naming_the_accepted_ones():
+    a = torch.randn(2, 3)
+    with pytest.raises(RuntimeError, match=r"unknown implementation fast \(aten, aten_kn, aten_nk, kiln, mkl, onednn\)"):
+        native_ops.direct("mm")(a, a.t(), None, "none", [], None, "fast")
 
 
 def test_packs_of_freed_weights_are_dropped():
     a = torch.randn(4, 16)
     weights = [torch.randn(8, 16).t() for _ in range(3)]  # "aten_kn" packs a row-major copy
+    mm = native_ops.direct("mm")
     for w in weights:
-        runtime.mm(a, w, None, "none", [], None, "aten_kn")
+        mm(a, w, None, "none", [], None, "aten_kn")
     held = runtime.library().kiln_packs_held()
     del weights, w
     gc.collect()
     keep = torch.randn(8, 16).t()
-    runtime.mm(a, keep, None, "none", [], None, "aten_kn")  # packing drops the freed weights' packs
+    mm(a, keep, None, "none", [], None, "aten_kn")  # packing drops the freed weights' packs
     assert runtime.library().kiln_packs_held() <= held - 3 + 1
     # A weight already in the wanted layout is its own pack: not held (it would never be freed).
     before = runtime.library().kiln_packs_held()
-    runtime.mm(a, torch.randn(16, 8), None, "none", [], None, "aten_kn")
+    mm(a, torch.randn(16, 8), None, "none", [], None, "aten_kn")
     assert runtime.library().kiln_packs_held() == before
 
 
 # kiln's own implementation runs depthwise convolutions only: tests/codegen/test_kiln_depthwise.py.
-CONV_CASES = [(impl, unary, with_other) for impl in [*prepacked.CONV_IMPLS, *prepacked.IN_PLACE_CONV_IMPLS]
+CONV_CASES = [(impl, unary, with_other) for impl in [*prepacked.CONV_IMPLS, prepacked.IN_PLACE_CONV_IMPL]
               for unary in ("none", "relu") for with_other in (False, True)
-              if (with_other or impl not in prepacked.IN_PLACE_CONV_IMPLS) and impl != "kiln"]
+              if (with_other or impl != prepacked.IN_PLACE_CONV_IMPL) and impl != "kiln"]
 
 
+@pytest.mark.parametrize("padding", [[1, 1], [0, 1, 1, 2]])
 @pytest.mark.parametrize("impl, unary, with_other", CONV_CASES)
-def test_the_runtimes_kiln_conv_matches_the_python_one(impl, unary, with_other):
+def test_every_kiln_conv_implementation_matches_aten(impl, unary, with_other, padding):
     torch.manual_seed(0)
     x, weight, bias = torch.randn(2, 8, 9, 9), torch.randn(16, 4, 3, 3), torch.randn(16)
-    other = torch.randn(2, 16, 5, 5).contiguous(memory_format=torch.channels_last) if with_other else None
-    args = ([2, 2], [1, 1], [1, 1], 2, unary, [], None)
-    python = prepacked.CONV_IMPLS.get(impl) or prepacked.IN_PLACE_CONV_IMPLS[impl]
-    want = python(x, weight, bias, *args, other.clone() if with_other else None)
-    got = runtime.conv(x, weight, bias, *args, other, impl)
+    padded = torch.nn.functional.pad(x, [padding[1], padding[3], padding[0], padding[2]]) if len(padding) == 4 else x
+    y = torch.nn.functional.conv2d(padded, weight, bias, 2, 0 if len(padding) == 4 else padding, 1, 2)
+    other = torch.randn(y.shape).contiguous(memory_format=torch.channels_last) if with_other else None
+    want = prepacked.unary_aten(y + other if with_other else y, unary, [], None)
+    got = native_ops.direct("conv")(x, weight, bias, [2, 2], padding, [1, 1], 2, unary, [], None, other, impl)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    if impl == prepacked.IN_PLACE_CONV_IMPL:
+        assert got.data_ptr() == other.data_ptr()  # written over the added tensor
 
 
 def test_a_conv_net_runs_its_convolutions_through_the_runtime():
@@ -171,7 +183,7 @@ def test_a_conv_net_runs_its_convolutions_through_the_runtime():
     model = Block().eval()
     graphs = _compiled(model, (torch.randn(2, 8, 12, 12),), rtol=1e-4, atol=1e-4)
     wrappers = "".join(g.artifact.cpp_wrapper for g in graphs)
-    assert "kiln_conv(" in wrappers and "kiln_find_op(\"kiln::conv\"" not in wrappers
+    assert "kiln_find_op(\"kiln::conv\"" in wrappers
 
 
 # kiln::attention's masks: none, one per query and key, and a key-padding one broadcast over the
@@ -465,25 +477,29 @@ def test_the_debug_dir_gets_both_wrappers(tmp_path):
 
 def test_a_weights_packs_are_dropped_on_request():
     a, w = torch.randn(4, 16), torch.randn(8, 16).t()
-    runtime.mm(a, w, None, "none", [], None, "aten_kn")
-    runtime.mm(a, w, None, "none", [], None, "kiln")
+    native_ops.direct("mm")(a, w, None, "none", [], None, "aten_kn")
+    native_ops.direct("mm")(a, w, None, "none", [], None, "kiln")
     assert prepacked.packed_bytes(w) >= 2 * w.numel() * 4
     prepacked.drop_packs(w)
     assert prepacked.packed_bytes(w) == 0
 
 
-def test_the_runtime_runs_every_gemm_implementation():
-    assert list(runtime.MM_IMPLS) == sorted(prepacked.MM_IMPLS)  # what the autotuner times through it
-
-
-def test_the_runtimes_kiln_mm_from_python_names_what_is_wrong():
+def test_a_direct_call_of_kilns_operator_names_what_is_wrong():
     a, b = torch.randn(2, 8), torch.randn(8, 4)
-    with pytest.raises(TypeError, match="a must be a tensor"):
-        runtime.mm([1.0], b, None, "none", [], None, "aten")
-    with pytest.raises(TypeError, match="bias must be a tensor or None"):
-        runtime.mm(a, b, 3, "none", [], None, "aten")
+    mm = native_ops.direct("mm")
+    with pytest.raises(RuntimeError, match="a tensor argument missing"):
+        mm(None, b, None, "none", [], None, "aten")
+    with pytest.raises(TypeError, match="not object"):
+        mm(a, b, object(), "none", [], None, "aten")
+    with pytest.raises(TypeError, match="argument impl is missing"):
+        mm(a, b, None, "none", [], None)
+    with pytest.raises(TypeError, match="unknown argument colour"):
+        mm(a, b, None, "none", [], None, "aten", colour=1)
     with pytest.raises(RuntimeError, match="unknown implementation nope"):
-        runtime.mm(a, b, None, "none", [], None, "nope")
-    # Scalars as ints, floats or None, as a graph's post-ops carry them.
-    got = runtime.mm(a, b, None, "hardtanh", [0, 1.5], None, "kiln")
+        mm(a, b, None, "none", [], None, "nope")
+    # Scalars as ints, floats or None, as a graph's post-ops carry them; arguments by name; defaults.
+    got = mm(a, b, None, "hardtanh", [0, 1.5], algorithm=None, impl="kiln")
     torch.testing.assert_close(got, torch.nn.functional.hardtanh(a @ b, 0.0, 1.5))
+    bias = torch.randn(4)
+    torch.testing.assert_close(native_ops.direct("mm_softmax")(a, b, bias, None),
+                               torch.softmax(a @ b + bias, -1), rtol=1e-5, atol=1e-6)

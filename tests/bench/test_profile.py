@@ -12,7 +12,7 @@ from benchmarks import profile as profiling
 from benchmarks.profile_costs import extern_cost
 from benchmarks.profile_report import format_profile, format_results
 from benchmarks.results import Case, Result
-from kiln.externs.prepacked import DIRECT_CALLS
+from kiln.externs import native_ops
 from tests.kiln_backend import private_cache  # noqa: F401  (each test compiles into its own cache)
 
 PEAK = {"gflops": 100.0, "gbps": 10.0, "cpu": "test CPU", "threads": 1}  # balance: 10 FLOP per byte
@@ -109,13 +109,13 @@ def test_conv_profile_has_every_step_exact_conv_flops_and_adds_up():
 def test_kiln_extern_flops_from_shapes():
     a, w = torch.randn(6, 10), torch.randn(10, 14)
     args = (a, w, None, "relu", [], None, "aten")
-    cost = extern_cost("kiln::mm", DIRECT_CALLS["kiln::mm"], args, {}, DIRECT_CALLS["kiln::mm"](*args))
+    cost = extern_cost("kiln::mm", native_ops.direct("mm"), args, {}, native_ops.direct("mm")(*args))
     assert (cost.flops, cost.bytes, cost.kind) == (2 * 6 * 14 * 10, (6 * 10 + 10 * 14 + 6 * 14) * 4, "gemm")
     assert "6x10 @ 10x14" in cost.what and "relu" in cost.what
     x, weight = torch.randn(2, 8, 9, 9), torch.randn(6, 4, 3, 3)  # two groups of 4 input channels
     args = (x, weight, None, [1, 1], [0, 0], [1, 1], 2, "none", [], None, None, "aten")
-    out = DIRECT_CALLS["kiln::conv"](*args)
-    cost = extern_cost("kiln::conv", DIRECT_CALLS["kiln::conv"], args, {}, out)
+    out = native_ops.direct("conv")(*args)
+    cost = extern_cost("kiln::conv", native_ops.direct("conv"), args, {}, out)
     assert out.shape == (2, 6, 7, 7) and cost.flops == 2 * out.numel() * 4 * 3 * 3 and cost.kind == "conv"
     q = k = v = torch.randn(1, 2, 5, 8)
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -123,7 +123,7 @@ def test_kiln_extern_flops_from_shapes():
     assert cost.flops == 2 * 2 * 5 * 5 * (8 + 8) and cost.kind == "attention"
     q = k = v = torch.randn(1, 2, 5, 16)  # kiln's attention: v's head size a multiple of the vector width
     args = (q, k, v, None, 0.25, True)
-    cost = extern_cost("kiln::attention", DIRECT_CALLS["kiln::attention"], args, {}, DIRECT_CALLS["kiln::attention"](*args))
+    cost = extern_cost("kiln::attention", native_ops.direct("attention"), args, {}, native_ops.direct("attention")(*args))
     assert cost.flops == 2 * 2 * 5 * 5 * (16 + 16) // 2 and cost.kind == "attention"  # causal: half
     assert cost.what.startswith("kiln::attention") and "causal" in cost.what
 

@@ -1,8 +1,8 @@
 """A layer norm inside kiln's GEMM (kiln_gemm.h `layer_norm_rows`, kiln::mm_layer_norm,
 passes/gemm_layer_norm.py): the kernel against a float64 layer norm of a float64 product on
 ragged shapes and K blocks, with and without each of the GEMM's bias, the residual, the norm's
-weight and bias, normalized in place or beside the kept sum; the runtime's forms bit-equal to
-Python's; the pass fusing a post-norm block's sublayer output (kiln::mm_layer_norm) and a
+weight and bias, normalized in place or beside the kept sum; the operators bit-equal to
+the kernel called directly; the pass fusing a post-norm block's sublayer output (kiln::mm_layer_norm) and a
 pre-norm block's, whose sum is read again (kiln::mm_add_layer_norm), and nothing else (a
 product another GEMM implementation computes); compiled blocks through both
 wrappers. The same for an RMS norm (T5's and Llama's) with `rms=True`, and for a softmax or
@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from kiln.autotune import gemm
-from kiln.externs import kiln_gemm
-from kiln.native import runtime
+from benchmarks import kernels
+from kiln.externs import native_ops
 from tests.codegen.test_kiln_gemm import SHAPES, _check, _operands
 from tests.kiln_backend import compiled_graphs
 from tests.kiln_backend import kiln_wherever_offered, private_cache  # noqa: F401  (fixtures)
@@ -43,15 +43,15 @@ def test_the_normalized_rows_match_a_float64_layer_norm(shape):
     a, b, bias, residual = _operands(m, k, n, torch.float32, seed=m + k + n)
     g = torch.Generator().manual_seed(n)
     weight, norm_bias = torch.randn(n, generator=g), torch.randn(n, generator=g)
-    panels = kiln_gemm.pack(b)
+    panels = kernels.pack(b)
     for use_bias, use_residual, use_weight, use_norm_bias in itertools.product((False, True), repeat=4):
         args = (bias if use_bias else None, residual if use_residual else None, weight if use_weight else None,
                 norm_bias if use_norm_bias else None)
-        out = kiln_gemm.mm(a, panels, n, args[0], residual=args[1], row_norm=(args[2], args[3], 1e-5))
+        out = kernels.mm(a, panels, n, args[0], residual=args[1], row_norm=(args[2], args[3], 1e-5))
         torch.testing.assert_close(out.double(), _reference(a, b, *args, 1e-5), rtol=1e-4, atol=1e-4)
     # Beside the sum, which C keeps: rows of the normalized output further apart than N.
     normed = torch.full((m, n + 3), float("nan"))[:, :n]
-    total = kiln_gemm.mm(a, panels, n, bias, residual=residual, row_norm=(weight, norm_bias, 1e-5, normed))
+    total = kernels.mm(a, panels, n, bias, residual=residual, row_norm=(weight, norm_bias, 1e-5, normed))
     _check(total, _reference(a, b, bias, residual, None, None, None), torch.float32, k)
     torch.testing.assert_close(normed.double(), _reference(a, b, bias, residual, weight, norm_bias, 1e-5),
                                rtol=1e-4, atol=1e-4)
@@ -62,47 +62,47 @@ def test_rms_normalized_rows_match_a_float64_rms_norm(shape):
     m, k, n = shape
     a, b, bias, residual = _operands(m, k, n, torch.float32, seed=m + k + n + 1)
     weight = torch.randn(n, generator=torch.Generator().manual_seed(n))
-    panels = kiln_gemm.pack(b)
+    panels = kernels.pack(b)
     for use_bias, use_residual, use_weight in itertools.product((False, True), repeat=3):
         args = (bias if use_bias else None, residual if use_residual else None, weight if use_weight else None)
-        rms = kiln_gemm.RowNorm(args[2], None, 1e-6, kind="rms_norm")
-        out = kiln_gemm.mm(a, panels, n, args[0], residual=args[1], row_norm=rms)
+        rms = kernels.RowNorm(args[2], None, 1e-6, kind="rms_norm")
+        out = kernels.mm(a, panels, n, args[0], residual=args[1], row_norm=rms)
         torch.testing.assert_close(out.double(), _reference(a, b, *args, None, 1e-6, rms=True), rtol=1e-4, atol=1e-4)
     normed = torch.full((m, n + 3), float("nan"))[:, :n]
-    beside = kiln_gemm.RowNorm(weight, None, 1e-6, normed, "rms_norm")
-    total = kiln_gemm.mm(a, panels, n, None, residual=residual, row_norm=beside)
+    beside = kernels.RowNorm(weight, None, 1e-6, normed, "rms_norm")
+    total = kernels.mm(a, panels, n, None, residual=residual, row_norm=beside)
     _check(total, _reference(a, b, None, residual, None, None, None), torch.float32, k)
     torch.testing.assert_close(normed.double(), _reference(a, b, None, residual, weight, None, 1e-6, rms=True),
                                rtol=1e-4, atol=1e-4)
     # Not a layer norm: rows with a mean far from zero tell the two apart.
-    shifted = kiln_gemm.mm(a, panels, n, bias + 5.0, row_norm=kiln_gemm.RowNorm(None, None, 1e-6, kind="rms_norm"))
-    assert not torch.allclose(shifted, kiln_gemm.mm(a, panels, n, bias + 5.0, row_norm=(None, None, 1e-6)), atol=1e-2)
+    shifted = kernels.mm(a, panels, n, bias + 5.0, row_norm=kernels.RowNorm(None, None, 1e-6, kind="rms_norm"))
+    assert not torch.allclose(shifted, kernels.mm(a, panels, n, bias + 5.0, row_norm=(None, None, 1e-6)), atol=1e-2)
 
 
 def test_an_rms_norm_takes_no_bias():
     a, b, _, _ = _operands(4, 8, 16, torch.float32, seed=0)
     with pytest.raises(RuntimeError, match="RMS norm takes no bias"):
-        kiln_gemm.mm(a, kiln_gemm.pack(b), 16, row_norm=kiln_gemm.RowNorm(None, torch.zeros(16), 1e-5, kind="rms_norm"))
+        kernels.mm(a, kernels.pack(b), 16, row_norm=kernels.RowNorm(None, torch.zeros(16), 1e-5, kind="rms_norm"))
     with pytest.raises(RuntimeError, match="RMS norm takes no norm_bias"):
-        runtime.mm_layer_norm(a, b, None, None, None, torch.zeros(16), 1e-5, rms=True)
+        native_ops.direct("mm_layer_norm")(a, b, None, None, None, torch.zeros(16), 1e-5, rms=True)
 
 
 def test_k_blocks_finish_before_the_rows_are_normalized():
     a, b, bias, residual = _operands(33, 70, 29, torch.float32, seed=3)
-    panels = kiln_gemm.pack(b)
-    want = kiln_gemm.mm(a, panels, 29, bias, residual=residual, row_norm=(None, None, 1e-6))
+    panels = kernels.pack(b)
+    want = kernels.mm(a, panels, 29, bias, residual=residual, row_norm=(None, None, 1e-6))
     torch.testing.assert_close(want.double(), _reference(a, b, bias, residual, None, None, 1e-6), rtol=1e-4, atol=1e-4)
     # K = 70 is one block at the default K_BLOCK; called directly, cut in blocks of 16.
     out = torch.empty(33, 29)
-    post = kiln_gemm._with_row_norm(kiln_gemm.epilogue(bias, "none", (), None, residual, torch.float32), torch.float32,
+    post = kernels._with_row_norm(kernels.epilogue(bias, "none", (), None, residual, torch.float32), torch.float32,
                                       None, None, 1e-6)
-    kiln_gemm.library().kiln_gemm_f32(33, 29, 70, a.data_ptr(), a.stride(0), panels.data_ptr(),
+    kernels.library().kiln_gemm_f32(33, 29, 70, a.data_ptr(), a.stride(0), panels.data_ptr(),
                                       out.data_ptr(), 29, ctypes.byref(post), 16)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
-def _row_reference(a, b, bias, residual, norm: kiln_gemm.RowNorm):
-    """The float64 `norm` of a @ b + bias + residual, as kiln_gemm.mm's `row_norm` names it."""
+def _row_reference(a, b, bias, residual, norm: kernels.RowNorm):
+    """The float64 `norm` of a @ b + bias + residual, as kernels.mm's `row_norm` names it."""
     if norm.kind in ("softmax", "log_softmax"):
         return _softmax_reference(a, b, bias, residual, norm.kind == "log_softmax")
     return _reference(a, b, bias, residual, norm.weight, norm.bias, norm.eps, rms=norm.kind == "rms_norm")
@@ -116,20 +116,20 @@ def test_bfloat16_rows_are_normalized_from_their_float32_sum(shape):
     a = (a.float() * k ** -0.5).bfloat16()  # sums of unit size: a softmax spread over the row
     g = torch.Generator().manual_seed(n)
     weight, norm_bias = torch.randn(n, generator=g).bfloat16(), torch.randn(n, generator=g).bfloat16()
-    panels = kiln_gemm.pack(b)
-    norms = [kiln_gemm.RowNorm(weight, norm_bias, 1e-5), kiln_gemm.RowNorm(None, None, 1e-5),
-             kiln_gemm.RowNorm(weight, None, 1e-6, kind="rms_norm"), kiln_gemm.RowNorm.softmax(),
-             kiln_gemm.RowNorm.softmax(log=True)]
+    panels = kernels.pack(b)
+    norms = [kernels.RowNorm(weight, norm_bias, 1e-5), kernels.RowNorm(None, None, 1e-5),
+             kernels.RowNorm(weight, None, 1e-6, kind="rms_norm"), kernels.RowNorm.softmax(),
+             kernels.RowNorm.softmax(log=True)]
     for norm, use_bias, use_residual in itertools.product(norms, (False, True), (False, True)):
         args = (bias if use_bias else None, residual if use_residual else None)
-        out = kiln_gemm.mm(a, panels, n, args[0], residual=args[1], row_norm=norm)
+        out = kernels.mm(a, panels, n, args[0], residual=args[1], row_norm=norm)
         assert out.dtype == torch.bfloat16 and out.shape == (m, n)
         # bfloat16's 8 bits: the result rounded once (from a float32 sum; eager rounds the sum too).
         torch.testing.assert_close(out.double(), _row_reference(a, b, *args, norm), rtol=1e-2, atol=1e-2)
     # Beside the sum, which C keeps in float32; the norm into a bfloat16 tensor.
     normed = torch.full((m, n + 3), float("nan"), dtype=torch.bfloat16)[:, :n]
-    total = kiln_gemm.mm(a, panels, n, bias, residual=residual, out_dtype=torch.float32,
-                         row_norm=kiln_gemm.RowNorm(weight, norm_bias, 1e-5, normed))
+    total = kernels.mm(a, panels, n, bias, residual=residual, out_dtype=torch.float32,
+                         row_norm=kernels.RowNorm(weight, norm_bias, 1e-5, normed))
     assert total.dtype == torch.float32
     _check(total, _reference(a, b, bias, residual, None, None, None), torch.float32, k)
     torch.testing.assert_close(normed.double(), _reference(a, b, bias, residual, weight, norm_bias, 1e-5),
@@ -138,53 +138,66 @@ def test_bfloat16_rows_are_normalized_from_their_float32_sum(shape):
 
 def test_a_bfloat16_sum_kept_beside_its_norm_is_the_float32_sum_rounded():
     a, b, bias, residual = _operands(37, 200, 70, torch.bfloat16, seed=7)
-    panels = kiln_gemm.pack(b)
+    panels = kernels.pack(b)
     as_float32, normed = torch.empty(37, 70, dtype=torch.bfloat16), torch.empty(37, 70, dtype=torch.bfloat16)
-    total = kiln_gemm.mm(a, panels, 70, bias, residual=residual, out_dtype=torch.float32,
-                         row_norm=kiln_gemm.RowNorm(None, None, 1e-5, as_float32))
-    kept = kiln_gemm.mm(a, panels, 70, bias, residual=residual, row_norm=kiln_gemm.RowNorm(None, None, 1e-5, normed))
+    total = kernels.mm(a, panels, 70, bias, residual=residual, out_dtype=torch.float32,
+                         row_norm=kernels.RowNorm(None, None, 1e-5, as_float32))
+    kept = kernels.mm(a, panels, 70, bias, residual=residual, row_norm=kernels.RowNorm(None, None, 1e-5, normed))
     assert kept.dtype == torch.bfloat16
     torch.testing.assert_close(kept, total.bfloat16(), rtol=0, atol=0)
     torch.testing.assert_close(normed, as_float32, rtol=0, atol=0)
 
 
-def test_the_runtime_and_python_forms_agree():
+def _kernel_row_norm(a, b, bias, residual, weight, norm_bias, eps, rms=False, keep_sum=False):
+    """kiln's GEMM with a layer or RMS norm, the kernel called directly (benchmarks/kernels.py: its
+    epilogue made in Python): the operators must give the same bits. `keep_sum`: (the sum, its norm)."""
+    normed = torch.empty(a.shape[0], b.shape[1], dtype=a.dtype) if keep_sum else None
+    norm = kernels.RowNorm(weight, norm_bias, eps, normed, "rms_norm" if rms else "layer_norm")
+    out = kernels.mm(a, kernels.pack(b), b.shape[1], bias, residual=residual, row_norm=norm)
+    return (out, normed) if keep_sum else out
+
+
+def _kernel_softmax(a, b, bias, residual, log=False):
+    return kernels.mm(a, kernels.pack(b), b.shape[1], bias, residual=residual, row_norm=kernels.RowNorm.softmax(log))
+
+
+def test_the_operators_and_the_kernel_called_directly_agree():
     a, b, bias, residual = _operands(50, 96, 100, torch.float32, seed=1)
     weight, norm_bias = torch.randn(100), torch.randn(100)
     for args in [(bias, residual, weight, norm_bias), (None, None, None, None), (bias, None, weight, None)]:
-        want = torch.ops.kiln.mm_layer_norm(a, b, *args, 1e-12)
-        torch.testing.assert_close(runtime.mm_layer_norm(a, b, *args, 1e-12), want, rtol=0, atol=0)
-        kept, normed = torch.ops.kiln.mm_add_layer_norm(a, b, *args, 1e-12)
+        want = _kernel_row_norm(a, b, *args, 1e-12)
+        torch.testing.assert_close(native_ops.direct("mm_layer_norm")(a, b, *args, 1e-12), want, rtol=0, atol=0)
+        kept, normed = _kernel_row_norm(a, b, *args, 1e-12, keep_sum=True)
         torch.testing.assert_close(normed, want, rtol=0, atol=0)
-        for got, expected in zip(runtime.mm_add_layer_norm(a, b, *args, 1e-12), (kept, normed)):
+        for got, expected in zip(native_ops.direct("mm_add_layer_norm")(a, b, *args, 1e-12), (kept, normed)):
             torch.testing.assert_close(got, expected, rtol=0, atol=0)
     for args in [(bias, residual, weight, None), (None, residual, None, None)]:
-        want = torch.ops.kiln.mm_layer_norm(a, b, *args, 1e-6, rms=True)
+        want = _kernel_row_norm(a, b, *args, 1e-6, rms=True)
         torch.testing.assert_close(want.double(), _reference(a, b, *args, 1e-6, rms=True), rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(runtime.mm_layer_norm(a, b, *args, 1e-6, rms=True), want, rtol=0, atol=0)
-        kept, normed = torch.ops.kiln.mm_add_layer_norm(a, b, *args, 1e-6, rms=True)
+        torch.testing.assert_close(native_ops.direct("mm_layer_norm")(a, b, *args, 1e-6, rms=True), want, rtol=0, atol=0)
+        kept, normed = _kernel_row_norm(a, b, *args, 1e-6, rms=True, keep_sum=True)
         torch.testing.assert_close(normed, want, rtol=0, atol=0)
-        for got, expected in zip(runtime.mm_add_layer_norm(a, b, *args, 1e-6, rms=True), (kept, normed)):
+        for got, expected in zip(native_ops.direct("mm_add_layer_norm")(a, b, *args, 1e-6, rms=True), (kept, normed)):
             torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
-def test_the_runtime_and_python_forms_agree_in_bfloat16():
+def test_the_operators_and_the_kernel_called_directly_agree_in_bfloat16():
     a, b, bias, residual = _operands(50, 96, 100, torch.bfloat16, seed=6)
     a = (a.float() * 0.1).bfloat16()
     weight, norm_bias = torch.randn(100).bfloat16(), torch.randn(100).bfloat16()
     for args, rms in [((bias, residual, weight, norm_bias), False), ((None, residual, weight, None), True)]:
-        want = torch.ops.kiln.mm_layer_norm(a, b, *args, 1e-5, rms=rms)
+        want = _kernel_row_norm(a, b, *args, 1e-5, rms=rms)
         assert want.dtype == torch.bfloat16
-        torch.testing.assert_close(runtime.mm_layer_norm(a, b, *args, 1e-5, rms=rms), want, rtol=0, atol=0)
-        kept, normed = torch.ops.kiln.mm_add_layer_norm(a, b, *args, 1e-5, rms=rms)
+        torch.testing.assert_close(native_ops.direct("mm_layer_norm")(a, b, *args, 1e-5, rms=rms), want, rtol=0, atol=0)
+        kept, normed = _kernel_row_norm(a, b, *args, 1e-5, rms=rms, keep_sum=True)
         assert kept.dtype == normed.dtype == torch.bfloat16
         torch.testing.assert_close(normed, want, rtol=0, atol=0)
         torch.testing.assert_close(kept.double(), _reference(a, b, *args[:2], None, None, None), rtol=1e-2, atol=1e-2)
-        for got, expected in zip(runtime.mm_add_layer_norm(a, b, *args, 1e-5, rms=rms), (kept, normed)):
+        for got, expected in zip(native_ops.direct("mm_add_layer_norm")(a, b, *args, 1e-5, rms=rms), (kept, normed)):
             torch.testing.assert_close(got, expected, rtol=0, atol=0)
     for log in (False, True):
-        want = torch.ops.kiln.mm_softmax(a, b, bias, residual, log=log)
-        torch.testing.assert_close(runtime.mm_softmax(a, b, bias, residual, log=log), want, rtol=0, atol=0)
+        want = _kernel_softmax(a, b, bias, residual, log=log)
+        torch.testing.assert_close(native_ops.direct("mm_softmax")(a, b, bias, residual, log=log), want, rtol=0, atol=0)
 
 
 class _PostNorm(torch.nn.Module):
@@ -301,14 +314,14 @@ def test_softmax_rows_match_a_float64_softmax(shape):
     m, k, n = shape
     a, b, bias, residual = _operands(m, k, n, torch.float32, seed=m + k + n + 2)
     a = a * k ** -0.5  # logits of unit size: probabilities spread over the row, not one-hot
-    panels = kiln_gemm.pack(b)
+    panels = kernels.pack(b)
     for log, use_bias, use_residual in itertools.product((False, True), repeat=3):
         args = (bias if use_bias else None, residual if use_residual else None)
-        out = kiln_gemm.mm(a, panels, n, args[0], residual=args[1], row_norm=kiln_gemm.RowNorm.softmax(log))
+        out = kernels.mm(a, panels, n, args[0], residual=args[1], row_norm=kernels.RowNorm.softmax(log))
         torch.testing.assert_close(out.double(), _softmax_reference(a, b, *args, log), rtol=1e-4, atol=1e-5)
     # Beside the sum, which C keeps.
     normed = torch.full((m, n + 3), float("nan"))[:, :n]
-    total = kiln_gemm.mm(a, panels, n, bias, residual=residual, row_norm=kiln_gemm.RowNorm.softmax(out=normed))
+    total = kernels.mm(a, panels, n, bias, residual=residual, row_norm=kernels.RowNorm.softmax(out=normed))
     _check(total, _reference(a, b, bias, residual, None, None, None), torch.float32, k)
     torch.testing.assert_close(normed.double(), _softmax_reference(a, b, bias, residual, False), rtol=1e-4, atol=1e-5)
 
@@ -318,7 +331,7 @@ def test_softmax_takes_the_row_max_out_before_the_exponentials():
     a, b, bias, _ = _operands(20, 64, 37, torch.float32, seed=5)
     a = a * 0.125
     for log in (False, True):
-        out = kiln_gemm.mm(a, kiln_gemm.pack(b), 37, bias + 100.0, row_norm=kiln_gemm.RowNorm.softmax(log))
+        out = kernels.mm(a, kernels.pack(b), 37, bias + 100.0, row_norm=kernels.RowNorm.softmax(log))
         assert torch.isfinite(out).all()
         torch.testing.assert_close(out.double(), _softmax_reference(a, b, bias + 100.0, None, log), rtol=1e-4, atol=1e-5)
 
@@ -326,20 +339,18 @@ def test_softmax_takes_the_row_max_out_before_the_exponentials():
 def test_a_softmax_takes_no_weight_or_bias():
     a, b, _, _ = _operands(4, 8, 16, torch.float32, seed=0)
     with pytest.raises(RuntimeError, match="softmax takes no weight or bias"):
-        kiln_gemm.mm(a, kiln_gemm.pack(b), 16, row_norm=kiln_gemm.RowNorm(torch.ones(16), None, 0.0, kind="softmax"))
+        kernels.mm(a, kernels.pack(b), 16, row_norm=kernels.RowNorm(torch.ones(16), None, 0.0, kind="softmax"))
     with pytest.raises(ValueError, match="'sparsemax', not one of"):
-        kiln_gemm.mm(a, kiln_gemm.pack(b), 16, row_norm=kiln_gemm.RowNorm(None, None, 0.0, kind="sparsemax"))
-    with pytest.raises(RuntimeError, match="softmax takes no weight or norm_bias"):
-        runtime._mm_row_norm([a, b, None, None, torch.ones(16), None], 0.0, "softmax")
+        kernels.mm(a, kernels.pack(b), 16, row_norm=kernels.RowNorm(None, None, 0.0, kind="sparsemax"))
 
 
-def test_the_runtime_softmax_and_python_forms_agree():
+def test_the_softmax_operator_and_the_kernel_called_directly_agree():
     a, b, bias, residual = _operands(50, 96, 100, torch.float32, seed=4)
     a = a * 0.1
     for log, args in itertools.product((False, True), [(bias, residual), (None, None), (bias, None)]):
-        want = torch.ops.kiln.mm_softmax(a, b, *args, log=log)
+        want = _kernel_softmax(a, b, *args, log=log)
         torch.testing.assert_close(want.double(), _softmax_reference(a, b, *args, log), rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(runtime.mm_softmax(a, b, *args, log=log), want, rtol=0, atol=0)
+        torch.testing.assert_close(native_ops.direct("mm_softmax")(a, b, *args, log=log), want, rtol=0, atol=0)
 
 
 class _Classifier(torch.nn.Module):

@@ -3,7 +3,7 @@ ones of stride 1 and 2, and patch embeddings (stride = kernel, images that do no
 torch's convolution with ragged channel counts (K not a multiple of a panel, C not of a vector),
 pixel counts below and past a register block, every epilogue (bias, the added tensor before the
 unary op, the unary ops), float32 and bfloat16; offered to the autotuner for these convolutions
-only; the runtime's form bit-equal to Python's; run by a compiled bottleneck block and a patch
+only; the operator bit-equal to the kernel called directly; run by a compiled bottleneck block and a patch
 embedding through both wrappers."""
 
 import itertools
@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from kiln.autotune import gemm
-from kiln.externs import kiln_conv_gemm, prepacked
-from kiln.native import runtime
+from benchmarks import kernels
+from kiln.externs import kiln_conv_gemm, native_ops, prepacked
 from tests.codegen.test_kiln_depthwise import SCALARS, UNARY
 from tests.kiln_backend import compiled_graphs
 from tests.kiln_backend import kiln_wherever_offered, private_cache  # noqa: F401  (fixtures)
@@ -39,12 +39,12 @@ def test_kiln_conv_gemm_matches_torch(shape, dtype):
     x = torch.randn(n, c, h, w, dtype=dtype)
     wt, b = (torch.randn(k, c, kernel, kernel) / (c * kernel * kernel) ** 0.5).to(dtype), torch.randn(k, dtype=dtype)
     assert kiln_conv_gemm.applies(x, wt, [stride] * 2, [0, 0], [1, 1], 1)
-    packed = kiln_conv_gemm.pack(wt)
+    packed = kernels.conv_gemm_pack(wt)
     tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
     oh, ow = (h - kernel) // stride + 1, (w - kernel) // stride + 1
     for unary, bias, with_other in itertools.product(UNARY, (b, None), (False, True)):
         other = torch.randn(n, k, oh, ow, dtype=dtype) if with_other else None
-        out = kiln_conv_gemm.conv(x, packed, k, bias, unary, SCALARS.get(unary, ()), None, other, (kernel, kernel),
+        out = kernels.conv_gemm(x, packed, k, bias, unary, SCALARS.get(unary, ()), None, other, (kernel, kernel),
                                   (stride, stride))
         assert out.dtype == dtype and out.is_contiguous(memory_format=torch.channels_last)
         torch.testing.assert_close(out.double(), _reference(x, wt, bias, other, unary, stride), **tolerance)
@@ -64,8 +64,8 @@ def test_only_convolutions_of_non_overlapping_windows_apply():
     assert not kiln_conv_gemm.applies(x, torch.randn(16, 8, 3, 3), *ONE, 1)
     assert not kiln_conv_gemm.applies(x.double(), w.double(), *ONE, 1)
     with pytest.raises(RuntimeError, match="non-overlapping windows"):
-        prepacked.CONV_IMPLS["kiln"](x, torch.randn(16, 8, 3, 3), None, [1, 1], [0, 0], [1, 1], 1, "none", [], None,
-                                     None)
+        native_ops.direct("conv")(x, torch.randn(16, 8, 3, 3), None, [1, 1], [0, 0], [1, 1], 1, "none", [], None,
+                                  None, "kiln")
 
 
 def test_the_autotuner_offers_kiln_for_convolutions_of_non_overlapping_windows_only():
@@ -81,7 +81,7 @@ def test_the_autotuner_offers_kiln_for_convolutions_of_non_overlapping_windows_o
 
 
 @pytest.mark.parametrize("kernel, stride", [(1, 1), (1, 2), (3, 3)], ids=["1x1", "1x1-stride-2", "3x3-patches"])
-def test_the_runtime_and_python_forms_agree(kernel, stride):
+def test_the_operator_and_the_kernel_called_directly_agree(kernel, stride):
     torch.manual_seed(0)
     for dtype in (torch.float32, torch.bfloat16):
         x, w, b = torch.randn(2, 24, 9, 9, dtype=dtype), torch.randn(40, 24, kernel, kernel, dtype=dtype), torch.randn(40, dtype=dtype)
@@ -89,8 +89,9 @@ def test_the_runtime_and_python_forms_agree(kernel, stride):
         other = torch.randn(2, 40, out, out, dtype=dtype).contiguous(memory_format=torch.channels_last)
         for unary, with_other in itertools.product(("none", "relu", "hardswish"), (False, True)):
             args = (x, w, b, [stride] * 2, [0, 0], [1, 1], 1, unary, [], None)
-            want = prepacked.CONV_IMPLS["kiln"](*args, other if with_other else None)
-            got = runtime.conv(*args, other if with_other else None, "kiln")
+            want = kernels.conv_gemm(x, kernels.conv_gemm_pack(w), 40, b, unary, [], None, other if with_other else None,
+                                     (kernel, kernel), (stride, stride))
+            got = native_ops.direct("conv")(*args, other if with_other else None, "kiln")
             assert got.is_contiguous(memory_format=torch.channels_last)
             torch.testing.assert_close(got, want, rtol=0, atol=0)
 

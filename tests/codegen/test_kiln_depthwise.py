@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from kiln.autotune import gemm
-from kiln.externs import kiln_depthwise, prepacked
-from kiln.native import runtime
+from benchmarks import kernels
+from kiln.externs import kiln_depthwise, native_ops, prepacked
 from tests.kiln_backend import compiled_graphs
 from tests.kiln_backend import kiln_wherever_offered, private_cache  # noqa: F401  (fixtures)
 
@@ -38,10 +38,10 @@ def test_kiln_depthwise_matches_torch(shape):
     n, c, h, w, k, s, p, d = shape
     torch.manual_seed(c * h + k)
     x, wt, b = torch.randn(n, c, h, w), torch.randn(c, 1, k, k), torch.randn(c)
-    packed = kiln_depthwise.pack(wt)
+    packed = kernels.depthwise_pack(wt)
     for unary, bias, with_other in itertools.product(UNARY, (b, None), (False, True)):
         other = torch.randn_like(F.conv2d(x, wt, None, s, p, d, c)) if with_other else None
-        out = kiln_depthwise.conv(x, packed, (k, k), bias, (s, s), (p, p), (d, d), unary, SCALARS.get(unary, ()),
+        out = kernels.depthwise_conv(x, packed, (k, k), bias, (s, s), (p, p), (d, d), unary, SCALARS.get(unary, ()),
                                   None, other)
         assert out.is_contiguous(memory_format=torch.channels_last)
         torch.testing.assert_close(out, _reference(x, wt, bias, s, p, d, other, unary), rtol=1e-5, atol=1e-5)
@@ -54,8 +54,8 @@ def test_only_float32_depthwise_convolutions_apply():
     assert not kiln_depthwise.applies(x, torch.randn(8, 2, 3, 3), 4)  # grouped, not depthwise
     assert not kiln_depthwise.applies(x.bfloat16(), torch.randn(8, 1, 3, 3).bfloat16(), 8)
     with pytest.raises(RuntimeError, match="depthwise"):
-        prepacked.CONV_IMPLS["kiln"](x, torch.randn(8, 2, 3, 3), None, [1, 1], [1, 1], [1, 1], 4, "none", [], None,
-                                     None)
+        native_ops.direct("conv")(x, torch.randn(8, 2, 3, 3), None, [1, 1], [1, 1], [1, 1], 4, "none", [], None,
+                                  None, "kiln")
 
 
 def test_the_autotuner_offers_kiln_for_depthwise_convolutions_only(monkeypatch):
@@ -69,14 +69,15 @@ def test_the_autotuner_offers_kiln_for_depthwise_convolutions_only(monkeypatch):
     assert set(offered[0]) == set(prepacked.CONV_IMPLS)
 
 
-def test_the_runtime_and_python_forms_agree():
+def test_the_operator_and_the_kernel_called_directly_agree():
     torch.manual_seed(0)
     x, w, b = torch.randn(2, 24, 9, 9), torch.randn(24, 1, 3, 3), torch.randn(24)
     other = torch.randn(2, 24, 5, 5).contiguous(memory_format=torch.channels_last)
     for unary, with_other in itertools.product(("none", "relu", "hardswish"), (False, True)):
         args = (x, w, b, [2, 2], [1, 1], [1, 1], 24, unary, [], None)
-        want = prepacked.CONV_IMPLS["kiln"](*args, other if with_other else None)
-        got = runtime.conv(*args, other if with_other else None, "kiln")
+        want = kernels.depthwise_conv(x, kernels.depthwise_pack(w), (3, 3), b, (2, 2), (1, 1), (1, 1), unary, [], None,
+                                      other if with_other else None)
+        got = native_ops.direct("conv")(*args, other if with_other else None, "kiln")
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
@@ -91,10 +92,9 @@ def test_a_padding_of_four_entries_pads_each_side_its_own(kernel, stride, paddin
     top, left, bottom, right = padding
     want = F.relu(F.conv2d(F.pad(x, (left, right, top, bottom)), w, b, stride, 0, 1, 24))
     args = (x, w, b, [stride, stride], padding, [1, 1], 24, "relu", [], None, None)
-    for impl, run in prepacked.CONV_IMPLS.items():  # kiln's kernel pads inside; the others pad x first
-        torch.testing.assert_close(run(*args), want, rtol=1e-5, atol=1e-5, msg=impl)
-        torch.testing.assert_close(runtime.conv(*args, impl), want, rtol=1e-5, atol=1e-5, msg=impl)
-    assert prepacked._conv_fake(*args, "kiln").shape == want.shape
+    for impl in prepacked.CONV_IMPLS:  # kiln's kernel pads inside; the others pad x first
+        torch.testing.assert_close(native_ops.direct("conv")(*args, impl), want, rtol=1e-5, atol=1e-5, msg=impl)
+    assert native_ops.FAKES["conv"](*args, "kiln").shape == want.shape
 
 
 class _InvertedResidual(torch.nn.Module):

@@ -15,7 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.externs import kiln_depthwise, kiln_gemm
+from benchmarks import kernels
+from kiln.externs import kiln_gemm
 from kiln.externs.prepacked import unary_aten
 from kiln.native import build
 
@@ -59,10 +60,10 @@ def _operands(m, k, n, dtype, seed):
 def test_every_epilogue_matches_a_float64_product(shape, dtype):
     m, k, n = shape
     a, b, bias, residual = _operands(m, k, n, dtype, seed=m * 7 + k)
-    panels = kiln_gemm.pack(b)
+    panels = kernels.pack(b)
     for unary, scalars, algorithm in EPILOGUES:
         for use_bias, use_residual in [(False, False), (True, False), (True, True)]:
-            out = kiln_gemm.mm(a, panels, n, bias if use_bias else None, unary, scalars,
+            out = kernels.mm(a, panels, n, bias if use_bias else None, unary, scalars,
                                residual if use_residual else None, algorithm=algorithm)
             assert out.dtype == dtype and out.shape == (m, n)
             _check(out, _reference(a, b, bias if use_bias else None, unary, scalars, algorithm,
@@ -79,9 +80,9 @@ def test_k_blocks_partial_sums_and_strided_rows(n):
     a = a[:, :k]
     b = torch.randn(k, n)
     assert a.stride(0) == k + 11
-    panels = kiln_gemm.pack(b)
-    _check(kiln_gemm.mm(a, panels, n), _reference(a, b, None, "none", [], None, None), torch.float32, k)
-    out = kiln_gemm.mm(a, panels, n, bias, "relu", [], residual.bfloat16(), out_dtype=torch.bfloat16)
+    panels = kernels.pack(b)
+    _check(kernels.mm(a, panels, n), _reference(a, b, None, "none", [], None, None), torch.float32, k)
+    out = kernels.mm(a, panels, n, bias, "relu", [], residual.bfloat16(), out_dtype=torch.bfloat16)
     assert out.dtype == torch.bfloat16
     _check(out, _reference(a, b, bias, "relu", [], None, residual.bfloat16()), torch.bfloat16, k)
 
@@ -95,7 +96,7 @@ def test_gelu_tanh_epilogue_at_extreme_values_is_eagers(columns):
                            -0.5, 0.5, 1.0, 3.0, 88.0, 1e-3])
     b = torch.zeros(1, columns)
     b[0, :len(values)] = values
-    out = kiln_gemm.mm(torch.ones(9, 1), kiln_gemm.pack(b), columns, None, "gelu", [], algorithm="tanh")
+    out = kernels.mm(torch.ones(9, 1), kernels.pack(b), columns, None, "gelu", [], algorithm="tanh")
     expected = F.gelu(b.expand(9, columns), approximate="tanh")
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6, equal_nan=True)
     assert torch.equal(out[:, :8].isinf(), expected[:, :8].isinf()) and torch.equal(out.isnan(), expected.isnan())
@@ -103,9 +104,9 @@ def test_gelu_tanh_epilogue_at_extreme_values_is_eagers(columns):
 
 
 def test_operands_of_two_dtypes_are_refused():
-    panels = kiln_gemm.pack(torch.randn(4, 4))
+    panels = kernels.pack(torch.randn(4, 4))
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
-        kiln_gemm.mm(torch.randn(2, 4).bfloat16(), panels, 4)
+        kernels.mm(torch.randn(2, 4).bfloat16(), panels, 4)
 
 
 def x86_kernels_built_with(flags: list[str], tmp_path) -> ctypes.CDLL:
@@ -119,7 +120,7 @@ def x86_kernels_built_with(flags: list[str], tmp_path) -> ctypes.CDLL:
     cxx, _ = build.compiler()
     subprocess.run([cxx, *build.FLAGS, *flags, "-shared", str(src), "-o", str(lib_path)], check=True,
                    capture_output=True)
-    return kiln_gemm.bind(ctypes.CDLL(str(lib_path)))
+    return kernels.bind(ctypes.CDLL(str(lib_path)))
 
 
 @pytest.mark.parametrize("flags", [["-march=x86-64-v3"], ["-march=x86-64-v2"], ["-mno-avx512bf16"]],
@@ -133,13 +134,13 @@ def test_other_isas(flags, tmp_path):
     for dtype in (torch.float32, torch.bfloat16):
         for m, k, n in [(13, 77, 50), (1, 9, 3), (128, 8, 16432)]:  # the last: C streamed (float32)
             a, b, bias, residual = _operands(m, k, n, dtype, seed=k)
-            out = kiln_gemm.mm(a, kiln_gemm.pack(b, lib), n, bias, "gelu", [], residual, lib=lib)
+            out = kernels.mm(a, kernels.pack(b, lib), n, bias, "gelu", [], residual, lib=lib)
             _check(out, _reference(a, b, bias, "gelu", [], None, residual), dtype, k)
     for n, c, h, w, k, s, p, d in [(2, 48, 13, 15, 3, 2, 1, 1), (1, 33, 20, 21, 3, 1, 1, 1), (1, 19, 8, 8, 7, 1, 3, 1)]:
         torch.manual_seed(c)
         x, weight, bias = torch.randn(n, c, h, w), torch.randn(c, 1, k, k), torch.randn(c)
         other = torch.randn_like(F.conv2d(x, weight, None, s, p, d, c))
-        out = kiln_depthwise.conv(x, kiln_depthwise.pack(weight, lib), (k, k), bias, (s, s), (p, p), (d, d), "swish",
+        out = kernels.depthwise_conv(x, kernels.depthwise_pack(weight, lib), (k, k), bias, (s, s), (p, p), (d, d), "swish",
                                   (), None, other, lib=lib)
         torch.testing.assert_close(out, F.silu(F.conv2d(x, weight, bias, s, p, d, c) + other), rtol=1e-5, atol=1e-5)
 
@@ -151,7 +152,7 @@ def test_the_written_out_tile_sums_as_the_cplusplus_one(tmp_path):
     than 8 iterations (C's rows asked for in the last 8), K blocks (partial sums loaded from C),
     strided A rows, several panels (the next block's prefetch), last panels of 1 and 2 vectors
     (N = 64, 80), ragged ones (the C++ store), an epilogue after."""
-    lib = kiln_gemm.library()
+    lib = kernels.library()
     if lib.kiln_vec_lanes() != 16:
         pytest.skip("the written-out tile is AVX-512's")
     cplusplus = x86_kernels_built_with(["-DKILN_GEMM_NO_ASM"], tmp_path)
@@ -160,8 +161,8 @@ def test_the_written_out_tile_sums_as_the_cplusplus_one(tmp_path):
         a, b, bias, residual = _operands(m, lda, n, torch.float32, seed=k)
         a, b = a[:, :k], b[:k]
         for post in [dict(), dict(bias=bias, unary="relu", residual=residual)]:
-            written = kiln_gemm.mm(a, kiln_gemm.pack(b), n, **post)
-            stepped = kiln_gemm.mm(a, kiln_gemm.pack(b, cplusplus), n, lib=cplusplus, **post)
+            written = kernels.mm(a, kernels.pack(b), n, **post)
+            stepped = kernels.mm(a, kernels.pack(b, cplusplus), n, lib=cplusplus, **post)
             assert torch.equal(written, stepped), (m, k, n, (written - stepped).abs().max().item())
             _check(written, _reference(a, b, post.get("bias"), post.get("unary", "none"), [], None,
                                        post.get("residual")), torch.float32, k)
@@ -174,9 +175,9 @@ def test_a_c_of_8_mb_is_written_alike_with_streaming_stores(n):
     # boundaries and the stores back in the caches.
     m, k = 128, 24
     a, b, bias, residual = _operands(m, k, n, torch.float32, seed=n)
-    panels = kiln_gemm.pack(b)
-    _check(kiln_gemm.mm(a, panels, n), _reference(a, b, None, "none", [], None, None), torch.float32, k)
-    out = kiln_gemm.mm(a, panels, n, bias, "relu", [], residual)
+    panels = kernels.pack(b)
+    _check(kernels.mm(a, panels, n), _reference(a, b, None, "none", [], None, None), torch.float32, k)
+    out = kernels.mm(a, panels, n, bias, "relu", [], residual)
     _check(out, _reference(a, b, bias, "relu", [], None, residual), torch.float32, k)
 
 
@@ -185,7 +186,7 @@ def test_rows_in_several_passes_over_the_panels():
     # block), K in two blocks, with the epilogue on the last.
     m, k, n = 1000, kiln_gemm.K_BLOCK + 64, 50
     a, b, bias, residual = _operands(m, k, n, torch.float32, seed=5)
-    out = kiln_gemm.mm(a, kiln_gemm.pack(b), n, bias, "relu", [], residual)
+    out = kernels.mm(a, kernels.pack(b), n, bias, "relu", [], residual)
     _check(out, _reference(a, b, bias, "relu", [], None, residual), torch.float32, k)
 
 
@@ -198,7 +199,7 @@ def test_rows_in_several_passes_over_the_panels():
 def test_the_thread_grid_balances_vectors_not_tiles(panels, row_blocks, last_vectors, threads, along_panels):
     # kiln_gemm.h's split: threads along the panels unless splitting the rows gives the busiest
     # thread fewer vector-tiles (the last panel has last_vectors of the 3).
-    assert kiln_gemm.library().kiln_gemm_split(panels, row_blocks, last_vectors, threads) == along_panels
+    assert kernels.library().kiln_gemm_split(panels, row_blocks, last_vectors, threads) == along_panels
 
 
 @pytest.mark.parametrize("tiles,steps,bytes_per_step", [(16, 768, 192), (25, 768, 192), (7, 1024, 192), (16, 384, 192),
@@ -207,7 +208,7 @@ def test_the_next_block_s_prefetch_is_spread_over_every_tile_and_covers_it(tiles
     # The next weight panel's block (steps x bytes_per_step bytes) is asked for while the current
     # panel's tiles run, one new line every 2^shift steps: the sparsest spacing that still reaches
     # its last line (kiln_gemm.h's ahead_shift; at BERT's M = 128, 16 tiles, every fourth step).
-    lib = kiln_gemm.library()
+    lib = kernels.library()
     lines = -(-steps * bytes_per_step // 64)
     shift = lib.kiln_gemm_ahead_shift(tiles, steps, lines)
     asked = lambda s: tiles * -(-steps // (1 << s))  # noqa: E731  lines the tiles ask for at spacing s

@@ -106,7 +106,7 @@ def _gemm_request(a, b, bias, unary, scalars, algorithm, residual, out_dtype, pa
     words = ["gemm_bf16" if a.dtype == torch.bfloat16 else "gemm_f32", m, n, k, k + pad_a, n + pad_c, kc,
              int(bias is not None), int(residual is not None),
              int(residual is not None and residual.dtype == torch.bfloat16), int(out_dtype == torch.bfloat16),
-             kiln_gemm.UNARY_CODES[name], s0, s1]
+             kernels.UNARY_CODES[name], s0, s1]
     operands = [rows, b, *([bias] if bias is not None else []), *([residual] if residual is not None else [])]
     return words, operands, out_dtype, m * (n + pad_c)
 
@@ -184,7 +184,7 @@ def test_depthwise_convolution(neon):
             for with_bias, with_other in [(False, False), (True, False), (True, True)]:
                 s0, s1 = [*depthwise_tests.SCALARS.get(unary, ()), 0.0, 0.0][:2]
                 words = ["depthwise", n, h, w, c, k, k, oh, ow, s, s, p, p, d, d, int(with_bias), int(with_other),
-                         kiln_gemm.UNARY_CODES[unary], s0, s1]
+                         kernels.UNARY_CODES[unary], s0, s1]
                 channels_last = [x.permute(0, 2, 3, 1), weight, *([bias] if with_bias else []),
                                  *([other.permute(0, 2, 3, 1)] if with_other else [])]
                 requests.append((words, channels_last, torch.float32, n * oh * ow * c))

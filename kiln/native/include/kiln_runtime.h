@@ -54,44 +54,22 @@ KILN_API int64_t kiln_size(kiln_tensor t, int64_t dim);
 // *t copied into this layout when its strides differ (the kernels were generated for them).
 KILN_API int kiln_in_layout(kiln_tensor* t, int64_t ndim, const int64_t* sizes, const int64_t* strides);
 // An operator by qualified name ("aten::mm") and overload ("" for default): one of kiln's own that
-// the runtime defines (kiln::attention; kiln_runtime.cpp KILN_OPERATOR), called directly, else the
+// the runtime defines (kiln::mm, kiln::conv, ...; kiln_runtime.cpp KILN_OPERATOR), called directly, else the
 // dispatcher's; NULL with the error set when there is none.
 KILN_API void* kiln_find_op(const char* name, const char* overload);
 // Calls `op` with every argument of its schema in order; its results, flattened (a list result
 // gives one handle per element, a None result a NULL handle), go to `outs` (at most `nouts`).
 KILN_API int kiln_call_op(void* op, const kiln_arg* args, int64_t nargs, kiln_tensor* outs, int64_t nouts);
-// kiln::mm(a, b, bias, unary, scalars, algorithm, impl) (kiln/externs/prepacked.py) without
-// Python: the implementation the autotuner chose (aten, aten_kn, aten_nk, mkl, onednn, kiln), its
-// packed weight made on first use and kept per weight and version. `bias` may be NULL, `algorithm`
-// NULL or ""; `scalars` are the post-op's (KILN_INT, KILN_DOUBLE or KILN_NONE); `k_block` is kiln's
-// GEMM's K blocking.
-KILN_API int kiln_mm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, const char* unary, const kiln_arg* scalars,
-            int64_t nscalars, const char* algorithm, const char* impl, int64_t k_block, kiln_tensor* out);
-// kiln::conv(x, weight, bias, stride, padding, dilation, groups, unary, scalars, algorithm, other,
-// impl), 2-d, likewise: oneDNN's blocked weights per input shape (`onednn`, and
-// `onednn_into_other`, which writes over `other`), ATen channels-last or as given. `stride` and
-// `dilation` have `spatial` elements, `padding` `npadding`: `spatial`, or 4 for [top, left, bottom,
-// right]; `bias` and `other` may be NULL; `k_block` as kiln_mm's, for kiln's GEMM (`kiln`:
-// depthwise convolutions, and 1x1 ones through the GEMM).
-KILN_API int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, const int64_t* stride, const int64_t* padding,
-              int64_t npadding, const int64_t* dilation, int64_t spatial, int64_t groups, const char* unary,
-              const kiln_arg* scalars, int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl,
-              int64_t k_block, kiln_tensor* out);
-// norm(a @ b + bias + residual) over the last dimension in kiln's GEMM, float32 or bfloat16 (from
-// a float32 sum); `bias`, `residual` ([M, N]), `weight`, `norm_bias` may be NULL. `row_norm`: 1 a layer norm
-// (kiln::mm_layer_norm), 2 an RMS norm (no mean taken out; `norm_bias` NULL), 3 a softmax, 4 a
-// log-softmax (kiln::mm_softmax; `weight`, `norm_bias` NULL, `eps` unused). With `sum` (not NULL)
-// the sum is kept there too (kiln::mm_add_layer_norm).
-KILN_API int kiln_mm_row_norm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, kiln_tensor residual,
-                              kiln_tensor weight, kiln_tensor norm_bias, double eps, int32_t row_norm,
-                              int64_t k_block, kiln_tensor* out, kiln_tensor* sum);
 // Packed weights the runtime holds (those of freed weights are dropped at the next pack).
 KILN_API int64_t kiln_packs_held(void);
 // Drop every packed form held for `weight` (the autotuner's trial weights, once a question is
 // answered: a pack otherwise stays until the next pack after its weight is freed).
 KILN_API void kiln_drop_packs(kiln_tensor weight);
-// Bytes of the packed forms held for `weight` now (as kiln/externs/prepacked.py counts them).
+// Bytes of the packed forms held for `weight` now (views of its own memory not counted).
 KILN_API int64_t kiln_packed_bytes(kiln_tensor weight);
+// float32 lanes of the vectors kiln's kernels were built with (kiln::attention's v head size must
+// be a multiple of them).
+KILN_API int kiln_vector_lanes(void);
 KILN_API const char* kiln_error(void);
 KILN_API void kiln_set_error(const char* message);
 

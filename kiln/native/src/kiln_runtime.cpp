@@ -74,6 +74,8 @@ extern "C" void kiln_attention_f32(const int64_t* shape, const float* q, const f
                                    const float* mask, float* out, float scale, int32_t causal);
 // The float32 lanes of the unit's vectors (v's head size must be a multiple of them).
 extern "C" int kiln_vec_lanes();
+// kiln's GEMM's K blocking (kiln/externs/kiln_gemm.py K_BLOCK).
+extern "C" int64_t kiln_gemm_k_block();
 
 namespace {
 
@@ -215,14 +217,13 @@ c10::OperatorHandle find_op(const char* name, const char* overload) {
 
 double scalar_value(const kiln_arg& a) { return a.kind == KILN_DOUBLE ? a.d : static_cast<double>(a.i); }
 
-c10::List<std::optional<at::Scalar>> scalar_list(const kiln_arg* scalars, int64_t n) {
-  c10::List<std::optional<at::Scalar>> values;
-  for (int64_t k = 0; k < n; ++k) {
-    if (scalars[k].kind == KILN_NONE) values.push_back(std::nullopt);
-    else if (scalars[k].kind == KILN_DOUBLE) values.push_back(at::Scalar(scalars[k].d));
-    else values.push_back(at::Scalar(scalars[k].i));
-  }
-  return values;
+// A post-op's scalars (leaky_relu's slope, hardtanh's bounds), as the schemas' `Scalar?[]`.
+using Scalars = c10::List<std::optional<at::Scalar>>;
+
+double scalar_at(const Scalars& scalars, size_t k) {
+  std::optional<at::Scalar> s = scalars.get(k);
+  TORCH_CHECK(s.has_value(), "kiln: a post-op scalar is None");
+  return s->toDouble();
 }
 
 // An operator called with its arguments boxed: for the oneDNN operators, whose schemas mix
@@ -233,8 +234,8 @@ at::Tensor call_boxed(const c10::OperatorHandle& op, std::vector<c10::IValue> ar
   return stack.at(0).toTensor();
 }
 
-at::Tensor unary_aten(const at::Tensor& y, const std::string& unary, const kiln_arg* scalars, int64_t n,
-                      const std::string& algorithm) {
+at::Tensor unary_aten(const at::Tensor& y, c10::string_view unary, const Scalars& scalars,
+                      c10::string_view algorithm) {
   if (unary == "none") return y;
   if (unary == "relu") return at::relu(y);
   if (unary == "sigmoid") return at::sigmoid(y);
@@ -242,27 +243,26 @@ at::Tensor unary_aten(const at::Tensor& y, const std::string& unary, const kiln_
   if (unary == "swish") return at::silu(y);
   if (unary == "hardswish") return at::hardswish(y);
   if (unary == "gelu") return at::gelu(y, algorithm.empty() ? "none" : algorithm);
-  if (unary == "leaky_relu") return at::leaky_relu(y, scalar_value(scalars[0]));
-  if (unary == "hardtanh") return at::clamp(y, scalar_value(scalars[0]), scalar_value(scalars[1]));
+  if (unary == "leaky_relu") return at::leaky_relu(y, scalar_at(scalars, 0));
+  if (unary == "hardtanh") return at::clamp(y, scalar_at(scalars, 0), scalar_at(scalars, 1));
   TORCH_CHECK(false, "kiln::mm: unknown post-op ", unary);
 }
 
-int32_t gemm_unary_code(const std::string& unary, const std::string& algorithm) {
+int32_t gemm_unary_code(c10::string_view unary, c10::string_view algorithm) {
   // kiln_gemm::Unary, as kiln/externs/kiln_gemm.py UNARY_CODES.
   static const std::map<std::string, int32_t> codes = {
       {"none", 0}, {"relu", 1}, {"gelu", 2}, {"gelu_tanh", 3}, {"swish", 4}, {"sigmoid", 5},
       {"tanh", 6}, {"hardswish", 7}, {"leaky_relu", 8}, {"hardtanh", 9}};
-  auto found = codes.find(unary == "gelu" && algorithm == "tanh" ? "gelu_tanh" : unary);
+  auto found = codes.find(unary == "gelu" && algorithm == "tanh" ? std::string("gelu_tanh") : std::string(unary));
   TORCH_CHECK(found != codes.end(), "kiln::mm: kiln's GEMM has no post-op ", unary);
   return found->second;
 }
 
 // An epilogue of the unary op alone (its scalars: leaky_relu's slope, hardtanh's bounds).
-KilnGemmEpilogue unary_epilogue(const std::string& unary, const std::string& algorithm, const kiln_arg* scalars,
-                                int64_t n) {
+KilnGemmEpilogue unary_epilogue(c10::string_view unary, c10::string_view algorithm, const Scalars& scalars) {
   KilnGemmEpilogue e{nullptr, nullptr, 0, 0, 0, 0, gemm_unary_code(unary, algorithm), 0.0f, 0.0f, 0};
-  if (n > 0) e.scalar0 = static_cast<float>(scalar_value(scalars[0]));
-  if (n > 1) e.scalar1 = static_cast<float>(scalar_value(scalars[1]));
+  if (scalars.size() > 0) e.scalar0 = static_cast<float>(scalar_at(scalars, 0));
+  if (scalars.size() > 1) e.scalar1 = static_cast<float>(scalar_at(scalars, 1));
   return e;
 }
 
@@ -283,8 +283,7 @@ at::Tensor kiln_panels(const at::Tensor& weight, AsB&& as_b) {
 }
 
 at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optional<at::Tensor>& bias_in,
-                   const std::string& unary, const kiln_arg* scalars, int64_t n, const std::string& algorithm,
-                   int64_t k_block) {
+                   c10::string_view unary, const Scalars& scalars, c10::string_view algorithm) {
   bool bf16 = b.scalar_type() == at::kBFloat16;
   TORCH_CHECK(a_in.scalar_type() == b.scalar_type() && (bf16 || b.scalar_type() == at::kFloat),
               "kiln's GEMM takes float32 or bfloat16 operands of one dtype");
@@ -295,13 +294,13 @@ at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optio
   if (bias && bias->stride(0) != 1) bias = bias->contiguous();
   int64_t M = a.size(0);
   at::Tensor out = at::detail::empty_cpu({M, N}, a.scalar_type());
-  KilnGemmEpilogue e = unary_epilogue(unary, algorithm, scalars, n);
+  KilnGemmEpilogue e = unary_epilogue(unary, algorithm, scalars);
   e.bias = bias ? bias->data_ptr() : nullptr;
   e.bias_bf16 = bias && bias->scalar_type() == at::kBFloat16;
   e.out_bf16 = bf16;
   bool plain = !bias && unary == "none" && !bf16;
   (bf16 ? kiln_gemm_bf16 : kiln_gemm_f32)(M, N, K, a.data_ptr(), a.stride(0), panels.data_ptr(), out.data_ptr(), N,
-                                           plain ? nullptr : &e, k_block);
+                                           plain ? nullptr : &e, kiln_gemm_k_block());
   return out;
 }
 
@@ -320,7 +319,7 @@ std::pair<at::Tensor, at::Tensor> mm_row_norm(const at::Tensor& a_in, const at::
                                               const std::optional<at::Tensor>& residual_in,
                                               const std::optional<at::Tensor>& weight_in,
                                               const std::optional<at::Tensor>& norm_bias_in, double eps,
-                                              int32_t row_norm, int64_t k_block, bool keep_sum) {
+                                              int32_t row_norm, bool keep_sum) {
   const bool bf16 = b.scalar_type() == at::kBFloat16;
   TORCH_CHECK(a_in.scalar_type() == b.scalar_type() && (bf16 || b.scalar_type() == at::kFloat),
               "kiln's GEMM with a row norm takes float32 or bfloat16 operands of one dtype");
@@ -366,15 +365,43 @@ std::pair<at::Tensor, at::Tensor> mm_row_norm(const at::Tensor& a_in, const at::
     e.ld_sum_out = N;
   }
   (bf16 ? kiln_gemm_bf16 : kiln_gemm_f32)(M, N, K, a.data_ptr(), a.stride(0), panels.data_ptr(), out.data_ptr(), N,
-                                           &e, k_block);
+                                           &e, kiln_gemm_k_block());
   if (keep_sum) return {bf16 ? sum : out, normed};
   return {bf16 ? normed : out, at::Tensor()};
 }
 
-at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias, const std::string& unary,
-              const kiln_arg* scalars, int64_t n, const std::string& algorithm, const std::string& impl,
-              int64_t k_block) {
-  if (impl == "kiln") return mm_kiln(a, b, bias, unary, scalars, n, algorithm, k_block);
+// kiln::mm: the implementation the autotuner chose (kiln/autotune/gemm.py), its packed weight made
+// on first use and kept per weight and version.
+// kiln::mm_layer_norm: layer_norm(a @ b + bias + residual), or with `rms` an RMS norm.
+at::Tensor mm_layer_norm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
+                         const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& weight,
+                         const std::optional<at::Tensor>& norm_bias, double eps, bool rms) {
+  return mm_row_norm(a, b, bias, residual, weight, norm_bias, eps, rms ? ROW_RMS_NORM : ROW_LAYER_NORM, false).first;
+}
+
+// kiln::mm_add_layer_norm: (the sum, its norm); a pre-norm model reads the sum again as its
+// residual stream.
+std::tuple<at::Tensor, at::Tensor> mm_add_layer_norm(const at::Tensor& a, const at::Tensor& b,
+                                                     const std::optional<at::Tensor>& bias,
+                                                     const std::optional<at::Tensor>& residual,
+                                                     const std::optional<at::Tensor>& weight,
+                                                     const std::optional<at::Tensor>& norm_bias, double eps, bool rms) {
+  auto [sum, normed] = mm_row_norm(a, b, bias, residual, weight, norm_bias, eps, rms ? ROW_RMS_NORM : ROW_LAYER_NORM, true);
+  return {sum, normed};
+}
+
+// kiln::mm_softmax: softmax(a @ b + bias + residual) over rows (`log`: log_softmax); a
+// classifier's probabilities, an MoE router's weights over its experts.
+at::Tensor mm_softmax(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
+                      const std::optional<at::Tensor>& residual, bool log) {
+  return mm_row_norm(a, b, bias, residual, std::nullopt, std::nullopt, 0.0, log ? ROW_LOG_SOFTMAX : ROW_SOFTMAX, false)
+      .first;
+}
+
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias, c10::string_view unary,
+              const Scalars& scalars, std::optional<c10::string_view> algorithm_or_none, c10::string_view impl) {
+  const c10::string_view algorithm = algorithm_or_none.value_or("");
+  if (impl == "kiln") return mm_kiln(a, b, bias, unary, scalars, algorithm);
   if (impl == "mkl") {
     static auto reorder = find_op("mkl::_mkl_reorder_linear_weight", "").typed<at::Tensor(const at::Tensor&, int64_t)>();
     static auto linear = find_op("mkl::_mkl_linear", "")
@@ -382,7 +409,7 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::
     int64_t m = a.size(0);
     at::Tensor weight = packed(b, "mkl" + std::to_string(m), [&] { return reorder.call(b.t(), m); });
     at::Tensor origin = packed(b, "t", [&] { return b.detach().t(); });
-    return unary_aten(linear.call(a.contiguous(), weight, origin, bias, m), unary, scalars, n, algorithm);
+    return unary_aten(linear.call(a.contiguous(), weight, origin, bias, m), unary, scalars, algorithm);
   }
   if (impl == "onednn") {
     static auto reorder = find_op("mkldnn::_reorder_linear_weight", "")
@@ -392,15 +419,15 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::
                           c10::List<std::optional<at::Scalar>>, std::optional<c10::string_view>)>();
     int64_t m = a.size(0);
     at::Tensor weight = packed(b, "onednn" + std::to_string(m), [&] { return reorder.call(b.t(), m); });
-    return linear.call(a.contiguous(), weight, bias, unary, scalar_list(scalars, n), algorithm);
+    return linear.call(a.contiguous(), weight, bias, unary, scalars, algorithm);
   }
   at::Tensor weight = b;
   if (impl == "aten_kn") weight = packed(b, "kn", [&] { return b.contiguous(); });
   else if (impl == "aten_nk") weight = packed(b, "nk", [&] { return b.t().contiguous().t(); });
-  else TORCH_CHECK(impl == "aten", "kiln::mm: unknown implementation ", impl);
+  else TORCH_CHECK(impl == "aten", "kiln::mm: unknown implementation ", impl, " (aten, aten_kn, aten_nk, kiln, mkl, onednn)");
   // The CPU kernels directly: a wrapper's graph is functional and on the CPU, so the dispatcher's
   // autograd and view layers have nothing to do (~0.3 us a call at batch-1 sizes).
-  return unary_aten(bias ? at::cpu::addmm(*bias, a, weight) : at::cpu::mm(a, weight), unary, scalars, n, algorithm);
+  return unary_aten(bias ? at::cpu::addmm(*bias, a, weight) : at::cpu::mm(a, weight), unary, scalars, algorithm);
 }
 
 // ---- kiln::conv (2-d) -----------------------------------------------------------------------------
@@ -408,8 +435,8 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::
 // kiln's own kernel, for depthwise convolutions (weight [C, 1, KH, KW], groups = C), channels-last.
 at::Tensor conv_depthwise(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias_in,
                           const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
-                          const std::vector<int64_t>& dilation, const std::string& unary, const kiln_arg* scalars,
-                          int64_t n, const std::string& algorithm, const std::optional<at::Tensor>& other_in) {
+                          const std::vector<int64_t>& dilation, c10::string_view unary, const Scalars& scalars,
+                          c10::string_view algorithm, const std::optional<at::Tensor>& other_in) {
   TORCH_CHECK(x_in.scalar_type() == at::kFloat && weight.dim() == 4 && weight.size(1) == 1 && stride.size() == 2,
               "kiln::conv: kiln's kernel runs float32 2-d depthwise convolutions only");
   const int64_t C = weight.size(0), KH = weight.size(2), KW = weight.size(3);
@@ -430,7 +457,7 @@ at::Tensor conv_depthwise(const at::Tensor& x_in, const at::Tensor& weight, cons
   std::optional<at::Tensor> other, bias;
   if (other_in) other = other_in->contiguous(at::MemoryFormat::ChannelsLast);
   if (bias_in) bias = bias_in->contiguous();
-  KilnGemmEpilogue e = unary_epilogue(unary, algorithm, scalars, n);
+  KilnGemmEpilogue e = unary_epilogue(unary, algorithm, scalars);
   const int64_t shape[14] = {N, H, W, C, KH, KW, OH, OW, stride[0], stride[1], top, left, dilation[0], dilation[1]};
   kiln_depthwise_f32(shape, x.data_ptr<float>(), wp.data_ptr<float>(), bias ? bias->data_ptr<float>() : nullptr,
                      other ? other->data_ptr<float>() : nullptr, y.data_ptr<float>(), &e);
@@ -449,8 +476,8 @@ bool conv_is_gemm(const at::Tensor& weight, const std::vector<int64_t>& stride, 
 }
 
 at::Tensor conv_gemm(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias_in,
-                     const std::vector<int64_t>& stride, const std::string& unary, const kiln_arg* scalars, int64_t n,
-                     const std::string& algorithm, const std::optional<at::Tensor>& other_in, int64_t k_block) {
+                     const std::vector<int64_t>& stride, c10::string_view unary, const Scalars& scalars,
+                     c10::string_view algorithm, const std::optional<at::Tensor>& other_in) {
   const bool bf16 = weight.scalar_type() == at::kBFloat16;
   TORCH_CHECK(x_in.scalar_type() == weight.scalar_type() && (bf16 || weight.scalar_type() == at::kFloat),
               "kiln::conv: kiln's GEMM takes float32 or bfloat16 operands of one dtype");
@@ -466,7 +493,7 @@ at::Tensor conv_gemm(const at::Tensor& x_in, const at::Tensor& weight, const std
   std::optional<at::Tensor> other, bias;
   if (other_in) other = other_in->contiguous(at::MemoryFormat::ChannelsLast);
   if (bias_in) bias = bias_in->contiguous();
-  KilnGemmEpilogue e = unary_epilogue(unary, algorithm, scalars, n);
+  KilnGemmEpilogue e = unary_epilogue(unary, algorithm, scalars);
   e.bias = bias ? bias->data_ptr() : nullptr;
   e.bias_bf16 = bias && bias->scalar_type() == at::kBFloat16;
   e.residual = other ? other->data_ptr() : nullptr;
@@ -475,14 +502,22 @@ at::Tensor conv_gemm(const at::Tensor& x_in, const at::Tensor& weight, const std
   e.residual_before_unary = 1;
   e.out_bf16 = bf16;
   (bf16 ? kiln_gemm_bf16 : kiln_gemm_f32)(M, K, KH * KW * C, rows.data_ptr(), rows.stride(0), panels.data_ptr(),
-                                           y.data_ptr(), K, &e, k_block);
+                                           y.data_ptr(), K, &e, kiln_gemm_k_block());
   return y;
 }
 
-at::Tensor conv(at::Tensor x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups,
-                const std::string& unary, const kiln_arg* scalars, int64_t n, const std::string& algorithm,
-                const std::optional<at::Tensor>& other, const std::string& impl, int64_t k_block) {
+// kiln::conv (2-d): the implementation the autotuner chose (kiln/autotune/gemm.py), or the memory
+// plan's `onednn_into_other`, which writes over `other` (kiln/schedule/memory.py).
+at::Tensor conv(const at::Tensor& x_given, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                at::IntArrayRef stride_given, at::IntArrayRef padding_given, at::IntArrayRef dilation_given, int64_t groups,
+                c10::string_view unary, const Scalars& scalars, std::optional<c10::string_view> algorithm_or_none,
+                const std::optional<at::Tensor>& other, c10::string_view impl) {
+  TORCH_CHECK(stride_given.size() == 2 && dilation_given.size() == 2 && (padding_given.size() == 2 || padding_given.size() == 4),
+              "kiln::conv: 2-d convolutions only (stride, dilation of 2 entries; padding of 2 or 4), not stride ",
+              stride_given, ", padding ", padding_given, ", dilation ", dilation_given);
+  at::Tensor x_in = x_given;
+  std::vector<int64_t> stride = stride_given.vec(), padding = padding_given.vec(), dilation = dilation_given.vec();
+  const c10::string_view algorithm = algorithm_or_none.value_or("");
   // A padding of four entries, [top, left, bottom, right] (prepacked.py `symmetric`): kiln's
   // depthwise kernel pads inside its loops; the others read x padded by the difference first.
   const bool depthwise = weight.dim() == 4 && weight.size(1) == 1 && groups == weight.size(0);
@@ -491,7 +526,7 @@ at::Tensor conv(at::Tensor x_in, const at::Tensor& weight, const std::optional<a
     x_in = at::constant_pad_nd(x_in, {padding[1] - pw, padding[3] - pw, padding[0] - ph, padding[2] - ph}, 0);
     padding = {ph, pw};
   }
-  c10::IValue algorithm_or_none = algorithm.empty() ? c10::IValue() : c10::IValue(algorithm);
+  c10::IValue algorithm_ivalue = algorithm.empty() ? c10::IValue() : c10::IValue(std::string(algorithm));
   if (impl == "onednn" || impl == "onednn_into_other") {
     static auto reorder = find_op("mkldnn::_reorder_convolution_weight", "");
     static auto pointwise = find_op("mkldnn::_convolution_pointwise", "");
@@ -503,34 +538,39 @@ at::Tensor conv(at::Tensor x_in, const at::Tensor& weight, const std::optional<a
     at::Tensor blocked = packed(weight, kind, [&] {
       return call_boxed(reorder, {weight, padding, stride, dilation, groups, x.sizes().vec()});
     });
-    c10::IValue unary_or_none = unary == "none" ? c10::IValue() : c10::IValue(unary);
+    c10::IValue unary_or_none = unary == "none" ? c10::IValue() : c10::IValue(std::string(unary));
     if (impl == "onednn_into_other") {
       // Written over `other`, which the memory plan lets die here with the result's layout.
       return call_boxed(binary_into, {*other, x, blocked, bias, padding, stride, dilation, groups, std::string("add"),
-                                      at::Scalar(1.0), unary_or_none, scalar_list(scalars, n), algorithm_or_none});
+                                      at::Scalar(1.0), unary_or_none, scalars, algorithm_ivalue});
     }
     if (!other) {
-      return call_boxed(pointwise, {x, blocked, bias, padding, stride, dilation, groups, unary, scalar_list(scalars, n),
-                                    algorithm_or_none});
+      return call_boxed(pointwise, {x, blocked, bias, padding, stride, dilation, groups, std::string(unary), scalars,
+                                    algorithm_ivalue});
     }
     return call_boxed(binary, {x, other->contiguous(at::MemoryFormat::ChannelsLast), blocked, bias, padding, stride,
                                dilation, groups, std::string("add"), at::Scalar(1.0), unary_or_none,
-                               scalar_list(scalars, n), algorithm_or_none});
+                               scalars, algorithm_ivalue});
   }
+  TORCH_CHECK(impl != "kiln" || depthwise || conv_is_gemm(weight, stride, padding, dilation, groups),
+              "kiln::conv: kiln's kernels run depthwise convolutions and those of non-overlapping windows (1x1, or "
+              "stride = kernel, no padding) only, not weight ", weight.sizes(), " in ", groups, " groups, stride ", stride,
+              ", padding ", padding);
   if (impl == "kiln" && conv_is_gemm(weight, stride, padding, dilation, groups))
-    return conv_gemm(x_in, weight, bias, stride, unary, scalars, n, algorithm, other, k_block);
-  if (impl == "kiln") return conv_depthwise(x_in, weight, bias, stride, padding, dilation, unary, scalars, n, algorithm,
+    return conv_gemm(x_in, weight, bias, stride, unary, scalars, algorithm, other);
+  if (impl == "kiln") return conv_depthwise(x_in, weight, bias, stride, padding, dilation, unary, scalars, algorithm,
                                             other);
   at::Tensor x = x_in, w = weight;
   if (impl == "aten_channels_last") {
     x = x_in.contiguous(at::MemoryFormat::ChannelsLast);
     w = packed(weight, "channels_last", [&] { return weight.contiguous(at::MemoryFormat::ChannelsLast); });
   } else {
-    TORCH_CHECK(impl == "aten", "kiln::conv: unknown implementation ", impl);
+    TORCH_CHECK(impl == "aten", "kiln::conv: unknown implementation ", impl,
+                " (aten, aten_channels_last, kiln, onednn, onednn_into_other)");
   }
   at::Tensor y = at::convolution(x, w, bias, stride, padding, dilation, false, {0, 0}, groups);
   if (other) y = at::add(y, *other);
-  return unary_aten(y, unary, scalars, n, algorithm);
+  return unary_aten(y, unary, scalars, algorithm);
 }
 
 // ---- kiln::attention ------------------------------------------------------------------------------
@@ -641,6 +681,44 @@ template <>
 struct FromArg<bool> {
   static bool get(const kiln_arg& a) { return a.i != 0; }
 };
+template <>
+struct FromArg<c10::string_view> {
+  static c10::string_view get(const kiln_arg& a) {
+    TORCH_CHECK(a.kind == KILN_STRING && a.p, "kiln runtime: a string argument missing");
+    return c10::string_view(static_cast<const char*>(a.p));
+  }
+};
+template <>
+struct FromArg<std::optional<c10::string_view>> {
+  static std::optional<c10::string_view> get(const kiln_arg& a) {
+    return a.kind == KILN_NONE ? std::nullopt : std::optional<c10::string_view>(FromArg<c10::string_view>::get(a));
+  }
+};
+template <>
+struct FromArg<c10::ArrayRef<int64_t>> {  // (the values, which the call's IntArrayRef views)
+  static std::vector<int64_t> get(const kiln_arg& a) {
+    TORCH_CHECK(a.kind == KILN_LIST, "kiln runtime: an int[] argument missing");
+    const kiln_arg* items = static_cast<const kiln_arg*>(a.p);
+    std::vector<int64_t> values(a.n);
+    for (int64_t k = 0; k < a.n; ++k) values[k] = items[k].i;
+    return values;
+  }
+};
+template <>
+struct FromArg<Scalars> {
+  static Scalars get(const kiln_arg& a) {
+    TORCH_CHECK(a.kind == KILN_LIST, "kiln runtime: a Scalar?[] argument missing");
+    const kiln_arg* items = static_cast<const kiln_arg*>(a.p);
+    Scalars values;
+    values.reserve(a.n);
+    for (int64_t k = 0; k < a.n; ++k) {
+      if (items[k].kind == KILN_NONE) values.push_back(std::nullopt);
+      else if (items[k].kind == KILN_DOUBLE) values.push_back(at::Scalar(items[k].d));
+      else values.push_back(at::Scalar(items[k].i));
+    }
+    return values;
+  }
+};
 
 void put_results(at::Tensor t, kiln_tensor* outs, int64_t nouts, int64_t& k) {
   if (k < nouts) outs[k] = new_handle(std::move(t));
@@ -708,47 +786,21 @@ struct FoundOp {
 // kiln/externs/kiln_attention.py).
 KILN_OPERATOR(attention,
               "attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float scale, bool is_causal) -> Tensor")
+// a @ b + bias, then a post-op (oneDNN's names: kiln/externs/prepacked.py UNARY), by the
+// implementation `impl` (aten, aten_kn, aten_nk, kiln, mkl, onednn).
+KILN_OPERATOR(mm, "mm(Tensor a, Tensor b, Tensor? bias, str unary, Scalar?[] scalars, str? algorithm, str impl) -> Tensor")
+// The row norms in kiln's GEMM (kiln/passes/gemm_layer_norm.py).
+KILN_OPERATOR(mm_layer_norm, "mm_layer_norm(Tensor a, Tensor b, Tensor? bias, Tensor? residual, Tensor? weight, "
+                             "Tensor? norm_bias, float eps, bool rms=False) -> Tensor")
+KILN_OPERATOR(mm_add_layer_norm, "mm_add_layer_norm(Tensor a, Tensor b, Tensor? bias, Tensor? residual, Tensor? weight, "
+                                 "Tensor? norm_bias, float eps, bool rms=False) -> (Tensor, Tensor)")
+KILN_OPERATOR(mm_softmax, "mm_softmax(Tensor a, Tensor b, Tensor? bias, Tensor? residual, bool log=False) -> Tensor")
+// 2-d convolution, a post-op and an added tensor (`other`, before the post-op); `padding` as
+// ATen's or [top, left, bottom, right] (kiln/passes/conv_prepack.py).
+KILN_OPERATOR(conv, "conv(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, "
+                    "str unary, Scalar?[] scalars, str? algorithm, Tensor? other, str impl) -> Tensor")
 
 extern "C" {
-
-int kiln_conv(kiln_tensor x, kiln_tensor weight, kiln_tensor bias, const int64_t* stride, const int64_t* padding,
-              int64_t npadding, const int64_t* dilation, int64_t spatial, int64_t groups, const char* unary,
-              const kiln_arg* scalars, int64_t nscalars, const char* algorithm, kiln_tensor other, const char* impl,
-              int64_t k_block, kiln_tensor* out) {
-  return guarded([&] {
-    auto optional = [](kiln_tensor t) { return t ? std::optional<at::Tensor>(tensor_of(t)) : std::nullopt; };
-    std::vector<int64_t> s(stride, stride + spatial), p(padding, padding + npadding), d(dilation, dilation + spatial);
-    *out = new_handle(conv(tensor_of(x), tensor_of(weight), optional(bias), s, p, d, groups, unary, scalars, nscalars,
-                           algorithm ? algorithm : "", optional(other), impl, k_block));
-  });
-}
-
-int kiln_mm_row_norm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, kiln_tensor residual, kiln_tensor weight,
-                     kiln_tensor norm_bias, double eps, int32_t row_norm, int64_t k_block, kiln_tensor* out,
-                     kiln_tensor* sum) {
-  return guarded([&] {
-    auto optional = [](kiln_tensor t) { return t ? std::optional<at::Tensor>(tensor_of(t)) : std::nullopt; };
-    auto [first, normed] = mm_row_norm(tensor_of(a), tensor_of(b), optional(bias), optional(residual),
-                                       optional(weight), optional(norm_bias), eps, row_norm, k_block,
-                                       sum != nullptr);
-    if (sum) {
-      *sum = new_handle(std::move(first));
-      *out = new_handle(std::move(normed));
-    } else {
-      *out = new_handle(std::move(first));
-    }
-  });
-}
-
-int kiln_mm(kiln_tensor a, kiln_tensor b, kiln_tensor bias, const char* unary, const kiln_arg* scalars,
-            int64_t nscalars, const char* algorithm, const char* impl, int64_t k_block, kiln_tensor* out) {
-  return guarded([&] {
-    std::optional<at::Tensor> b_opt = bias ? std::optional<at::Tensor>(tensor_of(bias)) : std::nullopt;
-    *out = new_handle(mm(tensor_of(a), tensor_of(b), b_opt, unary, scalars, nscalars, algorithm ? algorithm : "",
-                         impl, k_block));
-  });
-}
-
 
 kiln_tensor kiln_empty_strided(int64_t ndim, const int64_t* sizes, const int64_t* strides, int32_t dtype) {
   // (a C++ wrapper runs on the CPU: its buffers are made without the dispatcher)
@@ -833,18 +885,20 @@ void kiln_drop_packs(kiln_tensor weight) {
 }
 
 int64_t kiln_packed_bytes(kiln_tensor weight) {
-  // As prepacked.py's packed_bytes counts them: every packed form held for this weight now, a
-  // dense form that turned out to be a view of the weight included (it holds no memory of its
-  // own: both sides over-count it alike, docs/limits.md).
+  // Every packed form held for this weight now, less those that are views of the weight's own
+  // memory (MKL's transposed view kept beside its pack; a dense form the weight already had).
   const at::Tensor& w = tensor_of(weight);
   std::lock_guard<std::mutex> lock(packs_mutex);
   int64_t bytes = 0;
   for (const auto& [key, pack] : packs) {
     if (key.first != w.unsafeGetTensorImpl() || pack.weight.expired() || pack.version != w._version()) continue;
+    if (pack.packed.has_storage() && w.has_storage() && pack.packed.storage().is_alias_of(w.storage())) continue;
     bytes += pack.packed.numel() * static_cast<int64_t>(pack.packed.element_size());
   }
   return bytes;
 }
+
+int kiln_vector_lanes(void) { return kiln_vec_lanes(); }
 
 const char* kiln_error(void) { return last_error.c_str(); }
 
