@@ -2,7 +2,7 @@
 polynomials, incomplete gamma) and the float helpers frexp, ldexp, nextafter and angle.
 
 Each special function is one protocol op whose C++ is kiln's own scalar code
-(native/include/kiln_special.h, in double); integer operands promote to float as in eager.
+(kiln/codegen/special_functions.py, in double); integer operands promote to float as in eager.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ NVIDIA's device math library (an external call of the GPU's code). kiln's Triton
 libdevice for every math function (kiln/codegen/triton/printer.py), so under the interpreter
 the module's `libdevice` is this stand-in: each function of libdevice's that kiln prints, by
 the same name, computed by torch's CPU implementation of the op (what eager computes), on the
-interpreter's arrays. On a GPU the real libdevice runs; the two agree to libdevice's documented
+interpreter's arrays; the special functions' stand-ins are named in their table
+(kiln/codegen/special_functions.py). On a GPU the real libdevice runs; the two agree to libdevice's documented
 accuracy, not bit for bit.
 """
 
@@ -16,6 +17,8 @@ from typing import Callable
 
 import numpy as np
 import torch
+
+from kiln.codegen.special_functions import libdevice_stand_ins
 
 
 def _as_tensor(x):
@@ -59,11 +62,10 @@ _FUNCTIONS = {
     "acos": torch.acos, "atan": torch.atan, "sinh": torch.sinh, "cosh": torch.cosh, "tanh": torch.tanh,
     "asinh": torch.asinh, "acosh": torch.acosh, "atanh": torch.atanh, "exp2": torch.exp2, "log2": torch.log2,
     "log10": torch.log10, "erf": torch.erf, "erfc": torch.erfc, "lgamma": torch.lgamma, "trunc": torch.trunc,
-    "floor": torch.floor, "ceil": torch.ceil, "nearbyint": torch.round, "erfinv": torch.erfinv,
-    "erfcx": torch.special.erfcx, "normcdfinv": torch.special.ndtri, "cyl_bessel_i0": torch.special.i0,
-    "cyl_bessel_i1": torch.special.i1, "j0": torch.special.bessel_j0, "j1": torch.special.bessel_j1,
-    "y0": torch.special.bessel_y0, "y1": torch.special.bessel_y1, "atan2": torch.atan2, "fmod": torch.fmod,
-    "hypot": torch.hypot, "copysign": torch.copysign, "nextafter": torch.nextafter, "pow": torch.pow,
+    "floor": torch.floor, "ceil": torch.ceil, "nearbyint": torch.round, "atan2": torch.atan2, "fmod": torch.fmod,
+    "hypot": torch.hypot, "copysign": torch.copysign, "pow": torch.pow,
+    # The special functions libdevice computes: the table names each beside its C++.
+    **libdevice_stand_ins(),
 }  # fmt: skip
 
 INTERPRETER_LIBDEVICE = SimpleNamespace(

@@ -1,4 +1,4 @@
-"""Special functions as kiln's own kernels (include/kiln_special.h): values against eager float32
+"""Special functions as kiln's own kernels (kiln/codegen/special_functions.py): values against eager float32
 over their interesting ranges (poles, zeros, tails, large arguments, NaN and infinities), and no
 ATen extern left for any of them. Many ops share a graph, so that few compilations cover them all."""
 

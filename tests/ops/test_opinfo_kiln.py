@@ -24,7 +24,7 @@ FORWARD_GENERATED = [
     "log", "sin", "tanh", "sigmoid", "rsqrt", "abs", "neg", "pow", "atan2", "maximum", "max.binary", "eq", "lt",
     "logical_and", "logical_not", "where", "masked_fill", "clamp", "addcmul", "lerp", "nn.functional.relu",
     "nn.functional.gelu", "nn.functional.silu", "nn.functional.hardtanh", "long", "bool",
-    # special functions (kiln_special.h)
+    # special functions (kiln/codegen/special_functions.py)
     "digamma", "polygamma.polygamma_n_1", "erfinv", "special.bessel_j0", "special.chebyshev_polynomial_t", "frexp",
     # reductions, normalizations, a loss
     "sum", "mean", "amax", "prod", "var", "any", "argmax", "max.reduction_with_dim", "logsumexp", "softmax", "norm",

@@ -13,7 +13,7 @@ import sympy
 import torch
 
 from kiln.codegen.index_printer import IndexSpelling, print_index
-from kiln.ir.ops import SPECIAL_FUNCTION_BINARY_OPS, SPECIAL_FUNCTION_UNARY_OPS
+from kiln.codegen.special_functions import SPECIAL_FUNCTIONS
 
 CTYPES = {
     torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
@@ -53,14 +53,9 @@ _BINARY = {
                            " : decltype({0})({0} >> ({1})))",
 }  # fmt: skip
 
-# The special functions of include/kiln_special.h compute in double; the result takes the value's
-# type back. frexp and nextafter work in the value's own type (their results depend on its bits).
-_UNARY.update({name: f"decltype({{0}})(kiln_{name}(double({{0}})))" for name in SPECIAL_FUNCTION_UNARY_OPS})
-_UNARY.update(frexp_mantissa="kiln_frexp_mantissa({0})", frexp_exponent="kiln_frexp_exponent({0})")
-_BINARY.update({name: f"decltype({{1}})(kiln_{name}(double({{0}}), double({{1}})))" for name in SPECIAL_FUNCTION_BINARY_OPS})
-_BINARY.update(nextafter="std::nextafter({0}, {1})")
-# polygamma takes x in its own type: float trigamma follows eager's float steps (kiln_special.h).
-_BINARY.update(polygamma="decltype({1})(kiln_polygamma(double({0}), {1}))")
+# The special functions: their C++ is kiln/codegen/special_functions.py's, beside their Triton.
+for _function in SPECIAL_FUNCTIONS.values():
+    (_UNARY if _function.arity == 1 else _BINARY)[_function.op] = _function.cpp_call
 _BINARY.update(rand="kiln_rand(int64_t({0}), int64_t({1}))")  # float32, include/kiln_scalar.h
 
 

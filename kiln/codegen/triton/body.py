@@ -138,6 +138,7 @@ class TritonBody:
     def polygamma(self, n: str, x: str) -> str:
         # A constant order: 0 and 1 are digamma and trigamma, higher ones the Hurwitz zeta function's
         # multiples (kiln_polygamma_n); an order that varies per element is not written in Triton.
+        # The helpers are polygamma's entry in kiln/codegen/special_functions.py.
         order = self.constants.get(n)
         if order in (0, 1):
             return self._emit(f"{'kiln_digamma' if order == 0 else 'kiln_trigamma'}({x})", self.value_dims(x))
@@ -190,5 +191,6 @@ class TritonBody:
 
 def unprintable_ops() -> frozenset[str]:
     """The `ops` TritonBody has no code for (special functions neither libdevice nor kiln's Triton
-    helpers have): the driver lowers Triton graphs without them, as extern calls to ATen."""
+    helpers have: NotInTriton in kiln/codegen/special_functions.py): the driver lowers Triton graphs
+    without them, as extern calls to ATen."""
     return frozenset(name for name in ALL_OPS if name not in UNARY and name not in BINARY and name not in vars(TritonBody))

@@ -21,6 +21,7 @@ import sympy
 import torch
 
 from kiln.codegen.index_printer import IndexSpelling, print_index
+from kiln.codegen.special_functions import SPECIAL_FUNCTIONS
 from kiln.codegen.value_rules import HALF_DTYPES
 
 TRITON_DTYPES = {
@@ -34,15 +35,6 @@ UNARY = {
     "sign": "kiln_sign({0})", "bitwise_not": "(~{0})",
     "sigmoid": "(1 / (1 + libdevice.exp(-{0})))", "reciprocal": "(1 / {0})",
     "round": "libdevice.nearbyint({0})", "signbit": "(libdevice.signbit({0}) != 0)",
-    # libdevice's names for the special functions it has
-    "erfinv": "libdevice.erfinv({0})", "erfcx": "libdevice.erfcx({0})", "ndtri": "libdevice.normcdfinv({0})",
-    "i0": "libdevice.cyl_bessel_i0({0})", "i1": "libdevice.cyl_bessel_i1({0})",
-    "bessel_j0": "libdevice.j0({0})", "bessel_j1": "libdevice.j1({0})",
-    "bessel_y0": "libdevice.y0({0})", "bessel_y1": "libdevice.y1({0})",
-    # the module's own (libdevice has none)
-    "digamma": "kiln_digamma({0})", "i0e": "kiln_i0e({0})", "i1e": "kiln_i1e({0})",
-    "spherical_bessel_j0": "kiln_spherical_bessel_j0({0})",
-    "frexp_mantissa": "kiln_frexp_mantissa({0})", "frexp_exponent": "kiln_frexp_exponent({0})",
 }  # fmt: skip
 # Ops that are libdevice's function of the same name.
 LIBDEVICE_UNARY = (
@@ -59,12 +51,16 @@ BINARY = {
     "logical_or": "(({0} != 0) | ({1} != 0))", "floordiv": "kiln_floordiv({0}, {1})",
     "remainder": "kiln_remainder({0}, {1})", "pow": "kiln_pow({0}, {1})", "atan2": "libdevice.atan2({0}, {1})",
     "fmod": "libdevice.fmod({0}, {1})", "hypot": "libdevice.hypot({0}, {1})",
-    "copysign": "libdevice.copysign({0}, {1})", "nextafter": "libdevice.nextafter({0}, {1})",
+    "copysign": "libdevice.copysign({0}, {1})",
     "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})",
     "bitwise_left_shift": "kiln_shift_left({0}, {1})", "bitwise_right_shift": "kiln_shift_right({0}, {1})",
     "rand": "kiln_rand({0}, {1})",  # float32, the module's Philox helper
-    "zeta": "kiln_zeta({0}, {1})",  # the module's own, in float64
 }  # fmt: skip
+# The special functions: libdevice's or the module's own, from kiln/codegen/special_functions.py
+# (polygamma is TritonBody's method; those the table has no Triton for stay unprintable).
+for _function in SPECIAL_FUNCTIONS.values():
+    if _function.triton_call is not None:
+        (UNARY if _function.arity == 1 else BINARY)[_function.op] = _function.triton_call
 
 
 # Triton's `//` and `%` round toward zero, as C's.
