@@ -302,9 +302,12 @@ def source_files(root: Path) -> list[Path]:
     sorted. Not a list of suffixes: one kept by suffix (.py and .h) left out the runtime's .cpp
     sources and its linker map, so a change to them reused graphs built against the old runtime;
     a new kind of source file is now counted without a change here."""
-    return sorted(path for path in root.rglob("*")
-                  if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo")
-                  and not any(part.startswith(".") for part in path.relative_to(root).parts))
+    def counted(path: Path) -> bool:
+        parts = path.relative_to(root).parts
+        return ("__pycache__" not in parts and path.suffix not in (".pyc", ".pyo")
+                and not any(part.startswith(".") for part in parts) and path.is_file())
+
+    return sorted(path for path in root.rglob("*") if counted(path))
 
 
 # The /proc/cpuinfo flags that decide which kernel is fastest: vector width and FMA, bfloat16 dot
