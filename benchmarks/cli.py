@@ -229,6 +229,7 @@ def run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         dtype=DTYPES[args.dtype] or "float32",
         batch=args.batch,
         jobs=args.jobs,
+        keep_freed_mb=config.runtime.keep_freed_mb,  # every case's process runs under it (runner._child_env)
     )
     run_one = functools.partial(run_in_subprocess, log_dir=Path(args.case_logs) if args.case_logs else None)
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)  # (a lease's limit: no case may outlive the run)

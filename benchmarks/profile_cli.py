@@ -54,7 +54,8 @@ def run_profile(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     if args.json:
         meta = report.run_metadata(task="inference, profiled", suite=args.suite if not args.models else "custom",
                                    threads=parse_threads(args.threads), iters=args.iters, warmup=args.warmup,
-                                   cache=args.cache, timeout_s=args.timeout)
+                                   cache=args.cache, timeout_s=args.timeout,
+                                   keep_freed_mb=config.runtime.keep_freed_mb)
         Path(args.json).write_text(json.dumps(report.json_report(results, meta), indent=1) + "\n")
     return 0 if all(r.status == "ok" and r.kernel_profile for r in results) else 1
 

@@ -252,7 +252,7 @@ def describe_run(meta: dict[str, Any]) -> str:
     return (
         f"{meta['task']} · suite {meta['suite']}{device}{dtype}{batch} · threads {threads} · {meta['iters']} iters after "
         f"{meta['warmup']} warm-up · {meta['cache']} cache{describe_jobs(meta)} · torch {meta['torch']}"
-        f"{' · kiln ' + meta['kiln_commit'] if meta.get('kiln_commit') else ''} · {describe_cpu(meta)}"
+        f"{' · kiln ' + meta['kiln_commit'] if meta.get('kiln_commit') else ''}{describe_malloc(meta)} · {describe_cpu(meta)}"
         f"{' · ' + meta['gpu'] if meta.get('gpu') else ''} · {meta['date']}"
         f"{' · PARTIAL: ' + meta['finished'] if meta.get('finished') else ''}"
     )
@@ -265,6 +265,18 @@ def describe_jobs(meta: dict[str, Any]) -> str:
         return ""
     timing = "timed one at a time on the GPU" if meta.get("device") == "cuda" else "timed side by side too"
     return (f" · {jobs} cases at once (compile times inflated by the CPUs they shared; calls {timing})")
+
+
+def describe_malloc(meta: dict[str, Any]) -> str:
+    """" · malloc left alone", or the MiB of freed heap glibc's malloc kept in every case's process
+    (`runtime.keep_freed_mb`, applied to every mode alike); nothing for runs saved before the field,
+    when kiln's processes alone set it."""
+    keep_mb = meta.get("keep_freed_mb")
+    if keep_mb is None:
+        return ""
+    if keep_mb <= 0:
+        return " · malloc left alone"
+    return f" · malloc keeps {keep_mb} MiB of freed heap in every case's process (runtime.keep_freed_mb)"
 
 
 def describe_cpu(meta: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator, TextIO
 
-from kiln import logs
+from kiln import config, logs
 from benchmarks import timing_lock
 from benchmarks.modes import MODES
 from benchmarks.results import Case, Result
@@ -34,6 +34,9 @@ def _tail(path: Path, lines: int = 1) -> str:
 def _child_env(threads: int, cache_root: Path | None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    # The malloc setting this run states in its header (run_metadata's keep_freed_mb), in every
+    # case's process whatever its mode: the worker applies it before anything runs (worker.py).
+    env["KILN_KEEP_FREED_MB"] = str(config.runtime.keep_freed_mb)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [str(Path(__file__).parents[2]), env.get("PYTHONPATH")] if p)
     if cache_root is not None:
         # A cold cache per case: compile time is what a first-ever compilation costs.

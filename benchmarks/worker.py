@@ -2,7 +2,9 @@
 
 Builds the model twice from the same seed (an eager copy and one to compile), checks the compiled
 result against eager with the tolerance rule of `accuracy.py`, then times eager and compiled calls
-interleaved in this same process, so both see the same machine state.
+interleaved in this same process, so both see the same machine state: glibc's malloc thresholds
+included, which the case sets before anything runs where `runtime.keep_freed_mb` asks
+(`Result.malloc` says what was done).
 
 On `--device cuda` both copies and the inputs live on the GPU, every timed call is timed by CUDA
 events recorded around it on the current stream (a CUDA call returns before its kernels finish),
@@ -31,6 +33,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from kiln.runtime import heap
 from benchmarks import timing_lock
 from benchmarks.accuracy import Verdict, compare, flatten_tensors, relative_error
 from benchmarks.models import MODELS
@@ -203,6 +206,11 @@ def run_case(case: Case, checkpoint: Callable[[Result], None] = lambda result: N
     result = Result(case=case, status="ok")
     start = time.perf_counter()
     torch.set_num_threads(case.threads)
+    # glibc's malloc thresholds are the whole process's: set here, before anything runs, where
+    # runtime.keep_freed_mb asks (kiln/runtime/heap.py), they apply to eager's calls, the mode's
+    # and the peer's alike, and to every mode's cases, not only to those kiln compiles in.
+    heap.keep_freed_memory()
+    result.malloc = heap.describe()
     try:
         _measure(case, result, checkpoint)
     except PhaseError as e:

@@ -395,10 +395,11 @@ class RuntimeSettings(_Group):
     """How compiled graphs run."""
 
     keep_freed_mb: int = setting(
-        256,
+        0,
         env="KILN_KEEP_FREED_MB",
-        help="MiB of freed heap glibc's malloc keeps for the next call instead of returning it (set once "
-        "per process by the first compiled graph, kiln/runtime/heap.py); 0 leaves malloc alone",
+        help="MiB of freed heap glibc's malloc keeps for the next call instead of returning it; 0 (the default) "
+        "leaves malloc alone. Set, it changes malloc for the whole process, eager code included (once, at the "
+        "first compiled graph, kiln/runtime/heap.py)",
     )
 
 

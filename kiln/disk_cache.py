@@ -14,6 +14,10 @@ current user and writable by no one else, and no folder above it may be writable
 unless it is sticky (as /tmp is). An unsafe directory is refused with a warning that names it and
 the fix, and this process caches into a private temporary directory instead. Folders kiln creates
 get mode 0o700.
+
+What keys are made of, where more than one cache needs it, is here too: `kiln_fingerprint` (every
+file of kiln's source) and `cpu_identity` (the CPU, in every entry that holds a machine's
+decisions).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import fcntl
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import stat
 import tempfile
@@ -31,6 +36,8 @@ import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+
+import torch
 
 from kiln import config, logs, remote_cache
 
@@ -267,13 +274,82 @@ def _offer_remote(path: Path, data: bytes) -> None:
         tier.put(_remote_name(path), data)
 
 
+# --- what keys are made of --------------------------------------------------------------------
+# An entry is used only where what produced it is the same: kiln's own source (every key of a
+# compiled graph) and, in every entry that holds a machine's decisions (autotuning answers, the
+# AOT graphs that carry them), the CPU. The remote tier (kiln/remote_cache.py) stores entries under
+# these same keys, so a machine never reads another kind of machine's decisions from it.
+
+
 @functools.cache
 def kiln_fingerprint() -> str:
-    """A hash of kiln's own source: any change to the compiler invalidates what it cached."""
-    root = Path(__file__).resolve().parent  # the kiln package
+    """A hash of kiln's own source: any change to the compiler, its runtime's C++ included,
+    invalidates what it cached."""
+    return fingerprint(Path(__file__).resolve().parent)  # the kiln package
+
+
+def fingerprint(root: Path) -> str:
+    """A hash of the names and contents of `source_files(root)`."""
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        if path.suffix in (".py", ".h") and "bench" not in path.parts:
-            h.update(str(path.relative_to(root)).encode())
-            h.update(path.read_bytes())
+    for path in source_files(root):
+        h.update(str(path.relative_to(root)).encode() + b"\0")
+        h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()
+
+
+def source_files(root: Path) -> list[Path]:
+    """Every file under `root` but Python's bytecode and hidden files (an editor's swap files),
+    sorted. Not a list of suffixes: one kept by suffix (.py and .h) left out the runtime's .cpp
+    sources and its linker map, so a change to them reused graphs built against the old runtime;
+    a new kind of source file is now counted without a change here."""
+    def counted(path: Path) -> bool:
+        parts = path.relative_to(root).parts
+        return ("__pycache__" not in parts and path.suffix not in (".pyc", ".pyo")
+                and not any(part.startswith(".") for part in parts) and path.is_file())
+
+    return sorted(path for path in root.rglob("*") if counted(path))
+
+
+# The /proc/cpuinfo flags that decide which kernel is fastest: vector width and FMA, bfloat16 dot
+# products and matrix units on x86; NEON, SVE and bfloat16 on aarch64. Two CPUs sold under one
+# model string (a cloud's "Intel Xeon Processor", with or without AMX) must not share answers.
+ISA_FLAGS = ("fma", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "asimd", "sve", "sve2", "bf16")
+
+# Lines naming the CPU: x86's model name, and its family and model numbers (clouds sell several
+# generations as "Intel(R) Xeon(R) Processor"); aarch64 has no name, only implementer and part.
+_MODEL_FIELDS = ("model name", "vendor_id", "cpu family", "model", "CPU implementer", "CPU part", "CPU variant")
+
+
+def _cpuinfo() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return info.read()
+    except OSError:
+        return ""
+
+
+def cpu_description(cpuinfo: str) -> str:
+    """The CPU's model and speed-deciding ISA flags from /proc/cpuinfo text (the first processor's
+    line of each field: they are all alike).
+
+        cpu_description(open("/proc/cpuinfo").read())
+        # "Intel(R) Xeon(R) Processor GenuineIntel 6 167|fma avx2 avx512f avx512_bf16 amx_bf16 amx_tile"
+    """
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        name, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(name.strip(), value.strip())
+    model = " ".join(fields[f] for f in _MODEL_FIELDS if f in fields) or platform.processor()
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    return f"{model}|{' '.join(f for f in ISA_FLAGS if f in flags)}"
+
+
+@functools.cache
+def cpu_identity() -> str:
+    """This CPU as the keys of entries holding a machine's decisions name it: its model and ISA
+    flags (`cpu_description`) and the kernels ATen dispatches to here (torch's CPU capability,
+    which `ATEN_CPU_CAPABILITY` can lower), which decide what the autotuner measures.
+    (C++ libraries are keyed by what `-march=native` resolves to instead, kiln/native/build.py:
+    a library depends on the compiler's view of the CPU, not on its name.)"""
+    return f"{cpu_description(_cpuinfo())}|{torch.backends.cpu.get_cpu_capability()}"

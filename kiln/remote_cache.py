@@ -10,9 +10,12 @@ entry (a build that succeeded), offers it the entry. What the tier stores is con
 
 A read takes the index, then the blob, and keeps the blob only when its SHA-256 is the one the
 index names and its length matches: a torn, truncated or overwritten blob is a miss, rebuilt
-locally and reported (a warning, once per entry). The names are the local cache's own (their
-keys already cover kiln's source, torch's version, the compiler and the CPU), so a machine only
-ever reads what a machine of its kind wrote under the same key.
+locally and reported (a warning, once per entry). The names are the local cache's own, and
+their keys name what the entry depends on (kiln/disk_cache.py): C++ libraries their sources, the
+compiler and what `-march=native` resolves to; compiled graphs kiln's source (every file of it)
+and torch's version; every entry that holds a machine's decisions -- autotuning answers, the
+compiled graphs that carry them -- the CPU's model and ISA (`disk_cache.cpu_identity`) and the
+thread count. So a machine only ever reads what a machine of its kind wrote under the same key.
 
 The cache holds shared libraries kiln loads, so whoever can write to the Redis server can run
 code in every process that reads from it. With `KILN_REMOTE_CACHE_SECRET` set (the same value on

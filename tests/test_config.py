@@ -76,7 +76,7 @@ def test_defaults():
         "capture.recompile_limit": 8,
         "capture.inline_depth": 64,
         "capture.warn_eager_frames": True,
-        "runtime.keep_freed_mb": 256,
+        "runtime.keep_freed_mb": 0,
         "bench.timeout_s": 900.0,
         "bench.iters": 20,
         "bench.warmup": 3,

@@ -4,10 +4,12 @@ layouts skips tracing, partitioning and compiling, and loads what the first one 
 Only graph compilers that can save and restore what they build take part (`SavingGraphCompiler`
 in kiln/aot/compile.py, which kiln's backend driver is).
 The key covers the graph's code, every input's and lifted parameter's layout and requires_grad,
-the values of tensor constants, grad mode, CPU autocast and the default dtype, the options, and the versions of torch and of kiln's
-own source. A graph with symbolic sizes is keyed by its inputs' symbolic layouts and the shape
-environment's guards, replacements and ranges, so one entry serves every size; graphs handed
-fake inputs are not cached.
+the values of tensor constants, grad mode, CPU autocast and the default dtype, the options, the
+machine (the CPU's model and ISA, `disk_cache.cpu_identity`, and torch's thread count: a graph
+carries the autotuner's answers for them), and the versions of torch and of kiln's own source
+(every file of it, the runtime's C++ included). A graph with symbolic sizes is keyed by its
+inputs' symbolic layouts and the shape environment's guards, replacements and ranges, so one
+entry serves every size; graphs handed fake inputs are not cached.
 """
 
 from __future__ import annotations
@@ -107,7 +109,12 @@ def cache_key(gm: fx.GraphModule, example_inputs: Sequence[Any], lifted: dict[st
     # autocast run had stored.)
     ambient = repr((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
                     torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"), torch.get_default_dtype()))
-    parts = [gm.code, *lifted, *described, repr(training), repr(options), ambient, torch.__version__, disk_cache.kiln_fingerprint()]
+    # The machine's decisions the compiled graph carries: the autotuner's answers, measured on this
+    # CPU at this thread count, and the kernels chosen for its ISA. (Shared through the remote
+    # tier, an entry would otherwise bring one machine's choices to another.)
+    machine = repr((disk_cache.cpu_identity(), torch.get_num_threads()))
+    parts = [gm.code, *lifted, *described, repr(training), repr(options), ambient, machine, torch.__version__,
+             disk_cache.kiln_fingerprint()]
     h = hashlib.sha256("\0".join(parts).encode())
     h.update(_constants(gm, set(lifted)))
     return h.hexdigest()

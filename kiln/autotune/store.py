@@ -3,10 +3,10 @@
 or edited file reads as a miss and is measured again.
 
 A question's key names everything that decides its answer: the op, shapes and dtypes, the
-candidate names, the thread count, the CPU (its model, the ISA extensions GEMM speed turns on, and
-torch's CPU capability) and the torch version; where one of the candidates is kiln's own kernel,
-also a digest of those kernels' source (a faster kiln GEMM must be timed again, not lose to its
-older self's answers). Not the rest of kiln's source: a change to the compiler does not change
+candidate names, the thread count, the CPU (`disk_cache.cpu_identity`: its model, the ISA
+extensions GEMM speed turns on, and torch's CPU capability) and the torch version; where one of
+the candidates is kiln's own kernel, also a digest of those kernels' source (a faster kiln GEMM
+must be timed again, not lose to its older self's answers). Not the rest of kiln's source: a change to the compiler does not change
 which library call is fastest.
 """
 
@@ -15,53 +15,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import platform
 from typing import Any
 
 import torch
 
 from kiln import disk_cache
 from kiln.externs import kiln_gemm  # its one translation unit holds all of kiln's CPU kernels
-
-
-# The /proc/cpuinfo flags that decide which GEMM is fastest: vector width and FMA, bfloat16 dot
-# products and matrix units on x86; NEON, SVE and bfloat16 on aarch64. Two CPUs sold under one
-# model string (a cloud's "Intel Xeon Processor", with or without AMX) must not share answers.
-ISA_FLAGS = ("fma", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "asimd", "sve", "sve2", "bf16")
-
-# Lines naming the CPU: x86's model name, and its family and model numbers (clouds sell several
-# generations as "Intel(R) Xeon(R) Processor"); aarch64 has no name, only implementer and part.
-_MODEL_FIELDS = ("model name", "vendor_id", "cpu family", "model", "CPU implementer", "CPU part", "CPU variant")
-
-
-def _cpuinfo() -> str:
-    try:
-        with open("/proc/cpuinfo") as info:
-            return info.read()
-    except OSError:
-        return ""
-
-
-def cpu_description(cpuinfo: str) -> str:
-    """The CPU's model and GEMM-relevant ISA flags from /proc/cpuinfo text (the first processor's
-    line of each field: they are all alike).
-
-        cpu_description(open("/proc/cpuinfo").read())
-        # "Intel(R) Xeon(R) Processor GenuineIntel 6 167|fma avx2 avx512f avx512_bf16 amx_bf16 amx_tile"
-    """
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        name, sep, value = line.partition(":")
-        if sep:
-            fields.setdefault(name.strip(), value.strip())
-    model = " ".join(fields[f] for f in _MODEL_FIELDS if f in fields) or platform.processor()
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
-    return f"{model}|{' '.join(f for f in ISA_FLAGS if f in flags)}"
-
-
-@functools.cache
-def _machine() -> str:
-    return f"{cpu_description(_cpuinfo())}|{torch.__version__}|{torch.backends.cpu.get_cpu_capability()}"
 
 
 # How questions are measured; a change that makes older answers wrong (weights cycled through
@@ -77,7 +36,8 @@ def _kiln_kernels() -> str:
 
 def question_key(op: str, signature: Any, candidates: list[str]) -> str:
     kernels = _kiln_kernels() if any(name.startswith("kiln") for name in candidates) else ""
-    text = json.dumps([op, repr(signature), sorted(candidates), torch.get_num_threads(), _machine(), METHOD, kernels])
+    text = json.dumps([op, repr(signature), sorted(candidates), torch.get_num_threads(), disk_cache.cpu_identity(),
+                       torch.__version__, METHOD, kernels])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

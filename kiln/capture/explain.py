@@ -17,6 +17,7 @@ from kiln import config
 from kiln.capture.api import capture
 from kiln.capture.break_records import BreakRecord
 from kiln.capture.cache import OBSERVERS
+from kiln.runtime import heap
 
 
 @dataclass
@@ -38,6 +39,9 @@ class ExplainReport:
     breaks: list[BreakRecord] = field(default_factory=list)  # graph breaks and frames run eagerly
     recompiles: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the user should know beyond the graphs
+    # What kiln does to glibc's malloc in this process (runtime.keep_freed_mb, kiln/runtime/heap.py):
+    # a process-wide change the user asked for, or none.
+    malloc: str = ""
 
     @property
     def graph_count(self) -> int:
@@ -67,6 +71,8 @@ class ExplainReport:
         if self.notes:
             lines.append("\nNotes:")
             lines += [f"  - {note}" for note in self.notes]
+        if self.malloc:
+            lines.append(f"\nmalloc: {self.malloc}")
         return "\n".join(lines)
 
 
@@ -98,7 +104,8 @@ def _observer(report: ExplainReport) -> Callable[[str, Any, Any], None]:
 def explain(fn: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     """Capture `fn(*args, **kwargs)` with kiln, run it once, and return (and print) what happened:
     the graphs and the ops in each, every graph break with its kind, the user's file:line, an
-    explanation and a hint, the guards of each graph, and recompiles.
+    explanation and a hint, the guards of each graph, recompiles, and what kiln does to glibc's
+    malloc in this process (`runtime.keep_freed_mb`: left alone unless asked for).
 
     Example::
 
@@ -118,6 +125,7 @@ def explain(fn: Any, *args: Any, **kwargs: Any) -> ExplainReport:
         OBSERVERS.remove(observer)
     if isinstance(fn, torch.nn.Module) and config.backend.freezing and next(_state(fn), None) is not None:
         report.notes.append(FROZEN_WRITES)
+    report.malloc = heap.describe()
     print(report)
     return report
 

@@ -207,7 +207,7 @@ class CompiledGraph:
         self._bound = dict(scope)  # the wrapper's globals before it runs, for `instrumented`
         exec(compile(artifact.python, "<kiln wrapper>", "exec"), scope)
         self.call = scope["call"] if artifact.cpp_wrapper is None else _cpp_call(library, artifact.num_outputs)
-        keep_freed_memory()  # once per process: the next call finds its buffers' memory resident
+        keep_freed_memory()  # where runtime.keep_freed_mb asks: the next call finds its buffers' memory resident
         LIVE.add(self)
 
     def instrumented(self, wrap: Callable[[str, Any], Any]) -> Callable:

@@ -1,14 +1,17 @@
 """The AOT graph cache: a second compile of the same graph loads what the first built; a changed
-input layout or grad mode misses; a corrupted entry is rebuilt, never loaded."""
+input layout or grad mode, another CPU or thread count, a change to kiln's source miss; a
+corrupted entry is rebuilt, never loaded."""
 
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import fx
 
 import kiln
-from kiln import aot
+from kiln import aot, disk_cache
 from kiln.backend import Backend
 
 
@@ -90,6 +93,52 @@ def test_a_graph_traced_under_autocast_is_another_entry(traces):
     assert fp32[0].dtype == torch.float32 and bf16[0].dtype == expected[0].dtype == torch.bfloat16
     assert not torch.equal(bf16[0].float(), fp32[0])  # the linear ran in bfloat16
     torch.testing.assert_close(bf16[0], expected[0], rtol=2e-2, atol=2e-2)
+
+
+def test_an_entry_written_under_one_cpu_is_not_used_under_another(traces, monkeypatch):
+    # A graph carries its machine's autotuning answers and kernel choices: another CPU builds its own.
+    x = torch.randn(4, 8)
+    module = Block().eval()
+    with torch.no_grad():
+        compile_block(x, module)(x)
+        monkeypatch.setattr(disk_cache, "cpu_identity", lambda: "Another CPU AuthenticAMD 25 17|fma avx2|AVX2")
+        out = compile_block(x, module)(x)
+        assert traces["n"] == 2
+        compile_block(x, module)(x)  # that CPU's own entry serves it
+    assert traces["n"] == 2
+    torch.testing.assert_close(out, module(x))
+
+
+def test_an_entry_written_at_one_thread_count_is_not_used_at_another(traces):
+    # The autotuner's answers in a graph were measured at the thread count it was compiled under.
+    x = torch.randn(4, 8)
+    module = Block().eval()
+    before = torch.get_num_threads()
+    try:
+        with torch.no_grad():
+            torch.set_num_threads(1)
+            compile_block(x, module)(x)
+            torch.set_num_threads(2)
+            compile_block(x, module)(x)
+    finally:
+        torch.set_num_threads(before)
+    assert traces["n"] == 2
+
+
+def test_a_change_to_the_runtimes_cpp_source_misses(traces, monkeypatch, tmp_path):
+    # The graphs call into kiln's runtime: one built against another runtime source is not loaded.
+    x = torch.randn(4, 8)
+    module = Block().eval()
+    package = Path(kiln.__file__).parent
+    copy = tmp_path / "kiln"
+    shutil.copytree(package / "native", copy / "native", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(disk_cache, "kiln_fingerprint", lambda: disk_cache.fingerprint(copy))
+    with torch.no_grad():
+        compile_block(x, module)(x)
+        source = copy / "native" / "src" / "kiln_runtime.cpp"
+        source.write_text(source.read_text() + "\n// changed\n")
+        compile_block(x, module)(x)
+    assert traces["n"] == 2
 
 
 def test_a_corrupted_entry_is_rebuilt(traces, private_cache):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import kiln
+from kiln import disk_cache
 from kiln.autotune import gemm, store
 from kiln.autotune.choose import _MEMORY, clear_memory
 from kiln.externs.prepacked import MM_IMPLS
@@ -102,15 +103,15 @@ def test_the_key_names_the_isa_flags(monkeypatch):
     keys = []
     try:
         for extra in ("", "avx512_bf16", "avx512_bf16 amx_bf16 amx_tile", "avx512_bf16 amx_bf16 amx_tile sha_ni"):
-            monkeypatch.setattr(store, "_cpuinfo", lambda extra=extra: _CPUINFO.format(extra=extra))
-            store._machine.cache_clear()
+            monkeypatch.setattr(disk_cache, "_cpuinfo", lambda extra=extra: _CPUINFO.format(extra=extra))
+            disk_cache.cpu_identity.cache_clear()
             keys.append(store.question_key("mm", (1, 2), ["a", "b"]))
     finally:
-        store._machine.cache_clear()
+        disk_cache.cpu_identity.cache_clear()
     assert len(set(keys[:3])) == 3  # one model name, three ISAs: three keys
     assert keys[3] == keys[2]  # a flag that does not decide GEMM speed changes nothing
 
 
 def test_the_cpu_description_reads_aarch64_cpuinfo():
     text = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n"
-    assert store.cpu_description(text) == "0x41 0xd40|asimd sve bf16"
+    assert disk_cache.cpu_description(text) == "0x41 0xd40|asimd sve bf16"

@@ -7,6 +7,8 @@ import sys
 import matplotlib.image
 import pytest
 
+import kiln
+from kiln.runtime import heap
 from benchmarks.results import Case
 from benchmarks.runner import run_in_subprocess
 
@@ -36,6 +38,18 @@ def test_every_mode_is_reported(run):
     assert kiln["graphs"] == 1 and kiln["graph_breaks"] == 0 and kiln["fallbacks"] == 0
     assert data["meta"]["threads"] == [1] and data["meta"]["torch"]
     assert "[3/3] mlp · kiln · 1 thread:" in proc.stderr
+
+
+def test_every_cases_process_runs_under_the_runs_malloc_setting():
+    # An eager case's process as much as a kiln one's, from its start: glibc's thresholds are the
+    # whole process's, so a comparison is equal only when every side runs under the same ones.
+    case = Case("mlp", "eager", 1, iters=1, warmup=0)
+    assert run_in_subprocess(case, 600).malloc.startswith("left alone (runtime.keep_freed_mb = 0")
+    if heap._glibc_mallopt() is None:
+        return
+    with kiln.config.patch({"runtime.keep_freed_mb": 64}):
+        result = run_in_subprocess(case, 600)
+    assert result.status == "ok" and "up to 64 MiB of freed heap kept" in result.malloc
 
 
 def test_an_impossible_mode_is_not_available(tmp_path):

@@ -81,6 +81,15 @@ def test_the_run_header_names_the_cpus_vector_extensions():
     assert describe_run(META).endswith("cpu (2 cores) · today")  # runs saved before the field existed
 
 
+def test_the_run_header_states_the_malloc_setting_every_case_ran_under():
+    from benchmarks.report import describe_run
+
+    assert " · malloc left alone · " in describe_run({**META, "keep_freed_mb": 0})
+    assert (" · malloc keeps 256 MiB of freed heap in every case's process (runtime.keep_freed_mb) · "
+            in describe_run({**META, "keep_freed_mb": 256}))
+    assert "malloc" not in describe_run(META)  # runs saved before the field
+
+
 def test_reports_name_the_cpu_its_flags_and_cores():
     meta = {**META, "cpu": "Intel(R) Xeon(R) Platinum 8480+", "cores": 4, "isa": ["fma", "avx512f", "amx_tile"]}
     for report in (text_report(RESULTS, meta), markdown_report(RESULTS, meta)):

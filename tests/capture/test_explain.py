@@ -65,3 +65,16 @@ def test_explain_lists_the_frozen_weight_writes_kiln_cannot_see(capsys):
     with kiln.config.patch({"backend.freezing": False}):
         assert kiln.explain(model, torch.randn(2, 4)).notes == []
     assert kiln.explain(lambda x: x + 1, torch.randn(2)).notes == []
+
+
+def test_explain_says_what_kiln_does_to_malloc(capsys, monkeypatch):
+    from kiln.runtime import heap
+
+    monkeypatch.setattr(heap, "_decision", None)  # (as in a process that has run no compiled graph)
+    report = kiln.explain(two_graphs, torch.randn(3))
+    assert report.malloc.startswith("left alone (runtime.keep_freed_mb = 0, the default")
+    assert "malloc: left alone" in capsys.readouterr().out
+    monkeypatch.setattr(heap, "_decision", heap.Decision(True, 64, "set"))
+    with kiln.config.patch({"runtime.keep_freed_mb": 64}):
+        report = kiln.explain(two_graphs, torch.randn(3))
+    assert "up to 64 MiB of freed heap kept (runtime.keep_freed_mb = 64)" in report.malloc

@@ -111,6 +111,41 @@ def test_a_second_process_with_an_empty_disk_cache_compiles_nothing(tmp_path, re
     assert any((tmp_path / "second" / "cpp").rglob("*.so"))  # written to the local tier as it was read
 
 
+def test_a_machine_reads_only_graphs_written_under_its_own_cpu(tmp_path, redis_url, monkeypatch):
+    # A compiled graph carries its machine's autotuning answers: the tier shares it between
+    # machines of one CPU (its key names the CPU, kiln/aot/cache.py), never across CPUs.
+    import torch
+    from torch import fx
+
+    from kiln import aot
+    from kiln.aot import cache as aot_cache
+    from kiln.backend import Backend
+
+    monkeypatch.setattr(disk_cache.config.cache, "remote", redis_url + "/3")
+    remote_cache._TIERS.clear()
+    loaded = []
+    real_load = aot_cache.load
+    monkeypatch.setattr(aot_cache, "load", lambda key: loaded.append(real_load(key) is not None) or real_load(key))
+    module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval()
+    x = torch.randn(4, 8)
+
+    def compile_on(cpu: str, local: str) -> None:
+        """A process of a machine with CPU `cpu` and an empty disk cache compiles the module."""
+        monkeypatch.setattr(disk_cache, "cpu_identity", lambda: cpu)
+        monkeypatch.setattr(disk_cache.config.cache, "dir", str(tmp_path / local))
+        with torch.no_grad():
+            compiled = aot.compile(fx.symbolic_trace(module), [x], Backend(), options=aot.AotOptions(cache=True))
+            torch.testing.assert_close(compiled(x), module(x))
+
+    try:
+        compile_on("CPU A|fma avx2 avx512f|AVX512", "a")
+        compile_on("CPU B|fma avx2|AVX2", "b")  # A's graph is on the server: not for B
+        compile_on("CPU A|fma avx2 avx512f|AVX512", "another a")  # another machine of A's kind: from the server
+    finally:
+        remote_cache._TIERS.clear()
+    assert loaded == [False, False, True]
+
+
 def test_a_corrupt_or_unsigned_entry_is_rebuilt_and_reported(tmp_path, redis_url, monkeypatch):
     url = redis_url + "/2"
     monkeypatch.setattr(disk_cache.config.cache, "dir", str(tmp_path / "local"))
