@@ -79,7 +79,7 @@ class Result:
     waits: float | None = None  # on cuda: host waits for the GPU per call
     peer_launches: float | None = None
     peer_waits: float | None = None
-    malloc: str | None = None  # what the case's process did to glibc's malloc (kiln/runtime/heap.py describe())
+    malloc: str | None = None  # what the case's process did to glibc's malloc (kiln/heap.py describe())
 
     @property
     def versus_peer(self) -> float | None:

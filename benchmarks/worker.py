@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from kiln.runtime import heap
+from kiln import heap
 from benchmarks import timing_lock
 from benchmarks.accuracy import Verdict, compare, flatten_tensors, relative_error
 from benchmarks.models import MODELS
@@ -207,7 +207,7 @@ def run_case(case: Case, checkpoint: Callable[[Result], None] = lambda result: N
     start = time.perf_counter()
     torch.set_num_threads(case.threads)
     # glibc's malloc thresholds are the whole process's: set here, before anything runs, where
-    # runtime.keep_freed_mb asks (kiln/runtime/heap.py), they apply to eager's calls, the mode's
+    # runtime.keep_freed_mb asks (kiln/heap.py), they apply to eager's calls, the mode's
     # and the peer's alike, and to every mode's cases, not only to those kiln compiles in.
     heap.keep_freed_memory()
     result.malloc = heap.describe()

@@ -399,7 +399,7 @@ class RuntimeSettings(_Group):
         env="KILN_KEEP_FREED_MB",
         help="MiB of freed heap glibc's malloc keeps for the next call instead of returning it; 0 (the default) "
         "leaves malloc alone. Set, it changes malloc for the whole process, eager code included (once, at the "
-        "first compiled graph, kiln/runtime/heap.py)",
+        "first compiled graph, kiln/heap.py)",
     )
 
 

@@ -24,7 +24,7 @@ import kiln
 
 ROOT = Path(kiln.__file__).parent
 STAGES = ["capture", "aot", "passes", "lowering", "schedule", "codegen", "runtime"]
-SHARED = ["ir", "config", "logs", "compile_time", "disk_cache", "remote_cache", "native", "externs", "autotune"]
+SHARED = ["ir", "config", "logs", "compile_time", "disk_cache", "remote_cache", "heap", "native", "externs", "autotune"]
 DOORS = ["backend", "api", "integrations", "cli", "deploy"]  # they assemble stages; nothing inside imports them
 # What native/ still imports of externs/ (the kernels' unit source and constants): docs/native.md.
 NATIVE_FROM_EXTERNS = {"kiln.externs.kiln_gemm"}

@@ -17,7 +17,7 @@ from kiln import config
 from kiln.capture.api import capture
 from kiln.capture.break_records import BreakRecord
 from kiln.capture.cache import OBSERVERS
-from kiln.runtime import heap
+from kiln import heap
 
 
 @dataclass
@@ -39,7 +39,7 @@ class ExplainReport:
     breaks: list[BreakRecord] = field(default_factory=list)  # graph breaks and frames run eagerly
     recompiles: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the user should know beyond the graphs
-    # What kiln does to glibc's malloc in this process (runtime.keep_freed_mb, kiln/runtime/heap.py):
+    # What kiln does to glibc's malloc in this process (runtime.keep_freed_mb, kiln/heap.py):
     # a process-wide change the user asked for, or none.
     malloc: str = ""
 

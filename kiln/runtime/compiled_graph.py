@@ -27,7 +27,7 @@ from kiln.externs import native_ops
 from kiln.native import python_door, runtime
 from kiln.native.build import build_library
 from kiln.runtime.fallback import record_fallback
-from kiln.runtime.heap import keep_freed_memory
+from kiln.heap import keep_freed_memory
 from kiln.runtime.error_flag import ErrorFlag
 from kiln.runtime.triton_kernels import load_module, module_path
 

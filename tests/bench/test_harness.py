@@ -8,7 +8,7 @@ import matplotlib.image
 import pytest
 
 import kiln
-from kiln.runtime import heap
+from kiln import heap
 from benchmarks.results import Case
 from benchmarks.runner import run_in_subprocess
 

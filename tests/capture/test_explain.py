@@ -68,7 +68,7 @@ def test_explain_lists_the_frozen_weight_writes_kiln_cannot_see(capsys):
 
 
 def test_explain_says_what_kiln_does_to_malloc(capsys, monkeypatch):
-    from kiln.runtime import heap
+    from kiln import heap
 
     monkeypatch.setattr(heap, "_decision", None)  # (as in a process that has run no compiled graph)
     report = kiln.explain(two_graphs, torch.randn(3))

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks import kernels
 from kiln.externs import kiln_gemm
 from kiln.native import build
 from tests.codegen import test_kiln_depthwise as depthwise_tests

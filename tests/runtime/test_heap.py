@@ -1,5 +1,5 @@
 """Where `runtime.keep_freed_mb` asks for it, the first compiled graph of a process asks glibc's
-malloc to keep freed memory for the next call (kiln/runtime/heap.py): without it, a call's large
+malloc to keep freed memory for the next call (kiln/heap.py): without it, a call's large
 buffers can be handed back to the system and page-faulted in again by every later call. By
 default kiln leaves malloc alone: the thresholds are the whole process's."""
 
@@ -11,14 +11,14 @@ import sys
 import pytest
 
 import kiln
-from kiln.runtime import heap
+from kiln import heap
 
 # Run in a fresh process: a 30 MB block allocated, touched and freed, then rounds of three 8 MB
 # blocks. glibc's mallinfo2 says where the 30 MB block came from: a mapping of its own (hblkhd)
 # or the heap (arena), and whether the heap kept it once freed.
 _ROUNDS = """
 import ctypes, resource, sys, torch
-from kiln.runtime import heap
+from kiln import heap
 class Info(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
                 "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
@@ -117,7 +117,7 @@ def test_what_was_done_is_said(undecided):
 # A fresh process compiles a small model through kiln.compile, then says what kiln did to malloc.
 _COMPILE = """
 import json, torch, kiln
-from kiln.runtime import heap
+from kiln import heap
 model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval()
 x = torch.randn(4, 16)
 with torch.no_grad():
