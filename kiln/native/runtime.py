@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from kiln.native import INCLUDE
+from kiln.native import INCLUDE, kernels_unit  # the kernels kiln's operators run: a unit of the runtime
 from kiln.native.build import build_library
 
 SOURCE = Path(__file__).parent / "src" / "kiln_runtime.cpp"
@@ -44,13 +44,11 @@ def source() -> str:
 
 @functools.cache
 def library_path() -> str:
-    from kiln.externs import kiln_gemm  # the GEMM kiln::mm's "kiln" implementation runs, a unit of the runtime
-
     compile_flags, link_flags = torch_flags()
     # This runtime registers kiln's C++ operators with the dispatcher (kiln_runtime.cpp
     # KILN_OPERATOR); an exported model's copy of it does not (kiln/deploy/export.py).
     compile_flags.append("-DKILN_REGISTER_OPS")
-    path, _ = build_library([source(), kiln_gemm.source()], compile_flags,
+    path, _ = build_library([source(), kernels_unit.source()], compile_flags,
                             [*link_flags, f"-Wl,--version-script={EXPORTS}"], own=True)
     return str(path)
 
