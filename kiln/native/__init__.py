@@ -4,7 +4,7 @@
 floats, and kiln's own kernels (kiln_gemm.h, kiln_depthwise.h, kiln_attention.h). `build.py`
 compiles sources with `-march=native` into a content-addressed disk cache and loads them. Code
 generation prints kernels on top of the headers (kiln/codegen/cpp/), the runtime builds and loads
-them (kiln/runtime/), and kiln's runtime library (runtime.py, src/kiln_runtime.cpp) is built with
+them (kiln/runtime/), and kiln's runtime library (libkiln.py, src/kiln_runtime.cpp) is built with
 the kernels' translation unit (kernels_unit.py): one toolchain, one cache.
 """
 

@@ -1,6 +1,6 @@
 """The translation unit of kiln's CPU kernels: kiln's own GEMM (include/kiln_gemm.h), its depthwise
 convolution and attention, with the C entries over them (`source`), and the constants Python needs
-to call them. It is a unit of kiln's runtime library (runtime.py), where kiln::mm, kiln::conv and
+to call them. It is a unit of kiln's runtime library (libkiln.py), where kiln::mm, kiln::conv and
 kiln::attention call the kernels (src/kiln_runtime.cpp), and of an exported model's library
 (kiln/deploy/export.py). Tests and sweeps call the kernels directly through ctypes
 (benchmarks/kernels.py).

@@ -1,5 +1,8 @@
-"""kiln's runtime library: the C functions of include/kiln_runtime.h over libtorch, which a graph's
-C++ wrapper calls for tensors and ATen operators (kiln/codegen/cpp_wrapper.py).
+"""libkiln, kiln's runtime library: builds it, loads it, and asks it about the packed weights it
+holds. The library is the C functions of include/kiln_runtime.h over libtorch, which a graph's C++
+wrapper calls for tensors and ATen operators (kiln/codegen/cpp_wrapper.py), and kiln's operators
+(kiln::mm, kiln::conv, kiln::attention, ...; src/kiln_runtime.cpp) over the kernels' unit
+(kernels_unit.py). Not the stage that runs compiled graphs (kiln/runtime/), which loads it.
 
 Built once per machine, compiler and torch (its headers and libraries are the ones inside the
 installed torch wheel; the torch version and ABI are part of the cache key) and loaded with its
