@@ -1,5 +1,5 @@
 """kiln's CPU kernels (kiln/native/include/kiln_gemm.h, kiln_depthwise.h) called directly through
-ctypes, for kernel tests and sweeps: the translation unit of kiln/externs/kiln_gemm.py `source`
+ctypes, for kernel tests and sweeps: the translation unit of kiln/native/kernels_unit.py `source`
 built on its own (`library`, or with other flags: `bind`), its GEMM with any epilogue (`mm`), its
 depthwise convolution (`depthwise_conv`). No compiled graph takes this path: graphs call the
 kernels through kiln's operators in its runtime (kiln/native/src/kiln_runtime.cpp).
@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from kiln.externs.kiln_gemm import CTYPES, SUFFIX, DTYPES, K_BLOCK, source
+from kiln.native.kernels_unit import CTYPES, SUFFIX, DTYPES, K_BLOCK, source
 from kiln.native.build import load_library
 
 # kiln_gemm::Unary, by the post-op names kiln::mm uses (kiln/externs/prepacked.py: UNARY).

@@ -200,7 +200,7 @@ def _measured(result: Result) -> str:
 def _build_kiln_runtime(folder: str) -> None:
     """Build kiln's runtime and CPython extension into `folder` in a subprocess, and say how long it took."""
     start = time.perf_counter()
-    code = "from kiln.native import python_door, runtime; python_door.build_in_background(); runtime.library(); python_door.module()"
+    code = "from kiln.native import libkiln, python_door; python_door.build_in_background(); libkiln.library(); python_door.module()"
     subprocess.run([sys.executable, "-c", code], env={**os.environ, "KILN_RUNTIME_CACHE_DIR": folder}, check=True)
     print(f"kiln's runtime and CPython extension built once for this run in {time.perf_counter() - start:.1f} s "
           "(a machine's first compile pays this once; it is in no case's compile time)", flush=True)

@@ -22,7 +22,7 @@ inc=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 } > $R/machine.txt 2>&1
 grep -E 'Model name|^CPU\(s\)|Thread|Socket|Flags' $R/machine.txt | cut -c1-400; tail -3 $R/machine.txt
 t0=$(date +%s)
-python3 -c "from kiln.native import python_door, runtime; python_door.build_in_background(); runtime.library(); python_door.module()" \
+python3 -c "from kiln.native import libkiln, python_door; python_door.build_in_background(); libkiln.library(); python_door.module()" \
   && echo "kiln runtime built in $(( $(date +%s) - t0 )) s" || echo "KILN RUNTIME BUILD FAILED"
 cores=($(python3 benchmarks/tools/pinned_bench.py --cores)); n=${#cores[@]}
 sweep_cores=${cores[0]},${cores[1]}; gpu_cores=${cores[n-2]},${cores[n-1]}  # the jobs get the others

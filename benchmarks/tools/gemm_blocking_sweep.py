@@ -6,7 +6,7 @@ in a model), medians. What it answers: whether another blocking suits a CPU bett
 
     python benchmarks/tools/gemm_blocking_sweep.py --threads 2 --shapes 128x768x768,128x768x3072,128x3072x768
 
-`--k-blocks 1024,512,256` times each blocking with those K blocks too (kiln_gemm.K_BLOCK, the
+`--k-blocks 1024,512,256` times each blocking with those K blocks too (kernels_unit.K_BLOCK, the
 longest K a GEMM runs unblocked), `--blockings 8x3` only the default's build.
 """
 from __future__ import annotations
@@ -22,8 +22,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import kernels
-from kiln.externs import kiln_gemm
-from kiln.native import build
+from kiln.native import build, kernels_unit
 
 BLOCKINGS = [(8, 3), (6, 4), (12, 2), (14, 2), (4, 6), (10, 2)]  # MR x NV: accumulators <= 28 of 32 registers
 COPIES = 8
@@ -31,7 +30,7 @@ COPIES = 8
 
 def build_blocking(mr: int, nv: int, folder: Path) -> ctypes.CDLL:
     src, lib = folder / f"gemm_{mr}x{nv}.cpp", folder / f"gemm_{mr}x{nv}.so"
-    src.write_text(kiln_gemm.source())
+    src.write_text(kernels_unit.source())
     cxx, _ = build.compiler()
     subprocess.run([cxx, *build.FLAGS, f"-DKILN_GEMM_MR={mr}", f"-DKILN_GEMM_NV={nv}", "-shared", str(src), "-o",
                     str(lib)], check=True, capture_output=True)
@@ -52,7 +51,7 @@ def main() -> None:
     p.add_argument("--shapes", default="128x768x768,128x768x3072,128x3072x768,197x768x3072,128x512x2048,2048x2048x2048")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--blockings", default=",".join(f"{mr}x{nv}" for mr, nv in BLOCKINGS), help="MRxNV,...")
-    p.add_argument("--k-blocks", default=str(kiln_gemm.K_BLOCK), help="K block lengths to time, e.g. 1024,512,256")
+    p.add_argument("--k-blocks", default=str(kernels_unit.K_BLOCK), help="K block lengths to time, e.g. 1024,512,256")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     blockings = [tuple(map(int, b.split("x"))) for b in a.blockings.split(",")]

@@ -73,7 +73,7 @@ if [ "$DRY" != 1 ]; then
   } 2>&1 | tee -a "$LOG"
 fi
 t0=$(date +%s)
-if run "$LOG" timeout 180 $PY -c "from kiln.native import python_door, runtime; python_door.build_in_background(); runtime.library(); python_door.module()"; then
+if run "$LOG" timeout 180 $PY -c "from kiln.native import libkiln, python_door; python_door.build_in_background(); libkiln.library(); python_door.module()"; then
   say "kiln's runtime built in $(( $(date +%s) - t0 )) s"
 else
   say "KILN RUNTIME BUILD FAILED: $(tail -3 "$LOG")"

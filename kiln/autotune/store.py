@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from kiln import disk_cache
-from kiln.externs import kiln_gemm  # its one translation unit holds all of kiln's CPU kernels
+from kiln.native import kernels_unit  # one translation unit holds all of kiln's CPU kernels
 
 
 # How questions are measured; a change that makes older answers wrong (weights cycled through
@@ -31,7 +31,7 @@ METHOD = 4
 
 @functools.cache
 def _kiln_kernels() -> str:
-    return hashlib.sha256(kiln_gemm.source().encode()).hexdigest()[:16]
+    return hashlib.sha256(kernels_unit.source().encode()).hexdigest()[:16]
 
 
 def question_key(op: str, signature: Any, candidates: list[str]) -> str:

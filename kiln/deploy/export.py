@@ -43,7 +43,7 @@ from kiln.backend import Backend
 from kiln.capture.api import capture
 from kiln.capture.dynamic import marks_restored
 from kiln.deploy import isa, safetensors, symbolic_shapes
-from kiln.native import runtime
+from kiln.native import kernels_unit, libkiln
 from kiln.native.build import build_library, machine
 from kiln.runtime.compiled_graph import CompiledGraph
 from kiln.runtime.frozen import FrozenProgram
@@ -239,12 +239,10 @@ def _output_indices(result: Any, graph_outputs: list[Any]) -> list[int]:
 
 
 def _build(graph: CompiledGraph) -> Path:
-    """One library: the graph's kernels and C++ wrapper, and kiln's runtime with kiln's GEMM."""
-    from kiln.externs import kiln_gemm
-
+    """One library: the graph's kernels and C++ wrapper, and kiln's runtime with kiln's kernels."""
     artifact = graph.artifact
-    compile_flags, link_flags = runtime.torch_flags()
-    units = [*artifact.library_units, runtime.source(), kiln_gemm.source(defines_flag=not artifact.units)]
+    compile_flags, link_flags = libkiln.torch_flags()
+    units = [*artifact.library_units, libkiln.source(), kernels_unit.source(defines_flag=not artifact.units)]
     unit_flags = [[]] * len(artifact.units) + [["-O0"]] + [compile_flags] * 2
     # -Bsymbolic: the library's calls of kiln's runtime stay inside it even where a process has
     # kiln's own runtime loaded with global symbols.

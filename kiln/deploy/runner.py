@@ -14,7 +14,7 @@ from typing import Any
 from kiln.native import INCLUDE
 import kiln
 from kiln.native.build import compiler, machine
-from kiln.native.runtime import torch_flags
+from kiln.native.libkiln import torch_flags
 
 SOURCE = Path(__file__).parents[1] / "native" / "src" / "kiln_run.cpp"
 

@@ -15,13 +15,13 @@ import math
 import torch
 
 from kiln.externs import native_ops
-from kiln.native import runtime
+from kiln.native import libkiln
 
 
 @functools.cache
 def lanes() -> int:
     """float32 lanes of this machine's vectors (v's head size must be a multiple)."""
-    return runtime.library().kiln_vector_lanes()
+    return libkiln.library().kiln_vector_lanes()
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:

@@ -1,4 +1,4 @@
-"""Convolutions that are a matrix product, through kiln's own GEMM (kiln_gemm.py): those whose
+"""Convolutions that are a matrix product, through kiln's own GEMM (kiln_gemm.h): those whose
 windows do not overlap and need no padding. On channels-last data a 1x1 convolution of stride 1
 is input [N*H*W, C] @ weight [C, K] = output [N*H*W, K], read and written where they lie; one
 whose stride is its kernel size (a vision transformer's or ConvNeXt's patch embedding, ConvNeXt's
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.externs import kiln_gemm
+from kiln.native import kernels_unit
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int,
@@ -28,7 +28,7 @@ def applies(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, gr
     1), float32 or bfloat16."""
     if transposed or x.dim() != 4 or weight.dim() != 4 or groups != 1 or tuple(padding) != (0, 0):
         return False
-    if x.dtype != weight.dtype or x.dtype not in kiln_gemm.DTYPES:
+    if x.dtype != weight.dtype or x.dtype not in kernels_unit.DTYPES:
         return False
     kernel = tuple(weight.shape[2:])
     return kernel == (1, 1) or (tuple(stride) == kernel and tuple(dilation) == (1, 1))

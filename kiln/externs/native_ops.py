@@ -2,7 +2,7 @@
 functions, `load`, which defines them, and `direct`, which calls one without the dispatcher.
 
 The runtime library defines such an operator (its schema and CPU kernel) with the dispatcher when
-it is loaded (kiln/native/runtime.py `library`; built first where the C++ cache lacks it), so
+it is loaded (kiln/native/libkiln.py `library`; built first where the C++ cache lacks it), so
 Python code asks for one through `op(name)`, which loads the runtime once and registers the fake
 functions below beside it. A C++ wrapper calls the same C++ function without the dispatcher
 (kiln_find_op), and so do compiled graphs' Python wrappers and the autotuner (`direct`);
@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.native import python_door, runtime
+from kiln.native import libkiln, python_door
 
 aten = torch.ops.aten
 
@@ -80,7 +80,7 @@ FAKES: dict[str, Callable] = {"attention": _attention_fake, "mm": _mm_fake, "mm_
 @functools.cache
 def load() -> None:
     """Load kiln's runtime (its operators defined) and register their fake functions, once."""
-    runtime.library()
+    libkiln.library()
     for name, fake in FAKES.items():
         torch.library.register_fake(f"kiln::{name}", fake)
 
@@ -106,7 +106,7 @@ def direct(name: str) -> Callable[..., Any]:
     wrappers and the autotuner call kiln's operators this way (~0.5 µs beyond the work, against
     ~5 µs through the dispatcher)."""
     schema = op(name)._schema
-    library = runtime.library()
+    library = libkiln.library()
     found = library.kiln_find_op(f"kiln::{name}".encode(), b"")
     if not found:
         raise RuntimeError(library.kiln_error().decode())

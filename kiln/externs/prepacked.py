@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from kiln.externs import kiln_conv_gemm, kiln_depthwise
-from kiln.native import runtime
+from kiln.native import libkiln
 
 # kiln::mm's implementations, in order of preference when timings tie (kiln/autotune/choose.py):
 # ATen's own call first, then its GEMM over a row-major [K, N] or a [N, K] copy of the weight,
@@ -39,12 +39,12 @@ IN_PLACE_CONV_IMPL = "onednn_into_other"
 
 def drop_packs(weight: torch.Tensor) -> None:
     """Drop `weight`'s packed forms (the autotuner's trial weights, once a question is answered)."""
-    runtime.drop_packs(weight)
+    libkiln.drop_packs(weight)
 
 
 def packed_bytes(weight: torch.Tensor) -> int:
     """Memory held by `weight`'s packed forms."""
-    return runtime.packed_bytes(weight)
+    return libkiln.packed_bytes(weight)
 
 
 # The post-ops oneDNN applies in its GEMMs and convolutions, and the ATen function that means the

@@ -1,10 +1,11 @@
 """C++ built at run time for this machine, shared by the stages that need it.
 
 `include/` holds kiln's C++ headers: the portable SIMD layer (kiln_vec.h), vector math, 16-bit
-floats, and kiln's own GEMM (kiln_gemm.h). `build.py` compiles sources with `-march=native` into a
-content-addressed disk cache and loads them. Code generation prints kernels on top of the headers
-(kiln/codegen/cpp/), the runtime builds and loads them (kiln/runtime/), and the extern kernels build
-the GEMM library from them (kiln/externs/kiln_gemm.py): one toolchain, one cache.
+floats, and kiln's own kernels (kiln_gemm.h, kiln_depthwise.h, kiln_attention.h). `build.py`
+compiles sources with `-march=native` into a content-addressed disk cache and loads them. Code
+generation prints kernels on top of the headers (kiln/codegen/cpp/), the runtime builds and loads
+them (kiln/runtime/), and kiln's runtime library (libkiln.py, src/kiln_runtime.cpp) is built with
+the kernels' translation unit (kernels_unit.py): one toolchain, one cache.
 """
 
 from pathlib import Path

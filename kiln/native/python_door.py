@@ -34,9 +34,9 @@ SOURCE = Path(__file__).parent / "src" / "kiln_python.cpp"
 
 
 def _flags() -> tuple[list[str], list[str]]:
-    from kiln.native import runtime
+    from kiln.native import libkiln
 
-    compile_flags, link_flags = runtime.torch_flags()
+    compile_flags, link_flags = libkiln.torch_flags()
     return ([*compile_flags, f"-I{sysconfig.get_paths()['include']}", f"-DKILN_PYTHON_VERSION=\"{sys.version.split()[0]}\""],
             [*link_flags, "-ltorch_python"])
 
@@ -105,7 +105,7 @@ def graph_call(entry: Any, error: Any, num_outputs: int, build: bool = True) -> 
 
 
 def _ctypes_graph_call(entry: Any, error: Any, num_outputs: int) -> Callable[..., tuple[torch.Tensor, ...]]:
-    from kiln.native.runtime import handles_of, tensors_of
+    from kiln.native.libkiln import handles_of, tensors_of
 
     entry.argtypes, entry.restype = [ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int
     error.restype = ctypes.c_char_p

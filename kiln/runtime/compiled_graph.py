@@ -24,7 +24,7 @@ import torch
 
 from kiln import compile_time
 from kiln.externs import native_ops
-from kiln.native import python_door, runtime
+from kiln.native import libkiln, python_door
 from kiln.native.build import build_library
 from kiln.runtime.fallback import record_fallback
 from kiln.heap import keep_freed_memory
@@ -57,7 +57,7 @@ class CppLibrary(KernelLibrary):
     def build(self, artifact: GraphArtifact) -> str:
         if artifact.cpp_wrapper is not None:
             python_door.build_in_background()  # on a machine's first compile, beside the runtime's build
-            runtime.library()  # its symbols global before a wrapper that calls them is loaded
+            libkiln.library()  # its symbols global before a wrapper that calls them is loaded
         # The wrapper is straight-line calls: optimizing it buys nothing and cost BERT-base 3.2 s of
         # compile (-O2: 3.7 s, -O0: 0.5 s for its 1,700 lines).
         unit_flags = [[]] * len(artifact.units) + [["-O0"]] if artifact.cpp_wrapper is not None else []
@@ -177,7 +177,7 @@ def _load_kernels(artifact: GraphArtifact, library: str | None, scope: dict[str,
 
 def _cpp_call(library: str, num_outputs: int) -> Callable[..., tuple]:
     """The graph's C++ wrapper as the graph's `call(*tensors) -> tuple of tensors`."""
-    return python_door.graph_call(ctypes.CDLL(library).kiln_graph_call, runtime.library().kiln_error, num_outputs)
+    return python_door.graph_call(ctypes.CDLL(library).kiln_graph_call, libkiln.library().kiln_error, num_outputs)
 
 
 class CompiledGraph:

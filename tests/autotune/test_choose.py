@@ -108,7 +108,7 @@ def test_the_key_of_a_question_with_kiln_s_kernels_names_their_source(monkeypatc
     # A faster kiln GEMM is timed again rather than losing to its older self's stored answers;
     # questions among libraries alone keep their answers.
     with_kiln, libraries = store.question_key("mm", (1, 2), ["aten", "kiln"]), store.question_key("mm", (1, 2), ["aten", "mkl"])
-    monkeypatch.setattr(store.kiln_gemm, "source", lambda: "// another kiln GEMM")
+    monkeypatch.setattr(store.kernels_unit, "source", lambda: "// another kiln GEMM")
     store._kiln_kernels.cache_clear()
     try:
         assert store.question_key("mm", (1, 2), ["aten", "kiln"]) != with_kiln

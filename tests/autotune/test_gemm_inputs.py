@@ -110,9 +110,9 @@ def test_gemm_candidates_are_timed_as_the_cpp_wrapper_calls_them(monkeypatch):
 
 
 def test_an_answered_question_leaves_no_packs_of_its_trial_weights_in_the_runtime():
-    from kiln.native import runtime
+    from kiln.native import libkiln
 
-    held = runtime.library().kiln_packs_held()
+    held = libkiln.library().kiln_packs_held()
     a, b = torch.empty(4, 64, device="meta"), torch.empty(64, 40, device="meta")
     gemm.choose_mm(a, b, None)  # every packing candidate packs each of 8 weight copies
-    assert runtime.library().kiln_packs_held() <= held
+    assert libkiln.library().kiln_packs_held() <= held

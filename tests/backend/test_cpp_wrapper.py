@@ -19,7 +19,7 @@ from kiln.backend import codegens
 from kiln.codegen.cpp_wrapper import cpp_wrapper
 from kiln.externs import kiln_attention, native_ops
 from kiln.externs import prepacked
-from kiln.native import runtime
+from kiln.native import libkiln
 from kiln.runtime import fallback
 from kiln.runtime.compiled_graph import CompiledGraph
 from kiln.runtime.frozen import FrozenProgram
@@ -135,16 +135,16 @@ def test_packs_of_freed_weights_are_dropped():
     mm = native_ops.direct("mm")
     for w in weights:
         mm(a, w, None, "none", [], None, "aten_kn")
-    held = runtime.library().kiln_packs_held()
+    held = libkiln.library().kiln_packs_held()
     del weights, w
     gc.collect()
     keep = torch.randn(8, 16).t()
     mm(a, keep, None, "none", [], None, "aten_kn")  # packing drops the freed weights' packs
-    assert runtime.library().kiln_packs_held() <= held - 3 + 1
+    assert libkiln.library().kiln_packs_held() <= held - 3 + 1
     # A weight already in the wanted layout is its own pack: not held (it would never be freed).
-    before = runtime.library().kiln_packs_held()
+    before = libkiln.library().kiln_packs_held()
     mm(a, torch.randn(16, 8), None, "none", [], None, "aten_kn")
-    assert runtime.library().kiln_packs_held() == before
+    assert libkiln.library().kiln_packs_held() == before
 
 
 # kiln's own implementation runs depthwise convolutions only: tests/codegen/test_kiln_depthwise.py.
@@ -269,7 +269,7 @@ def test_an_index_out_of_range_raises_index_error():
 def test_the_python_wrapper_still_sees_index_errors_once_the_runtime_is_loaded():
     # Found by the full suite: the runtime (loaded with global symbols) defined kiln_index_error
     # too, and kernel libraries loaded after it wrote that one instead of their own.
-    runtime.library()
+    libkiln.library()
 
     def gather_rows(w, i):
         return w[i] * 2

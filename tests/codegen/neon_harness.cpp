@@ -1,5 +1,5 @@
 // A main() for kiln's own CPU kernels built for aarch64 (tests/codegen/test_neon_cross.py): the
-// test appends it to kiln_gemm.source(), so the GEMM, the depthwise convolution and the vector
+// test appends it to kernels_unit.source(), so the GEMM, the depthwise convolution and the vector
 // math are the very code kiln compiles for the host. It only runs them: requests come on stdin (a
 // line of words, then the operands' raw bytes), results go to stdout as raw bytes, and Python
 // computes the references and compares (the same helpers as the x86 tests).

@@ -125,7 +125,7 @@ def test_what_the_kernel_takes():
 
 
 def _kernel_entry(lib, q, k, v, mask, scale, causal):
-    """The kernel's C entry (kiln_attention_f32 of kiln_gemm.source(), which kiln::attention calls)
+    """The kernel's C entry (kiln_attention_f32 of kernels_unit.source(), which kiln::attention calls)
     in `lib`, on contiguous q, k, v and a mask of full size: no preparation to repeat here."""
     b, h, sq, d = q.shape
     sk, dv = k.shape[2], v.shape[3]

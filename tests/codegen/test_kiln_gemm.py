@@ -16,9 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import kernels
-from kiln.externs import kiln_gemm
 from kiln.externs.prepacked import unary_aten
-from kiln.native import build
+from kiln.native import build, kernels_unit
 
 EPILOGUES = [("none", [], None), ("relu", [], None), ("gelu", [], None), ("gelu", [], "tanh"), ("swish", [], None),
              ("sigmoid", [], None), ("tanh", [], None), ("hardswish", [], None), ("leaky_relu", [0.1], None),
@@ -75,7 +74,7 @@ def test_k_blocks_partial_sums_and_strided_rows(n):
     # K spans several K blocks (partial sums kept in C between them; the blocks the outer loop, so
     # at n = 400 each thread runs several panels per block); A is a view whose rows are further
     # apart than K; the output is bfloat16 from float32 operands, the residual bfloat16.
-    m, k = 37, 3 * kiln_gemm.K_BLOCK + 5
+    m, k = 37, 3 * kernels_unit.K_BLOCK + 5
     a, b, bias, residual = _operands(m, k + 11, n, torch.float32, seed=3)
     a = a[:, :k]
     b = torch.randn(k, n)
@@ -110,13 +109,13 @@ def test_operands_of_two_dtypes_are_refused():
 
 
 def x86_kernels_built_with(flags: list[str], tmp_path) -> ctypes.CDLL:
-    """kiln's own kernels (kiln_gemm.source(): the GEMM, the depthwise convolution, the attention)
+    """kiln's own kernels (kernels_unit.source(): the GEMM, the depthwise convolution, the attention)
     built with `flags` after the kernels' own and loaded, its functions typed; the test skipped off
     x86."""
     if "x86_64" not in subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout:
         pytest.skip("x86 ISAs")
     src, lib_path = tmp_path / "kernels.cpp", tmp_path / "kernels.so"
-    src.write_text(kiln_gemm.source())
+    src.write_text(kernels_unit.source())
     cxx, _ = build.compiler()
     subprocess.run([cxx, *build.FLAGS, *flags, "-shared", str(src), "-o", str(lib_path)], check=True,
                    capture_output=True)
@@ -157,7 +156,7 @@ def test_the_written_out_tile_sums_as_the_cplusplus_one(tmp_path):
         pytest.skip("the written-out tile is AVX-512's")
     cplusplus = x86_kernels_built_with(["-DKILN_GEMM_NO_ASM"], tmp_path)
     for m, k, n, lda in [(8, 8, 64, 8), (16, 15, 80, 15), (9, 63, 50, 70), (24, 64, 144, 64), (17, 65, 48, 65),
-                         (32, 520, 480, 531), (40, 2 * kiln_gemm.K_BLOCK + 37, 100, 2 * kiln_gemm.K_BLOCK + 37)]:
+                         (32, 520, 480, 531), (40, 2 * kernels_unit.K_BLOCK + 37, 100, 2 * kernels_unit.K_BLOCK + 37)]:
         a, b, bias, residual = _operands(m, lda, n, torch.float32, seed=k)
         a, b = a[:, :k], b[:k]
         for post in [dict(), dict(bias=bias, unary="relu", residual=residual)]:
@@ -184,7 +183,7 @@ def test_a_c_of_8_mb_is_written_alike_with_streaming_stores(n):
 def test_rows_in_several_passes_over_the_panels():
     # M large enough that A is taken in several passes of about 1 MB (8 x K_BLOCK floats per tile row
     # block), K in two blocks, with the epilogue on the last.
-    m, k, n = 1000, kiln_gemm.K_BLOCK + 64, 50
+    m, k, n = 1000, kernels_unit.K_BLOCK + 64, 50
     a, b, bias, residual = _operands(m, k, n, torch.float32, seed=5)
     out = kernels.mm(a, kernels.pack(b), n, bias, "relu", [], residual)
     _check(out, _reference(a, b, bias, "relu", [], None, residual), torch.float32, k)

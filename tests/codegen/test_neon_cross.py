@@ -1,7 +1,7 @@
 """kiln's aarch64 (NEON) path, which no x86 build compiles: cross-compiled with
 aarch64-linux-gnu-g++ and run under qemu-aarch64. Correctness only; qemu says nothing of speed.
 
-The unit is kiln_gemm.source(), the text kiln builds for the host, with its host flags
+The unit is kernels_unit.source(), the text kiln builds for the host, with its host flags
 (build.FLAGS) but `-march=armv8-a` (NEON is baseline there), plus a main() (neon_harness.cpp)
 that runs the kernels on operands sent from here: the GEMM in its NEON register blocking (MR = 8
 rows, NV = 3 vectors of 4 floats: NR = 12) on ragged shapes with every epilogue, float32 and
@@ -23,8 +23,7 @@ import pytest
 import torch
 
 from benchmarks import kernels
-from kiln.externs import kiln_gemm
-from kiln.native import build
+from kiln.native import build, kernels_unit
 from tests.codegen import test_kiln_depthwise as depthwise_tests
 from tests.codegen import test_vec_math as vec_math_tests
 from tests.codegen.test_kiln_gemm import EPILOGUES, _check, _operands, _reference
@@ -79,7 +78,7 @@ def neon(tmp_path_factory) -> Harness:
                              f"{PACKAGES} (apt-get install {PACKAGES}; `make setup` installs them)")
     folder = tmp_path_factory.mktemp("neon")
     source, binary = folder / "neon.cpp", folder / "neon"
-    source.write_text(kiln_gemm.source() + "\n" + Path(__file__).with_name("neon_harness.cpp").read_text())
+    source.write_text(kernels_unit.source() + "\n" + Path(__file__).with_name("neon_harness.cpp").read_text())
     # Static: qemu then needs no aarch64 libraries at run time (-L /usr/aarch64-linux-gnu).
     done = subprocess.run([CXX, *FLAGS, "-static", str(source), "-o", str(binary)], capture_output=True, text=True)
     if done.returncode != 0:

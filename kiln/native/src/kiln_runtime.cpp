@@ -1,5 +1,5 @@
 // kiln's runtime over libtorch: the functions of kiln_runtime.h. Built once per machine and torch
-// version (kiln/native/runtime.py) and loaded before any graph library whose wrapper calls it.
+// version (kiln/native/libkiln.py) and loaded before any graph library whose wrapper calls it.
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -36,7 +36,7 @@
 #include <utility>
 #include <vector>
 
-// kiln's own GEMM, a unit of this library (kiln/externs/kiln_gemm.py `source`); the epilogue
+// kiln's own GEMM, a unit of this library (kiln/native/kernels_unit.py `source`); the epilogue
 // field by field as kiln_gemm::Epilogue.
 struct KilnGemmEpilogue {
   const void* bias;
@@ -74,7 +74,7 @@ extern "C" void kiln_attention_f32(const int64_t* shape, const float* q, const f
                                    const float* mask, float* out, float scale, int32_t causal);
 // The float32 lanes of the unit's vectors (v's head size must be a multiple of them).
 extern "C" int kiln_vec_lanes();
-// kiln's GEMM's K blocking (kiln/externs/kiln_gemm.py K_BLOCK).
+// kiln's GEMM's K blocking (kiln/native/kernels_unit.py K_BLOCK).
 extern "C" int64_t kiln_gemm_k_block();
 
 namespace {
@@ -249,7 +249,7 @@ at::Tensor unary_aten(const at::Tensor& y, c10::string_view unary, const Scalars
 }
 
 int32_t gemm_unary_code(c10::string_view unary, c10::string_view algorithm) {
-  // kiln_gemm::Unary, as kiln/externs/kiln_gemm.py UNARY_CODES.
+  // kiln_gemm::Unary (kiln_gemm.h), by post-op name.
   static const std::map<std::string, int32_t> codes = {
       {"none", 0}, {"relu", 1}, {"gelu", 2}, {"gelu_tanh", 3}, {"swish", 4}, {"sigmoid", 5},
       {"tanh", 6}, {"hardswish", 7}, {"leaky_relu", 8}, {"hardtanh", 9}};
@@ -650,7 +650,7 @@ at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
 // fake function stays in Python), and in the runtime's own table of direct calls, which
 // kiln_find_op consults first, so that a C++ wrapper calls the function itself with its arguments
 // unboxed from kiln_arg (no IValue, no dispatcher). kiln's own runtime registers with the
-// dispatcher (KILN_REGISTER_OPS, kiln/native/runtime.py); an exported model's copy of the runtime
+// dispatcher (KILN_REGISTER_OPS, kiln/native/libkiln.py); an exported model's copy of the runtime
 // does not (a process may load both), and finds its operators in its own table alone.
 
 // A kiln_arg as the C++ parameter type of an operator's function.

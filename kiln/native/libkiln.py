@@ -1,5 +1,8 @@
-"""kiln's runtime library: the C functions of include/kiln_runtime.h over libtorch, which a graph's
-C++ wrapper calls for tensors and ATen operators (kiln/codegen/cpp_wrapper.py).
+"""libkiln, kiln's runtime library: builds it, loads it, and asks it about the packed weights it
+holds. The library is the C functions of include/kiln_runtime.h over libtorch, which a graph's C++
+wrapper calls for tensors and ATen operators (kiln/codegen/cpp_wrapper.py), and kiln's operators
+(kiln::mm, kiln::conv, kiln::attention, ...; src/kiln_runtime.cpp) over the kernels' unit
+(kernels_unit.py). Not the stage that runs compiled graphs (kiln/runtime/), which loads it.
 
 Built once per machine, compiler and torch (its headers and libraries are the ones inside the
 installed torch wheel; the torch version and ABI are part of the cache key) and loaded with its
@@ -16,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from kiln.native import INCLUDE
+from kiln.native import INCLUDE, kernels_unit  # the kernels kiln's operators run: a unit of the runtime
 from kiln.native.build import build_library
 
 SOURCE = Path(__file__).parent / "src" / "kiln_runtime.cpp"
@@ -44,13 +47,11 @@ def source() -> str:
 
 @functools.cache
 def library_path() -> str:
-    from kiln.externs import kiln_gemm  # the GEMM kiln::mm's "kiln" implementation runs, a unit of the runtime
-
     compile_flags, link_flags = torch_flags()
     # This runtime registers kiln's C++ operators with the dispatcher (kiln_runtime.cpp
     # KILN_OPERATOR); an exported model's copy of it does not (kiln/deploy/export.py).
     compile_flags.append("-DKILN_REGISTER_OPS")
-    path, _ = build_library([source(), kiln_gemm.source()], compile_flags,
+    path, _ = build_library([source(), kernels_unit.source()], compile_flags,
                             [*link_flags, f"-Wl,--version-script={EXPORTS}"], own=True)
     return str(path)
 

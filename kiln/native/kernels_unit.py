@@ -1,7 +1,9 @@
-"""kiln's own GEMM (kiln/native/include/kiln_gemm.h), its depthwise convolution and attention: the
-translation unit of kiln's CPU kernels (`source`), a unit of kiln's runtime, where kiln::mm,
-kiln::conv and kiln::attention call them (kiln/native/src/kiln_runtime.cpp). Tests and sweeps call
-the kernels directly through ctypes (benchmarks/kernels.py).
+"""The translation unit of kiln's CPU kernels: kiln's own GEMM (include/kiln_gemm.h), its depthwise
+convolution and attention, with the C entries over them (`source`), and the constants Python needs
+to call them. It is a unit of kiln's runtime library (libkiln.py), where kiln::mm, kiln::conv and
+kiln::attention call the kernels (src/kiln_runtime.cpp), and of an exported model's library
+(kiln/deploy/export.py). Tests and sweeps call the kernels directly through ctypes
+(benchmarks/kernels.py).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import torch
 
 from kiln.native import header_text
 
+# The dtypes kiln's GEMM is built for, their suffixes in the C entries' names and their C++ types.
 DTYPES = (torch.float32, torch.bfloat16)
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 CTYPES = {"f32": "float", "bf16": "kiln_bf16"}
@@ -37,7 +40,7 @@ def _entries() -> str:
             "void* c, int64_t ldc, const kiln_gemm::Epilogue* e, int64_t kc) "
             "{ kiln_gemm::gemm(M, N, K, a, lda, bp, c, ldc, e, kc); }",
         ]
-    # kiln's depthwise convolution (kiln/externs/kiln_depthwise.py) shares the GEMM's vectors and
+    # kiln's depthwise convolution (include/kiln_depthwise.h) shares the GEMM's vectors and
     # epilogue code, so it lives in this unit.
     lines += [
         "void kiln_depthwise_pack_f32(const float* w, int64_t C, int64_t taps, float* out) "
@@ -57,8 +60,8 @@ def _entries() -> str:
 
 
 def source(defines_flag: bool = True) -> str:
-    """The translation unit of kiln's own CPU kernels: the GEMM and the depthwise convolution;
-    `defines_flag` False where another unit of the same library defines the index-error flag (an
-    exported model's kernels, kiln/deploy/export.py)."""
+    """The translation unit of kiln's own CPU kernels: the GEMM, the depthwise convolution and
+    attention; `defines_flag` False where another unit of the same library defines the index-error
+    flag (an exported model's kernels, kiln/deploy/export.py)."""
     return "\n".join([header_text(defines_flag=defines_flag), header_text(("kiln_gemm.h", "kiln_depthwise.h", "kiln_attention.h")),
                       _entries()])
