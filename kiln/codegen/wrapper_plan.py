@@ -13,14 +13,14 @@ flag is read. A printer only says how its language does each line, one method pe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 import torch
 
 from kiln.externs.prepacked import IN_PLACE_CONV_IMPL
 from kiln.ir.nodes import Buffer, Layout
 from kiln.ir.program import ExternStep
-from kiln.ir.schedule import FusedKernel, Schedule
+from kiln.ir.schedule import FusedKernel, MemoryPlan, Schedule
 from kiln.ir.sizes import is_size_symbol, unbound_symbols
 
 
@@ -145,8 +145,7 @@ class Return:
 
 
 Line = BindSize | InLayout | ToDevice | Allocate | Reuse | WriteOver | KernelCall | CheckIndex | ExternCall | View | Free | Return
-LINE_KINDS = (BindSize, InLayout, ToDevice, Allocate, Reuse, WriteOver, KernelCall, CheckIndex, ExternCall, View,
-              Free, Return)
+LINE_KINDS: tuple[type, ...] = get_args(Line)
 
 
 @dataclass(frozen=True)
@@ -221,7 +220,7 @@ def _size_bindings(schedule: Schedule, parameters: tuple[Parameter, ...]) -> lis
     return lines
 
 
-def _kernel(kernel: FusedKernel, memory: Any, sizes: list[str]) -> list[Line]:
+def _kernel(kernel: FusedKernel, memory: MemoryPlan, sizes: list[str]) -> list[Line]:
     lines: list[Line] = []
     for b in kernel.outputs:
         if b.name in memory.reuses:
