@@ -19,7 +19,8 @@ from kiln.codegen.cpp_wrapper import cpp_wrapper
 from kiln.codegen.triton.body import unprintable_ops as triton_unprintable_ops
 from kiln.codegen.triton.module import TritonKernels, triton_kernels
 from kiln.codegen.wrapper import WrapperCode, python_wrapper
-from kiln.ir.schedule import FusedKernel, Schedule
+from kiln.codegen.wrapper_plan import WrapperPlan
+from kiln.ir.schedule import FusedKernel
 from kiln.ir.target import CodegenTraits, Target
 from kiln.native.build import workers
 from kiln.runtime import triton_compile_workers
@@ -60,13 +61,10 @@ class Codegen:
         """What its kernel library is built from (the artifact's `units`)."""
         raise NotImplementedError
 
-    def python_wrapper(self, scheduled: Schedule, kernels: Kernels, target: Target,
-                       host_inputs: frozenset[str]) -> WrapperCode:
-        return python_wrapper(scheduled, set(kernels.checks), self.kernel_arguments, target.device, host_inputs,
-                              kernels.size_arguments)
+    def python_wrapper(self, plan: WrapperPlan) -> WrapperCode:
+        return python_wrapper(plan, self.kernel_arguments)
 
-    def native_wrapper(self, scheduled: Schedule, kernels: Kernels, functions: dict[str, tuple[str, int]],
-                       target: Target) -> str | None:
+    def native_wrapper(self, plan: WrapperPlan, functions: dict[str, tuple[str, int]]) -> str | None:
         """A wrapper compiled into the kernel library, run instead of the Python wrapper; None
         where the Python wrapper runs the graph."""
         return None
@@ -93,14 +91,13 @@ class CppCodegen(Codegen):
     def units(self, kernels: CppKernels) -> list[str]:
         return translation_units(kernels, workers())
 
-    def native_wrapper(self, scheduled: Schedule, kernels: CppKernels, functions: dict[str, tuple[str, int]],
-                       target: Target) -> str | None:
+    def native_wrapper(self, plan: WrapperPlan, functions: dict[str, tuple[str, int]]) -> str | None:
         """The graph's C++ wrapper when `backend.cpp_wrapper` asks for one and kiln can write it
         (else the Python wrapper runs, the reason logged under `KILN_LOGS=code`)."""
         if not config.backend.cpp_wrapper:
             return None
         try:
-            return cpp_wrapper(scheduled, set(kernels.checks), functions, kernels.size_arguments, target.device)
+            return cpp_wrapper(plan, functions)
         except NotImplementedError as error:
             logs.log("code", "kiln backend: the Python wrapper runs this graph: %s", error)
             return None

@@ -33,6 +33,7 @@ from kiln.backend import dump
 from kiln.backend.codegens import AUTO, CODEGENS, Kernels
 from kiln.backend.report import fusion_report
 from kiln.codegen.wrapper import WrapperCode
+from kiln.codegen.wrapper_plan import wrapper_plan
 from kiln.ir.program import Program
 from kiln.ir.target import Target
 from kiln.ir.verify import verify_program
@@ -227,10 +228,13 @@ class Backend:
         with compile_time.stage(f"codegen {codegen.name}"):
             kernels = codegen.kernels(scheduled.kernels, target)
             units = codegen.units(kernels)
-            wrapper = codegen.python_wrapper(scheduled, kernels, target, host_inputs(gm, target))
+            # One plan of the wrapper, printed by the Python printer and, where it runs the graph, a native one.
+            plan = wrapper_plan(scheduled, set(kernels.checks), kernels.size_arguments, target.device,
+                                host_inputs(gm, target))
+            wrapper = codegen.python_wrapper(plan)
             report = fusion_report(program, scheduled, kernels)
             functions = {k: (kernels.functions[k], kernels.arity[k]) for k in kernels.functions}
-            native = codegen.native_wrapper(scheduled, kernels, functions, target)
+            native = codegen.native_wrapper(plan, functions)
         artifact = GraphArtifact(units, wrapper.source, wrapper.constants, wrapper.ops, functions,
                                  kernels.checks, report, codegen.name, codegen.kernel_library, target.device,
                                  kernels.size_arguments, native, len(scheduled.outputs))

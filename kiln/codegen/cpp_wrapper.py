@@ -1,5 +1,6 @@
-"""The C++ wrapper of a scheduled CPU graph: the Python wrapper's steps (kiln/codegen/wrapper.py)
-as one C function, so a call crosses from Python once instead of once per kernel and extern.
+"""The C++ wrapper of a scheduled CPU graph: its wrapper plan (kiln/codegen/wrapper_plan.py), the
+one the Python wrapper prints, printed as one C function, so a call crosses from Python once
+instead of once per kernel and extern.
 
     extern "C" int kiln_graph_call(kiln_tensor* inputs, kiln_tensor* outputs)
 
@@ -27,12 +28,10 @@ import torch
 
 from kiln.codegen.cpp.printer import CPP_INDEX
 from kiln.codegen.index_printer import print_index
-from kiln.codegen.wrapper import computable_layout
-from kiln.externs.prepacked import IN_PLACE_CONV_IMPL
-from kiln.ir.nodes import Buffer, Layout
-from kiln.ir.program import ExternStep
-from kiln.ir.schedule import FusedKernel, Schedule
-from kiln.ir.sizes import is_size_symbol, unbound_symbols
+from kiln.codegen.wrapper_plan import (Allocate, BindSize, CheckIndex, ExternCall, Free, InLayout, KernelCall,
+                                       Return, Reuse, ToDevice, View, WrapperPlan, WriteOver, print_lines)
+from kiln.ir.nodes import Buffer
+from kiln.ir.sizes import unbound_symbols
 from kiln.native import header_text
 
 # c10::ScalarType, c10::MemoryFormat, c10::Layout and c10::DeviceType codes.
@@ -49,118 +48,92 @@ ENUMS = [(torch.dtype, "KILN_DTYPE", DTYPE_CODES), (torch.memory_format, "KILN_M
 ENTRY = "kiln_graph_call"
 
 
-def cpp_wrapper(schedule: Schedule, checks: set[str], functions: dict[str, tuple[str, int]],
-                size_arguments: dict[str, list[str]], device: str = "cpu") -> str:
-    """The wrapper's C++ source for `schedule`; `functions`: kernel -> (C function, pointer count)."""
-    if device != "cpu":
-        raise NotImplementedError(f"a C++ wrapper for a graph on {device}")
-    if schedule.size_inputs or any(b is None for b in schedule.inputs):
+def cpp_wrapper(plan: WrapperPlan, functions: dict[str, tuple[str, int]]) -> str:
+    """`plan` (kiln/codegen/wrapper_plan.py) as the wrapper's C++ source; `functions`: kernel ->
+    (C function, pointer count)."""
+    if plan.device != "cpu":
+        raise NotImplementedError(f"a C++ wrapper for a graph on {plan.device}")
+    if any(p.kind != "tensor" for p in plan.parameters):
         raise NotImplementedError("a C++ wrapper for a graph with size inputs or unused inputs")
-    if not all(isinstance(o, Buffer) for o in schedule.outputs):
-        raise NotImplementedError("a C++ wrapper for a graph returning sizes or constants")
-    return _Writer(schedule, checks, functions, size_arguments).source()
+    printer = _CppPrinter(plan, functions)
+    print_lines(printer, plan)
+    return printer.source()
 
 
-class _Writer:
-    def __init__(self, schedule: Schedule, checks: set[str], functions: dict[str, tuple[str, int]],
-                 size_arguments: dict[str, list[str]]) -> None:
-        self.schedule, self.checks, self.functions, self.size_arguments = schedule, checks, functions, size_arguments
-        self.handles: list[str] = []  # every local handle, released at the end
+class _CppPrinter:
+    """One method per line kind of the plan, each appending the line's C++ to the function body;
+    `source` then declares every handle the body named and releases each at the end."""
+
+    def __init__(self, plan: WrapperPlan, functions: dict[str, tuple[str, int]]) -> None:
+        self.functions = functions
+        self.inputs = [p.name for p in plan.parameters]
+        self.handles: list[str] = list(self.inputs)  # every local handle, released at the end
+        self.bindings: list[str] = []  # read before the body: its lines may use them
         self.body: list[str] = []
-        self.ops = 0
+        self.called: dict[str, tuple[int, int]] = {}  # C function -> (pointers, size symbols) it takes
+        self.outputs: list[str] = []
 
     def source(self) -> str:
-        s = self.schedule
-        entry = []
-        for k, b in enumerate(s.inputs):
-            if b is None:
-                entry.append(f"kiln_release(inputs[{k}]);")
-            else:
-                self.handles.append(b.name)
-                entry.append(f"kiln_tensor {b.name} = inputs[{k}];")
-        entry += self._size_bindings()
-        for b in s.inputs:
-            if b is not None:
-                self.body.append(self._in_layout(b.name, b.layout))
-        reused = set(s.memory.reuses.values())
-        for k, step in enumerate(s.steps):
-            if isinstance(step, FusedKernel):
-                self._kernel(step)
-            else:
-                self._extern(k, step, s.memory.extern_inplace.get(k))
-            for name in s.memory.frees.get(k, []):
-                if name not in reused:
-                    self.body.append(f"kiln_release({name}); {name} = nullptr;")
-        outputs = [f"outputs[{k}] = kiln_share({o.name});" for k, o in enumerate(s.outputs)]
-        inputs = {b.name for b in s.inputs if b is not None}
+        entry = [f"kiln_tensor {name} = inputs[{k}];" for k, name in enumerate(self.inputs)]
+        inputs = set(self.inputs)
         locals_ = [f"kiln_tensor {name} = nullptr;" for name in dict.fromkeys(self.handles) if name not in inputs]
         release = [f"if ({name}) kiln_release({name});" for name in dict.fromkeys(self.handles)]
-        kernels = sorted({self.functions[k.name] for k in s.kernels})
-        declarations = [f'extern "C" void {fn}({", ".join(["void*"] * count + ["int64_t"] * len(self._sizes_of(fn)))});'
-                        for fn, count in kernels]
-        lines = [*entry, *locals_, "int rc = 1;", *self.body, *outputs, "rc = 0;", "fail:", *release, "return rc;"]
+        declarations = [f'extern "C" void {fn}({", ".join(["void*"] * pointers + ["int64_t"] * sizes)});'
+                        for fn, (pointers, sizes) in sorted(self.called.items())]
+        lines = [*entry, *self.bindings, *locals_, "int rc = 1;", *self.body, *self.outputs, "rc = 0;", "fail:",
+                 *release, "return rc;"]
         return "\n".join([header_text(("kiln_scalar.h",), defines_flag=False), _runtime_header(), *declarations,
                           f'extern "C" int {ENTRY}(kiln_tensor* inputs, kiln_tensor* outputs) {{',
                           *(f"  {line}" for line in lines), "}", ""])
 
-    def _sizes_of(self, function: str) -> list[str]:
-        for kernel, (fn, _) in self.functions.items():
-            if fn == function:
-                return self.size_arguments.get(kernel, [])
-        return []
+    def bind_size(self, line: BindSize) -> None:
+        # (A size input, dim None, is refused by `cpp_wrapper`: the C function takes tensors only.)
+        self.bindings.append(f"const int64_t {line.symbol.name} = kiln_size({line.source}, {line.dim});")
 
-    def _size_bindings(self) -> list[str]:
-        lines, bound = [], set()
-        for b in self.schedule.inputs:
-            for d, size in enumerate(b.layout.size if b is not None else ()):
-                if is_size_symbol(size) and size not in bound:
-                    lines.append(f"const int64_t {size.name} = kiln_size({b.name}, {d});")
-                    bound.add(size)
-        return lines
+    def in_layout(self, line: InLayout) -> None:
+        self.body.append(f"{{ {_array('s', line.layout.size)} {_array('t', line.layout.stride)} "
+                         f"if (kiln_in_layout(&{line.name}, {len(line.layout.size)}, s, t)) goto fail; }}")
 
-    def _in_layout(self, name: str, layout: Layout) -> str:
-        return (f"{{ {_array('s', layout.size)} {_array('t', layout.stride)} "
-                f"if (kiln_in_layout(&{name}, {len(layout.size)}, s, t)) goto fail; }}")
+    def to_device(self, line: ToDevice) -> None:
+        # Only a GPU graph has host inputs, and `cpp_wrapper` refuses those.
+        raise NotImplementedError(f"a C++ wrapper moving {line.name} to a device")
 
-    def _allocate(self, b: Buffer) -> str:
+    def allocate(self, line: Allocate) -> None:
+        b = line.buffer
         if b.layout.dtype not in DTYPE_CODES:
             raise NotImplementedError(f"a C++ wrapper allocating {b.layout.dtype}")
-        return (f"{{ {_array('s', b.layout.size)} {_array('t', b.layout.stride)} "
-                f"{b.name} = kiln_empty_strided({len(b.layout.size)}, s, t, {DTYPE_CODES[b.layout.dtype]}); }}")
+        self.handles.append(b.name)
+        self.body.append(f"{{ {_array('s', b.layout.size)} {_array('t', b.layout.stride)} "
+                         f"{b.name} = kiln_empty_strided({len(b.layout.size)}, s, t, {DTYPE_CODES[b.layout.dtype]}); }}")
 
-    def _kernel(self, kernel: FusedKernel) -> None:
-        memory = self.schedule.memory
-        for b in kernel.outputs:
-            self.handles.append(b.name)
-            if b.name in memory.reuses:  # the dead buffer's memory, under the new name
-                self.body.append(f"{b.name} = {memory.reuses[b.name]}; {memory.reuses[b.name]} = nullptr;")
-            elif b.name in memory.inplace:  # written over an input that dies here
-                self.body.append(f"{b.name} = kiln_share({memory.inplace[b.name]});")
-            else:
-                self.body.append(self._allocate(b))
-        function, _ = self.functions[kernel.name]
-        arguments = [f"kiln_data({b.name})" for b in kernel.inputs + kernel.outputs]
-        arguments += self.size_arguments.get(kernel.name, [])
-        self.body.append(f"{function}({', '.join(arguments)});")
-        if kernel.name in self.checks:
-            message = json.dumps(f"index out of range in kiln kernel {kernel.name} (an indexing op read outside its input)")
-            self.body.append(f"if (kiln_index_error) {{ kiln_index_error = 0; kiln_set_error({message}); rc = 2; goto fail; }}")
+    def reuse(self, line: Reuse) -> None:
+        self.handles.append(line.name)
+        self.body.append(f"{line.name} = {line.dead}; {line.dead} = nullptr;")
 
-    def _extern(self, k: int, step: ExternStep, into: str | None) -> None:
+    def write_over(self, line: WriteOver) -> None:
+        # A second owner of the input's tensor: the input's handle is released where it dies.
+        self.handles.append(line.name)
+        self.body.append(f"{line.name} = kiln_share({line.input});")
+
+    def kernel_call(self, line: KernelCall) -> None:
+        function, pointers = self.functions[line.kernel]
+        self.called[function] = (pointers, len(line.sizes))
+        self.body.append(f"{function}({', '.join([*(f'kiln_data({b})' for b in line.buffers), *line.sizes])});")
+
+    def check_index(self, line: CheckIndex) -> None:
+        message = json.dumps(f"index out of range in kiln kernel {', '.join(line.kernels)} (an indexing op read outside its input)")
+        self.body.append(f"if (kiln_index_error) {{ kiln_index_error = 0; kiln_set_error({message}); rc = 2; goto fail; }}")
+
+    def extern_call(self, line: ExternCall) -> None:
+        step = line.step
         if not isinstance(step.op, torch._ops.OpOverload):
             raise NotImplementedError(f"a C++ wrapper calling {step.op!r}, not a dispatcher operator")
-        if into is not None:
-            step = step.with_argument("impl", IN_PLACE_CONV_IMPL)
         schema = step.op._schema
         values = _schema_values(schema, list(step.args), dict(step.kwargs))
-        if step.op is torch.ops.aten.as_strided.default and self._reinterpret(values, step.outputs[0]):
-            return
         lists: list[str] = []
         args = [self._argument(v, a.type, lists) for v, a in zip(values, schema.arguments)]
         outs = step.outputs
-        name, overload = schema.name, schema.overload_name
-        self.ops += 1
-        block = [f"static void* op = kiln_find_op({json.dumps(name)}, {json.dumps(overload)}); if (!op) goto fail;",
+        block = [f"static void* op = kiln_find_op({json.dumps(schema.name)}, {json.dumps(schema.overload_name)}); if (!op) goto fail;",
                  *lists,
                  f"const kiln_arg a[] = {{{', '.join(args)}}};" if args else "const kiln_arg* a = nullptr;",
                  f"kiln_tensor r[{max(len(outs), 1)}];",
@@ -172,22 +145,28 @@ class _Writer:
                 self.handles.append(b.name)
                 block.append(f"{b.name} = r[{i}];")
         self.body.append("{ " + " ".join(block) + " }")
-        for b in outs:
-            if b is not None and step.op is not torch.ops.aten.as_strided.default and computable_layout(b.layout):
-                self.body.append(self._in_layout(b.name, b.layout))
 
-    def _reinterpret(self, values: list[Any], out: Buffer) -> bool:
-        """A view op (the schedule's `as_strided`) as kiln_reinterpret, an alias made without the
-        dispatcher (~0.1 µs against ~1.5 µs boxed). Not for graph outputs: those stay real views,
-        as eager's are (autograd's view record, the version counter shared with the base)."""
-        base, size, stride, offset = values
-        if not isinstance(base, Buffer) or offset is None or any(out is o for o in self.schedule.outputs):
-            return False
+    def view(self, line: View) -> None:
+        """A view as kiln_reinterpret, an alias made without the dispatcher (~0.1 µs against
+        ~1.5 µs boxed); a view the graph returns stays a real one, through the dispatcher, as
+        does one keeping its base's offset (None): kiln_reinterpret takes the offset itself."""
+        _, size, stride, offset = _schema_values(line.step.op._schema, list(line.step.args), dict(line.step.kwargs))
+        if line.is_output or offset is None:
+            self.extern_call(ExternCall(line.step_index, line.step))
+            return
+        out = line.step.outputs[0]
         self.handles.append(out.name)
         self.body.append(f"{{ {_array('s', size)} {_array('t', stride)} "
-                         f"{out.name} = kiln_reinterpret({base.name}, {len(size)}, s, t, "
+                         f"{out.name} = kiln_reinterpret({line.base.name}, {len(size)}, s, t, "
                          f"{print_index(sympy.sympify(offset), CPP_INDEX)}); }}")
-        return True
+
+    def free(self, line: Free) -> None:
+        self.body += [f"kiln_release({name}); {name} = nullptr;" for name in line.names]
+
+    def return_(self, line: Return) -> None:
+        if not all(isinstance(o, Buffer) for o in line.values):
+            raise NotImplementedError("a C++ wrapper for a graph returning sizes or constants")
+        self.outputs = [f"outputs[{k}] = kiln_share({o.name});" for k, o in enumerate(line.values)]
 
     def _argument(self, value: Any, type_: Any, lists: list[str]) -> str:
         kind = type_.kind()

@@ -17,6 +17,7 @@ import torch
 import kiln
 from kiln.backend import codegens
 from kiln.codegen.cpp_wrapper import cpp_wrapper
+from kiln.codegen.wrapper_plan import wrapper_plan
 from kiln.externs import kiln_attention, native_ops
 from kiln.externs import prepacked
 from kiln.native import libkiln
@@ -406,9 +407,10 @@ def test_what_the_cpp_wrapper_cannot_run_is_refused_naming_it():
     schedule = graph.schedule
     functions = {k: graph.artifact.kernels[k] for k in graph.artifact.kernels}
     with pytest.raises(NotImplementedError, match="on cuda"):
-        cpp_wrapper(schedule, set(), functions, {}, "cuda")
+        cpp_wrapper(wrapper_plan(schedule, set(), {}, "cuda"), functions)
     with pytest.raises(NotImplementedError, match="returning sizes or constants"):
-        cpp_wrapper(dataclasses.replace(schedule, outputs=[*schedule.outputs, sympy.Integer(3)]), set(), functions, {})
+        cpp_wrapper(wrapper_plan(dataclasses.replace(schedule, outputs=[*schedule.outputs, sympy.Integer(3)]), set()),
+                    functions)
 
 
 def test_a_graph_the_cpp_wrapper_declines_runs_the_python_wrapper_and_says_why(monkeypatch, caplog):
