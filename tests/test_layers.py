@@ -9,7 +9,8 @@ deploy/ (export and the artifact loader); `remote_cache` is shared infrastructur
 The benchmark (the top-level `benchmarks/` package) is not part of the product: no kiln module
 imports it (it adds its commands to `kiln` through entry points). `externs/` (operators' Python
 views and fake functions) builds on `native/` (the C++ that defines them and the kernels' unit),
-not the other way: `native/` imports nothing of `externs/`.
+not the other way: `native/` imports nothing of `externs/`. The shared packages import one
+another in one direction: their import graph has no loop.
 """
 
 from __future__ import annotations
@@ -83,6 +84,27 @@ def violations() -> list[str]:
     return found
 
 
+def shared_loops() -> list[str]:
+    """Loops in the import graph of the shared packages (`a -> b -> ... -> a`), each once."""
+    graph: dict[str, set[str]] = {}
+    for importer, imported, _ in import_edges():
+        src, dst = _area(importer), _area(imported)
+        if src in SHARED and dst in SHARED and src != dst:
+            graph.setdefault(src, set()).add(dst)
+    loops = set()
+
+    def walk(path: list[str]) -> None:
+        for nxt in sorted(graph.get(path[-1], ())):
+            if nxt == path[0]:
+                loops.add(" -> ".join([*path, nxt]))
+            elif nxt not in path and nxt > path[0]:  # each loop found from its smallest package only
+                walk([*path, nxt])
+
+    for start in sorted(graph):
+        walk([start])
+    return sorted(loops)
+
+
 def test_the_import_graph_is_seen():
     edges = import_edges()
     assert len(edges) > 500  # the walk sees the package, function-level imports included
@@ -91,6 +113,16 @@ def test_the_import_graph_is_seen():
 
 def test_stages_never_reach_forward():
     assert violations() == []
+
+
+def test_the_shared_packages_import_one_another_in_one_direction():
+    assert shared_loops() == []
+
+
+def test_a_loop_among_shared_packages_is_caught(tmp_path, monkeypatch):
+    _plant(tmp_path, monkeypatch, "externs", "from kiln.autotune import gemm\n")
+    _plant(tmp_path, monkeypatch, "autotune", "def f():\n    from kiln.externs import native_ops\n")
+    assert shared_loops() == ["autotune -> externs -> autotune"]
 
 
 @pytest.mark.parametrize("source, message", [
