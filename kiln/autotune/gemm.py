@@ -21,7 +21,7 @@ import torch
 from kiln import config
 from kiln.autotune.choose import choose
 from kiln.externs import native_ops
-from kiln.externs.prepacked import CONV_IMPLS, MM_IMPLS, drop_packs, kiln_conv_applies, unary_aten
+from kiln.externs.prepacked import CONV_IMPLS, MM_IMPLS, drop_packs, kiln_conv_applies
 
 # Timing budget per question in seconds of timed runs (all candidates together), and the most
 # interleaved rounds: the default search, and mode="max-autotune"'s.
@@ -167,7 +167,8 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
     weights = [f"b{k}" for k in range(weight_copies(b))]
     r = Inputs(a=(a, None), bias=(bias, None), **{name: (b, None) for name in weights})
     unary, scalars, algorithm = post_op
-    after = lambda y: unary_aten(y, unary, scalars, algorithm or None)  # noqa: E731
+    apply_post_op = native_ops.direct("post_op")
+    after = (lambda y: y) if unary == "none" else lambda y: apply_post_op(y, unary, scalars, algorithm or None)  # noqa: E731
     plain = lambda f: lambda b: after(f(r.a, b, r.bias, "none", [], None))  # noqa: E731
     fused = lambda f: lambda b: f(r.a, b, r.bias, unary, scalars, algorithm or None)  # noqa: E731
     candidates = {name: _rotating(r, weights, plain(mm_call(name)))

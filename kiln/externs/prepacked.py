@@ -13,8 +13,6 @@ packed again, a new weight object starts with no pack, and a freed weight's pack
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
 from kiln.externs import kiln_conv_gemm, kiln_depthwise
@@ -45,27 +43,6 @@ def drop_packs(weight: torch.Tensor) -> None:
 def packed_bytes(weight: torch.Tensor) -> int:
     """Memory held by `weight`'s packed forms."""
     return libkiln.packed_bytes(weight)
-
-
-# The post-ops oneDNN applies in its GEMMs and convolutions, and the ATen function that means the
-# same (the autotuner times the implementations that run it after their GEMM followed by it).
-UNARY: dict[str, Callable[..., torch.Tensor]] = {
-    "none": lambda y: y,
-    "relu": torch.relu,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
-    "swish": torch.nn.functional.silu,
-    "hardswish": torch.nn.functional.hardswish,
-    "gelu": lambda y, approximate="none": torch.nn.functional.gelu(y, approximate=approximate or "none"),
-    "leaky_relu": lambda y, slope: torch.nn.functional.leaky_relu(y, slope),
-    "hardtanh": lambda y, low, high: torch.clamp(y, low, high),
-}
-
-
-def unary_aten(y: torch.Tensor, unary: str, scalars: list, algorithm: str | None) -> torch.Tensor:
-    if unary == "gelu":
-        return UNARY["gelu"](y, algorithm)
-    return UNARY[unary](y, *scalars)
 
 
 def kiln_conv_applies(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int) -> bool:

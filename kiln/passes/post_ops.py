@@ -1,8 +1,8 @@
 """The unary ops oneDNN applies inside a GEMM or convolution ("post-ops"), found after a node.
 
 Shared by conv_prepack and gemm_prepack: each unary ATen op, the oneDNN post-op that means the
-same (kiln/externs/prepacked.py `UNARY` runs it in ATen), silu in the two forms graphs hold
-(`aten.silu`, or `y * sigmoid(y)` as the core-ATen table writes it), and GELU's tanh form written
+same (kiln::post_op runs it in ATen: kiln/native/src/kiln_runtime.cpp), silu in the two forms
+graphs hold (`aten.silu`, or `y * sigmoid(y)` as the core-ATen table writes it), and GELU's tanh form written
 out in eager ops (GPT-2's activation), which becomes the GEMM's `gelu` post-op, "tanh" algorithm.
 """
 

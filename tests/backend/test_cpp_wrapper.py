@@ -24,6 +24,7 @@ from kiln.native import libkiln
 from kiln.runtime import fallback
 from kiln.runtime.compiled_graph import CompiledGraph
 from kiln.runtime.frozen import FrozenProgram
+from tests.codegen.test_kiln_gemm import EPILOGUES, unary_reference
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -112,7 +113,7 @@ MM_CASES = [(impl, *post) for impl in prepacked.MM_IMPLS for post in POST_OPS
 def test_every_kiln_mm_implementation_matches_aten(impl, unary, scalars, algorithm):
     torch.manual_seed(0)
     a, b, bias = torch.randn(5, 33), torch.randn(33, 20), torch.randn(20)
-    aten = lambda: prepacked.unary_aten(torch.addmm(bias, a, b), unary, scalars, algorithm)  # noqa: E731
+    aten = lambda: unary_reference(torch.addmm(bias, a, b), unary, scalars, algorithm)  # noqa: E731
     direct, dispatched = native_ops.direct("mm"), native_ops.op("mm")
     torch.testing.assert_close(direct(a, b, bias, unary, scalars, algorithm, impl), aten(), rtol=1e-5, atol=1e-5)
     # The packed weight is kept: a second call with the weight changed in place packs again.
@@ -122,6 +123,15 @@ def test_every_kiln_mm_implementation_matches_aten(impl, unary, scalars, algorit
     # One implementation: the dispatcher's kernel is the same function.
     assert torch.equal(dispatched(a, b, bias, unary, scalars, algorithm, impl),
                        direct(a, b, bias, unary, scalars, algorithm, impl))
+
+
+@pytest.mark.parametrize("unary, scalars, algorithm", EPILOGUES)
+def test_kiln_post_op_is_eagers(unary, scalars, algorithm):
+    # What the autotuner times the implementations that apply a post-op after their product with.
+    y = torch.randn(7, 9)
+    got = native_ops.direct("post_op")(y, unary, scalars, algorithm)
+    torch.testing.assert_close(got, unary_reference(y, unary, scalars, algorithm))
+    assert got.data_ptr() != y.data_ptr()  # a new tensor, "none" included, as its schema says
 
 
 def test_kiln_mm_refuses_an_unknown_implementation_naming_the_accepted_ones():
@@ -162,7 +172,7 @@ def test_every_kiln_conv_implementation_matches_aten(impl, unary, with_other, pa
     padded = torch.nn.functional.pad(x, [padding[1], padding[3], padding[0], padding[2]]) if len(padding) == 4 else x
     y = torch.nn.functional.conv2d(padded, weight, bias, 2, 0 if len(padding) == 4 else padding, 1, 2)
     other = torch.randn(y.shape).contiguous(memory_format=torch.channels_last) if with_other else None
-    want = prepacked.unary_aten(y + other if with_other else y, unary, [], None)
+    want = unary_reference(y + other if with_other else y, unary, [], None)
     got = native_ops.direct("conv")(x, weight, bias, [2, 2], padding, [1, 1], 2, unary, [], None, other, impl)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     if impl == prepacked.IN_PLACE_CONV_IMPL:

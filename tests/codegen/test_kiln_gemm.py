@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import kernels
-from kiln.externs.prepacked import unary_aten
 from kiln.native import build, kernels_unit
 
 EPILOGUES = [("none", [], None), ("relu", [], None), ("gelu", [], None), ("gelu", [], "tanh"), ("swish", [], None),
@@ -28,11 +27,19 @@ SHAPES = [(1, 1, 1), (3, 5, 7), (17, 33, 49), (9, 385, 50), (8, 769, 48), (64, 1
           (520, 40, 70)]
 
 
+def unary_reference(y, unary, scalars, algorithm):
+    """A post-op by oneDNN's name (kiln::mm's `unary`) as eager computes it."""
+    ops = {"none": lambda y: y, "relu": F.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "swish": F.silu,
+           "hardswish": F.hardswish, "gelu": lambda y: F.gelu(y, approximate=algorithm or "none"),
+           "leaky_relu": lambda y, slope: F.leaky_relu(y, slope), "hardtanh": lambda y, lo, hi: F.hardtanh(y, lo, hi)}
+    return ops[unary](y, *([] if unary == "gelu" else scalars))
+
+
 def _reference(a, b, bias, unary, scalars, algorithm, residual):
     y = a.double() @ b.double()
     if bias is not None:
         y = y + bias.double()
-    y = unary_aten(y, unary, scalars, algorithm)
+    y = unary_reference(y, unary, scalars, algorithm)
     return y + residual.double() if residual is not None else y
 
 

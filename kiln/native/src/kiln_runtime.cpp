@@ -372,6 +372,14 @@ std::pair<at::Tensor, at::Tensor> mm_row_norm(const at::Tensor& a_in, const at::
 
 // kiln::mm: the implementation the autotuner chose (kiln/autotune/gemm.py), its packed weight made
 // on first use and kept per weight and version.
+// kiln::post_op: y with a post-op applied as ATen computes it, what the implementations that do
+// not apply it inside their product run after it (the autotuner times them followed by it).
+at::Tensor post_op(const at::Tensor& y, c10::string_view unary, const Scalars& scalars,
+                   std::optional<c10::string_view> algorithm) {
+  at::Tensor out = unary_aten(y, unary, scalars, algorithm.value_or(""));
+  return out.is_same(y) ? y.clone() : out;  // (a result is never its input: the schema says no alias)
+}
+
 // kiln::mm_layer_norm: layer_norm(a @ b + bias + residual), or with `rms` an RMS norm.
 at::Tensor mm_layer_norm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& weight,
@@ -786,9 +794,10 @@ struct FoundOp {
 // kiln/externs/kiln_attention.py).
 KILN_OPERATOR(attention,
               "attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float scale, bool is_causal) -> Tensor")
-// a @ b + bias, then a post-op (oneDNN's names: kiln/externs/prepacked.py UNARY), by the
+// a @ b + bias, then a post-op (oneDNN's names, as kiln::post_op applies them), by the
 // implementation `impl` (aten, aten_kn, aten_nk, kiln, mkl, onednn).
 KILN_OPERATOR(mm, "mm(Tensor a, Tensor b, Tensor? bias, str unary, Scalar?[] scalars, str? algorithm, str impl) -> Tensor")
+KILN_OPERATOR(post_op, "post_op(Tensor y, str unary, Scalar?[] scalars, str? algorithm) -> Tensor")
 // The row norms in kiln's GEMM (kiln/passes/gemm_layer_norm.py).
 KILN_OPERATOR(mm_layer_norm, "mm_layer_norm(Tensor a, Tensor b, Tensor? bias, Tensor? residual, Tensor? weight, "
                              "Tensor? norm_bias, float eps, bool rms=False) -> Tensor")
