@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
 	$(PY) -m pip install --quiet -e ".[test,bench]"
+	$(VENV)/bin/kiln prebuild
 	rm -f $(VENV)/.kiln-installed-*
 	touch $@
 

@@ -220,9 +220,9 @@ def run_cases(
     case with the results so far, in the cases' order (to save a partial run).
 
     With cold caches, kiln's own libraries (its runtime and CPython extension: they depend only on
-    the machine, compiler, torch and Python, and a machine builds them once, on its first compile)
-    are built here first, timed and said, into a folder every case shares: a case's compile time
-    is its graphs', as Inductor's is, not a once-per-machine build repeated per case.
+    the machine, compiler, torch and Python) come from `kiln prebuild`'s folder, as after a user's
+    set-up; where it lacks them they are built here first, timed and said, into a folder every case
+    shares: a case's compile time is its graphs', as Inductor's is, never a once-per-install build.
 
     CUDA cases time their calls under one lock (`bench.timing_lock`: the caller's, else a file made
     for the run), so cases run side by side never time on the GPU at once."""
@@ -259,6 +259,12 @@ def _shared_kiln_runtime(wanted: bool) -> Iterator[None]:
     if not wanted or os.environ.get("KILN_RUNTIME_CACHE_DIR"):
         yield
         return
+    from kiln.native import prebuild
+
+    if not prebuild.missing():  # the set-up's `kiln prebuild` built them, as a user's set-up does
+        yield
+        return
+    print("kiln's own libraries are not prebuilt here (`kiln prebuild`, which `make setup` runs): ", end="")
     with tempfile.TemporaryDirectory(prefix="kiln-bench-runtime-") as shared:
         os.environ["KILN_RUNTIME_CACHE_DIR"] = shared
         try:

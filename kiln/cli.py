@@ -1,5 +1,5 @@
 """The `kiln` command: `kiln run` serves an exported model, `kiln autotune` answers a workload's
-autotune questions ahead of time; the commands other installed packages add (entry points in the
+autotune questions ahead of time, `kiln prebuild` builds kiln's own libraries at install time; the commands other installed packages add (entry points in the
 group `kiln.commands`: the repository's `benchmarks` package adds `kiln bench`, `kiln report`,
 `kiln profile`, `kiln capture-cost`, `kiln many-shapes`, `kiln call-overhead`, `kiln bench-launch`).
 
@@ -17,6 +17,7 @@ from importlib.metadata import entry_points
 from kiln import logs
 from kiln.autotune import cli as autotune_cli
 from kiln.deploy import runner
+from kiln.native import prebuild
 
 COMMAND_GROUP = "kiln.commands"
 
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None, extra: dict[str, str] | None = None) -> 
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     runner.add_command(commands)
     autotune_cli.add_command(commands)
+    prebuild.add_command(commands)
     added = {entry.name: entry.value for entry in entry_points(group=COMMAND_GROUP)}
     for name, target in sorted({**added, **(extra or {})}.items()):
         module, _, function = target.partition(":")

@@ -26,6 +26,7 @@ import difflib
 import numbers
 import os
 import re
+import sys
 import types
 import typing
 import warnings
@@ -281,6 +282,12 @@ class CacheSettings(_Group):
         help="where kiln's own libraries (its runtime over libtorch, its CPython extension) are cached; "
         "empty for under cache.dir. They depend only on the machine, compiler, torch and Python",
     )
+    prebuilt_dir: str = setting(
+        "",
+        env="KILN_PREBUILT_DIR",
+        help="where `kiln prebuild` (run by the README's set-up) puts kiln's own libraries at install "
+        "time, looked up before cache.runtime_dir; empty for <the environment's prefix>/share/kiln",
+    )
     remote: str = setting(
         "",
         env="KILN_REMOTE_CACHE",
@@ -466,6 +473,13 @@ def cache_dir() -> Path:
         kiln.config.cache_dir() / "kernels"   # PosixPath('/home/me/.cache/kiln/kernels')
     """
     return Path(os.path.expanduser(cache.dir))
+
+
+def prebuilt_dir() -> Path:
+    """Where `kiln prebuild` puts kiln's own libraries: ``cache.prebuilt_dir``, or
+    ``<sys.prefix>/share/kiln`` (the virtual environment's own folder: built with the install,
+    removed with it)."""
+    return Path(os.path.expanduser(cache.prebuilt_dir)) if cache.prebuilt_dir else Path(sys.prefix) / "share" / "kiln"
 
 
 def runtime_cache_dir() -> Path:

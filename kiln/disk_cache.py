@@ -105,10 +105,11 @@ def make_private_dirs(folder: Path) -> None:
             pass
 
 
-def unsafe_reason(root: Path, uid: int | None = None) -> str | None:
+def unsafe_reason(root: Path, uid: int | None = None, root_may_own: bool = False) -> str | None:
     """Why shared libraries may not be loaded from the cache directory `root`, or None.
 
-    `root` must be owned by `uid` (the current user's by default) and writable by no one else;
+    `root` must be owned by `uid` (the current user's by default; or by root, with `root_may_own`:
+    a system-wide installation's folder) and writable by no one else;
     each folder above it must be writable by no other user, unless it is sticky and owned by root
     or `uid` (in a sticky folder such as /tmp, others cannot rename or replace what they do not own).
 
@@ -117,7 +118,7 @@ def unsafe_reason(root: Path, uid: int | None = None) -> str | None:
         unsafe_reason(Path("/tmp/shared"))   # "/tmp/shared is writable by other users (mode 0o777)"
     """
     uid = os.geteuid() if uid is None else uid
-    problem = _owned_and_private(root, uid)
+    problem = _owned_and_private(root, 0 if root_may_own and root.stat().st_uid == 0 else uid)
     if problem is not None:
         return problem
     # Both the folders the path names and the ones a symlink in it leads to.
@@ -196,6 +197,15 @@ def intact(path: Path) -> bool:
     return read(path) is not None
 
 
+def sealed_here(path: Path) -> bool:
+    """`intact`, asking this machine's disk only (never the remote tier, never writing): for
+    folders kiln reads but does not fill at run time (`kiln prebuild`'s)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest() == _digest_path(path).read_text()
+    except OSError:
+        return False
+
+
 def _replace_atomically(path: Path, data: bytes) -> None:
     make_private_dirs(path.parent)
     # A unique temporary name in the same folder, so concurrent writers never share one and the
@@ -211,14 +221,15 @@ def _replace_atomically(path: Path, data: bytes) -> None:
         raise
 
 
-def seal(path: Path) -> None:
+def seal(path: Path, remote: bool = True) -> None:
     """Mark a complete file valid by writing its digest (the last step of every write). Call it
     holding `locked(path)`, so the digest written is that of the file another writer left. The
-    entry then goes to the remote tier, if one is set (kiln/remote_cache.py)."""
+    entry then goes to the remote tier, if one is set (kiln/remote_cache.py) and `remote`."""
     with locked(path):
         data = path.read_bytes()
         _replace_atomically(_digest_path(path), hashlib.sha256(data).hexdigest().encode())
-    _offer_remote(path, data)
+    if remote:
+        _offer_remote(path, data)
 
 
 def write(path: Path, data: bytes) -> None:

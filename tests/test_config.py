@@ -59,6 +59,7 @@ def test_defaults():
         "debug.verify": False,
         "cache.dir": "~/.cache/kiln",
         "cache.runtime_dir": "",
+        "cache.prebuilt_dir": "",
         "cache.remote": "",
         "cache.remote_connect_timeout_s": 5.0,
         "cache.remote_timeout_s": 5.0,

@@ -99,9 +99,58 @@ def build_library(sources: str | Sequence[str], compile_flags: Sequence[str] = (
     and whether it was built now (False: found intact in the cache). `compile_flags` and
     `link_flags` come after kiln's own (kiln's runtime: libtorch's headers and libraries);
     `unit_flags[k]`, after those, for unit k only (a C++ wrapper: -O0). `own`: one of kiln's own
-    libraries (its runtime, its CPython extension), cached under `cache.runtime_dir`."""
+    libraries (its runtime, its CPython extension): taken from `kiln prebuild`'s folder when it
+    holds it, else cached under `cache.runtime_dir`."""
     sources = [sources] if isinstance(sources, str) else list(sources)
-    target = _target(sources, compile_flags, link_flags, unit_flags, own)
+    if own:
+        prebuilt = _prebuilt(_key(sources, compile_flags, link_flags, unit_flags))
+        if prebuilt is not None:
+            logs.log("cache", "C++ library %s prebuilt at install time", prebuilt.stem[:12])
+            return prebuilt, False
+        logs.log("cache", "kiln's own C++ library is not in %s (`kiln prebuild` puts it there): "
+                 "built into the cache now", config.prebuilt_dir())
+    return _build_cached(_target(sources, compile_flags, link_flags, unit_flags, own),
+                         sources, compile_flags, link_flags, unit_flags)
+
+
+def prebuild_library(sources: Sequence[str], compile_flags: Sequence[str] = (),
+                     link_flags: Sequence[str] = ()) -> tuple[Path, bool]:
+    """`build_library(..., own=True)` into `kiln prebuild`'s folder (`cache.prebuilt_dir`), where
+    every later process of this installation finds it: the path, and whether it was built now."""
+    target = config.prebuilt_dir() / "cpp" / f"{_key(list(sources), compile_flags, link_flags, ())}.so"
+    target.parent.mkdir(parents=True, exist_ok=True)  # readable by all: a system-wide install's users load from it
+    with disk_cache.locked(target):
+        if disk_cache.sealed_here(target):
+            return target, False
+        _build(list(sources), target, compile_flags, link_flags)
+        disk_cache.seal(target, remote=False)
+        for made in (target, target.with_name(target.name + ".sha256")):
+            made.chmod(0o755 if made == target else 0o644)
+    return target, True
+
+
+def prebuilt_library(sources: Sequence[str], compile_flags: Sequence[str] = (),
+                     link_flags: Sequence[str] = ()) -> Path | None:
+    """The library `prebuild_library` made of these, when its folder holds it and may be loaded."""
+    return _prebuilt(_key(list(sources), compile_flags, link_flags, ()))
+
+
+def _prebuilt(key: str) -> Path | None:
+    """`kiln prebuild`'s library of `key` when its folder holds it intact and only its owner (this
+    user or root) can write there: kiln loads code from it."""
+    folder = config.prebuilt_dir() / "cpp"
+    target = folder / f"{key}.so"
+    if not disk_cache.sealed_here(target):
+        return None
+    problem = disk_cache.unsafe_reason(folder, root_may_own=True)
+    if problem is not None:
+        logs.log("cache", "prebuilt library %s not used: %s", target, problem)
+        return None
+    return target
+
+
+def _build_cached(target: Path, sources: list[str], compile_flags: Sequence[str], link_flags: Sequence[str],
+                  unit_flags: Sequence[Sequence[str]]) -> tuple[Path, bool]:
     key = target.stem
     if disk_cache.intact(target):
         logs.log("cache", "C++ cache hit %s", key[:12])
@@ -117,18 +166,28 @@ def build_library(sources: str | Sequence[str], compile_flags: Sequence[str] = (
     return target, True
 
 
+def _key(sources: list[str], compile_flags: Sequence[str], link_flags: Sequence[str],
+         unit_flags: Sequence[Sequence[str]]) -> str:
+    flags = [*FLAGS, *compile_flags, *link_flags, *(" ".join(f) for f in unit_flags)]
+    return hashlib.sha256("\0".join([*sources, *compiler(), machine(), *flags]).encode()).hexdigest()
+
+
 def _target(sources: list[str], compile_flags: Sequence[str], link_flags: Sequence[str],
             unit_flags: Sequence[Sequence[str]], own: bool = False) -> Path:
-    flags = [*FLAGS, *compile_flags, *link_flags, *(" ".join(f) for f in unit_flags)]
-    key = hashlib.sha256("\0".join([*sources, *compiler(), machine(), *flags]).encode()).hexdigest()
-    return disk_cache.entry("cpp", key, ".so", root=config.runtime_cache_dir() if own else None)
+    return disk_cache.entry("cpp", _key(sources, compile_flags, link_flags, unit_flags), ".so",
+                            root=config.runtime_cache_dir() if own else None)
 
 
 def cached_library(sources: str | Sequence[str], compile_flags: Sequence[str] = (),
                    link_flags: Sequence[str] = (), own: bool = False) -> Path | None:
     """The path of the library `build_library` would give, when the cache holds it intact; None
     (nothing is built) otherwise."""
-    target = _target([sources] if isinstance(sources, str) else list(sources), compile_flags, link_flags, (), own)
+    sources = [sources] if isinstance(sources, str) else list(sources)
+    if own:
+        prebuilt = _prebuilt(_key(sources, compile_flags, link_flags, ()))
+        if prebuilt is not None:
+            return prebuilt
+    target = _target(sources, compile_flags, link_flags, (), own)
     return target if disk_cache.intact(target) else None
 
 

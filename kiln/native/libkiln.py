@@ -45,14 +45,18 @@ def source() -> str:
     return header + "\n" + SOURCE.read_text() + "\n// Linked with kiln_runtime.map:\n" + exports
 
 
-@functools.cache
-def library_path() -> str:
+def build_arguments() -> tuple[list[str], list[str], list[str]]:
+    """(sources, compile flags, link flags) of this process's runtime, as `build_library` takes them."""
     compile_flags, link_flags = torch_flags()
     # This runtime registers kiln's C++ operators with the dispatcher (kiln_runtime.cpp
     # KILN_OPERATOR); an exported model's copy of it does not (kiln/deploy/export.py).
     compile_flags.append("-DKILN_REGISTER_OPS")
-    path, _ = build_library([source(), kernels_unit.source()], compile_flags,
-                            [*link_flags, f"-Wl,--version-script={EXPORTS}"], own=True)
+    return [source(), kernels_unit.source()], compile_flags, [*link_flags, f"-Wl,--version-script={EXPORTS}"]
+
+
+@functools.cache
+def library_path() -> str:
+    path, _ = build_library(*build_arguments(), own=True)
     return str(path)
 
 

@@ -65,9 +65,14 @@ def build_in_background() -> None:
         threading.Thread(target=module, name="kiln-python-door-build", daemon=True).start()
 
 
+def build_arguments() -> tuple[list[str], list[str], list[str]]:
+    """(sources, compile flags, link flags) of this process's extension, as `build_library` takes them."""
+    return [_source()], *_flags()
+
+
 @functools.cache
 def _module() -> ModuleType:
-    path, _ = build_library([_source()], *_flags(), own=True)
+    path, _ = build_library(*build_arguments(), own=True)
     loader = importlib.machinery.ExtensionFileLoader("kiln_python", str(path))
     spec = importlib.util.spec_from_file_location("kiln_python", str(path), loader=loader)
     extension = importlib.util.module_from_spec(spec)

@@ -138,10 +138,13 @@ def test_call_overhead_refuses_an_unknown_model_naming_it(capsys):
     assert exit.value.code == 2 and "unknown model 'nosuch'" in capsys.readouterr().err
 
 
-def test_cold_cases_share_kilns_runtime_built_once_up_front(monkeypatch):
+@pytest.mark.parametrize("prebuilt", [True, False])
+def test_cold_cases_share_kilns_runtime_built_once_up_front_unless_prebuilt(monkeypatch, prebuilt):
     from benchmarks.results import Case, Result
+    from kiln.native import prebuild
 
     monkeypatch.delenv("KILN_RUNTIME_CACHE_DIR", raising=False)
+    monkeypatch.setattr(prebuild, "missing", lambda: [] if prebuilt else ["runtime"])
     built, seen = [], []
     monkeypatch.setattr(benchmarks.runner, "_build_kiln_runtime", built.append)
 
@@ -151,7 +154,10 @@ def test_cold_cases_share_kilns_runtime_built_once_up_front(monkeypatch):
 
     cases = [Case("mlp", "kiln", 1), Case("mlp", "eager", 1), Case("bert", "kiln", 1)]
     run_cases(cases, 60.0, cold_cache=True, run_one=run_one)
-    assert len(built) == 1 and seen == [built[0]] * 3  # one build, every case on its folder
+    if prebuilt:  # as after a user's set-up: the cases find kiln's libraries where it put them
+        assert built == [] and seen == [None] * 3
+    else:
+        assert len(built) == 1 and seen == [built[0]] * 3  # one build, every case on its folder
     assert "KILN_RUNTIME_CACHE_DIR" not in os.environ  # and the variable gone after the run
 
 
