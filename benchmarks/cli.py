@@ -284,7 +284,9 @@ def run_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 
 def add_bench_command(commands: argparse._SubParsersAction) -> None:
-    suite_names = ", ".join(f"{name} ({', '.join(models)})" for name, models in suites().items())
+    # A long suite (wide) says how many models it has before naming them.
+    suite_names = ", ".join(f"{name} ({f'{len(models)} models: ' if len(models) > 12 else ''}{', '.join(models)})"
+                            for name, models in suites().items())
     suite_names += f", {GEMM_SUITE} (single GEMMs at the hf models' shapes through every kiln::mm implementation)"
     modes = "\n".join(f"  {name:22} {mode.help}" for name, mode in MODES.items())
     p = commands.add_parser(

@@ -301,6 +301,218 @@ _register(
     )
 )
 
+# ---- the wide suite: one model per architecture family the hf suite leaves out ----
+# Breadth, not depth: each model is there for an operator pattern or graph shape the hf suite has
+# no example of (grouped and depthwise convolutions, windowed and relative-position attention,
+# spatial-reduction attention, convolutional speech front ends, alibi and multi-query decoders).
+# Sizes: batch 1, float32, text sequences of 128, images at 224x224 (the config's image size),
+# audio 1 s at 16 kHz; every config names its sizes, shrunk from the big defaults so that one eager
+# forward at 2 threads takes about 10-150 ms. Decoders run without a KV cache; BatchNorms are
+# calibrated on the input (see `calibrate_batch_norms`). Dropouts at the checkpoints' values
+# (zeroed in training builds); layer drop and SpecAugment, which `_without_dropout` does not see,
+# are off.
+WIDE = ("wide",)
+
+
+def _audio(samples: int) -> Callable[[Any], dict[str, torch.Tensor]]:
+    # Raw 16 kHz waveform, as wav2vec2-style feature extractors take it.
+    return lambda cfg: {"input_values": torch.randn(1, samples, generator=_generator())}
+
+
+def _whisper_inputs(seq: int) -> Callable[[Any], dict[str, torch.Tensor]]:
+    # Log-mel frames (10 ms each, two per encoder position: the encoder takes exactly
+    # 2 * max_source_positions of them) and decoder tokens.
+    return lambda cfg: {
+        "input_features": torch.randn(1, cfg.num_mel_bins, 2 * cfg.max_source_positions, generator=_generator()),
+        "decoder_input_ids": token_ids(cfg.vocab_size, seq),
+    }
+
+
+# Grouped and depthwise CNNs. RegNetY-4.0GF: grouped 3x3 convolutions (64 channels a group) with
+# squeeze-excitation; MobileNetV2 (depth multiplier 1): inverted residuals, depthwise 3x3 with
+# ReLU6; EfficientNet-B0: depthwise 3x3/5x5, SiLU and squeeze-excitation; ConvNeXt V2-tiny:
+# depthwise 7x7 with global response norm (LayerNorms, no BatchNorm); ResNet-18: basic blocks,
+# plain 3x3 convolutions, where resnet50 has bottlenecks.
+_register(hf_model("regnet", WIDE, "RegNetModel", "RegNetConfig",
+                   {"embedding_size": 32, "hidden_sizes": [128, 192, 512, 1088], "depths": [2, 6, 12, 2],
+                    "groups_width": 64, "layer_type": "y"},
+                   _pixels(224), calibrate_batch_norms))
+_register(hf_model("mobilenetv2", WIDE, "MobileNetV2Model", "MobileNetV2Config",
+                   {"image_size": 224, "depth_multiplier": 1.0, "expand_ratio": 6.0, "output_stride": 32},
+                   _config_pixels, calibrate_batch_norms))
+_register(hf_model("efficientnet", WIDE, "EfficientNetModel", "EfficientNetConfig",
+                   {"image_size": 224, "width_coefficient": 1.0, "depth_coefficient": 1.0, "hidden_dim": 1280,
+                    "dropout_rate": 0.2},
+                   _config_pixels, calibrate_batch_norms))
+_register(hf_model("convnextv2", WIDE, "ConvNextV2Model", "ConvNextV2Config",
+                   {"image_size": 224, "patch_size": 4, "hidden_sizes": [96, 192, 384, 768], "depths": [3, 3, 9, 3]},
+                   _config_pixels))
+_register(hf_model("resnet18", WIDE, "ResNetModel", "ResNetConfig",
+                   {"embedding_size": 64, "hidden_sizes": [64, 128, 256, 512], "depths": [2, 2, 2, 2],
+                    "layer_type": "basic"},
+                   _pixels(224), calibrate_batch_norms))
+# Windowed attention: Swin-tiny (V1: pre-norm blocks, dot-product attention in shifted 7x7
+# windows with a learned relative position bias table, patch merging), 224x224; swinv2 in the hf
+# suite has V2's post-norm, cosine attention and MLP-made position bias instead.
+_register(hf_model("swin", WIDE, "SwinModel", "SwinConfig",
+                   {"image_size": 224, "patch_size": 4, "embed_dim": 96, "depths": [2, 2, 6, 2],
+                    "num_heads": [3, 6, 12, 24], "window_size": 7, "mlp_ratio": 4.0},
+                   _config_pixels))
+# Small vision transformers. DeiT-small (a distillation token beside the class token); BEiT at
+# DeiT-small sizes with a relative position bias in every layer and layer scale; DINOv2-small
+# (14x14 patches, 257 tokens, layer scale); LeViT-128S (BatchNorm'd linears, attention biases,
+# subsampling attention, hardswish); PVT-tiny (V1: spatial-reduction attention over strided
+# patches); SegFormer MiT-b0 (overlapping patch embeddings, spatial reduction, depthwise conv in the
+# MLP); CvT-13 (depthwise-conv + BatchNorm projections of queries, keys and values).
+_VIT_SMALL = {"hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 6, "intermediate_size": 1536,
+              "image_size": 224, "patch_size": 16}
+_register(hf_model("deit", WIDE, "DeiTModel", "DeiTConfig", _VIT_SMALL, _config_pixels))
+_register(hf_model("beit", WIDE, "BeitModel", "BeitConfig",
+                   {**_VIT_SMALL, "use_relative_position_bias": True, "use_absolute_position_embeddings": False,
+                    "use_mean_pooling": True, "layer_scale_init_value": 0.1},
+                   _config_pixels))
+_register(hf_model("dinov2", WIDE, "Dinov2Model", "Dinov2Config",
+                   {"hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 6, "mlp_ratio": 4,
+                    "image_size": 224, "patch_size": 14},
+                   _config_pixels))
+_register(hf_model("levit", WIDE, "LevitModel", "LevitConfig",
+                   {"image_size": 224, "patch_size": 16, "hidden_sizes": [128, 256, 384],
+                    "num_attention_heads": [4, 6, 8], "depths": [2, 3, 4], "key_dim": [16, 16, 16],
+                    "mlp_ratio": [2, 2, 2], "attention_ratio": [2, 2, 2],
+                    "down_ops": [["Subsample", 16, 8, 4, 2, 2], ["Subsample", 16, 16, 4, 2, 2]]},
+                   _config_pixels, calibrate_batch_norms))
+_register(hf_model("pvt", WIDE, "PvtModel", "PvtConfig",
+                   {"image_size": 224, "hidden_sizes": [64, 128, 320, 512], "depths": [2, 2, 2, 2],
+                    "num_attention_heads": [1, 2, 5, 8], "sequence_reduction_ratios": [8, 4, 2, 1],
+                    "mlp_ratios": [8, 8, 4, 4], "patch_sizes": [4, 2, 2, 2], "strides": [4, 2, 2, 2]},
+                   _config_pixels))
+_register(hf_model("segformer", WIDE, "SegformerModel", "SegformerConfig",
+                   {"hidden_sizes": [32, 64, 160, 256], "depths": [2, 2, 2, 2], "num_attention_heads": [1, 2, 5, 8],
+                    "sr_ratios": [8, 4, 2, 1], "mlp_ratios": [4, 4, 4, 4], "patch_sizes": [7, 3, 3, 3],
+                    "strides": [4, 2, 2, 2]},
+                   _pixels(224)))
+_register(hf_model("cvt", WIDE, "CvtModel", "CvtConfig",
+                   {"embed_dim": [64, 192, 384], "num_heads": [1, 3, 6], "depth": [1, 2, 10],
+                    "patch_sizes": [7, 3, 3], "patch_stride": [4, 2, 2], "mlp_ratio": [4.0, 4.0, 4.0],
+                    "drop_path_rate": [0.0, 0.0, 0.0]},  # a list, which `_without_dropout` would miss
+                   _pixels(224), calibrate_batch_norms))
+# Text encoders whose attention is not BERT's: DeBERTa (disentangled content/position attention,
+# c2p and p2c, relative positions up to 512); DeBERTa-v3-xsmall (hidden 384, 12 layers;
+# log-bucketed relative positions, shared position keys); RoFormer (rotary positions); MPNet
+# (T5-style bucketed relative bias); ConvBERT (span-based dynamic convolution heads beside
+# self-attention); ELECTRA-small (a 128-wide embedding projected to 256, 12 layers); ALBERT-base
+# widths (one layer's weights shared by every layer, factorized 128-wide embeddings). The hidden-768
+# encoders have 6 layers, not 12: at 12, BERT-base takes ~165 ms at 2 threads.
+_ENCODER = {"hidden_size": 768, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 3072,
+            "max_position_embeddings": 512}
+_register(hf_model("deberta", WIDE, "DebertaModel", "DebertaConfig",
+                   {**_ENCODER, "vocab_size": 50265, "relative_attention": True, "pos_att_type": ["c2p", "p2c"],
+                    "max_relative_positions": -1, "position_biased_input": False},
+                   _ids(128)))
+_register(hf_model("debertav2", WIDE, "DebertaV2Model", "DebertaV2Config",
+                   {"hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 6, "intermediate_size": 1536,
+                    "max_position_embeddings": 512, "vocab_size": 128100, "relative_attention": True,
+                    "pos_att_type": ["p2c", "c2p"], "max_relative_positions": -1, "position_buckets": 256,
+                    "norm_rel_ebd": "layer_norm", "share_att_key": True, "position_biased_input": False},
+                   _ids(128)))
+_register(hf_model("roformer", WIDE, "RoFormerModel", "RoFormerConfig",
+                   {**_ENCODER, "vocab_size": 50000, "embedding_size": 768, "max_position_embeddings": 1536},
+                   _ids(128)))
+_register(hf_model("mpnet", WIDE, "MPNetModel", "MPNetConfig",
+                   {**_ENCODER, "vocab_size": 30527, "relative_attention_num_buckets": 32}, _ids(128)))
+_register(hf_model("convbert", WIDE, "ConvBertModel", "ConvBertConfig",
+                   {**_ENCODER, "vocab_size": 30522, "embedding_size": 768, "head_ratio": 2, "conv_kernel_size": 9,
+                    "num_groups": 1},
+                   _ids(128)))
+_register(hf_model("electra", WIDE, "ElectraModel", "ElectraConfig",
+                   {"vocab_size": 30522, "embedding_size": 128, "hidden_size": 256, "num_hidden_layers": 12,
+                    "num_attention_heads": 4, "intermediate_size": 1024, "max_position_embeddings": 512},
+                   _ids(128)))
+_register(hf_model("albert", WIDE, "AlbertModel", "AlbertConfig",
+                   {"vocab_size": 30000, "embedding_size": 128, "hidden_size": 768, "num_hidden_layers": 6,
+                    "num_attention_heads": 12, "intermediate_size": 3072, "num_hidden_groups": 1,
+                    "inner_group_num": 1, "max_position_embeddings": 512},
+                   _ids(128)))
+# Speech, 1 s of 16 kHz audio. Wav2Vec2-base, HuBERT-base and WavLM-base share a 7-layer strided
+# 1-D conv front end (GroupNorm after the first) feeding 49 frames to a 12-layer encoder, with a
+# grouped conv (kernel 128, 16 groups, weight norm) as position embedding; WavLM adds gated relative
+# position biases. Whisper-base: two 1-D convs over 100 log-mel frames (the encoder's positions
+# shrunk from 30 s to 1 s to match), 6+6 layers, 128 decoder tokens.
+_SPEECH = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
+           "conv_dim": [512] * 7, "conv_stride": [5, 2, 2, 2, 2, 2, 2], "conv_kernel": [10, 3, 3, 3, 3, 2, 2],
+           "feat_extract_norm": "group", "num_conv_pos_embeddings": 128, "num_conv_pos_embedding_groups": 16,
+           "do_stable_layer_norm": False, "layerdrop": 0.0, "apply_spec_augment": False}
+_register(hf_model("wav2vec2", WIDE, "Wav2Vec2Model", "Wav2Vec2Config", _SPEECH, _audio(16000)))
+_register(hf_model("hubert", WIDE, "HubertModel", "HubertConfig", _SPEECH, _audio(16000)))
+_register(hf_model("wavlm", WIDE, "WavLMModel", "WavLMConfig",
+                   {**_SPEECH, "num_buckets": 320, "max_bucket_distance": 800}, _audio(16000)))
+_register(hf_model("whisper", WIDE, "WhisperModel", "WhisperConfig",
+                   {**no_cache, "vocab_size": 51865, "num_mel_bins": 80, "d_model": 512, "encoder_layers": 6,
+                    "decoder_layers": 6, "encoder_attention_heads": 8, "decoder_attention_heads": 8,
+                    "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048, "max_source_positions": 50,
+                    "max_target_positions": 448, "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0,
+                    "apply_spec_augment": False},
+                   _whisper_inputs(128)))
+# Sequence to sequence (t5 is in the hf suite): BART at base widths with 3+3 layers (learned
+# positions, post-norm) and Marian at opus-mt sizes (6+6 layers, 512 wide, sinusoidal positions),
+# encoder and decoder inputs of 128.
+_register(hf_model("bart", WIDE, "BartModel", "BartConfig",
+                   {**no_cache, "vocab_size": 50265, "d_model": 768, "encoder_layers": 3, "decoder_layers": 3,
+                    "encoder_attention_heads": 12, "decoder_attention_heads": 12, "encoder_ffn_dim": 3072,
+                    "decoder_ffn_dim": 3072, "max_position_embeddings": 1024, "encoder_layerdrop": 0.0,
+                    "decoder_layerdrop": 0.0},
+                   _encoder_decoder_ids(128)))
+_register(hf_model("marian", WIDE, "MarianModel", "MarianConfig",
+                   {**no_cache, "vocab_size": 58101, "decoder_vocab_size": 58101, "d_model": 512,
+                    "encoder_layers": 6, "decoder_layers": 6, "encoder_attention_heads": 8,
+                    "decoder_attention_heads": 8, "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048,
+                    "max_position_embeddings": 512, "pad_token_id": 58100, "decoder_start_token_id": 58100,
+                    "encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0},
+                   _encoder_decoder_ids(128)))
+# Decoders with their LM heads, 128 tokens, sized like llama in the hf suite (hidden 512, 4 layers,
+# 8 heads; at 128 tokens the LM head of a 50k vocabulary is half the work). GPT-Neo: alternating
+# global and local attention, the local window shrunk from 256 to 64 so that it masks something at
+# 128 tokens; OPT-125m's layout (ReLU MLP, learned positions offset by 2); BLOOM: alibi biases
+# instead of positions, an embedding LayerNorm (vocabulary cut from 250880 to 32000: that head
+# alone would be 128M parameters); Qwen2: GQA (8 query heads over 2), biases on q/k/v only,
+# rotary, llama's MLP width (vocabulary 32000, not 151936, for the same reason); Phi: parallel
+# attention and MLP, rotary on half of each head; GPTBigCode: multi-query attention (one key-value
+# head); Falcon (7B's layout): multi-query, parallel attention and MLP, rotary.
+_register(hf_model("gptneo", WIDE, "GPTNeoForCausalLM", "GPTNeoConfig",
+                   {**no_cache, "vocab_size": 50257, "hidden_size": 512, "intermediate_size": 2048, "num_layers": 4,
+                    "attention_types": [[["global", "local"], 2]], "num_heads": 8, "window_size": 64,
+                    "max_position_embeddings": 2048},
+                   _ids(128)))
+_register(hf_model("opt", WIDE, "OPTForCausalLM", "OPTConfig",
+                   {**no_cache, "vocab_size": 50272, "hidden_size": 512, "word_embed_proj_dim": 512,
+                    "num_hidden_layers": 4, "num_attention_heads": 8, "ffn_dim": 2048,
+                    "max_position_embeddings": 2048, "do_layer_norm_before": True, "layerdrop": 0.0},
+                   _ids(128)))
+_register(hf_model("bloom", WIDE, "BloomForCausalLM", "BloomConfig",
+                   {**no_cache, "vocab_size": 32000, "hidden_size": 512, "n_layer": 4, "n_head": 8},
+                   _ids(128)))
+_register(hf_model("qwen2", WIDE, "Qwen2ForCausalLM", "Qwen2Config",
+                   {**no_cache, "vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1376,
+                    "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+                    "max_position_embeddings": 2048, "tie_word_embeddings": False},
+                   _ids(128)))
+_register(hf_model("phi", WIDE, "PhiForCausalLM", "PhiConfig",
+                   {**no_cache, "vocab_size": 51200, "hidden_size": 512, "intermediate_size": 2048,
+                    "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 8,
+                    "max_position_embeddings": 2048,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}},
+                   _ids(128)))
+_register(hf_model("gptbigcode", WIDE, "GPTBigCodeForCausalLM", "GPTBigCodeConfig",
+                   {**no_cache, "vocab_size": 50257, "n_embd": 512, "n_layer": 4, "n_head": 8, "n_inner": 2048,
+                    "multi_query": True, "n_positions": 2048},
+                   _ids(128)))
+_register(hf_model("falcon", WIDE, "FalconForCausalLM", "FalconConfig",
+                   {**no_cache, "vocab_size": 65024, "hidden_size": 512, "ffn_hidden_size": 2048,
+                    "num_hidden_layers": 4, "num_attention_heads": 8, "multi_query": True, "parallel_attn": True,
+                    "new_decoder_architecture": False, "alibi": False, "bias": False,
+                    "max_position_embeddings": 2048},
+                   _ids(128)))
+
 # ---- the smoke suite: two real models small enough for `make demo` ----
 _register(
     hf_model(

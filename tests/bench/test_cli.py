@@ -32,7 +32,7 @@ def test_unknown_model_lists_valid_ones(capsys):
 
 def test_unknown_suite_lists_valid_ones(capsys):
     err = _error(capsys, "--suite", "huge")
-    assert "unknown suite 'huge'" in err and "hf, gpu, smoke, unit" in err
+    assert "unknown suite 'huge'" in err and "hf, gpu, wide, smoke, unit" in err
 
 
 def test_unknown_mode_lists_valid_ones(capsys):
