@@ -107,10 +107,14 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
             torch.amp.autocast_mode._exit_autocast(ctx)
         if reentry.autocast_state() != entry_autocast:  # a resume function left a re-entered block
             reentry.set_autocast_state(entry_autocast)
+    snapshot = module_watch.Snapshot(module_watch.STATE.version)
     if module_watch.STATE.watched:
-        output.guards.add(Guard("MODULE_STRUCTURE", None, module_watch.STATE.version))
+        output.guards.add(Guard("MODULE_STRUCTURE", None, snapshot))
     rc = Reconstructor()
     side_effects = output.side_effects.replay_lines(rc)
+    if output.side_effects.module_writes_keep_reads():
+        # Its own writes (HF's Swin sets `self.shift_size` on every call) must not fail its own guard.
+        side_effects.append(f"{rc.ns.bind(snapshot, 'S')}.version = {rc.ns.bind(module_watch.STATE, 'W')}.version")
     # A resume function that leaves the block it started in: compiled graphs do not switch
     # global state when they run, so the runner does.
     if final_grad_mode != grad_mode:

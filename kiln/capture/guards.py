@@ -155,7 +155,7 @@ def _global_state(g: Guard, v: str, ns: Namespace) -> str:
 
 
 def _module_structure(g: Guard, v: str, ns: Namespace) -> str:
-    return f"{ns.bind(module_watch.STATE, 'W')}.version == {g.expected!r}"
+    return f"{ns.bind(module_watch.STATE, 'W')}.version == {ns.bind(g.expected, 'S')}.version"
 
 
 _EXPRS: dict[str, Callable[[Guard, str, Namespace], str]] = {

@@ -4,7 +4,8 @@ Captured graphs read submodules, parameters and plain attributes of modules (`se
 `self.training`, `self.config`) as they were at capture time. Instead of re-checking each of
 those reads on every call, kiln watches the modules a capture read (`watch`): assigning or
 deleting an attribute of one (`nn.Module.__setattr__`/`__delattr__`, which `train()`/`eval()`
-use), registering a child, parameter or buffer, or converting it (`_apply`: `to()`, `float()`,
+use; assigning an int, bool, string, None or tuple of them equal to the attribute's value, or the
+very object it holds, is no change), registering a child, parameter or buffer, or converting it (`_apply`: `to()`, `float()`,
 ...) moves the version, and every `MODULE_STRUCTURE` guard fails.
 
 To see assignments, kiln wraps `nn.Module.__setattr__`, `__delattr__` and `_apply` once, on the
@@ -52,6 +53,25 @@ def _on_registration(module: nn.Module, name: str, value: Any) -> None:
         _bump_if_watched(module)
 
 
+_CONSTANTS = (int, bool, str, bytes, type(None))
+ABSENT = object()
+
+
+def same_constant(old: Any, new: Any) -> bool:
+    """`new` is `old`, or an equal value of the same immutable constant type (tuples of them
+    included; floats by their repr, so 0.0 and -0.0 differ): assigning it changes nothing a
+    capture read."""
+    if old is new:
+        return True
+    if type(old) is not type(new):
+        return False
+    if isinstance(old, tuple):
+        return len(old) == len(new) and all(same_constant(a, b) for a, b in zip(old, new))
+    if isinstance(old, float):
+        return repr(old) == repr(new)
+    return isinstance(old, _CONSTANTS) and old == new
+
+
 def _wrap(method: Any) -> Any:
     @functools.wraps(method)
     def watched(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -64,6 +84,24 @@ def _wrap(method: Any) -> Any:
     return watched
 
 
+def _wrap_setattr(method: Any) -> Any:
+    # A forward that re-assigns an attribute the value it already has (HF's Swin sets
+    # `self.shift_size = 0` and `self.window_size = ...` on every call of its last stage's layers)
+    # changes nothing: counting it failed every guard on the next call, a recompile per call.
+    @functools.wraps(method)
+    def watched(self: nn.Module, name: str, value: Any) -> None:
+        if torch.compiler.is_compiling() or not STATE.watched or self not in STATE.watched:
+            method(self, name, value)
+            return
+        old = self.__dict__.get(name, ABSENT)
+        method(self, name, value)
+        if old is ABSENT or not same_constant(old, value):
+            STATE.version += 1
+
+    watched.__kiln_watch__ = method  # type: ignore[attr-defined]
+    return watched
+
+
 def _install() -> None:
     module_file.register_module_module_registration_hook(_on_registration)
     module_file.register_module_parameter_registration_hook(_on_registration)
@@ -71,8 +109,21 @@ def _install() -> None:
     for name in ("__setattr__", "__delattr__", "_apply"):
         method = getattr(nn.Module, name)
         if not hasattr(method, "__kiln_watch__"):
-            setattr(nn.Module, name, _wrap(method))
+            setattr(nn.Module, name, (_wrap_setattr if name == "__setattr__" else _wrap)(method))
     STATE.installed = True
+
+
+class Snapshot:
+    """The version a frame's MODULE_STRUCTURE guard expects. A frame whose only changes to watched
+    modules are attributes it writes without reading them first (their old values are in none of
+    its graph's decisions) moves it past its own writes after replaying them (capture/frame.py):
+    its next call matches, while every other frame's guard still fails."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+
+    def __repr__(self) -> str:
+        return str(self.version)
 
 
 def watch(module: nn.Module) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kiln.capture import module_watch
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.containers import DictVariable, ListVariable, SetVariable
 
@@ -19,6 +20,7 @@ class SideEffects:
         self.attr_writes: dict[int, tuple[Variable, dict[str, Variable | None]]] = {}  # None: deleted
         self.global_writes: dict[tuple[int, str], tuple[dict, str, Variable]] = {}
         self.cell_writes: dict[int, tuple[Variable, Variable]] = {}  # a real cell -> its new contents
+        self.module_reads: dict[tuple[int, str], Any] = {}  # (id(module), name) -> the value read, as it was on entry
 
     def record_mutation(self, container: Variable) -> None:
         self.mutated.setdefault(id(container), container)
@@ -33,6 +35,25 @@ class SideEffects:
         if entry is None or name not in entry[1]:
             return False, None
         return True, entry[1][name]
+
+    def record_module_read(self, module: Any, name: str) -> None:
+        """The trace read attribute `name` of a watched module as it was before the call (not a
+        value the trace itself had written)."""
+        self.module_reads.setdefault((id(module), name), module.__dict__.get(name, module_watch.ABSENT))
+
+    def module_writes_keep_reads(self) -> bool:
+        """The trace writes attributes of watched modules, and each one it also read before writing
+        it gets back the constant it read: after the replay, every attribute the graph's decisions
+        read holds what they read."""
+        from kiln.capture.variables.modules import ModuleVariable
+
+        writes = [(id(obj.value), name, value) for obj, attrs in self.attr_writes.values()
+                  if isinstance(obj, ModuleVariable) and obj.source is not None for name, value in attrs.items()]
+        return bool(writes) and all(
+            (key, name) not in self.module_reads
+            or (value is not None and value.is_constant()
+                and module_watch.same_constant(self.module_reads[(key, name)], value.as_constant()))
+            for key, name, value in writes)
 
     def record_global(self, globals_dict: dict, name: str, value: Variable) -> None:
         self.global_writes[(id(globals_dict), name)] = (globals_dict, name, value)

@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -399,3 +400,70 @@ def test_dropout_eval_is_identity_and_train_is_random():
     torch.manual_seed(1)
     expected = model(torch.ones(64, 3))
     assert_same(actual, expected)
+
+
+class ClampsItsShift(nn.Module):
+    """HF's Swin: every call sets `shift` (never read before) and re-assigns `window` the value it
+    reads; the first call changes `shift` from its constructor's value."""
+
+    def __init__(self):
+        super().__init__()
+        self.window, self.shift = 7, 3
+
+    def forward(self, x):
+        if x.shape[-1] <= self.window:
+            self.shift = 0
+            self.window = min(x.shape[-1], self.window)
+        return torch.roll(x, self.shift, -1) if self.shift else x * 2
+
+
+@pytest.mark.parametrize("width,entries", [(7, 1), (5, 2)])
+def test_a_forward_that_sets_its_own_attributes_compiles_once(width, entries):
+    # Width 7: `window` keeps the 7 it read, `shift` is never read: one entry for every call.
+    # Width 5: the first call changes `window` from the 7 its graph read (a second entry, which
+    # reads 5 and writes 5 back: it serves every later call).
+    module = ClampsItsShift()
+    compiled = kiln.compile(ClampsItsShift(), backend="eager", fullgraph=True)
+    x = torch.randn(2, width)
+    for _ in range(4):
+        assert_same(compiled(x), module(x))
+    assert len(compiled.kiln_cache.entries) == entries
+    assert (compiled.shift, compiled.window) == (0, width)
+
+
+class Counts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls = self.calls + 1  # read, then a new value: the next call's graph must see it
+        return x * self.calls
+
+
+def test_a_forward_that_updates_what_it_read_sees_each_new_value():
+    compiled = kiln.compile(Counts(), backend="eager")
+    x = torch.ones(3)
+    assert [compiled(x)[0].item() for _ in range(3)] == [1.0, 2.0, 3.0]
+
+
+def test_a_frames_own_writes_still_retire_other_frames_that_read_them():
+    module = ClampsItsShift()
+    reader = kiln.compile(lambda x: x + module.shift, backend="eager", fullgraph=True)
+    x = torch.zeros(2, 5)
+    assert reader(x)[0, 0].item() == 3.0
+    kiln.compile(module, backend="eager", fullgraph=True)(x)  # sets module.shift = 0
+    assert reader(x)[0, 0].item() == 0.0
+
+
+def test_eval_again_between_calls_keeps_the_compiled_entry():
+    # `model.eval()` before every call re-assigns `training = False` on each module: no change.
+    compiled = kiln.compile(nn.Sequential(nn.Linear(3, 3), nn.ReLU()).eval(), backend="eager", fullgraph=True)
+    x = torch.randn(2, 3)
+    for _ in range(3):
+        compiled.eval()
+        compiled(x)
+    assert len(compiled.kiln_cache.entries) == 1
+    compiled.train()
+    compiled(x)
+    assert len(compiled.kiln_cache.entries) == 2  # a real change still retires the entry

@@ -60,6 +60,7 @@ class ModuleVariable(UserObjectVariable):
         written, value = tx.output.side_effects.pending_attr(self, name)
         if written:
             return value
+        tx.output.side_effects.record_module_read(self.value, name)
         if name not in self.value.__dict__:
             return None
         value = self.value.__dict__[name]
