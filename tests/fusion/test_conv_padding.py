@@ -102,3 +102,27 @@ def test_the_pad_left_over_stays_before_a_library_convolution(monkeypatch):
     torch.manual_seed(0)
     graphs = compiled_graphs(SamePaddedBlock().eval(), torch.randn(1, 8, 14, 14))
     assert _depthwise_paddings(graphs) == [[0, 0]] and any(g.schedule.kernels for g in graphs)
+
+
+class ValidConvs(nn.Module):
+    """EfficientNet's convolutions: `padding="valid"`, which reaches ATen as one padding entry for
+    both spatial dimensions ([0]), a stride-2 depthwise one among them."""
+
+    def __init__(self):
+        super().__init__()
+        self.full = nn.Conv2d(4, 8, 3, stride=2, padding="valid")
+        self.depthwise = nn.Conv2d(8, 8, 3, padding="valid", groups=8)
+
+    def forward(self, x):
+        return self.depthwise(F.silu(self.full(x)))
+
+
+@pytest.mark.parametrize("impl", ["kiln", "onednn", "aten_channels_last"])
+def test_one_padding_entry_for_both_dimensions_is_each_dimensions(monkeypatch, impl):
+    pick = gemm.choose
+    monkeypatch.setattr(gemm, "choose", lambda op, signature, candidates, *a, **k: impl if impl in candidates
+                        else pick(op, signature, candidates, *a, **k))
+    torch.manual_seed(0)
+    graphs = compiled_graphs(ValidConvs().eval(), torch.randn(1, 4, 15, 15))
+    convs = [s for g in graphs for s in g.schedule.externs if str(s.op) == "kiln.conv.default"]
+    assert convs and all(len(s.argument(k)) == 2 for s in convs for k in ("stride", "padding", "dilation"))
