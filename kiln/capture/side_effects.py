@@ -49,11 +49,16 @@ class SideEffects:
 
         writes = [(id(obj.value), name, value) for obj, attrs in self.attr_writes.values()
                   if isinstance(obj, ModuleVariable) and obj.source is not None for name, value in attrs.items()]
-        return bool(writes) and all(
-            (key, name) not in self.module_reads
-            or (value is not None and value.is_constant()
-                and module_watch.same_constant(self.module_reads[(key, name)], value.as_constant()))
-            for key, name, value in writes)
+
+        def keeps_read(key: int, name: str, value: Variable | None) -> bool:
+            if (key, "__dict__") in self.module_reads:  # every attribute was read
+                return False
+            if (key, name) not in self.module_reads:
+                return True
+            return (value is not None and value.is_constant()
+                    and module_watch.same_constant(self.module_reads[(key, name)], value.as_constant()))
+
+        return bool(writes) and all(keeps_read(*write) for write in writes)
 
     def record_global(self, globals_dict: dict, name: str, value: Variable) -> None:
         self.global_writes[(id(globals_dict), name)] = (globals_dict, name, value)

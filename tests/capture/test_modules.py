@@ -467,3 +467,20 @@ def test_eval_again_between_calls_keeps_the_compiled_entry():
     compiled.train()
     compiled(x)
     assert len(compiled.kiln_cache.entries) == 2  # a real change still retires the entry
+
+
+class ReadsItsDict(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = 1
+
+    def forward(self, x):
+        scale = self.__dict__["scale"]  # read as the whole dict: still a read before the write
+        self.scale = scale + 1
+        return x * scale
+
+
+def test_a_forward_that_reads_its_dict_before_writing_sees_each_new_value():
+    compiled = kiln.compile(ReadsItsDict(), backend="eager")
+    x = torch.ones(2)
+    assert [compiled(x)[0].item() for _ in range(3)] == [1.0, 2.0, 3.0]

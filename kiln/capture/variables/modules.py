@@ -86,6 +86,8 @@ class ModuleVariable(UserObjectVariable):
     def getattr(self, tx: Any, name: str) -> Variable:
         if name == "__class__":
             return super().getattr(tx, name)
+        if name == "__dict__":  # every attribute read at once, as it was on entry
+            tx.output.side_effects.record_module_read(self.value, name)
         if name in ("_modules", "_parameters", "_buffers"):
             table = getattr(self.value, name)
             return DictVariable.from_pairs([(ConstantVariable(k), self._registered(tx, k)) for k in table])
