@@ -38,6 +38,8 @@ FORWARD_GENERATED = [
     "scatter_reduce.sum", "scatter_reduce.mean", "scatter_reduce.amax", "index_reduce.prod", "put", "take",
     # views and factories that were externs
     "diagonal", "unfold", "narrow", "masked.sum", "empty_like", "signal.windows.hann", "dist",
+    # pooling (kiln/lowering/pooling.py)
+    "nn.functional.max_pool2d",
     # library kernels (GEMM) around generated code
     "mm", "nn.functional.linear",
 ]
