@@ -93,16 +93,15 @@ class FrameCache:
             record = error.record()
             if self.fullgraph:
                 raise CaptureError(record) from None
-            record_break(record)
-            self.fallback = record
-            _notify("fallback", self, record)
-            warn_eager_frame(self.fn, self.label, record)
-            self.eager_calls += 1
-            return self.eager(*args, **kwargs)
+            return self._eager_after(record, args, kwargs)
         except UserRaise:
             # The traced code raised and nothing caught it: eager raises it for real.
             self.eager_calls += 1
             return self.eager(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - kiln's own capture failed, not the user's code
+            if self.fullgraph:
+                raise
+            return self._eager_after(_internal_error(self.fn, error), args, kwargs)
         if entry.graph_break is not None:
             record_break(entry.graph_break)  # once: a break inside a callee is recorded by the callee's frame
         self.entries.append(entry)
@@ -110,6 +109,23 @@ class FrameCache:
         logs.log("recompiles" if len(self.entries) > 1 else "graph", "%s: compiled entry %d in %.2f s (%s)", self.label,
                  len(self.entries), entry.capture_seconds, ", ".join(f"{k} {v}" for k, v in entry.stats.items()))
         return entry.run(L)
+
+    def _eager_after(self, record: BreakRecord, args: tuple, kwargs: dict) -> Any:
+        """The frame runs eagerly from now on, recorded, told to the user once."""
+        record_break(record)
+        self.fallback = record
+        _notify("fallback", self, record)
+        warn_eager_frame(self.fn, self.label, record)
+        self.eager_calls += 1
+        return self.eager(*args, **kwargs)
+
+
+def _internal_error(fn: Any, error: Exception) -> BreakRecord:
+    """A failure inside kiln's capture as the frame's record: the user's program goes on eagerly."""
+    code = getattr(fn, "__code__", None)
+    where = (code.co_filename, code.co_firstlineno, code.co_name) if code is not None else ("<unknown>", 0, "")
+    return BreakRecord("internal_error", where[0], where[1], f"kiln's capture failed: {type(error).__name__}: {error}",
+                       "a bug in kiln: please report it with this message (KILN_LOGS=breaks shows the frame)", where[2])
 
 
 _WARNED: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()

@@ -51,7 +51,8 @@ class Reconstructor:
         return f"outs[{self._index[node]}]"
 
     def const(self, value: Any) -> str:
-        if value is None or isinstance(value, (bool, int, str, bytes)) or isinstance(value, float) and math.isfinite(value):
+        # Exact types: a str or int enum (HF's `Action.NONE`) is one too, and its repr is no literal.
+        if value is None or type(value) in (bool, int, str, bytes) or type(value) is float and math.isfinite(value):
             return repr(value)
         return self.ns.bind(value, "K")
 

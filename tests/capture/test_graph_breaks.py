@@ -2,6 +2,8 @@
 and the rest of the frame is captured as a resume function. Each test compares with eager and
 counts the graphs the backend received."""
 
+import enum
+
 import pytest
 import torch
 from torch import nn
@@ -342,3 +344,44 @@ def test_an_op_returning_a_sparse_tensor_is_left_to_eager_with_a_record():
     compiled, backend = _compiled(lambda x: (x * 2).to_sparse())
     torch.testing.assert_close(compiled(x).to_dense(), (x * 2))
     assert BREAKS and {r.kind for r in BREAKS} == {"sparse_tensor"}
+
+
+class Mode(str, enum.Enum):
+    NONE = "none"
+
+
+class Level(enum.IntEnum):
+    HIGH = 2
+
+
+def _enum_locals_over_a_break(x, mode=Mode.NONE, level=Level.HIGH):
+    y = x + 1
+    print("break")  # a graph break with enum constants among the live locals (HF's BLOOM)
+    return y * level if mode is Mode.NONE else y
+
+
+def test_enum_constants_live_across_a_break_are_rebuilt_as_themselves(capsys):
+    compiled, backend = _compiled(_enum_locals_over_a_break)
+    x = torch.randn(3)
+    _same(compiled(x), _enum_locals_over_a_break(x))
+    assert len(backend.graphs) == 2
+
+
+def test_a_failure_inside_kilns_capture_runs_the_frame_eagerly_and_says_so(monkeypatch):
+    from kiln.capture import cache
+
+    def broken(*args, **kwargs):
+        raise AssertionError("an invariant of the interpreter")
+
+    monkeypatch.setattr(cache, "capture", broken)
+    kiln.reset()
+
+    def fn(x):
+        return x * 2
+
+    compiled = kiln.compile(fn)
+    with pytest.warns(Warning, match="kiln's capture failed: AssertionError"):
+        _same(compiled(torch.ones(2)), fn(torch.ones(2)))
+    assert BREAKS[-1].kind == "internal_error" and BREAKS[-1].function == "fn"
+    with pytest.raises(AssertionError, match="invariant"):
+        kiln.compile(lambda x: x + 1, fullgraph=True)(torch.ones(2))
