@@ -239,8 +239,13 @@ def step_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...], 
         body += _emit(name, arg)
     body += _emit("BUILD_TUPLE", after) + _emit("RETURN_VALUE")
     names = tuple(stack_name(i) for i in range(depth))
+    if inst.opname in _DEREF:
+        raise ValueError(f"no step function for {inst.opname}: it reads a closure cell")
+    # No cells: the one instruction reads only the stack (a frame whose function is a closure,
+    # BLOOM's, made a step function FunctionType refused without a closure tuple).
     return code.replace(
         co_code=bytes(body), co_varnames=names, co_nlocals=depth, co_argcount=depth, co_posonlyargcount=0, co_kwonlyargcount=0,
+        co_freevars=(), co_cellvars=(),
         co_flags=code.co_flags & ~(0x04 | 0x08), co_stacksize=max(depth, after) + 2,
         co_linetable=_no_location(len(body) // 2), co_exceptiontable=b"",
         co_name=f"{code.co_name}_kiln_step_{inst.opname}", co_qualname=f"{code.co_qualname}_kiln_step_{inst.opname}",

@@ -385,3 +385,38 @@ def test_a_failure_inside_kilns_capture_runs_the_frame_eagerly_and_says_so(monke
     assert BREAKS[-1].kind == "internal_error" and BREAKS[-1].function == "fn"
     with pytest.raises(AssertionError, match="invariant"):
         kiln.compile(lambda x: x + 1, fullgraph=True)(torch.ones(2))
+
+
+class Doubled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+class WithAFunction(nn.Module):
+    """HF's BLOOM: an autograd.Function in a closure-bearing forward (its GeLU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        offset = 1.0
+
+        def shifted(y):
+            return y + offset
+
+        return shifted(Doubled.apply(self.lin(x))).relu()
+
+
+def test_an_autograd_function_in_a_closure_bearing_forward_runs(capsys):
+    module = WithAFunction()
+    compiled = kiln.compile(module)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for _ in range(2):
+            _same(compiled(x), module(x))

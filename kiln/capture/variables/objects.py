@@ -474,6 +474,10 @@ class SuperVariable(Variable):
                 if isinstance(raw, classmethod):
                     cls_var = self.obj if isinstance(self.obj, ClassVariable) else ClassVariable(obj_type)
                     return BoundMethodVariable(_constant(raw.__func__), cls_var)
+                if isinstance(raw, types.ClassMethodDescriptorType):
+                    # A classmethod written in C (autograd.Function.apply's `super().apply`, which
+                    # HF's BLOOM reaches): bound to the class as Python binds it, called for real.
+                    return _constant(raw.__get__(None, obj_type))
                 if raw is object.__init__ or raw is object.__setattr__ or klass is object and callable(raw):
                     return ObjectSlotVariable(name, self.obj)
                 from kiln.capture.variables.torch_fns import special_callable  # torch_fns.py imports modules.py, which imports this module
