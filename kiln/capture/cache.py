@@ -140,7 +140,7 @@ def warn_eager_frame(fn: Any, label: str, record: BreakRecord) -> None:
     _WARNED.add(code)
     warnings.warn(f"kiln.compile: {label} runs eagerly, without kiln's speed-up: {record}\n"
                   f"kiln.explain(fn, *args) lists every break; KILN_WARN_EAGER_FRAMES=0 silences this warning.",
-                  RuntimeWarning, stacklevel=5)
+                  RuntimeWarning, stacklevel=6)  # the user's call: past _eager_after, _miss, __call__
 
 
 def read_source(source: Any, L: tuple) -> Any:
