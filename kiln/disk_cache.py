@@ -200,10 +200,17 @@ def intact(path: Path) -> bool:
 def sealed_here(path: Path) -> bool:
     """`intact`, asking this machine's disk only (never the remote tier, never writing): for
     folders kiln reads but does not fill at run time (`kiln prebuild`'s)."""
+    return _read_here(path) is not None
+
+
+def _read_here(path: Path) -> bytes | None:
+    """The entry's bytes from this machine's disk when they match their digest, else None."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest() == _digest_path(path).read_text()
+        check = _digest_path(path).read_text()
+        data = path.read_bytes()
     except OSError:
-        return False
+        return None
+    return data if hashlib.sha256(data).hexdigest() == check else None
 
 
 def _replace_atomically(path: Path, data: bytes) -> None:
@@ -260,13 +267,9 @@ def read(path: Path) -> bytes | None:
     bytes are checked, so a writer replacing it meanwhile cannot make a check pass for other bytes.
     A local miss asks the remote tier, if one is set; what it gives (verified there) is written
     locally."""
-    try:
-        check = _digest_path(path).read_text()
-        data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() == check:
-            return data
-    except OSError:
-        pass
+    data = _read_here(path)
+    if data is not None:
+        return data
     tier = remote_cache.tier()
     data = tier.get(_remote_name(path)) if tier is not None else None
     if data is not None:

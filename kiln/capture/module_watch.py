@@ -114,9 +114,9 @@ def _install() -> None:
 
 
 class Snapshot:
-    """The version a frame's MODULE_STRUCTURE guard expects. A frame whose only changes to watched
-    modules are attributes it writes without reading them first (their old values are in none of
-    its graph's decisions) moves it past its own writes after replaying them (capture/frame.py):
+    """The version a frame's MODULE_STRUCTURE guard expects. A frame whose writes to watched modules
+    leave every attribute it read holding the constant it read (side_effects.py
+    `module_writes_keep_reads`) moves it past its own writes after replaying them (capture/frame.py):
     its next call matches, while every other frame's guard still fails."""
 
     def __init__(self, version: int) -> None:

@@ -108,7 +108,7 @@ def build_library(sources: str | Sequence[str], compile_flags: Sequence[str] = (
             logs.log("cache", "C++ library %s prebuilt at install time", prebuilt.stem[:12])
             return prebuilt, False
         logs.log("cache", "kiln's own C++ library is not in %s (`kiln prebuild` puts it there): "
-                 "built into the cache now", config.prebuilt_dir())
+                 "taken from cache.runtime_dir, built there if missing", config.prebuilt_dir())
     return _build_cached(_target(sources, compile_flags, link_flags, unit_flags, own),
                          sources, compile_flags, link_flags, unit_flags)
 
