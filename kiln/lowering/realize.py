@@ -111,9 +111,18 @@ def gathers(value: TensorValue) -> bool:
     return any(linear_stride(simplify(at, extents), index[-1]) not in (0, 1) for _, at in reads.reads)
 
 
+def costly_to_read_again(value: TensorValue) -> bool:
+    """Would each further reader of `value` pay too much to compute it again: a body of more than a
+    few ops, or loads that gather across its rows? (A lowering that reads its input in several
+    passes, as softmax does, asks this of the input too.)"""
+    if value.buffer is not None or value.strided is not None:
+        return False  # buffers and views of buffers cost nothing to read again
+    return body_cost(value) > MAX_INLINED_OPS or gathers(value)
+
+
 def should_realize(node: fx.Node, value: Any) -> bool:
     if not isinstance(value, TensorValue) or value.buffer is not None or value.strided is not None:
         return False  # buffers and views of buffers cost nothing to read again
-    if uses(node) > 1 and (body_cost(value) > MAX_INLINED_OPS or gathers(value)):
+    if uses(node) > 1 and costly_to_read_again(value):
         return True
     return recomputed_elements(node) >= MIN_RECOMPUTED and has_math(value)

@@ -41,6 +41,29 @@ def test_softmax_is_one_kernel_with_row_statistics_in_registers():
     assert "kiln::store(out0" in code
 
 
+def test_softmax_of_gathered_scores_gathers_them_once():
+    """DeBERTa-v2's scores add two gathers of relative-position products, one transposed: the
+    softmax's three passes read them stored once (one more buffer in the same kernel), where a
+    cheap input such as BERT's `scores / scale + mask` is computed again by each pass."""
+    def gathered(s, c2p, p2c, index, mask):
+        rel = torch.gather(c2p, -1, index) + torch.gather(p2c, -1, index).transpose(-1, -2)
+        return F.softmax((s + rel / 8.0).masked_fill(mask, -1e9), dim=-1)
+
+    def cheap(s, mask):
+        return F.softmax(s / 8.0 + mask, dim=-1)
+
+    s, c2p, p2c = torch.randn(6, 64, 64), torch.randn(6, 64, 160), torch.randn(6, 64, 160)
+    index = torch.randint(0, 160, (64, 64)).expand(6, 64, 64)
+    _, program = compiled(gathered, s, c2p, p2c, index, torch.rand(64, 64) > 0.9)
+    (kernel,) = program.schedule.kernels
+    assert len(kernel.members) == 4 and len(kernel.locals) == 2, program.report()
+    (code,) = kernel_functions(program)
+    assert code.count("kiln::lanes<float>") == 2  # each gather once, in the pass that stores the scores
+    _, program = compiled(cheap, s, torch.randn(64))
+    (kernel,) = program.schedule.kernels
+    assert len(kernel.members) == 3 and len(kernel.locals) == 2, program.report()
+
+
 def test_layer_norm_statistics_and_normalization_are_one_kernel():
     x, w, b = torch.randn(8, 100), torch.randn(100), torch.randn(100)
     _, program = compiled(layer_norm, x, w, b)
