@@ -83,6 +83,33 @@ def compile_budget(results: list[Result]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def compile_by_part(results: list[Result]) -> tuple[str, list[str], list[list[str]]] | None:
+    """Rows (model, threads, mode) of kiln's first compile split into its parts (seconds), the
+    largest part named; and a median row per (threads, mode) when there are several models."""
+    parted = [r for r in results if r.compile_parts]
+    if not parted:
+        return None
+    parts = list(parted[0].compile_parts)
+    header = ["model", "threads", "mode", "compile s", *parts, "largest"]
+
+    def row(label: str, threads: str, mode: str, total: float, seconds: dict[str, float]) -> list[str]:
+        return [label, threads, mode, f"{total:.1f}", *(f"{seconds.get(p, 0.0):.1f}" for p in parts),
+                max(parts, key=lambda p: seconds.get(p, 0.0))]
+
+    rows = [row(r.case.model, str(r.case.threads), r.case.mode, r.compile_s or 0.0, r.compile_parts) for r in parted]
+    groups: dict[tuple[int, str], list[Result]] = {}
+    for r in parted:
+        groups.setdefault((r.case.threads, r.case.mode), []).append(r)
+    for (threads, mode), group in groups.items():
+        if len(group) > 1:
+            medians = {p: statistics.median(r.compile_parts.get(p, 0.0) for r in group) for p in parts}
+            rows.append(row(f"median of {len(group)}", str(threads), mode,
+                            statistics.median(r.compile_s or 0.0 for r in group), medians))
+    title = ("kiln's first compile by part (s): its own stages (kiln.compile_time.PARTS); other = the rest of the "
+             "first call (running it; Dynamo's capture under the Dynamo door)")
+    return title, header, rows
+
+
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
@@ -232,7 +259,7 @@ def _tables(results: list[Result]) -> list[tuple[str, list[str], list[list[str]]
     budget_header, budget_rows = compile_budget(results)
     budget = [(f"Cold compile against the peer's (budget: at most {COMPILE_BUDGET:g} of its time)",
                budget_header, budget_rows)] if budget_rows else []
-    paired, each_against = versus_peer(results), against_peer(results)
+    paired, each_against, by_part = versus_peer(results), against_peer(results), compile_by_part(results)
     details = detail_columns(results)
     return [
         ("Speedup over eager (median latency, eager / compiled)", *pivot(results)),
@@ -240,6 +267,7 @@ def _tables(results: list[Result]) -> list[tuple[str, list[str], list[list[str]]
         *([each_against] if each_against else []),
         ("Summary per mode", [c for c, _ in SUMMARY_COLUMNS], [[f(s) for _, f in SUMMARY_COLUMNS] for s in summaries]),
         *budget,
+        *([by_part] if by_part else []),
         ("Every case", [c for c, _ in details], [[f(r) for _, f in details] for r in results]),
     ]
 

@@ -55,6 +55,7 @@ class Result:
     accuracy_detail: str | None = None
     max_abs_err: float | None = None
     compile_s: float | None = None  # wall time of the first compiled call (compilation included)
+    compile_parts: dict[str, float] | None = None  # compile_s by part of kiln's compilation (worker._compile_parts)
     eager_ms: float | None = None  # median, interleaved with compiled_ms in the same process
     compiled_ms: float | None = None
     speedup: float | None = None  # eager_ms / compiled_ms

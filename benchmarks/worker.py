@@ -33,7 +33,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from kiln import heap
+from kiln import compile_time, heap
 from benchmarks import timing_lock
 from benchmarks.accuracy import Verdict, compare, flatten_tensors, relative_error
 from benchmarks.models import MODELS
@@ -264,7 +264,9 @@ def _measure(case: Case, result: Result, checkpoint: Callable[[Result], None]) -
         model64 = copy.deepcopy(eager_model).cpu().double()
         return _first_outputs(case, _make_step(case, model64, model64, _double(cpu_inputs), device="cpu"))
 
-    compiled, outputs, result.compile_s = _phase("compile", lambda: _compile_and_run(case, mode, compiled_model, inputs))
+    with compile_time.recording() as trees:
+        compiled, outputs, result.compile_s = _phase("compile", lambda: _compile_and_run(case, mode, compiled_model, inputs))
+    result.compile_parts = _compile_parts(trees, result.compile_s)
 
     verdict: Verdict = _phase("accuracy", lambda: compare(outputs, reference, fp64_reference))
     result.accuracy = "pass" if verdict.passed else "fail"
@@ -312,6 +314,16 @@ def _compile_and_run(case: Case, mode: Mode, model: nn.Module, inputs: dict[str,
     sync()
     seconds = time.perf_counter() - t0
     return step, _cpu(outputs), seconds
+
+
+def _compile_parts(trees: list[compile_time.Stage], compile_s: float) -> dict[str, float] | None:
+    """The first call's seconds by part of kiln's compilation (compile_time.PARTS), and "other":
+    the rest of the call (running it, and Dynamo's capture under the Dynamo door). None for a mode
+    that compiled nothing of kiln's."""
+    if not trees:
+        return None
+    parts = compile_time.by_part(trees)
+    return {**parts, "other": max(compile_s - sum(parts.values()), 0.0)}
 
 
 def _compile_peer(case: Case, eager_model: nn.Module, inputs: dict[str, torch.Tensor], reference: list[torch.Tensor],

@@ -58,6 +58,22 @@ class Stage:
 _state = threading.local()
 _last: Stage | None = None
 
+# What each stage's own time counts as in a per-model breakdown (`by_part`): capture, the AOT layer,
+# kiln's graph passes, autotuning, lowering, scheduling, code generation, the C++ (or Triton) build,
+# loading. The stage of one graph (graph_N) and its backend entry count as the AOT layer's.
+PARTS = ("capture", "aot", "passes", "autotune", "lowering", "scheduling", "codegen", "build", "load")
+
+
+def part_of(name: str) -> str:
+    """The part of compilation a stage named `name` spends its own time on (one of PARTS)."""
+    if name.startswith("frame "):
+        return "capture"
+    if name.startswith("pass "):
+        return "passes"
+    if name.startswith("codegen "):
+        return "codegen"
+    return name if name in PARTS else "aot"
+
 
 def _stack() -> list[Stage]:
     if not hasattr(_state, "stack"):
@@ -90,6 +106,8 @@ def stage(name: str, self_name: str | None = None, merge: bool = False) -> Itera
         stack.pop()
         if not stack:
             _last = current
+            for trees in getattr(_state, "recorders", ()):
+                trees.append(current)
             logs.log_lazy("compile_time", lambda: "\n".join(current.format()))
 
 
@@ -103,3 +121,29 @@ def note(text: str) -> None:
 def last() -> Stage | None:
     """The tree of the last outermost stage that finished in this process."""
     return _last
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[Stage]]:
+    """Every outermost tree that finishes in this thread while the block runs, in order (a model's
+    first call compiles one frame per graph break, each its own tree)."""
+    trees: list[Stage] = []
+    if not hasattr(_state, "recorders"):
+        _state.recorders = []
+    _state.recorders.append(trees)
+    try:
+        yield trees
+    finally:
+        _state.recorders.remove(trees)
+
+
+def by_part(trees: list[Stage]) -> dict[str, float]:
+    """Seconds per part of compilation (PARTS, every one present) over `trees`: each stage's own
+    time, outside its nested stages, added to its part."""
+    seconds = dict.fromkeys(PARTS, 0.0)
+    pending = list(trees)
+    while pending:
+        stage = pending.pop()
+        seconds[part_of(stage.name)] += max(stage.self_seconds, 0.0)
+        pending.extend(stage.children)
+    return seconds

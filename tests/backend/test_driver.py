@@ -47,6 +47,26 @@ def test_compile_time_names_every_stage_of_kiln_compile():
     assert abs(total - tree.seconds) < 1e-6  # the tree adds up
 
 
+def test_compile_time_recording_keeps_every_frame_and_adds_up_by_part():
+    def two_frames(x):
+        y = torch.relu(x) * 2
+        print("", end="")  # a graph break: two frames, two trees
+        return y.softmax(-1)
+
+    x = torch.randn(4, 8)
+    compiled = kiln.compile(two_frames)
+    with compile_time.recording() as trees:
+        torch.testing.assert_close(compiled(x), two_frames(x))
+    assert len(trees) == 2 and all(tree.name.startswith("frame ") for tree in trees)
+    parts = compile_time.by_part(trees)
+    assert list(parts) == list(compile_time.PARTS)
+    assert parts["capture"] > 0 and parts["build"] > 0 and parts["lowering"] > 0
+    assert abs(sum(parts.values()) - sum(tree.seconds for tree in trees)) < 1e-6  # every second in one part
+    with compile_time.recording() as later:
+        compiled(x)  # compiled already: nothing to record
+    assert later == []
+
+
 def test_compile_time_is_logged_and_says_when_kernels_come_from_the_cache(caplog):
     fn = lambda x: (x - x.amax(-1, keepdim=True)).exp()  # noqa: E731
     x = torch.randn(4, 8)

@@ -4,7 +4,7 @@ import json
 import math
 
 from benchmarks.machine import SPEED_FLAGS
-from benchmarks.report import (compile_budget, json_report, markdown_report, pivot, summarize, text_report,
+from benchmarks.report import (compile_budget, compile_by_part, json_report, markdown_report, pivot, summarize, text_report,
                                versus_peer)
 from benchmarks.results import Case, Result
 
@@ -138,6 +138,23 @@ def test_kiln_compile_times_are_held_against_half_of_the_peers():
     assert "Cold compile against the peer's" in markdown_report(results, META)
     assert compile_budget(RESULTS[:1]) == (compile_budget(RESULTS[:1])[0], [])  # no kiln mode: no rows
     assert "Cold compile" not in text_report(RESULTS, META)
+
+
+def test_kiln_compiles_are_split_by_part_with_a_median_row():
+    def parted(model, build, lowering):
+        result = _ok(model, "kiln", 2.0, compile_s=build + lowering + 1.0)
+        result.compile_parts = {"capture": 0.5, "build": build, "lowering": lowering, "other": 0.5}
+        return result
+
+    results = [parted("a", 4.0, 1.0), parted("b", 1.0, 3.0), parted("c", 2.0, 2.5), *RESULTS]
+    title, header, rows = compile_by_part(results)
+    assert header == ["model", "threads", "mode", "compile s", "capture", "build", "lowering", "other", "largest"]
+    assert [(r[0], r[3], r[-1]) for r in rows] == [("a", "6.0", "build"), ("b", "5.0", "lowering"),
+                                                   ("c", "5.5", "lowering"), ("median of 3", "5.5", "lowering")]
+    assert rows[-1][5:7] == ["2.0", "2.5"]  # each part's own median
+    assert "first compile by part" in text_report(results, META)
+    assert compile_by_part(RESULTS) is None and "by part" not in text_report(RESULTS, META)
+    assert json.loads(json.dumps(json_report(results, META)))["results"][0]["compile_parts"]["build"] == 4.0
 
 
 def test_the_peer_table_holds_same_process_ratios_and_their_geomean():
