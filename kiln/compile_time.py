@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from kiln import logs
+from kiln import logs, profiler
 
 @dataclass
 class Stage:
@@ -100,7 +100,8 @@ def stage(name: str, self_name: str | None = None, merge: bool = False) -> Itera
     stack.append(current)
     start = time.perf_counter()
     try:
-        yield current
+        with profiler.maybe_region(f"kiln compile: {name}"):
+            yield current
     finally:
         current.seconds += time.perf_counter() - start
         stack.pop()
@@ -109,6 +110,11 @@ def stage(name: str, self_name: str | None = None, merge: bool = False) -> Itera
             for trees in getattr(_state, "recorders", ()):
                 trees.append(current)
             logs.log_lazy("compile_time", lambda: "\n".join(current.format()))
+
+
+def open_stages() -> list[str]:
+    """The names of the stages open in this thread, outermost first."""
+    return [stage.name for stage in _stack()]
 
 
 def note(text: str) -> None:

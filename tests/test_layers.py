@@ -24,7 +24,7 @@ import kiln
 
 ROOT = Path(kiln.__file__).parent
 STAGES = ["capture", "aot", "passes", "lowering", "schedule", "codegen", "runtime"]
-SHARED = ["ir", "config", "logs", "compile_time", "disk_cache", "remote_cache", "heap", "native", "externs", "autotune"]
+SHARED = ["ir", "config", "logs", "profiler", "compile_time", "disk_cache", "remote_cache", "heap", "native", "externs", "autotune"]
 DOORS = ["backend", "api", "integrations", "cli", "deploy"]  # they assemble stages; nothing inside imports them
 
 

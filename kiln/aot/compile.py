@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils import _pytree as pytree
 
-from kiln import compile_time, config, logs
+from kiln import compile_time, config, logs, profiler
 from kiln.aot import cache as aot_cache, dump
 from kiln.aot.module_state import mark_module_state, module_state_positions
 from kiln.aot.call_wrappers import inference_runner, training_runner
@@ -272,6 +272,8 @@ class AotCompiled:
             with compile_time.stage("aot cache lookup"):
                 key = self._cache_key(training)
                 runner = self._from_cache(key, training)
+                if self.options.cache:
+                    profiler.mark(f"kiln cache {'hit' if runner is not None else 'miss'}: aot graph")
             if runner is None:
                 logs.log("aot", "building the %s graph(s) of %s", "training" if training else "inference", self.options.label)
                 runner, compiled, num_saved = self._build_training() if training else self._build_inference()

@@ -13,7 +13,7 @@ import warnings
 import weakref
 from typing import Any, Callable
 
-from kiln import config, logs
+from kiln import config, logs, profiler
 from kiln.capture.break_records import BreakRecord, CaptureError, Unsupported, record_break
 from kiln.capture.dynamic import DynamicPolicy
 from kiln.capture.frame import Entry, capture
@@ -53,8 +53,11 @@ class FrameCache:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         L = self.binder(*args, **kwargs)
-        for entry in self.entries:
+        for index, entry in enumerate(self.entries):
             if entry.guards.check(L):
+                if profiler.active():
+                    with profiler.region(f"kiln frame {self.label} · entry {index + 1}"):
+                        return entry.run(L)
                 return entry.run(L)
         return self._miss(L, args, kwargs)
 

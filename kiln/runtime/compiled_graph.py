@@ -26,6 +26,7 @@ from kiln import compile_time
 from kiln.externs import native_ops
 from kiln.native import libkiln, python_door
 from kiln.native.build import build_library
+from kiln import profiler
 from kiln.runtime.fallback import record_fallback
 from kiln.heap import keep_freed_memory
 from kiln.runtime.error_flag import ErrorFlag
@@ -133,6 +134,16 @@ def _in_layout(t: torch.Tensor, layout: tuple[tuple[int, ...], tuple[int, ...]])
     return torch.empty_strided(size, stride, dtype=t.dtype, device=t.device).copy_(t)
 
 
+_LAYOUT_COPY = profiler.region("kiln layout copy")
+
+
+def _traced_layout_copy(t: torch.Tensor, layout: tuple[tuple[int, ...], tuple[int, ...]]) -> torch.Tensor:
+    if t is None or t.stride() == layout[1] or t.numel() <= 1:
+        return t
+    with _LAYOUT_COPY:
+        return _in_layout(t, layout)
+
+
 def _raise_index_error(flag: ctypes.c_int | ErrorFlag, kernel: str) -> None:
     when = flag.when() if isinstance(flag, ErrorFlag) else ""
     flag.value = 0
@@ -207,6 +218,9 @@ class CompiledGraph:
         self._bound = dict(scope)  # the wrapper's globals before it runs, for `instrumented`
         exec(compile(artifact.python, "<kiln wrapper>", "exec"), scope)
         self.call = scope["call"] if artifact.cpp_wrapper is None else _cpp_call(library, artifact.num_outputs)
+        self._loaded_call = self.call
+        self.region = profiler.graph_label(compile_time.open_stages())  # its range on a profiler's timeline
+        self._profiled_call: Callable | None = None
         keep_freed_memory()  # where runtime.keep_freed_mb asks: the next call finds its buffers' memory resident
         LIVE.add(self)
 
@@ -246,9 +260,30 @@ class CompiledGraph:
             then(self.first_run)
 
     def __call__(self, *args: Any) -> tuple:
+        if profiler.active():
+            return self._profiled(args)
         if self.eager is not None:
             return self._first_call(args)
         return self.call(*args)
+
+    def _profiled(self, args: tuple) -> tuple:
+        """A call while torch.profiler runs: one range for the graph, one event per kernel and
+        extern call inside it (kiln/profiler.py)."""
+        if self.eager is not None or self.call is not self._loaded_call:  # first call, or ATen's graph instead
+            with profiler.region(self.region):
+                return self._first_call(args) if self.eager is not None else self.call(*args)
+        if self._profiled_call is None:
+            self._profiled_call = self.instrumented(self._event)
+        with profiler.region(self.region):
+            return self._profiled_call(*args)
+
+    def _event(self, name: str, fn: Any) -> Callable:
+        if name in self.kernels:
+            return profiler.traced(self.artifact.kernels[name][0], fn)  # the generated function's name
+        if name == "_in_layout":  # a layout check on every extern result: an event only where it copies
+            return _traced_layout_copy
+        op = self.artifact.ops.get(name) or getattr(fn, "__name__", None) or name
+        return profiler.traced(f"{op} ({name})", fn)
 
     def _first_call(self, args: tuple) -> tuple:
         try:
