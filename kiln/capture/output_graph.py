@@ -25,6 +25,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from kiln.capture.break_records import unsupported
 from kiln.capture.dynamic import ShapeSource, placeholder, symbolic_fake
 from kiln.capture.guards import Guard, GuardSet
+from kiln.capture.known_values import KnownValues
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.sources import Source
 from kiln.capture.variables.base import Variable
@@ -47,6 +48,7 @@ class OutputGraph:
         self.fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
         self.guards = GuardSet()
         self.side_effects = SideEffects()
+        self.known = KnownValues()  # real values of small tensors made from constants
         # One variable per real closure cell, however it is reached (a resume function's cell
         # parameter, the closure of a function that holds it): a write through one is seen by all.
         self.real_cells: dict[int, Any] = {}
@@ -171,11 +173,13 @@ class OutputGraph:
                 return wrap_symbolic(self.graph, self.graph.create_node(kind, target, fx_args, fx_kwargs), result)
 
             if result is None and _has_tensor(ex_args):  # `x[i] = v`: no result, but a tensor changed
-                self.graph.create_node(kind, target, fx_args, fx_kwargs)
+                node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
+                self.known.record(kind, target, fx_args, fx_kwargs, node, None)
                 self.op_count += 1
             return wrap_constant_result(result)
         node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
         self.op_count += 1
+        self.known.record(kind, target, fx_args, fx_kwargs, node, result)
         return self.wrap_result(node, result)
 
     def wrap_result(self, node: fx.Node, value: Any) -> Variable:

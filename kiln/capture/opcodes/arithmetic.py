@@ -78,8 +78,8 @@ def DELETE_SUBSCR(tx, inst) -> None:
     obj.call_method(tx, "__delitem__", [key], {})
 
 
-def _slice(start, stop):
-    value = make_slice([start, stop])
+def _slice(tx, start, stop):
+    value = make_slice([tx.output.known.as_index(start), tx.output.known.as_index(stop)])
     if value is None:
         raise unsupported("unsupported_index", "a slice with bounds that are not constants")
     return value
@@ -88,10 +88,10 @@ def _slice(start, stop):
 @opcode("BINARY_SLICE", versions=((3, 12),))
 def BINARY_SLICE(tx, inst) -> None:
     stop, start, obj = tx.pop(), tx.pop(), tx.pop()
-    tx.push(subscript(tx, obj, _slice(start, stop)))
+    tx.push(subscript(tx, obj, _slice(tx, start, stop)))
 
 
 @opcode("STORE_SLICE", versions=((3, 12),))
 def STORE_SLICE(tx, inst) -> None:
     stop, start, obj, value = tx.pop(), tx.pop(), tx.pop(), tx.pop()
-    store_subscript(tx, obj, _slice(start, stop), value)
+    store_subscript(tx, obj, _slice(tx, start, stop), value)

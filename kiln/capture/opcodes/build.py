@@ -43,7 +43,7 @@ def BUILD_CONST_KEY_MAP(tx, inst) -> None:
 
 @opcode("BUILD_SLICE")
 def BUILD_SLICE(tx, inst) -> None:
-    value = make_slice(tx.popn(inst.arg))
+    value = make_slice([tx.output.known.as_index(p) for p in tx.popn(inst.arg)])
     if value is None:
         raise unsupported("unsupported_index", "a slice with bounds that are not constants")
     tx.push(value)

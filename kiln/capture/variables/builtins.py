@@ -427,6 +427,12 @@ def _frozenset(tx: Any, seq: Variable | None = None) -> Variable:
 def _scalar(cls: type) -> Handler:
     def convert(tx: Any, *args: Variable, **kwargs: Variable) -> Variable:
         if args and isinstance(args[0], TensorVariable):
+            known = tx.output.known.of(args[0])  # a small tensor made from constants (known_values.py)
+            if known is not None and len(args) == 1 and not kwargs:
+                try:
+                    return wrap_constant_result(cls(known))
+                except Exception as error:  # noqa: BLE001 - eager raises the same (int() of two elements)
+                    raise raise_real(error) from None
             raise unsupported("data_dependent", f"{cls.__name__}() of a tensor reads its data while capturing",
                               "the graph breaks here; keep the value a tensor to stay in one graph")
         if cls is bool and args and not args[0].is_constant():

@@ -25,6 +25,7 @@ _STATIC_METHODS = {
     "is_complex", "stride", "storage_offset", "get_device", "is_signed", "is_inference",
 }
 _DATA_DEPENDENT = {"item", "tolist", "numpy", "__bool__", "__index__", "__int__", "__float__", "data_ptr", "any_", "nonzero_static"}
+_READS_KNOWN = {"item", "tolist", "__bool__", "__index__", "__int__", "__float__"}  # of a value known_values knows
 _VIEW_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}
 
 
@@ -76,6 +77,12 @@ class TensorVariable(Variable):
                 return tx.output.call("call_method", name, [self, *args], kwargs)
             return wrap_constant_result(value)
         if name in _DATA_DEPENDENT:
+            known = tx.output.known.of(self)  # a small tensor computed from constants: its value is one too
+            if known is not None and name in _READS_KNOWN:
+                try:
+                    return wrap_constant_result(getattr(known, name)())
+                except Exception as error:  # noqa: BLE001 - eager raises the same (int() of two elements)
+                    raise raise_real(error) from None
             raise unsupported(
                 "data_dependent", f"tensor.{name}() reads tensor data while capturing",
                 "the graph breaks here; keep the value a tensor, or move this out of the compiled code",
@@ -83,7 +90,7 @@ class TensorVariable(Variable):
         if name == "type" and not args and not kwargs:
             return ConstantVariable(self.example.type().replace("Fake", ""))
         if name == "__setitem__":
-            tx.output.call("call_function", _setitem, [self, *args], {})
+            tx.output.call("call_function", tensor_setitem, [self, *args], {})
             return ConstantVariable(None)
         if name == "requires_grad_" or name in ("register_hook", "retain_grad", "backward"):
             raise unsupported("unsupported_call", f"tensor.{name}() inside a compiled function")
@@ -100,6 +107,12 @@ class TensorVariable(Variable):
         return int(self.example.shape[0])
 
     def truth(self, tx: Any) -> bool:
+        known = tx.output.known.of(self)
+        if known is not None:
+            try:
+                return bool(known)
+            except Exception as error:  # noqa: BLE001 - as eager: the truth of several values is ambiguous
+                raise raise_real(error) from None
         raise unsupported(
             "data_dependent_branch", f"the truth value of {self.describe()} decides Python control flow",
             "the graph breaks at the branch; use torch.where, or keep the branch outside the compiled code",
@@ -109,7 +122,7 @@ class TensorVariable(Variable):
         raise unsupported("unsupported_setattr", f"setting tensor attribute {name!r} inside a compiled function")
 
 
-def _setitem(tensor: torch.Tensor, index: Any, value: Any) -> None:
+def tensor_setitem(tensor: torch.Tensor, index: Any, value: Any) -> None:
     tensor[index] = value
 
 

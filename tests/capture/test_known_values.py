@@ -1,0 +1,78 @@
+"""Small tensors made from constants have known values while capturing (kiln/capture/known_values.py):
+reading their data — a slice bound, `int(t)`, an `if` — is a constant, not a graph break, and a
+write that capture does not follow makes the value unknown again. Each test compares with eager and
+counts the graphs."""
+
+import pytest
+import torch
+
+import kiln
+from kiln.capture.break_records import CaptureError
+from tests.capture.test_graph_breaks import Counting
+
+
+def _run(fn, *args, fullgraph=False):
+    kiln.reset()
+    backend = Counting()
+    got = kiln.compile(fn, backend=backend, fullgraph=fullgraph)(*args)
+    torch.testing.assert_close(got, fn(*args))
+    return backend.graphs
+
+
+def test_debertas_span_bounds_a_slice_without_a_break():
+    def relative_bias(table, q):  # transformers' DeBERTa, disentangled_att_bias
+        span = torch.tensor(min(max(q.size(-2), q.size(-2)), 512))
+        rel = table[512 - span: 512 + span, :].unsqueeze(0)
+        return q @ rel.transpose(-1, -2), torch.clamp(span * 2 - 1, 0, 1000)
+
+    graphs = _run(relative_bias, torch.randn(1024, 16), torch.randn(2, 100, 16), fullgraph=True)
+    assert len(graphs) == 1
+    assert any(n.target is torch.tensor for n in graphs[0].graph.nodes)  # still a tensor in the graph too
+
+
+def test_known_values_decide_branches_and_python_numbers():
+    def fn(x):
+        bounds = torch.arange(4) * 2  # [0, 2, 4, 6]
+        if bounds[1] > 1:
+            x = x * float(bounds[3].item())
+        return x[bounds[1]: int(bounds[2])] + bounds.sum()
+
+    assert len(_run(fn, torch.randn(8), fullgraph=True)) == 1
+
+
+@pytest.mark.parametrize("write", ["in place", "through a view", "setitem", "out"])
+def test_a_write_capture_does_not_follow_makes_the_value_unknown(write):
+    def fn(x):
+        t = torch.tensor([3])
+        if write == "in place":
+            t.add_(x.sum().long())
+        elif write == "through a view":
+            t.view(()).mul_(x.sum().long())
+        elif write == "setitem":
+            t[0] = x.sum().long()
+        else:
+            torch.add(t, x.sum().long(), out=t)
+        return x[: int(t)]
+
+    x = torch.ones(8)  # t becomes 11, 8, 8 and 11: eager takes x[:11] or x[:8]
+    with pytest.raises(CaptureError, match="data"):
+        _run(fn, x, fullgraph=True)
+    assert len(_run(fn, x)) >= 1  # the read is a graph break, and the result eager's
+
+
+def test_random_tensors_are_never_known():
+    def fn(x):
+        k = torch.randint(1, 4, ())
+        return x[: int(k)].sum() * 0 + k
+
+    with pytest.raises(CaptureError, match="data"):
+        _run(fn, torch.ones(8), fullgraph=True)
+
+
+def test_large_tensors_are_not_computed_at_capture():
+    def fn(x):
+        big = torch.ones(100)
+        return x[: int(big.sum())]
+
+    with pytest.raises(CaptureError, match="data"):
+        _run(fn, torch.ones(200), fullgraph=True)
