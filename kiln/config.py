@@ -327,7 +327,13 @@ class BackendSettings(_Group):
     autotune: str = setting(
         "default",
         env="KILN_AUTOTUNE",
-        help="how GEMM and convolution implementations are chosen: off (fixed rules), default, max-autotune",
+        help="how GEMM and convolution implementations are chosen: off (fixed rules), default, max-autotune, "
+        "record (questions the caches cannot answer are logged, not measured: `kiln autotune --answer`)",
+    )
+    autotune_log: str = setting(
+        "",
+        env="KILN_AUTOTUNE_LOG",
+        help="where backend.autotune=record appends its questions (empty: <cache dir>/autotune/recorded.jsonl)",
     )
     codegen: str = setting(
         "auto",

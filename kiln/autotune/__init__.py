@@ -9,7 +9,7 @@ convolution candidates kiln's passes ask about.
 
 from kiln.autotune.choose import choose  # noqa: F401
 
-MODES = ("off", "default", "max-autotune")
+MODES = ("off", "default", "max-autotune", "record")
 
 
 def mode() -> str:

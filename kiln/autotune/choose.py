@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from kiln import compile_time, logs
-from kiln.autotune import store
+from kiln.autotune import record, store
 from kiln.autotune.timing import Timer, host_seconds, interleaved_seconds
 
 # Within this fraction of the fastest, the earlier candidate (the simpler one) is kept: closer
@@ -15,17 +15,21 @@ _TIE = 0.03
 # Results measured in this process, so a question asked by many graphs is answered once.
 _MEMORY: dict[str, dict[str, Any]] = {}
 # Questions answered by measuring and from the caches, for `kiln autotune`'s report.
-COUNTS = {"measured": 0, "cached": 0}
+COUNTS = {"measured": 0, "cached": 0, "recorded": 0}
 
 
 def choose(op: str, signature: Any, candidates: dict[str, Callable[[], object]], budget_s: float = 0.25,
-           max_rounds: int = 15, cleanup: Callable[[], None] | None = None, timer: Timer = host_seconds) -> str:
+           max_rounds: int = 15, cleanup: Callable[[], None] | None = None, timer: Timer = host_seconds,
+           question: dict[str, Any] | None = None, default: str | None = None) -> str:
     """The name of the fastest candidate for `signature` (anything with a stable repr: shapes,
     dtypes, flags). Candidates run with inputs the caller prepared, interleaved in rounds until
     their timed runs add up to `budget_s` or `max_rounds` (kiln/autotune/timing.py); the first
     one wins ties.
     `cleanup` runs once the question is measured (to free what the candidates allocated).
     `timer` measures one run: the host's clock by default, `timing.gpu_seconds` for GPU kernels.
+    `question` (what asks it again, kiln/autotune/record.py) and `default` (the choice without
+    tuning): under `backend.autotune=record` a question no cache answers is logged and `default`
+    returned, nothing measured.
 
         choose("mm", ((128, 768), (768, 768)), {"aten": run_aten, "mkl": run_mkl})  # -> "mkl"
     """
@@ -35,6 +39,10 @@ def choose(op: str, signature: Any, candidates: dict[str, Callable[[], object]],
     key = store.question_key(op, signature, names)
     result = _MEMORY.get(key) or store.load(key)
     if result is None or result["choice"] not in candidates:
+        if question is not None and default in candidates and record.recording():
+            record.record(question)
+            COUNTS["recorded"] += 1
+            return default  # (not remembered: a later answer is read)
         with store.locked(key):
             result = _measured(op, signature, key, candidates, budget_s, max_rounds, cleanup, timer)
     else:

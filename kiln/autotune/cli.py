@@ -2,6 +2,11 @@
 the first compile in production measures nothing (seed 002's offline autotuning).
 
     kiln autotune WORKLOAD [ARG ...] [--threads 1,2] [--mode max-autotune]
+    kiln autotune --answer LOG [--mode max-autotune]
+
+`--answer LOG` measures the questions a run under `KILN_AUTOTUNE=record` logged instead of
+measuring them (kiln/autotune/record.py), each at the thread count it was asked at, into the same
+cache; the workload is then not needed.
 
 WORKLOAD names a function that returns the models to tune: `package.module:function`, or
 `path/to/file.py:function` (`:workload` when the function is left out). It is called with the
@@ -63,7 +68,55 @@ def tune(name: str, model: Any, inputs: Any, threads: int) -> dict[str, Any]:
             **{k: COUNTS[k] - before[k] for k in before}}
 
 
+def answer(path: str, mode: str = "default") -> list[dict[str, Any]]:
+    """Ask each question of a record log again, measured (or read where answered since); per
+    question: its op, threads, choice and whether it was measured now."""
+    from kiln.autotune.attention import choose_attention
+    from kiln.autotune.gemm import choose_conv, choose_mm
+    from kiln.autotune.record import recorded, tensor
+
+    def ask(q: dict[str, Any]) -> str:
+        if q["op"] == "mm":
+            unary, scalars, algorithm = q["post_op"]
+            return choose_mm(tensor(q["a"]), tensor(q["b"]), tensor(q["bias"]), mode, (unary, scalars, algorithm))
+        if q["op"] == "conv":
+            stride, padding, dilation, groups = q["conv_args"]
+            return choose_conv(tensor(q["x"]), q["x_channels_last"], tensor(q["w"]), tensor(q["bias"]),
+                               (stride, padding, dilation, groups), q["unary"], q["scalars"], q["algorithm"],
+                               tensor(q["other"]), mode, channels_last_only=q["channels_last_only"])
+        return choose_attention(tensor(q["q"]), tensor(q["k"]), tensor(q["v"]), tensor(q["mask"]), q["scale"], q["causal"], mode)
+
+    rows = []
+    before = torch.get_num_threads()
+    try:
+        with config.patch({"backend.autotune": mode}):
+            for q in recorded(path):
+                torch.set_num_threads(q["threads"])
+                measured = COUNTS["measured"]
+                choice = ask(q)
+                rows.append({"op": q["op"], "threads": q["threads"], "choice": choice,
+                             "measured": COUNTS["measured"] > measured})
+    finally:
+        torch.set_num_threads(before)
+    return rows
+
+
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.answer is not None:
+        if args.workload is not None:
+            parser.error("give a workload or --answer LOG, not both")
+        try:
+            rows = answer(args.answer, args.mode)
+        except (OSError, ValueError) as error:
+            parser.error(f"--answer {args.answer}: {error}")
+        print(f"autotune cache: {config.cache_dir() / 'autotune'} · mode {args.mode} · {len(rows)} questions")
+        print("| op | threads | choice | measured now |")
+        print("|---|---|---|---|")
+        for row in rows:
+            print(f"| {row['op']} | {row['threads']} | {row['choice']} | {'yes' if row['measured'] else 'no (answered)'} |")
+        return 0
+    if args.workload is None:
+        parser.error("give a workload (module:function) or --answer LOG")
     try:
         workload = load_workload(args.workload)
         threads = [int(t) for t in args.threads.split(",")]
@@ -87,8 +140,9 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def add_command(commands: Any) -> None:
     parser = commands.add_parser("autotune", help="measure a workload's GEMM and convolution choices ahead of time into the autotune cache")
-    parser.add_argument("workload", help="module:function or file.py:function returning (name, model, inputs) triples")
+    parser.add_argument("workload", nargs="?", help="module:function or file.py:function returning (name, model, inputs) triples")
     parser.add_argument("args", nargs="*", help="strings passed to the workload function")
     parser.add_argument("--threads", default="1", help="comma-separated torch thread counts, e.g. 1,2")
     parser.add_argument("--mode", default="default", choices=["default", "max-autotune"], help="how long each question is measured (max-autotune: longer budgets, more rounds)")
+    parser.add_argument("--answer", metavar="LOG", help="measure the questions a KILN_AUTOTUNE=record run logged (no workload)")
     parser.set_defaults(handler=main)

@@ -20,13 +20,14 @@ import torch
 
 from kiln import config
 from kiln.autotune.choose import choose
+from kiln.autotune.record import spec
 from kiln.externs import native_ops
 from kiln.externs.prepacked import CONV_IMPLS, MM_IMPLS, drop_packs, kiln_conv_applies
 
 # Timing budget per question in seconds of timed runs (all candidates together), and the most
 # interleaved rounds: the default search, and mode="max-autotune"'s.
-BUDGET = {"default": 0.25, "max-autotune": 1.5}
-ROUNDS = {"default": 15, "max-autotune": 50}
+BUDGET = {"default": 0.25, "max-autotune": 1.5, "record": 0.25}  # (record: for questions that cannot be recorded)
+ROUNDS = {"default": 15, "max-autotune": 50, "record": 15}
 
 
 class Inputs:
@@ -179,7 +180,9 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
             candidates[name] = _rotating(r, weights, fused(mm_call(impl)))
         signature += (unary, tuple(scalars), algorithm)
 
-    return choose("mm", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=_dropping_packs(r, weights))
+    question = {"op": "mm", "a": spec(a), "b": spec(b), "bias": spec(bias), "post_op": [unary, list(scalars), algorithm]}
+    return choose("mm", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=_dropping_packs(r, weights),
+                  question=question, default="aten")
 
 
 def mm_call(impl: str) -> Callable:
@@ -254,4 +257,9 @@ def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: t
         for name in _ties_first(names)}
     signature = (tuple(x.shape), _strides(x, arriving), tuple(w.shape), str(x.dtype), bias is not None, tuple(stride),
                  tuple(padding), tuple(dilation), groups, unary, tuple(scalars), algorithm, other is not None)
-    return choose("conv", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=_dropping_packs(r, weights))
+    question = {"op": "conv", "x": spec(x), "x_channels_last": x_channels_last, "w": spec(w), "bias": spec(bias),
+                "conv_args": [list(stride), list(padding), list(dilation), groups], "unary": unary,
+                "scalars": list(scalars), "algorithm": algorithm, "other": spec(other),
+                "channels_last_only": channels_last_only}
+    return choose("conv", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=_dropping_packs(r, weights),
+                  question=question, default="onednn")  # what backend.autotune=off runs
