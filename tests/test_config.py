@@ -66,6 +66,7 @@ def test_defaults():
         "backend.compile_workers": 0,
         "backend.freezing": True,
         "backend.autotune": "default",
+        "backend.autotune_log": "",
         "backend.codegen": "auto",
         "backend.symbolic_kernels": True,
         "backend.cpp_wrapper": True,

@@ -124,7 +124,7 @@ def test_a_gemm_with_a_post_op_also_times_onednn_and_kiln_with_the_op_inside(mon
 
     seen = {}
 
-    def record(op, signature, candidates, budget_s, max_rounds, cleanup=None):
+    def record(op, signature, candidates, budget_s, max_rounds, cleanup=None, question=None, default=None):
         seen.update(signature=signature, names=list(candidates))
         for run in candidates.values():  # every candidate computes the same activated product
             seen.setdefault("outs", []).append(run())
