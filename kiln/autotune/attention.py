@@ -28,7 +28,7 @@ def choose_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     if kiln_attention.applies(q, k, v, mask):
         candidates["kiln"] = lambda: kiln_attention.attention(r.q, r.k, r.v, r.mask, scale, causal)
     signature = (_layout(q), _layout(k), _layout(v), _layout(mask), str(q.dtype), causal)
-    question = {"op": "attention", "q": spec(q), "k": spec(k), "v": spec(v), "mask": spec(mask), "scale": scale,
-                "causal": causal}
+    question = lambda: {"op": "attention", "q": spec(q), "k": spec(k), "v": spec(v), "mask": spec(mask),  # noqa: E731
+                        "scale": scale, "causal": causal}
     return choose("attention", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], question=question,
                   default="aten")

@@ -20,14 +20,15 @@ COUNTS = {"measured": 0, "cached": 0, "recorded": 0}
 
 def choose(op: str, signature: Any, candidates: dict[str, Callable[[], object]], budget_s: float = 0.25,
            max_rounds: int = 15, cleanup: Callable[[], None] | None = None, timer: Timer = host_seconds,
-           question: dict[str, Any] | None = None, default: str | None = None) -> str:
+           question: Callable[[], dict[str, Any]] | None = None, default: str | None = None) -> str:
     """The name of the fastest candidate for `signature` (anything with a stable repr: shapes,
     dtypes, flags). Candidates run with inputs the caller prepared, interleaved in rounds until
     their timed runs add up to `budget_s` or `max_rounds` (kiln/autotune/timing.py); the first
     one wins ties.
     `cleanup` runs once the question is measured (to free what the candidates allocated).
     `timer` measures one run: the host's clock by default, `timing.gpu_seconds` for GPU kernels.
-    `question` (what asks it again, kiln/autotune/record.py) and `default` (the choice without
+    `question` (a function returning what asks it again, kiln/autotune/record.py; called only then:
+    reading a symbolic size as an int would specialize it) and `default` (the choice without
     tuning): under `backend.autotune=record` a question no cache answers is logged and `default`
     returned, nothing measured.
 
@@ -40,7 +41,7 @@ def choose(op: str, signature: Any, candidates: dict[str, Callable[[], object]],
     result = _MEMORY.get(key) or store.load(key)
     if result is None or result["choice"] not in candidates:
         if question is not None and default in candidates and record.recording():
-            record.record(question)
+            record.record(question())
             COUNTS["recorded"] += 1
             return default  # (not remembered: a later answer is read)
         with store.locked(key):

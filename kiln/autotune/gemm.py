@@ -180,7 +180,8 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
             candidates[name] = _rotating(r, weights, fused(mm_call(impl)))
         signature += (unary, tuple(scalars), algorithm)
 
-    question = {"op": "mm", "a": spec(a), "b": spec(b), "bias": spec(bias), "post_op": [unary, list(scalars), algorithm]}
+    question = lambda: {"op": "mm", "a": spec(a), "b": spec(b), "bias": spec(bias),  # noqa: E731
+                        "post_op": [unary, list(scalars), algorithm]}
     return choose("mm", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=_dropping_packs(r, weights),
                   question=question, default="aten")
 
@@ -257,9 +258,9 @@ def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: t
         for name in _ties_first(names)}
     signature = (tuple(x.shape), _strides(x, arriving), tuple(w.shape), str(x.dtype), bias is not None, tuple(stride),
                  tuple(padding), tuple(dilation), groups, unary, tuple(scalars), algorithm, other is not None)
-    question = {"op": "conv", "x": spec(x), "x_channels_last": x_channels_last, "w": spec(w), "bias": spec(bias),
-                "conv_args": [list(stride), list(padding), list(dilation), groups], "unary": unary,
-                "scalars": list(scalars), "algorithm": algorithm, "other": spec(other),
-                "channels_last_only": channels_last_only}
+    question = lambda: {"op": "conv", "x": spec(x), "x_channels_last": x_channels_last, "w": spec(w),  # noqa: E731
+                        "bias": spec(bias), "conv_args": [list(stride), list(padding), list(dilation), groups],
+                        "unary": unary, "scalars": list(scalars), "algorithm": algorithm, "other": spec(other),
+                        "channels_last_only": channels_last_only}
     return choose("conv", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=_dropping_packs(r, weights),
                   question=question, default="onednn")  # what backend.autotune=off runs
