@@ -32,7 +32,12 @@ def spec(t: torch.Tensor | None) -> dict[str, Any] | None:
     """What a question needs of an operand: its shape, strides and dtype (None stays None)."""
     if t is None:
         return None
-    return {"shape": [int(s) for s in t.shape], "stride": [int(s) for s in t.stride()], "dtype": str(t.dtype)}
+    return {"shape": [_hint(s) for s in t.shape], "stride": [_hint(s) for s in t.stride()], "dtype": str(t.dtype)}
+
+
+def _hint(size: int | torch.SymInt) -> int:
+    # A symbolic size's example value, read without a guard (int() would specialize the graph to it).
+    return int(size.node.hint) if isinstance(size, torch.SymInt) else int(size)
 
 
 def tensor(described: dict[str, Any] | None) -> torch.Tensor | None:
