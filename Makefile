@@ -8,7 +8,8 @@ STAMP := $(VENV)/.kiln-installed-$(TORCH_VERSION)
 PYTEST_WORKERS ?= 2
 # Debian packages the tests need, each installed when its command is missing (command:package in
 # the rule): redis-server and openssl (the TLS certificates) for the shared-cache tests, the
-# aarch64 cross compiler and qemu for the NEON tests (tests/codegen/test_neon_cross.py). Root
+# aarch64 cross compiler and qemu for the NEON tests (tests/codegen/test_neon_cross.py), chromium for the
+# compile report's browser test (tests/trace/test_report.py). Root
 # installs them, others through sudo.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEMO_ARGS ?= --suite smoke --modes all --threads 2 --iters 10
@@ -21,7 +22,7 @@ export TRANSFORMERS_OFFLINE := 1
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
-	missing=$$(for need in redis-server:redis-server openssl:openssl aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user; do \
+	missing=$$(for need in redis-server:redis-server openssl:openssl chromium:chromium aarch64-linux-gnu-g++:g++-aarch64-linux-gnu qemu-aarch64:qemu-user; do \
 		command -v $${need%%:*} >/dev/null || echo $${need#*:}; done); \
 	test -z "$$missing" || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $$missing >/dev/null; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

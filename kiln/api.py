@@ -8,6 +8,7 @@ with each graph it captures.
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from typing import Any, Callable
 
@@ -23,7 +24,7 @@ from kiln.runtime import data_watch
 
 BACKEND_NAMES = ("kiln", "aot_eager", "eager")
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-OPTIONS = ("recompile_limit",)
+OPTIONS = ("recompile_limit", "trace")
 
 
 def _eager_backend(gm: fx.GraphModule, example_inputs: list) -> Callable:
@@ -59,6 +60,9 @@ def _check_arguments(fullgraph: Any, dynamic: Any, mode: Any, options: Any) -> d
     limit = options.get("recompile_limit")
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise ValueError(f"kiln.compile: options['recompile_limit'] must be a positive int, got {limit!r}")
+    trace = options.get("trace")
+    if trace is not None and not isinstance(trace, (str, os.PathLike)):
+        raise TypeError(f"kiln.compile: options['trace'] must be a folder (str or path) for the HTML compile report, got {trace!r}")
     return options
 
 

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from kiln import logs, profiler
+from kiln import logs, profiler, trace
 
 @dataclass
 class Stage:
@@ -110,6 +110,9 @@ def stage(name: str, self_name: str | None = None, merge: bool = False) -> Itera
             for trees in getattr(_state, "recorders", ()):
                 trees.append(current)
             logs.log_lazy("compile_time", lambda: "\n".join(current.format()))
+            if trace.active():
+                trace.record("compile_time", tree="\n".join(current.format()), seconds=current.seconds)
+                trace.compile_finished()
 
 
 def open_stages() -> list[str]:

@@ -260,6 +260,11 @@ class DebugSettings(_Group):
         env="KILN_DEBUG_DIR",
         help="folder that every layer dumps per-graph debug files into; None for no dumps",
     )
+    trace_dir: str | None = setting(
+        None,
+        env="KILN_TRACE",
+        help="folder for the HTML compile report (index.html per process, with every stage's dumps); None for none",
+    )
     verify: bool = setting(
         False,
         env="KILN_VERIFY",

@@ -29,12 +29,10 @@ import os
 import re
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from kiln import config
+from kiln import config, trace
 
 __all__ = [
     "DumpFolder",
@@ -290,30 +288,6 @@ class DumpFolder:
         return f"DumpFolder({str(self.path)!r})"
 
 
-_lock = threading.Lock()
-_run: tuple[tuple[str, int], Path, itertools.count] | None = None  # ((dir, pid), run, counter)
-
-
-def _run_folder(dump_dir: str) -> tuple[Path, itertools.count]:
-    """This process's run folder under ``dump_dir``, made on first use."""
-    global _run
-    key = (dump_dir, os.getpid())  # a forked child gets a run folder of its own
-    if _run is None or _run[0] != key:
-        stem = f"run_{os.getpid()}_{time.strftime('%Y%m%d-%H%M%S')}"
-        base = Path(os.path.expanduser(dump_dir))
-        base.mkdir(parents=True, exist_ok=True)
-        # Several machines may share one dump folder, and pids repeat across machines.
-        for attempt in itertools.count():
-            run = base / (stem if attempt == 0 else f"{stem}_{attempt}")
-            try:
-                run.mkdir()
-                break
-            except FileExistsError:
-                continue
-        _run = (key, run, itertools.count())
-    return _run[1], _run[2]
-
-
 def dump_folder(label: str) -> DumpFolder | None:
     """A new folder ``<dump_dir>/<run>/<NNN>_<label>/`` for one graph, or None without dump_dir.
 
@@ -326,11 +300,13 @@ def dump_folder(label: str) -> DumpFolder | None:
         if folder is not None:
             folder.write("captured_graph.py", gm.code)
     """
-    dump_dir = config.debug.dump_dir
+    # Under KILN_TRACE the dumps are the report's pages: they go to the trace's run folder
+    # unless KILN_DEBUG_DIR names another.
+    dump_dir = config.debug.dump_dir or config.debug.trace_dir
     if dump_dir is None:
         return None
-    with _lock:
-        run, counter = _run_folder(dump_dir)
-        path = run / f"{next(counter):03d}_{_safe_name(label)}"
+    run, counter = trace.process_folder(dump_dir)
+    path = run / f"{next(counter):03d}_{_safe_name(label)}"
     path.mkdir()
+    trace.record("dump", label=label, path=str(path))
     return DumpFolder(path)

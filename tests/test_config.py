@@ -56,6 +56,7 @@ def test_defaults():
     assert config.as_dict() == {
         "debug.logs": (),
         "debug.dump_dir": None,
+        "debug.trace_dir": None,
         "debug.verify": False,
         "cache.dir": "~/.cache/kiln",
         "cache.runtime_dir": "",

@@ -5,7 +5,7 @@ a stage imports a later stage, at module level or inside a function; `codegen/` 
 earlier stage (`passes/`, `lowering/`, `schedule/`): it reads what they made through `ir/`; the modules every stage may
 import (`ir/`, `config`, `logs`, shared infrastructure) import no stage at all. Only the doors
 and the driver assemble stages: kiln/__init__.py, kiln/api.py, backend/, integrations/, cli.py,
-deploy/ (export and the artifact loader); `remote_cache` is shared infrastructure like `disk_cache`.
+deploy/ (export and the artifact loader), debug/ (bisection, the minifier); `remote_cache` is shared infrastructure like `disk_cache`.
 The benchmark (the top-level `benchmarks/` package) is not part of the product: no kiln module
 imports it (it adds its commands to `kiln` through entry points). `externs/` (operators' Python
 views and fake functions) builds on `native/` (the C++ that defines them and the kernels' unit),
@@ -24,8 +24,8 @@ import kiln
 
 ROOT = Path(kiln.__file__).parent
 STAGES = ["capture", "aot", "passes", "lowering", "schedule", "codegen", "runtime"]
-SHARED = ["ir", "config", "logs", "profiler", "compile_time", "disk_cache", "remote_cache", "heap", "native", "externs", "autotune"]
-DOORS = ["backend", "api", "integrations", "cli", "deploy"]  # they assemble stages; nothing inside imports them
+SHARED = ["ir", "config", "logs", "profiler", "trace", "compile_time", "disk_cache", "remote_cache", "heap", "native", "externs", "autotune"]
+DOORS = ["backend", "api", "integrations", "cli", "deploy", "debug"]  # they assemble stages; nothing inside imports them
 
 
 def _module_name(path: Path) -> str:

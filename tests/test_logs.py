@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import kiln
-from kiln import config, logs
+from kiln import config, logs, trace
 
 REPO = Path(kiln.__file__).resolve().parents[1]
 BUILTIN = {"graph", "guards", "breaks", "recompiles", "aot", "passes", "ir", "fusion", "code",
@@ -22,7 +22,7 @@ def isolate(monkeypatch):
     # Settings, the artifact registry and the per-process run folder all go back after each test.
     monkeypatch.setattr(logs, "_ARTIFACTS", dict(logs._ARTIFACTS))
     monkeypatch.setattr(logs, "_LOGGERS", dict(logs._LOGGERS))
-    monkeypatch.setattr(logs, "_run", None)
+    monkeypatch.setattr(trace, "_run", None)
     with config.patch(config.as_dict()):
         config.reload_from_env({})
         yield
@@ -203,7 +203,7 @@ def test_new_dump_dir_gets_its_own_run(tmp_path):
 
 
 def test_run_folder_never_reuses_an_existing_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(logs.time, "strftime", lambda fmt: "20250101-000000")
+    monkeypatch.setattr(trace.time, "strftime", lambda fmt: "20250101-000000")
     taken = tmp_path / f"run_{os.getpid()}_20250101-000000"
     taken.mkdir()
     config.debug.dump_dir = str(tmp_path)

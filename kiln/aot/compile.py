@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils import _pytree as pytree
 
-from kiln import compile_time, config, logs, profiler
+from kiln import compile_time, config, logs, profiler, trace
 from kiln.aot import cache as aot_cache, dump
 from kiln.aot.module_state import mark_module_state, module_state_positions
 from kiln.aot.call_wrappers import inference_runner, training_runner
@@ -226,6 +226,10 @@ class AotCompiled:
         return aot_cache.cache_key(self.gm, self.example_inputs, lifted, training, options)
 
     def _from_cache(self, key: str | None, training: bool) -> Callable[..., list[Any]] | None:
+        if key is not None and trace.active():
+            # The compile report shows every stage of every graph; a cached graph has none to show.
+            compile_time.note("AOT graph cache not read: KILN_TRACE compiles every graph")
+            return None
         entry = aot_cache.load(key) if key is not None else None
         if entry is None:
             return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from kiln import compile_time, logs
+from kiln import compile_time, logs, trace
 from kiln.autotune import record, store
 from kiln.autotune.timing import Timer, host_seconds, interleaved_seconds
 
@@ -39,16 +39,25 @@ def choose(op: str, signature: Any, candidates: dict[str, Callable[[], object]],
         return names[0]
     key = store.question_key(op, signature, names)
     result = _MEMORY.get(key) or store.load(key)
+    answered = "from the cache"
     if result is None or result["choice"] not in candidates:
         if question is not None and default in candidates and record.recording():
             record.record(question())
             COUNTS["recorded"] += 1
+            if trace.active():
+                trace.record("autotune", op=op, signature=repr(signature), candidates=names, choice=default,
+                             seconds={}, answered="recorded for `kiln autotune --answer`, default taken")
             return default  # (not remembered: a later answer is read)
+        measured_before = COUNTS["measured"]
         with store.locked(key):
             result = _measured(op, signature, key, candidates, budget_s, max_rounds, cleanup, timer)
+        answered = "measured" if COUNTS["measured"] > measured_before else answered
     else:
         COUNTS["cached"] += 1
     _MEMORY[key] = result
+    if trace.active():
+        trace.record("autotune", op=op, signature=repr(signature), candidates=names, choice=result["choice"],
+                     seconds=dict(result.get("seconds", {})), answered=answered)
     return result["choice"]
 
 

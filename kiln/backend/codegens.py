@@ -61,6 +61,11 @@ class Codegen:
         """What its kernel library is built from (the artifact's `units`)."""
         raise NotImplementedError
 
+    def kernel_source(self, kernels: Kernels, kernel: str) -> str:
+        """The printed code of one scheduled kernel (by its name in the schedule), as it stands
+        in the library: what the compile report shows beside the kernel's loop nest."""
+        raise NotImplementedError
+
     def python_wrapper(self, plan: WrapperPlan) -> WrapperCode:
         return python_wrapper(plan, self.kernel_arguments)
 
@@ -90,6 +95,9 @@ class CppCodegen(Codegen):
 
     def units(self, kernels: CppKernels) -> list[str]:
         return translation_units(kernels, workers())
+
+    def kernel_source(self, kernels: CppKernels, kernel: str) -> str:
+        return kernels.sources[kernels.functions[kernel]]
 
     def native_wrapper(self, plan: WrapperPlan, functions: dict[str, tuple[str, int]]) -> str | None:
         """The graph's C++ wrapper when `backend.cpp_wrapper` asks for one and kiln can write it
@@ -129,6 +137,10 @@ class TritonCodegen(Codegen):
 
     def units(self, kernels: TritonKernels) -> list[str]:
         return [kernels.source]
+
+    def kernel_source(self, kernels: TritonKernels, kernel: str) -> str:
+        launcher = kernels.functions[kernel]
+        return "\n\n".join([*(jit.source for jit in kernels.jit.get(launcher, [])), kernels.launchers[launcher]])
 
 
 def triton_tuning(target: Target) -> str | None:

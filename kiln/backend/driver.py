@@ -240,6 +240,7 @@ class Backend:
                                  kernels.size_arguments, native, len(scheduled.outputs))
         dump.ir_after_fusion(folder, scheduled, kernels.functions, report)
         dump.code(folder, codegen.kernels_file, kernels.source, wrapper.source, native)
+        dump.traced_kernels(folder, scheduled, kernels, codegen)
         with compile_time.stage("build"):
             library = build(artifact)
         with compile_time.stage("load"):

@@ -13,6 +13,7 @@ from torch import fx
 from kiln.ir.analysis import format_node
 from kiln.ir.constant_split import ConstantSplit
 from kiln.ir.program import ComputeStep, Program
+from kiln import trace
 from kiln.logs import DumpFolder
 
 
@@ -56,12 +57,15 @@ def ir_after_fusion(folder: DumpFolder | None, schedule: Any, functions: dict[st
         return
     lines = [report, ""]
     for kernel in schedule.kernels:
-        lines.append(f"{kernel.name} -> {functions[kernel.name]}: outer loops {list(kernel.outer)}, "
-                     f"reads {[b.name for b in kernel.inputs]}, stores {[b.name for b in kernel.outputs]}, "
-                     f"in registers {sorted(kernel.locals)}")
-        for m in kernel.members:
-            lines.append("  " + format_node(m.node).replace("\n", "\n  "))
+        lines.append(f"{kernel.name} -> {functions[kernel.name]}: {_loop_nest(kernel, '  ')}")
     folder.write("ir_after_fusion.txt", "\n".join(lines) + "\n")
+
+
+def _loop_nest(kernel: Any, indent: str) -> str:
+    """A fused kernel's loops, what it reads, stores and keeps in registers, then its members."""
+    head = (f"outer loops {list(kernel.outer)}, reads {[b.name for b in kernel.inputs]}, "
+            f"stores {[b.name for b in kernel.outputs]}, in registers {sorted(kernel.locals)}")
+    return "\n".join([head, *(indent + format_node(m.node).replace("\n", "\n" + indent) for m in kernel.members)])
 
 
 def code(folder: DumpFolder | None, kernels_file: str, kernels_source: str, wrapper_source: str,
@@ -72,3 +76,16 @@ def code(folder: DumpFolder | None, kernels_file: str, kernels_source: str, wrap
         folder.write("wrapper.py", wrapper_source)
         if cpp_wrapper_source is not None:  # the wrapper that runs; wrapper.py its readable twin
             folder.write("wrapper.cpp", cpp_wrapper_source)
+
+
+def traced_kernels(folder: DumpFolder | None, schedule: Any, kernels: Any, codegen: Any) -> None:
+    """Each kernel of the graph for the compile report (KILN_TRACE): its loop nest (the members
+    as the IR after fusion shows them) beside its code (`Codegen.kernel_source`)."""
+    if not trace.active():
+        return
+    listed = []
+    for kernel in schedule.kernels:
+        listed.append({"kernel": kernel.name, "function": kernels.functions[kernel.name],
+                       "vectorized": bool(kernels.vectorized.get(kernel.name)), "loops": _loop_nest(kernel, "  "),
+                       "code": codegen.kernel_source(kernels, kernel.name)})
+    trace.record("kernels", folder=str(folder.path) if folder is not None else None, codegen=codegen.name, kernels=listed)

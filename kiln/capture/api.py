@@ -9,9 +9,27 @@ from typing import Any, Callable
 
 from torch import nn
 
+from kiln import config
 from kiln.capture import break_records
 from kiln.capture.binder import make_binder
 from kiln.capture.cache import FrameCache, reset_all
+
+
+def _with_options(cache: FrameCache, options: dict) -> Callable:
+    """What a call of the compiled function runs: its frame cache, under the settings that
+    `kiln.compile`'s options give this function alone (`trace`: `debug.trace_dir`, the HTML
+    compile report), entered around each call so compilation and first runs see them. Without
+    such options the cache itself, so a call costs nothing more."""
+    if options.get("trace") is None:
+        return cache
+    settings = config.patch({"debug.trace_dir": str(options["trace"])})
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with settings:
+            return cache(*args, **kwargs)
+
+    return call
+
 
 def _module_call(self, *args, **kwargs):
     # The frame kiln captures for a compiled module: nn.Module.__call__ with its hooks, inlined.
@@ -31,10 +49,11 @@ class CompiledFunction:
         if bound_self is not None:
             binder = functools.partial(binder, bound_self)
         self._cache = FrameCache(target, binder, fn, backend, fullgraph, target.__qualname__, options.get("recompile_limit"), dynamic)
+        self._run = _with_options(self._cache, options)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._cache(*args, **kwargs)
+        return self._run(*args, **kwargs)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         # A compiled function stored on a class binds like a method.
@@ -74,12 +93,13 @@ class CompiledModule(nn.Module):
         binder = functools.partial(make_binder(_module_call), module)
         label = type(module).__qualname__
         self.__dict__["_cache"] = FrameCache(_module_call, binder, module, backend, fullgraph, label, options.get("recompile_limit"), dynamic)
+        self.__dict__["_run"] = _with_options(self.__dict__["_cache"], options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.__dict__["_cache"](*args, **kwargs)
+        return self.__dict__["_run"](*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.__dict__["_cache"](*args, **kwargs)
+        return self.__dict__["_run"](*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_orig_mod"], name)

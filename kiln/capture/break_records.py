@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln import logs
+from kiln import logs, trace
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,17 @@ BREAKS: list[BreakRecord] = []
 def record_break(record: BreakRecord) -> None:
     BREAKS.append(record)
     logs.log("breaks", "%s", record)
+    if trace.active():
+        trace.record("break", kind=record.kind, filename=record.filename, lineno=record.lineno,
+                     function=record.function, explanation=record.explanation, hint=record.hint,
+                     resumed=record.resumed, source=_source_line(record.filename, record.lineno))
+
+
+def _source_line(filename: str, lineno: int) -> str:
+    """The user's line of code at the break, as the report shows it."""
+    import linecache
+
+    return linecache.getline(filename, lineno).strip()
 
 
 def unsupported(kind: str, explanation: str, hint: str = "") -> Unsupported:

@@ -13,7 +13,8 @@ import warnings
 import weakref
 from typing import Any, Callable
 
-from kiln import config, logs, profiler
+from kiln import config, logs, profiler, trace
+from kiln.capture import dump
 from kiln.capture.break_records import BreakRecord, CaptureError, Unsupported, record_break
 from kiln.capture.dynamic import DynamicPolicy
 from kiln.capture.frame import Entry, capture
@@ -30,6 +31,8 @@ OBSERVERS: list[Callable[[str, "FrameCache", Any], None]] = []
 def _notify(event: str, cache: "FrameCache", payload: Any) -> None:
     for observer in OBSERVERS:
         observer(event, cache, payload)
+    if trace.active():
+        dump.traced(event, cache.label, len(cache.entries), payload)
 
 
 class FrameCache:

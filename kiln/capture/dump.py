@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from torch import fx
 
-from kiln import logs
+from typing import Any
+
+from kiln import logs, trace
 
 
 def _readable(label: str, gm: fx.GraphModule) -> str:
@@ -32,3 +34,23 @@ def guards(folder: logs.DumpFolder | None, label: str, guards_text: str, guards_
 def runner(folder: logs.DumpFolder | None, runner_source: str) -> None:
     if folder is not None:
         folder.write("runner.py", f"# a call that passes the guards: run the graph, replay side effects, rebuild the result\n{runner_source}")
+
+
+def traced(event: str, label: str, entries: int, payload: Any) -> None:
+    """One event of a frame's cache for the compile report (KILN_TRACE): an entry compiled (its
+    graph, guards and the break that ended it), a recompile and the guard that failed, the frame
+    run eagerly, the recompile limit reached."""
+    if event == "entry":
+        graph = payload.graph
+        trace.record("entry", frame=label, entry=entries, seconds=payload.capture_seconds, stats=dict(payload.stats),
+                     guards=[g.describe() for g in payload.guards.guards],
+                     graph=_readable(label, graph) if graph is not None else None,
+                     ended_by=str(payload.graph_break) if payload.graph_break is not None else None,
+                     runner=payload.runner_source)
+        trace.compile_finished()
+    elif event == "recompile":
+        trace.record("recompile", frame=label, entry=entries + 1, reason=f"{payload} failed")
+    elif event == "fallback":
+        trace.record("eager_frame", frame=label, record=str(payload))
+    elif event == "limit":
+        trace.record("recompile", frame=label, entry=entries, reason=f"recompile limit ({payload}) reached: calls that match no entry run eagerly")

@@ -5,5 +5,5 @@ any of them (the backend, the AOT layer, capture), never the other way round.
   rewrite pass and which kernel moves a model's output beyond tolerance.
 - `minify` (kiln/debug/minify.py): shrinks a failing captured graph to the smallest one that fails
   the same way and writes a standalone repro.py.
-- the HTML compile report (kiln/debug/trace.py, `KILN_TRACE=dir`).
+The HTML compile report (`KILN_TRACE=dir`) is recorded below every stage, in kiln/trace/.
 """

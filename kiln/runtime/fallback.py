@@ -10,7 +10,7 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass
 
-from kiln import logs
+from kiln import logs, trace
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ def record_fallback(backend: str, graph: str, error: BaseException) -> GraphFall
     fallback = GraphFallback(backend, graph, f"{type(error).__name__}: {first_line}", tail)
     FALLBACKS.append(fallback)
     logs.log("breaks", "%s", fallback)
+    trace.record("fallback", backend=backend, graph=graph, reason=fallback.reason, detail=tail)
     return fallback
 
 
