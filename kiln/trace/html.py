@@ -1,9 +1,9 @@
 """The compile report: the trace's journal (kiln/trace/__init__.py) and the run folder's dumps as
 one self-contained HTML page — no server, no file beside it, opens from disk.
 
-Sections, in the order a reader asks: what was captured (frames, their graphs and guards), where
-capture stopped (graph breaks with the user's line of code), why it compiled again (recompiles
-and the guard that failed), what runs eagerly (fallbacks with reasons), then per compiled graph
+Sections, in the order a reader asks: where capture stopped (graph breaks with the user's line of
+code), why it compiled again (recompiles and the guard that failed), what runs eagerly (fallbacks
+with reasons), what was captured (each frame's entries, graphs and guards), then per compiled graph
 what each stage made of it (each pass's change to the ATen graph as a diff, the IR, every kernel's
 loop nest beside its code, the wrapper), the autotuning questions with every candidate's time, and
 the compile-time trees. Every text is escaped; the page's only script expands and collapses.
@@ -54,10 +54,10 @@ def render(events: list[Any], run_folder: Path) -> str:
         by_kind.setdefault(event.kind, []).append(event.fields)
     kernels_by_folder = {e["folder"]: e for e in by_kind.get("kernels", []) if e.get("folder")}
     sections = [
-        ("frames", "Frames captured", _frames(by_kind.get("entry", []))),
         ("breaks", "Graph breaks", _breaks(by_kind.get("break", []))),
         ("recompiles", "Recompiles", _recompiles(by_kind.get("recompile", []))),
         ("fallbacks", "Fallbacks to eager", _fallbacks(by_kind.get("fallback", []), by_kind.get("eager_frame", []))),
+        ("frames", "Frames captured", _frames(by_kind.get("entry", []))),
         ("graphs", "Compiled graphs, stage by stage", _graphs(by_kind.get("dump", []), kernels_by_folder,
                                                                [e for e in by_kind.get("kernels", []) if not e.get("folder")])),
         ("autotune", "Autotuning", _autotune(by_kind.get("autotune", []))),
@@ -113,18 +113,19 @@ def _process() -> str:
 def _frames(entries: list[dict]) -> str:
     if not entries:
         return _none("No frame was captured by kiln's capture (behind torch.compile, Dynamo captures).")
-    parts = []
+    rows = []
     for entry in entries:
-        stats = ", ".join(f"{k} {v}" for k, v in entry["stats"].items())
-        title = f"<b>{_e(entry['frame'])}</b>, entry {entry['entry']} <span class=muted>({entry['seconds']:.2f} s; {_e(stats)})</span>"
-        inner = []
-        if entry["ended_by"]:
-            inner.append(f'<p class="bad">ended by a graph break: {_e(entry["ended_by"])}</p>')
-        inner.append(_details("graph", _pre(entry["graph"]) if entry["graph"] else _none("no graph (no tensor work)")))
-        inner.append(_details(f"guards ({len(entry['guards'])})", _pre("\n".join(entry["guards"]))))
-        inner.append(_details("runner (the Python that calls the graph)", _pre(entry["runner"])))
-        parts.append(f"<h3>{title}</h3>" + "".join(inner))
-    return "\n".join(parts)
+        stats = entry["stats"]
+        blocks = [_details(f"guards ({len(entry['guards'])})", _pre("\n".join(entry["guards"]))),
+                  _details("runner (the Python that calls the graph)", _pre(entry["runner"]))]
+        if entry["graph"]:
+            blocks.insert(0, _details(f"graph ({stats.get('ops', '?')} ops)", _pre(entry["graph"])))
+        else:
+            blocks.insert(0, '<span class="muted">no graph: Python only</span>')
+        ended = f'<span class="bad">{_e(entry["ended_by"])}</span>' if entry["ended_by"] else ""
+        rows.append([f"<b>{_e(entry['frame'])}</b>", _e(entry["entry"]), f"{entry['seconds']:.2f}",
+                     _e(", ".join(f"{k} {v}" for k, v in stats.items())), "".join(blocks), ended])
+    return _table(["frame", "entry", "capture s", "size", "what it made", "ended by a graph break"], rows)
 
 
 def _breaks(breaks: list[dict]) -> str:
