@@ -110,7 +110,7 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
     snapshot = module_watch.Snapshot(module_watch.STATE.version)
     if module_watch.STATE.watched:
         output.guards.add(Guard("MODULE_STRUCTURE", None, snapshot))
-    rc = Reconstructor()
+    rc = Reconstructor(output.size_symbols())
     side_effects = output.side_effects.replay_lines(rc)
     if output.side_effects.module_writes_keep_reads():
         # Its own writes (HF's Swin sets `self.shift_size` on every call) must not fail its own guard.

@@ -212,6 +212,15 @@ class OutputGraph:
         by_name = {placeholder(i): source for i, (source, _) in enumerate(self.symbolic_inputs)}
         return [Guard("SHAPE", None, (text, tuple(sorted(by_name.items())))) for text in texts]
 
+    def size_symbols(self) -> dict[Any, tuple[Source, int]]:
+        """Each symbol that is a whole dynamic input dimension -> (the input's source, the dim)."""
+        found = {}
+        for source, fake in self.symbolic_inputs:
+            for dim, size in enumerate(fake.size()):
+                if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                    found.setdefault(size.node.expr, (source, dim))
+        return found
+
     def graph_module(self, outputs: list[fx.Node]) -> fx.GraphModule:
         for node in reversed(self.open_autocast):
             self.graph.call_function(autocast_mode._exit_autocast, (node,))

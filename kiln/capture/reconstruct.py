@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 from torch import fx
+from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.capture import reentry
 from kiln.capture.break_records import unsupported
@@ -25,6 +26,7 @@ from kiln.capture.variables.builtins import UnboundBuiltinMethod
 from kiln.capture.variables.constant import ConstantMethodVariable, ConstantVariable
 from kiln.capture.variables.functions import BoundMethodVariable, CellVariable, NestedFunctionVariable, RealCellVariable
 from kiln.capture.variables.objects import ModelOutputVariable, UserObjectVariable
+from kiln.capture.variables.symbolic import SymNodeVariable
 from kiln.capture.variables.tensor import TensorMethodVariable, TensorVariable
 from kiln.capture.variables.torch_fns import GradModeVariable
 
@@ -34,8 +36,11 @@ def _new_object(cls: type) -> Any:
 
 
 class Reconstructor:
-    def __init__(self) -> None:
+    def __init__(self, size_symbols: dict[Any, tuple[Any, int]] | None = None) -> None:
         self.ns = Namespace()
+        # Each symbol of a dynamic input dimension -> (the input's source, the dimension): a
+        # symbolic int alive at a graph break is computed again from them, never returned by the graph.
+        self.size_symbols = size_symbols or {}
         self.outputs: list[fx.Node] = []
         self._index: dict[fx.Node, int] = {}
         # Objects made in the trace are built once into a local, so `return p, [p]` keeps identity.
@@ -128,6 +133,8 @@ class Reconstructor:
             return var.source.expr(self.ns)
         if isinstance(var, ConstantVariable):
             return self.const(var.value)
+        if isinstance(var, SymNodeVariable):
+            return self._size_expr(var)
         if isinstance(var, c.SizeVariable):
             return f"{self.ns.bind(torch.Size, 'T')}([{', '.join(self.expr(i) for i in var.items)}])"
         if isinstance(var, c.NamedTupleVariable):
@@ -158,6 +165,21 @@ class Reconstructor:
             return self.const(real)
         raise unsupported("unsupported_output", f"returning {var.describe()} from a compiled function")
 
+
+    def _size_expr(self, var: SymNodeVariable) -> str:
+        """A symbolic int (or float, bool) alive at a graph break, as Python that computes it from
+        the sizes of the inputs the runner reads: its expression over the shape environment's
+        symbols, each symbol read from the input dimension it stands for (the graph returns tensors
+        only). A symbol of no input (a size read from data) cannot be."""
+        expr = var.value.node.expr
+        symbols = sorted(expr.free_symbols, key=str)
+        unknown = [str(s) for s in symbols if s not in self.size_symbols]
+        if unknown:
+            raise unsupported("unsupported_output", f"returning {var.describe()} from a compiled function "
+                                                    f"({', '.join(unknown)}: not the size of an input)")
+        sizes = ", ".join(f"{self.size_symbols[s][0].expr(self.ns)}.size({self.size_symbols[s][1]})" for s in symbols)
+        body = f"{self.ns.bind(var.python_type(), 'T')}({PythonPrinter().doprint(expr)})"
+        return f"(lambda {', '.join(map(str, symbols))}: {body})({sizes})" if symbols else body
 
     def _method(self, var: Variable) -> str | None:
         """A method read but not called yet: on the stack at a graph break (`x.item` of `x.item()`)."""

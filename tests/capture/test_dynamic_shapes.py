@@ -178,3 +178,43 @@ def test_ops_whose_cpp_meta_wants_numbers_capture_with_symbolic_sizes(name, fn, 
         torch.testing.assert_close(compiled(x), fn(x))
     assert len(compiled.kiln_cache.entries) == 1 and compiled.kiln_cache.entries[0].graph_break is None
     assert not fallback.FALLBACKS
+
+
+def _sizes_alive_at_a_break(x):
+    n = x.shape[1]
+    m = (n * 3 + 1) // 2
+    y = x.sin()
+    print("a graph break with n and m alive")
+    return y[:, : n - 1] * m
+
+
+def test_symbolic_sizes_alive_at_a_graph_break_resume(capsys):
+    """A size alive at a break is computed again from the inputs' sizes by the runner (the graph
+    returns tensors only); before, the frame fell back to eager at the first dynamic recompile."""
+    kiln.reset()
+    backend = Counting()
+    compiled = kiln.compile(_sizes_alive_at_a_break, backend=backend)
+    for width in (6, 8, 11, 20):
+        x = torch.randn(2, width)
+        torch.testing.assert_close(compiled(x), _sizes_alive_at_a_break(x))
+    breaks = kiln.capture.BREAKS
+    assert breaks and all(record.resumed for record in breaks), breaks
+    assert compiled.kiln_cache.fallback is None
+    # static, then dynamic: later widths reuse the dynamic entry and its runner computes m again
+    assert len(compiled.kiln_cache.entries) == 2
+    assert "size(1)" in compiled.kiln_cache.entries[1].runner_source
+
+
+def test_a_size_read_from_data_at_a_break_still_runs_eagerly():
+    kiln.reset()
+
+    def f(x):
+        k = int(torch.count_nonzero(x > 0))  # a number read from data: no input size gives it
+        y = x[:k].cos()
+        print("break")
+        return y * k
+
+    compiled = kiln.compile(f)
+    for n in (5, 7, 9):
+        x = torch.randn(n)
+        torch.testing.assert_close(compiled(x), f(x))
