@@ -56,8 +56,10 @@ from kiln.schedule.verify import verify_schedule
 
 @dataclass
 class BuiltStages:
-    """What one graph was compiled from, kept on the CompiledGraph for tests and dumps."""
+    """What one graph was compiled from, kept on the CompiledGraph for tests, dumps and
+    kiln.debug.bisect (which checks each stage against the one before)."""
 
+    graph: fx.GraphModule  # the ATen graph after the rewrites: what was lowered
     program: Program  # after lowering
     schedule: Schedule  # after scheduling
     kernels: Kernels  # after code generation
@@ -252,7 +254,7 @@ class Backend:
         with compile_time.stage("build"):
             library = build(artifact)
         with compile_time.stage("load"):
-            compiled = CompiledGraph(artifact, library, BuiltStages(program, scheduled, kernels, wrapper), eager=gm)
+            compiled = CompiledGraph(artifact, library, BuiltStages(gm, program, scheduled, kernels, wrapper), eager=gm)
         logs.log("fusion", "%s", report)
         if self.observe is not None:
             self.observe(compiled)
