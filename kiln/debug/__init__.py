@@ -7,3 +7,7 @@ any of them (the backend, the AOT layer, capture), never the other way round.
   the same way and writes a standalone repro.py.
 - the HTML compile report (kiln/debug/trace.py, `KILN_TRACE=dir`).
 """
+
+from kiln.debug.bisect import BisectResult, bisect
+
+__all__ = ["BisectResult", "bisect"]
