@@ -78,13 +78,15 @@ def _tensor_difference(expected: torch.Tensor, actual: torch.Tensor, tolerance: 
         error = (expected.long() - actual.long()).abs().max().item() if expected.dtype != torch.bool \
             else float((expected != actual).any())
         return Difference(float(error), math.inf if error else 0.0, where)
+    if expected.is_complex():  # real and imaginary parts compared as a trailing dim of two
+        expected, actual = torch.view_as_real(expected), torch.view_as_real(actual)
     e, a = expected.double(), actual.double()
     same = (e == a) | (e.isnan() & a.isnan())  # equal infinities and NaNs
     diff = torch.where(same, torch.zeros_like(e), (a - e).abs().nan_to_num(math.inf))
     finite = e[e.isfinite()].abs()
     scale = finite.max().item() if finite.numel() and finite.max().item() > 0 else 1.0
     allowed = tolerance.atol * scale + tolerance.rtol * e.abs().nan_to_num(0.0, posinf=0.0, neginf=0.0)
-    ratios = diff / allowed
+    ratios = torch.where(diff == 0, torch.zeros_like(diff), diff / allowed)  # (0 / 0 where atol is 0)
     worst = int(ratios.argmax())
     index = list(torch.unravel_index(torch.tensor(worst), e.shape)) if e.dim() else []
     at = f"{where}{[int(i) for i in index]}" if index else where
