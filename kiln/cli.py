@@ -1,5 +1,5 @@
 """The `kiln` command: `kiln run` serves an exported model, `kiln autotune` answers a workload's
-autotune questions ahead of time, `kiln prebuild` builds kiln's own libraries at install time; the commands other installed packages add (entry points in the
+autotune questions ahead of time, `kiln prebuild` builds kiln's own libraries at install time, `kiln bisect` finds the stage that makes a model's output wrong; the commands other installed packages add (entry points in the
 group `kiln.commands`: the repository's `benchmarks` package adds `kiln bench`, `kiln report`,
 `kiln profile`, `kiln capture-cost`, `kiln many-shapes`, `kiln call-overhead`, `kiln bench-launch`).
 
@@ -16,6 +16,7 @@ from importlib.metadata import entry_points
 
 from kiln import logs
 from kiln.autotune import cli as autotune_cli
+from kiln.debug import cli as bisect_cli
 from kiln.deploy import runner
 from kiln.native import prebuild
 
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None, extra: dict[str, str] | None = None) -> 
     runner.add_command(commands)
     autotune_cli.add_command(commands)
     prebuild.add_command(commands)
+    bisect_cli.add_command(commands)
     added = {entry.name: entry.value for entry in entry_points(group=COMMAND_GROUP)}
     for name, target in sorted({**added, **(extra or {})}.items()):
         module, _, function = target.partition(":")

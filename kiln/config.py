@@ -381,6 +381,12 @@ class BackendSettings(_Group):
         "under the interpreter on CPU; timed on CUDA), always, timed (the fused kernel timed against "
         "the library's product and a separate kernel at the first call, the faster kept), never",
     )
+    disabled_passes: tuple[str, ...] = setting(
+        (),
+        env="KILN_DISABLED_PASSES",
+        help="rewrite passes the backend skips, e.g. gemm_prepack,dead_code (names in kiln/passes/pipeline.py "
+        "REWRITES): how kiln.debug.bisect finds the pass that changes a result; empty: every pass runs",
+    )
     gemm_candidates: tuple[str, ...] = setting(
         (),
         env="KILN_GEMM_CANDIDATES",

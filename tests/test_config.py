@@ -75,6 +75,7 @@ def test_defaults():
         "backend.cuda_graph_sizes": 8,
         "backend.triton_direct_launch": True,
         "backend.triton_gemm": "auto",
+        "backend.disabled_passes": (),
         "backend.gemm_candidates": (),
         "capture.recompile_limit": 8,
         "capture.inline_depth": 64,

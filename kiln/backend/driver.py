@@ -56,8 +56,10 @@ from kiln.schedule.verify import verify_schedule
 
 @dataclass
 class BuiltStages:
-    """What one graph was compiled from, kept on the CompiledGraph for tests and dumps."""
+    """What one graph was compiled from, kept on the CompiledGraph for tests, dumps and
+    kiln.debug.bisect (which checks each stage against the one before)."""
 
+    graph: fx.GraphModule  # the ATen graph after the rewrites: what was lowered
     program: Program  # after lowering
     schedule: Schedule  # after scheduling
     kernels: Kernels  # after code generation
@@ -139,10 +141,13 @@ class Backend:
 
     observe: called with every CompiledGraph built (each size specialization and the runtime graph
     of a frozen one included), for tests that look at Programs and kernels.
+    changed_by: the rewrites that changed a graph it built, in pipeline order (kiln.debug.bisect
+    tries skipping these only: skipping one that changed nothing changes nothing).
     """
 
     def __init__(self, observe: Callable[[CompiledGraph], None] | None = None) -> None:
         self.observe = observe
+        self.changed_by: list[str] = []
 
     def __call__(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         built = self._build(gm, example_inputs)
@@ -183,7 +188,7 @@ class Backend:
         return None
 
     def _pipeline(self, gm: fx.GraphModule, target: Target, folder: Any, symbolic: bool = False) -> Callable:
-        for name, rewrite in pipeline.REWRITES:
+        for name, rewrite in pipeline.rewrites():
             with compile_time.stage(f"pass {name}"):
                 changed = rewrite(gm, target)
                 if changed:
@@ -192,6 +197,7 @@ class Backend:
                     verify_graph(gm, after=name)
             if changed:
                 logs.log_lazy("passes", lambda: f"after {name}:\n{gm.code}")
+                self._changed(name)
             dump.after_pass(folder, name, gm, changed)
         name, split_constants = pipeline.SPLIT_CONSTANTS
         with compile_time.stage(f"pass {name}"):
@@ -201,6 +207,11 @@ class Backend:
             return self._lowered(gm, target, folder, symbolic)
         dump.constant_split(folder, split)
         return FrozenProgram(split, self._lowered(split.runtime, target, folder, symbolic))
+
+    def _changed(self, name: str) -> None:
+        if name not in self.changed_by:
+            order = [n for n, _ in pipeline.REWRITES]
+            self.changed_by = sorted([*self.changed_by, name], key=order.index)
 
     def _lowered(self, gm: fx.GraphModule, target: Target, folder: Any, symbolic: bool = False) -> Callable:
         try:
@@ -244,7 +255,7 @@ class Backend:
         with compile_time.stage("build"):
             library = build(artifact)
         with compile_time.stage("load"):
-            compiled = CompiledGraph(artifact, library, BuiltStages(program, scheduled, kernels, wrapper), eager=gm)
+            compiled = CompiledGraph(artifact, library, BuiltStages(gm, program, scheduled, kernels, wrapper), eager=gm)
         logs.log("fusion", "%s", report)
         if self.observe is not None:
             self.observe(compiled)

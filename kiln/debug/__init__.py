@@ -7,3 +7,7 @@ any of them (the backend, the AOT layer, capture), never the other way round.
   the same way and writes a standalone repro.py.
 The HTML compile report (`KILN_TRACE=dir`) is recorded below every stage, in kiln/trace/.
 """
+
+from kiln.debug.bisect import BisectResult, bisect
+
+__all__ = ["BisectResult", "bisect"]

@@ -1,5 +1,6 @@
 """Runs a Program with the IR's reference executor and PyTorch's kernels for externs: a slow,
-code-generator-free oracle for lowerings (and the graph compiler of the `kiln_ir_reference` tests)."""
+code-generator-free oracle for lowerings (and the graph compiler of the `kiln_ir_reference` tests),
+and the reference each generated kernel is checked against by kiln.debug.bisect."""
 
 from __future__ import annotations
 
@@ -27,11 +28,34 @@ def _write(out: torch.Tensor, value: torch.Tensor) -> None:
     out.copy_(value)
 
 
-def run_program(program: Program, args: Sequence[Any]) -> tuple:
+def _in_layout(value: Any, buffer: Buffer) -> Any:
+    """`value` with the strides of `buffer`'s static layout, as the wrapper passes it to the kernels
+    (a load reads the flat storage through the layout's strides)."""
+    layout = buffer.layout
+    if not isinstance(value, torch.Tensor) or not layout.is_static or value.numel() <= 1:
+        return value
+    size, stride, offset = _concrete(layout)
+    if list(value.stride()) == stride or offset != 0:
+        return value
+    out = torch.empty_strided(size, stride, dtype=value.dtype, device=value.device)
+    _write(out, value)
+    return out
+
+
+def reference_buffers(program: Program, args: Sequence[Any]) -> dict[str, torch.Tensor]:
+    """Every buffer of `program` by name, computed from `args`: each compute step by the reference
+    executor, each extern by calling its operator. Inputs and extern results are laid out as the
+    lowering recorded (as the wrapper lays them out for the kernels).
+
+    Example::
+
+        buffers = reference_buffers(graph.program, inputs)
+        buffers["buf3"]  # what a kernel that stores buf3 should have stored
+    """
     tensors: dict[str, torch.Tensor] = {}
     for buffer, arg in zip(program.inputs, args):
         if buffer is not None:
-            tensors[buffer.name] = arg
+            tensors[buffer.name] = _in_layout(arg, buffer)
     for step in program.steps:
         if isinstance(step, ComputeStep):
             size, stride, offset = _concrete(step.buffer.layout)
@@ -44,7 +68,13 @@ def run_program(program: Program, args: Sequence[Any]) -> tuple:
             results = result if isinstance(result, (tuple, list)) else [result]
             for buffer, value in zip(step.outputs, results):
                 if buffer is not None:
-                    tensors[buffer.name] = value
+                    tensors[buffer.name] = _in_layout(value, buffer)
+    return tensors
+
+
+def run_program(program: Program, args: Sequence[Any]) -> tuple:
+    """The program's outputs for `args`, computed by reference."""
+    tensors = reference_buffers(program, args)
     return tuple(tensors[o.name] if isinstance(o, Buffer) else o for o in program.outputs)
 
 

@@ -14,6 +14,16 @@ whose result it can dump (`KILN_DEBUG_DIR`, `KILN_LOGS=passes`, `KILN_LOGS=compi
    freezing off).
 3. `SPLIT_CONSTANTS`: freezing's split of a graph with frozen inputs into a constants graph (run by
    the runtime once, and again when a frozen input changes) and the runtime graph that is lowered.
+
+The setting `backend.disabled_passes` (`KILN_DISABLED_PASSES`) skips rewrites by name
+(`rewrites()`): how kiln.debug.bisect finds the one that changes a model's result. Every rewrite
+may be skipped alone; the graph is still compiled correctly, only with less done to it. Those that
+build on an earlier one then find nothing to do: without `freeze` there are no frozen inputs, so
+conv_batchnorm, conv_prepack, gemm_prepack and gemm_layer_norm change nothing and no constants
+graph is split off; without `gemm_prepack`, gemm_layer_norm finds no kiln GEMM to fuse into;
+without `dropout`, a training graph's native_dropout is ATen's own call. The two steps that are
+not rewrites cannot be skipped: a graph with symbolic sizes must be specialized to be compiled,
+and `split_constants` is what makes frozen inputs constants.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from typing import Callable
 
 from torch import fx
 
+from kiln import config
 from kiln.ir.target import Target
 from kiln.passes.attention import attention
 from kiln.passes.bias_epilogue import bias_epilogue
@@ -67,3 +78,22 @@ SPLIT_CONSTANTS = ("split_constants", split_constants)
 def names() -> list[str]:
     """Every step of the pipeline by name, in the order the driver runs them."""
     return [SPECIALIZE_SIZES[0], *(name for name, _ in REWRITES), SPLIT_CONSTANTS[0]]
+
+
+def rewrites() -> list[tuple[str, Rewrite]]:
+    """`REWRITES` less those the setting `backend.disabled_passes` names, in order; a name that is
+    not a rewrite is an error that lists the names accepted.
+
+    Example::
+
+        with kiln.config.patch({"backend.disabled_passes": ("gemm_prepack",)}):
+            [name for name, _ in pipeline.rewrites()]  # every rewrite but gemm_prepack
+    """
+    disabled = config.backend.disabled_passes
+    known = [name for name, _ in REWRITES]
+    unknown = [name for name in disabled if name not in known]
+    if unknown:
+        raise ValueError(f"backend.disabled_passes (KILN_DISABLED_PASSES): {unknown[0]!r} is not a rewrite pass; "
+                         f"accepted: {', '.join(known)} ({SPECIALIZE_SIZES[0]} and {SPLIT_CONSTANTS[0]} are not "
+                         f"rewrites and always run)")
+    return [(name, rewrite) for name, rewrite in REWRITES if name not in disabled]

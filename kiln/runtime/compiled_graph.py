@@ -239,6 +239,19 @@ class CompiledGraph:
         exec(compile(self.artifact.python, "<kiln wrapper, instrumented>", "exec"), scope)
         return scope["call"]
 
+    def other_call(self, wrapper: Any) -> Callable:
+        """The `call` of another Python wrapper (a kiln/codegen/wrapper.py `WrapperCode`) over
+        this graph's loaded kernels: how kiln.debug.bisect runs one kernel alone, its wrapper
+        printed from a schedule of that kernel only.
+
+        Example::
+
+            run_one = graph.other_call(codegen.python_wrapper(wrapper_plan(one_kernel, set())))
+        """
+        scope = {**self._bound, **wrapper.constants, **{name: _resolve_op(op) for name, op in wrapper.ops.items()}}
+        exec(compile(wrapper.source, "<kiln wrapper, other>", "exec"), scope)
+        return scope["call"]
+
     @classmethod
     def load(cls, artifact: GraphArtifact) -> "CompiledGraph":
         """A graph from the AOT graph cache: its library built if missing, loaded, nothing lowered."""
