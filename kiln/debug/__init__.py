@@ -7,3 +7,5 @@ any of them (the backend, the AOT layer, capture), never the other way round.
   the same way and writes a standalone repro.py.
 - the HTML compile report (kiln/debug/trace.py, `KILN_TRACE=dir`).
 """
+
+from kiln.debug.minify import MinifyResult, captured_graphs, minify, minify_model  # noqa: F401
