@@ -106,6 +106,7 @@ class _Minifier:
         self.nodes = op_nodes(gm)
         self.values = intermediate_values(gm, example_inputs)
         self.compiles = 0
+        self.found: dict[tuple[int, ...], Failure | None] = {}  # how each candidate failed
 
     def how_it_fails(self, gm: fx.GraphModule, inputs: Sequence[Any]) -> Failure | None:
         self.compiles += 1
@@ -120,7 +121,7 @@ class _Minifier:
                 candidate = self.cut(positions)
             except NotCuttable:
                 return False
-            found = self.how_it_fails(*candidate)
+            found = self.found[positions] = self.how_it_fails(*candidate)
             return found is not None and same(found)
 
         return fails
@@ -175,7 +176,9 @@ def minify(gm: fx.GraphModule, example_inputs: Sequence[Any], failure: str = "au
         kept, search = shrink(len(minifier.nodes), minifier.fails_as(same), max_compiles)
         small, small_inputs = minifier.cut(kept)
         after = _count_ops(small)
-        notes = f"Op nodes: {before} in the graph given, {after} here ({minifier.compiles} compiles to shrink it)."
+        here = minifier.found.get(tuple(kept), found)
+        notes = (f"Fails here: {here.message}\n"
+                 f"Op nodes: {before} in the graph given, {after} here ({minifier.compiles} compiles to shrink it).")
         path, checked = minifier.write(small, small_inputs, found, same, out_dir, notes)
     note = f"stopped after max_compiles={max_compiles} candidates; a smaller graph may still fail" if search.spent else ""
     return MinifyResult(found, small, small_inputs, before, after, minifier.compiles, path, checked, note)

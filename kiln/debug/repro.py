@@ -124,7 +124,7 @@ def write_repro(out_dir: str | Path, gm: fx.GraphModule, inputs: Sequence[Any], 
                 settings: dict[str, Any], rtol: float, atol: float, exact: bool) -> Path:
     """Write `out_dir`/repro.py (and, when `exact`, repro_inputs.pt) for `gm` failing on `inputs`.
 
-    `notes`: lines for the docstring (node counts, where the graph came from). Every input must be a
+    `notes`: lines for the docstring (how this graph fails, node counts). Every input must be a
     tensor (a cut-out graph's are).
 
     Example::
@@ -142,7 +142,7 @@ def write_repro(out_dir: str | Path, gm: fx.GraphModule, inputs: Sequence[Any], 
     values = ("the exact values, saved beside this file in repro_inputs.pt" if exact
               else "random, from fixed seeds (their values do not matter to the failure)")
     docstring = (f'"""kiln minifier repro: {failure.kind} failure of kiln\'s backend.\n\n'
-                 f"Failed: {failure.message}\n{notes}\nInputs and constants: {values}.\n"
+                 f"Failed in the graph given: {failure.message}\n{notes}\nInputs and constants: {values}.\n"
                  f"Settings: {settings or 'kiln defaults'}.\n\n"
                  f"`python repro.py` raises while the failure remains and prints `ok` once it is gone.\n"
                  f"Written by kiln.debug.minify.\n" + '"""\n\n')

@@ -20,8 +20,9 @@ from torch import fx
 
 import kiln
 from kiln.debug import minify, minify_model
-from kiln.debug.repro import load_repro, write_repro
 from kiln.debug.check import Failure
+from kiln.debug.minify import repro_settings
+from kiln.debug.repro import load_repro, write_repro
 from kiln.debug.shrink import shrink
 from kiln.debug.subgraph import cut_out, intermediate_values, op_nodes
 from kiln.lowering.pointwise import pointwise
@@ -164,3 +165,10 @@ def test_a_repro_defines_the_graph_its_constants_and_inputs(exact, tmp_path):
     expected, got = small(*small_inputs)[0], loaded(*loaded_inputs)[0]
     assert torch.equal(got, expected) == exact and got.shape == expected.shape
     assert torch.equal(expected, model(inputs[0]))
+
+
+def test_a_repro_sets_again_the_settings_that_change_what_is_built():
+    with kiln.config.patch({"backend.cpp_wrapper": False, "debug.logs": ("graph",)}):
+        settings = repro_settings()
+    assert settings["backend.cpp_wrapper"] is False
+    assert not [name for name in settings if name.startswith(("cache.", "debug.logs"))]
