@@ -99,7 +99,8 @@ def _check_inputs(example_inputs: Sequence[Any]) -> None:
 
 
 class _Minifier:
-    """One minification: the graph, its recorded values, the failure looked for, the compiles spent."""
+    """One minification: the graph, its op nodes and recorded values, how each candidate failed, the
+    compiles spent."""
 
     def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], rtol: float, atol: float) -> None:
         self.gm, self.rtol, self.atol = gm, rtol, atol
@@ -167,12 +168,13 @@ def minify(gm: fx.GraphModule, example_inputs: Sequence[Any], failure: str = "au
         everything = range(len(minifier.nodes))
         found = minifier.how_it_fails(*minifier.cut(everything))
         before = _count_ops(gm)
-        if found is None or failure not in ("auto", found.kind):
+        same = same or (found.same_as if found is not None else None)
+        if found is None or failure not in ("auto", found.kind) or not same(found):
             how = "kiln compiles and runs it within tolerance" if found is None else f"it fails {found.kind}: {found.message}"
             wanted = "fail" if failure == "auto" else f"fail {failure}"
+            wanted += " as `same` asks" if found is not None and failure in ("auto", found.kind) else ""
             return MinifyResult(None, nodes_before=before, compiles=minifier.compiles,
                                 note=f"the graph ({before} op nodes) does not {wanted} under kiln: {how}")
-        same = same or found.same_as
         kept, search = shrink(len(minifier.nodes), minifier.fails_as(same), max_compiles)
         small, small_inputs = minifier.cut(kept)
         after = _count_ops(small)

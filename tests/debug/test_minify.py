@@ -20,7 +20,7 @@ from torch import fx
 
 import kiln
 from kiln.debug import minify, minify_model
-from kiln.debug.check import Failure
+from kiln.debug.check import Failure, compile_failure
 from kiln.debug.minify import repro_settings
 from kiln.debug.repro import load_repro, write_repro
 from kiln.debug.shrink import shrink
@@ -102,6 +102,16 @@ def test_shrink_finds_one_node_in_300_by_bisection_and_two_interacting_ones():
     assert kept == [40, 290] and search.tests <= 60
 
 
+def test_the_same_failure_is_the_same_kind_and_for_a_compile_error_the_same_type_and_first_line():
+    planted = compile_failure(RuntimeError("planted\nin tanh_3"))
+    assert planted == Failure("compile", "RuntimeError: planted")
+    assert planted.same_as(compile_failure(RuntimeError("planted\nin tanh")))
+    assert not planted.same_as(compile_failure(ValueError("planted")))
+    assert not planted.same_as(compile_failure(RuntimeError("planted elsewhere")))
+    assert not planted.same_as(Failure("accuracy", "RuntimeError: planted")) and not planted.same_as(None)
+    assert Failure("accuracy", "output 3: ...").same_as(Failure("accuracy", "output 0: ..."))
+
+
 @pytest.mark.parametrize("kind", ["compile", "accuracy"])
 def test_planted_failure_in_300_nodes_shrinks_to_a_repro_that_fails_the_same_way(kind, monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(LOWERINGS, TANH, PLANTED[kind])
@@ -139,6 +149,10 @@ def test_a_graph_failing_another_way_than_asked_is_not_minified(monkeypatch, tmp
     monkeypatch.setitem(LOWERINGS, TANH, tanh_as_sigmoid)
     result = minify(chain(n_ops=20, tanh_at=10), chain_inputs(), failure="compile", out_dir=tmp_path)
     assert result.failure is None and "does not fail compile under kiln: it fails accuracy: output" in str(result)
+    result = minify(chain(n_ops=20, tanh_at=10), chain_inputs(), same=lambda failure: "NaN" in failure.message,
+                    out_dir=tmp_path)
+    assert result.failure is None and "does not fail as `same` asks under kiln: it fails accuracy" in str(result)
+    assert not (tmp_path / "repro.py").exists()
 
 
 def test_minify_model_finds_the_failing_graph_kiln_captures(monkeypatch, tmp_path):
