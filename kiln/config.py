@@ -43,6 +43,7 @@ __all__ = [
     "cache",
     "cache_dir",
     "capture",
+    "changed",
     "debug",
     "describe",
     "patch",
@@ -516,6 +517,19 @@ def as_dict() -> dict[str, object]:
         group, field, _ = _lookup(name)
         values[name] = getattr(group, field)
     return values
+
+
+def changed() -> dict[str, object]:
+    """The settings not at their defaults, as ``{"group.field": value}``: what a repro must set
+    again to be built the way this process builds (kiln/debug/repro.py).
+
+    Example::
+
+        with kiln.config.patch({"backend.cpp_wrapper": False}):
+            kiln.config.changed()   # {"backend.cpp_wrapper": False, ...and any KILN_* set}
+    """
+    specs = _all_specs()
+    return {name: value for name, value in as_dict().items() if value != specs[name].default}
 
 
 def describe() -> str:

@@ -417,3 +417,10 @@ def test_unsupported_type_is_rejected():
 def test_env_name_needs_prefix():
     with pytest.raises(ValueError, match="KILN_"):
         setting(1, env="BAD_X", help="h")
+
+
+def test_changed_lists_the_settings_off_their_defaults():
+    with config.patch({"backend.cpp_wrapper": False}):
+        changed = config.changed()
+    assert changed["backend.cpp_wrapper"] is False
+    assert "backend.freezing" not in changed and "backend.cpp_wrapper" not in config.changed()
