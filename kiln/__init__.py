@@ -13,5 +13,15 @@ __version__ = "0.1.0"
 
 from kiln.deploy import export, load  # noqa: E402  (after __version__, which artifacts record)
 
-__all__ = ["CaptureError", "compile", "config", "explain", "export", "load", "logs", "mark_dynamic", "refreeze", "reset",
-           "__version__"]
+__all__ = ["CaptureError", "compile", "config", "debug", "explain", "export", "load", "logs", "mark_dynamic", "refreeze",
+           "reset", "__version__"]
+
+
+def __getattr__(name: str):
+    # kiln.debug (bisection, the minifier) is imported on first use: a plain `import kiln` does
+    # not pay for the debugging tools.
+    if name == "debug":
+        import kiln.debug
+
+        return kiln.debug
+    raise AttributeError(f"module 'kiln' has no attribute {name!r}")
