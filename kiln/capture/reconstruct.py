@@ -21,6 +21,7 @@ from kiln.capture import reentry
 from kiln.capture.break_records import unsupported
 from kiln.capture.sources import Namespace
 from kiln.capture.variables import containers as c
+from kiln.capture.variables.autograd_function import FunctionApplyVariable
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
 from kiln.capture.variables.builtins import UnboundBuiltinMethod
 from kiln.capture.variables.constant import ConstantMethodVariable, ConstantVariable
@@ -185,6 +186,8 @@ class Reconstructor:
         """A method read but not called yet: on the stack at a graph break (`x.item` of `x.item()`)."""
         if isinstance(var, TensorMethodVariable):
             return f"{self.expr(var.tensor)}.{var.name}"
+        if isinstance(var, FunctionApplyVariable):
+            return f"{self.ns.bind(var.cls, 'T')}.apply"
         if isinstance(var, BoundBuiltinMethod) and var.name == "__exit__" and isinstance(var.obj, GradModeVariable):
             # A grad-mode block the graph ended inside: entered again here, left by this __exit__.
             return f"{self.ns.bind(reentry.reentered_grad_mode_exit, 'F')}({var.obj.prior!r}, {var.obj.enabled!r})"

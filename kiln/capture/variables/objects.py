@@ -332,6 +332,10 @@ class ClassVariable(RealValueVariable):
             if meta_raw is not _MISSING and isinstance(meta_raw, types.FunctionType):
                 return BoundMethodVariable(wrap_constant_result(meta_raw), self)
             raise raise_real(AttributeError(f"type object '{self.value.__name__}' has no attribute '{name}'"))
+        from kiln.capture.variables.autograd_function import PY_APPLY, FunctionApplyVariable  # (imports this module)
+
+        if raw is PY_APPLY:  # `MyFunction.apply` of an autograd.Function that keeps torch's apply
+            return FunctionApplyVariable(self.value)
         return wrap_class_attr(tx, raw, owner, name, None, self)
 
     def setattr(self, tx: Any, name: str, value: Variable | None) -> None:
@@ -475,8 +479,11 @@ class SuperVariable(Variable):
                     cls_var = self.obj if isinstance(self.obj, ClassVariable) else ClassVariable(obj_type)
                     return BoundMethodVariable(_constant(raw.__func__), cls_var)
                 if isinstance(raw, types.ClassMethodDescriptorType):
-                    # A classmethod written in C (autograd.Function.apply's `super().apply`, which
-                    # HF's BLOOM reaches): bound to the class as Python binds it, called for real.
+                    from kiln.capture.variables.autograd_function import C_APPLY, FunctionApplyVariable  # (imports this module)
+
+                    if raw is C_APPLY:  # autograd.Function.apply's `super().apply` (HF's BLOOM GeLU)
+                        return FunctionApplyVariable(obj_type)
+                    # A classmethod written in C: bound to the class as Python binds it, called for real.
                     return _constant(raw.__get__(None, obj_type))
                 if raw is object.__init__ or raw is object.__setattr__ or klass is object and callable(raw):
                     return ObjectSlotVariable(name, self.obj)
