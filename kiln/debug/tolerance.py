@@ -50,14 +50,28 @@ class Difference:
         return f"{self.error:.3g} ({allowed} x tolerance) at {self.where}"
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, depth: int = 0) -> Any:
     """`value` with every mapping a dict and every sequence a tuple: a transformers ModelOutput
-    (a mapping pytree may not know) flattens by its keys."""
+    (a mapping pytree may not know) flattens by its keys, and an object holding tensors (a
+    transformers KV cache: its layers' keys and values) by its attributes, a few levels deep,
+    so it is compared by what it holds, not by identity."""
     if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
+        return {key: _plain(item, depth) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return tuple(_plain(item) for item in value)
+        return tuple(_plain(item, depth) for item in value)
+    if depth < _OBJECT_DEPTH and _is_state_object(value):
+        name = type(value).__name__
+        return {f"{name}.{key}": _plain(item, depth + 1) for key, item in sorted(vars(value).items())}
     return value
+
+
+_OBJECT_DEPTH = 4
+
+
+def _is_state_object(value: Any) -> bool:
+    """A plain object whose attributes are its result (not a tensor, function, class or module)."""
+    return (hasattr(value, "__dict__") and not isinstance(value, (torch.Tensor, torch.nn.Module, type))
+            and not callable(value) and type(value).__module__ != "builtins")
 
 
 def output_leaves(value: Any) -> list[tuple[str, Any]]:
@@ -90,7 +104,7 @@ def _tensor_difference(expected: torch.Tensor, actual: torch.Tensor, tolerance: 
     worst = int(ratios.argmax())
     index = list(torch.unravel_index(torch.tensor(worst), e.shape)) if e.dim() else []
     at = f"{where}{[int(i) for i in index]}" if index else where
-    return Difference(diff.max().item(), ratios.view(-1)[worst].item(), at)
+    return Difference(diff.max().item(), ratios.reshape(-1)[worst].item(), at)  # (a strided output: no view)
 
 
 def compare(expected: Any, actual: Any, tolerance: Tolerance = Tolerance(), name: str = "output") -> Difference:

@@ -150,3 +150,35 @@ def test_a_wrong_aot_graph_is_named_at_the_aot_rung_from_the_command_line(tmp_pa
     assert kiln_main(["bisect", str(script)]) == 1
     out = capsys.readouterr().out
     assert "goes wrong at rung `aot`" in out and "capture  0 (identical)" in out
+
+
+class _Cache:
+    """A transformers KV cache's shape: an object holding lists of objects holding tensors."""
+
+    def __init__(self, keys):
+        self.layers = [_Layer(k) for k in keys]
+
+
+class _Layer:
+    def __init__(self, keys):
+        self.keys, self.dtype = keys, keys.dtype
+
+
+def test_an_object_holding_tensors_is_compared_by_what_it_holds():
+    from kiln.debug.tolerance import compare
+
+    keys = [torch.randn(2, 3), torch.randn(4)]
+    assert compare({"cache": _Cache(keys)}, {"cache": _Cache([k.clone() for k in keys])}).ok  # not by identity
+    moved = [keys[0], keys[1] + 1]
+    found = compare({"cache": _Cache(keys)}, {"cache": _Cache(moved)})
+    assert not found.ok and "_Layer.keys" in found.where and "[1]" in found.where
+
+
+def test_a_strided_output_is_compared():
+    from kiln.debug.tolerance import compare
+
+    expected = torch.randn(4, 6).t()  # not contiguous: its ratios cannot be viewed flat
+    actual = expected.clone()
+    actual[2, 1] += 1
+    found = compare(expected, actual)
+    assert not found.ok and found.where == "output[2, 1]"
