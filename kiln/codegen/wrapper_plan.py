@@ -202,7 +202,10 @@ def _parameter(schedule: Schedule, k: int) -> Parameter:
     if b is not None:
         return Parameter(b.name, "tensor")
     if k in schedule.size_inputs:
-        return Parameter(schedule.size_inputs[k].name + "_input", "size")
+        symbol = schedule.size_inputs[k]
+        # Dynamo may pass one symbol as several inputs (the same size read twice): each its own name.
+        first = next(j for j, other in schedule.size_inputs.items() if other == symbol)
+        return Parameter(symbol.name + ("_input" if first == k else f"_input{k}"), "size")
     return Parameter(f"_unused{k}", "unused")
 
 
@@ -210,8 +213,9 @@ def _size_bindings(schedule: Schedule, parameters: tuple[Parameter, ...]) -> lis
     """Each size symbol from its size input, else from the first input that has it as a dim."""
     lines, bound = [], set()
     for k, symbol in schedule.size_inputs.items():
-        lines.append(BindSize(symbol, parameters[k].name, None))
-        bound.add(symbol)
+        if symbol not in bound:
+            lines.append(BindSize(symbol, parameters[k].name, None))
+            bound.add(symbol)
     for b in schedule.inputs:
         for d, size in enumerate(b.layout.size if b is not None else ()):
             if is_size_symbol(size) and size not in bound:

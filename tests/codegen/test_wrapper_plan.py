@@ -81,3 +81,16 @@ def test_both_printers_print_the_plan():
         cpp_wrapper(wrapper_plan(_schedule(), set(), device="cuda"), {})
     with pytest.raises(NotImplementedError, match="to a device"):
         cpp_wrapper_module._CppPrinter(plan, {}).to_device(ToDevice("w_1"))
+
+
+def test_one_size_symbol_passed_as_two_inputs_gets_two_parameters_and_one_binding():
+    # Dynamo may hand a graph the same symbolic size as two scalar inputs (seen on Qwen2's decode
+    # step); two parameters of one name were a SyntaxError in the printed wrapper.
+    x = Buffer("x_1", Layout.contiguous((ks0, 4), torch.float32))
+    out = Buffer("buf0", Layout.contiguous((ks0, 4), torch.float32))
+    schedule = Schedule([None, None, x], [FusedKernel("k0", (ks0,), inputs=[x], outputs=[out])], [out], MemoryPlan(),
+                        size_inputs={0: ks0, 1: ks0})
+    plan = wrapper_plan(schedule, set(), {"k0": ["ks0"]})
+    assert [p.name for p in plan.parameters] == ["ks0_input", "ks0_input1", "x_1"]
+    assert [line for line in plan.lines if isinstance(line, BindSize)] == [BindSize(ks0, "ks0_input", None)]
+    compile(python_wrapper(plan, "pointers").source, "<wrapper>", "exec")  # prints as valid Python

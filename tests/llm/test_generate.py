@@ -1,0 +1,68 @@
+"""Text generation: `model.generate()` of HuggingFace decoders with their forward compiled by kiln,
+through both doors, greedy, 64 new tokens. The prefill and the decode step are compiled once each
+(the growing cache length symbolic, not a recompile per token): a bounded number of graphs, the
+tokens eager's. Tiny models from configs, fp32."""
+
+import pytest
+import torch
+import transformers
+
+import kiln
+from kiln.backend import kiln as kiln_backend
+from kiln.backend.driver import watch
+from kiln.runtime import fallback
+from tests.kiln_backend import private_cache  # noqa: F401  (an empty cache per test: builds are counted)
+
+NEW_TOKENS = 64
+
+
+def _decoder(arch: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    small = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256)
+    if arch == "llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**small)).eval()
+    if arch == "qwen2":
+        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**small)).eval()
+    if arch == "mistral":
+        return transformers.MistralForCausalLM(transformers.MistralConfig(**small, sliding_window=None)).eval()
+    config = transformers.GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=4, n_positions=256)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+CASES = [  # (architecture, KV cache, door)
+    ("llama", "dynamic", "kiln"), ("llama", "static", "kiln"), ("llama", "dynamic", "torch.compile"),
+    ("gpt2", "dynamic", "kiln"), ("qwen2", "static", "torch.compile"), ("mistral", "dynamic", "kiln"),
+]
+
+
+@pytest.mark.parametrize("arch,cache,door", CASES, ids=["-".join(c) for c in CASES])
+def test_generate_compiles_prefill_and_decode_once_and_gives_eagers_tokens(arch, cache, door):
+    kiln.reset()
+    fallback.reset()
+    model = _decoder(arch)
+    prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
+    options = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+    if cache == "static":
+        options["cache_implementation"] = "static"
+    with torch.no_grad():
+        expected = model.generate(prompt, **options)
+    captured = []
+
+    def counting(gm, example_inputs):
+        captured.append(gm)
+        return kiln_backend(gm, example_inputs)
+
+    if door == "kiln":
+        model.forward = kiln.compile(model.forward, backend=counting)
+    else:
+        model.forward = torch.compile(model.forward, backend=counting)
+    with torch.no_grad(), watch() as built:
+        tokens = model.generate(prompt, **options)
+    assert torch.equal(tokens, expected)
+    assert tokens.shape[1] == 16 + NEW_TOKENS
+    # Prefill, the first decode step, and (dynamic cache) the step again once its length is
+    # symbolic: never a graph per token. Each compiled once by the backend, sizes symbolic.
+    limit = 3 if cache == "dynamic" else 2
+    assert len(captured) <= limit and len(built) <= limit, (len(captured), [type(b).__name__ for b in built])
+    assert fallback.FALLBACKS == [] and kiln.capture.BREAKS == []
