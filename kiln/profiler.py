@@ -72,9 +72,9 @@ def traced(name: str, fn: Callable) -> Callable:
     """`fn` with each call inside a range named `name`."""
     span = region(name)
 
-    def call(*args: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:  # (an extern may take keyword arguments: sdpa's scale)
         with span:
-            return fn(*args)
+            return fn(*args, **kwargs)
 
     return call
 

@@ -27,7 +27,7 @@ from kiln import compile_time, config, logs, profiler, trace
 from kiln.aot import cache as aot_cache, dump
 from kiln.aot.module_state import mark_module_state, module_state_positions
 from kiln.aot.call_wrappers import inference_runner, training_runner
-from kiln.aot.signature import Signature, UnsupportedByAot, analyze
+from kiln.aot.signature import Signature, UnsupportedByAot, analyze, mark_written_back
 from kiln.aot.trace import differentiable_outputs, trace_inference, trace_joint
 
 CompileGraph = Callable[[fx.GraphModule, Sequence[Any]], Callable]
@@ -173,6 +173,7 @@ class AotCompiled:
             self._prepare()
             graph = trace_inference(self.fn, self.fake_args, self.sig, self.fake_mode)
             mark_module_state(graph, module_state_positions(len(self.lifted), self.example_inputs, self.sig))
+            mark_written_back(graph, self.sig)
             dump.inference(self.options.label, graph, self.sig)
         with compile_time.stage("inference graph"), torch._C._DisableAutocast():
             compiled = self.compile_graph(graph, _placeholder_values(graph))

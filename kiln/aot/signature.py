@@ -13,11 +13,13 @@ from typing import Any, Callable, Sequence
 
 import sympy
 import torch
+from torch import fx
 from torch._prims_common import make_contiguous_strides_for
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.aot.functional import functional_mode, has_data_mutation, has_metadata_mutation, to_functional
+from kiln.ir.graph_meta import WRITTEN_BACK_FROM
 
 
 class UnsupportedByAot(RuntimeError):
@@ -212,3 +214,12 @@ def _holds_storage(t: torch.Tensor) -> bool:
     nbytes = t.untyped_storage().nbytes()
     return (_dense(tuple(t.size()), tuple(t.stride())) and statically_known_true(t.storage_offset() == 0)
             and statically_known_true(nbytes == t.numel() * t.element_size()))
+
+
+def mark_written_back(gm: fx.GraphModule, sig: Signature) -> None:
+    """Mark each mutated input's placeholder of an inference graph `(*args) -> (*outputs, *new
+    values of the mutated inputs)` with the position of its new value (graph_meta.WRITTEN_BACK_FROM):
+    the backend may compute it in the input's memory, and the copy back is then no copy."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for j, i in enumerate(sig.mutated_inputs):
+        placeholders[i].meta[WRITTEN_BACK_FROM] = sig.num_outputs + j

@@ -63,6 +63,9 @@ class Program:
     steps: list[ComputeStep | ExternStep] = field(default_factory=list)
     outputs: list[Any] = field(default_factory=list)  # Buffers, or constants
     size_inputs: dict[int, Any] = field(default_factory=dict)  # position of an integer input -> its size symbol
+    # An output that is the new value of a mutated input -> that input (graph_meta.WRITTEN_BACK_FROM):
+    # the memory plan may compute it in the input's memory.
+    written_back: dict[str, str] = field(default_factory=dict)
 
     @property
     def kernels(self) -> list[ComputeStep]:

@@ -17,6 +17,7 @@ import torch
 from torch import fx
 from torch.utils import _pytree as pytree
 
+from kiln.ir.graph_meta import WRITTEN_BACK_FROM
 from kiln.ir.nodes import Buffer, Layout, Node, Pointwise
 from kiln.ir.program import ComputeStep, ExternStep, Program
 from kiln.ir.sizes import is_size_symbol, size_expr, unbound_symbols
@@ -234,4 +235,19 @@ class GraphLowering:
                 metas = [n.meta.get("val") if isinstance(n, fx.Node) else None for n in nodes]
                 leaves = pytree.tree_leaves(outs)
                 self.program.outputs = [self._output(v, m, n) for v, m, n in zip(leaves, metas, nodes)]
+        self.program.written_back = self._written_back()
         return self.program
+
+    def _written_back(self) -> dict[str, str]:
+        """Outputs that are mutated inputs' new values, computed by this graph -> the input."""
+        found = {}
+        for node in self.gm.graph.nodes:
+            position = node.meta.get(WRITTEN_BACK_FROM) if node.op == "placeholder" else None
+            if position is None or position >= len(self.program.outputs):
+                continue
+            out = self.program.outputs[position]
+            # (Not an output the caller also receives: it would then be the input itself.)
+            returned = sum(isinstance(o, Buffer) and o.name == getattr(out, "name", None) for o in self.program.outputs)
+            if isinstance(out, Buffer) and out.name != node.name and returned == 1:
+                found[out.name] = node.name
+        return found

@@ -33,8 +33,10 @@ def _step_reads(step: Any) -> list[str]:
     return [b.name for b in pytree.tree_leaves((step.args, step.kwargs)) if isinstance(b, Buffer)]
 
 
-def plan_memory(steps: list, outputs: list, owned: dict[str, Buffer]) -> MemoryPlan:
-    """`owned`: the buffers kernels allocate (by name), in allocation order."""
+def plan_memory(steps: list, outputs: list, owned: dict[str, Buffer], written_back: dict[str, Buffer] | None = None) -> MemoryPlan:
+    """`owned`: the buffers kernels allocate (by name), in allocation order. `written_back`: an
+    output that is a mutated input's new value -> that input (Program.written_back), which its
+    kernel may write over: the input is the caller's, but the call replaces its values anyway."""
     last_use: dict[str, int] = {}
     aliases: dict[str, set[str]] = {}  # extern output -> buffers it may view
     for k, step in enumerate(steps):
@@ -61,6 +63,7 @@ def plan_memory(steps: list, outputs: list, owned: dict[str, Buffer]) -> MemoryP
             viewed = set().union(*(aliases.get(b.name, set()) for b in step.inputs))
             overwritable = {name for name in dying if name not in aliases and name not in viewed}
             chosen = _overwrites(step, overwritable, layouts)
+            chosen.update(_written_back_in_place(step, written_back or {}, last_use, k, aliases, viewed, chosen))
             plan.inplace.update(chosen)
             overwritten |= set(chosen.values())
             for out in step.outputs:
@@ -105,6 +108,22 @@ def _overwrites(kernel: Any, dying: set[str], layouts: dict[str, Layout]) -> dic
         if name is not None:
             chosen[out] = name
     return chosen
+
+
+def _written_back_in_place(kernel: Any, written_back: dict[str, Buffer], last_use: dict[str, int], k: int,
+                           aliases: dict[str, set[str]], viewed: set[str], chosen: dict[str, str]) -> dict[str, str]:
+    """Outputs of `kernel` that are new values of mutated inputs, written over those inputs: the
+    input is read last by this kernel (as `overwritable_inputs` allows), not viewed, and of the
+    output's layout. A scatter over it then writes only its scattered elements (a KV cache's row)."""
+    found = {}
+    for out, names in overwritable_inputs(kernel).items():
+        target = written_back.get(out)
+        layout = next(b.layout for b in kernel.outputs if b.name == out)
+        if (target is not None and target.name in names and last_use.get(target.name) == k and out not in chosen
+                and target.name not in viewed and not any(target.name in bases for bases in aliases.values())
+                and target.layout == layout):
+            found[out] = target.name
+    return found
 
 
 def _dying(last_use: dict[str, int], k: int, produced: set[str], kept: set[str], steps: list) -> list[str]:

@@ -135,7 +135,8 @@ def schedule(program: Program, target: Target | None = None) -> Schedule:
     if target is not None and target.codegen.gemm_templates and gemm_template_mode(target) != "never":
         steps = gemm_templates(steps, program.outputs)
     owned = {b.name: b for s in steps if isinstance(s, FusedKernel) for b in s.outputs}
-    memory = plan_memory(steps, program.outputs, owned)
+    inputs = {b.name: b for b in program.inputs if b is not None}
+    memory = plan_memory(steps, program.outputs, owned, {out: inputs[name] for out, name in program.written_back.items()})
     for kernel in (s for s in steps if isinstance(s, FusedKernel)):
         kernel.overwrites = {b.name: buffers[memory.inplace[b.name]] for b in kernel.outputs if b.name in memory.inplace}
         taken = {b.name for b in kernel.overwrites.values()}

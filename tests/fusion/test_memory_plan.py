@@ -2,8 +2,11 @@
 die at them, and every intermediate, an extern's result included, is dropped right after its
 last reader, as eager drops it."""
 
+import pytest
 import torch
 
+import kiln
+from kiln.backend.driver import watch
 from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
 
 
@@ -91,3 +94,38 @@ def test_an_input_another_input_views_is_not_overwritten():
     program = Program([a], [ComputeStep(x, plus_one), ExternStep([v], torch.ops.aten.t.default, (x,), {}),
                             ComputeStep(y, total)], [y])
     assert not schedule(program).memory.inplace
+
+
+def _cache_write(cache, position, row):
+    # A KV cache's update as HF's StaticCache makes it: one row written into a mutated input.
+    cache.index_copy_(1, position, row)
+    return (cache * 2).sum(-1)
+
+
+def _cache_write_reading_the_old_values(cache, position, row):
+    before = cache * 3  # the old values are read after the write: the cache cannot be written over
+    cache.index_copy_(1, position, row)
+    return before + cache
+
+
+@pytest.mark.parametrize("fn,in_place", [(_cache_write, True), (_cache_write_reading_the_old_values, False)])
+def test_a_mutated_input_is_written_where_it_lies(fn, in_place):
+    """The new value of a mutated input is computed in its own memory when nothing reads the old
+    values afterwards: the scatter writes only its row, and the copy back is of the cache onto
+    itself (skipped by copy_). Eager's values, call after call, either way."""
+    torch.manual_seed(0)
+    kiln.reset()
+    cache, twin = torch.zeros(2, 64, 8), torch.zeros(2, 64, 8)
+    compiled_fn = kiln.compile(fn)
+    with torch.no_grad(), watch() as built:
+        for step in range(5):
+            position, row = torch.tensor([step]), torch.randn(2, 1, 8)
+            torch.testing.assert_close(compiled_fn(cache, position, row), fn(twin, position, row))
+            torch.testing.assert_close(cache, twin)
+    (graph,) = [getattr(b, "runtime", b) for b in built]
+    cache_input = graph.stages.program.inputs[0].name
+    written_over = set(graph.stages.schedule.memory.inplace.values())
+    assert (cache_input in written_over) == in_place, graph.stages.schedule.memory.inplace
+    if in_place:
+        scatter = next(k for k in graph.stages.schedule.kernels if k.is_scatter)
+        assert scatter.scatter_init is None  # only the row is written, not the whole cache again

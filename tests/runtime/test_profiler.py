@@ -100,3 +100,14 @@ def test_no_profiler_no_events_and_the_plain_call():
         compiled(input_ids=ids)
     graphs = _graphs(built)
     assert graphs and all(g._profiled_call is None for g in graphs)  # no instrumented twin was ever made
+
+
+def test_an_extern_called_with_keyword_arguments_is_profiled():
+    # HF Llama's prefill calls ATen's flash attention with `scale=`: the instrumented wrapper's
+    # ranges pass keywords through (they raised TypeError, failing every profiled call of Llama).
+    calls = []
+    traced = profiler.traced("aten::attention (op12)", lambda q, k, scale=None: calls.append((q, k, scale)) or q + k)
+    with torch.profiler.profile() as prof:
+        assert traced(1, 2, scale=0.25) == 3
+    assert calls == [(1, 2, 0.25)]
+    assert any(e.name == "aten::attention (op12)" for e in prof.events())
