@@ -66,3 +66,22 @@ def test_generate_compiles_prefill_and_decode_once_and_gives_eagers_tokens(arch,
     limit = 3 if cache == "dynamic" else 2
     assert len(captured) <= limit and len(built) <= limit, (len(captured), [type(b).__name__ for b in built])
     assert fallback.FALLBACKS == [] and kiln.capture.BREAKS == []
+
+
+def test_the_static_cache_is_written_in_place_by_the_decode_step():
+    """Each layer's keys and values are written where they lie (docs/generation.md): the decode
+    graph's memory plan writes its new cache values over the cache inputs, so no token copies a cache."""
+    kiln.reset()
+    model = _decoder("llama")
+    prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
+    options = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, cache_implementation="static")
+    with torch.no_grad():
+        expected = model.generate(prompt, **options)
+    model.forward = kiln.compile(model.forward)
+    with torch.no_grad(), watch() as built:
+        assert torch.equal(model.generate(prompt, **options), expected)
+    prefill, decode = [getattr(b, "runtime", b) for b in built]
+    inputs = {b.name for b in decode.stages.program.inputs if b is not None}
+    written_over = [name for name in decode.stages.schedule.memory.inplace.values() if name in inputs]
+    mutated = set(decode.stages.program.written_back.values())  # each layer's keys, values (and position)
+    assert len(mutated) >= 2 * 2 and set(written_over) == mutated
