@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 
 from kiln.deploy import export, load  # noqa: E402  (after __version__, which artifacts record)
 
-__all__ = ["CaptureError", "compile", "config", "debug", "explain", "export", "load", "logs", "mark_dynamic", "refreeze",
-           "reset", "__version__"]
+__all__ = ["CaptureError", "compile", "config", "debug", "explain", "export", "load", "logs", "mark_dynamic", "quantize",
+           "refreeze", "reset", "__version__"]
 
 
 def __getattr__(name: str):
@@ -24,4 +24,8 @@ def __getattr__(name: str):
         import kiln.debug
 
         return kiln.debug
+    if name == "quantize":  # kiln.quant defines its operator on import: only for who quantizes
+        from kiln.quant import quantize
+
+        return quantize
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")

@@ -37,6 +37,10 @@ def _mm_fake(a, b, bias, unary, scalars, algorithm, impl):
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
+def _mm_quant_fake(a, qweight, scales, zeros, bits, group_size, bias, residual, unary, scalars, algorithm):
+    return a.new_empty((*a.shape[:-1], qweight.shape[0]))
+
+
 def _post_op_fake(y, unary, scalars, algorithm):
     return torch.empty_like(y)
 
@@ -76,7 +80,8 @@ def _conv_fake(x, weight, bias, stride, padding, dilation, groups, unary, scalar
 
 
 # The fake function of each operator the runtime defines, by name in the kiln namespace.
-FAKES: dict[str, Callable] = {"attention": _attention_fake, "mm": _mm_fake, "post_op": _post_op_fake,
+FAKES: dict[str, Callable] = {"attention": _attention_fake, "mm": _mm_fake, "mm_quant": _mm_quant_fake,
+                              "post_op": _post_op_fake,
                               "mm_layer_norm": _mm_layer_norm_fake,
                               "mm_add_layer_norm": _mm_add_layer_norm_fake, "mm_softmax": _mm_softmax_fake,
                               "conv": _conv_fake}

@@ -1,4 +1,5 @@
-"""The translation unit of kiln's CPU kernels: kiln's own GEMM (include/kiln_gemm.h), its depthwise
+"""The translation unit of kiln's CPU kernels: kiln's own GEMM (include/kiln_gemm.h, its weight-only
+quantized form include/kiln_gemm_quant.h), its depthwise
 convolution and attention, with the C entries over them (`source`), and the constants Python needs
 to call them. It is a unit of kiln's runtime library (libkiln.py), where kiln::mm, kiln::conv and
 kiln::attention call the kernels (src/kiln_runtime.cpp), and of an exported model's library
@@ -40,6 +41,16 @@ def _entries() -> str:
             "void* c, int64_t ldc, const kiln_gemm::Epilogue* e, int64_t kc) "
             "{ kiln_gemm::gemm(M, N, K, a, lda, bp, c, ldc, e, kc); }",
         ]
+    # Its weight-only quantized form (include/kiln_gemm_quant.h): `bits` 8 or 4.
+    quant_shape = "kiln_gemm::QuantShape{bits, K, N, group}"
+    lines += [
+        f"int64_t kiln_gemm_quant_packed_bytes(int32_t bits, int64_t K, int64_t N, int64_t group) {{ return {quant_shape}.bytes(); }}",
+        "void kiln_gemm_quant_pack(int32_t bits, int64_t K, int64_t N, int64_t group, const uint8_t* q, const float* scales, "
+        f"const float* zeros, uint8_t* out) {{ kiln_gemm::pack_quant({quant_shape}, q, scales, zeros, out); }}",
+        "void kiln_gemm_quant_f32(int32_t bits, int64_t M, int64_t N, int64_t K, int64_t group, const float* a, int64_t lda, "
+        "const uint8_t* packed, void* c, int64_t ldc, const kiln_gemm::Epilogue* e, int64_t kc) "
+        f"{{ kiln_gemm::gemm_quant({quant_shape}, M, a, lda, packed, c, ldc, e, kc); }}",
+    ]
     # kiln's depthwise convolution (include/kiln_depthwise.h) shares the GEMM's vectors and
     # epilogue code, so it lives in this unit.
     lines += [
@@ -63,5 +74,5 @@ def source(defines_flag: bool = True) -> str:
     """The translation unit of kiln's own CPU kernels: the GEMM, the depthwise convolution and
     attention; `defines_flag` False where another unit of the same library defines the index-error
     flag (an exported model's kernels, kiln/deploy/export.py)."""
-    return "\n".join([header_text(defines_flag=defines_flag), header_text(("kiln_gemm.h", "kiln_depthwise.h", "kiln_attention.h")),
+    return "\n".join([header_text(defines_flag=defines_flag), header_text(("kiln_gemm.h", "kiln_gemm_quant.h", "kiln_depthwise.h", "kiln_attention.h")),
                       _entries()])

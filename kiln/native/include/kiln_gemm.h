@@ -817,24 +817,38 @@ static inline void softmax_rows(float* c, int64_t ldc, int64_t N, int64_t r0, in
   }
 }
 
+// Where gemm finds a panel's K block of B: panels of T packed by pack_b, read where they lie. (A
+// weight-only quantized B dequantizes each block into a thread's buffer instead:
+// kiln_gemm_quant.h.) `raw` and `raw_bytes` are the block's memory as the prefetch of the next
+// block asks for it.
+template <typename T> struct Panels {
+  static constexpr bool dequantizes = false;
+  const T* bp;
+  int64_t rows;  // a panel's rows: K (rounded up to even where bfloat16 pairs)
+  const T* block(int64_t p, int64_t k0, int64_t) const { return bp + p * rows * NR + k0 * NR; }
+  const char* raw(int64_t p, int64_t k0) const { return reinterpret_cast<const char*>(block(p, k0, 0)); }
+  int64_t raw_bytes(int64_t kn) const { return kn * NR * int64_t(sizeof(T)); }
+  int64_t bytes(int64_t panels) const { return panels * rows * NR * int64_t(sizeof(T)); }
+};
+
 // C [M, N] (row stride ldc) = epilogue(A [M, K] (row stride lda) @ B), B packed by pack_b.
 // K is cut in equal blocks of at most kc (0: not cut; partial sums live in C, so only a float32 C
 // is cut). For each K block, each thread runs its panels one by one, and over each panel's block
 // every tile of its rows: A's block stays in L2 for all the thread's panels, and the panel's block
 // in L1/L2 while A's rows stream past it (K blocks outermost: at 128x3072x768 with cold weights
 // 279 -> 289 GFLOP/s on 2 threads, 149 -> 157 on one, against panels outermost).
-template <typename T>
-static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const T* bp, void* c, int64_t ldc,
-                 const Epilogue* e, int64_t kc) {
+// `src` gives the panels' blocks (Panels; a quantized source's are floats made block by block).
+template <typename T, typename Src>
+static void gemm_from(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const Src& src, void* c, int64_t ldc,
+                      const Epilogue* e, int64_t kc) {
   if (kc <= 0 || kc >= K || (e && e->out_bf16)) kc = K;
   kc = (K + (K + kc - 1) / kc - 1) / ((K + kc - 1) / kc);  // blocks of equal size, none larger than asked
   if (in_pairs<T>) kc = round_even(kc);  // blocks start at a pair
   const int64_t panels = (N + NR - 1) / NR, row_blocks = (M + MR - 1) / MR;
-  const int64_t panel_rows = in_pairs<T> ? round_even(K) : K;
   // A GEMM of less work than this runs on the calling thread: waking the team costs ~1-2 us, more
   // than such a GEMM takes (a batch-1 projection of a small model; an MLP's 1x8x4 takes ~50 ns).
   const bool worth_threads = panels * row_blocks > 1 && 2 * M * N * K >= (int64_t(1) << 18);
-  const bool resident = panels * panel_rows * NR * int64_t(sizeof(T)) <= (int64_t(256) << 10) && row_blocks >= 64;
+  const bool resident = !Src::dequantizes && src.bytes(panels) <= (int64_t(256) << 10) && row_blocks >= 64;
   // A float32 C of 8 MB and more (Llama's logits, 128 x 32000) written in one K block with
   // streaming stores where its rows are whole vectors apart on aligned memory: much larger than
   // L2, its lines otherwise came from DRAM to be overwritten, then went back (128x512x32000, one
@@ -865,7 +879,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
         for (int64_t p = p0; p < p1; ++p) {
           const int cols = int(std::min<int64_t>(NR, N - p * NR));
           tile_rows(int(std::min<int64_t>(MR, M - i0)), cols, K, true, true, a + i0 * lda, lda,
-                    bp + p * panel_rows * NR, c, ldc, i0, p * NR, e, Ahead{nullptr, 0});
+                    src.block(p, 0, K), c, ldc, i0, p * NR, e, Ahead{nullptr, 0});
         }
       }
     } else
@@ -876,8 +890,9 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
         for (int64_t p = p0; p < p1; ++p) {
           const int cols = int(std::min<int64_t>(NR, N - p * NR));
           const bool more = p + 1 < p1 || k0 + kn < K;
-          const T* next = p + 1 < p1 ? bp + (p + 1) * panel_rows * NR + k0 * NR : bp + p0 * panel_rows * NR + (k0 + kn) * NR;
-          const int64_t next_bytes = (p + 1 < p1 ? kn : std::min<int64_t>(kc, std::max<int64_t>(0, K - (k0 + kn)))) * NR * int64_t(sizeof(T));
+          const char* next = p + 1 < p1 ? src.raw(p + 1, k0) : src.raw(p0, k0 + kn);
+          const int64_t next_bytes = src.raw_bytes(p + 1 < p1 ? kn : std::min<int64_t>(kc, std::max<int64_t>(0, K - (k0 + kn))));
+          const T* block = src.block(p, k0, kn);
           // The next block's lines spread evenly over this panel's tiles: the sparsest spacing
           // (2^shift steps apart) that still covers it. Asked for all at once, in the first
           // tiles, they came from DRAM slower than the tiles ran (at 128x768x3072 with cold
@@ -887,9 +902,9 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
           const int64_t per_tile = ahead_lines(steps, shift) * 64;
           for (int64_t rb = b0; rb < b1; ++rb) {
             const int64_t i0 = rb * MR, fetched = (rb - b0) * per_tile;
-            const Ahead ahead{more && fetched < next_bytes ? reinterpret_cast<const char*>(next) + fetched : nullptr, shift};
+            const Ahead ahead{more && fetched < next_bytes ? next + fetched : nullptr, shift};
             tile_rows(int(std::min<int64_t>(MR, M - i0)), cols, kn, k0 == 0, k0 + kn == K, a + i0 * lda + k0, lda,
-                      bp + p * panel_rows * NR + k0 * NR, c, ldc, i0, p * NR, e, ahead, stream);
+                      block, c, ldc, i0, p * NR, e, ahead, stream);
           }
         }
       }
@@ -903,6 +918,12 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
       else layer_norm_rows(static_cast<float*>(c), ldc, N, n0, n1, *e);
     }
   }
+}
+
+template <typename T>
+static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const T* bp, void* c, int64_t ldc,
+                 const Epilogue* e, int64_t kc) {
+  gemm_from(M, N, K, a, lda, Panels<T>{bp, in_pairs<T> ? round_even(K) : K}, c, ldc, e, kc);
 }
 
 }  // namespace kiln_gemm

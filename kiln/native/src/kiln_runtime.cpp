@@ -64,6 +64,13 @@ extern "C" void kiln_gemm_f32(int64_t M, int64_t N, int64_t K, const void* a, in
                               int64_t ldc, const KilnGemmEpilogue* e, int64_t kc);
 extern "C" void kiln_gemm_bf16(int64_t M, int64_t N, int64_t K, const void* a, int64_t lda, const void* bp, void* c,
                                int64_t ldc, const KilnGemmEpilogue* e, int64_t kc);
+// Its weight-only quantized form (kiln_gemm_quant.h), in the same unit.
+extern "C" int64_t kiln_gemm_quant_packed_bytes(int32_t bits, int64_t K, int64_t N, int64_t group);
+extern "C" void kiln_gemm_quant_pack(int32_t bits, int64_t K, int64_t N, int64_t group, const uint8_t* q,
+                                     const float* scales, const float* zeros, uint8_t* out);
+extern "C" void kiln_gemm_quant_f32(int32_t bits, int64_t M, int64_t N, int64_t K, int64_t group, const float* a,
+                                    int64_t lda, const uint8_t* packed, void* c, int64_t ldc,
+                                    const KilnGemmEpilogue* e, int64_t kc);
 // kiln's depthwise convolution, in the same unit (kiln/externs/kiln_depthwise.py).
 extern "C" void kiln_depthwise_pack_f32(const float* w, int64_t C, int64_t taps, float* out);
 extern "C" void kiln_depthwise_f32(const int64_t* shape, const float* x, const float* wp, const float* bias,
@@ -302,6 +309,52 @@ at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optio
   (bf16 ? kiln_gemm_bf16 : kiln_gemm_f32)(M, N, K, a.data_ptr(), a.stride(0), panels.data_ptr(), out.data_ptr(), N,
                                            plain ? nullptr : &e, kiln_gemm_k_block());
   return out;
+}
+
+// kiln::mm_quant: a @ dequantize(qweight)ᵀ + bias, a post-op, a residual added after it, in kiln's
+// GEMM over the weight packed once (kiln_gemm_quant.h; the quantized layout is kiln/quant's):
+// `bits` 8 (qweight int8 [N, K], scales [N, 1]) or 4 (qweight uint8 [N, ceil(K / 2)], scales and
+// zeros [N, ceil(K / group)]). `a` float32 [..., K]; the result [..., N].
+at::Tensor mm_quant(const at::Tensor& a_in, const at::Tensor& qweight, const at::Tensor& scales,
+                    const std::optional<at::Tensor>& zeros, int64_t bits, int64_t group_size,
+                    const std::optional<at::Tensor>& bias_in, const std::optional<at::Tensor>& residual_in,
+                    c10::string_view unary, const Scalars& scalars, std::optional<c10::string_view> algorithm) {
+  TORCH_CHECK(bits == 8 || bits == 4, "kiln::mm_quant: bits must be 8 or 4, got ", bits);
+  TORCH_CHECK(a_in.scalar_type() == at::kFloat, "kiln::mm_quant: the activations must be float32, got ",
+              a_in.scalar_type());
+  const int64_t K = a_in.size(-1), N = qweight.size(0), group = bits == 8 ? K : group_size;
+  TORCH_CHECK(group > 0 && qweight.size(1) == (bits == 8 ? K : (K + 1) / 2) && scales.size(0) == N &&
+                  scales.size(1) == (K + group - 1) / group && (bits == 8 || (zeros && zeros->sizes() == scales.sizes())),
+              "kiln::mm_quant: the quantized weight's tensors do not match K = ", K, " and group ", group);
+  at::Tensor packed_weight = packed(qweight, "kiln_quant", [&] {
+    at::Tensor q = qweight.contiguous(), s = scales.to(at::kFloat).contiguous();
+    at::Tensor zp = bits == 4 ? zeros->to(at::kFloat).contiguous() : at::Tensor();
+    at::Tensor out = at::empty({kiln_gemm_quant_packed_bytes(int32_t(bits), K, N, group)}, qweight.options().dtype(at::kByte));
+    kiln_gemm_quant_pack(int32_t(bits), K, N, group, static_cast<const uint8_t*>(q.data_ptr()), s.data_ptr<float>(),
+                         bits == 4 ? zp.data_ptr<float>() : nullptr, out.data_ptr<uint8_t>());
+    return out;
+  });
+  at::Tensor a = a_in.reshape({-1, K});
+  if (a.stride(1) != 1) a = a.contiguous();
+  const int64_t M = a.size(0);
+  std::vector<int64_t> shape = a_in.sizes().vec();
+  shape.back() = N;
+  at::Tensor out = at::detail::empty_cpu({M, N}, at::kFloat);
+  std::optional<at::Tensor> bias = bias_in, residual;
+  if (bias && bias->stride(0) != 1) bias = bias->contiguous();
+  if (residual_in) {
+    residual = residual_in->reshape({M, N});
+    if (residual->stride(1) != 1) residual = residual->contiguous();
+  }
+  KilnGemmEpilogue e = unary_epilogue(unary, algorithm.value_or(""), scalars);
+  e.bias = bias ? bias->data_ptr() : nullptr;
+  e.bias_bf16 = bias && bias->scalar_type() == at::kBFloat16;
+  e.residual = residual ? residual->data_ptr() : nullptr;
+  e.residual_bf16 = residual && residual->scalar_type() == at::kBFloat16;
+  e.ld_residual = residual ? residual->stride(0) : 0;
+  kiln_gemm_quant_f32(int32_t(bits), M, N, K, group, a.data_ptr<float>(), a.stride(0), packed_weight.data_ptr<uint8_t>(),
+                      out.data_ptr(), N, &e, kiln_gemm_k_block());
+  return out.view(shape);
 }
 
 // The row norms of kiln_gemm.h (kiln_gemm::RowNorm), by number.
@@ -798,6 +851,9 @@ KILN_OPERATOR(attention,
 // implementation `impl` (aten, aten_kn, aten_nk, kiln, mkl, onednn).
 KILN_OPERATOR(mm, "mm(Tensor a, Tensor b, Tensor? bias, str unary, Scalar?[] scalars, str? algorithm, str impl) -> Tensor")
 KILN_OPERATOR(post_op, "post_op(Tensor y, str unary, Scalar?[] scalars, str? algorithm) -> Tensor")
+// A weight-only quantized product in kiln's GEMM (kiln/passes/quantized_gemm.py, kiln/quant).
+KILN_OPERATOR(mm_quant, "mm_quant(Tensor a, Tensor qweight, Tensor scales, Tensor? zeros, int bits, int group_size, "
+                        "Tensor? bias, Tensor? residual, str unary, Scalar?[] scalars, str? algorithm) -> Tensor")
 // The row norms in kiln's GEMM (kiln/passes/gemm_layer_norm.py).
 KILN_OPERATOR(mm_layer_norm, "mm_layer_norm(Tensor a, Tensor b, Tensor? bias, Tensor? residual, Tensor? weight, "
                              "Tensor? norm_bias, float eps, bool rms=False) -> Tensor")

@@ -1,0 +1,123 @@
+// kiln's GEMM over a weight-only quantized B: C = epilogue(A @ dequantize(B)), A float32.
+//
+// What a decode step at batch 1 waits for is the weights' bytes coming from memory; stored as int8
+// (per output column, a float scale: w = q * scale) or int4 (per group of `group` rows of k and
+// column, a float scale and zero point: w = (q - zero) * scale, q in 0..15), a weight reads a
+// quarter or an eighth of float32's bytes. The packed form keeps kiln_gemm.h's panels of NR
+// columns, as bytes: int8 [panels][K][NR]; int4 [panels][ceil(K / 2)][NR], row k's nibble in byte
+// k / 2 (even k low, odd k high). After the panels, 64-byte aligned, the scales [panels][groups][NR]
+// and (int4) the zero points, the same shape; a padded column's scale is 0.
+//
+// gemm_from (kiln_gemm.h) runs as for float32 panels, every epilogue included; only where a tile
+// would read a panel's K block, QuantPanels dequantizes that block into the thread's buffer of
+// float32 [kn][NR] (in L1/L2: at most K_BLOCK x NR floats), which the tiles of all the thread's
+// rows then read. The weight's bytes come from memory once per block; the dequantization costs a
+// few instructions per vector of weights, amortized over the rows (decode: 1 to 4), well under
+// what a float32 weight's extra bytes cost.
+#pragma once
+#include <cstdlib>
+
+namespace kiln_gemm {
+
+struct QuantShape {
+  int bits;            // 8 or 4
+  int64_t K, N, group; // group: rows of k sharing a scale (int8: K, one per column)
+  int64_t panels() const { return (N + NR - 1) / NR; }
+  int64_t groups() const { return (K + group - 1) / group; }
+  int64_t rows() const { return bits == 8 ? K : (K + 1) / 2; }  // bytes per column of a panel
+  static int64_t aligned(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+  int64_t q_bytes() const { return aligned(panels() * rows() * NR); }
+  int64_t table_bytes() const { return aligned(panels() * groups() * NR * int64_t(sizeof(float))); }
+  int64_t bytes() const { return q_bytes() + table_bytes() * (bits == 4 ? 2 : 1); }
+};
+
+// Pack q (int8: [N, K] int8; int4: [N, ceil(K / 2)] bytes, k's nibble as in the packed form, rows
+// contiguous), scales [N, groups] and (int4) zeros [N, groups] into `out` (shape.bytes()).
+static void pack_quant(const QuantShape& z, const uint8_t* q, const float* scales, const float* zeros, uint8_t* out) {
+  const int64_t panels = z.panels(), rows = z.rows(), groups = z.groups();
+  float* scale_out = reinterpret_cast<float*>(out + z.q_bytes());
+  float* zero_out = reinterpret_cast<float*>(out + z.q_bytes() + z.table_bytes());
+#pragma omp parallel for
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t j0 = p * NR, n = std::min<int64_t>(NR, z.N - j0);
+    uint8_t* dst = out + p * rows * NR;
+    for (int64_t k = 0; k < rows; ++k)
+      for (int64_t j = 0; j < NR; ++j) dst[k * NR + j] = j < n ? q[(j0 + j) * rows + k] : 0;
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t j = 0; j < NR; ++j) {
+        scale_out[(p * groups + g) * NR + j] = j < n ? scales[(j0 + j) * groups + g] : 0.0f;
+        if (z.bits == 4) zero_out[(p * groups + g) * NR + j] = j < n ? zeros[(j0 + j) * groups + g] : 0.0f;
+      }
+  }
+}
+
+// L weights of row k of a panel's column vector v, as float32 lanes: int8 sign-extended, int4 the
+// row's nibble of each byte.
+template <int BITS> static inline V quant_lanes(const uint8_t* panel, int64_t k, int v) {
+  if constexpr (BITS == 8) {
+    kiln::vec<int8_t> q;
+    std::memcpy(&q, panel + k * NR + v * L, sizeof q);
+    return __builtin_convertvector(q, V);
+  } else {
+    kiln::vec<uint8_t> q;
+    std::memcpy(&q, panel + (k >> 1) * NR + v * L, sizeof q);
+    q = (k & 1) ? q >> 4 : q & 15;
+    return __builtin_convertvector(q, V);
+  }
+}
+
+template <int BITS> struct QuantPanels {
+  static constexpr bool dequantizes = true;
+  QuantShape z;
+  const uint8_t* packed;
+
+  const uint8_t* panel(int64_t p) const { return packed + p * z.rows() * NR; }
+  const float* table(int64_t p, int64_t g, int which) const {
+    return reinterpret_cast<const float*>(packed + z.q_bytes() + which * z.table_bytes()) + (p * z.groups() + g) * NR;
+  }
+  const char* raw(int64_t p, int64_t k0) const {
+    return reinterpret_cast<const char*>(panel(p) + (BITS == 8 ? k0 : k0 / 2) * NR);
+  }
+  int64_t raw_bytes(int64_t kn) const { return (BITS == 8 ? kn : (kn + 1) / 2) * NR; }
+  int64_t bytes(int64_t) const { return z.bytes(); }
+
+  // Rows [k0, k0 + kn) of panel p as float32 [kn][NR], in this thread's buffer (valid until its
+  // next block).
+  const float* block(int64_t p, int64_t k0, int64_t kn) const {
+    static thread_local float* buffer = nullptr;
+    static thread_local int64_t held = 0;
+    if (held < kn * NR) {
+      std::free(buffer);
+      held = kn * NR;
+      buffer = static_cast<float*>(std::aligned_alloc(64, QuantShape::aligned(held * int64_t(sizeof(float)))));
+    }
+    const uint8_t* q = panel(p);
+    for (int64_t k = k0; k < k0 + kn;) {
+      const int64_t g = k / z.group, end = std::min(k0 + kn, (g + 1) * z.group);
+      V scale[NV], zero[NV];
+      for (int v = 0; v < NV; ++v) {
+        scale[v] = kiln::load(table(p, g, 0) + v * L);
+        zero[v] = BITS == 4 ? kiln::load(table(p, g, 1) + v * L) : V{};
+      }
+      for (; k < end; ++k) {
+        float* row = buffer + (k - k0) * NR;
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) {
+          const V w = quant_lanes<BITS>(q, k, v);
+          // As eager's reference computes it ((q - zero) * scale; int8: q * scale): the same bits.
+          kiln::store(row + v * L, BITS == 4 ? (w - zero[v]) * scale[v] : w * scale[v]);
+        }
+      }
+    }
+    return buffer;
+  }
+};
+
+// C [M, N] = epilogue(A [M, K] (float32, row stride lda) @ B), B packed by pack_quant.
+static void gemm_quant(const QuantShape& z, int64_t M, const float* a, int64_t lda, const uint8_t* packed, void* c,
+                       int64_t ldc, const Epilogue* e, int64_t kc) {
+  if (z.bits == 8) gemm_from(M, z.N, z.K, a, lda, QuantPanels<8>{z, packed}, c, ldc, e, kc);
+  else gemm_from(M, z.N, z.K, a, lda, QuantPanels<4>{z, packed}, c, ldc, e, kc);
+}
+
+}  // namespace kiln_gemm

@@ -1,0 +1,80 @@
+"""A weight-only quantized Linear (kiln/quant, `kiln_quant::linear`) with frozen weights runs
+kiln's GEMM over its packed quantized weight, `kiln::mm_quant`, with what follows it inside the
+GEMM's store: the unary op that is all it feeds (oneDNN's post-op names, as gemm_prepack fuses
+them) and then a residual added to that (a transformer's `h + o_proj(...)`, `h + down_proj(...)`).
+
+    kiln_quant::linear(x, q, s, z, bits, g, bias)                 -> kiln::mm_quant(x, q, s, z, bits, g, bias, None, "none", [], None)
+    silu(kiln_quant::linear(...))                                  -> kiln::mm_quant(..., None, "swish", [], None)
+    add(kiln_quant::linear(...), r)                                -> kiln::mm_quant(..., r, "none", [], None)
+
+The quantized weight's packing is made on the first call and kept per weight (kiln_runtime.cpp
+`mm_quant`). Float32 activations only; elsewhere (a bfloat16 model, freezing off) the operator
+stays eager's reference, which dequantizes the weight on every call.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from kiln import logs
+from kiln.externs import native_ops
+from kiln.ir.target import Target
+from kiln.passes.constants import ConstantSet, has_frozen_inputs
+from kiln.passes.pattern import arguments, insert, remove_dead
+from kiln.passes.post_ops import NO_POST_OP, only_user, unary_after
+
+aten = torch.ops.aten
+
+
+def _is_quantized_linear(node: fx.Node) -> bool:
+    target = node.target
+    return node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and target.name() == "kiln_quant::linear"
+
+
+def _float32(value: object) -> bool:
+    val = value.meta.get("val") if isinstance(value, fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dtype == torch.float32
+
+
+def _residual(last: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """(the add, the tensor it adds) when all `last` feeds is `last + r`, r of its shape and dtype."""
+    add = only_user(last)
+    if add is None or add.target is not aten.add.Tensor:
+        return None
+    args = arguments(add)
+    if args[2] != 1 or args[0] is args[1]:
+        return None
+    other = args[1] if args[0] is last else args[0]
+    if not _float32(other) or tuple(other.meta["val"].shape) != tuple(last.meta["val"].shape):
+        return None
+    return add, other
+
+
+def quantized_gemm(gm: fx.GraphModule, target: Target) -> bool:
+    if target.device != "cpu" or not has_frozen_inputs(gm):
+        return False
+    constants = ConstantSet(gm)
+    changed = False
+    for node in list(gm.graph.nodes):
+        if not _is_quantized_linear(node):
+            continue
+        x, qweight, scales, zeros, bits, group_size, bias = arguments(node)
+        if not (qweight in constants and constants.all(scales, zeros, bias) and _float32(x)
+                and (bias is None or _float32(bias))):
+            continue
+        last, post_op = node, NO_POST_OP
+        found = unary_after(node)
+        if found is not None:
+            last, post_op = found
+        residual = _residual(last)
+        end, added = (residual if residual is not None else (last, None))
+        name, scalars, algorithm = post_op
+        fused = insert(gm, end, native_ops.op("mm_quant"), x, qweight, scales, zeros, bits, group_size, bias, added,
+                       name, scalars, algorithm or None)
+        end.replace_all_uses_with(fused)
+        remove_dead(gm, [end])
+        logs.log("freezing", "%s int%d %s%s%s: kiln::mm_quant", node.name, bits, tuple(x.meta["val"].shape),
+                 f" + {name}" if name != "none" else "", " + residual" if added is not None else "")
+        changed = True
+    return changed
