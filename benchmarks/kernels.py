@@ -79,6 +79,11 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.kiln_gemm_split.argtypes = [i64, i64, ctypes.c_int, ctypes.c_int]
     lib.kiln_depthwise_pack_f32.argtypes = [ptr, i64, i64, ptr]
     lib.kiln_depthwise_f32.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+    i32 = ctypes.c_int32
+    lib.kiln_gemm_quant_packed_bytes.restype = i64
+    lib.kiln_gemm_quant_packed_bytes.argtypes = [i32, i64, i64, i64]
+    lib.kiln_gemm_quant_pack.argtypes = [i32, i64, i64, i64, ptr, ptr, ptr, ptr]
+    lib.kiln_gemm_quant_f32.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
     return lib
 
 
@@ -170,6 +175,41 @@ def mm(a: torch.Tensor, packed_b: torch.Tensor, n: int, bias: torch.Tensor | Non
     run(M, n, K, a.data_ptr(), a.stride(0), packed_b.data_ptr(), out.data_ptr(), out.stride(0),
         ctypes.byref(post) if post is not None else None, K_BLOCK)
     return result if result is not None else out
+
+
+def quant_pack(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, bits: int, group_size: int,
+               in_features: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """A weight quantized as kiln/quant/weights.py makes it ([N, K] int8, or [N, ceil(K / 2)] int4
+    bytes with its scales and zeros) in the quantized GEMM's packed layout (kiln_gemm_quant.h)."""
+    lib = lib or library()
+    n, k = qweight.shape[0], in_features
+    group = k if bits == 8 else group_size
+    q, s = qweight.contiguous(), scales.float().contiguous()
+    z = zeros.float().contiguous() if zeros is not None else None
+    out = torch.empty(lib.kiln_gemm_quant_packed_bytes(bits, k, n, group), dtype=torch.uint8)
+    lib.kiln_gemm_quant_pack(bits, k, n, group, q.data_ptr(), s.data_ptr(), z.data_ptr() if z is not None else None,
+                             out.data_ptr())
+    return out
+
+
+def mm_quant(a: torch.Tensor, packed: torch.Tensor, n: int, bits: int, group_size: int,
+             bias: torch.Tensor | None = None, unary: str = "none", scalars: list | tuple = (),
+             residual: torch.Tensor | None = None, algorithm: str | None = None, row_norm: RowNorm | tuple | None = None,
+             lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """epilogue(a [M, K] (float32) @ dequantize(B)) with B packed by `quant_pack`: the epilogues of
+    `mm`, float32 out."""
+    lib = lib or library()
+    a = a.contiguous()
+    M, K = a.shape
+    if residual is not None:
+        residual = residual.contiguous()
+    out = torch.empty((M, n))
+    post = epilogue(bias, unary, scalars, algorithm, residual, torch.float32)
+    if row_norm is not None:
+        post = _with_row_norm(post, torch.float32, *RowNorm(*row_norm))
+    lib.kiln_gemm_quant_f32(bits, M, n, K, K if bits == 8 else group_size, a.data_ptr(), K, packed.data_ptr(),
+                            out.data_ptr(), n, ctypes.byref(post) if post is not None else None, K_BLOCK)
+    return out
 
 
 def _with_row_norm(post: Epilogue | None, out_dtype: torch.dtype, weight: torch.Tensor | None,

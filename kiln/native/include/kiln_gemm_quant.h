@@ -51,18 +51,29 @@ static void pack_quant(const QuantShape& z, const uint8_t* q, const float* scale
   }
 }
 
+// L bytes at p, sign- or zero-extended to int32 lanes. GCC (12) converts a vector of bytes with
+// __builtin_convertvector lane by lane in scalar code (2 cycles a weight, the int8 GEMV at a tenth
+// of float32's speed); the widening instructions do it in one.
+template <bool SIGNED> static inline kiln::vec<int32_t> widen_bytes(const uint8_t* p) {
+#if KILN_VEC_BYTES == 64
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return reinterpret_cast<kiln::vec<int32_t>>(SIGNED ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
+#elif KILN_VEC_BYTES == 32 && defined(__AVX2__)
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return reinterpret_cast<kiln::vec<int32_t>>(SIGNED ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
+#else
+  return kiln::lanes<int32_t>([&](int l) { return SIGNED ? int32_t(int8_t(p[l])) : int32_t(p[l]); });
+#endif
+}
+
 // L weights of row k of a panel's column vector v, as float32 lanes: int8 sign-extended, int4 the
 // row's nibble of each byte.
 template <int BITS> static inline V quant_lanes(const uint8_t* panel, int64_t k, int v) {
   if constexpr (BITS == 8) {
-    kiln::vec<int8_t> q;
-    std::memcpy(&q, panel + k * NR + v * L, sizeof q);
-    return __builtin_convertvector(q, V);
+    return __builtin_convertvector(widen_bytes<true>(panel + k * NR + v * L), V);
   } else {
-    kiln::vec<uint8_t> q;
-    std::memcpy(&q, panel + (k >> 1) * NR + v * L, sizeof q);
-    q = (k & 1) ? q >> 4 : q & 15;
-    return __builtin_convertvector(q, V);
+    const kiln::vec<int32_t> q = widen_bytes<false>(panel + (k >> 1) * NR + v * L);
+    return __builtin_convertvector((k & 1) ? q >> 4 : q & 15, V);
   }
 }
 
@@ -113,11 +124,81 @@ template <int BITS> struct QuantPanels {
   }
 };
 
+// A GEMM of at most this many rows (a decode step's batch) dequantizes in registers instead: the
+// buffer's store and reload per weight cost more than the product at one row (the int8 GEMV ran at
+// a third of the memory's speed through it).
+constexpr int DIRECT_ROWS = 4;
+
+// C rows [0, rows) of panel p's columns, every k at once, each weight dequantized as it is loaded
+// and used by every row; then the epilogue's store (store_block).
+template <int BITS, int R>
+static inline void direct_tile(const QuantPanels<BITS>& src, int64_t p, int rows, int cols, const float* a,
+                               int64_t lda, void* c, int64_t ldc, const Epilogue* e) {
+  V acc[R][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+  const uint8_t* q = src.panel(p);
+  const int64_t K = src.z.K;
+  for (int64_t k = 0; k < K;) {
+    const int64_t g = k / src.z.group, end = std::min(K, (g + 1) * src.z.group);
+    V scale[NV], zero[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      scale[v] = kiln::load(src.table(p, g, 0) + v * L);
+      zero[v] = BITS == 4 ? kiln::load(src.table(p, g, 1) + v * L) : V{};
+    }
+    for (; k < end; ++k) {
+      // The panel's bytes 16 rows on (int4: 32) into L1 (the weight streams from memory).
+      __builtin_prefetch(src.raw(p, k + 16 * (BITS == 8 ? 1 : 2)));
+      V w[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        const V x = quant_lanes<BITS>(q, k, v);
+        w[v] = BITS == 4 ? (x - zero[v]) * scale[v] : x * scale[v];  // eager's dequantization, the same bits
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const V ar = broadcast(a + r * lda + k);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) acc[r][v] = fma(ar, w[v], acc[r][v]);
+      }
+    }
+  }
+  store_block<R>(acc, rows, cols, 0, p * NR, c, ldc, e, true);
+}
+
+template <int BITS>
+static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const float* a, int64_t lda, void* c,
+                              int64_t ldc, const Epilogue* e) {
+  const int64_t N = src.z.N, panels = src.z.panels();
+  const bool worth_threads = panels > 1 && 2 * M * N * src.z.K >= (int64_t(1) << 18);
+#pragma omp parallel for schedule(static) if (worth_threads)
+  for (int64_t p = 0; p < panels; ++p) {
+    const int cols = int(std::min<int64_t>(NR, N - p * NR));
+    switch (M) {
+      case 1: direct_tile<BITS, 1>(src, p, 1, cols, a, lda, c, ldc, e); break;
+      case 2: direct_tile<BITS, 2>(src, p, 2, cols, a, lda, c, ldc, e); break;
+      case 3: direct_tile<BITS, 3>(src, p, 3, cols, a, lda, c, ldc, e); break;
+      default: direct_tile<BITS, 4>(src, p, int(M), cols, a, lda, c, ldc, e); break;
+    }
+  }
+  if (e && e->row_norm) {  // a few rows: normalized here, each whole
+    if (e->row_norm == SOFTMAX || e->row_norm == LOG_SOFTMAX) softmax_rows(static_cast<float*>(c), ldc, N, 0, M, *e);
+    else layer_norm_rows(static_cast<float*>(c), ldc, N, 0, M, *e);
+  }
+}
+
 // C [M, N] = epilogue(A [M, K] (float32, row stride lda) @ B), B packed by pack_quant.
 static void gemm_quant(const QuantShape& z, int64_t M, const float* a, int64_t lda, const uint8_t* packed, void* c,
                        int64_t ldc, const Epilogue* e, int64_t kc) {
-  if (z.bits == 8) gemm_from(M, z.N, z.K, a, lda, QuantPanels<8>{z, packed}, c, ldc, e, kc);
-  else gemm_from(M, z.N, z.K, a, lda, QuantPanels<4>{z, packed}, c, ldc, e, kc);
+  if (z.bits == 8) {
+    if (M <= DIRECT_ROWS) return gemm_quant_direct(QuantPanels<8>{z, packed}, M, a, lda, c, ldc, e);
+    return gemm_from(M, z.N, z.K, a, lda, QuantPanels<8>{z, packed}, c, ldc, e, kc);
+  }
+  if (M <= DIRECT_ROWS) return gemm_quant_direct(QuantPanels<4>{z, packed}, M, a, lda, c, ldc, e);
+  gemm_from(M, z.N, z.K, a, lda, QuantPanels<4>{z, packed}, c, ldc, e, kc);
 }
 
 }  // namespace kiln_gemm

@@ -1,0 +1,104 @@
+"""kiln's GEMM over weight-only quantized weights (kiln/native/include/kiln_gemm_quant.h) against a
+float64 product of the dequantized weight: ragged shapes, int8 and int4 at several group sizes,
+every epilogue kiln's GEMM has (bias, unary post-ops, residual, row norms), both of its paths (a
+few rows dequantized in registers; more through a buffer per panel block, with K blocks), and the
+narrower ISAs built here."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import kernels
+from kiln.quant.weights import dequantize, quantize_int4, quantize_int8
+from tests.codegen.test_kiln_gemm import EPILOGUES, unary_reference, x86_kernels_built_with
+
+# (M, K, N): M <= 4 takes the register path, more the buffer's; K odd (a half byte of int4 padding),
+# K not a multiple of the group, K > 1024 (K blocks with partial sums in C); N with a ragged last
+# panel of 1, 2 and 22 columns.
+SHAPES = [(1, 7, 1), (1, 64, 50), (2, 200, 97), (4, 129, 48), (5, 64, 70), (17, 333, 49), (9, 2500, 130), (64, 96, 200)]
+KINDS = [(8, 0), (4, 32), (4, 64), (4, 128), (4, 2)]
+
+
+def _quantized(n: int, k: int, bits: int, group: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g)
+    if bits == 8:
+        q, s = quantize_int8(w)
+        z = None
+    else:
+        q, s, z = quantize_int4(w, group)
+    return q, s, z, dequantize(q, s, z, bits, group, k).double()
+
+
+def _check(out: torch.Tensor, ref: torch.Tensor, k: int) -> None:
+    # The dequantized weights are float32 values used exactly (eager's rounding); what is left is
+    # float32 accumulation over K (see tests/codegen/test_kiln_gemm.py `_check`).
+    err = ((out.double() - ref).abs() / (ref.abs() + 1)).max().item()
+    assert err <= 1e-7 * k + 1e-6, err
+
+
+def _reference(a, w, bias, unary, scalars, algorithm, residual):
+    y = a.double() @ w.t()
+    if bias is not None:
+        y = y + bias.double()
+    y = unary_reference(y, unary, scalars, algorithm)
+    return y + residual.double() if residual is not None else y
+
+
+@pytest.mark.parametrize("bits,group", KINDS, ids=lambda v: str(v))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_every_epilogue_matches_a_float64_product_of_the_dequantized_weight(shape, bits, group):
+    m, k, n = shape
+    q, s, z, w = _quantized(n, k, bits, group, seed=m + k + n)
+    packed = kernels.quant_pack(q, s, z, bits, group, k)
+    g = torch.Generator().manual_seed(k)
+    a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+    for unary, scalars, algorithm in EPILOGUES:
+        for b, r in [(None, None), (bias, None), (bias, residual)]:
+            out = kernels.mm_quant(a, packed, n, bits, group, b, unary, scalars, r, algorithm)
+            _check(out, _reference(a, w, b, unary, scalars, algorithm, r), k)
+
+
+@pytest.mark.parametrize("m", [1, 3, 12])
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm", "softmax", "log_softmax"])
+def test_row_norms_after_the_quantized_product(m, kind):
+    k, n = 300, 130
+    q, s, z, w = _quantized(n, k, 4, 64, seed=m)
+    packed = kernels.quant_pack(q, s, z, 4, 64, k)
+    g = torch.Generator().manual_seed(m)
+    a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+    weight, beta = torch.rand(n, generator=g) + 0.5, torch.randn(n, generator=g)
+    norm_weight, norm_bias = (None, None) if "softmax" in kind else (weight, None if kind == "rms_norm" else beta)
+    out = kernels.mm_quant(a, packed, n, 4, 64, bias, "none", (), residual,
+                           row_norm=kernels.RowNorm(norm_weight, norm_bias, 1e-5, None, kind))
+    y = _reference(a, w, bias, "none", (), None, residual)
+    if kind == "layer_norm":
+        ref = torch.nn.functional.layer_norm(y, [n], weight.double(), beta.double(), 1e-5)
+    elif kind == "rms_norm":
+        ref = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.double()
+    else:
+        ref = torch.log_softmax(y, -1) if kind == "log_softmax" else torch.softmax(y, -1)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_wrong_dequantization_is_caught():
+    """The comparison can fail: the same product with the zero points dropped from the packing."""
+    m, k, n = 1, 256, 64
+    q, s, z, w = _quantized(n, k, 4, 32, seed=3)
+    packed = kernels.quant_pack(q, s, torch.zeros_like(z), 4, 32, k)
+    a = torch.randn(m, k)
+    with pytest.raises(AssertionError):
+        _check(kernels.mm_quant(a, packed, n, 4, 32), _reference(a, w, None, "none", (), None, None), k)
+
+
+@pytest.mark.parametrize("flags", [["-march=x86-64-v3"], ["-march=x86-64-v2"]], ids=["avx2", "sse4"])
+def test_other_isas(flags, tmp_path):
+    """The widening of bytes per ISA (AVX-512 and AVX2 instructions, lanes elsewhere), built here."""
+    lib = x86_kernels_built_with(flags, tmp_path)
+    for (m, k, n), (bits, group) in [((1, 77, 50), (8, 0)), ((3, 130, 33), (4, 32)), ((9, 65, 20), (4, 64))]:
+        q, s, z, w = _quantized(n, k, bits, group, seed=k)
+        a, bias = torch.randn(m, k), torch.randn(n)
+        out = kernels.mm_quant(a, kernels.quant_pack(q, s, z, bits, group, k, lib=lib), n, bits, group, bias, "gelu",
+                               lib=lib)
+        _check(out, _reference(a, w, bias, "gelu", (), None, None), k)
