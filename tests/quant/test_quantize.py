@@ -1,0 +1,118 @@
+"""`kiln.quantize`: weight-only int8/int4 Linear layers, their eager reference, their state_dict,
+and the compiled model running kiln's quantized GEMM (kiln/passes/quantized_gemm.py) with its
+post-op and residual inside, the same values as eager's quantized model and the same tokens from
+`generate()`."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+from kiln.quant import QuantizedLinear
+from kiln.runtime import fallback
+from tests.fusion.test_freezing import _externs
+from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
+from tests.llm.test_generate import _decoder
+
+
+class Block(nn.Module):
+    """A Llama MLP and its residual: down(silu(gate(x)) * up(x)) + x, and a biased projection."""
+
+    def __init__(self, d=96, hidden=200):
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False), nn.Linear(hidden, d)
+        self.proj = nn.Linear(d, 40)
+
+    def forward(self, x):
+        h = self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x)) + x
+        return self.proj(h)
+
+
+@pytest.mark.parametrize("dtype,group", [("int8", None), ("int4", 32), ("int4", 128)])
+def test_every_linear_is_quantized_within_half_a_step(dtype, group):
+    torch.manual_seed(0)
+    model = Block().eval()
+    reference = copy.deepcopy(model)
+    assert kiln.quantize(model, dtype, group_size=group) is model
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, QuantizedLinear)}
+    assert sorted(layers) == ["down", "gate", "proj", "up"]
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    for name, layer in layers.items():
+        w = getattr(reference, name).weight
+        step = layer.scales if dtype == "int8" else layer.scales.repeat_interleave(group, 1)[:, :w.shape[1]]
+        err = (layer.dequantized_weight() - w).abs()
+        assert (err <= step / 2 + 1e-6).all()
+        assert err.max() > 0  # it is quantized, not copied
+    x = torch.randn(3, 96)
+    with torch.no_grad():
+        rel = (model(x) - reference(x)).abs().max() / reference(x).abs().max()
+    assert rel < (0.02 if dtype == "int8" else 0.2)
+
+
+def test_the_quantized_state_dict_saves_and_loads(tmp_path):
+    torch.manual_seed(0)
+    model = kiln.quantize(Block().eval(), "int4", group_size=32)
+    torch.save(model.state_dict(), tmp_path / "q.pt")
+    other = kiln.quantize(Block().eval(), "int4", group_size=32)  # other random weights
+    x = torch.randn(2, 96)
+    with torch.no_grad():
+        assert not torch.equal(other(x), model(x))
+        other.load_state_dict(torch.load(tmp_path / "q.pt"))
+        assert torch.equal(other(x), model(x))
+    assert {"gate.qweight", "gate.scales", "gate.zeros", "down.bias"} <= set(model.state_dict())
+
+
+@pytest.mark.parametrize("dtype,group", [("int8", None), ("int4", 64)])
+def test_the_compiled_model_runs_kiln_s_quantized_gemm_with_its_epilogues(dtype, group):
+    torch.manual_seed(0)
+    model = kiln.quantize(Block().eval(), dtype, group_size=group)
+    x = torch.randn(5, 96)
+    out, program = compiled(model, x, freezing=True)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    calls = [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm_quant.default"]
+    assert len(calls) == 4 and _externs(program).count("kiln.mm_quant.default") == 4
+    unaries = sorted(c.args[8] for c in calls)
+    assert unaries == ["none", "none", "none", "swish"]  # silu(gate(x)) inside the gate's GEMM
+    assert sum(c.args[7] is not None for c in calls) == 1  # down(...) + x: the residual in the down GEMM
+
+
+def test_without_freezing_the_eager_reference_runs():
+    torch.manual_seed(0)
+    model = kiln.quantize(Block().eval(), "int8")
+    x = torch.randn(5, 96)
+    out, program = compiled(model, x, freezing=False)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(dtype="int2"), "dtype must be one of 'int8', 'int4'"),
+    (dict(dtype="int8", group_size=64), "group_size applies to 'int4' only"),
+    (dict(dtype="int4", group_size=33), "group_size must be an even int"),
+    (dict(dtype="int4", group_size=0), "group_size must be an even int"),
+])
+def test_bad_arguments_name_what_is_accepted(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        kiln.quantize(Block(), **kwargs)
+    with pytest.raises(TypeError, match="model must be an nn.Module"):
+        kiln.quantize(lambda x: x, "int8")
+
+
+@pytest.mark.parametrize("dtype,group", [("int8", None), ("int4", 32)])
+def test_generate_of_a_quantized_llama_gives_eager_s_tokens(dtype, group):
+    kiln.reset()
+    fallback.reset()
+    model = kiln.quantize(_decoder("llama"), dtype, group_size=group)
+    prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
+    options = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False, cache_implementation="static")
+    with torch.no_grad():
+        expected = model.generate(prompt, **options)
+        model.forward = kiln.compile(model.forward)
+        tokens = model.generate(prompt, **options)
+    assert torch.equal(tokens, expected)
+    assert fallback.FALLBACKS == [] and kiln.capture.BREAKS == []
