@@ -43,7 +43,7 @@ _LLAMA_TINY = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_h
                    num_key_value_heads=2, max_position_embeddings=512)
 
 LLM_MODELS: dict[str, LlmModel] = {m.name: m for m in [
-    LlmModel("llama-160m", "Llama, hidden 768, 12 layers, 12 heads, 0.16 B parameters", "LlamaForCausalLM",
+    LlmModel("llama-160m", "Llama, hidden 768, 12 layers, 12 heads, 0.13 B parameters (untied LM head)", "LlamaForCausalLM",
              "LlamaConfig", dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                                  num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=2048)),
     # Qwen2-0.5B's own sizes: 14 query heads over 2 key-value heads, q/k/v biases, the LM head tied to
