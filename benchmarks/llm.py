@@ -108,21 +108,25 @@ class LlmResult:
 @dataclass
 class LlmRun:
     """What the llm suite measured: its results, and the machine's read bandwidth (GB/s) at each
-    thread count."""
+    thread count, with the share of the CPUs other processes used while it was measured (a busy
+    neighbour lowers it, and raises every roofline fraction)."""
 
     settings: LlmSettings
     results: list[LlmResult] = field(default_factory=list)
     bandwidth: dict[int, float] = field(default_factory=dict)
+    bandwidth_others: dict[int, float | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"settings": asdict(self.settings), "results": [r.to_json() for r in self.results],
-                "bandwidth_gbps": {str(t): gbps for t, gbps in self.bandwidth.items()}}
+                "bandwidth_gbps": {str(t): gbps for t, gbps in self.bandwidth.items()},
+                "bandwidth_others_cpu": {str(t): share for t, share in self.bandwidth_others.items()}}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "LlmRun":
         settings = LlmSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in data["settings"].items()})
         return cls(settings, [LlmResult.from_json(r) for r in data["results"]],
-                   {int(t): gbps for t, gbps in data["bandwidth_gbps"].items()})
+                   {int(t): gbps for t, gbps in data["bandwidth_gbps"].items()},
+                   {int(t): share for t, share in data.get("bandwidth_others_cpu", {}).items()})
 
 
 class StepClock:
@@ -301,7 +305,9 @@ def run_llm_suite(settings: LlmSettings, progress: TextIO | None = sys.stderr,
     before = torch.get_num_threads()
     try:
         for threads in settings.threads:
+            clock = OthersClock()
             run.bandwidth[threads] = read_bandwidth(threads)
+            run.bandwidth_others[threads] = clock.share()
             _say(progress, f"read bandwidth at {_threads(threads)}: {run.bandwidth[threads]:.1f} GB/s")
             torch.set_num_threads(threads)
             for name in settings.models:

@@ -75,8 +75,15 @@ def llm_tables(run: LlmRun) -> list[Table]:
     return tables
 
 
+def _busy(share: float | None) -> str:
+    if (share or 0) <= 0.1:
+        return ""
+    return f" (other processes used {share:.0%} of the CPUs meanwhile: likely below the machine's)"
+
+
 def describe_bandwidth(run: LlmRun) -> str:
-    measured = "; ".join(f"{gbps:.1f} GB/s at {t} thread{'s' if t > 1 else ''}" for t, gbps in run.bandwidth.items())
+    measured = "; ".join(f"{gbps:.1f} GB/s at {t} thread{'s' if t > 1 else ''}{_busy(run.bandwidth_others.get(t))}"
+                         for t, gbps in run.bandwidth.items())
     return (f"machine read bandwidth (best read-only pass over 1 GiB: torch.sum, amax or dot): {measured}. "
             f"bytes/step: what a decode step reads — every linear weight (LM head included) at the mode's bytes "
             f"per weight, one embedding row per sequence, norms, the KV cache at its average length "

@@ -12,7 +12,7 @@ import benchmarks.llm
 import kiln
 from benchmarks import llm_modes, roofline
 from benchmarks.llm import LlmResult, LlmRun, LlmSettings, StepClock, measure_group
-from benchmarks.llm_report import HEADER, llm_tables
+from benchmarks.llm_report import HEADER, describe_bandwidth, llm_tables
 from benchmarks.machine import cpu_model
 from benchmarks.roofline import StepBytes, decode_step_bytes, linear_names
 from kiln.cli import main
@@ -77,7 +77,7 @@ def test_eager_and_kiln_end_to_end_table_and_json(capsys, tmp_path):
     data = json.loads(out.read_text())
     assert data["meta"]["suite"] == "llm" and data["meta"]["torch"] == torch.__version__ and data["meta"]["isa"] is not None
     run = LlmRun.from_json(data["llm"])
-    assert run.bandwidth == {1: 10.0} and run.settings.new_tokens == 4
+    assert run.bandwidth == {1: 10.0} and set(run.bandwidth_others) == {1} and run.settings.new_tokens == 4
     kiln_row = next(r for r in run.results if r.mode == "kiln")
     assert kiln_row.status == "ok" and kiln_row.tokens_equal and kiln_row.agreement == 1.0
     assert kiln_row.decode_s > 0 and kiln_row.step_bytes.total > 0 and kiln_row.first_s >= kiln_row.decode_s
@@ -207,6 +207,13 @@ def test_ratio_to_inductor_freeze_and_roofline_per_row():
     assert (cells["÷ inductor-freeze"], cells["bytes/step"], cells["GB/s"], cells["roofline"]) == (
         "0.50x", "1000 MB", "10.0", "50%")
     assert dict(zip(header, rows[0]))["÷ inductor-freeze"] == "1.00x"
+
+
+def test_a_bandwidth_measured_beside_busy_neighbours_says_so():
+    settings = LlmSettings(models=("m",), modes=("kiln",))
+    assert "20.0 GB/s at 2 threads;" not in describe_bandwidth(LlmRun(settings, [], {2: 20.0}, {2: 0.02}))
+    busy = describe_bandwidth(LlmRun(settings, [], {2: 20.0}, {2: 0.66}))
+    assert "20.0 GB/s at 2 threads (other processes used 66% of the CPUs meanwhile: likely below" in busy
 
 
 def _error(capsys, *argv) -> str:
