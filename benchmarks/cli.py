@@ -13,12 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from kiln import config
+from benchmarks.llm_modes import DEFAULT_MODELS as LLM_DEFAULT_MODELS, LLM_MODELS, LLM_MODES
 from benchmarks.models import MODELS, suites
 from benchmarks.modes import MODES
 from benchmarks.results import Case, Result
 
 DEFAULT_MODES = "all"
+LLM_MODEL_NAMES, LLM_MODE_NAMES = list(LLM_MODELS), list(LLM_MODES)
 GEMM_SUITE = "gemm"  # not a suite of models: single GEMMs through each kiln::mm implementation (benchmarks/gemm.py)
+LLM_SUITE = "llm"  # text generation of decoder LMs, in this process (benchmarks/llm.py)
+# --iters and --warmup when not given: a model suite's calls, or the llm suite's generate calls (each
+# one a whole generation: a few rounds are minutes on a 0.5 B model).
+LLM_ROUNDS, LLM_WARMUP = 3, 1
 
 
 def _choices(kind: str, given: list[str], valid: list[str]) -> list[str]:
@@ -80,6 +86,34 @@ def positive_int(text: str) -> int:
     return value
 
 
+def batch_sizes(text: str) -> tuple[int, ...]:
+    """argparse's type for --batch: one size, or with --suite llm several separated by commas."""
+    parts = _split(text) or [text]
+    for part in parts:
+        positive_int(part)  # (its error names the bad part)
+    return tuple(int(p) for p in parts)
+
+
+def one_batch(batch: tuple[int, ...] | int | None) -> int:
+    """The single --batch of a model suite (default 1)."""
+    if batch is None or isinstance(batch, int):
+        return batch or 1
+    if len(batch) > 1:
+        raise ValueError(f"--batch takes one size here (got {','.join(map(str, batch))}); several only with "
+                         f"--suite {LLM_SUITE}")
+    return batch[0]
+
+
+def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """--iters and --warmup filled in for the suite the run is (see LLM_ROUNDS)."""
+    llm = getattr(args, "suite", None) == LLM_SUITE
+    if getattr(args, "iters", None) is None:
+        args.iters = LLM_ROUNDS if llm else config.bench.iters
+    if getattr(args, "warmup", None) is None:
+        args.warmup = LLM_WARMUP if llm else config.bench.warmup
+    return args
+
+
 def check_device(device: str) -> None:
     """Fail before any model runs if the device is not there (each case would fail alike, later)."""
     import torch
@@ -93,7 +127,7 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
     if args.models:
         models = _choices("model", _split(args.models), list(MODELS))
     else:
-        models = all_suites[_choices("suite", [args.suite], list(all_suites) + [GEMM_SUITE])[0]]
+        models = all_suites[_choices("suite", [args.suite], list(all_suites) + [GEMM_SUITE, LLM_SUITE])[0]]
     if args.modes == "all":  # (CUDA graphs' modes only on a GPU: on a CPU they repeat kiln and inductor)
         modes = [m for m in MODES if args.device != "cpu" or not m.endswith("-reduce-overhead")]
     else:
@@ -119,23 +153,23 @@ def select_cases(args: argparse.Namespace) -> list[Case]:
     return [
         Case(model, mode, t, train=args.train, iters=args.iters, warmup=args.warmup, autocast=autocast,
              profile=profile, device=args.device, against=against if mode not in ("eager", against) else None,
-             dtype=dtype, batch=args.batch)
+             dtype=dtype, batch=one_batch(args.batch))
         for model in models
         for t in threads
         for mode in modes
     ]
 
 
-def write_outputs(results: list[Result], meta: dict[str, Any], args: argparse.Namespace, gemm=None) -> None:
+def write_outputs(results: list[Result], meta: dict[str, Any], args: argparse.Namespace, gemm=None, llm=None) -> None:
     from benchmarks import report
 
-    print(report.text_report(results, meta, gemm))
+    print(report.text_report(results, meta, gemm, llm))
     if any(r.kernel_profile for r in results):
         from benchmarks.profile_report import format_results
 
         print("\n" + format_results(results, top=25))  # all entries are in the JSON
     if args.json:
-        write_whole(args.json, json.dumps(report.json_report(results, meta, gemm), indent=1) + "\n")
+        write_whole(args.json, json.dumps(report.json_report(results, meta, gemm, llm), indent=1) + "\n")
     if args.plot and results:
         from benchmarks.plot import plot_speedups
 
@@ -145,7 +179,7 @@ def write_outputs(results: list[Result], meta: dict[str, Any], args: argparse.Na
               file=sys.stderr)
     if args.markdown:
         plot = os.path.relpath(args.plot, Path(args.markdown).parent) if args.plot and results else None
-        write_whole(args.markdown, report.markdown_report(results, meta, plot, gemm))
+        write_whole(args.markdown, report.markdown_report(results, meta, plot, gemm, llm))
 
 
 def _gemm_choices(args: argparse.Namespace) -> tuple[list, list[int], list[str]]:
@@ -154,7 +188,7 @@ def _gemm_choices(args: argparse.Namespace) -> tuple[list, list[int], list[str]]
 
     for flag, given in [("--train", args.train), ("--autocast", args.autocast), ("--plot", args.plot),
                         ("--modes", args.modes != DEFAULT_MODES), ("--device", args.device != "cpu"),
-                        ("--dtype", args.dtype != "fp32"), ("--batch", args.batch != 1), ("--jobs", args.jobs != 1)]:
+                        ("--dtype", args.dtype != "fp32"), ("--batch", args.batch not in (None, (1,))), ("--jobs", args.jobs != 1)]:
         if given:
             raise ValueError(f"{flag} does not apply to --suite {GEMM_SUITE}, which times every kiln::mm implementation "
                              "on single GEMMs")
@@ -203,10 +237,18 @@ def run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from benchmarks.report import run_metadata
     from benchmarks.runner import Progress, run_cases, run_in_subprocess
 
+    with_defaults(args)
     try:
         check_device(args.device)
     except ValueError as e:
         parser.error(str(e))
+    if args.suite == LLM_SUITE:
+        from benchmarks.llm_cli import run_llm
+
+        return run_llm(args, parser)
+    for flag, given in [("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens)]:
+        if given is not None:
+            parser.error(f"{flag} applies to --suite {LLM_SUITE} only")
     if args.suite == GEMM_SUITE and not args.models:
         return run_gemm(args, parser)
     try:
@@ -227,7 +269,7 @@ def run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         timeout_s=args.timeout,
         device=args.device,
         dtype=DTYPES[args.dtype] or "float32",
-        batch=args.batch,
+        batch=one_batch(args.batch),
         jobs=args.jobs,
         keep_freed_mb=config.runtime.keep_freed_mb,  # every case's process runs under it (runner._child_env)
     )
@@ -272,14 +314,17 @@ def run_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         _check_plotting(args.plot)
     except ValueError as e:
         parser.error(str(e))
+    from benchmarks.llm import LlmRun
+
     try:
         data = json.loads(Path(args.run).read_text())
         results = [Result.from_json(r) for r in data["results"]]
         gemm = GemmRun.from_json(data["gemm"]) if "gemm" in data else None
+        llm = LlmRun.from_json(data["llm"]) if "llm" in data else None
     except (OSError, ValueError, KeyError, TypeError) as e:
         parser.error(f"cannot read the run {args.run!r}: {e}")
     args.json = None
-    write_outputs(results, data["meta"], args, gemm)
+    write_outputs(results, data["meta"], args, gemm, llm)
     return 0
 
 
@@ -287,7 +332,8 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     # A long suite (wide) says how many models it has before naming them.
     suite_names = ", ".join(f"{name} ({f'{len(models)} models: ' if len(models) > 12 else ''}{', '.join(models)})"
                             for name, models in suites().items())
-    suite_names += f", {GEMM_SUITE} (single GEMMs at the hf models' shapes through every kiln::mm implementation)"
+    suite_names += (f", {GEMM_SUITE} (single GEMMs at the hf models' shapes through every kiln::mm implementation), "
+                    f"{LLM_SUITE} (text generation of decoder LMs: tokens/s against the memory roofline)")
     modes = "\n".join(f"  {name:22} {mode.help}" for name, mode in MODES.items())
     p = commands.add_parser(
         "bench",
@@ -296,19 +342,29 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
         "calls are interleaved in that process and their medians compared.",
         epilog=f"modes:\n{modes}\n\n--suite {GEMM_SUITE} times each kiln::mm implementation (ATen, MKL, oneDNN, "
         "kiln's own, ...) on single GEMMs, in this process: rounds (--iters) interleaved across implementations "
-        "after --warmup calls, medians, GFLOP/s and the fraction of the machine's measured peak.",
+        "after --warmup calls, medians, GFLOP/s and the fraction of the machine's measured peak.\n\n"
+        f"--suite {LLM_SUITE} times greedy generate() with a static KV cache of decoder LMs (--models among "
+        f"{', '.join(LLM_MODEL_NAMES)}; default {', '.join(LLM_DEFAULT_MODELS)}), in this process: "
+        "prefill and decode tokens/s per --batch (default 1,4), --prompt-len and --new-tokens (default 128 each), "
+        "--iters rounds (default 3) interleaved across modes after --warmup generate calls (default 1); "
+        "decode time against Inductor-freeze's and the bytes a step reads against the machine's read bandwidth. "
+        f"Its modes: {', '.join(LLM_MODE_NAMES)}.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--suite", default="hf", help=f"model suite: {suite_names} (default: hf)")
-    p.add_argument("--models", help="comma-separated model names from any suite (overrides --suite)")
+    p.add_argument("--models", help="comma-separated model names from any suite (overrides --suite); with "
+                   f"--suite {LLM_SUITE}, among its models")
     p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated, or all: {', '.join(MODES)} "
-                   "(inductor-max-autotune can take many minutes per model on a CPU)")
+                   "(inductor-max-autotune can take many minutes per model on a CPU); "
+                   f"--suite {LLM_SUITE}: {', '.join(LLM_MODE_NAMES)}")
     p.add_argument("--device", choices=DEVICES, default="cpu",
                    help="where the models run (default: cpu); on cuda --threads sets only the CPU's share, "
                    "and the float64 accuracy reference still runs on the CPU")
     p.add_argument("--threads", default="1", help="torch thread counts to run, e.g. 1,2 (default: 1)")
-    p.add_argument("--iters", type=int, default=config.bench.iters, help="timed iterations (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=config.bench.warmup, help="untimed iterations (default: %(default)s)")
+    p.add_argument("--iters", type=int, help=f"timed iterations (default: {config.bench.iters}; --suite {LLM_SUITE}: "
+                   f"rounds, {LLM_ROUNDS})")
+    p.add_argument("--warmup", type=int, help=f"untimed iterations (default: {config.bench.warmup}; --suite {LLM_SUITE}: "
+                   f"generate calls per mode, {LLM_WARMUP})")
     p.add_argument("--timeout", type=float, default=config.bench.timeout_s, help="seconds per case (default: %(default)s)")
     p.add_argument("--train", action="store_true", help="time a training step and check gradients")
     p.add_argument("--autocast", choices=list(AUTOCAST),
@@ -317,8 +373,9 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=list(DTYPES), default="fp32",
                    help="cast the model and its floating inputs to this dtype (default: fp32, as built); the "
                         "error against a float32 eager run is reported beside the accuracy verdict")
-    p.add_argument("--batch", type=positive_int, default=1,
-                   help="the models' batch-1 inputs repeated to this batch size (default: 1)")
+    p.add_argument("--batch", type=batch_sizes,
+                   help="the models' batch-1 inputs repeated to this batch size (default: 1); "
+                   f"--suite {LLM_SUITE}: sequences per generate call, several separated by commas (default: 1,4)")
     p.add_argument("--jobs", type=positive_int, default=1,
                    help="cases run at once, each in its own process (default: 1); on cuda their timings take "
                         "turns on the GPU, while compile times measured side by side are inflated by the "
@@ -332,6 +389,9 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
                         "drift between processes")
     p.add_argument("--shapes", metavar="MxKxN,...", help=f"--suite {GEMM_SUITE} only: these GEMM shapes instead of the hf models'")
     p.add_argument("--dtypes", default="float32,bfloat16", help=f"--suite {GEMM_SUITE} only: float32, bfloat16 (default: both)")
+    p.add_argument("--prompt-len", type=positive_int, help=f"--suite {LLM_SUITE} only: prompt tokens per sequence (default: 128)")
+    p.add_argument("--new-tokens", type=positive_int,
+                   help=f"--suite {LLM_SUITE} only: tokens generated per sequence, at least 2 (default: 128)")
     p.add_argument("--json", metavar="PATH", help="write every result and the run's metadata as JSON")
     p.add_argument("--markdown", metavar="PATH", help="write the tables as markdown")
     p.add_argument("--plot", metavar="PATH.png", help="write a bar chart of speedups")

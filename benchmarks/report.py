@@ -16,6 +16,7 @@ from benchmarks.results import Result
 
 if TYPE_CHECKING:
     from benchmarks.gemm import GemmRun
+    from benchmarks.llm import LlmRun
 
 
 @dataclass
@@ -317,8 +318,14 @@ def describe_cpu(meta: dict[str, Any]) -> str:
     return f"{meta.get('cpu', 'unknown CPU')}" + (f" ({inside})" if inside else "")
 
 
-def _all_tables(results: list[Result], gemm: "GemmRun | None") -> tuple[list[str], list[tuple[str, list[str], list[list[str]]]]]:
-    """Lines under the run's header, and the tables: the models' (when any ran), then the gemm suite's."""
+def _all_tables(results: list[Result], gemm: "GemmRun | None",
+                llm: "LlmRun | None" = None) -> tuple[list[str], list[tuple[str, list[str], list[list[str]]]]]:
+    """Lines under the run's header, and the tables: the models' (when any ran), then the gemm
+    suite's or the llm suite's."""
+    if llm is not None:
+        from benchmarks.llm_report import describe_bandwidth, llm_tables
+
+        return [describe_bandwidth(llm)], (_tables(results) if results else []) + llm_tables(llm)
     if gemm is None:
         return [], _tables(results)
     from benchmarks.gemm_report import describe_peaks, gemm_notes, gemm_tables
@@ -330,8 +337,9 @@ def _all_tables(results: list[Result], gemm: "GemmRun | None") -> tuple[list[str
     return [describe_peaks(gemm)], tables
 
 
-def text_report(results: list[Result], meta: dict[str, Any], gemm: "GemmRun | None" = None) -> str:
-    lines, tables = _all_tables(results, gemm)
+def text_report(results: list[Result], meta: dict[str, Any], gemm: "GemmRun | None" = None,
+                llm: "LlmRun | None" = None) -> str:
+    lines, tables = _all_tables(results, gemm, llm)
     parts = [describe_run(meta), *lines]
     for title, header, rows in tables:
         parts += ["", title, _text_table(header, rows)]
@@ -339,8 +347,8 @@ def text_report(results: list[Result], meta: dict[str, Any], gemm: "GemmRun | No
 
 
 def markdown_report(results: list[Result], meta: dict[str, Any], plot: str | None = None,
-                    gemm: "GemmRun | None" = None) -> str:
-    lines, tables = _all_tables(results, gemm)
+                    gemm: "GemmRun | None" = None, llm: "LlmRun | None" = None) -> str:
+    lines, tables = _all_tables(results, gemm, llm)
     parts = ["# kiln bench", "", describe_run(meta), *("\n" + line for line in lines)]
     if plot:
         parts += ["", f"![speedup per model and mode]({plot})"]
@@ -349,7 +357,8 @@ def markdown_report(results: list[Result], meta: dict[str, Any], plot: str | Non
     return "\n".join(parts) + "\n"
 
 
-def json_report(results: list[Result], meta: dict[str, Any], gemm: "GemmRun | None" = None) -> dict[str, Any]:
+def json_report(results: list[Result], meta: dict[str, Any], gemm: "GemmRun | None" = None,
+                llm: "LlmRun | None" = None) -> dict[str, Any]:
     out = {
         "meta": meta,
         "results": [r.to_json() for r in results],
@@ -357,6 +366,8 @@ def json_report(results: list[Result], meta: dict[str, Any], gemm: "GemmRun | No
     }
     if gemm is not None:
         out["gemm"] = gemm.to_json()
+    if llm is not None:
+        out["llm"] = llm.to_json()
     return out
 
 

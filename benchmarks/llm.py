@@ -1,0 +1,346 @@
+"""The llm suite: `kiln bench --suite llm` times text generation — greedy `generate()` with a static
+KV cache — of HuggingFace decoders (benchmarks/llm_modes.py) compiled several ways, in this process,
+against the machine's memory roofline (benchmarks/roofline.py).
+
+What is timed: each mode's copy of the model has its `forward` wrapped by a clock (`StepClock`)
+that records when each call starts and ends. One `generate(max_new_tokens=N)` calls it N times: the
+prompt's forward (prefill), then N - 1 decode steps of one token per sequence. Prefill time is the
+first call's; decode time per token is (end of the last call - end of the first) / (N - 1): the
+decode steps with what `generate` does between them (the greedy pick, the stopping check), which a
+user's tokens per second includes.
+
+Per (threads, model, batch): every mode's copy is built and warmed up (`warmup` generate calls:
+compilation), then `rounds` rounds, each one generate call per mode, the modes interleaved in an
+order rotated each round (timings between processes vary up to 40 % on shared VMs; within one
+process every mode sees the same machine); the median per mode. The tokens of each mode are
+compared with eager's.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import gc
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, TextIO
+
+import torch
+from torch import nn
+
+from benchmarks.llm_modes import LLM_MODELS, LLM_MODES, LlmMode, NotAvailable
+from benchmarks.machine import OthersClock
+from benchmarks.roofline import StepBytes, decode_step_bytes, linear_names, read_bandwidth
+
+
+@dataclass(frozen=True)
+class LlmSettings:
+    """What one run of the suite measures."""
+
+    models: tuple[str, ...]
+    modes: tuple[str, ...]
+    batches: tuple[int, ...] = (1, 4)
+    threads: tuple[int, ...] = (1,)
+    prompt_len: int = 128
+    new_tokens: int = 128
+    rounds: int = 3
+    warmup: int = 1
+
+    @property
+    def cache_len(self) -> float:
+        """The KV cache's length averaged over the decode steps: step k of N - 1 attends over
+        prompt + k positions."""
+        return self.prompt_len + self.new_tokens / 2
+
+
+@dataclass
+class LlmResult:
+    """One (threads, model, batch, mode): medians over the rounds, or why there are none."""
+
+    model: str
+    batch: int
+    mode: str
+    threads: int
+    status: str  # "ok", "n/a" (the mode's API is missing) or "error"
+    note: str | None = None  # why n/a, or the error's first line and the phase it happened in
+    prefill_s: float | None = None  # median time of the prompt's forward
+    decode_s: float | None = None  # median time per decode step (one token per sequence)
+    first_s: float | None = None  # the first generate call's wall time, compilation included
+    step_bytes: StepBytes | None = None  # what a decode step reads, this mode's weights
+    tokens_equal: bool | None = None  # the new tokens are eager's (every round)
+    agreement: float | None = None  # the fraction of new tokens equal to eager's (worst round)
+    exact: bool = True  # the mode must give eager's tokens (float32); else its agreement is reported
+    others_cpu: float | None = None  # share of the CPUs other processes used during the rounds
+    prompt_len: int = 0
+    new_tokens: int = 0
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        return None if self.prefill_s is None else self.batch * self.prompt_len / self.prefill_s
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        return None if self.decode_s is None else self.batch / self.decode_s
+
+    @property
+    def gbps(self) -> float | None:
+        """Bytes a decode step must read over its time."""
+        if self.decode_s is None or self.step_bytes is None:
+            return None
+        return self.step_bytes.total / self.decode_s / 1e9
+
+    def to_json(self) -> dict[str, Any]:
+        # The rates are derived, written for readers of the JSON, ignored when read back.
+        data = {**asdict(self), "step_bytes": self.step_bytes.to_json() if self.step_bytes else None}
+        return {**data, "prefill_tokens_per_s": self.prefill_tokens_per_s,
+                "decode_tokens_per_s": self.decode_tokens_per_s, "gbps": self.gbps}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "LlmResult":
+        known = {f for f in cls.__dataclass_fields__ if f != "step_bytes"}
+        step = data.get("step_bytes")
+        step = StepBytes(**{k: v for k, v in step.items() if k != "total"}) if step else None
+        return cls(step_bytes=step, **{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class LlmRun:
+    """What the llm suite measured: its results, and the machine's read bandwidth (GB/s) at each
+    thread count, with the share of the CPUs other processes used while it was measured (a busy
+    neighbour lowers it, and raises every roofline fraction)."""
+
+    settings: LlmSettings
+    results: list[LlmResult] = field(default_factory=list)
+    bandwidth: dict[int, float] = field(default_factory=dict)
+    bandwidth_others: dict[int, float | None] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"settings": asdict(self.settings), "results": [r.to_json() for r in self.results],
+                "bandwidth_gbps": {str(t): gbps for t, gbps in self.bandwidth.items()},
+                "bandwidth_others_cpu": {str(t): share for t, share in self.bandwidth_others.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "LlmRun":
+        settings = LlmSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in data["settings"].items()})
+        return cls(settings, [LlmResult.from_json(r) for r in data["results"]],
+                   {int(t): gbps for t, gbps in data["bandwidth_gbps"].items()},
+                   {int(t): share for t, share in data.get("bandwidth_others_cpu", {}).items()})
+
+
+class StepClock:
+    """The start and end (perf_counter) of each call of a forward, installed on the model:
+
+        clock = StepClock.install(model, forward)
+        model.generate(...)
+        clock.calls          # [(start, end), ...]: the prefill, then each decode step
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, float]] = []
+
+    @classmethod
+    def install(cls, model: nn.Module, forward: Callable) -> "StepClock":
+        clock = cls()
+
+        @functools.wraps(forward)  # (generate reads the forward's signature)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            out = forward(*args, **kwargs)
+            clock.calls.append((start, time.perf_counter()))
+            return out
+
+        model.forward = timed
+        return clock
+
+    def prefill_and_step(self) -> tuple[float, float]:
+        """Seconds of the first call, and per call after it from the end of the first to the end of the last."""
+        (start, first_end), last_end = self.calls[0], self.calls[-1][1]
+        return first_end - start, (last_end - first_end) / (len(self.calls) - 1)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
+@dataclass
+class _Runner:
+    """One mode's model copy, its clock, and the samples of its rounds."""
+
+    mode: LlmMode
+    model: nn.Module
+    clock: StepClock
+    result: LlmResult
+    prefill: list[float] = field(default_factory=list)
+    decode: list[float] = field(default_factory=list)
+
+    def generate(self, prompt: torch.Tensor, options: dict[str, Any]) -> torch.Tensor:
+        self.clock.calls.clear()
+        with torch.no_grad(), self.mode.context():
+            return self.model.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
+
+
+def generate_options(new_tokens: int) -> dict[str, Any]:
+    """Greedy, exactly `new_tokens` tokens, a static KV cache, and none of HF's own compilation."""
+    return dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                cache_implementation="static", disable_compile=True, pad_token_id=0)
+
+
+def _prepare(mode: LlmMode, base: nn.Module, result: LlmResult, batch: int, settings: LlmSettings) -> _Runner | None:
+    """The mode's copy of `base` with its forward installed and clocked; None (the result says why) when it cannot run."""
+    names = linear_names(base)
+    # By the mode's rule, from the float32 model: shown for a mode that is not available too (what it would read).
+    result.step_bytes = decode_step_bytes(base, mode.weights, batch, settings.cache_len)
+    why = mode.unavailable_reason()
+    if why:
+        result.status, result.note = "n/a", why
+        return None
+    try:
+        model = copy.deepcopy(base)
+        forward = mode.prepare(model)
+    except NotAvailable as e:
+        result.status, result.note = "n/a", str(e)
+        return None
+    except Exception as e:  # noqa: BLE001 - the suite goes on with the other modes
+        result.status, result.note = "error", f"prepare: {_first_line(e)}"
+        return None
+    if mode.quantizes:
+        result.step_bytes = decode_step_bytes(model, mode.weights, batch, settings.cache_len, names, from_tensors=True)
+    return _Runner(mode, model, StepClock.install(model, forward), result)
+
+
+def _check_tokens(runner: _Runner, tokens: torch.Tensor, reference: torch.Tensor, prompt_len: int) -> None:
+    new, expected = tokens[:, prompt_len:], reference[:, prompt_len:]
+    same = new.shape == expected.shape and torch.equal(new, expected)
+    agreement = (new == expected).float().mean().item() if new.shape == expected.shape else 0.0
+    r = runner.result
+    r.tokens_equal = same if r.tokens_equal is None else (r.tokens_equal and same)
+    r.agreement = agreement if r.agreement is None else min(r.agreement, agreement)
+
+
+def _run(runner: _Runner, prompt: torch.Tensor, options: dict[str, Any], phase: str) -> torch.Tensor | None:
+    try:
+        return runner.generate(prompt, options)
+    except Exception as e:  # noqa: BLE001
+        runner.result.status, runner.result.note = "error", f"{phase}: {_first_line(e)}"
+        return None
+
+
+def _rotated(items: list, r: int) -> list:
+    """`items` starting at the r-th: no mode always goes first (on the caches the previous one left)."""
+    k = r % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def _warm_up(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, Any], warmup: int) -> torch.Tensor | None:
+    """`warmup` generate calls of each mode (the first compiles); those that fail leave `runners`.
+    Eager's tokens, where eager is among them."""
+    reference = None
+    for runner in list(runners):
+        start = time.perf_counter()
+        for i in range(warmup):
+            tokens = _run(runner, prompt, options, "warm-up")
+            if tokens is None:
+                runners.remove(runner)
+                break
+            if i == 0:
+                runner.result.first_s = time.perf_counter() - start
+            if runner.mode.name == "eager":
+                reference = tokens
+    return reference
+
+
+def _rounds(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, Any], reference: torch.Tensor,
+            rounds: int) -> float | None:
+    """The timed rounds, one generate call per mode each; the share of the CPUs others used meanwhile."""
+    clock = OthersClock()
+    for r in range(rounds):
+        for runner in _rotated(runners, r):
+            tokens = _run(runner, prompt, options, f"round {r + 1}")
+            if tokens is None:
+                runners.remove(runner)
+                continue
+            prefill, step = runner.clock.prefill_and_step()
+            runner.prefill.append(prefill)
+            runner.decode.append(step)
+            _check_tokens(runner, tokens, reference, prompt.shape[1])
+    return clock.share()
+
+
+def measure_group(base: nn.Module, model: str, batch: int, threads: int, modes: list[LlmMode],
+                  settings: LlmSettings) -> list[LlmResult]:
+    """Every mode on its own copy of `base` at `batch` sequences of `settings.prompt_len` tokens:
+    warm-ups, then the interleaved rounds; the medians."""
+    results = [LlmResult(model, batch, m.name, threads, "ok", exact=m.exact, prompt_len=settings.prompt_len,
+                         new_tokens=settings.new_tokens) for m in modes]
+    import torch._dynamo
+
+    torch._dynamo.reset()  # (each group's Inductor copy starts with Dynamo's recompile limit untouched)
+    prompt = torch.randint(0, base.config.vocab_size, (batch, settings.prompt_len),
+                           generator=torch.Generator().manual_seed(1))
+    options = generate_options(settings.new_tokens)
+    runners = [r for r in (_prepare(m, base, res, batch, settings) for m, res in zip(modes, results)) if r]
+    reference = _warm_up(runners, prompt, options, settings.warmup)
+    if reference is None:  # (no eager mode in the run, or it failed)
+        with torch.no_grad():
+            reference = base.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
+    others = _rounds(runners, prompt, options, reference, settings.rounds)
+    for runner in runners:
+        runner.result.prefill_s = statistics.median(runner.prefill)
+        runner.result.decode_s = statistics.median(runner.decode)
+        runner.result.others_cpu = others
+    del runners
+    gc.collect()  # (the copies' weights, before the next group's)
+    return results
+
+
+def run_llm_suite(settings: LlmSettings, progress: TextIO | None = sys.stderr,
+                  on_group: Callable[[LlmRun], None] | None = None) -> LlmRun:
+    """Every model at every batch and thread count through every mode; with the machine's read
+    bandwidth at each thread count. `on_group(run)` after each (model, batch): the run so far."""
+    run = LlmRun(settings)
+    modes = [LLM_MODES[name] for name in settings.modes]
+    before = torch.get_num_threads()
+    try:
+        for threads in settings.threads:
+            clock = OthersClock()
+            run.bandwidth[threads] = read_bandwidth(threads)
+            run.bandwidth_others[threads] = clock.share()
+            _say(progress, f"read bandwidth at {_threads(threads)}: {run.bandwidth[threads]:.1f} GB/s")
+            torch.set_num_threads(threads)
+            for name in settings.models:
+                base = LLM_MODELS[name].build()
+                for batch in settings.batches:
+                    group = measure_group(base, name, batch, threads, modes, settings)
+                    run.results += group
+                    for r in group:
+                        _say(progress, f"{name} · batch {batch} · {r.mode} · {_threads(threads)}: "
+                                       f"{_verdict(r, run.bandwidth[threads])}")
+                    if on_group is not None:
+                        on_group(run)
+                del base
+                gc.collect()
+    finally:
+        torch.set_num_threads(before)
+    return run
+
+
+def _threads(n: int) -> str:
+    return f"{n} thread{'s' if n > 1 else ''}"
+
+
+def _say(progress: TextIO | None, line: str) -> None:
+    if progress is not None:
+        progress.write(line + "\n")
+        progress.flush()
+
+
+def _verdict(r: LlmResult, bandwidth: float) -> str:
+    if r.status != "ok":
+        return f"{'not available' if r.status == 'n/a' else 'error'}: {r.note}"
+    tokens = ("eager's tokens" if r.tokens_equal else f"tokens differ from eager's ({r.agreement:.0%} agree)") \
+        if r.exact else f"{r.agreement:.0%} of eager's tokens"
+    return (f"decode {r.decode_s * 1e3:.2f} ms/token ({r.decode_tokens_per_s:.1f} tok/s, "
+            f"{r.gbps / bandwidth:.0%} of the roofline), prefill {r.prefill_tokens_per_s:.0f} tok/s, {tokens}")

@@ -1,0 +1,141 @@
+"""The memory roofline of text generation: how fast this machine reads memory, and how many bytes a
+decode step of a decoder LM must read.
+
+A decode step at small batch is a matrix-vector product per weight: every weight is read once per
+step and used for `batch` multiply-adds, so its time is bounded below by bytes / bandwidth.
+
+    gbps = read_bandwidth(threads=2)                                  # e.g. 26.8
+    step = decode_step_bytes(model, "fp32", batch=1, cache_len=192)
+    fraction = step.total / seconds_per_step / 1e9 / gbps             # 1.0: at the roofline
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+# Bytes per weight of a linear layer as each mode stores it.
+BYTES_PER_WEIGHT = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
+# The rule's scales and zero points (where the quantized tensors are not at hand): float32, one scale
+# per output channel (int8), a scale and a zero point per group of input channels (int4).
+SCALE_BYTES = 4
+DEFAULT_GROUP_SIZE = 128
+
+_BUFFER_BYTES = 1 << 30  # far beyond any CPU's last-level cache
+_PASSES = 4  # best of this many passes per way of reading, after one warm-up pass
+
+
+def _best_seconds(run: Callable[[], object], passes: int) -> float:
+    run()  # warm-up: page faults, the thread pool's start
+    best = float("inf")
+    for _ in range(passes):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def read_bandwidth(threads: int | None = None, buffer_bytes: int = _BUFFER_BYTES, passes: int = _PASSES) -> float:
+    """GB/s of the fastest read-only pass over a float32 buffer of `buffer_bytes` (1 GiB), at
+    `threads` torch threads (default: the current count). Three reductions, each reading every
+    byte once: `torch.sum`, `torch.amax` and a `torch.dot` of the buffer's two halves; which one
+    reaches the bandwidth depends on the machine (on a 2-core AMD EPYC at 2 threads they were
+    within 10 % of each other), so the best is kept."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        buffer = torch.empty(buffer_bytes // 4).uniform_()
+        half = buffer.numel() // 2
+        reads = [lambda: torch.sum(buffer), lambda: torch.amax(buffer),
+                 lambda: torch.dot(buffer[:half], buffer[half:2 * half])]
+        seconds = min(_best_seconds(read, passes) for read in reads)
+    finally:
+        torch.set_num_threads(before)
+    return buffer_bytes / seconds / 1e9
+
+
+@dataclass(frozen=True)
+class StepBytes:
+    """The bytes one decode step reads, by kind: the linear layers' weights (their scales and
+    biases, the LM head included even when it is the embedding's tensor), one embedding row per
+    sequence, every other parameter and buffer (norms, rotary frequencies), and the KV cache's
+    keys and values at the average cache length. `source`: "rule" (bytes per weight of the mode)
+    or "tensors" (the quantized layers' own tensors)."""
+
+    linear: int
+    embedding: int
+    other: int
+    kv_cache: int
+    source: str = "rule"
+
+    @property
+    def total(self) -> int:
+        return self.linear + self.embedding + self.other + self.kv_cache
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "total": self.total}
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    """The names of the model's nn.Linear layers (record them before a quantization replaces them)."""
+    return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+
+
+def rule_linear_bytes(out_features: int, in_features: int, weights: str, group_size: int = DEFAULT_GROUP_SIZE) -> int:
+    """Bytes of one linear layer's weight stored as `weights`, with its scales and zero points."""
+    size = out_features * in_features * BYTES_PER_WEIGHT[weights]
+    if weights == "int8":
+        size += out_features * SCALE_BYTES
+    elif weights == "int4":
+        size += out_features * math.ceil(in_features / group_size) * 2 * SCALE_BYTES
+    return int(size)
+
+
+def _tensors(module: nn.Module) -> list[torch.Tensor]:
+    return [*module.parameters(), *module.buffers()]
+
+
+def _linear_bytes(module: nn.Module, weights: str, from_tensors: bool) -> int:
+    if from_tensors or weights == "fp32" or not isinstance(module, nn.Linear):
+        # (A layer a quantization replaced is read as it now is: its own tensors.)
+        return sum(t.nbytes for t in {id(t): t for t in _tensors(module)}.values())
+    bias = module.bias.nbytes if module.bias is not None else 0  # (biases stay float32)
+    return rule_linear_bytes(module.out_features, module.in_features, weights) + bias
+
+
+def kv_cache_bytes(config: Any, batch: int, cache_len: float, element_bytes: int = 4) -> int:
+    """Keys and values of every layer over `cache_len` positions."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(config.num_hidden_layers * 2 * batch * heads * head_dim * cache_len * element_bytes)
+
+
+def decode_step_bytes(model: nn.Module, weights: str, batch: int, cache_len: float, linears: list[str] | None = None,
+                      from_tensors: bool = False) -> StepBytes:
+    """The bytes one decode step of `model` reads with its linear layers stored as `weights`.
+
+    `linears`: the names of the layers that were nn.Linear before a quantization (default: those
+    that are now); `from_tensors`: count those layers by their own tensors (after a quantization)
+    rather than by the rule of `weights`. `cache_len`: the KV cache's length averaged over the
+    decode steps.
+    """
+    names = linear_names(model) if linears is None else linears
+    counted: set[int] = set()
+    linear = 0
+    for name in names:
+        module = model.get_submodule(name)
+        linear += _linear_bytes(module, weights, from_tensors)
+        counted.update(id(t) for t in _tensors(module))
+    embedding = 0
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):  # one row per sequence (a tied LM head's full read is counted above)
+            embedding += batch * module.embedding_dim * module.weight.element_size()
+            counted.add(id(module.weight))
+    other = sum(t.nbytes for t in {id(t): t for t in _tensors(model)}.values() if id(t) not in counted)
+    return StepBytes(linear, embedding, other, kv_cache_bytes(model.config, batch, cache_len),
+                     "tensors" if from_tensors else "rule")
