@@ -20,11 +20,12 @@ from kiln.backend import kiln as kiln_backend, kiln_aot_eager
 from kiln.backend.backends import settings_for
 from kiln.capture import bytecode
 from kiln.capture.api import capture, reset  # noqa: F401  (reset: kiln.reset)
+from kiln.externs.prepacked import FP32_GEMM_MODES
 from kiln.runtime import data_watch
 
 BACKEND_NAMES = ("kiln", "aot_eager", "eager")
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-OPTIONS = ("recompile_limit", "trace")
+OPTIONS = ("recompile_limit", "trace", "fp32_gemm")
 
 
 def _eager_backend(gm: fx.GraphModule, example_inputs: list) -> Callable:
@@ -63,6 +64,11 @@ def _check_arguments(fullgraph: Any, dynamic: Any, mode: Any, options: Any) -> d
     trace = options.get("trace")
     if trace is not None and not isinstance(trace, (str, os.PathLike)):
         raise TypeError(f"kiln.compile: options['trace'] must be a folder (str or path) for the HTML compile report, got {trace!r}")
+    fp32_gemm = options.get("fp32_gemm")
+    if fp32_gemm is not None and fp32_gemm not in FP32_GEMM_MODES:
+        raise ValueError(f"kiln.compile: options['fp32_gemm'] must be one of {', '.join(map(repr, FP32_GEMM_MODES))} "
+                         f"(bf16: float32 products with frozen weights in bfloat16 fast math, docs/gemm.md); "
+                         f"got {fp32_gemm!r}")
     return options
 
 
@@ -88,6 +94,7 @@ def compile(fn_or_module: Any = None, *, backend: Any = "kiln", fullgraph: bool 
 
         model = kiln.compile(model)                      # kiln backend
         f = kiln.compile(f, backend="eager")             # capture only (debugging)
+        model = kiln.compile(model, options={"fp32_gemm": "bf16"})  # float32 GEMMs on bfloat16 units
 
         @kiln.compile(fullgraph=True)
         def g(x): return x.sin() + 1

@@ -394,6 +394,13 @@ class BackendSettings(_Group):
         help="GEMM implementations the autotuner may choose from, e.g. mkl,kiln (names of "
         "kiln.externs.prepacked.MM_IMPLS, or onednn_post_op); empty for all; aten, the fallback, always",
     )
+    fp32_gemm: str = setting(
+        "fp32",
+        env="KILN_FP32_GEMM",
+        help="how float32 products with a frozen weight multiply: fp32, or bf16 (fast math, as oneDNN's "
+        "FPMATH_MODE=BF16: the weight and the activations rounded to bfloat16, sums, epilogues and "
+        "outputs float32, in kiln's GEMM for every such product; docs/gemm.md)",
+    )
 
 
 @_group("capture")

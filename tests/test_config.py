@@ -77,6 +77,7 @@ def test_defaults():
         "backend.triton_gemm": "auto",
         "backend.disabled_passes": (),
         "backend.gemm_candidates": (),
+        "backend.fp32_gemm": "fp32",
         "capture.recompile_limit": 8,
         "capture.inline_depth": 64,
         "capture.warn_eager_frames": True,

@@ -81,7 +81,7 @@ class AotOptions:
 # `triton_direct_launch` and `autotune_log` change how, not what; tests/runtime/test_first_run.py
 # checks every backend setting is one or the other.)
 KEYED_SETTINGS = ("freezing", "autotune", "codegen", "symbolic_kernels", "cpp_wrapper", "cuda_graphs", "triton_gemm",
-                  "gemm_candidates", "disabled_passes")
+                  "gemm_candidates", "disabled_passes", "fp32_gemm")
 UNKEYED_SETTINGS = ("compile_workers", "cuda_graph_sizes", "triton_direct_launch", "autotune_log")
 
 

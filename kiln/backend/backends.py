@@ -23,6 +23,7 @@ from torch import fx
 
 from kiln import aot, compile_time, config
 from kiln.backend.driver import Backend
+from kiln.externs.prepacked import fp32_gemm
 from kiln.passes import pipeline
 from kiln.runtime.cuda_graphs import cuda_graphed, cuda_graphed_training
 from kiln.runtime.fallback import record_fallback
@@ -62,7 +63,7 @@ MODE_SETTINGS = {
 }
 # ... and its options={...}: kiln's backend settings by their short names.
 OPTIONS = {"cuda_graphs": "backend.cuda_graphs", "autotune": "backend.autotune", "freezing": "backend.freezing",
-           "codegen": "backend.codegen", "triton_gemm": "backend.triton_gemm"}
+           "codegen": "backend.codegen", "triton_gemm": "backend.triton_gemm", "fp32_gemm": "backend.fp32_gemm"}
 
 
 def settings_for(mode: str | None, options: dict | None) -> dict[str, Any]:
@@ -81,8 +82,10 @@ def kiln(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = N
     """kiln's AOT layer and kiln's backend driver; `mode` and `options` as torch.compile passes them
     (`mode="reduce-overhead"`: CUDA graphs; `options={"cuda_graphs": True, "autotune": ...}`)."""
     with config.patch(settings_for(mode, options)):
-        # A name in backend.disabled_passes that is no pass: an error here, not a graph run eagerly.
+        # A name in backend.disabled_passes that is no pass, or a backend.fp32_gemm that is neither
+        # fp32 nor bf16: an error here, before anything is compiled.
         pipeline.rewrites()
+        fp32_gemm()
         on_gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
         graphed = config.backend.cuda_graphs and on_gpu
         return with_aot("kiln", gm, example_inputs, Backend(), cache=True, wrap_inference=cuda_graphed if graphed else None,

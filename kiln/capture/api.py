@@ -15,14 +15,20 @@ from kiln.capture.binder import make_binder
 from kiln.capture.cache import FrameCache, reset_all
 
 
+# kiln.compile's options that are settings for this function alone, by option name.
+SETTING_OPTIONS = {"trace": "debug.trace_dir", "fp32_gemm": "backend.fp32_gemm"}
+
+
 def _with_options(cache: FrameCache, options: dict) -> Callable:
     """What a call of the compiled function runs: its frame cache, under the settings that
     `kiln.compile`'s options give this function alone (`trace`: `debug.trace_dir`, the HTML
-    compile report), entered around each call so compilation and first runs see them. Without
-    such options the cache itself, so a call costs nothing more."""
-    if options.get("trace") is None:
+    compile report; `fp32_gemm`: `backend.fp32_gemm`, bfloat16 fast math), entered around each
+    call so compilation and first runs see them. Without such options the cache itself, so a call
+    costs nothing more."""
+    changes = {name: str(options[option]) for option, name in SETTING_OPTIONS.items() if options.get(option) is not None}
+    if not changes:
         return cache
-    settings = config.patch({"debug.trace_dir": str(options["trace"])})
+    settings = config.patch(changes)
 
     def call(*args: Any, **kwargs: Any) -> Any:
         with settings:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from kiln import config
 from kiln.externs import kiln_conv_gemm, kiln_depthwise
 from kiln.native import libkiln
 
@@ -23,6 +24,31 @@ from kiln.native import libkiln
 # kiln's own GEMM (kiln/native/include/kiln_gemm.h, any post-op applied in its store), MKL's packed
 # GEMM, oneDNN's (post-op inside).
 MM_IMPLS = ("aten", "aten_kn", "aten_nk", "kiln", "mkl", "onednn")
+
+# kiln's GEMM in bfloat16 fast math: a float32 product over bfloat16 panels of the weight and a
+# bfloat16 copy of A, its sums, epilogue and output float32 (docs/gemm.md). Not among MM_IMPLS: its
+# results are less precise, so it is never timed against the others; the setting backend.fp32_gemm
+# asks for it, and then every float32 product gemm_prepack takes runs it.
+BF16_MATH_IMPL = "kiln_bf16"
+# The implementations that are kiln's own GEMM, whose products gemm_layer_norm fuses a norm into.
+KILN_GEMM_IMPLS = ("kiln", BF16_MATH_IMPL)
+
+# The values of backend.fp32_gemm (and kiln.compile's option fp32_gemm): how float32 products with
+# a frozen weight multiply.
+FP32_GEMM_MODES = ("fp32", "bf16")
+
+
+def fp32_gemm() -> str:
+    """The setting `backend.fp32_gemm`, checked: "fp32", or "bf16" for bfloat16 fast math.
+
+        with kiln.config.patch({"backend.fp32_gemm": "bf16"}):
+            fp32_gemm()  # "bf16"
+    """
+    value = config.backend.fp32_gemm
+    if value not in FP32_GEMM_MODES:
+        raise ValueError(f"setting backend.fp32_gemm (KILN_FP32_GEMM) must be one of {', '.join(FP32_GEMM_MODES)}; "
+                         f"got {value!r}")
+    return value
 
 # kiln::conv's, in order of preference when timings tie, after "kiln" (TIES_TO in
 # kiln/autotune/gemm.py): oneDNN with a blocked weight, ATen on channels-last data, ATen on the

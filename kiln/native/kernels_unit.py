@@ -30,7 +30,10 @@ def _entries() -> str:
              "int kiln_gemm_ahead_shift(int64_t tiles, int64_t steps, int64_t lines) "
              "{ return kiln_gemm::ahead_shift(tiles, steps, lines); }",
              "int kiln_gemm_split(int64_t panels, int64_t row_blocks, int last_vectors, int threads) "
-             "{ int tn, tm; kiln_gemm::split(panels, row_blocks, last_vectors, threads, tn, tm); return tn; }"]
+             "{ int tn, tm; kiln_gemm::split(panels, row_blocks, last_vectors, threads, tn, tm); return tn; }",
+             # bfloat16 fast math's A: a float32 A as the bfloat16 copy kiln_gemm_bf16 reads
+             "void kiln_gemm_convert_a_bf16(int64_t M, int64_t K, const float* a, int64_t lda, kiln_bf16* out) "
+             "{ kiln_gemm::convert_a_bf16(M, K, a, lda, out); }"]
     for suffix, ctype in CTYPES.items():
         lines += [
             f"int64_t kiln_gemm_packed_elements_{suffix}(int64_t K, int64_t N) "

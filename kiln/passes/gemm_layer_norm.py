@@ -13,7 +13,8 @@ row in its own parallel region once every thread has stored its tiles (kiln_gemm
 product is in the caches, instead of a reduction kernel reading it back after the GEMM returns.
 Only where the autotuner gave the product to kiln's GEMM (gemm_prepack runs first), in float32 or
 bfloat16 (HF's bfloat16 RMS norms, which convert to float32 and back around the norm, taken with
-their casts), with static sizes; the terms of the sum in any order.
+their casts), with static sizes; the terms of the sum in any order. A float32 product in bfloat16
+fast math (`kiln_bf16`, backend.fp32_gemm) is fused the same way, the fused call with its `impl`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch import fx
 
 from kiln import logs
 from kiln.externs import native_ops
+from kiln.externs.prepacked import BF16_MATH_IMPL, KILN_GEMM_IMPLS
 from kiln.ir.target import Target
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
 from kiln.passes.pattern import Op, Var, arguments, insert, match, remove_dead
@@ -69,12 +71,13 @@ def _terms(node: fx.Node) -> list[fx.Node]:
 
 
 def _kiln_product(node: fx.Node) -> fx.Node | None:
-    """The plain kiln-GEMM `kiln::mm` that `node` is (under single-use reshapes), else None."""
+    """The plain kiln-GEMM `kiln::mm` that `node` is (under single-use reshapes), in float32 or
+    bfloat16 fast math, else None."""
     node = _beneath(node)
     if node.op != "call_function" or not native_ops.is_op(node.target, "mm") or len(node.users) != 1:
         return None
     a, b, bias, unary, _, _, impl = arguments(node)
-    return node if impl == "kiln" and unary == "none" and bias is None else None
+    return node if impl in KILN_GEMM_IMPLS and unary == "none" and bias is None else None
 
 
 def _vector(node: object, n: int, constants: ConstantSet, dtype: torch.dtype = torch.float32) -> bool:
@@ -200,7 +203,8 @@ def _fusion(norm: _Norm, constants: ConstantSet) -> dict | None:
         return None
     a, b = product.args[:2]
     return {"a": a, "b": b, "bias": bias[0] if bias else None, "residual": residual[0] if residual else None,
-            "shape": list(sum_val.shape), "rows": _val(product).shape[0], "first": first}
+            "shape": list(sum_val.shape), "rows": _val(product).shape[0], "first": first,
+            "impl": arguments(product)[6]}
 
 
 _NAMES = {"layer_norm": "layer norm", "rms_norm": "RMS norm", "softmax": "softmax", "log_softmax": "log-softmax"}
@@ -232,10 +236,12 @@ def gemm_layer_norm(gm: fx.GraphModule, target: Target) -> bool:
         if residual is not None:
             residual = insert(gm, at, aten.view.default, residual, [found["rows"], n])
         operands = (found["a"], found["b"], found["bias"], residual, norm.weight, norm.bias, norm.eps)
-        flags = {"rms": True} if norm.kind == "rms_norm" else {}
+        # (the product's impl only where it is not the default, so float32 graphs are as before)
+        impl = {"impl": found["impl"]} if found["impl"] == BF16_MATH_IMPL else {}
+        flags = {"rms": True, **impl} if norm.kind == "rms_norm" else impl
         if norm.kind in ("softmax", "log_softmax"):
             fused = insert(gm, at, native_ops.op("mm_softmax"), *operands[:4],
-                           **({"log": True} if norm.kind == "log_softmax" else {}))
+                           **({"log": True} if norm.kind == "log_softmax" else {}), **impl)
         elif keep_sum:
             both = insert(gm, at, native_ops.op("mm_add_layer_norm"), *operands, **flags)
             fused = insert(gm, at, operator.getitem, both, 1)
@@ -246,7 +252,8 @@ def gemm_layer_norm(gm: fx.GraphModule, target: Target) -> bool:
         if keep_sum:
             total.replace_all_uses_with(kept, delete_user_cb=lambda user: user not in norm.readers)
         remove_dead(gm, [out])
-        logs.log("freezing", "%s: %s inside kiln's GEMM %s%s", node.name, _NAMES[norm.kind],
-                 tuple(found["shape"]), ", the sum kept" if keep_sum else "")
+        logs.log("freezing", "%s: %s inside kiln's GEMM %s%s%s", node.name, _NAMES[norm.kind],
+                 tuple(found["shape"]), ", the sum kept" if keep_sum else "",
+                 " (bfloat16 fast math)" if impl else "")
         changed = True
     return changed

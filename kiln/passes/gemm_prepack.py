@@ -11,6 +11,12 @@ layers leave them) is timed with it, and when oneDNN with the op inside its GEMM
 there as a post-op instead of as a kernel of its own: the GEMM's output is written once, activated.
 
     gelu(view(mm(a, b) + bias))  -> view(kiln::mm(a, b, bias, "gelu", "onednn"))
+
+With the setting `backend.fp32_gemm` at "bf16" (bfloat16 fast math), every float32 product here
+runs kiln's GEMM over bfloat16 operands, its unary op inside, whatever `backend.autotune` says:
+the user asked for it, and it is never timed against the float32 implementations.
+
+    gelu(view(mm(a, b) + bias))  -> view(kiln::mm(a, b, bias, "gelu", "kiln_bf16"))
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from kiln import logs
 from kiln.autotune import mode as autotune_mode
 from kiln.autotune.gemm import FUSED_POST_OPS, choose_mm, timing_value
 from kiln.externs import native_ops
+from kiln.externs.prepacked import BF16_MATH_IMPL, fp32_gemm
 from kiln.ir.sizes import size_expr
 from kiln.ir.target import Target
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
@@ -95,7 +102,8 @@ def _fuse(gm: fx.GraphModule, unary: fx.Node, source: fx.Node, a: fx.Node, b: fx
 
 def gemm_prepack(gm: fx.GraphModule, target: Target) -> bool:
     mode = autotune_mode()
-    if target.device != "cpu" or not has_frozen_inputs(gm) or mode == "off":
+    bf16_math = fp32_gemm() == "bf16"
+    if target.device != "cpu" or not has_frozen_inputs(gm) or (mode == "off" and not bf16_math):
         return False
     constants = ConstantSet(gm)
     changed = False
@@ -107,15 +115,25 @@ def gemm_prepack(gm: fx.GraphModule, target: Target) -> bool:
         if chain is not None and not _suitable(a, b, chain[0]):
             chain = None
         timed_bias, post_op = (chain[0], chain[2]) if chain is not None else (bias, NO_POST_OP)
-        impl = choose_mm(timing_value(a.meta["val"]), b.meta["val"], _val(timed_bias), mode, post_op)
+        fast = bf16_math and a.meta["val"].dtype == torch.float32
+        if fast:
+            impl, fused = BF16_MATH_IMPL, chain is not None
+            choice = f"{impl} (backend.fp32_gemm=bf16)"
+        elif mode == "off":
+            continue
+        else:
+            choice = choose_mm(timing_value(a.meta["val"]), b.meta["val"], _val(timed_bias), mode, post_op)
+            impl, fused = FUSED_POST_OPS.get(choice, choice), choice in FUSED_POST_OPS
         logs.log("freezing", "%s %s x %s%s: %s", node.name, _shape(a), _shape(b),
-                 f" + {post_op[0]}" if chain is not None else "", impl)
-        if impl in FUSED_POST_OPS:
-            if not _fuse(gm, chain[1], chain[3], a, b, chain[0], post_op, FUSED_POST_OPS[impl]):
-                continue
-        elif impl != "aten":
+                 f" + {post_op[0]}" if chain is not None else "", choice)
+        if fused and _fuse(gm, chain[1], chain[3], a, b, chain[0], post_op, impl):
+            changed = True
+            continue
+        if fused and not fast:
+            continue  # (the timed choice was the GEMM with the op inside; without it, ATen's)
+        if impl != "aten":
             replace(gm, node, native_ops.op("mm"), a, b, bias, *NO_POST_OP[:2], None, impl)
-        changed = changed or impl != "aten"
+            changed = True
     return changed
 
 

@@ -136,7 +136,7 @@ def test_kiln_post_op_is_eagers(unary, scalars, algorithm):
 
 def test_kiln_mm_refuses_an_unknown_implementation_naming_the_accepted_ones():
     a = torch.randn(2, 3)
-    with pytest.raises(RuntimeError, match=r"unknown implementation fast \(aten, aten_kn, aten_nk, kiln, mkl, onednn\)"):
+    with pytest.raises(RuntimeError, match=r"unknown implementation fast \(aten, aten_kn, aten_nk, kiln, kiln_bf16, mkl, onednn\)"):
         native_ops.direct("mm")(a, a.t(), None, "none", [], None, "fast")
 
 

@@ -687,6 +687,23 @@ static void pack_b(const T* b, int64_t K, int64_t N, int64_t sk, int64_t sn, T* 
   }
 }
 
+// A [M, K] (row stride lda) of float32 as a bfloat16 copy [M, K], row-major, rounded to nearest
+// even: the "packing" of A for bfloat16 fast math (a float32 model's product over bfloat16 panels
+// of its weight; backend.fp32_gemm, docs/gemm.md), so that the micro-kernel reads A as it reads a
+// bfloat16 model's (in pairs of k with avx512_bf16). One pass over A, against the product's K / 1
+// FMAs per element of it; the threads woken only where A is large enough to pay for them.
+static void convert_a_bf16(int64_t M, int64_t K, const float* a, int64_t lda, kiln_bf16* out) {
+  const int64_t whole = K / L * L;
+#pragma omp parallel for if (M * K >= (int64_t(1) << 16))
+  for (int64_t i = 0; i < M; ++i) {
+    const float* row = a + i * lda;
+    kiln_bf16* dst = out + i * K;
+    int64_t k = 0;
+    for (; k < whole; k += L) kiln::store_bf16(dst + k, kiln::load(row + k));
+    for (; k < K; ++k) dst[k] = kiln_bf16(row[k]);
+  }
+}
+
 static inline void range(int64_t total, int parts, int index, int64_t& lo, int64_t& hi) {
   const int64_t base = total / parts, extra = total % parts;
   lo = index * base + std::min<int64_t>(index, extra);

@@ -64,6 +64,7 @@ extern "C" void kiln_gemm_f32(int64_t M, int64_t N, int64_t K, const void* a, in
                               int64_t ldc, const KilnGemmEpilogue* e, int64_t kc);
 extern "C" void kiln_gemm_bf16(int64_t M, int64_t N, int64_t K, const void* a, int64_t lda, const void* bp, void* c,
                                int64_t ldc, const KilnGemmEpilogue* e, int64_t kc);
+extern "C" void kiln_gemm_convert_a_bf16(int64_t M, int64_t K, const void* a, int64_t lda, void* out);
 // Its weight-only quantized form (kiln_gemm_quant.h), in the same unit.
 extern "C" int64_t kiln_gemm_quant_packed_bytes(int32_t bits, int64_t K, int64_t N, int64_t group);
 extern "C" void kiln_gemm_quant_pack(int32_t bits, int64_t K, int64_t N, int64_t group, const uint8_t* q,
@@ -275,11 +276,13 @@ KilnGemmEpilogue unary_epilogue(c10::string_view unary, c10::string_view algorit
 
 // kiln's GEMM's panels of a frozen weight, packed once per weight: `as_b()` is the weight as B
 // [K, N] (any strides: the weight itself, or a 1x1 convolution's [K, C] viewed as [C, K]), made
-// only when the pack is.
+// only when the pack is. `bf16_math`: a float32 weight's panels rounded to bfloat16, for bfloat16
+// fast math (impl "kiln_bf16"), a kind of their own beside any float32 panels of the same weight.
 template <typename AsB>
-at::Tensor kiln_panels(const at::Tensor& weight, AsB&& as_b) {
-  return packed(weight, "kiln", [&] {
+at::Tensor kiln_panels(const at::Tensor& weight, AsB&& as_b, bool bf16_math = false) {
+  return packed(weight, bf16_math ? "kiln_bf16" : "kiln", [&] {
     at::Tensor b = as_b();
+    if (bf16_math) b = b.to(at::kBFloat16);  // (rounded to nearest even, as A is)
     const bool bf16 = b.scalar_type() == at::kBFloat16;
     const int64_t K = b.size(0), N = b.size(1);
     at::Tensor out = at::empty({bf16 ? kiln_gemm_packed_elements_bf16(K, N) : kiln_gemm_packed_elements_f32(K, N)},
@@ -289,25 +292,49 @@ at::Tensor kiln_panels(const at::Tensor& weight, AsB&& as_b) {
   });
 }
 
+// kiln's own GEMM's two implementations of kiln::mm and its row norms: "kiln" in the operands'
+// dtype, "kiln_bf16" a float32 product in bfloat16 fast math (backend.fp32_gemm = bf16): whether
+// `impl` is the latter.
+bool kiln_bf16_math(const at::Tensor& a, const at::Tensor& b, c10::string_view impl) {
+  TORCH_CHECK(impl == "kiln" || impl == "kiln_bf16", "kiln's GEMM: unknown implementation ", impl, " (kiln, kiln_bf16)");
+  const bool bf16_math = impl == "kiln_bf16";
+  const bool dtypes_fit = b.scalar_type() == at::kFloat || (!bf16_math && b.scalar_type() == at::kBFloat16);
+  TORCH_CHECK(a.scalar_type() == b.scalar_type() && dtypes_fit,
+              bf16_math ? "kiln's GEMM in bfloat16 fast math (kiln_bf16) takes float32 operands"
+                        : "kiln's GEMM takes float32 or bfloat16 operands of one dtype",
+              ", not ", a.scalar_type(), " and ", b.scalar_type());
+  return bf16_math;
+}
+
+// A float32 A as bfloat16 fast math reads it: a bfloat16 copy [M, K], row-major, rounded to
+// nearest even (kiln_gemm.h `convert_a_bf16`); A's rows are of unit stride.
+at::Tensor a_in_bf16(const at::Tensor& a) {
+  const int64_t M = a.size(0), K = a.size(1);
+  at::Tensor out = at::detail::empty_cpu({M, K}, at::kBFloat16);
+  kiln_gemm_convert_a_bf16(M, K, a.data_ptr(), a.stride(0), out.data_ptr());
+  return out;
+}
+
+// `bf16_math`: float32 operands multiplied as bfloat16 (the weight's panels and A's copy rounded),
+// the sums, epilogue and C float32.
 at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optional<at::Tensor>& bias_in,
-                   c10::string_view unary, const Scalars& scalars, c10::string_view algorithm) {
-  bool bf16 = b.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(a_in.scalar_type() == b.scalar_type() && (bf16 || b.scalar_type() == at::kFloat),
-              "kiln's GEMM takes float32 or bfloat16 operands of one dtype");
+                   c10::string_view unary, const Scalars& scalars, c10::string_view algorithm, bool bf16_math) {
+  bool bf16 = b.scalar_type() == at::kBFloat16;  // operands and C bfloat16
   int64_t K = b.size(0), N = b.size(1);
-  at::Tensor panels = kiln_panels(b, [&] { return b; });
+  at::Tensor panels = kiln_panels(b, [&] { return b; }, bf16_math);
   at::Tensor a = a_in.dim() == 2 && a_in.stride(1) == 1 ? a_in : a_in.contiguous();
+  if (bf16_math) a = a_in_bf16(a);
   std::optional<at::Tensor> bias = bias_in;
   if (bias && bias->stride(0) != 1) bias = bias->contiguous();
   int64_t M = a.size(0);
-  at::Tensor out = at::detail::empty_cpu({M, N}, a.scalar_type());
+  at::Tensor out = at::detail::empty_cpu({M, N}, b.scalar_type());
   KilnGemmEpilogue e = unary_epilogue(unary, algorithm, scalars);
   e.bias = bias ? bias->data_ptr() : nullptr;
   e.bias_bf16 = bias && bias->scalar_type() == at::kBFloat16;
   e.out_bf16 = bf16;
   bool plain = !bias && unary == "none" && !bf16;
-  (bf16 ? kiln_gemm_bf16 : kiln_gemm_f32)(M, N, K, a.data_ptr(), a.stride(0), panels.data_ptr(), out.data_ptr(), N,
-                                           plain ? nullptr : &e, kiln_gemm_k_block());
+  (bf16 || bf16_math ? kiln_gemm_bf16 : kiln_gemm_f32)(M, N, K, a.data_ptr(), a.stride(0), panels.data_ptr(),
+                                                       out.data_ptr(), N, plain ? nullptr : &e, kiln_gemm_k_block());
   return out;
 }
 
@@ -366,24 +393,25 @@ enum { ROW_LAYER_NORM = 1, ROW_RMS_NORM, ROW_SOFTMAX, ROW_LOG_SOFTMAX };
 // `row_norm`: a layer norm, an RMS norm (T5's, Llama's; no norm bias), a softmax or log-softmax
 // (no weight, norm bias or eps). bfloat16 operands: the sum is float32 (C, a scratch), the norm
 // and the kept sum written as bfloat16 from it by the row pass; a bfloat16 norm weight or bias read
-// as float32 (made once per weight).
+// as float32 (made once per weight). `impl` "kiln_bf16": float32 operands in bfloat16 fast math,
+// everything after the products float32, as for "kiln" in float32.
 std::pair<at::Tensor, at::Tensor> mm_row_norm(const at::Tensor& a_in, const at::Tensor& b,
                                               const std::optional<at::Tensor>& bias_in,
                                               const std::optional<at::Tensor>& residual_in,
                                               const std::optional<at::Tensor>& weight_in,
                                               const std::optional<at::Tensor>& norm_bias_in, double eps,
-                                              int32_t row_norm, bool keep_sum) {
-  const bool bf16 = b.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(a_in.scalar_type() == b.scalar_type() && (bf16 || b.scalar_type() == at::kFloat),
-              "kiln's GEMM with a row norm takes float32 or bfloat16 operands of one dtype");
+                                              int32_t row_norm, bool keep_sum, c10::string_view impl) {
+  const bool bf16_math = kiln_bf16_math(a_in, b, impl);
+  const bool bf16 = b.scalar_type() == at::kBFloat16;  // operands, norm and kept sum bfloat16
   TORCH_CHECK(row_norm >= ROW_LAYER_NORM && row_norm <= ROW_LOG_SOFTMAX, "kiln's GEMM: row norm ", row_norm,
               ", not 1 (layer norm), 2 (RMS norm), 3 (softmax) or 4 (log-softmax)");
   TORCH_CHECK(!(row_norm == ROW_RMS_NORM && norm_bias_in), "kiln::mm_layer_norm: an RMS norm takes no norm_bias");
   TORCH_CHECK(row_norm <= ROW_RMS_NORM || (!weight_in && !norm_bias_in),
               "kiln::mm_softmax: a softmax takes no weight or norm_bias");
   const int64_t K = b.size(0), N = b.size(1);
-  at::Tensor panels = kiln_panels(b, [&] { return b; });
+  at::Tensor panels = kiln_panels(b, [&] { return b; }, bf16_math);
   at::Tensor a = a_in.dim() == 2 && a_in.stride(1) == 1 ? a_in : a_in.contiguous();
+  if (bf16_math) a = a_in_bf16(a);
   auto unit = [](const std::optional<at::Tensor>& t) {
     return t && t->stride(-1) != 1 ? std::optional<at::Tensor>(t->contiguous()) : t;
   };
@@ -407,7 +435,7 @@ std::pair<at::Tensor, at::Tensor> mm_row_norm(const at::Tensor& a_in, const at::
   e.norm_bias = norm_bias ? norm_bias->data_ptr<float>() : nullptr;
   at::Tensor normed, sum;
   if (keep_sum || bf16) {
-    normed = at::detail::empty_cpu({M, N}, a.scalar_type());
+    normed = at::detail::empty_cpu({M, N}, b.scalar_type());
     e.norm_out = normed.data_ptr();
     e.ld_norm_out = N;
     e.norm_out_bf16 = bf16;
@@ -417,8 +445,8 @@ std::pair<at::Tensor, at::Tensor> mm_row_norm(const at::Tensor& a_in, const at::
     e.sum_out = sum.data_ptr();
     e.ld_sum_out = N;
   }
-  (bf16 ? kiln_gemm_bf16 : kiln_gemm_f32)(M, N, K, a.data_ptr(), a.stride(0), panels.data_ptr(), out.data_ptr(), N,
-                                           &e, kiln_gemm_k_block());
+  (bf16 || bf16_math ? kiln_gemm_bf16 : kiln_gemm_f32)(M, N, K, a.data_ptr(), a.stride(0), panels.data_ptr(),
+                                                       out.data_ptr(), N, &e, kiln_gemm_k_block());
   if (keep_sum) return {bf16 ? sum : out, normed};
   return {bf16 ? normed : out, at::Tensor()};
 }
@@ -433,11 +461,13 @@ at::Tensor post_op(const at::Tensor& y, c10::string_view unary, const Scalars& s
   return out.is_same(y) ? y.clone() : out;  // (a result is never its input: the schema says no alias)
 }
 
-// kiln::mm_layer_norm: layer_norm(a @ b + bias + residual), or with `rms` an RMS norm.
+// kiln::mm_layer_norm: layer_norm(a @ b + bias + residual), or with `rms` an RMS norm; `impl` kiln
+// or kiln_bf16 (bfloat16 fast math), as kiln::mm's.
 at::Tensor mm_layer_norm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
                          const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& weight,
-                         const std::optional<at::Tensor>& norm_bias, double eps, bool rms) {
-  return mm_row_norm(a, b, bias, residual, weight, norm_bias, eps, rms ? ROW_RMS_NORM : ROW_LAYER_NORM, false).first;
+                         const std::optional<at::Tensor>& norm_bias, double eps, bool rms, c10::string_view impl) {
+  return mm_row_norm(a, b, bias, residual, weight, norm_bias, eps, rms ? ROW_RMS_NORM : ROW_LAYER_NORM, false, impl)
+      .first;
 }
 
 // kiln::mm_add_layer_norm: (the sum, its norm); a pre-norm model reads the sum again as its
@@ -446,23 +476,26 @@ std::tuple<at::Tensor, at::Tensor> mm_add_layer_norm(const at::Tensor& a, const 
                                                      const std::optional<at::Tensor>& bias,
                                                      const std::optional<at::Tensor>& residual,
                                                      const std::optional<at::Tensor>& weight,
-                                                     const std::optional<at::Tensor>& norm_bias, double eps, bool rms) {
-  auto [sum, normed] = mm_row_norm(a, b, bias, residual, weight, norm_bias, eps, rms ? ROW_RMS_NORM : ROW_LAYER_NORM, true);
+                                                     const std::optional<at::Tensor>& norm_bias, double eps, bool rms,
+                                                     c10::string_view impl) {
+  auto [sum, normed] = mm_row_norm(a, b, bias, residual, weight, norm_bias, eps, rms ? ROW_RMS_NORM : ROW_LAYER_NORM, true,
+                                   impl);
   return {sum, normed};
 }
 
 // kiln::mm_softmax: softmax(a @ b + bias + residual) over rows (`log`: log_softmax); a
 // classifier's probabilities, an MoE router's weights over its experts.
 at::Tensor mm_softmax(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias,
-                      const std::optional<at::Tensor>& residual, bool log) {
-  return mm_row_norm(a, b, bias, residual, std::nullopt, std::nullopt, 0.0, log ? ROW_LOG_SOFTMAX : ROW_SOFTMAX, false)
+                      const std::optional<at::Tensor>& residual, bool log, c10::string_view impl) {
+  return mm_row_norm(a, b, bias, residual, std::nullopt, std::nullopt, 0.0, log ? ROW_LOG_SOFTMAX : ROW_SOFTMAX, false,
+                     impl)
       .first;
 }
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& bias, c10::string_view unary,
               const Scalars& scalars, std::optional<c10::string_view> algorithm_or_none, c10::string_view impl) {
   const c10::string_view algorithm = algorithm_or_none.value_or("");
-  if (impl == "kiln") return mm_kiln(a, b, bias, unary, scalars, algorithm);
+  if (impl == "kiln" || impl == "kiln_bf16") return mm_kiln(a, b, bias, unary, scalars, algorithm, kiln_bf16_math(a, b, impl));
   if (impl == "mkl") {
     static auto reorder = find_op("mkl::_mkl_reorder_linear_weight", "").typed<at::Tensor(const at::Tensor&, int64_t)>();
     static auto linear = find_op("mkl::_mkl_linear", "")
@@ -485,7 +518,8 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::
   at::Tensor weight = b;
   if (impl == "aten_kn") weight = packed(b, "kn", [&] { return b.contiguous(); });
   else if (impl == "aten_nk") weight = packed(b, "nk", [&] { return b.t().contiguous().t(); });
-  else TORCH_CHECK(impl == "aten", "kiln::mm: unknown implementation ", impl, " (aten, aten_kn, aten_nk, kiln, mkl, onednn)");
+  else TORCH_CHECK(impl == "aten", "kiln::mm: unknown implementation ", impl,
+                   " (aten, aten_kn, aten_nk, kiln, kiln_bf16, mkl, onednn)");
   // The CPU kernels directly: a wrapper's graph is functional and on the CPU, so the dispatcher's
   // autograd and view layers have nothing to do (~0.3 us a call at batch-1 sizes).
   return unary_aten(bias ? at::cpu::addmm(*bias, a, weight) : at::cpu::mm(a, weight), unary, scalars, algorithm);
@@ -848,18 +882,20 @@ struct FoundOp {
 KILN_OPERATOR(attention,
               "attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float scale, bool is_causal) -> Tensor")
 // a @ b + bias, then a post-op (oneDNN's names, as kiln::post_op applies them), by the
-// implementation `impl` (aten, aten_kn, aten_nk, kiln, mkl, onednn).
+// implementation `impl` (aten, aten_kn, aten_nk, kiln, mkl, onednn; kiln_bf16: kiln's GEMM in
+// bfloat16 fast math, backend.fp32_gemm).
 KILN_OPERATOR(mm, "mm(Tensor a, Tensor b, Tensor? bias, str unary, Scalar?[] scalars, str? algorithm, str impl) -> Tensor")
 KILN_OPERATOR(post_op, "post_op(Tensor y, str unary, Scalar?[] scalars, str? algorithm) -> Tensor")
 // A weight-only quantized product in kiln's GEMM (kiln/passes/quantized_gemm.py, kiln/quant).
 KILN_OPERATOR(mm_quant, "mm_quant(Tensor a, Tensor qweight, Tensor scales, Tensor? zeros, int bits, int group_size, "
                         "Tensor? bias, Tensor? residual, str unary, Scalar?[] scalars, str? algorithm) -> Tensor")
-// The row norms in kiln's GEMM (kiln/passes/gemm_layer_norm.py).
+// The row norms in kiln's GEMM (kiln/passes/gemm_layer_norm.py); `impl` kiln or kiln_bf16.
 KILN_OPERATOR(mm_layer_norm, "mm_layer_norm(Tensor a, Tensor b, Tensor? bias, Tensor? residual, Tensor? weight, "
-                             "Tensor? norm_bias, float eps, bool rms=False) -> Tensor")
+                             "Tensor? norm_bias, float eps, bool rms=False, str impl='kiln') -> Tensor")
 KILN_OPERATOR(mm_add_layer_norm, "mm_add_layer_norm(Tensor a, Tensor b, Tensor? bias, Tensor? residual, Tensor? weight, "
-                                 "Tensor? norm_bias, float eps, bool rms=False) -> (Tensor, Tensor)")
-KILN_OPERATOR(mm_softmax, "mm_softmax(Tensor a, Tensor b, Tensor? bias, Tensor? residual, bool log=False) -> Tensor")
+                                 "Tensor? norm_bias, float eps, bool rms=False, str impl='kiln') -> (Tensor, Tensor)")
+KILN_OPERATOR(mm_softmax, "mm_softmax(Tensor a, Tensor b, Tensor? bias, Tensor? residual, bool log=False, "
+                          "str impl='kiln') -> Tensor")
 // 2-d convolution, a post-op and an added tensor (`other`, before the post-op); `padding` as
 // ATen's or [top, left, bottom, right] (kiln/passes/conv_prepack.py).
 KILN_OPERATOR(conv, "conv(Tensor x, Tensor weight, Tensor? bias, int[] stride, int[] padding, int[] dilation, int groups, "
