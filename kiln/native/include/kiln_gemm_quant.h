@@ -16,6 +16,7 @@
 // what a float32 weight's extra bytes cost.
 #pragma once
 #include <cstdlib>
+#include <memory>
 
 namespace kiln_gemm {
 
@@ -130,63 +131,65 @@ template <int BITS> struct QuantPanels {
 constexpr int DIRECT_ROWS = 4;
 
 // C rows [0, rows) of panel p's columns, every k at once. Per group the sums are of raw levels,
-// part = sum_k a_k q_k (int4: with sum_k a_k beside), scaled once at the group's end:
-// acc += (part - zero * sum_k a_k) * scale = sum_k a_k (q_k - zero) scale. Per vector of weights
-// a step is a widening, a conversion and one FMA per row (the scale's product and the zero's
-// subtraction per weight cost as much again: the int4 GEMV was bound by them, not by memory).
-// int4 takes k in pairs, both nibbles of one load. Then the epilogue's store (store_block).
+// part = sum_k a_k q_k, scaled once at the group's end: acc += (part - zero * asum) * scale =
+// sum_k a_k (q_k - zero) scale, with asum = sum_k a_k over the group (`asums`, the same for every
+// panel: summed once per call). Per vector of weights a step is a widening, a conversion and one
+// FMA per row: the scale's product and the zero's subtraction per weight cost as much again (the
+// int4 GEMV was bound by them, not by memory). k goes in pairs (int4: both nibbles of one load)
+// into two sets of sums where the rows are few, so that each FMA does not wait on the last (a
+// row's three vectors of sums alone are three chains of 4-cycle FMAs: the GEMV was latency-bound).
 template <int BITS, int R>
-static inline void direct_tile(const QuantPanels<BITS>& src, int64_t p, int64_t i0, int rows, int cols, const float* a,
-                               int64_t lda, void* c, int64_t ldc, const Epilogue* e) {
-  a += i0 * lda;
+static inline void direct_tile(const QuantPanels<BITS>& src, int64_t p, int rows, int cols, const float* a,
+                               int64_t lda, const float* asums, void* c, int64_t ldc, const Epilogue* e) {
+  constexpr int SETS = R <= 2 ? 2 : 1;
   V acc[R][NV];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) acc[r][v] = V{};
   const uint8_t* q = src.panel(p);
-  const int64_t K = src.z.K;
+  const int64_t K = src.z.K, groups = src.z.groups();
   for (int64_t k = 0; k < K;) {
     const int64_t g = k / src.z.group, end = std::min(K, (g + 1) * src.z.group);
-    V part[R][NV], asum[R];
+    V part[SETS][R][NV];
+#pragma GCC unroll 2
+    for (int s = 0; s < SETS; ++s)
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      asum[r] = V{};
+      for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) part[r][v] = V{};
-    }
-    auto add = [&](int64_t kk, const V (&w)[NV]) {
+        for (int v = 0; v < NV; ++v) part[s][r][v] = V{};
+    auto add = [&](int set, int64_t kk, const V (&w)[NV]) {
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const V ar = broadcast(a + r * lda + kk);
-        if constexpr (BITS == 4) asum[r] += ar;
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) part[r][v] = fma(ar, w[v], part[r][v]);
+        for (int v = 0; v < NV; ++v) part[set][r][v] = fma(ar, w[v], part[set][r][v]);
       }
     };
-    if constexpr (BITS == 8) {
-      for (; k < end; ++k) {
-        __builtin_prefetch(src.raw(p, k + 16));  // the panel's bytes 16 rows on (the weight streams from memory)
-        V w[NV];
+    // Groups are of an even size, so a pair never straddles two; only an odd K's last k is alone.
+    for (; k + 1 < end; k += 2) {
+      __builtin_prefetch(src.raw(p, k + (BITS == 8 ? 16 : 32)));  // the panel's bytes ahead (the weight streams from memory)
+      V first[NV], second[NV];
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) w[v] = __builtin_convertvector(widen_bytes<true>(q + k * NR + v * L), V);
-        add(k, w);
-      }
-    } else {
-      // Groups are of an even size, so a pair never straddles two; only an odd K's last k is alone.
-      for (; k < end; k += 2) {
-        __builtin_prefetch(src.raw(p, k + 32));
-        V low[NV], high[NV];
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) {
+      for (int v = 0; v < NV; ++v) {
+        if constexpr (BITS == 8) {
+          first[v] = __builtin_convertvector(widen_bytes<true>(q + k * NR + v * L), V);
+          second[v] = __builtin_convertvector(widen_bytes<true>(q + (k + 1) * NR + v * L), V);
+        } else {
           const kiln::vec<int32_t> both = widen_bytes<false>(q + (k >> 1) * NR + v * L);
-          low[v] = __builtin_convertvector(both & 15, V);
-          high[v] = __builtin_convertvector(both >> 4, V);
+          first[v] = __builtin_convertvector(both & 15, V);
+          second[v] = __builtin_convertvector(both >> 4, V);
         }
-        add(k, low);
-        if (k + 1 < end) add(k + 1, high);
       }
-      k = end;
+      add(0, k, first);
+      add(SETS - 1, k + 1, second);
+    }
+    if (k < end) {  // K odd: its last k
+      V w[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) w[v] = quant_lanes<BITS>(q, k, v);
+      add(0, k, w);
+      ++k;
     }
     V scale[NV], zero[NV];
 #pragma GCC unroll 8
@@ -195,29 +198,47 @@ static inline void direct_tile(const QuantPanels<BITS>& src, int64_t p, int64_t 
       zero[v] = BITS == 4 ? kiln::load(src.table(p, g, 1) + v * L) : V{};
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r) {
+      const V asum = BITS == 4 ? broadcast(asums + r * groups + g) : V{};
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v)
-        acc[r][v] = fma(BITS == 4 ? part[r][v] - asum[r] * zero[v] : part[r][v], scale[v], acc[r][v]);
+      for (int v = 0; v < NV; ++v) {
+        V sum = SETS == 2 ? part[0][r][v] + part[SETS - 1][r][v] : part[0][r][v];
+        if constexpr (BITS == 4) sum -= asum * zero[v];
+        acc[r][v] = fma(sum, scale[v], acc[r][v]);
+      }
+    }
   }
-  store_block<R>(acc, rows, cols, i0, p * NR, c, ldc, e, true);
+  store_block<R>(acc, rows, cols, 0, p * NR, c, ldc, e, true);
 }
 
 template <int BITS>
 static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const float* a, int64_t lda, void* c,
                               int64_t ldc, const Epilogue* e) {
-  const int64_t N = src.z.N, panels = src.z.panels();
-  const bool worth_threads = panels > 1 && 2 * M * N * src.z.K >= (int64_t(1) << 18);
+  const int64_t N = src.z.N, K = src.z.K, panels = src.z.panels(), groups = src.z.groups();
+  // int4: each row's sum of a over each group (the zero points' share), once for every panel.
+  float asums[DIRECT_ROWS * 64];
+  std::unique_ptr<float[]> large;
+  float* sums = asums;
+  if (BITS == 4) {
+    if (M * groups > DIRECT_ROWS * 64) large.reset(sums = new float[M * groups]);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t g = 0; g < groups; ++g) {
+        float total = 0.0f;
+        for (int64_t k = g * src.z.group; k < std::min(K, (g + 1) * src.z.group); ++k) total += a[r * lda + k];
+        sums[r * groups + g] = total;
+      }
+  }
+  const bool worth_threads = panels > 1 && 2 * M * N * K >= (int64_t(1) << 18);
 #pragma omp parallel for schedule(static) if (worth_threads)
   for (int64_t p = 0; p < panels; ++p) {
     const int cols = int(std::min<int64_t>(NR, N - p * NR));
     // Every row in one pass over the panel's bytes (in pairs of rows, a second pass from L2
     // measured slower at 4 rows: 16 MB of int8 weights 0.79 -> 1.03 ms on 2 threads).
     switch (M) {
-      case 1: direct_tile<BITS, 1>(src, p, 0, 1, cols, a, lda, c, ldc, e); break;
-      case 2: direct_tile<BITS, 2>(src, p, 0, 2, cols, a, lda, c, ldc, e); break;
-      case 3: direct_tile<BITS, 3>(src, p, 0, 3, cols, a, lda, c, ldc, e); break;
-      default: direct_tile<BITS, 4>(src, p, 0, int(M), cols, a, lda, c, ldc, e); break;
+      case 1: direct_tile<BITS, 1>(src, p, 1, cols, a, lda, sums, c, ldc, e); break;
+      case 2: direct_tile<BITS, 2>(src, p, 2, cols, a, lda, sums, c, ldc, e); break;
+      case 3: direct_tile<BITS, 3>(src, p, 3, cols, a, lda, sums, c, ldc, e); break;
+      default: direct_tile<BITS, 4>(src, p, int(M), cols, a, lda, sums, c, ldc, e); break;
     }
   }
   if (e && e->row_norm) {  // a few rows: normalized here, each whole
