@@ -60,7 +60,8 @@ class Peak:
     bf16_gflops: float | None = None
 
 
-def _best_seconds(run, runs: int = _RUNS) -> float:
+def best_seconds(run, runs: int = _RUNS) -> float:
+    """The fastest of `runs` timed calls of `run`, after one untimed call."""
     run()  # warm-up: page faults, library dispatch, thread pool start
     best = float("inf")
     for _ in range(runs):
@@ -92,7 +93,7 @@ def _gemm_gflops(dtype: torch.dtype = torch.float32) -> float:
     best, n = 0.0, _GEMM_SIZE
     while True:
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        seconds = min(_best_seconds(call) for call in _library_gemms(a, b))
+        seconds = min(best_seconds(call) for call in _library_gemms(a, b))
         best = max(best, 2 * n**3 / seconds / 1e9)
         if seconds >= _GEMM_MIN_CALL_S or n >= _GEMM_MAX_SIZE:
             return best
@@ -103,7 +104,7 @@ def _copy_gbps() -> float:
     """Best GB/s of a 256 MB float32 copy_, counting the bytes read and the bytes written."""
     src = torch.randn(_COPY_BYTES // 4)
     dst = torch.empty_like(src)
-    seconds = _best_seconds(lambda: dst.copy_(src))
+    seconds = best_seconds(lambda: dst.copy_(src))
     return 2 * _COPY_BYTES / seconds / 1e9
 
 

@@ -12,12 +12,13 @@ step and used for `batch` multiply-adds, so its time is bounded below by bytes /
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
+
+from benchmarks.peak import best_seconds
 
 # Bytes per weight of a linear layer as each mode stores it.
 BYTES_PER_WEIGHT = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
@@ -28,16 +29,6 @@ DEFAULT_GROUP_SIZE = 128
 
 _BUFFER_BYTES = 1 << 30  # far beyond any CPU's last-level cache
 _PASSES = 4  # best of this many passes per way of reading, after one warm-up pass
-
-
-def _best_seconds(run: Callable[[], object], passes: int) -> float:
-    run()  # warm-up: page faults, the thread pool's start
-    best = float("inf")
-    for _ in range(passes):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def read_bandwidth(threads: int | None = None, buffer_bytes: int = _BUFFER_BYTES, passes: int = _PASSES) -> float:
@@ -53,7 +44,7 @@ def read_bandwidth(threads: int | None = None, buffer_bytes: int = _BUFFER_BYTES
         half = buffer.numel() // 2
         reads = [lambda: torch.sum(buffer), lambda: torch.amax(buffer),
                  lambda: torch.dot(buffer[:half], buffer[half:2 * half])]
-        seconds = min(_best_seconds(read, passes) for read in reads)
+        seconds = min(best_seconds(read, passes) for read in reads)
     finally:
         torch.set_num_threads(before)
     return buffer_bytes / seconds / 1e9

@@ -11,7 +11,8 @@ import torch
 
 from benchmarks import kernels
 from kiln.quant.weights import dequantize, quantize_int4, quantize_int8
-from tests.codegen.test_kiln_gemm import EPILOGUES, unary_reference, x86_kernels_built_with
+from tests.codegen.test_kiln_gemm import EPILOGUES, x86_kernels_built_with
+from tests.codegen.test_kiln_gemm import _reference as gemm_reference
 
 # (M, K, N): M <= 4 takes the register path, more the buffer's; K odd (a half byte of int4 padding),
 # K not a multiple of the group, K > 1024 (K blocks with partial sums in C); N with a ragged last
@@ -39,11 +40,8 @@ def _check(out: torch.Tensor, ref: torch.Tensor, k: int) -> None:
 
 
 def _reference(a, w, bias, unary, scalars, algorithm, residual):
-    y = a.double() @ w.t()
-    if bias is not None:
-        y = y + bias.double()
-    y = unary_reference(y, unary, scalars, algorithm)
-    return y + residual.double() if residual is not None else y
+    """The float64 epilogue(a @ wᵀ) of a dequantized weight w [N, K] (kiln's GEMM test's reference)."""
+    return gemm_reference(a, w.t(), bias, unary, scalars, algorithm, residual)
 
 
 @pytest.mark.parametrize("bits,group", KINDS, ids=lambda v: str(v))
