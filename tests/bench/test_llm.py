@@ -244,3 +244,16 @@ def test_bad_arguments_name_the_argument_and_what_it_accepts(monkeypatch, capsys
 ])
 def test_llm_arguments_elsewhere_are_refused(capsys, argv, message):
     assert message in _error(capsys, *argv)
+
+
+def test_bf16_int8_and_int4_modes_run_with_kilns_apis(capsys):
+    """With bf16 fast math and kiln.quantize in kiln, their modes run end to end; the quantized
+    models' bytes per step come from their own tensors (int4 below int8 below bf16's weights)."""
+    assert main(["bench", *TINY, "--modes", "eager,kiln-bf16,kiln-int8,kiln-int4"]) == 0
+    rows = {r["mode"]: r for r in _rows(capsys.readouterr().out, HEADER)}
+    assert set(rows) == {"eager", "kiln-bf16", "kiln-int8", "kiln-int4"}
+    for mode in ("kiln-bf16", "kiln-int8", "kiln-int4"):
+        assert float(rows[mode]["decode tok/s"]) > 0 and "not available" not in rows[mode]["note"]
+        assert rows[mode]["accurate"].endswith("of tokens agree")
+    megabytes = {m: float(rows[m]["bytes/step"].split()[0]) for m in ("kiln-bf16", "kiln-int8", "kiln-int4")}
+    assert megabytes["kiln-int4"] < megabytes["kiln-int8"] < megabytes["kiln-bf16"]
