@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from kiln.quant.linear import LINEAR, QuantizedLinear
+from kiln.quant.linear import LINEAR, QuantizedLinear, is_conv1d
 
 __all__ = ["LINEAR", "QuantizedLinear", "quantize"]
 
@@ -19,7 +19,8 @@ _BITS = {"int8": 8, "int4": 4}
 
 
 def quantize(model: nn.Module, dtype: str, group_size: int | None = None) -> nn.Module:
-    """Replace every `nn.Linear` in `model` (in place) by its weight-only quantized form; returns
+    """Replace every `nn.Linear` in `model` (and HF's `Conv1D`, GPT-2's) (in place) by its weight-only
+    quantized form; returns
     `model`. `dtype`: "int8" (per output channel; no `group_size`) or "int4" (groups of
     `group_size` input features, default 128, an even number).
 
@@ -40,9 +41,18 @@ def quantize(model: nn.Module, dtype: str, group_size: int | None = None) -> nn.
         raise ValueError(f"kiln.quantize: group_size must be an even int >= 2 (e.g. 32, 64, 128), got {group_size!r}")
     if isinstance(model, nn.Linear):
         raise TypeError("kiln.quantize: model is itself an nn.Linear; wrap it in a module (nn.Sequential(linear))")
-    targets = [(name, child) for name, child in model.named_modules() if isinstance(child, nn.Linear)]
+    targets = [(name, child) for name, child in model.named_modules() if _quantizable(child)]
     for name, linear in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, attr, QuantizedLinear.from_linear(linear, bits, group_size if bits == 4 else 0))
     return model
+
+
+def _quantizable(module: nn.Module) -> bool:
+    """An `nn.Linear`, or HF's `Conv1D` (GPT-2's projections: a Linear with its weight stored
+    transposed). Not the Linear inside `nn.MultiheadAttention` (`NonDynamicallyQuantizableLinear`):
+    its owner reads `out_proj.weight` itself, which a quantized layer no longer has."""
+    if isinstance(module, nn.modules.linear.NonDynamicallyQuantizableLinear):
+        return False
+    return isinstance(module, nn.Linear) or is_conv1d(module)

@@ -35,6 +35,12 @@ torch.library.register_fake("kiln_quant::linear", _linear_fake, lib=_LIBRARY)
 LINEAR = torch.ops.kiln_quant.linear.default
 
 
+def is_conv1d(module: nn.Module) -> bool:
+    """Whether `module` is HF's `Conv1D` (transformers.pytorch_utils): x @ weight + bias, weight
+    [in, out] (GPT-2's projections), found by name so that kiln does not import transformers."""
+    return type(module).__name__ == "Conv1D" and type(module).__module__.startswith("transformers")
+
+
 class QuantizedLinear(nn.Module):
     """y = x @ dequantize(weight)ᵀ + bias, the weight stored as int8 (per output channel) or int4
     (per group of `group_size` input features, with zero points); kiln/quant/weights.py."""
@@ -50,14 +56,17 @@ class QuantizedLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, bits: int, group_size: int) -> "QuantizedLinear":
-        layer = cls(linear.in_features, linear.out_features, bits, group_size, linear.bias is not None)
-        layer.to(linear.weight.device)
+    def from_linear(cls, linear: nn.Module, bits: int, group_size: int) -> "QuantizedLinear":
+        """The quantized form of an `nn.Linear` or of HF's `Conv1D` (weight [in, out])."""
+        weight = linear.weight.t() if is_conv1d(linear) else linear.weight
+        out_features, in_features = weight.shape
+        layer = cls(in_features, out_features, bits, group_size, linear.bias is not None)
+        layer.to(weight.device)
         if bits == 8:
-            qweight, scales = quantize_int8(linear.weight)
+            qweight, scales = quantize_int8(weight)
             zeros = None
         else:
-            qweight, scales, zeros = quantize_int4(linear.weight, group_size)
+            qweight, scales, zeros = quantize_int4(weight, group_size)
         layer.qweight.copy_(qweight)
         layer.scales.copy_(scales)
         if zeros is not None:

@@ -103,11 +103,11 @@ def test_bad_arguments_name_what_is_accepted(kwargs, message):
         kiln.quantize(lambda x: x, "int8")
 
 
-@pytest.mark.parametrize("dtype,group", [("int8", None), ("int4", 32)])
-def test_generate_of_a_quantized_llama_gives_eager_s_tokens(dtype, group):
+@pytest.mark.parametrize("arch,dtype,group", [("llama", "int8", None), ("llama", "int4", 32), ("gpt2", "int4", 64)])
+def test_generate_of_a_quantized_decoder_gives_eager_s_tokens(arch, dtype, group):
     kiln.reset()
     fallback.reset()
-    model = kiln.quantize(_decoder("llama"), dtype, group_size=group)
+    model = kiln.quantize(_decoder(arch), dtype, group_size=group)
     prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
     options = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False, cache_implementation="static")
     with torch.no_grad():
@@ -116,3 +116,28 @@ def test_generate_of_a_quantized_llama_gives_eager_s_tokens(dtype, group):
         tokens = model.generate(prompt, **options)
     assert torch.equal(tokens, expected)
     assert fallback.FALLBACKS == [] and kiln.capture.BREAKS == []
+
+
+def test_gpt2_s_conv1d_is_quantized_and_multihead_attention_s_linear_is_left():
+    """HF's Conv1D (GPT-2: weight [in, out]) becomes a QuantizedLinear computing the same product;
+    nn.MultiheadAttention's out_proj, whose weight its owner reads directly, stays as it is."""
+    torch.manual_seed(0)
+    gpt2 = _decoder("gpt2")
+    reference = copy.deepcopy(gpt2)
+    kiln.quantize(gpt2, "int8")
+    attn = gpt2.transformer.h[0].attn.c_attn
+    assert isinstance(attn, QuantizedLinear) and (attn.in_features, attn.out_features) == (64, 192)
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x), reference.transformer.h[0].attn.c_attn(x), rtol=0.02, atol=0.02)
+    prompt = torch.randint(0, 1000, (1, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert gpt2(prompt).logits.shape == reference(prompt).logits.shape
+
+    block = nn.Sequential(nn.Linear(16, 16))
+    mha = nn.MultiheadAttention(16, 2, batch_first=True)
+    block.add_module("mha", mha)
+    kiln.quantize(block, "int8")
+    assert isinstance(block[0], QuantizedLinear) and type(mha.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear
+    q = torch.randn(1, 3, 16)
+    assert mha(q, q, q)[0].shape == (1, 3, 16)
