@@ -75,10 +75,32 @@ def test_the_compiled_model_runs_kiln_s_quantized_gemm_with_its_epilogues(dtype,
     with torch.no_grad():
         torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
     calls = [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm_quant.default"]
-    assert len(calls) == 4 and _externs(program).count("kiln.mm_quant.default") == 4
-    unaries = sorted(c.args[8] for c in calls)
-    assert unaries == ["none", "none", "none", "swish"]  # silu(gate(x)) inside the gate's GEMM
-    assert sum(c.args[7] is not None for c in calls) == 1  # down(...) + x: the residual in the down GEMM
+    # gate and up read x: one GEMM over both weights (200 + 200 columns), each a slice of it.
+    assert len(calls) == 3 and _externs(program).count("kiln.mm_quant.default") == 3
+    assert sorted(c.outputs[0].layout.size[-1] for c in calls) == [40, 96, 400]
+    down = [c for c in calls if c.args[7] is not None]  # down(...) + x: the residual in the down GEMM
+    assert len(down) == 1 and down[0].outputs[0].layout.size[-1] == 96
+
+
+class SiluMlp(nn.Module):
+    def __init__(self, d=96, hidden=200):
+        super().__init__()
+        self.up, self.down = nn.Linear(d, hidden), nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.silu(self.up(x)))
+
+
+@pytest.mark.parametrize("dtype,group", [("int8", None), ("int4", 64)])
+def test_a_unary_after_a_quantized_linear_runs_in_its_gemm(dtype, group):
+    torch.manual_seed(0)
+    model = kiln.quantize(SiluMlp().eval(), dtype, group_size=group)
+    x = torch.randn(3, 96)
+    out, program = compiled(model, x, freezing=True)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    calls = [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm_quant.default"]
+    assert sorted(c.args[8] for c in calls) == ["none", "swish"]  # silu(up(x)) inside up's GEMM
 
 
 def test_without_freezing_the_eager_reference_runs():

@@ -4,9 +4,12 @@
 // (per output column, a float scale: w = q * scale) or int4 (per group of `group` rows of k and
 // column, a float scale and zero point: w = (q - zero) * scale, q in 0..15), a weight reads a
 // quarter or an eighth of float32's bytes. The packed form keeps kiln_gemm.h's panels of NR
-// columns, as bytes: int8 [panels][K][NR]; int4 [panels][ceil(K / 2)][NR], row k's nibble in byte
-// k / 2 (even k low, odd k high). After the panels, 64-byte aligned, the scales [panels][groups][NR]
-// and (int4) the zero points, the same shape; a padded column's scale is 0.
+// columns: int8 bytes [panels][K][NR]; int4 32-bit words [panels][ceil(K / 8)][NR], k's nibble at
+// bits 4 (k % 8) of word k / 8 (a column's 4 stored bytes 4 (k / 8) .. + 3, read as one word).
+// After the panels, 64-byte aligned, the scales [panels][groups][NR] and (int4) the zero points,
+// the same shape; a padded column's scale is 0. int4's table holds 16 scale and zero / 16 (both
+// exact): its weights are unpacked as q / 16 (nibble_lanes), and (q / 16 - zero / 16) * 16 scale
+// is (q - zero) * scale to the bit.
 //
 // gemm_from (kiln_gemm.h) runs as for float32 panels, every epilogue included; only where a tile
 // would read a panel's K block, QuantPanels dequantizes that block into the thread's buffer of
@@ -25,14 +28,15 @@ struct QuantShape {
   int64_t K, N, group; // group: rows of k sharing a scale (int8: K, one per column)
   int64_t panels() const { return (N + NR - 1) / NR; }
   int64_t groups() const { return (K + group - 1) / group; }
-  int64_t rows() const { return bits == 8 ? K : (K + 1) / 2; }  // bytes per column of a panel
+  int64_t words() const { return (K + 7) / 8; }                        // int4: 32-bit words per column
+  int64_t rows() const { return bits == 8 ? K : words() * 4; }         // bytes per column of a panel
   static int64_t aligned(int64_t bytes) { return (bytes + 63) / 64 * 64; }
   int64_t q_bytes() const { return aligned(panels() * rows() * NR); }
   int64_t table_bytes() const { return aligned(panels() * groups() * NR * int64_t(sizeof(float))); }
   int64_t bytes() const { return q_bytes() + table_bytes() * (bits == 4 ? 2 : 1); }
 };
 
-// Pack q (int8: [N, K] int8; int4: [N, ceil(K / 2)] bytes, k's nibble as in the packed form, rows
+// Pack q (int8: [N, K] int8; int4: [N, ceil(K / 2)] bytes, even k in the low nibble, rows
 // contiguous), scales [N, groups] and (int4) zeros [N, groups] into `out` (shape.bytes()).
 static void pack_quant(const QuantShape& z, const uint8_t* q, const float* scales, const float* zeros, uint8_t* out) {
   const int64_t panels = z.panels(), rows = z.rows(), groups = z.groups();
@@ -42,12 +46,21 @@ static void pack_quant(const QuantShape& z, const uint8_t* q, const float* scale
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t j0 = p * NR, n = std::min<int64_t>(NR, z.N - j0);
     uint8_t* dst = out + p * rows * NR;
-    for (int64_t k = 0; k < rows; ++k)
-      for (int64_t j = 0; j < NR; ++j) dst[k * NR + j] = j < n ? q[(j0 + j) * rows + k] : 0;
+    if (z.bits == 8) {
+      for (int64_t k = 0; k < rows; ++k)
+        for (int64_t j = 0; j < NR; ++j) dst[k * NR + j] = j < n ? q[(j0 + j) * rows + k] : 0;
+    } else {  // word w of column j: its bytes 4w .. 4w + 3 (zero past ceil(K / 2))
+      const int64_t stored = (z.K + 1) / 2;
+      for (int64_t w = 0; w < z.words(); ++w)
+        for (int64_t j = 0; j < NR; ++j)
+          for (int64_t b = 0; b < 4; ++b)
+            dst[(w * NR + j) * 4 + b] = j < n && 4 * w + b < stored ? q[(j0 + j) * stored + 4 * w + b] : 0;
+    }
     for (int64_t g = 0; g < groups; ++g)
       for (int64_t j = 0; j < NR; ++j) {
-        scale_out[(p * groups + g) * NR + j] = j < n ? scales[(j0 + j) * groups + g] : 0.0f;
-        if (z.bits == 4) zero_out[(p * groups + g) * NR + j] = j < n ? zeros[(j0 + j) * groups + g] : 0.0f;
+        const float scale = j < n ? scales[(j0 + j) * groups + g] : 0.0f;
+        scale_out[(p * groups + g) * NR + j] = z.bits == 4 ? 16.0f * scale : scale;
+        if (z.bits == 4) zero_out[(p * groups + g) * NR + j] = (j < n ? zeros[(j0 + j) * groups + g] : 0.0f) / 16.0f;
       }
   }
 }
@@ -67,14 +80,37 @@ template <bool SIGNED> static inline kiln::vec<int32_t> widen_bytes(const uint8_
 #endif
 }
 
-// L weights of row k of a panel's column vector v, as float32 lanes: int8 sign-extended, int4 the
-// row's nibble of each byte.
+// int4's nibble `field` (0..7) of each lane's word, as the float32 q / 16, without converting an
+// integer (an FP-pipe instruction per vector, and the int4 GEMV was bound by its vector
+// instructions, not by memory): the nibble masked where it lies, bits p..p+3, under the exponent
+// that makes its lowest bit worth 1/16 (2^(19 - p): a float 2^(19 - p) + q / 16, exactly), then
+// that power of two subtracted (exact). One bitwise op (vpternlogd's (x & m) | c) and one
+// subtraction per vector of weights; fields 5..7 (bits 20..31, where the exponent lies) are moved
+// down 12 bits first, one shift for the three. (Adding the power of two back with the zero
+// point instead of subtracting it per weight would sum values up to 2^19 where q / 16 is at most
+// 15/16: float32's rounding of those sums would swamp the products.)
+static inline V nibble_lanes(kiln::vec<int32_t> words, int field) {
+  const int at = field < 5 ? 4 * field : 4 * field - 12;
+  const kiln::vec<int32_t> source = field < 5 ? words : (kiln::vec<int32_t>)((kiln::vec<uint32_t>)words >> 12);
+  const kiln::vec<int32_t> bits = (source & (15 << at)) | ((127 + 19 - at) << 23);
+  V w;
+  std::memcpy(&w, &bits, sizeof(V));
+  return w - float(1 << (19 - at));
+}
+
+static inline kiln::vec<int32_t> load_words(const uint8_t* p) {
+  kiln::vec<int32_t> words;
+  std::memcpy(&words, p, sizeof(words));
+  return words;
+}
+
+// L weights of row k of a panel's column vector v, as float32 lanes: int8 sign-extended, int4 as
+// nibble_lanes (q / 16).
 template <int BITS> static inline V quant_lanes(const uint8_t* panel, int64_t k, int v) {
   if constexpr (BITS == 8) {
     return __builtin_convertvector(widen_bytes<true>(panel + k * NR + v * L), V);
   } else {
-    const kiln::vec<int32_t> q = widen_bytes<false>(panel + (k >> 1) * NR + v * L);
-    return __builtin_convertvector((k & 1) ? q >> 4 : q & 15, V);
+    return nibble_lanes(load_words(panel + ((k >> 3) * NR + v * L) * 4), int(k & 7));
   }
 }
 
@@ -88,9 +124,9 @@ template <int BITS> struct QuantPanels {
     return reinterpret_cast<const float*>(packed + z.q_bytes() + which * z.table_bytes()) + (p * z.groups() + g) * NR;
   }
   const char* raw(int64_t p, int64_t k0) const {
-    return reinterpret_cast<const char*>(panel(p) + (BITS == 8 ? k0 : k0 / 2) * NR);
+    return reinterpret_cast<const char*>(panel(p) + (BITS == 8 ? k0 : k0 / 8 * 4) * NR);
   }
-  int64_t raw_bytes(int64_t kn) const { return (BITS == 8 ? kn : (kn + 1) / 2) * NR; }
+  int64_t raw_bytes(int64_t kn) const { return (BITS == 8 ? kn : (kn + 7) / 8 * 4) * NR; }
   int64_t bytes(int64_t) const { return z.bytes(); }
 
   // Rows [k0, k0 + kn) of panel p as float32 [kn][NR], in this thread's buffer (valid until its
@@ -116,7 +152,8 @@ template <int BITS> struct QuantPanels {
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) {
           const V w = quant_lanes<BITS>(q, k, v);
-          // As eager's reference computes it ((q - zero) * scale; int8: q * scale): the same bits.
+          // As eager's reference computes it ((q - zero) * scale; int8: q * scale): the same bits
+          // (int4: (q / 16 - zero / 16) * 16 scale, each step exact but the last).
           kiln::store(row + v * L, BITS == 4 ? (w - zero[v]) * scale[v] : w * scale[v]);
         }
       }
@@ -133,11 +170,12 @@ constexpr int DIRECT_ROWS = 4;
 // C rows [0, rows) of panel p's columns, every k at once. Per group the sums are of raw levels,
 // part = sum_k a_k q_k, scaled once at the group's end: acc += (part - zero * asum) * scale =
 // sum_k a_k (q_k - zero) scale, with asum = sum_k a_k over the group (`asums`, the same for every
-// panel: summed once per call). Per vector of weights a step is a widening, a conversion and one
-// FMA per row: the scale's product and the zero's subtraction per weight cost as much again (the
-// int4 GEMV was bound by them, not by memory). k goes in pairs (int4: both nibbles of one load)
-// into two sets of sums where the rows are few, so that each FMA does not wait on the last (a
-// row's three vectors of sums alone are three chains of 4-cycle FMAs: the GEMV was latency-bound).
+// panel: summed once per call; int4's levels are q / 16, its zero zero / 16 and its scale 16 scale,
+// the same algebra). Per vector of weights a step is a widening and a conversion (int8) or a shift and a
+// bitwise op (int4, eight k from one load) and one FMA per row: the scale's product and the zero's
+// subtraction per weight cost as much again (the int4 GEMV was bound by them, not by memory). k
+// goes round two sets of sums where the rows are few, so that each FMA does not wait on the last
+// (a row's three vectors of sums alone are three chains of 4-cycle FMAs: the GEMV was latency-bound).
 template <int BITS, int R>
 static inline void direct_tile(const QuantPanels<BITS>& src, int64_t p, int rows, int cols, const float* a,
                                int64_t lda, const float* asums, void* c, int64_t ldc, const Epilogue* e) {
@@ -166,30 +204,49 @@ static inline void direct_tile(const QuantPanels<BITS>& src, int64_t p, int rows
         for (int v = 0; v < NV; ++v) part[set][r][v] = fma(ar, w[v], part[set][r][v]);
       }
     };
-    // Groups are of an even size, so a pair never straddles two; only an odd K's last k is alone.
-    for (; k + 1 < end; k += 2) {
-      __builtin_prefetch(src.raw(p, k + (BITS == 8 ? 16 : 32)));  // the panel's bytes ahead (the weight streams from memory)
-      V first[NV], second[NV];
+    if constexpr (BITS == 8) {
+      // Groups are of an even size, so a pair never straddles two; only an odd K's last k is alone.
+      for (; k + 1 < end; k += 2) {
+        __builtin_prefetch(src.raw(p, k + 16));  // the panel's bytes ahead (the weight streams from memory)
+        V first[NV], second[NV];
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        if constexpr (BITS == 8) {
+        for (int v = 0; v < NV; ++v) {
           first[v] = __builtin_convertvector(widen_bytes<true>(q + k * NR + v * L), V);
           second[v] = __builtin_convertvector(widen_bytes<true>(q + (k + 1) * NR + v * L), V);
-        } else {
-          const kiln::vec<int32_t> both = widen_bytes<false>(q + (k >> 1) * NR + v * L);
-          first[v] = __builtin_convertvector(both & 15, V);
-          second[v] = __builtin_convertvector(both >> 4, V);
+        }
+        add(0, k, first);
+        add(SETS - 1, k + 1, second);
+      }
+    } else {
+      // Whole words (8 k) inside the group; a group edge inside a word (a group size not a multiple
+      // of 8) or K's end takes the word's nibbles one k at a time, below.
+      for (; k % 8 && k < end; ++k) {
+        V w[NV];
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) w[v] = quant_lanes<BITS>(q, k, v);
+        add(0, k, w);
+      }
+      for (; k + 8 <= end; k += 8) {
+        kiln::vec<int32_t> words[NV];
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) {
+          __builtin_prefetch(src.raw(p, k + 64) + v * L * 4);  // each vector's line, 8 words ahead
+          words[v] = load_words(q + ((k >> 3) * NR + v * L) * 4);
+        }
+#pragma GCC unroll 8
+        for (int field = 0; field < 8; ++field) {
+          V w[NV];
+#pragma GCC unroll 8
+          for (int v = 0; v < NV; ++v) w[v] = nibble_lanes(words[v], field);
+          add(field % SETS, k + field, w);
         }
       }
-      add(0, k, first);
-      add(SETS - 1, k + 1, second);
     }
-    if (k < end) {  // K odd: its last k
+    for (; k < end; ++k) {  // int8: an odd K's last k; int4: the nibbles of a group's last, partial word
       V w[NV];
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) w[v] = quant_lanes<BITS>(q, k, v);
       add(0, k, w);
-      ++k;
     }
     V scale[NV], zero[NV];
 #pragma GCC unroll 8
