@@ -183,8 +183,12 @@ class _Runner:
 
 
 def generate_options(new_tokens: int) -> dict[str, Any]:
-    """Greedy, exactly `new_tokens` tokens, a static KV cache, and none of HF's own compilation."""
-    return dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+    """Greedy, exactly `new_tokens` tokens, a static KV cache, and none of HF's own compilation.
+
+    Exactly: no end-of-sequence token, rather than `min_new_tokens`, whose logits processor (and
+    the EOS stopping criterion) call `torch.isin` three times a step, 0.47 ms a token on 2 cores,
+    a tenth of an int4 decode step of llama-160m, the same in every mode."""
+    return dict(max_new_tokens=new_tokens, eos_token_id=None, do_sample=False,
                 cache_implementation="static", disable_compile=True, pad_token_id=0)
 
 
