@@ -81,14 +81,19 @@ template <bool SIGNED> static inline kiln::vec<int32_t> widen_bytes(const uint8_
 }
 
 // int4's nibble `field` (0..7) of each lane's word, as the float32 q / 16, without converting an
-// integer (an FP-pipe instruction per vector, and the int4 GEMV was bound by its vector
-// instructions, not by memory): the nibble masked where it lies, bits p..p+3, under the exponent
+// integer (a widening and an FP-pipe conversion per vector): the nibble masked where it lies, bits p..p+3, under the exponent
 // that makes its lowest bit worth 1/16 (2^(19 - p): a float 2^(19 - p) + q / 16, exactly), then
 // that power of two subtracted (exact). One bitwise op (vpternlogd's (x & m) | c) and one
 // subtraction per vector of weights; fields 5..7 (bits 20..31, where the exponent lies) are moved
 // down 12 bits first, one shift for the three. (Adding the power of two back with the zero
 // point instead of subtracting it per weight would sum values up to 2^19 where q / 16 is at most
-// 15/16: float32's rounding of those sums would swamp the products.)
+// 15/16: float32's rounding of those sums would swamp the products. Shifting every nibble to one
+// place under 1.0's exponent, 1 + q / 16, and taking the 1 out with the zero point also works, but
+// its sums' rounding grows with 16 + q where it grows with |q - zero|: 8e-6 of error where the
+// float32 weights' product has 7e-6 at K = 64. Neither ran faster: at a decode step's row the int8
+// and int4 GEMVs both run at ~26 G weights/s a core from L2 on Zen 4, where every AVX-512 op takes
+// two of four pipes' slots and a weight vector costs three: int8 is bound by memory at 2 cores,
+// int4 by these instructions.)
 static inline V nibble_lanes(kiln::vec<int32_t> words, int field) {
   const int at = field < 5 ? 4 * field : 4 * field - 12;
   const kiln::vec<int32_t> source = field < 5 ? words : (kiln::vec<int32_t>)((kiln::vec<uint32_t>)words >> 12);
