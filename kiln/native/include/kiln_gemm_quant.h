@@ -273,6 +273,138 @@ static inline void direct_tile(const QuantPanels<BITS>& src, int64_t p, int rows
   store_block<R>(acc, rows, cols, 0, p * NR, c, ldc, e, true);
 }
 
+#if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
+// int4 at a few rows on CPUs with bfloat16 dot products (vdpbf16ps: two products a lane, 32 a
+// vector instruction). The float32 path above costs three vector instructions per 16 weights
+// (unpack, subtract, FMA) and on Zen 4 ran both cores' int4 GEMV at 26 G weights/s each, below
+// the memory's speed; this one costs two (a shift and a vpternlogd make 32 weights, two
+// vdpbf16ps take them) and streams at the memory's speed.
+//
+// Exactness: a weight is 1 + q / 16 in bfloat16 (five significant bits: exact), its product with
+// a bfloat16 exact in float32. Each activation is carried as the sum of two bfloat16, hi =
+// bf16(a) and lo = bf16(a - hi): 16 significant bits, |a - (hi + lo)| <= 2^-18 |a| — the only
+// rounding float32 does not make (float32's own accumulation of K products is ~sqrt(K) 2^-24
+// relative, 2.7e-6 at K = 2048). The 1 in each weight is taken out with the zero point:
+// part - (1 + zero / 16) asum, asum summing hi + lo (exact in float32) so that it cancels the
+// offset the dot products summed; the offset makes the float32 sums' rounding grow with 16 + q
+// where the float32 path's grows with |q - zero|. tests/quant/test_quantized_gemm.py holds the
+// bound.
+//
+// Activations per row as pairs of k for each word w (k = 8w + j and 8w + j + 4, j = 0..3: the
+// nibbles 16 bits apart in the word, so one shift puts both under bfloat16's mantissa top):
+// hi pairs then lo pairs, [rows][words][4] 32-bit (two bfloat16) each; k past K are 0.
+struct SplitActivations {
+  int64_t words;
+  std::unique_ptr<uint32_t[]> pairs;  // [rows][2][words][4]
+  const uint32_t* hi(int r) const { return pairs.get() + (int64_t(r) * 2 + 0) * words * 4; }
+  const uint32_t* lo(int r) const { return pairs.get() + (int64_t(r) * 2 + 1) * words * 4; }
+};
+
+static inline uint32_t bf16_bits_rne(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;  // NaN stays NaN
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+static inline float bf16_float(uint32_t h) {
+  const uint32_t u = h << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// The split of rows [0, M) of a, and each row's sum of hi + lo per group (asums [M][groups]).
+static SplitActivations split_activations(const QuantShape& z, int64_t M, const float* a, int64_t lda, float* asums) {
+  SplitActivations s{z.words(), std::unique_ptr<uint32_t[]>(new uint32_t[M * 2 * z.words() * 4])};
+  const int64_t groups = z.groups();
+  for (int64_t r = 0; r < M; ++r) {
+    uint32_t* hi = s.pairs.get() + (r * 2 + 0) * s.words * 4;
+    uint32_t* lo = s.pairs.get() + (r * 2 + 1) * s.words * 4;
+    std::fill(asums + r * groups, asums + (r + 1) * groups, 0.0f);
+    for (int64_t w = 0; w < s.words; ++w)
+      for (int j = 0; j < 4; ++j) {
+        uint32_t h[2], l[2];
+        for (int half = 0; half < 2; ++half) {
+          const int64_t k = 8 * w + j + 4 * half;
+          const float x = k < z.K ? a[r * lda + k] : 0.0f;
+          h[half] = bf16_bits_rne(x);
+          l[half] = bf16_bits_rne(x - bf16_float(h[half]));
+          if (k < z.K) asums[r * groups + k / z.group] += bf16_float(h[half]) + bf16_float(l[half]);
+        }
+        hi[w * 4 + j] = h[0] | (h[1] << 16);
+        lo[w * 4 + j] = l[0] | (l[1] << 16);
+      }
+  }
+  return s;
+}
+
+// As direct_tile<4, R> over bfloat16 pairs: group sizes a multiple of 8 (a word never straddles two).
+template <int R>
+static inline void direct_tile_bf16(const QuantPanels<4>& src, int64_t p, int rows, int cols,
+                                    const SplitActivations& act, const float* asums, void* c, int64_t ldc,
+                                    const Epilogue* e) {
+  V acc[R][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+  const uint8_t* q = src.panel(p);
+  const int64_t groups = src.z.groups(), words = src.z.words(), group_words = src.z.group / 8;
+  const __m512i mantissa = _mm512_set1_epi32(0x00780078), one = _mm512_set1_epi32(0x3F803F80);
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t w_end = std::min(words, (g + 1) * group_words);
+    V part[2][R][NV];  // the hi products' sums and the lo products'
+#pragma GCC unroll 2
+    for (int s = 0; s < 2; ++s)
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) part[s][r][v] = V{};
+    for (int64_t w = g * group_words; w < w_end; ++w) {
+      __m512i word[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        __builtin_prefetch(src.raw(p, (w + 8) * 8) + v * L * 4);
+        word[v] = _mm512_loadu_si512(q + (w * NR + v * L) * 4);
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        __m512bh b[NV];
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) {
+          // Nibbles j and j + 4 (bits 4j.., 4j + 16..) to bits 3..6 and 19..22, each half's mantissa top.
+          const __m512i at = j == 0 ? _mm512_slli_epi32(word[v], 3) : _mm512_srli_epi32(word[v], 4 * j - 3);
+          b[v] = (__m512bh)_mm512_ternarylogic_epi32(at, mantissa, one, 0xEA);  // (at & mantissa) | one
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m512bh hi = (__m512bh)_mm512_set1_epi32(int(act.hi(r)[w * 4 + j]));
+          const __m512bh lo = (__m512bh)_mm512_set1_epi32(int(act.lo(r)[w * 4 + j]));
+#pragma GCC unroll 8
+          for (int v = 0; v < NV; ++v) {
+            part[0][r][v] = (V)_mm512_dpbf16_ps((__m512)part[0][r][v], hi, b[v]);
+            part[1][r][v] = (V)_mm512_dpbf16_ps((__m512)part[1][r][v], lo, b[v]);
+          }
+        }
+      }
+    }
+    V scale[NV], offset[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      scale[v] = kiln::load(src.table(p, g, 0) + v * L);
+      offset[v] = kiln::load(src.table(p, g, 1) + v * L) + 1.0f;  // 1 + zero / 16
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const V asum = broadcast(asums + r * groups + g);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = fma(part[0][r][v] + part[1][r][v] - asum * offset[v], scale[v], acc[r][v]);
+    }
+  }
+  store_block<R>(acc, rows, cols, 0, p * NR, c, ldc, e, true);
+}
+#endif
+
 template <int BITS>
 static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const float* a, int64_t lda, void* c,
                               int64_t ldc, const Epilogue* e) {
@@ -291,16 +423,34 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
       }
   }
   const bool worth_threads = panels > 1 && 2 * M * N * K >= (int64_t(1) << 18);
+#if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
+  if (BITS == 4 && src.z.group % 8 == 0) {
+    const QuantPanels<4>& src4 = reinterpret_cast<const QuantPanels<4>&>(src);
+    const SplitActivations act = split_activations(src.z, M, a, lda, sums);
 #pragma omp parallel for schedule(static) if (worth_threads)
-  for (int64_t p = 0; p < panels; ++p) {
-    const int cols = int(std::min<int64_t>(NR, N - p * NR));
-    // Every row in one pass over the panel's bytes (in pairs of rows, a second pass from L2
-    // measured slower at 4 rows: 16 MB of int8 weights 0.79 -> 1.03 ms on 2 threads).
-    switch (M) {
-      case 1: direct_tile<BITS, 1>(src, p, 1, cols, a, lda, sums, c, ldc, e); break;
-      case 2: direct_tile<BITS, 2>(src, p, 2, cols, a, lda, sums, c, ldc, e); break;
-      case 3: direct_tile<BITS, 3>(src, p, 3, cols, a, lda, sums, c, ldc, e); break;
-      default: direct_tile<BITS, 4>(src, p, int(M), cols, a, lda, sums, c, ldc, e); break;
+    for (int64_t p = 0; p < panels; ++p) {
+      const int cols = int(std::min<int64_t>(NR, N - p * NR));
+      switch (M) {
+        case 1: direct_tile_bf16<1>(src4, p, 1, cols, act, sums, c, ldc, e); break;
+        case 2: direct_tile_bf16<2>(src4, p, 2, cols, act, sums, c, ldc, e); break;
+        case 3: direct_tile_bf16<3>(src4, p, 3, cols, act, sums, c, ldc, e); break;
+        default: direct_tile_bf16<4>(src4, p, int(M), cols, act, sums, c, ldc, e); break;
+      }
+    }
+  } else
+#endif
+  {
+#pragma omp parallel for schedule(static) if (worth_threads)
+    for (int64_t p = 0; p < panels; ++p) {
+      const int cols = int(std::min<int64_t>(NR, N - p * NR));
+      // Every row in one pass over the panel's bytes (in pairs of rows, a second pass from L2
+      // measured slower at 4 rows: 16 MB of int8 weights 0.79 -> 1.03 ms on 2 threads).
+      switch (M) {
+        case 1: direct_tile<BITS, 1>(src, p, 1, cols, a, lda, sums, c, ldc, e); break;
+        case 2: direct_tile<BITS, 2>(src, p, 2, cols, a, lda, sums, c, ldc, e); break;
+        case 3: direct_tile<BITS, 3>(src, p, 3, cols, a, lda, sums, c, ldc, e); break;
+        default: direct_tile<BITS, 4>(src, p, int(M), cols, a, lda, sums, c, ldc, e); break;
+      }
     }
   }
   if (e && e->row_norm) {  // a few rows: normalized here, each whole
