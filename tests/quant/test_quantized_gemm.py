@@ -39,6 +39,32 @@ def _check(out: torch.Tensor, ref: torch.Tensor, k: int) -> None:
     assert err <= 1e-7 * k + 1e-6, err
 
 
+def _bf16_pairs(bits: int, m: int, group: int) -> bool:
+    """Whether kiln's GEMM (built for this CPU) takes int4's bfloat16 path (kiln_gemm_quant.h
+    `direct_tile_bf16`): int4, at most 4 rows, groups of a multiple of 8, a CPU with avx512_bf16."""
+    return bits == 4 and m <= 4 and group % 8 == 0 and _cpu_has("avx512_bf16")
+
+
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and flag in line.split() for line in f)
+    except OSError:
+        return False
+
+
+def split_activations(a: torch.Tensor) -> torch.Tensor:
+    """The activations as that path carries them: hi = bf16(a), lo = bf16(a - hi), hi + lo."""
+    hi = a.to(torch.bfloat16).float()
+    lo = (a - hi).to(torch.bfloat16).float()
+    return hi.double() + lo.double()
+
+
+def test_the_split_activations_are_within_2_to_the_minus_16():
+    a = torch.randn(10000) * torch.logspace(-20, 20, 10000)
+    assert ((split_activations(a) - a.double()).abs() <= 2.0 ** -16 * a.double().abs()).all()
+
+
 def _reference(a, w, bias, unary, scalars, algorithm, residual):
     """The float64 epilogue(a @ wᵀ) of a dequantized weight w [N, K] (kiln's GEMM test's reference)."""
     return gemm_reference(a, w.t(), bias, unary, scalars, algorithm, residual)
@@ -52,10 +78,12 @@ def test_every_epilogue_matches_a_float64_product_of_the_dequantized_weight(shap
     packed = kernels.quant_pack(q, s, z, bits, group, k)
     g = torch.Generator().manual_seed(k)
     a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+    # int4's bfloat16 path products its activations' two-bfloat16 split exactly (the rest as float32 does).
+    carried = split_activations(a) if _bf16_pairs(bits, m, group) else a
     for unary, scalars, algorithm in EPILOGUES:
         for b, r in [(None, None), (bias, None), (bias, residual)]:
             out = kernels.mm_quant(a, packed, n, bits, group, b, unary, scalars, r, algorithm)
-            _check(out, _reference(a, w, b, unary, scalars, algorithm, r), k)
+            _check(out, _reference(carried, w, b, unary, scalars, algorithm, r), k)
 
 
 @pytest.mark.parametrize("m", [1, 3, 12])
@@ -70,7 +98,7 @@ def test_row_norms_after_the_quantized_product(m, kind):
     norm_weight, norm_bias = (None, None) if "softmax" in kind else (weight, None if kind == "rms_norm" else beta)
     out = kernels.mm_quant(a, packed, n, 4, 64, bias, "none", (), residual,
                            row_norm=kernels.RowNorm(norm_weight, norm_bias, 1e-5, None, kind))
-    y = _reference(a, w, bias, "none", (), None, residual)
+    y = _reference(split_activations(a) if _bf16_pairs(4, m, 64) else a, w, bias, "none", (), None, residual)
     if kind == "layer_norm":
         ref = torch.nn.functional.layer_norm(y, [n], weight.double(), beta.double(), 1e-5)
     elif kind == "rms_norm":

@@ -276,28 +276,33 @@ static inline void direct_tile(const QuantPanels<BITS>& src, int64_t p, int rows
 #if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
 // int4 at a few rows on CPUs with bfloat16 dot products (vdpbf16ps: two products a lane, 32 a
 // vector instruction). The float32 path above costs three vector instructions per 16 weights
-// (unpack, subtract, FMA) and on Zen 4 ran both cores' int4 GEMV at 26 G weights/s each, below
-// the memory's speed; this one costs two (a shift and a vpternlogd make 32 weights, two
-// vdpbf16ps take them) and streams at the memory's speed.
+// (unpack, subtract, FMA): on Zen 4 (every AVX-512 op two of four pipes' slots) it ran at 26 G
+// weights/s a core, both cores' int4 GEMV below the memory's speed (26 GB/s of 33), no faster
+// than int8's. This one costs two per 16 (a shift and a vpternlogd make 32 weights, two
+// vdpbf16ps take them): 39 G weights/s a core, the memory's speed at 2 cores.
 //
-// Exactness: a weight is 1 + q / 16 in bfloat16 (five significant bits: exact), its product with
-// a bfloat16 exact in float32. Each activation is carried as the sum of two bfloat16, hi =
-// bf16(a) and lo = bf16(a - hi): 16 significant bits, |a - (hi + lo)| <= 2^-18 |a| — the only
-// rounding float32 does not make (float32's own accumulation of K products is ~sqrt(K) 2^-24
-// relative, 2.7e-6 at K = 2048). The 1 in each weight is taken out with the zero point:
-// part - (1 + zero / 16) asum, asum summing hi + lo (exact in float32) so that it cancels the
-// offset the dot products summed; the offset makes the float32 sums' rounding grow with 16 + q
-// where the float32 path's grows with |q - zero|. tests/quant/test_quantized_gemm.py holds the
-// bound.
+// What it computes: a weight is 1 + q / 16 in bfloat16 (five significant bits: exact), its
+// product with a bfloat16 exact in float32. Each activation is carried as the sum of two
+// bfloat16, hi = bf16(a) and lo = bf16(a - hi): 16 significant bits, |a - (hi + lo)| <= 2^-16 |a|,
+// so the result is the float32-accumulated product of those activations with the dequantized
+// weights, within 2^-16 sum_k |a_k w_k| of the exact one (an int4 weight is within half a step,
+// 2^-5 of its group's range, of the float weight it stands for: the quantization's error is
+// thousands of times this one). A third bfloat16 would carry a exactly and cost a third more
+// instructions: measured as slow as the float32 path. The 1 in each weight is taken out per word
+// (8 k: sum_k x_k (1 + q_k / 16) - sum_k x_k, x = hi + lo, summed beforehand) so that the
+// sums stay those of x q / 16 and round as float32's do; the zero point with each group's sum of
+// x, as the float32 path does. tests/quant/test_quantized_gemm.py checks against float64 of the
+// same split.
 //
 // Activations per row as pairs of k for each word w (k = 8w + j and 8w + j + 4, j = 0..3: the
 // nibbles 16 bits apart in the word, so one shift puts both under bfloat16's mantissa top):
 // hi pairs then lo pairs, [rows][words][4] 32-bit (two bfloat16) each; k past K are 0.
 struct SplitActivations {
   int64_t words;
-  std::unique_ptr<uint32_t[]> pairs;  // [rows][2][words][4]
-  const uint32_t* hi(int r) const { return pairs.get() + (int64_t(r) * 2 + 0) * words * 4; }
-  const uint32_t* lo(int r) const { return pairs.get() + (int64_t(r) * 2 + 1) * words * 4; }
+  std::unique_ptr<uint32_t[]> pairs;  // [rows][2][words][4]: hi, then lo
+  std::unique_ptr<float[]> word_sums;  // [rows][words]: each word's 8 values of hi + lo summed
+  const uint32_t* part(int r, int which) const { return pairs.get() + (int64_t(r) * 2 + which) * words * 4; }
+  const float* sums(int r) const { return word_sums.get() + int64_t(r) * words; }
 };
 
 static inline uint32_t bf16_bits_rne(float x) {
@@ -313,27 +318,32 @@ static inline float bf16_float(uint32_t h) {
   return f;
 }
 
-// The split of rows [0, M) of a, and each row's sum of hi + lo per group (asums [M][groups]).
+// The split of rows [0, M) of a, and each row's sum of hi + lo per group (asums [M][groups]) and per word.
 static SplitActivations split_activations(const QuantShape& z, int64_t M, const float* a, int64_t lda, float* asums) {
-  SplitActivations s{z.words(), std::unique_ptr<uint32_t[]>(new uint32_t[M * 2 * z.words() * 4])};
+  SplitActivations s{z.words(), std::unique_ptr<uint32_t[]>(new uint32_t[M * 2 * z.words() * 4]),
+                     std::unique_ptr<float[]>(new float[M * z.words()])};
   const int64_t groups = z.groups();
   for (int64_t r = 0; r < M; ++r) {
-    uint32_t* hi = s.pairs.get() + (r * 2 + 0) * s.words * 4;
-    uint32_t* lo = s.pairs.get() + (r * 2 + 1) * s.words * 4;
+    uint32_t* parts[2];
+    for (int which = 0; which < 2; ++which) parts[which] = s.pairs.get() + (r * 2 + which) * s.words * 4;
     std::fill(asums + r * groups, asums + (r + 1) * groups, 0.0f);
-    for (int64_t w = 0; w < s.words; ++w)
+    for (int64_t w = 0; w < s.words; ++w) {
+      float word_sum = 0.0f;
       for (int j = 0; j < 4; ++j) {
-        uint32_t h[2], l[2];
+        uint32_t bits[2][2];
         for (int half = 0; half < 2; ++half) {
           const int64_t k = 8 * w + j + 4 * half;
           const float x = k < z.K ? a[r * lda + k] : 0.0f;
-          h[half] = bf16_bits_rne(x);
-          l[half] = bf16_bits_rne(x - bf16_float(h[half]));
-          if (k < z.K) asums[r * groups + k / z.group] += bf16_float(h[half]) + bf16_float(l[half]);
+          bits[0][half] = bf16_bits_rne(x);
+          bits[1][half] = bf16_bits_rne(x - bf16_float(bits[0][half]));  // (x - hi: exact)
+          const float carried = bf16_float(bits[0][half]) + bf16_float(bits[1][half]);  // exact
+          if (k < z.K) asums[r * groups + k / z.group] += carried;
+          word_sum += carried;
         }
-        hi[w * 4 + j] = h[0] | (h[1] << 16);
-        lo[w * 4 + j] = l[0] | (l[1] << 16);
+        for (int which = 0; which < 2; ++which) parts[which][w * 4 + j] = bits[which][0] | (bits[which][1] << 16);
       }
+      s.word_sums[r * s.words + w] = word_sum;
+    }
   }
   return s;
 }
@@ -351,11 +361,12 @@ static inline void direct_tile_bf16(const QuantPanels<4>& src, int64_t p, int ro
   const uint8_t* q = src.panel(p);
   const int64_t groups = src.z.groups(), words = src.z.words(), group_words = src.z.group / 8;
   const __m512i mantissa = _mm512_set1_epi32(0x00780078), one = _mm512_set1_epi32(0x3F803F80);
+  constexpr int SETS = 2;  // the hi products' sums and the lo products' (two chains of sums a vector and row)
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t w_end = std::min(words, (g + 1) * group_words);
-    V part[2][R][NV];  // the hi products' sums and the lo products'
+    V part[SETS][R][NV];
 #pragma GCC unroll 2
-    for (int s = 0; s < 2; ++s)
+    for (int s = 0; s < SETS; ++s)
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
@@ -377,28 +388,35 @@ static inline void direct_tile_bf16(const QuantPanels<4>& src, int64_t p, int ro
           b[v] = (__m512bh)_mm512_ternarylogic_epi32(at, mantissa, one, 0xEA);  // (at & mantissa) | one
         }
 #pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-          const __m512bh hi = (__m512bh)_mm512_set1_epi32(int(act.hi(r)[w * 4 + j]));
-          const __m512bh lo = (__m512bh)_mm512_set1_epi32(int(act.lo(r)[w * 4 + j]));
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+          for (int which = 0; which < 2; ++which) {
+            const __m512bh x = (__m512bh)_mm512_set1_epi32(int(act.part(r, which)[w * 4 + j]));
 #pragma GCC unroll 8
-          for (int v = 0; v < NV; ++v) {
-            part[0][r][v] = (V)_mm512_dpbf16_ps((__m512)part[0][r][v], hi, b[v]);
-            part[1][r][v] = (V)_mm512_dpbf16_ps((__m512)part[1][r][v], lo, b[v]);
+            for (int v = 0; v < NV; ++v) part[which][r][v] = (V)_mm512_dpbf16_ps((__m512)part[which][r][v], x, b[v]);
           }
-        }
+      }
+      // The word's 1s out now, while the sums are short: Σ x (1 + q / 16) - Σ x = Σ x q / 16.
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const V offsets = broadcast(act.sums(r) + w);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) part[0][r][v] -= offsets;
       }
     }
     V scale[NV], offset[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
       scale[v] = kiln::load(src.table(p, g, 0) + v * L);
-      offset[v] = kiln::load(src.table(p, g, 1) + v * L) + 1.0f;  // 1 + zero / 16
+      offset[v] = kiln::load(src.table(p, g, 1) + v * L);  // zero / 16
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const V asum = broadcast(asums + r * groups + g);
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[r][v] = fma(part[0][r][v] + part[1][r][v] - asum * offset[v], scale[v], acc[r][v]);
+      for (int v = 0; v < NV; ++v) {
+        acc[r][v] = fma(part[0][r][v] + part[1][r][v] - asum * offset[v], scale[v], acc[r][v]);
+      }
     }
   }
   store_block<R>(acc, rows, cols, 0, p * NR, c, ldc, e, true);
