@@ -162,15 +162,16 @@ def _fake_mode(values: list[Any]) -> Any:
 def insert(gm: fx.GraphModule, before: fx.Node, target: Any, *args: Any, **kwargs: Any) -> fx.Node:
     """A new call of `target` before `before`, its `meta["val"]` computed on the operands' fake
     values (so later passes and the lowering see its shape, dtype and strides). Keyword
-    arguments are plain values (`dtype=`)."""
+    arguments are plain values (`dtype=`) or nodes (a keyword-only tensor: `attn_mask=`)."""
     vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in args]
     vals = [[v.meta.get("val") if isinstance(v, fx.Node) else v for v in a] if isinstance(a, (list, tuple)) else a
             for a in vals]
+    kwarg_vals = {k: v.meta.get("val") if isinstance(v, fx.Node) else v for k, v in kwargs.items()}
     with gm.graph.inserting_before(before):
         node = gm.graph.call_function(target, tuple(args), kwargs)
-    leaves = [v for a in vals for v in (a if isinstance(a, list) else [a])]
+    leaves = [v for a in [*vals, *kwarg_vals.values()] for v in (a if isinstance(a, list) else [a])]
     with _fake_mode(leaves):
-        node.meta["val"] = target(*vals, **kwargs)
+        node.meta["val"] = target(*vals, **kwarg_vals)
     return node
 
 

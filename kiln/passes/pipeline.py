@@ -46,6 +46,7 @@ from kiln.passes.dropout import dropout
 from kiln.passes.freeze import freeze
 from kiln.passes.gemm_layer_norm import gemm_layer_norm
 from kiln.passes.gemm_prepack import gemm_prepack
+from kiln.passes.grouped_attention import grouped_attention
 from kiln.passes.kiln_attention import kiln_attention
 from kiln.passes.quantized_gemm import quantized_gemm
 from kiln.passes.redundant_casts import redundant_casts
@@ -60,6 +61,7 @@ REWRITES: list[tuple[str, Rewrite]] = [
     ("freeze", freeze),  # module state -> frozen inputs, when backend.freezing is on
     ("redundant_casts", redundant_casts),
     ("attention", attention),
+    ("grouped_attention", grouped_attention),  # a decode step's grouped-query attention without copies of k and v
     ("kiln_attention", kiln_attention),  # ATen's CPU attention -> kiln's, where timed faster
     ("dropout", dropout),  # training-mode dropout: a seed per call, the mask computed in the kernels
     ("conv_padding", conv_padding),
