@@ -303,7 +303,8 @@ def measure_group(base: nn.Module, model: str, batch: int, threads: int, modes: 
 def run_llm_suite(settings: LlmSettings, progress: TextIO | None = sys.stderr,
                   on_group: Callable[[LlmRun], None] | None = None) -> LlmRun:
     """Every model at every batch and thread count through every mode; with the machine's read
-    bandwidth at each thread count. `on_group(run)` after each (model, batch): the run so far."""
+    bandwidth at each thread count (the best of a probe before the first group and one after
+    each). `on_group(run)` after each (model, batch): the run so far."""
     run = LlmRun(settings)
     modes = [LLM_MODES[name] for name in settings.modes]
     before = torch.get_num_threads()
@@ -318,6 +319,10 @@ def run_llm_suite(settings: LlmSettings, progress: TextIO | None = sys.stderr,
                 base = LLM_MODELS[name].build()
                 for batch in settings.batches:
                     group = measure_group(base, name, batch, threads, modes, settings)
+                    # Probed again after each group, the best kept: on a shared VM the same probe
+                    # read 30 to 49 GB/s between processes, and a probe that caught a slow moment
+                    # would flatter every mode's fraction of it.
+                    run.bandwidth[threads] = max(run.bandwidth[threads], read_bandwidth(threads))
                     run.results += group
                     for r in group:
                         _say(progress, f"{name} · batch {batch} · {r.mode} · {_threads(threads)}: "
