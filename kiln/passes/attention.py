@@ -27,9 +27,19 @@ import torch
 from torch import fx
 
 from kiln.ir.target import Target
-from kiln.passes.pattern import Op, Var, insert, match, remove_dead
+from kiln.passes.pattern import Op, Var, arguments, insert, match, remove_dead
 
 aten = torch.ops.aten
+FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def inference_flash_calls(gm: fx.GraphModule):
+    """(node, (q, k, v, dropout, causal, mask, scale)) for each of ATen's CPU flash attention calls
+    whose output alone is read (not the log-sum-exp a training forward saves for its backward): what
+    the later attention passes may rewrite. A list, so that they may edit the graph meanwhile."""
+    return [(node, arguments(node)) for node in gm.graph.nodes
+            if node.op == "call_function" and node.target is FLASH and node.users
+            and all(u.target is operator.getitem and u.args[1] == 0 for u in node.users)]
 
 _VIEW = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 

@@ -27,10 +27,10 @@ from torch import fx
 
 from kiln import logs
 from kiln.ir.target import Target
-from kiln.passes.pattern import arguments, insert, remove_dead
+from kiln.passes.attention import FLASH, inference_flash_calls
+from kiln.passes.pattern import insert, remove_dead
 
 aten = torch.ops.aten
-_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
 def _shape(node: object) -> tuple | None:
@@ -76,12 +76,7 @@ def grouped_attention(gm: fx.GraphModule, target: Target) -> bool:
     if target.device != "cpu":
         return False
     changed = False
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not _FLASH:
-            continue
-        if not node.users or any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
-            continue  # the log-sum-exp is read (a training forward)
-        q, k, v, dropout, causal, mask, scale = arguments(node)
+    for node, (q, k, v, dropout, causal, mask, scale) in inference_flash_calls(gm):
         q_shape, keys, values = _shape(q), _unrepeated(k), _unrepeated(v)
         if q_shape is None or keys is None or values is None or keys[1] != values[1] or dropout != 0 or causal:
             continue
@@ -92,7 +87,7 @@ def grouped_attention(gm: fx.GraphModule, target: Target) -> bool:
             continue  # more than one query row, or a mask per head
         out_shape = tuple(node.meta["val"][0].shape)
         q_grouped = insert(gm, node, aten.view.default, q, [b, heads // n_rep, n_rep, d])
-        grouped = insert(gm, node, _FLASH, q_grouped, k_head, v_head, 0.0, False, attn_mask=mask, scale=scale)
+        grouped = insert(gm, node, FLASH, q_grouped, k_head, v_head, 0.0, False, attn_mask=mask, scale=scale)
         out = insert(gm, node, operator.getitem, grouped, 0)
         if not _viewable(out, out_shape):  # ATen's CPU kernel lays its output out [B, rows, H, D]
             out = insert(gm, node, aten.clone.default, out, memory_format=torch.contiguous_format)

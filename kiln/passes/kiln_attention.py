@@ -12,7 +12,6 @@ vector width and a mask, if any, of float32 (kiln/externs/kiln_attention.py: `ap
 from __future__ import annotations
 
 import math
-import operator
 
 import torch
 from torch import fx
@@ -22,10 +21,9 @@ from kiln.autotune import mode as autotune_mode
 from kiln.autotune.attention import choose_attention
 from kiln.externs import kiln_attention as kernel
 from kiln.ir.target import Target
-from kiln.passes.pattern import arguments, insert, remove_dead
+from kiln.passes.attention import inference_flash_calls
+from kiln.passes.pattern import insert, remove_dead
 
-aten = torch.ops.aten
-_FLASH = aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
 def _static(node: object) -> torch.Tensor | None:
@@ -39,12 +37,7 @@ def kiln_attention(gm: fx.GraphModule, target: Target) -> bool:
     if target.device != "cpu" or mode == "off":
         return False
     changed = False
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not _FLASH:
-            continue
-        if not node.users or any(u.target is not operator.getitem or u.args[1] != 0 for u in node.users):
-            continue  # the log-sum-exp is read
-        q, k, v, dropout, causal, mask, scale = arguments(node)
+    for node, (q, k, v, dropout, causal, mask, scale) in inference_flash_calls(gm):
         vals = [_static(n) for n in (q, k, v)]
         mask_val = _static(mask) if mask is not None else None
         if dropout != 0 or any(val is None for val in vals) or (mask is not None and mask_val is None):

@@ -66,15 +66,21 @@ def test_the_quantized_state_dict_saves_and_loads(tmp_path):
     assert {"gate.qweight", "gate.scales", "gate.zeros", "down.bias"} <= set(model.state_dict())
 
 
-@pytest.mark.parametrize("dtype,group", [("int8", None), ("int4", 64)])
-def test_the_compiled_model_runs_kiln_s_quantized_gemm_with_its_epilogues(dtype, group):
+def _quantized_gemms(module: nn.Module, rows: int, dtype: str, group: int | None):
+    """The compiled quantized `module`'s kiln::mm_quant calls and its program, its output checked
+    against eager's quantized model."""
     torch.manual_seed(0)
-    model = kiln.quantize(Block().eval(), dtype, group_size=group)
-    x = torch.randn(5, 96)
+    model = kiln.quantize(module.eval(), dtype, group_size=group)
+    x = torch.randn(rows, 96)
     out, program = compiled(model, x, freezing=True)
     with torch.no_grad():
         torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
-    calls = [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm_quant.default"]
+    return [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm_quant.default"], program
+
+
+@pytest.mark.parametrize("dtype,group", [("int8", None), ("int4", 64)])
+def test_the_compiled_model_runs_kiln_s_quantized_gemm_with_its_epilogues(dtype, group):
+    calls, program = _quantized_gemms(Block(), 5, dtype, group)
     # gate and up read x: one GEMM over both weights (200 + 200 columns), each a slice of it.
     assert len(calls) == 3 and _externs(program).count("kiln.mm_quant.default") == 3
     assert sorted(c.outputs[0].layout.size[-1] for c in calls) == [40, 96, 400]
@@ -93,13 +99,7 @@ class SiluMlp(nn.Module):
 
 @pytest.mark.parametrize("dtype,group", [("int8", None), ("int4", 64)])
 def test_a_unary_after_a_quantized_linear_runs_in_its_gemm(dtype, group):
-    torch.manual_seed(0)
-    model = kiln.quantize(SiluMlp().eval(), dtype, group_size=group)
-    x = torch.randn(3, 96)
-    out, program = compiled(model, x, freezing=True)
-    with torch.no_grad():
-        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
-    calls = [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm_quant.default"]
+    calls, _ = _quantized_gemms(SiluMlp(), 3, dtype, group)
     assert sorted(c.args[8] for c in calls) == ["none", "swish"]  # silu(up(x)) inside up's GEMM
 
 

@@ -172,6 +172,14 @@ template <int BITS> struct QuantPanels {
 // a third of the memory's speed through it).
 constexpr int DIRECT_ROWS = 4;
 
+// Every vector of x set to zero.
+template <int A, int B> static inline void clear(V (&x)[A][B]) {
+#pragma GCC unroll 4
+  for (int a = 0; a < A; ++a)
+#pragma GCC unroll 8
+    for (int b = 0; b < B; ++b) x[a][b] = V{};
+}
+
 // C rows [0, rows) of panel p's columns, every k at once. Per group the sums are of raw levels,
 // part = sum_k a_k q_k, scaled once at the group's end: acc += (part - zero * asum) * scale =
 // sum_k a_k (q_k - zero) scale, with asum = sum_k a_k over the group (`asums`, the same for every
@@ -186,21 +194,14 @@ static inline void direct_tile(const QuantPanels<BITS>& src, int64_t p, int rows
                                int64_t lda, const float* asums, void* c, int64_t ldc, const Epilogue* e) {
   constexpr int SETS = R <= 2 ? 2 : 1;
   V acc[R][NV];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+  clear(acc);
   const uint8_t* q = src.panel(p);
   const int64_t K = src.z.K, groups = src.z.groups();
   for (int64_t k = 0; k < K;) {
     const int64_t g = k / src.z.group, end = std::min(K, (g + 1) * src.z.group);
     V part[SETS][R][NV];
 #pragma GCC unroll 2
-    for (int s = 0; s < SETS; ++s)
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) part[s][r][v] = V{};
+    for (int s = 0; s < SETS; ++s) clear(part[s]);
     auto add = [&](int set, int64_t kk, const V (&w)[NV]) {
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
@@ -354,10 +355,7 @@ static inline void direct_tile_bf16(const QuantPanels<4>& src, int64_t p, int ro
                                     const SplitActivations& act, const float* asums, void* c, int64_t ldc,
                                     const Epilogue* e) {
   V acc[R][NV];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) acc[r][v] = V{};
+  clear(acc);
   const uint8_t* q = src.panel(p);
   const int64_t groups = src.z.groups(), words = src.z.words(), group_words = src.z.group / 8;
   const __m512i mantissa = _mm512_set1_epi32(0x00780078), one = _mm512_set1_epi32(0x3F803F80);
@@ -366,11 +364,7 @@ static inline void direct_tile_bf16(const QuantPanels<4>& src, int64_t p, int ro
     const int64_t w_end = std::min(words, (g + 1) * group_words);
     V part[SETS][R][NV];
 #pragma GCC unroll 2
-    for (int s = 0; s < SETS; ++s)
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) part[s][r][v] = V{};
+    for (int s = 0; s < SETS; ++s) clear(part[s]);
     for (int64_t w = g * group_words; w < w_end; ++w) {
       __m512i word[NV];
 #pragma GCC unroll 8
