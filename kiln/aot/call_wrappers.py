@@ -76,7 +76,10 @@ def restore_aliases(sig: Signature, args: Sequence[Any], outputs: list[Any]) -> 
 def copy_back_mutations(sig: Signature, args: Sequence[Any], new_values: Sequence[torch.Tensor]) -> None:
     with torch.no_grad():
         for i, value in zip(sig.mutated_inputs, new_values):
-            args[i].copy_(value)
+            # A graph that wrote the input in place returns that tensor: copying it onto itself does
+            # nothing but cost a dispatch (a decode step's 24-44 KV-cache tensors, every token).
+            if value is not args[i]:
+                args[i].copy_(value)
 
 
 def without_autocast(compiled: Callable) -> Callable:
