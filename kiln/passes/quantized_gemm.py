@@ -58,7 +58,8 @@ def _residual(last: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     return add, other
 
 
-def _mergeable(node: fx.Node, constants: ConstantSet) -> bool:
+def _qualifies(node: fx.Node, constants: ConstantSet) -> bool:
+    """Whether kiln's GEMM takes this quantized Linear: frozen weights, float32 activations and bias."""
     x, qweight, scales, zeros, bits, group_size, bias = arguments(node)
     return qweight in constants and constants.all(scales, zeros, bias) and _float32(x) and \
         (bias is None or _float32(bias))
@@ -71,7 +72,7 @@ def _merge_siblings(gm: fx.GraphModule, constants: ConstantSet) -> bool:
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     sets: dict[tuple, list[fx.Node]] = {}
     for node in gm.graph.nodes:
-        if _is_quantized_linear(node) and _mergeable(node, constants):
+        if _is_quantized_linear(node) and _qualifies(node, constants):
             x, _, _, _, bits, group_size, bias = arguments(node)
             sets.setdefault((x, bits, group_size, bias is None), []).append(node)
     changed = False
@@ -113,7 +114,7 @@ def quantized_gemm(gm: fx.GraphModule, target: Target) -> bool:
     for node in list(gm.graph.nodes):
         if not _is_quantized_linear(node):
             continue
-        if not _mergeable(node, constants):
+        if not _qualifies(node, constants):
             continue
         x, qweight, scales, zeros, bits, group_size, bias = arguments(node)
         last, post_op = node, NO_POST_OP

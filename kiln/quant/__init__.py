@@ -19,9 +19,8 @@ _BITS = {"int8": 8, "int4": 4}
 
 
 def quantize(model: nn.Module, dtype: str, group_size: int | None = None) -> nn.Module:
-    """Replace every `nn.Linear` in `model` (and HF's `Conv1D`, GPT-2's) (in place) by its weight-only
-    quantized form; returns
-    `model`. `dtype`: "int8" (per output channel; no `group_size`) or "int4" (groups of
+    """Replace every `nn.Linear` in `model` (and HF's `Conv1D`, GPT-2's) in place by its
+    weight-only quantized form; returns `model`. `dtype`: "int8" (per output channel; no `group_size`) or "int4" (groups of
     `group_size` input features, default 128, an even number).
 
     Example::

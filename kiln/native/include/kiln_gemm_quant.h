@@ -81,8 +81,9 @@ template <bool SIGNED> static inline kiln::vec<int32_t> widen_bytes(const uint8_
 }
 
 // int4's nibble `field` (0..7) of each lane's word, as the float32 q / 16, without converting an
-// integer (a widening and an FP-pipe conversion per vector): the nibble masked where it lies, bits p..p+3, under the exponent
-// that makes its lowest bit worth 1/16 (2^(19 - p): a float 2^(19 - p) + q / 16, exactly), then
+// integer (a widening and an FP-pipe conversion per vector): the nibble masked where it lies,
+// bits p..p+3, under the exponent that makes its lowest bit worth 1/16 (2^(19 - p): a float
+// 2^(19 - p) + q / 16, exactly), then
 // that power of two subtracted (exact). One bitwise op (vpternlogd's (x & m) | c) and one
 // subtraction per vector of weights; fields 5..7 (bits 20..31, where the exponent lies) are moved
 // down 12 bits first, one shift for the three. (Adding the power of two back with the zero
@@ -183,9 +184,9 @@ template <int A, int B> static inline void clear(V (&x)[A][B]) {
 // C rows [0, rows) of panel p's columns, every k at once. Per group the sums are of raw levels,
 // part = sum_k a_k q_k, scaled once at the group's end: acc += (part - zero * asum) * scale =
 // sum_k a_k (q_k - zero) scale, with asum = sum_k a_k over the group (`asums`, the same for every
-// panel: summed once per call; int4's levels are q / 16, its zero zero / 16 and its scale 16 scale,
-// the same algebra). Per vector of weights a step is a widening and a conversion (int8) or a shift and a
-// bitwise op (int4, eight k from one load) and one FMA per row: the scale's product and the zero's
+// panel: summed once per call; int4's levels are q / 16, its zero zero / 16 and its scale 16
+// scale, the same algebra). Per vector of weights a step is a widening and a conversion (int8) or
+// a bitwise op and a subtraction (int4, eight k from one load) and one FMA per row: the scale's product and the zero's
 // subtraction per weight cost as much again (the int4 GEMV was bound by them, not by memory). k
 // goes round two sets of sums where the rows are few, so that each FMA does not wait on the last
 // (a row's three vectors of sums alone are three chains of 4-cycle FMAs: the GEMV was latency-bound).
@@ -306,19 +307,6 @@ struct SplitActivations {
   const float* sums(int r) const { return word_sums.get() + int64_t(r) * words; }
 };
 
-static inline uint32_t bf16_bits_rne(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;  // NaN stays NaN
-  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-}
-static inline float bf16_float(uint32_t h) {
-  const uint32_t u = h << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // The split of rows [0, M) of a, and each row's sum of hi + lo per group (asums [M][groups]) and per word.
 static SplitActivations split_activations(const QuantShape& z, int64_t M, const float* a, int64_t lda, float* asums) {
   SplitActivations s{z.words(), std::unique_ptr<uint32_t[]>(new uint32_t[M * 2 * z.words() * 4]),
@@ -331,17 +319,18 @@ static SplitActivations split_activations(const QuantShape& z, int64_t M, const 
     for (int64_t w = 0; w < s.words; ++w) {
       float word_sum = 0.0f;
       for (int j = 0; j < 4; ++j) {
-        uint32_t bits[2][2];
+        kiln_bf16 split[2][2];  // [hi, lo][k, k + 4]
         for (int half = 0; half < 2; ++half) {
           const int64_t k = 8 * w + j + 4 * half;
           const float x = k < z.K ? a[r * lda + k] : 0.0f;
-          bits[0][half] = bf16_bits_rne(x);
-          bits[1][half] = bf16_bits_rne(x - bf16_float(bits[0][half]));  // (x - hi: exact)
-          const float carried = bf16_float(bits[0][half]) + bf16_float(bits[1][half]);  // exact
+          split[0][half] = kiln_bf16(x);
+          split[1][half] = kiln_bf16(x - float(split[0][half]));  // (x - hi: exact)
+          const float carried = float(split[0][half]) + float(split[1][half]);  // exact
           if (k < z.K) asums[r * groups + k / z.group] += carried;
           word_sum += carried;
         }
-        for (int which = 0; which < 2; ++which) parts[which][w * 4 + j] = bits[which][0] | (bits[which][1] << 16);
+        for (int which = 0; which < 2; ++which)
+          parts[which][w * 4 + j] = split[which][0].bits | (uint32_t(split[which][1].bits) << 16);
       }
       s.word_sums[r * s.words + w] = word_sum;
     }
@@ -421,50 +410,53 @@ template <int BITS>
 static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const float* a, int64_t lda, void* c,
                               int64_t ldc, const Epilogue* e) {
   const int64_t N = src.z.N, K = src.z.K, panels = src.z.panels(), groups = src.z.groups();
-  // int4: each row's sum of a over each group (the zero points' share), once for every panel.
+#if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
+  const bool bf16_pairs = BITS == 4 && src.z.group % 8 == 0;
+#else
+  const bool bf16_pairs = false;
+#endif
+  // int4: each row's sum of a over each group (the zero points' share), once for every panel (the
+  // bfloat16 path sums its split activations instead, as it makes them).
   float asums[DIRECT_ROWS * 64];
   std::unique_ptr<float[]> large;
   float* sums = asums;
   if (BITS == 4) {
     if (M * groups > DIRECT_ROWS * 64) large.reset(sums = new float[M * groups]);
-    for (int64_t r = 0; r < M; ++r)
+    for (int64_t r = 0; r < M && !bf16_pairs; ++r)
       for (int64_t g = 0; g < groups; ++g) {
         float total = 0.0f;
         for (int64_t k = g * src.z.group; k < std::min(K, (g + 1) * src.z.group); ++k) total += a[r * lda + k];
         sums[r * groups + g] = total;
       }
   }
+  // tile(R, p, rows, cols) for every panel, R the rows as a compile-time constant, the threads
+  // splitting the panels. Every row in one pass over the panel's bytes (in pairs of rows, a second
+  // pass from L2 measured slower at 4 rows: 16 MB of int8 weights 0.79 -> 1.03 ms on 2 threads).
   const bool worth_threads = panels > 1 && 2 * M * N * K >= (int64_t(1) << 18);
+  auto each_panel = [&](auto tile) {
+#pragma omp parallel for schedule(static) if (worth_threads)
+    for (int64_t p = 0; p < panels; ++p) {
+      const int cols = int(std::min<int64_t>(NR, N - p * NR));
+      switch (M) {
+        case 1: tile(std::integral_constant<int, 1>{}, p, 1, cols); break;
+        case 2: tile(std::integral_constant<int, 2>{}, p, 2, cols); break;
+        case 3: tile(std::integral_constant<int, 3>{}, p, 3, cols); break;
+        default: tile(std::integral_constant<int, 4>{}, p, int(M), cols); break;
+      }
+    }
+  };
 #if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
-  if (BITS == 4 && src.z.group % 8 == 0) {
+  if (bf16_pairs) {
     const QuantPanels<4>& src4 = reinterpret_cast<const QuantPanels<4>&>(src);
     const SplitActivations act = split_activations(src.z, M, a, lda, sums);
-#pragma omp parallel for schedule(static) if (worth_threads)
-    for (int64_t p = 0; p < panels; ++p) {
-      const int cols = int(std::min<int64_t>(NR, N - p * NR));
-      switch (M) {
-        case 1: direct_tile_bf16<1>(src4, p, 1, cols, act, sums, c, ldc, e); break;
-        case 2: direct_tile_bf16<2>(src4, p, 2, cols, act, sums, c, ldc, e); break;
-        case 3: direct_tile_bf16<3>(src4, p, 3, cols, act, sums, c, ldc, e); break;
-        default: direct_tile_bf16<4>(src4, p, int(M), cols, act, sums, c, ldc, e); break;
-      }
-    }
+    each_panel([&](auto R, int64_t p, int rows, int cols) {
+      direct_tile_bf16<decltype(R)::value>(src4, p, rows, cols, act, sums, c, ldc, e);
+    });
   } else
 #endif
-  {
-#pragma omp parallel for schedule(static) if (worth_threads)
-    for (int64_t p = 0; p < panels; ++p) {
-      const int cols = int(std::min<int64_t>(NR, N - p * NR));
-      // Every row in one pass over the panel's bytes (in pairs of rows, a second pass from L2
-      // measured slower at 4 rows: 16 MB of int8 weights 0.79 -> 1.03 ms on 2 threads).
-      switch (M) {
-        case 1: direct_tile<BITS, 1>(src, p, 1, cols, a, lda, sums, c, ldc, e); break;
-        case 2: direct_tile<BITS, 2>(src, p, 2, cols, a, lda, sums, c, ldc, e); break;
-        case 3: direct_tile<BITS, 3>(src, p, 3, cols, a, lda, sums, c, ldc, e); break;
-        default: direct_tile<BITS, 4>(src, p, int(M), cols, a, lda, sums, c, ldc, e); break;
-      }
-    }
-  }
+  each_panel([&](auto R, int64_t p, int rows, int cols) {
+    direct_tile<BITS, decltype(R)::value>(src, p, rows, cols, a, lda, sums, c, ldc, e);
+  });
   if (e && e->row_norm) {  // a few rows: normalized here, each whole
     if (e->row_norm == SOFTMAX || e->row_norm == LOG_SOFTMAX) softmax_rows(static_cast<float*>(c), ldc, N, 0, M, *e);
     else layer_norm_rows(static_cast<float*>(c), ldc, N, 0, M, *e);
