@@ -50,7 +50,9 @@ def _operands(b, h, sq, sk, d, dv, seed, transposed=True):
 L = kiln_attention.lanes()
 # (batch, heads, queries, keys, head size, v's head size)
 SHAPES = [(1, 12, 128, 128, 64, 64), (1, 12, 197, 197, 64, 64), (2, 3, 7, 9, 5, L), (1, 2, 33, 33, 17, 2 * L),
-          (3, 1, 1, 50, 64, 64), (1, 1, 257, 300, 80, 3 * L), (2, 2, 60, 60, 64, 64), (1, 1, 100, 61, 64, 5 * L)]
+          (3, 1, 1, 50, 64, 64), (1, 1, 257, 300, 80, 3 * L), (2, 2, 60, 60, 64, 64), (1, 1, 100, 61, 64, 5 * L),
+          # few query rows (a decode step's): keys read where they lie, not packed
+          (1, 12, 1, 159, 64, 64), (2, 3, 4, 37, 17, 2 * L), (1, 2, 2, 5, 64, L), (1, 4, 3, 300, 80, 5 * L)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -112,6 +114,23 @@ def test_masked_rows_are_zero_and_nan_rows_nan():
     torch.testing.assert_close(out[0, 1, keep], want[0, 1, keep], rtol=2e-5, atol=2e-5)
 
 
+def test_few_rows_masked_whole_or_nan():
+    # The few-rows path (at most four query rows a head): a row with every key masked is zeros,
+    # one of NaN scores NaN, the others exact.
+    q, k, v = _operands(1, 2, 3, 45, 64, 64, seed=3)
+    mask = torch.zeros(1, 1, 3, 45)
+    mask[..., 0, :] = -INF
+    mask[..., 2, 30:] = -INF
+    q = q.clone()
+    q[0, 1, 1] = float("nan")
+    out = kiln_attention.attention(q, k, v, mask, 0.125)
+    assert (out[:, :, 0] == 0).all()
+    assert out[0, 1, 1].isnan().all() and not out[0, 0, 1].isnan().any()
+    want = _reference(q, k, v, mask, 0.125, False)
+    torch.testing.assert_close(out[0, 0], want[0, 0], rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(out[0, 1, 2], want[0, 1, 2], rtol=2e-5, atol=2e-5)
+
+
 def test_what_the_kernel_takes():
     q, k, v = _operands(1, 2, 8, 8, 64, 64, seed=2)
     assert kiln_attention.applies(q, k, v, None)
@@ -143,7 +162,7 @@ def _kernel_entry(lib, q, k, v, mask, scale, causal):
 def test_other_isas(flags, tmp_path):
     """The tiles of narrower ISAs (AVX2: 6 x 2 score tiles of 8 lanes), built with their flags."""
     lib = x86_kernels_built_with(flags, tmp_path)
-    for shape in [(1, 3, 37, 41, 20, 32), (2, 1, 9, 9, 64, 64)]:
+    for shape in [(1, 3, 37, 41, 20, 32), (2, 1, 9, 9, 64, 64), (1, 4, 1, 45, 20, 32), (2, 2, 3, 19, 64, 64)]:
         b, h, sq, sk, d, dv = shape
         q, k, v = _operands(*shape, seed=sq)
         mask = torch.randn(b, 1, sq, sk)

@@ -6,7 +6,9 @@
 // Once a call, each query row's end: after its own key (causal) and after the last key its mask
 // leaves above -inf (a causal mask written out as 0 and -inf); keys past a row's end are never
 // computed, and a mask that is zero before every row's end is not added.
-// A task is one head's range of query rows; each thread runs its tasks with buffers of its own:
+// A task is one head's range of query rows; each thread runs its tasks with buffers of its own.
+// A task of at most FEW_ROWS rows (a decode step's) reads the keys where they lie: each row's
+// scores are dot products with L keys at a time, its softmax, then P · v key by key. Larger tasks:
 //   1. kᵀ packed into panels [ceil(keys / NR)][D][NR] (the GEMM's layout: kiln_gemm.h), once
 //      per task: a transpose of the head's keys, the only copy of an operand;
 //   2. for each block of QB query rows: S = q · kᵀ, register tiles of MR rows x NR keys (q's values
@@ -279,6 +281,99 @@ static inline bool zeros(const float* mask_row, int64_t end) {
   return true;
 }
 
+// A task of at most FEW_ROWS query rows (a decode step's one row, a few speculative ones) reads
+// the keys where they lie: packing kᵀ is a pass over the head's keys that so few rows never
+// amortize (a decode step's attention is a read of its KV cache, nothing more).
+constexpr int64_t FEW_ROWS = 4;
+
+// The scores of query row `qr` against keys [j0, j0 + n), n <= L: L dot products of length D,
+// D's vectors outermost (L independent sums), transposed in registers and summed into one vector.
+// Lanes past n repeat key j0's product (the caller sets them to -inf).
+static inline V key_dots(const float* qr, const float* k, int64_t k_s, int64_t D, int64_t j0, int n) {
+  const float* rows[L];
+#pragma GCC unroll 16
+  for (int t = 0; t < L; ++t) rows[t] = k + (j0 + (t < n ? t : 0)) * k_s;
+  V acc[L];
+#pragma GCC unroll 16
+  for (int t = 0; t < L; ++t) acc[t] = V{};
+  const int64_t whole = D / L * L;
+  for (int64_t d = 0; d < whole; d += L) {
+    const V x = kiln::load(qr + d);
+#pragma GCC unroll 16
+    for (int t = 0; t < L; ++t) acc[t] += x * kiln::load(rows[t] + d);
+  }
+  transpose(acc);
+#pragma GCC unroll 16
+  for (int t = 1; t < L; ++t) acc[0] += acc[t];
+  if (whole < D) {  // D not a multiple of L: its last values key by key
+    float tail[L] = {};
+    for (int t = 0; t < n; ++t)
+      for (int64_t d = whole; d < D; ++d) tail[t] += qr[d] * rows[t][d];
+    acc[0] += kiln::load(tail);
+  }
+  return acc[0];
+}
+
+// o[0, NVX vectors) = inverse * sum over keys j < end of p[j] * v's row j; two keys a step, each
+// into accumulators of its own (two independent chains of additions).
+template <int NVX>
+static inline void weighted_rows(const float* p, int64_t end, const float* v, int64_t v_s, float* o, float inverse) {
+  V a[NVX], b[NVX];
+#pragma GCC unroll 8
+  for (int c = 0; c < NVX; ++c) a[c] = b[c] = V{};
+  int64_t j = 0;
+  for (; j + 2 <= end; j += 2) {
+    const V p0 = kiln::splat(p[j]), p1 = kiln::splat(p[j + 1]);
+#pragma GCC unroll 8
+    for (int c = 0; c < NVX; ++c) {
+      a[c] += p0 * kiln::load(v + j * v_s + c * L);
+      b[c] += p1 * kiln::load(v + (j + 1) * v_s + c * L);
+    }
+  }
+  if (j < end) {
+    const V p0 = kiln::splat(p[j]);
+#pragma GCC unroll 8
+    for (int c = 0; c < NVX; ++c) a[c] += p0 * kiln::load(v + j * v_s + c * L);
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < NVX; ++c) kiln::store(o + c * L, (a[c] + b[c]) * inverse);
+}
+
+// Query rows [i_lo, i_hi) (at most FEW_ROWS) of one head, at qh, kh, vh, mh (or none), oh: each
+// row's scores (scaled, masked, -inf past its end) into one row of buf.scores, its softmax, then
+// out = P · v.
+static void few_rows(const Shape& z, const float* qh, const float* kh, const float* vh, const float* mh, float* oh,
+                     float scale, int64_t i_lo, int64_t i_hi, const int64_t* ends, Buffers& buf) {
+  buf.scores.resize((z.Sk + L - 1) / L * L);
+  float* row = buf.scores.data();
+  const V minus_inf = V{} - std::numeric_limits<float>::infinity();
+  for (int64_t i = i_lo; i < i_hi; ++i) {
+    const int64_t end = ends[i];
+    const float* qr = qh + i * z.q_s;
+    const float* mr = mh ? mh + i * z.m_q : nullptr;
+    V m = minus_inf;
+    for (int64_t j0 = 0; j0 < end; j0 += L) {
+      const int n = int(std::min<int64_t>(L, end - j0));
+      V x = key_dots(qr, kh, z.k_s, z.D, j0, n) * scale;
+      if (n == L) {
+        if (mr) x += kiln::load(mr + j0);
+      } else {
+        if (mr) x += kiln_gemm::load_n(mr + j0, false, n);
+        x = kiln::select(kiln::vlt(kiln::iota<int32_t>(0, 1), kiln::splat<int32_t>(n)), x, minus_inf);
+      }
+      kiln::store(row + j0, x);
+      m = x > m ? x : m;
+    }
+    const float inverse = softmax_row(row, end, lane_max(m));
+    for (int64_t d0 = 0; d0 < z.Dv; d0 += NV_O * L) {
+      const int nv = int(std::min<int64_t>(NV_O, (z.Dv - d0) / L));
+      sized<1, NV_O>(1, nv, [&](auto, auto NVX) {
+        weighted_rows<decltype(NVX)::value>(row, end, vh + d0, z.v_s, oh + i * z.o_s + d0, inverse);
+      });
+    }
+  }
+}
+
 // Query rows [i_lo, i_hi) of head (b, h); `ends`: each of the head's rows' end (row_end).
 static void rows_of_head(const Shape& z, const float* q, const float* k, const float* v, const float* mask, float* out,
                          float scale, int64_t b, int64_t h, int64_t i_lo, int64_t i_hi, const int64_t* ends,
@@ -288,6 +383,10 @@ static void rows_of_head(const Shape& z, const float* q, const float* k, const f
   float* oh = out + b * z.o_b + h * z.o_h;
   const float* mh = mask ? mask + b * z.m_b + h * z.m_h : nullptr;
   // The latest end among rows [r0, r1).
+  if (i_hi - i_lo <= FEW_ROWS) {
+    few_rows(z, qh, k + b * z.k_b + h * z.k_h, vh, mh, oh, scale, i_lo, i_hi, ends, buf);
+    return;
+  }
   auto last_end = [&](int64_t r0, int64_t r1) { return *std::max_element(ends + r0, ends + r1); };
   const int64_t task_keys = last_end(i_lo, i_hi);
   const int64_t lds = (z.Sk + L - 1) / L * L;
