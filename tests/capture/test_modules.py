@@ -484,3 +484,41 @@ def test_a_forward_that_reads_its_dict_before_writing_sees_each_new_value():
     compiled = kiln.compile(ReadsItsDict(), backend="eager")
     x = torch.ones(2)
     assert [compiled(x)[0].item() for _ in range(3)] == [1.0, 2.0, 3.0]
+
+
+def test_registering_on_a_module_inside_takes_effect():
+    # A module's _modules/_parameters/_buffers are read as copies of the tables: a registration
+    # through them (ModuleDict.update/__setitem__, add_module, register_buffer/parameter) breaks
+    # the graph and runs in Python, on the module's own table — found by Dynamo's test
+    # test_dict_reconstruct_keeps_original_order, where kiln had dropped ModuleDict.update.
+    relu, sig = nn.ReLU(), nn.Sigmoid()
+
+    def update(md, x):
+        md.update({"b": sig})
+        return x + 1
+
+    def setitem(md, x):
+        md["b"] = sig
+        return x + 1
+
+    def add(md, x):
+        md.add_module("b", sig)
+        return x * 2
+
+    def buffers(m, x):
+        m.register_buffer("scale", x * 3)
+        m.register_parameter("w", nn.Parameter(torch.ones(2)))
+        return x + len(m._modules)
+
+    for fn in (update, setitem, add):
+        md = nn.ModuleDict({"a": relu})
+        x = torch.randn(2)
+        out = kiln.compile(fn, backend="eager")(md, x)
+        assert list(md.keys()) == ["a", "b"] and md["b"] is sig, fn.__name__
+        assert_same(out, fn(nn.ModuleDict({"a": relu}), x))
+        with pytest.raises(kiln.CaptureError, match="registering a module, parameter or buffer"):
+            kiln.compile(fn, backend="eager", fullgraph=True)(nn.ModuleDict({"a": relu}), x)
+    m, x = nn.Linear(2, 2), torch.randn(2)
+    assert_same(kiln.compile(buffers, backend="eager")(m, x), x)
+    assert_same(m.scale, x * 3)
+    assert "w" in dict(m.named_parameters())

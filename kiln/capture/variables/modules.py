@@ -90,7 +90,8 @@ class ModuleVariable(UserObjectVariable):
             tx.output.side_effects.record_module_read(self.value, name)
         if name in ("_modules", "_parameters", "_buffers"):
             table = getattr(self.value, name)
-            return DictVariable.from_pairs([(ConstantVariable(k), self._registered(tx, k)) for k in table])
+            entries = DictVariable.from_pairs([(ConstantVariable(k), self._registered(tx, k)) for k in table]).entries
+            return RegistryVariable(entries, AttrSource(self.source, name), f"{name} of {self.describe()}")
         raw, owner = class_lookup(type(self.value), name)
         if raw is not _MISSING and (isinstance(raw, property) or hasattr(type(raw), "__set__")):
             return wrap_class_attr(tx, raw, owner, name, self)
@@ -222,6 +223,21 @@ def is_immutable(value: Any) -> bool:
 
 def _key_error(key: Any) -> Variable:
     raise raise_real(KeyError(key))
+
+
+class RegistryVariable(DictVariable):
+    """A module's `_modules`, `_parameters` or `_buffers` as read: a copy of the table, so a
+    change made through it (`add_module`, `register_buffer`, `ModuleDict.update`, ...) would be
+    lost; it breaks the graph instead, and the change runs in Python (as assigning a module,
+    parameter or buffer does: ModuleVariable.setattr)."""
+
+    def __init__(self, entries: dict, source: Source, owner: str) -> None:
+        super().__init__(entries, source)  # (rebuilt at a break as the module's own table, not a copy)
+        self.owner = owner
+
+    def _changed(self, tx: Any) -> None:
+        raise unsupported("unsupported_setattr", f"changing {self.owner} (registering a module, parameter or "
+                                                 f"buffer) inside a compiled function")
 
 
 class ModuleCallVariable(Variable):
