@@ -94,8 +94,9 @@ class DynamicPolicy:
         return changed
 
 
-def _same_but_sizes(now: Any, then: torch.Tensor) -> bool:
-    return (type(now) is type(then) and now.dtype == then.dtype and now.device == then.device and now.dim() == then.dim()
+def _same_but_sizes(now: Any, then: Any) -> bool:
+    """`now` (a tensor) differs from `then` (a TENSOR_MATCH guard's TensorFacts) in sizes alone."""
+    return (type(now) is then.cls and now.dtype == then.dtype and now.device == then.device and now.dim() == then.dim()
             and now.requires_grad == then.requires_grad and tuple(now.shape) != tuple(then.shape))
 
 

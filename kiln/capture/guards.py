@@ -6,7 +6,7 @@ GLOBAL_STATE, MODULE_STRUCTURE), the source of the value it checks and the expec
 sub-expressions shared by several guards read once into locals. `KILN_LOGS=guards` prints the
 list and the generated code.
 
-    guards.add(Guard("TENSOR_MATCH", LocalSource("x", 0), expected=fake_or_real_tensor))
+    guards.add(Guard("TENSOR_MATCH", LocalSource("x", 0), expected=TensorFacts.of(tensor)))
     check = guards.compile()
     check((x,))     # True while x keeps its dtype, device, shape, strides and requires_grad
 """
@@ -37,6 +37,30 @@ GUARD_KINDS = (
 
 
 @dataclass(frozen=True)
+class TensorFacts:
+    """What a TENSOR_MATCH guard checks of a tensor, without the tensor: a guard lives as long as
+    its compiled entry, and holding the input itself kept the user's tensor (and its memory)
+    alive after every reference of theirs was gone."""
+
+    cls: type
+    dtype: torch.dtype
+    device: torch.device
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    requires_grad: bool
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "TensorFacts":
+        return TensorFacts(type(t), t.dtype, t.device, tuple(t.shape), tuple(t.stride()), bool(t.requires_grad))
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def stride(self) -> tuple[int, ...]:
+        return self.strides
+
+
+@dataclass(frozen=True)
 class Guard:
     kind: str
     source: Source | None
@@ -44,7 +68,7 @@ class Guard:
     detail: str = ""  # HASATTR's attribute name, GLOBAL_STATE's item, "dynamic" for TENSOR_MATCH
 
     def key(self) -> tuple:
-        expected = id(self.expected) if self.kind in ("ID_MATCH", "TENSOR_MATCH") else _hashable(self.expected)
+        expected = id(self.expected) if self.kind == "ID_MATCH" else _hashable(self.expected)
         return (self.kind, self.source, self.detail, expected)
 
     def check_expr(self, value: str, ns: Namespace) -> str:
@@ -67,9 +91,9 @@ def _hashable(value: Any) -> Any:
 def _describe_expected(guard: Guard) -> str:
     e = guard.expected
     if guard.kind == "TENSOR_MATCH" and guard.detail == "dynamic":
-        return f"{type(e).__name__}({e.dtype}, {e.device}, dim={e.dim()}, requires_grad={e.requires_grad}; sizes: SHAPE guards)"
+        return f"{e.cls.__name__}({e.dtype}, {e.device}, dim={e.dim()}, requires_grad={e.requires_grad}; sizes: SHAPE guards)"
     if guard.kind == "TENSOR_MATCH":
-        return f"{type(e).__name__}({e.dtype}, {e.device}, size={tuple(e.shape)}, stride={e.stride()}, requires_grad={e.requires_grad})"
+        return f"{e.cls.__name__}({e.dtype}, {e.device}, size={e.shape}, stride={e.strides}, requires_grad={e.requires_grad})"
     if guard.kind == "SHAPE":
         text, sources = e
         for name, source in sources:
@@ -113,20 +137,20 @@ def _equals(g: Guard, v: str, ns: Namespace) -> str:
 def _tensor_match(g: Guard, v: str, ns: Namespace) -> str:
     t = g.expected
     check = python_door.tensor_check()
-    if check is not None and type(t) in (torch.Tensor, torch.nn.Parameter):
+    if check is not None and t.cls in (torch.Tensor, torch.nn.Parameter):
         # One C call (~30 ns) for what the expression below reads in ~0.4 µs. Only for the plain
         # tensor types: a subclass may answer `.size()` or `.dtype` through __torch_function__.
         static = g.detail != "dynamic"
-        matches = check(type(t), t.dtype, t.device, t.dim(), tuple(t.shape) if static else None,
-                        tuple(t.stride()) if static else None, bool(t.requires_grad))
+        matches = check(t.cls, t.dtype, t.device, t.dim(), t.shape if static else None,
+                        t.strides if static else None, t.requires_grad)
         return f"{ns.bind(matches, 'K')}({v})"
     if g.detail == "dynamic":
-        return (f"type({v}) is {ns.bind(type(t), 'T')} and {v}.dtype is {ns.bind(t.dtype, 'O')}"
-                f" and {v}.device == {ns.bind(t.device, 'D')} and {v}.dim() == {t.dim()} and {v}.requires_grad is {bool(t.requires_grad)!r}")
+        return (f"type({v}) is {ns.bind(t.cls, 'T')} and {v}.dtype is {ns.bind(t.dtype, 'O')}"
+                f" and {v}.device == {ns.bind(t.device, 'D')} and {v}.dim() == {t.dim()} and {v}.requires_grad is {t.requires_grad!r}")
     return (
-        f"type({v}) is {ns.bind(type(t), 'T')} and {v}.dtype is {ns.bind(t.dtype, 'O')}"
-        f" and {v}.device == {ns.bind(t.device, 'D')} and {v}.size() == {tuple(t.shape)!r}"
-        f" and {v}.stride() == {tuple(t.stride())!r} and {v}.requires_grad is {bool(t.requires_grad)!r}"
+        f"type({v}) is {ns.bind(t.cls, 'T')} and {v}.dtype is {ns.bind(t.dtype, 'O')}"
+        f" and {v}.device == {ns.bind(t.device, 'D')} and {v}.size() == {t.shape!r}"
+        f" and {v}.stride() == {t.strides!r} and {v}.requires_grad is {t.requires_grad!r}"
     )
 
 

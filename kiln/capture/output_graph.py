@@ -24,7 +24,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from kiln.capture.break_records import unsupported
 from kiln.capture.dynamic import ShapeSource, placeholder, symbolic_fake
-from kiln.capture.guards import Guard, GuardSet
+from kiln.capture.guards import Guard, GuardSet, TensorFacts
 from kiln.capture.known_values import KnownValues
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.sources import Source
@@ -102,9 +102,9 @@ class OutputGraph:
         if dynamic:
             # Sizes and strides are checked by the shape environment's guards (shape_guards).
             self.symbolic_inputs.append((source, fake))
-            self.guards.add(Guard("TENSOR_MATCH", source, tensor, "dynamic"))
+            self.guards.add(Guard("TENSOR_MATCH", source, TensorFacts.of(tensor), "dynamic"))
         else:
-            self.guards.add(Guard("TENSOR_MATCH", source, tensor))
+            self.guards.add(Guard("TENSOR_MATCH", source, TensorFacts.of(tensor)))
         if self._last_input is None:
             first = next(iter(self.graph.nodes), None)
             context = self.graph.inserting_before(first) if first is not None else self.graph.inserting_after(None)

@@ -250,3 +250,23 @@ def test_a_method_replaced_on_the_class_after_compiling_recompiles():
     Scale.forward = lambda self, x: x * 3  # the class's dict changes: its bound view sees it
     assert_same(f(x), x * 3)
     assert _entries(f) == 2
+
+
+def test_a_compiled_entry_does_not_keep_its_input_tensors_alive():
+    # The TENSOR_MATCH guard keeps what it checks (type, dtype, device, sizes, strides,
+    # requires_grad), not the tensor: a compiled function held its first call's inputs (and their
+    # memory) for as long as it lived (found by Dynamo's test_release_input_memory).
+    import gc
+    import weakref
+
+    x = torch.rand(4)
+    ref = weakref.ref(x)
+    compiled = kiln.compile(lambda t: t + t, backend="eager")
+    torch.testing.assert_close(compiled(x), x + x)
+    del x
+    gc.collect()
+    assert ref() is None
+    y = torch.rand(4)
+    torch.testing.assert_close(compiled(y), y + y)  # the entry still matches a tensor like it
+    assert len(compiled.kiln_cache.entries) == 1
+    assert not compiled.kiln_cache.entries[0].guards.check(compiled.kiln_cache.binder(torch.rand(5)))
