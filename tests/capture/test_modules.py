@@ -522,3 +522,35 @@ def test_registering_on_a_module_inside_takes_effect():
     assert_same(kiln.compile(buffers, backend="eager")(m, x), x)
     assert_same(m.scale, x * 3)
     assert "w" in dict(m.named_parameters())
+
+
+class Enumerating(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.b = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+        self.register_buffer("s", torch.ones(3))
+
+    def forward(self, x):
+        for _, p in self.named_parameters():
+            x = x + p.sum()
+        for p in self.parameters(recurse=False):
+            x = x + p.sum()  # (none: every parameter is a child's)
+        for p in self.b.parameters():
+            x = x * 1.0 + p.mean()
+        for _, m in self.named_modules():
+            if isinstance(m, nn.Linear):
+                x = m(x)
+        for _ in self.children():
+            x = x + 1
+        for _, p in self.b.named_parameters(prefix="b"):
+            x = x + p.sum()
+        buffers = [n for n, _ in self.named_buffers()]
+        return x, buffers, [n for n, _ in self.b.named_children()], len(list(self.modules())), list(self.buffers())[0]
+
+
+def test_named_parameters_and_the_other_enumerations_capture_whole():
+    # nn.Module's generators over `yield from` (named_parameters, parameters, buffers, children,
+    # modules and their named forms): one graph, eager's names and values — among the programs
+    # Dynamo captures whole that kiln broke on.
+    compile_and_compare(Enumerating().eval(), torch.randn(2, 3))

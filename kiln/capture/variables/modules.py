@@ -9,6 +9,7 @@ Parameters and buffers become `get_attr` nodes holding the real tensors.
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 from typing import Any, Sequence
 
@@ -95,6 +96,8 @@ class ModuleVariable(UserObjectVariable):
         raw, owner = class_lookup(type(self.value), name)
         if raw is not _MISSING and (isinstance(raw, property) or hasattr(type(raw), "__set__")):
             return wrap_class_attr(tx, raw, owner, name, self)
+        if name in _ENUMERATIONS and raw is getattr(nn.Module, name, None):
+            return EnumerationVariable(self, name)
         found = self._instance_attr(tx, name)
         if found is not None:
             return found
@@ -223,6 +226,59 @@ def is_immutable(value: Any) -> bool:
 
 def _key_error(key: Any) -> Variable:
     raise raise_real(KeyError(key))
+
+
+_ENUMERATIONS = ("parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
+                 "modules", "named_modules")
+
+
+class EnumerationVariable(Variable):
+    """`module.named_parameters()` and its kind (nn.Module's own methods, not a subclass's): the
+    module's structure is known while capturing (the MODULE_STRUCTURE guard watches it), so the
+    items are listed by the method itself, on the real module, and each becomes what reading it
+    by name would (a parameter a get_attr, a submodule a module variable). The methods are
+    generators over `yield from`, which kiln's capture does not interpret."""
+
+    def __init__(self, module: ModuleVariable, name: str) -> None:
+        super().__init__(None)
+        self.module, self.name = module, name
+
+    def python_type(self) -> type:
+        return types.MethodType
+
+    def _by_path(self, tx: Any, path: str) -> Variable:
+        var: Variable = self.module
+        for part in path.split(".") if path else ():
+            found = var._registered(tx, part) if isinstance(var, ModuleVariable) else None
+            if found is None:
+                raise unsupported("unsupported_call", f"{self.name}() of {self.module.describe()}: {path!r} is not a registered name")
+            var = found
+        return var
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        try:
+            consts = [a.as_constant() for a in args]
+            kw = {k: v.as_constant() for k, v in kwargs.items()}
+        except Exception:  # noqa: BLE001 - an argument that is not a constant
+            raise unsupported("unsupported_call", f"{self.name}() of {self.module.describe()} with arguments that are not constants") from None
+        module = self.module.value
+        tx.output.side_effects.record_module_read(module, "__dict__")
+        named = self.name.startswith("named_")
+        method = getattr(nn.Module, self.name if named else f"named_{self.name}")
+        if not named:  # parameters(recurse) is named_parameters(recurse=recurse), names dropped
+            consts, kw = [], {**({"recurse": consts[0]} if consts else {}), **kw}
+        try:
+            pairs = list(method(module, *consts, **kw))
+        except Exception as e:  # noqa: BLE001 - the user's own error (a bad argument), raised as eager raises it
+            raise raise_real(e) from None
+        # Names are the caller's `prefix` and a path from the module.
+        prefix = inspect.signature(method).bind(module, *consts, **kw).arguments.get("prefix", "")
+        items = []
+        for path, _ in pairs:
+            relative = path[len(prefix) + 1:] if prefix and path.startswith(prefix + ".") else ("" if path == prefix else path)
+            var = self._by_path(tx, relative)
+            items.append(TupleVariable([ConstantVariable(path), var]) if named else var)
+        return IteratorVariable(items)
 
 
 class RegistryVariable(DictVariable):

@@ -1,0 +1,154 @@
+"""`kiln dynamo-parity`: test files written as Dynamo's are run under Dynamo and with Dynamo's entry
+points given to kiln, and each outcome classified. The files here are written for these tests
+(PyTorch's own stay out of this repository)."""
+
+import json
+import textwrap
+
+import pytest
+
+from benchmarks import dynamo_parity
+from benchmarks.dynamo_parity import FileRow, classify, compare
+from kiln.cli import main
+
+DYNAMO_STYLE = textwrap.dedent('''
+    import torch
+    import torch._dynamo
+    import torch._dynamo.test_case
+    import torch._dynamo.testing
+    from torch._dynamo.testing import CompileCounter, same
+
+
+    def f(x):
+        return x.sin() + 1
+
+
+    def g(a, b):
+        return a * b - 2
+
+
+    class Tests(torch._dynamo.test_case.TestCase):
+        def test_optimize_counts_one_frame(self):
+            cnt = CompileCounter()
+            opt = torch._dynamo.optimize(cnt, nopython=True)(f)
+            x = torch.randn(4)
+            self.assertTrue(same(opt(x), f(x)))
+            self.assertEqual(cnt.frame_count, 1)
+
+        def test_compile_fullgraph(self):
+            opt = torch.compile(f, backend="eager", fullgraph=True)
+            x = torch.randn(3)
+            self.assertEqual(opt(x), f(x))
+
+        def test_standard(self):
+            torch._dynamo.testing.standard_test(self, fn=g, nargs=2)
+
+        def test_dynamo_counters(self):
+            torch._dynamo.utils.counters.clear()
+            torch.compile(f, backend="eager")(torch.randn(2))
+            self.assertEqual(torch._dynamo.utils.counters["stats"]["unique_graphs"], 1)
+
+        def test_export(self):
+            gm, guards = torch._dynamo.export(f)(torch.randn(2))
+            self.assertIsNotNone(gm)
+
+        def test_fails_under_both(self):
+            self.assertEqual(1, 2)
+''')
+
+OLD_STYLE = textwrap.dedent('''
+    import torch
+    import torchdynamo
+    import torchdynamo.test_case
+    import torchdynamo.testing
+
+
+    class Old(torchdynamo.test_case.TestCase):
+        def test_old_names(self):
+            cnt = torchdynamo.testing.CompileCounter()
+            opt = torchdynamo.optimize_assert(cnt)(lambda x: x + 1)
+            self.assertEqual(opt(torch.ones(2)), torch.ones(2) + 1)
+            self.assertEqual(cnt.frame_count, 1)
+''')
+
+
+@pytest.fixture
+def tests_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))  # the workers' caches: the test's own
+    d = tmp_path / "dynamo"
+    d.mkdir()
+    (d / "test_style.py").write_text(DYNAMO_STYLE)
+    (d / "test_old.py").write_text(OLD_STYLE)
+    (d / "test_broken.py").write_text("import no_such_module_here\n")
+    return d
+
+
+def test_both_modes_run_and_each_test_is_classified(tests_dir, tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    assert main(["dynamo-parity", str(tests_dir), "--jobs", "2", "--json", str(out)]) == 0
+    rows = {r["file"]: r for r in json.loads(out.read_text())}
+    style = rows["test_style.py"]
+    assert style["run"] == 6 and style["dynamo_passed"] == 5  # test_fails_under_both is not counted
+    assert style["kiln_passed"] == 3  # kiln's capture ran the three tests of the program's meaning
+    assert style["kinds"]["dynamo_internal"] == 1 and style["kinds"]["not_redirected"] == 1
+    assert style["failures"]["Tests.test_dynamo_counters"]["kind"] == "dynamo_internal"
+    assert style["failures"]["Tests.test_export"]["kind"] == "not_redirected"
+    assert style["rate"] == 1.0
+    assert rows["test_old.py"]["kiln_passed"] == 1 == rows["test_old.py"]["dynamo_passed"]
+    assert "no_such_module_here" in rows["test_broken.py"]["import_error"]
+    table = capsys.readouterr().out
+    assert "| test_style.py | 6 | 5 | 3 | 100.0% |" in table and "did not import" in table
+
+
+def test_failures_are_classified_by_where_they_failed():
+    failed = {"outcome": "failed", "type": "builtins.AssertionError"}
+    assert classify({"outcome": "passed"}) == "passed"
+    assert classify({"outcome": "passed", "dynamo_ran": True}) == "not_redirected"
+    assert classify({**failed, "testing_line": "self.assertTrue(same(val1a, correct1))"}) == "wrong_result"
+    more = "Scalars are not equal!\n\nExpected 1 but got 2."
+    assert classify({**failed, "test_line": "self.assertEqual(cnt.frame_count, 1)", "message": more}) == "extra_break"
+    fewer = "Scalars are not equal!\n\nExpected 2 but got 1."
+    assert classify({**failed, "test_line": "self.assertEqual(cnt.frame_count, 2)", "message": fewer}) == "fewer_graphs"
+    none = "Scalars are not equal!\n\nExpected 2 but got 0."
+    assert classify({**failed, "test_line": "self.assertEqual(cnt.frame_count, 2)", "message": none}) == "extra_break"
+    assert classify({**failed, "test_line": "self.assertIs(x_ref(), None)"}) == "held_memory"
+    assert classify({**failed, "testing_line": "self.assertEqual(actual.op_count, expected_ops)"}) == "dynamo_internal"
+    assert classify({**failed, "test_line": 'self.assertEqual(counters["stats"]["calls"], 2)'}) == "dynamo_internal"
+    assert classify({"outcome": "failed", "type": "kiln.capture.break_records.Unsupported"}) == "extra_break"
+    assert classify({"outcome": "failed", "type": "builtins.TypeError", "innermost": "lower.py:10"}) == "error"
+    assert classify({"outcome": "timeout"}) == "timeout"
+
+
+def test_a_wrong_result_counts_against_kiln():
+    dynamo = {"file": "t.py", "tests": {"A.test_a": {"outcome": "passed"}, "A.test_b": {"outcome": "passed"}}}
+    kiln = {"file": "t.py", "tests": {"A.test_a": {"outcome": "passed"},
+                                      "A.test_b": {"outcome": "failed", "type": "builtins.AssertionError",
+                                                   "test_line": "self.assertEqual(opt(x), fn(x))"}}}
+    row = compare(dynamo, kiln)
+    assert (row.dynamo_passed, row.kiln_passed, row.kinds["wrong_result"], row.rate) == (2, 1, 1, 0.5)
+    assert "wrong_result" in dynamo_parity.failures_text([row])
+    assert "**all** | **2** | **2** | **1** | **50.0%** | **1** | **0** |" in dynamo_parity.markdown([row])
+
+
+def test_fewer_graphs_and_dynamo_internals_are_not_counted():
+    dynamo = {"file": "t.py", "tests": {f"A.test_{i}": {"outcome": "passed"} for i in range(3)}}
+    fewer = {"outcome": "failed", "type": "builtins.AssertionError", "test_line": "self.assertEqual(cnt.frame_count, 2)",
+             "message": "Expected 2 but got 1"}
+    kiln = {"file": "t.py", "tests": {"A.test_0": {"outcome": "passed"}, "A.test_1": fewer,
+                                      "A.test_2": {"outcome": "passed", "dynamo_ran": True}}}
+    row = compare(dynamo, kiln)
+    assert (row.counted, row.kiln_passed, row.rate) == (1, 1, 1.0)
+    assert row.kinds["fewer_graphs"] == 1 and row.kinds["not_redirected"] == 1
+
+
+def test_bad_arguments_are_named(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["dynamo-parity", str(tmp_path / "missing")])
+    assert "DIR" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["dynamo-parity", str(tmp_path)])
+    assert "--files" in capsys.readouterr().err
+
+
+def test_an_empty_row_has_no_rate():
+    assert FileRow("x").rate is None
