@@ -105,7 +105,13 @@ def enclosing_blocks(code: types.CodeType, offset: int) -> list[str]:
 def _jump_condition(inst: Any) -> str | None:
     if "_IF_" in inst.opname and inst.opname.startswith("POP_JUMP"):
         return inst.opname.split("_IF_")[1]
+    if inst.opname in _KEEP_IF_JUMPING:
+        return _KEEP_IF_JUMPING[inst.opname]
     return None
+
+
+# Python 3.11's `a and b` / `a or b`: jump with the value kept on the stack, or pop it and go on.
+_KEEP_IF_JUMPING = {"JUMP_IF_FALSE_OR_POP": "FALSE", "JUMP_IF_TRUE_OR_POP": "TRUE"}
 
 
 def _next_offset(code: types.CodeType, index: int) -> int:
@@ -168,7 +174,10 @@ class Continuation:
         condition = _jump_condition(inst)
         if condition is not None:
             value = stack.pop()
-            return stack, inst.argval if _JUMPS[condition](value) else nxt
+            jumps = _JUMPS[condition](value)
+            if jumps and inst.opname in _KEEP_IF_JUMPING:
+                stack.append(value)
+            return stack, inst.argval if jumps else nxt
         if self.inlined and inst.opname in ("CALL", "CALL_FUNCTION_EX"):
             return self._call_compiled(stack), nxt
         count = _operands(inst)

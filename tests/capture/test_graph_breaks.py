@@ -420,3 +420,22 @@ def test_an_autograd_function_in_a_closure_bearing_forward_runs(capsys):
     with torch.no_grad():
         for _ in range(2):
             _same(compiled(x), module(x))
+
+
+def short_circuit(a, b):
+    both = a.sum() > b.sum() and a.sum() > 0
+    either = a.max() > 5 or b.min() < -1
+    if both:
+        return a * 2, either
+    return b * 3, either
+
+
+def test_and_or_over_tensor_conditions_resume():
+    # `x and y` / `x or y` on tensors decide a jump that keeps the value (3.11's
+    # JUMP_IF_FALSE_OR_POP / JUMP_IF_TRUE_OR_POP): the graph breaks there and resumes on the side
+    # taken, the kept value on the stack; the whole frame had run eagerly (found by Dynamo's
+    # test_control_flow4/5).
+    for a, b in ((torch.ones(4), torch.full((4,), -2.0)), (torch.full((4,), -2.0), torch.ones(4))):
+        compiled, backend = _compiled(short_circuit)
+        _same(compiled(a, b), short_circuit(a, b))
+        assert backend.graphs and compiled.kiln_cache.fallback is None
