@@ -152,6 +152,12 @@ def capture(fn_or_module: Any, backend: Callable, fullgraph: bool = False, dynam
         f = capture(f, lambda gm, example_inputs: gm.forward)
     """
     options = options or {}
+    # Compiling what kiln compiled compiles the original with these settings (the outer call's
+    # win, as under Dynamo); the inner compiled object keeps its own.
+    if isinstance(fn_or_module, CompiledModule):
+        fn_or_module = fn_or_module.__dict__["_orig_mod"]
+    elif isinstance(fn_or_module, CompiledFunction):
+        fn_or_module = fn_or_module.__wrapped__
     if isinstance(fn_or_module, nn.Module):
         return CompiledModule(fn_or_module, backend, fullgraph, options, dynamic)
     if not callable(fn_or_module):

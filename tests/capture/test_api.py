@@ -245,3 +245,31 @@ def test_a_slice_with_a_tensor_bound_is_recorded_as_an_unsupported_index():
     x, t = torch.arange(6.0), torch.tensor(3)
     torch.testing.assert_close(compiled(x, t), f(x, t))
     assert BREAKS[-1].kind == "unsupported_index" and "slice" in BREAKS[-1].explanation
+
+
+def test_compiling_a_compiled_function_or_module_compiles_the_original():
+    # The outer call's backend and settings win, as Dynamo's nested optimize does; the inner
+    # compiled object keeps its own (found by Dynamo's test_nested_optimize).
+    seen = {"inner": 0, "outer": 0}
+
+    def counting(name):
+        def backend(gm, example_inputs):
+            seen[name] += 1
+            return gm.forward
+        return backend
+
+    def fn(x):
+        return torch.relu(torch.cos(x) + torch.sin(x))
+
+    inner = kiln.compile(fn, backend=counting("inner"), fullgraph=True)
+    outer = kiln.compile(inner, backend=counting("outer"), fullgraph=True)
+    x = torch.randn(4)
+    torch.testing.assert_close(outer(x), fn(x))
+    assert seen == {"inner": 0, "outer": 1}
+    torch.testing.assert_close(inner(x), fn(x))
+    assert seen == {"inner": 1, "outer": 1}
+    module = torch.nn.Linear(3, 3)
+    twice = kiln.compile(kiln.compile(module, backend=counting("inner")), backend=counting("outer"))
+    y = torch.randn(2, 3)
+    torch.testing.assert_close(twice(y), module(y))
+    assert seen == {"inner": 1, "outer": 2}
