@@ -21,7 +21,8 @@ def argument_names(code: types.CodeType) -> list[str]:
 
 def make_binder(fn: types.FunctionType) -> Callable[..., tuple]:
     code = fn.__code__
-    names = argument_names(code)
+    # (a comprehension's code takes its iterator as ".0": positional, renamed here to be source)
+    names = [n if n.isidentifier() else f"_kiln_argument_{i}" for i, n in enumerate(argument_names(code))]
     npos, nposonly, nkw = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount
     params = list(names[:npos])
     if nposonly:

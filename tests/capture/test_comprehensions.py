@@ -4,6 +4,7 @@ import itertools
 
 import torch
 
+import kiln
 from tests.capture.util import check
 
 
@@ -189,3 +190,20 @@ def test_comprehension_in_nested_function_with_closure():
         return apply([x, x + 1]), [apply([i]) for i in range(2)]
 
     check(f, t())
+
+
+def test_a_break_inside_a_comprehension_over_a_zip_of_a_count():
+    # A break inside a comprehension compiles the comprehension's own frame, whose code takes its
+    # iterator as ".0" (Python 3.11): the binder renames it (it was a SyntaxError raised to the
+    # user; found by Dynamo's test_dict_list_values).
+    import itertools
+
+    def inner(args):
+        return [x[1].shape for x in args]
+
+    def fn(tensors):
+        return inner(zip(itertools.count(), tensors["args"]))
+
+    compiled = kiln.compile(fn, backend="eager")
+    for args in ([torch.ones(5, 5), torch.ones(5, 6)], [torch.ones(5, 7)]):
+        assert compiled({"args": args}) == fn({"args": args})
