@@ -140,8 +140,8 @@ class OutputGraph:
 
     def call(self, kind: str, target: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         """Add a call node (`call_function` or `call_method`) and run it on fake tensors."""
-        fx_args = tuple(a.as_fx_arg() for a in args)
-        fx_kwargs = {k: v.as_fx_arg() for k, v in kwargs.items()}
+        fx_args = _python_scalars(tuple(a.as_fx_arg() for a in args))
+        fx_kwargs = _python_scalars({k: v.as_fx_arg() for k, v in kwargs.items()})
         odd = _unprintable((fx_args, fx_kwargs))
         if odd is not None:
             # The graph's code would name an object it cannot spell (a module, an options
@@ -243,6 +243,19 @@ class OutputGraph:
 _PRINTABLE = (type(None), bool, int, float, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format,
               torch.Size, slice, range, type(Ellipsis), torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool, enum.Enum,
               torch._ops.OpOverload, torch._ops.OpOverloadPacket, fx.Node)
+
+
+def _python_scalars(value: Any) -> Any:
+    """`value` with NumPy scalars as the Python numbers they stand for: a torch op takes an
+    np.int64 or np.float32 as it takes an int or a float (the same result dtype), and the graph
+    can hold the number as a constant."""
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == () and value.dtype.kind in "biufc":
+        return value.item()  # (a NumPy scalar: bool, int, float or complex; numpy need not be imported)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_python_scalars(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _python_scalars(v) for k, v in value.items()}
+    return value
 
 
 def _unprintable(value: Any) -> Any:

@@ -2,6 +2,8 @@
 
 import copy
 
+import pytest
+
 import torch
 
 import kiln
@@ -639,3 +641,44 @@ def test_attribute_answered_by_getattr_then_set_on_the_instance_recompiles():
     obj.scale = 3.0
     assert_same(compiled(x, obj), x * 3.0)
     assert len(compiled.kiln_cache.entries) == 2
+
+
+def test_an_object_answering_every_name_is_read_as_an_object():
+    # A class whose __getattr__ answers every name: its attributes are read as Python reads them
+    # (instance, class, then __getattr__), and the answer to kiln's own probe for Dynamo's
+    # "disabled" marker is not taken for one (the frame had run eagerly; Dynamo's
+    # test_user_getattr2).
+    class AnyName:
+        on_class = 1
+
+        def __init__(self):
+            self.on_object = 2
+
+        def __getattr__(self, name):
+            return 3
+
+    def fn(cfg, x):
+        return x + cfg.on_class - cfg.on_object + cfg.missing
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    x = torch.randn(4)
+    torch.testing.assert_close(compiled(AnyName(), x), x + 2)
+
+
+def test_a_disabled_function_runs_eagerly_behind_a_break():
+    calls = []
+
+    @torch.compiler.disable
+    def side(x):
+        calls.append(1)
+        return x * 2
+
+    def fn(x):
+        return side(x + 1) - 1
+
+    compiled = kiln.compile(fn, backend="eager")
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), (x + 1) * 2 - 1)
+    assert calls == [1]
+    with pytest.raises(kiln.CaptureError, match="disable"):
+        kiln.compile(fn, backend="eager", fullgraph=True)(x)

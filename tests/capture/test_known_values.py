@@ -76,3 +76,21 @@ def test_large_tensors_are_not_computed_at_capture():
 
     with pytest.raises(CaptureError, match="data"):
         _run(fn, torch.ones(200), fullgraph=True)
+
+
+def test_numpy_scalars_reach_ops_as_python_numbers():
+    # An np.int64 / np.float32 argument of a torch op is the number it stands for (torch gives the
+    # same result dtype): one graph, not a break at "a constant the graph cannot hold" (found by
+    # Dynamo's test_numpy_int_constant).
+    import numpy as np
+
+    def fn(x, a, b, c):
+        return x + (a % b), x * c, torch.full((2,), b)
+
+    seen = []
+    compiled = kiln.compile(fn, backend=lambda gm, ex: (seen.append(gm), gm.forward)[1], fullgraph=True)
+    args = (torch.randn(10), 4096, np.int64(8), np.float32(0.5))
+    for got, want in zip(compiled(*args), fn(*args)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)
+    assert len(seen) == 1

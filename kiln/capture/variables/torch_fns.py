@@ -298,8 +298,11 @@ def special_callable(value: Any) -> Variable | None:
         return AutocastVariable(value.device, value.fast_dtype, value._enabled, value._cache_enabled)
     if value in _MODULE_CALLS:
         return ModuleCallVariable()
-    # Not asked of a module: `torch.ops` makes a namespace for any attribute name it is asked for.
-    if not isinstance(value, types.ModuleType) and getattr(value, "_torchdynamo_disable", False):
+    # Read from the function's own __dict__: `torch.ops` makes a namespace for any attribute name
+    # it is asked for, and an object whose __getattr__ answers every name would read as disabled.
+    fn = value.__func__ if isinstance(value, types.MethodType) else value
+    own = getattr(fn, "__dict__", None) if isinstance(fn, types.FunctionType) else None
+    if isinstance(own, dict) and own.get("_torchdynamo_disable") is True:
         return _Disabled(value)
     return None
 
