@@ -3,6 +3,8 @@ reading their data — a slice bound, `int(t)`, an `if` — is a constant, not a
 write that capture does not follow makes the value unknown again. Each test compares with eager and
 counts the graphs."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -94,3 +96,19 @@ def test_numpy_scalars_reach_ops_as_python_numbers():
         assert got.dtype == want.dtype
         torch.testing.assert_close(got, want)
     assert len(seen) == 1
+
+
+def test_a_torch_function_is_true_and_itertools_repeat_counts():
+    # `if self.act:` on F.relu (Dynamo's test_fnmember) and torch's `_pair(x)`, which builds
+    # `tuple(itertools.repeat(x, 2))` (test_pair): both one graph.
+    from torch.nn.modules.utils import _pair
+
+    def fn(x, act):
+        if act:
+            x = act(x)
+        size = _pair(x.shape[0])
+        return x.reshape(size[0], -1) + len(list(itertools.repeat(1, 3)))
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    x = torch.randn(4)
+    torch.testing.assert_close(compiled(x, torch.nn.functional.relu), fn(x, torch.nn.functional.relu))

@@ -481,6 +481,13 @@ def _product(tx: Any, *seqs: Variable, repeat: Variable | None = None) -> Variab
     return IteratorVariable([TupleVariable(list(p)) for p in itertools.product(*lists)])
 
 
+@handles(itertools.repeat)
+def _repeat(tx: Any, item: Variable, times: Variable | None = None) -> Variable:
+    if times is None:  # (endless: a lazy iterator kiln does not model)
+        raise unsupported("unsupported_call", "itertools.repeat without a count (an endless iterator)")
+    return IteratorVariable([item] * max(0, times.as_constant()))
+
+
 @handles(itertools.zip_longest)
 def _zip_longest(tx: Any, *seqs: Variable, fillvalue: Variable | None = None) -> Variable:
     fill = fillvalue or const(None)

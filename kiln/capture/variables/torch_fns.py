@@ -54,6 +54,9 @@ class TorchFunctionVariable(RealValueVariable):
     def describe(self) -> str:
         return f"torch function {getattr(self.value, '__qualname__', None) or getattr(self.value, '__name__', self.value)}"
 
+    def truth(self, tx: Any) -> bool:
+        return True  # (a function, builtin or not: `if self.activation:` on F.relu)
+
     def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         name = getattr(self.value, "__name__", "")
         if name.startswith(_STATEFUL_NAMES):
