@@ -14,4 +14,5 @@ COMMANDS = {  # command -> "module:function" adding it to the `kiln` parser (pyp
     "many-shapes": "benchmarks.many_shapes:add_command",
     "call-overhead": "benchmarks.call_overhead:add_command",
     "bench-launch": "benchmarks.launch_cost:add_command",
+    "dynamo-parity": "benchmarks.dynamo_parity:add_command",
 }

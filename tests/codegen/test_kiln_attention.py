@@ -263,3 +263,19 @@ def test_a_cached_graph_calling_kilns_attention_loads_in_a_fresh_process(tmp_pat
     built = [subprocess.run([sys.executable, "-c", _FRESH, str(tmp_path)], cwd=root, capture_output=True, text=True,
                             check=True, timeout=600).stdout.split()[-1] for _ in range(2)]
     assert built == ["1", "0"]
+
+
+def test_the_bits_do_not_depend_on_the_thread_count():
+    # Rows are split among threads into tasks; the path a row takes (few rows, or packed keys)
+    # depends on the attention's query count only, so an exported model run with another thread
+    # count gives the same bits (2 heads x 20 rows on 2 threads made a task of 4 rows).
+    q, k, v = _operands(1, 2, 20, 50, 64, 64, seed=4)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(kiln_attention.attention(q, k, v, None, 0.125))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

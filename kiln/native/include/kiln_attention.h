@@ -7,8 +7,9 @@
 // leaves above -inf (a causal mask written out as 0 and -inf); keys past a row's end are never
 // computed, and a mask that is zero before every row's end is not added.
 // A task is one head's range of query rows; each thread runs its tasks with buffers of its own.
-// A task of at most FEW_ROWS rows (a decode step's) reads the keys where they lie: each row's
-// scores are dot products with L keys at a time, its softmax, then P · v key by key. Larger tasks:
+// An attention of at most FEW_ROWS query rows (a decode step's) reads the keys where they lie:
+// each row's scores are dot products with L keys at a time, its softmax, then P · v key by key.
+// Otherwise, each task:
 //   1. kᵀ packed into panels [ceil(keys / NR)][D][NR] (the GEMM's layout: kiln_gemm.h), once
 //      per task: a transpose of the head's keys, the only copy of an operand;
 //   2. for each block of QB query rows: S = q · kᵀ, register tiles of MR rows x NR keys (q's values
@@ -281,8 +282,8 @@ static inline bool zeros(const float* mask_row, int64_t end) {
   return true;
 }
 
-// A task of at most FEW_ROWS query rows (a decode step's one row, a few speculative ones) reads
-// the keys where they lie: packing kᵀ is a pass over the head's keys that so few rows never
+// An attention of at most FEW_ROWS query rows (a decode step's one row, a few speculative ones)
+// reads the keys where they lie: packing kᵀ is a pass over the head's keys that so few rows never
 // amortize (a decode step's attention is a read of its KV cache, nothing more).
 constexpr int64_t FEW_ROWS = 4;
 
@@ -383,7 +384,9 @@ static void rows_of_head(const Shape& z, const float* q, const float* k, const f
   float* oh = out + b * z.o_b + h * z.o_h;
   const float* mh = mask ? mask + b * z.m_b + h * z.m_h : nullptr;
   // The latest end among rows [r0, r1).
-  if (i_hi - i_lo <= FEW_ROWS) {
+  // (By the attention's query count, not the task's: a row's arithmetic must not depend on how
+  // the rows were split among threads — an export run by another thread count gives the same bits.)
+  if (z.Sq <= FEW_ROWS) {
     few_rows(z, qh, k + b * z.k_b + h * z.k_h, vh, mh, oh, scale, i_lo, i_hi, ends, buf);
     return;
   }
