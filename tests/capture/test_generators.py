@@ -271,3 +271,40 @@ def test_zip_with_endless_generator_is_a_capture_error_and_falls_back():
     fallback = kiln.compile(f, backend="eager")
     for a, b in zip(fallback(xs), f(xs)):
         torch.testing.assert_close(a, b)
+
+
+def test_extend_with_a_generator_that_reads_the_list():
+    # list.extend takes a generator's items one at a time, each appended before the next is made
+    # (kiln had made them all first: [1, 1, 2, 3] for eager's [1, 1, 2, 4]; a wrong result found
+    # by Dynamo's test_list_extend).
+    def f(x):
+        y = [1]
+        y.extend(y[-1] + z for z in range(3))
+        return x + 1, y
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.ones(3)
+    out, items = compiled(x)
+    assert items == [1, 1, 2, 4]
+    torch.testing.assert_close(out, x + 1)
+
+
+def test_stop_iteration_leaving_a_generator_is_a_runtime_error():
+    # PEP 479 (Dynamo's test_pep479_raise_stopiteration_in_body: kiln took the StopIteration branch).
+    def fn(t):
+        def gen():
+            yield t + 1
+            raise StopIteration("boom")
+
+        g = gen()
+        next(g)
+        try:
+            next(g)
+        except RuntimeError:
+            return t + 1.0
+        except StopIteration:
+            return t + 2.0
+        return t
+
+    t = torch.zeros(2)
+    torch.testing.assert_close(kiln.compile(fn, backend="eager", fullgraph=True)(t), t + 1.0)

@@ -272,7 +272,14 @@ class ListVariable(BaseSequenceVariable):
         return const(None)
 
     def _extend(self, tx: Any, other: Variable) -> Variable:
-        self.items.extend(other.iterate(tx))
+        source = other if isinstance(other, (ListVariable, TupleVariable)) else other.get_iter(tx)
+        if isinstance(source, GeneratorIterator):
+            # One item at a time, each appended before the next is made: the generator may read
+            # the list (`y.extend(y[-1] + z for z in ...)` sees the items already added).
+            while (item := source.next(tx)) is not None:
+                self.items.append(item)
+        else:
+            self.items.extend(source.iterate(tx))
         self._changed(tx)
         return const(None)
 
@@ -678,8 +685,10 @@ class GeneratorIterator(IteratorVariable):
             return None
         try:
             self.frame.run()
-        except UserRaise:
+        except UserRaise as error:
             self.frame = None  # a generator that raised is finished
+            if error.is_instance(StopIteration):  # PEP 479: it leaves the generator as a RuntimeError
+                raise UserRaise(ExceptionVariable(RuntimeError, (const("generator raised StopIteration"),))) from None
             raise
         if self.frame.yields:
             return self.frame.yields.pop(0)
