@@ -80,6 +80,8 @@ def classify(kiln_outcome: dict[str, Any]) -> str:
             return _count_kind(kiln_outcome.get("message", ""))
         if any(s in line for s in _DYNAMO_DETAILS):
             return "dynamo_internal"
+        if kiln_outcome.get("reads_dynamo_counters") and re.search(r"assert(True|False)\(\s*\w+\s*[,)]", line):
+            return "dynamo_internal"  # (a flag computed from Dynamo's counters or messages)
         return "wrong_result"
     if kind.startswith("torch._dynamo.") or (kiln_outcome.get("innermost") or "").startswith(("eval_frame", "convert_frame")):
         return "dynamo_internal"

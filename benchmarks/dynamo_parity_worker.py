@@ -21,6 +21,7 @@ import argparse
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import inspect
 import json
 import linecache
 import signal
@@ -195,6 +196,16 @@ def _failure(test_file: Path, exc: BaseException, tb: Any) -> dict[str, Any]:
     }
 
 
+def _reads_counters(test: Any) -> bool:
+    """Whether the test's own source reads Dynamo's counters or messages (a bare `assertTrue(found)`
+    after a search of `counters["unimplemented"]` checks Dynamo, not the program)."""
+    try:
+        source = inspect.getsource(getattr(test, test._testMethodName))
+    except (AttributeError, OSError, TypeError):
+        return False
+    return "counters" in source or "unimplemented" in source
+
+
 class _Result(unittest.TestResult):
     def __init__(self, test_file: Path) -> None:
         super().__init__()
@@ -204,20 +215,20 @@ class _Result(unittest.TestResult):
     def addSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802 (unittest's name)
         self.outcome = {"outcome": "passed"}
 
-    def _failed(self, err: Any) -> dict[str, Any]:
+    def _failed(self, test: Any, err: Any) -> dict[str, Any]:
         exc_type, exc, tb = err
         if isinstance(exc, NotRedirected):
             return {"outcome": "not_redirected", "why": str(exc)}
         if isinstance(exc, _Timeout):
             return {"outcome": "timeout"}
-        return {"outcome": "failed", **_failure(self.test_file, exc, tb)}
+        return {"outcome": "failed", **_failure(self.test_file, exc, tb), "reads_dynamo_counters": _reads_counters(test)}
 
     def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
-        self.outcome = self._failed(err)
+        self.outcome = self._failed(test, err)
 
     def addError(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
         if not self.outcome or self.outcome.get("outcome") == "passed":
-            self.outcome = self._failed(err)
+            self.outcome = self._failed(test, err)
 
     def addSkip(self, test: unittest.TestCase, reason: str) -> None:  # noqa: N802
         self.outcome = {"outcome": "skipped", "why": reason[:200]}
@@ -230,7 +241,7 @@ class _Result(unittest.TestResult):
 
     def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
         if err is not None and self.outcome.get("outcome") != "failed":
-            self.outcome = self._failed(err)
+            self.outcome = self._failed(test, err)
 
 
 def _tests(suite: unittest.TestSuite) -> list[unittest.TestCase]:
