@@ -676,13 +676,54 @@ class GeneratorIterator(IteratorVariable):
     def __init__(self, frame: Any) -> None:
         super().__init__([])
         self.frame = frame  # None once the generator returned or raised
+        self.started = False  # past its first yield's request: suspended at a yield from then on
 
     def python_type(self) -> type:
         return types.GeneratorType
 
+    def send(self, tx: Any, value: Variable) -> Variable | None:
+        """`gen.send(value)`: the suspended yield's value is `value`, then on to the next yield."""
+        if not self.started:
+            if not (value.is_constant() and value.as_constant() is None):
+                raise raise_real(TypeError("can't send non-None value to a just-started generator"))
+        elif self.frame is not None:
+            self.frame.stack[-1] = value  # (YIELD_VALUE left None there for the resumed code)
+        return self.next(tx)
+
+    def throw(self, tx: Any, exc: Variable) -> Variable | None:
+        """`gen.throw(exc)`: `exc` raised at the suspended yield (into the generator's own
+        handlers), then on to the next yield; a generator that does not catch it is finished."""
+        if self.frame is None or not self.started:
+            self.frame = None
+            raise UserRaise(exc)
+        frame = self.frame
+        at_yield = frame.instructions[frame.ip - 1]  # (suspended just after its YIELD_VALUE)
+        frame.stack.pop()
+        error = UserRaise(exc)
+        if not frame._to_handler(error, at_yield):
+            self.frame = None
+            raise error
+        return self.next(tx)
+
+    def close(self, tx: Any) -> None:
+        """`gen.close()`: GeneratorExit at the suspended yield; one it lets out, or a return, ends
+        it; a yield instead is Python's RuntimeError."""
+        if self.frame is None or not self.started:
+            self.frame = None
+            return
+        try:
+            item = self.throw(tx, ExceptionVariable(GeneratorExit))
+        except UserRaise as error:
+            if error.is_instance(GeneratorExit) or error.is_instance(StopIteration):
+                return
+            raise
+        if item is not None:
+            raise raise_real(RuntimeError("generator ignored GeneratorExit"))
+
     def next(self, tx: Any) -> Variable | None:
         if self.frame is None:
             return None
+        self.started = True
         try:
             self.frame.run()
         except UserRaise as error:

@@ -309,6 +309,14 @@ class PartialVariable(Variable):
         return super().getattr(tx, name)
 
 
+def _exception_of(tx: Any, args: Sequence[Variable]) -> Variable:
+    """The exception `gen.throw(*args)` raises: an instance as given, a class called."""
+    exc = args[0]
+    if exc.is_constant() and isinstance(exc.as_constant(), type) and issubclass(exc.as_constant(), BaseException):
+        return exc.call(tx, list(args[1:2]), {})
+    return exc
+
+
 class GeneratorVariable(Variable):
     """A generator made by calling a generator function: run one yield at a time as it is consumed."""
 
@@ -333,3 +341,29 @@ class GeneratorVariable(Variable):
 
     def truth(self, tx: Any) -> bool:
         return True
+
+    _PROTOCOL = ("__next__", "__iter__", "send", "throw", "close")
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name in self._PROTOCOL:
+            return BoundBuiltinMethod(self, name)
+        return super().getattr(tx, name)
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if name not in self._PROTOCOL or kwargs:
+            return super().call_method(tx, name, args, kwargs)
+        it = self._items(tx)
+        if name == "__iter__":
+            return self
+        if name == "close":
+            it.close(tx)
+            return ConstantVariable(None)
+        if name == "__next__":
+            item = it.next(tx)
+        elif name == "send":
+            item = it.send(tx, args[0])
+        else:  # throw(exc) or throw(type[, value]): a class is instantiated as Python does
+            item = it.throw(tx, _exception_of(tx, args))
+        if item is None:
+            raise raise_real(StopIteration())
+        return item
