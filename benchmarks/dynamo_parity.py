@@ -70,6 +70,8 @@ def classify(kiln_outcome: dict[str, Any]) -> str:
         return "timeout"
     if outcome != "failed":
         return "error"
+    if kiln_outcome.get("expects_dynamo_refusal"):
+        return "dynamo_internal"  # (the test asserts that Dynamo refuses a construct; kiln did not)
     kind, line = kiln_outcome.get("type", ""), kiln_outcome.get("testing_line") or kiln_outcome.get("test_line") or ""
     if kind.startswith("kiln.") and any(n in kind for n in ("Unsupported", "CaptureError", "FullGraph")):
         return "extra_break"

@@ -24,6 +24,7 @@ import importlib.util
 import inspect
 import json
 import linecache
+import re
 import signal
 import sys
 import time
@@ -196,14 +197,14 @@ def _failure(test_file: Path, exc: BaseException, tb: Any) -> dict[str, Any]:
     }
 
 
-def _reads_counters(test: Any) -> bool:
-    """Whether the test's own source reads Dynamo's counters or messages (a bare `assertTrue(found)`
-    after a search of `counters["unimplemented"]` checks Dynamo, not the program)."""
+def _test_source(test: Any) -> str:
+    """The test method's source ("" where it cannot be read): whether it reads Dynamo's counters
+    or messages (a bare `assertTrue(found)` after a search of `counters["unimplemented"]` checks
+    Dynamo, not the program), or expects Dynamo's own refusal (`assertRaises(Unsupported)`)."""
     try:
-        source = inspect.getsource(getattr(test, test._testMethodName))
+        return inspect.getsource(getattr(test, test._testMethodName))
     except (AttributeError, OSError, TypeError):
-        return False
-    return "counters" in source or "unimplemented" in source
+        return ""
 
 
 class _Result(unittest.TestResult):
@@ -221,7 +222,10 @@ class _Result(unittest.TestResult):
             return {"outcome": "not_redirected", "why": str(exc)}
         if isinstance(exc, _Timeout):
             return {"outcome": "timeout"}
-        return {"outcome": "failed", **_failure(self.test_file, exc, tb), "reads_dynamo_counters": _reads_counters(test)}
+        source = _test_source(test)
+        return {"outcome": "failed", **_failure(self.test_file, exc, tb),
+                "reads_dynamo_counters": "counters" in source or "unimplemented" in source,
+                "expects_dynamo_refusal": bool(re.search(r"assertRaises(Regex)?\(\s*(\w+\.)*Unsupported", source))}
 
     def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
         self.outcome = self._failed(test, err)

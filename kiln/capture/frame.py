@@ -15,7 +15,7 @@ import torch
 from kiln import compile_time
 from kiln.capture import dump, module_watch, reentry, resume_at_break, resume_code
 from kiln.capture.binder import argument_names
-from kiln.capture.break_records import BreakRecord, Unsupported
+from kiln.capture.break_records import BreakRecord, Unsupported, unsupported
 from kiln.capture.dynamic import DynamicPolicy
 from kiln.capture.guards import GLOBAL_STATE_READERS, CompiledGuards, Guard
 from kiln.capture.interpreter import Translator
@@ -66,6 +66,18 @@ def _capture_or_break(fn: types.FunctionType, L: tuple, backend: Callable, label
         return _capture(fn, L, backend, label, error, dynamic)
 
 
+def _no_generator_left_in_a_block(output: Any) -> None:
+    """A generator the frame leaves suspended inside a try or with block has cleanup (finally,
+    __exit__) that Python runs when it frees the generator (at the frame's end, if nothing kept it:
+    a GeneratorExit at the yield); the trace would skip it, so such a frame runs in Python."""
+    for generator in output.generators:
+        where = generator.suspended_at()
+        if where is not None and resume_at_break.enclosing_blocks(*where):
+            raise unsupported("unsupported_generator", "a generator left suspended inside a try or with block: Python runs "
+                              "its cleanup (finally, __exit__) when it frees the generator",
+                              "exhaust the generator, or close() it, inside the compiled function")
+
+
 def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, breaking: Unsupported | None,
              dynamic: DynamicPolicy) -> Entry:
     start = time.perf_counter()
@@ -95,6 +107,8 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
             else:
                 tx.locals[name] = wrap(tx, L[index], LocalSource(name, index))
         result = tx.run()
+        if breaking is None:
+            _no_generator_left_in_a_block(output)
         if breaking is not None:
             if not tx.stopped:
                 raise breaking

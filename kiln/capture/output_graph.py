@@ -57,6 +57,7 @@ class OutputGraph:
         self.attrs: dict[str, torch.Tensor] = {}
         self._attr_by_id: dict[int, Variable] = {}
         self.wrapped: dict[Source, Variable] = {}  # one variable per source, so reads agree
+        self.generators: list = []  # the user generators run while capturing (frame.py checks how they end)
         self.wrapped_containers: dict[int, tuple[Any, Variable]] = {}  # id -> (list/dict/set, its variable)
         self._fakes: dict[int, torch.Tensor] = {}
         self._last_input: fx.Node | None = None

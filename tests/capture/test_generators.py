@@ -397,3 +397,46 @@ def test_sending_a_value_to_a_just_started_generator_raises_as_python_does():
         return t
 
     torch.testing.assert_close(kiln.compile(fn, backend="eager", fullgraph=True)(torch.ones(2)), torch.ones(2) + 1)
+
+
+def test_a_generator_left_suspended_in_a_try_block_runs_its_cleanup():
+    # Python closes a generator it frees (at the frame's end here): its finally blocks run. The
+    # trace would skip them — a wrong result, before this test, for a plain next() (z stayed 0) —
+    # so such a frame runs in Python, recorded (Dynamo's test_throw_with_finally).
+    def make():
+        z = [0]
+
+        def gen():
+            try:
+                try:
+                    yield 1
+                except ValueError:
+                    yield 2
+                finally:
+                    z[0] += 2
+            finally:
+                z[0] += 1
+
+        def after_next(x):
+            g = gen()
+            next(g)
+            return x + 1
+
+        def after_throw(x):
+            g = gen()
+            next(g)
+            g.throw(ValueError)
+            return x.sin()
+
+        return z, after_next, after_throw
+
+    for pick in (1, 2):
+        z, *fns = make()
+        fns[pick - 1](torch.ones(2))
+        want = z[0]
+        z, *fns = make()
+        kiln.compile(fns[pick - 1], backend="eager")(torch.ones(2))
+        assert z[0] == want == 3
+        z, *fns = make()
+        with pytest.raises(kiln.CaptureError, match="suspended inside a try or with block"):
+            kiln.compile(fns[pick - 1], backend="eager", fullgraph=True)(torch.ones(2))

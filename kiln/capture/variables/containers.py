@@ -677,6 +677,14 @@ class GeneratorIterator(IteratorVariable):
         super().__init__([])
         self.frame = frame  # None once the generator returned or raised
         self.started = False  # past its first yield's request: suspended at a yield from then on
+        if frame is not None:
+            frame.output.generators.append(self)
+
+    def suspended_at(self) -> tuple[Any, int] | None:
+        """(code, offset of its yield) where the generator waits, or None if it finished or never ran."""
+        if self.frame is None or not self.started:
+            return None
+        return self.frame.code, self.frame.instructions[self.frame.ip - 1].offset
 
     def python_type(self) -> type:
         return types.GeneratorType
