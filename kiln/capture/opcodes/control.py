@@ -6,7 +6,8 @@ from kiln.capture.break_records import unsupported
 from kiln.capture.opcodes.registry import opcode
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
 from kiln.capture.variables.constant import ConstantVariable
-from kiln.capture.variables.containers import IteratorVariable, ListVariable
+from kiln.capture.bytecode import PY
+from kiln.capture.variables.containers import GeneratorIterator, IteratorVariable, ListVariable
 from kiln.capture.variables.wrapping import wrap_constant_result
 
 
@@ -116,6 +117,37 @@ def YIELD_VALUE(tx, inst) -> None:
 
 @opcode("GET_YIELD_FROM_ITER")
 def GET_YIELD_FROM_ITER(tx, inst) -> None:
-    raise unsupported("unsupported_opcode", "`yield from` inside captured code", "yield the items in a for loop")
+    # `yield from x`: a generator is delegated to as it is (send and its return value reach it),
+    # anything else iterated.
+    tx.push(tx.pop().get_iter(tx))
+
+
+@opcode("SEND")
+def SEND(tx, inst) -> None:
+    """One step of `yield from`: the sent value to the iterator below it; its next item goes on to
+    YIELD_VALUE, or, when it is done, its return value is the expression's (3.11: in place of the
+    iterator; 3.12: above it, END_SEND drops the iterator) and the loop jumps past."""
+    value, source = tx.pop(), tx.stack[-1]
+    if isinstance(source, GeneratorIterator):
+        item = source.send(tx, value)
+    elif value.is_constant() and value.as_constant() is None and isinstance(source, IteratorVariable):
+        item = source.next(tx)
+    else:
+        raise unsupported("unsupported_opcode", f"`yield from` sending a value into {source.describe()}")
+    if item is not None:
+        tx.push(item)
+        return
+    result = source.result if isinstance(source, GeneratorIterator) else ConstantVariable(None)
+    if PY < (3, 12):
+        tx.pop()
+    tx.push(result)
+    tx.jump_to(inst.argval)
+
+
+@opcode("END_SEND", versions=((3, 12), (3, 13)))
+def END_SEND(tx, inst) -> None:
+    value = tx.pop()
+    tx.pop()  # the iterator
+    tx.push(value)
 
 

@@ -677,6 +677,7 @@ class GeneratorIterator(IteratorVariable):
         super().__init__([])
         self.frame = frame  # None once the generator returned or raised
         self.started = False  # past its first yield's request: suspended at a yield from then on
+        self.result: Variable = const(None)  # what it returned, once it has
         if frame is not None:
             frame.output.generators.append(self)
 
@@ -706,6 +707,9 @@ class GeneratorIterator(IteratorVariable):
             raise UserRaise(exc)
         frame = self.frame
         at_yield = frame.instructions[frame.ip - 1]  # (suspended just after its YIELD_VALUE)
+        if frame.ip >= 2 and frame.instructions[frame.ip - 2].opname == "SEND":
+            raise unsupported("unsupported_call", "throw() or close() into a generator inside `yield from` (Python hands it "
+                              "to the inner generator)")
         frame.stack.pop()
         error = UserRaise(exc)
         if not frame._to_handler(error, at_yield):
@@ -741,7 +745,8 @@ class GeneratorIterator(IteratorVariable):
             raise
         if self.frame.yields:
             return self.frame.yields.pop(0)
-        self.frame = None  # returned: its return value only ends the iteration
+        self.result = self.frame.return_value  # (a `yield from` expression's value)
+        self.frame = None  # returned
         return None
 
     def iterate(self, tx: Any) -> list[Variable]:
