@@ -236,6 +236,28 @@ def test_a_fault_in_kiln_runs_the_frame_eagerly_with_a_record(monkeypatch):
         kiln.compile(f, backend="eager", fullgraph=True)(x)
 
 
+def test_a_fault_in_kiln_after_the_interpreter_is_a_capture_error_under_fullgraph(monkeypatch):
+    # A fault past the interpreter (building the frame's runner) falls back with a record, and under
+    # fullgraph is a CaptureError naming the user's function — it reached the user as kiln's own
+    # AttributeError (Dynamo's test_python_autograd test_split).
+    from kiln.capture import frame
+
+    def broken(output):
+        raise AttributeError("a bug of kiln's own")
+
+    monkeypatch.setattr(frame, "_no_generator_left_in_a_block", broken)
+
+    def f(x):
+        return x * 3
+
+    x = torch.randn(3)
+    compiled = kiln.compile(f, backend="eager")
+    torch.testing.assert_close(compiled(x), x * 3)
+    assert compiled.kiln_cache.fallback.kind == "internal_error"
+    with pytest.raises(kiln.CaptureError, match="internal_error.*AttributeError"):
+        kiln.compile(f, backend="eager", fullgraph=True)(x)
+
+
 def test_a_slice_with_a_tensor_bound_is_recorded_as_an_unsupported_index():
     def f(x, t):
         return (x * 2)[:t] + 1

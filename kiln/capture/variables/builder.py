@@ -78,6 +78,9 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
     if isinstance(value, torch.Tensor):
         if tx is None:
             raise unsupported("unsupported_constant", "a tensor computed outside the graph while capturing")
+        if source is None:  # (an input the next call could not read, nor a guard check)
+            raise unsupported("unsupported_attribute", "a tensor held by an object kiln reached without a way to read it "
+                              "again on the next call", "pass the tensor (or its holder) as an argument")
         return tx.output.add_input(value, source)
     if isinstance(value, torch.Size):
         _guard(tx, "EQUALS", source, tuple(value))
