@@ -114,7 +114,8 @@ def _unsupported_python(fn_or_module: Any, fullgraph: bool) -> Any:
     """On a Python whose bytecode kiln's capture does not model: an error under fullgraph, else
     the function or module itself (it runs eagerly), with a warning that says so and what works."""
     version = ".".join(map(str, bytecode.PY))
-    supported = " and ".join(".".join(map(str, v)) for v in bytecode.SUPPORTED_PYTHONS)
+    names = [".".join(map(str, v)) for v in bytecode.SUPPORTED_PYTHONS]
+    supported = ", ".join(names[:-1]) + " and " + names[-1]
     message = (f"kiln.compile: kiln's bytecode capture supports Python {supported}, not {version}; "
                f"torch.compile(model, backend=\"kiln\") uses Dynamo's capture with kiln's backend")
     if fullgraph:

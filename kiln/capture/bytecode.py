@@ -15,7 +15,10 @@ from dataclasses import dataclass
 PY = sys.version_info[:2]
 # The CPython versions whose bytecode kiln's interpreter models (opcodes, inline caches, the
 # exception table and line table formats differ from version to version).
-SUPPORTED_PYTHONS = ((3, 11), (3, 12))
+SUPPORTED_PYTHONS = ((3, 11), (3, 12), (3, 13))
+# Where a call's NULL (or self) slot lies: below the callable in 3.11 and 3.12 (NULL, fn,
+# args...), above it in 3.13 (fn, NULL, args...).
+NULL_ABOVE_CALLABLE = PY >= (3, 13)
 
 
 @dataclass(frozen=True)

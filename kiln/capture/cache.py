@@ -100,10 +100,16 @@ class FrameCache:
             if self.fullgraph:
                 raise CaptureError(record) from None
             return self._eager_after(record, args, kwargs)
-        except UserRaise:
+        except UserRaise as raised:
             # The traced code raised and nothing caught it: eager raises it for real.
             self.eager_calls += 1
-            return self.eager(*args, **kwargs)
+            result = self.eager(*args, **kwargs)
+            # Eager returned: kiln's interpretation raised where the function does not (a bug of
+            # kiln's). The result is eager's; the frame runs eagerly from now on, recorded and
+            # told, never silently.
+            self._fall_back(_internal_error(self.fn, RuntimeError(
+                f"kiln's interpreter raised {raised.exc.exc_type.__name__} where the function returns")), stacklevel=5)
+            return result
         except Exception as error:  # noqa: BLE001 - kiln's own capture failed, not the user's code
             if self.fullgraph:
                 raise
@@ -118,12 +124,16 @@ class FrameCache:
 
     def _eager_after(self, record: BreakRecord, args: tuple, kwargs: dict) -> Any:
         """The frame runs eagerly from now on, recorded, told to the user once."""
+        self._fall_back(record, stacklevel=6)
+        self.eager_calls += 1
+        return self.eager(*args, **kwargs)
+
+    def _fall_back(self, record: BreakRecord, stacklevel: int) -> None:
+        """`stacklevel`: the warning's, from `_fall_back` to the user's call."""
         record_break(record)
         self.fallback = record
         _notify("fallback", self, record)
-        warn_eager_frame(self.fn, self.label, record)
-        self.eager_calls += 1
-        return self.eager(*args, **kwargs)
+        warn_eager_frame(self.fn, self.label, record, stacklevel + 1)
 
 
 def _internal_error(fn: Any, error: Exception) -> BreakRecord:
@@ -137,7 +147,7 @@ def _internal_error(fn: Any, error: Exception) -> BreakRecord:
 _WARNED: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
 
 
-def warn_eager_frame(fn: Any, label: str, record: BreakRecord) -> None:
+def warn_eager_frame(fn: Any, label: str, record: BreakRecord, stacklevel: int) -> None:
     """Tell the user, once per code object, that a whole frame runs eagerly: every call of it
     loses kiln's speed-up, which `kiln.explain` shows only to those who ask."""
     code = getattr(fn, "__code__", None)
@@ -146,7 +156,7 @@ def warn_eager_frame(fn: Any, label: str, record: BreakRecord) -> None:
     _WARNED.add(code)
     warnings.warn(f"kiln.compile: {label} runs eagerly, without kiln's speed-up: {record}\n"
                   f"kiln.explain(fn, *args) lists every break; KILN_WARN_EAGER_FRAMES=0 silences this warning.",
-                  RuntimeWarning, stacklevel=6)  # the user's call: past _eager_after, _miss, __call__
+                  RuntimeWarning, stacklevel=stacklevel)
 
 
 def read_source(source: Any, L: tuple) -> Any:

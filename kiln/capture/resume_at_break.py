@@ -36,7 +36,7 @@ from torch.nn.modules import module as module_mod
 from kiln.capture import resume_code as rcode
 from kiln.capture.binder import make_binder
 from kiln.capture.break_records import BreakRecord, Unsupported, record_break
-from kiln.capture.bytecode import PY, decode
+from kiln.capture.bytecode import NULL_ABOVE_CALLABLE, PY, decode
 from kiln.capture.reentry import autocast_state
 from kiln.capture.variables.base import BoundBuiltinMethod
 from kiln.capture.variables.torch_fns import GradModeVariable
@@ -52,14 +52,17 @@ def _operands(inst: Any) -> int | None:
     fixed = {"BINARY_OP": 2, "COMPARE_OP": 2, "IS_OP": 2, "CONTAINS_OP": 2, "BINARY_SUBSCR": 2, "STORE_SUBSCR": 3,
              "DELETE_SUBSCR": 2, "STORE_ATTR": 2, "DELETE_ATTR": 1, "GET_ITER": 1, "UNPACK_SEQUENCE": 1, "UNPACK_EX": 1,
              "UNARY_NEGATIVE": 1, "UNARY_POSITIVE": 1, "UNARY_INVERT": 1, "UNARY_NOT": 1, "BINARY_SLICE": 3,
-             "STORE_SLICE": 4, "POP_TOP": 1, "LOAD_ASSERTION_ERROR": 0, "BEFORE_WITH": 1}
+             "STORE_SLICE": 4, "POP_TOP": 1, "LOAD_ASSERTION_ERROR": 0, "BEFORE_WITH": 1, "TO_BOOL": 1,
+             "FORMAT_SIMPLE": 1, "FORMAT_WITH_SPEC": 2, "CONVERT_VALUE": 1}
     name, arg = inst.opname, inst.arg or 0
     if name in fixed:
         return fixed[name]
     if name == "CALL":
         return arg + 2
+    if name == "CALL_KW":
+        return arg + 3  # 3.13: the keyword names' tuple on top
     if name == "CALL_FUNCTION_EX":
-        return 3 + (arg & 1)  # NULL, callable, args tuple, kwargs dict
+        return 3 + (arg & 1)  # callable and its NULL, args tuple, kwargs dict
     if name == "FORMAT_VALUE":
         return 1 + bool(arg & 0x04)
     if name in ("BUILD_STRING", "BUILD_TUPLE", "BUILD_LIST", "BUILD_SET"):
@@ -160,7 +163,7 @@ class Continuation:
             torch._C._set_grad_enabled(self.entry_grad)
             enter_grad = inner
         resume = self._resume(offset, nulls, live, enter_grad)
-        return resume(*[values[n] for n in live], *cells, *[v for v in stack if v is not rcode.NULL_SLOT])
+        return resume(*rcode.resume_arguments(self.code, live, values, cells, stack))
 
     def _live(self, offset: int) -> tuple[str, ...]:
         live = rcode.live_locals(self.code, offset)
@@ -178,7 +181,7 @@ class Continuation:
             if jumps and inst.opname in _KEEP_IF_JUMPING:
                 stack.append(value)
             return stack, inst.argval if jumps else nxt
-        if self.inlined and inst.opname in ("CALL", "CALL_FUNCTION_EX"):
+        if self.inlined and inst.opname in ("CALL", "CALL_KW", "CALL_FUNCTION_EX"):
             return self._call_compiled(stack), nxt
         count = _operands(inst)
         operands = stack[len(stack) - count:]
@@ -195,19 +198,29 @@ class Continuation:
     def _call_compiled(self, stack: list) -> list:
         """The call at the break with its callee compiled as a frame of its own."""
         inst = self.inst
-        if inst.opname == "CALL":
-            names = self.code.co_consts[_kw_names_const(self.code, self.index)] if _kw_names_const(self.code, self.index) is not None else ()
+        if inst.opname in ("CALL", "CALL_KW"):
+            if inst.opname == "CALL_KW":
+                names = stack.pop()
+            else:
+                const = _kw_names_const(self.code, self.index)
+                names = self.code.co_consts[const] if const is not None else ()
             args = stack[len(stack) - inst.arg:]
             del stack[len(stack) - inst.arg:]
             first, second = stack[-2], stack[-1]
             del stack[-2:]
-            fn, args = (second, args) if first is rcode.NULL_SLOT else (first, [second, *args])
+            if NULL_ABOVE_CALLABLE:  # 3.13: callable, then NULL or self
+                fn, args = (first, args) if second is rcode.NULL_SLOT else (first, [second, *args])
+            else:  # 3.11/3.12: NULL then callable, or method then self
+                fn, args = (second, args) if first is rcode.NULL_SLOT else (first, [second, *args])
             kwargs = dict(zip(names, args[len(args) - len(names):])) if names else {}
             args = args[: len(args) - len(names)]
         else:
             kwargs = stack.pop() if inst.arg & 1 else {}
-            args, fn = stack.pop(), stack.pop()
-            if stack and stack[-1] is rcode.NULL_SLOT:
+            args = stack.pop()
+            if NULL_ABOVE_CALLABLE:
+                stack.pop()  # the NULL
+            fn = stack.pop()
+            if not NULL_ABOVE_CALLABLE and stack and stack[-1] is rcode.NULL_SLOT:
                 stack.pop()
         callee = compiled_callee(fn, self.backend, self.dynamic)
         if callee is fn and self.record is not None:

@@ -1,10 +1,12 @@
 """Code objects for graph breaks: the rest of a frame from one instruction on, and one instruction alone.
 
-A *resume function* continues a frame at an instruction: its parameters are the frame's locals
-(in `co_varnames` order) followed by the value stack at that point. Its bytecode is a short
-prologue — drop the locals that were unbound, push the stack, jump — followed by the original
-bytecode unchanged. CPython 3.11/3.12 jumps are relative, so the copied instructions need no
-edits; only the exception table (absolute offsets) is shifted, and the line table gets a
+A *resume function* continues a frame at an instruction: its parameters are the frame's slots
+in their own order — every local (`co_varnames`), then the cells that are not locals — followed
+by the value stack at that point. Its bytecode is a short prologue — unbind the locals that were
+unbound or are never read again, push the stack, jump — followed by the original bytecode
+unchanged: every slot keeps its index, so no instruction that names a local or a cell (3.13's
+superinstructions pack two in four bits each) needs an edit, and CPython 3.11-3.13 jumps are
+relative. Only the exception table (absolute offsets) is shifted, and the line table gets a
 no-location entry for the prologue. kiln captures the resume function like any other frame.
 
 A *step function* runs one instruction natively on a given stack and returns the stack after it:
@@ -19,6 +21,8 @@ import types
 import weakref
 
 import torch
+
+from typing import Any
 
 from kiln.capture.bytecode import PY, ExceptionEntry, decode
 
@@ -105,8 +109,9 @@ def stack_name(i: int) -> str:
     return f"___stack{i}"
 
 
-_FAST = ("LOAD_FAST", "STORE_FAST", "DELETE_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR")
 _READS = ("LOAD_FAST", "DELETE_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR")
+_READS_SECOND = ("STORE_FAST_LOAD_FAST",)  # 3.13: stores its first local, reads its second
+_READS_BOTH = ("LOAD_FAST_LOAD_FAST",)
 _NO_FALLTHROUGH = ("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "RETURN_VALUE", "RETURN_CONST",
                    "RAISE_VARARGS", "RERAISE")
 
@@ -127,6 +132,10 @@ def live_locals(code: types.CodeType, offset: int) -> frozenset[str]:
         inst = bc.instructions[index]
         if inst.opname in _READS:
             names.add(inst.argval)
+        elif inst.opname in _READS_BOTH:
+            names.update(inst.argval)
+        elif inst.opname in _READS_SECOND:
+            names.add(inst.argval[1])
         if inst.opcode in dis.hasjrel or inst.opcode in dis.hasjabs:
             todo.append(bc.index_of[inst.argval])
         if inst.opname not in _NO_FALLTHROUGH:
@@ -137,34 +146,46 @@ def live_locals(code: types.CodeType, offset: int) -> frozenset[str]:
     return frozenset(names)
 
 
+def resume_arguments(code: types.CodeType, live: tuple[str, ...], values: dict[str, Any], cells: list,
+                     stack: list) -> list:
+    """What the resume function of `code` is called with: each local's value where it is live
+    (None where not: the prologue unbinds it), the cell objects in their slots (`cells` in
+    `cell_names` order), then the stack's values that are not NULL."""
+    cell_of = dict(zip(cell_names(code), cells))
+    slots = [cell_of[n] if n in cell_of else values[n] if n in live else None for n in code.co_varnames]
+    slots += [cell_of[n] for n in cell_names(code) if n not in code.co_varnames]
+    return slots + [v for v in stack if v is not NULL_SLOT]
+
+
 def resume_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...], live: tuple[str, ...],
                 grad_mode: bool | None = None) -> types.CodeType:
     """The rest of `code` from the instruction at byte `offset`, entered with the locals `live`
     bound (every other local unbound) and a stack of `len(stack_nulls)` values (True where the
-    slot holds NULL). Parameters: the live locals, then the stack values that are not NULL.
-    With `grad_mode`, the prologue first switches grad mode to it (a break inside a grad-mode
-    block: the function is called in the mode outside the block, and enters the block's)."""
+    slot holds NULL). Parameters: `resume_arguments`' layout. With `grad_mode`, the prologue
+    first switches grad mode to it (a break inside a grad-mode block: the function is called in
+    the mode outside the block, and enters the block's)."""
     stack_params = tuple(stack_name(i) for i, null in enumerate(stack_nulls) if not null)
     # The frame's cells (its own and its outer function's) are parameters too, passed as the cell
     # objects themselves and declared as cell parameters: without the MAKE_CELL that would wrap
     # a parameter in a new cell (the original's, skipped by the jump), each slot holds the cell
     # it was given, so the rest of the frame shares its cells with the closures made before the
-    # break, as the original frame would.
+    # break, as the original frame would. Slots keep the original's order (locals, the cells
+    # that are not locals, then the outer function's), so no operand changes.
     cells = cell_names(code)
-    live = tuple(n for n in live if n not in cells)
-    params = tuple(live) + cells + stack_params
-    varnames = params + tuple(n for n in code.co_varnames if n not in live and n not in cells)
-    renumber = {code.co_varnames.index(n): varnames.index(n) for n in code.co_varnames}
-    for index, name in enumerate(_localsplus_names(code)):  # DEREF operands index the cell slots
-        renumber.setdefault(index, varnames.index(name))
+    params = tuple(code.co_varnames) + tuple(n for n in cells if n not in code.co_varnames) + stack_params
     prologue = bytearray(_emit("RESUME"))
+    for index, name in enumerate(code.co_varnames):
+        if name not in live and name not in cells:
+            prologue += _emit("DELETE_FAST", index)
     consts = code.co_consts
     if grad_mode is not None:
         consts = consts + (torch._C._set_grad_enabled, grad_mode)
-        prologue += _emit("PUSH_NULL") + _emit("LOAD_CONST", len(consts) - 2) + _emit("LOAD_CONST", len(consts) - 1)
+        load_fn = _emit("LOAD_CONST", len(consts) - 2)
+        prologue += load_fn + _emit("PUSH_NULL") if PY >= (3, 13) else _emit("PUSH_NULL") + load_fn
+        prologue += _emit("LOAD_CONST", len(consts) - 1)
         prologue += (_emit("PRECALL", 1) if PY == (3, 11) else b"") + _emit("CALL", 1) + _emit("POP_TOP")
     for i, is_null in enumerate(stack_nulls):
-        prologue += _emit("PUSH_NULL") if is_null else _emit("LOAD_FAST", varnames.index(stack_name(i)))
+        prologue += _emit("PUSH_NULL") if is_null else _emit("LOAD_FAST", params.index(stack_name(i)))
     # The jump is the prologue's last instruction: its relative target is the original offset.
     prologue += _emit("JUMP_FORWARD", offset // 2)
     shift = len(prologue)
@@ -173,12 +194,12 @@ def resume_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...]
     flags = code.co_flags & ~(0x04 | 0x08)  # no *args / **kwargs: every parameter is positional
     line = decode(code).line_of(decode(code).index_of[offset])
     resumed = code.replace(
-        co_code=bytes(prologue) + _renumber_locals(code.co_code, renumber),
+        co_code=bytes(prologue) + code.co_code,
         co_consts=consts,
-        co_varnames=varnames,
+        co_varnames=params,
         co_cellvars=cells,
         co_freevars=(),
-        co_nlocals=len(varnames),
+        co_nlocals=len(params),
         co_argcount=len(params),
         co_posonlyargcount=0,
         co_kwonlyargcount=0,
@@ -193,36 +214,15 @@ def resume_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...]
     return resumed
 
 
-def _localsplus_names(code: types.CodeType) -> list[str]:
-    """The frame's slots in order: locals, then its own cells that are not parameters, then the
-    outer function's (what *_FAST and *_DEREF operands index in 3.11 and 3.12)."""
-    return [*code.co_varnames, *(n for n in code.co_cellvars if n not in code.co_varnames), *code.co_freevars]
-
-
 _DEREF = ("LOAD_DEREF", "STORE_DEREF", "DELETE_DEREF", "LOAD_CLOSURE", "MAKE_CELL", "LOAD_CLASSDEREF",
           "LOAD_FROM_DICT_OR_DEREF")
-
-
-def _renumber_locals(co_code: bytes, renumber: dict[int, int]) -> bytes:
-    """`co_code` with the slot index of every *_FAST and *_DEREF instruction mapped through
-    `renumber` (3.11/3.12 jumps are relative and no other instruction names a slot by index)."""
-    out = bytearray(co_code)
-    fast = {_op(n) for n in _FAST + _DEREF if n in dis.opmap}
-    extended = False
-    for i in range(0, len(out), 2):
-        op = out[i]
-        if op in fast:
-            if extended or renumber[out[i + 1]] > 255:
-                raise ValueError("a function with more than 256 locals cannot resume after a graph break")
-            out[i + 1] = renumber[out[i + 1]]
-        extended = op == _op("EXTENDED_ARG")
-    return bytes(out)
 
 
 def step_code(code: types.CodeType, offset: int, stack_nulls: tuple[bool, ...], kw_names_const: int | None) -> types.CodeType:
     """A function of the stack values the instruction of `code` at `offset` consumes (True in
     `stack_nulls` where one is NULL) that runs that instruction and returns what it pushes, as
-    a tuple. For CALL, `kw_names_const` re-issues the pending KW_NAMES (3.11, 3.12)."""
+    a tuple. For CALL, `kw_names_const` re-issues the pending KW_NAMES (3.11, 3.12; 3.13's
+    CALL_KW finds the names on the stack)."""
     depth = len(stack_nulls)
     inst = decode(code).instructions[decode(code).index_of[offset]]
     steps: list[tuple[str, int]] = []

@@ -130,11 +130,11 @@ def test_a_frame_that_runs_eagerly_is_warned_once_with_the_reason(capsys):
 def test_an_unsupported_python_warns_and_runs_eagerly(monkeypatch):
     from kiln.capture import bytecode
 
-    monkeypatch.setattr(bytecode, "PY", (3, 13))
+    monkeypatch.setattr(bytecode, "PY", (3, 14))
     model = torch.nn.Linear(2, 2)
-    with pytest.warns(RuntimeWarning, match=r"supports Python 3.11 and 3.12, not 3.13; torch.compile\(model, backend=\"kiln\"\)"):
+    with pytest.warns(RuntimeWarning, match=r"supports Python 3.11, 3.12 and 3.13, not 3.14; torch.compile\(model, backend=\"kiln\"\)"):
         assert kiln.compile(model) is model  # eager, as told
-    with pytest.raises(RuntimeError, match="not 3.13"):
+    with pytest.raises(RuntimeError, match="not 3.14"):
         kiln.compile(model, fullgraph=True)
 
 
@@ -295,3 +295,28 @@ def test_compiling_a_compiled_function_or_module_compiles_the_original():
     y = torch.randn(2, 3)
     torch.testing.assert_close(twice(y), module(y))
     assert seen == {"inner": 1, "outer": 2}
+
+
+def test_an_exception_kiln_predicts_wrongly_falls_back_with_a_record(monkeypatch):
+    # kiln's interpreter raising where the function returns (a bug of kiln's: a 3.13 opcode read
+    # wrongly did this) must not pass silently: eager's result, a record, a warning at the
+    # user's line, and eager calls from then on.
+    from kiln.capture.opcodes import HANDLERS
+    from kiln.capture.user_exceptions import raise_real
+
+    def wrong(tx, inst):
+        raise raise_real(ZeroDivisionError("made up"))
+
+    monkeypatch.setitem(HANDLERS, "BINARY_OP", wrong)
+
+    def f(x):
+        return x + 1
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    with pytest.warns(RuntimeWarning, match="raised ZeroDivisionError where the function returns") as caught:
+        out = compiled(torch.ones(2))
+    torch.testing.assert_close(out, torch.full((2,), 2.0))
+    assert caught[0].filename == __file__
+    assert compiled.kiln_cache.fallback.kind == "internal_error" and not compiled.kiln_cache.entries
+    torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 2.0))
+    assert compiled.kiln_cache.eager_calls == 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 import operator
 
 from kiln.capture.break_records import unsupported
-from kiln.capture.opcodes.registry import opcode
+from kiln.capture.opcodes.registry import SINCE_312, opcode
 from kiln.capture.python_operators import (BINARY_OPS, COMPARE_OPS, INPLACE_OPS, apply_binary, apply_unary, contains, identical,
                                            store_subscript, subscript)
 from kiln.capture.variables.constant import ConstantVariable
@@ -85,13 +85,13 @@ def _slice(tx, start, stop):
     return value
 
 
-@opcode("BINARY_SLICE", versions=((3, 12),))
+@opcode("BINARY_SLICE", versions=SINCE_312)
 def BINARY_SLICE(tx, inst) -> None:
     stop, start, obj = tx.pop(), tx.pop(), tx.pop()
     tx.push(subscript(tx, obj, _slice(tx, start, stop)))
 
 
-@opcode("STORE_SLICE", versions=((3, 12),))
+@opcode("STORE_SLICE", versions=SINCE_312)
 def STORE_SLICE(tx, inst) -> None:
     stop, start, obj, value = tx.pop(), tx.pop(), tx.pop(), tx.pop()
     store_subscript(tx, obj, _slice(tx, start, stop), value)

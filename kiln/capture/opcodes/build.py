@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 
 from kiln.capture.break_records import unsupported
-from kiln.capture.opcodes.registry import opcode
+from kiln.capture.opcodes.registry import SINCE_312, UNTIL_312, opcode
 from kiln.capture.python_operators import apply_unary, format_value
 from kiln.capture.user_exceptions import raise_real
 from kiln.capture.variables.constant import ConstantVariable
@@ -54,13 +54,33 @@ def BUILD_STRING(tx, inst) -> None:
     tx.push(ConstantVariable("".join(p.as_constant() for p in tx.popn(inst.arg))))
 
 
-@opcode("FORMAT_VALUE")
+_CONVERSIONS = {0: None, 1: str, 2: repr, 3: ascii}
+
+
+@opcode("FORMAT_VALUE", versions=UNTIL_312)
 def FORMAT_VALUE(tx, inst) -> None:
     flags = inst.arg
     spec = tx.pop().as_constant() if flags & 0x04 else ""
     value = tx.pop()
-    conversion = {0: None, 1: str, 2: repr, 3: ascii}[flags & 0x03]
-    tx.push(format_value(tx, value, conversion, spec))
+    tx.push(format_value(tx, value, _CONVERSIONS[flags & 0x03], spec))
+
+
+@opcode("CONVERT_VALUE", versions=((3, 13),))
+def CONVERT_VALUE(tx, inst) -> None:
+    # 3.13 splits FORMAT_VALUE: str()/repr()/ascii() first, then FORMAT_SIMPLE or FORMAT_WITH_SPEC
+    # formats the string it made.
+    tx.push(format_value(tx, tx.pop(), _CONVERSIONS[inst.arg], ""))
+
+
+@opcode("FORMAT_SIMPLE", versions=((3, 13),))
+def FORMAT_SIMPLE(tx, inst) -> None:
+    tx.push(format_value(tx, tx.pop(), None, ""))
+
+
+@opcode("FORMAT_WITH_SPEC", versions=((3, 13),))
+def FORMAT_WITH_SPEC(tx, inst) -> None:
+    spec = tx.pop().as_constant()
+    tx.push(format_value(tx, tx.pop(), None, spec))
 
 
 @opcode("LIST_APPEND")
@@ -117,7 +137,7 @@ def LIST_TO_TUPLE(tx, inst) -> None:
     tx.push(TupleVariable(tx.pop().items))
 
 
-@opcode("CALL_INTRINSIC_1", versions=((3, 12),))
+@opcode("CALL_INTRINSIC_1", versions=SINCE_312)
 def CALL_INTRINSIC_1(tx, inst) -> None:
     name = inst.argrepr
     if name == "INTRINSIC_LIST_TO_TUPLE":

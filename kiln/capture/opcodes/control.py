@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kiln.capture.break_records import unsupported
-from kiln.capture.opcodes.registry import opcode
+from kiln.capture.opcodes.registry import SINCE_312, opcode
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
 from kiln.capture.variables.constant import ConstantVariable
 from kiln.capture.bytecode import PY
@@ -36,7 +36,14 @@ def _pop_jump(tx, inst) -> None:
 
 for _direction in ("POP_JUMP_FORWARD", "POP_JUMP_BACKWARD"):
     opcode(*[f"{_direction}_IF_{c}" for c in _CONDITIONS], versions=((3, 11),))(_pop_jump)
-opcode(*[f"POP_JUMP_IF_{c}" for c in _CONDITIONS], versions=((3, 12),))(_pop_jump)
+opcode(*[f"POP_JUMP_IF_{c}" for c in _CONDITIONS], versions=SINCE_312)(_pop_jump)
+
+
+@opcode("TO_BOOL", versions=((3, 13),))
+def TO_BOOL(tx, inst) -> None:
+    """3.13 converts a condition with TO_BOOL before POP_JUMP_IF_* and UNARY_NOT; both of kiln's
+    handlers take the truth of what they pop, so the value stays as it is: a condition on a
+    tensor then breaks the graph at the jump, where kiln resumes (as on 3.11 and 3.12)."""
 
 
 @opcode("JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP", versions=((3, 11),))
@@ -76,8 +83,8 @@ def FOR_ITER(tx, inst) -> None:
         return
     tx.pop()
     tx.jump_to(inst.argval)
-    if tx.instructions[tx.ip].opname == "END_FOR":  # 3.12: exhaustion skips END_FOR
-        tx.ip += 1
+    if tx.instructions[tx.ip].opname == "END_FOR":  # exhaustion skips END_FOR (3.12), END_FOR and POP_TOP (3.13)
+        tx.ip += 2 if PY >= (3, 13) else 1
 
 
 @opcode("RETURN_VALUE")
@@ -86,7 +93,7 @@ def RETURN_VALUE(tx, inst) -> None:
     tx.done = True
 
 
-@opcode("RETURN_CONST", versions=((3, 12),))
+@opcode("RETURN_CONST", versions=SINCE_312)
 def RETURN_CONST(tx, inst) -> None:
     tx.return_value = wrap_constant_result(inst.argval)
     tx.done = True
@@ -144,7 +151,7 @@ def SEND(tx, inst) -> None:
     tx.jump_to(inst.argval)
 
 
-@opcode("END_SEND", versions=((3, 12), (3, 13)))
+@opcode("END_SEND", versions=SINCE_312)
 def END_SEND(tx, inst) -> None:
     value = tx.pop()
     tx.pop()  # the iterator

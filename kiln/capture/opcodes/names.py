@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 
 from kiln.capture.break_records import unsupported
-from kiln.capture.opcodes.registry import opcode
+from kiln.capture.bytecode import PY
+from kiln.capture.opcodes.calls import push_call_target
+from kiln.capture.opcodes.registry import SINCE_312, opcode
 from kiln.capture.user_exceptions import raise_real
 from kiln.capture.variables.base import NULL, NullVariable
 from kiln.capture.variables.functions import CellVariable, RealCellVariable
@@ -20,13 +22,47 @@ def LOAD_CONST(tx, inst) -> None:
 
 @opcode("LOAD_FAST", "LOAD_FAST_CHECK")
 def LOAD_FAST(tx, inst) -> None:
+    if PY >= (3, 13) and inst.argval not in tx.locals and (inst.argval in tx.code.co_cellvars
+                                                          or inst.argval in tx.code.co_freevars):
+        # 3.13 loads a cell itself with LOAD_FAST (the closure tuple of a nested function), where
+        # 3.11 and 3.12 use LOAD_CLOSURE. (The slot may hold a plain value instead: an inlined
+        # comprehension's variable of the same name, kept in `tx.locals` meanwhile.)
+        LOAD_CLOSURE(tx, inst)
+        return
     value = tx.locals.get(inst.argval)
     if value is None:
         raise raise_real(UnboundLocalError(f"cannot access local variable '{inst.argval}' where it is not associated with a value"))
     tx.push(value)
 
 
-@opcode("LOAD_FAST_AND_CLEAR", versions=((3, 12),))
+@opcode("LOAD_FAST_LOAD_FAST", versions=((3, 13),))
+def LOAD_FAST_LOAD_FAST(tx, inst) -> None:
+    # 3.13's superinstructions name two locals (argval is the pair, in the order they act).
+    for name in inst.argval:
+        LOAD_FAST(tx, _Named(name))
+
+
+@opcode("STORE_FAST_STORE_FAST", versions=((3, 13),))
+def STORE_FAST_STORE_FAST(tx, inst) -> None:
+    for name in inst.argval:
+        STORE_FAST(tx, _Named(name))
+
+
+@opcode("STORE_FAST_LOAD_FAST", versions=((3, 13),))
+def STORE_FAST_LOAD_FAST(tx, inst) -> None:
+    stored, loaded = inst.argval
+    STORE_FAST(tx, _Named(stored))
+    LOAD_FAST(tx, _Named(loaded))
+
+
+class _Named:
+    """One half of a superinstruction, as the single-local handlers read it."""
+
+    def __init__(self, name: str) -> None:
+        self.argval = name
+
+
+@opcode("LOAD_FAST_AND_CLEAR", versions=SINCE_312)
 def LOAD_FAST_AND_CLEAR(tx, inst) -> None:
     tx.push(tx.locals.pop(inst.argval, NULL))
 
@@ -47,9 +83,8 @@ def DELETE_FAST(tx, inst) -> None:
 
 @opcode("LOAD_GLOBAL")
 def LOAD_GLOBAL(tx, inst) -> None:
-    if inst.arg & 1:
-        tx.push(NULL)
-    tx.push(tx.load_global(inst.argval))
+    value = tx.load_global(inst.argval)
+    push_call_target(tx, value) if inst.arg & 1 else tx.push(value)
 
 
 @opcode("STORE_GLOBAL")
@@ -101,19 +136,16 @@ def LOAD_CLOSURE(tx, inst) -> None:
 def LOAD_ATTR(tx, inst) -> None:
     obj = tx.pop()
     name = inst.argval
-    if sys.version_info >= (3, 12) and inst.arg & 1:
-        tx.push(NULL)
-    tx.push(obj.getattr(tx, name))
+    value = obj.getattr(tx, name)
+    push_call_target(tx, value) if PY >= (3, 12) and inst.arg & 1 else tx.push(value)
 
 
 @opcode("LOAD_METHOD", versions=((3, 11),))
 def LOAD_METHOD(tx, inst) -> None:
-    obj = tx.pop()
-    tx.push(NULL)
-    tx.push(obj.getattr(tx, inst.argval))
+    push_call_target(tx, tx.pop().getattr(tx, inst.argval))
 
 
-@opcode("LOAD_SUPER_ATTR", versions=((3, 12),))
+@opcode("LOAD_SUPER_ATTR", versions=SINCE_312)
 def LOAD_SUPER_ATTR(tx, inst) -> None:
     obj, cls = tx.pop(), tx.pop()
     tx.pop()  # the global `super`
@@ -121,9 +153,8 @@ def LOAD_SUPER_ATTR(tx, inst) -> None:
         sup = SuperVariable(cls.as_constant(), obj)
     else:
         sup = tx.zero_arg_super()
-    if inst.arg & 1:
-        tx.push(NULL)
-    tx.push(sup.getattr(tx, inst.argval))
+    value = sup.getattr(tx, inst.argval)
+    push_call_target(tx, value) if inst.arg & 1 else tx.push(value)
 
 
 @opcode("STORE_ATTR")

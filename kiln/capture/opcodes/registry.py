@@ -7,7 +7,9 @@ from typing import Callable
 from kiln.capture.bytecode import PY
 
 HANDLERS: dict[str, Callable] = {}
-ALL = ((3, 11), (3, 12))
+ALL = ((3, 11), (3, 12), (3, 13))
+SINCE_312 = ((3, 12), (3, 13))
+UNTIL_312 = ((3, 11), (3, 12))
 
 
 def opcode(*names: str, versions: tuple[tuple[int, int], ...] = ALL) -> Callable[[Callable], Callable]:

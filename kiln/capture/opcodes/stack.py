@@ -21,6 +21,11 @@ def END_FOR(tx, inst) -> None:
     tx.popn(2)
 
 
+@opcode("END_FOR", versions=((3, 13),))
+def END_FOR_313(tx, inst) -> None:
+    tx.pop()  # 3.13: a POP_TOP follows for the iterator
+
+
 @opcode("PUSH_NULL")
 def PUSH_NULL(tx, inst) -> None:
     tx.push(NULL)
