@@ -108,7 +108,7 @@ class FrameCache:
             # kiln's). The result is eager's; the frame runs eagerly from now on, recorded and
             # told, never silently.
             self._fall_back(_internal_error(self.fn, RuntimeError(
-                f"kiln's interpreter raised {raised.exc.exc_type.__name__} where the function returns")), stacklevel=5)
+                f"kiln's interpreter raised {_exception_text(raised.exc)} where the function returns")), stacklevel=5)
             return result
         except Exception as error:  # noqa: BLE001 - kiln's own capture failed, not the user's code
             if self.fullgraph:
@@ -134,6 +134,13 @@ class FrameCache:
         self.fallback = record
         _notify("fallback", self, record)
         warn_eager_frame(self.fn, self.label, record, stacklevel + 1)
+
+
+def _exception_text(exc: Any) -> str:
+    if exc.value is not None:
+        return f"{exc.exc_type.__name__}({str(exc.value)!r})"
+    args = [a.as_constant() if a.is_constant() else a.describe() for a in exc.args]
+    return f"{exc.exc_type.__name__}({', '.join(map(repr, args))})"
 
 
 def _internal_error(fn: Any, error: Exception) -> BreakRecord:

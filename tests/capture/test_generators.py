@@ -357,6 +357,19 @@ def _close_runs_finally(t):
     return first, len(log)
 
 
+def _close_caught_returns(t):
+    # A generator that returns when closed: close() gives that value from Python 3.13 (None before).
+    def g():
+        try:
+            yield t
+        except GeneratorExit:
+            return 7
+
+    gen = g()
+    first = next(gen)
+    return first, gen.close()
+
+
 def _throw_not_caught(t):
     def g():
         yield t
@@ -370,7 +383,8 @@ def _throw_not_caught(t):
     return t
 
 
-@pytest.mark.parametrize("fn", [_send, _throw_caught, _throw_a_class, _close_runs_finally, _throw_not_caught],
+@pytest.mark.parametrize("fn", [_send, _throw_caught, _throw_a_class, _close_runs_finally, _close_caught_returns,
+                                _throw_not_caught],
                          ids=lambda f: f.__name__.strip("_"))
 def test_send_throw_and_close(fn):
     # The generator protocol beyond next(): send's value is the suspended yield's, throw raises at

@@ -519,9 +519,13 @@ def test_registering_on_a_module_inside_takes_effect():
         with pytest.raises(kiln.CaptureError, match="registering a module, parameter or buffer"):
             kiln.compile(fn, backend="eager", fullgraph=True)(nn.ModuleDict({"a": relu}), x)
     m, x = nn.Linear(2, 2), torch.randn(2)
-    assert_same(kiln.compile(buffers, backend="eager")(m, x), x)
+    compiled = kiln.compile(buffers, backend="eager")
+    assert_same(compiled(m, x), x)
     assert_same(m.scale, x * 3)
     assert "w" in dict(m.named_parameters())
+    # Resumed after each registration, never run eagerly: register_parameter's `param.grad_fn`
+    # once read as an AttributeError, wrongly, and the frame fell back.
+    assert compiled.kiln_cache.fallback is None
 
 
 class Enumerating(nn.Module):

@@ -8,6 +8,7 @@ graph runs.
 from __future__ import annotations
 
 import operator
+import sys
 import types
 from collections import OrderedDict, defaultdict
 from typing import Any, Callable, Sequence
@@ -717,20 +718,22 @@ class GeneratorIterator(IteratorVariable):
             raise error
         return self.next(tx)
 
-    def close(self, tx: Any) -> None:
+    def close(self, tx: Any) -> Variable:
         """`gen.close()`: GeneratorExit at the suspended yield; one it lets out, or a return, ends
-        it; a yield instead is Python's RuntimeError."""
+        it; a yield instead is Python's RuntimeError. Its value: None, or from 3.13 what the
+        generator returned when closed."""
         if self.frame is None or not self.started:
             self.frame = None
-            return
+            return const(None)
         try:
             item = self.throw(tx, ExceptionVariable(GeneratorExit))
         except UserRaise as error:
             if error.is_instance(GeneratorExit) or error.is_instance(StopIteration):
-                return
+                return const(None)
             raise
         if item is not None:
             raise raise_real(RuntimeError("generator ignored GeneratorExit"))
+        return self.result if sys.version_info >= (3, 13) else const(None)
 
     def next(self, tx: Any) -> Variable | None:
         if self.frame is None:

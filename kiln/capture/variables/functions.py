@@ -206,6 +206,11 @@ class NestedFunctionVariable(FunctionVariableBase):
             return self.attrs[name]
         if name in self.SLOTS:
             return self._slot(name)
+        if name == "__defaults__":
+            return TupleVariable(list(self._defaults)) if self._defaults else ConstantVariable(None)
+        if name == "__kwdefaults__":
+            pairs = [(ConstantVariable(k), v) for k, v in self._kwdefaults.items()]
+            return DictVariable.from_pairs(pairs) if pairs else ConstantVariable(None)
         if name == "__dict__":
             return self.dict
         entry = _dict_entry(self.dict, name)
@@ -214,8 +219,15 @@ class NestedFunctionVariable(FunctionVariableBase):
         return super().getattr(tx, name)
 
     def setattr(self, tx: Any, name: str, value: Variable) -> None:
+        none = value.is_constant() and value.as_constant() is None
         if name in self.SLOTS:
             self.attrs[name] = value
+        elif name == "__defaults__":
+            self._defaults = [] if none else list(value.iterate(tx))
+        elif name == "__kwdefaults__":
+            self._kwdefaults = {} if none else {k.as_constant(): v for k, v in value.entries.values()}
+        elif name in ("__code__", "__closure__", "__globals__", "__builtins__"):
+            raise unsupported("unsupported_setattr", f"assigning {name} of {self.describe()}")
         else:
             self.dict.setitem(tx, ConstantVariable(name), value)
 
@@ -356,8 +368,7 @@ class GeneratorVariable(Variable):
         if name == "__iter__":
             return self
         if name == "close":
-            it.close(tx)
-            return ConstantVariable(None)
+            return it.close(tx)
         if name == "__next__":
             item = it.next(tx)
         elif name == "send":

@@ -62,6 +62,12 @@ class TensorVariable(Variable):
             return wrap_constant_result(self.cls)
         if callable(getattr(torch.Tensor, name, None)):
             return TensorMethodVariable(self, name)
+        if name == "grad_fn" and (not self.example.requires_grad or self.example.is_leaf):
+            return ConstantVariable(None)  # (nn.Module.register_parameter asks)
+        if hasattr(self.cls, name):
+            # An attribute the class has that kiln does not model (grad_fn of a tensor computed
+            # with grad, _version, _base, names, ...): not an AttributeError (it was one, wrongly).
+            raise unsupported("unsupported_attribute", f"reading tensor.{name} inside a compiled function")
         raise raise_real(AttributeError(f"'Tensor' object has no attribute '{name}'"))
 
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
