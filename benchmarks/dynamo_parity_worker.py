@@ -180,13 +180,17 @@ def _alarm(signum: int, frame: Any) -> None:
 
 
 def _failure(test_file: Path, exc: BaseException, tb: Any) -> dict[str, Any]:
-    """Where a test failed: the exception and the innermost frame in the test file and in
-    torch._dynamo.testing (standard_test's assertions), with their source lines."""
+    """Where a test failed: the exception and the innermost frame in the test files and in
+    torch._dynamo.testing (standard_test's assertions), with their source lines. A test file's
+    folder counts whole: PyTorch splits large files into mixins (`_test_misc_part1.py`, ...)
+    that the file it runs combines."""
     frames = traceback.extract_tb(tb)
-    in_test = [f for f in frames if Path(f.filename).resolve() == test_file.resolve()]
+    folder = test_file.resolve().parent
+    in_test = [f for f in frames if Path(f.filename).resolve().parent == folder]
     in_testing = [f for f in frames if f.filename.endswith("_dynamo/testing.py")]
     in_kiln = [f for f in frames if "/kiln/" in f.filename.replace("\\", "/")]
-    line = lambda f: (f.line or linecache.getline(f.filename, f.lineno)).strip() if f else None  # noqa: E731
+    # (A frame of generated code may have no line number.)
+    line = lambda f: (f.line or (linecache.getline(f.filename, f.lineno) if f.lineno else "")).strip() if f else None  # noqa: E731
     return {
         "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
         "message": str(exc)[:500],

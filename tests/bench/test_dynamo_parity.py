@@ -155,3 +155,23 @@ def test_bad_arguments_are_named(tmp_path, capsys):
 
 def test_an_empty_row_has_no_rate():
     assert FileRow("x").rate is None
+
+
+def test_the_failing_line_is_found_in_a_mixin_beside_the_test_file(tmp_path, monkeypatch):
+    # PyTorch splits test_misc.py and test_repros.py into mixins in files of their own
+    # (_test_misc_part1.py, ...): the line that failed there is the test's line.
+    import importlib
+    import sys
+
+    from benchmarks.dynamo_parity_worker import _failure
+
+    (tmp_path / "_mixin_part.py").write_text("def check(frames):\n    assert frames == 1, 'frames'\n")
+    (tmp_path / "test_driver.py").write_text("from _mixin_part import check\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mixin = importlib.import_module("_mixin_part")
+    try:
+        mixin.check(2)
+    except AssertionError as error:
+        found = _failure(tmp_path / "test_driver.py", error, sys.exc_info()[2])
+    assert found["test_line"] == "assert frames == 1, 'frames'"
+    assert found["innermost"] == "_mixin_part.py:2"
