@@ -119,7 +119,9 @@ class OutputGraph:
         self._last_input = node
         node.meta["example_value"] = fake
         self.inputs.append((source, node, tensor))
-        return TensorVariable(node, fake, source=source, cls=type(tensor))
+        var = TensorVariable(node, fake, source=source, cls=type(tensor))
+        var.real = tensor  # (its instance attributes are read from it, guarded)
+        return var
 
     def add_attr(self, tensor: torch.Tensor, source: Source, path: str) -> Variable:
         """A parameter or buffer read through a module: a get_attr node holding the real tensor."""

@@ -153,21 +153,3 @@ def test_call_with_star_arguments_and_a_break_in_the_callee():
 
     _run_with_breaks(f, torch.randn(2))
 
-
-def test_tensor_attributes_kiln_does_not_model_break_rather_than_raise():
-    def leaf_grad_fn(x, w):
-        return x + 1, x.grad_fn, w.grad_fn, hasattr(x, "no_such_attribute")
-
-    w = torch.nn.Parameter(torch.ones(2))
-    check(leaf_grad_fn, torch.randn(2), w)
-
-    def version(x):
-        y = x * 2
-        return y + y._version
-
-    compiled = kiln.compile(version, backend="eager")
-    x = torch.randn(2)
-    assert_same(compiled(x), version(x))
-    assert compiled.kiln_cache.fallback is None
-    with pytest.raises(kiln.CaptureError, match="tensor._version"):
-        kiln.compile(version, backend="eager", fullgraph=True)(x)

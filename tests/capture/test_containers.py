@@ -770,3 +770,39 @@ def _append_to_argument_and_global(x, items):
     items.append(x)
     GLOBAL_LIST.append(x * 2)
     return x * 3
+
+
+def test_a_set_of_strings_and_functions_is_guarded_by_its_contents():
+    # Dynamo's test_sets.py TestSetGuards.test_in_guard: the set changed between calls and kiln,
+    # guarding only its type, kept the first call's branch (a wrong result).
+    def fn(x, s):
+        if "PyTorch" in s:
+            return x.sin()
+        return x.cos()
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    s = {"Dynamo", "PyTorch", torch.sin, len}
+    x = torch.randn(2)
+    torch.testing.assert_close(compiled(x, s), x.sin())
+    s.remove("PyTorch")
+    s.add("Cuda")
+    torch.testing.assert_close(compiled(x, s), x.cos())
+    assert len(compiled.kiln_cache.entries) == 2
+
+
+def test_a_dict_subclass_read_through_in_len_and_bool_is_guarded():
+    # Dynamo's test_dicts.py test_dict_subclass_contains (a HuggingFace pattern: an OrderedDict
+    # subclass): `in` read the first call's keys without a guard.
+    class Registry(collections.OrderedDict):
+        pass
+
+    def fn(x, d):
+        if "key1" in d:
+            x = x + 2
+        if "key2" in d:
+            x = x + 4
+        return x + len(d) + (1 if d else 0)
+
+    compiled = kiln.compile(fn, backend="eager")
+    for d in (Registry({"key1": 1}), Registry({"key2": 1}), Registry(), Registry({"key1": 1, "key2": 2})):
+        torch.testing.assert_close(compiled(torch.ones(3), d), fn(torch.ones(3), d))

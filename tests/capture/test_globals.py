@@ -121,3 +121,21 @@ def test_deleted_global_raises_name_error_as_in_eager():
     del globals()["_TEMP"]
     with pytest.raises(NameError, match="_TEMP"):
         compiled(x)
+
+
+def test_a_global_written_in_another_module_is_read_back_through_the_module():
+    # Dynamo's test_modules.py test_globals_change_in_other_file: a function of another module
+    # ran `global counter; counter += 1`, and `other.counter` then read the value from before.
+    import types
+
+    other = types.ModuleType("kiln_test_other_module")
+    exec("counter = 0\ndef bump(x):\n    global counter\n    counter += 1\n    return x * counter\n", other.__dict__)
+
+    def fn(x):
+        a = other.bump(x)
+        return a * other.counter, other.counter
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    out, seen = compiled(torch.ones(2))
+    assert other.counter == 1 and seen == 1
+    torch.testing.assert_close(out, torch.ones(2))

@@ -558,3 +558,37 @@ def test_named_parameters_and_the_other_enumerations_capture_whole():
     # modules and their named forms): one graph, eager's names and values — among the programs
     # Dynamo captures whole that kiln broke on.
     compile_and_compare(Enumerating().eval(), torch.randn(2, 3))
+
+
+def test_an_enumeration_follows_a_reordered_table():
+    # Dynamo's test_modules.py test_buffer_order/test_param_order/test_module_order: a write into
+    # a module's table itself reorders what buffers()/parameters()/children() give; kiln kept the
+    # first order (a wrong result) where the MODULE_STRUCTURE guard cannot see the write.
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.b1 = nn.Buffer(torch.ones(1))
+            self.b2 = nn.Buffer(torch.ones(2))
+            self.a = nn.Linear(1, 1)
+            self.c = nn.Linear(1, 1, bias=False)
+
+    m, coeffs = M(), [2.0, 3.0, 5.0]
+
+    def fn(x):
+        for i, b in enumerate(m.buffers()):
+            x = x + b.sum() * coeffs[i]
+        for i, (name, p) in enumerate(m.named_parameters()):
+            x = x + p.sum() * coeffs[i % 3]
+        for i, child in enumerate(m.children()):
+            x = x + child.weight.sum() * coeffs[i]
+        return x
+
+    compiled = kiln.compile(fn, backend="eager")
+    assert_same(compiled(torch.ones(1)), fn(torch.ones(1)))
+    m._buffers["b1"] = m._buffers.pop("b1")
+    assert_same(compiled(torch.ones(1)), fn(torch.ones(1)))
+    m.a._parameters["weight"] = m.a._parameters.pop("weight")
+    assert_same(compiled(torch.ones(1)), fn(torch.ones(1)))
+    m._modules["a"] = m._modules.pop("a")
+    assert_same(compiled(torch.ones(1)), fn(torch.ones(1)))
+    assert len(compiled.kiln_cache.entries) == 4

@@ -39,7 +39,7 @@ from kiln.capture.variables.containers import wrap_dict_contents
 from kiln.capture.variables.modules import ModuleVariable
 from kiln.capture.variables.torch_fns import (GradModeVariable, ReenteredAutocastVariable, TorchFunctionVariable, is_torch_callable,
                                               special_callable)
-from kiln.capture.variables.wrapping import wrap
+from kiln.capture.variables.wrapping import wrap, wrap_constant_result
 
 
 # Standard-library Python functions computed for real on constant arguments rather than inlined
@@ -60,6 +60,11 @@ def _pin(tx: Any, value: Any, source: Source | None) -> Source | None:
 def _guard(tx: Any, kind: str, source: Source | None, expected: Any) -> None:
     if tx is not None and source is not None:
         tx.output.guards.add(Guard(kind, source, expected))
+
+
+def _equal_by_identity(value: Any) -> bool:
+    cls = type(value)
+    return cls.__eq__ is object.__eq__ and cls.__hash__ is object.__hash__ or isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type))
 
 
 def _is_plain_dict(value: Any) -> bool:
@@ -97,13 +102,16 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
     if isinstance(value, dict) and _is_plain_dict(value):
         _guard(tx, "TYPE_MATCH", source, type(value))
         return wrap_dict_contents(tx, value, source)
-    if isinstance(value, (set, frozenset)) and all(is_literal(v) for v in value):
+    if type(value) in (set, frozenset) and all(is_literal(v) or _equal_by_identity(v) for v in value):
+        # Its items fixed by one equality guard: literals by value, functions and other objects
+        # whose class keeps object's equality by identity ({"PyTorch", torch.sin}).
         if isinstance(value, frozenset):
             _guard(tx, "EQUALS", source, value)
         else:
             _guard(tx, "TYPE_MATCH", source, type(value))
             _guard(tx, "EQUALS", source, set(value))
-        return c.SetVariable([ConstantVariable(v) for v in value], source, frozen=isinstance(value, frozenset))
+        items = [ConstantVariable(v) if is_literal(v) else wrap_constant_result(v) for v in value]
+        return c.SetVariable(items, source, frozen=isinstance(value, frozenset))
     if isinstance(value, nn.Module):
         return ModuleVariable(value, _pin(tx, value, source))
     special = special_callable(value)

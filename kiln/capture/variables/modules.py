@@ -22,7 +22,7 @@ from torch.utils.hooks import RemovableHandle
 from kiln.capture import module_watch
 from kiln.capture.break_records import unsupported
 from kiln.capture.guards import Guard
-from kiln.capture.sources import AttrSource, ConstSource, Source
+from kiln.capture.sources import AttrSource, ConstSource, KeysSource, Source
 from kiln.capture.user_exceptions import raise_real
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable, is_literal
@@ -255,6 +255,24 @@ class EnumerationVariable(Variable):
             var = found
         return var
 
+    _TABLES = {"parameters": ("_parameters",), "buffers": ("_buffers",), "children": ("_modules",), "modules": ()}
+
+    def _guard_order(self, tx: Any, module: nn.Module) -> None:
+        """The enumeration's order is its tables' key order, which a write into a table itself
+        (`module._buffers[k] = module._buffers.pop(k)`) changes unseen by the MODULE_STRUCTURE
+        guard: each table it may read has its keys guarded, in order (every submodule's, with or
+        without `recurse`: a guard too many costs a comparison, never a wrong order)."""
+        kind = self.name.removeprefix("named_")
+        walks = kind != "children"
+        tables = self._TABLES[kind] + (("_modules",) if walks else ())
+        modules = module.named_modules() if walks else [("", module)]
+        for path, sub in modules:
+            source = self._by_path(tx, path).source
+            if source is None:
+                raise unsupported("unsupported_call", f"{self.name}() of {self.module.describe()}: a module kiln cannot read again")
+            for table in tables:
+                tx.output.guards.add(Guard("EQUALS", KeysSource(AttrSource(source, table)), list(getattr(sub, table).keys())))
+
     def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         try:
             consts = [a.as_constant() for a in args]
@@ -271,6 +289,7 @@ class EnumerationVariable(Variable):
             pairs = list(method(module, *consts, **kw))
         except Exception as e:  # noqa: BLE001 - the user's own error (a bad argument), raised as eager raises it
             raise raise_real(e) from None
+        self._guard_order(tx, module)
         # Names are the caller's `prefix` and a path from the module.
         prefix = inspect.signature(method).bind(module, *consts, **kw).arguments.get("prefix", "")
         items = []

@@ -101,6 +101,9 @@ def pending_class_attr(tx: Any, cls: type, name: str) -> Variable | None:
     return None
 
 
+_CONTENT_TYPES = (dict, list, set, frozenset)
+
+
 class UserObjectVariable(Variable):
     """An instance of a user class. `value` is the real object, or None for one made in the trace."""
 
@@ -118,8 +121,10 @@ class UserObjectVariable(Variable):
         return self.cls
 
     def is_constant(self) -> bool:
-        # A real object the trace has not written to can be passed to functions computed now.
-        return not self.is_new and not getattr(self, "_written", False)
+        # A real object the trace has not written to can be passed to functions computed now —
+        # but not an instance of a builtin container's subclass: its contents (what `in`, `len`,
+        # `bool` and iteration read from C) have no guard, so it is read through its methods.
+        return not self.is_new and not getattr(self, "_written", False) and not isinstance(self.value, _CONTENT_TYPES)
 
     def as_constant(self) -> Any:
         if not self.is_constant():
@@ -408,6 +413,11 @@ class PythonModuleVariable(Variable):
         return f"module {self.value.__name__}"
 
     def getattr(self, tx: Any, name: str) -> Variable:
+        # A global of that module the trace wrote (a function of the module ran `global x; x += 1`)
+        # is read as written: the write is replayed after the graph.
+        pending = tx.output.side_effects.pending_global(self.value.__dict__, name) if tx is not None else None
+        if pending is not None:
+            return pending
         try:
             value = getattr(self.value, name)
         except AttributeError as error:

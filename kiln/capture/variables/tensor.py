@@ -8,12 +8,14 @@ import torch
 from torch import fx
 
 from kiln.capture.break_records import unsupported
+from kiln.capture.guards import Guard
+from kiln.capture.sources import AttrSource
 from kiln.capture.user_exceptions import raise_real
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable
 from kiln.capture.variables.containers import SizeVariable
 from kiln.capture.variables.symbolic import has_symbolic, size_item
-from kiln.capture.variables.wrapping import wrap_constant_result
+from kiln.capture.variables.wrapping import wrap, wrap_constant_result
 
 # Read from the fake tensor: they are fixed by the guards of the graph's inputs.
 _STATIC_ATTRS = {
@@ -68,6 +70,14 @@ class TensorVariable(Variable):
             # An attribute the class has that kiln does not model (grad_fn of a tensor computed
             # with grad, _version, _base, names, ...): not an AttributeError (it was one, wrongly).
             raise unsupported("unsupported_attribute", f"reading tensor.{name} inside a compiled function")
+        real = getattr(self, "real", None)
+        if real is not None and self.source is not None:
+            # An input's own attribute (`x.test = ...` before the call): read, and its presence
+            # guarded either way.
+            present = name in getattr(real, "__dict__", {})
+            tx.output.guards.add(Guard("HASATTR", self.source, present, name))
+            if present:
+                return wrap(tx, real.__dict__[name], AttrSource(self.source, name))
         raise raise_real(AttributeError(f"'Tensor' object has no attribute '{name}'"))
 
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
