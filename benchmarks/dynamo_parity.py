@@ -43,10 +43,11 @@ NOT_COUNTED = ("fewer_graphs", "dynamo_internal", "not_redirected")
 # Source text of a failed assertion that names Dynamo's own details (its graphs' op counts, its
 # counters, guards, config, logs): such a test checks Dynamo, not the program's meaning.
 _DYNAMO_DETAILS = ("op_count", "counters", "_dynamo", "guard", "config", "normalize_gm", "graph.code",
-                   "print_readable", "assertExpectedInline", "assertLogs", "_log", "code_parts", "recompil")
+                   "print_readable", "assertExpectedInline", "assertLogs", "_log", "code_parts", "recompil",
+                   "compile_id", "cache_entr")
 # ...that counts frames or graphs compiled.
 _COUNTS = ("frame_count", "graph_count", "compile_count", "cnt.", "counter.", "num_graphs", "len(graphs)",
-           "len(backend.graphs)", ".graphs)")
+           "len(backend.graphs)", ".graphs)", "compiles")
 
 
 def _count_kind(message: str) -> str:
@@ -84,6 +85,8 @@ def classify(kiln_outcome: dict[str, Any]) -> str:
             return "dynamo_internal"
         if kiln_outcome.get("reads_dynamo_counters") and re.search(r"assert(True|False)\(\s*\w+\s*[,)]", line):
             return "dynamo_internal"  # (a flag computed from Dynamo's counters or messages)
+        if kiln_outcome.get("reads_dynamo_logs") and "records" in line:
+            return "dynamo_internal"  # (make_logging_test's `records`: Dynamo's own log lines)
         return "wrong_result"
     if kind.startswith("torch._dynamo.") or (kiln_outcome.get("innermost") or "").startswith(("eval_frame", "convert_frame")):
         return "dynamo_internal"

@@ -229,6 +229,7 @@ class _Result(unittest.TestResult):
         source = _test_source(test)
         return {"outcome": "failed", **_failure(self.test_file, exc, tb),
                 "reads_dynamo_counters": "counters" in source or "unimplemented" in source,
+                "reads_dynamo_logs": "make_logging_test" in source or "records" in source.split(")", 1)[0],
                 "expects_dynamo_refusal": bool(re.search(r"assertRaises(Regex)?\(\s*(\w+\.)*Unsupported", source))}
 
     def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802

@@ -119,6 +119,23 @@ class CompiledModule(nn.Module):
     def __dir__(self) -> list[str]:
         return dir(self.__dict__["_orig_mod"])
 
+    # Container protocols are looked up on the type, past __getattr__: the original answers
+    # (an empty ModuleList is false; len() of a Linear raises as it does without kiln).
+    def __bool__(self) -> bool:
+        return bool(self.__dict__["_orig_mod"])
+
+    def __len__(self) -> int:
+        return len(self.__dict__["_orig_mod"])
+
+    def __iter__(self) -> Any:
+        return iter(self.__dict__["_orig_mod"])
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.__dict__["_orig_mod"][key]
+
+    def __contains__(self, item: Any) -> bool:
+        return item in self.__dict__["_orig_mod"]
+
     def __repr__(self) -> str:
         return f"CompiledModule({self.__dict__['_orig_mod']!r})"
 

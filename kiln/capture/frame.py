@@ -147,7 +147,7 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
     if gm is not None:
         example_inputs = [tensor for _, _, tensor in output.inputs]
         compiled = backend(gm, example_inputs)
-    for guard in output.shape_guards():  # after the backend: its tracing may add some
+    for guard in output.shape_guards() + output.aliasing_guard():  # after the backend: its tracing may add some
         output.guards.add(guard)
     guards = output.guards.compile()
     dump.guards(folder, label, output.guards.describe(), guards.source_code)

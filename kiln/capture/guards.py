@@ -1,7 +1,8 @@
 """Guards: the assumptions a captured graph relies on, compiled into one Python check.
 
-Each `Guard` has a kind (TYPE_MATCH, ID_MATCH, EQUALS, TENSOR_MATCH, LENGTH_MATCH, HASATTR, DICT_CONTAINS,
-GLOBAL_STATE, MODULE_STRUCTURE), the source of the value it checks and the expected value.
+Each `Guard` has a kind (TYPE_MATCH, ID_MATCH, EQUALS, TENSOR_MATCH, SHAPE, ALIASING, LENGTH_MATCH,
+HASATTR, DICT_CONTAINS, GLOBAL_STATE, MODULE_STRUCTURE), the source of the value it checks and the
+expected value.
 `GuardSet.compile()` prints them as the statements of one function `check(L) -> bool`, with
 sub-expressions shared by several guards read once into locals. `KILN_LOGS=guards` prints the
 list and the generated code.
@@ -28,6 +29,7 @@ GUARD_KINDS = (
     "EQUALS",  # x == value, of the same type (Python constants)
     "TENSOR_MATCH",  # tensor type, dtype, device, size, stride, requires_grad (dynamic: no size, stride)
     "SHAPE",  # a relation of dynamic inputs' sizes the trace relied on (from the ShapeEnv)
+    "ALIASING",  # which tensor inputs are one object (f(x, x)) and which are distinct
     "LENGTH_MATCH",  # len(x) == n (containers whose items were read)
     "HASATTR",  # hasattr(x, name) is b
     "DICT_CONTAINS",  # (name in x) is b: an instance dict that does not shadow a class attribute
@@ -94,6 +96,9 @@ def _describe_expected(guard: Guard) -> str:
         return f"{e.cls.__name__}({e.dtype}, {e.device}, dim={e.dim()}, requires_grad={e.requires_grad}; sizes: SHAPE guards)"
     if guard.kind == "TENSOR_MATCH":
         return f"{e.cls.__name__}({e.dtype}, {e.device}, size={e.shape}, stride={e.strides}, requires_grad={e.requires_grad})"
+    if guard.kind == "ALIASING":
+        pattern, sources = e
+        return "inputs " + ", ".join(str(s) if i == p else f"{s} is {sources[p]}" for i, (s, p) in enumerate(zip(sources, pattern)))
     if guard.kind == "SHAPE":
         text, sources = e
         for name, source in sources:
@@ -161,6 +166,18 @@ def _shape(g: Guard, v: str, ns: Namespace) -> str:
     return text
 
 
+def alias_pattern(*values: Any) -> tuple[int, ...]:
+    """For each value, the index of the first value that is the same object."""
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(id(v), i) for i, v in enumerate(values))
+
+
+def _aliasing(g: Guard, v: str, ns: Namespace) -> str:
+    pattern, sources = g.expected
+    values = ", ".join(source.expr(ns) for source in sources)
+    return f"{ns.bind(alias_pattern, 'F')}({values}) == {pattern!r}"
+
+
 def _length_match(g: Guard, v: str, ns: Namespace) -> str:
     return f"len({v}) == {g.expected!r}"
 
@@ -188,6 +205,7 @@ _EXPRS: dict[str, Callable[[Guard, str, Namespace], str]] = {
     "EQUALS": _equals,
     "TENSOR_MATCH": _tensor_match,
     "SHAPE": _shape,
+    "ALIASING": _aliasing,
     "LENGTH_MATCH": _length_match,
     "HASATTR": _hasattr,
     "DICT_CONTAINS": _dict_contains,

@@ -215,6 +215,15 @@ class OutputGraph:
         by_name = {placeholder(i): source for i, (source, _) in enumerate(self.symbolic_inputs)}
         return [Guard("SHAPE", None, (text, tuple(sorted(by_name.items())))) for text in texts]
 
+    def aliasing_guard(self) -> list[Guard]:
+        """Which tensor inputs were one object (f(x, x)): the graph traced them as one, so a call
+        where they are two (or two that were two are now one) must capture again."""
+        if len(self.inputs) < 2:
+            return []
+        first: dict[int, int] = {}
+        pattern = tuple(first.setdefault(id(tensor), i) for i, (_, _, tensor) in enumerate(self.inputs))
+        return [Guard("ALIASING", None, (pattern, tuple(source for source, _, _ in self.inputs)))]
+
     def size_symbols(self) -> dict[Any, tuple[Source, int]]:
         """Each symbol that is a whole dynamic input dimension -> (the input's source, the dim)."""
         found = {}

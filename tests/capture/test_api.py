@@ -320,3 +320,15 @@ def test_an_exception_kiln_predicts_wrongly_falls_back_with_a_record(monkeypatch
     assert compiled.kiln_cache.fallback.kind == "internal_error" and not compiled.kiln_cache.entries
     torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 2.0))
     assert compiled.kiln_cache.eager_calls == 2
+
+
+def test_a_compiled_container_module_answers_truth_length_and_items_as_the_original():
+    # Dynamo's test_repros.py test_compiled_module_truthiness: an empty ModuleList compiled was true.
+    empty, filled = torch.nn.ModuleList(), torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+    assert not kiln.compile(empty) and len(kiln.compile(empty)) == 0
+    compiled = kiln.compile(filled)
+    assert compiled and len(compiled) == 1 and compiled[0] is filled[0] and filled[0] in compiled
+    assert list(compiled) == list(filled)
+    assert kiln.compile(torch.nn.Linear(2, 2))  # a module without __len__ is true
+    with pytest.raises(TypeError):
+        len(kiln.compile(torch.nn.Linear(2, 2)))

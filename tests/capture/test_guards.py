@@ -270,3 +270,30 @@ def test_a_compiled_entry_does_not_keep_its_input_tensors_alive():
     torch.testing.assert_close(compiled(y), y + y)  # the entry still matches a tensor like it
     assert len(compiled.kiln_cache.entries) == 1
     assert not compiled.kiln_cache.entries[0].guards.check(compiled.kiln_cache.binder(torch.rand(5)))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_one_tensor_passed_twice_and_two_tensors_are_different_entries(backend):
+    # Dynamo's test_repros.py test_avoid_dupe_specialization: after f(x, x), f(x, y) reused the
+    # graph traced with one input for both (a wrong result).
+    def f(x, y):
+        return (x + y) * 1
+
+    compiled = kiln.compile(f, backend=backend)
+    for grad in (True, False):
+        x, y = torch.randn(4, requires_grad=grad), torch.randn(4, requires_grad=grad)
+        torch.testing.assert_close(compiled(x, x), f(x, x))
+        torch.testing.assert_close(compiled(x, y), f(x, y))
+        torch.testing.assert_close(compiled(y, y), f(y, y))
+
+
+def test_a_size_and_a_tuple_of_the_same_sizes_are_different_inputs():
+    # Dynamo's test_repros.py test_size_typematch: a torch.Size was guarded as a tuple.
+    def f(x, y):
+        return y + 1 if isinstance(x, torch.Size) else y + 2
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    y = torch.zeros(1)
+    for x in (torch.Size((3,)), (3,), torch.Size((3,)), (3,)):
+        torch.testing.assert_close(compiled(x, y), f(x, y))
+    assert len(compiled.kiln_cache.entries) == 2

@@ -592,3 +592,17 @@ def test_an_enumeration_follows_a_reordered_table():
     m._modules["a"] = m._modules.pop("a")
     assert_same(compiled(torch.ones(1)), fn(torch.ones(1)))
     assert len(compiled.kiln_cache.entries) == 4
+
+
+_MODULE_CALL_AT_IMPORT = nn.Module.__call__
+
+
+def test_module_call_compared_by_identity_inside():
+    # Dynamo's test_repros.py test_is_symbolic_tracing (a trainer's "is FX tracing" check):
+    # `nn.Module.__call__ is not saved` was True inside kiln's capture.
+    def fn(x):
+        if nn.Module.__call__ is not _MODULE_CALL_AT_IMPORT:
+            return x * 2
+        return x * 4
+
+    torch.testing.assert_close(kiln.compile(fn, backend="eager", fullgraph=True)(torch.ones(2)), fn(torch.ones(2)))

@@ -88,7 +88,7 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
                               "again on the next call", "pass the tensor (or its holder) as an argument")
         return tx.output.add_input(value, source)
     if isinstance(value, torch.Size):
-        _guard(tx, "EQUALS", source, tuple(value))
+        _guard(tx, "EQUALS", source, value)  # (its type too: a plain tuple of the same sizes is another input)
         return c.SizeVariable([ConstantVariable(int(s)) for s in value], source)
     if isinstance(value, (tuple, list)):
         _guard(tx, "TYPE_MATCH", source, type(value))

@@ -103,7 +103,7 @@ class ModuleVariable(UserObjectVariable):
             return found
         if raw is not _MISSING:
             if raw is nn.Module.__call__ or raw is nn.Module._call_impl:
-                return BoundMethodVariable(ModuleCallVariable(), self)
+                return BoundMethodVariable(ModuleCallVariable(raw), self)
             return wrap_class_attr(tx, raw, owner, name, self)
         registered = self._registered(tx, name)
         if registered is not None:
@@ -316,7 +316,18 @@ class RegistryVariable(DictVariable):
 
 
 class ModuleCallVariable(Variable):
-    """`nn.Module.__call__` itself (reached through super() or the class): call_module on args[0]."""
+    """`nn.Module.__call__` itself (reached through super() or the class): call_module on args[0].
+    `value`: the function it stands for (`Module.__call__ is f` compares it)."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__(None)
+        self.value = value
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.value
 
     def python_type(self) -> type:
         return types.FunctionType

@@ -300,7 +300,7 @@ def special_callable(value: Any) -> Variable | None:
     if isinstance(value, torch.autocast):
         return AutocastVariable(value.device, value.fast_dtype, value._enabled, value._cache_enabled)
     if value in _MODULE_CALLS:
-        return ModuleCallVariable()
+        return ModuleCallVariable(value)
     # Read from the function's own __dict__: `torch.ops` makes a namespace for any attribute name
     # it is asked for, and an object whose __getattr__ answers every name would read as disabled.
     fn = value.__func__ if isinstance(value, types.MethodType) else value
