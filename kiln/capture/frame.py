@@ -144,10 +144,11 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
     compiled = None
     gm = output.graph_module(rc.outputs) if rc.outputs or output.op_count else None
     folder = dump.captured(label, gm)
+    aliasing = output.aliasing_guard()  # (before the backend: it may refuse the inputs' aliasing)
     if gm is not None:
         example_inputs = [tensor for _, _, tensor in output.inputs]
         compiled = backend(gm, example_inputs)
-    for guard in output.shape_guards() + output.aliasing_guard():  # after the backend: its tracing may add some
+    for guard in output.shape_guards() + aliasing:  # after the backend: its tracing may add some
         output.guards.add(guard)
     guards = output.guards.compile()
     dump.guards(folder, label, output.guards.describe(), guards.source_code)

@@ -98,7 +98,8 @@ def _describe_expected(guard: Guard) -> str:
         return f"{e.cls.__name__}({e.dtype}, {e.device}, size={e.shape}, stride={e.strides}, requires_grad={e.requires_grad})"
     if guard.kind == "ALIASING":
         pattern, sources = e
-        return "inputs " + ", ".join(str(s) if i == p else f"{s} is {sources[p]}" for i, (s, p) in enumerate(zip(sources, pattern)))
+        text = "inputs " + ", ".join(str(s) if i == p else f"{s} is {sources[p]}" for i, (s, p) in enumerate(zip(sources, pattern)))
+        return text + ("; memory shared as " + repr(pattern[len(sources):]) if guard.detail == "storage" else "")
     if guard.kind == "SHAPE":
         text, sources = e
         for name, source in sources:
@@ -166,16 +167,23 @@ def _shape(g: Guard, v: str, ns: Namespace) -> str:
     return text
 
 
-def alias_pattern(*values: Any) -> tuple[int, ...]:
-    """For each value, the index of the first value that is the same object."""
+def alias_pattern(*tensors: Any, by_storage: bool = False) -> tuple[int, ...]:
+    """For each tensor, the index of the first that is the same object; `by_storage`: then,
+    for each, the index of the first whose memory it shares (an empty tensor shares none)."""
     first: dict[int, int] = {}
-    return tuple(first.setdefault(id(v), i) for i, v in enumerate(values))
+    pattern = tuple(first.setdefault(id(t), i) for i, t in enumerate(tensors))
+    if not by_storage:
+        return pattern
+    storages: dict[tuple, int] = {}
+    return pattern + tuple(storages.setdefault((t.device, t.untyped_storage().data_ptr()) if t.numel() else (i,), i)
+                           for i, t in enumerate(tensors))
 
 
 def _aliasing(g: Guard, v: str, ns: Namespace) -> str:
     pattern, sources = g.expected
     values = ", ".join(source.expr(ns) for source in sources)
-    return f"{ns.bind(alias_pattern, 'F')}({values}) == {pattern!r}"
+    by_storage = ", by_storage=True" if g.detail == "storage" else ""
+    return f"{ns.bind(alias_pattern, 'F')}({values}{by_storage}) == {pattern!r}"
 
 
 def _length_match(g: Guard, v: str, ns: Namespace) -> str:

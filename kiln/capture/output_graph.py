@@ -24,7 +24,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from kiln.capture.break_records import unsupported
 from kiln.capture.dynamic import ShapeSource, placeholder, symbolic_fake
-from kiln.capture.guards import Guard, GuardSet, TensorFacts
+from kiln.capture.guards import Guard, GuardSet, TensorFacts, alias_pattern
 from kiln.capture.known_values import KnownValues
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.sources import Source
@@ -217,12 +217,28 @@ class OutputGraph:
 
     def aliasing_guard(self) -> list[Guard]:
         """Which tensor inputs were one object (f(x, x)): the graph traced them as one, so a call
-        where they are two (or two that were two are now one) must capture again."""
+        where they are two (or two that were two are now one) must capture again. A graph that
+        writes in place also pins which inputs share memory (two views of one tensor)."""
         if len(self.inputs) < 2:
             return []
-        first: dict[int, int] = {}
-        pattern = tuple(first.setdefault(id(tensor), i) for i, (_, _, tensor) in enumerate(self.inputs))
-        return [Guard("ALIASING", None, (pattern, tuple(source for source, _, _ in self.inputs)))]
+        tensors = [tensor for _, _, tensor in self.inputs]
+        by_storage = self.writes_in_place()
+        pattern = alias_pattern(*tensors, by_storage=by_storage)
+        if by_storage and len(set(pattern[len(tensors):])) < len(tensors):
+            # The AOT layer's functional graph would write each input back from its own value.
+            raise unsupported("aliased_input_mutation", "two inputs share memory (one tensor twice, or views of one "
+                              "tensor) and the graph writes in place", "the frame runs eagerly; pass separate tensors "
+                              "(or a clone of one)")
+        return [Guard("ALIASING", None, (pattern, tuple(source for source, _, _ in self.inputs)), "storage" if by_storage else "")]
+
+    def writes_in_place(self) -> bool:
+        """Whether the graph has an in-place operation (`add_`, `out=`, `t[i] = v`)."""
+        for node in self.graph.nodes:
+            name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+            if node.op in ("call_method", "call_function") and (
+                    (name.endswith("_") and not name.startswith("_")) or "out" in node.kwargs or name == "setitem"):
+                return True
+        return False
 
     def size_symbols(self) -> dict[Any, tuple[Source, int]]:
         """Each symbol that is a whole dynamic input dimension -> (the input's source, the dim)."""

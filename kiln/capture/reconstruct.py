@@ -142,6 +142,15 @@ class Reconstructor:
             return f"{self.ns.bind(var.constructor(), 'T')}({', '.join(self.expr(i) for i in var.items)})"
         if isinstance(var, c.ListVariable):
             return f"[{', '.join(self.expr(i) for i in var.items)}]"
+        if isinstance(var, c.ListViewVariable):
+            # A dict view (keys(), values(), items()) as the user's code returned it: its type
+            # (dict_items, ...), a view of a dict of those items (kiln keeps no tie to the dict).
+            if var.kind == "dict_items":
+                pairs = "".join(f"({self.expr(p.items[0])}, {self.expr(p.items[1])}), " for p in var.items)
+                return f"{self.ns.bind(dict, 'T')}(({pairs})).items()"
+            if var.kind == "dict_keys":
+                return f"{self.ns.bind(dict, 'T')}.fromkeys(({''.join(self.expr(i) + ', ' for i in var.items)})).keys()"
+            return f"{self.ns.bind(dict, 'T')}(enumerate(({''.join(self.expr(i) + ', ' for i in var.items)}))).values()"
         if isinstance(var, c.TupleVariable):
             return f"({''.join(self.expr(i) + ', ' for i in var.items)})"
         if isinstance(var, c.DictVariable):

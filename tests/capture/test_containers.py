@@ -806,3 +806,46 @@ def test_a_dict_subclass_read_through_in_len_and_bool_is_guarded():
     compiled = kiln.compile(fn, backend="eager")
     for d in (Registry({"key1": 1}), Registry({"key2": 1}), Registry(), Registry({"key1": 1, "key2": 2})):
         torch.testing.assert_close(compiled(torch.ones(3), d), fn(torch.ones(3), d))
+
+
+def test_bool_of_an_object_with_its_own_bool_is_traced_and_guarded():
+    # Dynamo's test_dicts.py test_custom_bool: bool(obj) ran obj.__bool__ at capture, unguarded.
+    class Flag:
+        def __init__(self, value):
+            self.value = value
+
+        def __bool__(self):
+            return self.value
+
+    def fn(t, d, negate):
+        return t.sin(), (bool(not d) if negate else bool(d))
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    for flag in (Flag(True), Flag(False)):
+        for negate in (False, True):
+            assert compiled(x, flag, negate)[1] == fn(x, flag, negate)[1]
+
+
+def test_dict_methods_called_with_wrong_arguments_raise_typeerror_as_python():
+    def fn():
+        caught = []
+        for call in (lambda: {}.update({}, {}), lambda: {}.get(), lambda: {"a": 1}.pop()):
+            try:
+                call()
+            except TypeError:
+                caught.append(True)
+        return len(caught)
+
+    assert kiln.compile(fn, backend="eager", fullgraph=True)() == fn() == 3
+
+
+def test_dict_views_returned_keep_their_types():
+    # Dynamo's test_dicts.py test_items_type: d.items() came back a tuple.
+    def fn(x):
+        d = {"a": 1, "b": "2", "c": x}
+        return d.items(), d.keys(), d.values()
+
+    got, want = kiln.compile(fn, backend="eager", fullgraph=True)(torch.ones(1)), fn(torch.ones(1))
+    assert [type(g) for g in got] == [type(w) for w in want]
+    assert list(got[1]) == list(want[1]) and got[0] == want[0]

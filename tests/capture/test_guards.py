@@ -297,3 +297,36 @@ def test_a_size_and_a_tuple_of_the_same_sizes_are_different_inputs():
     for x in (torch.Size((3,)), (3,), torch.Size((3,)), (3,)):
         torch.testing.assert_close(compiled(x, y), f(x, y))
     assert len(compiled.kiln_cache.entries) == 2
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the eager frame is told once per code object)
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_inputs_sharing_memory_written_in_place_run_eagerly_and_right(backend):
+    # Dynamo's test_dicts.py test_canonical_graph_overlapping_unsqueeze_with_mutation: two views of
+    # one tensor, each written in place; the AOT layer wrote each back from its own value (a wrong
+    # result), and f(a, a) added once. Such a frame runs eagerly, recorded.
+    def f(x, y):
+        x.add_(1)
+        y.add_(1)
+        return x
+
+    base = torch.ones(4)
+    compiled = kiln.compile(f, backend=backend)
+    out = compiled(base.unsqueeze(0), base.unsqueeze(0))
+    assert_same(out, torch.full((1, 4), 3.0))
+    a = torch.ones(3)
+    compiled(a, a)
+    assert_same(a, torch.full((3,), 3.0))
+    assert compiled.kiln_cache.fallback.kind == "aliased_input_mutation"
+
+
+def test_distinct_inputs_written_in_place_stay_compiled():
+    def f(x, y):
+        x.add_(1)
+        y.add_(1)
+        return x + y
+
+    compiled = kiln.compile(f, backend="aot_eager")
+    a, b = torch.ones(3), torch.ones(3)
+    assert_same(compiled(a, b), torch.full((3,), 4.0))
+    assert compiled.kiln_cache.fallback is None and len(compiled.kiln_cache.entries) == 1

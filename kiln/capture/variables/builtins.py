@@ -435,7 +435,9 @@ def _scalar(cls: type) -> Handler:
                     raise raise_real(error) from None
             raise unsupported("data_dependent", f"{cls.__name__}() of a tensor reads its data while capturing",
                               "the graph breaks here; keep the value a tensor to stay in one graph")
-        if cls is bool and args and not args[0].is_constant():
+        if cls is bool and len(args) == 1 and not kwargs:
+            # The variable's truth: an object's __bool__/__len__ traced, with its guards (a real
+            # object folded as a constant ran its __bool__ unguarded: a wrong result next call).
             return const(args[0].truth(tx))
         if cls is str and len(args) == 1 and not kwargs:
             return text_of(tx, args[0], str)

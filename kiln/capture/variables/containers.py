@@ -7,6 +7,7 @@ graph runs.
 
 from __future__ import annotations
 
+import inspect
 import operator
 import sys
 import types
@@ -420,6 +421,10 @@ class DictVariable(Variable):
             return super().call_method(tx, name, args, kwargs)
         if kwargs and name != "update":
             raise unsupported("unsupported_call", f"dict.{name} with keyword arguments")
+        try:
+            inspect.signature(method).bind(tx, *args, **kwargs)
+        except TypeError as error:  # the user's call has the wrong arguments: Python's TypeError
+            raise raise_real(TypeError(f"{self.cls.__name__}.{name}(): {error}")) from None
         return method(tx, *args, **kwargs)
 
     def methods(self) -> dict[str, Callable]:
@@ -462,6 +467,8 @@ class DictVariable(Variable):
         return value
 
     def _update(self, tx: Any, *others: Variable, **kwargs: Variable) -> Variable:
+        if len(others) > 1:
+            raise raise_real(TypeError(f"update expected at most 1 argument, got {len(others)}"))
         for other in others:
             pairs = other.entries.values() if isinstance(other, DictVariable) else [tuple(p.iterate(tx)) for p in other.iterate(tx)]
             for k, v in pairs:
