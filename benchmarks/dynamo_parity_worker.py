@@ -206,8 +206,15 @@ def _test_source(test: Any) -> str:
     or messages (a bare `assertTrue(found)` after a search of `counters["unimplemented"]` checks
     Dynamo, not the program), or expects Dynamo's own refusal (`assertRaises(Unsupported)`)."""
     try:
-        return inspect.getsource(getattr(test, test._testMethodName))
-    except (AttributeError, OSError, TypeError):
+        fn = inspect.unwrap(getattr(test, test._testMethodName))
+        # A decorator without functools.wraps (PyTorch's make_logging_test) keeps the test's own
+        # function in its closure: that is the source the test's lines come from.
+        for cell in getattr(fn, "__closure__", None) or ():
+            inner = cell.cell_contents
+            if getattr(inner, "__name__", None) == test._testMethodName and inspect.isfunction(inner):
+                return inspect.getsource(inner)  # (with its decorators' lines)
+        return inspect.getsource(fn)
+    except (AttributeError, OSError, TypeError, ValueError):
         return ""
 
 

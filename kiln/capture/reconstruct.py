@@ -73,8 +73,11 @@ class Reconstructor:
     def _is_new_mutable(var: Variable) -> bool:
         if isinstance(var, UserObjectVariable):
             return var.is_new
+        # (A named tuple of a subclass with an instance __dict__ takes attributes: one object,
+        # so that `tup.c = v` run at a graph break is seen through every reference.)
         return (isinstance(var, (ModelOutputVariable, c.DictVariable, c.SetVariable, NestedFunctionVariable))
-                or type(var) is c.ListVariable)
+                or type(var) is c.ListVariable
+                or isinstance(var, c.NamedTupleVariable) and getattr(var.cls, "__dictoffset__", 0) != 0)
 
     def cell(self, var: Variable | None) -> str:
         """A closure cell at a graph break (kiln/capture/resume_at_break.py): one made in the trace

@@ -849,3 +849,49 @@ def test_dict_views_returned_keep_their_types():
     got, want = kiln.compile(fn, backend="eager", fullgraph=True)(torch.ones(1)), fn(torch.ones(1))
     assert [type(g) for g in got] == [type(w) for w in want]
     assert list(got[1]) == list(want[1]) and got[0] == want[0]
+
+
+def test_isdisjoint_and_issuperset_read_an_iterable_only_as_far_as_python_does():
+    # Dynamo's test_sets.py test_isdisjoint_with_generator: kiln ran the generator to its end.
+    def run(compile_):
+        count = 0
+
+        def gen():
+            nonlocal count
+            for i in (1, 2, 3):
+                count += i
+                yield i
+
+        def f(x):
+            s = {2, 4, 5}
+            found = (s.isdisjoint(gen()), s.issuperset(iter([2, 9, 4])), s.isdisjoint([7, 8]))
+            return (x.sin() if count == 3 else x.cos()), found
+
+        out = compile_(f)(torch.ones(1))
+        return out[0], out[1], count
+
+    got, want = run(lambda f: kiln.compile(f, backend="eager", fullgraph=True)), run(lambda f: f)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:] == want[1:] == ((False, False, True), 3)
+
+
+def test_an_attribute_set_on_a_named_tuple_made_inside_is_kept():
+    # Dynamo's test_misc.py test_namedtuple_sourceless_dynamic_attributes: the attribute, set at
+    # a graph break, went to another copy of the tuple.
+    import typing
+
+    class Pair(typing.NamedTuple):
+        a: torch.Tensor
+        b: torch.Tensor
+
+    class Tagged(Pair):
+        pass
+
+    def f(x):
+        tup = Tagged(a=x + 1, b=x * 2)
+        tup.c = x - 1
+        return tup
+
+    out = kiln.compile(f, backend="eager")(torch.ones(2))
+    assert type(out) is Tagged and hasattr(out, "c")
+    torch.testing.assert_close(out.c, torch.zeros(2))

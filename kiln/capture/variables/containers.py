@@ -600,6 +600,16 @@ class SetVariable(Variable):
             return const(len(self.entries))
         elif name in ("union", "intersection", "difference", "symmetric_difference", "copy"):
             return self._combined(tx, name, args)
+        elif name in ("isdisjoint", "issuperset") and not isinstance(args[0], SetVariable):
+            # Python reads an iterable only up to the first item that decides: a generator
+            # passed in runs that far and no further (its side effects are the program's).
+            iterator = args[0].get_iter(tx)
+            if not isinstance(iterator, IteratorVariable):
+                iterator = IteratorVariable(iterator.iterate(tx))
+            while (item := iterator.next(tx)) is not None:
+                if (hash_key(item) in self.entries) == (name == "isdisjoint"):
+                    return const(False)
+            return const(True)
         else:  # issubset, issuperset, isdisjoint
             other = {hash_key(i) for i in args[0].iterate(tx)}
             mine = set(self.entries)
