@@ -32,6 +32,11 @@ from kiln.capture.variables.tensor import TensorMethodVariable, TensorVariable
 from kiln.capture.variables.torch_fns import GradModeVariable
 
 
+def _set_attributes(obj: Any, attrs: dict) -> None:
+    for key, value in attrs.items():
+        object.__setattr__(obj, key, value)
+
+
 def _new_object(cls: type) -> Any:
     return cls.__new__(cls)
 
@@ -123,7 +128,9 @@ class Reconstructor:
             # Bound before its attributes are built, so an attribute may refer back to it.
             self.prelude.append(f"{name} = {self.ns.bind(_new_object, 'F')}({self.ns.bind(var.cls, 'T')})")
             attrs = "{" + ", ".join(f"{k!r}: {self.expr(v)}" for k, v in var.attrs.items()) + "}"
-            self.prelude.append(f"{name}.__dict__.update({attrs})")
+            # object.__setattr__ fills __slots__ and __dict__ alike (a class's own __setattr__ is
+            # not run again: the trace already ran it).
+            self.prelude.append(f"{self.ns.bind(_set_attributes, 'F')}({name}, {attrs})")
         else:
             self.prelude.append(f"{name} = {self._expr(var)}")
         return name

@@ -682,3 +682,43 @@ def test_a_disabled_function_runs_eagerly_behind_a_break():
     assert calls == [1]
     with pytest.raises(kiln.CaptureError, match="disable"):
         kiln.compile(fn, backend="eager", fullgraph=True)(x)
+
+
+def test_an_object_with_slots_made_inside_reads_and_returns_its_slots():
+    # Dynamo's test_sets.py OrderedSetTests (torch.utils._ordered_set.OrderedSet keeps its items
+    # in a __slots__ slot): reading the slot of an object made in the trace broke the graph.
+    from torch.utils._ordered_set import OrderedSet
+
+    class Point:
+        __slots__ = ("x", "y")
+
+        def __init__(self, x, y):
+            self.x, self.y = x, y
+
+    def f(t):
+        s = OrderedSet([3, 1])
+        s.add(2)
+        p = Point(t, 2)
+        return t * p.y + len(s), 1 in s, list(s | OrderedSet([5])), p
+
+    got, want = kiln.compile(f, backend="eager", fullgraph=True)(torch.ones(1)), f(torch.ones(1))
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:3] == want[1:3] and type(got[3]) is Point and got[3].y == 2
+
+
+def test_a_classmethod_reached_from_an_instance_binds_to_its_class():
+    class Base:
+        @classmethod
+        def make(cls):
+            return cls()
+
+        def again(self):
+            return self.make()
+
+    class Child(Base):
+        pass
+
+    def f(x):
+        return x + 1, type(Child().again()) is Child
+
+    assert kiln.compile(f, backend="eager", fullgraph=True)(torch.ones(1))[1] is True

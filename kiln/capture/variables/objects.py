@@ -63,7 +63,13 @@ def wrap_class_attr(tx: Any, raw: Any, owner: type, name: str, instance: Variabl
     if isinstance(raw, staticmethod):
         return _pinned_function(tx, raw.__func__, owner, name)
     if isinstance(raw, classmethod):
-        return BoundMethodVariable(_pinned_function(tx, raw.__func__, owner, name), cls_var or ClassVariable(owner))
+        # Bound to the instance's class, not to the class that defines it (`cls(...)` inside
+        # Set._from_iterable builds an OrderedSet when reached from one).
+        if cls_var is not None or isinstance(instance, ClassVariable):  # (super() in a classmethod: the class)
+            bound_to = cls_var or instance
+        else:
+            bound_to = ClassVariable(instance.python_type() if instance is not None else owner)
+        return BoundMethodVariable(_pinned_function(tx, raw.__func__, owner, name), bound_to)
     if isinstance(raw, property):
         if instance is None:
             return OpaqueVariable(raw)
@@ -216,6 +222,11 @@ class UserObjectVariable(Variable):
             view = self.container_view(tx)
             if view is not None:
                 return view.getattr(tx, name)
+        if self.is_new and isinstance(raw, types.MemberDescriptorType):
+            # A __slots__ slot of an object made in the trace: its value is what the trace set.
+            if name in self.attrs:
+                return self.attrs[name]
+            raise raise_real(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
         is_data_descriptor = raw is not _MISSING and (isinstance(raw, property) or hasattr(type(raw), "__set__") and not isinstance(raw, functools.cached_property))
         if is_data_descriptor:
             return wrap_class_attr(tx, raw, owner, name, self)
