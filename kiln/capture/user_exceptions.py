@@ -57,6 +57,10 @@ class ExceptionVariable(Variable):
             if not self.args and self.value is not None:
                 return wrap_constant_result(self.value.args)
             return TupleVariable(list(self.args))
+        if name == "with_traceback":  # (unittest's assertRaises stores the exception without one)
+            from kiln.capture.variables.base import BoundBuiltinMethod
+
+            return BoundBuiltinMethod(self, name)
         try:
             return wrap_constant_result(getattr(self.real(), name))
         except AttributeError as error:
@@ -64,6 +68,11 @@ class ExceptionVariable(Variable):
 
     def truth(self, tx: Any) -> bool:
         return True
+
+    def call_method(self, tx: Any, name: str, args: Any, kwargs: Any) -> Variable:
+        if name == "with_traceback" and len(args) == 1 and not kwargs:
+            return self  # a traced exception carries no traceback to replace
+        return super().call_method(tx, name, args, kwargs)
 
 
 def _custom_init(exc_type: type) -> bool:

@@ -895,3 +895,25 @@ def test_an_attribute_set_on_a_named_tuple_made_inside_is_kept():
     out = kiln.compile(f, backend="eager")(torch.ones(2))
     assert type(out) is Tagged and hasattr(out, "c")
     torch.testing.assert_close(out.c, torch.zeros(2))
+
+
+def test_unittest_assertions_and_unbound_builtin_methods_inside():
+    # Dynamo's test_dicts.py/test_sets.py compile whole test methods: assertRaises(exc, d.pop, k)
+    # reads the method's __name__ and stores the exception `with_traceback(None)`; `dict.clear(od)`
+    # and `set.__and__(p, q)` call builtin methods unbound.
+    import unittest
+
+    case = unittest.TestCase()
+
+    def f(x):
+        d = OrderedDict(a=1, b=2)
+        case.assertRaises(KeyError, d.pop, "z")
+        with case.assertRaises(KeyError):
+            {}.pop("z")
+        dict.clear(d)
+        p, q = set("abc"), set("bef")
+        return x + len(d), set.__and__(p, q), frozenset.__or__(frozenset(p), frozenset(q))
+
+    got, want = kiln.compile(f, backend="eager", fullgraph=True)(torch.ones(1)), f(torch.ones(1))
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:] == want[1:]

@@ -129,6 +129,17 @@ class BoundBuiltinMethod(Variable):
     def call(self, tx: "Translator", args: Sequence["Variable"], kwargs: dict[str, "Variable"]) -> "Variable":
         return self.obj.call_method(tx, self.name, args, kwargs)
 
+    def getattr(self, tx: "Translator", name: str) -> "Variable":
+        # What unittest's assertRaises(exc, d.pop, k) reads to name the call it checks.
+        if name in ("__name__", "__qualname__"):
+            from kiln.capture.variables.constant import ConstantVariable  # constant.py imports this module
+
+            owner = getattr(self.obj.python_type(), "__name__", "object")
+            return ConstantVariable(self.name if name == "__name__" else f"{owner}.{self.name}")
+        if name == "__self__":
+            return self.obj
+        return super().getattr(tx, name)
+
 
 class NullVariable(Variable):
     """The NULL that CPython pushes below a callable that is not a bound method."""

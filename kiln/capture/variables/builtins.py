@@ -99,6 +99,8 @@ class BuiltinVariable(RealValueVariable):
             return ObjectSlotVariable(name)
         if isinstance(self.value, type) and not name.startswith("__") and isinstance(inspect.getattr_static(self.value, name, None), _METHOD_DESCRIPTORS):
             return UnboundBuiltinMethod(self.value, name)
+        if self.value in _OPERATOR_TYPES and name in _DUNDER_OPERATORS and hasattr(self.value, name):
+            return UnboundBuiltinMethod(self.value, name)
         if isinstance(self.value, type):
             return ClassVariable(self.value).getattr(tx, name)
         return super().getattr(tx, name)
@@ -116,6 +118,11 @@ class BuiltinVariable(RealValueVariable):
 
 
 _METHOD_DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType)
+# The binary operators' methods of builtin types, called unbound (`set.__and__(p, q)`).
+_DUNDER_OPERATORS = {f"__{n}__": getattr(operator, n if n not in ("and", "or") else n + "_")
+                     for n in ("and", "or", "xor", "sub", "add", "mul", "eq", "ne", "lt", "le", "gt", "ge")}
+_OPERATOR_TYPES = (set, frozenset, dict, list, tuple, str, int, float)
+_MODELLED = (DictVariable, SetVariable, ListVariable, TupleVariable)
 _OBJECT_SLOTS = ("__new__", "__init__", "__setattr__", "__delattr__", "__getattribute__")
 
 
@@ -141,6 +148,11 @@ class UnboundBuiltinMethod(Variable):
     def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         if not args:
             raise raise_real(TypeError(f"unbound method {self.cls.__name__}.{self.name}() needs an argument"))
+        if self.name in _DUNDER_OPERATORS and len(args) == 2 and not kwargs:
+            return apply_binary(tx, _DUNDER_OPERATORS[self.name], args[0], args[1])  # set.__and__(p, q)
+        if isinstance(args[0], _MODELLED) and issubclass(args[0].python_type(), self.cls):
+            # dict.clear(an OrderedDict): the modelled container carries the base type's method.
+            return args[0].call_method(tx, self.name, list(args[1:]), kwargs)
         if args[0].python_type() is not self.cls:
             # A subclass may override the method this call means to bypass: the class's own reading.
             return ClassVariable(self.cls).getattr(tx, self.name).call(tx, args, kwargs)
