@@ -8,6 +8,7 @@ and the builtins that stand for operators (`operator.add`, `operator.getitem`, `
 
 from __future__ import annotations
 
+import collections
 import operator
 from typing import Any, Callable
 
@@ -16,7 +17,7 @@ from kiln.capture.user_exceptions import ExceptionVariable, raise_real
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
 from kiln.capture.variables.containers import BaseSequenceVariable, DictVariable, ListVariable, SetVariable, TupleVariable, equal, hash_key
-from kiln.capture.variables.objects import ClassVariable, ModelOutputVariable, UserObjectVariable
+from kiln.capture.variables.objects import ClassVariable, ModelOutputVariable, UserObjectVariable, class_lookup
 from kiln.capture.variables.symbolic import SymNodeVariable
 from kiln.capture.variables.tensor import TensorVariable
 from kiln.capture.variables.wrapping import wrap_constant_result
@@ -42,6 +43,9 @@ COMPARE_OPS: dict[str, tuple[Callable, str, str]] = {
     ">": (operator.gt, "__gt__", "__lt__"), ">=": (operator.ge, "__ge__", "__le__"),
 }
 _BY_FUNCTION = {fn: (fn, d, r) for fn, d, r in [*BINARY_OPS.values(), *COMPARE_OPS.values()]}
+# Each operator's dunder method -> the operator (`__or__` -> operator.or_, `__ior__` -> operator.ior).
+BY_DUNDER = {d: fn for fn, d, _ in [*BINARY_OPS.values(), *COMPARE_OPS.values()]}
+BY_DUNDER.update({f"__i{BINARY_OPS[k[:-1]][1][2:]}": fn for k, fn in INPLACE_OPS.items() if k[:-1] in BINARY_OPS})
 _INPLACE_TO_BINARY = {INPLACE_OPS[k + "="]: BINARY_OPS[k] for k in BINARY_OPS}
 
 
@@ -70,6 +74,12 @@ def apply_binary(tx: Any, fn: Callable, a: Variable, b: Variable) -> Variable:
             raise raise_real(error) from None
     inplace = fn in _INPLACE_TO_BINARY
     base_fn = _INPLACE_TO_BINARY[fn][0] if inplace else fn
+    view_a, view_b = _builtin_contents(tx, a, fn, base_fn), _builtin_contents(tx, b, fn, base_fn)
+    if view_a is not None or view_b is not None:
+        # A dict or set subclass whose operator is the base type's: the operator on its contents
+        # (`s | t` of a set subclass is a plain set, as in Python; `s |= t` is `s` itself).
+        result = apply_binary(tx, fn, view_a or a, view_b or b)
+        return a if inplace and view_a is not None and result is view_a else result
     if fn in (operator.eq, operator.ne) and not isinstance(a, UserObjectVariable) and not isinstance(b, UserObjectVariable):
         same = equal(tx, a, b)
         return ConstantVariable(same if fn is operator.eq else not same)
@@ -103,6 +113,22 @@ def apply_binary(tx: Any, fn: Callable, a: Variable, b: Variable) -> Variable:
         same = a is b or hash_key(a) == hash_key(b)
         return ConstantVariable(same if fn is operator.eq else not same)
     raise unsupported("unsupported_operator", f"{getattr(fn, '__name__', fn)} of {a.describe()} and {b.describe()}")
+
+
+def _builtin_contents(tx: Any, obj: Variable, fn: Callable, base_fn: Callable) -> Variable | None:
+    """The modelled contents of a dict/set subclass object whose method for this operator is
+    the builtin base's (None for anything else)."""
+    if not isinstance(obj, UserObjectVariable):
+        return None
+    view = obj.container_view(tx)
+    if view is None:
+        return None
+    names = [entry[1] for entry in (_BY_FUNCTION.get(fn), _BY_FUNCTION.get(base_fn)) if entry is not None and entry[1]]
+    for name in names:
+        raw, owner = class_lookup(obj.cls, name)
+        if raw is not None and isinstance(owner, type) and owner in (dict, collections.OrderedDict, set, frozenset):
+            return view
+    return None
 
 
 def _user_dunder(tx: Any, obj: Variable, name: str, other: Variable) -> Variable | None:

@@ -26,7 +26,7 @@ from kiln.capture.variables.base import BoundBuiltinMethod, Variable
 from kiln.capture.variables.builtins import UnboundBuiltinMethod
 from kiln.capture.variables.constant import ConstantMethodVariable, ConstantVariable
 from kiln.capture.variables.functions import BoundMethodVariable, CellVariable, NestedFunctionVariable, RealCellVariable
-from kiln.capture.variables.objects import ModelOutputVariable, UserObjectVariable
+from kiln.capture.variables.objects import ModelOutputVariable, UserObjectVariable, new_container_object
 from kiln.capture.variables.symbolic import SymNodeVariable
 from kiln.capture.variables.tensor import TensorMethodVariable, TensorVariable
 from kiln.capture.variables.torch_fns import GradModeVariable
@@ -126,7 +126,11 @@ class Reconstructor:
             self._function(var, name)
         elif isinstance(var, UserObjectVariable):
             # Bound before its attributes are built, so an attribute may refer back to it.
-            self.prelude.append(f"{name} = {self.ns.bind(_new_object, 'F')}({self.ns.bind(var.cls, 'T')})")
+            contents = getattr(var, "container", None)
+            if contents is None:
+                self.prelude.append(f"{name} = {self.ns.bind(_new_object, 'F')}({self.ns.bind(var.cls, 'T')})")
+            else:  # a dict or set subclass made in the trace: its contents too
+                self.prelude.append(f"{name} = {self.ns.bind(new_container_object, 'F')}({self.ns.bind(var.cls, 'T')}, {self._expr(contents)})")
             attrs = "{" + ", ".join(f"{k!r}: {self.expr(v)}" for k, v in var.attrs.items()) + "}"
             # object.__setattr__ fills __slots__ and __dict__ alike (a class's own __setattr__ is
             # not run again: the trace already ran it).

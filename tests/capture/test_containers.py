@@ -917,3 +917,39 @@ def test_unittest_assertions_and_unbound_builtin_methods_inside():
     got, want = kiln.compile(f, backend="eager", fullgraph=True)(torch.ones(1)), f(torch.ones(1))
     torch.testing.assert_close(got[0], want[0])
     assert got[1:] == want[1:]
+
+
+def test_subclasses_of_dict_set_and_frozenset_made_inside():
+    # Dynamo's test_dicts.py/test_sets.py build such objects in the compiled code (about 120 of
+    # its tests broke kiln's graph at the construction).
+    class SimpleDict(dict):
+        pass
+
+    class Tagged(dict):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.tag = "t"
+
+    class PlusOneSet(set):
+        def add(self, item):
+            return super().add(item + 1)
+
+    class Frozen(frozenset):
+        pass
+
+    def f(x):
+        d = SimpleDict({"a": 1})
+        d["b"] = 2
+        d |= {"c": 3}
+        s = PlusOneSet([1, 2])
+        s.add(5)
+        PlusOneSet.add(s, 7)
+        fs = Frozen([1, 2])
+        t = Tagged(k=1)
+        return (x + len(d) + len(s) + len(fs), "a" in d, s | {0}, fs & {2, 9}, repr(s), repr(fs), d, s, fs, t, t.tag,
+                bool(SimpleDict()), sorted(d.items()), dict.__ior__(dict(d), {"z": 0}))
+
+    got, want = kiln.compile(f, backend="eager", fullgraph=True)(torch.ones(1)), f(torch.ones(1))
+    torch.testing.assert_close(got[0], want[0])
+    for g, w in zip(got[1:], want[1:]):
+        assert type(g) is type(w) and g == w, (g, w)

@@ -21,7 +21,7 @@ import typing
 from typing import Any, Callable, Sequence
 
 from kiln.capture.break_records import unsupported
-from kiln.capture.python_operators import (_BY_FUNCTION, _INPLACE_TO_BINARY, apply_binary, apply_unary, contains, identical,
+from kiln.capture.python_operators import (_BY_FUNCTION, _INPLACE_TO_BINARY, BY_DUNDER, apply_binary, apply_unary, contains, identical,
                                            store_subscript, subscript, text_of)
 from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
 from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
@@ -118,9 +118,8 @@ class BuiltinVariable(RealValueVariable):
 
 
 _METHOD_DESCRIPTORS = (types.MethodDescriptorType, types.WrapperDescriptorType)
-# The binary operators' methods of builtin types, called unbound (`set.__and__(p, q)`).
-_DUNDER_OPERATORS = {f"__{n}__": getattr(operator, n if n not in ("and", "or") else n + "_")
-                     for n in ("and", "or", "xor", "sub", "add", "mul", "eq", "ne", "lt", "le", "gt", "ge")}
+# The operators' methods of builtin types, called unbound (`set.__and__(p, q)`, `dict.__ior__(d, e)`).
+_DUNDER_OPERATORS = BY_DUNDER
 _OPERATOR_TYPES = (set, frozenset, dict, list, tuple, str, int, float)
 _MODELLED = (DictVariable, SetVariable, ListVariable, TupleVariable)
 _OBJECT_SLOTS = ("__new__", "__init__", "__setattr__", "__delattr__", "__getattribute__")
@@ -149,10 +148,16 @@ class UnboundBuiltinMethod(Variable):
         if not args:
             raise raise_real(TypeError(f"unbound method {self.cls.__name__}.{self.name}() needs an argument"))
         if self.name in _DUNDER_OPERATORS and len(args) == 2 and not kwargs:
-            return apply_binary(tx, _DUNDER_OPERATORS[self.name], args[0], args[1])  # set.__and__(p, q)
+            # set.__and__(p, q); an in-place one returns its first argument, as Python's does.
+            result = apply_binary(tx, _DUNDER_OPERATORS[self.name], args[0], args[1])
+            return args[0] if self.name.startswith("__i") and isinstance(args[0], UserObjectVariable) else result
         if isinstance(args[0], _MODELLED) and issubclass(args[0].python_type(), self.cls):
             # dict.clear(an OrderedDict): the modelled container carries the base type's method.
             return args[0].call_method(tx, self.name, list(args[1:]), kwargs)
+        if isinstance(args[0], UserObjectVariable) and issubclass(args[0].python_type(), self.cls):
+            view = args[0].container_view(tx)
+            if view is not None:  # set.add(an object of a set subclass): the base's method on its contents
+                return args[0]._contents_call(tx, view, self.name, list(args[1:]), kwargs)
         if args[0].python_type() is not self.cls:
             # A subclass may override the method this call means to bypass: the class's own reading.
             return ClassVariable(self.cls).getattr(tx, self.name).call(tx, args, kwargs)

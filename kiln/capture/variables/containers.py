@@ -43,7 +43,32 @@ def hash_key(var: Variable) -> Any:
     real = getattr(var, "value", None)
     if real is not None and not isinstance(real, (list, dict, set)):
         return ("id", id(real))
+    if isinstance(var, (ListVariable, DictVariable)) or isinstance(var, SetVariable) and not var.frozen:
+        raise raise_real(TypeError(f"unhashable type: '{var.python_type().__name__}'"))
     return ("var", id(var))
+
+
+def operator_method(tx: Any, obj: Variable, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable | None:
+    """`d.__ior__(e)`, `s.__and__(t)`, ...: the operator (an in-place one gives `obj` back); None
+    for any other name."""
+    from kiln.capture.python_operators import BY_DUNDER, apply_binary  # python_operators.py imports this module
+
+    if name not in BY_DUNDER or kwargs or len(args) != 1:
+        return None
+    return apply_binary(tx, BY_DUNDER[name], obj, args[0])
+
+
+def _operator_of_type(cls: type, name: str) -> bool:
+    """Whether `name` is an operator method (`__ior__`, `__and__`) the builtin type has."""
+    from kiln.capture.python_operators import BY_DUNDER  # python_operators.py imports this module
+
+    return name in BY_DUNDER and hasattr(cls, name)
+
+
+# Positional arguments of set methods, where not exactly one: a count or a (least, most) range.
+_SET_ARITY: dict[str, Any] = {"pop": 0, "clear": 0, "copy": 0, "__len__": 0, "union": (0, 1 << 30), "intersection": (0, 1 << 30),
+                              "difference": (0, 1 << 30), "update": (0, 1 << 30), "intersection_update": (0, 1 << 30),
+                              "difference_update": (0, 1 << 30)}
 
 
 def _index(tx: Any, var: Variable, length: int) -> int | slice:
@@ -411,14 +436,14 @@ class DictVariable(Variable):
         return hash_key(key) in self.entries
 
     def getattr(self, tx: Any, name: str) -> Variable:
-        if name in self.methods():
+        if name in self.methods() or _operator_of_type(self.cls, name):
             return BoundBuiltinMethod(self, name)
         raise raise_real(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
 
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         method = self.methods().get(name)
         if method is None:
-            return super().call_method(tx, name, args, kwargs)
+            return operator_method(tx, self, name, args, kwargs) or super().call_method(tx, name, args, kwargs)
         if kwargs and name != "update":
             raise unsupported("unsupported_call", f"dict.{name} with keyword arguments")
         try:
@@ -470,6 +495,9 @@ class DictVariable(Variable):
         if len(others) > 1:
             raise raise_real(TypeError(f"update expected at most 1 argument, got {len(others)}"))
         for other in others:
+            view = other.container_view(tx) if hasattr(other, "container_view") else None
+            if isinstance(view, DictVariable):  # a dict subclass's object: its contents, as dict(other) reads them
+                other = view
             pairs = other.entries.values() if isinstance(other, DictVariable) else [tuple(p.iterate(tx)) for p in other.iterate(tx)]
             for k, v in pairs:
                 self.entries[hash_key(k)] = (k, v)
@@ -564,15 +592,22 @@ class SetVariable(Variable):
         record_change(tx, self)
 
     def getattr(self, tx: Any, name: str) -> Variable:
-        if name in _SET_METHODS:
+        if name in _SET_METHODS or _operator_of_type(self.python_type(), name):
             return BoundBuiltinMethod(self, name)
         raise raise_real(AttributeError(f"'{self.python_type().__name__}' object has no attribute '{name}'"))
 
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        operator_result = operator_method(tx, self, name, args, kwargs)
+        if operator_result is not None:
+            return operator_result
         if name not in _SET_METHODS:
             return super().call_method(tx, name, args, kwargs)
         if kwargs:
             raise raise_real(TypeError(f"set.{name}() takes no keyword arguments"))
+        wanted = _SET_ARITY.get(name, 1)
+        if len(args) != wanted if isinstance(wanted, int) else not wanted[0] <= len(args) <= wanted[1]:
+            raise raise_real(TypeError(f"set.{name}() takes {wanted if isinstance(wanted, int) else wanted} arguments "
+                                       f"({len(args)} given)"))
         if name in _SET_MUTATORS and self.frozen:
             raise raise_real(AttributeError(f"'frozenset' object has no attribute '{name}'"))
         if name == "add":

@@ -22,13 +22,13 @@ from kiln.capture.guards import Guard
 from kiln.capture.sources import AttrSource, ClassDictSource, ConstSource, InstanceDictSource, ItemSource, Source
 from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
 from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
-from kiln.capture.variables.constant import ConstantVariable, is_literal
+from kiln.capture.variables.constant import ConstantVariable, is_literal, is_plain_data, plain_data
 from kiln.capture.variables.containers import ListViewVariable, NamedTupleVariable, TupleVariable, wrap_dict_contents
 from kiln.capture.variables.functions import BoundMethodVariable
 from kiln.capture.variables.wrapping import wrap, wrap_constant_result
 
 _MISSING = object()
-_CONTAINER_BASES = (dict, collections.OrderedDict)
+_CONTAINER_BASES = (dict, collections.OrderedDict, set, frozenset)
 
 
 def class_lookup(cls: type, name: str) -> tuple[Any, type | None]:
@@ -160,8 +160,11 @@ class UserObjectVariable(Variable):
         return InstanceDictSource(self.source)
 
     def container_view(self, tx: Any) -> Variable | None:
-        """For a real dict/list subclass: its contents as a DictVariable/ListVariable (guarded)."""
-        if self.is_new or not isinstance(self.value, dict):
+        """For a dict or set subclass: its contents as a DictVariable/SetVariable (a real one's
+        guarded; one made in the trace holds them from its construction)."""
+        if self.is_new:
+            return getattr(self, "container", None)
+        if not isinstance(self.value, dict):
             return None
         view = tx.output.wrapped.get(("view", self.source)) if self.source is not None else None
         if view is None:
@@ -221,7 +224,8 @@ class UserObjectVariable(Variable):
         if owner in _CONTAINER_BASES:
             view = self.container_view(tx)
             if view is not None:
-                return view.getattr(tx, name)
+                # (a dunder read as an attribute is called back on the object: _contents_call)
+                return BoundBuiltinMethod(self, name) if name.startswith("__") else view.getattr(tx, name)
         if self.is_new and isinstance(raw, types.MemberDescriptorType):
             # A __slots__ slot of an object made in the trace: its value is what the trace set.
             if name in self.attrs:
@@ -277,8 +281,28 @@ class UserObjectVariable(Variable):
         if owner in _CONTAINER_BASES:
             view = self.container_view(tx)
             if view is not None:
-                return view.call_method(tx, name, list(args), {})
+                return self._contents_call(tx, view, name, list(args), {})
         return wrap_class_attr(tx, raw, owner, name, self).call(tx, list(args), {})
+
+    _CONTENTS_PROTOCOL = ("__contains__", "__len__", "__getitem__", "__setitem__", "__delitem__", "__iter__")
+
+    def _contents_call(self, tx: Any, view: Variable, name: str, args: list, kwargs: dict) -> Variable:
+        """A base type's method (dict's, set's) on the modelled contents: its operators through
+        the operator (`__ior__` is `|=`: the object itself back), its protocol and named methods
+        as the contents answer them; another dunder (`__repr__`, ...) is not modelled."""
+        from kiln.capture.python_operators import BY_DUNDER, apply_binary  # python_operators.py imports this module
+
+        if name in BY_DUNDER and len(args) == 1 and not kwargs:
+            result = apply_binary(tx, BY_DUNDER[name], view, args[0])
+            return self if result is view else result
+        if name in ("__repr__", "__str__") and not args and is_plain_data(view):
+            # The base's text of a real copy (`CustomSet({1, 2})`): its contents are constants.
+            real = new_container_object(self.cls, plain_data(view))
+            return ConstantVariable(getattr(_container_base(self.cls), name)(real))
+        if name.startswith("__") and name not in self._CONTENTS_PROTOCOL:
+            raise unsupported("unsupported_call", f"{name} of a {self.cls.__qualname__} object (a subclass of "
+                              f"{_container_base(self.cls).__name__}) while capturing")
+        return view.call_method(tx, name, args, kwargs)
 
     def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         raw, owner = class_lookup(self.cls, "__call__")
@@ -317,7 +341,7 @@ class UserObjectVariable(Variable):
         if name in ("__getitem__", "__setitem__", "__contains__", "__delitem__") or name.startswith("__") and name.endswith("__"):
             raw, owner = class_lookup(self.cls, name)
             if raw is not _MISSING and owner in _CONTAINER_BASES and self.container_view(tx) is not None:
-                return self.container_view(tx).call_method(tx, name, list(args), kwargs)
+                return self._contents_call(tx, self.container_view(tx), name, list(args), kwargs)
             if raw is not _MISSING and owner is not object:
                 return wrap_class_attr(tx, raw, owner, name, self).call(tx, list(args), kwargs)
             if name == "__setattr__" and raw is not _MISSING:
@@ -333,6 +357,13 @@ class ClassVariable(RealValueVariable):
         return f"class {self.value.__qualname__}"
 
     def getattr(self, tx: Any, name: str) -> Variable:
+        raw, owner = class_lookup(self.value, name)
+        if owner in _CONTAINER_BASES and isinstance(raw, (types.WrapperDescriptorType, types.MethodDescriptorType)):
+            # A dict/set subclass's inherited builtin method read from the class (`C.__ior__`,
+            # `C.add`): called with the object first, as the base's unbound method.
+            from kiln.capture.variables.builtins import UnboundBuiltinMethod  # builtins.py imports this module
+
+            return UnboundBuiltinMethod(owner, name)
         written, value = tx.output.side_effects.pending_attr(self.value, name)
         if written:
             if value is None:
@@ -379,7 +410,9 @@ class ClassVariable(RealValueVariable):
             except Exception as error:  # noqa: BLE001
                 raise raise_real(error) from None
             return ConstantVariable(value)
-        new, _ = class_lookup(cls, "__new__")
+        new, new_owner = class_lookup(cls, "__new__")
+        if new_owner in _CONTAINER_BASES and not issubclass(cls, nn.Module):
+            return _new_container_subclass(tx, cls, args, kwargs)
         if new is not object.__new__ and not isinstance(new, staticmethod) or isinstance(new, staticmethod) and new.__func__ is not object.__new__:
             raise unsupported("unsupported_call", f"building a {cls.__qualname__} (it defines __new__) while capturing")
         if issubclass(cls, nn.Module):
@@ -396,6 +429,74 @@ class ClassVariable(RealValueVariable):
         if name == "__call__":
             return self.call(tx, args, kwargs)
         return super().call_method(tx, name, args, kwargs)
+
+
+def _container_base(cls: type) -> type:
+    return next(base for base in cls.__mro__ if base in _CONTAINER_BASES)
+
+
+def _new_container_subclass(tx: Any, cls: type, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+    """`C(...)` for a subclass C of dict, OrderedDict, set or frozenset: an object of C whose
+    contents are a modelled dict or set (what the base's methods and operators act on), filled
+    by C's own __init__ if it has one (its super().__init__ reaching the base's), else by the
+    base's. A frozenset takes its items at construction, from the arguments."""
+    from kiln.capture.variables.containers import DictVariable, SetVariable  # containers.py imports this module
+
+    base = _container_base(cls)
+    obj = UserObjectVariable(None, None, cls)
+    obj.container = DictVariable(cls=base) if issubclass(base, dict) else SetVariable([], frozen=base is frozenset)
+    init, owner = class_lookup(cls, "__init__")
+    if base is frozenset:
+        _fill_container(tx, obj, args[:1], {})
+        if isinstance(init, types.FunctionType):
+            wrap_class_attr(tx, init, owner, "__init__", obj).call(tx, args, kwargs)
+    elif isinstance(init, types.FunctionType):
+        wrap_class_attr(tx, init, owner, "__init__", obj).call(tx, args, kwargs)
+    else:
+        _fill_container(tx, obj, args, kwargs)
+    return obj
+
+
+def new_container_object(cls: type, contents: Any) -> Any:
+    """A real object of a dict/set subclass holding `contents`, its own __init__ not run."""
+    if issubclass(cls, frozenset):
+        return cls.__new__(cls, contents)
+    obj = cls.__new__(cls)
+    if isinstance(obj, collections.OrderedDict):  # (its own order table: dict.update would bypass it)
+        for key, value in contents.items():
+            collections.OrderedDict.__setitem__(obj, key, value)
+    else:
+        (dict.update if isinstance(obj, dict) else set.update)(obj, contents)
+    return obj
+
+
+def _fill_container(tx: Any, obj: UserObjectVariable, args: Sequence[Variable], kwargs: dict[str, Variable]) -> None:
+    """The base type's __init__ on the object's contents: dict(mapping or pairs, **kw), set(iterable)."""
+    from kiln.capture.variables.containers import SetVariable, hash_key  # containers.py imports this module
+
+    if len(args) > 1:
+        raise raise_real(TypeError(f"{obj.cls.__name__} expected at most 1 argument, got {len(args)}"))
+    container = obj.container
+    if isinstance(container, SetVariable):
+        if kwargs:
+            raise raise_real(TypeError(f"{obj.cls.__name__}() takes no keyword arguments"))
+        for item in args[0].iterate(tx) if args else []:
+            container.entries.setdefault(hash_key(item), item)
+    else:
+        container._update(tx, *args, **kwargs)
+
+
+class ContainerInitVariable(Variable):
+    """`super().__init__` of a dict or set subclass made in the trace: the base's __init__."""
+
+    def __init__(self, obj: UserObjectVariable) -> None:
+        super().__init__(None)
+        self.obj = obj
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if _container_base(self.obj.cls) is not frozenset:  # (frozenset.__init__ takes and ignores them)
+            _fill_container(tx, self.obj, args, kwargs)
+        return ConstantVariable(None)
 
 
 def _is_model_output(cls: type) -> bool:
@@ -495,6 +596,8 @@ class SuperVariable(Variable):
                 raw = klass.__dict__[name]
                 instance = None if isinstance(self.obj, ClassVariable) else self.obj
                 if klass in _CONTAINER_BASES and isinstance(self.obj, UserObjectVariable) and self.obj.container_view(tx) is not None:
+                    if name == "__init__":  # dict.__init__(self, ...): fills the contents
+                        return ContainerInitVariable(self.obj)
                     return self.obj.container_view(tx).getattr(tx, name)
                 if isinstance(raw, classmethod):
                     cls_var = self.obj if isinstance(self.obj, ClassVariable) else ClassVariable(obj_type)
