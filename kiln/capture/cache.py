@@ -8,10 +8,13 @@ says so once per function, and `eager_calls` counts them).
 
 from __future__ import annotations
 
+import contextlib
 import types
 import warnings
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+import torch
 
 from kiln import config, logs, profiler, trace
 from kiln.capture import dump
@@ -94,7 +97,8 @@ class FrameCache:
             if changed:
                 logs.log("recompiles", "%s: sizes changed (%s): captured with those dimensions dynamic", self.label, "; ".join(changed))
         try:
-            entry = capture(self.fn, L, self.backend, self.label, allow_breaks=not self.fullgraph, dynamic=self.dynamic)
+            with _without_saved_tensor_hooks():
+                entry = capture(self.fn, L, self.backend, self.label, allow_breaks=not self.fullgraph, dynamic=self.dynamic)
         except Unsupported as error:
             record = error.record()
             if self.fullgraph:
@@ -134,6 +138,23 @@ class FrameCache:
         self.fallback = record
         _notify("fallback", self, record)
         warn_eager_frame(self.fn, self.label, record, stacklevel + 1)
+
+
+@contextlib.contextmanager
+def _without_saved_tensor_hooks() -> Iterator[None]:
+    """The user's saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks) set aside while
+    kiln captures and compiles: its tracing saves tensors too, and those are not the program's
+    (the hooks ran 5 times for one product; the compiled call runs them as eager does)."""
+    autograd = torch._C._autograd
+    stack = []
+    while (top := autograd._top_saved_tensors_default_hooks(True)) is not None:
+        stack.append(top)
+        autograd._pop_saved_tensors_default_hooks()
+    try:
+        yield
+    finally:
+        for pack, unpack in reversed(stack):
+            autograd._push_saved_tensors_default_hooks(pack, unpack)
 
 
 def _exception_text(exc: Any) -> str:

@@ -332,3 +332,30 @@ def test_a_compiled_container_module_answers_truth_length_and_items_as_the_origi
     assert kiln.compile(torch.nn.Linear(2, 2))  # a module without __len__ is true
     with pytest.raises(TypeError):
         len(kiln.compile(torch.nn.Linear(2, 2)))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_saved_tensor_hooks_run_for_the_program_only(backend):
+    # Dynamo's test_repros.py test_unpack_hooks_dont_run_during_tracing: the user's pack hook ran
+    # 5 times for one product, kiln's own tracing saving tensors under it.
+    def f(x, y):
+        return x * y
+
+    compiled = kiln.compile(f, backend=backend)
+    counts = {"pack": 0, "unpack": 0}
+
+    def pack(t):
+        counts["pack"] += 1
+        return t
+
+    def unpack(t):
+        counts["unpack"] += 1
+        return t
+
+    x, y = torch.ones(4, requires_grad=True), torch.ones(4)
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        out = compiled(x, y)
+        assert counts == {"pack": 1, "unpack": 0}
+        out.sum().backward()
+        assert counts == {"pack": 1, "unpack": 1}
+    torch.testing.assert_close(x.grad, y)
