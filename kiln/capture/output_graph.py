@@ -219,9 +219,10 @@ class OutputGraph:
         """Which tensor inputs were one object (f(x, x)): the graph traced them as one, so a call
         where they are two (or two that were two are now one) must capture again. A graph that
         writes in place also pins which inputs share memory (two views of one tensor)."""
-        if len(self.inputs) < 2:
+        used = [(source, tensor) for source, node, tensor in self.inputs if node.users]  # (one read only at a break is no graph input)
+        if len(used) < 2:
             return []
-        tensors = [tensor for _, _, tensor in self.inputs]
+        tensors = [tensor for _, tensor in used]
         by_storage = self.writes_in_place()
         pattern = alias_pattern(*tensors, by_storage=by_storage)
         if by_storage and len(set(pattern[len(tensors):])) < len(tensors):
@@ -229,7 +230,7 @@ class OutputGraph:
             raise unsupported("aliased_input_mutation", "two inputs share memory (one tensor twice, or views of one "
                               "tensor) and the graph writes in place", "the frame runs eagerly; pass separate tensors "
                               "(or a clone of one)")
-        return [Guard("ALIASING", None, (pattern, tuple(source for source, _, _ in self.inputs)), "storage" if by_storage else "")]
+        return [Guard("ALIASING", None, (pattern, tuple(source for source, _ in used)), "storage" if by_storage else "")]
 
     def writes_in_place(self) -> bool:
         """Whether the graph has an in-place operation (`add_`, `out=`, `t[i] = v`)."""
