@@ -16,7 +16,8 @@ from kiln.capture.break_records import unsupported
 from kiln.capture.user_exceptions import ExceptionVariable, raise_real
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
-from kiln.capture.variables.containers import BaseSequenceVariable, DictVariable, ListVariable, SetVariable, TupleVariable, equal, hash_key
+from kiln.capture.variables.containers import (BaseSequenceVariable, DictVariable, ListVariable, ListViewVariable, SetVariable, TupleVariable,
+                                               equal, hash_key)
 from kiln.capture.variables.objects import ClassVariable, ModelOutputVariable, UserObjectVariable, class_lookup
 from kiln.capture.variables.symbolic import SymNodeVariable
 from kiln.capture.variables.tensor import TensorVariable
@@ -80,6 +81,14 @@ def apply_binary(tx: Any, fn: Callable, a: Variable, b: Variable) -> Variable:
         # (`s | t` of a set subclass is a plain set, as in Python; `s |= t` is `s` itself).
         result = apply_binary(tx, fn, view_a or a, view_b or b)
         return a if inplace and view_a is not None and result is view_a else result
+    if (isinstance(a, ListViewVariable) or isinstance(b, ListViewVariable)) and is_plain_data(a) and is_plain_data(b):
+        # A dict view against a set or view (`d.keys() <= s`, `d.items() & t`): set-like, on
+        # real views of the constant items.
+        real = [v.as_constant() if isinstance(v, ListViewVariable) else plain_data(v) for v in (a, b)]
+        try:
+            return _constant_result(fn(*real))
+        except Exception as error:  # noqa: BLE001 - what Python raises for these operands
+            raise raise_real(error) from None
     if fn in (operator.eq, operator.ne) and not isinstance(a, UserObjectVariable) and not isinstance(b, UserObjectVariable):
         same = equal(tx, a, b)
         return ConstantVariable(same if fn is operator.eq else not same)

@@ -953,3 +953,21 @@ def test_subclasses_of_dict_set_and_frozenset_made_inside():
     torch.testing.assert_close(got[0], want[0])
     for g, w in zip(got[1:], want[1:]):
         assert type(g) is type(w) and g == w, (g, w)
+
+
+def test_dict_views_compared_and_combined_with_sets_and_iterating_a_non_iterable():
+    # Dynamo's test_dicts.py cross-type tests (`d.keys() < s`, `d.items() == t`) and
+    # DictMethodsTests' `assertRaises(TypeError, d.update, 1)`.
+    def f():
+        keys, items = {"one": 1, "two": 2}.keys(), {"one": 1, "two": 2}.items()
+        s, pairs = {"one", "two", "three"}, {("one", 1), ("two", 2), ("three", 3)}
+        compared = [keys == s, keys < s, s > keys, items <= pairs, items == pairs]
+        combined = [sorted(keys & s), sorted(keys | {"z"}), sorted(items - {("one", 1)})]
+        try:
+            {}.update(1)
+            raised = False
+        except TypeError:
+            raised = True
+        return compared, combined, raised
+
+    assert kiln.compile(f, backend="eager", fullgraph=True)() == f()

@@ -62,6 +62,14 @@ def _guard(tx: Any, kind: str, source: Source | None, expected: Any) -> None:
         tx.output.guards.add(Guard(kind, source, expected))
 
 
+def _guardable_item(value: Any) -> bool:
+    """A set item one equality guard pins: a literal, an object equal only to itself, or a tuple
+    or frozenset of those."""
+    if type(value) in (tuple, frozenset):
+        return all(_guardable_item(v) for v in value)
+    return is_literal(value) or _equal_by_identity(value)
+
+
 def _equal_by_identity(value: Any) -> bool:
     cls = type(value)
     return cls.__eq__ is object.__eq__ and cls.__hash__ is object.__hash__ or isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type))
@@ -102,7 +110,7 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
     if isinstance(value, dict) and _is_plain_dict(value):
         _guard(tx, "TYPE_MATCH", source, type(value))
         return wrap_dict_contents(tx, value, source)
-    if type(value) in (set, frozenset) and all(is_literal(v) or _equal_by_identity(v) for v in value):
+    if type(value) in (set, frozenset) and all(_guardable_item(v) for v in value):
         # Its items fixed by one equality guard: literals by value, functions and other objects
         # whose class keeps object's equality by identity ({"PyTorch", torch.sin}).
         if isinstance(value, frozenset):

@@ -70,6 +70,11 @@ class ConstantVariable(RealValueVariable):
     def iterate(self, tx: Any) -> list[Variable]:
         if isinstance(self.value, (str, bytes, range)):
             return [ConstantVariable(v) for v in self.value]
+        if isinstance(self.value, (tuple, frozenset)):  # (a folded constant: `{("a", 1), ("b", 2)}`)
+            return [wrap_constant_result(v) for v in self.value]
+        if not hasattr(type(self.value), "__iter__") and not hasattr(type(self.value), "__getitem__"):
+            # (`d.update(1)`, `for x in None`: Python's TypeError, which the code may catch)
+            raise raise_real(TypeError(f"'{type(self.value).__name__}' object is not iterable"))
         return super().iterate(tx)
 
     def length(self, tx: Any) -> int:

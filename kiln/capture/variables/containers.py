@@ -558,6 +558,15 @@ class ListViewVariable(TupleVariable):
     def as_example(self) -> Any:
         return [item.as_example() for item in self.items]
 
+    def as_constant(self) -> Any:
+        """A real view of the same kind over a dict of the items (comparisons with sets use it)."""
+        items = [item.as_constant() for item in self.items]
+        if self.kind == "dict_keys":
+            return dict.fromkeys(items).keys()
+        if self.kind == "dict_items":
+            return dict(items).items()
+        return dict(enumerate(items)).values()
+
 
 class SetVariable(Variable):
     def __init__(self, items: Sequence[Variable], source: Any = None, frozen: bool = False) -> None:
