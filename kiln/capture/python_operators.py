@@ -18,7 +18,7 @@ from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
 from kiln.capture.variables.containers import (BaseSequenceVariable, DictVariable, ListVariable, ListViewVariable, SetVariable, TupleVariable,
                                                equal, hash_key)
-from kiln.capture.variables.objects import ClassVariable, ModelOutputVariable, UserObjectVariable, class_lookup
+from kiln.capture.variables.objects import ClassVariable, InstanceDictVariable, ModelOutputVariable, UserObjectVariable, class_lookup
 from kiln.capture.variables.symbolic import SymNodeVariable
 from kiln.capture.variables.tensor import TensorVariable
 from kiln.capture.variables.wrapping import wrap_constant_result
@@ -257,7 +257,7 @@ def subscript(tx: Any, obj: Variable, key: Variable) -> Variable:
         return tx.output.call("call_function", operator.getitem, [obj, key], {})
     if isinstance(obj, (BaseSequenceVariable, DictVariable)):
         return obj.getitem(tx, key)
-    if isinstance(obj, (UserObjectVariable, ModelOutputVariable)):
+    if isinstance(obj, (UserObjectVariable, ModelOutputVariable, InstanceDictVariable)):
         return obj.call_method(tx, "__getitem__", [key], {})
     if isinstance(key, TensorVariable):
         raise unsupported("unsupported_index", f"indexing {obj.describe()} with a tensor")
@@ -276,7 +276,7 @@ def store_subscript(tx: Any, obj: Variable, key: Variable, value: Variable) -> N
         obj.call_method(tx, "__setitem__", [key, value], {})
     elif isinstance(obj, (ListVariable, DictVariable)):
         obj.setitem(tx, key, value)
-    elif isinstance(obj, (UserObjectVariable, ModelOutputVariable)):
+    elif isinstance(obj, (UserObjectVariable, ModelOutputVariable, InstanceDictVariable)):
         obj.call_method(tx, "__setitem__", [key, value], {})
     else:
         raise unsupported("unsupported_index", f"assigning into {obj.describe()}")

@@ -722,3 +722,23 @@ def test_a_classmethod_reached_from_an_instance_binds_to_its_class():
         return x + 1, type(Child().again()) is Child
 
     assert kiln.compile(f, backend="eager", fullgraph=True)(torch.ones(1))[1] is True
+
+
+def test_an_objects_dict_subscripted_read_and_written():
+    # Dynamo's test_misc.py/test_dicts.py `obj.__dict__[k]` and `obj.__dict__[k] = v` (they broke
+    # the graph): reads guarded key by key, writes are the instance attribute's.
+    class A:
+        def __init__(self):
+            self.a = 1
+
+    def f(x, o):
+        o.__dict__["b"] = 5
+        return x + o.__dict__["a"] + o.b, "b" in o.__dict__
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    for a in (1, 10):
+        o, ref = A(), A()
+        o.a = ref.a = a
+        got, want = compiled(torch.ones(1), o), f(torch.ones(1), ref)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1] == want[1] and o.b == ref.b == 5

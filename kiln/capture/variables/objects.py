@@ -667,7 +667,7 @@ class InstanceDictVariable(Variable):
         return found
 
     def getattr(self, tx: Any, name: str) -> Variable:
-        if name in ("get", "__getitem__", "__contains__"):
+        if name in ("get", "__getitem__", "__contains__", "__setitem__"):
             return BoundBuiltinMethod(self, name)
         raise unsupported("unsupported_attribute", f"{name} of {self.describe()}")
 
@@ -682,6 +682,15 @@ class InstanceDictVariable(Variable):
             return found
         if name == "__contains__" and len(args) == 1:
             return ConstantVariable(self._read(tx, args[0]) is not None)
+        if name == "__setitem__" and len(args) == 2 and args[0].is_constant() and isinstance(args[0].as_constant(), str):
+            # `obj.__dict__[k] = v`: the instance attribute, past the class's __setattr__ — and
+            # past its descriptors, which kiln's replay would not bypass: those break.
+            key = args[0].as_constant()
+            raw, _ = class_lookup(self.obj.cls, key)
+            if raw is not _MISSING and hasattr(type(raw), "__set__"):
+                raise unsupported("unsupported_setattr", f"writing {key!r} into {self.describe()} past its class's descriptor")
+            self.obj.setattr_plain(tx, key, args[1])
+            return ConstantVariable(None)
         raise unsupported("unsupported_call", f"{name} of {self.describe()} while capturing")
 
     def contains(self, tx: Any, item: Variable) -> bool:
