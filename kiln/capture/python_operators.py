@@ -13,7 +13,7 @@ import operator
 from typing import Any, Callable
 
 from kiln.capture.break_records import unsupported
-from kiln.capture.user_exceptions import ExceptionVariable, raise_real
+from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
 from kiln.capture.variables.containers import (BaseSequenceVariable, DictVariable, ListVariable, ListViewVariable, SetVariable, TupleVariable,
@@ -46,8 +46,9 @@ COMPARE_OPS: dict[str, tuple[Callable, str, str]] = {
 _BY_FUNCTION = {fn: (fn, d, r) for fn, d, r in [*BINARY_OPS.values(), *COMPARE_OPS.values()]}
 # Each operator's dunder method -> the operator (`__or__` -> operator.or_, `__ior__` -> operator.ior).
 BY_DUNDER = {d: fn for fn, d, _ in [*BINARY_OPS.values(), *COMPARE_OPS.values()]}
-BY_DUNDER.update({f"__i{BINARY_OPS[k[:-1]][1][2:]}": fn for k, fn in INPLACE_OPS.items() if k[:-1] in BINARY_OPS})
 _INPLACE_TO_BINARY = {INPLACE_OPS[k + "="]: BINARY_OPS[k] for k in BINARY_OPS}
+_INPLACE_DUNDERS = {INPLACE_OPS[k + "="]: "__i" + dunder[2:] for k, (_, dunder, _) in BINARY_OPS.items()}
+BY_DUNDER.update({dunder: fn for fn, dunder in _INPLACE_DUNDERS.items()})
 
 
 def _is_tensor(v: Variable) -> bool:
@@ -112,15 +113,27 @@ def apply_binary(tx: Any, fn: Callable, a: Variable, b: Variable) -> Variable:
     if isinstance(b, BaseSequenceVariable) and base_fn is operator.mul and a.is_constant():
         return (ListVariable if isinstance(b, ListVariable) else TupleVariable)(b.items * a.as_constant())
     _, dunder, reflected = _BY_FUNCTION.get(base_fn, (None, None, None))
+    if inplace and isinstance(a, UserObjectVariable):
+        # `a -= b` calls `a.__isub__(b)` where a's class has one (MutableSet's, a user's), and
+        # only otherwise `a = a - b`: an `__isub__` missing would turn `out -= other` inside a
+        # `__sub__` into unbounded recursion.
+        result = a._dunder(tx, _INPLACE_DUNDERS[fn], [b])
+        if result is not None and not (result.is_constant() and result.as_constant() is NotImplemented):
+            return result
     if dunder is not None:
         for obj, name, other in ((a, dunder, b), (b, reflected, a)):
             if isinstance(obj, UserObjectVariable):
                 result = _user_dunder(tx, obj, name, other)
                 if result is not None and not (result.is_constant() and result.as_constant() is NotImplemented):
                     return result
-    if fn in (operator.eq, operator.ne):
-        same = a is b or hash_key(a) == hash_key(b)
+    if fn in (operator.eq, operator.ne):  # (both declined: identity, as object.__eq__)
+        try:
+            same = a is b or hash_key(a) == hash_key(b)
+        except UserRaise:  # (hash_key's TypeError for an unhashable operand, a dict or list: only identity is left)
+            same = identical(a, b)
         return ConstantVariable(same if fn is operator.eq else not same)
+    if _declined_by_both(base_fn, a, b):
+        raise raise_real(_operand_type_error(fn, a, b))
     raise unsupported("unsupported_operator", f"{getattr(fn, '__name__', fn)} of {a.describe()} and {b.describe()}")
 
 
@@ -173,11 +186,50 @@ def _collection_operator(tx: Any, fn: Callable, a: Variable, b: Variable, inplac
             return _set_algebra(tx, fn, a, b, inplace)
         if fn in _SET_COMPARISONS:
             return ConstantVariable(fn(set(a.entries), set(b.entries)))
-    if isinstance(a, DictVariable) and isinstance(b, DictVariable) and fn is operator.or_:
-        target = a if inplace else DictVariable(a.entries, cls=a.cls, default_factory=a.default_factory)
-        target._update(tx, b)
-        return target
+    if isinstance(a, DictVariable) and fn is operator.or_:
+        # `d | other` takes only a dict (else Python tries other's `__ror__`); `d |= other` takes
+        # whatever `d.update` takes: a mapping or an iterable of pairs.
+        if isinstance(b, DictVariable) or inplace:
+            target = a if inplace else DictVariable(a.entries, cls=a.cls, default_factory=a.default_factory)
+            target._update(tx, b)
+            return target
+        if not isinstance(b, UserObjectVariable):
+            raise raise_real(_operand_type_error(fn, a, b))
+    if isinstance(a, SetVariable) and fn in _SET_OPERATORS | _SET_COMPARISONS and b.is_constant() \
+            and not isinstance(b.as_constant(), (set, frozenset)):
+        raise raise_real(_operand_type_error(fn, a, b))  # (`s - 1`: int has no reflected set operator)
     return None
+
+
+_SYMBOLS = {fn: symbol for table in (BINARY_OPS, COMPARE_OPS) for symbol, (fn, _, _) in table.items()}
+_SYMBOLS.update({fn: symbol for symbol, fn in INPLACE_OPS.items()})
+_ORDERINGS = {fn for fn, _, _ in COMPARE_OPS.values()} - {operator.eq, operator.ne}
+# Builtin values whose operators return NotImplemented for any user object.
+_PLAIN_SCALARS = (int, float, complex, bool, str, bytes, type(None))
+
+
+def _declined_by_both(fn: Callable, a: Variable, b: Variable) -> bool:
+    """A user object's operator declined (returned NotImplemented, or its class has none) and the
+    other operand is a user object that declined too or a builtin scalar, which declines any user
+    object: Python raises TypeError. (Not `"%s" % obj` or `"ab" * obj`: str takes any object there.)"""
+    if not (isinstance(a, UserObjectVariable) or isinstance(b, UserObjectVariable)):
+        return False
+    for v in (a, b):
+        if isinstance(v, UserObjectVariable):
+            continue
+        if not (v.is_constant() and type(v.as_constant()) in _PLAIN_SCALARS):
+            return False
+        if fn in (operator.mod, operator.mul) and isinstance(v.as_constant(), (str, bytes)):
+            return False
+    return True
+
+
+def _operand_type_error(fn: Callable, a: Variable, b: Variable) -> TypeError:
+    """The TypeError Python raises when neither operand's type implements `fn` for the other."""
+    left, right, symbol = a.python_type().__name__, b.python_type().__name__, _SYMBOLS[fn]
+    if fn in _ORDERINGS:
+        return TypeError(f"'{symbol}' not supported between instances of '{left}' and '{right}'")
+    return TypeError(f"unsupported operand type(s) for {symbol}: '{left}' and '{right}'")
 
 
 def _set_algebra(tx: Any, fn: Callable, a: Variable, b: Variable, inplace: bool) -> Variable:

@@ -32,9 +32,12 @@ from kiln.capture.variables.tensor import TensorMethodVariable, TensorVariable
 from kiln.capture.variables.torch_fns import GradModeVariable
 
 
-def _set_attributes(obj: Any, attrs: dict) -> None:
+def _set_attributes(obj: Any, attrs: dict, through_dict: Any = ()) -> None:
     for key, value in attrs.items():
-        object.__setattr__(obj, key, value)
+        if key in through_dict:  # (written into `obj.__dict__` past a data descriptor of that name)
+            object.__getattribute__(obj, "__dict__")[key] = value
+        else:
+            object.__setattr__(obj, key, value)
 
 
 def _new_object(cls: type) -> Any:
@@ -134,7 +137,8 @@ class Reconstructor:
             attrs = "{" + ", ".join(f"{k!r}: {self.expr(v)}" for k, v in var.attrs.items()) + "}"
             # object.__setattr__ fills __slots__ and __dict__ alike (a class's own __setattr__ is
             # not run again: the trace already ran it).
-            self.prelude.append(f"{self.ns.bind(_set_attributes, 'F')}({name}, {attrs})")
+            through_dict = f", {sorted(var.dict_writes)!r}" if var.dict_writes else ""
+            self.prelude.append(f"{self.ns.bind(_set_attributes, 'F')}({name}, {attrs}{through_dict})")
         else:
             self.prelude.append(f"{name} = {self._expr(var)}")
         return name

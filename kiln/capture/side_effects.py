@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.capture import module_watch
+from kiln.capture.sources import InstanceDictSource
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.containers import DictVariable, ListVariable, SetVariable
 
@@ -28,6 +29,11 @@ class SideEffects:
     def record_setattr(self, obj: Variable, name: str, value: Variable | None, key: Any = None) -> None:
         """`key`: what the write is looked up by (default the variable; a class is its real self)."""
         self.attr_writes.setdefault(id(obj if key is None else key), (obj, {}))[1][name] = value
+
+    def pending_attrs(self, obj: Any) -> dict[str, Variable | None]:
+        """Every attribute the trace wrote on `obj`, in the order first written (None: deleted)."""
+        entry = self.attr_writes.get(id(obj))
+        return dict(entry[1]) if entry is not None else {}
 
     def pending_attr(self, obj: Any, name: str) -> tuple[bool, Variable | None]:
         """(True, value) if the trace wrote `name` on `obj` (value None: deleted)."""
@@ -97,7 +103,10 @@ class SideEffects:
             target = obj.source.expr(rc.ns)
             raw = getattr(obj, "raw_setattr", False)  # write past the class's own __setattr__/__delattr__
             for name, value in attrs.items():
-                if value is None:
+                if name in getattr(obj, "dict_writes", ()):  # (past a data descriptor: into the dict)
+                    instance_dict = InstanceDictSource(obj.source).expr(rc.ns)
+                    lines.append(f"{instance_dict}.pop({name!r}, None)" if value is None else f"{instance_dict}[{name!r}] = {rc.expr(value)}")
+                elif value is None:
                     lines.append(f"{'object.__delattr__' if raw else 'delattr'}({target}, {name!r})")
                 else:
                     lines.append(f"{'object.__setattr__' if raw else 'setattr'}({target}, {name!r}, {rc.expr(value)})")

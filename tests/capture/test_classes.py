@@ -742,3 +742,121 @@ def test_an_objects_dict_subscripted_read_and_written():
         got, want = compiled(torch.ones(1), o), f(torch.ones(1), ref)
         torch.testing.assert_close(got[0], want[0])
         assert got[1] == want[1] and o.b == ref.b == 5
+
+
+class _Bag:
+    """Operators as collections.abc.MutableSet gives them: `-=` is its `__isub__`, `__sub__` uses `-=`."""
+
+    def __init__(self, items=()):
+        self.items = list(items)
+
+    def __isub__(self, other):
+        self.items = [i for i in self.items if i not in other.items]
+        return self
+
+    def __sub__(self, other):
+        if not isinstance(other, _Bag):
+            return NotImplemented
+        out = _Bag(self.items)
+        out -= other  # (an `a = a - b` here would recurse for ever)
+        return out
+
+    def __eq__(self, other):
+        return self.items == other.items if isinstance(other, _Bag) else NotImplemented
+
+    def __ne__(self, other):
+        return super().__ne__(other)  # object's: inverts __eq__, NotImplemented stays
+
+
+def test_inplace_operator_uses_the_class_inplace_dunder_and_declined_operators_raise_typeerror():
+    # Dynamo's test_sets.py OrderedSetTests (torch.utils._ordered_set.OrderedSet): `-=` inside
+    # `__sub__`, `p - 1` and `p < 1` raising TypeError, `super().__ne__` reaching object's.
+    def f(x):
+        a, b = _Bag([1, 2, 3]), _Bag([2])
+        c = a - b
+        raised = []
+        for op in (lambda: a - 1, lambda: a < 1, lambda: 1 - a):
+            try:
+                op()
+            except TypeError as error:
+                raised.append(str(error))
+        return x * len(c.items), c.items, a != b, a != _Bag([1, 2, 3]), a != {}, raised
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    assert_same(compiled(x), f(x))
+
+
+def test_torch_ordered_set_algebra():
+    from torch.utils._ordered_set import OrderedSet
+
+    def f(x):
+        p, q = OrderedSet("abcd"), OrderedSet("cdef")
+        return x + len(p), list(p - q), list(p.difference(q)), list(p.symmetric_difference(q)), list(p | q), p.issubset(q), p != q
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    assert_same(compiled(x), f(x))
+
+
+def test_an_objects_dict_read_whole_and_changed_by_its_methods():
+    # Dynamo's test_dicts.py DunderDictVariableTests: `obj.__dict__` items/keys/values/copy/pop/
+    # update/iteration/len with the trace's own attribute writes, and pop-then-reinsert order.
+    class A:
+        def __init__(self):
+            self.a, self.b = 1, 2
+
+    def f(x, o):
+        o.c = 3
+        seen = dict(o.__dict__.items()), sorted(o.__dict__.keys()), sorted(o.__dict__.values()), len(o.__dict__)
+        o.__dict__.copy()["z"] = 9  # (a copy: the object does not change)
+        popped = o.__dict__.pop("a"), o.__dict__.pop("missing", "fallback")
+        o.__dict__.update(d=4)
+        del o.__dict__["b"]
+        fresh = A()
+        fresh.__dict__.pop("a")
+        fresh.__dict__["a"] = 10  # (back at the end, as CPython puts a re-inserted key)
+        return x + len(o.__dict__), seen, popped, [k for k in o.__dict__], "z" in o.__dict__, list(fresh.__dict__)
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    o, ref = A(), A()
+    got, want = compiled(torch.ones(1), o), f(torch.ones(1), ref)
+    assert_same(got, want)
+    assert o.__dict__ == ref.__dict__ and list(o.__dict__) == list(ref.__dict__)
+
+
+class _Stored:
+    """A data descriptor written in Python, keeping its value in the instance dict."""
+
+    def __get__(self, obj, objtype=None):
+        return self if obj is None else obj.__dict__.get("_stored", "default")
+
+    def __set__(self, obj, value):
+        obj.__dict__["_stored"] = f"set_{value}"
+
+
+class _Holder:
+    stored = _Stored()
+
+    @property
+    def x(self):
+        return self.__dict__["x"]
+
+
+def test_python_data_descriptors_set_and_read_through_the_trace_and_dict_writes_past_them():
+    # Dynamo's test_misc.py test_dict_descriptor_interaction (its `__set__` was taken for a plain
+    # attribute: a wrong result) and test_dicts.py test_property_backed_by_dunder_dict_*.
+    def f(x, o):
+        o.stored = "hello"
+        first = o.stored
+        o.__dict__["_stored"] = "direct"
+        o.__dict__["x"] = o.__dict__.get("x", 0) + 1  # (past the read-only property `x`)
+        made = _Holder()
+        made.__dict__["x"] = 7
+        return x + o.x, first, o.stored, made.x, made
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    o, ref = _Holder(), _Holder()
+    got, want = compiled(torch.ones(1), o), f(torch.ones(1), ref)
+    assert_same(got[:4], want[:4])
+    assert o.__dict__ == ref.__dict__ and got[4].__dict__ == want[4].__dict__ == {"x": 7}

@@ -971,3 +971,32 @@ def test_dict_views_compared_and_combined_with_sets_and_iterating_a_non_iterable
         return compared, combined, raised
 
     assert kiln.compile(f, backend="eager", fullgraph=True)() == f()
+
+
+def test_dict_and_set_operators_with_other_operands_as_python():
+    # Dynamo's test_dicts.py test_binop_ior(_iterable) and test_sets.py test_binop_sub: `d |= pairs`
+    # takes what `d.update` takes; `d | 1`, `s - 1`, `s < 1` raise TypeError.
+    def f(x):
+        d = {"a": 1}
+        d |= {"b": 2}.items()
+        d |= [("c", 3)]
+        raised = []
+        for op in (lambda: {"a": 1} | 1, lambda: {1, 2} - 1, lambda: {1} < 1, lambda: d.__ior__(1)):
+            try:
+                op()
+            except TypeError as error:
+                raised.append(str(error))
+        return x + len(d), sorted(d.items()), raised
+
+    check(f, t())
+
+
+def test_defaultdict_in_place_union_keeps_its_factory():
+    # Dynamo's test_dicts.py test_defaultdict_inplace_union_preserves_factory.
+    def f():
+        d = defaultdict(int, {1: 1, 2: 2})
+        d |= [(0, "zero"), (1, "one")]
+        result = d.__ior__({3: "three"})
+        return result is d, d.default_factory is int, type(d) is defaultdict, dict(d), d[4]
+
+    assert kiln.compile(f, backend="eager", fullgraph=True)() == f()

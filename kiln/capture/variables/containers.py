@@ -438,6 +438,8 @@ class DictVariable(Variable):
     def getattr(self, tx: Any, name: str) -> Variable:
         if name in self.methods() or _operator_of_type(self.cls, name):
             return BoundBuiltinMethod(self, name)
+        if name == "default_factory" and issubclass(self.cls, defaultdict):
+            return self.default_factory or const(None)
         raise raise_real(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
 
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:

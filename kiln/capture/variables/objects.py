@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import enum
 import functools
+import operator
 import types
 from typing import Any, Sequence
 
@@ -19,11 +20,11 @@ from torch import nn
 
 from kiln.capture.break_records import unsupported
 from kiln.capture.guards import Guard
-from kiln.capture.sources import AttrSource, ClassDictSource, ConstSource, InstanceDictSource, ItemSource, Source
+from kiln.capture.sources import AttrSource, ClassDictSource, ConstSource, InstanceDictSource, ItemSource, KeysSource, Source
 from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
 from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
 from kiln.capture.variables.constant import ConstantVariable, is_literal, is_plain_data, plain_data
-from kiln.capture.variables.containers import ListViewVariable, NamedTupleVariable, TupleVariable, wrap_dict_contents
+from kiln.capture.variables.containers import DictVariable, ListViewVariable, NamedTupleVariable, TupleVariable, hash_key, wrap_dict_contents
 from kiln.capture.variables.functions import BoundMethodVariable
 from kiln.capture.variables.wrapping import wrap, wrap_constant_result
 
@@ -86,9 +87,21 @@ def wrap_class_attr(tx: Any, raw: Any, owner: type, name: str, instance: Variabl
         func = _pinned_function(tx, raw, owner, name)
         return func if instance is None else BoundMethodVariable(func, instance)
     # Functions and descriptors are pinned by the class; plain values are guarded where they live.
+    getter = _python_descriptor_method(raw, "__get__")
+    if getter is not None and isinstance(instance, UserObjectVariable) and (instance.is_new or getattr(instance, "_written", False)):
+        # A descriptor written in Python, on an object the trace made or changed: its `__get__`
+        # inlined reads the trace's writes (a real read would see the object as it was).
+        descriptor = wrap(tx, raw, class_attr_source(owner, name))
+        return wrap_constant_result(getter).call(tx, [descriptor, instance, ClassVariable(instance.python_type())], {})
     if instance is not None and hasattr(type(raw), "__get__") and not isinstance(raw, type):
         return instance.getattr_real(tx, name)
     return wrap(tx, raw, class_attr_source(owner, name))
+
+
+def _python_descriptor_method(raw: Any, name: str) -> types.FunctionType | None:
+    """`__get__`/`__set__`/`__delete__` of a descriptor whose class is written in Python."""
+    method = getattr(type(raw), name, None) if not isinstance(raw, type) else None
+    return method if isinstance(method, types.FunctionType) else None
 
 
 def _is_descriptor_or_function(raw: Any) -> bool:
@@ -118,6 +131,8 @@ class UserObjectVariable(Variable):
         self.value = value
         self.cls = cls if cls is not None else type(value)
         self.attrs: dict[str, Variable] = {}  # a new object's attributes
+        # Names written through `obj.__dict__` past a data descriptor: put back into the dict.
+        self.dict_writes: frozenset[str] | set[str] = frozenset()
 
     @property
     def is_new(self) -> bool:
@@ -218,7 +233,7 @@ class UserObjectVariable(Variable):
         """`object.__getattribute__` (data descriptors, instance dict, class), then `__getattr__` if `fallback`."""
         if name == "__class__":
             return ClassVariable(self.cls)
-        if name == "__dict__" and not self.is_new:
+        if name == "__dict__" and (not self.is_new or self.cls.__dictoffset__):
             return InstanceDictVariable(self)
         raw, owner = class_lookup(self.cls, name)
         if owner in _CONTAINER_BASES:
@@ -251,11 +266,15 @@ class UserObjectVariable(Variable):
         if isinstance(hook, types.FunctionType):
             wrap_constant_result(hook).call(tx, [self, ConstantVariable(name), value], {})
             return
-        raw, _ = class_lookup(self.cls, name)
+        raw, owner = class_lookup(self.cls, name)
         if isinstance(raw, property):
             if raw.fset is None:
                 raise raise_real(AttributeError(f"can't set attribute {name!r}"))
             wrap_constant_result(raw.fset).call(tx, [self, value], {})
+            return
+        setter = _python_descriptor_method(raw, "__set__")
+        if setter is not None:  # a data descriptor written in Python: its `__set__`, inlined
+            wrap_constant_result(setter).call(tx, [wrap(tx, raw, class_attr_source(owner, name)), self, value], {})
             return
         self.setattr_plain(tx, name, value)
 
@@ -643,11 +662,37 @@ class ObjectSlotVariable(Variable):
             if isinstance(args[0], UserObjectVariable) and not isinstance(args[0], _module_variable_type()):
                 return args[0].generic_getattr(tx, args[1].as_constant(), fallback=False)
             return args[0].getattr(tx, args[1].as_constant())
+        if self.name in _OBJECT_COMPARISONS and len(args) == 2:
+            return _object_comparison(tx, self.name, args[0], args[1])
         raise unsupported("unsupported_call", f"object.{self.name} on {args[0].describe()}")
 
 
+_OBJECT_COMPARISONS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__")
+
+
+def _object_comparison(tx: Any, name: str, a: Variable, b: Variable) -> Variable:
+    """object's own comparison slots, as a `super().__ne__(other)` reaches them: `__eq__` is
+    identity (else NotImplemented), `__ne__` inverts the class's `__eq__`, the orderings are
+    NotImplemented."""
+    from kiln.capture.python_operators import apply_binary, identical  # python_operators.py imports this module
+
+    if name == "__eq__":
+        return ConstantVariable(True if identical(a, b) else NotImplemented)
+    if name == "__ne__":
+        equal = a._dunder(tx, "__eq__", [b]) if isinstance(a, UserObjectVariable) else apply_binary(tx, operator.eq, a, b)
+        if equal is None:
+            equal = ConstantVariable(True if identical(a, b) else NotImplemented)
+        if equal.is_constant() and equal.as_constant() is NotImplemented:
+            return equal
+        return ConstantVariable(not equal.truth(tx))
+    return ConstantVariable(NotImplemented)
+
+
 class InstanceDictVariable(Variable):
-    """`obj.__dict__` of a real object, read key by key: each key read is guarded on its own."""
+    """`obj.__dict__`: the object's instance attributes as a dict. A key read alone is guarded on
+    its own; reading the whole (keys, items, iteration, `len`, `dict(...)`) guards the real dict's
+    keys in order and reads a copy of the attributes as they stand, the trace's own writes included;
+    writes (`d[k] = v`, `pop`, `update`, `del d[k]`, ...) are the object's attribute writes."""
 
     def __init__(self, obj: UserObjectVariable) -> None:
         super().__init__(obj._dict_source() if obj.source is not None else None)
@@ -666,8 +711,38 @@ class InstanceDictVariable(Variable):
             self.obj._guard_not_in_instance(tx, name)
         return found
 
+    def _names(self, tx: Any) -> list[str]:
+        """The attribute names now, in the dict's order."""
+        if self.obj.is_new:
+            return list(self.obj.attrs)
+        real = list(self.obj.value.__dict__)
+        if self.source is not None:
+            tx.output.guards.add(Guard("EQUALS", KeysSource(self.source), real))
+        written = tx.output.side_effects.pending_attrs(self.obj)
+        # (A name the trace deleted is gone; one it added comes after the real ones, as a new key would.)
+        return [n for n in real if n not in written or written[n] is not None] + \
+               [n for n, value in written.items() if n not in real and value is not None]
+
+    def container_view(self, tx: Any) -> Variable:
+        """A new dict of the attributes as they stand: what `dict(obj.__dict__)`, its views and
+        its copies read (changing it changes nothing on the object)."""
+        pairs = [(ConstantVariable(name), self.obj._instance_attr(tx, name)) for name in self._names(tx)]
+        return DictVariable({hash_key(k): (k, v) for k, v in pairs})
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        return [ConstantVariable(name) for name in self._names(tx)]
+
+    def length(self, tx: Any) -> int:
+        return len(self._names(tx))
+
+    def truth(self, tx: Any) -> bool:
+        return bool(self._names(tx))
+
+    _READS = ("keys", "values", "items", "copy", "__iter__", "__len__")
+    _WRITES = ("__setitem__", "__delitem__", "pop", "setdefault", "update", "clear", "popitem")
+
     def getattr(self, tx: Any, name: str) -> Variable:
-        if name in ("get", "__getitem__", "__contains__", "__setitem__"):
+        if name in ("get", "__getitem__", "__contains__", *self._READS, *self._WRITES):
             return BoundBuiltinMethod(self, name)
         raise unsupported("unsupported_attribute", f"{name} of {self.describe()}")
 
@@ -675,23 +750,57 @@ class InstanceDictVariable(Variable):
         if name == "get" and not kwargs and 1 <= len(args) <= 2:
             found = self._read(tx, args[0])
             return found if found is not None else (args[1] if len(args) == 2 else ConstantVariable(None))
-        if name == "__getitem__" and len(args) == 1:
+        if name in ("__getitem__", "__delitem__", "pop") and not kwargs and 1 <= len(args) <= (2 if name == "pop" else 1):
             found = self._read(tx, args[0])
             if found is None:
+                if len(args) == 2:  # pop's default
+                    return args[1]
                 raise UserRaise(ExceptionVariable(KeyError, (args[0],)))
-            return found
+            if name != "__getitem__":
+                self.obj.setattr_plain(tx, args[0].as_constant(), None)
+            return found if name != "__delitem__" else ConstantVariable(None)
         if name == "__contains__" and len(args) == 1:
             return ConstantVariable(self._read(tx, args[0]) is not None)
-        if name == "__setitem__" and len(args) == 2 and args[0].is_constant() and isinstance(args[0].as_constant(), str):
-            # `obj.__dict__[k] = v`: the instance attribute, past the class's __setattr__ — and
-            # past its descriptors, which kiln's replay would not bypass: those break.
-            key = args[0].as_constant()
-            raw, _ = class_lookup(self.obj.cls, key)
-            if raw is not _MISSING and hasattr(type(raw), "__set__"):
-                raise unsupported("unsupported_setattr", f"writing {key!r} into {self.describe()} past its class's descriptor")
-            self.obj.setattr_plain(tx, key, args[1])
+        if name == "__setitem__" and len(args) == 2:
+            self._write(tx, args[0], args[1])
             return ConstantVariable(None)
+        if name == "setdefault" and not kwargs and 1 <= len(args) <= 2:
+            found = self._read(tx, args[0])
+            if found is None:
+                found = args[1] if len(args) == 2 else ConstantVariable(None)
+                self._write(tx, args[0], found)
+            return found
+        if name == "update":
+            pairs = DictVariable()
+            pairs._update(tx, *args, **kwargs)  # (what update accepts, and its TypeErrors)
+            for key, value in pairs.entries.values():
+                self._write(tx, key, value)
+            return ConstantVariable(None)
+        if name in ("clear", "popitem") and not args and not kwargs:
+            names = self._names(tx)
+            if name == "popitem" and not names:
+                raise raise_real(KeyError("popitem(): dictionary is empty"))
+            for key in names if name == "clear" else names[-1:]:
+                value = self.obj._instance_attr(tx, key)
+                self.obj.setattr_plain(tx, key, None)
+            return ConstantVariable(None) if name == "clear" else TupleVariable([ConstantVariable(names[-1]), value])
+        if name in self._READS:
+            return self.container_view(tx).call_method(tx, name, args, kwargs)
         raise unsupported("unsupported_call", f"{name} of {self.describe()} while capturing")
+
+    def _write(self, tx: Any, key: Variable, value: Variable) -> None:
+        if not (key.is_constant() and isinstance(key.as_constant(), str)):
+            raise unsupported("unsupported_setattr", f"a key that is not a string in {self.describe()}")
+        # `obj.__dict__[k] = v`: the instance attribute, past the class's __setattr__ and past a
+        # data descriptor of that name (a property backed by the dict): replayed into the dict.
+        # A slot or a C descriptor keeps a value apart from the dict's, which kiln does not model.
+        name = key.as_constant()
+        raw, _ = class_lookup(self.obj.cls, name)
+        if raw is not _MISSING and hasattr(type(raw), "__set__"):
+            if isinstance(raw, (types.MemberDescriptorType, types.GetSetDescriptorType)):
+                raise unsupported("unsupported_setattr", f"writing {name!r} into {self.describe()} beside its slot or C attribute")
+            self.obj.dict_writes = {*self.obj.dict_writes, name}
+        self.obj.setattr_plain(tx, name, value)
 
     def contains(self, tx: Any, item: Variable) -> bool:
         return self._read(tx, item) is not None
