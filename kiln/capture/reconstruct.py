@@ -25,7 +25,7 @@ from kiln.capture.variables.autograd_function import FunctionApplyVariable
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
 from kiln.capture.variables.builtins import UnboundBuiltinMethod
 from kiln.capture.variables.constant import ConstantMethodVariable, ConstantVariable
-from kiln.capture.variables.functions import BoundMethodVariable, CellVariable, NestedFunctionVariable, RealCellVariable
+from kiln.capture.variables.functions import BoundMethodVariable, CellVariable, GeneratorVariable, NestedFunctionVariable, RealCellVariable
 from kiln.capture.variables.objects import ModelOutputVariable, UserObjectVariable, new_container_object
 from kiln.capture.variables.symbolic import SymNodeVariable
 from kiln.capture.variables.tensor import TensorMethodVariable, TensorVariable
@@ -185,6 +185,11 @@ class Reconstructor:
         if isinstance(var, ModelOutputVariable):
             fields = ", ".join(f"{k}={self.expr(v)}" for k, v in var.fields.items())
             return f"{self.ns.bind(var.cls, 'T')}({fields})"
+        if isinstance(var, GeneratorVariable) and var.iterator is None:
+            # A generator nothing has asked an item of yet: its function called again on the same
+            # arguments makes the same generator, its body not run until the caller asks.
+            arguments = [self.expr(a) for a in var.args] + [f"{k}={self.expr(v)}" for k, v in var.kwargs.items()]
+            return f"{self.expr(var.fn)}({', '.join(arguments)})"
         method = self._method(var)
         if method is not None:
             return method

@@ -252,7 +252,7 @@ def test_generator_dunder_next_and_iter():
     check(f, t())
 
 
-def test_zip_with_endless_generator_is_a_capture_error_and_falls_back():
+def test_zip_of_an_endless_generator_first_stops_with_the_finite_sequence():
     def naturals():
         i = 0
         while True:
@@ -262,12 +262,21 @@ def test_zip_with_endless_generator_is_a_capture_error_and_falls_back():
     def f(xs):
         return [v * i for i, v in zip(naturals(), xs)]
 
-    xs = [t(), t()]
+    check(f, [t(), t()])
+
+
+def test_an_endless_generator_consumed_whole_is_a_capture_error_and_falls_back():
+    def naturals():
+        i = 0
+        while True:
+            yield i
+            i += 1
+
+    def f(x):
+        return x * len(list(zip(naturals(), naturals())))
+
     with pytest.raises(kiln.CaptureError):
-        kiln.compile(f, backend="eager", fullgraph=True)(xs)
-    fallback = kiln.compile(f, backend="eager")
-    for a, b in zip(fallback(xs), f(xs)):
-        torch.testing.assert_close(a, b)
+        kiln.compile(f, backend="eager", fullgraph=True)(t())
 
 
 def test_extend_with_a_generator_that_reads_the_list():
@@ -507,3 +516,39 @@ def test_throw_into_a_generator_inside_yield_from_breaks():
 
     t = torch.ones(2)
     torch.testing.assert_close(kiln.compile(fn, backend="eager")(t), fn(t))
+
+
+def _endless(x):
+    i = 0
+    while True:
+        yield x + i
+        i += 1
+
+
+def test_an_endless_generator_zipped_or_mapped_with_a_finite_sequence():
+    # Dynamo's test_generator.py test_infinite_generator_2 and test_zip_infinite_generator: zip and
+    # map take one item of each argument at a time and stop with the first that runs out.
+    def f(x):
+        gen = _endless(x)
+        pairs = list(zip(range(3), gen))
+        products = list(map(lambda a, b: a * b, [1, 2], _endless(x)))
+        return pairs, products, next(gen)  # (zip asked gen for 3 items, no more)
+
+    check(f, t())
+
+
+def _two(x):
+    yield x + 1
+    yield x + 2
+
+
+def test_a_generator_not_started_is_returned_as_a_generator():
+    # Dynamo's test_generator.py test_return_generator / test_return_tuple_generator.
+    def f(x):
+        return (_two(x), _two(x * 2)), x.sin()
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = t()
+    (g1, g2), s = compiled(x)
+    assert type(g1).__name__ == "generator"
+    torch.testing.assert_close(list(g1) + list(g2) + [s], [x + 1, x + 2, x * 2 + 1, x * 2 + 2, x.sin()])

@@ -27,7 +27,7 @@ from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_rea
 from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
 from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
 from kiln.capture.variables.containers import (
-    DictVariable, IteratorVariable, ListVariable, SetVariable, TupleVariable, hash_key,
+    GENERATOR_ITEM_LIMIT, DictVariable, IteratorVariable, ListVariable, SetVariable, TupleVariable, hash_key,
 )
 from kiln.capture.variables.functions import BoundMethodVariable, FunctionVariableBase, PartialVariable
 from kiln.capture.variables.objects import ClassVariable, ObjectSlotVariable, SuperVariable, UserObjectVariable, class_lookup
@@ -309,15 +309,39 @@ def _enumerate(tx: Any, seq: Variable, start: Variable | None = None) -> Variabl
 
 @handles(zip)
 def _zip(tx: Any, *seqs: Variable, strict: Variable | None = None) -> Variable:
-    lists = [s.iterate(tx) for s in seqs]
-    if strict is not None and strict.as_constant() and len({len(x) for x in lists}) > 1:
-        raise raise_real(ValueError("zip() arguments have different lengths"))
-    return IteratorVariable([TupleVariable(list(items)) for items in zip(*lists)])
+    if strict is not None and strict.as_constant():
+        lists = [s.iterate(tx) for s in seqs]
+        if len({len(x) for x in lists}) > 1:
+            raise raise_real(ValueError("zip() arguments have different lengths"))
+        return IteratorVariable([TupleVariable(list(items)) for items in zip(*lists)])
+    return IteratorVariable([TupleVariable(row) for row in _rows(tx, seqs)])
 
 
 @handles(map)
 def _map(tx: Any, fn: Variable, *seqs: Variable) -> Variable:
-    return IteratorVariable([fn.call(tx, list(items), {}) for items in zip(*[s.iterate(tx) for s in seqs])])
+    return IteratorVariable([fn.call(tx, row, {}) for row in _rows(tx, seqs)])
+
+
+def _rows(tx: Any, seqs: Sequence[Variable]) -> list[list[Variable]]:
+    """zip's rows, one item of each argument at a time in Python's order, up to the first
+    argument that runs out: an endless generator zipped with a finite sequence stops with it,
+    having yielded as many items as Python would have asked of it."""
+    iterators = [s.get_iter(tx) for s in seqs]
+    if not iterators:
+        return []
+    if not all(isinstance(it, IteratorVariable) for it in iterators):  # (a user's iterator object)
+        return [list(items) for items in zip(*[s.iterate(tx) for s in seqs])]
+    rows: list[list[Variable]] = []
+    while len(rows) <= GENERATOR_ITEM_LIMIT:
+        row = []
+        for it in iterators:
+            item = it.next(tx)
+            if item is None:
+                return rows
+            row.append(item)
+        rows.append(row)
+    raise unsupported("unsupported_iteration", f"zip or map of iterators that yielded more than {GENERATOR_ITEM_LIMIT} items",
+                      "pass a finite iterator first")
 
 
 @handles(filter)
