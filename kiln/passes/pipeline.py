@@ -49,6 +49,7 @@ from kiln.passes.gemm_prepack import gemm_prepack
 from kiln.passes.grouped_attention import grouped_attention
 from kiln.passes.kiln_attention import kiln_attention
 from kiln.passes.quantized_gemm import quantized_gemm
+from kiln.passes.sibling_products import sibling_products
 from kiln.passes.redundant_casts import redundant_casts
 from kiln.passes.scatter_accumulate import scatter_accumulate
 from kiln.passes.specialize_sizes import needs_specialization
@@ -69,6 +70,7 @@ REWRITES: list[tuple[str, Rewrite]] = [
     ("conv_prepack", conv_prepack),
     ("conv_layout", conv_layout),  # GPU: channels-last weights, the bias in the consumer's kernel
     ("bias_epilogue", bias_epilogue),
+    ("sibling_products", sibling_products),  # float products reading the same input -> one, its output sliced
     ("gemm_prepack", gemm_prepack),
     ("quantized_gemm", quantized_gemm),  # kiln.quantize's Linear layers -> kiln's GEMM over their packed weights
     ("gemm_layer_norm", gemm_layer_norm),  # after gemm_prepack: the products it gave kiln's GEMM

@@ -8,11 +8,10 @@ them) and then a residual added to that (a transformer's `h + o_proj(...)`, `h +
     add(kiln_quant::linear(...), r)                                -> kiln::mm_quant(..., r, "none", [], None)
 
 Before that, quantized Linears that read the same input (an attention's q, k and v projections, a
-gated MLP's gate and up) become one, over their weights concatenated (once, as constants), each
-taking its columns of the output as a slice: at a decode step's one row the product is a pass
-over the weights, and three calls of a third of the size each paid the call's fixed cost (on 2
-cores ~11 us of 21 for a 768 x 768 int4 weight) and a parallel region of their own. The gate's
-SiLU then runs in the kernel that multiplies it by up's output instead of in the GEMM's store.
+gated MLP's gate and up) become one (sibling_products.py), their weights, scales and zero points
+concatenated: three calls of a third of the size each paid the call's fixed cost (on 2 cores
+~11 us of 21 for a 768 x 768 int4 weight). The gate's SiLU then runs in the kernel that
+multiplies it by up's output instead of in the GEMM's store.
 
 The quantized weight's packing is made on the first call and kept per weight (kiln_runtime.cpp
 `mm_quant`). Float32 activations only; elsewhere (a bfloat16 model, freezing off) the operator
@@ -30,6 +29,7 @@ from kiln.ir.target import Target
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
 from kiln.passes.pattern import arguments, insert, remove_dead
 from kiln.passes.post_ops import NO_POST_OP, only_user, unary_after
+from kiln.passes.sibling_products import MergedOf, concatenated, merge_siblings
 
 aten = torch.ops.aten
 
@@ -65,52 +65,33 @@ def _qualifies(node: fx.Node, constants: ConstantSet) -> bool:
         (bias is None or _float32(bias))
 
 
-def _merge_siblings(gm: fx.GraphModule, constants: ConstantSet) -> bool:
-    """One quantized Linear for each set of them that reads the same input with the same scheme
-    (bits, group size, a bias or none): weights, scales, zeros and biases concatenated along the
-    output features, each Linear's value a slice of the merged output."""
-    order = {node: i for i, node in enumerate(gm.graph.nodes)}
-    sets: dict[tuple, list[fx.Node]] = {}
+def _quantized_groups(gm: fx.GraphModule, constants: ConstantSet) -> list[list[fx.Node]]:
+    """The quantized Linears kiln's GEMM takes, grouped by the input they read and their scheme
+    (bits, group size, a bias or none)."""
+    groups: dict[tuple, list[fx.Node]] = {}
     for node in gm.graph.nodes:
         if _is_quantized_linear(node) and _qualifies(node, constants):
             x, _, _, _, bits, group_size, bias = arguments(node)
-            sets.setdefault((x, bits, group_size, bias is None), []).append(node)
-    changed = False
-    for siblings in sets.values():
-        first = siblings[0]
-        # The merged Linear stands before the first; every weight must be there already.
-        if len(siblings) < 2 or any(order[w] > order[first] for n in siblings for w in n.all_input_nodes):
-            continue
+            groups.setdefault((x, bits, group_size, bias is None), []).append(node)
+    return list(groups.values())
+
+
+def _merged_quantized_linear(gm: fx.GraphModule, constants: ConstantSet) -> MergedOf:
+    """Weights, scales, zeros and biases concatenated along the output features."""
+    def merged_of(first: fx.Node, siblings: list[fx.Node]) -> fx.Node:
         x, _, _, _, bits, group_size, _ = arguments(first)
         columns = [arguments(n) for n in siblings]
-
-        def cat(index: int) -> fx.Node | None:
-            parts = [c[index] for c in columns]
-            if parts[0] is None:
-                return None
-            node = insert(gm, first, aten.cat.default, parts, 0)
-            constants.add(node)
-            return node
-
-        merged = insert(gm, first, first.target, x, cat(1), cat(2), cat(3), bits, group_size, cat(6))
-        start = 0
-        for node in siblings:
-            width = node.meta["val"].shape[-1]
-            part = insert(gm, first, aten.slice.Tensor, merged, -1, start, start + width)
-            start += width
-            node.replace_all_uses_with(part)
-            gm.graph.erase_node(node)
-        logs.log("freezing", "%s: one kiln_quant::linear of %d over %s (%d output features)", merged.name,
-                 len(siblings), tuple(x.meta["val"].shape), start)
-        changed = True
-    return changed
+        parts = [concatenated(gm, first, constants, [c[i] for c in columns], 0) for i in (1, 2, 3, 6)]
+        return insert(gm, first, first.target, x, *parts[:3], bits, group_size, parts[3])
+    return merged_of
 
 
 def quantized_gemm(gm: fx.GraphModule, target: Target) -> bool:
     if target.device != "cpu" or not has_frozen_inputs(gm):
         return False
     constants = ConstantSet(gm)
-    changed = _merge_siblings(gm, constants)
+    changed = merge_siblings(gm, constants, _quantized_groups(gm, constants), _merged_quantized_linear(gm, constants),
+                             "kiln_quant::linear")
     for node in list(gm.graph.nodes):
         if not _is_quantized_linear(node):
             continue

@@ -418,3 +418,37 @@ def test_a_frozen_program_picks_its_arguments_in_order(positions):
 
     args = ("a", "b", "c", "d", "e")
     assert tuple(_picker(positions)(args)) == tuple(args[i] for i in positions)
+
+
+class Siblings(nn.Module):
+    """An attention's q, k and v projections of one input, a gated MLP's gate and up of another,
+    and a product of the first whose value is returned."""
+
+    def __init__(self, bias):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(16, n, bias=bias) for n in (16, 8, 8))
+        self.gate, self.up = nn.Linear(16, 32, bias=False), nn.Linear(16, 32, bias=False)
+        self.out = nn.Linear(16, 4, bias=False)
+
+    def forward(self, x):
+        attention = (self.q(x) * 2 + self.v(x).repeat(1, 1, 2)) @ self.k(x).repeat(1, 1, 2).transpose(1, 2)
+        y = x.tanh()
+        return attention, (torch.nn.functional.silu(self.gate(y)) * self.up(y)).sum(-1), self.out(x)
+
+
+def _products(program):
+    return [e for e in _externs(program) if e.split(".")[1] in ("mm", "addmm")]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_products_of_one_input_merge_into_one_product_over_concatenated_weights(bias):
+    # sibling_products: q/k/v one product, gate/up one; `out`, whose value is a graph output, stays
+    # apart (a slice of a merged product would reach the caller with other strides than eager's).
+    torch.manual_seed(0)
+    model = Siblings(bias).eval()
+    x = torch.randn(1, 5, 16)
+    program = _frozen(model, x)
+    with kiln.config.patch({"backend.disabled_passes": ["sibling_products"]}):
+        unmerged = _frozen(model, x)
+    assert len(_products(unmerged)) == 6 and len(_products(program)) == 3, _products(program)
+    assert program(*_flat(model), x)[2].is_contiguous()
