@@ -36,8 +36,10 @@ class Inputs:
     a cold BERT compile's autotuning time), and they are drawn from a generator of their own, so
     compiling never moves the user's random stream."""
 
-    def __init__(self, **like: tuple[torch.Tensor | None, torch.memory_format | None]) -> None:
-        self._like, self._made = like, {}
+    def __init__(self, copies: dict[str, str] | None = None, **like: tuple[torch.Tensor | None, torch.memory_format | None]) -> None:
+        """`copies`: names made as a clone of another's tensor (a weight's copies: cloning is four
+        times faster than drawing, and a GEMM's speed does not depend on the values)."""
+        self._like, self._made, self._copies = like, {}, copies or {}
         self._generator = torch.Generator().manual_seed(0)
 
     def __getattr__(self, name: str) -> torch.Tensor | None:
@@ -46,7 +48,8 @@ class Inputs:
             raise AttributeError(name)
         if name not in made:
             val, memory_format = self._like[name]
-            made[name] = None if val is None else self._random(val, memory_format)
+            original = self._copies.get(name)
+            made[name] = None if val is None else getattr(self, original).clone() if original else self._random(val, memory_format)
         return made[name]
 
     def made(self, name: str) -> torch.Tensor | None:
@@ -166,7 +169,7 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
     kernel after the GEMM costs, roughly), and those of `FUSED_POST_OPS` also with the op inside
     their GEMM: that candidate's name when it wins."""
     weights = [f"b{k}" for k in range(weight_copies(b))]
-    r = Inputs(a=(a, None), bias=(bias, None), **{name: (b, None) for name in weights})
+    r = Inputs({name: "b0" for name in weights[1:]}, a=(a, None), bias=(bias, None), **{name: (b, None) for name in weights})
     unary, scalars, algorithm = post_op
     apply_post_op = native_ops.direct("post_op")
     after = (lambda y: y) if unary == "none" else lambda y: apply_post_op(y, unary, scalars, algorithm or None)  # noqa: E731
@@ -249,7 +252,8 @@ def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: t
     stride, padding, dilation, groups = conv_args
     arriving = torch.channels_last if x_channels_last else None
     weights = [f"w{k}" for k in range(weight_copies(w))]
-    r = Inputs(x=(x, arriving), bias=(bias, None), other=(other, arriving), **{name: (w, None) for name in weights})
+    r = Inputs({name: "w0" for name in weights[1:]}, x=(x, arriving), bias=(bias, None), other=(other, arriving),
+               **{name: (w, None) for name in weights})
     names = [n for n in CONV_IMPLS if not ((x_channels_last or channels_last_only) and n == "aten")
              and (n != "kiln" or kiln_conv_applies(x, w, stride, padding, dilation, groups))]
     conv = native_ops.direct("conv")
