@@ -16,7 +16,8 @@ from kiln.capture.break_records import unsupported
 from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
-from kiln.capture.variables.containers import (BaseSequenceVariable, DictVariable, ListVariable, ListViewVariable, SetVariable, TupleVariable,
+from kiln.capture.variables.containers import (BaseSequenceVariable, DictVariable, ListVariable, ListViewVariable, MappingProxyVariable,
+                                               SetVariable, TupleVariable,
                                                equal, hash_key)
 from kiln.capture.variables.objects import ClassVariable, InstanceDictVariable, ModelOutputVariable, UserObjectVariable, class_lookup
 from kiln.capture.variables.symbolic import SymNodeVariable
@@ -307,7 +308,7 @@ def subscript(tx: Any, obj: Variable, key: Variable) -> Variable:
     """`obj[key]`."""
     if isinstance(obj, TensorVariable):
         return tx.output.call("call_function", operator.getitem, [obj, key], {})
-    if isinstance(obj, (BaseSequenceVariable, DictVariable)):
+    if isinstance(obj, (BaseSequenceVariable, DictVariable, MappingProxyVariable)):
         return obj.getitem(tx, key)
     if isinstance(obj, (UserObjectVariable, ModelOutputVariable, InstanceDictVariable)):
         return obj.call_method(tx, "__getitem__", [key], {})
@@ -328,7 +329,7 @@ def store_subscript(tx: Any, obj: Variable, key: Variable, value: Variable) -> N
         obj.call_method(tx, "__setitem__", [key, value], {})
     elif isinstance(obj, (ListVariable, DictVariable)):
         obj.setitem(tx, key, value)
-    elif isinstance(obj, (UserObjectVariable, ModelOutputVariable, InstanceDictVariable)):
+    elif isinstance(obj, (UserObjectVariable, ModelOutputVariable, InstanceDictVariable, MappingProxyVariable)):
         obj.call_method(tx, "__setitem__", [key, value], {})
     else:
         raise unsupported("unsupported_index", f"assigning into {obj.describe()}")

@@ -179,6 +179,8 @@ class Reconstructor:
             return body if var.cls is dict else f"{self.ns.bind(var.cls, 'T')}({body})"
         if isinstance(var, c.IteratorVariable):  # a running loop's iterator, at a graph break
             return f"{self.ns.bind(iter, 'F')}(({''.join(self.expr(i) + ', ' for i in var.items[var.position:])}))"
+        if isinstance(var, c.MappingProxyVariable):  # (a view of the dict: the caller's own where it has a source)
+            return f"{self.ns.bind(types.MappingProxyType, 'T')}({self.expr(var.contents)})"
         if isinstance(var, c.SetVariable):
             items = ", ".join(self.expr(i) for i in var.entries.values())
             return f"{self.ns.bind(var.python_type(), 'T')}([{items}])"

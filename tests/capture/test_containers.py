@@ -1000,3 +1000,58 @@ def test_defaultdict_in_place_union_keeps_its_factory():
         return result is d, d.default_factory is int, type(d) is defaultdict, dict(d), d[4]
 
     assert kiln.compile(f, backend="eager", fullgraph=True)() == f()
+
+
+def test_popitem_last_fromkeys_arity_and_update_pair_length_as_python():
+    # Dynamo's test_dicts.py test_popitem_kwarg, test_fromkeys and
+    # test_dict_update_rejects_bad_sequence_element_length.
+    def f():
+        d = OrderedDict.fromkeys("abcdf")
+        popped = [d.popitem(last=True), d.popitem(last=False), d.popitem(False), list(d)]
+        raised = []
+        for op in (lambda: dict.fromkeys(), lambda: dict.fromkeys(1, 2), lambda: {}.update([(1, 2, 3)]),
+                   lambda: {"a": 1}.popitem(last=True)):
+            try:
+                op()
+            except (TypeError, ValueError) as error:
+                raised.append((type(error).__name__, "length 3; 2 is required" in str(error)))
+        return popped, raised
+
+    assert kiln.compile(f, backend="eager", fullgraph=True)() == f()
+
+
+def test_mapping_proxy_made_read_returned_and_handed_in():
+    # Dynamo's test_dicts.py mapping proxy tests: a proxy of a local or a nonlocal dict made,
+    # read and returned (still a live view of the caller's dict), one handed in read, dict(mp).
+    import types
+
+    shared = {"a": 2, "b": 3}
+
+    def made(x):
+        local = {"a": 2, "c": 5}
+        mp, live = types.MappingProxyType(local), types.MappingProxyType(shared)
+        y = x * mp["a"] + sum(v for v in live.values()) + len(mp) + ("c" in mp)
+        try:
+            mp["z"] = 1
+        except TypeError:
+            y = y + 1
+        return y, mp, live, dict(mp), mp.get("q", 7)
+
+    y, mp, live, copied, got = kiln.compile(made, backend="eager", fullgraph=True)(torch.ones(2))
+    want = made(torch.ones(2))
+    assert torch.equal(y, want[0]) and type(mp) is types.MappingProxyType and dict(mp) == dict(want[1])
+    assert copied == want[3] and got == 7
+    shared["e"] = 5  # (the proxy returned is a view of the caller's dict)
+    assert live["e"] == 5
+
+    def handed(x, mp):
+        return x * mp["a"] + len(mp), isinstance(mp, types.MappingProxyType), dict(mp)
+
+    compiled = kiln.compile(handed, backend="eager", fullgraph=True)
+    d = {"a": 2, "b": 3}
+    proxy = types.MappingProxyType(d)
+    for change in (None, lambda: d.__setitem__("a", 5), lambda: d.pop("b")):
+        if change:
+            change()
+        got, want = compiled(torch.ones(2), proxy), handed(torch.ones(2), proxy)
+        assert torch.equal(got[0], want[0]) and got[1:] == want[1:]

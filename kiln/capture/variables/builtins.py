@@ -27,7 +27,8 @@ from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_rea
 from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
 from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
 from kiln.capture.variables.containers import (
-    GENERATOR_ITEM_LIMIT, DictVariable, IteratorVariable, ListVariable, SetVariable, TupleVariable, hash_key,
+    GENERATOR_ITEM_LIMIT, DictVariable, IteratorVariable, ListVariable, MappingProxyVariable, SetVariable, TupleVariable,
+    hash_key,
 )
 from kiln.capture.variables.functions import BoundMethodVariable, FunctionVariableBase, PartialVariable
 from kiln.capture.variables.objects import ClassVariable, ObjectSlotVariable, SuperVariable, UserObjectVariable, class_lookup
@@ -107,6 +108,8 @@ class BuiltinVariable(RealValueVariable):
 
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         if self.value in (dict, collections.OrderedDict) and name == "fromkeys":
+            if kwargs or not 1 <= len(args) <= 2:
+                raise raise_real(TypeError(f"fromkeys expected 1 to 2 arguments, got {len(args) + len(kwargs)}"))
             value = args[1] if len(args) > 1 else const(None)
             return DictVariable.from_pairs([(k, value) for k in args[0].iterate(tx)], cls=self.value)
         if self.value is object and name in _OBJECT_SLOTS:
@@ -445,6 +448,14 @@ def _dict_like(cls: type) -> Handler:
 
 HANDLERS[dict] = _dict_like(dict)
 HANDLERS[collections.OrderedDict] = _dict_like(collections.OrderedDict)
+
+
+@handles(types.MappingProxyType)
+def _mapping_proxy(tx: Any, mapping: Variable) -> Variable:
+    contents = mapping if isinstance(mapping, DictVariable) else getattr(mapping, "container_view", lambda tx: None)(tx)
+    if not isinstance(contents, DictVariable):
+        raise unsupported("unsupported_call", f"types.MappingProxyType of {mapping.describe()}")
+    return MappingProxyVariable(contents)
 
 
 @handles(collections.defaultdict)

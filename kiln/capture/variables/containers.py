@@ -446,7 +446,7 @@ class DictVariable(Variable):
         method = self.methods().get(name)
         if method is None:
             return operator_method(tx, self, name, args, kwargs) or super().call_method(tx, name, args, kwargs)
-        if kwargs and name != "update":
+        if kwargs and name not in ("update", "popitem"):
             raise unsupported("unsupported_call", f"dict.{name} with keyword arguments")
         try:
             inspect.signature(method).bind(tx, *args, **kwargs)
@@ -478,10 +478,15 @@ class DictVariable(Variable):
         self._changed(tx)
         return entry[1]
 
-    def _popitem(self, tx: Any) -> Variable:
+    def _popitem(self, tx: Any, last: Variable | None = None) -> Variable:
+        if last is not None and not issubclass(self.cls, OrderedDict):
+            raise raise_real(TypeError("dict.popitem() takes no arguments (1 given)"))
         if not self.entries:
             raise _raise(KeyError, "popitem(): dictionary is empty")
-        _, (k, v) = self.entries.popitem()
+        if last is None or last.truth(tx):  # (OrderedDict.popitem(last=False): the first item)
+            _, (k, v) = self.entries.popitem()
+        else:
+            k, v = self.entries.pop(next(iter(self.entries)))
         self._changed(tx)
         return TupleVariable([k, v])
 
@@ -501,6 +506,9 @@ class DictVariable(Variable):
             if isinstance(view, DictVariable):  # a dict subclass's object: its contents, as dict(other) reads them
                 other = view
             pairs = other.entries.values() if isinstance(other, DictVariable) else [tuple(p.iterate(tx)) for p in other.iterate(tx)]
+            for i, pair in enumerate(pairs):
+                if len(pair) != 2:
+                    raise raise_real(ValueError(f"dictionary update sequence element #{i} has length {len(pair)}; 2 is required"))
             for k, v in pairs:
                 self.entries[hash_key(k)] = (k, v)
         for k, v in kwargs.items():
@@ -545,6 +553,51 @@ def wrap_dict_contents(tx: Any, value: dict, source: Source | None) -> Variable:
     if isinstance(value, defaultdict) and value.default_factory is not None:
         d.default_factory = wrap(tx, value.default_factory, None)
     return d
+
+
+class MappingProxyVariable(Variable):
+    """`types.MappingProxyType(d)`: a read-only view of a dict, live (it shows the dict's later
+    changes). Made in the trace over a DictVariable, returned as a proxy of that dict (the
+    caller's own when it has a source); one handed in is read through its keys and items."""
+
+    _READS = ("get", "keys", "values", "items", "copy", "__getitem__", "__contains__", "__len__", "__iter__")
+
+    def __init__(self, contents: DictVariable, source: Source | None = None) -> None:
+        super().__init__(source)
+        self.contents = contents
+
+    def python_type(self) -> type:
+        return types.MappingProxyType
+
+    def describe(self) -> str:
+        return "a mappingproxy"
+
+    def container_view(self, tx: Any) -> DictVariable:
+        return self.contents
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name in self._READS:
+            return BoundBuiltinMethod(self, name)
+        raise raise_real(AttributeError(f"'mappingproxy' object has no attribute '{name}'"))
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if name == "__setitem__" or name == "__delitem__":
+            raise raise_real(TypeError(f"'mappingproxy' object does not support item {'assignment' if name == '__setitem__' else 'deletion'}"))
+        if name not in self._READS:
+            return super().call_method(tx, name, args, kwargs)
+        return self.contents.call_method(tx, name, args, kwargs)
+
+    def getitem(self, tx: Any, key: Variable) -> Variable:
+        return self.contents.getitem(tx, key)
+
+    def contains(self, tx: Any, key: Variable) -> bool:
+        return self.contents.contains(tx, key)
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        return self.contents.iterate(tx)
+
+    def truth(self, tx: Any) -> bool:
+        return self.contents.truth(tx)
 
 
 class ListViewVariable(TupleVariable):
