@@ -1055,3 +1055,20 @@ def test_mapping_proxy_made_read_returned_and_handed_in():
             change()
         got, want = compiled(torch.ones(2), proxy), handed(torch.ones(2), proxy)
         assert torch.equal(got[0], want[0]) and got[1:] == want[1:]
+
+
+def test_torch_size_of_a_tensor_element_is_its_value_as_a_dict_key():
+    # Dynamo's test_dicts.py test_dict_torch_size_dynamic_key: torch.Size([t[0], 64]) looked up in
+    # a dict keyed by sizes missed (kiln kept the tensor in the size: a wrong result).
+    table = {torch.Size([32, 64]): 2.0, torch.Size([64, 128]): 3.0}
+
+    def f(x):
+        key = torch.Size([torch.tensor(x.shape[1:])[0], 64])
+        return x * table[key] if key in table else x, defaultdict(int, a=1)["a"]
+
+    compiled = kiln.compile(f, backend="eager")
+    for features in (32, 64, 16):
+        x = torch.randn(4, features)
+        got, want = compiled(x), f(x)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1] == want[1]

@@ -459,10 +459,10 @@ def _mapping_proxy(tx: Any, mapping: Variable) -> Variable:
 
 
 @handles(collections.defaultdict)
-def _defaultdict(tx: Any, factory: Variable | None = None, *args: Variable) -> Variable:
+def _defaultdict(tx: Any, factory: Variable | None = None, *args: Variable, **kwargs: Variable) -> Variable:
     d = DictVariable(cls=collections.defaultdict, default_factory=factory if factory is not None and not (factory.is_constant() and factory.as_constant() is None) else None)
-    if args:
-        d._update(tx, *args)
+    if args or kwargs:
+        d._update(tx, *args, **kwargs)
     return d
 
 

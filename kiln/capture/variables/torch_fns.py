@@ -219,7 +219,12 @@ def _set_grad_enabled(tx: Any, mode: Variable) -> Variable:
 
 
 def _size(tx: Any, items: Variable | None = None) -> Variable:
-    return SizeVariable(items.iterate(tx) if items is not None else [])
+    # A tensor among the sizes is read as the int `operator.index` gives (torch.Size([t[0], 64])):
+    # known where the tensor was made from constants; otherwise its value is the data's.
+    sizes = [tx.output.known.as_index(item) for item in (items.iterate(tx) if items is not None else [])]
+    if any(isinstance(size, TensorVariable) for size in sizes):
+        raise unsupported("data_dependent", "torch.Size of a tensor's value reads the data")
+    return SizeVariable(sizes)
 
 
 def _fold(fn: Callable) -> Callable:
