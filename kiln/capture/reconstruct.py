@@ -26,7 +26,7 @@ from kiln.capture.variables.base import BoundBuiltinMethod, Variable
 from kiln.capture.variables.builtins import UnboundBuiltinMethod
 from kiln.capture.variables.constant import ConstantMethodVariable, ConstantVariable
 from kiln.capture.variables.functions import BoundMethodVariable, CellVariable, GeneratorVariable, NestedFunctionVariable, RealCellVariable
-from kiln.capture.variables.objects import ModelOutputVariable, UserObjectVariable, new_container_object
+from kiln.capture.variables.objects import ModelOutputVariable, UserIteratorVariable, UserObjectVariable, new_container_object
 from kiln.capture.variables.symbolic import SymNodeVariable
 from kiln.capture.variables.tensor import TensorMethodVariable, TensorVariable
 from kiln.capture.variables.torch_fns import GradModeVariable
@@ -177,6 +177,8 @@ class Reconstructor:
                 factory = "None" if var.default_factory is None else self.expr(var.default_factory)
                 return f"{self.ns.bind(var.cls, 'T')}({factory}, {body})"
             return body if var.cls is dict else f"{self.ns.bind(var.cls, 'T')}({body})"
+        if isinstance(var, UserIteratorVariable):  # (the object itself: its state is replayed as any object's)
+            return self.expr(var.obj)
         if isinstance(var, c.IteratorVariable):  # a running loop's iterator, at a graph break
             return f"{self.ns.bind(iter, 'F')}(({''.join(self.expr(i) + ', ' for i in var.items[var.position:])}))"
         if isinstance(var, c.MappingProxyVariable):  # (a view of the dict: the caller's own where it has a source)

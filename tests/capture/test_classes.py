@@ -860,3 +860,70 @@ def test_python_data_descriptors_set_and_read_through_the_trace_and_dict_writes_
     got, want = compiled(torch.ones(1), o), f(torch.ones(1), ref)
     assert_same(got[:4], want[:4])
     assert o.__dict__ == ref.__dict__ and got[4].__dict__ == want[4].__dict__ == {"x": 7}
+
+
+class _Tagged:
+    def __new__(cls, value):
+        obj = object.__new__(cls)
+        obj.tag = "made by __new__"
+        return obj
+
+    def __init__(self, value):
+        self.value = value
+
+
+class _NewDict(dict):
+    def __new__(cls, *args, **kwargs):
+        return super().__new__(cls, *args, **kwargs)
+
+
+def test_a_class_defining_new_in_python_is_built_inside():
+    # Dynamo's test_dicts.py test_dict_subclass_initialization_in_graph and
+    # test_udf_dict_reconstruction: __new__ inlined, object's/dict's __new__ reached from it or
+    # called directly, then __init__ (the class's, or dict's filling the contents).
+    def f(x):
+        t = _Tagged(3)
+        d = _NewDict(a=1)
+        d["key"] = x
+        raw = dict.__new__(_NewDict)
+        raw["b"] = 2
+        plain = dict.__new__(dict)
+        plain["c"] = 3
+        return x * t.value + d["a"], t.tag, type(d) is _NewDict, dict(d), "key" in d, type(raw) is _NewDict, dict(raw), plain
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    assert_same(compiled(x), f(x))
+
+
+class _Countdown:
+    """An iterator written as a class: `__iter__` returns self, `__next__` raises StopIteration."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.n <= 0:
+            raise StopIteration
+        self.n -= 1
+        return self.n
+
+
+def test_an_iterator_class_is_iterated_through_its_next():
+    # Dynamo's test_repros.py test_user_defined_iter: `__iter__` returning self recursed in kiln
+    # until Python's recursion limit.
+    def f(x, c):
+        for i in _Countdown(3):
+            x = x + i
+        it = iter(c)
+        first = next(it)
+        return x, first, list(zip(it, "ab")), it.n, c.n
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    c, ref = _Countdown(5), _Countdown(5)
+    got, want = compiled(torch.zeros(1), c), f(torch.zeros(1), ref)
+    assert_same(got, want)
+    assert c.n == ref.n

@@ -31,7 +31,8 @@ from kiln.capture.variables.containers import (
     hash_key,
 )
 from kiln.capture.variables.functions import BoundMethodVariable, FunctionVariableBase, PartialVariable
-from kiln.capture.variables.objects import ClassVariable, ObjectSlotVariable, SuperVariable, UserObjectVariable, class_lookup
+from kiln.capture.variables.objects import (ClassVariable, NewObjectVariable, ObjectSlotVariable, SuperVariable, UserObjectVariable,
+                                            class_lookup)
 from kiln.capture.variables.tensor import TensorVariable
 from kiln.capture.variables.wrapping import wrap_constant_result
 
@@ -96,6 +97,8 @@ class BuiltinVariable(RealValueVariable):
             return const(getattr(self.value, name))
         if name == "fromkeys" and self.value in (dict, collections.OrderedDict):  # a classmethod: see call_method
             return BoundBuiltinMethod(self, name)
+        if name == "__new__" and self.value in (object, dict, collections.OrderedDict, set, frozenset):
+            return NewObjectVariable(self.value)  # (`object.__new__(cls)`, `dict.__new__(cls)`)
         if self.value is object and name in _OBJECT_SLOTS:  # `object.__setattr__(self, ...)` (frozen dataclasses)
             return ObjectSlotVariable(name)
         if isinstance(self.value, type) and not name.startswith("__") and isinstance(inspect.getattr_static(self.value, name, None), _METHOD_DESCRIPTORS):

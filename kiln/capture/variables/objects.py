@@ -24,7 +24,8 @@ from kiln.capture.sources import AttrSource, ClassDictSource, ConstSource, Insta
 from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
 from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
 from kiln.capture.variables.constant import ConstantVariable, is_literal, is_plain_data, plain_data
-from kiln.capture.variables.containers import DictVariable, ListViewVariable, NamedTupleVariable, TupleVariable, hash_key, wrap_dict_contents
+from kiln.capture.variables.containers import (GENERATOR_ITEM_LIMIT, DictVariable, IteratorVariable, ListViewVariable, NamedTupleVariable,
+                                              TupleVariable, hash_key, wrap_dict_contents)
 from kiln.capture.variables.functions import BoundMethodVariable
 from kiln.capture.variables.wrapping import wrap, wrap_constant_result
 
@@ -345,10 +346,26 @@ class UserObjectVariable(Variable):
         view = self.container_view(tx)
         if view is not None and class_lookup(self.cls, "__iter__")[1] in _CONTAINER_BASES:
             return view.iterate(tx)
+        iterator = self.get_iter(tx)
+        if not isinstance(iterator, UserIteratorVariable):
+            return iterator.iterate(tx)
+        items = []
+        while (item := iterator.next(tx)) is not None:
+            items.append(item)
+            if len(items) > GENERATOR_ITEM_LIMIT:
+                raise unsupported("unsupported_iteration", f"an iterator consumed whole yielded more than {GENERATOR_ITEM_LIMIT} items")
+        return items
+
+    def get_iter(self, tx: Any) -> Variable:
+        view = self.container_view(tx)
+        if view is not None and class_lookup(self.cls, "__iter__")[1] in _CONTAINER_BASES:
+            return view.get_iter(tx)
         result = self._dunder(tx, "__iter__", [])
         if result is None:
             raise raise_real(TypeError(f"'{self.cls.__name__}' object is not iterable"))
-        return result.iterate(tx)
+        if isinstance(result, UserObjectVariable) and isinstance(class_lookup(result.cls, "__next__")[0], types.FunctionType):
+            return UserIteratorVariable(result)  # (`__iter__` returning self: its `__next__`, one item at a time)
+        return result.get_iter(tx)
 
     def length(self, tx: Any) -> int:
         result = self._dunder(tx, "__len__", [])
@@ -432,10 +449,13 @@ class ClassVariable(RealValueVariable):
         new, new_owner = class_lookup(cls, "__new__")
         if new_owner in _CONTAINER_BASES and not issubclass(cls, nn.Module):
             return _new_container_subclass(tx, cls, args, kwargs)
-        if new is not object.__new__ and not isinstance(new, staticmethod) or isinstance(new, staticmethod) and new.__func__ is not object.__new__:
-            raise unsupported("unsupported_call", f"building a {cls.__qualname__} (it defines __new__) while capturing")
         if issubclass(cls, nn.Module):
             raise unsupported("unsupported_call", f"building the module {cls.__qualname__} inside a compiled function", "build modules outside the compiled code")
+        if isinstance(new, staticmethod) and isinstance(new.__func__, types.FunctionType) and \
+                all(base in (object, *_CONTAINER_BASES) or "__new__" not in vars(base) or base is new_owner for base in cls.__mro__):
+            return self._call_user_new(tx, new, new_owner, args, kwargs)
+        if new is not object.__new__ and not isinstance(new, staticmethod) or isinstance(new, staticmethod) and new.__func__ is not object.__new__:
+            raise unsupported("unsupported_call", f"building a {cls.__qualname__} (it defines __new__) while capturing")
         obj = UserObjectVariable(None, None, cls)
         init, owner = class_lookup(cls, "__init__")
         if isinstance(init, types.FunctionType):
@@ -444,10 +464,91 @@ class ClassVariable(RealValueVariable):
             raise raise_real(TypeError(f"{cls.__name__}() takes no arguments"))
         return obj
 
+    def _call_user_new(self, tx: Any, new: staticmethod, owner: type, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        """`C(...)` where C defines `__new__` in Python: it inlined (its `super().__new__(cls)`
+        reaching object's or a container base's, NewObjectVariable), then, as `type.__call__`
+        does, `__init__` on what it returned when that is an instance of C."""
+        cls = self.value
+        obj = _pinned_function(tx, new.__func__, owner, "__new__").call(tx, [self, *args], kwargs)
+        if not (isinstance(obj, UserObjectVariable) and issubclass(obj.cls, cls)):
+            return obj
+        init, init_owner = class_lookup(obj.cls, "__init__")
+        if isinstance(init, types.FunctionType):
+            wrap_class_attr(tx, init, init_owner, "__init__", obj).call(tx, args, kwargs)
+        elif getattr(obj, "container", None) is not None and init_owner is not frozenset:
+            _fill_container(tx, obj, args, kwargs)  # (the base's __init__: dict(...)/set(...) fill it)
+        return obj
+
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         if name == "__call__":
             return self.call(tx, args, kwargs)
         return super().call_method(tx, name, args, kwargs)
+
+
+class UserIteratorVariable(IteratorVariable):
+    """An object of a class with a Python `__next__`, being iterated: each item its `__next__`
+    (inlined) until that raises StopIteration."""
+
+    def __init__(self, obj: UserObjectVariable) -> None:
+        super().__init__([])
+        self.obj = obj
+
+    def python_type(self) -> type:
+        return self.obj.cls
+
+    def next(self, tx: Any) -> Variable | None:
+        try:
+            return self.obj._dunder(tx, "__next__", [])
+        except UserRaise as error:
+            if error.is_instance(StopIteration):
+                return None
+            raise
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        return self.obj.iterate(tx)
+
+    # (`it = iter(obj)` is obj itself in Python: its attributes and other methods are the object's)
+    def getattr(self, tx: Any, name: str) -> Variable:
+        return super().getattr(tx, name) if name in ("__next__", "__iter__") else self.obj.getattr(tx, name)
+
+    def setattr(self, tx: Any, name: str, value: Variable) -> None:
+        self.obj.setattr(tx, name, value)
+
+
+class NewObjectVariable(Variable):
+    """`object.__new__` or a container base's (`dict.__new__`, `set.__new__`, ...), as a class's
+    own `__new__` calls it (`super().__new__(cls)`): a new object of the class given, without
+    its `__init__` run; a container's contents empty (a frozenset's, its first argument's items)."""
+
+    def __init__(self, base: type) -> None:
+        super().__init__(None)
+        self.base = base
+
+    def python_type(self) -> type:
+        return types.BuiltinFunctionType
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        from kiln.capture.variables.containers import DictVariable, SetVariable  # containers.py imports this module
+
+        cls = getattr(args[0], "value", None) if args else None
+        if not isinstance(cls, type) or not issubclass(cls, self.base):
+            raise unsupported("unsupported_call", f"{self.base.__name__}.__new__ of {args[0].describe() if args else 'nothing'}")
+        if cls in _CONTAINER_BASES:  # (`dict.__new__(dict)`: an empty dict, as the type itself makes)
+            return DictVariable(cls=cls) if issubclass(cls, dict) else SetVariable(list(args[1].iterate(tx)) if len(args) > 1 and cls is frozenset
+                                                                                     else [], frozen=cls is frozenset)
+        if self.base is object and _container_base_or_none(cls) is not None or issubclass(cls, (nn.Module, BaseException)):
+            raise unsupported("unsupported_call", f"{self.base.__name__}.__new__({cls.__qualname__})")
+        obj = UserObjectVariable(None, None, cls)
+        if self.base is not object:
+            base = _container_base(cls)
+            obj.container = DictVariable(cls=base) if issubclass(base, dict) else SetVariable([], frozen=base is frozenset)
+            if base is frozenset:
+                _fill_container(tx, obj, args[1:2], {})
+        return obj
+
+
+def _container_base_or_none(cls: type) -> type | None:
+    return next((base for base in cls.__mro__ if base in _CONTAINER_BASES), None)
 
 
 def _container_base(cls: type) -> type:
@@ -628,6 +729,8 @@ class SuperVariable(Variable):
                         return FunctionApplyVariable(obj_type)
                     # A classmethod written in C: bound to the class as Python binds it, called for real.
                     return _constant(raw.__get__(None, obj_type))
+                if name == "__new__" and (klass is object or klass in _CONTAINER_BASES):
+                    return NewObjectVariable(klass)
                 if raw is object.__init__ or raw is object.__setattr__ or klass is object and callable(raw):
                     return ObjectSlotVariable(name, self.obj)
                 from kiln.capture.variables.torch_fns import special_callable  # torch_fns.py imports modules.py, which imports this module
