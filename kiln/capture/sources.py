@@ -209,4 +209,13 @@ class InstanceDictSource(Source):
         base = self._sub(self.base, ns, name_of)
         if isinstance(ns, _DisplayNamespace):  # logs and node names read as the user would write it
             return f"{base}.__dict__"
-        return f"{ns.bind(object.__getattribute__, 'F')}({base}, '__dict__')"
+        return f"{ns.bind(instance_dict, 'F')}({base})"
+
+
+def instance_dict(obj: Any) -> dict:
+    """`obj.__dict__` without the class's own `__getattribute__`; a C type that keeps its
+    instances' dicts itself (threading.local) answers only its own attribute."""
+    try:
+        return object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return type(obj).__dict__["__dict__"].__get__(obj) if "__dict__" in type(obj).__dict__ else obj.__dict__

@@ -927,3 +927,20 @@ def test_an_iterator_class_is_iterated_through_its_next():
     got, want = compiled(torch.zeros(1), c), f(torch.zeros(1), ref)
     assert_same(got, want)
     assert c.n == ref.n
+
+
+def test_an_attribute_of_a_threading_local():
+    # Dynamo's test_repros.py test_threading_local: the guard read the instance dict through
+    # object.__getattribute__, which a threading.local does not answer (an error at the call).
+    import threading
+
+    local = threading.local()
+    local.x = torch.ones(1)
+
+    def f(x):
+        return torch.cat([x, local.x])
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(torch.zeros(1)), torch.tensor([0.0, 1.0]))
+    local.x = torch.full((1,), 5.0)
+    torch.testing.assert_close(compiled(torch.zeros(1)), torch.tensor([0.0, 5.0]))

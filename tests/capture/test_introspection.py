@@ -322,3 +322,28 @@ def test_isinstance_of_data_dependent_value_is_unsupported():
     fallback = kiln.compile(f, backend="eager")
     for x in (torch.ones(2), -torch.ones(2)):
         torch.testing.assert_close(fallback(x), f(x))
+
+
+def test_locals_and_vars_read_the_users_variables():
+    # Dynamo's test_repros.py test_locals/vars_traced_correctly_under_compile: locals() ran for real
+    # behind a break, in the resume function, whose frame holds its stack slots and not the
+    # user's names (a wrong result: the view was skipped).
+    def f(x):
+        if x.dim() > 2:
+            batch, seq, hidden = x.shape
+            x = x.view(-1, hidden)
+        x = x + 1
+        if "batch" in locals() and "seq" in vars():
+            x = x.view(batch, seq, -1)
+        scale = 2
+
+        def g():
+            return scale
+
+        return x * g(), sorted(locals())
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(2, 3, 4)
+    got, want = compiled(x), f(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1] == want[1]

@@ -26,6 +26,7 @@ from kiln.capture.python_operators import (_BY_FUNCTION, _INPLACE_TO_BINARY, BY_
 from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
 from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
 from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
+from kiln.capture.resume_code import stack_name
 from kiln.capture.variables.containers import (
     GENERATOR_ITEM_LIMIT, DictVariable, IteratorVariable, ListVariable, MappingProxyVariable, SetVariable, TupleVariable,
     hash_key,
@@ -43,7 +44,7 @@ HANDLERS: dict[Any, Handler] = {}
 _PURE_MODULES = (math, operator)
 _PURE = {abs, chr, ord, divmod, pow, round, hex, oct, bin, hash, repr, format, ascii}
 # Calls kiln refuses rather than run at capture time.
-_SIDE_EFFECTS = {print, input, open, exec, eval, compile, globals, locals, vars, breakpoint}
+_SIDE_EFFECTS = {print, input, open, exec, eval, compile, globals, breakpoint}
 # Callable objects of the operator module, applied to variables by `_call_getter`.
 _GETTER_TYPES = (operator.itemgetter, operator.attrgetter, operator.methodcaller)
 
@@ -459,6 +460,36 @@ def _mapping_proxy(tx: Any, mapping: Variable) -> Variable:
     if not isinstance(contents, DictVariable):
         raise unsupported("unsupported_call", f"types.MappingProxyType of {mapping.describe()}")
     return MappingProxyVariable(contents)
+
+
+@handles(locals)
+def _locals(tx: Any) -> Variable:
+    """`locals()`: a new dict of the function's bound variables, its cells' too (a snapshot, as
+    Python gives in a function). Run for real after a break, it would read the resume function's
+    own frame (its stack slots, not the user's names): a wrong result."""
+    code = tx.code
+    pairs = []
+    for name in dict.fromkeys((*code.co_varnames, *code.co_cellvars, *code.co_freevars)):
+        if name.startswith(stack_name(0)[:-1]):
+            continue  # (a resume function's stack slot)
+        if name in tx.cells:
+            try:
+                value = tx.load_cell(name)
+            except UserRaise:
+                continue  # (an unbound cell is not in locals())
+        elif name in tx.locals:
+            value = tx.locals[name]
+        else:
+            continue
+        pairs.append((const(name), value))
+    return DictVariable.from_pairs(pairs)
+
+
+@handles(vars)
+def _vars(tx: Any, *obj: Variable) -> Variable:
+    if not obj:
+        return _locals(tx)
+    return obj[0].getattr(tx, "__dict__")
 
 
 @handles(collections.defaultdict)
