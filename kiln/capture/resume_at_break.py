@@ -42,7 +42,7 @@ from kiln.capture.variables.base import BoundBuiltinMethod
 from kiln.capture.variables.torch_fns import GradModeVariable
 
 # Kinds of failure that are kiln's own faults or limits of the whole frame: never resumed.
-_NOT_RESUMABLE = {"internal_error"}
+_NOT_RESUMABLE = {"internal_error", "frame_dependent"}
 _JUMPS = {"TRUE": lambda v: bool(v), "FALSE": lambda v: not v, "NONE": lambda v: v is None, "NOT_NONE": lambda v: v is not None}
 
 

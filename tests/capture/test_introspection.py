@@ -347,3 +347,18 @@ def test_locals_and_vars_read_the_users_variables():
     got, want = compiled(x), f(x)
     torch.testing.assert_close(got[0], want[0])
     assert got[1] == want[1]
+
+
+def test_eval_of_the_frames_own_variables_runs_the_frame_eagerly():
+    # eval/exec without a namespace read the calling frame: behind a break that would be a
+    # resume function's frame, so the frame is not resumed but run as the user wrote it.
+    def f(x):
+        y = x + 1
+        print("a break")
+        return eval("y * 2")
+
+    with pytest.warns(RuntimeWarning, match="frame_dependent"):
+        got = kiln.compile(f, backend="eager")(torch.ones(2))
+    torch.testing.assert_close(got, torch.full((2,), 4.0))
+    with pytest.raises(CaptureError, match="frame_dependent"):
+        kiln.compile(lambda x: eval("x + 1"), backend="eager", fullgraph=True)(torch.ones(2))

@@ -81,6 +81,10 @@ class BuiltinVariable(RealValueVariable):
 
     def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         fn = self.value
+        if fn in (eval, exec) and len(args) < 2 and "globals" not in kwargs:
+            # (its namespace is the calling frame's: behind a break, a resume function's, whose
+            # variables are not the user's — so the whole frame runs eagerly)
+            raise unsupported("frame_dependent", f"{fn.__name__}() of the calling frame's own variables")
         if fn in _SIDE_EFFECTS:
             raise unsupported("unsupported_call", f"{fn.__name__}() inside a compiled function has effects kiln does not replay",
                               "the call runs outside the graph (a graph break); remove it from the compiled code to keep one graph")
