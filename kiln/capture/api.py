@@ -42,6 +42,15 @@ def _module_call(self, *args, **kwargs):
     return self(*args, **kwargs)
 
 
+def _calling(fn: Callable) -> types.FunctionType:
+    """A Python function that calls `fn`, a callable written in C: the frame kiln captures."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    call.__qualname__ = call.__name__ = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    return call
+
+
 class CompiledFunction:
     """What `kiln.compile(fn)` returns: call it like `fn`."""
 
@@ -49,8 +58,15 @@ class CompiledFunction:
         target, bound_self = fn, None
         if isinstance(fn, types.MethodType):
             target, bound_self = fn.__func__, fn.__self__
+        elif not isinstance(fn, types.FunctionType) and callable(fn) and not isinstance(fn, type):
+            call = getattr(type(fn), "__call__", None)
+            if isinstance(call, types.FunctionType) and not type(fn).__module__.startswith("torch"):  # a user's callable object
+                target, bound_self = call, fn
+            else:  # a builtin (torch.sin), an ATen op: called from a function of kiln's own
+                target = _calling(fn)
         if not isinstance(target, types.FunctionType):
-            raise TypeError(f"kiln.compile: expected a Python function, method or nn.Module, got {type(fn).__name__}")
+            raise TypeError(f"kiln.compile: expected a callable (a Python function, method, nn.Module, builtin or "
+                            f"an object with __call__), got {type(fn).__name__}")
         binder = make_binder(target)
         if bound_self is not None:
             binder = functools.partial(binder, bound_self)
@@ -58,7 +74,7 @@ class CompiledFunction:
         self._run = _with_options(self._cache, options)
         functools.update_wrapper(self, fn)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         return self._run(*args, **kwargs)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -101,10 +117,10 @@ class CompiledModule(nn.Module):
         self.__dict__["_cache"] = FrameCache(_module_call, binder, module, backend, fullgraph, label, options.get("recompile_limit"), dynamic)
         self.__dict__["_run"] = _with_options(self.__dict__["_cache"], options)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         return self.__dict__["_run"](*args, **kwargs)
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def forward(self, /, *args: Any, **kwargs: Any) -> Any:
         return self.__dict__["_run"](*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -178,7 +194,7 @@ def capture(fn_or_module: Any, backend: Callable, fullgraph: bool = False, dynam
     if isinstance(fn_or_module, nn.Module):
         return CompiledModule(fn_or_module, backend, fullgraph, options, dynamic)
     if not callable(fn_or_module):
-        raise TypeError(f"kiln.compile: fn_or_module must be a function, method or nn.Module, got {type(fn_or_module).__name__}")
+        raise TypeError(f"kiln.compile: fn_or_module must be callable (a function, method, nn.Module, builtin or object with __call__), got {type(fn_or_module).__name__}")
     return CompiledFunction(fn_or_module, backend, fullgraph, options, dynamic)
 
 

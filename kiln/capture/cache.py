@@ -57,7 +57,7 @@ class FrameCache:
         self.limit_hit = False
         self.dynamic.seen.clear()
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         L = self.binder(*args, **kwargs)
         for index, entry in enumerate(self.entries):
             if entry.guards.check(L):

@@ -359,3 +359,24 @@ def test_saved_tensor_hooks_run_for_the_program_only(backend):
         out.sum().backward()
         assert counts == {"pack": 1, "unpack": 1}
     torch.testing.assert_close(x.grad, y)
+
+
+def test_builtins_aten_ops_and_callable_objects_compile():
+    # Dynamo's test_repros.py test_function_in_skipfiles (torch.compile(torch.sin)), test_misc.py
+    # test_compile_non_infra_* (torch.add, an OpOverload), test_modules.py
+    # test_udo_instance_method_as_hook (an object with __call__).
+    class Scale:
+        def __init__(self):
+            self.k = 3
+
+        def __call__(self, x):
+            return x * self.k
+
+    x = torch.randn(4)
+    torch.testing.assert_close(kiln.compile(torch.sin, backend="eager", fullgraph=True)(x), torch.sin(x))
+    torch.testing.assert_close(kiln.compile(torch.ops.aten.add.Tensor, backend="eager", fullgraph=True)(x, x), x + x)
+    scale = Scale()
+    compiled = kiln.compile(scale, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), x * 3)
+    scale.k = 5
+    torch.testing.assert_close(compiled(x), x * 5)

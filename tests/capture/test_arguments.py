@@ -219,3 +219,14 @@ def test_different_argument_kinds_recompile_or_reuse():
         torch.testing.assert_close(compiled(*args, **kwargs), f(*args, **kwargs))
     assert len(compiled.kiln_cache.entries) == 2  # n=1/flag=False shared however it is passed
     assert compiled.kiln_cache.fallback is None
+
+
+def test_a_parameter_named_self_passed_by_keyword():
+    # Dynamo's test_repros.py test_foreach_decomp_arg_names: the compiled function's own
+    # __call__(self, ...) took the user's `self=` keyword.
+    def foreach_pow(self, exponent):
+        return [t ** exponent for t in self]
+
+    compiled = kiln.compile(foreach_pow, backend="eager", fullgraph=True)
+    x = [torch.rand(2, 2)]
+    torch.testing.assert_close(compiled(self=x, exponent=2.5), foreach_pow(self=x, exponent=2.5))
