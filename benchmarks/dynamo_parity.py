@@ -44,7 +44,7 @@ NOT_COUNTED = ("fewer_graphs", "dynamo_internal", "not_redirected")
 # counters, guards, config, logs): such a test checks Dynamo, not the program's meaning.
 _DYNAMO_DETAILS = ("op_count", "counters", "_dynamo", "guard", "config", "normalize_gm", "graph.code",
                    "print_readable", "assertExpectedInline", "assertLogs", "_log", "code_parts", "recompil",
-                   "compile_id", "cache_entr")
+                   "compile_id", "cache_entr", "_inductor.")
 # ...that counts frames or graphs compiled.
 _COUNTS = ("frame_count", "graph_count", "compile_count", "cnt.", "counter.", "num_graphs", "len(graphs)",
            "len(backend.graphs)", ".graphs)", "compiles")

@@ -112,6 +112,7 @@ class CompiledModule(nn.Module):
     def __init__(self, module: nn.Module, backend: Callable, fullgraph: bool, options: dict, dynamic: bool | None = None) -> None:
         nn.Module.__init__(self)
         self.__dict__["_orig_mod"] = module
+        self.__dict__["_settings"] = (backend, fullgraph, options, dynamic)
         binder = functools.partial(make_binder(_module_call), module)
         label = type(module).__qualname__
         self.__dict__["_cache"] = FrameCache(_module_call, binder, module, backend, fullgraph, label, options.get("recompile_limit"), dynamic)
@@ -119,6 +120,11 @@ class CompiledModule(nn.Module):
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         return self.__dict__["_run"](*args, **kwargs)
+
+    def __reduce__(self) -> tuple:
+        # torch.save / pickle: the original module, compiled again with the same settings when
+        # loaded (compiled code is never saved; the backend must pickle, as a function does).
+        return (CompiledModule, (self.__dict__["_orig_mod"], *self.__dict__["_settings"]))
 
     def forward(self, /, *args: Any, **kwargs: Any) -> Any:
         return self.__dict__["_run"](*args, **kwargs)

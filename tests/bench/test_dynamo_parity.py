@@ -121,6 +121,8 @@ def test_failures_are_classified_by_where_they_failed():
     assert classify({**failed, "test_line": "self.assertEqual(len(records), 1)", "reads_dynamo_logs": True}) == "dynamo_internal"
     assert classify({**failed, "test_line": "self.assertEqual(len(records), 1)"}) == "wrong_result"
     assert classify({**failed, "test_line": "self.assertEqual(len(compile_ids), 3)"}) == "dynamo_internal"
+    # Inductor's own counters (its generated kernels) check Inductor, not the program.
+    assert classify({**failed, "test_line": "self.assertGreater(torch._inductor.metrics.generated_kernel_count, 0)"}) == "dynamo_internal"
     assert classify({"outcome": "failed", "type": "builtins.StopIteration", "expects_dynamo_refusal": True}) == "dynamo_internal"
     assert classify({**failed, "testing_line": "self.assertEqual(actual.op_count, expected_ops)"}) == "dynamo_internal"
     assert classify({**failed, "test_line": 'self.assertEqual(counters["stats"]["calls"], 2)'}) == "dynamo_internal"

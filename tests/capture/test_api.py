@@ -380,3 +380,16 @@ def test_builtins_aten_ops_and_callable_objects_compile():
     torch.testing.assert_close(compiled(x), x * 3)
     scale.k = 5
     torch.testing.assert_close(compiled(x), x * 5)
+
+
+def test_a_compiled_module_saved_and_loaded_is_compiled_again(tmp_path):
+    # Dynamo's test_modules.py test_save_and_load_*: torch.save of the compiled module.
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    compiled = kiln.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    compiled(x)
+    torch.save(compiled, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert type(loaded) is type(compiled) and loaded.__dict__["_cache"] is not compiled.__dict__["_cache"]
+    torch.testing.assert_close(loaded(x), model(x))
+    assert len(loaded.kiln_cache.entries) == 1
