@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from kiln.capture import module_watch
 from kiln.capture.sources import InstanceDictSource
 from kiln.capture.variables.base import Variable
@@ -52,6 +54,7 @@ class SideEffects:
         it gets back the constant it read: after the replay, every attribute the graph's decisions
         read holds what they read."""
         from kiln.capture.variables.modules import ModuleVariable
+        from kiln.capture.variables.tensor import TensorVariable
 
         writes = [(id(obj.value), name, value) for obj, attrs in self.attr_writes.values()
                   if isinstance(obj, ModuleVariable) and obj.source is not None for name, value in attrs.items()]
@@ -61,6 +64,8 @@ class SideEffects:
                 return False
             if (key, name) not in self.module_reads:
                 return True
+            if isinstance(self.module_reads[(key, name)], torch.Tensor) and isinstance(value, TensorVariable):
+                return True  # (a tensor attribute is a guarded input of the graph, not a constant it read)
             return (value is not None and value.is_constant()
                     and module_watch.same_constant(self.module_reads[(key, name)], value.as_constant()))
 

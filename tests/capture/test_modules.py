@@ -606,3 +606,32 @@ def test_module_call_compared_by_identity_inside():
         return x * 4
 
     torch.testing.assert_close(kiln.compile(fn, backend="eager", fullgraph=True)(torch.ones(2)), fn(torch.ones(2)))
+
+
+def test_a_forward_storing_a_tensor_on_its_module():
+    # Dynamo's test_modules.py test_assign_does_not_exist: `self.attr = tensor` inside forward is
+    # set for real after the graph; read back on the next call it is an input (one recompile,
+    # when the attribute first appears, then none).
+    class Running(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            previous = getattr(self, "last", None)
+            y = self.lin(x)
+            if previous is not None:
+                y = y + previous
+            self.last = y * 2
+            return y
+
+    torch.manual_seed(0)
+    model, reference = Running().eval(), Running().eval()
+    reference.load_state_dict(model.state_dict())
+    compiled = kiln.compile(model, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(2, 4)
+            torch.testing.assert_close(compiled(x), reference(x))
+            torch.testing.assert_close(model.last, reference.last)
+    assert len(compiled.kiln_cache.entries) == 2

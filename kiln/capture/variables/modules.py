@@ -116,8 +116,8 @@ class ModuleVariable(UserObjectVariable):
     def setattr(self, tx: Any, name: str, value: Variable) -> None:
         if isinstance(value, ModuleVariable) or name in self.value._parameters or name in self.value._buffers or name in self.value._modules:
             raise unsupported("unsupported_setattr", f"assigning module/parameter/buffer {name!r} of {self.describe()} inside a compiled function")
-        if isinstance(value, TensorVariable):
-            raise unsupported("unsupported_setattr", f"storing a tensor on {self.describe()} inside a compiled function")
+        # (A plain tensor attribute, `self.cache = x + 1`, is set for real after the graph runs, as
+        # any object's attribute; read on a later call it is an input, not a frozen constant.)
         tx.output.side_effects.record_setattr(self, name, value)
 
     def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
