@@ -362,3 +362,22 @@ def test_eval_of_the_frames_own_variables_runs_the_frame_eagerly():
     torch.testing.assert_close(got, torch.full((2,), 4.0))
     with pytest.raises(CaptureError, match="frame_dependent"):
         kiln.compile(lambda x: eval("x + 1"), backend="eager", fullgraph=True)(torch.ones(2))
+
+
+def test_a_signatures_parameters_iterated_and_tested():
+    # Dynamo's test_repros.py test_validate_model_kwargs (as HF's generate checks model kwargs).
+    import inspect
+
+    def forward(a, b):
+        return torch.sin(a) + torch.cos(b)
+
+    def f(**kwargs):
+        accepted = set(inspect.signature(forward).parameters)
+        unused = [k for k, v in kwargs.items() if v is not None and k not in accepted]
+        return forward(**{k: v for k, v in kwargs.items() if k in accepted}), unused, len(inspect.signature(forward).parameters)
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x, y = torch.randn(3), torch.randn(3)
+    got, want = compiled(a=x, b=y, c=None), f(a=x, b=y, c=None)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:] == want[1:]

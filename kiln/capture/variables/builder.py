@@ -110,11 +110,12 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
     if isinstance(value, dict) and _is_plain_dict(value):
         _guard(tx, "TYPE_MATCH", source, type(value))
         return wrap_dict_contents(tx, value, source)
-    if type(value) is types.MappingProxyType and source is not None:
-        # Read through its keys and items (guarded as a dict's are); its dict cannot change
+    if type(value) is types.MappingProxyType:
+        # Read through its keys and items (guarded as a dict's are, where it has a source: a
+        # computed one, `inspect.signature(f).parameters`, is a constant); its dict cannot change
         # through it, and kiln never writes it.
         _guard(tx, "TYPE_MATCH", source, types.MappingProxyType)
-        return c.MappingProxyVariable(wrap_dict_contents(tx, value, source), source)
+        return c.MappingProxyVariable(wrap_dict_contents(tx, value, source), source, value)
     if type(value) in (set, frozenset) and all(_guardable_item(v) for v in value):
         # Its items fixed by one equality guard: literals by value, functions and other objects
         # whose class keeps object's equality by identity ({"PyTorch", torch.sin}).

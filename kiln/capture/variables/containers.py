@@ -562,12 +562,20 @@ class MappingProxyVariable(Variable):
 
     _READS = ("get", "keys", "values", "items", "copy", "__getitem__", "__contains__", "__len__", "__iter__")
 
-    def __init__(self, contents: DictVariable, source: Source | None = None) -> None:
+    def __init__(self, contents: DictVariable, source: Source | None = None, real: Any = None) -> None:
         super().__init__(source)
-        self.contents = contents
+        self.contents, self.real = contents, real
 
     def python_type(self) -> type:
         return types.MappingProxyType
+
+    def is_constant(self) -> bool:
+        # A real one computed while capturing (`inspect.signature(f).parameters`): no code in the
+        # trace can reach its dict, so it stays a constant that functions may be computed on.
+        return self.real is not None and self.source is None
+
+    def as_constant(self) -> Any:
+        return self.real if self.is_constant() else super().as_constant()
 
     def describe(self) -> str:
         return "a mappingproxy"
