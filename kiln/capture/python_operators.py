@@ -149,7 +149,7 @@ def _builtin_contents(tx: Any, obj: Variable, fn: Callable, base_fn: Callable) -
     names = [entry[1] for entry in (_BY_FUNCTION.get(fn), _BY_FUNCTION.get(base_fn)) if entry is not None and entry[1]]
     for name in names:
         raw, owner = class_lookup(obj.cls, name)
-        if raw is not None and isinstance(owner, type) and owner in (dict, collections.OrderedDict, set, frozenset):
+        if raw is not None and isinstance(owner, type) and owner in (dict, collections.OrderedDict, set, frozenset, list):
             return view
     return None
 

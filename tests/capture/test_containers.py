@@ -1072,3 +1072,37 @@ def test_torch_size_of_a_tensor_element_is_its_value_as_a_dict_key():
         got, want = compiled(x), f(x)
         torch.testing.assert_close(got[0], want[0])
         assert got[1] == want[1]
+
+
+class _Processors(list):
+    """A list subclass as HF's LogitsProcessorList: called, it applies its items in turn."""
+
+    def __call__(self, x):
+        for processor in self:
+            x = processor(x)
+        return x
+
+    def length_times_10(self):
+        return len(self) * 10
+
+
+def test_list_subclass_objects_handed_in_made_changed_and_called():
+    # Dynamo's test_repros.py test_merge_criteria_processor_list1/2 and
+    # test_restricted_list_subclass1/2 (a list subclass was read as a plain list, its methods lost).
+    def f(x, left, right):
+        if len(right):
+            left.extend(right)  # (replayed on the caller's object)
+        made = _Processors()
+        made.extend([True])
+        made.append(x)
+        made.pop(0)
+        made.append(made.length_times_10())
+        return left(x), sum(made), type(made) is _Processors, made, list.__len__(left)
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(4)
+    for extra in ([], [torch.sigmoid]):
+        left, ref = _Processors([torch.relu, torch.tanh]), _Processors([torch.relu, torch.tanh])
+        got, want = compiled(x, left, _Processors(extra)), f(x, ref, _Processors(extra))
+        torch.testing.assert_close(got[:2], want[:2])
+        assert got[2:] == want[2:] and type(got[3]) is _Processors and list(left) == list(ref)

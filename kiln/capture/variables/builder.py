@@ -98,7 +98,7 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
     if isinstance(value, torch.Size):
         _guard(tx, "EQUALS", source, value)  # (its type too: a plain tuple of the same sizes is another input)
         return c.SizeVariable([ConstantVariable(int(s)) for s in value], source)
-    if isinstance(value, (tuple, list)):
+    if isinstance(value, tuple) or type(value) is list:  # (a list subclass is an object: its class's methods)
         _guard(tx, "TYPE_MATCH", source, type(value))
         _guard(tx, "LENGTH_MATCH", source, len(value))
         items = [wrap(tx, item, ItemSource(source, i)) if source is not None else _build(tx, item, None) for i, item in enumerate(value)]

@@ -555,6 +555,15 @@ def wrap_dict_contents(tx: Any, value: dict, source: Source | None) -> Variable:
     return d
 
 
+def wrap_list_contents(tx: Any, value: list, source: Source | None) -> Variable:
+    """A ListVariable of a list subclass object's items, guarding its length (not its type: the
+    caller's business)."""
+    if source is not None:
+        tx.output.guards.add(Guard("LENGTH_MATCH", source, len(value)))
+    items = [wrap(tx, item, ItemSource(source, i) if source is not None else None) for i, item in enumerate(list.__iter__(value))]
+    return ListVariable(items, source)
+
+
 class MappingProxyVariable(Variable):
     """`types.MappingProxyType(d)`: a read-only view of a dict, live (it shows the dict's later
     changes). Made in the trace over a DictVariable, returned as a proxy of that dict (the

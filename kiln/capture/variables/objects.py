@@ -25,12 +25,12 @@ from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_rea
 from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
 from kiln.capture.variables.constant import ConstantVariable, is_literal, is_plain_data, plain_data
 from kiln.capture.variables.containers import (GENERATOR_ITEM_LIMIT, DictVariable, IteratorVariable, ListViewVariable, NamedTupleVariable,
-                                              TupleVariable, hash_key, wrap_dict_contents)
+                                              TupleVariable, hash_key, wrap_dict_contents, wrap_list_contents)
 from kiln.capture.variables.functions import BoundMethodVariable
 from kiln.capture.variables.wrapping import wrap, wrap_constant_result
 
 _MISSING = object()
-_CONTAINER_BASES = (dict, collections.OrderedDict, set, frozenset)
+_CONTAINER_BASES = (dict, collections.OrderedDict, set, frozenset, list)
 
 
 def class_lookup(cls: type, name: str) -> tuple[Any, type | None]:
@@ -180,11 +180,11 @@ class UserObjectVariable(Variable):
         guarded; one made in the trace holds them from its construction)."""
         if self.is_new:
             return getattr(self, "container", None)
-        if not isinstance(self.value, dict):
+        if not isinstance(self.value, (dict, list)):
             return None
         view = tx.output.wrapped.get(("view", self.source)) if self.source is not None else None
         if view is None:
-            view = wrap_dict_contents(tx, self.value, self.source)
+            view = (wrap_dict_contents if isinstance(self.value, dict) else wrap_list_contents)(tx, self.value, self.source)
             if self.source is not None:
                 tx.output.wrapped[("view", self.source)] = view
         return view
@@ -541,10 +541,18 @@ class NewObjectVariable(Variable):
         obj = UserObjectVariable(None, None, cls)
         if self.base is not object:
             base = _container_base(cls)
-            obj.container = DictVariable(cls=base) if issubclass(base, dict) else SetVariable([], frozen=base is frozenset)
+            obj.container = _empty_contents(base)
             if base is frozenset:
                 _fill_container(tx, obj, args[1:2], {})
         return obj
+
+
+def _empty_contents(base: type) -> Variable:
+    from kiln.capture.variables.containers import DictVariable, ListVariable, SetVariable  # containers.py imports this module
+
+    if issubclass(base, dict):
+        return DictVariable(cls=base)
+    return ListVariable([]) if base is list else SetVariable([], frozen=base is frozenset)
 
 
 def _container_base_or_none(cls: type) -> type | None:
@@ -564,7 +572,7 @@ def _new_container_subclass(tx: Any, cls: type, args: Sequence[Variable], kwargs
 
     base = _container_base(cls)
     obj = UserObjectVariable(None, None, cls)
-    obj.container = DictVariable(cls=base) if issubclass(base, dict) else SetVariable([], frozen=base is frozenset)
+    obj.container = _empty_contents(base)
     init, owner = class_lookup(cls, "__init__")
     if base is frozenset:
         _fill_container(tx, obj, args[:1], {})
@@ -582,7 +590,9 @@ def new_container_object(cls: type, contents: Any) -> Any:
     if issubclass(cls, frozenset):
         return cls.__new__(cls, contents)
     obj = cls.__new__(cls)
-    if isinstance(obj, collections.OrderedDict):  # (its own order table: dict.update would bypass it)
+    if isinstance(obj, list):
+        list.extend(obj, contents)
+    elif isinstance(obj, collections.OrderedDict):  # (its own order table: dict.update would bypass it)
         for key, value in contents.items():
             collections.OrderedDict.__setitem__(obj, key, value)
     else:
@@ -592,12 +602,16 @@ def new_container_object(cls: type, contents: Any) -> Any:
 
 def _fill_container(tx: Any, obj: UserObjectVariable, args: Sequence[Variable], kwargs: dict[str, Variable]) -> None:
     """The base type's __init__ on the object's contents: dict(mapping or pairs, **kw), set(iterable)."""
-    from kiln.capture.variables.containers import SetVariable, hash_key  # containers.py imports this module
+    from kiln.capture.variables.containers import ListVariable, SetVariable, hash_key  # containers.py imports this module
 
     if len(args) > 1:
         raise raise_real(TypeError(f"{obj.cls.__name__} expected at most 1 argument, got {len(args)}"))
     container = obj.container
-    if isinstance(container, SetVariable):
+    if isinstance(container, ListVariable):
+        if kwargs:
+            raise raise_real(TypeError(f"{obj.cls.__name__}() takes no keyword arguments"))
+        container.items[:] = list(args[0].iterate(tx)) if args else []
+    elif isinstance(container, SetVariable):
         if kwargs:
             raise raise_real(TypeError(f"{obj.cls.__name__}() takes no keyword arguments"))
         for item in args[0].iterate(tx) if args else []:
