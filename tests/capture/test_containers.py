@@ -1106,3 +1106,27 @@ def test_list_subclass_objects_handed_in_made_changed_and_called():
         got, want = compiled(x, left, _Processors(extra)), f(x, ref, _Processors(extra))
         torch.testing.assert_close(got[:2], want[:2])
         assert got[2:] == want[2:] and type(got[3]) is _Processors and list(left) == list(ref)
+
+
+def test_list_methods_called_wrongly_raise_as_python_and_list_new():
+    # Dynamo's test_list.py ListTests (`assertRaises(TypeError, p.append)`, `p.pop(10)`,
+    # `del p[::0]`: kiln's own errors before) and CustomNewListTests (`list.__new__(list)`).
+    class Plain(list):
+        pass
+
+    def f():
+        p = list("abc")
+        raised = []
+        for op in (lambda: p.append(), lambda: p.append(2, 3), lambda: p.pop(10), lambda: p.pop("a"),
+                   lambda: p.insert("a", 1), lambda: p.__delitem__(slice(None, None, 0)),
+                   lambda: p.__setitem__(slice(None, None, 2), [1, 2, 3])):
+            try:
+                op()
+            except (TypeError, IndexError, ValueError) as error:
+                raised.append(type(error).__name__)
+        made = list.__new__(list)
+        made.append(1)
+        sub = Plain.__new__(Plain, [1, 2], extra="ignored")
+        return raised, p, made, type(sub) is Plain, sub == []
+
+    assert kiln.compile(f, backend="eager", fullgraph=True)() == f()

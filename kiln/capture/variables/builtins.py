@@ -102,7 +102,7 @@ class BuiltinVariable(RealValueVariable):
             return const(getattr(self.value, name))
         if name == "fromkeys" and self.value in (dict, collections.OrderedDict):  # a classmethod: see call_method
             return BoundBuiltinMethod(self, name)
-        if name == "__new__" and self.value in (object, dict, collections.OrderedDict, set, frozenset):
+        if name == "__new__" and self.value in (object, dict, collections.OrderedDict, set, frozenset, list):
             return NewObjectVariable(self.value)  # (`object.__new__(cls)`, `dict.__new__(cls)`)
         if self.value is object and name in _OBJECT_SLOTS:  # `object.__setattr__(self, ...)` (frozen dataclasses)
             return ObjectSlotVariable(name)

@@ -174,7 +174,7 @@ class BaseSequenceVariable(Variable):
         method = self.methods().get(name)
         if method is None or kwargs and name != "sort":
             return super().call_method(tx, name, args, kwargs)
-        return method(tx, *args, **kwargs)
+        return call_checked(tx, method, self.python_type().__name__, name, args, kwargs)
 
     def _index_of(self, tx: Any, value: Variable, *bounds: Variable) -> Variable:
         for i, item in enumerate(self.items):
@@ -311,14 +311,20 @@ class ListVariable(BaseSequenceVariable):
         return const(None)
 
     def _insert(self, tx: Any, index: Variable, item: Variable) -> Variable:
-        self.items.insert(index.as_constant(), item)
+        try:
+            self.items.insert(operator.index(index.as_constant()), item)
+        except TypeError as error:  # (a position that is not an int: Python's error, in the user's code)
+            raise raise_real(error) from None
         self._changed(tx)
         return const(None)
 
     def _pop(self, tx: Any, index: Variable | None = None) -> Variable:
         if not self.items:
             raise _raise(IndexError, "pop from empty list")
-        item = self.items.pop(-1 if index is None else index.as_constant())
+        try:
+            item = self.items.pop(-1 if index is None else operator.index(index.as_constant()))
+        except (IndexError, TypeError) as error:  # (out of range, or not an int: Python's error)
+            raise raise_real(error) from None
         self._changed(tx)
         return item
 
@@ -353,18 +359,25 @@ class ListVariable(BaseSequenceVariable):
 
     def setitem(self, tx: Any, key: Variable, value: Variable) -> Variable:
         index = _index(tx, key, len(self.items))
-        if isinstance(index, slice):
-            self.items[index] = value.iterate(tx)
-        else:
-            try:
+        try:
+            if isinstance(index, slice):
+                self.items[index] = value.iterate(tx)
+            else:
                 self.items[index] = value
-            except IndexError:
-                raise _raise(IndexError, "list assignment index out of range") from None
+        except IndexError:
+            raise _raise(IndexError, "list assignment index out of range") from None
+        except ValueError as error:  # (a zero step; an extended slice of another length)
+            raise raise_real(error) from None
         self._changed(tx)
         return const(None)
 
     def delitem(self, tx: Any, key: Variable) -> Variable:
-        del self.items[_index(tx, key, len(self.items))]
+        try:
+            del self.items[_index(tx, key, len(self.items))]
+        except IndexError:
+            raise _raise(IndexError, "list assignment index out of range") from None
+        except ValueError as error:  # (a zero step)
+            raise raise_real(error) from None
         self._changed(tx)
         return const(None)
 
@@ -448,11 +461,7 @@ class DictVariable(Variable):
             return operator_method(tx, self, name, args, kwargs) or super().call_method(tx, name, args, kwargs)
         if kwargs and name not in ("update", "popitem"):
             raise unsupported("unsupported_call", f"dict.{name} with keyword arguments")
-        try:
-            inspect.signature(method).bind(tx, *args, **kwargs)
-        except TypeError as error:  # the user's call has the wrong arguments: Python's TypeError
-            raise raise_real(TypeError(f"{self.cls.__name__}.{name}(): {error}")) from None
-        return method(tx, *args, **kwargs)
+        return call_checked(tx, method, self.cls.__name__, name, args, kwargs)
 
     def methods(self) -> dict[str, Callable]:
         return {
@@ -520,6 +529,16 @@ class DictVariable(Variable):
         self.entries.clear()
         self._changed(tx)
         return const(None)
+
+
+def call_checked(tx: Any, method: Callable, owner: str, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+    """A modelled container's method called with the user's arguments; a call Python would refuse
+    (`p.append()`, `d.get()`) raises Python's TypeError in the user's code, not kiln's."""
+    try:
+        inspect.signature(method).bind(tx, *args, **kwargs)
+    except TypeError as error:
+        raise raise_real(TypeError(f"{owner}.{name}(): {error}")) from None
+    return method(tx, *args, **kwargs)
 
 
 def record_change(tx: Any, container: Variable) -> None:

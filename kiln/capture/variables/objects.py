@@ -394,6 +394,8 @@ class ClassVariable(RealValueVariable):
 
     def getattr(self, tx: Any, name: str) -> Variable:
         raw, owner = class_lookup(self.value, name)
+        if name == "__new__" and owner in (object, *_CONTAINER_BASES):  # (`C.__new__(C)` inherited from a base)
+            return NewObjectVariable(owner)
         if owner in _CONTAINER_BASES and isinstance(raw, (types.WrapperDescriptorType, types.MethodDescriptorType)):
             # A dict/set subclass's inherited builtin method read from the class (`C.__ior__`,
             # `C.add`): called with the object first, as the base's unbound method.
@@ -534,8 +536,9 @@ class NewObjectVariable(Variable):
         if not isinstance(cls, type) or not issubclass(cls, self.base):
             raise unsupported("unsupported_call", f"{self.base.__name__}.__new__ of {args[0].describe() if args else 'nothing'}")
         if cls in _CONTAINER_BASES:  # (`dict.__new__(dict)`: an empty dict, as the type itself makes)
-            return DictVariable(cls=cls) if issubclass(cls, dict) else SetVariable(list(args[1].iterate(tx)) if len(args) > 1 and cls is frozenset
-                                                                                     else [], frozen=cls is frozenset)
+            if cls is frozenset:
+                return SetVariable(list(args[1].iterate(tx)) if len(args) > 1 else [], frozen=True)
+            return _empty_contents(cls)
         if self.base is object and _container_base_or_none(cls) is not None or issubclass(cls, (nn.Module, BaseException)):
             raise unsupported("unsupported_call", f"{self.base.__name__}.__new__({cls.__qualname__})")
         obj = UserObjectVariable(None, None, cls)
