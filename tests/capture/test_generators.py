@@ -191,15 +191,16 @@ def test_generator_effects_interleave_with_consumer():
     check(f, t(), [])
 
 
-def test_infinite_generator_consumed_partially():
-    def naturals():
-        i = 0
-        while True:
-            yield i
-            i += 1
+def _naturals():
+    i = 0
+    while True:
+        yield i
+        i += 1
 
+
+def test_infinite_generator_consumed_partially():
     def f(x):
-        gen = naturals()
+        gen = _naturals()
         a, b = next(gen), next(gen)
         total = x
         for i in gen:
@@ -253,27 +254,15 @@ def test_generator_dunder_next_and_iter():
 
 
 def test_zip_of_an_endless_generator_first_stops_with_the_finite_sequence():
-    def naturals():
-        i = 0
-        while True:
-            yield i
-            i += 1
-
     def f(xs):
-        return [v * i for i, v in zip(naturals(), xs)]
+        return [v * i for i, v in zip(_naturals(), xs)]
 
     check(f, [t(), t()])
 
 
 def test_an_endless_generator_consumed_whole_is_a_capture_error_and_falls_back():
-    def naturals():
-        i = 0
-        while True:
-            yield i
-            i += 1
-
     def f(x):
-        return x * len(list(zip(naturals(), naturals())))
+        return x * len(list(zip(_naturals(), _naturals())))
 
     with pytest.raises(kiln.CaptureError):
         kiln.compile(f, backend="eager", fullgraph=True)(t())
