@@ -172,16 +172,18 @@ def _internal_error(fn: Any, error: Exception) -> BreakRecord:
                        "a bug in kiln: please report it with this message (KILN_LOGS=breaks shows the frame)", where[2])
 
 
-_WARNED: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
+# The labels warned about, per code object: every compiled module's frame is one code object
+# (api.py `_module_call`), told apart by its label (the module's class).
+_WARNED: "weakref.WeakKeyDictionary[types.CodeType, set[str]]" = weakref.WeakKeyDictionary()
 
 
 def warn_eager_frame(fn: Any, label: str, record: BreakRecord, stacklevel: int) -> None:
-    """Tell the user, once per code object, that a whole frame runs eagerly: every call of it
-    loses kiln's speed-up, which `kiln.explain` shows only to those who ask."""
+    """Tell the user, once per code object and label, that a whole frame runs eagerly: every call
+    of it loses kiln's speed-up, which `kiln.explain` shows only to those who ask."""
     code = getattr(fn, "__code__", None)
-    if not config.capture.warn_eager_frames or code is None or code in _WARNED:
+    if not config.capture.warn_eager_frames or code is None or label in _WARNED.get(code, ()):
         return
-    _WARNED.add(code)
+    _WARNED.setdefault(code, set()).add(label)
     warnings.warn(f"kiln.compile: {label} runs eagerly, without kiln's speed-up: {record}\n"
                   f"kiln.explain(fn, *args) lists every break; KILN_WARN_EAGER_FRAMES=0 silences this warning.",
                   RuntimeWarning, stacklevel=stacklevel)
@@ -201,3 +203,4 @@ def all_caches() -> list[FrameCache]:
 def reset_all() -> None:
     for cache in list(_ALL_CACHES):
         cache.clear()
+    _WARNED.clear()  # (frames compiled again are told about again)

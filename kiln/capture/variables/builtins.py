@@ -28,7 +28,7 @@ from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, V
 from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
 from kiln.capture.resume_code import stack_name
 from kiln.capture.variables.containers import (
-    GENERATOR_ITEM_LIMIT, DictVariable, IteratorVariable, ListVariable, MappingProxyVariable, SetVariable, TupleVariable,
+    GENERATOR_ITEM_LIMIT, DictVariable, GeneratorIterator, IteratorVariable, ListVariable, MappingProxyVariable, SetVariable, TupleVariable,
     hash_key,
 )
 from kiln.capture.variables.functions import BoundMethodVariable, FunctionVariableBase, PartialVariable
@@ -328,6 +328,18 @@ def _zip(tx: Any, *seqs: Variable, strict: Variable | None = None) -> Variable:
     return IteratorVariable([TupleVariable(row) for row in _rows(tx, seqs)])
 
 
+def _finish_suspended_in_a_block(tx: Any, iterators: list[Variable]) -> None:
+    """A generator zip stopped asking that waits inside a try or with block is run to its end
+    now (its cleanup with it), as kiln took every generator whole before zip went item by item:
+    left suspended there, its frame could not be captured (capture/frame.py)."""
+    from kiln.capture.resume_at_break import enclosing_blocks  # resume_at_break.py imports this module's users
+
+    for it in iterators:
+        where = it.suspended_at() if isinstance(it, GeneratorIterator) else None
+        if where is not None and enclosing_blocks(*where):
+            it.iterate(tx)
+
+
 @handles(map)
 def _map(tx: Any, fn: Variable, *seqs: Variable) -> Variable:
     return IteratorVariable([fn.call(tx, row, {}) for row in _rows(tx, seqs)])
@@ -348,6 +360,7 @@ def _rows(tx: Any, seqs: Sequence[Variable]) -> list[list[Variable]]:
         for it in iterators:
             item = it.next(tx)
             if item is None:
+                _finish_suspended_in_a_block(tx, iterators)
                 return rows
             row.append(item)
         rows.append(row)
