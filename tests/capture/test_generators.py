@@ -541,3 +541,31 @@ def test_a_generator_not_started_is_returned_as_a_generator():
     (g1, g2), s = compiled(x)
     assert type(g1).__name__ == "generator"
     torch.testing.assert_close(list(g1) + list(g2) + [s], [x + 1, x + 2, x * 2 + 1, x * 2 + 2, x.sin()])
+
+
+def test_zip_leaving_a_generator_inside_a_with_block_runs_it_to_its_end():
+    # zip asks a generator for items one at a time; one it stops asking while it waits inside a
+    # `with` block is run to its end (its cleanup with it), or the frame could not be captured
+    # (HF's Llama reached this through a generator of its own).
+    log = []
+
+    class Block:
+        def __enter__(self):
+            log.append("enter")
+
+        def __exit__(self, *exc):
+            log.append("exit")
+
+    def scaled(x):
+        with Block():
+            for i in range(3):
+                yield x * i
+
+    def f(x):
+        return [a + b for a, b in zip([x, x], scaled(x))]
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = t()
+    got = compiled(x)
+    torch.testing.assert_close(got, f(x))
+    assert log == ["enter", "exit", "enter", "exit"]
