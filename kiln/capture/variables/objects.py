@@ -530,7 +530,7 @@ class NewObjectVariable(Variable):
         return types.BuiltinFunctionType
 
     def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
-        from kiln.capture.variables.containers import DictVariable, SetVariable  # containers.py imports this module
+        from kiln.capture.variables.containers import SetVariable  # containers.py imports this module
 
         cls = getattr(args[0], "value", None) if args else None
         if not isinstance(cls, type) or not issubclass(cls, self.base):
