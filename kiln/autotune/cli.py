@@ -78,7 +78,8 @@ def answer(path: str, mode: str = "default") -> list[dict[str, Any]]:
     def ask(q: dict[str, Any]) -> str:
         if q["op"] == "mm":
             unary, scalars, algorithm = q["post_op"]
-            return choose_mm(tensor(q["a"]), tensor(q["b"]), tensor(q["bias"]), mode, (unary, scalars, algorithm))
+            return choose_mm(tensor(q["a"]), tensor(q["b"]), tensor(q["bias"]), mode, (unary, scalars, algorithm),
+                             q.get("weights_from_dram", False))
         if q["op"] == "conv":
             stride, padding, dilation, groups = q["conv_args"]
             return choose_conv(tensor(q["x"]), q["x_channels_last"], tensor(q["w"]), tensor(q["bias"]),

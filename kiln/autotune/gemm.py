@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -162,29 +163,35 @@ def _ties_first(names) -> list[str]:
 
 
 def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode: str = "default",
-              post_op: tuple[str, list, str] = ("none", [], "")) -> str:
+              post_op: tuple[str, list, str] = ("none", [], ""), weights_from_dram: bool = False) -> str:
     """The fastest `kiln::mm` implementation for fake or meta values `a` [M, K], `b` [K, N].
 
     With a unary `post_op`, each candidate is timed followed by it as ATen runs it (what kiln's
     kernel after the GEMM costs, roughly), and those of `FUSED_POST_OPS` also with the op inside
-    their GEMM: that candidate's name when it wins."""
-    weights = [f"b{k}" for k in range(weight_copies(b))]
+    their GEMM: that candidate's name when it wins. `weights_from_dram` (the graph's products read
+    more weight bytes a call than the last-level cache holds, `streams_weights`): a memory-bound
+    product is timed on weights read from DRAM (`STREAMED_ROWS`)."""
+    names = _ties_first(mm_impls(a.dtype))
+    streamed = weights_from_dram and memory_bound(a)
+    copies = streamed_copies(b) if streamed else weight_copies(b)
+    weights = [f"b{k}" for k in range(copies)]
     r = Inputs({name: "b0" for name in weights[1:]}, a=(a, None), bias=(bias, None), **{name: (b, None) for name in weights})
     unary, scalars, algorithm = post_op
     apply_post_op = native_ops.direct("post_op")
     after = (lambda y: y) if unary == "none" else lambda y: apply_post_op(y, unary, scalars, algorithm or None)  # noqa: E731
     plain = lambda f: lambda b: after(f(r.a, b, r.bias, "none", [], None))  # noqa: E731
     fused = lambda f: lambda b: f(r.a, b, r.bias, unary, scalars, algorithm or None)  # noqa: E731
-    candidates = {name: _rotating(r, weights, plain(mm_call(name)))
-                  for name in _ties_first(mm_impls(a.dtype))}
+    candidates = {name: _rotating(r, weights, plain(mm_call(name))) for name in names}
     signature = (tuple(a.shape), tuple(b.shape), tuple(b.stride()), str(a.dtype), bias is not None)
     if unary != "none":  # signatures of plain GEMMs as before, so their cache entries stay valid
         for name, impl in _fused_impls(a.dtype).items():
             candidates[name] = _rotating(r, weights, fused(mm_call(impl)))
         signature += (unary, tuple(scalars), algorithm)
+    if streamed:  # (likewise)
+        signature += ("weights from DRAM",)
 
     question = lambda: {"op": "mm", "a": spec(a), "b": spec(b), "bias": spec(bias),  # noqa: E731
-                        "post_op": [unary, list(scalars), algorithm]}
+                        "post_op": [unary, list(scalars), algorithm], "weights_from_dram": weights_from_dram}
     return choose("mm", signature, no_grad(candidates), BUDGET[mode], ROUNDS[mode], cleanup=_dropping_packs(r, weights),
                   question=question, default="aten")
 
@@ -211,6 +218,58 @@ def weight_copies(b: torch.Tensor) -> int:
     """How many copies of a weight like `b` a GEMM question times its candidates on."""
     nbytes = max(1, b.numel() * b.element_size())
     return max(1, min(MAX_WEIGHT_COPIES, -(-WEIGHT_STREAM_BYTES // nbytes)))
+
+
+# A decoder generating text reads every weight once per token: its products have a row or a few
+# (memory-bound: at 8 rows an fp32 product does 4 FLOP per weight byte, bf16 8, under any CPU's
+# ratio of FLOP/s to DRAM bytes/s), and a model of more weight bytes than the last-level cache holds
+# reads them all from DRAM. Timed from L3, as above, the candidate that computes fastest wins; from
+# DRAM, the one that streams best, and they differ: llama-160m's LM head, 1x768 @ 768x32000 on a
+# 2-core Intel Xeon (260 MB L3), took 2.40 ms with ATen's GEMM and 3.20 with its transposed copy
+# from L3, 3.51 and 3.25 ms from DRAM. So a memory-bound product of such a graph is timed on copies
+# of its weight as large together as the last-level cache: each copy is evicted before a candidate
+# comes back to it, also in the rounds where the close two run alone.
+STREAMED_ROWS = 8
+MAX_STREAMED_COPIES = 256
+
+
+def memory_bound(a: torch.Tensor) -> bool:
+    """Whether a product of `a`'s rows is bound by reading its weight (`STREAMED_ROWS`)."""
+    return a.shape[0] <= STREAMED_ROWS
+
+
+def streams_weights(weight_bytes: int) -> bool:
+    """Whether a graph whose products read `weight_bytes` of weights a call reads them from DRAM."""
+    return weight_bytes > last_level_cache_bytes()
+
+
+def streamed_copies(b: torch.Tensor) -> int:
+    """How many copies of a weight like `b` time a question on weights from DRAM."""
+    nbytes = max(1, b.numel() * b.element_size())
+    return max(1, min(MAX_STREAMED_COPIES, -(-last_level_cache_bytes() // nbytes)))
+
+
+# Where the system says nothing (not Linux), a last-level cache larger than most: a graph's weights
+# are taken to stream from DRAM only when they surely do.
+_UNKNOWN_LLC_BYTES = 256 << 20
+
+
+@functools.cache
+def last_level_cache_bytes() -> int:
+    """The size of the largest cache the first CPU reports (Linux's sysfs: L3 on x86, L2 or the
+    system-level cache elsewhere). On a virtual machine it is the host's whole socket's, shared
+    with other guests: an upper bound of what this process keeps."""
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes, default=_UNKNOWN_LLC_BYTES)
 
 
 def _rotating(r: Inputs, weights: list[str], run: Callable[[torch.Tensor], object]) -> Callable[[], object]:

@@ -12,6 +12,9 @@ there as a post-op instead of as a kernel of its own: the GEMM's output is writt
 
     gelu(view(mm(a, b) + bias))  -> view(kiln::mm(a, b, bias, "gelu", "onednn"))
 
+A graph whose products read more weight bytes a call than the last-level cache holds (a decoder's
+step) has its memory-bound products timed on weights from DRAM (kiln/autotune/gemm.py).
+
 With the setting `backend.fp32_gemm` at "bf16" (bfloat16 fast math), every float32 product here
 runs kiln's GEMM over bfloat16 operands, its unary op inside, whatever `backend.autotune` says:
 the user asked for it, and it is never timed against the float32 implementations.
@@ -27,7 +30,7 @@ from torch import fx
 
 from kiln import logs
 from kiln.autotune import mode as autotune_mode
-from kiln.autotune.gemm import FUSED_POST_OPS, choose_mm, timing_value
+from kiln.autotune.gemm import FUSED_POST_OPS, choose_mm, streams_weights, timing_value
 from kiln.externs import native_ops
 from kiln.externs.prepacked import BF16_MATH_IMPL, fp32_gemm
 from kiln.ir.sizes import size_expr
@@ -106,6 +109,7 @@ def gemm_prepack(gm: fx.GraphModule, target: Target) -> bool:
     if target.device != "cpu" or not has_frozen_inputs(gm) or (mode == "off" and not bf16_math):
         return False
     constants = ConstantSet(gm)
+    from_dram = streams_weights(_weight_bytes(gm, constants))
     changed = False
     for node, bound in _matches(gm):
         a, b, bias = bound["a"], bound["b"], bound.get("bias")
@@ -122,7 +126,7 @@ def gemm_prepack(gm: fx.GraphModule, target: Target) -> bool:
         elif mode == "off":
             continue
         else:
-            choice = choose_mm(timing_value(a.meta["val"]), b.meta["val"], _val(timed_bias), mode, post_op)
+            choice = choose_mm(timing_value(a.meta["val"]), b.meta["val"], _val(timed_bias), mode, post_op, from_dram)
             impl, fused = FUSED_POST_OPS.get(choice, choice), choice in FUSED_POST_OPS
         logs.log("freezing", "%s %s x %s%s: %s", node.name, _shape(a), _shape(b),
                  f" + {post_op[0]}" if chain is not None else "", choice)
@@ -135,6 +139,12 @@ def gemm_prepack(gm: fx.GraphModule, target: Target) -> bool:
             replace(gm, node, native_ops.op("mm"), a, b, bias, *NO_POST_OP[:2], None, impl)
             changed = True
     return changed
+
+
+def _weight_bytes(gm: fx.GraphModule, constants: ConstantSet) -> int:
+    """The bytes of the frozen weights this graph's products read a call (each weight once)."""
+    weights = {bound["b"] for _, bound in _matches(gm) if bound["b"] in constants}
+    return sum(w.meta["val"].numel() * w.meta["val"].element_size() for w in weights if isinstance(w.meta.get("val"), torch.Tensor))
 
 
 def _val(node: fx.Node | None) -> torch.Tensor | None:

@@ -125,3 +125,45 @@ def test_weight_copies_are_clones_of_the_first_drawn(monkeypatch):
     r = gemm.Inputs({"b1": "b0", "b2": "b0"}, **{f"b{k}": (like, None) for k in range(3)})
     assert torch.equal(r.b2, r.b0) and r.b2.data_ptr() != r.b0.data_ptr() and torch.equal(r.b1, r.b0)
     assert made == [(4, 4)]  # one drawn, two cloned
+
+
+def _clone_count(monkeypatch) -> list:
+    cloned = []
+    original = gemm.Inputs.__getattr__
+
+    def counting(self, name):
+        if name not in self.__dict__.get("_made", {}) and name in self.__dict__.get("_copies", {}):
+            cloned.append(name)
+        return original(self, name)
+
+    monkeypatch.setattr(gemm.Inputs, "__getattr__", counting)
+    return cloned
+
+
+def test_a_memory_bound_product_of_a_graph_beyond_the_cache_is_timed_on_weights_from_dram(monkeypatch):
+    # A decode step's product (one row) in a model larger than the last-level cache reads its
+    # weight from DRAM: timed on copies as large together as that cache, as a question of its own.
+    monkeypatch.setattr(gemm, "last_level_cache_bytes", lambda: 1 << 20)
+    cloned = _clone_count(monkeypatch)
+    a, b = torch.empty(1, 256, device="meta"), torch.empty(256, 64, device="meta")  # 64 KB
+    assert gemm.streamed_copies(b) == 16 and gemm.memory_bound(a)
+    gemm.choose_mm(a, b, None, weights_from_dram=True)
+    assert len(cloned) == 15  # 16 copies: one drawn, fifteen cloned
+    cloned.clear()
+    gemm.choose_mm(a, b, None)  # from L3: another question, on the usual copies
+    assert len(cloned) == gemm.weight_copies(b) - 1
+    assert gemm.streams_weights(2 << 20) and not gemm.streams_weights(1 << 20)
+
+
+def test_a_product_of_many_rows_is_timed_from_the_cache_whatever_the_graph(monkeypatch):
+    monkeypatch.setattr(gemm, "last_level_cache_bytes", lambda: 1 << 20)
+    cloned = _clone_count(monkeypatch)
+    a, b = torch.empty(64, 256, device="meta"), torch.empty(256, 64, device="meta")
+    assert not gemm.memory_bound(a)
+    gemm.choose_mm(a, b, None, weights_from_dram=True)  # compute-bound: as from L3
+    assert len(cloned) == gemm.weight_copies(b) - 1
+
+
+def test_the_last_level_cache_is_read_from_the_system():
+    size = gemm.last_level_cache_bytes()
+    assert isinstance(size, int) and (256 << 10) <= size <= (4 << 30)

@@ -452,3 +452,23 @@ def test_products_of_one_input_merge_into_one_product_over_concatenated_weights(
         unmerged = _frozen(model, x)
     assert len(_products(unmerged)) == 6 and len(_products(program)) == 3, _products(program)
     assert program(*_flat(model), x)[2].is_contiguous()
+
+
+@pytest.mark.parametrize("rows,cache_bytes,from_dram", [(1, 2 << 10, True), (1, 64 << 20, False), (32, 2 << 10, False)])
+def test_products_of_a_graph_whose_weights_exceed_the_last_level_cache_are_timed_from_dram(rows, cache_bytes, from_dram,
+                                                                                          monkeypatch):
+    # The two weights (2 KB and 1 KB) exceed a 2 KB cache together: the graph's products stream
+    # them from DRAM. A graph of many rows is compute-bound: timed from the cache all the same.
+    import kiln.autotune.gemm as gemm
+    import kiln.passes.gemm_prepack as gemm_prepack
+
+    asked = []
+    monkeypatch.setattr(gemm, "last_level_cache_bytes", lambda: cache_bytes)
+    monkeypatch.setattr(gemm_prepack, "choose_mm", lambda a, b, *args: asked.append(
+        args[-1] and gemm.memory_bound(a)) or "kiln")
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    x = torch.randn(rows, 16)
+    out, _ = compiled(model, x, freezing=True, autotune="default")
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    assert asked == [from_dram, from_dram]
