@@ -7,13 +7,13 @@ This module only re-exports the public API; each piece lives in its own layer. T
 
 from kiln import config, logs
 from kiln.api import compile, refreeze, reset
-from kiln.capture import CaptureError, explain, mark_dynamic
+from kiln.capture import CaptureError, explain, graph_break, mark_dynamic
 
 __version__ = "0.1.0"
 
 from kiln.deploy import export, load  # noqa: E402  (after __version__, which artifacts record)
 
-__all__ = ["CaptureError", "compile", "config", "debug", "explain", "export", "load", "logs", "mark_dynamic", "quantize",
+__all__ = ["CaptureError", "compile", "config", "debug", "explain", "export", "graph_break", "load", "logs", "mark_dynamic", "quantize",
            "refreeze", "reset", "__version__"]
 
 

@@ -4,5 +4,6 @@ from kiln.capture.api import CompiledFunction, CompiledModule, capture, reset
 from kiln.capture.break_records import BREAKS, BreakRecord, CaptureError
 from kiln.capture.dynamic import mark_dynamic
 from kiln.capture.explain import ExplainReport, explain
+from kiln.capture.markers import graph_break
 
-__all__ = ["BREAKS", "BreakRecord", "CaptureError", "CompiledFunction", "CompiledModule", "ExplainReport", "capture", "explain", "mark_dynamic", "reset"]
+__all__ = ["BREAKS", "BreakRecord", "CaptureError", "CompiledFunction", "CompiledModule", "ExplainReport", "capture", "explain", "graph_break", "mark_dynamic", "reset"]

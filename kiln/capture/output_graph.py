@@ -237,7 +237,8 @@ class OutputGraph:
         for node in self.graph.nodes:
             name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
             if node.op in ("call_method", "call_function") and (
-                    (name.endswith("_") and not name.startswith("_")) or "out" in node.kwargs or name == "setitem"):
+                    (name.endswith("_") and not name.startswith("_")) or "out" in node.kwargs or name == "setitem"
+                    or getattr(node.target, "writes_in_place", False)):
                 return True
         return False
 

@@ -21,6 +21,8 @@ from kiln.capture.variables.containers import (BaseSequenceVariable, DictVariabl
                                                equal, hash_key)
 from kiln.capture.variables.objects import ClassVariable, InstanceDictVariable, ModelOutputVariable, UserObjectVariable, class_lookup
 from kiln.capture.variables.symbolic import SymNodeVariable
+from kiln.capture.variables.numpy_arrays import (NumpyArrayVariable, numpy_binary, numpy_store_subscript, numpy_subscript,
+                                                 numpy_unary)
 from kiln.capture.variables.tensor import TensorVariable
 from kiln.capture.variables.wrapping import wrap_constant_result
 
@@ -66,6 +68,8 @@ def _is_number(v: Variable) -> bool:
 
 def apply_binary(tx: Any, fn: Callable, a: Variable, b: Variable) -> Variable:
     """`fn(a, b)` for an operator function (operator.add, operator.lt, operator.iadd, ...)."""
+    if isinstance(a, NumpyArrayVariable) or isinstance(b, NumpyArrayVariable):
+        return numpy_binary(tx, fn, a, b)
     if _is_tensor(a) or _is_tensor(b) or (_is_symbolic(a) or _is_symbolic(b)) and _is_number(a) and _is_number(b):
         if fn in _INPLACE_TO_BINARY and not _is_tensor(a):
             fn = _INPLACE_TO_BINARY[fn][0]
@@ -252,6 +256,8 @@ def _constant_result(value: Any) -> Variable:
 
 
 def apply_unary(tx: Any, fn: Callable, a: Variable) -> Variable:
+    if isinstance(a, NumpyArrayVariable) and fn is not operator.not_:
+        return numpy_unary(tx, fn, a)
     if _is_tensor(a) or _is_symbolic(a) and fn is not operator.not_:
         return tx.output.call("call_function", fn, [a], {})
     if fn is operator.not_:
@@ -308,6 +314,8 @@ def subscript(tx: Any, obj: Variable, key: Variable) -> Variable:
     """`obj[key]`."""
     if isinstance(obj, TensorVariable):
         return tx.output.call("call_function", operator.getitem, [obj, key], {})
+    if isinstance(obj, NumpyArrayVariable):
+        return numpy_subscript(tx, obj, key)
     if isinstance(obj, (BaseSequenceVariable, DictVariable, MappingProxyVariable)):
         return obj.getitem(tx, key)
     if isinstance(obj, (UserObjectVariable, ModelOutputVariable, InstanceDictVariable)):
@@ -327,6 +335,8 @@ def subscript(tx: Any, obj: Variable, key: Variable) -> Variable:
 def store_subscript(tx: Any, obj: Variable, key: Variable, value: Variable) -> None:
     if isinstance(obj, TensorVariable):
         obj.call_method(tx, "__setitem__", [key, value], {})
+    elif isinstance(obj, NumpyArrayVariable):
+        numpy_store_subscript(tx, obj, key, value)
     elif isinstance(obj, (ListVariable, DictVariable)):
         obj.setitem(tx, key, value)
     elif isinstance(obj, (UserObjectVariable, ModelOutputVariable, InstanceDictVariable, MappingProxyVariable)):

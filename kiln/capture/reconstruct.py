@@ -28,6 +28,7 @@ from kiln.capture.variables.constant import ConstantMethodVariable, ConstantVari
 from kiln.capture.variables.functions import BoundMethodVariable, CellVariable, GeneratorVariable, NestedFunctionVariable, RealCellVariable
 from kiln.capture.variables.objects import ModelOutputVariable, UserIteratorVariable, UserObjectVariable, new_container_object
 from kiln.capture.variables.symbolic import SymNodeVariable
+from kiln.capture.variables.numpy_arrays import NumpyArrayVariable, NumpyMethodVariable, ndarray_of
 from kiln.capture.variables.tensor import TensorMethodVariable, TensorVariable
 from kiln.capture.variables.torch_fns import GradModeVariable
 
@@ -148,6 +149,10 @@ class Reconstructor:
             if var.source is not None and var.node.op in ("placeholder", "get_attr"):
                 return var.source.expr(self.ns)
             return self.graph_output(var.node)
+        if isinstance(var, NumpyArrayVariable):  # (an input as the caller's object; else its tensor's array)
+            if var.source is not None and var.node.op == "placeholder":
+                return var.source.expr(self.ns)
+            return f"{self.ns.bind(ndarray_of, 'F')}({self.graph_output(var.node)})"
         if var.source is not None and not isinstance(var, ConstantVariable):
             return var.source.expr(self.ns)
         if isinstance(var, ConstantVariable):
@@ -222,6 +227,8 @@ class Reconstructor:
         """A method read but not called yet: on the stack at a graph break (`x.item` of `x.item()`)."""
         if isinstance(var, TensorMethodVariable):
             return f"{self.expr(var.tensor)}.{var.name}"
+        if isinstance(var, NumpyMethodVariable):
+            return f"{self.expr(var.array)}.{var.name}"
         if isinstance(var, FunctionApplyVariable):
             return f"{self.ns.bind(var.cls, 'T')}.apply"
         if isinstance(var, BoundBuiltinMethod) and var.name == "__exit__" and isinstance(var.obj, GradModeVariable):

@@ -138,6 +138,18 @@ class ItemSource(Source):
         return f"{self._sub(self.base, ns, name_of)}[{key}]"
 
 
+@dataclass(frozen=True)
+class ConvertedSource(Source):
+    """`convert(base)`: an input the graph reads in another form than the caller's (an ndarray's
+    memory as a tensor, kiln/capture/variables/numpy_arrays.py)."""
+
+    base: Source
+    convert: Any
+
+    def expr(self, ns: Namespace, name_of: Any = None) -> str:
+        return f"{ns.bind(self.convert, 'F')}({self._sub(self.base, ns, name_of)})"
+
+
 TUPLE_ITERATOR = type(iter(()))
 
 

@@ -26,7 +26,8 @@ from torch import nn
 from kiln.capture.break_records import unsupported
 from kiln.capture.guards import Guard
 from kiln.capture.reentry import ReenteredAutocast
-from kiln.capture.sources import TUPLE_ITERATOR, AttrSource, ConstSource, ItemSource, RemainingItemsSource, Source, remaining_items
+from kiln.capture.sources import (TUPLE_ITERATOR, AttrSource, ConstSource, ConvertedSource, ItemSource, RemainingItemsSource, Source,
+                                  remaining_items)
 from kiln.capture.user_exceptions import ExceptionVariable
 from kiln.capture.variables import containers as c
 from kiln.capture.variables import functions as f
@@ -37,6 +38,7 @@ from kiln.capture.variables.builtins import BuiltinVariable, is_builtin_callable
 from kiln.capture.variables.constant import ConstantVariable, is_literal
 from kiln.capture.variables.containers import wrap_dict_contents
 from kiln.capture.variables.modules import ModuleVariable
+from kiln.capture.variables.numpy_arrays import NumpyArrayVariable, NumpyFunctionVariable, is_ndarray, numpy_counterpart, tensor_of
 from kiln.capture.variables.torch_fns import (GradModeVariable, ReenteredAutocastVariable, TorchFunctionVariable, is_torch_callable,
                                               special_callable)
 from kiln.capture.variables.wrapping import wrap, wrap_constant_result
@@ -95,6 +97,8 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
             raise unsupported("unsupported_attribute", "a tensor held by an object kiln reached without a way to read it "
                               "again on the next call", "pass the tensor (or its holder) as an argument")
         return tx.output.add_input(value, source)
+    if is_ndarray(value):
+        return _ndarray_input(tx, value, source)
     if isinstance(value, torch.Size):
         _guard(tx, "EQUALS", source, value)  # (its type too: a plain tuple of the same sizes is another input)
         return c.SizeVariable([ConstantVariable(int(s)) for s in value], source)
@@ -135,6 +139,8 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
     if is_torch_callable(value):
         _pin(tx, value, source)
         return TorchFunctionVariable(value)
+    if numpy_counterpart(value) is not None:
+        return NumpyFunctionVariable(value, _pin(tx, value, source))
     if is_builtin_callable(value):
         _pin(tx, value, source)
         return BuiltinVariable(value)
@@ -199,6 +205,19 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
         _guard(tx, "TYPE_MATCH", source, type(value))
         return o.UserObjectVariable(value, source)
     return o.UserObjectVariable(value, _pin(tx, value, source))
+
+
+def _ndarray_input(tx: Any, value: Any, source: Source | None) -> Variable:
+    """An ndarray the graph reads: its memory as a tensor input (numpy_arrays.py)."""
+    if tx is None or source is None:
+        raise unsupported("unsupported_attribute", "an ndarray computed outside the graph while capturing, or held "
+                          "where kiln cannot read it again on the next call", "pass the array as an argument")
+    if value.dtype.kind not in "biufc" or value.dtype.byteorder == ">":
+        raise unsupported("unsupported_argument", f"an ndarray of dtype {value.dtype} (kiln's graphs read arrays of "
+                          "booleans and native-endian numbers)", "the frame runs eagerly")
+    _guard(tx, "TYPE_MATCH", source, type(value))
+    tensor = tx.output.add_input(tensor_of(value), ConvertedSource(source, tensor_of))
+    return NumpyArrayVariable(tensor.node, tensor.example, source)
 
 
 def _attr(source: Source, name: str) -> Source:

@@ -92,6 +92,8 @@ class TensorVariable(Variable):
             if has_symbolic(value):  # numel() or stride() of a tensor with dynamic sizes
                 return tx.output.call("call_method", name, [self, *args], kwargs)
             return wrap_constant_result(value)
+        if name == "numpy" and not args:
+            return self._numpy(tx, kwargs)
         if name in _DATA_DEPENDENT:
             known = tx.output.known.of(self)  # a small tensor computed from constants: its value is one too
             if known is not None and name in _READS_KNOWN:
@@ -111,6 +113,24 @@ class TensorVariable(Variable):
         if name == "requires_grad_" or name in ("register_hook", "retain_grad", "backward"):
             raise unsupported("unsupported_call", f"tensor.{name}() inside a compiled function")
         return tx.output.call("call_method", name, [self, *args], kwargs)
+
+    def _numpy(self, tx: Any, kwargs: dict[str, Variable]) -> Variable:
+        """`t.numpy()`: an array of the tensor's memory, in the graph (numpy_arrays.py); with
+        `force=True`, of its detached CPU copy where it needs one."""
+        from kiln.capture.variables.numpy_arrays import NumpyArrayVariable, numpy
+
+        force = kwargs.get("force", ConstantVariable(False))
+        if set(kwargs) - {"force"} or not force.is_constant() or numpy() is None:
+            raise unsupported("unsupported_call", "tensor.numpy() with these arguments, or without NumPy imported")
+        tensor: TensorVariable = self
+        if self.example.requires_grad or self.example.device.type != "cpu":
+            if not force.as_constant():
+                what = "requires grad. Use tensor.detach().numpy()" if self.example.requires_grad else "is not on the CPU"
+                raise raise_real(RuntimeError(f"Can't call numpy() on Tensor that {what} instead."))
+            tensor = tx.output.call("call_method", "detach", [tensor], {})
+            if self.example.device.type != "cpu":
+                tensor = tx.output.call("call_method", "cpu", [tensor], {})
+        return NumpyArrayVariable(tensor.node, tensor.example)
 
     def iterate(self, tx: Any) -> list[Variable]:
         if self.example.dim() == 0:

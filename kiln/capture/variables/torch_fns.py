@@ -16,6 +16,7 @@ from torch import nn
 from torch.amp import autocast_mode
 
 from kiln.capture.break_records import Unsupported, unsupported
+from kiln.capture.markers import graph_break
 from kiln.capture.reentry import ReenteredAutocast, set_autocast_state
 from kiln.capture.user_exceptions import raise_real
 from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
@@ -23,6 +24,7 @@ from kiln.capture.variables.builtins import constant_fold
 from kiln.capture.variables.constant import ConstantVariable
 from kiln.capture.variables.containers import SizeVariable
 from kiln.capture.variables.modules import ModuleCallVariable
+from kiln.capture.variables.numpy_arrays import NumpyArrayVariable
 from kiln.capture.variables.tensor import TensorVariable
 
 # torch Python functions that are operators (traced by the AOT layer), not torch internals.
@@ -47,6 +49,9 @@ def is_torch_callable(value: Any) -> bool:
     return isinstance(value, torch._ops.OpOverloadPacket) or isinstance(value, torch._ops.OpOverload)
 
 
+# The torch functions that make a tensor of an ndarray.
+_FROM_NDARRAY = (torch.from_numpy, torch.as_tensor, torch.asarray, torch.tensor)
+
 _TORCH_C_NAMESPACES = {torch._C._VariableFunctions, torch._C._nn, torch._C._fft, torch._C._linalg, torch._C._special}
 
 
@@ -64,6 +69,8 @@ class TorchFunctionVariable(RealValueVariable):
                               "call it outside the compiled function")
         if isinstance(self.value, (types.MethodDescriptorType, types.WrapperDescriptorType)):
             return args[0].call_method(tx, name, list(args[1:]), kwargs)
+        if any(isinstance(a, NumpyArrayVariable) for a in args):
+            return self._from_ndarray(tx, args, kwargs)
         try:
             return tx.output.call("call_function", self.value, list(args), kwargs)
         except Unsupported as error:
@@ -74,6 +81,19 @@ class TorchFunctionVariable(RealValueVariable):
         from kiln.capture.variables.functions import UserFunctionVariable
 
         return UserFunctionVariable(self.value, self.source).call(tx, args, kwargs)
+
+    def _from_ndarray(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        """A tensor made from an ndarray: `torch.from_numpy(a)` and `torch.as_tensor(a)` are the
+        array's memory, `torch.tensor(a)` a copy (with a `dtype`, converted)."""
+        array = args[0]
+        if len(args) != 1 or not isinstance(array, NumpyArrayVariable) or self.value not in _FROM_NDARRAY:
+            raise unsupported("unsupported_argument", f"{self.describe()} given an ndarray", "the graph breaks at this call")
+        if set(kwargs) - {"dtype", "device"} or self.value is torch.from_numpy and kwargs:
+            raise unsupported("unsupported_argument", f"{self.describe()} of an ndarray with {sorted(kwargs)}")
+        tensor = array.as_tensor()
+        if self.value is torch.tensor:
+            return tx.output.call("call_method", "to", [tensor], {**kwargs, "copy": ConstantVariable(True)})
+        return tx.output.call("call_method", "to", [tensor], kwargs) if kwargs else tensor
 
     def getattr(self, tx: Any, name: str) -> Variable:
         if name in ("__name__", "__qualname__", "__module__"):
@@ -312,7 +332,25 @@ def special_callable(value: Any) -> Variable | None:
     own = getattr(fn, "__dict__", None) if isinstance(fn, types.FunctionType) else None
     if isinstance(own, dict) and own.get("_torchdynamo_disable") is True:
         return _Disabled(value)
+    if is_graph_break_marker(value):
+        return _BreakHere(value)
     return None
+
+
+def is_graph_break_marker(value: Any) -> bool:
+    """`torch._dynamo.graph_break` (or kiln.graph_break): a call that asks for the graph to end
+    there. Known by name, so that torch._dynamo is not imported to compare with it."""
+    if value is graph_break:
+        return True
+    return (isinstance(value, types.FunctionType) and value.__module__ == "torch._dynamo.decorators"
+            and value.__name__ == "graph_break")
+
+
+class _BreakHere(RealValueVariable):
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        who = "kiln" if self.value is graph_break else "torch._dynamo"
+        raise unsupported("graph_break", f"{who}.graph_break() asks for a graph break here",
+                          "remove the call to capture one graph")
 
 
 _MODULE_CALLS = {nn.Module.__call__, nn.Module._call_impl}
