@@ -635,3 +635,29 @@ def test_a_forward_storing_a_tensor_on_its_module():
             torch.testing.assert_close(compiled(x), reference(x))
             torch.testing.assert_close(model.last, reference.last)
     assert len(compiled.kiln_cache.entries) == 2
+
+
+class LazyOffset(torch.nn.modules.lazy.LazyModuleMixin, nn.Module):
+    """A lazy module of the user's whose parameter is made by its first call (no
+    UninitializedParameter: `has_uninitialized_params()` is False from the start)."""
+
+    def initialize_parameters(self, x):
+        with torch.no_grad():
+            self.offset = nn.Parameter(torch.full(x.shape[-1:], 0.5))
+
+    def forward(self, x):
+        return x + self.offset
+
+
+@pytest.mark.parametrize("make", [lambda: nn.Sequential(nn.LazyLinear(6), nn.ReLU(), nn.LazyLinear(2)), LazyOffset])
+def test_a_lazy_modules_first_call_materializes_it_and_compiles_one_graph(make):
+    model = make()
+    compiled = kiln.compile(model, backend="eager", fullgraph=True)
+    x = torch.randn(3, 4)
+    out = compiled(x)  # the first call: made while capturing, from x's shape
+    assert not any(isinstance(p, nn.parameter.UninitializedParameter) for p in model.parameters())
+    torch.testing.assert_close(out, model(x))
+    torch.testing.assert_close(compiled(x * 2), model(x * 2))
+    if isinstance(model, nn.Sequential):
+        assert type(model[0]) is nn.Linear and model[0].weight.shape == (6, 4)
+    assert not hasattr(model, "_initialize_hook")

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import torch
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.modules import module as module_file
 from torch.utils.hooks import RemovableHandle
 
@@ -352,6 +353,8 @@ def call_module(tx: Any, module: ModuleVariable, args: Sequence[Variable], kwarg
     """What `nn.Module._call_impl` does: forward pre-hooks, forward, forward hooks, all inlined."""
     m = module.value
     _guard_no_global_hooks(tx)
+    if isinstance(m, LazyModuleMixin) and hasattr(m, "_initialize_hook"):  # (removed by its first call)
+        _initialize_lazy(module, args, kwargs)
     if m._backward_hooks or m._backward_pre_hooks:
         raise unsupported("unsupported_hook", f"backward hooks on {module.describe()} are not supported while capturing")
     args = list(args)
@@ -376,6 +379,41 @@ def call_module(tx: Any, module: ModuleVariable, args: Sequence[Variable], kwarg
         if not (result.is_constant() and result.as_constant() is None):
             output = result
     return output
+
+
+def _initialize_lazy(module: ModuleVariable, args: Sequence[Variable], kwargs: dict[str, Variable]) -> None:
+    """A lazy module's first call (`nn.LazyLinear`, a `LazyModuleMixin` of the user's): its
+    parameters made from the shapes of the arguments, now, as eager's first call makes them (its
+    forward pre-hook `_infer_parameters`, run for real on zero tensors of the arguments' shapes),
+    so the trace reads the module it becomes. Initializing has no effect a later call repeats."""
+    try:
+        real_args = [_stand_in(a) for a in args]
+        real_kwargs = {k: _stand_in(v) for k, v in kwargs.items()}
+    except TypeError as error:
+        raise unsupported("unsupported_call", f"the first call of lazy {module.describe()} with {error}",
+                          "call it once before compiling") from None
+    m = module.value
+    with torch.no_grad():
+        m._infer_parameters(m, tuple(real_args), real_kwargs)
+
+
+def _stand_in(var: Variable) -> Any:
+    """A real value like `var` for a lazy module's initialization: zeros of a tensor's shape and
+    dtype, containers of stand-ins, constants as they are."""
+    from kiln.capture.variables.containers import BaseSequenceVariable, NamedTupleVariable
+
+    if isinstance(var, TensorVariable):
+        shape = [s if isinstance(s, int) else int(s.node.hint) for s in var.example.shape]
+        return torch.zeros(shape, dtype=var.example.dtype, device=var.example.device)
+    if isinstance(var, NamedTupleVariable):
+        return var.python_type()(*[_stand_in(item) for item in var.items])
+    if isinstance(var, BaseSequenceVariable) and var.python_type() in (list, tuple):
+        return var.python_type()(_stand_in(item) for item in var.items)
+    if isinstance(var, DictVariable) and var.python_type() is dict:
+        return {_stand_in(k): _stand_in(v) for k, v in var.entries.values()}
+    if var.is_constant():
+        return var.as_constant()
+    raise TypeError(f"an argument kiln has no value for ({var.describe()})")
 
 
 def _hook(tx: Any, module: ModuleVariable, hook: Any, what: str) -> Variable:
