@@ -275,12 +275,18 @@ _PRINTABLE = (type(None), bool, int, float, complex, str, torch.dtype, torch.dev
               torch._ops.OpOverload, torch._ops.OpOverloadPacket, fx.Node)
 
 
+# The dtypes torch's argument parser reads Python's number types as.
+_PYTHON_TYPE_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+
 def _python_scalars(value: Any) -> Any:
     """`value` with NumPy scalars as the Python numbers they stand for: a torch op takes an
     np.int64 or np.float32 as it takes an int or a float (the same result dtype), and the graph
-    can hold the number as a constant."""
+    can hold the number as a constant; Python's number types as the dtypes torch reads them as."""
     if type(value).__module__ == "numpy" and getattr(value, "shape", None) == () and value.dtype.kind in "biufc":
         return value.item()  # (a NumPy scalar: bool, int, float or complex; numpy need not be imported)
+    if type(value) is type and value in _PYTHON_TYPE_DTYPES:
+        return _PYTHON_TYPE_DTYPES[value]  # `x.to(float)`: the dtype torch reads a Python type as
     if isinstance(value, (tuple, list)):
         return type(value)(_python_scalars(v) for v in value)
     if isinstance(value, dict):

@@ -82,6 +82,8 @@ class Reconstructor:
     def _is_new_mutable(var: Variable) -> bool:
         if isinstance(var, UserObjectVariable):
             return var.is_new
+        if isinstance(var, TensorVariable):  # (one the trace set attributes on: set on the output, once)
+            return bool(var.attrs)
         # (A named tuple of a subclass with an instance __dict__ takes attributes: one object,
         # so that `tup.c = v` run at a graph break is seen through every reference.)
         return (isinstance(var, (ModelOutputVariable, c.DictVariable, c.SetVariable, NestedFunctionVariable))
@@ -128,6 +130,10 @@ class Reconstructor:
         self._built[id(var)] = name
         if isinstance(var, NestedFunctionVariable):
             self._function(var, name)
+        elif isinstance(var, TensorVariable):
+            self.prelude.append(f"{name} = {self._expr(var)}")
+            attrs = "{" + ", ".join(f"{k!r}: {self.expr(v)}" for k, v in var.attrs.items()) + "}"
+            self.prelude.append(f"{self.ns.bind(_set_attributes, 'F')}({name}, {attrs})")
         elif isinstance(var, UserObjectVariable):
             # Bound before its attributes are built, so an attribute may refer back to it.
             contents = getattr(var, "container", None)

@@ -128,13 +128,18 @@ class ClassDictSource(Source):
 
 @dataclass(frozen=True)
 class ItemSource(Source):
-    """`base[key]` for a constant key (int, str, or any hashable bound by identity)."""
+    """`base[key]` for a constant key (int, str, or any hashable bound by identity); with
+    `read_with`, `read_with(base, key)` (`tuple.__getitem__` for a tuple subclass whose own
+    `__getitem__` means something else)."""
 
     base: Source
     key: Any
+    read_with: Any = None
 
     def expr(self, ns: Namespace, name_of: Any = None) -> str:
         key = repr(self.key) if isinstance(self.key, (int, str)) and not isinstance(self.key, bool) else ns.bind(self.key, "K")
+        if self.read_with is not None:
+            return f"{ns.bind(self.read_with, 'F')}({self._sub(self.base, ns, name_of)}, {key})"
         return f"{self._sub(self.base, ns, name_of)}[{key}]"
 
 

@@ -1,6 +1,7 @@
 """Tuples, lists, dicts and sets inside compiled functions: built, read, changed and returned."""
 
 import collections
+import typing
 from collections import OrderedDict, defaultdict, namedtuple
 
 import pytest
@@ -1130,3 +1131,21 @@ def test_list_methods_called_wrongly_raise_as_python_and_list_new():
         return raised, p, made, type(sub) is Plain, sub == []
 
     assert kiln.compile(f, backend="eager", fullgraph=True)() == f()
+
+
+class Indexed(typing.NamedTuple):
+    """A named tuple whose own `__getitem__` slices its fields (not how its items are read)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+
+    def __getitem__(self, index):
+        return Indexed(self.a[index], self.b[index])
+
+
+def test_a_named_tuple_with_its_own_getitem_is_read_by_its_fields():
+    compiled = kiln.compile(lambda t: t.a + 1, backend="eager", fullgraph=True)
+    a, b = torch.randn(2), torch.randn(2)
+    for _ in range(2):  # the second call: the guards read the items as tuple's items too
+        torch.testing.assert_close(compiled(Indexed(a, b)), a + 1)
+    assert len(compiled.kiln_cache.entries) == 1

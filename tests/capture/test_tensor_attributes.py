@@ -43,3 +43,45 @@ def test_an_inputs_own_attribute_is_read_and_its_presence_guarded():
     tagged.test = 5.0  # a new value: guarded like any attribute
     torch.testing.assert_close(compiled(tagged), tagged * 5)
     torch.testing.assert_close(compiled(plain), plain + 1)
+
+
+def test_an_attribute_set_on_an_input_tensor_is_set_on_the_callers_tensor():
+    def fn(x, flag):
+        x.offloading = flag
+        return x + 1 if x.offloading else x - 1
+
+    x = torch.ones(3)
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x, True), torch.full((3,), 2.0))
+    assert x.offloading is True
+
+
+def test_attributes_set_on_a_tensor_made_inside_are_on_the_returned_tensor():
+    def fn(x):
+        y = x + 10
+        y.grad = x
+        y.note = "made inside"
+        return y, y.note
+
+    x = torch.ones(5)
+    out, note = kiln.compile(fn, backend="eager", fullgraph=True)(x)
+    assert note == "made inside" and out.note == "made inside" and out.grad is x
+    torch.testing.assert_close(out, x + 10)
+
+
+def test_tensors_own_attributes_are_not_written_inside_the_graph():
+    def fn(x):
+        x.requires_grad = True
+        return x + 1
+
+    with pytest.raises(kiln.CaptureError, match="setting tensor attribute 'requires_grad'"):
+        kiln.compile(fn, backend="eager", fullgraph=True)(torch.ones(2))
+
+
+def test_python_number_types_are_dtypes_for_torch():
+    def fn(x):
+        return (x * 5).to(bool).to(float).to(int) + 8
+
+    x = torch.randn(5)
+    out = kiln.compile(fn, backend="eager", fullgraph=True)(x)
+    assert out.dtype == torch.int64 and torch.equal(out, fn(x))

@@ -105,7 +105,10 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
     if isinstance(value, tuple) or type(value) is list:  # (a list subclass is an object: its class's methods)
         _guard(tx, "TYPE_MATCH", source, type(value))
         _guard(tx, "LENGTH_MATCH", source, len(value))
-        items = [wrap(tx, item, ItemSource(source, i)) if source is not None else _build(tx, item, None) for i, item in enumerate(value)]
+        # (a subclass's own __getitem__ is not how its items are read back: tuple's is)
+        read_with = None if type(value).__getitem__ in (tuple.__getitem__, list.__getitem__) else type(value).__mro__[-2].__getitem__
+        items = [wrap(tx, item, ItemSource(source, i, read_with)) if source is not None else _build(tx, item, None)
+                 for i, item in enumerate(value)]
         if isinstance(value, list):
             return c.ListVariable(items, source)
         if hasattr(type(value), "_fields"):

@@ -58,10 +58,12 @@ class TensorVariable(Variable):
             return ConstantVariable(getattr(self.example, name))
         if name in _VIEW_ATTRS:
             return tx.output.call("call_function", getattr, [self, ConstantVariable(name)], {})
-        if name == "grad":
+        if name == "grad" and "grad" not in self.attrs:
             raise unsupported("unsupported_attribute", "reading tensor.grad inside a compiled function")
         if name == "__class__":
             return wrap_constant_result(self.cls)
+        if name in self.attrs:
+            return self.attrs[name]
         if callable(getattr(torch.Tensor, name, None)):
             return TensorMethodVariable(self, name)
         if name == "grad_fn" and (not self.example.requires_grad or self.example.is_leaf):
@@ -155,7 +157,25 @@ class TensorVariable(Variable):
         )
 
     def setattr(self, tx: Any, name: str, value: Variable) -> None:
-        raise unsupported("unsupported_setattr", f"setting tensor attribute {name!r} inside a compiled function")
+        """An attribute of the user's on the tensor object (`x.offloading = True`): an input's is
+        written after the graph (side_effects.py), one of a tensor the graph made is set on the
+        output when it leaves (reconstruct.py); later reads in the trace see it. Tensor's own
+        attributes (`data`, `requires_grad`, ...) are not written here, but for `grad` set to a
+        tensor of its shape and dtype (or None), which is kept the same way."""
+        settable_grad = name == "grad" and (value.is_constant() and value.as_constant() is None or isinstance(value, TensorVariable)
+                                            and value.example.shape == self.example.shape and value.example.dtype == self.example.dtype)
+        if (hasattr(torch.Tensor, name) and not settable_grad) or name.startswith("__"):
+            raise unsupported("unsupported_setattr", f"setting tensor attribute {name!r} inside a compiled function")
+        if self.source is not None:
+            tx.output.side_effects.record_setattr(self, name, value)
+        self.attrs[name] = value
+
+    @property
+    def attrs(self) -> dict[str, Variable]:
+        """The attributes the trace set on this tensor object, in the order first set."""
+        if "_attrs" not in self.__dict__:
+            self._attrs: dict[str, Variable] = {}
+        return self._attrs
 
 
 def tensor_setitem(tensor: torch.Tensor, index: Any, value: Any) -> None:
