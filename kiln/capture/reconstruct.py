@@ -130,10 +130,7 @@ class Reconstructor:
         self._built[id(var)] = name
         if isinstance(var, NestedFunctionVariable):
             self._function(var, name)
-        elif isinstance(var, TensorVariable):
-            self.prelude.append(f"{name} = {self._expr(var)}")
-            attrs = "{" + ", ".join(f"{k!r}: {self.expr(v)}" for k, v in var.attrs.items()) + "}"
-            self.prelude.append(f"{self.ns.bind(_set_attributes, 'F')}({name}, {attrs})")
+
         elif isinstance(var, UserObjectVariable):
             # Bound before its attributes are built, so an attribute may refer back to it.
             contents = getattr(var, "container", None)
@@ -148,6 +145,9 @@ class Reconstructor:
             self.prelude.append(f"{self.ns.bind(_set_attributes, 'F')}({name}, {attrs}{through_dict})")
         else:
             self.prelude.append(f"{name} = {self._expr(var)}")
+            if getattr(var, "attrs", None):  # (attributes the trace set on a tensor or a named tuple)
+                attrs = "{" + ", ".join(f"{k!r}: {self.expr(v)}" for k, v in var.attrs.items()) + "}"
+                self.prelude.append(f"{self.ns.bind(_set_attributes, 'F')}({name}, {attrs})")
         return name
 
     def _expr(self, var: Variable) -> str:

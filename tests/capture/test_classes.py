@@ -944,3 +944,36 @@ def test_an_attribute_of_a_threading_local():
     torch.testing.assert_close(compiled(torch.zeros(1)), torch.tensor([0.0, 1.0]))
     local.x = torch.full((1,), 5.0)
     torch.testing.assert_close(compiled(torch.zeros(1)), torch.tensor([0.0, 5.0]))
+
+
+def test_a_getset_descriptor_called_for_its_value():
+    def fn(get, x):
+        return x + get.__get__(x)[0]
+
+    x = torch.ones(2, 2)
+    torch.testing.assert_close(kiln.compile(fn, backend="eager", fullgraph=True)(torch.Tensor.shape, x), x + 2)
+
+
+class _AddTwice:
+    """A data descriptor with `__set__` only: reads fall through to the instance's dict."""
+
+    def __set__(self, obj, value):
+        obj.__dict__["field"] += value * 2
+
+
+class _FieldHolder:
+    field = _AddTwice()
+
+    def __init__(self):
+        self.__dict__["field"] = 0
+
+
+def test_a_data_descriptor_without_get_yields_to_the_instance_dict():
+    def fn(x, holder):
+        holder.field = 10
+        return x + holder.field
+
+    eager, compiled_holder = _FieldHolder(), _FieldHolder()
+    out = kiln.compile(fn, backend="eager", fullgraph=True)(torch.zeros(2), compiled_holder)
+    torch.testing.assert_close(out, fn(torch.zeros(2), eager))
+    assert compiled_holder.field == eager.field == 20

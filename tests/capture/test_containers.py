@@ -1149,3 +1149,48 @@ def test_a_named_tuple_with_its_own_getitem_is_read_by_its_fields():
     for _ in range(2):  # the second call: the guards read the items as tuple's items too
         torch.testing.assert_close(compiled(Indexed(a, b)), a + 1)
     assert len(compiled.kiln_cache.entries) == 1
+
+
+def test_dunder_iter_called_directly_is_iter():
+    def fn(x):
+        it = range(3).__iter__()
+        total = x + next(it)
+        for row in x.__iter__():
+            total = total + row
+        return total
+
+    check(fn, torch.randn(2, 2))
+
+
+def test_a_struct_sequence_built_from_a_sequence():
+    def fn(x, y):
+        pair = torch.return_types.max((x, y))
+        return pair.values + 1, pair.indices, pair
+
+    check(fn, torch.randn(3), torch.randn(3))
+
+
+class _Base(typing.NamedTuple):
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+class WithDict(_Base):
+    """A subclass of a named tuple: its objects have a `__dict__` and take attributes."""
+
+
+def test_attributes_set_on_a_named_tuple_that_takes_them():
+    def fn(tup):
+        tup.c = tup.a * 2
+        made = WithDict(tup.a + 1, tup.b)
+        made.note = "new"
+        return tup.c + 1, made
+
+    tup = WithDict(torch.ones(2), torch.zeros(2))
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    total, made = compiled(tup)
+    torch.testing.assert_close(total, torch.full((2,), 3.0))
+    torch.testing.assert_close(tup.c, torch.full((2,), 2.0))  # the caller's object has it
+    assert made.note == "new" and type(made) is WithDict
+    with pytest.raises(AttributeError):
+        compiled(_Base(torch.ones(2), torch.zeros(2)))  # a plain named tuple has no __dict__: as in eager

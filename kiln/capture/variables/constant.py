@@ -107,6 +107,8 @@ class ConstantMethodVariable(Variable):
         return f"method {type(self.obj).__name__}.{self.name}"
 
     def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if self.name == "__iter__" and not args and not kwargs:  # (`range(3).__iter__()`: iter() of it)
+            return wrap_constant_result(self.obj).get_iter(tx)
         if self.name == "join" and len(args) == 1 and not is_plain_data(args[0]):
             from kiln.capture.variables.containers import TupleVariable  # containers.py imports this module
 

@@ -251,9 +251,29 @@ class NamedTupleVariable(TupleVariable):
         fields = self.fields()
         if name in fields:
             return self.items[fields.index(name)]
+        if name in self.attrs:
+            return self.attrs[name]
         if name == "_fields" and hasattr(self.cls, "_fields"):
             return TupleVariable([const(f) for f in fields])
         return super().getattr(tx, name)
+
+    @property
+    def attrs(self) -> dict[str, Variable]:
+        """Attributes the trace set on the tuple object (a subclass with an instance `__dict__`)."""
+        if "_attrs" not in self.__dict__:
+            self._attrs: dict[str, Variable] = {}
+        return self._attrs
+
+    def setattr(self, tx: Any, name: str, value: Variable) -> None:
+        """`tup.c = v` on a named tuple whose class gives its objects a `__dict__` (a subclass of
+        one): kept for the trace's reads, written on the caller's object after the graph, or set on
+        the tuple built for the output. Its fields are read-only, as in Python."""
+        if getattr(self.cls, "__dictoffset__", 0) == 0 or name in self.fields() or name.startswith("__"):
+            what = "can't set attribute" if name in self.fields() else f"'{self.cls.__name__}' object has no attribute '{name}'"
+            raise raise_real(AttributeError(what))
+        if self.source is not None:
+            tx.output.side_effects.record_setattr(self, name, value)
+        self.attrs[name] = value
 
     def methods(self) -> dict[str, Callable]:
         if not hasattr(self.cls, "_fields"):

@@ -248,8 +248,9 @@ class UserObjectVariable(Variable):
                 return self.attrs[name]
             raise raise_real(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
         is_data_descriptor = raw is not _MISSING and (isinstance(raw, property) or hasattr(type(raw), "__set__") and not isinstance(raw, functools.cached_property))
-        if is_data_descriptor:
+        if is_data_descriptor and (isinstance(raw, property) or hasattr(type(raw), "__get__")):
             return wrap_class_attr(tx, raw, owner, name, self)
+        # (a data descriptor without `__get__` yields to the instance's dict, then is itself the value)
         found = self._instance_attr(tx, name)
         if found is not None:
             return found
@@ -441,6 +442,14 @@ class ClassVariable(RealValueVariable):
             values.update(kwargs)
             defaults = getattr(cls, "_field_defaults", {})
             items = [values[f] if f in values else _constant(defaults[f]) for f in fields]
+            return NamedTupleVariable(items, cls)
+        if issubclass(cls, tuple) and hasattr(cls, "n_sequence_fields") and len(args) == 1 and not kwargs:
+            # A struct sequence (`torch.return_types.max((values, indices))`, `os.stat_result`):
+            # built from one sequence of exactly its fields.
+            items = args[0].iterate(tx)
+            if len(items) != cls.n_sequence_fields or cls.n_fields != cls.n_sequence_fields:
+                raise raise_real(TypeError(f"{cls.__module__}.{cls.__name__}() takes a {cls.n_sequence_fields}-sequence "
+                                           f"({len(items)}-sequence given)"))
             return NamedTupleVariable(items, cls)
         if all(a.is_constant() for a in (*args, *kwargs.values())) and _constructs_constant(cls):
             try:
@@ -694,10 +703,26 @@ class OpaqueVariable(RealValueVariable):
     """A real object kiln only passes along (descriptors, builtin methods of real objects)."""
 
     def getattr(self, tx: Any, name: str) -> Variable:
+        if name == "__get__" and isinstance(self.value, (types.GetSetDescriptorType, types.MemberDescriptorType)):
+            return BoundBuiltinMethod(self, "__get__")
         try:
             return _constant(getattr(self.value, name))
         except AttributeError as error:
             raise raise_real(error) from None
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if name == "__get__" and isinstance(self.value, (types.GetSetDescriptorType, types.MemberDescriptorType)):
+            # `Tensor.shape.__get__(x)`: the attribute the descriptor stands for, read from x.
+            if not args or kwargs or len(args) > 2:
+                raise raise_real(TypeError(f"expected 1 or 2 arguments, got {len(args)}"))
+            obj = args[0]
+            if obj.is_constant() and obj.as_constant() is None:
+                return self
+            if not issubclass(obj.python_type(), self.value.__objclass__):
+                raise raise_real(TypeError(f"descriptor '{self.value.__name__}' for '{self.value.__objclass__.__name__}' "
+                                           f"objects doesn't apply to a '{obj.python_type().__name__}' object"))
+            return obj.getattr(tx, self.value.__name__)
+        return super().call_method(tx, name, args, kwargs)
 
     def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         if isinstance(self.value, property) or not all(a.is_constant() for a in (*args, *kwargs.values())):

@@ -94,6 +94,8 @@ class TensorVariable(Variable):
             if has_symbolic(value):  # numel() or stride() of a tensor with dynamic sizes
                 return tx.output.call("call_method", name, [self, *args], kwargs)
             return wrap_constant_result(value)
+        if name == "__iter__" and not args and not kwargs:  # (`x.__iter__()`: iter(x))
+            return self.get_iter(tx)
         if name == "numpy" and not args:
             return self._numpy(tx, kwargs)
         if name in _DATA_DEPENDENT:
