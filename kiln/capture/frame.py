@@ -17,7 +17,7 @@ from kiln.capture import dump, module_watch, reentry, resume_at_break, resume_co
 from kiln.capture.binder import argument_names
 from kiln.capture.break_records import BreakRecord, Unsupported, unsupported
 from kiln.capture.dynamic import DynamicPolicy
-from kiln.capture.guards import GLOBAL_STATE_READERS, CompiledGuards, Guard
+from kiln.capture.guards import ALWAYS_GUARDED, GLOBAL_STATE_READERS, CompiledGuards, Guard
 from kiln.capture.interpreter import Translator
 from kiln.capture.output_graph import OutputGraph
 from kiln.capture.reconstruct import Reconstructor, build_runner
@@ -83,8 +83,8 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
     start = time.perf_counter()
     output = OutputGraph(L)
     output.dynamic_dims = dynamic.dims
-    for item, reader in GLOBAL_STATE_READERS.items():
-        output.guards.add(Guard("GLOBAL_STATE", None, reader(), item))
+    for item in ALWAYS_GUARDED:
+        output.guards.add(Guard("GLOBAL_STATE", None, GLOBAL_STATE_READERS[item](), item))
     code = fn.__code__
     fn_source = ConstSource(fn, fn.__qualname__)
     grad_mode = torch.is_grad_enabled()

@@ -237,7 +237,16 @@ GLOBAL_STATE_READERS: dict[str, Callable[[], Any]] = {
     "autocast_cpu": _autocast_state,
     "autocast_cuda": _cuda_autocast_state,  # a graph captured under torch.autocast("cuda") casts in its ops
     "default_dtype": torch.get_default_dtype,
+    # Guarded only where the trace read them (`if torch.autograd._profiler_enabled(): ...`):
+    "profiler_enabled": torch.autograd._profiler_enabled,
+    "inference_mode": torch.is_inference_mode_enabled,
+    "anomaly_enabled": torch.is_anomaly_enabled,
+    "deterministic_algorithms": torch.are_deterministic_algorithms_enabled,
+    "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled,
+    "num_threads": torch.get_num_threads,
 }
+# The items every capture guards on entry (the graph's ops depend on them).
+ALWAYS_GUARDED = ("grad_enabled", "autocast_cpu", "autocast_cuda", "default_dtype")
 
 
 class GuardSet:

@@ -350,3 +350,24 @@ def test_tensors_read_only_at_a_break_do_not_pin_aliasing():
         for b in (t, f):
             assert_same(compiled(v, a, b), fn(v, a, b))
     assert len(compiled.kiln_cache.entries) == 1
+
+
+@pytest.mark.parametrize("read, switch", [
+    (torch.autograd._profiler_enabled, lambda: torch.autograd.profiler.profile()),
+    (torch.is_inference_mode_enabled, lambda: torch.inference_mode()),
+    (torch.are_deterministic_algorithms_enabled,
+     lambda: __import__("torch.testing._internal.common_utils", fromlist=["x"]).DeterministicGuard(True)),
+])
+def test_process_settings_the_trace_reads_are_guarded(read, switch):
+    # (before, the profiler's state was a constant of the first graph: under the profiler, the
+    # function took the branch of a call without it)
+    def fn(x):
+        return x + 1 if read() else x - 1
+
+    compiled = kiln.compile(fn, backend="eager")
+    x = torch.zeros(2)
+    torch.testing.assert_close(compiled(x), fn(x))
+    with switch():
+        torch.testing.assert_close(compiled(x), fn(x))
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert len(compiled.kiln_cache.entries) == 2

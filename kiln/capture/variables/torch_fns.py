@@ -8,6 +8,7 @@ traces it further to ATen. torch's own Python code for nn.Module internals is in
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any, Callable, Sequence
 
@@ -16,6 +17,7 @@ from torch import nn
 from torch.amp import autocast_mode
 
 from kiln.capture.break_records import Unsupported, unsupported
+from kiln.capture.guards import ALWAYS_GUARDED, GLOBAL_STATE_READERS, Guard
 from kiln.capture.markers import graph_break
 from kiln.capture.reentry import ReenteredAutocast, set_autocast_state
 from kiln.capture.user_exceptions import raise_real
@@ -232,6 +234,14 @@ def _global_state(tx: Any, item: str, value: Any) -> Variable:
     return ConstantVariable(value)
 
 
+def _read_state(item: str, tx: Any) -> Variable:
+    """A process-wide setting the trace reads (the profiler's, inference mode's, the thread
+    count): its value now, and a guard that it is the same on the next call."""
+    value = GLOBAL_STATE_READERS[item]()
+    tx.output.guards.add(Guard("GLOBAL_STATE", None, value, item))
+    return ConstantVariable(value)
+
+
 def _set_grad_enabled(tx: Any, mode: Variable) -> Variable:
     prior = torch.is_grad_enabled()
     tx.set_grad_mode(bool(mode.as_constant()))
@@ -289,6 +299,7 @@ _SPECIAL_CALLS: dict[Any, Callable[..., Variable]] = {
     torch.amp.autocast: _autocast,
     torch.is_grad_enabled: lambda tx: _global_state(tx, "grad_enabled", torch.is_grad_enabled()),
     torch.get_default_dtype: lambda tx: _global_state(tx, "default_dtype", torch.get_default_dtype()),
+    **{reader: functools.partial(_read_state, item) for item, reader in GLOBAL_STATE_READERS.items() if item not in ALWAYS_GUARDED},
     torch.is_autocast_enabled: lambda tx, *a: ConstantVariable(_global_state(tx, "autocast_cpu", (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"))) and torch.is_autocast_enabled(*[x.as_constant() for x in a])),
     torch.compiler.is_compiling: _true,
     torch.compiler.is_dynamo_compiling: _false,
