@@ -30,7 +30,7 @@ from kiln.capture.variables.objects import ModelOutputVariable, UserIteratorVari
 from kiln.capture.variables.symbolic import SymNodeVariable
 from kiln.capture.variables.numpy_arrays import NumpyArrayVariable, NumpyMethodVariable, ndarray_of
 from kiln.capture.variables.tensor import TensorMethodVariable, TensorVariable
-from kiln.capture.variables.torch_fns import GradModeVariable
+from kiln.capture.variables.torch_fns import GradModeFunctionVariable, GradModeVariable
 
 
 def _set_attributes(obj: Any, attrs: dict, through_dict: Any = ()) -> None:
@@ -188,6 +188,8 @@ class Reconstructor:
                 factory = "None" if var.default_factory is None else self.expr(var.default_factory)
                 return f"{self.ns.bind(var.cls, 'T')}({factory}, {body})"
             return body if var.cls is dict else f"{self.ns.bind(var.cls, 'T')}({body})"
+        if isinstance(var, GradModeFunctionVariable):
+            return f"{self.ns.bind(reentry.with_grad_mode, 'F')}({var.enabled!r}, {self.expr(var.fn)})"
         if isinstance(var, UserIteratorVariable):  # (the object itself: its state is replayed as any object's)
             return self.expr(var.obj)
         if isinstance(var, c.IteratorVariable):  # a running loop's iterator, at a graph break

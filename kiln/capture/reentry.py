@@ -46,3 +46,17 @@ class ReenteredAutocast:
 
 def reentered_autocast_exit(enabled: bool, dtype: torch.dtype) -> Any:
     return ReenteredAutocast(enabled, dtype).__exit__
+
+
+def with_grad_mode(enabled: bool, fn: Any) -> Any:
+    """`fn` run in grad mode `enabled`, as `torch.enable_grad()(fn)` / `torch.no_grad()(fn)` /
+    `torch.set_grad_enabled(mode)(fn)` made it in the traced code (alive at a graph break, or
+    returned)."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with torch.set_grad_enabled(enabled):
+            return fn(*args, **kwargs)
+
+    return run

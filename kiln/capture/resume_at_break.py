@@ -311,10 +311,13 @@ def settle_state(tx: Any, breaking: Unsupported, entry_grad: bool, entry_autocas
     else:
         for block in reversed(autocast_exits):  # innermost first: the graph leaves them
             block.call_method(tx, "__exit__", [], {})
-        if torch.is_grad_enabled() != expected or autocast_state() != entry_autocast:
+        if autocast_state() != entry_autocast or torch.is_grad_enabled() != expected and grad_exits:
             why = "grad mode or autocast was switched there outside a with block"
     if why is not None:
         breaking.explanation += f"; kiln could not resume after it ({why})"
         raise breaking
-    if torch.is_grad_enabled() != entry_grad:
+    if torch.is_grad_enabled() != entry_grad and grad_exits:
         tx.set_grad_mode(entry_grad)
+    # (else grad mode was switched by a call, `torch.set_grad_enabled(False)`, outside any block:
+    # the graph ends in its entry mode all the same, and the runner switches to the traced mode
+    # after it, as for a frame that returns in another mode: frame.py)

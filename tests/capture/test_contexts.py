@@ -244,3 +244,47 @@ def test_grad_mode_restored_after_capture_error():
     x = torch.randn(1, requires_grad=True)
     assert fallback(x) == f(x)
     assert torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("decorate", [
+    lambda f: torch.enable_grad()(f), lambda f: torch.enable_grad(f), lambda f: torch.set_grad_enabled(True)(f)])
+def test_a_function_decorated_with_a_grad_mode_inside_runs_in_it(decorate):
+    def fn(x):
+        def inner(x):
+            return x.sin()
+
+        with torch.no_grad():
+            wrapped = decorate(inner)
+            assert not torch.is_grad_enabled()  # decorating switched nothing
+            return wrapped(x), wrapped
+
+    x = torch.zeros(3, requires_grad=True)
+    out, wrapped = kiln.compile(fn, backend="eager", fullgraph=True)(x)
+    assert out.requires_grad and torch.equal(out, x.sin())
+    with torch.no_grad():
+        assert wrapped(x).requires_grad  # the returned function keeps its mode
+
+
+@pytest.mark.parametrize("restore", [True, False])
+def test_a_break_after_grad_mode_was_switched_by_a_call_resumes_in_that_mode(restore):
+    def fn(a, b):
+        prev = torch.is_grad_enabled()
+        torch.set_grad_enabled(False)
+        a = a + 1
+        kiln.graph_break()
+        out = a * b
+        if restore:
+            torch.set_grad_enabled(prev)
+        return out, out.requires_grad
+
+    compiled = kiln.compile(fn, backend="eager")
+    a, b = torch.ones(3), torch.ones(3, requires_grad=True)
+    try:
+        for _ in range(2):
+            out, requires_grad = compiled(a, b)
+            assert requires_grad is False and not out.requires_grad  # b * a computed under no_grad
+            assert torch.is_grad_enabled() is restore  # left as eager leaves it
+            torch.set_grad_enabled(True)
+    finally:
+        torch.set_grad_enabled(True)
+    assert len(compiled.kiln_cache.entries) == 1

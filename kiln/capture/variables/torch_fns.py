@@ -135,6 +135,15 @@ class GradModeVariable(Variable):
         self.prior = None if self.cls is not torch.set_grad_enabled else self.prior
         return ConstantVariable(None)
 
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        """`torch.no_grad()(fn)`: `fn` run in this mode. Decorating undoes `set_grad_enabled`'s
+        switch on construction, as torch does."""
+        if len(args) != 1 or kwargs or args[0].is_constant():
+            return super().call(tx, args, kwargs)
+        if self.cls is torch.set_grad_enabled and self.prior is not None:
+            tx.set_grad_mode(self.prior)
+        return GradModeFunctionVariable(self.enabled, args[0])
+
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         if name == "__enter__":
             return self.enter(tx)
@@ -150,6 +159,29 @@ class GradModeVariable(Variable):
         if name in ("__enter__", "__exit__", "clone"):
             return BoundBuiltinMethod(self, name)
         return super().getattr(tx, name)
+
+
+class GradModeFunctionVariable(Variable):
+    """A function decorated with a grad mode (`torch.enable_grad()(f)`, `torch.no_grad(f)`): called,
+    its body is traced in that mode, the caller's mode back after it."""
+
+    def __init__(self, enabled: bool, fn: Variable) -> None:
+        super().__init__(None)
+        self.enabled, self.fn = enabled, fn
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def describe(self) -> str:
+        return f"{self.fn.describe()} under grad mode {self.enabled}"
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        prior = torch.is_grad_enabled()
+        tx.set_grad_mode(self.enabled)
+        try:
+            return self.fn.call(tx, args, kwargs)
+        finally:
+            tx.set_grad_mode(prior)
 
 
 class AutocastVariable(Variable):
@@ -291,8 +323,8 @@ def _dynamo_disabled(*args: Any, **kwargs: Any) -> Variable:
 
 
 _SPECIAL_CALLS: dict[Any, Callable[..., Variable]] = {
-    torch.no_grad: lambda tx: GradModeVariable(False, torch.no_grad),
-    torch.enable_grad: lambda tx: GradModeVariable(True, torch.enable_grad),
+    torch.no_grad: lambda tx, fn=None: GradModeVariable(False, torch.no_grad) if fn is None else GradModeFunctionVariable(False, fn),
+    torch.enable_grad: lambda tx, fn=None: GradModeVariable(True, torch.enable_grad) if fn is None else GradModeFunctionVariable(True, fn),
     torch.set_grad_enabled: _set_grad_enabled,
     torch._C._set_grad_enabled: lambda tx, mode: (_set_grad_enabled(tx, mode), ConstantVariable(None))[1],
     torch.autocast: _autocast,
