@@ -26,9 +26,10 @@ from kiln.capture.variables.base import BoundBuiltinMethod, Variable
 from kiln.capture.variables.builtins import UnboundBuiltinMethod
 from kiln.capture.variables.constant import ConstantMethodVariable, ConstantVariable
 from kiln.capture.variables.functions import BoundMethodVariable, CellVariable, GeneratorVariable, NestedFunctionVariable, RealCellVariable
+from kiln.capture.variables.modules import EphemeralModuleVariable
+from kiln.capture.variables.numpy_arrays import NumpyArrayVariable, NumpyMethodVariable, ndarray_of
 from kiln.capture.variables.objects import ModelOutputVariable, UserIteratorVariable, UserObjectVariable, new_container_object
 from kiln.capture.variables.symbolic import SymNodeVariable
-from kiln.capture.variables.numpy_arrays import NumpyArrayVariable, NumpyMethodVariable, ndarray_of
 from kiln.capture.variables.tensor import TensorMethodVariable, TensorVariable
 from kiln.capture.variables.torch_fns import GradModeFunctionVariable, GradModeVariable
 
@@ -151,6 +152,10 @@ class Reconstructor:
         return name
 
     def _expr(self, var: Variable) -> str:
+        if isinstance(var, EphemeralModuleVariable):  # (built inside from constants: built again, a new object)
+            cls, args, kwargs = var.rebuilt_by
+            arguments = [self.const(a) for a in args] + [f"{k}={self.const(v)}" for k, v in kwargs.items()]
+            return f"{self.ns.bind(cls, 'T')}({', '.join(arguments)})"
         if isinstance(var, TensorVariable):
             if var.source is not None and var.node.op in ("placeholder", "get_attr"):
                 return var.source.expr(self.ns)

@@ -661,3 +661,38 @@ def test_a_lazy_modules_first_call_materializes_it_and_compiles_one_graph(make):
     if isinstance(model, nn.Sequential):
         assert type(model[0]) is nn.Linear and model[0].weight.shape == (6, 4)
     assert not hasattr(model, "_initialize_hook")
+
+
+class SquaredReLU(nn.Module):
+    """A module without parameters, as HF's activations are."""
+
+    def __init__(self, offset=0.0):
+        super().__init__()
+        self.offset = offset
+
+    def forward(self, x):
+        return torch.relu(x + self.offset) ** 2
+
+
+def test_a_module_without_parameters_built_inside_is_traced_and_returned_anew():
+    def fn(x):
+        act = SquaredReLU(offset=0.5)
+        return act(x) + nn.Tanh()(x), act
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    x = torch.randn(4)
+    out, act = compiled(x)
+    torch.testing.assert_close(out, fn(x)[0])
+    out2, act2 = compiled(x)
+    assert type(act) is SquaredReLU and act.offset == 0.5 and act is not act2  # a new module each call, as in eager
+
+
+def test_a_module_with_parameters_built_inside_breaks_the_graph():
+    def fn(x):
+        return nn.Linear(4, 4)(x)
+
+    with pytest.raises(kiln.CaptureError, match="building the module Linear inside a compiled function with parameters"):
+        kiln.compile(fn, backend="eager", fullgraph=True)(torch.randn(2, 4))
+    state = torch.random.get_rng_state()
+    kiln.compile(fn, backend="eager")(torch.randn(2, 4))  # (runs eagerly; the trial drew nothing for good)
+    assert not torch.equal(state, torch.random.get_rng_state())  # eager's own draw only

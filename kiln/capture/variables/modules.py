@@ -26,7 +26,7 @@ from kiln.capture.guards import Guard
 from kiln.capture.sources import AttrSource, ConstSource, KeysSource, Source
 from kiln.capture.user_exceptions import raise_real
 from kiln.capture.variables.base import Variable
-from kiln.capture.variables.constant import ConstantVariable, is_literal
+from kiln.capture.variables.constant import ConstantVariable, is_literal, is_plain_data, plain_data
 from kiln.capture.variables.containers import DictVariable, IteratorVariable, ListViewVariable, TupleVariable
 from kiln.capture.variables.functions import BoundMethodVariable
 from kiln.capture.variables.objects import UserObjectVariable, class_lookup, wrap_class_attr, _MISSING
@@ -347,6 +347,45 @@ def _guard_no_global_hooks(tx: Any) -> None:
         if table:
             raise unsupported("unsupported_hook", f"global nn.Module hooks ({name}) are not supported while capturing")
         tx.output.guards.add(Guard("LENGTH_MATCH", ConstSource(table, f"torch.nn.modules.module.{name}"), 0))
+
+
+class EphemeralModuleVariable(ModuleVariable):
+    """A module without parameters or buffers built inside the compiled function from constants
+    (`nn.GELU()`, HF's `ACT2CLS["relu"]`): built for real while capturing, its forward traced;
+    where it outlives the call it is built again by the runner, a new object each call as in eager."""
+
+    def __init__(self, value: nn.Module, args: tuple, kwargs: dict) -> None:
+        super().__init__(value, ConstSource(value, f"{type(value).__qualname__}()"), f"{type(value).__qualname__}()")
+        self.rebuilt_by = (type(value), args, kwargs)
+
+    def setattr(self, tx: Any, name: str, value: Variable) -> None:
+        raise unsupported("unsupported_setattr", f"setting attribute {name!r} of {self.describe()}, built inside the "
+                          "compiled function", "build the module outside the compiled code")
+
+
+def ephemeral_module(tx: Any, cls: type, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+    """`cls(*args, **kwargs)` for an nn.Module class inside the trace (EphemeralModuleVariable), or
+    a break where the module holds state a new call would make anew (parameters drawn at random)."""
+    why = None
+    if not all(is_plain_data(a) for a in (*args, *kwargs.values())):
+        why = "from values that are not constants"
+    else:
+        real_args, real_kwargs = tuple(plain_data(a) for a in args), {k: plain_data(v) for k, v in kwargs.items()}
+        rng = torch.random.get_rng_state()
+        try:
+            module = cls(*real_args, **real_kwargs)
+        except Exception as error:  # noqa: BLE001 - the user's constructor raised: in their code
+            raise raise_real(error) from None
+        if next(module.parameters(), None) is not None or next(module.buffers(), None) is not None:
+            why = "with parameters or buffers, made anew on every call"
+        elif not torch.equal(torch.random.get_rng_state(), rng):
+            why = "drawing random numbers"
+        if why is not None:
+            torch.random.set_rng_state(rng)
+    if why is not None:
+        raise unsupported("unsupported_call", f"building the module {cls.__qualname__} inside a compiled function {why}",
+                          "build modules outside the compiled code")
+    return EphemeralModuleVariable(module, real_args, real_kwargs)
 
 
 def call_module(tx: Any, module: ModuleVariable, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:

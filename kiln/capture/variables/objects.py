@@ -461,7 +461,9 @@ class ClassVariable(RealValueVariable):
         if new_owner in _CONTAINER_BASES and not issubclass(cls, nn.Module):
             return _new_container_subclass(tx, cls, args, kwargs)
         if issubclass(cls, nn.Module):
-            raise unsupported("unsupported_call", f"building the module {cls.__qualname__} inside a compiled function", "build modules outside the compiled code")
+            from kiln.capture.variables.modules import ephemeral_module  # modules.py imports this module
+
+            return ephemeral_module(tx, cls, args, kwargs)
         if isinstance(new, staticmethod) and isinstance(new.__func__, types.FunctionType) and \
                 all(base in (object, *_CONTAINER_BASES) or "__new__" not in vars(base) or base is new_owner for base in cls.__mro__):
             return self._call_user_new(tx, new, new_owner, args, kwargs)
