@@ -271,11 +271,16 @@ def _tests(suite: unittest.TestSuite) -> list[unittest.TestCase]:
 def _newer_test_utilities() -> None:
     """Names that newer test files import from torch's test utilities and this torch lacks, given
     stand-ins (both modes run with them): `HardwareClassification`, a tag by which PyTorch's CI
-    sorts test classes (test_list.py's `hw_classification = HardwareClassification.GENERIC`)."""
+    sorts test classes (test_list.py's `hw_classification = HardwareClassification.GENERIC`);
+    `TestCaseWithNestedGraphBreaks` (test_functions.py's base class: newer Dynamo runs its tests
+    once more with breaks inside nested calls), here Dynamo's plain `TestCase`."""
+    import torch._dynamo.test_case as dynamo_test_case
     from torch.testing._internal import common_utils
 
     if not hasattr(common_utils, "HardwareClassification"):
         common_utils.HardwareClassification = enum.Enum("HardwareClassification", ["GENERIC"])
+    if not hasattr(dynamo_test_case, "TestCaseWithNestedGraphBreaks"):
+        dynamo_test_case.TestCaseWithNestedGraphBreaks = dynamo_test_case.TestCase
 
 
 def run_file(test_file: Path, mode: str, timeout_s: int) -> dict[str, Any]:

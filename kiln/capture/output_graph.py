@@ -183,6 +183,15 @@ class OutputGraph:
         node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
         self.op_count += 1
         self.known.record(kind, target, fx_args, fx_kwargs, node, result)
+        # An in-place op (`y = x.add_(1)`, `x += 1`, `out=`) returns the tensor it wrote: the same
+        # object in eager (`y is x`, one item of a set), so the same variable here. Later ops read
+        # its earlier node: at run time that is the same tensor, written.
+        written = [(a, e) for a, e in ((args[0] if args else None, ex_args[0] if ex_args else None),
+                                       (kwargs.get("out"), ex_kwargs.get("out")))]
+        for var, example in written:
+            if isinstance(var, TensorVariable) and example is result:
+                node.meta["example_value"] = result
+                return var
         return self.wrap_result(node, result)
 
     def wrap_result(self, node: fx.Node, value: Any) -> Variable:

@@ -289,8 +289,8 @@ def identical(a: Variable, b: Variable) -> bool:
     real_a, real_b = getattr(a, "value", None), getattr(b, "value", None)
     if real_a is not None and real_b is not None:
         return real_a is real_b
-    if _is_tensor(a) and _is_tensor(b):
-        return a.node is b.node
+    if _is_tensor(a) and _is_tensor(b):  # (one tensor object is one fake tensor, whatever node reads it)
+        return a.example is b.example
     return False
 
 

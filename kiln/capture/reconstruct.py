@@ -23,7 +23,7 @@ from kiln.capture.sources import Namespace
 from kiln.capture.variables import containers as c
 from kiln.capture.variables.autograd_function import FunctionApplyVariable
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
-from kiln.capture.variables.builtins import UnboundBuiltinMethod
+from kiln.capture.variables.builtins import LazyIteratorVariable, UnboundBuiltinMethod
 from kiln.capture.variables.constant import ConstantMethodVariable, ConstantVariable
 from kiln.capture.variables.functions import BoundMethodVariable, CellVariable, GeneratorVariable, NestedFunctionVariable, RealCellVariable
 from kiln.capture.variables.modules import EphemeralModuleVariable
@@ -197,6 +197,9 @@ class Reconstructor:
             return f"{self.ns.bind(reentry.with_grad_mode, 'F')}({var.enabled!r}, {self.expr(var.fn)})"
         if isinstance(var, UserIteratorVariable):  # (the object itself: its state is replayed as any object's)
             return self.expr(var.obj)
+        if isinstance(var, LazyIteratorVariable):  # map/zip/filter over what its iterators have left
+            fn = [] if var.kind is zip else [self.expr(var.fn)]
+            return f"{self.ns.bind(var.kind, 'T')}({', '.join(fn + [self.expr(it) for it in var.iterators])})"
         if isinstance(var, c.IteratorVariable):  # a running loop's iterator, at a graph break
             return f"{self.ns.bind(iter, 'F')}(({''.join(self.expr(i) + ', ' for i in var.items[var.position:])}))"
         if isinstance(var, c.MappingProxyVariable):  # (a view of the dict: the caller's own where it has a source)

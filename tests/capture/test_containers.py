@@ -1194,3 +1194,43 @@ def test_attributes_set_on_a_named_tuple_that_takes_them():
     assert made.note == "new" and type(made) is WithDict
     with pytest.raises(AttributeError):
         compiled(_Base(torch.ones(2), torch.zeros(2)))  # a plain named tuple has no __dict__: as in eager
+
+
+def test_dict_views_are_live():
+    def fn(x):
+        d = {3: x}
+        keys, values, items = d.keys(), d.values(), d.items()
+        d[4] = x + 1
+        return 4 in keys, len(values), len(items), {3: 2, 4: "a"}.keys() == keys
+
+    assert kiln.compile(fn, backend="eager", fullgraph=True)(torch.ones(2)) == (True, 2, 2, True)
+
+
+def test_map_zip_and_filter_make_items_when_asked():
+    def fn(a):
+        calls = [0]
+
+        def f(x):
+            calls[0] += 1
+            return x
+
+        pairs = list(zip([a, a], map(f, [1, 2, 3, 4])))  # zip stops at its first argument's end: f twice
+        y = [1]
+        y.extend(map(lambda z: z + y[-1], range(3)))  # each item appended before the next is made
+        kept = filter(lambda v: v > 1, [1, 2, 3])
+        first = next(kept)
+        return a + calls[0], y, len(pairs), first, kept, map(abs, [-1, -2]), zip([1], [2])
+
+    out, y, n, first, kept, mapped, zipped = kiln.compile(fn, backend="eager", fullgraph=True)(torch.zeros(2))
+    torch.testing.assert_close(out, torch.full((2,), 2.0))
+    assert y == [1, 1, 2, 4] and n == 2 and first == 2
+    assert type(kept) is filter and list(kept) == [3]  # the rest, as a filter object
+    assert type(mapped) is map and list(mapped) == [1, 2] and type(zipped) is zip and list(zipped) == [(1, 2)]
+
+
+def test_a_ranges_iterator_is_a_range_iterator():
+    def fn(x):
+        return x + 1 if type(iter(range(5))) is type(range(0).__iter__()) is type(iter(range(1))) else x
+
+    check(fn, torch.zeros(2))
+    assert kiln.compile(lambda: type(iter(range(3))).__name__, backend="eager")() == "range_iterator"

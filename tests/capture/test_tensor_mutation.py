@@ -6,6 +6,7 @@ import operator
 import pytest
 import torch
 
+import kiln
 from tests.capture.util import check
 
 
@@ -46,3 +47,30 @@ def test_assignment_through_a_view_reaches_the_base():
         return y, v
 
     check(f, torch.randn(4))
+
+
+def test_an_in_place_op_returns_the_tensor_it_wrote():
+    # (`y = x.add_(1)` is x itself: `y is x`, and a set of both holds one tensor)
+    def fn(x, other):
+        y = x.add_(1)
+        z = torch.Tensor.add_(y, 1)
+        w = x
+        w += 1
+        return y is x, z is x, w is x, len({x, y, z}), y in {other}
+
+    x = torch.zeros(3)
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    assert compiled(x, torch.ones(1)) == (True, True, True, 1, False)
+    assert compiled(x, x) == (True, True, True, 1, True)  # one tensor passed twice is one tensor
+    torch.testing.assert_close(x, torch.full((3,), 6.0))
+
+
+def test_is_inference_of_an_input_is_guarded():
+    def fn(x):
+        return x + 1 if x.is_inference() else x - 1
+
+    with torch.inference_mode():
+        inference = torch.ones(2)
+    compiled = kiln.compile(fn, backend="eager")
+    torch.testing.assert_close(compiled(torch.ones(2)), torch.zeros(2))
+    torch.testing.assert_close(compiled(inference), torch.full((2,), 2.0))

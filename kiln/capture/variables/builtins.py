@@ -325,7 +325,58 @@ def _zip(tx: Any, *seqs: Variable, strict: Variable | None = None) -> Variable:
         if len({len(x) for x in lists}) > 1:
             raise raise_real(ValueError("zip() arguments have different lengths"))
         return IteratorVariable([TupleVariable(list(items)) for items in zip(*lists)])
-    return IteratorVariable([TupleVariable(row) for row in _rows(tx, seqs)])
+    return LazyIteratorVariable(zip, None, _iterators(tx, seqs))
+
+
+class LazyIteratorVariable(IteratorVariable):
+    """`map(fn, *seqs)`, `zip(*seqs)`, `filter(fn, seq)`: each item made when it is asked for, from
+    the next items of the underlying iterators, as in Python — a side effect of `fn` (a `nonlocal`,
+    the list being extended) happens when the consumer reaches it, zip stops at its first exhausted
+    argument before asking the others, and one alive at a graph break or returned is rebuilt as
+    the same kind of object over what its iterators have left."""
+
+    def __init__(self, kind: type, fn: Variable | None, iterators: list[Variable]) -> None:
+        super().__init__([])
+        self.kind, self.fn, self.iterators = kind, fn, iterators
+        self.exhausted = not iterators
+
+    def python_type(self) -> type:
+        return self.kind
+
+    def next(self, tx: Any) -> Variable | None:
+        while not self.exhausted:
+            row = []
+            for it in self.iterators:
+                item = it.next(tx)
+                if item is None:
+                    self.exhausted = True
+                    _finish_suspended_in_a_block(tx, self.iterators)
+                    return None
+                row.append(item)
+            if self.kind is zip:
+                return TupleVariable(row)
+            if self.kind is map:
+                return self.fn.call(tx, row, {})
+            keep = row[0].truth(tx) if self.fn.is_constant() and self.fn.as_constant() is None else \
+                self.fn.call(tx, row, {}).truth(tx)
+            if keep:
+                return row[0]
+        return None
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        items: list[Variable] = []
+        while (item := self.next(tx)) is not None:
+            items.append(item)
+            if len(items) > GENERATOR_ITEM_LIMIT:
+                raise unsupported("unsupported_iteration", f"{self.kind.__name__}() of iterators that yielded more than "
+                                  f"{GENERATOR_ITEM_LIMIT} items", "pass a finite iterator first")
+        return items
+
+
+def _iterators(tx: Any, seqs: Sequence[Variable]) -> list[Variable]:
+    """An iterator of each argument, read item by item (a user's iterator object: its items now)."""
+    iterators = [s.get_iter(tx) for s in seqs]
+    return [it if isinstance(it, IteratorVariable) else IteratorVariable(seq.iterate(tx)) for it, seq in zip(iterators, seqs)]
 
 
 def _finish_suspended_in_a_block(tx: Any, iterators: list[Variable]) -> None:
@@ -342,36 +393,14 @@ def _finish_suspended_in_a_block(tx: Any, iterators: list[Variable]) -> None:
 
 @handles(map)
 def _map(tx: Any, fn: Variable, *seqs: Variable) -> Variable:
-    return IteratorVariable([fn.call(tx, row, {}) for row in _rows(tx, seqs)])
-
-
-def _rows(tx: Any, seqs: Sequence[Variable]) -> list[list[Variable]]:
-    """zip's rows, one item of each argument at a time in Python's order, up to the first
-    argument that runs out: an endless generator zipped with a finite sequence stops with it,
-    having yielded as many items as Python would have asked of it."""
-    iterators = [s.get_iter(tx) for s in seqs]
-    if not iterators:
-        return []
-    if not all(isinstance(it, IteratorVariable) for it in iterators):  # (a user's iterator object)
-        return [list(items) for items in zip(*[s.iterate(tx) for s in seqs])]
-    rows: list[list[Variable]] = []
-    while len(rows) <= GENERATOR_ITEM_LIMIT:
-        row = []
-        for it in iterators:
-            item = it.next(tx)
-            if item is None:
-                _finish_suspended_in_a_block(tx, iterators)
-                return rows
-            row.append(item)
-        rows.append(row)
-    raise unsupported("unsupported_iteration", f"zip or map of iterators that yielded more than {GENERATOR_ITEM_LIMIT} items",
-                      "pass a finite iterator first")
+    if not seqs:
+        raise raise_real(TypeError("map() must have at least two arguments."))
+    return LazyIteratorVariable(map, fn, _iterators(tx, seqs))
 
 
 @handles(filter)
 def _filter(tx: Any, fn: Variable, seq: Variable) -> Variable:
-    keep = (lambda v: v.truth(tx)) if fn.is_constant() and fn.as_constant() is None else (lambda v: fn.call(tx, [v], {}).truth(tx))
-    return IteratorVariable([item for item in seq.iterate(tx) if keep(item)])
+    return LazyIteratorVariable(filter, fn, _iterators(tx, [seq]))
 
 
 @handles(reversed)

@@ -67,6 +67,12 @@ class ConstantVariable(RealValueVariable):
     def truth(self, tx: Any) -> bool:
         return bool(self.value)
 
+    def get_iter(self, tx: Any) -> Variable:
+        iterator = super().get_iter(tx)
+        if isinstance(self.value, (str, bytes, range)):  # (`isinstance(iter(range(5)), range_iterator)`)
+            iterator.cls = type(iter(self.value))
+        return iterator
+
     def iterate(self, tx: Any) -> list[Variable]:
         if isinstance(self.value, (str, bytes, range)):
             return [ConstantVariable(v) for v in self.value]

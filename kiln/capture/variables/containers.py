@@ -40,6 +40,10 @@ def hash_key(var: Variable) -> Any:
         return ("const", value)
     if isinstance(var, TupleVariable):
         return ("tuple", tuple(hash_key(item) for item in var.items))
+    from kiln.capture.variables.tensor import TensorVariable  # tensor.py imports this module (SizeVariable)
+
+    if isinstance(var, TensorVariable):  # (one tensor object is one fake tensor: f(x, x) gives its two variables one)
+        return ("tensor", id(var.example))
     real = getattr(var, "value", None)
     if real is not None and not isinstance(real, (list, dict, set)):
         return ("id", id(real))
@@ -320,9 +324,9 @@ class ListVariable(BaseSequenceVariable):
 
     def _extend(self, tx: Any, other: Variable) -> Variable:
         source = other if isinstance(other, (ListVariable, TupleVariable)) else other.get_iter(tx)
-        if isinstance(source, GeneratorIterator):
-            # One item at a time, each appended before the next is made: the generator may read
-            # the list (`y.extend(y[-1] + z for z in ...)` sees the items already added).
+        if isinstance(source, IteratorVariable) and (isinstance(source, GeneratorIterator) or type(source) is not IteratorVariable):
+            # One item at a time, each appended before the next is made: a generator or a map may
+            # read the list (`y.extend(y[-1] + z for z in ...)` sees the items already added).
             while (item := source.next(tx)) is not None:
                 self.items.append(item)
         else:
@@ -487,9 +491,9 @@ class DictVariable(Variable):
         return {
             "__getitem__": self.getitem, "__setitem__": self.setitem, "__delitem__": self.delitem,
             "__contains__": lambda tx, k: const(self.contains(tx, k)), "__len__": lambda tx: const(len(self.entries)),
-            "get": self._get, "keys": lambda tx: ListViewVariable(self.keys(), "dict_keys"),
-            "values": lambda tx: ListViewVariable([v for _, v in self.entries.values()], "dict_values"),
-            "items": lambda tx: ListViewVariable([TupleVariable([k, v]) for k, v in self.entries.values()], "dict_items"),
+            "get": self._get, "keys": lambda tx: ListViewVariable([], "dict_keys", self),
+            "values": lambda tx: ListViewVariable([], "dict_values", self),
+            "items": lambda tx: ListViewVariable([], "dict_items", self),
             "pop": self._pop, "setdefault": self._setdefault, "update": self._update, "copy": lambda tx: DictVariable(self.entries, cls=self.cls),
             "clear": self._clear, "popitem": self._popitem,
         }
@@ -657,11 +661,27 @@ class MappingProxyVariable(Variable):
 
 
 class ListViewVariable(TupleVariable):
-    """dict.keys()/values()/items(): iterable snapshots (kiln does not track later dict changes)."""
+    """dict.keys()/values()/items(): of a dict the trace holds (`of`), live views of its entries as
+    they are when read (`keys = d.keys(); d[4] = v; 4 in keys` is True); else their snapshot."""
 
-    def __init__(self, items: Sequence[Variable], kind: str) -> None:
+    def __init__(self, items: Sequence[Variable], kind: str, of: "DictVariable | None" = None) -> None:
+        self._of, self.kind = of, kind
         super().__init__(items)
-        self.kind = kind
+
+    @property
+    def items(self) -> list[Variable]:
+        if self._of is None:
+            return self._items
+        entries = self._of.entries.values()
+        if self.kind == "dict_keys":
+            return [k for k, _ in entries]
+        if self.kind == "dict_values":
+            return [v for _, v in entries]
+        return [TupleVariable([k, v]) for k, v in entries]
+
+    @items.setter
+    def items(self, items: list[Variable]) -> None:
+        self._items = items
 
     def python_type(self) -> type:
         return {"dict_keys": type({}.keys()), "dict_values": type({}.values()), "dict_items": type({}.items())}[self.kind]
@@ -800,9 +820,10 @@ class IteratorVariable(Variable):
     def __init__(self, items: Sequence[Variable]) -> None:
         super().__init__(None)
         self.items, self.position = list(items), 0
+        self.cls: type = type(iter([]))  # (a range's or a string's iterator says so)
 
     def python_type(self) -> type:
-        return type(iter([]))
+        return self.cls
 
     def next(self, tx: Any) -> Variable | None:
         """The next item, or None when exhausted."""

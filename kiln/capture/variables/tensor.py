@@ -9,7 +9,7 @@ from torch import fx
 
 from kiln.capture.break_records import unsupported
 from kiln.capture.guards import Guard
-from kiln.capture.sources import AttrSource
+from kiln.capture.sources import AttrSource, ConvertedSource
 from kiln.capture.user_exceptions import raise_real
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable
@@ -86,6 +86,11 @@ class TensorVariable(Variable):
         if name == "size":
             size = self.size()
             return size.items[args[0].as_constant()] if args else size
+        if name == "is_inference" and not args and not kwargs and getattr(self, "real", None) is not None:
+            # (not among the facts every tensor input is guarded on: guarded where read)
+            value = self.real.is_inference()
+            tx.output.guards.add(Guard("EQUALS", ConvertedSource(self.source, torch.Tensor.is_inference), value))
+            return ConstantVariable(value)
         if name in _STATIC_METHODS:
             try:
                 value = getattr(self.example, name)(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
