@@ -25,6 +25,7 @@ import inspect
 import enum
 import json
 import linecache
+import os
 import re
 import signal
 import sys
@@ -334,4 +335,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Out without the interpreter's teardown: after test_ctx_manager.py's profiler tests, torch's
+    # profiler state crashed kiln mode's process (SIGSEGV) at exit, after the report was
+    # written: the file's results were then lost as "worker exited -11".
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
