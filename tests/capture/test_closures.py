@@ -559,3 +559,13 @@ def test_lru_cache_and_cache_wrapped_functions_are_captured():
         return t * 2
 
     check(lambda x: scaled(x) + 1, torch.randn(3))
+
+
+@pytest.mark.parametrize("attr", ["func", "args", "keywords", "__call__", "__name__", "__qualname__", "__dict__", "missing"])
+def test_hasattr_of_a_partial_made_inside_is_the_partial_objects(attr):
+    def fn(t):
+        p = functools.partial(lambda x, y: torch.sin(x) + torch.cos(y), y=t)
+        return p(t) if hasattr(p, attr) else torch.zeros_like(t)
+
+    t = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(fn, backend="eager", fullgraph=True)(t), fn(t))

@@ -320,6 +320,11 @@ class PartialVariable(Variable):
             return DictVariable.from_pairs([(ConstantVariable(k), v) for k, v in self.kwargs.items()])
         return super().getattr(tx, name)
 
+    def hasattr(self, tx: Any, name: str) -> bool:
+        """As a partial object answers: its three fields, what its class has (a partial made here
+        has no attribute of its own)."""
+        return hasattr(functools.partial(len), name)  # (not the class's: `partial.__name__` is the type's own)
+
 
 def _exception_of(tx: Any, args: Sequence[Variable]) -> Variable:
     """The exception `gen.throw(*args)` raises: an instance as given, a class called."""
