@@ -1234,3 +1234,27 @@ def test_a_ranges_iterator_is_a_range_iterator():
 
     check(fn, torch.zeros(2))
     assert kiln.compile(lambda: type(iter(range(3))).__name__, backend="eager")() == "range_iterator"
+
+
+def test_a_set_is_looked_up_in_a_set_as_its_frozenset():
+    def fn(x):
+        return (x + 1 if set("abc") in {frozenset("abc")} else x - 1), set("ab") in {frozenset("abc")}
+
+    check(fn, torch.ones(2))
+
+
+def test_a_dict_keyed_by_tensors_passed_in():
+    param = torch.nn.Parameter(torch.ones(2, 2))
+    cache = collections.defaultdict(list)
+
+    def fn(x):
+        cache["a"] = x + 1
+        cache[param] = 123
+        return cache["b"], cache[param] + 1
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    for _ in range(2):  # the second call reads a dict that holds the tensor key
+        assert compiled(x) == ([], 124)
+    torch.testing.assert_close(cache["a"], x + 1)
+    assert list(cache) == ["a", param, "b"]

@@ -588,8 +588,14 @@ def wrap_dict_contents(tx: Any, value: dict, source: Source | None) -> Variable:
         elif tx is not None:
             tx.output.guards.add(Guard("LENGTH_MATCH", source, len(value)))
     pairs = []
-    for k, v in value.items():
-        key = wrap(tx, k, None)
+    for i, (k, v) in enumerate(value.items()):
+        key_source = None
+        if source is not None and not is_literal(k) and tx is not None:
+            # A key that is an object (a tensor, a module): that very object, read back by its
+            # position (a tensor key is then an input of the graph like any tensor it reads).
+            key_source = ItemSource(KeysSource(source), i)
+            tx.output.guards.add(Guard("ID_MATCH", key_source, k))
+        key = wrap(tx, k, key_source)
         pairs.append((key, wrap(tx, v, ItemSource(source, k)) if source is not None else wrap(tx, v, None)))
     d = DictVariable.from_pairs(pairs, cls=type(value) if type(value) in (dict, OrderedDict, defaultdict) else dict)
     d.source = source
@@ -726,6 +732,8 @@ class SetVariable(Variable):
         return bool(self.entries)
 
     def contains(self, tx: Any, item: Variable) -> bool:
+        if isinstance(item, SetVariable) and not item.frozen:  # (Python looks a set up as its frozenset)
+            item = SetVariable(list(item.entries.values()), frozen=True)
         return hash_key(item) in self.entries
 
     def _changed(self, tx: Any) -> None:
