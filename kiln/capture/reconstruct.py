@@ -8,6 +8,7 @@ dataclasses and ModelOutputs, constants, and objects the frame received).
 
 from __future__ import annotations
 
+import collections
 import math
 import types
 from collections import defaultdict
@@ -88,7 +89,7 @@ class Reconstructor:
         # (A named tuple of a subclass with an instance __dict__ takes attributes: one object,
         # so that `tup.c = v` run at a graph break is seen through every reference.)
         return (isinstance(var, (ModelOutputVariable, c.DictVariable, c.SetVariable, NestedFunctionVariable))
-                or type(var) is c.ListVariable
+                or type(var) in (c.ListVariable, c.DequeVariable)
                 or isinstance(var, c.NamedTupleVariable) and getattr(var.cls, "__dictoffset__", 0) != 0)
 
     def cell(self, var: Variable | None) -> str:
@@ -174,6 +175,8 @@ class Reconstructor:
             return f"{self.ns.bind(torch.Size, 'T')}([{', '.join(self.expr(i) for i in var.items)}])"
         if isinstance(var, c.NamedTupleVariable):
             return f"{self.ns.bind(var.constructor(), 'T')}({', '.join(self.expr(i) for i in var.items)})"
+        if isinstance(var, c.DequeVariable):
+            return f"{self.ns.bind(collections.deque, 'T')}([{', '.join(self.expr(i) for i in var.items)}], {var.maxlen!r})"
         if isinstance(var, c.ListVariable):
             return f"[{', '.join(self.expr(i) for i in var.items)}]"
         if isinstance(var, c.ListViewVariable):

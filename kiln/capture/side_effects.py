@@ -7,6 +7,7 @@ runner replays them in order, with the graph's results in hand.
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import torch
@@ -91,7 +92,10 @@ class SideEffects:
         for n, var in enumerate(self.mutated.values()):
             target, new = f"_t{n}", f"_n{n}"
             reads.append(f"{target} = {var.source.expr(rc.ns)}")
-            if isinstance(var, ListVariable):
+            if isinstance(var, ListVariable) and var.python_type() is collections.deque:  # (no slice assignment)
+                reads.append(f"{new} = [{', '.join(rc.expr(i) for i in var.items)}]")
+                lines += [f"{target}.clear()", f"{target}.extend({new})"]
+            elif isinstance(var, ListVariable):
                 reads.append(f"{new} = [{', '.join(rc.expr(i) for i in var.items)}]")
                 lines.append(f"{target}[:] = {new}")
             elif isinstance(var, DictVariable):

@@ -1258,3 +1258,32 @@ def test_a_dict_keyed_by_tensors_passed_in():
         assert compiled(x) == ([], 124)
     torch.testing.assert_close(cache["a"], x + 1)
     assert list(cache) == ["a", param, "b"]
+
+
+def test_deques_built_changed_and_returned():
+    def fn(a, b):
+        d = collections.deque([a, b])
+        d.append(a + 1)
+        d.extendleft(x * 2 for x in (a, b))
+        d.insert(0, "first")
+        last = d.pop()
+        d.rotate(2)
+        bounded = collections.deque(maxlen=2)
+        for i in range(3):
+            bounded.append(i)
+        bounded.appendleft(-1)
+        return list(d), d.popleft(), last, type(d) is collections.deque, bounded, bounded.maxlen
+
+    check(fn, torch.ones(2), torch.zeros(2))
+
+
+def test_a_deque_passed_in_is_changed_in_place():
+    def fn(x, d):
+        d.appendleft(x)
+        d.append(d[0] + 1)
+        return d.popleft() * 2
+
+    d = collections.deque([torch.zeros(2)], maxlen=3)
+    out = kiln.compile(fn, backend="eager", fullgraph=True)(torch.ones(2), d)
+    torch.testing.assert_close(out, torch.full((2,), 2.0))
+    assert len(d) == 2 and d.maxlen == 3 and torch.equal(d[1], torch.full((2,), 2.0))

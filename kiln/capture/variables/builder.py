@@ -15,6 +15,7 @@ it reads; this module imports every kind and installs `_build` there when it is 
 
 from __future__ import annotations
 
+import collections
 import functools
 import types
 from collections import OrderedDict, defaultdict
@@ -114,6 +115,13 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
         if hasattr(type(value), "_fields"):
             return c.NamedTupleVariable(items, type(value), source)
         return c.TupleVariable(items, source)
+    if type(value) is collections.deque:
+        _guard(tx, "TYPE_MATCH", source, collections.deque)
+        _guard(tx, "LENGTH_MATCH", source, len(value))
+        if source is not None:
+            _guard(tx, "EQUALS", AttrSource(source, "maxlen"), value.maxlen)
+        items = [wrap(tx, item, ItemSource(source, i)) if source is not None else _build(tx, item, None) for i, item in enumerate(value)]
+        return c.DequeVariable(items, source, value.maxlen)
     if isinstance(value, dict) and _is_plain_dict(value):
         _guard(tx, "TYPE_MATCH", source, type(value))
         return wrap_dict_contents(tx, value, source)

@@ -7,6 +7,7 @@ graph runs.
 
 from __future__ import annotations
 
+import collections
 import inspect
 import operator
 import sys
@@ -405,6 +406,91 @@ class ListVariable(BaseSequenceVariable):
         self._changed(tx)
         return const(None)
 
+
+
+class DequeVariable(ListVariable):
+    """`collections.deque`: a list's items open at both ends, `maxlen` kept (an append past it
+    drops an item from the other end, as the deque does)."""
+
+    def __init__(self, items: Sequence[Variable], source: Any = None, maxlen: int | None = None) -> None:
+        super().__init__(items, source)
+        self.maxlen = maxlen
+
+    def python_type(self) -> type:
+        return collections.deque
+
+    def rebuild(self, items: list[Variable]) -> Variable:
+        return DequeVariable(items, maxlen=self.maxlen)
+
+    def getitem(self, tx: Any, key: Variable) -> Variable:
+        if key.is_constant() and isinstance(key.as_constant(), slice):
+            raise _raise(TypeError, "sequence index must be integer, not 'slice'")
+        return super().getitem(tx, key)
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name == "maxlen":
+            return const(self.maxlen)
+        return super().getattr(tx, name)
+
+    def methods(self) -> dict[str, Callable]:
+        methods = {name: method for name, method in super().methods().items() if name != "sort"}
+        methods.update({
+            "appendleft": self._appendleft, "extendleft": self._extendleft, "popleft": self._popleft,
+            "pop": self._pop_right, "rotate": self._rotate, "copy": lambda tx: self.rebuild(list(self.items)),
+        })
+        return methods
+
+    def _trim(self, from_left: bool) -> None:
+        while self.maxlen is not None and len(self.items) > self.maxlen:
+            self.items.pop(0 if from_left else -1)
+
+    def _append(self, tx: Any, item: Variable) -> Variable:
+        self.items.append(item)
+        self._trim(from_left=True)
+        self._changed(tx)
+        return const(None)
+
+    def _extend(self, tx: Any, other: Variable) -> Variable:
+        result = super()._extend(tx, other)
+        self._trim(from_left=True)
+        return result
+
+    def _appendleft(self, tx: Any, item: Variable) -> Variable:
+        self.items.insert(0, item)
+        self._trim(from_left=False)
+        self._changed(tx)
+        return const(None)
+
+    def _extendleft(self, tx: Any, other: Variable) -> Variable:
+        # Item by item, each put first before the next is made (a map or generator may read the deque).
+        source = other.get_iter(tx) if not isinstance(other, BaseSequenceVariable) else IteratorVariable(list(other.items))
+        while (item := source.next(tx)) is not None:
+            self.items.insert(0, item)
+            self._trim(from_left=False)
+        self._changed(tx)
+        return const(None)
+
+    def _popleft(self, tx: Any) -> Variable:
+        if not self.items:
+            raise _raise(IndexError, "pop from an empty deque")
+        item = self.items.pop(0)
+        self._changed(tx)
+        return item
+
+    def _pop_right(self, tx: Any) -> Variable:
+        if not self.items:
+            raise _raise(IndexError, "pop from an empty deque")
+        item = self.items.pop()
+        self._changed(tx)
+        return item
+
+    def _rotate(self, tx: Any, steps: Variable | None = None) -> Variable:
+        n = operator.index(steps.as_constant()) if steps is not None else 1
+        if self.items:
+            n %= len(self.items)
+            self.items[:] = self.items[-n:] + self.items[:-n] if n else self.items
+        self._changed(tx)
+        return const(None)
 
 class DictVariable(Variable):
     """A dict (or OrderedDict/defaultdict) with variable keys and values, in insertion order."""

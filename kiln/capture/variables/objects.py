@@ -24,7 +24,7 @@ from kiln.capture.sources import AttrSource, ClassDictSource, ConstSource, Insta
 from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
 from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
 from kiln.capture.variables.constant import ConstantVariable, is_literal, is_plain_data, plain_data
-from kiln.capture.variables.containers import (GENERATOR_ITEM_LIMIT, DictVariable, IteratorVariable, ListViewVariable, NamedTupleVariable,
+from kiln.capture.variables.containers import (GENERATOR_ITEM_LIMIT, DequeVariable, DictVariable, IteratorVariable, ListViewVariable, NamedTupleVariable,
                                               TupleVariable, hash_key, wrap_dict_contents, wrap_list_contents)
 from kiln.capture.variables.functions import BoundMethodVariable
 from kiln.capture.variables.wrapping import wrap, wrap_constant_result
@@ -443,6 +443,8 @@ class ClassVariable(RealValueVariable):
             defaults = getattr(cls, "_field_defaults", {})
             items = [values[f] if f in values else _constant(defaults[f]) for f in fields]
             return NamedTupleVariable(items, cls)
+        if cls is collections.deque:
+            return _new_deque(tx, args, kwargs)
         if issubclass(cls, tuple) and hasattr(cls, "n_sequence_fields") and len(args) == 1 and not kwargs:
             # A struct sequence (`torch.return_types.max((values, indices))`, `os.stat_result`):
             # built from one sequence of exactly its fields.
@@ -699,6 +701,20 @@ _FIXED_MODULES = {"torch", "math", "operator", "functools", "itertools", "collec
 
 
 _IMMUTABLE = (str, bytes, int, float, complex, tuple, frozenset, range, type(None), types.MappingProxyType)
+
+
+def _new_deque(tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+    """`collections.deque(iterable=(), maxlen=None)`."""
+    bound = dict(zip(("iterable", "maxlen"), args), **kwargs)
+    if len(args) > 2 or set(bound) - {"iterable", "maxlen"}:
+        raise raise_real(TypeError("deque() takes at most 2 arguments"))
+    maxlen = bound["maxlen"].as_constant() if "maxlen" in bound else None
+    if maxlen is not None and (not isinstance(maxlen, int) or maxlen < 0):
+        raise raise_real(ValueError("maxlen must be non-negative"))
+    deque = DequeVariable([], maxlen=maxlen)
+    if "iterable" in bound:
+        deque._extend(tx, bound["iterable"])
+    return deque
 
 
 class OpaqueVariable(RealValueVariable):
