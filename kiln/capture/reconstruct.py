@@ -9,6 +9,7 @@ dataclasses and ModelOutputs, constants, and objects the frame received).
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import types
 from collections import defaultdict
@@ -24,7 +25,7 @@ from kiln.capture.sources import Namespace
 from kiln.capture.variables import containers as c
 from kiln.capture.variables.autograd_function import FunctionApplyVariable
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
-from kiln.capture.variables.builtins import LazyIteratorVariable, UnboundBuiltinMethod
+from kiln.capture.variables.builtins import EndlessIteratorVariable, LazyIteratorVariable, UnboundBuiltinMethod
 from kiln.capture.variables.constant import ConstantMethodVariable, ConstantVariable
 from kiln.capture.variables.functions import BoundMethodVariable, CellVariable, GeneratorVariable, NestedFunctionVariable, RealCellVariable
 from kiln.capture.variables.modules import EphemeralModuleVariable
@@ -200,6 +201,9 @@ class Reconstructor:
             return f"{self.ns.bind(reentry.with_grad_mode, 'F')}({var.enabled!r}, {self.expr(var.fn)})"
         if isinstance(var, UserIteratorVariable):  # (the object itself: its state is replayed as any object's)
             return self.expr(var.obj)
+        if isinstance(var, EndlessIteratorVariable):  # count/repeat from where it has got to
+            step = f", {self.const(var.step)}" if var.kind is itertools.count else ""
+            return f"{self.ns.bind(var.kind, 'T')}({self.expr(var.item)}{step})"
         if isinstance(var, LazyIteratorVariable):  # map/zip/filter over what its iterators have left
             fn = [] if var.kind is zip else [self.expr(var.fn)]
             return f"{self.ns.bind(var.kind, 'T')}({', '.join(fn + [self.expr(it) for it in var.iterators])})"

@@ -569,3 +569,24 @@ def test_zip_leaving_a_generator_inside_a_with_block_runs_it_to_its_end():
     got = compiled(x)
     torch.testing.assert_close(got, f(x))
     assert log == ["enter", "exit", "enter", "exit"]
+
+
+def test_itertools_arrangements_and_endless_counters():
+    def fn(a, b):
+        ones, counter = itertools.repeat(1), itertools.count(2, 3)
+        for _ in range(3):
+            a = a + next(ones) + next(counter)
+        made = [torch.ones(size) for size in itertools.combinations((1, 2, 3), 2)]
+        arranged = list(itertools.permutations([a, b], 2)) + list(itertools.combinations_with_replacement([a], 2))
+        return (a, len(made), len(arranged), list(itertools.pairwise("abc")),
+                list(itertools.compress("ABCD", [1, 0, 1, 1])), list(itertools.filterfalse(lambda x: x > 0, [-1, 0, 1])),
+                list(zip("xy", itertools.count())), ones, counter)
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    a, b = torch.ones(3), torch.zeros(3)
+    got, want = compiled(a, b), fn(a, b)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:7] == want[1:7]
+    ones, counter = got[7], got[8]
+    assert type(ones) is itertools.repeat and next(ones) == 1  # returned where they had got to
+    assert type(counter) is itertools.count and next(counter) == next(want[8]) == 11

@@ -617,9 +617,77 @@ def _product(tx: Any, *seqs: Variable, repeat: Variable | None = None) -> Variab
 
 @handles(itertools.repeat)
 def _repeat(tx: Any, item: Variable, times: Variable | None = None) -> Variable:
-    if times is None:  # (endless: a lazy iterator kiln does not model)
-        raise unsupported("unsupported_call", "itertools.repeat without a count (an endless iterator)")
+    if times is None:
+        return EndlessIteratorVariable(itertools.repeat, item)
     return IteratorVariable([item] * max(0, times.as_constant()))
+
+
+@handles(itertools.count)
+def _count(tx: Any, start: Variable | None = None, step: Variable | None = None) -> Variable:
+    first, by = (v.as_constant() if v is not None else d for v, d in ((start, 0), (step, 1)))
+    if not all(isinstance(n, (int, float)) for n in (first, by)):
+        raise unsupported("unsupported_call", "itertools.count of values that are not numbers known while capturing")
+    return EndlessIteratorVariable(itertools.count, const(first), by)
+
+
+class EndlessIteratorVariable(IteratorVariable):
+    """`itertools.count(start, step)` and `itertools.repeat(x)`: an item each time one is asked
+    for, without end (consumed whole, `list(count())`, it stops at kiln's item limit as a break);
+    alive at a graph break or returned, rebuilt where it has got to."""
+
+    def __init__(self, kind: Any, item: Variable, step: Any = None) -> None:
+        super().__init__([])
+        self.kind, self.item, self.step = kind, item, step
+        self.cls = kind
+
+    def next(self, tx: Any) -> Variable | None:
+        item = self.item
+        if self.kind is itertools.count:
+            self.item = const(item.as_constant() + self.step)
+        return item
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        raise unsupported("unsupported_iteration", f"consuming all of an endless {self.kind.__name__}()",
+                          "take a finite part of it (zip, islice)")
+
+
+def _by_positions(items: list[Variable], positions: Any, cls: type) -> Variable:
+    """An iterator of tuples of `items` chosen by `positions` (tuples of indices), made by the
+    real itertools over indices: what it yields is the arrangement, whatever the items are."""
+    iterator = IteratorVariable([TupleVariable([items[i] for i in chosen]) for chosen in positions])
+    iterator.cls = cls
+    return iterator
+
+
+def _arranging(kind: Any) -> Callable:
+    def handler(tx: Any, seq: Variable, *args: Variable, **kwargs: Variable) -> Variable:
+        items = seq.iterate(tx)
+        try:
+            positions = kind(range(len(items)), *[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
+        except TypeError as error:  # (Python's error for wrong arguments, in the user's code)
+            raise raise_real(error) from None
+        return _by_positions(items, positions, kind)
+
+    return handler
+
+
+for _kind in (itertools.combinations, itertools.permutations, itertools.combinations_with_replacement, itertools.pairwise):
+    HANDLERS[_kind] = _arranging(_kind)
+
+
+@handles(itertools.compress)
+def _compress(tx: Any, data: Variable, selectors: Variable) -> Variable:
+    iterator = IteratorVariable([item for item, keep in zip(data.iterate(tx), selectors.iterate(tx)) if keep.truth(tx)])
+    iterator.cls = itertools.compress
+    return iterator
+
+
+@handles(itertools.filterfalse)
+def _filterfalse(tx: Any, fn: Variable, seq: Variable) -> Variable:
+    drop = (lambda v: v.truth(tx)) if fn.is_constant() and fn.as_constant() is None else (lambda v: fn.call(tx, [v], {}).truth(tx))
+    iterator = IteratorVariable([item for item in seq.iterate(tx) if not drop(item)])
+    iterator.cls = itertools.filterfalse
+    return iterator
 
 
 @handles(itertools.zip_longest)
