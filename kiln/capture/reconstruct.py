@@ -77,16 +77,19 @@ class Reconstructor:
     def expr(self, var: Variable) -> str:
         if id(var) in self._built:
             return self._built[id(var)]
-        if var.source is None and self._is_new_mutable(var):
+        if (var.source is None or isinstance(var, EphemeralModuleVariable)) and self._is_new_mutable(var):
             return self._build_once(var)
         return self._expr(var)
 
     @staticmethod
     def _is_new_mutable(var: Variable) -> bool:
+        if isinstance(var, EphemeralModuleVariable):  # (one module however many places hold it)
+            return True
         if isinstance(var, UserObjectVariable):
             return var.is_new
         if isinstance(var, TensorVariable):  # (one the trace set attributes on: set on the output, once)
             return bool(var.attrs)
+
         # (A named tuple of a subclass with an instance __dict__ takes attributes: one object,
         # so that `tup.c = v` run at a graph break is seen through every reference.)
         return (isinstance(var, (ModelOutputVariable, c.DictVariable, c.SetVariable, NestedFunctionVariable))
@@ -133,7 +136,8 @@ class Reconstructor:
         self._built[id(var)] = name
         if isinstance(var, NestedFunctionVariable):
             self._function(var, name)
-
+        elif isinstance(var, EphemeralModuleVariable):
+            self.prelude.append(f"{name} = {self._expr(var)}")
         elif isinstance(var, UserObjectVariable):
             # Bound before its attributes are built, so an attribute may refer back to it.
             contents = getattr(var, "container", None)
@@ -206,7 +210,8 @@ class Reconstructor:
             return f"{self.ns.bind(var.kind, 'T')}({self.expr(var.item)}{step})"
         if isinstance(var, LazyIteratorVariable):  # map/zip/filter over what its iterators have left
             fn = [] if var.kind is zip else [self.expr(var.fn)]
-            return f"{self.ns.bind(var.kind, 'T')}({', '.join(fn + [self.expr(it) for it in var.iterators])})"
+            rest = var.seqs if var.iterators is None else var.iterators
+            return f"{self.ns.bind(var.kind, 'T')}({', '.join(fn + [self.expr(it) for it in rest])})"
         if isinstance(var, c.IteratorVariable):  # a running loop's iterator, at a graph break
             return f"{self.ns.bind(iter, 'F')}(({''.join(self.expr(i) + ', ' for i in var.items[var.position:])}))"
         if isinstance(var, c.MappingProxyVariable):  # (a view of the dict: the caller's own where it has a source)

@@ -977,3 +977,12 @@ def test_a_data_descriptor_without_get_yields_to_the_instance_dict():
     out = kiln.compile(fn, backend="eager", fullgraph=True)(torch.zeros(2), compiled_holder)
     torch.testing.assert_close(out, fn(torch.zeros(2), eager))
     assert compiled_holder.field == eager.field == 20
+
+
+def test_a_descriptors_get_compares_as_the_real_method():
+    def fn(x):
+        if torch.Tensor.grad.__get__ in torch.overrides.get_default_nowrap_functions():
+            return x + 1
+        return x - 1
+
+    torch.testing.assert_close(kiln.compile(fn, backend="eager", fullgraph=True)(torch.zeros(2)), torch.ones(2))

@@ -590,3 +590,20 @@ def test_itertools_arrangements_and_endless_counters():
     ones, counter = got[7], got[8]
     assert type(ones) is itertools.repeat and next(ones) == 1  # returned where they had got to
     assert type(counter) is itertools.count and next(counter) == next(want[8]) == 11
+
+
+def test_a_zip_of_a_generator_returned_unasked_keeps_the_generator_unstarted():
+    started = []
+
+    def gen(x):
+        started.append(True)
+        yield x + 1
+        yield x + 2
+
+    def fn(x):
+        return zip(range(3), gen(x)), x.sin()
+
+    z, _ = kiln.compile(fn, backend="eager", fullgraph=True)(torch.zeros(2))
+    assert started == []  # as in eager: zip asked nothing yet
+    pairs = list(z)
+    assert [i for i, _ in pairs] == [0, 1] and torch.equal(pairs[1][1], torch.full((2,), 2.0))

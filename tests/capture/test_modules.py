@@ -696,3 +696,21 @@ def test_a_module_with_parameters_built_inside_breaks_the_graph():
     state = torch.random.get_rng_state()
     kiln.compile(fn, backend="eager")(torch.randn(2, 4))  # (runs eagerly; the trial drew nothing for good)
     assert not torch.equal(state, torch.random.get_rng_state())  # eager's own draw only
+
+
+def test_a_module_built_inside_is_one_object_wherever_it_is_kept():
+    def fn(x):
+        act = nn.ReLU()
+        return act(x), {"a": act, "b": act}, [act]
+
+    _, held, listed = kiln.compile(fn, backend="eager", fullgraph=True)(torch.randn(2))
+    assert held["a"] is held["b"] is listed[0]
+
+
+def test_a_module_built_inside_from_another_module_breaks_the_graph():
+    def fn(x):
+        act = nn.ReLU()
+        return nn.Sequential(act)(x)  # (Sequential keeps act itself: not rebuilt from constants)
+
+    with pytest.raises(kiln.CaptureError, match="building the module Sequential inside a compiled function from values"):
+        kiln.compile(fn, backend="eager", fullgraph=True)(torch.randn(2))

@@ -325,7 +325,7 @@ def _zip(tx: Any, *seqs: Variable, strict: Variable | None = None) -> Variable:
         if len({len(x) for x in lists}) > 1:
             raise raise_real(ValueError("zip() arguments have different lengths"))
         return IteratorVariable([TupleVariable(list(items)) for items in zip(*lists)])
-    return LazyIteratorVariable(zip, None, _iterators(tx, seqs))
+    return LazyIteratorVariable(zip, None, seqs)
 
 
 class LazyIteratorVariable(IteratorVariable):
@@ -335,15 +335,19 @@ class LazyIteratorVariable(IteratorVariable):
     argument before asking the others, and one alive at a graph break or returned is rebuilt as
     the same kind of object over what its iterators have left."""
 
-    def __init__(self, kind: type, fn: Variable | None, iterators: list[Variable]) -> None:
+    def __init__(self, kind: type, fn: Variable | None, seqs: Sequence[Variable]) -> None:
         super().__init__([])
-        self.kind, self.fn, self.iterators = kind, fn, iterators
-        self.exhausted = not iterators
+        self.kind, self.fn, self.seqs = kind, fn, list(seqs)
+        self.iterators: list[Variable] | None = None  # made on the first item asked: until then,
+        # a generator argument is unstarted, and a returned zip of it is rebuilt over it as it is
+        self.exhausted = not seqs
 
     def python_type(self) -> type:
         return self.kind
 
     def next(self, tx: Any) -> Variable | None:
+        if self.iterators is None:
+            self.iterators = _iterators(tx, self.seqs)
         while not self.exhausted:
             row = []
             for it in self.iterators:
@@ -395,12 +399,12 @@ def _finish_suspended_in_a_block(tx: Any, iterators: list[Variable]) -> None:
 def _map(tx: Any, fn: Variable, *seqs: Variable) -> Variable:
     if not seqs:
         raise raise_real(TypeError("map() must have at least two arguments."))
-    return LazyIteratorVariable(map, fn, _iterators(tx, seqs))
+    return LazyIteratorVariable(map, fn, seqs)
 
 
 @handles(filter)
 def _filter(tx: Any, fn: Variable, seq: Variable) -> Variable:
-    return LazyIteratorVariable(filter, fn, _iterators(tx, [seq]))
+    return LazyIteratorVariable(filter, fn, [seq])
 
 
 @handles(reversed)

@@ -367,8 +367,8 @@ def ephemeral_module(tx: Any, cls: type, args: Sequence[Variable], kwargs: dict[
     """`cls(*args, **kwargs)` for an nn.Module class inside the trace (EphemeralModuleVariable), or
     a break where the module holds state a new call would make anew (parameters drawn at random)."""
     why = None
-    if not all(is_plain_data(a) for a in (*args, *kwargs.values())):
-        why = "from values that are not constants"
+    if not all(is_plain_data(a) and _literal(plain_data(a)) for a in (*args, *kwargs.values())):
+        why = "from values that are not constants (numbers, strings, None and containers of them)"
     else:
         real_args, real_kwargs = tuple(plain_data(a) for a in args), {k: plain_data(v) for k, v in kwargs.items()}
         rng = torch.random.get_rng_state()
@@ -386,6 +386,16 @@ def ephemeral_module(tx: Any, cls: type, args: Sequence[Variable], kwargs: dict[
         raise unsupported("unsupported_call", f"building the module {cls.__qualname__} inside a compiled function {why}",
                           "build modules outside the compiled code")
     return EphemeralModuleVariable(module, real_args, real_kwargs)
+
+
+def _literal(value: Any) -> bool:
+    """A constant the runner can spell again as a new equal value (not an object whose identity
+    the module would keep: a module given to `nn.ModuleDict` is the caller's own)."""
+    if isinstance(value, (tuple, list)):
+        return all(_literal(v) for v in value)
+    if isinstance(value, dict):
+        return all(_literal(k) and _literal(v) for k, v in value.items())
+    return is_literal(value)
 
 
 def call_module(tx: Any, module: ModuleVariable, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:

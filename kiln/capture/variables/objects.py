@@ -717,12 +717,26 @@ def _new_deque(tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -
     return deque
 
 
+class _DescriptorGet(BoundBuiltinMethod):
+    """`Tensor.shape.__get__`: called, the attribute read from its argument (OpaqueVariable);
+    compared, hashed or kept, the real method-wrapper (`Tensor.grad.__get__ in nowrap_functions`)."""
+
+    def __init__(self, descriptor: "OpaqueVariable") -> None:
+        super().__init__(descriptor, "__get__")
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.obj.value.__get__
+
+
 class OpaqueVariable(RealValueVariable):
     """A real object kiln only passes along (descriptors, builtin methods of real objects)."""
 
     def getattr(self, tx: Any, name: str) -> Variable:
         if name == "__get__" and isinstance(self.value, (types.GetSetDescriptorType, types.MemberDescriptorType)):
-            return BoundBuiltinMethod(self, "__get__")
+            return _DescriptorGet(self)
         try:
             return _constant(getattr(self.value, name))
         except AttributeError as error:
