@@ -1287,3 +1287,43 @@ def test_a_deque_passed_in_is_changed_in_place():
     out = kiln.compile(fn, backend="eager", fullgraph=True)(torch.ones(2), d)
     torch.testing.assert_close(out, torch.full((2,), 2.0))
     assert len(d) == 2 and d.maxlen == 3 and torch.equal(d[1], torch.full((2,), 2.0))
+
+
+def test_a_named_tuple_class_made_inside():
+    def fn(a, b):
+        Pair = collections.namedtuple("Pair", ["x", "y"], defaults=[0])
+        p = Pair(a)
+        return Pair(p.x + b, p.y)._replace(y=1), Pair._fields
+
+    out, fields = kiln.compile(fn, backend="eager", fullgraph=True)(torch.ones(2), torch.ones(2))
+    assert fields == ("x", "y") and out.y == 1 and torch.equal(out.x, torch.full((2,), 2.0))
+
+
+def test_defaultdict_fromkeys_and_sorted_with_a_key_of_none():
+    def fn(x):
+        d = collections.defaultdict.fromkeys("ab", 0)
+        d.setdefault("c", 3)
+        items = {1: "D", 10: "B", 0: "F"}.items()
+        return x + d["c"], type(d) is collections.defaultdict, sorted(items, key=None, reverse=True)
+
+    check(fn, torch.zeros(2))
+
+
+def test_match_statements_over_sequences_and_mappings():
+    def fn(x, point, options):
+        match point:
+            case (0, 0):
+                x = x + 1
+            case (a, 0) | [a, 0]:
+                x = x + a
+            case (a, b, *rest):
+                x = x * (a - b + len(rest))
+        match options:
+            case {"scale": s, **others}:
+                return x * s, sorted(others)
+            case {"shift": s}:
+                return x + s, []
+        return x, None
+
+    for point, options in (((5, 0), {"scale": 2.0, "z": 1}), ([2, 1, 9], {"shift": 1}), ((0, 0), {}), ("ab", {"b": 1})):
+        check(fn, torch.ones(2), point, options)

@@ -5,7 +5,7 @@ Adding Python 3.13: register the new opcodes (and the changed ones) with `versio
 the module of their family; handlers that keep their meaning list 3.13 among their versions.
 """
 
-from kiln.capture.opcodes import stack, names, calls, arithmetic, build, control, exception_handling  # noqa: F401 - registration
+from kiln.capture.opcodes import stack, names, calls, arithmetic, build, control, exception_handling, matching  # noqa: F401 - registration
 from kiln.capture.opcodes.registry import HANDLERS, opcode
 
 __all__ = ["HANDLERS", "opcode"]

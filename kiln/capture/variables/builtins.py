@@ -42,7 +42,10 @@ HANDLERS: dict[Any, Handler] = {}
 
 # Pure functions computed now when all arguments are constants.
 _PURE_MODULES = (math, operator)
-_PURE = {abs, chr, ord, divmod, pow, round, hex, oct, bin, hash, repr, format, ascii}
+_PURE = {abs, chr, ord, divmod, pow, round, hex, oct, bin, hash, repr, format, ascii,
+         collections.namedtuple}  # (a class made once while capturing: Dynamo's choice too)
+# The dict classes kiln's DictVariable stands for.
+_DICT_TYPES = (dict, collections.OrderedDict, collections.defaultdict)
 # Calls kiln refuses rather than run at capture time.
 _SIDE_EFFECTS = {print, input, open, exec, eval, compile, globals, breakpoint}
 # Callable objects of the operator module, applied to variables by `_call_getter`.
@@ -100,7 +103,7 @@ class BuiltinVariable(RealValueVariable):
     def getattr(self, tx: Any, name: str) -> Variable:
         if name in ("__name__", "__qualname__", "__module__"):
             return const(getattr(self.value, name))
-        if name == "fromkeys" and self.value in (dict, collections.OrderedDict):  # a classmethod: see call_method
+        if name == "fromkeys" and self.value in _DICT_TYPES:  # a classmethod: see call_method
             return BoundBuiltinMethod(self, name)
         if name == "__new__" and self.value in (object, dict, collections.OrderedDict, set, frozenset, list):
             return NewObjectVariable(self.value)  # (`object.__new__(cls)`, `dict.__new__(cls)`)
@@ -115,7 +118,7 @@ class BuiltinVariable(RealValueVariable):
         return super().getattr(tx, name)
 
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
-        if self.value in (dict, collections.OrderedDict) and name == "fromkeys":
+        if self.value in _DICT_TYPES and name == "fromkeys":
             if kwargs or not 1 <= len(args) <= 2:
                 raise raise_real(TypeError(f"fromkeys expected 1 to 2 arguments, got {len(args) + len(kwargs)}"))
             value = args[1] if len(args) > 1 else const(None)
@@ -416,6 +419,8 @@ def _reversed(tx: Any, seq: Variable) -> Variable:
 def _sorted(tx: Any, seq: Variable, key: Variable | None = None, reverse: Variable | None = None) -> Variable:
     items = seq.iterate(tx)
     flip = bool(reverse.as_constant()) if reverse is not None else False
+    if key is not None and key.is_constant() and key.as_constant() is None:
+        key = None
     if key is None:
         if not all(i.is_constant() for i in items):
             raise unsupported("unsupported_call", "sorted() of values that are not constants")
