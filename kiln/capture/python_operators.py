@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import operator
+import types
 from typing import Any, Callable
 
 from kiln.capture.break_records import unsupported
@@ -17,9 +18,10 @@ from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_rea
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
 from kiln.capture.variables.containers import (BaseSequenceVariable, DictVariable, ListVariable, ListViewVariable, MappingProxyVariable,
-                                               SetVariable, TupleVariable,
+                                               NamedTupleVariable, SetVariable, TupleVariable,
                                                equal, hash_key)
-from kiln.capture.variables.objects import ClassVariable, InstanceDictVariable, ModelOutputVariable, UserObjectVariable, class_lookup
+from kiln.capture.variables.objects import (ClassVariable, InstanceDictVariable, ModelOutputVariable, UserObjectVariable, class_lookup,
+                                            wrap_class_attr)
 from kiln.capture.variables.symbolic import SymNodeVariable
 from kiln.capture.variables.numpy_arrays import (NumpyArrayVariable, numpy_binary, numpy_store_subscript, numpy_subscript,
                                                  numpy_unary)
@@ -87,6 +89,9 @@ def apply_binary(tx: Any, fn: Callable, a: Variable, b: Variable) -> Variable:
         # (`s | t` of a set subclass is a plain set, as in Python; `s |= t` is `s` itself).
         result = apply_binary(tx, fn, view_a or a, view_b or b)
         return a if inplace and view_a is not None and result is view_a else result
+    tuple_dunder = _tuple_subclass_dunder(tx, fn, a, b)
+    if tuple_dunder is not None:
+        return tuple_dunder
     if (isinstance(a, ListViewVariable) or isinstance(b, ListViewVariable)) and is_plain_data(a) and is_plain_data(b):
         # A dict view against a set or view (`d.keys() <= s`, `d.items() & t`): set-like, on
         # real views of the constant items.
@@ -155,6 +160,22 @@ def _builtin_contents(tx: Any, obj: Variable, fn: Callable, base_fn: Callable) -
         raw, owner = class_lookup(obj.cls, name)
         if raw is not None and isinstance(owner, type) and owner in (dict, collections.OrderedDict, set, frozenset, list):
             return view
+    return None
+
+
+def _tuple_subclass_dunder(tx: Any, fn: Callable, a: Variable, b: Variable) -> Variable | None:
+    """`a + b` where a (or, reflected, b) is a tuple subclass object whose class defines the
+    operator in Python (a named tuple's `__add__`): that method, not tuple's concatenation."""
+    _, dunder, reflected = _BY_FUNCTION.get(_INPLACE_TO_BINARY[fn][0] if fn in _INPLACE_TO_BINARY else fn, (None, None, None))
+    if dunder is None:
+        return None
+    for obj, name, other in ((a, dunder, b), (b, reflected, a)):
+        if isinstance(obj, NamedTupleVariable):
+            raw, owner = class_lookup(obj.cls, name)
+            if isinstance(raw, types.FunctionType):
+                result = wrap_class_attr(tx, raw, owner, name, obj).call(tx, [other], {})
+                if not (result.is_constant() and result.as_constant() is NotImplemented):
+                    return result
     return None
 
 

@@ -569,3 +569,36 @@ def test_hasattr_of_a_partial_made_inside_is_the_partial_objects(attr):
 
     t = torch.randn(3)
     torch.testing.assert_close(kiln.compile(fn, backend="eager", fullgraph=True)(t), fn(t))
+
+
+def test_a_partial_passed_in_holding_a_tensor_and_a_module():
+    layer = torch.nn.Linear(2, 2)
+    scaled = functools.partial(lambda x, w, m: m(x) * w, w=torch.full((2,), 3.0), m=layer)
+
+    def fn(f, x):
+        return f(x) + 1
+
+    x = torch.randn(2)
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(scaled, x), fn(scaled, x))
+    scaled.keywords["w"].fill_(2.0)  # read again on the next call, as any input
+    torch.testing.assert_close(compiled(scaled, x), fn(scaled, x))
+
+
+def _times(x, y):
+    return x * y
+
+
+def test_a_new_partial_of_the_same_function_reuses_the_graph():
+    def fn(f0, f1, x):
+        return f0(x) * f1(x)
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    p0, p1 = functools.partial(_times, y=torch.randn(2, 2)), functools.partial(_times, y=torch.randn(2, 2))
+    x = torch.randn(2, 2)
+    torch.testing.assert_close(compiled(p0, p1, x), fn(p0, p1, x))
+    torch.testing.assert_close(compiled(p1, p0, x), fn(p1, p0, x))  # other partials, same kinds: no recompile
+    assert len(compiled.kiln_cache.entries) == 1
+    p2 = functools.partial(lambda x, y: x + y, y=torch.randn(2, 2))  # another function: another graph
+    torch.testing.assert_close(compiled(p2, p2, x), fn(p2, p2, x))
+    assert len(compiled.kiln_cache.entries) == 2

@@ -1327,3 +1327,92 @@ def test_match_statements_over_sequences_and_mappings():
 
     for point, options in (((5, 0), {"scale": 2.0, "z": 1}), ([2, 1, 9], {"shift": 1}), ((0, 0), {}), ("ab", {"b": 1})):
         check(fn, torch.ones(2), point, options)
+
+
+class Scaled(typing.NamedTuple):
+    """A named tuple with methods of the user's."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+
+    def total(self):
+        return self.a + self.b
+
+    @staticmethod
+    def unit():
+        return 1
+
+    @classmethod
+    def name(cls):
+        return cls.__name__
+
+
+def test_a_named_tuples_own_methods():
+    def fn(a, b):
+        t = Scaled(a, b)
+        return t.total() * t.unit(), t.name()
+
+    check(fn, torch.ones(2), torch.ones(2))
+
+
+def test_fromkeys_of_each_dict_class_and_set_init():
+    def fn(x):
+        d = collections.OrderedDict.fromkeys(("a", "b"), value=x)
+        s, f = set("abc"), frozenset("abc")
+        s.__init__("xy")
+        f.__init__("xy")
+        return d["b"] + 1, sorted(s), sorted(f)
+
+    check(fn, torch.zeros(2))
+    with pytest.raises(TypeError):
+        kiln.compile(lambda x: dict.fromkeys("a", value=x), backend="eager", fullgraph=True)(torch.zeros(1))
+
+
+class PlainTuple(tuple):  # noqa: SLOT001
+    """A tuple subclass of the user's, with an instance `__dict__`."""
+
+
+class TupleWithNew(tuple):  # noqa: SLOT001
+    def __new__(cls, items, note=None):
+        self = super().__new__(cls, items)
+        self.note = note
+        return self
+
+
+class Pair(typing.NamedTuple):
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+class PairSum(Pair):
+    def __new__(cls, a, b):
+        return super().__new__(cls, a, b)
+
+    def __add__(self, other):  # (not tuple concatenation: kiln had concatenated, silently)
+        return PairSum(self.a + other.a, self.b + other.b)
+
+
+def test_tuple_subclasses_built_with_their_own_new_and_operators():
+    def fn(x):
+        plain = PlainTuple([1, 2, 3])
+        noted = TupleWithNew([x, x + 1], note="n")
+        exact = tuple.__new__(tuple, [1, 2])
+        made = tuple.__new__(PlainTuple, [x])
+        made.attr = 3
+        return (x.cos() if 3 in plain else x.sin()), plain, noted, exact, made
+
+    x = torch.randn(2)
+    out, plain, noted, exact, made = kiln.compile(fn, backend="eager", fullgraph=True)(x)
+    torch.testing.assert_close(out, x.cos())
+    assert type(plain) is PlainTuple and plain == (1, 2, 3) and type(exact) is tuple and exact == (1, 2)
+    assert type(noted) is TupleWithNew and noted.note == "n" and torch.equal(noted[1], x + 1)
+    assert type(made) is PlainTuple and made.attr == 3
+
+
+def test_a_named_tuple_subclass_with_its_own_operator():
+    def fn(p, q):
+        return p + q
+
+    p, q = PairSum(torch.ones(2), torch.zeros(2)), PairSum(torch.ones(2), torch.ones(2))
+    out = kiln.compile(fn, backend="eager", fullgraph=True)(p, q)
+    assert type(out) is PairSum and torch.equal(out.a, torch.full((2,), 2.0)) and torch.equal(out.b, torch.ones(2))

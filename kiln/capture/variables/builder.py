@@ -27,8 +27,8 @@ from torch import nn
 from kiln.capture.break_records import unsupported
 from kiln.capture.guards import Guard
 from kiln.capture.reentry import ReenteredAutocast
-from kiln.capture.sources import (TUPLE_ITERATOR, AttrSource, ConstSource, ConvertedSource, ItemSource, RemainingItemsSource, Source,
-                                  remaining_items)
+from kiln.capture.sources import (TUPLE_ITERATOR, AttrSource, ConstSource, ConvertedSource, ItemSource, KeysSource, RemainingItemsSource,
+                                  Source, remaining_items)
 from kiln.capture.user_exceptions import ExceptionVariable
 from kiln.capture.variables import containers as c
 from kiln.capture.variables import functions as f
@@ -190,11 +190,24 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
         wrapped = f.UserFunctionVariable(value.__wrapped__, None if src is None else ConstSource(value.__wrapped__, f"{src}.__wrapped__"))
         return f.CachedFunctionVariable(value, wrapped, src)
     if isinstance(value, functools.partial):
-        src = _pin(tx, value, source)
+        # An argument: guarded by what it holds (its function by identity, its arguments as any
+        # input), so a new partial of the same function and kinds of arguments reuses the graph;
+        # reached otherwise, pinned by identity. Either way what it holds is read through it.
+        if tx is not None and source is not None and source.is_local() and type(value) is functools.partial:
+            _guard(tx, "TYPE_MATCH", source, functools.partial)
+            _guard(tx, "LENGTH_MATCH", _attr(source, "args"), len(value.args))
+            _guard(tx, "EQUALS", KeysSource(_attr(source, "keywords")), list(value.keywords))
+            src = source
+        else:
+            src = _pin(tx, value, source)
+
+        def part(item: Any, where: Source | None) -> Variable:
+            return wrap(tx, item, where) if tx is not None and src is not None else _build(tx, item, None)
+
         return f.PartialVariable(
-            _build(tx, value.func, None),
-            [_build(tx, a, None) for a in value.args],
-            {k: _build(tx, v, None) for k, v in value.keywords.items()},
+            part(value.func, _attr(src, "func") if src is not None else None),
+            [part(a, ItemSource(_attr(src, "args"), i) if src is not None else None) for i, a in enumerate(value.args)],
+            {k: part(v, ItemSource(_attr(src, "keywords"), k) if src is not None else None) for k, v in value.keywords.items()},
             src,
         )
     if isinstance(value, type):

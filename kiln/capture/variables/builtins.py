@@ -105,7 +105,7 @@ class BuiltinVariable(RealValueVariable):
             return const(getattr(self.value, name))
         if name == "fromkeys" and self.value in _DICT_TYPES:  # a classmethod: see call_method
             return BoundBuiltinMethod(self, name)
-        if name == "__new__" and self.value in (object, dict, collections.OrderedDict, set, frozenset, list):
+        if name == "__new__" and self.value in (object, dict, collections.OrderedDict, set, frozenset, list, tuple):
             return NewObjectVariable(self.value)  # (`object.__new__(cls)`, `dict.__new__(cls)`)
         if self.value is object and name in _OBJECT_SLOTS:  # `object.__setattr__(self, ...)` (frozen dataclasses)
             return ObjectSlotVariable(name)
@@ -119,9 +119,11 @@ class BuiltinVariable(RealValueVariable):
 
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         if self.value in _DICT_TYPES and name == "fromkeys":
-            if kwargs or not 1 <= len(args) <= 2:
+            # (OrderedDict's takes `value=` by name too; dict's arguments are positional only)
+            named = {"value"} if self.value is collections.OrderedDict else set()
+            if set(kwargs) - named or not 1 <= len(args) + len(kwargs) <= 2 or not args:
                 raise raise_real(TypeError(f"fromkeys expected 1 to 2 arguments, got {len(args) + len(kwargs)}"))
-            value = args[1] if len(args) > 1 else const(None)
+            value = args[1] if len(args) > 1 else kwargs.get("value", const(None))
             return DictVariable.from_pairs([(k, value) for k in args[0].iterate(tx)], cls=self.value)
         if self.value is object and name in _OBJECT_SLOTS:
             return ObjectSlotVariable(name).call(tx, args, kwargs)

@@ -8,6 +8,7 @@ graph runs.
 from __future__ import annotations
 
 import collections
+import functools
 import inspect
 import operator
 import sys
@@ -218,9 +219,12 @@ def is_namedtuple_class(cls: type) -> bool:
 
 
 def tuple_fields(cls: type) -> tuple[str, ...]:
-    """The field names of a namedtuple class or a struct sequence, in order."""
+    """The field names of a namedtuple class or a struct sequence, in order (none for another
+    tuple subclass)."""
     if hasattr(cls, "_fields"):
         return tuple(cls._fields)
+    if not hasattr(cls, "n_sequence_fields"):
+        return ()
     # A struct sequence keeps its names in member descriptors: read back which index each one gives.
     probe = cls(tuple(range(cls.n_sequence_fields)))
     names = [k for k, v in vars(cls).items() if isinstance(v, types.MemberDescriptorType)]
@@ -229,6 +233,13 @@ def tuple_fields(cls: type) -> tuple[str, ...]:
 
 def _make_struct_sequence(cls: type) -> Callable:
     return lambda *items: cls(items)
+
+
+@functools.cache
+def _make_tuple_subclass(cls: type) -> Callable:
+    """The object of a tuple subclass of the user's with these items, its own `__new__` not run
+    (the trace ran it)."""
+    return lambda *items: tuple.__new__(cls, items)
 
 
 class NamedTupleVariable(TupleVariable):
@@ -244,7 +255,9 @@ class NamedTupleVariable(TupleVariable):
 
     def constructor(self) -> Callable:
         """Called with the items as positional arguments, builds the real tuple."""
-        return self.cls if hasattr(self.cls, "_fields") else _make_struct_sequence(self.cls)
+        if hasattr(self.cls, "_fields"):
+            return self.cls
+        return _make_struct_sequence(self.cls) if hasattr(self.cls, "n_sequence_fields") else _make_tuple_subclass(self.cls)
 
     def as_constant(self) -> Any:
         return self.constructor()(*(item.as_constant() for item in self.items))
@@ -260,6 +273,14 @@ class NamedTupleVariable(TupleVariable):
             return self.attrs[name]
         if name == "_fields" and hasattr(self.cls, "_fields"):
             return TupleVariable([const(f) for f in fields])
+        if name not in self.methods() and not name.startswith("__"):
+            # A method of the user's named tuple class (`def add(self)`, a staticmethod, a
+            # classmethod), bound to this tuple as the class binds it.
+            from kiln.capture.variables.objects import _MISSING, class_lookup, wrap_class_attr  # objects.py imports this module
+
+            raw, owner = class_lookup(self.cls, name)
+            if raw is not _MISSING and owner not in (tuple, object):
+                return wrap_class_attr(tx, raw, owner, name, self)
         return super().getattr(tx, name)
 
     @property
@@ -826,7 +847,7 @@ class SetVariable(Variable):
         record_change(tx, self)
 
     def getattr(self, tx: Any, name: str) -> Variable:
-        if name in _SET_METHODS or _operator_of_type(self.python_type(), name):
+        if name in _SET_METHODS or name == "__init__" or _operator_of_type(self.python_type(), name):
             return BoundBuiltinMethod(self, name)
         raise raise_real(AttributeError(f"'{self.python_type().__name__}' object has no attribute '{name}'"))
 
@@ -834,6 +855,15 @@ class SetVariable(Variable):
         operator_result = operator_method(tx, self, name, args, kwargs)
         if operator_result is not None:
             return operator_result
+        if name == "__init__" and not kwargs and len(args) <= 1:
+            # `s.__init__(items)`: a set's contents become the items; a frozenset's stay (its
+            # contents were fixed by __new__, and object's __init__ ignores the arguments).
+            if not self.frozen:
+                self.entries.clear()
+                for item in (args[0].iterate(tx) if args else []):
+                    self.entries.setdefault(hash_key(item), item)
+                self._changed(tx)
+            return const(None)
         if name not in _SET_METHODS:
             return super().call_method(tx, name, args, kwargs)
         if kwargs:

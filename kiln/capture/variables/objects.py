@@ -395,7 +395,7 @@ class ClassVariable(RealValueVariable):
 
     def getattr(self, tx: Any, name: str) -> Variable:
         raw, owner = class_lookup(self.value, name)
-        if name == "__new__" and owner in (object, *_CONTAINER_BASES):  # (`C.__new__(C)` inherited from a base)
+        if name == "__new__" and owner in (object, tuple, *_CONTAINER_BASES):  # (`C.__new__(C)` inherited from a base)
             return NewObjectVariable(owner)
         if owner in _CONTAINER_BASES and isinstance(raw, (types.WrapperDescriptorType, types.MethodDescriptorType)):
             # A dict/set subclass's inherited builtin method read from the class (`C.__ior__`,
@@ -466,8 +466,10 @@ class ClassVariable(RealValueVariable):
             from kiln.capture.variables.modules import ephemeral_module  # modules.py imports this module
 
             return ephemeral_module(tx, cls, args, kwargs)
+        if new_owner is tuple and not hasattr(cls, "_fields"):
+            return _tuple_subclass_object(tx, cls, args, kwargs)
         if isinstance(new, staticmethod) and isinstance(new.__func__, types.FunctionType) and \
-                all(base in (object, *_CONTAINER_BASES) or "__new__" not in vars(base) or base is new_owner for base in cls.__mro__):
+                all(base in (object, tuple, *_CONTAINER_BASES) or "__new__" not in vars(base) or base is new_owner for base in cls.__mro__):
             return self._call_user_new(tx, new, new_owner, args, kwargs)
         if new is not object.__new__ and not isinstance(new, staticmethod) or isinstance(new, staticmethod) and new.__func__ is not object.__new__:
             raise unsupported("unsupported_call", f"building a {cls.__qualname__} (it defines __new__) while capturing")
@@ -485,6 +487,11 @@ class ClassVariable(RealValueVariable):
         does, `__init__` on what it returned when that is an instance of C."""
         cls = self.value
         obj = _pinned_function(tx, new.__func__, owner, "__new__").call(tx, [self, *args], kwargs)
+        if isinstance(obj, NamedTupleVariable) and issubclass(obj.cls, cls):  # (a tuple subclass's)
+            init, init_owner = class_lookup(obj.cls, "__init__")
+            if isinstance(init, types.FunctionType):
+                wrap_class_attr(tx, init, init_owner, "__init__", obj).call(tx, args, kwargs)
+            return obj
         if not (isinstance(obj, UserObjectVariable) and issubclass(obj.cls, cls)):
             return obj
         init, init_owner = class_lookup(obj.cls, "__init__")
@@ -548,6 +555,11 @@ class NewObjectVariable(Variable):
         cls = getattr(args[0], "value", None) if args else None
         if not isinstance(cls, type) or not issubclass(cls, self.base):
             raise unsupported("unsupported_call", f"{self.base.__name__}.__new__ of {args[0].describe() if args else 'nothing'}")
+        if self.base is tuple:  # (`tuple.__new__(cls, items)`: the items, as an object of cls)
+            if len(args) > 2 or kwargs:
+                raise raise_real(TypeError("tuple expected at most 1 argument"))
+            items = args[1].iterate(tx) if len(args) > 1 else []
+            return TupleVariable(items) if cls is tuple else NamedTupleVariable(items, cls)
         if cls in _CONTAINER_BASES:  # (`dict.__new__(dict)`: an empty dict, as the type itself makes)
             if cls is frozenset:
                 return SetVariable(list(args[1].iterate(tx)) if len(args) > 1 else [], frozen=True)
@@ -703,6 +715,18 @@ _FIXED_MODULES = {"torch", "math", "operator", "functools", "itertools", "collec
 _IMMUTABLE = (str, bytes, int, float, complex, tuple, frozenset, range, type(None), types.MappingProxyType)
 
 
+def _tuple_subclass_object(tx: Any, cls: type, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+    """`C(items)` for a tuple subclass of the user's that keeps tuple's `__new__`: its items, as an
+    object of C, then C's own `__init__` where it has one."""
+    if len(args) > 1 or kwargs and not isinstance(class_lookup(cls, "__init__")[0], types.FunctionType):
+        raise raise_real(TypeError(f"{cls.__name__} expected at most 1 argument, got {len(args)}"))
+    obj = NamedTupleVariable(args[0].iterate(tx) if args else [], cls)
+    init, owner = class_lookup(cls, "__init__")
+    if isinstance(init, types.FunctionType):
+        wrap_class_attr(tx, init, owner, "__init__", obj).call(tx, args, kwargs)
+    return obj
+
+
 def _new_deque(tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
     """`collections.deque(iterable=(), maxlen=None)`."""
     bound = dict(zip(("iterable", "maxlen"), args), **kwargs)
@@ -803,7 +827,7 @@ class SuperVariable(Variable):
                         return FunctionApplyVariable(obj_type)
                     # A classmethod written in C: bound to the class as Python binds it, called for real.
                     return _constant(raw.__get__(None, obj_type))
-                if name == "__new__" and (klass is object or klass in _CONTAINER_BASES):
+                if name == "__new__" and (klass is object or klass is tuple or klass in _CONTAINER_BASES):
                     return NewObjectVariable(klass)
                 if raw is object.__init__ or raw is object.__setattr__ or klass is object and callable(raw):
                     return ObjectSlotVariable(name, self.obj)
