@@ -6,7 +6,7 @@ from __future__ import annotations
 def graph_break(msg: str = "") -> None:
     """Ends the graph kiln is capturing here: what comes before and after compile as separate
     graphs, this call runs in Python between them (and does nothing). The same as
-    `torch._dynamo.graph_break()`, which kiln honours too; under `fullgraph=True`, an error.
+    Dynamo's own `graph_break()`, which kiln honours too; under `fullgraph=True`, an error.
 
         def f(x):
             y = x.sin()

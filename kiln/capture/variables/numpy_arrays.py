@@ -51,7 +51,7 @@ def _tnp() -> Any:
 
     if _dtypes_impl._default_dtypes is None:
         # NumPy's own defaults (float64, complex128, int64), set here: left unset, torch._numpy
-        # reads them from torch._dynamo's config, importing Dynamo into kiln's process.
+        # reads them from Dynamo's config module, importing Dynamo into kiln's process.
         _dtypes_impl._default_dtypes = _dtypes_impl.DefaultDTypes(
             float_dtype=torch.float64, complex_dtype=torch.complex128, int_dtype=torch.int64)
     return tnp
