@@ -94,7 +94,7 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
         tx.cells[name] = real_cell(tx, cell, ClosureSource(fn_source, i))
     if breaking is not None:
         tx.stop_at = breaking.at
-    recursion_limit = sys.getrecursionlimit()
+    recursion_limit = output.user_recursion_limit = sys.getrecursionlimit()  # (what sys.getrecursionlimit() reads in the trace)
     # Each inlined call costs the interpreter several Python frames; deep models need more.
     sys.setrecursionlimit(max(recursion_limit, 20000))
     try:

@@ -13,6 +13,7 @@ import contextlib
 import enum
 import operator
 import re
+import sys
 from typing import Any, Callable, Sequence
 
 import torch
@@ -62,6 +63,7 @@ class OutputGraph:
         self._fakes: dict[int, torch.Tensor] = {}
         self._last_input: fx.Node | None = None
         self.op_count = 0
+        self.user_recursion_limit = sys.getrecursionlimit()  # (frame.py sets it before raising the limit to capture)
         self.pending_restores: list[tuple[str, Any]] = []  # autocast states to leave if capture stops
         # Which dimensions of an input tensor are symbolic (kiln/capture/dynamic.py decides).
         self.dynamic_dims: Callable[[Source, torch.Tensor], frozenset[int]] = lambda source, tensor: frozenset()

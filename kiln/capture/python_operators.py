@@ -349,8 +349,29 @@ def subscript(tx: Any, obj: Variable, key: Variable) -> Variable:
         except Exception as error:  # noqa: BLE001
             raise raise_real(error) from None
     if isinstance(obj, ClassVariable):
+        if hasattr(obj.value, "__class_getitem__"):
+            arguments = _type_arguments(key)
+            if arguments is not _NOT_TYPE_ARGUMENTS:
+                try:  # `list[int]`, `Callable[[T], Any]`: a generic alias, as annotations evaluated in a def make
+                    return wrap_constant_result(obj.value[arguments])
+                except Exception as error:  # noqa: BLE001
+                    raise raise_real(error) from None
         raise unsupported("unsupported_index", f"subscripting {obj.describe()}")
     raise unsupported("unsupported_index", f"subscripting {obj.describe()} with {key.describe()}")
+
+
+_NOT_TYPE_ARGUMENTS = object()
+
+
+def _type_arguments(key: Variable) -> Any:
+    """The real arguments of a class subscript (`Callable[[T], Any]`: a tuple holding a list) —
+    constants, classes and lists or tuples of them; anything else is not a type's argument."""
+    if isinstance(key, BaseSequenceVariable) and key.python_type() in (list, tuple):
+        items = [_type_arguments(item) for item in key.items]
+        return _NOT_TYPE_ARGUMENTS if any(i is _NOT_TYPE_ARGUMENTS for i in items) else key.python_type()(items)
+    if key.is_constant() and not _is_tensor(key):
+        return key.as_constant()
+    return _NOT_TYPE_ARGUMENTS
 
 
 def store_subscript(tx: Any, obj: Variable, key: Variable, value: Variable) -> None:

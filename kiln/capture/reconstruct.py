@@ -30,7 +30,7 @@ from kiln.capture.variables.constant import ConstantMethodVariable, ConstantVari
 from kiln.capture.variables.functions import BoundMethodVariable, CellVariable, GeneratorVariable, NestedFunctionVariable, RealCellVariable
 from kiln.capture.variables.modules import EphemeralModuleVariable
 from kiln.capture.variables.numpy_arrays import NumpyArrayVariable, NumpyMethodVariable, ndarray_of
-from kiln.capture.variables.objects import ModelOutputVariable, UserIteratorVariable, UserObjectVariable, new_container_object
+from kiln.capture.variables.objects import ModelOutputVariable, PythonModuleVariable, UserIteratorVariable, UserObjectVariable, new_container_object
 from kiln.capture.variables.symbolic import SymNodeVariable
 from kiln.capture.variables.tensor import TensorMethodVariable, TensorVariable
 from kiln.capture.variables.torch_fns import GradModeFunctionVariable, GradModeVariable
@@ -174,6 +174,8 @@ class Reconstructor:
             return var.source.expr(self.ns)
         if isinstance(var, ConstantVariable):
             return self.const(var.value)
+        if isinstance(var, PythonModuleVariable):  # (`import torch.fx` inside binds a local: the module itself)
+            return self.ns.bind(var.value, "M")
         if isinstance(var, SymNodeVariable):
             return self._size_expr(var)
         if isinstance(var, c.SizeVariable):

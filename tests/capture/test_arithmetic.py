@@ -314,7 +314,8 @@ def test_min_max_sum_over_tensors():
     check(f, torch.randn(3), torch.randn(3))
 
 
-def test_max_over_tensors_is_unsupported():
+def test_max_over_tensors_of_many_elements_is_unsupported():
+    # Python's max compares them with `>`: a tensor of booleans, whose truth eager refuses.
     import kiln
     from kiln.capture.break_records import CaptureError
 
@@ -322,8 +323,21 @@ def test_max_over_tensors_is_unsupported():
         return max(x, y)
 
     with pytest.raises(CaptureError):
-        kiln.compile(f, backend="eager", fullgraph=True)(torch.tensor(1.0), torch.tensor(2.0))
-    assert kiln.compile(f, backend="eager")(torch.tensor(1.0), torch.tensor(2.0)) == 2.0
+        kiln.compile(f, backend="eager", fullgraph=True)(torch.randn(3), torch.randn(3))
+
+
+def test_max_and_min_of_one_element_tensors_and_numbers_in_the_graph():
+    import kiln
+
+    def f(a, b):
+        s, t = a.sum(), b.sum()
+        return min(max(s, 0), 1), max(0, min(1, t)), max(s, t) - min(s, t), max(map(lambda v: v.sum(), [a, b]))
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    for a, b in ((torch.randn(4), torch.randn(4)), (torch.full((2,), 3.0), torch.full((2,), -3.0))):
+        got, want = compiled(a, b), f(a, b)
+        for g, w in zip(got, want):
+            assert isinstance(g, torch.Tensor) and float(g) == float(w)  # (a tensor even where Python gives the number)
 
 
 def test_operator_module_functions():

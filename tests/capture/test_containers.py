@@ -1416,3 +1416,33 @@ def test_a_named_tuple_subclass_with_its_own_operator():
     p, q = PairSum(torch.ones(2), torch.zeros(2)), PairSum(torch.ones(2), torch.ones(2))
     out = kiln.compile(fn, backend="eager", fullgraph=True)(p, q)
     assert type(out) is PairSum and torch.equal(out.a, torch.full((2,), 2.0)) and torch.equal(out.b, torch.ones(2))
+
+
+def test_itertools_chain_from_iterable_and_methodcaller_of_tensors():
+    import itertools
+    import operator
+
+    def f(a, b):
+        total = a
+        for v in itertools.chain.from_iterable([[a, b], [1, 2]]):
+            total = total + v
+        add_b = operator.methodcaller("add", b, alpha=2.0)
+        return total, add_b(a), operator.methodcaller("size", 0)(a)
+
+    check(f, torch.randn(3), torch.randn(3))
+
+
+def test_a_list_indexed_by_a_tensor_made_from_a_constant():
+    check(lambda a, b: [a, b, a + 1][torch.as_tensor(2)], torch.randn(3), torch.randn(3))
+
+
+def test_map_with_strict_raises_pythons_type_error_before_3_14():
+    import sys
+
+    def f(x, ys):
+        return list(map(lambda a, b: a + b, ys, ys, strict=True)), x + 1
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    if sys.version_info < (3, 14):
+        with pytest.raises(TypeError):
+            compiled(torch.randn(2), [1.0, 2.0])

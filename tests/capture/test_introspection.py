@@ -381,3 +381,72 @@ def test_a_signatures_parameters_iterated_and_tested():
     got, want = compiled(a=x, b=y, c=None), f(a=x, b=y, c=None)
     torch.testing.assert_close(got[0], want[0])
     assert got[1:] == want[1:]
+
+
+# --- Dynamo's tests of Python (issue 55): class subscripts, modules, C getters, builtins --------------
+
+
+def test_annotations_evaluated_in_a_def_subscript_generic_classes():
+    # A nested def's annotations run when the def runs (torch.utils._pytree's tree_map_only does this).
+    T = typing.TypeVar("T")
+
+    def f(x):
+        def inner(fn: abc.Callable[[T], typing.Any]) -> abc.Callable[[typing.Any], typing.Any]:
+            return fn
+
+        return inner(lambda t: t + 1)(x), dict[str, int], list[int]
+
+    check(f, torch.randn(3))
+
+
+def test_tree_map_only_of_pytree_is_captured():
+    def f(a, b, index):
+        return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t[index], (a, b))
+
+    check(f, torch.randn(4, 2), torch.randn(4, 3), 2)
+
+
+def test_a_module_imported_inside_is_returned_and_alive_at_a_break():
+    def returns_module():
+        import torch.cpu
+        return torch.cpu
+
+    assert kiln.compile(returns_module, backend="eager", fullgraph=True)() is torch.cpu
+
+    def breaks(x):
+        import torch.fx
+        kiln.graph_break()
+        return torch.fx is not None and x * 2
+
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln.compile(breaks, backend="eager")(x), x * 2)
+
+
+def test_a_property_written_in_C_is_read_for_real_and_guarded():
+    from torch._C._dynamo.guards import GuardDebugInfo  # (a pybind11 class: its properties' getters are C)
+
+    def f(x, info):
+        return x.cos() if info.result else x.sin()
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x, GuardDebugInfo(True, ["a"], 0)), x.cos())
+    torch.testing.assert_close(compiled(x, GuardDebugInfo(False, ["a"], 1)), x.sin())  # (the guard on .result)
+
+
+def test_sys_getrecursionlimit_reads_the_users_limit_not_kilns():
+    import sys
+
+    check(lambda x: x * sys.getrecursionlimit(), torch.randn(3))
+
+
+def test_id_of_a_partial_of_a_closure():
+    import functools
+
+    partial_add = functools.partial(lambda a, b: a + b, 3)
+
+    def f(x):
+        d = {id(partial_add): 5}
+        return partial_add(x) * d[id(partial_add)]
+
+    check(f, torch.randn(3))

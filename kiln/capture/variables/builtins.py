@@ -16,9 +16,12 @@ import inspect
 import itertools
 import math
 import operator
+import sys
 import types
 import typing
 from typing import Any, Callable, Sequence
+
+import torch
 
 from kiln.capture.break_records import unsupported
 from kiln.capture.python_operators import (_BY_FUNCTION, _INPLACE_TO_BINARY, BY_DUNDER, apply_binary, apply_unary, contains, identical,
@@ -27,6 +30,7 @@ from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_rea
 from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
 from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
 from kiln.capture.resume_code import stack_name
+from kiln.capture.sources import ConstSource
 from kiln.capture.variables.containers import (
     GENERATOR_ITEM_LIMIT, DictVariable, GeneratorIterator, IteratorVariable, ListVariable, MappingProxyVariable, SetVariable, TupleVariable,
     hash_key,
@@ -260,6 +264,8 @@ def _callable(tx: Any, obj: Variable) -> Variable:
 @handles(id)
 def _id(tx: Any, obj: Variable) -> Variable:
     real = getattr(obj, "value", None)
+    if real is None and isinstance(obj.source, ConstSource):  # (an object pinned by identity: a partial of a closure)
+        real = obj.source.value
     if real is None or obj.source is None:
         raise unsupported("unsupported_call", f"id() of {obj.describe()} while capturing")
     return const(id(real))
@@ -401,7 +407,10 @@ def _finish_suspended_in_a_block(tx: Any, iterators: list[Variable]) -> None:
 
 
 @handles(map)
-def _map(tx: Any, fn: Variable, *seqs: Variable) -> Variable:
+def _map(tx: Any, fn: Variable, *seqs: Variable, **kwargs: Variable) -> Variable:
+    if kwargs:  # (`strict=` is Python 3.14's; kiln's map does not check lengths)
+        raise raise_real(TypeError("map() takes no keyword arguments")) if sys.version_info < (3, 14) else \
+            unsupported("unsupported_call", "map(..., strict=True) while capturing")
     if not seqs:
         raise raise_real(TypeError("map() must have at least two arguments."))
     return LazyIteratorVariable(map, fn, seqs)
@@ -470,10 +479,37 @@ def _extreme(pick: Callable, tx: Any, *args: Variable, key: Variable | None = No
             return default
         raise raise_real(ValueError(f"{pick.__name__}() arg is an empty sequence"))
     if any(isinstance(i, TensorVariable) for i in items):
+        if key is None and _one_element_tensors_and_numbers(items):
+            return _elementwise_extreme(tx, pick, items)
         raise unsupported("data_dependent_branch", f"{pick.__name__}() over tensors compares their values")
     keys = [key.call(tx, [i], {}).as_constant() if key is not None else i.as_constant() for i in items]
     best = pick(range(len(items)), key=lambda n: keys[n])
     return items[best]
+
+
+def _one_element_tensors_and_numbers(items: list[Variable]) -> bool:
+    """One-element tensors of one shape and dtype, and numbers known while capturing."""
+    tensors = [i.example for i in items if isinstance(i, TensorVariable)]
+    numbers = [i for i in items if not isinstance(i, TensorVariable)]
+    return (all(isinstance(t.numel(), int) and t.numel() == 1 for t in tensors)
+            and len({(tuple(t.shape), t.dtype) for t in tensors}) == 1
+            and all(n.is_constant() and type(n.as_constant()) in (int, float) for n in numbers))
+
+
+def _elementwise_extreme(tx: Any, pick: Callable, items: list[Variable]) -> Variable:
+    """`max(a, b)` of one-element tensors (and numbers) as the graph computes it, as Dynamo does:
+    torch.maximum/minimum, or a clamp by a number, so the choice stays on the tensors' values.
+    Unlike Python's max the result is always a tensor (a number that wins comes back as one)."""
+    both = torch.maximum if pick is max else torch.minimum
+    bound = "min" if pick is max else "max"
+    items = sorted(items, key=lambda i: not isinstance(i, TensorVariable))  # (a tensor first)
+    result = items[0]
+    for item in items[1:]:
+        if isinstance(item, TensorVariable):
+            result = tx.output.call("call_function", both, [result, item], {})
+        else:
+            result = tx.output.call("call_function", torch.clamp, [result], {bound: item})
+    return result
 
 
 HANDLERS[min] = functools.partial(_extreme, min)
@@ -620,6 +656,18 @@ def _chain(tx: Any, *seqs: Variable) -> Variable:
     return IteratorVariable([item for s in seqs for item in s.iterate(tx)])
 
 
+@handles(sys.getrecursionlimit)
+def _getrecursionlimit(tx: Any) -> Variable:
+    # The user's limit, read as a constant as Dynamo reads it (a program does not change it between
+    # calls); not the one kiln raises while it captures.
+    return const(tx.output.user_recursion_limit)
+
+
+@handles(itertools.chain.from_iterable)
+def _chain_from_iterable(tx: Any, seqs: Variable) -> Variable:
+    return _chain(tx, *seqs.iterate(tx))
+
+
 @handles(itertools.product)
 def _product(tx: Any, *seqs: Variable, repeat: Variable | None = None) -> Variable:
     lists = [s.iterate(tx) for s in seqs] * (repeat.as_constant() if repeat is not None else 1)
@@ -748,6 +796,9 @@ def _contains(tx: Any, container: Variable, item: Variable) -> Variable:
 
 def _make_getter(cls: type, tx: Any, *parts: Variable, **kwargs: Variable) -> Variable:
     # Built from constants now; applied to variables when called (`_call_getter`).
+    if cls is operator.methodcaller and parts and parts[0].is_constant() and isinstance(parts[0].as_constant(), str):
+        if not all(p.is_constant() for p in (*parts, *kwargs.values())):
+            return MethodCallerVariable(parts[0].as_constant(), list(parts[1:]), dict(kwargs))
     if not all(p.is_constant() for p in (*parts, *kwargs.values())):
         raise unsupported("unsupported_call", f"operator.{cls.__name__} of values that are not constants")
     try:
@@ -759,6 +810,23 @@ def _make_getter(cls: type, tx: Any, *parts: Variable, **kwargs: Variable) -> Va
 
 for _cls in _GETTER_TYPES:
     HANDLERS[_cls] = functools.partial(_make_getter, _cls)
+
+
+class MethodCallerVariable(Variable):
+    """`operator.methodcaller(name, *args)` whose arguments are variables (a tensor): calling it on
+    an object calls the object's method with them."""
+
+    def __init__(self, name: str, args: list[Variable], kwargs: dict[str, Variable]) -> None:
+        super().__init__(None)
+        self.name, self.args, self.kwargs = name, args, kwargs
+
+    def python_type(self) -> type:
+        return operator.methodcaller
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if len(args) != 1 or kwargs:
+            raise raise_real(TypeError(f"methodcaller expected 1 argument, got {len(args)}"))
+        return args[0].call_method(tx, self.name, list(self.args), dict(self.kwargs))
 
 
 def _call_getter(tx: Any, getter: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:

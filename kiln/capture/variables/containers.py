@@ -78,6 +78,8 @@ _SET_ARITY: dict[str, Any] = {"pop": 0, "clear": 0, "copy": 0, "__len__": 0, "un
 
 
 def _index(tx: Any, var: Variable, length: int) -> int | slice:
+    if tx is not None:  # (a tensor made from constants, whose value is known: `l[torch.as_tensor(2)]`)
+        var = tx.output.known.as_index(var)
     if not var.is_constant():
         raise unsupported("unsupported_index", f"indexing a sequence with {var.describe()}", "index with Python ints")
     value = var.as_constant()

@@ -77,6 +77,12 @@ def wrap_class_attr(tx: Any, raw: Any, owner: type, name: str, instance: Variabl
             return OpaqueVariable(raw)
         if raw.fget is None:
             raise raise_real(AttributeError(f"property {name!r} has no getter"))
+        if not isinstance(raw.fget, types.FunctionType) and isinstance(instance, UserObjectVariable):
+            # A getter written in C (a pybind11 class's property): read for real, guarded where the
+            # object lives (an object made or changed by the trace cannot be: a break).
+            if getattr(instance, "_written", False):
+                raise unsupported("unsupported_attribute", f"property {name!r} written in C, of a {instance.describe()} the trace changed")
+            return instance.getattr_real(tx, name)
         return _pinned_function(tx, raw.fget, owner, name).call(tx, [instance], {})
     if isinstance(raw, functools.cached_property):
         if instance is None:
@@ -96,6 +102,10 @@ def wrap_class_attr(tx: Any, raw: Any, owner: type, name: str, instance: Variabl
         return wrap_constant_result(getter).call(tx, [descriptor, instance, ClassVariable(instance.python_type())], {})
     if instance is not None and hasattr(type(raw), "__get__") and not isinstance(raw, type):
         return instance.getattr_real(tx, name)
+    if isinstance(raw, types.ClassMethodDescriptorType) and isinstance(cls_var, ClassVariable):
+        # A classmethod written in C read from the class (`itertools.chain.from_iterable`): bound
+        # to it as Python binds it (a builtin method that kiln's handlers know by equality).
+        return wrap(tx, raw.__get__(None, cls_var.value), None)
     return wrap(tx, raw, class_attr_source(owner, name))
 
 
