@@ -69,8 +69,18 @@ def restore_aliases(sig: Signature, args: Sequence[Any], outputs: list[Any]) -> 
     symbols = _symbol_values(sig, args) if sig.aliases else {}
     for k, alias in sig.aliases.items():
         base = args[alias.base] if alias.of == "input" else outputs[alias.base]
+        if alias.of == "output" and _function_view(base) and not outputs[k]._is_view():
+            # The output chosen as the base is a view the autograd.Function returned, of the other
+            # (`return t.view(-1), t`): the other is the base, and the view is made of it here, so
+            # the user may write to it in place as eager allows.
+            outputs[alias.base] = outputs[k].as_strided(base.size(), base.stride(), base.storage_offset())
+            continue
         outputs[k] = _as_view_of(base, alias, outputs[k], symbols)
     return outputs
+
+
+def _function_view(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.requires_grad and t._is_view() and t.grad_fn is not None
 
 
 def copy_back_mutations(sig: Signature, args: Sequence[Any], new_values: Sequence[torch.Tensor]) -> None:
@@ -155,7 +165,14 @@ def training_runner(
             tangents = [_as_traced(grads[k], gradient_metas[k]) for k in differentiable]
             return tuple(backward(*ctx.saved_tensors, *ctx.saved_symbols, *tangents))
 
+    detached = list(getattr(sig, "inputs_without_gradient", ()))
+
     def run(*args: Any) -> list[Any]:
+        if detached:  # (autograd would otherwise call, with no gradient, the backward of the graph that made them)
+            args = list(args)
+            for i in detached:
+                if isinstance(args[i], torch.Tensor) and args[i].requires_grad:
+                    args[i] = args[i].detach()
         out = list(CompiledFunction.apply(*args))
         copy_back_mutations(sig, args, out[sig.num_outputs :])
         return restore_aliases(sig, args, out[: sig.num_outputs])

@@ -198,6 +198,8 @@ class AotCompiled:
             num_forward_outputs = sig.num_outputs + len(sig.mutated_inputs)
             split = partition(joint, num_forward_outputs, policy=PartitionPolicy(recompute=self.options.recompute))
             self.partition = split  # for inspection: what is saved and recomputed
+            gradients = next(n for n in split.backward.graph.nodes if n.op == "output").args[0]
+            sig.inputs_without_gradient = [i for i, g in enumerate(gradients) if g is None]
             dump.training(self.options.label, joint, split, sig)
         with compile_time.stage("forward graph"), torch._C._DisableAutocast():
             forward = self.compile_graph(split.forward, _placeholder_values(split.forward))

@@ -83,6 +83,9 @@ class Signature:
     # Each input's sizes as traced (SymInts where symbolic), or the input itself when not a tensor:
     # how an alias's symbolic layout is evaluated at each call (kiln/aot/call_wrappers.py).
     input_sizes: list[Any] = field(default_factory=list)
+    # Inputs the backward graph gives no gradient (`e` used only as `e.detach()`): detached before
+    # the forward, so that a backward never reaches the graph that made them (kiln/aot/call_wrappers.py).
+    inputs_without_gradient: list[int] = field(default_factory=list)
 
     @property
     def num_outputs(self) -> int:

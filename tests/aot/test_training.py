@@ -172,3 +172,46 @@ def test_a_training_graphs_forward_and_backward_pass_through_the_wrap_hook():
     _grads_match(model, twin, out.sum(), twin(x).sum())
     assert calls == ["forward", "backward"]
     assert wrap.seen == ([0, 1, 2, 3], "g")  # the four parameters, lifted first, are module state
+
+
+def test_an_input_given_no_gradient_does_not_reach_the_backward_of_the_graph_that_made_it():
+    # Dynamo's GAN repro: the second graph reads `e` only through `e.detach()`. Were `e` handed to
+    # its autograd.Function as it is, d_loss.backward() would call the first graph's backward
+    # again, after g_loss.backward() freed what it saved.
+    def f(a, b):
+        e = a @ torch.ones(2, 2)
+        (e - 1).abs().mean().backward()
+        kiln.graph_break()
+        (b @ e.detach()).mean().backward()
+
+    a, b = torch.randn(2, 2, requires_grad=True), torch.randn(2, 2, requires_grad=True)
+    f(a, b)
+    a2, b2 = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    kiln.compile(f, backend="aot_eager")(a2, b2)
+    torch.testing.assert_close((a2.grad, b2.grad), (a.grad, b.grad))
+
+
+def test_an_output_that_is_a_view_of_another_output_can_be_written_in_place():
+    def f(x):
+        t = x.mul(2)
+        return t.view(-1), t
+
+    compiled = kiln.compile(f, backend="aot_eager")
+    for requires_grad in (False, True):
+        x = torch.randn(2, 2, requires_grad=requires_grad)
+        want, got = f(x), compiled(x)
+        want[0].mul_(2)
+        got[0].mul_(2)  # (autograd forbids this on one of a Function's several views)
+        torch.testing.assert_close(got, want)
+        assert got[0].requires_grad == want[0].requires_grad
+
+
+def test_a_tensor_made_with_requires_grad_inside_is_a_leaf_that_gets_its_grad():
+    def f(x):
+        leaf = torch.ones(2, requires_grad=True)
+        return leaf, leaf * 2 + x.sum()
+
+    for backend in ("aot_eager", "kiln"):
+        leaf, out = kiln.compile(f, backend=backend)(torch.randn(2, 2))
+        out.sum().backward()
+        assert leaf.is_leaf and torch.equal(leaf.grad, torch.full((2,), 2.0))

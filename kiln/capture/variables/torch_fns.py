@@ -73,6 +73,12 @@ class TorchFunctionVariable(RealValueVariable):
             return args[0].call_method(tx, name, list(args[1:]), kwargs)
         if any(isinstance(a, NumpyArrayVariable) for a in args):
             return self._from_ndarray(tx, args, kwargs)
+        requires_grad = kwargs.get("requires_grad")
+        if requires_grad is not None and requires_grad.is_constant() and requires_grad.as_constant():
+            # A new leaf of the user's autograd graph (`torch.ones(2, requires_grad=True)`): made inside
+            # a compiled graph it would be an intermediate without grad, so it is made outside.
+            raise unsupported("unsupported_call", f"{self.describe()}(requires_grad=True) makes a leaf tensor that needs its .grad",
+                              "the graph breaks here; make the tensor outside the compiled function")
         try:
             return tx.output.call("call_function", self.value, list(args), kwargs)
         except Unsupported as error:
