@@ -9,6 +9,7 @@ dataclasses and ModelOutputs, constants, and objects the frame received).
 from __future__ import annotations
 
 import collections
+import copy
 import itertools
 import math
 import types
@@ -22,6 +23,7 @@ from torch.utils._sympy.printers import PythonPrinter
 from kiln.capture import reentry
 from kiln.capture.break_records import unsupported
 from kiln.capture.sources import Namespace
+from kiln.capture.user_exceptions import ExceptionVariable
 from kiln.capture.variables import containers as c
 from kiln.capture.variables.autograd_function import FunctionApplyVariable
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
@@ -203,6 +205,14 @@ class Reconstructor:
                 factory = "None" if var.default_factory is None else self.expr(var.default_factory)
                 return f"{self.ns.bind(var.cls, 'T')}({factory}, {body})"
             return body if var.cls is dict else f"{self.ns.bind(var.cls, 'T')}({body})"
+        if isinstance(var, ExceptionVariable):  # an exception made, not raised (`return x, StopIteration(1)`): made again
+            if var.value is not None:
+                return f"{self.ns.bind(copy.copy, 'F')}({self.ns.bind(var.value, 'K')})"
+            return f"{self.ns.bind(var.exc_type, 'T')}({', '.join(self.expr(a) for a in var.args)})"
+        if isinstance(var, GradModeVariable) and (var.prior is None or var.cls is torch.set_grad_enabled):
+            # A grad-mode object alive at a break, not (yet) a block entered: `ctx = set_grad_enabled(True)`
+            # (switched on construction, it restores its prior on exit), `torch.no_grad()` not entered.
+            return f"{self.ns.bind(reentry.grad_mode_object, 'F')}({self.ns.bind(var.cls, 'T')}, {var.enabled!r}, {var.prior!r})"
         if isinstance(var, GradModeFunctionVariable):
             return f"{self.ns.bind(reentry.with_grad_mode, 'F')}({var.enabled!r}, {self.expr(var.fn)})"
         if isinstance(var, UserIteratorVariable):  # (the object itself: its state is replayed as any object's)

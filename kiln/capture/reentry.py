@@ -30,6 +30,17 @@ def reentered_grad_mode_exit(prior: bool, enabled: bool) -> Any:
     return torch.set_grad_enabled(enabled).__exit__
 
 
+def grad_mode_object(cls: type, enabled: bool, prior: bool | None) -> Any:
+    """A grad-mode object as the trace left it, the grad mode unchanged: `set_grad_enabled(enabled)`
+    that restores `prior` on exit, or `no_grad()` / `enable_grad()` not entered."""
+    current = torch.is_grad_enabled()
+    obj = cls(enabled) if cls is torch.set_grad_enabled else cls()
+    torch._C._set_grad_enabled(current)  # (set_grad_enabled switches on construction: the runner has set the mode)
+    if prior is not None:
+        obj.prev = prior
+    return obj
+
+
 class ReenteredAutocast:
     """A CPU autocast block entered again: switches to (`enabled`, `dtype`) now; `__exit__`
     restores the state from before."""

@@ -288,3 +288,21 @@ def test_a_break_after_grad_mode_was_switched_by_a_call_resumes_in_that_mode(res
     finally:
         torch.set_grad_enabled(True)
     assert len(compiled.kiln_cache.entries) == 1
+
+
+def test_a_set_grad_enabled_object_alive_at_a_break_restores_its_prior_mode_on_exit():
+    def fn(x):
+        x = x + 1
+        ctx = torch.set_grad_enabled(True)  # (switched here; its exit restores the mode before it)
+        kiln.graph_break()
+        with ctx:
+            y = x * w
+        return y, torch.is_grad_enabled()
+
+    w = torch.ones(3, requires_grad=True)
+    compiled = kiln.compile(fn, backend="eager")
+    with torch.no_grad():
+        want, got = fn(torch.zeros(3)), compiled(torch.zeros(3))
+        assert not torch.is_grad_enabled()
+    assert got[1] is want[1] is False and got[0].requires_grad == want[0].requires_grad is True
+    assert len(compiled.kiln_cache.entries) == 1 and not compiled.kiln_cache.fallback

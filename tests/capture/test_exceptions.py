@@ -518,3 +518,19 @@ def test_exceptions_raised_by_python_operations_caught():
         return x, r
 
     check(f, torch.randn(3))
+
+
+def test_exceptions_made_and_returned_are_new_objects_each_call():
+    class WithInit(Exception):
+        def __init__(self, a):
+            super().__init__(a)
+            self.a = a
+
+    def f(x):
+        return x.sin(), StopIteration(1, 2, x), WithInit(3), ValueError("m")
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x = torch.ones(1)
+    first, second = compiled(x), compiled(x)
+    assert first[1].args[:2] == (1, 2) and torch.equal(first[1].args[2], x) and str(first[3]) == "m"
+    assert first[2].a == 3 and first[2] is not second[2] and first[1] is not second[1]
