@@ -13,6 +13,7 @@ import copy
 import itertools
 import math
 import types
+import warnings
 from collections import defaultdict
 from typing import Any, Callable
 
@@ -27,7 +28,7 @@ from kiln.capture.user_exceptions import ExceptionVariable
 from kiln.capture.variables import containers as c
 from kiln.capture.variables.autograd_function import FunctionApplyVariable
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
-from kiln.capture.variables.builtins import EndlessIteratorVariable, LazyIteratorVariable, UnboundBuiltinMethod
+from kiln.capture.variables.builtins import CatchWarningsVariable, EndlessIteratorVariable, LazyIteratorVariable, UnboundBuiltinMethod
 from kiln.capture.variables.constant import ConstantMethodVariable, ConstantVariable
 from kiln.capture.variables.functions import BoundMethodVariable, CellVariable, GeneratorVariable, NestedFunctionVariable, RealCellVariable
 from kiln.capture.variables.modules import EphemeralModuleVariable
@@ -205,6 +206,8 @@ class Reconstructor:
                 factory = "None" if var.default_factory is None else self.expr(var.default_factory)
                 return f"{self.ns.bind(var.cls, 'T')}({factory}, {body})"
             return body if var.cls is dict else f"{self.ns.bind(var.cls, 'T')}({body})"
+        if isinstance(var, CatchWarningsVariable):  # (not entered: a new one, as the trace made)
+            return f"{self.ns.bind(warnings.catch_warnings, 'T')}(**{self.const(var.settings)})"
         if isinstance(var, ExceptionVariable):  # an exception made, not raised (`return x, StopIteration(1)`): made again
             if var.value is not None:
                 return f"{self.ns.bind(copy.copy, 'F')}({self.ns.bind(var.value, 'K')})"

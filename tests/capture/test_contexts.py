@@ -306,3 +306,21 @@ def test_a_set_grad_enabled_object_alive_at_a_break_restores_its_prior_mode_on_e
         assert not torch.is_grad_enabled()
     assert got[1] is want[1] is False and got[0].requires_grad == want[0].requires_grad is True
     assert len(compiled.kiln_cache.entries) == 1 and not compiled.kiln_cache.fallback
+
+
+def test_warnings_catch_warnings_around_traced_code_and_returned():
+    import warnings
+
+    def fn(x):
+        with warnings.catch_warnings(record=True) as log:
+            y = x.sin()
+        return y, log, warnings.catch_warnings(record=True)
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    (y, log, made), (_, log2, made2) = compiled(x), compiled(x)
+    torch.testing.assert_close(y, x.sin())
+    assert log == [] and log is not log2
+    assert isinstance(made, warnings.catch_warnings) and made is not made2
+    with pytest.raises(TypeError):
+        kiln.compile(lambda x: warnings.catch_warnings(bad=1), backend="eager", fullgraph=True)(x)

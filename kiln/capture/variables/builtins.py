@@ -19,6 +19,7 @@ import operator
 import sys
 import types
 import typing
+import warnings
 from typing import Any, Callable, Sequence
 
 import torch
@@ -632,6 +633,44 @@ for _cls in (int, float, bool, str, complex, bytes):
 @handles(object)
 def _object(tx: Any) -> Variable:
     return UserObjectVariable(None, None, object)
+
+
+@handles(warnings.catch_warnings)
+def _catch_warnings(tx: Any, **kwargs: Variable) -> Variable:
+    if not all(v.is_constant() for v in kwargs.values()):
+        raise unsupported("unsupported_call", "warnings.catch_warnings of values that are not constants")
+    settings = {k: v.as_constant() for k, v in kwargs.items()}
+    try:
+        warnings.catch_warnings(**settings)  # (Python's own TypeError for a bad argument)
+    except TypeError as error:
+        raise raise_real(error) from None
+    return CatchWarningsVariable(settings)
+
+
+class CatchWarningsVariable(Variable):
+    """`with warnings.catch_warnings(record=True) as log:` around traced code: nothing the graph does
+    warns while capturing (`warnings.warn` is a graph break), so entering it changes nothing a
+    graph sees; `record=True` gives the new, empty list Python gives. (As under Dynamo, a warning
+    an op of the compiled graph raises when it runs is not caught by it.)"""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        super().__init__(None)
+        self.settings = settings
+
+    def python_type(self) -> type:
+        return warnings.catch_warnings
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name in ("__enter__", "__exit__"):
+            return BoundBuiltinMethod(self, name)
+        return super().getattr(tx, name)
+
+    def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if name == "__enter__":
+            return ListVariable([]) if self.settings.get("record") else const(None)
+        if name == "__exit__":
+            return const(None)
+        return super().call_method(tx, name, args, kwargs)
 
 
 # --- functional tools ---------------------------------------------------------------------------------
