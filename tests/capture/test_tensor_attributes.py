@@ -85,3 +85,11 @@ def test_python_number_types_are_dtypes_for_torch():
     x = torch.randn(5)
     out = kiln.compile(fn, backend="eager", fullgraph=True)(x)
     assert out.dtype == torch.int64 and torch.equal(out, fn(x))
+
+
+def test_tensor_type_converts_to_a_legacy_tensor_type_or_its_name():
+    def f(a, b):
+        m = a.type(torch.HalfTensor)
+        return m, b.type(m.type()), b.type("torch.DoubleTensor"), a.type(torch.FloatTensor) is a
+
+    check(f, torch.randn(3), torch.randn(3))

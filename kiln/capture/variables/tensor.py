@@ -116,6 +116,8 @@ class TensorVariable(Variable):
             )
         if name == "type" and not args and not kwargs:
             return ConstantVariable(self.example.type().replace("Fake", ""))
+        if name == "type" and len(args) == 1 and set(kwargs) <= {"non_blocking"}:
+            return self.call_method(tx, "to", [], {**_legacy_tensor_type(args[0]), **kwargs})
         if name == "__setitem__":
             tx.output.call("call_function", tensor_setitem, [self, *args], {})
             return ConstantVariable(None)
@@ -204,3 +206,16 @@ class TensorMethodVariable(Variable):
 
     def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         return self.tensor.call_method(tx, self.name, args, kwargs)
+
+
+def _legacy_tensor_type(kind: Variable) -> dict[str, Variable]:
+    """`t.type(torch.HalfTensor)` / `t.type("torch.cuda.FloatTensor")`: the dtype and device it names."""
+    value = kind.as_constant() if kind.is_constant() else getattr(kind, "value", None)
+    if isinstance(value, str):
+        found: Any = torch if value.startswith("torch.") else None
+        for part in value.split(".")[1:]:
+            found = getattr(found, part, None)
+        value = found
+    if not isinstance(getattr(value, "dtype", None), torch.dtype) or not isinstance(getattr(value, "is_cuda", None), bool):
+        raise raise_real(ValueError(f"invalid type: {kind.describe()}"))
+    return {"dtype": ConstantVariable(value.dtype), "device": ConstantVariable("cuda" if value.is_cuda else "cpu")}
