@@ -190,6 +190,9 @@ class Translator:
         if self.depth >= config.capture.inline_depth:
             raise unsupported("inline_depth", f"calls nest deeper than {config.capture.inline_depth} while inlining {fn.describe()}",
                               "raise kiln.config.capture.inline_depth, or check for unbounded recursion")
+        if runs_eagerly(fn.f_globals.get("__name__", "")):
+            raise unsupported("unsupported_call", f"{fn.describe()}: torch.func's transforms (vmap, grad, jacrev) are run, not traced",
+                              "the graph breaks at this call; the transform runs eagerly")
         code = fn.code
         bound = bind_arguments(code, fn.qualified_name(), fn.defaults(self), fn.kwdefaults(self), args, kwargs)
         freevars = dict(zip(code.co_freevars, fn.closure(self)))
@@ -204,6 +207,16 @@ class Translator:
         if obj is None:
             raise raise_real(RuntimeError("super(): no arguments"))
         return SuperVariable(cls, obj)
+
+
+# Modules whose functions run eagerly, never traced nor compiled as frames of their own:
+# torch.func's transforms work on wrapped tensors at levels they enter and leave, which a graph
+# captured inside them (replayed outside those levels) cannot reproduce.
+_EAGER_MODULES = frozenset({"torch._functorch.apis", "torch._functorch.vmap", "torch._functorch.eager_transforms"})
+
+
+def runs_eagerly(module: str) -> bool:
+    return module in _EAGER_MODULES
 
 
 def _internal_error(error: Exception, where: tuple[str, int, str]) -> Unsupported:

@@ -34,6 +34,7 @@ from torch import nn
 from torch.nn.modules import module as module_mod
 
 from kiln.capture import resume_code as rcode
+from kiln.capture.interpreter import runs_eagerly
 from kiln.capture.binder import make_binder
 from kiln.capture.break_records import BreakRecord, Unsupported, record_break
 from kiln.capture.bytecode import NULL_ABOVE_CALLABLE, PY, decode
@@ -272,7 +273,7 @@ def compiled_callee(fn: Any, backend: Callable, dynamic: bool | None = None) -> 
         target, bound = type(fn).forward, fn
     elif isinstance(fn, types.MethodType):
         target, bound = fn.__func__, fn.__self__
-    if not isinstance(target, types.FunctionType):
+    if not isinstance(target, types.FunctionType) or runs_eagerly(target.__module__ or ""):
         return fn
     key = bound if bound is not None else target
     try:

@@ -1446,3 +1446,19 @@ def test_map_with_strict_raises_pythons_type_error_before_3_14():
     if sys.version_info < (3, 14):
         with pytest.raises(TypeError):
             compiled(torch.randn(2), [1.0, 2.0])
+
+
+def test_fromkeys_of_a_dict_subclass_builds_it_through_its_own_init_and_setitem():
+    class Doubling(dict):
+        def __init__(self):
+            super().__init__()
+            self.made = True
+
+        def __setitem__(self, key, value):
+            super().__setitem__(key, value * 2)
+
+    def f(x):
+        d = Doubling.fromkeys(["a", "b"], 1)
+        return x + d["a"], type(d) is Doubling, d.made, dict(d), Doubling.fromkeys.__name__
+
+    check(f, torch.randn(3))

@@ -439,3 +439,17 @@ def test_and_or_over_tensor_conditions_resume():
         compiled, backend = _compiled(short_circuit)
         _same(compiled(a, b), short_circuit(a, b))
         assert backend.graphs and compiled.kiln_cache.fallback is None
+
+
+def test_torch_func_transforms_run_eagerly_between_graphs():
+    # Traced inside, vmap's graph replayed outside its level raised functorch's "tensor may have
+    # escaped" error to the user.
+    def fn(x):
+        y = torch.vmap(torch.Tensor.acos_)(x)
+        g = torch.func.grad(lambda t: (t * t).sum())(x.sin())
+        return y is x, g.cos()
+
+    x = torch.rand(4, 1)
+    got, want = kiln.compile(fn, backend="eager")(x.clone()), fn(x.clone())
+    assert got[0] is want[0] is True
+    torch.testing.assert_close(got[1], want[1])

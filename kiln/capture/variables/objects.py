@@ -102,11 +102,39 @@ def wrap_class_attr(tx: Any, raw: Any, owner: type, name: str, instance: Variabl
         return wrap_constant_result(getter).call(tx, [descriptor, instance, ClassVariable(instance.python_type())], {})
     if instance is not None and hasattr(type(raw), "__get__") and not isinstance(raw, type):
         return instance.getattr_real(tx, name)
+    if raw is dict.__dict__["fromkeys"] and isinstance(cls_var, ClassVariable) and cls_var.value not in (dict, collections.OrderedDict, collections.defaultdict):
+        return SubclassFromKeysVariable(cls_var)
     if isinstance(raw, types.ClassMethodDescriptorType) and isinstance(cls_var, ClassVariable):
         # A classmethod written in C read from the class (`itertools.chain.from_iterable`): bound
         # to it as Python binds it (a builtin method that kiln's handlers know by equality).
         return wrap(tx, raw.__get__(None, cls_var.value), None)
     return wrap(tx, raw, class_attr_source(owner, name))
+
+
+class SubclassFromKeysVariable(Variable):
+    """`D.fromkeys(keys, value)` of a dict subclass D, as dict's C code does it for one: `D()`,
+    then `d[key] = value` for each key (D's own __init__ and __setitem__, where it has them)."""
+
+    def __init__(self, cls_var: "ClassVariable") -> None:
+        super().__init__(None)
+        self.cls_var = cls_var
+
+    def python_type(self) -> type:
+        return types.BuiltinMethodType
+
+    def getattr(self, tx: Any, name: str) -> Variable:
+        if name in ("__name__", "__qualname__", "__self__"):
+            return self.cls_var if name == "__self__" else ConstantVariable(getattr(dict.fromkeys, name))
+        return super().getattr(tx, name)
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if kwargs or not 1 <= len(args) <= 2:
+            raise raise_real(TypeError(f"fromkeys expected 1 to 2 arguments, got {len(args) + len(kwargs)}"))
+        value = args[1] if len(args) == 2 else ConstantVariable(None)
+        obj = self.cls_var.call(tx, [], {})
+        for key in args[0].iterate(tx):
+            obj.call_method(tx, "__setitem__", [key, value], {})
+        return obj
 
 
 def _python_descriptor_method(raw: Any, name: str) -> types.FunctionType | None:
