@@ -1462,3 +1462,20 @@ def test_fromkeys_of_a_dict_subclass_builds_it_through_its_own_init_and_setitem(
         return x + d["a"], type(d) is Doubling, d.made, dict(d), Doubling.fromkeys.__name__
 
     check(f, torch.randn(3))
+
+
+def test_torch_fx_map_aggregate_maps_nested_containers_into_fx_immutable_ones():
+    from torch.fx.immutable_collections import immutable_dict, immutable_list
+    from torch.fx.node import map_aggregate
+
+    def f(inputs, x):
+        frozen = immutable_list(inputs)
+        try:
+            frozen.append(x)
+        except TypeError:
+            pass
+        out = map_aggregate(frozen, lambda t: t * 2)
+        named = map_aggregate({"a": x, "b": (x, [x, 3])}, lambda t: t + 1)
+        return out, type(out) is immutable_list, named, type(named) is immutable_dict, type(named["b"][1]) is immutable_list
+
+    check(f, [torch.randn(2), [torch.randn(2), torch.randn(2)]], torch.randn(2))

@@ -35,7 +35,7 @@ from kiln.capture.variables import functions as f
 from kiln.capture.variables import objects as o
 from kiln.capture.variables import wrapping
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
-from kiln.capture.variables.builtins import BuiltinVariable, is_builtin_callable
+from kiln.capture.variables.builtins import BuiltinVariable, has_handler, is_builtin_callable
 from kiln.capture.variables.constant import ConstantVariable, is_literal
 from kiln.capture.variables.containers import wrap_dict_contents
 from kiln.capture.variables.modules import ModuleVariable
@@ -147,7 +147,7 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
     if special is not None:
         _pin(tx, value, source)
         return special
-    if is_torch_callable(value):
+    if is_torch_callable(value) and not has_handler(value):  # (torch's C helpers kiln runs as Python: fx's map_aggregate)
         _pin(tx, value, source)
         return TorchFunctionVariable(value)
     if numpy_counterpart(value) is not None:

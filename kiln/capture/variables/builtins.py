@@ -66,6 +66,13 @@ def handles(*fns: Any) -> Callable[[Handler], Handler]:
     return register
 
 
+def has_handler(value: Any) -> bool:
+    try:
+        return value in HANDLERS
+    except TypeError:  # (unhashable)
+        return False
+
+
 def is_builtin_callable(value: Any) -> bool:
     if isinstance(value, _GETTER_TYPES):
         return True
@@ -671,6 +678,29 @@ class CatchWarningsVariable(Variable):
         if name == "__exit__":
             return const(None)
         return super().call_method(tx, name, args, kwargs)
+
+
+@handles(torch._C._fx_map_aggregate)
+def _fx_map_aggregate(tx: Any, value: Variable, fn: Variable) -> Variable:
+    """torch.fx's map_aggregate (C code), as it walks: tuples (named ones rebuilt as their class),
+    lists into fx's immutable_list, dicts into immutable_dict, slices; `fn` on anything else."""
+    from torch.fx.immutable_collections import immutable_dict, immutable_list
+
+    kind = value.python_type()
+    if issubclass(kind, (tuple, list)):
+        items = [_fx_map_aggregate(tx, item, fn) for item in value.iterate(tx)]
+        if issubclass(kind, list):
+            return ClassVariable(immutable_list).call(tx, [ListVariable(items)], {})
+        return ClassVariable(kind).call(tx, items, {}) if hasattr(kind, "_fields") else TupleVariable(items)
+    if isinstance(value, DictVariable):
+        mapped = DictVariable.from_pairs([(k, _fx_map_aggregate(tx, v, fn)) for k, v in value.entries.values()])
+        return ClassVariable(immutable_dict).call(tx, [mapped], {})
+    if issubclass(kind, dict):
+        raise unsupported("unsupported_call", f"torch.fx's map_aggregate over a {kind.__name__}")
+    if value.is_constant() and isinstance(value.as_constant(), slice):
+        part = value.as_constant()
+        return wrap_constant_result(slice(*(fn.call(tx, [const(p)], {}).as_constant() for p in (part.start, part.stop, part.step))))
+    return fn.call(tx, [value], {})
 
 
 # --- functional tools ---------------------------------------------------------------------------------
