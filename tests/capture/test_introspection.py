@@ -450,3 +450,16 @@ def test_id_of_a_partial_of_a_closure():
         return partial_add(x) * d[id(partial_add)]
 
     check(f, torch.randn(3))
+
+
+def test_a_property_of_the_metaclass_read_on_the_class():
+    class Meta(type):
+        @property
+        def WORLD(cls):
+            return cls._world
+
+    class Group(metaclass=Meta):
+        _world = None
+
+    check(lambda x: x + 1 if Group.WORLD is None else x - 1, torch.randn(3))
+    check(lambda x: x + 1 if torch.distributed.is_available() and torch.distributed.is_initialized() else x - 1, torch.randn(3))

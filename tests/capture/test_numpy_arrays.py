@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import kiln
+from tests.capture.util import check
 
 
 def compiled(fn, backend="eager", fullgraph=True):
@@ -208,3 +209,11 @@ def test_a_read_only_array_is_read_without_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert_array(c(x), x * 2)
+
+
+def test_numpy_dtypes_and_limits_built_from_constants_are_constants():
+    def f(x):
+        dt = np.dtype("float")
+        return torch.as_tensor(np.full_like(x.numpy(), 2.4, dtype=dt)), x + np.iinfo(np.int16).max + np.finfo(np.float32).eps
+
+    check(f, torch.randn(3))

@@ -455,6 +455,10 @@ class ClassVariable(RealValueVariable):
             meta_raw, meta_owner = class_lookup(type(self.value), name)
             if meta_raw is not _MISSING and isinstance(meta_raw, types.FunctionType):
                 return BoundMethodVariable(wrap_constant_result(meta_raw), self)
+            if isinstance(meta_raw, property) and isinstance(meta_raw.fget, types.FunctionType):
+                # A property of the metaclass, read on the class (torch.distributed's `GroupMember.WORLD`)
+                tx.output.guards.add(Guard("ID_MATCH", class_attr_source(meta_owner, name), meta_raw))
+                return wrap_constant_result(meta_raw.fget).call(tx, [self], {})
             raise raise_real(AttributeError(f"type object '{self.value.__name__}' has no attribute '{name}'"))
         from kiln.capture.variables.autograd_function import PY_APPLY, FunctionApplyVariable  # (imports this module)
 
@@ -708,7 +712,9 @@ def _constant(value: Any) -> Variable:
 
 
 def _constructs_constant(cls: type) -> bool:
-    return issubclass(cls, enum.Enum)
+    """Classes whose objects built from constants are constants: enums, NumPy's dtype and its
+    integer and float limits (`np.iinfo(np.int16).max`)."""
+    return issubclass(cls, enum.Enum) or cls.__module__ == "numpy" and cls.__name__ in ("dtype", "iinfo", "finfo")
 
 
 class PythonModuleVariable(Variable):
