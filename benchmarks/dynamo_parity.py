@@ -78,6 +78,8 @@ def classify(kiln_outcome: dict[str, Any]) -> str:
     if kiln_outcome.get("expects_dynamo_refusal"):
         return "dynamo_internal"  # (the test asserts that Dynamo refuses a construct; kiln did not)
     kind, line = kiln_outcome.get("type", ""), kiln_outcome.get("testing_line") or kiln_outcome.get("test_line") or ""
+    if kiln_outcome.get("uses_guard_fail_fn") and "fail" in (kiln_outcome.get("test_line") or ""):
+        return "dynamo_internal"  # (what Dynamo's guard_fail_fn callback was given: its guards' text)
     if kind.startswith("kiln.") and any(n in kind for n in ("Unsupported", "CaptureError", "FullGraph")):
         return "extra_break"
     if kind == "builtins.AssertionError" or kind.endswith("AssertionError"):

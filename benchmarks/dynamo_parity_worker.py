@@ -239,7 +239,8 @@ class _Result(unittest.TestResult):
         return {"outcome": "failed", **_failure(self.test_file, exc, tb),
                 "reads_dynamo_counters": "counters" in source or "unimplemented" in source,
                 "reads_dynamo_logs": "make_logging_test" in source or "records" in source.split(")", 1)[0],
-                "expects_dynamo_refusal": bool(re.search(_DYNAMO_REFUSAL, source))}
+                "expects_dynamo_refusal": bool(re.search(_DYNAMO_REFUSAL, source)),
+                "uses_guard_fail_fn": "guard_fail_fn" in source}
 
     def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
         self.outcome = self._failed(test, err)

@@ -124,6 +124,10 @@ def test_failures_are_classified_by_where_they_failed():
     # Inductor's own counters (its generated kernels) check Inductor, not the program.
     assert classify({**failed, "test_line": "self.assertGreater(torch._inductor.metrics.generated_kernel_count, 0)"}) == "dynamo_internal"
     assert classify({"outcome": "failed", "type": "builtins.StopIteration", "expects_dynamo_refusal": True}) == "dynamo_internal"
+    # What Dynamo's guard_fail_fn was handed (a test asserting on its guard text).
+    none_reason = {"outcome": "failed", "type": "builtins.TypeError", "uses_guard_fail_fn": True}
+    assert classify({**none_reason, "test_line": 'self.assertTrue("forward_hooks" in failure_reason)'}) == "dynamo_internal"
+    assert classify({**none_reason, "test_line": "self.assertEqual(out, ref)"}) == "error"
     assert classify({**failed, "testing_line": "self.assertEqual(actual.op_count, expected_ops)"}) == "dynamo_internal"
     assert classify({**failed, "test_line": 'self.assertEqual(counters["stats"]["calls"], 2)'}) == "dynamo_internal"
     assert classify({"outcome": "failed", "type": "kiln.capture.break_records.Unsupported"}) == "extra_break"
@@ -184,3 +188,13 @@ def test_the_failing_line_is_found_in_a_mixin_beside_the_test_file(tmp_path, mon
         found = _failure(tmp_path / "test_driver.py", error, sys.exc_info()[2])
     assert found["test_line"] == "assert frames == 1, 'frames'"
     assert found["innermost"] == "_mixin_part.py:2"
+
+
+def test_a_test_expecting_one_of_dynamos_own_exceptions_checks_dynamos_refusal():
+    import re
+
+    from benchmarks.dynamo_parity_worker import _DYNAMO_REFUSAL
+
+    assert re.search(_DYNAMO_REFUSAL, "with self.assertRaises(torch._dynamo.exc.InternalTorchDynamoError):")
+    assert re.search(_DYNAMO_REFUSAL, "self.assertRaisesRegex(Unsupported, 'x')")
+    assert not re.search(_DYNAMO_REFUSAL, "with self.assertRaises(TypeError):")
