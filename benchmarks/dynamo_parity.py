@@ -56,7 +56,12 @@ def _count_kind(message: str) -> str:
     where to break; some where Dynamo's is none (the test asserts that Dynamo gives up on the frame,
     e.g. at a break inside a generator, and kiln captured it) checks Dynamo's own limit; none
     where Dynamo has some, or more, is kiln's break."""
-    found = re.search(r"Expected (\d+) but got (\d+)", message)
+    # (assertEqual's "Expected 2 but got 3", assertExpectedInline's "'2' != '3'", assertIn's "3 not found in (5, 7)")
+    found = re.search(r"Expected (\d+) but got (\d+)", message) or re.match(r"'(\d+)' != '(\d+)'", message)
+    among = re.match(r"(\d+) not found in \(([\d, ]+)\)", message)
+    if among:
+        got, expected = int(among.group(1)), [int(n) for n in among.group(2).replace(" ", "").split(",") if n]
+        return "fewer_graphs" if 0 < got < min(expected) else "extra_break"
     if found and 0 < int(found.group(2)) < int(found.group(1)):
         return "fewer_graphs"
     if found and int(found.group(1)) == 0 < int(found.group(2)):

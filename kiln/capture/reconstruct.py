@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import itertools
 import math
 import types
@@ -30,7 +31,8 @@ from kiln.capture.variables.autograd_function import FunctionApplyVariable
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
 from kiln.capture.variables.builtins import CatchWarningsVariable, EndlessIteratorVariable, LazyIteratorVariable, UnboundBuiltinMethod
 from kiln.capture.variables.constant import ConstantMethodVariable, ConstantVariable
-from kiln.capture.variables.functions import BoundMethodVariable, CellVariable, GeneratorVariable, NestedFunctionVariable, RealCellVariable
+from kiln.capture.variables.functions import (BoundMethodVariable, CellVariable, GeneratorVariable, NestedFunctionVariable, PartialVariable,
+                                              RealCellVariable)
 from kiln.capture.variables.modules import EphemeralModuleVariable
 from kiln.capture.variables.numpy_arrays import NumpyArrayVariable, NumpyMethodVariable, ndarray_of
 from kiln.capture.variables.objects import ModelOutputVariable, PythonModuleVariable, UserIteratorVariable, UserObjectVariable, new_container_object
@@ -206,6 +208,9 @@ class Reconstructor:
                 factory = "None" if var.default_factory is None else self.expr(var.default_factory)
                 return f"{self.ns.bind(var.cls, 'T')}({factory}, {body})"
             return body if var.cls is dict else f"{self.ns.bind(var.cls, 'T')}({body})"
+        if isinstance(var, PartialVariable):  # (one made in the trace: made again over what it holds)
+            parts = [self.expr(var.func), *(self.expr(a) for a in var.args), *(f"{k}={self.expr(v)}" for k, v in var.kwargs.items())]
+            return f"{self.ns.bind(functools.partial, 'T')}({', '.join(parts)})"
         if isinstance(var, CatchWarningsVariable):  # (not entered: a new one, as the trace made)
             return f"{self.ns.bind(warnings.catch_warnings, 'T')}(**{self.const(var.settings)})"
         if isinstance(var, ExceptionVariable):  # an exception made, not raised (`return x, StopIteration(1)`): made again

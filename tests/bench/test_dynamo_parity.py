@@ -109,6 +109,12 @@ def test_failures_are_classified_by_where_they_failed():
     assert classify({**failed, "test_line": "self.assertEqual(cnt.frame_count, 1)", "message": more}) == "extra_break"
     fewer = "Scalars are not equal!\n\nExpected 2 but got 1."
     assert classify({**failed, "test_line": "self.assertEqual(cnt.frame_count, 2)", "message": fewer}) == "fewer_graphs"
+    inline = {**failed, "test_line": 'self.assertExpectedInline(cnt.frame_count, """4""")'}
+    assert classify({**inline, "message": "'4' != '2'\n- 4\n+ 2"}) == "fewer_graphs"
+    assert classify({**inline, "message": "'1' != '2'\n- 1\n+ 2"}) == "extra_break"
+    among = {**failed, "test_line": "self.assertIn(cnt.frame_count, (5, 7))"}
+    assert classify({**among, "message": "3 not found in (5, 7)"}) == "fewer_graphs"
+    assert classify({**among, "message": "9 not found in (5, 7)"}) == "extra_break"
     none = "Scalars are not equal!\n\nExpected 2 but got 0."
     assert classify({**failed, "test_line": "self.assertEqual(cnt.frame_count, 2)", "message": none}) == "extra_break"
     # Dynamo gives up on the frame (a break inside a generator) and the test asserts it; kiln captured.

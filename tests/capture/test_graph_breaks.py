@@ -453,3 +453,20 @@ def test_torch_func_transforms_run_eagerly_between_graphs():
     got, want = kiln.compile(fn, backend="eager")(x.clone()), fn(x.clone())
     assert got[0] is want[0] is True
     torch.testing.assert_close(got[1], want[1])
+
+
+def test_partials_made_before_a_break_are_alive_after_it():
+    import functools
+
+    def mul(x, y):
+        return x * y
+
+    def fn(x):
+        by_name, by_position = functools.partial(mul, y=x), functools.partial(mul, x + 1)
+        kiln.graph_break()
+        return by_name(x) + by_position(x)
+
+    x = torch.randn(3)
+    compiled = kiln.compile(fn, backend="eager")
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert not compiled.kiln_cache.fallback
