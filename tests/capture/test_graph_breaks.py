@@ -470,3 +470,33 @@ def test_partials_made_before_a_break_are_alive_after_it():
     compiled = kiln.compile(fn, backend="eager")
     torch.testing.assert_close(compiled(x), fn(x))
     assert not compiled.kiln_cache.fallback
+
+
+_ASSERTING = """
+def f(x):
+    b = x.sin()
+    assert x[0] == 3, "first must be 3"
+    assert not (x[1] == 0)
+    assert x[2]
+    return x.cos() + b
+
+
+def g(x):
+    assert x > 0
+    return x
+"""
+
+
+def test_an_assert_on_a_one_element_tensor_is_checked_in_the_graph():
+    namespace = {}
+    exec(compile(_ASSERTING, "asserting.py", "exec"), namespace)  # (not rewritten by pytest, as a test's own asserts are)
+    f = namespace["f"]
+
+    compiled = kiln.compile(f, backend="aot_eager", fullgraph=True)  # (one graph: no break at the asserts)
+    good = torch.tensor([3.0, 4, 5])
+    torch.testing.assert_close(compiled(good), f(good))
+    for bad, message in (([2.0, 4, 5], "first must be 3"), ([3.0, 0, 5], ""), ([3.0, 4, 0], "")):
+        with pytest.raises(RuntimeError, match=message):
+            compiled(torch.tensor(bad))
+    with pytest.raises(kiln.CaptureError):  # (a tensor of many elements: eager refuses its truth, kiln breaks there)
+        kiln.compile(namespace["g"], fullgraph=True)(torch.randn(3))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import torch
+
 from kiln.capture.break_records import unsupported
 from kiln.capture.opcodes.registry import SINCE_312, opcode
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
 from kiln.capture.variables.constant import ConstantVariable
 from kiln.capture.bytecode import PY
 from kiln.capture.variables.containers import GeneratorIterator, IteratorVariable, ListVariable
+from kiln.capture.variables.tensor import TensorVariable
 from kiln.capture.variables.wrapping import wrap_constant_result
 
 
@@ -30,8 +33,36 @@ _CONDITIONS = {
 
 def _pop_jump(tx, inst) -> None:
     condition = inst.opname.split("_IF_")[1]
-    if _CONDITIONS[condition](tx, tx.pop()):
+    value = tx.pop()
+    if condition in ("TRUE", "FALSE") and isinstance(value, TensorVariable) and _tensor_assert(tx, inst, value):
+        return
+    if _CONDITIONS[condition](tx, value):
         tx.jump_to(inst.argval)
+
+
+def _tensor_assert(tx, inst, value: TensorVariable) -> bool:
+    """`assert x[0] == 3, "message"` on a one-element tensor: the check goes into the graph as
+    torch._assert_async (a RuntimeError with the message where it fails, not an AssertionError;
+    Dynamo's rewrite too) instead of reading the value while capturing (a graph break)."""
+    if not _is_static_one(value.example.numel()):
+        return False
+    following = [i for i in tx.instructions[tx.ip : tx.ip + 8] if i.opname not in ("CACHE", "PRECALL", "EXTENDED_ARG")]
+    names = [i.opname for i in following]
+    if names[:2] == ["LOAD_ASSERTION_ERROR", "RAISE_VARARGS"]:
+        message = ""
+    elif names[:4] == ["LOAD_ASSERTION_ERROR", "LOAD_CONST", "CALL", "RAISE_VARARGS"] and isinstance(following[1].argval, str) \
+            and following[2].arg == 0:
+        message = following[1].argval
+    else:
+        return False
+    holds = value if inst.opname.endswith("TRUE") else tx.output.call("call_function", torch.logical_not, [value], {})
+    tx.output.call("call_function", torch._assert_async, [holds, ConstantVariable(message)], {})
+    tx.jump_to(inst.argval)
+    return True
+
+
+def _is_static_one(n) -> bool:
+    return isinstance(n, int) and n == 1
 
 
 for _direction in ("POP_JUMP_FORWARD", "POP_JUMP_BACKWARD"):
