@@ -90,6 +90,6 @@ def test_python_number_types_are_dtypes_for_torch():
 def test_tensor_type_converts_to_a_legacy_tensor_type_or_its_name():
     def f(a, b):
         m = a.type(torch.HalfTensor)
-        return m, b.type(m.type()), b.type("torch.DoubleTensor"), a.type(torch.FloatTensor) is a
+        return m, b.type(m.type()), b.type("torch.DoubleTensor"), a.type(torch.FloatTensor) is a, a.type(torch.float16)
 
     check(f, torch.randn(3), torch.randn(3))

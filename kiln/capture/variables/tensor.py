@@ -209,8 +209,11 @@ class TensorMethodVariable(Variable):
 
 
 def _legacy_tensor_type(kind: Variable) -> dict[str, Variable]:
-    """`t.type(torch.HalfTensor)` / `t.type("torch.cuda.FloatTensor")`: the dtype and device it names."""
+    """`t.type(torch.HalfTensor)` / `t.type("torch.cuda.FloatTensor")` / `t.type(torch.float16)`: the
+    dtype and device it names."""
     value = kind.as_constant() if kind.is_constant() else getattr(kind, "value", None)
+    if isinstance(value, torch.dtype):  # (`t.type(torch.float16)`: the dtype, on the tensor's device)
+        return {"dtype": ConstantVariable(value)}
     if isinstance(value, str):
         found: Any = torch if value.startswith("torch.") else None
         for part in value.split(".")[1:]:
