@@ -4,8 +4,9 @@ Dynamo's entry points given to kiln (benchmarks/dynamo_parity_worker.py), the ou
     kiln dynamo-parity DIR [--files GLOB] [--jobs N] [--json OUT] [--markdown OUT]
 
 DIR holds test files of PyTorch's test/dynamo (not part of this repository: bring them to the
-machine). Every file runs in two fresh processes, one per mode. A test that passes under Dynamo
-and fails under kiln is classified by where it failed:
+machine). Every file runs in three fresh processes, one per mode: under Dynamo, under kiln, and
+"eager" (the compiled functions are the functions themselves: the reference for what Python
+gives). A test that passes under Dynamo and fails under kiln is classified by where it failed:
 
 - wrong result: an assertion on the values a compiled function returned (standard_test's
   `same(...)` checks, a test's own comparisons): a bug in kiln, always;
@@ -15,11 +16,14 @@ and fails under kiln is classified by where it failed:
   guards, config) or an exception raised inside torch._dynamo: reported apart, not counted
   against kiln;
 - error: any other exception (a crash in kiln, or in what kiln ran);
+- fails eagerly: a wrong result or error where the test fails eagerly too, at the same line (it
+  asserts what Dynamo gives and Python does not: `gen.close()`'s value before 3.13, a warning or
+  cache entry of Dynamo's): reported apart, not counted;
 - not redirected: the test reached Dynamo by a path the harness does not give to kiln (export,
   `optimize` as a context manager, `torch._dynamo.run`): reported apart, not counted.
 
-kiln's pass rate is its passes over Dynamo's passes less the Dynamo-internal and not-redirected
-ones.
+kiln's pass rate is its passes over Dynamo's passes less the fewer-graphs, Dynamo-internal,
+fails-eagerly and not-redirected ones.
 """
 
 from __future__ import annotations
@@ -36,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("wrong_result", "extra_break", "held_memory", "error", "timeout", "fewer_graphs", "dynamo_internal",
-         "not_redirected")
+         "fails_eagerly", "not_redirected")
 # Kinds reported apart and not counted against kiln.
-NOT_COUNTED = ("fewer_graphs", "dynamo_internal", "not_redirected")
+NOT_COUNTED = ("fewer_graphs", "dynamo_internal", "fails_eagerly", "not_redirected")
 
 # Source text of a failed assertion that names Dynamo's own details (its graphs' op counts, its
 # counters, guards, config, logs): such a test checks Dynamo, not the program's meaning.
@@ -124,8 +128,19 @@ class FileRow:
         return self.kiln_passed / self.counted if self.counted else None
 
 
-def compare(dynamo: dict[str, Any], kiln: dict[str, Any]) -> FileRow:
-    """One file's row from its two reports."""
+def _fails_eagerly(kind: str, kiln_outcome: dict[str, Any], eager_outcome: dict[str, Any] | None) -> bool:
+    """A wrong result or error under kiln where the test, its compiled functions being the functions
+    themselves, fails too, at the same line of the test: it asserts what Dynamo gives and eager
+    does not (`gen.close()`'s value before Python 3.13, a warning of Dynamo's own)."""
+    if kind not in ("wrong_result", "error") or not eager_outcome or eager_outcome.get("outcome") != "failed":
+        return False
+    line = kiln_outcome.get("test_line")
+    return line is not None and eager_outcome.get("test_line") == line and not any(s in line for s in _COUNTS)
+
+
+def compare(dynamo: dict[str, Any], kiln: dict[str, Any], eager: dict[str, Any] | None = None) -> FileRow:
+    """One file's row from its reports (the eager one, where there is one, tells which of kiln's
+    failures assert what eager does not give)."""
     row = FileRow(dynamo["file"])
     if "import_error" in dynamo or "import_error" in kiln:
         row.import_error = dynamo.get("import_error") or kiln.get("import_error")
@@ -136,6 +151,8 @@ def compare(dynamo: dict[str, Any], kiln: dict[str, Any]) -> FileRow:
             continue
         row.dynamo_passed += 1
         kind = classify(kiln["tests"].get(test, {"outcome": "failed", "type": "missing"}))
+        if eager is not None and _fails_eagerly(kind, kiln["tests"].get(test, {}), eager.get("tests", {}).get(test)):
+            kind = "fails_eagerly"
         if kind == "passed":
             row.kiln_passed += 1
         else:
@@ -161,17 +178,18 @@ def _run_worker(test_file: Path, mode: str, out: Path, timeout_s: int, python: s
 def run(files: list[Path], jobs: int, timeout_s: int, python: str = sys.executable) -> list[FileRow]:
     """Every file under both modes (`jobs` processes at a time), compared."""
     with tempfile.TemporaryDirectory(prefix="kiln-dynamo-parity-") as tmp:
-        work = [(f, mode, Path(tmp) / f"{f.stem}.{mode}.json") for f in files for mode in ("dynamo", "kiln")]
+        work = [(f, mode, Path(tmp) / f"{f.stem}.{mode}.json") for f in files for mode in ("dynamo", "kiln", "eager")]
         with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
             reports = list(pool.map(lambda w: _run_worker(*w, timeout_s, python), work))
     by_file: dict[str, dict[str, Any]] = {}
     for (f, mode, _), report in zip(work, reports):
         by_file.setdefault(f.name, {})[mode] = report
-    return [compare(r["dynamo"], r["kiln"]) for r in by_file.values()]
+    return [compare(r["dynamo"], r["kiln"], r["eager"]) for r in by_file.values()]
 
 
 _HEADER = ["file", "tests run", "passed under Dynamo", "passed under kiln", "kiln's rate", "wrong results",
-           "extra breaks", "held memory", "errors", "timeouts", "fewer graphs", "Dynamo-internal", "not redirected"]
+           "extra breaks", "held memory", "errors", "timeouts", "fewer graphs", "Dynamo-internal", "fails eagerly",
+           "not redirected"]
 
 
 def _cells(row: FileRow) -> list[str]:
