@@ -175,6 +175,22 @@ def rebind(module: Any, by_object: dict[int, tuple[Callable, Callable]]) -> None
             namespace[key] = new
 
 
+class _CountingBreaks(list):
+    """kiln's list of break records, counting every record ever added (kiln.reset clears the list)."""
+
+    total = 0
+
+    def append(self, record: Any) -> None:
+        type(self).total += 1
+        super().append(record)
+
+
+def _count_kiln_breaks() -> None:
+    import kiln.capture.break_records as break_records
+
+    break_records.BREAKS = _CountingBreaks(break_records.BREAKS)
+
+
 def _dynamo_frames() -> int:
     from torch._dynamo.utils import counters
 
@@ -318,10 +334,12 @@ def run_file(test_file: Path, mode: str, timeout_s: int) -> dict[str, Any]:
         return report
     if by_object:
         rebind(module, by_object)
+    if mode == "kiln":
+        _count_kiln_breaks()
     signal.signal(signal.SIGALRM, _alarm)
     for test in _tests(unittest.TestLoader().loadTestsFromModule(module)):
         result = _Result(test_file)
-        frames = _dynamo_frames()
+        frames, breaks = _dynamo_frames(), _CountingBreaks.total
         start = time.perf_counter()
         signal.alarm(timeout_s)
         try:
@@ -332,6 +350,8 @@ def run_file(test_file: Path, mode: str, timeout_s: int) -> dict[str, Any]:
             signal.alarm(0)
         outcome = result.outcome or {"outcome": "failed", "type": "no outcome", "message": ""}
         outcome["seconds"] = round(time.perf_counter() - start, 3)
+        if mode == "kiln":
+            outcome["kiln_breaks"] = _CountingBreaks.total - breaks  # (graph breaks and frames run eagerly)
         if mode == "kiln" and _dynamo_frames() > frames and outcome["outcome"] != "not_redirected":
             outcome = {**outcome, "dynamo_ran": True}
         report["tests"][test.id().split(".", 1)[1]] = outcome

@@ -109,6 +109,9 @@ def test_failures_are_classified_by_where_they_failed():
     assert classify({**failed, "test_line": "self.assertEqual(cnt.frame_count, 1)", "message": more}) == "extra_break"
     fewer = "Scalars are not equal!\n\nExpected 2 but got 1."
     assert classify({**failed, "test_line": "self.assertEqual(cnt.frame_count, 2)", "message": fewer}) == "fewer_graphs"
+    none = {**failed, "test_line": "self.assertEqual(actual.frame_count, 1)", "message": "Expected 1 but got 0"}
+    assert classify({**none, "kiln_breaks": 0}) == "fewer_graphs"  # (no op to compile, nothing run eagerly)
+    assert classify({**none, "kiln_breaks": 1}) == "extra_break"
     inline = {**failed, "test_line": 'self.assertExpectedInline(cnt.frame_count, """4""")'}
     assert classify({**inline, "message": "'4' != '2'\n- 4\n+ 2"}) == "fewer_graphs"
     assert classify({**inline, "message": "'1' != '2'\n- 1\n+ 2"}) == "extra_break"
