@@ -180,6 +180,9 @@ def test_a_failure_that_eager_shares_at_the_same_line_is_not_counted():
     counted = {**wrong, "test_line": "self.assertEqual(cnt.frame_count, 1)", "message": "Expected 1 but got 2"}
     row = compare(dynamo, {**kiln, "tests": {"A.test_a": counted, "A.test_b": wrong}}, {**eager, "tests": {"A.test_a": counted}})
     assert row.kinds["fails_eagerly"] == 0
+    graph = {**wrong, "type": "builtins.IndexError", "test_line": "graph = eager.graphs[0]"}
+    row = compare(dynamo, {**kiln, "tests": {"A.test_a": graph, "A.test_b": wrong}}, {**eager, "tests": {"A.test_a": graph}})
+    assert row.kinds["fails_eagerly"] == 0 and row.kinds["error"] == 1
 
 
 def test_bad_arguments_are_named(tmp_path, capsys):
