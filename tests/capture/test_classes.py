@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kiln
-from tests.capture.util import assert_same
+from tests.capture.util import assert_same, check
 
 
 def _state(value, seen=None):
@@ -986,3 +986,33 @@ def test_a_descriptors_get_compares_as_the_real_method():
         return x - 1
 
     torch.testing.assert_close(kiln.compile(fn, backend="eager", fullgraph=True)(torch.zeros(2)), torch.ones(2))
+
+
+def test_del_of_an_attribute_calls_the_classs_own_delattr():
+    class Keeps:
+        def __init__(self, val):
+            self.val = val
+            self.attempted = False
+
+        def __delattr__(self, attr):
+            if attr == "val":
+                self.attempted = True
+            else:
+                super().__delattr__(attr)
+
+    def f(x):
+        a = Keeps(1)
+        del a.val
+        a.other = 2
+        del a.other
+        return x + 1, hasattr(a, "val"), a.attempted, hasattr(a, "other")
+
+    check(f, torch.ones(1))
+
+    def missing(x):
+        a = Keeps(1)
+        del a.nothing
+        return x
+
+    with pytest.raises(AttributeError):
+        kiln.compile(missing, backend="eager", fullgraph=True)(torch.ones(1))

@@ -218,3 +218,23 @@ def test_a_size_read_from_data_at_a_break_still_runs_eagerly():
     for n in (5, 7, 9):
         x = torch.randn(n)
         torch.testing.assert_close(compiled(x), f(x))
+
+
+def test_a_symbolic_size_compared_with_a_tuple_is_guarded():
+    def fn(x):
+        if x.size() != (5, 1, 2, 3):
+            return x.cos()
+        return x.sin()
+
+    compiled = kiln.compile(fn, backend="eager", dynamic=True)
+    for shape in ((5, 1, 3, 4), (5, 1, 2, 3), (5, 1, 3, 4)):
+        x = torch.rand(shape)
+        torch.testing.assert_close(compiled(x), fn(x))  # (the second took the first's graph: a wrong value)
+
+
+def test_size_with_dim_by_name_and_out_of_range():
+    x = torch.empty(4, 9, 8)
+    compiled = kiln.compile(lambda x, dim: x.size(dim=dim), backend="eager", fullgraph=True)
+    assert compiled(x, 1) == 9 and compiled(x, -2) == 9
+    with pytest.raises(IndexError):
+        compiled(x, 3)

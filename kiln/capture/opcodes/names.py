@@ -168,7 +168,7 @@ def DELETE_ATTR(tx, inst) -> None:
     obj = tx.pop()
     if not isinstance(obj, UserObjectVariable):
         raise unsupported("unsupported_setattr", f"del of attribute {inst.argval!r} of {obj.describe()}")
-    obj.setattr_plain(tx, inst.argval, None)
+    obj.delattr(tx, inst.argval)
 
 
 @opcode("IMPORT_NAME")

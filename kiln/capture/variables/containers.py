@@ -106,10 +106,17 @@ def equal(tx: Any, a: Variable, b: Variable) -> bool:
         return a.entries.keys() == b.entries.keys() and all(equal(tx, v, b.entries[k][1]) for k, (_, v) in a.entries.items())
     if isinstance(a, SetVariable) and isinstance(b, SetVariable):
         return a.entries.keys() == b.entries.keys()
+    from kiln.capture.variables.symbolic import SymNodeVariable  # symbolic.py imports this module (SizeVariable)
     from kiln.capture.variables.tensor import TensorVariable  # tensor.py imports this module (SizeVariable)
 
     if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
         raise unsupported("data_dependent_branch", "comparing tensors with == inside a container operation")
+    if isinstance(a, SymNodeVariable) or isinstance(b, SymNodeVariable):
+        # A symbolic size against a number or another size (`x.size() != (5, 1, 2, 3)` under
+        # dynamic shapes): decided by the shape environment, which guards the answer.
+        from kiln.capture.python_operators import apply_binary  # python_operators.py imports this module
+
+        return apply_binary(tx, operator.eq, a, b).truth(tx)
     return hash_key(a) == hash_key(b)
 
 

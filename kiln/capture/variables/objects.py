@@ -318,6 +318,16 @@ class UserObjectVariable(Variable):
             return
         self.setattr_plain(tx, name, value)
 
+    def delattr(self, tx: Any, name: str) -> None:
+        """`del obj.name`: the class's own `__delattr__` where it has one, else object's."""
+        hook, _ = class_lookup(self.cls, "__delattr__")
+        if isinstance(hook, types.FunctionType):
+            wrap_constant_result(hook).call(tx, [self, ConstantVariable(name)], {})
+            return
+        if self.is_new and name not in self.attrs:
+            raise raise_real(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
+        self.setattr_plain(tx, name, None)
+
     def setattr_plain(self, tx: Any, name: str, value: Variable | None) -> None:
         """`object.__setattr__`: into the instance dict (recorded if the object is real)."""
         if self.is_new:
@@ -901,7 +911,10 @@ class ObjectSlotVariable(Variable):
         if self.name in ("__setattr__", "__delattr__") and isinstance(args[0], UserObjectVariable):
             # Past the class's own __setattr__ (a frozen dataclass's): the replay must be too.
             args[0].raw_setattr = True
-            args[0].setattr_plain(tx, args[1].as_constant(), args[2] if self.name == "__setattr__" else None)
+            name = args[1].as_constant()
+            if self.name == "__delattr__" and args[0].is_new and name not in args[0].attrs:
+                raise raise_real(AttributeError(f"'{args[0].cls.__name__}' object has no attribute '{name}'"))
+            args[0].setattr_plain(tx, name, args[2] if self.name == "__setattr__" else None)
             return ConstantVariable(None)
         if self.name == "__getattribute__":
             if isinstance(args[0], UserObjectVariable) and not isinstance(args[0], _module_variable_type()):

@@ -85,7 +85,15 @@ class TensorVariable(Variable):
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         if name == "size":
             size = self.size()
-            return size.items[args[0].as_constant()] if args else size
+            dim = args[0] if args else kwargs.get("dim")  # (`x.size(1)`, `x.size(dim=1)`)
+            if dim is None or dim.is_constant() and dim.as_constant() is None:
+                return size
+            index, rank = dim.as_constant(), len(size.items)
+            if rank == 0:
+                raise raise_real(IndexError(f"dimension specified as {index} but tensor has no dimensions"))
+            if isinstance(index, bool) or not isinstance(index, int) or not -rank <= index < rank:
+                raise raise_real(IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {index})"))
+            return size.items[index]
         if name == "is_inference" and not args and not kwargs and getattr(self, "real", None) is not None:
             # (not among the facts every tensor input is guarded on: guarded where read)
             value = self.real.is_inference()
