@@ -1016,3 +1016,47 @@ def test_del_of_an_attribute_calls_the_classs_own_delattr():
 
     with pytest.raises(AttributeError):
         kiln.compile(missing, backend="eager", fullgraph=True)(torch.ones(1))
+
+
+def test_id_of_an_argument_is_guarded_by_identity():
+    class Thing:
+        pass
+
+    def f(x, obj, ref):
+        return x * 1.0 if id(obj) == ref else x * 0
+
+    compiled = kiln.compile(f, backend="eager")
+    a, b, x = Thing(), Thing(), torch.ones(2)
+    assert torch.equal(compiled(x, a, id(a)), x)
+    assert torch.equal(compiled(x, b, id(a)), x * 0)  # (the first graph had id(a) as its constant)
+
+
+def test_class_reassigned_on_an_object_made_inside():
+    class Base:
+        def __init__(self, x):
+            self.x = x
+
+    class Derived(Base):
+        pass
+
+    def f(x):
+        obj = Base(5)
+        obj.__class__ = Derived
+        return x + obj.x, isinstance(obj, Derived), type(obj) is Derived
+
+    check(f, torch.ones(1))
+
+
+def test_bool_and_len_must_return_what_python_requires():
+    class FloatBool:
+        def __bool__(self):
+            return 1.2
+
+    class NegativeLen:
+        def __len__(self):
+            return -1
+
+    for obj, error in ((FloatBool(), TypeError), (NegativeLen(), ValueError)):
+        compiled = kiln.compile(lambda x, o: x + 1 if o else x - 1, backend="eager")
+        with pytest.raises(error):
+            compiled(torch.ones(1), obj)

@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kiln.capture.break_records import unsupported
+from kiln.capture.guards import Guard
 from kiln.capture.python_operators import (_BY_FUNCTION, _INPLACE_TO_BINARY, BY_DUNDER, apply_binary, apply_unary, contains, identical,
                                            store_subscript, subscript, text_of)
 from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
@@ -276,6 +277,8 @@ def _id(tx: Any, obj: Variable) -> Variable:
         real = obj.source.value
     if real is None or obj.source is None:
         raise unsupported("unsupported_call", f"id() of {obj.describe()} while capturing")
+    if not isinstance(obj.source, ConstSource):  # (the answer is a constant of the graph: pinned to this object)
+        tx.output.guards.add(Guard("ID_MATCH", obj.source, real))
     return const(id(real))
 
 

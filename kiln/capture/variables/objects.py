@@ -302,6 +302,9 @@ class UserObjectVariable(Variable):
         raise raise_real(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
 
     def setattr(self, tx: Any, name: str, value: Variable) -> None:
+        if name == "__class__":
+            self._set_class(value)
+            return
         hook, _ = class_lookup(self.cls, "__setattr__")
         if isinstance(hook, types.FunctionType):
             wrap_constant_result(hook).call(tx, [self, ConstantVariable(name), value], {})
@@ -317,6 +320,15 @@ class UserObjectVariable(Variable):
             wrap_constant_result(setter).call(tx, [wrap(tx, raw, class_attr_source(owner, name)), self, value], {})
             return
         self.setattr_plain(tx, name, value)
+
+    def _set_class(self, value: Variable) -> None:
+        """`obj.__class__ = Other` on an object the trace made (one that outlives the call would
+        need the change replayed: a break)."""
+        new_cls = value.as_constant() if value.is_constant() else None
+        if not self.is_new or not isinstance(new_cls, type) or new_cls.__module__ == "builtins" \
+                or getattr(self.cls, "__slots__", None) is not None or getattr(new_cls, "__slots__", None) is not None:
+            raise unsupported("unsupported_setattr", f"setting __class__ of a {self.describe()}")
+        self.cls = new_cls
 
     def delattr(self, tx: Any, name: str) -> None:
         """`del obj.name`: the class's own `__delattr__` where it has one, else object's."""
@@ -388,7 +400,14 @@ class UserObjectVariable(Variable):
         for name in ("__bool__", "__len__"):
             result = self._dunder(tx, name, [])
             if result is not None:
-                return bool(result.as_constant())
+                value = result.as_constant()
+                if name == "__bool__" and not isinstance(value, bool):  # (Python checks what __bool__ gives)
+                    raise raise_real(TypeError(f"__bool__ should return bool, returned {type(value).__name__}"))
+                if name == "__len__" and (isinstance(value, bool) or not isinstance(value, int)):
+                    raise raise_real(TypeError(f"'{type(value).__name__}' object cannot be interpreted as an integer"))
+                if name == "__len__" and value < 0:
+                    raise raise_real(ValueError("__len__() should return >= 0"))
+                return bool(value)
         return True
 
     def iterate(self, tx: Any) -> list[Variable]:
