@@ -60,6 +60,7 @@ class OutputGraph:
         self.wrapped: dict[Source, Variable] = {}  # one variable per source, so reads agree
         self.generators: list = []  # the user generators run while capturing (frame.py checks how they end)
         self.wrapped_containers: dict[int, tuple[Any, Variable]] = {}  # id -> (list/dict/set, its variable)
+        self.wrapped_objects: dict[int, tuple[Any, Variable]] = {}  # id -> (user object, its variable)
         self._fakes: dict[int, torch.Tensor] = {}
         self._last_input: fx.Node | None = None
         self.op_count = 0

@@ -1479,3 +1479,22 @@ def test_torch_fx_map_aggregate_maps_nested_containers_into_fx_immutable_ones():
         return out, type(out) is immutable_list, named, type(named) is immutable_dict, type(named["b"][1]) is immutable_list
 
     check(f, [torch.randn(2), [torch.randn(2), torch.randn(2)]], torch.randn(2))
+
+
+def test_an_object_in_a_frozenset_argument_and_passed_itself_is_one_object():
+    class Box:
+        pass
+
+    box = Box()
+    box.x = 0
+
+    def f(x, s, b):
+        first = list(s)[0]
+        b.x += 1
+        return x + 1, first.x  # (the write through `b` seen through the set's item)
+
+    compiled = kiln.compile(f, backend="eager")
+    assert compiled(torch.ones(1), frozenset([box]), box)[1] == 1 and box.x == 1
+    other = Box()
+    other.x = 5
+    assert compiled(torch.ones(1), frozenset([box]), other)[1] == 1 and other.x == 6 and box.x == 1  # (two objects)

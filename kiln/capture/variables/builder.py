@@ -139,7 +139,9 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
         else:
             _guard(tx, "TYPE_MATCH", source, type(value))
             _guard(tx, "EQUALS", source, set(value))
-        items = [ConstantVariable(v) if is_literal(v) else wrap_constant_result(v) for v in value]
+        # (an object among them is one variable with the same object reached elsewhere: pinned here by the guard)
+        items = [ConstantVariable(v) if is_literal(v) else wrap(tx, v, ConstSource(v, f"an item of {source}"))
+                 if tx is not None and source is not None else wrap_constant_result(v) for v in value]
         return c.SetVariable(items, source, frozen=isinstance(value, frozenset))
     if isinstance(value, nn.Module):
         return ModuleVariable(value, _pin(tx, value, source))

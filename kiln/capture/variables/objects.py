@@ -165,6 +165,9 @@ _CONTENT_TYPES = (dict, list, set, frozenset)
 class UserObjectVariable(Variable):
     """An instance of a user class. `value` is the real object, or None for one made in the trace."""
 
+    # One variable for one real object, however many places the trace reaches it from (wrapping.py).
+    one_per_object = True
+
     def __init__(self, value: Any, source: Source | None = None, cls: type | None = None) -> None:
         super().__init__(source)
         self.value = value

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from kiln.capture.guards import Guard
+from kiln.capture.sources import ConstSource
 
 if TYPE_CHECKING:
     from kiln.capture.sources import Source
@@ -39,15 +40,16 @@ def wrap(tx: Any, value: Any, source: "Source | None") -> "Variable":
         cached = tx.output.wrapped.get(source)
         if cached is not None:
             return cached
-        if isinstance(value, (list, dict, set)):
-            alias = _same_container(tx, value, source)
-            if alias is not None:
-                return alias
+        alias = _same_container(tx, value, source) if isinstance(value, (list, dict, set)) else _same_object(tx, value, source)
+        if alias is not None:
+            return alias
     var = _build(tx, value, source)
     if source is not None:
         tx.output.wrapped[source] = var
         if isinstance(value, (list, dict, set)):
             tx.output.wrapped_containers[id(value)] = (value, var)
+        elif getattr(var, "one_per_object", False) and getattr(var, "value", None) is value:
+            tx.output.wrapped_objects[id(value)] = (value, var)
     return var
 
 
@@ -62,6 +64,21 @@ def _same_container(tx: Any, value: Any, source: "Source") -> "Variable | None":
     first = seen[1]
     tx.output.guards.add(Guard("ID_MATCH", first.source, value))
     tx.output.guards.add(Guard("ID_MATCH", source, value))
+    tx.output.wrapped[source] = first
+    return first
+
+
+def _same_object(tx: Any, value: Any, source: "Source") -> "Variable | None":
+    """The variable of a user object already reached from another place (an argument that is also
+    an item of a frozenset argument): one variable, so that what the trace writes through one place
+    is read through the other; both places are pinned to the object, as for containers."""
+    seen = tx.output.wrapped_objects.get(id(value))
+    if seen is None or seen[0] is not value:
+        return None
+    first = seen[1]
+    for where in (first.source, source):
+        if where is not None and not isinstance(where, ConstSource):  # (a ConstSource is pinned already)
+            tx.output.guards.add(Guard("ID_MATCH", where, value))
     tx.output.wrapped[source] = first
     return first
 
