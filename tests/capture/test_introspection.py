@@ -463,3 +463,22 @@ def test_a_property_of_the_metaclass_read_on_the_class():
 
     check(lambda x: x + 1 if Group.WORLD is None else x - 1, torch.randn(3))
     check(lambda x: x + 1 if torch.distributed.is_available() and torch.distributed.is_initialized() else x - 1, torch.randn(3))
+
+
+def test_torch_function_overrides_are_seen_not_answered_false():
+    class Overriding:
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            return torch.tensor(123) if func is torch.max else func(*args, **(kwargs or {}))
+
+    def fn(x):
+        if torch.overrides.is_tensor_like(x):
+            return torch.max(x)  # (the object's __torch_function__ answers: run eagerly after a break)
+        return torch.zeros(1)
+
+    compiled = kiln.compile(fn, backend="eager")
+    assert torch.equal(compiled(Overriding()), torch.tensor(123)) and torch.equal(compiled(4), torch.zeros(1))
+    with pytest.raises(kiln.CaptureError):
+        kiln.compile(lambda x, o: (x + 1, torch.overrides.has_torch_function((x, o))), backend="eager",
+                     fullgraph=True)(torch.ones(1), Overriding())
+    check(lambda x, w: (torch.overrides.has_torch_function_unary(w), x @ w), torch.randn(2, 3), nn.Parameter(torch.randn(3, 4)))

@@ -9,6 +9,7 @@ traces it further to ATen. torch's own Python code for nn.Module internals is in
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 from typing import Any, Callable, Sequence
 
@@ -306,6 +307,30 @@ def _is_tensor(tx: Any, x: Variable) -> Variable:
     return ConstantVariable(isinstance(x, TensorVariable))
 
 
+def _is_tensor_like(tx: Any, x: Variable) -> Variable:
+    """torch.overrides.is_tensor_like: a tensor, or anything with a `__torch_function__`."""
+    return ConstantVariable(isinstance(x, TensorVariable) or x.hasattr(tx, "__torch_function__"))
+
+
+def _has_torch_function(tx: Any, *args: Variable) -> Variable:
+    """torch.overrides.has_torch_function(_unary, _variadic): False for kiln's tensors; an object
+    or tensor subclass with its own `__torch_function__` would send the call to it, which kiln does
+    not trace (a break, not a wrong False)."""
+    items = args[0].iterate(tx) if len(args) == 1 and not isinstance(args[0], TensorVariable) and \
+        isinstance(args[0].python_type(), type) and issubclass(args[0].python_type(), (tuple, list)) else list(args)
+    for item in items:
+        if isinstance(item, TensorVariable):  # (nn.Parameter's is torch's disabled one: no override)
+            own = inspect.getattr_static(item.cls, "__torch_function__", None)
+            overrides = own is not inspect.getattr_static(torch.Tensor, "__torch_function__") and \
+                own is not torch._C._disabled_torch_function_impl
+        else:
+            overrides = not isinstance(item, ConstantVariable) and item.hasattr(tx, "__torch_function__")
+        if overrides:
+            raise unsupported("unsupported_call", f"{item.describe()} overrides torch functions (__torch_function__)",
+                              "the graph breaks here; its __torch_function__ runs eagerly")
+    return ConstantVariable(False)
+
+
 def _false(*args: Any, **kwargs: Any) -> Variable:
     return ConstantVariable(False)
 
@@ -346,10 +371,10 @@ _SPECIAL_CALLS: dict[Any, Callable[..., Variable]] = {
     torch._C._get_tracing_state: _none,
     torch.fx._symbolic_trace.is_fx_tracing: _false,
     torch.is_tensor: _is_tensor,
-    torch.overrides.is_tensor_like: _is_tensor,
-    torch.overrides.has_torch_function: _false,
-    torch.overrides.has_torch_function_unary: _false,
-    torch.overrides.has_torch_function_variadic: _false,
+    torch.overrides.is_tensor_like: _is_tensor_like,
+    torch.overrides.has_torch_function: _has_torch_function,
+    torch.overrides.has_torch_function_unary: _has_torch_function,
+    torch.overrides.has_torch_function_variadic: _has_torch_function,
     torch._check: _check,
     torch._assert: _check,
     torch.Size: _size,
