@@ -1060,3 +1060,19 @@ def test_bool_and_len_must_return_what_python_requires():
         compiled = kiln.compile(lambda x, o: x + 1 if o else x - 1, backend="eager")
         with pytest.raises(error):
             compiled(torch.ones(1), obj)
+
+
+def test_an_attribute_set_then_deleted_on_an_argument_leaves_it_without():
+    class Obj:
+        def __init__(self):
+            self.a = 1
+
+    def f(x, obj):
+        del obj.a
+        obj.c = x + 1
+        del obj.c
+        return x + 1
+
+    obj = Obj()
+    kiln.compile(f, backend="eager", fullgraph=True)(torch.zeros(()), obj)  # (the replay deleted `c` it never set)
+    assert not hasattr(obj, "a") and not hasattr(obj, "c")

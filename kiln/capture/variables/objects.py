@@ -354,6 +354,11 @@ class UserObjectVariable(Variable):
         if self.source is None:
             raise unsupported("unsupported_setattr", f"setting {name!r} on a {self.describe()} that kiln cannot reach after the call")
         self._written = True
+        written, before = tx.output.side_effects.pending_attr(self, name)
+        if value is None and written and before is not None and not hasattr(type(self.value), name):
+            # Set by the trace, then deleted (`obj.c = y; del obj.c`): gone afterwards whether or not
+            # the object had it before, so the replay takes it out of the instance dict if there.
+            self.dict_writes = {*self.dict_writes, name}
         tx.output.side_effects.record_setattr(self, name, value)
 
     # --- protocols through dunder methods -----------------------------------------------------
