@@ -33,7 +33,7 @@ from kiln.capture.variables.builtins import CatchWarningsVariable, EndlessIterat
 from kiln.capture.variables.constant import ConstantMethodVariable, ConstantVariable
 from kiln.capture.variables.functions import (BoundMethodVariable, CellVariable, GeneratorVariable, NestedFunctionVariable, PartialVariable,
                                               RealCellVariable)
-from kiln.capture.variables.modules import EphemeralModuleVariable
+from kiln.capture.variables.modules import EphemeralModuleVariable, SlicedModulesVariable, sliced_container
 from kiln.capture.variables.numpy_arrays import NumpyArrayVariable, NumpyMethodVariable, ndarray_of
 from kiln.capture.variables.objects import ModelOutputVariable, PythonModuleVariable, UserIteratorVariable, UserObjectVariable, new_container_object
 from kiln.capture.variables.symbolic import SymNodeVariable
@@ -185,6 +185,9 @@ class Reconstructor:
             return self._size_expr(var)
         if isinstance(var, c.SizeVariable):
             return f"{self.ns.bind(torch.Size, 'T')}([{', '.join(self.expr(i) for i in var.items)}])"
+        if isinstance(var, SlicedModulesVariable):
+            return (f"{self.ns.bind(sliced_container, 'F')}({self.ns.bind(var.module_cls, 'T')}, {var.keys!r}, "
+                    f"[{', '.join(self.expr(i) for i in var.items)}])")
         if isinstance(var, c.NamedTupleVariable):
             return f"{self.ns.bind(var.constructor(), 'T')}({', '.join(self.expr(i) for i in var.items)})"
         if isinstance(var, c.DequeVariable):

@@ -714,3 +714,31 @@ def test_a_module_built_inside_from_another_module_breaks_the_graph():
 
     with pytest.raises(kiln.CaptureError, match="building the module Sequential inside a compiled function from values"):
         kiln.compile(fn, backend="eager", fullgraph=True)(torch.randn(2))
+
+
+def test_a_slice_of_a_module_container_is_a_container_of_its_class():
+    # (a tuple before: calling `seq[1:](x)` raised "'tuple' object is not callable" to the user)
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.seq = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+            self.ml = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+
+        def forward(self, x):
+            y = self.seq[1:](x)
+            for m in self.ml[1:]:
+                y = m(y)
+            return y, len(self.seq[:2]), type(self.seq[1:]) is nn.Sequential, self.ml[::2]
+
+    m, x = M(), torch.randn(2, 4)
+    got, want = kiln.compile(m, backend="eager", fullgraph=True)(x), m(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:3] == want[1:3] and type(got[3]) is nn.ModuleList and list(got[3]) == list(want[3])
+
+    l1, l2 = nn.Linear(5, 5), nn.Linear(5, 5)
+
+    def built_inside(x):
+        return nn.Sequential(l1, l2)[1:](x)
+
+    x = torch.randn(5, 5)
+    torch.testing.assert_close(kiln.compile(built_inside, backend="eager")(x), built_inside(x))

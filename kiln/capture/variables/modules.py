@@ -8,6 +8,7 @@ Parameters and buffers become `get_attr` nodes holding the real tensors.
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import types
@@ -156,8 +157,8 @@ class ModuleVariable(UserObjectVariable):
                 key = args[0].as_constant()
                 if isinstance(key, str):
                     return self._registered(tx, key) or _key_error(key)
-                if isinstance(key, slice):
-                    return TupleVariable([v for _, v in children][key])
+                if isinstance(key, slice):  # (a container of the same class, as nn's own __getitem__ gives)
+                    return SlicedModulesVariable([v for _, v in children][key], type(self.value), [k for k, _ in children][key])
                 try:
                     return children[key][1]
                 except IndexError:
@@ -174,6 +175,35 @@ class ModuleVariable(UserObjectVariable):
         if name == "__call__":
             return self.call(tx, args, kwargs)
         return super().call_method(tx, name, args, kwargs)
+
+
+class SlicedModulesVariable(TupleVariable):
+    """`seq[1:]` of an nn.Sequential / ModuleList / ParameterList: the same children in a new
+    container of its class — iterated, indexed and measured as the children, and a Sequential's
+    called as its forward runs them; rebuilt as a container of that class where it outlives the
+    graph (`sliced_container`)."""
+
+    def __init__(self, items: list[Variable], cls: type, keys: list[str]) -> None:
+        super().__init__(items)
+        self.module_cls, self.keys = cls, keys
+
+    def python_type(self) -> type:
+        return self.module_cls
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        if not issubclass(self.module_cls, nn.Sequential) or len(args) != 1 or kwargs:
+            raise unsupported("unsupported_call", f"calling a slice of a {self.module_cls.__name__} with these arguments")
+        value = args[0]
+        for module in self.items:
+            value = module.call(tx, [value], {})
+        return value
+
+
+def sliced_container(cls: type, keys: list[str], items: list[Any]) -> Any:
+    """The container `cls` holding `items`, as nn's `__getitem__` of a slice builds it."""
+    if issubclass(cls, nn.Sequential):
+        return cls(collections.OrderedDict(zip(keys, items)))
+    return cls(items)
 
 
 # --- hooks added or removed after capture ---------------------------------------------------------
