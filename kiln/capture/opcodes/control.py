@@ -44,7 +44,8 @@ def _tensor_assert(tx, inst, value: TensorVariable) -> bool:
     """`assert x[0] == 3, "message"` on a one-element tensor: the check goes into the graph as
     torch._assert_async (a RuntimeError with the message where it fails, not an AssertionError;
     Dynamo's rewrite too) instead of reading the value while capturing (a graph break)."""
-    if not _is_static_one(value.example.numel()):
+    numel = value.example.numel()
+    if not isinstance(numel, int) or numel != 1:  # (symbolic, or a tensor whose truth eager refuses)
         return False
     following = [i for i in tx.instructions[tx.ip : tx.ip + 8] if i.opname not in ("CACHE", "PRECALL", "EXTENDED_ARG")]
     names = [i.opname for i in following]
@@ -59,10 +60,6 @@ def _tensor_assert(tx, inst, value: TensorVariable) -> bool:
     tx.output.call("call_function", torch._assert_async, [holds, ConstantVariable(message)], {})
     tx.jump_to(inst.argval)
     return True
-
-
-def _is_static_one(n) -> bool:
-    return isinstance(n, int) and n == 1
 
 
 for _direction in ("POP_JUMP_FORWARD", "POP_JUMP_BACKWARD"):

@@ -339,6 +339,11 @@ class UserObjectVariable(Variable):
         if isinstance(hook, types.FunctionType):
             wrap_constant_result(hook).call(tx, [self, ConstantVariable(name)], {})
             return
+        self.delattr_plain(tx, name)
+
+    def delattr_plain(self, tx: Any, name: str) -> None:
+        """`object.__delattr__`: out of the instance dict; Python's AttributeError where a new
+        object has no such attribute."""
         if self.is_new and name not in self.attrs:
             raise raise_real(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
         self.setattr_plain(tx, name, None)
@@ -938,10 +943,10 @@ class ObjectSlotVariable(Variable):
         if self.name in ("__setattr__", "__delattr__") and isinstance(args[0], UserObjectVariable):
             # Past the class's own __setattr__ (a frozen dataclass's): the replay must be too.
             args[0].raw_setattr = True
-            name = args[1].as_constant()
-            if self.name == "__delattr__" and args[0].is_new and name not in args[0].attrs:
-                raise raise_real(AttributeError(f"'{args[0].cls.__name__}' object has no attribute '{name}'"))
-            args[0].setattr_plain(tx, name, args[2] if self.name == "__setattr__" else None)
+            if self.name == "__delattr__":
+                args[0].delattr_plain(tx, args[1].as_constant())
+            else:
+                args[0].setattr_plain(tx, args[1].as_constant(), args[2])
             return ConstantVariable(None)
         if self.name == "__getattribute__":
             if isinstance(args[0], UserObjectVariable) and not isinstance(args[0], _module_variable_type()):

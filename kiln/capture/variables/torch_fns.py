@@ -312,17 +312,18 @@ def _is_tensor_like(tx: Any, x: Variable) -> Variable:
     return ConstantVariable(isinstance(x, TensorVariable) or x.hasattr(tx, "__torch_function__"))
 
 
+# A tensor class whose __torch_function__ is one of these overrides nothing (nn.Parameter's is torch's disabled one).
+_NOT_OVERRIDES = (inspect.getattr_static(torch.Tensor, "__torch_function__"), torch._C._disabled_torch_function_impl)
+
+
 def _has_torch_function(tx: Any, *args: Variable) -> Variable:
     """torch.overrides.has_torch_function(_unary, _variadic): False for kiln's tensors; an object
     or tensor subclass with its own `__torch_function__` would send the call to it, which kiln does
     not trace (a break, not a wrong False)."""
-    items = args[0].iterate(tx) if len(args) == 1 and not isinstance(args[0], TensorVariable) and \
-        isinstance(args[0].python_type(), type) and issubclass(args[0].python_type(), (tuple, list)) else list(args)
-    for item in items:
-        if isinstance(item, TensorVariable):  # (nn.Parameter's is torch's disabled one: no override)
-            own = inspect.getattr_static(item.cls, "__torch_function__", None)
-            overrides = own is not inspect.getattr_static(torch.Tensor, "__torch_function__") and \
-                own is not torch._C._disabled_torch_function_impl
+    one_sequence = len(args) == 1 and not isinstance(args[0], TensorVariable) and issubclass(args[0].python_type(), (tuple, list))
+    for item in args[0].iterate(tx) if one_sequence else args:
+        if isinstance(item, TensorVariable):
+            overrides = inspect.getattr_static(item.cls, "__torch_function__", None) not in _NOT_OVERRIDES
         else:
             overrides = not isinstance(item, ConstantVariable) and item.hasattr(tx, "__torch_function__")
         if overrides:
