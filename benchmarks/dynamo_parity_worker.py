@@ -191,6 +191,22 @@ def _count_kiln_breaks() -> None:
     break_records.BREAKS = _CountingBreaks(break_records.BREAKS)
 
 
+def _kiln_settings_follow_dynamos() -> None:
+    """kiln's capture settings that are Dynamo's config options, read from Dynamo's config: a test
+    patches `torch._dynamo.config.capture_scalar_outputs`, kiln's capture sees
+    `capture.scalar_outputs` so."""
+    import torch._dynamo.config as dynamo_config
+
+    import kiln
+
+    capture = kiln.config.capture
+
+    class FollowingDynamo(type(capture)):
+        scalar_outputs = property(lambda self: bool(dynamo_config.capture_scalar_outputs))
+
+    object.__setattr__(capture, "__class__", FollowingDynamo)  # (the object every module reads settings through)
+
+
 def _dynamo_frames() -> int:
     from torch._dynamo.utils import counters
 
@@ -336,6 +352,7 @@ def run_file(test_file: Path, mode: str, timeout_s: int) -> dict[str, Any]:
         rebind(module, by_object)
     if mode == "kiln":
         _count_kiln_breaks()
+        _kiln_settings_follow_dynamos()
     signal.signal(signal.SIGALRM, _alarm)
     for test in _tests(unittest.TestLoader().loadTestsFromModule(module)):
         result = _Result(test_file)

@@ -415,6 +415,14 @@ class CaptureSettings(_Group):
     inline_depth: int = setting(
         64, env="KILN_INLINE_DEPTH", help="deepest chain of user calls the interpreter inlines"
     )
+    scalar_outputs: bool = setting(
+        False,
+        env="KILN_CAPTURE_SCALAR_OUTPUTS",
+        help="keep tensor.item(), tolist(), int()/float()/bool() of a tensor in the graph as data-dependent "
+        "symbolic numbers (Dynamo's capture_scalar_outputs; always so under fullgraph=True) instead of breaking "
+        "the graph there; kiln's own backend compiles such a graph per value read from an input and runs "
+        "one reading a computed tensor through ATen",
+    )
     warn_eager_frames: bool = setting(
         True,
         env="KILN_WARN_EAGER_FRAMES",

@@ -80,6 +80,7 @@ def test_defaults():
         "backend.fp32_gemm": "fp32",
         "capture.recompile_limit": 8,
         "capture.inline_depth": 64,
+        "capture.scalar_outputs": False,
         "capture.warn_eager_frames": True,
         "runtime.keep_freed_mb": 0,
         "bench.timeout_s": 900.0,

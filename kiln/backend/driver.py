@@ -41,7 +41,7 @@ from kiln.lowering.graph import GraphLowering
 from kiln.lowering.registry import LOWERINGS
 from kiln.passes import pipeline
 from kiln.passes.constants import has_frozen_inputs, unmark_frozen
-from kiln.passes.specialize_sizes import (has_symbolic_sizes, scalar_inputs, specialize, symbolic_declined,
+from kiln.passes.specialize_sizes import (has_symbolic_sizes, reads_computed_values, scalar_inputs, specialize, symbolic_declined,
                                           symbolic_inputs)
 from kiln.passes.verify import verify_graph
 from kiln.runtime import saved
@@ -156,6 +156,15 @@ class Backend:
         return built
 
     def _build(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        if reads_computed_values(gm):
+            # A number read from a tensor the graph computes (tensor.item() kept in the graph by
+            # capture.scalar_outputs or fullgraph=True), and what is made from it, exist only when
+            # the graph runs; kiln's lowering takes neither. (A number read from an input is
+            # specialized on, below.)
+            record_fallback("kiln", "graph reading numbers from computed tensors", NotImplementedError(
+                "the graph reads a number from a tensor it computes (tensor.item() kept by "
+                "capture.scalar_outputs or fullgraph=True): it runs through ATen, op by op"))
+            return gm
         target = target_for(gm)
         folder = logs.dump_folder("kiln_backend")
         dump.aten_graph(folder, gm)

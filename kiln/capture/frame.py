@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln import compile_time
+from kiln import compile_time, config
 from kiln.capture import dump, module_watch, reentry, resume_at_break, resume_code
 from kiln.capture.binder import argument_names
 from kiln.capture.break_records import BreakRecord, Unsupported, unsupported
@@ -55,7 +55,7 @@ def capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, all
 def _capture_or_break(fn: types.FunctionType, L: tuple, backend: Callable, label: str, allow_breaks: bool,
                       dynamic: DynamicPolicy) -> Entry:
     try:
-        return _capture(fn, L, backend, label, None, dynamic)
+        return _capture(fn, L, backend, label, None, dynamic, one_graph=not allow_breaks)
     except Unsupported as error:
         if not allow_breaks:
             raise
@@ -79,9 +79,12 @@ def _no_generator_left_in_a_block(output: Any) -> None:
 
 
 def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, breaking: Unsupported | None,
-             dynamic: DynamicPolicy) -> Entry:
+             dynamic: DynamicPolicy, one_graph: bool = False) -> Entry:
     start = time.perf_counter()
     output = OutputGraph(L)
+    # A frame that must be one graph (fullgraph=True) keeps tensor.item() in it, as Dynamo does:
+    # the alternative is an error.
+    output.scalar_outputs = config.capture.scalar_outputs or one_graph
     output.dynamic_dims = dynamic.dims
     for item in ALWAYS_GUARDED:
         output.guards.add(Guard("GLOBAL_STATE", None, GLOBAL_STATE_READERS[item](), item))

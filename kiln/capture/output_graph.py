@@ -47,6 +47,7 @@ class OutputGraph:
     def __init__(self, frame_args: tuple) -> None:
         self.graph = fx.Graph()
         self.fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
+        self.scalar_outputs = False  # tensor.item() kept in the graph (kiln/capture/variables/unbacked.py)
         self.guards = GuardSet()
         self.side_effects = SideEffects()
         self.known = KnownValues()  # real values of small tensors made from constants
@@ -178,7 +179,8 @@ class OutputGraph:
             if has_symbolic(result):  # arithmetic on sizes of dynamic inputs, numel(), ...
                 return wrap_symbolic(self.graph, self.graph.create_node(kind, target, fx_args, fx_kwargs), result)
 
-            if result is None and _has_tensor(ex_args):  # `x[i] = v`: no result, but a tensor changed
+            if result is None and (_has_tensor(ex_args) or has_symbolic(ex_args)):
+                # `x[i] = v`: no result, but a tensor changed; `torch._check(u0 >= 0)`: checked when the graph runs
                 node = self.graph.create_node(kind, target, fx_args, fx_kwargs)
                 self.known.record(kind, target, fx_args, fx_kwargs, node, None)
                 self.op_count += 1

@@ -334,6 +334,9 @@ def contains(tx: Any, container: Variable, item: Variable) -> bool:
 def subscript(tx: Any, obj: Variable, key: Variable) -> Variable:
     """`obj[key]`."""
     if isinstance(obj, TensorVariable):
+        if isinstance(key, SymNodeVariable) and key.python_type() is int:
+            # `x[n]` of a symbolic n (x.item()'s): a tensor's indexing takes no SymInt, select does.
+            return tx.output.call("call_method", "select", [obj, ConstantVariable(0), key], {})
         return tx.output.call("call_function", operator.getitem, [obj, key], {})
     if isinstance(obj, NumpyArrayVariable):
         return numpy_subscript(tx, obj, key)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 from torch import fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._sympy.printers import PythonPrinter
 
 from kiln.capture import reentry
@@ -263,10 +264,13 @@ class Reconstructor:
         """A symbolic int (or float, bool) alive at a graph break, as Python that computes it from
         the sizes of the inputs the runner reads: its expression over the shape environment's
         symbols, each symbol read from the input dimension it stands for (the graph returns tensors
-        only). A symbol of no input (a size read from data) cannot be."""
+        only). A number read from tensor data (capture.scalar_outputs' unbacked symbols) exists only
+        in the graph: the graph returns it."""
         expr = var.value.node.expr
         symbols = sorted(expr.free_symbols, key=str)
         unknown = [str(s) for s in symbols if s not in self.size_symbols]
+        if unknown and free_unbacked_symbols(var.value):
+            return self.graph_output(var.node)
         if unknown:
             raise unsupported("unsupported_output", f"returning {var.describe()} from a compiled function "
                                                     f"({', '.join(unknown)}: not the size of an input)")

@@ -126,7 +126,7 @@ class GraphLowering:
             [self._extern_arg(v, m) if isinstance(v, TensorValue) else v for v, m in zip(leaves, meta_leaves)], spec)
 
     def _extern(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
-        vals = node.meta["val"]
+        vals = node.meta.get("val")  # (none for an op that returns nothing: aten._assert_scalar)
         multiple = isinstance(vals, (tuple, list))
         vals = list(vals) if multiple else [vals]
         args, kwargs = self._realize_args(args, argument_metas(node)), self._realize_args(kwargs, node.kwargs)

@@ -59,6 +59,16 @@ def scalar_inputs(gm: fx.GraphModule) -> list[int]:
     return sorted(set(positions))
 
 
+def reads_computed_values(gm: fx.GraphModule) -> bool:
+    """Whether the graph reads a Python number out of a tensor it computes (`x.sum().item()` kept
+    in the graph by capture.scalar_outputs or fullgraph=True): known only when the graph runs."""
+    try:
+        scalar_inputs(gm)
+    except NotImplementedError:
+        return True
+    return False
+
+
 def reads_input_values(gm: fx.GraphModule) -> bool:
     """Whether the graph reads a Python number out of one of its inputs (and only inputs)."""
     try:

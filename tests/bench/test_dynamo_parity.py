@@ -226,3 +226,24 @@ def test_a_test_expecting_one_of_dynamos_own_exceptions_checks_dynamos_refusal()
     assert re.search(_DYNAMO_REFUSAL, "with self.assertRaises(torch._dynamo.exc.InternalTorchDynamoError):")
     assert re.search(_DYNAMO_REFUSAL, "self.assertRaisesRegex(Unsupported, 'x')")
     assert not re.search(_DYNAMO_REFUSAL, "with self.assertRaises(TypeError):")
+
+
+def test_kilns_capture_settings_follow_dynamos_config_in_the_worker():
+    # A test that patches torch._dynamo.config.capture_scalar_outputs gets kiln's
+    # capture.scalar_outputs: the worker makes that setting read Dynamo's option.
+    import torch._dynamo.config as dynamo_config
+
+    import kiln
+    from benchmarks import dynamo_parity_worker
+
+    capture = kiln.config.capture
+    original = type(capture)
+    try:
+        dynamo_parity_worker._kiln_settings_follow_dynamos()
+        assert capture.scalar_outputs is False
+        with dynamo_config.patch(capture_scalar_outputs=True):
+            assert kiln.config.capture.scalar_outputs is True
+        assert kiln.config.capture.scalar_outputs is False
+    finally:
+        object.__setattr__(capture, "__class__", original)
+    assert type(kiln.config.capture) is original

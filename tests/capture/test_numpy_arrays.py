@@ -154,7 +154,9 @@ def test_reading_an_arrays_data_in_python_breaks_the_graph():
     c, _ = compiled(fn, fullgraph=False)
     x = np.arange(3.0)
     assert_array(c(x), fn(x))
-    with pytest.raises(kiln.CaptureError, match="tolist"):
+    # One graph: tolist() is kept in it (numbers read when it runs), but NumPy cannot make an
+    # array of numbers it does not know.
+    with pytest.raises(kiln.CaptureError, match="asarray"):
         compiled(fn)[0](x)
 
 

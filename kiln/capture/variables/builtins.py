@@ -40,6 +40,7 @@ from kiln.capture.variables.containers import (
 from kiln.capture.variables.functions import BoundMethodVariable, FunctionVariableBase, PartialVariable
 from kiln.capture.variables.objects import (ClassVariable, NewObjectVariable, ObjectSlotVariable, SuperVariable, UserObjectVariable,
                                             class_lookup)
+from kiln.capture.variables import unbacked
 from kiln.capture.variables.tensor import TensorVariable
 from kiln.capture.variables.wrapping import wrap_constant_result
 
@@ -623,8 +624,12 @@ def _scalar(cls: type) -> Handler:
                     return wrap_constant_result(cls(known))
                 except Exception as error:  # noqa: BLE001 - eager raises the same (int() of two elements)
                     raise raise_real(error) from None
+            if tx.output.scalar_outputs and cls in (int, float, bool) and len(args) == 1 and not kwargs:
+                return unbacked.read(tx, args[0], f"__{cls.__name__}__")
             raise unsupported("data_dependent", f"{cls.__name__}() of a tensor reads its data while capturing",
                               "the graph breaks here; keep the value a tensor to stay in one graph")
+        if cls in (int, float, bool) and len(args) == 1 and not kwargs and unbacked.is_data_dependent(args[0]):
+            return unbacked.as_python_type(tx, args[0], cls)  # (int(x.item()): in the graph)
         if cls is bool and len(args) == 1 and not kwargs:
             # The variable's truth: an object's __bool__/__len__ traced, with its guards (a real
             # object folded as a constant ran its __bool__ unguarded: a wrong result next call).

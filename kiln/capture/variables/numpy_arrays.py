@@ -245,6 +245,10 @@ class NumpyArrayVariable(Variable):
 
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
         if name in _DATA_DEPENDENT:
+            if tx.output.scalar_outputs and name in ("tolist", "item") and not args and not kwargs:
+                from kiln.capture.variables import unbacked
+
+                return unbacked.read(tx, self.as_tensor(), name)  # (an array's items are Python numbers too)
             raise unsupported("data_dependent", f"ndarray.{name}() reads array data while capturing",
                               "the graph breaks here; keep the value an array, or move this out of the compiled code")
         if not callable(getattr(_tnp().ndarray, name, None)):

@@ -9,11 +9,15 @@ seen now is used, and the shape environment records the guard that keeps it vali
 
 from __future__ import annotations
 
+import contextlib
 import operator
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import fx
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+from kiln.capture.break_records import unsupported
 
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable
@@ -43,6 +47,17 @@ def wrap_symbolic(graph: fx.Graph, node: fx.Node, value: Any) -> Variable:
     return SizeVariable(items) if isinstance(value, torch.Size) else TupleVariable(items)
 
 
+@contextlib.contextmanager
+def _data_dependent_breaks(variable: "SymNodeVariable") -> Iterator[None]:
+    """A number read from tensor data (capture.scalar_outputs' unbacked symbols) that Python needs
+    now, where the shape environment cannot decide it: a graph break, not an error."""
+    try:
+        yield
+    except GuardOnDataDependentSymNode:
+        raise unsupported("data_dependent_branch", f"Python needs the value of {variable.describe()}, read from "
+                          "tensor data, while capturing", "the graph breaks here") from None
+
+
 class SymNodeVariable(Variable):
     def __init__(self, node: fx.Node, value: Any) -> None:
         super().__init__(None)
@@ -57,10 +72,12 @@ class SymNodeVariable(Variable):
 
     def as_constant(self) -> Any:
         # Python needs the number: specialize on it (the shape environment guards the value).
-        return self.python_type()(self.value)
+        with _data_dependent_breaks(self):
+            return self.python_type()(self.value)
 
     def truth(self, tx: Any) -> bool:
-        return bool(self.value)
+        with _data_dependent_breaks(self):
+            return bool(self.value)
 
     def as_fx_arg(self) -> Any:
         return self.node
@@ -70,7 +87,7 @@ class SymNodeVariable(Variable):
 
     def call_method(self, tx: Any, name: str, args: Any, kwargs: dict[str, Variable]) -> Variable:
         if name in ("__index__", "__int__"):
-            return ConstantVariable(int(self.value))
+            return ConstantVariable(self.as_constant() if self.python_type() is int else int(self.as_constant()))
         return super().call_method(tx, name, args, kwargs)
 
 

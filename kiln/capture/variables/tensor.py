@@ -11,6 +11,7 @@ from kiln.capture.break_records import unsupported
 from kiln.capture.guards import Guard
 from kiln.capture.sources import AttrSource, ConvertedSource
 from kiln.capture.user_exceptions import raise_real
+from kiln.capture.variables import unbacked
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable
 from kiln.capture.variables.containers import SizeVariable
@@ -118,6 +119,8 @@ class TensorVariable(Variable):
                     return wrap_constant_result(getattr(known, name)())
                 except Exception as error:  # noqa: BLE001 - eager raises the same (int() of two elements)
                     raise raise_real(error) from None
+            if tx.output.scalar_outputs and name in unbacked.SCALAR_READS and not args and not kwargs:
+                return unbacked.read(tx, self, name)
             raise unsupported(
                 "data_dependent", f"tensor.{name}() reads tensor data while capturing",
                 "the graph breaks here; keep the value a tensor, or move this out of the compiled code",

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 from torch.amp import autocast_mode
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from kiln.capture.break_records import Unsupported, unsupported
 from kiln.capture.guards import ALWAYS_GUARDED, GLOBAL_STATE_READERS, Guard
@@ -28,6 +29,7 @@ from kiln.capture.variables.constant import ConstantVariable
 from kiln.capture.variables.containers import SizeVariable
 from kiln.capture.variables.modules import ModuleCallVariable
 from kiln.capture.variables.numpy_arrays import NumpyArrayVariable
+from kiln.capture.variables.symbolic import SymNodeVariable
 from kiln.capture.variables.tensor import TensorVariable
 
 # torch Python functions that are operators (traced by the AOT layer), not torch internals.
@@ -347,6 +349,13 @@ def _none(*args: Any, **kwargs: Any) -> Variable:
 def _check(tx: Any, cond: Variable, *rest: Variable, **kwargs: Variable) -> Variable:
     if cond.is_constant() and not cond.as_constant():
         raise raise_real(RuntimeError("torch._check failed while capturing"))
+    if isinstance(cond, SymNodeVariable) and free_unbacked_symbols(cond.value):
+        # A fact about a number read from tensor data (capture.scalar_outputs): in the graph, so
+        # that it is checked when the graph runs, and told to the shape environment now (which
+        # then knows, e.g., that torch.arange(u0) has a size u0 >= 0).
+        # (As ATen's assertion op, which the AOT layer's tracing keeps as a node of its graph.)
+        tx.output.call("call_function", torch.ops.aten._assert_scalar.default,
+                       [cond, ConstantVariable("Expected cond to be True, but got False.")], {})
     return ConstantVariable(None)
 
 
