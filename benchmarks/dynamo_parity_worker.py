@@ -305,7 +305,7 @@ class _Result(unittest.TestResult):
 
 # A test asserting that Dynamo raises one of its own exceptions (where eager raises Python's, or
 # nothing): it checks Dynamo's refusal, not the program's meaning.
-_DYNAMO_REFUSAL = r"assertRaises(Regex)?\(\s*(\w+\.)*(Unsupported|InternalTorchDynamoError)\b"
+_DYNAMO_REFUSAL = r"assertRaises(Regex)?\(\s*(\w+\.)*(Unsupported|InternalTorchDynamoError|UserError)\b"
 
 
 def _tests(suite: unittest.TestSuite) -> list[unittest.TestCase]:

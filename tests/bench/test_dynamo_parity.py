@@ -225,6 +225,7 @@ def test_a_test_expecting_one_of_dynamos_own_exceptions_checks_dynamos_refusal()
 
     assert re.search(_DYNAMO_REFUSAL, "with self.assertRaises(torch._dynamo.exc.InternalTorchDynamoError):")
     assert re.search(_DYNAMO_REFUSAL, "self.assertRaisesRegex(Unsupported, 'x')")
+    assert re.search(_DYNAMO_REFUSAL, "with self.assertRaises(torch._dynamo.exc.UserError):")
     assert not re.search(_DYNAMO_REFUSAL, "with self.assertRaises(TypeError):")
 
 

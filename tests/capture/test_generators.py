@@ -592,6 +592,23 @@ def test_itertools_arrangements_and_endless_counters():
     assert type(counter) is itertools.count and next(counter) == next(want[8]) == 11
 
 
+def test_itertools_accumulate_and_groupby():
+    def fn(a, b, words):
+        totals = list(itertools.accumulate([a, b, a * b]))
+        products = list(itertools.accumulate([a, b], lambda p, q: p * q, initial=b))
+        counts = list(itertools.accumulate([1, 2, 3], initial=10))
+        runs = [(k, list(g)) for k, g in itertools.groupby(words, key=len)]
+        same = [(k, len(list(g))) for k, g in itertools.groupby([1, 1, 2, 1])]
+        return totals, products, counts, runs, same
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    args = torch.randn(3), torch.randn(3), ["ab", "cd", "e", "fgh", "ij"]
+    got, want = compiled(*args), fn(*args)
+    for g, w in zip(got[:2], want[:2]):
+        torch.testing.assert_close(g, w)
+    assert got[2:] == want[2:]
+
+
 def test_a_zip_of_a_generator_returned_unasked_keeps_the_generator_unstarted():
     started = []
 

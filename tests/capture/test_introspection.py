@@ -452,6 +452,21 @@ def test_id_of_a_partial_of_a_closure():
     check(f, torch.randn(3))
 
 
+_MEMO_KEYS = [1.0, 2.0]
+
+
+def test_id_of_singletons_globals_and_input_tensors_guarded():
+    def f(x, y, ref):
+        memo = {id(_MEMO_KEYS): 1, id(None): 2}
+        scale = memo[id(_MEMO_KEYS)] + memo[id(None)]
+        return x * scale if ref == id(y) else x - scale  # (an input tensor's id: pinned to it)
+
+    compiled = kiln.compile(f, backend="eager", fullgraph=True)
+    x, y, other = torch.randn(3), torch.randn(2), torch.randn(2)
+    for a, ref in ((y, id(y)), (other, id(y)), (y, id(other))):  # another tensor: guarded, compiled again
+        torch.testing.assert_close(compiled(x, a, ref), f(x, a, ref))
+
+
 def test_a_property_of_the_metaclass_read_on_the_class():
     class Meta(type):
         @property

@@ -78,6 +78,47 @@ def test_tensors_own_attributes_are_not_written_inside_the_graph():
         kiln.compile(fn, backend="eager", fullgraph=True)(torch.ones(2))
 
 
+def test_data_of_an_input_set_inside_is_set_on_the_callers_tensor():
+    def swap(x, y):
+        x.data = y  # x, the same object, over y's memory
+        x.add_(1)  # (y's memory: y changes too, as in eager)
+        return x
+
+    def handover(x, y):
+        z = x
+        x.data = y
+        y.data = torch.zeros([0])  # x keeps what y held
+        return x, z is x
+
+    for fn, requires_grad in ((swap, False), (handover, True)):
+        compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+        for _ in range(2):
+            mine = torch.ones(6, requires_grad=requires_grad), torch.arange(6.0, requires_grad=requires_grad)
+            theirs = torch.ones(6, requires_grad=requires_grad), torch.arange(6.0, requires_grad=requires_grad)
+            got, want = compiled(*mine), fn(*theirs)
+            if fn is swap:
+                assert got is mine[0] and torch.equal(got, want) and torch.equal(mine[1], theirs[1])
+            else:
+                assert got[0] is mine[0] and got[1] is True and torch.equal(got[0], want[0])
+                assert mine[1].shape == theirs[1].shape == (0,)
+        assert len(compiled.kiln_cache.entries) == 1
+
+    def grad_after(x, y):
+        x.data = y
+        return x * 2  # (x requires grad: its op after the swap breaks the graph)
+
+    x, y = torch.ones(2, requires_grad=True), torch.full((2,), 3.0)
+    with pytest.raises(kiln.CaptureError, match="tensor.data"):
+        kiln.compile(grad_after, backend="eager", fullgraph=True)(x, y)
+
+
+def test_tensor_of_a_list_of_tensors_and_read_numbers():
+    def fn(x, n):
+        return torch.tensor([x, x * 2], dtype=torch.int64), torch.tensor([[n.item(), 1]])
+
+    check(fn, torch.tensor(20), torch.tensor(3))
+
+
 def test_python_number_types_are_dtypes_for_torch():
     def fn(x):
         return (x * 5).to(bool).to(float).to(int) + 8

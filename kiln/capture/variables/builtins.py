@@ -271,16 +271,39 @@ def _callable(tx: Any, obj: Variable) -> Variable:
     return const(any("__call__" in vars(k) for k in obj.python_type().__mro__))
 
 
+# Objects that are one object in every process: their id() is a constant.
+_SINGLETONS = (None, True, False, Ellipsis, NotImplemented)
+
+
 @handles(id)
 def _id(tx: Any, obj: Variable) -> Variable:
+    if obj.is_constant() and any(obj.as_constant() is s for s in _SINGLETONS):
+        return const(id(obj.as_constant()))
     real = getattr(obj, "value", None)
     if real is None and isinstance(obj.source, ConstSource):  # (an object pinned by identity: a partial of a closure)
         real = obj.source.value
+    if real is None and obj.source is not None:
+        real = _real_object(tx, obj)
     if real is None or obj.source is None:
         raise unsupported("unsupported_call", f"id() of {obj.describe()} while capturing")
     if not isinstance(obj.source, ConstSource):  # (the answer is a constant of the graph: pinned to this object)
         tx.output.guards.add(Guard("ID_MATCH", obj.source, real))
     return const(id(real))
+
+
+def _real_object(tx: Any, obj: Variable) -> Any:
+    """The user's own object behind a variable read from the frame: a list, dict or set, an input
+    tensor or a module's tensor attribute (None where there is none to name)."""
+    for value, var in tx.output.wrapped_containers.values():
+        if var is obj:
+            return value
+    if isinstance(obj, TensorVariable):
+        if obj.node.op == "get_attr":
+            return tx.output.attrs.get(obj.node.target)
+        for _, node, tensor in tx.output.inputs:
+            if node is obj.node:
+                return tensor
+    return None
 
 
 # --- attributes ----------------------------------------------------------------------------------
@@ -830,6 +853,43 @@ def _filterfalse(tx: Any, fn: Variable, seq: Variable) -> Variable:
 def _zip_longest(tx: Any, *seqs: Variable, fillvalue: Variable | None = None) -> Variable:
     fill = fillvalue or const(None)
     return IteratorVariable([TupleVariable(list(p)) for p in itertools.zip_longest(*[s.iterate(tx) for s in seqs], fillvalue=fill)])
+
+
+@handles(itertools.accumulate)
+def _accumulate(tx: Any, seq: Variable, func: Variable | None = None, *, initial: Variable | None = None) -> Variable:
+    """Running totals (`func`, default `+`, traced on each pair), from `initial` where given."""
+    combine = None if func is None or func.is_constant() and func.as_constant() is None else func
+    total = None if initial is None or initial.is_constant() and initial.as_constant() is None else initial
+    out = [] if total is None else [total]
+    for item in seq.iterate(tx):
+        if total is None:
+            total = item
+        else:
+            total = apply_binary(tx, operator.add, total, item) if combine is None else combine.call(tx, [total, item], {})
+        out.append(total)
+    iterator = IteratorVariable(out)
+    iterator.cls = itertools.accumulate
+    return iterator
+
+
+@handles(itertools.groupby)
+def _groupby(tx: Any, seq: Variable, key: Variable | None = None) -> Variable:
+    """Runs of items with equal keys, each a (key, iterator of its items); the keys must be known
+    while capturing (numbers, strings: as Dynamo). Each run is taken whole at once, so a group
+    iterator read after the outer one has moved past it still has its items (Python's is empty)."""
+    by = None if key is None or key.is_constant() and key.as_constant() is None else key
+    items = seq.iterate(tx)
+    keys = []
+    for item in items:
+        k = item if by is None else by.call(tx, [item], {})
+        if not k.is_constant():
+            raise unsupported("unsupported_call", f"itertools.groupby with a key that is {k.describe()}",
+                              "group by keys that are known while capturing (numbers, strings)")
+        keys.append(k.as_constant())
+    runs = itertools.groupby(range(len(items)), key=keys.__getitem__)
+    iterator = IteratorVariable([TupleVariable([const(k), IteratorVariable([items[i] for i in run])]) for k, run in runs])
+    iterator.cls = itertools.groupby
+    return iterator
 
 
 @handles(itertools.islice)

@@ -44,6 +44,9 @@ class TensorVariable(Variable):
         return f"tensor {self.node.name} {tuple(self.example.shape)} {self.example.dtype}"
 
     def as_fx_arg(self) -> Any:
+        if self.data_replaced:
+            raise unsupported("unsupported_setattr", "an op on a tensor that requires grad after `tensor.data = ...` "
+                              "inside a compiled function", "the graph breaks here")
         return self.node
 
     def as_example(self) -> Any:
@@ -182,6 +185,8 @@ class TensorVariable(Variable):
         output when it leaves (reconstruct.py); later reads in the trace see it. Tensor's own
         attributes (`data`, `requires_grad`, ...) are not written here, but for `grad` set to a
         tensor of its shape and dtype (or None), which is kept the same way."""
+        if name == "data" and self.source is not None and isinstance(value, TensorVariable):
+            return self._set_data(tx, value)
         settable_grad = name == "grad" and (value.is_constant() and value.as_constant() is None or isinstance(value, TensorVariable)
                                             and value.example.shape == self.example.shape and value.example.dtype == self.example.dtype)
         if (hasattr(torch.Tensor, name) and not settable_grad) or name.startswith("__"):
@@ -189,6 +194,18 @@ class TensorVariable(Variable):
         if self.source is not None:
             tx.output.side_effects.record_setattr(self, name, value)
         self.attrs[name] = value
+
+    def _set_data(self, tx: Any, value: "TensorVariable") -> None:
+        """`x.data = y` on an input: the same object x, now over y's memory. Written after the graph
+        (side_effects.py), y as it is now (a later `y.data = ...` does not change what x got); later
+        reads of x in the trace read y's values. Where x or y requires grad, a later op on x would
+        give its gradient to y's graph, not to x: such an op breaks the graph (as_fx_arg)."""
+        snapshot = TensorVariable(value.node, value.example)
+        tx.output.side_effects.record_setattr(self, "data", snapshot)
+        self.data_replaced = self.data_replaced or self.example.requires_grad or value.example.requires_grad
+        self.node, self.example = value.node, value.example
+
+    data_replaced = False  # x.data was set where x or the new data requires grad (_set_data)
 
     @property
     def attrs(self) -> dict[str, Variable]:

@@ -60,6 +60,14 @@ _FROM_NDARRAY = (torch.from_numpy, torch.as_tensor, torch.asarray, torch.tensor)
 _TORCH_C_NAMESPACES = {torch._C._VariableFunctions, torch._C._nn, torch._C._fft, torch._C._linalg, torch._C._special}
 
 
+def _holds_graph_values(data: Variable) -> bool:
+    """Whether nested lists/tuples hold a tensor or a symbolic number (values of the graph)."""
+    if isinstance(data, (TensorVariable, SymNodeVariable)):
+        return True
+    items = getattr(data, "items", None)
+    return isinstance(items, list) and data.python_type() in (list, tuple) and any(_holds_graph_values(i) for i in items)
+
+
 class TorchFunctionVariable(RealValueVariable):
     def describe(self) -> str:
         return f"torch function {getattr(self.value, '__qualname__', None) or getattr(self.value, '__name__', self.value)}"
@@ -76,6 +84,10 @@ class TorchFunctionVariable(RealValueVariable):
             return args[0].call_method(tx, name, list(args[1:]), kwargs)
         if any(isinstance(a, NumpyArrayVariable) for a in args):
             return self._from_ndarray(tx, args, kwargs)
+        if self.value is torch.tensor and args and not isinstance(args[0], TensorVariable) and _holds_graph_values(args[0]):
+            # `torch.tensor([x, n])` of tensors or symbolic numbers: torch's reference implementation,
+            # which builds it from them by ops the graph holds (torch.tensor itself reads their data).
+            return tx.output.call("call_function", torch._refs.tensor, list(args), kwargs)
         requires_grad = kwargs.get("requires_grad")
         if requires_grad is not None and requires_grad.is_constant() and requires_grad.as_constant():
             # A new leaf of the user's autograd graph (`torch.ones(2, requires_grad=True)`): made inside
