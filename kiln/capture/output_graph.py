@@ -32,7 +32,7 @@ from kiln.capture.sources import Source
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.containers import ListVariable, NamedTupleVariable, TupleVariable, is_namedtuple_class
 from kiln.capture.variables.symbolic import has_symbolic, wrap_symbolic
-from kiln.capture.variables.tensor import TensorVariable
+from kiln.capture.variables.tensor import IDENTITY_READ, TensorVariable
 from kiln.capture.variables.wrapping import wrap_constant_result
 
 _DATA_DEPENDENT = ("DynamicOutputShapeException", "DataDependentOutputException", "GuardOnDataDependentSymNode", "UnsupportedOperatorException")
@@ -233,18 +233,20 @@ class OutputGraph:
         """Which tensor inputs were one object (f(x, x)): the graph traced them as one, so a call
         where they are two (or two that were two are now one) must capture again. A graph that
         writes in place also pins which inputs share memory (two views of one tensor)."""
-        used = [(source, tensor) for source, node, tensor in self.inputs if node.users]  # (one read only at a break is no graph input)
-        if len(used) < 2:
+        # The graph's inputs, and the tensors whose identity the trace compared (`a is b` decided
+        # while capturing on two that no op reads). Not one read only at a break (`if c:`).
+        read = [(source, tensor) for source, node, tensor in self.inputs if node.users or node.meta.get(IDENTITY_READ)]
+        if len(read) < 2:
             return []
-        tensors = [tensor for _, tensor in used]
         by_storage = self.writes_in_place()
-        pattern = alias_pattern(*tensors, by_storage=by_storage)
-        if by_storage and len(set(pattern[len(tensors):])) < len(tensors):
+        used = [tensor for _, node, tensor in self.inputs if node.users]  # (one read only at a break is no graph input)
+        if by_storage and len(set(alias_pattern(*used, by_storage=True)[len(used):])) < len(used):
             # The AOT layer's functional graph would write each input back from its own value.
             raise unsupported("aliased_input_mutation", "two inputs share memory (one tensor twice, or views of one "
                               "tensor) and the graph writes in place", "the frame runs eagerly; pass separate tensors "
                               "(or a clone of one)")
-        return [Guard("ALIASING", None, (pattern, tuple(source for source, _ in used)), "storage" if by_storage else "")]
+        pattern = alias_pattern(*[tensor for _, tensor in read], by_storage=by_storage)
+        return [Guard("ALIASING", None, (pattern, tuple(source for source, _ in read)), "storage" if by_storage else "")]
 
     def writes_in_place(self) -> bool:
         """Whether the graph has an in-place operation (`add_`, `out=`, `t[i] = v`)."""

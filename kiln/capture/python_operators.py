@@ -25,7 +25,7 @@ from kiln.capture.variables.objects import (ClassVariable, InstanceDictVariable,
 from kiln.capture.variables.symbolic import SymNodeVariable
 from kiln.capture.variables.numpy_arrays import (NumpyArrayVariable, numpy_binary, numpy_store_subscript, numpy_subscript,
                                                  numpy_unary)
-from kiln.capture.variables.tensor import TensorVariable
+from kiln.capture.variables.tensor import IDENTITY_READ, TensorVariable
 from kiln.capture.variables.wrapping import wrap_constant_result
 
 # BINARY_OP's argrepr -> (operator function, dunder, reflected dunder)
@@ -299,6 +299,8 @@ def apply_unary(tx: Any, fn: Callable, a: Variable) -> Variable:
 def identical(a: Variable, b: Variable) -> bool:
     """Python `a is b` where the answer is known while capturing."""
     if a is b:
+        if _is_tensor(a):
+            a.node.meta[IDENTITY_READ] = True
         return True
     if a.is_constant() and b.is_constant():
         x, y = a.as_constant(), b.as_constant()
@@ -311,6 +313,7 @@ def identical(a: Variable, b: Variable) -> bool:
     if real_a is not None and real_b is not None:
         return real_a is real_b
     if _is_tensor(a) and _is_tensor(b):  # (one tensor object is one fake tensor, whatever node reads it)
+        a.node.meta[IDENTITY_READ] = b.node.meta[IDENTITY_READ] = True
         return a.example is b.example
     return False
 
@@ -328,6 +331,14 @@ def contains(tx: Any, container: Variable, item: Variable) -> bool:
     if isinstance(container, (UserObjectVariable, ModelOutputVariable)):
         result = container.call_method(tx, "__contains__", [item], {})
         return result.truth(tx)
+    stepper = container.get_iter(tx) if container.python_type() is types.GeneratorType else container
+    if callable(getattr(stepper, "next", None)):
+        # An iterator or a generator: consumed only up to the item found, as Python does (a
+        # generator's body past that yield has not run).
+        while (x := stepper.next(tx)) is not None:
+            if equal(tx, item, x):
+                return True
+        return False
     return any(equal(tx, item, x) for x in container.iterate(tx))
 
 

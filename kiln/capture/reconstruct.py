@@ -15,6 +15,7 @@ import itertools
 import math
 import types
 import warnings
+import weakref
 from collections import defaultdict
 from typing import Any, Callable
 
@@ -40,6 +41,7 @@ from kiln.capture.variables.objects import ModelOutputVariable, PythonModuleVari
 from kiln.capture.variables.symbolic import SymNodeVariable
 from kiln.capture.variables.tensor import TensorMethodVariable, TensorVariable
 from kiln.capture.variables.torch_fns import GradModeFunctionVariable, GradModeVariable
+from kiln.capture.variables.weakrefs import WeakRefVariable
 
 
 def _set_attributes(obj: Any, attrs: dict, through_dict: Any = ()) -> None:
@@ -184,6 +186,8 @@ class Reconstructor:
             return self.ns.bind(var.value, "M")
         if isinstance(var, SymNodeVariable):
             return self._size_expr(var)
+        if isinstance(var, WeakRefVariable) and var.referent is not None:  # (made inside: a new reference to it)
+            return f"{self.ns.bind(weakref.ref, 'T')}({self.expr(var.referent)})"
         if isinstance(var, c.SizeVariable):
             return f"{self.ns.bind(torch.Size, 'T')}([{', '.join(self.expr(i) for i in var.items)}])"
         if isinstance(var, SlicedModulesVariable):

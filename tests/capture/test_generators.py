@@ -592,6 +592,40 @@ def test_itertools_arrangements_and_endless_counters():
     assert type(counter) is itertools.count and next(counter) == next(want[8]) == 11
 
 
+def test_in_consumes_a_generator_only_up_to_the_item():
+    def fn(x):
+        steps = []
+
+        def gen():
+            steps.append(1)
+            yield 1
+            steps.append(2)
+            yield 2
+
+        g = gen()
+        found = 1 in g
+        after_first = len(steps)  # (Python stops after the first yield)
+        return x + after_first, found, 2 in g, len(steps), 3 in gen()
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    got, want = compiled(torch.ones(2)), fn(torch.ones(2))
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:] == want[1:] == (True, True, 2, False)
+
+
+def test_pure_c_functions_of_constants_fold():
+    import cmath
+    import re
+
+    pattern = re.compile(r"b+")
+
+    def fn(x):
+        return x * 2 if cmath.isnan(complex(float("nan"), 0)) and pattern.search("abbc") else x
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(torch.ones(2)), fn(torch.ones(2)))
+
+
 def test_itertools_accumulate_and_groupby():
     def fn(a, b, words):
         totals = list(itertools.accumulate([a, b, a * b]))

@@ -371,3 +371,15 @@ def test_process_settings_the_trace_reads_are_guarded(read, switch):
         torch.testing.assert_close(compiled(x), fn(x))
     torch.testing.assert_close(compiled(x), fn(x))
     assert len(compiled.kiln_cache.entries) == 2
+
+
+def test_identity_of_tensor_inputs_no_op_reads_is_guarded():
+    # `a is b` decided while capturing on two inputs the graph never reads was unguarded: a call
+    # with two objects took the branch of a call with one (a wrong result).
+    def f(a, b, y):
+        return y * 2 if a is b else y * 3
+
+    compiled = kiln.compile(f, backend="eager")
+    t, u, y = torch.ones(1), torch.ones(1), torch.ones(2)
+    for args in ((t, t, y), (t, u, y), (t, t, y)):
+        torch.testing.assert_close(compiled(*args), f(*args))

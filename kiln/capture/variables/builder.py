@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import functools
 import types
+import weakref
 from collections import OrderedDict, defaultdict
 from typing import Any
 
@@ -42,6 +43,7 @@ from kiln.capture.variables.modules import ModuleVariable
 from kiln.capture.variables.numpy_arrays import NumpyArrayVariable, NumpyFunctionVariable, is_ndarray, numpy_counterpart, tensor_of
 from kiln.capture.variables.torch_fns import (GradModeVariable, ReenteredAutocastVariable, TorchFunctionVariable, is_torch_callable,
                                               special_callable)
+from kiln.capture.variables.weakrefs import WeakRefVariable
 from kiln.capture.variables.wrapping import wrap, wrap_constant_result
 
 
@@ -143,6 +145,9 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
         items = [ConstantVariable(v) if is_literal(v) else wrap(tx, v, ConstSource(v, f"an item of {source}"))
                  if tx is not None and source is not None else wrap_constant_result(v) for v in value]
         return c.SetVariable(items, source, frozen=isinstance(value, frozenset))
+    if type(value) is weakref.ref and source is not None:
+        _guard(tx, "TYPE_MATCH", source, weakref.ref)
+        return WeakRefVariable(source=source, real=value)
     if isinstance(value, nn.Module):
         return ModuleVariable(value, _pin(tx, value, source))
     special = special_callable(value)

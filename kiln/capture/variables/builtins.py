@@ -8,6 +8,7 @@ its arguments are constants.
 from __future__ import annotations
 
 import builtins
+import cmath
 import collections
 import copy
 import dataclasses
@@ -20,6 +21,7 @@ import sys
 import types
 import typing
 import warnings
+import weakref
 from typing import Any, Callable, Sequence
 
 import torch
@@ -42,13 +44,14 @@ from kiln.capture.variables.objects import (ClassVariable, NewObjectVariable, Ob
                                             class_lookup)
 from kiln.capture.variables import unbacked
 from kiln.capture.variables.tensor import TensorVariable
+from kiln.capture.variables.weakrefs import make_weakref
 from kiln.capture.variables.wrapping import wrap_constant_result
 
 Handler = Callable[..., Variable]
 HANDLERS: dict[Any, Handler] = {}
 
 # Pure functions computed now when all arguments are constants.
-_PURE_MODULES = (math, operator)
+_PURE_MODULES = (math, cmath, operator)
 _PURE = {abs, chr, ord, divmod, pow, round, hex, oct, bin, hash, repr, format, ascii,
          collections.namedtuple}  # (a class made once while capturing: Dynamo's choice too)
 # The dict classes kiln's DictVariable stands for.
@@ -83,7 +86,7 @@ def is_builtin_callable(value: Any) -> bool:
             return True
     except TypeError:
         return False
-    if isinstance(value, types.BuiltinFunctionType) and getattr(value, "__module__", None) in ("math", "_operator", "operator"):
+    if isinstance(value, types.BuiltinFunctionType) and getattr(value, "__module__", None) in ("math", "cmath", "_operator", "operator"):
         return True
     return False
 
@@ -853,6 +856,11 @@ def _filterfalse(tx: Any, fn: Variable, seq: Variable) -> Variable:
 def _zip_longest(tx: Any, *seqs: Variable, fillvalue: Variable | None = None) -> Variable:
     fill = fillvalue or const(None)
     return IteratorVariable([TupleVariable(list(p)) for p in itertools.zip_longest(*[s.iterate(tx) for s in seqs], fillvalue=fill)])
+
+
+@handles(weakref.ref)
+def _weakref(tx: Any, obj: Variable, callback: Variable | None = None) -> Variable:
+    return make_weakref(tx, obj, callback)
 
 
 @handles(itertools.accumulate)

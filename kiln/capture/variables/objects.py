@@ -13,6 +13,7 @@ import dataclasses
 import enum
 import functools
 import operator
+import re
 import types
 from typing import Any, Sequence
 
@@ -798,7 +799,7 @@ def _is_definition(value: Any) -> bool:
 _FIXED_MODULES = {"torch", "math", "operator", "functools", "itertools", "collections", "typing", "builtins", "inspect", "warnings", "dataclasses", "enum", "abc", "types", "copy", "numbers", "contextlib", "logging", "sys", "os"}
 
 
-_IMMUTABLE = (str, bytes, int, float, complex, tuple, frozenset, range, type(None), types.MappingProxyType)
+_IMMUTABLE = (str, bytes, int, float, complex, tuple, frozenset, range, type(None), types.MappingProxyType, re.Pattern)
 
 
 def _tuple_subclass_object(tx: Any, cls: type, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:

@@ -30,6 +30,9 @@ _STATIC_METHODS = {
 _DATA_DEPENDENT = {"item", "tolist", "numpy", "__bool__", "__index__", "__int__", "__float__", "data_ptr", "any_", "nonzero_static"}
 _READS_KNOWN = {"item", "tolist", "__bool__", "__index__", "__int__", "__float__"}  # of a value known_values knows
 _VIEW_ATTRS = {"T", "mT", "H", "mH", "real", "imag", "data"}
+# Meta key of an input's placeholder whose identity the trace compared (`a is b`): its aliasing
+# with the other inputs is guarded even where no op reads it (OutputGraph.aliasing_guard).
+IDENTITY_READ = "kiln_identity_read"
 
 
 class TensorVariable(Variable):
