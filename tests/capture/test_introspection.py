@@ -467,6 +467,22 @@ def test_id_of_singletons_globals_and_input_tensors_guarded():
         torch.testing.assert_close(compiled(x, a, ref), f(x, a, ref))
 
 
+def test_a_descriptors_get_taken_beforehand_reads_a_class_namespace():
+    import inspect
+
+    class Holder:
+        a = 1
+        param = inspect.Parameter("x", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=42)
+
+    namespace_of = type.__dict__["__dict__"].__get__
+
+    def fn(x):
+        d = namespace_of(Holder)
+        return x + len(d) + d["param"].default + d["a"]
+
+    check(fn, torch.randn(3))
+
+
 def test_a_property_of_the_metaclass_read_on_the_class():
     class Meta(type):
         @property

@@ -112,6 +112,41 @@ def test_data_of_an_input_set_inside_is_set_on_the_callers_tensor():
         kiln.compile(grad_after, backend="eager", fullgraph=True)(x, y)
 
 
+def test_grad_of_an_input_or_parameter_is_read_and_guarded():
+    lin = torch.nn.Linear(2, 1)
+
+    def fn(x):
+        made = x * 2
+        return [torch.ones(p.grad.size()) if p.grad is not None else None for p in lin.parameters()], made.grad, x.grad
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    x = torch.ones(2, 2, requires_grad=True)
+    assert compiled(x) == fn(x) == ([None, None], None, None)
+    lin(x).sum().backward()  # now every one has a .grad: the guards see it
+    got, want = compiled(x), fn(x)
+    assert [g.shape for g in got[0]] == [w.shape for w in want[0]] and got[1] is None
+    torch.testing.assert_close(got[2], want[2])
+    assert got[2] is x.grad
+
+
+def test_a_containers_class_builds_another():
+    import collections
+
+    Pair = collections.namedtuple("Pair", "a b")
+
+    def fn(xs, t, p, d):
+        return (xs.__class__(v + 1 for v in xs), t.__class__(v * 2 for v in t), p.__class__(*(v - 1 for v in p)),
+                d.__class__(d), type(xs) is xs.__class__)
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    args = [torch.ones(2)], (torch.zeros(2),), Pair(torch.ones(1), torch.ones(1)), {"k": 1}
+    got, want = compiled(*args), fn(*args)
+    assert [type(g) for g in got] == [type(w) for w in want] and got[4] is True and got[3] == want[3]
+    for g, w in zip(got[:3], want[:3]):
+        for a, b in zip(g, w):
+            torch.testing.assert_close(a, b)
+
+
 def test_tensor_of_a_list_of_tensors_and_read_numbers():
     def fn(x, n):
         return torch.tensor([x, x * 2], dtype=torch.int64), torch.tensor([[n.item(), 1]])

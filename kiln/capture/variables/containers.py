@@ -24,7 +24,7 @@ from kiln.capture.sources import ItemSource, KeysSource, Source
 from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
 from kiln.capture.variables.constant import ConstantVariable, is_literal
-from kiln.capture.variables.wrapping import wrap
+from kiln.capture.variables.wrapping import wrap, wrap_constant_result
 
 
 def const(value: Any) -> ConstantVariable:
@@ -179,6 +179,8 @@ class BaseSequenceVariable(Variable):
     def getattr(self, tx: Any, name: str) -> Variable:
         if name in self.methods():
             return BoundBuiltinMethod(self, name)
+        if name == "__class__":  # (`x.__class__(items)`: a container of the same type)
+            return wrap_constant_result(self.python_type())
         raise raise_real(AttributeError(f"'{self.python_type().__name__}' object has no attribute '{name}'"))
 
     def methods(self) -> dict[str, Callable]:
@@ -593,6 +595,8 @@ class DictVariable(Variable):
             return BoundBuiltinMethod(self, name)
         if name == "default_factory" and issubclass(self.cls, defaultdict):
             return self.default_factory or const(None)
+        if name == "__class__":
+            return wrap_constant_result(self.cls)
         raise raise_real(AttributeError(f"'{self.cls.__name__}' object has no attribute '{name}'"))
 
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
@@ -858,6 +862,8 @@ class SetVariable(Variable):
     def getattr(self, tx: Any, name: str) -> Variable:
         if name in _SET_METHODS or name == "__init__" or _operator_of_type(self.python_type(), name):
             return BoundBuiltinMethod(self, name)
+        if name == "__class__":
+            return wrap_constant_result(self.python_type())
         raise raise_real(AttributeError(f"'{self.python_type().__name__}' object has no attribute '{name}'"))
 
     def call_method(self, tx: Any, name: str, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:

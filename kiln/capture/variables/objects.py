@@ -868,6 +868,12 @@ class OpaqueVariable(RealValueVariable):
         return super().call_method(tx, name, args, kwargs)
 
     def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        owner = getattr(self.value, "__self__", None)
+        if getattr(self.value, "__name__", None) == "__get__" and isinstance(owner, (types.GetSetDescriptorType, types.MemberDescriptorType)):
+            # `type.__dict__["__dict__"].__get__(C)`: the descriptor's `__get__` taken beforehand, called.
+            if owner is type.__dict__["__dict__"] and len(args) == 1 and not kwargs and isinstance(args[0], ClassVariable):
+                return wrap(tx, args[0].value.__dict__, ClassDictSource(args[0].value))  # (the class's namespace)
+            return OpaqueVariable(owner).call_method(tx, "__get__", args, kwargs)
         if isinstance(self.value, property) or not all(a.is_constant() for a in (*args, *kwargs.values())):
             raise unsupported("unsupported_call", f"calling {self.describe()} while capturing")
         if not isinstance(getattr(self.value, "__self__", None), _IMMUTABLE):

@@ -66,7 +66,7 @@ class TensorVariable(Variable):
         if name in _VIEW_ATTRS:
             return tx.output.call("call_function", getattr, [self, ConstantVariable(name)], {})
         if name == "grad" and "grad" not in self.attrs:
-            raise unsupported("unsupported_attribute", "reading tensor.grad inside a compiled function")
+            return self._grad(tx)
         if name == "__class__":
             return wrap_constant_result(self.cls)
         if name in self.attrs:
@@ -197,6 +197,18 @@ class TensorVariable(Variable):
         if self.source is not None:
             tx.output.side_effects.record_setattr(self, name, value)
         self.attrs[name] = value
+
+    def _grad(self, tx: Any) -> Variable:
+        """`x.grad`: an input's or a parameter's read from the tensor itself (a graph input, or
+        None, guarded); a tensor the graph makes has none (no backward runs inside a graph)."""
+        real = getattr(self, "real", None)
+        if real is None and self.node.op == "get_attr":
+            real = tx.output.attrs.get(self.node.target)
+        if real is not None and self.source is not None:
+            return wrap(tx, real.grad, AttrSource(self.source, "grad"))
+        if self.source is None and self.node.op not in ("placeholder", "get_attr"):
+            return ConstantVariable(None)
+        raise unsupported("unsupported_attribute", "reading tensor.grad of a tensor kiln cannot read again on the next call")
 
     def _set_data(self, tx: Any, value: "TensorVariable") -> None:
         """`x.data = y` on an input: the same object x, now over y's memory. Written after the graph
