@@ -301,11 +301,7 @@ def _real_object(tx: Any, obj: Variable) -> Any:
         if var is obj:
             return value
     if isinstance(obj, TensorVariable):
-        if obj.node.op == "get_attr":
-            return tx.output.attrs.get(obj.node.target)
-        for _, node, tensor in tx.output.inputs:
-            if node is obj.node:
-                return tensor
+        return obj.user_tensor(tx)
     return None
 
 

@@ -87,7 +87,7 @@ class SymNodeVariable(Variable):
 
     def call_method(self, tx: Any, name: str, args: Any, kwargs: dict[str, Variable]) -> Variable:
         if name in ("__index__", "__int__"):
-            return ConstantVariable(self.as_constant() if self.python_type() is int else int(self.as_constant()))
+            return ConstantVariable(int(self.as_constant()))
         return super().call_method(tx, name, args, kwargs)
 
 

@@ -198,12 +198,18 @@ class TensorVariable(Variable):
             tx.output.side_effects.record_setattr(self, name, value)
         self.attrs[name] = value
 
-    def _grad(self, tx: Any) -> Variable:
-        """`x.grad`: an input's or a parameter's read from the tensor itself (a graph input, or
-        None, guarded); a tensor the graph makes has none (no backward runs inside a graph)."""
+    def user_tensor(self, tx: Any) -> torch.Tensor | None:
+        """The user's own tensor object this variable stands for: an input's (set by add_input) or a
+        module's parameter or buffer; None for one the graph makes."""
         real = getattr(self, "real", None)
         if real is None and self.node.op == "get_attr":
             real = tx.output.attrs.get(self.node.target)
+        return real
+
+    def _grad(self, tx: Any) -> Variable:
+        """`x.grad`: an input's or a parameter's read from the tensor itself (a graph input, or
+        None, guarded); a tensor the graph makes has none (no backward runs inside a graph)."""
+        real = self.user_tensor(tx)
         if real is not None and self.source is not None:
             return wrap(tx, real.grad, AttrSource(self.source, "grad"))
         if self.source is None and self.node.op not in ("placeholder", "get_attr"):
