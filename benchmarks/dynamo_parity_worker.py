@@ -194,7 +194,9 @@ def _count_kiln_breaks() -> None:
 def _kiln_settings_follow_dynamos() -> None:
     """kiln's capture settings that are Dynamo's config options, read from Dynamo's config: a test
     patches `torch._dynamo.config.capture_scalar_outputs`, kiln's capture sees
-    `capture.scalar_outputs` so."""
+    `capture.scalar_outputs` so; likewise `capture.dynamic_ints` (automatic_dynamic_shapes and not
+    specialize_int) and `capture.dynamic_sources` (torch.compiler.config.dynamic_sources)."""
+    import torch
     import torch._dynamo.config as dynamo_config
 
     import kiln
@@ -203,6 +205,9 @@ def _kiln_settings_follow_dynamos() -> None:
 
     class FollowingDynamo(type(capture)):
         scalar_outputs = property(lambda self: bool(dynamo_config.capture_scalar_outputs))
+        dynamic_ints = property(lambda self: bool(dynamo_config.automatic_dynamic_shapes and not dynamo_config.specialize_int))
+        dynamic_sources = property(lambda self: tuple(name.strip() for name in torch.compiler.config.dynamic_sources.split(",")
+                                                      if name.strip()))
 
     object.__setattr__(capture, "__class__", FollowingDynamo)  # (the object every module reads settings through)
 

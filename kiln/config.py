@@ -423,6 +423,20 @@ class CaptureSettings(_Group):
         "the graph there; kiln's own backend compiles such a graph per value read from an input and runs "
         "one reading a computed tensor through ATen",
     )
+    dynamic_ints: bool = setting(
+        True,
+        env="KILN_DYNAMIC_INTS",
+        help="an int argument (or an item or attribute of one) whose value changed between calls is captured "
+        "again as a symbolic int, so later values reuse that capture (as Dynamo's automatic dynamic shapes); "
+        "kiln.compile(dynamic=True) makes int arguments symbolic from the first capture",
+    )
+    dynamic_sources: tuple[str, ...] = setting(
+        (),
+        env="KILN_DYNAMIC_SOURCES",
+        help="inputs made symbolic from the first capture, whatever `dynamic` says, as torch.compiler.config."
+        "dynamic_sources: names as kiln's guards print them (L['x'], L['self'].step, L['y'][1]) or regular "
+        "expressions matched at their start; a tensor's every dimension, or only dimension N with a ':N' suffix",
+    )
     warn_eager_frames: bool = setting(
         True,
         env="KILN_WARN_EAGER_FRAMES",

@@ -81,6 +81,8 @@ def test_defaults():
         "capture.recompile_limit": 8,
         "capture.inline_depth": 64,
         "capture.scalar_outputs": False,
+        "capture.dynamic_ints": True,
+        "capture.dynamic_sources": (),
         "capture.warn_eager_frames": True,
         "runtime.keep_freed_mb": 0,
         "bench.timeout_s": 900.0,
@@ -114,6 +116,7 @@ def test_cache_dir_expands_home(monkeypatch, tmp_path):
         ("KILN_DEBUG_DIR", "", "debug.dump_dir", None),
         ("KILN_LOGS", "graph, code,", "debug.logs", ("graph", "code")),
         ("KILN_LOGS", "", "debug.logs", ()),
+        ("KILN_DYNAMIC_SOURCES", "L['n'], L['x']:1", "capture.dynamic_sources", ("L['n']", "L['x']:1")),
     ],
 )
 def test_env_parsing(var, text, name, expected):

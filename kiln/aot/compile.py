@@ -107,6 +107,9 @@ def _fake_mode_for(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FakeTen
     fake_inputs = [a for a in example_inputs if isinstance(a, torch._subclasses.FakeTensor)]
     for value in (*symbolic, *fake_inputs):
         return value.fake_mode
+    numbers = [m for m in metas if isinstance(m, torch.SymInt)]
+    if numbers:  # symbolic int inputs alone (an int argument that changed): tensors faked in their shape env
+        return FakeTensorMode(shape_env=numbers[0].node.shape_env)
     return FakeTensorMode(shape_env=ShapeEnv())
 
 

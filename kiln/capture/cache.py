@@ -56,6 +56,7 @@ class FrameCache:
         self.fallback = None
         self.limit_hit = False
         self.dynamic.seen.clear()
+        self.dynamic.seen_ints.clear()
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         L = self.binder(*args, **kwargs)
@@ -95,7 +96,7 @@ class FrameCache:
             _notify("recompile", self, reason)
             changed = self.dynamic.note_changes(self.entries[-1].guards.guards, lambda source: read_source(source, L))
             if changed:
-                logs.log("recompiles", "%s: sizes changed (%s): captured with those dimensions dynamic", self.label, "; ".join(changed))
+                logs.log("recompiles", "%s: sizes or ints changed (%s): captured again with them symbolic", self.label, "; ".join(changed))
         try:
             with _without_saved_tensor_hooks():
                 entry = capture(self.fn, L, self.backend, self.label, allow_breaks=not self.fullgraph, dynamic=self.dynamic)

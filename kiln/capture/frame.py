@@ -86,6 +86,7 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
     # the alternative is an error.
     output.scalar_outputs = config.capture.scalar_outputs or one_graph
     output.dynamic_dims = dynamic.dims
+    output.dynamic_int = dynamic.int_is_dynamic
     for item in ALWAYS_GUARDED:
         output.guards.add(Guard("GLOBAL_STATE", None, GLOBAL_STATE_READERS[item](), item))
     code = fn.__code__
@@ -149,7 +150,9 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
     folder = dump.captured(label, gm)
     aliasing = output.aliasing_guard()  # (before the backend: it may refuse the inputs' aliasing)
     if gm is not None:
-        example_inputs = [tensor for _, _, tensor in output.inputs]
+        # (a symbolic int is given as its SymInt, as Dynamo gives it: a backend tracing the graph
+        # again must not specialize it to the value it had at capture)
+        example_inputs = [node.meta["example_value"] if isinstance(value, int) else value for _, node, value in output.inputs]
         compiled = backend(gm, example_inputs)
     for guard in output.shape_guards() + aliasing:  # after the backend: its tracing may add some
         output.guards.add(guard)

@@ -21,7 +21,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.amp import autocast_mode
 from torch._dispatch.python import enable_python_dispatcher
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 from kiln.capture.break_records import unsupported
 from kiln.capture.dynamic import ShapeSource, placeholder, symbolic_fake
@@ -31,7 +31,7 @@ from kiln.capture.side_effects import SideEffects
 from kiln.capture.sources import Source
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.containers import ListVariable, NamedTupleVariable, TupleVariable, is_namedtuple_class
-from kiln.capture.variables.symbolic import has_symbolic, wrap_symbolic
+from kiln.capture.variables.symbolic import SymNodeVariable, has_symbolic, wrap_symbolic
 from kiln.capture.variables.tensor import IDENTITY_READ, TensorVariable
 from kiln.capture.variables.wrapping import wrap_constant_result
 
@@ -69,7 +69,9 @@ class OutputGraph:
         self.pending_restores: list[tuple[str, Any]] = []  # autocast states to leave if capture stops
         # Which dimensions of an input tensor are symbolic (kiln/capture/dynamic.py decides).
         self.dynamic_dims: Callable[[Source, torch.Tensor], frozenset[int]] = lambda source, tensor: frozenset()
-        self.symbolic_inputs: list[tuple[Source, torch.Tensor]] = []  # (source, its symbolic fake tensor)
+        self.dynamic_int: Callable[[Source], bool] = lambda source: False  # which int inputs are symbolic
+        # (source, its symbolic fake tensor or SymInt)
+        self.symbolic_inputs: list[tuple[Source, torch.Tensor | torch.SymInt]] = []
         # Global state the graph switches: it ends in the state it started in (graph_module), so
         # tracing it twice (the AOT layer does) starts both times alike; the runner sets the
         # state the frame ends in.
@@ -110,6 +112,23 @@ class OutputGraph:
             self.guards.add(Guard("TENSOR_MATCH", source, TensorFacts.of(tensor), "dynamic"))
         else:
             self.guards.add(Guard("TENSOR_MATCH", source, TensorFacts.of(tensor)))
+        node = self._placeholder(source, tensor, fake)
+        var = TensorVariable(node, fake, source=source, cls=type(tensor))
+        var.real = tensor  # (its instance attributes are read from it, guarded)
+        return var
+
+    def add_int_input(self, value: int, source: Source) -> Variable:
+        """An int the frame reads, entering as a symbolic int (kiln/capture/dynamic.py decides
+        which): a graph input whose value the shape environment's guards constrain."""
+        shape_env = self.fake_mode.shape_env
+        name = ShapeSource(placeholder(len(self.symbolic_inputs)))
+        number = shape_env.create_unspecified_symint_and_symbol(value, name, DimDynamic.DYNAMIC)
+        self.symbolic_inputs.append((source, number))
+        self.guards.add(Guard("TYPE_MATCH", source, int))  # (its value: SHAPE guards)
+        return SymNodeVariable(self._placeholder(source, value, number), number)
+
+    def _placeholder(self, source: Source, value: Any, example: Any) -> fx.Node:
+        """A graph input read from `source`, after the inputs added before it."""
         if self._last_input is None:
             first = next(iter(self.graph.nodes), None)
             context = self.graph.inserting_before(first) if first is not None else self.graph.inserting_after(None)
@@ -121,11 +140,9 @@ class OutputGraph:
         with context:
             node = self.graph.placeholder(name)
         self._last_input = node
-        node.meta["example_value"] = fake
-        self.inputs.append((source, node, tensor))
-        var = TensorVariable(node, fake, source=source, cls=type(tensor))
-        var.real = tensor  # (its instance attributes are read from it, guarded)
-        return var
+        node.meta["example_value"] = example
+        self.inputs.append((source, node, value))
+        return node
 
     def add_attr(self, tensor: torch.Tensor, source: Source, path: str) -> Variable:
         """A parameter or buffer read through a module: a get_attr node holding the real tensor."""
@@ -235,11 +252,12 @@ class OutputGraph:
         writes in place also pins which inputs share memory (two views of one tensor)."""
         # The graph's inputs, and the tensors whose identity the trace compared (`a is b` decided
         # while capturing on two that no op reads). Not one read only at a break (`if c:`).
-        read = [(source, tensor) for source, node, tensor in self.inputs if node.users or node.meta.get(IDENTITY_READ)]
+        tensors = [(source, node, value) for source, node, value in self.inputs if isinstance(value, torch.Tensor)]
+        read = [(source, tensor) for source, node, tensor in tensors if node.users or node.meta.get(IDENTITY_READ)]
         if len(read) < 2:
             return []
         by_storage = self.writes_in_place()
-        used = [tensor for _, node, tensor in self.inputs if node.users]  # (one read only at a break is no graph input)
+        used = [tensor for _, node, tensor in tensors if node.users]  # (one read only at a break is no graph input)
         if by_storage and len(set(alias_pattern(*used, by_storage=True)[len(used):])) < len(used):
             # The AOT layer's functional graph would write each input back from its own value.
             raise unsupported("aliased_input_mutation", "two inputs share memory (one tensor twice, or views of one "
@@ -258,10 +276,15 @@ class OutputGraph:
                 return True
         return False
 
-    def size_symbols(self) -> dict[Any, tuple[Source, int]]:
-        """Each symbol that is a whole dynamic input dimension -> (the input's source, the dim)."""
-        found = {}
+    def size_symbols(self) -> dict[Any, tuple[Source, int | None]]:
+        """Each symbol that is a whole dynamic input dimension -> (the input's source, the dim);
+        each that is a symbolic int input -> (its source, None)."""
+        found: dict[Any, tuple[Source, int | None]] = {}
         for source, fake in self.symbolic_inputs:
+            if isinstance(fake, torch.SymInt):
+                if fake.node.expr.is_Symbol:
+                    found.setdefault(fake.node.expr, (source, None))
+                continue
             for dim, size in enumerate(fake.size()):
                 if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
                     found.setdefault(size.node.expr, (source, dim))

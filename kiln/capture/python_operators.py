@@ -9,6 +9,7 @@ and the builtins that stand for operators (`operator.add`, `operator.getitem`, `
 from __future__ import annotations
 
 import collections
+import numbers
 import operator
 import types
 from typing import Any, Callable
@@ -65,7 +66,8 @@ def _is_symbolic(v: Variable) -> bool:
 
 
 def _is_number(v: Variable) -> bool:
-    return _is_symbolic(v) or v.is_constant() and isinstance(v.as_constant(), (int, float, bool))
+    # (a NumPy scalar too: np.int64 is no int, and Python's operators take it as one)
+    return _is_symbolic(v) or v.is_constant() and isinstance(v.as_constant(), numbers.Real)
 
 
 def apply_binary(tx: Any, fn: Callable, a: Variable, b: Variable) -> Variable:

@@ -59,8 +59,9 @@ def _new_object(cls: type) -> Any:
 class Reconstructor:
     def __init__(self, size_symbols: dict[Any, tuple[Any, int]] | None = None) -> None:
         self.ns = Namespace()
-        # Each symbol of a dynamic input dimension -> (the input's source, the dimension): a
-        # symbolic int alive at a graph break is computed again from them, never returned by the graph.
+        # Each symbol of a dynamic input dimension -> (the input's source, the dimension), or of a
+        # symbolic int input -> (its source, None): a symbolic int alive at a graph break is
+        # computed again from them, never returned by the graph.
         self.size_symbols = size_symbols or {}
         self.outputs: list[fx.Node] = []
         self._index: dict[fx.Node, int] = {}
@@ -278,9 +279,13 @@ class Reconstructor:
         if unknown:
             raise unsupported("unsupported_output", f"returning {var.describe()} from a compiled function "
                                                     f"({', '.join(unknown)}: not the size of an input)")
-        sizes = ", ".join(f"{self.size_symbols[s][0].expr(self.ns)}.size({self.size_symbols[s][1]})" for s in symbols)
+        sizes = ", ".join(self._symbol_read(*self.size_symbols[s]) for s in symbols)
         body = f"{self.ns.bind(var.python_type(), 'T')}({PythonPrinter().doprint(expr)})"
         return f"(lambda {', '.join(map(str, symbols))}: {body})({sizes})" if symbols else body
+
+    def _symbol_read(self, source: Any, dim: int | None) -> str:
+        """Where the runner reads a symbol's value: an input's size, or an int input itself."""
+        return source.expr(self.ns) if dim is None else f"{source.expr(self.ns)}.size({dim})"
 
     def _method(self, var: Variable) -> str | None:
         """A method read but not called yet: on the stack at a graph break (`x.item` of `x.item()`)."""

@@ -90,6 +90,8 @@ GRAD_MODE_MANAGERS = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
 
 
 def _build(tx: Any, value: Any, source: Source | None) -> Variable:
+    if type(value) is int and tx is not None and source is not None and tx.output.dynamic_int(source):
+        return tx.output.add_int_input(value, source)
     if is_literal(value):
         _guard(tx, "EQUALS", source, value)
         return ConstantVariable(value, source)

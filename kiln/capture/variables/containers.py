@@ -80,9 +80,11 @@ _SET_ARITY: dict[str, Any] = {"pop": 0, "clear": 0, "copy": 0, "__len__": 0, "un
 def _index(tx: Any, var: Variable, length: int) -> int | slice:
     if tx is not None:  # (a tensor made from constants, whose value is known: `l[torch.as_tensor(2)]`)
         var = tx.output.known.as_index(var)
-    if not var.is_constant():
+    from kiln.capture.variables.symbolic import SliceVariable, SymNodeVariable  # symbolic.py imports this module
+
+    if not var.is_constant() and not (isinstance(var, SymNodeVariable) and var.python_type() is int or isinstance(var, SliceVariable)):
         raise unsupported("unsupported_index", f"indexing a sequence with {var.describe()}", "index with Python ints")
-    value = var.as_constant()
+    value = var.as_constant()  # (a symbolic int specialized to its value, guarded: which item is Python's choice)
     if isinstance(value, bool) or not isinstance(value, (int, slice)):
         if hasattr(value, "__index__"):
             return operator.index(value)

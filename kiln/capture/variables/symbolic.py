@@ -90,6 +90,11 @@ class SymNodeVariable(Variable):
             return ConstantVariable(int(self.as_constant()))
         return super().call_method(tx, name, args, kwargs)
 
+    def getattr(self, tx: Any, name: str) -> Variable:
+        # An attribute of the number (`n.bit_length()`, `n.real`): Python needs the number itself,
+        # so it is specialized (guarded) and read from the constant.
+        return wrap_constant_result(self.as_constant()).getattr(tx, name)
+
 
 class SliceVariable(Variable):
     """`a:b:c` with a symbolic bound (`x[:, :seq_len]`): symbolic in a tensor index, specialized elsewhere."""
