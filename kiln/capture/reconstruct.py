@@ -31,7 +31,7 @@ from kiln.capture.user_exceptions import ExceptionVariable
 from kiln.capture.variables import containers as c
 from kiln.capture.variables.autograd_function import FunctionApplyVariable
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
-from kiln.capture.variables.builtins import CatchWarningsVariable, EndlessIteratorVariable, LazyIteratorVariable, UnboundBuiltinMethod
+from kiln.capture.variables.builtins import CatchWarningsVariable, CycleIteratorVariable, EndlessIteratorVariable, LazyIteratorVariable, UnboundBuiltinMethod
 from kiln.capture.variables.constant import ConstantMethodVariable, ConstantVariable
 from kiln.capture.variables.functions import (BoundMethodVariable, CellVariable, GeneratorVariable, NestedFunctionVariable, PartialVariable,
                                               RealCellVariable)
@@ -234,6 +234,8 @@ class Reconstructor:
             return f"{self.ns.bind(reentry.with_grad_mode, 'F')}({var.enabled!r}, {self.expr(var.fn)})"
         if isinstance(var, UserIteratorVariable):  # (the object itself: its state is replayed as any object's)
             return self.expr(var.obj)
+        if isinstance(var, CycleIteratorVariable):  # a cycle starting where it has got to
+            return f"{self.ns.bind(itertools.cycle, 'T')}(({''.join(self.expr(i) + ', ' for i in var.rest())}))"
         if isinstance(var, EndlessIteratorVariable):  # count/repeat from where it has got to
             step = f", {self.const(var.step)}" if var.kind is itertools.count else ""
             return f"{self.ns.bind(var.kind, 'T')}({self.expr(var.item)}{step})"

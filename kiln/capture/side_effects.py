@@ -8,6 +8,7 @@ runner replays them in order, with the graph's results in hand.
 from __future__ import annotations
 
 import collections
+import itertools
 from typing import Any
 
 import torch
@@ -15,7 +16,12 @@ import torch
 from kiln.capture import module_watch
 from kiln.capture.sources import InstanceDictSource
 from kiln.capture.variables.base import Variable
-from kiln.capture.variables.containers import DictVariable, ListVariable, SetVariable
+from kiln.capture.variables.containers import DictVariable, IteratorVariable, ListVariable, SetVariable
+
+
+def advance(iterator: Any, steps: int) -> None:
+    """Take `steps` items of `iterator`, dropping them."""
+    collections.deque(itertools.islice(iterator, steps), maxlen=0)
 
 
 class SideEffects:
@@ -105,6 +111,8 @@ class SideEffects:
             elif isinstance(var, SetVariable):
                 reads.append(f"{new} = [{', '.join(rc.expr(i) for i in var.entries.values())}]")
                 lines += [f"{target}.clear()", f"{target}.update({new})"]
+            elif isinstance(var, IteratorVariable):  # the caller's itertools.count, advanced as the trace did
+                lines.append(f"{rc.ns.bind(advance, 'F')}({target}, {var.taken})")
         lines = reads + lines
         for obj, attrs in self.attr_writes.values():
             if obj.source is None:

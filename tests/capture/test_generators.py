@@ -643,6 +643,43 @@ def test_itertools_accumulate_and_groupby():
     assert got[2:] == want[2:]
 
 
+def test_the_callers_itertools_count_is_read_where_it_stands_and_advanced():
+    counter = itertools.count(5, 2)
+    next(counter)  # 7 next
+
+    compiled = kiln.compile(lambda x: x * next(counter) + next(counter), backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 7.0 + 9))
+    torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 11.0 + 13))  # (its state is guarded)
+    assert next(counter) == 15
+
+
+def test_itertools_cycle_and_tee():
+    def fn(x, items):
+        taken = []
+        for i, item in zip(range(7), itertools.cycle(items)):
+            taken.append(item)
+            x = x + item
+        endless = itertools.cycle(itertools.count(3))  # (never comes back round)
+        a, b = itertools.tee(iter(items))
+        return x, taken, next(endless), next(endless), list(a), list(b), list(itertools.cycle([]))
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    got, want = compiled(torch.zeros(2), [1, 2, 3]), fn(torch.zeros(2), [1, 2, 3])
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:] == want[1:]
+
+
+def test_a_cycle_alive_at_a_graph_break_goes_on_where_it_was():
+    def fn(x):
+        c = itertools.cycle([1, 2, 3])
+        first = next(c)
+        kiln.graph_break()
+        return x + first + next(c), c
+
+    got, c = kiln.compile(fn, backend="eager")(torch.zeros(1))
+    assert got.item() == 3 and type(c) is itertools.cycle and [next(c) for _ in range(4)] == [3, 1, 2, 3]
+
+
 def test_a_zip_of_a_generator_returned_unasked_keeps_the_generator_unstarted():
     started = []
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import types
 import weakref
 from collections import OrderedDict, defaultdict
@@ -36,7 +37,7 @@ from kiln.capture.variables import functions as f
 from kiln.capture.variables import objects as o
 from kiln.capture.variables import wrapping
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
-from kiln.capture.variables.builtins import BuiltinVariable, has_handler, is_builtin_callable
+from kiln.capture.variables.builtins import BuiltinVariable, EndlessIteratorVariable, count_state, has_handler, is_builtin_callable
 from kiln.capture.variables.constant import ConstantVariable, is_literal
 from kiln.capture.variables.containers import wrap_dict_contents
 from kiln.capture.variables.modules import ModuleVariable
@@ -225,6 +226,12 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
         return o.PythonModuleVariable(value, _pin(tx, value, source))
     if isinstance(value, (staticmethod, classmethod, property, types.MethodDescriptorType, types.WrapperDescriptorType, types.BuiltinMethodType, types.MethodWrapperType, types.GetSetDescriptorType, types.MemberDescriptorType)):
         return o.OpaqueVariable(value, _pin(tx, value, source))
+    if type(value) is itertools.count and source is not None:
+        # The caller's counter (a global, a closure's): read from where it has got to, guarded;
+        # the items the trace takes are taken from it after the graph runs.
+        start, step = count_state(value)
+        _guard(tx, "EQUALS", ConvertedSource(source, repr), repr(value))
+        return EndlessIteratorVariable(itertools.count, ConstantVariable(start), step, source)
     if type(value) is TUPLE_ITERATOR and source is not None:
         # A loop's iterator handed to a resume function (kiln/capture/resume_at_break.py): the items
         # it has left, guarded as a tuple; the iterator itself is a temporary nobody else sees.

@@ -7,6 +7,7 @@ its arguments are constants.
 
 from __future__ import annotations
 
+import ast
 import builtins
 import cmath
 import collections
@@ -791,22 +792,87 @@ def _count(tx: Any, start: Variable | None = None, step: Variable | None = None)
 class EndlessIteratorVariable(IteratorVariable):
     """`itertools.count(start, step)` and `itertools.repeat(x)`: an item each time one is asked
     for, without end (consumed whole, `list(count())`, it stops at kiln's item limit as a break);
-    alive at a graph break or returned, rebuilt where it has got to."""
+    alive at a graph break or returned, rebuilt where it has got to. A count the caller made
+    (`source`) is read from where it has got to, guarded, and advanced after the graph runs by as
+    many items as the trace took (`taken`, side_effects.py)."""
 
-    def __init__(self, kind: Any, item: Variable, step: Any = None) -> None:
+    def __init__(self, kind: Any, item: Variable, step: Any = None, source: Any = None) -> None:
         super().__init__([])
+        self.source = source
         self.kind, self.item, self.step = kind, item, step
         self.cls = kind
+        self.taken = 0
 
     def next(self, tx: Any) -> Variable | None:
         item = self.item
         if self.kind is itertools.count:
             self.item = const(item.as_constant() + self.step)
+        if self.source is not None:
+            self.taken += 1
+            tx.output.side_effects.record_mutation(self)
         return item
 
     def iterate(self, tx: Any) -> list[Variable]:
         raise unsupported("unsupported_iteration", f"consuming all of an endless {self.kind.__name__}()",
                           "take a finite part of it (zip, islice)")
+
+
+def count_state(counter: itertools.count) -> tuple[Any, Any]:
+    """(next value, step) of a real `itertools.count`, from its repr (`count(2)`, `count(2, 3)`):
+    Python shows its state no other way that lasts (pickling itertools went in 3.14)."""
+    numbers = ast.literal_eval(repr(counter)[len("count"):].replace(")", ",)"))
+    return numbers[0], numbers[1] if len(numbers) > 1 else 1
+
+
+@handles(itertools.cycle)
+def _cycle(tx: Any, seq: Variable) -> Variable:
+    iterator = seq.get_iter(tx)
+    if isinstance(iterator, EndlessIteratorVariable):
+        return iterator  # (an endless iterator never comes back round: the cycle yields what it yields)
+    if isinstance(iterator, GeneratorIterator) or not isinstance(iterator, IteratorVariable):
+        raise unsupported("unsupported_call", f"itertools.cycle of {seq.describe()}: a generator would run ahead of "
+                          "the loop consuming it", "the graph breaks at this call")
+    return CycleIteratorVariable(iterator.iterate(tx))
+
+
+class CycleIteratorVariable(IteratorVariable):
+    """`itertools.cycle(items)`: the items over and over (none: it is empty); alive at a graph
+    break or returned, rebuilt as a cycle starting where it has got to."""
+
+    def __init__(self, items: list[Variable]) -> None:
+        super().__init__(items)
+        self.cls = itertools.cycle
+
+    def next(self, tx: Any) -> Variable | None:
+        if not self.items:
+            return None
+        item = self.items[self.position % len(self.items)]
+        self.position += 1
+        return item
+
+    def iterate(self, tx: Any) -> list[Variable]:
+        if not self.items:
+            return []
+        raise unsupported("unsupported_iteration", "consuming all of an endless itertools.cycle()",
+                          "take a finite part of it (zip, islice)")
+
+    def rest(self) -> list[Variable]:
+        """The items in the order it yields them from here."""
+        start = self.position % len(self.items) if self.items else 0
+        return self.items[start:] + self.items[:start]
+
+
+@handles(itertools.tee)
+def _tee(tx: Any, seq: Variable, n: Variable | None = None) -> Variable:
+    copies = n.as_constant() if n is not None else 2
+    if not isinstance(copies, int) or copies < 0:
+        raise raise_real(ValueError("n must be >= 0") if isinstance(copies, int) else TypeError("tee() argument 2 must be int"))
+    iterator = seq.get_iter(tx)
+    if isinstance(iterator, (GeneratorIterator, EndlessIteratorVariable)) or not isinstance(iterator, IteratorVariable):
+        raise unsupported("unsupported_call", f"itertools.tee of {seq.describe()}: its items would be taken before "
+                          "the copies ask for them", "the graph breaks at this call")
+    items = iterator.iterate(tx)  # (the copies share what the iterator had left; it is consumed, as tee consumes it)
+    return TupleVariable([IteratorVariable(list(items)) for _ in range(copies)])
 
 
 def _by_positions(items: list[Variable], positions: Any, cls: type) -> Variable:
