@@ -649,8 +649,14 @@ def test_the_callers_itertools_count_is_read_where_it_stands_and_advanced():
 
     compiled = kiln.compile(lambda x: x * next(counter) + next(counter), backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 7.0 + 9))
-    torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 11.0 + 13))  # (its state is guarded)
+    torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 11.0 + 13))
     assert next(counter) == 15
+    for _ in range(20):
+        compiled(torch.ones(2))
+    assert next(counter) == 97 and len(compiled.kiln_cache.entries) == 1  # (its value a graph input)
+    steps = itertools.count(0.5)  # a float count: its value a constant, guarded
+    by_half = kiln.compile(lambda x: x + next(steps), backend="eager", fullgraph=True)
+    assert [by_half(torch.zeros(1)).item() for _ in range(3)] == [0.5, 1.5, 2.5]
 
 
 def test_itertools_cycle_and_tee():

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from kiln import config
 from kiln.capture.break_records import unsupported
 from kiln.capture.guards import Guard
 from kiln.capture.reentry import ReenteredAutocast
@@ -37,7 +38,8 @@ from kiln.capture.variables import functions as f
 from kiln.capture.variables import objects as o
 from kiln.capture.variables import wrapping
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
-from kiln.capture.variables.builtins import BuiltinVariable, EndlessIteratorVariable, count_state, has_handler, is_builtin_callable
+from kiln.capture.variables.builtins import (BuiltinVariable, EndlessIteratorVariable, count_next, count_state, count_step, has_handler,
+                                            is_builtin_callable)
 from kiln.capture.variables.constant import ConstantVariable, is_literal
 from kiln.capture.variables.containers import wrap_dict_contents
 from kiln.capture.variables.modules import ModuleVariable
@@ -226,12 +228,21 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
         return o.PythonModuleVariable(value, _pin(tx, value, source))
     if isinstance(value, (staticmethod, classmethod, property, types.MethodDescriptorType, types.WrapperDescriptorType, types.BuiltinMethodType, types.MethodWrapperType, types.GetSetDescriptorType, types.MemberDescriptorType)):
         return o.OpaqueVariable(value, _pin(tx, value, source))
-    if type(value) is itertools.count and source is not None:
-        # The caller's counter (a global, a closure's): read from where it has got to, guarded;
-        # the items the trace takes are taken from it after the graph runs.
+    if type(value) is itertools.count and source is not None and tx is not None:
+        # The caller's counter (a global, a closure's): read where it stands when the graph runs
+        # (an int count's value a symbolic int input, so each call does not capture again; else a
+        # constant, guarded), its step guarded; the items the trace takes are taken from it after
+        # the graph runs (side_effects.py).
         start, step = count_state(value)
-        _guard(tx, "EQUALS", ConvertedSource(source, repr), repr(value))
-        return EndlessIteratorVariable(itertools.count, ConstantVariable(start), step, source)
+        _guard(tx, "TYPE_MATCH", source, itertools.count)
+        _guard(tx, "EQUALS", ConvertedSource(source, count_step), step)
+        at = ConvertedSource(source, count_next)
+        if type(start) is int and type(step) is int and config.capture.dynamic_ints:
+            first = tx.output.add_int_input(start, at)
+        else:
+            _guard(tx, "EQUALS", at, start)
+            first = ConstantVariable(start)
+        return EndlessIteratorVariable(itertools.count, first, step, source)
     if type(value) is TUPLE_ITERATOR and source is not None:
         # A loop's iterator handed to a resume function (kiln/capture/resume_at_break.py): the items
         # it has left, guarded as a tuple; the iterator itself is a temporary nobody else sees.

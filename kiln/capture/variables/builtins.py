@@ -805,8 +805,12 @@ class EndlessIteratorVariable(IteratorVariable):
 
     def next(self, tx: Any) -> Variable | None:
         item = self.item
-        if self.kind is itertools.count:
+        if self.kind is itertools.count and item.is_constant():
             self.item = const(item.as_constant() + self.step)
+        elif self.kind is itertools.count:  # (the caller's count, its value a symbolic int: the sum in the graph)
+            from kiln.capture.python_operators import apply_binary  # python_operators.py imports this module
+
+            self.item = apply_binary(tx, operator.add, item, const(self.step))
         if self.source is not None:
             self.taken += 1
             tx.output.side_effects.record_mutation(self)
@@ -822,6 +826,15 @@ def count_state(counter: itertools.count) -> tuple[Any, Any]:
     Python shows its state no other way that lasts (pickling itertools went in 3.14)."""
     numbers = ast.literal_eval(repr(counter)[len("count"):].replace(")", ",)"))
     return numbers[0], numbers[1] if len(numbers) > 1 else 1
+
+
+def count_next(counter: itertools.count) -> Any:
+    """The value `next(counter)` would give, without taking it."""
+    return count_state(counter)[0]
+
+
+def count_step(counter: itertools.count) -> Any:
+    return count_state(counter)[1]
 
 
 @handles(itertools.cycle)
