@@ -333,6 +333,8 @@ def _pinned_to_forward(
 
 def _save_cost(node: fx.Node, depth: int) -> int | None:
     """Capacity of the edge that, when cut, saves ``node``; None when it cannot be saved."""
+    if node.op == "get_attr" and "val" not in node.meta:
+        return None  # (a module the graph holds, a torch.cond branch: read again where needed, never saved)
     if "val" not in node.meta:
         raise ValueError(f"partition: node {node.name!r} has no meta['val']; trace the joint with make_fx")
     val = node.meta["val"]

@@ -165,6 +165,14 @@ class Backend:
                 "the graph reads a number from a tensor it computes (tensor.item() kept by "
                 "capture.scalar_outputs or fullgraph=True): it runs through ATen, op by op"))
             return gm
+        higher_order = sorted({str(n.target) for n in gm.graph.nodes if isinstance(n.target, torch._ops.HigherOrderOperator)
+                               and any(a.op == "get_attr" for a in n.all_input_nodes)})  # (ops calling graphs)
+        if higher_order:
+            # `torch.cond` kept in the graph (kiln/capture/variables/control_flow.py): kiln's
+            # lowering has no branches; the graph runs through ATen, the op calling its branches.
+            record_fallback("kiln", "graph with higher-order ops", NotImplementedError(
+                f"the graph calls {', '.join(higher_order)}, which kiln's lowering does not take: it runs through ATen, op by op"))
+            return gm
         target = target_for(gm)
         folder = logs.dump_folder("kiln_backend")
         dump.aten_graph(folder, gm)

@@ -29,7 +29,7 @@ from kiln.capture.guards import Guard, GuardSet, TensorFacts, alias_pattern
 from kiln.capture.known_values import KnownValues
 from kiln.capture.side_effects import SideEffects
 from kiln.capture.sources import Source
-from kiln.capture.variables.base import Variable
+from kiln.capture.variables.base import Variable, made_now
 from kiln.capture.variables.containers import ListVariable, NamedTupleVariable, TupleVariable, is_namedtuple_class
 from kiln.capture.variables.symbolic import SymNodeVariable, has_symbolic, wrap_symbolic
 from kiln.capture.variables.tensor import IDENTITY_READ, TensorVariable
@@ -45,7 +45,10 @@ def _node_name(text: str) -> str:
 
 class OutputGraph:
     def __init__(self, frame_args: tuple) -> None:
-        self.graph = fx.Graph()
+        # The graph ops go into: the captured graph, or a branch of a higher-order op being traced
+        # (tracing_into); inputs and parameters always enter the captured graph (`root_graph`).
+        self.graph = self.root_graph = fx.Graph()
+        self.subgraphs: dict[fx.Graph, dict[str, fx.GraphModule]] = {}  # graph -> its branches' modules, by name
         self.fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=False)
         self.scalar_outputs = False  # tensor.item() kept in the graph (kiln/capture/variables/unbacked.py)
         self.guards = GuardSet()
@@ -129,16 +132,17 @@ class OutputGraph:
 
     def _placeholder(self, source: Source, value: Any, example: Any) -> fx.Node:
         """A graph input read from `source`, after the inputs added before it."""
+        graph = self.root_graph
         if self._last_input is None:
-            first = next(iter(self.graph.nodes), None)
-            context = self.graph.inserting_before(first) if first is not None else self.graph.inserting_after(None)
+            first = next(iter(graph.nodes), None)
+            context = graph.inserting_before(first) if first is not None else graph.inserting_after(None)
         else:
-            context = self.graph.inserting_after(self._last_input)
+            context = graph.inserting_after(self._last_input)
         name = _node_name(str(source))
-        while any(n.op == "placeholder" and n.target == name for n in self.graph.nodes):
+        while any(n.op == "placeholder" and n.target == name for n in graph.nodes):
             name += "_"  # `x.a_b` and `x.a.b` clean up to the same name
         with context:
-            node = self.graph.placeholder(name)
+            node = graph.placeholder(name)
         self._last_input = node
         node.meta["example_value"] = example
         self.inputs.append((source, node, value))
@@ -153,12 +157,42 @@ class OutputGraph:
         while name in self.attrs:
             name += "_"
         self.attrs[name] = tensor
-        node = self.graph.get_attr(name)
+        node = self.root_graph.get_attr(name)
         fake = self.fake(tensor)
         node.meta["example_value"] = fake
         var = TensorVariable(node, fake, source=source, cls=type(tensor))
         self._attr_by_id[id(tensor)] = var
         return var
+
+    # --- branches of higher-order ops (kiln/capture/variables/control_flow.py) -------------------
+
+    @contextlib.contextmanager
+    def tracing_into(self, graph: fx.Graph, where: str) -> Any:
+        """Ops go into `graph` inside the block; a change to anything outside the branch is
+        refused there (`where` says which branch) — it would happen whichever branch runs."""
+        effects = self.side_effects
+        outer, outer_refusal = self.graph, (effects.refused, effects.refused_before)
+        self.graph, effects.refused, effects.refused_before = graph, where, made_now()
+        try:
+            yield
+        finally:
+            self.graph, (effects.refused, effects.refused_before) = outer, outer_refusal
+
+    def add_subgraph(self, graph: fx.Graph, stem: str) -> fx.Node:
+        """`graph` as a module of the current graph's root: a get_attr node reading it."""
+        root = torch.nn.Module()
+        for name, module in self.subgraphs.get(graph, {}).items():  # (a branch's own branches)
+            root.add_module(name, module)
+        module = fx.GraphModule(root, graph, class_name="KilnBranch")
+        held = self.subgraphs.setdefault(self.graph, {})
+        name = stem
+        while name in held or name in self.attrs:
+            name = f"{stem}_{len(held)}"
+        held[name] = module
+        return self.graph.get_attr(name)
+
+    def subgraph_module(self, node: fx.Node) -> fx.GraphModule:
+        return self.subgraphs[node.graph][node.target]
 
     # --- operations ---------------------------------------------------------------------------
 
@@ -297,6 +331,8 @@ class OutputGraph:
             self.graph.call_function(torch._C._set_grad_enabled, (self.start_grad,))
         self.graph.output(tuple(outputs))
         root = torch.nn.Module()
+        for name, module in self.subgraphs.get(self.graph, {}).items():
+            root.add_module(name, module)
         for name, tensor in self.attrs.items():
             if isinstance(tensor, torch.nn.Parameter):
                 root.register_parameter(name, tensor)

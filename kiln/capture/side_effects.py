@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from kiln.capture import module_watch
+from kiln.capture.break_records import unsupported
 from kiln.capture.sources import InstanceDictSource
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.containers import DictVariable, IteratorVariable, ListVariable, SetVariable
@@ -31,12 +32,24 @@ class SideEffects:
         self.global_writes: dict[tuple[int, str], tuple[dict, str, Variable]] = {}
         self.cell_writes: dict[int, tuple[Variable, Variable]] = {}  # a real cell -> its new contents
         self.module_reads: dict[tuple[int, str], Any] = {}  # (id(module), name) -> the value read, as it was on entry
+        # Inside a torch.cond branch: why no change may be made there to a variable made before
+        # `refused_before` (one made in the branch stays in it), else None.
+        self.refused: str | None = None
+        self.refused_before = 0
+
+    def check_allowed(self, what: str, var: Variable | None = None) -> None:
+        """Refuse a change while tracing where one cannot be kept (a branch of torch.cond)."""
+        if self.refused is not None and (var is None or var.made < self.refused_before or var.source is not None):
+            raise unsupported("unsupported_side_effect", f"{what} {self.refused}: it would happen whichever branch "
+                              "runs", "the graph breaks at the torch.cond call; make the branch a pure function of its operands")
 
     def record_mutation(self, container: Variable) -> None:
+        self.check_allowed(f"changing {container.describe()}", container)
         self.mutated.setdefault(id(container), container)
 
     def record_setattr(self, obj: Variable, name: str, value: Variable | None, key: Any = None) -> None:
         """`key`: what the write is looked up by (default the variable; a class is its real self)."""
+        self.check_allowed(f"setting attribute {name!r}", obj)
         self.attr_writes.setdefault(id(obj if key is None else key), (obj, {}))[1][name] = value
 
     def pending_attrs(self, obj: Any) -> dict[str, Variable | None]:
@@ -79,6 +92,7 @@ class SideEffects:
         return bool(writes) and all(keeps_read(*write) for write in writes)
 
     def record_global(self, globals_dict: dict, name: str, value: Variable) -> None:
+        self.check_allowed(f"setting global {name!r}")
         self.global_writes[(id(globals_dict), name)] = (globals_dict, name, value)
 
     def pending_global(self, globals_dict: dict, name: str) -> Variable | None:
@@ -86,6 +100,7 @@ class SideEffects:
         return entry[2] if entry is not None else None
 
     def record_cell(self, cell: Variable, value: Variable) -> None:
+        self.check_allowed("setting a closure variable")
         self.cell_writes[id(cell)] = (cell, value)
 
     def __bool__(self) -> bool:

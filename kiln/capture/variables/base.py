@@ -10,6 +10,8 @@ the frame runs eagerly.
 
 from __future__ import annotations
 
+import itertools
+
 import types
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -20,11 +22,23 @@ if TYPE_CHECKING:
     from kiln.capture.sources import Source
 
 
+# Each variable's order of making: a change to one made inside a torch.cond branch stays in the
+# branch (control_flow.py), a change to one made before would happen whichever branch runs.
+_MADE = itertools.count()
+
+
+def made_now() -> int:
+    """A number below every variable made from now on."""
+    return next(_MADE)
+
+
 class Variable:
     source: "Source | None" = None
+    made: int = -1  # (a subclass that skips __init__: as old as any)
 
     def __init__(self, source: "Source | None" = None) -> None:
         self.source = source
+        self.made = next(_MADE)
 
     # --- what it is ---------------------------------------------------------------------------
 

@@ -693,6 +693,7 @@ def record_change(tx: Any, container: Variable) -> None:
     A real object reached without a source (`unreplayable`, e.g. through the closure of a function
     kiln cannot name) cannot be changed after the graph runs: that is a graph break, never a change
     silently made only to kiln's copy."""
+    tx.output.side_effects.check_allowed(f"changing {container.describe()}", container)
     if container.source is not None:
         tx.output.side_effects.record_mutation(container)
     elif getattr(container, "unreplayable", False):

@@ -422,6 +422,10 @@ def special_callable(value: Any) -> Variable | None:
         return AutocastVariable(value.device, value.fast_dtype, value._enabled, value._cache_enabled)
     if value in _MODULE_CALLS:
         return ModuleCallVariable(value)
+    if value is torch.cond or value is torch.ops.higher_order.cond:  # (the op itself, called directly: the same)
+        from kiln.capture.variables.control_flow import CondVariable  # control_flow.py imports this module's neighbours
+
+        return CondVariable()
     # Read from the function's own __dict__: `torch.ops` makes a namespace for any attribute name
     # it is asked for, and an object whose __getattr__ answers every name would read as disabled.
     fn = value.__func__ if isinstance(value, types.MethodType) else value
