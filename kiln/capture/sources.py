@@ -156,12 +156,14 @@ class ConvertedSource(Source):
 
 
 TUPLE_ITERATOR = type(iter(()))
+# The iterators of tuples, lists and ranges, whose items left are read without advancing them.
+SEQUENCE_ITERATORS = (TUPLE_ITERATOR, type(iter([])), type(iter(range(0))))
 
 
 def remaining_items(iterator: Any) -> tuple:
-    """The items a tuple iterator has not produced yet, without advancing it."""
-    state = iterator.__reduce__()  # (iter, (tuple,), position), or (iter, ((),)) once exhausted
-    return state[1][0][state[2]:] if len(state) > 2 else ()
+    """The items a tuple, list or range iterator has not produced yet, without advancing it."""
+    state = iterator.__reduce__()  # (iter, (sequence,), position), or (iter, ((),)) once exhausted
+    return tuple(state[1][0][state[2]:]) if len(state) > 2 else ()
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from kiln import config
 from kiln.capture.break_records import unsupported
 from kiln.capture.guards import Guard
 from kiln.capture.reentry import ReenteredAutocast
-from kiln.capture.sources import (TUPLE_ITERATOR, AttrSource, ConstSource, ConvertedSource, ItemSource, KeysSource, RemainingItemsSource,
+from kiln.capture.sources import (SEQUENCE_ITERATORS, AttrSource, ConstSource, ConvertedSource, ItemSource, KeysSource, RemainingItemsSource,
                                   Source, remaining_items)
 from kiln.capture.user_exceptions import ExceptionVariable
 from kiln.capture.variables import containers as c
@@ -243,12 +243,15 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
             _guard(tx, "EQUALS", at, start)
             first = ConstantVariable(start)
         return EndlessIteratorVariable(itertools.count, first, step, source)
-    if type(value) is TUPLE_ITERATOR and source is not None:
-        # A loop's iterator handed to a resume function (kiln/capture/resume_at_break.py): the items
-        # it has left, guarded as a tuple; the iterator itself is a temporary nobody else sees.
-        _guard(tx, "TYPE_MATCH", source, TUPLE_ITERATOR)
+    if type(value) in SEQUENCE_ITERATORS and source is not None:
+        # An iterator of a tuple, list or range (the caller's, or a loop's handed to a resume
+        # function, kiln/capture/resume_at_break.py): the items it has left, guarded as a tuple;
+        # the items the trace takes are taken from it after the graph runs (side_effects.py).
+        _guard(tx, "TYPE_MATCH", source, type(value))
         rest = wrap(tx, remaining_items(value), RemainingItemsSource(source))
-        return c.IteratorVariable(rest.items)
+        iterator = c.IteratorVariable(rest.items, source)
+        iterator.cls = type(value)
+        return iterator
     if isinstance(value, BaseException):
         return ExceptionVariable(type(value), (), value)
     # Any other object: its attributes are read (and guarded) one at a time.

@@ -18,6 +18,7 @@ import inspect
 import itertools
 import math
 import operator
+import os
 import sys
 import types
 import typing
@@ -53,7 +54,7 @@ HANDLERS: dict[Any, Handler] = {}
 
 # Pure functions computed now when all arguments are constants.
 _PURE_MODULES = (math, cmath, operator)
-_PURE = {abs, chr, ord, divmod, pow, round, hex, oct, bin, hash, repr, format, ascii,
+_PURE = {abs, chr, ord, divmod, pow, round, hex, oct, bin, hash, repr, format, ascii, os.fspath,
          collections.namedtuple}  # (a class made once while capturing: Dynamo's choice too)
 # The dict classes kiln's DictVariable stands for.
 _DICT_TYPES = (dict, collections.OrderedDict, collections.defaultdict)
@@ -797,11 +798,9 @@ class EndlessIteratorVariable(IteratorVariable):
     many items as the trace took (`taken`, side_effects.py)."""
 
     def __init__(self, kind: Any, item: Variable, step: Any = None, source: Any = None) -> None:
-        super().__init__([])
-        self.source = source
+        super().__init__([], source)
         self.kind, self.item, self.step = kind, item, step
         self.cls = kind
-        self.taken = 0
 
     def next(self, tx: Any) -> Variable | None:
         item = self.item
@@ -811,9 +810,7 @@ class EndlessIteratorVariable(IteratorVariable):
             from kiln.capture.python_operators import apply_binary  # python_operators.py imports this module
 
             self.item = apply_binary(tx, operator.add, item, const(self.step))
-        if self.source is not None:
-            self.taken += 1
-            tx.output.side_effects.record_mutation(self)
+        self.took(tx)
         return item
 
     def iterate(self, tx: Any) -> list[Variable]:

@@ -957,15 +957,24 @@ _SET_METHODS = _SET_MUTATORS | {"union", "intersection", "difference", "symmetri
 
 
 class IteratorVariable(Variable):
-    """An iterator over items known now (iter(list), zip, enumerate, map, reversed, ...)."""
+    """An iterator over items known now (iter(list), zip, enumerate, map, reversed, ...). One the
+    caller holds (`source`) is advanced for real after the graph runs by the items the trace took
+    (`taken`, side_effects.py)."""
 
-    def __init__(self, items: Sequence[Variable]) -> None:
-        super().__init__(None)
+    def __init__(self, items: Sequence[Variable], source: Any = None) -> None:
+        super().__init__(source)
         self.items, self.position = list(items), 0
         self.cls: type = type(iter([]))  # (a range's or a string's iterator says so)
+        self.taken = 0
 
     def python_type(self) -> type:
         return self.cls
+
+    def took(self, tx: Any, count: int = 1) -> None:
+        """`count` items were taken: from the caller's iterator too, once the graph has run."""
+        if self.source is not None and count:
+            self.taken += count
+            tx.output.side_effects.record_mutation(self)
 
     def next(self, tx: Any) -> Variable | None:
         """The next item, or None when exhausted."""
@@ -973,11 +982,13 @@ class IteratorVariable(Variable):
             return None
         item = self.items[self.position]
         self.position += 1
+        self.took(tx)
         return item
 
     def iterate(self, tx: Any) -> list[Variable]:
         rest = self.items[self.position:]
         self.position = len(self.items)
+        self.took(tx, len(rest))
         return rest
 
     def get_iter(self, tx: Any) -> Variable:
