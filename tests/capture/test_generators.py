@@ -627,6 +627,17 @@ def test_pure_c_functions_of_constants_fold():
     torch.testing.assert_close(compiled(torch.ones(2)), fn(torch.ones(2)))
 
 
+def test_class_methods_of_builtin_types_fold_on_constants():
+    def fn(x):
+        numbers = (int.from_bytes(b"\x00\x03", "big"), int.__new__(int, 42), bool.__new__(bool, 1), float.fromhex("0x1.8p1"))
+        return x * sum(numbers), numbers, float.hex(1.5)
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    got, want = compiled(torch.ones(2)), fn(torch.ones(2))
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:] == want[1:] and got[1][2] is True
+
+
 def test_itertools_accumulate_and_groupby():
     def fn(a, b, words):
         totals = list(itertools.accumulate([a, b, a * b]))

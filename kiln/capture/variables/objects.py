@@ -800,6 +800,7 @@ _FIXED_MODULES = {"torch", "math", "operator", "functools", "itertools", "collec
 
 
 _IMMUTABLE = (str, bytes, int, float, complex, tuple, frozenset, range, type(None), types.MappingProxyType, re.Pattern)
+_IMMUTABLE_TYPES = (str, bytes, int, bool, float, complex, tuple, frozenset)
 
 
 def _tuple_subclass_object(tx: Any, cls: type, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
@@ -876,7 +877,9 @@ class OpaqueVariable(RealValueVariable):
             return OpaqueVariable(owner).call_method(tx, "__get__", args, kwargs)
         if isinstance(self.value, property) or not all(a.is_constant() for a in (*args, *kwargs.values())):
             raise unsupported("unsupported_call", f"calling {self.describe()} while capturing")
-        if not isinstance(getattr(self.value, "__self__", None), _IMMUTABLE):
+        if not isinstance(owner, _IMMUTABLE) and not any(owner is t for t in _IMMUTABLE_TYPES):
+            # (a method of an immutable value, or a class method of its type, `int.from_bytes`,
+            # `bool.__new__(bool, 1)`: a pure function of its arguments)
             # C code of unknown effects (random.random, time.time, a counter's __next__): its result
             # may differ on every call, so it cannot be computed once while capturing.
             raise unsupported("unsupported_call", f"calling {self.value!r}, C code kiln does not model, while capturing",
