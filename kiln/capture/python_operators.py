@@ -420,6 +420,11 @@ def text_of(tx: Any, value: Variable, kind: Callable) -> Variable:
             result = value._dunder(tx, "__repr__", [])
         if result is not None:
             return ConstantVariable(ascii(result.as_constant())[1:-1]) if kind is ascii else result
+    if isinstance(value, BaseSequenceVariable) and value.python_type() in (tuple, list):
+        # (a tuple or list of objects: each item's repr, as Python's own tuple/list repr writes it)
+        texts = [text_of(tx, item, ascii if kind is ascii else repr).as_constant() for item in value.items]
+        inner = ", ".join(texts) + ("," if len(texts) == 1 and value.python_type() is tuple else "")
+        return ConstantVariable(f"({inner})" if value.python_type() is tuple else f"[{inner}]")
     raise unsupported("unsupported_format", f"turning {value.describe()} into a string while capturing",
                       "the graph breaks here; format outside the compiled code")
 
@@ -434,7 +439,7 @@ def format_value(tx: Any, value: Variable, conversion: Callable | None, spec: st
             return result
         if not spec:
             return text_of(tx, value, str)
-    if isinstance(value, ExceptionVariable):
+    if isinstance(value, ExceptionVariable) or not spec and isinstance(value, BaseSequenceVariable) and not is_plain_data(value):
         value = text_of(tx, value, str)
     if not is_plain_data(value):
         raise unsupported("unsupported_format", f"formatting {value.describe()} into a string while capturing",

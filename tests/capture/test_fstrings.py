@@ -223,3 +223,20 @@ def test_format_user_object_built_in_compiled_code():
         return x * n, f"at {p!r}", "{}".format(repr(p))
 
     check(f, torch.randn(2), 3)
+
+
+def test_a_tuple_or_list_of_objects_formats_with_each_items_repr():
+    class Key:
+        def __init__(self, name):
+            self.name = name
+
+        def __repr__(self):
+            return f"Key({self.name!r})"
+
+    def fn(x):
+        path = (Key("a"), Key("b"))
+        return x * 2, f"path={path}", str([Key("c"), 3]), repr((Key("d"),))
+
+    compiled = kiln.compile(fn, backend="eager", fullgraph=True)
+    got, want = compiled(torch.ones(2)), fn(torch.ones(2))
+    assert got[1:] == want[1:] == ("path=(Key('a'), Key('b'))", "[Key('c'), 3]", "(Key('d'),)")
