@@ -178,3 +178,18 @@ def test_a_symbolic_int_with_a_numpy_integer():
     compiled = kiln.compile(lambda x, a, b: x + (a % b), backend=Counting(), dynamic=True, fullgraph=True)
     x = torch.randn(4)
     torch.testing.assert_close(compiled(x, 4097, np.int64(8)), x + 1)
+
+
+def test_math_floor_ceil_trunc_of_symbolic_numbers_stay_symbolic():
+    import math
+
+    backend = Counting()
+
+    def fn(x, n):
+        return x.sum() * math.floor(n / 2) + math.ceil((x.size(0) | 3) * 1.5) + math.trunc(n)
+
+    compiled = kiln.compile(fn, backend=backend, dynamic=True, fullgraph=True)
+    for size, n in [(2, 5), (3, 7), (5, 8)]:
+        x = torch.randn(size)
+        torch.testing.assert_close(compiled(x, n), fn(x, n))
+    assert len(backend.graphs) == 1

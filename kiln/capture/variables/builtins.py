@@ -45,6 +45,7 @@ from kiln.capture.variables.functions import BoundMethodVariable, FunctionVariab
 from kiln.capture.variables.objects import (ClassVariable, NewObjectVariable, ObjectSlotVariable, SuperVariable, UserObjectVariable,
                                             class_lookup)
 from kiln.capture.variables import unbacked
+from kiln.capture.variables.symbolic import SymNodeVariable
 from kiln.capture.variables.tensor import TensorVariable
 from kiln.capture.variables.weakrefs import make_weakref
 from kiln.capture.variables.wrapping import wrap_constant_result
@@ -903,6 +904,23 @@ def _arranging(kind: Any) -> Callable:
         return _by_positions(items, positions, kind)
 
     return handler
+
+
+def _integer_part(fn: Any) -> Handler:
+    """`math.floor`/`ceil`/`trunc`: of a symbolic int, itself; of a symbolic float, in the graph."""
+
+    def handler(tx: Any, *args: Variable, **kwargs: Variable) -> Variable:
+        if len(args) == 1 and not kwargs and isinstance(args[0], SymNodeVariable):
+            if args[0].python_type() is int:
+                return args[0]
+            return tx.output.call("call_function", fn, list(args), {})
+        return constant_fold(fn, args, kwargs)
+
+    return handler
+
+
+for _fn in (math.floor, math.ceil, math.trunc):
+    HANDLERS[_fn] = _integer_part(_fn)
 
 
 for _kind in (itertools.combinations, itertools.permutations, itertools.combinations_with_replacement, itertools.pairwise):
