@@ -43,7 +43,8 @@ from kiln.capture.variables.base import BoundBuiltinMethod
 from kiln.capture.variables.torch_fns import GradModeVariable
 
 # Kinds of failure that are kiln's own faults or limits of the whole frame: never resumed.
-_NOT_RESUMABLE = {"internal_error", "frame_dependent"}
+# (an unreplayable change: resumed, the change would go to a copy rebuilt at the break)
+_NOT_RESUMABLE = {"internal_error", "frame_dependent", "unreplayable_change"}
 _JUMPS = {"TRUE": lambda v: bool(v), "FALSE": lambda v: not v, "NONE": lambda v: v is None, "NOT_NONE": lambda v: v is not None}
 
 

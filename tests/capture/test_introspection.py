@@ -3,6 +3,7 @@
 import collections
 import dataclasses
 import enum
+import inspect
 import numbers
 import typing
 from collections import abc
@@ -513,3 +514,19 @@ def test_torch_function_overrides_are_seen_not_answered_false():
         kiln.compile(lambda x, o: (x + 1, torch.overrides.has_torch_function((x, o))), backend="eager",
                      fullgraph=True)(torch.ones(1), Overriding())
     check(lambda x, w: (torch.overrides.has_torch_function_unary(w), x @ w), torch.randn(2, 3), nn.Parameter(torch.randn(3, 4)))
+
+
+def test_changing_a_container_of_an_object_computed_while_capturing_breaks_rather_than_being_lost():
+    # (kiln changed only its copy of `bound.arguments`: the frame returned the BoundArguments unchanged)
+    def inner(a, b, *ar, c=10, d=11, **kw):
+        pass
+
+    def fn(x):
+        bound = inspect.signature(inner).bind(1, 2, 3, d=12, e=15)
+        bound.arguments["d"] = 13
+        return bound, x + 1
+
+    got, want = kiln.compile(fn, backend="eager")(torch.ones(1)), fn(torch.ones(1))
+    assert got[0] == want[0] and got[0].arguments["d"] == 13
+    with pytest.raises(kiln.CaptureError, match="could not be replayed"):
+        kiln.compile(fn, backend="eager", fullgraph=True)(torch.ones(1))

@@ -690,16 +690,17 @@ def call_checked(tx: Any, method: Callable, owner: str, name: str, args: Sequenc
 def record_change(tx: Any, container: Variable) -> None:
     """A list, dict or set changed in place: replayed on the real object when it has a source.
 
-    A real object reached without a source (`unreplayable`, e.g. through the closure of a function
-    kiln cannot name) cannot be changed after the graph runs: that is a graph break, never a change
-    silently made only to kiln's copy."""
+    A real object reached without a source (`unreplayable`: through the closure of a function
+    kiln cannot name, an attribute of an object a folded call returned) cannot be changed after the
+    graph runs: that is a graph break, never a change silently made only to kiln's copy."""
     tx.output.side_effects.check_allowed(f"changing {container.describe()}", container)
     if container.source is not None:
         tx.output.side_effects.record_mutation(container)
     elif getattr(container, "unreplayable", False):
         kind = container.python_type().__name__
-        raise unsupported("unsupported_side_effect", f"changing a {kind} from a closure cell kiln cannot name "
-                          "(the function holding it has no source); the change could not be replayed")
+        raise unsupported("unreplayable_change", f"changing a real {kind} kiln reached without a way to name it "
+                          "again (a closure cell of a function with no source, an attribute of an object computed while "
+                          "capturing); the change could not be replayed")
 
 
 def wrap_dict_contents(tx: Any, value: dict, source: Source | None) -> Variable:

@@ -256,7 +256,13 @@ class UserObjectVariable(Variable):
             if self.source is not None:  # an unset slot, a descriptor that raises: it must stay so
                 tx.output.guards.add(Guard("HASATTR", self.source, False, name))
             raise raise_real(error) from None
-        return wrap(tx, value, AttrSource(self.source, name) if self.source is not None else None)
+        var = wrap(tx, value, AttrSource(self.source, name) if self.source is not None else None)
+        if self.source is None and type(value) in (list, dict, set):
+            # The container of a real object kiln holds without a way to reach it again (one a
+            # folded call returned: `inspect.signature(f).bind(...).arguments`): changing it would
+            # change only kiln's copy, not the object the frame returns (containers.record_change).
+            var.unreplayable = True
+        return var
 
     def getattr(self, tx: Any, name: str) -> Variable:
         hook, owner = class_lookup(self.cls, "__getattribute__")
