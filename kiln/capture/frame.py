@@ -4,6 +4,7 @@ return the cache entry (guards + runner) for calls like it.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import types
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+import torch._guards
 
 from kiln import compile_time, config
 from kiln.capture import dump, module_watch, reentry, resume_at_break, resume_code
@@ -153,7 +155,8 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
         # (a symbolic int is given as its SymInt, as Dynamo gives it: a backend tracing the graph
         # again must not specialize it to the value it had at capture)
         example_inputs = [node.meta["example_value"] if isinstance(value, int) else value for _, node, value in output.inputs]
-        compiled = backend(gm, example_inputs)
+        with _symbols_known_to(output):
+            compiled = backend(gm, example_inputs)
     for guard in output.shape_guards() + aliasing:  # after the backend: its tracing may add some
         output.guards.add(guard)
     guards = output.guards.compile()
@@ -164,6 +167,15 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
     stats = {"ops": output.op_count, "inputs": len(output.inputs), "attrs": len(output.attrs), "guards": len(guards.guards)}
     record = breaking.record(resumed=True) if breaking is not None and not breaking.inlined else None
     return Entry(guards, run, gm, runner_source, seconds, stats, record)
+
+
+def _symbols_known_to(output: OutputGraph) -> Any:
+    """A graph with symbolic inputs goes to the backend with its fake mode as the tracing context's,
+    as Dynamo hands it over: a backend tracing it again (Inductor, AOTAutograd) reads the symbols'
+    ranges from that mode's shape environment rather than making a mode that has never seen them."""
+    if not output.symbolic_inputs:
+        return contextlib.nullcontext()
+    return torch._guards.tracing(torch._guards.TracingContext(output.fake_mode))
 
 
 def _break_state(tx: Translator, rc: Reconstructor, fn: types.FunctionType, breaking: Unsupported, backend: Callable,
