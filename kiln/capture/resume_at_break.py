@@ -225,10 +225,13 @@ class Continuation:
             if not NULL_ABOVE_CALLABLE and stack and stack[-1] is rcode.NULL_SLOT:
                 stack.pop()
         callee = compiled_callee(fn, self.backend, self.dynamic)
-        if callee is fn and self.record is not None:
-            # The callee runs eagerly: the break inside it has no frame of its own to record it.
-            record_break(dataclasses.replace(self.record, resumed=False, explanation=self.record.explanation
-                                             + "; the call runs eagerly (its callee has hooks or is not a Python function)"))
+        hooks_eager = getattr(callee, "func", None) is _call_with_forward
+        if (callee is fn or hooks_eager) and self.record is not None:
+            # The callee (or the module's hooks, where the break may be) runs eagerly: the break
+            # inside it has no frame of its own to record it.
+            how = ("the module's hooks run eagerly, its forward compiled as a frame of its own" if hooks_eager else
+                   "the call runs eagerly (its callee is not a Python function, or sets its own forward)")
+            record_break(dataclasses.replace(self.record, resumed=hooks_eager, explanation=f"{self.record.explanation}; {how}"))
             self.record = None
         stack.append(callee(*args, **kwargs))
         return stack
@@ -263,14 +266,17 @@ _CALLEES: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
 def compiled_callee(fn: Any, backend: Callable, dynamic: bool | None = None) -> Callable:
-    """`fn` (a Python function, bound method or nn.Module without hooks) compiled by kiln as a
-    frame of its own; anything else as it is."""
+    """`fn` (a Python function, bound method or nn.Module) compiled by kiln as a frame of its own
+    (a module's forward; its hooks, if any, run by nn.Module's call around it); anything else as it is."""
     from kiln.capture.cache import FrameCache  # cache.py imports frame.py, which imports this module
 
     target, bound = fn, None
+    hooked = None
     if isinstance(fn, nn.Module):
-        if _has_hooks(fn):
+        if "forward" in fn.__dict__:  # (a forward set on the instance: not the class's to compile)
             return fn
+        if _has_hooks(fn):
+            hooked = fn
         target, bound = type(fn).forward, fn
     elif isinstance(fn, types.MethodType):
         target, bound = fn.__func__, fn.__self__
@@ -288,7 +294,17 @@ def compiled_callee(fn: Any, backend: Callable, dynamic: bool | None = None) -> 
         if bound is not None:
             binder, eager = functools.partial(binder, bound), functools.partial(target, bound)
         cache = per_key[(target, id(backend), dynamic)] = FrameCache(target, binder, eager, backend, False, target.__qualname__, None, dynamic)
-    return cache
+    return cache if hooked is None else functools.partial(_call_with_forward, hooked, cache)
+
+
+def _call_with_forward(module: nn.Module, forward: Callable, *args: Any, **kwargs: Any) -> Any:
+    """`module(*args, **kwargs)` with its hooks run by nn.Module's own call as always, and `forward`
+    (the module's forward compiled as a frame of its own) in place of the class's for this call."""
+    module.__dict__["forward"] = forward  # (past nn.Module.__setattr__: no attribute of the module's changes)
+    try:
+        return module(*args, **kwargs)
+    finally:
+        module.__dict__.pop("forward", None)
 
 
 def _has_hooks(module: nn.Module) -> bool:

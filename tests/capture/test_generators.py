@@ -728,3 +728,37 @@ def test_the_callers_sequence_iterator_is_advanced_by_what_the_trace_took(items)
     assert next(it) == 4
     torch.testing.assert_close(compiled(torch.zeros(1), it), torch.full((1,), 5.0 + 6))  # (its items left are guarded)
     assert next(it, None) is None
+
+
+def test_stop_iteration_carries_what_the_generator_returned():
+    def gen():
+        try:
+            yield 1
+        finally:
+            return 3  # noqa: B012
+
+    def counted():
+        yield 1
+        return 5
+
+    def fn(t):
+        g = counted()
+        next(g)
+        try:
+            next(g)
+        except StopIteration as e:
+            first = (e.value, e.args)
+        try:
+            next(g)
+        except StopIteration as e:
+            again = (e.value, e.args)  # (a finished generator's: no value)
+        h = gen()
+        next(h)
+        try:
+            h.throw(ValueError)
+        except StopIteration as e:
+            thrown = e.args
+        return t.sin(), first, again, thrown
+
+    got, want = kiln.compile(fn, backend="eager", fullgraph=True)(torch.ones(1)), fn(torch.ones(1))
+    assert got[1:] == want[1:] == (((5, (5,)), (None, ()), (3,)))

@@ -289,15 +289,31 @@ def test_a_break_inside_no_grad_with_the_kiln_backend(capsys):
     assert torch.is_grad_enabled()
 
 
-def test_a_break_inside_a_hooked_submodule_runs_that_call_eagerly_with_a_record(capsys):
+def test_a_break_inside_a_hooked_submodule_compiles_its_forward_as_a_frame_of_its_own(capsys):
     torch.manual_seed(0)
     model = Outer()
     model.inner.register_forward_hook(lambda module, args, out: out + 1)
     compiled, backend = _compiled(model)
     x = torch.randn(2, 4)
     _same(compiled(x), model(x))
-    assert len(backend.graphs) == 2  # lin | lin: the hooked module runs as eager runs it
-    assert not BREAKS[-1].resumed and "hooks" in BREAKS[-1].explanation and BREAKS[-1].function == "forward"
+    # lin | x + 1 | x * 2 | lin: the hooked module called by nn.Module (its hook run eagerly), its forward compiled
+    assert len(backend.graphs) == 4 and "forward" not in model.inner.__dict__
+    assert any("hooks run eagerly" in b.explanation and b.resumed for b in BREAKS)
+
+
+def test_a_break_in_a_hook_compiles_the_modules_forward_as_a_frame_of_its_own(capsys):
+    seen = []
+
+    @torch.compiler.disable
+    def hook(module, args):
+        seen.append(1)
+
+    lin = nn.Linear(4, 4)
+    lin.register_forward_pre_hook(hook)
+    compiled, backend = _compiled(nn.Sequential(nn.ReLU(), lin))
+    x = torch.randn(2, 4)
+    _same(compiled(x), lin(x.relu()))
+    assert seen == [1, 1] and any("torch._C._nn.linear" in gm.code for gm in backend.graphs)
 
 
 def test_a_sparse_tensor_input_runs_the_frame_eagerly_with_a_record():

@@ -39,7 +39,7 @@ from kiln.capture.resume_code import stack_name
 from kiln.capture.sources import ConstSource
 from kiln.capture.variables.containers import (
     GENERATOR_ITEM_LIMIT, DictVariable, GeneratorIterator, IteratorVariable, ListVariable, MappingProxyVariable, SetVariable, TupleVariable,
-    hash_key,
+    hash_key, stop_iteration,
 )
 from kiln.capture.variables.functions import BoundMethodVariable, FunctionVariableBase, PartialVariable
 from kiln.capture.variables.objects import (ClassVariable, NewObjectVariable, ObjectSlotVariable, SuperVariable, UserObjectVariable,
@@ -352,11 +352,12 @@ def _iter(tx: Any, obj: Variable) -> Variable:
 def _next(tx: Any, it: Variable, *default: Variable) -> Variable:
     if not isinstance(it, IteratorVariable):
         it = it.get_iter(tx) if not hasattr(it, "next") else it
+    running = getattr(it, "frame", None) is not None
     item = it.next(tx)
     if item is None:
         if default:
             return default[0]
-        raise UserRaise(ExceptionVariable(StopIteration))
+        raise stop_iteration(it, running)
     return item
 
 

@@ -1017,6 +1017,15 @@ class IteratorVariable(Variable):
 GENERATOR_ITEM_LIMIT = 10_000
 
 
+def stop_iteration(iterator: Variable, was_running: bool) -> UserRaise:
+    """The StopIteration an exhausted iterator raises: a generator that returned just now (it was
+    `was_running` before the call) carries what it returned, as `StopIteration(value)`."""
+    returned = getattr(iterator, "result", None) if was_running and isinstance(iterator, GeneratorIterator) else None
+    if returned is None or returned.is_constant() and returned.as_constant() is None:
+        return UserRaise(ExceptionVariable(StopIteration))
+    return UserRaise(ExceptionVariable(StopIteration, (returned,)))
+
+
 class GeneratorIterator(IteratorVariable):
     """A user generator being consumed: its frame runs to the next yield each time an item is asked
     for, so the generator's effects interleave with the consumer's as in Python."""

@@ -12,7 +12,7 @@ from kiln.capture.sources import AttrSource, ClosureSource, ConstSource, Default
 from kiln.capture.user_exceptions import raise_real
 from kiln.capture.variables.base import BoundBuiltinMethod, Variable
 from kiln.capture.variables.constant import ConstantVariable, is_literal
-from kiln.capture.variables.containers import DictVariable, GeneratorIterator, TupleVariable, hash_key
+from kiln.capture.variables.containers import DictVariable, GeneratorIterator, TupleVariable, hash_key, stop_iteration
 from kiln.capture.variables.wrapping import wrap, wrap_constant_result
 
 CO_VARARGS, CO_VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
@@ -374,6 +374,7 @@ class GeneratorVariable(Variable):
             return self
         if name == "close":
             return it.close(tx)
+        running = it.frame is not None
         if name == "__next__":
             item = it.next(tx)
         elif name == "send":
@@ -381,5 +382,5 @@ class GeneratorVariable(Variable):
         else:  # throw(exc) or throw(type[, value]): a class is instantiated as Python does
             item = it.throw(tx, _exception_of(tx, args))
         if item is None:
-            raise raise_real(StopIteration())
+            raise stop_iteration(it, running)
         return item

@@ -22,7 +22,7 @@ from torch.nn.modules import module as module_file
 from torch.utils.hooks import RemovableHandle
 
 from kiln.capture import module_watch
-from kiln.capture.break_records import unsupported
+from kiln.capture.break_records import Unsupported, unsupported
 from kiln.capture.guards import Guard
 from kiln.capture.sources import AttrSource, ConstSource, KeysSource, Source
 from kiln.capture.user_exceptions import raise_real
@@ -440,24 +440,35 @@ def call_module(tx: Any, module: ModuleVariable, args: Sequence[Variable], kwarg
     for hook_id, hook in list(m._forward_pre_hooks.items()):
         hook_var = _hook(tx, module, hook, "forward pre-hook")
         if hook_id in m._forward_pre_hooks_with_kwargs:
-            result = hook_var.call(tx, [module, TupleVariable(args), _kwargs_dict(kwargs)], {})
+            result = _call_hook(tx, hook_var, [module, TupleVariable(args), _kwargs_dict(kwargs)])
             if not (result.is_constant() and result.as_constant() is None):
                 new_args, new_kwargs = result.iterate(tx)
                 args, kwargs = new_args.iterate(tx), {k.as_constant(): new_kwargs.getitem(tx, k) for k in new_kwargs.iterate(tx)}
         else:
-            result = hook_var.call(tx, [module, TupleVariable(args)], {})
+            result = _call_hook(tx, hook_var, [module, TupleVariable(args)])
             if not (result.is_constant() and result.as_constant() is None):
                 args = result.iterate(tx) if isinstance(result, TupleVariable) else [result]
     output = module.getattr(tx, "forward").call(tx, args, kwargs)
     for hook_id, hook in list(m._forward_hooks.items()):
         hook_var = _hook(tx, module, hook, "forward hook")
         if hook_id in m._forward_hooks_with_kwargs:
-            result = hook_var.call(tx, [module, TupleVariable(args), _kwargs_dict(kwargs), output], {})
+            result = _call_hook(tx, hook_var, [module, TupleVariable(args), _kwargs_dict(kwargs), output])
         else:
-            result = hook_var.call(tx, [module, TupleVariable(args), output], {})
+            result = _call_hook(tx, hook_var, [module, TupleVariable(args), output])
         if not (result.is_constant() and result.as_constant() is None):
             output = result
     return output
+
+
+def _call_hook(tx: Any, hook: Variable, args: list[Variable]) -> Variable:
+    try:
+        return hook.call(tx, args, {})
+    except Unsupported as error:
+        # A break in a hook is a break inside the module's call: the frame resumes after the call,
+        # made with the hooks run by nn.Module as always and the forward compiled as a frame of
+        # its own (resume_at_break.compiled_callee).
+        error.inlined = True
+        raise
 
 
 def _initialize_lazy(module: ModuleVariable, args: Sequence[Variable], kwargs: dict[str, Variable]) -> None:
