@@ -206,6 +206,7 @@ def _kiln_settings_follow_dynamos() -> None:
     class FollowingDynamo(type(capture)):
         scalar_outputs = property(lambda self: bool(dynamo_config.capture_scalar_outputs))
         dynamic_ints = property(lambda self: bool(dynamo_config.automatic_dynamic_shapes and not dynamo_config.specialize_int))
+        error_on_fx_trace = property(lambda self: bool(dynamo_config.error_on_nested_fx_trace))
         dynamic_sources = property(lambda self: tuple(name.strip() for name in torch.compiler.config.dynamic_sources.split(",")
                                                       if name.strip()))
 

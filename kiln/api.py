@@ -110,6 +110,9 @@ def compile(fn_or_module: Any = None, *, backend: Any = "kiln", fullgraph: bool 
     return capture(fn_or_module, compiled_backend, fullgraph, dynamic, opts)
 
 
+compile.kiln_compile_door = True  # (called inside a capture: the function itself, inlined; capture/variables/torch_fns.py)
+
+
 def _unsupported_python(fn_or_module: Any, fullgraph: bool) -> Any:
     """On a Python whose bytecode kiln's capture does not model: an error under fullgraph, else
     the function or module itself (it runs eagerly), with a warning that says so and what works."""

@@ -437,6 +437,12 @@ class CaptureSettings(_Group):
         "dynamic_sources: names as kiln's guards print them (L['x'], L['self'].step, L['y'][1]) or regular "
         "expressions matched at their start; a tensor's every dimension, or only dimension N with a ':N' suffix",
     )
+    error_on_fx_trace: bool = setting(
+        True,
+        env="KILN_ERROR_ON_FX_TRACE",
+        help="torch.fx.symbolic_trace through a function kiln.compile made raises (as Dynamo's "
+        "error_on_nested_fx_trace: FX would record the original ops, past kiln); off: FX traces the original function",
+    )
     warn_eager_frames: bool = setting(
         True,
         env="KILN_WARN_EAGER_FRAMES",

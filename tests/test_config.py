@@ -83,6 +83,7 @@ def test_defaults():
         "capture.scalar_outputs": False,
         "capture.dynamic_ints": True,
         "capture.dynamic_sources": (),
+        "capture.error_on_fx_trace": True,
         "capture.warn_eager_frames": True,
         "runtime.keep_freed_mb": 0,
         "bench.timeout_s": 900.0,

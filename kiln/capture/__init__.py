@@ -1,9 +1,9 @@
 """kiln's own graph capture: symbolic interpretation of CPython bytecode (see api.py)."""
 
-from kiln.capture.api import CompiledFunction, CompiledModule, capture, reset
+from kiln.capture.api import CompiledModule, capture, is_compiled_function, reset
 from kiln.capture.break_records import BREAKS, BreakRecord, CaptureError
 from kiln.capture.dynamic import mark_dynamic
 from kiln.capture.explain import ExplainReport, explain
 from kiln.capture.markers import graph_break
 
-__all__ = ["BREAKS", "BreakRecord", "CaptureError", "CompiledFunction", "CompiledModule", "ExplainReport", "capture", "explain", "graph_break", "mark_dynamic", "reset"]
+__all__ = ["BREAKS", "BreakRecord", "CaptureError", "CompiledModule", "ExplainReport", "capture", "explain", "graph_break", "mark_dynamic", "reset"]

@@ -8,6 +8,7 @@ import types
 from typing import Any, Callable
 
 from torch import nn
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from kiln import config
 from kiln.capture import break_records
@@ -51,39 +52,50 @@ def _calling(fn: Callable) -> types.FunctionType:
     return call
 
 
-class CompiledFunction:
-    """What `kiln.compile(fn)` returns: call it like `fn`."""
+def compiled_function(fn: Callable, backend: Callable, fullgraph: bool, options: dict, dynamic: bool | None = None) -> types.FunctionType:
+    """What `kiln.compile(fn)` returns: a Python function called like `fn` (as torch.compile's is:
+    `inspect.isfunction`, method binding and `torch.fx.symbolic_trace` take it), its frame cache
+    as `kiln_cache`. Traced by torch.fx it raises, as Dynamo's does (FX would trace past kiln),
+    unless the setting `capture.error_on_fx_trace` is off: then FX traces `fn` itself."""
+    target, bound_self = fn, None
+    if isinstance(fn, types.MethodType):
+        target, bound_self = fn.__func__, fn.__self__
+    elif not isinstance(fn, types.FunctionType) and callable(fn) and not isinstance(fn, type):
+        call = getattr(type(fn), "__call__", None)
+        if isinstance(call, types.FunctionType) and not type(fn).__module__.startswith("torch"):  # a user's callable object
+            target, bound_self = call, fn
+        else:  # a builtin (torch.sin), an ATen op: called from a function of kiln's own
+            target = _calling(fn)
+    if not isinstance(target, types.FunctionType):
+        raise TypeError(f"kiln.compile: expected a callable (a Python function, method, nn.Module, builtin or "
+                        f"an object with __call__), got {type(fn).__name__}")
+    binder = make_binder(target)
+    if bound_self is not None:
+        binder = functools.partial(binder, bound_self)
+    cache = FrameCache(target, binder, fn, backend, fullgraph, target.__qualname__, options.get("recompile_limit"), dynamic)
+    run = _with_options(cache, options)
 
-    def __init__(self, fn: Callable, backend: Callable, fullgraph: bool, options: dict, dynamic: bool | None = None) -> None:
-        target, bound_self = fn, None
-        if isinstance(fn, types.MethodType):
-            target, bound_self = fn.__func__, fn.__self__
-        elif not isinstance(fn, types.FunctionType) and callable(fn) and not isinstance(fn, type):
-            call = getattr(type(fn), "__call__", None)
-            if isinstance(call, types.FunctionType) and not type(fn).__module__.startswith("torch"):  # a user's callable object
-                target, bound_self = call, fn
-            else:  # a builtin (torch.sin), an ATen op: called from a function of kiln's own
-                target = _calling(fn)
-        if not isinstance(target, types.FunctionType):
-            raise TypeError(f"kiln.compile: expected a callable (a Python function, method, nn.Module, builtin or "
-                            f"an object with __call__), got {type(fn).__name__}")
-        binder = make_binder(target)
-        if bound_self is not None:
-            binder = functools.partial(binder, bound_self)
-        self._cache = FrameCache(target, binder, fn, backend, fullgraph, target.__qualname__, options.get("recompile_limit"), dynamic)
-        self._run = _with_options(self._cache, options)
-        functools.update_wrapper(self, fn)
+    def compiled(*args: Any, **kwargs: Any) -> Any:
+        if is_fx_symbolic_tracing():
+            return _under_fx_trace(fn, args, kwargs)
+        return run(*args, **kwargs)
 
-    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        return self._run(*args, **kwargs)
+    functools.update_wrapper(compiled, fn)
+    compiled.kiln_cache = cache  # type: ignore[attr-defined]
+    return compiled
 
-    def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        # A compiled function stored on a class binds like a method.
-        return self if obj is None else functools.partial(self, obj)
 
-    @property
-    def kiln_cache(self) -> FrameCache:
-        return self._cache
+def is_compiled_function(value: Any) -> bool:
+    """Whether `value` is what `kiln.compile(fn)` returned."""
+    return isinstance(value, types.FunctionType) and "kiln_cache" in value.__dict__ and hasattr(value, "__wrapped__")
+
+
+def _under_fx_trace(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    if config.capture.error_on_fx_trace:
+        raise RuntimeError("Detected that you are using FX to symbolically trace a function kiln.compile made: FX "
+                           "would record the original function's ops, past kiln. Trace the original function, or turn "
+                           "off the setting capture.error_on_fx_trace (KILN_ERROR_ON_FX_TRACE=0) to let FX trace it.")
+    return fn(*args, **kwargs)
 
 
 def _delegate(name: str) -> Callable:
@@ -195,13 +207,16 @@ def capture(fn_or_module: Any, backend: Callable, fullgraph: bool = False, dynam
     # win, as under Dynamo); the inner compiled object keeps its own.
     if isinstance(fn_or_module, CompiledModule):
         fn_or_module = fn_or_module.__dict__["_orig_mod"]
-    elif isinstance(fn_or_module, CompiledFunction):
+    elif is_compiled_function(fn_or_module):
         fn_or_module = fn_or_module.__wrapped__
     if isinstance(fn_or_module, nn.Module):
         return CompiledModule(fn_or_module, backend, fullgraph, options, dynamic)
     if not callable(fn_or_module):
         raise TypeError(f"kiln.compile: fn_or_module must be callable (a function, method, nn.Module, builtin or object with __call__), got {type(fn_or_module).__name__}")
-    return CompiledFunction(fn_or_module, backend, fullgraph, options, dynamic)
+    return compiled_function(fn_or_module, backend, fullgraph, options, dynamic)
+
+
+capture.kiln_compile_door = True  # (called inside a capture: the function itself, inlined; torch_fns.py)
 
 
 def reset() -> None:

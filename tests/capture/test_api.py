@@ -393,3 +393,53 @@ def test_a_compiled_module_saved_and_loaded_is_compiled_again(tmp_path):
     assert type(loaded) is type(compiled) and loaded.__dict__["_cache"] is not compiled.__dict__["_cache"]
     torch.testing.assert_close(loaded(x), model(x))
     assert len(loaded.kiln_cache.entries) == 1
+
+
+def test_a_compiled_function_is_a_function_and_binds_as_a_method():
+    import inspect
+
+    def scale(self, x):
+        return x * self.k
+
+    compiled = kiln.compile(scale, backend="eager")
+    assert inspect.isfunction(compiled) and compiled.__wrapped__ is scale and compiled.kiln_cache.entries == []
+
+    class Holder:
+        k = 3
+        apply = compiled
+
+    torch.testing.assert_close(Holder().apply(torch.ones(2)), torch.full((2,), 3.0))
+
+
+def test_fx_tracing_a_compiled_function_raises_unless_the_setting_lets_fx_trace_the_original():
+    def f(x):
+        return x.sin() + 1
+
+    compiled = kiln.compile(f, backend="eager")
+    with pytest.raises(RuntimeError, match="symbolically trace a function kiln.compile made"):
+        torch.fx.symbolic_trace(compiled)
+    with kiln.config.patch({"capture.error_on_fx_trace": False}):
+        gm = torch.fx.symbolic_trace(compiled)
+    x = torch.randn(3)
+    torch.testing.assert_close(gm(x), f(x))
+    assert compiled.kiln_cache.entries == []  # (FX traced the original; kiln compiled nothing)
+
+
+def test_kiln_compile_inside_a_compiled_function_inlines_into_one_graph():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def gn(x, c=2):
+        return c * x
+
+    made_outside = kiln.compile(lambda x: x.cos(), backend="eager")
+
+    def outer(x):
+        return kiln.compile(gn, backend="eager")(x) + kiln.compile(fullgraph=True)(gn)(x, 3) + made_outside(x)
+
+    x = torch.randn(4)
+    torch.testing.assert_close(kiln.compile(outer, backend=backend, fullgraph=True)(x), gn(x) + gn(x, 3) + x.cos())
+    assert len(graphs) == 1 and made_outside.kiln_cache.entries == []

@@ -167,6 +167,11 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
     if is_builtin_callable(value):
         _pin(tx, value, source)
         return BuiltinVariable(value)
+    if isinstance(value, types.FunctionType) and "kiln_cache" in value.__dict__ and isinstance(value.__dict__.get("__wrapped__"), types.FunctionType):
+        # A function kiln.compile made, called inside another capture: its original, inlined
+        # into the graph being captured (as Dynamo inlines a nested torch.compile'd function).
+        _pin(tx, value, source)
+        return wrap(tx, value.__wrapped__, ConstSource(value.__wrapped__, f"{source}.__wrapped__") if source is not None else None)
     if isinstance(value, types.FunctionType):
         if getattr(value, "__module__", None) in FOLDED_MODULES:
             _pin(tx, value, source)

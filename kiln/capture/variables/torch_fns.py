@@ -434,7 +434,27 @@ def special_callable(value: Any) -> Variable | None:
         return _Disabled(value)
     if is_graph_break_marker(value):
         return _BreakHere(value)
+    if isinstance(own, dict) and own.get("kiln_compile_door") is True:  # (kiln.compile itself, by its own __dict__)
+        return _CompileInside()
     return None
+
+
+class _CompileInside(Variable):
+    """`kiln.compile(fn, ...)` called inside a function kiln is capturing: `fn` itself, so that
+    calling it inlines it into the graph being captured (as Dynamo inlines a nested torch.compile);
+    without `fn` (the decorator form), a decorator that gives back what it decorates."""
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def describe(self) -> str:
+        return "kiln.compile inside a compiled function"
+
+    def call(self, tx: Any, args: Sequence[Variable], kwargs: dict[str, Variable]) -> Variable:
+        target = args[0] if args else kwargs.get("fn_or_module")
+        if target is None or target.is_constant() and target.as_constant() is None:
+            return self
+        return target
 
 
 def is_graph_break_marker(value: Any) -> bool:
