@@ -130,6 +130,8 @@ def test_failures_are_classified_by_where_they_failed():
     assert classify({**failed, "test_line": "self.assertEqual(len(records), 1)", "reads_dynamo_logs": True}) == "dynamo_internal"
     assert classify({**failed, "test_line": "self.assertEqual(len(records), 1)"}) == "wrong_result"
     assert classify({**failed, "test_line": "self.assertEqual(len(compile_ids), 3)"}) == "dynamo_internal"
+    # A count of the recorded graph's nodes of one kind checks the graph's structure, not values.
+    assert classify({**failed, "test_line": 'self.assertEqual(len(sym_max_nodes), 1, "sym_max should be in the graph")'}) == "dynamo_internal"
     # Inductor's own counters (its generated kernels) check Inductor, not the program.
     assert classify({**failed, "test_line": "self.assertGreater(torch._inductor.metrics.generated_kernel_count, 0)"}) == "dynamo_internal"
     assert classify({"outcome": "failed", "type": "builtins.StopIteration", "expects_dynamo_refusal": True}) == "dynamo_internal"
@@ -232,6 +234,7 @@ def test_a_test_expecting_one_of_dynamos_own_exceptions_checks_dynamos_refusal()
 def test_kilns_capture_settings_follow_dynamos_config_in_the_worker():
     # A test that patches torch._dynamo.config.capture_scalar_outputs gets kiln's
     # capture.scalar_outputs: the worker makes that setting read Dynamo's option.
+    import torch
     import torch._dynamo.config as dynamo_config
 
     import kiln
@@ -245,6 +248,10 @@ def test_kilns_capture_settings_follow_dynamos_config_in_the_worker():
         with dynamo_config.patch(capture_scalar_outputs=True):
             assert kiln.config.capture.scalar_outputs is True
         assert kiln.config.capture.scalar_outputs is False
+        with dynamo_config.patch(automatic_dynamic_shapes=False, error_on_nested_fx_trace=False):
+            assert kiln.config.capture.dynamic_ints is False and kiln.config.capture.error_on_fx_trace is False
+        with torch.compiler.config.patch(dynamic_sources="L['x'], L['n']"):
+            assert kiln.config.capture.dynamic_sources == ("L['x']", "L['n']")
     finally:
         object.__setattr__(capture, "__class__", original)
     assert type(kiln.config.capture) is original
