@@ -435,7 +435,7 @@ class CaptureSettings(_Group):
         env="KILN_DYNAMIC_SOURCES",
         help="inputs made symbolic from the first capture, whatever `dynamic` says, as torch.compiler.config."
         "dynamic_sources: names as kiln's guards print them (L['x'], L['self'].step, L['y'][1]) or regular "
-        "expressions matched at their start; a tensor's every dimension, or only dimension N with a ':N' suffix",
+        "expressions matching a whole name; a tensor's every dimension, or only dimension N with a ':N' suffix",
     )
     error_on_fx_trace: bool = setting(
         True,
