@@ -1,6 +1,6 @@
 """kiln's own graph capture: symbolic interpretation of CPython bytecode (see api.py)."""
 
-from kiln.capture.api import CompiledModule, capture, is_compiled_function, reset
+from kiln.capture.api import CompiledModule, capture, reset
 from kiln.capture.break_records import BREAKS, BreakRecord, CaptureError
 from kiln.capture.dynamic import mark_dynamic
 from kiln.capture.explain import ExplainReport, explain

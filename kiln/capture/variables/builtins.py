@@ -32,7 +32,7 @@ from kiln.capture.break_records import unsupported
 from kiln.capture.guards import Guard
 from kiln.capture.python_operators import (_BY_FUNCTION, _INPLACE_TO_BINARY, BY_DUNDER, apply_binary, apply_unary, contains, identical,
                                            store_subscript, subscript, text_of)
-from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
+from kiln.capture.user_exceptions import UserRaise, raise_real
 from kiln.capture.variables.base import BoundBuiltinMethod, RealValueVariable, Variable
 from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
 from kiln.capture.resume_code import stack_name
