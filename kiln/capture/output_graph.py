@@ -185,9 +185,9 @@ class OutputGraph:
             root.add_module(name, module)
         module = fx.GraphModule(root, graph, class_name="KilnBranch")
         held = self.subgraphs.setdefault(self.graph, {})
-        name = stem
+        name, suffix = stem, len(held)
         while name in held or name in self.attrs:
-            name = f"{stem}_{len(held)}"
+            name, suffix = f"{stem}_{suffix}", suffix + 1
         held[name] = module
         return self.graph.get_attr(name)
 

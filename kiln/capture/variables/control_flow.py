@@ -114,19 +114,25 @@ def _lift_outer_nodes(graph: fx.Graph) -> list[fx.Node]:
     """Every node of another graph that `graph` reads becomes a placeholder of its own; returns
     those nodes, in order (the enclosing graph passes them)."""
     lifted: dict[fx.Node, fx.Node] = {}
-    last_placeholder = [n for n in graph.nodes if n.op == "placeholder"][-1:] or [None]
+    last = ([n for n in graph.nodes if n.op == "placeholder"] or [None])[-1]
     for node in list(graph.nodes):
         for read in list(node.all_input_nodes):
             if read.graph is graph:
                 continue
             if read not in lifted:
-                where = graph.inserting_after(last_placeholder[0]) if last_placeholder[0] is not None else graph.inserting_before(next(iter(graph.nodes)))
-                with where:
-                    placeholder = graph.placeholder(f"lifted{len(lifted)}")
-                placeholder.meta["example_value"] = read.meta.get("example_value")
-                last_placeholder[0] = lifted[read] = placeholder
+                last = lifted[read] = _new_placeholder(graph, last, f"lifted{len(lifted)}", read)
             node.replace_input_with(read, lifted[read])
     return list(lifted)
+
+
+def _new_placeholder(graph: fx.Graph, after: fx.Node | None, name: str, stands_for: fx.Node) -> fx.Node:
+    """A placeholder of `graph` after `after` (first where None), with the example value of the
+    node of the enclosing graph it stands for."""
+    where = graph.inserting_after(after) if after is not None else graph.inserting_before(next(iter(graph.nodes)))
+    with where:
+        placeholder = graph.placeholder(name)
+    placeholder.meta["example_value"] = stands_for.meta.get("example_value")
+    return placeholder
 
 
 def _call_cond(tx: Any, pred: Variable, operands: list[Variable], branches: list[_Branch]) -> Variable:
@@ -151,28 +157,15 @@ def _call_cond(tx: Any, pred: Variable, operands: list[Variable], branches: list
 
 
 def _take_lifted_in_order(branch: _Branch, lifted: list[fx.Node]) -> None:
-    """Make the branch's lifted placeholders one per node of `lifted`, in that order (each branch
-    takes every extra operand either reads)."""
+    """Make the branch's extra placeholders one per node of `lifted`, in that order, after its
+    operands (each branch takes every extra operand either branch reads)."""
     placeholders = [n for n in branch.graph.nodes if n.op == "placeholder"]
-    own = dict(zip(branch.lifted, placeholders[len(placeholders) - len(branch.lifted):]))
-    anchor = placeholders[len(placeholders) - len(branch.lifted) - 1] if len(placeholders) > len(branch.lifted) else None
-    ordered = []
+    operands = len(placeholders) - len(branch.lifted)
+    own = dict(zip(branch.lifted, placeholders[operands:]))
+    last = placeholders[operands - 1] if operands else None
     for i, node in enumerate(lifted):
-        if node in own:
-            placeholder = own[node]
-        else:
-            where = branch.graph.inserting_after(anchor) if anchor is not None else branch.graph.inserting_before(next(iter(branch.graph.nodes)))
-            with where:
-                placeholder = branch.graph.placeholder(f"unused{i}")
-            placeholder.meta["example_value"] = node.meta.get("example_value")
-        ordered.append(placeholder)
-    # Placeholders are the graph's parameters in the order they stand: move each into place.
-    for placeholder in ordered:
-        if anchor is None:
-            first = next(iter(branch.graph.nodes))
-            if first is not placeholder:
-                first.prepend(placeholder)
-        else:
-            anchor.append(placeholder)
-        anchor = placeholder
+        last = _new_placeholder(branch.graph, last, f"extra{i}", node)
+        if node in own:  # (the branch's own placeholder for it, replaced by the one in place)
+            own[node].replace_all_uses_with(last)
+            branch.graph.erase_node(own[node])
     branch.lifted = lifted
