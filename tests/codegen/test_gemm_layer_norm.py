@@ -37,7 +37,7 @@ def _reference(a, b, bias, residual, weight, norm_bias, eps, rms=False):
     return F.layer_norm(y, (y.shape[-1],), as_double(weight), as_double(norm_bias), eps)
 
 
-@pytest.mark.parametrize("shape", [*SHAPES, (128, 3072, 768)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [*SHAPES, (128, 3072, 768), (1, 769, 1000)], ids=lambda s: "x".join(map(str, s)))
 def test_the_normalized_rows_match_a_float64_layer_norm(shape):
     m, k, n = shape
     a, b, bias, residual = _operands(m, k, n, torch.float32, seed=m + k + n)
@@ -57,7 +57,7 @@ def test_the_normalized_rows_match_a_float64_layer_norm(shape):
                                rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("shape", [*SHAPES, (128, 2048, 512)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", [*SHAPES, (128, 2048, 512), (1, 2048, 768)], ids=lambda s: "x".join(map(str, s)))
 def test_rms_normalized_rows_match_a_float64_rms_norm(shape):
     m, k, n = shape
     a, b, bias, residual = _operands(m, k, n, torch.float32, seed=m + k + n + 1)

@@ -93,6 +93,25 @@ def test_k_blocks_partial_sums_and_strided_rows(n):
     _check(out, _reference(a, b, bias, "relu", [], None, residual.bfloat16()), torch.bfloat16, k)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("panels", [1, 3, 8, 9, 16, 17, 23, 40])
+def test_one_row_products_read_runs_of_panels(panels, threads):
+    """M = 1 (a decode step's GEMV): each thread cuts its panels into GEMV_STREAMS runs and reads
+    the next panel of every run at once (kiln_gemm.h `gemv`). Panel counts that leave runs of
+    unequal length, fewer panels than runs, a ragged last panel; every epilogue; an odd K."""
+    n, k = 48 * panels - 5, 133
+    a, b, bias, residual = _operands(1, k, n, torch.float32, seed=panels)
+    packed = kernels.pack(b)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for unary, scalars, algorithm in EPILOGUES:
+            out = kernels.mm(a, packed, n, bias, unary, scalars, residual, algorithm=algorithm)
+            _check(out, _reference(a, b, bias, unary, scalars, algorithm, residual), torch.float32, k)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("columns", [48, 53], ids=["whole-panel", "ragged"])
 def test_gelu_tanh_epilogue_at_extreme_values_is_eagers(columns):
     """GELU's tanh form runs as y * sigmoid(2u) with 2u taken within +-80 (no denormal e^-|2u|):
@@ -138,7 +157,7 @@ def test_other_isas(flags, tmp_path):
     cross-compiled and run under qemu instead: test_neon_cross.py."""
     lib = x86_kernels_built_with(flags, tmp_path)
     for dtype in (torch.float32, torch.bfloat16):
-        for m, k, n in [(13, 77, 50), (1, 9, 3), (128, 8, 16432)]:  # the last: C streamed (float32)
+        for m, k, n in [(13, 77, 50), (1, 9, 3), (1, 130, 1000), (128, 8, 16432)]:  # the last: C streamed (float32)
             a, b, bias, residual = _operands(m, k, n, dtype, seed=k)
             out = kernels.mm(a, kernels.pack(b, lib), n, bias, "gelu", [], residual, lib=lib)
             _check(out, _reference(a, b, bias, "gelu", [], None, residual), dtype, k)

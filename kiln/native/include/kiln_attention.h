@@ -287,6 +287,17 @@ static inline bool zeros(const float* mask_row, int64_t end) {
 // amortize (a decode step's attention is a read of its KV cache, nothing more).
 constexpr int64_t FEW_ROWS = 4;
 
+// A decode step's KV cache comes from memory (the step's weights have passed through the caches
+// since the layer last read it), and a head's keys cross a 4 KB page every 16 rows of 64 floats,
+// where the hardware's prefetcher stops: each block of keys waited for memory. So the keys are
+// asked for KEYS_AHEAD rows ahead, and each block's values while its scores are computed (into L2,
+// for the pass over the values). llama-160m's decode on 2 threads of an Intel Xeon: the attention
+// of 12 heads over 200 keys, its cache from L3, 57 -> 48 us; a token 0.4-0.6 ms faster (of ~16).
+constexpr int64_t KEYS_AHEAD = 2 * L;
+static inline void prefetch_row(const float* row, int64_t n) {
+  for (int64_t c = 0; c < n; c += 16) __builtin_prefetch(row + c, 0, 1);  // a line of 16 floats
+}
+
 // The scores of query row `qr` against keys [j0, j0 + n), n <= L: L dot products of length D,
 // D's vectors outermost (L independent sums), transposed in registers and summed into one vector.
 // Lanes past n repeat key j0's product (the caller sets them to -inf).
@@ -353,8 +364,16 @@ static void few_rows(const Shape& z, const float* qh, const float* kh, const flo
     const float* qr = qh + i * z.q_s;
     const float* mr = mh ? mh + i * z.m_q : nullptr;
     V m = minus_inf;
+    const bool first = i == i_lo;
+    if (first)
+      for (int64_t j = 0; j < std::min<int64_t>(end, KEYS_AHEAD); ++j) prefetch_row(kh + j * z.k_s, z.D);
     for (int64_t j0 = 0; j0 < end; j0 += L) {
       const int n = int(std::min<int64_t>(L, end - j0));
+      if (first) {
+        for (int64_t j = j0 + KEYS_AHEAD; j < std::min<int64_t>(end, j0 + KEYS_AHEAD + L); ++j)
+          prefetch_row(kh + j * z.k_s, z.D);
+        for (int64_t j = j0; j < j0 + n; ++j) prefetch_row(vh + j * z.v_s, z.Dv);
+      }
       V x = key_dots(qr, kh, z.k_s, z.D, j0, n) * scale;
       if (n == L) {
         if (mr) x += kiln::load(mr + j0);
