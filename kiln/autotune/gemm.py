@@ -181,12 +181,13 @@ def choose_mm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, mode:
     after = (lambda y: y) if unary == "none" else lambda y: apply_post_op(y, unary, scalars, algorithm or None)  # noqa: E731
     plain = lambda f: lambda b: after(f(r.a, b, r.bias, "none", [], None))  # noqa: E731
     fused = lambda f: lambda b: f(r.a, b, r.bias, unary, scalars, algorithm or None)  # noqa: E731
-    candidates = {name: _rotating(r, weights, plain(mm_call(name))) for name in names}
+    runs = {name: plain(mm_call(name)) for name in names}
     signature = (tuple(a.shape), tuple(b.shape), tuple(b.stride()), str(a.dtype), bias is not None)
     if unary != "none":  # signatures of plain GEMMs as before, so their cache entries stay valid
         for name, impl in _fused_impls(a.dtype).items():
-            candidates[name] = _rotating(r, weights, fused(mm_call(impl)))
+            runs[name] = fused(mm_call(impl))
         signature += (unary, tuple(scalars), algorithm)
+    candidates = _rotating(r, weights, runs)
     if streamed:  # (likewise)
         signature += ("weights from DRAM",)
 
@@ -272,21 +273,29 @@ def last_level_cache_bytes() -> int:
     return max(sizes, default=_UNKNOWN_LLC_BYTES)
 
 
-def _rotating(r: Inputs, weights: list[str], run: Callable[[torch.Tensor], object]) -> Callable[[], object]:
-    """A candidate that runs on the next copy of the weight at each call; its first call (the
-    untimed warm-up) runs on every copy, so each is packed before the timed rounds."""
-    turn = [-1]
+def _rotating(r: Inputs, weights: list[str], runs: dict[str, Callable[[torch.Tensor], object]]) -> dict[str, Callable[[], object]]:
+    """Each candidate of `runs` as one that runs on the next copy of the weight at each call; its
+    first call (the untimed warm-up) runs on every copy, so each is packed before the timed rounds.
+    The candidates start at copies spread evenly over the ring: those that read the weight where
+    it lies (ATen's, which pack nothing) would otherwise read the same copy in the same round, the
+    later one from the cache the earlier one just filled (from DRAM, ATen's 768x768 GEMV timed 67 us
+    after ATen's other call on its copy, where the model's read it in 90)."""
+    def rotation(run: Callable[[torch.Tensor], object], start: int) -> Callable[[], object]:
+        turn = [-1]
 
-    def go() -> object:
-        if turn[0] < 0:
-            turn[0] = 0
-            for name in weights[1:]:
-                run(getattr(r, name))
-            return run(getattr(r, weights[0]))
-        turn[0] = (turn[0] + 1) % len(weights)
-        return run(getattr(r, weights[turn[0]]))
+        def go() -> object:
+            if turn[0] < 0:
+                turn[0] = start
+                for k, name in enumerate(weights):
+                    if k != start:
+                        run(getattr(r, name))
+                return run(getattr(r, weights[start]))
+            turn[0] = (turn[0] + 1) % len(weights)
+            return run(getattr(r, weights[turn[0]]))
 
-    return go
+        return go
+
+    return {name: rotation(run, i * len(weights) // len(runs)) for i, (name, run) in enumerate(runs.items())}
 
 
 def _dropping_packs(r: Inputs, weights: list[str]) -> Callable[[], None]:
@@ -316,9 +325,9 @@ def choose_conv(x: torch.Tensor, x_channels_last: bool, w: torch.Tensor, bias: t
     names = [n for n in CONV_IMPLS if not ((x_channels_last or channels_last_only) and n == "aten")
              and (n != "kiln" or kiln_conv_applies(x, w, stride, padding, dilation, groups))]
     conv = native_ops.direct("conv")
-    candidates = {name: _rotating(r, weights, lambda w, impl=name: conv(
-        r.x, w, r.bias, stride, padding, dilation, groups, unary, scalars, algorithm, r.other, impl))
-        for name in _ties_first(names)}
+    candidates = _rotating(r, weights, {name: lambda w, impl=name: conv(
+        r.x, w, r.bias, stride, padding, dilation, groups, unary, scalars, algorithm, r.other, impl)
+        for name in _ties_first(names)})
     signature = (tuple(x.shape), _strides(x, arriving), tuple(w.shape), str(x.dtype), bias is not None, tuple(stride),
                  tuple(padding), tuple(dilation), groups, unary, tuple(scalars), algorithm, other is not None)
     question = lambda: {"op": "conv", "x": spec(x), "x_channels_last": x_channels_last, "w": spec(w),  # noqa: E731

@@ -48,15 +48,22 @@ def test_a_weight_larger_than_the_stream_is_timed_alone():
 
 
 def test_each_call_of_a_candidate_reads_the_next_copy_and_the_warm_up_packs_them_all():
-    r = gemm.Inputs(**{f"b{k}": (torch.empty(2, 2, device="meta"), None) for k in range(3)})
-    seen = []
-    run = gemm._rotating(r, ["b0", "b1", "b2"], lambda b: seen.append(b.data_ptr()))
-    run()  # the warm-up: every copy
-    assert len(set(seen)) == 3
-    seen.clear()
-    for _ in range(6):
-        run()
-    assert len(set(seen)) == 3 and seen[:3] == seen[3:] and seen[0] != seen[1]
+    r = gemm.Inputs(**{f"b{k}": (torch.empty(2, 2, device="meta"), None) for k in range(4)})
+    seen = {"first": [], "second": []}
+    runs = gemm._rotating(r, ["b0", "b1", "b2", "b3"], {name: lambda b, name=name: seen[name].append(b.data_ptr())
+                                                        for name in seen})
+    for name, run in runs.items():
+        run()  # the warm-up: every copy
+        assert len(set(seen[name])) == 4
+        seen[name].clear()
+    for _ in range(8):  # rounds, the candidates interleaved
+        for run in runs.values():
+            run()
+    for calls in seen.values():
+        assert len(set(calls)) == 4 and calls[:4] == calls[4:] and calls[0] != calls[1]
+    # Never one copy in the same round: ATen's candidates read the weight itself, and the later one
+    # would find the copy the earlier one just read in the cache.
+    assert all(a != b for a, b in zip(seen["first"], seen["second"]))
 
 
 def test_conv_inputs_keep_the_arriving_layout_in_the_question(monkeypatch):
