@@ -16,8 +16,10 @@ from tests.codegen.test_kiln_gemm import _reference as gemm_reference
 
 # (M, K, N): M <= 4 takes the register path, more the buffer's; K odd (a half byte of int4 padding),
 # K not a multiple of the group, K > 1024 (K blocks with partial sums in C); N with a ragged last
-# panel of 1, 2 and 22 columns.
-SHAPES = [(1, 7, 1), (1, 64, 50), (2, 200, 97), (4, 129, 48), (5, 64, 70), (17, 333, 49), (9, 2500, 130), (64, 96, 200)]
+# panel of 1, 2 and 22 columns; at one row, 17 panels (int8 reads a thread's panels in runs of
+# unequal length, kiln_gemm_quant.h `int8_row`).
+SHAPES = [(1, 7, 1), (1, 64, 50), (1, 133, 811), (2, 200, 97), (4, 129, 48), (5, 64, 70), (17, 333, 49), (9, 2500, 130),
+          (64, 96, 200)]
 KINDS = [(8, 0), (4, 32), (4, 64), (4, 128), (4, 2)]
 
 
@@ -86,19 +88,20 @@ def test_every_epilogue_matches_a_float64_product_of_the_dequantized_weight(shap
             _check(out, _reference(carried, w, b, unary, scalars, algorithm, r), k)
 
 
+@pytest.mark.parametrize("bits,group", [(4, 64), (8, 0)], ids=["int4", "int8"])
 @pytest.mark.parametrize("m", [1, 3, 12])
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm", "softmax", "log_softmax"])
-def test_row_norms_after_the_quantized_product(m, kind):
-    k, n = 300, 130
-    q, s, z, w = _quantized(n, k, 4, 64, seed=m)
-    packed = kernels.quant_pack(q, s, z, 4, 64, k)
+def test_row_norms_after_the_quantized_product(m, kind, bits, group):
+    k, n = 300, 1000
+    q, s, z, w = _quantized(n, k, bits, group, seed=m)
+    packed = kernels.quant_pack(q, s, z, bits, group, k)
     g = torch.Generator().manual_seed(m)
     a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
     weight, beta = torch.rand(n, generator=g) + 0.5, torch.randn(n, generator=g)
     norm_weight, norm_bias = (None, None) if "softmax" in kind else (weight, None if kind == "rms_norm" else beta)
-    out = kernels.mm_quant(a, packed, n, 4, 64, bias, "none", (), residual,
+    out = kernels.mm_quant(a, packed, n, bits, group, bias, "none", (), residual,
                            row_norm=kernels.RowNorm(norm_weight, norm_bias, 1e-5, None, kind))
-    y = _reference(split_activations(a) if _bf16_pairs(4, m, 64) else a, w, bias, "none", (), None, residual)
+    y = _reference(split_activations(a) if _bf16_pairs(bits, m, group) else a, w, bias, "none", (), None, residual)
     if kind == "layer_norm":
         ref = torch.nn.functional.layer_norm(y, [n], weight.double(), beta.double(), 1e-5)
     elif kind == "rms_norm":
@@ -122,7 +125,8 @@ def test_a_wrong_dequantization_is_caught():
 def test_other_isas(flags, tmp_path):
     """The widening of bytes per ISA (AVX-512 and AVX2 instructions, lanes elsewhere), built here."""
     lib = x86_kernels_built_with(flags, tmp_path)
-    for (m, k, n), (bits, group) in [((1, 77, 50), (8, 0)), ((3, 130, 33), (4, 32)), ((9, 65, 20), (4, 64))]:
+    for (m, k, n), (bits, group) in [((1, 77, 50), (8, 0)), ((1, 77, 300), (8, 0)), ((3, 130, 33), (4, 32)),
+                                     ((9, 65, 20), (4, 64))]:
         q, s, z, w = _quantized(n, k, bits, group, seed=k)
         a, bias = torch.randn(m, k), torch.randn(n)
         out = kernels.mm_quant(a, kernels.quant_pack(q, s, z, bits, group, k, lib=lib), n, bits, group, bias, "gelu",

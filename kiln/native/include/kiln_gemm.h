@@ -866,37 +866,48 @@ static inline void gemv_panels(int64_t K, const float* a, const float* const* pa
   }
 }
 
-// gemv_panels for n (<= GEMV_STREAMS) panels, each one's row stored through the epilogue.
-template <int S>
-static inline void gemv_some(int n, int64_t N, int64_t K, const float* a, const float* const* panels,
-                             const int64_t* at, void* c, int64_t ldc, const Epilogue* e) {
+// f(count) with count = std::integral_constant<int, n>, n in 1..S: a run-time count of panels as
+// a compile-time one (the accumulators' array bound).
+template <int S, typename F> static inline void with_count(int n, F&& f) {
   if constexpr (S > 1) {
-    if (n < S) return gemv_some<S - 1>(n, N, K, a, panels, at, c, ldc, e);
+    if (n < S) return with_count<S - 1>(n, f);
   }
-  V acc[S][NV];
-  gemv_panels<S>(K, a, panels, acc);
-  for (int s = 0; s < S; ++s) {
-    V one[1][NV];
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) one[0][v] = acc[s][v];
-    store_block<1>(one, 1, int(std::min<int64_t>(NR, N - at[s] * NR)), 0, at[s] * NR, c, ldc, e, true);
-  }
+  f(std::integral_constant<int, S>{});
 }
 
-// Panels [p0, p1) of a one-row float32 product: cut into GEMV_STREAMS runs of equal length (to
-// one), step i reads the i-th panel of every run.
-static inline void gemv(int64_t N, int64_t K, const float* a, const float* bp, int64_t rows, void* c, int64_t ldc,
-                        const Epilogue* e, int64_t p0, int64_t p1) {
+// Panels [p0, p1) cut into GEMV_STREAMS runs of equal length (to one): step i calls
+// f(count, at) with the i-th panel of every run that has one, at[0, count).
+template <typename F> static inline void panel_runs(int64_t p0, int64_t p1, F&& f) {
   int64_t lo[GEMV_STREAMS], hi[GEMV_STREAMS];
   for (int g = 0; g < GEMV_STREAMS; ++g) range(p1 - p0, GEMV_STREAMS, g, lo[g], hi[g]);
   for (int64_t i = 0; i < hi[0] - lo[0]; ++i) {
-    const float* panels[GEMV_STREAMS];
     int64_t at[GEMV_STREAMS];
     int n = 0;
     for (int g = 0; g < GEMV_STREAMS; ++g)
-      if (lo[g] + i < hi[g]) at[n] = p0 + lo[g] + i, panels[n] = bp + at[n] * rows * NR, ++n;
-    gemv_some<GEMV_STREAMS>(n, N, K, a, panels, at, c, ldc, e);
+      if (lo[g] + i < hi[g]) at[n++] = p0 + lo[g] + i;
+    with_count<GEMV_STREAMS>(n, [&](auto count) { f(count, at); });
   }
+}
+
+// Row 0 of C over panel `p` from its accumulators, through the epilogue.
+static inline void store_row(const V (&acc)[NV], int64_t N, int64_t p, void* c, int64_t ldc, const Epilogue* e) {
+  V one[1][NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) one[0][v] = acc[v];
+  store_block<1>(one, 1, int(std::min<int64_t>(NR, N - p * NR)), 0, p * NR, c, ldc, e, true);
+}
+
+// Panels [p0, p1) of a one-row float32 product, read in runs (panel_runs).
+static inline void gemv(int64_t N, int64_t K, const float* a, const float* bp, int64_t rows, void* c, int64_t ldc,
+                        const Epilogue* e, int64_t p0, int64_t p1) {
+  panel_runs(p0, p1, [&](auto count, const int64_t* at) {
+    constexpr int S = decltype(count)::value;
+    const float* panels[S];
+    for (int s = 0; s < S; ++s) panels[s] = bp + at[s] * rows * NR;
+    V acc[S][NV];
+    gemv_panels<S>(K, a, panels, acc);
+    for (int s = 0; s < S; ++s) store_row(acc[s], N, at[s], c, ldc, e);
+  });
 }
 
 // Where gemm finds a panel's K block of B: panels of T packed by pack_b, read where they lie. (A
