@@ -84,6 +84,9 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.kiln_gemm_quant_packed_bytes.argtypes = [i32, i64, i64, i64]
     lib.kiln_gemm_quant_pack.argtypes = [i32, i64, i64, i64, ptr, ptr, ptr, ptr]
     lib.kiln_gemm_quant_f32.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
+    lib.kiln_gemm_quant_int4_pairs.restype = i32
+    lib.kiln_gemm_quant_int4_pairs.argtypes = [i64, i64, i64]
+    lib.kiln_gemm_quant_int4_path.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr]
     return lib
 
 
@@ -192,12 +195,19 @@ def quant_pack(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor 
     return out
 
 
+def int4_takes_pairs(k: int, n: int, group_size: int, lib: ctypes.CDLL | None = None) -> bool:
+    """Whether an int4 product of at most 4 rows runs kiln_gemm_quant.h's bfloat16 path here (a CPU
+    with avx512_bf16 where that path measured the faster, groups of a multiple of 8)."""
+    return bool((lib or library()).kiln_gemm_quant_int4_pairs(k, n, group_size))
+
+
 def mm_quant(a: torch.Tensor, packed: torch.Tensor, n: int, bits: int, group_size: int,
              bias: torch.Tensor | None = None, unary: str = "none", scalars: list | tuple = (),
              residual: torch.Tensor | None = None, algorithm: str | None = None, row_norm: RowNorm | tuple | None = None,
-             lib: ctypes.CDLL | None = None) -> torch.Tensor:
+             lib: ctypes.CDLL | None = None, int4_pairs: bool | None = None) -> torch.Tensor:
     """epilogue(a [M, K] (float32) @ dequantize(B)) with B packed by `quant_pack`: the epilogues of
-    `mm`, float32 out."""
+    `mm`, float32 out. `int4_pairs` (int4 at 4 rows or fewer): run the bfloat16 path (True, where
+    the CPU has one) or the float32 one (False) rather than the one this CPU measured the faster."""
     lib = lib or library()
     a = a.contiguous()
     M, K = a.shape
@@ -207,8 +217,15 @@ def mm_quant(a: torch.Tensor, packed: torch.Tensor, n: int, bits: int, group_siz
     post = epilogue(bias, unary, scalars, algorithm, residual, torch.float32)
     if row_norm is not None:
         post = _with_row_norm(post, torch.float32, *RowNorm(*row_norm))
-    lib.kiln_gemm_quant_f32(bits, M, n, K, K if bits == 8 else group_size, a.data_ptr(), K, packed.data_ptr(),
-                            out.data_ptr(), n, ctypes.byref(post) if post is not None else None, K_BLOCK)
+    post_ref = ctypes.byref(post) if post is not None else None
+    if int4_pairs is None:
+        lib.kiln_gemm_quant_f32(bits, M, n, K, K if bits == 8 else group_size, a.data_ptr(), K, packed.data_ptr(),
+                                out.data_ptr(), n, post_ref, K_BLOCK)
+    else:
+        if bits != 4 or M > 4:
+            raise ValueError("int4_pairs chooses between int4's two paths at 4 rows or fewer")
+        lib.kiln_gemm_quant_int4_path(int(int4_pairs), M, n, K, group_size, a.data_ptr(), K, packed.data_ptr(),
+                                      out.data_ptr(), n, post_ref)
     return out
 
 

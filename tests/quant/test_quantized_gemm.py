@@ -43,16 +43,9 @@ def _check(out: torch.Tensor, ref: torch.Tensor, k: int) -> None:
 
 def _bf16_pairs(bits: int, m: int, group: int) -> bool:
     """Whether kiln's GEMM (built for this CPU) takes int4's bfloat16 path (kiln_gemm_quant.h
-    `direct_tile_bf16`): int4, at most 4 rows, groups of a multiple of 8, a CPU with avx512_bf16."""
-    return bits == 4 and m <= 4 and group % 8 == 0 and _cpu_has("avx512_bf16")
-
-
-def _cpu_has(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and flag in line.split() for line in f)
-    except OSError:
-        return False
+    `direct_tile_bf16`): int4, at most 4 rows, groups of a multiple of 8, a CPU with avx512_bf16
+    where that path measured the faster (`int4_pairs_faster`)."""
+    return bits == 4 and m <= 4 and kernels.int4_takes_pairs(64, 64, group)
 
 
 def split_activations(a: torch.Tensor) -> torch.Tensor:
@@ -109,6 +102,31 @@ def test_row_norms_after_the_quantized_product(m, kind, bits, group):
     else:
         ref = torch.log_softmax(y, -1) if kind == "log_softmax" else torch.softmax(y, -1)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and flag in line.split() for line in f)
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("pairs", [True, False], ids=["bf16-pairs", "float32"])
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_both_int4_paths_at_a_few_rows(m, pairs):
+    """int4 at a few rows has two paths, the CPU's faster one measured once per process
+    (kiln_gemm_quant.h `int4_pairs_faster`): each is checked here whichever that is. The bfloat16
+    one runs where the CPU has avx512_bf16 (else the float32 one does)."""
+    k, n, group = 264, 811, 32
+    q, s, z, w = _quantized(n, k, 4, group, seed=m)
+    packed = kernels.quant_pack(q, s, z, 4, group, k)
+    g = torch.Generator().manual_seed(m)
+    a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+    carried = split_activations(a) if pairs and _cpu_has("avx512_bf16") else a
+    for unary, scalars, algorithm in EPILOGUES[:4]:
+        out = kernels.mm_quant(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm, int4_pairs=pairs)
+        _check(out, _reference(carried, w, bias, unary, scalars, algorithm, residual), k)
 
 
 def test_a_wrong_dequantization_is_caught():

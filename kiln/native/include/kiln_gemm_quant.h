@@ -18,6 +18,7 @@
 // few instructions per vector of weights, amortized over the rows (decode: 1 to 4), well under
 // what a float32 weight's extra bytes cost.
 #pragma once
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 
@@ -431,6 +432,49 @@ static inline void direct_tile_bf16(const QuantPanels<4>& src, int64_t p, int ro
 }
 #endif
 
+// Whether int4's bfloat16 path can run for this shape: groups of whole words, a CPU with the
+// bfloat16 dot product.
+static inline bool int4_pairs_apply(const QuantShape& z) {
+#if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
+  return z.bits == 4 && z.group % 8 == 0;
+#else
+  (void)z;
+  return false;
+#endif
+}
+
+template <int BITS>
+static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const float* a, int64_t lda, void* c,
+                              int64_t ldc, const Epilogue* e, bool pairs);
+
+// Whether int4's bfloat16 path is the faster of the two on this CPU: measured once per process, on
+// a 768 x 2304 weight in L2 at one row (where instructions, not memory, decide), best of 5 each,
+// ~2 ms. Where vdpbf16ps runs at the FMA's rate (Zen 4) the pairs path makes 32 weights in two
+// instructions where the float32 path takes three per 16: 39 against 26 G weights/s a core; where it
+// runs at half that rate (2 threads of an Intel Xeon, family 6 model 207) the pairs path took 61 us
+// and the float32 path 42 (4 rows: 193 and 75).
+static bool int4_pairs_faster() {
+  static const bool faster = [] {
+    const QuantShape z{4, 768, 2304, 128};
+    std::unique_ptr<uint8_t[]> packed(new uint8_t[z.bytes()]);
+    for (int64_t i = 0; i < z.bytes(); ++i) packed[i] = uint8_t(i * 2654435761u >> 13);  // any levels
+    float* table = reinterpret_cast<float*>(packed.get() + z.q_bytes());
+    for (int64_t i = 0; i < 2 * z.table_bytes() / int64_t(sizeof(float)); ++i) table[i] = 0.01f;
+    std::unique_ptr<float[]> a(new float[z.K]), c(new float[z.N]);
+    for (int64_t k = 0; k < z.K; ++k) a[k] = float(k % 7) - 3.0f;
+    double best[2] = {1e9, 1e9};
+    for (int round = 0; round < 6; ++round)
+      for (int pairs = 0; pairs < 2; ++pairs) {
+        const auto start = std::chrono::steady_clock::now();
+        gemm_quant_direct(QuantPanels<4>{z, packed.get()}, 1, a.get(), z.K, c.get(), z.N, nullptr, pairs == 1);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (round > 0) best[pairs] = std::min(best[pairs], seconds);  // (round 0 warms the caches)
+      }
+    return best[1] < best[0];
+  }();
+  return faster;
+}
+
 // int8 at one row, `S` panels at once (kiln_gemm.h panel_runs: a thread's panels in runs, more of
 // the weight's lines in flight from DRAM), one scale per column (a single group): each panel's sum
 // of a_k q_k, scaled at the end. A panel at a time it streamed 14.6-17 GB/s from DRAM where the same
@@ -467,13 +511,9 @@ static inline void int8_row(const QuantPanels<8>& src, const int64_t* at, const 
 
 template <int BITS>
 static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const float* a, int64_t lda, void* c,
-                              int64_t ldc, const Epilogue* e) {
+                              int64_t ldc, const Epilogue* e, bool pairs) {
   const int64_t N = src.z.N, K = src.z.K, panels = src.z.panels(), groups = src.z.groups();
-#if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
-  const bool bf16_pairs = BITS == 4 && src.z.group % 8 == 0;
-#else
-  const bool bf16_pairs = false;
-#endif
+  const bool bf16_pairs = pairs && int4_pairs_apply(src.z);
   // int4: each row's sum of a over each group (the zero points' share), once for every panel (the
   // bfloat16 path sums its split activations instead, as it makes them).
   float asums[DIRECT_ROWS * 64];
@@ -540,14 +580,18 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
   }
 }
 
+// Whether a product of at most DIRECT_ROWS rows over this int4 weight takes the bfloat16 path.
+static inline bool int4_takes_pairs(const QuantShape& z) { return int4_pairs_apply(z) && int4_pairs_faster(); }
+
 // C [M, N] = epilogue(A [M, K] (float32, row stride lda) @ B), B packed by pack_quant.
 static void gemm_quant(const QuantShape& z, int64_t M, const float* a, int64_t lda, const uint8_t* packed, void* c,
                        int64_t ldc, const Epilogue* e, int64_t kc) {
   if (z.bits == 8) {
-    if (M <= DIRECT_ROWS) return gemm_quant_direct(QuantPanels<8>{z, packed}, M, a, lda, c, ldc, e);
+    if (M <= DIRECT_ROWS) return gemm_quant_direct(QuantPanels<8>{z, packed}, M, a, lda, c, ldc, e, false);
     return gemm_from(M, z.N, z.K, a, lda, QuantPanels<8>{z, packed}, c, ldc, e, kc);
   }
-  if (M <= DIRECT_ROWS) return gemm_quant_direct(QuantPanels<4>{z, packed}, M, a, lda, c, ldc, e);
+  if (M <= DIRECT_ROWS)
+    return gemm_quant_direct(QuantPanels<4>{z, packed}, M, a, lda, c, ldc, e, int4_takes_pairs(z));
   gemm_from(M, z.N, z.K, a, lda, QuantPanels<4>{z, packed}, c, ldc, e, kc);
 }
 
