@@ -875,17 +875,17 @@ template <int S, typename F> static inline void with_count(int n, F&& f) {
   f(std::integral_constant<int, S>{});
 }
 
-// Panels [p0, p1) cut into GEMV_STREAMS runs of equal length (to one): step i calls
-// f(count, at) with the i-th panel of every run that has one, at[0, count).
-template <typename F> static inline void panel_runs(int64_t p0, int64_t p1, F&& f) {
-  int64_t lo[GEMV_STREAMS], hi[GEMV_STREAMS];
-  for (int g = 0; g < GEMV_STREAMS; ++g) range(p1 - p0, GEMV_STREAMS, g, lo[g], hi[g]);
+// Panels [p0, p1) cut into RUNS runs of equal length (to one): step i calls f(count, at) with the
+// i-th panel of every run that has one, at[0, count).
+template <int RUNS = GEMV_STREAMS, typename F> static inline void panel_runs(int64_t p0, int64_t p1, F&& f) {
+  int64_t lo[RUNS], hi[RUNS];
+  for (int g = 0; g < RUNS; ++g) range(p1 - p0, RUNS, g, lo[g], hi[g]);
   for (int64_t i = 0; i < hi[0] - lo[0]; ++i) {
-    int64_t at[GEMV_STREAMS];
+    int64_t at[RUNS];
     int n = 0;
-    for (int g = 0; g < GEMV_STREAMS; ++g)
+    for (int g = 0; g < RUNS; ++g)
       if (lo[g] + i < hi[g]) at[n++] = p0 + lo[g] + i;
-    with_count<GEMV_STREAMS>(n, [&](auto count) { f(count, at); });
+    with_count<RUNS>(n, [&](auto count) { f(count, at); });
   }
 }
 

@@ -509,6 +509,52 @@ static inline void int8_row(const QuantPanels<8>& src, const int64_t* at, const 
   }
 }
 
+// int4 at one row on the float32 path, `S` panels at once (as int8_row), groups of whole words;
+// `a` padded with zeros to whole words. Each activation is broadcast from memory into its FMAs;
+// fields alternate between two sets of sums, as direct_tile's do (one set had three times its
+// rounding error at groups of 128); the group's scaled sums go to memory. Four runs, not eight:
+// their sums fill the register file. From DRAM a panel at a time it streamed 16-20 GB/s where the
+// same weight from L2 ran at 24-27 (2 threads of an Intel Xeon).
+constexpr int INT4_RUNS = 4;
+template <int S>
+static inline void int4_row(const QuantPanels<4>& src, const int64_t* at, const float* a, const float* asums, void* c,
+                            int64_t ldc, const Epilogue* e) {
+  const uint8_t* q[S];
+  for (int s = 0; s < S; ++s) q[s] = src.panel(at[s]);
+  const int64_t groups = src.z.groups(), words = src.z.words(), group_words = src.z.group / 8;
+  V acc[S][NV];
+  clear(acc);
+  for (int64_t g = 0; g < groups; ++g) {
+    V part[2][S][NV];
+    clear(part[0]);
+    clear(part[1]);
+    for (int64_t w = g * group_words; w < std::min(words, (g + 1) * group_words); ++w) {
+#pragma GCC unroll 4
+      for (int s = 0; s < S; ++s) {
+        kiln::vec<int32_t> word[NV];
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) {
+          __builtin_prefetch(q[s] + ((w + INT4_PREFETCH_WORDS) * NR + v * L) * 4);
+          word[v] = load_words(q[s] + (w * NR + v * L) * 4);
+        }
+#pragma GCC unroll 8
+        for (int f = 0; f < 8; ++f)
+#pragma GCC unroll 8
+          for (int v = 0; v < NV; ++v)
+            part[f % 2][s][v] = fma(broadcast(a + 8 * w + f), nibble_lanes(word[v], f), part[f % 2][s][v]);
+      }
+    }
+    const V asum = broadcast(asums + g);
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)
+        acc[s][v] = fma(part[0][s][v] + part[1][s][v] - asum * kiln::load(src.table(at[s], g, 1) + v * L),
+                        kiln::load(src.table(at[s], g, 0) + v * L), acc[s][v]);
+  }
+  for (int s = 0; s < S; ++s) store_row(acc[s], src.z.N, at[s], c, ldc, e);
+}
+
 template <int BITS>
 static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const float* a, int64_t lda, void* c,
                               int64_t ldc, const Epilogue* e, bool pairs) {
@@ -532,23 +578,28 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
   // splitting the panels. Every row in one pass over the panel's bytes (in pairs of rows, a second
   // pass from L2 measured slower at 4 rows: 16 MB of int8 weights 0.79 -> 1.03 ms on 2 threads).
   const bool worth_threads = panels > 1 && 2 * M * N * K >= (int64_t(1) << 18);
-  if constexpr (BITS == 8) {
-    if (M == 1 && groups == 1) {
-      const QuantPanels<8>& src8 = reinterpret_cast<const QuantPanels<8>&>(src);
-#pragma omp parallel if (worth_threads)
-      {
-        int64_t p0, p1;
-        range(panels, omp_get_num_threads(), omp_get_thread_num(), p0, p1);
-        panel_runs(p0, p1, [&](auto count, const int64_t* at) {
-          int8_row<decltype(count)::value>(src8, at, a, c, ldc, e);
-        });
-      }
-      if (e && e->row_norm) {
-        if (e->row_norm == SOFTMAX || e->row_norm == LOG_SOFTMAX) softmax_rows(static_cast<float*>(c), ldc, N, 0, M, *e);
-        else layer_norm_rows(static_cast<float*>(c), ldc, N, 0, M, *e);
-      }
-      return;
+  if (M == 1 && (BITS == 8 ? groups == 1 : !bf16_pairs && src.z.group % 8 == 0)) {  // one row, in runs
+    std::unique_ptr<float[]> padded;
+    if constexpr (BITS == 4) {  // the row to whole words (int4_row reads 8 k a word)
+      padded.reset(new float[src.z.words() * 8]());
+      std::memcpy(padded.get(), a, K * sizeof(float));
     }
+#pragma omp parallel if (worth_threads)
+    {
+      int64_t p0, p1;
+      range(panels, omp_get_num_threads(), omp_get_thread_num(), p0, p1);
+      if constexpr (BITS == 8)
+        panel_runs(p0, p1, [&](auto count, const int64_t* at) { int8_row<decltype(count)::value>(src, at, a, c, ldc, e); });
+      else
+        panel_runs<INT4_RUNS>(p0, p1, [&](auto count, const int64_t* at) {
+          int4_row<decltype(count)::value>(src, at, padded.get(), sums, c, ldc, e);
+        });
+    }
+    if (e && e->row_norm) {
+      if (e->row_norm == SOFTMAX || e->row_norm == LOG_SOFTMAX) softmax_rows(static_cast<float*>(c), ldc, N, 0, M, *e);
+      else layer_norm_rows(static_cast<float*>(c), ldc, N, 0, M, *e);
+    }
+    return;
   }
   auto each_panel = [&](auto tile) {
 #pragma omp parallel for schedule(static) if (worth_threads)
