@@ -84,12 +84,14 @@ def _function_view(t: Any) -> bool:
 
 
 def copy_back_mutations(sig: Signature, args: Sequence[Any], new_values: Sequence[torch.Tensor]) -> None:
-    with torch.no_grad():
-        for i, value in zip(sig.mutated_inputs, new_values):
-            # A graph that wrote the input in place returns that tensor: copying it onto itself does
-            # nothing but cost a dispatch (a decode step's 24-44 KV-cache tensors, every token).
-            if value is not args[i]:
-                args[i].copy_(value)
+    # A graph that wrote the input in place returns that tensor: copying it onto itself does nothing
+    # but cost a dispatch (a decode step's 24-44 KV-cache tensors, every token), and where every
+    # input was written so, no grad mode is entered either.
+    pending = [(args[i], value) for i, value in zip(sig.mutated_inputs, new_values) if value is not args[i]]
+    if pending:
+        with torch.no_grad():
+            for target, value in pending:
+                target.copy_(value)
 
 
 def without_autocast(compiled: Callable) -> Callable:
