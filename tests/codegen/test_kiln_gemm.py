@@ -93,21 +93,23 @@ def test_k_blocks_partial_sums_and_strided_rows(n):
     _check(out, _reference(a, b, bias, "relu", [], None, residual.bfloat16()), torch.bfloat16, k)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("panels", [1, 3, 8, 9, 16, 17, 23, 40])
-def test_one_row_products_read_runs_of_panels(panels, threads):
+def test_one_row_products_read_runs_of_panels(panels, threads, dtype):
     """M = 1 (a decode step's GEMV): each thread cuts its panels into GEMV_STREAMS runs and reads
-    the next panel of every run at once (kiln_gemm.h `gemv`). Panel counts that leave runs of
-    unequal length, fewer panels than runs, a ragged last panel; every epilogue; an odd K."""
+    the next panel of every run at once (kiln_gemm.h `gemv`; bfloat16 in pairs of k where the CPU
+    has them). Panel counts that leave runs of unequal length, fewer panels than runs, a ragged
+    last panel; every epilogue; an odd K."""
     n, k = 48 * panels - 5, 133
-    a, b, bias, residual = _operands(1, k, n, torch.float32, seed=panels)
+    a, b, bias, residual = _operands(1, k, n, dtype, seed=panels)
     packed = kernels.pack(b)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         for unary, scalars, algorithm in EPILOGUES:
             out = kernels.mm(a, packed, n, bias, unary, scalars, residual, algorithm=algorithm)
-            _check(out, _reference(a, b, bias, unary, scalars, algorithm, residual), torch.float32, k)
+            _check(out, _reference(a, b, bias, unary, scalars, algorithm, residual), dtype, k)
     finally:
         torch.set_num_threads(before)
 

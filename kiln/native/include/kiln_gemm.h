@@ -897,12 +897,41 @@ static inline void store_row(const V (&acc)[NV], int64_t N, int64_t p, void* c, 
   store_block<1>(one, 1, int(std::min<int64_t>(NR, N - p * NR)), 0, p * NR, c, ldc, e, true);
 }
 
-// Panels [p0, p1) of a one-row float32 product, read in runs (panel_runs).
-static inline void gemv(int64_t N, int64_t K, const float* a, const float* bp, int64_t rows, void* c, int64_t ldc,
+#if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
+// acc[s] = a [1, K] @ panel s, bfloat16 in pairs of k ([K / 2][NR][2], micro_pairs' layout): one
+// vdpbf16ps per vector of a pair row. An odd K's last pair reads a's last value alone (its partner
+// in the panel is zero).
+template <int S>
+static inline void gemv_panels(int64_t K, const kiln_bf16* a, const kiln_bf16* const* panels, V (&acc)[S][NV]) {
+#pragma GCC unroll 8
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[s][v] = V{};
+  auto step = [&](int64_t kp, int32_t pair) {
+    const __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 8
+    for (int s = 0; s < S; ++s)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)
+        acc[s][v] = (V)_mm512_dpbf16_ps((__m512)acc[s][v], x, (__m512bh)_mm512_loadu_si512(panels[s] + (kp * NR + v * L) * 2));
+  };
+  const int64_t pairs = K / 2;
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    int32_t pair;
+    std::memcpy(&pair, a + 2 * kp, 4);
+    step(kp, pair);
+  }
+  if (K % 2) step(pairs, int32_t(a[K - 1].bits));
+}
+#endif
+
+// Panels [p0, p1) of a one-row product (float32, or bfloat16 in pairs), read in runs (panel_runs).
+template <typename T>
+static inline void gemv(int64_t N, int64_t K, const T* a, const T* bp, int64_t rows, void* c, int64_t ldc,
                         const Epilogue* e, int64_t p0, int64_t p1) {
   panel_runs(p0, p1, [&](auto count, const int64_t* at) {
     constexpr int S = decltype(count)::value;
-    const float* panels[S];
+    const T* panels[S];
     for (int s = 0; s < S; ++s) panels[s] = bp + at[s] * rows * NR;
     V acc[S][NV];
     gemv_panels<S>(K, a, panels, acc);
@@ -962,7 +991,7 @@ static void gemm_from(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, 
     // the panels stream past (at M = 128 one pass holds every row; at M = 2048 A would otherwise
     // come from L3 once per panel).
     const int64_t pass = std::max<int64_t>(1, (int64_t(1) << 20) / (MR * kc * int64_t(sizeof(T))));
-    if constexpr (std::is_same_v<T, float> && std::is_same_v<Src, Panels<float>>) {
+    if constexpr ((std::is_same_v<T, float> || in_pairs<T>) && std::is_same_v<Src, Panels<T>>) {
       if (M == 1) {
         gemv(N, K, a, src.bp, src.rows, c, ldc, e, p0, p1);
         goto rows_done;
