@@ -850,13 +850,18 @@ constexpr int GEMV_STREAMS = KILN_GEMM_GEMV_STREAMS;
 constexpr int GEMV_STREAMS = MR;
 #endif
 
+// Every vector of x set to zero.
+template <int A, int B> static inline void clear(V (&x)[A][B]) {
+#pragma GCC unroll 8
+  for (int a = 0; a < A; ++a)
+#pragma GCC unroll 8
+    for (int b = 0; b < B; ++b) x[a][b] = V{};
+}
+
 // acc[s] = a [1, K] @ panel s (K rows of NR), for S panels at once.
 template <int S>
 static inline void gemv_panels(int64_t K, const float* a, const float* const* panels, V (&acc)[S][NV]) {
-#pragma GCC unroll 8
-  for (int s = 0; s < S; ++s)
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) acc[s][v] = V{};
+  clear(acc);
   for (int64_t k = 0; k < K; ++k) {
     const V x = broadcast(a + k);
 #pragma GCC unroll 8
@@ -903,10 +908,7 @@ static inline void store_row(const V (&acc)[NV], int64_t N, int64_t p, void* c, 
 // in the panel is zero).
 template <int S>
 static inline void gemv_panels(int64_t K, const kiln_bf16* a, const kiln_bf16* const* panels, V (&acc)[S][NV]) {
-#pragma GCC unroll 8
-  for (int s = 0; s < S; ++s)
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) acc[s][v] = V{};
+  clear(acc);
   auto step = [&](int64_t kp, int32_t pair) {
     const __m512bh x = (__m512bh)_mm512_set1_epi32(pair);
 #pragma GCC unroll 8

@@ -174,19 +174,11 @@ template <int BITS> struct QuantPanels {
 // a third of the memory's speed through it).
 constexpr int DIRECT_ROWS = 4;
 
-// Every vector of x set to zero.
 // How far ahead an int4 panel's words are prefetched (a word row is NR lanes of 4 bytes: 32 are
 // 8 KB at NR = 64). 8 words ahead left the int4 GEMV short of the memory's speed where a thread
 // streams few panels (2 cores, cold weights: 1x3072x768 0.062 -> 0.055 ms, 1x768x768 0.023 ->
 // 0.017 at 24-48 words ahead, int8 unchanged at its own distance).
 constexpr int64_t INT4_PREFETCH_WORDS = 32;
-
-template <int A, int B> static inline void clear(V (&x)[A][B]) {
-#pragma GCC unroll 4
-  for (int a = 0; a < A; ++a)
-#pragma GCC unroll 8
-    for (int b = 0; b < B; ++b) x[a][b] = V{};
-}
 
 // C rows [0, rows) of panel p's columns, every k at once. Per group the sums are of raw levels,
 // part = sum_k a_k q_k, scaled once at the group's end: acc += (part - zero * asum) * scale =
