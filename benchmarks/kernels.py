@@ -87,6 +87,9 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.kiln_gemm_quant_int4_pairs.restype = i32
     lib.kiln_gemm_quant_int4_pairs.argtypes = [i64, i64, i64]
     lib.kiln_gemm_quant_int4_path.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr]
+    lib.kiln_gemm_quant_a8_f32.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
+    lib.kiln_gemm_quant_a8_integer.restype = i32
+    lib.kiln_gemm_quant_a8_integer.argtypes = [i64, i64, i64, i64]
     return lib
 
 
@@ -201,13 +204,22 @@ def int4_takes_pairs(k: int, n: int, group_size: int, lib: ctypes.CDLL | None = 
     return bool((lib or library()).kiln_gemm_quant_int4_pairs(k, n, group_size))
 
 
+def int8_dot_applies(m: int, k: int, n: int, group_size: int, lib: ctypes.CDLL | None = None) -> bool:
+    """Whether an int4 product with int8 activations of `m` rows runs kiln_gemm_quant.h's integer
+    (vpdpbusd) path here: a CPU with AVX512-VNNI, groups of a multiple of 8, at most 4 rows."""
+    return bool((lib or library()).kiln_gemm_quant_a8_integer(m, k, n, group_size))
+
+
 def mm_quant(a: torch.Tensor, packed: torch.Tensor, n: int, bits: int, group_size: int,
              bias: torch.Tensor | None = None, unary: str = "none", scalars: list | tuple = (),
              residual: torch.Tensor | None = None, algorithm: str | None = None, row_norm: RowNorm | tuple | None = None,
-             lib: ctypes.CDLL | None = None, int4_pairs: bool | None = None) -> torch.Tensor:
+             lib: ctypes.CDLL | None = None, int4_pairs: bool | None = None,
+             int8_activations: str | None = None) -> torch.Tensor:
     """epilogue(a [M, K] (float32) @ dequantize(B)) with B packed by `quant_pack`: the epilogues of
     `mm`, float32 out. `int4_pairs` (int4 at 4 rows or fewer): run the bfloat16 path (True, where
-    the CPU has one) or the float32 one (False) rather than the one this CPU measured the faster."""
+    the CPU has one) or the float32 one (False) rather than the one this CPU measured the faster.
+    `int8_activations` (int4): a's rows quantized to int8 per group first (kiln.quantize's
+    activations="int8"), multiplied by the "integer" path where it applies or the "float" one."""
     lib = lib or library()
     a = a.contiguous()
     M, K = a.shape
@@ -218,7 +230,12 @@ def mm_quant(a: torch.Tensor, packed: torch.Tensor, n: int, bits: int, group_siz
     if row_norm is not None:
         post = _with_row_norm(post, torch.float32, *RowNorm(*row_norm))
     post_ref = ctypes.byref(post) if post is not None else None
-    if int4_pairs is None:
+    if int8_activations is not None:
+        if bits != 4 or int8_activations not in ("integer", "float") or int4_pairs is not None:
+            raise ValueError("int8_activations ('integer' or 'float') applies to int4 weights, without int4_pairs")
+        lib.kiln_gemm_quant_a8_f32(int(int8_activations == "integer"), M, n, K, group_size, a.data_ptr(), K,
+                                   packed.data_ptr(), out.data_ptr(), n, post_ref, K_BLOCK)
+    elif int4_pairs is None:
         lib.kiln_gemm_quant_f32(bits, M, n, K, K if bits == 8 else group_size, a.data_ptr(), K, packed.data_ptr(),
                                 out.data_ptr(), n, post_ref, K_BLOCK)
     else:

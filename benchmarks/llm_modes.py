@@ -176,4 +176,8 @@ LLM_MODES: dict[str, LlmMode] = {m.name: m for m in [
             _kiln(scheme="int8"), _kiln_reason(scheme="int8")),
     LlmMode("kiln-int4", f'kiln.quantize(model, "int4", group_size={INT4_GROUP_SIZE}) (weight-only), then kiln.compile',
             "int4", False, _kiln(scheme="int4", group_size=INT4_GROUP_SIZE), _kiln_reason(scheme="int4")),
+    LlmMode("kiln-int4-a8", f'kiln.quantize(model, "int4", group_size={INT4_GROUP_SIZE}, activations="int8"), then '
+            "kiln.compile: int4 weights, activations quantized to int8 per group at each call",
+            "int4", False, _kiln(scheme="int4", group_size=INT4_GROUP_SIZE, activations="int8"),
+            _kiln_reason(scheme="int4")),
 ]}

@@ -67,17 +67,21 @@ def perplexity(forward, tokens: torch.Tensor, window: int = 64) -> float:
     return math.exp(-logp.mean().item())
 
 
-def compare(steps: int = 200, held_out_tokens: int = 4096, kinds=(("int8", None), ("int4", 32), ("int4", 64),
-                                                                   ("int4", 128))) -> dict:
-    """{"float32": perplexity, "int8": ..., "int4 g32": ..., ...} of eager and kiln-compiled models."""
+KINDS = (("int8", None, "float32"), ("int4", 32, "float32"), ("int4", 64, "float32"), ("int4", 128, "float32"),
+         ("int4", 32, "int8"), ("int4", 128, "int8"))
+
+
+def compare(steps: int = 200, held_out_tokens: int = 4096, kinds=KINDS) -> dict:
+    """{"float32": perplexity, "int8": ..., "int4 g32": ..., "int4 g128 a8": ...} of eager and
+    kiln-compiled models (a8: int8 activations)."""
     import kiln
 
     model = trained_llama(steps)
     text = markov_text(held_out_tokens, seed=1000)
     results = {"float32": {"eager": perplexity(model, text)}}
-    for dtype, group in kinds:
-        quantized = kiln.quantize(copy.deepcopy(model), dtype, group_size=group)
-        name = dtype if group is None else f"{dtype} g{group}"
+    for dtype, group, activations in kinds:
+        quantized = kiln.quantize(copy.deepcopy(model), dtype, group_size=group, activations=activations)
+        name = (dtype if group is None else f"{dtype} g{group}") + (" a8" if activations == "int8" else "")
         compiled = kiln.compile(quantized)
         results[name] = {"eager": perplexity(quantized, text), "kiln": perplexity(compiled, text)}
     return results

@@ -37,7 +37,8 @@ def _mm_fake(a, b, bias, unary, scalars, algorithm, impl):
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
-def _mm_quant_fake(a, qweight, scales, zeros, bits, group_size, bias, residual, unary, scalars, algorithm):
+def _mm_quant_fake(a, qweight, scales, zeros, bits, group_size, bias, residual, unary, scalars, algorithm,
+                   int8_activations=False):
     return a.new_empty((*a.shape[:-1], qweight.shape[0]))
 
 

@@ -59,6 +59,13 @@ def _entries() -> str:
         "void kiln_gemm_quant_int4_path(int32_t pairs, int64_t M, int64_t N, int64_t K, int64_t group, const float* a, "
         "int64_t lda, const uint8_t* packed, void* c, int64_t ldc, const kiln_gemm::Epilogue* e) { const int32_t bits = 4; "
         f"kiln_gemm::gemm_quant_direct(kiln_gemm::QuantPanels<4>{{{quant_shape}, packed}}, M, a, lda, c, ldc, e, pairs != 0); }}",
+        # int4 with int8 activations; `integer` 0 takes the float32 path where the integer one applies (tests)
+        "void kiln_gemm_quant_a8_f32(int32_t integer, int64_t M, int64_t N, int64_t K, int64_t group, const float* a, "
+        "int64_t lda, const uint8_t* packed, void* c, int64_t ldc, const kiln_gemm::Epilogue* e, int64_t kc) "
+        "{ const int32_t bits = 4; "
+        f"kiln_gemm::gemm_quant_int8_activations({quant_shape}, M, a, lda, packed, c, ldc, e, kc, integer != 0); }}",
+        "int32_t kiln_gemm_quant_a8_integer(int64_t M, int64_t K, int64_t N, int64_t group) { const int32_t bits = 4; "
+        f"return kiln_gemm::int8_dot_applies({quant_shape}, M); }}",
     ]
     # kiln's depthwise convolution (include/kiln_depthwise.h) shares the GEMM's vectors and
     # epilogue code, so it lives in this unit.

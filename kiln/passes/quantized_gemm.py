@@ -3,7 +3,7 @@ kiln's GEMM over its packed quantized weight, `kiln::mm_quant`, with what follow
 GEMM's store: the unary op that is all it feeds (oneDNN's post-op names, as gemm_prepack fuses
 them) and then a residual added to that (a transformer's `h + o_proj(...)`, `h + down_proj(...)`).
 
-    kiln_quant::linear(x, q, s, z, bits, g, bias)                 -> kiln::mm_quant(x, q, s, z, bits, g, bias, None, "none", [], None)
+    kiln_quant::linear(x, q, s, z, bits, g, bias, a8)             -> kiln::mm_quant(x, q, s, z, bits, g, bias, None, "none", [], None, a8)
     silu(kiln_quant::linear(...))                                  -> kiln::mm_quant(..., None, "swish", [], None)
     add(kiln_quant::linear(...), r)                                -> kiln::mm_quant(..., r, "none", [], None)
 
@@ -60,29 +60,29 @@ def _residual(last: fx.Node) -> tuple[fx.Node, fx.Node] | None:
 
 def _qualifies(node: fx.Node, constants: ConstantSet) -> bool:
     """Whether kiln's GEMM takes this quantized Linear: frozen weights, float32 activations and bias."""
-    x, qweight, scales, zeros, bits, group_size, bias = arguments(node)
+    x, qweight, scales, zeros, bits, group_size, bias, _ = arguments(node)
     return qweight in constants and constants.all(scales, zeros, bias) and _float32(x) and \
         (bias is None or _float32(bias))
 
 
 def _quantized_groups(gm: fx.GraphModule, constants: ConstantSet) -> list[list[fx.Node]]:
     """The quantized Linears kiln's GEMM takes, grouped by the input they read and their scheme
-    (bits, group size, a bias or none)."""
+    (bits, group size, int8 activations or not, a bias or none)."""
     groups: dict[tuple, list[fx.Node]] = {}
     for node in gm.graph.nodes:
         if _is_quantized_linear(node) and _qualifies(node, constants):
-            x, _, _, _, bits, group_size, bias = arguments(node)
-            groups.setdefault((x, bits, group_size, bias is None), []).append(node)
+            x, _, _, _, bits, group_size, bias, int8_activations = arguments(node)
+            groups.setdefault((x, bits, group_size, int8_activations, bias is None), []).append(node)
     return list(groups.values())
 
 
 def _merged_quantized_linear(gm: fx.GraphModule, constants: ConstantSet) -> MergedOf:
     """Weights, scales, zeros and biases concatenated along the output features."""
     def merged_of(first: fx.Node, siblings: list[fx.Node]) -> fx.Node:
-        x, _, _, _, bits, group_size, _ = arguments(first)
+        x, _, _, _, bits, group_size, _, int8_activations = arguments(first)
         columns = [arguments(n) for n in siblings]
         parts = [concatenated(gm, first, constants, [c[i] for c in columns], 0) for i in (1, 2, 3, 6)]
-        return insert(gm, first, first.target, x, *parts[:3], bits, group_size, parts[3])
+        return insert(gm, first, first.target, x, *parts[:3], bits, group_size, parts[3], int8_activations)
     return merged_of
 
 
@@ -97,7 +97,7 @@ def quantized_gemm(gm: fx.GraphModule, target: Target) -> bool:
             continue
         if not _qualifies(node, constants):
             continue
-        x, qweight, scales, zeros, bits, group_size, bias = arguments(node)
+        x, qweight, scales, zeros, bits, group_size, bias, int8_activations = arguments(node)
         last, post_op = node, NO_POST_OP
         found = unary_after(node)
         if found is not None:
@@ -106,10 +106,11 @@ def quantized_gemm(gm: fx.GraphModule, target: Target) -> bool:
         end, added = (residual if residual is not None else (last, None))
         name, scalars, algorithm = post_op
         fused = insert(gm, end, native_ops.op("mm_quant"), x, qweight, scales, zeros, bits, group_size, bias, added,
-                       name, scalars, algorithm or None)
+                       name, scalars, algorithm or None, int8_activations)
         end.replace_all_uses_with(fused)
         remove_dead(gm, [end])
-        logs.log("freezing", "%s int%d %s%s%s: kiln::mm_quant", node.name, bits, tuple(x.meta["val"].shape),
+        logs.log("freezing", "%s int%d%s %s%s%s: kiln::mm_quant", node.name, bits,
+                 " (int8 activations)" if int8_activations else "", tuple(x.meta["val"].shape),
                  f" + {name}" if name != "none" else "", " + residual" if added is not None else "")
         changed = True
     return changed

@@ -10,6 +10,11 @@
   GEMM, kiln/native/include/kiln_gemm_quant.h).
 
 `dequantize` is the reference: eager's quantized Linear computes with its result.
+
+- int8 activations (int4 weights only, `kiln.quantize(..., activations="int8")`): at every call each
+  row's groups of `group_size` k are quantized symmetrically, scale = max |x| / 127, q =
+  round(x * (127 * (1 / max |x|))) in -127..127, and the product is taken with q * scale
+  (`quantize_activations`; kiln's GEMM makes the same levels, kiln_gemm_quant.h `quantize_group`).
 """
 
 from __future__ import annotations
@@ -65,3 +70,19 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor 
     q = unpack_int4(qweight, in_features).to(torch.float32)
     per_k = lambda t: t.repeat_interleave(group_size, dim=1)[:, :in_features]  # noqa: E731
     return (q - per_k(zeros)) * per_k(scales)
+
+
+def quantize_activations(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    """x [..., K] float32 as the int8 levels of each row's groups of `group_size` k stand for it
+    (the module docstring), float32. Each step is the one kiln's GEMM takes (a reciprocal then a
+    product, not a division by a scalar, which ATen may take as a product by the reciprocal), so
+    that both make the same levels."""
+    k = x.shape[-1]
+    groups = -(-k // group_size)
+    g = torch.nn.functional.pad(x, (0, groups * group_size - k)).unflatten(-1, (groups, group_size))
+    amax = g.abs().amax(dim=-1, keepdim=True)
+    nonzero = amax > 0
+    inverse = torch.where(nonzero, torch.reciprocal(amax) * 127.0, torch.zeros_like(amax))
+    scale = torch.where(nonzero, amax * (1.0 / 127.0), torch.ones_like(amax))
+    q = torch.round(g * inverse).clamp(-127, 127)
+    return (q * scale).flatten(-2)[..., :k]

@@ -66,11 +66,11 @@ def test_the_quantized_state_dict_saves_and_loads(tmp_path):
     assert {"gate.qweight", "gate.scales", "gate.zeros", "down.bias"} <= set(model.state_dict())
 
 
-def _quantized_gemms(module: nn.Module, rows: int, dtype: str, group: int | None):
+def _quantized_gemms(module: nn.Module, rows: int, dtype: str, group: int | None, activations: str = "float32"):
     """The compiled quantized `module`'s kiln::mm_quant calls and its program, its output checked
     against eager's quantized model."""
     torch.manual_seed(0)
-    model = kiln.quantize(module.eval(), dtype, group_size=group)
+    model = kiln.quantize(module.eval(), dtype, group_size=group, activations=activations)
     x = torch.randn(rows, 96)
     out, program = compiled(model, x, freezing=True)
     with torch.no_grad():
@@ -86,6 +86,24 @@ def test_the_compiled_model_runs_kiln_s_quantized_gemm_with_its_epilogues(dtype,
     assert sorted(c.outputs[0].layout.size[-1] for c in calls) == [40, 96, 400]
     down = [c for c in calls if c.args[7] is not None]  # down(...) + x: the residual in the down GEMM
     assert len(down) == 1 and down[0].outputs[0].layout.size[-1] == 96
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_int8_activations_reach_kiln_s_gemm_and_match_eager_s_reference(rows):
+    """activations="int8": eager quantizes each call's rows (kiln/quant/weights.py) and kiln's GEMM
+    makes the same levels, at one row (vpdpbusd where the CPU has AVX512-VNNI) and at five (the
+    float32 path over the quantized rows); merged siblings keep the flag."""
+    calls, _ = _quantized_gemms(Block(), rows, "int4", 32, activations="int8")
+    assert len(calls) == 3 and all(c.args[11] is True for c in calls)
+    torch.manual_seed(0)
+    plain = kiln.quantize(Block().eval(), "int4", group_size=32)
+    torch.manual_seed(0)  # (the same weights)
+    quantized = kiln.quantize(Block().eval(), "int4", group_size=32, activations="int8")
+    x = torch.randn(rows, 96)
+    with torch.no_grad():
+        a8, float_rows = quantized(x), plain(x)
+    assert not torch.equal(a8, float_rows)  # the activations really are quantized ...
+    assert ((a8 - float_rows).abs().max() / float_rows.abs().max()) < 0.02  # ... by ~1/254 of each group's max
 
 
 class SiluMlp(nn.Module):
@@ -117,6 +135,8 @@ def test_without_freezing_the_eager_reference_runs():
     (dict(dtype="int8", group_size=64), "group_size applies to 'int4' only"),
     (dict(dtype="int4", group_size=33), "group_size must be an even int"),
     (dict(dtype="int4", group_size=0), "group_size must be an even int"),
+    (dict(dtype="int4", activations="bf16"), "activations must be one of 'float32', 'int8'"),
+    (dict(dtype="int8", activations="int8"), "activations='int8' applies to 'int4' only"),
 ])
 def test_bad_arguments_name_what_is_accepted(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -125,11 +145,14 @@ def test_bad_arguments_name_what_is_accepted(kwargs, message):
         kiln.quantize(lambda x: x, "int8")
 
 
-@pytest.mark.parametrize("arch,dtype,group", [("llama", "int8", None), ("llama", "int4", 32), ("gpt2", "int4", 64)])
-def test_generate_of_a_quantized_decoder_gives_eager_s_tokens(arch, dtype, group):
+@pytest.mark.parametrize("arch,dtype,group,activations", [("llama", "int8", None, "float32"),
+                                                          ("llama", "int4", 32, "float32"),
+                                                          ("gpt2", "int4", 64, "float32"),
+                                                          ("llama", "int4", 32, "int8")])
+def test_generate_of_a_quantized_decoder_gives_eager_s_tokens(arch, dtype, group, activations):
     kiln.reset()
     fallback.reset()
-    model = kiln.quantize(_decoder(arch), dtype, group_size=group)
+    model = kiln.quantize(_decoder(arch), dtype, group_size=group, activations=activations)
     prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
     options = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False, cache_implementation="static")
     with torch.no_grad():

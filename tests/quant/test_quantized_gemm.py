@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from benchmarks import kernels
-from kiln.quant.weights import dequantize, quantize_int4, quantize_int8
+from kiln.quant.weights import dequantize, quantize_activations, quantize_int4, quantize_int8
 from tests.codegen.test_kiln_gemm import EPILOGUES, x86_kernels_built_with
 from tests.codegen.test_kiln_gemm import _reference as gemm_reference
 
@@ -129,6 +129,43 @@ def test_both_int4_paths_at_a_few_rows(m, pairs):
         _check(out, _reference(carried, w, bias, unary, scalars, algorithm, residual), k)
 
 
+# (M, K, N, group): one row in runs of panels (17 of them), 2..4 rows, K not a multiple of 8 (a
+# partial last word) nor of the group, groups of 8 and 24 (a group of words ends inside a vector of
+# 16 activations), a group not of whole words (10: the float32 path only), more rows than 4 (idem).
+A8_SHAPES = [(1, 768, 1088, 128), (1, 133, 811, 32), (2, 256, 200, 64), (3, 1000, 130, 8), (4, 264, 97, 24),
+             (1, 130, 70, 10), (7, 256, 96, 32)]
+
+
+@pytest.mark.parametrize("path", ["integer", "float"])
+@pytest.mark.parametrize("shape", A8_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_int8_activations_match_a_float64_product_of_the_quantized_rows(shape, path):
+    """int4 with int8 activations (kiln.quantize's activations="int8"): kiln's GEMM makes the same
+    levels as the reference (kiln/quant/weights.py `quantize_activations`), so its product is
+    within float32 rounding of float64's over those rows, on the vpdpbusd path (where this CPU has
+    AVX512-VNNI: the shapes it applies to) and on the float32 one, with the epilogues."""
+    m, k, n, group = shape
+    q, s, z, w = _quantized(n, k, 4, group, seed=k)
+    packed = kernels.quant_pack(q, s, z, 4, group, k)
+    g = torch.Generator().manual_seed(n)
+    a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+    a[0, :group] = 0  # an all-zero group
+    rows = quantize_activations(a, group)
+    assert (rows != a).any() and ((rows - a).abs() <= 0.02).all()  # quantized: half a level, 1/254 of a group's max
+    integer = path == "integer" and kernels.int8_dot_applies(m, k, n, group)
+    # (else the float32 GEMM over those rows, which may take int4's bfloat16 pairs: test_both_int4_paths_at_a_few_rows)
+    carried = split_activations(rows) if not integer and _bf16_pairs(4, m, group) else rows
+    for unary, scalars, algorithm in EPILOGUES[:4]:
+        out = kernels.mm_quant(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm,
+                               int8_activations=path)
+        _check(out, _reference(carried, w, bias, unary, scalars, algorithm, residual), k)
+
+
+def test_the_integer_path_runs_where_the_cpu_has_vnni():
+    """Not a silent fallback: on a CPU with avx512_vnni the decode rows take vpdpbusd."""
+    assert kernels.int8_dot_applies(1, 768, 768, 128) == _cpu_has("avx512_vnni")
+    assert not kernels.int8_dot_applies(5, 768, 768, 128) and not kernels.int8_dot_applies(1, 768, 768, 10)
+
+
 def test_a_wrong_dequantization_is_caught():
     """The comparison can fail: the same product with the zero points dropped from the packing."""
     m, k, n = 1, 256, 64
@@ -147,6 +184,9 @@ def test_other_isas(flags, tmp_path):
                                      ((9, 65, 20), (4, 64))]:
         q, s, z, w = _quantized(n, k, bits, group, seed=k)
         a, bias = torch.randn(m, k), torch.randn(n)
-        out = kernels.mm_quant(a, kernels.quant_pack(q, s, z, bits, group, k, lib=lib), n, bits, group, bias, "gelu",
-                               lib=lib)
+        packed = kernels.quant_pack(q, s, z, bits, group, k, lib=lib)
+        out = kernels.mm_quant(a, packed, n, bits, group, bias, "gelu", lib=lib)
         _check(out, _reference(a, w, bias, "gelu", (), None, None), k)
+        if bits == 4:  # int8 activations: the levels made in plain C++ (no AVX-512) too
+            out = kernels.mm_quant(a, packed, n, bits, group, bias, "gelu", lib=lib, int8_activations="integer")
+            _check(out, _reference(quantize_activations(a, group), w, bias, "gelu", (), None, None), k)

@@ -19,6 +19,7 @@
 // what a float32 weight's extra bytes cost.
 #pragma once
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 
@@ -547,6 +548,13 @@ static inline void int4_row(const QuantPanels<4>& src, const int64_t* at, const 
   for (int s = 0; s < S; ++s) store_row(acc[s], src.z.N, at[s], c, ldc, e);
 }
 
+// A few rows' row norm (a direct product's rows are normalized here, each whole, after every panel's store).
+static inline void normalize_rows(int64_t M, int64_t N, void* c, int64_t ldc, const Epilogue* e) {
+  if (!e || !e->row_norm) return;
+  if (e->row_norm == SOFTMAX || e->row_norm == LOG_SOFTMAX) softmax_rows(static_cast<float*>(c), ldc, N, 0, M, *e);
+  else layer_norm_rows(static_cast<float*>(c), ldc, N, 0, M, *e);
+}
+
 template <int BITS>
 static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const float* a, int64_t lda, void* c,
                               int64_t ldc, const Epilogue* e, bool pairs) {
@@ -587,10 +595,7 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
           int4_row<decltype(count)::value>(src, at, padded.get(), sums, c, ldc, e);
         });
     }
-    if (e && e->row_norm) {
-      if (e->row_norm == SOFTMAX || e->row_norm == LOG_SOFTMAX) softmax_rows(static_cast<float*>(c), ldc, N, 0, M, *e);
-      else layer_norm_rows(static_cast<float*>(c), ldc, N, 0, M, *e);
-    }
+    normalize_rows(M, N, c, ldc, e);
     return;
   }
   auto each_panel = [&](auto tile) {
@@ -617,10 +622,7 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
   each_panel([&](auto R, int64_t p, int rows, int cols) {
     direct_tile<BITS, decltype(R)::value>(src, p, rows, cols, a, lda, sums, c, ldc, e);
   });
-  if (e && e->row_norm) {  // a few rows: normalized here, each whole
-    if (e->row_norm == SOFTMAX || e->row_norm == LOG_SOFTMAX) softmax_rows(static_cast<float*>(c), ldc, N, 0, M, *e);
-    else layer_norm_rows(static_cast<float*>(c), ldc, N, 0, M, *e);
-  }
+  normalize_rows(M, N, c, ldc, e);
 }
 
 // Whether a product of at most DIRECT_ROWS rows over this int4 weight takes the bfloat16 path.
@@ -636,6 +638,202 @@ static void gemm_quant(const QuantShape& z, int64_t M, const float* a, int64_t l
   if (M <= DIRECT_ROWS)
     return gemm_quant_direct(QuantPanels<4>{z, packed}, M, a, lda, c, ldc, e, int4_takes_pairs(z));
   gemm_from(M, z.N, z.K, a, lda, QuantPanels<4>{z, packed}, c, ldc, e, kc);
+}
+
+// ---- int4 weights with int8 activations (kiln.quantize(..., activations="int8")) ----
+//
+// The activations of such a layer are quantized per row and group of the weight's `group` k, at
+// every call: scale = amax / 127 (1 where the group is all zero), q = round(x * (127 * (1 / amax)))
+// in -127..127 (to nearest even), x' = q * scale; the product is x' @ dequantize(B). kiln/quant/
+// weights.py `quantize_activations` is the reference and computes each step as here, so the levels
+// are the same. Why: at a decode step's row the float32 path above costs three vector
+// instructions per 16 weights (unpack, subtract, FMA) and on 2 cores reads int4 at ~21 GB/s, short
+// of the memory's speed (42 G weights/s); with integer activations one vpdpbusd multiplies 64
+// weights by their activations and adds them in fours, five instructions per 128 weights (a load,
+// two masks, a shift, two dot products): the memory sets the pace again.
+//
+// Per group the integer sums are exact (|sum| <= 15 * 127 * group < 2^24), and so is their
+// float32 conversion and the zero point's share, zero * sum_k q_k: (sum - zero * qsum) * (scale *
+// x_scale) is the group's product with one rounding and an FMA, where the float32 path rounds at
+// every k.
+struct Int8Rows {
+  int64_t stride;                       // bytes a row: the words' 8 k each (zeros past K)
+  std::unique_ptr<int8_t[]> q;          // [M][stride]: a word's k as 0, 2, 4, 6, 1, 3, 5, 7 (its nibbles' order)
+  std::unique_ptr<float[]> unit;        // [M][groups]: the group's scale / 16 (the table holds 16 scale)
+  std::unique_ptr<float[]> zero_share;  // [M][groups]: 16 sum_k q_k (the table holds zero / 16)
+  const int32_t* words(int64_t r) const { return reinterpret_cast<const int32_t*>(q.get() + r * stride); }
+};
+
+// A group's n activations to int8 (as above); their scale, and the sum of the levels in `sum`.
+// `words`: the levels stored in each word's nibble order (n a multiple of 8), else in k's order.
+static inline float quantize_group(const float* x, int64_t n, int8_t* out, bool words, int32_t& sum) {
+#if KILN_VEC_BYTES == 64
+  auto mask = [&](int64_t i) { return n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1); };
+  __m512 most = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) most = _mm512_max_ps(most, _mm512_abs_ps(_mm512_maskz_loadu_ps(mask(i), x + i)));
+  const float amax = _mm512_reduce_max_ps(most);
+#else
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+#endif
+  const float inverse = amax > 0.0f ? 127.0f * (1.0f / amax) : 0.0f;
+#if KILN_VEC_BYTES == 64
+  const __m512i order = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  const __m512i top = _mm512_set1_epi32(127), bottom = _mm512_set1_epi32(-127);
+  __m512i sums = _mm512_setzero_si512();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = mask(i);
+    __m512i level = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(in, x + i), _mm512_set1_ps(inverse)));
+    level = _mm512_min_epi32(_mm512_max_epi32(level, bottom), top);
+    sums = _mm512_add_epi32(sums, level);
+    if (words) level = _mm512_permutexvar_epi32(order, level);
+    // In words a partial vector's last word is stored whole (its lanes past n are 0: the load's).
+    _mm512_mask_cvtepi32_storeu_epi8(out + i, words ? mask(i - (-(n - i) & 7)) : in, level);
+  }
+  sum = _mm512_reduce_add_epi32(sums);
+#else
+  sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t level = int32_t(std::min(127.0f, std::max(-127.0f, std::nearbyint(x[i] * inverse))));
+    sum += level;
+    out[words ? i / 8 * 8 + (i % 2) * 4 + (i % 8) / 2 : i] = int8_t(level);
+  }
+#endif
+  return amax > 0.0f ? amax * (1.0f / 127.0f) : 1.0f;
+}
+
+// Rows [0, M) of a quantized, in words (Int8Rows).
+static Int8Rows quantize_rows(const QuantShape& z, int64_t M, const float* a, int64_t lda) {
+  const int64_t groups = z.groups(), stride = z.words() * 8;
+  Int8Rows x{stride, std::unique_ptr<int8_t[]>(new int8_t[M * stride]()), std::unique_ptr<float[]>(new float[M * groups]),
+             std::unique_ptr<float[]>(new float[M * groups])};
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t k0 = g * z.group, n = std::min(z.K, k0 + z.group) - k0;
+      int32_t sum;
+      x.unit[r * groups + g] = quantize_group(a + r * lda + k0, n, x.q.get() + r * stride + k0, true, sum) / 16.0f;
+      x.zero_share[r * groups + g] = 16.0f * float(sum);
+    }
+  return x;
+}
+
+#if defined(__AVX512VNNI__) && KILN_VEC_BYTES == 64
+constexpr bool INT8_DOT = true;
+// C rows [0, rows) of panels at[0 .. S) (R rows each; S > 1 only at one row, a run of panels as
+// int4_row's). Groups of whole words (a multiple of 8 k). A word's nibbles masked in place are its
+// even k's levels as bytes, shifted down 4 its odd k's (Int8Rows stores each row in that order).
+template <int S, int R>
+static inline void int4_int8_tile(const QuantPanels<4>& src, const int64_t* at, int rows, const Int8Rows& x, void* c,
+                                  int64_t ldc, const Epilogue* e) {
+  const uint8_t* q[S];
+  for (int s = 0; s < S; ++s) q[s] = src.panel(at[s]);
+  const int64_t groups = src.z.groups(), words = src.z.words(), group_words = src.z.group / 8;
+  const __m512i nibbles = _mm512_set1_epi32(0x0F0F0F0F);
+  // Two sets of sums (even and odd k) where they are few, so that the dot products do not wait on each other.
+  constexpr int SETS = S * R <= 2 ? 2 : 1;
+  V acc[S][R][NV];
+  for (int s = 0; s < S; ++s) clear(acc[s]);
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i sum[SETS][S][R][NV];
+    for (int set = 0; set < SETS; ++set)
+      for (int s = 0; s < S; ++s)
+        for (int r = 0; r < R; ++r)
+          for (int v = 0; v < NV; ++v) sum[set][s][r][v] = _mm512_setzero_si512();
+    for (int64_t w = g * group_words; w < std::min(words, (g + 1) * group_words); ++w) {
+#pragma GCC unroll 4
+      for (int s = 0; s < S; ++s) {
+        __m512i even[NV], odd[NV];
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) {
+          __builtin_prefetch(q[s] + ((w + INT4_PREFETCH_WORDS) * NR + v * L) * 4);
+          const __m512i word = _mm512_loadu_si512(q[s] + (w * NR + v * L) * 4);
+          even[v] = _mm512_and_si512(word, nibbles);
+          odd[v] = _mm512_and_si512(_mm512_srli_epi32(word, 4), nibbles);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m512i x_even = _mm512_set1_epi32(x.words(r)[2 * w]), x_odd = _mm512_set1_epi32(x.words(r)[2 * w + 1]);
+#pragma GCC unroll 8
+          for (int v = 0; v < NV; ++v) {
+            sum[0][s][r][v] = _mm512_dpbusd_epi32(sum[0][s][r][v], even[v], x_even);
+            sum[SETS - 1][s][r][v] = _mm512_dpbusd_epi32(sum[SETS - 1][s][r][v], odd[v], x_odd);
+          }
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        const V scale = kiln::load(src.table(at[s], g, 0) + v * L), zero = kiln::load(src.table(at[s], g, 1) + v * L);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m512i whole = SETS == 2 ? _mm512_add_epi32(sum[0][s][r][v], sum[SETS - 1][s][r][v]) : sum[0][s][r][v];
+          const V exact = (V)_mm512_cvtepi32_ps(whole) - zero * broadcast(x.zero_share.get() + r * groups + g);
+          acc[s][r][v] = fma(exact, scale * broadcast(x.unit.get() + r * groups + g), acc[s][r][v]);
+        }
+      }
+  }
+  for (int s = 0; s < S; ++s)
+    store_block<R>(acc[s], rows, int(std::min<int64_t>(NR, src.z.N - at[s] * NR)), 0, at[s] * NR, c, ldc, e, true);
+}
+#else
+constexpr bool INT8_DOT = false;
+#endif
+
+// Whether the integer path runs for this shape: a CPU with vpdpbusd (AVX512-VNNI), int4 groups of
+// whole words, a decode step's few rows (more rows: the float32 GEMM over the quantized rows).
+static inline bool int8_dot_applies(const QuantShape& z, int64_t M) {
+  return INT8_DOT && z.bits == 4 && z.group % 8 == 0 && M <= DIRECT_ROWS;
+}
+
+// C [M, N] = epilogue(A' @ B), A' = A's rows quantized to int8 per group (above), B int4 packed by
+// pack_quant. `integer`: the vpdpbusd path where it applies; else (and where it does not) the float32
+// path over A' (the same product: tests run both).
+static void gemm_quant_int8_activations(const QuantShape& z, int64_t M, const float* a, int64_t lda,
+                                        const uint8_t* packed, void* c, int64_t ldc, const Epilogue* e, int64_t kc,
+                                        bool integer) {
+#if defined(__AVX512VNNI__) && KILN_VEC_BYTES == 64
+  if (integer && int8_dot_applies(z, M)) {
+    const Int8Rows x = quantize_rows(z, M, a, lda);
+    const QuantPanels<4> src{z, packed};
+    const int64_t panels = z.panels();
+#pragma omp parallel if (panels > 1 && 2 * M * z.N * z.K >= (int64_t(1) << 18))
+    {
+      int64_t p0, p1;
+      range(panels, omp_get_num_threads(), omp_get_thread_num(), p0, p1);
+      if (M == 1) {
+        panel_runs<INT4_RUNS>(p0, p1, [&](auto count, const int64_t* at) {
+          int4_int8_tile<decltype(count)::value, 1>(src, at, 1, x, c, ldc, e);
+        });
+      } else {
+        for (int64_t p = p0; p < p1; ++p) {
+          switch (M) {
+            case 2: int4_int8_tile<1, 2>(src, &p, 2, x, c, ldc, e); break;
+            case 3: int4_int8_tile<1, 3>(src, &p, 3, x, c, ldc, e); break;
+            default: int4_int8_tile<1, 4>(src, &p, int(M), x, c, ldc, e); break;
+          }
+        }
+      }
+    }
+    normalize_rows(M, z.N, c, ldc, e);
+    return;
+  }
+#endif
+  (void)integer;
+  const int64_t groups = z.groups();
+  std::unique_ptr<float[]> rows(new float[M * z.K]);
+#pragma omp parallel for if (M * z.K >= (int64_t(1) << 16))
+  for (int64_t i = 0; i < M * groups; ++i) {
+    const int64_t r = i / groups, k0 = i % groups * z.group, n = std::min(z.K, k0 + z.group) - k0;
+    int8_t level[256];
+    std::unique_ptr<int8_t[]> large(n > 256 ? new int8_t[n] : nullptr);
+    int8_t* out = large ? large.get() : level;
+    int32_t sum;
+    const float scale = quantize_group(a + r * lda + k0, n, out, false, sum);
+    for (int64_t k = 0; k < n; ++k) rows[r * z.K + k0 + k] = float(out[k]) * scale;
+  }
+  gemm_quant(z, M, rows.get(), z.K, packed, c, ldc, e, kc);
 }
 
 }  // namespace kiln_gemm

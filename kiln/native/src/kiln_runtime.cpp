@@ -72,6 +72,9 @@ extern "C" void kiln_gemm_quant_pack(int32_t bits, int64_t K, int64_t N, int64_t
 extern "C" void kiln_gemm_quant_f32(int32_t bits, int64_t M, int64_t N, int64_t K, int64_t group, const float* a,
                                     int64_t lda, const uint8_t* packed, void* c, int64_t ldc,
                                     const KilnGemmEpilogue* e, int64_t kc);
+extern "C" void kiln_gemm_quant_a8_f32(int32_t integer, int64_t M, int64_t N, int64_t K, int64_t group, const float* a,
+                                       int64_t lda, const uint8_t* packed, void* c, int64_t ldc,
+                                       const KilnGemmEpilogue* e, int64_t kc);
 // kiln's depthwise convolution, in the same unit (kiln/externs/kiln_depthwise.py).
 extern "C" void kiln_depthwise_pack_f32(const float* w, int64_t C, int64_t taps, float* out);
 extern "C" void kiln_depthwise_f32(const int64_t* shape, const float* x, const float* wp, const float* bias,
@@ -341,12 +344,15 @@ at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optio
 // kiln::mm_quant: a @ dequantize(qweight)ᵀ + bias, a post-op, a residual added after it, in kiln's
 // GEMM over the weight packed once (kiln_gemm_quant.h; the quantized layout is kiln/quant's):
 // `bits` 8 (qweight int8 [N, K], scales [N, 1]) or 4 (qweight uint8 [N, ceil(K / 2)], scales and
-// zeros [N, ceil(K / group)]). `a` float32 [..., K]; the result [..., N].
+// zeros [N, ceil(K / group)]). `a` float32 [..., K]; the result [..., N]. `int8_activations` (int4):
+// a's rows quantized to int8 per group first (kiln/quant/weights.py `quantize_activations`).
 at::Tensor mm_quant(const at::Tensor& a_in, const at::Tensor& qweight, const at::Tensor& scales,
                     const std::optional<at::Tensor>& zeros, int64_t bits, int64_t group_size,
                     const std::optional<at::Tensor>& bias_in, const std::optional<at::Tensor>& residual_in,
-                    c10::string_view unary, const Scalars& scalars, std::optional<c10::string_view> algorithm) {
+                    c10::string_view unary, const Scalars& scalars, std::optional<c10::string_view> algorithm,
+                    bool int8_activations) {
   TORCH_CHECK(bits == 8 || bits == 4, "kiln::mm_quant: bits must be 8 or 4, got ", bits);
+  TORCH_CHECK(!int8_activations || bits == 4, "kiln::mm_quant: int8 activations are taken with int4 weights only");
   TORCH_CHECK(a_in.scalar_type() == at::kFloat, "kiln::mm_quant: the activations must be float32, got ",
               a_in.scalar_type());
   const int64_t K = a_in.size(-1), N = qweight.size(0), group = bits == 8 ? K : group_size;
@@ -379,8 +385,12 @@ at::Tensor mm_quant(const at::Tensor& a_in, const at::Tensor& qweight, const at:
   e.residual = residual ? residual->data_ptr() : nullptr;
   e.residual_bf16 = residual && residual->scalar_type() == at::kBFloat16;
   e.ld_residual = residual ? residual->stride(0) : 0;
-  kiln_gemm_quant_f32(int32_t(bits), M, N, K, group, a.data_ptr<float>(), a.stride(0), packed_weight.data_ptr<uint8_t>(),
-                      out.data_ptr(), N, &e, kiln_gemm_k_block());
+  if (int8_activations)
+    kiln_gemm_quant_a8_f32(1, M, N, K, group, a.data_ptr<float>(), a.stride(0), packed_weight.data_ptr<uint8_t>(),
+                           out.data_ptr(), N, &e, kiln_gemm_k_block());
+  else
+    kiln_gemm_quant_f32(int32_t(bits), M, N, K, group, a.data_ptr<float>(), a.stride(0),
+                        packed_weight.data_ptr<uint8_t>(), out.data_ptr(), N, &e, kiln_gemm_k_block());
   return out.view(shape);
 }
 
@@ -888,7 +898,8 @@ KILN_OPERATOR(mm, "mm(Tensor a, Tensor b, Tensor? bias, str unary, Scalar?[] sca
 KILN_OPERATOR(post_op, "post_op(Tensor y, str unary, Scalar?[] scalars, str? algorithm) -> Tensor")
 // A weight-only quantized product in kiln's GEMM (kiln/passes/quantized_gemm.py, kiln/quant).
 KILN_OPERATOR(mm_quant, "mm_quant(Tensor a, Tensor qweight, Tensor scales, Tensor? zeros, int bits, int group_size, "
-                        "Tensor? bias, Tensor? residual, str unary, Scalar?[] scalars, str? algorithm) -> Tensor")
+                        "Tensor? bias, Tensor? residual, str unary, Scalar?[] scalars, str? algorithm, "
+                        "bool int8_activations=False) -> Tensor")
 // The row norms in kiln's GEMM (kiln/passes/gemm_layer_norm.py); `impl` kiln or kiln_bf16.
 KILN_OPERATOR(mm_layer_norm, "mm_layer_norm(Tensor a, Tensor b, Tensor? bias, Tensor? residual, Tensor? weight, "
                              "Tensor? norm_bias, float eps, bool rms=False, str impl='kiln') -> Tensor")
