@@ -41,23 +41,46 @@ def _check(out: torch.Tensor, ref: torch.Tensor, k: int) -> None:
     assert err <= 1e-7 * k + 1e-6, err
 
 
-def _bf16_pairs(bits: int, m: int, group: int) -> bool:
-    """Whether kiln's GEMM (built for this CPU) takes int4's bfloat16 path (kiln_gemm_quant.h
-    `direct_tile_bf16`): int4, at most 4 rows, groups of a multiple of 8, a CPU with avx512_bf16
-    where that path measured the faster (`int4_pairs_faster`)."""
-    return bits == 4 and m <= 4 and kernels.int4_takes_pairs(64, 64, group)
-
-
 def split_activations(a: torch.Tensor) -> torch.Tensor:
-    """The activations as that path carries them: hi = bf16(a), lo = bf16(a - hi), hi + lo."""
+    """The activations as int4's bfloat16 path carries them (kiln_gemm_quant.h `direct_tile_bf16`):
+    hi = bf16(a), lo = bf16(a - hi), hi + lo."""
     hi = a.to(torch.bfloat16).float()
     lo = (a - hi).to(torch.bfloat16).float()
     return hi.double() + lo.double()
 
 
-def test_the_split_activations_are_within_2_to_the_minus_16():
+def int4_digits_of(a: torch.Tensor, group: int) -> torch.Tensor:
+    """The activations as int4's int8-digits path carries them (kiln_gemm_quant.h `split_group`):
+    per row and group, three int8 digits with scales 2^e, 2^(e - 7), 2^(e - 14), 2^(e + 6) the
+    power of two above the group's largest |a|, each the rounded remainder of the last."""
+    k = a.shape[-1]
+    groups = -(-k // group)
+    g = torch.nn.functional.pad(a.double(), (0, groups * group - k)).unflatten(-1, (groups, group))
+    e = (torch.frexp(g.abs().amax(-1, keepdim=True).float())[1].double() - 6).clamp(min=-100)
+    rest, carried = g.clone(), torch.zeros_like(g)
+    for d in range(3):
+        step = torch.pow(2.0, e - 7 * d)
+        level = torch.round(rest / step).clamp(-127, 127)
+        carried += level * step
+        rest -= level * step
+    return carried.flatten(-2)[..., :k]
+
+
+def _carried(a: torch.Tensor, bits: int, m: int, group: int) -> torch.Tensor:
+    """`a` as the path kiln's GEMM (built for this CPU) takes carries it: int4 at most 4 rows runs
+    the fastest of its paths this CPU has (`int4_fastest_path`, groups of a multiple of 8)."""
+    path = kernels.int4_path(m, 64, 64, group) if bits == 4 and m <= 4 else "float32"
+    return a if path == "float32" else split_activations(a) if path == "bf16_pairs" else int4_digits_of(a, group)
+
+
+def test_the_carried_activations_are_within_their_bounds():
     a = torch.randn(10000) * torch.logspace(-20, 20, 10000)
     assert ((split_activations(a) - a.double()).abs() <= 2.0 ** -16 * a.double().abs()).all()
+    rows = torch.randn(3, 1000) * torch.logspace(-3, 3, 1000)
+    for group in (8, 64, 128):
+        largest = torch.nn.functional.pad(rows.abs(), (0, -1000 % group)).unflatten(-1, (-1, group)).amax(-1)
+        bound = largest.repeat_interleave(group, -1)[:, :1000].double() * 2.0 ** -20
+        assert ((int4_digits_of(rows, group) - rows.double()).abs() <= bound).all()
 
 
 def _reference(a, w, bias, unary, scalars, algorithm, residual):
@@ -74,7 +97,7 @@ def test_every_epilogue_matches_a_float64_product_of_the_dequantized_weight(shap
     g = torch.Generator().manual_seed(k)
     a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
     # int4's bfloat16 path products its activations' two-bfloat16 split exactly (the rest as float32 does).
-    carried = split_activations(a) if _bf16_pairs(bits, m, group) else a
+    carried = _carried(a, bits, m, group)
     for unary, scalars, algorithm in EPILOGUES:
         for b, r in [(None, None), (bias, None), (bias, residual)]:
             out = kernels.mm_quant(a, packed, n, bits, group, b, unary, scalars, r, algorithm)
@@ -94,7 +117,7 @@ def test_row_norms_after_the_quantized_product(m, kind, bits, group):
     norm_weight, norm_bias = (None, None) if "softmax" in kind else (weight, None if kind == "rms_norm" else beta)
     out = kernels.mm_quant(a, packed, n, bits, group, bias, "none", (), residual,
                            row_norm=kernels.RowNorm(norm_weight, norm_bias, 1e-5, None, kind))
-    y = _reference(split_activations(a) if _bf16_pairs(bits, m, group) else a, w, bias, "none", (), None, residual)
+    y = _reference(_carried(a, bits, m, group), w, bias, "none", (), None, residual)
     if kind == "layer_norm":
         ref = torch.nn.functional.layer_norm(y, [n], weight.double(), beta.double(), 1e-5)
     elif kind == "rms_norm":
@@ -112,21 +135,23 @@ def _cpu_has(flag: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize("pairs", [True, False], ids=["bf16-pairs", "float32"])
+@pytest.mark.parametrize("path", kernels.INT4_PATHS)
 @pytest.mark.parametrize("m", [1, 2, 4])
-def test_both_int4_paths_at_a_few_rows(m, pairs):
-    """int4 at a few rows has two paths, the CPU's faster one measured once per process
-    (kiln_gemm_quant.h `int4_pairs_faster`): each is checked here whichever that is. The bfloat16
-    one runs where the CPU has avx512_bf16 (else the float32 one does)."""
+def test_every_int4_path_at_a_few_rows(m, path):
+    """int4 at a few rows has three paths, the CPU's fastest measured once per process
+    (kiln_gemm_quant.h `int4_fastest_path`): each is checked here whichever that is, against
+    float64 of the activations as it carries them. The bfloat16 one runs where the CPU has
+    avx512_bf16, the int8 digits where it has avx512_vnni (else the float32 one does)."""
     k, n, group = 264, 811, 32
     q, s, z, w = _quantized(n, k, 4, group, seed=m)
     packed = kernels.quant_pack(q, s, z, 4, group, k)
     g = torch.Generator().manual_seed(m)
     a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
-    carried = split_activations(a) if pairs and _cpu_has("avx512_bf16") else a
+    has = {"float32": True, "bf16_pairs": _cpu_has("avx512_bf16"), "int8_digits": _cpu_has("avx512_vnni")}[path]
+    carried = {"float32": a, "bf16_pairs": split_activations(a), "int8_digits": int4_digits_of(a, group)}[path]
     for unary, scalars, algorithm in EPILOGUES[:4]:
-        out = kernels.mm_quant(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm, int4_pairs=pairs)
-        _check(out, _reference(carried, w, bias, unary, scalars, algorithm, residual), k)
+        out = kernels.mm_quant(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm, int4_path=path)
+        _check(out, _reference(carried if has else a, w, bias, unary, scalars, algorithm, residual), k)
 
 
 # (M, K, N, group): one row in runs of panels (17 of them), 2..4 rows, K not a multiple of 8 (a
@@ -152,8 +177,8 @@ def test_int8_activations_match_a_float64_product_of_the_quantized_rows(shape, p
     rows = quantize_activations(a, group)
     assert (rows != a).any() and ((rows - a).abs() <= 0.02).all()  # quantized: half a level, 1/254 of a group's max
     integer = path == "integer" and kernels.int8_dot_applies(m, k, n, group)
-    # (else the float32 GEMM over those rows, which may take int4's bfloat16 pairs: test_both_int4_paths_at_a_few_rows)
-    carried = split_activations(rows) if not integer and _bf16_pairs(4, m, group) else rows
+    # (else the float32 GEMM over those rows, which takes int4's fastest path: test_every_int4_path_at_a_few_rows)
+    carried = rows if integer else _carried(rows, 4, m, group)
     for unary, scalars, algorithm in EPILOGUES[:4]:
         out = kernels.mm_quant(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm,
                                int8_activations=path)

@@ -20,6 +20,7 @@
 #pragma once
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <memory>
 
@@ -425,49 +426,6 @@ static inline void direct_tile_bf16(const QuantPanels<4>& src, int64_t p, int ro
 }
 #endif
 
-// Whether int4's bfloat16 path can run for this shape: groups of whole words, a CPU with the
-// bfloat16 dot product.
-static inline bool int4_pairs_apply(const QuantShape& z) {
-#if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
-  return z.bits == 4 && z.group % 8 == 0;
-#else
-  (void)z;
-  return false;
-#endif
-}
-
-template <int BITS>
-static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const float* a, int64_t lda, void* c,
-                              int64_t ldc, const Epilogue* e, bool pairs);
-
-// Whether int4's bfloat16 path is the faster of the two on this CPU: measured once per process, on
-// a 768 x 2304 weight in L2 at one row (where instructions, not memory, decide), best of 5 each,
-// ~2 ms. Where vdpbf16ps runs at the FMA's rate (Zen 4) the pairs path makes 32 weights in two
-// instructions where the float32 path takes three per 16: 39 against 26 G weights/s a core; where it
-// runs at half that rate (2 threads of an Intel Xeon, family 6 model 207) the pairs path took 61 us
-// and the float32 path 42 (4 rows: 193 and 75).
-static bool int4_pairs_faster() {
-  static const bool faster = [] {
-    const QuantShape z{4, 768, 2304, 128};
-    std::unique_ptr<uint8_t[]> packed(new uint8_t[z.bytes()]);
-    for (int64_t i = 0; i < z.bytes(); ++i) packed[i] = uint8_t(i * 2654435761u >> 13);  // any levels
-    float* table = reinterpret_cast<float*>(packed.get() + z.q_bytes());
-    for (int64_t i = 0; i < 2 * z.table_bytes() / int64_t(sizeof(float)); ++i) table[i] = 0.01f;
-    std::unique_ptr<float[]> a(new float[z.K]), c(new float[z.N]);
-    for (int64_t k = 0; k < z.K; ++k) a[k] = float(k % 7) - 3.0f;
-    double best[2] = {1e9, 1e9};
-    for (int round = 0; round < 6; ++round)
-      for (int pairs = 0; pairs < 2; ++pairs) {
-        const auto start = std::chrono::steady_clock::now();
-        gemm_quant_direct(QuantPanels<4>{z, packed.get()}, 1, a.get(), z.K, c.get(), z.N, nullptr, pairs == 1);
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (round > 0) best[pairs] = std::min(best[pairs], seconds);  // (round 0 warms the caches)
-      }
-    return best[1] < best[0];
-  }();
-  return faster;
-}
-
 // int8 at one row, `S` panels at once (kiln_gemm.h panel_runs: a thread's panels in runs, more of
 // the weight's lines in flight from DRAM), one scale per column (a single group): each panel's sum
 // of a_k q_k, scaled at the end. A panel at a time it streamed 14.6-17 GB/s from DRAM where the same
@@ -555,11 +513,299 @@ static inline void normalize_rows(int64_t M, int64_t N, void* c, int64_t ldc, co
   else layer_norm_rows(static_cast<float*>(c), ldc, N, 0, M, *e);
 }
 
+// ---- int4 at a few rows with integer activations: vpdpbusd ----
+//
+// Two uses. (1) int8 activations (kiln.quantize(..., activations="int8")): each call quantizes the
+// layer's rows per group of the weight's `group` k: scale = amax / 127 (1 where the group is all
+// zero), q = round(x * (127 * (1 / amax))) in -127..127 (to nearest even), x' = q * scale, and the
+// product is x' @ dequantize(B); kiln/quant/weights.py `quantize_activations` is the reference and
+// takes each step as here, so the levels are the same. (2) Weight-only int4 with float32
+// activations, each group of a row carried as three int8 digits with power-of-two scales: x ~ q1 2^e
+// + q2 2^(e - 7) + q3 2^(e - 14), 2^(e + 6) the power of two at or above the group's largest |x|
+// (so |q1| <= 64), each digit the rounded remainder of the last (exact: a float times a power of
+// two, and a remainder smaller than the float's own place): every activation within 2^(e - 15) <=
+// 2^-20 of its group's largest (int4_digits_of in tests/quant/test_quantized_gemm.py), where the
+// int4 weight is up to 2^-5 of its group's range off the float weight it stands for.
+//
+// Why: at a decode step's row the float32 path costs three vector instructions per 16 weights
+// (unpack, subtract, FMA) and on 2 cores of an Intel Xeon reads int4 at ~21 GB/s, short of the
+// memory's speed (42 G weights/s); one vpdpbusd multiplies 64 weights (unsigned bytes) by 64
+// activations (signed bytes) and adds them in fours, so 128 weights cost a load, a shift, two masks
+// and two dot products a digit: 5 instructions with int8 activations, 9 with three digits, where
+// the float32 path takes 24.
+//
+// Per group and digit the integer sums are exact (|sum| <= 15 * 127 * group < 2^24), and so are
+// their float32 conversion and the zero point's share, zero * sum_k q_k: (sum - zero * qsum) *
+// (scale * digit scale) is the group's product with one rounding and an FMA a digit, where the
+// float32 path rounds at every k. A non-finite activation makes its group's scale NaN: the rows it
+// reaches are NaN, as a float32 product's would be, never a finite wrong value.
+struct Int8Rows {
+  int digits;
+  int64_t stride, groups;               // stride: bytes a row and digit (the words' 8 k each; zeros past K)
+  std::unique_ptr<int8_t[]> q;          // [M][digits][stride]: a word's k as 0, 2, 4, 6, 1, 3, 5, 7 (its nibbles')
+  std::unique_ptr<float[]> unit;        // [M][groups][digits]: the digit's scale / 16 (the table holds 16 scale)
+  std::unique_ptr<float[]> zero_share;  // [M][groups][digits]: 16 sum_k q_k (the table holds zero / 16)
+  const int32_t* words(int64_t r, int d) const {
+    return reinterpret_cast<const int32_t*>(q.get() + (r * digits + d) * stride);
+  }
+};
+
+// Row r's group g (n activations at x) into `rows` (`digits` 1: int8 activations; 3: the digits), in
+// words (k0 a multiple of 8) or, `words` false, in k's order.
+static inline void split_group(Int8Rows& rows, int64_t r, int64_t g, int64_t k0, const float* x, int64_t n,
+                               bool words) {
+  const int D = rows.digits;
+  float* unit = rows.unit.get() + (r * rows.groups + g) * D;
+  float* share = rows.zero_share.get() + (r * rows.groups + g) * D;
+  float amax = 0.0f;
+  bool finite = true;
+#if KILN_VEC_BYTES == 64
+  auto mask = [&](int64_t i) { return n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1); };
+  __m512 most = _mm512_setzero_ps();
+  __mmask16 odd = 0;  // lanes that held a NaN (max would drop it)
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 v = _mm512_maskz_loadu_ps(mask(i), x + i);
+    odd |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    most = _mm512_max_ps(most, _mm512_abs_ps(v));
+  }
+  amax = _mm512_reduce_max_ps(most);
+  finite = !odd && amax <= std::numeric_limits<float>::max();
+#else
+  for (int64_t i = 0; i < n; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    amax = std::max(amax, std::fabs(x[i]));
+  }
+#endif
+  // Each digit: levels = round(rest * inverse), rest -= levels * step (D = 1: the int8 scale).
+  float inverse[3], step[3];
+  if (D == 1) {
+    inverse[0] = amax > 0.0f ? 127.0f * (1.0f / amax) : 0.0f;
+    step[0] = amax > 0.0f ? amax * (1.0f / 127.0f) : 1.0f;
+  } else {
+    int top;
+    std::frexp(amax, &top);  // amax < 2^top (0: top 0)
+    const int e = std::max(top - 6, -100);  // (tiny groups: digits down to 2^-114, never a denormal scale)
+    for (int d = 0; d < D; ++d) {
+      step[d] = std::ldexp(1.0f, e - 7 * d);
+      inverse[d] = std::ldexp(1.0f, 7 * d - e);
+    }
+  }
+  int32_t sums[3] = {0, 0, 0};
+#if KILN_VEC_BYTES == 64
+  const __m512i order = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  const __m512i top = _mm512_set1_epi32(127), bottom = _mm512_set1_epi32(-127);
+  __m512i total[3] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 in = mask(i);
+    __m512 rest = _mm512_maskz_loadu_ps(in, x + i);
+    for (int d = 0; d < D; ++d) {
+      __m512i level = _mm512_cvtps_epi32(_mm512_mul_ps(rest, _mm512_set1_ps(inverse[d])));
+      level = _mm512_min_epi32(_mm512_max_epi32(level, bottom), top);
+      if (d + 1 < D) rest = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(level), _mm512_set1_ps(step[d]), rest);
+      total[d] = _mm512_add_epi32(total[d], level);
+      // In words a partial vector's last word is stored whole (its lanes past n are 0: the load's).
+      int8_t* out = rows.q.get() + (r * D + d) * rows.stride + k0 + i;
+      if (words) _mm512_mask_cvtepi32_storeu_epi8(out, mask(i - (-(n - i) & 7)), _mm512_permutexvar_epi32(order, level));
+      else _mm512_mask_cvtepi32_storeu_epi8(out, in, level);
+    }
+  }
+  for (int d = 0; d < D; ++d) sums[d] = _mm512_reduce_add_epi32(total[d]);
+#else
+  for (int64_t i = 0; i < n; ++i) {
+    float rest = x[i];
+    for (int d = 0; d < D; ++d) {
+      const int32_t level = int32_t(std::min(127.0f, std::max(-127.0f, std::nearbyint(rest * inverse[d]))));
+      rest = std::fma(-float(level), step[d], rest);
+      sums[d] += level;
+      rows.q[(r * D + d) * rows.stride + k0 + (words ? i / 8 * 8 + (i % 2) * 4 + (i % 8) / 2 : i)] = int8_t(level);
+    }
+  }
+#endif
+  for (int d = 0; d < D; ++d) {
+    unit[d] = finite ? step[d] / 16.0f : std::numeric_limits<float>::quiet_NaN();
+    share[d] = 16.0f * float(sums[d]);
+  }
+}
+
+// Rows [0, M) of a in `digits` int8 digits a group (Int8Rows), in words or in k's order.
+static Int8Rows split_rows(const QuantShape& z, int64_t M, const float* a, int64_t lda, int digits,
+                           bool words = true) {
+  const int64_t groups = z.groups(), stride = z.words() * 8;
+  Int8Rows rows{digits, stride, groups, std::unique_ptr<int8_t[]>(new int8_t[M * digits * stride]()),
+                std::unique_ptr<float[]>(new float[M * groups * digits]),
+                std::unique_ptr<float[]>(new float[M * groups * digits])};
+#pragma omp parallel for if (M * z.K >= (int64_t(1) << 16))
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t k0 = g * z.group;
+      split_group(rows, r, g, k0, a + r * lda + k0, std::min(z.K, k0 + z.group) - k0, words);
+    }
+  return rows;
+}
+
+#if defined(__AVX512VNNI__) && KILN_VEC_BYTES == 64
+constexpr bool INT8_DOT = true;
+// C rows [0, rows) of panels at[0 .. S) (R rows each; S > 1 only at one row, a run of panels as
+// int4_row's), D digits a row. Groups of whole words (a multiple of 8 k). A word's nibbles masked
+// in place are its even k's levels as bytes, shifted down 4 its odd k's (Int8Rows stores each row
+// in that order).
+template <int S, int R, int D>
+static inline void int4_int8_tile(const QuantPanels<4>& src, const int64_t* at, int rows, const Int8Rows& x, void* c,
+                                  int64_t ldc, const Epilogue* e) {
+  const uint8_t* q[S];
+  for (int s = 0; s < S; ++s) q[s] = src.panel(at[s]);
+  const int64_t groups = src.z.groups(), words = src.z.words(), group_words = src.z.group / 8;
+  const __m512i nibbles = _mm512_set1_epi32(0x0F0F0F0F);
+  // Two sets of sums (even and odd k) where they are few, so that the dot products do not wait on each other.
+  constexpr int SETS = S * R * D <= 2 ? 2 : 1;
+  V acc[S][R][NV];
+  for (int s = 0; s < S; ++s) clear(acc[s]);
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i sum[SETS][D][S][R][NV];
+    for (int set = 0; set < SETS; ++set)
+      for (int d = 0; d < D; ++d)
+        for (int s = 0; s < S; ++s)
+          for (int r = 0; r < R; ++r)
+            for (int v = 0; v < NV; ++v) sum[set][d][s][r][v] = _mm512_setzero_si512();
+    for (int64_t w = g * group_words; w < std::min(words, (g + 1) * group_words); ++w) {
+#pragma GCC unroll 4
+      for (int s = 0; s < S; ++s)
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) {
+          __builtin_prefetch(q[s] + ((w + INT4_PREFETCH_WORDS) * NR + v * L) * 4);
+          const __m512i word = _mm512_loadu_si512(q[s] + (w * NR + v * L) * 4);
+          const __m512i even = _mm512_and_si512(word, nibbles), odd = _mm512_and_si512(_mm512_srli_epi32(word, 4), nibbles);
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+            for (int d = 0; d < D; ++d) {
+              const int32_t* xr = x.words(r, d) + 2 * w;
+              sum[0][d][s][r][v] = _mm512_dpbusd_epi32(sum[0][d][s][r][v], even, _mm512_set1_epi32(xr[0]));
+              sum[SETS - 1][d][s][r][v] = _mm512_dpbusd_epi32(sum[SETS - 1][d][s][r][v], odd, _mm512_set1_epi32(xr[1]));
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int s = 0; s < S; ++s)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        const V scale = kiln::load(src.table(at[s], g, 0) + v * L), zero = kiln::load(src.table(at[s], g, 1) + v * L);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+          for (int d = 0; d < D; ++d) {
+            const int64_t at_rg = (r * groups + g) * D + d;
+            const __m512i whole = SETS == 2 ? _mm512_add_epi32(sum[0][d][s][r][v], sum[SETS - 1][d][s][r][v]) : sum[0][d][s][r][v];
+            const V exact = (V)_mm512_cvtepi32_ps(whole) - zero * broadcast(x.zero_share.get() + at_rg);
+            acc[s][r][v] = fma(exact, scale * broadcast(x.unit.get() + at_rg), acc[s][r][v]);
+          }
+      }
+  }
+  for (int s = 0; s < S; ++s)
+    store_block<R>(acc[s], rows, int(std::min<int64_t>(NR, src.z.N - at[s] * NR)), 0, at[s] * NR, c, ldc, e, true);
+}
+
+// C = epilogue(x's rows @ B) over every panel, the threads splitting them; one row in runs.
+template <int D>
+static void int8_products(const QuantPanels<4>& src, int64_t M, const Int8Rows& x, void* c, int64_t ldc,
+                          const Epilogue* e) {
+  const int64_t panels = src.z.panels();
+#pragma omp parallel if (panels > 1 && 2 * M * src.z.N * src.z.K >= (int64_t(1) << 18))
+  {
+    int64_t p0, p1;
+    range(panels, omp_get_num_threads(), omp_get_thread_num(), p0, p1);
+    if (M == 1) {
+      // Runs of 4 panels with one digit (as int4_row), 2 with three: their sums fill the registers.
+      panel_runs<D == 1 ? INT4_RUNS : 2>(p0, p1, [&](auto count, const int64_t* at) {
+        int4_int8_tile<decltype(count)::value, 1, D>(src, at, 1, x, c, ldc, e);
+      });
+    } else {
+      for (int64_t p = p0; p < p1; ++p) {
+        switch (M) {
+          case 2: int4_int8_tile<1, 2, D>(src, &p, 2, x, c, ldc, e); break;
+          case 3: int4_int8_tile<1, 3, D>(src, &p, 3, x, c, ldc, e); break;
+          default: int4_int8_tile<1, 4, D>(src, &p, int(M), x, c, ldc, e); break;
+        }
+      }
+    }
+  }
+  normalize_rows(M, src.z.N, c, ldc, e);
+}
+#else
+constexpr bool INT8_DOT = false;
+#endif
+
+// Whether the vpdpbusd path can run: a CPU with AVX512-VNNI, int4 groups of whole words, a decode
+// step's few rows.
+static inline bool int8_dot_applies(const QuantShape& z, int64_t M) {
+  return INT8_DOT && z.bits == 4 && z.group % 8 == 0 && M <= DIRECT_ROWS;
+}
+
+// int4's paths at a few rows: the float32 one (direct_tile, int4_row), the bfloat16 pairs
+// (direct_tile_bf16: CPUs with avx512_bf16), the three int8 digits (int4_int8_tile: CPUs with
+// avx512_vnni). Which one runs changes the result within the bounds given with each.
+enum Int4Path : int { INT4_FLOAT = 0, INT4_BF16_PAIRS = 1, INT4_INT8_DIGITS = 2, INT4_PATHS = 3 };
+
+// Whether `path` can run for this shape: groups of whole words, a CPU with its instructions.
+static inline bool int4_path_applies(const QuantShape& z, int path) {
+  if (path == INT4_FLOAT) return true;
+  if (z.bits != 4 || z.group % 8) return false;
+#if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
+  if (path == INT4_BF16_PAIRS) return true;
+#endif
+  return path == INT4_INT8_DIGITS && INT8_DOT;
+}
+
 template <int BITS>
 static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const float* a, int64_t lda, void* c,
-                              int64_t ldc, const Epilogue* e, bool pairs) {
+                              int64_t ldc, const Epilogue* e, int path);
+
+// The fastest of int4's paths on this CPU at one row (`rows` 1) or at 2 to 4 (`rows` 4): measured
+// once per process each, on a 768 x 2304 weight in L2 (where instructions, not memory, decide),
+// best of 5 each, ~3 ms at one row. Where vdpbf16ps runs at the FMA's rate (Zen 4) the pairs path
+// makes 32 weights in two instructions where the float32 path takes three per 16: 39 against 26 G
+// weights/s a core; where it runs at half that rate (2 threads of an Intel Xeon, family 6 model
+// 207) the pairs path took 61 us at one row and the float32 path 41, the digits 23; at 4 rows 193,
+// 75 and 82 (the digits' sums of four rows outgrow the registers).
+static int int4_fastest_path(int rows) {
+  auto measure = [](int64_t M) {
+    const QuantShape z{4, 768, 2304, 128};
+    std::unique_ptr<uint8_t[]> packed(new uint8_t[z.bytes()]);
+    for (int64_t i = 0; i < z.bytes(); ++i) packed[i] = uint8_t(i * 2654435761u >> 13);  // any levels
+    float* table = reinterpret_cast<float*>(packed.get() + z.q_bytes());
+    for (int64_t i = 0; i < 2 * z.table_bytes() / int64_t(sizeof(float)); ++i) table[i] = 0.01f;
+    std::unique_ptr<float[]> a(new float[M * z.K]), c(new float[M * z.N]);
+    for (int64_t k = 0; k < M * z.K; ++k) a[k] = float(k % 7) - 3.0f;
+    double best[INT4_PATHS] = {1e9, 1e9, 1e9};
+    for (int round = 0; round < 6; ++round)
+      for (int path = 0; path < INT4_PATHS; ++path) {
+        if (!int4_path_applies(z, path)) continue;
+        const auto start = std::chrono::steady_clock::now();
+        gemm_quant_direct(QuantPanels<4>{z, packed.get()}, M, a.get(), z.K, c.get(), z.N, nullptr, path);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (round > 0) best[path] = std::min(best[path], seconds);  // (round 0 warms the caches)
+      }
+    return int(std::min_element(best, best + INT4_PATHS) - best);
+  };
+  if (rows == 1) {
+    static const int one = measure(1);
+    return one;
+  }
+  static const int few = measure(4);
+  return few;
+}
+
+template <int BITS>
+static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const float* a, int64_t lda, void* c,
+                              int64_t ldc, const Epilogue* e, int path) {
   const int64_t N = src.z.N, K = src.z.K, panels = src.z.panels(), groups = src.z.groups();
-  const bool bf16_pairs = pairs && int4_pairs_apply(src.z);
+#if defined(__AVX512VNNI__) && KILN_VEC_BYTES == 64
+  if constexpr (BITS == 4) {
+    if (path == INT4_INT8_DIGITS && int4_path_applies(src.z, path))
+      return int8_products<3>(src, M, split_rows(src.z, M, a, lda, 3), c, ldc, e);
+  }
+#endif
+  const bool bf16_pairs = path == INT4_BF16_PAIRS && int4_path_applies(src.z, path);
   // int4: each row's sum of a over each group (the zero points' share), once for every panel (the
   // bfloat16 path sums its split activations instead, as it makes them).
   float asums[DIRECT_ROWS * 64];
@@ -625,214 +871,43 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
   normalize_rows(M, N, c, ldc, e);
 }
 
-// Whether a product of at most DIRECT_ROWS rows over this int4 weight takes the bfloat16 path.
-static inline bool int4_takes_pairs(const QuantShape& z) { return int4_pairs_apply(z) && int4_pairs_faster(); }
+// The path a product of M <= DIRECT_ROWS rows over this int4 weight takes.
+static inline int int4_path_for(const QuantShape& z, int64_t M) {
+  const int fastest = int4_fastest_path(M == 1 ? 1 : 4);
+  return int4_path_applies(z, fastest) ? fastest : INT4_FLOAT;
+}
 
 // C [M, N] = epilogue(A [M, K] (float32, row stride lda) @ B), B packed by pack_quant.
 static void gemm_quant(const QuantShape& z, int64_t M, const float* a, int64_t lda, const uint8_t* packed, void* c,
                        int64_t ldc, const Epilogue* e, int64_t kc) {
   if (z.bits == 8) {
-    if (M <= DIRECT_ROWS) return gemm_quant_direct(QuantPanels<8>{z, packed}, M, a, lda, c, ldc, e, false);
+    if (M <= DIRECT_ROWS) return gemm_quant_direct(QuantPanels<8>{z, packed}, M, a, lda, c, ldc, e, INT4_FLOAT);
     return gemm_from(M, z.N, z.K, a, lda, QuantPanels<8>{z, packed}, c, ldc, e, kc);
   }
   if (M <= DIRECT_ROWS)
-    return gemm_quant_direct(QuantPanels<4>{z, packed}, M, a, lda, c, ldc, e, int4_takes_pairs(z));
+    return gemm_quant_direct(QuantPanels<4>{z, packed}, M, a, lda, c, ldc, e, int4_path_for(z, M));
   gemm_from(M, z.N, z.K, a, lda, QuantPanels<4>{z, packed}, c, ldc, e, kc);
 }
 
-// ---- int4 weights with int8 activations (kiln.quantize(..., activations="int8")) ----
-//
-// The activations of such a layer are quantized per row and group of the weight's `group` k, at
-// every call: scale = amax / 127 (1 where the group is all zero), q = round(x * (127 * (1 / amax)))
-// in -127..127 (to nearest even), x' = q * scale; the product is x' @ dequantize(B). kiln/quant/
-// weights.py `quantize_activations` is the reference and computes each step as here, so the levels
-// are the same. Why: at a decode step's row the float32 path above costs three vector
-// instructions per 16 weights (unpack, subtract, FMA) and on 2 cores reads int4 at ~21 GB/s, short
-// of the memory's speed (42 G weights/s); with integer activations one vpdpbusd multiplies 64
-// weights by their activations and adds them in fours, five instructions per 128 weights (a load,
-// two masks, a shift, two dot products): the memory sets the pace again.
-//
-// Per group the integer sums are exact (|sum| <= 15 * 127 * group < 2^24), and so is their
-// float32 conversion and the zero point's share, zero * sum_k q_k: (sum - zero * qsum) * (scale *
-// x_scale) is the group's product with one rounding and an FMA, where the float32 path rounds at
-// every k.
-struct Int8Rows {
-  int64_t stride;                       // bytes a row: the words' 8 k each (zeros past K)
-  std::unique_ptr<int8_t[]> q;          // [M][stride]: a word's k as 0, 2, 4, 6, 1, 3, 5, 7 (its nibbles' order)
-  std::unique_ptr<float[]> unit;        // [M][groups]: the group's scale / 16 (the table holds 16 scale)
-  std::unique_ptr<float[]> zero_share;  // [M][groups]: 16 sum_k q_k (the table holds zero / 16)
-  const int32_t* words(int64_t r) const { return reinterpret_cast<const int32_t*>(q.get() + r * stride); }
-};
-
-// A group's n activations to int8 (as above); their scale, and the sum of the levels in `sum`.
-// `words`: the levels stored in each word's nibble order (n a multiple of 8), else in k's order.
-static inline float quantize_group(const float* x, int64_t n, int8_t* out, bool words, int32_t& sum) {
-#if KILN_VEC_BYTES == 64
-  auto mask = [&](int64_t i) { return n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1); };
-  __m512 most = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) most = _mm512_max_ps(most, _mm512_abs_ps(_mm512_maskz_loadu_ps(mask(i), x + i)));
-  const float amax = _mm512_reduce_max_ps(most);
-#else
-  float amax = 0.0f;
-  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
-#endif
-  const float inverse = amax > 0.0f ? 127.0f * (1.0f / amax) : 0.0f;
-#if KILN_VEC_BYTES == 64
-  const __m512i order = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-  const __m512i top = _mm512_set1_epi32(127), bottom = _mm512_set1_epi32(-127);
-  __m512i sums = _mm512_setzero_si512();
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 in = mask(i);
-    __m512i level = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(in, x + i), _mm512_set1_ps(inverse)));
-    level = _mm512_min_epi32(_mm512_max_epi32(level, bottom), top);
-    sums = _mm512_add_epi32(sums, level);
-    if (words) level = _mm512_permutexvar_epi32(order, level);
-    // In words a partial vector's last word is stored whole (its lanes past n are 0: the load's).
-    _mm512_mask_cvtepi32_storeu_epi8(out + i, words ? mask(i - (-(n - i) & 7)) : in, level);
-  }
-  sum = _mm512_reduce_add_epi32(sums);
-#else
-  sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t level = int32_t(std::min(127.0f, std::max(-127.0f, std::nearbyint(x[i] * inverse))));
-    sum += level;
-    out[words ? i / 8 * 8 + (i % 2) * 4 + (i % 8) / 2 : i] = int8_t(level);
-  }
-#endif
-  return amax > 0.0f ? amax * (1.0f / 127.0f) : 1.0f;
-}
-
-// Rows [0, M) of a quantized, in words (Int8Rows).
-static Int8Rows quantize_rows(const QuantShape& z, int64_t M, const float* a, int64_t lda) {
-  const int64_t groups = z.groups(), stride = z.words() * 8;
-  Int8Rows x{stride, std::unique_ptr<int8_t[]>(new int8_t[M * stride]()), std::unique_ptr<float[]>(new float[M * groups]),
-             std::unique_ptr<float[]>(new float[M * groups])};
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t k0 = g * z.group, n = std::min(z.K, k0 + z.group) - k0;
-      int32_t sum;
-      x.unit[r * groups + g] = quantize_group(a + r * lda + k0, n, x.q.get() + r * stride + k0, true, sum) / 16.0f;
-      x.zero_share[r * groups + g] = 16.0f * float(sum);
-    }
-  return x;
-}
-
-#if defined(__AVX512VNNI__) && KILN_VEC_BYTES == 64
-constexpr bool INT8_DOT = true;
-// C rows [0, rows) of panels at[0 .. S) (R rows each; S > 1 only at one row, a run of panels as
-// int4_row's). Groups of whole words (a multiple of 8 k). A word's nibbles masked in place are its
-// even k's levels as bytes, shifted down 4 its odd k's (Int8Rows stores each row in that order).
-template <int S, int R>
-static inline void int4_int8_tile(const QuantPanels<4>& src, const int64_t* at, int rows, const Int8Rows& x, void* c,
-                                  int64_t ldc, const Epilogue* e) {
-  const uint8_t* q[S];
-  for (int s = 0; s < S; ++s) q[s] = src.panel(at[s]);
-  const int64_t groups = src.z.groups(), words = src.z.words(), group_words = src.z.group / 8;
-  const __m512i nibbles = _mm512_set1_epi32(0x0F0F0F0F);
-  // Two sets of sums (even and odd k) where they are few, so that the dot products do not wait on each other.
-  constexpr int SETS = S * R <= 2 ? 2 : 1;
-  V acc[S][R][NV];
-  for (int s = 0; s < S; ++s) clear(acc[s]);
-  for (int64_t g = 0; g < groups; ++g) {
-    __m512i sum[SETS][S][R][NV];
-    for (int set = 0; set < SETS; ++set)
-      for (int s = 0; s < S; ++s)
-        for (int r = 0; r < R; ++r)
-          for (int v = 0; v < NV; ++v) sum[set][s][r][v] = _mm512_setzero_si512();
-    for (int64_t w = g * group_words; w < std::min(words, (g + 1) * group_words); ++w) {
-#pragma GCC unroll 4
-      for (int s = 0; s < S; ++s) {
-        __m512i even[NV], odd[NV];
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) {
-          __builtin_prefetch(q[s] + ((w + INT4_PREFETCH_WORDS) * NR + v * L) * 4);
-          const __m512i word = _mm512_loadu_si512(q[s] + (w * NR + v * L) * 4);
-          even[v] = _mm512_and_si512(word, nibbles);
-          odd[v] = _mm512_and_si512(_mm512_srli_epi32(word, 4), nibbles);
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-          const __m512i x_even = _mm512_set1_epi32(x.words(r)[2 * w]), x_odd = _mm512_set1_epi32(x.words(r)[2 * w + 1]);
-#pragma GCC unroll 8
-          for (int v = 0; v < NV; ++v) {
-            sum[0][s][r][v] = _mm512_dpbusd_epi32(sum[0][s][r][v], even[v], x_even);
-            sum[SETS - 1][s][r][v] = _mm512_dpbusd_epi32(sum[SETS - 1][s][r][v], odd[v], x_odd);
-          }
-        }
-      }
-    }
-#pragma GCC unroll 4
-    for (int s = 0; s < S; ++s)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        const V scale = kiln::load(src.table(at[s], g, 0) + v * L), zero = kiln::load(src.table(at[s], g, 1) + v * L);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-          const __m512i whole = SETS == 2 ? _mm512_add_epi32(sum[0][s][r][v], sum[SETS - 1][s][r][v]) : sum[0][s][r][v];
-          const V exact = (V)_mm512_cvtepi32_ps(whole) - zero * broadcast(x.zero_share.get() + r * groups + g);
-          acc[s][r][v] = fma(exact, scale * broadcast(x.unit.get() + r * groups + g), acc[s][r][v]);
-        }
-      }
-  }
-  for (int s = 0; s < S; ++s)
-    store_block<R>(acc[s], rows, int(std::min<int64_t>(NR, src.z.N - at[s] * NR)), 0, at[s] * NR, c, ldc, e, true);
-}
-#else
-constexpr bool INT8_DOT = false;
-#endif
-
-// Whether the integer path runs for this shape: a CPU with vpdpbusd (AVX512-VNNI), int4 groups of
-// whole words, a decode step's few rows (more rows: the float32 GEMM over the quantized rows).
-static inline bool int8_dot_applies(const QuantShape& z, int64_t M) {
-  return INT8_DOT && z.bits == 4 && z.group % 8 == 0 && M <= DIRECT_ROWS;
-}
-
-// C [M, N] = epilogue(A' @ B), A' = A's rows quantized to int8 per group (above), B int4 packed by
-// pack_quant. `integer`: the vpdpbusd path where it applies; else (and where it does not) the float32
-// path over A' (the same product: tests run both).
+// C [M, N] = epilogue(A' @ B), A' = A's rows quantized to int8 per group (int8 activations, above),
+// B int4 packed by pack_quant. `integer`: the vpdpbusd path where it applies; else (and where it
+// does not) the float32 GEMM over A' (the same product: tests run both).
 static void gemm_quant_int8_activations(const QuantShape& z, int64_t M, const float* a, int64_t lda,
                                         const uint8_t* packed, void* c, int64_t ldc, const Epilogue* e, int64_t kc,
                                         bool integer) {
 #if defined(__AVX512VNNI__) && KILN_VEC_BYTES == 64
-  if (integer && int8_dot_applies(z, M)) {
-    const Int8Rows x = quantize_rows(z, M, a, lda);
-    const QuantPanels<4> src{z, packed};
-    const int64_t panels = z.panels();
-#pragma omp parallel if (panels > 1 && 2 * M * z.N * z.K >= (int64_t(1) << 18))
-    {
-      int64_t p0, p1;
-      range(panels, omp_get_num_threads(), omp_get_thread_num(), p0, p1);
-      if (M == 1) {
-        panel_runs<INT4_RUNS>(p0, p1, [&](auto count, const int64_t* at) {
-          int4_int8_tile<decltype(count)::value, 1>(src, at, 1, x, c, ldc, e);
-        });
-      } else {
-        for (int64_t p = p0; p < p1; ++p) {
-          switch (M) {
-            case 2: int4_int8_tile<1, 2>(src, &p, 2, x, c, ldc, e); break;
-            case 3: int4_int8_tile<1, 3>(src, &p, 3, x, c, ldc, e); break;
-            default: int4_int8_tile<1, 4>(src, &p, int(M), x, c, ldc, e); break;
-          }
-        }
-      }
-    }
-    normalize_rows(M, z.N, c, ldc, e);
-    return;
-  }
+  if (integer && int8_dot_applies(z, M)) return int8_products<1>(QuantPanels<4>{z, packed}, M, split_rows(z, M, a, lda, 1), c, ldc, e);
 #endif
   (void)integer;
-  const int64_t groups = z.groups();
+  const Int8Rows x = split_rows(z, M, a, lda, 1, false);
   std::unique_ptr<float[]> rows(new float[M * z.K]);
 #pragma omp parallel for if (M * z.K >= (int64_t(1) << 16))
-  for (int64_t i = 0; i < M * groups; ++i) {
-    const int64_t r = i / groups, k0 = i % groups * z.group, n = std::min(z.K, k0 + z.group) - k0;
-    int8_t level[256];
-    std::unique_ptr<int8_t[]> large(n > 256 ? new int8_t[n] : nullptr);
-    int8_t* out = large ? large.get() : level;
-    int32_t sum;
-    const float scale = quantize_group(a + r * lda + k0, n, out, false, sum);
-    for (int64_t k = 0; k < n; ++k) rows[r * z.K + k0 + k] = float(out[k]) * scale;
-  }
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t g = 0; g < x.groups; ++g) {
+      const float scale = 16.0f * x.unit[r * x.groups + g];  // (the levels times their scale, as eager's)
+      for (int64_t k = g * z.group; k < std::min(z.K, (g + 1) * z.group); ++k)
+        rows[r * z.K + k] = float(x.q[r * x.stride + k]) * scale;
+    }
   gemm_quant(z, M, rows.get(), z.K, packed, c, ldc, e, kc);
 }
 
