@@ -570,6 +570,20 @@ static inline void split_group(Int8Rows& rows, int64_t r, int64_t g, int64_t k0,
   }
   amax = _mm512_reduce_max_ps(most);
   finite = !odd && amax <= std::numeric_limits<float>::max();
+#elif KILN_VEC_BYTES == 32 && defined(__AVX2__)
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  auto mask = [&](int64_t i) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(int(std::min<int64_t>(8, n - i))), lane); };
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 most = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_maskload_ps(x + i, mask(i));
+    odd = _mm256_or_ps(odd, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    most = _mm256_max_ps(most, _mm256_and_ps(v, magnitude));
+  }
+  __m128 half = _mm_max_ps(_mm256_castps256_ps128(most), _mm256_extractf128_ps(most, 1));
+  half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+  amax = _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half)));
+  finite = !_mm256_movemask_ps(odd) && amax <= std::numeric_limits<float>::max();
 #else
   for (int64_t i = 0; i < n; ++i) {
     finite = finite && std::isfinite(x[i]);
@@ -610,6 +624,39 @@ static inline void split_group(Int8Rows& rows, int64_t r, int64_t g, int64_t k0,
     }
   }
   for (int d = 0; d < D; ++d) sums[d] = _mm512_reduce_add_epi32(total[d]);
+#elif KILN_VEC_BYTES == 32 && defined(__AVX2__)
+  const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  // Byte 0 of each 32-bit lane to the lane's first 4 bytes (each 128-bit half), then the halves' together.
+  const __m256i low_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                             0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i halves = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);
+  const __m256i top = _mm256_set1_epi32(127), bottom = _mm256_set1_epi32(-127);
+  __m256i total[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+  for (int64_t i = 0; i < n; i += 8) {
+    __m256 rest = _mm256_maskload_ps(x + i, mask(i));
+    for (int d = 0; d < D; ++d) {
+      __m256i level = _mm256_cvtps_epi32(_mm256_mul_ps(rest, _mm256_set1_ps(inverse[d])));
+      level = _mm256_min_epi32(_mm256_max_epi32(level, bottom), top);
+      if (d + 1 < D) rest = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(level), _mm256_set1_ps(step[d]), rest);
+      total[d] = _mm256_add_epi32(total[d], level);
+      if (words) level = _mm256_permutevar8x32_epi32(level, order);
+      const __m128i bytes = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(level, low_bytes), halves));
+      int8_t* out = rows.q.get() + (r * D + d) * rows.stride + k0 + i;
+      // In words a vector is a whole word (its lanes past n are 0: the load's); in k's order a
+      // group's last, partial vector stores only its own.
+      if (words || n - i >= 8) _mm_storel_epi64(reinterpret_cast<__m128i*>(out), bytes);
+      else {
+        alignas(16) int8_t held[16];
+        _mm_store_si128(reinterpret_cast<__m128i*>(held), bytes);
+        std::memcpy(out, held, size_t(n - i));
+      }
+    }
+  }
+  for (int d = 0; d < D; ++d) {
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total[d]), _mm256_extracti128_si256(total[d], 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    sums[d] = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+  }
 #else
   for (int64_t i = 0; i < n; ++i) {
     float rest = x[i];
@@ -643,8 +690,26 @@ static Int8Rows split_rows(const QuantShape& z, int64_t M, const float* a, int64
   return rows;
 }
 
-#if defined(__AVX512VNNI__) && KILN_VEC_BYTES == 64
+#if (defined(__AVX512VNNI__) && KILN_VEC_BYTES == 64) || (defined(__AVX2__) && KILN_VEC_BYTES == 32)
+#define KILN_INT8_DOT 1
 constexpr bool INT8_DOT = true;
+using IV = kiln::vec<int32_t>;
+
+// acc + the sums in fours of w's unsigned bytes times x's signed ones: vpdpbusd (AVX512-VNNI,
+// AVX-VNNI), else AVX2's vpmaddubsw (pairs to 16 bits: |2 * 15 * 127| < 2^15, never saturated) and
+// vpmaddwd by ones (pairs of those to 32) and an add: three instructions for one.
+static inline IV dot4(IV acc, IV w, IV x) {
+#if KILN_VEC_BYTES == 64
+  return (IV)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)w, (__m512i)x);
+#elif defined(__AVXVNNI__)
+  return (IV)_mm256_dpbusd_avx_epi32((__m256i)acc, (__m256i)w, (__m256i)x);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return (IV)_mm256_dpbusd_epi32((__m256i)acc, (__m256i)w, (__m256i)x);
+#else
+  return acc + (IV)_mm256_madd_epi16(_mm256_maddubs_epi16((__m256i)w, (__m256i)x), _mm256_set1_epi16(1));
+#endif
+}
+
 // C rows [0, rows) of panels at[0 .. S) (R rows each; S > 1 only at one row, a run of panels as
 // int4_row's), D digits a row. Groups of whole words (a multiple of 8 k). A word's nibbles masked
 // in place are its even k's levels as bytes, shifted down 4 its odd k's (Int8Rows stores each row
@@ -655,33 +720,27 @@ static inline void int4_int8_tile(const QuantPanels<4>& src, const int64_t* at, 
   const uint8_t* q[S];
   for (int s = 0; s < S; ++s) q[s] = src.panel(at[s]);
   const int64_t groups = src.z.groups(), words = src.z.words(), group_words = src.z.group / 8;
-  const __m512i nibbles = _mm512_set1_epi32(0x0F0F0F0F);
   // Two sets of sums (even and odd k) where they are few, so that the dot products do not wait on each other.
   constexpr int SETS = S * R * D <= 2 ? 2 : 1;
   V acc[S][R][NV];
   for (int s = 0; s < S; ++s) clear(acc[s]);
   for (int64_t g = 0; g < groups; ++g) {
-    __m512i sum[SETS][D][S][R][NV];
-    for (int set = 0; set < SETS; ++set)
-      for (int d = 0; d < D; ++d)
-        for (int s = 0; s < S; ++s)
-          for (int r = 0; r < R; ++r)
-            for (int v = 0; v < NV; ++v) sum[set][d][s][r][v] = _mm512_setzero_si512();
+    IV sum[SETS][D][S][R][NV] = {};
     for (int64_t w = g * group_words; w < std::min(words, (g + 1) * group_words); ++w) {
 #pragma GCC unroll 4
       for (int s = 0; s < S; ++s)
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) {
           __builtin_prefetch(q[s] + ((w + INT4_PREFETCH_WORDS) * NR + v * L) * 4);
-          const __m512i word = _mm512_loadu_si512(q[s] + (w * NR + v * L) * 4);
-          const __m512i even = _mm512_and_si512(word, nibbles), odd = _mm512_and_si512(_mm512_srli_epi32(word, 4), nibbles);
+          const IV word = load_words(q[s] + (w * NR + v * L) * 4);
+          const IV even = word & 0x0F0F0F0F, odd = (word >> 4) & 0x0F0F0F0F;
 #pragma GCC unroll 4
           for (int r = 0; r < R; ++r)
 #pragma GCC unroll 3
             for (int d = 0; d < D; ++d) {
               const int32_t* xr = x.words(r, d) + 2 * w;
-              sum[0][d][s][r][v] = _mm512_dpbusd_epi32(sum[0][d][s][r][v], even, _mm512_set1_epi32(xr[0]));
-              sum[SETS - 1][d][s][r][v] = _mm512_dpbusd_epi32(sum[SETS - 1][d][s][r][v], odd, _mm512_set1_epi32(xr[1]));
+              sum[0][d][s][r][v] = dot4(sum[0][d][s][r][v], even, IV{} + xr[0]);
+              sum[SETS - 1][d][s][r][v] = dot4(sum[SETS - 1][d][s][r][v], odd, IV{} + xr[1]);
             }
         }
     }
@@ -695,8 +754,8 @@ static inline void int4_int8_tile(const QuantPanels<4>& src, const int64_t* at, 
 #pragma GCC unroll 3
           for (int d = 0; d < D; ++d) {
             const int64_t at_rg = (r * groups + g) * D + d;
-            const __m512i whole = SETS == 2 ? _mm512_add_epi32(sum[0][d][s][r][v], sum[SETS - 1][d][s][r][v]) : sum[0][d][s][r][v];
-            const V exact = (V)_mm512_cvtepi32_ps(whole) - zero * broadcast(x.zero_share.get() + at_rg);
+            const IV whole = SETS == 2 ? sum[0][d][s][r][v] + sum[SETS - 1][d][s][r][v] : sum[0][d][s][r][v];
+            const V exact = __builtin_convertvector(whole, V) - zero * broadcast(x.zero_share.get() + at_rg);
             acc[s][r][v] = fma(exact, scale * broadcast(x.unit.get() + at_rg), acc[s][r][v]);
           }
       }
@@ -732,6 +791,7 @@ static void int8_products(const QuantPanels<4>& src, int64_t M, const Int8Rows& 
   normalize_rows(M, src.z.N, c, ldc, e);
 }
 #else
+#define KILN_INT8_DOT 0
 constexpr bool INT8_DOT = false;
 #endif
 
@@ -799,7 +859,7 @@ template <int BITS>
 static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const float* a, int64_t lda, void* c,
                               int64_t ldc, const Epilogue* e, int path) {
   const int64_t N = src.z.N, K = src.z.K, panels = src.z.panels(), groups = src.z.groups();
-#if defined(__AVX512VNNI__) && KILN_VEC_BYTES == 64
+#if KILN_INT8_DOT
   if constexpr (BITS == 4) {
     if (path == INT4_INT8_DIGITS && int4_path_applies(src.z, path))
       return int8_products<3>(src, M, split_rows(src.z, M, a, lda, 3), c, ldc, e);
@@ -895,7 +955,7 @@ static void gemm_quant(const QuantShape& z, int64_t M, const float* a, int64_t l
 static void gemm_quant_int8_activations(const QuantShape& z, int64_t M, const float* a, int64_t lda,
                                         const uint8_t* packed, void* c, int64_t ldc, const Epilogue* e, int64_t kc,
                                         bool integer) {
-#if defined(__AVX512VNNI__) && KILN_VEC_BYTES == 64
+#if KILN_INT8_DOT
   if (integer && int8_dot_applies(z, M)) return int8_products<1>(QuantPanels<4>{z, packed}, M, split_rows(z, M, a, lda, 1), c, ldc, e);
 #endif
   (void)integer;
