@@ -201,10 +201,14 @@ def test_a_wrong_dequantization_is_caught():
         _check(kernels.mm_quant(a, packed, n, 4, 32), _reference(a, w, None, "none", (), None, None), k)
 
 
-@pytest.mark.parametrize("flags", [["-march=x86-64-v3"], ["-march=x86-64-v2"]], ids=["avx2", "sse4"])
+@pytest.mark.parametrize("flags", [["-march=x86-64-v3"], ["-march=x86-64-v3", "-mavxvnni"], ["-march=x86-64-v2"]],
+                         ids=["avx2", "avx2-vnni", "sse4"])
 def test_other_isas(flags, tmp_path):
     """The widening of bytes per ISA (AVX-512 and AVX2 instructions, lanes elsewhere), and the int8
-    activations and digits (AVX2's byte products, plain C++ elsewhere), built here."""
+    activations and digits (AVX2's byte products or AVX-VNNI's dot products, plain C++ elsewhere),
+    built here."""
+    if "-mavxvnni" in flags and not _cpu_has("avx_vnni"):
+        pytest.skip("AVX-VNNI: this CPU cannot run it")
     lib = x86_kernels_built_with(flags, tmp_path)
     for (m, k, n), (bits, group) in [((1, 77, 50), (8, 0)), ((1, 77, 300), (8, 0)), ((3, 130, 33), (4, 32)),
                                      ((9, 65, 20), (4, 64))]:
@@ -217,6 +221,6 @@ def test_other_isas(flags, tmp_path):
             out = kernels.mm_quant(a, packed, n, bits, group, bias, "gelu", lib=lib, int8_activations="integer")
             _check(out, _reference(quantize_activations(a, group), w, bias, "gelu", (), None, None), k)
             if m <= 4:
-                digits = flags == ["-march=x86-64-v3"]  # (the digits need vpdpbusd or AVX2)
+                digits = "-march=x86-64-v3" in flags  # (the digits need vpdpbusd or AVX2)
                 out = kernels.mm_quant(a, packed, n, bits, group, bias, "gelu", lib=lib, int4_path="int8_digits")
                 _check(out, _reference(int4_digits_of(a, group) if digits else a, w, bias, "gelu", (), None, None), k)
