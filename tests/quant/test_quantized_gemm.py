@@ -66,10 +66,10 @@ def int4_digits_of(a: torch.Tensor, group: int) -> torch.Tensor:
     return carried.flatten(-2)[..., :k]
 
 
-def _carried(a: torch.Tensor, bits: int, m: int, group: int) -> torch.Tensor:
-    """`a` as the path kiln's GEMM (built for this CPU) takes carries it: int4 at most 4 rows runs
-    the fastest of its paths this CPU has (`int4_fastest_path`, groups of a multiple of 8)."""
-    path = kernels.int4_path(m, 64, 64, group) if bits == 4 and m <= 4 else "float32"
+def _carried(a: torch.Tensor, bits: int, m: int, group: int, lib=None) -> torch.Tensor:
+    """`a` as the path kiln's GEMM (built for this CPU, or `lib`) takes carries it: int4 at most 4
+    rows runs the fastest of its paths the build has (`int4_fastest_path`, groups of a multiple of 8)."""
+    path = kernels.int4_path(m, 64, 64, group, lib) if bits == 4 and m <= 4 else "float32"
     return a if path == "float32" else split_activations(a) if path == "bf16_pairs" else int4_digits_of(a, group)
 
 
@@ -215,8 +215,8 @@ def test_other_isas(flags, tmp_path):
         q, s, z, w = _quantized(n, k, bits, group, seed=k)
         a, bias = torch.randn(m, k), torch.randn(n)
         packed = kernels.quant_pack(q, s, z, bits, group, k, lib=lib)
-        out = kernels.mm_quant(a, packed, n, bits, group, bias, "gelu", lib=lib)
-        _check(out, _reference(a, w, bias, "gelu", (), None, None), k)
+        out = kernels.mm_quant(a, packed, n, bits, group, bias, "gelu", lib=lib)  # (the build's fastest path)
+        _check(out, _reference(_carried(a, bits, m, group, lib), w, bias, "gelu", (), None, None), k)
         if bits == 4:  # int8 activations and digits: AVX2's vpmaddubsw (x86-64-v3), plain C++ (v2) after
             out = kernels.mm_quant(a, packed, n, bits, group, bias, "gelu", lib=lib, int8_activations="integer")
             _check(out, _reference(quantize_activations(a, group), w, bias, "gelu", (), None, None), k)
