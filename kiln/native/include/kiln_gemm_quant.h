@@ -795,15 +795,9 @@ static void int8_products(const QuantPanels<4>& src, int64_t M, const Int8Rows& 
 constexpr bool INT8_DOT = false;
 #endif
 
-// Whether the vpdpbusd path can run: a CPU with AVX512-VNNI, int4 groups of whole words, a decode
-// step's few rows.
-static inline bool int8_dot_applies(const QuantShape& z, int64_t M) {
-  return INT8_DOT && z.bits == 4 && z.group % 8 == 0 && M <= DIRECT_ROWS;
-}
-
 // int4's paths at a few rows: the float32 one (direct_tile, int4_row), the bfloat16 pairs
 // (direct_tile_bf16: CPUs with avx512_bf16), the three int8 digits (int4_int8_tile: CPUs with
-// avx512_vnni). Which one runs changes the result within the bounds given with each.
+// AVX512-VNNI, AVX-VNNI or AVX2). Which one runs changes the result within the bounds given with each.
 enum Int4Path : int { INT4_FLOAT = 0, INT4_BF16_PAIRS = 1, INT4_INT8_DIGITS = 2, INT4_PATHS = 3 };
 
 // Whether `path` can run for this shape: groups of whole words, a CPU with its instructions.
@@ -816,6 +810,11 @@ static inline bool int4_path_applies(const QuantShape& z, int path) {
   return path == INT4_INT8_DIGITS && INT8_DOT;
 }
 
+// Whether the integer (dot4) path can run: int4_int8_tile's CPUs and groups, a decode step's few rows.
+static inline bool int8_dot_applies(const QuantShape& z, int64_t M) {
+  return int4_path_applies(z, INT4_INT8_DIGITS) && M <= DIRECT_ROWS;
+}
+
 template <int BITS>
 static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const float* a, int64_t lda, void* c,
                               int64_t ldc, const Epilogue* e, int path);
@@ -825,8 +824,8 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
 // best of 5 each, ~3 ms at one row. Where vdpbf16ps runs at the FMA's rate (Zen 4) the pairs path
 // makes 32 weights in two instructions where the float32 path takes three per 16: 39 against 26 G
 // weights/s a core; where it runs at half that rate (2 threads of an Intel Xeon, family 6 model
-// 207) the pairs path took 61 us at one row and the float32 path 41, the digits 23; at 4 rows 193,
-// 75 and 82 (the digits' sums of four rows outgrow the registers).
+// 207) the pairs path took 61 us at one row and the float32 path 41, the digits 20-23; at 4 rows
+// 193, 72 and 60 (built for AVX2 instead, the digits lose at 4 rows: 162 against 123).
 static int int4_fastest_path(int rows) {
   auto measure = [](int64_t M) {
     const QuantShape z{4, 768, 2304, 128};
