@@ -1,6 +1,8 @@
 """Per-function cache of compiled entries, the recompile limit, and the eager fallback.
 
-A call binds its arguments, checks the entries' guards in order and runs the first that holds.
+A call binds its arguments, checks the entries' guards and runs the first that holds, the entry
+that ran last checked first (a generation loop's decode step, after its prefill, then costs one
+check, not two).
 A miss captures again (logged under `recompiles` with the guard that failed), until
 `kiln.config.capture.recompile_limit` entries exist; beyond that, misses run eagerly (a warning
 says so once per function, and `eager_calls` counts them).
@@ -45,7 +47,8 @@ class FrameCache:
         self.fullgraph, self.label = fullgraph, label
         self.recompile_limit = recompile_limit
         self.dynamic = DynamicPolicy(dynamic)
-        self.entries: list[Entry] = []
+        self.entries: list[Entry] = []  # in the order they were compiled
+        self._by_last_use: list[Entry] = []  # the order their guards are checked in
         self.fallback: BreakRecord | None = None  # set when the frame runs eagerly for good
         self.limit_hit = False
         self.eager_calls = 0
@@ -53,6 +56,7 @@ class FrameCache:
 
     def clear(self) -> None:
         self.entries.clear()
+        self._by_last_use.clear()
         self.fallback = None
         self.limit_hit = False
         self.dynamic.seen.clear()
@@ -60,10 +64,13 @@ class FrameCache:
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         L = self.binder(*args, **kwargs)
-        for index, entry in enumerate(self.entries):
+        by_last_use = self._by_last_use
+        for index, entry in enumerate(by_last_use):
             if entry.guards.check(L):
+                if index:
+                    by_last_use.insert(0, by_last_use.pop(index))
                 if profiler.active():
-                    with profiler.region(f"kiln frame {self.label} · entry {index + 1}"):
+                    with profiler.region(f"kiln frame {self.label} · entry {self.entries.index(entry) + 1}"):
                         return entry.run(L)
                 return entry.run(L)
         return self._miss(L, args, kwargs)
@@ -122,6 +129,7 @@ class FrameCache:
         if entry.graph_break is not None:
             record_break(entry.graph_break)  # once: a break inside a callee is recorded by the callee's frame
         self.entries.append(entry)
+        self._by_last_use.insert(0, entry)
         _notify("entry", self, entry)
         logs.log("recompiles" if len(self.entries) > 1 else "graph", "%s: compiled entry %d in %.2f s (%s)", self.label,
                  len(self.entries), entry.capture_seconds, ", ".join(f"{k} {v}" for k, v in entry.stats.items()))

@@ -7,6 +7,12 @@ expected value.
 sub-expressions shared by several guards read once into locals. `KILN_LOGS=guards` prints the
 list and the generated code.
 
+Most of a language model's guards read no input: they pin what the traced code found in modules'
+globals, classes, a config's attributes and closures (~170 of a Llama decode step's ~310). Where
+the `kiln_python` extension is loaded and Python versions its dicts, those guards run only when one
+of the dicts, instance dicts or cells they read changed since they last held (`Watch`, one C call
+of ~70 ns): `stable_reads` says which guards qualify and what they read.
+
     guards.add(Guard("TENSOR_MATCH", LocalSource("x", 0), expected=TensorFacts.of(tensor)))
     check = guards.compile()
     check((x,))     # True while x keeps its dtype, device, shape, strides and requires_grad
@@ -14,13 +20,16 @@ list and the generated code.
 
 from __future__ import annotations
 
+import gc
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from kiln.capture import module_watch
-from kiln.capture.sources import Namespace, Source
+from kiln.capture.sources import (ClassDictSource, ClosureSource, ConstSource, InstanceDictSource, ItemSource,
+                                  KeysSource, Namespace, Source, instance_dict)
 from kiln.native import python_door
 
 GUARD_KINDS = (
@@ -273,6 +282,104 @@ class GuardSet:
         return "\n".join(g.describe() for g in self)
 
 
+# Values whose equality to a constant cannot change while they stay the same object.
+_IMMUTABLE_SCALARS = (int, float, complex, str, bytes, bool, type(None))
+
+
+@dataclass(frozen=True)
+class StableReads:
+    """What a guard that reads no input reads: the dicts whose versions, the (owner, instance dict)
+    pairs whose identity and the closure cells whose contents decide it. Each a source (a class's
+    dict: a constant, the dict behind its read-only view)."""
+
+    dicts: tuple[Source, ...]
+    owners: tuple[tuple[Source, Source], ...]
+    cells: tuple[Source, ...]
+
+
+@dataclass(frozen=True)
+class _CellSource(Source):
+    """The cell of a closure (not its contents): what a `Watch` compares."""
+
+    base: Source
+    index: int
+
+    def expr(self, ns: Namespace, name_of: Any = None) -> str:
+        return f"{self._sub(self.base, ns, name_of)}.__closure__[{self.index}]"
+
+
+def _class_dict(view: Any) -> dict | None:
+    """The dict behind a class's read-only `__dict__` view."""
+    behind = [r for r in gc.get_referents(view) if type(r) is dict] if type(view) is types.MappingProxyType else []
+    return behind[0] if len(behind) == 1 else None
+
+
+def stable_reads(guard: Guard) -> StableReads | None:
+    """The reads that decide `guard` when its truth is fixed by the contents of plain dicts, of
+    instance dicts and of closure cells reached from constants, and by the identity of what they
+    hold (a type's identity where the type is a C type, whose instances' class cannot be
+    reassigned; an immutable scalar's value); None otherwise (an input, an attribute read that a
+    descriptor may answer, a mutable value compared by equality). The chain's values are read now,
+    from the constants, to learn their types: a later call whose types differ fails `Watch.record`
+    and checks the guard every time."""
+    if guard.source is None or guard.kind not in ("ID_MATCH", "TYPE_MATCH", "EQUALS", "DICT_CONTAINS", "LENGTH_MATCH"):
+        return None
+    chain = guard.source.chain()
+    if not isinstance(chain[0], (ConstSource, ClassDictSource)):
+        return None
+    ns = Namespace()
+    try:
+        values = [eval(source.expr(ns), dict(ns.values)) for source in chain]  # noqa: S307 - kiln's own expressions
+    except Exception:  # noqa: BLE001 - a read that fails now is checked every call
+        return None
+    dicts: list[Source] = []
+    owners: list[tuple[Source, Source]] = []
+    cells: list[Source] = []
+
+    def dict_read(source: Source, value: Any) -> bool:
+        if isinstance(source, ClassDictSource):
+            behind = _class_dict(value)
+            if behind is None:
+                return False
+            dicts.append(ConstSource(behind, f"{source}"))
+            return True
+        if type(value) is not dict:
+            return False
+        if not isinstance(source, InstanceDictSource):  # (an instance dict: compared whole, with its owner)
+            dicts.append(source)
+        return True
+
+    for k, step in enumerate(chain[1:], start=1):
+        base, base_value = chain[k - 1], values[k - 1]
+        if isinstance(step, (ItemSource, KeysSource)):
+            if getattr(step, "read_with", None) is not None or not dict_read(base, base_value):
+                return None
+        elif isinstance(step, InstanceDictSource):
+            if type(values[k]) is not dict or values[k] is not instance_dict(base_value):
+                return None
+            owners.append((base, step))
+        elif isinstance(step, ClosureSource):
+            if type(base_value) is not types.FunctionType:
+                return None
+            cells.append(_CellSource(base, step.index))
+        else:
+            return None
+    value = values[-1]
+    if guard.kind in ("DICT_CONTAINS", "LENGTH_MATCH"):
+        if not dict_read(chain[-1], value):
+            return None
+    elif guard.kind == "TYPE_MATCH":
+        if guard.expected.__flags__ & _HEAP_TYPE:
+            return None
+    elif guard.kind == "EQUALS":
+        if not isinstance(chain[-1], KeysSource) and type(guard.expected) not in _IMMUTABLE_SCALARS:
+            return None
+    return StableReads(tuple(dicts), tuple(owners), tuple(cells))
+
+
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
+
+
 class CompiledGuards:
     """`check(L)`: one generated function; `first_failure(L)` names the guard that fails."""
 
@@ -285,16 +392,7 @@ class CompiledGuards:
         self.check: Callable[[tuple], bool] = scope["check"]
 
     def _generate(self) -> str:
-        uses: dict[Source, int] = {}
-        for g in self.guards:
-            for sub in g.source.chain() if g.source is not None else ():
-                uses[sub] = uses.get(sub, 0) + 1
-        hoisted: dict[Source, str] = {}
         lines = ["def check(L):", "    try:"]
-
-        def name_of(source: Source) -> str | None:
-            return hoisted.get(source)
-
         # Captured with autocast off: while no device's autocast is on (one C call) the state is the
         # captured one; only otherwise is each device's (enabled, dtype) read (a Python call and two
         # C calls each, the guard check's largest part on a small model).
@@ -304,23 +402,61 @@ class CompiledGuards:
             lines.append(f"        if {self.ns.bind(torch._C._is_any_autocast_enabled, 'S')}() and not ({exact}): return False")
         else:
             autocast = []
-        for g in self.guards:
-            if any(g is a for a in autocast):
-                continue
+        rest = [g for g in self.guards if not any(g is a for a in autocast)]
+        watch = python_door.watch()
+        reads = {id(g): r for g in rest if (r := stable_reads(g)) is not None} if watch is not None else {}
+        stable_lines: list[str] = []
+        if reads:
+            stable = [g for g in rest if id(g) in reads]
+            rest = [g for g in rest if id(g) not in reads]
+            w = self.ns.bind(watch, "W")
+            lines.append(f"        if not {w}() and not check_stable(): return False")
+            stable_lines = ["", "def check_stable():", *self._watch_record(w, [reads[id(g)] for g in stable]),
+                            *self._guard_lines(stable, "    "), f"    {w}.arm()", "    return True"]
+        lines += self._guard_lines(rest, "        ")
+        lines += ["    except Exception:", "        return False", "    return True", *stable_lines, ""]
+        return "\n".join(lines)
+
+    def _watch_record(self, w: str, reads: list[StableReads]) -> list[str]:
+        """`w.record(...)` of every dict, owner and cell the stable guards read, read before them:
+        a change made meanwhile (another thread) leaves the watch behind, never ahead."""
+        dicts = list(dict.fromkeys(d for r in reads for d in r.dicts))
+        owners = list(dict.fromkeys(o for r in reads for o in r.owners))
+        cells = list(dict.fromkeys(c for r in reads for c in r.cells))
+
+        def items(sources: list) -> str:
+            return "".join(f"{s}, " for s in sources)
+
+        return [f"    {w}.record(({items(d.expr(self.ns) for d in dicts)}), "
+                f"({items(f'({o.expr(self.ns)}, {d.expr(self.ns)})' for o, d in owners)}), "
+                f"({items(c.expr(self.ns) for c in cells)}))"]
+
+    def _guard_lines(self, guards: list[Guard], indent: str) -> list[str]:
+        """Each guard as `if not (...): return False`, sub-expressions read by several read once."""
+        uses: dict[Source, int] = {}
+        for g in guards:
+            for sub in g.source.chain() if g.source is not None else ():
+                uses[sub] = uses.get(sub, 0) + 1
+        hoisted: dict[Source, str] = {}
+        lines: list[str] = []
+
+        def name_of(source: Source) -> str | None:
+            return hoisted.get(source)
+
+        for g in guards:
             value = "None"
             if g.source is not None:
                 for sub in g.source.chain():
                     if uses.get(sub, 0) > 1 and sub not in hoisted and sub.__class__.__name__ not in ("LocalSource", "ConstSource"):
                         name = f"v{len(hoisted)}"
-                        lines.append(f"        {name} = {sub.expr(self.ns, name_of)}")
+                        lines.append(f"{indent}{name} = {sub.expr(self.ns, name_of)}")
                         hoisted[sub] = name
                 value = hoisted.get(g.source) or g.source.expr(self.ns, name_of)
                 if not value.isidentifier() and g.check_expr("_v", Namespace()).count("_v") > 1:
-                    lines.append(f"        _v = {value}")  # read once, checked several ways
+                    lines.append(f"{indent}_v = {value}")  # read once, checked several ways
                     value = "_v"
-            lines.append(f"        if not ({g.check_expr(value, self.ns)}): return False")
-        lines += ["    except Exception:", "        return False", "    return True", ""]
-        return "\n".join(lines)
+            lines.append(f"{indent}if not ({g.check_expr(value, self.ns)}): return False")
+        return lines
 
     def first_failure(self, L: tuple) -> Guard | None:
         for g in self.guards:

@@ -4,8 +4,9 @@ A C++ wrapper's graph call from Python used to hand each tensor over as a capsul
 converters and read back through ctypes: ~0.4 µs a tensor, for every weight of a frozen model on
 every call. The extension turns the call's tensors into handles and the results back directly
 (`GraphCall`), stamps a list of tensors (`stamp`: identity, version, data pointer) so that
-frozen weights are checked in one comparison, and checks a tensor against a guard's expectation
-(`TensorCheck`: ~30 ns against ~0.4 µs in Python).
+frozen weights are checked in one comparison, checks a tensor against a guard's expectation
+(`TensorCheck`: ~30 ns against ~0.4 µs in Python) and tells whether dicts, instance dicts and
+closure cells changed (`Watch`: the guards that read only those are skipped while none did).
 
 Built once per machine, compiler, Python and torch into the cache of kiln's own libraries
 (`cache.runtime_dir`; the Python and torch include paths and the torch version are in its key) and
@@ -132,6 +133,14 @@ def tensor_check() -> Callable[..., Callable[[Any], bool]] | None:
     guard's tensor match as one C call, when this process has loaded the extension (C++ wrapper
     graphs load it before their guards are compiled); None otherwise: guards then check in Python."""
     return module().TensorCheck if _module.cache_info().currsize else None
+
+
+def watch() -> Any:
+    """A new `Watch` of the extension (the guards' stable part, kiln/capture/guards.py) when this
+    process has it or the C++ cache holds it (loaded then; nothing is built) and its Python
+    versions dicts; None otherwise: every guard is then checked on every call."""
+    extension = built_module()
+    return extension.Watch() if extension is not None and extension.dict_versions else None
 
 
 def _python_stamp(tensors: list[torch.Tensor]) -> list[tuple[int, int, int]]:

@@ -383,3 +383,186 @@ def test_identity_of_tensor_inputs_no_op_reads_is_guarded():
     t, u, y = torch.ones(1), torch.ones(1), torch.ones(2)
     for args in ((t, t, y), (t, u, y), (t, t, y)):
         torch.testing.assert_close(compiled(*args), f(*args))
+
+
+# Guards that read no input (globals, classes, a config's attributes, closures) run only when what
+# they read changed (kiln/capture/guards.py `stable_reads`, the extension's `Watch`).
+
+SCALES = {"x": 2.0}
+
+
+class _Settings:
+    factor = 3.0
+
+
+SETTINGS = _Settings()
+SETTINGS.offset = 1.0
+
+
+def _stable_runs(f) -> list[int]:
+    """Counts, in a list, each run of the stable guards of `f`'s first entry from now on."""
+    (entry, *_) = f.kiln_cache.entries
+    scope = entry.guards.check.__globals__
+    assert "check_stable" in scope, entry.guards.source_code
+    runs, stable = [0], scope["check_stable"]
+
+    def counted():
+        runs[0] += 1
+        return stable()
+
+    scope["check_stable"] = counted
+    return runs
+
+
+@pytest.fixture
+def watch_available():
+    from kiln.native import python_door
+
+    python_door.module()  # built if the cache lacks it
+    if not python_door.module().dict_versions:
+        pytest.skip("this Python does not version its dicts (3.14 and later): every guard runs on every call")
+
+
+def test_guards_on_globals_a_class_and_an_instance_run_only_after_a_change(watch_available):
+    def fn(x):
+        return x * SCALES["x"] * _Settings.factor + SETTINGS.offset
+
+    f = _compiled(fn)
+    x = torch.ones(3)
+    torch.testing.assert_close(f(x), fn(x))  # compiled: no guard ran yet
+    runs = _stable_runs(f)
+    for _ in range(5):
+        torch.testing.assert_close(f(x), fn(x))
+    assert runs[0] == 1 and _entries(f) == 1  # the first check, then none
+    # Each change: the stable guards run again and fail (a new entry), or hold (the first entry).
+    for change, undo in ((lambda: SCALES.update(x=5.0), lambda: SCALES.update(x=2.0)),
+                         (lambda: setattr(_Settings, "factor", 4.0), lambda: setattr(_Settings, "factor", 3.0)),
+                         (lambda: setattr(SETTINGS, "offset", 7.0), lambda: setattr(SETTINGS, "offset", 1.0))):
+        before = _entries(f)
+        change()
+        try:
+            torch.testing.assert_close(f(x), fn(x))
+            assert _entries(f) == before + 1
+        finally:
+            undo()
+        runs[0] = 0
+        torch.testing.assert_close(f(x), fn(x))
+        assert _entries(f) == before + 1 and runs[0] == 1  # the first entry's guards hold again
+        torch.testing.assert_close(f(x), fn(x))
+        assert runs[0] == 1
+
+
+def test_an_attribute_written_by_specialized_bytecode_or_a_replaced_dict_is_seen(watch_available):
+    class Config:
+        pass
+
+    config = Config()
+    config.scale = 2.0
+
+    def fn(x):
+        return x * config.scale
+
+    f = _compiled(fn)
+    x = torch.ones(2)
+    torch.testing.assert_close(f(x), x * 2)
+    for i in range(200):  # CPython specializes the store after a few runs (its inline values, 3.11+)
+        config.scale = float(i)
+    torch.testing.assert_close(f(x), x * 199)
+    config.__dict__ = {"scale": 6.0}
+    torch.testing.assert_close(f(x), x * 6)
+    config.__dict__["scale"] = 7.0
+    torch.testing.assert_close(f(x), x * 7)
+
+
+def test_a_closure_cell_changed_by_nonlocal_is_seen(watch_available):
+    def make():
+        scale = 2.0
+
+        def fn(x):
+            return x * scale
+
+        def set_scale(value):
+            nonlocal scale
+            scale = value
+
+        return fn, set_scale
+
+    fn, set_scale = make()
+    f = _compiled(lambda x: fn(x) + 1)
+    x = torch.ones(2)
+    torch.testing.assert_close(f(x), x * 2 + 1)
+    set_scale(3.0)
+    torch.testing.assert_close(f(x), x * 3 + 1)
+    set_scale(2.0)
+    torch.testing.assert_close(f(x), x * 2 + 1)
+    assert _entries(f) == 2
+
+
+def test_a_watch_compares_dict_versions_instance_dicts_and_cells(watch_available):
+    import gc
+    import weakref
+
+    from kiln.native import python_door
+
+    class Owner:
+        pass
+
+    owner, table = Owner(), {"k": 1}
+    owner.a = 1
+
+    def cell_of(value):
+        return (lambda: value).__closure__[0]
+
+    cell = cell_of(4)
+    watch = python_door.watch()
+
+    def record():
+        watch.record((table, owner.__dict__), ((owner, owner.__dict__),), (cell,))
+
+    assert not watch()  # nothing recorded
+    record()
+    assert not watch()  # recorded, not armed: the guards have not held yet
+    watch.arm()
+    assert watch()
+    for change in (lambda: table.update(k=2), lambda: table.pop("k"), lambda: setattr(owner, "a", 2),
+                   lambda: setattr(owner, "__dict__", {"a": 2}), lambda: setattr(cell, "cell_contents", 5)):
+        record()
+        watch.arm()
+        assert watch()
+        change()
+        assert not watch()
+    for bad in (((["not a dict"],), (), ()), ((), ((owner, {}),), ()), ((), (), ("not a cell",))):
+        with pytest.raises(TypeError, match="Watch.record"):
+            watch.record(*bad)
+        watch.arm()  # (a failed record leaves nothing to compare: never armed on it)
+    # A watch is a GC container: a cycle through it is collected.
+    held = Owner()
+    loop = {"held": held}
+    cycle = python_door.watch()
+    loop["watch"] = cycle
+    cycle.record((loop,), (), ())
+    alive = weakref.ref(held)
+    del held, loop, cycle
+    gc.collect()
+    assert alive() is None
+
+
+def test_the_entry_that_ran_last_is_checked_first():
+    f = _compiled(lambda x: x + 1)
+    single, double = torch.ones(2), torch.ones(2, dtype=torch.float64)  # (two sizes: the second entry takes both)
+    f(single)
+    f(double)
+    first, second = f.kiln_cache.entries
+    checks = [0, 0]
+    for index, entry in enumerate((first, second)):
+        check = entry.guards.check
+
+        def counted(L, index=index, check=check):
+            checks[index] += 1
+            return check(L)
+
+        entry.guards.check = counted
+    for _ in range(3):
+        torch.testing.assert_close(f(single), single + 1)
+    assert checks == [3, 1]  # the second entry was checked first once, then the first
+    assert f.kiln_cache.entries == [first, second]  # (listed in the order compiled)

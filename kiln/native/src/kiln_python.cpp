@@ -18,6 +18,12 @@
 //   stamp(tensors) -> bytes
 //       each tensor's identity (its TensorImpl), version counter and data pointer: two stamps are
 //       equal when no tensor was replaced, written in place or rebound to other memory.
+//   Watch()() -> bool
+//       whether the dicts, instance dicts and closure cells handed to its last `record(dicts,
+//       owners, cells)` are unchanged since (each dict's version, each (owner, dict) pair's
+//       `owner.__dict__ is dict` with the same keys and values, each cell's contents, by
+//       identity), once `arm()` followed the record. Guards whose truth these contents decide are skipped while it holds
+//       (kiln/capture/guards.py); `dict_versions` is False where dicts' changes cannot be followed.
 //
 // Built once per machine, compiler, Python and torch, against the wheel's headers and
 // libtorch_python (kiln/native/python_door.py).
@@ -31,6 +37,7 @@
 #include <cstdint>
 #include <memory>
 #include <new>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -428,6 +435,245 @@ void tensor_check_dealloc(PyObject* object) {
 
 PyTypeObject TensorCheckType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+// What changes when a dict does. Python 3.11: the version tag CPython gives a dict on every change
+// (PEP 509). 3.12 and later: a dict watcher's count of the dict's changes, since the tag misses
+// some (3.13 writes an attribute into an object's inline values without a new tag for the dict
+// made of them) and 3.14 keeps none; the watcher hears of every change, and the count is 0 until
+// the first. Not on free-threaded builds.
+#if PY_VERSION_HEX >= 0x030C0000 && !defined(Py_GIL_DISABLED)
+#define KILN_DICT_VERSIONS 1
+int dict_watcher = -1;  // added at the first watch (one of the interpreter's 8)
+std::unordered_map<PyObject*, uint64_t>* dict_changes = nullptr;
+uint64_t dict_change_count = 0;
+
+int on_dict_event(PyDict_WatchEvent event, PyObject* dict, PyObject*, PyObject*) {
+  if (event == PyDict_EVENT_DEALLOCATED)
+    dict_changes->erase(dict);
+  else
+    (*dict_changes)[dict] = ++dict_change_count;
+  return 0;
+}
+
+// Start hearing of `dict`'s changes; false (no error set) where no watcher can be added.
+bool watch_dict(PyObject* dict) {
+  if (dict_watcher < 0) {
+    if (dict_changes == nullptr) dict_changes = new std::unordered_map<PyObject*, uint64_t>();
+    dict_watcher = PyDict_AddWatcher(on_dict_event);
+    if (dict_watcher < 0) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  return PyDict_Watch(dict_watcher, dict) == 0 || (PyErr_Clear(), false);
+}
+
+uint64_t dict_version(PyObject* dict) {
+  auto found = dict_changes->find(dict);
+  return found == dict_changes->end() ? 0 : found->second;
+}
+#elif PY_VERSION_HEX < 0x030C0000
+#define KILN_DICT_VERSIONS 1
+bool watch_dict(PyObject*) { return true; }
+uint64_t dict_version(PyObject* dict) { return reinterpret_cast<PyDictObject*>(dict)->ma_version_tag; }
+#else
+#define KILN_DICT_VERSIONS 0
+bool watch_dict(PyObject*) { return false; }
+uint64_t dict_version(PyObject*) { return 0; }
+#endif
+
+// An object's __dict__ as a watch saw it: the dict, and its keys and values in order.
+struct InstanceDictRecord {
+  PyObject* owner;
+  PyObject* dict;
+  std::vector<PyObject*> items;  // key, value, key, value, ...
+};
+
+struct Watch {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  bool armed;
+  // Owned references: each dict with its version, each owner with its dict and that dict's items,
+  // each cell with the object it held.
+  std::vector<std::pair<PyObject*, uint64_t>>* dicts;
+  std::vector<InstanceDictRecord>* owners;
+  std::vector<std::pair<PyObject*, PyObject*>>* cells;
+};
+
+void watch_release(Watch* self) {
+  self->armed = false;
+  // Emptied before the references go: a release may run code that reaches this watch again.
+  std::vector<std::pair<PyObject*, uint64_t>> dicts;
+  std::vector<InstanceDictRecord> owners;
+  std::vector<std::pair<PyObject*, PyObject*>> cells;
+  dicts.swap(*self->dicts);
+  owners.swap(*self->owners);
+  cells.swap(*self->cells);
+  for (auto& [dict, version] : dicts) Py_DECREF(dict);
+  for (auto& record : owners) {
+    Py_DECREF(record.owner);
+    Py_DECREF(record.dict);
+    for (PyObject* item : record.items) Py_DECREF(item);
+  }
+  for (auto& [cell, contents] : cells) { Py_DECREF(cell); Py_XDECREF(contents); }
+}
+
+// owner.__dict__ as object.__getattribute__ finds it, or nullptr (no error left set).
+PyObject* instance_dict_of(PyObject* owner) {
+  PyObject* dict = PyObject_GenericGetDict(owner, nullptr);
+  if (dict == nullptr) PyErr_Clear();
+  return dict;
+}
+
+// An instance dict is compared item by item (a few dozen pointers for a model's config), not by
+// its version: CPython 3.13 writes an attribute into the object's inline values, which the dict
+// made of them shares, without a new version or a word to dict watchers.
+bool instance_dict_unchanged(const InstanceDictRecord& record) {
+  PyObject* now = instance_dict_of(record.owner);
+  Py_XDECREF(now);  // the owner keeps it alive; only its identity is compared
+  if (now != record.dict || 2 * static_cast<size_t>(PyDict_GET_SIZE(now)) != record.items.size()) return false;
+  Py_ssize_t position = 0;
+  PyObject *key, *value;
+  for (size_t k = 0; PyDict_Next(now, &position, &key, &value); k += 2)
+    if (key != record.items[k] || value != record.items[k + 1]) return false;
+  return true;
+}
+
+bool watch_unchanged(const Watch* self) {
+  if (!self->armed) return false;
+  for (const auto& [dict, version] : *self->dicts)
+    if (dict_version(dict) != version) return false;
+  for (const auto& record : *self->owners)
+    if (!instance_dict_unchanged(record)) return false;
+  for (const auto& [cell, contents] : *self->cells)
+    if (PyCell_GET(cell) != contents) return false;
+  return true;
+}
+
+PyObject* watch_vectorcall(PyObject* callable, PyObject* const*, size_t nargsf, PyObject* kwnames) {
+  if (PyVectorcall_NARGS(nargsf) != 0 || (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0)) {
+    PyErr_SetString(PyExc_TypeError, "a Watch takes no arguments");
+    return nullptr;
+  }
+  return PyBool_FromLong(watch_unchanged(reinterpret_cast<Watch*>(callable)));
+}
+
+// record(dicts, owners, cells): what the watch compares from now on, disarmed until arm(). An
+// item of the wrong kind (not exactly a dict, a pair whose owner's __dict__ is another, not a
+// cell) raises TypeError and leaves the watch empty.
+PyObject* watch_record(PyObject* object, PyObject* args) {
+  auto* self = reinterpret_cast<Watch*>(object);
+  PyObject *dicts, *owners, *cells;
+  if (!PyArg_ParseTuple(args, "O!O!O!", &PyTuple_Type, &dicts, &PyTuple_Type, &owners, &PyTuple_Type, &cells)) return nullptr;
+  watch_release(self);
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(dicts); ++k) {
+    PyObject* dict = PyTuple_GET_ITEM(dicts, k);
+    if (!PyDict_CheckExact(dict)) {
+      watch_release(self);
+      PyErr_Format(PyExc_TypeError, "Watch.record: dicts[%zd] is %s, not a dict", k, Py_TYPE(dict)->tp_name);
+      return nullptr;
+    }
+    if (!watch_dict(dict)) {
+      watch_release(self);
+      PyErr_SetString(PyExc_RuntimeError, "Watch.record: no dict watcher could be added");
+      return nullptr;
+    }
+    Py_INCREF(dict);
+    self->dicts->emplace_back(dict, dict_version(dict));
+  }
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(owners); ++k) {
+    PyObject* pair = PyTuple_GET_ITEM(owners, k);
+    PyObject* now = PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2 ? instance_dict_of(PyTuple_GET_ITEM(pair, 0)) : nullptr;
+    Py_XDECREF(now);
+    if (now == nullptr || now != PyTuple_GET_ITEM(pair, 1) || !PyDict_Check(now)) {
+      watch_release(self);
+      PyErr_Format(PyExc_TypeError, "Watch.record: owners[%zd] is not an (owner, owner.__dict__) pair", k);
+      return nullptr;
+    }
+    InstanceDictRecord record{PyTuple_GET_ITEM(pair, 0), now, {}};
+    Py_INCREF(record.owner);
+    Py_INCREF(record.dict);
+    record.items.reserve(2 * PyDict_GET_SIZE(now));
+    Py_ssize_t position = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(now, &position, &key, &value)) {
+      Py_INCREF(key);
+      Py_INCREF(value);
+      record.items.push_back(key);
+      record.items.push_back(value);
+    }
+    self->owners->push_back(std::move(record));
+  }
+  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(cells); ++k) {
+    PyObject* cell = PyTuple_GET_ITEM(cells, k);
+    if (!PyCell_Check(cell)) {
+      watch_release(self);
+      PyErr_Format(PyExc_TypeError, "Watch.record: cells[%zd] is %s, not a cell", k, Py_TYPE(cell)->tp_name);
+      return nullptr;
+    }
+    Py_INCREF(cell);
+    Py_XINCREF(PyCell_GET(cell));
+    self->cells->emplace_back(cell, PyCell_GET(cell));
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* watch_arm(PyObject* object, PyObject*) {
+  reinterpret_cast<Watch*>(object)->armed = KILN_DICT_VERSIONS != 0;
+  Py_RETURN_NONE;
+}
+
+PyObject* watch_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  if (PyTuple_GET_SIZE(args) != 0 || (kwargs != nullptr && PyDict_GET_SIZE(kwargs) != 0)) {
+    PyErr_SetString(PyExc_TypeError, "Watch() takes no arguments");
+    return nullptr;
+  }
+  auto* self = reinterpret_cast<Watch*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->vectorcall = watch_vectorcall;
+  self->armed = false;
+  self->dicts = new std::vector<std::pair<PyObject*, uint64_t>>();
+  self->owners = new std::vector<InstanceDictRecord>();
+  self->cells = new std::vector<std::pair<PyObject*, PyObject*>>();
+  return reinterpret_cast<PyObject*>(self);
+}
+
+// A watch is a GC container: what it holds may lead back to it (a module's globals holding the
+// compiled function whose guards hold the watch).
+int watch_traverse(PyObject* object, visitproc visit, void* arg) {
+  auto* self = reinterpret_cast<Watch*>(object);
+  for (auto& [dict, version] : *self->dicts) Py_VISIT(dict);
+  for (auto& record : *self->owners) {
+    Py_VISIT(record.owner);
+    Py_VISIT(record.dict);
+    for (PyObject* item : record.items) Py_VISIT(item);
+  }
+  for (auto& [cell, contents] : *self->cells) { Py_VISIT(cell); Py_VISIT(contents); }
+  return 0;
+}
+
+int watch_clear(PyObject* object) {
+  watch_release(reinterpret_cast<Watch*>(object));
+  return 0;
+}
+
+void watch_dealloc(PyObject* object) {
+  PyObject_GC_UnTrack(object);
+  auto* self = reinterpret_cast<Watch*>(object);
+  watch_release(self);
+  delete self->dicts;
+  delete self->owners;
+  delete self->cells;
+  Py_TYPE(object)->tp_free(object);
+}
+
+PyMethodDef watch_methods[] = {
+    {"record", watch_record, METH_VARARGS, "record(dicts, owners, cells): what to compare from now on; disarms."},
+    {"arm", watch_arm, METH_NOARGS, "From now on the watch holds while nothing recorded changed."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyTypeObject WatchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
 PyMethodDef methods[] = {
     {"stamp", stamp, METH_O, "Identity, version counter and data pointer of each tensor, as bytes."},
     {nullptr, nullptr, 0, nullptr},
@@ -437,10 +683,10 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "kiln_python", "kiln's door from Py
 
 // A callable type whose calls go through its vectorcall slot at `offset`.
 int ready_callable_type(PyTypeObject& type, const char* name, Py_ssize_t size, Py_ssize_t offset, newfunc make,
-                        destructor dealloc, const char* doc) {
+                        destructor dealloc, const char* doc, unsigned long extra_flags = 0) {
   type.tp_name = name;
   type.tp_basicsize = size;
-  type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | extra_flags;
   type.tp_vectorcall_offset = offset;
   type.tp_call = PyVectorcall_Call;
   type.tp_new = make;
@@ -462,16 +708,27 @@ PyMODINIT_FUNC PyInit_kiln_python(void) {
                           direct_op_new, direct_op_dealloc,
                           "DirectOp(op, call, error, num_outputs, names, defaults): one of kiln's C++ operators.") < 0)
     return nullptr;
+  WatchType.tp_methods = watch_methods;
+  WatchType.tp_traverse = watch_traverse;
+  WatchType.tp_clear = watch_clear;
+  if (ready_callable_type(WatchType, "kiln_python.Watch", sizeof(Watch), offsetof(Watch, vectorcall), watch_new,
+                          watch_dealloc, "Watch(): whether recorded dicts, instance dicts and cells are unchanged.",
+                          Py_TPFLAGS_HAVE_GC) < 0)
+    return nullptr;
   PyObject* m = PyModule_Create(&module);
   if (m == nullptr) return nullptr;
   for (auto [name, type] : {std::pair{"GraphCall", &GraphCallType}, std::pair{"TensorCheck", &TensorCheckType},
-                            std::pair{"DirectOp", &DirectOpType}}) {
+                            std::pair{"DirectOp", &DirectOpType}, std::pair{"Watch", &WatchType}}) {
     Py_INCREF(type);
     if (PyModule_AddObject(m, name, reinterpret_cast<PyObject*>(type)) < 0) {
       Py_DECREF(type);
       Py_DECREF(m);
       return nullptr;
     }
+  }
+  if (PyModule_AddObject(m, "dict_versions", PyBool_FromLong(KILN_DICT_VERSIONS)) < 0) {
+    Py_DECREF(m);
+    return nullptr;
   }
   return m;
 }
