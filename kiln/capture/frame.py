@@ -23,7 +23,7 @@ from kiln.capture.guards import ALWAYS_GUARDED, GLOBAL_STATE_READERS, CompiledGu
 from kiln.capture.interpreter import Translator
 from kiln.capture.output_graph import OutputGraph
 from kiln.capture.reconstruct import Reconstructor, build_runner
-from kiln.capture.sources import AttrSource, ClosureSource, ConstSource, LocalSource
+from kiln.capture.sources import AttrSource, ClosureSource, ConstSource, LocalSource, read_once
 from kiln.capture.variables.base import NullVariable
 from kiln.capture.variables.builder import wrap  # importing the builder installs it behind `wrap` (variables/wrapping.py)
 from kiln.capture.variables.functions import real_cell
@@ -146,7 +146,7 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
         result_expr = rc.expr(result)
     else:
         result_expr, finish = _break_state(tx, rc, fn, breaking, backend, label, dynamic.mode, grad_mode)
-    input_exprs = [source.expr(rc.ns) for source, _, _ in output.inputs]
+    input_reads, input_exprs = read_once([source for source, _, _ in output.inputs], rc.ns)
     compiled = None
     gm = output.graph_module(rc.outputs) if rc.outputs or output.op_count else None
     folder = dump.captured(label, gm)
@@ -161,7 +161,7 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
         output.guards.add(guard)
     guards = output.guards.compile()
     dump.guards(folder, label, output.guards.describe(), guards.source_code)
-    run, runner_source = build_runner(rc, input_exprs, compiled, side_effects, result_expr, finish)
+    run, runner_source = build_runner(rc, input_reads, input_exprs, compiled, side_effects, result_expr, finish)
     dump.runner(folder, runner_source)
     seconds = time.perf_counter() - start
     stats = {"ops": output.op_count, "inputs": len(output.inputs), "attrs": len(output.attrs), "guards": len(guards.guards)}

@@ -314,13 +314,15 @@ class Reconstructor:
         return None
 
 
-def build_runner(rc: Reconstructor, input_exprs: list[str], compiled: Callable | None, side_effect_lines: list[str], result: str,
-                 finish: str | None = None) -> tuple[Callable, str]:
+def build_runner(rc: Reconstructor, input_reads: list[str], input_exprs: list[str], compiled: Callable | None,
+                 side_effect_lines: list[str], result: str, finish: str | None = None) -> tuple[Callable, str]:
     """`run(L)` as generated source; returns the function and its text (for KILN_LOGS=guards).
-    With `finish` (a graph break), `result` is the live (stack, locals) at the break and the
-    runner returns `finish(*result)`, the rest of the frame run after the side effects."""
+    `input_reads` assign the locals `input_exprs` share (`sources.read_once`). With `finish` (a
+    graph break), `result` is the live (stack, locals) at the break and the runner returns
+    `finish(*result)`, the rest of the frame run after the side effects."""
     lines = ["def run(L):"]
     if compiled is not None:
+        lines += [f"    {line}" for line in input_reads]
         lines.append(f"    outs = {rc.ns.bind(compiled, 'graph')}({', '.join(input_exprs)})")
     lines += [f"    {line}" for line in rc.prelude + rc.cell_contents]
     # Sources in the result name the inputs as they were on entry: read them before the replay.

@@ -231,6 +231,28 @@ class InstanceDictSource(Source):
         return f"{ns.bind(instance_dict, 'F')}({base})"
 
 
+def read_once(sources: list[Source], ns: Namespace, stem: str = "_in") -> tuple[list[str], list[str]]:
+    """Expressions for `sources`, each sub-source that several of them read (other than an argument
+    or a constant) read once into a local `<stem>k` first: (the assignments, in order, and the
+    expressions). A decode step's graph reads its 36 KV-cache tensors through the cache's layers:
+    13 instance-dict reads instead of 72."""
+    uses: dict[Source, int] = {}
+    for source in sources:
+        for sub in source.chain()[:-1]:
+            uses[sub] = uses.get(sub, 0) + 1
+    hoisted: dict[Source, str] = {}
+    lines: list[str] = []
+    exprs: list[str] = []
+    for source in sources:
+        for sub in source.chain()[:-1]:
+            if uses[sub] > 1 and sub not in hoisted and not isinstance(sub, (LocalSource, ConstSource)):
+                name = f"{stem}{len(hoisted)}"
+                lines.append(f"{name} = {sub.expr(ns, hoisted.get)}")
+                hoisted[sub] = name
+        exprs.append(hoisted.get(source) or source.expr(ns, hoisted.get))
+    return lines, exprs
+
+
 def instance_dict(obj: Any) -> dict:
     """`obj.__dict__` without the class's own `__getattribute__`; a C type that keeps its
     instances' dicts itself (threading.local) answers only its own attribute."""

@@ -1,6 +1,6 @@
 // A main() for kiln's own CPU kernels built for aarch64 (tests/codegen/test_neon_cross.py): the
-// test appends it to kernels_unit.source(), so the GEMM, the depthwise convolution and the vector
-// math are the very code kiln compiles for the host. It only runs them: requests come on stdin (a
+// test appends it to kernels_unit.source(), so the GEMM (float and quantized), the depthwise
+// convolution and the vector math are the very code kiln compiles for the host. It only runs them: requests come on stdin (a
 // line of words, then the operands' raw bytes), results go to stdout as raw bytes, and Python
 // computes the references and compares (the same helpers as the x86 tests).
 #include <cstdio>
@@ -50,6 +50,44 @@ template <class T> static void gemm(const char* words) {
   const bool any = bias || residual || out_bf16 || unary;
   kiln_gemm::gemm<T>(M, N, K, a.data(), lda, panels.data(), c.data(), ldc, any ? &e : nullptr, kc);
   write(c);
+}
+
+// "gemm_quant bits M N K group kc bias residual unary scalar0 scalar1 int8_activations": kiln's
+// quantized GEMM (kiln_gemm_quant.h) as kiln/quant's weights reach it. in: A [M, K] float32, q
+// (bits 8: [N, K] int8, group K; bits 4: [N, ceil(K / 2)] bytes), scales [N, groups] and (bits 4)
+// zeros [N, groups] float32, bias [N] and residual [M, N] float32 when flagged; out: C [M, N].
+static void gemm_quant(const char* words) {
+  int bits, bias, residual, unary, int8_activations;
+  long long M, N, K, group, kc;
+  float s0, s1;
+  if (std::sscanf(words, "%d %lld %lld %lld %lld %lld %d %d %d %f %f %d", &bits, &M, &N, &K, &group, &kc, &bias,
+                  &residual, &unary, &s0, &s1, &int8_activations) != 12)
+    fail("gemm_quant: bad request");
+  const kiln_gemm::QuantShape z{bits, K, N, group};
+  const auto a = read<float>(M * K);
+  const auto q = read<uint8_t>(bits == 8 ? N * K : N * ((K + 1) / 2));
+  const auto scales = read<float>(N * z.groups()), zeros = read<float>(bits == 4 ? N * z.groups() : 0);
+  const auto bias_v = read<float>(bias ? N : 0), residual_v = read<float>(residual ? M * N : 0);
+  std::vector<uint8_t> packed(size_t(z.bytes()));
+  kiln_gemm::pack_quant(z, q.data(), scales.data(), bits == 4 ? zeros.data() : nullptr, packed.data());
+  std::vector<float> c(size_t(M * N));
+  const kiln_gemm::Epilogue e{bias ? bias_v.data() : nullptr, residual ? residual_v.data() : nullptr, N, false, false,
+                              false, unary, s0, s1};
+  const kiln_gemm::Epilogue* post = bias || residual || unary ? &e : nullptr;
+  if (int8_activations)
+    kiln_gemm::gemm_quant_int8_activations(z, M, a.data(), K, packed.data(), c.data(), N, post, kc, true);
+  else
+    kiln_gemm::gemm_quant(z, M, a.data(), K, packed.data(), c.data(), N, post, kc);
+  write(c);
+}
+
+// "quant_paths M K N group": int32 [the path an int4 product of M rows takes (kiln_gemm::Int4Path),
+// whether int8 activations take the integer path].
+static void quant_paths(const char* words) {
+  long long M, K, N, group;
+  if (std::sscanf(words, "%lld %lld %lld %lld", &M, &K, &N, &group) != 4) fail("quant_paths: bad request");
+  const kiln_gemm::QuantShape z{4, K, N, group};
+  write(std::vector<int32_t>{kiln_gemm::int4_path_for(z, M), int32_t(kiln_gemm::int8_dot_applies(z, M))});
 }
 
 // "depthwise N H W C KH KW OH OW sh sw ph pw dh dw bias other unary scalar0 scalar1": in: x [N, H,
@@ -115,6 +153,8 @@ int main() {
     if (!std::strcmp(op, "blocking")) neon_harness::blocking();
     else if (!std::strcmp(op, "gemm_f32")) neon_harness::gemm<float>(words);
     else if (!std::strcmp(op, "gemm_bf16")) neon_harness::gemm<kiln_bf16>(words);
+    else if (!std::strcmp(op, "gemm_quant")) neon_harness::gemm_quant(words);
+    else if (!std::strcmp(op, "quant_paths")) neon_harness::quant_paths(words);
     else if (!std::strcmp(op, "depthwise")) neon_harness::depthwise(words);
     else if (!std::strcmp(op, "vmath")) neon_harness::vmath(words);
     else if (!std::strcmp(op, "round_fp16")) neon_harness::round_fp16(words);

@@ -5,7 +5,8 @@ The unit is kernels_unit.source(), the text kiln builds for the host, with its h
 (build.FLAGS) but `-march=armv8-a` (NEON is baseline there), plus a main() (neon_harness.cpp)
 that runs the kernels on operands sent from here: the GEMM in its NEON register blocking (MR = 8
 rows, NV = 3 vectors of 4 floats: NR = 12) on ragged shapes with every epilogue, float32 and
-bfloat16 (widened to float32: no pair dot products on NEON); the depthwise convolution; the vector
+bfloat16 (widened to float32: no pair dot products on NEON); the weight-only int8/int4 GEMM
+(float32 lanes; int8 activations over the float32 GEMM); the depthwise convolution; the vector
 math of the GEMM's epilogue; float16 rounding (kiln_half.h on __fp16 there). References and
 tolerances are the x86 tests' own (test_kiln_gemm.py, test_kiln_depthwise.py, test_vec_math.py).
 
@@ -162,6 +163,76 @@ def test_gemm_k_blocks_threads_and_bfloat16_output(neon):
         cases.append((f"{shape} bfloat16 out", a, b, bias, "relu", [], None, residual.bfloat16(), torch.bfloat16,
                       11, 4, kc))
     _run_gemms(neon, cases)
+
+
+# ---------------------------------------------------------------- the quantized GEMM
+
+# (M, K, N) and (bits, group): kiln.quantize's weights on NEON, where int4 takes the float32 path
+# (neither bfloat16 pairs nor int8 dot products) at any row count: the decode rows (one row in
+# runs of panels, 2-4 rows a tile each), then the packed GEMM's; K odd and not a multiple of the
+# group, N with a ragged last panel; K in two blocks (kc) at 9 rows.
+QUANT_SHAPES = [(1, 7, 1), (1, 133, 200), (2, 200, 29), (4, 129, 48), (5, 64, 70), (9, 300, 30)]
+QUANT_KINDS = [(8, 0), (4, 32), (4, 128), (4, 10)]
+
+
+def _quant_request(a, q, s, z, bits, group, bias, residual, unary, scalars, int8_activations=False, kc=0):
+    (m, k), n = a.shape, q.shape[0]
+    s0, s1 = [*scalars, 0.0, 0.0][:2]
+    words = ["gemm_quant", bits, m, n, k, k if bits == 8 else group, kc, int(bias is not None),
+             int(residual is not None), kernels.UNARY_CODES[unary], s0, s1, int(int8_activations)]
+    operands = [a, q, s.float(), *([z.float()] if z is not None else []), *([bias] if bias is not None else []),
+                *([residual] if residual is not None else [])]
+    return words, operands, torch.float32, m * n
+
+
+def test_quantized_gemm_every_epilogue(neon):
+    from tests.quant.test_quantized_gemm import _check as quant_check
+    from tests.quant.test_quantized_gemm import _quantized
+    from tests.quant.test_quantized_gemm import _reference as quant_reference
+
+    requests, expected = [], []
+    for m, k, n in QUANT_SHAPES:
+        for bits, group in QUANT_KINDS:
+            q, s, z, w = _quantized(n, k, bits, group, seed=m + k + n)
+            g = torch.Generator().manual_seed(k)
+            a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+            for unary, scalars, algorithm in EPILOGUES:
+                if algorithm == "tanh":
+                    continue  # (the request names the plain unary; gelu's tanh form is the float GEMM's test)
+                for b, r in [(None, None), (bias, residual)]:
+                    kc = 128 if m == 9 else 0
+                    requests.append(_quant_request(a, q, s, z, bits, group, b, r, unary, scalars, kc=kc))
+                    expected.append((f"int{bits} g{group} {m}x{k}x{n} {unary} bias/residual={b is not None}",
+                                     quant_reference(a, w, b, unary, scalars, algorithm, r), m, n, k))
+    for (label, reference, m, n, k), out in zip(expected, neon.run(requests)):
+        try:
+            quant_check(out.view(m, n), reference, k)
+        except AssertionError as error:
+            raise AssertionError(f"{label}: max relative error {error}") from None
+
+
+def test_quantized_gemm_paths_and_int8_activations(neon):
+    """NEON has one int4 path (float32) and no integer products: the path chosen says so without
+    measuring, and int8 activations run the float32 GEMM over the quantized rows."""
+    from tests.quant.test_quantized_gemm import _check as quant_check
+    from tests.quant.test_quantized_gemm import _quantized
+    from tests.quant.test_quantized_gemm import _reference as quant_reference
+    from kiln.quant.weights import quantize_activations
+
+    shapes = [(1, 256, 40, 32), (3, 130, 29, 10), (6, 64, 20, 64)]
+    requests = [([f"quant_paths {m} {k} {n} {group}"], [], torch.int32, 2) for m, k, n, group in shapes]
+    cases = []
+    for m, k, n, group in shapes:
+        q, s, z, w = _quantized(n, k, 4, group, seed=k)
+        g = torch.Generator().manual_seed(n)
+        a, bias = torch.randn(m, k, generator=g), torch.randn(n, generator=g)
+        requests.append(_quant_request(a, q, s, z, 4, group, bias, None, "relu", [], int8_activations=True))
+        cases.append((quant_reference(quantize_activations(a, group), w, bias, "relu", [], None, None), m, n, k))
+    results = neon.run(requests)
+    for paths in results[:len(shapes)]:
+        assert paths.tolist() == [0, 0], "NEON took an int4 path other than float32, or integer products"
+    for (reference, m, n, k), out in zip(cases, results[len(shapes):]):
+        quant_check(out.view(m, n), reference, k)
 
 
 # ---------------------------------------------------------------- the depthwise convolution

@@ -836,6 +836,9 @@ static int int4_fastest_path(int rows) {
     std::unique_ptr<float[]> a(new float[M * z.K]), c(new float[M * z.N]);
     for (int64_t k = 0; k < M * z.K; ++k) a[k] = float(k % 7) - 3.0f;
     double best[INT4_PATHS] = {1e9, 1e9, 1e9};
+    int applicable = 0;
+    for (int path = 0; path < INT4_PATHS; ++path) applicable += int4_path_applies(z, path);
+    if (applicable == 1) return int(INT4_FLOAT);  // (SSE, NEON: nothing to choose between)
     for (int round = 0; round < 6; ++round)
       for (int path = 0; path < INT4_PATHS; ++path) {
         if (!int4_path_applies(z, path)) continue;
