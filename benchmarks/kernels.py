@@ -211,7 +211,8 @@ def int4_path(m: int, k: int, n: int, group_size: int, lib: ctypes.CDLL | None =
 
 def int8_dot_applies(m: int, k: int, n: int, group_size: int, lib: ctypes.CDLL | None = None) -> bool:
     """Whether an int4 product with int8 activations of `m` rows runs kiln_gemm_quant.h's integer
-    (vpdpbusd) path here: a CPU with AVX512-VNNI, groups of a multiple of 8, at most 4 rows."""
+    (`dot4`) path here: a CPU with AVX512-VNNI, AVX-VNNI or AVX2 (aarch64 with dot products), groups of
+    a multiple of 8, at most 4 rows."""
     return bool((lib or library()).kiln_gemm_quant_a8_integer(m, k, n, group_size))
 
 

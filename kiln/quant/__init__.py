@@ -26,7 +26,7 @@ def quantize(model: nn.Module, dtype: str, group_size: int | None = None, activa
     `group_size` input features, default 128, an even number). `activations` (int4 only): "float32"
     (weight-only, the default), or "int8": each call quantizes the layer's input per row and group
     of `group_size` to int8 as well (as llama.cpp's Q4 x Q8 products do), which kiln multiplies with
-    integer dot products (AVX512-VNNI, AVX-VNNI, AVX2) at a decode step's rows; an error of ~0.4 %
+    integer dot products (AVX512-VNNI, AVX-VNNI, AVX2; aarch64's sdot) at a decode step's rows; an error of ~0.4 %
     of each group's largest activation, well under the int4 weight's own (docs/generation.md).
 
     Example::

@@ -52,16 +52,18 @@ template <class T> static void gemm(const char* words) {
   write(c);
 }
 
-// "gemm_quant bits M N K group kc bias residual unary scalar0 scalar1 int8_activations": kiln's
-// quantized GEMM (kiln_gemm_quant.h) as kiln/quant's weights reach it. in: A [M, K] float32, q
-// (bits 8: [N, K] int8, group K; bits 4: [N, ceil(K / 2)] bytes), scales [N, groups] and (bits 4)
-// zeros [N, groups] float32, bias [N] and residual [M, N] float32 when flagged; out: C [M, N].
+// "gemm_quant bits M N K group kc bias residual unary scalar0 scalar1 int8_activations path": kiln's
+// quantized GEMM (kiln_gemm_quant.h) as kiln/quant's weights reach it; `path` >= 0: int4 at 4 rows
+// or fewer by that path (kiln_gemm::Int4Path) rather than the one measured the fastest. in: A
+// [M, K] float32, q (bits 8: [N, K] int8, group K; bits 4: [N, ceil(K / 2)] bytes), scales
+// [N, groups] and (bits 4) zeros [N, groups] float32, bias [N] and residual [M, N] float32 when
+// flagged; out: C [M, N].
 static void gemm_quant(const char* words) {
-  int bits, bias, residual, unary, int8_activations;
+  int bits, bias, residual, unary, int8_activations, path;
   long long M, N, K, group, kc;
   float s0, s1;
-  if (std::sscanf(words, "%d %lld %lld %lld %lld %lld %d %d %d %f %f %d", &bits, &M, &N, &K, &group, &kc, &bias,
-                  &residual, &unary, &s0, &s1, &int8_activations) != 12)
+  if (std::sscanf(words, "%d %lld %lld %lld %lld %lld %d %d %d %f %f %d %d", &bits, &M, &N, &K, &group, &kc, &bias,
+                  &residual, &unary, &s0, &s1, &int8_activations, &path) != 13)
     fail("gemm_quant: bad request");
   const kiln_gemm::QuantShape z{bits, K, N, group};
   const auto a = read<float>(M * K);
@@ -76,6 +78,8 @@ static void gemm_quant(const char* words) {
   const kiln_gemm::Epilogue* post = bias || residual || unary ? &e : nullptr;
   if (int8_activations)
     kiln_gemm::gemm_quant_int8_activations(z, M, a.data(), K, packed.data(), c.data(), N, post, kc, true);
+  else if (path >= 0)
+    kiln_gemm::gemm_quant_direct(kiln_gemm::QuantPanels<4>{z, packed.data()}, M, a.data(), K, c.data(), N, post, path);
   else
     kiln_gemm::gemm_quant(z, M, a.data(), K, packed.data(), c.data(), N, post, kc);
   write(c);

@@ -71,8 +71,7 @@ class Harness:
         return results
 
 
-@pytest.fixture(scope="module")
-def neon(tmp_path_factory) -> Harness:
+def _harness(tmp_path_factory, flags: list[str]) -> Harness:
     missing = [tool for tool in (CXX, QEMU) if shutil.which(tool) is None]
     if missing:
         return Harness(None, f"{' and '.join(missing)} not found: the NEON tests need the Debian packages "
@@ -81,11 +80,23 @@ def neon(tmp_path_factory) -> Harness:
     source, binary = folder / "neon.cpp", folder / "neon"
     source.write_text(kernels_unit.source() + "\n" + Path(__file__).with_name("neon_harness.cpp").read_text())
     # Static: qemu then needs no aarch64 libraries at run time (-L /usr/aarch64-linux-gnu).
-    done = subprocess.run([CXX, *FLAGS, "-static", str(source), "-o", str(binary)], capture_output=True, text=True)
+    done = subprocess.run([CXX, *flags, "-static", str(source), "-o", str(binary)], capture_output=True, text=True)
     if done.returncode != 0:
-        return Harness(None, f"kiln's kernels do not compile for aarch64 ({CXX} {' '.join(FLAGS)}):\n"
+        return Harness(None, f"kiln's kernels do not compile for aarch64 ({CXX} {' '.join(flags)}):\n"
                              f"{done.stderr[-4000:]}")
     return Harness(binary)
+
+
+@pytest.fixture(scope="module")
+def neon(tmp_path_factory) -> Harness:
+    return _harness(tmp_path_factory, FLAGS)
+
+
+@pytest.fixture(scope="module")
+def neon_dotprod(tmp_path_factory) -> Harness:
+    """Built for aarch64 with the dot product instructions (sdot: Neoverse N1, Graviton2 and later),
+    which qemu's default CPU has."""
+    return _harness(tmp_path_factory, ["-march=armv8.2-a+dotprod" if f == "-march=armv8-a" else f for f in FLAGS])
 
 
 def test_the_neon_register_blocking_is_built(neon):
@@ -175,11 +186,13 @@ QUANT_SHAPES = [(1, 7, 1), (1, 133, 200), (2, 200, 29), (4, 129, 48), (5, 64, 70
 QUANT_KINDS = [(8, 0), (4, 32), (4, 128), (4, 10)]
 
 
-def _quant_request(a, q, s, z, bits, group, bias, residual, unary, scalars, int8_activations=False, kc=0):
+def _quant_request(a, q, s, z, bits, group, bias, residual, unary, scalars, algorithm=None, int8_activations=False,
+                   kc=0, path=-1):
     (m, k), n = a.shape, q.shape[0]
     s0, s1 = [*scalars, 0.0, 0.0][:2]
+    name = "gelu_tanh" if unary == "gelu" and algorithm == "tanh" else unary
     words = ["gemm_quant", bits, m, n, k, k if bits == 8 else group, kc, int(bias is not None),
-             int(residual is not None), kernels.UNARY_CODES[unary], s0, s1, int(int8_activations)]
+             int(residual is not None), kernels.UNARY_CODES[name], s0, s1, int(int8_activations), path]
     operands = [a, q, s.float(), *([z.float()] if z is not None else []), *([bias] if bias is not None else []),
                 *([residual] if residual is not None else [])]
     return words, operands, torch.float32, m * n
@@ -197,11 +210,9 @@ def test_quantized_gemm_every_epilogue(neon):
             g = torch.Generator().manual_seed(k)
             a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
             for unary, scalars, algorithm in EPILOGUES:
-                if algorithm == "tanh":
-                    continue  # (the request names the plain unary; gelu's tanh form is the float GEMM's test)
                 for b, r in [(None, None), (bias, residual)]:
                     kc = 128 if m == 9 else 0
-                    requests.append(_quant_request(a, q, s, z, bits, group, b, r, unary, scalars, kc=kc))
+                    requests.append(_quant_request(a, q, s, z, bits, group, b, r, unary, scalars, algorithm, kc=kc))
                     expected.append((f"int{bits} g{group} {m}x{k}x{n} {unary} bias/residual={b is not None}",
                                      quant_reference(a, w, b, unary, scalars, algorithm, r), m, n, k))
     for (label, reference, m, n, k), out in zip(expected, neon.run(requests)):
@@ -233,6 +244,44 @@ def test_quantized_gemm_paths_and_int8_activations(neon):
         assert paths.tolist() == [0, 0], "NEON took an int4 path other than float32, or integer products"
     for (reference, m, n, k), out in zip(cases, results[len(shapes):]):
         quant_check(out.view(m, n), reference, k)
+
+
+def test_quantized_gemm_by_dot_products(neon_dotprod):
+    """Built with armv8.2-a's dot products, int4 at 4 rows or fewer has the int8 digits' path and
+    int8 activations the integer one (sdot in place of x86's vpdpbusd), groups of a multiple of 8:
+    each against float64 over the activations as that path carries them (the x86 tests' references)."""
+    from tests.quant.test_quantized_gemm import _check as quant_check
+    from tests.quant.test_quantized_gemm import _quantized, int4_digits_of
+    from tests.quant.test_quantized_gemm import _reference as quant_reference
+    from kiln.quant.weights import quantize_activations
+
+    shapes = [(1, 256, 40, 32), (1, 133, 811, 32), (2, 200, 29, 8), (3, 130, 50, 64), (4, 264, 97, 24), (1, 130, 70, 10)]
+    requests = [([f"quant_paths {m} {k} {n} {group}"], [], torch.int32, 2) for m, k, n, group in shapes]
+    cases = []
+    for m, k, n, group in shapes:
+        q, s, z, w = _quantized(n, k, 4, group, seed=k + n)
+        g = torch.Generator().manual_seed(n)
+        a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+        a[0, :group] = 0  # an all-zero group
+        whole_words = group % 8 == 0
+        for unary, scalars, algorithm in EPILOGUES[:4]:
+            requests.append(_quant_request(a, q, s, z, 4, group, bias, residual, unary, scalars, algorithm, path=2))
+            carried = int4_digits_of(a, group) if whole_words else a  # (else the float32 path)
+            cases.append((f"{m}x{k}x{n} g{group} digits {unary}", carried, w, bias, unary, scalars, algorithm, residual))
+            requests.append(_quant_request(a, q, s, z, 4, group, bias, residual, unary, scalars, algorithm,
+                                           int8_activations=True))
+            cases.append((f"{m}x{k}x{n} g{group} int8 activations {unary}", quantize_activations(a, group), w, bias,
+                          unary, scalars, algorithm, residual))
+    results = neon_dotprod.run(requests)
+    for (m, k, n, group), paths in zip(shapes, results):
+        assert paths[1].item() == int(group % 8 == 0), f"{m}x{k}x{n} g{group}: integer products {paths.tolist()}"
+    for (label, carried, w, bias, unary, scalars, algorithm, residual), out in zip(cases, results[len(shapes):]):
+        m, n = carried.shape[0], w.shape[0]
+        try:
+            quant_check(out.view(m, n), quant_reference(carried, w, bias, unary, scalars, algorithm, residual),
+                        carried.shape[1])
+        except AssertionError as error:
+            raise AssertionError(f"{label}: max relative error {error}") from None
 
 
 # ---------------------------------------------------------------- the depthwise convolution

@@ -690,16 +690,21 @@ static Int8Rows split_rows(const QuantShape& z, int64_t M, const float* a, int64
   return rows;
 }
 
-#if (defined(__AVX512VNNI__) && KILN_VEC_BYTES == 64) || (defined(__AVX2__) && KILN_VEC_BYTES == 32)
+#if (defined(__AVX512VNNI__) && KILN_VEC_BYTES == 64) || (defined(__AVX2__) && KILN_VEC_BYTES == 32) || \
+    (defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD))
 #define KILN_INT8_DOT 1
 constexpr bool INT8_DOT = true;
 using IV = kiln::vec<int32_t>;
 
 // acc + the sums in fours of w's unsigned bytes times x's signed ones: vpdpbusd (AVX512-VNNI,
 // AVX-VNNI), else AVX2's vpmaddubsw (pairs to 16 bits: |2 * 15 * 127| < 2^15, never saturated) and
-// vpmaddwd by ones (pairs of those to 32) and an add: three instructions for one.
+// vpmaddwd by ones (pairs of those to 32) and an add: three instructions for one. On aarch64 with
+// the dot product instructions (armv8.2-a+dotprod: Neoverse N1 / Graviton2 on), sdot: its signed
+// bytes read w's the same, every w being a nibble (0-15).
 static inline IV dot4(IV acc, IV w, IV x) {
-#if KILN_VEC_BYTES == 64
+#if defined(__aarch64__)
+  return (IV)vdotq_s32((int32x4_t)acc, (int8x16_t)w, (int8x16_t)x);
+#elif KILN_VEC_BYTES == 64
   return (IV)_mm512_dpbusd_epi32((__m512i)acc, (__m512i)w, (__m512i)x);
 #elif defined(__AVXVNNI__)
   return (IV)_mm256_dpbusd_avx_epi32((__m256i)acc, (__m256i)w, (__m256i)x);
@@ -797,7 +802,7 @@ constexpr bool INT8_DOT = false;
 
 // int4's paths at a few rows: the float32 one (direct_tile, int4_row), the bfloat16 pairs
 // (direct_tile_bf16: CPUs with avx512_bf16), the three int8 digits (int4_int8_tile: CPUs with
-// AVX512-VNNI, AVX-VNNI or AVX2). Which one runs changes the result within the bounds given with each.
+// AVX512-VNNI, AVX-VNNI or AVX2, aarch64 with the dot product instructions). Which one runs changes the result within the bounds given with each.
 enum Int4Path : int { INT4_FLOAT = 0, INT4_BF16_PAIRS = 1, INT4_INT8_DIGITS = 2, INT4_PATHS = 3 };
 
 // Whether `path` can run for this shape: groups of whole words, a CPU with its instructions.
