@@ -33,7 +33,11 @@ def _entries() -> str:
              "{ int tn, tm; kiln_gemm::split(panels, row_blocks, last_vectors, threads, tn, tm); return tn; }",
              # bfloat16 fast math's A: a float32 A as the bfloat16 copy kiln_gemm_bf16 reads
              "void kiln_gemm_convert_a_bf16(int64_t M, int64_t K, const float* a, int64_t lda, kiln_bf16* out) "
-             "{ kiln_gemm::convert_a_bf16(M, K, a, lda, out); }"]
+             "{ kiln_gemm::convert_a_bf16(M, K, a, lda, out); }",
+             # How the tiles multiply bfloat16 pairs (kiln_gemm::Bf16Product; -1: no pairs on this CPU):
+             # the one this CPU measured the fastest, and (tests) one forced, -1 to measure again.
+             "int32_t kiln_gemm_bf16_product(void) { return kiln_gemm::bf16_fastest_product(); }",
+             "void kiln_gemm_bf16_force_product(int32_t product) { kiln_gemm::bf16_product_forced.store(product); }"]
     for suffix, ctype in CTYPES.items():
         lines += [
             f"int64_t kiln_gemm_packed_elements_{suffix}(int64_t K, int64_t N) "

@@ -76,6 +76,33 @@ def test_every_epilogue_matches_a_float64_product(shape, dtype):
                                    residual if use_residual else None), dtype, k)
 
 
+def _cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        return next((set(line.split(":")[1].split()) for line in f if line.startswith("flags")), set())
+
+
+@pytest.mark.parametrize("product", [0, 1], ids=["vdpbf16ps", "widened"])
+def test_bfloat16_products_of_many_rows_either_way(product):
+    """A bfloat16 product of 32 rows or more runs the faster, on this CPU, of vdpbf16ps in the tiles
+    and the panels widened to float32 block by block through float32's tile (kiln_gemm.h
+    `gemm_bf16_by`, measured once per process): each forced in turn, on ragged shapes, K in blocks,
+    with the epilogues, float32 and bfloat16 out."""
+    lib = kernels.library()
+    assert lib.kiln_gemm_bf16_product() in ((0, 1) if "avx512_bf16" in _cpu_flags() else (-1,))
+    lib.kiln_gemm_bf16_force_product(product)
+    try:
+        for m, k, n in [(32, 77, 50), (64, 1000, 130), (130, 64, 97), (33, 2049, 22)]:
+            a, b, bias, residual = _operands(m, k, n, torch.bfloat16, seed=m + k)
+            panels = kernels.pack(b)
+            for unary, scalars, algorithm in EPILOGUES[:5]:
+                for out_dtype in (torch.float32, torch.bfloat16):
+                    out = kernels.mm(a, panels, n, bias, unary, scalars, residual, out_dtype=out_dtype,
+                                     algorithm=algorithm)
+                    _check(out, _reference(a, b, bias, unary, scalars, algorithm, residual), out_dtype, k)
+    finally:
+        lib.kiln_gemm_bf16_force_product(-1)
+
+
 @pytest.mark.parametrize("n", [75, 400])
 def test_k_blocks_partial_sums_and_strided_rows(n):
     # K spans several K blocks (partial sums kept in C between them; the blocks the outer loop, so

@@ -15,6 +15,9 @@
 // parallel region once every thread has stored its tiles, while C is still in the caches.
 #pragma once
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -360,6 +363,15 @@ static inline void micro_pairs(V (&acc)[R][NV], int64_t kc, const kiln_bf16* a, 
   if (kc % 2) step(pairs, [&](int r) { return int32_t(a[r * lda + kc - 1].bits); });
 }
 #endif
+
+// How a bfloat16 product of many rows (BF16_WIDEN_ROWS or more) is multiplied where the CPU has
+// vdpbf16ps: BF16_DOT (vdpbf16ps in the tiles) or BF16_FMA (the panels widened to float32 block by
+// block, WidenedPanels, and float32's tile), the faster measured once per process
+// (bf16_fastest_product below); tests may force one (kiln_gemm_bf16_force_product). Fewer rows,
+// and the GEMV, always take vdpbf16ps: there the weight's bytes, not the products, bound them.
+enum Bf16Product { BF16_DOT = 0, BF16_FMA = 1 };
+static std::atomic<int> bf16_product_forced{-1};
+constexpr int64_t BF16_WIDEN_ROWS = 32;
 
 // kiln's own blocking on AVX-512 (not another one asked for to time it), unless KILN_GEMM_NO_ASM.
 #if defined(__x86_64__) && KILN_VEC_BYTES == 64 && !defined(KILN_GEMM_MR) && !defined(KILN_GEMM_NO_ASM)
@@ -1051,9 +1063,99 @@ static void gemm_from(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, 
   }
 }
 
+#if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
+// bfloat16 pair panels ([K/2][NR][2]) as float32 blocks [kn][NR], widened in this thread's buffer
+// (valid until its next block): a word's high half in place is its odd k's value, shifted up 16
+// its even k's. Exact; once per block per pass over a thread's rows.
+struct WidenedPanels {
+  static constexpr bool dequantizes = true;
+  const kiln_bf16* bp;
+  int64_t rows;  // a panel's rows (K rounded up to even)
+
+  const char* raw(int64_t p, int64_t k0) const { return reinterpret_cast<const char*>(bp + (p * rows + k0 / 2 * 2) * NR); }
+  int64_t raw_bytes(int64_t kn) const { return (kn + 1) * NR * int64_t(sizeof(kiln_bf16)); }
+  int64_t bytes(int64_t panels) const { return panels * rows * NR * int64_t(sizeof(kiln_bf16)); }
+
+  const float* block(int64_t p, int64_t k0, int64_t kn) const {
+    static thread_local float* buffer = nullptr;
+    static thread_local int64_t held = 0;
+    if (held < kn * NR) {
+      std::free(buffer);
+      held = kn * NR;
+      buffer = static_cast<float*>(std::aligned_alloc(64, (held * int64_t(sizeof(float)) + 63) / 64 * 64));
+    }
+    using IV = kiln::vec<int32_t>;
+    const kiln_bf16* panel = bp + p * rows * NR;
+    for (int64_t k = k0; k < k0 + kn; ++k) {
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        IV words;
+        std::memcpy(&words, panel + ((k / 2) * NR + v * L) * 2, sizeof(words));
+        kiln::store(buffer + (k - k0) * NR + v * L, (V)(k % 2 ? words & int32_t(0xFFFF0000u) : words << 16));
+      }
+    }
+    return buffer;
+  }
+};
+
+// C = epilogue(A @ B), bfloat16 A (row stride lda) and pair panels, by `product`: vdpbf16ps in the
+// tiles, or A widened to a float32 copy and the panels block by block (WidenedPanels) through
+// float32's tile. The same products of the same values: sums in another order, within float32's
+// accumulation bound either way.
+static void gemm_bf16_by(int product, int64_t M, int64_t N, int64_t K, const kiln_bf16* a, int64_t lda,
+                         const kiln_bf16* bp, void* c, int64_t ldc, const Epilogue* e, int64_t kc) {
+  if (product != BF16_FMA) return gemm_from(M, N, K, a, lda, Panels<kiln_bf16>{bp, round_even(K)}, c, ldc, e, kc);
+  std::unique_ptr<float[]> wide(new float[M * K]);
+  const int64_t whole = K / L * L;
+#pragma omp parallel for if (M * K >= (int64_t(1) << 16))
+  for (int64_t i = 0; i < M; ++i) {
+    int64_t k = 0;
+    for (; k < whole; k += L) kiln::store(wide.get() + i * K + k, kiln::load_bf16(a + i * lda + k));
+    for (; k < K; ++k) wide[i * K + k] = float(a[i * lda + k]);
+  }
+  gemm_from(M, N, K, wide.get(), K, WidenedPanels{bp, round_even(K)}, c, ldc, e, kc);
+}
+
+// The faster way to multiply a bfloat16 product of BF16_WIDEN_ROWS rows or more on this CPU
+// (Bf16Product), measured once per process at the first: a 64x512x768 product from L2, best of 5
+// each. vdpbf16ps makes two products a lane where an FMA makes one, but on 2 threads of the Intel
+// Xeon (family 6 model 207) it ran at a quarter of the FMAs' rate per product: 169-174 GFLOP/s at
+// 128x768x3072 against float32's 336-347.
+static int bf16_fastest_product() {
+  static const int fastest = [] {
+    const int64_t M = 64, K = 512, N = 768;
+    std::unique_ptr<kiln_bf16[]> a(new kiln_bf16[M * K]), b(new kiln_bf16[K * N]), bp(new kiln_bf16[packed_elements<kiln_bf16>(K, N)]);
+    for (int64_t i = 0; i < M * K; ++i) a[i] = kiln_bf16(float(i % 13) * 0.25f - 1.5f);
+    for (int64_t i = 0; i < K * N; ++i) b[i] = kiln_bf16(float(i % 7) * 0.125f - 0.375f);
+    pack_b(b.get(), K, N, N, 1, bp.get());
+    std::unique_ptr<float[]> c(new float[M * N]);
+    double best[2] = {1e9, 1e9};
+    for (int round = 0; round < 6; ++round)
+      for (int product : {BF16_DOT, BF16_FMA}) {
+        const auto start = std::chrono::steady_clock::now();
+        gemm_bf16_by(product, M, N, K, a.get(), K, bp.get(), c.get(), N, nullptr, 0);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (round > 0) best[product] = std::min(best[product], seconds);  // (round 0 warms the caches)
+      }
+    return best[BF16_FMA] < best[BF16_DOT] ? int(BF16_FMA) : int(BF16_DOT);
+  }();
+  return fastest;
+}
+#else
+static int bf16_fastest_product() { return -1; }  // (no pairs: bfloat16 is widened on load, one way)
+#endif
+
 template <typename T>
 static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const T* bp, void* c, int64_t ldc,
                  const Epilogue* e, int64_t kc) {
+#if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
+  if constexpr (std::is_same_v<T, kiln_bf16>) {
+    if (M >= BF16_WIDEN_ROWS) {
+      const int forced = bf16_product_forced.load(std::memory_order_relaxed);
+      return gemm_bf16_by(forced >= 0 ? forced : bf16_fastest_product(), M, N, K, a, lda, bp, c, ldc, e, kc);
+    }
+  }
+#endif
   gemm_from(M, N, K, a, lda, Panels<T>{bp, in_pairs<T> ? round_even(K) : K}, c, ldc, e, kc);
 }
 
