@@ -1104,7 +1104,9 @@ struct WidenedPanels {
 // accumulation bound either way.
 static void gemm_bf16_by(int product, int64_t M, int64_t N, int64_t K, const kiln_bf16* a, int64_t lda,
                          const kiln_bf16* bp, void* c, int64_t ldc, const Epilogue* e, int64_t kc) {
-  if (product != BF16_FMA) return gemm_from(M, N, K, a, lda, Panels<kiln_bf16>{bp, round_even(K)}, c, ldc, e, kc);
+  // (A's float32 copy up to 64 MB: beyond, a long prompt's bfloat16 product keeps vdpbf16ps)
+  if (product != BF16_FMA || M * K > (int64_t(1) << 24))
+    return gemm_from(M, N, K, a, lda, Panels<kiln_bf16>{bp, round_even(K)}, c, ldc, e, kc);
   std::unique_ptr<float[]> wide(new float[M * K]);
   const int64_t whole = K / L * L;
 #pragma omp parallel for if (M * K >= (int64_t(1) << 16))
