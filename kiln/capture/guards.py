@@ -28,8 +28,8 @@ from typing import Any, Callable
 import torch
 
 from kiln.capture import module_watch
-from kiln.capture.sources import (ClassDictSource, ClosureSource, ConstSource, InstanceDictSource, ItemSource,
-                                  KeysSource, Namespace, Source, instance_dict)
+from kiln.capture.sources import (CellSource, ClassDictSource, ClosureSource, ConstSource, InstanceDictSource,
+                                  ItemSource, KeysSource, Namespace, Source, instance_dict)
 from kiln.native import python_door
 
 GUARD_KINDS = (
@@ -297,17 +297,6 @@ class StableReads:
     cells: tuple[Source, ...]
 
 
-@dataclass(frozen=True)
-class _CellSource(Source):
-    """The cell of a closure (not its contents): what a `Watch` compares."""
-
-    base: Source
-    index: int
-
-    def expr(self, ns: Namespace, name_of: Any = None) -> str:
-        return f"{self._sub(self.base, ns, name_of)}.__closure__[{self.index}]"
-
-
 def _class_dict(view: Any) -> dict | None:
     """The dict behind a class's read-only `__dict__` view."""
     behind = [r for r in gc.get_referents(view) if type(r) is dict] if type(view) is types.MappingProxyType else []
@@ -361,7 +350,7 @@ def stable_reads(guard: Guard) -> StableReads | None:
         elif isinstance(step, ClosureSource):
             if type(base_value) is not types.FunctionType:
                 return None
-            cells.append(_CellSource(base, step.index))
+            cells.append(CellSource(base, step.index))
         else:
             return None
     value = values[-1]

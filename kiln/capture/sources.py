@@ -188,6 +188,17 @@ class ClosureSource(Source):
 
 
 @dataclass(frozen=True)
+class CellSource(Source):
+    """A closure's cell `index` itself, not its contents (what a guard watch compares: guards.py)."""
+
+    base: Source
+    index: int
+
+    def expr(self, ns: Namespace, name_of: Any = None) -> str:
+        return f"{self._sub(self.base, ns, name_of)}.__closure__[{self.index}]"
+
+
+@dataclass(frozen=True)
 class TypeSource(Source):
     base: Source
 

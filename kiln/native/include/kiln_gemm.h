@@ -957,6 +957,20 @@ static inline void gemv(int64_t N, int64_t K, const T* a, const T* bp, int64_t r
 // weight-only quantized B dequantizes each block into a thread's buffer instead:
 // kiln_gemm_quant.h.) `raw` and `raw_bytes` are the block's memory as the prefetch of the next
 // block asks for it.
+// This thread's buffer of at least `floats` float32, 64-byte aligned, where a source that makes
+// its blocks (Src::dequantizes: kiln_gemm_quant.h's QuantPanels, WidenedPanels) writes them: valid
+// until the thread's next block.
+static inline float* thread_block_buffer(int64_t floats) {
+  static thread_local float* buffer = nullptr;
+  static thread_local int64_t held = 0;
+  if (held < floats) {
+    std::free(buffer);
+    held = floats;
+    buffer = static_cast<float*>(std::aligned_alloc(64, (held * int64_t(sizeof(float)) + 63) / 64 * 64));
+  }
+  return buffer;
+}
+
 template <typename T> struct Panels {
   static constexpr bool dequantizes = false;
   const T* bp;
@@ -1077,13 +1091,7 @@ struct WidenedPanels {
   int64_t bytes(int64_t panels) const { return panels * rows * NR * int64_t(sizeof(kiln_bf16)); }
 
   const float* block(int64_t p, int64_t k0, int64_t kn) const {
-    static thread_local float* buffer = nullptr;
-    static thread_local int64_t held = 0;
-    if (held < kn * NR) {
-      std::free(buffer);
-      held = kn * NR;
-      buffer = static_cast<float*>(std::aligned_alloc(64, (held * int64_t(sizeof(float)) + 63) / 64 * 64));
-    }
+    float* buffer = thread_block_buffer(kn * NR);
     using IV = kiln::vec<int32_t>;
     const kiln_bf16* panel = bp + p * rows * NR;
     for (int64_t k = k0; k < k0 + kn; ++k) {

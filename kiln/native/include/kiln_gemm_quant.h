@@ -141,13 +141,7 @@ template <int BITS> struct QuantPanels {
   // Rows [k0, k0 + kn) of panel p as float32 [kn][NR], in this thread's buffer (valid until its
   // next block).
   const float* block(int64_t p, int64_t k0, int64_t kn) const {
-    static thread_local float* buffer = nullptr;
-    static thread_local int64_t held = 0;
-    if (held < kn * NR) {
-      std::free(buffer);
-      held = kn * NR;
-      buffer = static_cast<float*>(std::aligned_alloc(64, QuantShape::aligned(held * int64_t(sizeof(float)))));
-    }
+    float* buffer = thread_block_buffer(kn * NR);
     const uint8_t* q = panel(p);
     for (int64_t k = k0; k < k0 + kn;) {
       const int64_t g = k / z.group, end = std::min(k0 + kn, (g + 1) * z.group);
