@@ -8,7 +8,7 @@ sub-expressions shared by several guards read once into locals. `KILN_LOGS=guard
 list and the generated code.
 
 Most of a language model's guards read no input: they pin what the traced code found in modules'
-globals, classes, a config's attributes and closures (~170 of a Llama decode step's ~310). Where
+globals, classes, a config's attributes and closures (156 of a Llama decode step's 307). Where
 the `kiln_python` extension is loaded and Python versions its dicts, those guards run only when one
 of the dicts, instance dicts or cells they read changed since they last held (`Watch`, one C call
 of ~70 ns): `stable_reads` says which guards qualify and what they read.
@@ -284,6 +284,7 @@ class GuardSet:
 
 # Values whose equality to a constant cannot change while they stay the same object.
 _IMMUTABLE_SCALARS = (int, float, complex, str, bytes, bool, type(None))
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
 
 
 @dataclass(frozen=True)
@@ -309,8 +310,8 @@ def stable_reads(guard: Guard) -> StableReads | None:
     hold (a type's identity where the type is a C type, whose instances' class cannot be
     reassigned; an immutable scalar's value); None otherwise (an input, an attribute read that a
     descriptor may answer, a mutable value compared by equality). The chain's values are read now,
-    from the constants, to learn their types: a later call whose types differ fails `Watch.record`
-    and checks the guard every time."""
+    from the constants, to learn their types: where a later call finds another type (a dict replaced
+    by another mapping), `Watch.record` raises, the entry's check fails and the call captures anew."""
     if guard.source is None or guard.kind not in ("ID_MATCH", "TYPE_MATCH", "EQUALS", "DICT_CONTAINS", "LENGTH_MATCH"):
         return None
     chain = guard.source.chain()
@@ -365,8 +366,6 @@ def stable_reads(guard: Guard) -> StableReads | None:
             return None
     return StableReads(tuple(dicts), tuple(owners), tuple(cells))
 
-
-_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
 
 
 class CompiledGuards:
