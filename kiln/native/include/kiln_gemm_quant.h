@@ -173,8 +173,26 @@ constexpr int DIRECT_ROWS = 4;
 // How far ahead an int4 panel's words are prefetched (a word row is NR lanes of 4 bytes: 32 are
 // 8 KB at NR = 64). 8 words ahead left the int4 GEMV short of the memory's speed where a thread
 // streams few panels (2 cores, cold weights: 1x3072x768 0.062 -> 0.055 ms, 1x768x768 0.023 ->
-// 0.017 at 24-48 words ahead, int8 unchanged at its own distance).
+// 0.017 at 24-48 words ahead, int8 unchanged at its own distance). The KILN_* macros time others.
+#ifdef KILN_INT4_PREFETCH_WORDS
+constexpr int64_t INT4_PREFETCH_WORDS = KILN_INT4_PREFETCH_WORDS;
+#else
 constexpr int64_t INT4_PREFETCH_WORDS = 32;
+#endif
+
+// Where the one-row products' far prefetches put the weight's lines (__builtin_prefetch's
+// locality: 3 prefetcht0, into L1; 2 prefetcht1, into L2). Into L1 their lines in flight (int8's
+// eight runs 3 KB ahead each, the digits' runs 8 KB) are most of the 32 KB L1 and evict one another
+// and the activations; into L2 the L1's own prefetcher brings each the last steps. A llama-160m
+// decode step's quantized products (12 layers and the LM head, weights cycled from DRAM, 2 threads
+// of a 2-core AMD EPYC Zen 4, median of 15 interleaved rounds, through benchmarks/kernels.py): one
+// row int8 4.31 -> 3.73 ms, int4 (digits) 2.43 -> 2.35, int8 activations 2.47 -> 2.20; at four
+// rows (direct_tile's short prefetch, kept in L1) int8 lost 11 % with it.
+#ifdef KILN_QUANT_LOCALITY
+constexpr int FAR_LOCALITY = KILN_QUANT_LOCALITY;
+#else
+constexpr int FAR_LOCALITY = 2;
+#endif
 
 // C rows [0, rows) of panel p's columns, every k at once. Per group the sums are of raw levels,
 // part = sum_k a_k q_k, scaled once at the group's end: acc += (part - zero * asum) * scale =
@@ -427,7 +445,11 @@ static inline void direct_tile_bf16(const QuantPanels<4>& src, int64_t p, int ro
 // widening, conversion and FMA per vector of weights. Runs of 8 panels: 21.9-24.4 GB/s; with each
 // run's rows asked for INT8_AHEAD rows ahead (3 KB at NR = 48: an int8 panel's row is under a
 // line, and the hardware prefetcher stayed too close): 24.2-27.1.
+#ifdef KILN_INT8_AHEAD
+constexpr int64_t INT8_AHEAD = KILN_INT8_AHEAD;
+#else
 constexpr int64_t INT8_AHEAD = 64;
+#endif
 template <int S>
 static inline void int8_row(const QuantPanels<8>& src, const int64_t* at, const float* a, void* c, int64_t ldc,
                             const Epilogue* e) {
@@ -440,7 +462,7 @@ static inline void int8_row(const QuantPanels<8>& src, const int64_t* at, const 
     if (k % 4 == 0)  // the runs' rows INT8_AHEAD ahead, four rows (4 NR bytes) each fourth step
 #pragma GCC unroll 8
       for (int s = 0; s < S; ++s)
-        for (int64_t byte = 0; byte < 4 * NR; byte += 64) __builtin_prefetch(q[s] + (k + INT8_AHEAD) * NR + byte);
+        for (int64_t byte = 0; byte < 4 * NR; byte += 64) __builtin_prefetch(q[s] + (k + INT8_AHEAD) * NR + byte, 0, FAR_LOCALITY);
 #pragma GCC unroll 8
     for (int s = 0; s < S; ++s)
 #pragma GCC unroll 8
@@ -479,7 +501,7 @@ static inline void int4_row(const QuantPanels<4>& src, const int64_t* at, const 
         kiln::vec<int32_t> word[NV];
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) {
-          __builtin_prefetch(q[s] + ((w + INT4_PREFETCH_WORDS) * NR + v * L) * 4);
+          __builtin_prefetch(q[s] + ((w + INT4_PREFETCH_WORDS) * NR + v * L) * 4, 0, FAR_LOCALITY);
           word[v] = load_words(q[s] + (w * NR + v * L) * 4);
         }
 #pragma GCC unroll 8
@@ -730,7 +752,7 @@ static inline void int4_int8_tile(const QuantPanels<4>& src, const int64_t* at, 
       for (int s = 0; s < S; ++s)
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) {
-          __builtin_prefetch(q[s] + ((w + INT4_PREFETCH_WORDS) * NR + v * L) * 4);
+          __builtin_prefetch(q[s] + ((w + INT4_PREFETCH_WORDS) * NR + v * L) * 4, 0, FAR_LOCALITY);
           const IV word = load_words(q[s] + (w * NR + v * L) * 4);
           const IV even = word & 0x0F0F0F0F, odd = (word >> 4) & 0x0F0F0F0F;
 #pragma GCC unroll 4
