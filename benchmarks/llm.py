@@ -32,7 +32,7 @@ from torch import nn
 
 from benchmarks.llm_modes import LLM_MODELS, LLM_MODES, LlmMode, NotAvailable
 from benchmarks.machine import OthersClock
-from benchmarks.roofline import StepBytes, decode_step_bytes, linear_names, read_bandwidth
+from benchmarks.roofline import ROUND_PROBE_PASSES, StepBytes, decode_step_bytes, linear_names, probe_buffer, read_bandwidth
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,19 @@ class LlmResult:
     others_cpu: float | None = None  # share of the CPUs other processes used during the rounds
     prompt_len: int = 0
     new_tokens: int = 0
+    decode_rounds_s: list[float] = field(default_factory=list)  # each round's time per decode step
+    probes_gbps: list[float] = field(default_factory=list)  # the bandwidth probed just before each round's call
+
+    @property
+    def roofline(self) -> float | None:
+        """The fraction of the machine's bandwidth the decode steps read at: each round's bytes per
+        second over the bandwidth probed just before that round's call, the median of the rounds
+        (a neighbour that takes half the memory's speed for a minute halves both). Without probes
+        paired with the rounds: None."""
+        if self.step_bytes is None or not self.probes_gbps or len(self.probes_gbps) != len(self.decode_rounds_s):
+            return None
+        return statistics.median(self.step_bytes.total / step / 1e9 / gbps
+                                 for step, gbps in zip(self.decode_rounds_s, self.probes_gbps))
 
     @property
     def prefill_tokens_per_s(self) -> float | None:
@@ -95,7 +108,7 @@ class LlmResult:
         # The rates are derived, written for readers of the JSON, ignored when read back.
         data = {**asdict(self), "step_bytes": self.step_bytes.to_json() if self.step_bytes else None}
         return {**data, "prefill_tokens_per_s": self.prefill_tokens_per_s,
-                "decode_tokens_per_s": self.decode_tokens_per_s, "gbps": self.gbps}
+                "decode_tokens_per_s": self.decode_tokens_per_s, "gbps": self.gbps, "roofline": self.roofline}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "LlmResult":
@@ -108,25 +121,34 @@ class LlmResult:
 @dataclass
 class LlmRun:
     """What the llm suite measured: its results, and the machine's read bandwidth (GB/s) at each
-    thread count, with the share of the CPUs other processes used while it was measured (a busy
-    neighbour lowers it, and raises every roofline fraction)."""
+    thread count — the best of its probes (`bandwidth_probes`: every reading), with the share of
+    the CPUs other processes used while the first was measured (a busy neighbour lowers it, and
+    raises every roofline fraction)."""
 
     settings: LlmSettings
     results: list[LlmResult] = field(default_factory=list)
     bandwidth: dict[int, float] = field(default_factory=dict)
     bandwidth_others: dict[int, float | None] = field(default_factory=dict)
+    bandwidth_probes: dict[int, list[float]] = field(default_factory=dict)
+
+    def probed(self, threads: int, gbps: float) -> None:
+        """A reading of the bandwidth at `threads`: kept, and the best so far is the roofline's."""
+        self.bandwidth_probes.setdefault(threads, []).append(gbps)
+        self.bandwidth[threads] = max(self.bandwidth.get(threads, 0.0), gbps)
 
     def to_json(self) -> dict[str, Any]:
         return {"settings": asdict(self.settings), "results": [r.to_json() for r in self.results],
                 "bandwidth_gbps": {str(t): gbps for t, gbps in self.bandwidth.items()},
-                "bandwidth_others_cpu": {str(t): share for t, share in self.bandwidth_others.items()}}
+                "bandwidth_others_cpu": {str(t): share for t, share in self.bandwidth_others.items()},
+                "bandwidth_probes_gbps": {str(t): probes for t, probes in self.bandwidth_probes.items()}}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "LlmRun":
         settings = LlmSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in data["settings"].items()})
         return cls(settings, [LlmResult.from_json(r) for r in data["results"]],
                    {int(t): gbps for t, gbps in data["bandwidth_gbps"].items()},
-                   {int(t): share for t, share in data.get("bandwidth_others_cpu", {}).items()})
+                   {int(t): share for t, share in data.get("bandwidth_others_cpu", {}).items()},
+                   {int(t): probes for t, probes in data.get("bandwidth_probes_gbps", {}).items()})
 
 
 class StepClock:
@@ -257,11 +279,13 @@ def _warm_up(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, An
 
 
 def _rounds(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, Any], reference: torch.Tensor,
-            rounds: int) -> float | None:
-    """The timed rounds, one generate call per mode each; the share of the CPUs others used meanwhile."""
+            rounds: int, probe: Callable[[], float] | None = None) -> float | None:
+    """The timed rounds, one generate call per mode each, `probe()` (the machine's bandwidth, GB/s)
+    just before each call; the share of the CPUs others used meanwhile."""
     clock = OthersClock()
     for r in range(rounds):
         for runner in _rotated(runners, r):
+            gbps = probe() if probe is not None else None
             tokens = _run(runner, prompt, options, f"round {r + 1}")
             if tokens is None:
                 runners.remove(runner)
@@ -269,14 +293,16 @@ def _rounds(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, Any
             prefill, step = runner.clock.prefill_and_step()
             runner.prefill.append(prefill)
             runner.decode.append(step)
+            if gbps is not None:
+                runner.result.probes_gbps.append(gbps)
             _check_tokens(runner, tokens, reference, prompt.shape[1])
     return clock.share()
 
 
 def measure_group(base: nn.Module, model: str, batch: int, threads: int, modes: list[LlmMode],
-                  settings: LlmSettings) -> list[LlmResult]:
+                  settings: LlmSettings, probe: Callable[[], float] | None = None) -> list[LlmResult]:
     """Every mode on its own copy of `base` at `batch` sequences of `settings.prompt_len` tokens:
-    warm-ups, then the interleaved rounds; the medians."""
+    warm-ups, then the interleaved rounds (`probe()`, the bandwidth in GB/s, before each call); the medians."""
     results = [LlmResult(model, batch, m.name, threads, "ok", exact=m.exact, prompt_len=settings.prompt_len,
                          new_tokens=settings.new_tokens) for m in modes]
     import torch._dynamo
@@ -290,10 +316,11 @@ def measure_group(base: nn.Module, model: str, batch: int, threads: int, modes: 
     if reference is None:  # (no eager mode in the run, or it failed)
         with torch.no_grad():
             reference = base.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
-    others = _rounds(runners, prompt, options, reference, settings.rounds)
+    others = _rounds(runners, prompt, options, reference, settings.rounds, probe)
     for runner in runners:
         runner.result.prefill_s = statistics.median(runner.prefill)
         runner.result.decode_s = statistics.median(runner.decode)
+        runner.result.decode_rounds_s = list(runner.decode)
         runner.result.others_cpu = others
     del runners
     gc.collect()  # (the copies' weights, before the next group's)
@@ -303,26 +330,34 @@ def measure_group(base: nn.Module, model: str, batch: int, threads: int, modes: 
 def run_llm_suite(settings: LlmSettings, progress: TextIO | None = sys.stderr,
                   on_group: Callable[[LlmRun], None] | None = None) -> LlmRun:
     """Every model at every batch and thread count through every mode; with the machine's read
-    bandwidth at each thread count (the best of a probe before the first group and one after
-    each). `on_group(run)` after each (model, batch): the run so far."""
+    bandwidth at each thread count, the best of a probe before the first group and one before each
+    round. `on_group(run)` after each (model, batch): the run so far."""
     run = LlmRun(settings)
     modes = [LLM_MODES[name] for name in settings.modes]
     before = torch.get_num_threads()
     try:
         for threads in settings.threads:
             clock = OthersClock()
-            run.bandwidth[threads] = read_bandwidth(threads)
+            run.probed(threads, read_bandwidth(threads))
             run.bandwidth_others[threads] = clock.share()
             _say(progress, f"read bandwidth at {_threads(threads)}: {run.bandwidth[threads]:.1f} GB/s")
             torch.set_num_threads(threads)
+            # Probed again before every call of a round: on a shared VM the machine's bandwidth moves
+            # with its neighbours' work (the same probe read 35 and 65 GB/s within the hour on a
+            # 2-core AMD EPYC, and kiln's float32 decode once read 118 % of a probe taken before its
+            # group). Each call's GB/s is taken over the probe just before it (LlmResult.roofline),
+            # and the best of every probe is the run's bandwidth.
+            buffer = probe_buffer()
+
+            def probe(threads: int = threads, buffer: torch.Tensor = buffer) -> float:
+                gbps = read_bandwidth(threads, passes=ROUND_PROBE_PASSES, buffer=buffer)
+                run.probed(threads, gbps)
+                return gbps
+
             for name in settings.models:
                 base = LLM_MODELS[name].build()
                 for batch in settings.batches:
-                    group = measure_group(base, name, batch, threads, modes, settings)
-                    # Probed again after each group, the best kept: on a shared VM the same probe
-                    # read 30 to 49 GB/s between processes, and a probe that caught a slow moment
-                    # would flatter every mode's fraction of it.
-                    run.bandwidth[threads] = max(run.bandwidth[threads], read_bandwidth(threads))
+                    group = measure_group(base, name, batch, threads, modes, settings, probe)
                     run.results += group
                     for r in group:
                         _say(progress, f"{name} · batch {batch} · {r.mode} · {_threads(threads)}: "
@@ -331,6 +366,7 @@ def run_llm_suite(settings: LlmSettings, progress: TextIO | None = sys.stderr,
                         on_group(run)
                 del base
                 gc.collect()
+            del buffer, probe
     finally:
         torch.set_num_threads(before)
     return run
@@ -346,10 +382,17 @@ def _say(progress: TextIO | None, line: str) -> None:
         progress.flush()
 
 
+def roofline_of(r: LlmResult, bandwidth: float | None) -> float | None:
+    """r's fraction of the roofline: paired with its rounds' probes where it has them, else of `bandwidth`."""
+    if r.roofline is not None:
+        return r.roofline
+    return r.gbps / bandwidth if r.gbps is not None and bandwidth else None
+
+
 def _verdict(r: LlmResult, bandwidth: float) -> str:
     if r.status != "ok":
         return f"{'not available' if r.status == 'n/a' else 'error'}: {r.note}"
     tokens = ("eager's tokens" if r.tokens_equal else f"tokens differ from eager's ({r.agreement:.0%} agree)") \
         if r.exact else f"{r.agreement:.0%} of eager's tokens"
     return (f"decode {r.decode_s * 1e3:.2f} ms/token ({r.decode_tokens_per_s:.1f} tok/s, "
-            f"{r.gbps / bandwidth:.0%} of the roofline), prefill {r.prefill_tokens_per_s:.0f} tok/s, {tokens}")
+            f"{roofline_of(r, bandwidth):.0%} of the roofline), prefill {r.prefill_tokens_per_s:.0f} tok/s, {tokens}")

@@ -5,7 +5,7 @@ eager's."""
 
 from __future__ import annotations
 
-from benchmarks.llm import LlmResult, LlmRun
+from benchmarks.llm import LlmResult, LlmRun, roofline_of
 
 Table = tuple[str, list[str], list[list[str]]]
 PEER = "inductor-freeze"
@@ -55,7 +55,7 @@ def versus_peer(r: LlmResult, results: list[LlmResult]) -> float | None:
 
 
 def row(r: LlmResult, results: list[LlmResult], bandwidth: float | None) -> list[str]:
-    roofline = r.gbps / bandwidth if r.gbps is not None and bandwidth else None
+    roofline = roofline_of(r, bandwidth)
     return [r.model, str(r.batch), r.mode, _fmt(r.prefill_tokens_per_s, ".0f"), _fmt(r.decode_tokens_per_s, ".1f"),
             _fmt(r.decode_s and r.decode_s * 1e3, ".2f"), _fmt(versus_peer(r, results), ".2f", "x"),
             _megabytes(r.step_bytes.total if r.step_bytes else None), _fmt(r.gbps, ".1f"), _fmt(roofline, ".0%"),
@@ -70,7 +70,8 @@ def llm_tables(run: LlmRun) -> list[Table]:
         bandwidth = run.bandwidth.get(threads)
         title = (f"Text generation, {threads} thread{'s' if threads > 1 else ''}: prompt {s.prompt_len}, "
                  f"{s.new_tokens} new tokens, greedy, static KV cache, median of {s.rounds} rounds; roofline: "
-                 f"GB/s over the machine's read bandwidth, {_fmt(bandwidth, '.1f')} GB/s")
+                 f"each call's GB/s over the read bandwidth probed just before it, the median of the rounds "
+                 f"(the machine's best probe: {_fmt(bandwidth, '.1f')} GB/s)")
         tables.append((title, HEADER, [row(r, results, bandwidth) for r in results]))
     return tables
 
@@ -81,10 +82,17 @@ def _busy(share: float | None) -> str:
     return f" (other processes used {share:.0%} of the CPUs meanwhile: likely below the machine's)"
 
 
+def _probes(probes: list[float] | None) -> str:
+    if not probes or len(probes) < 2:
+        return ""
+    return f" (best of {len(probes)} probes, {min(probes):.1f}-{max(probes):.1f})"
+
+
 def describe_bandwidth(run: LlmRun) -> str:
-    measured = "; ".join(f"{gbps:.1f} GB/s at {t} thread{'s' if t > 1 else ''}{_busy(run.bandwidth_others.get(t))}"
-                         for t, gbps in run.bandwidth.items())
-    return (f"machine read bandwidth (best read-only pass over 1 GiB: torch.sum, amax or dot): {measured}. "
+    measured = "; ".join(f"{gbps:.1f} GB/s at {t} thread{'s' if t > 1 else ''}{_probes(run.bandwidth_probes.get(t))}"
+                         f"{_busy(run.bandwidth_others.get(t))}" for t, gbps in run.bandwidth.items())
+    return (f"machine read bandwidth (best read-only pass over 1 GiB: torch.sum, amax, dot or row sums; probed before "
+            f"the run and before each round): {measured}. "
             f"bytes/step: what a decode step reads — every linear weight (LM head included) at the mode's bytes "
             f"per weight, one embedding row per sequence, norms, the KV cache at its average length "
             f"({run.settings.cache_len:g} positions)")

@@ -25,7 +25,8 @@ TINY = ["--suite", "llm", "--models", "llama-tiny", "--batch", "1", "--prompt-le
 def quiet_machine(monkeypatch, tmp_path):
     # Reading 1 GiB several times is the machine's business, not these tests'; kiln's compiled
     # graphs go to a cache of the test's own.
-    monkeypatch.setattr(benchmarks.llm, "read_bandwidth", lambda threads=None: 10.0)
+    monkeypatch.setattr(benchmarks.llm, "read_bandwidth", lambda threads=None, **how: 10.0)
+    monkeypatch.setattr(benchmarks.llm, "probe_buffer", lambda: None)
     with kiln.config.patch({"cache.dir": str(tmp_path / "cache")}):
         yield
 
@@ -214,6 +215,33 @@ def test_a_bandwidth_measured_beside_busy_neighbours_says_so():
     assert "20.0 GB/s at 2 threads;" not in describe_bandwidth(LlmRun(settings, [], {2: 20.0}, {2: 0.02}))
     busy = describe_bandwidth(LlmRun(settings, [], {2: 20.0}, {2: 0.66}))
     assert "20.0 GB/s at 2 threads (other processes used 66% of the CPUs meanwhile: likely below" in busy
+
+
+def test_each_call_is_paired_with_a_probe_just_before_it_and_the_best_probe_kept(monkeypatch):
+    # A shared VM's bandwidth moves while the suite runs: a probe before every timed call, each
+    # call's GB/s over its own probe, the best probe the run's bandwidth.
+    readings = iter([10.0, 30.0, 20.0, 40.0, 25.0])
+    monkeypatch.setattr(benchmarks.llm, "read_bandwidth", lambda threads=None, **how: next(readings))
+    settings = LlmSettings(models=("llama-tiny",), modes=("eager", "kiln"), batches=(1,), threads=(1,), prompt_len=8,
+                           new_tokens=4, rounds=2, warmup=1)
+    run = benchmarks.llm.run_llm_suite(settings, progress=None)
+    assert run.bandwidth_probes == {1: [10.0, 30.0, 20.0, 40.0, 25.0]} and run.bandwidth == {1: 40.0}
+    assert "40.0 GB/s at 1 thread (best of 5 probes, 10.0-40.0)" in describe_bandwidth(run)
+    eager, compiled = run.results
+    # Round 1 runs eager then kiln, round 2 kiln then eager (no mode always first).
+    assert eager.probes_gbps == [30.0, 25.0] and compiled.probes_gbps == [20.0, 40.0]
+    for r in (eager, compiled):
+        fractions = [r.step_bytes.total / step / 1e9 / gbps for step, gbps in zip(r.decode_rounds_s, r.probes_gbps)]
+        assert len(r.decode_rounds_s) == 2 and r.roofline == pytest.approx(sum(fractions) / 2)
+    (title, header, rows), = llm_tables(run)
+    assert dict(zip(header, rows[1]))["roofline"] == f"{compiled.roofline:.0%}" and "40.0 GB/s" in title
+    again = LlmRun.from_json(json.loads(json.dumps(run.to_json())))
+    assert again.bandwidth_probes == run.bandwidth_probes and again.bandwidth == run.bandwidth
+    assert again.results[1].roofline == compiled.roofline
+
+
+def test_the_read_bandwidth_probe_reads_a_buffer():
+    assert 0.1 < roofline.read_bandwidth(1, buffer_bytes=1 << 24, passes=1) < 10_000
 
 
 def _error(capsys, *argv) -> str:
