@@ -1,0 +1,119 @@
+"""Times a decode step's weight-only quantized products (kiln_gemm_quant.h) built with other
+settings (-D macros: KILN_QUANT_LOCALITY, KILN_INT8_AHEAD, KILN_INT4_PREFETCH_WORDS) against the
+default build, on one machine, in one process: every layer's products of an `llm` suite model
+(its q/k/v and gate/up merged, as kiln's freezing merges them, and its LM head), the weights
+cycled from DRAM as a decode step reads them, rounds interleaved across builds and kinds, medians.
+float32's GEMV over the same weights runs beside them: on a shared VM the memory's speed moves
+with the neighbours' work, and the quantized products' GB/s against float32's in the same round
+is what compares across runs.
+
+    python benchmarks/tools/quant_decode_sweep.py --model llama-160m --rows 1 KILN_QUANT_LOCALITY=3
+
+Each argument is one build: its macros joined by `+` (`KILN_QUANT_LOCALITY=3+KILN_INT8_AHEAD=128`).
+The calls go through ctypes (benchmarks/kernels.py): ~8 us of Python each, in every build alike.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import time
+
+import torch
+
+from benchmarks import kernels
+from benchmarks.llm_modes import LLM_MODELS
+from kiln.native import kernels_unit
+from kiln.native.build import build_library
+
+KINDS = ("fp32", "int8", "int4", "int4-a8")
+GROUP = 128
+
+
+def build_variant(macros: list[str]) -> ctypes.CDLL:
+    flags = [f"-D{m}" for m in macros]
+    return kernels.bind(ctypes.CDLL(str(build_library(kernels_unit.source(), flags)[0])))
+
+
+def layer_shapes(model: str) -> list[tuple[int, int]]:
+    """(K, N) of each product a decode step runs: per layer q/k/v merged, o, gate/up merged, down; then the LM head."""
+    c = LLM_MODELS[model].config
+    hidden, heads = c["hidden_size"], c["num_attention_heads"]
+    kv = c.get("num_key_value_heads", heads) * (hidden // heads)
+    layer = [(hidden, hidden + 2 * kv), (hidden, hidden), (hidden, 2 * c["intermediate_size"]),
+             (c["intermediate_size"], hidden)]
+    return layer * c["num_hidden_layers"] + [(hidden, c["vocab_size"])]
+
+
+def _int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+    scale = w.abs().amax(1) / 127
+    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale, None
+
+
+def _int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n, k = w.shape
+    grouped = w.view(n, k // group, group)
+    low, high = grouped.amin(2), grouped.amax(2)
+    scale = (high - low) / 15
+    zero = torch.round(-low / scale)
+    q = torch.clamp(torch.round(grouped / scale[..., None]) + zero[..., None], 0, 15).to(torch.uint8).view(n, k)
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous(), scale, zero
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("builds", nargs="*", help="builds besides the default: macros joined by '+'")
+    parser.add_argument("--model", default="llama-160m", choices=sorted(LLM_MODELS))
+    parser.add_argument("--rows", type=int, default=1, choices=range(1, 5), help="rows of activations (the batch)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"of {', '.join(KINDS)}")
+    args = parser.parse_args(argv)
+    kinds = args.kinds.split(",")
+    if any(kind not in KINDS for kind in kinds):
+        parser.error(f"--kinds: accepted kinds are {', '.join(KINDS)}, got {args.kinds!r}")
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    builds = {"default": build_variant([])}
+    builds.update({b: build_variant(b.split("+")) for b in args.builds})
+    lib = builds["default"]
+    torch.manual_seed(0)
+    weights = []
+    for k, n in layer_shapes(args.model):
+        w, group = torch.randn(n, k) * 0.02, min(GROUP, k)  # (the suite's tiny model: K below a group)
+        weights.append((k, n, group, {"fp32": kernels.pack(w.t().contiguous(), lib),
+                                      "int8": kernels.quant_pack(*_int8(w), 8, k, k, lib),
+                                      "int4": kernels.quant_pack(*_int4(w, group), 4, group, k, lib)}))
+    acts = {k: torch.randn(args.rows, k) for k in {k for k, *_ in weights}}
+
+    def step(build: ctypes.CDLL, kind: str) -> float:
+        start = time.perf_counter()
+        for k, n, group, packed in weights:
+            a = acts[k]
+            if kind == "fp32":
+                kernels.mm(a, packed["fp32"], n, lib=build)
+            elif kind == "int8":
+                kernels.mm_quant(a, packed["int8"], n, 8, k, lib=build)
+            elif kind == "int4":
+                kernels.mm_quant(a, packed["int4"], n, 4, group, lib=build)
+            else:
+                kernels.mm_quant(a, packed["int4"], n, 4, group, lib=build, int8_activations="integer")
+        return time.perf_counter() - start
+
+    stored = {kind: sum(p["int4" if kind == "int4-a8" else kind].numel() * (4 if kind == "fp32" else 1)
+                        for *_, p in weights) for kind in kinds}
+    samples: dict[tuple[str, str], list[float]] = {(b, kind): [] for b in builds for kind in kinds}
+    for _ in range(args.rounds):
+        for name, build in builds.items():
+            for kind in kinds:
+                samples[(name, kind)].append(step(build, kind))
+    print(f"{args.model}: {len(weights)} products a step, {args.rows} row(s), {args.threads} threads, "
+          f"median of {args.rounds} interleaved rounds; GB/s of the packed weights")
+    for (name, kind), times in samples.items():
+        t = statistics.median(times)
+        print(f"{name:48s} {kind:8s} {t * 1e3:7.3f} ms  {stored[kind] / t / 1e9:5.1f} GB/s")
+
+
+if __name__ == "__main__":
+    main()
