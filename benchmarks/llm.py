@@ -331,7 +331,7 @@ def run_llm_suite(settings: LlmSettings, progress: TextIO | None = sys.stderr,
                   on_group: Callable[[LlmRun], None] | None = None) -> LlmRun:
     """Every model at every batch and thread count through every mode; with the machine's read
     bandwidth at each thread count, the best of a probe before the first group and one before each
-    round. `on_group(run)` after each (model, batch): the run so far."""
+    timed call (each call's roofline is of its own probe: LlmResult.roofline). `on_group(run)` after each (model, batch): the run so far."""
     run = LlmRun(settings)
     modes = [LLM_MODES[name] for name in settings.modes]
     before = torch.get_num_threads()
