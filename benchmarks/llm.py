@@ -67,6 +67,7 @@ class LlmResult:
     note: str | None = None  # why n/a, or the error's first line and the phase it happened in
     prefill_s: float | None = None  # median time of the prompt's forward
     decode_s: float | None = None  # median time per decode step (one token per sequence)
+    forward_s: float | None = None  # median time of a decode step's forward alone (decode_s less generate's loop)
     first_s: float | None = None  # the first generate call's wall time, compilation included
     step_bytes: StepBytes | None = None  # what a decode step reads, this mode's weights
     tokens_equal: bool | None = None  # the new tokens are eager's (every round)
@@ -181,6 +182,11 @@ class StepClock:
         (start, first_end), last_end = self.calls[0], self.calls[-1][1]
         return first_end - start, (last_end - first_end) / (len(self.calls) - 1)
 
+    def forward(self) -> float:
+        """The median seconds of a decode step's forward alone (the calls after the first), without
+        `generate`'s own work between them (logits processing, the next inputs, the mask)."""
+        return statistics.median(end - start for start, end in self.calls[1:])
+
 
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
@@ -197,6 +203,7 @@ class _Runner:
     result: LlmResult
     prefill: list[float] = field(default_factory=list)
     decode: list[float] = field(default_factory=list)
+    forward: list[float] = field(default_factory=list)
 
     def generate(self, prompt: torch.Tensor, options: dict[str, Any]) -> torch.Tensor:
         self.clock.calls.clear()
@@ -293,6 +300,7 @@ def _rounds(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, Any
             prefill, step = runner.clock.prefill_and_step()
             runner.prefill.append(prefill)
             runner.decode.append(step)
+            runner.forward.append(runner.clock.forward())
             if gbps is not None:
                 runner.result.probes_gbps.append(gbps)
             _check_tokens(runner, tokens, reference, prompt.shape[1])
@@ -321,6 +329,7 @@ def measure_group(base: nn.Module, model: str, batch: int, threads: int, modes: 
         runner.result.prefill_s = statistics.median(runner.prefill)
         runner.result.decode_s = statistics.median(runner.decode)
         runner.result.decode_rounds_s = list(runner.decode)
+        runner.result.forward_s = statistics.median(runner.forward)
         runner.result.others_cpu = others
     del runners
     gc.collect()  # (the copies' weights, before the next group's)

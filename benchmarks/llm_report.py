@@ -1,5 +1,6 @@
 """The llm suite's tables: per thread count, a row per (model, batch, mode) with prefill and decode
-tokens per second, decode time against Inductor-freeze's, the bytes a decode step reads, the GB/s
+tokens per second, the decode step's time and its forward's alone (the rest is `generate`'s loop),
+decode time against Inductor-freeze's, the bytes a decode step reads, the GB/s
 that makes and its fraction of the machine's measured read bandwidth, and whether the tokens are
 eager's."""
 
@@ -10,7 +11,7 @@ from benchmarks.llm import LlmResult, LlmRun, roofline_of
 Table = tuple[str, list[str], list[list[str]]]
 PEER = "inductor-freeze"
 
-HEADER = ["model", "batch", "mode", "prefill tok/s", "decode tok/s", "decode ms/token", f"÷ {PEER}", "bytes/step",
+HEADER = ["model", "batch", "mode", "prefill tok/s", "decode tok/s", "decode ms/token", "forward ms", f"÷ {PEER}", "bytes/step",
           "GB/s", "roofline", "accurate", "note"]
 
 
@@ -57,7 +58,8 @@ def versus_peer(r: LlmResult, results: list[LlmResult]) -> float | None:
 def row(r: LlmResult, results: list[LlmResult], bandwidth: float | None) -> list[str]:
     roofline = roofline_of(r, bandwidth)
     return [r.model, str(r.batch), r.mode, _fmt(r.prefill_tokens_per_s, ".0f"), _fmt(r.decode_tokens_per_s, ".1f"),
-            _fmt(r.decode_s and r.decode_s * 1e3, ".2f"), _fmt(versus_peer(r, results), ".2f", "x"),
+            _fmt(r.decode_s and r.decode_s * 1e3, ".2f"), _fmt(r.forward_s and r.forward_s * 1e3, ".2f"),
+            _fmt(versus_peer(r, results), ".2f", "x"),
             _megabytes(r.step_bytes.total if r.step_bytes else None), _fmt(r.gbps, ".1f"), _fmt(roofline, ".0%"),
             accurate(r), note(r)]
 

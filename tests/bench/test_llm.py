@@ -82,6 +82,7 @@ def test_eager_and_kiln_end_to_end_table_and_json(capsys, tmp_path):
     kiln_row = next(r for r in run.results if r.mode == "kiln")
     assert kiln_row.status == "ok" and kiln_row.tokens_equal and kiln_row.agreement == 1.0
     assert kiln_row.decode_s > 0 and kiln_row.step_bytes.total > 0 and kiln_row.first_s >= kiln_row.decode_s
+    assert 0 < kiln_row.forward_s < kiln_row.decode_s  # (generate's own work between the steps)
     assert data["llm"]["results"][0]["decode_tokens_per_s"] == pytest.approx(1 / run.results[0].decode_s)
     assert "| model | batch | mode | prefill tok/s |" in md.read_text()
 
@@ -192,6 +193,7 @@ def test_the_clock_times_the_prefill_and_each_decode_step():
     clock.calls = [(0.0, 0.5), (0.6, 0.7), (0.8, 0.9), (1.0, 1.1)]  # prefill, then 3 steps with gaps between
     prefill, step = clock.prefill_and_step()
     assert prefill == pytest.approx(0.5) and step == pytest.approx(0.2)  # (1.1 - 0.5) / 3: the gaps count
+    assert clock.forward() == pytest.approx(0.1)  # the steps' forwards alone, without the gaps
 
 
 def test_ratio_to_inductor_freeze_and_roofline_per_row():
@@ -199,12 +201,14 @@ def test_ratio_to_inductor_freeze_and_roofline_per_row():
     step = StepBytes(linear=900_000_000, embedding=0, other=0, kv_cache=100_000_000)
     peer = LlmResult("m", 4, "inductor-freeze", 2, "ok", prefill_s=0.5, decode_s=0.2, step_bytes=step,
                      tokens_equal=True, agreement=1.0, prompt_len=10, new_tokens=8)
-    mine = LlmResult("m", 4, "kiln", 2, "ok", prefill_s=0.25, decode_s=0.1, step_bytes=step, tokens_equal=True,
-                     agreement=1.0, prompt_len=10, new_tokens=8)
+    mine = LlmResult("m", 4, "kiln", 2, "ok", prefill_s=0.25, decode_s=0.1, forward_s=0.08, step_bytes=step,
+                     tokens_equal=True, agreement=1.0, prompt_len=10, new_tokens=8)
     (title, header, rows), = llm_tables(LlmRun(settings, [peer, mine], {2: 20.0}))
     cells = dict(zip(header, rows[1]))
     assert "2 threads" in title and "20.0 GB/s" in title
-    assert (cells["prefill tok/s"], cells["decode tok/s"], cells["decode ms/token"]) == ("160", "40.0", "100.00")
+    assert (cells["prefill tok/s"], cells["decode tok/s"], cells["decode ms/token"], cells["forward ms"]) == (
+        "160", "40.0", "100.00", "80.00")
+    assert dict(zip(header, rows[0]))["forward ms"] == "-"  # (not measured: shown as such)
     assert (cells["÷ inductor-freeze"], cells["bytes/step"], cells["GB/s"], cells["roofline"]) == (
         "0.50x", "1000 MB", "10.0", "50%")
     assert dict(zip(header, rows[0]))["÷ inductor-freeze"] == "1.00x"
