@@ -67,7 +67,7 @@ class LlmResult:
     note: str | None = None  # why n/a, or the error's first line and the phase it happened in
     prefill_s: float | None = None  # median time of the prompt's forward
     decode_s: float | None = None  # median time per decode step (one token per sequence)
-    forward_s: float | None = None  # median time of a decode step's forward alone (decode_s less generate's loop)
+    forward_s: float | None = None  # a decode step's forward alone (decode_s less generate's loop), median of the rounds
     first_s: float | None = None  # the first generate call's wall time, compilation included
     step_bytes: StepBytes | None = None  # what a decode step reads, this mode's weights
     tokens_equal: bool | None = None  # the new tokens are eager's (every round)
@@ -183,9 +183,10 @@ class StepClock:
         return first_end - start, (last_end - first_end) / (len(self.calls) - 1)
 
     def forward(self) -> float:
-        """The median seconds of a decode step's forward alone (the calls after the first), without
-        `generate`'s own work between them (logits processing, the next inputs, the mask)."""
-        return statistics.median(end - start for start, end in self.calls[1:])
+        """The mean seconds of a decode step's forward alone (the calls after the first), without
+        `generate`'s own work between them (logits processing, the next inputs, the mask): a mean,
+        as `prefill_and_step`'s time per step is, so that it is never above it."""
+        return statistics.fmean(end - start for start, end in self.calls[1:])
 
 
 def _first_line(error: BaseException) -> str:

@@ -194,6 +194,8 @@ def test_the_clock_times_the_prefill_and_each_decode_step():
     prefill, step = clock.prefill_and_step()
     assert prefill == pytest.approx(0.5) and step == pytest.approx(0.2)  # (1.1 - 0.5) / 3: the gaps count
     assert clock.forward() == pytest.approx(0.1)  # the steps' forwards alone, without the gaps
+    clock.calls = [(0.0, 0.5), (0.5, 0.51), (0.51, 0.52), (0.52, 0.92)]  # one slow step among fast ones
+    assert clock.forward() == pytest.approx(0.14) and clock.forward() <= clock.prefill_and_step()[1] + 1e-12
 
 
 def test_ratio_to_inductor_freeze_and_roofline_per_row():
