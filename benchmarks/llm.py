@@ -32,7 +32,8 @@ from torch import nn
 
 from benchmarks.llm_modes import LLM_MODELS, LLM_MODES, LlmMode, NotAvailable
 from benchmarks.machine import OthersClock
-from benchmarks.roofline import ROUND_PROBE_PASSES, StepBytes, decode_step_bytes, linear_names, probe_buffer, read_bandwidth
+from benchmarks.roofline import (ROUND_PROBE_PASSES, StepBytes, decode_step_bytes, linear_names, probe_buffer,
+                                 read_bandwidth)
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class LlmResult:
     note: str | None = None  # why n/a, or the error's first line and the phase it happened in
     prefill_s: float | None = None  # median time of the prompt's forward
     decode_s: float | None = None  # median time per decode step (one token per sequence)
-    forward_s: float | None = None  # a decode step's forward alone (decode_s less generate's loop), median of the rounds
+    forward_s: float | None = None  # a step's forward alone (decode_s less generate's loop), median of the rounds
     first_s: float | None = None  # the first generate call's wall time, compilation included
     step_bytes: StepBytes | None = None  # what a decode step reads, this mode's weights
     tokens_equal: bool | None = None  # the new tokens are eager's (every round)
@@ -341,7 +342,8 @@ def run_llm_suite(settings: LlmSettings, progress: TextIO | None = sys.stderr,
                   on_group: Callable[[LlmRun], None] | None = None) -> LlmRun:
     """Every model at every batch and thread count through every mode; with the machine's read
     bandwidth at each thread count, the best of a probe before the first group and one before each
-    timed call (each call's roofline is of its own probe: LlmResult.roofline). `on_group(run)` after each (model, batch): the run so far."""
+    timed call (each call's roofline is of its own probe: LlmResult.roofline). `on_group(run)` after
+    each (model, batch): the run so far."""
     run = LlmRun(settings)
     modes = [LLM_MODES[name] for name in settings.modes]
     before = torch.get_num_threads()

@@ -11,8 +11,8 @@ from benchmarks.llm import LlmResult, LlmRun, roofline_of
 Table = tuple[str, list[str], list[list[str]]]
 PEER = "inductor-freeze"
 
-HEADER = ["model", "batch", "mode", "prefill tok/s", "decode tok/s", "decode ms/token", "forward ms", f"÷ {PEER}", "bytes/step",
-          "GB/s", "roofline", "accurate", "note"]
+HEADER = ["model", "batch", "mode", "prefill tok/s", "decode tok/s", "decode ms/token", "forward ms", f"÷ {PEER}",
+          "bytes/step", "GB/s", "roofline", "accurate", "note"]
 
 
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:

@@ -55,7 +55,8 @@ def read_bandwidth(threads: int | None = None, buffer_bytes: int = _BUFFER_BYTES
     try:
         buffer = probe_buffer(buffer_bytes) if buffer is None else buffer
         half = buffer.numel() // 2
-        rows = buffer[:buffer.numel() // _ROWS * _ROWS].view(_ROWS, -1)
+        count = min(_ROWS, buffer.numel())
+        rows = buffer[:buffer.numel() // count * count].view(count, -1)
         reads = [lambda: torch.sum(buffer), lambda: torch.amax(buffer),
                  lambda: torch.dot(buffer[:half], buffer[half:2 * half]), lambda: rows.sum(1)]
         seconds = min(best_seconds(read, passes) for read in reads)

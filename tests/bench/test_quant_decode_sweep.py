@@ -5,7 +5,8 @@ from benchmarks.tools import quant_decode_sweep
 
 
 def test_every_kind_of_a_decode_steps_products_is_timed(capsys):
-    assert quant_decode_sweep.layer_shapes("llama-tiny") == [(64, 128), (64, 64), (64, 256), (128, 64)] * 2 + [(64, 1000)]
+    layer = [(64, 128), (64, 64), (64, 256), (128, 64)]  # q/k/v merged (4 heads over 2), o, gate/up merged, down
+    assert quant_decode_sweep.layer_shapes("llama-tiny") == layer * 2 + [(64, 1000)]
     quant_decode_sweep.main(["--model", "llama-tiny", "--rounds", "1", "--threads", "1"])
     lines = capsys.readouterr().out.splitlines()
     assert "llama-tiny: 9 products a step" in lines[0]
