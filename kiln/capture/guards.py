@@ -23,7 +23,7 @@ from __future__ import annotations
 import gc
 import types
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -176,9 +176,10 @@ def _shape(g: Guard, v: str, ns: Namespace) -> str:
     return text
 
 
-def alias_pattern(*tensors: Any, by_storage: bool = False) -> tuple[int, ...]:
+def alias_pattern(tensors: Sequence[Any], by_storage: bool = False) -> tuple[int, ...]:
     """For each tensor, the index of the first that is the same object; `by_storage`: then,
-    for each, the index of the first whose memory it shares (an empty tensor shares none)."""
+    for each, the index of the first whose memory it shares (an empty tensor shares none). The
+    guards call the extension's, the same in one C loop, where this process has it."""
     first: dict[int, int] = {}
     pattern = tuple(first.setdefault(id(t), i) for i, t in enumerate(tensors))
     if not by_storage:
@@ -190,9 +191,9 @@ def alias_pattern(*tensors: Any, by_storage: bool = False) -> tuple[int, ...]:
 
 def _aliasing(g: Guard, v: str, ns: Namespace) -> str:
     pattern, sources = g.expected
-    values = ", ".join(source.expr(ns) for source in sources)
-    by_storage = ", by_storage=True" if g.detail == "storage" else ""
-    return f"{ns.bind(alias_pattern, 'F')}({values}{by_storage}) == {pattern!r}"
+    values = "".join(f"{source.expr(ns)}, " for source in sources)
+    function = python_door.alias_pattern_function() or alias_pattern
+    return f"{ns.bind(function, 'F')}(({values}), {g.detail == 'storage'!r}) == {pattern!r}"
 
 
 def _length_match(g: Guard, v: str, ns: Namespace) -> str:

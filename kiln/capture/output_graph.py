@@ -292,12 +292,12 @@ class OutputGraph:
             return []
         by_storage = self.writes_in_place()
         used = [tensor for _, node, tensor in tensors if node.users]  # (one read only at a break is no graph input)
-        if by_storage and len(set(alias_pattern(*used, by_storage=True)[len(used):])) < len(used):
+        if by_storage and len(set(alias_pattern(used, by_storage=True)[len(used):])) < len(used):
             # The AOT layer's functional graph would write each input back from its own value.
             raise unsupported("aliased_input_mutation", "two inputs share memory (one tensor twice, or views of one "
                               "tensor) and the graph writes in place", "the frame runs eagerly; pass separate tensors "
                               "(or a clone of one)")
-        pattern = alias_pattern(*[tensor for _, tensor in read], by_storage=by_storage)
+        pattern = alias_pattern([tensor for _, tensor in read], by_storage=by_storage)
         return [Guard("ALIASING", None, (pattern, tuple(source for source, _ in read)), "storage" if by_storage else "")]
 
     def writes_in_place(self) -> bool:

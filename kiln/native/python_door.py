@@ -25,7 +25,7 @@ import sysconfig
 import threading
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -133,6 +133,12 @@ def tensor_check() -> Callable[..., Callable[[Any], bool]] | None:
     guard's tensor match as one C call, when this process has loaded the extension (C++ wrapper
     graphs load it before their guards are compiled); None otherwise: guards then check in Python."""
     return module().TensorCheck if _module.cache_info().currsize else None
+
+
+def alias_pattern_function() -> Callable[[Sequence[Any], bool], tuple[int, ...]] | None:
+    """The extension's `alias_pattern(values, by_storage)` (kiln/capture/guards.py's in one C loop)
+    when this process has loaded it; None otherwise: the guards call Python's."""
+    return module().alias_pattern if _module.cache_info().currsize else None
 
 
 def watch() -> Any:

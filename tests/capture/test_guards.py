@@ -332,6 +332,49 @@ def test_distinct_inputs_written_in_place_stay_compiled():
     assert compiled.kiln_cache.fallback is None and len(compiled.kiln_cache.entries) == 1
 
 
+def test_the_extensions_alias_pattern_is_pythons():
+    # The aliasing guard calls the extension's alias_pattern where the process has it: the same
+    # indices as Python's for repeated objects, views of one tensor, empty tensors (sharing no
+    # memory), meta tensors and devices, and the same refusal of a non-tensor by storage.
+    from kiln.capture.guards import alias_pattern
+    from kiln.native import python_door
+
+    native = python_door.module().alias_pattern
+    base, other = torch.randn(4, 4), torch.randn(3)
+    empty = torch.empty(0)
+    meta = torch.empty(3, device="meta")
+    cases = [[], [base], [base, base[1], other, base, empty, torch.empty(0), other[1:], empty],
+             [meta, torch.empty(3, device="meta"), base, meta], [base.t(), base.view(-1), torch.randn(4, 4)]]
+    for values in cases:
+        for by_storage in (False, True):
+            assert native(values, by_storage) == alias_pattern(values, by_storage), (values, by_storage)
+    assert native((1, 2, 1), False) == alias_pattern((1, 2, 1)) == (0, 1, 0)
+    with pytest.raises(TypeError, match="item 0 is int"):
+        native((1, 2), True)
+    assert python_door.alias_pattern_function() is native
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the eager frame is told once per code object)
+def test_aliasing_guard_through_the_extension_sees_one_tensor_passed_twice():
+    from kiln.native import python_door
+
+    native = python_door.module().alias_pattern  # loaded: the guards call it
+
+    def f(x, y):
+        x.add_(1)
+        return x + y
+
+    compiled = kiln.compile(f, backend="aot_eager")
+    assert_same(compiled(torch.ones(3), torch.ones(3)), torch.full((3,), 3.0))
+    assert_same(compiled(torch.ones(3), torch.ones(3)), torch.full((3,), 3.0))
+    (entry,) = compiled.kiln_cache.entries
+    assert any(value is native for value in entry.guards.check.__globals__.values())
+    c = torch.ones(3)
+    assert_same(compiled(c, c), torch.full((3,), 4.0))  # y is x: written before it is read
+    assert_same(c, torch.full((3,), 2.0))
+    assert compiled.kiln_cache.fallback.kind == "aliased_input_mutation"
+
+
 def test_tensors_read_only_at_a_break_do_not_pin_aliasing():
     # torchdynamo's test_subgraphs.py test_resume_paths_join: condition tensors, one object passed
     # for several of them, are read only by the breaks; pinning which were one object made 12
