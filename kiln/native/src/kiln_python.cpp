@@ -365,32 +365,40 @@ PyObject* alias_pattern(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   PyObject** items = PySequence_Fast_ITEMS(seq);
   PyObject* result = PyTuple_New(by_storage ? 2 * n : n);
-  if (result == nullptr) { Py_DECREF(seq); return nullptr; }
+  auto fail = [&]() -> PyObject* {  // (a tuple's unset items are NULL: released as such)
+    Py_DECREF(seq);
+    Py_XDECREF(result);
+    return nullptr;
+  };
+  auto set = [&](Py_ssize_t at, Py_ssize_t index) {
+    PyObject* value = PyLong_FromSsize_t(index);
+    if (value != nullptr) PyTuple_SET_ITEM(result, at, value);
+    return value != nullptr;
+  };
+  if (result == nullptr) return fail();
   // A few dozen values: a linear search beats a hash map's allocations.
   for (Py_ssize_t k = 0; k < n; ++k) {
     Py_ssize_t first = 0;
     while (items[first] != items[k]) ++first;
-    PyTuple_SET_ITEM(result, k, PyLong_FromSsize_t(first));
+    if (!set(k, first)) return fail();
   }
   if (by_storage) {
     std::vector<StorageKey> keys(static_cast<size_t>(n));
     for (Py_ssize_t k = 0; k < n; ++k) {
       if (!THPVariable_Check(items[k])) {
-        Py_DECREF(seq); Py_DECREF(result);
         PyErr_Format(PyExc_TypeError, "alias_pattern by storage takes tensors; item %zd is %s", k, Py_TYPE(items[k])->tp_name);
-        return nullptr;
+        return fail();
       }
       const at::Tensor& t = THPVariable_Unpack(items[k]);
       if (t.numel() != 0 && !t.has_storage()) {
-        Py_DECREF(seq); Py_DECREF(result);
         PyErr_Format(PyExc_RuntimeError, "alias_pattern: item %zd has no storage", k);
-        return nullptr;
+        return fail();
       }
       keys[k] = {t.numel() != 0, int(t.device().type()), int(t.device().index()),
                  t.numel() != 0 ? t.storage().data() : nullptr};
       Py_ssize_t first = 0;
       while (first < k && !keys[first].same_memory(keys[k])) ++first;
-      PyTuple_SET_ITEM(result, n + k, PyLong_FromSsize_t(first));
+      if (!set(n + k, first)) return fail();
     }
   }
   Py_DECREF(seq);
