@@ -236,8 +236,14 @@ class AotCompiled:
             # The compile report shows every stage of every graph; a cached graph has none to show.
             compile_time.note("AOT graph cache not read: KILN_TRACE compiles every graph")
             return None
-        entry = aot_cache.load(key) if key is not None else None
+        variants = aot_cache.load(key) if key is not None else None
+        if variants is None:
+            return None
+        env = aot_cache.shape_env(aot_cache.placeholder_values(self.gm))
+        entry, guards, unmet = aot_cache.fitting_variant(variants, env)
         if entry is None:
+            logs.log("cache", "AOT graph cache entry %s was built for other sizes (%s is false here): rebuilding",
+                     key[:12], unmet)
             return None
         compile_time.note("graph loaded from the AOT graph cache")
         try:
@@ -245,6 +251,8 @@ class AotCompiled:
         except Exception as error:  # noqa: BLE001 - an entry that does not load is rebuilt
             logs.log("cache", "AOT graph cache entry %s not loaded (%s): rebuilding", key[:12], error)
             return None
+        for guard in guards:  # (what its build decided about the sizes: now this frame's guards too)
+            env.evaluate_expr(guard)
         self.graphs[training] = compiled
         for graph in compiled:  # (it ran where it was stored; here, on another GPU, it may not)
             self.compile_graph.on_first_run(graph, lambda ran: ran or aot_cache.drop(key))
@@ -252,7 +260,7 @@ class AotCompiled:
         self.out_spec = pytree.treespec_loads(entry.out_spec)
         return self._runner(training, compiled, entry.num_saved_tensors)
 
-    def _to_cache(self, key: str | None, compiled: list[Any], num_saved: int) -> None:
+    def _to_cache(self, key: str | None, compiled: list[Any], num_saved: int, added_guards: tuple[Any, ...]) -> None:
         """Stores the graphs under `key` once each has completed its first call (never, if one
         failed there)."""
         if key is None or self.out_spec is None:
@@ -263,7 +271,7 @@ class AotCompiled:
             waiting.discard(position)
             failed.extend([] if ok else [position])
             if not waiting and not failed:
-                self._store(key, compiled, num_saved)
+                self._store(key, compiled, num_saved, added_guards)
 
         # (A graph that has nothing left to fail is stored at once, inside this stage; one that
         # waits for its first call is stored by that call, outside any compile-time stage.)
@@ -271,11 +279,11 @@ class AotCompiled:
             for position, graph in enumerate(compiled):
                 self.compile_graph.on_first_run(graph, lambda ok, position=position: ran(position, ok))
 
-    def _store(self, key: str, compiled: list[Any], num_saved: int) -> None:
+    def _store(self, key: str, compiled: list[Any], num_saved: int, added_guards: tuple[Any, ...]) -> None:
         spec = aot_cache.dumps_spec(self.out_spec)
         payloads = [self.compile_graph.save(c) for c in compiled] if spec is not None else []
         if spec is not None and all(p is not None for p in payloads):
-            aot_cache.store(key, aot_cache.CachedVariant(self.sig, spec, payloads, num_saved))
+            aot_cache.store(key, aot_cache.CachedVariant(self.sig, spec, payloads, num_saved, added_guards))
 
     def _variant(self, training: bool) -> Callable[..., list[Any]]:
         if training not in self.variants:
@@ -286,9 +294,11 @@ class AotCompiled:
                     profiler.mark(f"kiln cache {'hit' if runner is not None else 'miss'}: aot graph")
             if runner is None:
                 logs.log("aot", "building the %s graph(s) of %s", "training" if training else "inference", self.options.label)
+                env = aot_cache.shape_env(aot_cache.placeholder_values(self.gm))
+                known = len(env.guards) if env is not None else 0
                 runner, compiled, num_saved = self._build_training() if training else self._build_inference()
                 self.graphs[training] = compiled
-                self._to_cache(key, compiled, num_saved)
+                self._to_cache(key, compiled, num_saved, aot_cache.guards_added_since(env, known))
             self.variants[training] = runner
         return self.variants[training]
 

@@ -152,3 +152,27 @@ def test_a_graph_with_symbolic_sizes_is_loaded_from_the_aot_cache_for_every_size
     x = torch.randn(5, 3, 6)
     view = compiled(x)[1]
     assert view.data_ptr() == x.data_ptr() and view.stride() == x.permute(1, 0, 2).stride()
+
+
+def test_a_cached_graph_whose_build_specialized_a_size_is_loaded_only_where_that_holds():
+    """A size its build decided (x[:k] at k = 0 traces as an empty slice: k == 0 guarded) is not in
+    the AOT cache key, computed before the build: the entry records it, a call where it is false
+    builds (and stores) another variant, and a load adds the guard to the frame's. (Found as a
+    flaky test: a fresh cache whose first data-dependent k was 0 returned empty slices for every
+    later k.)"""
+    def fn(x, k):
+        return x[:k].cos()
+
+    def run(k):
+        kiln.reset()
+        compiled = kiln.compile(fn, dynamic=True)
+        x = torch.randn(9)
+        with torch.no_grad(), kiln.backend.watch() as built:
+            torch.testing.assert_close(compiled(x, k), fn(x, k))
+            other = 3 if k == 0 else 0  # the frame's guards hold the variant's decision
+            torch.testing.assert_close(compiled(x, other), fn(x, other))
+        return len(_compiled_graphs(built))
+
+    assert run(0) == 2  # k = 0, then k = 3: its key's entry (k == 0) is false there, a second variant
+    assert run(5) == 0  # the k = 3 variant serves k = 5, then k = 0 loads the first
+    assert run(0) == 0  # and the loaded k == 0 variant sends k = 3 to the other
