@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 import types
 from typing import Any, Callable
 
@@ -98,6 +99,62 @@ def _under_fx_trace(fn: Callable, args: tuple, kwargs: dict) -> Any:
     return fn(*args, **kwargs)
 
 
+class ForwardRoute:
+    """While a method of the original module runs through `kiln.compile(module)` (`compiled.generate(...)`),
+    the original's `forward` is the compiled one: HuggingFace's `generate` calls `self(**inputs)` on
+    the original module, which without this would run eagerly and silently lose all of kiln's speed
+    (as `torch.compile(model).generate()` does). The original's instance dict holds the compiled
+    forward only for the method's duration (nested and concurrent calls share one installation)
+    and then what it held before; written into the dict directly, so no module-structure guard
+    moves. The forward compiled is the original's own: its class's method, or one the user set on
+    the instance (compiled once per such function)."""
+
+    _MISSING = object()
+
+    def __init__(self, module: nn.Module, compile_forward: Callable[[Callable], Callable]) -> None:
+        self.module, self.compile_forward = module, compile_forward
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.saved: Any = self._MISSING
+        self.compiled: tuple[Any, Callable] | None = None  # (the forward it compiles, the compiled forward)
+
+    def method(self, method: types.MethodType) -> Callable:
+        route = self
+
+        @functools.wraps(method)
+        def routed(*args: Any, **kwargs: Any) -> Any:
+            route._enter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                route._exit()
+
+        return routed
+
+    def _enter(self) -> None:
+        with self.lock:
+            if self.depth == 0:
+                state = self.module.__dict__
+                self.saved = state.get("forward", self._MISSING)
+                source = type(self.module).forward if self.saved is self._MISSING else self.saved
+                if self.compiled is None or self.compiled[0] is not source:
+                    forward = types.MethodType(source, self.module) if self.saved is self._MISSING else source
+                    self.compiled = (source, self.compile_forward(forward))
+                state["forward"] = self.compiled[1]
+            self.depth += 1
+
+    def _exit(self) -> None:
+        with self.lock:
+            self.depth -= 1
+            if self.depth == 0:
+                state = self.module.__dict__
+                if self.saved is self._MISSING:
+                    state.pop("forward", None)
+                else:
+                    state["forward"] = self.saved
+                self.saved = self._MISSING
+
+
 def _delegate(name: str) -> Callable:
     def method(self, *args: Any, **kwargs: Any) -> Any:
         orig = self.__dict__["_orig_mod"]
@@ -129,6 +186,7 @@ class CompiledModule(nn.Module):
         label = type(module).__qualname__
         self.__dict__["_cache"] = FrameCache(_module_call, binder, module, backend, fullgraph, label, options.get("recompile_limit"), dynamic)
         self.__dict__["_run"] = _with_options(self.__dict__["_cache"], options)
+        self.__dict__["_forward_route"] = ForwardRoute(module, lambda fn: compiled_function(fn, *self.__dict__["_settings"]))
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         return self.__dict__["_run"](*args, **kwargs)
@@ -142,7 +200,13 @@ class CompiledModule(nn.Module):
         return self.__dict__["_run"](*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_orig_mod"], name)
+        orig = self.__dict__["_orig_mod"]
+        value = getattr(orig, name)
+        if type(value) is types.MethodType and value.__self__ is orig and not name.startswith("__"):
+            # A method of the original's own (`generate`, a user's `predict`) calls `self(...)` on
+            # the original module: through the wrapper, those calls run compiled too.
+            return self.__dict__["_forward_route"].method(value)
+        return value
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self.__dict__["_orig_mod"], name, value)

@@ -742,3 +742,56 @@ def test_a_slice_of_a_module_container_is_a_container_of_its_class():
 
     x = torch.randn(5, 5)
     torch.testing.assert_close(kiln.compile(built_inside, backend="eager")(x), built_inside(x))
+
+
+class WithPredict(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.linear(x).relu()
+
+    def predict(self, x):
+        return self(x).argmax(-1)  # the original module called from its own method
+
+    def fail(self, x):
+        self(x)
+        raise ValueError("a failure of the user's own")
+
+
+def _calls_compiled(compiled):
+    """The graphs the compiled forward a routed method uses has captured (counted through its cache)."""
+    route = compiled.__dict__["_forward_route"]
+    return 0 if route.compiled is None else len(route.compiled[1].kiln_cache.entries)
+
+
+def test_a_method_called_through_the_compiled_module_runs_the_module_compiled():
+    """`kiln.compile(model).generate(...)`: HF's method calls `self(...)` on the original module,
+    which would run eagerly; through the wrapper, the original's forward is the compiled one for
+    the method's duration, and only then."""
+    torch.manual_seed(0)
+    module = WithPredict().eval()
+    compiled = kiln.compile(module, backend="eager", fullgraph=True)
+    x = torch.randn(2, 4)
+    assert torch.equal(compiled.predict(x), module.predict(x))
+    assert _calls_compiled(compiled) == 1 and "forward" not in module.__dict__
+    assert compiled.predict.__name__ == "predict"
+    with pytest.raises(ValueError, match="of the user's own"):
+        compiled.fail(x)
+    assert "forward" not in module.__dict__  # put back after a failure too
+    module.predict(x)  # the original, called directly: eager, nothing captured
+    assert _calls_compiled(compiled) == 1
+
+
+def test_a_forward_the_user_set_on_the_instance_is_the_one_compiled_and_is_put_back():
+    module = WithPredict().eval()
+
+    def doubled(x):
+        return WithPredict.forward(module, x) * 2
+
+    module.forward = doubled
+    compiled = kiln.compile(module, backend="eager", fullgraph=True)
+    x = torch.randn(2, 4)
+    assert torch.equal(compiled.predict(x), (module.linear(x).relu() * 2).argmax(-1))
+    assert module.__dict__["forward"] is doubled and _calls_compiled(compiled) == 1

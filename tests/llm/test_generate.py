@@ -85,3 +85,27 @@ def test_the_static_cache_is_written_in_place_by_the_decode_step():
     written_over = [name for name in decode.stages.schedule.memory.inplace.values() if name in inputs]
     mutated = set(decode.stages.program.written_back.values())  # each layer's keys, values (and position)
     assert len(mutated) >= 2 * 2 and set(written_over) == mutated
+
+
+def test_generate_of_the_compiled_model_runs_its_forward_compiled():
+    """`model = kiln.compile(model); model.generate(...)`, as a newcomer writes it: HF's loop calls
+    the original module, whose forward is kiln's for the call's duration (kiln/capture/api.py
+    `ForwardRoute`), so the steps run compiled — not eagerly without a word."""
+    kiln.reset()
+    fallback.reset()
+    model = _decoder("llama")
+    prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
+    options = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False, cache_implementation="static")
+    with torch.no_grad():
+        expected = model.generate(prompt, **options)
+    captured = []
+
+    def counting(gm, example_inputs):
+        captured.append(gm)
+        return kiln_backend(gm, example_inputs)
+
+    compiled = kiln.compile(model, backend=counting)
+    with torch.no_grad(), watch() as built:
+        assert torch.equal(compiled.generate(prompt, **options), expected)
+    assert 1 <= len(captured) <= 2 and 1 <= len(built) <= 2  # the prefill and the decode step
+    assert "forward" not in model.__dict__ and fallback.FALLBACKS == []
