@@ -30,6 +30,17 @@ def _decoder(arch: str) -> torch.nn.Module:
     return transformers.GPT2LMHeadModel(config).eval()
 
 
+def _counting_backend():
+    """(the graphs it was handed, kiln's backend that keeps them)."""
+    captured = []
+
+    def counting(gm, example_inputs):
+        captured.append(gm)
+        return kiln_backend(gm, example_inputs)
+
+    return captured, counting
+
+
 CASES = [  # (architecture, KV cache, door)
     ("llama", "dynamic", "kiln"), ("llama", "static", "kiln"), ("llama", "dynamic", "torch.compile"),
     ("gpt2", "dynamic", "kiln"), ("qwen2", "static", "torch.compile"), ("mistral", "dynamic", "kiln"),
@@ -47,12 +58,7 @@ def test_generate_compiles_prefill_and_decode_once_and_gives_eagers_tokens(arch,
         options["cache_implementation"] = "static"
     with torch.no_grad():
         expected = model.generate(prompt, **options)
-    captured = []
-
-    def counting(gm, example_inputs):
-        captured.append(gm)
-        return kiln_backend(gm, example_inputs)
-
+    captured, counting = _counting_backend()
     if door == "kiln":
         model.forward = kiln.compile(model.forward, backend=counting)
     else:
@@ -98,12 +104,7 @@ def test_generate_of_the_compiled_model_runs_its_forward_compiled():
     options = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False, cache_implementation="static")
     with torch.no_grad():
         expected = model.generate(prompt, **options)
-    captured = []
-
-    def counting(gm, example_inputs):
-        captured.append(gm)
-        return kiln_backend(gm, example_inputs)
-
+    captured, counting = _counting_backend()
     compiled = kiln.compile(model, backend=counting)
     with torch.no_grad(), watch() as built:
         assert torch.equal(compiled.generate(prompt, **options), expected)
