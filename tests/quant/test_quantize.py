@@ -186,3 +186,33 @@ def test_gpt2_s_conv1d_is_quantized_and_multihead_attention_s_linear_is_left():
     assert isinstance(block[0], QuantizedLinear) and type(mha.out_proj) is nn.modules.linear.NonDynamicallyQuantizableLinear
     q = torch.randn(1, 3, 16)
     assert mha(q, q, q)[0].shape == (1, 3, 16)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_operator_reads_rows_of_any_layout(bits):
+    """kiln::mm_quant takes A's rows and the residual's by pointer and row stride (no view through
+    the dispatcher): a contiguous [B, S, K], a 2-D slice of wider rows, a transposed (copied) and a
+    one-row slice give the contiguous product, the result shaped [..., N]."""
+    from kiln.externs import native_ops
+
+    torch.manual_seed(0)
+    linear = nn.Sequential(nn.Linear(64, 24, bias=False))
+    layer = (kiln.quantize(linear, "int4", group_size=32) if bits == 4 else kiln.quantize(linear, "int8"))[0]
+    mm_quant = native_ops.direct("mm_quant")
+
+    def product(a, residual=None):
+        return mm_quant(a, layer.qweight, layer.scales, layer.zeros, bits, 32 if bits == 4 else 64, None, residual,
+                        "none", [], None, False)
+
+    wide, residual = torch.randn(6, 100), torch.randn(6, 40)
+    rows = wide[:, 10:74].contiguous()
+    want = product(rows, residual[:, :24].contiguous())
+    layouts = [(wide[:, 10:74], residual[:, :24]),                                        # 2-D, rows of stride 100 and 40
+               (rows.t().contiguous().t(), residual[:, :24].t().contiguous().t()),      # transposed: copied
+               (rows.reshape(2, 3, 64), residual[:, :24].contiguous().reshape(2, 3, 24))]  # 3-D contiguous
+    for a, r in layouts:
+        got = product(a, r)
+        assert got.shape == (*a.shape[:-1], 24) and got.is_contiguous()
+        torch.testing.assert_close(got.reshape(6, 24), want, rtol=0, atol=0)
+    one = product(wide[2:3, 10:74])  # one row whose stride is not K
+    torch.testing.assert_close(one, product(rows[2:3]), rtol=0, atol=0)

@@ -341,6 +341,14 @@ at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optio
   return out;
 }
 
+// `t` [..., width] as rows of `width` at one row stride, without the dispatcher where it can: `t`
+// itself when it is contiguous (rows of stride `width`) or 2-D with unit columns (its row
+// stride); else a contiguous copy.
+at::Tensor rows_of(const at::Tensor& t, int64_t width) {
+  if (t.is_contiguous() || (t.dim() == 2 && t.stride(1) == 1)) return t;
+  return t.reshape({-1, width}).contiguous();
+}
+
 // kiln::mm_quant: a @ dequantize(qweight)ᵀ + bias, a post-op, a residual added after it, in kiln's
 // GEMM over the weight packed once (kiln_gemm_quant.h; the quantized layout is kiln/quant's):
 // `bits` 8 (qweight int8 [N, K], scales [N, 1]) or 4 (qweight uint8 [N, ceil(K / 2)], scales and
@@ -367,31 +375,29 @@ at::Tensor mm_quant(const at::Tensor& a_in, const at::Tensor& qweight, const at:
                          bits == 4 ? zp.data_ptr<float>() : nullptr, out.data_ptr<uint8_t>());
     return out;
   });
-  at::Tensor a = a_in.reshape({-1, K});
-  if (a.stride(1) != 1) a = a.contiguous();
-  const int64_t M = a.size(0);
+  // A's rows and C's by pointer and row stride, not as 2-D views: a view through the dispatcher
+  // (reshape, view) costs ~1 µs each, and a decode step makes ~50 of these products.
+  const at::Tensor a = rows_of(a_in, K);
+  const int64_t M = K ? a_in.numel() / K : 0, lda = a.dim() == 2 ? a.stride(0) : K;
   std::vector<int64_t> shape = a_in.sizes().vec();
   shape.back() = N;
-  at::Tensor out = at::detail::empty_cpu({M, N}, at::kFloat);
+  at::Tensor out = at::detail::empty_cpu(shape, at::kFloat);
   std::optional<at::Tensor> bias = bias_in, residual;
   if (bias && bias->stride(0) != 1) bias = bias->contiguous();
-  if (residual_in) {
-    residual = residual_in->reshape({M, N});
-    if (residual->stride(1) != 1) residual = residual->contiguous();
-  }
+  if (residual_in) residual = rows_of(*residual_in, N);
   KilnGemmEpilogue e = unary_epilogue(unary, algorithm.value_or(""), scalars);
   e.bias = bias ? bias->data_ptr() : nullptr;
   e.bias_bf16 = bias && bias->scalar_type() == at::kBFloat16;
   e.residual = residual ? residual->data_ptr() : nullptr;
   e.residual_bf16 = residual && residual->scalar_type() == at::kBFloat16;
-  e.ld_residual = residual ? residual->stride(0) : 0;
+  e.ld_residual = residual ? (residual->dim() == 2 ? residual->stride(0) : N) : 0;
   if (int8_activations)
-    kiln_gemm_quant_a8_f32(1, M, N, K, group, a.data_ptr<float>(), a.stride(0), packed_weight.data_ptr<uint8_t>(),
+    kiln_gemm_quant_a8_f32(1, M, N, K, group, a.data_ptr<float>(), lda, packed_weight.data_ptr<uint8_t>(),
                            out.data_ptr(), N, &e, kiln_gemm_k_block());
   else
-    kiln_gemm_quant_f32(int32_t(bits), M, N, K, group, a.data_ptr<float>(), a.stride(0),
+    kiln_gemm_quant_f32(int32_t(bits), M, N, K, group, a.data_ptr<float>(), lda,
                         packed_weight.data_ptr<uint8_t>(), out.data_ptr(), N, &e, kiln_gemm_k_block());
-  return out.view(shape);
+  return out;
 }
 
 // The row norms of kiln_gemm.h (kiln_gemm::RowNorm), by number.
