@@ -66,6 +66,23 @@ def test_kiln_attention_matches_a_float64_softmax(shape, causal):
         torch.testing.assert_close(out, _reference(q, k, v, mask, 0.3, causal), rtol=2e-5, atol=2e-5)
 
 
+def test_masks_of_any_layout():
+    """The operator reads the mask by its own strides (zero where it broadcasts): a transposed mask
+    (its rows not of unit stride: copied), a slice of a wider one (an offset, a row stride off the
+    keys), a key-padding mask over one key, and a mask of one key column broadcast along the keys."""
+    b, h, sq, sk = 2, 3, 5, 7
+    q, k, v = _operands(b, h, sq, sk, 16, L, seed=4)
+    wide = torch.randn(b, h, sq, sk + 6)
+    for mask in (torch.randn(b, h, sk, sq).transpose(-1, -2), wide[..., 3:3 + sk], wide[:1, :, :, 2:3],
+                 torch.randn(b, 1, 1, sk)[..., ::1]):
+        out = kiln_attention.attention(q, k, v, mask, 0.3, False)
+        torch.testing.assert_close(out, _reference(q, k, v, mask, 0.3, False), rtol=2e-5, atol=2e-5)
+    q1, k1, v1 = _operands(b, h, sq, 1, 16, L, seed=5)  # one key: a row of one element
+    mask = torch.randn(b, h, 1, sq).transpose(-1, -2)
+    torch.testing.assert_close(kiln_attention.attention(q1, k1, v1, mask, 0.3, False),
+                               _reference(q1, k1, v1, mask, 0.3, False), rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("shape", SHAPES[:4], ids=lambda s: "x".join(map(str, s)))
 def test_keys_after_a_rows_last_unmasked_one_are_skipped_alike(shape):
     # Masks of 0 and -inf (GPT-2's causal mask written out, padding, rows masked after a random key

@@ -717,7 +717,10 @@ at::Tensor rows_unit(const at::Tensor& t) { return t.stride(-1) == 1 || t.size(-
 // graph's later views of it stay valid: q's order of dimensions, v's head size (its fake function,
 // kiln_attention.py `output_like`).
 at::Tensor attention_output(const at::Tensor& q, int64_t Dv) {
-  if (Dv == q.size(3)) return at::empty_like(q);
+  if (Dv == q.size(3)) {  // (empty_like's layout, made without the dispatcher where q is dense)
+    return q.is_non_overlapping_and_dense() ? at::detail::empty_strided_cpu(q.sizes(), q.strides(), q.scalar_type())
+                                            : at::empty_like(q);
+  }
   std::vector<int64_t> order = {0, 1, 2, 3};
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return q.stride(a) > q.stride(b); });
   return at::empty_permuted({q.size(0), q.size(1), q.size(2), Dv}, order, q.options());
@@ -738,16 +741,22 @@ at::Tensor attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::T
   at::Tensor out = result.stride(3) == 1 ? result : at::empty(result.sizes(), result.options());
   const at::Tensor q = rows_unit(q_in), k = rows_unit(k_in), v = rows_unit(v_in);
   const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), D = q.size(3), Sk = k.size(2), Dv = v.size(3);
+  // The mask's strides as expanded to [B, H, Sq, Sk] (zero along a broadcast dimension), read
+  // from its own (expand through the dispatcher cost ~1 µs a call); copied where its rows would
+  // not be of unit stride.
   at::Tensor mask;
+  int64_t mask_strides[4] = {0, 0, 0, 0};
   if (mask_in) {
-    mask = mask_in->expand({B, H, Sq, Sk});
-    if (mask.stride(3) != 1) mask = mask.contiguous();
+    mask = *mask_in;
+    const int64_t scores[4] = {B, H, Sq, Sk};
+    if (mask.size(-1) != Sk || (Sk > 1 && mask.stride(-1) != 1)) mask = mask.expand({B, H, Sq, Sk}).contiguous();
+    for (int64_t i = 0, skip = 4 - mask.dim(); i < 4; ++i)
+      mask_strides[i] = i < skip || mask.size(i - skip) != scores[i] ? 0 : mask.stride(i - skip);
   }
   const int64_t shape[21] = {B, H, Sq, Sk, D, Dv,
                              q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                              v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-                             mask.defined() ? mask.stride(0) : 0, mask.defined() ? mask.stride(1) : 0,
-                             mask.defined() ? mask.stride(2) : 0};
+                             mask_strides[0], mask_strides[1], mask_strides[2]};
   kiln_attention_f32(shape, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
                      mask.defined() ? mask.data_ptr<float>() : nullptr, out.data_ptr<float>(),
                      static_cast<float>(scale), causal ? 1 : 0);
