@@ -148,10 +148,13 @@ class ForwardRoute:
             self.depth -= 1
             if self.depth == 0:
                 state = self.module.__dict__
-                if self.saved is self._MISSING:
-                    state.pop("forward", None)
-                else:
-                    state["forward"] = self.saved
+                # (A method that set a forward of its own meanwhile, accelerate's hooks wrapping
+                # the one they found, keeps it.)
+                if self.compiled is not None and state.get("forward") is self.compiled[1]:
+                    if self.saved is self._MISSING:
+                        del state["forward"]
+                    else:
+                        state["forward"] = self.saved
                 self.saved = self._MISSING
 
 

@@ -795,3 +795,22 @@ def test_a_forward_the_user_set_on_the_instance_is_the_one_compiled_and_is_put_b
     x = torch.randn(2, 4)
     assert torch.equal(compiled.predict(x), (module.linear(x).relu() * 2).argmax(-1))
     assert module.__dict__["forward"] is doubled and _calls_compiled(compiled) == 1
+
+
+def test_a_forward_a_routed_method_sets_is_kept():
+    """A method that wraps the forward it finds (accelerate's hooks do) keeps its wrapper: the
+    route puts back the original's forward only where its compiled one is still in place."""
+    module = WithPredict().eval()
+    compiled = kiln.compile(module, backend="eager", fullgraph=True)
+
+    def wrap(self):
+        inner = self.forward
+        self.forward = lambda x: inner(x) + 1
+
+    WithPredict.wrap = wrap
+    try:
+        compiled.wrap()
+    finally:
+        del WithPredict.wrap
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(module(x), module.linear(x).relu() + 1)
