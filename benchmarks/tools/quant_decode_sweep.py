@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
           f"median of {args.rounds} interleaved rounds; GB/s of the packed weights")
     for (name, kind), times in samples.items():
         t = statistics.median(times)
-        print(f"{name:48s} {kind:8s} {t * 1e3:7.3f} ms  {stored[kind] / t / 1e9:5.1f} GB/s")
+        print(f"{name:48s} {kind:8s} {t * 1e3:7.3f} ms  {stored[kind] / t / 1e9:5.3g} GB/s")  # (a slow round: not 0.0)
 
 
 if __name__ == "__main__":
