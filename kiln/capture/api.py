@@ -189,7 +189,9 @@ class CompiledModule(nn.Module):
         label = type(module).__qualname__
         self.__dict__["_cache"] = FrameCache(_module_call, binder, module, backend, fullgraph, label, options.get("recompile_limit"), dynamic)
         self.__dict__["_run"] = _with_options(self.__dict__["_cache"], options)
-        self.__dict__["_forward_route"] = ForwardRoute(module, lambda fn: compiled_function(fn, *self.__dict__["_settings"]))
+        # (`capture`: a forward the user compiled already is compiled again from its original, with these settings.)
+        self.__dict__["_forward_route"] = ForwardRoute(
+            module, lambda fn: capture(fn, backend, fullgraph, dynamic=dynamic, options=options))
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         return self.__dict__["_run"](*args, **kwargs)

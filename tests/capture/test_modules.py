@@ -814,3 +814,16 @@ def test_a_forward_a_routed_method_sets_is_kept():
         del WithPredict.wrap
     x = torch.randn(2, 4)
     torch.testing.assert_close(module(x), module.linear(x).relu() + 1)
+
+
+def test_a_forward_compiled_already_is_compiled_again_from_its_original():
+    """`model.forward = kiln.compile(model.forward)` then `kiln.compile(model)`: the routed forward is
+    the original function compiled with the module's settings, not kiln's wrapper captured (its
+    timing code would break the graph)."""
+    kiln.reset()
+    module = WithPredict().eval()
+    module.forward = kiln.compile(module.forward, backend="eager")
+    compiled = kiln.compile(module, backend="eager", fullgraph=True)
+    x = torch.randn(2, 4)
+    assert torch.equal(compiled.predict(x), module.linear(x).relu().argmax(-1))
+    assert _calls_compiled(compiled) == 1 and kiln.capture.BREAKS == []
