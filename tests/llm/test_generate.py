@@ -74,15 +74,21 @@ def test_generate_compiles_prefill_and_decode_once_and_gives_eagers_tokens(arch,
     assert fallback.FALLBACKS == [] and kiln.capture.BREAKS == []
 
 
+def _static_llama_and_eagers_tokens(new_tokens: int):
+    """(a tiny Llama, a prompt, greedy static-cache options for `new_tokens`, eager's tokens)."""
+    model = _decoder("llama")
+    prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
+    options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, cache_implementation="static")
+    with torch.no_grad():
+        expected = model.generate(prompt, **options)
+    return model, prompt, options, expected
+
+
 def test_the_static_cache_is_written_in_place_by_the_decode_step():
     """Each layer's keys and values are written where they lie (docs/generation.md): the decode
     graph's memory plan writes its new cache values over the cache inputs, so no token copies a cache."""
     kiln.reset()
-    model = _decoder("llama")
-    prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
-    options = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, cache_implementation="static")
-    with torch.no_grad():
-        expected = model.generate(prompt, **options)
+    model, prompt, options, expected = _static_llama_and_eagers_tokens(8)
     model.forward = kiln.compile(model.forward)
     with torch.no_grad(), watch() as built:
         assert torch.equal(model.generate(prompt, **options), expected)
@@ -99,11 +105,7 @@ def test_generate_of_the_compiled_model_runs_its_forward_compiled():
     `ForwardRoute`), so the steps run compiled — not eagerly without a word."""
     kiln.reset()
     fallback.reset()
-    model = _decoder("llama")
-    prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
-    options = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False, cache_implementation="static")
-    with torch.no_grad():
-        expected = model.generate(prompt, **options)
+    model, prompt, options, expected = _static_llama_and_eagers_tokens(16)
     captured, counting = _counting_backend()
     compiled = kiln.compile(model, backend=counting)
     with torch.no_grad(), watch() as built:
