@@ -82,9 +82,19 @@ class Guard:
         expected = id(self.expected) if self.kind == "ID_MATCH" else _hashable(self.expected)
         return (self.kind, self.source, self.detail, expected)
 
-    def check_expr(self, value: str, ns: Namespace) -> str:
-        """The boolean expression that holds while the assumption does."""
-        return _EXPRS[self.kind](self, value, ns)
+    def check_expr(self, value: str, ns: Namespace, name_of: Callable[[Source], str | None] | None = None) -> str:
+        """The boolean expression that holds while the assumption does; `name_of`: the local that
+        holds a source already read (the sources an ALIASING or SHAPE guard reads besides its own)."""
+        return _EXPRS[self.kind](self, value, ns, name_of)
+
+    def reads(self) -> list[Source]:
+        """The sources the check reads: its own, and the inputs an ALIASING or SHAPE guard compares."""
+        own = [self.source] if self.source is not None else []
+        if self.kind == "ALIASING":
+            return own + list(self.expected[1])
+        if self.kind == "SHAPE":
+            return own + [source for _, source in self.expected[1]]
+        return own
 
     def describe(self) -> str:
         where = str(self.source) if self.source is not None else self.detail
@@ -126,15 +136,15 @@ def _describe_expected(guard: Guard) -> str:
     return f"== {e!r}"
 
 
-def _type_match(g: Guard, v: str, ns: Namespace) -> str:
+def _type_match(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
     return f"type({v}) is {ns.bind(g.expected, 'T')}"
 
 
-def _id_match(g: Guard, v: str, ns: Namespace) -> str:
+def _id_match(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
     return f"{v} is {ns.bind(g.expected, 'O')}"
 
 
-def _equals(g: Guard, v: str, ns: Namespace) -> str:
+def _equals(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
     e = g.expected
     if e is None or isinstance(e, bool) or e is Ellipsis or e is NotImplemented:
         return f"{v} is {e!r}"
@@ -149,7 +159,7 @@ def _equals(g: Guard, v: str, ns: Namespace) -> str:
     return f"type({v}) is {ns.bind(type(e), 'T')} and {same}"
 
 
-def _tensor_match(g: Guard, v: str, ns: Namespace) -> str:
+def _tensor_match(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
     t = g.expected
     check = python_door.tensor_check()
     if check is not None and t.cls in (torch.Tensor, torch.nn.Parameter):
@@ -169,10 +179,10 @@ def _tensor_match(g: Guard, v: str, ns: Namespace) -> str:
     )
 
 
-def _shape(g: Guard, v: str, ns: Namespace) -> str:
+def _shape(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
     text, sources = g.expected
     for name, source in sources:
-        text = text.replace(name, f"({source.expr(ns)})")
+        text = text.replace(name, f"({(name_of and name_of(source)) or source.expr(ns, name_of)})")
     return text
 
 
@@ -189,31 +199,31 @@ def alias_pattern(tensors: Sequence[Any], by_storage: bool = False) -> tuple[int
                            for i, t in enumerate(tensors))
 
 
-def _aliasing(g: Guard, v: str, ns: Namespace) -> str:
+def _aliasing(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
     pattern, sources = g.expected
-    values = "".join(f"{source.expr(ns)}, " for source in sources)
+    values = "".join(f"{(name_of and name_of(source)) or source.expr(ns, name_of)}, " for source in sources)
     function = python_door.alias_pattern_function() or alias_pattern
     return f"{ns.bind(function, 'F')}(({values}), {g.detail == 'storage'!r}) == {pattern!r}"
 
 
-def _length_match(g: Guard, v: str, ns: Namespace) -> str:
+def _length_match(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
     return f"len({v}) == {g.expected!r}"
 
 
-def _hasattr(g: Guard, v: str, ns: Namespace) -> str:
+def _hasattr(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
     return f"hasattr({v}, {g.detail!r}) is {bool(g.expected)!r}"
 
 
-def _dict_contains(g: Guard, v: str, ns: Namespace) -> str:
+def _dict_contains(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
     return f"({g.detail!r} in {v}) is {bool(g.expected)!r}"
 
 
-def _global_state(g: Guard, v: str, ns: Namespace) -> str:
+def _global_state(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
     reader = ns.bind(GLOBAL_STATE_READERS[g.detail], "S")
     return f"{reader}() == {ns.bind(g.expected, 'V')}"
 
 
-def _module_structure(g: Guard, v: str, ns: Namespace) -> str:
+def _module_structure(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
     return f"{ns.bind(module_watch.STATE, 'W')}.version == {ns.bind(g.expected, 'S')}.version"
 
 
@@ -422,10 +432,14 @@ class CompiledGuards:
 
     def _guard_lines(self, guards: list[Guard], indent: str) -> list[str]:
         """Each guard as `if not (...): return False`, sub-expressions read by several read once."""
+        # (An ALIASING guard's inputs are read by other guards too: a decode step's 36 KV-cache
+        # tensors, each behind two instance dicts, are compared in the locals their TENSOR_MATCH
+        # guards read them into.)
         uses: dict[Source, int] = {}
         for g in guards:
-            for sub in g.source.chain() if g.source is not None else ():
-                uses[sub] = uses.get(sub, 0) + 1
+            for read in g.reads():
+                for sub in read.chain():
+                    uses[sub] = uses.get(sub, 0) + 1
         hoisted: dict[Source, str] = {}
         lines: list[str] = []
 
@@ -433,18 +447,19 @@ class CompiledGuards:
             return hoisted.get(source)
 
         for g in guards:
-            value = "None"
-            if g.source is not None:
-                for sub in g.source.chain():
+            for read in g.reads():
+                for sub in read.chain():
                     if uses.get(sub, 0) > 1 and sub not in hoisted and sub.__class__.__name__ not in ("LocalSource", "ConstSource"):
                         name = f"v{len(hoisted)}"
                         lines.append(f"{indent}{name} = {sub.expr(self.ns, name_of)}")
                         hoisted[sub] = name
+            value = "None"
+            if g.source is not None:
                 value = hoisted.get(g.source) or g.source.expr(self.ns, name_of)
                 if not value.isidentifier() and g.check_expr("_v", Namespace()).count("_v") > 1:
                     lines.append(f"{indent}_v = {value}")  # read once, checked several ways
                     value = "_v"
-            lines.append(f"{indent}if not ({g.check_expr(value, self.ns)}): return False")
+            lines.append(f"{indent}if not ({g.check_expr(value, self.ns, name_of)}): return False")
         return lines
 
     def first_failure(self, L: tuple) -> Guard | None:

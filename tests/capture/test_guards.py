@@ -609,3 +609,44 @@ def test_the_entry_that_ran_last_is_checked_first():
         torch.testing.assert_close(f(single), single + 1)
     assert checks == [3, 1]  # the second entry was checked first once, then the first
     assert f.kiln_cache.entries == [first, second]  # (listed in the order compiled)
+
+
+class _Layer:
+    def __init__(self) -> None:
+        self.keys, self.values = torch.zeros(2, 3), torch.zeros(2, 3)
+
+
+class _Cache:
+    def __init__(self, layers: int) -> None:
+        self.layers = [_Layer() for _ in range(layers)]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the eager frame is told once per code object)
+def test_the_aliasing_guard_compares_the_inputs_the_other_guards_read_into_locals():
+    # A decode step writes its KV cache, tensors behind two instance dicts each: the aliasing guard
+    # compares them as read once by their tensor guards (the check's paths walked once, not twice),
+    # and still sees one of them become another's object.
+    def step(cache, x):
+        for layer in cache.layers:
+            layer.keys.add_(x)
+            layer.values.mul_(2)
+        return x + 1
+
+    compiled = kiln.compile(step, backend="aot_eager")
+    cache, reference = _Cache(3), _Cache(3)
+    for _ in range(2):
+        assert_same(compiled(cache, torch.ones(2, 3)), step(reference, torch.ones(2, 3)))
+    (entry,) = compiled.kiln_cache.entries
+    code = entry.guards.source_code
+    check = code[code.index("def check(L):"):]
+    aliasing = next(line for line in check.splitlines() if "True) == (" in line)
+    assert "layers" not in aliasing and "(" not in aliasing.split("((", 1)[1].split(")", 1)[0], aliasing
+    assert check.count("['keys']") == 3 and check.count("['values']") == 3, check
+    for a, b in zip(cache.layers, reference.layers):
+        assert_same(a.keys, b.keys)
+        assert_same(a.values, b.values)
+    cache.layers[1].values = cache.layers[0].values  # one tensor for two inputs: the guard fails
+    reference.layers[1].values = reference.layers[0].values
+    assert_same(compiled(cache, torch.ones(2, 3)), step(reference, torch.ones(2, 3)))
+    assert_same(cache.layers[0].values, reference.layers[0].values)
+    assert compiled.kiln_cache.fallback.kind == "aliased_input_mutation"
