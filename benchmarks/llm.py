@@ -2,8 +2,10 @@
 KV cache — of HuggingFace decoders (benchmarks/llm_modes.py) compiled several ways, in this process,
 against the machine's memory roofline (benchmarks/roofline.py).
 
-What is timed: each mode's copy of the model has its `forward` wrapped by a clock (`StepClock`)
-that records when each call starts and ends. One `generate(max_new_tokens=N)` calls it N times: the
+What is timed: each mode's copy of the model has a clock (`StepClock`, forward pre- and post-hooks)
+that records when each of its calls starts and ends; `generate` runs as the mode's users write it
+(`kiln.compile(model).generate(...)`; `model.forward = torch.compile(model.forward)` then
+`model.generate(...)`). One `generate(max_new_tokens=N)` calls the model N times: the
 prompt's forward (prefill), then N - 1 decode steps of one token per sequence. Prefill time is the
 first call's; decode time per token is (end of the last call - end of the first) / (N - 1): the
 decode steps with what `generate` does between them (the greedy pick, the stopping check), which a
@@ -19,7 +21,6 @@ compared with eager's.
 from __future__ import annotations
 
 import copy
-import functools
 import gc
 import statistics
 import sys
@@ -154,28 +155,30 @@ class LlmRun:
 
 
 class StepClock:
-    """The start and end (perf_counter) of each call of a forward, installed on the model:
+    """The start and end (perf_counter) of each call of a model, by its forward pre- and post-hooks
+    (outside whatever forward the mode installed, kiln's included: `generate` calls the module):
 
-        clock = StepClock.install(model, forward)
+        clock = StepClock.install(model)
         model.generate(...)
         clock.calls          # [(start, end), ...]: the prefill, then each decode step
     """
 
     def __init__(self) -> None:
         self.calls: list[tuple[float, float]] = []
+        self._start = 0.0
 
     @classmethod
-    def install(cls, model: nn.Module, forward: Callable) -> "StepClock":
+    def install(cls, model: nn.Module) -> "StepClock":
         clock = cls()
 
-        @functools.wraps(forward)  # (generate reads the forward's signature)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            out = forward(*args, **kwargs)
-            clock.calls.append((start, time.perf_counter()))
-            return out
+        def start(module: nn.Module, args: Any) -> None:
+            clock._start = time.perf_counter()
 
-        model.forward = timed
+        def end(module: nn.Module, args: Any, out: Any) -> None:
+            clock.calls.append((clock._start, time.perf_counter()))
+
+        model.register_forward_pre_hook(start)
+        model.register_forward_hook(end)
         return clock
 
     def prefill_and_step(self) -> tuple[float, float]:
@@ -197,10 +200,11 @@ def _first_line(error: BaseException) -> str:
 
 @dataclass
 class _Runner:
-    """One mode's model copy, its clock, and the samples of its rounds."""
+    """One mode's model copy (`generator`: what the mode calls `generate` on), its clock, and the
+    samples of its rounds."""
 
     mode: LlmMode
-    model: nn.Module
+    generator: nn.Module
     clock: StepClock
     result: LlmResult
     prefill: list[float] = field(default_factory=list)
@@ -210,7 +214,7 @@ class _Runner:
     def generate(self, prompt: torch.Tensor, options: dict[str, Any]) -> torch.Tensor:
         self.clock.calls.clear()
         with torch.no_grad(), self.mode.context():
-            return self.model.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
+            return self.generator.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
 
 
 def generate_options(new_tokens: int) -> dict[str, Any]:
@@ -224,7 +228,7 @@ def generate_options(new_tokens: int) -> dict[str, Any]:
 
 
 def _prepare(mode: LlmMode, base: nn.Module, result: LlmResult, batch: int, settings: LlmSettings) -> _Runner | None:
-    """The mode's copy of `base` with its forward installed and clocked; None (the result says why) when it cannot run."""
+    """The mode's copy of `base` as the mode runs it, clocked; None (the result says why) when it cannot run."""
     names = linear_names(base)
     # By the mode's rule, from the float32 model: shown for a mode that is not available too (what it would read).
     result.step_bytes = decode_step_bytes(base, mode.weights, batch, settings.cache_len)
@@ -234,7 +238,7 @@ def _prepare(mode: LlmMode, base: nn.Module, result: LlmResult, batch: int, sett
         return None
     try:
         model = copy.deepcopy(base)
-        forward = mode.prepare(model)
+        generator = mode.prepare(model)
     except NotAvailable as e:
         result.status, result.note = "n/a", str(e)
         return None
@@ -243,7 +247,7 @@ def _prepare(mode: LlmMode, base: nn.Module, result: LlmResult, batch: int, sett
         return None
     if mode.quantizes:
         result.step_bytes = decode_step_bytes(model, mode.weights, batch, settings.cache_len, names, from_tensors=True)
-    return _Runner(mode, model, StepClock.install(model, forward), result)
+    return _Runner(mode, generator, StepClock.install(model), result)
 
 
 def _check_tokens(runner: _Runner, tokens: torch.Tensor, reference: torch.Tensor, prompt_len: int) -> None:

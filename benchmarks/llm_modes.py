@@ -72,8 +72,9 @@ class NotAvailable(Exception):
 class LlmMode:
     """One way to run a model's forward under `generate()`.
 
-    `prepare(model)` changes the model copy it is given where the mode needs it (quantization) and
-    returns the forward to install on it. `weights` is how the mode stores the linear layers' weights
+    `prepare(model)` changes the model copy it is given where the mode needs it (quantization, a
+    compiled forward) and returns what `generate` is called on, as the mode's users write it: the
+    model itself, or `kiln.compile(model)`. `weights` is how the mode stores the linear layers' weights
     ("fp32", "bf16", "int8", "int4": the bytes a decode step reads); `exact` modes must give eager's
     tokens; the others report the fraction of tokens that agree. `context()` is entered around
     each of the mode's `generate` calls.
@@ -83,7 +84,7 @@ class LlmMode:
     help: str
     weights: str
     exact: bool
-    prepare: Callable[[nn.Module], Callable]
+    prepare: Callable[[nn.Module], nn.Module]
     unavailable_reason: Callable[[], str | None]
     context: Callable[[], ContextManager] = field(default=contextlib.nullcontext)
 
@@ -96,12 +97,14 @@ def _always() -> None:
     return None
 
 
-def _eager(model: nn.Module) -> Callable:
-    return model.forward
+def _eager(model: nn.Module) -> nn.Module:
+    return model
 
 
-def _inductor_freeze(model: nn.Module) -> Callable:
-    return torch.compile(model.forward)
+def _inductor_freeze(model: nn.Module) -> nn.Module:
+    # (Dynamo's compiled module runs `generate` of the original eagerly: its forward is what compiles.)
+    model.forward = torch.compile(model.forward)
+    return model
 
 
 def _freezing() -> ContextManager:
@@ -145,8 +148,8 @@ def _quantize_reason(scheme: str | None) -> Callable[[], str | None]:
     return reason
 
 
-def _kiln(options: dict | None = None, scheme: str | None = None, **quantize: Any) -> Callable[[nn.Module], Callable]:
-    def prepare(model: nn.Module) -> Callable:
+def _kiln(options: dict | None = None, scheme: str | None = None, **quantize: Any) -> Callable[[nn.Module], nn.Module]:
+    def prepare(model: nn.Module) -> nn.Module:
         import kiln
 
         why = _quantize_reason(scheme)() or _options_reason(options)()
@@ -154,7 +157,7 @@ def _kiln(options: dict | None = None, scheme: str | None = None, **quantize: An
             raise NotAvailable(why)
         if scheme is not None:
             model = kiln.quantize(model, scheme, **quantize)  # (in place: the nn.Linear layers replaced)
-        return kiln.compile(model.forward, **_compile_options(options))
+        return kiln.compile(model, **_compile_options(options))  # its generate() runs the forward compiled
 
     return prepare
 

@@ -112,3 +112,43 @@ def test_generate_of_the_compiled_model_runs_its_forward_compiled():
         assert torch.equal(compiled.generate(prompt, **options), expected)
     assert 1 <= len(captured) <= 2 and 1 <= len(built) <= 2  # the prefill and the decode step
     assert "forward" not in model.__dict__ and fallback.FALLBACKS == []
+    assert "create_masks_for_generate" not in model.__dict__
+
+
+def _masks_made(monkeypatch) -> list:
+    """The calls of HuggingFace's `create_masks_for_generate` by `prepare_inputs_for_generation`, counted."""
+    import transformers.generation.utils as generation
+
+    calls, made = [], generation.create_masks_for_generate
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(generation, "create_masks_for_generate", counted)
+    return calls
+
+
+def test_the_compiled_generate_leaves_the_static_caches_masks_to_the_forward(monkeypatch):
+    """With a static cache HF builds each step's 4D mask in eager Python before the forward; through
+    `kiln.compile(model).generate()` the 2D mask goes to the compiled forward, which builds the same
+    masks in its graph (the same tokens; none made outside). A class with masks of its own keeps them."""
+    kiln.reset()
+    model, prompt, options, expected = _static_llama_and_eagers_tokens(12)
+    made = _masks_made(monkeypatch)
+    with torch.no_grad():
+        assert torch.equal(kiln.compile(model).generate(prompt, **options), expected)
+        assert made == [] and "create_masks_for_generate" not in model.__dict__
+        assert torch.equal(model.generate(prompt, **options), expected) and len(made) == 12  # eager: one a step
+
+    class OwnMasks(transformers.LlamaForCausalLM):
+        def create_masks_for_generate(self, **kwargs):
+            made.append("own")
+            return transformers.masking_utils.create_masks_for_generate(**kwargs)
+
+    own = OwnMasks(model.config).eval()
+    own.load_state_dict(model.state_dict())
+    made.clear()
+    with torch.no_grad():
+        assert torch.equal(kiln.compile(own).generate(prompt, **options), expected)
+    assert made.count("own") == 12
