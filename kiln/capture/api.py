@@ -15,6 +15,7 @@ from kiln import config
 from kiln.capture import break_records
 from kiln.capture.binder import make_binder
 from kiln.capture.cache import FrameCache, reset_all
+from kiln.capture.hf_generation import generation_helpers
 
 
 # kiln.compile's options that are settings for this function alone, by option name.
@@ -109,13 +110,10 @@ class ForwardRoute:
     moves. The forward compiled is the original's own: its class's method, or one the user set on
     the instance (compiled once per such function).
 
-    Beside it, on a HuggingFace generation model whose class makes no masks of its own,
-    `create_masks_for_generate` hands the 2D attention mask through unchanged: with a static KV
-    cache HF's `prepare_inputs_for_generation` builds each step's 4D mask before the forward, in
-    eager Python (~100-130 µs a token of llama-160m's int4 decode on 2 cores of an AMD EPYC, just
-    after the step's weights left the caches cold), for forwards that cannot build it fast; the
-    model's forward builds the same masks from the 2D one (as it does for a dynamic cache, and as
-    HF's own function hands it through for layer types it does not know), here inside kiln's graph."""
+    Beside it, for the same duration, the helpers `generation_helpers` names for a HuggingFace
+    generation model (kiln/capture/hf_generation.py: the static cache's masks left to the compiled
+    forward, HF's own torch.compile of the forward turned off), each where the instance dict had
+    no entry of that name."""
 
     _MISSING = object()
 
@@ -125,6 +123,7 @@ class ForwardRoute:
         self.depth = 0
         self.saved: Any = self._MISSING
         self.compiled: tuple[Any, Callable] | None = None  # (the forward it compiles, the compiled forward)
+        self.helpers: dict[str, Callable] = {}  # what _enter put in the instance dict besides forward
 
     def method(self, method: types.MethodType) -> Callable:
         route = self
@@ -149,8 +148,9 @@ class ForwardRoute:
                     forward = types.MethodType(source, self.module) if self.saved is self._MISSING else source
                     self.compiled = (source, self.compile_forward(forward))
                 state["forward"] = self.compiled[1]
-                if _builds_its_masks_in_forward(self.module) and "create_masks_for_generate" not in state:
-                    state["create_masks_for_generate"] = _masks_in_forward
+                self.helpers = {name: helper for name, helper in generation_helpers(self.module).items()
+                                if name not in state}
+                state.update(self.helpers)
             self.depth += 1
 
     def _exit(self) -> None:
@@ -165,22 +165,10 @@ class ForwardRoute:
                         del state["forward"]
                     else:
                         state["forward"] = self.saved
-                if state.get("create_masks_for_generate") is _masks_in_forward:
-                    del state["create_masks_for_generate"]
-                self.saved = self._MISSING
-
-
-def _masks_in_forward(*, attention_mask: Any = None, **_: Any) -> Any:
-    """HuggingFace's `create_masks_for_generate` while a compiled forward runs the steps: the
-    attention mask as given, the forward makes the 4D masks (ForwardRoute)."""
-    return attention_mask
-
-
-def _builds_its_masks_in_forward(module: nn.Module) -> bool:
-    """A HuggingFace generation model that leaves its masks to `masking_utils` (its class defines
-    no `create_masks_for_generate` of its own, as multimodal models with token types do)."""
-    cls = type(module)
-    return hasattr(cls, "prepare_inputs_for_generation") and not hasattr(cls, "create_masks_for_generate")
+                for name, helper in self.helpers.items():
+                    if state.get(name) is helper:
+                        del state[name]
+                self.helpers, self.saved = {}, self._MISSING
 
 
 def _delegate(name: str) -> Callable:

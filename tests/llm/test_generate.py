@@ -152,3 +152,25 @@ def test_the_compiled_generate_leaves_the_static_caches_masks_to_the_forward(mon
     with torch.no_grad():
         assert torch.equal(kiln.compile(own).generate(prompt, **options), expected)
     assert made.count("own") == 12
+
+
+def test_the_compiled_generate_turns_off_hfs_own_torch_compile(monkeypatch):
+    """HF wraps a static-cache forward in torch.compile on a GPU (or with `_compile_all_devices`):
+    through `kiln.compile(model).generate()` that would trace Dynamo through kiln's compiled forward.
+    kiln compiles the forward, so HF's compilation stays off for the call (eager's tokens); HF's own
+    generate still asks for it (the spy answers with the plain call)."""
+    kiln.reset()
+    model, prompt, options, expected = _static_llama_and_eagers_tokens(6)
+    asked = []
+
+    def spy(compile_config):
+        asked.append(compile_config)
+        return model.__call__
+
+    monkeypatch.setattr(model, "get_compiled_call", spy)
+    config = transformers.CompileConfig()
+    config._compile_all_devices = True
+    with torch.no_grad():
+        assert torch.equal(kiln.compile(model).generate(prompt, compile_config=config, **options), expected)
+        assert asked == [] and "_valid_auto_compile_criteria" not in model.__dict__
+        assert torch.equal(model.generate(prompt, compile_config=config, **options), expected) and asked

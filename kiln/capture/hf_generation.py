@@ -1,0 +1,47 @@
+"""What `kiln.compile(model).generate(...)` changes of HuggingFace's generation loop, beside routing
+its calls to the compiled forward (kiln/capture/api.py `ForwardRoute`): functions put in the
+original model's instance dict for the method's duration, where HF's `GenerationMixin` looks them
+up on `self`.
+
+- `create_masks_for_generate` hands the 2D attention mask through. With a static (compileable) KV
+  cache, `prepare_inputs_for_generation` builds each step's 4D mask before the forward — for
+  forwards compiled without it — in eager Python: ~100-130 µs a token of llama-160m's int4 decode on
+  2 cores of an AMD EPYC, just after the step's weights left the caches cold (a third of HF's own
+  time between steps). The model's forward builds the same masks from the 2D one (as it does for a
+  dynamic cache, and as HF's own function hands it through for layer types it does not know), here
+  inside kiln's graph. Classes with masks of their own (token types, ALiBi: Gemma 3, PaliGemma,
+  Bloom, ...) keep theirs.
+- `_valid_auto_compile_criteria` says no: on a GPU (or with `compile_config._compile_all_devices`)
+  HF wraps a static-cache forward in `torch.compile` itself, which would trace Dynamo through kiln's
+  compiled forward; kiln compiles the forward, so HF's compilation stays off for the call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from torch import nn
+
+
+def masks_in_forward(*, attention_mask: Any = None, **_: Any) -> Any:
+    """`create_masks_for_generate` while the compiled forward runs the steps: the mask as given."""
+    return attention_mask
+
+
+def no_auto_compile(*_: Any, **__: Any) -> bool:
+    """`_valid_auto_compile_criteria` while kiln's compiled forward runs the steps: never."""
+    return False
+
+
+def generation_helpers(module: nn.Module) -> dict[str, Callable]:
+    """The functions to put in `module`'s instance dict while a method of it runs through
+    `kiln.compile(module)`: none for a module that is not a HuggingFace generation model."""
+    cls = type(module)
+    if not hasattr(cls, "prepare_inputs_for_generation"):
+        return {}
+    helpers: dict[str, Callable] = {}
+    if not hasattr(cls, "create_masks_for_generate"):
+        helpers["create_masks_for_generate"] = masks_in_forward
+    if hasattr(cls, "_valid_auto_compile_criteria"):
+        helpers["_valid_auto_compile_criteria"] = no_auto_compile
+    return helpers
