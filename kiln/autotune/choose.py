@@ -79,7 +79,14 @@ def _measured(op: str, signature: Any, key: str, candidates: dict[str, Callable[
     choice = fastest(times)
     result = {"op": op, "signature": repr(signature), "choice": choice, "seconds": times, "rounds": report.rounds,
               "remeasured": report.remeasured, "extra_rounds": report.extra_rounds}
-    store.save(key, result)
+    if report.failed:
+        result["failed"] = report.failed
+        logs.log("autotune", "%s %s: candidates that raised: %s", op, signature,
+                 "; ".join(f"{n}: {why}" for n, why in report.failed.items()))
+    if report.rounds:
+        store.save(key, result)
+    else:  # nothing ran: the first candidate is taken for this process, and no answer is kept for others
+        logs.log("autotune", "%s %s: no candidate ran; %s taken, nothing stored", op, signature, choice)
     COUNTS["measured"] += 1
     close = f"; {' and '.join(report.remeasured)} {report.extra_rounds} more" if report.remeasured else ""
     logs.log("autotune", "%s %s: %s (%s; %d rounds%s)", op, signature, choice,

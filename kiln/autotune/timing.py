@@ -82,6 +82,7 @@ class Report:
     rounds: int = 0  # rounds of all candidates
     remeasured: list[str] = field(default_factory=list)  # the close two, when they ran more rounds
     extra_rounds: int = 0
+    failed: dict[str, str] = field(default_factory=dict)  # candidates whose warm-up raised: the error's first line
 
 
 def interleaved_seconds(runs: dict[str, Callable[[], object]], budget_s: float, min_rounds: int = 3,
@@ -96,7 +97,8 @@ def interleaved_seconds(runs: dict[str, Callable[[], object]], budget_s: float, 
     for name, run in runs.items():
         try:
             run()  # warm-up: first-touch page faults, library dispatch caches, packing done on first call
-        except RuntimeError:
+        except RuntimeError as error:  # (a candidate this shape or machine cannot run: left out, said why)
+            report.failed[name] = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
             continue
         samples[name] = []
     live = list(samples)

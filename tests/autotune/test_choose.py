@@ -1,6 +1,7 @@
 """Autotuning picks the measured fastest candidate, keeps the answer on disk, and a later process
 uses it without measuring; a damaged entry is measured again."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -89,6 +90,23 @@ def test_a_damaged_entry_is_measured_again(private_cache):
     calls.clear()
     assert choose("demo", "damaged", {"a": _sleeper(0.001, calls), "b": _sleeper(0.004, calls)}, budget_s=0.01) == "a"
     assert calls  # measured again, not read
+
+
+def test_a_question_no_candidate_could_run_is_not_remembered(private_cache):
+    """Candidates that raise are left out and the answer says why; where none ran, the first is
+    taken for this call and nothing is stored: a later question measures again."""
+    calls = []
+
+    def unsupported():
+        raise RuntimeError("this library has no such dtype\nmore")
+
+    assert choose("demo", "partly", {"a": unsupported, "b": _sleeper(0.001, calls)}, budget_s=0.01) == "b"
+    (entry,) = private_cache.rglob("*.json")
+    assert json.loads(entry.read_text())["failed"] == {"a": "RuntimeError: this library has no such dtype"}
+    assert choose("demo", "none", {"a": unsupported, "b": unsupported}, budget_s=0.01) == "a"
+    assert len(list(private_cache.rglob("*.json"))) == 1  # the first answer only
+    clear_memory()
+    assert choose("demo", "none", {"a": unsupported, "b": _sleeper(0.001, calls)}, budget_s=0.01) == "b"
 
 
 def test_the_key_names_threads_and_candidates():
