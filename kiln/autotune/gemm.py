@@ -60,7 +60,14 @@ class Inputs:
     def _random(self, val: torch.Tensor, memory_format: torch.memory_format | None) -> torch.Tensor:
         if memory_format is not None:
             return torch.randn(tuple(val.shape), dtype=val.dtype, generator=self._generator).contiguous(memory_format=memory_format)
-        return torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype).normal_(generator=self._generator)
+        shape, stride = tuple(val.shape), tuple(val.stride())
+        if 0 in stride and 0 not in shape:
+            # Elements that share memory (an expanded dimension: grouped-query attention's keys and
+            # values repeated over the query heads): the memory drawn, then seen with those strides
+            # (`normal_` refuses to write such a tensor, which left every candidate out).
+            extent = 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+            return torch.empty(extent, dtype=val.dtype).normal_(generator=self._generator).as_strided(shape, stride)
+        return torch.empty_strided(shape, stride, dtype=val.dtype).normal_(generator=self._generator)
 
 
 def _strides(val: torch.Tensor, memory_format: torch.memory_format | None) -> tuple[int, ...]:

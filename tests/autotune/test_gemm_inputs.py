@@ -174,3 +174,21 @@ def test_a_product_of_many_rows_is_timed_from_the_cache_whatever_the_graph(monke
 def test_the_last_level_cache_is_read_from_the_system():
     size = gemm.last_level_cache_bytes()
     assert isinstance(size, int) and (256 << 10) <= size <= (4 << 30)
+
+
+def test_grouped_query_attentions_expanded_keys_are_timed(tmp_path):
+    """Keys and values repeated over the query heads (stride 0, as a GQA model's graph expands them)
+    are drawn as their memory and seen with those strides: both attention candidates run (drawing
+    into such a tensor raised, which left both out and `aten` taken unmeasured)."""
+    import json
+
+    from kiln.autotune.attention import choose_attention
+
+    r = gemm.Inputs(k=(torch.empty(2, 4, 12, 16).as_strided((2, 4, 12, 16), (192, 0, 16, 1)), None))
+    assert r.k.stride() == (192, 0, 16, 1) and torch.equal(r.k[:, 0], r.k[:, 3]) and r.k.std() > 0.5
+    q = torch.empty(2, 4, 12, 16, device="meta")
+    kv = torch.empty(2, 1, 12, 16, device="meta").expand(2, 4, 12, 16)
+    assert choose_attention(q, kv, kv, None, 0.25, True) in ("aten", "kiln")
+    (entry,) = (tmp_path / "cache").rglob("*.json")
+    answer = json.loads(entry.read_text())
+    assert answer["rounds"] > 0 and "failed" not in answer and set(answer["seconds"]) == {"aten", "kiln"}, answer
