@@ -60,7 +60,18 @@ def load(key: str) -> dict[str, Any] | None:
         result = json.loads(data)
     except ValueError:
         return None
-    return result if isinstance(result, dict) and isinstance(result.get("choice"), str) else None
+    if not isinstance(result, dict) or not isinstance(result.get("choice"), str):
+        return None
+    if _unmeasured(result):
+        return None  # (stored before 2026-12-01: asked again)
+    return result
+
+
+def _unmeasured(result: dict[str, Any]) -> bool:
+    """An answer where no candidate ran (every one raised): a choice nothing measured."""
+    seconds = result.get("seconds")
+    return result.get("rounds") == 0 and isinstance(seconds, dict) and bool(seconds) and \
+        all(t == float("inf") for t in seconds.values())
 
 
 def save(key: str, result: dict[str, Any]) -> None:

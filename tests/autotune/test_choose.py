@@ -177,3 +177,15 @@ def test_kiln_autotune_measures_once_and_a_second_process_reads_the_cache(tmp_pa
     shutil.rmtree(tmp_path / "cache" / "aot")
     second = _kiln_autotune(tmp_path / "cache")
     assert int(second[2]) == 0 and int(second[3]) == int(first[2]) + int(first[3])
+
+
+def test_an_answer_stored_where_no_candidate_ran_is_asked_again(private_cache):
+    """Such answers were stored before 2026-12-01 (the first candidate, nothing measured): one is
+    not loaded, the question is measured."""
+    calls = []
+    candidates = {"a": _sleeper(0.004, calls), "b": _sleeper(0.001, calls)}
+    key = store.question_key("demo", "old", list(candidates))
+    store.save(key, {"op": "demo", "signature": "'old'", "choice": "a", "seconds": {"a": float("inf"), "b": float("inf")},
+                     "rounds": 0, "remeasured": [], "extra_rounds": 0})
+    assert store.load(key) is None
+    assert choose("demo", "old", candidates, budget_s=0.01) == "b" and calls
