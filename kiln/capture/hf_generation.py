@@ -10,7 +10,9 @@ up on `self`.
   time between steps). The model's forward builds the same masks from the 2D one (as it does for a
   dynamic cache, and as HF's own function hands it through for layer types it does not know), here
   inside kiln's graph. Classes with masks of their own (token types, ALiBi: Gemma 3, PaliGemma,
-  Bloom, ...) keep theirs.
+  Bloom, ...) keep theirs, and so do models with sliding-window or chunked attention layers: their
+  masks read the cache's position as a Python int (`cumulative_length_int`), which a graph would
+  specialize on — a recompile per token up to the limit, then eager (Mistral with a window, Gemma 2).
 - `_valid_auto_compile_criteria` says no: on a GPU (or with `compile_config._compile_all_devices`)
   HF wraps a static-cache forward in `torch.compile` itself, which would trace Dynamo through kiln's
   compiled forward; kiln compiles the forward, so HF's compilation stays off for the call.
@@ -40,8 +42,20 @@ def generation_helpers(module: nn.Module) -> dict[str, Callable]:
     if not hasattr(cls, "prepare_inputs_for_generation"):
         return {}
     helpers: dict[str, Callable] = {}
-    if not hasattr(cls, "create_masks_for_generate"):
+    if not hasattr(cls, "create_masks_for_generate") and _full_attention_only(getattr(module, "config", None)):
         helpers["create_masks_for_generate"] = masks_in_forward
     if hasattr(cls, "_valid_auto_compile_criteria"):
         helpers["_valid_auto_compile_criteria"] = no_auto_compile
     return helpers
+
+
+def _full_attention_only(config: Any) -> bool:
+    """Whether every layer of a HuggingFace config attends causally over the whole cache: no sliding
+    window, no attention chunks, no layer types but full attention (what `create_masks_for_generate`
+    tells apart)."""
+    if config is None:
+        return False
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if getattr(text, "sliding_window", None) is not None or getattr(text, "attention_chunk_size", None) is not None:
+        return False
+    return all(kind == "full_attention" for kind in getattr(text, "layer_types", None) or ())
