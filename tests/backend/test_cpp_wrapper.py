@@ -360,6 +360,19 @@ def test_stamps_change_with_writes_rebinds_and_replacements():
     assert stamp([a, b.clone(), c]) != stamp([a, b, c])
     with pytest.raises(TypeError, match="item 1 is int"):
         stamp([a, 3])
+    # Many tensors (a large model's frozen weights: their records prefetched level by level first),
+    # inference tensors, tensors without storage among them: the same answers, item by item.
+    many = [torch.randn(k % 7 + 1) for k in range(300)] + [c, torch.empty(0)]
+    with torch.inference_mode():
+        many.append(torch.randn(5))
+    before = stamp(many)
+    assert len(before) == len(many) * 3 * 8
+    assert before == b"".join(stamp([t]) for t in many)
+    many[150].mul_(2)
+    after = stamp(many)
+    assert after != before and after[:150 * 24] == before[:150 * 24] and after[151 * 24:] == before[151 * 24:]
+    with pytest.raises(TypeError, match="item 301 is str"):
+        stamp(many[:301] + ["x"])
 
 
 def _python_tensor_match(t: torch.Tensor, expected: torch.Tensor, static: bool) -> bool:
