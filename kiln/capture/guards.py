@@ -182,7 +182,7 @@ def _tensor_match(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
 def _shape(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
     text, sources = g.expected
     for name, source in sources:
-        text = text.replace(name, f"({(name_of and name_of(source)) or source.expr(ns, name_of)})")
+        text = text.replace(name, f"({source.read(ns, name_of)})")
     return text
 
 
@@ -201,7 +201,7 @@ def alias_pattern(tensors: Sequence[Any], by_storage: bool = False) -> tuple[int
 
 def _aliasing(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
     pattern, sources = g.expected
-    values = "".join(f"{(name_of and name_of(source)) or source.expr(ns, name_of)}, " for source in sources)
+    values = "".join(f"{source.read(ns, name_of)}, " for source in sources)
     function = python_door.alias_pattern_function() or alias_pattern
     return f"{ns.bind(function, 'F')}(({values}), {g.detail == 'storage'!r}) == {pattern!r}"
 
@@ -455,7 +455,7 @@ class CompiledGuards:
                         hoisted[sub] = name
             value = "None"
             if g.source is not None:
-                value = hoisted.get(g.source) or g.source.expr(self.ns, name_of)
+                value = g.source.read(self.ns, name_of)
                 if not value.isidentifier() and g.check_expr("_v", Namespace()).count("_v") > 1:
                     lines.append(f"{indent}_v = {value}")  # read once, checked several ways
                     value = "_v"

@@ -40,8 +40,12 @@ class Source:
         raise NotImplementedError
 
     def _sub(self, base: "Source", ns: Namespace, name_of: Any) -> str:
-        hoisted = name_of(base) if name_of is not None else None
-        return hoisted if hoisted is not None else base.expr(ns, name_of)
+        return base.read(ns, name_of)
+
+    def read(self, ns: Namespace, name_of: Any = None) -> str:
+        """The local `name_of` says holds this source (read once before), else its expression."""
+        hoisted = name_of(self) if name_of is not None else None
+        return hoisted if hoisted is not None else self.expr(ns, name_of)
 
     def chain(self) -> list["Source"]:
         """This source and every base it is built on, outermost first."""
@@ -260,7 +264,7 @@ def read_once(sources: list[Source], ns: Namespace, stem: str = "_in") -> tuple[
                 name = f"{stem}{len(hoisted)}"
                 lines.append(f"{name} = {sub.expr(ns, hoisted.get)}")
                 hoisted[sub] = name
-        exprs.append(hoisted.get(source) or source.expr(ns, hoisted.get))
+        exprs.append(source.read(ns, hoisted.get))
     return lines, exprs
 
 
