@@ -243,7 +243,10 @@ def _check_one_graph(door: str, model: torch.nn.Module, inputs: dict[str, torch.
 def _packs(step: Any) -> bool:
     """Whether the extern keeps a packed copy of its weight: not ATen's GEMM over the weight as it
     lies, nor `aten_kn` (a [K, N] contiguous copy) over a weight that is one already (q/k/v or
-    gate/up weights concatenated by sibling_products are)."""
+    gate/up weights concatenated by sibling_products are). kiln's attention has no weight (the
+    autotuner picks it over ATen's where it is faster: grouped-query attention since e4aa403)."""
+    if str(step.op) == "kiln.attention.default":
+        return False
     impl = _impl(step)
     if impl in ("aten_nk", "aten"):
         return False
