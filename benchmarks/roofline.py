@@ -11,7 +11,9 @@ step and used for `batch` multiply-adds, so its time is bounded below by bytes /
 
 from __future__ import annotations
 
+import ctypes
 import math
+import mmap
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -35,9 +37,24 @@ _ROWS = 16384
 ROUND_PROBE_PASSES = 2  # a probe between the timed calls of a benchmark: ~0.3 s at 40 GB/s
 
 
+_HUGE_PAGE = 2 << 20
+
+
 def probe_buffer(buffer_bytes: int = _BUFFER_BYTES) -> torch.Tensor:
-    """A buffer for `read_bandwidth` to read again and again (made once: filling 1 GiB takes longer than reading it)."""
-    return torch.empty(buffer_bytes // 4).uniform_()
+    """A buffer for `read_bandwidth` to read again and again (made once: filling 1 GiB takes longer
+    than reading it), on 2 MB pages where the kernel gives them (transparent huge pages, advised):
+    kiln reads its packed weights from such pages (backend.huge_pages), and on 4 KB pages a plain
+    read of the same memory runs far slower (2 threads of a 2-core AMD EPYC VM: 36 against 65
+    GB/s), so a probe on 4 KB pages would understate the machine. Where the kernel refuses the
+    advice the pages are 4 KB, as before."""
+    elements = buffer_bytes // 4
+    memory = mmap.mmap(-1, elements * 4 + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    offset = -ctypes.addressof(ctypes.c_char.from_buffer(memory)) % _HUGE_PAGE
+    try:
+        memory.madvise(mmap.MADV_HUGEPAGE, offset, elements * 4 // _HUGE_PAGE * _HUGE_PAGE)
+    except (AttributeError, OSError):  # (no MADV_HUGEPAGE here, or a kernel without THP)
+        pass
+    return torch.frombuffer(memory, dtype=torch.float32, count=elements, offset=offset).uniform_()
 
 
 def read_bandwidth(threads: int | None = None, buffer_bytes: int = _BUFFER_BYTES, passes: int = _PASSES,
@@ -48,7 +65,8 @@ def read_bandwidth(threads: int | None = None, buffer_bytes: int = _BUFFER_BYTES
     its rows (16384 rows: each thread reads several rows at once). Which one reaches the bandwidth
     depends on the machine, so the best is kept: on a 2-core AMD EPYC (Zen 4) at 2 threads the
     row sums read 57 GB/s in a process where `torch.sum` read 35, and kiln's float32 decode steps
-    had streamed their weights at 43. `buffer`: one made by `probe_buffer` (else one of
+    had streamed their weights at 43 (a 4 KB-page buffer, before `probe_buffer` asked for 2 MB
+    pages). `buffer`: one made by `probe_buffer` (else one of
     `buffer_bytes` is made now)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)

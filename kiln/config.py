@@ -394,6 +394,13 @@ class BackendSettings(_Group):
         help="GEMM implementations the autotuner may choose from, e.g. mkl,kiln (names of "
         "kiln.externs.prepacked.MM_IMPLS, or onednn_post_op); empty for all; aten, the fallback, always",
     )
+    huge_pages: bool = setting(
+        True,
+        env="KILN_HUGE_PAGES",
+        help="kiln's packed weights (its GEMM's panels, its quantized panels) in memory advised as 2 MB "
+        "transparent huge pages, where the kernel allows them (transparent_hugepage `madvise` or `always`): "
+        "a decode step streams them from DRAM with fewer TLB misses (docs/gemm.md); off: PyTorch's allocator",
+    )
     fp32_gemm: str = setting(
         "fp32",
         env="KILN_FP32_GEMM",

@@ -78,6 +78,7 @@ def test_defaults():
         "backend.disabled_passes": (),
         "backend.gemm_candidates": (),
         "backend.fp32_gemm": "fp32",
+        "backend.huge_pages": True,
         "capture.recompile_limit": 8,
         "capture.inline_depth": 64,
         "capture.scalar_outputs": False,

@@ -1,5 +1,5 @@
 """Times a decode step's weight-only quantized products (kiln_gemm_quant.h) built with other
-settings (-D macros: KILN_QUANT_LOCALITY, KILN_INT8_AHEAD, KILN_INT4_PREFETCH_WORDS) against the
+settings (-D macros: KILN_QUANT_LOCALITY, KILN_INT8_AHEAD, KILN_INT4_PREFETCH_WORDS, KILN_DIGIT_RUNS) against the
 default build, on one machine, in one process: every layer's products of an `llm` suite model
 (its q/k/v and gate/up merged, as kiln's freezing merges them, and its LM head), the weights
 cycled from DRAM as a decode step reads them, rounds interleaved across builds and kinds, medians.

@@ -78,11 +78,11 @@ class AotOptions:
 
 # The backend settings that change what is compiled, part of the AOT graph cache's key: a graph
 # built under other values is not loaded. (`compile_workers`, `cuda_graph_sizes`,
-# `triton_direct_launch` and `autotune_log` change how, not what; tests/runtime/test_first_run.py
+# `triton_direct_launch`, `autotune_log` and `huge_pages` change how, not what; tests/runtime/test_first_run.py
 # checks every backend setting is one or the other.)
 KEYED_SETTINGS = ("freezing", "autotune", "codegen", "symbolic_kernels", "cpp_wrapper", "cuda_graphs", "triton_gemm",
                   "gemm_candidates", "disabled_passes", "fp32_gemm")
-UNKEYED_SETTINGS = ("compile_workers", "cuda_graph_sizes", "triton_direct_launch", "autotune_log")
+UNKEYED_SETTINGS = ("compile_workers", "cuda_graph_sizes", "triton_direct_launch", "autotune_log", "huge_pages")
 
 
 def _placeholder_values(gm: fx.GraphModule) -> list[Any]:

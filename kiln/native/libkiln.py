@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from kiln import config
 from kiln.native import INCLUDE, kernels_unit  # the kernels kiln's operators run: a unit of the runtime
 from kiln.native.build import build_library
 
@@ -70,7 +71,15 @@ def library() -> ctypes.CDLL:
     lib.kiln_packs_held.restype = ctypes.c_int64
     lib.kiln_packed_bytes.restype = ctypes.c_int64
     lib.kiln_find_op.argtypes, lib.kiln_find_op.restype = [ctypes.c_char_p, ctypes.c_char_p], ctypes.c_void_p
+    lib.kiln_set_huge_pages(int(bool(config.backend.huge_pages)))
     return lib
+
+
+def apply_settings() -> None:
+    """Hand the runtime the settings its packs are made under (backend.huge_pages), where this
+    process has loaded it: the frozen program calls this before a first call makes its packs."""
+    if library.cache_info().currsize:
+        library().kiln_set_huge_pages(int(bool(config.backend.huge_pages)))
 
 
 def packed_bytes(weight: torch.Tensor) -> int:

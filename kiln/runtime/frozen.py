@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from kiln import logs
-from kiln.native import python_door
+from kiln.native import libkiln, python_door
 from kiln.runtime import data_watch
 from kiln.externs import native_ops
 from kiln.externs.prepacked import packed_bytes
@@ -85,6 +85,7 @@ class FrozenProgram:
             logs.log("freezing", "%s: a frozen input changed shape, dtype or strides; running the graph eagerly", self.label)
             return False
         data_watch.watch(frozen)
+        libkiln.apply_settings()  # (the packs are made by the call after this one, under these settings)
         epoch = data_watch.sweep()
         with torch.no_grad():
             self.constants = tuple(self.split.constants(*frozen))

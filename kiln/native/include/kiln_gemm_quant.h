@@ -785,6 +785,12 @@ static inline void int4_int8_tile(const QuantPanels<4>& src, const int64_t* at, 
     store_block<R>(acc[s], rows, int(std::min<int64_t>(NR, src.z.N - at[s] * NR)), r0, at[s] * NR, c, ldc, e, true);
 }
 
+// Runs of panels a thread reads at once at one row with three digits (their sums fill the registers).
+#ifdef KILN_DIGIT_RUNS  // to time another count
+constexpr int DIGIT_RUNS = KILN_DIGIT_RUNS;
+#else
+constexpr int DIGIT_RUNS = 2;
+#endif
 // C = epilogue(x's rows @ B) over every panel, the threads splitting them; one row in runs.
 template <int D>
 static void int8_products(const QuantPanels<4>& src, int64_t M, const Int8Rows& x, void* c, int64_t ldc,
@@ -796,7 +802,7 @@ static void int8_products(const QuantPanels<4>& src, int64_t M, const Int8Rows& 
     range(panels, omp_get_num_threads(), omp_get_thread_num(), p0, p1);
     if (M == 1) {
       // Runs of 4 panels with one digit (as int4_row), 2 with three: their sums fill the registers.
-      panel_runs<D == 1 ? INT4_RUNS : 2>(p0, p1, [&](auto count, const int64_t* at) {
+      panel_runs<D == 1 ? INT4_RUNS : DIGIT_RUNS>(p0, p1, [&](auto count, const int64_t* at) {
         int4_int8_tile<decltype(count)::value, 1, D>(src, at, 1, x, c, ldc, e);
       });
     } else {

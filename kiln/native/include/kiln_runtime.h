@@ -70,6 +70,9 @@ KILN_API int64_t kiln_packed_bytes(kiln_tensor weight);
 // float32 lanes of the vectors kiln's kernels were built with (kiln::attention's v head size must
 // be a multiple of them).
 KILN_API int kiln_vector_lanes(void);
+// Whether packs made from now on are carved from memory advised as 2 MB pages (1, the default) or
+// come from PyTorch's allocator (0): the setting backend.huge_pages (kiln_runtime.cpp).
+KILN_API void kiln_set_huge_pages(int on);
 KILN_API const char* kiln_error(void);
 KILN_API void kiln_set_error(const char* message);
 
