@@ -1,7 +1,7 @@
 """kiln's packed weights in memory advised as transparent huge pages (backend.huge_pages,
 kiln_runtime.cpp `pack_empty`): in a fresh process, the first pack maps a chunk flagged `hg` in
-/proc/self/smaps (madvise MADV_HUGEPAGE) with the setting on and nothing advised with it off; the
-product is the same either way."""
+/proc/self/smaps (madvise MADV_HUGEPAGE) with the setting on and nothing advised with it off; a
+dropped pack's pages go back to the system at once; the product is the same either way."""
 
 import json
 import os
@@ -19,23 +19,30 @@ import json, sys
 from pathlib import Path
 import torch
 from kiln.externs import native_ops
+from kiln.native import libkiln
 
-def advised():
-    total = size = 0
+def advised(field="Size"):
+    # bytes (`field`: mapped, or Rss: resident) of this process's mappings advised as huge pages
+    total = value = 0
     for line in Path("/proc/self/smaps").read_text().splitlines():
-        if line.startswith("Size:"):
-            size = int(line.split()[1]) * 1024
+        if line.startswith(field + ":"):
+            value = int(line.split()[1]) * 1024
         elif line.startswith("VmFlags:") and "hg" in line.split()[1:]:
-            total += size
+            total += value
     return total
 
 torch.manual_seed(0)
 a, weight = torch.randn(1, 1024), torch.randn(1024, 1024)
 native_ops.load()
 before = advised()
-out = torch.ops.kiln.mm(a, weight.t(), None, "none", [], None, "kiln")  # kiln's GEMM: its 4 MB of panels packed now
+b = weight.t()  # (the packs are kept per tensor: this one's)
+out = torch.ops.kiln.mm(a, b, None, "none", [], None, "kiln")  # kiln's GEMM: its 4 MB of panels packed now
 mapped = advised() - before
-json.dump({"mapped": mapped, "out": out.flatten().tolist(), "eager": (a @ weight.t()).flatten().tolist()}, sys.stdout)
+resident = advised("Rss")
+libkiln.drop_packs(b)  # the pack freed: its pages go back at once
+freed = resident - advised("Rss")
+json.dump({"mapped": mapped, "freed": freed, "out": out.flatten().tolist(), "eager": (a @ weight.t()).flatten().tolist()},
+          sys.stdout)
 """
 
 
@@ -49,6 +56,7 @@ def _run(huge_pages: str) -> dict:
 def test_packs_are_advised_as_huge_pages_only_with_the_setting_on():
     on, off = _run("1"), _run("0")
     assert on["mapped"] >= 4 << 20, on["mapped"]  # a chunk holding the 4 MB pack, advised
+    assert on["freed"] >= 3 << 20, on["freed"]  # the pack's resident pages returned when it was dropped
     assert off["mapped"] == 0, off["mapped"]
     assert on["out"] == off["out"]  # the same kernel over the same panels: the same bits
     assert max(abs(x - y) for x, y in zip(on["out"], on["eager"])) < 1e-3

@@ -196,16 +196,16 @@ int guarded(F&& body) {
 // ---- packed weights' memory ----------------------------------------------------------------------
 //
 // A decode step streams every packed weight from DRAM once, and on 4 KB pages each 4 KB of it is a
-// TLB miss: under a VM's nested paging a miss walks two page tables, and the misses, not the
-// memory, set the speed. Read with AVX-512 by 2 threads of a 2-core AMD EPYC VM (Zen 4), 76 MB
+// TLB miss (under a VM's nested paging a miss walks two page tables), and a stream's hardware
+// prefetches stop at each page. Read with AVX-512 by 2 threads of a 2-core AMD EPYC VM (Zen 4), 76 MB
 // streamed at 35-36 GB/s from 4 KB pages and 65 GB/s from 2 MB ones (C, 20 rounds, 2026-12-01). So
 // kiln's own packs (its GEMM's panels, its quantized panels) are carved from chunks of anonymous
 // memory aligned to 2 MB and advised as transparent huge pages (madvise MADV_HUGEPAGE: the kernel
 // backs them with 2 MB pages where /sys/kernel/mm/transparent_hugepage/enabled is `always` or
 // `madvise`, and with 4 KB pages as before where it is `never`). Only kiln's packs: PyTorch's
 // allocator, the user's tensors and the process are left as they are. A chunk is address space
-// until touched, so its unused tail costs no memory; it goes back to the system when its last pack
-// is freed. The setting backend.huge_pages (kiln_set_huge_pages) turns it off: packs then come
+// until touched, so its unused tail costs no memory; a freed pack's pages go back to the system at
+// once, and the chunk when its last pack is freed (docs/gemm.md). The setting backend.huge_pages (kiln_set_huge_pages) turns it off: packs then come
 // from PyTorch's allocator.
 std::atomic<bool> huge_pages_on{true};
 
@@ -218,11 +218,18 @@ std::mutex chunks_mutex;
 PackChunk* open_chunk = nullptr;  // where the next pack is carved (nullptr: none yet)
 constexpr size_t HUGE_PAGE = size_t(2) << 20, CHUNK_BYTES = size_t(64) << 20, PACK_ALIGN = 64;
 
-void release_pack(PackChunk* chunk) {
+// A pack at `at`, `bytes` long, freed. Its whole 4 KB pages go back to the system at once
+// (MADV_DONTNEED): a chunk is carved in order and never reuses a freed pack's place while others
+// live in it, and the autotuner's trial weights (packed, timed, freed) would otherwise hold their
+// memory for as long as any real pack beside them.
+void release_pack(PackChunk* chunk, char* at, size_t bytes) {
+  const uintptr_t page = 4096, first = (reinterpret_cast<uintptr_t>(at) + page - 1) & ~(page - 1),
+                  end = (reinterpret_cast<uintptr_t>(at) + bytes) & ~(page - 1);
+  if (end > first) madvise(reinterpret_cast<void*>(first), end - first, MADV_DONTNEED);
   std::lock_guard<std::mutex> lock(chunks_mutex);
   if (--chunk->live > 0) return;
   if (chunk == open_chunk) {
-    chunk->used = 0;  // the open chunk is carved from its start again (its pages already made)
+    chunk->used = 0;  // the open chunk is carved from its start again
     return;
   }
   munmap(chunk->base, chunk->size);
@@ -281,7 +288,7 @@ at::Tensor pack_empty(int64_t numel, const at::TensorOptions& options) {
     chunk->used += need;
     ++chunk->live;
   }
-  return at::from_blob(at, {numel}, [chunk](void*) { release_pack(chunk); }, options);
+  return at::from_blob(at, {numel}, [chunk, at, bytes](void*) { release_pack(chunk, at, bytes); }, options);
 }
 
 // ---- kiln::mm ----------------------------------------------------------------------------------
