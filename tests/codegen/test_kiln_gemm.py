@@ -128,7 +128,7 @@ def test_one_row_products_read_runs_of_panels(panels, threads, dtype):
     the next panel of every run at once (kiln_gemm.h `gemv`; bfloat16 in pairs of k where the CPU
     has them). Panel counts that leave runs of unequal length, fewer panels than runs, a ragged
     last panel; every epilogue; an odd K. Over panels on 2 MB pages the runtime asks for 2 runs
-    (kiln_gemm_set_huge_page_runs): the same bits, each panel's sums taken in the same order."""
+    (kiln_gemm_set_huge_page_packs): the same bits, each panel's sums taken in the same order."""
     n, k = 48 * panels - 5, 133
     a, b, bias, residual = _operands(1, k, n, dtype, seed=panels)
     packed = kernels.pack(b)
@@ -139,11 +139,11 @@ def test_one_row_products_read_runs_of_panels(panels, threads, dtype):
         for unary, scalars, algorithm in EPILOGUES:
             out = kernels.mm(a, packed, n, bias, unary, scalars, residual, algorithm=algorithm)
             _check(out, _reference(a, b, bias, unary, scalars, algorithm, residual), dtype, k)
-            library.kiln_gemm_set_huge_page_runs(2)
+            library.kiln_gemm_set_huge_page_packs(1)
             try:
                 in_two_runs = kernels.mm(a, packed, n, bias, unary, scalars, residual, algorithm=algorithm)
             finally:
-                library.kiln_gemm_set_huge_page_runs(0)
+                library.kiln_gemm_set_huge_page_packs(0)
             assert torch.equal(in_two_runs, out)
     finally:
         torch.set_num_threads(before)

@@ -153,13 +153,13 @@ def test_every_int4_path_at_a_few_rows(m, path):
         out = kernels.mm_quant(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm, int4_path=path)
         _check(out, _reference(carried if has else a, w, bias, unary, scalars, algorithm, residual), k)
         # Over panels on 2 MB pages the runtime asks for one stream a thread (the digits at one row:
-        # one run, no far prefetch; kiln_gemm_set_huge_page_runs): the same bits.
-        kernels.library().kiln_gemm_set_huge_page_runs(2)
+        # one run, no far prefetch; kiln_gemm_set_huge_page_packs): the same bits.
+        kernels.library().kiln_gemm_set_huge_page_packs(1)
         try:
             on_huge_pages = kernels.mm_quant(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm,
                                              int4_path=path)
         finally:
-            kernels.library().kiln_gemm_set_huge_page_runs(0)
+            kernels.library().kiln_gemm_set_huge_page_packs(0)
         assert torch.equal(on_huge_pages, out)
 
 

@@ -939,15 +939,15 @@ static inline void gemv_panels(int64_t K, const kiln_bf16* a, const kiln_bf16* c
 }
 #endif
 
-// Runs of a one-row product over panels on 2 MB pages (kiln's packs where transparent huge pages
-// are on: kiln_runtime.cpp `pack_empty`), set by the runtime (kiln_gemm_set_huge_page_runs; 0:
-// GEMV_STREAMS). The runs above keep lines in flight across the 4 KB pages where a stream's
+// Whether the panels lie on 2 MB pages (kiln's packs where transparent huge pages are on, on AMD:
+// kiln_runtime.cpp `pack_empty`), set by the runtime (kiln_gemm_set_huge_page_packs): one-row
+// products then read fewer runs a thread (2 here; int4's digits 1: kiln_gemm_quant.h). The runs above keep lines in flight across the 4 KB pages where a stream's
 // prefetches stop; on 2 MB pages one stream a thread goes on, and many compete. A llama-160m decode
 // step's float32 products cycled from DRAM (2 threads of a 2-core AMD EPYC, Zen 4; 13 interleaved
 // rounds; GB/s): 4 KB pages, 8 runs (MR) 45.5 (2 runs 38.4, 1 run 33.6); 2 MB pages, 8 runs 51.8, 2 runs
 // 60.0, 1 run 59.2 — in an hour where memory was slow, 33.6, 34.3 and 34.8. (The Intel Xeon's
 // prefetchers are not measured on 2 MB pages: there the runtime keeps GEMV_STREAMS.)
-static std::atomic<int> huge_page_runs{0};
+static std::atomic<bool> huge_page_packs{false};
 
 // Panels [p0, p1) of a one-row product (float32, or bfloat16 in pairs), read in runs (panel_runs).
 template <typename T>
@@ -961,7 +961,7 @@ static inline void gemv(int64_t N, int64_t K, const T* a, const T* bp, int64_t r
     gemv_panels<S>(K, a, panels, acc);
     for (int s = 0; s < S; ++s) store_row(acc[s], N, at[s], c, ldc, e);
   };
-  if (huge_page_runs.load(std::memory_order_relaxed) == 2) panel_runs<2>(p0, p1, run);
+  if (huge_page_packs.load(std::memory_order_relaxed)) panel_runs<2>(p0, p1, run);
   else panel_runs(p0, p1, run);
 }
 

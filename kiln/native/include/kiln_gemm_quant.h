@@ -800,8 +800,8 @@ static void int8_products(const QuantPanels<4>& src, int64_t M, const Int8Rows& 
   {
     int64_t p0, p1;
     range(panels, omp_get_num_threads(), omp_get_thread_num(), p0, p1);
-    if (M == 1 && D == 3 && huge_page_runs.load(std::memory_order_relaxed) != 0) {
-      // Over panels on 2 MB pages (kiln_gemm.h `huge_page_runs`: kiln's packs on AMD where THP is
+    if (M == 1 && D == 3 && huge_page_packs.load(std::memory_order_relaxed)) {
+      // Over panels on 2 MB pages (kiln_gemm.h `huge_page_packs`: kiln's packs on AMD where THP is
       // on) one stream a thread and no software prefetch: the hardware's prefetcher follows it
       // across the whole range. 40 products 768x6144 from DRAM, 2 threads of a 2-core AMD EPYC (Zen
       // 4), 9 interleaved rounds: 3.60 -> 3.28 ms on 2 MB pages (2 runs with the far prefetches ->

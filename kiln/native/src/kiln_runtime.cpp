@@ -91,7 +91,7 @@ extern "C" void kiln_attention_f32(const int64_t* shape, const float* q, const f
 extern "C" int kiln_vec_lanes();
 // kiln's GEMM's K blocking (kiln/native/kernels_unit.py K_BLOCK).
 extern "C" int64_t kiln_gemm_k_block();
-extern "C" void kiln_gemm_set_huge_page_runs(int32_t runs);
+extern "C" void kiln_gemm_set_huge_page_packs(int32_t on);
 
 namespace {
 
@@ -1132,9 +1132,9 @@ int kiln_vector_lanes(void) { return kiln_vec_lanes(); }
 
 void kiln_set_huge_pages(int on) {
   huge_pages_on.store(on != 0);
-  // One-row float32 products over panels on 2 MB pages read in 2 runs a thread, not GEMV_STREAMS
-  // (kiln_gemm.h `huge_page_runs`: measured on AMD's Zen 4; Intel's prefetchers are not yet).
-  kiln_gemm_set_huge_page_runs(on && transparent_huge_pages() && __builtin_cpu_is("amd") ? 2 : 0);
+  // One-row products over panels on 2 MB pages read fewer runs a thread (kiln_gemm.h
+  // `huge_page_packs`: measured on AMD's Zen 4; Intel's prefetchers are not yet).
+  kiln_gemm_set_huge_page_packs(on && transparent_huge_pages() && __builtin_cpu_is("amd"));
 }
 
 const char* kiln_error(void) { return last_error.c_str(); }
