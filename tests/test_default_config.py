@@ -242,17 +242,20 @@ def _check_one_graph(door: str, model: torch.nn.Module, inputs: dict[str, torch.
 
 def _packs(step: Any) -> bool:
     """Whether the extern keeps a packed copy of its weight: not ATen's GEMM over the weight as it
-    lies, nor `aten_kn` (a [K, N] contiguous copy) over a weight that is one already (q/k/v or
-    gate/up weights concatenated by sibling_products are). kiln's attention has no weight (the
-    autotuner picks it over ATen's where it is faster: grouped-query attention since e4aa403)."""
+    lies, nor `aten_kn` (a [K, N] row-major copy) over a weight that is one already (q/k/v or
+    gate/up weights concatenated by sibling_products are), nor `aten_nk` (a [N, K] row-major copy,
+    read transposed) over one that is that already (a Linear's own weight is). kiln's attention
+    has no weight (the autotuner picks it over ATen's where it is faster: grouped-query attention
+    since e4aa403)."""
     if str(step.op) == "kiln.attention.default":
         return False
     impl = _impl(step)
-    if impl in ("aten_nk", "aten"):
+    if impl == "aten":
         return False
-    if impl == "aten_kn":
-        weight = step.args[1].layout
-        return tuple(weight.stride) != (weight.size[1], 1)
+    if impl in ("aten_kn", "aten_nk"):
+        weight = step.args[1].layout  # the [K, N] operand
+        row_major = (weight.size[1], 1) if impl == "aten_kn" else (1, weight.size[0])
+        return tuple(weight.stride) != row_major
     return True
 
 
