@@ -84,9 +84,9 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.kiln_gemm_quant_packed_bytes.argtypes = [i32, i64, i64, i64]
     lib.kiln_gemm_quant_pack.argtypes = [i32, i64, i64, i64, ptr, ptr, ptr, ptr]
     lib.kiln_gemm_quant_f32.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
-    lib.kiln_gemm_quant_int4_path_of.restype = i32
-    lib.kiln_gemm_quant_int4_path_of.argtypes = [i64, i64, i64, i64]
-    lib.kiln_gemm_quant_int4_path.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr]
+    lib.kiln_gemm_quant_path_of.restype = i32
+    lib.kiln_gemm_quant_path_of.argtypes = [i32, i64, i64, i64, i64]
+    lib.kiln_gemm_quant_path.argtypes = [i32, i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr]
     lib.kiln_gemm_quant_a8_f32.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
     lib.kiln_gemm_quant_a8_integer.restype = i32
     lib.kiln_gemm_quant_a8_integer.argtypes = [i64, i64, i64, i64]
@@ -198,15 +198,18 @@ def quant_pack(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor 
     return out
 
 
-# int4's paths at 4 rows or fewer, by kiln_gemm_quant.h's number (`Int4Path`).
-INT4_PATHS = ("float32", "bf16_pairs", "int8_digits")
+# The quantized products' paths at 4 rows or fewer, by kiln_gemm_quant.h's number (`QuantPath`):
+# bf16_pairs is int4's only.
+QUANT_PATHS = ("float32", "bf16_pairs", "int8_digits")
 
 
-def int4_path(m: int, k: int, n: int, group_size: int, lib: ctypes.CDLL | None = None) -> str:
-    """The path an int4 product of `m` <= 4 rows runs here (INT4_PATHS): the fastest this CPU
-    measured of those it has (bf16_pairs: avx512_bf16; int8_digits: avx512_vnni; groups of a
-    multiple of 8) at one row or at four, else float32."""
-    return INT4_PATHS[(lib or library()).kiln_gemm_quant_int4_path_of(m, k, n, group_size)]
+def quant_path(bits: int, m: int, k: int, n: int, group_size: int, lib: ctypes.CDLL | None = None) -> str:
+    """The path a product of `m` <= 4 rows over a `bits`-bit weight runs here (QUANT_PATHS). int4:
+    the fastest this CPU measured of those it has (bf16_pairs: avx512_bf16; int8_digits: a dot4,
+    groups of a multiple of 8) at one row or at four, else float32; int8: int8_digits where the CPU
+    has a one-instruction dot4 (VNNI, AVX-VNNI, aarch64's dot products), else float32."""
+    group = k if bits == 8 else group_size
+    return QUANT_PATHS[(lib or library()).kiln_gemm_quant_path_of(bits, m, k, n, group)]
 
 
 def int8_dot_applies(m: int, k: int, n: int, group_size: int, lib: ctypes.CDLL | None = None) -> bool:
@@ -219,11 +222,11 @@ def int8_dot_applies(m: int, k: int, n: int, group_size: int, lib: ctypes.CDLL |
 def mm_quant(a: torch.Tensor, packed: torch.Tensor, n: int, bits: int, group_size: int,
              bias: torch.Tensor | None = None, unary: str = "none", scalars: list | tuple = (),
              residual: torch.Tensor | None = None, algorithm: str | None = None, row_norm: RowNorm | tuple | None = None,
-             lib: ctypes.CDLL | None = None, int4_path: str | None = None,
+             lib: ctypes.CDLL | None = None, path: str | None = None,
              int8_activations: str | None = None) -> torch.Tensor:
     """epilogue(a [M, K] (float32) @ dequantize(B)) with B packed by `quant_pack`: the epilogues of
-    `mm`, float32 out. `int4_path` (int4 at 4 rows or fewer, one of INT4_PATHS): run that path
-    (where the CPU has it; float32 elsewhere) rather than the one this CPU measured the fastest.
+    `mm`, float32 out. `path` (at 4 rows or fewer, one of QUANT_PATHS): run that path (where the
+    CPU has it; float32 elsewhere) rather than the one this CPU takes by default (`quant_path`).
     `int8_activations` (int4): a's rows quantized to int8 per group first (kiln.quantize's
     activations="int8"), multiplied by the "integer" path where it applies or the "float" one."""
     lib = lib or library()
@@ -237,20 +240,20 @@ def mm_quant(a: torch.Tensor, packed: torch.Tensor, n: int, bits: int, group_siz
         post = _with_row_norm(post, torch.float32, *RowNorm(*row_norm))
     post_ref = ctypes.byref(post) if post is not None else None
     if int8_activations is not None:
-        if bits != 4 or int8_activations not in ("integer", "float") or int4_path is not None:
-            raise ValueError("int8_activations ('integer' or 'float') applies to int4 weights, without int4_path")
+        if bits != 4 or int8_activations not in ("integer", "float") or path is not None:
+            raise ValueError("int8_activations ('integer' or 'float') applies to int4 weights, without path")
         lib.kiln_gemm_quant_a8_f32(int(int8_activations == "integer"), M, n, K, group_size, a.data_ptr(), K,
                                    packed.data_ptr(), out.data_ptr(), n, post_ref, K_BLOCK)
-    elif int4_path is None:
+    elif path is None:
         lib.kiln_gemm_quant_f32(bits, M, n, K, K if bits == 8 else group_size, a.data_ptr(), K, packed.data_ptr(),
                                 out.data_ptr(), n, post_ref, K_BLOCK)
     else:
-        if bits != 4 or M > 4:
-            raise ValueError(f"int4_path chooses among int4's paths at 4 rows or fewer ({', '.join(INT4_PATHS)})")
-        if int4_path not in INT4_PATHS:
-            raise ValueError(f"int4_path must be one of {', '.join(INT4_PATHS)}, got {int4_path!r}")
-        lib.kiln_gemm_quant_int4_path(INT4_PATHS.index(int4_path), M, n, K, group_size, a.data_ptr(), K, packed.data_ptr(),
-                                      out.data_ptr(), n, post_ref)
+        if M > 4:
+            raise ValueError(f"path chooses among the paths at 4 rows or fewer ({', '.join(QUANT_PATHS)})")
+        if path not in QUANT_PATHS:
+            raise ValueError(f"path must be one of {', '.join(QUANT_PATHS)}, got {path!r}")
+        lib.kiln_gemm_quant_path(bits, QUANT_PATHS.index(path), M, n, K, K if bits == 8 else group_size, a.data_ptr(), K,
+                                 packed.data_ptr(), out.data_ptr(), n, post_ref)
     return out
 
 

@@ -59,12 +59,13 @@ def _entries() -> str:
         "void kiln_gemm_quant_f32(int32_t bits, int64_t M, int64_t N, int64_t K, int64_t group, const float* a, int64_t lda, "
         "const uint8_t* packed, void* c, int64_t ldc, const kiln_gemm::Epilogue* e, int64_t kc) "
         f"{{ kiln_gemm::gemm_quant({quant_shape}, M, a, lda, packed, c, ldc, e, kc); }}",
-        f"int32_t kiln_gemm_quant_int4_path_of(int64_t M, int64_t K, int64_t N, int64_t group) {{ const int32_t bits = 4; "
-        f"return kiln_gemm::int4_path_for({quant_shape}, M); }}",
-        # (tests: each of int4's paths at a few rows (kiln_gemm::Int4Path), whichever this CPU measured the fastest)
-        "void kiln_gemm_quant_int4_path(int32_t path, int64_t M, int64_t N, int64_t K, int64_t group, const float* a, "
-        "int64_t lda, const uint8_t* packed, void* c, int64_t ldc, const kiln_gemm::Epilogue* e) { const int32_t bits = 4; "
-        f"kiln_gemm::gemm_quant_direct(kiln_gemm::QuantPanels<4>{{{quant_shape}, packed}}, M, a, lda, c, ldc, e, path); }}",
+        "int32_t kiln_gemm_quant_path_of(int32_t bits, int64_t M, int64_t K, int64_t N, int64_t group) "
+        f"{{ return kiln_gemm::quant_path_for({quant_shape}, M); }}",
+        # (tests: each path at a few rows (kiln_gemm::QuantPath), whichever this CPU takes by default)
+        "void kiln_gemm_quant_path(int32_t bits, int32_t path, int64_t M, int64_t N, int64_t K, int64_t group, "
+        "const float* a, int64_t lda, const uint8_t* packed, void* c, int64_t ldc, const kiln_gemm::Epilogue* e) { "
+        f"if (bits == 8) kiln_gemm::gemm_quant_direct(kiln_gemm::QuantPanels<8>{{{quant_shape}, packed}}, M, a, lda, c, ldc, e, path); "
+        f"else kiln_gemm::gemm_quant_direct(kiln_gemm::QuantPanels<4>{{{quant_shape}, packed}}, M, a, lda, c, ldc, e, path); }}",
         # int4 with int8 activations; `integer` 0 takes the float32 path where the integer one applies (tests)
         "void kiln_gemm_quant_a8_f32(int32_t integer, int64_t M, int64_t N, int64_t K, int64_t group, const float* a, "
         "int64_t lda, const uint8_t* packed, void* c, int64_t ldc, const kiln_gemm::Epilogue* e, int64_t kc) "

@@ -53,8 +53,8 @@ template <class T> static void gemm(const char* words) {
 }
 
 // "gemm_quant bits M N K group kc bias residual unary scalar0 scalar1 int8_activations path": kiln's
-// quantized GEMM (kiln_gemm_quant.h) as kiln/quant's weights reach it; `path` >= 0: int4 at 4 rows
-// or fewer by that path (kiln_gemm::Int4Path) rather than the one measured the fastest. in: A
+// quantized GEMM (kiln_gemm_quant.h) as kiln/quant's weights reach it; `path` >= 0: at 4 rows or
+// fewer by that path (kiln_gemm::QuantPath) rather than the one it takes by default. in: A
 // [M, K] float32, q (bits 8: [N, K] int8, group K; bits 4: [N, ceil(K / 2)] bytes), scales
 // [N, groups] and (bits 4) zeros [N, groups] float32, bias [N] and residual [M, N] float32 when
 // flagged; out: C [M, N].
@@ -78,6 +78,8 @@ static void gemm_quant(const char* words) {
   const kiln_gemm::Epilogue* post = bias || residual || unary ? &e : nullptr;
   if (int8_activations)
     kiln_gemm::gemm_quant_int8_activations(z, M, a.data(), K, packed.data(), c.data(), N, post, kc, true);
+  else if (path >= 0 && bits == 8)
+    kiln_gemm::gemm_quant_direct(kiln_gemm::QuantPanels<8>{z, packed.data()}, M, a.data(), K, c.data(), N, post, path);
   else if (path >= 0)
     kiln_gemm::gemm_quant_direct(kiln_gemm::QuantPanels<4>{z, packed.data()}, M, a.data(), K, c.data(), N, post, path);
   else
@@ -85,13 +87,14 @@ static void gemm_quant(const char* words) {
   write(c);
 }
 
-// "quant_paths M K N group": int32 [the path an int4 product of M rows takes (kiln_gemm::Int4Path),
-// whether int8 activations take the integer path].
+// "quant_paths M K N group": int32 [the path an int4 product of M rows takes (kiln_gemm::QuantPath),
+// whether int8 activations take the integer path, the path an int8 product of M rows takes].
 static void quant_paths(const char* words) {
   long long M, K, N, group;
   if (std::sscanf(words, "%lld %lld %lld %lld", &M, &K, &N, &group) != 4) fail("quant_paths: bad request");
-  const kiln_gemm::QuantShape z{4, K, N, group};
-  write(std::vector<int32_t>{kiln_gemm::int4_path_for(z, M), int32_t(kiln_gemm::int8_dot_applies(z, M))});
+  const kiln_gemm::QuantShape z{4, K, N, group}, z8{8, K, N, K};
+  write(std::vector<int32_t>{kiln_gemm::quant_path_for(z, M), int32_t(kiln_gemm::int8_dot_applies(z, M)),
+                             kiln_gemm::quant_path_for(z8, M)});
 }
 
 // "depthwise N H W C KH KW OH OW sh sw ph pw dh dw bias other unary scalar0 scalar1": in: x [N, H,

@@ -49,8 +49,13 @@ def split_activations(a: torch.Tensor) -> torch.Tensor:
     return hi.double() + lo.double()
 
 
-def int4_digits_of(a: torch.Tensor, group: int) -> torch.Tensor:
-    """The activations as int4's int8-digits path carries them (kiln_gemm_quant.h `split_group`):
+# The groups of k over which int8 weights' digits path splits the activations (kiln_gemm_quant.h
+# INT8_DIGIT_GROUP; int4's path splits them over the weight's groups).
+INT8_DIGIT_GROUP = 256
+
+
+def digits_of(a: torch.Tensor, group: int) -> torch.Tensor:
+    """The activations as the int8-digits path carries them (kiln_gemm_quant.h `split_group`):
     per row and group, three int8 digits with scales 2^e, 2^(e - 7), 2^(e - 14), 2^(e + 6) the
     power of two above the group's largest |a|, each the rounded remainder of the last."""
     k = a.shape[-1]
@@ -66,11 +71,14 @@ def int4_digits_of(a: torch.Tensor, group: int) -> torch.Tensor:
     return carried.flatten(-2)[..., :k]
 
 
-def _carried(a: torch.Tensor, bits: int, m: int, group: int, lib=None) -> torch.Tensor:
-    """`a` as the path kiln's GEMM (built for this CPU, or `lib`) takes carries it: int4 at most 4
-    rows runs the fastest of its paths the build has (`int4_fastest_path`, groups of a multiple of 8)."""
-    path = kernels.int4_path(m, 64, 64, group, lib) if bits == 4 and m <= 4 else "float32"
-    return a if path == "float32" else split_activations(a) if path == "bf16_pairs" else int4_digits_of(a, group)
+def _carried(a: torch.Tensor, bits: int, m: int, group: int, lib=None, path: str | None = None) -> torch.Tensor:
+    """`a` as `path` (else the one kiln's GEMM, built for this CPU or `lib`, takes) carries it: at
+    most 4 rows int4 runs the fastest of its paths the build has (`int4_fastest_path`, groups of a
+    multiple of 8), int8 the digits where the build's dot4 is one instruction."""
+    path = path or (kernels.quant_path(bits, m, 64, 64, group, lib) if m <= 4 else "float32")
+    if path == "int8_digits":
+        return digits_of(a, INT8_DIGIT_GROUP if bits == 8 else group)
+    return split_activations(a) if path == "bf16_pairs" else a
 
 
 def test_the_carried_activations_are_within_their_bounds():
@@ -80,7 +88,7 @@ def test_the_carried_activations_are_within_their_bounds():
     for group in (8, 64, 128):
         largest = torch.nn.functional.pad(rows.abs(), (0, -1000 % group)).unflatten(-1, (-1, group)).amax(-1)
         bound = largest.repeat_interleave(group, -1)[:, :1000].double() * 2.0 ** -20
-        assert ((int4_digits_of(rows, group) - rows.double()).abs() <= bound).all()
+        assert ((digits_of(rows, group) - rows.double()).abs() <= bound).all()
 
 
 def _reference(a, w, bias, unary, scalars, algorithm, residual):
@@ -135,32 +143,58 @@ def _cpu_has(flag: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize("path", kernels.INT4_PATHS)
-@pytest.mark.parametrize("m", [1, 2, 4])
-def test_every_int4_path_at_a_few_rows(m, path):
-    """int4 at a few rows has three paths, the CPU's fastest measured once per process
-    (kiln_gemm_quant.h `int4_fastest_path`): each is checked here whichever that is, against
-    float64 of the activations as it carries them. The bfloat16 one runs where the CPU has
-    avx512_bf16, the int8 digits where it has avx512_vnni (else the float32 one does)."""
-    k, n, group = 264, 811, 32
-    q, s, z, w = _quantized(n, k, 4, group, seed=m)
-    packed = kernels.quant_pack(q, s, z, 4, group, k)
+@pytest.mark.parametrize("bits,path", [(4, "float32"), (4, "bf16_pairs"), (4, "int8_digits"), (8, "float32"),
+                                       (8, "int8_digits")])
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_every_path_at_a_few_rows(m, bits, path):
+    """At a few rows int4 has three paths, the CPU's fastest measured once per process
+    (kiln_gemm_quant.h `int4_fastest_path`), int8 two (the digits where dot4 is one instruction):
+    each is checked here whichever runs by default, against float64 of the activations as it
+    carries them. The bfloat16 one runs where the CPU has avx512_bf16, the int8 digits where it
+    has avx512_vnni (else the float32 one does). K = 1030: int8's digits in groups of 256 and a
+    last, partial quad."""
+    k, n, group = (264, 811, 32) if bits == 4 else (1030, 811, 0)
+    q, s, z, w = _quantized(n, k, bits, group, seed=m)
+    packed = kernels.quant_pack(q, s, z, bits, group, k)
     g = torch.Generator().manual_seed(m)
     a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
     has = {"float32": True, "bf16_pairs": _cpu_has("avx512_bf16"), "int8_digits": _cpu_has("avx512_vnni")}[path]
-    carried = {"float32": a, "bf16_pairs": split_activations(a), "int8_digits": int4_digits_of(a, group)}[path]
+    carried = _carried(a, bits, m, group, path=path if has else "float32")
     for unary, scalars, algorithm in EPILOGUES[:4]:
-        out = kernels.mm_quant(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm, int4_path=path)
-        _check(out, _reference(carried if has else a, w, bias, unary, scalars, algorithm, residual), k)
+        out = kernels.mm_quant(a, packed, n, bits, group, bias, unary, scalars, residual, algorithm, path=path)
+        _check(out, _reference(carried, w, bias, unary, scalars, algorithm, residual), k)
         # Over panels on 2 MB pages the runtime asks for one stream a thread (the digits at one row:
         # one run, no far prefetch; kiln_gemm_set_huge_page_packs): the same bits.
         kernels.library().kiln_gemm_set_huge_page_packs(1)
         try:
-            on_huge_pages = kernels.mm_quant(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm,
-                                             int4_path=path)
+            on_huge_pages = kernels.mm_quant(a, packed, n, bits, group, bias, unary, scalars, residual, algorithm,
+                                             path=path)
         finally:
             kernels.library().kiln_gemm_set_huge_page_packs(0)
         assert torch.equal(on_huge_pages, out)
+
+
+def test_int8_weights_digits_keep_small_activations_beside_large_ones():
+    """int8 weights' digits scale each group of INT8_DIGIT_GROUP k on its own: activations a
+    thousand times larger in k 300..499 (weights zero there, so the product is the small ones')
+    leave the others' digits as fine as before (within float32 rounding of the product over
+    digits_of per group), where one group over all of K would carry them 2^10 times more coarsely."""
+    if kernels.quant_path(8, 1, 1030, 64, 0) != "int8_digits":
+        pytest.skip("int8 weights take the float32 path on this CPU (no one-instruction dot4)")
+    m, k, n = 2, 1030, 64
+    g = torch.Generator().manual_seed(5)
+    weight = torch.randn(n, k, generator=g)
+    weight[:, 300:500] = 0
+    q, s = quantize_int8(weight)
+    w = dequantize(q, s, None, 8, 0, k).double()
+    packed = kernels.quant_pack(q, s, None, 8, 0, k)
+    a = torch.randn(m, k, generator=g)
+    a[:, 300:500] *= 1000
+    out = kernels.mm_quant(a, packed, n, 8, 0).double()
+    magnitude = a.double().abs() @ w.abs().t()
+    for group, within in [(INT8_DIGIT_GROUP, True), (k, False)]:
+        err = ((out - _reference(digits_of(a, group), w, None, "none", (), None, None)).abs() / magnitude).max().item()
+        assert (err <= 1e-6) == within, (group, err)
 
 
 # (M, K, N, group): one row in runs of panels (17 of them), 2..4 rows, K not a multiple of 8 (a
@@ -186,7 +220,7 @@ def test_int8_activations_match_a_float64_product_of_the_quantized_rows(shape, p
     rows = quantize_activations(a, group)
     assert (rows != a).any() and ((rows - a).abs() <= 0.02).all()  # quantized: half a level, 1/254 of a group's max
     integer = path == "integer" and kernels.int8_dot_applies(m, k, n, group)
-    # (else the float32 GEMM over those rows, which takes int4's fastest path: test_every_int4_path_at_a_few_rows)
+    # (else the float32 GEMM over those rows, which takes int4's fastest path: test_every_path_at_a_few_rows)
     carried = rows if integer else _carried(rows, 4, m, group)
     for unary, scalars, algorithm in EPILOGUES[:4]:
         out = kernels.mm_quant(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm,
@@ -195,9 +229,12 @@ def test_int8_activations_match_a_float64_product_of_the_quantized_rows(shape, p
 
 
 def test_the_integer_path_runs_where_the_cpu_has_vnni():
-    """Not a silent fallback: on a CPU with avx512_vnni the decode rows take vpdpbusd."""
+    """Not a silent fallback: on a CPU with avx512_vnni the decode rows take vpdpbusd, with int8
+    activations and over int8 weights."""
     assert kernels.int8_dot_applies(1, 768, 768, 128) == _cpu_has("avx512_vnni")
     assert not kernels.int8_dot_applies(5, 768, 768, 128) and not kernels.int8_dot_applies(1, 768, 768, 10)
+    for m in (1, 4):
+        assert (kernels.quant_path(8, m, 768, 768, 0) == "int8_digits") == _cpu_has("avx512_vnni")
 
 
 def test_a_wrong_dequantization_is_caught():
@@ -229,7 +266,8 @@ def test_other_isas(flags, tmp_path):
         if bits == 4:  # int8 activations and digits: AVX2's vpmaddubsw (x86-64-v3), plain C++ (v2) after
             out = kernels.mm_quant(a, packed, n, bits, group, bias, "gelu", lib=lib, int8_activations="integer")
             _check(out, _reference(quantize_activations(a, group), w, bias, "gelu", (), None, None), k)
-            if m <= 4:
-                digits = "-march=x86-64-v3" in flags  # (the digits need vpdpbusd or AVX2)
-                out = kernels.mm_quant(a, packed, n, bits, group, bias, "gelu", lib=lib, int4_path="int8_digits")
-                _check(out, _reference(int4_digits_of(a, group) if digits else a, w, bias, "gelu", (), None, None), k)
+        if m <= 4:  # the digits (int4's, int8's): vpdpbusd or AVX2's byte products (x86-64-v3), plain C++ (v2)
+            digits = "-march=x86-64-v3" in flags
+            out = kernels.mm_quant(a, packed, n, bits, group, bias, "gelu", lib=lib, path="int8_digits")
+            carried = _carried(a, bits, m, group, path="int8_digits" if digits else "float32")
+            _check(out, _reference(carried, w, bias, "gelu", (), None, None), k)

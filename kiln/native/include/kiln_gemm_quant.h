@@ -4,8 +4,10 @@
 // (per output column, a float scale: w = q * scale) or int4 (per group of `group` rows of k and
 // column, a float scale and zero point: w = (q - zero) * scale, q in 0..15), a weight reads a
 // quarter or an eighth of float32's bytes. The packed form keeps kiln_gemm.h's panels of NR
-// columns: int8 bytes [panels][K][NR]; int4 32-bit words [panels][ceil(K / 8)][NR], k's nibble at
-// bits 4 (k % 8) of word k / 8 (a column's 4 stored bytes 4 (k / 8) .. + 3, read as one word).
+// columns, each column's k in 32-bit lanes: int8 quads [panels][ceil(K / 4)][NR], k's byte at
+// bits 8 (k % 4) of quad k / 4 (zero past K: the four k a dot product instruction takes in one
+// lane); int4 words [panels][ceil(K / 8)][NR], k's nibble at bits 4 (k % 8) of word k / 8 (a
+// column's 4 stored bytes 4 (k / 8) .. + 3, read as one word).
 // After the panels, 64-byte aligned, the scales [panels][groups][NR] and (int4) the zero points,
 // the same shape; a padded column's scale is 0. int4's table holds 16 scale and zero / 16 (both
 // exact): its weights are unpacked as q / 16 (nibble_lanes), and (q / 16 - zero / 16) * 16 scale
@@ -32,7 +34,8 @@ struct QuantShape {
   int64_t panels() const { return (N + NR - 1) / NR; }
   int64_t groups() const { return (K + group - 1) / group; }
   int64_t words() const { return (K + 7) / 8; }                        // int4: 32-bit words per column
-  int64_t rows() const { return bits == 8 ? K : words() * 4; }         // bytes per column of a panel
+  int64_t quads() const { return (K + 3) / 4; }                        // int8: 32-bit quads per column
+  int64_t rows() const { return 4 * (bits == 8 ? quads() : words()); } // bytes per column of a panel
   static int64_t aligned(int64_t bytes) { return (bytes + 63) / 64 * 64; }
   int64_t q_bytes() const { return aligned(panels() * rows() * NR); }
   int64_t table_bytes() const { return aligned(panels() * groups() * NR * int64_t(sizeof(float))); }
@@ -49,9 +52,9 @@ static void pack_quant(const QuantShape& z, const uint8_t* q, const float* scale
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t j0 = p * NR, n = std::min<int64_t>(NR, z.N - j0);
     uint8_t* dst = out + p * rows * NR;
-    if (z.bits == 8) {
+    if (z.bits == 8) {  // quad u of column j: k 4u .. 4u + 3 (zero past K)
       for (int64_t k = 0; k < rows; ++k)
-        for (int64_t j = 0; j < NR; ++j) dst[k * NR + j] = j < n ? q[(j0 + j) * rows + k] : 0;
+        for (int64_t j = 0; j < NR; ++j) dst[(k / 4 * NR + j) * 4 + k % 4] = j < n && k < z.K ? q[(j0 + j) * z.K + k] : 0;
     } else {  // word w of column j: its bytes 4w .. 4w + 3 (zero past ceil(K / 2))
       const int64_t stored = (z.K + 1) / 2;
       for (int64_t w = 0; w < z.words(); ++w)
@@ -66,21 +69,6 @@ static void pack_quant(const QuantShape& z, const uint8_t* q, const float* scale
         if (z.bits == 4) zero_out[(p * groups + g) * NR + j] = (j < n ? zeros[(j0 + j) * groups + g] : 0.0f) / 16.0f;
       }
   }
-}
-
-// L bytes at p, sign- or zero-extended to int32 lanes. GCC (12) converts a vector of bytes with
-// __builtin_convertvector lane by lane in scalar code (2 cycles a weight, the int8 GEMV at a tenth
-// of float32's speed); the widening instructions do it in one.
-template <bool SIGNED> static inline kiln::vec<int32_t> widen_bytes(const uint8_t* p) {
-#if KILN_VEC_BYTES == 64
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return reinterpret_cast<kiln::vec<int32_t>>(SIGNED ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
-#elif KILN_VEC_BYTES == 32 && defined(__AVX2__)
-  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  return reinterpret_cast<kiln::vec<int32_t>>(SIGNED ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
-#else
-  return kiln::lanes<int32_t>([&](int l) { return SIGNED ? int32_t(int8_t(p[l])) : int32_t(p[l]); });
-#endif
 }
 
 // int4's nibble `field` (0..7) of each lane's word, as the float32 q / 16, without converting an
@@ -113,11 +101,16 @@ static inline kiln::vec<int32_t> load_words(const uint8_t* p) {
   return words;
 }
 
-// L weights of row k of a panel's column vector v, as float32 lanes: int8 sign-extended, int4 as
+// int8's byte `field` (0..3) of each lane's quad, sign-extended: shifted to the top, then down.
+static inline V byte_lanes(kiln::vec<int32_t> quads, int field) {
+  return __builtin_convertvector((quads << (24 - 8 * field)) >> 24, V);
+}
+
+// L weights of row k of a panel's column vector v, as float32 lanes: int8 as byte_lanes, int4 as
 // nibble_lanes (q / 16).
 template <int BITS> static inline V quant_lanes(const uint8_t* panel, int64_t k, int v) {
   if constexpr (BITS == 8) {
-    return __builtin_convertvector(widen_bytes<true>(panel + k * NR + v * L), V);
+    return byte_lanes(load_words(panel + ((k >> 2) * NR + v * L) * 4), int(k & 3));
   } else {
     return nibble_lanes(load_words(panel + ((k >> 3) * NR + v * L) * 4), int(k & 7));
   }
@@ -133,9 +126,9 @@ template <int BITS> struct QuantPanels {
     return reinterpret_cast<const float*>(packed + z.q_bytes() + which * z.table_bytes()) + (p * z.groups() + g) * NR;
   }
   const char* raw(int64_t p, int64_t k0) const {
-    return reinterpret_cast<const char*>(panel(p) + (BITS == 8 ? k0 : k0 / 8 * 4) * NR);
+    return reinterpret_cast<const char*>(panel(p) + (BITS == 8 ? k0 / 4 : k0 / 8) * 4 * NR);
   }
-  int64_t raw_bytes(int64_t kn) const { return (BITS == 8 ? kn : (kn + 7) / 8 * 4) * NR; }
+  int64_t raw_bytes(int64_t kn) const { return (BITS == 8 ? (kn + 3) / 4 : (kn + 7) / 8) * 4 * NR; }
   int64_t bytes(int64_t) const { return z.bytes(); }
 
   // Rows [k0, k0 + kn) of panel p as float32 [kn][NR], in this thread's buffer (valid until its
@@ -225,17 +218,21 @@ static inline void direct_tile(const QuantPanels<BITS>& src, int64_t p, int rows
       }
     };
     if constexpr (BITS == 8) {
-      // Groups are of an even size, so a pair never straddles two; only an odd K's last k is alone.
-      for (; k + 1 < end; k += 2) {
-        __builtin_prefetch(src.raw(p, k + 16));  // the panel's bytes ahead (the weight streams from memory)
-        V first[NV], second[NV];
+      // One group (the whole K): whole quads, then K's last k one at a time, below.
+      for (; k + 4 <= end; k += 4) {
+        kiln::vec<int32_t> quads[NV];
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) {
-          first[v] = __builtin_convertvector(widen_bytes<true>(q + k * NR + v * L), V);
-          second[v] = __builtin_convertvector(widen_bytes<true>(q + (k + 1) * NR + v * L), V);
+          __builtin_prefetch(src.raw(p, k + 16) + v * L * 4);  // the panel's bytes ahead (the weight streams from memory)
+          quads[v] = load_words(q + ((k >> 2) * NR + v * L) * 4);
         }
-        add(0, k, first);
-        add(SETS - 1, k + 1, second);
+#pragma GCC unroll 4
+        for (int field = 0; field < 4; ++field) {
+          V w[NV];
+#pragma GCC unroll 8
+          for (int v = 0; v < NV; ++v) w[v] = byte_lanes(quads[v], field);
+          add(field % SETS, k + field, w);
+        }
       }
     } else {
       // Whole words (8 k) inside the group; a group edge inside a word (a group size not a multiple
@@ -262,7 +259,7 @@ static inline void direct_tile(const QuantPanels<BITS>& src, int64_t p, int rows
         }
       }
     }
-    for (; k < end; ++k) {  // int8: an odd K's last k; int4: the nibbles of a group's last, partial word
+    for (; k < end; ++k) {  // int8: K's last, partial quad; int4: the nibbles of a group's last, partial word
       V w[NV];
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) w[v] = quant_lanes<BITS>(q, k, v);
@@ -450,6 +447,7 @@ constexpr int64_t INT8_AHEAD = KILN_INT8_AHEAD;
 #else
 constexpr int64_t INT8_AHEAD = 64;
 #endif
+// `a` padded with zeros to whole quads.
 template <int S>
 static inline void int8_row(const QuantPanels<8>& src, const int64_t* at, const float* a, void* c, int64_t ldc,
                             const Epilogue* e) {
@@ -457,17 +455,18 @@ static inline void int8_row(const QuantPanels<8>& src, const int64_t* at, const 
   for (int s = 0; s < S; ++s) q[s] = src.panel(at[s]);
   V acc[S][NV];
   clear(acc);
-  for (int64_t k = 0; k < src.z.K; ++k) {
-    const V x = broadcast(a + k);
-    if (k % 4 == 0)  // the runs' rows INT8_AHEAD ahead, four rows (4 NR bytes) each fourth step
+  for (int64_t u = 0; u < src.z.quads(); ++u) {
 #pragma GCC unroll 8
-      for (int s = 0; s < S; ++s)
-        for (int64_t byte = 0; byte < 4 * NR; byte += 64) __builtin_prefetch(q[s] + (k + INT8_AHEAD) * NR + byte, 0, FAR_LOCALITY);
+    for (int s = 0; s < S; ++s)  // the runs' rows INT8_AHEAD ahead, a quad (4 NR bytes) each step
+      for (int64_t byte = 0; byte < 4 * NR; byte += 64) __builtin_prefetch(q[s] + (4 * u + INT8_AHEAD) * NR + byte, 0, FAR_LOCALITY);
 #pragma GCC unroll 8
     for (int s = 0; s < S; ++s)
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v)
-        acc[s][v] = fma(x, __builtin_convertvector(widen_bytes<true>(q[s] + k * NR + v * L), V), acc[s][v]);
+      for (int v = 0; v < NV; ++v) {
+        const kiln::vec<int32_t> quads = load_words(q[s] + (u * NR + v * L) * 4);
+#pragma GCC unroll 4
+        for (int field = 0; field < 4; ++field) acc[s][v] = fma(broadcast(a + 4 * u + field), byte_lanes(quads, field), acc[s][v]);
+      }
   }
   for (int s = 0; s < S; ++s) {
 #pragma GCC unroll 8
@@ -540,7 +539,7 @@ static inline void normalize_rows(int64_t M, int64_t N, void* c, int64_t ldc, co
 // + q2 2^(e - 7) + q3 2^(e - 14), 2^(e + 6) the power of two at or above the group's largest |x|
 // (so |q1| <= 64), each digit the rounded remainder of the last (exact: a float times a power of
 // two, and a remainder smaller than the float's own place): every activation within 2^(e - 15) <=
-// 2^-20 of its group's largest (int4_digits_of in tests/quant/test_quantized_gemm.py), where the
+// 2^-20 of its group's largest (digits_of in tests/quant/test_quantized_gemm.py), where the
 // int4 weight is up to 2^-5 of its group's range off the float weight it stands for.
 //
 // Why: at a decode step's row the float32 path costs three vector instructions per 16 weights
@@ -557,10 +556,13 @@ static inline void normalize_rows(int64_t M, int64_t N, void* c, int64_t ldc, co
 // reaches are NaN, as a float32 product's would be, never a finite wrong value.
 struct Int8Rows {
   int digits;
-  int64_t stride, groups;               // stride: bytes a row and digit (the words' 8 k each; zeros past K)
-  std::unique_ptr<int8_t[]> q;          // [M][digits][stride]: a word's k as 0, 2, 4, 6, 1, 3, 5, 7 (its nibbles')
-  std::unique_ptr<float[]> unit;        // [M][groups][digits]: the digit's scale / 16 (the table holds 16 scale)
-  std::unique_ptr<float[]> zero_share;  // [M][groups][digits]: 16 sum_k q_k (the table holds zero / 16)
+  int64_t group, groups, stride;        // group: k a group; stride: bytes a row and digit (whole 32-bit lanes; zeros past K)
+  // How the panels read the levels: int4's table holds 16 scale and zero / 16 (unit_of_step 1/16,
+  // share_of_sum 16); int8's holds the scale, and its weights are read offset by INT8_WEIGHT_BIAS.
+  float unit_of_step, share_of_sum;
+  std::unique_ptr<int8_t[]> q;          // [M][digits][stride]: int4: a word's k as 0, 2, 4, 6, 1, 3, 5, 7 (its nibbles'); int8: k's order
+  std::unique_ptr<float[]> unit;        // [M][groups][digits]: the digit's scale times unit_of_step
+  std::unique_ptr<float[]> zero_share;  // [M][groups][digits]: share_of_sum sum_k q_k
   const int32_t* words(int64_t r, int d) const {
     return reinterpret_cast<const int32_t*>(q.get() + (r * digits + d) * stride);
   }
@@ -685,25 +687,33 @@ static inline void split_group(Int8Rows& rows, int64_t r, int64_t g, int64_t k0,
   }
 #endif
   for (int d = 0; d < D; ++d) {
-    unit[d] = finite ? step[d] / 16.0f : std::numeric_limits<float>::quiet_NaN();
-    share[d] = 16.0f * float(sums[d]);
+    unit[d] = finite ? step[d] * rows.unit_of_step : std::numeric_limits<float>::quiet_NaN();
+    share[d] = rows.share_of_sum * float(sums[d]);
   }
 }
 
-// Rows [0, M) of a in `digits` int8 digits a group (Int8Rows), in words or in k's order.
-static Int8Rows split_rows(const QuantShape& z, int64_t M, const float* a, int64_t lda, int digits,
-                           bool words = true) {
-  const int64_t groups = z.groups(), stride = z.words() * 8;
-  Int8Rows rows{digits, stride, groups, std::unique_ptr<int8_t[]>(new int8_t[M * digits * stride]()),
+// Rows [0, M) of a (K activations each) in `digits` int8 digits per group of `group` k (Int8Rows),
+// in words or in k's order, `stride` bytes a row and digit.
+static Int8Rows split_rows(int64_t K, int64_t group, int64_t stride, int64_t M, const float* a, int64_t lda,
+                           int digits, bool words, float unit_of_step, float share_of_sum) {
+  const int64_t groups = (K + group - 1) / group;
+  Int8Rows rows{digits, group, groups, stride, unit_of_step, share_of_sum,
+                std::unique_ptr<int8_t[]>(new int8_t[M * digits * stride]()),
                 std::unique_ptr<float[]>(new float[M * groups * digits]),
                 std::unique_ptr<float[]>(new float[M * groups * digits])};
-#pragma omp parallel for if (M * z.K >= (int64_t(1) << 16))
+#pragma omp parallel for if (M * K >= (int64_t(1) << 16))
   for (int64_t r = 0; r < M; ++r)
     for (int64_t g = 0; g < groups; ++g) {
-      const int64_t k0 = g * z.group;
-      split_group(rows, r, g, k0, a + r * lda + k0, std::min(z.K, k0 + z.group) - k0, words);
+      const int64_t k0 = g * group;
+      split_group(rows, r, g, k0, a + r * lda + k0, std::min(K, k0 + group) - k0, words);
     }
   return rows;
+}
+
+// For int4 panels (the weight's groups; in words, or in k's order).
+static Int8Rows split_rows(const QuantShape& z, int64_t M, const float* a, int64_t lda, int digits,
+                           bool words = true) {
+  return split_rows(z.K, z.group, z.words() * 8, M, a, lda, digits, words, 1.0f / 16.0f, 16.0f);
 }
 
 #if (defined(__AVX512VNNI__) && KILN_VEC_BYTES == 64) || (defined(__AVX2__) && KILN_VEC_BYTES == 32) || \
@@ -731,58 +741,108 @@ static inline IV dot4(IV acc, IV w, IV x) {
 #endif
 }
 
+// Whether dot4 is one instruction here (VNNI, AVX-VNNI, aarch64's sdot), not AVX2's three: int8
+// weights then take the digits' path at a few rows (int8_weight_path).
+#if defined(__aarch64__) || KILN_VEC_BYTES == 64 || defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+constexpr bool DOT4_ONE_INSTRUCTION = true;
+#else
+constexpr bool DOT4_ONE_INSTRUCTION = false;
+#endif
+
+// int8 weights as dot4 reads them: on x86 its first operand is unsigned, so a quad's bytes are
+// read with their sign bits flipped, q + 128 (0..255), and each group's sum takes 128 sum_k x_k
+// back out (Int8Rows' zero_share, share_of_sum = INT8_WEIGHT_BIAS); aarch64's sdot reads them signed.
+// With three digits (each |level| <= 64: the first under 2^6, each next the rounded remainder of a
+// step, at most half the step it refines by 2^7) AVX2's pairs never saturate: 2 * 255 * 64 < 2^15.
+#if defined(__aarch64__)
+constexpr float INT8_WEIGHT_BIAS = 0.0f;
+static inline IV int8_weight_lanes(IV quads) { return quads; }
+#else
+constexpr float INT8_WEIGHT_BIAS = 128.0f;
+static inline IV int8_weight_lanes(IV quads) { return quads ^ int32_t(0x80808080u); }
+#endif
+
+// The activations' groups for int8 weights (one scale per column: the digits' groups are free).
+// Their sums stay exact in float32 (|sum| <= 255 * 64 * 256 < 2^24); each group costs a
+// conversion and an FMA per digit and vector of sums, 1/64 of its dot products.
+constexpr int64_t INT8_DIGIT_GROUP = 256;
+
+// For int8 panels: three digits a group of INT8_DIGIT_GROUP k, in k's order (a quad's bytes).
+static Int8Rows split_rows_for_int8(const QuantShape& z, int64_t M, const float* a, int64_t lda) {
+  return split_rows(z.K, INT8_DIGIT_GROUP, z.quads() * 4, M, a, lda, 3, false, 1.0f, INT8_WEIGHT_BIAS);
+}
+
 // C rows [r0, r0 + rows) of panels at[0 .. S) (R rows each; S > 1 only at one row, a run of panels
-// as int4_row's), D digits a row. Groups of whole words (a multiple of 8 k). A word's nibbles masked
-// in place are its even k's levels as bytes, shifted down 4 its odd k's (Int8Rows stores each row
-// in that order).
-template <int S, int R, int D, bool FAR_PREFETCH = true>
-static inline void int4_int8_tile(const QuantPanels<4>& src, const int64_t* at, int rows, const Int8Rows& x, void* c,
-                                  int64_t ldc, const Epilogue* e, int64_t r0 = 0) {
+// as int4_row's), D digits a row, over the groups of `x`. A lane of a panel's row is a 32-bit unit:
+// int4 a word (8 k: groups of whole words, a multiple of 8 k), its nibbles masked in place its even
+// k's levels as bytes, shifted down 4 its odd k's (Int8Rows stores each row in that order); int8 a
+// quad (4 k in k's order, int8_weight_lanes).
+template <int BITS, int S, int R, int D, bool FAR_PREFETCH = true>
+static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, int rows, const Int8Rows& x, void* c,
+                               int64_t ldc, const Epilogue* e, int64_t r0 = 0) {
   const uint8_t* q[S];
   for (int s = 0; s < S; ++s) q[s] = src.panel(at[s]);
-  const int64_t groups = src.z.groups(), words = src.z.words(), group_words = src.z.group / 8;
-  // Two sets of sums (even and odd k) where they are few, so that the dot products do not wait on each other.
-  constexpr int SETS = S * R * D <= 2 ? 2 : 1;
+  constexpr int K_PER_UNIT = BITS == 4 ? 8 : 4;
+  const int64_t units = src.z.rows() / 4, group_units = x.group / K_PER_UNIT;
+  // Two sets of sums (int4: even and odd k) where they are few, so that the dot products do not wait on each other.
+  constexpr int SETS = BITS == 4 && S * R * D <= 2 ? 2 : 1;
   V acc[S][R][NV];
   for (int s = 0; s < S; ++s) clear(acc[s]);
-  for (int64_t g = 0; g < groups; ++g) {
+  for (int64_t g = 0; g < x.groups; ++g) {
     IV sum[SETS][D][S][R][NV] = {};
-    for (int64_t w = g * group_words; w < std::min(words, (g + 1) * group_words); ++w) {
+    for (int64_t u = g * group_units; u < std::min(units, (g + 1) * group_units); ++u) {
 #pragma GCC unroll 4
       for (int s = 0; s < S; ++s)
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) {
-          if constexpr (FAR_PREFETCH) __builtin_prefetch(q[s] + ((w + INT4_PREFETCH_WORDS) * NR + v * L) * 4, 0, FAR_LOCALITY);
-          const IV word = load_words(q[s] + (w * NR + v * L) * 4);
-          const IV even = word & 0x0F0F0F0F, odd = (word >> 4) & 0x0F0F0F0F;
+          if constexpr (FAR_PREFETCH) __builtin_prefetch(q[s] + ((u + INT4_PREFETCH_WORDS) * NR + v * L) * 4, 0, FAR_LOCALITY);
+          const IV word = load_words(q[s] + (u * NR + v * L) * 4);
+          if constexpr (BITS == 4) {
+            const IV even = word & 0x0F0F0F0F, odd = (word >> 4) & 0x0F0F0F0F;
 #pragma GCC unroll 4
-          for (int r = 0; r < R; ++r)
+            for (int r = 0; r < R; ++r)
 #pragma GCC unroll 3
-            for (int d = 0; d < D; ++d) {
-              const int32_t* xr = x.words(r0 + r, d) + 2 * w;
-              sum[0][d][s][r][v] = dot4(sum[0][d][s][r][v], even, IV{} + xr[0]);
-              sum[SETS - 1][d][s][r][v] = dot4(sum[SETS - 1][d][s][r][v], odd, IV{} + xr[1]);
-            }
+              for (int d = 0; d < D; ++d) {
+                const int32_t* xr = x.words(r0 + r, d) + 2 * u;
+                sum[0][d][s][r][v] = dot4(sum[0][d][s][r][v], even, IV{} + xr[0]);
+                sum[SETS - 1][d][s][r][v] = dot4(sum[SETS - 1][d][s][r][v], odd, IV{} + xr[1]);
+              }
+          } else {
+            const IV w = int8_weight_lanes(word);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+              for (int d = 0; d < D; ++d) sum[0][d][s][r][v] = dot4(sum[0][d][s][r][v], w, IV{} + x.words(r0 + r, d)[u]);
+          }
         }
     }
 #pragma GCC unroll 4
     for (int s = 0; s < S; ++s)
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) {
-        const V scale = kiln::load(src.table(at[s], g, 0) + v * L), zero = kiln::load(src.table(at[s], g, 1) + v * L);
+        // int4: the group's scale and zero point, per column; int8: its one scale, at the end.
+        const V scale = BITS == 4 ? kiln::load(src.table(at[s], g, 0) + v * L) : V{} + 1.0f;
+        const V zero = BITS == 4 ? kiln::load(src.table(at[s], g, 1) + v * L) : V{} + 1.0f;
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r)
 #pragma GCC unroll 3
           for (int d = 0; d < D; ++d) {
-            const int64_t at_rg = ((r0 + r) * groups + g) * D + d;
+            const int64_t at_rg = ((r0 + r) * x.groups + g) * D + d;
             const IV whole = SETS == 2 ? sum[0][d][s][r][v] + sum[SETS - 1][d][s][r][v] : sum[0][d][s][r][v];
             const V exact = __builtin_convertvector(whole, V) - zero * broadcast(x.zero_share.get() + at_rg);
             acc[s][r][v] = fma(exact, scale * broadcast(x.unit.get() + at_rg), acc[s][r][v]);
           }
       }
   }
-  for (int s = 0; s < S; ++s)
+  for (int s = 0; s < S; ++s) {
+    if constexpr (BITS == 8)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        const V scale = kiln::load(src.table(at[s], 0, 0) + v * L);
+        for (int r = 0; r < R; ++r) acc[s][r][v] *= scale;
+      }
     store_block<R>(acc[s], rows, int(std::min<int64_t>(NR, src.z.N - at[s] * NR)), r0, at[s] * NR, c, ldc, e, true);
+  }
 }
 
 // Runs of panels a thread reads at once at one row with three digits (their sums fill the registers).
@@ -792,8 +852,8 @@ constexpr int DIGIT_RUNS = KILN_DIGIT_RUNS;
 constexpr int DIGIT_RUNS = 2;
 #endif
 // C = epilogue(x's rows @ B) over every panel, the threads splitting them; one row in runs.
-template <int D>
-static void int8_products(const QuantPanels<4>& src, int64_t M, const Int8Rows& x, void* c, int64_t ldc,
+template <int BITS, int D>
+static void int8_products(const QuantPanels<BITS>& src, int64_t M, const Int8Rows& x, void* c, int64_t ldc,
                           const Epilogue* e) {
   const int64_t panels = src.z.panels();
 #pragma omp parallel if (panels > 1 && 2 * M * src.z.N * src.z.K >= (int64_t(1) << 18))
@@ -808,12 +868,12 @@ static void int8_products(const QuantPanels<4>& src, int64_t M, const Int8Rows& 
       // 1 run without); on 4 KB pages the same change cost 2 % (3.91 -> 3.98), and either alone
       // gained 1-2 %.
       panel_runs<1>(p0, p1, [&](auto count, const int64_t* at) {
-        int4_int8_tile<decltype(count)::value, 1, D, false>(src, at, 1, x, c, ldc, e);
+        digits_tile<BITS, decltype(count)::value, 1, D, false>(src, at, 1, x, c, ldc, e);
       });
     } else if (M == 1) {
       // Runs of 4 panels with one digit (as int4_row), 2 with three: their sums fill the registers.
       panel_runs<D == 1 ? INT4_RUNS : DIGIT_RUNS>(p0, p1, [&](auto count, const int64_t* at) {
-        int4_int8_tile<decltype(count)::value, 1, D>(src, at, 1, x, c, ldc, e);
+        digits_tile<BITS, decltype(count)::value, 1, D>(src, at, 1, x, c, ldc, e);
       });
     } else {
       for (int64_t p = p0; p < p1; ++p) {
@@ -821,14 +881,14 @@ static void int8_products(const QuantPanels<4>& src, int64_t M, const Int8Rows& 
           // Three digits of four rows keep 36 sets of sums, more than the registers: two rows at a
           // time, the panel's words read again from L1 (768x2304 from L2, 2 threads of the Intel
           // Xeon: 70 -> 58 us; at three rows, 2 + 1 measured the same as 3).
-          int4_int8_tile<1, 2, D>(src, &p, 2, x, c, ldc, e);
-          int4_int8_tile<1, 2, D>(src, &p, 2, x, c, ldc, e, 2);
+          digits_tile<BITS, 1, 2, D>(src, &p, 2, x, c, ldc, e);
+          digits_tile<BITS, 1, 2, D>(src, &p, 2, x, c, ldc, e, 2);
           continue;
         }
         switch (M) {
-          case 2: int4_int8_tile<1, 2, D>(src, &p, 2, x, c, ldc, e); break;
-          case 3: int4_int8_tile<1, 3, D>(src, &p, 3, x, c, ldc, e); break;
-          default: int4_int8_tile<1, 4, D>(src, &p, int(M), x, c, ldc, e); break;
+          case 2: digits_tile<BITS, 1, 2, D>(src, &p, 2, x, c, ldc, e); break;
+          case 3: digits_tile<BITS, 1, 3, D>(src, &p, 3, x, c, ldc, e); break;
+          default: digits_tile<BITS, 1, 4, D>(src, &p, int(M), x, c, ldc, e); break;
         }
       }
     }
@@ -838,26 +898,30 @@ static void int8_products(const QuantPanels<4>& src, int64_t M, const Int8Rows& 
 #else
 #define KILN_INT8_DOT 0
 constexpr bool INT8_DOT = false;
+constexpr bool DOT4_ONE_INSTRUCTION = false;
 #endif
 
-// int4's paths at a few rows: the float32 one (direct_tile, int4_row), the bfloat16 pairs
-// (direct_tile_bf16: CPUs with avx512_bf16), the three int8 digits (int4_int8_tile: CPUs with
-// AVX512-VNNI, AVX-VNNI or AVX2, aarch64 with the dot product instructions). Which one runs changes the result within the bounds given with each.
-enum Int4Path : int { INT4_FLOAT = 0, INT4_BF16_PAIRS = 1, INT4_INT8_DIGITS = 2, INT4_PATHS = 3 };
+// The paths of a product at a few rows: the float32 one (direct_tile, int8_row, int4_row), int4's
+// bfloat16 pairs (direct_tile_bf16: CPUs with avx512_bf16), the three int8 digits (digits_tile:
+// CPUs with AVX512-VNNI, AVX-VNNI or AVX2, aarch64 with the dot product instructions). Which one
+// runs changes the result within the bounds given with each.
+enum QuantPath : int { PATH_FLOAT32 = 0, PATH_BF16_PAIRS = 1, PATH_INT8_DIGITS = 2, QUANT_PATHS = 3 };
 
-// Whether `path` can run for this shape: groups of whole words, a CPU with its instructions.
-static inline bool int4_path_applies(const QuantShape& z, int path) {
-  if (path == INT4_FLOAT) return true;
-  if (z.bits != 4 || z.group % 8) return false;
+// Whether `path` can run for this shape: int4's groups of whole words, a CPU with its instructions.
+static inline bool quant_path_applies(const QuantShape& z, int path) {
+  if (path == PATH_FLOAT32) return true;
+  if (z.bits == 8) return path == PATH_INT8_DIGITS && INT8_DOT;
+  if (z.group % 8) return false;
 #if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
-  if (path == INT4_BF16_PAIRS) return true;
+  if (path == PATH_BF16_PAIRS) return true;
 #endif
-  return path == INT4_INT8_DIGITS && INT8_DOT;
+  return path == PATH_INT8_DIGITS && INT8_DOT;
 }
 
-// Whether the integer (dot4) path can run: int4_int8_tile's CPUs and groups, a decode step's few rows.
+// Whether int4's integer (dot4) path with int8 activations can run: digits_tile's CPUs and groups,
+// a decode step's few rows.
 static inline bool int8_dot_applies(const QuantShape& z, int64_t M) {
-  return int4_path_applies(z, INT4_INT8_DIGITS) && M <= DIRECT_ROWS;
+  return z.bits == 4 && quant_path_applies(z, PATH_INT8_DIGITS) && M <= DIRECT_ROWS;
 }
 
 template <int BITS>
@@ -880,19 +944,19 @@ static int int4_fastest_path(int rows) {
     for (int64_t i = 0; i < 2 * z.table_bytes() / int64_t(sizeof(float)); ++i) table[i] = 0.01f;
     std::unique_ptr<float[]> a(new float[M * z.K]), c(new float[M * z.N]);
     for (int64_t k = 0; k < M * z.K; ++k) a[k] = float(k % 7) - 3.0f;
-    double best[INT4_PATHS] = {1e9, 1e9, 1e9};
+    double best[QUANT_PATHS] = {1e9, 1e9, 1e9};
     int applicable = 0;
-    for (int path = 0; path < INT4_PATHS; ++path) applicable += int4_path_applies(z, path);
-    if (applicable == 1) return int(INT4_FLOAT);  // (SSE, NEON: nothing to choose between)
+    for (int path = 0; path < QUANT_PATHS; ++path) applicable += quant_path_applies(z, path);
+    if (applicable == 1) return int(PATH_FLOAT32);  // (SSE, NEON: nothing to choose between)
     for (int round = 0; round < 6; ++round)
-      for (int path = 0; path < INT4_PATHS; ++path) {
-        if (!int4_path_applies(z, path)) continue;
+      for (int path = 0; path < QUANT_PATHS; ++path) {
+        if (!quant_path_applies(z, path)) continue;
         const auto start = std::chrono::steady_clock::now();
         gemm_quant_direct(QuantPanels<4>{z, packed.get()}, M, a.get(), z.K, c.get(), z.N, nullptr, path);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (round > 0) best[path] = std::min(best[path], seconds);  // (round 0 warms the caches)
       }
-    return int(std::min_element(best, best + INT4_PATHS) - best);
+    return int(std::min_element(best, best + QUANT_PATHS) - best);
   };
   if (rows == 1) {
     static const int one = measure(1);
@@ -907,12 +971,12 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
                               int64_t ldc, const Epilogue* e, int path) {
   const int64_t N = src.z.N, K = src.z.K, panels = src.z.panels(), groups = src.z.groups();
 #if KILN_INT8_DOT
-  if constexpr (BITS == 4) {
-    if (path == INT4_INT8_DIGITS && int4_path_applies(src.z, path))
-      return int8_products<3>(src, M, split_rows(src.z, M, a, lda, 3), c, ldc, e);
+  if (path == PATH_INT8_DIGITS && quant_path_applies(src.z, path)) {
+    if constexpr (BITS == 4) return int8_products<4, 3>(src, M, split_rows(src.z, M, a, lda, 3), c, ldc, e);
+    else return int8_products<8, 3>(src, M, split_rows_for_int8(src.z, M, a, lda), c, ldc, e);
   }
 #endif
-  const bool bf16_pairs = path == INT4_BF16_PAIRS && int4_path_applies(src.z, path);
+  const bool bf16_pairs = path == PATH_BF16_PAIRS && quant_path_applies(src.z, path);
   // int4: each row's sum of a over each group (the zero points' share), once for every panel (the
   // bfloat16 path sums its split activations instead, as it makes them).
   float asums[DIRECT_ROWS * 64];
@@ -932,17 +996,15 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
   // pass from L2 measured slower at 4 rows: 16 MB of int8 weights 0.79 -> 1.03 ms on 2 threads).
   const bool worth_threads = panels > 1 && 2 * M * N * K >= (int64_t(1) << 18);
   if (M == 1 && (BITS == 8 ? groups == 1 : !bf16_pairs && src.z.group % 8 == 0)) {  // one row, in runs
-    std::unique_ptr<float[]> padded;
-    if constexpr (BITS == 4) {  // the row to whole words (int4_row reads 8 k a word)
-      padded.reset(new float[src.z.words() * 8]());
-      std::memcpy(padded.get(), a, K * sizeof(float));
-    }
+    // The row to whole 32-bit lanes (int8_row reads 4 k a quad, int4_row 8 a word).
+    std::unique_ptr<float[]> padded(new float[src.z.rows() / 4 * (BITS == 8 ? 4 : 8)]());
+    std::memcpy(padded.get(), a, K * sizeof(float));
 #pragma omp parallel if (worth_threads)
     {
       int64_t p0, p1;
       range(panels, omp_get_num_threads(), omp_get_thread_num(), p0, p1);
       if constexpr (BITS == 8)
-        panel_runs(p0, p1, [&](auto count, const int64_t* at) { int8_row<decltype(count)::value>(src, at, a, c, ldc, e); });
+        panel_runs(p0, p1, [&](auto count, const int64_t* at) { int8_row<decltype(count)::value>(src, at, padded.get(), c, ldc, e); });
       else
         panel_runs<INT4_RUNS>(p0, p1, [&](auto count, const int64_t* at) {
           int4_row<decltype(count)::value>(src, at, padded.get(), sums, c, ldc, e);
@@ -978,21 +1040,27 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
   normalize_rows(M, N, c, ldc, e);
 }
 
-// The path a product of M <= DIRECT_ROWS rows over this int4 weight takes.
-static inline int int4_path_for(const QuantShape& z, int64_t M) {
+// The path a product of M <= DIRECT_ROWS rows over this weight takes. int8: the digits where dot4 is
+// one instruction: 64 weights a dot product per digit where the float32 path takes three
+// instructions per 16 (a shift pair, a conversion, an FMA), so that path is bound by instructions
+// below a fast memory's speed (768 x 2048 from L2, 2 threads of a 2-core AMD EPYC, Zen 4, C
+// kernels over this layout: the float32 path 52 GB/s, three digits 120-128); AVX2's dot4 takes
+// three, and there the float32 path stays. int4: the fastest it measured.
+static inline int quant_path_for(const QuantShape& z, int64_t M) {
+  if (z.bits == 8) return DOT4_ONE_INSTRUCTION && quant_path_applies(z, PATH_INT8_DIGITS) ? PATH_INT8_DIGITS : PATH_FLOAT32;
   const int fastest = int4_fastest_path(M == 1 ? 1 : 4);
-  return int4_path_applies(z, fastest) ? fastest : INT4_FLOAT;
+  return quant_path_applies(z, fastest) ? fastest : PATH_FLOAT32;
 }
 
 // C [M, N] = epilogue(A [M, K] (float32, row stride lda) @ B), B packed by pack_quant.
 static void gemm_quant(const QuantShape& z, int64_t M, const float* a, int64_t lda, const uint8_t* packed, void* c,
                        int64_t ldc, const Epilogue* e, int64_t kc) {
   if (z.bits == 8) {
-    if (M <= DIRECT_ROWS) return gemm_quant_direct(QuantPanels<8>{z, packed}, M, a, lda, c, ldc, e, INT4_FLOAT);
+    if (M <= DIRECT_ROWS) return gemm_quant_direct(QuantPanels<8>{z, packed}, M, a, lda, c, ldc, e, quant_path_for(z, M));
     return gemm_from(M, z.N, z.K, a, lda, QuantPanels<8>{z, packed}, c, ldc, e, kc);
   }
   if (M <= DIRECT_ROWS)
-    return gemm_quant_direct(QuantPanels<4>{z, packed}, M, a, lda, c, ldc, e, int4_path_for(z, M));
+    return gemm_quant_direct(QuantPanels<4>{z, packed}, M, a, lda, c, ldc, e, quant_path_for(z, M));
   gemm_from(M, z.N, z.K, a, lda, QuantPanels<4>{z, packed}, c, ldc, e, kc);
 }
 
@@ -1003,7 +1071,7 @@ static void gemm_quant_int8_activations(const QuantShape& z, int64_t M, const fl
                                         const uint8_t* packed, void* c, int64_t ldc, const Epilogue* e, int64_t kc,
                                         bool integer) {
 #if KILN_INT8_DOT
-  if (integer && int8_dot_applies(z, M)) return int8_products<1>(QuantPanels<4>{z, packed}, M, split_rows(z, M, a, lda, 1), c, ldc, e);
+  if (integer && int8_dot_applies(z, M)) return int8_products<4, 1>(QuantPanels<4>{z, packed}, M, split_rows(z, M, a, lda, 1), c, ldc, e);
 #endif
   (void)integer;
   const Int8Rows x = split_rows(z, M, a, lda, 1, false);
