@@ -226,6 +226,14 @@ def test_int8_activations_match_a_float64_product_of_the_quantized_rows(shape, p
         out = kernels.mm_quant(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm,
                                int8_activations=path)
         _check(out, _reference(carried, w, bias, unary, scalars, algorithm, residual), k)
+        # Over panels on 2 MB pages one row reads one stream a thread, no far prefetch: the same bits.
+        kernels.library().kiln_gemm_set_huge_page_packs(1)
+        try:
+            on_huge_pages = kernels.mm_quant(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm,
+                                             int8_activations=path)
+        finally:
+            kernels.library().kiln_gemm_set_huge_page_packs(0)
+        assert torch.equal(on_huge_pages, out)
 
 
 def test_the_integer_path_runs_where_the_cpu_has_vnni():

@@ -941,7 +941,7 @@ static inline void gemv_panels(int64_t K, const kiln_bf16* a, const kiln_bf16* c
 
 // Whether the panels lie on 2 MB pages (kiln's packs where transparent huge pages are on, on AMD:
 // kiln_runtime.cpp `pack_empty`), set by the runtime (kiln_gemm_set_huge_page_packs): one-row
-// products then read fewer runs a thread (2 here; int4's digits 1: kiln_gemm_quant.h). The runs above keep lines in flight across the 4 KB pages where a stream's
+// products then read fewer runs a thread (2 here; the quantized products' digits 1: kiln_gemm_quant.h). The runs above keep lines in flight across the 4 KB pages where a stream's
 // prefetches stop; on 2 MB pages one stream a thread goes on, and many compete. A llama-160m decode
 // step's float32 products cycled from DRAM (2 threads of a 2-core AMD EPYC, Zen 4; 13 interleaved
 // rounds; GB/s): 4 KB pages, 8 runs (MR) 45.5 (2 runs 38.4, 1 run 33.6); 2 MB pages, 8 runs 51.8, 2 runs
