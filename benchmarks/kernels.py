@@ -207,7 +207,8 @@ def quant_path(bits: int, m: int, k: int, n: int, group_size: int, lib: ctypes.C
     """The path a product of `m` <= 4 rows over a `bits`-bit weight runs here (QUANT_PATHS). int4:
     the fastest this CPU measured of those it has (bf16_pairs: avx512_bf16; int8_digits: a dot4,
     groups of a multiple of 8) at one row or at four, else float32; int8: int8_digits where the CPU
-    has a one-instruction dot4 (VNNI, AVX-VNNI, aarch64's dot products), else float32."""
+    has a one-instruction dot4 (VNNI, AVX-VNNI, aarch64's dot products), at one row where it has
+    AVX2's, else float32."""
     group = k if bits == 8 else group_size
     return QUANT_PATHS[(lib or library()).kiln_gemm_quant_path_of(bits, m, k, n, group)]
 

@@ -258,12 +258,16 @@ def test_a_wrong_dequantization_is_caught():
 @pytest.mark.parametrize("flags", [["-march=x86-64-v3"], ["-march=x86-64-v3", "-mavxvnni"], ["-march=x86-64-v2"]],
                          ids=["avx2", "avx2-vnni", "sse4"])
 def test_other_isas(flags, tmp_path):
-    """The widening of bytes per ISA (AVX-512 and AVX2 instructions, lanes elsewhere), and the int8
-    activations and digits (AVX2's byte products or AVX-VNNI's dot products, plain C++ elsewhere),
-    built here."""
+    """int8's quads read per ISA (vector shifts), and the int8 activations and digits (AVX2's byte
+    products or AVX-VNNI's dot products, plain C++ elsewhere), built here."""
     if "-mavxvnni" in flags and not _cpu_has("avx_vnni"):
         pytest.skip("AVX-VNNI: this CPU cannot run it")
     lib = x86_kernels_built_with(flags, tmp_path)
+    # int8 weights' default path: the digits at one row with AVX2's three-instruction dot4, at every
+    # few rows with AVX-VNNI's one, none without a dot product (x86-64-v2).
+    dot4 = "-march=x86-64-v3" in flags
+    assert [kernels.quant_path(8, m, 768, 768, 0, lib) for m in (1, 4)] == \
+        [dot4 and "int8_digits" or "float32", "-mavxvnni" in flags and "int8_digits" or "float32"]
     for (m, k, n), (bits, group) in [((1, 77, 50), (8, 0)), ((1, 77, 300), (8, 0)), ((3, 130, 33), (4, 32)),
                                      ((9, 65, 20), (4, 64))]:
         q, s, z, w = _quantized(n, k, bits, group, seed=k)

@@ -742,7 +742,7 @@ static inline IV dot4(IV acc, IV w, IV x) {
 }
 
 // Whether dot4 is one instruction here (VNNI, AVX-VNNI, aarch64's sdot), not AVX2's three: int8
-// weights then take the digits' path at a few rows (int8_weight_path).
+// weights then take the digits' path at every few rows, not at one only (quant_path_for).
 #if defined(__aarch64__) || KILN_VEC_BYTES == 64 || defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
 constexpr bool DOT4_ONE_INSTRUCTION = true;
 #else
@@ -1050,13 +1050,18 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
 }
 
 // The path a product of M <= DIRECT_ROWS rows over this weight takes. int8: the digits where dot4 is
-// one instruction: 64 weights a dot product per digit where the float32 path takes three
-// instructions per 16 (a shift pair, a conversion, an FMA), so that path is bound by instructions
-// below a fast memory's speed (768 x 2048 from L2, 2 threads of a 2-core AMD EPYC, Zen 4, C
-// kernels over this layout: the float32 path 52 GB/s, three digits 120-128); AVX2's dot4 takes
-// three, and there the float32 path stays. int4: the fastest it measured.
+// one instruction: 64 weights a dot product per digit where the float32 path takes four
+// instructions per 16 (two shifts, a conversion, an FMA), which bound it below a fast memory's
+// speed (768 x 2048 from L2, 2 threads of a 2-core AMD EPYC, Zen 4, C kernels over this layout: the
+// float32 path 52 GB/s, three digits 120-128; kiln's, a llama-160m layer's products from L3 through
+// ctypes, 1 to 4 rows: 0.45/0.45/0.53/0.67 ms against 0.23/0.32/0.48/0.57). AVX2's dot4 takes three
+// instructions and its 16 registers hold fewer sums: built for x86-64-v3 and run on that Zen 4, the
+// digits win at one row (0.31 ms; the float32 path 0.43, the bytes widened before the quads 0.32)
+// and lose at two to four (0.53/0.79/1.01 against 0.45/0.61/0.64), so there one row only. int4:
+// the fastest it measured.
 static inline int quant_path_for(const QuantShape& z, int64_t M) {
-  if (z.bits == 8) return DOT4_ONE_INSTRUCTION && quant_path_applies(z, PATH_INT8_DIGITS) ? PATH_INT8_DIGITS : PATH_FLOAT32;
+  if (z.bits == 8)
+    return quant_path_applies(z, PATH_INT8_DIGITS) && (DOT4_ONE_INSTRUCTION || M == 1) ? PATH_INT8_DIGITS : PATH_FLOAT32;
   const int fastest = int4_fastest_path(M == 1 ? 1 : 4);
   return quant_path_applies(z, fastest) ? fastest : PATH_FLOAT32;
 }
