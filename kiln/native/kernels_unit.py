@@ -39,7 +39,8 @@ def _entries() -> str:
              "int32_t kiln_gemm_bf16_product(void) { return kiln_gemm::bf16_fastest_product(); }",
              "void kiln_gemm_bf16_force_product(int32_t product) { kiln_gemm::bf16_product_forced.store(product); }",
              # whether the panels lie on 2 MB pages: one-row products read fewer runs (kiln_gemm::huge_page_packs)
-             "void kiln_gemm_set_huge_page_packs(int32_t on) { kiln_gemm::huge_page_packs.store(on != 0); }"]
+             "void kiln_gemm_set_huge_page_packs(int32_t on) { kiln_gemm::huge_page_packs.store(on != 0); }",
+             "int32_t kiln_gemm_huge_page_packs(void) { return kiln_gemm::huge_page_packs.load(); }"]
     for suffix, ctype in CTYPES.items():
         lines += [
             f"int64_t kiln_gemm_packed_elements_{suffix}(int64_t K, int64_t N) "

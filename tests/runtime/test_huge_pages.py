@@ -71,3 +71,23 @@ def test_packs_are_advised_as_huge_pages_only_with_the_setting_on():
     assert on["out"] == off["out"]  # the same kernel over the same panels: the same bits
     assert max(abs(x - y) for x, y in zip(on["out"], on["eager"])) < 1e-3
     assert on["shared_after"] == on["shared"], (on["shared"], on["shared_after"])  # the shared page kept, whole
+
+
+LOADED_ALONE = r"""
+import ctypes, os, sys
+import torch
+from kiln.native import libkiln
+lib = ctypes.CDLL(libkiln.library_path(), mode=os.RTLD_GLOBAL | os.RTLD_NOW)  # not libkiln.library(): no settings handed over
+sys.stdout.write(str(lib.kiln_huge_page_reads()))
+"""
+
+
+def test_the_runtime_loaded_alone_reads_packs_as_its_default_pages_want():
+    """A host that never hands the runtime its settings (kiln-run, an exported model's library)
+    gets the default: where packs lie on 2 MB pages (THP on) on AMD, one-row products read them in
+    fewer runs (kiln_gemm.h `huge_page_packs`), as under Python."""
+    done = subprocess.run([sys.executable, "-c", LOADED_ALONE], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    amd = "AuthenticAMD" in Path("/proc/cpuinfo").read_text()
+    thp = any(f"[{mode}]" in THP.read_text() for mode in ("always", "madvise"))
+    assert done.stdout == str(int(amd and thp)), done.stdout

@@ -73,6 +73,9 @@ KILN_API int kiln_vector_lanes(void);
 // Whether packs made from now on are carved from memory advised as 2 MB pages (1, the default) or
 // come from PyTorch's allocator (0): the setting backend.huge_pages (kiln_runtime.cpp).
 KILN_API void kiln_set_huge_pages(int on);
+// Whether kiln's one-row products read their panels as 2 MB pages want (fewer runs a thread: set
+// with the setting above where the CPU is AMD and THP is on; kiln_gemm.h `huge_page_packs`).
+KILN_API int kiln_huge_page_reads(void);
 KILN_API const char* kiln_error(void);
 KILN_API void kiln_set_error(const char* message);
 

@@ -92,6 +92,7 @@ extern "C" int kiln_vec_lanes();
 // kiln's GEMM's K blocking (kiln/native/kernels_unit.py K_BLOCK).
 extern "C" int64_t kiln_gemm_k_block();
 extern "C" void kiln_gemm_set_huge_page_packs(int32_t on);
+extern "C" int32_t kiln_gemm_huge_page_packs(void);
 
 namespace {
 
@@ -1145,10 +1146,13 @@ int64_t kiln_packed_bytes(kiln_tensor weight) {
 
 int kiln_vector_lanes(void) { return kiln_vec_lanes(); }
 
+int kiln_huge_page_reads(void) { return kiln_gemm_huge_page_packs(); }
+
 void kiln_set_huge_pages(int on) {
   huge_pages_on.store(on != 0);
   // One-row products over panels on 2 MB pages read fewer runs a thread (kiln_gemm.h
   // `huge_page_packs`: measured on AMD's Zen 4; Intel's prefetchers are not yet).
+  __builtin_cpu_init();  // (this also runs as the library loads, maybe before libgcc's own init)
   kiln_gemm_set_huge_page_packs(on && transparent_huge_pages() && __builtin_cpu_is("amd"));
 }
 
@@ -1157,3 +1161,10 @@ const char* kiln_error(void) { return last_error.c_str(); }
 void kiln_set_error(const char* message) { last_error = message; }
 
 }  // extern "C"
+
+namespace {
+// The default (packs on 2 MB pages) handed to the kernels as the library loads: hosts that never
+// call kiln_set_huge_pages — kiln-run and an exported model's library (kiln/deploy) — read one-row
+// products as the packs' pages want too. Python's libkiln then hands over backend.huge_pages.
+const bool huge_pages_by_default = (kiln_set_huge_pages(1), true);
+}  // namespace
