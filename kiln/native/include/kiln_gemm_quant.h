@@ -217,46 +217,29 @@ static inline void direct_tile(const QuantPanels<BITS>& src, int64_t p, int rows
         for (int v = 0; v < NV; ++v) part[set][r][v] = fma(ar, w[v], part[set][r][v]);
       }
     };
-    if constexpr (BITS == 8) {
-      // One group (the whole K): whole quads, then K's last k one at a time, below.
-      for (; k + 4 <= end; k += 4) {
-        kiln::vec<int32_t> quads[NV];
+    // Whole 32-bit lanes inside the group (int8 a quad, 4 k; int4 a word, 8 k), each loaded once for
+    // its k; a group edge inside a lane (int4 groups not a multiple of 8) or K's end takes the
+    // lane's k one at a time, here and below.
+    constexpr int64_t PER_LANE = BITS == 8 ? 4 : 8, AHEAD = BITS == 8 ? 16 : 8 * INT4_PREFETCH_WORDS;
+    for (; k % PER_LANE && k < end; ++k) {
+      V w[NV];
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) {
-          __builtin_prefetch(src.raw(p, k + 16) + v * L * 4);  // the panel's bytes ahead (the weight streams from memory)
-          quads[v] = load_words(q + ((k >> 2) * NR + v * L) * 4);
-        }
-#pragma GCC unroll 4
-        for (int field = 0; field < 4; ++field) {
-          V w[NV];
+      for (int v = 0; v < NV; ++v) w[v] = quant_lanes<BITS>(q, k, v);
+      add(0, k, w);
+    }
+    for (; k + PER_LANE <= end; k += PER_LANE) {
+      kiln::vec<int32_t> lanes[NV];
 #pragma GCC unroll 8
-          for (int v = 0; v < NV; ++v) w[v] = byte_lanes(quads[v], field);
-          add(field % SETS, k + field, w);
-        }
+      for (int v = 0; v < NV; ++v) {
+        __builtin_prefetch(src.raw(p, k + AHEAD) + v * L * 4);  // each vector's line ahead (the weight streams from memory)
+        lanes[v] = load_words(q + (k / PER_LANE * NR + v * L) * 4);
       }
-    } else {
-      // Whole words (8 k) inside the group; a group edge inside a word (a group size not a multiple
-      // of 8) or K's end takes the word's nibbles one k at a time, below.
-      for (; k % 8 && k < end; ++k) {
+#pragma GCC unroll 8
+      for (int field = 0; field < PER_LANE; ++field) {
         V w[NV];
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) w[v] = quant_lanes<BITS>(q, k, v);
-        add(0, k, w);
-      }
-      for (; k + 8 <= end; k += 8) {
-        kiln::vec<int32_t> words[NV];
-#pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) {
-          __builtin_prefetch(src.raw(p, k + 8 * INT4_PREFETCH_WORDS) + v * L * 4);  // each vector's line
-          words[v] = load_words(q + ((k >> 3) * NR + v * L) * 4);
-        }
-#pragma GCC unroll 8
-        for (int field = 0; field < 8; ++field) {
-          V w[NV];
-#pragma GCC unroll 8
-          for (int v = 0; v < NV; ++v) w[v] = nibble_lanes(words[v], field);
-          add(field % SETS, k + field, w);
-        }
+        for (int v = 0; v < NV; ++v) w[v] = BITS == 8 ? byte_lanes(lanes[v], field) : nibble_lanes(lanes[v], field);
+        add(field % SETS, k + field, w);
       }
     }
     for (; k < end; ++k) {  // int8: K's last, partial quad; int4: the nibbles of a group's last, partial word
