@@ -86,6 +86,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.kiln_gemm_quant_f32.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
     lib.kiln_gemm_quant_path_of.restype = i32
     lib.kiln_gemm_quant_path_of.argtypes = [i32, i64, i64, i64, i64]
+    lib.kiln_gemm_quant_digits.restype = i32
+    lib.kiln_gemm_quant_digits.argtypes = [i32]
     lib.kiln_gemm_quant_path.argtypes = [i32, i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr]
     lib.kiln_gemm_quant_a8_f32.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
     lib.kiln_gemm_quant_a8_integer.restype = i32
@@ -211,6 +213,13 @@ def quant_path(bits: int, m: int, k: int, n: int, group_size: int, lib: ctypes.C
     AVX2's, else float32."""
     group = k if bits == 8 else group_size
     return QUANT_PATHS[(lib or library()).kiln_gemm_quant_path_of(bits, m, k, n, group)]
+
+
+def quant_digits(bits: int, lib: ctypes.CDLL | None = None) -> int:
+    """How many int8 digits the int8_digits path carries each activation in over `bits`-bit weights
+    in this build: 2 (levels up to 127) at int4's, 3 (up to 64) at int8's; 0 where the build has no
+    such path."""
+    return int((lib or library()).kiln_gemm_quant_digits(bits))
 
 
 def int8_dot_applies(m: int, k: int, n: int, group_size: int, lib: ctypes.CDLL | None = None) -> bool:

@@ -62,6 +62,8 @@ def _entries() -> str:
         f"{{ kiln_gemm::gemm_quant({quant_shape}, M, a, lda, packed, c, ldc, e, kc); }}",
         "int32_t kiln_gemm_quant_path_of(int32_t bits, int64_t M, int64_t K, int64_t N, int64_t group) "
         f"{{ return kiln_gemm::quant_path_for({quant_shape}, M); }}",
+        # (tests: the int8 digits the digits path carries activations in at these weights; 0: no such path)
+        "int32_t kiln_gemm_quant_digits(int32_t bits) { return kiln_gemm::activation_digits(bits); }",
         # (tests: each path at a few rows (kiln_gemm::QuantPath), whichever this CPU takes by default)
         "void kiln_gemm_quant_path(int32_t bits, int32_t path, int64_t M, int64_t N, int64_t K, int64_t group, "
         "const float* a, int64_t lda, const uint8_t* packed, void* c, int64_t ldc, const kiln_gemm::Epilogue* e) { "

@@ -88,13 +88,15 @@ static void gemm_quant(const char* words) {
 }
 
 // "quant_paths M K N group": int32 [the path an int4 product of M rows takes (kiln_gemm::QuantPath),
-// whether int8 activations take the integer path, the path an int8 product of M rows takes].
+// whether int8 activations take the integer path, the path an int8 product of M rows takes, the
+// digits the digits path carries activations in over int4 weights, over int8 weights].
 static void quant_paths(const char* words) {
   long long M, K, N, group;
   if (std::sscanf(words, "%lld %lld %lld %lld", &M, &K, &N, &group) != 4) fail("quant_paths: bad request");
   const kiln_gemm::QuantShape z{4, K, N, group}, z8{8, K, N, K};
   write(std::vector<int32_t>{kiln_gemm::quant_path_for(z, M), int32_t(kiln_gemm::int8_dot_applies(z, M)),
-                             kiln_gemm::quant_path_for(z8, M)});
+                             kiln_gemm::quant_path_for(z8, M), kiln_gemm::activation_digits(4),
+                             kiln_gemm::activation_digits(8)});
 }
 
 // "depthwise N H W C KH KW OH OW sh sw ph pw dh dw bias other unary scalar0 scalar1": in: x [N, H,

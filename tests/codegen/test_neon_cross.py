@@ -231,7 +231,7 @@ def test_quantized_gemm_paths_and_int8_activations(neon):
     from kiln.quant.weights import quantize_activations
 
     shapes = [(1, 256, 40, 32), (3, 130, 29, 10), (6, 64, 20, 64)]
-    requests = [([f"quant_paths {m} {k} {n} {group}"], [], torch.int32, 3) for m, k, n, group in shapes]
+    requests = [([f"quant_paths {m} {k} {n} {group}"], [], torch.int32, 5) for m, k, n, group in shapes]
     cases = []
     for m, k, n, group in shapes:
         q, s, z, w = _quantized(n, k, 4, group, seed=k)
@@ -241,7 +241,7 @@ def test_quantized_gemm_paths_and_int8_activations(neon):
         cases.append((quant_reference(quantize_activations(a, group), w, bias, "relu", [], None, None), m, n, k))
     results = neon.run(requests)
     for paths in results[:len(shapes)]:
-        assert paths.tolist() == [0, 0, 0], "NEON took a path other than float32, or integer products"
+        assert paths.tolist() == [0, 0, 0, 0, 0], "NEON took a path other than float32, or integer products"
     for (reference, m, n, k), out in zip(cases, results[len(shapes):]):
         quant_check(out.view(m, n), reference, k)
 
@@ -249,15 +249,16 @@ def test_quantized_gemm_paths_and_int8_activations(neon):
 def test_quantized_gemm_by_dot_products(neon_dotprod):
     """Built with armv8.2-a's dot products, int4 at 4 rows or fewer has the int8 digits' path and
     int8 activations the integer one (sdot in place of x86's vpdpbusd), groups of a multiple of 8,
-    and int8 weights take the digits by default (sdot reads their bytes signed): each against
-    float64 over the activations as that path carries them (the x86 tests' references)."""
+    and int8 weights take the digits by default (sdot reads their bytes signed), two digits a group
+    at int4 weights and three at int8 ones, as on x86: each against float64 over the activations
+    as that path carries them (the x86 tests' references)."""
     from tests.quant.test_quantized_gemm import INT8_DIGIT_GROUP, _quantized, digits_of
     from tests.quant.test_quantized_gemm import _check as quant_check
     from tests.quant.test_quantized_gemm import _reference as quant_reference
     from kiln.quant.weights import quantize_activations
 
     shapes = [(1, 256, 40, 32), (1, 133, 811, 32), (2, 200, 29, 8), (3, 130, 50, 64), (4, 264, 97, 24), (1, 130, 70, 10)]
-    requests = [([f"quant_paths {m} {k} {n} {group}"], [], torch.int32, 3) for m, k, n, group in shapes]
+    requests = [([f"quant_paths {m} {k} {n} {group}"], [], torch.int32, 5) for m, k, n, group in shapes]
     cases = []
     for m, k, n, group in shapes:
         q, s, z, w = _quantized(n, k, 4, group, seed=k + n)
@@ -267,7 +268,7 @@ def test_quantized_gemm_by_dot_products(neon_dotprod):
         whole_words = group % 8 == 0
         for unary, scalars, algorithm in EPILOGUES[:4]:
             requests.append(_quant_request(a, q, s, z, 4, group, bias, residual, unary, scalars, algorithm, path=2))
-            carried = digits_of(a, group) if whole_words else a  # (else the float32 path)
+            carried = digits_of(a, group, 2) if whole_words else a  # (else the float32 path)
             cases.append((f"{m}x{k}x{n} g{group} digits {unary}", carried, w, bias, unary, scalars, algorithm, residual))
             requests.append(_quant_request(a, q, s, z, 4, group, bias, residual, unary, scalars, algorithm,
                                            int8_activations=True))
@@ -276,12 +277,13 @@ def test_quantized_gemm_by_dot_products(neon_dotprod):
         q8, s8, _, w8 = _quantized(n, k, 8, 0, seed=k + n)
         for unary, scalars, algorithm in EPILOGUES[:4]:
             requests.append(_quant_request(a, q8, s8, None, 8, 0, bias, residual, unary, scalars, algorithm))
-            cases.append((f"{m}x{k}x{n} int8 weights {unary}", digits_of(a, INT8_DIGIT_GROUP), w8, bias, unary, scalars,
+            cases.append((f"{m}x{k}x{n} int8 weights {unary}", digits_of(a, INT8_DIGIT_GROUP, 3), w8, bias, unary, scalars,
                           algorithm, residual))
     results = neon_dotprod.run(requests)
     for (m, k, n, group), paths in zip(shapes, results):
         assert paths[1].item() == int(group % 8 == 0), f"{m}x{k}x{n} g{group}: integer products {paths.tolist()}"
         assert paths[2].item() == 2, f"{m}x{k}x{n}: int8 weights took path {paths[2].item()}, not the digits"
+        assert paths[3:].tolist() == [2, 3], f"{m}x{k}x{n}: digits at int4, int8 weights {paths[3:].tolist()}"
     for (label, carried, w, bias, unary, scalars, algorithm, residual), out in zip(cases, results[len(shapes):]):
         m, n = carried.shape[0], w.shape[0]
         try:

@@ -73,8 +73,12 @@ def _quantized_gemms(module: nn.Module, rows: int, dtype: str, group: int | None
     model = kiln.quantize(module.eval(), dtype, group_size=group, activations=activations)
     x = torch.randn(rows, 96)
     out, program = compiled(model, x, freezing=True)
+    # int4 at 4 rows or fewer may carry the activations as two int8 digits (where the CPU's int4
+    # path is int8_digits): each within 2^-13.9 of its group's largest, ~3e-5 on these outputs
+    # (~0.3), far under the int4 weights' own error; elsewhere eager's float32 rounding.
+    digits = dtype == "int4" and rows <= 4 and activations == "float32"
     with torch.no_grad():
-        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=2e-4 if digits else 1e-5)
     return [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm_quant.default"], program
 
 

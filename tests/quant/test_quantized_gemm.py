@@ -54,17 +54,25 @@ def split_activations(a: torch.Tensor) -> torch.Tensor:
 INT8_DIGIT_GROUP = 256
 
 
-def digits_of(a: torch.Tensor, group: int) -> torch.Tensor:
-    """The activations as the int8-digits path carries them (kiln_gemm_quant.h `split_group`):
-    per row and group, three int8 digits with scales 2^e, 2^(e - 7), 2^(e - 14), 2^(e + 6) the
-    power of two above the group's largest |a|, each the rounded remainder of the last."""
+def digits_of(a: torch.Tensor, group: int, digits: int) -> torch.Tensor:
+    """The activations as the int8-digits path carries them (kiln_gemm_quant.h `split_group`): per
+    row and group, `digits` int8 digits, each the rounded remainder of the last. Two: scales 2^e and
+    2^(e - 8), 2^e the least power of two with the group's largest |a| at most 127 steps, the second
+    digit clamped to 127; three: 2^e, 2^(e - 7), 2^(e - 14), 2^(e + 6) the power of two above the
+    group's largest |a|."""
     k = a.shape[-1]
     groups = -(-k // group)
     g = torch.nn.functional.pad(a.double(), (0, groups * group - k)).unflatten(-1, (groups, group))
-    e = (torch.frexp(g.abs().amax(-1, keepdim=True).float())[1].double() - 6).clamp(min=-100)
+    largest = g.abs().amax(-1, keepdim=True).float()
+    top = torch.frexp(largest)[1].double()
+    if digits == 2:
+        e = top - 7 + (largest.double() > 127.0 * torch.pow(2.0, top - 7)).double()
+    else:
+        e = top - 6
+    e, bits = e.clamp(min=-100), 8 if digits == 2 else 7
     rest, carried = g.clone(), torch.zeros_like(g)
-    for d in range(3):
-        step = torch.pow(2.0, e - 7 * d)
+    for d in range(digits):
+        step = torch.pow(2.0, e - bits * d)
         level = torch.round(rest / step).clamp(-127, 127)
         carried += level * step
         rest -= level * step
@@ -77,18 +85,24 @@ def _carried(a: torch.Tensor, bits: int, m: int, group: int, lib=None, path: str
     multiple of 8), int8 the digits where the build's dot4 is one instruction."""
     path = path or (kernels.quant_path(bits, m, 64, 64, group, lib) if m <= 4 else "float32")
     if path == "int8_digits":
-        return digits_of(a, INT8_DIGIT_GROUP if bits == 8 else group)
+        return digits_of(a, INT8_DIGIT_GROUP if bits == 8 else group, kernels.quant_digits(bits, lib))
     return split_activations(a) if path == "bf16_pairs" else a
 
 
 def test_the_carried_activations_are_within_their_bounds():
     a = torch.randn(10000) * torch.logspace(-20, 20, 10000)
     assert ((split_activations(a) - a.double()).abs() <= 2.0 ** -16 * a.double().abs()).all()
-    rows = torch.randn(3, 1000) * torch.logspace(-3, 3, 1000)
+    rows = torch.randn(3, 1000, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 3, 1000)
+    rows[0, :8] = torch.tensor([127.0, 2.5, -2.5, 126.5, 0.75, 1.5, -127.0, 3.0])  # ties of the first digit's rounding
+    rows[1, :8] = 127.5  # above 127 steps of 2^0: the first digit's step 2^1
     for group in (8, 64, 128):
         largest = torch.nn.functional.pad(rows.abs(), (0, -1000 % group)).unflatten(-1, (-1, group)).amax(-1)
-        bound = largest.repeat_interleave(group, -1)[:, :1000].double() * 2.0 ** -20
-        assert ((digits_of(rows, group) - rows.double()).abs() <= bound).all()
+        largest = largest.repeat_interleave(group, -1)[:, :1000].double()
+        for digits, bound in [(2, 2.0 ** -13.9), (3, 2.0 ** -20)]:
+            error = (digits_of(rows, group, digits) - rows.double()).abs()
+            assert (error <= bound * largest).all(), digits
+            # Two digits: each within 2^(e - 8) of its value, e the first digit's step (under 2^-14 of the largest)
+            assert digits == 3 or (error > 2.0 ** -16 * largest).any(), "two digits finer than their steps"
 
 
 def _reference(a, w, bias, unary, scalars, algorithm, residual):
@@ -193,7 +207,8 @@ def test_int8_weights_digits_keep_small_activations_beside_large_ones():
     out = kernels.mm_quant(a, packed, n, 8, 0).double()
     magnitude = a.double().abs() @ w.abs().t()
     for group, within in [(INT8_DIGIT_GROUP, True), (k, False)]:
-        err = ((out - _reference(digits_of(a, group), w, None, "none", (), None, None)).abs() / magnitude).max().item()
+        carried = digits_of(a, group, kernels.quant_digits(8))
+        err = ((out - _reference(carried, w, None, "none", (), None, None)).abs() / magnitude).max().item()
         assert (err <= 1e-6) == within, (group, err)
 
 
@@ -268,6 +283,9 @@ def test_other_isas(flags, tmp_path):
     dot4 = "-march=x86-64-v3" in flags
     assert [kernels.quant_path(8, m, 768, 768, 0, lib) for m in (1, 4)] == \
         [dot4 and "int8_digits" or "float32", "-mavxvnni" in flags and "int8_digits" or "float32"]
+    # The activations' digits: two at int4 weights, three of 64 levels at int8 ones (whose byte
+    # pairs would saturate AVX2's 16 bits at 127); none without a dot product.
+    assert [kernels.quant_digits(bits, lib) for bits in (4, 8)] == ([2, 3] if dot4 else [0, 0])
     for (m, k, n), (bits, group) in [((1, 77, 50), (8, 0)), ((1, 77, 300), (8, 0)), ((3, 130, 33), (4, 32)),
                                      ((9, 65, 20), (4, 64))]:
         q, s, z, w = _quantized(n, k, bits, group, seed=k)
@@ -281,5 +299,5 @@ def test_other_isas(flags, tmp_path):
         if m <= 4:  # the digits (int4's, int8's): vpdpbusd or AVX2's byte products (x86-64-v3), plain C++ (v2)
             digits = "-march=x86-64-v3" in flags
             out = kernels.mm_quant(a, packed, n, bits, group, bias, "gelu", lib=lib, path="int8_digits")
-            carried = _carried(a, bits, m, group, path="int8_digits" if digits else "float32")
+            carried = _carried(a, bits, m, group, lib, path="int8_digits" if digits else "float32")
             _check(out, _reference(carried, w, bias, "gelu", (), None, None), k)

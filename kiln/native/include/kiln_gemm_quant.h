@@ -517,19 +517,24 @@ static inline void normalize_rows(int64_t M, int64_t N, void* c, int64_t ldc, co
 // layer's rows per group of the weight's `group` k: scale = amax / 127 (1 where the group is all
 // zero), q = round(x * (127 * (1 / amax))) in -127..127 (to nearest even), x' = q * scale, and the
 // product is x' @ dequantize(B); kiln/quant/weights.py `quantize_activations` is the reference and
-// takes each step as here, so the levels are the same. (2) Weight-only int4 with float32
-// activations, each group of a row carried as three int8 digits with power-of-two scales: x ~ q1 2^e
-// + q2 2^(e - 7) + q3 2^(e - 14), 2^(e + 6) the power of two at or above the group's largest |x|
-// (so |q1| <= 64), each digit the rounded remainder of the last (exact: a float times a power of
-// two, and a remainder smaller than the float's own place): every activation within 2^(e - 15) <=
-// 2^-20 of its group's largest (digits_of in tests/quant/test_quantized_gemm.py), where the
-// int4 weight is up to 2^-5 of its group's range off the float weight it stands for.
+// takes each step as here, so the levels are the same. (2) Weight-only int4 or int8 with float32
+// activations, each group of a row carried as int8 digits with power-of-two scales, each digit the
+// rounded remainder of the last (exact: a float times a power of two, and a remainder smaller than
+// the float's own place). Two at int4's weights (activation_digits): x ~ q1 2^e + q2 2^(e - 8), 2^e
+// the least power of two with the group's largest |x| at most 127 steps (so above 63.5 steps):
+// |q1| <= 127, and q2 the remainder (at most half a step) in steps 2^8 finer, clamped to 127
+// where it rounds to 128. Every activation is within 2^(e - 8) < 2^-13.9 of its group's largest
+// (half that but where the remainder lies within 2^(e - 9) of half a step), where the int4 weight
+// is up to 2^-5 of its group's range off the float weight it stands for. Three at int8's: x ~ q1
+// 2^e + q2 2^(e - 7) + q3 2^(e - 14), 2^(e + 6) the power of two at or above the group's largest
+// (|q| <= 64), within 2^(e - 15) <= 2^-20 of it. digits_of in tests/quant/test_quantized_gemm.py
+// computes both.
 //
 // Why: at a decode step's row the float32 path costs three vector instructions per 16 weights
 // (unpack, subtract, FMA) and on 2 cores of an Intel Xeon reads int4 at ~21 GB/s, short of the
 // memory's speed (42 G weights/s); one vpdpbusd multiplies 64 weights (unsigned bytes) by 64
 // activations (signed bytes) and adds them in fours, so 128 weights cost a load, a shift, two masks
-// and two dot products a digit: 5 instructions with int8 activations, 9 with three digits, where
+// and two dot products a digit: 5 instructions with int8 activations, 7 with two digits, where
 // the float32 path takes 24.
 //
 // Per group and digit the integer sums are exact (|sum| <= 15 * 127 * group < 2^24), and so are
@@ -599,10 +604,13 @@ static inline void split_group(Int8Rows& rows, int64_t r, int64_t g, int64_t k0,
   } else {
     int top;
     std::frexp(amax, &top);  // amax < 2^top (0: top 0)
-    const int e = std::max(top - 6, -100);  // (tiny groups: digits down to 2^-114, never a denormal scale)
+    // Two digits of 8 bits: the least e with amax <= 127 * 2^e; three of 7: 2^(e + 6) >= amax.
+    const int bits = D == 2 ? 8 : 7;
+    const int least = D == 2 ? top - 7 + (amax > std::ldexp(127.0f, top - 7)) : top - 6;
+    const int e = std::max(least, -100);  // (tiny groups: digits down to 2^-114, never a denormal scale)
     for (int d = 0; d < D; ++d) {
-      step[d] = std::ldexp(1.0f, e - 7 * d);
-      inverse[d] = std::ldexp(1.0f, 7 * d - e);
+      step[d] = std::ldexp(1.0f, e - bits * d);
+      inverse[d] = std::ldexp(1.0f, bits * d - e);
     }
   }
   int32_t sums[3] = {0, 0, 0};
@@ -732,11 +740,19 @@ constexpr bool DOT4_ONE_INSTRUCTION = true;
 constexpr bool DOT4_ONE_INSTRUCTION = false;
 #endif
 
+// The int8 digits a row's activations are carried in (Int8Rows): two of up to 127 levels at int4's
+// weights (AVX2's byte pairs: 2 * 15 * 127 < 2^15), within 2^-13.9 of the group's largest where
+// the weight is up to 2^-5 of its group's range off; three of up to 64 at int8's, within 2^-20,
+// whose weights are finer (2^-8 of a column's largest) and whose byte pairs (0..255) would
+// saturate AVX2's 16 bits past 64 levels (2 * 255 * 64 < 2^15). Two against three, 2 threads of
+// a 2-core AMD EPYC (Zen 4), kiln's int4 products: 768 x 2304 from L2 at 1/2/3/4 rows
+// 15.5/29/51/56 -> 13.6/20/29/41 us; 768 x 32000 from L3 196 -> 175; 4096 x 16384 from DRAM
+// 573 -> 543.
+static constexpr int activation_digits(int bits) { return bits == 4 ? 2 : 3; }
+
 // int8 weights as dot4 reads them: on x86 its first operand is unsigned, so a quad's bytes are
 // read with their sign bits flipped, q + 128 (0..255), and each group's sum takes 128 sum_k x_k
 // back out (Int8Rows' zero_share, share_of_sum = INT8_WEIGHT_BIAS); aarch64's sdot reads them signed.
-// With three digits (each |level| <= 64: the first under 2^6, each next the rounded remainder of a
-// step, at most half the step it refines by 2^7) AVX2's pairs never saturate: 2 * 255 * 64 < 2^15.
 #if defined(__aarch64__)
 constexpr float INT8_WEIGHT_BIAS = 0.0f;
 static inline IV int8_weight_lanes(IV quads) { return quads; }
@@ -750,9 +766,10 @@ static inline IV int8_weight_lanes(IV quads) { return quads ^ int32_t(0x80808080
 // conversion and an FMA per digit and vector of sums, 1/64 of its dot products.
 constexpr int64_t INT8_DIGIT_GROUP = 256;
 
-// For int8 panels: three digits a group of INT8_DIGIT_GROUP k, in k's order (a quad's bytes).
+// For int8 panels: the digits a group of INT8_DIGIT_GROUP k, in k's order (a quad's bytes).
 static Int8Rows split_rows_for_int8(const QuantShape& z, int64_t M, const float* a, int64_t lda) {
-  return split_rows(z.K, INT8_DIGIT_GROUP, z.quads() * 4, M, a, lda, 3, false, 1.0f, INT8_WEIGHT_BIAS);
+  return split_rows(z.K, INT8_DIGIT_GROUP, z.quads() * 4, M, a, lda, activation_digits(8), false, 1.0f,
+                    INT8_WEIGHT_BIAS);
 }
 
 // C rows [r0, r0 + rows) of panels at[0 .. S) (R rows each; S > 1 only at one row, a run of panels
@@ -828,14 +845,7 @@ static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, 
   }
 }
 
-// The digits int4's weight-only path carries each activation in (KILN_INT4_DIGITS times another count).
-#ifdef KILN_INT4_DIGITS
-constexpr int INT4_DIGITS = KILN_INT4_DIGITS;
-#else
-constexpr int INT4_DIGITS = 3;
-#endif
-
-// Runs of panels a thread reads at once at one row with three digits (their sums fill the registers).
+// Runs of panels a thread reads at once at one row with more than one digit (their sums fill the registers).
 #ifdef KILN_DIGIT_RUNS  // to time another count
 constexpr int DIGIT_RUNS = KILN_DIGIT_RUNS;
 #else
@@ -863,7 +873,7 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, const Int8Row
         digits_tile<BITS, decltype(count)::value, 1, D, false>(src, at, 1, x, c, ldc, e);
       });
     } else if (M == 1) {
-      // Runs of 4 panels with one digit (as int4_row), 2 with three: their sums fill the registers.
+      // Runs of 4 panels with one digit (as int4_row), 2 with more: their sums fill the registers.
       panel_runs<D == 1 ? INT4_RUNS : DIGIT_RUNS>(p0, p1, [&](auto count, const int64_t* at) {
         digits_tile<BITS, decltype(count)::value, 1, D>(src, at, 1, x, c, ldc, e);
       });
@@ -891,10 +901,11 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, const Int8Row
 #define KILN_INT8_DOT 0
 constexpr bool INT8_DOT = false;
 constexpr bool DOT4_ONE_INSTRUCTION = false;
+static constexpr int activation_digits(int) { return 0; }  // (no digits path)
 #endif
 
 // The paths of a product at a few rows: the float32 one (direct_tile, int8_row, int4_row), int4's
-// bfloat16 pairs (direct_tile_bf16: CPUs with avx512_bf16), the three int8 digits (digits_tile:
+// bfloat16 pairs (direct_tile_bf16: CPUs with avx512_bf16), the int8 digits (digits_tile:
 // CPUs with AVX512-VNNI, AVX-VNNI or AVX2, aarch64 with the dot product instructions). Which one
 // runs changes the result within the bounds given with each.
 enum QuantPath : int { PATH_FLOAT32 = 0, PATH_BF16_PAIRS = 1, PATH_INT8_DIGITS = 2, QUANT_PATHS = 3 };
@@ -964,8 +975,9 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
   const int64_t N = src.z.N, K = src.z.K, panels = src.z.panels(), groups = src.z.groups();
 #if KILN_INT8_DOT
   if (path == PATH_INT8_DIGITS && quant_path_applies(src.z, path)) {
-    if constexpr (BITS == 4) return int8_products<4, INT4_DIGITS>(src, M, split_rows(src.z, M, a, lda, INT4_DIGITS), c, ldc, e);
-    else return int8_products<8, 3>(src, M, split_rows_for_int8(src.z, M, a, lda), c, ldc, e);
+    constexpr int D = activation_digits(BITS);
+    if constexpr (BITS == 4) return int8_products<4, D>(src, M, split_rows(src.z, M, a, lda, D), c, ldc, e);
+    else return int8_products<8, D>(src, M, split_rows_for_int8(src.z, M, a, lda), c, ldc, e);
   }
 #endif
   const bool bf16_pairs = path == PATH_BF16_PAIRS && quant_path_applies(src.z, path);
