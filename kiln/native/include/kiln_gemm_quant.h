@@ -556,8 +556,8 @@ struct Int8Rows {
   }
 };
 
-// Row r's group g (n activations at x) into `rows` (`digits` 1: int8 activations; 3: the digits), in
-// words (k0 a multiple of 8) or, `words` false, in k's order.
+// Row r's group g (n activations at x) into `rows` (`digits` 1: int8 activations; 2 or 3: the
+// digits, activation_digits), in words (k0 a multiple of 8) or, `words` false, in k's order.
 static inline void split_group(Int8Rows& rows, int64_t r, int64_t g, int64_t k0, const float* x, int64_t n,
                                bool words) {
   const int D = rows.digits;
