@@ -77,6 +77,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         getattr(lib, f"kiln_gemm_{suffix}").argtypes = [i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
     lib.kiln_gemm_ahead_shift.argtypes = [i64, i64, i64]
     lib.kiln_gemm_split.argtypes = [i64, i64, ctypes.c_int, ctypes.c_int]
+    lib.kiln_gemm_shared_panels_take.argtypes = [i64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ptr, ptr]
     lib.kiln_depthwise_pack_f32.argtypes = [ptr, i64, i64, ptr]
     lib.kiln_depthwise_f32.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, ptr]
     i32 = ctypes.c_int32
