@@ -42,9 +42,9 @@ def _entries() -> str:
              "void kiln_gemm_set_huge_page_packs(int32_t on) { kiln_gemm::huge_page_packs.store(on != 0); }",
              "int32_t kiln_gemm_huge_page_packs(void) { return kiln_gemm::huge_page_packs.load(); }",
              # (tests: kiln_gemm::SharedPanels, the one-row products' panels shared out for balance)
-             "void kiln_gemm_shared_panels_take(int64_t panels, int32_t threads, int32_t team, int32_t delay_us, "
+             "void kiln_gemm_shared_panels_take(int64_t panels, int32_t threads, int32_t team, int32_t late, "
              "int32_t* counts, int64_t* taken) "
-             "{ kiln_gemm::shared_panels_take(panels, threads, team, delay_us, counts, taken); }"]
+             "{ kiln_gemm::shared_panels_take(panels, threads, team, late != 0, counts, taken); }"]
     for suffix, ctype in CTYPES.items():
         lines += [
             f"int64_t kiln_gemm_packed_elements_{suffix}(int64_t K, int64_t N) "

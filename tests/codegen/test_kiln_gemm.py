@@ -264,19 +264,20 @@ def test_the_thread_grid_balances_vectors_not_tiles(panels, row_blocks, last_vec
     assert kernels.library().kiln_gemm_split(panels, row_blocks, last_vectors, threads) == along_panels
 
 
-@pytest.mark.parametrize("panels,threads,team,delay_us", [
-    (48, 2, 2, 0), (48, 2, 2, 5000), (666, 2, 2, 5000), (3, 4, 4, 0), (1, 2, 2, 0), (97, 4, 1, 0), (40, 3, 2, 2000)])
-def test_shared_panels_are_each_taken_once_and_a_late_thread_s_are_taken_by_the_others(panels, threads, team, delay_us):
+@pytest.mark.parametrize("panels,threads,team,late", [
+    (48, 2, 2, False), (48, 2, 2, True), (666, 2, 2, True), (3, 4, 4, False), (1, 2, 2, False), (97, 4, 1, False),
+    (40, 3, 2, True), (40, 3, 3, True)])
+def test_shared_panels_are_each_taken_once_and_a_late_thread_s_are_taken_by_the_others(panels, threads, team, late):
     # kiln_gemm.h's SharedPanels (one-row products): every panel exactly once, whatever the team (one
-    # smaller than the shares takes the missing threads' too); thread 0 starting 5 ms late finds
-    # most of its share taken from the back by the others.
+    # smaller than the shares takes the missing threads' too); a thread 0 that starts only once the
+    # others are done finds its whole share taken (from the back) by them.
     counts = torch.zeros(panels, dtype=torch.int32)
     taken = torch.zeros(team, dtype=torch.int64)
-    kernels.library().kiln_gemm_shared_panels_take(panels, threads, team, delay_us, counts.data_ptr(), taken.data_ptr())
+    kernels.library().kiln_gemm_shared_panels_take(panels, threads, team, int(late), counts.data_ptr(), taken.data_ptr())
     assert counts.eq(1).all(), counts
     assert int(taken.sum()) == panels
-    if delay_us >= 5000:
-        assert int(taken[0]) < panels // (2 * threads), taken
+    if late and team > 1:
+        assert int(taken[0]) == 0, taken
 
 
 @pytest.mark.parametrize("tiles,steps,bytes_per_step", [(16, 768, 192), (25, 768, 192), (7, 1024, 192), (16, 384, 192),

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 #include <omp.h>
+#include <thread>
 #include <type_traits>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -952,17 +953,17 @@ class SharedPanels {
   std::unique_ptr<Share[]> shares_;
 };
 
-// (tests) `panels` shared by `threads` and taken by a team of `team`, thread 0 starting `delay_us`
-// late: counts[p] the times panel p was taken, taken[t] the panels thread t took.
-static void shared_panels_take(int64_t panels, int threads, int team, int delay_us, int32_t* counts, int64_t* taken) {
+// (tests) `panels` shared by `threads` and taken by a team of `team`, thread 0 starting only once
+// every other thread is done where `late`: counts[p] the times panel p was taken, taken[t] the
+// panels thread t took.
+static void shared_panels_take(int64_t panels, int threads, int team, bool late, int32_t* counts, int64_t* taken) {
   SharedPanels shared(panels, threads);
+  std::atomic<int> done{0};
 #pragma omp parallel num_threads(team)
   {
     const int t = omp_get_thread_num();
-    if (t == 0 && delay_us > 0) {
-      const auto start = std::chrono::steady_clock::now();
-      while (std::chrono::steady_clock::now() - start < std::chrono::microseconds(delay_us)) {}
-    }
+    if (t == 0 && late)
+      while (done.load() < omp_get_num_threads() - 1) std::this_thread::yield();
     shared.take_all(t, [&](int64_t p0, int64_t p1) {
       for (int64_t p = p0; p < p1; ++p) {
 #pragma omp atomic
@@ -970,6 +971,7 @@ static void shared_panels_take(int64_t panels, int threads, int team, int delay_
       }
       taken[t] += p1 - p0;
     });
+    done.fetch_add(1);
   }
 }
 
