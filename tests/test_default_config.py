@@ -177,7 +177,10 @@ def _check_choices_run(graph: CompiledGraph, answers: list[dict[str, Any]], op: 
 
 def _fused_activations(graph: CompiledGraph) -> dict[tuple[str, str], int]:
     """Activations applied in a GEMM or convolution (a oneDNN post-op) or in a kernel that reads
-    one's output directly (with the bias add, when there is one, in the same kernel)."""
+    one's output directly (with the bias add, when there is one, in the same kernel). A kernel
+    member counts an activation once however often its loop body applies it: a max pool over a
+    ReLU'd convolution output (ResNet's stem, when ATen's convolution wins the autotuner's
+    question) applies the ReLU to each of the window's nine loads."""
     products = {out.name for step in _externs(graph, GEMMS | CONVS) for out in step.outputs if out is not None}
     found: dict[tuple[str, str], int] = {}
     for step in _externs(graph, {"kiln.mm.default", "kiln.conv.default"}):
@@ -191,7 +194,7 @@ def _fused_activations(graph: CompiledGraph) -> dict[tuple[str, str], int]:
             counts = run(OpCounter(), member.node).counts
             for activation in (RELU, GELU, SILU, TANH):
                 if counts.get(activation[0]):
-                    found[activation] = found.get(activation, 0) + counts[activation[0]]
+                    found[activation] = found.get(activation, 0) + 1
     return found
 
 
