@@ -144,6 +144,12 @@ def written_since(tensors: Iterable[torch.Tensor], epoch: int) -> bool:
     return False
 
 
+def last_write(t: torch.Tensor) -> int:
+    """The epoch of the last write marked on `t` (0: none), which its version counter may not show."""
+    watch = t.__dict__.get(_WATCH)
+    return watch.written if watch is not None else 0
+
+
 def pending_handles() -> int:
     """Handles kept now (tests, kiln.explain): `.data` tensors of frozen parameters still alive."""
     return len(_handles)

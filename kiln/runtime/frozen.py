@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 from kiln import logs
 from kiln.native import libkiln, python_door
-from kiln.runtime import data_watch
+from kiln.runtime import data_watch, shared_constants
 from kiln.externs import native_ops
 from kiln.externs.prepacked import packed_bytes
 from kiln.ir.constant_split import ConstantSplit
@@ -88,7 +88,9 @@ class FrozenProgram:
         libkiln.apply_settings()  # (the packs are made by the call after this one, under these settings)
         epoch = data_watch.sweep()
         with torch.no_grad():
-            self.constants = tuple(self.split.constants(*frozen))
+            # (Shared with the process's other frozen graphs over the same weights: a decode step's
+            # and its prompt's graphs hold one copy of the concatenated weights and their packs.)
+            self.constants = shared_constants.compute(self.split.constants, frozen)
         self.held, self.signatures = list(frozen), signatures
         self.stamp = self.stamp_of(frozen)
         self.storages = [t.untyped_storage() for t in frozen]
