@@ -131,7 +131,8 @@ class FrozenProgram:
         return cls(pickle.loads(artifact.split), load_runtime(artifact.runtime))
 
     def memory(self) -> dict[str, int]:
-        """Bytes kiln holds beyond the user's tensors: computed constants and packed weights."""
+        """Bytes kiln holds beyond the user's tensors: computed constants and packed weights (those
+        shared with another graph over the same weights, shared_constants.py, counted by each)."""
         computed = sum(c.numel() * c.element_size() for c, own in zip(self.constants, self.split.computed)
                        if own and isinstance(c, torch.Tensor))
         packs = sum(packed_bytes(c) for c in self.constants if isinstance(c, torch.Tensor))
