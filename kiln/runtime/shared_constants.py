@@ -80,56 +80,58 @@ def _shareable(target: Any) -> bool:
     return not target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in target.tags
 
 
-def _held(result: Any) -> weakref.ref | None:
-    """A weak reference to a tensor result (a tuple of tensors is reached through its getitem nodes)."""
-    return weakref.ref(result) if isinstance(result, torch.Tensor) else None
-
-
 def compute(graph: fx.GraphModule, frozen: Sequence[Any]) -> tuple:
     """`graph(*frozen)`'s outputs, each node's result shared with any graph that computed the
     same node over the same frozen tensors and still holds it."""
-    global _inserted
-    env: dict[fx.Node, Any] = {}
-    keys: dict[fx.Node, tuple | None] = {}
-    leaves: dict[fx.Node, tuple] = {}  # the frozen tensors each node's key names
-    inputs = iter(frozen)
-    output: Any = None
-    for node in graph.graph.nodes:
-        if node.op == "placeholder":
-            value = next(inputs)
-            env[node] = value
-            try:
-                keys[node], leaves[node] = _input_key(value)
-            except _Unkeyable:
-                keys[node], leaves[node] = None, ()
-            continue
+    output = _SharingInterpreter(graph).run(*frozen)
+    return tuple(output) if isinstance(output, (list, tuple)) else (output,)
+
+
+class _SharingInterpreter(fx.Interpreter):
+    """fx's interpreter with each node's key beside its value: a keyed node already computed (and
+    still held) is taken from the memo, any other node runs as fx runs it."""
+
+    def __init__(self, graph: fx.GraphModule) -> None:
+        super().__init__(graph)
+        self.keys: dict[fx.Node, tuple | None] = {}
+        self.leaves: dict[fx.Node, tuple] = {}  # the frozen tensors each node's key names
+
+    def run_node(self, node: fx.Node) -> Any:
         if node.op == "output":
-            output = fx.node.map_arg(node.args[0], env.__getitem__)
-            break
-        args = fx.node.map_arg(node.args, env.__getitem__)
-        kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+            return super().run_node(node)
+        if node.op == "placeholder":
+            value = super().run_node(node)
+            try:
+                self.keys[node], self.leaves[node] = _input_key(value)
+            except _Unkeyable:
+                self.keys[node], self.leaves[node] = None, ()
+            return value
         key = None
         if node.op == "call_function" and _shareable(node.target):
             try:
-                key = (node.target, _arg_key(node.args, keys), _arg_key(node.kwargs, keys))
+                key = (node.target, _arg_key(node.args, self.keys), _arg_key(node.kwargs, self.keys))
             except _Unkeyable:
                 key = None
-        names = tuple({id(t): t for n in node.all_input_nodes for t in leaves.get(n, ())}.values())
+        names = tuple({id(t): t for n in node.all_input_nodes for t in self.leaves.get(n, ())}.values())
+        self.keys[node], self.leaves[node] = key, names
         result = _shared(key) if key is not None else None
-        if result is None:
-            result = _run(graph, node, args, kwargs)
-            STATS["computed"] += 1
-            held = _held(result) if key is not None else None
-            if held is not None:
-                with _LOCK:
-                    _MEMO[key] = (held, tuple(weakref.ref(t) for t in names))
-                    _inserted += 1
-                    if _inserted % _PRUNE_EVERY == 0:
-                        _prune()
-        else:
+        if result is not None:
             STATS["shared"] += 1
-        env[node], keys[node], leaves[node] = result, key, names
-    return tuple(output) if isinstance(output, (list, tuple)) else (output,)
+            return result
+        result = super().run_node(node)
+        STATS["computed"] += 1
+        if key is not None and isinstance(result, torch.Tensor):  # (a tuple is reached through its getitem nodes)
+            _remember(key, result, names)
+        return result
+
+
+def _remember(key: tuple, result: torch.Tensor, names: tuple) -> None:
+    global _inserted
+    with _LOCK:
+        _MEMO[key] = (weakref.ref(result), tuple(weakref.ref(t) for t in names))
+        _inserted += 1
+        if _inserted % _PRUNE_EVERY == 0:
+            _prune()
 
 
 def _shared(key: tuple) -> Any:
@@ -144,22 +146,6 @@ def _shared(key: tuple) -> Any:
             del _MEMO[key]
             return None
         return result
-
-
-def _run(graph: fx.GraphModule, node: fx.Node, args: Any, kwargs: Any) -> Any:
-    if node.op == "call_function":
-        return node.target(*args, **kwargs)
-    if node.op == "call_method":
-        self_obj, *rest = args
-        return getattr(self_obj, node.target)(*rest, **kwargs)
-    if node.op == "call_module":
-        return graph.get_submodule(node.target)(*args, **kwargs)
-    if node.op == "get_attr":
-        value: Any = graph
-        for part in node.target.split("."):
-            value = getattr(value, part)
-        return value
-    raise RuntimeError(f"kiln: a constants graph has a node of kind {node.op!r}")
 
 
 def _prune() -> None:
