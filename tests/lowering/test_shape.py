@@ -4,7 +4,7 @@ import sympy
 import torch
 import torch.nn.functional as F
 
-from kiln.ir.analysis import ReadsWrites, run
+from kiln.ir.analysis import OpCounter, ReadsWrites, run
 from tests.lowering.support import check, through, through_all
 
 aten = torch.ops.aten
@@ -24,6 +24,26 @@ def test_cat_loads_stay_in_bounds():
     (step,) = program.kernels
     reads = run(ReadsWrites(), step.node).reads
     assert len(reads) == 2 and all(expr.has(sympy.Min) or expr.has(sympy.Max) for _, expr in reads)
+
+
+def test_a_costly_part_of_a_cat_is_computed_once_not_for_every_row():
+    # A dynamic KV cache's append, cat([cache, rope(new_key)]): every element of a cat computes
+    # every part (the `where` keeps one), so a new row of many ops is a kernel of its own, run
+    # once; a part that is a plain load or a few ops stays inlined. (tests/backend's
+    # test_symbolic_sizes has the rotary case over a symbolic cache length.)
+    def polynomial(n):
+        p = n
+        for _ in range(5):
+            p = p * n + 1
+        return p
+
+    cache, new = torch.randn(1, 12, 200, 64), torch.rand(1, 12, 1, 64)
+    programs = check(lambda c, n: torch.cat([c, polynomial(n)], 2), cache, new)
+    for program in programs.values():
+        counts = {tuple(step.buffer.layout.size): run(OpCounter(), step.node).counts for step in program.kernels}
+        assert set(counts) == {(1, 12, 1, 64), (1, 12, 201, 64)}
+        assert counts[(1, 12, 1, 64)]["mul"] == 5 and "mul" not in counts[(1, 12, 201, 64)]
+    (step,) = check(lambda c, n: torch.cat([c, n * 2], 2), cache, new)["cpp"].kernels  # cheap: inlined
 
 
 def test_constant_pad_nd_pads_and_crops():
