@@ -101,7 +101,12 @@ class FrameCache:
             reason = failed.describe() if failed is not None else "a guard"
             logs.log("recompiles", "%s: recompiling (entry %d): %s failed", self.label, len(self.entries) + 1, reason)
             _notify("recompile", self, reason)
-            changed = self.dynamic.note_changes(self.entries[-1].guards.guards, lambda source: read_source(source, L))
+            # Against every entry's guards, not the last one's only: calls of two kinds take turns
+            # (a generate's prefill and its decode step), and a size that changed since the entry
+            # of the same kind would otherwise go unnoticed — a static KV cache of another length
+            # compiled the prefill and the step again for each length, up to the limit.
+            guards = [g for entry in self.entries for g in entry.guards.guards]
+            changed = self.dynamic.note_changes(guards, lambda source: read_source(source, L))
             if changed:
                 logs.log("recompiles", "%s: sizes or ints changed (%s): captured again with them symbolic", self.label, "; ".join(changed))
         try:

@@ -5,7 +5,8 @@ Captured graphs read submodules, parameters and plain attributes of modules (`se
 those reads on every call, kiln watches the modules a capture read (`watch`): assigning or
 deleting an attribute of one (`nn.Module.__setattr__`/`__delattr__`, which `train()`/`eval()`
 use; assigning an int, bool, string, None or tuple of them equal to the attribute's value, or the
-very object it holds, is no change), registering a child, parameter or buffer, or converting it (`_apply`: `to()`, `float()`,
+very object it holds, is no change, and so is assigning an attribute no capture read: `note_read`),
+registering a child, parameter or buffer, or converting it (`_apply`: `to()`, `float()`,
 ...) moves the version, and every `MODULE_STRUCTURE` guard fails.
 
 To see assignments, kiln wraps `nn.Module.__setattr__`, `__delattr__` and `_apply` once, on the
@@ -37,6 +38,8 @@ class _State:
     def __init__(self) -> None:
         self.version = 0
         self.watched: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+        # The instance attributes some capture read of each watched module ("__dict__": all of them).
+        self.read: "weakref.WeakKeyDictionary[nn.Module, set[str]]" = weakref.WeakKeyDictionary()
         self.installed = False
 
 
@@ -84,10 +87,24 @@ def _wrap(method: Any) -> Any:
     return watched
 
 
+def note_read(module: nn.Module, name: str) -> None:
+    """A capture read instance attribute `name` of `module` (or, `name` "__dict__", all of them)."""
+    STATE.read.setdefault(module, set()).add(name)
+
+
+def _read_by_a_capture(module: nn.Module, name: str) -> bool:
+    names = STATE.read.get(module)
+    return names is not None and (name in names or "__dict__" in names)
+
+
 def _wrap_setattr(method: Any) -> Any:
     # A forward that re-assigns an attribute the value it already has (HF's Swin sets
     # `self.shift_size = 0` and `self.window_size = ...` on every call of its last stage's layers)
     # changes nothing: counting it failed every guard on the next call, a recompile per call.
+    # Nor does an attribute no capture read: HF's `generate` sets `_previous_max_cache_length` on
+    # the model whenever a static cache of another length is made, which failed every graph's
+    # guard, the prompt's and the step's compiled again for each length up to the limit.
+    # (Registering a child, parameter or buffer moves the version through the registration hooks.)
     @functools.wraps(method)
     def watched(self: nn.Module, name: str, value: Any) -> None:
         if torch.compiler.is_compiling() or not STATE.watched or self not in STATE.watched:
@@ -95,7 +112,7 @@ def _wrap_setattr(method: Any) -> Any:
             return
         old = self.__dict__.get(name, ABSENT)
         method(self, name, value)
-        if old is ABSENT or not same_constant(old, value):
+        if (old is ABSENT or not same_constant(old, value)) and _read_by_a_capture(self, name):
             STATE.version += 1
 
     watched.__kiln_watch__ = method  # type: ignore[attr-defined]

@@ -223,6 +223,49 @@ def test_module_structure_child_replaced_recompiles():
     assert _entries(f) == 2
 
 
+def test_assigning_a_module_attribute_no_capture_read_keeps_the_entries():
+    # HF's generate sets `model._previous_max_cache_length` whenever it makes a static cache of
+    # another length; its forward never reads it. Such a write changes nothing a graph decided on:
+    # no recompile. One the capture read (an instance attribute, or a name it looked up first on the
+    # instance and found on the class) recompiles, and so does any write once `vars(self)` was read.
+    class Scaled(torch.nn.Module):
+        factor = 2.0
+
+        def __init__(self):
+            super().__init__()
+            self.offset = 1.0
+
+        def forward(self, x):
+            return x * self.factor + self.offset
+
+    model = Scaled()
+    f = kiln.compile(model, backend="eager", fullgraph=True)
+    x = torch.ones(3)
+    assert_same(f(x), x * 2 + 1)
+    model._previous_length = 7  # read by no capture
+    model._previous_length = 8
+    assert_same(f(x), x * 2 + 1)
+    assert _entries(f) == 1
+    model.offset = 5.0  # read: the next call recompiles with it
+    assert_same(f(x), x * 2 + 5)
+    assert _entries(f) == 2
+    model.factor = 3.0  # an instance attribute now shadows the class's the capture read
+    assert_same(f(x), x * 3 + 5)
+    assert _entries(f) == 3
+
+    class Everything(torch.nn.Module):
+        def forward(self, x):
+            return x * len(vars(self))
+
+    whole = Everything()
+    g = kiln.compile(whole, backend="eager", fullgraph=True)
+    n = len(vars(whole))
+    assert_same(g(x), x * n)
+    whole.extra = 1  # vars(self) was read: every attribute counts
+    assert_same(g(x), x * (n + 1))
+    assert _entries(g) == 2
+
+
 def test_autocast_on_another_device_keeps_an_entry_captured_with_it_off():
     # With autocast off at capture, one C call checks that no device's is on; when one is (here
     # XPU's, which changes nothing for CPU tensors) each checked device's state is read exactly.

@@ -458,7 +458,9 @@ def test_a_frames_own_writes_still_retire_other_frames_that_read_them():
 
 def test_eval_again_between_calls_keeps_the_compiled_entry():
     # `model.eval()` before every call re-assigns `training = False` on each module: no change.
-    compiled = kiln.compile(nn.Sequential(nn.Linear(3, 3), nn.ReLU()).eval(), backend="eager", fullgraph=True)
+    # (Dropout reads `training`: train() then is a change its graph decided on.)
+    compiled = kiln.compile(nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5), nn.ReLU()).eval(), backend="eager",
+                            fullgraph=True)
     x = torch.randn(2, 3)
     for _ in range(3):
         compiled.eval()

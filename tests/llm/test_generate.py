@@ -99,6 +99,30 @@ def test_the_static_cache_is_written_in_place_by_the_decode_step():
     assert len(mutated) >= 2 * 2 and set(written_over) == mutated
 
 
+def test_generate_with_other_lengths_reuses_its_graphs():
+    """A static cache of another length each call (another `max_new_tokens`) and other prompt
+    lengths: the prompt's and the step's graphs are made symbolic in the lengths once and serve
+    every later call, eager's tokens each time. (HF sets `_previous_max_cache_length` on the model
+    for each new length, which no capture reads; and a size is compared with every entry's guards,
+    not only the last call's, whose kind — prompt or step — alternates.) Before, each new length
+    compiled both graphs again until the recompile limit, then ran eagerly."""
+    kiln.reset()
+    fallback.reset()
+    model = _decoder("llama")
+    compiled = kiln.compile(_decoder("llama"))  # the same weights (seeded)
+    runs = [(8, 16), (12, 16), (20, 16), (6, 24), (10, 9), (16, 40)]  # (new tokens, prompt length)
+    with torch.no_grad(), watch() as built:
+        for new_tokens, length in runs:
+            prompt = torch.randint(0, 1000, (1, length), generator=torch.Generator().manual_seed(length))
+            options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                           cache_implementation="static")
+            expected = model.generate(prompt, **options)
+            assert torch.equal(compiled.generate(prompt, **options), expected), (new_tokens, length)
+    assert len(built) <= 4, [type(b).__name__ for b in built]
+    assert len(compiled.kiln_cache.entries) <= 4
+    assert fallback.FALLBACKS == [] and kiln.capture.BREAKS == []
+
+
 def test_generate_of_the_compiled_model_runs_its_forward_compiled():
     """`model = kiln.compile(model); model.generate(...)`, as a newcomer writes it: HF's loop calls
     the original module, whose forward is kiln's for the call's duration (kiln/capture/api.py

@@ -64,6 +64,7 @@ class ModuleVariable(UserObjectVariable):
         if written:
             return value
         tx.output.side_effects.record_module_read(self.value, name)
+        module_watch.note_read(self.value, name)
         if name not in self.value.__dict__:
             return None
         value = self.value.__dict__[name]
@@ -91,6 +92,7 @@ class ModuleVariable(UserObjectVariable):
             return super().getattr(tx, name)
         if name == "__dict__":  # every attribute read at once, as it was on entry
             tx.output.side_effects.record_module_read(self.value, name)
+            module_watch.note_read(self.value, name)
         if name in ("_modules", "_parameters", "_buffers"):
             table = getattr(self.value, name)
             entries = DictVariable.from_pairs([(ConstantVariable(k), self._registered(tx, k)) for k in table]).entries
