@@ -246,7 +246,7 @@ def run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from benchmarks.llm_cli import run_llm
 
         return run_llm(args, parser)
-    for flag, given in [("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens)]:
+    for flag, given in [("--prompt-len", args.prompt_len), ("--new-tokens", args.new_tokens), ("--kv-cache", args.kv_cache)]:
         if given is not None:
             parser.error(f"{flag} applies to --suite {LLM_SUITE} only")
     if args.suite == GEMM_SUITE and not args.models:
@@ -392,6 +392,9 @@ def add_bench_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-len", type=positive_int, help=f"--suite {LLM_SUITE} only: prompt tokens per sequence (default: 128)")
     p.add_argument("--new-tokens", type=positive_int,
                    help=f"--suite {LLM_SUITE} only: tokens generated per sequence, at least 2 (default: 128)")
+    p.add_argument("--kv-cache", choices=("static", "dynamic"),
+                   help=f"--suite {LLM_SUITE} only: HF's StaticCache (default) or DynamicCache (generate()'s own "
+                        "default, which grows by torch.cat: a copy of the cache each token)")
     p.add_argument("--json", metavar="PATH", help="write every result and the run's metadata as JSON")
     p.add_argument("--markdown", metavar="PATH", help="write the tables as markdown")
     p.add_argument("--plot", metavar="PATH.png", help="write a bar chart of speedups")

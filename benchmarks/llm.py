@@ -49,6 +49,7 @@ class LlmSettings:
     new_tokens: int = 128
     rounds: int = 3
     warmup: int = 1
+    kv_cache: str = "static"  # HF's StaticCache, or "dynamic" (DynamicCache: generate()'s default)
 
     @property
     def cache_len(self) -> float:
@@ -217,14 +218,21 @@ class _Runner:
             return self.generator.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
 
 
-def generate_options(new_tokens: int) -> dict[str, Any]:
-    """Greedy, exactly `new_tokens` tokens, a static KV cache, and none of HF's own compilation.
+KV_CACHES = ("static", "dynamic")
+
+
+def generate_options(new_tokens: int, kv_cache: str = "static") -> dict[str, Any]:
+    """Greedy, exactly `new_tokens` tokens, a static KV cache (or, `kv_cache` "dynamic", HF's
+    default DynamicCache, which grows by `torch.cat`), and none of HF's own compilation.
 
     Exactly: no end-of-sequence token, rather than `min_new_tokens`, whose logits processor (and
     the EOS stopping criterion) call `torch.isin` three times a step, 0.47 ms a token on 2 cores,
     a tenth of an int4 decode step of llama-160m, the same in every mode."""
-    return dict(max_new_tokens=new_tokens, eos_token_id=None, do_sample=False,
-                cache_implementation="static", disable_compile=True, pad_token_id=0)
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHES)} (got {kv_cache!r})")
+    cache = {"cache_implementation": "static"} if kv_cache == "static" else {}
+    return dict(max_new_tokens=new_tokens, eos_token_id=None, do_sample=False, **cache, disable_compile=True,
+                pad_token_id=0)
 
 
 def _prepare(mode: LlmMode, base: nn.Module, result: LlmResult, batch: int, settings: LlmSettings) -> _Runner | None:
@@ -324,7 +332,7 @@ def measure_group(base: nn.Module, model: str, batch: int, threads: int, modes: 
     torch._dynamo.reset()  # (each group's Inductor copy starts with Dynamo's recompile limit untouched)
     prompt = torch.randint(0, base.config.vocab_size, (batch, settings.prompt_len),
                            generator=torch.Generator().manual_seed(1))
-    options = generate_options(settings.new_tokens)
+    options = generate_options(settings.new_tokens, settings.kv_cache)
     runners = [r for r in (_prepare(m, base, res, batch, settings) for m, res in zip(modes, results)) if r]
     reference = _warm_up(runners, prompt, options, settings.warmup)
     if reference is None:  # (no eager mode in the run, or it failed)

@@ -48,13 +48,13 @@ def llm_settings(args: argparse.Namespace) -> LlmSettings:
     return LlmSettings(models=tuple(dict.fromkeys(models)), modes=tuple(dict.fromkeys(modes)),
                        batches=tuple(dict.fromkeys(args.batch or DEFAULT_BATCHES)),
                        threads=tuple(parse_threads(args.threads)), prompt_len=args.prompt_len or DEFAULT_PROMPT_LEN,
-                       new_tokens=new_tokens, rounds=args.iters, warmup=args.warmup)
+                       new_tokens=new_tokens, rounds=args.iters, warmup=args.warmup, kv_cache=args.kv_cache or "static")
 
 
 def llm_metadata(settings: LlmSettings) -> dict[str, Any]:
     from benchmarks.report import run_metadata
 
-    return run_metadata(task="text generation: greedy generate() with a static KV cache", suite=LLM_SUITE,
+    return run_metadata(task=f"text generation: greedy generate() with a {settings.kv_cache} KV cache", suite=LLM_SUITE,
                         threads=list(settings.threads), iters=settings.rounds, warmup=settings.warmup,
                         cache="user's", models=list(settings.models), modes=list(settings.modes),
                         batches=list(settings.batches), prompt_len=settings.prompt_len, new_tokens=settings.new_tokens)

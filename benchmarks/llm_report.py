@@ -71,7 +71,7 @@ def llm_tables(run: LlmRun) -> list[Table]:
         results = [r for r in run.results if r.threads == threads]
         bandwidth = run.bandwidth.get(threads)
         title = (f"Text generation, {threads} thread{'s' if threads > 1 else ''}: prompt {s.prompt_len}, "
-                 f"{s.new_tokens} new tokens, greedy, static KV cache, median of {s.rounds} rounds; roofline: "
+                 f"{s.new_tokens} new tokens, greedy, {s.kv_cache} KV cache, median of {s.rounds} rounds; roofline: "
                  f"each call's GB/s over the read bandwidth probed just before it, the median of the rounds "
                  f"(the machine's best probe: {_fmt(bandwidth, '.1f')} GB/s)")
         tables.append((title, HEADER, [row(r, results, bandwidth) for r in results]))

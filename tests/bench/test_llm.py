@@ -12,7 +12,7 @@ from torch import nn
 import benchmarks.llm
 import kiln
 from benchmarks import llm_modes, roofline
-from benchmarks.llm import LlmResult, LlmRun, LlmSettings, StepClock, measure_group
+from benchmarks.llm import LlmResult, LlmRun, LlmSettings, StepClock, generate_options, measure_group
 from benchmarks.llm_report import HEADER, describe_bandwidth, llm_tables
 from benchmarks.machine import cpu_model
 from benchmarks.roofline import StepBytes, decode_step_bytes, linear_names
@@ -89,6 +89,32 @@ def test_eager_and_kiln_end_to_end_table_and_json(capsys, tmp_path):
 
     assert main(["report", str(out)]) == 0  # re-rendered from the JSON alone
     assert {r["mode"] for r in _rows(capsys.readouterr().out, HEADER)} == {"eager", "kiln"}
+
+
+def test_the_dynamic_kv_cache_is_generates_default_and_said_so(capsys, tmp_path, monkeypatch):
+    """`--kv-cache dynamic` runs generate() with HF's default DynamicCache (no cache_implementation),
+    eager's tokens; the table's title and the JSON say which cache ran."""
+    import transformers
+
+    caches = []
+    generate = transformers.GenerationMixin.generate
+
+    def spying(self, *args, **kwargs):
+        caches.append(kwargs.get("cache_implementation"))
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.GenerationMixin, "generate", spying)
+    out = tmp_path / "llm.json"
+    assert main(["bench", *TINY, "--modes", "eager,kiln", "--kv-cache", "dynamic", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "dynamic KV cache" in text and caches and set(caches) == {None}
+    rows = {r["mode"]: r for r in _rows(text, HEADER)}
+    assert rows["kiln"]["accurate"] == "yes"
+    run = LlmRun.from_json(json.loads(out.read_text())["llm"])
+    assert run.settings.kv_cache == "dynamic"
+    assert generate_options(4, "static")["cache_implementation"] == "static"
+    with pytest.raises(ValueError, match="kv_cache must be one of static, dynamic"):
+        generate_options(4, "paged")
 
 
 def test_modes_without_their_api_are_not_available_with_the_reason(apis_missing):
@@ -276,6 +302,7 @@ def test_bad_arguments_name_the_argument_and_what_it_accepts(monkeypatch, capsys
 
 @pytest.mark.parametrize("argv, message", [
     (["--models", "mlp", "--prompt-len", "8"], "--prompt-len applies to --suite llm only"),
+    (["--models", "mlp", "--kv-cache", "dynamic"], "--kv-cache applies to --suite llm only"),
     (["--models", "mlp", "--batch", "1,4"], "--batch takes one size here (got 1,4); several only with --suite llm"),
 ])
 def test_llm_arguments_elsewhere_are_refused(capsys, argv, message):
