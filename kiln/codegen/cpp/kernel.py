@@ -174,7 +174,7 @@ class KernelPrinter:
             return depth, large
         # Fewer than 16 rows make the work large only where a row's share is 1/15 of it: never
         # for a row of a known length below that (a KV cache's head rows of 64 by a symbolic count).
-        per_row = sympy.simplify(work / rows)
+        per_row = sympy.cancel(work / rows)
         if per_row.is_Integer and 15 * int(per_row) < PARALLEL_MIN_WORK:
             return depth, False
         few_rows = not many_rows if isinstance(many_rows, bool) else f"!{many_rows}"
