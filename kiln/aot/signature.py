@@ -219,6 +219,23 @@ def _holds_storage(t: torch.Tensor) -> bool:
             and statically_known_true(nbytes == t.numel() * t.element_size()))
 
 
+def view_from_base(sig: Signature, k: int) -> bool:
+    """Whether output `k` views an input (not the input itself) with a layout made of integers
+    and the inputs' size symbols: the call wrapper can make it from the input without the graph."""
+    alias = sig.aliases.get(k)
+    if alias is None or alias.of != "input" or alias.same_tensor:
+        return False
+    given = {_size_symbol(size) for sizes in sig.input_sizes for size in (sizes if isinstance(sizes, tuple) else (sizes,))}
+    for value in (*alias.size, *alias.stride, alias.storage_offset):
+        if isinstance(value, torch.SymInt) and not value.node.expr.free_symbols <= given:
+            return False
+    return True
+
+
+def _size_symbol(size: Any) -> Any:
+    return size.node.expr if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol else None
+
+
 def mark_written_back(gm: fx.GraphModule, sig: Signature) -> None:
     """Mark each mutated input's placeholder of an inference graph `(*args) -> (*outputs, *new
     values of the mutated inputs)` with the position of its new value (graph_meta.WRITTEN_BACK_FROM):

@@ -15,16 +15,22 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln.aot.decompositions import decomposition_table
 from kiln.aot.functional import from_functional, functional_mode, to_functional
-from kiln.aot.signature import Signature
+from kiln.aot.signature import Signature, view_from_base
 
 
-def functionalized(fn: Callable[..., Sequence[Any]], sig: Signature) -> Callable[..., tuple]:
-    """`fn` made functional: returns `(*outputs, *new values of the mutated inputs)`."""
+def functionalized(fn: Callable[..., Sequence[Any]], sig: Signature, views_from_bases: bool = False) -> Callable[..., tuple]:
+    """`fn` made functional: returns `(*outputs, *new values of the mutated inputs)`.
+
+    views_from_bases: an output that views an input, with a layout the call wrapper can work out
+    from the inputs' sizes, is returned as that input (no work): the wrapper makes the view of the
+    input at each call (call_wrappers.restore_aliases). Computed, it would be a copy: a growing KV
+    cache's view of its buffer, the whole cache each token."""
+    from_base = {k: a.base for k, a in sig.aliases.items() if views_from_bases and view_from_base(sig, k)}
 
     def run(*args: Any) -> tuple:
         with functional_mode():
             wrapped = [to_functional(a) for a in args]
-            results = [from_functional(o) for o in fn(*wrapped)]
+            results = [args[from_base[k]] if k in from_base else from_functional(o) for k, o in enumerate(fn(*wrapped))]
             updates = [from_functional(wrapped[i]) for i in sig.mutated_inputs]
         return (*results, *updates)
 
@@ -56,7 +62,7 @@ def _trace(fn: Callable, fake_args: Sequence[Any], fake_mode: Any) -> fx.GraphMo
 def trace_inference(fn: Callable, fake_args: Sequence[Any], sig: Signature, fake_mode: Any) -> fx.GraphModule:
     """Functional ATen graph of `fn`: `(*args) -> (*outputs, *mutated input values)`."""
     with torch.no_grad():
-        gm = _trace(functionalized(fn, sig), fake_args, fake_mode)
+        gm = _trace(functionalized(fn, sig, views_from_bases=True), fake_args, fake_mode)
     return _rename_placeholders(gm, [f"arg{i}" for i in range(len(fake_args))])
 
 

@@ -186,4 +186,11 @@ def symbolic_fake(fake_mode: Any, tensor: torch.Tensor, dims: frozenset[int], in
     """A fake of `tensor` whose dimensions `dims` are fresh symbols of `fake_mode`'s ShapeEnv."""
     sizes = [DimDynamic.DYNAMIC if i in dims else DimDynamic.STATIC for i in range(tensor.dim())]
     context = StatelessSymbolicContext(dynamic_sizes=sizes, dynamic_strides=[DimDynamic.INFER_STRIDE] * tensor.dim())
+    if tensor._is_view() and not tensor.requires_grad:
+        # A view is faked with its base, and the base's sizes become symbols too, which no input
+        # of the graph gives (a growing KV cache's view of its buffer: the buffer, an input of
+        # its own, would then be traced with a size the guards cannot name). The view's values
+        # as an alias matter only where the graph also writes its base, which capture refuses
+        # (output_graph.aliasing_guard); a detached alias is no view.
+        tensor = tensor.detach()
     return fake_mode.from_tensor(tensor, source=ShapeSource(placeholder(index)), symbolic_context=context)

@@ -13,6 +13,10 @@ up on `self`.
   Bloom, ...) keep theirs, and so do models with sliding-window or chunked attention layers: their
   masks read the cache's position as a Python int (`cumulative_length_int`), which a graph would
   specialize on — a recompile per token up to the limit, then eager (Mistral with a window, Gemma 2).
+- `_prepare_cache_for_generation` makes HF's cache, then, where it made a plain `DynamicCache`
+  (no cache passed, no static `cache_implementation`), turns its layers into ones that append
+  each token's keys and values in place (kiln/capture/hf_kv_cache.py): a `DynamicLayer` copies
+  the whole cache each token (`torch.cat`), as eager does.
 - `_valid_auto_compile_criteria` says no: on a GPU (or with `compile_config._compile_all_devices`)
   HF wraps a static-cache forward in `torch.compile` itself, which would trace Dynamo through kiln's
   compiled forward; kiln compiles the forward, so HF's compilation stays off for the call.
@@ -35,6 +39,35 @@ def no_auto_compile(*_: Any, **__: Any) -> bool:
     return False
 
 
+def growing_cache(module: nn.Module) -> Callable:
+    """`_prepare_cache_for_generation` for `module`: HF's own, then a dynamic cache it made
+    appended in place."""
+    prepare = type(module)._prepare_cache_for_generation
+
+    def prepare_growing(generation_config: Any, model_kwargs: dict, *args: Any, **kwargs: Any) -> Any:
+        given = {name: model_kwargs.get(name) for name in _CACHE_KEYS}
+        result = prepare(module, generation_config, model_kwargs, *args, **kwargs)
+        made = [model_kwargs.get(name) for name in _CACHE_KEYS if model_kwargs.get(name) is not given[name]]
+        if made and made[0] is not None:
+            from kiln.capture.hf_kv_cache import grow_in_place  # transformers, only for its models
+
+            grow_in_place(made[0], _capacity_hint(args, kwargs))
+        return result
+
+    return prepare_growing
+
+
+# Where HF's generate keeps the cache it makes: "cache" (transformers 5), "past_key_values" (4.x).
+_CACHE_KEYS = ("cache", "past_key_values")
+
+
+def _capacity_hint(args: tuple, kwargs: dict) -> int:
+    """`max_cache_length`, the last of `_prepare_cache_for_generation`'s arguments: generate's
+    maximum length (0 where it is not an int)."""
+    hint = kwargs.get("max_cache_length", args[-1] if args else 0)
+    return hint if isinstance(hint, int) else 0
+
+
 def generation_helpers(module: nn.Module) -> dict[str, Callable]:
     """The functions to put in `module`'s instance dict while a method of it runs through
     `kiln.compile(module)`: none for a module that is not a HuggingFace generation model."""
@@ -44,6 +77,8 @@ def generation_helpers(module: nn.Module) -> dict[str, Callable]:
     helpers: dict[str, Callable] = {}
     if not hasattr(cls, "create_masks_for_generate") and _full_attention_only(getattr(module, "config", None)):
         helpers["create_masks_for_generate"] = masks_in_forward
+    if hasattr(cls, "_prepare_cache_for_generation"):
+        helpers["_prepare_cache_for_generation"] = growing_cache(module)
     if hasattr(cls, "_valid_auto_compile_criteria"):
         helpers["_valid_auto_compile_criteria"] = no_auto_compile
     return helpers

@@ -291,7 +291,9 @@ class OutputGraph:
         if len(read) < 2:
             return []
         by_storage = self.writes_in_place()
-        used = [tensor for _, node, tensor in tensors if node.users]  # (one read only at a break is no graph input)
+        # (one read only at a break is no graph input; one whose sizes alone the graph reads, e.g. a
+        # growing KV cache's view beside the buffer it views, has no values the write could change)
+        used = [tensor for _, node, tensor in tensors if any(not _reads_layout_only(user) for user in node.users)]
         if by_storage and len(set(alias_pattern(used, by_storage=True)[len(used):])) < len(used):
             # The AOT layer's functional graph would write each input back from its own value.
             raise unsupported("aliased_input_mutation", "two inputs share memory (one tensor twice, or views of one "
@@ -393,3 +395,12 @@ def _has_tensor(value: Any) -> bool:
         return any(_has_tensor(v) for v in value.values())
     return False
 
+
+
+# Tensor methods that read a tensor's layout, never its values.
+_LAYOUT_METHODS = frozenset({"size", "stride", "storage_offset", "dim", "numel"})
+
+
+def _reads_layout_only(node: fx.Node) -> bool:
+    """Whether graph node `node` reads only the layout of the tensor it is handed (`x.size(1)`)."""
+    return node.op == "call_method" and node.target in _LAYOUT_METHODS

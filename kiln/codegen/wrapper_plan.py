@@ -20,7 +20,7 @@ import torch
 from kiln.externs.prepacked import IN_PLACE_CONV_IMPL
 from kiln.ir.nodes import Buffer, Layout
 from kiln.ir.program import ExternStep
-from kiln.ir.schedule import FusedKernel, MemoryPlan, Schedule
+from kiln.ir.schedule import FusedKernel, MemoryPlan, Schedule, step_reads
 from kiln.ir.sizes import is_size_symbol, unbound_symbols
 
 
@@ -170,8 +170,13 @@ def wrapper_plan(schedule: Schedule, checks: set[str], size_arguments: dict[str,
     size_arguments = size_arguments or {}
     parameters = tuple(_parameter(schedule, k) for k in range(len(schedule.inputs)))
     lines: list[Line] = [*_size_bindings(schedule, parameters)]
+    # An input whose sizes alone the graph reads (a growing KV cache's view, read for its length)
+    # keeps the layout it comes with: no kernel reads it, and its strides may be symbols no size
+    # binds.
+    read = {name for step in schedule.steps for name in step_reads(step)}
+    read.update(b.name for b in schedule.outputs if isinstance(b, Buffer))
     for b in schedule.inputs:
-        if b is not None:
+        if b is not None and b.name in read:
             lines.append(InLayout(b.name, b.layout))
             if b.name in host_inputs:
                 lines.append(ToDevice(b.name))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
+from torch.utils import _pytree as pytree
 
 from kiln.ir.nodes import Buffer, Node, Reduction, Scatter
 from kiln.ir.program import ExternStep, binds_memory
@@ -118,6 +119,13 @@ class FusedKernel:
     def is_scatter(self) -> bool:
         """A scatter kernel: its one member, alone (see `KernelBuilder.accepts`)."""
         return any(m.is_scatter for m in self.members)
+
+
+def step_reads(step: FusedKernel | ExternStep) -> list[str]:
+    """The buffers a scheduled step reads, by name (a kernel's inputs, an extern's tensor arguments)."""
+    if isinstance(step, FusedKernel):
+        return [b.name for b in step.inputs]
+    return [b.name for b in pytree.tree_leaves((step.args, step.kwargs)) if isinstance(b, Buffer)]
 
 
 @dataclass

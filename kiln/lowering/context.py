@@ -48,6 +48,14 @@ def declines(op: str) -> bool:
     return graph is not None and op in graph.unprintable
 
 
+def is_written_back_input(value: TensorValue) -> bool:
+    """Whether `value` is a graph input that the graph gives new values (a KV cache written in
+    place by the caller's code): a write into part of it is best done in its own memory, where
+    the memory plan puts it (kiln/schedule/memory.py), writing only that part."""
+    graph = _graph.get()
+    return graph is not None and value.buffer is not None and value.buffer.name in graph.written_back_inputs
+
+
 def realize_node(node: Any) -> TensorValue:
     """A loop-IR node (a `Scatter`, say) computed into a new buffer of the current graph."""
     return TensorValue.of_buffer(_current_graph("realize_node").realize_node(node))

@@ -89,6 +89,7 @@ class GraphLowering:
         self.gm, self.unprintable = gm, unprintable
         self.program = Program(inputs=[])
         self._names = itertools.count()
+        self.written_back_inputs: set[str] = set()  # inputs the graph gives new values (a KV cache)
 
     def _new_name(self) -> str:
         return f"buf{next(self._names)}"
@@ -103,14 +104,15 @@ class GraphLowering:
     def _extern_arg(self, value: TensorValue, meta: Any = None) -> Buffer:
         # A strided view of a buffer reaches an extern as a view (as_strided), not as a copy;
         # a value computed for the extern is written in eager's layout of that argument.
+        # (Symbolic sizes, strides and offsets are computed at each call from the inputs' sizes:
+        # a growing KV cache's first L+1 rows, viewed in its buffer.)
         if value.buffer is None and value.strided is not None:
             base, layout = value.strided
-            if layout.is_static:
-                view = Buffer(self._new_name(), layout)
-                size, stride = [int(v) for v in layout.size], [int(v) for v in layout.stride]
-                self.program.steps.append(
-                    ExternStep([view], torch.ops.aten.as_strided.default, (base, size, stride, int(layout.offset)), {}))
-                return view
+            view = Buffer(self._new_name(), layout)
+            size, stride = [_int_or_expr(v) for v in layout.size], [_int_or_expr(v) for v in layout.stride]
+            self.program.steps.append(ExternStep(
+                [view], torch.ops.aten.as_strided.default, (base, size, stride, _int_or_expr(layout.offset)), {}))
+            return view
         if value.buffer is None:
             return self.realize(value, argument_layout(meta, value.size, value.dtype))
         return value.buffer
@@ -210,6 +212,8 @@ class GraphLowering:
                 if isinstance(val, torch.Tensor):
                     buffer = Buffer(node.name, layout_of(val))
                     self.program.inputs.append(buffer)
+                    if node.meta.get(WRITTEN_BACK_FROM) is not None:
+                        self.written_back_inputs.add(buffer.name)
                     env[node] = TensorValue.of_buffer(buffer)
                 else:
                     env[node] = size_expr(val)
@@ -251,3 +255,9 @@ class GraphLowering:
             if isinstance(out, Buffer) and out.name != node.name and returned == 1:
                 found[out.name] = node.name
         return found
+
+
+def _int_or_expr(value: Any) -> Any:
+    """A layout entry as an extern's argument: an int where it is one, else its size expression."""
+    value = sympy.sympify(value)
+    return int(value) if value.is_Integer else value

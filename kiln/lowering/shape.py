@@ -13,11 +13,12 @@ import torch
 
 from kiln.ir.indexing import FloorDiv, Mod
 from kiln.ir.ops import ops
-from kiln.lowering.context import realize
+from kiln.lowering.context import is_written_back_input, realize
 from kiln.lowering.creation import filled
 from kiln.lowering.pointwise import promoted_dtypes
 from kiln.lowering.realize import MAX_INLINED_OPS, body_cost, has_math
 from kiln.lowering.registry import register_lowering
+from kiln.lowering.scatter import scatter_into
 from kiln.lowering.values import TensorValue
 from kiln.lowering.views import slice_
 
@@ -168,6 +169,14 @@ def slice_scatter(x: TensorValue, src: TensorValue, dim: int = 0, start: int | N
         index[dim] = sympy.Min(FloorDiv(offset(index[dim]), step), src.size[dim] - 1)
         return index
 
+    if is_written_back_input(x) and src.size[dim] != length:
+        # A part of a mutated input, written in place (a growing KV cache's new row): a Scatter
+        # node, which the memory plan computes in the input's memory writing `src`'s elements
+        # alone. The pointwise form would read and write every element of the input.
+        def target_value(index):
+            return [*index[:dim], start + index[dim] * step, *index[dim + 1:]], _cast(src.loader(list(index)), src.dtype, x.dtype)
+
+        return scatter_into(x, src.size, target_value, None)
     return _scatter_into(x, src, dim, inside, src_index)
 
 

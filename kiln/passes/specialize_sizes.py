@@ -112,7 +112,7 @@ def symbolic_declined(gm: fx.GraphModule, target: Any) -> str | None:
         return "the graph reads a number out of a tensor"
     bound = bound_symbols(gm)
     for node in gm.graph.nodes:
-        if node.op != "placeholder":
+        if node.op != "placeholder" or _sizes_read_only(node):
             continue
         val = node.meta.get("val")
         values = [*val.shape, *val.stride(), val.storage_offset()] if isinstance(val, torch.Tensor) else [val]
@@ -125,6 +125,14 @@ def symbolic_declined(gm: fx.GraphModule, target: Any) -> str | None:
             if any(s not in bound for s in free):
                 return f"input {node.name}'s size {expr} is not an input's dim"
     return None
+
+
+def _sizes_read_only(placeholder: fx.Node) -> bool:
+    """Whether the graph reads input `placeholder`'s sizes only (each a dim, so bound), never its
+    values or strides: then its strides need no binding. A growing KV cache's view (kiln/capture/
+    hf_generation.py) is read so, for its length, beside the buffer it views: its strides are the
+    buffer's, symbols no dim gives."""
+    return bool(placeholder.users) and all(user.target is torch.ops.aten.sym_size.int for user in placeholder.users)
 
 
 def needs_specialization(gm: fx.GraphModule) -> bool:

@@ -15,22 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.utils import _pytree as pytree
-
 from kiln.ir.nodes import Buffer, Layout
-from kiln.ir.schedule import FusedKernel, MemoryPlan
+from kiln.ir.schedule import FusedKernel, MemoryPlan, step_reads
 from kiln.lowering.extern_layouts import returns_view
 from kiln.schedule.inplace import overwritable_inputs
 
 
 def _returns_view(op: Any) -> bool:
     return returns_view(op) is not False  # an op without a schema may return anything
-
-
-def _step_reads(step: Any) -> list[str]:
-    if isinstance(step, FusedKernel):
-        return [b.name for b in step.inputs]
-    return [b.name for b in pytree.tree_leaves((step.args, step.kwargs)) if isinstance(b, Buffer)]
 
 
 def plan_memory(steps: list, outputs: list, owned: dict[str, Buffer], written_back: dict[str, Buffer] | None = None) -> MemoryPlan:
@@ -40,7 +32,7 @@ def plan_memory(steps: list, outputs: list, owned: dict[str, Buffer], written_ba
     last_use: dict[str, int] = {}
     aliases: dict[str, set[str]] = {}  # extern output -> buffers it may view
     for k, step in enumerate(steps):
-        reads = _step_reads(step)
+        reads = step_reads(step)
         for name in reads:
             for base in {name} | aliases.get(name, set()):
                 last_use[base] = k

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.utils import _pytree as pytree
-
 from kiln import config
 from kiln.ir.analysis import ReadsWrites, run
 from kiln.ir.nodes import Buffer
 from kiln.ir.program import ComputeStep, ExternStep, Program
-from kiln.ir.schedule import FusedKernel, LoopNest, Schedule
+from kiln.ir.schedule import FusedKernel, LoopNest, Schedule, step_reads
 from kiln.ir.target import Target
 from kiln.schedule.fusion import KernelBuilder
 from kiln.schedule.gemm_template import gemm_templates
@@ -20,10 +18,6 @@ from kiln.schedule.inplace import init_is_copy_of, scatter_init
 from kiln.schedule.loop_order import ordered_nest
 from kiln.schedule.memory import plan_memory
 from kiln.schedule.merge_loops import merge_loops
-
-
-def _extern_reads(step: ExternStep) -> list[str]:
-    return [b.name for b in pytree.tree_leaves((step.args, step.kwargs)) if isinstance(b, Buffer)]
 
 
 def live_steps(program: Program) -> list[ComputeStep | ExternStep]:
@@ -36,7 +30,7 @@ def live_steps(program: Program) -> list[ComputeStep | ExternStep]:
                 continue
             needed.update(run(ReadsWrites(), step.node).buffers_read)
         else:
-            needed.update(_extern_reads(step))
+            needed.update(step_reads(step))
         kept.append(step)
     return kept[::-1]
 
@@ -72,7 +66,7 @@ def _finish(steps: list, outputs: list[Any], buffers: dict[str, Buffer]) -> None
     """Locals, inputs and outputs of each kernel, once every reader is known."""
     readers: dict[str, set[int]] = {}
     for k, step in enumerate(steps):
-        reads = _extern_reads(step) if isinstance(step, ExternStep) else {n for m in step.members for n, _ in m.reads}
+        reads = step_reads(step) if isinstance(step, ExternStep) else {n for m in step.members for n, _ in m.reads}
         for name in reads:
             readers.setdefault(name, set()).add(k)
     results = {o.name for o in outputs if isinstance(o, Buffer)}

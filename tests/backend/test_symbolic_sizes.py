@@ -150,16 +150,18 @@ VIEWS = {"permute": lambda x: x.permute(2, 0, 1), "narrow": lambda x: x.narrow(1
 @pytest.mark.parametrize("name", list(VIEWS))
 def test_outputs_viewing_an_input_get_the_layout_of_each_call(name):
     # The AOT layer hands such outputs back as views of the input, their layout evaluated at the
-    # call's sizes (the graph's own output is a contiguous copy).
+    # call's sizes; the graph computes nothing for them (it returns the input: trace.functionalized).
     fn = VIEWS[name]
     kiln.reset()
     compiled = kiln.compile(fn, dynamic=True)
-    for shape in [(2, 3, 4), (3, 5, 6), (4, 7, 9)]:
-        x = torch.randn(*shape)
-        got, want = compiled(x), fn(x)
-        torch.testing.assert_close(got, want)
-        for g, w in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
-            assert g.stride() == w.stride() and g.data_ptr() == w.data_ptr()
+    with kiln.backend.watch() as built:
+        for shape in [(2, 3, 4), (3, 5, 6), (4, 7, 9)]:
+            x = torch.randn(*shape)
+            got, want = compiled(x), fn(x)
+            torch.testing.assert_close(got, want)
+            for g, w in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
+                assert g.stride() == w.stride() and g.data_ptr() == w.data_ptr()
+    assert built and all(not getattr(b, "runtime", b).stages.schedule.kernels for b in built)
 
 
 def test_a_graph_with_symbolic_sizes_is_loaded_from_the_aot_cache_for_every_size():
@@ -202,3 +204,25 @@ def test_a_cached_graph_whose_build_specialized_a_size_is_loaded_only_where_that
     assert run(0) == 2  # k = 0, then k = 3: its key's entry (k == 0) is false there, a second variant
     assert run(5) == 0  # the k = 3 variant serves k = 5, then k = 0 loads the first
     assert run(0) == 0  # and the loaded k == 0 variant sends k = 3 to the other
+
+
+def test_an_output_viewing_a_written_input_is_made_from_it_not_computed():
+    """`x.mul_(y); return x[:, :2]`: the output is a view of x, made from x after the call
+    (call_wrappers.AliasRestorer), not a copy the graph computes of the new values' first columns:
+    the graph's kernel stores x's new values and the sum, nothing else. Eager's values and strides."""
+
+    def fn(x, y):
+        x.mul_(y)
+        return x[:, :2], (x * 3).sum()
+
+    kiln.reset()
+    compiled = kiln.compile(fn, dynamic=True)
+    with kiln.backend.watch() as built:
+        for rows in (5, 7, 9):
+            x, y = torch.randn(rows, 6), torch.randn(rows, 6)
+            twin = x.clone()
+            got, want = compiled(x, y), fn(twin, y)
+            torch.testing.assert_close(got, want)
+            assert got[0].data_ptr() == x.data_ptr() and got[0].stride() == want[0].stride()
+    schedule = getattr(built[-1], "runtime", built[-1]).stages.schedule
+    assert sum(len(kernel.outputs) for kernel in schedule.kernels) == 2

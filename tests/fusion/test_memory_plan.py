@@ -3,6 +3,7 @@ die at them, and every intermediate, an extern's result included, is dropped rig
 last reader, as eager drops it."""
 
 import pytest
+import sympy
 import torch
 
 import kiln
@@ -129,3 +130,44 @@ def test_a_mutated_input_is_written_where_it_lies(fn, in_place):
     if in_place:
         scatter = next(k for k in graph.stages.schedule.kernels if k.is_scatter)
         assert scatter.scatter_init is None  # only the row is written, not the whole cache again
+
+
+def _append_to_a_growing_cache(cache, room, row, query):
+    # A KV cache with room to grow (kiln/capture/hf_kv_cache.py): `cache` views the first rows of
+    # `room`, its length read from its size alone; the new row is written into the room. (The view
+    # comes first, as HF's layers are read: it is faked before its base is.)
+    length = cache.shape[1]
+    room.narrow(1, length, 1).copy_(row)
+    cache = room.narrow(1, 0, length + 1)
+    return cache, query @ cache.transpose(1, 2)
+
+
+def test_a_growing_caches_new_row_is_written_where_it_lies_and_read_there():
+    """Each call writes one row into the room (a Scatter in the room's own memory), the product
+    reads the cache where it lies (a view of symbolic length, not a copy), and the cache handed
+    back is a view of the room, made from it rather than computed: no kernel but the row's write.
+    One graph for every length, eager's values."""
+    torch.manual_seed(0)
+    kiln.reset()
+    room, twin = torch.zeros(2, 32, 8), torch.zeros(2, 32, 8)
+    cache, twin_cache = room.narrow(1, 0, 3), twin.narrow(1, 0, 3)
+    compiled_fn = kiln.compile(_append_to_a_growing_cache)
+    with torch.no_grad(), watch() as built:
+        for _ in range(6):
+            row, query = torch.randn(2, 1, 8), torch.randn(2, 1, 8)
+            cache, scores = compiled_fn(cache, room, row, query)
+            twin_cache, twin_scores = _append_to_a_growing_cache(twin_cache, twin, row, query)
+            torch.testing.assert_close(scores, twin_scores)
+            torch.testing.assert_close(room, twin)
+            assert cache.untyped_storage().data_ptr() == room.untyped_storage().data_ptr()
+            assert cache.shape == twin_cache.shape
+    assert compiled_fn.kiln_cache.eager_calls == 0 and kiln.capture.BREAKS == []
+    graphs = [getattr(b, "runtime", b) for b in built]
+    symbolic = graphs[-1]  # (the first lengths' graphs, then one with the length symbolic)
+    assert len(graphs) <= 3
+    assert any(not sympy.sympify(size).is_Integer for b in symbolic.stages.program.inputs if b for size in b.layout.size)
+    program, schedule = symbolic.stages.program, symbolic.stages.schedule
+    room_input = program.inputs[1].name
+    assert room_input in schedule.memory.inplace.values(), schedule.memory.inplace
+    (kernel,) = schedule.kernels
+    assert kernel.is_scatter and kernel.scatter_init is None  # the new row alone is written

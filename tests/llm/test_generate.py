@@ -218,3 +218,67 @@ def test_a_sliding_window_models_masks_stay_hfs():
         captured, counting = _counting_backend()
         assert torch.equal(kiln.compile(model, backend=counting).generate(prompt, **options), expected)
     assert 1 <= len(captured) <= 3 and fallback.FALLBACKS == []
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_the_dynamic_cache_is_appended_in_place_through_kilns_door(arch):
+    """Through `kiln.compile(model).generate()`, the dynamic cache HF makes appends each token's
+    keys and values in place (kiln/capture/hf_kv_cache.py): each layer's keys and values are views
+    of a room that the decode step writes one row into, where a DynamicLayer's `torch.cat` copies
+    the whole cache. Eager's tokens, at most three graphs, the rooms written where they lie."""
+    from kiln.capture.hf_kv_cache import GrowingLayer
+
+    kiln.reset()
+    fallback.reset()
+    model = _decoder(arch)
+    compiled = kiln.compile(_decoder(arch))  # the same weights (seeded)
+    prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
+    options = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True)
+    with torch.no_grad():
+        expected = model.generate(prompt, **options)
+        with watch() as built:
+            out = compiled.generate(prompt, **options)
+    assert torch.equal(out.sequences, expected.sequences)
+    for layer, eager_layer in zip(out.past_key_values.layers, expected.past_key_values.layers):
+        assert type(layer) is GrowingLayer
+        assert layer.keys.untyped_storage().data_ptr() == layer.key_room.untyped_storage().data_ptr()
+        torch.testing.assert_close(layer.keys, eager_layer.keys)
+        torch.testing.assert_close(layer.values, eager_layer.values)
+    graphs = [getattr(b, "runtime", b) for b in built]
+    assert len(graphs) <= 3
+    decode = graphs[-1]
+    inputs = {b.name for b in decode.stages.program.inputs if b is not None}
+    written_over = {name for name in decode.stages.schedule.memory.inplace.values() if name in inputs}
+    rooms = set(decode.stages.program.written_back.values())
+    assert len(rooms) == 2 * 2 and written_over == rooms
+    assert fallback.FALLBACKS == [] and kiln.capture.BREAKS == []
+
+
+def test_a_growing_cache_continues_past_its_room_as_a_dynamic_cache_does():
+    """A cache `generate` returned, passed to a second `generate` that runs past its room (the
+    room doubles: one copy) and then cropped: eager's tokens and values with HF's DynamicCache."""
+    from transformers import DynamicCache
+
+    kiln.reset()
+    fallback.reset()
+    model = _decoder("llama")
+    compiled = kiln.compile(_decoder("llama"))
+    prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
+    first = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, return_dict_in_generate=True)
+    second = dict(max_new_tokens=40, min_new_tokens=40, do_sample=False, return_dict_in_generate=True)
+    with torch.no_grad():
+        expected = model.generate(prompt, **first)
+        out = compiled.generate(prompt, **first)
+        room_rows = out.past_key_values.layers[0].key_room.shape[-2]
+        assert room_rows < 16 + 8 + 40  # (the second call runs past it)
+        expected = model.generate(expected.sequences, cache=expected.past_key_values, **second)
+        out = compiled.generate(out.sequences, cache=out.past_key_values, **second)
+        assert torch.equal(out.sequences, expected.sequences)
+        assert out.past_key_values.layers[0].key_room.shape[-2] > room_rows
+        for cache in (out.past_key_values, expected.past_key_values):
+            cache.crop(-5)
+        row = torch.randn(1, 2, 1, 16)
+        for layer, eager_layer in zip(out.past_key_values.layers, expected.past_key_values.layers):
+            torch.testing.assert_close(layer.update(row, row), eager_layer.update(row, row))
+    assert isinstance(out.past_key_values, DynamicCache)
+    assert fallback.FALLBACKS == [] and kiln.capture.BREAKS == []
