@@ -23,7 +23,7 @@ def functionalized(fn: Callable[..., Sequence[Any]], sig: Signature, views_from_
 
     views_from_bases: an output that views an input, with a layout the call wrapper can work out
     from the inputs' sizes, is returned as that input (no work): the wrapper makes the view of the
-    input at each call (call_wrappers.restore_aliases). Computed, it would be a copy: a growing KV
+    input at each call (call_wrappers.AliasRestorer). Computed, it would be a copy: a growing KV
     cache's view of its buffer, the whole cache each token."""
     from_base = {k: a.base for k, a in sig.aliases.items() if views_from_bases and view_from_base(sig, k)}
 

@@ -396,7 +396,6 @@ def _has_tensor(value: Any) -> bool:
     return False
 
 
-
 # Tensor methods that read a tensor's layout, never its values.
 _LAYOUT_METHODS = frozenset({"size", "stride", "storage_offset", "dim", "numel"})
 
