@@ -265,7 +265,8 @@ class Backend:
             native = codegen.native_wrapper(plan, functions)
         artifact = GraphArtifact(units, wrapper.source, wrapper.constants, wrapper.ops, functions,
                                  kernels.checks, report, codegen.name, codegen.kernel_library, target.device,
-                                 kernels.size_arguments, native, len(scheduled.outputs))
+                                 kernels.size_arguments, native, len(scheduled.outputs),
+                                 tuple(k for k, p in enumerate(plan.parameters) if p.kind == "size") if native else ())
         dump.ir_after_fusion(folder, scheduled, kernels.functions, report)
         dump.code(folder, codegen.kernels_file, kernels.source, wrapper.source, native)
         dump.traced_kernels(folder, scheduled, kernels, codegen)

@@ -53,8 +53,8 @@ def cpp_wrapper(plan: WrapperPlan, functions: dict[str, tuple[str, int]]) -> str
     (C function, pointer count)."""
     if plan.device != "cpu":
         raise NotImplementedError(f"a C++ wrapper for a graph on {plan.device}")
-    if any(p.kind != "tensor" for p in plan.parameters):
-        raise NotImplementedError("a C++ wrapper for a graph with size inputs or unused inputs")
+    if any(p.kind not in ("tensor", "size") for p in plan.parameters):
+        raise NotImplementedError("a C++ wrapper for a graph with unused inputs")
     printer = _CppPrinter(plan, functions)
     print_lines(printer, plan)
     return printer.source()
@@ -87,7 +87,11 @@ class _CppPrinter:
                           *(f"  {line}" for line in lines), "}", ""])
 
     def bind_size(self, line: BindSize) -> None:
-        # (A size input, dim None, is refused by `cpp_wrapper`: the C function takes tensors only.)
+        if line.dim is None:
+            # An integer input arrives as a 0-d int64 tensor (the C function takes tensors only:
+            # kiln/runtime/compiled_graph.py `_cpp_call` makes it).
+            self.bindings.append(f"const int64_t {line.symbol.name} = *(const int64_t*)kiln_data({line.source});")
+            return
         self.bindings.append(f"const int64_t {line.symbol.name} = kiln_size({line.source}, {line.dim});")
 
     def in_layout(self, line: InLayout) -> None:

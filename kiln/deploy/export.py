@@ -186,6 +186,9 @@ def _recording_backend(recorded: dict[str, Any]) -> Callable:
         if recorded["graph"].artifact.cpp_wrapper is None:
             raise ExportError("kiln.export: kiln could not write a C++ wrapper for this graph "
                               "(KILN_LOGS=code says why)")
+        if recorded["graph"].artifact.number_inputs:
+            raise ExportError("kiln.export: the graph takes integer inputs (sizes passed as numbers); "
+                              "an exported model takes tensors only")
 
         def call(*args: Any) -> Any:
             outputs = compiled(*args)
