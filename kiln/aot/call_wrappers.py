@@ -13,13 +13,7 @@ import sympy
 import torch
 from torch.autograd.function import once_differentiable
 
-from kiln.aot.signature import Alias, Signature, TensorMeta
-
-
-def _expr(value: Any) -> Any:
-    """A traced size as sympy: a SymInt's expression (in the tracing process) or the expression
-    itself (a signature loaded from the AOT graph cache); an integer stays one."""
-    return sympy.sympify(value.node.expr) if isinstance(value, torch.SymInt) else value
+from kiln.aot.signature import Alias, Signature, TensorMeta, size_symbol_positions, traced_expr
 
 
 class AliasRestorer:
@@ -30,15 +24,16 @@ class AliasRestorer:
 
     def __init__(self, sig: Signature) -> None:
         self.sig = sig
+        self.where = size_symbol_positions(sig)
         self.layouts = {k: self._compile(alias) for k, alias in sig.aliases.items()}
 
     def _compile(self, alias: Alias) -> Callable[[Sequence[Any]], tuple] | None:
         """`args -> (size, stride, offset)`; None where no input gives a symbol of the layout."""
-        values = [_expr(v) for v in (*alias.size, *alias.stride, alias.storage_offset)]
+        values = [traced_expr(v) for v in (*alias.size, *alias.stride, alias.storage_offset)]
         if all(isinstance(v, int) or getattr(v, "is_Integer", False) for v in values):
             layout = (tuple(int(v) for v in alias.size), tuple(int(v) for v in alias.stride), int(alias.storage_offset))
             return lambda args: layout
-        where = self._symbol_positions()
+        where = self.where
         free = set().union(*(sympy.sympify(v).free_symbols for v in values))
         if not free <= where.keys():
             return None
@@ -55,17 +50,6 @@ class AliasRestorer:
         text = [str(e.xreplace({s: sympy.Symbol(names[s]) for s in free})) for e in exprs]
         body = f"(({', '.join(text[:n])},), ({', '.join(text[n:2 * n])},), {text[-1]})"
         return eval(f"lambda args: {body}")  # noqa: S307 - sums and products of integers and input sizes
-
-    def _symbol_positions(self) -> dict[Any, tuple[int, int | None]]:
-        """Each symbol an input's size (or an integer input) is -> (input, dim or None)."""
-        where: dict[Any, tuple[int, int | None]] = {}
-        for i, traced in enumerate(self.sig.input_sizes):
-            pairs = enumerate(traced) if isinstance(traced, tuple) else [(None, traced)]
-            for d, size in pairs:
-                expr = _expr(size)
-                if isinstance(expr, sympy.Symbol):
-                    where.setdefault(expr, (i, d))
-        return where
 
     def __call__(self, args: Sequence[Any], outputs: list[Any]) -> list[Any]:
         for k, alias in self.sig.aliases.items():

@@ -219,21 +219,33 @@ def _holds_storage(t: torch.Tensor) -> bool:
             and statically_known_true(nbytes == t.numel() * t.element_size()))
 
 
+def size_symbol_positions(sig: Signature) -> dict[Any, tuple[int, int | None]]:
+    """Each symbol an input's size (or an integer input) is -> (input, dim; None for an integer):
+    where the call wrapper reads it at each call."""
+    where: dict[Any, tuple[int, int | None]] = {}
+    for i, traced in enumerate(sig.input_sizes):
+        pairs = enumerate(traced) if isinstance(traced, tuple) else [(None, traced)]
+        for d, size in pairs:
+            expr = traced_expr(size)
+            if isinstance(expr, sympy.Symbol):
+                where.setdefault(expr, (i, d))
+    return where
+
+
+def traced_expr(value: Any) -> Any:
+    """A traced size as sympy: a SymInt's expression (in the tracing process) or the expression
+    itself (a signature loaded from the AOT graph cache); an integer stays one."""
+    return sympy.sympify(value.node.expr) if isinstance(value, torch.SymInt) else value
+
+
 def view_from_base(sig: Signature, k: int) -> bool:
     """Whether output `k` views an input (not the input itself) with a layout made of integers
     and the inputs' size symbols: the call wrapper can make it from the input without the graph."""
     alias = sig.aliases.get(k)
     if alias is None or alias.of != "input" or alias.same_tensor:
         return False
-    given = {_size_symbol(size) for sizes in sig.input_sizes for size in (sizes if isinstance(sizes, tuple) else (sizes,))}
-    for value in (*alias.size, *alias.stride, alias.storage_offset):
-        if isinstance(value, torch.SymInt) and not value.node.expr.free_symbols <= given:
-            return False
-    return True
-
-
-def _size_symbol(size: Any) -> Any:
-    return size.node.expr if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol else None
+    given = size_symbol_positions(sig).keys()
+    return all(sympy.sympify(traced_expr(v)).free_symbols <= given for v in (*alias.size, *alias.stride, alias.storage_offset))
 
 
 def mark_written_back(gm: fx.GraphModule, sig: Signature) -> None:
