@@ -33,7 +33,7 @@ from kiln.backend import dump
 from kiln.backend.codegens import AUTO, CODEGENS, Kernels
 from kiln.backend.report import fusion_report
 from kiln.codegen.wrapper import WrapperCode
-from kiln.codegen.wrapper_plan import wrapper_plan
+from kiln.codegen.wrapper_plan import WrapperPlan, wrapper_plan
 from kiln.ir.program import Program
 from kiln.ir.target import Target
 from kiln.ir.verify import verify_program
@@ -266,7 +266,7 @@ class Backend:
         artifact = GraphArtifact(units, wrapper.source, wrapper.constants, wrapper.ops, functions,
                                  kernels.checks, report, codegen.name, codegen.kernel_library, target.device,
                                  kernels.size_arguments, native, len(scheduled.outputs),
-                                 tuple(k for k, p in enumerate(plan.parameters) if p.kind == "size") if native else ())
+                                 *(_native_input_positions(plan) if native else ((), ())))
         dump.ir_after_fusion(folder, scheduled, kernels.functions, report)
         dump.code(folder, codegen.kernels_file, kernels.source, wrapper.source, native)
         dump.traced_kernels(folder, scheduled, kernels, codegen)
@@ -291,6 +291,14 @@ class Backend:
     def on_first_run(self, compiled: Any, then: Callable[[bool], None]) -> None:
         """`then(ok)` after `compiled`'s first call (kiln/aot/compile.py `SavingGraphCompiler`)."""
         saved.on_first_run(compiled, then)
+
+
+def _native_input_positions(plan: WrapperPlan) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The positions of the graph's integer inputs and of those it never reads: what a native
+    wrapper's call converts and what it leaves out (GraphArtifact `number_inputs`, `unused_inputs`)."""
+    kinds = [p.kind for p in plan.parameters]
+    return (tuple(k for k, kind in enumerate(kinds) if kind == "size"),
+            tuple(k for k, kind in enumerate(kinds) if kind == "unused"))
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:

@@ -4,7 +4,7 @@ instead of once per kernel and extern.
 
     extern "C" int kiln_graph_call(kiln_tensor* inputs, kiln_tensor* outputs)
 
-It takes ownership of one tensor handle per graph input, writes one new handle per output, and
+It takes ownership of one tensor handle per graph input it reads, writes one new handle per output, and
 returns 0; 1 on an error (the message in `kiln_error()`), 2 when a kernel's index check failed.
 Kernels are called directly (the wrapper is a translation unit of the graph's library);
 allocations, layout copies and extern operators go through kiln's runtime (kiln_runtime.h), whose
@@ -53,8 +53,6 @@ def cpp_wrapper(plan: WrapperPlan, functions: dict[str, tuple[str, int]]) -> str
     (C function, pointer count)."""
     if plan.device != "cpu":
         raise NotImplementedError(f"a C++ wrapper for a graph on {plan.device}")
-    if any(p.kind not in ("tensor", "size") for p in plan.parameters):
-        raise NotImplementedError("a C++ wrapper for a graph with unused inputs")
     printer = _CppPrinter(plan, functions)
     print_lines(printer, plan)
     return printer.source()
@@ -66,7 +64,8 @@ class _CppPrinter:
 
     def __init__(self, plan: WrapperPlan, functions: dict[str, tuple[str, int]]) -> None:
         self.functions = functions
-        self.inputs = [p.name for p in plan.parameters]
+        # The call leaves out the inputs the graph never reads (kiln/runtime/compiled_graph.py `_cpp_call`).
+        self.inputs = [p.name for p in plan.parameters if p.kind != "unused"]
         self.handles: list[str] = list(self.inputs)  # every local handle, released at the end
         self.bindings: list[str] = []  # read before the body: its lines may use them
         self.body: list[str] = []

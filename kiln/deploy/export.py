@@ -189,6 +189,9 @@ def _recording_backend(recorded: dict[str, Any]) -> Callable:
         if recorded["graph"].artifact.number_inputs:
             raise ExportError("kiln.export: the graph takes integer inputs (sizes passed as numbers); "
                               "an exported model takes tensors only")
+        if recorded["graph"].artifact.unused_inputs:
+            raise ExportError("kiln.export: the graph has inputs it never reads; an exported model "
+                              "takes the inputs its graph reads")
 
         def call(*args: Any) -> Any:
             outputs = compiled(*args)

@@ -15,6 +15,7 @@ import math
 import torch
 
 from kiln.externs import native_ops
+from kiln.ir.sizes import shape_key
 from kiln.native import libkiln
 
 
@@ -27,16 +28,19 @@ def lanes() -> int:
 def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """Whether kiln's kernel computes this attention: float32 [B, H, S, D] operands of one batch
     and head count, v's head size a multiple of the vector width, and an additive float32 mask
-    broadcastable to the scores, or none (as kiln_runtime.cpp `attention_applies` checks)."""
+    broadcastable to the scores, or none (as kiln_runtime.cpp `attention_applies` checks), for
+    every size the operands' symbolic sizes may take."""
     if not all(t.dim() == 4 and t.dtype == torch.float32 for t in (q, k, v)):
         return False
-    (b, h, sq, d), (bk, hk, sk, dk), (bv, hv, sv, dv) = q.shape, k.shape, v.shape
-    if (bk, hk, dk) != (b, h, d) or (bv, hv, sv) != (b, h, sk) or dv % lanes() or 0 in (b, h, sq, sk, d, dv):
+    # Fake values may have symbolic sizes: compared as expressions (no guard); head sizes static.
+    (b, h, sq, d), (bk, hk, sk, dk), (bv, hv, sv, dv) = shape_key(q), shape_key(k), shape_key(v)
+    if ((bk, hk, dk) != (b, h, d) or (bv, hv, sv) != (b, h, sk) or not isinstance(d, int) or not isinstance(dv, int) or dv % lanes()
+            or 0 in (b, h, sq, sk, d, dv)):
         return False
     if mask is None:
         return True
     return (mask.dtype == torch.float32 and mask.dim() == 4
-            and all(m in (1, s) for m, s in zip(mask.shape, (b, h, sq, sk))))
+            and all(m in (1, s) for m, s in zip(shape_key(mask), (b, h, sq, sk))))
 
 
 def op() -> torch._ops.OpOverload:

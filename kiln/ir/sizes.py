@@ -78,6 +78,13 @@ def size_expr(value: Any) -> Any:
     return value
 
 
+def shape_key(val: torch.Tensor) -> tuple:
+    """`val`'s sizes to compare shapes by: each an int or, where symbolic, the ShapeEnv's
+    expression for it, equal to another size when the expressions are. Comparing the SymInts
+    themselves would guard on their values and tie the graph to the sizes it was traced with."""
+    return tuple(s if isinstance(s, int) else sympy.sympify(s.node.expr) for s in val.shape)
+
+
 TYPICAL = 64  # what a heuristic takes a symbolic size to be
 
 

@@ -13,9 +13,14 @@ unrepeated head: q [B, H, 1, D] viewed as [B, Hkv, n_rep, D], each row its own q
         -> view(getitem(flash_for_cpu(view(q, [B, Hkv, n_rep, D]), k, v, 0.0, False, attn_mask=m, scale=s), 0),
                 [B, H, 1, Dv])
 
+ATen's call may also be handed the unrepeated heads (SDPA's `enable_gqa`: HuggingFace asks for it
+where it passes no mask, a dynamic cache's decode step); ATen's CPU kernel then reads each head's
+keys once per query head, and kiln's kernel does not take such a call. It is viewed the same way.
+
 The attention stays ATen's operator, so the kiln_attention pass after this one still chooses
 between ATen's kernel and kiln's for the new shapes. Prefill (more query rows) keeps the copies:
-its rows of one head would not be one stride apart in the view.
+its rows of one head would not be one stride apart in the view. The cache's length may be
+symbolic (a growing cache's graph serves every length); the query's sizes are static.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 from torch import fx
 
 from kiln import logs
+from kiln.ir.sizes import shape_key
 from kiln.ir.target import Target
 from kiln.passes.attention import FLASH, inference_flash_calls
 from kiln.passes.pattern import insert, remove_dead
@@ -34,10 +40,13 @@ aten = torch.ops.aten
 
 
 def _shape(node: object) -> tuple | None:
+    """`node`'s sizes, symbolic ones as expressions (a growing cache's length: kiln/ir/sizes.py `shape_key`)."""
     val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    if not isinstance(val, torch.Tensor) or not all(isinstance(s, int) for s in val.shape):
-        return None
-    return tuple(val.shape)
+    return shape_key(val) if isinstance(val, torch.Tensor) else None
+
+
+def _static(shape: tuple | None) -> bool:
+    return shape is not None and all(isinstance(s, int) for s in shape)
 
 
 def _unrepeated(node: object) -> tuple[fx.Node, int] | None:
@@ -59,9 +68,21 @@ def _unrepeated(node: object) -> tuple[fx.Node, int] | None:
         return None
     b, kv_heads, s, d = base
     n_rep = expanded[2]
-    if expanded != (b, kv_heads, n_rep, s, d) or repeated != (b, kv_heads * n_rep, s, d):
+    if (not isinstance(n_rep, int) or expanded != (b, kv_heads, n_rep, s, d)
+            or repeated != (b, kv_heads * n_rep, s, d)):
         return None
     return head, n_rep
+
+
+def _shared_heads(node: object, q_shape: tuple) -> tuple[fx.Node, int] | None:
+    """(`node`, n_rep) when `node` is a [B, Hkv, S, D] head that ATen's call itself shares among
+    n_rep query heads each (SDPA's `enable_gqa`, which HuggingFace asks for where no mask is
+    passed: a decode step of a dynamic cache); None for a head per query head."""
+    shape = _shape(node)
+    if shape is None or len(shape) != 4 or shape[0] != q_shape[0] or not isinstance(shape[1], int):
+        return None
+    heads, kv_heads = q_shape[1], shape[1]
+    return (node, heads // kv_heads) if kv_heads < heads and heads % kv_heads == 0 else None
 
 
 def _viewable(node: fx.Node, shape: tuple) -> bool:
@@ -77,8 +98,13 @@ def grouped_attention(gm: fx.GraphModule, target: Target) -> bool:
         return False
     changed = False
     for node, (q, k, v, dropout, causal, mask, scale) in inference_flash_calls(gm):
-        q_shape, keys, values = _shape(q), _unrepeated(k), _unrepeated(v)
-        if q_shape is None or keys is None or values is None or keys[1] != values[1] or dropout != 0 or causal:
+        q_shape = _shape(q)
+        if not _static(q_shape) or len(q_shape) != 4 or dropout != 0 or causal:
+            continue
+        keys, values = _unrepeated(k), _unrepeated(v)
+        if keys is None and values is None:
+            keys, values = _shared_heads(k, q_shape), _shared_heads(v, q_shape)
+        if keys is None or values is None or keys[1] != values[1]:
             continue
         (k_head, n_rep), (v_head, _) = keys, values
         b, heads, rows, d = q_shape

@@ -4,8 +4,9 @@
         -> kiln::attention(q, k, v, m, s (or 1/sqrt(head size)), causal)
 
 Inference only: a graph that reads the log-sum-exp (a training forward saves it for its backward)
-keeps ATen's kernel, as does dropout. float32 with static sizes, v's head size a multiple of the
-vector width and a mask, if any, of float32 (kiln/externs/kiln_attention.py: `applies`). The
+keeps ATen's kernel, as does dropout. float32, v's head size a multiple of the vector width and
+a mask, if any, of float32 (kiln/externs/kiln_attention.py: `applies`); symbolic sizes (a decode
+step's growing cache) are timed at their size bucket (kiln/autotune/attention.py). The
 `attention` pass runs first, so attention written out in eager ops is offered too.
 """
 
@@ -26,10 +27,9 @@ from kiln.passes.pattern import insert, remove_dead
 
 
 
-def _static(node: object) -> torch.Tensor | None:
+def _value(node: object) -> torch.Tensor | None:
     val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    ok = isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in (*val.shape, *val.stride()))
-    return val if ok else None
+    return val if isinstance(val, torch.Tensor) else None
 
 
 def kiln_attention(gm: fx.GraphModule, target: Target) -> bool:
@@ -38,8 +38,8 @@ def kiln_attention(gm: fx.GraphModule, target: Target) -> bool:
         return False
     changed = False
     for node, (q, k, v, dropout, causal, mask, scale) in inference_flash_calls(gm):
-        vals = [_static(n) for n in (q, k, v)]
-        mask_val = _static(mask) if mask is not None else None
+        vals = [_value(n) for n in (q, k, v)]
+        mask_val = _value(mask) if mask is not None else None
         if dropout != 0 or any(val is None for val in vals) or (mask is not None and mask_val is None):
             continue
         if not kernel.applies(*vals, mask_val):

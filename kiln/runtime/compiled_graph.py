@@ -119,6 +119,9 @@ class GraphArtifact:
     # Positions of the integer inputs (symbolic sizes passed as numbers): the C++ wrapper takes
     # them as 0-d int64 tensors.
     number_inputs: tuple[int, ...] = ()
+    # Positions of the inputs the graph never reads (a size Dynamo passes that no kernel needs):
+    # the C++ wrapper does not take them.
+    unused_inputs: tuple[int, ...] = ()
     # A Triton graph's ATen graph, pickled (set when the AOT graph cache stores it): what a
     # loaded graph runs instead if one of its kernels fails at its first launch here.
     aten_graph: bytes | None = None
@@ -189,18 +192,22 @@ def _load_kernels(artifact: GraphArtifact, library: str | None, scope: dict[str,
     return artifact.kernel_library.load(artifact, library, scope)
 
 
-def _cpp_call(library: str, num_outputs: int, number_inputs: tuple[int, ...] = ()) -> Callable[..., tuple]:
+def _cpp_call(library: str, artifact: GraphArtifact) -> Callable[..., tuple]:
     """The graph's C++ wrapper as the graph's `call(*inputs) -> tuple of tensors`; the integers
     at `number_inputs` handed over as 0-d int64 tensors (~1 µs each: the Python wrapper such a
-    graph ran before cost ~100 µs more a call)."""
-    run = python_door.graph_call(ctypes.CDLL(library).kiln_graph_call, libkiln.library().kiln_error, num_outputs)
-    if not number_inputs:
+    graph ran before cost ~100 µs more a call), the `unused_inputs` left out."""
+    run = python_door.graph_call(ctypes.CDLL(library).kiln_graph_call, libkiln.library().kiln_error,
+                                 artifact.num_outputs)
+    numbers, unused = artifact.number_inputs, sorted(artifact.unused_inputs, reverse=True)
+    if not numbers and not unused:
         return run
 
     def call(*args: Any) -> tuple:
         args = list(args)
-        for k in number_inputs:
+        for k in numbers:
             args[k] = torch.tensor(int(args[k]), dtype=torch.int64)
+        for k in unused:  # from the last, so that each position still names its input
+            del args[k]
         return run(*args)
 
     return call
@@ -232,7 +239,7 @@ class CompiledGraph:
         scope.update(self.kernels)
         self._bound = dict(scope)  # the wrapper's globals before it runs, for `instrumented`
         exec(compile(artifact.python, "<kiln wrapper>", "exec"), scope)
-        self.call = scope["call"] if artifact.cpp_wrapper is None else _cpp_call(library, artifact.num_outputs, artifact.number_inputs)
+        self.call = scope["call"] if artifact.cpp_wrapper is None else _cpp_call(library, artifact)
         self._loaded_call = self.call
         self.region = profiler.graph_label(compile_time.open_stages())  # its range on a profiler's timeline
         self._profiled_call: Callable | None = None

@@ -77,3 +77,23 @@ def test_without_the_pass_the_decode_step_copies_them():
     torch.testing.assert_close(out, GroupedAttention(4)(*inputs), rtol=1e-5, atol=1e-5)
     (call,) = _attention_calls(program)
     assert tuple(call.args[1].layout.size) == (1, 8, 40, 16)
+
+
+class SharedHeadsAttention(nn.Module):
+    """SDPA handed the unrepeated heads (`enable_gqa`, as HuggingFace calls it where no mask is passed)."""
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+@pytest.mark.parametrize("autotune", ["off", "default"])
+def test_a_decode_step_handed_shared_heads_attends_with_its_queries_as_rows(autotune, kiln_wherever_offered):
+    """ATen's call over heads each shared by 4 query heads (which kiln's kernel does not take) is
+    viewed as the repeated heads' call is: 4 rows over each head, kiln's kernel where chosen."""
+    q, k, v, _ = _inputs(rows=1)
+    out, program = compiled(SharedHeadsAttention(), q, k, v, autotune=autotune)
+    torch.testing.assert_close(out, SharedHeadsAttention()(q, k, v), rtol=1e-5, atol=1e-5)
+    (call,) = _attention_calls(program)
+    assert str(call.op) == (KILN if autotune == "default" else FLASH)
+    assert tuple(call.args[0].layout.size) == (1, 2, 4, 16)
+    assert tuple(call.args[1].layout.size) == (1, 2, 40, 16)
