@@ -160,6 +160,41 @@ def test_what_the_kernel_takes():
         kiln_attention.attention(q, k, v[..., :L + 1])
 
 
+def _symbolic_keys(room: int, length: int):
+    """Fake q [1, 2, 1, 64], keys/values [1, 2, s1, 64] viewing a cache of s0 rows (a growing
+    cache's step), a mask [1, 1, 1, s1] — the sizes symbolic, the examples `room` and `length` —
+    and values [1, 2, length, 64] of static size."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    dynamic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC, DimDynamic.STATIC, DimDynamic.DYNAMIC,
+                                                      DimDynamic.STATIC])
+    mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=False)
+    rooms = mode.from_tensor(torch.empty(1, 2, room, 64), symbolic_context=dynamic)
+    lengths = mode.from_tensor(torch.empty(1, 1, 1, length), symbolic_context=StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.STATIC] * 3 + [DimDynamic.DYNAMIC]))
+    with mode:
+        keys = rooms[:, :, :lengths.shape[-1]]
+    static = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC] * 4)
+    return (mode.from_tensor(torch.empty(1, 2, 1, 64), symbolic_context=static), keys, lengths,
+            mode.from_tensor(torch.empty(1, 2, length, 64), symbolic_context=static))
+
+
+def test_symbolic_lengths_are_taken_and_timed_at_their_size_bucket():
+    """A decode step's keys of symbolic length (one graph for every length): the kernel applies by
+    the sizes' expressions (no guard), and the autotuner times it with each size at the next power
+    of two of its example, strides too (the cache's room of 300 rows -> 512, the length 129 -> 256)."""
+    q, keys, mask, static_values = _symbolic_keys(room=300, length=129)
+    env = keys.shape[2].node.shape_env
+    guards = len(env.guards)
+    assert kiln_attention.applies(q, keys, keys, mask)
+    assert not kiln_attention.applies(q, keys, static_values, mask)  # not the same length at every size
+    timed_q, timed_k, timed_v, timed_mask = attention_autotune.timing_values(q, keys, keys, mask)
+    assert len(env.guards) == guards  # nothing was guarded on
+    assert tuple(timed_k.shape) == (1, 2, 256, 64) and tuple(timed_k.stride()) == (2 * 512 * 64, 512 * 64, 64, 1)
+    assert tuple(timed_mask.shape) == (1, 1, 1, 256) and tuple(timed_q.shape) == (1, 2, 1, 64)
+
+
 def _kernel_entry(lib, q, k, v, mask, scale, causal):
     """The kernel's C entry (kiln_attention_f32 of kernels_unit.source(), which kiln::attention calls)
     in `lib`, on contiguous q, k, v and a mask of full size: no preparation to repeat here."""
