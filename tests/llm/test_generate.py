@@ -126,7 +126,7 @@ def test_generate_with_other_lengths_reuses_its_graphs():
 def test_a_decode_step_with_an_input_it_never_reads_runs_through_the_cpp_wrapper():
     """A one-token `generate` (the prompt alone), then a longer one: the step's graph, compiled
     second, has an input its passes left unread, which the C++ wrapper's call leaves out; it ran
-    kiln's Python wrapper before (~280 layout checks a step: llama-160m int4 3.9 -> 2.6 ms a token)."""
+    kiln's Python wrapper before (~280 layout checks a step: llama-160m int4 4.1-4.6 -> 2.7-2.9 ms a token)."""
     kiln.reset()
     fallback.reset()
     model, prompt, options, expected = _static_llama_and_eagers_tokens(5)
