@@ -28,19 +28,31 @@ def lanes() -> int:
 def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """Whether kiln's kernel computes this attention: float32 [B, H, S, D] operands of one batch
     and head count, v's head size a multiple of the vector width, and an additive float32 mask
-    broadcastable to the scores, or none (as kiln_runtime.cpp `attention_applies` checks), for
-    every size the operands' symbolic sizes may take."""
+    broadcastable to the scores, or none (as kiln_runtime.cpp `attention_applies` checks).
+
+    Fake values may have symbolic sizes, compared as expressions (comparing SymInts would guard
+    on their values). Where kiln's kernel asks no more than ATen's (keys and values of one length,
+    head sizes alike, a mask broadcastable to the scores), two sizes that are symbolic in different
+    symbols are taken as the call will find them — each layer's keys and values are inputs with a
+    length symbol of their own — since a call where they differ fails in ATen's kernel as in
+    kiln's (whose check at run time names the operands). Where kiln's asks more (as many key heads
+    as query heads: ATen's shares key heads among query heads), the sizes must be the same."""
     if not all(t.dim() == 4 and t.dtype == torch.float32 for t in (q, k, v)):
         return False
-    # Fake values may have symbolic sizes: compared as expressions (no guard); head sizes static.
     (b, h, sq, d), (bk, hk, sk, dk), (bv, hv, sv, dv) = shape_key(q), shape_key(k), shape_key(v)
-    if ((bk, hk, dk) != (b, h, d) or (bv, hv, sv) != (b, h, sk) or not isinstance(d, int) or not isinstance(dv, int) or dv % lanes()
-            or 0 in (b, h, sq, sk, d, dv)):
+    if ((bk, hk) != (b, h) or (bv, hv) != (b, h) or not _as_aten_requires(sv, sk) or not _as_aten_requires(dk, d)
+            or not isinstance(d, int) or not isinstance(dv, int) or dv % lanes() or 0 in (b, h, sq, sk, d, dv)):
         return False
     if mask is None:
         return True
     return (mask.dtype == torch.float32 and mask.dim() == 4
-            and all(m in (1, s) for m, s in zip(shape_key(mask), (b, h, sq, sk))))
+            and all(m == 1 or _as_aten_requires(m, s) for m, s in zip(shape_key(mask), (b, h, sq, sk))))
+
+
+def _as_aten_requires(size: object, other: object) -> bool:
+    """Whether `size` is `other` in every call ATen's kernel accepts: the same, or a symbolic size
+    (of a symbol of its own) where ATen's kernel requires them equal."""
+    return size == other or not (isinstance(size, int) and isinstance(other, int))
 
 
 def op() -> torch._ops.OpOverload:

@@ -26,6 +26,7 @@ symbolic (a growing cache's graph serves every length); the query's sizes are st
 from __future__ import annotations
 
 import operator
+import sys
 
 import torch
 from torch import fx
@@ -49,9 +50,19 @@ def _static(shape: tuple | None) -> bool:
     return shape is not None and all(isinstance(s, int) for s in shape)
 
 
+def _past_whole_slices(node: object) -> object:
+    """`node`'s source past slices that keep every element (`x[:, :, None, :, :]` of a cache whose
+    length is symbolic keeps `slice(x, 3, 0, 2**63 - 1)`; a static one drops it)."""
+    while (isinstance(node, fx.Node) and node.target is aten.slice.Tensor and node.args[2:3] in ((), (0,), (None,))
+           and node.args[3:4] in ((), (None,), (sys.maxsize,)) and node.args[4:5] in ((), (1,))):
+        node = node.args[0]
+    return node
+
+
 def _unrepeated(node: object) -> tuple[fx.Node, int] | None:
     """(the [B, Hkv, S, D] head, n_rep) when `node` is HuggingFace's repeat_kv of it:
-    view(clone(expand(unsqueeze(head, 2), [B, Hkv, n_rep, S, D])), [B, Hkv * n_rep, S, D])."""
+    view(clone(expand(unsqueeze(head, 2), [B, Hkv, n_rep, S, D])), [B, Hkv * n_rep, S, D]), whole
+    slices between the unsqueeze and the expand passed over."""
     if not isinstance(node, fx.Node) or node.target not in (aten.view.default, aten._unsafe_view.default):
         return None
     inner = node.args[0]
@@ -59,7 +70,7 @@ def _unrepeated(node: object) -> tuple[fx.Node, int] | None:
         inner = inner.args[0]
     if not isinstance(inner, fx.Node) or inner.target is not aten.expand.default:
         return None
-    unsqueezed = inner.args[0]
+    unsqueezed = _past_whole_slices(inner.args[0])
     if not isinstance(unsqueezed, fx.Node) or unsqueezed.target is not aten.unsqueeze.default or unsqueezed.args[1] != 2:
         return None
     head = unsqueezed.args[0]

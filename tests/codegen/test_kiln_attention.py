@@ -182,13 +182,17 @@ def _symbolic_keys(room: int, length: int):
 
 def test_symbolic_lengths_are_taken_and_timed_at_their_size_bucket():
     """A decode step's keys of symbolic length (one graph for every length): the kernel applies by
-    the sizes' expressions (no guard), and the autotuner times it with each size at the next power
+    the sizes' expressions (no guard; where ATen's kernel requires two sizes equal, a symbolic one is
+    taken as the call will find it), and the autotuner times it with each size at the next power
     of two of its example, strides too (the cache's room of 300 rows -> 512, the length 129 -> 256)."""
     q, keys, mask, static_values = _symbolic_keys(room=300, length=129)
     env = keys.shape[2].node.shape_env
     guards = len(env.guards)
     assert kiln_attention.applies(q, keys, keys, mask)
-    assert not kiln_attention.applies(q, keys, static_values, mask)  # not the same length at every size
+    # Values whose length is another size: ATen's kernel too fails any call where they differ.
+    assert kiln_attention.applies(q, keys, static_values, mask)
+    # Fewer key heads than query heads, which ATen's kernel takes and kiln's does not.
+    assert not kiln_attention.applies(q, keys[:, :1], keys[:, :1], mask)
     timed_q, timed_k, timed_v, timed_mask = attention_autotune.timing_values(q, keys, keys, mask)
     assert len(env.guards) == guards  # nothing was guarded on
     assert tuple(timed_k.shape) == (1, 2, 256, 64) and tuple(timed_k.stride()) == (2 * 512 * 64, 512 * 64, 64, 1)

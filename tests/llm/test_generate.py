@@ -11,7 +11,8 @@ import kiln
 from kiln.backend import kiln as kiln_backend
 from kiln.backend.driver import watch
 from kiln.runtime import fallback
-from tests.kiln_backend import kiln_wherever_offered, private_cache  # noqa: F401  (fixtures; an empty cache per test: builds are counted)
+# Fixtures: kiln's kernels wherever offered; an empty cache per test (builds are counted).
+from tests.kiln_backend import kiln_wherever_offered, private_cache  # noqa: F401
 
 NEW_TOKENS = 64
 
@@ -74,6 +75,10 @@ def test_generate_compiles_prefill_and_decode_once_and_gives_eagers_tokens(arch,
     assert fallback.FALLBACKS == [] and kiln.capture.BREAKS == []
 
 
+def _attention_calls(graph) -> list:
+    return [step for step in graph.stages.schedule.externs if "attention" in str(step.op)]
+
+
 def _static_llama_and_eagers_tokens(new_tokens: int):
     """(a tiny Llama, a prompt, greedy static-cache options for `new_tokens`, eager's tokens)."""
     model = _decoder("llama")
@@ -99,7 +104,7 @@ def test_the_static_cache_is_written_in_place_by_the_decode_step():
     assert len(mutated) >= 2 * 2 and set(written_over) == mutated
 
 
-def test_generate_with_other_lengths_reuses_its_graphs():
+def test_generate_with_other_lengths_reuses_its_graphs(kiln_wherever_offered):
     """A static cache of another length each call (another `max_new_tokens`) and other prompt
     lengths: the prompt's and the step's graphs are made symbolic in the lengths once and serve
     every later call, eager's tokens each time. (HF sets `_previous_max_cache_length` on the model
@@ -120,7 +125,13 @@ def test_generate_with_other_lengths_reuses_its_graphs():
             assert torch.equal(compiled.generate(prompt, **options), expected), (new_tokens, length)
     assert len(built) <= 4, [type(b).__name__ for b in built]
     assert len(compiled.kiln_cache.entries) <= 4
-    assert all(getattr(b, "runtime", b).artifact.cpp_wrapper is not None for b in built)
+    graphs = [getattr(b, "runtime", b) for b in built]
+    assert all(g.artifact.cpp_wrapper is not None for g in graphs)
+    # The step's graph for every cache length (its keys' length symbolic) still gives its
+    # grouped-query attention to kiln's kernel, over the cache's two key heads as they lie.
+    step = next(g for g in reversed(graphs) if any(s.args[0].layout.size[2] == 2 for s in _attention_calls(g)))
+    for call in _attention_calls(step):
+        assert str(call.op) == "kiln.attention.default" and not call.args[1].layout.size[2].is_Integer
 
 
 def test_a_decode_step_with_an_input_it_never_reads_runs_through_the_cpp_wrapper():
@@ -288,8 +299,7 @@ def test_a_growing_caches_decode_step_runs_kilns_attention_at_every_length(arch,
         expected = model.generate(prompt, **options)
         with watch() as built:
             assert torch.equal(compiled.generate(prompt, **options), expected)
-    decode = getattr(built[-1], "runtime", built[-1])
-    calls = [step for step in decode.stages.schedule.externs if "attention" in str(step.op)]
+    calls = _attention_calls(getattr(built[-1], "runtime", built[-1]))
     assert [str(step.op) for step in calls] == ["kiln.attention.default"] * 2
     for step in calls:
         (b, heads, rows, d), keys = step.args[0].layout.size, step.args[1].layout.size
