@@ -31,6 +31,7 @@ from torch.utils import _pytree as pytree
 
 from kiln import disk_cache, logs
 from kiln.aot.signature import Signature
+from kiln.ir.sizes import size_examples
 
 
 @dataclass
@@ -158,8 +159,7 @@ def _guards_here(added_guards: Sequence[Any], env: ShapeEnv | None) -> tuple[lis
         return [], ""
     if env is None:
         return [], "a guard over sizes, for a graph without symbolic sizes"
-    # (Each backed symbol's value for this call; torch 2.13 renamed the table, 2.11 has the old name.)
-    values = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val
+    values = size_examples(env)  # each backed symbol's value for this call
     symbols = {str(symbol): symbol for symbol in values}
     guards = []
     for guard in added_guards:

@@ -10,17 +10,13 @@ from kiln.autotune.choose import choose
 from kiln.autotune.gemm import BUDGET, ROUNDS, Inputs, no_grad
 from kiln.autotune.record import spec
 from kiln.externs import kiln_attention
+from kiln.ir.sizes import size_examples
 
 aten = torch.ops.aten
 
 
 def _layout(t: torch.Tensor | None) -> tuple | None:
     return None if t is None else (tuple(t.shape), tuple(t.stride()))
-
-
-def _examples(shape_env) -> dict:
-    # Each size symbol's example value (`backed_var_to_val` from torch 2.13, `var_to_val` before).
-    return shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
 
 
 def timing_values(*vals: torch.Tensor | None) -> list[torch.Tensor | None] | None:
@@ -33,7 +29,7 @@ def timing_values(*vals: torch.Tensor | None) -> list[torch.Tensor | None] | Non
     symbolic = [s.node for s in sizes if isinstance(s, torch.SymInt)]
     if not symbolic:
         return list(vals)
-    examples = {symbol: _examples(node.shape_env).get(symbol) for node in symbolic for symbol in node.expr.free_symbols}
+    examples = {symbol: size_examples(node.shape_env).get(symbol) for node in symbolic for symbol in node.expr.free_symbols}
     if any(example is None for example in examples.values()):
         return None  # a size computed from tensor data: no example to time at
     bucket = {symbol: 1 << max(0, int(example) - 1).bit_length() for symbol, example in examples.items()}

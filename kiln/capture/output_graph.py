@@ -34,6 +34,7 @@ from kiln.capture.variables.containers import ListVariable, NamedTupleVariable, 
 from kiln.capture.variables.symbolic import SymNodeVariable, has_symbolic, wrap_symbolic
 from kiln.capture.variables.tensor import IDENTITY_READ, TensorVariable
 from kiln.capture.variables.wrapping import wrap_constant_result
+from kiln.ir.sizes import size_examples
 
 _DATA_DEPENDENT = ("DynamicOutputShapeException", "DataDependentOutputException", "GuardOnDataDependentSymNode", "UnsupportedOperatorException")
 
@@ -89,10 +90,7 @@ class OutputGraph:
         functions want concrete sizes (`trace`, `narrow_copy`, `addbmm` on symbolic inputs), and
         their Python decompositions compute the result's shape symbolically. Static captures keep
         the faster C++ path."""
-        shape_env = self.fake_mode.shape_env
-        # (torch 2.13 names the symbols' values backed_var_to_val; older versions var_to_val)
-        symbols = shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
-        return enable_python_dispatcher() if symbols else contextlib.nullcontext()
+        return enable_python_dispatcher() if size_examples(self.fake_mode.shape_env) else contextlib.nullcontext()
     def fake(self, tensor: torch.Tensor, dynamic: frozenset[int] = frozenset()) -> torch.Tensor:
         fake = self._fakes.get(id(tensor))
         if fake is None:

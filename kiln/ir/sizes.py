@@ -78,6 +78,12 @@ def size_expr(value: Any) -> Any:
     return value
 
 
+def size_examples(shape_env: Any) -> dict:
+    """Each backed size symbol of `shape_env` -> its value in the traced call (torch 2.13 names
+    the table `backed_var_to_val`, earlier versions `var_to_val`)."""
+    return shape_env.backed_var_to_val if hasattr(shape_env, "backed_var_to_val") else shape_env.var_to_val
+
+
 def shape_key(val: torch.Tensor) -> tuple:
     """`val`'s sizes to compare shapes by: each an int or, where symbolic, the ShapeEnv's
     expression for it, equal to another size when the expressions are. Comparing the SymInts

@@ -119,7 +119,7 @@ class GraphArtifact:
     # Positions of the integer inputs (symbolic sizes passed as numbers): the C++ wrapper takes
     # them as 0-d int64 tensors.
     number_inputs: tuple[int, ...] = ()
-    # Positions of the inputs the graph never reads (a size Dynamo passes that no kernel needs):
+    # Positions of the inputs the graph never reads (one its freezing passes left unread):
     # the C++ wrapper does not take them.
     unused_inputs: tuple[int, ...] = ()
     # A Triton graph's ATen graph, pickled (set when the AOT graph cache stores it): what a
