@@ -5,17 +5,23 @@ default build, on one machine, in one process: every layer's products of an `llm
 cycled from DRAM as a decode step reads them, rounds interleaved across builds and kinds, medians.
 float32's GEMV over the same weights runs beside them: on a shared VM the memory's speed moves
 with the neighbours' work, and the quantized products' GB/s against float32's in the same round
-is what compares across runs.
+is what compares across runs; so does each build's time over the default's in the same round
+(the median of those ratios, with its quartiles).
 
     python benchmarks/tools/quant_decode_sweep.py --model llama-160m --rows 1 KILN_QUANT_LOCALITY=3
+    python benchmarks/tools/quant_decode_sweep.py --model qwen2-0.5b --kinds int4 --huge-pages KILN_TABLE_AHEAD=0
 
-Each argument is one build: its macros joined by `+` (`KILN_QUANT_LOCALITY=3+KILN_INT8_AHEAD=128`).
+Each argument is one build: its macros joined by `+` (`KILN_QUANT_LOCALITY=3+KILN_INT8_AHEAD=128`;
+KILN_TABLE_AHEAD too). `--huge-pages` lays the packed weights on 2 MB pages (madvise, where
+transparent huge pages are `madvise` or `always`) and tells the kernels so, as kiln's runtime
+does on AMD (kiln_gemm.h `huge_page_packs`: one-row products then read one stream a thread).
 The calls go through ctypes (benchmarks/kernels.py): ~8 us of Python each, in every build alike.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
+import mmap
 import os
 import statistics
 import time
@@ -61,6 +67,30 @@ def _int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torc
     return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous(), scale, zero
 
 
+MADV_HUGEPAGE = 14  # (linux/mman.h)
+HUGE_PAGE = 2 << 20
+
+
+class HugePageArena:
+    """Tensors laid one after another in memory advised as 2 MB pages (each at a 4 KB boundary)."""
+
+    def __init__(self, nbytes: int) -> None:
+        size = (nbytes + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
+        self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+        if ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(address), ctypes.c_size_t(size), MADV_HUGEPAGE):
+            raise OSError(ctypes.get_errno(), "madvise(MADV_HUGEPAGE) failed: transparent huge pages are off here")
+        self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
+        self._used = 0
+
+    def copy_of(self, t: torch.Tensor) -> torch.Tensor:
+        n = t.numel() * t.element_size()
+        out = self._bytes[self._used:self._used + n].view(t.dtype)
+        out.copy_(t.reshape(-1))
+        self._used += (n + 4095) // 4096 * 4096
+        return out.view(t.shape)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("builds", nargs="*", help="builds besides the default: macros joined by '+'")
@@ -69,6 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"of {', '.join(KINDS)}")
+    parser.add_argument("--huge-pages", action="store_true",
+                        help="packed weights on 2 MB pages, read as kiln's runtime reads them there (AMD)")
     args = parser.parse_args(argv)
     kinds = args.kinds.split(",")
     if any(kind not in KINDS for kind in kinds):
@@ -85,6 +117,10 @@ def main(argv: list[str] | None = None) -> None:
         weights.append((k, n, group, {"fp32": kernels.pack(w.t().contiguous(), lib),
                                       "int8": kernels.quant_pack(*_int8(w), 8, k, k, lib),
                                       "int4": kernels.quant_pack(*_int4(w, group), 4, group, k, lib)}))
+    if args.huge_pages:
+        arena = HugePageArena(sum((p.numel() * p.element_size() + 4095) // 4096 * 4096
+                                  for *_, packs in weights for p in packs.values()))
+        weights = [(k, n, group, {kind: arena.copy_of(p) for kind, p in packs.items()}) for k, n, group, packs in weights]
     acts = {k: torch.randn(args.rows, k) for k in {k for k, *_ in weights}}
 
     def step(build: ctypes.CDLL, kind: str) -> float:
@@ -104,15 +140,28 @@ def main(argv: list[str] | None = None) -> None:
     stored = {kind: sum(p["int4" if kind == "int4-a8" else kind].numel() * (4 if kind == "fp32" else 1)
                         for *_, p in weights) for kind in kinds}
     samples: dict[tuple[str, str], list[float]] = {(b, kind): [] for b in builds for kind in kinds}
-    for _ in range(args.rounds):
+    # (the default build is the library the process's other callers share: its setting is put back)
+    before = {name: build.kiln_gemm_huge_page_packs() for name, build in builds.items()}
+    try:
+        for build in builds.values():
+            build.kiln_gemm_set_huge_page_packs(int(args.huge_pages))
+        for _ in range(args.rounds):
+            for name, build in builds.items():
+                for kind in kinds:
+                    samples[(name, kind)].append(step(build, kind))
+    finally:
         for name, build in builds.items():
-            for kind in kinds:
-                samples[(name, kind)].append(step(build, kind))
+            build.kiln_gemm_set_huge_page_packs(before[name])
     print(f"{args.model}: {len(weights)} products a step, {args.rows} row(s), {args.threads} threads, "
           f"median of {args.rounds} interleaved rounds; GB/s of the packed weights")
     for (name, kind), times in samples.items():
         t = statistics.median(times)
-        print(f"{name:48s} {kind:8s} {t * 1e3:7.3f} ms  {stored[kind] / t / 1e9:5.3g} GB/s")  # (a slow round: not 0.0)
+        line = f"{name:48s} {kind:8s} {t * 1e3:7.3f} ms  {stored[kind] / t / 1e9:5.3g} GB/s"  # (a slow round: not 0.0)
+        if name != "default" and args.rounds >= 4:
+            ratios = [x / y for x, y in zip(times, samples[("default", kind)])]
+            low, _, high = statistics.quantiles(ratios, n=4)
+            line += f"  {statistics.median(ratios):.3f}x the default's time (quartiles {low:.3f}-{high:.3f})"
+        print(line)
 
 
 if __name__ == "__main__":

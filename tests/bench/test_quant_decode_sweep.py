@@ -1,6 +1,8 @@
 """benchmarks/tools/quant_decode_sweep.py: a decode step's quantized products per build, on the suite's tiny model."""
 import pytest
+import torch
 
+from benchmarks import kernels
 from benchmarks.tools import quant_decode_sweep
 
 
@@ -18,3 +20,16 @@ def test_an_unknown_kind_is_refused(capsys):
     with pytest.raises(SystemExit):
         quant_decode_sweep.main(["--kinds", "int4,fp8"])
     assert "--kinds: accepted kinds are fp32, int8, int4, int4-a8, got 'int4,fp8'" in capsys.readouterr().err
+
+
+def test_the_packed_weights_can_lie_on_huge_pages(capsys):
+    """--huge-pages: each packed weight copied into memory advised as 2 MB pages, read where it lies."""
+    arena = quant_decode_sweep.HugePageArena(3 * 4096)
+    first, second = torch.arange(10, dtype=torch.uint8), torch.randn(3, 5)
+    laid = [arena.copy_of(first), arena.copy_of(second)]
+    assert torch.equal(laid[0], first) and torch.equal(laid[1], second)
+    assert laid[1].data_ptr() - laid[0].data_ptr() == 4096  # each at a page of its own
+    quant_decode_sweep.main(["--model", "llama-tiny", "--rounds", "1", "--threads", "1", "--kinds", "int4", "--huge-pages"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[1].split()[:2] == ["default", "int4"] and float(lines[1].split()[-2]) > 0
+    assert kernels.library().kiln_gemm_huge_page_packs() == 0  # the process's setting put back

@@ -178,7 +178,7 @@ def test_every_path_at_a_few_rows(m, bits, path):
         out = kernels.mm_quant(a, packed, n, bits, group, bias, unary, scalars, residual, algorithm, path=path)
         _check(out, _reference(carried, w, bias, unary, scalars, algorithm, residual), k)
         # Over panels on 2 MB pages the runtime asks for one stream a thread (the digits at one row:
-        # one run, no far prefetch; kiln_gemm_set_huge_page_packs): the same bits.
+        # one run of panels shared between the threads; kiln_gemm_set_huge_page_packs): the same bits.
         kernels.library().kiln_gemm_set_huge_page_packs(1)
         try:
             on_huge_pages = kernels.mm_quant(a, packed, n, bits, group, bias, unary, scalars, residual, algorithm,
@@ -241,7 +241,7 @@ def test_int8_activations_match_a_float64_product_of_the_quantized_rows(shape, p
         out = kernels.mm_quant(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm,
                                int8_activations=path)
         _check(out, _reference(carried, w, bias, unary, scalars, algorithm, residual), k)
-        # Over panels on 2 MB pages one row reads one stream a thread, no far prefetch: the same bits.
+        # Over panels on 2 MB pages one row reads one stream a thread: the same bits.
         kernels.library().kiln_gemm_set_huge_page_packs(1)
         try:
             on_huge_pages = kernels.mm_quant(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm,

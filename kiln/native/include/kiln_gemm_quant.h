@@ -786,7 +786,21 @@ static Int8Rows split_rows_for_int8(const QuantShape& z, int64_t M, const float*
 // int4 a word (8 k: groups of whole words, a multiple of 8 k), its nibbles masked in place its even
 // k's levels as bytes, shifted down 4 its odd k's (Int8Rows stores each row in that order); int8 a
 // quad (4 k in k's order, int8_weight_lanes).
-template <int BITS, int S, int R, int D, bool FAR_PREFETCH = true>
+// How many groups ahead digits_tile asks for a panel's scales and zero points (the table's lines:
+// NR floats of each per group, 512 bytes of int4's beside its 4 KB of weights at groups of 128,
+// read once at the group's end, away from the panels' stream: the hardware's prefetcher did not
+// bring them in time). Past a panel's last group the next panel's first, which a one-stream
+// thread reads next. A qwen2-0.5b decode step's int4 products from DRAM on 2 MB pages (2 threads
+// of a 2-core AMD EPYC, Zen 5; 60 interleaved rounds, the median of each round's ratio):
+// 0.824x the time with it and the far prefetch below, 0.884x with the far prefetch alone; on 4 KB
+// pages (far prefetches already) 0.98-0.99x. 0: none (to time it).
+#ifdef KILN_TABLE_AHEAD
+constexpr int64_t TABLE_AHEAD = KILN_TABLE_AHEAD;
+#else
+constexpr int64_t TABLE_AHEAD = 1;
+#endif
+
+template <int BITS, int S, int R, int D>
 static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, int rows, const Int8Rows& x, void* c,
                                int64_t ldc, const Epilogue* e, int64_t r0 = 0) {
   const uint8_t* q[S];
@@ -799,12 +813,17 @@ static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, 
   for (int s = 0; s < S; ++s) clear(acc[s]);
   for (int64_t g = 0; g < x.groups; ++g) {
     IV sum[SETS][D][S][R][NV] = {};
+    if constexpr (TABLE_AHEAD > 0)
+      for (int s = 0; s < S; ++s)
+        for (int which = 0; which < (BITS == 4 ? 2 : 1); ++which)
+          for (int line = 0; line < int(NR * sizeof(float)); line += 64)  // (past the table's end: prefetches never fault)
+            __builtin_prefetch(reinterpret_cast<const char*>(src.table(at[s], g + TABLE_AHEAD, which)) + line, 0, 3);
     for (int64_t u = g * group_units; u < std::min(units, (g + 1) * group_units); ++u) {
 #pragma GCC unroll 4
       for (int s = 0; s < S; ++s)
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) {
-          if constexpr (FAR_PREFETCH) __builtin_prefetch(q[s] + ((u + INT4_PREFETCH_WORDS) * NR + v * L) * 4, 0, FAR_LOCALITY);
+          __builtin_prefetch(q[s] + ((u + INT4_PREFETCH_WORDS) * NR + v * L) * 4, 0, FAR_LOCALITY);
           const IV word = load_words(q[s] + (u * NR + v * L) * 4);
           if constexpr (BITS == 4) {
             const IV even = word & 0x0F0F0F0F, odd = (word >> 4) & 0x0F0F0F0F;
@@ -879,19 +898,23 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
     range(panels, omp_get_num_threads(), omp_get_thread_num(), p0, p1);
     if (M == 1 && huge_page_packs.load(std::memory_order_relaxed)) {
       // Over panels on 2 MB pages (kiln_gemm.h `huge_page_packs`: kiln's packs on AMD where THP is
-      // on) one stream a thread and no software prefetch: the hardware's prefetcher follows it
-      // across the whole range. 40 int4 products 768x6144 from DRAM, 2 threads of a 2-core AMD EPYC
-      // (Zen 4), 9 interleaved rounds: 3.60 -> 3.28 ms on 2 MB pages (2 runs with the far
-      // prefetches -> 1 run without); on 4 KB pages the same change cost 2 % (3.91 -> 3.98), and
-      // either alone gained 1-2 %. A llama-160m step's int4 products with int8 activations (one
-      // digit; 9 interleaved rounds): 4 runs with the far prefetches 1.65 ms, 1 run without 1.43;
-      // its int8 weights' digits: 2 runs 3.48, 1 run 2.54.
+      // on) one stream a thread: the hardware's prefetcher follows it across the whole range. 40
+      // int4 products 768x6144 from DRAM, 2 threads of a 2-core AMD EPYC (Zen 4), 9 interleaved
+      // rounds: 3.60 -> 3.28 ms on 2 MB pages (2 runs with the far prefetches -> 1 run without); on
+      // 4 KB pages the same change cost 2 % (3.91 -> 3.98). A llama-160m step's int4 products with
+      // int8 activations (one digit; 9 interleaved rounds): 4 runs with the far prefetches 1.65 ms,
+      // 1 run without 1.43; its int8 weights' digits: 2 runs 3.48, 1 run 2.54. One run with the far
+      // prefetches, not timed there, is faster again on Zen 5 (2 MB pages, 60 interleaved rounds,
+      // the median of the rounds' ratios; with the table's prefetch, TABLE_AHEAD): llama-160m's
+      // step int4 0.84x the time, int8 0.94x; qwen2-0.5b's int4 0.82x, int8 0.95x, int4 with int8
+      // activations 0.88x (benchmarks/tools/quant_decode_sweep.py --huge-pages; 2 runs with the far
+      // prefetches, no table prefetch: 1.05x).
       // The panels shared (SharedPanels): a llama-160m step's int4 products from DRAM where the
       // memory read >= 45 GB/s (~480 interleaved rounds each) 70 -> 77 % of its speed with the
       // digits made on each thread (74 % with them and a static split); in another run 87 -> 94 %.
       shared.take_all(omp_get_thread_num(), [&](int64_t q0, int64_t q1) {
         panel_runs<1>(q0, q1, [&](auto count, const int64_t* at) {
-          digits_tile<BITS, decltype(count)::value, 1, D, false>(src, at, 1, x, c, ldc, e);
+          digits_tile<BITS, decltype(count)::value, 1, D>(src, at, 1, x, c, ldc, e);
         });
       });
     } else if (M == 1) {
