@@ -47,14 +47,20 @@ def probe_buffer(buffer_bytes: int = _BUFFER_BYTES) -> torch.Tensor:
     read of the same memory runs far slower (2 threads of a 2-core AMD EPYC VM: 36 against 65
     GB/s), so a probe on 4 KB pages would understate the machine. Where the kernel refuses the
     advice the pages are 4 KB, as before."""
-    elements = buffer_bytes // 4
-    memory = mmap.mmap(-1, elements * 4 + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return huge_page_bytes(buffer_bytes // 4 * 4).view(torch.float32).uniform_()
+
+
+def huge_page_bytes(nbytes: int) -> torch.Tensor:
+    """`nbytes` bytes (uint8, uninitialized zeros), starting at a 2 MB boundary, in memory advised
+    as transparent huge pages: 2 MB pages where the kernel gives them, 4 KB pages where it
+    refuses the advice (benchmarks/tools/quant_decode_sweep.py lays packed weights there too)."""
+    memory = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     offset = -ctypes.addressof(ctypes.c_char.from_buffer(memory)) % _HUGE_PAGE
     try:
-        memory.madvise(mmap.MADV_HUGEPAGE, offset, elements * 4 // _HUGE_PAGE * _HUGE_PAGE)
+        memory.madvise(mmap.MADV_HUGEPAGE, offset, nbytes // _HUGE_PAGE * _HUGE_PAGE)
     except (AttributeError, OSError):  # (no MADV_HUGEPAGE here, or a kernel without THP)
         pass
-    return torch.frombuffer(memory, dtype=torch.float32, count=elements, offset=offset).uniform_()
+    return torch.frombuffer(memory, dtype=torch.uint8, count=nbytes, offset=offset)
 
 
 def read_bandwidth(threads: int | None = None, buffer_bytes: int = _BUFFER_BYTES, passes: int = _PASSES,

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import mmap
 import os
 import statistics
 import time
@@ -30,6 +29,7 @@ import torch
 
 from benchmarks import kernels
 from benchmarks.llm_modes import LLM_MODELS
+from benchmarks.roofline import huge_page_bytes
 from kiln.native import kernels_unit
 from kiln.native.build import build_library
 
@@ -67,20 +67,11 @@ def _int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torc
     return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous(), scale, zero
 
 
-MADV_HUGEPAGE = 14  # (linux/mman.h)
-HUGE_PAGE = 2 << 20
-
-
 class HugePageArena:
     """Tensors laid one after another in memory advised as 2 MB pages (each at a 4 KB boundary)."""
 
     def __init__(self, nbytes: int) -> None:
-        size = (nbytes + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
-        self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        address = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
-        if ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(address), ctypes.c_size_t(size), MADV_HUGEPAGE):
-            raise OSError(ctypes.get_errno(), "madvise(MADV_HUGEPAGE) failed: transparent huge pages are off here")
-        self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
+        self._bytes = huge_page_bytes(nbytes)
         self._used = 0
 
     def copy_of(self, t: torch.Tensor) -> torch.Tensor:
