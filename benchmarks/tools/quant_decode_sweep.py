@@ -74,11 +74,16 @@ class HugePageArena:
         self._bytes = huge_page_bytes(nbytes)
         self._used = 0
 
+    @staticmethod
+    def room(t: torch.Tensor) -> int:
+        """The bytes `copy_of(t)` takes: t's, up to the next 4 KB."""
+        return (t.numel() * t.element_size() + 4095) // 4096 * 4096
+
     def copy_of(self, t: torch.Tensor) -> torch.Tensor:
         n = t.numel() * t.element_size()
         out = self._bytes[self._used:self._used + n].view(t.dtype)
         out.copy_(t.reshape(-1))
-        self._used += (n + 4095) // 4096 * 4096
+        self._used += self.room(t)
         return out.view(t.shape)
 
 
@@ -109,8 +114,7 @@ def main(argv: list[str] | None = None) -> None:
                                       "int8": kernels.quant_pack(*_int8(w), 8, k, k, lib),
                                       "int4": kernels.quant_pack(*_int4(w, group), 4, group, k, lib)}))
     if args.huge_pages:
-        arena = HugePageArena(sum((p.numel() * p.element_size() + 4095) // 4096 * 4096
-                                  for *_, packs in weights for p in packs.values()))
+        arena = HugePageArena(sum(HugePageArena.room(p) for *_, packs in weights for p in packs.values()))
         weights = [(k, n, group, {kind: arena.copy_of(p) for kind, p in packs.items()}) for k, n, group, packs in weights]
     acts = {k: torch.randn(args.rows, k) for k in {k for k, *_ in weights}}
 
