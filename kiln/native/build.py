@@ -7,7 +7,9 @@ kernels are built on it), so a cache entry is reused only for exactly what produ
 are written to a temporary name and renamed into place, then their digest beside them
 (disk_cache.py); an entry whose digest is missing or does not match is rebuilt, never loaded.
 Processes sharing the cache build a key one at a time (an advisory lock on the entry): the second
-waits for the first and loads its library.
+waits for the first and loads its library. Units that many libraries share (kiln's runtime in
+every exported model) keep their objects in a cache of their own, so only the units that differ
+are compiled again.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Collection, Sequence
 
 from kiln import config, logs
 from kiln import disk_cache
@@ -72,21 +74,31 @@ def _run_all(commands: list[list[str]]) -> None:
 
 
 def _build(sources: Sequence[str], target: Path, compile_flags: Sequence[str] = (), link_flags: Sequence[str] = (),
-           unit_flags: Sequence[Sequence[str]] = ()) -> None:
+           unit_flags: Sequence[Sequence[str]] = (), reused_units: Collection[int] = ()) -> None:
     cxx, _ = compiler()
     disk_cache.make_private_dirs(target.parent)
     # Objects and the library are made in a folder of their own beside the target and renamed
     # into place: a process that has the old file loaded keeps its mapping, and no process ever
     # loads a library the linker is still writing.
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=target.name + ".") as tmp:
-        objects, commands = [], []
+        objects, commands, to_keep = [], [], []
         for k, source in enumerate(sources):
+            own = unit_flags[k] if k < len(unit_flags) else ()
+            flags = [*FLAGS, *compile_flags, *own]
+            kept = _object_entry(source, flags) if k in reused_units else None
+            if kept is not None and disk_cache.intact(kept):
+                logs.log("cache", "C++ object cache hit %s (unit %d)", kept.stem[:12], k)
+                objects.append(str(kept))
+                continue
             src, obj = Path(tmp) / f"kernels{k}.cpp", Path(tmp) / f"kernels{k}.o"
             src.write_text(source)
             objects.append(str(obj))
-            own = unit_flags[k] if k < len(unit_flags) else ()
-            commands.append([cxx, *FLAGS, *compile_flags, *own, "-c", str(src), "-o", str(obj)])
+            commands.append([cxx, *flags, "-c", str(src), "-o", str(obj)])
+            if kept is not None:
+                to_keep.append((obj, kept))
         _run_all(commands)
+        for obj, kept in to_keep:
+            disk_cache.write(kept, obj.read_bytes())
         lib = Path(tmp) / "kernels.so"
         _run_all([[cxx, "-shared", "-fopenmp", *objects, "-o", str(lib), *link_flags]])
         os.replace(lib, target)
@@ -94,13 +106,16 @@ def _build(sources: Sequence[str], target: Path, compile_flags: Sequence[str] = 
 
 def build_library(sources: str | Sequence[str], compile_flags: Sequence[str] = (),
                   link_flags: Sequence[str] = (), unit_flags: Sequence[Sequence[str]] = (),
-                  own: bool = False) -> tuple[Path, bool]:
+                  own: bool = False, reused_units: Collection[int] = ()) -> tuple[Path, bool]:
     """The path of the compiled library of `sources` (translation units, compiled in parallel),
     and whether it was built now (False: found intact in the cache). `compile_flags` and
     `link_flags` come after kiln's own (kiln's runtime: libtorch's headers and libraries);
     `unit_flags[k]`, after those, for unit k only (a C++ wrapper: -O0). `own`: one of kiln's own
     libraries (its runtime, its CPython extension): taken from `kiln prebuild`'s folder when it
-    holds it, else cached under `cache.runtime_dir`."""
+    holds it, else cached under `cache.runtime_dir`. `reused_units`: the indices of units that
+    many libraries share (kiln's runtime and kernels, linked into every exported model): their
+    objects are cached on their own under `cache.runtime_dir`, so a library that differs only in
+    its other units compiles only those."""
     sources = [sources] if isinstance(sources, str) else list(sources)
     if own:
         prebuilt = _prebuilt(_key(sources, compile_flags, link_flags, unit_flags))
@@ -110,7 +125,7 @@ def build_library(sources: str | Sequence[str], compile_flags: Sequence[str] = (
         logs.log("cache", "kiln's own C++ library is not in %s (`kiln prebuild` puts it there): "
                  "taken from cache.runtime_dir, built there if missing", config.prebuilt_dir())
     return _build_cached(_target(sources, compile_flags, link_flags, unit_flags, own),
-                         sources, compile_flags, link_flags, unit_flags)
+                         sources, compile_flags, link_flags, unit_flags, reused_units)
 
 
 def prebuild_library(sources: Sequence[str], compile_flags: Sequence[str] = (),
@@ -150,7 +165,7 @@ def _prebuilt(key: str) -> Path | None:
 
 
 def _build_cached(target: Path, sources: list[str], compile_flags: Sequence[str], link_flags: Sequence[str],
-                  unit_flags: Sequence[Sequence[str]]) -> tuple[Path, bool]:
+                  unit_flags: Sequence[Sequence[str]], reused_units: Collection[int] = ()) -> tuple[Path, bool]:
     key = target.stem
     if disk_cache.intact(target):
         logs.log("cache", "C++ cache hit %s", key[:12])
@@ -161,7 +176,7 @@ def _build_cached(target: Path, sources: list[str], compile_flags: Sequence[str]
             logs.log("cache", "C++ cache hit %s (built by another process meanwhile)", key[:12])
             return target, False
         logs.log("cache", "C++ cache miss %s: compiling %d units", key[:12], len(sources))
-        _build(sources, target, compile_flags, link_flags, unit_flags)
+        _build(sources, target, compile_flags, link_flags, unit_flags, reused_units)
         disk_cache.seal(target)
     return target, True
 
@@ -170,6 +185,12 @@ def _key(sources: list[str], compile_flags: Sequence[str], link_flags: Sequence[
          unit_flags: Sequence[Sequence[str]]) -> str:
     flags = [*FLAGS, *compile_flags, *link_flags, *(" ".join(f) for f in unit_flags)]
     return hashlib.sha256("\0".join([*sources, *compiler(), machine(), *flags]).encode()).hexdigest()
+
+
+def _object_entry(source: str, flags: Sequence[str]) -> Path:
+    """Where the object of one reused unit compiled with `flags` is kept (`build_library`)."""
+    key = hashlib.sha256("\0".join([source, *compiler(), machine(), *flags]).encode()).hexdigest()
+    return disk_cache.entry("cpp-objects", key, ".o", root=config.runtime_cache_dir())
 
 
 def _target(sources: list[str], compile_flags: Sequence[str], link_flags: Sequence[str],
