@@ -15,6 +15,11 @@ Each argument is one build: its macros joined by `+` (`KILN_QUANT_LOCALITY=3+KIL
 KILN_TABLE_AHEAD too). `--huge-pages` lays the packed weights on 2 MB pages (madvise, where
 transparent huge pages are `madvise` or `always`) and tells the kernels so, as kiln's runtime
 does on AMD (kiln_gemm.h `huge_page_packs`: one-row products then read one stream a thread).
+`--pages` times the default build over the same packs three ways instead: on 4 KB pages (the
+"default" row), on 2 MB pages read in runs as on 4 KB ones, and on 2 MB pages read as on AMD:
+which reading a CPU should get.
+
+    python benchmarks/tools/quant_decode_sweep.py --model qwen2-0.5b --kinds fp32,int8,int4 --rounds 30 --pages
 The calls go through ctypes (benchmarks/kernels.py): ~8 us of Python each, in every build alike.
 """
 from __future__ import annotations
@@ -97,10 +102,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"of {', '.join(KINDS)}")
     parser.add_argument("--huge-pages", action="store_true",
                         help="packed weights on 2 MB pages, read as kiln's runtime reads them there (AMD)")
+    parser.add_argument("--pages", action="store_true",
+                        help="the default build only, over three layouts of the same packs: 4 KB pages read in runs "
+                             "(the default row), 2 MB pages read in runs, 2 MB pages read as on AMD (huge_page_packs)")
     args = parser.parse_args(argv)
     kinds = args.kinds.split(",")
     if any(kind not in KINDS for kind in kinds):
         parser.error(f"--kinds: accepted kinds are {', '.join(KINDS)}, got {args.kinds!r}")
+    if args.pages and (args.builds or args.huge_pages):
+        parser.error("--pages compares page layouts of the default build: give it no builds and no --huge-pages")
     torch.set_num_threads(args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     builds = {"default": build_variant([])}
@@ -113,12 +123,16 @@ def main(argv: list[str] | None = None) -> None:
         weights.append((k, n, group, {"fp32": kernels.pack(w.t().contiguous(), lib),
                                       "int8": kernels.quant_pack(*_int8(w), 8, k, k, lib),
                                       "int4": kernels.quant_pack(*_int4(w, group), 4, group, k, lib)}))
-    if args.huge_pages:
+    # Each variant: (build, its packs, huge_page_packs while it runs).
+    variants = {name: (build, weights, int(args.huge_pages)) for name, build in builds.items()}
+    if args.huge_pages or args.pages:
         arena = HugePageArena(sum(HugePageArena.room(p) for *_, packs in weights for p in packs.values()))
-        weights = [(k, n, group, {kind: arena.copy_of(p) for kind, p in packs.items()}) for k, n, group, packs in weights]
+        huge = [(k, n, group, {kind: arena.copy_of(p) for kind, p in packs.items()}) for k, n, group, packs in weights]
+        variants = ({"default": (lib, weights, 0), "2mb-pages-runs": (lib, huge, 0), "2mb-pages-amd-reads": (lib, huge, 1)}
+                    if args.pages else {name: (build, huge, 1) for name, build in builds.items()})
     acts = {k: torch.randn(args.rows, k) for k in {k for k, *_ in weights}}
 
-    def step(build: ctypes.CDLL, kind: str) -> float:
+    def step(build: ctypes.CDLL, weights: list, kind: str) -> float:
         start = time.perf_counter()
         for k, n, group, packed in weights:
             a = acts[k]
@@ -134,16 +148,15 @@ def main(argv: list[str] | None = None) -> None:
 
     stored = {kind: sum(p["int4" if kind == "int4-a8" else kind].numel() * (4 if kind == "fp32" else 1)
                         for *_, p in weights) for kind in kinds}
-    samples: dict[tuple[str, str], list[float]] = {(b, kind): [] for b in builds for kind in kinds}
+    samples: dict[tuple[str, str], list[float]] = {(v, kind): [] for v in variants for kind in kinds}
     # (the default build is the library the process's other callers share: its setting is put back)
     before = {name: build.kiln_gemm_huge_page_packs() for name, build in builds.items()}
     try:
-        for build in builds.values():
-            build.kiln_gemm_set_huge_page_packs(int(args.huge_pages))
         for _ in range(args.rounds):
-            for name, build in builds.items():
+            for name, (build, packs, huge_reads) in variants.items():
+                build.kiln_gemm_set_huge_page_packs(huge_reads)
                 for kind in kinds:
-                    samples[(name, kind)].append(step(build, kind))
+                    samples[(name, kind)].append(step(build, packs, kind))
     finally:
         for name, build in builds.items():
             build.kiln_gemm_set_huge_page_packs(before[name])

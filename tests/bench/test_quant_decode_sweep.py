@@ -33,3 +33,18 @@ def test_the_packed_weights_can_lie_on_huge_pages(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[1].split()[:2] == ["default", "int4"] and float(lines[1].split()[-2]) > 0
     assert kernels.library().kiln_gemm_huge_page_packs() == 0  # the process's setting put back
+
+
+def test_the_same_packs_are_timed_on_both_page_sizes_and_both_readings(capsys):
+    quant_decode_sweep.main(["--model", "llama-tiny", "--rounds", "4", "--threads", "1", "--kinds", "fp32,int4", "--pages"])
+    lines = capsys.readouterr().out.splitlines()[1:]
+    rows = {(line.split()[0], line.split()[1]): line for line in lines}
+    assert set(rows) == {(v, k) for v in ("default", "2mb-pages-runs", "2mb-pages-amd-reads") for k in ("fp32", "int4")}
+    assert all("x the default's time" in rows[(v, k)] for v in ("2mb-pages-runs", "2mb-pages-amd-reads") for k in ("fp32", "int4"))
+    assert kernels.library().kiln_gemm_huge_page_packs() == 0  # the process's setting put back
+
+
+def test_pages_takes_no_builds(capsys):
+    with pytest.raises(SystemExit):
+        quant_decode_sweep.main(["--pages", "KILN_DIGIT_RUNS=1"])
+    assert "--pages compares page layouts of the default build" in capsys.readouterr().err

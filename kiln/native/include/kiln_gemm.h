@@ -1014,8 +1014,9 @@ static inline void gemv_panels(int64_t K, const kiln_bf16* a, const kiln_bf16* c
 // prefetches stop; on 2 MB pages one stream a thread goes on, and many compete. A llama-160m decode
 // step's float32 products cycled from DRAM (2 threads of a 2-core AMD EPYC, Zen 4; 13 interleaved
 // rounds; GB/s): 4 KB pages, 8 runs (MR) 45.5 (2 runs 38.4, 1 run 33.6); 2 MB pages, 8 runs 51.8, 2 runs
-// 60.0, 1 run 59.2 — in an hour where memory was slow, 33.6, 34.3 and 34.8. (The Intel Xeon's
-// prefetchers are not measured on 2 MB pages: there the runtime keeps GEMV_STREAMS.)
+// 60.0, 1 run 59.2 — in an hour where memory was slow, 33.6, 34.3 and 34.8. An Intel Xeon with AMX
+// (family 6 model 167) reads GEMV_STREAMS runs faster over 2 MB pages too (2 runs: 1.03-1.05x the
+// time; docs/gemm.md): there the runtime keeps them.
 static std::atomic<bool> huge_page_packs{false};
 
 // Panels [p0, p1) of a one-row product (float32, or bfloat16 in pairs), read in runs (panel_runs).

@@ -1151,7 +1151,8 @@ int kiln_huge_page_reads(void) { return kiln_gemm_huge_page_packs(); }
 void kiln_set_huge_pages(int on) {
   huge_pages_on.store(on != 0);
   // One-row products over panels on 2 MB pages read fewer runs a thread (kiln_gemm.h
-  // `huge_page_packs`: measured on AMD's Zen 4; Intel's prefetchers are not yet).
+  // `huge_page_packs`: faster on AMD's Zen 4 and Zen 5; on an Intel Xeon with AMX, family 6 model
+  // 167, 1.02-1.04x the time of its runs over the same pages: docs/gemm.md).
   __builtin_cpu_init();  // (this also runs as the library loads, maybe before libgcc's own init)
   kiln_gemm_set_huge_page_packs(on && transparent_huge_pages() && __builtin_cpu_is("amd"));
 }
