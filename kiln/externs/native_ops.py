@@ -42,6 +42,16 @@ def _mm_quant_fake(a, qweight, scales, zeros, bits, group_size, bias, residual, 
     return a.new_empty((*a.shape[:-1], qweight.shape[0]))
 
 
+def _mm_quant_layer_norm_fake(a, qweight, scales, zeros, bits, group_size, bias, residual, weight, norm_bias, eps,
+                              rms=False, int8_activations=False):
+    return a.new_empty((*a.shape[:-1], qweight.shape[0]))
+
+
+def _mm_quant_add_layer_norm_fake(a, qweight, scales, zeros, bits, group_size, bias, residual, weight, norm_bias, eps,
+                                  rms=False, int8_activations=False):
+    return a.new_empty((*a.shape[:-1], qweight.shape[0])), a.new_empty((*a.shape[:-1], qweight.shape[0]))
+
+
 def _post_op_fake(y, unary, scalars, algorithm):
     return torch.empty_like(y)
 
@@ -82,6 +92,8 @@ def _conv_fake(x, weight, bias, stride, padding, dilation, groups, unary, scalar
 
 # The fake function of each operator the runtime defines, by name in the kiln namespace.
 FAKES: dict[str, Callable] = {"attention": _attention_fake, "mm": _mm_fake, "mm_quant": _mm_quant_fake,
+                              "mm_quant_layer_norm": _mm_quant_layer_norm_fake,
+                              "mm_quant_add_layer_norm": _mm_quant_add_layer_norm_fake,
                               "post_op": _post_op_fake,
                               "mm_layer_norm": _mm_layer_norm_fake,
                               "mm_add_layer_norm": _mm_add_layer_norm_fake, "mm_softmax": _mm_softmax_fake,

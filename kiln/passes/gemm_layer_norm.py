@@ -15,6 +15,9 @@ Only where the autotuner gave the product to kiln's GEMM (gemm_prepack runs firs
 bfloat16 (HF's bfloat16 RMS norms, which convert to float32 and back around the norm, taken with
 their casts), with static sizes; the terms of the sum in any order. A float32 product in bfloat16
 fast math (`kiln_bf16`, backend.fp32_gemm) is fused the same way, the fused call with its `impl`.
+A layer or RMS norm after a weight-only quantized product (`kiln::mm_quant`, quantized_gemm.py,
+which may have taken the residual already) becomes `kiln::mm_quant_layer_norm` or
+`kiln::mm_quant_add_layer_norm`, float32 only: a quantized decoder's two norms a layer.
 """
 
 from __future__ import annotations
@@ -70,14 +73,26 @@ def _terms(node: fx.Node) -> list[fx.Node]:
     return terms
 
 
-def _kiln_product(node: fx.Node) -> fx.Node | None:
+def _kiln_product(node: fx.Node, whole: bool = False) -> fx.Node | None:
     """The plain kiln-GEMM `kiln::mm` that `node` is (under single-use reshapes), in float32 or
-    bfloat16 fast math, else None."""
+    bfloat16 fast math, or a weight-only quantized `kiln::mm_quant` with no post-op (its bias and
+    residual kept), else None. `whole`: `node` is the normalized sum itself, which others may read
+    too (an `mm_quant` that quantized_gemm.py gave the residual already)."""
     node = _beneath(node)
-    if node.op != "call_function" or not native_ops.is_op(node.target, "mm") or len(node.users) != 1:
+    if node.op != "call_function":
+        return None
+    if native_ops.is_op(node.target, "mm_quant"):
+        return node if arguments(node)[8] == "none" and (whole or len(node.users) == 1) else None
+    if len(node.users) != 1:
+        return None
+    if not native_ops.is_op(node.target, "mm"):
         return None
     a, b, bias, unary, _, _, impl = arguments(node)
     return node if impl in KILN_GEMM_IMPLS and unary == "none" and bias is None else None
+
+
+def _quantized(product: fx.Node) -> bool:
+    return native_ops.is_op(product.target, "mm_quant")
 
 
 def _vector(node: object, n: int, constants: ConstantSet, dtype: torch.dtype = torch.float32) -> bool:
@@ -185,26 +200,81 @@ def _fusion(norm: _Norm, constants: ConstantSet) -> dict | None:
         return None
     terms = _terms(_beneath(x) if len(x.users) == 1 else x)  # (a classifier's softmax reads a view of the sum)
     products = [p for p in map(_kiln_product, terms) if p is not None]
+    if terms == [x] and not products:
+        products = [p for p in [_kiln_product(x, whole=True)] if p is not None and _quantized(p)]
     if len(terms) > 3 or len(products) != 1:
         return None
     (product,) = products
     if _val(product).numel() != sum_val.numel() or _val(product).shape[-1] != n:
         return None  # (the product broadcast against a larger addend, or its rows cut: [M, h * d] as [M, h, d])
-    others = [t for t in terms if _kiln_product(t) is None]
+    others = [t for t in terms if t is not product and _kiln_product(t) is None]
     bias = [t for t in others if _vector(t, n, constants, dtype)]
     residual = [t for t in others if t not in bias and _val(t) is not None and _val(t).numel() == sum_val.numel()
                 and _val(t).shape[-1] == n and _val(t).dtype == dtype and _val(t).is_contiguous()]
     if len(bias) > 1 or len(residual) > 1 or len(bias) + len(residual) != len(others):
         return None
+    if _quantized(product):
+        # (float32 only, as kiln::mm_quant; its own bias or residual and an added one would be two)
+        own_bias, own_residual = arguments(product)[6:8]
+        if dtype != torch.float32 or (bias and own_bias is not None) or (residual and own_residual is not None):
+            return None
+        residual = residual or ([own_residual] if own_residual is not None else [])
+        if norm.kind not in ("layer_norm", "rms_norm"):
+            return None
     # The fused call goes before the sum's first reader; the norm's weight and bias must be there.
     order = {node: k for k, node in enumerate(x.graph.nodes)}
     first = min(x.users, key=order.__getitem__)
     if any(isinstance(v, fx.Node) and order[v] > order[first] for v in (weight, norm_bias)):
         return None
+    if _quantized(product):
+        a, qweight, scales, zeros, bits, group_size, own_bias, _, _, _, _, int8_activations = arguments(product)
+        return {"a": a, "quantized": (qweight, scales, zeros, bits, group_size), "int8_activations": int8_activations,
+                "bias": bias[0] if bias else own_bias, "residual": residual[0] if residual else None,
+                "shape": list(sum_val.shape), "same_shape": list(_val(product).shape) == list(sum_val.shape),
+                "first": first, "impl": None}
     a, b = product.args[:2]
     return {"a": a, "b": b, "bias": bias[0] if bias else None, "residual": residual[0] if residual else None,
             "shape": list(sum_val.shape), "rows": _val(product).shape[0], "first": first,
             "impl": arguments(product)[6]}
+
+
+def _float_call(gm: fx.GraphModule, norm: _Norm, found: dict, keep_sum: bool) -> tuple[fx.Node, fx.Node | None]:
+    """kiln::mm_layer_norm, mm_add_layer_norm or mm_softmax over [rows, N] for `found`: (the norm,
+    the sum where kept), each viewed as the sum's shape."""
+    at, n, residual = found["first"], found["shape"][-1], found["residual"]
+    if residual is not None:
+        residual = insert(gm, at, aten.view.default, residual, [found["rows"], n])
+    operands = (found["a"], found["b"], found["bias"], residual, norm.weight, norm.bias, norm.eps)
+    # (the product's impl only where it is not the default, so float32 graphs are as before)
+    impl = {"impl": found["impl"]} if found["impl"] == BF16_MATH_IMPL else {}
+    flags = {"rms": True, **impl} if norm.kind == "rms_norm" else impl
+    kept = None
+    if norm.kind in ("softmax", "log_softmax"):
+        fused = insert(gm, at, native_ops.op("mm_softmax"), *operands[:4],
+                       **({"log": True} if norm.kind == "log_softmax" else {}), **impl)
+    elif keep_sum:
+        both = insert(gm, at, native_ops.op("mm_add_layer_norm"), *operands, **flags)
+        fused = insert(gm, at, operator.getitem, both, 1)
+        kept = insert(gm, at, aten.view.default, insert(gm, at, operator.getitem, both, 0), found["shape"])
+    else:
+        fused = insert(gm, at, native_ops.op("mm_layer_norm"), *operands, **flags)
+    return insert(gm, at, aten.view.default, fused, found["shape"]), kept
+
+
+def _quantized_call(gm: fx.GraphModule, norm: _Norm, found: dict, keep_sum: bool) -> tuple[fx.Node, fx.Node | None]:
+    """kiln::mm_quant_layer_norm or mm_quant_add_layer_norm for `found`: as `_float_call`. Their
+    results have a's leading sizes, as mm_quant's: a view only where the sum's differ."""
+    at = found["first"]
+    operands = (found["a"], *found["quantized"], found["bias"], found["residual"], norm.weight, norm.bias, norm.eps)
+    flags = {"rms": norm.kind == "rms_norm", "int8_activations": found["int8_activations"]}
+
+    def shaped(value: fx.Node) -> fx.Node:
+        return value if found["same_shape"] else insert(gm, at, aten.view.default, value, found["shape"])
+
+    if not keep_sum:
+        return shaped(insert(gm, at, native_ops.op("mm_quant_layer_norm"), *operands, **flags)), None
+    both = insert(gm, at, native_ops.op("mm_quant_add_layer_norm"), *operands, **flags)
+    return shaped(insert(gm, at, operator.getitem, both, 1)), shaped(insert(gm, at, operator.getitem, both, 0))
 
 
 _NAMES = {"layer_norm": "layer norm", "rms_norm": "RMS norm", "softmax": "softmax", "log_softmax": "log-softmax"}
@@ -231,29 +301,13 @@ def gemm_layer_norm(gm: fx.GraphModule, target: Target) -> bool:
         keep_sum = found is not None and any(user not in norm.readers for user in norm.x.users)
         if found is None or (keep_sum and norm.kind in ("softmax", "log_softmax")):
             continue
-        out, total, at, n = norm.out, norm.x, found["first"], found["shape"][-1]
-        residual = found["residual"]
-        if residual is not None:
-            residual = insert(gm, at, aten.view.default, residual, [found["rows"], n])
-        operands = (found["a"], found["b"], found["bias"], residual, norm.weight, norm.bias, norm.eps)
-        # (the product's impl only where it is not the default, so float32 graphs are as before)
-        impl = {"impl": found["impl"]} if found["impl"] == BF16_MATH_IMPL else {}
-        flags = {"rms": True, **impl} if norm.kind == "rms_norm" else impl
-        if norm.kind in ("softmax", "log_softmax"):
-            fused = insert(gm, at, native_ops.op("mm_softmax"), *operands[:4],
-                           **({"log": True} if norm.kind == "log_softmax" else {}), **impl)
-        elif keep_sum:
-            both = insert(gm, at, native_ops.op("mm_add_layer_norm"), *operands, **flags)
-            fused = insert(gm, at, operator.getitem, both, 1)
-            kept = insert(gm, at, aten.view.default, insert(gm, at, operator.getitem, both, 0), found["shape"])
-        else:
-            fused = insert(gm, at, native_ops.op("mm_layer_norm"), *operands, **flags)
-        out.replace_all_uses_with(insert(gm, at, aten.view.default, fused, found["shape"]))
+        fused, kept = (_quantized_call if "quantized" in found else _float_call)(gm, norm, found, keep_sum)
+        norm.out.replace_all_uses_with(fused)
         if keep_sum:
-            total.replace_all_uses_with(kept, delete_user_cb=lambda user: user not in norm.readers)
-        remove_dead(gm, [out])
-        logs.log("freezing", "%s: %s inside kiln's GEMM %s%s%s", node.name, _NAMES[norm.kind],
-                 tuple(found["shape"]), ", the sum kept" if keep_sum else "",
-                 " (bfloat16 fast math)" if impl else "")
+            norm.x.replace_all_uses_with(kept, delete_user_cb=lambda user: user not in norm.readers)
+        remove_dead(gm, [norm.out])
+        logs.log("freezing", "%s: %s inside kiln's %sGEMM %s%s%s", node.name, _NAMES[norm.kind],
+                 "quantized " if "quantized" in found else "", tuple(found["shape"]),
+                 ", the sum kept" if keep_sum else "", " (bfloat16 fast math)" if found["impl"] == BF16_MATH_IMPL else "")
         changed = True
     return changed

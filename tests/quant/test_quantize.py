@@ -220,3 +220,51 @@ def test_the_operator_reads_rows_of_any_layout(bits):
         torch.testing.assert_close(got.reshape(6, 24), want, rtol=0, atol=0)
     one = product(wide[2:3, 10:74])  # one row whose stride is not K
     torch.testing.assert_close(one, product(rows[2:3]), rtol=0, atol=0)
+
+
+class RmsNorm(nn.Module):
+    """LlamaRMSNorm's arithmetic: weight * (x * rsqrt(mean(x^2) + eps))."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(d) + 0.5)
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+class PreNormBlock(nn.Module):
+    """A pre-norm decoder layer's residual stream: h = x + o(x); its norm read by the next product
+    and h read again (the sum kept); then a last norm of down(h') + h that nothing else reads."""
+
+    def __init__(self, d=96, norm="rms"):
+        super().__init__()
+        make = (lambda: RmsNorm(d)) if norm == "rms" else (lambda: nn.LayerNorm(d))
+        self.o, self.up, self.down = nn.Linear(d, d, bias=False), nn.Linear(d, 160), nn.Linear(160, d)
+        self.norm1, self.norm2 = make(), make()
+
+    def forward(self, x):
+        h = x + self.o(x)
+        h = self.down(torch.relu(self.up(self.norm1(h)))) + h
+        return self.norm2(h)
+
+
+@pytest.mark.parametrize("dtype,group,norm,rows", [("int8", None, "rms", 1), ("int4", 32, "rms", 1),
+                                                   ("int4", 64, "layer", 5), ("int8", None, "layer", 3)])
+def test_a_norm_after_a_quantized_product_and_its_residual_runs_in_its_gemm(dtype, group, norm, rows):
+    """The residual sum's norm inside the quantized GEMM (kiln/passes/gemm_layer_norm.py): o's sum
+    read again (mm_quant_add_layer_norm keeps it), down's not (mm_quant_layer_norm, its bias kept)."""
+    torch.manual_seed(0)
+    model = kiln.quantize(PreNormBlock(norm=norm).eval(), dtype, group_size=group)
+    x = torch.randn(1, rows, 96)
+    out, program = compiled(model, x, freezing=True)
+    digits = dtype == "int4" and rows <= 4
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-3 if digits else 1e-4)
+    externs = _externs(program)
+    assert externs.count("kiln.mm_quant_add_layer_norm.default") == 1
+    assert externs.count("kiln.mm_quant_layer_norm.default") == 1
+    assert externs.count("kiln.mm_quant.default") == 1  # up, its relu inside
+    (last,) = [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm_quant_layer_norm.default"]
+    assert last.args[6] is not None and last.args[7] is not None  # down's bias and the residual h
+    assert last.kwargs.get("rms", False) is (norm == "rms")

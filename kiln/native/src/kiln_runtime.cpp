@@ -473,11 +473,11 @@ at::Tensor rows_of(const at::Tensor& t, int64_t width) {
 // `bits` 8 (qweight int8 [N, K], scales [N, 1]) or 4 (qweight uint8 [N, ceil(K / 2)], scales and
 // zeros [N, ceil(K / group)]). `a` float32 [..., K]; the result [..., N]. `int8_activations` (int4):
 // a's rows quantized to int8 per group first (kiln/quant/weights.py `quantize_activations`).
-at::Tensor mm_quant(const at::Tensor& a_in, const at::Tensor& qweight, const at::Tensor& scales,
-                    const std::optional<at::Tensor>& zeros, int64_t bits, int64_t group_size,
-                    const std::optional<at::Tensor>& bias_in, const std::optional<at::Tensor>& residual_in,
-                    c10::string_view unary, const Scalars& scalars, std::optional<c10::string_view> algorithm,
-                    bool int8_activations) {
+// `e`: the epilogue after the bias and residual (a post-op, or a row norm: mm_quant_row_norm).
+at::Tensor quant_product(const at::Tensor& a_in, const at::Tensor& qweight, const at::Tensor& scales,
+                         const std::optional<at::Tensor>& zeros, int64_t bits, int64_t group_size,
+                         const std::optional<at::Tensor>& bias_in, const std::optional<at::Tensor>& residual_in,
+                         bool int8_activations, KilnGemmEpilogue e) {
   TORCH_CHECK(bits == 8 || bits == 4, "kiln::mm_quant: bits must be 8 or 4, got ", bits);
   TORCH_CHECK(!int8_activations || bits == 4, "kiln::mm_quant: int8 activations are taken with int4 weights only");
   TORCH_CHECK(a_in.scalar_type() == at::kFloat, "kiln::mm_quant: the activations must be float32, got ",
@@ -504,7 +504,6 @@ at::Tensor mm_quant(const at::Tensor& a_in, const at::Tensor& qweight, const at:
   std::optional<at::Tensor> bias = bias_in, residual;
   if (bias && bias->stride(0) != 1) bias = bias->contiguous();
   if (residual_in) residual = rows_of(*residual_in, N);
-  KilnGemmEpilogue e = unary_epilogue(unary, algorithm.value_or(""), scalars);
   e.bias = bias ? bias->data_ptr() : nullptr;
   e.bias_bf16 = bias && bias->scalar_type() == at::kBFloat16;
   e.residual = residual ? residual->data_ptr() : nullptr;
@@ -519,8 +518,84 @@ at::Tensor mm_quant(const at::Tensor& a_in, const at::Tensor& qweight, const at:
   return out;
 }
 
+at::Tensor mm_quant(const at::Tensor& a_in, const at::Tensor& qweight, const at::Tensor& scales,
+                    const std::optional<at::Tensor>& zeros, int64_t bits, int64_t group_size,
+                    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual,
+                    c10::string_view unary, const Scalars& scalars, std::optional<c10::string_view> algorithm,
+                    bool int8_activations) {
+  return quant_product(a_in, qweight, scales, zeros, bits, group_size, bias, residual, int8_activations,
+                       unary_epilogue(unary, algorithm.value_or(""), scalars));
+}
+
 // The row norms of kiln_gemm.h (kiln_gemm::RowNorm), by number.
 enum { ROW_LAYER_NORM = 1, ROW_RMS_NORM, ROW_SOFTMAX, ROW_LOG_SOFTMAX };
+
+std::optional<at::Tensor> unit_stride(const std::optional<at::Tensor>& t) {
+  return t && t->stride(-1) != 1 ? std::optional<at::Tensor>(t->contiguous()) : t;
+}
+
+// A row norm's weight or bias as the GEMM reads it: float32 with unit stride (a bfloat16 one's
+// float32 copy made once per weight).
+std::optional<at::Tensor> norm_vector(const std::optional<at::Tensor>& t) {
+  if (!t || t->scalar_type() == at::kFloat) return unit_stride(t);
+  return std::optional<at::Tensor>(packed(*t, "float32", [&] { return t->to(at::kFloat).contiguous(); }));
+}
+
+// norm(a @ dequantize(qweight)ᵀ + bias + residual) over rows in kiln's quantized GEMM
+// (kiln/passes/gemm_layer_norm.py): a layer norm, or with `rms` an RMS norm, of each row after its
+// store, as mm_row_norm's below. With `keep_sum`, (the sum, its norm): a pre-norm decoder's
+// residual stream reads the sum again. Float32 throughout, as mm_quant.
+std::pair<at::Tensor, at::Tensor> mm_quant_row_norm(const at::Tensor& a, const at::Tensor& qweight,
+                                                    const at::Tensor& scales, const std::optional<at::Tensor>& zeros,
+                                                    int64_t bits, int64_t group_size,
+                                                    const std::optional<at::Tensor>& bias,
+                                                    const std::optional<at::Tensor>& residual,
+                                                    const std::optional<at::Tensor>& weight_in,
+                                                    const std::optional<at::Tensor>& norm_bias_in, double eps,
+                                                    bool rms, bool keep_sum, bool int8_activations) {
+  TORCH_CHECK(!(rms && norm_bias_in), "kiln::mm_quant_layer_norm: an RMS norm takes no norm_bias");
+  const std::optional<at::Tensor> weight = norm_vector(weight_in), norm_bias = norm_vector(norm_bias_in);
+  const int64_t N = qweight.size(0);
+  for (const auto& v : {weight, norm_bias})
+    TORCH_CHECK(!v || v->numel() == N, "kiln::mm_quant_layer_norm: a norm weight or bias of ", v->numel(),
+                " entries for rows of ", N);
+  KilnGemmEpilogue e{};
+  e.row_norm = rms ? ROW_RMS_NORM : ROW_LAYER_NORM;
+  e.norm_eps = static_cast<float>(eps);
+  e.norm_weight = weight ? weight->data_ptr<float>() : nullptr;
+  e.norm_bias = norm_bias ? norm_bias->data_ptr<float>() : nullptr;
+  at::Tensor normed;
+  if (keep_sum) {
+    std::vector<int64_t> shape = a.sizes().vec();
+    shape.back() = N;
+    normed = at::detail::empty_cpu(shape, at::kFloat);
+    e.norm_out = normed.data_ptr();
+    e.ld_norm_out = N;
+  }
+  at::Tensor out = quant_product(a, qweight, scales, zeros, bits, group_size, bias, residual, int8_activations, e);
+  return {out, normed};
+}
+
+// kiln::mm_quant_layer_norm: layer_norm(mm_quant's product + bias + residual), or with `rms` an RMS norm.
+at::Tensor mm_quant_layer_norm(const at::Tensor& a, const at::Tensor& qweight, const at::Tensor& scales,
+                               const std::optional<at::Tensor>& zeros, int64_t bits, int64_t group_size,
+                               const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual,
+                               const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& norm_bias,
+                               double eps, bool rms, bool int8_activations) {
+  return mm_quant_row_norm(a, qweight, scales, zeros, bits, group_size, bias, residual, weight, norm_bias, eps, rms,
+                           false, int8_activations).first;
+}
+
+// kiln::mm_quant_add_layer_norm: (the sum, its norm).
+std::tuple<at::Tensor, at::Tensor> mm_quant_add_layer_norm(
+    const at::Tensor& a, const at::Tensor& qweight, const at::Tensor& scales, const std::optional<at::Tensor>& zeros,
+    int64_t bits, int64_t group_size, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& norm_bias, double eps, bool rms,
+    bool int8_activations) {
+  auto [sum, normed] = mm_quant_row_norm(a, qweight, scales, zeros, bits, group_size, bias, residual, weight,
+                                         norm_bias, eps, rms, true, int8_activations);
+  return {sum, normed};
+}
 
 // norm(a @ b + bias + residual) over rows in kiln's GEMM (kiln/externs/prepacked.py
 // `_mm_layer_norm`, `_mm_softmax`): the rows normalized in the GEMM's parallel region after their
@@ -547,15 +622,8 @@ std::pair<at::Tensor, at::Tensor> mm_row_norm(const at::Tensor& a_in, const at::
   at::Tensor panels = kiln_panels(b, [&] { return b; }, bf16_math);
   at::Tensor a = a_in.dim() == 2 && a_in.stride(1) == 1 ? a_in : a_in.contiguous();
   if (bf16_math) a = a_in_bf16(a);
-  auto unit = [](const std::optional<at::Tensor>& t) {
-    return t && t->stride(-1) != 1 ? std::optional<at::Tensor>(t->contiguous()) : t;
-  };
-  auto as_float = [&](const std::optional<at::Tensor>& t) {
-    if (!t || t->scalar_type() == at::kFloat) return unit(t);
-    return std::optional<at::Tensor>(packed(*t, "float32", [&] { return t->to(at::kFloat).contiguous(); }));
-  };
-  std::optional<at::Tensor> bias = unit(bias_in), residual = unit(residual_in), weight = as_float(weight_in),
-                            norm_bias = as_float(norm_bias_in);
+  std::optional<at::Tensor> bias = unit_stride(bias_in), residual = unit_stride(residual_in),
+                            weight = norm_vector(weight_in), norm_bias = norm_vector(norm_bias_in);
   const int64_t M = a.size(0);
   at::Tensor out = at::detail::empty_cpu({M, N}, at::kFloat);
   KilnGemmEpilogue e{};
@@ -1034,6 +1102,15 @@ KILN_OPERATOR(post_op, "post_op(Tensor y, str unary, Scalar?[] scalars, str? alg
 KILN_OPERATOR(mm_quant, "mm_quant(Tensor a, Tensor qweight, Tensor scales, Tensor? zeros, int bits, int group_size, "
                         "Tensor? bias, Tensor? residual, str unary, Scalar?[] scalars, str? algorithm, "
                         "bool int8_activations=False) -> Tensor")
+// The same with a layer or RMS norm of the rows (kiln/passes/gemm_layer_norm.py).
+KILN_OPERATOR(mm_quant_layer_norm,
+              "mm_quant_layer_norm(Tensor a, Tensor qweight, Tensor scales, Tensor? zeros, int bits, int group_size, "
+              "Tensor? bias, Tensor? residual, Tensor? weight, Tensor? norm_bias, float eps, bool rms=False, "
+              "bool int8_activations=False) -> Tensor")
+KILN_OPERATOR(mm_quant_add_layer_norm,
+              "mm_quant_add_layer_norm(Tensor a, Tensor qweight, Tensor scales, Tensor? zeros, int bits, "
+              "int group_size, Tensor? bias, Tensor? residual, Tensor? weight, Tensor? norm_bias, float eps, "
+              "bool rms=False, bool int8_activations=False) -> (Tensor, Tensor)")
 // The row norms in kiln's GEMM (kiln/passes/gemm_layer_norm.py); `impl` kiln or kiln_bf16.
 KILN_OPERATOR(mm_layer_norm, "mm_layer_norm(Tensor a, Tensor b, Tensor? bias, Tensor? residual, Tensor? weight, "
                              "Tensor? norm_bias, float eps, bool rms=False, str impl='kiln') -> Tensor")
