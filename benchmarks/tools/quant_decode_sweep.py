@@ -3,9 +3,11 @@ settings (-D macros: KILN_QUANT_LOCALITY, KILN_INT8_AHEAD, KILN_INT4_PREFETCH_WO
 default build, on one machine, in one process: every layer's products of an `llm` suite model
 (its q/k/v and gate/up merged, as kiln's freezing merges them, and its LM head), the weights
 cycled from DRAM as a decode step reads them, rounds interleaved across builds and kinds, medians.
-float32's GEMV over the same weights runs beside them: on a shared VM the memory's speed moves
-with the neighbours' work, and the quantized products' GB/s against float32's in the same round
-is what compares across runs; so does each build's time over the default's in the same round
+float32's GEMV over the same weights runs beside them, and `torch.sum` over each quantized pack's
+bytes (read-int8, read-int4: a plain read of the same pieces of memory, ~3 us of Python a call
+where the products' ctypes calls take ~8): on a shared VM the memory's speed moves with the
+neighbours' work, and the quantized products' GB/s against float32's or the plain read's in the
+same round is what compares across runs; so does each build's time over the default's in the same round
 (the median of those ratios, with its quartiles).
 
     python benchmarks/tools/quant_decode_sweep.py --model llama-160m --rows 1 KILN_QUANT_LOCALITY=3
@@ -38,7 +40,10 @@ from benchmarks.roofline import huge_page_bytes
 from kiln.native import kernels_unit
 from kiln.native.build import build_library
 
-KINDS = ("fp32", "int8", "int4", "int4-a8")
+KINDS = ("fp32", "int8", "int4", "int4-a8", "read-int8", "read-int4")
+# The packs each kind reads; read-int8 and read-int4 are torch.sum over a pack's bytes (as int64):
+# what a plain read of the same pieces of memory takes, the floor the products are held to.
+READS = {"int4-a8": "int4", "read-int8": "int8", "read-int4": "int4"}
 GROUP = 128
 
 
@@ -130,6 +135,11 @@ def main(argv: list[str] | None = None) -> None:
         huge = [(k, n, group, {kind: arena.copy_of(p) for kind, p in packs.items()}) for k, n, group, packs in weights]
         variants = ({"default": (lib, weights, 0), "2mb-pages-runs": (lib, huge, 0), "2mb-pages-amd-reads": (lib, huge, 1)}
                     if args.pages else {name: (build, huge, 1) for name, build in builds.items()})
+    for _, packs_of, _ in variants.values():
+        for *_, packs in packs_of:
+            for bits in ("int8", "int4"):
+                raw = packs[bits].reshape(-1).view(torch.uint8)
+                packs[f"read-{bits}"] = raw[:raw.numel() // 8 * 8].view(torch.int64)  # (a tail of < 8 bytes left)
     acts = {k: torch.randn(args.rows, k) for k in {k for k, *_ in weights}}
 
     def step(build: ctypes.CDLL, weights: list, kind: str) -> float:
@@ -142,12 +152,14 @@ def main(argv: list[str] | None = None) -> None:
                 kernels.mm_quant(a, packed["int8"], n, 8, k, lib=build)
             elif kind == "int4":
                 kernels.mm_quant(a, packed["int4"], n, 4, group, lib=build)
+            elif kind in ("read-int8", "read-int4"):
+                packed[kind].sum()
             else:
                 kernels.mm_quant(a, packed["int4"], n, 4, group, lib=build, int8_activations="integer")
         return time.perf_counter() - start
 
-    stored = {kind: sum(p["int4" if kind == "int4-a8" else kind].numel() * (4 if kind == "fp32" else 1)
-                        for *_, p in weights) for kind in kinds}
+    stored = {kind: sum(p[READS.get(kind, kind)].numel() * (4 if kind == "fp32" else 1) for *_, p in weights)
+              for kind in kinds}
     samples: dict[tuple[str, str], list[float]] = {(v, kind): [] for v in variants for kind in kinds}
     # (the default build is the library the process's other callers share: its setting is put back)
     before = {name: build.kiln_gemm_huge_page_packs() for name, build in builds.items()}

@@ -19,7 +19,7 @@ def test_every_kind_of_a_decode_steps_products_is_timed(capsys):
 def test_an_unknown_kind_is_refused(capsys):
     with pytest.raises(SystemExit):
         quant_decode_sweep.main(["--kinds", "int4,fp8"])
-    assert "--kinds: accepted kinds are fp32, int8, int4, int4-a8, got 'int4,fp8'" in capsys.readouterr().err
+    assert "--kinds: accepted kinds are fp32, int8, int4, int4-a8, read-int8, read-int4, got 'int4,fp8'" in capsys.readouterr().err
 
 
 def test_the_packed_weights_can_lie_on_huge_pages(capsys):
