@@ -801,7 +801,22 @@ constexpr int64_t TABLE_AHEAD = KILN_TABLE_AHEAD;
 constexpr int64_t TABLE_AHEAD = 1;
 #endif
 
-template <int BITS, int S, int R, int D>
+// How far ahead (in units: int4 words, int8 quads) digits_tile's far prefetch asks at one row with
+// more than one digit where a thread reads its panels in runs (panel_runs: Intel's reading, and
+// any CPU's on 4 KB pages; AHEAD elsewhere is INT4_PREFETCH_WORDS). An Intel Xeon with AMX (family
+// 6 model 167, 2 threads), Qwen2-0.5B's products from DRAM on 2 MB pages (interleaved rounds, the
+// median of each round's time over 32 units'): 16 units int4 0.944-0.952x in four runs, int8
+// 0.937-0.949x (12 units: int4 0.943x, int8 0.986x); on 4 KB pages 0.996x and 1.011x. One digit
+// (int4 with int8 activations) keeps 32: 16 took 0.99-1.03x its time. The AMD EPYCs read one
+// stream a thread on 2 MB pages (huge_page_packs) and keep 32; their runs (4 KB pages, transparent
+// huge pages off) were not timed at 16.
+#ifdef KILN_RUNS_PREFETCH_UNITS
+constexpr int64_t RUNS_PREFETCH_UNITS = KILN_RUNS_PREFETCH_UNITS;
+#else
+constexpr int64_t RUNS_PREFETCH_UNITS = 16;
+#endif
+
+template <int BITS, int S, int R, int D, int64_t AHEAD = INT4_PREFETCH_WORDS>
 static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, int rows, const Int8Rows& x, void* c,
                                int64_t ldc, const Epilogue* e, int64_t r0 = 0) {
   const uint8_t* q[S];
@@ -824,7 +839,7 @@ static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, 
       for (int s = 0; s < S; ++s)
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) {
-          __builtin_prefetch(q[s] + ((u + INT4_PREFETCH_WORDS) * NR + v * L) * 4, 0, FAR_LOCALITY);
+          __builtin_prefetch(q[s] + ((u + AHEAD) * NR + v * L) * 4, 0, FAR_LOCALITY);
           const IV word = load_words(q[s] + (u * NR + v * L) * 4);
           if constexpr (BITS == 4) {
             const IV even = word & 0x0F0F0F0F, odd = (word >> 4) & 0x0F0F0F0F;
@@ -921,7 +936,8 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
     } else if (M == 1) {
       // Runs of 4 panels with one digit (as int4_row), 2 with more: their sums fill the registers.
       panel_runs<D == 1 ? INT4_RUNS : DIGIT_RUNS>(p0, p1, [&](auto count, const int64_t* at) {
-        digits_tile<BITS, decltype(count)::value, 1, D>(src, at, 1, x, c, ldc, e);
+        digits_tile<BITS, decltype(count)::value, 1, D, D == 1 ? INT4_PREFETCH_WORDS : RUNS_PREFETCH_UNITS>(
+            src, at, 1, x, c, ldc, e);
       });
     } else {
       for (int64_t p = p0; p < p1; ++p) {
