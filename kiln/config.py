@@ -285,8 +285,9 @@ class CacheSettings(_Group):
     runtime_dir: str = setting(
         "",
         env="KILN_RUNTIME_CACHE_DIR",
-        help="where kiln's own libraries (its runtime over libtorch, its CPython extension) are cached; "
-        "empty for under cache.dir. They depend only on the machine, compiler, torch and Python",
+        help="where kiln's own libraries (its runtime over libtorch, its CPython extension) are cached, and "
+        "the objects of kiln's runtime and kernels that every kiln.export links; empty for under cache.dir. "
+        "They depend only on the machine, compiler, torch and Python",
     )
     prebuilt_dir: str = setting(
         "",
