@@ -12,11 +12,13 @@ same round is what compares across runs; so does each build's time over the defa
 
     python benchmarks/tools/quant_decode_sweep.py --model llama-160m --rows 1 KILN_QUANT_LOCALITY=3
     python benchmarks/tools/quant_decode_sweep.py --model qwen2-0.5b --kinds int4 --huge-pages KILN_TABLE_AHEAD=0
+    python benchmarks/tools/quant_decode_sweep.py --model qwen2-0.5b --kinds int4 --huge-page-runs KILN_DIGIT_RUNS=3
 
 Each argument is one build: its macros joined by `+` (`KILN_QUANT_LOCALITY=3+KILN_INT8_AHEAD=128`;
 KILN_TABLE_AHEAD too). `--huge-pages` lays the packed weights on 2 MB pages (madvise, where
 transparent huge pages are `madvise` or `always`) and tells the kernels so, as kiln's runtime
-does on AMD (kiln_gemm.h `huge_page_packs`: one-row products then read one stream a thread).
+does on AMD (kiln_gemm.h `huge_page_packs`: one-row products then read one stream a thread);
+`--huge-page-runs` lays them there but reads them in runs, as kiln's runtime does on Intel.
 `--pages` times the default build over the same packs three ways instead: on 4 KB pages (the
 "default" row), on 2 MB pages read in runs as on 4 KB ones, and on 2 MB pages read as on AMD:
 which reading a CPU should get.
@@ -107,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"of {', '.join(KINDS)}")
     parser.add_argument("--huge-pages", action="store_true",
                         help="packed weights on 2 MB pages, read as kiln's runtime reads them there (AMD)")
+    parser.add_argument("--huge-page-runs", action="store_true",
+                        help="packed weights on 2 MB pages, read in runs (as kiln's runtime reads them on Intel)")
     parser.add_argument("--pages", action="store_true",
                         help="the default build only, over three layouts of the same packs: 4 KB pages read in runs "
                              "(the default row), 2 MB pages read in runs, 2 MB pages read as on AMD (huge_page_packs)")
@@ -114,8 +118,10 @@ def main(argv: list[str] | None = None) -> None:
     kinds = args.kinds.split(",")
     if any(kind not in KINDS for kind in kinds):
         parser.error(f"--kinds: accepted kinds are {', '.join(KINDS)}, got {args.kinds!r}")
-    if args.pages and (args.builds or args.huge_pages):
+    if args.pages and (args.builds or args.huge_pages or args.huge_page_runs):
         parser.error("--pages compares page layouts of the default build: give it no builds and no --huge-pages")
+    if args.huge_pages and args.huge_page_runs:
+        parser.error("--huge-pages and --huge-page-runs are two readings of the same pages: give one")
     torch.set_num_threads(args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     builds = {"default": build_variant([])}
@@ -130,11 +136,11 @@ def main(argv: list[str] | None = None) -> None:
                                       "int4": kernels.quant_pack(*_int4(w, group), 4, group, k, lib)}))
     # Each variant: (build, its packs, huge_page_packs while it runs).
     variants = {name: (build, weights, int(args.huge_pages)) for name, build in builds.items()}
-    if args.huge_pages or args.pages:
+    if args.huge_pages or args.huge_page_runs or args.pages:
         arena = HugePageArena(sum(HugePageArena.room(p) for *_, packs in weights for p in packs.values()))
         huge = [(k, n, group, {kind: arena.copy_of(p) for kind, p in packs.items()}) for k, n, group, packs in weights]
         variants = ({"default": (lib, weights, 0), "2mb-pages-runs": (lib, huge, 0), "2mb-pages-amd-reads": (lib, huge, 1)}
-                    if args.pages else {name: (build, huge, 1) for name, build in builds.items()})
+                    if args.pages else {name: (build, huge, int(args.huge_pages)) for name, build in builds.items()})
     for _, packs_of, _ in variants.values():
         for *_, packs in packs_of:
             for bits in ("int8", "int4"):

@@ -48,3 +48,42 @@ def test_pages_takes_no_builds(capsys):
     with pytest.raises(SystemExit):
         quant_decode_sweep.main(["--pages", "KILN_DIGIT_RUNS=1"])
     assert "--pages compares page layouts of the default build" in capsys.readouterr().err
+
+
+def test_huge_page_runs_lays_the_packs_on_2mb_pages_and_reads_them_in_runs(capsys, monkeypatch):
+    """--huge-page-runs: the packs copied to 2 MB pages as --huge-pages does, but huge_page_packs
+    left off while they are read (Intel's reading), where --huge-pages turns it on (AMD's)."""
+    settings: dict[str, list[int]] = {}
+
+    class Recording:  # a build whose huge_page_packs settings are recorded
+        def __init__(self, lib, name):
+            self._lib, self._name = lib, name
+
+        def __getattr__(self, attr):
+            return getattr(self._lib, attr)
+
+        def kiln_gemm_set_huge_page_packs(self, on):
+            settings.setdefault(self._name, []).append(on)
+            self._lib.kiln_gemm_set_huge_page_packs(on)
+
+    build = quant_decode_sweep.build_variant
+    monkeypatch.setattr(quant_decode_sweep, "build_variant", lambda macros: Recording(build(macros), "+".join(macros)))
+    copied = []
+    copy_of = quant_decode_sweep.HugePageArena.copy_of
+    monkeypatch.setattr(quant_decode_sweep.HugePageArena, "copy_of", lambda self, t: copied.append(t) or copy_of(self, t))
+    for flag, reading in (("--huge-page-runs", 0), ("--huge-pages", 1)):
+        settings.clear()
+        copied.clear()
+        quant_decode_sweep.main(["--model", "llama-tiny", "--rounds", "2", "--threads", "1", "--kinds", "int4", flag,
+                                 "KILN_NEAR_UNITS=0"])
+        rows = capsys.readouterr().out.splitlines()[1:]
+        assert [row.split()[:2] for row in rows] == [["default", "int4"], ["KILN_NEAR_UNITS=0", "int4"]]
+        assert settings[""][:2] == [reading, reading] and settings["KILN_NEAR_UNITS=0"][:2] == [reading, reading]
+        assert len(copied) == 9 * 3  # every product's fp32, int8 and int4 packs
+    assert kernels.library().kiln_gemm_huge_page_packs() == 0
+
+
+def test_huge_pages_and_huge_page_runs_are_one_or_the_other(capsys):
+    with pytest.raises(SystemExit):
+        quant_decode_sweep.main(["--huge-pages", "--huge-page-runs"])
+    assert "--huge-pages and --huge-page-runs are two readings of the same pages" in capsys.readouterr().err

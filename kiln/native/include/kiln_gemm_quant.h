@@ -816,7 +816,20 @@ constexpr int64_t RUNS_PREFETCH_UNITS = KILN_RUNS_PREFETCH_UNITS;
 constexpr int64_t RUNS_PREFETCH_UNITS = 16;
 #endif
 
-template <int BITS, int S, int R, int D, int64_t AHEAD = INT4_PREFETCH_WORDS>
+// With the far prefetch into L2, digits_tile's runs (more than one digit) also ask for each line
+// NEAR_UNITS units ahead into L1 (`prefetcht0`): the L1's own prefetcher did not bring the runs'
+// lines from L2 in time. The same Intel Xeon, Qwen2-0.5B's products on 2 MB pages in runs (16
+// interleaved rounds, the median of each round's ratio; benchmarks/tools/quant_decode_sweep.py
+// --huge-page-runs KILN_NEAR_UNITS=4): int4 0.974x the time, int8 0.984x (8 units: 0.972x,
+// 0.983x); one digit (int4 with int8 activations, its own runs and distance) 0.999x: not asked
+// there. 0: none (to time it).
+#ifdef KILN_NEAR_UNITS
+constexpr int64_t NEAR_UNITS = KILN_NEAR_UNITS;
+#else
+constexpr int64_t NEAR_UNITS = 4;
+#endif
+
+template <int BITS, int S, int R, int D, int64_t AHEAD = INT4_PREFETCH_WORDS, int64_t NEAR = 0>
 static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, int rows, const Int8Rows& x, void* c,
                                int64_t ldc, const Epilogue* e, int64_t r0 = 0) {
   const uint8_t* q[S];
@@ -840,6 +853,7 @@ static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, 
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) {
           __builtin_prefetch(q[s] + ((u + AHEAD) * NR + v * L) * 4, 0, FAR_LOCALITY);
+          if constexpr (NEAR > 0) __builtin_prefetch(q[s] + ((u + NEAR) * NR + v * L) * 4, 0, 3);
           const IV word = load_words(q[s] + (u * NR + v * L) * 4);
           if constexpr (BITS == 4) {
             const IV even = word & 0x0F0F0F0F, odd = (word >> 4) & 0x0F0F0F0F;
@@ -936,8 +950,8 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
     } else if (M == 1) {
       // Runs of 4 panels with one digit (as int4_row), 2 with more: their sums fill the registers.
       panel_runs<D == 1 ? INT4_RUNS : DIGIT_RUNS>(p0, p1, [&](auto count, const int64_t* at) {
-        digits_tile<BITS, decltype(count)::value, 1, D, D == 1 ? INT4_PREFETCH_WORDS : RUNS_PREFETCH_UNITS>(
-            src, at, 1, x, c, ldc, e);
+        digits_tile<BITS, decltype(count)::value, 1, D, D == 1 ? INT4_PREFETCH_WORDS : RUNS_PREFETCH_UNITS,
+                    D == 1 ? 0 : NEAR_UNITS>(src, at, 1, x, c, ldc, e);
       });
     } else {
       for (int64_t p = p0; p < p1; ++p) {
