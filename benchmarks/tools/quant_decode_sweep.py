@@ -25,6 +25,12 @@ which reading a CPU should get.
 
     python benchmarks/tools/quant_decode_sweep.py --model qwen2-0.5b --kinds fp32,int8,int4 --rounds 30 --pages
 The calls go through ctypes (benchmarks/kernels.py): ~8 us of Python each, in every build alike.
+`--in-c` runs each kind's whole step in one C call instead (kiln_gemm_quant_step: the products as
+kiln's C++ wrapper calls them; kiln_read_pieces for read-int8/read-int4: every line of each pack
+read in `--read-runs` runs a thread, asked `--read-ahead` bytes ahead, a faster floor than
+`torch.sum`'s) and prints each product shape's time and GB/s too:
+
+    python benchmarks/tools/quant_decode_sweep.py --model qwen2-0.5b --kinds int4,read-int4 --huge-page-runs --in-c
 """
 from __future__ import annotations
 
@@ -47,6 +53,7 @@ KINDS = ("fp32", "int8", "int4", "int4-a8", "read-int8", "read-int4")
 # what a plain read of the same pieces of memory takes, the floor the products are held to.
 READS = {"int4-a8": "int4", "read-int8": "int8", "read-int4": "int4"}
 GROUP = 128
+IN_C_KINDS = ("int8", "int4", "read-int8", "read-int4")
 
 
 def build_variant(macros: list[str]) -> ctypes.CDLL:
@@ -99,6 +106,51 @@ class HugePageArena:
         return out.view(t.shape)
 
 
+class StepInC:
+    """One kind's decode step as one C call (--in-c): the products' (or pieces') arguments as C
+    arrays, made once; each product's nanoseconds summed over the calls (`per_shape`)."""
+
+    def __init__(self, weights: list, acts: dict, kind: str, args: argparse.Namespace) -> None:
+        bits = READS.get(kind, kind)
+        self.kind, self.shapes, self.read_runs, self.read_ahead = kind, [(k, n) for k, n, *_ in weights], \
+            args.read_runs, args.read_ahead
+        self.packs = [packed[kind] for *_, packed in weights]
+        self.outs = [torch.empty(args.rows, n) for _, n, *_ in weights]
+        self.a = [acts[k] for k, *_ in weights]
+        self.bytes = [p.numel() * p.element_size() for p in self.packs]
+        self.count, self.bits, self.rows = len(weights), 8 if bits == "int8" else 4, args.rows
+        self.ns = (ctypes.c_double * len(weights))()
+        self.args = (self._int64([n for _, n, *_ in weights]), self._int64([k for k, *_ in weights]),
+                     self._int64([k if bits == "int8" else group for k, _, group, _ in weights]),
+                     self._pointers(self.a), self._pointers(self.packs), self._pointers(self.outs))
+
+    @staticmethod
+    def _int64(values: list[int]) -> ctypes.Array:
+        return (ctypes.c_int64 * len(values))(*values)
+
+    @staticmethod
+    def _pointers(tensors: list[torch.Tensor]) -> ctypes.Array:
+        return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+
+    def run(self, build: ctypes.CDLL) -> float:
+        start = time.perf_counter()
+        if self.kind.startswith("read-"):
+            build.kiln_read_pieces(self.count, self.args[4], self._int64(self.bytes), self.read_runs, self.read_ahead)
+        else:
+            build.kiln_gemm_quant_step(self.count, self.bits, self.rows, *self.args, kernels.K_BLOCK, self.ns)
+        return time.perf_counter() - start
+
+    def per_shape(self, rounds: int) -> dict[str, tuple[int, float, float]]:
+        """(K)x(N) -> (products a step, ms a step, GB/s) over the `rounds` calls."""
+        shapes: dict[str, list] = {}
+        for i, (k, n) in enumerate(self.shapes):
+            entry = shapes.setdefault(f"{k}x{n}", [0, 0.0, 0])
+            entry[0] += 1
+            entry[1] += self.ns[i] / rounds / 1e6
+            entry[2] += self.bytes[i]
+        return {shape: (calls, ms, nbytes / ms / 1e6) for shape, (calls, ms, nbytes) in shapes.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("builds", nargs="*", help="builds besides the default: macros joined by '+'")
@@ -114,12 +166,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pages", action="store_true",
                         help="the default build only, over three layouts of the same packs: 4 KB pages read in runs "
                              "(the default row), 2 MB pages read in runs, 2 MB pages read as on AMD (huge_page_packs)")
+    parser.add_argument("--in-c", action="store_true",
+                        help=f"each kind's step in one C call ({', '.join(IN_C_KINDS)}), and each shape's time")
+    parser.add_argument("--read-runs", type=int, default=2, help="--in-c: runs a thread reads side by side (read kinds)")
+    parser.add_argument("--read-ahead", type=int, default=3072,
+                        help="--in-c: bytes ahead each line is asked for (read kinds; 0: none)")
     args = parser.parse_args(argv)
     kinds = args.kinds.split(",")
     if any(kind not in KINDS for kind in kinds):
         parser.error(f"--kinds: accepted kinds are {', '.join(KINDS)}, got {args.kinds!r}")
     if args.pages and (args.builds or args.huge_pages or args.huge_page_runs):
         parser.error("--pages compares page layouts of the default build: give it no builds and no --huge-pages")
+    if args.in_c and any(kind not in IN_C_KINDS for kind in kinds):
+        parser.error(f"--in-c times {', '.join(IN_C_KINDS)} only, got {args.kinds!r}")
     if args.huge_pages and args.huge_page_runs:
         parser.error("--huge-pages and --huge-page-runs are two readings of the same pages: give one")
     torch.set_num_threads(args.threads)
@@ -148,6 +207,9 @@ def main(argv: list[str] | None = None) -> None:
                 packs[f"read-{bits}"] = raw[:raw.numel() // 8 * 8].view(torch.int64)  # (a tail of < 8 bytes left)
     acts = {k: torch.randn(args.rows, k) for k in {k for k, *_ in weights}}
 
+    in_c = {(name, kind): StepInC(packs_of, acts, kind, args) for name, (_, packs_of, _) in variants.items()
+            for kind in kinds} if args.in_c else {}  # (--in-c: each variant's step of each kind)
+
     def step(build: ctypes.CDLL, weights: list, kind: str) -> float:
         start = time.perf_counter()
         for k, n, group, packed in weights:
@@ -174,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
             for name, (build, packs, huge_reads) in variants.items():
                 build.kiln_gemm_set_huge_page_packs(huge_reads)
                 for kind in kinds:
-                    samples[(name, kind)].append(step(build, packs, kind))
+                    samples[(name, kind)].append(in_c[(name, kind)].run(build) if in_c else step(build, packs, kind))
     finally:
         for name, build in builds.items():
             build.kiln_gemm_set_huge_page_packs(before[name])
@@ -188,6 +250,10 @@ def main(argv: list[str] | None = None) -> None:
             low, _, high = statistics.quantiles(ratios, n=4)
             line += f"  {statistics.median(ratios):.3f}x the default's time (quartiles {low:.3f}-{high:.3f})"
         print(line)
+    for (name, kind), _ in samples.items():
+        if kind in ("int8", "int4") and in_c:
+            for shape, (calls, ms, gbps) in in_c[(name, kind)].per_shape(args.rounds).items():
+                print(f"  {name:46s} {kind:8s} {shape}: {calls} a step, {ms:.3f} ms, {gbps:.1f} GB/s")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,12 @@ def _entries() -> str:
         f"kiln_gemm::gemm_quant_int8_activations({quant_shape}, M, a, lda, packed, c, ldc, e, kc, integer != 0); }}",
         "int32_t kiln_gemm_quant_a8_integer(int64_t M, int64_t K, int64_t N, int64_t group) { const int32_t bits = 4; "
         f"return kiln_gemm::int8_dot_applies({quant_shape}, M); }}",
+        # (benchmarks: a decode step's products in one call, and a read of the same pieces of memory)
+        "void kiln_gemm_quant_step(int32_t count, int32_t bits, int64_t rows, const int64_t* N, const int64_t* K, "
+        "const int64_t* group, const float* const* a, const uint8_t* const* packed, float* const* c, int64_t kc, "
+        "double* ns) { kiln_gemm::quant_step(count, bits, rows, N, K, group, a, packed, c, kc, ns); }",
+        "void kiln_read_pieces(int32_t count, const uint8_t* const* pieces, const int64_t* bytes, int32_t runs, "
+        "int64_t ahead) { kiln_gemm::read_pieces(count, pieces, bytes, runs, ahead); }",
     ]
     # kiln's depthwise convolution (include/kiln_depthwise.h) shares the GEMM's vectors and
     # epilogue code, so it lives in this unit.

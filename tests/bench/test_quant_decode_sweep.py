@@ -87,3 +87,46 @@ def test_huge_pages_and_huge_page_runs_are_one_or_the_other(capsys):
     with pytest.raises(SystemExit):
         quant_decode_sweep.main(["--huge-pages", "--huge-page-runs"])
     assert "--huge-pages and --huge-page-runs are two readings of the same pages" in capsys.readouterr().err
+
+
+def test_a_step_in_one_c_call_computes_what_each_product_computes():
+    """kiln_gemm_quant_step (--in-c) runs each product as kiln_gemm_quant_f32 does, into its own output."""
+    import ctypes
+
+    lib = kernels.library()
+    torch.manual_seed(0)
+    shapes = [(64, 128), (128, 64), (96, 200)]  # (K, N)
+    packs, acts, outs, want = [], [], [], []
+    for k, n in shapes:
+        w = torch.randn(n, k) * 0.02
+        packs.append(kernels.quant_pack(*quant_decode_sweep._int4(w, 32), 4, 32, k, lib))
+        acts.append(torch.randn(1, k))
+        outs.append(torch.full((1, n), float("nan")))
+        want.append(kernels.mm_quant(acts[-1], packs[-1], n, 4, 32, lib=lib))
+    int64s = lambda values: (ctypes.c_int64 * len(values))(*values)  # noqa: E731
+    pointers = lambda ts: (ctypes.c_void_p * len(ts))(*[t.data_ptr() for t in ts])  # noqa: E731
+    ns = (ctypes.c_double * 3)()
+    lib.kiln_gemm_quant_step(3, 4, 1, int64s([n for _, n in shapes]), int64s([k for k, _ in shapes]), int64s([32] * 3),
+                             pointers(acts), pointers(packs), pointers(outs), kernels.K_BLOCK, ns)
+    assert all(torch.equal(out, expected) for out, expected in zip(outs, want))
+    assert all(t > 0 for t in ns)
+    lib.kiln_read_pieces(3, pointers(packs), int64s([p.numel() for p in packs]), 2, 256)  # (reads; returns nothing)
+
+
+def test_in_c_times_each_kinds_step_and_each_shape(capsys):
+    quant_decode_sweep.main(["--model", "llama-tiny", "--rounds", "2", "--threads", "2", "--kinds",
+                             "int4,read-int4,int8,read-int8", "--huge-page-runs", "--in-c", "--read-runs", "4"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[1]: float(line.split()[-2]) for line in lines[1:5]}
+    assert set(rows) == {"int4", "read-int4", "int8", "read-int8"} and all(gbps > 0 for gbps in rows.values())
+    shapes = [line.split() for line in lines[5:]]
+    assert [(s[0], s[1], s[2]) for s in shapes] == [("default", kind, f"{k}x{n}:") for kind in ("int4", "int8")
+                                                   for k, n in [(64, 128), (64, 64), (64, 256), (128, 64), (64, 1000)]]
+    assert [s[3] for s in shapes] == ["2", "2", "2", "2", "1"] * 2  # products of each shape a step
+    assert all(float(s[-2]) > 0 for s in shapes)  # GB/s
+
+
+def test_in_c_refuses_the_kinds_it_has_no_call_for(capsys):
+    with pytest.raises(SystemExit):
+        quant_decode_sweep.main(["--kinds", "fp32,int4", "--in-c"])
+    assert "--in-c times int8, int4, read-int8, read-int4 only, got 'fp32,int4'" in capsys.readouterr().err

@@ -1172,4 +1172,52 @@ static void gemm_quant_int8_activations(const QuantShape& z, int64_t M, const fl
   gemm_quant(z, M, rows.get(), z.K, packed, c, ldc, e, kc);
 }
 
+// (benchmarks) A decode step's products in one call, as kiln's C++ wrapper runs them, not one
+// ctypes call each (~8 us of Python: 0.8 ms of a Qwen2-0.5B step's 97): product i is
+// gemm_quant at `rows` rows of a[i] with weight packed[i] (`bits`, K[i], N[i], group[i]), no
+// epilogue, into c[i]; ns[i] += its nanoseconds. benchmarks/tools/quant_decode_sweep.py --in-c.
+static void quant_step(int32_t count, int bits, int64_t rows, const int64_t* N, const int64_t* K, const int64_t* group,
+                       const float* const* a, const uint8_t* const* packed, float* const* c, int64_t kc, double* ns) {
+  for (int32_t i = 0; i < count; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    gemm_quant(QuantShape{bits, K[i], N[i], group[i]}, rows, a[i], K[i], packed[i], c[i], N[i], nullptr, kc);
+    ns[i] += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+  }
+}
+
+// (benchmarks) The floor a step's products are held to: every line of `count` pieces of memory
+// read in one call, a piece at a time as the products take them (one parallel region each), each
+// thread's share in `runs` runs read side by side, each line also asked for `ahead` bytes ahead
+// (prefetcht1; 0: none). One load a line: the memory's speed, not a reduction's. On the Intel
+// Xeon of RUNS_PREFETCH_UNITS, Qwen2-0.5B's int4 packs from DRAM (2 MB pages, 2 threads) read
+// fastest in 2-4 runs with 3 KB ahead: 41 GB/s (one run, nothing ahead: 32; 2-4 runs, nothing
+// ahead: 36) where the probe's 1 GiB `amax` read 33-35 and the kernel 34 (8.25 ms against 6.8).
+static std::atomic<uint64_t> read_pieces_kept{0};  // (so that the reads are not optimized away)
+static void read_pieces(int32_t count, const uint8_t* const* pieces, const int64_t* bytes, int runs, int64_t ahead) {
+  for (int32_t i = 0; i < count; ++i) {
+    uint64_t kept = 0;
+#pragma omp parallel reduction(^ : kept)
+    {
+      int64_t lo, hi;
+      range(bytes[i] / 64, omp_get_num_threads(), omp_get_thread_num(), lo, hi);
+      const int64_t per = (hi - lo) / runs;
+      const uint8_t* at = pieces[i] + lo * 64;
+      for (int64_t line = 0; line < per; ++line)
+        for (int r = 0; r < runs; ++r) {
+          const uint8_t* p = at + (r * per + line) * 64;
+          if (ahead) __builtin_prefetch(p + ahead, 0, 2);
+          uint64_t word;
+          std::memcpy(&word, p, sizeof word);
+          kept ^= word;
+        }
+      for (int64_t line = runs * per; line < hi - lo; ++line) {  // the lines past whole runs
+        uint64_t word;
+        std::memcpy(&word, at + line * 64, sizeof word);
+        kept ^= word;
+      }
+    }
+    read_pieces_kept ^= kept;
+  }
+}
+
 }  // namespace kiln_gemm
