@@ -122,7 +122,7 @@ def rule_linear_bytes(out_features: int, in_features: int, weights: str, group_s
     if weights == "int8":
         size += out_features * SCALE_BYTES
     elif weights == "int4":
-        size += out_features * math.ceil(in_features / group_size) * 2 * SCALE_BYTES
+        size += out_features * math.ceil(in_features / group_size) * SCALE_BYTES  # its zero in the scale's low bits
     return int(size)
 
 
@@ -130,10 +130,17 @@ def _tensors(module: nn.Module) -> list[torch.Tensor]:
     return [*module.parameters(), *module.buffers()]
 
 
+def _read_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """A layer's tensors as kiln's GEMM reads them: a quantized int4 layer's zero points ride in
+    the low bits of its scales in the packed weight (kiln_gemm_quant.h), not read apart."""
+    zeros = getattr(module, "zeros", None)
+    return [t for t in _tensors(module) if t is not zeros]
+
+
 def _linear_bytes(module: nn.Module, weights: str, from_tensors: bool) -> int:
     if from_tensors or weights == "fp32" or not isinstance(module, nn.Linear):
         # (A layer a quantization replaced is read as it now is: its own tensors.)
-        return sum(t.nbytes for t in {id(t): t for t in _tensors(module)}.values())
+        return sum(t.nbytes for t in {id(t): t for t in _read_tensors(module)}.values())
     bias = module.bias.nbytes if module.bias is not None else 0  # (biases stay float32)
     return rule_linear_bytes(module.out_features, module.in_features, weights) + bias
 

@@ -7,7 +7,9 @@
   w ≈ (q - zero) * scale. Two k per byte, even k in the low nibble: qweight [N, ceil(K / 2)]
   uint8; scales and zeros [N, ceil(K / group_size)] float32 (a zero is a whole number kept as a
   float, so that dequantizing is one subtraction and one product, the same in eager and in kiln's
-  GEMM, kiln/native/include/kiln_gemm_quant.h).
+  GEMM, kiln/native/include/kiln_gemm_quant.h). Each scale is rounded to 19 bits of mantissa
+  (2^-20 of itself at most, against an int4 step's 2^-5 of the group's range): kiln's packed
+  weight keeps the zero point in the scale's 4 low bits, one table read a group, not two.
 
 `dequantize` is the reference: eager's quantized Linear computes with its result.
 
@@ -33,6 +35,13 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scales
 
 
+def round_int4_scales(scales: torch.Tensor) -> torch.Tensor:
+    """float32 `scales` (positive, finite) rounded to nearest at 19 bits of mantissa: their 4 low
+    bits zero, as kiln's packed int4 weight stores them (kiln_gemm_quant.h `int4_table_word`)."""
+    bits = scales.to(torch.float32).contiguous().view(torch.int32)
+    return ((bits + 8) & ~15).view(torch.float32)
+
+
 def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(qweight uint8 [N, ceil(K / 2)], scales [N, groups], zeros [N, groups]) of a float weight
     [N, K], groups of `group_size` k (the last one shorter where K is not a multiple)."""
@@ -47,7 +56,7 @@ def quantize_int4(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, 
     low = torch.where(mask, g, torch.full_like(g, float("inf"))).amin(dim=2).clamp(max=0.0)
     high = torch.where(mask, g, torch.full_like(g, float("-inf"))).amax(dim=2).clamp(min=0.0)
     scales = (high - low) / INT4_LEVELS
-    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    scales = round_int4_scales(torch.where(scales > 0, scales, torch.ones_like(scales)))
     zeros = torch.round(-low / scales).clamp(0, INT4_LEVELS)
     q = (torch.round(g / scales[..., None]) + zeros[..., None]).clamp(0, INT4_LEVELS)
     q = q.view(n, groups * group_size)[:, :k].to(torch.uint8)

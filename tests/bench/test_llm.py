@@ -169,7 +169,7 @@ def _tiny_expected(batch: int, cache_len: float) -> dict[str, int]:
     assert (weights, rows) == (137728, 2024)
     return dict(
         fp32=weights * 4, bf16=weights * 2, int8=weights + rows * 4,
-        int4=weights // 2 + rows * 1 * 8,  # one group of 128 per row (in_features <= 128): float32 scale and zero
+        int4=weights // 2 + rows * 1 * 4,  # one group of 128 per row (in_features <= 128): a float32 scale with its zero
         embedding=batch * 64 * 4,
         other=(2 * 2 * 64 + 64) * 4 + 2 * 8 * 4,  # RMSNorm weights; inv_freq and original_inv_freq
         kv=2 * 2 * batch * 2 * 16 * int(cache_len) * 4,  # layers x (K, V) x batch x KV heads x head dim x length
@@ -214,6 +214,18 @@ def test_quantized_layers_are_counted_by_their_own_tensors():
         setattr(model.get_submodule(parent) if parent else model, child, Int8Linear(model.get_submodule(name)))
     step = decode_step_bytes(model, "int8", batch=1, cache_len=10, linears=names, from_tensors=True)
     assert step.linear == 137728 + 2024 * 2 and step.source == "tensors"  # bfloat16 scales, as the tensors say
+
+
+def test_an_int4_layer_s_zero_points_are_not_counted_apart_from_its_scales():
+    import kiln
+
+    model = llm_modes.LLM_MODELS["llama-tiny"].build()
+    names = linear_names(model)
+    kiln.quantize(model, "int4", group_size=32)
+    step = decode_step_bytes(model, "int4", batch=1, cache_len=10, linears=names, from_tensors=True)
+    layers = [model.get_submodule(name) for name in names]
+    assert all(layer.zeros is not None for layer in layers)  # (kept by the layer; read inside the scales' words)
+    assert step.linear == sum(layer.qweight.nbytes + layer.scales.nbytes for layer in layers)
 
 
 def test_the_clock_times_the_prefill_and_each_decode_step():

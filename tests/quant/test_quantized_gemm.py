@@ -301,3 +301,37 @@ def test_other_isas(flags, tmp_path):
             out = kernels.mm_quant(a, packed, n, bits, group, bias, "gelu", lib=lib, path="int8_digits")
             carried = _carried(a, bits, m, group, lib, path="int8_digits" if digits else "float32")
             _check(out, _reference(carried, w, bias, "gelu", (), None, None), k)
+
+
+def test_int4_scales_leave_the_packed_tables_low_bits_to_the_zero_points():
+    """quantize_int4 rounds each scale to 19 bits of mantissa (its 4 low bits free for the zero
+    point in kiln's packed table, kiln_gemm_quant.h `int4_table_word`), within 2^-20 of the
+    unrounded min-max scale; a scale that is not so rounded (a state_dict of other origin) is
+    rounded by the pack, and the product moves by no more than that rounding."""
+    w = torch.randn(70, 256, generator=torch.Generator().manual_seed(3))
+    q, s, z = quantize_int4(w, 64)
+    assert (s.view(torch.int32) & 15).eq(0).all()
+    groups = w.view(70, 4, 64)
+    unrounded = (groups.amax(2).clamp(min=0) - groups.amin(2).clamp(max=0)) / 15
+    assert ((s - unrounded).abs() <= unrounded * 2.0 ** -20).all()
+    # Scales with their low bits set: the pack rounds them, each to within 2^-20 of itself.
+    ragged = (s.view(torch.int32) | 7).view(torch.float32)
+    a = torch.randn(1, 256, generator=torch.Generator().manual_seed(4))
+    carried = _carried(a, 4, 1, 64).double()  # (the activations as this CPU's one-row path carries them)
+    rounded = kernels.mm_quant(a, kernels.quant_pack(q, s, z, 4, 64, 256), 70, 4, 64).double()
+    _check(rounded, carried @ dequantize(q, s, z, 4, 64, 256).double().t(), 256)
+    out = kernels.mm_quant(a, kernels.quant_pack(q, ragged, z, 4, 64, 256), 70, 4, 64).double()
+    assert torch.equal(out, rounded)
+    moved = carried.abs() @ dequantize(q, ragged, z, 4, 64, 256).double().abs().t() * 2.0 ** -20
+    assert ((out - carried @ dequantize(q, ragged, z, 4, 64, 256).double().t()).abs() <= moved + 1e-5).all()
+
+
+def test_int4_zero_points_must_be_whole_numbers_the_table_can_hold():
+    from kiln.externs import native_ops
+
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(5))
+    q, s, z = quantize_int4(w, 32)
+    mm_quant = native_ops.direct("mm_quant")
+    for bad in (z + 0.5, z + 16):
+        with pytest.raises(RuntimeError, match="zero points must be whole numbers in 0..15"):
+            mm_quant(torch.randn(1, 64), q, s, bad, 4, 32, None, None, "none", [], None, False)

@@ -8,10 +8,13 @@
 // bits 8 (k % 4) of quad k / 4 (zero past K: the four k a dot product instruction takes in one
 // lane); int4 words [panels][ceil(K / 8)][NR], k's nibble at bits 4 (k % 8) of word k / 8 (a
 // column's 4 stored bytes 4 (k / 8) .. + 3, read as one word).
-// After the panels, 64-byte aligned, the scales [panels][groups][NR] and (int4) the zero points,
-// the same shape; a padded column's scale is 0. int4's table holds 16 scale and zero / 16 (both
-// exact): its weights are unpacked as q / 16 (nibble_lanes), and (q / 16 - zero / 16) * 16 scale
-// is (q - zero) * scale to the bit.
+// After the panels, 64-byte aligned, the table [panels][groups][NR] of 32-bit words: int8's the
+// columns' float scales; int4's a float 16 scale whose low 4 bits hold the zero point (0..15), so
+// that a group's scales and zeros come as one stream of lines, not two (TABLE_WORDS below). A
+// padded column's word is 0. int4's weights are unpacked as q / 16 (nibble_lanes), and (q / 16 -
+// zero / 16) * 16 scale is (q - zero) * scale to the bit: 16 scale and zero / 16 are exact, and
+// kiln.quantize rounds each scale to 19 bits of mantissa (kiln/quant/weights.py), so that its
+// low 4 bits are free; a scale that is not so rounded is rounded here (2^-20 of itself at most).
 //
 // gemm_from (kiln_gemm.h) runs as for float32 panels, every epilogue included; only where a tile
 // would read a panel's K block, QuantPanels dequantizes that block into the thread's buffer of
@@ -22,6 +25,7 @@
 #pragma once
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <cstdlib>
 #include <memory>
@@ -39,15 +43,25 @@ struct QuantShape {
   static int64_t aligned(int64_t bytes) { return (bytes + 63) / 64 * 64; }
   int64_t q_bytes() const { return aligned(panels() * rows() * NR); }
   int64_t table_bytes() const { return aligned(panels() * groups() * NR * int64_t(sizeof(float))); }
-  int64_t bytes() const { return q_bytes() + table_bytes() * (bits == 4 ? 2 : 1); }
+  int64_t bytes() const { return q_bytes() + table_bytes(); }
 };
 
+// int4's table word of a group and column: 16 scale rounded to its top 28 bits (to nearest), the
+// zero point (a whole number in 0..15) in the low 4.
+static inline uint32_t int4_table_word(float scale, float zero) {
+  uint32_t bits;
+  const float scaled = 16.0f * scale;
+  std::memcpy(&bits, &scaled, sizeof bits);
+  return ((bits + 8u) & ~15u) | (uint32_t(zero) & 15u);
+}
+
 // Pack q (int8: [N, K] int8; int4: [N, ceil(K / 2)] bytes, even k in the low nibble, rows
-// contiguous), scales [N, groups] and (int4) zeros [N, groups] into `out` (shape.bytes()).
+// contiguous), scales [N, groups] and (int4) zeros [N, groups], whole numbers in 0..15, into
+// `out` (shape.bytes()).
 static void pack_quant(const QuantShape& z, const uint8_t* q, const float* scales, const float* zeros, uint8_t* out) {
   const int64_t panels = z.panels(), rows = z.rows(), groups = z.groups();
   float* scale_out = reinterpret_cast<float*>(out + z.q_bytes());
-  float* zero_out = reinterpret_cast<float*>(out + z.q_bytes() + z.table_bytes());
+  uint32_t* word_out = reinterpret_cast<uint32_t*>(scale_out);
 #pragma omp parallel for
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t j0 = p * NR, n = std::min<int64_t>(NR, z.N - j0);
@@ -65,8 +79,8 @@ static void pack_quant(const QuantShape& z, const uint8_t* q, const float* scale
     for (int64_t g = 0; g < groups; ++g)
       for (int64_t j = 0; j < NR; ++j) {
         const float scale = j < n ? scales[(j0 + j) * groups + g] : 0.0f;
-        scale_out[(p * groups + g) * NR + j] = z.bits == 4 ? 16.0f * scale : scale;
-        if (z.bits == 4) zero_out[(p * groups + g) * NR + j] = (j < n ? zeros[(j0 + j) * groups + g] : 0.0f) / 16.0f;
+        if (z.bits == 8) scale_out[(p * groups + g) * NR + j] = scale;
+        else word_out[(p * groups + g) * NR + j] = j < n ? int4_table_word(scale, zeros[(j0 + j) * groups + g]) : 0u;
       }
   }
 }
@@ -122,8 +136,15 @@ template <int BITS> struct QuantPanels {
   const uint8_t* packed;
 
   const uint8_t* panel(int64_t p) const { return packed + p * z.rows() * NR; }
-  const float* table(int64_t p, int64_t g, int which) const {
-    return reinterpret_cast<const float*>(packed + z.q_bytes() + which * z.table_bytes()) + (p * z.groups() + g) * NR;
+  const uint8_t* table(int64_t p, int64_t g) const { return packed + z.q_bytes() + (p * z.groups() + g) * NR * 4; }
+  // Group g's scales of the vector v of panel p's columns: int8's scale, int4's 16 scale.
+  V scale(int64_t p, int64_t g, int v) const {
+    const kiln::vec<int32_t> word = load_words(table(p, g) + v * L * 4);
+    return BITS == 4 ? (V)(word & ~15) : (V)word;
+  }
+  // int4: group g's zero points of those columns, over 16 (exact).
+  V zero(int64_t p, int64_t g, int v) const {
+    return __builtin_convertvector(load_words(table(p, g) + v * L * 4) & 15, V) * (1.0f / 16.0f);
   }
   const char* raw(int64_t p, int64_t k0) const {
     return reinterpret_cast<const char*>(panel(p) + (BITS == 8 ? k0 / 4 : k0 / 8) * 4 * NR);
@@ -140,8 +161,8 @@ template <int BITS> struct QuantPanels {
       const int64_t g = k / z.group, end = std::min(k0 + kn, (g + 1) * z.group);
       V scale[NV], zero[NV];
       for (int v = 0; v < NV; ++v) {
-        scale[v] = kiln::load(table(p, g, 0) + v * L);
-        zero[v] = BITS == 4 ? kiln::load(table(p, g, 1) + v * L) : V{};
+        scale[v] = this->scale(p, g, v);
+        zero[v] = BITS == 4 ? this->zero(p, g, v) : V{};
       }
       for (; k < end; ++k) {
         float* row = buffer + (k - k0) * NR;
@@ -251,8 +272,8 @@ static inline void direct_tile(const QuantPanels<BITS>& src, int64_t p, int rows
     V scale[NV], zero[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
-      scale[v] = kiln::load(src.table(p, g, 0) + v * L);
-      zero[v] = BITS == 4 ? kiln::load(src.table(p, g, 1) + v * L) : V{};
+      scale[v] = src.scale(p, g, v);
+      zero[v] = BITS == 4 ? src.zero(p, g, v) : V{};
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
@@ -402,8 +423,8 @@ static inline void direct_tile_bf16(const QuantPanels<4>& src, int64_t p, int ro
     V scale[NV], offset[NV];
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
-      scale[v] = kiln::load(src.table(p, g, 0) + v * L);
-      offset[v] = kiln::load(src.table(p, g, 1) + v * L);  // zero / 16
+      scale[v] = src.scale(p, g, v);
+      offset[v] = src.zero(p, g, v);  // zero / 16
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
@@ -453,7 +474,7 @@ static inline void int8_row(const QuantPanels<8>& src, const int64_t* at, const 
   }
   for (int s = 0; s < S; ++s) {
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) acc[s][v] *= kiln::load(src.table(at[s], 0, 0) + v * L);
+    for (int v = 0; v < NV; ++v) acc[s][v] *= src.scale(at[s], 0, v);
     store_row(acc[s], src.z.N, at[s], c, ldc, e);
   }
 }
@@ -498,8 +519,7 @@ static inline void int4_row(const QuantPanels<4>& src, const int64_t* at, const 
     for (int s = 0; s < S; ++s)
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v)
-        acc[s][v] = fma(part[0][s][v] + part[1][s][v] - asum * kiln::load(src.table(at[s], g, 1) + v * L),
-                        kiln::load(src.table(at[s], g, 0) + v * L), acc[s][v]);
+        acc[s][v] = fma(part[0][s][v] + part[1][s][v] - asum * src.zero(at[s], g, v), src.scale(at[s], g, v), acc[s][v]);
   }
   for (int s = 0; s < S; ++s) store_row(acc[s], src.z.N, at[s], c, ldc, e);
 }
@@ -787,7 +807,7 @@ static Int8Rows split_rows_for_int8(const QuantShape& z, int64_t M, const float*
 // k's levels as bytes, shifted down 4 its odd k's (Int8Rows stores each row in that order); int8 a
 // quad (4 k in k's order, int8_weight_lanes).
 // How many groups ahead digits_tile asks for a panel's scales and zero points (the table's lines:
-// NR floats of each per group, 512 bytes of int4's beside its 4 KB of weights at groups of 128,
+// NR words per group, 256 bytes of int4's beside its 4 KB of weights at groups of 128,
 // read once at the group's end, away from the panels' stream: the hardware's prefetcher did not
 // bring them in time). Past a panel's last group the next panel's first, which a one-stream
 // thread reads next. A qwen2-0.5b decode step's int4 products from DRAM on 2 MB pages (2 threads
@@ -844,9 +864,8 @@ static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, 
     IV sum[SETS][D][S][R][NV] = {};
     if constexpr (TABLE_AHEAD > 0)
       for (int s = 0; s < S; ++s)
-        for (int which = 0; which < (BITS == 4 ? 2 : 1); ++which)
-          for (int line = 0; line < int(NR * sizeof(float)); line += 64)  // (past the table's end: prefetches never fault)
-            __builtin_prefetch(reinterpret_cast<const char*>(src.table(at[s], g + TABLE_AHEAD, which)) + line, 0, 3);
+        for (int line = 0; line < int(NR * sizeof(float)); line += 64)  // (past the table's end: prefetches never fault)
+          __builtin_prefetch(src.table(at[s], g + TABLE_AHEAD) + line, 0, 3);
     for (int64_t u = g * group_units; u < std::min(units, (g + 1) * group_units); ++u) {
 #pragma GCC unroll 4
       for (int s = 0; s < S; ++s)
@@ -879,8 +898,8 @@ static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, 
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) {
         // int4: the group's scale and zero point, per column; int8: its one scale, at the end.
-        const V scale = BITS == 4 ? kiln::load(src.table(at[s], g, 0) + v * L) : V{} + 1.0f;
-        const V zero = BITS == 4 ? kiln::load(src.table(at[s], g, 1) + v * L) : V{} + 1.0f;
+        const V scale = BITS == 4 ? src.scale(at[s], g, v) : V{} + 1.0f;
+        const V zero = BITS == 4 ? src.zero(at[s], g, v) : V{} + 1.0f;
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r)
 #pragma GCC unroll 3
@@ -896,7 +915,7 @@ static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, 
     if constexpr (BITS == 8)
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) {
-        const V scale = kiln::load(src.table(at[s], 0, 0) + v * L);
+        const V scale = src.scale(at[s], 0, v);
         for (int r = 0; r < R; ++r) acc[s][r][v] *= scale;
       }
     store_block<R>(acc[s], rows, int(std::min<int64_t>(NR, src.z.N - at[s] * NR)), r0, at[s] * NR, c, ldc, e, true);
@@ -1020,7 +1039,7 @@ static int int4_fastest_path(int rows) {
     std::unique_ptr<uint8_t[]> packed(new uint8_t[z.bytes()]);
     for (int64_t i = 0; i < z.bytes(); ++i) packed[i] = uint8_t(i * 2654435761u >> 13);  // any levels
     float* table = reinterpret_cast<float*>(packed.get() + z.q_bytes());
-    for (int64_t i = 0; i < 2 * z.table_bytes() / int64_t(sizeof(float)); ++i) table[i] = 0.01f;
+    for (int64_t i = 0; i < z.table_bytes() / int64_t(sizeof(float)); ++i) table[i] = 0.01f;
     std::unique_ptr<float[]> a(new float[M * z.K]), c(new float[M * z.N]);
     for (int64_t k = 0; k < M * z.K; ++k) a[k] = float(k % 7) - 3.0f;
     double best[QUANT_PATHS] = {1e9, 1e9, 1e9};

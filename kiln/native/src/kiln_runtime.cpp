@@ -489,6 +489,10 @@ at::Tensor quant_product(const at::Tensor& a_in, const at::Tensor& qweight, cons
   at::Tensor packed_weight = packed(qweight, "kiln_quant", [&] {
     at::Tensor q = qweight.contiguous(), s = scales.to(at::kFloat).contiguous();
     at::Tensor zp = bits == 4 ? zeros->to(at::kFloat).contiguous() : at::Tensor();
+    // (the packed table keeps each zero point in 4 bits: kiln_gemm_quant.h int4_table_word)
+    TORCH_CHECK(bits == 8 || zp.numel() == 0 || (zp.eq(zp.round()).all().item<bool>() && zp.min().item<float>() >= 0 &&
+                                                  zp.max().item<float>() <= 15),
+                "kiln::mm_quant: int4 zero points must be whole numbers in 0..15 (kiln.quantize makes them so)");
     at::Tensor out = pack_empty(kiln_gemm_quant_packed_bytes(int32_t(bits), K, N, group), qweight.options().dtype(at::kByte));
     kiln_gemm_quant_pack(int32_t(bits), K, N, group, static_cast<const uint8_t*>(q.data_ptr()), s.data_ptr<float>(),
                          bits == 4 ? zp.data_ptr<float>() : nullptr, out.data_ptr<uint8_t>());
