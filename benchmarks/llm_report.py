@@ -94,7 +94,7 @@ def describe_bandwidth(run: LlmRun) -> str:
     measured = "; ".join(f"{gbps:.1f} GB/s at {t} thread{'s' if t > 1 else ''}{_probes(run.bandwidth_probes.get(t))}"
                          f"{_busy(run.bandwidth_others.get(t))}" for t, gbps in run.bandwidth.items())
     return (f"machine read bandwidth (best read-only pass over 1 GiB on 2 MB pages where the kernel gives them: "
-            f"torch.sum, amax, dot or row sums; probed before "
+            f"torch.sum, amax, dot, row sums or kiln's line reader; probed before "
             f"the run and before every timed call): {measured}. "
             f"bytes/step: what a decode step reads — every linear weight (LM head included) at the mode's bytes "
             f"per weight, one embedding row per sequence, norms, the KV cache at its average length "

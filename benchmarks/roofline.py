@@ -72,7 +72,8 @@ def read_bandwidth(threads: int | None = None, buffer_bytes: int = _BUFFER_BYTES
     depends on the machine, so the best is kept: on a 2-core AMD EPYC (Zen 4) at 2 threads the
     row sums read 57 GB/s in a process where `torch.sum` read 35, and kiln's float32 decode steps
     had streamed their weights at 43 (a 4 KB-page buffer, before `probe_buffer` asked for 2 MB
-    pages). `buffer`: one made by `probe_buffer` (else one of
+    pages). A fifth read is kiln's own (`lines_read`): on the Intel Xeon with AMX it read 36.7 GB/s
+    where ATen's best read 33.2-33.5. `buffer`: one made by `probe_buffer` (else one of
     `buffer_bytes` is made now)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
@@ -82,11 +83,27 @@ def read_bandwidth(threads: int | None = None, buffer_bytes: int = _BUFFER_BYTES
         count = min(_ROWS, buffer.numel())
         rows = buffer[:buffer.numel() // count * count].view(count, -1)
         reads = [lambda: torch.sum(buffer), lambda: torch.amax(buffer),
-                 lambda: torch.dot(buffer[:half], buffer[half:2 * half]), lambda: rows.sum(1)]
+                 lambda: torch.dot(buffer[:half], buffer[half:2 * half]), lambda: rows.sum(1), lines_read(buffer)]
         seconds = min(best_seconds(read, passes) for read in reads)
     finally:
         torch.set_num_threads(before)
     return buffer.numel() * 4 / seconds / 1e9
+
+
+# kiln's line reader (kiln_gemm_quant.h `read_pieces`): one load a 64-byte line, each thread's share in
+# LINE_RUNS runs read side by side, each line also asked for LINE_AHEAD bytes ahead; the reading
+# of Qwen2-0.5B's packs that was fastest on the Intel Xeon with AMX (2026-12-03: 2 runs, 3 KB).
+LINE_RUNS, LINE_AHEAD = 2, 3072
+
+
+def lines_read(buffer: torch.Tensor) -> Any:
+    """A call that reads every line of `buffer` (contiguous) once with kiln's line reader, at the
+    current thread count (benchmarks/kernels.py builds it for this machine on first use)."""
+    from benchmarks import kernels  # (the GEMM's unit: built only when a probe runs)
+
+    lib = kernels.library()
+    pieces, sizes = (ctypes.c_void_p * 1)(buffer.data_ptr()), (ctypes.c_int64 * 1)(buffer.numel() * buffer.element_size())
+    return lambda: lib.kiln_read_pieces(1, pieces, sizes, LINE_RUNS, LINE_AHEAD)
 
 
 @dataclass(frozen=True)

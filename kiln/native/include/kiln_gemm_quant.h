@@ -1210,7 +1210,9 @@ static void quant_step(int32_t count, int bits, int64_t rows, const int64_t* N, 
 // (prefetcht1; 0: none). One load a line: the memory's speed, not a reduction's. On the Intel
 // Xeon of RUNS_PREFETCH_UNITS, Qwen2-0.5B's int4 packs from DRAM (2 MB pages, 2 threads) read
 // fastest in 2-4 runs with 3 KB ahead: 41 GB/s (one run, nothing ahead: 32; 2-4 runs, nothing
-// ahead: 36) where the probe's 1 GiB `amax` read 33-35 and the kernel 34 (8.25 ms against 6.8).
+// ahead: 36) and the kernel 34 (8.25 ms against 6.8), the packs cycled through copies of them (the
+// VM's 480 MB L3 may keep some); over the llm probe's 1 GiB buffer (2 runs, 3 KB ahead: one of its
+// reads, benchmarks/roofline.py) 36.7 where ATen's best read 33.2-33.5.
 static std::atomic<uint64_t> read_pieces_kept{0};  // (so that the reads are not optimized away)
 static void read_pieces(int32_t count, const uint8_t* const* pieces, const int64_t* bytes, int runs, int64_t ahead) {
   for (int32_t i = 0; i < count; ++i) {
