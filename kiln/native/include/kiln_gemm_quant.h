@@ -10,7 +10,7 @@
 // column's 4 stored bytes 4 (k / 8) .. + 3, read as one word).
 // After the panels, 64-byte aligned, the table [panels][groups][NR] of 32-bit words: int8's the
 // columns' float scales; int4's a float 16 scale whose low 4 bits hold the zero point (0..15), so
-// that a group's scales and zeros come as one stream of lines, not two (TABLE_WORDS below). A
+// that a group's scales and zeros come as one stream of lines, not two (QuantPanels::scale, zero). A
 // padded column's word is 0. int4's weights are unpacked as q / 16 (nibble_lanes), and (q / 16 -
 // zero / 16) * 16 scale is (q - zero) * scale to the bit: 16 scale and zero / 16 are exact, and
 // kiln.quantize rounds each scale to 19 bits of mantissa (kiln/quant/weights.py), so that its
