@@ -52,7 +52,9 @@ L = kiln_attention.lanes()
 SHAPES = [(1, 12, 128, 128, 64, 64), (1, 12, 197, 197, 64, 64), (2, 3, 7, 9, 5, L), (1, 2, 33, 33, 17, 2 * L),
           (3, 1, 1, 50, 64, 64), (1, 1, 257, 300, 80, 3 * L), (2, 2, 60, 60, 64, 64), (1, 1, 100, 61, 64, 5 * L),
           # few query rows (a decode step's): keys read where they lie, not packed
-          (1, 12, 1, 159, 64, 64), (2, 3, 4, 37, 17, 2 * L), (1, 2, 2, 5, 64, L), (1, 4, 3, 300, 80, 5 * L)]
+          (1, 12, 1, 159, 64, 64), (2, 3, 4, 37, 17, 2 * L), (1, 2, 2, 5, 64, L), (1, 4, 3, 300, 80, 5 * L),
+          # a grouped-query decode step (Qwen2-0.5B's: 2 key-value heads of 7 query rows): a head a thread at 2
+          (1, 2, 7, 159, 64, 64)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -321,11 +323,13 @@ def test_a_cached_graph_calling_kilns_attention_loads_in_a_fresh_process(tmp_pat
     assert built == ["1", "0"]
 
 
-def test_the_bits_do_not_depend_on_the_thread_count():
+@pytest.mark.parametrize("rows", [20, 7])
+def test_the_bits_do_not_depend_on_the_thread_count(rows):
     # Rows are split among threads into tasks; the path a row takes (few rows, or packed keys)
     # depends on the attention's query count only, so an exported model run with another thread
-    # count gives the same bits (2 heads x 20 rows on 2 threads made a task of 4 rows).
-    q, k, v = _operands(1, 2, 20, 50, 64, 64, seed=4)
+    # count gives the same bits (2 heads x 20 rows on 2 threads made a task of 4 rows; 2 heads of
+    # 7 rows are a head a task at 1 and 2 threads, split in two at 3).
+    q, k, v = _operands(1, 2, rows, 50, 64, 64, seed=4)
     before = torch.get_num_threads()
     try:
         outs = []
