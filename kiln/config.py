@@ -451,6 +451,12 @@ class CaptureSettings(_Group):
         help="torch.fx.symbolic_trace through a function kiln.compile made raises (as Dynamo's "
         "error_on_nested_fx_trace: FX would record the original ops, past kiln); off: FX traces the original function",
     )
+    greedy_loop: bool = setting(
+        True,
+        env="KILN_GREEDY_LOOP",
+        help="a plain greedy HuggingFace `generate` through kiln.compile(model) runs kiln's decoding loop "
+        "(kiln/capture/hf_greedy.py: HF's tokens, less Python between the steps); off: HF's `_sample`",
+    )
     warn_eager_frames: bool = setting(
         True,
         env="KILN_WARN_EAGER_FRAMES",

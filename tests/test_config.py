@@ -85,6 +85,7 @@ def test_defaults():
         "capture.dynamic_ints": True,
         "capture.dynamic_sources": (),
         "capture.error_on_fx_trace": True,
+        "capture.greedy_loop": True,
         "capture.warn_eager_frames": True,
         "runtime.keep_freed_mb": 0,
         "bench.timeout_s": 900.0,

@@ -16,6 +16,7 @@ from kiln.capture import break_records
 from kiln.capture.binder import make_binder
 from kiln.capture.cache import FrameCache, reset_all
 from kiln.capture.hf_generation import generation_helpers
+from kiln.capture.hf_greedy import greedy_generate_kwargs
 
 
 # kiln.compile's options that are settings for this function alone, by option name.
@@ -113,7 +114,8 @@ class ForwardRoute:
     Beside it, for the same duration, the helpers `generation_helpers` names for a HuggingFace
     generation model (kiln/capture/hf_generation.py: the static cache's masks left to the compiled
     forward, HF's own torch.compile of the forward turned off), each where the instance dict had
-    no entry of that name."""
+    no entry of that name; and a plain greedy `generate` runs kiln's decoding loop
+    (kiln/capture/hf_greedy.py)."""
 
     _MISSING = object()
 
@@ -128,10 +130,14 @@ class ForwardRoute:
     def method(self, method: types.MethodType) -> Callable:
         route = self
 
+        generate = method.__name__ == "generate"
+
         @functools.wraps(method)
         def routed(*args: Any, **kwargs: Any) -> Any:
             route._enter()
             try:
+                if generate:
+                    kwargs = greedy_generate_kwargs(route.module, args, kwargs)
                 return method(*args, **kwargs)
             finally:
                 route._exit()

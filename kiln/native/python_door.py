@@ -149,6 +149,13 @@ def watch() -> Any:
     return extension.Watch() if extension is not None and extension.dict_versions else None
 
 
+def greedy_tokens_function() -> Callable[[torch.Tensor], torch.Tensor | None] | None:
+    """The extension's `greedy_tokens(logits)` (torch.argmax(logits, -1) of a CPU float32 matrix in
+    two vectorized passes; None for other tensors) when this process has loaded the extension
+    (a compiled C++ wrapper graph loads it); None otherwise."""
+    return module().greedy_tokens if _module.cache_info().currsize else None
+
+
 def _python_stamp(tensors: list[torch.Tensor]) -> list[tuple[int, int, int]]:
     return [(id(t), t._version, t.data_ptr()) for t in tensors]
 

@@ -24,6 +24,13 @@
 //       first on the same device whose storage has the same data pointer (an empty tensor: its own).
 //       An aliasing guard checks it on every call of a graph that writes its inputs (a decode
 //       step's KV cache: ~40 tensors, ~25 us in Python when the step's weights left the caches cold).
+//   greedy_tokens(logits) -> Tensor or None
+//       torch.argmax(logits, -1) of a CPU float32 (batch, vocabulary) tensor whose rows are
+//       contiguous, as int64: the first index of each row's largest value, or of its first NaN;
+//       of a (batch, positions, vocabulary) tensor, its last position's (logits[:, -1]).
+//       Two vectorized passes over the row (its largest value, then where it first is); ATen's
+//       argmax keeps an index beside every compared value, ~130 us over Qwen2's 151936 logits on
+//       2 cores of an AMD EPYC where a sum takes 8. None for any other tensor (the caller asks ATen).
 //   Watch()() -> bool
 //       whether the dicts, instance dicts and closure cells handed to its last `record(dicts,
 //       owners, cells)` are unchanged since (each dict's version, each (owner, dict) pair's
@@ -768,10 +775,75 @@ PyMethodDef watch_methods[] = {
 
 PyTypeObject WatchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+// greedy_tokens: 16 lanes in GCC's vector extensions (lowered to the machine's widest vectors).
+typedef float Lanes __attribute__((vector_size(64)));
+typedef int32_t LaneMask __attribute__((vector_size(64)));
+typedef float UnalignedLanes __attribute__((vector_size(64), aligned(4)));
+constexpr int64_t kLanes = 16;
+
+// The first index of the largest value of x[0:n] (n >= 1), or of its first NaN: torch.argmax's answer.
+int64_t first_largest(const float* x, int64_t n) {
+  int64_t i = 0;
+  float largest = x[0];
+  bool unordered = x[0] != x[0];
+  if (n >= kLanes) {
+    Lanes acc = *reinterpret_cast<const UnalignedLanes*>(x);
+    LaneMask nan = acc != acc;
+    for (i = kLanes; i + kLanes <= n; i += kLanes) {
+      Lanes v = *reinterpret_cast<const UnalignedLanes*>(x + i);
+      acc = v > acc ? v : acc;
+      nan |= v != v;
+    }
+    for (int j = 0; j < kLanes; ++j) {
+      unordered |= nan[j] != 0;
+      largest = acc[j] > largest ? acc[j] : largest;
+    }
+  }
+  for (; i < n; ++i) {
+    unordered |= x[i] != x[i];
+    largest = x[i] > largest ? x[i] : largest;
+  }
+  if (unordered) {
+    for (int64_t k = 0; k < n; ++k)
+      if (x[k] != x[k]) return k;
+  }
+  int64_t k = 0;
+  if (n >= kLanes) {
+    Lanes target = largest - Lanes{};  // broadcast
+    for (; k + kLanes <= n; k += kLanes) {
+      LaneMask hit = *reinterpret_cast<const UnalignedLanes*>(x + k) == target;
+      int32_t any = 0;
+      for (int j = 0; j < kLanes; ++j) any |= hit[j];
+      if (any) break;
+    }
+  }
+  for (; k < n; ++k)
+    if (x[k] == largest) return k;
+  return 0;  // not reached: the largest value is one of x's
+}
+
+PyObject* greedy_tokens(PyObject*, PyObject* value) {
+  if (!THPVariable_Check(value)) Py_RETURN_NONE;
+  const at::Tensor& logits = THPVariable_Unpack(value);
+  const int64_t dim = logits.dim();
+  if ((dim != 2 && dim != 3) || logits.scalar_type() != at::kFloat || !logits.device().is_cpu() ||
+      logits.size(dim - 1) == 0 || (dim == 3 && logits.size(1) == 0) ||
+      (logits.size(dim - 1) > 1 && logits.stride(dim - 1) != 1) || logits.requires_grad())
+    Py_RETURN_NONE;
+  const int64_t rows = logits.size(0), n = logits.size(dim - 1), row_stride = logits.stride(0);
+  at::Tensor tokens = at::empty({rows}, at::TensorOptions().dtype(at::kLong));
+  // (batch, positions, vocabulary): the last position's row.
+  const float* data = logits.const_data_ptr<float>() + (dim == 3 ? (logits.size(1) - 1) * logits.stride(1) : 0);
+  int64_t* out = tokens.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) out[r] = first_largest(data + r * row_stride, n);
+  return THPVariable_Wrap(std::move(tokens));
+}
+
 PyMethodDef methods[] = {
     {"stamp", stamp, METH_O, "Identity, version counter and data pointer of each tensor, as bytes."},
     {"alias_pattern", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(alias_pattern)), METH_FASTCALL,
      "For each value the index of the first that is it; by storage, then the first sharing its memory."},
+    {"greedy_tokens", greedy_tokens, METH_O, "torch.argmax(logits[:, -1] if 3D else logits, -1) of a CPU float32 tensor; None for others."},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -1,0 +1,274 @@
+"""kiln's greedy decoding loop for `kiln.compile(model).generate(...)`.
+
+HuggingFace's `generate` prepares the call (configuration, logits processors, stopping criteria,
+the cache, the prompt's mask) and then runs a decoding loop, `GenerationMixin._sample` for greedy
+search. Between two compiled decode steps that loop spends 0.7-0.9 ms of a Qwen2-0.5B token on 2
+cores of an AMD EPYC (an int4 token is ~9-11 ms): `prepare_inputs_for_generation` ~0.16 ms and
+`_update_model_kwargs_for_generation` ~0.17 (Python run just after the step's weights pushed it
+out of the caches), `torch.argmax` over the 151936 logits ~0.15 (ATen keeps an index beside every
+compared value), the stopping criteria ~0.04, a float32 copy of the logits.
+
+For a plain greedy call the route (kiln/capture/api.py `ForwardRoute`) hands `generate` this loop
+as its `custom_generate` (HF's public door for a decoding loop: `generate` does all of its
+preparation, then calls it in `_sample`'s place). The loop gives `_sample`'s tokens and leaves the
+cache as `_sample` leaves it; per step it differs in three ways:
+
+- the next token is the extension's `greedy_tokens` (torch.argmax's answer, first index of the
+  largest value or of the first NaN, in two vectorized passes: ~19 µs over 151936 logits) and the
+  logits are not copied (float32 already; argmax is unchanged by the exact cast to float32);
+- the stopping criteria are called only where they can stop (a list of `MaxLengthCriteria`
+  alone is a comparison of lengths);
+- each step's forward inputs and updated model kwargs are predicted from the step before, once
+  the predictions equalled what HF's `prepare_inputs_for_generation` and
+  `_update_model_kwargs_for_generation` returned for the first `CHECKED_STEPS` decode steps:
+  the same keys, each value the same object, or an equal tensor of the same dtype, sizes and
+  strides, or an equal constant. Where a prediction differs (a model that moves position ids or
+  token types, a mask HF rebuilds every step, a class with its own functions), HF's functions run
+  on every step, as in `_sample`.
+
+The route hands the loop over only where it can only be greedy search of a decoder-only model
+without what the loop does not do: no streamer, assistant, tokenizer (stop strings), synced GPUs,
+`custom_generate` or positional arguments past the inputs; HF's `_sample` and `generate` being
+`GenerationMixin`'s own; no `torch.distributed` process group; the mode of the configuration
+`generate` will build (`_prepare_generation_config`) greedy. Inside, a call whose processors are
+not empty, that asks for scores, logits or a dict, or runs on a device where HF defers the stop
+check (MPS) is handed back to `_sample` unchanged. `config.capture.greedy_loop`
+(`KILN_GREEDY_LOOP=0`) turns it off.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from kiln import config
+from kiln.native import python_door
+
+# Decode steps whose inputs and kwargs are HF's, each compared with its prediction, before the
+# predictions are used alone: the first decode step has no previous step to predict from, the next
+# two check the rule on a step whose lengths already grew.
+CHECKED_STEPS = 3
+
+# `generate` arguments that change what the decoding loop must do (or that `custom_generate`
+# would drop from `_sample`'s arguments): with any of them HF runs its own loop.
+_HF_LOOP_ARGUMENTS = ("custom_generate", "streamer", "assistant_model", "assistant_tokenizer", "tokenizer",
+                      "synced_gpus", "prefix_allowed_tokens_fn", "negative_prompt_ids")
+
+
+def greedy_generate_kwargs(module: nn.Module, args: tuple, kwargs: dict) -> dict:
+    """`kwargs` for `module.generate(*args, **kwargs)`, with kiln's greedy loop as `custom_generate`
+    where the call can only be a plain greedy search; `kwargs` itself otherwise."""
+    if not config.capture.greedy_loop or len(args) > 1 or any(kwargs.get(name) is not None for name in _HF_LOOP_ARGUMENTS):
+        return kwargs
+    if not _hands_over_decoding(type(module)) or getattr(getattr(module, "config", None), "is_encoder_decoder", True):
+        return kwargs
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return kwargs
+    if not _plain_greedy(module, kwargs):
+        return kwargs
+    return {**kwargs, "custom_generate": greedy_decoding}
+
+
+def _hands_over_decoding(cls: type) -> bool:
+    """Whether `cls.generate` is HF's own, takes a callable `custom_generate`, and `_sample` is HF's
+    (a class with its own loop keeps it)."""
+    try:
+        from transformers.generation.utils import GenerationMixin
+    except ImportError:
+        return False
+    if getattr(cls, "_sample", None) is not GenerationMixin._sample or getattr(cls, "generate", None) is not GenerationMixin.generate:
+        return False
+    if not all(hasattr(cls, name) for name in ("_prefill", "_prepare_generation_config", "_optimize_model_for_decode")):
+        return False
+    parameter = inspect.signature(GenerationMixin.generate).parameters.get("custom_generate")
+    return parameter is not None and "Callable" in str(parameter.annotation)
+
+
+def _plain_greedy(module: nn.Module, kwargs: dict) -> bool:
+    """Whether the configuration `generate` will build from `kwargs` asks for greedy search and
+    returns the tokens alone (HF's own merge of the model's configuration, the defaults and the
+    arguments)."""
+    from transformers.generation.configuration_utils import GenerationMode
+
+    options = {name: value for name, value in kwargs.items() if name not in ("generation_config", "inputs")}
+    try:
+        generation_config, _ = module._prepare_generation_config(kwargs.get("generation_config"), **options)
+        return (generation_config.get_generation_mode(None) == GenerationMode.GREEDY_SEARCH
+                and not generation_config.return_dict_in_generate)
+    except Exception:  # noqa: BLE001 - whatever HF objects to, it reports itself in its own generate
+        return False
+
+
+def greedy_decoding(model: nn.Module, input_ids: torch.LongTensor, logits_processor: Any, stopping_criteria: Any,
+                    generation_config: Any, synced_gpus: bool = False, streamer: Any = None, **model_kwargs: Any) -> Any:
+    """HF's `_sample` for a greedy search without outputs beside the tokens (the signature is
+    `_sample`'s, so that `generate` hands it the same arguments)."""
+    if (len(logits_processor) or synced_gpus or streamer is not None or generation_config.do_sample
+            or generation_config.return_dict_in_generate or input_ids.device.type == "mps"
+            or getattr(generation_config, "is_assistant", False)):
+        return type(model)._sample(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                                   synced_gpus, streamer, **model_kwargs)
+    pad_token = getattr(generation_config, "_pad_token_tensor", None)
+    if pad_token is not None:
+        pad_token = pad_token.to(input_ids.device)
+    marks_finished = any(hasattr(criterion, "eos_token_id") for criterion in stopping_criteria)
+    stop = _stop_function(stopping_criteria)
+    unfinished = torch.ones(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+    steps = StepInputs(model)
+    outputs = model._prefill(input_ids, generation_config, model_kwargs, is_first_iteration=True)
+    with model._optimize_model_for_decode():
+        while True:
+            model_kwargs = steps.updated(outputs, model_kwargs)
+            next_tokens = greedy_tokens(outputs.logits).to(input_ids.device)
+            del outputs
+            if marks_finished:
+                next_tokens = next_tokens * unfinished + pad_token * (1 - unfinished)
+            column = next_tokens[:, None]
+            input_ids = torch.cat([input_ids, column], dim=-1)
+            done = stop(input_ids)
+            if done is not None:
+                unfinished = unfinished & ~done
+                if unfinished.max() == 0:
+                    return input_ids
+            outputs = model(**steps.inputs(input_ids, column, model_kwargs), return_dict=True)
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """`torch.argmax(logits[:, -1], -1)` of a (batch, positions, vocabulary) tensor: the
+    extension's two vectorized passes where it takes `logits`."""
+    fast = python_door.greedy_tokens_function()
+    tokens = fast(logits) if fast is not None else None
+    return tokens if tokens is not None else torch.argmax(logits[:, -1], dim=-1)
+
+
+def _stop_function(stopping_criteria: Any) -> Callable[[torch.Tensor], torch.Tensor | None]:
+    """`stop(input_ids)`: the criteria's verdict per sequence, or None where none can be done. A list of
+    length limits alone is a comparison of lengths (HF's criterion also warns past the model's
+    positions: it is called there)."""
+    from transformers.generation.stopping_criteria import MaxLengthCriteria
+
+    if not all(type(criterion) is MaxLengthCriteria for criterion in stopping_criteria):
+        return lambda input_ids: stopping_criteria(input_ids, None)
+    limit = min((criterion.max_length for criterion in stopping_criteria), default=None)
+    positions = [criterion.max_position_embeddings for criterion in stopping_criteria
+                 if criterion.max_position_embeddings is not None]
+    beyond = min(positions, default=None)
+
+    def stop(input_ids: torch.Tensor) -> torch.Tensor | None:
+        length = input_ids.shape[1]
+        if beyond is not None and length > beyond:
+            return stopping_criteria(input_ids, None)
+        if limit is None or length < limit:
+            return None
+        return torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    return stop
+
+
+class StepInputs:
+    """A decode step's forward inputs (`inputs`) and the model kwargs after a forward (`updated`):
+    HF's functions, compared with the predictions from the step before for the first
+    `CHECKED_STEPS` steps, then the predictions alone where every one matched."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.checked_inputs = 0  # decode steps whose inputs HF made (the first has no prediction)
+        self.checked_updates = 0
+        self.trusted_inputs = self.trusted_updates = True  # until a prediction differs
+        self.last_inputs: dict | None = None  # HF's (or the predicted) inputs of the step before
+        self.last_kwargs: dict | None = None  # the model kwargs they were made from
+
+    @property
+    def settled(self) -> bool:
+        """Whether the inputs are predicted alone from now on."""
+        return self.trusted_inputs and self.checked_inputs >= CHECKED_STEPS
+
+    def inputs(self, input_ids: torch.Tensor, column: torch.Tensor, model_kwargs: dict) -> dict:
+        """The forward's inputs for the step after `input_ids`, whose last `column` is the new tokens."""
+        predicted = (_predicted_inputs(self.last_inputs, self.last_kwargs, model_kwargs, column)
+                     if self.last_inputs is not None and self.trusted_inputs else None)
+        if predicted is None or not self.settled:
+            made = self.model.prepare_inputs_for_generation(
+                input_ids, next_sequence_length=1 if model_kwargs.get("use_cache") else None, **model_kwargs)
+            if self.checked_inputs > 0 and not _same_values(made, predicted):
+                self.trusted_inputs = False
+            self.checked_inputs += 1
+            predicted = made
+        self.last_inputs, self.last_kwargs = predicted, dict(model_kwargs)
+        return predicted
+
+    def updated(self, outputs: Any, model_kwargs: dict) -> dict:
+        # Once the inputs are predicted alone, position ids come from the last step's: the kwarg is not grown.
+        predicted = _predicted_update(outputs, model_kwargs, not self.settled) if self.trusted_updates else None
+        if predicted is None or self.checked_updates < CHECKED_STEPS:
+            made = self.model._update_model_kwargs_for_generation(outputs, dict(model_kwargs), is_encoder_decoder=False)
+            if not _same_values(made, predicted):
+                self.trusted_updates = False
+            self.checked_updates += 1
+            return made
+        return predicted
+
+
+def _predicted_inputs(last: dict, last_kwargs: dict, model_kwargs: dict, column: torch.Tensor) -> dict | None:
+    """This step's inputs from the last step's: the new tokens as `input_ids` (a column), each value
+    that was a model kwarg that kwarg's value now, the position ids one more (HF slices the last
+    column of the kwarg it grows by one), constants as they were; None where another value is seen."""
+    predicted = {}
+    for name, value in last.items():
+        if name == "input_ids":
+            predicted[name] = column
+        elif name in last_kwargs and last_kwargs[name] is value and name in model_kwargs:
+            predicted[name] = model_kwargs[name]
+        elif name == "position_ids" and _last_column_of(value, last_kwargs.get(name)):
+            predicted[name] = value + 1
+        elif value is None or type(value) in (bool, int, float, str):
+            predicted[name] = value
+        else:
+            return None
+    return predicted
+
+
+def _last_column_of(value: Any, kwarg: Any) -> bool:
+    """Whether `value` may be the last column of the model kwarg `kwarg` (both tensors, `kwarg` longer)."""
+    return (isinstance(value, torch.Tensor) and isinstance(kwarg, torch.Tensor) and value.dim() == kwarg.dim() > 0
+            and value.shape[-1] == 1 < kwarg.shape[-1])
+
+
+def _predicted_update(outputs: Any, model_kwargs: dict, grow_positions: bool = True) -> dict | None:
+    """The model kwargs after a step, as HF's generic update makes them where no token types
+    move: the cache the forward returned, the position ids one column longer (the last plus one;
+    not with `grow_positions` False), the 2D mask one column of ones longer."""
+    if any(model_kwargs.get(name) is not None for name in ("token_type_ids", "mm_token_type_ids")):
+        return None
+    updated = dict(model_kwargs)
+    if "cache" in outputs:
+        updated["cache"] = outputs["cache"]
+    positions = updated.get("position_ids")
+    if positions is not None and grow_positions:
+        updated["position_ids"] = torch.cat([positions, positions[..., -1:] + 1], dim=-1)
+    mask = updated.get("attention_mask")
+    if mask is not None:
+        updated["attention_mask"] = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+    return updated
+
+
+def _same_values(made: dict, predicted: dict | None) -> bool:
+    """Whether `predicted` has `made`'s keys in its order, each value the same object, an equal
+    tensor of the same dtype, device, sizes and strides, or an equal value of the same type."""
+    if predicted is None or list(made) != list(predicted):
+        return False
+    for name, value in made.items():
+        other = predicted[name]
+        if value is other:
+            continue
+        if isinstance(value, torch.Tensor) and type(other) is type(value):
+            if (value.dtype, value.device, value.shape, value.stride()) != (other.dtype, other.device, other.shape, other.stride()):
+                return False
+            if not torch.equal(value, other):
+                return False
+        elif type(value) is not type(other) or isinstance(value, torch.Tensor) or value != other:
+            return False
+    return True

@@ -1,0 +1,209 @@
+"""kiln's greedy decoding loop (kiln/capture/hf_greedy.py): a plain greedy `generate` through
+`kiln.compile(model)` runs it in HF's `_sample`'s place, with eager's tokens; HF's own input and
+kwarg functions run only on the steps that check kiln's predictions of them; every call the loop
+does not cover runs HF's `_sample` unchanged."""
+
+import pytest
+import torch
+import transformers
+
+import kiln
+from kiln.capture import hf_greedy
+from kiln.runtime import fallback
+from tests.kiln_backend import private_cache  # noqa: F401 - an empty cache per test
+from tests.llm.test_generate import _decoder
+
+NEW_TOKENS = 24
+
+
+def _prompt(batch: int = 1, length: int = 16) -> torch.Tensor:
+    return torch.randint(0, 1000, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+def _counted(monkeypatch, model: torch.nn.Module) -> dict:
+    """Calls of the model class's `prepare_inputs_for_generation`, `_sample` and kiln's loop, counted."""
+    counts = {"prepare": 0, "sample": 0, "kiln": 0}
+    cls = type(model)
+    for name, key in (("prepare_inputs_for_generation", "prepare"), ("_sample", "sample")):
+        original = getattr(cls, name)
+
+        def counted(*args, _original=original, _key=key, **kwargs):
+            counts[_key] += 1
+            return _original(*args, **kwargs)
+
+        counted.__signature__ = __import__("inspect").signature(original)
+        monkeypatch.setattr(cls, name, counted, raising=False)
+    loop = hf_greedy.greedy_decoding
+
+    def counted_loop(*args, **kwargs):
+        counts["kiln"] += 1
+        return loop(*args, **kwargs)
+
+    monkeypatch.setattr(hf_greedy, "greedy_decoding", counted_loop)
+    # The route's check looks for HF's own `_sample`: the counted one stands for it here.
+    monkeypatch.setattr(hf_greedy, "_hands_over_decoding", lambda cls: True)
+    return counts
+
+
+CASES = [("llama", "static"), ("llama", "dynamic"), ("qwen2", "static"), ("gpt2", "dynamic"), ("mistral", "dynamic")]
+
+
+@pytest.mark.parametrize("arch,cache", CASES, ids=["-".join(c) for c in CASES])
+def test_a_greedy_generate_runs_kilns_loop_with_eagers_tokens(arch, cache, monkeypatch):
+    kiln.reset()
+    fallback.reset()
+    model = _decoder(arch)
+    prompt = _prompt()
+    options = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, eos_token_id=None)
+    if cache == "static":
+        options["cache_implementation"] = "static"
+    with torch.no_grad():
+        expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
+        counts = _counted(monkeypatch, model)
+        tokens = kiln.compile(model).generate(prompt, attention_mask=torch.ones_like(prompt), **options)
+    assert torch.equal(tokens, expected) and tokens.shape == (1, 16 + NEW_TOKENS)
+    # kiln's loop instead of `_sample`; HF made the inputs of the first CHECKED_STEPS decode steps
+    # (and the prefill's), kiln's predictions the rest.
+    assert counts["kiln"] == 1 and counts["sample"] == 0
+    assert counts["prepare"] == 1 + hf_greedy.CHECKED_STEPS
+    assert fallback.FALLBACKS == [] and kiln.capture.BREAKS == []
+
+
+def test_end_of_sequence_and_left_padding_give_eagers_tokens(monkeypatch):
+    """Two prompts, the first left-padded (HF keeps the 2D mask and grows it), an end-of-sequence
+    token the first row produces midway: the finished row is padded, the call ends when both are
+    done or at the length limit, as eager's."""
+    kiln.reset()
+    model = _decoder("llama")
+    prompt = _prompt(2, 12)
+    mask = torch.ones_like(prompt)
+    mask[0, :3] = 0
+    options = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=7)
+    with torch.no_grad():
+        free = model.generate(prompt, attention_mask=mask, eos_token_id=None, **options)
+        eos = int(free[0, 12 + 5])  # the first row's sixth new token
+        expected = model.generate(prompt, attention_mask=mask, eos_token_id=eos, **options)
+        counts = _counted(monkeypatch, model)
+        tokens = kiln.compile(model).generate(prompt, attention_mask=mask, eos_token_id=eos, **options)
+    assert (expected[0, 12 + 6:] == 7).all()  # the case is the one meant: row 0 finished early
+    assert torch.equal(tokens, expected) and counts["kiln"] == 1 and counts["sample"] == 0
+
+
+OTHER_LOOPS = {
+    "sampling": dict(do_sample=True, top_k=1),  # the mode is sampling: HF's loop
+    "processors": dict(repetition_penalty=1.3),  # greedy, with a logits processor: `_sample` inside kiln's
+    "scores": dict(return_dict_in_generate=True, output_scores=True, do_sample=False),
+    "streamer": dict(streamer="streamer"),
+    "beams": dict(num_beams=2),
+}
+
+
+@pytest.mark.parametrize("case", list(OTHER_LOOPS))
+def test_a_call_kilns_loop_does_not_cover_runs_hfs_sample(case, monkeypatch):
+    kiln.reset()
+    model = _decoder("llama")
+    prompt = _prompt()
+    options = dict(max_new_tokens=8, pad_token_id=0, eos_token_id=None, **OTHER_LOOPS[case])
+    if options.get("streamer"):
+        seen = []
+
+        class Streamer(transformers.generation.BaseStreamer):
+            def put(self, value):
+                seen.append(value)
+
+            def end(self):
+                seen.append("end")
+
+        options["streamer"] = Streamer()
+    with torch.no_grad():
+        torch.manual_seed(3)
+        expected = model.generate(prompt, **options)
+        streamed = seen[:] if case == "streamer" else None
+        counts = _counted(monkeypatch, model)
+        torch.manual_seed(3)
+        result = kiln.compile(model).generate(prompt, **options)
+    if case == "scores":
+        assert torch.equal(result.sequences, expected.sequences) and len(result.scores) == 8
+        assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(result.scores, expected.scores))
+    else:
+        assert torch.equal(result, expected)
+    if case == "streamer":
+        assert len(seen) == 2 * len(streamed) and seen[-1] == "end"
+    # HF's loop ran, and made every step's inputs itself.
+    assert counts["prepare"] >= 8 if case != "beams" else counts["prepare"] >= 1
+    if case == "processors":
+        assert counts["kiln"] == 1 and counts["sample"] == 1  # kiln's loop handed it to `_sample`
+    elif case != "beams":
+        assert counts["kiln"] == 0 and counts["sample"] == 1
+    else:
+        assert counts["kiln"] == 0
+
+
+def test_the_setting_turns_kilns_loop_off(monkeypatch):
+    kiln.reset()
+    model = _decoder("llama")
+    prompt = _prompt()
+    options = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        expected = model.generate(prompt, **options)
+        counts = _counted(monkeypatch, model)
+        with kiln.config.patch({"capture.greedy_loop": False}):
+            assert torch.equal(kiln.compile(model).generate(prompt, **options), expected)
+    assert counts["kiln"] == 0 and counts["sample"] == 1 and counts["prepare"] == 8
+
+
+def test_inputs_hf_makes_differently_from_the_prediction_stay_hfs_every_step(monkeypatch):
+    """A class whose `prepare_inputs_for_generation` adds an input kiln cannot predict (a new
+    tensor each step): the first comparison fails, and HF's function makes every step's inputs."""
+    kiln.reset()
+
+    class Extra(transformers.LlamaForCausalLM):
+        def prepare_inputs_for_generation(self, *args, **kwargs):
+            inputs = super().prepare_inputs_for_generation(*args, **kwargs)
+            inputs["labels"] = None if inputs["input_ids"].shape[1] > 1 else torch.zeros(1, dtype=torch.long)[:0]
+            return inputs
+
+        def forward(self, *args, labels=None, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    base = _decoder("llama")
+    model = Extra(base.config).eval()
+    model.load_state_dict(base.state_dict())
+    prompt = _prompt()
+    options = dict(max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        expected = model.generate(prompt, **options)
+        counts = _counted(monkeypatch, model)
+        assert torch.equal(kiln.compile(model).generate(prompt, **options), expected)
+    assert counts["kiln"] == 1 and counts["prepare"] == 10
+
+
+def test_greedy_tokens_are_torch_argmax():
+    """The extension's two passes against torch.argmax: ties (the first index), NaN (the first
+    NaN), infinities, signed zeros, ragged lengths around the 16 lanes, a 3D tensor's last
+    position; None (torch.argmax then) for what it does not take."""
+    from kiln.native import python_door
+
+    greedy = python_door.module().greedy_tokens
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(600):
+        rows, n = trial % 3 + 1, trial % 70 + 1
+        x = torch.randint(-3, 4, (rows, n), generator=generator).float()
+        r = torch.rand(rows, n, generator=generator)
+        x[r < 0.02] = float("nan")
+        x[(r > 0.5) & (r < 0.53)] = float("inf")
+        x[(r > 0.6) & (r < 0.63)] = float("-inf")
+        x[(r > 0.7) & (r < 0.75)] = -0.0
+        if trial % 7 == 0:
+            x.fill_(float("-inf"))
+        expected = torch.argmax(x, -1)
+        assert torch.equal(greedy(x), expected), x
+        sequence = torch.zeros(rows, 3, n)
+        sequence[:, -1] = x
+        assert torch.equal(greedy(sequence), expected)
+        assert torch.equal(hf_greedy.greedy_tokens(sequence), expected)
+    wide = torch.randn(2, 151936, generator=generator)
+    assert torch.equal(greedy(wide), torch.argmax(wide, -1))
+    for other in (wide.double(), wide.t(), wide[0], wide[:, :0], wide.requires_grad_()):
+        assert greedy(other) is None
+    assert torch.equal(hf_greedy.greedy_tokens(wide.double()[:, None]), torch.argmax(wide.double(), -1))
