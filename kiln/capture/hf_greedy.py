@@ -22,9 +22,9 @@ cache as `_sample` leaves it; per step it differs in three ways:
   the predictions equalled what HF's `prepare_inputs_for_generation` and
   `_update_model_kwargs_for_generation` returned for the first `CHECKED_STEPS` decode steps:
   the same keys, each value the same object, or an equal tensor of the same dtype, sizes and
-  strides, or an equal constant. Where a prediction differs (a model that moves position ids or
-  token types, a mask HF rebuilds every step, a class with its own functions), HF's functions run
-  on every step, as in `_sample`.
+  strides, or an equal constant. Where a prediction differs (token types, a mask HF rebuilds
+  every step) or the class has functions of its own, HF's functions run on every step, as in
+  `_sample`.
 
 The route hands the loop over only where it can only be greedy search of a decoder-only model
 without what the loop does not do: no streamer, assistant, tokenizer (stop strings), synced GPUs,
@@ -174,10 +174,16 @@ class StepInputs:
     `CHECKED_STEPS` steps, then the predictions alone where every one matched."""
 
     def __init__(self, model: nn.Module) -> None:
+        from transformers.generation.utils import GenerationMixin
+
         self.model = model
         self.checked_inputs = 0  # decode steps whose inputs HF made (the first has no prediction)
         self.checked_updates = 0
-        self.trusted_inputs = self.trusted_updates = True  # until a prediction differs
+        # Until a prediction differs; never for a class with functions of its own (whose results
+        # may change their rule on a later step than those compared).
+        cls = type(model)
+        self.trusted_inputs = cls.prepare_inputs_for_generation is GenerationMixin.prepare_inputs_for_generation
+        self.trusted_updates = cls._update_model_kwargs_for_generation is GenerationMixin._update_model_kwargs_for_generation
         self.last_inputs: dict | None = None  # HF's (or the predicted) inputs of the step before
         self.last_kwargs: dict | None = None  # the model kwargs they were made from
 

@@ -3,6 +3,8 @@
 kwarg functions run only on the steps that check kiln's predictions of them; every call the loop
 does not cover runs HF's `_sample` unchanged."""
 
+import functools
+
 import pytest
 import torch
 import transformers
@@ -21,18 +23,20 @@ def _prompt(batch: int = 1, length: int = 16) -> torch.Tensor:
 
 
 def _counted(monkeypatch, model: torch.nn.Module) -> dict:
-    """Calls of the model class's `prepare_inputs_for_generation`, `_sample` and kiln's loop, counted."""
-    counts = {"prepare": 0, "sample": 0, "kiln": 0}
-    cls = type(model)
-    for name, key in (("prepare_inputs_for_generation", "prepare"), ("_sample", "sample")):
-        original = getattr(cls, name)
+    """Calls of HF's `prepare_inputs_for_generation` and `_sample` (GenerationMixin's own, so that
+    classes inheriting them still have HF's) and of kiln's loop, counted."""
+    from transformers.generation.utils import GenerationMixin
 
+    counts = {"prepare": 0, "sample": 0, "kiln": 0}
+    for name, key in (("prepare_inputs_for_generation", "prepare"), ("_sample", "sample")):
+        original = getattr(GenerationMixin, name)
+
+        @functools.wraps(original)
         def counted(*args, _original=original, _key=key, **kwargs):
             counts[_key] += 1
             return _original(*args, **kwargs)
 
-        counted.__signature__ = __import__("inspect").signature(original)
-        monkeypatch.setattr(cls, name, counted, raising=False)
+        monkeypatch.setattr(GenerationMixin, name, counted)
     loop = hf_greedy.greedy_decoding
 
     def counted_loop(*args, **kwargs):
@@ -40,8 +44,6 @@ def _counted(monkeypatch, model: torch.nn.Module) -> dict:
         return loop(*args, **kwargs)
 
     monkeypatch.setattr(hf_greedy, "greedy_decoding", counted_loop)
-    # The route's check looks for HF's own `_sample`: the counted one stands for it here.
-    monkeypatch.setattr(hf_greedy, "_hands_over_decoding", lambda cls: True)
     return counts
 
 
@@ -152,22 +154,36 @@ def test_the_setting_turns_kilns_loop_off(monkeypatch):
     assert counts["kiln"] == 0 and counts["sample"] == 1 and counts["prepare"] == 8
 
 
-def test_inputs_hf_makes_differently_from_the_prediction_stay_hfs_every_step(monkeypatch):
-    """A class whose `prepare_inputs_for_generation` adds an input kiln cannot predict (a new
-    tensor each step): the first comparison fails, and HF's function makes every step's inputs."""
+def test_inputs_kiln_cannot_predict_stay_hfs_every_step(monkeypatch):
+    """A sliding-window model with a static cache: HF builds each step's masks in
+    `prepare_inputs_for_generation` (new tensors every step, not a kwarg's), so the first
+    comparison fails and HF's function makes every step's inputs; eager's tokens."""
+    kiln.reset()
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                        sliding_window=8)
+    model = transformers.MistralForCausalLM(config).eval()
+    prompt = _prompt(1, 12)
+    options = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None, cache_implementation="static")
+    with torch.no_grad():
+        expected = model.generate(prompt, **options)
+        counts = _counted(monkeypatch, model)
+        assert torch.equal(kiln.compile(model).generate(prompt, **options), expected)
+    assert counts["kiln"] == 1 and counts["sample"] == 0 and counts["prepare"] == 12
+
+
+def test_a_class_with_its_own_input_function_keeps_it_every_step(monkeypatch):
+    """A class with its own `prepare_inputs_for_generation`: kiln's loop calls it on every step
+    (its rule could change after the steps a prediction would be compared on)."""
     kiln.reset()
 
-    class Extra(transformers.LlamaForCausalLM):
+    class Own(transformers.LlamaForCausalLM):
         def prepare_inputs_for_generation(self, *args, **kwargs):
-            inputs = super().prepare_inputs_for_generation(*args, **kwargs)
-            inputs["labels"] = None if inputs["input_ids"].shape[1] > 1 else torch.zeros(1, dtype=torch.long)[:0]
-            return inputs
-
-        def forward(self, *args, labels=None, **kwargs):
-            return super().forward(*args, **kwargs)
+            return super().prepare_inputs_for_generation(*args, **kwargs)
 
     base = _decoder("llama")
-    model = Extra(base.config).eval()
+    model = Own(base.config).eval()
     model.load_state_dict(base.state_dict())
     prompt = _prompt()
     options = dict(max_new_tokens=10, do_sample=False, pad_token_id=0, eos_token_id=None)
