@@ -118,11 +118,12 @@ def greedy_decoding(model: nn.Module, input_ids: torch.LongTensor, logits_proces
     stop = _stop_function(stopping_criteria)
     unfinished = torch.ones(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
     steps = StepInputs(model)
+    fast_tokens = python_door.greedy_tokens_function()  # (resolved once: the step's Python runs cold)
     outputs = model._prefill(input_ids, generation_config, model_kwargs, is_first_iteration=True)
     with model._optimize_model_for_decode():
         while True:
             model_kwargs = steps.updated(outputs, model_kwargs)
-            next_tokens = greedy_tokens(outputs.logits).to(input_ids.device)
+            next_tokens = _tokens(outputs.logits, fast_tokens).to(input_ids.device)
             del outputs
             if marks_finished:
                 next_tokens = next_tokens * unfinished + pad_token * (1 - unfinished)
@@ -139,7 +140,10 @@ def greedy_decoding(model: nn.Module, input_ids: torch.LongTensor, logits_proces
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """`torch.argmax(logits[:, -1], -1)` of a (batch, positions, vocabulary) tensor: the
     extension's two vectorized passes where it takes `logits`."""
-    fast = python_door.greedy_tokens_function()
+    return _tokens(logits, python_door.greedy_tokens_function())
+
+
+def _tokens(logits: torch.Tensor, fast: Callable[[torch.Tensor], torch.Tensor | None] | None) -> torch.Tensor:
     tokens = fast(logits) if fast is not None else None
     return tokens if tokens is not None else torch.argmax(logits[:, -1], dim=-1)
 

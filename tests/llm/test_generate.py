@@ -229,17 +229,22 @@ def test_the_compiled_generate_turns_off_hfs_own_torch_compile(monkeypatch):
         assert torch.equal(model.generate(prompt, compile_config=config, **options), expected) and asked
 
 
+def _sliding_window_mistral() -> torch.nn.Module:
+    """A tiny Mistral whose layers attend over a window of 8 positions."""
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                        sliding_window=8)
+    return transformers.MistralForCausalLM(config).eval()
+
+
 def test_a_sliding_window_models_masks_stay_hfs():
     """A sliding-window layer's mask reads the cache's position as a Python int: built in the graph
     it would be specialized on, a recompile per token up to the limit. Such a model keeps HF's masks:
     a bounded number of graphs for 24 tokens, no fallback, eager's tokens."""
     kiln.reset()
     fallback.reset()
-    torch.manual_seed(0)
-    config = transformers.MistralConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                        sliding_window=8)
-    model = transformers.MistralForCausalLM(config).eval()
+    model = _sliding_window_mistral()
     prompt = torch.randint(0, 1000, (1, 12), generator=torch.Generator().manual_seed(1))
     options = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False, cache_implementation="static")
     with torch.no_grad():

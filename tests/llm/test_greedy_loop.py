@@ -13,7 +13,7 @@ import kiln
 from kiln.capture import hf_greedy
 from kiln.runtime import fallback
 from tests.kiln_backend import private_cache  # noqa: F401 - an empty cache per test
-from tests.llm.test_generate import _decoder
+from tests.llm.test_generate import _decoder, _sliding_window_mistral
 
 NEW_TOKENS = 24
 
@@ -28,22 +28,16 @@ def _counted(monkeypatch, model: torch.nn.Module) -> dict:
     from transformers.generation.utils import GenerationMixin
 
     counts = {"prepare": 0, "sample": 0, "kiln": 0}
-    for name, key in (("prepare_inputs_for_generation", "prepare"), ("_sample", "sample")):
-        original = getattr(GenerationMixin, name)
+    for owner, name, key in ((GenerationMixin, "prepare_inputs_for_generation", "prepare"),
+                             (GenerationMixin, "_sample", "sample"), (hf_greedy, "greedy_decoding", "kiln")):
+        original = getattr(owner, name)
 
         @functools.wraps(original)
         def counted(*args, _original=original, _key=key, **kwargs):
             counts[_key] += 1
             return _original(*args, **kwargs)
 
-        monkeypatch.setattr(GenerationMixin, name, counted)
-    loop = hf_greedy.greedy_decoding
-
-    def counted_loop(*args, **kwargs):
-        counts["kiln"] += 1
-        return loop(*args, **kwargs)
-
-    monkeypatch.setattr(hf_greedy, "greedy_decoding", counted_loop)
+        monkeypatch.setattr(owner, name, counted)
     return counts
 
 
@@ -159,11 +153,7 @@ def test_inputs_kiln_cannot_predict_stay_hfs_every_step(monkeypatch):
     `prepare_inputs_for_generation` (new tensors every step, not a kwarg's), so the first
     comparison fails and HF's function makes every step's inputs; eager's tokens."""
     kiln.reset()
-    torch.manual_seed(0)
-    config = transformers.MistralConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                        sliding_window=8)
-    model = transformers.MistralForCausalLM(config).eval()
+    model = _sliding_window_mistral()
     prompt = _prompt(1, 12)
     options = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None, cache_implementation="static")
     with torch.no_grad():
