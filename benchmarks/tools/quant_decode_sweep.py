@@ -15,7 +15,7 @@ same round is what compares across runs; so does each build's time over the defa
     python benchmarks/tools/quant_decode_sweep.py --model qwen2-0.5b --kinds int4 --huge-page-runs KILN_DIGIT_RUNS=3
 
 Each argument is one build: its macros joined by `+` (`KILN_QUANT_LOCALITY=3+KILN_INT8_AHEAD=128`;
-KILN_TABLE_AHEAD too). `--huge-pages` lays the packed weights on 2 MB pages (madvise, where
+KILN_TABLE_AHEAD and KILN_INT8_FAR_PREFETCH too). `--huge-pages` lays the packed weights on 2 MB pages (madvise, where
 transparent huge pages are `madvise` or `always`) and tells the kernels so, as kiln's runtime
 does on AMD (kiln_gemm.h `huge_page_packs`: one-row products then read one stream a thread);
 `--huge-page-runs` lays them there but reads them in runs, as kiln's runtime does on Intel.

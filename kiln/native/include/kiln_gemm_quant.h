@@ -871,7 +871,7 @@ static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, 
       for (int s = 0; s < S; ++s)
 #pragma GCC unroll 8
         for (int v = 0; v < NV; ++v) {
-          __builtin_prefetch(q[s] + ((u + AHEAD) * NR + v * L) * 4, 0, FAR_LOCALITY);
+          if constexpr (AHEAD > 0) __builtin_prefetch(q[s] + ((u + AHEAD) * NR + v * L) * 4, 0, FAR_LOCALITY);
           if constexpr (NEAR > 0) __builtin_prefetch(q[s] + ((u + NEAR) * NR + v * L) * 4, 0, 3);
           const IV word = load_words(q[s] + (u * NR + v * L) * 4);
           if constexpr (BITS == 4) {
@@ -922,6 +922,29 @@ static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, 
   }
 }
 
+// Whether int8 weights at one row on 2 MB pages (one stream a thread, below) are also asked for
+// INT4_PREFETCH_WORDS units ahead, as int4's are. Not on AMD's family 19h (Zen 3, Zen 4): on a
+// 2-core AMD EPYC Zen 4 (family 25 model 17; 2 threads, benchmarks/tools/quant_decode_sweep.py
+// --huge-pages --in-c, 40 interleaved rounds, the median of each round's ratio) a step's int8
+// products took 0.733x the time without it for Qwen2-0.5B (quartiles 0.694-0.777; 1 KB ahead
+// 0.750x) and 0.918x for llama-160m, where int4's stayed within noise (1.01-1.08x): a plain read
+// of 1 GiB there ran 17 % slower with prefetcht1 4-8 KB ahead of its loads, 2 % at 1-2 KB. Zen 5
+// (family 26) keeps it: it is where the far prefetch was timed faster (int8 0.94-0.95x with the
+// table's prefetch). KILN_INT8_FAR_PREFETCH=0/1 times either anywhere.
+#ifdef KILN_INT8_FAR_PREFETCH
+static inline bool int8_far_prefetch() { return KILN_INT8_FAR_PREFETCH != 0; }
+#elif defined(__x86_64__)
+static inline bool int8_far_prefetch() {
+  static const bool far = [] {
+    __builtin_cpu_init();
+    return !__builtin_cpu_is("amdfam19h");
+  }();
+  return far;
+}
+#else
+static inline bool int8_far_prefetch() { return true; }
+#endif
+
 // Runs of panels a thread reads at once at one row with more than one digit (their sums fill the registers).
 #ifdef KILN_DIGIT_RUNS  // to time another count
 constexpr int DIGIT_RUNS = KILN_DIGIT_RUNS;
@@ -961,9 +984,11 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
       // The panels shared (SharedPanels): a llama-160m step's int4 products from DRAM where the
       // memory read >= 45 GB/s (~480 interleaved rounds each) 70 -> 77 % of its speed with the
       // digits made on each thread (74 % with them and a static split); in another run 87 -> 94 %.
+      const bool far = BITS == 4 || int8_far_prefetch();
       shared.take_all(omp_get_thread_num(), [&](int64_t q0, int64_t q1) {
         panel_runs<1>(q0, q1, [&](auto count, const int64_t* at) {
-          digits_tile<BITS, decltype(count)::value, 1, D>(src, at, 1, x, c, ldc, e);
+          if (far) digits_tile<BITS, decltype(count)::value, 1, D>(src, at, 1, x, c, ldc, e);
+          else digits_tile<BITS, decltype(count)::value, 1, D, 0>(src, at, 1, x, c, ldc, e);
         });
       });
     } else if (M == 1) {
