@@ -538,6 +538,37 @@ def test_guards_on_globals_a_class_and_an_instance_run_only_after_a_change(watch
         assert runs[0] == 1
 
 
+class _KernelTable(torch.nn.Module):
+    """A module whose plain dict attribute names the function its forward calls (as HF's attention
+    modules keep `_kernel_funcs`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.funcs = {"act": torch.relu}
+
+    def forward(self, x):
+        return self.funcs["act"](x) + 1
+
+
+def test_a_module_dicts_items_are_stable_guards_and_their_changes_are_seen(watch_available):
+    table = _KernelTable()
+    f = _compiled(lambda x: table(x))
+    x = torch.randn(4)
+    torch.testing.assert_close(f(x), torch.relu(x) + 1)
+    every_call = f.kiln_cache.entries[0].guards.source_code.split("def check_stable")[0]
+    assert "'funcs'" not in every_call and ".funcs" not in every_call, every_call
+    runs = _stable_runs(f)
+    for _ in range(3):
+        torch.testing.assert_close(f(x), torch.relu(x) + 1)
+    assert runs[0] == 1 and _entries(f) == 1  # read through instance dicts: checked once, not every call
+    table.funcs["act"] = torch.tanh  # the dict's item changes
+    torch.testing.assert_close(f(x), torch.tanh(x) + 1)
+    table.funcs = {"act": torch.sigmoid}  # the attribute itself (the module's watch)
+    torch.testing.assert_close(f(x), torch.sigmoid(x) + 1)
+    table.__dict__["funcs"] = {"act": torch.relu}  # past nn.Module.__setattr__: the instance dict's version
+    torch.testing.assert_close(f(x), torch.relu(x) + 1)
+
+
 def test_an_attribute_written_by_specialized_bytecode_or_a_replaced_dict_is_seen(watch_available):
     class Config:
         pass

@@ -24,7 +24,7 @@ from torch.utils.hooks import RemovableHandle
 from kiln.capture import module_watch
 from kiln.capture.break_records import Unsupported, unsupported
 from kiln.capture.guards import Guard
-from kiln.capture.sources import AttrSource, ConstSource, KeysSource, Source
+from kiln.capture.sources import AttrSource, ConstSource, InstanceDictSource, ItemSource, KeysSource, Source
 from kiln.capture.user_exceptions import raise_real
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable, is_literal, is_plain_data, plain_data
@@ -70,8 +70,15 @@ class ModuleVariable(UserObjectVariable):
         value = self.value.__dict__[name]
         if is_immutable(value):
             return wrap_constant_result(value)
-        if isinstance(value, (list, dict, set, torch.Tensor)):
+        if isinstance(value, torch.Tensor):
             return wrap(tx, value, AttrSource(self.source, name))
+        if isinstance(value, (list, dict, set)):
+            # Read where it was found, the instance dict: the watch stands for the attribute, and a
+            # guard on a dict's item reached from a constant through instance dicts alone is a stable
+            # read (guards.stable_reads), checked only when a watched dict changed, where through the
+            # attribute it was checked on every call (HF's attention modules' `_kernel_funcs`: 12
+            # lines of a llama-160m decode step's guards).
+            return wrap(tx, value, ItemSource(InstanceDictSource(self.source), name))
         return wrap(tx, value, ConstSource(value, f"{self.path}.{name}"))
 
     def _registered(self, tx: Any, name: str) -> Variable | None:
