@@ -167,9 +167,22 @@ static inline void transpose(V (&r)[L]) {
 // asked for KEYS_AHEAD rows ahead, and each block's values while its scores are computed (into L2,
 // for the pass over the values). llama-160m's decode on 2 threads of an Intel Xeon: the attention
 // of 12 heads over 200 keys, its cache from L3, 57 -> 48 us; a token 0.4-0.6 ms faster (of ~16).
+// Both kept on the AMD EPYC Zen 4 (family 25 model 17, 2026-12-04): 48 layers' decode attention
+// (12 heads, 192 of 256 keys) cycled from DRAM, 40 interleaved rounds, the median of each round's
+// ratio to these: 0, 8, 16, 48, 64, 96 rows ahead took 1.01-1.09x the time, prefetcht1 1.03x,
+// prefetcht0 1.42x (where int8's GEMV lost a quarter of its speed to its far prefetch).
+#ifdef KILN_KEYS_AHEAD  // (to time another distance, in rows)
+constexpr int64_t KEYS_AHEAD = KILN_KEYS_AHEAD;
+#else
 constexpr int64_t KEYS_AHEAD = 2 * L;
+#endif
+#ifdef KILN_ATTENTION_LOCALITY
+constexpr int ATTENTION_LOCALITY = KILN_ATTENTION_LOCALITY;
+#else
+constexpr int ATTENTION_LOCALITY = 1;
+#endif
 static inline void prefetch_row(const float* row, int64_t n) {
-  for (int64_t c = 0; c < n; c += 16) __builtin_prefetch(row + c, 0, 1);  // a line of 16 floats
+  for (int64_t c = 0; c < n; c += 16) __builtin_prefetch(row + c, 0, ATTENTION_LOCALITY);  // a line of 16 floats
 }
 
 // kᵀ of keys [0, keys) into panels [p][D][NR_S], a panel's columns past `keys` zero: blocks of L
