@@ -76,8 +76,8 @@ class ModuleVariable(UserObjectVariable):
             # Read where it was found, the instance dict: the watch stands for the attribute, and a
             # guard on a dict's item reached from a constant through instance dicts alone is a stable
             # read (guards.stable_reads), checked only when a watched dict changed, where through the
-            # attribute it was checked on every call (HF's attention modules' `_kernel_funcs`: 12
-            # lines of a llama-160m decode step's guards).
+            # attribute it was checked on every call (HF's attention modules' `_kernel_funcs`: 60
+            # of the 329 lines a llama-160m decode step's guards ran on every call).
             return wrap(tx, value, ItemSource(InstanceDictSource(self.source), name))
         return wrap(tx, value, ConstSource(value, f"{self.path}.{name}"))
 

@@ -988,7 +988,7 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
       shared.take_all(omp_get_thread_num(), [&](int64_t q0, int64_t q1) {
         panel_runs<1>(q0, q1, [&](auto count, const int64_t* at) {
           if (far) digits_tile<BITS, decltype(count)::value, 1, D>(src, at, 1, x, c, ldc, e);
-          else digits_tile<BITS, decltype(count)::value, 1, D, 0>(src, at, 1, x, c, ldc, e);
+          else if constexpr (BITS == 8) digits_tile<BITS, decltype(count)::value, 1, D, 0>(src, at, 1, x, c, ldc, e);  // (int4 never)
         });
       });
     } else if (M == 1) {
