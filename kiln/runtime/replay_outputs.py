@@ -31,6 +31,8 @@ from typing import Any, Sequence
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from kiln.native import python_door
+
 
 # The storages every recording has handed out since its last replay (their StorageImpl addresses):
 # an input on one of them sits in a recording's memory at an address that stays the same from
@@ -75,7 +77,7 @@ class ReplayOutputs:
                 continue
             copy = torch.empty(storage.nbytes(), dtype=torch.uint8, device=storage.device).untyped_storage()
             copy.copy_(storage)
-            storage._swap_data_ptr_(copy)  # the caller's tensors now read the copy; `copy` points at ours
+            swap_memory(storage, copy)  # the caller's tensors now read the copy; `copy` points at ours
             self.copies += 1
 
     def hand_out(self) -> list[Any]:
@@ -108,6 +110,17 @@ class ReplayOutputs:
             self.before_replay()
         except Exception:  # noqa: BLE001 - at interpreter exit CUDA may already be gone
             pass
+
+
+def swap_memory(a: torch.UntypedStorage, b: torch.UntypedStorage) -> None:
+    """`a` and `b` exchange their memory: torch's `_swap_data_ptr_` where it has one, else kiln's
+    extension (torch 2.11 has no such method: there every handed-out output the caller kept failed
+    its next replay)."""
+    swap = getattr(a, "_swap_data_ptr_", None)
+    if swap is not None:
+        swap(b)
+    else:
+        python_door.module().swap_storage_memory(a, b)
 
 
 def _storage_address(tensor: torch.Tensor) -> int:

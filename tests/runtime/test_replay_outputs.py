@@ -4,10 +4,22 @@ as a replay writes fixed addresses."""
 
 import gc
 
+import pytest
 import torch
 
+from kiln.native import python_door
+from kiln.runtime import replay_outputs
 from kiln.runtime.cuda_graphs import CudaGraphed, _Recording
 from kiln.runtime.replay_outputs import ReplayOutputs
+
+
+@pytest.fixture(params=["torch", "kiln"])
+def swap_by(request, monkeypatch):
+    """Moves done by torch's `_swap_data_ptr_` or by kiln's extension (what torch 2.11, which lacks
+    the method, gets)."""
+    if request.param == "kiln":
+        monkeypatch.setattr(replay_outputs, "swap_memory", python_door.module().swap_storage_memory)
+    return request.param
 
 
 class _Replay:
@@ -31,7 +43,7 @@ def _recording():
     return _Replay([pool, loss], source), [logits, last, loss, weight], [weight, source]
 
 
-def test_outputs_are_the_recordings_memory_until_the_caller_keeps_them_across_a_replay():
+def test_outputs_are_the_recordings_memory_until_the_caller_keeps_them_across_a_replay(swap_by):
     graph, buffers, inputs = _recording()
     handout = ReplayOutputs(buffers, inputs=inputs)
     handout.before_replay()
@@ -68,7 +80,7 @@ def test_outputs_are_the_recordings_memory_until_the_caller_keeps_them_across_a_
     torch.testing.assert_close(logits[:, :-1], torch.full((4, 5), 1.0))  # untouched by the third replay
 
 
-def test_a_dropped_recording_moves_what_the_caller_holds_first():
+def test_a_dropped_recording_moves_what_the_caller_holds_first(swap_by):
     graph, buffers, inputs = _recording()
     handout = ReplayOutputs(buffers, inputs=inputs)
     graph.replay()
@@ -122,3 +134,20 @@ def test_an_input_handed_out_by_a_recording_is_read_in_place_until_it_moves():
     assert [f.reason for f in fallback.FALLBACKS] == [
         "NoCudaGraph: an input the CUDA graph reads in place (another recording's output) has moved, e.g. two forward calls "
         "before their backwards: such calls run without it"]  # said once
+
+
+def test_the_extensions_storage_swap_exchanges_memory_size_and_owner():
+    swap = python_door.module().swap_storage_memory
+    a, b = torch.arange(6.0), torch.full((10,), -1.0)
+    a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
+    a_view = a[2:]
+    swap(a.untyped_storage(), b.untyped_storage())
+    assert a.data_ptr() == b_ptr and b.data_ptr() == a_ptr
+    assert a.untyped_storage().nbytes() == 40 and b.untyped_storage().nbytes() == 24
+    torch.testing.assert_close(a, torch.full((6,), -1.0))  # the tensor's own sizes read the new memory
+    torch.testing.assert_close(a_view, torch.full((4,), -1.0))  # and so do its views
+    del b  # b's storage owns a's old memory now: freeing it leaves a intact
+    gc.collect()
+    torch.testing.assert_close(a, torch.full((6,), -1.0))
+    with pytest.raises(TypeError, match="UntypedStorage"):
+        swap(a, a.untyped_storage())

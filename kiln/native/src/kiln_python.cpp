@@ -31,6 +31,11 @@
 //       Two vectorized passes over the row (its largest value, then where it first is); ATen's
 //       argmax keeps an index beside every compared value, ~130 us over Qwen2's 151936 logits on
 //       2 cores of an AMD EPYC where a sum takes 8. None for any other tensor (the caller asks ATen).
+//   swap_storage_memory(a, b) -> None
+//       two torch.UntypedStorage exchange their memory (data pointer, deleter, size): what
+//       torch's `UntypedStorage._swap_data_ptr_` does where torch has it (2.11 has not); a CUDA
+//       graph's outputs the caller still holds move off the recording's memory with it
+//       (kiln/runtime/replay_outputs.py).
 //   Watch()() -> bool
 //       whether the dicts, instance dicts and closure cells handed to its last `record(dicts,
 //       owners, cells)` are unchanged since (each dict's version, each (owner, dict) pair's
@@ -46,6 +51,8 @@
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/Storage.h>
+#include <ATen/ops/empty.h>  // (torch 2.11's headers above do not bring at::empty)
 
 #include <cstdint>
 #include <cstring>
@@ -839,7 +846,30 @@ PyObject* greedy_tokens(PyObject*, PyObject* value) {
   return THPVariable_Wrap(std::move(tokens));
 }
 
+PyObject* swap_storage_memory(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !THPStorage_Check(args[0]) || !THPStorage_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "swap_storage_memory(a, b) takes two torch.UntypedStorage");
+    return nullptr;
+  }
+  c10::StorageImpl* a = THPStorage_Unpack(args[0]).unsafeGetStorageImpl();
+  c10::StorageImpl* b = THPStorage_Unpack(args[1]).unsafeGetStorageImpl();
+  if (a == b) Py_RETURN_NONE;
+  try {
+    const size_t a_bytes = a->nbytes(), b_bytes = b->nbytes();
+    at::DataPtr a_memory = a->set_data_ptr(at::DataPtr());
+    a->set_data_ptr(b->set_data_ptr(std::move(a_memory)));
+    a->set_nbytes(b_bytes);
+    b->set_nbytes(a_bytes);
+  } catch (const std::exception& e) {  // a storage whose memory may not be replaced (c10::Error)
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
+    {"swap_storage_memory", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(swap_storage_memory)), METH_FASTCALL,
+     "Two UntypedStorages exchange their memory (data pointer, deleter, size)."},
     {"stamp", stamp, METH_O, "Identity, version counter and data pointer of each tensor, as bytes."},
     {"alias_pattern", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(alias_pattern)), METH_FASTCALL,
      "For each value the index of the first that is it; by storage, then the first sharing its memory."},
