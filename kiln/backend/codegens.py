@@ -78,7 +78,8 @@ class Codegen:
 class CppCodegen(Codegen):
     """C++ kernels with OpenMP, built into one shared library: CPU graphs."""
 
-    traits = CodegenTraits("cpp", gemm_templates=False, channels_last_convolutions=False, symbolic_sizes=True)
+    traits = CodegenTraits("cpp", gemm_templates=False, channels_last_convolutions=False, wide_product_rows=False,
+                           symbolic_sizes=True)
     kernel_library = CPP_LIBRARY
     kernels_file = "kernels.cpp"
     kernel_arguments = "pointers"
@@ -114,7 +115,8 @@ class CppCodegen(Codegen):
 class TritonCodegen(Codegen):
     """One Triton module of jit kernels: CUDA graphs, and CPU graphs under Triton's interpreter."""
 
-    traits = CodegenTraits("triton", gemm_templates=True, channels_last_convolutions=True, symbolic_sizes=False)
+    traits = CodegenTraits("triton", gemm_templates=True, channels_last_convolutions=True, wide_product_rows=True,
+                           symbolic_sizes=False)
     kernel_library = TRITON_MODULE
     kernels_file = "kernels_triton.py"
     kernel_arguments = "tensors"

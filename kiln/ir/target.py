@@ -24,6 +24,9 @@ class CodegenTraits:
     # Its convolutions run on channels-last weights, their bias added in the consumers' kernel
     # (kiln/passes/conv_layout.py).
     channels_last_convolutions: bool
+    # Its library products (cuBLAS) want their output rows 16 bytes apart: an `mm` whose columns
+    # do not fill whole lines writes into wider rows (kiln/passes/wide_rows.py).
+    wide_product_rows: bool
     # It prints kernels over symbolic sizes, taken as arguments: a graph with symbolic sizes is
     # compiled once for all of them (kiln/passes/specialize_sizes.py), not once per size.
     symbolic_sizes: bool

@@ -53,6 +53,7 @@ from kiln.passes.sibling_products import sibling_products
 from kiln.passes.redundant_casts import redundant_casts
 from kiln.passes.scatter_accumulate import scatter_accumulate
 from kiln.passes.specialize_sizes import needs_specialization
+from kiln.passes.wide_rows import wide_rows
 
 Rewrite = Callable[[fx.GraphModule, Target], bool]  # edits the graph in place; True when it changed it
 
@@ -71,6 +72,7 @@ REWRITES: list[tuple[str, Rewrite]] = [
     ("conv_layout", conv_layout),  # GPU: channels-last weights, the bias in the consumer's kernel
     ("bias_epilogue", bias_epilogue),
     ("sibling_products", sibling_products),  # float products reading the same input -> one, its output sliced
+    ("wide_rows", wide_rows),  # GPU: a product of N columns not filling 16-byte lines -> into wider rows
     ("gemm_prepack", gemm_prepack),
     ("quantized_gemm", quantized_gemm),  # kiln.quantize's Linear layers -> kiln's GEMM over their packed weights
     ("gemm_layer_norm", gemm_layer_norm),  # after gemm_prepack: the products it gave kiln's GEMM
