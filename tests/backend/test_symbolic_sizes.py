@@ -47,7 +47,9 @@ ODD = [3, 1, 7, 8, 17, 33, 64, 130]
 @pytest.mark.parametrize("cols", [5, 16, 67])
 def test_rows_of_every_length_through_one_compiled_graph(cols):
     w, b = torch.randn(cols), torch.randn(cols)
-    graphs = _run_sizes(_rows, [2, 3, 9, 17, 300, 2], lambda n: (torch.randn(n, cols), w, b))
+    # (y.sum(0) over 300 rows, added in kiln's order: 1.3e-5 from eager's in one draw of 67
+    # columns, over the default atol of 1e-5)
+    graphs = _run_sizes(_rows, [2, 3, 9, 17, 300, 2], lambda n: (torch.randn(n, cols), w, b), atol=5e-5, rtol=1e-5)
     assert len(graphs) == 1 and any(graphs[0].artifact.size_arguments.values())
 
 
