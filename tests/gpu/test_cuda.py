@@ -66,6 +66,22 @@ def test_matmul_template_with_epilogue_on_the_gpu(dtype):
         assert len(templates) == (0 if setting == "never" else 1)
 
 
+def test_a_product_of_ragged_width_runs_in_cublas_aligned_kernels():
+    """kiln/passes/wide_rows.py on the GPU: a language-model head over GPT-2's vocabulary (50257
+    columns) writes rows 50264 apart, returned as they are, and cuBLAS runs none of its
+    one-element (`align1`) kernels for it (on the H200 such a kernel took 845 µs of GPT-2's call)."""
+    inputs = [torch.randn(256, 768, device=CUDA, dtype=torch.bfloat16),
+              torch.randn(50257, 768, device=CUDA, dtype=torch.bfloat16)]
+    out, graph = compiled(lambda x, w: x @ w.t(), *inputs)
+    assert out.stride() == (50264, 1)
+    torch.testing.assert_close(out, F.linear(*inputs), atol=2e-2, rtol=2e-2)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        graph(*inputs)
+        torch.cuda.synchronize()
+    kernels = [e.key for e in profile.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert kernels and not any("align1" in k for k in kernels), kernels
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_tiny_model_inference_on_the_gpu(name):
     torch.manual_seed(0)
