@@ -8,19 +8,20 @@
 #     with CUDA graphs (reduce-overhead); each case's two compilers in one process, their calls timed
 #     by CUDA events in interleaved rounds, median of 30 after 3 warm-ups, cold caches per case;
 #   - AMP training (bf16 autocast, float32 weights) of bert at batch 8, kiln against Inductor;
+#   - a profile of GPT-2 and BERT, kiln beside Inductor (gpu_profile.txt), if time is left;
 #   - the two bf16 runs at batch 1, if time is left (BATCH1=0: never).
 # Two lanes: bf16, bf16 with CUDA graphs, then its batch 1; beside them the GPU tests, AMP training,
 # then bf16 batch 1. JOBS cases at once per run (2 for that last one, beside the main lane's second
 # run, which comes first), their GPU timings one at a time (one lock for all runs and the tests:
 # benchmarks/timing_lock.py). A run still going near the deadline is stopped (SIGTERM: kiln bench
 # kills its cases), and its JSON is rewritten after each case: a run cut short keeps what it measured.
-# Into $OUT, 7 files at most: NAME.json per run, gpu_check.md (every run's tables), gpu_check.log
+# Into $OUT, 8 files at most: NAME.json per run, gpu_profile.txt, gpu_check.md (every run's tables), gpu_check.log
 # (setup, the tests, each run's output and the last lines of each case's own log).
 #
 # Usage (device machine, repository root): bash benchmarks/tools/gpu_check.sh [deadline_s]
 #   deadline_s (default 420): seconds after the start by which everything has ended; give the call
 #   a limit of deadline_s + 60.
-# Environment: BATCH1=0 leaves out the batch-1 runs; JOBS (4), ITERS (30), WARMUP (3), THREADS (2:
+# Environment: BATCH1=0 leaves out the batch-1 runs; PROFILE=0 the profile (PROFILE_MODELS: gpt2,bert); JOBS (4), ITERS (30), WARMUP (3), THREADS (2:
 # the CPU threads of each case, where its float32 and float64 references run); PYTHON (python3).
 # GPU_CHECK_DRY=1 prints every command with its time limit and runs none. DEVICE=cpu SUITE=unit
 # TRAIN_MODELS=mlp try the script's own logic on a CPU machine (tests/gpu then skips itself).
@@ -30,7 +31,7 @@ DEADLINE=${1:-420}
 OUT=${OUT:-/tmp/gpu_out}
 DRY=${GPU_CHECK_DRY:-0} DEVICE=${DEVICE:-cuda} SUITE=${SUITE:-gpu} TRAIN_MODELS=${TRAIN_MODELS:-bert}
 TESTS=${TESTS:-tests/gpu} JOBS=${JOBS:-4} ITERS=${ITERS:-30} WARMUP=${WARMUP:-3} THREADS=${THREADS:-2}
-BATCH1=${BATCH1:-1} PY=${PYTHON:-python3}
+BATCH1=${BATCH1:-1} PROFILE=${PROFILE:-1} PROFILE_MODELS=${PROFILE_MODELS:-gpt2,bert} PY=${PYTHON:-python3}
 STOP_BEFORE=30  # a run is stopped this long before the deadline: 20 s to die, 10 to gather the files
 RUNS="bf16-b8 bf16-b8-ro amp-train-b8 bf16-b1 bf16-b1-ro"
 mkdir -p "$OUT"
@@ -105,6 +106,15 @@ beside() {
   run "$WORK/launch.log" timeout -k 10 60 $PY -m benchmarks.timing_lock $PY -m benchmarks bench-launch --rounds 5
   say "bench-launch: exit $?"
   bench amp-train-b8 240 60 "$JOBS" --models "$TRAIN_MODELS" --train --autocast bf16 --batch 8 --modes kiln --against inductor
+  # Where GPT-2's and BERT's calls go, kiln beside Inductor (benchmarks/tools/gpu_profile.py: kernels
+  # by GPU time, launches, waits), holding the timing lock; if 100 s are left (PROFILE=0: never).
+  t=$(( $(left) - STOP_BEFORE )); (( t > 150 )) && t=150
+  if [ "$PROFILE" != 1 ]; then :
+  elif (( t >= 100 )); then
+    run "$OUT/gpu_profile.txt" timeout -k 10 "$t" $PY -m benchmarks.timing_lock \
+      $PY benchmarks/tools/gpu_profile.py --models "$PROFILE_MODELS" --modes kiln,inductor
+    say "gpu_profile: exit $?"
+  else say "gpu_profile: not run, $t s left before the deadline (it needs 100)"; fi
   # (fewer at once: beside the main lane's second run, which comes first)
   [ "$BATCH1" = 1 ] && bench bf16-b1 240 90 2 --suite "$SUITE" --dtype bf16 --batch 1 --modes kiln --against inductor
 }
@@ -132,6 +142,7 @@ for name in $RUNS; do [ -f "$WORK/$name.md" ] && { cat "$WORK/$name.md"; echo; }
 } >> "$LOG"
 echo; echo "==== $TESTS"; tail -15 "$WORK/tests.log" 2>/dev/null
 echo; echo "==== kiln bench-launch"; tail -12 "$WORK/launch.log" 2>/dev/null
+echo; echo "==== gpu_profile (every kernel in gpu_profile.txt)"; grep -a -E "^== |^per call" "$OUT/gpu_profile.txt" 2>/dev/null
 for name in $RUNS; do
   [ -f "$WORK/$name.log" ] || continue
   echo; echo "==== $name"
