@@ -14,8 +14,10 @@ from torch import fx
 from kiln.ir.target import Target
 
 
-def _removable(node: fx.Node) -> bool:
-    if node.op != "call_function" or node.users or node.is_impure():
+def pure(node: fx.Node) -> bool:
+    """A call of an ATen operator that returns something, mutates nothing and draws no random
+    numbers, or a `getitem` of such a call's result (`cse` merges these too)."""
+    if node.op != "call_function" or node.is_impure():
         return False
     if node.target is operator.getitem:
         return True
@@ -23,6 +25,10 @@ def _removable(node: fx.Node) -> bool:
     if schema is None or schema.is_mutable or not schema.returns:
         return False
     return torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ())
+
+
+def _removable(node: fx.Node) -> bool:
+    return not node.users and pure(node)
 
 
 def dead_code(gm: fx.GraphModule, target: Target) -> bool:

@@ -41,6 +41,7 @@ from kiln.passes.conv_batchnorm import conv_batchnorm
 from kiln.passes.conv_layout import conv_layout
 from kiln.passes.conv_padding import conv_padding
 from kiln.passes.conv_prepack import conv_prepack
+from kiln.passes.cse import cse
 from kiln.passes.dead_code import dead_code
 from kiln.passes.dropout import dropout
 from kiln.passes.freeze import freeze
@@ -62,6 +63,7 @@ SPECIALIZE_SIZES = ("specialize_sizes", needs_specialization)
 REWRITES: list[tuple[str, Rewrite]] = [
     ("freeze", freeze),  # module state -> frozen inputs, when backend.freezing is on
     ("redundant_casts", redundant_casts),
+    ("cse", cse),  # the same pure call on the same operands once (a mask every layer converts)
     ("attention", attention),
     ("grouped_attention", grouped_attention),  # a decode step's grouped-query attention without copies of k and v
     ("kiln_attention", kiln_attention),  # ATen's CPU attention -> kiln's, where timed faster
