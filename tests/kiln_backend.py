@@ -59,3 +59,29 @@ def compiled_graphs(model, *inputs, cpp_wrapper: bool = True, tolerance: float =
     graphs = [getattr(b, "runtime", b) for b in built]
     assert all((g.artifact.cpp_wrapper is not None) == cpp_wrapper for g in graphs)
     return graphs
+
+
+def rewritten_until(last: str, model, x, codegen: str = "triton", settings: dict | None = None):
+    """(`model`'s ATen graph after the backend's rewrites up to `last`, for a GPU's Triton
+    (codegen "triton": a CUDA target over CPU tensors, which ATen runs the same) or the CPU's C++;
+    its output on x)."""
+    from kiln.backend.codegens import CODEGENS
+    from kiln.ir.target import Target
+    from kiln.lowering.registry import LOWERINGS
+    from kiln.passes import pipeline
+
+    target = Target("cuda" if codegen == "triton" else "cpu", CODEGENS[codegen].traits, frozenset(LOWERINGS))
+    graphs = []
+
+    def compile_graph(gm, example_inputs):
+        for name, rewrite in pipeline.REWRITES:
+            if rewrite(gm, target):
+                gm.recompile()
+            if name == last:
+                break
+        graphs.append(gm)
+        return gm
+
+    with torch.no_grad(), kiln.config.patch(settings or {}):
+        out = aot.compile(fx.symbolic_trace(model), [x], compile_graph)(x)
+    return graphs[0], out

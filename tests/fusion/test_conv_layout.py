@@ -5,15 +5,12 @@ between convolutions are channels-last, the graph's outputs keep eager's layout,
 convolution's bias joins the kernel that reads its output. C++ graphs are not touched."""
 
 import torch
-from torch import fx
 
-import kiln
-from kiln import aot
 from kiln.backend.codegens import CODEGENS
 from kiln.ir.target import Target
 from kiln.lowering.registry import LOWERINGS
-from kiln.passes import pipeline
 from kiln.passes.conv_layout import conv_layout
+from tests.kiln_backend import rewritten_until
 
 aten = torch.ops.aten
 
@@ -31,21 +28,7 @@ class Block(torch.nn.Module):
 
 def rewritten(model, x, codegen="triton"):
     """(the ATen graph after the passes up to conv_layout for a GPU, or C++, its output on x)."""
-    target = Target("cuda" if codegen == "triton" else "cpu", CODEGENS[codegen].traits, frozenset(LOWERINGS))
-    graphs = []
-
-    def compile_graph(gm, example_inputs):
-        for name, rewrite in pipeline.REWRITES:
-            if rewrite(gm, target):
-                gm.recompile()
-            if name == "conv_layout":
-                break
-        graphs.append(gm)
-        return gm
-
-    with torch.no_grad(), kiln.config.patch({"backend.freezing": True}):
-        out = aot.compile(fx.symbolic_trace(model), [x], compile_graph)(x)
-    return graphs[0], out
+    return rewritten_until("conv_layout", model, x, codegen, {"backend.freezing": True})
 
 
 def calls(gm, op):

@@ -6,16 +6,10 @@ returned product keeps its wider rows (no copy to eager's layout)."""
 
 import pytest
 import torch
-from torch import fx
 
 import kiln
-from kiln import aot
-from kiln.backend.codegens import CODEGENS
 from kiln.externs.wide_rows import MM_WIDE_ROWS, mm_wide_rows
-from kiln.ir.target import Target
-from kiln.lowering.registry import LOWERINGS
-from kiln.passes import pipeline
-from tests.kiln_backend import compiled, private_cache  # noqa: F401  (fixture)
+from tests.kiln_backend import compiled, private_cache, rewritten_until  # noqa: F401  (fixture)
 
 aten = torch.ops.aten
 
@@ -34,21 +28,7 @@ class Head(torch.nn.Module):
 
 def rewritten(model, x, codegen="triton"):
     """The ATen graph after the passes up to wide_rows, for a GPU's Triton or the CPU's C++."""
-    target = Target("cuda" if codegen == "triton" else "cpu", CODEGENS[codegen].traits, frozenset(LOWERINGS))
-    graphs = []
-
-    def compile_graph(gm, example_inputs):
-        for name, rewrite in pipeline.REWRITES:
-            if rewrite(gm, target):
-                gm.recompile()
-            if name == "wide_rows":
-                break
-        graphs.append(gm)
-        return gm
-
-    with torch.no_grad():
-        out = aot.compile(fx.symbolic_trace(model), [x], compile_graph)(x)
-    return graphs[0], out
+    return rewritten_until("wide_rows", model, x, codegen)
 
 
 def calls(gm, op):
