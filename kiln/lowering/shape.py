@@ -42,6 +42,13 @@ def _index_lt(index: sympy.Expr, bound: sympy.Expr):
     return ops.lt(ops.index_expr(index, torch.int64), ops.index_expr(bound, torch.int64))
 
 
+def _may_pad(amount: Any) -> bool:
+    """Whether a pad amount may be positive: a symbolic one (HuggingFace's mask padded to a static
+    cache's length, `max_len - mask_len`) is, unless its symbols' ranges say otherwise; where it is
+    not, the bound it adds to the `where` holds anyway (a crop's every index is inside)."""
+    return (amount > 0) if isinstance(amount, int) else sympy.sympify(amount).is_positive is not False
+
+
 def _running_totals(values) -> list[sympy.Expr]:
     out, total = [], sympy.Integer(0)
     for v in values:
@@ -102,9 +109,10 @@ def constant_pad_nd(x: TensorValue, pad: Sequence[int], value: Any = 0) -> Tenso
         source, inside = list(index), []
         for d, (low, high) in sides.items():
             source[d] = _clamp(index[d] - low, x.size[d])
-            if low > 0:
-                inside.append(ops.ge(ops.index_expr(index[d], torch.int64), ops.constant(low, torch.int64)))
-            if high > 0:
+            if _may_pad(low):
+                bound = ops.constant(low, torch.int64) if isinstance(low, int) else ops.index_expr(low, torch.int64)
+                inside.append(ops.ge(ops.index_expr(index[d], torch.int64), bound))
+            if _may_pad(high):
                 inside.append(_index_lt(index[d], low + x.size[d]))
         v = x.loader(source)
         if not inside:

@@ -21,7 +21,13 @@ from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln import config
+from kiln.ir.graph_meta import MODULE_STATE, WRITTEN_BACK_FROM
 from kiln.ir.sizes import is_size_symbol, size_expr
+
+# What the AOT layer wrote on a graph's inputs for the backend (kiln/ir/graph_meta.py): a traced
+# copy keeps it, or the copy would lose freezing (a quantized model's products back to eager's
+# dequantizing reference) and the in-place write-back of a KV cache.
+_INPUT_FACTS = (MODULE_STATE, WRITTEN_BACK_FROM)
 
 
 
@@ -155,4 +161,8 @@ def _is_symbolic_value(value: Any) -> bool:
 def specialize(gm: fx.GraphModule, args: Sequence[Any], values: dict[int, Any]) -> fx.GraphModule:
     """`gm` traced again as a static ATen graph at `args`' sizes, input k's value read as `values[k]`."""
     with torch.no_grad():
-        return make_fx(_with_values(gm, values), tracing_mode="fake")(*args)
+        traced = make_fx(_with_values(gm, values), tracing_mode="fake")(*args)
+    inputs = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    for source, node in zip([n for n in gm.graph.nodes if n.op == "placeholder"], inputs, strict=True):
+        node.meta.update({key: source.meta[key] for key in _INPUT_FACTS if key in source.meta})
+    return traced

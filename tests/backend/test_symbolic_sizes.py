@@ -105,6 +105,36 @@ def test_rows_of_a_symbolic_count_enter_no_parallel_region_each():
     assert re.search(branch, rows[0].source), rows[0].source
 
 
+def _padded_to_capacity(mask, x):
+    # HuggingFace's static cache: the 2D attention mask padded to the cache's capacity, the pad
+    # amount (capacity - the mask's width) symbolic with the width.
+    padded = torch.nn.functional.pad(mask, (0, 32 - mask.shape[-1]), value=-1.0)
+    return padded * 2 + x, torch.nn.functional.pad(x, (mask.shape[-1] - 3, 1))
+
+
+def test_a_pad_of_a_symbolic_amount_compiles_once():
+    graphs = _run_sizes(_padded_to_capacity, [5, 9, 30, 7], lambda n: (torch.randn(1, n), torch.randn(2, 32)))
+    assert len(graphs) == 1
+
+
+def test_a_graph_compiled_per_size_keeps_its_frozen_weights():
+    # Per size, the graph is traced again: the inputs' marks from the AOT layer (module state,
+    # written back) must survive it, or freezing is lost — a quantized model's products then run
+    # eager's dequantizing reference, ~100x slower.
+    layer = kiln.quantize(torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.ReLU()), "int8")
+    kiln.reset()
+    fallback.reset()
+    compiled = kiln.compile(layer, dynamic=True)
+    with torch.no_grad(), kiln.backend.watch() as built, kiln.config.patch({"backend.symbolic_kernels": False}):
+        for rows in (3, 5, 6):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(compiled(x), layer(x), atol=1e-4, rtol=1e-4)
+    assert isinstance(built[0], SizeSpecialized) and len(built) == 4, built
+    for per_size in built[1:]:
+        assert isinstance(per_size, FrozenProgram), per_size
+        assert "kiln_quant" not in per_size.runtime.source and "kiln_quant.linear" not in str(per_size.runtime)
+
+
 def _tiny(name):
     import transformers
 
