@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -41,6 +42,7 @@ from kiln.lowering.graph import GraphLowering
 from kiln.lowering.registry import LOWERINGS
 from kiln.passes import pipeline
 from kiln.passes.constants import has_frozen_inputs, unmark_frozen
+from kiln.passes.quantized_gemm import reference_products
 from kiln.passes.specialize_sizes import (has_symbolic_sizes, reads_computed_values, scalar_inputs, specialize, symbolic_declined,
                                           symbolic_inputs)
 from kiln.passes.verify import verify_graph
@@ -136,6 +138,17 @@ def watch() -> Iterator[list[Any]]:
         WATCHERS.remove(watcher)
 
 
+def _tell_reference_products(gm: fx.GraphModule) -> None:
+    # A quantized Linear kiln's GEMM did not take (freezing off, bfloat16 activations, a GPU) runs
+    # eager's reference, dequantizing its whole weight every call: often slower than the float
+    # model, so it is said even with logs off.
+    count = reference_products(gm)
+    if count:
+        warnings.warn(f"kiln: {count} weight-only quantized linear layer(s) of a compiled graph run eager's "
+                      "dequantizing reference (kiln's quantized GEMM takes frozen weights with float32 activations "
+                      "on the CPU: backend.freezing on, the model in float32)", RuntimeWarning, stacklevel=2)
+
+
 class Backend:
     """`Backend()(gm, example_inputs) -> callable`, with `save` and `load` for the AOT graph cache.
 
@@ -216,6 +229,7 @@ class Backend:
                 logs.log_lazy("passes", lambda: f"after {name}:\n{gm.code}")
                 self._changed(name)
             dump.after_pass(folder, name, gm, changed)
+        _tell_reference_products(gm)
         name, split_constants = pipeline.SPLIT_CONSTANTS
         with compile_time.stage(f"pass {name}"):
             split = split_constants(gm) if has_frozen_inputs(gm) else None

@@ -39,6 +39,12 @@ def _is_quantized_linear(node: fx.Node) -> bool:
     return node.op == "call_function" and isinstance(target, torch._ops.OpOverload) and target.name() == "kiln_quant::linear"
 
 
+def reference_products(gm: fx.GraphModule) -> int:
+    """How many quantized Linears of `gm` (after the rewrites) still run eager's reference, which
+    dequantizes its whole weight on every call: the driver tells the user of them."""
+    return sum(1 for node in gm.graph.nodes if _is_quantized_linear(node))
+
+
 def _float32(value: object) -> bool:
     val = value.meta.get("val") if isinstance(value, fx.Node) else None
     return isinstance(val, torch.Tensor) and val.dtype == torch.float32
