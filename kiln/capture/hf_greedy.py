@@ -16,8 +16,9 @@ cache as `_sample` leaves it; per step it differs in three ways:
 - the next token is the extension's `greedy_tokens` (torch.argmax's answer, first index of the
   largest value or of the first NaN, in two vectorized passes: ~19 µs over 151936 logits) and the
   logits are not copied (float32 already; argmax is unchanged by the exact cast to float32);
-- the stopping criteria are called only where they can stop (a list of `MaxLengthCriteria`
-  alone is a comparison of lengths);
+- the stopping criteria are called only where they can stop: length limits and end-of-sequence
+  tokens alone (`generate`'s own for a greedy call) are a comparison of lengths and of the new
+  tokens as Python numbers, and rows are padded after their end only once one has ended;
 - the new tokens are joined to the sequences (`torch.cat`) only when something reads them: HF's
   input function on the checked steps, a stopping criterion that reads tokens, the result (a
   llama-160m int4 step's cat of the whole ids took 45-90 µs, the caches cold after its weights);
@@ -121,6 +122,7 @@ def greedy_decoding(model: nn.Module, input_ids: torch.LongTensor, logits_proces
     stop = _stop_function(stopping_criteria)
     tokens = Tokens(input_ids)
     unfinished = torch.ones(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+    all_unfinished = True  # (then `_sample`'s padding of finished rows changes no token: skipped)
     steps = StepInputs(model)
     fast_tokens = python_door.greedy_tokens_function()  # (resolved once: the step's Python runs cold)
     outputs = model._prefill(input_ids, generation_config, model_kwargs, is_first_iteration=True)
@@ -129,13 +131,13 @@ def greedy_decoding(model: nn.Module, input_ids: torch.LongTensor, logits_proces
             model_kwargs = steps.updated(outputs, model_kwargs)
             next_tokens = _tokens(outputs.logits, fast_tokens).to(tokens.device)
             del outputs
-            if marks_finished:
+            if marks_finished and not all_unfinished:
                 next_tokens = next_tokens * unfinished + pad_token * (1 - unfinished)
             column = next_tokens[:, None]
             tokens.append(column)
-            done = stop(tokens)
+            done = stop(tokens, column)
             if done is not None:
-                unfinished = unfinished & ~done
+                unfinished, all_unfinished = unfinished & ~done, False
                 if unfinished.max() == 0:
                     return tokens.whole()
             outputs = model(**steps.inputs(tokens, column, model_kwargs), return_dict=True)
@@ -170,27 +172,36 @@ def _tokens(logits: torch.Tensor, fast: Callable[[torch.Tensor], torch.Tensor | 
     return tokens if tokens is not None else torch.argmax(logits[:, -1], dim=-1)
 
 
-def _stop_function(stopping_criteria: Any) -> Callable[[Tokens], torch.Tensor | None]:
-    """`stop(tokens)`: the criteria's verdict per sequence, or None where none can be done. A list of
-    length limits alone is a comparison of lengths (HF's criterion also warns past the model's
-    positions: it is called there)."""
-    from transformers.generation.stopping_criteria import MaxLengthCriteria
+def _stop_function(stopping_criteria: Any) -> Callable[[Tokens, torch.Tensor], torch.Tensor | None]:
+    """`stop(tokens, column)`: the criteria's verdict per sequence, or None where none is done.
+    Length limits and end-of-sequence tokens alone (what `generate` makes for a greedy call:
+    `MaxLengthCriteria`, `EosTokenCriteria`) are a comparison of lengths and of the new column's
+    tokens, as Python numbers: HF's list reads the whole ids (a `torch.cat` a step) and calls
+    `torch.isin`, ~0.2 ms a llama-160m int4 token on 2 cores, its caches cold after the step's
+    weights. HF's length criterion also warns past the model's positions: it is called there;
+    other criteria are called on every step."""
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-    if not all(type(criterion) is MaxLengthCriteria for criterion in stopping_criteria):
-        return lambda tokens: stopping_criteria(tokens.whole(), None)
-    limit = min((criterion.max_length for criterion in stopping_criteria), default=None)
-    positions = [criterion.max_position_embeddings for criterion in stopping_criteria
+    if not all(type(criterion) in (MaxLengthCriteria, EosTokenCriteria) for criterion in stopping_criteria):
+        return lambda tokens, column: stopping_criteria(tokens.whole(), None)
+    lengths = [criterion for criterion in stopping_criteria if type(criterion) is MaxLengthCriteria]
+    limit = min((criterion.max_length for criterion in lengths), default=None)
+    positions = [criterion.max_position_embeddings for criterion in lengths
                  if criterion.max_position_embeddings is not None]
     beyond = min(positions, default=None)
+    ends = {int(token) for criterion in stopping_criteria if type(criterion) is EosTokenCriteria
+            for token in criterion.eos_token_id.reshape(-1).tolist()}
 
-    def stop(tokens: Tokens) -> torch.Tensor | None:
+    def stop(tokens: Tokens, column: torch.Tensor) -> torch.Tensor | None:
         length = tokens.length
         if beyond is not None and length > beyond:
             return stopping_criteria(tokens.whole(), None)
-        if limit is None or length < limit:
+        if limit is not None and length >= limit:
+            return torch.ones(column.shape[0], dtype=torch.bool, device=column.device)
+        if not ends:
             return None
-        ids = tokens.whole()
-        return torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
+        ended = [token in ends for token in column.reshape(-1).tolist()]
+        return torch.tensor(ended, dtype=torch.bool, device=column.device) if any(ended) else None
 
     return stop
 

@@ -85,6 +85,66 @@ def test_end_of_sequence_and_left_padding_give_eagers_tokens(monkeypatch):
     assert torch.equal(tokens, expected) and counts["kiln"] == 1 and counts["sample"] == 0
 
 
+def _criteria_calls(monkeypatch) -> dict:
+    from transformers.generation import stopping_criteria as criteria
+
+    calls = {"list": 0}
+    original = criteria.StoppingCriteriaList.__call__
+
+    def counted(self, *args, **kwargs):
+        calls["list"] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(criteria.StoppingCriteriaList, "__call__", counted)
+    return calls
+
+
+@pytest.mark.parametrize("ends", ["one", "two", "both rows"])
+def test_end_of_sequence_tokens_are_compared_without_hfs_criteria(ends, monkeypatch):
+    """`generate`'s own criteria (a length limit, end-of-sequence ids) are kiln's comparisons of
+    the new tokens: HF's list is never called, and the rows end, are padded and stop the call
+    where eager's do (one id, a list of two, both rows ending before the limit)."""
+    kiln.reset()
+    model = _decoder("llama")
+    prompt = _prompt(2, 12)
+    options = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=7)
+    with torch.no_grad():
+        free = model.generate(prompt, attention_mask=torch.ones_like(prompt), eos_token_id=None, **options)
+        first, second = int(free[0, 12 + 3]), int(free[1, 12 + 9])
+        eos = {"one": first, "two": [5, first], "both rows": [first, second]}[ends]
+        expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), eos_token_id=eos, **options)
+        counts, calls = _counted(monkeypatch, model), _criteria_calls(monkeypatch)
+        tokens = kiln.compile(model).generate(prompt, attention_mask=torch.ones_like(prompt), eos_token_id=eos, **options)
+    assert (expected[0, 12 + 4:] == 7).all()
+    if ends == "both rows":
+        assert expected.shape[1] < 12 + NEW_TOKENS  # the call stopped before the limit
+    assert torch.equal(tokens, expected) and counts["kiln"] == 1 and counts["sample"] == 0
+    assert calls["list"] == 0
+
+
+def test_a_criterion_of_the_callers_is_called_every_step(monkeypatch):
+    from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
+
+    class AfterTokenSum(StoppingCriteria):
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.calls += 1
+            return input_ids[:, 12:].sum(-1) > 4000
+
+    kiln.reset()
+    model = _decoder("llama")
+    prompt = _prompt(1, 12)
+    options = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=7, eos_token_id=None)
+    with torch.no_grad():
+        mine = AfterTokenSum()
+        expected = model.generate(prompt, stopping_criteria=StoppingCriteriaList([mine]), **options)
+        theirs = AfterTokenSum()
+        tokens = kiln.compile(model).generate(prompt, stopping_criteria=StoppingCriteriaList([theirs]), **options)
+    assert torch.equal(tokens, expected) and theirs.calls == mine.calls == expected.shape[1] - 12
+
+
 OTHER_LOOPS = {
     "sampling": dict(do_sample=True, top_k=1),  # the mode is sampling: HF's loop
     "processors": dict(repetition_penalty=1.3),  # greedy, with a logits processor: `_sample` inside kiln's

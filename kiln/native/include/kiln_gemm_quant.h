@@ -875,6 +875,7 @@ static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, 
           if constexpr (NEAR > 0) __builtin_prefetch(q[s] + ((u + NEAR) * NR + v * L) * 4, 0, 3);
           const IV word = load_words(q[s] + (u * NR + v * L) * 4);
           if constexpr (BITS == 4) {
+            // (GFNI's vgf2p8affineqb in place of the shift and mask: 1.02-1.12x the time on Zen 4, from L2/L3.)
             const IV even = word & 0x0F0F0F0F, odd = (word >> 4) & 0x0F0F0F0F;
 #pragma GCC unroll 4
             for (int r = 0; r < R; ++r)
