@@ -454,8 +454,8 @@ class CaptureSettings(_Group):
     greedy_loop: bool = setting(
         True,
         env="KILN_GREEDY_LOOP",
-        help="a plain greedy HuggingFace `generate` through kiln.compile(model) runs kiln's decoding loop "
-        "(kiln/capture/hf_greedy.py: HF's tokens, less Python between the steps); off: HF's `_sample`",
+        help="a greedy or sampling HuggingFace `generate` through kiln.compile(model) runs kiln's decoding loop "
+        "(kiln/capture/hf_greedy.py: HF's tokens and random draws, less Python between the steps); off: HF's `_sample`",
     )
     warn_eager_frames: bool = setting(
         True,

@@ -1,27 +1,32 @@
-"""kiln's greedy decoding loop for `kiln.compile(model).generate(...)`.
+"""kiln's decoding loop for `kiln.compile(model).generate(...)`: greedy search and sampling.
 
 HuggingFace's `generate` prepares the call (configuration, logits processors, stopping criteria,
 the cache, the prompt's mask) and then runs a decoding loop, `GenerationMixin._sample` for greedy
-search. Between two compiled decode steps that loop spends 0.7-0.9 ms of a Qwen2-0.5B token on 2
-cores of an AMD EPYC (an int4 token is ~9-11 ms): `prepare_inputs_for_generation` ~0.16 ms and
-`_update_model_kwargs_for_generation` ~0.17 (Python run just after the step's weights pushed it
-out of the caches), `torch.argmax` over the 151936 logits ~0.15 (ATen keeps an index beside every
-compared value), the stopping criteria ~0.04, a float32 copy of the logits.
+search and for sampling. Between two compiled decode steps that loop spends 0.7-0.9 ms of a
+Qwen2-0.5B token on 2 cores of an AMD EPYC (an int4 token is ~9-11 ms):
+`prepare_inputs_for_generation` ~0.16 ms and `_update_model_kwargs_for_generation` ~0.17 (Python
+run just after the step's weights pushed it out of the caches), `torch.argmax` over the 151936
+logits ~0.15 (ATen keeps an index beside every compared value), the stopping criteria ~0.04, a
+float32 copy of the logits.
 
-For a plain greedy call the route (kiln/capture/api.py `ForwardRoute`) hands `generate` this loop
-as its `custom_generate` (HF's public door for a decoding loop: `generate` does all of its
-preparation, then calls it in `_sample`'s place). The loop gives `_sample`'s tokens and leaves the
-cache as `_sample` leaves it; per step it differs in three ways:
+For a call of one of `_sample`'s modes the route (kiln/capture/api.py `ForwardRoute`) hands
+`generate` this loop as its `custom_generate` (HF's public door for a decoding loop: `generate`
+does all of its preparation, then calls it in `_sample`'s place). The loop gives `_sample`'s
+tokens, draws what `_sample` draws from torch's generator, and leaves the cache as `_sample`
+leaves it; per step it differs in these ways:
 
-- the next token is the extension's `greedy_tokens` (torch.argmax's answer, first index of the
-  largest value or of the first NaN, in two vectorized passes: ~19 µs over 151936 logits) and the
-  logits are not copied (float32 already; argmax is unchanged by the exact cast to float32);
+- plain greedy search (no logits processors) takes the next token by the extension's
+  `greedy_tokens` (torch.argmax's answer, first index of the largest value or of the first NaN,
+  in two vectorized passes: ~19 µs over 151936 logits), the logits not copied (float32 already;
+  argmax is unchanged by the exact cast to float32); with processors, or sampling, the token is
+  `_sample`'s own steps (`_token_choice`);
 - the stopping criteria are called only where they can stop: length limits and end-of-sequence
-  tokens alone (`generate`'s own for a greedy call) are a comparison of lengths and of the new
-  tokens as Python numbers, and rows are padded after their end only once one has ended;
+  tokens alone (`generate`'s own) are a comparison of lengths and of the new tokens as Python
+  numbers, and rows are padded after their end only once one has ended;
 - the new tokens are joined to the sequences (`torch.cat`) only when something reads them: HF's
-  input function on the checked steps, a stopping criterion that reads tokens, the result (a
-  llama-160m int4 step's cat of the whole ids took 45-90 µs, the caches cold after its weights);
+  input function on the checked steps, a processor or stopping criterion that reads tokens, the
+  result (a llama-160m int4 step's cat of the whole ids took 45-90 µs, the caches cold after its
+  weights);
 - each step's forward inputs and updated model kwargs are predicted from the step before, once
   the predictions equalled what HF's `prepare_inputs_for_generation` and
   `_update_model_kwargs_for_generation` returned for the first `CHECKED_STEPS` decode steps:
@@ -30,13 +35,13 @@ cache as `_sample` leaves it; per step it differs in three ways:
   every step) or the class has functions of its own, HF's functions run on every step, as in
   `_sample`.
 
-The route hands the loop over only where it can only be greedy search of a decoder-only model
-without what the loop does not do: no streamer, assistant, tokenizer (stop strings), synced GPUs,
-`custom_generate` or positional arguments past the inputs; HF's `_sample` and `generate` being
-`GenerationMixin`'s own; no `torch.distributed` process group; the mode of the configuration
-`generate` will build (`_prepare_generation_config`) greedy. Inside, a call whose processors are
-not empty, that asks for scores, logits or a dict, or runs on a device where HF defers the stop
-check (MPS) is handed back to `_sample` unchanged. `config.capture.greedy_loop`
+The route hands the loop over only where the call can only be greedy search or sampling of a
+decoder-only model without what the loop does not do: no streamer, assistant, tokenizer (stop
+strings), synced GPUs, `custom_generate` or positional arguments past the inputs; HF's `_sample`
+and `generate` being `GenerationMixin`'s own; no `torch.distributed` process group; the mode of
+the configuration `generate` will build (`_prepare_generation_config`) greedy search or sampling.
+Inside, a call that asks for scores, logits or a dict, or runs on a device where HF defers the
+stop check (MPS), is handed back to `_sample` unchanged. `config.capture.greedy_loop`
 (`KILN_GREEDY_LOOP=0`) turns it off.
 """
 
@@ -64,14 +69,14 @@ _HF_LOOP_ARGUMENTS = ("custom_generate", "streamer", "assistant_model", "assista
 
 def greedy_generate_kwargs(module: nn.Module, args: tuple, kwargs: dict) -> dict:
     """`kwargs` for `module.generate(*args, **kwargs)`, with kiln's greedy loop as `custom_generate`
-    where the call can only be a plain greedy search; `kwargs` itself otherwise."""
+    where the call can only be greedy search or sampling returning tokens; `kwargs` itself otherwise."""
     if not config.capture.greedy_loop or len(args) > 1 or any(kwargs.get(name) is not None for name in _HF_LOOP_ARGUMENTS):
         return kwargs
     if not _hands_over_decoding(type(module)) or getattr(getattr(module, "config", None), "is_encoder_decoder", True):
         return kwargs
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return kwargs
-    if not _plain_greedy(module, kwargs):
+    if not _plain_search(module, kwargs):
         return kwargs
     return {**kwargs, "custom_generate": greedy_decoding}
 
@@ -91,16 +96,16 @@ def _hands_over_decoding(cls: type) -> bool:
     return parameter is not None and "Callable" in str(parameter.annotation)
 
 
-def _plain_greedy(module: nn.Module, kwargs: dict) -> bool:
-    """Whether the configuration `generate` will build from `kwargs` asks for greedy search and
-    returns the tokens alone (HF's own merge of the model's configuration, the defaults and the
+def _plain_search(module: nn.Module, kwargs: dict) -> bool:
+    """Whether the configuration `generate` will build from `kwargs` asks for greedy search or
+    sampling (one sequence searched: `_sample`'s modes) and returns the tokens alone (HF's own merge of the model's configuration, the defaults and the
     arguments)."""
     from transformers.generation.configuration_utils import GenerationMode
 
     options = {name: value for name, value in kwargs.items() if name not in ("generation_config", "inputs")}
     try:
         generation_config, _ = module._prepare_generation_config(kwargs.get("generation_config"), **options)
-        return (generation_config.get_generation_mode(None) == GenerationMode.GREEDY_SEARCH
+        return (generation_config.get_generation_mode(None) in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
                 and not generation_config.return_dict_in_generate)
     except Exception:  # noqa: BLE001 - whatever HF objects to, it reports itself in its own generate
         return False
@@ -108,13 +113,13 @@ def _plain_greedy(module: nn.Module, kwargs: dict) -> bool:
 
 def greedy_decoding(model: nn.Module, input_ids: torch.LongTensor, logits_processor: Any, stopping_criteria: Any,
                     generation_config: Any, synced_gpus: bool = False, streamer: Any = None, **model_kwargs: Any) -> Any:
-    """HF's `_sample` for a greedy search without outputs beside the tokens (the signature is
+    """HF's `_sample` for greedy search or sampling without outputs beside the tokens (the signature is
     `_sample`'s, so that `generate` hands it the same arguments)."""
-    if (len(logits_processor) or synced_gpus or streamer is not None or generation_config.do_sample
-            or generation_config.return_dict_in_generate or input_ids.device.type == "mps"
-            or getattr(generation_config, "is_assistant", False)):
+    if (synced_gpus or streamer is not None or generation_config.return_dict_in_generate
+            or input_ids.device.type == "mps" or getattr(generation_config, "is_assistant", False)):
         return type(model)._sample(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                    synced_gpus, streamer, **model_kwargs)
+    choose = _token_choice(logits_processor, generation_config.do_sample)
     pad_token = getattr(generation_config, "_pad_token_tensor", None)
     if pad_token is not None:
         pad_token = pad_token.to(input_ids.device)
@@ -124,12 +129,11 @@ def greedy_decoding(model: nn.Module, input_ids: torch.LongTensor, logits_proces
     unfinished = torch.ones(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
     all_unfinished = True  # (then `_sample`'s padding of finished rows changes no token: skipped)
     steps = StepInputs(model)
-    fast_tokens = python_door.greedy_tokens_function()  # (resolved once: the step's Python runs cold)
     outputs = model._prefill(input_ids, generation_config, model_kwargs, is_first_iteration=True)
     with model._optimize_model_for_decode():
         while True:
             model_kwargs = steps.updated(outputs, model_kwargs)
-            next_tokens = _tokens(outputs.logits, fast_tokens).to(tokens.device)
+            next_tokens = choose(outputs.logits, tokens)
             del outputs
             if marks_finished and not all_unfinished:
                 next_tokens = next_tokens * unfinished + pad_token * (1 - unfinished)
@@ -170,6 +174,26 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 def _tokens(logits: torch.Tensor, fast: Callable[[torch.Tensor], torch.Tensor | None] | None) -> torch.Tensor:
     tokens = fast(logits) if fast is not None else None
     return tokens if tokens is not None else torch.argmax(logits[:, -1], dim=-1)
+
+
+def _token_choice(logits_processor: Any, sample: bool) -> Callable[[torch.Tensor, Tokens], torch.Tensor]:
+    """`choose(logits, tokens)`: the step's next tokens. Plain greedy search: `greedy_tokens`, no
+    copy. With logits processors or sampling, `_sample`'s own steps on the same values in the same
+    order (a float32 copy of the last position's logits, the processors over the whole ids, then
+    argmax or a draw from the softmax by `torch.multinomial`): the same tokens, and the same draws
+    from torch's generator, as HF's loop."""
+    if not len(logits_processor) and not sample:
+        fast = python_door.greedy_tokens_function()  # (resolved once: the step's Python runs cold)
+        return lambda logits, tokens: _tokens(logits, fast).to(tokens.device)
+
+    def choose(logits: torch.Tensor, tokens: Tokens) -> torch.Tensor:
+        last = logits[:, -1].to(copy=True, dtype=torch.float32, device=tokens.device)
+        scores = logits_processor(tokens.whole(), last)
+        if sample:
+            return torch.multinomial(torch.nn.functional.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+        return torch.argmax(scores, dim=-1)
+
+    return choose
 
 
 def _stop_function(stopping_criteria: Any) -> Callable[[Tokens, torch.Tensor], torch.Tensor | None]:

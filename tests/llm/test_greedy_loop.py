@@ -145,9 +145,40 @@ def test_a_criterion_of_the_callers_is_called_every_step(monkeypatch):
     assert torch.equal(tokens, expected) and theirs.calls == mine.calls == expected.shape[1] - 12
 
 
+SAMPLE_STEPS = {
+    "top-k sampling": dict(do_sample=True, top_k=20, temperature=0.8),
+    "top-p sampling": dict(do_sample=True, top_p=0.9, top_k=0),
+    "a processor": dict(do_sample=False, repetition_penalty=1.3),
+    "a minimum length": dict(do_sample=False, min_new_tokens=6),
+}
+
+
+@pytest.mark.parametrize("case", list(SAMPLE_STEPS))
+def test_sampling_and_processors_run_kilns_loop_with_hfs_tokens(case, monkeypatch):
+    """Sampling and logits processors take `_sample`'s own steps inside kiln's loop: with torch's
+    generator seeded alike, the same draws and tokens as HF's loop (two rows, an end-of-sequence
+    id that ends one of them; the minimum length holds it off for the first tokens)."""
+    kiln.reset()
+    model = _decoder("llama")
+    prompt = _prompt(2, 12)
+    options = dict(max_new_tokens=NEW_TOKENS, pad_token_id=7, **SAMPLE_STEPS[case])
+    with torch.no_grad():
+        torch.manual_seed(5)
+        free = model.generate(prompt, attention_mask=torch.ones_like(prompt), eos_token_id=None, **options)
+        eos = int(free[0, 12 + 7])  # (past the minimum length)
+        torch.manual_seed(5)
+        expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), eos_token_id=eos, **options)
+        hf_after = torch.rand(4)  # the generator's state after the call: which draws were taken
+        counts = _counted(monkeypatch, model)
+        torch.manual_seed(5)
+        tokens = kiln.compile(model).generate(prompt, attention_mask=torch.ones_like(prompt), eos_token_id=eos, **options)
+        kiln_after = torch.rand(4)
+    assert (expected[0] == 7).any()  # a row ended early
+    assert torch.equal(tokens, expected) and torch.equal(kiln_after, hf_after)
+    assert counts["kiln"] == 1 and counts["sample"] == 0
+
+
 OTHER_LOOPS = {
-    "sampling": dict(do_sample=True, top_k=1),  # the mode is sampling: HF's loop
-    "processors": dict(repetition_penalty=1.3),  # greedy, with a logits processor: `_sample` inside kiln's
     "scores": dict(return_dict_in_generate=True, output_scores=True, do_sample=False),
     "streamer": dict(streamer="streamer"),
     "beams": dict(num_beams=2),
@@ -187,9 +218,7 @@ def test_a_call_kilns_loop_does_not_cover_runs_hfs_sample(case, monkeypatch):
         assert len(seen) == 2 * len(streamed) and seen[-1] == "end"
     # HF's loop ran, and made every step's inputs itself.
     assert counts["prepare"] >= 8 if case != "beams" else counts["prepare"] >= 1
-    if case == "processors":
-        assert counts["kiln"] == 1 and counts["sample"] == 1  # kiln's loop handed it to `_sample`
-    elif case != "beams":
+    if case != "beams":
         assert counts["kiln"] == 0 and counts["sample"] == 1
     else:
         assert counts["kiln"] == 0
