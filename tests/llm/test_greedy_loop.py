@@ -178,6 +178,38 @@ def test_sampling_and_processors_run_kilns_loop_with_hfs_tokens(case, monkeypatc
     assert counts["kiln"] == 1 and counts["sample"] == 0
 
 
+@pytest.mark.parametrize("option", ["min_new_tokens", "min_length"])
+def test_a_minimum_length_is_run_only_where_it_holds_the_greedy_token_off(option, monkeypatch):
+    """The end-of-sequence id is row 0's third greedy token, under a minimum of six new tokens:
+    on that step the processors run (the id at -inf, another token), on the others kiln's
+    greedy token is the processors' without them; HF's tokens either way."""
+    from transformers.generation import logits_process
+
+    kiln.reset()
+    model = _decoder("llama")
+    prompt = _prompt(2, 12)
+    options = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=7)
+    options[option] = 6 if option == "min_new_tokens" else 12 + 6
+    with torch.no_grad():
+        free = model.generate(prompt, attention_mask=torch.ones_like(prompt), eos_token_id=None, **options)
+        eos = int(free[0, 12 + 2])
+        expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), eos_token_id=eos, **options)
+        calls = {"processor": 0}
+        cls = (logits_process.MinNewTokensLengthLogitsProcessor if option == "min_new_tokens"
+               else logits_process.MinLengthLogitsProcessor)
+        original = cls.__call__
+
+        def counted(self, *args, **kwargs):
+            calls["processor"] += 1
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "__call__", counted)
+        tokens = kiln.compile(model).generate(prompt, attention_mask=torch.ones_like(prompt), eos_token_id=eos, **options)
+    assert expected[0, 12 + 2] != eos  # the minimum held it off
+    assert torch.equal(tokens, expected)
+    assert 1 <= calls["processor"] < 6  # on the steps where the greedy token was held off only
+
+
 OTHER_LOOPS = {
     "scores": dict(return_dict_in_generate=True, output_scores=True, do_sample=False),
     "streamer": dict(streamer="streamer"),
