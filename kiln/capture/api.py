@@ -16,7 +16,7 @@ from kiln.capture import break_records
 from kiln.capture.binder import make_binder
 from kiln.capture.cache import FrameCache, reset_all
 from kiln.capture.hf_generation import generation_helpers
-from kiln.capture.hf_greedy import greedy_generate_kwargs
+from kiln.capture.hf_greedy import decoding_loop_kwargs
 
 
 # kiln.compile's options that are settings for this function alone, by option name.
@@ -114,7 +114,7 @@ class ForwardRoute:
     Beside it, for the same duration, the helpers `generation_helpers` names for a HuggingFace
     generation model (kiln/capture/hf_generation.py: the static cache's masks left to the compiled
     forward, HF's own torch.compile of the forward turned off), each where the instance dict had
-    no entry of that name; and a plain greedy `generate` runs kiln's decoding loop
+    no entry of that name; and a greedy or sampling `generate` runs kiln's decoding loop
     (kiln/capture/hf_greedy.py)."""
 
     _MISSING = object()
@@ -137,7 +137,7 @@ class ForwardRoute:
             route._enter()
             try:
                 if generate:
-                    kwargs = greedy_generate_kwargs(route.module, args, kwargs)
+                    kwargs = decoding_loop_kwargs(route.module, args, kwargs)
                 return method(*args, **kwargs)
             finally:
                 route._exit()

@@ -68,8 +68,8 @@ _HF_LOOP_ARGUMENTS = ("custom_generate", "streamer", "assistant_model", "assista
                       "synced_gpus", "prefix_allowed_tokens_fn", "negative_prompt_ids")
 
 
-def greedy_generate_kwargs(module: nn.Module, args: tuple, kwargs: dict) -> dict:
-    """`kwargs` for `module.generate(*args, **kwargs)`, with kiln's greedy loop as `custom_generate`
+def decoding_loop_kwargs(module: nn.Module, args: tuple, kwargs: dict) -> dict:
+    """`kwargs` for `module.generate(*args, **kwargs)`, with kiln's decoding loop as `custom_generate`
     where the call can only be greedy search or sampling returning tokens; `kwargs` itself otherwise."""
     if not config.capture.greedy_loop or len(args) > 1 or any(kwargs.get(name) is not None for name in _HF_LOOP_ARGUMENTS):
         return kwargs
@@ -79,7 +79,7 @@ def greedy_generate_kwargs(module: nn.Module, args: tuple, kwargs: dict) -> dict
         return kwargs
     if not _plain_search(module, kwargs):
         return kwargs
-    return {**kwargs, "custom_generate": greedy_decoding}
+    return {**kwargs, "custom_generate": decoding_loop}
 
 
 def _hands_over_decoding(cls: type) -> bool:
@@ -99,8 +99,8 @@ def _hands_over_decoding(cls: type) -> bool:
 
 def _plain_search(module: nn.Module, kwargs: dict) -> bool:
     """Whether the configuration `generate` will build from `kwargs` asks for greedy search or
-    sampling (one sequence searched: `_sample`'s modes) and returns the tokens alone (HF's own merge of the model's configuration, the defaults and the
-    arguments)."""
+    sampling (one sequence searched: `_sample`'s modes) and returns the tokens alone (HF's own
+    merge of the model's configuration, the defaults and the arguments)."""
     from transformers.generation.configuration_utils import GenerationMode
 
     options = {name: value for name, value in kwargs.items() if name not in ("generation_config", "inputs")}
@@ -112,7 +112,7 @@ def _plain_search(module: nn.Module, kwargs: dict) -> bool:
         return False
 
 
-def greedy_decoding(model: nn.Module, input_ids: torch.LongTensor, logits_processor: Any, stopping_criteria: Any,
+def decoding_loop(model: nn.Module, input_ids: torch.LongTensor, logits_processor: Any, stopping_criteria: Any,
                     generation_config: Any, synced_gpus: bool = False, streamer: Any = None, **model_kwargs: Any) -> Any:
     """HF's `_sample` for greedy search or sampling without outputs beside the tokens (the signature is
     `_sample`'s, so that `generate` hands it the same arguments)."""
@@ -240,7 +240,7 @@ def _held_ids(logits_processor: Any) -> Callable[[int], set[int]] | None:
 
 def _stop_function(stopping_criteria: Any) -> Callable[[Tokens, torch.Tensor], torch.Tensor | None]:
     """`stop(tokens, column)`: the criteria's verdict per sequence, or None where none is done.
-    Length limits and end-of-sequence tokens alone (what `generate` makes for a greedy call:
+    Length limits and end-of-sequence tokens alone (what `generate` itself makes:
     `MaxLengthCriteria`, `EosTokenCriteria`) are a comparison of lengths and of the new column's
     tokens, as Python numbers: HF's list reads the whole ids (a `torch.cat` a step) and calls
     `torch.isin`, ~0.2 ms a llama-160m int4 token on 2 cores, its caches cold after the step's

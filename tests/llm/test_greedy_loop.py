@@ -29,7 +29,7 @@ def _counted(monkeypatch, model: torch.nn.Module) -> dict:
 
     counts = {"prepare": 0, "sample": 0, "kiln": 0}
     for owner, name, key in ((GenerationMixin, "prepare_inputs_for_generation", "prepare"),
-                             (GenerationMixin, "_sample", "sample"), (hf_greedy, "greedy_decoding", "kiln")):
+                             (GenerationMixin, "_sample", "sample"), (hf_greedy, "decoding_loop", "kiln")):
         original = getattr(owner, name)
 
         @functools.wraps(original)
