@@ -232,10 +232,15 @@ def _held_ids(logits_processor: Any) -> Callable[[int], set[int]] | None:
             length = processor.prompt_length_to_skip + processor.min_new_tokens
         else:
             return None
-        ids = processor.eos_token_id
-        ids = ids.reshape(-1).tolist() if isinstance(ids, torch.Tensor) else [ids] if isinstance(ids, int) else list(ids)
-        below.append((int(length), {int(i) for i in ids}))
+        below.append((int(length), _token_ids(processor.eos_token_id)))
     return lambda length: {i for limit, ids in below if length < limit for i in ids}
+
+
+def _token_ids(ids: Any) -> set[int]:
+    """The end-of-sequence ids an HF processor or criterion holds (a tensor, an int or a list), as numbers."""
+    if isinstance(ids, torch.Tensor):
+        return {int(i) for i in ids.reshape(-1).tolist()}
+    return {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
 
 
 def _stop_function(stopping_criteria: Any) -> Callable[[Tokens, torch.Tensor], torch.Tensor | None]:
@@ -255,8 +260,8 @@ def _stop_function(stopping_criteria: Any) -> Callable[[Tokens, torch.Tensor], t
     positions = [criterion.max_position_embeddings for criterion in lengths
                  if criterion.max_position_embeddings is not None]
     beyond = min(positions, default=None)
-    ends = {int(token) for criterion in stopping_criteria if type(criterion) is EosTokenCriteria
-            for token in criterion.eos_token_id.reshape(-1).tolist()}
+    ends = set().union(*(_token_ids(criterion.eos_token_id) for criterion in stopping_criteria
+                         if type(criterion) is EosTokenCriteria))
 
     def stop(tokens: Tokens, column: torch.Tensor) -> torch.Tensor | None:
         length = tokens.length
