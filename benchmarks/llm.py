@@ -33,8 +33,8 @@ from torch import nn
 
 from benchmarks.llm_modes import LLM_MODELS, LLM_MODES, LlmMode, NotAvailable
 from benchmarks.machine import OthersClock
-from benchmarks.roofline import (ROUND_PROBE_PASSES, StepBytes, decode_step_bytes, linear_names, probe_buffer,
-                                 read_bandwidth)
+from benchmarks.roofline import (BRACKET_AGREEMENT, ROUND_PROBE_PASSES, StepBytes, decode_step_bytes, linear_names,
+                                 probe_buffer, read_bandwidth)
 
 
 @dataclass(frozen=True)
@@ -81,17 +81,49 @@ class LlmResult:
     new_tokens: int = 0
     decode_rounds_s: list[float] = field(default_factory=list)  # each round's time per decode step
     probes_gbps: list[float] = field(default_factory=list)  # the bandwidth probed just before each round's call
+    probes_after_gbps: list[float] = field(default_factory=list)  # and just after it
+
+    def _brackets(self) -> list[tuple[float, float, float]] | None:
+        """Each round's (step seconds, probe before, probe after); the after-probe is the before one
+        where the run has none (results written before they were taken)."""
+        n = len(self.decode_rounds_s)
+        if self.step_bytes is None or len(self.probes_gbps) != n or not n:
+            return None
+        after = self.probes_after_gbps if len(self.probes_after_gbps) == n else self.probes_gbps
+        return list(zip(self.decode_rounds_s, self.probes_gbps, after))
+
+    def bracketed_rounds(self) -> list[bool] | None:
+        """Per round, whether its two probes agree (within BRACKET_AGREEMENT): the machine read
+        alike before and after the call, so the call likely ran at that bandwidth."""
+        brackets = self._brackets()
+        if brackets is None:
+            return None
+        return [max(before, after) <= BRACKET_AGREEMENT * min(before, after) for _, before, after in brackets]
 
     @property
     def roofline(self) -> float | None:
         """The fraction of the machine's bandwidth the decode steps read at: each round's bytes per
-        second over the bandwidth probed just before that round's call, the median of the rounds
-        (a neighbour that takes half the memory's speed for a minute halves both). Without probes
-        paired with the rounds: None."""
-        if self.step_bytes is None or not self.probes_gbps or len(self.probes_gbps) != len(self.decode_rounds_s):
+        second over the mean of the bandwidth probed just before and just after that round's call,
+        the median of the rounds whose two probes agree (of every round where none do). On a
+        shared VM the machine moves between states of ~34 and ~62 GB/s for seconds at a time (a
+        2-core AMD EPYC: its two vCPUs read at one core's speed, then at two); a call between
+        probes of both states ran in either. Without probes paired with the rounds: None."""
+        brackets = self._brackets()
+        if brackets is None:
             return None
-        return statistics.median(self.step_bytes.total / step / 1e9 / gbps
-                                 for step, gbps in zip(self.decode_rounds_s, self.probes_gbps))
+        fractions = [self.step_bytes.total / step / 1e9 / ((before + after) / 2) for step, before, after in brackets]
+        agreed = [f for f, ok in zip(fractions, self.bracketed_rounds()) if ok]
+        return statistics.median(agreed or fractions)
+
+    @property
+    def roofline_bandwidth(self) -> float | None:
+        """The bandwidth `roofline` is taken over: the median bracket mean of the rounds it counts."""
+        brackets = self._brackets()
+        if brackets is None:
+            return None
+        means = [(before + after) / 2 for _, before, after in brackets]
+        agreed = [m for m, ok in zip(means, self.bracketed_rounds()) if ok]
+        return statistics.median(agreed or means)
 
     @property
     def prefill_tokens_per_s(self) -> float | None:
@@ -302,14 +334,17 @@ def _warm_up(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, An
 def _rounds(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, Any], reference: torch.Tensor,
             rounds: int, probe: Callable[[], float] | None = None) -> float | None:
     """The timed rounds, one generate call per mode each, `probe()` (the machine's bandwidth, GB/s)
-    just before each call; the share of the CPUs others used meanwhile."""
+    before the first call and after each (a call's probes: the one before it and the one after);
+    the share of the CPUs others used meanwhile."""
     clock = OthersClock()
+    gbps = probe() if probe is not None else None
     for r in range(rounds):
         for runner in _rotated(runners, r):
-            gbps = probe() if probe is not None else None
             tokens = _run(runner, prompt, options, f"round {r + 1}")
+            after = probe() if probe is not None else None
             if tokens is None:
                 runners.remove(runner)
+                gbps = after
                 continue
             prefill, step = runner.clock.prefill_and_step()
             runner.prefill.append(prefill)
@@ -317,6 +352,8 @@ def _rounds(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, Any
             runner.forward.append(runner.clock.forward())
             if gbps is not None:
                 runner.result.probes_gbps.append(gbps)
+                runner.result.probes_after_gbps.append(after)
+            gbps = after
             _check_tokens(runner, tokens, reference, prompt.shape[1])
     return clock.share()
 
@@ -353,9 +390,9 @@ def measure_group(base: nn.Module, model: str, batch: int, threads: int, modes: 
 def run_llm_suite(settings: LlmSettings, progress: TextIO | None = sys.stderr,
                   on_group: Callable[[LlmRun], None] | None = None) -> LlmRun:
     """Every model at every batch and thread count through every mode; with the machine's read
-    bandwidth at each thread count, the best of a probe before the first group and one before each
-    timed call (each call's roofline is of its own probe: LlmResult.roofline). `on_group(run)` after
-    each (model, batch): the run so far."""
+    bandwidth at each thread count, the best of a probe before the first group and those between the
+    timed calls (each call's roofline is of the probes before and after it: LlmResult.roofline).
+    `on_group(run)` after each (model, batch): the run so far."""
     run = LlmRun(settings)
     modes = [LLM_MODES[name] for name in settings.modes]
     before = torch.get_num_threads()
@@ -366,11 +403,11 @@ def run_llm_suite(settings: LlmSettings, progress: TextIO | None = sys.stderr,
             run.bandwidth_others[threads] = clock.share()
             _say(progress, f"read bandwidth at {_threads(threads)}: {run.bandwidth[threads]:.1f} GB/s")
             torch.set_num_threads(threads)
-            # Probed again before every call of a round: on a shared VM the machine's bandwidth moves
-            # with its neighbours' work (the same probe read 35 and 65 GB/s within the hour on a
-            # 2-core AMD EPYC, and kiln's float32 decode once read 118 % of a probe taken before its
-            # group). Each call's GB/s is taken over the probe just before it (LlmResult.roofline),
-            # and the best of every probe is the run's bandwidth.
+            # Probed again between the calls of a round: on a shared VM the machine's bandwidth moves
+            # (the same probe read 35 and 65 GB/s within the hour on a 2-core AMD EPYC, and kiln's
+            # float32 decode once read 118 % of a probe taken before its group). Each call's GB/s is
+            # taken over the probes just before and after it (LlmResult.roofline), and the best of
+            # every probe is the run's bandwidth.
             buffer = probe_buffer()
 
             def probe(threads: int = threads, buffer: torch.Tensor = buffer) -> float:

@@ -7,6 +7,7 @@ eager's."""
 from __future__ import annotations
 
 from benchmarks.llm import LlmResult, LlmRun, roofline_of
+from benchmarks.roofline import BRACKET_AGREEMENT
 
 Table = tuple[str, list[str], list[list[str]]]
 PEER = "inductor-freeze"
@@ -55,12 +56,26 @@ def versus_peer(r: LlmResult, results: list[LlmResult]) -> float | None:
     return r.decode_s / peer.decode_s
 
 
-def row(r: LlmResult, results: list[LlmResult], bandwidth: float | None) -> list[str]:
+def roofline_cell(r: LlmResult, bandwidth: float | None) -> str:
+    """"70% of 34" (the fraction and the GB/s it is of), "(2 of 3 rounds)" where some rounds' probes
+    disagreed and were left out, "(no round's probes agree)" where every round's did."""
     roofline = roofline_of(r, bandwidth)
+    if roofline is None:
+        return "-"
+    bracketed, over = r.bracketed_rounds(), r.roofline_bandwidth
+    if bracketed is None or over is None:
+        return f"{roofline:.0%}"
+    kept = sum(bracketed)
+    counted = "" if kept == len(bracketed) else (f" ({kept} of {len(bracketed)} rounds)" if kept
+                                                 else " (no round's probes agree)")
+    return f"{roofline:.0%} of {over:.0f}{counted}"
+
+
+def row(r: LlmResult, results: list[LlmResult], bandwidth: float | None) -> list[str]:
     return [r.model, str(r.batch), r.mode, _fmt(r.prefill_tokens_per_s, ".0f"), _fmt(r.decode_tokens_per_s, ".1f"),
             _fmt(r.decode_s and r.decode_s * 1e3, ".2f"), _fmt(r.forward_s and r.forward_s * 1e3, ".2f"),
             _fmt(versus_peer(r, results), ".2f", "x"),
-            _megabytes(r.step_bytes.total if r.step_bytes else None), _fmt(r.gbps, ".1f"), _fmt(roofline, ".0%"),
+            _megabytes(r.step_bytes.total if r.step_bytes else None), _fmt(r.gbps, ".1f"), roofline_cell(r, bandwidth),
             accurate(r), note(r)]
 
 
@@ -72,8 +87,9 @@ def llm_tables(run: LlmRun) -> list[Table]:
         bandwidth = run.bandwidth.get(threads)
         title = (f"Text generation, {threads} thread{'s' if threads > 1 else ''}: prompt {s.prompt_len}, "
                  f"{s.new_tokens} new tokens, greedy, {s.kv_cache} KV cache, median of {s.rounds} rounds; roofline: "
-                 f"each call's GB/s over the read bandwidth probed just before it, the median of the rounds "
-                 f"(the machine's best probe: {_fmt(bandwidth, '.1f')} GB/s)")
+                 f"each call's GB/s over the mean of the read bandwidth probed just before and just after it, "
+                 f"the median of the rounds whose two probes agree within {BRACKET_AGREEMENT:g}x, 'of' that "
+                 f"bandwidth in GB/s (the machine's best probe: {_fmt(bandwidth, '.1f')} GB/s)")
         tables.append((title, HEADER, [row(r, results, bandwidth) for r in results]))
     return tables
 
@@ -95,7 +111,7 @@ def describe_bandwidth(run: LlmRun) -> str:
                          f"{_busy(run.bandwidth_others.get(t))}" for t, gbps in run.bandwidth.items())
     return (f"machine read bandwidth (best read-only pass over 1 GiB on 2 MB pages where the kernel gives them: "
             f"torch.sum, amax, dot, row sums or kiln's line reader; probed before "
-            f"the run and before every timed call): {measured}. "
+            f"the run and between the timed calls): {measured}. "
             f"bytes/step: what a decode step reads — every linear weight (LM head included) at the mode's bytes "
             f"per weight, one embedding row per sequence, norms, the KV cache at its average length "
             f"({run.settings.cache_len:g} positions)")

@@ -35,6 +35,9 @@ _ROWS = 16384
 
 
 ROUND_PROBE_PASSES = 2  # a probe between the timed calls of a benchmark: ~0.3 s at 40 GB/s
+# A call's probes (before and after it) agree when the larger is at most this times the smaller:
+# the probe of a steady machine moves by a few percent, a change of state (34 -> 62 GB/s) by 1.8x.
+BRACKET_AGREEMENT = 1.2
 
 
 _HUGE_PAGE = 2 << 20
