@@ -100,6 +100,15 @@ class LlmResult:
             return None
         return [max(before, after) <= BRACKET_AGREEMENT * min(before, after) for _, before, after in brackets]
 
+    def _counted(self) -> list[tuple[float, float]] | None:
+        """(fraction, bandwidth) of the rounds `roofline` counts: those whose probes agree, else all."""
+        brackets = self._brackets()
+        if brackets is None:
+            return None
+        rounds = [(self.step_bytes.total / step / 1e9 / ((before + after) / 2), (before + after) / 2)
+                  for step, before, after in brackets]
+        return [r for r, ok in zip(rounds, self.bracketed_rounds()) if ok] or rounds
+
     @property
     def roofline(self) -> float | None:
         """The fraction of the machine's bandwidth the decode steps read at: each round's bytes per
@@ -108,22 +117,14 @@ class LlmResult:
         shared VM the machine moves between states of ~34 and ~62 GB/s for seconds at a time (a
         2-core AMD EPYC: its two vCPUs read at one core's speed, then at two); a call between
         probes of both states ran in either. Without probes paired with the rounds: None."""
-        brackets = self._brackets()
-        if brackets is None:
-            return None
-        fractions = [self.step_bytes.total / step / 1e9 / ((before + after) / 2) for step, before, after in brackets]
-        agreed = [f for f, ok in zip(fractions, self.bracketed_rounds()) if ok]
-        return statistics.median(agreed or fractions)
+        counted = self._counted()
+        return None if counted is None else statistics.median(f for f, _ in counted)
 
     @property
     def roofline_bandwidth(self) -> float | None:
-        """The bandwidth `roofline` is taken over: the median bracket mean of the rounds it counts."""
-        brackets = self._brackets()
-        if brackets is None:
-            return None
-        means = [(before + after) / 2 for _, before, after in brackets]
-        agreed = [m for m, ok in zip(means, self.bracketed_rounds()) if ok]
-        return statistics.median(agreed or means)
+        """The bandwidth `roofline` is taken over: the median probe mean of the rounds it counts."""
+        counted = self._counted()
+        return None if counted is None else statistics.median(gbps for _, gbps in counted)
 
     @property
     def prefill_tokens_per_s(self) -> float | None:
