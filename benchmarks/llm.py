@@ -105,8 +105,8 @@ class LlmResult:
         brackets = self._brackets()
         if brackets is None:
             return None
-        rounds = [(self.step_bytes.total / step / 1e9 / ((before + after) / 2), (before + after) / 2)
-                  for step, before, after in brackets]
+        means = [(step, (before + after) / 2) for step, before, after in brackets]
+        rounds = [(self.step_bytes.total / step / 1e9 / mean, mean) for step, mean in means]
         return [r for r, ok in zip(rounds, self.bracketed_rounds()) if ok] or rounds
 
     @property
