@@ -31,6 +31,16 @@ read in `--read-runs` runs a thread, asked `--read-ahead` bytes ahead, a faster 
 `torch.sum`'s) and prints each product shape's time and GB/s too:
 
     python benchmarks/tools/quant_decode_sweep.py --model qwen2-0.5b --kinds int4,read-int4 --huge-page-runs --in-c
+
+`--by-state` probes the memory's read bandwidth between the rounds (benchmarks/roofline.py, as the
+llm suite does) and gives each build's ratio over the rounds of each state of the machine apart: a
+round counts where the probes before and after it agree within BRACKET_AGREEMENT, and is "high"
+where their mean is at least HIGH_SHARE of the run's best probe, else "low". The 2-core Zen 4 VM
+reads 60-65 GB/s or 33-35 for seconds at a time; a change can be faster in one state and slower in
+the other (2026-12-04: one load a word in digits_tile, 0.92x the time from L2, 1.03x from DRAM in
+the high state, 1.00x in the low one), which a median over both hides:
+
+    python benchmarks/tools/quant_decode_sweep.py --model qwen2-0.5b --kinds int4 --huge-pages --in-c --by-state --rounds 200 KILN_INT4_PREFETCH_WORDS=64
 """
 from __future__ import annotations
 
@@ -44,7 +54,7 @@ import torch
 
 from benchmarks import kernels
 from benchmarks.llm_modes import LLM_MODELS
-from benchmarks.roofline import huge_page_bytes
+from benchmarks.roofline import BRACKET_AGREEMENT, ROUND_PROBE_PASSES, huge_page_bytes, probe_buffer, read_bandwidth
 from kiln.native import kernels_unit
 from kiln.native.build import build_library
 
@@ -54,6 +64,30 @@ KINDS = ("fp32", "int8", "int4", "int4-a8", "read-int8", "read-int4")
 READS = {"int4-a8": "int4", "read-int8": "int8", "read-int4": "int4"}
 GROUP = 128
 IN_C_KINDS = ("int8", "int4", "read-int8", "read-int4")
+# --by-state: a round is of the machine's high state where its probes read at least this share of the run's best.
+HIGH_SHARE = 0.75
+
+
+def rounds_by_state(probes: list[float]) -> dict[str, list[int]]:
+    """The rounds of each state of the machine ("high", "low"), from `probes`: the bandwidth read
+    before the first round and after each (round i between probes i and i + 1). A round whose two
+    probes disagree by more than BRACKET_AGREEMENT is in neither: the machine changed state while
+    it ran."""
+    best = max(probes)
+    states: dict[str, list[int]] = {"high": [], "low": []}
+    for i, (before, after) in enumerate(zip(probes, probes[1:])):
+        if max(before, after) > BRACKET_AGREEMENT * min(before, after):
+            continue
+        states["high" if (before + after) / 2 >= HIGH_SHARE * best else "low"].append(i)
+    return states
+
+
+def _ratio_line(ratios: list[float]) -> str:
+    """The median of the rounds' time ratios with their quartiles (one ratio: no quartiles)."""
+    if len(ratios) < 2:
+        return f"{ratios[0]:.3f}x the default's time"
+    low, _, high = statistics.quantiles(ratios, n=4)
+    return f"{statistics.median(ratios):.3f}x the default's time (quartiles {low:.3f}-{high:.3f})"
 
 
 def build_variant(macros: list[str]) -> ctypes.CDLL:
@@ -172,6 +206,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--read-runs", type=int, default=2, help="--in-c: runs a thread reads side by side (read kinds)")
     parser.add_argument("--read-ahead", type=int, default=3072,
                         help="--in-c: bytes ahead each line is asked for (read kinds; 0: none)")
+    parser.add_argument("--by-state", action="store_true",
+                        help="probe the memory between rounds and give each build's ratio over the rounds of each "
+                             "state of the machine (its probes' agreeing high and low readings) apart")
     args = parser.parse_args(argv)
     kinds = args.kinds.split(",")
     if any(kind not in KINDS for kind in kinds):
@@ -232,12 +269,16 @@ def main(argv: list[str] | None = None) -> None:
     samples: dict[tuple[str, str], list[float]] = {(v, kind): [] for v in variants for kind in kinds}
     # (the default build is the library the process's other callers share: its setting is put back)
     before = {name: build.kiln_gemm_huge_page_packs() for name, build in builds.items()}
+    buffer = probe_buffer() if args.by_state else None
+    probes = [read_bandwidth(args.threads, passes=ROUND_PROBE_PASSES, buffer=buffer)] if args.by_state else []
     try:
         for _ in range(args.rounds):
             for name, (build, packs, huge_reads) in variants.items():
                 build.kiln_gemm_set_huge_page_packs(huge_reads)
                 for kind in kinds:
                     samples[(name, kind)].append(in_c[(name, kind)].run(build) if in_c else step(build, packs, kind))
+            if args.by_state:
+                probes.append(read_bandwidth(args.threads, passes=ROUND_PROBE_PASSES, buffer=buffer))
     finally:
         for name, build in builds.items():
             build.kiln_gemm_set_huge_page_packs(before[name])
@@ -247,10 +288,21 @@ def main(argv: list[str] | None = None) -> None:
         t = statistics.median(times)
         line = f"{name:48s} {kind:8s} {t * 1e3:7.3f} ms  {stored[kind] / t / 1e9:5.3g} GB/s"  # (a slow round: not 0.0)
         if name != "default" and args.rounds >= 4:
-            ratios = [x / y for x, y in zip(times, samples[("default", kind)])]
-            low, _, high = statistics.quantiles(ratios, n=4)
-            line += f"  {statistics.median(ratios):.3f}x the default's time (quartiles {low:.3f}-{high:.3f})"
+            line += "  " + _ratio_line([x / y for x, y in zip(times, samples[("default", kind)])])
         print(line)
+    if args.by_state:
+        for state, rounds in rounds_by_state(probes).items():
+            if not rounds:
+                print(f"{state} state: no round between two agreeing probes")
+                continue
+            read = [(probes[i] + probes[i + 1]) / 2 for i in rounds]
+            print(f"{state} state: {len(rounds)} rounds whose probes read {min(read):.1f}-{max(read):.1f} GB/s")
+            for (name, kind), times in samples.items():
+                t = statistics.median(times[i] for i in rounds)
+                line = f"  {name:46s} {kind:8s} {t * 1e3:7.3f} ms  {stored[kind] / t / 1e9:5.3g} GB/s"
+                if name != "default":
+                    line += "  " + _ratio_line([times[i] / samples[("default", kind)][i] for i in rounds])
+                print(line)
     for (name, kind), _ in samples.items():
         if kind in ("int8", "int4") and in_c:
             for shape, (calls, ms, gbps) in in_c[(name, kind)].per_shape(args.rounds).items():

@@ -130,3 +130,35 @@ def test_in_c_refuses_the_kinds_it_has_no_call_for(capsys):
     with pytest.raises(SystemExit):
         quant_decode_sweep.main(["--kinds", "fp32,int4", "--in-c"])
     assert "--in-c times int8, int4, read-int8, read-int4 only, got 'fp32,int4'" in capsys.readouterr().err
+
+
+def test_rounds_are_told_apart_by_the_state_their_probes_read():
+    """A round belongs to the state both its probes read (within BRACKET_AGREEMENT); a round whose
+    probes disagree (the machine changed state while it ran) to neither."""
+    probes = [60.0, 61.0, 34.0, 33.0, 62.0, 60.0, 58.0, 35.0]
+    assert quant_decode_sweep.rounds_by_state(probes) == {"high": [0, 4, 5], "low": [2]}
+    # One steady state: every round high (a share of the best probe, not of a fixed bandwidth).
+    assert quant_decode_sweep.rounds_by_state([20.0, 21.0, 20.5]) == {"high": [0, 1], "low": []}
+
+
+def test_by_state_gives_each_builds_ratio_over_each_states_rounds(capsys, monkeypatch):
+    """--by-state probes before the first round and after each, and prints, per state, the default's
+    time and each build's median ratio over that state's rounds alone."""
+    readings = iter([60.0, 61.0, 34.0, 33.0, 60.0, 62.0])  # rounds 0 and 4 high, 2 low, 1 and 3 in neither
+    calls = []
+
+    def read_bandwidth(threads, passes, buffer):
+        calls.append((threads, passes, buffer))
+        return next(readings)
+
+    monkeypatch.setattr(quant_decode_sweep, "probe_buffer", lambda: "the buffer")
+    monkeypatch.setattr(quant_decode_sweep, "read_bandwidth", read_bandwidth)
+    quant_decode_sweep.main(["--model", "llama-tiny", "--rounds", "5", "--threads", "1", "--kinds", "int4",
+                             "--by-state", "KILN_NEAR_UNITS=0"])
+    lines = capsys.readouterr().out.splitlines()
+    assert calls == [(1, quant_decode_sweep.ROUND_PROBE_PASSES, "the buffer")] * 6
+    at = lines.index("high state: 2 rounds whose probes read 60.5-61.0 GB/s")
+    assert lines[at + 1].split()[:2] == ["default", "int4"] and float(lines[at + 1].split()[-2]) > 0
+    assert lines[at + 2].split()[:2] == ["KILN_NEAR_UNITS=0", "int4"] and "x the default's time (quartiles" in lines[at + 2]
+    low = lines.index("low state: 1 rounds whose probes read 33.5-33.5 GB/s")
+    assert lines[low + 2].endswith("x the default's time")  # one round: no quartiles
