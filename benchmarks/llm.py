@@ -33,8 +33,8 @@ from torch import nn
 
 from benchmarks.llm_modes import LLM_MODELS, LLM_MODES, LlmMode, NotAvailable
 from benchmarks.machine import OthersClock
-from benchmarks.roofline import (BRACKET_AGREEMENT, ROUND_PROBE_PASSES, StepBytes, decode_step_bytes, linear_names,
-                                 probe_buffer, read_bandwidth)
+from benchmarks.roofline import (ROUND_PROBE_PASSES, StepBytes, decode_step_bytes, linear_names, probe_buffer,
+                                 probes_agree, read_bandwidth)
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class LlmResult:
         brackets = self._brackets()
         if brackets is None:
             return None
-        return [max(before, after) <= BRACKET_AGREEMENT * min(before, after) for _, before, after in brackets]
+        return [probes_agree(before, after) for _, before, after in brackets]
 
     def _counted(self) -> list[tuple[float, float]] | None:
         """(fraction, bandwidth) of the rounds `roofline` counts: those whose probes agree, else all."""

@@ -40,6 +40,12 @@ ROUND_PROBE_PASSES = 2  # a probe between the timed calls of a benchmark: ~0.3 s
 BRACKET_AGREEMENT = 1.2
 
 
+def probes_agree(before: float, after: float) -> bool:
+    """Whether two probes around a call read alike (within BRACKET_AGREEMENT): the machine stayed
+    in one state while the call ran, so the call likely ran at that bandwidth."""
+    return max(before, after) <= BRACKET_AGREEMENT * min(before, after)
+
+
 _HUGE_PAGE = 2 << 20
 
 

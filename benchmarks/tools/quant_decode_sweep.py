@@ -54,7 +54,7 @@ import torch
 
 from benchmarks import kernels
 from benchmarks.llm_modes import LLM_MODELS
-from benchmarks.roofline import BRACKET_AGREEMENT, ROUND_PROBE_PASSES, huge_page_bytes, probe_buffer, read_bandwidth
+from benchmarks.roofline import ROUND_PROBE_PASSES, huge_page_bytes, probe_buffer, probes_agree, read_bandwidth
 from kiln.native import kernels_unit
 from kiln.native.build import build_library
 
@@ -76,7 +76,7 @@ def rounds_by_state(probes: list[float]) -> dict[str, list[int]]:
     best = max(probes)
     states: dict[str, list[int]] = {"high": [], "low": []}
     for i, (before, after) in enumerate(zip(probes, probes[1:])):
-        if max(before, after) > BRACKET_AGREEMENT * min(before, after):
+        if not probes_agree(before, after):
             continue
         states["high" if (before + after) / 2 >= HIGH_SHARE * best else "low"].append(i)
     return states
