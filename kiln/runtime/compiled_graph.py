@@ -29,7 +29,7 @@ from kiln.native.build import build_library
 from kiln import profiler
 from kiln.runtime.fallback import record_fallback
 from kiln.heap import keep_freed_memory
-from kiln.runtime.error_flag import ErrorFlag
+from kiln.runtime.error_flag import ErrorFlag, IndexOutOfRange
 from kiln.runtime.triton_kernels import load_module, module_path
 
 
@@ -153,7 +153,7 @@ def _traced_layout_copy(t: torch.Tensor, layout: tuple[tuple[int, ...], tuple[in
 def _raise_index_error(flag: ctypes.c_int | ErrorFlag, kernel: str) -> None:
     when = flag.when() if isinstance(flag, ErrorFlag) else ""
     flag.value = 0
-    raise IndexError(f"index out of range in kiln kernel {kernel} (an indexing op read outside its input){when}")
+    raise IndexOutOfRange(f"index out of range in kiln kernel {kernel} (an indexing op read outside its input){when}")
 
 
 def _resolve_op(name: str) -> Any:
@@ -325,6 +325,10 @@ class CompiledGraph:
     def _first_call(self, args: tuple) -> tuple:
         try:
             outputs = self.call(*args)
+        except IndexOutOfRange:  # kiln's kernels ran and found the inputs at fault: raised as it is
+            self.eager = None
+            self._ran(True)
+            raise
         except Exception as error:  # noqa: BLE001 - told apart from the user's errors below
             return self._fall_back(error, args)
         self.eager = None

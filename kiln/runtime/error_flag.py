@@ -2,7 +2,7 @@
 
 Kernels with indirect indices (a gather, an embedding) clamp an index out of range, so memory
 stays safe, and write 1 into a one-element int32 tensor; the wrapper reads it after the graph's
-last kernel and raises IndexError, as eager does.
+last kernel and raises IndexError (`IndexOutOfRange`), as eager does.
 
 On the CPU (Triton's interpreter) the flag is read at once. On a GPU, reading it at once would wait
 for every kernel of the call: the host could never queue the next call while the GPU works, and
@@ -28,6 +28,13 @@ import torch
 MAX_UNREAD = 2  # calls a GPU graph's flag reading may trail behind the host
 
 _READ_LATER: list[list["ErrorFlag"]] = []  # open `flags_read_later` blocks, innermost last
+
+
+class IndexOutOfRange(IndexError):
+    """A kernel's index check found an index out of range: the inputs' fault, never kiln's, so a
+    compiled graph's first call does not try ATen's graph on them (kiln/runtime/compiled_graph.py:
+    on a GPU, ATen's indexing kernels assert on the device, which leaves the process's CUDA
+    context unusable)."""
 
 
 @contextlib.contextmanager
@@ -111,7 +118,7 @@ class ErrorFlag:
         """IndexError (and the flag cleared) when a kernel set it."""
         if self.value:
             self.value = 0
-            raise IndexError(f"index out of range in {where} (an indexing op read outside its input){self.when()}")
+            raise IndexOutOfRange(f"index out of range in {where} (an indexing op read outside its input){self.when()}")
 
     def when(self) -> str:
         """Which call it was, where the reading trailed behind (a GPU's)."""

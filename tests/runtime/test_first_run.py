@@ -127,3 +127,30 @@ def test_settings_that_change_the_compiled_graph_are_in_the_cache_key(cache):
         kiln.reset()
         kiln.compile(model, mode="reduce-overhead")(x)  # another entry, not the default mode's
     assert len(aot_entries(cache)) == 2
+
+
+class Gather(torch.nn.Module):
+    def forward(self, x, ids):
+        return torch.sin(x)[ids] * 2
+
+
+def test_an_index_out_of_range_at_the_first_call_is_the_inputs_fault(cache, monkeypatch):
+    """kiln's index check raising at a graph's first call is the user's error, raised as it is: ATen's
+    graph is not tried on those inputs (on a GPU its indexing kernel asserts on the device, and the
+    process's CUDA context is lost: found on an H200), no fallback is recorded, and the graph's next
+    calls run kiln's kernels."""
+    tried_aten, graphs = [], set()
+    fall_back, call = compiled_graph.CompiledGraph._fall_back, compiled_graph.CompiledGraph.__call__
+    monkeypatch.setattr(compiled_graph.CompiledGraph, "_fall_back",
+                        lambda self, *a: tried_aten.append(a) or fall_back(self, *a))
+    monkeypatch.setattr(compiled_graph.CompiledGraph, "__call__", lambda self, *a: graphs.add(self) or call(self, *a))
+    model, x = Gather(), torch.randn(6, 3)
+    compiled = kiln.compile(model)
+    with torch.no_grad(), pytest.raises(IndexError, match="index out of range in kiln kernel"):
+        compiled(x, torch.tensor([0, 9]))
+    assert tried_aten == [] and fallback.FALLBACKS == []
+    ids = torch.tensor([5, 0])
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, ids), model(x, ids))
+    (graph,) = graphs
+    assert graph.first_run is True and graph.call is graph._loaded_call  # kiln's kernels, not ATen's graph
