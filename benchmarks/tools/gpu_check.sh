@@ -21,7 +21,9 @@
 # Usage (device machine, repository root): bash benchmarks/tools/gpu_check.sh [deadline_s]
 #   deadline_s (default 420): seconds after the start by which everything has ended; give the call
 #   a limit of deadline_s + 60.
-# Environment: BATCH1=0 leaves out the batch-1 runs; PROFILE=0 the profile (PROFILE_MODELS: gpt2,bert); JOBS (4), ITERS (30), WARMUP (3), THREADS (2:
+# Environment: BATCH1=0 leaves out the batch-1 runs; PROFILE=0 the profile (PROFILE_MODELS: gpt2,bert);
+# MODELS (e.g. gpt2): the inference runs' models instead of the suite's; TRAIN_MODELS= (empty) no
+# AMP training; RAGGED=1 adds benchmarks/tools/ragged_product.py after bench-launch; JOBS (4), ITERS (30), WARMUP (3), THREADS (2:
 # the CPU threads of each case, where its float32 and float64 references run); PYTHON (python3).
 # GPU_CHECK_DRY=1 prints every command with its time limit and runs none. DEVICE=cpu SUITE=unit
 # TRAIN_MODELS=mlp try the script's own logic on a CPU machine (tests/gpu then skips itself).
@@ -29,11 +31,13 @@ set -u
 START=$(date +%s)
 DEADLINE=${1:-420}
 OUT=${OUT:-/tmp/gpu_out}
-DRY=${GPU_CHECK_DRY:-0} DEVICE=${DEVICE:-cuda} SUITE=${SUITE:-gpu} TRAIN_MODELS=${TRAIN_MODELS:-bert}
+DRY=${GPU_CHECK_DRY:-0} DEVICE=${DEVICE:-cuda} SUITE=${SUITE:-gpu} TRAIN_MODELS=${TRAIN_MODELS-bert}
 TESTS=${TESTS:-tests/gpu} JOBS=${JOBS:-4} ITERS=${ITERS:-30} WARMUP=${WARMUP:-3} THREADS=${THREADS:-2}
-BATCH1=${BATCH1:-1} PROFILE=${PROFILE:-1} PROFILE_MODELS=${PROFILE_MODELS:-gpt2,bert} PY=${PYTHON:-python3}
+BATCH1=${BATCH1:-1} PROFILE=${PROFILE:-1} MODELS=${MODELS:-} RAGGED=${RAGGED:-0} PROFILE_MODELS=${PROFILE_MODELS:-gpt2,bert} PY=${PYTHON:-python3}
 STOP_BEFORE=30  # a run is stopped this long before the deadline: 20 s to die, 10 to gather the files
 RUNS="bf16-b8 bf16-b8-ro amp-train-b8 bf16-b1 bf16-b1-ro"
+# The inference runs' models: the suite's, or those MODELS names.
+if [ -n "$MODELS" ]; then PICK=(--models "$MODELS"); else PICK=(--suite "$SUITE"); fi
 mkdir -p "$OUT"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
 LOG=$OUT/gpu_check.log MD=$OUT/gpu_check.md
@@ -105,7 +109,11 @@ beside() {
   # The host's cost per Triton launch, through Triton and direct (benchmarks/launch_cost.py).
   run "$WORK/launch.log" timeout -k 10 60 $PY -m benchmarks.timing_lock $PY -m benchmarks bench-launch --rounds 5
   say "bench-launch: exit $?"
-  bench amp-train-b8 240 60 "$JOBS" --models "$TRAIN_MODELS" --train --autocast bf16 --batch 8 --modes kiln --against inductor
+  if [ "$RAGGED" = 1 ]; then
+    run "$WORK/launch.log" timeout -k 10 60 $PY -m benchmarks.timing_lock $PY benchmarks/tools/ragged_product.py
+    say "ragged_product: exit $?"
+  fi
+  [ -n "$TRAIN_MODELS" ] && bench amp-train-b8 240 60 "$JOBS" --models "$TRAIN_MODELS" --train --autocast bf16 --batch 8 --modes kiln --against inductor
   # Where GPT-2's and BERT's calls go, kiln beside Inductor (benchmarks/tools/gpu_profile.py: kernels
   # by GPU time, launches, waits), holding the timing lock; if 100 s are left (PROFILE=0: never).
   t=$(( $(left) - STOP_BEFORE )); (( t > 150 )) && t=150
@@ -116,13 +124,13 @@ beside() {
     say "gpu_profile: exit $?"
   else say "gpu_profile: not run, $t s left before the deadline (it needs 100)"; fi
   # (fewer at once: beside the main lane's second run, which comes first)
-  [ "$BATCH1" = 1 ] && bench bf16-b1 240 90 2 --suite "$SUITE" --dtype bf16 --batch 1 --modes kiln --against inductor
+  [ "$BATCH1" = 1 ] && bench bf16-b1 240 90 2 "${PICK[@]}" --dtype bf16 --batch 1 --modes kiln --against inductor
 }
 beside &
-bench bf16-b8 240 60 "$JOBS" --suite "$SUITE" --dtype bf16 --batch 8 --modes kiln --against inductor
-bench bf16-b8-ro 240 60 "$JOBS" --suite "$SUITE" --dtype bf16 --batch 8 --modes kiln-reduce-overhead \
+bench bf16-b8 240 60 "$JOBS" "${PICK[@]}" --dtype bf16 --batch 8 --modes kiln --against inductor
+bench bf16-b8-ro 240 60 "$JOBS" "${PICK[@]}" --dtype bf16 --batch 8 --modes kiln-reduce-overhead \
   --against inductor-reduce-overhead
-[ "$BATCH1" = 1 ] && bench bf16-b1-ro 240 90 "$JOBS" --suite "$SUITE" --dtype bf16 --batch 1 --modes kiln-reduce-overhead \
+[ "$BATCH1" = 1 ] && bench bf16-b1-ro 240 90 "$JOBS" "${PICK[@]}" --dtype bf16 --batch 1 --modes kiln-reduce-overhead \
   --against inductor-reduce-overhead
 wait
 [ "$DRY" = 1 ] && exit 0
@@ -141,7 +149,7 @@ for name in $RUNS; do [ -f "$WORK/$name.md" ] && { cat "$WORK/$name.md"; echo; }
   done
 } >> "$LOG"
 echo; echo "==== $TESTS"; tail -15 "$WORK/tests.log" 2>/dev/null
-echo; echo "==== kiln bench-launch"; tail -12 "$WORK/launch.log" 2>/dev/null
+echo; echo "==== kiln bench-launch"; tail -30 "$WORK/launch.log" 2>/dev/null
 echo; echo "==== gpu_profile (every kernel in gpu_profile.txt)"; grep -a -E "^== |^per call" "$OUT/gpu_profile.txt" 2>/dev/null
 for name in $RUNS; do
   [ -f "$WORK/$name.log" ] || continue

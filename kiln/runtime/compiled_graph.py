@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from kiln import compile_time
-from kiln.externs import native_ops, wide_rows
+from kiln.externs import native_ops
 from kiln.native import libkiln, python_door
 from kiln.native.build import build_library
 from kiln import profiler
@@ -160,8 +160,6 @@ def _resolve_op(name: str) -> Any:
     namespace, rest = name.split("::")
     if namespace == "kiln" and rest in native_ops.FAKES:  # kiln's C++ operators, called as a C++ wrapper calls them
         return native_ops.direct(rest)
-    if namespace == "kiln" and rest in wide_rows.PYTHON_OPS:  # and those written in Python, their functions
-        return wide_rows.PYTHON_OPS[rest]
     packet, _, overload = rest.partition(".")
     return getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
 
