@@ -71,7 +71,10 @@ class HostCopy:
         return self.passed
 
     def read(self) -> int:
-        if not self.passed:  # (a passed event is not synchronized with: that is a wait to the profiler, and a driver call)
+        # A passed event is not synchronized with (that is a wait to the profiler, and a driver
+        # call): asked first, also where the caller reads the oldest copy without asking, being
+        # `MAX_UNREAD` calls ahead (on an H200 that cost a wait every third reduce-overhead call).
+        if not self.ready():
             self.event.synchronize()
         value = int(self.host[0])
         _READ_BUFFERS.append(self.host)  # (the copy into it is done: free for the next one)

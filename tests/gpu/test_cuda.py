@@ -229,8 +229,13 @@ def test_cuda_graph_limits_are_recorded():
     assert len(reasons) == 1 and "more than 1 sets of input sizes" in reasons[0], reasons
 
 
+def _doubled_and_its_tail(x):
+    y = x * 2
+    return y, y[1:]
+
+
 def test_cuda_graph_outputs_are_handed_out_without_copies():
-    graphed = CudaGraphed(lambda x: (x * 2, (x * 2)[1:]), label="g")
+    graphed = CudaGraphed(_doubled_and_its_tail, label="g")  # (two outputs, one storage)
     x = torch.randn(64, device=CUDA)
     first = graphed(x)
     (recording,) = graphed.recordings.values()
@@ -239,7 +244,8 @@ def test_cuda_graph_outputs_are_handed_out_without_copies():
     torch.testing.assert_close(first[0], x * 2)
     torch.testing.assert_close(first[1], (x * 2)[1:])
     torch.testing.assert_close(second[0], (x + 1) * 2)
-    assert second[0].data_ptr() == address and recording.handout.copies == 1
+    assert second[0].data_ptr() == address and recording.handout.copies == 1  # one storage moved
+    assert first[1].untyped_storage().data_ptr() == first[0].untyped_storage().data_ptr()  # still views of it
     del first, second
     for i in range(3):  # results read and dropped: no copy at all
         torch.testing.assert_close(graphed(x + i)[0], (x + i) * 2)
