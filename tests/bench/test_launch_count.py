@@ -1,7 +1,9 @@
 """Launches and waits per call (benchmarks/launch_count.py): the tally from profiler events, and
 the report's columns. Counting on a real GPU is tests/gpu/test_cuda.py's."""
 
-from benchmarks.launch_count import tally
+from types import SimpleNamespace
+
+from benchmarks.launch_count import STEP, inside_steps, tally
 from benchmarks.report import detail_columns
 from benchmarks.results import Case, Result
 
@@ -22,3 +24,13 @@ def test_the_report_shows_launch_counts_where_a_case_has_them():
     assert shown["launches"] == "143" and shown["peer waits"] == "0.0"
     assert "launches" not in [name for name, _ in detail_columns([Result(case=case, status="ok")])]
     assert Result.from_json(counted.to_json()).peer_launches == 97.0
+
+
+def test_only_what_the_calls_did_counts():
+    """The profiler's own synchronize when it stops (after the last call) is no wait of the calls'."""
+    Event = SimpleNamespace
+    span = lambda start, end: SimpleNamespace(start=start, end=end)  # noqa: E731
+    events = [Event(name=STEP, time_range=span(0, 10)), Event(name="cudaLaunchKernel", time_range=span(2, 3)),
+              Event(name=STEP, time_range=span(20, 30)), Event(name="cudaGraphLaunch", time_range=span(25, 26)),
+              Event(name="cudaDeviceSynchronize", time_range=span(31, 40))]
+    assert tally(inside_steps(events), 2) == (1.0, 0.0)
