@@ -62,9 +62,16 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFL
 # own); kiln's runtime built once below, in no case's compile time; one GPU timing lock for all.
 export KILN_CACHE_DIR=$WORK/kiln TORCHINDUCTOR_CACHE_DIR=$WORK/inductor TRITON_CACHE_DIR=$WORK/triton \
   KILN_RUNTIME_CACHE_DIR=$WORK/kiln-runtime KILN_BENCH_TIMING_LOCK=$WORK/gpu-timing.lock
+# Each GPU graph's precompile in the case logs ("N kernels precompiled in S s, W workers"): where
+# kiln's first call spends its "load" part (KILN_TRITON_GEMM=never beside a default run shows
+# what timing the product template against cuBLAS costs in compile time).
+export KILN_LOGS=${KILN_LOGS:-triton}
 # kiln's Triton compile workers: the cores shared among the cases that run at once (one per core
 # in each case would start JOBS x cores processes, each importing torch).
+# Inductor's compile processes as many (its default is one per core in every case: before
+# 2026-12-04 its compile times had 4x kiln's workers on the 16-core H200 host).
 export KILN_COMPILE_WORKERS=${KILN_COMPILE_WORKERS:-$(( $(nproc) / JOBS > 0 ? $(nproc) / JOBS : 1 ))}
+export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-$KILN_COMPILE_WORKERS}
 
 if [ "$DRY" != 1 ]; then
   inc=$($PY -c "import sysconfig; print(sysconfig.get_paths()['include'])")
