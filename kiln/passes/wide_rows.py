@@ -9,16 +9,18 @@ GPT-2 call where Inductor's padded product took 155 (benchmarks/tools/gpu_profil
 giving the product rows 50264 apart alone (`mm(out=)` on a strided view) kept that kernel
 (tests/gpu, 2026-12-04 18:00). So `b` (K x N) gets N' - N columns of zeros, in its own layout (a
 Linear's transposed weight stays transposed), the product is M x N', and its first N columns are
-a view of it: what reads the product reads rows N' apart.
+a view of it: what reads the product reads rows N' apart. Padded, GPT-2's head runs in 121 µs, in
+the same cuBLAS kernel as Inductor's (docs/results/gpu-h200-2026-12-04-gpt2-profile-padded.txt).
 
 A frozen `b` (an inference graph's weight) is padded once, in the constants graph
 (kiln/runtime/frozen.py). Any other `b` (a weight the graph takes as an input: training, or
 freezing off) costs a copy of it at every call, so it is padded only where the product has at
 least `MIN_ROWS_PADDED_PER_CALL` rows. Measured on the H200 (benchmarks/tools/ragged_product.py,
 bf16, K = 768, N = 50257, µs per product as it is / padded at the call / padded once): 1 row
-31 / 94 / 24, 8 rows 108 / 94 / 24, 64 rows 157 / 94 / 27, 1024 rows 835 / 188 / 121. N below `MIN_COLUMNS` is left alone: such products are small, and a classifier's few
-columns may rather join their epilogue's kernel (kiln/schedule/gemm_template.py), which only
-`aten.mm` does.
+31 / 94 / 24, 8 rows 108 / 94 / 24, 64 rows 157 / 94 / 27, 1024 rows 835 / 188 / 121.
+
+N below `MIN_COLUMNS` is left alone: such products are small, and a classifier's few columns may
+rather join their epilogue's kernel (kiln/schedule/gemm_template.py), which only `aten.mm` does.
 
 The views between the product and the graph's outputs take the wide rows too, so a returned
 product (a language model's logits) is not copied to eager's contiguous layout: its rows stay N'
@@ -48,7 +50,7 @@ _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, at
           aten.squeeze.dim, aten.squeeze.dims, aten.slice.Tensor, aten.select.int)
 
 
-def wide_columns(val) -> int | None:
+def _wide_columns(val) -> int | None:
     """N rounded up to whole 16-byte lines for a product with fake value `val`, or None where it
     keeps its N."""
     if not isinstance(val, torch.Tensor) or val.dim() != 2 or val.dtype not in _DTYPES:
@@ -96,7 +98,7 @@ def wide_rows(gm: fx.GraphModule, target: Target) -> bool:
         if node.op != "call_function" or node.target is not aten.mm.default or node.kwargs:
             continue
         val = node.meta.get("val")
-        columns = wide_columns(val)
+        columns = _wide_columns(val)
         a, b = node.args
         if columns is None or (b not in constants and int(val.shape[0]) < MIN_ROWS_PADDED_PER_CALL):
             continue

@@ -73,7 +73,7 @@ class HostCopy:
     def read(self) -> int:
         # A passed event is not synchronized with (that is a wait to the profiler, and a driver
         # call): asked first, also where the caller reads the oldest copy without asking, being
-        # `MAX_UNREAD` calls ahead (on an H200 that cost a wait every third reduce-overhead call).
+        # `MAX_UNREAD` calls ahead.
         if not self.ready():
             self.event.synchronize()
         value = int(self.host[0])

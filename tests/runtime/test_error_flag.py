@@ -66,8 +66,8 @@ def test_a_cpu_flag_is_read_at_once():
 
 def test_a_copy_the_gpu_has_passed_is_read_without_a_wait(monkeypatch):
     """The oldest copy, read because the host is `MAX_UNREAD` calls ahead, is waited for only where
-    its event has not passed: asked first (a synchronize is a wait to the profiler, found on an
-    H200 as one wait every third reduce-overhead call)."""
+    its event has not passed: asked first (a synchronize is a wait to the profiler and a driver
+    call, even on a passed event)."""
 
     class Event:
         def __init__(self, passed):
