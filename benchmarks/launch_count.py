@@ -16,14 +16,19 @@ WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize
          "cuCtxSynchronize", "cuEventSynchronize", "cudaMemcpy", "cuMemcpyDtoH")
 
 
+def is_wait(name: str) -> bool:
+    """A runtime or driver call that blocks the host until the GPU is done. Asynchronous copies
+    (cudaMemcpyAsync) are not waits; a plain cudaMemcpy is."""
+    return name in WAITS or name.startswith(("cudaMemcpy2D ", "cudaMemcpy "))
+
+
 def tally(events: Iterable[tuple[str, int]], calls: int) -> tuple[float, float]:
-    """(launches, waits) per call from (event name, count) pairs over `calls` calls. Asynchronous
-    copies (cudaMemcpyAsync) are not waits; a plain cudaMemcpy is."""
+    """(launches, waits) per call from (event name, count) pairs over `calls` calls (`is_wait`)."""
     launches = waits = 0
     for name, count in events:
         if name in LAUNCHES:
             launches += count
-        elif name in WAITS or name.startswith(("cudaMemcpy2D ", "cudaMemcpy ")):
+        elif is_wait(name):
             waits += count
     return launches / calls, waits / calls
 

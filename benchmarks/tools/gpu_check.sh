@@ -127,7 +127,7 @@ beside() {
   if [ "$PROFILE" != 1 ]; then :
   elif (( t >= 100 )); then
     run "$OUT/gpu_profile.txt" timeout -k 10 "$t" $PY -m benchmarks.timing_lock \
-      $PY benchmarks/tools/gpu_profile.py --models "$PROFILE_MODELS" --modes kiln,inductor
+      $PY benchmarks/tools/gpu_profile.py --models "$PROFILE_MODELS" --modes kiln,inductor --top 60
     say "gpu_profile: exit $?"
   else say "gpu_profile: not run, $t s left before the deadline (it needs 100)"; fi
   # (fewer at once: beside the main lane's second run, which comes first)
