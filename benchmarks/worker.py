@@ -141,7 +141,7 @@ def _cpu_seconds(call: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def _cuda_seconds(call: Callable[[], Any]) -> float:
+def cuda_seconds(call: Callable[[], Any]) -> float:
     """The GPU's time from before the call's first kernel to after its last: CUDA events recorded on
     the current stream around it (where a CUDA graph replays too), the end waited for. Gaps where
     the GPU waited for the host's launches count, as they do for a caller."""
@@ -155,7 +155,7 @@ def _cuda_seconds(call: Callable[[], Any]) -> float:
 
 def _clock(device: str) -> Callable[[Callable[[], Any]], float]:
     """How one call is timed, in seconds: CUDA events on a GPU, the CPU's clock elsewhere."""
-    return _cuda_seconds if device == "cuda" else _cpu_seconds
+    return cuda_seconds if device == "cuda" else _cpu_seconds
 
 
 def _make_step(case: Case, model: nn.Module, runner: Callable, inputs: dict[str, torch.Tensor], device: str | None = None):

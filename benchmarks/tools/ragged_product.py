@@ -3,7 +3,7 @@ kiln/passes/wide_rows.py's choices: as eager runs it (cuBLAS picks its kernel fo
 the weight padded to whole 16-byte lines at every call (a weight that is not frozen), and with the
 weight padded once (a frozen one). CUDA events, the three interleaved round by round, medians.
 
-Usage (a machine with a CUDA GPU): python benchmarks/tools/ragged_product.py [--rows 1,8,64,256,1024]
+Usage (a machine with a CUDA GPU, the repository root): PYTHONPATH=. python benchmarks/tools/ragged_product.py [--rows 1,8,64,256,1024]
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import statistics
 import torch
 import torch.nn.functional as F
 
+from benchmarks.worker import cuda_seconds
+
 
 def _gpu_us(fn, reps: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / reps
+    def repeated() -> None:
+        for _ in range(reps):
+            fn()  # (each result dropped: the allocator reuses its memory, as in a model)
+
+    return cuda_seconds(repeated) * 1e6 / reps
 
 
 def _kernels(fn) -> str:
