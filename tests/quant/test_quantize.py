@@ -269,3 +269,22 @@ def test_a_norm_after_a_quantized_product_and_its_residual_runs_in_its_gemm(dtyp
     (last,) = [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm_quant_layer_norm.default"]
     assert last.args[6] is not None and last.args[7] is not None  # down's bias and the residual h
     assert last.kwargs.get("rms", False) is (norm == "rms")
+
+
+@pytest.mark.parametrize("arch,dtype", [("qwen2", "int4"), ("llama", "int8")])
+def test_a_left_padded_batch_of_a_quantized_decoder_gives_eager_s_tokens(arch, dtype):
+    """Two prompts, the first left-padded, through kiln's greedy loop with a static cache: the
+    quantized products take two rows a decode step (not the one-row path), the mask its padding."""
+    kiln.reset()
+    fallback.reset()
+    model = kiln.quantize(_decoder(arch), dtype, group_size=32 if dtype == "int4" else None)
+    prompt = torch.randint(1, 1000, (2, 12), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(prompt)
+    prompt[0, :4], mask[0, :4] = 0, 0
+    options = dict(max_new_tokens=20, do_sample=False, pad_token_id=0, eos_token_id=None, attention_mask=mask,
+                   cache_implementation="static")
+    with torch.no_grad():
+        expected = model.generate(prompt, **options)
+        tokens = kiln.compile(model).generate(prompt, **options)
+    assert torch.equal(tokens, expected) and tokens.shape == (2, 32)
+    assert fallback.FALLBACKS == [] and kiln.capture.BREAKS == []
