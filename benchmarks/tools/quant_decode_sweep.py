@@ -3,9 +3,9 @@ settings (-D macros: KILN_QUANT_LOCALITY, KILN_INT8_AHEAD, KILN_INT4_PREFETCH_WO
 default build, on one machine, in one process: every layer's products of an `llm` suite model
 (its q/k/v and gate/up merged, as kiln's freezing merges them, and its LM head), the weights
 cycled from DRAM as a decode step reads them, rounds interleaved across builds and kinds, medians.
-float32's GEMV over the same weights runs beside them, and `torch.sum` over each quantized pack's
-bytes (read-int8, read-int4: a plain read of the same pieces of memory, ~3 us of Python a call
-where the products' ctypes calls take ~8): on a shared VM the memory's speed moves with the
+float32's GEMV over the same weights runs beside them, and `torch.sum` over each pack's bytes
+(read-fp32, read-int8, read-int4: a plain read of the same pieces of memory, ~3 us of Python a
+call where the products' ctypes calls take ~8): on a shared VM the memory's speed moves with the
 neighbours' work, and the quantized products' GB/s against float32's or the plain read's in the
 same round is what compares across runs; so does each build's time over the default's in the same round
 (the median of those ratios, with its quartiles).
@@ -26,7 +26,7 @@ which reading a CPU should get.
     python benchmarks/tools/quant_decode_sweep.py --model qwen2-0.5b --kinds fp32,int8,int4 --rounds 30 --pages
 The calls go through ctypes (benchmarks/kernels.py): ~8 us of Python each, in every build alike.
 `--in-c` runs each kind's whole step in one C call instead (kiln_gemm_quant_step: the products as
-kiln's C++ wrapper calls them; kiln_read_pieces for read-int8/read-int4: every line of each pack
+kiln's C++ wrapper calls them; kiln_read_pieces for the read kinds: every line of each pack
 read in `--read-runs` runs a thread, asked `--read-ahead` bytes ahead, a faster floor than
 `torch.sum`'s) and prints each product shape's time and GB/s too:
 
@@ -58,12 +58,13 @@ from benchmarks.roofline import ROUND_PROBE_PASSES, huge_page_bytes, probe_buffe
 from kiln.native import kernels_unit
 from kiln.native.build import build_library
 
-KINDS = ("fp32", "int8", "int4", "int4-a8", "read-int8", "read-int4")
-# The packs each kind reads; read-int8 and read-int4 are torch.sum over a pack's bytes (as int64):
-# what a plain read of the same pieces of memory takes, the floor the products are held to.
-READS = {"int4-a8": "int4", "read-int8": "int8", "read-int4": "int4"}
+KINDS = ("fp32", "int8", "int4", "int4-a8", "read-fp32", "read-int8", "read-int4")
+# The packs each kind reads; the read kinds are torch.sum over a pack's bytes (as int64): what a
+# plain read of the same pieces of memory takes, the floor the products are held to.
+READS = {"int4-a8": "int4", "read-fp32": "fp32", "read-int8": "int8", "read-int4": "int4"}
 GROUP = 128
-IN_C_KINDS = ("int8", "int4", "read-int8", "read-int4")
+# (--in-c: fp32 and int4-a8 still go through one Python call a product)
+IN_C_KINDS = ("int8", "int4", "read-fp32", "read-int8", "read-int4")
 # --by-state: a round is of the machine's high state where its probes read at least this share of the run's best.
 HIGH_SHARE = 0.75
 
@@ -202,7 +203,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the default build only, over three layouts of the same packs: 4 KB pages read in runs "
                              "(the default row), 2 MB pages read in runs, 2 MB pages read as on AMD (huge_page_packs)")
     parser.add_argument("--in-c", action="store_true",
-                        help=f"each kind's step in one C call ({', '.join(IN_C_KINDS)}), and each shape's time")
+                        help=f"each kind's step in one C call ({', '.join(IN_C_KINDS)}; the others a call a product as "
+                             "without it), and each shape's time")
     parser.add_argument("--read-runs", type=int, default=2, help="--in-c: runs a thread reads side by side (read kinds)")
     parser.add_argument("--read-ahead", type=int, default=3072,
                         help="--in-c: bytes ahead each line is asked for (read kinds; 0: none)")
@@ -215,8 +217,6 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--kinds: accepted kinds are {', '.join(KINDS)}, got {args.kinds!r}")
     if args.pages and (args.builds or args.huge_pages or args.huge_page_runs):
         parser.error("--pages compares page layouts of the default build: give it no builds and no --huge-pages")
-    if args.in_c and any(kind not in IN_C_KINDS for kind in kinds):
-        parser.error(f"--in-c times {', '.join(IN_C_KINDS)} only, got {args.kinds!r}")
     if args.huge_pages and args.huge_page_runs:
         parser.error("--huge-pages and --huge-page-runs are two readings of the same pages: give one")
     torch.set_num_threads(args.threads)
@@ -240,13 +240,13 @@ def main(argv: list[str] | None = None) -> None:
                     if args.pages else {name: (build, huge, int(args.huge_pages)) for name, build in builds.items()})
     for _, packs_of, _ in variants.values():
         for *_, packs in packs_of:
-            for bits in ("int8", "int4"):
+            for bits in ("fp32", "int8", "int4"):
                 raw = packs[bits].reshape(-1).view(torch.uint8)
                 packs[f"read-{bits}"] = raw[:raw.numel() // 8 * 8].view(torch.int64)  # (a tail of < 8 bytes left)
     acts = {k: torch.randn(args.rows, k) for k in {k for k, *_ in weights}}
 
     in_c = {(name, kind): StepInC(packs_of, acts, kind, args) for name, (_, packs_of, _) in variants.items()
-            for kind in kinds} if args.in_c else {}  # (--in-c: each variant's step of each kind)
+            for kind in kinds if kind in IN_C_KINDS} if args.in_c else {}  # (--in-c: each variant's step of each kind)
 
     def step(build: ctypes.CDLL, weights: list, kind: str) -> float:
         start = time.perf_counter()
@@ -258,14 +258,14 @@ def main(argv: list[str] | None = None) -> None:
                 kernels.mm_quant(a, packed["int8"], n, 8, k, lib=build)
             elif kind == "int4":
                 kernels.mm_quant(a, packed["int4"], n, 4, group, lib=build)
-            elif kind in ("read-int8", "read-int4"):
+            elif kind.startswith("read-"):
                 packed[kind].sum()
             else:
                 kernels.mm_quant(a, packed["int4"], n, 4, group, lib=build, int8_activations="integer")
         return time.perf_counter() - start
 
-    stored = {kind: sum(p[READS.get(kind, kind)].numel() * (4 if kind == "fp32" else 1) for *_, p in weights)
-              for kind in kinds}
+    stored = {kind: sum(p[READS.get(kind, kind)].numel() * (4 if READS.get(kind, kind) == "fp32" else 1)
+                        for *_, p in weights) for kind in kinds}
     samples: dict[tuple[str, str], list[float]] = {(v, kind): [] for v in variants for kind in kinds}
     # (the default build is the library the process's other callers share: its setting is put back)
     before = {name: build.kiln_gemm_huge_page_packs() for name, build in builds.items()}
@@ -276,7 +276,8 @@ def main(argv: list[str] | None = None) -> None:
             for name, (build, packs, huge_reads) in variants.items():
                 build.kiln_gemm_set_huge_page_packs(huge_reads)
                 for kind in kinds:
-                    samples[(name, kind)].append(in_c[(name, kind)].run(build) if in_c else step(build, packs, kind))
+                    timed = in_c.get((name, kind))
+                    samples[(name, kind)].append(timed.run(build) if timed else step(build, packs, kind))
             if args.by_state:
                 probes.append(read_bandwidth(args.threads, passes=ROUND_PROBE_PASSES, buffer=buffer))
     finally:
