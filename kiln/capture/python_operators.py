@@ -325,6 +325,10 @@ def contains(tx: Any, container: Variable, item: Variable) -> bool:
         raise unsupported("data_dependent_branch", "`in` on a tensor")
     if hasattr(container, "contains"):
         return container.contains(tx, item)
+    if isinstance(container, UserObjectVariable) and isinstance(class_lookup(container.cls, "__contains__")[0], types.FunctionType):
+        # A class's own `__contains__` is inlined, its reads guarded, even where the object could
+        # be folded as a constant: computed now, `name in registry` stayed what it was at capture.
+        return container.call_method(tx, "__contains__", [item], {}).truth(tx)
     if container.is_constant() and item.is_constant():
         try:
             return item.as_constant() in container.as_constant()

@@ -1076,3 +1076,27 @@ def test_an_attribute_set_then_deleted_on_an_argument_leaves_it_without():
     obj = Obj()
     kiln.compile(f, backend="eager", fullgraph=True)(torch.zeros(()), obj)  # (the replay deleted `c` it never set)
     assert not hasattr(obj, "a") and not hasattr(obj, "c")
+
+
+class _Registry:
+    def __init__(self):
+        self.names = {}
+
+    def __contains__(self, name):
+        return name in self.names
+
+
+def test_in_of_a_real_object_runs_its_contains_and_guards_what_it_read():
+    """`name in registry` of a real object whose class defines `__contains__`: inlined and its
+    reads guarded, never computed once at capture (it stayed False after the registry gained it)."""
+    registry = _Registry()
+
+    def fn(x):
+        return x + 1 if "relu" in registry else x
+
+    f = kiln.compile(fn, backend="eager", fullgraph=True)
+    x = torch.zeros(2)
+    torch.testing.assert_close(f(x), x)
+    registry.names["relu"] = True
+    torch.testing.assert_close(f(x), x + 1)
+    assert len(f.kiln_cache.entries) == 2

@@ -42,6 +42,7 @@ from kiln.capture.variables.builtins import (BuiltinVariable, EndlessIteratorVar
                                             is_builtin_callable)
 from kiln.capture.variables.constant import ConstantVariable, is_literal
 from kiln.capture.variables.containers import wrap_dict_contents
+from kiln.capture.variables.environ import EnvironVariable, is_environ
 from kiln.capture.variables.modules import ModuleVariable
 from kiln.capture.variables.numpy_arrays import NumpyArrayVariable, NumpyFunctionVariable, is_ndarray, numpy_counterpart, tensor_of
 from kiln.capture.variables.torch_fns import (GradModeVariable, ReenteredAutocastVariable, TorchFunctionVariable, is_torch_callable,
@@ -259,6 +260,8 @@ def _build(tx: Any, value: Any, source: Source | None) -> Variable:
         return iterator
     if isinstance(value, BaseException):
         return ExceptionVariable(type(value), (), value)
+    if is_environ(value) and tx is not None and source is not None and not source.is_local():
+        return EnvironVariable(value, _pin(tx, value, source))  # (read by name, each name guarded alone)
     # Any other object: its attributes are read (and guarded) one at a time.
     if source is not None and source.is_local():
         _guard(tx, "TYPE_MATCH", source, type(value))
