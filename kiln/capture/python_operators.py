@@ -325,10 +325,10 @@ def contains(tx: Any, container: Variable, item: Variable) -> bool:
         raise unsupported("data_dependent_branch", "`in` on a tensor")
     if hasattr(container, "contains"):
         return container.contains(tx, item)
-    if isinstance(container, UserObjectVariable) and isinstance(class_lookup(container.cls, "__contains__")[0], types.FunctionType):
-        # A class's own `__contains__` is inlined, its reads guarded, even where the object could
-        # be folded as a constant: computed now, `name in registry` stayed what it was at capture.
-        return container.call_method(tx, "__contains__", [item], {}).truth(tx)
+    if isinstance(container, UserObjectVariable):
+        membership = _user_membership(tx, container, item)
+        if membership is not None:
+            return membership
     if container.is_constant() and item.is_constant():
         try:
             return item.as_constant() in container.as_constant()
@@ -346,6 +346,28 @@ def contains(tx: Any, container: Variable, item: Variable) -> bool:
                 return True
         return False
     return any(equal(tx, item, x) for x in container.iterate(tx))
+
+
+def _user_membership(tx: Any, container: UserObjectVariable, item: Variable) -> bool | None:
+    """`item in obj` by the methods of obj's class that Python would call (its `__contains__`,
+    else its `__iter__`), inlined and their reads guarded; None where the class has no Python
+    method of those (a builtin container's subclass: read through its guarded contents). Never
+    the real object's answer computed once: `"relu" in registry` stayed what it was at capture,
+    however the registry changed."""
+    contains, contains_owner = class_lookup(container.cls, "__contains__")
+    if isinstance(contains, types.FunctionType):
+        return container.call_method(tx, "__contains__", [item], {}).truth(tx)
+    iterate, iterate_owner = class_lookup(container.cls, "__iter__")
+    if contains_owner is None and isinstance(iterate, types.FunctionType):
+        stepper = container.get_iter(tx)  # (stopped at the item found, as Python stops)
+        while (x := stepper.next(tx)) is not None:
+            if equal(tx, item, x):
+                return True
+        return False
+    if contains_owner is None and iterate_owner is None and isinstance(class_lookup(container.cls, "__getitem__")[0], types.FunctionType):
+        raise unsupported("unsupported_operator", f"`in` of {container.describe()}, whose class has only `__getitem__` "
+                          "(Python's old sequence protocol)", "give the class a `__contains__` or an `__iter__`")
+    return None
 
 
 def subscript(tx: Any, obj: Variable, key: Variable) -> Variable:

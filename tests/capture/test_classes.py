@@ -1100,3 +1100,43 @@ def test_in_of_a_real_object_runs_its_contains_and_guards_what_it_read():
     registry.names["relu"] = True
     torch.testing.assert_close(f(x), x + 1)
     assert len(f.kiln_cache.entries) == 2
+
+
+class _Items:
+    def __init__(self):
+        self.items = []
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+class _OldSequence:
+    def __init__(self):
+        self.items = []
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def test_in_of_a_real_object_without_contains_iterates_it_guarded():
+    """No `__contains__`: Python iterates the object (`__iter__`), and so does the trace, its
+    reads guarded; an object with only `__getitem__` (the old sequence protocol) runs eagerly."""
+    bag, old = _Items(), _OldSequence()
+
+    def in_bag(x):
+        return x + 1 if "a" in bag else x
+
+    def in_old(x):
+        return x + 1 if "a" in old else x
+
+    f = kiln.compile(in_bag, backend="eager", fullgraph=True)
+    g = kiln.compile(in_old, backend="eager")
+    x = torch.zeros(2)
+    torch.testing.assert_close(f(x), x)
+    torch.testing.assert_close(g(x), x)
+    bag.items.append("a")
+    old.items.append("a")
+    torch.testing.assert_close(f(x), x + 1)
+    torch.testing.assert_close(g(x), x + 1)
+    with pytest.raises(kiln.capture.CaptureError, match="only `__getitem__`"):
+        kiln.compile(in_old, backend="eager", fullgraph=True)(x)
