@@ -18,7 +18,7 @@ from kiln.capture.break_records import unsupported
 from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
-from kiln.capture.variables.containers import (BaseSequenceVariable, DictVariable, ListVariable, ListViewVariable, MappingProxyVariable,
+from kiln.capture.variables.containers import (GENERATOR_ITEM_LIMIT, BaseSequenceVariable, DictVariable, ListVariable, ListViewVariable, MappingProxyVariable,
                                                NamedTupleVariable, SetVariable, TupleVariable,
                                                equal, hash_key)
 from kiln.capture.variables.objects import (ClassVariable, InstanceDictVariable, ModelOutputVariable, UserObjectVariable, class_lookup,
@@ -350,10 +350,10 @@ def contains(tx: Any, container: Variable, item: Variable) -> bool:
 
 def _user_membership(tx: Any, container: UserObjectVariable, item: Variable) -> bool | None:
     """`item in obj` by the methods of obj's class that Python would call (its `__contains__`,
-    else its `__iter__`), inlined and their reads guarded; None where the class has no Python
-    method of those (a builtin container's subclass: read through its guarded contents). Never
-    the real object's answer computed once: `"relu" in registry` stayed what it was at capture,
-    however the registry changed."""
+    else its `__iter__`, else `__getitem__` at 0, 1, ...), inlined and their reads guarded; None
+    where the class has no Python method of those (a builtin container's subclass: read through
+    its guarded contents). Never the real object's answer computed once: `"relu" in registry`
+    stayed what it was at capture, however the registry changed."""
     contains, contains_owner = class_lookup(container.cls, "__contains__")
     if isinstance(contains, types.FunctionType):
         return container.call_method(tx, "__contains__", [item], {}).truth(tx)
@@ -365,8 +365,18 @@ def _user_membership(tx: Any, container: UserObjectVariable, item: Variable) -> 
                 return True
         return False
     if contains_owner is None and iterate_owner is None and isinstance(class_lookup(container.cls, "__getitem__")[0], types.FunctionType):
-        raise unsupported("unsupported_operator", f"`in` of {container.describe()}, whose class has only `__getitem__` "
-                          "(Python's old sequence protocol)", "give the class a `__contains__` or an `__iter__`")
+        # Python's old sequence protocol: obj[0], obj[1], ... until IndexError (or StopIteration).
+        for index in range(GENERATOR_ITEM_LIMIT + 1):
+            try:
+                x = container.call_method(tx, "__getitem__", [ConstantVariable(index)], {})
+            except UserRaise as error:
+                if error.is_instance((IndexError, StopIteration)):
+                    return False
+                raise
+            if equal(tx, item, x):
+                return True
+        raise unsupported("unsupported_iteration", f"`in` of {container.describe()} read more than "
+                          f"{GENERATOR_ITEM_LIMIT} items through its `__getitem__`")
     return None
 
 
