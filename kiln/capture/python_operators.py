@@ -18,8 +18,8 @@ from kiln.capture.break_records import unsupported
 from kiln.capture.user_exceptions import ExceptionVariable, UserRaise, raise_real
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.constant import ConstantVariable, is_plain_data, plain_data
-from kiln.capture.variables.containers import (GENERATOR_ITEM_LIMIT, BaseSequenceVariable, DictVariable, ListVariable, ListViewVariable, MappingProxyVariable,
-                                               NamedTupleVariable, SetVariable, TupleVariable,
+from kiln.capture.variables.containers import (GENERATOR_ITEM_LIMIT, BaseSequenceVariable, DictVariable, ListVariable, ListViewVariable,
+                                               MappingProxyVariable, NamedTupleVariable, SetVariable, TupleVariable,
                                                equal, hash_key)
 from kiln.capture.variables.objects import (ClassVariable, InstanceDictVariable, ModelOutputVariable, UserObjectVariable, class_lookup,
                                             wrap_class_attr)
@@ -354,17 +354,17 @@ def _user_membership(tx: Any, container: UserObjectVariable, item: Variable) -> 
     where the class has no Python method of those (a builtin container's subclass: read through
     its guarded contents). Never the real object's answer computed once: `"relu" in registry`
     stayed what it was at capture, however the registry changed."""
-    contains, contains_owner = class_lookup(container.cls, "__contains__")
-    if isinstance(contains, types.FunctionType):
+    own_contains, contains_owner = class_lookup(container.cls, "__contains__")
+    if isinstance(own_contains, types.FunctionType):
         return container.call_method(tx, "__contains__", [item], {}).truth(tx)
-    iterate, iterate_owner = class_lookup(container.cls, "__iter__")
-    if contains_owner is None and isinstance(iterate, types.FunctionType):
+    own_iter, iter_owner = class_lookup(container.cls, "__iter__")
+    if contains_owner is None and isinstance(own_iter, types.FunctionType):
         stepper = container.get_iter(tx)  # (stopped at the item found, as Python stops)
         while (x := stepper.next(tx)) is not None:
             if equal(tx, item, x):
                 return True
         return False
-    if contains_owner is None and iterate_owner is None and isinstance(class_lookup(container.cls, "__getitem__")[0], types.FunctionType):
+    if contains_owner is None and iter_owner is None and isinstance(class_lookup(container.cls, "__getitem__")[0], types.FunctionType):
         # Python's old sequence protocol: obj[0], obj[1], ... until IndexError (or StopIteration).
         for index in range(GENERATOR_ITEM_LIMIT + 1):
             try:

@@ -32,7 +32,8 @@ class EnvironVariable(UserObjectVariable):
     _READS = ("get", "__getitem__", "__contains__")
 
     def is_constant(self) -> bool:
-        # Never folded as a real object: `name in os.environ` would be computed now, unguarded.
+        # Never folded as a real object: its contents change, and a builtin computed on it now
+        # (`len`, `dict(os.environ)`) would read them unguarded.
         return False
 
     def getattr(self, tx: Any, name: str) -> Variable:
