@@ -94,7 +94,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.kiln_gemm_quant_a8_integer.restype = i32
     lib.kiln_gemm_quant_a8_integer.argtypes = [i64, i64, i64, i64]
     lib.kiln_gemm_quant_step.argtypes = [i32, i32, i64, ptr, ptr, ptr, ptr, ptr, ptr, i64, ptr]
-    lib.kiln_read_pieces.argtypes = [i32, ptr, ptr, i32, i64]
+    lib.kiln_read_pieces.argtypes = [i32, ptr, ptr, i32, i64, ptr]
     return lib
 
 

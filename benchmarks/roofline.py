@@ -112,7 +112,7 @@ def lines_read(buffer: torch.Tensor) -> Any:
 
     lib = kernels.library()
     pieces, sizes = (ctypes.c_void_p * 1)(buffer.data_ptr()), (ctypes.c_int64 * 1)(buffer.numel() * buffer.element_size())
-    return lambda: lib.kiln_read_pieces(1, pieces, sizes, LINE_RUNS, LINE_AHEAD)
+    return lambda: lib.kiln_read_pieces(1, pieces, sizes, LINE_RUNS, LINE_AHEAD, None)
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,10 @@ which reading a CPU should get.
     python benchmarks/tools/quant_decode_sweep.py --model qwen2-0.5b --kinds fp32,int8,int4 --rounds 30 --pages
 The calls go through ctypes (benchmarks/kernels.py): ~8 us of Python each, in every build alike.
 `--in-c` runs each kind's whole step in one C call instead (kiln_gemm_quant_step: the products as
-kiln's C++ wrapper calls them; kiln_read_pieces for the read kinds: every line of each pack
-read in `--read-runs` runs a thread, asked `--read-ahead` bytes ahead, a faster floor than
-`torch.sum`'s) and prints each product shape's time and GB/s too:
+kiln's C++ wrapper calls them, float32's GEMVs too; kiln_read_pieces for the read kinds: every
+line of each pack read in `--read-runs` runs a thread, asked `--read-ahead` bytes ahead, a faster
+floor than `torch.sum`'s) and prints each product shape's time and GB/s too, the reads' beside
+(the same pieces in the same order: where a product loses to the read of its own bytes):
 
     python benchmarks/tools/quant_decode_sweep.py --model qwen2-0.5b --kinds int4,read-int4 --huge-page-runs --in-c
 
@@ -63,8 +64,8 @@ KINDS = ("fp32", "int8", "int4", "int4-a8", "read-fp32", "read-int8", "read-int4
 # plain read of the same pieces of memory takes, the floor the products are held to.
 READS = {"int4-a8": "int4", "read-fp32": "fp32", "read-int8": "int8", "read-int4": "int4"}
 GROUP = 128
-# (--in-c: fp32 and int4-a8 still go through one Python call a product)
-IN_C_KINDS = ("int8", "int4", "read-fp32", "read-int8", "read-int4")
+# (--in-c: int4-a8 still goes through one Python call a product)
+IN_C_KINDS = ("fp32", "int8", "int4", "read-fp32", "read-int8", "read-int4")
 # --by-state: a round is of the machine's high state where its probes read at least this share of the run's best.
 HIGH_SHARE = 0.75
 
@@ -154,7 +155,7 @@ class StepInC:
         self.a = [acts[k] for k, *_ in weights]
         self.bytes = [p.numel() * p.element_size() for p in self.packs]
         self.byte_counts = self._int64(self.bytes)  # (made once: `run` is timed)
-        self.count, self.bits, self.rows = len(weights), 8 if bits == "int8" else 4, args.rows
+        self.count, self.bits, self.rows = len(weights), {"fp32": 32, "int8": 8}.get(bits, 4), args.rows
         self.ns = (ctypes.c_double * len(weights))()
         self.args = (self._int64([n for _, n, *_ in weights]), self._int64([k for k, *_ in weights]),
                      self._int64([k if bits == "int8" else group for k, _, group, _ in weights]),
@@ -171,7 +172,7 @@ class StepInC:
     def run(self, build: ctypes.CDLL) -> float:
         start = time.perf_counter()
         if self.kind.startswith("read-"):
-            build.kiln_read_pieces(self.count, self.args[4], self.byte_counts, self.read_runs, self.read_ahead)
+            build.kiln_read_pieces(self.count, self.args[4], self.byte_counts, self.read_runs, self.read_ahead, self.ns)
         else:
             build.kiln_gemm_quant_step(self.count, self.bits, self.rows, *self.args, kernels.K_BLOCK, self.ns)
         return time.perf_counter() - start
@@ -305,9 +306,9 @@ def main(argv: list[str] | None = None) -> None:
                     line += "  " + _ratio_line([times[i] / samples[("default", kind)][i] for i in rounds])
                 print(line)
     for (name, kind), _ in samples.items():
-        if kind in ("int8", "int4") and in_c:
+        if in_c and (name, kind) in in_c:
             for shape, (calls, ms, gbps) in in_c[(name, kind)].per_shape(args.rounds).items():
-                print(f"  {name:46s} {kind:8s} {shape}: {calls} a step, {ms:.3f} ms, {gbps:.1f} GB/s")
+                print(f"  {name:46s} {kind:8s} {shape}: {calls} a step, {ms:.3f} ms, {gbps:.3g} GB/s")
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ def _entries() -> str:
         "const int64_t* group, const float* const* a, const uint8_t* const* packed, float* const* c, int64_t kc, "
         "double* ns) { kiln_gemm::quant_step(count, bits, rows, N, K, group, a, packed, c, kc, ns); }",
         "void kiln_read_pieces(int32_t count, const uint8_t* const* pieces, const int64_t* bytes, int32_t runs, "
-        "int64_t ahead) { kiln_gemm::read_pieces(count, pieces, bytes, runs, ahead); }",
+        "int64_t ahead, double* ns) { kiln_gemm::read_pieces(count, pieces, bytes, runs, ahead, ns); }",
     ]
     # kiln's depthwise convolution (include/kiln_depthwise.h) shares the GEMM's vectors and
     # epilogue code, so it lives in this unit.

@@ -110,7 +110,15 @@ def test_a_step_in_one_c_call_computes_what_each_product_computes():
                              pointers(acts), pointers(packs), pointers(outs), kernels.K_BLOCK, ns)
     assert all(torch.equal(out, expected) for out, expected in zip(outs, want))
     assert all(t > 0 for t in ns)
-    lib.kiln_read_pieces(3, pointers(packs), int64s([p.numel() for p in packs]), 2, 256)  # (reads; returns nothing)
+    read_ns = (ctypes.c_double * 3)()
+    lib.kiln_read_pieces(3, pointers(packs), int64s([p.numel() for p in packs]), 2, 256, read_ns)
+    assert all(t > 0 for t in read_ns)
+    # bits 32: float32's GEMM over its own panels, as kiln_gemm_f32 computes it.
+    panels = [kernels.pack(torch.randn(k, n), lib=lib) for k, n in shapes]
+    fp32_want = [kernels.mm(a, p, n, lib=lib) for a, p, (_, n) in zip(acts, panels, shapes)]
+    lib.kiln_gemm_quant_step(3, 32, 1, int64s([n for _, n in shapes]), int64s([k for k, _ in shapes]), int64s([0] * 3),
+                             pointers(acts), pointers(panels), pointers(outs), kernels.K_BLOCK, ns)
+    assert all(torch.equal(out, expected) for out, expected in zip(outs, fp32_want))
 
 
 def test_in_c_times_each_kinds_step_and_each_shape(capsys):
@@ -120,24 +128,27 @@ def test_in_c_times_each_kinds_step_and_each_shape(capsys):
     rows = {line.split()[1]: float(line.split()[-2]) for line in lines[1:5]}
     assert set(rows) == {"int4", "read-int4", "int8", "read-int8"} and all(gbps > 0 for gbps in rows.values())
     shapes = [line.split() for line in lines[5:]]
-    assert [(s[0], s[1], s[2]) for s in shapes] == [("default", kind, f"{k}x{n}:") for kind in ("int4", "int8")
+    kinds = ("int4", "read-int4", "int8", "read-int8")  # (each in-C kind's shapes, the reads' too)
+    assert [(s[0], s[1], s[2]) for s in shapes] == [("default", kind, f"{k}x{n}:") for kind in kinds
                                                    for k, n in [(64, 128), (64, 64), (64, 256), (128, 64), (64, 1000)]]
-    assert [s[3] for s in shapes] == ["2", "2", "2", "2", "1"] * 2  # products of each shape a step
+    assert [s[3] for s in shapes] == ["2", "2", "2", "2", "1"] * 4  # products of each shape a step
     assert all(float(s[-2]) > 0 for s in shapes)  # GB/s
 
 
 def test_in_c_times_the_kinds_it_has_no_call_for_a_product_at_a_time(capsys, monkeypatch):
-    """--in-c: float32's products, which have no step in C, beside the plain read of their packs in
-    one C call (read-fp32), each product still through its own call."""
+    """--in-c: float32's products in one C call beside the plain read of their packs (read-fp32);
+    int4 with int8 activations, which has no step in C, each product through its own call."""
     calls = []
-    mm = kernels.mm
-    monkeypatch.setattr(kernels, "mm", lambda *args, **kw: calls.append(args[2]) or mm(*args, **kw))
-    quant_decode_sweep.main(["--model", "llama-tiny", "--rounds", "2", "--threads", "1", "--kinds", "fp32,read-fp32",
-                             "--in-c"])
+    mm, mm_quant = kernels.mm, kernels.mm_quant
+    monkeypatch.setattr(kernels, "mm", lambda *args, **kw: calls.append("fp32") or mm(*args, **kw))
+    monkeypatch.setattr(kernels, "mm_quant", lambda *args, **kw: calls.append("int4-a8") or mm_quant(*args, **kw))
+    quant_decode_sweep.main(["--model", "llama-tiny", "--rounds", "2", "--threads", "1", "--kinds",
+                             "fp32,read-fp32,int4-a8", "--in-c"])
     lines = capsys.readouterr().out.splitlines()
-    rows = {line.split()[1]: float(line.split()[-2]) for line in lines[1:3]}
-    assert set(rows) == {"fp32", "read-fp32"} and all(gbps > 0 for gbps in rows.values())
-    assert len(calls) == 2 * 9  # every round's 9 products, one call each
+    rows = {line.split()[1]: float(line.split()[-2]) for line in lines[1:4]}
+    assert set(rows) == {"fp32", "read-fp32", "int4-a8"} and all(gbps > 0 for gbps in rows.values())
+    assert calls == ["int4-a8"] * (2 * 9)  # every round's 9 products, one call each
+    assert {line.split()[1] for line in lines[4:]} == {"fp32", "read-fp32"}  # the in-C kinds' shapes
 
 
 def test_rounds_are_told_apart_by_the_state_their_probes_read():

@@ -1219,13 +1219,17 @@ static void gemm_quant_int8_activations(const QuantShape& z, int64_t M, const fl
 
 // (benchmarks) A decode step's products in one call, as kiln's C++ wrapper runs them, not one
 // ctypes call each (~8 us of Python: 0.8 ms of a Qwen2-0.5B step's 97): product i is
-// gemm_quant at `rows` rows of a[i] with weight packed[i] (`bits`, K[i], N[i], group[i]), no
-// epilogue, into c[i]; ns[i] += its nanoseconds. benchmarks/tools/quant_decode_sweep.py --in-c.
+// gemm_quant at `rows` rows of a[i] with weight packed[i] (`bits`, K[i], N[i], group[i]; bits 32:
+// float32's gemm over pack_b's panels), no epilogue, into c[i]; ns[i] += its nanoseconds.
+// benchmarks/tools/quant_decode_sweep.py --in-c.
 static void quant_step(int32_t count, int bits, int64_t rows, const int64_t* N, const int64_t* K, const int64_t* group,
                        const float* const* a, const uint8_t* const* packed, float* const* c, int64_t kc, double* ns) {
   for (int32_t i = 0; i < count; ++i) {
     const auto start = std::chrono::steady_clock::now();
-    gemm_quant(QuantShape{bits, K[i], N[i], group[i]}, rows, a[i], K[i], packed[i], c[i], N[i], nullptr, kc);
+    if (bits == 32)
+      gemm(rows, N[i], K[i], a[i], K[i], reinterpret_cast<const float*>(packed[i]), c[i], N[i], nullptr, kc);
+    else
+      gemm_quant(QuantShape{bits, K[i], N[i], group[i]}, rows, a[i], K[i], packed[i], c[i], N[i], nullptr, kc);
     ns[i] += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
   }
 }
@@ -1238,10 +1242,13 @@ static void quant_step(int32_t count, int bits, int64_t rows, const int64_t* N, 
 // fastest in 2-4 runs with 3 KB ahead: 41 GB/s (one run, nothing ahead: 32; 2-4 runs, nothing
 // ahead: 36) and the kernel 34 (8.25 ms against 6.8), the packs cycled through copies of them (the
 // VM's 480 MB L3 may keep some); over the llm probe's 1 GiB buffer (2 runs, 3 KB ahead: one of its
-// reads, benchmarks/roofline.py) 36.7 where ATen's best read 33.2-33.5.
+// reads, benchmarks/roofline.py) 36.7 where ATen's best read 33.2-33.5. `ns` (or null): each
+// piece's nanoseconds added, as quant_step adds each product's.
 static std::atomic<uint64_t> read_pieces_kept{0};  // (so that the reads are not optimized away)
-static void read_pieces(int32_t count, const uint8_t* const* pieces, const int64_t* bytes, int runs, int64_t ahead) {
+static void read_pieces(int32_t count, const uint8_t* const* pieces, const int64_t* bytes, int runs, int64_t ahead,
+                        double* ns = nullptr) {
   for (int32_t i = 0; i < count; ++i) {
+    const auto start = std::chrono::steady_clock::now();
     uint64_t kept = 0;
 #pragma omp parallel reduction(^ : kept)
     {
@@ -1264,6 +1271,7 @@ static void read_pieces(int32_t count, const uint8_t* const* pieces, const int64
       }
     }
     read_pieces_kept ^= kept;
+    if (ns) ns[i] += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
   }
 }
 
