@@ -21,6 +21,7 @@ of ~70 ns): `stable_reads` says which guards qualify and what they read.
 from __future__ import annotations
 
 import gc
+import re
 import types
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -159,15 +160,21 @@ def _equals(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
     return f"type({v}) is {ns.bind(type(e), 'T')} and {same}"
 
 
-def _tensor_match(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
+def _tensor_match(g: Guard, v: str, ns: Namespace, name_of: Any = None, layout: "StaticLayout | None" = None) -> str:
+    """`layout`: a dynamic tensor's static sizes, strides and offset, checked in the same C call
+    (the SHAPE guards they come from are then not emitted: `_static_layouts`)."""
     t = g.expected
     check = python_door.tensor_check()
     if check is not None and t.cls in (torch.Tensor, torch.nn.Parameter):
         # One C call (~30 ns) for what the expression below reads in ~0.4 µs. Only for the plain
         # tensor types: a subclass may answer `.size()` or `.dtype` through __torch_function__.
-        static = g.detail != "dynamic"
-        matches = check(t.cls, t.dtype, t.device, t.dim(), t.shape if static else None,
-                        t.strides if static else None, t.requires_grad)
+        if g.detail != "dynamic":
+            matches = check(t.cls, t.dtype, t.device, t.dim(), t.shape, t.strides, t.requires_grad)
+        elif layout is not None:
+            matches = check(t.cls, t.dtype, t.device, t.dim(), layout.sizes, layout.strides, t.requires_grad,
+                            storage_offset=layout.offset)
+        else:
+            matches = check(t.cls, t.dtype, t.device, t.dim(), None, None, t.requires_grad)
         return f"{ns.bind(matches, 'K')}({v})"
     if g.detail == "dynamic":
         return (f"type({v}) is {ns.bind(t.cls, 'T')} and {v}.dtype is {ns.bind(t.dtype, 'O')}"
@@ -184,6 +191,51 @@ def _shape(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
     for name, source in sources:
         text = text.replace(name, f"({source.read(ns, name_of)})")
     return text
+
+
+@dataclass
+class StaticLayout:
+    """What the shape environment fixed of a dynamic tensor: sizes and strides (None where not
+    fixed) and its storage offset (None: not fixed)."""
+
+    sizes: list[int | None]
+    strides: list[int | None]
+    offset: int | None = None
+
+
+# A SHAPE guard that fixes one number of one input: `__kiln_input3__.size()[0] == 1`.
+_FIXED_NUMBER = re.compile(r"^(__kiln_input\d+__)\.(size\(\)\[(\d+)\]|stride\(\)\[(\d+)\]|storage_offset\(\)) == (-?\d+)$")
+
+
+def _static_layouts(guards: list[Guard]) -> tuple[list[Guard], dict[int, StaticLayout]]:
+    """`guards` without the SHAPE guards that fix a size, stride or storage offset of an input
+    whose dynamic TENSOR_MATCH guard is among them and checks in C, and those numbers by that
+    guard's id: its one C call checks them (a decode step's KV cache: ~500 such guards, each a
+    `.size()` and an index in Python)."""
+    if python_door.tensor_check() is None:
+        return guards, {}
+    dynamic = {g.source: g for g in guards if g.kind == "TENSOR_MATCH" and g.detail == "dynamic"
+               and g.expected.cls in (torch.Tensor, torch.nn.Parameter)}
+    layouts: dict[int, StaticLayout] = {}
+    kept = []
+    for g in guards:
+        fixed = _FIXED_NUMBER.match(g.expected[0]) if g.kind == "SHAPE" else None
+        match = dynamic.get(dict(g.expected[1]).get(fixed.group(1))) if fixed else None
+        if match is None:
+            kept.append(g)
+            continue
+        dim = match.expected.dim()
+        layout = layouts.setdefault(id(match), StaticLayout([None] * dim, [None] * dim))
+        size_dim, stride_dim, value = fixed.group(3), fixed.group(4), int(fixed.group(5))
+        if size_dim is not None and int(size_dim) < dim:
+            layout.sizes[int(size_dim)] = value
+        elif stride_dim is not None and int(stride_dim) < dim:
+            layout.strides[int(stride_dim)] = value
+        elif size_dim is None and stride_dim is None:
+            layout.offset = value
+        else:  # (an index past the dimensions: left to fail in Python as it would)
+            kept.append(g)
+    return kept, layouts
 
 
 def alias_pattern(tensors: Sequence[Any], by_storage: bool = False) -> tuple[int, ...]:
@@ -435,6 +487,7 @@ class CompiledGuards:
         # (An ALIASING guard's inputs are read by other guards too: a decode step's 36 KV-cache
         # tensors, each behind two instance dicts, are compared in the locals their TENSOR_MATCH
         # guards read them into.)
+        guards, layouts = _static_layouts(guards)
         uses: dict[Source, int] = {}
         for g in guards:
             for read in g.reads():
@@ -459,7 +512,9 @@ class CompiledGuards:
                 if not value.isidentifier() and g.check_expr("_v", Namespace()).count("_v") > 1:
                     lines.append(f"{indent}_v = {value}")  # read once, checked several ways
                     value = "_v"
-            lines.append(f"{indent}if not ({g.check_expr(value, self.ns, name_of)}): return False")
+            check = (_tensor_match(g, value, self.ns, layout=layouts[id(g)]) if id(g) in layouts
+                     else g.check_expr(value, self.ns, name_of))
+            lines.append(f"{indent}if not ({check}): return False")
         return lines
 
     def first_failure(self, L: tuple) -> Guard | None:

@@ -129,8 +129,9 @@ def _ctypes_graph_call(entry: Any, error: Any, num_outputs: int) -> Callable[...
 
 
 def tensor_check() -> Callable[..., Callable[[Any], bool]] | None:
-    """The extension's `TensorCheck(type, dtype, device, dim, sizes, strides, requires_grad)`, a
-    guard's tensor match as one C call, when this process has loaded the extension (C++ wrapper
+    """The extension's `TensorCheck(type, dtype, device, dim, sizes, strides, requires_grad,
+    storage_offset=None)` (None in sizes or strides: that one not checked), a guard's tensor match
+    as one C call, when this process has loaded the extension (C++ wrapper
     graphs load it before their guards are compiled); None otherwise: guards then check in Python."""
     return module().TensorCheck if _module.cache_info().currsize else None
 
@@ -154,6 +155,17 @@ def greedy_tokens_function() -> Callable[[torch.Tensor], torch.Tensor | None] | 
     two vectorized passes; None for other tensors) when this process has loaded the extension
     (a compiled C++ wrapper graph loads it); None otherwise."""
     return module().greedy_tokens if _module.cache_info().currsize else None
+
+
+def _python_views(bases: Sequence[torch.Tensor], size: Sequence[int], stride: Sequence[int], offset: int) -> list[torch.Tensor]:
+    return [base.as_strided(size, stride, offset) for base in bases]
+
+
+def views_function() -> Callable[[Sequence[torch.Tensor], Sequence[int], Sequence[int], int], list[torch.Tensor] | None]:
+    """`views(bases, size, stride, offset)`: each base's `as_strided` view of that layout. The
+    extension's (one C loop; None where a base is a tensor subclass) when this process has loaded
+    it, otherwise Python's."""
+    return module().views_of if _module.cache_info().currsize else _python_views
 
 
 def _python_stamp(tensors: list[torch.Tensor]) -> list[tuple[int, int, int]]:

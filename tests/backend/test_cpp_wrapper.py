@@ -422,6 +422,114 @@ def test_a_tensor_check_answers_as_the_python_guard_expression():
         TensorCheck(torch.Tensor, torch.float32, torch.device("cpu"), 2, (3,), (1, 1), False)
 
 
+def _python_fixed_numbers(t, sizes, strides, offset) -> bool:
+    """The SHAPE guards `x.size()[d] == n`, `x.stride()[d] == n`, `x.storage_offset() == n` a
+    partial TensorCheck stands for, as the guards' Python check evaluates them."""
+    try:
+        return (all(n is None or t.size()[d] == n for d, n in enumerate(sizes))
+                and all(n is None or t.stride()[d] == n for d, n in enumerate(strides))
+                and (offset is None or t.storage_offset() == offset))
+    except Exception:  # noqa: BLE001 - as the guards' check: a value that cannot answer fails
+        return False
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_a_tensor_check_of_a_partial_layout_answers_as_the_shape_guards():
+    # A dynamic input's TensorCheck also checks the sizes, strides and storage offset the shape
+    # environment fixed (None: any), for strided, transposed, offset, sparse and nested tensors.
+    from kiln.native import python_door
+
+    TensorCheck = python_door.module().TensorCheck
+    base = torch.randn(6, 4)
+    values = [base, base.t(), base[1:], base[:, :2], torch.randn(5, 4), torch.randn(6, 8)[:, ::2], base.to_sparse(),
+              torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)]), torch.randn(1, 4), base.double()]
+    layouts = [((None, 4), (None, 1), 0), ((None, None), (None, 1), None), ((None, 4), (None, None), None),
+               ((None, None), (None, None), 4), ((6, None), (4, None), 0), ((None, None), (None, None), None)]
+    for sizes, strides, offset in layouts:
+        check = TensorCheck(torch.Tensor, torch.float32, torch.device("cpu"), 2, sizes, strides, False,
+                            storage_offset=offset)
+        for value in values:
+            want = _python_tensor_match(value, base, False) and _python_fixed_numbers(value, sizes, strides, offset)
+            assert check(value) == want, (sizes, strides, offset, value)
+    with pytest.raises(TypeError, match="storage_offset: int or None"):
+        TensorCheck(torch.Tensor, torch.float32, torch.device("cpu"), 1, None, None, False, storage_offset="0")
+
+
+def test_a_dynamic_inputs_fixed_strides_and_offset_are_checked_in_its_tensor_check():
+    from kiln.native import python_door
+
+    python_door.module()
+
+    def f(x):
+        return x * 2
+
+    compiled = kiln.compile(f, backend="eager", dynamic=True)
+    compiled(torch.randn(5, 4))
+    (entry,) = compiled.kiln_cache.entries
+    shapes = [g.describe() for g in entry.guards.guards if g.kind == "SHAPE"]
+    assert any("stride()[1] == 1" in text for text in shapes) and any("storage_offset() == 0" in text for text in shapes)
+    assert ".stride()[1] == 1" not in entry.guards.source_code and "storage_offset" not in entry.guards.source_code
+    assert entry.guards.check(compiled.kiln_cache.binder(torch.randn(7, 4)))
+    for other in (torch.randn(4, 7).t(), torch.randn(8, 4)[1:], torch.randn(7, 8)[:, ::2]):
+        assert not entry.guards.check(compiled.kiln_cache.binder(other))
+        assert entry.guards.first_failure(compiled.kiln_cache.binder(other)).kind == "SHAPE"
+        torch.testing.assert_close(compiled(other), other * 2)
+
+
+def test_the_extensions_views_are_pythons_as_strided():
+    from kiln.native import python_door
+
+    views_of = python_door.module().views_of
+    bases = [torch.randn(4, 6), torch.randn(4, 6)]
+    views = views_of(bases, (2, 3), (6, 2), 1)
+    for view, base in zip(views, bases):
+        assert view._base is base and view.stride() == (6, 2) and view.storage_offset() == 1
+        assert torch.equal(view, base.as_strided((2, 3), (6, 2), 1))
+    views[0].zero_()
+    assert (bases[0][0, 1:6:2] == 0).all()  # a view: written through
+
+    class Marked(torch.Tensor):
+        pass
+
+    assert views_of([bases[0], bases[1].as_subclass(Marked)], (2, 3), (6, 2), 1) is None  # (its as_strided may be its own)
+    with pytest.raises(RuntimeError):
+        views_of(bases, (10, 10), (6, 1), 0)  # past the storage
+    assert python_door.views_function() is views_of
+
+
+def test_views_of_written_inputs_of_one_layout_are_made_together(monkeypatch):
+    # `a.mul_(2); return a[:, :2], ...`: kiln's graph hands each written input back for its view;
+    # the two views of one layout are made in one call of the extension's views_of.
+    from kiln.native import python_door
+
+    python_door.module()
+    made = []
+    views_function = python_door.views_function
+
+    def counted():
+        views = views_function()
+        return lambda bases, *layout: made.append(len(bases)) or views(bases, *layout)
+
+    monkeypatch.setattr(python_door, "views_function", counted)
+
+    def f(a, b, c):
+        a.mul_(2)
+        b.mul_(2)
+        c.add_(1)
+        return a[:, :2], b[:, :2], c.t()
+
+    compiled = kiln.compile(f)
+    for _ in range(2):
+        a, b, c = torch.randn(5, 4), torch.randn(5, 4), torch.randn(3, 5)
+        twins = [t.clone() for t in (a, b, c)]
+        got, want = compiled(a, b, c), f(*twins)
+        for g, w, base, twin in zip(got, want, (a, b, c), twins):
+            torch.testing.assert_close(g, w)
+            torch.testing.assert_close(base, twin)
+            assert g._base is base and g.stride() == w.stride()
+    assert made == [2, 1, 2, 1]  # each call: a's and b's views together, c's alone
+
+
 def test_guards_match_tensors_in_c_once_the_extension_is_loaded():
     from kiln.native import python_door
 

@@ -6,9 +6,12 @@
 //       error: of `const char* kiln_error(void)`. A status of 2 raises IndexError, any other RuntimeError.
 //       The GIL is released while the wrapper runs when its inputs add up to kReleaseGilBytes or more:
 //       taking it back costs ~0.3 us, a fair share of a call over a few kilobytes.
-//   TensorCheck(type, dtype, device, dim, sizes, strides, requires_grad)(value) -> bool
+//   TensorCheck(type, dtype, device, dim, sizes, strides, requires_grad, storage_offset=None)(value) -> bool
 //       a guard's tensor match in one C call: type(value) is type (exactly), and its dtype,
-//       device, dimensions, sizes and strides (None: any) and requires_grad are these.
+//       device, dimensions, sizes and strides (None: any; an item None: that one any) and
+//       requires_grad are these, and its storage offset where one is given. A dynamic input's
+//       check takes its static sizes, strides and offset (its shape guards' `x.size()[0] == 1`:
+//       a decode step's KV cache has ~500 of them, ~0.15 us each in Python).
 //   DirectOp(op, call, error, num_outputs, names, defaults)(*args, **kwargs) -> Tensor or tuple
 //       one of kiln's C++ operators (kiln::mm, kiln::conv, ...; kiln_runtime.cpp KILN_OPERATOR)
 //       as a C++ wrapper calls it: `op` from the runtime's kiln_find_op, `call` the address of its
@@ -31,6 +34,11 @@
 //       Two vectorized passes over the row (its largest value, then where it first is); ATen's
 //       argmax keeps an index beside every compared value, ~130 us over Qwen2's 151936 logits on
 //       2 cores of an AMD EPYC where a sum takes 8. None for any other tensor (the caller asks ATen).
+//   views_of(bases, size, stride, offset) -> list of tensors, or None
+//       [base.as_strided(size, stride, offset) for base in bases] in one C loop, where every base
+//       is a torch.Tensor (not a subclass, whose as_strided may be its own: None then). A decode
+//       step hands its KV cache back as two views per layer (kiln/aot/call_wrappers.py
+//       AliasRestorer): ~5 us a view through Python when the step's weights left the caches cold.
 //   swap_storage_memory(a, b) -> None
 //       two torch.UntypedStorage exchange their memory (data pointer, deleter, size): what
 //       torch's `UntypedStorage._swap_data_ptr_` does where torch has it (2.11 has not); a CUDA
@@ -453,10 +461,15 @@ struct TensorCheck {
   c10::DeviceType device_type;
   c10::DeviceIndex device_index;
   int64_t dim;
-  bool sized;  // sizes and strides checked (a static match), else the dimension count only
+  bool sized;  // sizes and strides checked (those not kAnyInt), else the dimension count only
+  bool any_stride;  // a stride is checked
+  bool offset_checked;
   bool requires_grad;
+  int64_t storage_offset;
   std::vector<int64_t>* sizes;  // owned; [dim sizes..., dim strides...]
 };
+
+constexpr int64_t kAnyInt = INT64_MIN;  // a size or stride a TensorCheck does not check (None)
 
 bool tensor_matches(const TensorCheck* self, PyObject* value) {
   if (reinterpret_cast<PyObject*>(Py_TYPE(value)) != self->type) return false;
@@ -464,13 +477,22 @@ bool tensor_matches(const TensorCheck* self, PyObject* value) {
   if (t.scalar_type() != self->dtype || t.device().type() != self->device_type ||
       t.device().index() != self->device_index || t.dim() != self->dim || t.requires_grad() != self->requires_grad)
     return false;
-  if (!self->sized) return true;
-  if (t.is_sparse() || t.is_nested() || t.layout() != c10::kStrided) return false;  // Python's size()/stride() differ or raise
-  c10::IntArrayRef sizes = t.sizes(), strides = t.strides();
+  if (!self->sized && !self->offset_checked) return true;
+  if (t.is_nested()) return false;  // (Python's size() raises)
+  if ((self->any_stride || self->offset_checked) && (t.is_sparse() || t.layout() != c10::kStrided))
+    return false;  // (Python's stride() and storage_offset() raise)
   const int64_t* expected = self->sizes->data();
-  for (int64_t d = 0; d < self->dim; ++d)
-    if (sizes[d] != expected[d] || strides[d] != expected[self->dim + d]) return false;
-  return true;
+  if (self->sized) {
+    c10::IntArrayRef sizes = t.sizes();
+    for (int64_t d = 0; d < self->dim; ++d)
+      if (expected[d] != kAnyInt && sizes[d] != expected[d]) return false;
+  }
+  if (self->any_stride) {
+    c10::IntArrayRef strides = t.strides();
+    for (int64_t d = 0; d < self->dim; ++d)
+      if (expected[self->dim + d] != kAnyInt && strides[d] != expected[self->dim + d]) return false;
+  }
+  return !self->offset_checked || t.storage_offset() == self->storage_offset;
 }
 
 PyObject* tensor_check_vectorcall(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
@@ -492,8 +514,9 @@ bool read_ints(PyObject* seq, int64_t n, int64_t* out, const char* what) {
   if (fast == nullptr) return false;
   bool ok = PySequence_Fast_GET_SIZE(fast) == n;
   for (int64_t k = 0; ok && k < n; ++k) {
-    out[k] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, k));
-    ok = !(out[k] == -1 && PyErr_Occurred());
+    PyObject* item = PySequence_Fast_GET_ITEM(fast, k);
+    out[k] = item == Py_None ? kAnyInt : PyLong_AsLongLong(item);
+    ok = !(out[k] == -1 && PyErr_Occurred()) && (item == Py_None || out[k] != kAnyInt);
   }
   Py_DECREF(fast);
   if (!ok && !PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "TensorCheck: %s must have dim integers", what);
@@ -501,19 +524,23 @@ bool read_ints(PyObject* seq, int64_t n, int64_t* out, const char* what) {
 }
 
 PyObject* tensor_check_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-  PyObject *tensor_type, *dtype, *device, *sizes, *strides;
+  PyObject *tensor_type, *dtype, *device, *sizes, *strides, *offset = Py_None;
   long long dim;
   int requires_grad;
-  static const char* names[] = {"type", "dtype", "device", "dim", "sizes", "strides", "requires_grad", nullptr};
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOLOOp", const_cast<char**>(names), &tensor_type, &dtype, &device,
-                                   &dim, &sizes, &strides, &requires_grad))
+  static const char* names[] = {"type", "dtype", "device", "dim", "sizes", "strides", "requires_grad",
+                                "storage_offset", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOLOOp|O", const_cast<char**>(names), &tensor_type, &dtype, &device,
+                                   &dim, &sizes, &strides, &requires_grad, &offset))
     return nullptr;
   if (!PyType_Check(tensor_type) || !THPDtype_Check(dtype) || !THPDevice_Check(device) || dim < 0 ||
-      (sizes == Py_None) != (strides == Py_None)) {
+      (sizes == Py_None) != (strides == Py_None) || (offset != Py_None && !PyLong_Check(offset))) {
     PyErr_SetString(PyExc_TypeError, "TensorCheck(type, dtype: torch.dtype, device: torch.device, dim >= 0, "
-                                     "sizes and strides: both sequences or both None, requires_grad)");
+                                     "sizes and strides: both sequences (of ints or None) or both None, requires_grad, "
+                                     "storage_offset: int or None)");
     return nullptr;
   }
+  const int64_t storage_offset = offset == Py_None ? 0 : PyLong_AsLongLong(offset);
+  if (storage_offset == -1 && PyErr_Occurred()) return nullptr;
   std::vector<int64_t> expected(sizes == Py_None ? 0 : 2 * dim);
   if (sizes != Py_None && (!read_ints(sizes, dim, expected.data(), "sizes") ||
                            !read_ints(strides, dim, expected.data() + dim, "strides")))
@@ -529,6 +556,10 @@ PyObject* tensor_check_new(PyTypeObject* type, PyObject* args, PyObject* kwargs)
   self->device_index = d.index();
   self->dim = dim;
   self->sized = sizes != Py_None;
+  self->any_stride = self->sized && dim == 0;  // (a 0-d tensor's `stride() == ()`: strided only)
+  for (int64_t d = 0; self->sized && d < dim; ++d) self->any_stride |= expected[dim + d] != kAnyInt;
+  self->offset_checked = offset != Py_None;
+  self->storage_offset = storage_offset;
   self->requires_grad = requires_grad != 0;
   self->sizes = new std::vector<int64_t>(std::move(expected));
   return reinterpret_cast<PyObject*>(self);
@@ -846,6 +877,64 @@ PyObject* greedy_tokens(PyObject*, PyObject* value) {
   return THPVariable_Wrap(std::move(tokens));
 }
 
+// The ints of a sequence (sizes, strides) into `out`; false with Python's error set.
+bool int64s_of(PyObject* values, std::vector<int64_t>& out) {
+  PyObject* seq = PySequence_Fast(values, "views_of takes sequences of ints for size and stride");
+  if (seq == nullptr) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  out.resize(static_cast<size_t>(n));
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    out[k] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, k));
+    if (out[k] == -1 && PyErr_Occurred()) {
+      Py_DECREF(seq);
+      return false;
+    }
+  }
+  Py_DECREF(seq);
+  return true;
+}
+
+PyObject* views_of(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "views_of(bases, size, stride, offset) takes 4 arguments");
+    return nullptr;
+  }
+  std::vector<int64_t> size, stride;
+  if (!int64s_of(args[1], size) || !int64s_of(args[2], stride)) return nullptr;
+  const int64_t offset = PyLong_AsLongLong(args[3]);
+  if (offset == -1 && PyErr_Occurred()) return nullptr;
+  PyObject* seq = PySequence_Fast(args[0], "views_of takes a sequence of tensors");
+  if (seq == nullptr) return nullptr;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  for (Py_ssize_t k = 0; k < n; ++k)
+    if (reinterpret_cast<PyObject*>(Py_TYPE(items[k])) != THPVariableClass) {
+      Py_DECREF(seq);
+      Py_RETURN_NONE;
+    }
+  PyObject* result = PyList_New(n);
+  if (result == nullptr) {
+    Py_DECREF(seq);
+    return nullptr;
+  }
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    PyObject* view = nullptr;
+    try {
+      view = THPVariable_Wrap(THPVariable_Unpack(items[k]).as_strided(size, stride, offset));
+    } catch (const std::exception& e) {  // (c10::Error: a layout outside the base's storage)
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+    if (view == nullptr) {
+      Py_DECREF(seq);
+      Py_DECREF(result);
+      return nullptr;
+    }
+    PyList_SET_ITEM(result, k, view);
+  }
+  Py_DECREF(seq);
+  return result;
+}
+
 PyObject* swap_storage_memory(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 2 || !THPStorage_Check(args[0]) || !THPStorage_Check(args[1])) {
     PyErr_SetString(PyExc_TypeError, "swap_storage_memory(a, b) takes two torch.UntypedStorage");
@@ -873,6 +962,8 @@ PyMethodDef methods[] = {
     {"stamp", stamp, METH_O, "Identity, version counter and data pointer of each tensor, as bytes."},
     {"alias_pattern", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(alias_pattern)), METH_FASTCALL,
      "For each value the index of the first that is it; by storage, then the first sharing its memory."},
+    {"views_of", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(views_of)), METH_FASTCALL,
+     "[base.as_strided(size, stride, offset) for base in bases] of plain tensors; None where one is a subclass."},
     {"greedy_tokens", greedy_tokens, METH_O, "torch.argmax(logits[:, -1] if 3D else logits, -1) of a CPU float32 tensor; None for others."},
     {nullptr, nullptr, 0, nullptr},
 };
@@ -901,7 +992,7 @@ PyMODINIT_FUNC PyInit_kiln_python(void) {
                           "GraphCall(entry, error, num_outputs): a C++ wrapper's entry as (*tensors) -> tuple.") < 0 ||
       ready_callable_type(TensorCheckType, "kiln_python.TensorCheck", sizeof(TensorCheck), offsetof(TensorCheck, vectorcall),
                           tensor_check_new, tensor_check_dealloc,
-                          "TensorCheck(type, dtype, device, dim, sizes, strides, requires_grad): a guard's tensor match.") < 0 ||
+                          "TensorCheck(type, dtype, device, dim, sizes, strides, requires_grad, storage_offset=None): a guard's tensor match.") < 0 ||
       ready_callable_type(DirectOpType, "kiln_python.DirectOp", sizeof(DirectOp), offsetof(DirectOp, vectorcall),
                           direct_op_new, direct_op_dealloc,
                           "DirectOp(op, call, error, num_outputs, names, defaults): one of kiln's C++ operators.") < 0)
