@@ -227,13 +227,15 @@ def _static_layouts(guards: list[Guard]) -> tuple[list[Guard], dict[int, StaticL
         dim = match.expected.dim()
         layout = layouts.setdefault(id(match), StaticLayout([None] * dim, [None] * dim))
         size_dim, stride_dim, value = fixed.group(3), fixed.group(4), int(fixed.group(5))
-        if size_dim is not None and int(size_dim) < dim:
+        # (An index past the dimensions, or a second number for one place, stays a Python line:
+        # it fails there as it would.)
+        if size_dim is not None and int(size_dim) < dim and layout.sizes[int(size_dim)] in (None, value):
             layout.sizes[int(size_dim)] = value
-        elif stride_dim is not None and int(stride_dim) < dim:
+        elif stride_dim is not None and int(stride_dim) < dim and layout.strides[int(stride_dim)] in (None, value):
             layout.strides[int(stride_dim)] = value
-        elif size_dim is None and stride_dim is None:
+        elif size_dim is None and stride_dim is None and layout.offset in (None, value):
             layout.offset = value
-        else:  # (an index past the dimensions: left to fail in Python as it would)
+        else:
             kept.append(g)
     return kept, layouts
 
