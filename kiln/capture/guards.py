@@ -218,9 +218,12 @@ def _static_layouts(guards: list[Guard]) -> tuple[list[Guard], dict[int, StaticL
                and g.expected.cls in (torch.Tensor, torch.nn.Parameter)}
     layouts: dict[int, StaticLayout] = {}
     kept = []
+    sources: dict[int, dict] = {}  # (one placeholder -> source map per SHAPE guards' shared tuple)
     for g in guards:
         fixed = _FIXED_NUMBER.match(g.expected[0]) if g.kind == "SHAPE" else None
-        match = dynamic.get(dict(g.expected[1]).get(fixed.group(1))) if fixed else None
+        if fixed and id(g.expected[1]) not in sources:
+            sources[id(g.expected[1])] = dict(g.expected[1])
+        match = dynamic.get(sources[id(g.expected[1])].get(fixed.group(1))) if fixed else None
         if match is None:
             kept.append(g)
             continue

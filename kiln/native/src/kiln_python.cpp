@@ -509,17 +509,19 @@ PyObject* tensor_check_vectorcall(PyObject* callable, PyObject* const* args, siz
   return PyBool_FromLong(ok);
 }
 
-bool read_ints(PyObject* seq, int64_t n, int64_t* out, const char* what) {
+// The n (a tensor's dim) ints of the sequence `seq` into out[0, n), None read as kAnyInt where `any`
+// allows it; false with Python's error set, naming `what`.
+bool read_ints(PyObject* seq, int64_t n, int64_t* out, const char* what, bool any = true) {
   PyObject* fast = PySequence_Fast(seq, what);
   if (fast == nullptr) return false;
   bool ok = PySequence_Fast_GET_SIZE(fast) == n;
   for (int64_t k = 0; ok && k < n; ++k) {
     PyObject* item = PySequence_Fast_GET_ITEM(fast, k);
-    out[k] = item == Py_None ? kAnyInt : PyLong_AsLongLong(item);
+    out[k] = item == Py_None && any ? kAnyInt : PyLong_AsLongLong(item);
     ok = !(out[k] == -1 && PyErr_Occurred()) && (item == Py_None || out[k] != kAnyInt);
   }
   Py_DECREF(fast);
-  if (!ok && !PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "TensorCheck: %s must have dim integers", what);
+  if (!ok && !PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s must have dim integers", what);
   return ok;
 }
 
@@ -542,8 +544,8 @@ PyObject* tensor_check_new(PyTypeObject* type, PyObject* args, PyObject* kwargs)
   const int64_t storage_offset = offset == Py_None ? 0 : PyLong_AsLongLong(offset);
   if (storage_offset == -1 && PyErr_Occurred()) return nullptr;
   std::vector<int64_t> expected(sizes == Py_None ? 0 : 2 * dim);
-  if (sizes != Py_None && (!read_ints(sizes, dim, expected.data(), "sizes") ||
-                           !read_ints(strides, dim, expected.data() + dim, "strides")))
+  if (sizes != Py_None && (!read_ints(sizes, dim, expected.data(), "TensorCheck: sizes") ||
+                           !read_ints(strides, dim, expected.data() + dim, "TensorCheck: strides")))
     return nullptr;
   auto* self = reinterpret_cast<TensorCheck*>(type->tp_alloc(type, 0));
   if (self == nullptr) return nullptr;
@@ -877,30 +879,17 @@ PyObject* greedy_tokens(PyObject*, PyObject* value) {
   return THPVariable_Wrap(std::move(tokens));
 }
 
-// The ints of a sequence (sizes, strides) into `out`; false with Python's error set.
-bool int64s_of(PyObject* values, std::vector<int64_t>& out) {
-  PyObject* seq = PySequence_Fast(values, "views_of takes sequences of ints for size and stride");
-  if (seq == nullptr) return false;
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  out.resize(static_cast<size_t>(n));
-  for (Py_ssize_t k = 0; k < n; ++k) {
-    out[k] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, k));
-    if (out[k] == -1 && PyErr_Occurred()) {
-      Py_DECREF(seq);
-      return false;
-    }
-  }
-  Py_DECREF(seq);
-  return true;
-}
-
 PyObject* views_of(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 4) {
     PyErr_SetString(PyExc_TypeError, "views_of(bases, size, stride, offset) takes 4 arguments");
     return nullptr;
   }
-  std::vector<int64_t> size, stride;
-  if (!int64s_of(args[1], size) || !int64s_of(args[2], stride)) return nullptr;
+  const Py_ssize_t dim = PySequence_Size(args[1]);
+  if (dim < 0) return nullptr;
+  std::vector<int64_t> size(static_cast<size_t>(dim)), stride(static_cast<size_t>(dim));
+  if (!read_ints(args[1], dim, size.data(), "views_of: size", false) ||
+      !read_ints(args[2], dim, stride.data(), "views_of: stride", false))
+    return nullptr;
   const int64_t offset = PyLong_AsLongLong(args[3]);
   if (offset == -1 && PyErr_Occurred()) return nullptr;
   PyObject* seq = PySequence_Fast(args[0], "views_of takes a sequence of tensors");
