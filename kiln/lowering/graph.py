@@ -54,6 +54,14 @@ def _makes_new_tensor(node: Any) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_function" and returns_view(node.target) is False
 
 
+def _writes_arguments(target: Any) -> bool:
+    """Whether an op may write into an argument (its schema marks one written, or it has none)."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return True
+    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
 def _input_size(node: fx.Node) -> sympy.Expr | None:
     """The expression of a node that computes a size from the inputs' symbolic sizes, else None."""
     val = node.meta.get("val")
@@ -90,6 +98,10 @@ class GraphLowering:
         self.program = Program(inputs=[])
         self._names = itertools.count()
         self.written_back_inputs: set[str] = set()  # inputs the graph gives new values (a KV cache)
+        # Values computed for externs that only read them, by (id(value), layout): one buffer for
+        # every such extern (an attention mask HF's graph makes once and every layer's attention
+        # reads was otherwise computed again for each layer). The value is held so its id stays its own.
+        self._extern_inputs: dict[tuple[int, Layout], tuple[TensorValue, Buffer]] = {}
 
     def _new_name(self) -> str:
         return f"buf{next(self._names)}"
@@ -101,7 +113,7 @@ class GraphLowering:
         self.program.steps.append(ComputeStep(buffer, Pointwise(value.dtype, value.size, value.loader, name=buffer.name)))
         return buffer
 
-    def _extern_arg(self, value: TensorValue, meta: Any = None) -> Buffer:
+    def _extern_arg(self, value: TensorValue, meta: Any = None, shared: bool = False) -> Buffer:
         # A strided view of a buffer reaches an extern as a view (as_strided), not as a copy;
         # a value computed for the extern is written in eager's layout of that argument.
         # (Symbolic sizes, strides and offsets are computed at each call from the inputs' sizes:
@@ -114,24 +126,34 @@ class GraphLowering:
                 [view], torch.ops.aten.as_strided.default, (base, size, stride, _int_or_expr(layout.offset)), {}))
             return view
         if value.buffer is None:
-            return self.realize(value, argument_layout(meta, value.size, value.dtype))
+            layout = argument_layout(meta, value.size, value.dtype)
+            key = (id(value), layout)
+            if shared and key in self._extern_inputs:
+                return self._extern_inputs[key][1]
+            buffer = self.realize(value, layout)
+            if shared:
+                self._extern_inputs[key] = (value, buffer)
+            return buffer
         return value.buffer
 
-    def _realize_args(self, tree: Any, metas: Any = None) -> Any:
+    def _realize_args(self, tree: Any, metas: Any = None, shared: bool = False) -> Any:
         """Buffers for the tensors of an extern's arguments; `metas` are the fx arguments, whose
-        fake values give eager's layouts."""
+        fake values give eager's layouts. `shared`: the extern writes none of them, so a value
+        another such extern read is read from the same buffer."""
         leaves, spec = pytree.tree_flatten(tree)
         meta_leaves = pytree.tree_leaves(pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"), metas))
         if len(meta_leaves) != len(leaves):
             meta_leaves = [None] * len(leaves)
         return pytree.tree_unflatten(
-            [self._extern_arg(v, m) if isinstance(v, TensorValue) else v for v, m in zip(leaves, meta_leaves)], spec)
+            [self._extern_arg(v, m, shared) if isinstance(v, TensorValue) else v for v, m in zip(leaves, meta_leaves)], spec)
 
     def _extern(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         vals = node.meta.get("val")  # (none for an op that returns nothing: aten._assert_scalar)
         multiple = isinstance(vals, (tuple, list))
         vals = list(vals) if multiple else [vals]
-        args, kwargs = self._realize_args(args, argument_metas(node)), self._realize_args(kwargs, node.kwargs)
+        shared = not _writes_arguments(node.target)
+        args = self._realize_args(args, argument_metas(node), shared)
+        kwargs = self._realize_args(kwargs, node.kwargs, shared)
         real = output_layouts(node.target, args, kwargs)
         layouts = real if real is not None and len(real) == len(vals) else [None] * len(vals)
         outs = [Buffer(self._new_name(), layout or layout_of(v)) if isinstance(v, torch.Tensor) else None

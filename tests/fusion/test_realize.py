@@ -59,3 +59,38 @@ def test_costly_math_broadcast_over_an_outer_dim_is_realized():
     # A per-channel scale broadcast over the inner dims only: the compiler hoists it, no buffer.
     out, program = compiled(lambda x, v: x * torch.rsqrt(v)[:, None], torch.randn(64, 256), torch.rand(64) + 1)
     assert len(program.program.kernels) == 1
+
+
+def test_a_value_two_externs_read_is_computed_once():
+    # HF's decoders: one attention mask (a cheap `where` over positions) read by every layer's
+    # attention, an extern each; each used to get its own copy, computed again per layer.
+    def two_sorts(x):
+        shifted = x * 2 + 1  # cheap: a pointwise consumer would recompute it inline
+        return torch.sort(shifted, dim=0).values + torch.sort(shifted, dim=1).values
+
+    x = torch.randn(8, 16)
+    out, program = compiled(two_sorts, x)
+    torch.testing.assert_close(out, two_sorts(x))
+    externs = [step for step in program.program.steps if type(step).__name__ == "ExternStep" and "sort" in str(step.op)]
+    assert len(externs) == 2, program.report()
+    assert externs[0].args[0] is externs[1].args[0]  # one buffer, computed once, read by both
+    assert len(program.program.kernels) == 2, program.report()  # `shifted`, and the sum of the two sorts
+
+
+def test_only_externs_that_write_none_of_their_arguments_share_them():
+    # An op that writes an argument gets a buffer of its own: another reader must not see the write.
+    from kiln.lowering.graph import _writes_arguments
+
+    assert _writes_arguments(torch.ops.aten.index_put_.default)
+    assert _writes_arguments(torch.ops.aten.add_.Tensor)
+    assert not _writes_arguments(torch.ops.aten.sort.default)
+    assert not _writes_arguments(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+    assert _writes_arguments(lambda x: x)  # no schema: assumed to write
+
+    def written(x, i, v):  # (functionalized: the write becomes index_put's copy)
+        base = x * 2
+        return torch.ops.aten.index_put_(base.clone(), (i,), v) + torch.sort(base, dim=0).values
+
+    x, i, v = torch.randn(8, 4), torch.tensor([1, 3]), torch.randn(2, 4)
+    out, _ = compiled(written, x, i, v)
+    torch.testing.assert_close(out, written(x, i, v))
