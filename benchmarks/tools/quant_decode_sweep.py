@@ -70,6 +70,12 @@ IN_C_KINDS = ("fp32", "int8", "int4", "read-fp32", "read-int8", "read-int4")
 HIGH_SHARE = 0.75
 
 
+def _set_reading(build: ctypes.CDLL, reading: tuple[int, int]) -> None:
+    """How the build's one-row products read their panels: (huge_page_packs, near_gemv), kiln_gemm.h."""
+    build.kiln_gemm_set_huge_page_packs(reading[0])
+    build.kiln_gemm_set_near_gemv(reading[1])
+
+
 def rounds_by_state(probes: list[float]) -> dict[str, list[int]]:
     """The rounds of each state of the machine ("high", "low"), from `probes`: the bandwidth read
     before the first round and after each (round i between probes i and i + 1). A round whose two
@@ -199,10 +205,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--huge-pages", action="store_true",
                         help="packed weights on 2 MB pages, read as kiln's runtime reads them there (AMD)")
     parser.add_argument("--huge-page-runs", action="store_true",
-                        help="packed weights on 2 MB pages, read in runs (as kiln's runtime reads them on Intel)")
+                        help="packed weights on 2 MB pages, read in runs (as kiln's runtime reads them on Intel: "
+                             "float32's asked for into L1, near_gemv)")
     parser.add_argument("--pages", action="store_true",
-                        help="the default build only, over three layouts of the same packs: 4 KB pages read in runs "
-                             "(the default row), 2 MB pages read in runs, 2 MB pages read as on AMD (huge_page_packs)")
+                        help="the default build only, over four readings of the same packs: 4 KB pages read in runs "
+                             "(the default row), 2 MB pages read in runs as on Intel (near_gemv), 2 MB pages read in "
+                             "runs as on 4 KB ones, 2 MB pages read as on AMD (huge_page_packs)")
     parser.add_argument("--in-c", action="store_true",
                         help=f"each kind's step in one C call ({', '.join(IN_C_KINDS)}; the others a call a product as "
                              "without it), and each shape's time")
@@ -232,13 +240,15 @@ def main(argv: list[str] | None = None) -> None:
         weights.append((k, n, group, {"fp32": kernels.pack(w.t().contiguous(), lib),
                                       "int8": kernels.quant_pack(*_int8(w), 8, k, k, lib),
                                       "int4": kernels.quant_pack(*_int4(w, group), 4, group, k, lib)}))
-    # Each variant: (build, its packs, huge_page_packs while it runs).
-    variants = {name: (build, weights, int(args.huge_pages)) for name, build in builds.items()}
+    # Each variant: (build, its packs, (huge_page_packs, near_gemv) while it runs: the one-row reading).
+    variants = {name: (build, weights, (0, 0)) for name, build in builds.items()}
     if args.huge_pages or args.huge_page_runs or args.pages:
         arena = HugePageArena(sum(HugePageArena.room(p) for *_, packs in weights for p in packs.values()))
         huge = [(k, n, group, {kind: arena.copy_of(p) for kind, p in packs.items()}) for k, n, group, packs in weights]
-        variants = ({"default": (lib, weights, 0), "2mb-pages-runs": (lib, huge, 0), "2mb-pages-amd-reads": (lib, huge, 1)}
-                    if args.pages else {name: (build, huge, int(args.huge_pages)) for name, build in builds.items()})
+        reading = (1, 0) if args.huge_pages else (0, 1)
+        variants = ({"default": (lib, weights, (0, 0)), "2mb-pages-runs": (lib, huge, (0, 1)),
+                     "2mb-pages-plain-runs": (lib, huge, (0, 0)), "2mb-pages-amd-reads": (lib, huge, (1, 0))}
+                    if args.pages else {name: (build, huge, reading) for name, build in builds.items()})
     for _, packs_of, _ in variants.values():
         for *_, packs in packs_of:
             for bits in ("fp32", "int8", "int4"):
@@ -269,13 +279,13 @@ def main(argv: list[str] | None = None) -> None:
                         for *_, p in weights) for kind in kinds}
     samples: dict[tuple[str, str], list[float]] = {(v, kind): [] for v in variants for kind in kinds}
     # (the default build is the library the process's other callers share: its setting is put back)
-    before = {name: build.kiln_gemm_huge_page_packs() for name, build in builds.items()}
+    before = {name: (build.kiln_gemm_huge_page_packs(), build.kiln_gemm_near_gemv()) for name, build in builds.items()}
     buffer = probe_buffer() if args.by_state else None
     probes = [read_bandwidth(args.threads, passes=ROUND_PROBE_PASSES, buffer=buffer)] if args.by_state else []
     try:
         for _ in range(args.rounds):
-            for name, (build, packs, huge_reads) in variants.items():
-                build.kiln_gemm_set_huge_page_packs(huge_reads)
+            for name, (build, packs, reading) in variants.items():
+                _set_reading(build, reading)
                 for kind in kinds:
                     timed = in_c.get((name, kind))
                     samples[(name, kind)].append(timed.run(build) if timed else step(build, packs, kind))
@@ -283,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
                 probes.append(read_bandwidth(args.threads, passes=ROUND_PROBE_PASSES, buffer=buffer))
     finally:
         for name, build in builds.items():
-            build.kiln_gemm_set_huge_page_packs(before[name])
+            _set_reading(build, before[name])
     print(f"{args.model}: {len(weights)} products a step, {args.rows} row(s), {args.threads} threads, "
           f"median of {args.rounds} interleaved rounds; GB/s of the packed weights")
     for (name, kind), times in samples.items():

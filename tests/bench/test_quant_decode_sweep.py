@@ -35,13 +35,16 @@ def test_the_packed_weights_can_lie_on_huge_pages(capsys):
     assert kernels.library().kiln_gemm_huge_page_packs() == 0  # the process's setting put back
 
 
-def test_the_same_packs_are_timed_on_both_page_sizes_and_both_readings(capsys):
+def test_the_same_packs_are_timed_on_both_page_sizes_and_every_reading(capsys):
+    before = kernels.library().kiln_gemm_near_gemv()
     quant_decode_sweep.main(["--model", "llama-tiny", "--rounds", "4", "--threads", "1", "--kinds", "fp32,int4", "--pages"])
     lines = capsys.readouterr().out.splitlines()[1:]
     rows = {(line.split()[0], line.split()[1]): line for line in lines}
-    assert set(rows) == {(v, k) for v in ("default", "2mb-pages-runs", "2mb-pages-amd-reads") for k in ("fp32", "int4")}
-    assert all("x the default's time" in rows[(v, k)] for v in ("2mb-pages-runs", "2mb-pages-amd-reads") for k in ("fp32", "int4"))
-    assert kernels.library().kiln_gemm_huge_page_packs() == 0  # the process's setting put back
+    readings = ("2mb-pages-runs", "2mb-pages-plain-runs", "2mb-pages-amd-reads")
+    assert set(rows) == {(v, k) for v in ("default", *readings) for k in ("fp32", "int4")}
+    assert all("x the default's time" in rows[(v, k)] for v in readings for k in ("fp32", "int4"))
+    assert kernels.library().kiln_gemm_huge_page_packs() == 0  # the process's settings put back
+    assert kernels.library().kiln_gemm_near_gemv() == before
 
 
 def test_pages_takes_no_builds(capsys):
@@ -52,10 +55,11 @@ def test_pages_takes_no_builds(capsys):
 
 def test_huge_page_runs_lays_the_packs_on_2mb_pages_and_reads_them_in_runs(capsys, monkeypatch):
     """--huge-page-runs: the packs copied to 2 MB pages as --huge-pages does, but huge_page_packs
-    left off while they are read (Intel's reading), where --huge-pages turns it on (AMD's)."""
-    settings: dict[str, list[int]] = {}
+    left off and near_gemv on while they are read (Intel's reading), where --huge-pages turns
+    huge_page_packs on and near_gemv off (AMD's)."""
+    settings: dict[str, list[tuple[str, int]]] = {}
 
-    class Recording:  # a build whose huge_page_packs settings are recorded
+    class Recording:  # a build whose reading settings are recorded
         def __init__(self, lib, name):
             self._lib, self._name = lib, name
 
@@ -63,24 +67,30 @@ def test_huge_page_runs_lays_the_packs_on_2mb_pages_and_reads_them_in_runs(capsy
             return getattr(self._lib, attr)
 
         def kiln_gemm_set_huge_page_packs(self, on):
-            settings.setdefault(self._name, []).append(on)
+            settings.setdefault(self._name, []).append(("huge", on))
             self._lib.kiln_gemm_set_huge_page_packs(on)
+
+        def kiln_gemm_set_near_gemv(self, on):
+            settings.setdefault(self._name, []).append(("near", on))
+            self._lib.kiln_gemm_set_near_gemv(on)
 
     build = quant_decode_sweep.build_variant
     monkeypatch.setattr(quant_decode_sweep, "build_variant", lambda macros: Recording(build(macros), "+".join(macros)))
     copied = []
     copy_of = quant_decode_sweep.HugePageArena.copy_of
     monkeypatch.setattr(quant_decode_sweep.HugePageArena, "copy_of", lambda self, t: copied.append(t) or copy_of(self, t))
-    for flag, reading in (("--huge-page-runs", 0), ("--huge-pages", 1)):
+    near_before = kernels.library().kiln_gemm_near_gemv()
+    for flag, reading in (("--huge-page-runs", [("huge", 0), ("near", 1)]), ("--huge-pages", [("huge", 1), ("near", 0)])):
         settings.clear()
         copied.clear()
         quant_decode_sweep.main(["--model", "llama-tiny", "--rounds", "2", "--threads", "1", "--kinds", "int4", flag,
                                  "KILN_NEAR_UNITS=0"])
         rows = capsys.readouterr().out.splitlines()[1:]
         assert [row.split()[:2] for row in rows] == [["default", "int4"], ["KILN_NEAR_UNITS=0", "int4"]]
-        assert settings[""][:2] == [reading, reading] and settings["KILN_NEAR_UNITS=0"][:2] == [reading, reading]
+        assert settings[""][:4] == reading * 2 and settings["KILN_NEAR_UNITS=0"][:4] == reading * 2
         assert len(copied) == 9 * 3  # every product's fp32, int8 and int4 packs
     assert kernels.library().kiln_gemm_huge_page_packs() == 0
+    assert kernels.library().kiln_gemm_near_gemv() == near_before
 
 
 def test_huge_pages_and_huge_page_runs_are_one_or_the_other(capsys):

@@ -128,24 +128,30 @@ def test_one_row_products_read_runs_of_panels(panels, threads, dtype):
     the next panel of every run at once (kiln_gemm.h `gemv`; bfloat16 in pairs of k where the CPU
     has them). Panel counts that leave runs of unequal length, fewer panels than runs, a ragged
     last panel; every epilogue; an odd K. Over panels on 2 MB pages the runtime asks for 2 runs
-    (kiln_gemm_set_huge_page_packs): the same bits, each panel's sums taken in the same order."""
+    (kiln_gemm_set_huge_page_packs, AMD's reading; kiln_gemm_set_near_gemv, Intel's: 2 runs asked
+    for into L1): the same bits, each panel's sums taken in the same order."""
     n, k = 48 * panels - 5, 133
     a, b, bias, residual = _operands(1, k, n, dtype, seed=panels)
     packed = kernels.pack(b)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     library = kernels.library()
+    reading = library.kiln_gemm_huge_page_packs(), library.kiln_gemm_near_gemv()
+
+    def read_as(huge, near):
+        library.kiln_gemm_set_huge_page_packs(huge)
+        library.kiln_gemm_set_near_gemv(near)
+
     try:
         for unary, scalars, algorithm in EPILOGUES:
+            read_as(0, 0)
             out = kernels.mm(a, packed, n, bias, unary, scalars, residual, algorithm=algorithm)
             _check(out, _reference(a, b, bias, unary, scalars, algorithm, residual), dtype, k)
-            library.kiln_gemm_set_huge_page_packs(1)
-            try:
-                in_two_runs = kernels.mm(a, packed, n, bias, unary, scalars, residual, algorithm=algorithm)
-            finally:
-                library.kiln_gemm_set_huge_page_packs(0)
-            assert torch.equal(in_two_runs, out)
+            for huge, near in ((1, 0), (0, 1)):
+                read_as(huge, near)
+                assert torch.equal(kernels.mm(a, packed, n, bias, unary, scalars, residual, algorithm=algorithm), out)
     finally:
+        read_as(*reading)
         torch.set_num_threads(before)
 
 

@@ -871,8 +871,9 @@ template <int A, int B> static inline void clear(V (&x)[A][B]) {
     for (int b = 0; b < B; ++b) x[a][b] = V{};
 }
 
-// acc[s] = a [1, K] @ panel s (K rows of NR), for S panels at once.
-template <int S>
+// acc[s] = a [1, K] @ panel s (K rows of NR), for S panels at once; each row's lines asked for
+// into L1 NEAR rows ahead (prefetcht0; 0: not asked for).
+template <int S, int NEAR = 0>
 static inline void gemv_panels(int64_t K, const float* a, const float* const* panels, V (&acc)[S][NV]) {
   clear(acc);
   for (int64_t k = 0; k < K; ++k) {
@@ -880,7 +881,10 @@ static inline void gemv_panels(int64_t K, const float* a, const float* const* pa
 #pragma GCC unroll 8
     for (int s = 0; s < S; ++s)
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) acc[s][v] = fma(x, kiln::load(panels[s] + k * NR + v * L), acc[s][v]);
+      for (int v = 0; v < NV; ++v) {
+        if constexpr (NEAR > 0) __builtin_prefetch(panels[s] + (k + NEAR) * NR + v * L, 0, 3);
+        acc[s][v] = fma(x, kiln::load(panels[s] + k * NR + v * L), acc[s][v]);
+      }
   }
 }
 
@@ -1019,20 +1023,44 @@ static inline void gemv_panels(int64_t K, const kiln_bf16* a, const kiln_bf16* c
 // time; docs/gemm.md): there the runtime keeps them.
 static std::atomic<bool> huge_page_packs{false};
 
+// Whether float32's one-row products over panels on 2 MB pages read them in NEAR_RUNS runs a thread,
+// each row's lines asked for into L1 NEAR_ROWS rows (768 bytes) ahead: set by the runtime
+// (kiln_gemm_set_near_gemv) where the packs lie on 2 MB pages of an Intel CPU, as the quantized
+// products' runs read there (kiln_gemm_quant.h NEAR_UNITS: the L1's own prefetcher did not bring
+// the runs' lines from L2 in time). An Intel Xeon with AMX (family 6 model 167), Qwen2-0.5B's step's
+// float32 products cycled from DRAM (2 threads, benchmarks/tools/quant_decode_sweep.py
+// --huge-page-runs --in-c, 8-12 interleaved rounds, the median of the rounds' ratios): 0.918x,
+// 0.920x and 0.924x the time of 8 runs (MR) without (34.1 GB/s where kiln's line reader read 36.4,
+// and 8 runs 31.2); 4 runs 0.924-0.939x, 3 runs 0.953x, 1 run 0.981x; 2 runs 6 rows ahead 0.948x,
+// 8 rows 0.928x; 8 runs 4 rows ahead 1.072x (their lines in flight fill the L1); a far prefetch
+// into L2 as well (16 rows) 0.920-0.939x, 32 rows 1.033x. llama-160m's step 0.986x (4 runs 0.979x).
+// Over 4 KB pages the same reading took 1.020x (4 runs 0.999x): there the runtime keeps MR runs.
+static std::atomic<bool> near_gemv{false};
+constexpr int NEAR_RUNS = 2, NEAR_ROWS = 4;
+
 // Panels [p0, p1) of a one-row product (float32, or bfloat16 in pairs), read in runs (panel_runs).
 template <typename T>
 static inline void gemv(int64_t N, int64_t K, const T* a, const T* bp, int64_t rows, void* c, int64_t ldc,
                         const Epilogue* e, int64_t p0, int64_t p1) {
-  auto run = [&](auto count, const int64_t* at) {
+  auto run = [&](auto count, auto near, const int64_t* at) {
     constexpr int S = decltype(count)::value;
     const T* panels[S];
     for (int s = 0; s < S; ++s) panels[s] = bp + at[s] * rows * NR;
     V acc[S][NV];
-    gemv_panels<S>(K, a, panels, acc);
+    if constexpr (std::is_same_v<T, float>) gemv_panels<S, decltype(near)::value>(K, a, panels, acc);
+    else gemv_panels<S>(K, a, panels, acc);
     for (int s = 0; s < S; ++s) store_row(acc[s], N, at[s], c, ldc, e);
   };
-  if (huge_page_packs.load(std::memory_order_relaxed)) panel_runs<2>(p0, p1, run);
-  else panel_runs(p0, p1, run);
+  auto plain = [&](auto count, const int64_t* at) { run(count, std::integral_constant<int, 0>{}, at); };
+  if (huge_page_packs.load(std::memory_order_relaxed)) {
+    panel_runs<2>(p0, p1, plain);
+  } else if (std::is_same_v<T, float> && near_gemv.load(std::memory_order_relaxed)) {
+    panel_runs<NEAR_RUNS>(p0, p1, [&](auto count, const int64_t* at) {
+      run(count, std::integral_constant<int, NEAR_ROWS>{}, at);
+    });
+  } else {
+    panel_runs(p0, p1, plain);
+  }
 }
 
 // Where gemm finds a panel's K block of B: panels of T packed by pack_b, read where they lie. (A

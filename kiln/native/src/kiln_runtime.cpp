@@ -93,6 +93,7 @@ extern "C" int kiln_vec_lanes();
 extern "C" int64_t kiln_gemm_k_block();
 extern "C" void kiln_gemm_set_huge_page_packs(int32_t on);
 extern "C" int32_t kiln_gemm_huge_page_packs(void);
+extern "C" void kiln_gemm_set_near_gemv(int32_t on);
 
 namespace {
 
@@ -1236,6 +1237,8 @@ void kiln_set_huge_pages(int on) {
   // 167, 1.02-1.04x the time of its runs over the same pages: docs/gemm.md).
   __builtin_cpu_init();  // (this also runs as the library loads, maybe before libgcc's own init)
   kiln_gemm_set_huge_page_packs(on && transparent_huge_pages() && __builtin_cpu_is("amd"));
+  // Float32's one-row products over them on Intel: two runs a thread asked for into L1 (kiln_gemm.h `near_gemv`).
+  kiln_gemm_set_near_gemv(on && transparent_huge_pages() && __builtin_cpu_is("intel"));
 }
 
 const char* kiln_error(void) { return last_error.c_str(); }
