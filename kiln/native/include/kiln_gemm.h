@@ -1020,7 +1020,7 @@ static inline void gemv_panels(int64_t K, const kiln_bf16* a, const kiln_bf16* c
 // rounds; GB/s): 4 KB pages, 8 runs (MR) 45.5 (2 runs 38.4, 1 run 33.6); 2 MB pages, 8 runs 51.8, 2 runs
 // 60.0, 1 run 59.2 — in an hour where memory was slow, 33.6, 34.3 and 34.8. An Intel Xeon with AMX
 // (family 6 model 167) reads GEMV_STREAMS runs faster over 2 MB pages too (2 runs: 1.03-1.05x the
-// time; docs/gemm.md): there the runtime keeps them.
+// time; docs/gemm.md): there the runtime reads them otherwise (`near_gemv`, below).
 static std::atomic<bool> huge_page_packs{false};
 
 // Whether float32's one-row products over panels on 2 MB pages read them in NEAR_RUNS runs a thread,
