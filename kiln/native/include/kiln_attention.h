@@ -185,8 +185,11 @@ static inline void prefetch_row(const float* row, int64_t n) {
   for (int64_t c = 0; c < n; c += 16) __builtin_prefetch(row + c, 0, ATTENTION_LOCALITY);  // a line of 16 floats
 }
 
-// kᵀ of keys [0, keys) into panels [p][D][NR_S], a panel's columns past `keys` zero: blocks of L
-// keys x L dimensions transposed in registers, the ragged ends one by one. The keys are asked for
+// kᵀ of keys [0, keys) into panels [p][D][NR_S], the columns past `keys` zero to the end of the
+// vector that holds the last key (the score tiles read whole vectors up to a block's last key, no
+// further; zeroing the rest of the last panel column by column was a third of this pass at 160
+// keys): blocks of L keys x L dimensions transposed in registers, a last partial block's missing
+// keys as zero rows (a D that is not a multiple of L: its last dimensions one by one). The keys are asked for
 // KEYS_AHEAD rows ahead and the values' rows [0, keys) (v, v_s, Dv) as each block of keys passes,
 // as few_rows does: a grouped-query decode step (Qwen2-0.5B: 7 query rows a key-value head, more
 // than FEW_ROWS) packs a cache that comes from memory. Qwen2-0.5B's step, 2 heads of 7 rows over
@@ -194,26 +197,23 @@ static inline void prefetch_row(const float* row, int64_t n) {
 // 23.0 -> 18.9 us a layer; TinyLlama-1.1B's (4 heads of 8 rows) 42.3 -> 36.6 (means of 10 runs each).
 static inline void pack_keys(const float* k, int64_t k_s, int64_t D, int64_t keys, float* kt, const float* v,
                              int64_t v_s, int64_t Dv) {
-  const int64_t panels = (keys + NR_S - 1) / NR_S, whole_keys = keys / L * L, whole_d = D / L * L;
+  const int64_t read_keys = (keys + L - 1) / L * L, whole_d = D / L * L;
   for (int64_t j = 0; j < std::min<int64_t>(keys, KEYS_AHEAD); ++j) prefetch_row(k + j * k_s, D);
-  for (int64_t j0 = 0; j0 < whole_keys; j0 += L) {
+  for (int64_t j0 = 0; j0 < read_keys; j0 += L) {
+    const int n = int(std::min<int64_t>(L, keys - j0));  // the block's keys; its rows past them are zeros
     for (int64_t j = j0 + KEYS_AHEAD; j < std::min<int64_t>(keys, j0 + KEYS_AHEAD + L); ++j) prefetch_row(k + j * k_s, D);
-    for (int64_t j = j0; j < j0 + L; ++j) prefetch_row(v + j * v_s, Dv);
+    for (int64_t j = j0; j < j0 + n; ++j) prefetch_row(v + j * v_s, Dv);
     float* dst = kt + (j0 / NR_S) * D * NR_S + j0 % NR_S;
     for (int64_t d0 = 0; d0 < whole_d; d0 += L) {
       V r[L];
 #pragma GCC unroll 16
-      for (int i = 0; i < L; ++i) r[i] = kiln::load(k + (j0 + i) * k_s + d0);
+      for (int i = 0; i < L; ++i) r[i] = i < n ? kiln::load(k + (j0 + i) * k_s + d0) : V{};
       transpose(r);
 #pragma GCC unroll 16
       for (int i = 0; i < L; ++i) kiln::store(dst + (d0 + i) * NR_S, r[i]);
     }
     for (int64_t d = whole_d; d < D; ++d)
-      for (int i = 0; i < L; ++i) dst[d * NR_S + i] = k[(j0 + i) * k_s + d];
-  }
-  for (int64_t key = whole_keys; key < panels * NR_S; ++key) {
-    float* dst = kt + (key / NR_S) * D * NR_S + key % NR_S;
-    for (int64_t d = 0; d < D; ++d) dst[d * NR_S] = key < keys ? k[key * k_s + d] : 0.0f;
+      for (int i = 0; i < L; ++i) dst[d * NR_S + i] = i < n ? k[(j0 + i) * k_s + d] : 0.0f;
   }
 }
 

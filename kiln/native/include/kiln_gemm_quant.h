@@ -807,7 +807,7 @@ static Int8Rows split_rows_for_int8(const QuantShape& z, int64_t M, const float*
 // k's levels as bytes, shifted down 4 its odd k's (Int8Rows stores each row in that order); int8 a
 // quad (4 k in k's order, int8_weight_lanes).
 // How many groups ahead digits_tile asks for a panel's scales and zero points (the table's lines:
-// NR words per group, 256 bytes of int4's beside its 4 KB of weights at groups of 128,
+// NR words per group, 192 bytes of int4's beside its 3 KB of weights at groups of 128 and NR = 48,
 // read once at the group's end, away from the panels' stream: the hardware's prefetcher did not
 // bring them in time). Past a panel's last group the next panel's first, which a one-stream
 // thread reads next. A qwen2-0.5b decode step's int4 products from DRAM on 2 MB pages (2 threads
