@@ -41,7 +41,7 @@ def _entries() -> str:
              # whether the panels lie on 2 MB pages: one-row products read fewer runs (kiln_gemm::huge_page_packs)
              "void kiln_gemm_set_huge_page_packs(int32_t on) { kiln_gemm::huge_page_packs.store(on != 0); }",
              "int32_t kiln_gemm_huge_page_packs(void) { return kiln_gemm::huge_page_packs.load(); }",
-             # whether float32's one-row products read their 2 MB pages in runs asked for into L1 (kiln_gemm::near_gemv)
+             # whether one-row products (float32, bfloat16 pairs) read their 2 MB pages in runs asked for into L1 (kiln_gemm::near_gemv)
              "void kiln_gemm_set_near_gemv(int32_t on) { kiln_gemm::near_gemv.store(on != 0); }",
              "int32_t kiln_gemm_near_gemv(void) { return kiln_gemm::near_gemv.load(); }",
              # (tests: kiln_gemm::SharedPanels, the one-row products' panels shared out for balance)

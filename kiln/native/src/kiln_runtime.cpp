@@ -1237,7 +1237,7 @@ void kiln_set_huge_pages(int on) {
   // 167, 1.02-1.04x the time of its runs over the same pages: docs/gemm.md).
   __builtin_cpu_init();  // (this also runs as the library loads, maybe before libgcc's own init)
   kiln_gemm_set_huge_page_packs(on && transparent_huge_pages() && __builtin_cpu_is("amd"));
-  // Float32's one-row products over them on Intel: two runs a thread asked for into L1 (kiln_gemm.h `near_gemv`).
+  // Float32's and bfloat16 pairs' one-row products over them on Intel: two runs a thread asked for into L1 (kiln_gemm.h `near_gemv`).
   kiln_gemm_set_near_gemv(on && transparent_huge_pages() && __builtin_cpu_is("intel"));
 }
 
