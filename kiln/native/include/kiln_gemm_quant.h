@@ -1062,10 +1062,15 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
 static int int4_fastest_path(int rows) {
   auto measure = [](int64_t M) {
     const QuantShape z{4, 768, 2304, 128};
-    std::unique_ptr<uint8_t[]> packed(new uint8_t[z.bytes()]);
-    for (int64_t i = 0; i < z.bytes(); ++i) packed[i] = uint8_t(i * 2654435761u >> 13);  // any levels
-    float* table = reinterpret_cast<float*>(packed.get() + z.q_bytes());
-    for (int64_t i = 0; i < z.table_bytes() / int64_t(sizeof(float)); ++i) table[i] = 0.01f;
+    // Packed as a model's weights are (pack_quant), so that the paths read the layout they will
+    // read: any levels, one scale and zero point.
+    const int64_t stored = z.N * ((z.K + 1) / 2), tables = z.N * z.groups();
+    std::unique_ptr<uint8_t[]> q(new uint8_t[stored]), packed(new uint8_t[z.bytes()]);
+    for (int64_t i = 0; i < stored; ++i) q[i] = uint8_t(i * 2654435761u >> 13);
+    std::unique_ptr<float[]> scales(new float[tables]), zeros(new float[tables]);
+    std::fill(scales.get(), scales.get() + tables, 0.01f);
+    std::fill(zeros.get(), zeros.get() + tables, 8.0f);
+    pack_quant(z, q.get(), scales.get(), zeros.get(), packed.get());
     std::unique_ptr<float[]> a(new float[M * z.K]), c(new float[M * z.N]);
     for (int64_t k = 0; k < M * z.K; ++k) a[k] = float(k % 7) - 3.0f;
     double best[QUANT_PATHS] = {1e9, 1e9, 1e9};
