@@ -2,7 +2,8 @@
 settings (-D macros: KILN_QUANT_LOCALITY, KILN_INT8_AHEAD, KILN_INT4_PREFETCH_WORDS, KILN_DIGIT_RUNS) against the
 default build, on one machine, in one process: every layer's products of an `llm` suite model
 (its q/k/v and gate/up merged, as kiln's freezing merges them, and its LM head), the weights
-cycled from DRAM as a decode step reads them, rounds interleaved across builds and kinds, medians.
+cycled from DRAM as a decode step reads them, rounds interleaved across builds and kinds (each
+round starting at the next build: the first of a round ran slower), medians.
 float32's GEMV over the same weights runs beside them, and `torch.sum` over each pack's bytes
 (read-fp32, read-int8, read-int4: a plain read of the same pieces of memory, ~3 us of Python a
 call where the products' ctypes calls take ~8): on a shared VM the memory's speed moves with the
