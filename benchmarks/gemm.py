@@ -22,6 +22,7 @@ import torch
 
 from benchmarks.machine import OthersClock
 from benchmarks.peak import Peak, machine_peak
+from benchmarks.rounds import rotated
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ def _rounds(runs: dict[str, Callable[[], object]], reps: dict[str, int], rounds:
     samples: dict[str, list[float]] = {name: [] for name in names}
     clock = OthersClock()
     for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in rotated(names, r):
             run, n = runs[name], reps[name]
             start = time.perf_counter()
             for _ in range(n):

@@ -35,6 +35,7 @@ from benchmarks.llm_modes import LLM_MODELS, LLM_MODES, LlmMode, NotAvailable
 from benchmarks.machine import OthersClock
 from benchmarks.roofline import (ROUND_PROBE_PASSES, StepBytes, decode_step_bytes, linear_names, probe_buffer,
                                  probes_agree, read_bandwidth)
+from benchmarks.rounds import rotated
 
 
 @dataclass(frozen=True)
@@ -308,12 +309,6 @@ def _run(runner: _Runner, prompt: torch.Tensor, options: dict[str, Any], phase: 
         return None
 
 
-def _rotated(items: list, r: int) -> list:
-    """`items` starting at the r-th: no mode always goes first (on the caches the previous one left)."""
-    k = r % len(items) if items else 0
-    return items[k:] + items[:k]
-
-
 def _warm_up(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, Any], warmup: int) -> torch.Tensor | None:
     """`warmup` generate calls of each mode (the first compiles); those that fail leave `runners`.
     Eager's tokens, where eager is among them."""
@@ -340,7 +335,7 @@ def _rounds(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, Any
     clock = OthersClock()
     gbps = probe() if probe is not None else None
     for r in range(rounds):
-        for runner in _rotated(runners, r):
+        for runner in rotated(runners, r):
             tokens = _run(runner, prompt, options, f"round {r + 1}")
             after = probe() if probe is not None else None
             if tokens is None:

@@ -36,6 +36,7 @@ from torch import nn
 from kiln import compile_time, heap
 from benchmarks import timing_lock
 from benchmarks.accuracy import Verdict, compare, flatten_tensors, relative_error
+from benchmarks.rounds import rotated
 from benchmarks.models import MODELS
 from benchmarks.modes import MODES, Mode
 from benchmarks.results import Case, Result
@@ -182,8 +183,7 @@ def _time_interleaved(calls: list[Callable], case: Case) -> list[float]:
             fn()
     samples: list[list[float]] = [[] for _ in calls]
     for i in range(case.iters):
-        shift = i % len(calls)
-        for k in list(range(shift, len(calls))) + list(range(shift)):
+        for k in rotated(list(range(len(calls))), i):
             sync()  # no kernel of the previous call may finish inside this one's time
             samples[k].append(seconds(calls[k]))
     return [_median_ms(s) for s in samples]

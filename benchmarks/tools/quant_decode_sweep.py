@@ -57,6 +57,7 @@ import torch
 from benchmarks import kernels
 from benchmarks.llm_modes import LLM_MODELS
 from benchmarks.roofline import ROUND_PROBE_PASSES, huge_page_bytes, probe_buffer, probes_agree, read_bandwidth
+from benchmarks.rounds import rotated
 from kiln.native import kernels_unit
 from kiln.native.build import build_library
 
@@ -284,13 +285,10 @@ def main(argv: list[str] | None = None) -> None:
     buffer = probe_buffer() if args.by_state else None
     probes = [read_bandwidth(args.threads, passes=ROUND_PROBE_PASSES, buffer=buffer)] if args.by_state else []
     try:
-        order = list(variants.items())
         for round_ in range(args.rounds):
-            # Each round starts at the next variant: the first of a round ran slower than the rest
-            # (2026-12-05, an Intel Xeon with AMX: three builds of the same source in one order took
-            # 0.975x and 0.970x the first's time where a plain read of their packs took 0.972x and
-            # 0.960x), an order the read's ratio did not take out.
-            for name, (build, packs, reading) in order[round_ % len(order):] + order[:round_ % len(order)]:
+            # (each round starting at the next variant: the read's ratio did not take out the first's
+            # slowness, benchmarks/rounds.py)
+            for name, (build, packs, reading) in rotated(list(variants.items()), round_):
                 _set_reading(build, reading)
                 for kind in kinds:
                     timed = in_c.get((name, kind))
