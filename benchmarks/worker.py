@@ -36,10 +36,10 @@ from torch import nn
 from kiln import compile_time, heap
 from benchmarks import timing_lock
 from benchmarks.accuracy import Verdict, compare, flatten_tensors, relative_error
-from benchmarks.rounds import rotated
 from benchmarks.models import MODELS
 from benchmarks.modes import MODES, Mode
 from benchmarks.results import Case, Result
+from benchmarks.rounds import rotated
 
 
 class PhaseError(Exception):
