@@ -164,3 +164,17 @@ def test_gather_through_a_flipped_reshape_indexes_with_floor_semantics():
     out, _ = compiled(fn, x, i)
     for got, want in zip(out, fn(x, i)):
         assert torch.equal(got, want)
+
+
+def test_the_same_layer_twice_is_one_function():
+    # As for Triton (tests/codegen/test_triton.py): locals named by their member's place, so the
+    # two layers' kernels print one text, one C++ function compiled once.
+    from tests.codegen.test_triton import SAME_LAYER_INPUTS, same_layer_twice
+
+    inputs = [torch.randn(shape) for shape in SAME_LAYER_INPUTS]
+    out, graph = compiled(same_layer_twice, *inputs)
+    torch.testing.assert_close(out, same_layer_twice(*inputs), atol=1e-5, rtol=1e-5)
+    norms = [k for k in graph.schedule.kernels if k.locals]
+    assert len(norms) == 2
+    kernels = graph.stages.kernels
+    assert kernels.functions[norms[0].name] == kernels.functions[norms[1].name] and len(kernels.sources) == 1

@@ -311,6 +311,33 @@ def test_one_jit_function_serves_every_batch_size():
     assert names[0] == names[1] and len(names[0]) == len(graph.schedule.kernels) == 2
 
 
+def same_layer_twice(x, m, w, b, r0, r1):
+    """Two layers of one shape (a product, then a layer norm of it plus a residual), whose
+    kernels keep the norm's statistics in locals."""
+    h = x
+    for residual in (r0, r1):
+        h = torch.nn.functional.layer_norm(h @ m + residual, (16,), w, b)
+    return h
+
+
+SAME_LAYER_INPUTS = (16, 16), (16, 16), (16,), (16,), (16, 16), (16, 16)
+
+
+def test_the_same_layer_twice_is_one_jit_function():
+    # Locals are named by their member's place in the kernel, not by their buffer (which differs
+    # per layer): the two layers print one text, one launcher over one jit function, compiled
+    # once for a GPU (a 12-layer BERT's module had 38 launchers; 4 since).
+    inputs = [torch.randn(shape) for shape in SAME_LAYER_INPUTS]
+    with kiln.config.patch({"backend.triton_gemm": "never"}):
+        out, graph = triton_compiled(same_layer_twice, *inputs)
+    torch.testing.assert_close(out, same_layer_twice(*inputs), atol=1e-5, rtol=1e-5)
+    norms = [k for k in graph.schedule.kernels if k.locals]
+    assert len(norms) == 2
+    kernels = graph.stages.kernels
+    assert kernels.functions[norms[0].name] == kernels.functions[norms[1].name]
+    assert len(kernels.launchers) == 1 and len(kernels.kernels) == 1
+
+
 def test_an_index_out_of_range_raises_and_the_next_call_runs():
     fn = lambda w, i: torch.nn.functional.embedding(i, w) + 1  # noqa: E731
     w = torch.randn(10, 4)

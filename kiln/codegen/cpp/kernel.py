@@ -79,7 +79,10 @@ class KernelPrinter:
     def __init__(self, kernel: FusedKernel, function: str) -> None:
         self.kernel, self.function = kernel, function
         self.pointers, self.buffers = kernel.argument_names(), kernel.buffers()
-        self.locals = {name: f"{name}_value" for name in kernel.locals}
+        # Locals are named by their member's place in the kernel, never by its buffer: the same
+        # layer's kernel elsewhere in the graph (its buffers named otherwise) prints the same
+        # text, so it is one function, compiled once (library.py).
+        self.locals = {m.name: f"local{k}" for k, m in enumerate(m for m in kernel.members if m.name in kernel.locals)}
         self.vectorized = False
         self.lines: list[str] = []
 

@@ -123,6 +123,7 @@ class TritonKernelPrinter:
         self.kernel, self.function, self.device, self.tune, self.time_gemm = kernel, function, device, tune, time_gemm
         self.pointers, self.buffers = kernel.argument_names(), kernel.buffers()
         self.locals: dict[str, tuple[str, Dims]] = {}
+        self.locals_named = 0  # (locals are named by this count: `_local_variable`)
         self.wide = any(_storage_elements(b) >= _INDEX_LIMIT for b in self.buffers.values())
         self.uses_error_flag = False  # by the function being printed
         self.shared: dict[str, str] = {}  # a persistent kernel's values, by expression, across members
@@ -271,13 +272,20 @@ class TritonKernelPrinter:
     def _result(self, nest: LoopNest, body: TritonBody, value: str, dims: Dims, shape: str, depth: int) -> None:
         """A member's value for the current block: into its local, or stored."""
         if nest.name in self.kernel.locals:
-            variable = f"{nest.name}_value"
+            variable = self._local_variable()
             self._emit(f"{variable} = {value}", depth)
             self.locals[nest.name] = (variable, body.value_dims(value) if value in body.dims else dims)
             return
         self._emit(body.store_line(nest.name, nest.store_index, value, dims, shape), depth)
         stored = f"tl.load({self.pointers[nest.name]} + "  # later members load it again, not from before
         self.shared = {text: name for text, name in self.shared.items() if not text.startswith(stored)}
+
+    def _local_variable(self) -> str:
+        """The next member value kept in a local, named by its place in the kernel, never by its
+        buffer: the same layer's kernel elsewhere in the graph (its buffers named otherwise)
+        prints the same text, so it is one jit function, compiled once (module.py)."""
+        self.locals_named += 1
+        return f"local{self.locals_named - 1}"
 
     def _barrier_before(self, nest: LoopNest) -> None:
         """Other threads of the program may have stored what `nest` reads: wait for them."""
@@ -570,8 +578,9 @@ class TritonKernelPrinter:
             self._emit("product = tl.dot(a, b, product)", 2)
         dtype = product.layout.dtype
         value = round_to(dtype, "product") if dtype in HALF_DTYPES else "product"
-        self._emit(f"{product.name}_value = {value}", 1)
-        self.locals[product.name] = (f"{product.name}_value", XR)
+        variable = self._local_variable()
+        self._emit(f"{variable} = {value}", 1)
+        self.locals[product.name] = (variable, XR)
         # The members' loop variables from each element's flat position in the product.
         outer = [int(s) for s in k.outer]
         outer_vars = [sympy.Symbol(f"i{d}", integer=True, nonnegative=True) for d in range(len(outer))]
