@@ -22,7 +22,7 @@ import torch
 from torch import fx
 
 from kiln import aot, compile_time, config
-from kiln.backend.driver import Backend
+from kiln.backend.driver import Backend, prepare_codegen
 from kiln.externs.prepacked import fp32_gemm
 from kiln.passes import pipeline
 from kiln.runtime.cuda_graphs import cuda_graphed, cuda_graphed_training
@@ -87,6 +87,8 @@ def kiln(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = N
         pipeline.rewrites()
         fp32_gemm()
         on_gpu = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+        if on_gpu:
+            prepare_codegen("cuda")  # (Triton's compile workers start importing beside the AOT layer)
         graphed = config.backend.cuda_graphs and on_gpu
         return with_aot("kiln", gm, example_inputs, Backend(), cache=True, wrap_inference=cuda_graphed if graphed else None,
                         wrap_training=cuda_graphed_training if graphed else None)

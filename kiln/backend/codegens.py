@@ -50,8 +50,9 @@ class Codegen:
         """The loop IR ops it has no code for: the lowering makes them extern calls."""
         raise NotImplementedError
 
-    def before_lowering(self, target: Target) -> None:
-        """Work to start before the lowering, to overlap it."""
+    def prepare(self, device: str) -> None:
+        """Work to start as soon as a graph for `device` is on its way (before the AOT layer,
+        kiln/backend/backends.py, and again before the lowering), to overlap them."""
 
     def kernels(self, kernels: list[FusedKernel], target: Target) -> Kernels:
         """The scheduled kernels, printed."""
@@ -129,9 +130,10 @@ class TritonCodegen(Codegen):
     def unprintable_ops(self) -> frozenset[str]:
         return triton_unprintable_ops()
 
-    def before_lowering(self, target: Target) -> None:
-        if target.device != "cpu":
-            # Started now, their imports overlap the lowering: they compile the kernels at load.
+    def prepare(self, device: str) -> None:
+        if device != "cpu":
+            # Started now, their imports overlap the AOT layer and the lowering: they compile the
+            # kernels at load (started once per process).
             triton_compile_workers.workers(workers())
 
     def kernels(self, kernels: list[FusedKernel], target: Target) -> TritonKernels:

@@ -92,6 +92,15 @@ def choose_codegen(device: str) -> str:
     return name
 
 
+def prepare_codegen(device: str) -> None:
+    """A graph on `device` is on its way: its code generator starts what can overlap the stages
+    before the lowering (Triton's compile workers); an error here is the driver's to report."""
+    try:
+        CODEGENS[choose_codegen(device)].prepare(device)
+    except Exception:  # noqa: BLE001 - the driver meets the same error and records its fallback
+        pass
+
+
 def host_inputs(gm: fx.GraphModule, target: Target) -> frozenset[str]:
     """Inputs of a GPU graph whose tensors are on the CPU (scalars, indices eager accepts there)."""
     if target.device == "cpu":
@@ -257,7 +266,7 @@ class Backend:
 
     def _compile(self, gm: fx.GraphModule, target: Target, folder: Any) -> CompiledGraph:
         codegen = CODEGENS[target.codegen.name]
-        codegen.before_lowering(target)
+        codegen.prepare(target.device)
         with compile_time.stage("lowering"):
             program = GraphLowering(gm, codegen.unprintable_ops()).lower()
             if config.debug.verify:

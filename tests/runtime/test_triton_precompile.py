@@ -161,3 +161,31 @@ def test_worker_processes_compile_the_kernels_the_parent_then_loads(h100_driver,
         assert compiled == [] and found == len(graph.schedule.kernels)
     finally:
         triton_compile_workers.workers(1).close()
+
+
+def test_a_worker_computes_tritons_own_key_before_its_first_task():
+    # Every compile's cache key includes `triton_key` (a hash of Triton's sources and library,
+    # once per process): a worker computes it while it waits, not in its first task's compile.
+    from triton.runtime.cache import triton_key
+
+    from kiln.runtime import triton_compile_workers
+
+    triton_key.cache_clear()
+    triton_compile_workers._import_compiler()
+    assert triton_key.cache_info().currsize == 1
+
+
+def test_a_gpu_graph_starts_the_compile_workers_before_the_aot_layer(monkeypatch):
+    from kiln.backend import backends, codegens
+    from kiln.runtime import triton_compile_workers
+
+    started, stages = [], []
+    monkeypatch.setattr(triton_compile_workers, "workers", lambda count: started.append(count))
+    monkeypatch.setattr(backends, "with_aot", lambda *args, **kwargs: stages.append(list(started)))
+    gpu = torch.empty(2)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: t is gpu))
+    backends.kiln(torch.fx.symbolic_trace(lambda x: x + 1), [gpu])
+    assert stages == [[codegens.workers()]]  # started, then the AOT layer
+    started.clear()
+    backends.kiln(torch.fx.symbolic_trace(lambda x: x + 1), [torch.empty(2)])
+    assert started == []  # a CPU graph starts none
