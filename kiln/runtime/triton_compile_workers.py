@@ -133,6 +133,9 @@ def workers(count: int) -> CompileWorkers:
     with _STARTING:
         if _WORKERS is None or not _WORKERS.alive():
             _WORKERS = CompileWorkers(max(1, count))
+            # This process's own warm-ups look the workers' binaries up by the same key: its
+            # part computed meanwhile (hashing releases the GIL).
+            threading.Thread(target=_import_compiler, daemon=True).start()
         return _WORKERS
 
 
@@ -176,7 +179,8 @@ def _compile(task: dict[str, Any]) -> None:
 def _import_compiler() -> None:
     """What every task's compile needs, imported before the first task arrives (the parent
     starts the workers as soon as a GPU graph is on its way: kiln/backend/backends.py), so the
-    first kernel's compile does not also pay for them. Most of that is Triton's `triton_key`, a
+    first kernel's compile does not also pay for them (in a worker, and in the parent, whose
+    warm-ups then load the binaries). Most of that is Triton's `triton_key`, a
     hash of its own sources and library that every compile's cache key includes, computed once
     per process: 0.34 of the 0.45 s a first compile took beyond the others on a 2-core Xeon."""
     try:
