@@ -79,3 +79,26 @@ def test_manual_seed_decides_the_masks():
     again = _train_step("cpp", seed=1)[2].detach()
     other = _train_step("cpp", seed=2)[2].detach()
     assert torch.equal(first, again) and not torch.equal(first != 0, other != 0)
+
+
+@pytest.mark.parametrize("codegen", CODEGENS)
+def test_a_graphs_dropouts_draw_their_seeds_at_once(codegen):
+    # One random draw a call for all of them (one launch on a GPU), each dropout its own seed:
+    # three dropouts of one tensor keep three different masks, and the backward reads each.
+    def fn(x):
+        f = torch.nn.functional
+        return f.dropout(x, 0.5) + f.dropout(x, 0.5) * 2 + f.dropout(x, 0.5) * 4
+
+    fallback.reset()
+    x = torch.ones(64, 64, requires_grad=True)
+    with kiln.config.patch({"backend.codegen": codegen}), watch() as built:
+        y = kiln.compile(fn)(x)
+        y.sum().backward()
+    assert fallback.FALLBACKS == []
+    forward = [b for b in built if isinstance(b, CompiledGraph)][0]
+    draws = [n for n in forward.stages.graph.graph.nodes if n.target is torch.ops.aten.randint.low]
+    assert len(draws) == 1 and draws[0].args[2] == [3]
+    masks = [((y.detach() / 2 ** k).floor() % 2).bool() for k in (1, 2, 3)]  # (y = 2(m0 + 2 m1 + 4 m2))
+    assert all(abs(m.float().mean().item() - 0.5) < 0.05 for m in masks)
+    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
+    torch.testing.assert_close(x.grad, 2 * (masks[0].float() + 2 * masks[1].float() + 4 * masks[2].float()))
