@@ -8,7 +8,8 @@
 #     with CUDA graphs (reduce-overhead); each case's two compilers in one process, their calls timed
 #     by CUDA events in interleaved rounds, median of 30 after 3 warm-ups, cold caches per case;
 #   - AMP training (bf16 autocast, float32 weights) of bert at batch 8, kiln against Inductor;
-#   - a profile of GPT-2 and BERT, kiln beside Inductor (gpu_profile.txt), if time is left;
+#   - a profile of GPT-2 and BERT, kiln beside Inductor (gpu_profile.txt), then of BERT's AMP step
+#     (after it in gpu_profile.txt), if time is left;
 #   - the two bf16 runs at batch 1, if time is left (BATCH1=0: never).
 # Two lanes: bf16, bf16 with CUDA graphs, then its batch 1; beside them the GPU tests, AMP training,
 # then bf16 batch 1. JOBS cases at once per run (2 for that last one, beside the main lane's second
@@ -21,7 +22,8 @@
 # Usage (device machine, repository root): bash benchmarks/tools/gpu_check.sh [deadline_s]
 #   deadline_s (default 420): seconds after the start by which everything has ended; give the call
 #   a limit of deadline_s + 60.
-# Environment: BATCH1=0 leaves out the batch-1 runs; PROFILE=0 the profile (PROFILE_MODELS: gpt2,bert);
+# Environment: BATCH1=0 leaves out the batch-1 runs; PROFILE=0 the profiles (PROFILE_MODELS: gpt2,bert;
+# PROFILE_TRAIN_MODELS: bert, the AMP step's, empty for none);
 # MODELS (e.g. gpt2): the inference runs' models instead of the suite's; TRAIN_MODELS= (empty) no
 # AMP training; RAGGED=1 adds benchmarks/tools/ragged_product.py after bench-launch; JOBS (4), ITERS (30), WARMUP (3), THREADS (2:
 # the CPU threads of each case, where its float32 and float64 references run); PYTHON (python3).
@@ -33,7 +35,7 @@ DEADLINE=${1:-420}
 OUT=${OUT:-/tmp/gpu_out}
 DRY=${GPU_CHECK_DRY:-0} DEVICE=${DEVICE:-cuda} SUITE=${SUITE:-gpu} TRAIN_MODELS=${TRAIN_MODELS-bert}
 TESTS=${TESTS:-tests/gpu} JOBS=${JOBS:-4} ITERS=${ITERS:-30} WARMUP=${WARMUP:-3} THREADS=${THREADS:-2}
-BATCH1=${BATCH1:-1} PROFILE=${PROFILE:-1} MODELS=${MODELS:-} RAGGED=${RAGGED:-0} PROFILE_MODELS=${PROFILE_MODELS:-gpt2,bert} PY=${PYTHON:-python3}
+BATCH1=${BATCH1:-1} PROFILE=${PROFILE:-1} MODELS=${MODELS:-} RAGGED=${RAGGED:-0} PROFILE_MODELS=${PROFILE_MODELS:-gpt2,bert} PROFILE_TRAIN_MODELS=${PROFILE_TRAIN_MODELS-bert} PY=${PYTHON:-python3}
 STOP_BEFORE=30  # a run is stopped this long before the deadline: 20 s to die, 10 to gather the files
 RUNS="bf16-b8 bf16-b8-ro amp-train-b8 bf16-b1 bf16-b1-ro"
 # The inference runs' models: the suite's, or those MODELS names.
@@ -130,6 +132,14 @@ beside() {
       $PY benchmarks/tools/gpu_profile.py --models "$PROFILE_MODELS" --modes kiln,inductor --top 60
     say "gpu_profile: exit $?"
   else say "gpu_profile: not run, $t s left before the deadline (it needs 100)"; fi
+  # The AMP training step's profile (PROFILE_TRAIN_MODELS, bert; empty: never), if 100 s are left.
+  t=$(( $(left) - STOP_BEFORE )); (( t > 150 )) && t=150
+  if [ "$PROFILE" != 1 ] || [ -z "$PROFILE_TRAIN_MODELS" ]; then :
+  elif (( t >= 100 )); then
+    run "$OUT/gpu_profile.txt" timeout -k 10 "$t" $PY -m benchmarks.timing_lock \
+      $PY benchmarks/tools/gpu_profile.py --models "$PROFILE_TRAIN_MODELS" --modes kiln,inductor --train --top 60
+    say "gpu_profile --train: exit $?"
+  else say "gpu_profile --train: not run, $t s left before the deadline (it needs 100)"; fi
   # (fewer at once: beside the main lane's second run, which comes first)
   [ "$BATCH1" = 1 ] && bench bf16-b1 240 90 2 "${PICK[@]}" --dtype bf16 --batch 1 --modes kiln --against inductor
 }
@@ -157,7 +167,8 @@ for name in $RUNS; do [ -f "$WORK/$name.md" ] && { cat "$WORK/$name.md"; echo; }
 } >> "$LOG"
 echo; echo "==== $TESTS"; tail -15 "$WORK/tests.log" 2>/dev/null
 echo; echo "==== kiln bench-launch"; tail -30 "$WORK/launch.log" 2>/dev/null
-echo; echo "==== gpu_profile (every kernel in gpu_profile.txt)"; grep -a -E "^== |^per call" "$OUT/gpu_profile.txt" 2>/dev/null
+echo; echo "==== gpu_profile (every kernel in gpu_profile.txt)"
+grep -a -E "^== |^per call" "$OUT/gpu_profile.txt" 2>/dev/null
 for name in $RUNS; do
   [ -f "$WORK/$name.log" ] || continue
   echo; echo "==== $name"

@@ -67,8 +67,11 @@ def test_a_dry_run_says_every_command_and_each_bench_run_is_valid(tmp_path, pars
         benches[json_path.stem] = parsed(args)
         assert json_path.parent == tmp_path / "out" and json_path.suffix == ".json"
     assert set(benches) == RUNS and len(RUNS) + 3 <= 8  # (+ log, markdown, profile) a lease returns 8 files at most
-    (profile,) = [c for c in commands if "benchmarks/tools/gpu_profile.py" in c]
-    assert "benchmarks.timing_lock" in profile and profile[profile.index("--modes") + 1] == "kiln,inductor"
+    profile, train_profile = [c for c in commands if "benchmarks/tools/gpu_profile.py" in c]  # (both into one file)
+    for command in (profile, train_profile):
+        assert "benchmarks.timing_lock" in command and command[command.index("--modes") + 1] == "kiln,inductor"
+    assert "--train" not in profile and "--train" in train_profile
+    assert train_profile[train_profile.index("--models") + 1] == "bert"
     for name, (cases, options) in benches.items():
         assert options["jobs"] == (2 if name == "bf16-b1" else 4)  # (beside the main lane's second run: fewer)
         assert all(c.device == "cuda" and c.iters == 30 and c.warmup == 3 and c.threads == 2 for c in cases)
