@@ -3,10 +3,11 @@
     native_dropout(x, p, True)  ->  philox_dropout(x, seeds[i], p),   seeds = randint(0, 2^62, [n])
 
 ATen's dropout draws a mask from the global generator in a kernel of its own and writes it out;
-`kiln::philox_dropout` (kiln/externs/dropout.py) is a pure function of one random seed; the
-graph's n dropouts take theirs from one draw per call from the same global generator (so `torch.manual_seed` still decides the masks), and lowers
-to loops that fuse with the ops around them. Both results stay what native_dropout's were: the
-scaled output and the mask, which the backward graph reads (the same mask forward and backward).
+`kiln::philox_dropout` (kiln/externs/dropout.py) is a pure function of one random seed, and lowers
+to loops that fuse with the ops around them. The graph's n dropouts take their seeds from one draw
+per call from the same global generator (so `torch.manual_seed` still decides the masks). Both
+results stay what native_dropout's were: the scaled output and the mask, which the backward graph
+reads (the same mask forward and backward).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def dropout(gm: fx.GraphModule, target: Target) -> bool:
     calls = [node for node in gm.graph.nodes if _training_dropout(node)]
     if not calls:
         return False
-    # One draw of every call's seed (one launch on a GPU, not one per dropout: a BERT's training
-    # step has 25), before the first call; each call reads its own.
+    # One draw of every call's seed (one launch on a GPU, not one per dropout: 25 in a 12-layer
+    # BERT's training forward there), before the first call; each call reads its own.
     val = calls[0].args[0].meta["val"]
     with gm.graph.inserting_before(calls[0]):  # (a factory call: its fake value from x's fake mode)
         seeds = gm.graph.call_function(aten.randint.low, (0, SEED_RANGE, [len(calls)]),
