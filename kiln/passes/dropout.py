@@ -1,13 +1,12 @@
 """Training-mode dropout computed inside kernels from a counter-based generator.
 
-    native_dropout(x, p, True)  ->  philox_dropout(x, seeds[i], p),   seeds = randint(0, 2^62, [n])
+    native_dropout(x, p, True)  ->  philox_dropout(x, randint(0, 2^62, []), p)
 
 ATen's dropout draws a mask from the global generator in a kernel of its own and writes it out;
-`kiln::philox_dropout` (kiln/externs/dropout.py) is a pure function of one random seed, and lowers
-to loops that fuse with the ops around them. The graph's n dropouts take their seeds from one draw
-per call from the same global generator (so `torch.manual_seed` still decides the masks). Both
-results stay what native_dropout's were: the scaled output and the mask, which the backward graph
-reads (the same mask forward and backward).
+`kiln::philox_dropout` (kiln/externs/dropout.py) is a pure function of one random seed, drawn per
+call from the same global generator (so `torch.manual_seed` still decides the masks), and lowers
+to loops that fuse with the ops around them. Both results stay what native_dropout's were: the
+scaled output and the mask, which the backward graph reads (the same mask forward and backward).
 """
 
 from __future__ import annotations
@@ -25,31 +24,21 @@ SEED_RANGE = 1 << 62  # seeds below this: non-negative int64, as kiln/ir/philox.
 
 
 def dropout(gm: fx.GraphModule, target: Target) -> bool:
-    calls = [node for node in gm.graph.nodes if _training_dropout(node)]
-    if not calls:
-        return False
-    # One draw of every call's seed (one launch on a GPU, not one per dropout: 25 in a 12-layer
-    # BERT's training forward there), before the first call; each call reads its own.
-    val = calls[0].args[0].meta["val"]
-    with gm.graph.inserting_before(calls[0]):  # (a factory call: its fake value from x's fake mode)
-        seeds = gm.graph.call_function(aten.randint.low, (0, SEED_RANGE, [len(calls)]),
-                                       {"dtype": torch.int64, "device": val.device})
-    with val.fake_mode:
-        seeds.meta["val"] = aten.randint.low(0, SEED_RANGE, [len(calls)], dtype=torch.int64, device=val.device)
-    for number, node in enumerate(calls):
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.native_dropout.default:
+            continue
         x, p = node.args[0], node.args[1]
-        seed = insert(gm, node, aten.select.int, seeds, 0, number)
+        train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train")
+        val = x.meta.get("val") if isinstance(x, fx.Node) else None
+        if train is not True or not isinstance(val, torch.Tensor) or not val.is_floating_point() or not 0 < p < 1:
+            continue
+        with gm.graph.inserting_before(node):  # (a factory call: its fake value from x's fake mode)
+            seed = gm.graph.call_function(aten.randint.low, (0, SEED_RANGE, []), {"dtype": torch.int64, "device": val.device})
+        with val.fake_mode:
+            seed.meta["val"] = aten.randint.low(0, SEED_RANGE, [], dtype=torch.int64, device=val.device)
         replacement = insert(gm, node, torch.ops.kiln.philox_dropout.default, x, seed, float(p))
         node.replace_all_uses_with(replacement)
         gm.graph.erase_node(node)
-    return True
-
-
-def _training_dropout(node: fx.Node) -> bool:
-    """A training-mode dropout of a floating-point tensor with 0 < p < 1: what is rewritten."""
-    if node.op != "call_function" or node.target is not aten.native_dropout.default:
-        return False
-    x, p = node.args[0], node.args[1]
-    train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train")
-    val = x.meta.get("val") if isinstance(x, fx.Node) else None
-    return train is True and isinstance(val, torch.Tensor) and val.is_floating_point() and 0 < p < 1
+        changed = True
+    return changed

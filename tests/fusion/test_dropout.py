@@ -82,23 +82,22 @@ def test_manual_seed_decides_the_masks():
 
 
 @pytest.mark.parametrize("codegen", CODEGENS)
-def test_a_graphs_dropouts_draw_their_seeds_at_once(codegen):
-    # One random draw a call for all of them (one launch on a GPU), each dropout its own seed:
-    # three dropouts of one tensor keep three different masks, and the backward reads each.
-    def fn(x):
-        f = torch.nn.functional
-        return f.dropout(x, 0.5) + f.dropout(x, 0.5) * 2 + f.dropout(x, 0.5) * 4
+def test_the_same_layer_with_dropout_twice_is_one_kernel_function(codegen):
+    # Each dropout's seed is a tensor of its own, an argument of its kernel: the two layers'
+    # kernels print one text, compiled once (a seed read at a constant offset into one tensor of
+    # every seed made each layer's kernel its own: a BERT's training forward had 72 C++ functions
+    # for its 138 kernels instead of 16).
+    def fn(x, m, r0, r1):
+        h = x
+        for residual in (r0, r1):
+            h = torch.nn.functional.dropout(h @ m + residual, 0.3)
+        return h
 
     fallback.reset()
-    x = torch.ones(64, 64, requires_grad=True)
-    with kiln.config.patch({"backend.codegen": codegen}), watch() as built:
-        y = kiln.compile(fn)(x)
-        y.sum().backward()
+    inputs = [torch.randn(16, 16) for _ in range(4)]
+    with kiln.config.patch({"backend.codegen": codegen, "backend.triton_gemm": "never"}), watch() as built:
+        kiln.compile(fn)(*inputs)
     assert fallback.FALLBACKS == []
-    forward = [b for b in built if isinstance(b, CompiledGraph)][0]
-    draws = [n for n in forward.stages.graph.graph.nodes if n.target is torch.ops.aten.randint.low]
-    assert len(draws) == 1 and draws[0].args[2] == [3]
-    masks = [((y.detach() / 2 ** k).floor() % 2).bool() for k in (1, 2, 3)]  # (y = 2(m0 + 2 m1 + 4 m2))
-    assert all(abs(m.float().mean().item() - 0.5) < 0.05 for m in masks)
-    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
-    torch.testing.assert_close(x.grad, 2 * (masks[0].float() + 2 * masks[1].float() + 4 * masks[2].float()))
+    (graph,) = [b for b in built if isinstance(b, CompiledGraph)]
+    layers = graph.schedule.kernels  # (the products are library calls)
+    assert len(layers) == 2 and len({graph.stages.kernels.functions[k.name] for k in layers}) == 1
