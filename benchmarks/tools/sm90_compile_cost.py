@@ -55,7 +55,8 @@ def _as_for_a_gpu(sources: list[str]) -> Iterator[None]:
         sources.append(source)
         raise _Taken()
 
-    codegens.triton_tuning = lambda target: kiln.config.backend.autotune
+    # (kiln's rule for a GPU target: the setting, none with autotuning off)
+    codegens.triton_tuning = lambda target: None if kiln.config.backend.autotune == "off" else kiln.config.backend.autotune
     compiled_graph.load_module = take
     try:
         with kiln.config.patch({"backend.codegen": "triton", "backend.triton_gemm": "timed", "backend.freezing": False}):
