@@ -38,6 +38,8 @@ def _entries() -> str:
              # the one this CPU measured the fastest, and (tests) one forced, -1 to measure again.
              "int32_t kiln_gemm_bf16_product(void) { return kiln_gemm::bf16_fastest_product(); }",
              "void kiln_gemm_bf16_force_product(int32_t product) { kiln_gemm::bf16_product_forced.store(product); }",
+             # whether this build and the OS let the tiles multiply on AMX (kiln_gemm_amx.h; tests)
+             "int32_t kiln_gemm_bf16_amx(void) {\n#ifdef KILN_GEMM_AMX\n return kiln_gemm::amx_usable();\n#else\n return 0;\n#endif\n}",
              # whether the panels lie on 2 MB pages: one-row products read fewer runs (kiln_gemm::huge_page_packs)
              "void kiln_gemm_set_huge_page_packs(int32_t on) { kiln_gemm::huge_page_packs.store(on != 0); }",
              "int32_t kiln_gemm_huge_page_packs(void) { return kiln_gemm::huge_page_packs.load(); }",
@@ -113,5 +115,5 @@ def source(defines_flag: bool = True) -> str:
     """The translation unit of kiln's own CPU kernels: the GEMM, the depthwise convolution and
     attention; `defines_flag` False where another unit of the same library defines the index-error
     flag (an exported model's kernels, kiln/deploy/export.py)."""
-    return "\n".join([header_text(defines_flag=defines_flag), header_text(("kiln_gemm.h", "kiln_gemm_quant.h", "kiln_depthwise.h", "kiln_attention.h")),
+    return "\n".join([header_text(defines_flag=defines_flag), header_text(("kiln_gemm.h", "kiln_gemm_amx.h", "kiln_gemm_quant.h", "kiln_depthwise.h", "kiln_attention.h")),
                       _entries()])

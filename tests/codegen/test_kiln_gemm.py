@@ -81,17 +81,22 @@ def _cpu_flags() -> set[str]:
         return next((set(line.split(":")[1].split()) for line in f if line.startswith("flags")), set())
 
 
-@pytest.mark.parametrize("product", [0, 1], ids=["vdpbf16ps", "widened"])
-def test_bfloat16_products_of_many_rows_either_way(product):
-    """A bfloat16 product of 32 rows or more runs the faster, on this CPU, of vdpbf16ps in the tiles
-    and the panels widened to float32 block by block through float32's tile (kiln_gemm.h
-    `gemm_bf16_by`, measured once per process): each forced in turn, on ragged shapes, K in blocks,
-    with the epilogues, float32 and bfloat16 out."""
+@pytest.mark.parametrize("product", [0, 1, 2], ids=["vdpbf16ps", "widened", "amx"])
+def test_bfloat16_products_of_many_rows_every_way(product):
+    """A bfloat16 product of 32 rows or more runs the fastest, on this CPU, of vdpbf16ps in the
+    tiles, the panels widened to float32 block by block through float32's tile, and AMX's tiles
+    where the CPU has them (kiln_gemm.h `gemm_bf16_by`, measured once per process): each forced in
+    turn, on ragged shapes (M and K not multiples of AMX's 32, a last block of at most 16 rows, a
+    panel of 22 columns), with the epilogues, float32 and bfloat16 out. Forced where the CPU has no
+    AMX, the AMX product is vdpbf16ps."""
     lib = kernels.library()
-    assert lib.kiln_gemm_bf16_product() in ((0, 1) if "avx512_bf16" in _cpu_flags() else (-1,))
+    flags = _cpu_flags()
+    amx = {"amx_bf16", "amx_tile"} <= flags
+    assert lib.kiln_gemm_bf16_amx() == int(amx)  # built and granted by the OS wherever the CPU has it
+    assert lib.kiln_gemm_bf16_product() in (((0, 1, 2) if amx else (0, 1)) if "avx512_bf16" in flags else (-1,))
     lib.kiln_gemm_bf16_force_product(product)
     try:
-        for m, k, n in [(32, 77, 50), (64, 1000, 130), (130, 64, 97), (33, 2049, 22)]:
+        for m, k, n in [(32, 77, 50), (64, 1000, 130), (130, 64, 97), (33, 2049, 22), (96, 64, 144), (40, 96, 48)]:
             a, b, bias, residual = _operands(m, k, n, torch.bfloat16, seed=m + k)
             panels = kernels.pack(b)
             for unary, scalars, algorithm in EPILOGUES[:5]:

@@ -370,7 +370,7 @@ static inline void micro_pairs(V (&acc)[R][NV], int64_t kc, const kiln_bf16* a, 
 // block, WidenedPanels, and float32's tile), the faster measured once per process
 // (bf16_fastest_product below); tests may force one (kiln_gemm_bf16_force_product). Fewer rows,
 // and the GEMV, always take vdpbf16ps: there the weight's bytes, not the products, bound them.
-enum Bf16Product { BF16_DOT = 0, BF16_FMA = 1 };
+enum Bf16Product { BF16_DOT = 0, BF16_FMA = 1, BF16_AMX = 2 };
 static std::atomic<int> bf16_product_forced{-1};
 constexpr int64_t BF16_WIDEN_ROWS = 32;
 
@@ -847,6 +847,15 @@ static inline void softmax_rows(float* c, int64_t ldc, int64_t N, int64_t r0, in
   }
 }
 
+// Thread `id` of `threads`' share of C's rows through the epilogue's row norm (e.row_norm), once
+// every thread has stored its tiles.
+static inline void norm_rows(float* c, int64_t ldc, int64_t M, int64_t N, const Epilogue& e, int id, int threads) {
+  int64_t n0, n1;
+  range(M, threads, id, n0, n1);
+  if (e.row_norm == SOFTMAX || e.row_norm == LOG_SOFTMAX) softmax_rows(c, ldc, N, n0, n1, e);
+  else layer_norm_rows(c, ldc, N, n0, n1, e);
+}
+
 // A one-row product (a decode step's GEMV) reads its weight once, from DRAM: its speed is the
 // memory's, and one core's is set by how many lines it has in flight. A thread streaming its panels
 // one after another is one stream, which the hardware prefetcher follows a page at a time; the
@@ -1183,10 +1192,7 @@ static void gemm_from(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, 
   rows_done:
     if (e && e->row_norm) {  // every row whole once all threads have stored their panels
 #pragma omp barrier
-      int64_t n0, n1;
-      range(M, omp_get_num_threads(), id, n0, n1);
-      if (e->row_norm == SOFTMAX || e->row_norm == LOG_SOFTMAX) softmax_rows(static_cast<float*>(c), ldc, N, n0, n1, *e);
-      else layer_norm_rows(static_cast<float*>(c), ldc, N, n0, n1, *e);
+      norm_rows(static_cast<float*>(c), ldc, M, N, *e, id, omp_get_num_threads());
     }
   }
 }
@@ -1220,12 +1226,23 @@ struct WidenedPanels {
   }
 };
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && KILN_VEC_BYTES == 64
+// BF16_AMX: the product on AMX's tiles (kiln_gemm_amx.h, the translation unit's next header).
+#define KILN_GEMM_AMX 1
+static bool amx_usable();
+static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, int64_t lda, const kiln_bf16* bp,
+                          void* c, int64_t ldc, const Epilogue* e);
+#endif
+
 // C = epilogue(A @ B), bfloat16 A (row stride lda) and pair panels, by `product`: vdpbf16ps in the
 // tiles, or A widened to a float32 copy and the panels block by block (WidenedPanels) through
 // float32's tile. The same products of the same values: sums in another order, within float32's
 // accumulation bound either way.
 static void gemm_bf16_by(int product, int64_t M, int64_t N, int64_t K, const kiln_bf16* a, int64_t lda,
                          const kiln_bf16* bp, void* c, int64_t ldc, const Epilogue* e, int64_t kc) {
+#ifdef KILN_GEMM_AMX
+  if (product == BF16_AMX && amx_usable()) return gemm_bf16_amx(M, N, K, a, lda, bp, c, ldc, e);
+#endif
   // (A's float32 copy up to 64 MB: beyond, a long prompt's bfloat16 product keeps vdpbf16ps)
   if (product != BF16_FMA || M * K > (int64_t(1) << 24))
     return gemm_from(M, N, K, a, lda, Panels<kiln_bf16>{bp, round_even(K)}, c, ldc, e, kc);
@@ -1253,15 +1270,19 @@ static int bf16_fastest_product() {
     for (int64_t i = 0; i < K * N; ++i) b[i] = kiln_bf16(float(i % 7) * 0.125f - 0.375f);
     pack_b(b.get(), K, N, N, 1, bp.get());
     std::unique_ptr<float[]> c(new float[M * N]);
-    double best[2] = {1e9, 1e9};
+    double best[3] = {1e9, 1e9, 1e9};
+    int products = 2;
+#ifdef KILN_GEMM_AMX
+    if (amx_usable()) products = 3;
+#endif
     for (int round = 0; round < 6; ++round)
-      for (int product : {BF16_DOT, BF16_FMA}) {
+      for (int product = 0; product < products; ++product) {
         const auto start = std::chrono::steady_clock::now();
         gemm_bf16_by(product, M, N, K, a.get(), K, bp.get(), c.get(), N, nullptr, 0);
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (round > 0) best[product] = std::min(best[product], seconds);  // (round 0 warms the caches)
       }
-    return best[BF16_FMA] < best[BF16_DOT] ? int(BF16_FMA) : int(BF16_DOT);
+    return int(std::min_element(best, best + products) - best);
   }();
   return fastest;
 }

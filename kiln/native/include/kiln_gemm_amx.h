@@ -1,0 +1,188 @@
+// kiln's GEMM on Intel AMX's tiles: bfloat16 products of many rows (kiln_gemm.h's BF16_AMX).
+//
+// An AMX unit multiplies whole tiles: TDPBF16PS adds to a 16 x 16 float32 tile of C the products
+// of a 16 x 32 bfloat16 tile of A and a 32 x 16 one of B held as 16 rows of k pairs — 16 x 16 x 32
+// multiply-adds in one instruction, about eight times what vdpbf16ps makes in the same cycles. B's
+// tile is exactly a slice of kiln's pair panels ([K/2][NR][2], kiln_gemm.h `pack_b`): 16 pair rows
+// of 16 columns, rows NR pairs apart, so the panels packed once for vdpbf16ps are read as they are.
+//
+// A block of C is 32 rows of a panel's 48 columns: six C tiles (tmm0-5) in the tile registers for
+// the whole K, one tile for A (tmm6) and one for B (tmm7). Each step of 32 k loads A's upper half,
+// B's first slice, A's lower half, B's second, A's upper half, B's third (seven loads for six
+// products; the A rows come from L1, the panel's from L2), then the block goes to C: stored
+// straight from the tiles where it is whole and float32, else through the thread's buffer and
+// kiln_gemm.h's `store_block` (ragged edges, bfloat16 C); the epilogue after, as the vector tiles
+// do. K is not cut in blocks (partial sums would go through C): a block's A rows (32 x K
+// bfloat16) and the panel (K x 48) stay in L2 up to K ~ 8192.
+//
+// Where K is not a multiple of 32 or M of 32, A is copied once into a zero-padded buffer (every
+// thread reads all of A), and each panel's last step of pairs into a zero-padded slice: a tile
+// never reads past its operand, and the padding adds zeros.
+//
+// Linux hands a process AMX's tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM, as
+// oneDNN asks the first time it runs AMX): asked once, the first time this path is considered;
+// where the kernel refuses, the path is not offered (kiln_gemm.h `bf16_fastest_product`).
+#pragma once
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && KILN_VEC_BYTES == 64
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace kiln_gemm {
+
+static_assert(NR == 48, "an AMX block is 3 tiles of 16 columns: a panel of 48");
+constexpr int AMX_ROWS = 32, AMX_K = 32;  // C rows a block; k a step
+
+static bool amx_usable() {
+  static const bool usable = [] {
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return usable;
+}
+
+// LDTILECFG's operand (palette 1): every tile 16 rows of 64 bytes.
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  AmxConfig() {
+    for (int t = 0; t < 8; ++t) colsb[t] = 64, rows[t] = 16;
+  }
+};
+
+// One step of 32 k into the block's six C tiles: A's rows at a (lda bytes apart; the lower half
+// 16 rows further), the panel's pair rows at b (NR pairs apart). `two`: the lower half is rows.
+static inline void amx_step(const kiln_bf16* a, int64_t lda_bytes, const kiln_bf16* b, bool two) {
+  constexpr int64_t B_STRIDE = NR * 2 * sizeof(kiln_bf16);
+  const char* lower = reinterpret_cast<const char*>(a) + 16 * lda_bytes;
+  _tile_loadd(6, a, lda_bytes);
+  _tile_loadd(7, b, B_STRIDE);
+  _tile_dpbf16ps(0, 6, 7);
+  if (two) {
+    _tile_loadd(6, lower, lda_bytes);
+    _tile_dpbf16ps(3, 6, 7);
+    _tile_loadd(7, b + 16 * 2, B_STRIDE);
+    _tile_dpbf16ps(4, 6, 7);
+    _tile_loadd(6, a, lda_bytes);
+    _tile_dpbf16ps(1, 6, 7);
+    _tile_loadd(7, b + 32 * 2, B_STRIDE);
+    _tile_dpbf16ps(2, 6, 7);
+    _tile_loadd(6, lower, lda_bytes);
+    _tile_dpbf16ps(5, 6, 7);
+  } else {
+    _tile_loadd(7, b + 16 * 2, B_STRIDE);
+    _tile_dpbf16ps(1, 6, 7);
+    _tile_loadd(7, b + 32 * 2, B_STRIDE);
+    _tile_dpbf16ps(2, 6, 7);
+  }
+}
+
+// The block's tiles to C at [i0, j0]: `rows` x `cols`, through the epilogue of `e`.
+static void amx_store(int rows, int cols, int64_t i0, int64_t j0, void* c, int64_t ldc, const Epilogue* e) {
+  const bool two = rows > 16;
+  if (rows == AMX_ROWS && cols == NR && !(e && e->out_bf16)) {  // whole and float32: the tiles straight to C
+    float* out = static_cast<float*>(c) + i0 * ldc + j0;
+    const int64_t stride = ldc * int64_t(sizeof(float));
+    _tile_stored(0, out, stride);
+    _tile_stored(1, out + 16, stride);
+    _tile_stored(2, out + 32, stride);
+    _tile_stored(3, out + 16 * ldc, stride);
+    _tile_stored(4, out + 16 * ldc + 16, stride);
+    _tile_stored(5, out + 16 * ldc + 32, stride);
+    if (e && (e->bias || e->unary || e->residual)) {
+      epilogue_in_place<16, NV>(out, ldc, i0, j0, *e);
+      epilogue_in_place<16, NV>(out + 16 * ldc, ldc, i0 + 16, j0, *e);
+    }
+    return;
+  }
+  float* block = thread_block_buffer(AMX_ROWS * NR);
+  constexpr int64_t stride = NR * sizeof(float);
+  _tile_stored(0, block, stride);
+  _tile_stored(1, block + 16, stride);
+  _tile_stored(2, block + 32, stride);
+  if (two) {
+    _tile_stored(3, block + 16 * NR, stride);
+    _tile_stored(4, block + 16 * NR + 16, stride);
+    _tile_stored(5, block + 16 * NR + 32, stride);
+  }
+  for (int r0 = 0; r0 < rows; r0 += MR) {
+    V acc[MR][NV];
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) acc[r][v] = kiln::load(block + (r0 + r) * NR + v * L);
+    store_block<MR>(acc, std::min(MR, rows - r0), cols, i0 + r0, j0, c, ldc, e, true);
+  }
+}
+
+// A [M, K] bfloat16 (row stride lda) as [ceil(M / 32) * 32, ceil(K / 32) * 32], zeros around it.
+static std::unique_ptr<kiln_bf16[]> amx_padded_a(int64_t M, int64_t K, const kiln_bf16* a, int64_t lda,
+                                                  int64_t rows, int64_t cols) {
+  std::unique_ptr<kiln_bf16[]> out(new kiln_bf16[rows * cols]);  // (tile loads need no alignment)
+#pragma omp parallel for if (rows * cols >= (int64_t(1) << 16))
+  for (int64_t i = 0; i < rows; ++i) {
+    kiln_bf16* dst = out.get() + i * cols;
+    const int64_t n = i < M ? K : 0;
+    if (n) std::memcpy(dst, a + i * lda, n * sizeof(kiln_bf16));
+    std::memset(static_cast<void*>(dst + n), 0, (cols - n) * sizeof(kiln_bf16));
+  }
+  return out;
+}
+
+// C = epilogue(A @ B) on AMX's tiles: A bfloat16 [M, K] (row stride lda), B kiln's pair panels.
+static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, int64_t lda, const kiln_bf16* bp,
+                          void* c, int64_t ldc, const Epilogue* e) {
+  const int64_t pairs = round_even(K) / 2, steps = (K + AMX_K - 1) / AMX_K;
+  const int64_t panels = (N + NR - 1) / NR, blocks = (M + AMX_ROWS - 1) / AMX_ROWS;
+  std::unique_ptr<kiln_bf16[]> padded;
+  if (M % AMX_ROWS || K % AMX_K) {
+    padded = amx_padded_a(M, K, a, lda, blocks * AMX_ROWS, steps * AMX_K);
+    a = padded.get(), lda = steps * AMX_K;
+  }
+  const int64_t lda_bytes = lda * int64_t(sizeof(kiln_bf16));
+  const int64_t tail_pairs = pairs - (steps - 1) * (AMX_K / 2);  // the last step's pair rows (16: whole)
+#pragma omp parallel if (panels * blocks > 1)
+  {
+    const AmxConfig config;
+    _tile_loadconfig(&config);
+    int tn, tm;
+    split(panels, blocks, int((N - (panels - 1) * NR + L - 1) / L), omp_get_num_threads(), tn, tm);
+    const int id = omp_get_thread_num();
+    int64_t p0, p1, r0, r1;
+    range(panels, tn, id % tn, p0, p1);
+    range(blocks, tm, id / tn, r0, r1);
+    alignas(64) kiln_bf16 tail[AMX_K / 2 * NR * 2];  // a panel's last step, zero-padded
+    for (int64_t p = p0; p < p1; ++p) {
+      const kiln_bf16* panel = bp + p * pairs * 2 * NR;
+      if (tail_pairs < AMX_K / 2) {
+        const int64_t whole = tail_pairs * NR * 2;
+        std::memcpy(tail, panel + (steps - 1) * AMX_K * NR, whole * sizeof(kiln_bf16));
+        std::memset(static_cast<void*>(tail + whole), 0, sizeof(tail) - whole * sizeof(kiln_bf16));
+      }
+      const int cols = int(std::min<int64_t>(NR, N - p * NR));
+      for (int64_t rb = r0; rb < r1; ++rb) {
+        const int64_t i0 = rb * AMX_ROWS;
+        const int rows = int(std::min<int64_t>(AMX_ROWS, M - i0));
+        const bool two = rows > 16;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        _tile_zero(4);
+        _tile_zero(5);
+        const kiln_bf16* rows_a = a + i0 * lda;
+        for (int64_t s = 0; s < steps; ++s) {
+          const kiln_bf16* b = s + 1 == steps && tail_pairs < AMX_K / 2 ? tail : panel + s * AMX_K * NR;
+          amx_step(rows_a + s * AMX_K, lda_bytes, b, two);
+        }
+        amx_store(rows, cols, i0, p * NR, c, ldc, e);
+      }
+    }
+    _tile_release();
+    if (e && e->row_norm) {
+#pragma omp barrier
+      norm_rows(static_cast<float*>(c), ldc, M, N, *e, omp_get_thread_num(), omp_get_num_threads());
+    }
+  }
+}
+
+}  // namespace kiln_gemm
+#endif
