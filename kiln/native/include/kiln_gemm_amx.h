@@ -31,6 +31,9 @@ namespace kiln_gemm {
 
 static_assert(NR == 48, "an AMX block is 3 tiles of 16 columns: a panel of 48");
 constexpr int AMX_ROWS = 32, AMX_K = 32;  // C rows a block; k a step
+#ifndef KILN_GEMM_AMX_AHEAD  // to time another distance (0: none)
+#define KILN_GEMM_AMX_AHEAD 4
+#endif
 
 static bool amx_usable() {
   static const bool usable = [] {
@@ -89,7 +92,7 @@ static void amx_store(int rows, int cols, int64_t i0, int64_t j0, void* c, int64
     _tile_stored(3, out + 16 * ldc, stride);
     _tile_stored(4, out + 16 * ldc + 16, stride);
     _tile_stored(5, out + 16 * ldc + 32, stride);
-    if (e && (e->bias || e->unary || e->residual)) {
+    if (e && (e->unary || e->residual)) {  // (the bias is in the sums: the tiles started from it)
       epilogue_in_place<16, NV>(out, ldc, i0, j0, *e);
       epilogue_in_place<16, NV>(out + 16 * ldc, ldc, i0 + 16, j0, *e);
     }
@@ -104,6 +107,17 @@ static void amx_store(int rows, int cols, int64_t i0, int64_t j0, void* c, int64
     _tile_stored(3, block + 16 * NR, stride);
     _tile_stored(4, block + 16 * NR + 16, stride);
     _tile_stored(5, block + 16 * NR + 32, stride);
+  }
+  if (rows == AMX_ROWS && cols == NR) {  // whole, bfloat16: the epilogue on the buffer, then each row rounded into C
+    if (e->bias || e->unary || e->residual) {
+      epilogue_in_place<16, NV>(block, NR, i0, j0, *e);
+      epilogue_in_place<16, NV>(block + 16 * NR, NR, i0 + 16, j0, *e);
+    }
+    kiln_bf16* out = static_cast<kiln_bf16*>(c) + i0 * ldc + j0;
+    for (int r = 0; r < AMX_ROWS; ++r)
+#pragma GCC unroll 3
+      for (int v = 0; v < NV; ++v) kiln::store_bf16(out + r * ldc + v * L, kiln::load(block + r * NR + v * L));
+    return;
   }
   for (int r0 = 0; r0 < rows; r0 += MR) {
     V acc[MR][NV];
@@ -158,22 +172,45 @@ static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, i
         std::memset(static_cast<void*>(tail + whole), 0, sizeof(tail) - whole * sizeof(kiln_bf16));
       }
       const int cols = int(std::min<int64_t>(NR, N - p * NR));
+      // The bias is where the sums start (each tile's rows loaded from one row, stride 0), so a
+      // block with no other epilogue goes to C as the tiles hold it.
+      alignas(64) float start[NR] = {};
+      if (e && e->bias)
+        for (int j = 0; j < cols; ++j) start[j] = load_n(at(e->bias, e->bias_bf16, p * NR + j), e->bias_bf16, 1)[0];
       for (int64_t rb = r0; rb < r1; ++rb) {
         const int64_t i0 = rb * AMX_ROWS;
         const int rows = int(std::min<int64_t>(AMX_ROWS, M - i0));
         const bool two = rows > 16;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        _tile_zero(4);
-        _tile_zero(5);
+        _tile_loadd(0, start, 0);
+        _tile_loadd(1, start + 16, 0);
+        _tile_loadd(2, start + 32, 0);
+        _tile_loadd(3, start, 0);
+        _tile_loadd(4, start + 16, 0);
+        _tile_loadd(5, start + 32, 0);
         const kiln_bf16* rows_a = a + i0 * lda;
+        // The panel's first pass asks for its steps AHEAD steps ahead; the last pass, for the
+        // next panel's first steps.
+        const bool first_pass = rb == r0, last_pass = rb + 1 == r1 && p + 1 < p1;
         for (int64_t s = 0; s < steps; ++s) {
           const kiln_bf16* b = s + 1 == steps && tail_pairs < AMX_K / 2 ? tail : panel + s * AMX_K * NR;
+          if (KILN_GEMM_AMX_AHEAD) {
+            const int64_t t = s + KILN_GEMM_AMX_AHEAD;
+            const char* ahead = first_pass && t < steps ? reinterpret_cast<const char*>(panel + t * AMX_K * NR)
+                                : last_pass && t >= steps && t - steps < steps
+                                    ? reinterpret_cast<const char*>(panel + (pairs * 2 + (t - steps) * AMX_K) * NR)
+                                    : nullptr;
+            if (ahead)
+              for (int l = 0; l < AMX_K * NR * 2 / 64; ++l) _mm_prefetch(ahead + l * 64, _MM_HINT_T0);
+          }
           amx_step(rows_a + s * AMX_K, lda_bytes, b, two);
         }
-        amx_store(rows, cols, i0, p * NR, c, ldc, e);
+        if (e && e->bias) {
+          Epilogue rest = *e;
+          rest.bias = nullptr;
+          amx_store(rows, cols, i0, p * NR, c, ldc, &rest);
+        } else {
+          amx_store(rows, cols, i0, p * NR, c, ldc, e);
+        }
       }
     }
     _tile_release();
