@@ -34,6 +34,9 @@ constexpr int AMX_ROWS = 32, AMX_K = 32;  // C rows a block; k a step
 #ifndef KILN_GEMM_AMX_AHEAD  // to time another distance (0: none)
 #define KILN_GEMM_AMX_AHEAD 4
 #endif
+#ifndef KILN_GEMM_AMX_PASS_KB  // to time other passes over the panels (0: every block in one)
+#define KILN_GEMM_AMX_PASS_KB 1024
+#endif
 
 static bool amx_usable() {
   static const bool usable = [] {
@@ -164,6 +167,12 @@ static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, i
     range(panels, tn, id % tn, p0, p1);
     range(blocks, tm, id / tn, r0, r1);
     alignas(64) kiln_bf16 tail[AMX_K / 2 * NR * 2];  // a panel's last step, zero-padded
+    // Blocks per pass over the thread's panels: their A rows (about 1 MB) stay in L2 while the
+    // panels go past, where a large M would otherwise read all of A from L3 once per panel.
+    const int64_t pass = KILN_GEMM_AMX_PASS_KB ? std::max<int64_t>(1, (int64_t(KILN_GEMM_AMX_PASS_KB) << 10) /
+                                                                          (AMX_ROWS * lda_bytes)) : r1 - r0;
+    for (int64_t b0 = r0; b0 < r1; b0 += pass) {
+    const int64_t b1 = std::min(r1, b0 + pass);
     for (int64_t p = p0; p < p1; ++p) {
       const kiln_bf16* panel = bp + p * pairs * 2 * NR;
       if (tail_pairs < AMX_K / 2) {
@@ -177,7 +186,7 @@ static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, i
       alignas(64) float start[NR] = {};
       if (e && e->bias)
         for (int j = 0; j < cols; ++j) start[j] = load_n(at(e->bias, e->bias_bf16, p * NR + j), e->bias_bf16, 1)[0];
-      for (int64_t rb = r0; rb < r1; ++rb) {
+      for (int64_t rb = b0; rb < b1; ++rb) {
         const int64_t i0 = rb * AMX_ROWS;
         const int rows = int(std::min<int64_t>(AMX_ROWS, M - i0));
         const bool two = rows > 16;
@@ -190,7 +199,7 @@ static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, i
         const kiln_bf16* rows_a = a + i0 * lda;
         // The panel's first pass asks for its steps AHEAD steps ahead; the last pass, for the
         // next panel's first steps.
-        const bool first_pass = rb == r0, last_pass = rb + 1 == r1 && p + 1 < p1;
+        const bool first_pass = rb == b0, last_pass = rb + 1 == b1 && p + 1 < p1;
         for (int64_t s = 0; s < steps; ++s) {
           const kiln_bf16* b = s + 1 == steps && tail_pairs < AMX_K / 2 ? tail : panel + s * AMX_K * NR;
           if (KILN_GEMM_AMX_AHEAD) {
@@ -212,6 +221,7 @@ static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, i
           amx_store(rows, cols, i0, p * NR, c, ldc, e);
         }
       }
+    }
     }
     _tile_release();
     if (e && e->row_norm) {
