@@ -87,8 +87,8 @@ def test_bfloat16_products_of_many_rows_every_way(product):
     tiles, the panels widened to float32 block by block through float32's tile, and AMX's tiles
     where the CPU has them (kiln_gemm.h `gemm_bf16_by`, measured once per process): each forced in
     turn, on ragged shapes (M and K not multiples of AMX's 32, a last block of at most 16 rows, a
-    panel of 22 columns), with the epilogues, float32 and bfloat16 out. Forced where the CPU has no
-    AMX, the AMX product is vdpbf16ps."""
+    panel of 22 columns, 300 rows of K = 4100 in four passes of AMX's blocks), with the epilogues,
+    float32 and bfloat16 out. Forced where the CPU has no AMX, the AMX product is vdpbf16ps."""
     lib = kernels.library()
     flags = _cpu_flags()
     amx = {"amx_bf16", "amx_tile"} <= flags
@@ -96,7 +96,7 @@ def test_bfloat16_products_of_many_rows_every_way(product):
     assert lib.kiln_gemm_bf16_product() in (((0, 1, 2) if amx else (0, 1)) if "avx512_bf16" in flags else (-1,))
     lib.kiln_gemm_bf16_force_product(product)
     try:
-        for m, k, n in [(32, 77, 50), (64, 1000, 130), (130, 64, 97), (33, 2049, 22), (96, 64, 144), (40, 96, 48)]:
+        for m, k, n in [(32, 77, 50), (64, 1000, 130), (130, 64, 97), (33, 2049, 22), (96, 64, 144), (40, 96, 48), (300, 4100, 60)]:
             a, b, bias, residual = _operands(m, k, n, torch.bfloat16, seed=m + k)
             panels = kernels.pack(b)
             for unary, scalars, algorithm in EPILOGUES[:5]:
