@@ -85,10 +85,12 @@ def _cpu_flags() -> set[str]:
 def test_bfloat16_products_of_many_rows_every_way(product):
     """A bfloat16 product of 32 rows or more runs the fastest, on this CPU, of vdpbf16ps in the
     tiles, the panels widened to float32 block by block through float32's tile, and AMX's tiles
-    where the CPU has them (kiln_gemm.h `gemm_bf16_by`, measured once per process): each forced in
-    turn, on ragged shapes (M and K not multiples of AMX's 32, a last block of at most 16 rows, a
-    panel of 22 columns, 300 rows of K = 4100 in four passes of AMX's blocks), with the epilogues,
-    float32 and bfloat16 out. Forced where the CPU has no AMX, the AMX product is vdpbf16ps."""
+    where the CPU has them (kiln_gemm.h `gemm_bf16_by`, measured once per process; from 2 rows on
+    where AMX is the fastest, fewer than 32 rows otherwise vdpbf16ps): each forced in turn, on
+    ragged shapes (M and K not multiples of AMX's 32, a last block of at most 16 rows, a panel of
+    22 columns, 300 rows of K = 4100 in four passes of AMX's blocks; 2, 7 and 20 rows), with the
+    epilogues, float32 and bfloat16 out. Forced where the CPU has no AMX, the AMX product is
+    vdpbf16ps."""
     lib = kernels.library()
     flags = _cpu_flags()
     amx = {"amx_bf16", "amx_tile"} <= flags
@@ -96,7 +98,8 @@ def test_bfloat16_products_of_many_rows_every_way(product):
     assert lib.kiln_gemm_bf16_product() in (((0, 1, 2) if amx else (0, 1)) if "avx512_bf16" in flags else (-1,))
     lib.kiln_gemm_bf16_force_product(product)
     try:
-        for m, k, n in [(32, 77, 50), (64, 1000, 130), (130, 64, 97), (33, 2049, 22), (96, 64, 144), (40, 96, 48), (300, 4100, 60)]:
+        for m, k, n in [(32, 77, 50), (64, 1000, 130), (130, 64, 97), (33, 2049, 22), (96, 64, 144), (40, 96, 48), (300, 4100, 60),
+                        (2, 300, 100), (7, 64, 50), (20, 1000, 97)]:
             a, b, bias, residual = _operands(m, k, n, torch.bfloat16, seed=m + k)
             panels = kernels.pack(b)
             for unary, scalars, algorithm in EPILOGUES[:5]:

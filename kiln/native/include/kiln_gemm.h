@@ -368,8 +368,9 @@ static inline void micro_pairs(V (&acc)[R][NV], int64_t kc, const kiln_bf16* a, 
 // How a bfloat16 product of many rows (BF16_WIDEN_ROWS or more) is multiplied where the CPU has
 // vdpbf16ps: BF16_DOT (vdpbf16ps in the tiles) or BF16_FMA (the panels widened to float32 block by
 // block, WidenedPanels, and float32's tile), the faster measured once per process
-// (bf16_fastest_product below); tests may force one (kiln_gemm_bf16_force_product). Fewer rows,
-// and the GEMV, always take vdpbf16ps: there the weight's bytes, not the products, bound them.
+// (bf16_fastest_product below), or BF16_AMX (kiln_gemm_amx.h) where the CPU has it; tests may force
+// one (kiln_gemm_bf16_force_product). Fewer rows take AMX where it is the fastest, else vdpbf16ps
+// (there the weight's bytes, not the products, bound them); one row always the GEMV.
 enum Bf16Product { BF16_DOT = 0, BF16_FMA = 1, BF16_AMX = 2 };
 static std::atomic<int> bf16_product_forced{-1};
 constexpr int64_t BF16_WIDEN_ROWS = 32;
@@ -1295,9 +1296,13 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
                  const Epilogue* e, int64_t kc) {
 #if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
   if constexpr (std::is_same_v<T, kiln_bf16>) {
-    if (M >= BF16_WIDEN_ROWS) {
+    // AMX where it is the fastest from 2 rows on: a few rows' product streams its weight faster
+    // through the tiles than through vdpbf16ps (2 threads of the Intel Xeon with AMX, 896x4864
+    // from L3: 2 rows 404 -> 295 us, 4 rows 419 -> 257, 16 rows 982 -> 305).
+    if (M >= 2) {
       const int forced = bf16_product_forced.load(std::memory_order_relaxed);
-      return gemm_bf16_by(forced >= 0 ? forced : bf16_fastest_product(), M, N, K, a, lda, bp, c, ldc, e, kc);
+      const int product = forced >= 0 ? forced : bf16_fastest_product();
+      if (M >= BF16_WIDEN_ROWS || product == BF16_AMX) return gemm_bf16_by(product, M, N, K, a, lda, bp, c, ldc, e, kc);
     }
   }
 #endif

@@ -1,4 +1,4 @@
-// kiln's GEMM on Intel AMX's tiles: bfloat16 products of many rows (kiln_gemm.h's BF16_AMX).
+// kiln's GEMM on Intel AMX's tiles: bfloat16 products of 2 rows and more (kiln_gemm.h's BF16_AMX).
 //
 // An AMX unit multiplies whole tiles: TDPBF16PS adds to a 16 x 16 float32 tile of C the products
 // of a 16 x 32 bfloat16 tile of A and a 32 x 16 one of B held as 16 rows of k pairs — 16 x 16 x 32
