@@ -7,13 +7,15 @@
 // of 16 columns, rows NR pairs apart, so the panels packed once for vdpbf16ps are read as they are.
 //
 // A block of C is 32 rows of a panel's 48 columns: six C tiles (tmm0-5) in the tile registers for
-// the whole K, one tile for A (tmm6) and one for B (tmm7). Each step of 32 k loads A's upper half,
-// B's first slice, A's lower half, B's second, A's upper half, B's third (seven loads for six
-// products; the A rows come from L1, the panel's from L2), then the block goes to C: stored
-// straight from the tiles where it is whole and float32, else through the thread's buffer and
-// kiln_gemm.h's `store_block` (ragged edges, bfloat16 C); the epilogue after, as the vector tiles
-// do. K is not cut in blocks (partial sums would go through C): a block's A rows (32 x K
-// bfloat16) and the panel (K x 48) stay in L2 up to K ~ 8192.
+// the whole K, started from the bias, one tile for A (tmm6) and one for B (tmm7). Each step of 32
+// k loads A's upper half, B's first slice, A's lower half, B's second, A's upper half, B's third
+// (seven loads for six products, from L1 and L2), then the block goes to C: stored straight from
+// the tiles where it is whole and float32 (the rest of the epilogue after, in place), a whole
+// block of a bfloat16 C through the thread's buffer (the epilogue there, each row rounded into
+// C), a ragged one through kiln_gemm.h's `store_block`. K is not cut in blocks (partial sums
+// would go through C): a block's A rows (32 x K bfloat16) and the panel (K x 48) stay in L2 up
+// to K ~ 8192. The rows go in passes of about 1 MB of A over the thread's panels, as the vector
+// tiles' do.
 //
 // Where K is not a multiple of 32 or M of 32, A is copied once into a zero-padded buffer (every
 // thread reads all of A), and each panel's last step of pairs into a zero-padded slice: a tile
@@ -171,9 +173,8 @@ static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, i
     // panels go past, where a large M would otherwise read all of A from L3 once per panel.
     const int64_t pass = KILN_GEMM_AMX_PASS_KB ? std::max<int64_t>(1, (int64_t(KILN_GEMM_AMX_PASS_KB) << 10) /
                                                                           (AMX_ROWS * lda_bytes)) : r1 - r0;
-    for (int64_t b0 = r0; b0 < r1; b0 += pass) {
-    const int64_t b1 = std::min(r1, b0 + pass);
-    for (int64_t p = p0; p < p1; ++p) {
+    // Blocks [b0, b1) of panel p; `more`: the thread has a next panel.
+    auto amx_panel = [&](int64_t p, int64_t b0, int64_t b1, bool more) {
       const kiln_bf16* panel = bp + p * pairs * 2 * NR;
       if (tail_pairs < AMX_K / 2) {
         const int64_t whole = tail_pairs * NR * 2;
@@ -184,8 +185,12 @@ static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, i
       // The bias is where the sums start (each tile's rows loaded from one row, stride 0), so a
       // block with no other epilogue goes to C as the tiles hold it.
       alignas(64) float start[NR] = {};
-      if (e && e->bias)
+      Epilogue rest;  // the epilogue after the sums: e's, less the bias
+      const Epilogue* after = e;
+      if (e && e->bias) {
         for (int j = 0; j < cols; ++j) start[j] = load_n(at(e->bias, e->bias_bf16, p * NR + j), e->bias_bf16, 1)[0];
+        rest = *e, rest.bias = nullptr, after = &rest;
+      }
       for (int64_t rb = b0; rb < b1; ++rb) {
         const int64_t i0 = rb * AMX_ROWS;
         const int rows = int(std::min<int64_t>(AMX_ROWS, M - i0));
@@ -197,15 +202,15 @@ static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, i
         _tile_loadd(4, start + 16, 0);
         _tile_loadd(5, start + 32, 0);
         const kiln_bf16* rows_a = a + i0 * lda;
-        // The panel's first pass asks for its steps AHEAD steps ahead; the last pass, for the
+        // The panel's first block asks for its steps AHEAD steps ahead; the last block, for the
         // next panel's first steps.
-        const bool first_pass = rb == b0, last_pass = rb + 1 == b1 && p + 1 < p1;
+        const bool first_block = rb == b0, last_block = rb + 1 == b1 && more;
         for (int64_t s = 0; s < steps; ++s) {
           const kiln_bf16* b = s + 1 == steps && tail_pairs < AMX_K / 2 ? tail : panel + s * AMX_K * NR;
           if (KILN_GEMM_AMX_AHEAD) {
             const int64_t t = s + KILN_GEMM_AMX_AHEAD;
-            const char* ahead = first_pass && t < steps ? reinterpret_cast<const char*>(panel + t * AMX_K * NR)
-                                : last_pass && t >= steps && t - steps < steps
+            const char* ahead = first_block && t < steps ? reinterpret_cast<const char*>(panel + t * AMX_K * NR)
+                                : last_block && t >= steps && t - steps < steps
                                     ? reinterpret_cast<const char*>(panel + (pairs * 2 + (t - steps) * AMX_K) * NR)
                                     : nullptr;
             if (ahead)
@@ -213,15 +218,12 @@ static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, i
           }
           amx_step(rows_a + s * AMX_K, lda_bytes, b, two);
         }
-        if (e && e->bias) {
-          Epilogue rest = *e;
-          rest.bias = nullptr;
-          amx_store(rows, cols, i0, p * NR, c, ldc, &rest);
-        } else {
-          amx_store(rows, cols, i0, p * NR, c, ldc, e);
-        }
+        amx_store(rows, cols, i0, p * NR, c, ldc, after);
       }
-    }
+    };
+    for (int64_t b0 = r0; b0 < r1; b0 += pass) {
+      const int64_t b1 = std::min(r1, b0 + pass);
+      for (int64_t p = p0; p < p1; ++p) amx_panel(p, b0, b1, p + 1 < p1);
     }
     _tile_release();
     if (e && e->row_norm) {
