@@ -95,6 +95,42 @@ def _static_llama_and_eagers_tokens(new_tokens: int):
     return model, prompt, options, expected
 
 
+BATCHED = [("llama", "dynamic", "kiln.compile(model)"), ("qwen2", "static", "torch.compile"),
+           ("gpt2", "static", "forward")]
+
+
+@pytest.mark.parametrize("arch,cache,door", BATCHED, ids=["-".join(c) for c in BATCHED])
+def test_a_batch_of_left_padded_prompts_gives_eagers_tokens(arch, cache, door):
+    """Three prompts of 16, 11 and 5 tokens, padded on the left with their attention mask, greedy,
+    through kiln's door on the model (its own decoding loop), on the forward, and Dynamo's: every
+    row's tokens eager's, no fallback or graph break."""
+    kiln.reset()
+    fallback.reset()
+    model = _decoder(arch)
+    prompts = torch.randint(1, 1000, (3, 16), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(3, 16, dtype=torch.long)
+    mask[1, :5] = 0
+    mask[2, :11] = 0
+    prompts[mask == 0] = 0
+    model.generation_config.pad_token_id = 0
+    options = dict(attention_mask=mask, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    if cache == "static":
+        options["cache_implementation"] = "static"
+    with torch.no_grad():
+        expected = model.generate(prompts, **options)
+    if door == "kiln.compile(model)":
+        generator = kiln.compile(model)
+    else:
+        model.forward = (kiln.compile(model.forward) if door == "forward"
+                         else torch.compile(model.forward, backend="kiln"))
+        generator = model
+    with torch.no_grad(), watch() as built:
+        tokens = generator.generate(prompts, **options)
+    assert tokens.shape == (3, 16 + 24) and torch.equal(tokens, expected)
+    assert 2 <= len(built) <= 3  # the prompt's graph and the step's (the dynamic cache: once symbolic)
+    assert fallback.FALLBACKS == [] and kiln.capture.BREAKS == []
+
+
 def test_the_static_cache_is_written_in_place_by_the_decode_step():
     """Each layer's keys and values are written where they lie (docs/generation.md): the decode
     graph's memory plan writes its new cache values over the cache inputs, so no token copies a cache."""
