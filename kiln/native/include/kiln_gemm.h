@@ -749,6 +749,19 @@ static inline void split(int64_t panels, int64_t row_blocks, int last_vectors, i
   }
 }
 
+// The calling thread's panels [p0, p1) and row blocks [r0, r1) in the grid `split` makes for its
+// team (inside a parallel region).
+struct ThreadShare { int64_t p0, p1, r0, r1; };
+static inline ThreadShare thread_share(int64_t N, int64_t panels, int64_t row_blocks) {
+  int tn, tm;
+  split(panels, row_blocks, int((N - (panels - 1) * NR + L - 1) / L), omp_get_num_threads(), tn, tm);
+  const int id = omp_get_thread_num();
+  ThreadShare share;
+  range(panels, tn, id % tn, share.p0, share.p1);
+  range(row_blocks, tm, id / tn, share.r0, share.r1);
+  return share;
+}
+
 // Rows [r0, r1) of a float32 C [., N] as layer norm makes them: mean and variance over the row
 // (two passes over the row, which is in L1/L2: just stored), then (x - mean) * rstd * w + b,
 // written over the row or, where the sum is needed too (a pre-norm model's residual stream), to
@@ -1133,12 +1146,7 @@ static void gemm_from(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, 
                       ldc % L == 0 && reinterpret_cast<uintptr_t>(c) % KILN_VEC_BYTES == 0;
 #pragma omp parallel if (worth_threads)
   {
-    int tn, tm;
-    split(panels, row_blocks, int((N - (panels - 1) * NR + L - 1) / L), omp_get_num_threads(), tn, tm);
-    const int id = omp_get_thread_num();
-    int64_t p0, p1, r0, r1;
-    range(panels, tn, id % tn, p0, p1);
-    range(row_blocks, tm, id / tn, r0, r1);
+    const auto [p0, p1, r0, r1] = thread_share(N, panels, row_blocks);
     // Rows per pass over the thread's panels: A's block (rows x kc) stays in L2, about 1 MB, while
     // the panels stream past (at M = 128 one pass holds every row; at M = 2048 A would otherwise
     // come from L3 once per panel).
@@ -1193,7 +1201,7 @@ static void gemm_from(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, 
   rows_done:
     if (e && e->row_norm) {  // every row whole once all threads have stored their panels
 #pragma omp barrier
-      norm_rows(static_cast<float*>(c), ldc, M, N, *e, id, omp_get_num_threads());
+      norm_rows(static_cast<float*>(c), ldc, M, N, *e, omp_get_thread_num(), omp_get_num_threads());
     }
   }
 }

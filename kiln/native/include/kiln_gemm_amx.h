@@ -162,12 +162,7 @@ static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, i
   {
     const AmxConfig config;
     _tile_loadconfig(&config);
-    int tn, tm;
-    split(panels, blocks, int((N - (panels - 1) * NR + L - 1) / L), omp_get_num_threads(), tn, tm);
-    const int id = omp_get_thread_num();
-    int64_t p0, p1, r0, r1;
-    range(panels, tn, id % tn, p0, p1);
-    range(blocks, tm, id / tn, r0, r1);
+    const auto [p0, p1, r0, r1] = thread_share(N, panels, blocks);
     alignas(64) kiln_bf16 tail[AMX_K / 2 * NR * 2];  // a panel's last step, zero-padded
     // Blocks per pass over the thread's panels: their A rows (about 1 MB) stay in L2 while the
     // panels go past, where a large M would otherwise read all of A from L3 once per panel.
