@@ -85,6 +85,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.kiln_gemm_quant_packed_bytes.argtypes = [i32, i64, i64, i64]
     lib.kiln_gemm_quant_pack.argtypes = [i32, i64, i64, i64, ptr, ptr, ptr, ptr]
     lib.kiln_gemm_quant_f32.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
+    lib.kiln_gemm_quant_bf16_math.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
     lib.kiln_gemm_quant_path_of.restype = i32
     lib.kiln_gemm_quant_path_of.argtypes = [i32, i64, i64, i64, i64]
     lib.kiln_gemm_quant_digits.restype = i32
@@ -236,12 +237,14 @@ def mm_quant(a: torch.Tensor, packed: torch.Tensor, n: int, bits: int, group_siz
              bias: torch.Tensor | None = None, unary: str = "none", scalars: list | tuple = (),
              residual: torch.Tensor | None = None, algorithm: str | None = None, row_norm: RowNorm | tuple | None = None,
              lib: ctypes.CDLL | None = None, path: str | None = None,
-             int8_activations: str | None = None) -> torch.Tensor:
+             int8_activations: str | None = None, bf16_math: bool = False) -> torch.Tensor:
     """epilogue(a [M, K] (float32) @ dequantize(B)) with B packed by `quant_pack`: the epilogues of
     `mm`, float32 out. `path` (at 4 rows or fewer, one of QUANT_PATHS): run that path (where the
     CPU has it; float32 elsewhere) rather than the one this CPU takes by default (`quant_path`).
     `int8_activations` (int4): a's rows quantized to int8 per group first (kiln.quantize's
-    activations="int8"), multiplied by the "integer" path where it applies or the "float" one."""
+    activations="int8"), multiplied by the "integer" path where it applies or the "float" one.
+    `bf16_math`: in bfloat16 fast math (kiln::mm_quant's impl "kiln_bf16": a prompt's rows on AMX
+    where it is this CPU's bfloat16 product, the weights and a rounded to bfloat16)."""
     lib = lib or library()
     a = a.contiguous()
     M, K = a.shape
@@ -257,6 +260,11 @@ def mm_quant(a: torch.Tensor, packed: torch.Tensor, n: int, bits: int, group_siz
             raise ValueError("int8_activations ('integer' or 'float') applies to int4 weights, without path")
         lib.kiln_gemm_quant_a8_f32(int(int8_activations == "integer"), M, n, K, group_size, a.data_ptr(), K,
                                    packed.data_ptr(), out.data_ptr(), n, post_ref, K_BLOCK)
+    elif bf16_math:
+        if path is not None:
+            raise ValueError("bf16_math takes the path bfloat16 fast math takes, without path")
+        lib.kiln_gemm_quant_bf16_math(bits, M, n, K, K if bits == 8 else group_size, a.data_ptr(), K,
+                                      packed.data_ptr(), out.data_ptr(), n, post_ref, K_BLOCK)
     elif path is None:
         lib.kiln_gemm_quant_f32(bits, M, n, K, K if bits == 8 else group_size, a.data_ptr(), K, packed.data_ptr(),
                                 out.data_ptr(), n, post_ref, K_BLOCK)

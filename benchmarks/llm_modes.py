@@ -179,6 +179,13 @@ LLM_MODES: dict[str, LlmMode] = {m.name: m for m in [
             _kiln(scheme="int8"), _kiln_reason(scheme="int8")),
     LlmMode("kiln-int4", f'kiln.quantize(model, "int4", group_size={INT4_GROUP_SIZE}) (weight-only), then kiln.compile',
             "int4", False, _kiln(scheme="int4", group_size=INT4_GROUP_SIZE), _kiln_reason(scheme="int4")),
+    LlmMode("kiln-int8-bf16", f'kiln.quantize(model, "int8"), then kiln.compile(options={_BF16}): the prompt\'s '
+            "products on bfloat16 units (AMX), the decode step's as kiln-int8's", "int8", False,
+            _kiln(_BF16, scheme="int8"), _kiln_reason(_BF16, scheme="int8")),
+    LlmMode("kiln-int4-bf16", f'kiln.quantize(model, "int4", group_size={INT4_GROUP_SIZE}), then '
+            f"kiln.compile(options={_BF16}): the prompt's products on bfloat16 units (AMX), the decode step's as "
+            "kiln-int4's", "int4", False, _kiln(_BF16, scheme="int4", group_size=INT4_GROUP_SIZE),
+            _kiln_reason(_BF16, scheme="int4")),
     LlmMode("kiln-int4-a8", f'kiln.quantize(model, "int4", group_size={INT4_GROUP_SIZE}, activations="int8"), then '
             "kiln.compile: int4 weights, activations quantized to int8 per group at each call",
             "int4", False, _kiln(scheme="int4", group_size=INT4_GROUP_SIZE, activations="int8"),

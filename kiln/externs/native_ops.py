@@ -38,17 +38,17 @@ def _mm_fake(a, b, bias, unary, scalars, algorithm, impl):
 
 
 def _mm_quant_fake(a, qweight, scales, zeros, bits, group_size, bias, residual, unary, scalars, algorithm,
-                   int8_activations=False):
+                   int8_activations=False, impl="kiln"):
     return a.new_empty((*a.shape[:-1], qweight.shape[0]))
 
 
 def _mm_quant_layer_norm_fake(a, qweight, scales, zeros, bits, group_size, bias, residual, weight, norm_bias, eps,
-                              rms=False, int8_activations=False):
+                              rms=False, int8_activations=False, impl="kiln"):
     return a.new_empty((*a.shape[:-1], qweight.shape[0]))
 
 
 def _mm_quant_add_layer_norm_fake(a, qweight, scales, zeros, bits, group_size, bias, residual, weight, norm_bias, eps,
-                                  rms=False, int8_activations=False):
+                                  rms=False, int8_activations=False, impl="kiln"):
     return a.new_empty((*a.shape[:-1], qweight.shape[0])), a.new_empty((*a.shape[:-1], qweight.shape[0]))
 
 

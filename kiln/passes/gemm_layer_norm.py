@@ -227,11 +227,11 @@ def _fusion(norm: _Norm, constants: ConstantSet) -> dict | None:
     if any(isinstance(v, fx.Node) and order[v] > order[first] for v in (weight, norm_bias)):
         return None
     if _quantized(product):
-        a, qweight, scales, zeros, bits, group_size, own_bias, _, _, _, _, int8_activations = arguments(product)
+        a, qweight, scales, zeros, bits, group_size, own_bias, _, _, _, _, int8_activations, impl = arguments(product)
         return {"a": a, "quantized": (qweight, scales, zeros, bits, group_size), "int8_activations": int8_activations,
                 "bias": bias[0] if bias else own_bias, "residual": residual[0] if residual else None,
                 "shape": list(sum_val.shape), "same_shape": list(_val(product).shape) == list(sum_val.shape),
-                "first": first, "impl": None}
+                "first": first, "impl": impl}
     a, b = product.args[:2]
     return {"a": a, "b": b, "bias": bias[0] if bias else None, "residual": residual[0] if residual else None,
             "shape": list(sum_val.shape), "rows": _val(product).shape[0], "first": first,
@@ -267,6 +267,8 @@ def _quantized_call(gm: fx.GraphModule, norm: _Norm, found: dict, keep_sum: bool
     at = found["first"]
     operands = (found["a"], *found["quantized"], found["bias"], found["residual"], norm.weight, norm.bias, norm.eps)
     flags = {"rms": norm.kind == "rms_norm", "int8_activations": found["int8_activations"]}
+    if found["impl"] == BF16_MATH_IMPL:
+        flags["impl"] = found["impl"]
 
     def shaped(value: fx.Node) -> fx.Node:
         return value if found["same_shape"] else insert(gm, at, aten.view.default, value, found["shape"])

@@ -14,7 +14,9 @@ concatenated: three calls of a third of the size each paid the call's fixed cost
 multiplies it by up's output instead of in the GEMM's store.
 
 The quantized weight's packing is made on the first call and kept per weight (kiln_runtime.cpp
-`mm_quant`). Float32 activations only; elsewhere (a bfloat16 model, freezing off) the operator
+`mm_quant`). With backend.fp32_gemm at "bf16" (bfloat16 fast math) a weight-only product takes
+`impl="kiln_bf16"`: a prompt's rows on AMX's tiles, each panel dequantized to bfloat16 per call
+(kiln_gemm_quant.h `gemm_quant_bf16_math`); int8 activations keep their own path. Float32 activations only; elsewhere (a bfloat16 model, freezing off) the operator
 stays eager's reference, which dequantizes the weight on every call.
 """
 
@@ -25,6 +27,7 @@ from torch import fx
 
 from kiln import logs
 from kiln.externs import native_ops
+from kiln.externs.prepacked import BF16_MATH_IMPL, fp32_gemm
 from kiln.ir.target import Target
 from kiln.passes.constants import ConstantSet, has_frozen_inputs
 from kiln.passes.pattern import arguments, insert, remove_dead
@@ -96,6 +99,7 @@ def quantized_gemm(gm: fx.GraphModule, target: Target) -> bool:
     if target.device != "cpu" or not has_frozen_inputs(gm):
         return False
     constants = ConstantSet(gm)
+    bf16_math = fp32_gemm() == "bf16"
     changed = merge_siblings(gm, constants, _quantized_groups(gm, constants), _merged_quantized_linear(gm, constants),
                              "kiln_quant::linear")
     for node in list(gm.graph.nodes):
@@ -111,12 +115,14 @@ def quantized_gemm(gm: fx.GraphModule, target: Target) -> bool:
         residual = _residual(last)
         end, added = (residual if residual is not None else (last, None))
         name, scalars, algorithm = post_op
+        # (the impl only where it is not the default, so float32 graphs are as before)
+        impl = {"impl": BF16_MATH_IMPL} if bf16_math and not int8_activations else {}
         fused = insert(gm, end, native_ops.op("mm_quant"), x, qweight, scales, zeros, bits, group_size, bias, added,
-                       name, scalars, algorithm or None, int8_activations)
+                       name, scalars, algorithm or None, int8_activations, **impl)
         end.replace_all_uses_with(fused)
         remove_dead(gm, [end])
         logs.log("freezing", "%s int%d%s %s%s%s: kiln::mm_quant", node.name, bits,
-                 " (int8 activations)" if int8_activations else "", tuple(x.meta["val"].shape),
+                 " (int8 activations)" if int8_activations else " (bfloat16 fast math)" if impl else "", tuple(x.meta["val"].shape),
                  f" + {name}" if name != "none" else "", " + residual" if added is not None else "")
         changed = True
     return changed

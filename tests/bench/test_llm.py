@@ -331,7 +331,8 @@ def _error(capsys, *argv) -> str:
     (["--models", "llama-tiny,gpt5"], "--models: unknown model 'gpt5'; valid models: llama-160m, qwen2-0.5b, "
                                       "tinyllama-1.1b, llama-tiny"),
     (["--modes", "eager,kiln-fp8"], "--modes: unknown mode 'kiln-fp8'; valid modes: eager, inductor-freeze, kiln, "
-                                    "kiln-bf16, kiln-int8, kiln-int4, kiln-int4-a8"),
+                                    "kiln-bf16, kiln-int8, kiln-int4, kiln-int8-bf16, kiln-int4-bf16, "
+                                    "kiln-int4-a8"),
     (["--new-tokens", "1"], "--new-tokens must be at least 2"),
     (["--batch", "1,0"], "argument --batch: takes a positive integer, e.g. 8 (got '0')"),
     (["--train"], "--train does not apply to --suite llm"),
@@ -354,12 +355,15 @@ def test_llm_arguments_elsewhere_are_refused(capsys, argv, message):
 def test_bf16_int8_and_int4_modes_run_with_kilns_apis(capsys):
     """With bf16 fast math and kiln.quantize in kiln, their modes run end to end; the quantized
     models' bytes per step come from their own tensors (int4 below int8 below bf16's weights)."""
-    assert main(["bench", *TINY, "--modes", "eager,kiln-bf16,kiln-int8,kiln-int4,kiln-int4-a8"]) == 0
+    kiln_modes = ("kiln-bf16", "kiln-int8", "kiln-int4", "kiln-int8-bf16", "kiln-int4-bf16", "kiln-int4-a8")
+    assert main(["bench", *TINY, "--modes", ",".join(("eager",) + kiln_modes)]) == 0
     rows = {r["mode"]: r for r in _rows(capsys.readouterr().out, HEADER)}
-    assert set(rows) == {"eager", "kiln-bf16", "kiln-int8", "kiln-int4", "kiln-int4-a8"}
-    for mode in ("kiln-bf16", "kiln-int8", "kiln-int4", "kiln-int4-a8"):
+    assert set(rows) == {"eager", *kiln_modes}
+    for mode in kiln_modes:
         assert float(rows[mode]["decode tok/s"]) > 0 and "not available" not in rows[mode]["note"]
         assert rows[mode]["accurate"].endswith("of tokens agree")
-    megabytes = {m: float(rows[m]["bytes/step"].split()[0]) for m in ("kiln-bf16", "kiln-int8", "kiln-int4", "kiln-int4-a8")}
+    megabytes = {m: float(rows[m]["bytes/step"].split()[0]) for m in kiln_modes}
     assert megabytes["kiln-int4"] < megabytes["kiln-int8"] < megabytes["kiln-bf16"]
-    assert megabytes["kiln-int4-a8"] == megabytes["kiln-int4"]  # (the same weights)
+    # (the same weights)
+    assert megabytes["kiln-int4-a8"] == megabytes["kiln-int4-bf16"] == megabytes["kiln-int4"]
+    assert megabytes["kiln-int8-bf16"] == megabytes["kiln-int8"]

@@ -24,9 +24,11 @@ import torch
 import torch.nn.functional as F
 
 import kiln
+from benchmarks import kernels
 from kiln import config
 from kiln.backend import watch
 from kiln.backend.backends import settings_for
+from kiln.quant import QuantizedLinear
 from kiln.runtime import fallback
 from tests.kiln_backend import private_cache  # noqa: F401  (fixture)
 
@@ -151,6 +153,42 @@ def test_every_product_runs_in_bfloat16_math_within_the_bound(name):
     error = _relative(y, eager)
     assert U / 16 <= error <= U * model.PRODUCTS, error / U
     assert _relative(y, rounded) <= U / 256
+
+
+def _dequantized(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of a kiln.quantize'd `model` whose quantized Linears are plain ones over their
+    dequantized weights (eager's values)."""
+    dense = copy.deepcopy(model)
+    for name, module in list(dense.named_modules()):
+        if isinstance(module, QuantizedLinear):
+            linear = torch.nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+            with torch.no_grad():
+                linear.weight.copy_(module.dequantized_weight())
+                if module.bias is not None:
+                    linear.bias.copy_(module.bias)
+            setattr(dense, name, linear)
+    return dense
+
+
+@pytest.mark.parametrize("scheme,group", [("int4", 32), ("int8", None)])
+def test_quantized_products_take_bfloat16_math_for_a_prompt_on_amx(scheme, group):
+    """A kiln.quantize'd model under the option: every quantized product (mm_quant and the norms
+    fused after it) takes impl kiln_bf16. A prompt's 32 rows run on AMX where it is this CPU's
+    bfloat16 product (kiln_gemm_quant.h `gemm_quant_bf16_math`): the dequantized weights and the
+    inputs rounded to bfloat16, within the bound above; elsewhere the float32 products' values."""
+    model, x, _ = _block("llama")
+    model = kiln.quantize(model, scheme, group_size=group)
+    y, calls = _compiled(model, x, fp32_gemm="bf16")
+    assert sorted(op for op, _ in calls) == ["mm_quant", "mm_quant", "mm_quant_add_layer_norm", "mm_quant_layer_norm"]
+    assert all(impl == BF16_MATH for _, impl in calls), calls
+    with torch.no_grad():
+        eager, rounded = model(x), _in_bf16_math(_dequantized(model))(x.double())
+    lib = kernels.library()
+    if lib.kiln_gemm_bf16_amx() and lib.kiln_gemm_bf16_product() == 2:
+        assert U / 16 <= _relative(y, eager) <= U * model.PRODUCTS
+        assert _relative(y, rounded) <= U / 256
+    else:
+        assert _relative(y, eager) <= 1e-5
 
 
 def test_the_setting_asks_for_it_as_the_option_does_even_with_autotuning_off():

@@ -149,6 +149,51 @@ def test_row_norms_after_the_quantized_product(m, kind, bits, group):
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 
+# (M, K, N) of a prompt's products in bfloat16 fast math: M past DIRECT_ROWS and not a multiple of
+# AMX's 32 rows (a last block of at most 16), K odd and not a multiple of 32 (a zero high half, a
+# zero-padded last step), ragged last panels of 1, 22 and 32 columns, K over a group's edge in a
+# pair (groups of 2, odd K).
+BF16_MATH_SHAPES = [(5, 64, 50), (33, 333, 130), (70, 2500, 97), (40, 65, 49), (130, 896, 1000), (17, 129, 22)]
+
+
+@pytest.mark.parametrize("bits,group", KINDS, ids=lambda v: str(v))
+@pytest.mark.parametrize("product", [2, 0], ids=["amx", "vdpbf16ps"])
+def test_bfloat16_fast_math_over_quantized_weights(product, bits, group):
+    """kiln::mm_quant's impl "kiln_bf16" (kiln_gemm_quant.h `gemm_quant_bf16_math`): where AMX is
+    the bfloat16 product (forced here), more than 4 rows multiply on its tiles, each panel
+    dequantized as eager does and rounded to bfloat16, A rounded to bfloat16: against a float64
+    product of exactly those values, every epilogue and row norm, within float32's accumulation
+    bound (a float32 product, 1e-2 off it, would fail). At 4 rows or fewer, and where AMX is not
+    the product or not on the CPU, the float32 product's own bits."""
+    lib = kernels.library()
+    on_amx = product == 2 and bool(lib.kiln_gemm_bf16_amx())
+    lib.kiln_gemm_bf16_force_product(product)
+    try:
+        for m, k, n in BF16_MATH_SHAPES + [(1, 333, 130), (4, 65, 49)]:
+            q, s, z, w = _quantized(n, k, bits, group, seed=m + k)
+            packed = kernels.quant_pack(q, s, z, bits, group, k)
+            g = torch.Generator().manual_seed(n)
+            a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+            rounded_a, rounded_w = a.bfloat16().double(), w.float().bfloat16().double()
+            for unary, scalars, algorithm in EPILOGUES[:5]:
+                out = kernels.mm_quant(a, packed, n, bits, group, bias, unary, scalars, residual, algorithm,
+                                       bf16_math=True)
+                if m > 4 and on_amx:
+                    _check(out, _reference(rounded_a, rounded_w, bias, unary, scalars, algorithm, residual), k)
+                else:
+                    assert torch.equal(out, kernels.mm_quant(a, packed, n, bits, group, bias, unary, scalars, residual,
+                                                             algorithm))
+            if m > 4 and on_amx:
+                weight = torch.rand(n, generator=g) + 0.5
+                out = kernels.mm_quant(a, packed, n, bits, group, bias, "none", (), residual, bf16_math=True,
+                                       row_norm=kernels.RowNorm(weight, None, 1e-5, None, "rms_norm"))
+                y = _reference(rounded_a, rounded_w, bias, "none", (), None, residual)
+                ref = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.double()
+                torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    finally:
+        lib.kiln_gemm_bf16_force_product(-1)
+
+
 def _cpu_has(flag: str) -> bool:
     try:
         with open("/proc/cpuinfo") as f:

@@ -750,11 +750,15 @@ static inline void split(int64_t panels, int64_t row_blocks, int last_vectors, i
 }
 
 // The calling thread's panels [p0, p1) and row blocks [r0, r1) in the grid `split` makes for its
-// team (inside a parallel region).
+// team (inside a parallel region). `made_panels`: each thread makes the panels it reads (a
+// quantized weight's, dequantized per call), so the threads split the panels wherever there are
+// enough: splitting the rows would have every thread make every panel.
 struct ThreadShare { int64_t p0, p1, r0, r1; };
-static inline ThreadShare thread_share(int64_t N, int64_t panels, int64_t row_blocks) {
+static inline ThreadShare thread_share(int64_t N, int64_t panels, int64_t row_blocks, bool made_panels = false) {
   int tn, tm;
-  split(panels, row_blocks, int((N - (panels - 1) * NR + L - 1) / L), omp_get_num_threads(), tn, tm);
+  const int threads = omp_get_num_threads();
+  if (made_panels && panels >= threads) tn = threads, tm = 1;
+  else split(panels, row_blocks, int((N - (panels - 1) * NR + L - 1) / L), threads, tn, tm);
   const int id = omp_get_thread_num();
   ThreadShare share;
   range(panels, tn, id % tn, share.p0, share.p1);
@@ -1299,6 +1303,12 @@ static int bf16_fastest_product() {
 static int bf16_fastest_product() { return -1; }  // (no pairs: bfloat16 is widened on load, one way)
 #endif
 
+// The product bfloat16 pairs take (Bf16Product): the one a test forced, else the fastest measured.
+static int bf16_product() {
+  const int forced = bf16_product_forced.load(std::memory_order_relaxed);
+  return forced >= 0 ? forced : bf16_fastest_product();
+}
+
 template <typename T>
 static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const T* bp, void* c, int64_t ldc,
                  const Epilogue* e, int64_t kc) {
@@ -1308,8 +1318,7 @@ static void gemm(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, const
     // through the tiles than through vdpbf16ps (2 threads of the Intel Xeon with AMX, 896x4864
     // from L3: 2 rows 404 -> 295 us, 4 rows 419 -> 257, 16 rows 982 -> 305).
     if (M >= 2) {
-      const int forced = bf16_product_forced.load(std::memory_order_relaxed);
-      const int product = forced >= 0 ? forced : bf16_fastest_product();
+      const int product = bf16_product();
       if (M >= BF16_WIDEN_ROWS || product == BF16_AMX) return gemm_bf16_by(product, M, N, K, a, lda, bp, c, ldc, e, kc);
     }
   }

@@ -132,28 +132,50 @@ static void amx_store(int rows, int cols, int64_t i0, int64_t j0, void* c, int64
   }
 }
 
-// A [M, K] bfloat16 (row stride lda) as [ceil(M / 32) * 32, ceil(K / 32) * 32], zeros around it.
-static std::unique_ptr<kiln_bf16[]> amx_padded_a(int64_t M, int64_t K, const kiln_bf16* a, int64_t lda,
-                                                  int64_t rows, int64_t cols) {
+// A [M, K] of T (bfloat16, or float32 in bfloat16 fast math: rounded to nearest even, as
+// convert_a_bf16 rounds) as bfloat16 [rows, cols] (rows, cols at least M, K), zeros around it.
+template <typename T>
+static std::unique_ptr<kiln_bf16[]> amx_padded_a(int64_t M, int64_t K, const T* a, int64_t lda, int64_t rows,
+                                                  int64_t cols) {
   std::unique_ptr<kiln_bf16[]> out(new kiln_bf16[rows * cols]);  // (tile loads need no alignment)
 #pragma omp parallel for if (rows * cols >= (int64_t(1) << 16))
   for (int64_t i = 0; i < rows; ++i) {
     kiln_bf16* dst = out.get() + i * cols;
     const int64_t n = i < M ? K : 0;
-    if (n) std::memcpy(dst, a + i * lda, n * sizeof(kiln_bf16));
+    if constexpr (std::is_same_v<T, kiln_bf16>) {
+      if (n) std::memcpy(dst, a + i * lda, n * sizeof(kiln_bf16));
+    } else {
+      int64_t k = 0;
+      for (; k + L <= n; k += L) kiln::store_bf16(dst + k, kiln::load(a + i * lda + k));
+      for (; k < n; ++k) dst[k] = kiln_bf16(a[i * lda + k]);
+    }
     std::memset(static_cast<void*>(dst + n), 0, (cols - n) * sizeof(kiln_bf16));
   }
   return out;
 }
 
-// C = epilogue(A @ B) on AMX's tiles: A bfloat16 [M, K] (row stride lda), B kiln's pair panels.
-static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, int64_t lda, const kiln_bf16* bp,
-                          void* c, int64_t ldc, const Epilogue* e) {
+// Where the AMX product finds panel p's pair rows ([K/2][NR][2], pack_b's layout): packed once
+// (these), or made per call from a quantized weight (kiln_gemm_quant.h QuantPairPanels), which a
+// thread makes once per panel (`made`: the rows in one pass, no panel asked for before it is made).
+struct PackedPairs {
+  static constexpr bool made = false;
+  const kiln_bf16* bp;
+  int64_t pairs;
+  const kiln_bf16* operator()(int64_t p) const { return bp + p * pairs * 2 * NR; }
+};
+
+// C = epilogue(A @ B) on AMX's tiles: A [M, K] (row stride lda) bfloat16, or float32 rounded to
+// bfloat16 on the way in (fast math); B's pair panels where `panel_of` finds them (PackedPairs).
+template <typename T, typename PanelOf>
+static void amx_product(int64_t M, int64_t N, int64_t K, const T* a_in, int64_t lda, const PanelOf& panel_of,
+                        void* c, int64_t ldc, const Epilogue* e) {
   const int64_t pairs = round_even(K) / 2, steps = (K + AMX_K - 1) / AMX_K;
   const int64_t panels = (N + NR - 1) / NR, blocks = (M + AMX_ROWS - 1) / AMX_ROWS;
   std::unique_ptr<kiln_bf16[]> padded;
-  if (M % AMX_ROWS || K % AMX_K) {
-    padded = amx_padded_a(M, K, a, lda, blocks * AMX_ROWS, steps * AMX_K);
+  const kiln_bf16* a;
+  if constexpr (std::is_same_v<T, kiln_bf16>) a = a_in;
+  if (!std::is_same_v<T, kiln_bf16> || M % AMX_ROWS || K % AMX_K) {
+    padded = amx_padded_a(M, K, a_in, lda, blocks * AMX_ROWS, steps * AMX_K);
     a = padded.get(), lda = steps * AMX_K;
   }
   const int64_t lda_bytes = lda * int64_t(sizeof(kiln_bf16));
@@ -162,15 +184,17 @@ static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, i
   {
     const AmxConfig config;
     _tile_loadconfig(&config);
-    const auto [p0, p1, r0, r1] = thread_share(N, panels, blocks);
+    const auto [p0, p1, r0, r1] = thread_share(N, panels, blocks, PanelOf::made);
     alignas(64) kiln_bf16 tail[AMX_K / 2 * NR * 2];  // a panel's last step, zero-padded
     // Blocks per pass over the thread's panels: their A rows (about 1 MB) stay in L2 while the
     // panels go past, where a large M would otherwise read all of A from L3 once per panel.
-    const int64_t pass = KILN_GEMM_AMX_PASS_KB ? std::max<int64_t>(1, (int64_t(KILN_GEMM_AMX_PASS_KB) << 10) /
-                                                                          (AMX_ROWS * lda_bytes)) : r1 - r0;
+    // (Panels made per call are made once: all the thread's rows in one pass.)
+    const int64_t pass = KILN_GEMM_AMX_PASS_KB && !PanelOf::made
+                             ? std::max<int64_t>(1, (int64_t(KILN_GEMM_AMX_PASS_KB) << 10) / (AMX_ROWS * lda_bytes))
+                             : std::max<int64_t>(1, r1 - r0);
     // Blocks [b0, b1) of panel p; `more`: the thread has a next panel.
     auto amx_panel = [&](int64_t p, int64_t b0, int64_t b1, bool more) {
-      const kiln_bf16* panel = bp + p * pairs * 2 * NR;
+      const kiln_bf16* panel = panel_of(p);
       if (tail_pairs < AMX_K / 2) {
         const int64_t whole = tail_pairs * NR * 2;
         std::memcpy(tail, panel + (steps - 1) * AMX_K * NR, whole * sizeof(kiln_bf16));
@@ -199,7 +223,7 @@ static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, i
         const kiln_bf16* rows_a = a + i0 * lda;
         // The panel's first block asks for its steps AHEAD steps ahead; the last block, for the
         // next panel's first steps.
-        const bool first_block = rb == b0, last_block = rb + 1 == b1 && more;
+        const bool first_block = rb == b0, last_block = rb + 1 == b1 && more && !PanelOf::made;
         for (int64_t s = 0; s < steps; ++s) {
           const kiln_bf16* b = s + 1 == steps && tail_pairs < AMX_K / 2 ? tail : panel + s * AMX_K * NR;
           if (KILN_GEMM_AMX_AHEAD) {
@@ -226,6 +250,12 @@ static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, i
       norm_rows(static_cast<float*>(c), ldc, M, N, *e, omp_get_thread_num(), omp_get_num_threads());
     }
   }
+}
+
+// C = epilogue(A @ B) on AMX's tiles: A bfloat16 [M, K] (row stride lda), B kiln's pair panels.
+static void gemm_bf16_amx(int64_t M, int64_t N, int64_t K, const kiln_bf16* a, int64_t lda, const kiln_bf16* bp,
+                          void* c, int64_t ldc, const Epilogue* e) {
+  amx_product(M, N, K, a, lda, PackedPairs{bp, round_even(K) / 2}, c, ldc, e);
 }
 
 }  // namespace kiln_gemm

@@ -1199,6 +1199,68 @@ static void gemm_quant(const QuantShape& z, int64_t M, const float* a, int64_t l
   gemm_from(M, z.N, z.K, a, lda, QuantPanels<4>{z, packed}, c, ldc, e, kc);
 }
 
+#ifdef KILN_GEMM_AMX
+// A quantized weight's panel as AMX's tiles read it (kiln_gemm_amx.h's PanelOf): each weight
+// dequantized as eager's reference makes it (QuantPanels::block's values), rounded to bfloat16
+// to nearest even, in pairs of k ([K/2][NR][2]; an odd K's last pair's high half 0), into this
+// thread's buffer, valid until its next panel. A panel of 48 columns is 96 bytes a k: 470 KB at
+// K = 4864, in L2 while the thread's row blocks go past it.
+template <int BITS> struct QuantPairPanels {
+  static constexpr bool made = true;
+  QuantPanels<BITS> src;
+  const kiln_bf16* operator()(int64_t p) const {
+    const int64_t K = src.z.K, pairs = round_even(K) / 2;
+    // (64-byte aligned: a tile row of B read across two lines took 2.3x the time)
+    static thread_local std::unique_ptr<uint32_t, decltype(&std::free)> buffer{nullptr, &std::free};
+    static thread_local int64_t held = 0;
+    if (held < pairs * NR)
+      buffer.reset(static_cast<uint32_t*>(std::aligned_alloc(64, (held = pairs * NR) * int64_t(sizeof(uint32_t)))));
+    const uint8_t* q = src.panel(p);
+    int64_t g = -1;
+    V scale[NV], zero[NV];
+    auto weights = [&](int64_t k, int v) {  // row k's vector v, as QuantPanels::block makes it
+      if (k / src.z.group != g) {
+        g = k / src.z.group;
+        for (int u = 0; u < NV; ++u) scale[u] = src.scale(p, g, u), zero[u] = BITS == 4 ? src.zero(p, g, u) : V{};
+      }
+      const V w = quant_lanes<BITS>(q, k, v);
+      return BITS == 4 ? (w - zero[v]) * scale[v] : w * scale[v];
+    };
+    // Rounded by vcvtne2ps2bf16 (to nearest even, as kiln_bf16; it reads and makes subnormals as
+    // zeros, as TDPBF16PS reads them anyway), k's pairs interleaved by one vpermw: half the
+    // dequantization's time of the same rounding in plain vector code (8.7 M weights on one thread
+    // of the Intel Xeon with AMX 2.1 -> 1.0 ms).
+    const __m512i pairs_of = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int64_t kp = 0; kp < pairs; ++kp)
+      for (int v = 0; v < NV; ++v) {
+        const V low = weights(2 * kp, v), high = 2 * kp + 1 < K ? weights(2 * kp + 1, v) : V{};
+        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh((__m512)high, (__m512)low);  // [low's 16 | high's 16]
+        _mm512_store_si512(buffer.get() + kp * NR + v * L, _mm512_permutexvar_epi16(pairs_of, both));
+      }
+    return reinterpret_cast<const kiln_bf16*>(buffer.get());
+  }
+};
+#endif
+
+// C [M, N] = epilogue(A @ B), B packed by pack_quant, in bfloat16 fast math (backend.fp32_gemm =
+// bf16: kiln::mm_quant's impl "kiln_bf16"). A prompt's rows (more than DIRECT_ROWS) go on AMX's
+// tiles where they are this CPU's bfloat16 product: each panel dequantized and rounded to
+// bfloat16 once a call (QuantPairPanels), A rounded to bfloat16, float32 sums and epilogue: the
+// dense fast math's error on top of the weights' quantization. A decode step's few rows, and CPUs
+// without AMX, take gemm_quant (float32): its few-row products already read the weights at about
+// the memory's speed, and they read 4 or 8 bits a weight where a bfloat16 panel would be 16.
+static void gemm_quant_bf16_math(const QuantShape& z, int64_t M, const float* a, int64_t lda, const uint8_t* packed,
+                                 void* c, int64_t ldc, const Epilogue* e, int64_t kc) {
+#ifdef KILN_GEMM_AMX
+  if (M > DIRECT_ROWS && bf16_product() == BF16_AMX && amx_usable()) {
+    if (z.bits == 8) return amx_product(M, z.N, z.K, a, lda, QuantPairPanels<8>{{z, packed}}, c, ldc, e);
+    return amx_product(M, z.N, z.K, a, lda, QuantPairPanels<4>{{z, packed}}, c, ldc, e);
+  }
+#endif
+  gemm_quant(z, M, a, lda, packed, c, ldc, e, kc);
+}
+
 // C [M, N] = epilogue(A' @ B), A' = A's rows quantized to int8 per group (int8 activations, above),
 // B int4 packed by pack_quant. `integer`: the vpdpbusd path where it applies; else (and where it
 // does not) the float32 GEMM over A' (the same product: tests run both).

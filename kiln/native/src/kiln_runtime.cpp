@@ -76,6 +76,9 @@ extern "C" void kiln_gemm_quant_pack(int32_t bits, int64_t K, int64_t N, int64_t
 extern "C" void kiln_gemm_quant_f32(int32_t bits, int64_t M, int64_t N, int64_t K, int64_t group, const float* a,
                                     int64_t lda, const uint8_t* packed, void* c, int64_t ldc,
                                     const KilnGemmEpilogue* e, int64_t kc);
+extern "C" void kiln_gemm_quant_bf16_math(int32_t bits, int64_t M, int64_t N, int64_t K, int64_t group,
+                                          const float* a, int64_t lda, const uint8_t* packed, void* c, int64_t ldc,
+                                          const KilnGemmEpilogue* e, int64_t kc);
 extern "C" void kiln_gemm_quant_a8_f32(int32_t integer, int64_t M, int64_t N, int64_t K, int64_t group, const float* a,
                                        int64_t lda, const uint8_t* packed, void* c, int64_t ldc,
                                        const KilnGemmEpilogue* e, int64_t kc);
@@ -474,13 +477,18 @@ at::Tensor rows_of(const at::Tensor& t, int64_t width) {
 // `bits` 8 (qweight int8 [N, K], scales [N, 1]) or 4 (qweight uint8 [N, ceil(K / 2)], scales and
 // zeros [N, ceil(K / group)]). `a` float32 [..., K]; the result [..., N]. `int8_activations` (int4):
 // a's rows quantized to int8 per group first (kiln/quant/weights.py `quantize_activations`).
+// `impl` "kiln", or "kiln_bf16": bfloat16 fast math (backend.fp32_gemm = bf16; a prompt's rows on
+// AMX's tiles, kiln_gemm_quant.h `gemm_quant_bf16_math`), not with int8 activations.
 // `e`: the epilogue after the bias and residual (a post-op, or a row norm: mm_quant_row_norm).
 at::Tensor quant_product(const at::Tensor& a_in, const at::Tensor& qweight, const at::Tensor& scales,
                          const std::optional<at::Tensor>& zeros, int64_t bits, int64_t group_size,
                          const std::optional<at::Tensor>& bias_in, const std::optional<at::Tensor>& residual_in,
-                         bool int8_activations, KilnGemmEpilogue e) {
+                         bool int8_activations, c10::string_view impl, KilnGemmEpilogue e) {
   TORCH_CHECK(bits == 8 || bits == 4, "kiln::mm_quant: bits must be 8 or 4, got ", bits);
   TORCH_CHECK(!int8_activations || bits == 4, "kiln::mm_quant: int8 activations are taken with int4 weights only");
+  TORCH_CHECK(impl == "kiln" || impl == "kiln_bf16", "kiln::mm_quant: impl must be kiln or kiln_bf16, got ", impl);
+  const bool bf16_math = impl == "kiln_bf16";
+  TORCH_CHECK(!(bf16_math && int8_activations), "kiln::mm_quant: int8 activations are not taken in bfloat16 fast math");
   TORCH_CHECK(a_in.scalar_type() == at::kFloat, "kiln::mm_quant: the activations must be float32, got ",
               a_in.scalar_type());
   const int64_t K = a_in.size(-1), N = qweight.size(0), group = bits == 8 ? K : group_size;
@@ -518,8 +526,9 @@ at::Tensor quant_product(const at::Tensor& a_in, const at::Tensor& qweight, cons
     kiln_gemm_quant_a8_f32(1, M, N, K, group, a.data_ptr<float>(), lda, packed_weight.data_ptr<uint8_t>(),
                            out.data_ptr(), N, &e, kiln_gemm_k_block());
   else
-    kiln_gemm_quant_f32(int32_t(bits), M, N, K, group, a.data_ptr<float>(), lda,
-                        packed_weight.data_ptr<uint8_t>(), out.data_ptr(), N, &e, kiln_gemm_k_block());
+    (bf16_math ? kiln_gemm_quant_bf16_math : kiln_gemm_quant_f32)(int32_t(bits), M, N, K, group, a.data_ptr<float>(),
+                                                                  lda, packed_weight.data_ptr<uint8_t>(), out.data_ptr(),
+                                                                  N, &e, kiln_gemm_k_block());
   return out;
 }
 
@@ -527,8 +536,8 @@ at::Tensor mm_quant(const at::Tensor& a_in, const at::Tensor& qweight, const at:
                     const std::optional<at::Tensor>& zeros, int64_t bits, int64_t group_size,
                     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual,
                     c10::string_view unary, const Scalars& scalars, std::optional<c10::string_view> algorithm,
-                    bool int8_activations) {
-  return quant_product(a_in, qweight, scales, zeros, bits, group_size, bias, residual, int8_activations,
+                    bool int8_activations, c10::string_view impl) {
+  return quant_product(a_in, qweight, scales, zeros, bits, group_size, bias, residual, int8_activations, impl,
                        unary_epilogue(unary, algorithm.value_or(""), scalars));
 }
 
@@ -557,7 +566,8 @@ std::pair<at::Tensor, at::Tensor> mm_quant_row_norm(const at::Tensor& a, const a
                                                     const std::optional<at::Tensor>& residual,
                                                     const std::optional<at::Tensor>& weight_in,
                                                     const std::optional<at::Tensor>& norm_bias_in, double eps,
-                                                    bool rms, bool keep_sum, bool int8_activations) {
+                                                    bool rms, bool keep_sum, bool int8_activations,
+                                                    c10::string_view impl) {
   TORCH_CHECK(!(rms && norm_bias_in), "kiln::mm_quant_layer_norm: an RMS norm takes no norm_bias");
   const std::optional<at::Tensor> weight = norm_vector(weight_in), norm_bias = norm_vector(norm_bias_in);
   const int64_t N = qweight.size(0);
@@ -577,7 +587,7 @@ std::pair<at::Tensor, at::Tensor> mm_quant_row_norm(const at::Tensor& a, const a
     e.norm_out = normed.data_ptr();
     e.ld_norm_out = N;
   }
-  at::Tensor out = quant_product(a, qweight, scales, zeros, bits, group_size, bias, residual, int8_activations, e);
+  at::Tensor out = quant_product(a, qweight, scales, zeros, bits, group_size, bias, residual, int8_activations, impl, e);
   return {out, normed};
 }
 
@@ -586,9 +596,9 @@ at::Tensor mm_quant_layer_norm(const at::Tensor& a, const at::Tensor& qweight, c
                                const std::optional<at::Tensor>& zeros, int64_t bits, int64_t group_size,
                                const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual,
                                const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& norm_bias,
-                               double eps, bool rms, bool int8_activations) {
+                               double eps, bool rms, bool int8_activations, c10::string_view impl) {
   return mm_quant_row_norm(a, qweight, scales, zeros, bits, group_size, bias, residual, weight, norm_bias, eps, rms,
-                           false, int8_activations).first;
+                           false, int8_activations, impl).first;
 }
 
 // kiln::mm_quant_add_layer_norm: (the sum, its norm).
@@ -596,9 +606,9 @@ std::tuple<at::Tensor, at::Tensor> mm_quant_add_layer_norm(
     const at::Tensor& a, const at::Tensor& qweight, const at::Tensor& scales, const std::optional<at::Tensor>& zeros,
     int64_t bits, int64_t group_size, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& residual,
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& norm_bias, double eps, bool rms,
-    bool int8_activations) {
+    bool int8_activations, c10::string_view impl) {
   auto [sum, normed] = mm_quant_row_norm(a, qweight, scales, zeros, bits, group_size, bias, residual, weight,
-                                         norm_bias, eps, rms, true, int8_activations);
+                                         norm_bias, eps, rms, true, int8_activations, impl);
   return {sum, normed};
 }
 
@@ -1103,19 +1113,20 @@ KILN_OPERATOR(attention,
 // bfloat16 fast math, backend.fp32_gemm).
 KILN_OPERATOR(mm, "mm(Tensor a, Tensor b, Tensor? bias, str unary, Scalar?[] scalars, str? algorithm, str impl) -> Tensor")
 KILN_OPERATOR(post_op, "post_op(Tensor y, str unary, Scalar?[] scalars, str? algorithm) -> Tensor")
-// A weight-only quantized product in kiln's GEMM (kiln/passes/quantized_gemm.py, kiln/quant).
+// A weight-only quantized product in kiln's GEMM (kiln/passes/quantized_gemm.py, kiln/quant); `impl`
+// kiln or kiln_bf16 (bfloat16 fast math, backend.fp32_gemm).
 KILN_OPERATOR(mm_quant, "mm_quant(Tensor a, Tensor qweight, Tensor scales, Tensor? zeros, int bits, int group_size, "
                         "Tensor? bias, Tensor? residual, str unary, Scalar?[] scalars, str? algorithm, "
-                        "bool int8_activations=False) -> Tensor")
+                        "bool int8_activations=False, str impl='kiln') -> Tensor")
 // The same with a layer or RMS norm of the rows (kiln/passes/gemm_layer_norm.py).
 KILN_OPERATOR(mm_quant_layer_norm,
               "mm_quant_layer_norm(Tensor a, Tensor qweight, Tensor scales, Tensor? zeros, int bits, int group_size, "
               "Tensor? bias, Tensor? residual, Tensor? weight, Tensor? norm_bias, float eps, bool rms=False, "
-              "bool int8_activations=False) -> Tensor")
+              "bool int8_activations=False, str impl='kiln') -> Tensor")
 KILN_OPERATOR(mm_quant_add_layer_norm,
               "mm_quant_add_layer_norm(Tensor a, Tensor qweight, Tensor scales, Tensor? zeros, int bits, "
               "int group_size, Tensor? bias, Tensor? residual, Tensor? weight, Tensor? norm_bias, float eps, "
-              "bool rms=False, bool int8_activations=False) -> (Tensor, Tensor)")
+              "bool rms=False, bool int8_activations=False, str impl='kiln') -> (Tensor, Tensor)")
 // The row norms in kiln's GEMM (kiln/passes/gemm_layer_norm.py); `impl` kiln or kiln_bf16.
 KILN_OPERATOR(mm_layer_norm, "mm_layer_norm(Tensor a, Tensor b, Tensor? bias, Tensor? residual, Tensor? weight, "
                              "Tensor? norm_bias, float eps, bool rms=False, str impl='kiln') -> Tensor")
