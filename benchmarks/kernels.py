@@ -207,16 +207,20 @@ def quant_pack(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor 
 # The quantized products' paths at 4 rows or fewer, by kiln_gemm_quant.h's number (`QuantPath`):
 # bf16_pairs is int4's only.
 QUANT_PATHS = ("float32", "bf16_pairs", "int8_digits")
+# More rows: "float32" (the float32 GEMM over dequantized blocks) or "amx" (AMX's tiles over int8's
+# levels, A in three bfloat16 parts: where AMX is the CPU's bfloat16 product).
+QUANT_PATH_NAMES = QUANT_PATHS + ("amx",)
 
 
 def quant_path(bits: int, m: int, k: int, n: int, group_size: int, lib: ctypes.CDLL | None = None) -> str:
-    """The path a product of `m` <= 4 rows over a `bits`-bit weight runs here (QUANT_PATHS). int4:
-    the fastest this CPU measured of those it has (bf16_pairs: avx512_bf16; int8_digits: a dot4,
-    groups of a multiple of 8) at one row or at four, else float32; int8: int8_digits where the CPU
-    has a one-instruction dot4 (VNNI, AVX-VNNI, aarch64's dot products), at one row where it has
-    AVX2's, else float32."""
+    """The path a product of `m` rows over a `bits`-bit weight runs here (QUANT_PATH_NAMES). At 4
+    rows or fewer, int4: the fastest this CPU measured of those it has (bf16_pairs: avx512_bf16;
+    int8_digits: a dot4, groups of a multiple of 8) at one row or at four, else float32; int8:
+    int8_digits where the CPU has a one-instruction dot4 (VNNI, AVX-VNNI, aarch64's dot products),
+    at one row where it has AVX2's, else float32. More: amx where AMX is the CPU's bfloat16 product
+    (int8; int4's take AMX in bfloat16 fast math only), else float32."""
     group = k if bits == 8 else group_size
-    return QUANT_PATHS[(lib or library()).kiln_gemm_quant_path_of(bits, m, k, n, group)]
+    return QUANT_PATH_NAMES[(lib or library()).kiln_gemm_quant_path_of(bits, m, k, n, group)]
 
 
 def quant_digits(bits: int, lib: ctypes.CDLL | None = None) -> int:

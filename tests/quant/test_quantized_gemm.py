@@ -149,49 +149,73 @@ def test_row_norms_after_the_quantized_product(m, kind, bits, group):
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 
-# (M, K, N) of a prompt's products in bfloat16 fast math: M past DIRECT_ROWS and not a multiple of
-# AMX's 32 rows (a last block of at most 16), K odd and not a multiple of 32 (a zero high half, a
-# zero-padded last step), ragged last panels of 1, 22 and 32 columns, K over a group's edge in a
-# pair (groups of 2, odd K).
-BF16_MATH_SHAPES = [(5, 64, 50), (33, 333, 130), (70, 2500, 97), (40, 65, 49), (130, 896, 1000), (17, 129, 22)]
+# (M, K, N) of a prompt's products on AMX: M past DIRECT_ROWS and not a multiple of AMX's 32 rows
+# (a last block of at most 16), K odd and not a multiple of 32 (a zero high half, a zero-padded
+# last step), ragged last panels of 1, 22 and 32 columns.
+AMX_SHAPES = [(5, 64, 50), (33, 333, 130), (70, 2500, 97), (40, 65, 49), (130, 896, 1000), (17, 129, 22)]
 
 
 @pytest.mark.parametrize("bits,group", KINDS, ids=lambda v: str(v))
 @pytest.mark.parametrize("product", [2, 0], ids=["amx", "vdpbf16ps"])
-def test_bfloat16_fast_math_over_quantized_weights(product, bits, group):
-    """kiln::mm_quant's impl "kiln_bf16" (kiln_gemm_quant.h `gemm_quant_bf16_math`): where AMX is
-    the bfloat16 product (forced here), more than 4 rows multiply on its tiles, each panel
-    dequantized as eager does and rounded to bfloat16, A rounded to bfloat16: against a float64
-    product of exactly those values, every epilogue and row norm, within float32's accumulation
-    bound (a float32 product, 1e-2 off it, would fail). At 4 rows or fewer, and where AMX is not
-    the product or not on the CPU, the float32 product's own bits."""
+def test_a_prompt_s_products_on_amx(product, bits, group):
+    """More than 4 rows where AMX is the bfloat16 product (forced here; kiln_gemm_quant.h
+    `gemm_quant_amx`). int8: its levels (exact in bfloat16) times A, then its scales: A in three
+    bfloat16 parts (exactly A) by default, one (A rounded) in bfloat16 fast math (kiln::mm_quant's
+    impl "kiln_bf16"). int4 in fast math only: its weights dequantized and rounded to bfloat16, A
+    rounded. Each against a float64 product of exactly those values, every epilogue and an RMS
+    norm, within float32's accumulation bound (a product that skipped a rounding, 1e-2 off, would
+    fail). Where AMX is not the product or not on the CPU, and at 4 rows or fewer, the float32
+    products, fast math's bits the default's."""
     lib = kernels.library()
-    on_amx = product == 2 and bool(lib.kiln_gemm_bf16_amx())
     lib.kiln_gemm_bf16_force_product(product)
     try:
-        for m, k, n in BF16_MATH_SHAPES + [(1, 333, 130), (4, 65, 49)]:
+        on_amx = bool(lib.kiln_gemm_bf16_amx()) and product == 2
+        for m, k, n in AMX_SHAPES + [(1, 333, 130), (4, 65, 49)]:
+            amx = on_amx and m > 4
+            path = kernels.quant_path(bits, m, k, n, group)
+            assert (path == "amx") == (amx and bits == 8) and (m <= 4 or path in ("amx", "float32"))
             q, s, z, w = _quantized(n, k, bits, group, seed=m + k)
             packed = kernels.quant_pack(q, s, z, bits, group, k)
             g = torch.Generator().manual_seed(n)
             a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
-            rounded_a, rounded_w = a.bfloat16().double(), w.float().bfloat16().double()
+            fast_w = w.float().bfloat16().double() if bits == 4 else w  # (int8's levels and scales stay exact)
             for unary, scalars, algorithm in EPILOGUES[:5]:
-                out = kernels.mm_quant(a, packed, n, bits, group, bias, unary, scalars, residual, algorithm,
-                                       bf16_math=True)
-                if m > 4 and on_amx:
-                    _check(out, _reference(rounded_a, rounded_w, bias, unary, scalars, algorithm, residual), k)
+                exact = kernels.mm_quant(a, packed, n, bits, group, bias, unary, scalars, residual, algorithm)
+                _check(exact, _reference(_carried(a, bits, m, group), w, bias, unary, scalars, algorithm, residual), k)
+                fast = kernels.mm_quant(a, packed, n, bits, group, bias, unary, scalars, residual, algorithm,
+                                        bf16_math=True)
+                if amx:
+                    _check(fast, _reference(a.bfloat16().double(), fast_w, bias, unary, scalars, algorithm, residual), k)
                 else:
-                    assert torch.equal(out, kernels.mm_quant(a, packed, n, bits, group, bias, unary, scalars, residual,
-                                                             algorithm))
-            if m > 4 and on_amx:
+                    assert torch.equal(fast, exact)
+            if amx:
                 weight = torch.rand(n, generator=g) + 0.5
-                out = kernels.mm_quant(a, packed, n, bits, group, bias, "none", (), residual, bf16_math=True,
-                                       row_norm=kernels.RowNorm(weight, None, 1e-5, None, "rms_norm"))
-                y = _reference(rounded_a, rounded_w, bias, "none", (), None, residual)
-                ref = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.double()
-                torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+                for bf16_math, carried, ws in [(False, a.double(), w), (True, a.bfloat16().double(), fast_w)]:
+                    out = kernels.mm_quant(a, packed, n, bits, group, bias, "none", (), residual, bf16_math=bf16_math,
+                                           row_norm=kernels.RowNorm(weight, None, 1e-5, None, "rms_norm"))
+                    y = _reference(carried if bits == 8 or bf16_math else _carried(a, bits, m, group), ws, bias,
+                                   "none", (), None, residual)
+                    ref = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.double()
+                    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
     finally:
         lib.kiln_gemm_bf16_force_product(-1)
+
+
+def test_amx_s_three_parts_carry_float32_activations_exactly():
+    """int8 on AMX, one activation a row (the others zero), of full float32 precision: the product
+    is one term, which float32 rounds at most twice (eager's a * (q * scale); kiln's (a * q) *
+    scale), so kiln's is within 2^-22 of it relative. Two bfloat16 parts of a would leave ~2^-17,
+    one 2^-9. Where AMX is not the product, the float32 GEMM's (the same bound)."""
+    m, k, n = 40, 256, 60
+    q, s, z, w = _quantized(n, k, 8, 0, seed=7)
+    packed = kernels.quant_pack(q, s, z, 8, 0, k)
+    lib = kernels.library()
+    assert kernels.quant_path(8, m, k, n, 0) == ("amx" if lib.kiln_gemm_bf16_amx() and lib.kiln_gemm_bf16_product() == 2
+                                                  else "float32")
+    a = torch.zeros(m, k)
+    a[torch.arange(m), torch.arange(m) * 5 % k] = torch.randn(m, generator=torch.Generator().manual_seed(1)) * 3
+    out, ref = kernels.mm_quant(a, packed, n, 8, 0).double(), a.double() @ w.t()
+    assert ((out - ref).abs() <= 2.0 ** -22 * ref.abs()).all(), ((out - ref).abs() / ref.abs()).max().item()
 
 
 def _cpu_has(flag: str) -> bool:

@@ -132,37 +132,67 @@ static void amx_store(int rows, int cols, int64_t i0, int64_t j0, void* c, int64
   }
 }
 
-// A [M, K] of T (bfloat16, or float32 in bfloat16 fast math: rounded to nearest even, as
-// convert_a_bf16 rounds) as bfloat16 [rows, cols] (rows, cols at least M, K), zeros around it.
+// A [M, K] of T as bfloat16 [parts][rows, cols] (rows, cols at least M, K), zeros around it:
+// bfloat16 A as it is; float32 A rounded to nearest even (as convert_a_bf16 rounds: bfloat16 fast
+// math), and with more than one part each part the rounded remainder of the ones before. Three
+// parts hold a float32 exactly (8 significant bits each of its 24; a part below bfloat16's normal
+// range, for |a| under ~2^-110, is read by AMX as zero).
 template <typename T>
 static std::unique_ptr<kiln_bf16[]> amx_padded_a(int64_t M, int64_t K, const T* a, int64_t lda, int64_t rows,
-                                                  int64_t cols) {
-  std::unique_ptr<kiln_bf16[]> out(new kiln_bf16[rows * cols]);  // (tile loads need no alignment)
+                                                  int64_t cols, int parts = 1) {
+  std::unique_ptr<kiln_bf16[]> out(new kiln_bf16[parts * rows * cols]);  // (tile loads need no alignment)
 #pragma omp parallel for if (rows * cols >= (int64_t(1) << 16))
   for (int64_t i = 0; i < rows; ++i) {
-    kiln_bf16* dst = out.get() + i * cols;
     const int64_t n = i < M ? K : 0;
-    if constexpr (std::is_same_v<T, kiln_bf16>) {
-      if (n) std::memcpy(dst, a + i * lda, n * sizeof(kiln_bf16));
-    } else {
-      int64_t k = 0;
-      for (; k + L <= n; k += L) kiln::store_bf16(dst + k, kiln::load(a + i * lda + k));
-      for (; k < n; ++k) dst[k] = kiln_bf16(a[i * lda + k]);
+    for (int part = 0; part < parts; ++part) {
+      kiln_bf16* dst = out.get() + (part * rows + i) * cols;
+      if constexpr (std::is_same_v<T, kiln_bf16>) {
+        if (n) std::memcpy(dst, a + i * lda, n * sizeof(kiln_bf16));
+      } else {
+        auto rest = [&](int64_t k) {  // a's remainder after the parts before this one
+          float r = a[i * lda + k];
+          for (int q = 0; q < part; ++q) r -= float(out[(q * rows + i) * cols + k]);
+          return r;
+        };
+        int64_t k = 0;
+        for (; k + L <= n; k += L) {
+          V r = kiln::load(a + i * lda + k);
+          for (int q = 0; q < part; ++q) r -= kiln::load_bf16(out.get() + (q * rows + i) * cols + k);
+          kiln::store_bf16(dst + k, r);
+        }
+        for (; k < n; ++k) dst[k] = kiln_bf16(rest(k));
+      }
+      std::memset(static_cast<void*>(dst + n), 0, (cols - n) * sizeof(kiln_bf16));
     }
-    std::memset(static_cast<void*>(dst + n), 0, (cols - n) * sizeof(kiln_bf16));
   }
   return out;
 }
 
 // Where the AMX product finds panel p's pair rows ([K/2][NR][2], pack_b's layout): packed once
-// (these), or made per call from a quantized weight (kiln_gemm_quant.h QuantPairPanels), which a
-// thread makes once per panel (`made`: the rows in one pass, no panel asked for before it is made).
+// (these), or made per call from a quantized weight (kiln_gemm_quant.h QuantPairPanels,
+// QuantLevelPanels), which a thread makes once per panel (`made`: the rows in one pass, no panel
+// asked for before it is made). `parts`: A's bfloat16 parts (amx_padded_a). `scaled`: the panel
+// holds levels, and the sums are multiplied by its columns' scales (`scales()`, of the last panel
+// the thread made) before the epilogue.
 struct PackedPairs {
-  static constexpr bool made = false;
+  static constexpr bool made = false, scaled = false;
+  static constexpr int parts = 1;
   const kiln_bf16* bp;
   int64_t pairs;
   const kiln_bf16* operator()(int64_t p) const { return bp + p * pairs * 2 * NR; }
+  const float* scales() const { return nullptr; }
 };
+
+// The six C tiles of a block: all from one row (`start`, stride 0), or from a [32][NR] buffer.
+static inline void amx_load_c(const float* from, int64_t stride) {
+  _tile_loadd(0, from, stride);
+  _tile_loadd(1, from + 16, stride);
+  _tile_loadd(2, from + 32, stride);
+  const float* lower = stride ? from + 16 * NR : from;
+  _tile_loadd(3, lower, stride);
+  _tile_loadd(4, lower + 16, stride);
+  _tile_loadd(5, lower + 32, stride);
+}
 
 // C = epilogue(A @ B) on AMX's tiles: A [M, K] (row stride lda) bfloat16, or float32 rounded to
 // bfloat16 on the way in (fast math); B's pair panels where `panel_of` finds them (PackedPairs).
@@ -174,10 +204,11 @@ static void amx_product(int64_t M, int64_t N, int64_t K, const T* a_in, int64_t 
   std::unique_ptr<kiln_bf16[]> padded;
   const kiln_bf16* a;
   if constexpr (std::is_same_v<T, kiln_bf16>) a = a_in;
-  if (!std::is_same_v<T, kiln_bf16> || M % AMX_ROWS || K % AMX_K) {
-    padded = amx_padded_a(M, K, a_in, lda, blocks * AMX_ROWS, steps * AMX_K);
+  if (!std::is_same_v<T, kiln_bf16> || M % AMX_ROWS || K % AMX_K || PanelOf::parts > 1) {
+    padded = amx_padded_a(M, K, a_in, lda, blocks * AMX_ROWS, steps * AMX_K, PanelOf::parts);
     a = padded.get(), lda = steps * AMX_K;
   }
+  const int64_t part_stride = blocks * AMX_ROWS * lda;  // (between A's parts)
   const int64_t lda_bytes = lda * int64_t(sizeof(kiln_bf16));
   const int64_t tail_pairs = pairs - (steps - 1) * (AMX_K / 2);  // the last step's pair rows (16: whole)
 #pragma omp parallel if (panels * blocks > 1)
@@ -214,16 +245,21 @@ static void amx_product(int64_t M, int64_t N, int64_t K, const T* a_in, int64_t 
         const int64_t i0 = rb * AMX_ROWS;
         const int rows = int(std::min<int64_t>(AMX_ROWS, M - i0));
         const bool two = rows > 16;
-        _tile_loadd(0, start, 0);
-        _tile_loadd(1, start + 16, 0);
-        _tile_loadd(2, start + 32, 0);
-        _tile_loadd(3, start, 0);
-        _tile_loadd(4, start + 16, 0);
-        _tile_loadd(5, start + 32, 0);
         const kiln_bf16* rows_a = a + i0 * lda;
         // The panel's first block asks for its steps AHEAD steps ahead; the last block, for the
         // next panel's first steps.
         const bool first_block = rb == b0, last_block = rb + 1 == b1 && more && !PanelOf::made;
+        // The sums start from the bias, or from zero where they are scaled after.
+        if constexpr (PanelOf::scaled) {
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+          _tile_zero(4);
+          _tile_zero(5);
+        } else {
+          amx_load_c(start, 0);
+        }
         for (int64_t s = 0; s < steps; ++s) {
           const kiln_bf16* b = s + 1 == steps && tail_pairs < AMX_K / 2 ? tail : panel + s * AMX_K * NR;
           if (KILN_GEMM_AMX_AHEAD) {
@@ -235,7 +271,26 @@ static void amx_product(int64_t M, int64_t N, int64_t K, const T* a_in, int64_t 
             if (ahead)
               for (int l = 0; l < AMX_K * NR * 2 / 64; ++l) _mm_prefetch(ahead + l * 64, _MM_HINT_T0);
           }
-          amx_step(rows_a + s * AMX_K, lda_bytes, b, two);
+          for (int part = 0; part < PanelOf::parts; ++part)
+            amx_step(rows_a + part * part_stride + s * AMX_K, lda_bytes, b, two);
+        }
+        if constexpr (PanelOf::scaled) {  // sums * scales + bias, back into the tiles
+          alignas(64) float sums[AMX_ROWS * NR];
+          constexpr int64_t stride = NR * sizeof(float);
+          _tile_stored(0, sums, stride);
+          _tile_stored(1, sums + 16, stride);
+          _tile_stored(2, sums + 32, stride);
+          _tile_stored(3, sums + 16 * NR, stride);
+          _tile_stored(4, sums + 16 * NR + 16, stride);
+          _tile_stored(5, sums + 16 * NR + 32, stride);
+          const float* scale = panel_of.scales();
+          for (int r = 0; r < AMX_ROWS; ++r)
+#pragma GCC unroll 3
+            for (int v = 0; v < NV; ++v) {
+              float* at_sum = sums + r * NR + v * L;
+              kiln::store(at_sum, fma(kiln::load(at_sum), kiln::load(scale + v * L), kiln::load(start + v * L)));
+            }
+          amx_load_c(sums, stride);
         }
         amx_store(rows, cols, i0, p * NR, c, ldc, after);
       }

@@ -1030,6 +1030,8 @@ static constexpr int activation_digits(int) { return 0; }  // (no digits path)
 // CPUs with AVX512-VNNI, AVX-VNNI or AVX2, aarch64 with the dot product instructions). Which one
 // runs changes the result within the bounds given with each.
 enum QuantPath : int { PATH_FLOAT32 = 0, PATH_BF16_PAIRS = 1, PATH_INT8_DIGITS = 2, QUANT_PATHS = 3 };
+// More rows: the float32 GEMM over dequantized blocks, or AMX's tiles (int8's levels: gemm_quant_amx).
+constexpr int PATH_AMX = 3;
 
 // Whether `path` can run for this shape: int4's groups of whole words, a CPU with its instructions.
 static inline bool quant_path_applies(const QuantShape& z, int path) {
@@ -1170,7 +1172,116 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
   normalize_rows(M, N, c, ldc, e);
 }
 
-// The path a product of M <= DIRECT_ROWS rows over this weight takes. int8: the digits where dot4 is
+#ifdef KILN_GEMM_AMX
+// An int8 weight's panel as AMX's tiles read it (kiln_gemm_amx.h's PanelOf): its levels q
+// (-127..127, exact in bfloat16) in pairs of k ([K/2][NR][2]; an odd K's last pair's high half 0)
+// and its columns' scales, in this thread's buffers, valid until its next panel: the product is
+// (A @ levels) * scales. `Parts`: A's bfloat16 parts (amx_padded_a): 3, A exactly, every product
+// of a part and a level exact, so that only float32's summation and the scale's one rounding
+// differ from eager's A @ (q * scale); 1, A rounded to bfloat16 (bfloat16 fast math).
+template <int Parts> struct QuantLevelPanels {
+  static constexpr bool made = true, scaled = true;
+  static constexpr int parts = Parts;
+  QuantPanels<8> src;
+
+  // (64-byte aligned: a tile row of B read across two lines took 2.3x the time)
+  template <typename E> static E* thread_buffer(int64_t elements) {
+    static thread_local std::unique_ptr<E, decltype(&std::free)> buffer{nullptr, &std::free};
+    static thread_local int64_t held = 0;
+    if (held < elements)
+      buffer.reset(static_cast<E*>(std::aligned_alloc(64, ((held = elements) * int64_t(sizeof(E)) + 63) / 64 * 64)));
+    return buffer.get();
+  }
+  const float* scales() const { return thread_buffer<float>(NR); }
+
+  const kiln_bf16* operator()(int64_t p) const {
+    const int64_t K = src.z.K, pairs = round_even(K) / 2;
+    float* scale = thread_buffer<float>(NR);
+    uint32_t* out = thread_buffer<uint32_t>(pairs * NR);
+    for (int v = 0; v < NV; ++v) kiln::store(scale + v * L, src.scale(p, 0, v));
+    const uint8_t* q = src.panel(p);
+    // The levels rounded by vcvtne2ps2bf16 (exact: whole numbers of 8 bits), k's pairs
+    // interleaved by one vpermw.
+    const __m512i pairs_of = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int64_t kp = 0; kp < pairs; ++kp)
+      for (int v = 0; v < NV; ++v) {
+        const V low = quant_lanes<8>(q, 2 * kp, v), high = 2 * kp + 1 < K ? quant_lanes<8>(q, 2 * kp + 1, v) : V{};
+        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh((__m512)high, (__m512)low);  // [low's 16 | high's 16]
+        _mm512_store_si512(out + kp * NR + v * L, _mm512_permutexvar_epi16(pairs_of, both));
+      }
+    return reinterpret_cast<const kiln_bf16*>(out);
+  }
+};
+
+// An int4 weight's panel as AMX's tiles read it in bfloat16 fast math: each weight dequantized as
+// eager's reference makes it (QuantPanels::block's values), rounded to bfloat16 to nearest even
+// (vcvtne2ps2bf16, which reads and makes subnormals as zeros, as TDPBF16PS reads them anyway), k's
+// pairs interleaved by one vpermw ([K/2][NR][2]), into this thread's buffer, valid until its next
+// panel. (int4's groups each have their scales: summing each group apart and scaling the sums,
+// as QuantLevelPanels scales int8's once, stored and reloaded the tiles every 4 steps at groups of
+// 128: 512x896x9728 10.7 ms against 5.3 with the weights dequantized.)
+struct QuantPairPanels {
+  static constexpr bool made = true, scaled = false;
+  static constexpr int parts = 1;
+  QuantPanels<4> src;
+
+  const float* scales() const { return nullptr; }
+  const kiln_bf16* operator()(int64_t p) const {
+    const int64_t K = src.z.K, pairs = round_even(K) / 2;
+    uint32_t* out = QuantLevelPanels<1>::thread_buffer<uint32_t>(pairs * NR);
+    const uint8_t* q = src.panel(p);
+    int64_t g = -1;
+    V scale[NV], zero[NV];
+    auto weights = [&](int64_t k, int v) {  // row k's vector v, as QuantPanels::block makes it
+      if (k / src.z.group != g) {
+        g = k / src.z.group;
+        for (int u = 0; u < NV; ++u) scale[u] = src.scale(p, g, u), zero[u] = src.zero(p, g, u);
+      }
+      return (quant_lanes<4>(q, k, v) - zero[v]) * scale[v];
+    };
+    const __m512i pairs_of = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int64_t kp = 0; kp < pairs; ++kp)
+      for (int v = 0; v < NV; ++v) {
+        const V low = weights(2 * kp, v), high = 2 * kp + 1 < K ? weights(2 * kp + 1, v) : V{};
+        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh((__m512)high, (__m512)low);
+        _mm512_store_si512(out + kp * NR + v * L, _mm512_permutexvar_epi16(pairs_of, both));
+      }
+    return reinterpret_cast<const kiln_bf16*>(out);
+  }
+};
+#endif
+
+// Whether a product of M rows runs on AMX's tiles: a prompt's rows (more than DIRECT_ROWS), AMX
+// this CPU's bfloat16 product (kiln_gemm.h `bf16_product`); int8 always (QuantLevelPanels), int4
+// in bfloat16 fast math only (`bf16_math`: QuantPairPanels). A decode step's few rows keep the
+// products above: they read 4 or 8 bits a weight at about the memory's speed.
+static inline bool quant_amx_applies(const QuantShape& z, int64_t M, bool bf16_math) {
+#ifdef KILN_GEMM_AMX
+  return M > DIRECT_ROWS && (z.bits == 8 || bf16_math) && bf16_product() == BF16_AMX && amx_usable();
+#else
+  (void)z, (void)M, (void)bf16_math;
+  return false;
+#endif
+}
+
+// C [M, N] = epilogue(A @ B), B packed by pack_quant, on AMX's tiles (quant_amx_applies): int8's
+// levels with A in three parts (exactly) or, in bfloat16 fast math, one; int4's weights
+// dequantized to bfloat16 (fast math only).
+static void gemm_quant_amx(const QuantShape& z, int64_t M, const float* a, int64_t lda, const uint8_t* packed, void* c,
+                           int64_t ldc, const Epilogue* e, bool bf16_math) {
+#ifdef KILN_GEMM_AMX
+  if (z.bits == 4) return amx_product(M, z.N, z.K, a, lda, QuantPairPanels{{z, packed}}, c, ldc, e);
+  if (bf16_math) return amx_product(M, z.N, z.K, a, lda, QuantLevelPanels<1>{{z, packed}}, c, ldc, e);
+  amx_product(M, z.N, z.K, a, lda, QuantLevelPanels<3>{{z, packed}}, c, ldc, e);
+#else
+  (void)z, (void)M, (void)a, (void)lda, (void)packed, (void)c, (void)ldc, (void)e, (void)bf16_math;
+#endif
+}
+
+// The path a product of M rows over this weight takes: more than DIRECT_ROWS, AMX's tiles where they
+// apply (PATH_AMX: int8), else the float32 GEMM; fewer: int8: the digits where dot4 is
 // one instruction: 64 weights a dot product per digit where the float32 path takes four
 // instructions per 16 (two shifts, a conversion, an FMA), which bound it below a fast memory's
 // speed (768 x 2048 from L2, 2 threads of a 2-core AMD EPYC, Zen 4, C kernels over this layout: the
@@ -1181,6 +1292,7 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
 // and lose at two to four (0.53/0.79/1.01 against 0.45/0.61/0.64), so there one row only. int4:
 // the fastest it measured.
 static inline int quant_path_for(const QuantShape& z, int64_t M) {
+  if (M > DIRECT_ROWS) return quant_amx_applies(z, M, false) ? PATH_AMX : PATH_FLOAT32;
   if (z.bits == 8)
     return quant_path_applies(z, PATH_INT8_DIGITS) && (DOT4_ONE_INSTRUCTION || M == 1) ? PATH_INT8_DIGITS : PATH_FLOAT32;
   const int fastest = int4_fastest_path(M == 1 ? 1 : 4);
@@ -1190,6 +1302,7 @@ static inline int quant_path_for(const QuantShape& z, int64_t M) {
 // C [M, N] = epilogue(A [M, K] (float32, row stride lda) @ B), B packed by pack_quant.
 static void gemm_quant(const QuantShape& z, int64_t M, const float* a, int64_t lda, const uint8_t* packed, void* c,
                        int64_t ldc, const Epilogue* e, int64_t kc) {
+  if (quant_amx_applies(z, M, false)) return gemm_quant_amx(z, M, a, lda, packed, c, ldc, e, false);
   if (z.bits == 8) {
     if (M <= DIRECT_ROWS) return gemm_quant_direct(QuantPanels<8>{z, packed}, M, a, lda, c, ldc, e, quant_path_for(z, M));
     return gemm_from(M, z.N, z.K, a, lda, QuantPanels<8>{z, packed}, c, ldc, e, kc);
@@ -1199,65 +1312,13 @@ static void gemm_quant(const QuantShape& z, int64_t M, const float* a, int64_t l
   gemm_from(M, z.N, z.K, a, lda, QuantPanels<4>{z, packed}, c, ldc, e, kc);
 }
 
-#ifdef KILN_GEMM_AMX
-// A quantized weight's panel as AMX's tiles read it (kiln_gemm_amx.h's PanelOf): each weight
-// dequantized as eager's reference makes it (QuantPanels::block's values), rounded to bfloat16
-// to nearest even, in pairs of k ([K/2][NR][2]; an odd K's last pair's high half 0), into this
-// thread's buffer, valid until its next panel. A panel of 48 columns is 96 bytes a k: 470 KB at
-// K = 4864, in L2 while the thread's row blocks go past it.
-template <int BITS> struct QuantPairPanels {
-  static constexpr bool made = true;
-  QuantPanels<BITS> src;
-  const kiln_bf16* operator()(int64_t p) const {
-    const int64_t K = src.z.K, pairs = round_even(K) / 2;
-    // (64-byte aligned: a tile row of B read across two lines took 2.3x the time)
-    static thread_local std::unique_ptr<uint32_t, decltype(&std::free)> buffer{nullptr, &std::free};
-    static thread_local int64_t held = 0;
-    if (held < pairs * NR)
-      buffer.reset(static_cast<uint32_t*>(std::aligned_alloc(64, (held = pairs * NR) * int64_t(sizeof(uint32_t)))));
-    const uint8_t* q = src.panel(p);
-    int64_t g = -1;
-    V scale[NV], zero[NV];
-    auto weights = [&](int64_t k, int v) {  // row k's vector v, as QuantPanels::block makes it
-      if (k / src.z.group != g) {
-        g = k / src.z.group;
-        for (int u = 0; u < NV; ++u) scale[u] = src.scale(p, g, u), zero[u] = BITS == 4 ? src.zero(p, g, u) : V{};
-      }
-      const V w = quant_lanes<BITS>(q, k, v);
-      return BITS == 4 ? (w - zero[v]) * scale[v] : w * scale[v];
-    };
-    // Rounded by vcvtne2ps2bf16 (to nearest even, as kiln_bf16; it reads and makes subnormals as
-    // zeros, as TDPBF16PS reads them anyway), k's pairs interleaved by one vpermw: half the
-    // dequantization's time of the same rounding in plain vector code (8.7 M weights on one thread
-    // of the Intel Xeon with AMX 2.1 -> 1.0 ms).
-    const __m512i pairs_of = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
-                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    for (int64_t kp = 0; kp < pairs; ++kp)
-      for (int v = 0; v < NV; ++v) {
-        const V low = weights(2 * kp, v), high = 2 * kp + 1 < K ? weights(2 * kp + 1, v) : V{};
-        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh((__m512)high, (__m512)low);  // [low's 16 | high's 16]
-        _mm512_store_si512(buffer.get() + kp * NR + v * L, _mm512_permutexvar_epi16(pairs_of, both));
-      }
-    return reinterpret_cast<const kiln_bf16*>(buffer.get());
-  }
-};
-#endif
-
 // C [M, N] = epilogue(A @ B), B packed by pack_quant, in bfloat16 fast math (backend.fp32_gemm =
-// bf16: kiln::mm_quant's impl "kiln_bf16"). A prompt's rows (more than DIRECT_ROWS) go on AMX's
-// tiles where they are this CPU's bfloat16 product: each panel dequantized and rounded to
-// bfloat16 once a call (QuantPairPanels), A rounded to bfloat16, float32 sums and epilogue: the
-// dense fast math's error on top of the weights' quantization. A decode step's few rows, and CPUs
-// without AMX, take gemm_quant (float32): its few-row products already read the weights at about
-// the memory's speed, and they read 4 or 8 bits a weight where a bfloat16 panel would be 16.
+// bf16: kiln::mm_quant's impl "kiln_bf16"): a prompt's rows on AMX's tiles where they apply (A
+// rounded to bfloat16; int8's levels exact, int4's weights rounded to bfloat16: the dense fast
+// math's error on top of the quantization's); elsewhere gemm_quant's products.
 static void gemm_quant_bf16_math(const QuantShape& z, int64_t M, const float* a, int64_t lda, const uint8_t* packed,
                                  void* c, int64_t ldc, const Epilogue* e, int64_t kc) {
-#ifdef KILN_GEMM_AMX
-  if (M > DIRECT_ROWS && bf16_product() == BF16_AMX && amx_usable()) {
-    if (z.bits == 8) return amx_product(M, z.N, z.K, a, lda, QuantPairPanels<8>{{z, packed}}, c, ldc, e);
-    return amx_product(M, z.N, z.K, a, lda, QuantPairPanels<4>{{z, packed}}, c, ldc, e);
-  }
-#endif
+  if (quant_amx_applies(z, M, true)) return gemm_quant_amx(z, M, a, lda, packed, c, ldc, e, true);
   gemm_quant(z, M, a, lda, packed, c, ldc, e, kc);
 }
 
