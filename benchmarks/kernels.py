@@ -86,6 +86,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.kiln_gemm_quant_pack.argtypes = [i32, i64, i64, i64, ptr, ptr, ptr, ptr]
     lib.kiln_gemm_quant_f32.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
     lib.kiln_gemm_quant_bf16_math.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
+    lib.kiln_gemm_quant_bf16_rows.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
     lib.kiln_gemm_quant_path_of.restype = i32
     lib.kiln_gemm_quant_path_of.argtypes = [i32, i64, i64, i64, i64]
     lib.kiln_gemm_quant_digits.restype = i32
@@ -242,8 +243,8 @@ def mm_quant(a: torch.Tensor, packed: torch.Tensor, n: int, bits: int, group_siz
              residual: torch.Tensor | None = None, algorithm: str | None = None, row_norm: RowNorm | tuple | None = None,
              lib: ctypes.CDLL | None = None, path: str | None = None,
              int8_activations: str | None = None, bf16_math: bool = False) -> torch.Tensor:
-    """epilogue(a [M, K] (float32) @ dequantize(B)) with B packed by `quant_pack`: the epilogues of
-    `mm`, float32 out. `path` (at 4 rows or fewer, one of QUANT_PATHS): run that path (where the
+    """epilogue(a [M, K] (float32, or bfloat16: a bfloat16 model's, out in bfloat16) @ dequantize(B))
+    with B packed by `quant_pack`: the epilogues of `mm`, out in a's dtype. `path` (at 4 rows or fewer, one of QUANT_PATHS): run that path (where the
     CPU has it; float32 elsewhere) rather than the one this CPU takes by default (`quant_path`).
     `int8_activations` (int4): a's rows quantized to int8 per group first (kiln.quantize's
     activations="int8"), multiplied by the "integer" path where it applies or the "float" one.
@@ -254,8 +255,8 @@ def mm_quant(a: torch.Tensor, packed: torch.Tensor, n: int, bits: int, group_siz
     M, K = a.shape
     if residual is not None:
         residual = residual.contiguous()
-    out = torch.empty((M, n))
-    post = epilogue(bias, unary, scalars, algorithm, residual, torch.float32)
+    out = torch.empty((M, n), dtype=a.dtype)
+    post = epilogue(bias, unary, scalars, algorithm, residual, a.dtype)
     if row_norm is not None:
         post = _with_row_norm(post, torch.float32, *RowNorm(*row_norm))
     post_ref = ctypes.byref(post) if post is not None else None
@@ -264,6 +265,11 @@ def mm_quant(a: torch.Tensor, packed: torch.Tensor, n: int, bits: int, group_siz
             raise ValueError("int8_activations ('integer' or 'float') applies to int4 weights, without path")
         lib.kiln_gemm_quant_a8_f32(int(int8_activations == "integer"), M, n, K, group_size, a.data_ptr(), K,
                                    packed.data_ptr(), out.data_ptr(), n, post_ref, K_BLOCK)
+    elif a.dtype == torch.bfloat16:
+        if path is not None or bf16_math or row_norm is not None:
+            raise ValueError("bfloat16 rows take the path their own entry takes, without path, bf16_math or row_norm")
+        lib.kiln_gemm_quant_bf16_rows(bits, M, n, K, K if bits == 8 else group_size, a.data_ptr(), K,
+                                      packed.data_ptr(), out.data_ptr(), n, post_ref, K_BLOCK)
     elif bf16_math:
         if path is not None:
             raise ValueError("bf16_math takes the path bfloat16 fast math takes, without path")

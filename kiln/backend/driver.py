@@ -148,14 +148,14 @@ def watch() -> Iterator[list[Any]]:
 
 
 def _tell_reference_products(gm: fx.GraphModule) -> None:
-    # A quantized Linear kiln's GEMM did not take (freezing off, bfloat16 activations, a GPU) runs
+    # A quantized Linear kiln's GEMM did not take (freezing off, float16 activations, a GPU) runs
     # eager's reference, dequantizing its whole weight every call: often slower than the float
     # model, so it is said even with logs off.
     count = reference_products(gm)
     if count:
         warnings.warn(f"kiln: {count} weight-only quantized linear layer(s) of a compiled graph run eager's "
-                      "dequantizing reference (kiln's quantized GEMM takes frozen weights with float32 activations "
-                      "on the CPU: backend.freezing on, the model in float32)", RuntimeWarning, stacklevel=2)
+                      "dequantizing reference (kiln's quantized GEMM takes frozen weights with float32 or bfloat16 "
+                      "activations on the CPU: backend.freezing on, the model in float32 or bfloat16)", RuntimeWarning, stacklevel=2)
 
 
 class Backend:

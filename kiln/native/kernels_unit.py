@@ -73,6 +73,10 @@ def _entries() -> str:
         "void kiln_gemm_quant_bf16_math(int32_t bits, int64_t M, int64_t N, int64_t K, int64_t group, const float* a, "
         "int64_t lda, const uint8_t* packed, void* c, int64_t ldc, const kiln_gemm::Epilogue* e, int64_t kc) "
         f"{{ kiln_gemm::gemm_quant_bf16_math({quant_shape}, M, a, lda, packed, c, ldc, e, kc); }}",
+        # a bfloat16 A (C bfloat16 where the epilogue's out_bf16 says so)
+        "void kiln_gemm_quant_bf16_rows(int32_t bits, int64_t M, int64_t N, int64_t K, int64_t group, const kiln_bf16* a, "
+        "int64_t lda, const uint8_t* packed, void* c, int64_t ldc, const kiln_gemm::Epilogue* e, int64_t kc) "
+        f"{{ kiln_gemm::gemm_quant_bf16_rows({quant_shape}, M, a, lda, packed, c, ldc, e, kc); }}",
         "int32_t kiln_gemm_quant_path_of(int32_t bits, int64_t M, int64_t K, int64_t N, int64_t group) "
         f"{{ return kiln_gemm::quant_path_for({quant_shape}, M); }}",
         # (tests: the int8 digits the digits path carries activations in at these weights; 0: no such path)

@@ -14,10 +14,12 @@ concatenated: three calls of a third of the size each paid the call's fixed cost
 multiplies it by up's output instead of in the GEMM's store.
 
 The quantized weight's packing is made on the first call and kept per weight (kiln_runtime.cpp
-`mm_quant`). With backend.fp32_gemm at "bf16" (bfloat16 fast math) a weight-only product takes
-`impl="kiln_bf16"`: a prompt's rows on AMX's tiles, each panel dequantized to bfloat16 per call
-(kiln_gemm_quant.h `gemm_quant_bf16_math`); int8 activations keep their own path. Float32 activations only; elsewhere (a bfloat16 model, freezing off) the operator
-stays eager's reference, which dequantizes the weight on every call.
+`mm_quant`). Float32 activations, or a bfloat16 model's (its output bfloat16, as eager's linear
+makes it; not with int8 activations); elsewhere (a float16 model, freezing off) the operator
+stays eager's reference, which dequantizes the weight on every call. With backend.fp32_gemm at
+"bf16" (bfloat16 fast math) a float32 weight-only product takes `impl="kiln_bf16"`: a prompt's
+rows on AMX's tiles (kiln_gemm_quant.h `gemm_quant_bf16_math`); int8 activations keep their own
+path.
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ def reference_products(gm: fx.GraphModule) -> int:
     return sum(1 for node in gm.graph.nodes if _is_quantized_linear(node))
 
 
-def _float32(value: object) -> bool:
+def _dtype(value: object) -> torch.dtype | None:
     val = value.meta.get("val") if isinstance(value, fx.Node) else None
-    return isinstance(val, torch.Tensor) and val.dtype == torch.float32
+    return val.dtype if isinstance(val, torch.Tensor) else None
 
 
 def _residual(last: fx.Node) -> tuple[fx.Node, fx.Node] | None:
@@ -62,16 +64,19 @@ def _residual(last: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     if args[2] != 1 or args[0] is args[1]:
         return None
     other = args[1] if args[0] is last else args[0]
-    if not _float32(other) or tuple(other.meta["val"].shape) != tuple(last.meta["val"].shape):
+    if _dtype(other) != _dtype(last) or tuple(other.meta["val"].shape) != tuple(last.meta["val"].shape):
         return None
     return add, other
 
 
 def _qualifies(node: fx.Node, constants: ConstantSet) -> bool:
-    """Whether kiln's GEMM takes this quantized Linear: frozen weights, float32 activations and bias."""
-    x, qweight, scales, zeros, bits, group_size, bias, _ = arguments(node)
-    return qweight in constants and constants.all(scales, zeros, bias) and _float32(x) and \
-        (bias is None or _float32(bias))
+    """Whether kiln's GEMM takes this quantized Linear: frozen weights; float32 activations, or a
+    bfloat16 model's (without int8 activations); a bias of their dtype."""
+    x, qweight, scales, zeros, bits, group_size, bias, int8_activations = arguments(node)
+    dtype = _dtype(x)
+    return qweight in constants and constants.all(scales, zeros, bias) and \
+        (dtype == torch.float32 or (dtype == torch.bfloat16 and not int8_activations)) and \
+        (bias is None or _dtype(bias) == dtype)
 
 
 def _quantized_groups(gm: fx.GraphModule, constants: ConstantSet) -> list[list[fx.Node]]:
@@ -116,7 +121,7 @@ def quantized_gemm(gm: fx.GraphModule, target: Target) -> bool:
         end, added = (residual if residual is not None else (last, None))
         name, scalars, algorithm = post_op
         # (the impl only where it is not the default, so float32 graphs are as before)
-        impl = {"impl": BF16_MATH_IMPL} if bf16_math and not int8_activations else {}
+        impl = {"impl": BF16_MATH_IMPL} if bf16_math and not int8_activations and _dtype(x) == torch.float32 else {}
         fused = insert(gm, end, native_ops.op("mm_quant"), x, qweight, scales, zeros, bits, group_size, bias, added,
                        name, scalars, algorithm or None, int8_activations, **impl)
         end.replace_all_uses_with(fused)

@@ -25,7 +25,7 @@ def _linear(x, qweight, scales, zeros, bits, group_size, bias, int8_activations=
     weight = dequantize(qweight, scales, zeros, bits, group_size, x.shape[-1])
     if int8_activations:
         x = quantize_activations(x.to(torch.float32), group_size).to(x.dtype)
-    return torch.nn.functional.linear(x, weight.to(x.dtype), bias)
+    return torch.nn.functional.linear(x, weight.to(x.dtype), bias if bias is None else bias.to(x.dtype))
 
 
 def _linear_fake(x, qweight, scales, zeros, bits, group_size, bias, int8_activations=False):
@@ -80,8 +80,8 @@ class QuantizedLinear(nn.Module):
         layer.scales.copy_(scales)
         if zeros is not None:
             layer.zeros.copy_(zeros)
-        if linear.bias is not None:
-            layer.bias.data.copy_(linear.bias.detach().to(torch.float32))
+        if linear.bias is not None:  # (in the model's dtype: a bfloat16 model's layers stay bfloat16)
+            layer.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         return layer
 
     def dequantized_weight(self) -> torch.Tensor:

@@ -6,6 +6,7 @@ post-op and residual inside, the same values as eager's quantized model and the 
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -133,6 +134,27 @@ def test_without_freezing_the_eager_reference_runs():
         out, program = compiled(model, x, freezing=False)  # (told: every call dequantizes the weights)
     with torch.no_grad():
         torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,group,rows", [("int8", None, 1), ("int4", 32, 3), ("int4", 128, 40), ("int8", None, 40)])
+def test_a_bfloat16_model_s_quantized_layers_run_kiln_s_gemm(dtype, group, rows):
+    """kiln.quantize of a bfloat16 model: its layers keep their bfloat16 bias, eager runs them
+    (x's dtype throughout), and the compiled model runs kiln::mm_quant on the bfloat16 activations
+    (gate and up merged, down's residual inside), no reference layer told of, bfloat16 out within
+    bfloat16's rounding of eager's."""
+    torch.manual_seed(0)
+    model = kiln.quantize(Block().eval().to(torch.bfloat16), dtype, group_size=group)
+    assert model.proj.bias.dtype == torch.bfloat16
+    x = torch.randn(rows, 96).bfloat16()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # (no layer left to eager's reference)
+        out, program = compiled(model, x, freezing=True)
+    with torch.no_grad():
+        expected = model(x)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
+    calls = [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm_quant.default"]
+    assert len(calls) == 3 and sum(c.args[7] is not None for c in calls) == 1
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -201,6 +201,37 @@ def test_a_prompt_s_products_on_amx(product, bits, group):
         lib.kiln_gemm_bf16_force_product(-1)
 
 
+@pytest.mark.parametrize("bits,group", KINDS, ids=lambda v: str(v))
+@pytest.mark.parametrize("product", [2, 0], ids=["amx", "vdpbf16ps"])
+def test_a_bfloat16_model_s_rows(product, bits, group):
+    """bfloat16 activations, C bfloat16 (a bfloat16 model's quantized layers: kiln_gemm_quant.h
+    `gemm_quant_bf16_rows`): a prompt's rows on AMX where it is the product (forced here), A as it
+    is, int4's weights rounded to bfloat16 as eager's reference rounds them; else A widened to
+    float32 for the float32 products (at 4 rows or fewer the path's carried activations). Against
+    float64 products of those values, a bfloat16 bias and residual, every epilogue: within C's
+    rounding to bfloat16 (2^-8 relative) and float32's bound."""
+    lib = kernels.library()
+    lib.kiln_gemm_bf16_force_product(product)
+    try:
+        for m, k, n in AMX_SHAPES + [(1, 333, 130), (4, 65, 49)]:
+            amx = bool(lib.kiln_gemm_bf16_amx()) and product == 2 and m > 4
+            q, s, z, w = _quantized(n, k, bits, group, seed=m + k)
+            packed = kernels.quant_pack(q, s, z, bits, group, k)
+            g = torch.Generator().manual_seed(n)
+            a, bias, residual = (torch.randn(m, k, generator=g).bfloat16(), torch.randn(n, generator=g).bfloat16(),
+                                 torch.randn(m, n, generator=g).bfloat16())
+            ws = w.float().bfloat16().double() if amx and bits == 4 else w
+            carried = a.double() if amx or m > 4 else _carried(a.float(), bits, m, group)
+            for unary, scalars, algorithm in EPILOGUES[:5]:
+                out = kernels.mm_quant(a, packed, n, bits, group, bias, unary, scalars, residual, algorithm)
+                assert out.dtype == torch.bfloat16
+                ref = _reference(carried, ws, bias, unary, scalars, algorithm, residual)
+                err = ((out.double() - ref).abs() / (ref.abs() + 1)).max().item()
+                assert err <= 2.0 ** -8 + 1e-7 * k + 1e-6, (m, k, n, unary, err)
+    finally:
+        lib.kiln_gemm_bf16_force_product(-1)
+
+
 def test_amx_s_three_parts_carry_float32_activations_exactly():
     """int8 on AMX, one activation a row (the others zero), of full float32 precision: the product
     is one term, which float32 rounds at most twice (eager's a * (q * scale); kiln's (a * q) *

@@ -1210,6 +1210,19 @@ static void gemm_from(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, 
   }
 }
 
+// A [M, K] bfloat16 (row stride lda) as a float32 copy [M, K] (exact).
+static std::unique_ptr<float[]> widened_rows(int64_t M, int64_t K, const kiln_bf16* a, int64_t lda) {
+  std::unique_ptr<float[]> wide(new float[M * K]);
+  const int64_t whole = K / L * L;
+#pragma omp parallel for if (M * K >= (int64_t(1) << 16))
+  for (int64_t i = 0; i < M; ++i) {
+    int64_t k = 0;
+    for (; k < whole; k += L) kiln::store(wide.get() + i * K + k, kiln::load_bf16(a + i * lda + k));
+    for (; k < K; ++k) wide[i * K + k] = float(a[i * lda + k]);
+  }
+  return wide;
+}
+
 #if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
 // bfloat16 pair panels ([K/2][NR][2]) as float32 blocks [kn][NR], widened in this thread's buffer
 // (valid until its next block): a word's high half in place is its odd k's value, shifted up 16
@@ -1259,14 +1272,7 @@ static void gemm_bf16_by(int product, int64_t M, int64_t N, int64_t K, const kil
   // (A's float32 copy up to 64 MB: beyond, a long prompt's bfloat16 product keeps vdpbf16ps)
   if (product != BF16_FMA || M * K > (int64_t(1) << 24))
     return gemm_from(M, N, K, a, lda, Panels<kiln_bf16>{bp, round_even(K)}, c, ldc, e, kc);
-  std::unique_ptr<float[]> wide(new float[M * K]);
-  const int64_t whole = K / L * L;
-#pragma omp parallel for if (M * K >= (int64_t(1) << 16))
-  for (int64_t i = 0; i < M; ++i) {
-    int64_t k = 0;
-    for (; k < whole; k += L) kiln::store(wide.get() + i * K + k, kiln::load_bf16(a + i * lda + k));
-    for (; k < K; ++k) wide[i * K + k] = float(a[i * lda + k]);
-  }
+  const std::unique_ptr<float[]> wide = widened_rows(M, K, a, lda);
   gemm_from(M, N, K, wide.get(), K, WidenedPanels{bp, round_even(K)}, c, ldc, e, kc);
 }
 

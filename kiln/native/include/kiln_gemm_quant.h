@@ -1267,9 +1267,10 @@ static inline bool quant_amx_applies(const QuantShape& z, int64_t M, bool bf16_m
 }
 
 // C [M, N] = epilogue(A @ B), B packed by pack_quant, on AMX's tiles (quant_amx_applies): int8's
-// levels with A in three parts (exactly) or, in bfloat16 fast math, one; int4's weights
-// dequantized to bfloat16 (fast math only).
-static void gemm_quant_amx(const QuantShape& z, int64_t M, const float* a, int64_t lda, const uint8_t* packed, void* c,
+// levels with a float32 A in three parts (exactly) or, in bfloat16 fast math and for a bfloat16
+// A, one; int4's weights dequantized to bfloat16 (fast math, bfloat16 A).
+template <typename T>
+static void gemm_quant_amx(const QuantShape& z, int64_t M, const T* a, int64_t lda, const uint8_t* packed, void* c,
                            int64_t ldc, const Epilogue* e, bool bf16_math) {
 #ifdef KILN_GEMM_AMX
   if (z.bits == 4) return amx_product(M, z.N, z.K, a, lda, QuantPairPanels{{z, packed}}, c, ldc, e);
@@ -1320,6 +1321,17 @@ static void gemm_quant_bf16_math(const QuantShape& z, int64_t M, const float* a,
                                  void* c, int64_t ldc, const Epilogue* e, int64_t kc) {
   if (quant_amx_applies(z, M, true)) return gemm_quant_amx(z, M, a, lda, packed, c, ldc, e, true);
   gemm_quant(z, M, a, lda, packed, c, ldc, e, kc);
+}
+
+// C [M, N] = epilogue(A @ B) of a bfloat16 A (a bfloat16 model's quantized layers; C bfloat16
+// where the epilogue says out_bf16): a prompt's rows on AMX's tiles where they apply, A read as
+// it is (int8's levels exact; int4's weights rounded to bfloat16, as eager's reference rounds
+// them: weight.to(x.dtype)); elsewhere A widened to float32 (exact) for gemm_quant's products.
+static void gemm_quant_bf16_rows(const QuantShape& z, int64_t M, const kiln_bf16* a, int64_t lda, const uint8_t* packed,
+                                 void* c, int64_t ldc, const Epilogue* e, int64_t kc) {
+  if (quant_amx_applies(z, M, true)) return gemm_quant_amx(z, M, a, lda, packed, c, ldc, e, true);
+  const std::unique_ptr<float[]> wide = widened_rows(M, z.K, a, lda);
+  gemm_quant(z, M, wide.get(), z.K, packed, c, ldc, e, kc);
 }
 
 // C [M, N] = epilogue(A' @ B), A' = A's rows quantized to int8 per group (int8 activations, above),

@@ -79,6 +79,9 @@ extern "C" void kiln_gemm_quant_f32(int32_t bits, int64_t M, int64_t N, int64_t 
 extern "C" void kiln_gemm_quant_bf16_math(int32_t bits, int64_t M, int64_t N, int64_t K, int64_t group,
                                           const float* a, int64_t lda, const uint8_t* packed, void* c, int64_t ldc,
                                           const KilnGemmEpilogue* e, int64_t kc);
+extern "C" void kiln_gemm_quant_bf16_rows(int32_t bits, int64_t M, int64_t N, int64_t K, int64_t group,
+                                          const void* a, int64_t lda, const uint8_t* packed, void* c, int64_t ldc,
+                                          const KilnGemmEpilogue* e, int64_t kc);
 extern "C" void kiln_gemm_quant_a8_f32(int32_t integer, int64_t M, int64_t N, int64_t K, int64_t group, const float* a,
                                        int64_t lda, const uint8_t* packed, void* c, int64_t ldc,
                                        const KilnGemmEpilogue* e, int64_t kc);
@@ -489,8 +492,12 @@ at::Tensor quant_product(const at::Tensor& a_in, const at::Tensor& qweight, cons
   TORCH_CHECK(impl == "kiln" || impl == "kiln_bf16", "kiln::mm_quant: impl must be kiln or kiln_bf16, got ", impl);
   const bool bf16_math = impl == "kiln_bf16";
   TORCH_CHECK(!(bf16_math && int8_activations), "kiln::mm_quant: int8 activations are not taken in bfloat16 fast math");
-  TORCH_CHECK(a_in.scalar_type() == at::kFloat, "kiln::mm_quant: the activations must be float32, got ",
-              a_in.scalar_type());
+  // bfloat16 activations (a bfloat16 model's layers): C bfloat16, as eager's linear makes it
+  const bool bf16_rows = a_in.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(a_in.scalar_type() == at::kFloat || bf16_rows, "kiln::mm_quant: the activations must be float32 or "
+              "bfloat16, got ", a_in.scalar_type());
+  TORCH_CHECK(!bf16_rows || !(int8_activations || bf16_math || e.row_norm),
+              "kiln::mm_quant: bfloat16 activations take neither int8 activations, bfloat16 fast math nor a row norm");
   const int64_t K = a_in.size(-1), N = qweight.size(0), group = bits == 8 ? K : group_size;
   TORCH_CHECK(group > 0 && qweight.size(1) == (bits == 8 ? K : (K + 1) / 2) && scales.size(0) == N &&
                   scales.size(1) == (K + group - 1) / group && (bits == 8 || (zeros && zeros->sizes() == scales.sizes())),
@@ -513,7 +520,8 @@ at::Tensor quant_product(const at::Tensor& a_in, const at::Tensor& qweight, cons
   const int64_t M = K ? a_in.numel() / K : 0, lda = a.dim() == 2 ? a.stride(0) : K;
   std::vector<int64_t> shape = a_in.sizes().vec();
   shape.back() = N;
-  at::Tensor out = at::detail::empty_cpu(shape, at::kFloat);
+  at::Tensor out = at::detail::empty_cpu(shape, a_in.scalar_type());
+  e.out_bf16 = bf16_rows;
   std::optional<at::Tensor> bias = bias_in, residual;
   if (bias && bias->stride(0) != 1) bias = bias->contiguous();
   if (residual_in) residual = rows_of(*residual_in, N);
@@ -522,7 +530,10 @@ at::Tensor quant_product(const at::Tensor& a_in, const at::Tensor& qweight, cons
   e.residual = residual ? residual->data_ptr() : nullptr;
   e.residual_bf16 = residual && residual->scalar_type() == at::kBFloat16;
   e.ld_residual = residual ? (residual->dim() == 2 ? residual->stride(0) : N) : 0;
-  if (int8_activations)
+  if (bf16_rows)
+    kiln_gemm_quant_bf16_rows(int32_t(bits), M, N, K, group, a.data_ptr(), lda, packed_weight.data_ptr<uint8_t>(),
+                              out.data_ptr(), N, &e, kiln_gemm_k_block());
+  else if (int8_activations)
     kiln_gemm_quant_a8_f32(1, M, N, K, group, a.data_ptr<float>(), lda, packed_weight.data_ptr<uint8_t>(),
                            out.data_ptr(), N, &e, kiln_gemm_k_block());
   else
