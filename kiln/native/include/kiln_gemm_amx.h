@@ -85,18 +85,25 @@ static inline void amx_step(const kiln_bf16* a, int64_t lda_bytes, const kiln_bf
   }
 }
 
+// The block's C tiles to `to`, float32 rows `ld` apart (the lower three only where `two`: a block
+// of more than 16 rows).
+static inline void amx_store_c(float* to, int64_t ld, bool two = true) {
+  const int64_t stride = ld * int64_t(sizeof(float));
+  _tile_stored(0, to, stride);
+  _tile_stored(1, to + 16, stride);
+  _tile_stored(2, to + 32, stride);
+  if (!two) return;
+  _tile_stored(3, to + 16 * ld, stride);
+  _tile_stored(4, to + 16 * ld + 16, stride);
+  _tile_stored(5, to + 16 * ld + 32, stride);
+}
+
 // The block's tiles to C at [i0, j0]: `rows` x `cols`, through the epilogue of `e`.
 static void amx_store(int rows, int cols, int64_t i0, int64_t j0, void* c, int64_t ldc, const Epilogue* e) {
   const bool two = rows > 16;
   if (rows == AMX_ROWS && cols == NR && !(e && e->out_bf16)) {  // whole and float32: the tiles straight to C
     float* out = static_cast<float*>(c) + i0 * ldc + j0;
-    const int64_t stride = ldc * int64_t(sizeof(float));
-    _tile_stored(0, out, stride);
-    _tile_stored(1, out + 16, stride);
-    _tile_stored(2, out + 32, stride);
-    _tile_stored(3, out + 16 * ldc, stride);
-    _tile_stored(4, out + 16 * ldc + 16, stride);
-    _tile_stored(5, out + 16 * ldc + 32, stride);
+    amx_store_c(out, ldc);
     if (e && (e->unary || e->residual)) {  // (the bias is in the sums: the tiles started from it)
       epilogue_in_place<16, NV>(out, ldc, i0, j0, *e);
       epilogue_in_place<16, NV>(out + 16 * ldc, ldc, i0 + 16, j0, *e);
@@ -104,15 +111,7 @@ static void amx_store(int rows, int cols, int64_t i0, int64_t j0, void* c, int64
     return;
   }
   float* block = thread_block_buffer(AMX_ROWS * NR);
-  constexpr int64_t stride = NR * sizeof(float);
-  _tile_stored(0, block, stride);
-  _tile_stored(1, block + 16, stride);
-  _tile_stored(2, block + 32, stride);
-  if (two) {
-    _tile_stored(3, block + 16 * NR, stride);
-    _tile_stored(4, block + 16 * NR + 16, stride);
-    _tile_stored(5, block + 16 * NR + 32, stride);
-  }
+  amx_store_c(block, NR, two);
   if (rows == AMX_ROWS && cols == NR) {  // whole, bfloat16: the epilogue on the buffer, then each row rounded into C
     if (e->bias || e->unary || e->residual) {
       epilogue_in_place<16, NV>(block, NR, i0, j0, *e);
@@ -276,13 +275,7 @@ static void amx_product(int64_t M, int64_t N, int64_t K, const T* a_in, int64_t 
         }
         if constexpr (PanelOf::scaled) {  // sums * scales + bias, back into the tiles
           alignas(64) float sums[AMX_ROWS * NR];
-          constexpr int64_t stride = NR * sizeof(float);
-          _tile_stored(0, sums, stride);
-          _tile_stored(1, sums + 16, stride);
-          _tile_stored(2, sums + 32, stride);
-          _tile_stored(3, sums + 16 * NR, stride);
-          _tile_stored(4, sums + 16 * NR + 16, stride);
-          _tile_stored(5, sums + 16 * NR + 32, stride);
+          amx_store_c(sums, NR);
           const float* scale = panel_of.scales();
           for (int r = 0; r < AMX_ROWS; ++r)
 #pragma GCC unroll 3
@@ -290,7 +283,7 @@ static void amx_product(int64_t M, int64_t N, int64_t K, const T* a_in, int64_t 
               float* at_sum = sums + r * NR + v * L;
               kiln::store(at_sum, fma(kiln::load(at_sum), kiln::load(scale + v * L), kiln::load(start + v * L)));
             }
-          amx_load_c(sums, stride);
+          amx_load_c(sums, NR * sizeof(float));
         }
         amx_store(rows, cols, i0, p * NR, c, ldc, after);
       }
