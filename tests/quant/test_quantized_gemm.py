@@ -89,6 +89,24 @@ def _carried(a: torch.Tensor, bits: int, m: int, group: int, lib=None, path: str
     return split_activations(a) if path == "bf16_pairs" else a
 
 
+def _bf16_parts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (float32 values) as two bfloat16 parts, its rounding and the rounding of what is left."""
+    x = x.float()
+    high = x.bfloat16().float()
+    return high.double(), (x - high).bfloat16().double()
+
+
+def _operands(a: torch.Tensor, w: torch.Tensor, bits: int, m: int, group: int, lib=None):
+    """(a', w') whose float64 product a' @ w'ᵀ is kiln's product of `m` rows but for float32's
+    summation: the activations as `_carried`, the weight's values; where int4's rows run on AMX by
+    default (kiln_gemm_quant.h `QuantSplitPanels`: `quant_path` "amx") a and w each in two bfloat16
+    parts, a1 w1 + a2 w1 + a1 w2: three blocks of K."""
+    if bits == 4 and m > 4 and kernels.quant_path(4, m, a.shape[-1], w.shape[0], group, lib) == "amx":
+        (a1, a2), (w1, w2) = _bf16_parts(a), _bf16_parts(w)
+        return torch.cat([a1, a2, a1], -1), torch.cat([w1, w1, w2], -1)
+    return _carried(a, bits, m, group, lib), w
+
+
 def test_the_carried_activations_are_within_their_bounds():
     a = torch.randn(10000) * torch.logspace(-20, 20, 10000)
     assert ((split_activations(a) - a.double()).abs() <= 2.0 ** -16 * a.double().abs()).all()
@@ -119,11 +137,11 @@ def test_every_epilogue_matches_a_float64_product_of_the_dequantized_weight(shap
     g = torch.Generator().manual_seed(k)
     a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
     # int4's bfloat16 path products its activations' two-bfloat16 split exactly (the rest as float32 does).
-    carried = _carried(a, bits, m, group)
+    carried, ws = _operands(a, w, bits, m, group)
     for unary, scalars, algorithm in EPILOGUES:
         for b, r in [(None, None), (bias, None), (bias, residual)]:
             out = kernels.mm_quant(a, packed, n, bits, group, b, unary, scalars, r, algorithm)
-            _check(out, _reference(carried, w, b, unary, scalars, algorithm, r), k)
+            _check(out, _reference(carried, ws, b, unary, scalars, algorithm, r), carried.shape[-1])
 
 
 @pytest.mark.parametrize("bits,group", [(4, 64), (8, 0)], ids=["int4", "int8"])
@@ -151,50 +169,54 @@ def test_row_norms_after_the_quantized_product(m, kind, bits, group):
 
 # (M, K, N) of a prompt's products on AMX: M past DIRECT_ROWS and not a multiple of AMX's 32 rows
 # (a last block of at most 16), K odd and not a multiple of 32 (a zero high half, a zero-padded
-# last step), ragged last panels of 1, 22 and 32 columns.
-AMX_SHAPES = [(5, 64, 50), (33, 333, 130), (70, 2500, 97), (40, 65, 49), (130, 896, 1000), (17, 129, 22)]
+# last step), ragged last panels of 1, 22 and 32 columns; the rows where int8 (16) and int4 (32)
+# take AMX by default, and one fewer.
+AMX_SHAPES = [(5, 64, 50), (33, 333, 130), (70, 2500, 97), (40, 65, 49), (130, 896, 1000), (17, 129, 22),
+              (15, 96, 61), (16, 96, 61), (31, 200, 70), (32, 200, 70)]
 
 
 @pytest.mark.parametrize("bits,group", KINDS, ids=lambda v: str(v))
 @pytest.mark.parametrize("product", [2, 0], ids=["amx", "vdpbf16ps"])
 def test_a_prompt_s_products_on_amx(product, bits, group):
-    """More than 4 rows where AMX is the bfloat16 product (forced here; kiln_gemm_quant.h
-    `gemm_quant_amx`). int8: its levels (exact in bfloat16) times A, then its scales: A in three
-    bfloat16 parts (exactly A) by default, one (A rounded) in bfloat16 fast math (kiln::mm_quant's
-    impl "kiln_bf16"). int4 in fast math only: its weights dequantized and rounded to bfloat16, A
-    rounded. Each against a float64 product of exactly those values, every epilogue and an RMS
-    norm, within float32's accumulation bound (a product that skipped a rounding, 1e-2 off, would
-    fail). Where AMX is not the product or not on the CPU, and at 4 rows or fewer, the float32
-    products, fast math's bits the default's."""
+    """A prompt's rows where AMX is the bfloat16 product (forced here; kiln_gemm_quant.h
+    `gemm_quant_amx`). By default int8 from 16 rows: its levels (exact in bfloat16) times A in
+    three bfloat16 parts (exactly A), then its scales; int4 from 32: each weight and A in two
+    bfloat16 parts, a1 w1 + a2 w1 + a1 w2 (`_operands`). In bfloat16 fast math (kiln::mm_quant's
+    impl "kiln_bf16") from 5 rows: A rounded to bfloat16, int8's levels, int4's weights dequantized
+    and rounded. Each against a float64 product of exactly those values, every epilogue and an RMS
+    norm, within float32's accumulation bound (a product that skipped a rounding or a part, 1e-2
+    or 2^-9 off, would fail). Where AMX is not the product or not on the CPU, and at 4 rows or
+    fewer, the float32 products, fast math's bits the default's."""
     lib = kernels.library()
     lib.kiln_gemm_bf16_force_product(product)
     try:
         on_amx = bool(lib.kiln_gemm_bf16_amx()) and product == 2
         for m, k, n in AMX_SHAPES + [(1, 333, 130), (4, 65, 49)]:
-            amx = on_amx and m > 4
+            fast_amx = on_amx and m > 4
             path = kernels.quant_path(bits, m, k, n, group)
-            assert (path == "amx") == (amx and bits == 8) and (m <= 4 or path in ("amx", "float32"))
+            assert (path == "amx") == (on_amx and m >= (16 if bits == 8 else 32)), (m, path)
+            assert m <= 4 or path in ("amx", "float32")
             q, s, z, w = _quantized(n, k, bits, group, seed=m + k)
             packed = kernels.quant_pack(q, s, z, bits, group, k)
             g = torch.Generator().manual_seed(n)
             a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+            carried, ws = _operands(a, w, bits, m, group)
             fast_w = w.float().bfloat16().double() if bits == 4 else w  # (int8's levels and scales stay exact)
             for unary, scalars, algorithm in EPILOGUES[:5]:
                 exact = kernels.mm_quant(a, packed, n, bits, group, bias, unary, scalars, residual, algorithm)
-                _check(exact, _reference(_carried(a, bits, m, group), w, bias, unary, scalars, algorithm, residual), k)
+                _check(exact, _reference(carried, ws, bias, unary, scalars, algorithm, residual), carried.shape[-1])
                 fast = kernels.mm_quant(a, packed, n, bits, group, bias, unary, scalars, residual, algorithm,
                                         bf16_math=True)
-                if amx:
+                if fast_amx:
                     _check(fast, _reference(a.bfloat16().double(), fast_w, bias, unary, scalars, algorithm, residual), k)
                 else:
                     assert torch.equal(fast, exact)
-            if amx:
+            if fast_amx:
                 weight = torch.rand(n, generator=g) + 0.5
-                for bf16_math, carried, ws in [(False, a.double(), w), (True, a.bfloat16().double(), fast_w)]:
+                for bf16_math, rows, weights in [(False, carried, ws), (True, a.bfloat16().double(), fast_w)]:
                     out = kernels.mm_quant(a, packed, n, bits, group, bias, "none", (), residual, bf16_math=bf16_math,
                                            row_norm=kernels.RowNorm(weight, None, 1e-5, None, "rms_norm"))
-                    y = _reference(carried if bits == 8 or bf16_math else _carried(a, bits, m, group), ws, bias,
-                                   "none", (), None, residual)
+                    y = _reference(rows, weights, bias, "none", (), None, residual)
                     ref = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.double()
                     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
     finally:
@@ -336,11 +358,11 @@ def test_int8_activations_match_a_float64_product_of_the_quantized_rows(shape, p
     assert (rows != a).any() and ((rows - a).abs() <= 0.02).all()  # quantized: half a level, 1/254 of a group's max
     integer = path == "integer" and kernels.int8_dot_applies(m, k, n, group)
     # (else the float32 GEMM over those rows, which takes int4's fastest path: test_every_path_at_a_few_rows)
-    carried = rows if integer else _carried(rows, 4, m, group)
+    carried, ws = (rows, w) if integer else _operands(rows, w, 4, m, group)
     for unary, scalars, algorithm in EPILOGUES[:4]:
         out = kernels.mm_quant(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm,
                                int8_activations=path)
-        _check(out, _reference(carried, w, bias, unary, scalars, algorithm, residual), k)
+        _check(out, _reference(carried, ws, bias, unary, scalars, algorithm, residual), carried.shape[-1])
         # Over panels on 2 MB pages one row reads one stream a thread: the same bits.
         kernels.library().kiln_gemm_set_huge_page_packs(1)
         try:

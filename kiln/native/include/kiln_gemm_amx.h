@@ -172,10 +172,14 @@ static std::unique_ptr<kiln_bf16[]> amx_padded_a(int64_t M, int64_t K, const T* 
 // QuantLevelPanels), which a thread makes once per panel (`made`: the rows in one pass, no panel
 // asked for before it is made). `parts`: A's bfloat16 parts (amx_padded_a). `scaled`: the panel
 // holds levels, and the sums are multiplied by its columns' scales (`scales()`, of the last panel
-// the thread made) before the epilogue.
+// the thread made) before the epilogue. `weight_parts` 2: the panel's weights in two bfloat16
+// parts, the second `low_part()` elements after the first, and each step sums A's first part
+// times the second too (QuantSplitPanels). `whole_steps`: the panel's pair rows run on to whole
+// steps of AMX_K, zeros past K (no tail to copy).
 struct PackedPairs {
-  static constexpr bool made = false, scaled = false;
-  static constexpr int parts = 1;
+  static constexpr bool made = false, scaled = false, whole_steps = false;
+  static constexpr int parts = 1, weight_parts = 1;
+  int64_t low_part() const { return 0; }
   const kiln_bf16* bp;
   int64_t pairs;
   const kiln_bf16* operator()(int64_t p) const { return bp + p * pairs * 2 * NR; }
@@ -225,7 +229,7 @@ static void amx_product(int64_t M, int64_t N, int64_t K, const T* a_in, int64_t 
     // Blocks [b0, b1) of panel p; `more`: the thread has a next panel.
     auto amx_panel = [&](int64_t p, int64_t b0, int64_t b1, bool more) {
       const kiln_bf16* panel = panel_of(p);
-      if (tail_pairs < AMX_K / 2) {
+      if (!PanelOf::whole_steps && tail_pairs < AMX_K / 2) {
         const int64_t whole = tail_pairs * NR * 2;
         std::memcpy(tail, panel + (steps - 1) * AMX_K * NR, whole * sizeof(kiln_bf16));
         std::memset(static_cast<void*>(tail + whole), 0, sizeof(tail) - whole * sizeof(kiln_bf16));
@@ -260,7 +264,8 @@ static void amx_product(int64_t M, int64_t N, int64_t K, const T* a_in, int64_t 
           amx_load_c(start, 0);
         }
         for (int64_t s = 0; s < steps; ++s) {
-          const kiln_bf16* b = s + 1 == steps && tail_pairs < AMX_K / 2 ? tail : panel + s * AMX_K * NR;
+          const kiln_bf16* b =
+              !PanelOf::whole_steps && s + 1 == steps && tail_pairs < AMX_K / 2 ? tail : panel + s * AMX_K * NR;
           if (KILN_GEMM_AMX_AHEAD) {
             const int64_t t = s + KILN_GEMM_AMX_AHEAD;
             const char* ahead = first_block && t < steps ? reinterpret_cast<const char*>(panel + t * AMX_K * NR)
@@ -272,6 +277,7 @@ static void amx_product(int64_t M, int64_t N, int64_t K, const T* a_in, int64_t 
           }
           for (int part = 0; part < PanelOf::parts; ++part)
             amx_step(rows_a + part * part_stride + s * AMX_K, lda_bytes, b, two);
+          if constexpr (PanelOf::weight_parts == 2) amx_step(rows_a + s * AMX_K, lda_bytes, b + panel_of.low_part(), two);
         }
         if constexpr (PanelOf::scaled) {  // sums * scales + bias, back into the tiles
           alignas(64) float sums[AMX_ROWS * NR];

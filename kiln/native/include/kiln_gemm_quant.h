@@ -1194,6 +1194,22 @@ template <typename E> static E* panel_buffer(int64_t elements) {
   return buffer.get();
 }
 
+// Panel p's int4 weights as QuantPanels::block makes them (eager's reference: (q - zero) * scale),
+// row k's vector v; rows in k's order, each group's scales and zero points read once.
+struct DequantizedRows {
+  const QuantPanels<4>& src;
+  int64_t p;
+  int64_t g = -1;
+  V scale[NV], zero[NV];
+  V operator()(int64_t k, int v) {
+    if (k / src.z.group != g) {
+      g = k / src.z.group;
+      for (int u = 0; u < NV; ++u) scale[u] = src.scale(p, g, u), zero[u] = src.zero(p, g, u);
+    }
+    return (quant_lanes<4>(src.panel(p), k, v) - zero[v]) * scale[v];
+  }
+};
+
 // An int8 weight's panel as AMX's tiles read it (kiln_gemm_amx.h's PanelOf): its levels q
 // (-127..127, exact in bfloat16) in pairs of k ([K/2][NR][2]; an odd K's last pair's high half 0)
 // and its columns' scales, in this thread's buffers, valid until its next panel: the product is
@@ -1201,9 +1217,11 @@ template <typename E> static E* panel_buffer(int64_t elements) {
 // of a part and a level exact, so that only float32's summation and the scale's one rounding
 // differ from eager's A @ (q * scale); 1, A rounded to bfloat16 (bfloat16 fast math).
 template <int Parts> struct QuantLevelPanels {
-  static constexpr bool made = true, scaled = true;
-  static constexpr int parts = Parts;
+  static constexpr bool made = true, scaled = true, whole_steps = false;
+  static constexpr int parts = Parts, weight_parts = 1;
   QuantPanels<8> src;
+
+  int64_t low_part() const { return 0; }
 
   const float* scales() const { return panel_buffer<float>(NR); }
 
@@ -1221,6 +1239,42 @@ template <int Parts> struct QuantLevelPanels {
   }
 };
 
+// w as store_pairs rounds it to bfloat16 (vcvtneps2bf16: subnormals to zero), widened back.
+static inline V as_paired(V w) {
+  return (V)_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh((__m512)w)), 16);
+}
+
+// Panel p's int4 weights (DequantizedRows' values) as `pairs` pair rows at `high`, rounded to
+// bfloat16, and, where `low`, the rounding of what each leaves (QuantSplitPanels); zeros past K.
+// Groups of whole words take a word's 8 k from one load and their group's scales once: 896 x 9728
+// at 5 rows, 2 threads of an Intel Xeon with AMX, one part 1.18 -> 0.53 ms, two 1.77 -> 1.10
+// (a load and the group's check for every k and vector before).
+static void make_pair_rows(const QuantPanels<4>& src, int64_t p, int64_t pairs, uint32_t* high, uint32_t* low) {
+  const int64_t K = src.z.K;
+  auto put = [&](int64_t kp, int v, V w0, V w1) {
+    store_pairs(high + kp * NR + v * L, w0, w1);
+    if (low) store_pairs(low + kp * NR + v * L, w0 - as_paired(w0), w1 - as_paired(w1));
+  };
+  int64_t k = 0;
+  if (src.z.group % 8 == 0) {
+    const uint8_t* q = src.panel(p);
+    for (; k + 8 <= K; k += 8) {
+      const int64_t g = k / src.z.group;
+#pragma GCC unroll 3
+      for (int v = 0; v < NV; ++v) {
+        const V scale = src.scale(p, g, v), zero = src.zero(p, g, v);
+        const kiln::vec<int32_t> word = load_words(q + ((k >> 3) * NR + v * L) * 4);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j)
+          put(k / 2 + j, v, (nibble_lanes(word, 2 * j) - zero) * scale, (nibble_lanes(word, 2 * j + 1) - zero) * scale);
+      }
+    }
+  }
+  DequantizedRows weights{src, p};
+  for (; k < 2 * pairs; k += 2)
+    for (int v = 0; v < NV; ++v) put(k / 2, v, k < K ? weights(k, v) : V{}, k + 1 < K ? weights(k + 1, v) : V{});
+}
+
 // An int4 weight's panel as AMX's tiles read it in bfloat16 fast math: each weight dequantized as
 // eager's reference makes it (QuantPanels::block's values), rounded to bfloat16 (store_pairs:
 // 1.58 ms for 8.7 M weights on one thread where plain vector code took 2.11), into this thread's
@@ -1228,39 +1282,61 @@ template <int Parts> struct QuantLevelPanels {
 // as QuantLevelPanels scales int8's once, stored and reloaded the tiles every 4 steps at groups of
 // 128: 512x896x9728 10.7 ms against 5.3 with the weights dequantized.)
 struct QuantPairPanels {
-  static constexpr bool made = true, scaled = false;
-  static constexpr int parts = 1;
+  static constexpr bool made = true, scaled = false, whole_steps = false;
+  static constexpr int parts = 1, weight_parts = 1;
   QuantPanels<4> src;
 
+  int64_t low_part() const { return 0; }
   const float* scales() const { return nullptr; }
   const kiln_bf16* operator()(int64_t p) const {
-    const int64_t K = src.z.K, pairs = round_even(K) / 2;
+    const int64_t pairs = round_even(src.z.K) / 2;
     uint32_t* out = panel_buffer<uint32_t>(pairs * NR);
-    const uint8_t* q = src.panel(p);
-    int64_t g = -1;
-    V scale[NV], zero[NV];
-    auto weights = [&](int64_t k, int v) {  // row k's vector v, as QuantPanels::block makes it
-      if (k / src.z.group != g) {
-        g = k / src.z.group;
-        for (int u = 0; u < NV; ++u) scale[u] = src.scale(p, g, u), zero[u] = src.zero(p, g, u);
-      }
-      return (quant_lanes<4>(q, k, v) - zero[v]) * scale[v];
-    };
-    for (int64_t kp = 0; kp < pairs; ++kp)
-      for (int v = 0; v < NV; ++v)
-        store_pairs(out + kp * NR + v * L, weights(2 * kp, v), 2 * kp + 1 < K ? weights(2 * kp + 1, v) : V{});
+    make_pair_rows(src, p, pairs, out, nullptr);
     return reinterpret_cast<const kiln_bf16*>(out);
+  }
+};
+
+// An int4 weight's panel as AMX's tiles read it by default (float32 math): each weight w
+// dequantized as eager's reference makes it, in two bfloat16 parts, w's rounding and the rounding
+// of what is left (w to 16 significant bits: within 2^-17 |w|), and A in two parts too
+// (amx_padded_a, within 2^-17 |a|); each step sums a1 w1 + a2 w1 + a1 w2, the part left out, a2
+// w2, under 2^-16 |a w|. Each product of a row and a column then lies within ~2^-15.4 sum |a w| of
+// eager's A @ w beside float32's own summation error (up to K 2^-24 sum |a w|): decode's digits
+// hold an activation to 2^-13.9 of its group's largest. A group's scales cannot wait for the sums
+// here as int8's one scale does (QuantLevelPanels): summed apart, each group's tiles were stored
+// and reloaded every 4 steps (QuantPairPanels). Both parts in this thread's buffer, valid until its
+// next panel, their pair rows to whole steps (zeros past K).
+struct QuantSplitPanels {
+  static constexpr bool made = true, scaled = false, whole_steps = true;
+  static constexpr int parts = 2, weight_parts = 2;
+  QuantPanels<4> src;
+
+  int64_t pair_rows() const { return (src.z.K + AMX_K - 1) / AMX_K * (AMX_K / 2); }
+  int64_t low_part() const { return pair_rows() * NR * 2; }
+  const float* scales() const { return nullptr; }
+  const kiln_bf16* operator()(int64_t p) const {
+    const int64_t pairs = pair_rows();
+    uint32_t* high = panel_buffer<uint32_t>(2 * pairs * NR);
+    make_pair_rows(src, p, pairs, high, high + pairs * NR);
+    return reinterpret_cast<const kiln_bf16*>(high);
   }
 };
 #endif
 
-// Whether a product of M rows runs on AMX's tiles: a prompt's rows (more than DIRECT_ROWS), AMX
-// this CPU's bfloat16 product (kiln_gemm.h `bf16_product`); int8 always (QuantLevelPanels), int4
-// in bfloat16 fast math only (`bf16_math`: QuantPairPanels). A decode step's few rows keep the
-// products above: they read 4 or 8 bits a weight at about the memory's speed.
+// Whether a product of M rows runs on AMX's tiles: a prompt's rows, AMX this CPU's bfloat16 product
+// (kiln_gemm.h `bf16_product`). In bfloat16 fast math (`bf16_math`: QuantLevelPanels<1>,
+// QuantPairPanels) more than DIRECT_ROWS; by default int8 (QuantLevelPanels<3>: A in three parts)
+// from 16 rows and int4 (QuantSplitPanels: three products a step, two parts of each weight made)
+// from 32, where the tiles overtake the float32 GEMM, whose blocks make no panel per call. 2
+// threads of an Intel Xeon with AMX, 896 x 9728 (4864 x 896, 896 x 1152), the float32 GEMM's time
+// over AMX's: int8 at 8 rows 1.00x (0.96x, 0.81x), 16 1.94x (1.86x, 1.12x); int4 at 16 rows 1.17x
+// (1.11x, 0.81x), 32 1.25x (1.22x, 1.00x), 64 1.53x (1.63x, 1.28x). A decode step's few rows keep
+// the products above: they read 4 or 8 bits a weight at about the memory's speed.
+constexpr int64_t AMX_INT8_ROWS = 16, AMX_INT4_ROWS = 32;
 static inline bool quant_amx_applies(const QuantShape& z, int64_t M, bool bf16_math) {
 #ifdef KILN_GEMM_AMX
-  return M > DIRECT_ROWS && (z.bits == 8 || bf16_math) && bf16_product() == BF16_AMX && amx_usable();
+  const int64_t least = bf16_math ? DIRECT_ROWS + 1 : z.bits == 8 ? AMX_INT8_ROWS : AMX_INT4_ROWS;
+  return M >= least && bf16_product() == BF16_AMX && amx_usable();
 #else
   (void)z, (void)M, (void)bf16_math;
   return false;
@@ -1269,11 +1345,14 @@ static inline bool quant_amx_applies(const QuantShape& z, int64_t M, bool bf16_m
 
 // C [M, N] = epilogue(A @ B), B packed by pack_quant, on AMX's tiles (quant_amx_applies): int8's
 // levels with a float32 A in three parts (exactly) or, in bfloat16 fast math and for a bfloat16
-// A, one; int4's weights dequantized to bfloat16 (fast math, bfloat16 A).
+// A, one; int4's weights dequantized and rounded to bfloat16 (fast math, bfloat16 A), or by
+// default in two parts with a float32 A in two (QuantSplitPanels).
 template <typename T>
 static void gemm_quant_amx(const QuantShape& z, int64_t M, const T* a, int64_t lda, const uint8_t* packed, void* c,
                            int64_t ldc, const Epilogue* e, bool bf16_math) {
 #ifdef KILN_GEMM_AMX
+  if constexpr (std::is_same_v<T, float>)  // (a bfloat16 A comes in fast math: its weights rounded as eager's)
+    if (z.bits == 4 && !bf16_math) return amx_product(M, z.N, z.K, a, lda, QuantSplitPanels{{z, packed}}, c, ldc, e);
   if (z.bits == 4) return amx_product(M, z.N, z.K, a, lda, QuantPairPanels{{z, packed}}, c, ldc, e);
   if (bf16_math) return amx_product(M, z.N, z.K, a, lda, QuantLevelPanels<1>{{z, packed}}, c, ldc, e);
   amx_product(M, z.N, z.K, a, lda, QuantLevelPanels<3>{{z, packed}}, c, ldc, e);
