@@ -219,7 +219,7 @@ def quant_path(bits: int, m: int, k: int, n: int, group_size: int, lib: ctypes.C
     int8_digits: a dot4, groups of a multiple of 8) at one row or at four, else float32; int8:
     int8_digits where the CPU has a one-instruction dot4 (VNNI, AVX-VNNI, aarch64's dot products),
     at one row where it has AVX2's, else float32. More: amx where AMX is the CPU's bfloat16 product
-    (int8; int4's take AMX in bfloat16 fast math only), else float32."""
+    (int8 from 16 rows, int4 from 32; in bfloat16 fast math from 5), else float32."""
     group = k if bits == 8 else group_size
     return QUANT_PATH_NAMES[(lib or library()).kiln_gemm_quant_path_of(bits, m, k, n, group)]
 
