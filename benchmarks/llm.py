@@ -78,6 +78,7 @@ class LlmResult:
     agreement: float | None = None  # the fraction of new tokens equal to eager's (worst round)
     exact: bool = True  # the mode must give eager's tokens (float32); else its agreement is reported
     others_cpu: float | None = None  # share of the CPUs other processes used during the rounds
+    fallbacks: list[str] = field(default_factory=list)  # graphs of the mode kiln could not compile (ran eagerly): why
     prompt_len: int = 0
     new_tokens: int = 0
     decode_rounds_s: list[float] = field(default_factory=list)  # each round's time per decode step
@@ -312,9 +313,11 @@ def _run(runner: _Runner, prompt: torch.Tensor, options: dict[str, Any], phase: 
 def _warm_up(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, Any], warmup: int) -> torch.Tensor | None:
     """`warmup` generate calls of each mode (the first compiles); those that fail leave `runners`.
     Eager's tokens, where eager is among them."""
+    from kiln.runtime.fallback import FALLBACKS
+
     reference = None
     for runner in list(runners):
-        start = time.perf_counter()
+        start, fell = time.perf_counter(), len(FALLBACKS)
         for i in range(warmup):
             tokens = _run(runner, prompt, options, "warm-up")
             if tokens is None:
@@ -324,6 +327,8 @@ def _warm_up(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, An
                 runner.result.first_s = time.perf_counter() - start
             if runner.mode.name == "eager":
                 reference = tokens
+        # A graph kiln failed to compile runs eagerly: its figures are eager's, said beside them.
+        runner.result.fallbacks = [f.reason for f in FALLBACKS[fell:]]
     return reference
 
 
@@ -451,5 +456,11 @@ def _verdict(r: LlmResult, bandwidth: float) -> str:
         return f"{'not available' if r.status == 'n/a' else 'error'}: {r.note}"
     tokens = ("eager's tokens" if r.tokens_equal else f"tokens differ from eager's ({r.agreement:.0%} agree)") \
         if r.exact else f"{r.agreement:.0%} of eager's tokens"
+    fell = f"; {fallen(r)}" if r.fallbacks else ""
     return (f"decode {r.decode_s * 1e3:.2f} ms/token ({r.decode_tokens_per_s:.1f} tok/s, "
-            f"{roofline_of(r, bandwidth):.0%} of the roofline), prefill {r.prefill_tokens_per_s:.0f} tok/s, {tokens}")
+            f"{roofline_of(r, bandwidth):.0%} of the roofline), prefill {r.prefill_tokens_per_s:.0f} tok/s, {tokens}{fell}")
+
+
+def fallen(r: LlmResult) -> str:
+    """The graphs of r's mode that kiln could not compile, in a phrase."""
+    return f"{len(r.fallbacks)} graph(s) ran eagerly, kiln could not compile them: {r.fallbacks[0]}"

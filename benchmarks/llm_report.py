@@ -6,7 +6,7 @@ eager's."""
 
 from __future__ import annotations
 
-from benchmarks.llm import LlmResult, LlmRun, roofline_of
+from benchmarks.llm import LlmResult, LlmRun, fallen, roofline_of
 from benchmarks.roofline import BRACKET_AGREEMENT
 
 Table = tuple[str, list[str], list[list[str]]]
@@ -42,6 +42,8 @@ def note(r: LlmResult) -> str:
         return f"not available: {r.note}"
     if r.status != "ok":
         return f"error: {r.note}"
+    if r.fallbacks:
+        return fallen(r)
     if (r.others_cpu or 0) > 0.05:
         return f"others used {r.others_cpu:.0%} of the CPUs"
     return ""

@@ -125,7 +125,7 @@ class CudaGraphed:
         text = str(reason)
         if text not in self.declined:
             self.declined.add(text)
-            record_fallback("kiln cuda graphs", self.label, reason)
+            record_fallback("kiln cuda graphs", self.label, reason, tell=False)  # (compiled still: not eager's speed)
 
     def _record(self, key: tuple, args: Sequence[Any]) -> _Recording:
         if len(self.recordings) >= self.limit:

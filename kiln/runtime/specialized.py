@@ -69,7 +69,7 @@ class SizeSpecialized:
             limit = config.capture.recompile_limit
             reason = (f"compiled for {limit} sets of sizes, the recompile limit (KILN_RECOMPILE_LIMIT); "
                       f"sizes seen after that, such as {sizes}, run through ATen op by op")
-            record_fallback("kiln", "graph with symbolic sizes", SpecializationLimit(reason))
+            record_fallback("kiln", "graph with symbolic sizes", SpecializationLimit(reason), tell=False)
             # Told even with logs off, as capture's limit is: these calls have lost kiln's speed-up.
             warnings.warn(f"kiln: a graph with symbolic sizes was {reason}. Raise KILN_RECOMPILE_LIMIT "
                           f"if the sizes are few but more than {limit}.", RuntimeWarning, stacklevel=3)

@@ -18,6 +18,7 @@ from benchmarks.llm_report import HEADER, describe_bandwidth, llm_tables
 from benchmarks.machine import cpu_model
 from benchmarks.roofline import StepBytes, decode_step_bytes, linear_names
 from kiln.cli import main
+from kiln.native import build as native_build
 
 TINY = ["--suite", "llm", "--models", "llama-tiny", "--batch", "1", "--prompt-len", "8", "--new-tokens", "4",
         "--iters", "2", "--warmup", "1"]
@@ -367,3 +368,25 @@ def test_bf16_int8_and_int4_modes_run_with_kilns_apis(capsys):
     # (the same weights)
     assert megabytes["kiln-int4-a8"] == megabytes["kiln-int4-bf16"] == megabytes["kiln-int4"]
     assert megabytes["kiln-int8-bf16"] == megabytes["kiln-int8"]
+
+
+def test_a_mode_whose_graphs_ran_eagerly_says_so_beside_its_figures(monkeypatch):
+    """A kiln mode whose graphs failed to compile runs eager's code: its row says how many and why
+    (the table's note, the progress line), rather than passing eager's speed off as kiln's."""
+    def failing(commands):
+        raise RuntimeError("C++ compilation failed:\nkernels.cpp:1:1: error: planted")
+
+    monkeypatch.setattr(native_build, "_run_all", failing)
+    modes = [llm_modes.LLM_MODES["eager"], llm_modes.LLM_MODES["kiln"]]
+    settings = LlmSettings(models=("llama-tiny",), modes=("eager", "kiln"), batches=(1,), prompt_len=8, new_tokens=4,
+                           rounds=1)
+    with kiln.config.patch({"backend.autotune": "off"}), pytest.warns(RuntimeWarning, match="runs eagerly"):
+        eager, compiled = measure_group(llm_modes.LLM_MODELS["llama-tiny"].build(), "llama-tiny", 1, 1, modes, settings)
+    assert eager.fallbacks == [] and compiled.status == "ok"
+    assert compiled.fallbacks and set(compiled.fallbacks) == {"RuntimeError: C++ compilation failed:"}
+    run = LlmRun(settings, [eager, compiled], {1: 10.0})
+    (_, header, rows), = llm_tables(run)
+    notes = [dict(zip(header, row))["note"] for row in rows]
+    assert notes[0] == "" and notes[1].startswith(f"{len(compiled.fallbacks)} graph(s) ran eagerly, kiln could not "
+                                                  "compile them: RuntimeError: C++ compilation failed:")
+    assert "ran eagerly" in benchmarks.llm._verdict(compiled, 10.0)
