@@ -23,6 +23,7 @@ import contextlib
 import os
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -68,7 +69,9 @@ def _as_for_a_gpu(sources: list[str]) -> Iterator[None]:
 def module_sources(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> list[str]:
     """The Triton modules kiln prints for `model`'s graphs as for a GPU."""
     sources: list[str] = []
-    with torch.no_grad(), _as_for_a_gpu(sources):
+    with torch.no_grad(), _as_for_a_gpu(sources), warnings.catch_warnings():
+        # (each graph taken at its load runs eagerly, as kiln then warns: here on purpose)
+        warnings.filterwarnings("ignore", message=r"kiln: graph .* runs eagerly: _Taken", category=RuntimeWarning)
         kiln.compile(model)(**inputs)
     return sources
 
