@@ -1194,22 +1194,6 @@ template <typename E> static E* panel_buffer(int64_t elements) {
   return buffer.get();
 }
 
-// Panel p's int4 weights as QuantPanels::block makes them (eager's reference: (q - zero) * scale),
-// row k's vector v; rows in k's order, each group's scales and zero points read once.
-struct DequantizedRows {
-  const QuantPanels<4>& src;
-  int64_t p;
-  int64_t g = -1;
-  V scale[NV], zero[NV];
-  V operator()(int64_t k, int v) {
-    if (k / src.z.group != g) {
-      g = k / src.z.group;
-      for (int u = 0; u < NV; ++u) scale[u] = src.scale(p, g, u), zero[u] = src.zero(p, g, u);
-    }
-    return (quant_lanes<4>(src.panel(p), k, v) - zero[v]) * scale[v];
-  }
-};
-
 // An int8 weight's panel as AMX's tiles read it (kiln_gemm_amx.h's PanelOf): its levels q
 // (-127..127, exact in bfloat16) in pairs of k ([K/2][NR][2]; an odd K's last pair's high half 0)
 // and its columns' scales, in this thread's buffers, valid until its next panel: the product is
@@ -1244,8 +1228,9 @@ static inline V as_paired(V w) {
   return (V)_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh((__m512)w)), 16);
 }
 
-// Panel p's int4 weights (DequantizedRows' values) as `pairs` pair rows at `high`, rounded to
-// bfloat16, and, where `low`, the rounding of what each leaves (QuantSplitPanels); zeros past K.
+// Panel p's int4 weights as QuantPanels::block makes them (eager's reference: (q - zero) * scale)
+// as `pairs` pair rows at `high`, rounded to bfloat16, and, where `low`, the rounding of what each
+// leaves (QuantSplitPanels); zeros past K.
 // Groups of whole words take a word's 8 k from one load and their group's scales once: 896 x 9728
 // at 5 rows, 2 threads of an Intel Xeon with AMX, one part 1.18 -> 0.53 ms, two 1.77 -> 1.10
 // (a load and the group's check for every k and vector before).
@@ -1270,7 +1255,15 @@ static void make_pair_rows(const QuantPanels<4>& src, int64_t p, int64_t pairs, 
       }
     }
   }
-  DequantizedRows weights{src, p};
+  int64_t g = -1;  // (other groups, and a last partial word: a k at a time)
+  V scale[NV], zero[NV];
+  auto weights = [&](int64_t k, int v) {
+    if (k / src.z.group != g) {
+      g = k / src.z.group;
+      for (int u = 0; u < NV; ++u) scale[u] = src.scale(p, g, u), zero[u] = src.zero(p, g, u);
+    }
+    return (quant_lanes<4>(src.panel(p), k, v) - zero[v]) * scale[v];
+  };
   for (; k < 2 * pairs; k += 2)
     for (int v = 0; v < NV; ++v) put(k / 2, v, k < K ? weights(k, v) : V{}, k + 1 < K ? weights(k + 1, v) : V{});
 }
