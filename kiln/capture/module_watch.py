@@ -9,8 +9,13 @@ very object it holds, is no change, and so is assigning an attribute no capture 
 registering a child, parameter or buffer, or converting it (`_apply`: `to()`, `float()`,
 ...) moves the version, and every `MODULE_STRUCTURE` guard fails.
 
-To see assignments, kiln wraps `nn.Module.__setattr__`, `__delattr__` and `_apply` once, on the
-first capture; the wrappers call the originals, then check membership in a WeakSet.
+To see assignments and registrations, kiln wraps `nn.Module.__setattr__`, `__delattr__`,
+`_apply`, `register_parameter`, `register_buffer` and `add_module` once, on the first capture; the
+wrappers call the originals, then check membership in a WeakSet. Not torch's global registration
+hooks (`register_module_parameter_registration_hook` and the others): Dynamo guards every frame it
+compiles on those hook tables being empty, so that kiln's first capture made each function
+torch.compile had compiled before it compile again, once (a HuggingFace decoder's prompt and step
+under Inductor in the same process as kiln: ~20 s each, inside the llm suite's first timed round).
 
 The wrappers do nothing while torch.compile (Dynamo) traces through them: reading the WeakSet
 there put kiln's watched set into Dynamo's guards (a recompile whenever kiln watched another
@@ -31,7 +36,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules import module as module_file
 
 
 class _State:
@@ -49,11 +53,6 @@ STATE = _State()
 def _bump_if_watched(module: nn.Module) -> None:
     if module in STATE.watched:
         STATE.version += 1
-
-
-def _on_registration(module: nn.Module, name: str, value: Any) -> None:
-    if not torch.compiler.is_compiling():
-        _bump_if_watched(module)
 
 
 _CONSTANTS = (int, bool, str, bytes, type(None))
@@ -104,15 +103,18 @@ def _wrap_setattr(method: Any) -> Any:
     # Nor does an attribute no capture read: HF's `generate` sets `_previous_max_cache_length` on
     # the model whenever a static cache of another length is made, which failed every graph's
     # guard, the prompt's and the step's compiled again for each length up to the limit.
-    # (Registering a child, parameter or buffer moves the version through the registration hooks.)
+    # Registering a parameter or buffer moves the version through the wrapped register_parameter
+    # and register_buffer, which __setattr__ calls; a child module (or None in its place) it
+    # registers itself, as add_module would: that moves it here.
     @functools.wraps(method)
     def watched(self: nn.Module, name: str, value: Any) -> None:
         if torch.compiler.is_compiling() or not STATE.watched or self not in STATE.watched:
             method(self, name, value)
             return
         old = self.__dict__.get(name, ABSENT)
+        child = isinstance(value, nn.Module) or (value is None and name in self.__dict__.get("_modules", {}))
         method(self, name, value)
-        if (old is ABSENT or not same_constant(old, value)) and _read_by_a_capture(self, name):
+        if child or (old is ABSENT or not same_constant(old, value)) and _read_by_a_capture(self, name):
             STATE.version += 1
 
     watched.__kiln_watch__ = method  # type: ignore[attr-defined]
@@ -120,10 +122,7 @@ def _wrap_setattr(method: Any) -> Any:
 
 
 def _install() -> None:
-    module_file.register_module_module_registration_hook(_on_registration)
-    module_file.register_module_parameter_registration_hook(_on_registration)
-    module_file.register_module_buffer_registration_hook(_on_registration)
-    for name in ("__setattr__", "__delattr__", "_apply"):
+    for name in ("__setattr__", "__delattr__", "_apply", "register_parameter", "register_buffer", "add_module"):
         method = getattr(nn.Module, name)
         if not hasattr(method, "__kiln_watch__"):
             setattr(nn.Module, name, (_wrap_setattr if name == "__setattr__" else _wrap)(method))
