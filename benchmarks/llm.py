@@ -79,6 +79,7 @@ class LlmResult:
     exact: bool = True  # the mode must give eager's tokens (float32); else its agreement is reported
     others_cpu: float | None = None  # share of the CPUs other processes used during the rounds
     fallbacks: list[str] = field(default_factory=list)  # graphs of the mode kiln could not compile (ran eagerly): why
+    compiled_in_rounds: int = 0  # graphs kiln or Dynamo compiled during the mode's timed calls (their times include it)
     prompt_len: int = 0
     new_tokens: int = 0
     decode_rounds_s: list[float] = field(default_factory=list)  # each round's time per decode step
@@ -332,16 +333,55 @@ def _warm_up(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, An
     return reference
 
 
+class CompileCount:
+    """Graphs compiled in this process so far, kiln's (each compiled entry of its capture) and
+    Dynamo's (each frame it converted), while it is installed: a timed call that compiled is told
+    beside its figures. (kiln's first capture once made every function Dynamo had compiled before
+    compile again, inside the first timed round: Inductor's figures then held its compile time.)"""
+
+    def __init__(self) -> None:
+        self.kiln = 0
+
+    def __enter__(self) -> "CompileCount":
+        from kiln.capture.cache import OBSERVERS
+
+        OBSERVERS.append(self._observe)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from kiln.capture.cache import OBSERVERS
+
+        OBSERVERS.remove(self._observe)
+
+    def _observe(self, event: str, cache: Any, payload: Any) -> None:
+        if event == "entry":
+            self.kiln += 1
+
+    def total(self) -> int:
+        from torch._dynamo.utils import counters
+
+        return self.kiln + int(counters["frames"]["total"])
+
+
 def _rounds(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, Any], reference: torch.Tensor,
             rounds: int, probe: Callable[[], float] | None = None) -> float | None:
     """The timed rounds, one generate call per mode each, `probe()` (the machine's bandwidth, GB/s)
     before the first call and after each (a call's probes: the one before it and the one after);
-    the share of the CPUs others used meanwhile."""
+    the share of the CPUs others used meanwhile. A call that compiled a graph is counted in its
+    result (`compiled_in_rounds`)."""
+    with CompileCount() as compiles:
+        return _timed_rounds(runners, prompt, options, reference, rounds, probe, compiles)
+
+
+def _timed_rounds(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, Any], reference: torch.Tensor,
+                  rounds: int, probe: Callable[[], float] | None, compiles: CompileCount) -> float | None:
     clock = OthersClock()
     gbps = probe() if probe is not None else None
     for r in range(rounds):
         for runner in rotated(runners, r):
+            before = compiles.total()
             tokens = _run(runner, prompt, options, f"round {r + 1}")
+            runner.result.compiled_in_rounds += compiles.total() - before
             after = probe() if probe is not None else None
             if tokens is None:
                 runners.remove(runner)
@@ -457,6 +497,7 @@ def _verdict(r: LlmResult, bandwidth: float) -> str:
     tokens = ("eager's tokens" if r.tokens_equal else f"tokens differ from eager's ({r.agreement:.0%} agree)") \
         if r.exact else f"{r.agreement:.0%} of eager's tokens"
     fell = f"; {fallen(r)}" if r.fallbacks else ""
+    fell += f"; {compiled_while_timed(r)}" if r.compiled_in_rounds else ""
     return (f"decode {r.decode_s * 1e3:.2f} ms/token ({r.decode_tokens_per_s:.1f} tok/s, "
             f"{roofline_of(r, bandwidth):.0%} of the roofline), prefill {r.prefill_tokens_per_s:.0f} tok/s, {tokens}{fell}")
 
@@ -464,3 +505,8 @@ def _verdict(r: LlmResult, bandwidth: float) -> str:
 def fallen(r: LlmResult) -> str:
     """The graphs of r's mode that kiln could not compile, in a phrase."""
     return f"{len(r.fallbacks)} graph(s) ran eagerly, kiln could not compile them: {r.fallbacks[0]}"
+
+
+def compiled_while_timed(r: LlmResult) -> str:
+    """The graphs r's mode compiled during its timed calls, in a phrase."""
+    return f"compiled {r.compiled_in_rounds} graph(s) during the timed rounds: its times include compiling"

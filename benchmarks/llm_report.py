@@ -6,7 +6,7 @@ eager's."""
 
 from __future__ import annotations
 
-from benchmarks.llm import LlmResult, LlmRun, fallen, roofline_of
+from benchmarks.llm import LlmResult, LlmRun, compiled_while_timed, fallen, roofline_of
 from benchmarks.roofline import BRACKET_AGREEMENT
 
 Table = tuple[str, list[str], list[list[str]]]
@@ -44,6 +44,8 @@ def note(r: LlmResult) -> str:
         return f"error: {r.note}"
     if r.fallbacks:
         return fallen(r)
+    if r.compiled_in_rounds:
+        return compiled_while_timed(r)
     if (r.others_cpu or 0) > 0.05:
         return f"others used {r.others_cpu:.0%} of the CPUs"
     return ""

@@ -390,3 +390,51 @@ def test_a_mode_whose_graphs_ran_eagerly_says_so_beside_its_figures(monkeypatch)
     assert notes[0] == "" and notes[1].startswith(f"{len(compiled.fallbacks)} graph(s) ran eagerly, kiln could not "
                                                   "compile them: RuntimeError: C++ compilation failed:")
     assert "ran eagerly" in benchmarks.llm._verdict(compiled, 10.0)
+
+
+def test_a_mode_that_compiles_during_its_timed_calls_says_so_beside_its_figures():
+    """A timed call that compiled (kiln's capture here, a new kiln.compile at each call; Dynamo's
+    frames are counted alike) is told in the row's note and the progress line:
+    its times hold the compile (Inductor once compiled again inside the first timed round)."""
+    import dataclasses
+
+    class CompiledAfresh(nn.Module):
+        """generate() through a new kiln.compile of the model at each call."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def generate(self, *args, **kwargs):
+            return kiln.compile(self.model).generate(*args, **kwargs)
+
+    recompiling = dataclasses.replace(llm_modes.LLM_MODES["kiln"], name="kiln-recompiling", prepare=CompiledAfresh)
+    modes = [llm_modes.LLM_MODES["eager"], llm_modes.LLM_MODES["kiln"], recompiling]
+    settings = LlmSettings(models=("llama-tiny",), modes=("eager", "kiln"), batches=(1,), prompt_len=8, new_tokens=4,
+                           rounds=2)
+    with kiln.config.patch({"backend.autotune": "off"}):
+        eager, compiled, again = measure_group(llm_modes.LLM_MODELS["llama-tiny"].build(), "llama-tiny", 1, 1, modes,
+                                               settings)
+    assert eager.compiled_in_rounds == 0 and compiled.compiled_in_rounds == 0
+    assert again.status == "ok" and again.compiled_in_rounds >= 2 * 2  # the prompt's and the step's, each round
+    run = LlmRun(settings, [eager, compiled, again], {1: 10.0})
+    (_, header, rows), = llm_tables(run)
+    notes = [dict(zip(header, row))["note"] for row in rows]
+    assert notes[:2] == ["", ""]
+    assert notes[2] == f"compiled {again.compiled_in_rounds} graph(s) during the timed rounds: its times include compiling"
+    assert "during the timed rounds" in benchmarks.llm._verdict(again, 10.0)
+
+
+def test_the_compile_count_counts_dynamos_frames_and_kilns_entries():
+    from benchmarks.llm import CompileCount
+
+    torch._dynamo.reset()
+    with CompileCount() as compiles:
+        start = compiles.total()
+        torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.randn(3))
+        assert compiles.total() == start + 1
+        kiln.compile(lambda x: x * 3 + 1)(torch.randn(3))
+        assert compiles.total() == start + 2
+    from kiln.capture.cache import OBSERVERS
+
+    assert compiles._observe not in OBSERVERS
