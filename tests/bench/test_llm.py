@@ -420,7 +420,7 @@ def test_a_mode_that_compiles_during_its_timed_calls_says_so_beside_its_figures(
     run = LlmRun(settings, [eager, compiled, again], {1: 10.0})
     (_, header, rows), = llm_tables(run)
     notes = [dict(zip(header, row))["note"] for row in rows]
-    assert notes[:2] == ["", ""]
+    assert not any("during the timed rounds" in note for note in notes[:2])  # (others' CPU share may be noted)
     assert notes[2] == f"compiled {again.compiled_in_rounds} graph(s) during the timed rounds: its times include compiling"
     assert "during the timed rounds" in benchmarks.llm._verdict(again, 10.0)
 
