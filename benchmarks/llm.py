@@ -370,33 +370,28 @@ def _rounds(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, Any
     the share of the CPUs others used meanwhile. A call that compiled a graph is counted in its
     result (`compiled_in_rounds`)."""
     with CompileCount() as compiles:
-        return _timed_rounds(runners, prompt, options, reference, rounds, probe, compiles)
-
-
-def _timed_rounds(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, Any], reference: torch.Tensor,
-                  rounds: int, probe: Callable[[], float] | None, compiles: CompileCount) -> float | None:
-    clock = OthersClock()
-    gbps = probe() if probe is not None else None
-    for r in range(rounds):
-        for runner in rotated(runners, r):
-            before = compiles.total()
-            tokens = _run(runner, prompt, options, f"round {r + 1}")
-            runner.result.compiled_in_rounds += compiles.total() - before
-            after = probe() if probe is not None else None
-            if tokens is None:
-                runners.remove(runner)
+        clock = OthersClock()
+        gbps = probe() if probe is not None else None
+        for r in range(rounds):
+            for runner in rotated(runners, r):
+                before = compiles.total()
+                tokens = _run(runner, prompt, options, f"round {r + 1}")
+                runner.result.compiled_in_rounds += compiles.total() - before
+                after = probe() if probe is not None else None
+                if tokens is None:
+                    runners.remove(runner)
+                    gbps = after
+                    continue
+                prefill, step = runner.clock.prefill_and_step()
+                runner.prefill.append(prefill)
+                runner.decode.append(step)
+                runner.forward.append(runner.clock.forward())
+                if gbps is not None:
+                    runner.result.probes_gbps.append(gbps)
+                    runner.result.probes_after_gbps.append(after)
                 gbps = after
-                continue
-            prefill, step = runner.clock.prefill_and_step()
-            runner.prefill.append(prefill)
-            runner.decode.append(step)
-            runner.forward.append(runner.clock.forward())
-            if gbps is not None:
-                runner.result.probes_gbps.append(gbps)
-                runner.result.probes_after_gbps.append(after)
-            gbps = after
-            _check_tokens(runner, tokens, reference, prompt.shape[1])
-    return clock.share()
+                _check_tokens(runner, tokens, reference, prompt.shape[1])
+        return clock.share()
 
 
 def measure_group(base: nn.Module, model: str, batch: int, threads: int, modes: list[LlmMode],
