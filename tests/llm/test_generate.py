@@ -85,11 +85,28 @@ def _attention_calls(graph) -> list:
     return [step for step in graph.stages.schedule.externs if "attention" in str(step.op)]
 
 
-def _static_llama_and_eagers_tokens(new_tokens: int):
-    """(a tiny Llama, a prompt, greedy static-cache options for `new_tokens`, eager's tokens)."""
+def _left_padded_prompts(model) -> tuple[torch.Tensor, dict]:
+    """Three prompts of 16, 11 and 5 tokens padded on the left (pad id 0, set on `model`), and the
+    `generate` options with their attention mask."""
+    prompts = torch.randint(1, 1000, (3, 16), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(3, 16, dtype=torch.long)
+    mask[1, :5] = 0
+    mask[2, :11] = 0
+    prompts[mask == 0] = 0
+    model.generation_config.pad_token_id = 0
+    return prompts, dict(attention_mask=mask)
+
+
+def _static_llama_and_eagers_tokens(new_tokens: int, batch: int = 1):
+    """(a tiny Llama, a prompt (batch 3: _left_padded_prompts), greedy static-cache options for
+    `new_tokens`, eager's tokens)."""
     model = _decoder("llama")
-    prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
     options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, cache_implementation="static")
+    if batch == 1:
+        prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
+    else:
+        prompt, mask = _left_padded_prompts(model)
+        options.update(mask)
     with torch.no_grad():
         expected = model.generate(prompt, **options)
     return model, prompt, options, expected
@@ -107,13 +124,8 @@ def test_a_batch_of_left_padded_prompts_gives_eagers_tokens(arch, cache, door):
     kiln.reset()
     fallback.reset()
     model = _decoder(arch)
-    prompts = torch.randint(1, 1000, (3, 16), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones(3, 16, dtype=torch.long)
-    mask[1, :5] = 0
-    mask[2, :11] = 0
-    prompts[mask == 0] = 0
-    model.generation_config.pad_token_id = 0
-    options = dict(attention_mask=mask, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    prompts, options = _left_padded_prompts(model)
+    options.update(max_new_tokens=24, min_new_tokens=24, do_sample=False)
     if cache == "static":
         options["cache_implementation"] = "static"
     with torch.no_grad():
@@ -131,11 +143,13 @@ def test_a_batch_of_left_padded_prompts_gives_eagers_tokens(arch, cache, door):
     assert fallback.FALLBACKS == [] and kiln.capture.BREAKS == []
 
 
-def test_the_static_cache_is_written_in_place_by_the_decode_step():
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_static_cache_is_written_in_place_by_the_decode_step(batch):
     """Each layer's keys and values are written where they lie (docs/generation.md): the decode
-    graph's memory plan writes its new cache values over the cache inputs, so no token copies a cache."""
+    graph's memory plan writes its new cache values over the cache inputs, so no token copies a
+    cache; at batch 3 too (left-padded prompts)."""
     kiln.reset()
-    model, prompt, options, expected = _static_llama_and_eagers_tokens(8)
+    model, prompt, options, expected = _static_llama_and_eagers_tokens(8, batch)
     model.forward = kiln.compile(model.forward)
     with torch.no_grad(), watch() as built:
         assert torch.equal(model.generate(prompt, **options), expected)
@@ -316,20 +330,26 @@ def test_a_sliding_window_models_masks_stay_hfs():
     assert 1 <= len(captured) <= 3 and fallback.FALLBACKS == []
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_the_dynamic_cache_is_appended_in_place_through_kilns_door(arch):
+@pytest.mark.parametrize("arch,batch", [("llama", 1), ("gpt2", 1), ("llama", 3)])
+def test_the_dynamic_cache_is_appended_in_place_through_kilns_door(arch, batch):
     """Through `kiln.compile(model).generate()`, the dynamic cache HF makes appends each token's
     keys and values in place (kiln/capture/hf_kv_cache.py): each layer's keys and values are views
     of a room that the decode step writes one row into, where a DynamicLayer's `torch.cat` copies
-    the whole cache. Eager's tokens, at most three graphs, the rooms written where they lie."""
+    the whole cache. Eager's tokens, at most three graphs, the rooms written where they lie; at
+    batch 3 too (left-padded prompts)."""
     from kiln.capture.hf_kv_cache import GrowingLayer
 
     kiln.reset()
     fallback.reset()
     model = _decoder(arch)
     compiled = kiln.compile(_decoder(arch))  # the same weights (seeded)
-    prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
     options = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True)
+    if batch == 1:
+        prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
+    else:
+        prompt, mask = _left_padded_prompts(model)
+        compiled.generation_config.pad_token_id = 0
+        options.update(mask)
     with torch.no_grad():
         expected = model.generate(prompt, **options)
         with watch() as built:
