@@ -82,10 +82,10 @@ def digits_of(a: torch.Tensor, group: int, digits: int) -> torch.Tensor:
 def _carried(a: torch.Tensor, bits: int, m: int, group: int, lib=None, path: str | None = None) -> torch.Tensor:
     """`a` as `path` (else the one kiln's GEMM, built for this CPU or `lib`, takes) carries it: at
     most 4 rows int4 runs the fastest of its paths the build has (`int4_fastest_path`, groups of a
-    multiple of 8), int8 the digits where the build's dot4 is one instruction, on AMX's integer tiles
-    at 4 rows where the CPU has them (the digits' own values: the same bits)."""
+    multiple of 8), int8 the digits where the build's dot4 is one instruction; both at 4 rows on
+    AMX's integer tiles where the CPU has them (the digits' own values: the same bits)."""
     path = path or (kernels.quant_path(bits, m, 64, 64, group, lib) if m <= 4 else "float32")
-    if path == "int8_digits" or (path == "amx" and bits == 8 and m <= 4):
+    if path == "int8_digits" or (path == "amx" and m <= 4):
         return digits_of(a, INT8_DIGIT_GROUP if bits == 8 else group, kernels.quant_digits(bits, lib))
     return split_activations(a) if path == "bf16_pairs" else a
 
@@ -195,7 +195,7 @@ def test_a_prompt_s_products_on_amx(product, bits, group):
         for m, k, n in AMX_SHAPES + [(1, 333, 130), (4, 65, 49)]:
             fast_amx = on_amx and m > 4
             path = kernels.quant_path(bits, m, k, n, group)
-            few_amx = bits == 8 and m == 4 and _amx_int8_few_rows(lib)  # (its integer tiles: any product)
+            few_amx = m == 4 and (bits == 8 or group % 64 == 0) and _amx_few_rows(lib)  # (integer tiles: any product)
             assert (path == "amx") == (on_amx and m >= (16 if bits == 8 else 32) or few_amx), (m, path)
             assert m <= 4 or path in ("amx", "float32")
             q, s, z, w = _quantized(n, k, bits, group, seed=m + k)
@@ -281,24 +281,25 @@ def _cpu_has(flag: str) -> bool:
         return False
 
 
-def _amx_int8_few_rows(lib=None) -> bool:
-    """Whether int8 weights at 2 to 4 rows can run on AMX's integer tiles here (at 4 by default):
-    the CPU has them, the build (-march=native) and the kernel give them (kiln_gemm_quant.h
-    `amx_int8_few_applies`)."""
+def _amx_few_rows(lib=None) -> bool:
+    """Whether 2 to 4 rows (at 4 by default) can run on AMX's integer tiles here: the CPU has them,
+    the build (-march=native) and the kernel give them (kiln_gemm_quant.h `amx_few_rows_apply`;
+    int4's groups besides, a multiple of 64)."""
     return _cpu_has("amx_int8") and bool((lib or kernels.library()).kiln_gemm_bf16_amx())
 
 
-@pytest.mark.parametrize("bits,path", [(4, "float32"), (4, "bf16_pairs"), (4, "int8_digits"), (8, "float32"),
-                                       (8, "int8_digits"), (8, "amx")])
+@pytest.mark.parametrize("bits,path", [(4, "float32"), (4, "bf16_pairs"), (4, "int8_digits"), (4, "amx"),
+                                       (8, "float32"), (8, "int8_digits"), (8, "amx")])
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 def test_every_path_at_a_few_rows(m, bits, path):
     """At a few rows int4 has three paths, the CPU's fastest measured once per process
-    (kiln_gemm_quant.h `int4_fastest_path`), int8 three (the digits where dot4 is one instruction,
-    the same digits on AMX's integer tiles at 2 to 4 rows): each is checked here whichever runs by
-    default, against float64 of the activations as it carries them. The bfloat16 one runs where
-    the CPU has avx512_bf16, the int8 digits where it has avx512_vnni, AMX's where it has amx_int8
-    (else the digits where it has VNNI, else the float32 one). K = 1030: int8's digits in groups
-    of 256 and a last, partial quad."""
+    (kiln_gemm_quant.h `int4_fastest_path`), int8 two (the digits where dot4 is one instruction),
+    and both the digits on AMX's integer tiles: each is checked here whichever runs by default,
+    against float64 of the activations as it carries them. The bfloat16 one runs where the CPU has
+    avx512_bf16, the int8 digits where it has avx512_vnni, AMX's where it has amx_int8 and int4's
+    groups are whole chunks of 64 (else the digits where it has VNNI, else the float32 one). K =
+    1030: int8's digits in groups of 256 and a last, partial quad; int4's groups of 32: vpdpbusd
+    (test_a_few_rows_on_amx_s_integer_tiles_are_the_digits_path_s_bits: groups of 64 and 128)."""
     k, n, group = (264, 811, 32) if bits == 4 else (1030, 811, 0)
     q, s, z, w = _quantized(n, k, bits, group, seed=m)
     packed = kernels.quant_pack(q, s, z, bits, group, k)
@@ -391,50 +392,51 @@ def test_the_integer_path_runs_where_the_cpu_has_vnni():
     assert not kernels.int8_dot_applies(5, 768, 768, 128) and not kernels.int8_dot_applies(1, 768, 768, 10)
     assert (kernels.quant_path(8, 1, 768, 768, 0) == "int8_digits") == _cpu_has("avx512_vnni")
     for m in (2, 3, 4):  # (AMX's tiles at four: the digits' own values)
-        assert kernels.quant_path(8, m, 768, 768, 0) == ("amx" if m == 4 and _amx_int8_few_rows() else
+        assert kernels.quant_path(8, m, 768, 768, 0) == ("amx" if m == 4 and _amx_few_rows() else
                                                          "int8_digits" if _cpu_has("avx512_vnni") else "float32")
 
 
-# (K, N) of int8 weights at a few rows on AMX's integer tiles: K below, at and past one chunk of
-# 64 k and one group of 256 (a last chunk of 1 to 63 k from the zeroed copy), not a multiple of 4
-# (a last, partial quad), Qwen2-0.5B's 4864; N of one ragged panel, whole panels, an odd count of
-# them (a thread's runs of unequal length) and many.
+# (K, N) of a few rows on AMX's integer tiles: K below, at and past one chunk of 64 k and one
+# group (int8's of 256: a last chunk of 1 to 63 k from the zeroed copy; int4's 64 or 128), not a
+# multiple of 4 or 8 (a last, partial quad or word), Qwen2-0.5B's 4864; N of one ragged panel,
+# whole panels, an odd count of them (a thread's runs of unequal length) and many.
 AMX_FEW_SHAPES = [(1, 5), (63, 48), (64, 49), (65, 97), (256, 200), (257, 47), (1030, 811), (4864, 130), (96, 2000)]
 
 
+@pytest.mark.parametrize("bits,group", [(8, 0), (4, 64), (4, 128)], ids=["int8", "int4-64", "int4-128"])
 @pytest.mark.parametrize("m", [2, 3, 4])
-def test_int8_at_a_few_rows_on_amx_is_the_digits_path_s_bits(m):
-    """int8 weights at 2 to 4 rows on AMX's integer tiles (kiln_gemm_quant.h `int8_products_amx`;
-    forced at 2 and 3, the default at 4): the digits path's digits over the same groups, its
-    integer sums the same whole numbers, summed into float32 in the same order, so the same bits as
-    vpdpbusd's, with every epilogue and row norm, on ragged shapes; and within float32's bound of
-    float64 over the digits. Runs where the CPU has AMX's int8 tiles (the path's choice is tested
-    everywhere, above)."""
+def test_a_few_rows_on_amx_s_integer_tiles_are_the_digits_path_s_bits(m, bits, group):
+    """2 to 4 rows on AMX's integer tiles (kiln_gemm_quant.h `amx_digits_products`; forced at 2 and
+    3, the default at 4): the digits path's digits over the same groups, its integer sums the same
+    whole numbers (int4's nibbles widened to bytes), summed into float32 in the same order, so the
+    same bits as vpdpbusd's, with every epilogue and row norm, on ragged shapes; and within
+    float32's bound of float64 over the digits. Runs where the CPU has AMX's int8 tiles (the path's
+    choice is tested everywhere, above)."""
     lib = kernels.library()
-    if not (_amx_int8_few_rows(lib) and _cpu_has("avx512_vnni")):
-        pytest.skip("no AMX int8 tiles here: int8's few rows take vpdpbusd (test_every_path_at_a_few_rows)")
+    if not (_amx_few_rows(lib) and _cpu_has("avx512_vnni")):
+        pytest.skip("no AMX int8 tiles here: a few rows take vpdpbusd (test_every_path_at_a_few_rows)")
     for k, n in AMX_FEW_SHAPES:
-        assert (kernels.quant_path(8, m, k, n, 0) == "amx") == (m == 4)
-        q, s, z, w = _quantized(n, k, 8, 0, seed=m * k + n)
-        packed = kernels.quant_pack(q, s, z, 8, 0, k)
+        assert (kernels.quant_path(bits, m, k, n, group) == "amx") == (m == 4)
+        q, s, z, w = _quantized(n, k, bits, group, seed=m * k + n)
+        packed = kernels.quant_pack(q, s, z, bits, group, k)
         g = torch.Generator().manual_seed(n)
         a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
-        carried = _carried(a, 8, m, 0, path="int8_digits")
+        carried = _carried(a, bits, m, group, path="int8_digits")
         for unary, scalars, algorithm in EPILOGUES:
-            on_tiles = kernels.mm_quant(a, packed, n, 8, 0, bias, unary, scalars, residual, algorithm, path="amx")
-            digits = kernels.mm_quant(a, packed, n, 8, 0, bias, unary, scalars, residual, algorithm, path="int8_digits")
+            on_tiles = kernels.mm_quant(a, packed, n, bits, group, bias, unary, scalars, residual, algorithm, path="amx")
+            digits = kernels.mm_quant(a, packed, n, bits, group, bias, unary, scalars, residual, algorithm, path="int8_digits")
             assert torch.equal(on_tiles, digits), (k, n, unary)
             _check(on_tiles, _reference(carried, w, bias, unary, scalars, algorithm, residual), k)
         a[0, : min(k, 3)] *= 1000  # (a group with a larger scale beside the others: the same bits still)
-        on_tiles = kernels.mm_quant(a, packed, n, 8, 0, bias, "gelu", (), residual, path="amx")
-        assert torch.equal(on_tiles, kernels.mm_quant(a, packed, n, 8, 0, bias, "gelu", (), residual, path="int8_digits"))
+        on_tiles = kernels.mm_quant(a, packed, n, bits, group, bias, "gelu", (), residual, path="amx")
+        assert torch.equal(on_tiles, kernels.mm_quant(a, packed, n, bits, group, bias, "gelu", (), residual, path="int8_digits"))
         for kind in ("rms_norm", "softmax"):
             norm = kernels.RowNorm(torch.rand(n, generator=g) + 0.5 if kind == "rms_norm" else None, None, 1e-5, None, kind)
-            on_tiles = kernels.mm_quant(a, packed, n, 8, 0, bias, "none", (), residual, row_norm=norm, path="amx")
-            digits = kernels.mm_quant(a, packed, n, 8, 0, bias, "none", (), residual, row_norm=norm, path="int8_digits")
+            on_tiles = kernels.mm_quant(a, packed, n, bits, group, bias, "none", (), residual, row_norm=norm, path="amx")
+            digits = kernels.mm_quant(a, packed, n, bits, group, bias, "none", (), residual, row_norm=norm, path="int8_digits")
             assert torch.equal(on_tiles, digits), (k, n, kind)
         a[1, 0] = float("nan")  # (a row's non-finite activation: that row NaN, as float32's product)
-        out = kernels.mm_quant(a, packed, n, 8, 0, path="amx")
+        out = kernels.mm_quant(a, packed, n, bits, group, path="amx")
         assert out[1].isnan().all() and not out[0].isnan().any()
 
 

@@ -1019,10 +1019,10 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
   normalize_rows(M, src.z.N, c, ldc, e);
 }
 
-#ifndef KILN_AMX_INT8_FEW  // (0: the digits path at every few rows, to time it against this one)
-#define KILN_AMX_INT8_FEW 1
+#ifndef KILN_AMX_FEW  // (0: the digits path at every few rows, to time it against this one)
+#define KILN_AMX_FEW 1
 #endif
-#if defined(KILN_GEMM_AMX) && defined(__AMX_INT8__) && KILN_AMX_INT8_FEW
+#if defined(KILN_GEMM_AMX) && defined(__AMX_INT8__) && KILN_AMX_FEW
 // ---- int8 weights at a few rows on AMX's integer tiles: TDPBSSD ----
 //
 // At four rows the digits path above is bound by its dot products, not by memory: three digits
@@ -1039,48 +1039,80 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
 // group's sums leave the tiles at its end (three tiles a panel stored, then converted and scaled
 // per row and digit, as digits_tile's). Two panels a thread at once (their six C tiles, A's and
 // B's: the eight tiles); a last chunk past the panel's quads comes from a zeroed copy (a tile
-// never reads past its operand). Where it runs by default: AMX_INT8_FEW_ROWS. Linux's permission
-// for the tiles as for kiln_gemm_amx.h's (amx_usable).
+// never reads past its operand). int4's words are widened first, a chunk of 8 words a panel into
+// this thread's copy (widen_words: each word's even k's nibbles as bytes in one B row, its odd k's
+// in the next, the digits' order in words), and each group's sums scaled with its zero points as
+// digits_tile's are: the digits path's bits too. Where it runs by default: AMX_FEW_ROWS. Linux's
+// permission for the tiles as for kiln_gemm_amx.h's (amx_usable).
 #define KILN_QUANT_AMX_FEW 1
 #ifdef KILN_AMX_INT8_AHEAD  // to time another distance (chunks; 0: none)
 constexpr int64_t AMX_INT8_AHEAD = KILN_AMX_INT8_AHEAD;
 #else
 constexpr int64_t AMX_INT8_AHEAD = 1;
 #endif
-constexpr int64_t AMX_INT8_QUAD_ROWS = 16, AMX_INT8_B_STRIDE = NR * 4;  // a chunk's quad rows; bytes between them
+// A chunk: 64 k, the 16 rows of 4 k a B tile holds per column; its three tiles (a panel's 48
+// columns) are 16 rows of NR * 4 bytes.
+constexpr int64_t AMX_CHUNK_K = 64, AMX_CHUNK_ROWS = 16, AMX_B_STRIDE = NR * 4,
+                  AMX_CHUNK_BYTES = AMX_CHUNK_ROWS * AMX_B_STRIDE;
 
-// Whether int8 weights at M rows can run on AMX's tiles: 2 to DIRECT_ROWS rows, a CPU and kernel
-// that give the tiles (sums fit int32: |sum| <= 127 * 64 * INT8_DIGIT_GROUP a group).
-static inline bool amx_int8_few_applies(const QuantShape& z, int64_t M) {
+// Whether a product of M rows can run on AMX's integer tiles: 2 to DIRECT_ROWS rows, a CPU and
+// kernel that give the tiles; int4's groups whole chunks (a group's sums leave the tiles at a
+// chunk's end). Sums fit int32: |sum| <= 127 * 64 * 256 a group of int8's, 15 * 127 * group int4's.
+static inline bool amx_few_rows_apply(const QuantShape& z, int64_t M) {
   static_assert(NR == 48, "a panel is three tiles of 16 columns");
-  return z.bits == 8 && M >= 2 && M <= DIRECT_ROWS && amx_usable();
+  return M >= 2 && M <= DIRECT_ROWS && (z.bits == 8 || z.group % AMX_CHUNK_K == 0) && amx_usable();
 }
 
 // The rows that take them by default: four only. Qwen2-0.5B's step of int8 products from DRAM (2
 // threads of an Intel Xeon with AMX, family 6 model 167, 2 MB pages read in runs, 10 interleaved
-// rounds; benchmarks/tools/quant_decode_sweep.py --in-c --huge-page-runs KILN_AMX_INT8_FEW=0): at
+// rounds; benchmarks/tools/quant_decode_sweep.py --in-c --huge-page-runs KILN_AMX_FEW=0): at
 // four rows 21.0 ms on the tiles against 24.0 on vpdpbusd (whose 36 sums of four rows' three
 // digits exceed the registers: two passes of two rows); at two and three rows vpdpbusd's one pass
-// is faster, 17.9 and 16.7 ms against 19.1 and 19.8. The tiles read their panels at ~25 GB/s
+// is faster, 17.9 and 16.7 ms against 19.1 and 19.8. The tiles read int8's panels at ~25 GB/s
 // at every row count (a plain read of the packs: 39), and no faster without their products
 // (timed): their loads, not their arithmetic, hold them; the prefetches into L1 one chunk ahead,
 // each tile's lines just before its load, were the fastest of those timed (into L2, burst, 2-8
-// chunks ahead: 1.04-1.14x the time).
-constexpr int64_t AMX_INT8_FEW_ROWS = 4;
+// chunks ahead: 1.04-1.14x the time). int4's (groups of 128, KILN_AMX_FEW=0 and KILN_AMX_FEW_ROWS=2
+// builds against this one in one run): four rows 11.0 ms on the tiles, 11.7 on vpdpbusd; two rows
+// 9.13 and 9.23, even (int8 there 19.6 and 18.3).
+#ifdef KILN_AMX_FEW_ROWS  // (to time other rows)
+constexpr int64_t AMX_FEW_ROWS = KILN_AMX_FEW_ROWS;
+#else
+constexpr int64_t AMX_FEW_ROWS = 4;
+#endif
+
+// int4: the words [w0, w1) of a panel (8 k of each column, nibble j k j) as a chunk's B rows at
+// `out`: word w's even k (0, 2, 4, 6: the digits' order in words) in row 2 (w - w0), its odd k in
+// the next, one byte each (0..15); each word row asked for RUNS_PREFETCH_UNITS words ahead.
+static inline void widen_words(const uint8_t* panel, int64_t w0, int64_t w1, uint8_t* out) {
+  for (int64_t w = w0; w < w1; ++w)
+#pragma GCC unroll 3
+    for (int v = 0; v < NV; ++v) {
+      __builtin_prefetch(panel + ((w + RUNS_PREFETCH_UNITS) * NR + v * L) * 4, 0, FAR_LOCALITY);
+      const IV word = load_words(panel + (w * NR + v * L) * 4);
+      const IV even = word & 0x0F0F0F0F, odd = (word >> 4) & 0x0F0F0F0F;
+      std::memcpy(out + 2 * (w - w0) * AMX_B_STRIDE + v * L * 4, &even, sizeof even);
+      std::memcpy(out + (2 * (w - w0) + 1) * AMX_B_STRIDE + v * L * 4, &odd, sizeof odd);
+    }
+}
 
 // Rows [0, R) of panels at[0 .. S) (S 1 or 2): tiles 0-2 the first panel's C, 3-5 the second's,
 // 6 A's, 7 B's (the tile numbers are literal: the intrinsics paste them into their instructions).
-template <int S, int R>
-static inline void amx_int8_run(const QuantPanels<8>& src, const int64_t* at, const Int8Rows& x, uint8_t* tails,
-                                void* c, int64_t ldc, const Epilogue* e) {
-  constexpr int D = activation_digits(8);
-  const int64_t quads = src.z.quads(), chunks = (quads + AMX_INT8_QUAD_ROWS - 1) / AMX_INT8_QUAD_ROWS;
-  constexpr int64_t CHUNK_BYTES = AMX_INT8_QUAD_ROWS * AMX_INT8_B_STRIDE, GROUP_CHUNKS = INT8_DIGIT_GROUP / 64;
+// `scratch`: 2 chunks of this thread's (zeroed where int8's last chunk is copied).
+template <int BITS, int S, int R>
+static inline void amx_digits_run(const QuantPanels<BITS>& src, const int64_t* at, const Int8Rows& x,
+                                  uint8_t* scratch, void* c, int64_t ldc, const Epilogue* e) {
+  constexpr int D = activation_digits(BITS);
+  constexpr int64_t CHUNK_UNITS = BITS == 8 ? AMX_CHUNK_ROWS : AMX_CHUNK_ROWS / 2;  // int8 quads, int4 words
+  const int64_t units = src.z.rows() / 4, chunks = (units + CHUNK_UNITS - 1) / CHUNK_UNITS,
+                group_chunks = x.group / AMX_CHUNK_K;
   const uint8_t* q[S];
   for (int s = 0; s < S; ++s) q[s] = src.panel(at[s]);
-  const int64_t tail_bytes = (quads - (chunks - 1) * AMX_INT8_QUAD_ROWS) * AMX_INT8_B_STRIDE;
-  if (tail_bytes < CHUNK_BYTES)  // (the rest of each tail stays zero: every panel's tail is as long)
-    for (int s = 0; s < S; ++s) std::memcpy(tails + s * CHUNK_BYTES, q[s] + (chunks - 1) * CHUNK_BYTES, tail_bytes);
+  // int8's panels are read as they lie, but for a last chunk past their quads: from a copy.
+  const int64_t tail_bytes = (units - (chunks - 1) * CHUNK_UNITS) * AMX_B_STRIDE;
+  if (BITS == 8 && tail_bytes < AMX_CHUNK_BYTES)  // (the rest stays zero: every panel's tail is as long)
+    for (int s = 0; s < S; ++s)
+      std::memcpy(scratch + s * AMX_CHUNK_BYTES, q[s] + (chunks - 1) * AMX_CHUNK_BYTES, tail_bytes);
   V acc[S][R][NV];
   for (int s = 0; s < S; ++s) clear(acc[s]);
   alignas(64) int32_t sums[S][NV][16 * L];  // a group's C tiles: tile row i, column j at [i * 16 + j]
@@ -1093,36 +1125,42 @@ static inline void amx_int8_run(const QuantPanels<8>& src, const int64_t* at, co
       _tile_zero(4);
       _tile_zero(5);
     }
-    for (int64_t u = g * GROUP_CHUNKS; u < std::min(chunks, (g + 1) * GROUP_CHUNKS); ++u) {
-      // Each B tile's 16 lines AMX_INT8_AHEAD chunks ahead into L1, asked for just before the tile's
-      // load (past the panel: prefetches never fault).
+    for (int64_t u = g * group_chunks; u < std::min(chunks, (g + 1) * group_chunks); ++u) {
+      const uint8_t* b[S];
+      for (int s = 0; s < S; ++s) {
+        if constexpr (BITS == 4) {
+          widen_words(q[s], u * CHUNK_UNITS, std::min(units, (u + 1) * CHUNK_UNITS), scratch + s * AMX_CHUNK_BYTES);
+          b[s] = scratch + s * AMX_CHUNK_BYTES;  // (rows past the panel's words: the last chunk's, times A's zeros)
+        } else {
+          b[s] = u + 1 == chunks && tail_bytes < AMX_CHUNK_BYTES ? scratch + s * AMX_CHUNK_BYTES : q[s] + u * AMX_CHUNK_BYTES;
+        }
+      }
+      // int8: each B tile's 16 lines AMX_INT8_AHEAD chunks ahead into L1, asked for just before
+      // the tile's load (past the panel: prefetches never fault).
       auto ask_ahead = [&](int s, int t) {
-        if constexpr (AMX_INT8_AHEAD > 0)
+        if constexpr (BITS == 8 && AMX_INT8_AHEAD > 0)
           for (int row = 0; row < 16; ++row)
-            __builtin_prefetch(q[s] + (u + AMX_INT8_AHEAD) * CHUNK_BYTES + row * AMX_INT8_B_STRIDE + t * 64, 0, 3);
+            __builtin_prefetch(q[s] + (u + AMX_INT8_AHEAD) * AMX_CHUNK_BYTES + row * AMX_B_STRIDE + t * 64, 0, 3);
       };
-      _tile_loadd(6, x.q.get() + u * 64, x.stride);
-      const bool tail = u + 1 == chunks && tail_bytes < CHUNK_BYTES;
-      const uint8_t* b = tail ? tails : q[0] + u * CHUNK_BYTES;
+      _tile_loadd(6, x.q.get() + u * AMX_CHUNK_K, x.stride);
       ask_ahead(0, 0);
-      _tile_loadd(7, b, AMX_INT8_B_STRIDE);
+      _tile_loadd(7, b[0], AMX_B_STRIDE);
       _tile_dpbssd(0, 6, 7);
       ask_ahead(0, 1);
-      _tile_loadd(7, b + 64, AMX_INT8_B_STRIDE);
+      _tile_loadd(7, b[0] + 64, AMX_B_STRIDE);
       _tile_dpbssd(1, 6, 7);
       ask_ahead(0, 2);
-      _tile_loadd(7, b + 128, AMX_INT8_B_STRIDE);
+      _tile_loadd(7, b[0] + 128, AMX_B_STRIDE);
       _tile_dpbssd(2, 6, 7);
       if constexpr (S == 2) {
-        b = tail ? tails + CHUNK_BYTES : q[1] + u * CHUNK_BYTES;
         ask_ahead(S - 1, 0);
-        _tile_loadd(7, b, AMX_INT8_B_STRIDE);
+        _tile_loadd(7, b[S - 1], AMX_B_STRIDE);
         _tile_dpbssd(3, 6, 7);
         ask_ahead(S - 1, 1);
-        _tile_loadd(7, b + 64, AMX_INT8_B_STRIDE);
+        _tile_loadd(7, b[S - 1] + 64, AMX_B_STRIDE);
         _tile_dpbssd(4, 6, 7);
         ask_ahead(S - 1, 2);
-        _tile_loadd(7, b + 128, AMX_INT8_B_STRIDE);
+        _tile_loadd(7, b[S - 1] + 128, AMX_B_STRIDE);
         _tile_dpbssd(5, 6, 7);
       }
     }
@@ -1134,53 +1172,63 @@ static inline void amx_int8_run(const QuantPanels<8>& src, const int64_t* at, co
       _tile_stored(4, sums[S - 1][1], 64);
       _tile_stored(5, sums[S - 1][2], 64);
     }
-    // As digits_tile's int8 sums (its weights' bias taken out, exactly: the same whole numbers).
+    // As digits_tile's sums (the same whole numbers: int8's weights' bias never added here, its
+    // zero_share 0), scaled in its order.
     for (int s = 0; s < S; ++s)
 #pragma GCC unroll 3
-      for (int v = 0; v < NV; ++v)
+      for (int v = 0; v < NV; ++v) {
+        const V scale = BITS == 4 ? src.scale(at[s], g, v) : V{} + 1.0f;
+        const V zero = BITS == 4 ? src.zero(at[s], g, v) : V{} + 1.0f;
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r)
 #pragma GCC unroll 3
           for (int d = 0; d < D; ++d) {
+            const int64_t at_rg = (r * x.groups + g) * D + d;
             IV whole;
             std::memcpy(&whole, sums[s][v] + (r * D + d) * 16, sizeof whole);
-            acc[s][r][v] = fma(__builtin_convertvector(whole, V), broadcast(x.unit.get() + (r * x.groups + g) * D + d),
-                               acc[s][r][v]);
+            const V exact = __builtin_convertvector(whole, V) - zero * broadcast(x.zero_share.get() + at_rg);
+            acc[s][r][v] = fma(exact, scale * broadcast(x.unit.get() + at_rg), acc[s][r][v]);
           }
+      }
   }
   for (int s = 0; s < S; ++s) {
+    if constexpr (BITS == 8)
 #pragma GCC unroll 3
-    for (int v = 0; v < NV; ++v) {
-      const V scale = src.scale(at[s], 0, v);
-      for (int r = 0; r < R; ++r) acc[s][r][v] *= scale;
-    }
+      for (int v = 0; v < NV; ++v) {
+        const V scale = src.scale(at[s], 0, v);
+        for (int r = 0; r < R; ++r) acc[s][r][v] *= scale;
+      }
     store_block<R>(acc[s], R, int(std::min<int64_t>(NR, src.z.N - at[s] * NR)), 0, at[s] * NR, c, ldc, e, true);
   }
 }
 
-// C = epilogue(A @ B) of M (2 to DIRECT_ROWS) rows over int8 panels on AMX (amx_int8_few_applies),
-// the threads splitting the panels, each making the rows' digits for itself (as int8_products).
-static void int8_products_amx(const QuantPanels<8>& src, int64_t M, const float* a, int64_t lda, void* c, int64_t ldc,
-                              const Epilogue* e) {
+// C = epilogue(A @ B) of M (2 to DIRECT_ROWS) rows over int8 or int4 panels on AMX
+// (amx_few_rows_apply), the threads splitting the panels, each making the rows' digits for itself
+// (as int8_products), A's rows to whole chunks (zeros past K: A's tile never reads past them).
+template <int BITS>
+static void amx_digits_products(const QuantPanels<BITS>& src, int64_t M, const float* a, int64_t lda, void* c,
+                                int64_t ldc, const Epilogue* e) {
   const int64_t panels = src.z.panels();
   const bool worth_threads = panels > 1 && 2 * M * src.z.N * src.z.K >= (int64_t(1) << 18);
-  // A's rows to whole chunks of 64 k (zeros past K), so that A's tile never reads past them.
-  const int64_t stride = (src.z.quads() * 4 + 63) / 64 * 64;
+  const int64_t k_lanes = BITS == 8 ? src.z.quads() * 4 : src.z.words() * 8;  // (K to whole 32-bit lanes)
+  const int64_t stride = (k_lanes + AMX_CHUNK_K - 1) / AMX_CHUNK_K * AMX_CHUNK_K;
+  constexpr int D = activation_digits(BITS);
 #pragma omp parallel if (worth_threads)
   {
-    const Int8Rows x = split_rows(src.z.K, INT8_DIGIT_GROUP, stride, M, a, lda, activation_digits(8), false, 1.0f, 0.0f);
+    const Int8Rows x = BITS == 8 ? split_rows(src.z.K, INT8_DIGIT_GROUP, stride, M, a, lda, D, false, 1.0f, 0.0f)
+                                 : split_rows(src.z.K, src.z.group, stride, M, a, lda, D, true, 1.0f / 16.0f, 16.0f);
     AmxConfig config;
-    for (int t = 0; t < 7; ++t) config.rows[t] = uint8_t(M * activation_digits(8));  // C's and A's; B's 16
+    for (int t = 0; t < 7; ++t) config.rows[t] = uint8_t(M * D);  // C's and A's; B's 16
     _tile_loadconfig(&config);
-    alignas(64) uint8_t tails[2 * AMX_INT8_QUAD_ROWS * AMX_INT8_B_STRIDE] = {};
+    alignas(64) uint8_t scratch[2 * AMX_CHUNK_BYTES] = {};
     int64_t p0, p1;
     range(panels, omp_get_num_threads(), omp_get_thread_num(), p0, p1);
     panel_runs<2>(p0, p1, [&](auto count, const int64_t* at) {
       constexpr int S = decltype(count)::value;
       switch (M) {
-        case 2: amx_int8_run<S, 2>(src, at, x, tails, c, ldc, e); break;
-        case 3: amx_int8_run<S, 3>(src, at, x, tails, c, ldc, e); break;
-        default: amx_int8_run<S, 4>(src, at, x, tails, c, ldc, e); break;
+        case 2: amx_digits_run<BITS, S, 2>(src, at, x, scratch, c, ldc, e); break;
+        case 3: amx_digits_run<BITS, S, 3>(src, at, x, scratch, c, ldc, e); break;
+        default: amx_digits_run<BITS, S, 4>(src, at, x, scratch, c, ldc, e); break;
       }
     });
     _tile_release();
@@ -1272,11 +1320,10 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
                               int64_t ldc, const Epilogue* e, int path) {
   const int64_t N = src.z.N, K = src.z.K, panels = src.z.panels(), groups = src.z.groups();
 #ifdef KILN_QUANT_AMX_FEW
-  if constexpr (BITS == 8)
-    if (path == PATH_AMX && amx_int8_few_applies(src.z, M)) return int8_products_amx(src, M, a, lda, c, ldc, e);
+  if (path == PATH_AMX && amx_few_rows_apply(src.z, M)) return amx_digits_products(src, M, a, lda, c, ldc, e);
 #endif
 #if KILN_INT8_DOT
-  if ((path == PATH_INT8_DIGITS || (BITS == 8 && path == PATH_AMX)) && quant_path_applies(src.z, PATH_INT8_DIGITS)) {
+  if ((path == PATH_INT8_DIGITS || path == PATH_AMX) && quant_path_applies(src.z, PATH_INT8_DIGITS)) {
     constexpr int D = activation_digits(BITS);
     if constexpr (BITS == 4) return int8_products<4, D>(src, M, [&] { return split_rows(src.z, M, a, lda, D); }, c, ldc, e);
     else return int8_products<8, D>(src, M, [&] { return split_rows_for_int8(src.z, M, a, lda); }, c, ldc, e);
@@ -1529,8 +1576,9 @@ static void gemm_quant_amx(const QuantShape& z, int64_t M, const T* a, int64_t l
 }
 
 // The path a product of M rows over this weight takes: more than DIRECT_ROWS, AMX's tiles where they
-// apply (PATH_AMX: int8), else the float32 GEMM; fewer: int8 at AMX_INT8_FEW_ROWS on AMX's integer
-// tiles where the CPU has them (int8_products_amx, PATH_AMX), else the digits where dot4 is
+// apply (PATH_AMX: int8), else the float32 GEMM; fewer: at AMX_FEW_ROWS AMX's integer tiles where
+// the CPU has them (amx_digits_products, PATH_AMX: int8, int4 in groups of whole chunks), else
+// int8: the digits where dot4 is
 // one instruction: 64 weights a dot product per digit where the float32 path takes four
 // instructions per 16 (two shifts, a conversion, an FMA), which bound it below a fast memory's
 // speed (768 x 2048 from L2, 2 threads of a 2-core AMD EPYC, Zen 4, C kernels over this layout: the
@@ -1543,7 +1591,7 @@ static void gemm_quant_amx(const QuantShape& z, int64_t M, const T* a, int64_t l
 static inline int quant_path_for(const QuantShape& z, int64_t M) {
   if (M > DIRECT_ROWS) return quant_amx_applies(z, M, false) ? PATH_AMX : PATH_FLOAT32;
 #ifdef KILN_QUANT_AMX_FEW
-  if (M == AMX_INT8_FEW_ROWS && amx_int8_few_applies(z, M)) return PATH_AMX;
+  if (M >= AMX_FEW_ROWS && amx_few_rows_apply(z, M)) return PATH_AMX;
 #endif
   if (z.bits == 8)
     return quant_path_applies(z, PATH_INT8_DIGITS) && (DOT4_ONE_INSTRUCTION || M == 1) ? PATH_INT8_DIGITS : PATH_FLOAT32;
