@@ -209,19 +209,21 @@ def quant_pack(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor 
 # bf16_pairs is int4's only.
 QUANT_PATHS = ("float32", "bf16_pairs", "int8_digits")
 # "amx": more rows on AMX's tiles (int8's levels with A in three bfloat16 parts, int4's weights in
-# two: where AMX is the CPU's bfloat16 product), and int8 at 2 to 4 rows on its integer tiles (the
-# digits' path's digits: the same bits); more rows elsewhere "float32" (over dequantized blocks).
+# two: where AMX is the CPU's bfloat16 product), and int8 and int4 at 4 rows on its integer tiles
+# (2 and 3 when asked for; the digits' path's digits: the same bits); more rows elsewhere "float32"
+# (over dequantized blocks).
 QUANT_PATH_NAMES = QUANT_PATHS + ("amx",)
 
 
 def quant_path(bits: int, m: int, k: int, n: int, group_size: int, lib: ctypes.CDLL | None = None) -> str:
     """The path a product of `m` rows over a `bits`-bit weight runs here (QUANT_PATH_NAMES). At 4
-    rows or fewer, int4: the fastest this CPU measured of those it has (bf16_pairs: avx512_bf16;
-    int8_digits: a dot4, groups of a multiple of 8) at one row or at four, else float32; int8:
-    amx at 2 to 4 rows where the CPU and kernel give AMX's integer tiles, else int8_digits where the
-    CPU has a one-instruction dot4 (VNNI, AVX-VNNI, aarch64's dot products), at one row where it
-    has AVX2's, else float32. More: amx where AMX is the CPU's bfloat16 product
-    (int8 from 16 rows, int4 from 32; in bfloat16 fast math from 5), else float32."""
+    rows: amx where the CPU and kernel give AMX's integer tiles (int4 in groups of a multiple of
+    64). Otherwise at 4 rows or fewer, int4: the fastest this CPU measured of those it has
+    (bf16_pairs: avx512_bf16; int8_digits: a dot4, groups of a multiple of 8) at one row or at
+    four, else float32; int8: int8_digits where the CPU has a one-instruction dot4 (VNNI, AVX-VNNI,
+    aarch64's dot products), at one row where it has AVX2's, else float32. More: amx where AMX is
+    the CPU's bfloat16 product (int8 from 16 rows, int4 from 32; in bfloat16 fast math from 5),
+    else float32."""
     group = k if bits == 8 else group_size
     return QUANT_PATH_NAMES[(lib or library()).kiln_gemm_quant_path_of(bits, m, k, n, group)]
 
@@ -246,8 +248,8 @@ def mm_quant(a: torch.Tensor, packed: torch.Tensor, n: int, bits: int, group_siz
              lib: ctypes.CDLL | None = None, path: str | None = None,
              int8_activations: str | None = None, bf16_math: bool = False) -> torch.Tensor:
     """epilogue(a [M, K] (float32, or bfloat16: a bfloat16 model's, out in bfloat16) @ dequantize(B))
-    with B packed by `quant_pack`: the epilogues of `mm`, out in a's dtype. `path` (at 4 rows or fewer, one of QUANT_PATH_NAMES; "amx": int8 at 2 to 4 rows on AMX's integer tiles):
-    run that path (where the CPU has it; int8's amx the digits' path elsewhere, the others float32) rather than the one this CPU takes by default (`quant_path`).
+    with B packed by `quant_pack`: the epilogues of `mm`, out in a's dtype. `path` (at 4 rows or fewer, one of QUANT_PATH_NAMES; "amx": 2 to 4 rows on AMX's integer tiles):
+    run that path (where the CPU has it; amx the digits' path elsewhere, the others float32) rather than the one this CPU takes by default (`quant_path`).
     `int8_activations` (int4): a's rows quantized to int8 per group first (kiln.quantize's
     activations="int8"), multiplied by the "integer" path where it applies or the "float" one.
     `bf16_math`: in bfloat16 fast math (kiln::mm_quant's impl "kiln_bf16": a prompt's rows on AMX

@@ -1023,14 +1023,14 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
 #define KILN_AMX_FEW 1
 #endif
 #if defined(KILN_GEMM_AMX) && defined(__AMX_INT8__) && KILN_AMX_FEW
-// ---- int8 weights at a few rows on AMX's integer tiles: TDPBSSD ----
+// ---- int8 and int4 weights at four rows on AMX's integer tiles: TDPBSSD ----
 //
 // At four rows the digits path above is bound by its dot products, not by memory: three digits
 // of four rows are 12 vpdpbusd per 64 bytes of weights, their 36 sums more than the registers (two
 // passes of two rows), and a Qwen2-0.5B step's int8 products took 24-25 ms where a plain read of
 // their packs takes 13-15 (generation.md). One TDPBSSD multiplies a 16 x 64 tile of signed bytes
 // by a 64 x 16 one and adds them in fours into a 16 x 16 tile of int32: a panel's 64 k of 48
-// columns for every row and digit (M x 3 <= 12 tile rows) in three. The packed quads are already
+// columns for every row and digit (M x D: int8 at four rows 12 tile rows, int4 8) in three. The packed quads are already
 // the B tile AMX reads ([K/4][NR] 32-bit lanes: 16 quad rows of 16 columns, NR lanes apart), read
 // signed as they are stored (no bias to take back out); A's tile is the rows' digits (Int8Rows, in
 // k's order: row r's digit d is tile row 3r + d), the same digits over the same groups of
