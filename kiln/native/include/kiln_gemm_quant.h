@@ -1070,9 +1070,10 @@ static inline bool amx_few_rows_apply(const QuantShape& z, int64_t M) {
 // digits exceed the registers: two passes of two rows); at two and three rows vpdpbusd's one pass
 // is faster, 17.9 and 16.7 ms against 19.1 and 19.8. The tiles read int8's panels at ~25 GB/s
 // at every row count (a plain read of the packs: 39), and no faster without their products
-// (timed), where a standalone loop of the same tile loads and products over one buffer, two
-// streams a thread, a group's sums stored every 4 chunks, read at a plain read's speed (31 GB/s at
-// that hour): what holds this path was not found. The prefetches into L1 one chunk ahead,
+// (timed). A standalone loop of the same tile loads and products over one buffer, two streams a
+// thread, loads every byte at ~32 GB/s (as vector loads do) where kiln's line reader, a load a
+// line, reads 39 at that hour, and at ~28 with a group's sums stored and scaled every 4 chunks;
+// this path (24.4 then) is ~88 % of that loop. The prefetches into L1 one chunk ahead,
 // each tile's lines just before its load, were the fastest of those timed (into L2, burst, 2-8
 // chunks ahead: 1.04-1.14x the time). int4's (groups of 128, KILN_AMX_FEW=0 and KILN_AMX_FEW_ROWS=2
 // builds against this one in one run): four rows 11.0 ms on the tiles, 11.7 on vpdpbusd; two rows
