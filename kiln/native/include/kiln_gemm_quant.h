@@ -849,6 +849,47 @@ constexpr int64_t NEAR_UNITS = KILN_NEAR_UNITS;
 constexpr int64_t NEAR_UNITS = 4;
 #endif
 
+// A group's integer sums into the float sums of rows [r0, r0 + R) of panels at[0 .. S): whole(s,
+// v, r, d) the sum of panel s's columns v, row r and digit d (exact whole numbers), its zero
+// points' share taken out and scaled by the group's scale and the digit's unit (int4; int8's scale
+// waits for the end, store_digit_rows). digits_tile and the AMX tiles' path both add their sums
+// here, in this order: their results are the same bits.
+template <int BITS, int S, int R, int D, typename Whole>
+static inline void add_group_sums(const QuantPanels<BITS>& src, const int64_t* at, int64_t g, const Int8Rows& x,
+                                  int64_t r0, Whole&& whole, V (&acc)[S][R][NV]) {
+#pragma GCC unroll 4
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      // int4: the group's scale and zero point, per column; int8: its one scale, at the end.
+      const V scale = BITS == 4 ? src.scale(at[s], g, v) : V{} + 1.0f;
+      const V zero = BITS == 4 ? src.zero(at[s], g, v) : V{} + 1.0f;
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+        for (int d = 0; d < D; ++d) {
+          const int64_t at_rg = ((r0 + r) * x.groups + g) * D + d;
+          const V exact = __builtin_convertvector(whole(s, v, r, d), V) - zero * broadcast(x.zero_share.get() + at_rg);
+          acc[s][r][v] = fma(exact, scale * broadcast(x.unit.get() + at_rg), acc[s][r][v]);
+        }
+    }
+}
+
+// The float sums of `rows` rows (from r0) of panels at[0 .. S) to C, int8's column scales first.
+template <int BITS, int S, int R>
+static inline void store_digit_rows(const QuantPanels<BITS>& src, const int64_t* at, int rows, int64_t r0,
+                                    V (&acc)[S][R][NV], void* c, int64_t ldc, const Epilogue* e) {
+  for (int s = 0; s < S; ++s) {
+    if constexpr (BITS == 8)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) {
+        const V scale = src.scale(at[s], 0, v);
+        for (int r = 0; r < R; ++r) acc[s][r][v] *= scale;
+      }
+    store_block<R>(acc[s], rows, int(std::min<int64_t>(NR, src.z.N - at[s] * NR)), r0, at[s] * NR, c, ldc, e, true);
+  }
+}
+
 template <int BITS, int S, int R, int D, int64_t AHEAD = INT4_PREFETCH_WORDS, int64_t NEAR = 0>
 static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, int rows, const Int8Rows& x, void* c,
                                int64_t ldc, const Epilogue* e, int64_t r0 = 0) {
@@ -894,33 +935,11 @@ static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, 
           }
         }
     }
-#pragma GCC unroll 4
-    for (int s = 0; s < S; ++s)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        // int4: the group's scale and zero point, per column; int8: its one scale, at the end.
-        const V scale = BITS == 4 ? src.scale(at[s], g, v) : V{} + 1.0f;
-        const V zero = BITS == 4 ? src.zero(at[s], g, v) : V{} + 1.0f;
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r)
-#pragma GCC unroll 3
-          for (int d = 0; d < D; ++d) {
-            const int64_t at_rg = ((r0 + r) * x.groups + g) * D + d;
-            const IV whole = SETS == 2 ? sum[0][d][s][r][v] + sum[SETS - 1][d][s][r][v] : sum[0][d][s][r][v];
-            const V exact = __builtin_convertvector(whole, V) - zero * broadcast(x.zero_share.get() + at_rg);
-            acc[s][r][v] = fma(exact, scale * broadcast(x.unit.get() + at_rg), acc[s][r][v]);
-          }
-      }
+    add_group_sums<BITS, S, R, D>(src, at, g, x, r0, [&](int s, int v, int r, int d) {
+      return SETS == 2 ? sum[0][d][s][r][v] + sum[SETS - 1][d][s][r][v] : sum[0][d][s][r][v];
+    }, acc);
   }
-  for (int s = 0; s < S; ++s) {
-    if constexpr (BITS == 8)
-#pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) {
-        const V scale = src.scale(at[s], 0, v);
-        for (int r = 0; r < R; ++r) acc[s][r][v] *= scale;
-      }
-    store_block<R>(acc[s], rows, int(std::min<int64_t>(NR, src.z.N - at[s] * NR)), r0, at[s] * NR, c, ldc, e, true);
-  }
+  store_digit_rows<BITS, S, R>(src, at, rows, r0, acc, c, ldc, e);
 }
 
 // Whether int8 weights at one row on 2 MB pages (one stream a thread, below) are also asked for
@@ -1177,32 +1196,13 @@ static inline void amx_digits_run(const QuantPanels<BITS>& src, const int64_t* a
     }
     // As digits_tile's sums (the same whole numbers: int8's weights' bias never added here, its
     // zero_share 0), scaled in its order.
-    for (int s = 0; s < S; ++s)
-#pragma GCC unroll 3
-      for (int v = 0; v < NV; ++v) {
-        const V scale = BITS == 4 ? src.scale(at[s], g, v) : V{} + 1.0f;
-        const V zero = BITS == 4 ? src.zero(at[s], g, v) : V{} + 1.0f;
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r)
-#pragma GCC unroll 3
-          for (int d = 0; d < D; ++d) {
-            const int64_t at_rg = (r * x.groups + g) * D + d;
-            IV whole;
-            std::memcpy(&whole, sums[s][v] + (r * D + d) * 16, sizeof whole);
-            const V exact = __builtin_convertvector(whole, V) - zero * broadcast(x.zero_share.get() + at_rg);
-            acc[s][r][v] = fma(exact, scale * broadcast(x.unit.get() + at_rg), acc[s][r][v]);
-          }
-      }
+    add_group_sums<BITS, S, R, D>(src, at, g, x, 0, [&](int s, int v, int r, int d) {
+      IV whole;
+      std::memcpy(&whole, sums[s][v] + (r * D + d) * 16, sizeof whole);
+      return whole;
+    }, acc);
   }
-  for (int s = 0; s < S; ++s) {
-    if constexpr (BITS == 8)
-#pragma GCC unroll 3
-      for (int v = 0; v < NV; ++v) {
-        const V scale = src.scale(at[s], 0, v);
-        for (int r = 0; r < R; ++r) acc[s][r][v] *= scale;
-      }
-    store_block<R>(acc[s], R, int(std::min<int64_t>(NR, src.z.N - at[s] * NR)), 0, at[s] * NR, c, ldc, e, true);
-  }
+  store_digit_rows<BITS, S, R>(src, at, R, 0, acc, c, ldc, e);
 }
 
 // C = epilogue(A @ B) of M (2 to DIRECT_ROWS) rows over int8 or int4 panels on AMX
