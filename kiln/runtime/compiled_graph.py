@@ -18,7 +18,7 @@ import dataclasses
 import pickle
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -245,6 +245,22 @@ class CompiledGraph:
         self._profiled_call: Callable | None = None
         keep_freed_memory()  # where runtime.keep_freed_mb asks: the next call finds its buffers' memory resident
         LIVE.add(self)
+
+    def bound(self, tail: Sequence[Any]) -> Callable[..., tuple]:
+        """`lambda *head: self(*head, *tail)`: the graph with its last inputs fixed (a frozen
+        graph's constants). A C++ wrapper's call holds them in C++ (python_door `bind_trailing`)
+        while the graph runs as loaded; a profiled call, a first call and a graph that went back
+        to ATen take the usual way."""
+        tail = tuple(tail)
+        loaded = self._loaded_call
+        fast = python_door.bind_trailing(loaded, tail)
+
+        def call(*head: Any) -> tuple:
+            if self.call is loaded and self.eager is None and not profiler.active():
+                return fast(*head)
+            return self(*head, *tail)
+
+        return call
 
     def instrumented(self, wrap: Callable[[str, Any], Any]) -> Callable:
         """A second `call`, from the same wrapper text, where each kernel, extern op and

@@ -19,6 +19,7 @@ import torch
 from kiln import logs
 from kiln.native import libkiln, python_door
 from kiln.runtime import data_watch, shared_constants
+from kiln.runtime.compiled_graph import CompiledGraph
 from kiln.externs import native_ops
 from kiln.externs.prepacked import packed_bytes
 from kiln.ir.constant_split import ConstantSplit
@@ -52,6 +53,13 @@ def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], Sequence[Any]
     return operator.itemgetter(*positions)
 
 
+def _with_constants(runtime: Callable, constants: tuple) -> Callable[..., Any]:
+    """`lambda *args: runtime(*args, *constants)`, through `CompiledGraph.bound` where it is one."""
+    if isinstance(runtime, CompiledGraph):
+        return runtime.bound(constants)
+    return lambda *args: runtime(*args, *constants)
+
+
 class FrozenProgram:
     """`(*args) -> outputs` of the original graph, from the runtime graph and cached constants."""
 
@@ -68,6 +76,9 @@ class FrozenProgram:
         self.storages: list[Any] = []  # held so that a rebound tensor's old memory is not reused before the check
         self.epoch = -1  # data_watch's epoch when the constants were last known valid
         self.constants: tuple = ()
+        # The runtime graph with the constants as its last inputs (bound once per freeze: a decode
+        # step's ~500 are then not passed through Python on every call).
+        self._run_with_constants: Callable[..., Any] = runtime
         self.signatures: list[Any] | None = None
         self.freezes = 0
 
@@ -91,6 +102,7 @@ class FrozenProgram:
             # (Shared with the process's other frozen graphs over the same weights: a decode step's
             # and its prompt's graphs hold one copy of the concatenated weights and their packs.)
             self.constants = shared_constants.compute(self.split.constants, frozen)
+        self._run_with_constants = _with_constants(self.runtime, self.constants)
         self.held, self.signatures = list(frozen), signatures
         self.stamp = self.stamp_of(frozen)
         self.storages = [t.untyped_storage() for t in frozen]
@@ -108,7 +120,7 @@ class FrozenProgram:
         if (self.stamp_of(frozen) != self.stamp or epoch != self.epoch and self._written(frozen, epoch)) \
                 and not self._freeze(frozen):
             return self._eager(args, frozen)
-        return self.runtime(*self._runtime_of(args), *self.constants)
+        return self._run_with_constants(*self._runtime_of(args))
 
     def _eager(self, args: Sequence[Any], frozen: list[Any]) -> Any:
         with torch.no_grad():

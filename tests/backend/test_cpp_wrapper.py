@@ -318,6 +318,61 @@ def test_the_wrapper_holds_no_input_or_output_after_the_call():
     assert inputs() is None and outputs() is None
 
 
+def test_a_large_call_holds_no_input_or_output_after_it():
+    # Inputs of 64 KB or more run with the GIL released: the call holds each input once more while
+    # the wrapper runs and drops it after, with the GIL.
+    (graph,) = _compiled(lambda x, w: (x @ w).relu(), (torch.randn(64, 300), torch.randn(300, 90)))
+    x, w = torch.randn(64, 300), torch.randn(300, 90)
+    (out,) = graph(x, w)
+    torch.testing.assert_close(out, (x @ w).relu())
+    refs = [weakref.ref(t) for t in (x, w, out)]
+    del x, w, out
+    gc.collect()
+    assert all(ref() is None for ref in refs)
+
+
+@pytest.mark.parametrize("size", [(6, 5), (64, 300)])  # the GIL held, and released (64 KB or more)
+def test_a_bound_graph_takes_its_last_inputs_from_the_binding(size):
+    (graph,) = _compiled(lambda x, y, z: x * y - z, tuple(torch.randn(*size) for _ in range(3)))
+    y, z = torch.randn(*size), torch.randn(*size)
+    bound = graph.bound((y, z))
+    assert type(bound(torch.randn(*size))) is tuple
+    refs = [weakref.ref(y), weakref.ref(z)]
+    expected = [(x, x * y - z) for x in (torch.randn(*size), torch.randn(*size))]
+    del y, z
+    gc.collect()
+    for x, want in expected:  # the binding holds y and z alive
+        (out,) = bound(x)
+        torch.testing.assert_close(out, want)
+    del bound
+    gc.collect()
+    assert all(ref() is None for ref in refs)
+
+
+def test_a_bound_graph_under_the_profiler_or_an_instrumented_call_takes_the_usual_way():
+    (graph,) = _compiled(lambda x, y: x + y, (torch.randn(6, 5), torch.randn(6, 5)))
+    x, y = torch.randn(6, 5), torch.randn(6, 5)
+    bound = graph.bound((y,))
+    seen = []
+    graph.call = graph.instrumented(lambda name, fn: (lambda *a: seen.append(name) or fn(*a)))
+    torch.testing.assert_close(bound(x)[0], x + y)
+    assert seen, "the instrumented call did not run"
+    graph.call = graph._loaded_call
+    with torch.profiler.profile() as prof:
+        torch.testing.assert_close(bound(x)[0], x + y)
+    assert any("kiln graph" in e.name for e in prof.events())
+
+
+def test_binding_takes_tensors_only():
+    from kiln.native import python_door
+
+    (graph,) = _compiled(lambda x, y: x - y * 3, (torch.randn(6, 5), torch.randn(6, 5)))
+    with pytest.raises(TypeError, match="item 0 is float"):
+        graph._loaded_call.bind((1.5,))
+    # Anything else than the extension's call is bound in Python.
+    assert python_door.bind_trailing(lambda *a: a, (1, 2))(0) == (0, 1, 2)
+
+
 def test_the_graph_call_takes_tensors_by_position_only():
     (graph,) = _compiled(lambda x: (x * 3).cos(), (torch.randn(6, 5),))
     with pytest.raises(TypeError, match="input 0 is float"):

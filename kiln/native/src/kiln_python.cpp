@@ -6,6 +6,9 @@
 //       error: of `const char* kiln_error(void)`. A status of 2 raises IndexError, any other RuntimeError.
 //       The GIL is released while the wrapper runs when its inputs add up to kReleaseGilBytes or more:
 //       taking it back costs ~0.3 us, a fair share of a call over a few kilobytes.
+//   GraphCall.bind(tensors) -> GraphCall
+//       the same entry, `tensors` appended to every call's inputs: a frozen graph's constants (a
+//       decode step's ~500) bound once, not passed through Python and converted on every call.
 //   TensorCheck(type, dtype, device, dim, sizes, strides, requires_grad, storage_offset=None)(value) -> bool
 //       a guard's tensor match in one C call: type(value) is type (exactly), and its dtype,
 //       device, dimensions, sizes and strides (None: any; an item None: that one any) and
@@ -81,6 +84,10 @@ struct GraphCall {
   EntryFn entry;
   ErrorFn error;
   Py_ssize_t num_outputs;
+  // The trailing inputs `bind` fixed (a frozen graph's constants), held from C++ so that a call
+  // neither passes them through Python nor moves their Python objects' counts; null when none.
+  std::vector<at::Tensor>* tail;
+  int64_t tail_bytes;
 };
 
 // A call whose inputs (weights included) add up to less runs with the GIL held: it takes
@@ -98,6 +105,21 @@ struct Handles {
   ~Handles() { if (data != stack) delete[] data; }
 };
 
+// While a wrapper runs without the GIL, one more reference to each input's TensorImpl, dropped
+// after it with the GIL held. A Python tensor's TensorImpl keeps its Python object alive while
+// C++ holds it too (torch's intrusive_ptr: a count going 2 -> 1 decrefs the object, taking the
+// GIL): the wrapper releases each input where it is done with it, and without this each of a
+// decode step's ~600 inputs (weights, KV cache) took the GIL back once in the middle of the
+// graph. The caller's arguments keep the inputs alive to the call's end anyway, so holding them
+// frees nothing later.
+struct HeldInputs {
+  at::Tensor stack[kStackHandles];
+  at::Tensor* data;
+  Py_ssize_t n;
+  explicit HeldInputs(Py_ssize_t n) : data(n <= kStackHandles ? stack : new (std::nothrow) at::Tensor[n]), n(n) {}
+  ~HeldInputs() { if (data != stack) delete[] data; }
+};
+
 PyObject* graph_call_vectorcall(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* self = reinterpret_cast<GraphCall*>(callable);
   if (kwnames != nullptr && PyTuple_GET_SIZE(kwnames) != 0) {
@@ -105,9 +127,10 @@ PyObject* graph_call_vectorcall(PyObject* callable, PyObject* const* args, size_
     return nullptr;
   }
   Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-  Handles inputs(n), outputs(self->num_outputs);
+  const Py_ssize_t tail = self->tail != nullptr ? static_cast<Py_ssize_t>(self->tail->size()) : 0;
+  Handles inputs(n + tail), outputs(self->num_outputs);
   if (inputs.data == nullptr || outputs.data == nullptr) return PyErr_NoMemory();
-  int64_t input_bytes = 0;
+  int64_t input_bytes = self->tail_bytes;
   for (Py_ssize_t k = 0; k < n; ++k) {
     if (!THPVariable_Check(args[k])) {
       for (Py_ssize_t j = 0; j < k; ++j) delete static_cast<at::Tensor*>(inputs.data[j]);
@@ -119,9 +142,16 @@ PyObject* graph_call_vectorcall(PyObject* callable, PyObject* const* args, size_
     input_bytes += tensor.has_storage() ? static_cast<int64_t>(tensor.nbytes()) : 0;
     inputs.data[k] = new at::Tensor(tensor);
   }
+  for (Py_ssize_t j = 0; j < tail; ++j) inputs.data[n + j] = new at::Tensor((*self->tail)[j]);
   for (Py_ssize_t k = 0; k < self->num_outputs; ++k) outputs.data[k] = nullptr;
   int status;
   if (input_bytes >= kReleaseGilBytes) {
+    HeldInputs held(n);
+    if (held.data == nullptr) {
+      for (Py_ssize_t k = 0; k < n + tail; ++k) delete static_cast<at::Tensor*>(inputs.data[k]);
+      return PyErr_NoMemory();
+    }
+    for (Py_ssize_t k = 0; k < n; ++k) held.data[k] = *static_cast<at::Tensor*>(inputs.data[k]);
     Py_BEGIN_ALLOW_THREADS
     status = self->entry(inputs.data, outputs.data);
     Py_END_ALLOW_THREADS
@@ -165,6 +195,49 @@ PyObject* graph_call_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
 }
 
 PyTypeObject GraphCallType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+void graph_call_dealloc(PyObject* object) {
+  delete reinterpret_cast<GraphCall*>(object)->tail;
+  Py_TYPE(object)->tp_free(object);
+}
+
+// GraphCall.bind(tensors): the same entry with `tensors` as its last inputs from now on.
+PyObject* graph_call_bind(PyObject* object, PyObject* tensors) {
+  auto* self = reinterpret_cast<GraphCall*>(object);
+  PyObject* items = PySequence_Fast(tensors, "GraphCall.bind takes a sequence of tensors");
+  if (items == nullptr) return nullptr;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+  auto tail = std::make_unique<std::vector<at::Tensor>>();
+  tail->reserve(self->tail != nullptr ? self->tail->size() + n : n);
+  int64_t bytes = self->tail_bytes;
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    PyObject* item = PySequence_Fast_GET_ITEM(items, k);
+    if (!THPVariable_Check(item)) {
+      PyErr_Format(PyExc_TypeError, "GraphCall.bind takes tensors; item %zd is %s", k, Py_TYPE(item)->tp_name);
+      Py_DECREF(items);
+      return nullptr;
+    }
+    const at::Tensor& tensor = THPVariable_Unpack(item);
+    bytes += tensor.has_storage() ? static_cast<int64_t>(tensor.nbytes()) : 0;
+    tail->push_back(tensor);
+  }
+  Py_DECREF(items);
+  if (self->tail != nullptr) tail->insert(tail->begin(), self->tail->begin(), self->tail->end());
+  auto* bound = reinterpret_cast<GraphCall*>(GraphCallType.tp_alloc(&GraphCallType, 0));
+  if (bound == nullptr) return nullptr;
+  bound->vectorcall = graph_call_vectorcall;
+  bound->entry = self->entry;
+  bound->error = self->error;
+  bound->num_outputs = self->num_outputs;
+  bound->tail = tail.release();
+  bound->tail_bytes = bytes;
+  return reinterpret_cast<PyObject*>(bound);
+}
+
+PyMethodDef graph_call_methods[] = {
+    {"bind", graph_call_bind, METH_O, "The same entry with these tensors as its last inputs on every call."},
+    {nullptr, nullptr, 0, nullptr},
+};
 
 // ---- DirectOp: one of kiln's C++ operators called from Python without the dispatcher ----------
 
@@ -976,8 +1049,9 @@ int ready_callable_type(PyTypeObject& type, const char* name, Py_ssize_t size, P
 }  // namespace
 
 PyMODINIT_FUNC PyInit_kiln_python(void) {
+  GraphCallType.tp_methods = graph_call_methods;
   if (ready_callable_type(GraphCallType, "kiln_python.GraphCall", sizeof(GraphCall), offsetof(GraphCall, vectorcall),
-                          graph_call_new, nullptr,
+                          graph_call_new, graph_call_dealloc,
                           "GraphCall(entry, error, num_outputs): a C++ wrapper's entry as (*tensors) -> tuple.") < 0 ||
       ready_callable_type(TensorCheckType, "kiln_python.TensorCheck", sizeof(TensorCheck), offsetof(TensorCheck, vectorcall),
                           tensor_check_new, tensor_check_dealloc,
