@@ -475,6 +475,13 @@ class RuntimeSettings(_Group):
         "leaves malloc alone. Set, it changes malloc for the whole process, eager code included (once, at the "
         "first compiled graph, kiln/heap.py)",
     )
+    buffer_cache_mb: int = setting(
+        32,
+        env="KILN_BUFFER_CACHE_MB",
+        help="MiB of freed blocks (each up to 1 MiB) kiln's runtime keeps for the tensors it makes itself (its "
+        "operators' outputs, a C++ wrapper's buffers) instead of allocating them again; 0: each from c10's CPU "
+        "allocator. Only kiln's own tensors: the process's allocator is left as it is (kiln_runtime.cpp)",
+    )
 
 
 @_group("bench")

@@ -88,6 +88,7 @@ def test_defaults():
         "capture.greedy_loop": True,
         "capture.warn_eager_frames": True,
         "runtime.keep_freed_mb": 0,
+        "runtime.buffer_cache_mb": 32,
         "bench.timeout_s": 900.0,
         "bench.iters": 20,
         "bench.warmup": 3,

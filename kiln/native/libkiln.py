@@ -71,15 +71,23 @@ def library() -> ctypes.CDLL:
     lib.kiln_packs_held.restype = ctypes.c_int64
     lib.kiln_packed_bytes.restype = ctypes.c_int64
     lib.kiln_find_op.argtypes, lib.kiln_find_op.restype = [ctypes.c_char_p, ctypes.c_char_p], ctypes.c_void_p
-    lib.kiln_set_huge_pages(int(bool(config.backend.huge_pages)))
+    lib.kiln_buffer_cache_kept.restype = ctypes.c_int64
+    lib.kiln_set_buffer_cache.argtypes = [ctypes.c_int64]
+    _hand_over_settings(lib)
     return lib
 
 
+def _hand_over_settings(lib: ctypes.CDLL) -> None:
+    lib.kiln_set_huge_pages(int(bool(config.backend.huge_pages)))
+    lib.kiln_set_buffer_cache(max(0, int(config.runtime.buffer_cache_mb)) << 20)
+
+
 def apply_settings() -> None:
-    """Hand the runtime the settings its packs are made under (backend.huge_pages), where this
-    process has loaded it: the frozen program calls this before a first call makes its packs."""
+    """Hand the runtime the settings its packs and buffers are made under (backend.huge_pages,
+    runtime.buffer_cache_mb), where this process has loaded it: the frozen program calls this
+    before a first call makes its packs."""
     if library.cache_info().currsize:
-        library().kiln_set_huge_pages(int(bool(config.backend.huge_pages)))
+        _hand_over_settings(library())
 
 
 def packed_bytes(weight: torch.Tensor) -> int:

@@ -76,6 +76,11 @@ KILN_API void kiln_set_huge_pages(int on);
 // Whether kiln's one-row products read their panels as 2 MB pages want (fewer runs a thread: set
 // with the setting above where the CPU is AMD and THP is on; kiln_gemm.h `huge_page_packs`).
 KILN_API int kiln_huge_page_reads(void);
+// Bytes of freed blocks the runtime keeps for the tensors it makes itself (the setting
+// runtime.buffer_cache_mb; 0: none kept, each from c10's CPU allocator); blocks kept before go.
+KILN_API void kiln_set_buffer_cache(int64_t bytes);
+// Bytes of freed blocks kept now.
+KILN_API int64_t kiln_buffer_cache_kept(void);
 KILN_API const char* kiln_error(void);
 KILN_API void kiln_set_error(const char* message);
 

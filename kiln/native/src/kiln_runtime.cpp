@@ -1,6 +1,8 @@
 // kiln's runtime over libtorch: the functions of kiln_runtime.h. Built once per machine and torch
 // version (kiln/native/libkiln.py) and loaded before any graph library whose wrapper calls it.
 #include <ATen/EmptyTensor.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -199,6 +201,104 @@ int guarded(F&& body) {
     last_error = "unknown C++ exception";
   }
   return 1;
+}
+
+// ---- kiln's buffers ------------------------------------------------------------------------------
+//
+// The tensors the runtime makes (its operators' outputs, a C++ wrapper's buffers) take their memory
+// from freed blocks of the same size class kept for them, of up to kLargestBuffer bytes and
+// `buffer_cache_limit` bytes in all (kiln_set_buffer_cache, the setting runtime.buffer_cache_mb),
+// else from c10's CPU allocator. A decode step makes ~150 such tensors of a few kilobytes: from
+// glibc each costs an aligned malloc, which consolidates the small chunks freed since first, and a
+// free (~10 % of a 24-layer step's host time); here a lock and a list. Only kiln's own tensors: the
+// process's allocator and everything else it allocates are left as they are. A block's first 64
+// bytes hold its size class (the data stays 64-byte aligned).
+namespace buffer_cache {
+
+constexpr size_t kHeader = 64, kLargestBuffer = size_t(1) << 20;
+
+struct State {
+  std::mutex mutex;
+  std::map<size_t, std::vector<void*>> free_blocks;  // by size class
+  size_t kept = 0;                                   // bytes in free_blocks
+};
+State& state() {
+  static State* s = new State;  // (never destroyed: tensors may be freed during the process's exit)
+  return *s;
+}
+std::atomic<size_t> limit{size_t(32) << 20};
+
+// Multiples of 64 bytes up to 4 KB, then eight classes per power of two (at most 1/8 unused).
+size_t size_class(size_t n) {
+  if (n <= 4096) return std::max<size_t>(64, (n + 63) & ~size_t(63));
+  const size_t step = (size_t(1) << (63 - __builtin_clzll(n))) / 8;
+  return (n + step - 1) / step * step;
+}
+
+void release(void* base) {
+  const size_t size = *static_cast<size_t*>(base);
+  State& s = state();
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.kept + size <= limit.load(std::memory_order_relaxed)) {
+      s.free_blocks[size].push_back(base);
+      s.kept += size;
+      return;
+    }
+  }
+  c10::free_cpu(base);
+}
+
+void drop_all() {
+  State& s = state();
+  std::map<size_t, std::vector<void*>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    dropped.swap(s.free_blocks);
+    s.kept = 0;
+  }
+  for (auto& [size, blocks] : dropped)
+    for (void* base : blocks) c10::free_cpu(base);
+}
+
+struct Allocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    if (n == 0 || n > kLargestBuffer || limit.load(std::memory_order_relaxed) == 0)
+      return c10::GetCPUAllocator()->allocate(n);
+    const size_t size = size_class(n);
+    void* base = nullptr;
+    {
+      State& s = state();
+      std::lock_guard<std::mutex> lock(s.mutex);
+      auto found = s.free_blocks.find(size);
+      if (found != s.free_blocks.end() && !found->second.empty()) {
+        base = found->second.back();
+        found->second.pop_back();
+        s.kept -= size;
+      }
+    }
+    if (base == nullptr) {
+      base = c10::alloc_cpu(size + kHeader);
+      *static_cast<size_t*>(base) = size;
+    }
+    return {static_cast<char*>(base) + kHeader, base, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+};
+Allocator allocator;
+
+}  // namespace buffer_cache
+
+// A CPU tensor of the runtime's own (its memory from buffer_cache).
+at::Tensor buffer(c10::IntArrayRef sizes, c10::ScalarType dtype) {
+  return at::detail::empty_generic(sizes, &buffer_cache::allocator, c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
+                                   std::nullopt);
+}
+
+at::Tensor strided_buffer(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype) {
+  return at::detail::empty_strided_generic(sizes, strides, &buffer_cache::allocator,
+                                           c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
 }
 
 // ---- packed weights' memory ----------------------------------------------------------------------
@@ -439,7 +539,7 @@ bool kiln_bf16_math(const at::Tensor& a, const at::Tensor& b, c10::string_view i
 // nearest even (kiln_gemm.h `convert_a_bf16`); A's rows are of unit stride.
 at::Tensor a_in_bf16(const at::Tensor& a) {
   const int64_t M = a.size(0), K = a.size(1);
-  at::Tensor out = at::detail::empty_cpu({M, K}, at::kBFloat16);
+  at::Tensor out = buffer({M, K}, at::kBFloat16);
   kiln_gemm_convert_a_bf16(M, K, a.data_ptr(), a.stride(0), out.data_ptr());
   return out;
 }
@@ -456,7 +556,7 @@ at::Tensor mm_kiln(const at::Tensor& a_in, const at::Tensor& b, const std::optio
   std::optional<at::Tensor> bias = bias_in;
   if (bias && bias->stride(0) != 1) bias = bias->contiguous();
   int64_t M = a.size(0);
-  at::Tensor out = at::detail::empty_cpu({M, N}, b.scalar_type());
+  at::Tensor out = buffer({M, N}, b.scalar_type());
   KilnGemmEpilogue e = unary_epilogue(unary, algorithm, scalars);
   e.bias = bias ? bias->data_ptr() : nullptr;
   e.bias_bf16 = bias && bias->scalar_type() == at::kBFloat16;
@@ -520,7 +620,7 @@ at::Tensor quant_product(const at::Tensor& a_in, const at::Tensor& qweight, cons
   const int64_t M = K ? a_in.numel() / K : 0, lda = a.dim() == 2 ? a.stride(0) : K;
   std::vector<int64_t> shape = a_in.sizes().vec();
   shape.back() = N;
-  at::Tensor out = at::detail::empty_cpu(shape, a_in.scalar_type());
+  at::Tensor out = buffer(shape, a_in.scalar_type());
   e.out_bf16 = bf16_rows;
   std::optional<at::Tensor> bias = bias_in, residual;
   if (bias && bias->stride(0) != 1) bias = bias->contiguous();
@@ -594,7 +694,7 @@ std::pair<at::Tensor, at::Tensor> mm_quant_row_norm(const at::Tensor& a, const a
   if (keep_sum) {
     std::vector<int64_t> shape = a.sizes().vec();
     shape.back() = N;
-    normed = at::detail::empty_cpu(shape, at::kFloat);
+    normed = buffer(shape, at::kFloat);
     e.norm_out = normed.data_ptr();
     e.ld_norm_out = N;
   }
@@ -651,7 +751,7 @@ std::pair<at::Tensor, at::Tensor> mm_row_norm(const at::Tensor& a_in, const at::
   std::optional<at::Tensor> bias = unit_stride(bias_in), residual = unit_stride(residual_in),
                             weight = norm_vector(weight_in), norm_bias = norm_vector(norm_bias_in);
   const int64_t M = a.size(0);
-  at::Tensor out = at::detail::empty_cpu({M, N}, at::kFloat);
+  at::Tensor out = buffer({M, N}, at::kFloat);
   KilnGemmEpilogue e{};
   e.bias = bias ? bias->data_ptr() : nullptr;
   e.bias_bf16 = bias && bias->scalar_type() == at::kBFloat16;
@@ -664,13 +764,13 @@ std::pair<at::Tensor, at::Tensor> mm_row_norm(const at::Tensor& a_in, const at::
   e.norm_bias = norm_bias ? norm_bias->data_ptr<float>() : nullptr;
   at::Tensor normed, sum;
   if (keep_sum || bf16) {
-    normed = at::detail::empty_cpu({M, N}, b.scalar_type());
+    normed = buffer({M, N}, b.scalar_type());
     e.norm_out = normed.data_ptr();
     e.ld_norm_out = N;
     e.norm_out_bf16 = bf16;
   }
   if (keep_sum && bf16) {
-    sum = at::detail::empty_cpu({M, N}, at::kBFloat16);
+    sum = buffer({M, N}, at::kBFloat16);
     e.sum_out = sum.data_ptr();
     e.ld_sum_out = N;
   }
@@ -931,7 +1031,7 @@ at::Tensor rows_unit(const at::Tensor& t) { return t.stride(-1) == 1 || t.size(-
 // kiln_attention.py `output_like`).
 at::Tensor attention_output(const at::Tensor& q, int64_t Dv) {
   if (Dv == q.size(3)) {  // (empty_like's layout, made without the dispatcher where q is dense)
-    return q.is_non_overlapping_and_dense() ? at::detail::empty_strided_cpu(q.sizes(), q.strides(), q.scalar_type())
+    return q.is_non_overlapping_and_dense() ? strided_buffer(q.sizes(), q.strides(), q.scalar_type())
                                             : at::empty_like(q);
   }
   std::vector<int64_t> order = {0, 1, 2, 3};
@@ -1154,8 +1254,8 @@ extern "C" {
 
 kiln_tensor kiln_empty_strided(int64_t ndim, const int64_t* sizes, const int64_t* strides, int32_t dtype) {
   // (a C++ wrapper runs on the CPU: its buffers are made without the dispatcher)
-  return new_handle(at::detail::empty_strided_cpu(c10::IntArrayRef(sizes, ndim), c10::IntArrayRef(strides, ndim),
-                                                  static_cast<c10::ScalarType>(dtype)));
+  return new_handle(strided_buffer(c10::IntArrayRef(sizes, ndim), c10::IntArrayRef(strides, ndim),
+                                   static_cast<c10::ScalarType>(dtype)));
 }
 
 kiln_tensor kiln_share(kiln_tensor t) { return new_handle(tensor_of(t)); }
@@ -1251,6 +1351,17 @@ int64_t kiln_packed_bytes(kiln_tensor weight) {
 int kiln_vector_lanes(void) { return kiln_vec_lanes(); }
 
 int kiln_huge_page_reads(void) { return kiln_gemm_huge_page_packs(); }
+
+void kiln_set_buffer_cache(int64_t bytes) {
+  buffer_cache::limit.store(bytes > 0 ? static_cast<size_t>(bytes) : 0);
+  buffer_cache::drop_all();  // (blocks kept under the old limit go; the next calls keep them again)
+}
+
+int64_t kiln_buffer_cache_kept(void) {
+  auto& s = buffer_cache::state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return static_cast<int64_t>(s.kept);
+}
 
 void kiln_set_huge_pages(int on) {
   huge_pages_on.store(on != 0);

@@ -1,0 +1,72 @@
+"""The freed blocks kiln's runtime keeps for the tensors it makes itself (runtime.buffer_cache_mb,
+kiln_runtime.cpp `buffer_cache`): a C++ wrapper's buffers and kiln's operators' outputs come back
+from them on the next call, within the limit, with the same results; a tensor still alive keeps
+its block; 0 keeps nothing."""
+
+import pytest
+import torch
+
+import kiln
+from kiln.externs import native_ops
+from kiln.native import libkiln
+
+
+@pytest.fixture
+def runtime():
+    lib = libkiln.library()
+    yield lib
+    libkiln.apply_settings()  # (the setting's own limit again)
+
+
+def _step(x, w):
+    # A pointwise kernel's buffer (kiln_empty_strided) and kiln's GEMM's output (kiln::mm).
+    h = torch.tanh(x * 2 + 1)
+    return torch.ops.kiln.mm(h, w, None, "none", [], None, "kiln") + 1
+
+
+def test_kept_blocks_are_used_again_with_the_same_results(runtime):
+    native_ops.load()
+    kiln.reset()
+    compiled = kiln.compile(_step)
+    x, w = torch.randn(8, 64), torch.randn(64, 96)
+    want = _step(x, w)
+    runtime.kiln_set_buffer_cache(32 << 20)
+    first = compiled(x, w)  # (held: its output's block stays with it)
+    assert 0 < runtime.kiln_buffer_cache_kept() <= 32 << 20
+    torch.testing.assert_close(compiled(x, w), want)
+    kept = runtime.kiln_buffer_cache_kept()
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x, w), want)
+        # each call takes its blocks from those kept and leaves as many (nothing grows call to call)
+        assert runtime.kiln_buffer_cache_kept() == kept
+    # An output still held keeps its block: later calls do not write into it.
+    torch.testing.assert_close(first, want)
+    other = compiled(x * -1, w)
+    torch.testing.assert_close(first, want)
+    torch.testing.assert_close(other, _step(x * -1, w))
+
+
+def test_the_limit_bounds_what_is_kept_and_zero_keeps_nothing(runtime):
+    native_ops.load()
+    kiln.reset()
+    compiled = kiln.compile(_step)
+    x, w = torch.randn(8, 64), torch.randn(64, 96)
+    want = _step(x, w)
+    runtime.kiln_set_buffer_cache(4096)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x, w), want)
+        assert runtime.kiln_buffer_cache_kept() <= 4096
+    runtime.kiln_set_buffer_cache(0)
+    assert runtime.kiln_buffer_cache_kept() == 0
+    torch.testing.assert_close(compiled(x, w), want)
+    assert runtime.kiln_buffer_cache_kept() == 0
+
+
+def test_the_setting_reaches_the_runtime(runtime):
+    with kiln.config.patch({"runtime.buffer_cache_mb": 0}):
+        libkiln.apply_settings()
+        kiln.reset()
+        compiled = kiln.compile(_step)
+        native_ops.load()
+        compiled(torch.randn(8, 64), torch.randn(64, 96))
+        assert runtime.kiln_buffer_cache_kept() == 0
