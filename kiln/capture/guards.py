@@ -243,24 +243,26 @@ def _static_layouts(guards: list[Guard]) -> tuple[list[Guard], dict[int, StaticL
     return kept, layouts
 
 
-def alias_pattern(tensors: Sequence[Any], by_storage: bool = False) -> tuple[int, ...]:
+def alias_pattern(tensors: Sequence[Any], by_storage: bool = False,
+                  expected: tuple[int, ...] | None = None) -> tuple[int, ...] | bool:
     """For each tensor, the index of the first that is the same object; `by_storage`: then,
-    for each, the index of the first whose memory it shares (an empty tensor shares none). The
+    for each, the index of the first whose memory it shares (an empty tensor shares none). With
+    `expected`, whether the pattern is it (the extension's never makes the pattern then). The
     guards call the extension's, the same in one C loop, where this process has it."""
     first: dict[int, int] = {}
     pattern = tuple(first.setdefault(id(t), i) for i, t in enumerate(tensors))
-    if not by_storage:
-        return pattern
-    storages: dict[tuple, int] = {}
-    return pattern + tuple(storages.setdefault((t.device, t.untyped_storage().data_ptr()) if t.numel() else (i,), i)
-                           for i, t in enumerate(tensors))
+    if by_storage:
+        storages: dict[tuple, int] = {}
+        pattern += tuple(storages.setdefault((t.device, t.untyped_storage().data_ptr()) if t.numel() else (i,), i)
+                         for i, t in enumerate(tensors))
+    return pattern if expected is None else pattern == expected
 
 
 def _aliasing(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:
     pattern, sources = g.expected
     values = "".join(f"{source.read(ns, name_of)}, " for source in sources)
     function = python_door.alias_pattern_function() or alias_pattern
-    return f"{ns.bind(function, 'F')}(({values}), {g.detail == 'storage'!r}) == {pattern!r}"
+    return f"{ns.bind(function, 'F')}(({values}), {g.detail == 'storage'!r}, {ns.bind(tuple(pattern), 'V')})"
 
 
 def _length_match(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:

@@ -390,8 +390,19 @@ def test_the_extensions_alias_pattern_is_pythons():
              [meta, torch.empty(3, device="meta"), base, meta], [base.t(), base.view(-1), torch.randn(4, 4)]]
     for values in cases:
         for by_storage in (False, True):
-            assert native(values, by_storage) == alias_pattern(values, by_storage), (values, by_storage)
+            pattern = native(values, by_storage)
+            assert pattern == alias_pattern(values, by_storage), (values, by_storage)
+            # With the expected pattern: whether it is that one, the same in both.
+            others = [pattern, pattern[:-1], pattern + (0,), tuple(i + 1 for i in pattern), (*pattern[:-1], "0"),
+                      (*pattern[:-1], 2 ** 80)]
+            for expected in others[: 1 if not pattern else None]:
+                want = expected == pattern
+                assert native(values, by_storage, expected) is want, (values, by_storage, expected)
+                assert alias_pattern(values, by_storage, expected) is want, (values, by_storage, expected)
     assert native((1, 2, 1), False) == alias_pattern((1, 2, 1)) == (0, 1, 0)
+    assert native((1, 2, 1), False, None) == (0, 1, 0)
+    with pytest.raises(TypeError, match="expected must be a tuple"):
+        native((1, 2), False, [0, 1])
     with pytest.raises(TypeError, match="item 0 is int"):
         native((1, 2), True)
     assert python_door.alias_pattern_function() is native
@@ -713,7 +724,7 @@ def test_the_aliasing_guard_compares_the_inputs_the_other_guards_read_into_local
     (entry,) = compiled.kiln_cache.entries
     code = entry.guards.source_code
     check = code[code.index("def check(L):"):]
-    aliasing = next(line for line in check.splitlines() if "True) == (" in line)
+    aliasing = next(line for line in check.splitlines() if "), True, V" in line)
     assert "layers" not in aliasing and "(" not in aliasing.split("((", 1)[1].split(")", 1)[0], aliasing
     assert check.count("['keys']") == 3 and check.count("['values']") == 3, check
     for a, b in zip(cache.layers, reference.layers):

@@ -24,12 +24,13 @@
 //   stamp(tensors) -> bytes
 //       each tensor's identity (its TensorImpl), version counter and data pointer: two stamps are
 //       equal when no tensor was replaced, written in place or rebound to other memory.
-//   alias_pattern(values, by_storage) -> tuple of ints
+//   alias_pattern(values, by_storage, expected=None) -> tuple of ints, or bool
 //       kiln/capture/guards.py `alias_pattern` in one C loop: for each value the index of the first
 //       that is the same object; with `by_storage` (tensors only) then, for each, the index of the
 //       first on the same device whose storage has the same data pointer (an empty tensor: its own).
 //       An aliasing guard checks it on every call of a graph that writes its inputs (a decode
 //       step's KV cache: ~40 tensors, ~25 us in Python when the step's weights left the caches cold).
+//       With `expected` (a tuple): whether the pattern is it, the pattern itself never made.
 //   greedy_tokens(logits) -> Tensor or None
 //       torch.argmax(logits, -1) of a CPU float32 (batch, vocabulary) tensor whose rows are
 //       contiguous, as int64: the first index of each row's largest value, or of its first NaN;
@@ -475,33 +476,64 @@ struct StorageKey {
 };
 
 PyObject* alias_pattern(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2) {
-    PyErr_SetString(PyExc_TypeError, "alias_pattern(values, by_storage) takes 2 arguments");
+  if (nargs != 2 && nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "alias_pattern(values, by_storage, expected=None) takes 2 or 3 arguments");
     return nullptr;
   }
   const int by_storage = PyObject_IsTrue(args[1]);
   if (by_storage < 0) return nullptr;
+  // With `expected` (a tuple), whether the pattern is it, without making the pattern: a guard's
+  // check of a decode step's ~150 indices on every call (a tuple of them was a malloc that
+  // consolidated glibc's small freed chunks first).
+  PyObject* expected = nargs == 3 && args[2] != Py_None ? args[2] : nullptr;
+  if (expected != nullptr && !PyTuple_Check(expected)) {
+    PyErr_SetString(PyExc_TypeError, "alias_pattern: expected must be a tuple or None");
+    return nullptr;
+  }
   PyObject* seq = PySequence_Fast(args[0], "alias_pattern takes a sequence");
   if (seq == nullptr) return nullptr;
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   PyObject** items = PySequence_Fast_ITEMS(seq);
-  PyObject* result = PyTuple_New(by_storage ? 2 * n : n);
+  const Py_ssize_t total = by_storage ? 2 * n : n;
+  if (expected != nullptr && PyTuple_GET_SIZE(expected) != total) {
+    Py_DECREF(seq);
+    Py_RETURN_FALSE;
+  }
+  PyObject* result = expected != nullptr ? nullptr : PyTuple_New(total);
   auto fail = [&]() -> PyObject* {  // (a tuple's unset items are NULL: released as such)
     Py_DECREF(seq);
     Py_XDECREF(result);
     return nullptr;
   };
-  auto set = [&](Py_ssize_t at, Py_ssize_t index) {
-    PyObject* value = PyLong_FromSsize_t(index);
-    if (value != nullptr) PyTuple_SET_ITEM(result, at, value);
-    return value != nullptr;
+  auto differs = [&]() -> PyObject* {
+    Py_DECREF(seq);
+    Py_RETURN_FALSE;
   };
-  if (result == nullptr) return fail();
+  // 1: set (or as expected), 0: not as expected, -1: an error.
+  auto set = [&](Py_ssize_t at, Py_ssize_t index) -> int {
+    if (expected != nullptr) {
+      PyObject* want = PyTuple_GET_ITEM(expected, at);
+      if (!PyLong_CheckExact(want)) return 0;
+      const Py_ssize_t value = PyLong_AsSsize_t(want);
+      if (value == -1 && PyErr_Occurred()) {  // (too large for an index: not one)
+        PyErr_Clear();
+        return 0;
+      }
+      return value == index ? 1 : 0;
+    }
+    PyObject* value = PyLong_FromSsize_t(index);
+    if (value == nullptr) return -1;
+    PyTuple_SET_ITEM(result, at, value);
+    return 1;
+  };
+  if (expected == nullptr && result == nullptr) return fail();
   // A few dozen values: a linear search beats a hash map's allocations.
   for (Py_ssize_t k = 0; k < n; ++k) {
     Py_ssize_t first = 0;
     while (items[first] != items[k]) ++first;
-    if (!set(k, first)) return fail();
+    const int done = set(k, first);
+    if (done < 0) return fail();
+    if (done == 0) return differs();
   }
   if (by_storage) {
     std::vector<StorageKey> keys(static_cast<size_t>(n));
@@ -519,10 +551,13 @@ PyObject* alias_pattern(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                  t.numel() != 0 ? t.storage().data() : nullptr};
       Py_ssize_t first = 0;
       while (first < k && !keys[first].same_memory(keys[k])) ++first;
-      if (!set(n + k, first)) return fail();
+      const int done = set(n + k, first);
+      if (done < 0) return fail();
+      if (done == 0) return differs();
     }
   }
   Py_DECREF(seq);
+  if (expected != nullptr) Py_RETURN_TRUE;
   return result;
 }
 
