@@ -113,7 +113,8 @@ def graph_call(entry: Any, error: Any, num_outputs: int, build: bool = True) -> 
 def bind_trailing(call: Callable[..., tuple], tail: Sequence[torch.Tensor]) -> Callable[..., tuple]:
     """`lambda *head: call(*head, *tail)`: for the extension's graph call, the same entry with `tail`
     held in C++ (`GraphCall.bind`), so that a call neither passes those tensors through Python nor
-    converts them (a decode step's ~500 constants: ~8 % of a 24-layer step's host time)."""
+    converts them (a decode step's ~490 constants: 0.965x the time a token of a 24-layer twin whose
+    step is all host work)."""
     tail = tuple(tail)
     if _module.cache_info().currsize and type(call) is module().GraphCall and all(isinstance(t, torch.Tensor) for t in tail):
         return call.bind(tail)
