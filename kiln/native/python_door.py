@@ -179,13 +179,15 @@ def views_function() -> Callable[[Sequence[torch.Tensor], Sequence[int], Sequenc
     return module().views_of if _module.cache_info().currsize else _python_views
 
 
-def _python_stamp(tensors: list[torch.Tensor]) -> list[tuple[int, int, int]]:
-    return [(id(t), t._version, t.data_ptr()) for t in tensors]
+def _python_stamp(tensors: list[torch.Tensor], expected: Any = None) -> list[tuple[int, int, int]] | bool:
+    stamp = [(id(t), t._version, t.data_ptr()) for t in tensors]
+    return stamp if expected is None else stamp == expected
 
 
-def stamp_function() -> Callable[[list[torch.Tensor]], Any]:
+def stamp_function() -> Callable[..., Any]:
     """`stamp(tensors)`: what changes when a tensor is replaced, written in place or rebound to
-    other memory (callers keep the tensors alive, so identities are not reused). The extension's
+    other memory (callers keep the tensors alive, so identities are not reused);
+    `stamp(tensors, expected)`: whether that is `expected` (a stamp it gave). The extension's
     (one C loop, ~10 ns a tensor) when this process has it — it is built for C++ wrappers —
     otherwise the same check in Python (~0.2 µs a tensor), so that a process without C++ wrappers
     never waits for the extension to build."""

@@ -70,8 +70,8 @@ class FrozenProgram:
         self._frozen_of, self._runtime_of = _picker(self.frozen_positions), _picker(self.runtime_positions)
         self.held: list[Any] = []
         # How the frozen inputs are checked on each call: the same tensors, versions and memory
-        # (kiln/native/python_door.py `stamp`), one comparison of what `stamp_of` gives.
-        self.stamp_of: Callable[[list[Any]], Any] = python_door.stamp_function()
+        # (kiln/native/python_door.py `stamp`), compared with the last stamp inside `stamp_of`.
+        self.stamp_of: Callable[..., Any] = python_door.stamp_function()
         self.stamp: Any = None
         self.storages: list[Any] = []  # held so that a rebound tensor's old memory is not reused before the check
         self.epoch = -1  # data_watch's epoch when the constants were last known valid
@@ -117,7 +117,8 @@ class FrozenProgram:
         # Stale constants: the stamp differs (never frozen: it is None; it is what changes in
         # practice), or a write data_watch saw. Written out here: this runs on every call.
         epoch = data_watch.sweep()
-        if (self.stamp_of(frozen) != self.stamp or epoch != self.epoch and self._written(frozen, epoch)) \
+        if (self.stamp is None or not self.stamp_of(frozen, self.stamp)
+                or epoch != self.epoch and self._written(frozen, epoch)) \
                 and not self._freeze(frozen):
             return self._eager(args, frozen)
         return self._run_with_constants(*self._runtime_of(args))

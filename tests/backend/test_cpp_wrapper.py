@@ -443,6 +443,18 @@ def test_stamps_change_with_writes_rebinds_and_replacements():
     assert after != before and after[:150 * 24] == before[:150 * 24] and after[151 * 24:] == before[151 * 24:]
     with pytest.raises(TypeError, match="item 301 is str"):
         stamp(many[:301] + ["x"])
+    # With the expected stamp: whether it is that one, the same answers as comparing the bytes.
+    assert stamp(many, after) is True and stamp(many, None) == after
+    assert stamp(many[:-1], after) is False and stamp(many, after[:-1] + b"x") is False
+    many[5].add_(1)
+    assert stamp(many, after) is False
+    with pytest.raises(TypeError, match="expected must be bytes"):
+        stamp(many, list(after))
+    plain = many[:300]  # (Python's stamp reads version counters, which inference tensors lack)
+    python_stamp = python_door._python_stamp(plain)
+    assert python_door._python_stamp(plain, python_stamp) is True
+    plain[7].add_(1)
+    assert python_door._python_stamp(plain, python_stamp) is False
 
 
 def _python_tensor_match(t: torch.Tensor, expected: torch.Tensor, static: bool) -> bool:

@@ -21,9 +21,10 @@
 //       kiln_call_op; the arguments bound to the schema's `names` (the last ones may take
 //       `defaults`), tensors handed over borrowed. Compiled graphs' Python wrappers and the
 //       autotuner call kiln's operators through it: ~0.5 us, against ~5 us through the dispatcher.
-//   stamp(tensors) -> bytes
+//   stamp(tensors, expected=None) -> bytes, or bool
 //       each tensor's identity (its TensorImpl), version counter and data pointer: two stamps are
-//       equal when no tensor was replaced, written in place or rebound to other memory.
+//       equal when no tensor was replaced, written in place or rebound to other memory. With
+//       `expected` (a stamp): whether the tensors' stamp is it, the stamp itself never made.
 //   alias_pattern(values, by_storage, expected=None) -> tuple of ints, or bool
 //       kiln/capture/guards.py `alias_pattern` in one C loop: for each value the index of the first
 //       that is the same object; with `by_storage` (tensors only) then, for each, the index of the
@@ -440,28 +441,53 @@ void prefetch_records(PyObject* const* items, Py_ssize_t n) {
   }
 }
 
-PyObject* stamp(PyObject*, PyObject* tensors) {
-  PyObject* seq = PySequence_Fast(tensors, "stamp takes a sequence of tensors");
+PyObject* stamp(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 1 && nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "stamp(tensors, expected=None) takes 1 or 2 arguments");
+    return nullptr;
+  }
+  // With `expected` (bytes), whether the stamp is it, the stamp never made: a frozen graph's
+  // check on every call (a decode step's ~290 weights: 7 KB of bytes a call, a malloc).
+  PyObject* expected = nargs == 2 && args[1] != Py_None ? args[1] : nullptr;
+  if (expected != nullptr && !PyBytes_Check(expected)) {
+    PyErr_SetString(PyExc_TypeError, "stamp: expected must be bytes or None");
+    return nullptr;
+  }
+  PyObject* seq = PySequence_Fast(args[0], "stamp takes a sequence of tensors");
   if (seq == nullptr) return nullptr;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
   PyObject** items = PySequence_Fast_ITEMS(seq);
-  PyObject* result = PyBytes_FromStringAndSize(nullptr, n * 3 * sizeof(uint64_t));
-  if (result == nullptr) { Py_DECREF(seq); return nullptr; }
-  auto* out = reinterpret_cast<uint64_t*>(PyBytes_AS_STRING(result));
+  const Py_ssize_t bytes = n * 3 * static_cast<Py_ssize_t>(sizeof(uint64_t));
+  if (expected != nullptr && PyBytes_GET_SIZE(expected) != bytes) {
+    Py_DECREF(seq);
+    Py_RETURN_FALSE;
+  }
+  PyObject* result = expected != nullptr ? nullptr : PyBytes_FromStringAndSize(nullptr, bytes);
+  if (expected == nullptr && result == nullptr) { Py_DECREF(seq); return nullptr; }
+  const auto* want = expected != nullptr ? reinterpret_cast<const uint64_t*>(PyBytes_AS_STRING(expected)) : nullptr;
+  auto* out = result != nullptr ? reinterpret_cast<uint64_t*>(PyBytes_AS_STRING(result)) : nullptr;
   if (n >= kStagedStamp) prefetch_records(items, n);
+  bool same = true;
   for (Py_ssize_t k = 0; k < n; ++k) {
     if (!THPVariable_Check(items[k])) {
-      Py_DECREF(seq); Py_DECREF(result);
+      Py_DECREF(seq); Py_XDECREF(result);
       PyErr_Format(PyExc_TypeError, "stamp takes tensors; item %zd is %s", k, Py_TYPE(items[k])->tp_name);
       return nullptr;
     }
     const at::Tensor& t = THPVariable_Unpack(items[k]);
-    out[3 * k] = reinterpret_cast<uintptr_t>(t.unsafeGetTensorImpl());
-    // Inference tensors have no version counter (they cannot be written in place outside inference mode).
-    out[3 * k + 1] = t.is_inference() ? 0 : t.unsafeGetTensorImpl()->version_counter().current_version();
-    out[3 * k + 2] = reinterpret_cast<uintptr_t>(t.has_storage() ? t.const_data_ptr() : nullptr);
+    const uint64_t record[3] = {
+        reinterpret_cast<uintptr_t>(t.unsafeGetTensorImpl()),
+        // Inference tensors have no version counter (they cannot be written in place outside inference mode).
+        t.is_inference() ? 0 : t.unsafeGetTensorImpl()->version_counter().current_version(),
+        reinterpret_cast<uintptr_t>(t.has_storage() ? t.const_data_ptr() : nullptr)};
+    if (want != nullptr) {
+      same = same && std::memcmp(record, want + 3 * k, sizeof(record)) == 0;
+    } else {
+      std::memcpy(out + 3 * k, record, sizeof(record));
+    }
   }
   Py_DECREF(seq);
+  if (expected != nullptr) return PyBool_FromLong(same);
   return result;
 }
 
@@ -1056,7 +1082,8 @@ PyObject* swap_storage_memory(PyObject*, PyObject* const* args, Py_ssize_t nargs
 PyMethodDef methods[] = {
     {"swap_storage_memory", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(swap_storage_memory)), METH_FASTCALL,
      "Two UntypedStorages exchange their memory (data pointer, deleter, size)."},
-    {"stamp", stamp, METH_O, "Identity, version counter and data pointer of each tensor, as bytes."},
+    {"stamp", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(stamp)), METH_FASTCALL,
+     "Identity, version counter and data pointer of each tensor, as bytes; with expected bytes, whether it is them."},
     {"alias_pattern", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(alias_pattern)), METH_FASTCALL,
      "For each value the index of the first that is it; by storage, then the first sharing its memory."},
     {"views_of", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(views_of)), METH_FASTCALL,
