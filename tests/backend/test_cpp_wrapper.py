@@ -349,6 +349,14 @@ def test_a_bound_graph_takes_its_last_inputs_from_the_binding(size):
     assert all(ref() is None for ref in refs)
 
 
+def test_a_graph_bound_again_takes_the_later_binding_first():
+    # As Python's `lambda *head: call(*head, *tail)` of a call already bound.
+    (graph,) = _compiled(lambda x, y, z: (x - y) * z, tuple(torch.randn(5, 4) for _ in range(3)))
+    x, y, z = (torch.randn(5, 4) for _ in range(3))
+    (out,) = graph._loaded_call.bind((z,)).bind((y,))(x)
+    torch.testing.assert_close(out, (x - y) * z)
+
+
 def test_a_bound_graph_under_the_profiler_or_an_instrumented_call_takes_the_usual_way():
     (graph,) = _compiled(lambda x, y: x + y, (torch.randn(6, 5), torch.randn(6, 5)))
     x, y = torch.randn(6, 5), torch.randn(6, 5)

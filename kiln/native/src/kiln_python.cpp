@@ -117,8 +117,7 @@ struct Handles {
 struct HeldInputs {
   at::Tensor stack[kStackHandles];
   at::Tensor* data;
-  Py_ssize_t n;
-  explicit HeldInputs(Py_ssize_t n) : data(n <= kStackHandles ? stack : new (std::nothrow) at::Tensor[n]), n(n) {}
+  explicit HeldInputs(Py_ssize_t n) : data(n <= kStackHandles ? stack : new (std::nothrow) at::Tensor[n]) {}
   ~HeldInputs() { if (data != stack) delete[] data; }
 };
 
@@ -224,7 +223,9 @@ PyObject* graph_call_bind(PyObject* object, PyObject* tensors) {
     tail->push_back(tensor);
   }
   Py_DECREF(items);
-  if (self->tail != nullptr) tail->insert(tail->begin(), self->tail->begin(), self->tail->end());
+  // (Bound again: `bind(b)` of a call bound to `a` calls it with b before a, as Python's
+  // `lambda *head: call(*head, *b)` would.)
+  if (self->tail != nullptr) tail->insert(tail->end(), self->tail->begin(), self->tail->end());
   auto* bound = reinterpret_cast<GraphCall*>(GraphCallType.tp_alloc(&GraphCallType, 0));
   if (bound == nullptr) return nullptr;
   bound->vectorcall = graph_call_vectorcall;
