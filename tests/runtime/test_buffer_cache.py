@@ -24,12 +24,16 @@ def _step(x, w):
     return torch.ops.kiln.mm(h, w, None, "none", [], None, "kiln") + 1
 
 
-def test_kept_blocks_are_used_again_with_the_same_results(runtime):
+def _compiled_step():
+    """(`_step` compiled, its inputs, eager's result)."""
     native_ops.load()
     kiln.reset()
-    compiled = kiln.compile(_step)
     x, w = torch.randn(8, 64), torch.randn(64, 96)
-    want = _step(x, w)
+    return kiln.compile(_step), x, w, _step(x, w)
+
+
+def test_kept_blocks_are_used_again_with_the_same_results(runtime):
+    compiled, x, w, want = _compiled_step()
     runtime.kiln_set_buffer_cache(32 << 20)
     first = compiled(x, w)  # (held: its output's block stays with it)
     assert 0 < runtime.kiln_buffer_cache_kept() <= 32 << 20
@@ -47,11 +51,7 @@ def test_kept_blocks_are_used_again_with_the_same_results(runtime):
 
 
 def test_the_limit_bounds_what_is_kept_and_zero_keeps_nothing(runtime):
-    native_ops.load()
-    kiln.reset()
-    compiled = kiln.compile(_step)
-    x, w = torch.randn(8, 64), torch.randn(64, 96)
-    want = _step(x, w)
+    compiled, x, w, want = _compiled_step()
     runtime.kiln_set_buffer_cache(4096)
     for _ in range(2):
         torch.testing.assert_close(compiled(x, w), want)
