@@ -46,7 +46,7 @@ class LoadedArtifact:
         self.inputs = self.metadata["inputs"]
         library = ctypes.CDLL(str(self.path / "model.so"))
         self._run = python_door.graph_call(getattr(library, self.metadata["entry"]), library.kiln_error,
-                                           self.metadata["graph_outputs"], build=False)
+                                           self.metadata["graph_outputs"], build=False, runtime=library)
 
     def signature(self) -> str:
         """`ids: int64[batch, 16], mask: int64[batch, 16] (batch in [2, 64])`."""

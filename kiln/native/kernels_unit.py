@@ -49,7 +49,9 @@ def _entries() -> str:
              # (tests: kiln_gemm::SharedPanels, the one-row products' panels shared out for balance)
              "void kiln_gemm_shared_panels_take(int64_t panels, int32_t threads, int32_t team, int32_t late, "
              "int32_t* counts, int64_t* taken) "
-             "{ kiln_gemm::shared_panels_take(panels, threads, team, late != 0, counts, taken); }"]
+             "{ kiln_gemm::shared_panels_take(panels, threads, team, late != 0, counts, taken); }",
+             # (tests: kiln_gemm::Scratch, a product's temporaries in blocks a thread keeps)
+             "void kiln_gemm_scratch_blocks(int64_t bytes, void** out) { kiln_gemm::scratch_blocks(bytes, out); }"]
     for suffix, ctype in CTYPES.items():
         lines += [
             f"int64_t kiln_gemm_packed_elements_{suffix}(int64_t K, int64_t N) "

@@ -93,12 +93,15 @@ def built_module() -> ModuleType | None:
     return module() if found is not None else None
 
 
-def graph_call(entry: Any, error: Any, num_outputs: int, build: bool = True) -> Callable[..., tuple[torch.Tensor, ...]]:
+def graph_call(entry: Any, error: Any, num_outputs: int, build: bool = True,
+               runtime: ctypes.CDLL | None = None) -> Callable[..., tuple[torch.Tensor, ...]]:
     """A C++ wrapper's entry, `entry(inputs, outputs) -> status` (kiln/codegen/cpp_wrapper.py), as
     `call(*tensors) -> tuple of tensors`: each input handed over as a new handle (the wrapper
     releases it), the outputs taken back from those it made; a failure raised with `error()`'s
     message (IndexError for a kernel's index check). `entry` and `error` are ctypes functions of
-    loaded libraries.
+    loaded libraries; `runtime`, the library of kiln's runtime the wrapper calls (kiln_runtime.cpp):
+    the extension makes and releases the handles with its kiln_share and kiln_release, from the
+    blocks it keeps for them (None: with operator new and delete).
 
     In-process graphs go through the extension (`build`: built if missing). `kiln.load` passes
     `build=False`: a deployed artifact runs without compiling anything, through the extension
@@ -106,7 +109,10 @@ def graph_call(entry: Any, error: Any, num_outputs: int, build: bool = True) -> 
     door = module() if build else built_module()
     if door is not None:
         address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
-        return door.GraphCall(address(entry), address(error), num_outputs)
+        if runtime is None:
+            return door.GraphCall(address(entry), address(error), num_outputs)
+        return door.GraphCall(address(entry), address(error), num_outputs,
+                              address(runtime.kiln_share), address(runtime.kiln_release))
     return _ctypes_graph_call(entry, error, num_outputs)
 
 

@@ -196,8 +196,9 @@ def _cpp_call(library: str, artifact: GraphArtifact) -> Callable[..., tuple]:
     """The graph's C++ wrapper as the graph's `call(*inputs) -> tuple of tensors`; the integers
     at `number_inputs` handed over as 0-d int64 tensors (~1 µs each: the Python wrapper such a
     graph ran before cost ~100 µs more a call), the `unused_inputs` left out."""
-    run = python_door.graph_call(ctypes.CDLL(library).kiln_graph_call, libkiln.library().kiln_error,
-                                 artifact.num_outputs)
+    runtime = libkiln.library()
+    run = python_door.graph_call(ctypes.CDLL(library).kiln_graph_call, runtime.kiln_error, artifact.num_outputs,
+                                 runtime=runtime)
     numbers, unused = artifact.number_inputs, sorted(artifact.unused_inputs, reverse=True)
     if not numbers and not unused:
         return run

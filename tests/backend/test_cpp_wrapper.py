@@ -331,6 +331,29 @@ def test_a_large_call_holds_no_input_or_output_after_it():
     assert all(ref() is None for ref in refs)
 
 
+def test_graphs_of_more_inputs_than_the_stack_holds_run_call_after_call():
+    # Beyond 256 handles a call's live in a block its thread keeps for the next call, grown where
+    # a later call has more: each call's inputs are its own, each in its place.
+    def doubled(*xs):
+        return torch.cat(xs) * 2
+
+    (small,) = _compiled(doubled, tuple(torch.randn(3) for _ in range(300)))
+    (large,) = _compiled(doubled, tuple(torch.randn(3) for _ in range(400)))
+    tail = tuple(torch.randn(3) for _ in range(100))
+    bound = small.bound(tail)
+    for graph, count, bound_inputs in ((small, 300, ()), (large, 400, ()), (small, 300, ()), (bound, 200, tail)):
+        xs = tuple(torch.randn(3) for _ in range(count))
+        (out,) = graph(*xs)
+        torch.testing.assert_close(out, doubled(*xs, *bound_inputs))
+
+
+def test_a_graph_call_takes_the_runtime_s_share_and_release_together():
+    from kiln.native import python_door
+
+    with pytest.raises(ValueError, match="share and release are given together"):
+        python_door.module().GraphCall(1, 1, 1, 1)
+
+
 @pytest.mark.parametrize("size", [(6, 5), (64, 300)])  # the GIL held, and released (64 KB or more)
 def test_a_bound_graph_takes_its_last_inputs_from_the_binding(size):
     (graph,) = _compiled(lambda x, y, z: x * y - z, tuple(torch.randn(*size) for _ in range(3)))

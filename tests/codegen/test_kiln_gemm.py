@@ -294,6 +294,23 @@ def test_shared_panels_are_each_taken_once_and_a_late_thread_s_are_taken_by_the_
         assert int(taken[0]) == 0, taken
 
 
+def test_a_product_s_scratch_is_kept_for_the_next_and_never_shared_with_one_inside_it():
+    # kiln_gemm.h's Scratch: a block the thread keeps (grown where a later product asks for more),
+    # a product inside a product given its own; above 256 KB each its own allocation.
+    def blocks(size):
+        out = (ctypes.c_void_p * 3)()
+        kernels.library().kiln_gemm_scratch_blocks(ctypes.c_int64(size), out)
+        return list(out)
+
+    small = blocks(1000)
+    assert small[0] != small[1] and small[2] == small[0]
+    grown = blocks(100_000)
+    assert grown[0] != grown[1] and grown[2] == grown[0] and blocks(1000)[0] == grown[0]
+    large = blocks(1 << 20)
+    assert large[0] != large[1] and grown[0] not in large[:2]
+    assert all(address % 64 == 0 for address in small + grown + large)
+
+
 @pytest.mark.parametrize("tiles,steps,bytes_per_step", [(16, 768, 192), (25, 768, 192), (7, 1024, 192), (16, 384, 192),
                                                          (12, 96, 96), (2, 512, 192), (1, 768, 192), (400, 64, 192)])
 def test_the_next_block_s_prefetch_is_spread_over_every_tile_and_covers_it(tiles, steps, bytes_per_step):

@@ -315,10 +315,14 @@ static inline void direct_tile(const QuantPanels<BITS>& src, int64_t p, int rows
 // hi pairs then lo pairs, [rows][words][4] 32-bit (two bfloat16) each; k past K are 0.
 struct SplitActivations {
   int64_t words;
-  std::unique_ptr<uint32_t[]> pairs;  // [rows][2][words][4]: hi, then lo
-  std::unique_ptr<float[]> word_sums;  // [rows][words]: each word's 8 values of hi + lo summed
-  const uint32_t* part(int r, int which) const { return pairs.get() + (int64_t(r) * 2 + which) * words * 4; }
-  const float* sums(int r) const { return word_sums.get() + int64_t(r) * words; }
+  Scratch<SplitActivations> memory;
+  uint32_t* pairs;  // [rows][2][words][4]: hi, then lo
+  float* word_sums;  // [rows][words]: each word's 8 values of hi + lo summed
+  SplitActivations(int64_t M, int64_t words_)
+      : words(words_), memory(M * words_ * (8 * int64_t(sizeof(uint32_t)) + int64_t(sizeof(float)))),
+        pairs(memory.at<uint32_t>(0)), word_sums(memory.at<float>(M * words_ * 8 * int64_t(sizeof(uint32_t)))) {}
+  const uint32_t* part(int r, int which) const { return pairs + (int64_t(r) * 2 + which) * words * 4; }
+  const float* sums(int r) const { return word_sums + int64_t(r) * words; }
 };
 
 // The split of rows [0, M) of a, and each row's sum of hi + lo per group (asums [M][groups]) and
@@ -327,8 +331,7 @@ struct SplitActivations {
 // vpermw putting each word's k and k + 4 side by side. (A scalar loop with a division per k for
 // its group cost ~10 ns a k: 2 ms of TinyLlama's 22 ms int4 decode step.)
 static SplitActivations split_activations(const QuantShape& z, int64_t M, const float* a, int64_t lda, float* asums) {
-  SplitActivations s{z.words(), std::unique_ptr<uint32_t[]>(new uint32_t[M * 2 * z.words() * 4]),
-                     std::unique_ptr<float[]>(new float[M * z.words()])};
+  SplitActivations s(M, z.words());
   const int64_t groups = z.groups(), group_words = z.group / 8;
   // 16-bit lanes of one step's 16 bfloat16 (k 0..15) in pair order: (0, 4), (1, 5), ... (11, 15).
   const __m256i pair_order = _mm256_setr_epi16(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
@@ -342,8 +345,8 @@ static SplitActivations split_activations(const QuantShape& z, int64_t M, const 
   };
   for (int64_t r = 0; r < M; ++r) {
     uint32_t* parts[2];
-    for (int which = 0; which < 2; ++which) parts[which] = s.pairs.get() + (r * 2 + which) * s.words * 4;
-    float* word_sums = s.word_sums.get() + r * s.words;
+    for (int which = 0; which < 2; ++which) parts[which] = s.pairs + (r * 2 + which) * s.words * 4;
+    float* word_sums = s.word_sums + r * s.words;
     for (int64_t w = 0; w < s.words; w += 2) {
       const int64_t k0 = 8 * w;
       const __mmask16 in = z.K - k0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (z.K - k0)) - 1);
@@ -568,12 +571,23 @@ struct Int8Rows {
   // How the panels read the levels: int4's table holds 16 scale and zero / 16 (unit_of_step 1/16,
   // share_of_sum 16); int8's holds the scale, and its weights are read offset by INT8_WEIGHT_BIAS.
   float unit_of_step, share_of_sum;
-  std::unique_ptr<int8_t[]> q;          // [M][digits][stride]: int4: a word's k as 0, 2, 4, 6, 1, 3, 5, 7 (its nibbles'); int8: k's order
-  std::unique_ptr<float[]> unit;        // [M][groups][digits]: the digit's scale times unit_of_step
-  std::unique_ptr<float[]> zero_share;  // [M][groups][digits]: share_of_sum sum_k q_k
-  const int32_t* words(int64_t r, int d) const {
-    return reinterpret_cast<const int32_t*>(q.get() + (r * digits + d) * stride);
+  Scratch<Int8Rows> memory;
+  float* unit;        // [M][groups][digits]: the digit's scale times unit_of_step
+  float* zero_share;  // [M][groups][digits]: share_of_sum sum_k q_k
+  int8_t* q;          // [M][digits][stride], zeros past K: int4: a word's k as 0, 2, 4, 6, 1, 3, 5, 7 (its nibbles'); int8: k's order
+  Int8Rows(int64_t M, int digits_, int64_t group_, int64_t groups_, int64_t stride_, float unit_of_step_,
+           float share_of_sum_)
+      : digits(digits_), group(group_), groups(groups_), stride(stride_), unit_of_step(unit_of_step_),
+        share_of_sum(share_of_sum_), memory(table_bytes(M) + M * digits_ * stride_), unit(memory.at<float>(0)),
+        zero_share(unit + M * groups_ * digits_), q(memory.at<int8_t>(table_bytes(M))) {
+    std::memset(q, 0, size_t(M * digits * stride));
   }
+  const int32_t* words(int64_t r, int d) const {
+    return reinterpret_cast<const int32_t*>(q + (r * digits + d) * stride);
+  }
+
+ private:
+  int64_t table_bytes(int64_t M) const { return (2 * M * groups * digits * int64_t(sizeof(float)) + 63) / 64 * 64; }
 };
 
 // Row r's group g (n activations at x) into `rows` (`digits` 1: int8 activations; 2 or 3: the
@@ -581,8 +595,8 @@ struct Int8Rows {
 static inline void split_group(Int8Rows& rows, int64_t r, int64_t g, int64_t k0, const float* x, int64_t n,
                                bool words) {
   const int D = rows.digits;
-  float* unit = rows.unit.get() + (r * rows.groups + g) * D;
-  float* share = rows.zero_share.get() + (r * rows.groups + g) * D;
+  float* unit = rows.unit + (r * rows.groups + g) * D;
+  float* share = rows.zero_share + (r * rows.groups + g) * D;
   float amax = 0.0f;
   bool finite = true;
 #if KILN_VEC_BYTES == 64
@@ -647,7 +661,7 @@ static inline void split_group(Int8Rows& rows, int64_t r, int64_t g, int64_t k0,
       if (d + 1 < D) rest = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(level), _mm512_set1_ps(step[d]), rest);
       total[d] = _mm512_add_epi32(total[d], level);
       // In words a partial vector's last word is stored whole (its lanes past n are 0: the load's).
-      int8_t* out = rows.q.get() + (r * D + d) * rows.stride + k0 + i;
+      int8_t* out = rows.q + (r * D + d) * rows.stride + k0 + i;
       if (words) _mm512_mask_cvtepi32_storeu_epi8(out, mask(i - (-(n - i) & 7)), _mm512_permutexvar_epi32(order, level));
       else _mm512_mask_cvtepi32_storeu_epi8(out, in, level);
     }
@@ -670,7 +684,7 @@ static inline void split_group(Int8Rows& rows, int64_t r, int64_t g, int64_t k0,
       total[d] = _mm256_add_epi32(total[d], level);
       if (words) level = _mm256_permutevar8x32_epi32(level, order);
       const __m128i bytes = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(level, low_bytes), halves));
-      int8_t* out = rows.q.get() + (r * D + d) * rows.stride + k0 + i;
+      int8_t* out = rows.q + (r * D + d) * rows.stride + k0 + i;
       // In words a vector is a whole word (its lanes past n are 0: the load's); in k's order a
       // group's last, partial vector stores only its own.
       if (words || n - i >= 8) _mm_storel_epi64(reinterpret_cast<__m128i*>(out), bytes);
@@ -708,10 +722,7 @@ static inline void split_group(Int8Rows& rows, int64_t r, int64_t g, int64_t k0,
 static Int8Rows split_rows(int64_t K, int64_t group, int64_t stride, int64_t M, const float* a, int64_t lda,
                            int digits, bool words, float unit_of_step, float share_of_sum) {
   const int64_t groups = (K + group - 1) / group;
-  Int8Rows rows{digits, group, groups, stride, unit_of_step, share_of_sum,
-                std::unique_ptr<int8_t[]>(new int8_t[M * digits * stride]()),
-                std::unique_ptr<float[]>(new float[M * groups * digits]),
-                std::unique_ptr<float[]>(new float[M * groups * digits])};
+  Int8Rows rows(M, digits, group, groups, stride, unit_of_step, share_of_sum);
   auto split_row = [&](int64_t r) {
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t k0 = g * group;
@@ -869,8 +880,8 @@ static inline void add_group_sums(const QuantPanels<BITS>& src, const int64_t* a
 #pragma GCC unroll 3
         for (int d = 0; d < D; ++d) {
           const int64_t at_rg = ((r0 + r) * x.groups + g) * D + d;
-          const V exact = __builtin_convertvector(whole(s, v, r, d), V) - zero * broadcast(x.zero_share.get() + at_rg);
-          acc[s][r][v] = fma(exact, scale * broadcast(x.unit.get() + at_rg), acc[s][r][v]);
+          const V exact = __builtin_convertvector(whole(s, v, r, d), V) - zero * broadcast(x.zero_share + at_rg);
+          acc[s][r][v] = fma(exact, scale * broadcast(x.unit + at_rg), acc[s][r][v]);
         }
     }
 }
@@ -983,11 +994,10 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
   const int64_t panels = src.z.panels();
   const bool worth_threads = panels > 1 && 2 * M * src.z.N * src.z.K >= (int64_t(1) << 18);
   SharedPanels shared(panels, worth_threads && !omp_in_parallel() ? omp_get_max_threads() : 1);
-#pragma omp parallel num_threads(shared.threads()) if (worth_threads)
-  {
+  parallel_team(worth_threads, [&](int threads, int thread) {
     const Int8Rows x = split();
     int64_t p0, p1;
-    range(panels, omp_get_num_threads(), omp_get_thread_num(), p0, p1);
+    range(panels, threads, thread, p0, p1);
     if (M == 1 && huge_page_packs.load(std::memory_order_relaxed)) {
       // Over panels on 2 MB pages (kiln_gemm.h `huge_page_packs`: kiln's packs on AMD where THP is
       // on) one stream a thread: the hardware's prefetcher follows it across the whole range. 40
@@ -1005,7 +1015,7 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
       // memory read >= 45 GB/s (~480 interleaved rounds each) 70 -> 77 % of its speed with the
       // digits made on each thread (74 % with them and a static split); in another run 87 -> 94 %.
       const bool far = BITS == 4 || int8_far_prefetch();
-      shared.take_all(omp_get_thread_num(), [&](int64_t q0, int64_t q1) {
+      shared.take_all(thread, [&](int64_t q0, int64_t q1) {
         panel_runs<1>(q0, q1, [&](auto count, const int64_t* at) {
           if (far) digits_tile<BITS, decltype(count)::value, 1, D>(src, at, 1, x, c, ldc, e);
           else if constexpr (BITS == 8) digits_tile<BITS, decltype(count)::value, 1, D, 0>(src, at, 1, x, c, ldc, e);  // (int4 never)
@@ -1034,7 +1044,7 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
         }
       }
     }
-  }
+  }, shared.threads());
   normalize_rows(M, src.z.N, c, ldc, e);
 }
 
@@ -1164,7 +1174,7 @@ static inline void amx_digits_run(const QuantPanels<BITS>& src, const int64_t* a
           for (int row = 0; row < 16; ++row)
             __builtin_prefetch(q[s] + (u + AMX_INT8_AHEAD) * AMX_CHUNK_BYTES + row * AMX_B_STRIDE + t * 64, 0, 3);
       };
-      _tile_loadd(6, x.q.get() + u * AMX_CHUNK_K, x.stride);
+      _tile_loadd(6, x.q + u * AMX_CHUNK_K, x.stride);
       ask_ahead(0, 0);
       _tile_loadd(7, b[0], AMX_B_STRIDE);
       _tile_dpbssd(0, 6, 7);
@@ -1353,33 +1363,39 @@ static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const flo
   const bool worth_threads = panels > 1 && 2 * M * N * K >= (int64_t(1) << 18);
   if (M == 1 && (BITS == 8 ? groups == 1 : !bf16_pairs && src.z.group % 8 == 0)) {  // one row, in runs
     // The row to whole 32-bit lanes (int8_row reads 4 k a quad, int4_row 8 a word).
-    std::unique_ptr<float[]> padded(new float[src.z.rows() / 4 * (BITS == 8 ? 4 : 8)]());
-    std::memcpy(padded.get(), a, K * sizeof(float));
-#pragma omp parallel if (worth_threads)
-    {
+    struct PaddedRow;
+    const int64_t lanes = src.z.rows() / 4 * (BITS == 8 ? 4 : 8);
+    const Scratch<PaddedRow> memory(lanes * int64_t(sizeof(float)));
+    float* padded = memory.template at<float>(0);
+    std::memcpy(padded, a, K * sizeof(float));
+    std::memset(padded + K, 0, (lanes - K) * sizeof(float));
+    parallel_team(worth_threads, [&](int threads, int thread) {
       int64_t p0, p1;
-      range(panels, omp_get_num_threads(), omp_get_thread_num(), p0, p1);
+      range(panels, threads, thread, p0, p1);
       if constexpr (BITS == 8)
-        panel_runs(p0, p1, [&](auto count, const int64_t* at) { int8_row<decltype(count)::value>(src, at, padded.get(), c, ldc, e); });
+        panel_runs(p0, p1, [&](auto count, const int64_t* at) { int8_row<decltype(count)::value>(src, at, padded, c, ldc, e); });
       else
         panel_runs<INT4_RUNS>(p0, p1, [&](auto count, const int64_t* at) {
-          int4_row<decltype(count)::value>(src, at, padded.get(), sums, c, ldc, e);
+          int4_row<decltype(count)::value>(src, at, padded, sums, c, ldc, e);
         });
-    }
+    });
     normalize_rows(M, N, c, ldc, e);
     return;
   }
   auto each_panel = [&](auto tile) {
-#pragma omp parallel for schedule(static) if (worth_threads)
-    for (int64_t p = 0; p < panels; ++p) {
-      const int cols = int(std::min<int64_t>(NR, N - p * NR));
-      switch (M) {
-        case 1: tile(std::integral_constant<int, 1>{}, p, 1, cols); break;
-        case 2: tile(std::integral_constant<int, 2>{}, p, 2, cols); break;
-        case 3: tile(std::integral_constant<int, 3>{}, p, 3, cols); break;
-        default: tile(std::integral_constant<int, 4>{}, p, int(M), cols); break;
+    parallel_team(worth_threads, [&](int threads, int thread) {
+      int64_t p0, p1;
+      range(panels, threads, thread, p0, p1);
+      for (int64_t p = p0; p < p1; ++p) {
+        const int cols = int(std::min<int64_t>(NR, N - p * NR));
+        switch (M) {
+          case 1: tile(std::integral_constant<int, 1>{}, p, 1, cols); break;
+          case 2: tile(std::integral_constant<int, 2>{}, p, 2, cols); break;
+          case 3: tile(std::integral_constant<int, 3>{}, p, 3, cols); break;
+          default: tile(std::integral_constant<int, 4>{}, p, int(M), cols); break;
+        }
       }
-    }
+    });
   };
 #if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
   if (bf16_pairs) {

@@ -1,9 +1,11 @@
 // kiln's door from Python into C++ wrappers (kiln/native/python_door.py): a CPython extension, so
 // a graph call turns Python tensors into wrapper handles and back without ctypes or capsules.
 //
-//   GraphCall(entry, error, num_outputs)(*tensors) -> tuple of num_outputs tensors
+//   GraphCall(entry, error, num_outputs, share=0, release=0)(*tensors) -> tuple of num_outputs tensors
 //       entry: the address of a wrapper's `int kiln_graph_call(kiln_tensor* inputs, kiln_tensor* outputs)`,
 //       error: of `const char* kiln_error(void)`. A status of 2 raises IndexError, any other RuntimeError.
+//       share, release: the runtime's kiln_share and kiln_release, which make and release the
+//       handles from the blocks it keeps (0: operator new and delete, as torch's handles are made).
 //       The GIL is released while the wrapper runs when its inputs add up to kReleaseGilBytes or more:
 //       taking it back costs ~0.3 us, a fair share of a call over a few kilobytes.
 //   GraphCall.bind(tensors) -> GraphCall
@@ -79,6 +81,11 @@ namespace {
 
 typedef int (*EntryFn)(void**, void**);
 typedef const char* (*ErrorFn)(void);
+typedef void* (*ShareFn)(void*);
+typedef void (*ReleaseFn)(void*);
+
+void* share_by_new(void* tensor) { return new at::Tensor(*static_cast<const at::Tensor*>(tensor)); }
+void release_by_delete(void* handle) { delete static_cast<at::Tensor*>(handle); }
 
 struct GraphCall {
   PyObject_HEAD
@@ -86,6 +93,8 @@ struct GraphCall {
   EntryFn entry;
   ErrorFn error;
   Py_ssize_t num_outputs;
+  ShareFn share;  // another handle to a tensor (its argument a borrowed one: an at::Tensor*)
+  ReleaseFn release;
   // The trailing inputs `bind` fixed (a frozen graph's constants), held from C++ so that a call
   // neither passes them through Python nor moves their Python objects' counts; null when none.
   std::vector<at::Tensor>* tail;
@@ -97,14 +106,40 @@ struct GraphCall {
 constexpr int64_t kReleaseGilBytes = 64 << 10;
 
 // Handles live on the stack for graphs of up to this many inputs and outputs (a BERT-base graph
-// has ~200 inputs with its weights); larger ones use the heap.
+// has ~200 inputs with its weights); larger ones in a block the thread keeps for its next call (a
+// decode step's ~560 inputs: from malloc, 4.5 KB a call that had glibc consolidate the small
+// chunks freed since first), or, where a call further up the thread's stack holds that block (an
+// operator calling back into a compiled graph), from the heap.
 constexpr Py_ssize_t kStackHandles = 256;
+
+struct KeptHandles {
+  std::unique_ptr<void*[]> block;
+  Py_ssize_t size = 0;
+  bool busy = false;
+};
+thread_local KeptHandles kept_handles;
 
 struct Handles {
   void* stack[kStackHandles];
   void** data;
-  explicit Handles(Py_ssize_t n) : data(n <= kStackHandles ? stack : new (std::nothrow) void*[n]) {}
-  ~Handles() { if (data != stack) delete[] data; }
+  bool kept = false;
+  explicit Handles(Py_ssize_t n) : data(stack) {
+    if (n <= kStackHandles) return;
+    if (kept_handles.busy) {
+      data = new (std::nothrow) void*[n];
+      return;
+    }
+    if (kept_handles.size < n) {
+      kept_handles.block.reset(new (std::nothrow) void*[n]);
+      kept_handles.size = kept_handles.block ? n : 0;
+    }
+    data = kept_handles.block.get();
+    kept = kept_handles.busy = data != nullptr;
+  }
+  ~Handles() {
+    if (kept) kept_handles.busy = false;
+    else if (data != stack) delete[] data;
+  }
 };
 
 // While a wrapper runs without the GIL, one more reference to each input's TensorImpl, dropped
@@ -134,22 +169,22 @@ PyObject* graph_call_vectorcall(PyObject* callable, PyObject* const* args, size_
   int64_t input_bytes = self->tail_bytes;
   for (Py_ssize_t k = 0; k < n; ++k) {
     if (!THPVariable_Check(args[k])) {
-      for (Py_ssize_t j = 0; j < k; ++j) delete static_cast<at::Tensor*>(inputs.data[j]);
+      for (Py_ssize_t j = 0; j < k; ++j) self->release(inputs.data[j]);
       PyErr_Format(PyExc_TypeError, "a kiln graph call takes tensors; input %zd is %s", k, Py_TYPE(args[k])->tp_name);
       return nullptr;
     }
     // A new owned handle per input: the wrapper releases its inputs when it is done with them.
     const at::Tensor& tensor = THPVariable_Unpack(args[k]);
     input_bytes += tensor.has_storage() ? static_cast<int64_t>(tensor.nbytes()) : 0;
-    inputs.data[k] = new at::Tensor(tensor);
+    inputs.data[k] = self->share(const_cast<at::Tensor*>(&tensor));
   }
-  for (Py_ssize_t j = 0; j < tail; ++j) inputs.data[n + j] = new at::Tensor((*self->tail)[j]);
+  for (Py_ssize_t j = 0; j < tail; ++j) inputs.data[n + j] = self->share(&(*self->tail)[j]);
   for (Py_ssize_t k = 0; k < self->num_outputs; ++k) outputs.data[k] = nullptr;
   int status;
   if (input_bytes >= kReleaseGilBytes) {
     HeldInputs held(n);
     if (held.data == nullptr) {
-      for (Py_ssize_t k = 0; k < n + tail; ++k) delete static_cast<at::Tensor*>(inputs.data[k]);
+      for (Py_ssize_t k = 0; k < n + tail; ++k) self->release(inputs.data[k]);
       return PyErr_NoMemory();
     }
     for (Py_ssize_t k = 0; k < n; ++k) held.data[k] = *static_cast<at::Tensor*>(inputs.data[k]);
@@ -167,7 +202,7 @@ PyObject* graph_call_vectorcall(PyObject* callable, PyObject* const* args, size_
   for (Py_ssize_t k = 0; k < self->num_outputs; ++k) {
     auto* tensor = static_cast<at::Tensor*>(outputs.data[k]);
     PyObject* wrapped = result != nullptr ? THPVariable_Wrap(std::move(*tensor)) : nullptr;
-    delete tensor;
+    self->release(tensor);
     if (result != nullptr) {
       if (wrapped == nullptr) Py_CLEAR(result);
       else PyTuple_SET_ITEM(result, k, wrapped);
@@ -177,11 +212,16 @@ PyObject* graph_call_vectorcall(PyObject* callable, PyObject* const* args, size_
 }
 
 PyObject* graph_call_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
-  unsigned long long entry = 0, error = 0;
+  unsigned long long entry = 0, error = 0, share = 0, release = 0;
   Py_ssize_t num_outputs = 0;
-  static const char* names[] = {"entry", "error", "num_outputs", nullptr};
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKn", const_cast<char**>(names), &entry, &error, &num_outputs))
+  static const char* names[] = {"entry", "error", "num_outputs", "share", "release", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "KKn|KK", const_cast<char**>(names), &entry, &error, &num_outputs,
+                                   &share, &release))
     return nullptr;
+  if ((share == 0) != (release == 0)) {
+    PyErr_SetString(PyExc_ValueError, "GraphCall: share and release are given together (or neither)");
+    return nullptr;
+  }
   if (entry == 0 || error == 0 || num_outputs < 0) {
     PyErr_SetString(PyExc_ValueError, "GraphCall: entry and error must be function addresses, num_outputs >= 0");
     return nullptr;
@@ -192,6 +232,8 @@ PyObject* graph_call_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   self->entry = reinterpret_cast<EntryFn>(static_cast<uintptr_t>(entry));
   self->error = reinterpret_cast<ErrorFn>(static_cast<uintptr_t>(error));
   self->num_outputs = num_outputs;
+  self->share = share != 0 ? reinterpret_cast<ShareFn>(static_cast<uintptr_t>(share)) : share_by_new;
+  self->release = release != 0 ? reinterpret_cast<ReleaseFn>(static_cast<uintptr_t>(release)) : release_by_delete;
   return reinterpret_cast<PyObject*>(self);
 }
 
@@ -232,6 +274,8 @@ PyObject* graph_call_bind(PyObject* object, PyObject* tensors) {
   bound->entry = self->entry;
   bound->error = self->error;
   bound->num_outputs = self->num_outputs;
+  bound->share = self->share;
+  bound->release = self->release;
   bound->tail = tail.release();
   bound->tail_bytes = bytes;
   return reinterpret_cast<PyObject*>(bound);
@@ -563,7 +607,10 @@ PyObject* alias_pattern(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (done == 0) return differs();
   }
   if (by_storage) {
-    std::vector<StorageKey> keys(static_cast<size_t>(n));
+    // (Kept for the next call: 150 keys of a decode step's cache are 4.8 KB, a malloc that had
+    // glibc consolidate its freed small chunks first. Nothing below calls back into Python.)
+    static thread_local std::vector<StorageKey> keys;
+    keys.resize(static_cast<size_t>(n));
     for (Py_ssize_t k = 0; k < n; ++k) {
       if (!THPVariable_Check(items[k])) {
         PyErr_Format(PyExc_TypeError, "alias_pattern by storage takes tensors; item %zd is %s", k, Py_TYPE(items[k])->tp_name);
@@ -1115,7 +1162,7 @@ PyMODINIT_FUNC PyInit_kiln_python(void) {
   GraphCallType.tp_methods = graph_call_methods;
   if (ready_callable_type(GraphCallType, "kiln_python.GraphCall", sizeof(GraphCall), offsetof(GraphCall, vectorcall),
                           graph_call_new, graph_call_dealloc,
-                          "GraphCall(entry, error, num_outputs): a C++ wrapper's entry as (*tensors) -> tuple.") < 0 ||
+                          "GraphCall(entry, error, num_outputs, share=0, release=0): a C++ wrapper's entry as (*tensors) -> tuple.") < 0 ||
       ready_callable_type(TensorCheckType, "kiln_python.TensorCheck", sizeof(TensorCheck), offsetof(TensorCheck, vectorcall),
                           tensor_check_new, tensor_check_dealloc,
                           "TensorCheck(type, dtype, device, dim, sizes, strides, requires_grad, storage_offset=None): a guard's tensor match.") < 0 ||
