@@ -3,6 +3,7 @@ its kernels directly and everything else through kiln's runtime over libtorch, w
 results; every implementation of kiln::mm and kiln::conv (C++, kiln's runtime) against ATen; the
 graphs it declines keep the Python wrapper, said in the log."""
 
+import ctypes
 import dataclasses
 import gc
 import logging
@@ -352,6 +353,25 @@ def test_a_graph_call_takes_the_runtime_s_share_and_release_together():
 
     with pytest.raises(ValueError, match="share and release are given together"):
         python_door.module().GraphCall(1, 1, 1, 1)
+
+
+def test_the_runtime_s_handles_and_torch_s_are_released_by_either():
+    # The runtime keeps released handles' blocks for its next ones; every handle is a block of
+    # operator new, so torch's are released into them and torch takes the runtime's (deleting them).
+    from kiln.native import libkiln
+
+    lib = libkiln.library()
+    address = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+    share = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(address(lib.kiln_share))
+    release = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address(lib.kiln_release))
+    x = torch.randn(4)
+    for _ in range(3):
+        made_by_torch = libkiln.handles_of([x])[0]
+        ours = share(made_by_torch)
+        release(made_by_torch)
+        release(None)  # (nothing, as `delete` of a null pointer)
+        (back,) = libkiln.tensors_of([ours])
+        assert back.data_ptr() == x.data_ptr() and torch.equal(back, x)
 
 
 @pytest.mark.parametrize("size", [(6, 5), (64, 300)])  # the GIL held, and released (64 KB or more)

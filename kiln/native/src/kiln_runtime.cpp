@@ -139,6 +139,7 @@ kiln_tensor new_handle(at::Tensor t) {
 }
 
 void release_handle(kiln_tensor t) {
+  if (t == nullptr) return;  // (as `delete` of a null pointer: an operator's None result)
   auto* tensor = static_cast<at::Tensor*>(t);
   tensor->~Tensor();
   std::vector<void*>& blocks = free_handles.blocks;
