@@ -126,6 +126,39 @@ def test_accumulating_scatters_parallelize_only_disjoint_loops():
     assert re.search(shared_columns, program.source, re.S), loops
 
 
+def test_writes_of_one_run_of_memory_are_vectorized_with_their_tail_and_threads():
+    # A KV cache written at one position (rows of 67: vector blocks and a scalar tail), rows
+    # accumulated with duplicates in float32 and bfloat16 (each lane its own element, combined in
+    # the scalar loops' order), index_reduce's every reduction; and an embedding's gradient large
+    # enough that its threads share out the vector blocks of the columns.
+    cache, k, pos = torch.zeros(1, 2, 37, 67), torch.randn(1, 2, 1, 67), torch.tensor([5])
+    x, rows, src = torch.randn(6, 67), torch.tensor([1, -1, 1, 0, 5]), torch.randn(5, 67)
+    fn = lambda cache, k, pos, x, rows, src: (  # noqa: E731
+        cache.index_copy(2, pos, k * 2),
+        torch.index_put(x, (rows,), src, accumulate=True),
+        torch.index_put(x.bfloat16(), (rows,), src.bfloat16(), accumulate=True),
+        *[x.index_reduce(0, rows.abs(), src, r, include_self=False) for r in ("prod", "amax", "amin")],
+    )
+    inputs = (cache, k, pos, x, rows, src)
+    result, program = compiled(fn, *inputs)
+    torch.testing.assert_close(result, fn(*inputs), atol=1e-4, rtol=1e-4)
+    blocks = re.findall(r"for \(int64_t (r\d)_block = 0; \1_block < 67L; \1_block \+= kiln::L\)", program.source)
+    assert len(blocks) >= 6, program.source
+    assert all(f"kiln::{op}(" in program.source for op in ("store_bf16", "vmax", "vmin")), program.source
+
+    gradient, ids = torch.randn(4096, 67), torch.randint(0, 50, (4096,))
+    rows_added = lambda g, i: torch.index_put(torch.zeros(1000, 67), (i,), g, accumulate=True)  # noqa: E731
+    result, program = compiled(rows_added, gradient, ids)
+    torch.testing.assert_close(result, torch.zeros(1000, 67).index_add_(0, ids, gradient), atol=1e-4, rtol=1e-4)
+    shared_blocks = r"#pragma omp for schedule\(static\) nowait\s*for \(int64_t r1_block = 0;.*?kiln::store\("
+    assert re.search(shared_blocks, program.source, re.S), program.source
+
+    # Lanes whose targets come from a per-lane index (scatter's index tensor) stay scalar writes.
+    index = torch.tensor([[0, 4, 4, 1], [4, 4, 0, 1]])
+    _, program = compiled(lambda x, i, s: x.scatter_add(0, i, s), torch.randn(5, 4), index, torch.randn(2, 4))
+    assert "for (int64_t r0" in program.source and "_block" not in _scatter_loops(program.source)
+
+
 def test_data_dependent_sizes_run_without_endless_specialization():
     # index_fill's autograd saves unique(index) (a data-dependent size) for its backward; a mask's
     # gradient selects masked rows. Such graphs used to re-trace themselves forever; now ops over

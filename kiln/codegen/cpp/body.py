@@ -135,6 +135,10 @@ class CppBody:
         step = linear_stride(expr, self.vector_var)
         return step if step is not None and step.is_Integer else None
 
+    def moves_by_one(self, index: sympy.Expr) -> bool:
+        """Does `index` step by one element from lane to lane (the lanes one run of memory)?"""
+        return self._stride(simplify(sympy.sympify(index), self.extents)) == 1
+
     def _dtype(self, buffer: str) -> torch.dtype:
         return self.buffers[buffer].layout.dtype
 

@@ -289,9 +289,10 @@ class KernelPrinter:
         self._scatter_writes(nest)
 
     def _scatter_writes(self, nest: LoopNest) -> None:
-        """Scalar loops over the source; only a loop of disjoint writes runs in parallel (an
-        `omp for` inside a parallel region whose threads all run the loops around it: the static
-        schedule gives each thread the same share of that loop every time)."""
+        """Loops over the source; only a loop of disjoint writes runs in parallel (an `omp for`
+        inside a parallel region whose threads all run the loops around it: the static schedule
+        gives each thread the same share of that loop every time). The innermost loop is
+        vectorized where its writes are one run of memory (`_scatter_vector`)."""
         node = nest.node
         symbols, sizes = list(node.source_vars()), list(node.source_ranges)
         if 0 in sizes:
@@ -300,29 +301,82 @@ class KernelPrinter:
         with use_handler(body):
             target, value = node.scattered()
         flat = cpp_index(nest.buffer.layout.flat_index(target) - nest.buffer.layout.offset)
+        out = self.pointers[nest.name]
+        scalar_write = [f"int64_t at = {flat};", f"{out}[at] = {_scatter_combine(node, f'{out}[at]', value)};"]
+        vector = self._scatter_vector(nest, symbols[-1], sizes[-1]) if symbols else None
+        bodies = [(body.lines, _loop_levels(body.lines, symbols))]
+        if vector is not None:
+            bodies.append((vector.lines, _loop_levels(vector.lines, symbols)))
         large = _at_least(_prod(sizes), PARALLEL_MIN_WORK)
         parallel = _disjoint_dim(target, symbols, sizes) if large is not False else None
-        levels = _loop_levels(body.lines, symbols)
-        for line, level in zip(body.lines, levels):  # loop invariants (constants) go first
-            if level == 0:
-                self._emit(line, 1)
+
+        def lines_at(level: int, depth: int, of: list = bodies) -> None:
+            # What depends on the loop at `level` and on none inside it (0: the loop invariants,
+            # constants read once) goes right inside that loop.
+            for lines, levels in of:
+                for line, line_level in zip(lines, levels):
+                    if line_level == level:
+                        self._emit(line, depth)
+
+        lines_at(0, 1)
         depth = 1
         if parallel is not None and parallel > 0:
             self._emit(_pragma("#pragma omp parallel", large), depth)
             self._emit("{", depth)
             depth += 1
+        last = len(symbols) - 1
         for d, (sym, size) in enumerate(zip(symbols, sizes)):
             if d == parallel:
                 self._emit(_pragma("#pragma omp parallel for", large) if d == 0 else "#pragma omp for schedule(static) nowait", depth)
+            if d == last and vector is not None:
+                break
             self._emit(f"for (int64_t {sym} = 0; {sym} < {cpp_index(size)}; ++{sym}) {{", depth)
             depth += 1
-            for line, level in zip(body.lines, levels):  # what depends on this loop and none inside it
-                if level == d + 1:
-                    self._emit(line, depth)
-        self._emit(f"int64_t at = {flat};", depth)
-        out = self.pointers[nest.name]
-        self._emit(f"{out}[at] = {_scatter_combine(node, f'{out}[at]', value)};", depth)
+            lines_at(d + 1, depth)
+        if vector is None:
+            for line in scalar_write:
+                self._emit(line, depth)
+            self._close(depth, 1)
+            return
+        # Blocks of L iterations, the last one possibly partial (scalar): one loop, so that an `omp
+        # for` over it gives each thread the same blocks every time, tail included.
+        sym, n = symbols[-1], cpp_index(sizes[-1])
+        self._emit(f"for (int64_t {sym}_block = 0; {sym}_block < {n}; {sym}_block += kiln::L) {{", depth)
+        self._emit(f"if ({sym}_block + kiln::L <= {n}) {{", depth + 1)
+        self._emit(f"int64_t {sym} = {sym}_block;", depth + 2)
+        lines_at(last + 1, depth + 2, bodies[1:])
+        self._emit("} else {", depth + 1)
+        self._emit(f"for (int64_t {sym} = {sym}_block; {sym} < {n}; ++{sym}) {{", depth + 2)
+        lines_at(last + 1, depth + 3, bodies[:1])
+        for line in scalar_write:
+            self._emit(line, depth + 3)
+        self._emit("}", depth + 2)
+        self._emit("}", depth + 1)
+        self._emit("}", depth)
         self._close(depth, 1)
+        self.vectorized = True
+
+    def _scatter_vector(self, nest: LoopNest, var: sympy.Symbol, size: Size) -> CppBody | None:
+        """The scatter's body vectorized along its innermost source loop `var`, the write
+        included, where consecutive iterations write consecutive elements whatever the indirect
+        indices are (those the write depends on are the same in every lane: a KV cache's rows
+        written at one position, an embedding's gradient rows); else None. Lanes then write
+        distinct elements, each combined with its old value in the order the scalar loops would."""
+        node, dtype = nest.node, nest.buffer.layout.dtype
+        if _at_least(size, 4) is False or (dtype == torch.bool and node.mode is not None):
+            return None
+        body = CppBody(self.pointers, self.buffers, None, var, "v", extents=loop_extents(node))
+        with use_handler(body):
+            target, value = node.scattered()
+            index = nest.buffer.layout.flat_index(target)
+            if not body.moves_by_one(index):
+                return None
+            if node.mode is not None:
+                old = body.load(nest.name, index)
+                value = _VECTOR_SCATTER_COMBINE[node.mode].format(old=old, v=f"kiln::convert<{value_ctype(dtype)}>({value})")
+        cast = f"kiln::to_bool({value})" if dtype == torch.bool else f"kiln::convert<{value_ctype(dtype)}>({value})"
+        body.store(nest.name, index - nest.buffer.layout.offset, cast)
+        return body
 
     # -- members with their own inner loops -----------------------------------------------------
     def _member(self, nest: LoopNest, depth: int) -> None:
@@ -495,6 +549,10 @@ def _loop_levels(lines: list[str], symbols: list[sympy.Symbol]) -> list[int]:
 
 _SCATTER_COMBINE = {None: "{v}", "sum": "{old} + {v}", "prod": "{old} * {v}", "max": "kiln_max({old}, {v})",
                     "min": "kiln_min({old}, {v})"}
+
+
+_VECTOR_SCATTER_COMBINE = {"sum": "({old} + {v})", "prod": "({old} * {v})", "max": "kiln::vmax({old}, {v})",
+                           "min": "kiln::vmin({old}, {v})"}
 
 
 def _scatter_combine(node, target: str, value: str) -> str:
