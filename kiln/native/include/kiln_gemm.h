@@ -1185,24 +1185,32 @@ static inline void gemv(int64_t N, int64_t K, const T* a, const T* bp, int64_t r
   }
 }
 
+// This thread's buffer of at least `elements` E for `Use` (a tag type: uses alive at once have
+// their own), 64-byte aligned, grown as asked, valid until the thread's next request for `Use` (and
+// E). Unlike Scratch, no in-use guard: a use's requests never nest.
+template <typename Use, typename E> static E* thread_buffer(int64_t elements) {
+  static thread_local std::unique_ptr<E, decltype(&std::free)> buffer{nullptr, &std::free};
+  static thread_local int64_t held = 0;
+  if (held < elements) {
+    buffer.reset(static_cast<E*>(std::aligned_alloc(64, (elements * int64_t(sizeof(E)) + 63) / 64 * 64)));
+    if (buffer == nullptr) {
+      held = 0;
+      throw std::bad_alloc();
+    }
+    held = elements;
+  }
+  return buffer.get();
+}
+
+// Where a source that makes its blocks (Src::dequantizes: kiln_gemm_quant.h's QuantPanels,
+// WidenedPanels) writes them: valid until the thread's next block.
+struct BlockBuffer;
+static inline float* thread_block_buffer(int64_t floats) { return thread_buffer<BlockBuffer, float>(floats); }
+
 // Where gemm finds a panel's K block of B: panels of T packed by pack_b, read where they lie. (A
 // weight-only quantized B dequantizes each block into a thread's buffer instead:
 // kiln_gemm_quant.h.) `raw` and `raw_bytes` are the block's memory as the prefetch of the next
 // block asks for it.
-// This thread's buffer of at least `floats` float32, 64-byte aligned, where a source that makes
-// its blocks (Src::dequantizes: kiln_gemm_quant.h's QuantPanels, WidenedPanels) writes them: valid
-// until the thread's next block.
-static inline float* thread_block_buffer(int64_t floats) {
-  static thread_local float* buffer = nullptr;
-  static thread_local int64_t held = 0;
-  if (held < floats) {
-    std::free(buffer);
-    held = floats;
-    buffer = static_cast<float*>(std::aligned_alloc(64, (held * int64_t(sizeof(float)) + 63) / 64 * 64));
-  }
-  return buffer;
-}
-
 template <typename T> struct Panels {
   static constexpr bool dequantizes = false;
   const T* bp;

@@ -1426,13 +1426,8 @@ static inline void store_pairs(uint32_t* out, V low, V high) {
 // This thread's buffer of at least `elements` E where it makes a panel (a panel's pair rows:
 // uint32_t; its scales: float), 64-byte aligned (a tile row of B read across two lines took 2.3x
 // the time), valid until the thread's next panel.
-template <typename E> static E* panel_buffer(int64_t elements) {
-  static thread_local std::unique_ptr<E, decltype(&std::free)> buffer{nullptr, &std::free};
-  static thread_local int64_t held = 0;
-  if (held < elements)
-    buffer.reset(static_cast<E*>(std::aligned_alloc(64, ((held = elements) * int64_t(sizeof(E)) + 63) / 64 * 64)));
-  return buffer.get();
-}
+struct PanelBuffer;
+template <typename E> static E* panel_buffer(int64_t elements) { return thread_buffer<PanelBuffer, E>(elements); }
 
 // An int8 weight's panel as AMX's tiles read it (kiln_gemm_amx.h's PanelOf): its levels q
 // (-127..127, exact in bfloat16) in pairs of k ([K/2][NR][2]; an odd K's last pair's high half 0)
