@@ -129,7 +129,7 @@ def test_accumulating_scatters_parallelize_only_disjoint_loops():
 def test_writes_of_one_run_of_memory_are_vectorized_with_their_tail_and_threads():
     # A KV cache written at one position (rows of 67: vector blocks and a scalar tail), rows
     # accumulated with duplicates in float32 and bfloat16 (each lane its own element, combined in
-    # the scalar loops' order), index_reduce's every reduction; and an embedding's gradient large
+    # the scalar loops' order), index_reduce's every reduction, booleans and float16 rows; and an embedding's gradient large
     # enough that its threads share out the vector blocks of the columns.
     cache, k, pos = torch.zeros(1, 2, 37, 67), torch.randn(1, 2, 1, 67), torch.tensor([5])
     x, rows, src = torch.randn(6, 67), torch.tensor([1, -1, 1, 0, 5]), torch.randn(5, 67)
@@ -138,13 +138,14 @@ def test_writes_of_one_run_of_memory_are_vectorized_with_their_tail_and_threads(
         torch.index_put(x, (rows,), src, accumulate=True),
         torch.index_put(x.bfloat16(), (rows,), src.bfloat16(), accumulate=True),
         *[x.index_reduce(0, rows.abs(), src, r, include_self=False) for r in ("prod", "amax", "amin")],
+        torch.index_put(x > 0, (rows[2:],), src[:3] > 0), x.half().index_copy(0, rows[2:], src[:3].half() * 3),
     )
     inputs = (cache, k, pos, x, rows, src)
     result, program = compiled(fn, *inputs)
     torch.testing.assert_close(result, fn(*inputs), atol=1e-4, rtol=1e-4)
     blocks = re.findall(r"for \(int64_t (r\d)_block = 0; \1_block < 67L; \1_block \+= kiln::L\)", program.source)
-    assert len(blocks) >= 6, program.source
-    assert all(f"kiln::{op}(" in program.source for op in ("store_bf16", "vmax", "vmin")), program.source
+    assert len(blocks) >= 8, program.source
+    assert all(f"kiln::{op}(" in program.source for op in ("store_bf16", "store_fp16", "vmax", "vmin")), program.source
 
     gradient, ids = torch.randn(4096, 67), torch.randint(0, 50, (4096,))
     rows_added = lambda g, i: torch.index_put(torch.zeros(1000, 67), (i,), g, accumulate=True)  # noqa: E731
