@@ -434,8 +434,12 @@ def run_llm_suite(settings: LlmSettings, progress: TextIO | None = sys.stderr,
     before = torch.get_num_threads()
     try:
         for threads in settings.threads:
+            # The probes' buffer is made before the clock starts: the kernel zeroes its 1 GiB of 2
+            # MB pages in its own threads, not this process's, which read as "other processes used
+            # 41 % of the CPUs" on an idle 2-core Intel Xeon (0.8 % over a probe of a made buffer).
+            buffer = probe_buffer()
             clock = OthersClock()
-            run.probed(threads, read_bandwidth(threads))
+            run.probed(threads, read_bandwidth(threads, buffer=buffer))
             run.bandwidth_others[threads] = clock.share()
             _say(progress, f"read bandwidth at {_threads(threads)}: {run.bandwidth[threads]:.1f} GB/s")
             torch.set_num_threads(threads)
@@ -444,7 +448,6 @@ def run_llm_suite(settings: LlmSettings, progress: TextIO | None = sys.stderr,
             # float32 decode once read 118 % of a probe taken before its group). Each call's GB/s is
             # taken over the probes just before and after it (LlmResult.roofline), and the best of
             # every probe is the run's bandwidth.
-            buffer = probe_buffer()
 
             def probe(threads: int = threads, buffer: torch.Tensor = buffer) -> float:
                 gbps = read_bandwidth(threads, passes=ROUND_PROBE_PASSES, buffer=buffer)

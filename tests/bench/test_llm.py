@@ -297,6 +297,27 @@ def test_each_call_is_bracketed_by_probes_and_rounds_whose_probes_disagree_are_l
     assert again.results[1].roofline == compiled.roofline and again.results[0].roofline == eager.roofline
 
 
+def test_the_probes_buffer_is_made_before_the_others_clock_starts(monkeypatch):
+    # The kernel zeroes the probe's 1 GiB in its own threads: inside the clock, that read as
+    # "other processes used 41 % of the CPUs" on an idle 2-core Intel Xeon.
+    events, made, buffers = [], object(), []
+    monkeypatch.setattr(benchmarks.llm, "probe_buffer", lambda: events.append("buffer") or made)
+
+    class Clock:
+        def __init__(self) -> None:
+            events.append("clock")
+
+        def share(self) -> float:
+            return 0.0
+
+    monkeypatch.setattr(benchmarks.llm, "OthersClock", Clock)
+    monkeypatch.setattr(benchmarks.llm, "read_bandwidth", lambda threads=None, **how: buffers.append(how.get("buffer")) or 10.0)
+    settings = LlmSettings(models=("llama-tiny",), modes=("eager",), batches=(1,), threads=(1,), prompt_len=8,
+                           new_tokens=4, rounds=1, warmup=1)
+    benchmarks.llm.run_llm_suite(settings, progress=None)
+    assert events[:2] == ["buffer", "clock"] and len(buffers) >= 2 and all(b is made for b in buffers)
+
+
 def test_a_result_written_before_the_after_probes_keeps_its_roofline():
     step = StepBytes(linear=1_000_000_000, embedding=0, other=0, kv_cache=0)
     old = LlmResult("m", 1, "kiln", 2, "ok", decode_s=0.1, step_bytes=step, decode_rounds_s=[0.1, 0.05],
