@@ -482,6 +482,14 @@ class RuntimeSettings(_Group):
         "operators' outputs, a C++ wrapper's buffers) instead of allocating them again; 0: each from c10's CPU "
         "allocator. Only kiln's own tensors: the process's allocator is left as it is (kiln_runtime.cpp)",
     )
+    adaptive_team: bool = setting(
+        True,
+        env="KILN_ADAPTIVE_TEAM",
+        help="run kiln's own parallel regions on fewer threads than OpenMP's count while the calling thread waits "
+        "for cores other work keeps busy (the kernel's run delay, read every 20 ms), and try more again later: "
+        "beside a busy process a 2-thread decode step otherwise waits a time slice at many of its ~200 region "
+        "ends. OpenMP's settings and ATen's regions are left as they are (kiln_team.cpp, docs/limits.md)",
+    )
 
 
 @_group("bench")

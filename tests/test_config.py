@@ -89,6 +89,7 @@ def test_defaults():
         "capture.warn_eager_frames": True,
         "runtime.keep_freed_mb": 0,
         "runtime.buffer_cache_mb": 32,
+        "runtime.adaptive_team": True,
         "bench.timeout_s": 900.0,
         "bench.iters": 20,
         "bench.warmup": 3,

@@ -14,7 +14,7 @@ INCLUDE = Path(__file__).parent / "include"
 
 # The headers a kernel source starts with, in dependency order.
 # (The special functions' C++ is generated beside the Triton helpers: kiln/codegen/special_functions.py.)
-HEADERS = ("kiln_scalar.h", "kiln_vec.h", "kiln_half.h", "kiln_vec_math.h")
+HEADERS = ("kiln_scalar.h", "kiln_team.h", "kiln_vec.h", "kiln_half.h", "kiln_vec_math.h")
 
 
 def header_text(names: tuple[str, ...] = HEADERS, defines_flag: bool = True) -> str:

@@ -21,9 +21,10 @@ import torch
 
 from kiln import config
 from kiln.native import INCLUDE, kernels_unit  # the kernels kiln's operators run: a unit of the runtime
-from kiln.native.build import build_library
+from kiln.native.build import build_library, cached_library
 
 SOURCE = Path(__file__).parent / "src" / "kiln_runtime.cpp"
+TEAM = Path(__file__).parent / "src" / "kiln_team.cpp"  # the threads kiln's parallel regions ask for
 EXPORTS = Path(__file__).parent / "src" / "kiln_runtime.map"  # the linker's version script: kiln_* only
 
 
@@ -43,7 +44,7 @@ def source() -> str:
     header = (INCLUDE / "kiln_runtime.h").read_text()
     # The version script rides along as a comment: the C++ cache's key covers what it exports.
     exports = "".join(f"// {line}\n" for line in EXPORTS.read_text().splitlines())
-    return header + "\n" + SOURCE.read_text() + "\n// Linked with kiln_runtime.map:\n" + exports
+    return header + "\n" + TEAM.read_text() + "\n" + SOURCE.read_text() + "\n// Linked with kiln_runtime.map:\n" + exports
 
 
 def build_arguments() -> tuple[list[str], list[str], list[str]]:
@@ -72,20 +73,33 @@ def library() -> ctypes.CDLL:
     lib.kiln_packed_bytes.restype = ctypes.c_int64
     lib.kiln_find_op.argtypes, lib.kiln_find_op.restype = [ctypes.c_char_p, ctypes.c_char_p], ctypes.c_void_p
     lib.kiln_buffer_cache_kept.restype = ctypes.c_int64
+    lib.kiln_team_narrowings.restype = lib.kiln_team_asks.restype = ctypes.c_int64
     lib.kiln_set_buffer_cache.argtypes = [ctypes.c_int64]
     _hand_over_settings(lib)
     return lib
 
 
+def load_if_built() -> bool:
+    """Load the runtime where it is built already (nothing is built now); whether it is loaded. A
+    kernel library loaded after it sizes its parallel regions by the runtime's team
+    (src/kiln_team.cpp); one loaded before finds no runtime and takes OpenMP's count."""
+    if not library.cache_info().currsize:
+        if cached_library(*build_arguments(), own=True) is None:
+            return False
+        library()
+    return True
+
+
 def _hand_over_settings(lib: ctypes.CDLL) -> None:
     lib.kiln_set_huge_pages(int(bool(config.backend.huge_pages)))
     lib.kiln_set_buffer_cache(max(0, int(config.runtime.buffer_cache_mb)) << 20)
+    lib.kiln_set_adaptive_team(int(bool(config.runtime.adaptive_team)))
 
 
 def apply_settings() -> None:
     """Hand the runtime the settings its packs and buffers are made under (backend.huge_pages,
-    runtime.buffer_cache_mb), where this process has loaded it: the frozen program calls this
-    before a first call makes its packs."""
+    runtime.buffer_cache_mb) and its team's (runtime.adaptive_team), where this process has
+    loaded it: the frozen program calls this before a first call makes its packs."""
     if library.cache_info().currsize:
         _hand_over_settings(library())
 

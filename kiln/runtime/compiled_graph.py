@@ -69,6 +69,7 @@ class CppLibrary(KernelLibrary):
         return str(path)
 
     def load(self, artifact: GraphArtifact, library: str, scope: dict[str, Any]) -> dict[str, Any]:
+        libkiln.load_if_built()  # first: the kernels' regions then ask its team (kiln_team.h)
         loaded = ctypes.CDLL(library)
         scope["index_error"] = ctypes.c_int.in_dll(loaded, "kiln_index_error")
         kernels = {}

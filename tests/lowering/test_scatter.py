@@ -122,7 +122,7 @@ def test_accumulating_scatters_parallelize_only_disjoint_loops():
     torch.testing.assert_close(result, x.scatter_add(0, index, torch.ones(200, 300)))
     loops = _scatter_loops(program.source)
     # Rows (r0) run in every thread; the columns (r1) are shared out by an `omp for`.
-    shared_columns = r"#pragma omp parallel\s*\{\s*for \(int64_t r0.*?#pragma omp for schedule\(static\) nowait\s*for \(int64_t r1"
+    shared_columns = r"#pragma omp parallel num_threads\(kiln::team\(\)\)\s*\{\s*for \(int64_t r0.*?#pragma omp for schedule\(static\) nowait\s*for \(int64_t r1"
     assert re.search(shared_columns, program.source, re.S), loops
 
 

@@ -41,9 +41,13 @@ def _all(*tests: bool | str) -> bool | str:
 
 
 def _pragma(directive: str, when: bool | str) -> str | None:
-    """`directive` when `when` holds: always (True), never (False, None), or under OpenMP's `if`."""
+    """`directive` when `when` holds: always (True), never (False, None), or under OpenMP's `if`.
+    A parallel region asks for kiln's team (kiln_team.h: OpenMP's count, less the threads that
+    busy cores cannot run now)."""
     if when is False:
         return None
+    if directive.startswith("#pragma omp parallel"):
+        directive += " num_threads(kiln::team())"
     return directive if when is True else f"{directive} if({when})"
 
 
@@ -194,7 +198,7 @@ class KernelPrinter:
             loop(depth)
             return
         self._emit(f"if ({last_parallel}) {{", depth)
-        self._emit("#pragma omp parallel for", depth + 1)
+        self._emit(_pragma("#pragma omp parallel for", True), depth + 1)
         loop(depth + 1)
         self._emit("} else {", depth)
         loop(depth + 1)

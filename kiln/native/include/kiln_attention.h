@@ -507,7 +507,7 @@ static void rows_of_head(const Shape& z, const float* q, const float* k, const f
 static void attention(const Shape& z, const float* q, const float* k, const float* v, const float* mask, float* out,
                       float scale, bool causal) {
   const int64_t heads = z.B * z.H;
-  const int threads = omp_get_max_threads();
+  const int threads = kiln::team();
   // Heads split into row ranges where there are too few for every thread to have two tasks, but
   // not heads of a few rows that divide evenly among the threads: each part of a head packs the
   // head's keys again (pack_keys, a pass over a cache that comes from memory), and so few rows'
@@ -526,7 +526,7 @@ static void attention(const Shape& z, const float* q, const float* k, const floa
   const int64_t mask_heads = mask && z.m_h != 0 ? z.H : 1, mask_batches = mask && z.m_b != 0 ? z.B : 1;
   std::vector<int64_t> ends(mask_batches * mask_heads * z.Sq);
   bool mask_adds = false;
-#pragma omp parallel if (tasks > 1 && z.Sq * z.Sk * z.D * heads >= (int64_t(1) << 16))
+#pragma omp parallel if (tasks > 1 && z.Sq * z.Sk * z.D * heads >= (int64_t(1) << 16)) num_threads(threads)
   {
 #pragma omp for schedule(static) reduction(|| : mask_adds)
     for (int64_t r = 0; r < int64_t(ends.size()); ++r) {

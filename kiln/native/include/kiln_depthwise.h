@@ -240,7 +240,7 @@ static void conv_rows(const Shape& s, const RowsBlocks& blocks, const float* x, 
   int64_t first, last;
   unchecked_columns(s, first, last);
   const int64_t row_blocks = (s.OH + ROWS - 1) / ROWS, whole = s.C / L * L;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) num_threads(kiln::team())
   for (int64_t n = 0; n < s.N; ++n) {
     for (int64_t rb = 0; rb < row_blocks; ++rb) {
       const int64_t image = n * s.H * s.W * s.C, image_out = n * s.OH * s.OW * s.C, oh = rb * ROWS;
@@ -281,7 +281,7 @@ static void conv(const Shape& s, const float* x, const float* wp, const float* b
   int64_t first, last;
   unchecked_columns(s, first, last);
   const Blocks blocks = blocks_for(s);
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) num_threads(kiln::team())
   for (int64_t n = 0; n < s.N; ++n) {
     for (int64_t oh = 0; oh < s.OH; ++oh) {
       const float* xn = x + n * s.H * s.W * s.C;

@@ -689,7 +689,7 @@ template <typename T> static inline int64_t packed_elements(int64_t K, int64_t N
 template <typename T>
 static void pack_b(const T* b, int64_t K, int64_t N, int64_t sk, int64_t sn, T* out) {
   const int64_t panels = (N + NR - 1) / NR, rows = in_pairs<T> ? round_even(K) : K;
-#pragma omp parallel for
+#pragma omp parallel for num_threads(kiln::team())
   for (int64_t p = 0; p < panels; ++p) {
     T* dst = out + p * rows * NR;
     const int64_t j0 = p * NR, n = std::min<int64_t>(NR, N - j0);
@@ -710,7 +710,7 @@ static void pack_b(const T* b, int64_t K, int64_t N, int64_t sk, int64_t sn, T* 
 // FMAs per element of it; the threads woken only where A is large enough to pay for them.
 static void convert_a_bf16(int64_t M, int64_t K, const float* a, int64_t lda, kiln_bf16* out) {
   const int64_t whole = K / L * L;
-#pragma omp parallel for if (M * K >= (int64_t(1) << 16))
+#pragma omp parallel for if (M * K >= (int64_t(1) << 16)) num_threads(kiln::team())
   for (int64_t i = 0; i < M; ++i) {
     const float* row = a + i * lda;
     kiln_bf16* dst = out + i * K;
@@ -940,19 +940,14 @@ template <int RUNS = GEMV_STREAMS, typename F> static inline void panel_runs(int
   }
 }
 
-// f(threads, thread) on each thread of a parallel region (of `threads`; 0: OpenMP's count) where
+// f(threads, thread) on each thread of a parallel region (of `threads`; 0: kiln::team()) where
 // `parallel`, else f(1, 0) on this thread with no region at all: under a false `if` libgomp still
 // makes and frees a team (a ~2 KB malloc, which has glibc consolidate its freed small chunks first)
 // and ends it with a barrier's wake.
 template <typename F> static inline void parallel_team(bool parallel, F&& f, int threads = 0) {
   if (!parallel) return f(1, 0);
-  if (threads > 0) {
-#pragma omp parallel num_threads(threads)
-    f(omp_get_num_threads(), omp_get_thread_num());
-  } else {
-#pragma omp parallel
-    f(omp_get_num_threads(), omp_get_thread_num());
-  }
+#pragma omp parallel num_threads(threads > 0 ? threads : kiln::team())
+  f(omp_get_num_threads(), omp_get_thread_num());
 }
 
 // One product's temporary memory on this thread (a decode step's activation digits, its padded
@@ -1247,7 +1242,7 @@ static void gemm_from(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, 
   const bool stream = kc == K && !(e && (e->out_bf16 || e->row_norm || e->bias || e->unary || e->residual)) &&
                       M * N * 4 >= (int64_t(8) << 20) &&
                       ldc % L == 0 && reinterpret_cast<uintptr_t>(c) % KILN_VEC_BYTES == 0;
-#pragma omp parallel if (worth_threads)
+#pragma omp parallel if (worth_threads) num_threads(kiln::team())
   {
     const auto [p0, p1, r0, r1] = thread_share(N, panels, row_blocks);
     // Rows per pass over the thread's panels: A's block (rows x kc) stays in L2, about 1 MB, while
@@ -1313,7 +1308,7 @@ static void gemm_from(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, 
 static std::unique_ptr<float[]> widened_rows(int64_t M, int64_t K, const kiln_bf16* a, int64_t lda) {
   std::unique_ptr<float[]> wide(new float[M * K]);
   const int64_t whole = K / L * L;
-#pragma omp parallel for if (M * K >= (int64_t(1) << 16))
+#pragma omp parallel for if (M * K >= (int64_t(1) << 16)) num_threads(kiln::team())
   for (int64_t i = 0; i < M; ++i) {
     int64_t k = 0;
     for (; k < whole; k += L) kiln::store(wide.get() + i * K + k, kiln::load_bf16(a + i * lda + k));

@@ -140,7 +140,7 @@ template <typename T>
 static std::unique_ptr<kiln_bf16[]> amx_padded_a(int64_t M, int64_t K, const T* a, int64_t lda, int64_t rows,
                                                   int64_t cols, int parts = 1) {
   std::unique_ptr<kiln_bf16[]> out(new kiln_bf16[parts * rows * cols]);  // (tile loads need no alignment)
-#pragma omp parallel for if (rows * cols >= (int64_t(1) << 16))
+#pragma omp parallel for if (rows * cols >= (int64_t(1) << 16)) num_threads(kiln::team())
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t n = i < M ? K : 0;
     for (int part = 0; part < parts; ++part) {
@@ -214,7 +214,7 @@ static void amx_product(int64_t M, int64_t N, int64_t K, const T* a_in, int64_t 
   const int64_t part_stride = blocks * AMX_ROWS * lda;  // (between A's parts)
   const int64_t lda_bytes = lda * int64_t(sizeof(kiln_bf16));
   const int64_t tail_pairs = pairs - (steps - 1) * (AMX_K / 2);  // the last step's pair rows (16: whole)
-#pragma omp parallel if (panels * blocks > 1)
+#pragma omp parallel if (panels * blocks > 1) num_threads(kiln::team())
   {
     const AmxConfig config;
     _tile_loadconfig(&config);

@@ -62,7 +62,7 @@ static void pack_quant(const QuantShape& z, const uint8_t* q, const float* scale
   const int64_t panels = z.panels(), rows = z.rows(), groups = z.groups();
   float* scale_out = reinterpret_cast<float*>(out + z.q_bytes());
   uint32_t* word_out = reinterpret_cast<uint32_t*>(scale_out);
-#pragma omp parallel for
+#pragma omp parallel for num_threads(kiln::team())
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t j0 = p * NR, n = std::min<int64_t>(NR, z.N - j0);
     uint8_t* dst = out + p * rows * NR;
@@ -733,7 +733,7 @@ static Int8Rows split_rows(int64_t K, int64_t group, int64_t stride, int64_t M, 
   // ends it with a barrier's wake, a futex system call (~0.3 us; 49 products a llama-160m token).
   // Nor inside one (int8_products: each thread splits the rows for itself).
   if (M * K >= (int64_t(1) << 16) && !omp_in_parallel()) {
-#pragma omp parallel for
+#pragma omp parallel for num_threads(kiln::team())
     for (int64_t r = 0; r < M; ++r) split_row(r);
   } else {
     for (int64_t r = 0; r < M; ++r) split_row(r);
@@ -993,7 +993,8 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
                           const Epilogue* e) {
   const int64_t panels = src.z.panels();
   const bool worth_threads = panels > 1 && 2 * M * src.z.N * src.z.K >= (int64_t(1) << 18);
-  SharedPanels shared(panels, worth_threads && !omp_in_parallel() ? omp_get_max_threads() : 1);
+  const int team = worth_threads && !omp_in_parallel() ? kiln::team() : 1;
+  SharedPanels shared(panels, team);
   parallel_team(worth_threads, [&](int threads, int thread) {
     const Int8Rows x = split();
     int64_t p0, p1;
@@ -1226,7 +1227,7 @@ static void amx_digits_products(const QuantPanels<BITS>& src, int64_t M, const f
   const int64_t k_lanes = BITS == 8 ? src.z.quads() * 4 : src.z.words() * 8;  // (K to whole 32-bit lanes)
   const int64_t stride = (k_lanes + AMX_CHUNK_K - 1) / AMX_CHUNK_K * AMX_CHUNK_K;
   constexpr int D = activation_digits(BITS);
-#pragma omp parallel if (worth_threads)
+#pragma omp parallel if (worth_threads) num_threads(kiln::team())
   {
     const Int8Rows x = BITS == 8 ? split_rows(src.z.K, INT8_DIGIT_GROUP, stride, M, a, lda, D, false, 1.0f, 0.0f)
                                  : split_rows(src.z.K, src.z.group, stride, M, a, lda, D, true, 1.0f / 16.0f, 16.0f);
@@ -1660,7 +1661,7 @@ static void gemm_quant_int8_activations(const QuantShape& z, int64_t M, const fl
   (void)integer;
   const Int8Rows x = split_rows(z, M, a, lda, 1, false);
   std::unique_ptr<float[]> rows(new float[M * z.K]);
-#pragma omp parallel for if (M * z.K >= (int64_t(1) << 16))
+#pragma omp parallel for if (M * z.K >= (int64_t(1) << 16)) num_threads(kiln::team())
   for (int64_t r = 0; r < M; ++r)
     for (int64_t g = 0; g < x.groups; ++g) {
       const float scale = 16.0f * x.unit[r * x.groups + g];  // (the levels times their scale, as eager's)

@@ -1,0 +1,150 @@
+"""The team of threads kiln's parallel regions ask for (src/kiln_team.cpp, runtime.adaptive_team):
+OpenMP's count, less a thread for each pair of busy checks in a row (the calling thread waiting
+for a core), one given back after a hold that doubles with each busy try. The policy replayed over
+made-up checks; the runtime narrowing beside real busy processes; a compiled graph's kernels and
+kiln's GEMM asking the runtime; the setting off leaving OpenMP's count."""
+
+import ctypes
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import kiln
+from kiln import config
+from kiln.externs import native_ops
+from kiln.native import libkiln
+
+MS = 1_000_000  # ns
+CHECK, HOLD, LONGEST = 20 * MS, 250 * MS, 4000 * MS  # (kiln_team.cpp's constants)
+
+
+@pytest.fixture
+def runtime():
+    lib = libkiln.library()
+    yield lib
+    lib.kiln_set_adaptive_team(0)  # (forgets any cut this test made)
+    libkiln.apply_settings()
+
+
+def _replay(runtime, checks: list[tuple[int, bool]], full: int) -> list[int]:
+    n = len(checks)
+    now = (ctypes.c_int64 * n)(*[t for t, _ in checks])
+    busy = (ctypes.c_int32 * n)(*[int(b) for _, b in checks])
+    cuts = (ctypes.c_int32 * n)()
+    runtime.kiln_team_replay(ctypes.c_int64(n), now, busy, ctypes.c_int32(full), cuts)
+    return list(cuts)
+
+
+def _every_check(busy: list[bool], start: int = 0) -> list[tuple[int, bool]]:
+    return [(start + i * CHECK, b) for i, b in enumerate(busy)]
+
+
+def test_quiet_checks_and_single_blips_leave_the_team_whole(runtime):
+    assert _replay(runtime, _every_check([False] * 50), full=2) == [0] * 50
+    # A lone busy check (a daemon woke) is not enough; two in a row are.
+    assert _replay(runtime, _every_check([True, False, True, False, True, False]), full=2) == [0] * 6
+    assert _replay(runtime, _every_check([False, True, True]), full=2) == [0, 0, 1]
+
+
+def test_the_cut_stops_at_one_thread_and_follows_a_smaller_count(runtime):
+    cuts = _replay(runtime, _every_check([True] * 12), full=4)
+    assert cuts == [0, 1, 1, 2, 2, 3, 3, 3, 3, 3, 3, 3]  # a thread per two busy checks, down to one left
+    assert _replay(runtime, _every_check([True] * 6), full=1) == [0] * 6  # nothing to take from one thread
+
+
+def test_a_narrowed_team_tries_a_thread_again_after_a_hold_that_doubles_while_busy(runtime):
+    checks = _every_check([True, True])  # cut to one thread at 20 ms
+    t = CHECK
+    expected = [0, 1]
+
+    def check(at: int, busy: bool, cut: int) -> None:
+        checks.append((at, busy))
+        expected.append(cut)
+
+    # Quiet checks before the hold has passed keep the cut; the first after it gives a thread back.
+    check(t + HOLD - CHECK, False, 1)
+    check(t + HOLD, False, 0)  # the try
+    check(t + HOLD + CHECK, True, 1)  # busy at once: taken back, the hold doubled
+    t = t + HOLD + CHECK
+    check(t + 2 * HOLD - CHECK, False, 1)
+    check(t + 2 * HOLD, False, 0)  # tried after twice the hold
+    check(t + 2 * HOLD + CHECK, True, 1)
+    t = t + 2 * HOLD + CHECK
+    check(t + 4 * HOLD, False, 0)
+    check(t + 4 * HOLD + CHECK, False, 0)  # the try held: the hold back to its first length
+    t = t + 4 * HOLD + CHECK
+    check(t + CHECK, True, 0)
+    check(t + 2 * CHECK, True, 1)
+    t += 2 * CHECK
+    check(t + HOLD, False, 0)
+    assert _replay(runtime, checks, full=2) == expected
+
+
+def test_the_hold_grows_no_longer_than_its_limit(runtime):
+    checks, t, hold = _every_check([True, True]), CHECK, HOLD
+    for _ in range(8):  # every try busy
+        t += hold
+        checks += [(t, False), (t + CHECK, True)]
+        t += CHECK
+        hold = min(2 * hold, LONGEST)
+    assert hold == LONGEST
+    checks += [(t + LONGEST - CHECK, False), (t + LONGEST, False)]
+    assert _replay(runtime, checks, full=2)[-2:] == [1, 0]
+
+
+def _can_read_run_delay() -> bool:
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return len(f.read().split()) >= 2
+    except OSError:
+        return False
+
+
+def _regions(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x * 2 + 1) * x  # one generated kernel with a parallel region
+
+
+@pytest.fixture
+def two_threads_or_more():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))  # (a team that can narrow)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_the_team_narrows_beside_busy_processes_and_kernels_ask_for_it(runtime, two_threads_or_more):
+    native_ops.load()
+    kiln.reset()
+    runtime.kiln_set_adaptive_team(1)
+    compiled = kiln.compile(_regions)
+    x = torch.randn(256, 1024)
+    torch.testing.assert_close(compiled(x), _regions(x))
+    asks = runtime.kiln_team_asks()
+    compiled(x)
+    assert runtime.kiln_team_asks() > asks  # the graph's kernel library found the runtime's team
+    if not _can_read_run_delay():  # documented: no run delay to read, OpenMP's count
+        assert runtime.kiln_team_threads() == torch.get_num_threads()
+        return
+    narrowings = runtime.kiln_team_narrowings()
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        deadline = time.monotonic() + 10
+        while runtime.kiln_team_narrowings() == narrowings and time.monotonic() < deadline:
+            compiled(x)
+        assert runtime.kiln_team_narrowings() > narrowings, "no narrowing in 10 s beside a busy process per core"
+        torch.testing.assert_close(compiled(x), _regions(x))  # the same result on the narrowed team
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def test_the_setting_off_leaves_openmps_count(runtime, monkeypatch):
+    monkeypatch.setattr(config.runtime, "adaptive_team", False)
+    libkiln.apply_settings()
+    assert runtime.kiln_team_cut() == 0
+    assert runtime.kiln_team_threads() == torch.get_num_threads()
