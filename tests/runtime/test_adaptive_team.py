@@ -148,3 +148,34 @@ def test_the_setting_off_leaves_openmps_count(runtime, monkeypatch):
     libkiln.apply_settings()
     assert runtime.kiln_team_cut() == 0
     assert runtime.kiln_team_threads() == torch.get_num_threads()
+
+
+@torch.library.custom_op("kiln_team_test::threads_seen", mutates_args=())
+def _threads_seen(x: torch.Tensor) -> torch.Tensor:
+    # An operator kiln can only call through ATen: what OpenMP count (and so ATen's regions) it runs under.
+    return torch.full_like(x, float(torch.get_num_threads()))
+
+
+@_threads_seen.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def _calls_aten(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.kiln_team_test.threads_seen(x * 2) + 1
+
+
+def test_aten_calls_run_at_the_narrowed_team_and_the_count_comes_back(runtime, two_threads_or_more):
+    native_ops.load()
+    kiln.reset()
+    runtime.kiln_set_adaptive_team(1)
+    full = torch.get_num_threads()
+    compiled = kiln.compile(_calls_aten)
+    x = torch.randn(4, 8)
+    assert compiled(x).eq(full + 1).all()  # (the team whole: OpenMP's count)
+    runtime.kiln_team_force_cut(full - 1)
+    assert runtime.kiln_team_threads() == 1
+    assert compiled(x).eq(1 + 1).all()  # called through the C++ wrapper under the narrowed count
+    assert torch.get_num_threads() == full  # and the caller's count back after the call
+    runtime.kiln_set_adaptive_team(0)
+    assert compiled(x).eq(full + 1).all()

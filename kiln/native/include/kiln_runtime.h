@@ -84,13 +84,15 @@ KILN_API int64_t kiln_buffer_cache_kept(void);
 // The threads kiln's next parallel region asks for (src/kiln_team.cpp): OpenMP's count, less those
 // taken off while the calling thread waits for busy cores. kiln_set_adaptive_team is the setting
 // runtime.adaptive_team; kiln_team_cut the threads taken off now, kiln_team_narrowings the times
-// one was, kiln_team_asks the regions that asked; kiln_team_replay (tests) the policy's cut after
-// each of n checks of a fresh policy.
+// one was, kiln_team_asks the regions that asked; (tests) kiln_team_force_cut takes threads off
+// as busy checks would, kiln_team_replay gives the policy's cut after each of n checks of a fresh
+// policy.
 KILN_API int kiln_team_threads(void);
 KILN_API void kiln_set_adaptive_team(int on);
 KILN_API int kiln_team_cut(void);
 KILN_API int64_t kiln_team_narrowings(void);
 KILN_API int64_t kiln_team_asks(void);
+KILN_API void kiln_team_force_cut(int cut);
 KILN_API void kiln_team_replay(int64_t n, const int64_t* now, const int32_t* busy, int32_t full, int32_t* cuts);
 KILN_API const char* kiln_error(void);
 KILN_API void kiln_set_error(const char* message);

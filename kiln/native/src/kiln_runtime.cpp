@@ -875,6 +875,7 @@ at::Tensor mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::
               const Scalars& scalars, std::optional<c10::string_view> algorithm_or_none, c10::string_view impl) {
   const c10::string_view algorithm = algorithm_or_none.value_or("");
   if (impl == "kiln" || impl == "kiln_bf16") return mm_kiln(a, b, bias, unary, scalars, algorithm, kiln_bf16_math(a, b, impl));
+  const kiln_team::Narrowed team;  // (ATen's and MKL's threads, for the implementations below)
   if (impl == "mkl") {
     static auto reorder = find_op("mkl::_mkl_reorder_linear_weight", "").typed<at::Tensor(const at::Tensor&, int64_t)>();
     static auto linear = find_op("mkl::_mkl_linear", "")
@@ -1034,6 +1035,7 @@ at::Tensor conv(const at::Tensor& x_given, const at::Tensor& weight, const std::
     return conv_gemm(x_in, weight, bias, stride, unary, scalars, algorithm, other);
   if (impl == "kiln") return conv_depthwise(x_in, weight, bias, stride, padding, dilation, unary, scalars, algorithm,
                                             other);
+  const kiln_team::Narrowed team;  // (ATen's threads)
   at::Tensor x = x_in, w = weight;
   if (impl == "aten_channels_last") {
     x = x_in.contiguous(at::MemoryFormat::ChannelsLast);
@@ -1354,6 +1356,7 @@ int kiln_call_op(void* op, const kiln_arg* args, int64_t nargs, kiln_tensor* out
   return guarded([&] {
     const FoundOp& found = *static_cast<FoundOp*>(op);
     if (found.direct) return found.direct(args, nargs, outs, nouts);
+    const kiln_team::Narrowed team;  // (an ATen operator's threads)
     const auto& handle = *found.handle;
     const auto& schema = handle.schema();
     TORCH_CHECK(static_cast<size_t>(nargs) == schema.arguments().size(), "kiln runtime: ", schema.name(), " takes ",
