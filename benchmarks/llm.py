@@ -33,7 +33,7 @@ from torch import nn
 
 from benchmarks.llm_modes import LLM_MODELS, LLM_MODES, LlmMode, NotAvailable
 from benchmarks.machine import OthersClock
-from benchmarks.roofline import (ROUND_PROBE_PASSES, StepBytes, decode_step_bytes, linear_names, probe_buffer,
+from benchmarks.roofline import (ROUND_PROBE_PASSES, StepBytes, decode_step_bytes, linear_names, probe_ready,
                                  probes_agree, read_bandwidth)
 from benchmarks.rounds import rotated
 
@@ -434,10 +434,8 @@ def run_llm_suite(settings: LlmSettings, progress: TextIO | None = sys.stderr,
     before = torch.get_num_threads()
     try:
         for threads in settings.threads:
-            # The probes' buffer is made before the clock starts: the kernel zeroes its 1 GiB of 2
-            # MB pages in its own threads, not this process's, which read as "other processes used
-            # 41 % of the CPUs" on an idle 2-core Intel Xeon (0.8 % over a probe of a made buffer).
-            buffer = probe_buffer()
+            # The probes' buffer is made and their C++ built before the clock starts (probe_ready).
+            buffer = probe_ready()
             clock = OthersClock()
             run.probed(threads, read_bandwidth(threads, buffer=buffer))
             run.bandwidth_others[threads] = clock.share()

@@ -29,7 +29,7 @@ def quiet_machine(monkeypatch, tmp_path):
     # Reading 1 GiB several times is the machine's business, not these tests'; kiln's compiled
     # graphs go to a cache of the test's own.
     monkeypatch.setattr(benchmarks.llm, "read_bandwidth", lambda threads=None, **how: 10.0)
-    monkeypatch.setattr(benchmarks.llm, "probe_buffer", lambda: None)
+    monkeypatch.setattr(benchmarks.llm, "probe_ready", lambda: None)
     with kiln.config.patch({"cache.dir": str(tmp_path / "cache")}):
         yield
 
@@ -298,10 +298,10 @@ def test_each_call_is_bracketed_by_probes_and_rounds_whose_probes_disagree_are_l
 
 
 def test_the_probes_buffer_is_made_before_the_others_clock_starts(monkeypatch):
-    # The kernel zeroes the probe's 1 GiB in its own threads: inside the clock, that read as
-    # "other processes used 41 % of the CPUs" on an idle 2-core Intel Xeon.
+    # The line reader's C++ compiles in other processes: inside the clock, that read as "other
+    # processes used 41-48 % of the CPUs" on an idle 2-core Intel Xeon.
     events, made, buffers = [], object(), []
-    monkeypatch.setattr(benchmarks.llm, "probe_buffer", lambda: events.append("buffer") or made)
+    monkeypatch.setattr(benchmarks.llm, "probe_ready", lambda: events.append("buffer") or made)
 
     class Clock:
         def __init__(self) -> None:
@@ -323,6 +323,13 @@ def test_a_result_written_before_the_after_probes_keeps_its_roofline():
     old = LlmResult("m", 1, "kiln", 2, "ok", decode_s=0.1, step_bytes=step, decode_rounds_s=[0.1, 0.05],
                     probes_gbps=[20.0, 40.0])
     assert old.bracketed_rounds() == [True, True] and old.roofline == pytest.approx(0.5)
+
+
+def test_a_ready_probe_has_its_line_reader_built(monkeypatch):
+    built = []
+    monkeypatch.setattr(roofline, "lines_read", lambda buffer: built.append(buffer) or (lambda: None))
+    buffer = roofline.probe_ready(1 << 20)
+    assert len(built) == 1 and built[0] is buffer and buffer.numel() * 4 == 1 << 20
 
 
 def test_the_read_bandwidth_probe_reads_a_buffer():
