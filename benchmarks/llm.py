@@ -36,6 +36,7 @@ from benchmarks.machine import OthersClock
 from benchmarks.roofline import (ROUND_PROBE_PASSES, StepBytes, decode_step_bytes, linear_names, probe_ready,
                                  probes_agree, read_bandwidth)
 from benchmarks.rounds import rotated
+from kiln.native import libkiln
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class LlmResult:
     others_cpu: float | None = None  # share of the CPUs other processes used during the rounds
     fallbacks: list[str] = field(default_factory=list)  # graphs of the mode kiln could not compile (ran eagerly): why
     compiled_in_rounds: int = 0  # graphs kiln or Dynamo compiled during the mode's timed calls (their times include it)
+    team_narrowings: int = 0  # threads kiln's team took off during the mode's timed calls: the cores were busy (kiln_team.cpp)
     prompt_len: int = 0
     new_tokens: int = 0
     decode_rounds_s: list[float] = field(default_factory=list)  # each round's time per decode step
@@ -374,9 +376,10 @@ def _rounds(runners: list[_Runner], prompt: torch.Tensor, options: dict[str, Any
         gbps = probe() if probe is not None else None
         for r in range(rounds):
             for runner in rotated(runners, r):
-                before = compiles.total()
+                before, narrowed = compiles.total(), libkiln.team_narrowings()
                 tokens = _run(runner, prompt, options, f"round {r + 1}")
                 runner.result.compiled_in_rounds += compiles.total() - before
+                runner.result.team_narrowings += libkiln.team_narrowings() - narrowed
                 after = probe() if probe is not None else None
                 if tokens is None:
                     runners.remove(runner)

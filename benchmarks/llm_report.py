@@ -46,9 +46,10 @@ def note(r: LlmResult) -> str:
         return fallen(r)
     if r.compiled_in_rounds:
         return compiled_while_timed(r)
+    busy = [f"kiln's team narrowed {r.team_narrowings}x (busy cores)"] if r.team_narrowings else []
     if (r.others_cpu or 0) > 0.05:
-        return f"others used {r.others_cpu:.0%} of the CPUs"
-    return ""
+        busy.append(f"others used {r.others_cpu:.0%} of the CPUs")
+    return "; ".join(busy)
 
 
 def versus_peer(r: LlmResult, results: list[LlmResult]) -> float | None:

@@ -104,6 +104,12 @@ def apply_settings() -> None:
         _hand_over_settings(library())
 
 
+def team_narrowings() -> int:
+    """Times kiln's team has taken a thread off since the process began, the cores being busy
+    (src/kiln_team.cpp; 0 where this process has not loaded the runtime)."""
+    return library().kiln_team_narrowings() if library.cache_info().currsize else 0
+
+
 def packed_bytes(weight: torch.Tensor) -> int:
     """Bytes of the packed forms kiln's runtime holds for `weight` (0 when this process has not
     loaded the runtime: then it holds none)."""

@@ -466,3 +466,22 @@ def test_the_compile_count_counts_dynamos_frames_and_kilns_entries():
     from kiln.capture.cache import OBSERVERS
 
     assert compiles._observe not in OBSERVERS
+
+
+def test_a_row_says_when_kilns_team_narrowed_and_the_json_keeps_it():
+    from benchmarks.llm_report import note
+
+    r = LlmResult("m", 1, "kiln-int4", 2, "ok", decode_s=0.01, team_narrowings=3, others_cpu=0.3)
+    assert note(r) == "kiln's team narrowed 3x (busy cores); others used 30% of the CPUs"
+    assert LlmResult.from_json(json.loads(json.dumps(r.to_json()))).team_narrowings == 3
+    assert note(LlmResult("m", 1, "kiln", 2, "ok", decode_s=0.01)) == ""
+
+
+def test_the_rounds_count_kilns_narrowings_per_mode(monkeypatch):
+    counts = iter(range(100))
+    monkeypatch.setattr(benchmarks.llm.libkiln, "team_narrowings", lambda: next(counts) * 2)  # +2 a call
+    settings = LlmSettings(models=("llama-tiny",), modes=("eager",), batches=(1,), threads=(1,), prompt_len=8,
+                           new_tokens=4, rounds=2, warmup=1)
+    base = llm_modes.LLM_MODELS["llama-tiny"].build()
+    (result,) = measure_group(base, "llama-tiny", 1, 1, [llm_modes.LLM_MODES["eager"]], settings)
+    assert result.team_narrowings == 4  # two rounds, 2 each
