@@ -1,5 +1,5 @@
 """The team of threads kiln's parallel regions ask for (src/kiln_team.cpp, runtime.adaptive_team):
-OpenMP's count, less a thread for each pair of busy checks in a row (the calling thread waiting
+OpenMP's count, less a thread for each IN_A_ROW busy checks in a row (the calling thread waiting
 for a core), one given back after a hold that doubles with each busy try. The policy replayed over
 made-up checks; the runtime narrowing beside real busy processes; a compiled graph's kernels and
 kiln's GEMM asking the runtime; the setting off leaving OpenMP's count."""
@@ -20,6 +20,7 @@ from kiln.native import libkiln
 
 MS = 1_000_000  # ns
 CHECK, HOLD, LONGEST = 20 * MS, 250 * MS, 4000 * MS  # (kiln_team.cpp's constants)
+IN_A_ROW = 3  # busy checks that take a thread off (BUSY_CHECKS)
 
 
 @pytest.fixture
@@ -45,21 +46,26 @@ def _every_check(busy: list[bool], start: int = 0) -> list[tuple[int, bool]]:
 
 def test_quiet_checks_and_single_blips_leave_the_team_whole(runtime):
     assert _replay(runtime, _every_check([False] * 50), full=2) == [0] * 50
-    # A lone busy check (a daemon woke) is not enough; two in a row are.
-    assert _replay(runtime, _every_check([True, False, True, False, True, False]), full=2) == [0] * 6
-    assert _replay(runtime, _every_check([False, True, True]), full=2) == [0, 0, 1]
+    # Busy checks fewer than IN_A_ROW in a row (a daemon woke) are not enough; IN_A_ROW are.
+    blips = ([True] * (IN_A_ROW - 1) + [False]) * 4
+    assert _replay(runtime, _every_check(blips), full=2) == [0] * len(blips)
+    assert _replay(runtime, _every_check([False] + [True] * IN_A_ROW), full=2) == [0] * IN_A_ROW + [1]
 
 
 def test_the_cut_stops_at_one_thread_and_follows_a_smaller_count(runtime):
-    cuts = _replay(runtime, _every_check([True] * 12), full=4)
-    assert cuts == [0, 1, 1, 2, 2, 3, 3, 3, 3, 3, 3, 3]  # a thread per two busy checks, down to one left
-    assert _replay(runtime, _every_check([True] * 6), full=1) == [0] * 6  # nothing to take from one thread
+    checks = 4 * IN_A_ROW
+    cuts = _replay(runtime, _every_check([True] * checks), full=4)
+    assert cuts == [min(3, (i + 1) // IN_A_ROW) for i in range(checks)]  # a thread per IN_A_ROW, one left
+    assert _replay(runtime, _every_check([True] * checks), full=1) == [0] * checks  # nothing to take from one
+
+
+def _narrowed() -> tuple[list[tuple[int, bool]], list[int], int]:
+    """(checks, cuts, time of the last): busy checks in a row that cut one thread."""
+    return _every_check([True] * IN_A_ROW), [0] * (IN_A_ROW - 1) + [1], (IN_A_ROW - 1) * CHECK
 
 
 def test_a_narrowed_team_tries_a_thread_again_after_a_hold_that_doubles_while_busy(runtime):
-    checks = _every_check([True, True])  # cut to one thread at 20 ms
-    t = CHECK
-    expected = [0, 1]
+    checks, expected, t = _narrowed()
 
     def check(at: int, busy: bool, cut: int) -> None:
         checks.append((at, busy))
@@ -77,15 +83,16 @@ def test_a_narrowed_team_tries_a_thread_again_after_a_hold_that_doubles_while_bu
     check(t + 4 * HOLD, False, 0)
     check(t + 4 * HOLD + CHECK, False, 0)  # the try held: the hold back to its first length
     t = t + 4 * HOLD + CHECK
-    check(t + CHECK, True, 0)
-    check(t + 2 * CHECK, True, 1)
-    t += 2 * CHECK
+    for i in range(1, IN_A_ROW + 1):
+        check(t + i * CHECK, True, int(i == IN_A_ROW))
+    t += IN_A_ROW * CHECK
     check(t + HOLD, False, 0)
     assert _replay(runtime, checks, full=2) == expected
 
 
 def test_the_hold_grows_no_longer_than_its_limit(runtime):
-    checks, t, hold = _every_check([True, True]), CHECK, HOLD
+    checks, _, t = _narrowed()
+    hold = HOLD
     for _ in range(8):  # every try busy
         t += hold
         checks += [(t, False), (t + CHECK, True)]

@@ -3,12 +3,18 @@
 //
 // What it reacts to is the kernel's own account of waiting: the share of its time the calling
 // thread spent ready to run with no core free (the run delay, /proc/thread-self/schedstat's second
-// field), read once per CHECK_NS. Measured on 2-core VMs (a model of a decode step: 200 regions of
-// 40 us on 2 threads): 0.000 quiet; 0.49 beside one busy process, each step 50-90x longer; 0.01
-// beside it at 1 thread, as fast as 1 thread quiet. Two busy checks in a row take one thread off
-// the team; a narrowed team tries one more after a hold, which doubles each time the try is busy,
-// so that beside a process that stays the tries cost ~1 % (CHECK_NS of slow regions a
-// LONGEST_HOLD_NS).
+// field), read once per CHECK_NS. Measured on the 2-core Intel Xeon (a model of a decode step:
+// regions of 40 us on 2 threads, 20-ms intervals): quiet, a median of 0.000, but 2 % of the
+// intervals over 0.2 (a kernel thread's or another process's wake-up: kiln's llm suite narrowed a
+// few times a run at 0.1 and two in a row); beside one busy process a median of 0.49 (89 % of the
+// intervals over 0.2), each step 50-90x longer; at 1 thread beside it 0.000 (none over 0.2), as
+// fast as 1 thread quiet. Three busy checks in a row take one thread off the team; a narrowed team
+// tries one more after a hold, which doubles each time the try is busy, so that beside a process
+// that stays the tries cost ~1 % (CHECK_NS of slow regions a LONGEST_HOLD_NS).
+//
+// The signal is the calling thread's own wait: on a machine of many cores, one busy process delays
+// each of a full team's threads by ~1/(cores + 1) of the time, under BUSY, and is not seen (not
+// measured: the development VMs have 2 cores).
 //
 // Nothing here changes OpenMP's settings for the process: the count is passed to kiln's own
 // regions' `num_threads` clause, and the ATen calls kiln makes run under `Narrowed` (the calling
@@ -28,8 +34,8 @@
 
 namespace kiln_team {
 
-constexpr double BUSY = 0.1;                          // run delay over the interval, a share of it
-constexpr int BUSY_CHECKS = 2;                        // in a row take a thread off (one is a daemon's blip)
+constexpr double BUSY = 0.25;                         // run delay over the interval, a share of it
+constexpr int BUSY_CHECKS = 3;                        // in a row take a thread off (fewer: a daemon's blips)
 constexpr int64_t CHECK_NS = 20'000'000;              // a few scheduler slices
 constexpr int64_t HOLD_NS = 250'000'000;              // before a narrowed team tries one more thread
 constexpr int64_t LONGEST_HOLD_NS = 4'000'000'000;    // the hold, doubled by each busy try, at most
