@@ -81,6 +81,14 @@ static std::atomic<int64_t> narrowings{0};
 static std::atomic<int64_t> asks{0};  // (regions that asked: tests see the kernels' libraries find the runtime)
 static Policy policy;  // (guarded by `checking`)
 
+// f() with the policy to itself: waits for a check under way (a setting or a test changing it).
+template <typename F> static void with_policy(F&& f) {
+  while (checking.exchange(true, std::memory_order_acquire)) {
+  }
+  f();
+  checking.store(false, std::memory_order_release);
+}
+
 static int64_t clock_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -180,12 +188,11 @@ KILN_API void kiln_set_adaptive_team(int on) {
   using namespace kiln_team;
   const bool wanted = on != 0 && run_delay_ns() >= 0;
   if (wanted == enabled.load()) return;  // (each frozen program hands its settings over)
-  while (checking.exchange(true, std::memory_order_acquire)) {
-  }
-  policy = Policy();
-  cut_now.store(0);
-  enabled.store(wanted);
-  checking.store(false, std::memory_order_release);
+  with_policy([&] {
+    policy = Policy();
+    cut_now.store(0);
+    enabled.store(wanted);
+  });
 }
 
 // Threads taken off OpenMP's count now; how many times one was taken, and how many regions asked
@@ -197,12 +204,11 @@ KILN_API int64_t kiln_team_asks(void) { return kiln_team::asks.load(); }
 // (tests) `cut` threads taken off as busy checks would, the next try a hold away.
 KILN_API void kiln_team_force_cut(int cut) {
   using namespace kiln_team;
-  while (checking.exchange(true, std::memory_order_acquire)) {
-  }
-  policy.cut = cut;
-  policy.retry_at = clock_ns() + policy.hold;
-  cut_now.store(cut);
-  checking.store(false, std::memory_order_release);
+  with_policy([&] {
+    policy.cut = cut;
+    policy.retry_at = clock_ns() + policy.hold;
+    cut_now.store(cut);
+  });
 }
 
 // (tests) The policy's cut after each of `n` checks at times `now` (ns), busy or not, of a
