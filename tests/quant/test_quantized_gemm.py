@@ -6,6 +6,8 @@ narrower ISAs built here."""
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
@@ -450,6 +452,33 @@ def test_a_wrong_dequantization_is_caught():
         _check(kernels.mm_quant(a, packed, n, 4, 32), _reference(a, w, None, "none", (), None, None), k)
 
 
+@pytest.mark.parametrize("bits,group", [(4, 64), (8, 0)], ids=["int4", "int8"])
+@pytest.mark.parametrize("m", [1, 3])
+def test_a_wide_row_streamed_to_c_matches(m, bits, group):
+    """A decode step's wide row (32 KB of float32 and more: kiln_gemm.h `stream_row_output`) is
+    stored with streaming stores: every epilogue, a last panel of fewer columns, one row's columns
+    past its last whole vector; C whose rows or start are not whole vectors apart (stored the plain
+    way): the same bits."""
+    k, n = 192, 8192 + 32 + (5 if m == 1 else 0)  # (rows of whole vectors: 8224 = 171.3 panels of 48)
+    q, s, z, w = _quantized(n, k, bits, group, seed=m + 1)
+    packed = kernels.quant_pack(q, s, z, bits, group, k)
+    g = torch.Generator().manual_seed(m)
+    a, bias, residual = torch.randn(m, k, generator=g), torch.randn(n, generator=g), torch.randn(m, n, generator=g)
+    carried = _carried(a, bits, m, group)
+    for unary, scalars, algorithm in EPILOGUES[:4]:
+        for b, r in [(None, None), (bias, residual)]:
+            out = kernels.mm_quant(a, packed, n, bits, group, b, unary, scalars, r, algorithm)
+            _check(out, _reference(carried, w, b, unary, scalars, algorithm, r), k)
+    # The same rows 3 floats past an aligned start, 16 floats apart beyond their end.
+    lib = kernels.library()
+    wide = torch.zeros(m, n + 16)
+    out = kernels.mm_quant(a, packed, n, bits, group, bias)
+    post = kernels.epilogue(bias, "none", (), None, None, torch.float32)
+    lib.kiln_gemm_quant_f32(bits, m, n, k, k if bits == 8 else group, a.data_ptr(), k, packed.data_ptr(),
+                            wide[:, 3:].data_ptr(), n + 16, ctypes.byref(post), kernels.K_BLOCK)
+    assert torch.equal(wide[:, 3:3 + n], out)
+
+
 @pytest.mark.parametrize("flags", [["-march=x86-64-v3"], ["-march=x86-64-v3", "-mavxvnni"], ["-march=x86-64-v2"]],
                          ids=["avx2", "avx2-vnni", "sse4"])
 def test_other_isas(flags, tmp_path):
@@ -467,7 +496,7 @@ def test_other_isas(flags, tmp_path):
     # pairs would saturate AVX2's 16 bits at 127); none without a dot product.
     assert [kernels.quant_digits(bits, lib) for bits in (4, 8)] == ([2, 3] if dot4 else [0, 0])
     for (m, k, n), (bits, group) in [((1, 77, 50), (8, 0)), ((1, 77, 300), (8, 0)), ((3, 130, 33), (4, 32)),
-                                     ((9, 65, 20), (4, 64))]:
+                                     ((9, 65, 20), (4, 64)), ((1, 72, 8200), (4, 8))]:  # (the last: a streamed row)
         q, s, z, w = _quantized(n, k, bits, group, seed=k)
         a, bias = torch.randn(m, k), torch.randn(n)
         packed = kernels.quant_pack(q, s, z, bits, group, k, lib=lib)

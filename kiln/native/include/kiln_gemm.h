@@ -178,14 +178,15 @@ static inline V load_n(const void* p, bool bf16, int n) {
   return n == L ? kiln::load(q) : kiln::lanes<float>([&](int l) { return l < n ? q[l] : 0.0f; });
 }
 
-static inline void store_n(void* p, bool bf16, V y, int n) {
+static inline void store_n(void* p, bool bf16, V y, int n, bool stream = false) {
   if (bf16) {
     kiln_bf16* q = static_cast<kiln_bf16*>(p);
     if (n == L) kiln::store_bf16(q, y);
     else for (int l = 0; l < n; ++l) q[l] = kiln_bf16(y[l]);
   } else {
     float* q = static_cast<float*>(p);
-    if (n == L) kiln::store(q, y);
+    if (n == L && stream) kiln::store_stream(q, y);
+    else if (n == L) kiln::store(q, y);
     else for (int l = 0; l < n; ++l) q[l] = y[l];
   }
 }
@@ -206,10 +207,11 @@ template <int U> static inline V residual_and_op(V y, const void* residual, int 
 
 // Store `rows` x `cols` of the accumulator block at C[i0, j0] (cols <= NR), each vector through
 // the epilogue on the last K block (as float32 partial sums before it): a ragged edge or a
-// bfloat16 C (tile stores the other blocks).
+// bfloat16 C (tile stores the other blocks). `stream`: whole float32 vectors with streaming
+// stores (stream_row_output's C).
 template <int R>
 static inline void store_block(V (&acc)[R][NV], int rows, int cols, int64_t i0, int64_t j0, void* c, int64_t ldc,
-                               const Epilogue* e, bool last) {
+                               const Epilogue* e, bool last, bool stream = false) {
   const bool out_bf16 = last && e && e->out_bf16;
   for (int r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;
@@ -223,9 +225,28 @@ static inline void store_block(V (&acc)[R][NV], int rows, int cols, int64_t i0, 
         const void* residual = e->residual ? at(e->residual, e->residual_bf16, i * e->ld_residual + j) : nullptr;
         with_unary(e->unary, [&](auto op) { y = residual_and_op<decltype(op)::value>(y, residual, n, *e); });
       }
-      store_n(const_cast<void*>(at(c, out_bf16, i * ldc + j)), out_bf16, y, n);
+      store_n(const_cast<void*>(at(c, out_bf16, i * ldc + j)), out_bf16, y, n, stream);
     }
   }
+}
+
+// Whether a product of a decode step's few rows stores its C (N float32 columns a row) with
+// streaming stores (store_block's `stream`; the thread fences them before the region's barrier,
+// kiln::store_stream_fence). A wide row's lines, written as the weights stream past, were read
+// from memory first and went back dirty among the weights' lines: an Intel Xeon with AMX (family
+// 6 model 167, 2 threads, int4 weights from DRAM on 2 MB pages, 20-40 interleaved rounds):
+// Qwen2-0.5B's LM head (1 x 896 x 151936) 2474 -> 2313 us, its gate/up (1 x 896 x 9728) 150.1 ->
+// 144.4 us, the same reads of the packs' bytes alone 2119 and 133 us; narrower rows (1152, 896
+// columns) unchanged. Not where C is read again (a row norm's pass) or is bfloat16.
+// KILN_STREAM_ROW_BYTES (0: never) times another width.
+#ifdef KILN_STREAM_ROW_BYTES
+constexpr int64_t STREAM_ROW_BYTES = KILN_STREAM_ROW_BYTES;
+#else
+constexpr int64_t STREAM_ROW_BYTES = int64_t(32) << 10;
+#endif
+static inline bool stream_row_output(int64_t M, int64_t N, const void* c, int64_t ldc, const Epilogue* e) {
+  return STREAM_ROW_BYTES > 0 && N * int64_t(sizeof(float)) >= STREAM_ROW_BYTES && !(e && (e->out_bf16 || e->row_norm)) &&
+         (M == 1 || ldc % L == 0) && reinterpret_cast<uintptr_t>(c) % KILN_VEC_BYTES == 0;
 }
 
 // The B panel's rows this many steps ahead are asked into L1 (the panel's K block lives in L2:

@@ -889,7 +889,7 @@ static inline void add_group_sums(const QuantPanels<BITS>& src, const int64_t* a
 // The float sums of `rows` rows (from r0) of panels at[0 .. S) to C, int8's column scales first.
 template <int BITS, int S, int R>
 static inline void store_digit_rows(const QuantPanels<BITS>& src, const int64_t* at, int rows, int64_t r0,
-                                    V (&acc)[S][R][NV], void* c, int64_t ldc, const Epilogue* e) {
+                                    V (&acc)[S][R][NV], void* c, int64_t ldc, const Epilogue* e, bool stream = false) {
   for (int s = 0; s < S; ++s) {
     if constexpr (BITS == 8)
 #pragma GCC unroll 8
@@ -897,13 +897,13 @@ static inline void store_digit_rows(const QuantPanels<BITS>& src, const int64_t*
         const V scale = src.scale(at[s], 0, v);
         for (int r = 0; r < R; ++r) acc[s][r][v] *= scale;
       }
-    store_block<R>(acc[s], rows, int(std::min<int64_t>(NR, src.z.N - at[s] * NR)), r0, at[s] * NR, c, ldc, e, true);
+    store_block<R>(acc[s], rows, int(std::min<int64_t>(NR, src.z.N - at[s] * NR)), r0, at[s] * NR, c, ldc, e, true, stream);
   }
 }
 
 template <int BITS, int S, int R, int D, int64_t AHEAD = INT4_PREFETCH_WORDS, int64_t NEAR = 0>
 static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, int rows, const Int8Rows& x, void* c,
-                               int64_t ldc, const Epilogue* e, int64_t r0 = 0) {
+                               int64_t ldc, const Epilogue* e, int64_t r0 = 0, bool stream = false) {
   const uint8_t* q[S];
   for (int s = 0; s < S; ++s) q[s] = src.panel(at[s]);
   constexpr int K_PER_UNIT = BITS == 4 ? 8 : 4;
@@ -950,7 +950,7 @@ static inline void digits_tile(const QuantPanels<BITS>& src, const int64_t* at, 
       return SETS == 2 ? sum[0][d][s][r][v] + sum[SETS - 1][d][s][r][v] : sum[0][d][s][r][v];
     }, acc);
   }
-  store_digit_rows<BITS, S, R>(src, at, rows, r0, acc, c, ldc, e);
+  store_digit_rows<BITS, S, R>(src, at, rows, r0, acc, c, ldc, e, stream);
 }
 
 // Whether int8 weights at one row on 2 MB pages (one stream a thread, below) are also asked for
@@ -995,6 +995,7 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
   const bool worth_threads = panels > 1 && 2 * M * src.z.N * src.z.K >= (int64_t(1) << 18);
   const int team = worth_threads && !omp_in_parallel() ? kiln::team() : 1;
   SharedPanels shared(panels, team);
+  const bool stream = stream_row_output(M, src.z.N, c, ldc, e);
   parallel_team(worth_threads, [&](int threads, int thread) {
     const Int8Rows x = split();
     int64_t p0, p1;
@@ -1018,15 +1019,15 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
       const bool far = BITS == 4 || int8_far_prefetch();
       shared.take_all(thread, [&](int64_t q0, int64_t q1) {
         panel_runs<1>(q0, q1, [&](auto count, const int64_t* at) {
-          if (far) digits_tile<BITS, decltype(count)::value, 1, D>(src, at, 1, x, c, ldc, e);
-          else if constexpr (BITS == 8) digits_tile<BITS, decltype(count)::value, 1, D, 0>(src, at, 1, x, c, ldc, e);  // (int4 never)
+          if (far) digits_tile<BITS, decltype(count)::value, 1, D>(src, at, 1, x, c, ldc, e, 0, stream);
+          else if constexpr (BITS == 8) digits_tile<BITS, decltype(count)::value, 1, D, 0>(src, at, 1, x, c, ldc, e, 0, stream);  // (int4 never)
         });
       });
     } else if (M == 1) {
       // Runs of 4 panels with one digit (as int4_row), 2 with more: their sums fill the registers.
       panel_runs<D == 1 ? INT4_RUNS : DIGIT_RUNS>(p0, p1, [&](auto count, const int64_t* at) {
         digits_tile<BITS, decltype(count)::value, 1, D, D == 1 ? INT4_PREFETCH_WORDS : RUNS_PREFETCH_UNITS,
-                    D == 1 ? 0 : NEAR_UNITS>(src, at, 1, x, c, ldc, e);
+                    D == 1 ? 0 : NEAR_UNITS>(src, at, 1, x, c, ldc, e, 0, stream);
       });
     } else {
       for (int64_t p = p0; p < p1; ++p) {
@@ -1034,17 +1035,18 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
           // Three digits of four rows keep 36 sets of sums, more than the registers: two rows at a
           // time, the panel's words read again from L1 (768x2304 from L2, 2 threads of the Intel
           // Xeon: 70 -> 58 us; at three rows, 2 + 1 measured the same as 3).
-          digits_tile<BITS, 1, 2, D>(src, &p, 2, x, c, ldc, e);
-          digits_tile<BITS, 1, 2, D>(src, &p, 2, x, c, ldc, e, 2);
+          digits_tile<BITS, 1, 2, D>(src, &p, 2, x, c, ldc, e, 0, stream);
+          digits_tile<BITS, 1, 2, D>(src, &p, 2, x, c, ldc, e, 2, stream);
           continue;
         }
         switch (M) {
-          case 2: digits_tile<BITS, 1, 2, D>(src, &p, 2, x, c, ldc, e); break;
-          case 3: digits_tile<BITS, 1, 3, D>(src, &p, 3, x, c, ldc, e); break;
-          default: digits_tile<BITS, 1, 4, D>(src, &p, int(M), x, c, ldc, e); break;
+          case 2: digits_tile<BITS, 1, 2, D>(src, &p, 2, x, c, ldc, e, 0, stream); break;
+          case 3: digits_tile<BITS, 1, 3, D>(src, &p, 3, x, c, ldc, e, 0, stream); break;
+          default: digits_tile<BITS, 1, 4, D>(src, &p, int(M), x, c, ldc, e, 0, stream); break;
         }
       }
     }
+    if (stream) kiln::store_stream_fence();
   }, shared.threads());
   normalize_rows(M, src.z.N, c, ldc, e);
 }
