@@ -130,14 +130,15 @@ def test_k_blocks_partial_sums_and_strided_rows(n):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("panels", [1, 3, 8, 9, 16, 17, 23, 40])
+@pytest.mark.parametrize("panels", [1, 3, 8, 9, 16, 17, 23, 40, 172])
 def test_one_row_products_read_runs_of_panels(panels, threads, dtype):
     """M = 1 (a decode step's GEMV): each thread cuts its panels into GEMV_STREAMS runs and reads
     the next panel of every run at once (kiln_gemm.h `gemv`; bfloat16 in pairs of k where the CPU
     has them). Panel counts that leave runs of unequal length, fewer panels than runs, a ragged
     last panel; every epilogue; an odd K. Over panels on 2 MB pages the runtime asks for 2 runs
     (kiln_gemm_set_huge_page_packs, AMD's reading; kiln_gemm_set_near_gemv, Intel's: 2 runs asked
-    for into L1): the same bits, each panel's sums taken in the same order."""
+    for into L1): the same bits, each panel's sums taken in the same order. 172 panels: a float32
+    row of 32 KB and more, stored with streaming stores (`stream_row_output`)."""
     n, k = 48 * panels - 5, 133
     a, b, bias, residual = _operands(1, k, n, dtype, seed=panels)
     packed = kernels.pack(b)

@@ -1114,11 +1114,12 @@ static void shared_panels_take(int64_t panels, int threads, int team, bool late,
 }
 
 // Row 0 of C over panel `p` from its accumulators, through the epilogue.
-static inline void store_row(const V (&acc)[NV], int64_t N, int64_t p, void* c, int64_t ldc, const Epilogue* e) {
+static inline void store_row(const V (&acc)[NV], int64_t N, int64_t p, void* c, int64_t ldc, const Epilogue* e,
+                             bool stream = false) {
   V one[1][NV];
 #pragma GCC unroll 8
   for (int v = 0; v < NV; ++v) one[0][v] = acc[v];
-  store_block<1>(one, 1, int(std::min<int64_t>(NR, N - p * NR)), 0, p * NR, c, ldc, e, true);
+  store_block<1>(one, 1, int(std::min<int64_t>(NR, N - p * NR)), 0, p * NR, c, ldc, e, true, stream);
 }
 
 #if defined(__AVX512BF16__) && KILN_VEC_BYTES == 64
@@ -1180,14 +1181,14 @@ constexpr int NEAR_RUNS = 2, NEAR_ROWS = 4;
 // Panels [p0, p1) of a one-row product (float32, or bfloat16 in pairs), read in runs (panel_runs).
 template <typename T>
 static inline void gemv(int64_t N, int64_t K, const T* a, const T* bp, int64_t rows, void* c, int64_t ldc,
-                        const Epilogue* e, int64_t p0, int64_t p1) {
+                        const Epilogue* e, int64_t p0, int64_t p1, bool stream = false) {
   auto run = [&](auto count, auto near, const int64_t* at) {
     constexpr int S = decltype(count)::value;
     const T* panels[S];
     for (int s = 0; s < S; ++s) panels[s] = bp + at[s] * rows * NR;
     V acc[S][NV];
     gemv_panels<S, decltype(near)::value>(K, a, panels, acc);
-    for (int s = 0; s < S; ++s) store_row(acc[s], N, at[s], c, ldc, e);
+    for (int s = 0; s < S; ++s) store_row(acc[s], N, at[s], c, ldc, e, stream);
   };
   auto plain = [&](auto count, const int64_t* at) { run(count, std::integral_constant<int, 0>{}, at); };
   if (huge_page_packs.load(std::memory_order_relaxed)) {
@@ -1272,7 +1273,9 @@ static void gemm_from(int64_t M, int64_t N, int64_t K, const T* a, int64_t lda, 
     const int64_t pass = std::max<int64_t>(1, (int64_t(1) << 20) / (MR * kc * int64_t(sizeof(T))));
     if constexpr ((std::is_same_v<T, float> || in_pairs<T>) && std::is_same_v<Src, Panels<T>>) {
       if (M == 1) {
-        gemv(N, K, a, src.bp, src.rows, c, ldc, e, p0, p1);
+        const bool row_stream = stream_row_output(1, N, c, ldc, e);
+        gemv(N, K, a, src.bp, src.rows, c, ldc, e, p0, p1, row_stream);
+        if (row_stream) kiln::store_stream_fence();
         goto rows_done;
       }
     }
