@@ -234,11 +234,12 @@ static inline void store_block(V (&acc)[R][NV], int rows, int cols, int64_t i0, 
 // streaming stores (store_block's `stream`; the thread fences them before the region's barrier,
 // kiln::store_stream_fence). A wide row's lines, written as the weights stream past, were read
 // from memory first and went back dirty among the weights' lines: an Intel Xeon with AMX (family
-// 6 model 167, 2 threads, int4 weights from DRAM on 2 MB pages, 20-40 interleaved rounds):
-// Qwen2-0.5B's LM head (1 x 896 x 151936) 2474 -> 2313 us, its gate/up (1 x 896 x 9728) 150.1 ->
-// 144.4 us, the same reads of the packs' bytes alone 2119 and 133 us; narrower rows (1152, 896
-// columns) unchanged. Not where C is read again (a row norm's pass) or is bfloat16.
-// KILN_STREAM_ROW_BYTES (0: never) times another width.
+// 6 model 167, 2 threads, int4 weights from DRAM on 2 MB pages, 16-40 interleaved rounds):
+// Qwen2-0.5B's LM head (1 x 896 x 151936) 2333.8 -> 2215.1 us, its gate/up (1 x 896 x 9728)
+// 154.4 -> 147.8 us (a plain read of the packs' bytes: ~2119 and ~133 us); narrower rows (1152,
+// 896 columns) unchanged; float32's (gemv) within noise (1.005x the step's time without). Not
+// where C is read again (a row norm's pass) or is bfloat16. KILN_STREAM_ROW_BYTES (0: never)
+// times another width (docs/gemm.md).
 #ifdef KILN_STREAM_ROW_BYTES
 constexpr int64_t STREAM_ROW_BYTES = KILN_STREAM_ROW_BYTES;
 #else
