@@ -58,7 +58,7 @@ class Epilogue(ctypes.Structure):
                 ("residual_before_unary", ctypes.c_int32), ("row_norm", ctypes.c_int32), ("norm_eps", ctypes.c_float),
                 ("norm_weight", ctypes.c_void_p), ("norm_bias", ctypes.c_void_p), ("norm_out", ctypes.c_void_p),
                 ("ld_norm_out", ctypes.c_int64), ("norm_out_bf16", ctypes.c_int32), ("sum_out", ctypes.c_void_p),
-                ("ld_sum_out", ctypes.c_int64)]
+                ("ld_sum_out", ctypes.c_int64), ("gated_width", ctypes.c_int64)]
 
 
 @functools.cache
@@ -83,6 +83,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     i32 = ctypes.c_int32
     lib.kiln_gemm_quant_packed_bytes.restype = i64
     lib.kiln_gemm_quant_packed_bytes.argtypes = [i32, i64, i64, i64]
+    lib.kiln_gemm_panel_columns.restype = i64
     lib.kiln_gemm_quant_pack.argtypes = [i32, i64, i64, i64, ptr, ptr, ptr, ptr]
     lib.kiln_gemm_quant_f32.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
     lib.kiln_gemm_quant_bf16_math.argtypes = [i32, i64, i64, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
@@ -205,6 +206,20 @@ def quant_pack(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor 
     return out
 
 
+def gated_halves_width(width: int, lib: ctypes.CDLL | None = None) -> int:
+    """A gated product's half of B's columns: `width` padded to whole panels."""
+    panel = (lib or library()).kiln_gemm_panel_columns()
+    return -(-width // panel) * panel
+
+
+def gated_halves(t: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """A gated product's quantized weight, scales or zeros (the gate's rows, then up's) with each
+    half padded by zero rows to whole panels, as kiln::mm_quant_gated packs them."""
+    width = t.shape[0] // 2
+    pad = t.new_zeros((gated_halves_width(width, lib) - width, *t.shape[1:]))
+    return torch.cat([t[:width], pad, t[width:], pad])
+
+
 # The quantized products' paths at 4 rows or fewer, by kiln_gemm_quant.h's number (`QuantPath`):
 # bf16_pairs is int4's only.
 QUANT_PATHS = ("float32", "bf16_pairs", "int8_digits")
@@ -246,49 +261,59 @@ def mm_quant(a: torch.Tensor, packed: torch.Tensor, n: int, bits: int, group_siz
              bias: torch.Tensor | None = None, unary: str = "none", scalars: list | tuple = (),
              residual: torch.Tensor | None = None, algorithm: str | None = None, row_norm: RowNorm | tuple | None = None,
              lib: ctypes.CDLL | None = None, path: str | None = None,
-             int8_activations: str | None = None, bf16_math: bool = False) -> torch.Tensor:
+             int8_activations: str | None = None, bf16_math: bool = False, gated_width: int = 0) -> torch.Tensor:
     """epilogue(a [M, K] (float32, or bfloat16: a bfloat16 model's, out in bfloat16) @ dequantize(B))
     with B packed by `quant_pack`: the epilogues of `mm`, out in a's dtype. `path` (at 4 rows or fewer, one of QUANT_PATH_NAMES; "amx": 2 to 4 rows on AMX's integer tiles):
     run that path (where the CPU has it; amx the digits' path elsewhere, the others float32) rather than the one this CPU takes by default (`quant_path`).
     `int8_activations` (int4): a's rows quantized to int8 per group first (kiln.quantize's
     activations="int8"), multiplied by the "integer" path where it applies or the "float" one.
     `bf16_math`: in bfloat16 fast math (kiln::mm_quant's impl "kiln_bf16": a prompt's rows on AMX
-    where it is this CPU's bfloat16 product, the weights and a rounded to bfloat16)."""
+    where it is this CPU's bfloat16 product, the weights and a rounded to bfloat16).
+    `gated_width` h: a gated MLP's gate and up (kiln::mm_quant_gated), B's n columns their two
+    halves as `gated_halves` pads them; out [M, h] = unary(gate + bias[:h]) * (up + bias[h:])."""
     lib = lib or library()
     a = a.contiguous()
     M, K = a.shape
     if residual is not None:
         residual = residual.contiguous()
-    out = torch.empty((M, n), dtype=a.dtype)
+    if gated_width and (residual is not None or row_norm is not None or n != 2 * gated_halves_width(gated_width, lib)):
+        raise ValueError("a gated product takes no residual or row norm, over gated_halves' columns")
+    out = torch.empty((M, gated_width or n), dtype=a.dtype)
     post = epilogue(bias, unary, scalars, algorithm, residual, a.dtype)
     if row_norm is not None:
         post = _with_row_norm(post, torch.float32, *RowNorm(*row_norm))
+    if gated_width:
+        made = Epilogue(unary=UNARY_CODES["none"])
+        if post is not None:
+            ctypes.pointer(made)[0] = post  # (a copy: `post` may be a shared, cached struct)
+        made.gated_width, post = gated_width, made
+    ldc = out.shape[1]
     post_ref = ctypes.byref(post) if post is not None else None
     if int8_activations is not None:
         if bits != 4 or int8_activations not in ("integer", "float") or path is not None:
             raise ValueError("int8_activations ('integer' or 'float') applies to int4 weights, without path")
         lib.kiln_gemm_quant_a8_f32(int(int8_activations == "integer"), M, n, K, group_size, a.data_ptr(), K,
-                                   packed.data_ptr(), out.data_ptr(), n, post_ref, K_BLOCK)
+                                   packed.data_ptr(), out.data_ptr(), ldc, post_ref, K_BLOCK)
     elif a.dtype == torch.bfloat16:
         if path is not None or bf16_math or row_norm is not None:
             raise ValueError("bfloat16 rows take the path their own entry takes, without path, bf16_math or row_norm")
         lib.kiln_gemm_quant_bf16_rows(bits, M, n, K, K if bits == 8 else group_size, a.data_ptr(), K,
-                                      packed.data_ptr(), out.data_ptr(), n, post_ref, K_BLOCK)
+                                      packed.data_ptr(), out.data_ptr(), ldc, post_ref, K_BLOCK)
     elif bf16_math:
         if path is not None:
             raise ValueError("bf16_math takes the path bfloat16 fast math takes, without path")
         lib.kiln_gemm_quant_bf16_math(bits, M, n, K, K if bits == 8 else group_size, a.data_ptr(), K,
-                                      packed.data_ptr(), out.data_ptr(), n, post_ref, K_BLOCK)
+                                      packed.data_ptr(), out.data_ptr(), ldc, post_ref, K_BLOCK)
     elif path is None:
         lib.kiln_gemm_quant_f32(bits, M, n, K, K if bits == 8 else group_size, a.data_ptr(), K, packed.data_ptr(),
-                                out.data_ptr(), n, post_ref, K_BLOCK)
+                                out.data_ptr(), ldc, post_ref, K_BLOCK)
     else:
         if M > 4:
             raise ValueError(f"path chooses among the paths at 4 rows or fewer ({', '.join(QUANT_PATH_NAMES)})")
         if path not in QUANT_PATH_NAMES:
             raise ValueError(f"path must be one of {', '.join(QUANT_PATH_NAMES)}, got {path!r}")
         lib.kiln_gemm_quant_path(bits, QUANT_PATH_NAMES.index(path), M, n, K, K if bits == 8 else group_size, a.data_ptr(), K,
-                                 packed.data_ptr(), out.data_ptr(), n, post_ref)
+                                 packed.data_ptr(), out.data_ptr(), ldc, post_ref)
     return out
 
 

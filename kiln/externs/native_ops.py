@@ -42,6 +42,11 @@ def _mm_quant_fake(a, qweight, scales, zeros, bits, group_size, bias, residual, 
     return a.new_empty((*a.shape[:-1], qweight.shape[0]))
 
 
+def _mm_quant_gated_fake(a, qweight, scales, zeros, bits, group_size, bias, unary, scalars, algorithm,
+                         int8_activations=False, impl="kiln"):
+    return a.new_empty((*a.shape[:-1], qweight.shape[0] // 2))
+
+
 def _mm_quant_layer_norm_fake(a, qweight, scales, zeros, bits, group_size, bias, residual, weight, norm_bias, eps,
                               rms=False, int8_activations=False, impl="kiln"):
     return a.new_empty((*a.shape[:-1], qweight.shape[0]))
@@ -92,6 +97,7 @@ def _conv_fake(x, weight, bias, stride, padding, dilation, groups, unary, scalar
 
 # The fake function of each operator the runtime defines, by name in the kiln namespace.
 FAKES: dict[str, Callable] = {"attention": _attention_fake, "mm": _mm_fake, "mm_quant": _mm_quant_fake,
+                              "mm_quant_gated": _mm_quant_gated_fake,
                               "mm_quant_layer_norm": _mm_quant_layer_norm_fake,
                               "mm_quant_add_layer_norm": _mm_quant_add_layer_norm_fake,
                               "post_op": _post_op_fake,

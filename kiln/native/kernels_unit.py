@@ -66,6 +66,8 @@ def _entries() -> str:
     quant_shape = "kiln_gemm::QuantShape{bits, K, N, group}"
     lines += [
         f"int64_t kiln_gemm_quant_packed_bytes(int32_t bits, int64_t K, int64_t N, int64_t group) {{ return {quant_shape}.bytes(); }}",
+        # a panel's columns (a gated product's halves are whole panels: kiln_runtime.cpp mm_quant_gated)
+        "int64_t kiln_gemm_panel_columns() { return kiln_gemm::NR; }",
         "void kiln_gemm_quant_pack(int32_t bits, int64_t K, int64_t N, int64_t group, const uint8_t* q, const float* scales, "
         f"const float* zeros, uint8_t* out) {{ kiln_gemm::pack_quant({quant_shape}, q, scales, zeros, out); }}",
         "void kiln_gemm_quant_f32(int32_t bits, int64_t M, int64_t N, int64_t K, int64_t group, const float* a, int64_t lda, "

@@ -50,11 +50,14 @@ def merge_siblings(gm: fx.GraphModule, constants: ConstantSet, groups: Iterable[
         if not all(_hoist(gm, first, w, constants) for n in siblings[1:] for w in n.all_input_nodes if w in constants):
             continue
         merged = merged_of(first, siblings)
-        start = 0
+        start, parts = 0, []
         for node in siblings:
             width = node.meta["val"].shape[-1]
-            part = insert(gm, first, aten.slice.Tensor, merged, -1, start, start + width)
+            parts.append(insert(gm, first, aten.slice.Tensor, merged, -1, start, start + width))
             start += width
+        # (erased once every slice is in: a node put before an erased one is lost from the graph
+        # when the sibling after that one is erased, where the two were neighbours)
+        for node, part in zip(siblings, parts):
             node.replace_all_uses_with(part)
             gm.graph.erase_node(node)
         logs.log("freezing", "%s: one %s of %d siblings (%d output features)", merged.name, what, len(siblings), start)

@@ -83,14 +83,55 @@ def _quantized_gemms(module: nn.Module, rows: int, dtype: str, group: int | None
     return [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm_quant.default"], program
 
 
+def _gated(program) -> list:
+    return [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm_quant_gated.default"]
+
+
+@pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize("dtype,group", [("int8", None), ("int4", 64)])
-def test_the_compiled_model_runs_kiln_s_quantized_gemm_with_its_epilogues(dtype, group):
-    calls, program = _quantized_gemms(Block(), 5, dtype, group)
-    # gate and up read x: one GEMM over both weights (200 + 200 columns), each a slice of it.
-    assert len(calls) == 3 and _externs(program).count("kiln.mm_quant.default") == 3
-    assert sorted(c.outputs[0].layout.size[-1] for c in calls) == [40, 96, 400]
+def test_the_compiled_model_runs_kiln_s_quantized_gemm_with_its_epilogues(dtype, group, rows):
+    calls, program = _quantized_gemms(Block(), rows, dtype, group)
+    # gate and up read x: one GEMM over both weights (200 + 200 columns) whose store makes
+    # silu(gate) * up (kiln::mm_quant_gated): no kernel after it reads its 400 columns.
+    assert len(calls) == 2 and _externs(program).count("kiln.mm_quant.default") == 2
+    assert sorted(c.outputs[0].layout.size[-1] for c in calls) == [40, 96]
+    (gated,) = _gated(program)
+    assert gated.outputs[0].layout.size[-1] == 200 and gated.args[7] == "swish"
+    assert not program.runtime.schedule.kernels  # (nothing left between the products)
     down = [c for c in calls if c.args[7] is not None]  # down(...) + x: the residual in the down GEMM
     assert len(down) == 1 and down[0].outputs[0].layout.size[-1] == 96
+
+
+class GeluBiasMlp(nn.Module):
+    """A gated MLP with biases and another gate: down(gelu_tanh(gate(x)) * up(x)) (GeGLU, as Gemma's)."""
+
+    def __init__(self, d=96, hidden=100):
+        super().__init__()
+        self.gate, self.up, self.down = nn.Linear(d, hidden), nn.Linear(d, hidden), nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return self.down(self.up(x) * torch.nn.functional.gelu(self.gate(x), approximate="tanh"))
+
+
+class ScaledHalfMlp(GeluBiasMlp):
+    """The second half scaled before its SiLU and the first bare: not unary(first) * second."""
+
+    def forward(self, x):
+        return self.down(self.gate(x) * torch.nn.functional.silu(self.up(x) * 2))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 7])
+def test_a_gated_mlp_with_biases_and_gelu_is_one_product(rows):
+    calls, program = _quantized_gemms(GeluBiasMlp(), rows, "int4", 32)
+    (gated,) = _gated(program)
+    assert gated.args[6] is not None and (gated.args[7], gated.args[9]) == ("gelu", "tanh")
+    assert len(calls) == 1  # down
+
+
+def test_a_product_of_the_halves_that_is_not_gated_stays_apart():
+    """The merged product and the kernel after it stay where its halves meet otherwise."""
+    calls, program = _quantized_gemms(ScaledHalfMlp(), 1, "int4", 32)
+    assert not _gated(program) and sorted(c.outputs[0].layout.size[-1] for c in calls) == [96, 200]
 
 
 @pytest.mark.parametrize("rows", [1, 5])
@@ -98,8 +139,9 @@ def test_int8_activations_reach_kiln_s_gemm_and_match_eager_s_reference(rows):
     """activations="int8": eager quantizes each call's rows (kiln/quant/weights.py) and kiln's GEMM
     makes the same levels, at one row (vpdpbusd where the CPU has AVX512-VNNI) and at five (the
     float32 path over the quantized rows); merged siblings keep the flag."""
-    calls, _ = _quantized_gemms(Block(), rows, "int4", 32, activations="int8")
-    assert len(calls) == 3 and all(c.args[11] is True for c in calls)
+    calls, program = _quantized_gemms(Block(), rows, "int4", 32, activations="int8")
+    (gated,) = _gated(program)
+    assert len(calls) == 2 and all(c.args[11] is True for c in calls) and gated.args[10] is True
     torch.manual_seed(0)
     plain = kiln.quantize(Block().eval(), "int4", group_size=32)
     torch.manual_seed(0)  # (the same weights)
@@ -154,7 +196,8 @@ def test_a_bfloat16_model_s_quantized_layers_run_kiln_s_gemm(dtype, group, rows)
     assert out.dtype == expected.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
     calls = [s for s in program.runtime.schedule.externs if str(s.op) == "kiln.mm_quant.default"]
-    assert len(calls) == 3 and sum(c.args[7] is not None for c in calls) == 1
+    # (its SiLU runs in float32 between two casts: gate and up stay one plain product and a kernel)
+    assert len(calls) == 3 and sum(c.args[7] is not None for c in calls) == 1 and not _gated(program)
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -544,3 +544,104 @@ def test_int4_zero_points_must_be_whole_numbers_the_table_can_hold():
     for bad in (z + 0.5, z + 16):
         with pytest.raises(RuntimeError, match="zero points must be whole numbers in 0..15"):
             mm_quant(torch.randn(1, 64), q, s, bad, 4, 32, None, None, "none", [], None, False)
+
+
+def _gated_operands(m: int, k: int, h: int, bits: int, group: int, seed: int, lib=None):
+    """A gated MLP's gate and up ([2h, k], quantized as one) packed as kiln::mm_quant_gated packs
+    them (each half padded to whole panels: kernels.gated_halves), its dequantized weight, a's rows
+    and a bias of 2h."""
+    q, s, z, w = _quantized(2 * h, k, bits, group, seed=seed)
+    halves = [kernels.gated_halves(t, lib) if t is not None else None for t in (q, s, z)]
+    packed = kernels.quant_pack(*halves, bits, group, k, lib=lib)
+    g = torch.Generator().manual_seed(seed)
+    return packed, w, torch.randn(m, k, generator=g), torch.randn(2 * h, generator=g)
+
+
+def _check_gated(out, carried, w, bias, unary, scalars, algorithm, h):
+    """`out` against float64 unary(a @ gateᵀ + bias[:h]) * (a @ upᵀ + bias[h:]): each factor within
+    float32's bound of its own (`_check`), so the product within twice it of (|gate| + 1)(|up| + 1)."""
+    gate_bias, up_bias = (bias[:h], bias[h:]) if bias is not None else (None, None)
+    gate = _reference(carried, w[:h], gate_bias, unary, scalars, algorithm, None)
+    up = _reference(carried, w[h:], up_bias, "none", (), None, None)
+    k = carried.shape[-1]
+    err = ((out.double() - gate * up).abs() / ((gate.abs() + 1) * (up.abs() + 1))).max().item()
+    assert err <= 2 * (1e-7 * k + 1e-6), err
+
+
+# (M, K, h): halves of a ragged last panel (100: 2 panels and 4 columns at 48 a panel), of whole
+# panels, of one column; at one row the paired store (int8_products), else the sums apart.
+GATED_SHAPES = [(1, 264, 100), (1, 256, 96), (1, 133, 1), (3, 200, 70), (4, 129, 50), (5, 64, 70), (17, 333, 49),
+                (64, 96, 130)]
+
+
+@pytest.mark.parametrize("bits,group", KINDS, ids=lambda v: str(v))
+@pytest.mark.parametrize("shape", GATED_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_a_gated_product_matches_the_gate_s_unary_times_up(shape, bits, group):
+    """kiln::mm_quant_gated's GEMM (Epilogue::gated_width): unary(gate) * up of a float64 product of
+    the dequantized weight, with and without a bias, the gate's unary ops, at every row count (one
+    row: a gate panel and its up panel in one thread's pair; more: both halves' sums, then the
+    outputs); at one row on 2 MB pages (one stream of pairs a thread) the same bits."""
+    m, k, h = shape
+    packed, w, a, bias = _gated_operands(m, k, h, bits, group, seed=m + k + h)
+    n = 2 * kernels.gated_halves_width(h)
+    carried, ws = _operands(a, w, bits, m, group)
+    for unary, scalars, algorithm in EPILOGUES[:5]:
+        for b in (None, bias):
+            out = kernels.mm_quant(a, packed, n, bits, group, b, unary, scalars, None, algorithm, gated_width=h)
+            assert out.shape == (m, h)
+            _check_gated(out, carried, ws, b, unary, scalars, algorithm, h)
+            if m == 1:
+                kernels.library().kiln_gemm_set_huge_page_packs(1)
+                try:
+                    on_huge_pages = kernels.mm_quant(a, packed, n, bits, group, b, unary, scalars, None, algorithm,
+                                                     gated_width=h)
+                finally:
+                    kernels.library().kiln_gemm_set_huge_page_packs(0)
+                assert torch.equal(on_huge_pages, out)
+
+
+@pytest.mark.parametrize("bits,path", [(4, "float32"), (4, "bf16_pairs"), (4, "int8_digits"), (4, "amx"),
+                                       (8, "float32"), (8, "int8_digits"), (8, "amx")])
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_a_gated_product_on_every_path_at_a_few_rows(m, bits, path):
+    """Each path at a few rows (test_every_path_at_a_few_rows) over a gated weight: the digits' at
+    one row stores pairs itself, the others' sums are made whole first; int4 with int8 activations
+    (the integer path stores pairs at one row, the float one never)."""
+    k, h, group = (264, 100, 32) if bits == 4 else (1030, 100, 0)
+    packed, w, a, bias = _gated_operands(m, k, h, bits, group, seed=m)
+    n = 2 * kernels.gated_halves_width(h)
+    has = {"float32": True, "bf16_pairs": _cpu_has("avx512_bf16"), "int8_digits": _cpu_has("avx512_vnni"),
+           "amx": _cpu_has("avx512_vnni")}[path]
+    carried = _carried(a, bits, m, group, path=path if has else "float32")
+    out = kernels.mm_quant(a, packed, n, bits, group, bias, "swish", path=path, gated_width=h)
+    _check_gated(out, carried, w, bias, "swish", (), None, h)
+    if bits == 4 and path == "float32":
+        rows = quantize_activations(a, group)
+        for kind in ("integer", "float"):
+            carried = rows if kind == "integer" and kernels.int8_dot_applies(m, k, n, group) else \
+                _operands(rows, w, 4, m, group)[0]
+            out = kernels.mm_quant(a, packed, n, 4, group, bias, "swish", int8_activations=kind, gated_width=h)
+            _check_gated(out, carried, w, bias, "swish", (), None, h)
+
+
+@pytest.mark.parametrize("rows", ["bfloat16", "bf16_math"])
+@pytest.mark.parametrize("m", [1, 4, 9])
+def test_a_gated_product_of_bfloat16_rows_and_in_fast_math(m, rows):
+    """A bfloat16 model's gated product (C bfloat16, rounded once from the float32 outputs) and one
+    in bfloat16 fast math (a prompt's rows on AMX where it is the product: the sums made whole
+    first): within bfloat16's rounding of the weights, activations and C."""
+    k, h, bits, group = 256, 100, 4, 64
+    packed, w, a, bias = _gated_operands(m, k, h, bits, group, seed=m)
+    n = 2 * kernels.gated_halves_width(h)
+    if rows == "bfloat16":
+        a, bias = a.bfloat16(), bias.bfloat16()
+    out = kernels.mm_quant(a, packed, n, bits, group, bias, "swish", gated_width=h, bf16_math=rows == "bf16_math")
+    assert out.dtype == a.dtype and out.shape == (m, h)
+    # (a prompt's rows on AMX: int4's weights, and fast math's activations, rounded to bfloat16 as
+    # well: test_a_bfloat16_model_s_rows)
+    amx = m > 4 and kernels.library().kiln_gemm_bf16_amx()
+    ws, av = (w.float().bfloat16().double(), a.bfloat16().double()) if amx else (w, a.double())
+    gate = _reference(av, ws[:h], bias[:h], "swish", (), None, None)
+    up = _reference(av, ws[h:], bias[h:], "none", (), None, None)
+    err = ((out.double() - gate * up).abs() / ((gate.abs() + 1) * (up.abs() + 1))).max().item()
+    assert err <= 2.0 ** -6, err

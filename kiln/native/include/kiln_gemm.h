@@ -78,6 +78,10 @@ struct Epilogue {
   int32_t norm_out_bf16;     // norm_out holds bfloat16 (C, always float32 under a row norm, holds the sum)
   void* sum_out;             // or null: the sum rounded to bfloat16 there too (row stride ld_sum_out), as
   int64_t ld_sum_out;        // the row pass reads it (a bfloat16 pre-norm model's residual stream)
+  // A gated product's width H (0: not gated): B's columns are two halves of whole panels, a gated
+  // MLP's gate (columns [0, H)) and up (the same from the half on), and C [M, H] is
+  // U(gate + bias[j]) * (up + bias[H + j]): no residual, no row norm (gated_value).
+  int64_t gated_width;
 };
 
 // bfloat16 dot products in pairs of k (vdpbf16ps) where the CPU has them; elsewhere bfloat16 is
@@ -203,6 +207,17 @@ template <int U> static inline V residual_and_op(V y, const void* residual, int 
   if constexpr (U != NONE) y = unary_op<U>(y, e);
   if (residual && !e.residual_before_unary) y += load_n(residual, e.residual_bf16, n);
   return y;
+}
+
+// A gated product's value at columns [j, j + n) (Epilogue::gated_width): the gate's sums g and up's
+// u, each with its half of the bias, as U(g) * u.
+static inline V gated_value(V g, V u, int64_t j, int n, const Epilogue& e) {
+  if (e.bias) {
+    g += load_n(at(e.bias, e.bias_bf16, j), e.bias_bf16, n);
+    u += load_n(at(e.bias, e.bias_bf16, e.gated_width + j), e.bias_bf16, n);
+  }
+  with_unary(e.unary, [&](auto op) { g = unary_op<decltype(op)::value>(g, e); });
+  return g * u;
 }
 
 // Store `rows` x `cols` of the accumulator block at C[i0, j0] (cols <= NR), each vector through

@@ -887,18 +887,34 @@ static inline void add_group_sums(const QuantPanels<BITS>& src, const int64_t* a
 }
 
 // The float sums of `rows` rows (from r0) of panels at[0 .. S) to C, int8's column scales first.
+// A gated product's (Epilogue::gated_width) panels are stored in pairs: at[s] a gate panel and
+// at[s + S / 2] its up panel (gated_pairs), at one row.
 template <int BITS, int S, int R>
 static inline void store_digit_rows(const QuantPanels<BITS>& src, const int64_t* at, int rows, int64_t r0,
                                     V (&acc)[S][R][NV], void* c, int64_t ldc, const Epilogue* e, bool stream = false) {
-  for (int s = 0; s < S; ++s) {
-    if constexpr (BITS == 8)
+  if constexpr (BITS == 8)
+    for (int s = 0; s < S; ++s)
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) {
         const V scale = src.scale(at[s], 0, v);
         for (int r = 0; r < R; ++r) acc[s][r][v] *= scale;
       }
-    store_block<R>(acc[s], rows, int(std::min<int64_t>(NR, src.z.N - at[s] * NR)), r0, at[s] * NR, c, ldc, e, true, stream);
+  if constexpr (S % 2 == 0 && R == 1) {
+    if (e && e->gated_width) {
+      const bool out_bf16 = e->out_bf16;
+      for (int s = 0; s < S / 2; ++s)
+        for (int v = 0; v < NV; ++v) {
+          const int64_t j = at[s] * NR + v * L;
+          const int n = int(std::min<int64_t>(L, e->gated_width - j));
+          if (n <= 0) break;
+          store_n(const_cast<void*>(kiln_gemm::at(c, out_bf16, r0 * ldc + j)), out_bf16,
+                  gated_value(acc[s][0][v], acc[s + S / 2][0][v], j, n, *e), n, stream);
+        }
+      return;
+    }
   }
+  for (int s = 0; s < S; ++s)
+    store_block<R>(acc[s], rows, int(std::min<int64_t>(NR, src.z.N - at[s] * NR)), r0, at[s] * NR, c, ldc, e, true, stream);
 }
 
 template <int BITS, int S, int R, int D, int64_t AHEAD = INT4_PREFETCH_WORDS, int64_t NEAR = 0>
@@ -988,18 +1004,34 @@ constexpr int DIGIT_RUNS = 2;
 // core's cache: of an int4 product's fixed cost at one row (768 x 768 from L2, 2 threads of a
 // 2-core AMD EPYC, Zen 4: ~3 us where the same on one thread has ~0.5), most was that hand-over,
 // not the split (768 x 2304: 15.2 -> 12.1 us with the panels shared as below).
+// A gated product's (Epilogue::gated_width) pairs [i0, i1) in RUNS runs at one row: f(count, at)
+// with at[0, n) gate panels, one from each run, and at[n, 2n) their up panels (`half` panels on),
+// count 2n: each thread reads the gate's and up's columns of the same outputs, and stores those
+// outputs once (store_digit_rows).
+template <int RUNS, typename F> static inline void gated_pairs(int64_t i0, int64_t i1, int64_t half, F&& f) {
+  panel_runs<RUNS>(i0, i1, [&](auto count, const int64_t* gates) {
+    constexpr int n = decltype(count)::value;
+    int64_t at[2 * n];
+    for (int s = 0; s < n; ++s) at[s] = gates[s], at[n + s] = half + gates[s];
+    f(std::integral_constant<int, 2 * n>{}, at);
+  });
+}
+
 template <int BITS, int D, typename Split>
 static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split, void* c, int64_t ldc,
                           const Epilogue* e) {
   const int64_t panels = src.z.panels();
   const bool worth_threads = panels > 1 && 2 * M * src.z.N * src.z.K >= (int64_t(1) << 18);
   const int team = worth_threads && !omp_in_parallel() ? kiln::team() : 1;
-  SharedPanels shared(panels, team);
-  const bool stream = stream_row_output(M, src.z.N, c, ldc, e);
+  // A gated product (one row: gated_in_store) splits its pairs of panels, a gate's and its up's.
+  const bool gated = e && e->gated_width;
+  const int64_t units = gated ? panels / 2 : panels;
+  SharedPanels shared(units, team);
+  const bool stream = stream_row_output(M, gated ? e->gated_width : src.z.N, c, ldc, e);
   parallel_team(worth_threads, [&](int threads, int thread) {
     const Int8Rows x = split();
     int64_t p0, p1;
-    range(panels, threads, thread, p0, p1);
+    range(units, threads, thread, p0, p1);
     if (M == 1 && huge_page_packs.load(std::memory_order_relaxed)) {
       // Over panels on 2 MB pages (kiln_gemm.h `huge_page_packs`: kiln's packs on AMD where THP is
       // on) one stream a thread: the hardware's prefetcher follows it across the whole range. 40
@@ -1017,18 +1049,24 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
       // memory read >= 45 GB/s (~480 interleaved rounds each) 70 -> 77 % of its speed with the
       // digits made on each thread (74 % with them and a static split); in another run 87 -> 94 %.
       const bool far = BITS == 4 || int8_far_prefetch();
+      auto tile = [&](auto count, const int64_t* at) {
+        if (far) digits_tile<BITS, decltype(count)::value, 1, D>(src, at, 1, x, c, ldc, e, 0, stream);
+        else if constexpr (BITS == 8) digits_tile<BITS, decltype(count)::value, 1, D, 0>(src, at, 1, x, c, ldc, e, 0, stream);  // (int4 never)
+      };
       shared.take_all(thread, [&](int64_t q0, int64_t q1) {
-        panel_runs<1>(q0, q1, [&](auto count, const int64_t* at) {
-          if (far) digits_tile<BITS, decltype(count)::value, 1, D>(src, at, 1, x, c, ldc, e, 0, stream);
-          else if constexpr (BITS == 8) digits_tile<BITS, decltype(count)::value, 1, D, 0>(src, at, 1, x, c, ldc, e, 0, stream);  // (int4 never)
-        });
+        if (gated) gated_pairs<1>(q0, q1, units, tile);
+        else panel_runs<1>(q0, q1, tile);
       });
     } else if (M == 1) {
-      // Runs of 4 panels with one digit (as int4_row), 2 with more: their sums fill the registers.
-      panel_runs<D == 1 ? INT4_RUNS : DIGIT_RUNS>(p0, p1, [&](auto count, const int64_t* at) {
+      // Runs of 4 panels with one digit (as int4_row), 2 with more: their sums fill the registers
+      // (a gated product's: half as many runs of pairs).
+      constexpr int RUNS = D == 1 ? INT4_RUNS : DIGIT_RUNS;
+      auto tile = [&](auto count, const int64_t* at) {
         digits_tile<BITS, decltype(count)::value, 1, D, D == 1 ? INT4_PREFETCH_WORDS : RUNS_PREFETCH_UNITS,
                     D == 1 ? 0 : NEAR_UNITS>(src, at, 1, x, c, ldc, e, 0, stream);
-      });
+      };
+      if (gated) gated_pairs<RUNS / 2>(p0, p1, units, tile);
+      else panel_runs<RUNS>(p0, p1, tile);
     } else {
       for (int64_t p = p0; p < p1; ++p) {
         if (D == 3 && M == 4) {
@@ -1331,15 +1369,44 @@ static int int4_fastest_path(int rows) {
   return few;
 }
 
+// Whether `path` at a few rows is int8_products' (the activations' digits, vpdpbusd).
+static inline bool takes_digits(const QuantShape& z, int path) {
+  return KILN_INT8_DOT && (path == PATH_INT8_DIGITS || path == PATH_AMX) && quant_path_applies(z, PATH_INT8_DIGITS);
+}
+
+static inline bool gated(const Epilogue* e) { return e && e->gated_width; }
+
+// A gated product (Epilogue::gated_width) that its path does not store in pairs itself (every path
+// but int8_products at one row: a decode step's): `product(sums, ld)` writes the plain sums [M, N]
+// of both halves, then each row's outputs are made from them as the paired store makes them.
+template <typename Product>
+static void gated_apart(const QuantShape& z, int64_t M, void* c, int64_t ldc, const Epilogue& e, Product&& product) {
+  const int64_t N = z.N, half = N / 2, H = e.gated_width;
+  const std::unique_ptr<float[]> sums(new float[M * N]);
+  product(sums.get(), N);
+#pragma omp parallel for if (M * H >= (int64_t(1) << 16)) num_threads(kiln::team())
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t j = 0; j < H; j += L) {
+      const int n = int(std::min<int64_t>(L, H - j));
+      const float* row = sums.get() + r * N;
+      const V y = gated_value(load_n(row + j, false, n), load_n(row + half + j, false, n), j, n, e);
+      store_n(const_cast<void*>(at(c, e.out_bf16, r * ldc + j)), e.out_bf16, y, n);
+    }
+}
+
 template <int BITS>
 static void gemm_quant_direct(const QuantPanels<BITS>& src, int64_t M, const float* a, int64_t lda, void* c,
                               int64_t ldc, const Epilogue* e, int path) {
+  if (gated(e) && !(M == 1 && takes_digits(src.z, path)))
+    return gated_apart(src.z, M, c, ldc, *e, [&](float* sums, int64_t ld) {
+      gemm_quant_direct(src, M, a, lda, sums, ld, nullptr, path);
+    });
   const int64_t N = src.z.N, K = src.z.K, panels = src.z.panels(), groups = src.z.groups();
 #ifdef KILN_QUANT_AMX_FEW
   if (path == PATH_AMX && amx_few_rows_apply(src.z, M)) return amx_digits_products(src, M, a, lda, c, ldc, e);
 #endif
 #if KILN_INT8_DOT
-  if ((path == PATH_INT8_DIGITS || path == PATH_AMX) && quant_path_applies(src.z, PATH_INT8_DIGITS)) {
+  if (takes_digits(src.z, path)) {
     constexpr int D = activation_digits(BITS);
     if constexpr (BITS == 4) return int8_products<4, D>(src, M, [&] { return split_rows(src.z, M, a, lda, D); }, c, ldc, e);
     else return int8_products<8, D>(src, M, [&] { return split_rows_for_int8(src.z, M, a, lda); }, c, ldc, e);
@@ -1619,6 +1686,8 @@ static inline int quant_path_for(const QuantShape& z, int64_t M) {
 // C [M, N] = epilogue(A [M, K] (float32, row stride lda) @ B), B packed by pack_quant.
 static void gemm_quant(const QuantShape& z, int64_t M, const float* a, int64_t lda, const uint8_t* packed, void* c,
                        int64_t ldc, const Epilogue* e, int64_t kc) {
+  if (gated(e) && M > DIRECT_ROWS)  // (fewer: gemm_quant_direct decides)
+    return gated_apart(z, M, c, ldc, *e, [&](float* sums, int64_t ld) { gemm_quant(z, M, a, lda, packed, sums, ld, nullptr, kc); });
   if (quant_amx_applies(z, M, false)) return gemm_quant_amx(z, M, a, lda, packed, c, ldc, e, false);
   if (z.bits == 8) {
     if (M <= DIRECT_ROWS) return gemm_quant_direct(QuantPanels<8>{z, packed}, M, a, lda, c, ldc, e, quant_path_for(z, M));
@@ -1635,6 +1704,8 @@ static void gemm_quant(const QuantShape& z, int64_t M, const float* a, int64_t l
 // math's error on top of the quantization's); elsewhere gemm_quant's products.
 static void gemm_quant_bf16_math(const QuantShape& z, int64_t M, const float* a, int64_t lda, const uint8_t* packed,
                                  void* c, int64_t ldc, const Epilogue* e, int64_t kc) {
+  if (gated(e) && quant_amx_applies(z, M, true))
+    return gated_apart(z, M, c, ldc, *e, [&](float* sums, int64_t ld) { gemm_quant_amx(z, M, a, lda, packed, sums, ld, nullptr, true); });
   if (quant_amx_applies(z, M, true)) return gemm_quant_amx(z, M, a, lda, packed, c, ldc, e, true);
   gemm_quant(z, M, a, lda, packed, c, ldc, e, kc);
 }
@@ -1645,6 +1716,8 @@ static void gemm_quant_bf16_math(const QuantShape& z, int64_t M, const float* a,
 // them: weight.to(x.dtype)); elsewhere A widened to float32 (exact) for gemm_quant's products.
 static void gemm_quant_bf16_rows(const QuantShape& z, int64_t M, const kiln_bf16* a, int64_t lda, const uint8_t* packed,
                                  void* c, int64_t ldc, const Epilogue* e, int64_t kc) {
+  if (gated(e) && quant_amx_applies(z, M, true))
+    return gated_apart(z, M, c, ldc, *e, [&](float* sums, int64_t ld) { gemm_quant_amx(z, M, a, lda, packed, sums, ld, nullptr, true); });
   if (quant_amx_applies(z, M, true)) return gemm_quant_amx(z, M, a, lda, packed, c, ldc, e, true);
   const std::unique_ptr<float[]> wide = widened_rows(M, z.K, a, lda);
   gemm_quant(z, M, wide.get(), z.K, packed, c, ldc, e, kc);
@@ -1657,6 +1730,10 @@ static void gemm_quant_int8_activations(const QuantShape& z, int64_t M, const fl
                                         const uint8_t* packed, void* c, int64_t ldc, const Epilogue* e, int64_t kc,
                                         bool integer) {
 #if KILN_INT8_DOT
+  if (integer && int8_dot_applies(z, M) && gated(e) && M > 1)
+    return gated_apart(z, M, c, ldc, *e, [&](float* sums, int64_t ld) {
+      gemm_quant_int8_activations(z, M, a, lda, packed, sums, ld, nullptr, kc, integer);
+    });
   if (integer && int8_dot_applies(z, M))
     return int8_products<4, 1>(QuantPanels<4>{z, packed}, M, [&] { return split_rows(z, M, a, lda, 1); }, c, ldc, e);
 #endif

@@ -62,6 +62,7 @@ struct KilnGemmEpilogue {
   int32_t norm_out_bf16;
   void* sum_out;
   int64_t ld_sum_out;
+  int64_t gated_width;
 };
 extern "C" int64_t kiln_gemm_packed_elements_f32(int64_t K, int64_t N);
 extern "C" int64_t kiln_gemm_packed_elements_bf16(int64_t K, int64_t N);
@@ -74,6 +75,7 @@ extern "C" void kiln_gemm_bf16(int64_t M, int64_t N, int64_t K, const void* a, i
 extern "C" void kiln_gemm_convert_a_bf16(int64_t M, int64_t K, const void* a, int64_t lda, void* out);
 // Its weight-only quantized form (kiln_gemm_quant.h), in the same unit.
 extern "C" int64_t kiln_gemm_quant_packed_bytes(int32_t bits, int64_t K, int64_t N, int64_t group);
+extern "C" int64_t kiln_gemm_panel_columns();
 extern "C" void kiln_gemm_quant_pack(int32_t bits, int64_t K, int64_t N, int64_t group, const uint8_t* q,
                                      const float* scales, const float* zeros, uint8_t* out);
 extern "C" void kiln_gemm_quant_f32(int32_t bits, int64_t M, int64_t N, int64_t K, int64_t group, const float* a,
@@ -648,13 +650,25 @@ at::Tensor quant_product(const at::Tensor& a_in, const at::Tensor& qweight, cons
               "bfloat16, got ", a_in.scalar_type());
   TORCH_CHECK(!bf16_rows || !(int8_activations || bf16_math || e.row_norm),
               "kiln::mm_quant: bfloat16 activations take neither int8 activations, bfloat16 fast math nor a row norm");
-  const int64_t K = a_in.size(-1), N = qweight.size(0), group = bits == 8 ? K : group_size;
-  TORCH_CHECK(group > 0 && qweight.size(1) == (bits == 8 ? K : (K + 1) / 2) && scales.size(0) == N &&
+  const int64_t K = a_in.size(-1), group = bits == 8 ? K : group_size;
+  TORCH_CHECK(group > 0 && qweight.size(1) == (bits == 8 ? K : (K + 1) / 2) && scales.size(0) == qweight.size(0) &&
                   scales.size(1) == (K + group - 1) / group && (bits == 8 || (zeros && zeros->sizes() == scales.sizes())),
               "kiln::mm_quant: the quantized weight's tensors do not match K = ", K, " and group ", group);
-  at::Tensor packed_weight = packed(qweight, "kiln_quant", [&] {
-    at::Tensor q = qweight.contiguous(), s = scales.to(at::kFloat).contiguous();
-    at::Tensor zp = bits == 4 ? zeros->to(at::kFloat).contiguous() : at::Tensor();
+  // A gated product (mm_quant_gated): its two halves, gate and up, each padded with zero columns to
+  // whole panels, so that a gate panel and its up panel hold the same outputs' columns.
+  const int64_t H = e.gated_width, panel = kiln_gemm_panel_columns();
+  const int64_t half = H ? (H + panel - 1) / panel * panel : 0, N = H ? 2 * half : qweight.size(0);
+  auto halves_padded = [&](const at::Tensor& t) {
+    if (!H || half == H) return t;
+    at::Tensor out = at::empty({2 * half, t.size(1)}, t.options());
+    out.zero_();
+    out.narrow(0, 0, H).copy_(t.narrow(0, 0, H));
+    out.narrow(0, half, H).copy_(t.narrow(0, H, H));
+    return out;
+  };
+  at::Tensor packed_weight = packed(qweight, H ? "kiln_quant_gated" : "kiln_quant", [&] {
+    at::Tensor q = halves_padded(qweight).contiguous(), s = halves_padded(scales.to(at::kFloat)).contiguous();
+    at::Tensor zp = bits == 4 ? halves_padded(zeros->to(at::kFloat)).contiguous() : at::Tensor();
     // (the packed table keeps each zero point in 4 bits: kiln_gemm_quant.h int4_table_word)
     TORCH_CHECK(bits == 8 || zp.numel() == 0 || (zp.eq(zp.round()).all().item<bool>() && zp.min().item<float>() >= 0 &&
                                                   zp.max().item<float>() <= 15),
@@ -669,7 +683,8 @@ at::Tensor quant_product(const at::Tensor& a_in, const at::Tensor& qweight, cons
   const at::Tensor a = rows_of(a_in, K);
   const int64_t M = K ? a_in.numel() / K : 0, lda = a.dim() == 2 ? a.stride(0) : K;
   std::vector<int64_t> shape = a_in.sizes().vec();
-  shape.back() = N;
+  shape.back() = H ? H : N;
+  const int64_t ldc = shape.back();
   at::Tensor out = buffer(shape, a_in.scalar_type());
   e.out_bf16 = bf16_rows;
   std::optional<at::Tensor> bias = bias_in, residual;
@@ -682,14 +697,14 @@ at::Tensor quant_product(const at::Tensor& a_in, const at::Tensor& qweight, cons
   e.ld_residual = residual ? (residual->dim() == 2 ? residual->stride(0) : N) : 0;
   if (bf16_rows)
     kiln_gemm_quant_bf16_rows(int32_t(bits), M, N, K, group, a.data_ptr(), lda, packed_weight.data_ptr<uint8_t>(),
-                              out.data_ptr(), N, &e, kiln_gemm_k_block());
+                              out.data_ptr(), ldc, &e, kiln_gemm_k_block());
   else if (int8_activations)
     kiln_gemm_quant_a8_f32(1, M, N, K, group, a.data_ptr<float>(), lda, packed_weight.data_ptr<uint8_t>(),
-                           out.data_ptr(), N, &e, kiln_gemm_k_block());
+                           out.data_ptr(), ldc, &e, kiln_gemm_k_block());
   else
     (bf16_math ? kiln_gemm_quant_bf16_math : kiln_gemm_quant_f32)(int32_t(bits), M, N, K, group, a.data_ptr<float>(),
                                                                   lda, packed_weight.data_ptr<uint8_t>(), out.data_ptr(),
-                                                                  N, &e, kiln_gemm_k_block());
+                                                                  ldc, &e, kiln_gemm_k_block());
   return out;
 }
 
@@ -700,6 +715,21 @@ at::Tensor mm_quant(const at::Tensor& a_in, const at::Tensor& qweight, const at:
                     bool int8_activations, c10::string_view impl) {
   return quant_product(a_in, qweight, scales, zeros, bits, group_size, bias, residual, int8_activations, impl,
                        unary_epilogue(unary, algorithm.value_or(""), scalars));
+}
+
+// kiln::mm_quant_gated: a gated MLP's gate and up in one product (kiln/passes/quantized_gemm.py),
+// unary(a @ gateᵀ + bias_g) * (a @ upᵀ + bias_u), qweight's (scales', zeros', bias's) first half of
+// rows the gate's and second half up's; the result [..., half the rows]. The products of a column
+// of both halves meet in the GEMM's store (Epilogue::gated_width), not in a kernel after it.
+at::Tensor mm_quant_gated(const at::Tensor& a_in, const at::Tensor& qweight, const at::Tensor& scales,
+                          const std::optional<at::Tensor>& zeros, int64_t bits, int64_t group_size,
+                          const std::optional<at::Tensor>& bias, c10::string_view unary, const Scalars& scalars,
+                          std::optional<c10::string_view> algorithm, bool int8_activations, c10::string_view impl) {
+  TORCH_CHECK(qweight.size(0) % 2 == 0 && qweight.size(0) > 0,
+              "kiln::mm_quant_gated: the weight's rows are a gate's and an up's, an even count, got ", qweight.size(0));
+  KilnGemmEpilogue e = unary_epilogue(unary, algorithm.value_or(""), scalars);
+  e.gated_width = qweight.size(0) / 2;
+  return quant_product(a_in, qweight, scales, zeros, bits, group_size, bias, std::nullopt, int8_activations, impl, e);
 }
 
 // The row norms of kiln_gemm.h (kiln_gemm::RowNorm), by number.
@@ -1281,6 +1311,10 @@ KILN_OPERATOR(post_op, "post_op(Tensor y, str unary, Scalar?[] scalars, str? alg
 KILN_OPERATOR(mm_quant, "mm_quant(Tensor a, Tensor qweight, Tensor scales, Tensor? zeros, int bits, int group_size, "
                         "Tensor? bias, Tensor? residual, str unary, Scalar?[] scalars, str? algorithm, "
                         "bool int8_activations=False, str impl='kiln') -> Tensor")
+// A gated MLP's gate and up in one (kiln/passes/quantized_gemm.py): unary(gate) * up.
+KILN_OPERATOR(mm_quant_gated, "mm_quant_gated(Tensor a, Tensor qweight, Tensor scales, Tensor? zeros, int bits, "
+                              "int group_size, Tensor? bias, str unary, Scalar?[] scalars, str? algorithm, "
+                              "bool int8_activations=False, str impl='kiln') -> Tensor")
 // The same with a layer or RMS norm of the rows (kiln/passes/gemm_layer_norm.py).
 KILN_OPERATOR(mm_quant_layer_norm,
               "mm_quant_layer_norm(Tensor a, Tensor qweight, Tensor scales, Tensor? zeros, int bits, int group_size, "
