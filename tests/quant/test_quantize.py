@@ -129,7 +129,8 @@ def test_a_gated_mlp_with_biases_and_gelu_is_one_product(rows):
 
 
 def test_a_product_of_the_halves_that_is_not_gated_stays_apart():
-    """The merged product and the kernel after it stay where its halves meet otherwise."""
+    """The merged product and the kernel after it stay where its halves meet otherwise. (gate and up
+    are neighbours in the graph here: each slice of the merged product reaches the graph.)"""
     calls, program = _quantized_gemms(ScaledHalfMlp(), 1, "int4", 32)
     assert not _gated(program) and sorted(c.outputs[0].layout.size[-1] for c in calls) == [96, 200]
 
