@@ -167,11 +167,18 @@ def watch() -> Any:
     return extension.Watch() if extension is not None and extension.dict_versions else None
 
 
-def greedy_tokens_function() -> Callable[[torch.Tensor], torch.Tensor | None] | None:
-    """The extension's `greedy_tokens(logits)` (torch.argmax(logits, -1) of a CPU float32 matrix in
-    two vectorized passes; None for other tensors) when this process has loaded the extension
-    (a compiled C++ wrapper graph loads it); None otherwise."""
+def greedy_tokens_function() -> Callable[..., torch.Tensor | None] | None:
+    """The extension's `greedy_tokens(logits, column=False)` (torch.argmax(logits, -1) of a CPU
+    float32 matrix in two vectorized passes, as a [batch, 1] column where asked; None for other
+    tensors) when this process has loaded the extension (a compiled C++ wrapper graph loads it);
+    None otherwise."""
     return module().greedy_tokens if _module.cache_info().currsize else None
+
+
+def successor_function() -> Callable[[torch.Tensor], torch.Tensor | None] | None:
+    """The extension's `successor(t)` (t + 1 of a small contiguous CPU int64 tensor, without the
+    dispatcher; None for other tensors) when this process has loaded the extension; None otherwise."""
+    return module().successor if _module.cache_info().currsize else None
 
 
 def _python_views(bases: Sequence[torch.Tensor], size: Sequence[int], stride: Sequence[int], offset: int) -> list[torch.Tensor]:

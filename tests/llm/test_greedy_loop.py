@@ -334,3 +334,25 @@ def test_greedy_tokens_are_torch_argmax():
     for other in (wide.double(), wide.t(), wide[0], wide[:, :0], wide.requires_grad_()):
         assert greedy(other) is None
     assert torch.equal(hf_greedy.greedy_tokens(wide.double()[:, None]), torch.argmax(wide.double(), -1))
+    # As the decoding loop appends them: a [batch, 1] column, the same tokens (ATen's where not taken).
+    column = greedy(wide.detach(), True)
+    assert column.shape == (2, 1) and column.is_contiguous() and torch.equal(column, torch.argmax(wide, -1, keepdim=True))
+    assert greedy(wide.double(), True) is None
+    assert torch.equal(hf_greedy._column(wide.double()[:, None], greedy), torch.argmax(wide.double(), -1, keepdim=True))
+
+
+def test_the_next_positions_are_one_more():
+    """The extension's `successor` (the loop's next position ids without the dispatcher): t + 1 of
+    a small contiguous int64 tensor, a new tensor; None (ATen's `+ 1` then) for others."""
+    from kiln.native import python_door
+
+    successor = python_door.module().successor
+    for t in (torch.tensor([[7]]), torch.arange(64).view(4, 16), torch.tensor(-1), torch.tensor([[2**62]])):
+        made = successor(t)
+        assert made is not t and made.dtype == torch.int64 and torch.equal(made, t + 1)
+    big, wide = torch.arange(65), torch.arange(8).view(2, 4)
+    for other in (big, wide.t(), wide.float(), wide.int(), torch.nn.Parameter(wide.float())):
+        assert successor(other) is None
+    steps = hf_greedy.StepInputs.__new__(hf_greedy.StepInputs)
+    steps.successor = None
+    assert torch.equal(steps._next_positions(wide.t()), wide.t() + 1)  # (ATen's where it does not take them)

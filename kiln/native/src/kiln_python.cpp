@@ -41,6 +41,10 @@
 //       Two vectorized passes over the row (its largest value, then where it first is); ATen's
 //       argmax keeps an index beside every compared value, ~130 us over Qwen2's 151936 logits on
 //       2 cores of an AMD EPYC where a sum takes 8. None for any other tensor (the caller asks ATen).
+//       `column` true: the tokens as a (batch, 1) column, the shape a decoding loop appends.
+//   successor(t) -> Tensor or None
+//       t + 1 of a CPU int64 tensor of unit-stride rows and at most 64 elements (a decode step's
+//       next position ids), a new contiguous tensor made without the dispatcher; None for any other.
 //   views_of(bases, size, stride, offset) -> list of tensors, or None
 //       [base.as_strided(size, stride, offset) for base in bases] in one C loop, where every base
 //       is a torch.Tensor (not a subclass, whose as_strided may be its own: None then). A decode
@@ -1044,7 +1048,16 @@ int64_t first_largest(const float* x, int64_t n) {
   return 0;  // not reached: the largest value is one of x's
 }
 
-PyObject* greedy_tokens(PyObject*, PyObject* value) {
+// (A decode loop's calls between two steps: each through the dispatcher cost 20-40 us with the caches
+// cold after the step's weights, where these cost a few.)
+PyObject* greedy_tokens(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 1 && nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "greedy_tokens(logits, column=False) takes 1 or 2 arguments");
+    return nullptr;
+  }
+  PyObject* value = args[0];
+  const int column = nargs == 2 ? PyObject_IsTrue(args[1]) : 0;
+  if (column < 0) return nullptr;
   if (!THPVariable_Check(value)) Py_RETURN_NONE;
   const at::Tensor& logits = THPVariable_Unpack(value);
   const int64_t dim = logits.dim();
@@ -1053,12 +1066,26 @@ PyObject* greedy_tokens(PyObject*, PyObject* value) {
       (logits.size(dim - 1) > 1 && logits.stride(dim - 1) != 1) || logits.requires_grad())
     Py_RETURN_NONE;
   const int64_t rows = logits.size(0), n = logits.size(dim - 1), row_stride = logits.stride(0);
-  at::Tensor tokens = at::empty({rows}, at::TensorOptions().dtype(at::kLong));
+  at::Tensor tokens = column ? at::empty({rows, 1}, at::TensorOptions().dtype(at::kLong))
+                             : at::empty({rows}, at::TensorOptions().dtype(at::kLong));
   // (batch, positions, vocabulary): the last position's row.
   const float* data = logits.const_data_ptr<float>() + (dim == 3 ? (logits.size(1) - 1) * logits.stride(1) : 0);
   int64_t* out = tokens.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r) out[r] = first_largest(data + r * row_stride, n);
   return THPVariable_Wrap(std::move(tokens));
+}
+
+PyObject* successor(PyObject*, PyObject* value) {
+  if (!THPVariable_Check(value) || reinterpret_cast<PyObject*>(Py_TYPE(value)) != THPVariableClass) Py_RETURN_NONE;
+  const at::Tensor& t = THPVariable_Unpack(value);
+  if (t.scalar_type() != at::kLong || !t.device().is_cpu() || !t.is_contiguous() || t.numel() > 64 ||
+      t.requires_grad())
+    Py_RETURN_NONE;
+  at::Tensor next = at::empty(t.sizes(), at::TensorOptions().dtype(at::kLong));
+  const int64_t* from = t.const_data_ptr<int64_t>();
+  int64_t* to = next.data_ptr<int64_t>();
+  for (int64_t k = 0; k < t.numel(); ++k) to[k] = from[k] + 1;
+  return THPVariable_Wrap(std::move(next));
 }
 
 PyObject* views_of(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -1136,7 +1163,9 @@ PyMethodDef methods[] = {
      "For each value the index of the first that is it; by storage, then the first sharing its memory."},
     {"views_of", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(views_of)), METH_FASTCALL,
      "[base.as_strided(size, stride, offset) for base in bases] of plain tensors; None where one is a subclass."},
-    {"greedy_tokens", greedy_tokens, METH_O, "torch.argmax(logits[:, -1] if 3D else logits, -1) of a CPU float32 tensor; None for others."},
+    {"greedy_tokens", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(greedy_tokens)), METH_FASTCALL,
+     "torch.argmax(logits[:, -1] if 3D else logits, -1) of a CPU float32 tensor (as a column: [:, None]); None for others."},
+    {"successor", successor, METH_O, "t + 1 of a small CPU int64 tensor, contiguous; None for others."},
     {nullptr, nullptr, 0, nullptr},
 };
 
