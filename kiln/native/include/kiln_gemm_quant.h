@@ -528,6 +528,9 @@ static inline void int4_row(const QuantPanels<4>& src, const int64_t* at, const 
 }
 
 // A few rows' row norm (a direct product's rows are normalized here, each whole, after every panel's store).
+// Whether the epilogue is a gated product's (Epilogue::gated_width).
+static inline bool gated(const Epilogue* e) { return e && e->gated_width; }
+
 static inline void normalize_rows(int64_t M, int64_t N, void* c, int64_t ldc, const Epilogue* e) {
   if (!e || !e->row_norm) return;
   if (e->row_norm == SOFTMAX || e->row_norm == LOG_SOFTMAX) softmax_rows(static_cast<float*>(c), ldc, N, 0, M, *e);
@@ -993,17 +996,6 @@ static inline bool int8_far_prefetch() { return true; }
 #endif
 
 // Runs of panels a thread reads at once at one row with more than one digit (their sums fill the registers).
-#ifdef KILN_DIGIT_RUNS  // to time another count
-constexpr int DIGIT_RUNS = KILN_DIGIT_RUNS;
-#else
-constexpr int DIGIT_RUNS = 2;
-#endif
-// C = epilogue(rows @ B) over every panel, the threads splitting them; one row in runs. `split()`
-// makes the rows' digits (Int8Rows): every thread makes its own, inside the parallel region. Made
-// once by the calling thread, the others waited for it and then read its digits from the other
-// core's cache: of an int4 product's fixed cost at one row (768 x 768 from L2, 2 threads of a
-// 2-core AMD EPYC, Zen 4: ~3 us where the same on one thread has ~0.5), most was that hand-over,
-// not the split (768 x 2304: 15.2 -> 12.1 us with the panels shared as below).
 // A gated product's (Epilogue::gated_width) pairs [i0, i1) in RUNS runs at one row: f(count, at)
 // with at[0, n) gate panels, one from each run, and at[n, 2n) their up panels (`half` panels on),
 // count 2n: each thread reads the gate's and up's columns of the same outputs, and stores those
@@ -1017,17 +1009,29 @@ template <int RUNS, typename F> static inline void gated_pairs(int64_t i0, int64
   });
 }
 
+#ifdef KILN_DIGIT_RUNS  // to time another count
+constexpr int DIGIT_RUNS = KILN_DIGIT_RUNS;
+#else
+constexpr int DIGIT_RUNS = 2;
+#endif
+// C = epilogue(rows @ B) over every panel, the threads splitting them; one row in runs. `split()`
+// makes the rows' digits (Int8Rows): every thread makes its own, inside the parallel region. Made
+// once by the calling thread, the others waited for it and then read its digits from the other
+// core's cache: of an int4 product's fixed cost at one row (768 x 768 from L2, 2 threads of a
+// 2-core AMD EPYC, Zen 4: ~3 us where the same on one thread has ~0.5), most was that hand-over,
+// not the split (768 x 2304: 15.2 -> 12.1 us with the panels shared as below).
 template <int BITS, int D, typename Split>
 static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split, void* c, int64_t ldc,
                           const Epilogue* e) {
   const int64_t panels = src.z.panels();
   const bool worth_threads = panels > 1 && 2 * M * src.z.N * src.z.K >= (int64_t(1) << 18);
   const int team = worth_threads && !omp_in_parallel() ? kiln::team() : 1;
-  // A gated product (one row: gated_in_store) splits its pairs of panels, a gate's and its up's.
-  const bool gated = e && e->gated_width;
-  const int64_t units = gated ? panels / 2 : panels;
+  // A gated product (at one row only: gemm_quant_direct, gemm_quant_int8_activations) splits its
+  // pairs of panels, a gate's and its up's, between the threads.
+  const bool pairs = gated(e);
+  const int64_t units = pairs ? panels / 2 : panels;
   SharedPanels shared(units, team);
-  const bool stream = stream_row_output(M, gated ? e->gated_width : src.z.N, c, ldc, e);
+  const bool stream = stream_row_output(M, pairs ? e->gated_width : src.z.N, c, ldc, e);
   parallel_team(worth_threads, [&](int threads, int thread) {
     const Int8Rows x = split();
     int64_t p0, p1;
@@ -1054,7 +1058,7 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
         else if constexpr (BITS == 8) digits_tile<BITS, decltype(count)::value, 1, D, 0>(src, at, 1, x, c, ldc, e, 0, stream);  // (int4 never)
       };
       shared.take_all(thread, [&](int64_t q0, int64_t q1) {
-        if (gated) gated_pairs<1>(q0, q1, units, tile);
+        if (pairs) gated_pairs<1>(q0, q1, units, tile);
         else panel_runs<1>(q0, q1, tile);
       });
     } else if (M == 1) {
@@ -1065,7 +1069,7 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
         digits_tile<BITS, decltype(count)::value, 1, D, D == 1 ? INT4_PREFETCH_WORDS : RUNS_PREFETCH_UNITS,
                     D == 1 ? 0 : NEAR_UNITS>(src, at, 1, x, c, ldc, e, 0, stream);
       };
-      if (gated) gated_pairs<RUNS / 2>(p0, p1, units, tile);
+      if (pairs) gated_pairs<RUNS / 2>(p0, p1, units, tile);
       else panel_runs<RUNS>(p0, p1, tile);
     } else {
       for (int64_t p = p0; p < p1; ++p) {
@@ -1373,8 +1377,6 @@ static int int4_fastest_path(int rows) {
 static inline bool takes_digits(const QuantShape& z, int path) {
   return KILN_INT8_DOT && (path == PATH_INT8_DIGITS || path == PATH_AMX) && quant_path_applies(z, PATH_INT8_DIGITS);
 }
-
-static inline bool gated(const Epilogue* e) { return e && e->gated_width; }
 
 // A gated product (Epilogue::gated_width) that its path does not store in pairs itself (every path
 // but int8_products at one row: a decode step's): `product(sums, ld)` writes the plain sums [M, N]
