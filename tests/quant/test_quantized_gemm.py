@@ -110,6 +110,15 @@ def _operands(a: torch.Tensor, w: torch.Tensor, bits: int, m: int, group: int, l
     return _carried(a, bits, m, group, lib), w
 
 
+def _on_huge_pages(*args, **kwargs) -> torch.Tensor:
+    """kernels.mm_quant(*args, **kwargs) read as over panels on 2 MB pages (kiln_gemm_set_huge_page_packs)."""
+    kernels.library().kiln_gemm_set_huge_page_packs(1)
+    try:
+        return kernels.mm_quant(*args, **kwargs)
+    finally:
+        kernels.library().kiln_gemm_set_huge_page_packs(0)
+
+
 def test_the_carried_activations_are_within_their_bounds():
     a = torch.randn(10000) * torch.logspace(-20, 20, 10000)
     assert ((split_activations(a) - a.double()).abs() <= 2.0 ** -16 * a.double().abs()).all()
@@ -315,12 +324,7 @@ def test_every_path_at_a_few_rows(m, bits, path):
         _check(out, _reference(carried, w, bias, unary, scalars, algorithm, residual), k)
         # Over panels on 2 MB pages the runtime asks for one stream a thread (the digits at one row:
         # one run of panels shared between the threads; kiln_gemm_set_huge_page_packs): the same bits.
-        kernels.library().kiln_gemm_set_huge_page_packs(1)
-        try:
-            on_huge_pages = kernels.mm_quant(a, packed, n, bits, group, bias, unary, scalars, residual, algorithm,
-                                             path=path)
-        finally:
-            kernels.library().kiln_gemm_set_huge_page_packs(0)
+        on_huge_pages = _on_huge_pages(a, packed, n, bits, group, bias, unary, scalars, residual, algorithm, path=path)
         assert torch.equal(on_huge_pages, out)
 
 
@@ -378,12 +382,8 @@ def test_int8_activations_match_a_float64_product_of_the_quantized_rows(shape, p
                                int8_activations=path)
         _check(out, _reference(carried, ws, bias, unary, scalars, algorithm, residual), carried.shape[-1])
         # Over panels on 2 MB pages one row reads one stream a thread: the same bits.
-        kernels.library().kiln_gemm_set_huge_page_packs(1)
-        try:
-            on_huge_pages = kernels.mm_quant(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm,
-                                             int8_activations=path)
-        finally:
-            kernels.library().kiln_gemm_set_huge_page_packs(0)
+        on_huge_pages = _on_huge_pages(a, packed, n, 4, group, bias, unary, scalars, residual, algorithm,
+                                       int8_activations=path)
         assert torch.equal(on_huge_pages, out)
 
 
@@ -591,12 +591,7 @@ def test_a_gated_product_matches_the_gate_s_unary_times_up(shape, bits, group):
             assert out.shape == (m, h)
             _check_gated(out, carried, ws, b, unary, scalars, algorithm, h)
             if m == 1:
-                kernels.library().kiln_gemm_set_huge_page_packs(1)
-                try:
-                    on_huge_pages = kernels.mm_quant(a, packed, n, bits, group, b, unary, scalars, None, algorithm,
-                                                     gated_width=h)
-                finally:
-                    kernels.library().kiln_gemm_set_huge_page_packs(0)
+                on_huge_pages = _on_huge_pages(a, packed, n, bits, group, b, unary, scalars, None, algorithm, gated_width=h)
                 assert torch.equal(on_huge_pages, out)
 
 
