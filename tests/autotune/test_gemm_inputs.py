@@ -159,7 +159,8 @@ def test_a_memory_bound_product_of_a_graph_beyond_the_cache_is_timed_on_weights_
     cloned.clear()
     gemm.choose_mm(a, b, None)  # from L3: another question, on the usual copies
     assert len(cloned) == gemm.weight_copies(b) - 1
-    assert gemm.streams_weights(2 << 20) and not gemm.streams_weights(1 << 20)
+    # (a graph finds a quarter of the cache's bytes again the next call, not the whole cache's)
+    assert gemm.streams_weights((1 << 18) + 1) and not gemm.streams_weights(1 << 18)
 
 
 def test_a_product_of_many_rows_is_timed_from_the_cache_whatever_the_graph(monkeypatch):
