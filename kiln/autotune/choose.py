@@ -7,7 +7,6 @@ from typing import Any, Callable
 from kiln import compile_time, logs, trace
 from kiln.autotune import record, store
 from kiln.autotune.timing import Timer, host_seconds, interleaved_seconds
-from kiln.native import libkiln
 
 # Within this fraction of the fastest, the earlier candidate (the simpler one) is kept: closer
 # timings are noise on a shared machine, and a needless library switch is a risk for nothing.
@@ -70,7 +69,7 @@ def _measured(op: str, signature: Any, key: str, candidates: dict[str, Callable[
     if result is not None and result["choice"] in candidates:
         COUNTS["cached"] += 1
         return result
-    with compile_time.stage("autotune", merge=True) as timed, libkiln.whole_team():
+    with compile_time.stage("autotune", merge=True) as timed:
         try:
             times, report = interleaved_seconds(candidates, budget_s, max_rounds=max_rounds, timer=timer)
         finally:

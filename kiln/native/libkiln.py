@@ -11,7 +11,6 @@ symbols global, so graph libraries loaded after it resolve their calls into it.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import os
@@ -103,23 +102,6 @@ def apply_settings() -> None:
     loaded it: the frozen program calls this before a first call makes its packs."""
     if library.cache_info().currsize:
         _hand_over_settings(library())
-
-
-@contextlib.contextmanager
-def whole_team():
-    """kiln's team at OpenMP's count while the body runs, then as runtime.adaptive_team says (a
-    fresh policy): the autotuner times kiln's candidates on the threads ATen's get (ATen's, called
-    from Python, take OpenMP's count). On a team narrowed a moment before by a busy core kiln's
-    GEMM would be timed on fewer threads than its rivals, and the answer is kept in the cache."""
-    if not library.cache_info().currsize or not config.runtime.adaptive_team:
-        yield
-        return
-    lib = library()
-    lib.kiln_set_adaptive_team(0)
-    try:
-        yield
-    finally:
-        lib.kiln_set_adaptive_team(1)
 
 
 def team_narrowings() -> int:

@@ -186,24 +186,3 @@ def test_aten_calls_run_at_the_narrowed_team_and_the_count_comes_back(runtime, t
     assert torch.get_num_threads() == full  # and the caller's count back after the call
     runtime.kiln_set_adaptive_team(0)
     assert compiled(x).eq(full + 1).all()
-
-
-def test_the_autotuner_times_candidates_on_the_whole_team(runtime, two_threads_or_more, tmp_path):
-    """A team narrowed by a busy moment before a question is asked is made whole while its
-    candidates run (kiln's GEMM would run on fewer threads than ATen's: libkiln.whole_team), and
-    adapts again afterwards."""
-    import importlib
-
-    choosing = importlib.import_module("kiln.autotune.choose")  # (kiln.autotune.choose is its function)
-    full = torch.get_num_threads()
-    seen = []
-    with config.patch({"cache.dir": str(tmp_path), "runtime.adaptive_team": True}):
-        runtime.kiln_set_adaptive_team(1)
-        runtime.kiln_team_force_cut(full - 1)
-        assert runtime.kiln_team_threads() == 1
-        choosing.clear_memory()
-        choosing.choose("team_test", ("whole",), {"a": lambda: seen.append(runtime.kiln_team_threads()),
-                                                  "b": lambda: seen.append(runtime.kiln_team_threads())})
-        assert seen and set(seen) == {full}
-        runtime.kiln_team_force_cut(full - 1)  # (adapting again: a cut takes)
-        assert runtime.kiln_team_threads() == 1
