@@ -398,7 +398,7 @@ class BackendSettings(_Group):
     huge_pages: bool = setting(
         True,
         env="KILN_HUGE_PAGES",
-        help="kiln's packed weights (its GEMM's panels, its quantized panels) in memory advised as 2 MB "
+        help="kiln's packed weights (its GEMM's panels, its quantized panels) and its runtime's buffers in memory advised as 2 MB "
         "transparent huge pages, where the kernel allows them (transparent_hugepage `madvise` or `always`): "
         "a decode step streams them from DRAM with fewer TLB misses (docs/gemm.md); off: PyTorch's allocator",
     )

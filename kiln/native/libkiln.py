@@ -72,7 +72,7 @@ def library() -> ctypes.CDLL:
     lib.kiln_packs_held.restype = ctypes.c_int64
     lib.kiln_packed_bytes.restype = ctypes.c_int64
     lib.kiln_find_op.argtypes, lib.kiln_find_op.restype = [ctypes.c_char_p, ctypes.c_char_p], ctypes.c_void_p
-    lib.kiln_buffer_cache_kept.restype = ctypes.c_int64
+    lib.kiln_buffer_cache_kept.restype = lib.kiln_buffer_arena_bytes.restype = ctypes.c_int64
     lib.kiln_team_narrowings.restype = lib.kiln_team_asks.restype = ctypes.c_int64
     lib.kiln_set_buffer_cache.argtypes = [ctypes.c_int64]
     _hand_over_settings(lib)

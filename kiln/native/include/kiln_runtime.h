@@ -81,6 +81,8 @@ KILN_API int kiln_huge_page_reads(void);
 KILN_API void kiln_set_buffer_cache(int64_t bytes);
 // Bytes of freed blocks kept now.
 KILN_API int64_t kiln_buffer_cache_kept(void);
+// Bytes carved so far from the blocks' arena of 2 MB pages (backend.huge_pages; 0: none, or off).
+KILN_API int64_t kiln_buffer_arena_bytes(void);
 // The threads kiln's next parallel region asks for (src/kiln_team.cpp): OpenMP's count, less those
 // taken off while the calling thread waits for busy cores. kiln_set_adaptive_team is the setting
 // runtime.adaptive_team; kiln_team_cut the threads taken off now, kiln_team_narrowings the times

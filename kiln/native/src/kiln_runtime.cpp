@@ -256,14 +256,37 @@ int guarded(F&& body) {
 // here a lock and a list. Only kiln's own tensors: the
 // process's allocator and everything else it allocates are left as they are. A block's first 64
 // bytes hold its size class (the data stays 64-byte aligned).
+char* map_huge(size_t size);  // (below, with the packs' memory)
+extern std::atomic<bool> huge_pages_on;
+
 namespace buffer_cache {
 
 constexpr size_t kHeader = 64, kLargestBuffer = size_t(1) << 20;
+
+// New blocks are carved from an arena of 2 MB pages (map_huge), as kiln's packs are, where
+// backend.huge_pages is on: a decode step's ~150 buffers and the operators' outputs then lie on a
+// page or two, where from glibc's heap they lay on as many 4 KB pages, each a TLB miss walking page
+// tables the step's streamed weights had evicted. Qwen2-0.5B int4's decode graph on 2 threads of an
+// Intel Xeon with AMX (family 6 model 167), processes alternated three times while the VM's memory
+// was slow: 8.79-9.15 ms a call before, 8.27-8.55 after; llama-160m int4's 1.53-1.73 -> 1.49-1.54;
+// while it was fast, within noise (Qwen2-0.5B 7.73-8.26 against 7.80-8.25, llama-160m 1.51-1.54
+// against 1.49-1.57): what a walk costs is the memory's latency. The arena is address space
+// until touched (kArenaBytes, the cache's default limit, carved in order): a block of it freed past
+// the limit cannot go back to the system alone and is kept apart for the arena's next use
+// (`spare`), so the arena's memory is at most what was carved.
+constexpr size_t kArenaBytes = size_t(32) << 20;
+struct Arena {
+  char* base = nullptr;  // (nullptr: not mapped yet, or refused)
+  size_t used = 0;
+  bool refused = false;
+  std::map<size_t, std::vector<void*>> spare;  // its freed blocks the cache did not keep, by size class
+};
 
 struct State {
   std::mutex mutex;
   std::map<size_t, std::vector<void*>> free_blocks;  // by size class
   size_t kept = 0;                                   // bytes in free_blocks
+  Arena arena;
 };
 State& state() {
   static State* s = new State;  // (never destroyed: tensors may be freed during the process's exit)
@@ -278,6 +301,35 @@ size_t size_class(size_t n) {
   return (n + step - 1) / step * step;
 }
 
+bool in_arena(const State& s, const void* base) {
+  return s.arena.base && base >= s.arena.base && base < s.arena.base + kArenaBytes;
+}
+
+// A free block of size class `size` from the list `lists` keeps for it, or nullptr.
+void* take(std::map<size_t, std::vector<void*>>& lists, size_t size) {
+  auto found = lists.find(size);
+  if (found == lists.end() || found->second.empty()) return nullptr;
+  void* base = found->second.back();
+  found->second.pop_back();
+  return base;
+}
+
+// A block of size class `size` from the arena (a spare one, else carved), or nullptr where it is
+// full, refused or off. Under the lock.
+void* from_arena(State& s, size_t size) {
+  if (void* spare = take(s.arena.spare, size)) return spare;
+  if (!huge_pages_on.load(std::memory_order_relaxed) || s.arena.refused) return nullptr;
+  if (!s.arena.base && !(s.arena.base = map_huge(kArenaBytes))) {
+    s.arena.refused = true;
+    return nullptr;
+  }
+  if (s.arena.used + size + kHeader > kArenaBytes) return nullptr;
+  char* base = s.arena.base + s.arena.used;
+  s.arena.used += size + kHeader;
+  *reinterpret_cast<size_t*>(base) = size;
+  return base;
+}
+
 void release(void* base) {
   const size_t size = *static_cast<size_t*>(base);
   State& s = state();
@@ -288,20 +340,28 @@ void release(void* base) {
       s.kept += size;
       return;
     }
+    if (in_arena(s, base)) {
+      s.arena.spare[size].push_back(base);
+      return;
+    }
   }
   c10::free_cpu(base);
 }
 
 void drop_all() {
   State& s = state();
-  std::map<size_t, std::vector<void*>> dropped;
+  std::vector<void*> freed;
   {
     std::lock_guard<std::mutex> lock(s.mutex);
-    dropped.swap(s.free_blocks);
+    for (auto& [size, blocks] : s.free_blocks)
+      for (void* base : blocks) {
+        if (in_arena(s, base)) s.arena.spare[size].push_back(base);
+        else freed.push_back(base);
+      }
+    s.free_blocks.clear();
     s.kept = 0;
   }
-  for (auto& [size, blocks] : dropped)
-    for (void* base : blocks) c10::free_cpu(base);
+  for (void* base : freed) c10::free_cpu(base);
 }
 
 struct Allocator final : c10::Allocator {
@@ -313,12 +373,8 @@ struct Allocator final : c10::Allocator {
     {
       State& s = state();
       std::lock_guard<std::mutex> lock(s.mutex);
-      auto found = s.free_blocks.find(size);
-      if (found != s.free_blocks.end() && !found->second.empty()) {
-        base = found->second.back();
-        found->second.pop_back();
-        s.kept -= size;
-      }
+      if ((base = take(s.free_blocks, size)) != nullptr) s.kept -= size;
+      else base = from_arena(s, size);
     }
     if (base == nullptr) {
       base = c10::alloc_cpu(size + kHeader);
@@ -1448,6 +1504,12 @@ int64_t kiln_buffer_cache_kept(void) {
   auto& s = buffer_cache::state();
   std::lock_guard<std::mutex> lock(s.mutex);
   return static_cast<int64_t>(s.kept);
+}
+
+int64_t kiln_buffer_arena_bytes(void) {
+  auto& s = buffer_cache::state();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return static_cast<int64_t>(s.arena.used);
 }
 
 void kiln_set_huge_pages(int on) {
