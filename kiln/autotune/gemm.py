@@ -251,7 +251,7 @@ def memory_bound(a: torch.Tensor) -> bool:
 # guests share: a 2-core Intel Xeon with AMX reports 480 MB of L3, yet a buffer read again and again
 # came at 49 GB/s up to 64 MB, 36 at 128 MB and DRAM's 21-22 from 240 MB on. Timed as from L3,
 # llama-160m's float32 decode products (452 MB of weights) took ATen's GEMM, which streams slower:
-# its decode graph 15.5 ms a call, 13.0 with the products timed from DRAM (all kiln's GEMV then).
+# its decode graph 15.5 ms a call, 13.0-14.2 with the products timed from DRAM (13.0 all kiln's GEMV).
 CACHE_KEPT_FRACTION = 4
 
 
