@@ -267,10 +267,10 @@ constexpr size_t kHeader = 64, kLargestBuffer = size_t(1) << 20;
 // backend.huge_pages is on: a decode step's ~150 buffers and the operators' outputs then lie on a
 // page or two, where from glibc's heap they lay on as many 4 KB pages, each a TLB miss walking page
 // tables the step's streamed weights had evicted. Qwen2-0.5B int4's decode graph on 2 threads of an
-// Intel Xeon with AMX (family 6 model 167), processes alternated three times while the VM's memory
-// was slow: 8.79-9.15 ms a call before, 8.27-8.55 after; llama-160m int4's 1.53-1.73 -> 1.49-1.54;
-// while it was fast, within noise (Qwen2-0.5B 7.73-8.26 against 7.80-8.25, llama-160m 1.51-1.54
-// against 1.49-1.57): what a walk costs is the memory's latency. The arena is address space
+// Intel Xeon with AMX (family 6 model 167), processes alternated: 8.79-9.15 ms a call before and
+// 8.27-8.55 after in a first series of three (llama-160m int4's 1.53-1.73 -> 1.49-1.54), the median
+// round 0.99x in a later one of six, within noise where the memory was fast: a gain of a few
+// percent at most, where page walks cost the most (docs/native.md). The arena is address space
 // until touched (kArenaBytes, the cache's default limit, carved in order): a block of it freed past
 // the limit cannot go back to the system alone and is kept apart for the arena's next use
 // (`spare`), so the arena's memory is at most what was carved.
