@@ -9,6 +9,7 @@ import torch
 import kiln
 from kiln.externs import native_ops
 from kiln.native import libkiln
+from tests.runtime.test_huge_pages import THP, run_with_huge_pages
 
 
 @pytest.fixture
@@ -109,23 +110,12 @@ json.dump({"carved": carved, "carved_after": lib.kiln_buffer_arena_bytes(), "map
 """
 
 
-def _arena(huge_pages: str) -> dict:
-    import json
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "KILN_HUGE_PAGES": huge_pages}
-    done = subprocess.run([sys.executable, "-c", ARENA], capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
+@pytest.mark.skipif(not THP.exists(), reason="this kernel has no transparent huge pages")
 def test_blocks_are_carved_from_an_arena_of_huge_pages_with_the_setting_on():
     """backend.huge_pages: the runtime's buffers come from an arena advised as 2 MB pages (the
     packs' own setting), nothing advised with it off; blocks freed past the cache's limit go back
     to the arena and are used again there (it grows no further), with the same results."""
-    on, off = _arena("1"), _arena("0")
+    on, off = run_with_huge_pages(ARENA, "1"), run_with_huge_pages(ARENA, "0")
     assert on["carved"] > 0 and on["mapped"] >= 32 << 20, on  # the arena, advised
     assert on["carved_after"] == on["carved"] and on["kept"] <= 256, on  # spares used again, none kept
     assert off["carved"] == off["carved_after"] == 0 and off["mapped"] == 0, off

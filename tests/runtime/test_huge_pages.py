@@ -56,15 +56,16 @@ json.dump({"mapped": mapped, "freed": freed, "out": out.flatten().tolist(), "eag
 """
 
 
-def _run(huge_pages: str) -> dict:
+def run_with_huge_pages(script: str, huge_pages: str) -> dict:
+    """What `script` writes (JSON) when run in a fresh process with backend.huge_pages `huge_pages`."""
     env = {**os.environ, "KILN_HUGE_PAGES": huge_pages}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
 
 def test_packs_are_advised_as_huge_pages_only_with_the_setting_on():
-    on, off = _run("1"), _run("0")
+    on, off = run_with_huge_pages(SCRIPT, "1"), run_with_huge_pages(SCRIPT, "0")
     assert on["mapped"] >= 4 << 20, on["mapped"]  # a chunk holding the 4 MB pack, advised
     assert on["freed"] >= 3 << 20, on["freed"]  # the pack's resident pages returned when it was dropped
     assert off["mapped"] == 0, off["mapped"]
