@@ -39,7 +39,8 @@ class AliasRestorer:
         """(layout, outputs, their bases' input positions) per distinct layout, where every alias
         is a view of an input with a layout the inputs give; None otherwise (the one-by-one loop)."""
         aliases = self.sig.aliases
-        if not aliases or any(a.of != "input" or a.same_tensor or self.layouts[k] is None for k, a in aliases.items()):
+        if not aliases or any(a.of != "input" or a.same_tensor or a.retyped or self.layouts[k] is None
+                              for k, a in aliases.items()):
             return None
         groups: dict[str, list[int]] = {}
         for k, a in aliases.items():
@@ -79,7 +80,7 @@ class AliasRestorer:
                 # The output chosen as the base is a view the autograd.Function returned, of the other
                 # (`return t.view(-1), t`): the other is the base, and the view is made of it here, so
                 # the user may write to it in place as eager allows.
-                outputs[alias.base] = outputs[k].as_strided(base.size(), base.stride(), base.storage_offset())
+                outputs[alias.base] = _typed_view(outputs[k], base.dtype, base.size(), base.stride(), base.storage_offset())
                 continue
             outputs[k] = self._as_view_of(base, k, alias, outputs[k], args)
         return outputs
@@ -110,7 +111,20 @@ class AliasRestorer:
             raise RuntimeError(f"kiln: the layout of an output viewing an input, {alias.size} {alias.stride}, "
                                "depends on a size no input gives")
         size, stride, offset = self.layouts[k](args)
+        return _typed_view(base, self.sig.output_metas[k].dtype, size, stride, offset)
+
+
+def _typed_view(base: torch.Tensor, dtype: torch.dtype, size: Any, stride: Any, offset: int) -> torch.Tensor:
+    """The view of `base`'s storage with this layout, counted in elements of `dtype`: an output that
+    reinterprets its base (`buffer[a:b].view(torch.float32)` of a byte buffer, `view_as_real`)
+    keeps its own dtype, where `base.as_strided` alone would hand back the base's (bytes)."""
+    if base.dtype == dtype:
         return base.as_strided(size, stride, offset)
+    # The whole storage as one row of the base's elements (a view, so writes reach the base and
+    # autograd sees a view), as many as make whole elements of `dtype`, then reinterpreted.
+    itemsize = dtype.itemsize
+    count = base.untyped_storage().nbytes() // itemsize * itemsize // base.dtype.itemsize
+    return base.as_strided((count,), (1,), 0).view(dtype).as_strided(size, stride, offset)
 
 
 def _sum_of_products(expr: Any) -> bool:

@@ -36,6 +36,7 @@ class Alias:
     size: tuple[Any, ...]
     stride: tuple[Any, ...]
     storage_offset: Any
+    retyped: bool = False  # the output views the base's memory as another dtype (`x.view(torch.float32)`)
 
 
 def _dense(size: tuple[Any, ...], stride: tuple[Any, ...]) -> bool:
@@ -104,7 +105,7 @@ class Signature:
         state = dict(self.__dict__)
         state["input_sizes"] = [_portable(v) for v in self.input_sizes]
         state["aliases"] = {k: Alias(a.of, a.base, a.same_tensor, _portable(a.size), _portable(a.stride),
-                                     _portable(a.storage_offset)) for k, a in self.aliases.items()}
+                                     _portable(a.storage_offset), a.retyped) for k, a in self.aliases.items()}
         state["output_metas"] = [m if m is None else TensorMeta(_portable(m.size), _portable(m.stride), m.dtype, m.device)
                                  for m in self.output_metas]
         return state
@@ -205,10 +206,10 @@ def analyze(fn: Callable[..., Sequence[Any]], fake_args: Sequence[Any], fake_mod
         layout = (tuple(out.size()), tuple(out.stride()), out.storage_offset())
         if storage in input_storages:
             base = input_storages[storage]
-            sig.aliases[k] = Alias("input", base, out is args[base], *layout)
+            sig.aliases[k] = Alias("input", base, out is args[base], *layout, out.dtype != args[base].dtype)
         elif output_storages.get(storage, k) != k:
             base = output_storages[storage]
-            sig.aliases[k] = Alias("output", base, out is outputs[base], *layout)
+            sig.aliases[k] = Alias("output", base, out is outputs[base], *layout, out.dtype != outputs[base].dtype)
     return sig
 
 

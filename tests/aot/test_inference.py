@@ -225,3 +225,48 @@ def test_copies_of_an_input_are_fresh_and_views_of_it_stay_views(door, dynamic):
         torch.testing.assert_close(out, want)
         shares = out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
         assert shares == (name in VIEWS), name
+
+
+RETYPED_VIEWS = {
+    "bytes as float32, at an offset": (lambda b: b[4:20].view(torch.float32), lambda: torch.arange(64, dtype=torch.uint8)),
+    "float32 as bytes": (lambda x: x[1:].view(torch.uint8), lambda: torch.randn(5)),
+    "float32 as int32, transposed": (lambda x: x.t().view(torch.int32), lambda: torch.randn(4, 6)),
+    "view_as_real": (lambda z: torch.view_as_real(z[1:]), lambda: torch.randn(4, dtype=torch.complex64)),
+}
+
+
+@pytest.mark.parametrize("door", ["kiln.compile", "torch.compile"])
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_views_that_reinterpret_an_inputs_dtype_keep_their_dtype(door, dynamic):
+    # An output's layout counts elements of its own dtype: made again from a base of another dtype
+    # it must be that dtype's view (HF's static KV cache placed in a byte buffer came back as bytes).
+    for name, (fn, make) in RETYPED_VIEWS.items():
+        kiln.reset()
+        compiled = kiln.compile(fn, dynamic=dynamic) if door == "kiln.compile" else \
+            torch.compile(fn, backend="kiln", dynamic=dynamic)
+        x = make()
+        out, want = compiled(x), fn(x.clone())
+        assert out.dtype == want.dtype and out.shape == want.shape and out.stride() == want.stride(), name
+        assert torch.equal(out, want), name
+        assert out.data_ptr() == fn(x).data_ptr(), name  # the input's memory, at the same place
+        out.zero_()
+        assert not fn(x).any(), name  # written through the view
+
+def test_a_retyped_view_of_a_buffer_assigned_to_an_attribute_stays_a_view_of_the_buffer():
+    buffer = torch.zeros(256, dtype=torch.uint8)
+
+    class Layer:
+        keys = None
+
+    layer = Layer()
+
+    def place(x):
+        layer.keys = buffer[64:96].view(torch.float32).view(2, 4)
+        layer.keys.copy_(x)
+        return x + 1
+
+    kiln.compile(place)(torch.arange(8.0).view(2, 4))
+    assert layer.keys.dtype == torch.float32 and layer.keys.data_ptr() == buffer.data_ptr() + 64
+    assert torch.equal(layer.keys, torch.arange(8.0).view(2, 4))
+    layer.keys.fill_(1.0)
+    assert torch.equal(buffer[64:96].view(torch.float32), torch.ones(8))
