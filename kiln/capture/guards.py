@@ -246,16 +246,33 @@ def _static_layouts(guards: list[Guard]) -> tuple[list[Guard], dict[int, StaticL
 def alias_pattern(tensors: Sequence[Any], by_storage: bool = False,
                   expected: tuple[int, ...] | None = None) -> tuple[int, ...] | bool:
     """For each tensor, the index of the first that is the same object; `by_storage`: then,
-    for each, the index of the first whose memory it shares (an empty tensor shares none). With
-    `expected`, whether the pattern is it (the extension's never makes the pattern then). The
-    guards call the extension's, the same in one C loop, where this process has it."""
+    for each, the index of the first whose memory it may share: in the same storage, their spans
+    of bytes (first to last element) overlapping (an empty tensor shares none). Two disjoint parts
+    of one buffer (two layers' KV caches cut from one allocation) are then two inputs a graph
+    may write in place, each its own. With `expected`, whether the pattern is it (the extension's
+    never makes the pattern then). The guards call the extension's, the same in one C loop, where
+    this process has it."""
     first: dict[int, int] = {}
     pattern = tuple(first.setdefault(id(t), i) for i, t in enumerate(tensors))
     if by_storage:
-        storages: dict[tuple, int] = {}
-        pattern += tuple(storages.setdefault((t.device, t.untyped_storage().data_ptr()) if t.numel() else (i,), i)
-                         for i, t in enumerate(tensors))
+        spans = [_memory_span(t) for t in tensors]
+        pattern += tuple(next(j for j in range(i + 1) if _overlap(spans[j], spans[i])) if spans[i] else i
+                         for i in range(len(tensors)))
     return pattern if expected is None else pattern == expected
+
+
+def _memory_span(t: Any) -> tuple | None:
+    """(device, storage, first byte, past the last byte) of a tensor's elements; None when empty."""
+    if not t.numel():
+        return None
+    size = t.element_size()
+    start = t.storage_offset() * size
+    extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.device, t.untyped_storage().data_ptr(), start, start + (extent + 1) * size
+
+
+def _overlap(a: tuple | None, b: tuple | None) -> bool:
+    return a is not None and b is not None and a[:2] == b[:2] and a[2] < b[3] and b[2] < a[3]
 
 
 def _aliasing(g: Guard, v: str, ns: Namespace, name_of: Any = None) -> str:

@@ -387,7 +387,10 @@ def test_the_extensions_alias_pattern_is_pythons():
     empty = torch.empty(0)
     meta = torch.empty(3, device="meta")
     cases = [[], [base], [base, base[1], other, base, empty, torch.empty(0), other[1:], empty],
-             [meta, torch.empty(3, device="meta"), base, meta], [base.t(), base.view(-1), torch.randn(4, 4)]]
+             [meta, torch.empty(3, device="meta"), base, meta], [base.t(), base.view(-1), torch.randn(4, 4)],
+             # parts of one storage: disjoint rows, touching ends, a column (its span crosses the rows'),
+             # a strided part, and another dtype's view of the same bytes
+             [base[0], base[1], base[1:3], base[:, 0], base[3, ::2], base[3].view(torch.int32), base.view(-1)[4:8]]]
     for values in cases:
         for by_storage in (False, True):
             pattern = native(values, by_storage)
@@ -409,6 +412,57 @@ def test_the_extensions_alias_pattern_is_pythons():
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the eager frame is told once per code object)
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the eager frame is told once per code object)
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_disjoint_parts_of_one_buffer_written_in_place_stay_compiled(backend):
+    # Dynamo's rule too: inputs of one storage whose memory does not overlap are independent
+    # inputs (two layers' KV caches cut from one allocation); parts that overlap run eagerly.
+    def f(x, y):
+        x.add_(1)
+        y.mul_(2)
+        y.add_(x.sum())
+        return x + y
+
+    compiled = kiln.compile(f, backend=backend)
+    for first, second in ((0, 4), (8, 12), (12, 4)):
+        buffer, reference = torch.arange(16.0), torch.arange(16.0)
+        out = compiled(buffer[first:first + 4], buffer[second:second + 4])
+        assert_same(out, f(reference[first:first + 4], reference[second:second + 4]))
+        assert_same(buffer, reference)
+    assert compiled.kiln_cache.fallback is None and len(compiled.kiln_cache.entries) == 1
+    buffer, reference = torch.arange(16.0), torch.arange(16.0)
+    out = compiled(buffer[0:4], buffer[2:6])  # overlapping: the aliasing guard fails, eager from then on
+    assert_same(out, f(reference[0:4], reference[2:6]))
+    assert_same(buffer, reference)
+    assert compiled.kiln_cache.fallback.kind == "aliased_input_mutation"
+
+
+def test_a_kv_cache_cut_from_one_allocation_is_written_in_place_by_a_compiled_step():
+    class Layer:
+        def __init__(self, keys, values):
+            self.keys, self.values = keys, values
+
+    def layers_of(store):
+        return [Layer(store[i, 0], store[i, 1]) for i in range(store.shape[0])]
+
+    def step(layers, x, position):
+        out = x.new_zeros(x.shape[-1])
+        for layer in layers:
+            layer.keys.index_copy_(0, position, x)
+            layer.values.index_copy_(0, position, x * 2)
+            out = out + layer.keys.sum(0) + layer.values.sum(0)
+        return out
+
+    store, reference = torch.zeros(3, 2, 8, 4), torch.zeros(3, 2, 8, 4)
+    layers, reference_layers = layers_of(store), layers_of(reference)
+    compiled = kiln.compile(step)
+    for t in range(4):
+        x = torch.randn(1, 4)
+        assert_same(compiled(layers, x, torch.tensor([t])), step(reference_layers, x, torch.tensor([t])))
+        assert_same(store, reference)
+    assert compiled.kiln_cache.fallback is None and len(compiled.kiln_cache.entries) == 1
+
+
 def test_aliasing_guard_through_the_extension_sees_one_tensor_passed_twice():
     from kiln.native import python_door
 

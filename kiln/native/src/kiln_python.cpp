@@ -30,7 +30,8 @@
 //   alias_pattern(values, by_storage, expected=None) -> tuple of ints, or bool
 //       kiln/capture/guards.py `alias_pattern` in one C loop: for each value the index of the first
 //       that is the same object; with `by_storage` (tensors only) then, for each, the index of the
-//       first on the same device whose storage has the same data pointer (an empty tensor: its own).
+//       first on the same device whose storage has the same data pointer and whose span of bytes
+//       (first element to last) overlaps its own (an empty tensor: its own).
 //       An aliasing guard checks it on every call of a graph that writes its inputs (a decode
 //       step's KV cache: ~40 tensors, ~25 us in Python when the step's weights left the caches cold).
 //       With `expected` (a tuple): whether the pattern is it, the pattern itself never made.
@@ -540,15 +541,27 @@ PyObject* stamp(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return result;
 }
 
-// A tensor's memory as alias_pattern compares it (`shared`: false for an empty tensor, which shares none).
+// A tensor's memory as alias_pattern compares it: its storage and the span of bytes from its first
+// element to its last (`shared`: false for an empty tensor, which shares none).
 struct StorageKey {
   bool shared;
   int device_type, device_index;
   const void* data;
+  int64_t begin, end;
   bool same_memory(const StorageKey& o) const {
-    return shared && o.shared && device_type == o.device_type && device_index == o.device_index && data == o.data;
+    return shared && o.shared && device_type == o.device_type && device_index == o.device_index && data == o.data &&
+           begin < o.end && o.begin < end;
   }
 };
+
+StorageKey storage_key(const at::Tensor& t) {
+  if (t.numel() == 0) return {false, 0, 0, nullptr, 0, 0};
+  const int64_t item = static_cast<int64_t>(t.element_size());
+  int64_t extent = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) extent += (t.size(d) - 1) * t.stride(d);
+  const int64_t begin = t.storage_offset() * item;
+  return {true, int(t.device().type()), int(t.device().index()), t.storage().data(), begin, begin + (extent + 1) * item};
+}
 
 PyObject* alias_pattern(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 2 && nargs != 3) {
@@ -625,8 +638,7 @@ PyObject* alias_pattern(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         PyErr_Format(PyExc_RuntimeError, "alias_pattern: item %zd has no storage", k);
         return fail();
       }
-      keys[k] = {t.numel() != 0, int(t.device().type()), int(t.device().index()),
-                 t.numel() != 0 ? t.storage().data() : nullptr};
+      keys[k] = storage_key(t);
       Py_ssize_t first = 0;
       while (first < k && !keys[first].same_memory(keys[k])) ++first;
       const int done = set(n + k, first);
