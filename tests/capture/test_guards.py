@@ -412,7 +412,6 @@ def test_the_extensions_alias_pattern_is_pythons():
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the eager frame is told once per code object)
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the eager frame is told once per code object)
 @pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
 def test_disjoint_parts_of_one_buffer_written_in_place_stay_compiled(backend):
     # Dynamo's rule too: inputs of one storage whose memory does not overlap are independent
@@ -463,6 +462,7 @@ def test_a_kv_cache_cut_from_one_allocation_is_written_in_place_by_a_compiled_st
     assert compiled.kiln_cache.fallback is None and len(compiled.kiln_cache.entries) == 1
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the eager frame is told once per code object)
 def test_aliasing_guard_through_the_extension_sees_one_tensor_passed_twice():
     from kiln.native import python_door
 
