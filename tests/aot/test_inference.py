@@ -252,6 +252,7 @@ def test_views_that_reinterpret_an_inputs_dtype_keep_their_dtype(door, dynamic):
         out.zero_()
         assert not fn(x).any(), name  # written through the view
 
+
 def test_a_retyped_view_of_a_buffer_assigned_to_an_attribute_stays_a_view_of_the_buffer():
     buffer = torch.zeros(256, dtype=torch.uint8)
 
