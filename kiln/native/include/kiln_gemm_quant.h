@@ -1009,6 +1009,11 @@ template <int RUNS, typename F> static inline void gated_pairs(int64_t i0, int64
   });
 }
 
+// How many runs a thread reads side by side at one row with more than one digit (a gated
+// product's pairs: half as many runs of two panels). Qwen2-0.5B's int4 products from DRAM on 2 MB
+// pages read in runs, 2 threads of the Intel Xeon with AMX (family 6 model 167; quant_decode_sweep.py
+// --in-c --huge-page-runs, 20 interleaved rounds, the median of each round's ratio): one run 1.100x
+// the time of two (quartiles 1.086-1.126), four 1.003x (0.971-1.024).
 #ifdef KILN_DIGIT_RUNS  // to time another count
 constexpr int DIGIT_RUNS = KILN_DIGIT_RUNS;
 #else
@@ -1063,13 +1068,13 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
       });
     } else if (M == 1) {
       // Runs of 4 panels with one digit (as int4_row), 2 with more: their sums fill the registers
-      // (a gated product's: half as many runs of pairs).
+      // (a gated product's: half as many runs of pairs, at least one: KILN_DIGIT_RUNS=1 times one stream).
       constexpr int RUNS = D == 1 ? INT4_RUNS : DIGIT_RUNS;
       auto tile = [&](auto count, const int64_t* at) {
         digits_tile<BITS, decltype(count)::value, 1, D, D == 1 ? INT4_PREFETCH_WORDS : RUNS_PREFETCH_UNITS,
                     D == 1 ? 0 : NEAR_UNITS>(src, at, 1, x, c, ldc, e, 0, stream);
       };
-      if (pairs) gated_pairs<RUNS / 2>(p0, p1, units, tile);
+      if (pairs) gated_pairs<(RUNS > 1 ? RUNS / 2 : 1)>(p0, p1, units, tile);
       else panel_runs<RUNS>(p0, p1, tile);
     } else {
       for (int64_t p = p0; p < p1; ++p) {
