@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import statistics
 import time
 import warnings
@@ -62,7 +61,7 @@ class StepClock:
         mark = self.marks.append
         ns = time.perf_counter_ns
 
-        def around(owner: Any, name: str, before: str, after: str, first_only: bool = False) -> None:
+        def around(owner: Any, name: str, before: str, after: str) -> None:
             inner = getattr(owner, name)
             had = name in vars(owner)
 
