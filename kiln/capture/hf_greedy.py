@@ -39,17 +39,20 @@ leaves it; per step it differs in these ways:
   `_sample`.
 
 The route hands the loop over only where the call can only be greedy search or sampling of a
-decoder-only model without what the loop does not do: no streamer, assistant, tokenizer (stop
-strings), synced GPUs, `custom_generate` or positional arguments past the inputs; HF's `_sample`
+decoder-only model without what the loop does not do: no assistant, tokenizer (stop strings),
+synced GPUs, `custom_generate` or positional arguments past the inputs; HF's `_sample`
 and `generate` being `GenerationMixin`'s own; no `torch.distributed` process group; the mode of
 the configuration `generate` will build (`_prepare_generation_config`) greedy search or sampling.
 Inside, a call that asks for scores, logits or a dict, or runs on a device where HF defers the
-stop check (MPS), is handed back to `_sample` unchanged. `config.capture.greedy_loop`
-(`KILN_GREEDY_LOOP=0`) turns it off.
+stop check (MPS), is handed back to `_sample` unchanged. A streamer is given what `_sample` gives
+it: `generate` puts the prompt, the loop each step's tokens (a [batch] tensor on the CPU, after
+the stopping criteria, as `_sample` puts them) and calls `end()` when the sequences are done.
+`config.capture.greedy_loop` (`KILN_GREEDY_LOOP=0`) turns it off.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Callable
 
@@ -66,7 +69,7 @@ CHECKED_STEPS = 3
 
 # `generate` arguments that change what the decoding loop must do (or that `custom_generate`
 # would drop from `_sample`'s arguments): with any of them HF runs its own loop.
-_HF_LOOP_ARGUMENTS = ("custom_generate", "streamer", "assistant_model", "assistant_tokenizer", "tokenizer",
+_HF_LOOP_ARGUMENTS = ("custom_generate", "assistant_model", "assistant_tokenizer", "tokenizer",
                       "synced_gpus", "prefix_allowed_tokens_fn", "negative_prompt_ids")
 
 
@@ -81,7 +84,11 @@ def decoding_loop_kwargs(module: nn.Module, args: tuple, kwargs: dict) -> dict:
         return kwargs
     if not _plain_search(module, kwargs):
         return kwargs
-    return {**kwargs, "custom_generate": decoding_loop}
+    streamer = kwargs.get("streamer")
+    # (`generate` hands a callable `custom_generate` only `_sample`'s own arguments and the callable's
+    # extra ones: not the streamer, which it gives the prompt itself; bound here, the loop gets it)
+    loop = decoding_loop if streamer is None else functools.partial(decoding_loop, streamer=streamer)
+    return {**kwargs, "custom_generate": loop}
 
 
 def _hands_over_decoding(cls: type) -> bool:
@@ -105,7 +112,7 @@ def _plain_search(module: nn.Module, kwargs: dict) -> bool:
     merge of the model's configuration, the defaults and the arguments)."""
     from transformers.generation.configuration_utils import GenerationMode
 
-    options = {name: value for name, value in kwargs.items() if name not in ("generation_config", "inputs")}
+    options = {name: value for name, value in kwargs.items() if name not in ("generation_config", "inputs", "streamer")}
     try:
         generation_config, _ = module._prepare_generation_config(kwargs.get("generation_config"), **options)
         return (generation_config.get_generation_mode(None) in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
@@ -118,7 +125,7 @@ def decoding_loop(model: nn.Module, input_ids: torch.LongTensor, logits_processo
                     generation_config: Any, synced_gpus: bool = False, streamer: Any = None, **model_kwargs: Any) -> Any:
     """HF's `_sample` for greedy search or sampling without outputs beside the tokens (the signature is
     `_sample`'s, so that `generate` hands it the same arguments)."""
-    if (synced_gpus or streamer is not None or generation_config.return_dict_in_generate
+    if (synced_gpus or generation_config.return_dict_in_generate
             or input_ids.device.type == "mps" or getattr(generation_config, "is_assistant", False)):
         return type(model)._sample(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                    synced_gpus, streamer, **model_kwargs)
@@ -142,9 +149,13 @@ def decoding_loop(model: nn.Module, input_ids: torch.LongTensor, logits_processo
                 column = column * unfinished[:, None] + pad_token * (1 - unfinished[:, None])
             tokens.append(column)
             done = stop(tokens, column)
+            if streamer is not None:  # (`_sample`'s put: the step's tokens, [batch], on the CPU; a copy, as
+                streamer.put(column[:, 0].to("cpu", copy=True))  # a streamer may keep what it is given)
             if done is not None:
                 unfinished, all_unfinished = unfinished & ~done, False
                 if unfinished.max() == 0:
+                    if streamer is not None:
+                        streamer.end()
                     return tokens.whole()
             outputs = model(**steps.inputs(tokens, column, model_kwargs), return_dict=True)
 

@@ -210,9 +210,56 @@ def test_a_minimum_length_is_run_only_where_it_holds_the_greedy_token_off(option
     assert 1 <= calls["processor"] < 6  # on the steps where the greedy token was held off only
 
 
+class _Recorder(transformers.generation.BaseStreamer):
+    """A streamer that keeps what it is given (a copy of each value) and its end, and writes over
+    each step's tokens it was handed (as a streamer may: they must be its own)."""
+
+    def __init__(self) -> None:
+        self.seen: list = []
+
+    def put(self, value):
+        self.seen.append(value.clone())
+        if len(self.seen) > 1:  # (not the prompt: `generate` hands over the caller's own ids)
+            value.fill_(-1)
+
+    def end(self):
+        self.seen.append("end")
+
+
+@pytest.mark.parametrize("case", ["one row", "rows ending early"])
+def test_a_streamer_gets_eagers_tokens_from_kilns_loop(case, monkeypatch):
+    """A streamer through kiln's loop (which `generate` would not hand it: kiln binds it) is given
+    what HF's `_sample` gives it, in the same calls: the prompt, each step's tokens as a [batch]
+    tensor (a finished row's as padding; its own, written over by the streamer without changing the
+    result), then `end()`; greedy search and sampling alike."""
+    kiln.reset()
+    model = _decoder("llama")
+    rows = 1 if case == "one row" else 2
+    prompt = _prompt(rows, 12)
+    options = dict(max_new_tokens=NEW_TOKENS, pad_token_id=7)
+    with torch.no_grad():
+        free = model.generate(prompt, attention_mask=torch.ones_like(prompt), eos_token_id=None, do_sample=False, **options)
+        eos = None if rows == 1 else int(free[0, 12 + 3])
+        for sample in (False, True):
+            eager, kilns = _Recorder(), _Recorder()
+            torch.manual_seed(5)
+            expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), eos_token_id=eos,
+                                      do_sample=sample, streamer=eager, **options)
+            counts = _counted(monkeypatch, model)
+            torch.manual_seed(5)
+            tokens = kiln.compile(model).generate(prompt, attention_mask=torch.ones_like(prompt), eos_token_id=eos,
+                                                  do_sample=sample, streamer=kilns, **options)
+            monkeypatch.undo()
+            assert torch.equal(tokens, expected) and counts["kiln"] == 1 and counts["sample"] == 0
+            assert len(kilns.seen) == len(eager.seen) == 2 + expected.shape[1] - 12 and kilns.seen[-1] == "end"
+            for got, want in zip(kilns.seen[:-1], eager.seen[:-1]):
+                assert got.device.type == "cpu" and got.dtype == want.dtype and torch.equal(got, want)
+            if rows == 2 and not sample:
+                assert (expected[0, 12 + 4:] == 7).all()  # the case is the one meant: row 0 finished early
+
+
 OTHER_LOOPS = {
     "scores": dict(return_dict_in_generate=True, output_scores=True, do_sample=False),
-    "streamer": dict(streamer="streamer"),
     "beams": dict(num_beams=2),
 }
 
@@ -223,21 +270,9 @@ def test_a_call_kilns_loop_does_not_cover_runs_hfs_sample(case, monkeypatch):
     model = _decoder("llama")
     prompt = _prompt()
     options = dict(max_new_tokens=8, pad_token_id=0, eos_token_id=None, **OTHER_LOOPS[case])
-    if options.get("streamer"):
-        seen = []
-
-        class Streamer(transformers.generation.BaseStreamer):
-            def put(self, value):
-                seen.append(value)
-
-            def end(self):
-                seen.append("end")
-
-        options["streamer"] = Streamer()
     with torch.no_grad():
         torch.manual_seed(3)
         expected = model.generate(prompt, **options)
-        streamed = seen[:] if case == "streamer" else None
         counts = _counted(monkeypatch, model)
         torch.manual_seed(3)
         result = kiln.compile(model).generate(prompt, **options)
@@ -246,8 +281,6 @@ def test_a_call_kilns_loop_does_not_cover_runs_hfs_sample(case, monkeypatch):
         assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(result.scores, expected.scores))
     else:
         assert torch.equal(result, expected)
-    if case == "streamer":
-        assert len(seen) == 2 * len(streamed) and seen[-1] == "end"
     # HF's loop ran, and made every step's inputs itself.
     assert counts["prepare"] >= 8 if case != "beams" else counts["prepare"] >= 1
     if case != "beams":
