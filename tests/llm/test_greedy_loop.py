@@ -258,6 +258,47 @@ def test_a_streamer_gets_eagers_tokens_from_kilns_loop(case, monkeypatch):
                 assert (expected[0, 12 + 4:] == 7).all()  # the case is the one meant: row 0 finished early
 
 
+def test_a_streamer_read_from_another_thread_gets_every_token(monkeypatch):
+    """A chat front end's way (TextIteratorStreamer's): `generate` on a thread of its own, the
+    tokens read from a queue on the caller's as they come; kiln's loop on that thread."""
+    import queue
+    import threading
+
+    kiln.reset()
+    model = _decoder("llama")
+    prompt = _prompt()
+    options = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, eos_token_id=None)
+
+    class Queued(transformers.generation.BaseStreamer):
+        def __init__(self) -> None:
+            self.queue: queue.Queue = queue.Queue()
+
+        def put(self, value):
+            self.queue.put(value.reshape(-1).tolist())
+
+        def end(self):
+            self.queue.put(None)
+
+    with torch.no_grad():
+        expected = model.generate(prompt, **options)
+    compiled, streamer, result = kiln.compile(model), Queued(), {}
+    counts = _counted(monkeypatch, model)
+
+    def generate():
+        with torch.no_grad():
+            result["tokens"] = compiled.generate(prompt, streamer=streamer, **options)
+
+    thread = threading.Thread(target=generate)
+    thread.start()
+    streamed = []
+    while (value := streamer.queue.get(timeout=300)) is not None:
+        streamed.append(value)
+    thread.join()
+    assert torch.equal(result["tokens"], expected)
+    assert streamed[0] == prompt[0].tolist() and sum(streamed[1:], []) == expected[0, 16:].tolist()
+    assert counts["kiln"] == 1 and counts["sample"] == 0
+
+
 OTHER_LOOPS = {
     "scores": dict(return_dict_in_generate=True, output_scores=True, do_sample=False),
     "beams": dict(num_beams=2),
