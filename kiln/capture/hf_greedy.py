@@ -43,8 +43,10 @@ decoder-only model without what the loop does not do: no assistant, tokenizer (s
 synced GPUs, `custom_generate` or positional arguments past the inputs; HF's `_sample`
 and `generate` being `GenerationMixin`'s own; no `torch.distributed` process group; the mode of
 the configuration `generate` will build (`_prepare_generation_config`) greedy search or sampling.
-Inside, a call that asks for scores, logits or a dict, or runs on a device where HF defers the
-stop check (MPS), is handed back to `_sample` unchanged. A streamer is given what `_sample` gives
+Inside, a call that asks for scores, logits, attentions or hidden states, or runs on a device
+where HF defers the stop check (MPS), is handed back to `_sample` unchanged; one that asks for a
+dict alone (`return_dict_in_generate`: the sequences and the cache, to go on from) gets `_sample`'s
+`GenerateDecoderOnlyOutput` of them. A streamer is given what `_sample` gives
 it: `generate` puts the prompt, the loop each step's tokens (a [batch] tensor on the CPU, after
 the stopping criteria, as `_sample` puts them) and calls `end()` when the sequences are done.
 `config.capture.greedy_loop` (`KILN_GREEDY_LOOP=0`) turns it off.
@@ -108,24 +110,33 @@ def _hands_over_decoding(cls: type) -> bool:
 
 def _plain_search(module: nn.Module, kwargs: dict) -> bool:
     """Whether the configuration `generate` will build from `kwargs` asks for greedy search or
-    sampling (one sequence searched: `_sample`'s modes) and returns the tokens alone (HF's own
-    merge of the model's configuration, the defaults and the arguments)."""
+    sampling (one sequence searched: `_sample`'s modes) and returns the tokens, or them and the
+    cache, nothing else (`_asks_for_outputs`); HF's own merge of the model's configuration, the
+    defaults and the arguments."""
     from transformers.generation.configuration_utils import GenerationMode
 
     options = {name: value for name, value in kwargs.items() if name not in ("generation_config", "inputs", "streamer")}
     try:
         generation_config, _ = module._prepare_generation_config(kwargs.get("generation_config"), **options)
         return (generation_config.get_generation_mode(None) in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
-                and not generation_config.return_dict_in_generate)
+                and not _asks_for_outputs(generation_config))
     except Exception:  # noqa: BLE001 - whatever HF objects to, it reports itself in its own generate
         return False
 
 
+def _asks_for_outputs(generation_config: Any) -> bool:
+    """Whether a call returns more than its sequences and its cache: a dict with scores, logits,
+    attentions or hidden states (`_sample` gathers them every step; kiln's loop does not)."""
+    return bool(generation_config.return_dict_in_generate and any(
+        getattr(generation_config, name, False)
+        for name in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")))
+
+
 def decoding_loop(model: nn.Module, input_ids: torch.LongTensor, logits_processor: Any, stopping_criteria: Any,
                     generation_config: Any, synced_gpus: bool = False, streamer: Any = None, **model_kwargs: Any) -> Any:
-    """HF's `_sample` for greedy search or sampling without outputs beside the tokens (the signature is
-    `_sample`'s, so that `generate` hands it the same arguments)."""
-    if (synced_gpus or generation_config.return_dict_in_generate
+    """HF's `_sample` for greedy search or sampling without outputs beside the tokens and the cache
+    (the signature is `_sample`'s, so that `generate` hands it the same arguments)."""
+    if (synced_gpus or _asks_for_outputs(generation_config)
             or input_ids.device.type == "mps" or getattr(generation_config, "is_assistant", False)):
         return type(model)._sample(model, input_ids, logits_processor, stopping_criteria, generation_config,
                                    synced_gpus, streamer, **model_kwargs)
@@ -156,8 +167,20 @@ def decoding_loop(model: nn.Module, input_ids: torch.LongTensor, logits_processo
                 if unfinished.max() == 0:
                     if streamer is not None:
                         streamer.end()
-                    return tokens.whole()
+                    return _result(tokens.whole(), generation_config, model_kwargs)
             outputs = model(**steps.inputs(tokens, column, model_kwargs), return_dict=True)
+
+
+def _result(sequences: torch.Tensor, generation_config: Any, model_kwargs: dict) -> Any:
+    """What `_sample` returns without scores, logits, attentions or hidden states: the sequences,
+    or with `return_dict_in_generate` HF's output of them and the cache (the model kwargs' first
+    cache entry, as `_sample` finds it)."""
+    if not generation_config.return_dict_in_generate:
+        return sequences
+    from transformers.generation.utils import ALL_CACHE_NAMES, GenerateDecoderOnlyOutput
+
+    cache = next((model_kwargs[name] for name in ALL_CACHE_NAMES if name in model_kwargs), None)
+    return GenerateDecoderOnlyOutput(sequences=sequences, cache=cache)
 
 
 class Tokens:

@@ -299,6 +299,38 @@ def test_a_streamer_read_from_another_thread_gets_every_token(monkeypatch):
     assert counts["kiln"] == 1 and counts["sample"] == 0
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_a_dict_of_sequences_and_cache_comes_from_kilns_loop(cache, monkeypatch):
+    """`return_dict_in_generate` alone (the sequences and the cache, to go on from): kiln's loop
+    returns `_sample`'s output of them, the cache's keys and values eager's, and a second call
+    going on from that cache gives eager's tokens too."""
+    kiln.reset()
+    model = _decoder("llama")
+    prompt = _prompt()
+    options = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, eos_token_id=None)
+    if cache == "static":
+        options["cache_implementation"] = "static"
+    compiled = kiln.compile(model)
+    with torch.no_grad():
+        expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), return_dict_in_generate=True, **options)
+        counts = _counted(monkeypatch, model)
+        result = compiled.generate(prompt, attention_mask=torch.ones_like(prompt), return_dict_in_generate=True, **options)
+        assert counts["kiln"] == 1 and counts["sample"] == 0
+        assert type(result) is type(expected) and torch.equal(result.sequences, expected.sequences)
+        assert result.scores is None and result.logits is None and result.attentions is None
+        assert type(result.cache) is type(expected.cache) and len(result.cache.layers) == len(expected.cache.layers)
+        for ours, eagers in zip(result.cache.layers, expected.cache.layers):
+            torch.testing.assert_close(ours.keys, eagers.keys, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(ours.values, eagers.values, rtol=1e-4, atol=1e-4)
+        if cache == "dynamic":  # (a static cache's length is fixed at the first call's)
+            going_on = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None)
+            longer = expected.sequences
+            more = model.generate(longer, attention_mask=torch.ones_like(longer), cache=expected.cache, **going_on)
+            ours = compiled.generate(longer, attention_mask=torch.ones_like(longer), cache=result.cache, **going_on)
+            assert torch.equal(ours, more) and more.shape[1] == longer.shape[1] + 8
+    assert counts["kiln"] == (2 if cache == "dynamic" else 1)
+
+
 OTHER_LOOPS = {
     "scores": dict(return_dict_in_generate=True, output_scores=True, do_sample=False),
     "beams": dict(num_beams=2),
