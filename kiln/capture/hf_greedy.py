@@ -39,8 +39,8 @@ leaves it; per step it differs in these ways:
   `_sample`.
 
 The route hands the loop over only where the call can only be greedy search or sampling of a
-decoder-only model without what the loop does not do: no assistant, tokenizer (stop strings),
-synced GPUs, `custom_generate` or positional arguments past the inputs; HF's `_sample`
+decoder-only model without what the loop does not do: no assistant, synced GPUs,
+`custom_generate`, stop strings of the model's configuration, or positional arguments past the inputs; HF's `_sample`
 and `generate` being `GenerationMixin`'s own; no `torch.distributed` process group; the mode of
 the configuration `generate` will build (`_prepare_generation_config`) greedy search or sampling.
 Inside, a call that asks for scores, logits, attentions or hidden states, or runs on a device
@@ -49,6 +49,9 @@ dict alone (`return_dict_in_generate`: the sequences and the cache, to go on fro
 `GenerateDecoderOnlyOutput` of them. A streamer is given what `_sample` gives
 it: `generate` puts the prompt, the loop each step's tokens (a [batch] tensor on the CPU, after
 the stopping criteria, as `_sample` puts them) and calls `end()` when the sequences are done.
+Stop strings given to `generate` with their tokenizer are checked by HF's own criterion, which the
+loop adds to the list (`generate` cannot make it: it drops the tokenizer before a callable
+`custom_generate`).
 `config.capture.greedy_loop` (`KILN_GREEDY_LOOP=0`) turns it off.
 """
 
@@ -71,7 +74,7 @@ CHECKED_STEPS = 3
 
 # `generate` arguments that change what the decoding loop must do (or that `custom_generate`
 # would drop from `_sample`'s arguments): with any of them HF runs its own loop.
-_HF_LOOP_ARGUMENTS = ("custom_generate", "assistant_model", "assistant_tokenizer", "tokenizer",
+_HF_LOOP_ARGUMENTS = ("custom_generate", "assistant_model", "assistant_tokenizer",
                       "synced_gpus", "prefix_allowed_tokens_fn", "negative_prompt_ids")
 
 
@@ -84,12 +87,20 @@ def decoding_loop_kwargs(module: nn.Module, args: tuple, kwargs: dict) -> dict:
         return kwargs
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return kwargs
-    if not _plain_search(module, kwargs):
-        return kwargs
-    streamer = kwargs.get("streamer")
     # (`generate` hands a callable `custom_generate` only `_sample`'s own arguments and the callable's
-    # extra ones: not the streamer, which it gives the prompt itself; bound here, the loop gets it)
-    loop = decoding_loop if streamer is None else functools.partial(decoding_loop, streamer=streamer)
+    # extra ones: not the streamer, which it gives the prompt itself, nor the tokenizer, without
+    # which it cannot make stop strings' criterion: both are bound to the loop here, and stop
+    # strings given as an argument are the loop's to check)
+    bound = {"streamer": kwargs.get("streamer")}
+    if kwargs.get("stop_strings") is not None:
+        if kwargs.get("tokenizer") is None:
+            return kwargs  # (HF's own error names what is missing)
+        bound.update(stop_strings=kwargs["stop_strings"], stop_tokenizer=kwargs["tokenizer"])
+        kwargs = {name: value for name, value in kwargs.items() if name != "stop_strings"}
+    if not _plain_search(module, kwargs):
+        return kwargs if "stop_strings" not in bound else {**kwargs, "stop_strings": bound["stop_strings"]}
+    bound = {name: value for name, value in bound.items() if value is not None}
+    loop = functools.partial(decoding_loop, **bound) if bound else decoding_loop
     return {**kwargs, "custom_generate": loop}
 
 
@@ -115,11 +126,13 @@ def _plain_search(module: nn.Module, kwargs: dict) -> bool:
     defaults and the arguments."""
     from transformers.generation.configuration_utils import GenerationMode
 
-    options = {name: value for name, value in kwargs.items() if name not in ("generation_config", "inputs", "streamer")}
+    options = {name: value for name, value in kwargs.items()
+               if name not in ("generation_config", "inputs", "streamer", "tokenizer")}
     try:
         generation_config, _ = module._prepare_generation_config(kwargs.get("generation_config"), **options)
+        # (stop strings of the model's configuration need the tokenizer `generate` drops: HF's loop)
         return (generation_config.get_generation_mode(None) in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE)
-                and not _asks_for_outputs(generation_config))
+                and not _asks_for_outputs(generation_config) and generation_config.stop_strings is None)
     except Exception:  # noqa: BLE001 - whatever HF objects to, it reports itself in its own generate
         return False
 
@@ -133,9 +146,16 @@ def _asks_for_outputs(generation_config: Any) -> bool:
 
 
 def decoding_loop(model: nn.Module, input_ids: torch.LongTensor, logits_processor: Any, stopping_criteria: Any,
-                    generation_config: Any, synced_gpus: bool = False, streamer: Any = None, **model_kwargs: Any) -> Any:
+                    generation_config: Any, synced_gpus: bool = False, streamer: Any = None, *,
+                    stop_strings: Any = None, stop_tokenizer: Any = None, **model_kwargs: Any) -> Any:
     """HF's `_sample` for greedy search or sampling without outputs beside the tokens and the cache
-    (the signature is `_sample`'s, so that `generate` hands it the same arguments)."""
+    (the signature is `_sample`'s, so that `generate` hands it the same arguments). `stop_strings`
+    with their `stop_tokenizer`: the criterion `generate` would have made for them (bound by the route)."""
+    if stop_strings is not None:
+        from transformers.generation.stopping_criteria import StoppingCriteriaList, StopStringCriteria
+
+        stopping_criteria = StoppingCriteriaList(
+            [*stopping_criteria, StopStringCriteria(stop_strings=stop_strings, tokenizer=stop_tokenizer)])
     if (synced_gpus or _asks_for_outputs(generation_config)
             or input_ids.device.type == "mps" or getattr(generation_config, "is_assistant", False)):
         return type(model)._sample(model, input_ids, logits_processor, stopping_criteria, generation_config,

@@ -331,6 +331,39 @@ def test_a_dict_of_sequences_and_cache_comes_from_kilns_loop(cache, monkeypatch)
     assert counts["kiln"] == (2 if cache == "dynamic" else 1)
 
 
+def _word_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """A tokenizer of the test models' 1000 ids, each a word "w<id>" (made here: no files), and the
+    word HF's stop-string criterion reads its vocabulary against ("abcdef")."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = Tokenizer(models.WordLevel({**{f"w{i}": i for i in range(1000)}, "abcdef": 1000}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=words)
+
+
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
+def test_stop_strings_are_checked_in_kilns_loop(sample, monkeypatch):
+    """Stop strings with their tokenizer (which `generate` would not hand a `custom_generate`,
+    nor make their criterion without): kiln binds both to its loop, which checks HF's own
+    criterion every step; eager's tokens, the call ending where eager's does."""
+    kiln.reset()
+    model = _decoder("llama")
+    prompt = _prompt()
+    tokenizer = _word_tokenizer()
+    options = dict(max_new_tokens=NEW_TOKENS, do_sample=sample, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        torch.manual_seed(4)
+        free = model.generate(prompt, **options)
+        stop = f"w{int(free[0, 16 + 6])}"  # the seventh new token's word
+        torch.manual_seed(4)
+        expected = model.generate(prompt, stop_strings=[stop], tokenizer=tokenizer, **options)
+        counts = _counted(monkeypatch, model)
+        torch.manual_seed(4)
+        tokens = kiln.compile(model).generate(prompt, stop_strings=[stop], tokenizer=tokenizer, **options)
+    assert expected.shape[1] <= 16 + 7 < 16 + NEW_TOKENS  # the case is the one meant: the string stopped it
+    assert torch.equal(tokens, expected) and counts["kiln"] == 1 and counts["sample"] == 0
+
+
 OTHER_LOOPS = {
     "scores": dict(return_dict_in_generate=True, output_scores=True, do_sample=False),
     "beams": dict(num_beams=2),
