@@ -91,14 +91,14 @@ def decoding_loop_kwargs(module: nn.Module, args: tuple, kwargs: dict) -> dict:
     # extra ones: not the streamer, which it gives the prompt itself, nor the tokenizer, without
     # which it cannot make stop strings' criterion: both are bound to the loop here, and stop
     # strings given as an argument are the loop's to check)
-    bound = {"streamer": kwargs.get("streamer")}
+    given, bound = kwargs, {"streamer": kwargs.get("streamer")}
     if kwargs.get("stop_strings") is not None:
         if kwargs.get("tokenizer") is None:
             return kwargs  # (HF's own error names what is missing)
         bound.update(stop_strings=kwargs["stop_strings"], stop_tokenizer=kwargs["tokenizer"])
         kwargs = {name: value for name, value in kwargs.items() if name != "stop_strings"}
     if not _plain_search(module, kwargs):
-        return kwargs if "stop_strings" not in bound else {**kwargs, "stop_strings": bound["stop_strings"]}
+        return given
     bound = {name: value for name, value in bound.items() if value is not None}
     loop = functools.partial(decoding_loop, **bound) if bound else decoding_loop
     return {**kwargs, "custom_generate": loop}
