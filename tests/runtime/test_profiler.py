@@ -42,6 +42,16 @@ def _events_by_region(events, graphs) -> dict:
     return {e: e.cpu_children for e in events if e.name in regions}
 
 
+def _largest_gap(region, children) -> float:
+    """The longest stretch (us) of a graph's range inside none of its direct children's events."""
+    gaps, reached = [], region.time_range.start
+    for start, end in sorted((c.time_range.start, c.time_range.end) for c in children):
+        gaps.append(start - reached)
+        reached = max(reached, end)
+    gaps.append(region.time_range.end - reached)
+    return max(gaps)
+
+
 @pytest.mark.parametrize("cpp_wrapper", [False, True], ids=["python wrapper", "cpp wrapper"])
 @pytest.mark.parametrize("door", ["kiln", "dynamo"])
 def test_each_graph_call_is_a_range_holding_every_kernel_and_extern_by_name(door, cpp_wrapper):
@@ -61,7 +71,7 @@ def test_each_graph_call_is_a_range_holding_every_kernel_and_extern_by_name(door
         assert graph.region.startswith("kiln graph_") and graph.region.endswith(door_name), graph.region
     regions = _events_by_region(events, graphs)
     assert len(regions) == CALLS * len(graphs)  # one range per graph per call
-    covered = []
+    covered, gaps = [], []
     for region, children in regions.items():
         names = {c.name for c in children}
         artifact = next(g for g in graphs if g.region == region.name).artifact
@@ -74,9 +84,14 @@ def test_each_graph_call_is_a_range_holding_every_kernel_and_extern_by_name(door
         # attention on this machine (kiln's or ATen's flash kernel: CI's machines pick either).
         assert any(n.startswith("kiln::mm") for n in names) and any("attention" in n for n in externs), externs
         covered.append(sum(c.cpu_time_total for c in children) / region.cpu_time_total)
-    # The kernels' and externs' events hold the graph's time, all but the wrapper's own Python: in
-    # the best call (a busy machine preempts the others at random points between events).
-    assert max(covered) >= 0.9, covered
+        gaps.append(_largest_gap(region, children) / region.cpu_time_total)
+    # The kernels' and externs' events hold the graph's time but for the wrapper's own steps between
+    # them (its buffer releases and layout checks, the Python wrapper's lines: a 2-layer BERT's 33
+    # events leave 7-9 us each outside them, 10-12 % of its ~2.2 ms range on a 2-core VM): in the
+    # best call (a busy machine preempts the others at random points), at least 80 % covered and no
+    # stretch of a tenth of the range outside every event, where a kernel run without its event would show.
+    assert max(covered) >= 0.8, covered
+    assert min(gaps) <= 0.1, gaps
     if door == "kiln":
         frames = [e for e in events if e.name == "kiln frame BertModel · entry 1"]
         assert len(frames) == CALLS
