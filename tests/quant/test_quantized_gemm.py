@@ -19,8 +19,9 @@ from tests.codegen.test_kiln_gemm import _reference as gemm_reference
 # (M, K, N): M <= 4 takes the register path, more the buffer's; K odd (a half byte of int4 padding),
 # K not a multiple of the group, K > 1024 (K blocks with partial sums in C); N with a ragged last
 # panel of 1, 2 and 22 columns; at one row, 17 panels (int8 reads a thread's panels in runs of
-# unequal length, kiln_gemm_quant.h `int8_row`).
-SHAPES = [(1, 7, 1), (1, 64, 50), (1, 133, 811), (2, 200, 97), (4, 129, 48), (5, 64, 70), (17, 333, 49), (9, 2500, 130),
+# unequal length, kiln_gemm_quant.h `int8_row`) and 71 (the last two the threads' shared reserve,
+# RESERVE_PARTS).
+SHAPES = [(1, 7, 1), (1, 64, 50), (1, 133, 811), (1, 90, 3401), (2, 200, 97), (4, 129, 48), (5, 64, 70), (17, 333, 49), (9, 2500, 130),
           (64, 96, 200)]
 KINDS = [(8, 0), (4, 32), (4, 64), (4, 128), (4, 2)]
 
@@ -570,8 +571,10 @@ def _check_gated(out, carried, w, bias, unary, scalars, algorithm, h):
 
 # (M, K, h): halves of a ragged last panel (100: 2 panels and 4 columns at 48 a panel), of whole
 # panels, of one column; at one row the paired store (int8_products), else the sums apart.
+# (1, 72, 2000): 42 pairs of panels at one row, the last of them the threads' shared reserve
+# (kiln_gemm_quant.h RESERVE_PARTS).
 GATED_SHAPES = [(1, 264, 100), (1, 256, 96), (1, 133, 1), (3, 200, 70), (4, 129, 50), (5, 64, 70), (17, 333, 49),
-                (64, 96, 130)]
+                (64, 96, 130), (1, 72, 2000)]
 
 
 @pytest.mark.parametrize("bits,group", KINDS, ids=lambda v: str(v))

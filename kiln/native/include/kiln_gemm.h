@@ -963,18 +963,26 @@ template <int S, typename F> static inline void with_count(int n, F&& f) {
   f(std::integral_constant<int, S>{});
 }
 
-// Panels [p0, p1) cut into RUNS runs of equal length (to one): step i calls f(count, at) with the
-// i-th panel of every run that has one, at[0, count).
-template <int RUNS = GEMV_STREAMS, typename F> static inline void panel_runs(int64_t p0, int64_t p1, F&& f) {
-  int64_t lo[RUNS], hi[RUNS];
-  for (int g = 0; g < RUNS; ++g) range(p1 - p0, RUNS, g, lo[g], hi[g]);
-  for (int64_t i = 0; i < hi[0] - lo[0]; ++i) {
-    int64_t at[RUNS];
-    int n = 0;
-    for (int g = 0; g < RUNS; ++g)
-      if (lo[g] + i < hi[g]) at[n++] = p0 + lo[g] + i;
-    with_count<RUNS>(n, [&](auto count) { f(count, at); });
+// Panels [p0, p1) cut into `runs` runs of equal length (to one) are read in this many steps: the
+// first run's length.
+static inline int64_t run_steps(int64_t p0, int64_t p1, int runs) { return (p1 - p0 + runs - 1) / runs; }
+
+// Step i of panel_runs over [p0, p1): f(count, at) with the i-th panel of every run that has one,
+// at[0, count).
+template <int RUNS, typename F> static inline void run_step(int64_t p0, int64_t p1, int64_t i, F&& f) {
+  int64_t at[RUNS];
+  int n = 0;
+  for (int g = 0; g < RUNS; ++g) {
+    int64_t lo, hi;
+    range(p1 - p0, RUNS, g, lo, hi);
+    if (lo + i < hi) at[n++] = p0 + lo + i;
   }
+  with_count<RUNS>(n, [&](auto count) { f(count, at); });
+}
+
+// Panels [p0, p1) cut into RUNS runs of equal length (to one), read side by side: a step at a time.
+template <int RUNS = GEMV_STREAMS, typename F> static inline void panel_runs(int64_t p0, int64_t p1, F&& f) {
+  for (int64_t i = 0, steps = run_steps(p0, p1, RUNS); i < steps; ++i) run_step<RUNS>(p0, p1, i, f);
 }
 
 // f(threads, thread) on each thread of a parallel region (of `threads`; 0: kiln::team()) where

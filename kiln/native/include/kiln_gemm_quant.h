@@ -1000,13 +1000,16 @@ static inline bool int8_far_prefetch() { return true; }
 // with at[0, n) gate panels, one from each run, and at[n, 2n) their up panels (`half` panels on),
 // count 2n: each thread reads the gate's and up's columns of the same outputs, and stores those
 // outputs once (store_digit_rows).
-template <int RUNS, typename F> static inline void gated_pairs(int64_t i0, int64_t i1, int64_t half, F&& f) {
-  panel_runs<RUNS>(i0, i1, [&](auto count, const int64_t* gates) {
+template <typename F> static inline auto gate_and_up(int64_t half, F& f) {
+  return [&f, half](auto count, const int64_t* gates) {
     constexpr int n = decltype(count)::value;
     int64_t at[2 * n];
     for (int s = 0; s < n; ++s) at[s] = gates[s], at[n + s] = half + gates[s];
     f(std::integral_constant<int, 2 * n>{}, at);
-  });
+  };
+}
+template <int RUNS, typename F> static inline void gated_pairs(int64_t i0, int64_t i1, int64_t half, F&& f) {
+  panel_runs<RUNS>(i0, i1, gate_and_up(half, f));
 }
 
 // How many runs a thread reads side by side at one row with more than one digit (a gated
@@ -1019,6 +1022,24 @@ constexpr int DIGIT_RUNS = KILN_DIGIT_RUNS;
 #else
 constexpr int DIGIT_RUNS = 2;
 #endif
+// At one row in runs, each thread reads its share of all but the last 1/RESERVE_PARTS of a
+// product's units (panels, a gated product's pairs), then the threads take that reserve a step of
+// runs at a time (an atomic count) as they finish: the threads' streams do not run at one speed.
+// Qwen2-0.5B's int4 decode graph on the Intel Xeon with AMX (2 threads, rdtsc in each thread): with
+// every unit split statically the main thread waited for the other at the end of every long
+// product, 8.5 us of gate/up's ~140, 108 of the LM head's ~2100 (docs/generation.md, a
+// twenty-sixth session). The graph's time over the static split's (decode_breakdown.py, processes
+// alternated; the median of the rounds' ratios): a reserve of 1/24 0.967x and 0.974x in two series
+// of 6 and 8 rounds, 1/48 0.976x (8), 1/12 0.997x (6). A thread starts its streams cold in each
+// step it takes of the reserve: hence a short one, and only where a product has RESERVE_MIN_UNITS
+// units (Qwen2-0.5B's gate/up 101 pairs and LM head 3166 panels; not its q/k/v, o or down, 19-24).
+// 0: no reserve (to time it).
+#ifdef KILN_RESERVE_PARTS
+constexpr int64_t RESERVE_PARTS = KILN_RESERVE_PARTS;
+#else
+constexpr int64_t RESERVE_PARTS = 24;
+#endif
+constexpr int64_t RESERVE_MIN_UNITS = 32;
 // C = epilogue(rows @ B) over every panel, the threads splitting them; one row in runs. `split()`
 // makes the rows' digits (Int8Rows): every thread makes its own, inside the parallel region. Made
 // once by the calling thread, the others waited for it and then read its digits from the other
@@ -1036,12 +1057,21 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
   const bool pairs = gated(e);
   const int64_t units = pairs ? panels / 2 : panels;
   SharedPanels shared(units, team);
+  // Runs of 4 panels with one digit (as int4_row), 2 with more: their sums fill the registers (a
+  // gated product's: half as many runs of pairs, at least one: KILN_DIGIT_RUNS=1 times one stream).
+  constexpr int RUNS = D == 1 ? INT4_RUNS : DIGIT_RUNS, PAIR_RUNS = RUNS > 1 ? RUNS / 2 : 1;
+  const bool one_stream = M == 1 && huge_page_packs.load(std::memory_order_relaxed);
+  // A long one-row product's last units read in runs, the reserve, go to whichever thread is done
+  // first (RESERVE_PARTS).
+  const int64_t reserve =
+      M == 1 && !one_stream && team > 1 && RESERVE_PARTS > 0 && units >= RESERVE_MIN_UNITS ? units / RESERVE_PARTS : 0;
+  std::atomic<int64_t> reserve_taken{0};
   const bool stream = stream_row_output(M, pairs ? e->gated_width : src.z.N, c, ldc, e);
   parallel_team(worth_threads, [&](int threads, int thread) {
     const Int8Rows x = split();
     int64_t p0, p1;
-    range(units, threads, thread, p0, p1);
-    if (M == 1 && huge_page_packs.load(std::memory_order_relaxed)) {
+    range(units - reserve, threads, thread, p0, p1);
+    if (one_stream) {
       // Over panels on 2 MB pages (kiln_gemm.h `huge_page_packs`: kiln's packs on AMD where THP is
       // on) one stream a thread: the hardware's prefetcher follows it across the whole range. 40
       // int4 products 768x6144 from DRAM, 2 threads of a 2-core AMD EPYC (Zen 4), 9 interleaved
@@ -1067,15 +1097,19 @@ static void int8_products(const QuantPanels<BITS>& src, int64_t M, Split&& split
         else panel_runs<1>(q0, q1, tile);
       });
     } else if (M == 1) {
-      // Runs of 4 panels with one digit (as int4_row), 2 with more: their sums fill the registers
-      // (a gated product's: half as many runs of pairs, at least one: KILN_DIGIT_RUNS=1 times one stream).
-      constexpr int RUNS = D == 1 ? INT4_RUNS : DIGIT_RUNS;
       auto tile = [&](auto count, const int64_t* at) {
         digits_tile<BITS, decltype(count)::value, 1, D, D == 1 ? INT4_PREFETCH_WORDS : RUNS_PREFETCH_UNITS,
                     D == 1 ? 0 : NEAR_UNITS>(src, at, 1, x, c, ldc, e, 0, stream);
       };
-      if (pairs) gated_pairs<(RUNS > 1 ? RUNS / 2 : 1)>(p0, p1, units, tile);
+      if (pairs) gated_pairs<PAIR_RUNS>(p0, p1, units, tile);
       else panel_runs<RUNS>(p0, p1, tile);
+      if (reserve) {
+        const int64_t r0 = units - reserve, steps = run_steps(r0, units, pairs ? PAIR_RUNS : RUNS);
+        for (int64_t i; (i = reserve_taken.fetch_add(1, std::memory_order_relaxed)) < steps;) {
+          if (pairs) run_step<PAIR_RUNS>(r0, units, i, gate_and_up(units, tile));
+          else run_step<RUNS>(r0, units, i, tile);
+        }
+      }
     } else {
       for (int64_t p = p0; p < p1; ++p) {
         if (D == 3 && M == 4) {
