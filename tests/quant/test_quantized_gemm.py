@@ -21,8 +21,8 @@ from tests.codegen.test_kiln_gemm import _reference as gemm_reference
 # panel of 1, 2 and 22 columns; at one row, 17 panels (int8 reads a thread's panels in runs of
 # unequal length, kiln_gemm_quant.h `int8_row`) and 71 (the last two the threads' shared reserve,
 # RESERVE_PARTS).
-SHAPES = [(1, 7, 1), (1, 64, 50), (1, 133, 811), (1, 90, 3401), (2, 200, 97), (4, 129, 48), (5, 64, 70), (17, 333, 49), (9, 2500, 130),
-          (64, 96, 200)]
+SHAPES = [(1, 7, 1), (1, 64, 50), (1, 133, 811), (1, 90, 3401), (2, 200, 97), (4, 129, 48), (5, 64, 70), (17, 333, 49),
+          (9, 2500, 130), (64, 96, 200)]
 KINDS = [(8, 0), (4, 32), (4, 64), (4, 128), (4, 2)]
 
 
