@@ -30,7 +30,7 @@ def test_a_tiny_models_int4_steps_are_cut_and_its_products_timed_and_everything_
                            "--rounds", "2", "--threads", "1", "--products"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("llama-tiny · kiln-int4 · 1 threads: prompt 8, 5 new tokens, 2 rounds")
-    timed = {line[:34].strip(): float(line[34:].split()[0]) for line in lines[1:9]}
+    timed = {line.rsplit(None, 2)[0].strip(): float(line.rsplit(None, 2)[1]) for line in lines[1:9]}
     assert set(timed) == {"decoding loop, between steps", *(name for name, _, _ in decode_breakdown.SEGMENTS)}
     assert all(us > 0 for us in timed.values())
     assert "(6 steps)" in lines[9]  # 4 calls after each prefill, 3 steps from call to call; 2 rounds
@@ -45,3 +45,27 @@ def test_products_asks_for_a_quantized_mode(capsys):
     with pytest.raises(SystemExit):
         decode_breakdown.main(["--model", "llama-tiny", "--mode", "kiln", "--products"])
     assert "--products times quantized products: --mode kiln stores fp32 weights" in capsys.readouterr().err
+
+
+def test_again_puts_each_repeat_after_the_segment_it_repeats_and_in_no_other():
+    marks = dict(guards=1_000, guarded=3_000, guards_again=3_100, guarded_again=3_600, stamp=4_000, stamped=5_000,
+                 stamp_again=5_000, stamped_again=5_200, graph=6_000, graphed=106_000, returned=110_000)
+    prefill = _call(0, call=0, **marks)
+    result = decode_breakdown.breakdown([[prefill, _call(1_000_000, call=0, **marks), _call(1_200_000, call=0, **marks)]],
+                                        again=True)
+    assert list(result.segments.items()) == [
+        ("entry: arguments bound", 1.0), ("guard check", 2.0), ("guard check, run again at once", 0.5),
+        ("down to the frozen program", 0.4), ("frozen weights' stamp", 1.0),
+        ("frozen weights' stamp, run again at once", 0.2), ("to the graph", 0.8), ("graph", 100.0),
+        ("back to the loop", 4.0)]
+    assert decode_breakdown.step_segments() == decode_breakdown.SEGMENTS
+
+
+def test_again_times_a_tiny_models_guard_check_and_stamp_twice(capsys):
+    decode_breakdown.main(["--model", "llama-tiny", "--mode", "kiln-int4", "--prompt", "8", "--new", "4",
+                           "--rounds", "1", "--threads", "1", "--again"])
+    lines = capsys.readouterr().out.splitlines()
+    timed = {line.rsplit(None, 2)[0].strip(): float(line.rsplit(None, 2)[1]) for line in lines[1:11]}
+    assert list(timed) == ["decoding loop, between steps", *(name for name, _, _ in decode_breakdown.step_segments(True))]
+    assert all(us > 0 for us in timed.values())
+    assert "(2 steps)" in lines[11]  # 3 calls after the prefill
