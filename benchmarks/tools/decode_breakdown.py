@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import statistics
 import time
 import warnings
@@ -162,7 +163,7 @@ class Breakdown:
         steps = sorted(self.step_ms)
         slowest = ", ".join(f"{s:.1f}" for s in steps[-3:])
         out.append(f"  steps: median {statistics.median(steps):.2f} ms, mean {statistics.fmean(steps):.2f}, "
-                   f"90th percentile {steps[int(0.9 * (len(steps) - 1))]:.2f}, slowest {slowest} ({len(steps)} steps)")
+                   f"90th percentile {steps[math.ceil(0.9 * len(steps)) - 1]:.2f}, slowest {slowest} ({len(steps)} steps)")
         return out
 
 

@@ -22,7 +22,7 @@ def test_each_segment_is_the_median_over_the_decode_steps_of_every_round():
                                "back to the loop": 4.0}
     assert result.step_ms == [0.3, 0.5]  # call to call
     assert result.loop_us == pytest.approx((190.0 + 390.0) / 2)  # a step's return to the next call
-    assert "steps: median 0.40 ms, mean 0.40" in result.lines()[-1]
+    assert "steps: median 0.40 ms, mean 0.40, 90th percentile 0.50" in result.lines()[-1]  # (the nearest rank)
 
 
 def test_a_tiny_models_int4_steps_are_cut_and_its_products_timed_and_everything_put_back(capsys):
