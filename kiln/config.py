@@ -457,6 +457,12 @@ class CaptureSettings(_Group):
         help="a greedy or sampling HuggingFace `generate` through kiln.compile(model) runs kiln's decoding loop "
         "(kiln/capture/hf_greedy.py: HF's tokens and random draws, less Python between the steps); off: HF's `_sample`",
     )
+    settled_steps: bool = setting(
+        True,
+        env="KILN_SETTLED_STEPS",
+        help="once kiln's greedy decoding loop runs nothing but its own code between the steps, a step's guard check "
+        "reads only its new arguments and its frozen weights are stamped once a generate (kiln/settled.py); off: in full every step",
+    )
     warn_eager_frames: bool = setting(
         True,
         env="KILN_WARN_EAGER_FRAMES",

@@ -86,6 +86,7 @@ def test_defaults():
         "capture.dynamic_sources": (),
         "capture.error_on_fx_trace": True,
         "capture.greedy_loop": True,
+        "capture.settled_steps": True,
         "capture.warn_eager_frames": True,
         "runtime.keep_freed_mb": 0,
         "runtime.buffer_cache_mb": 32,

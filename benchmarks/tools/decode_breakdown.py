@@ -19,6 +19,9 @@ the operators' calls, the threads' joins) only roughly.
 and shows that run as a segment of its own: the first run's excess over it is what the cold caches
 cost (a step that checks several entries' guards repeats each).
 
+On a settled run's steps (kiln/settled.py) the guard check is that of the guards reading the
+step's new arguments, and the stamp, skipped, counts as 0.
+
 The cuts wrap kiln's own objects in this process (each FrameCache entry's guard check, each frozen
 program's stamp and graph call, the model class's `__call__`) and put them back afterwards; each
 wrapper costs ~0.1 µs, a few µs a step, and the wrapped step is not the suite's figure (`kiln bench
@@ -74,6 +77,7 @@ def step_segments(again: bool = False) -> tuple[tuple[str, str, str], ...]:
 
 
 # The marks a call's last one counts for (a segment's end after the call tried several entries' guards).
+STAMP_MARKS = ("stamp", "stamped", "stamp_again", "stamped_again")
 END_MARKS = frozenset({"guarded", "guarded_again", "stamped", "stamped_again", "graphed", "returned"})
 
 
@@ -86,6 +90,7 @@ class StepClock:
 
     def install(self, model: torch.nn.Module, again: bool = False) -> "StepClock":
         from kiln.capture import cache as frame_cache
+        from kiln.capture.settled_entry import SettledEntry
         from kiln.runtime.frozen import FrozenProgram
 
         mark = self.marks.append
@@ -112,6 +117,8 @@ class StepClock:
         for cache in frame_cache.all_caches():
             for entry in cache.entries:
                 around(entry.guards, "check", "guards", "guarded")
+        # (a settled run's step checks the guards that read its new arguments: its guard check)
+        around(SettledEntry, "holds", "guards", "guarded")
         with warnings.catch_warnings():  # (isinstance on every live object touches deprecated module proxies)
             warnings.simplefilter("ignore")
             programs = [o for o in gc.get_objects() if isinstance(o, FrozenProgram)]
@@ -141,6 +148,8 @@ class StepClock:
         tries the guards of several entries: from the first check's start to the last's end)."""
         calls, current = [], {}
         for name, at in self.marks:
+            if name == "graph" and "stamp" not in current:  # a settled run's step: no stamp (kiln/settled.py)
+                current.update({mark: at for mark in STAMP_MARKS})
             if name in END_MARKS or name not in current:
                 current[name] = at
             if name == "returned":

@@ -18,11 +18,12 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from kiln import config, logs, profiler, trace
+from kiln import config, logs, profiler, settled, trace
 from kiln.capture import dump
 from kiln.capture.break_records import BreakRecord, CaptureError, Unsupported, record_break
 from kiln.capture.dynamic import DynamicPolicy
 from kiln.capture.frame import Entry, capture
+from kiln.capture.settled_entry import SettledEntry
 from kiln.capture.sources import Namespace
 from kiln.capture.user_exceptions import UserRaise
 
@@ -64,16 +65,32 @@ class FrameCache:
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         L = self.binder(*args, **kwargs)
+        # A step of a settled run (kiln/settled.py): the entry of the run's last call may hold by
+        # the guards that read what changed (kiln/capture/settled_entry.py).
+        run = settled.take()
+        if run is not None:
+            last = run.kept.get(self)
+            if last is not None and last.holds(L):
+                return self._run(last.entry, L, run)
         by_last_use = self._by_last_use
         for index, entry in enumerate(by_last_use):
             if entry.guards.check(L):
                 if index:
                     by_last_use.insert(0, by_last_use.pop(index))
-                if profiler.active():
-                    with profiler.region(f"kiln frame {self.label} · entry {self.entries.index(entry) + 1}"):
-                        return entry.run(L)
-                return entry.run(L)
+                if run is not None and not SettledEntry.after_check(run, self, entry, L):
+                    run = None
+                return self._run(entry, L, run)
+        if run is not None:
+            run.kept.pop(self, None)
         return self._miss(L, args, kwargs)
+
+    def _run(self, entry: Entry, L: tuple, run: settled.Run | None) -> Any:
+        """`entry.run(L)`; a settled run's step under the run's mark (its frozen program stamps
+        its weights once a run)."""
+        if profiler.active():
+            with profiler.region(f"kiln frame {self.label} · entry {self.entries.index(entry) + 1}"):
+                return settled.call(run, entry.run, L) if run is not None else entry.run(L)
+        return settled.call(run, entry.run, L) if run is not None else entry.run(L)
 
     def _miss(self, L: tuple, args: tuple, kwargs: dict) -> Any:
         if self.fallback is not None:

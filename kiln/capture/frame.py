@@ -40,6 +40,11 @@ class Entry:
     capture_seconds: float
     stats: dict[str, int] = field(default_factory=dict)
     graph_break: BreakRecord | None = None  # where the graph ended, when a resume function goes on
+    # Whether its guards, once they held after one run of it, hold on later calls of a settled run
+    # that change only its arguments (kiln/settled.py): one graph to the frame's end, and its
+    # changes to objects all stores of constants, none beside them.
+    settles: bool = False
+    argument_guards: Any = None  # its guards by the arguments they read (settled_entry.py), made when first needed
 
 
 def capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, allow_breaks: bool = True,
@@ -132,6 +137,8 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
         output.guards.add(Guard("MODULE_STRUCTURE", None, snapshot))
     rc = Reconstructor(output.size_symbols())
     side_effects = output.side_effects.replay_lines(rc)
+    settles = breaking is None and output.side_effects.constant_stores_only()
+    replayed = len(side_effects)
     if output.side_effects.module_writes_keep_reads():
         # Its own writes (HF's Swin sets `self.shift_size` on every call) must not fail its own guard.
         side_effects.append(f"{rc.ns.bind(snapshot, 'S')}.version = {rc.ns.bind(module_watch.STATE, 'W')}.version")
@@ -166,7 +173,7 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
     seconds = time.perf_counter() - start
     stats = {"ops": output.op_count, "inputs": len(output.inputs), "attrs": len(output.attrs), "guards": len(guards.guards)}
     record = breaking.record(resumed=True) if breaking is not None and not breaking.inlined else None
-    return Entry(guards, run, gm, runner_source, seconds, stats, record)
+    return Entry(guards, run, gm, runner_source, seconds, stats, record, settles and len(side_effects) == replayed)
 
 
 def _symbols_known_to(output: OutputGraph) -> Any:

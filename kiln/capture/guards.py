@@ -370,7 +370,7 @@ class GuardSet:
 
 
 # Values whose equality to a constant cannot change while they stay the same object.
-_IMMUTABLE_SCALARS = (int, float, complex, str, bytes, bool, type(None))
+IMMUTABLE_SCALARS = (int, float, complex, str, bytes, bool, type(None))
 _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
 
 
@@ -449,7 +449,7 @@ def stable_reads(guard: Guard) -> StableReads | None:
         if guard.expected.__flags__ & _HEAP_TYPE:
             return None
     elif guard.kind == "EQUALS":
-        if not isinstance(chain[-1], KeysSource) and type(guard.expected) not in _IMMUTABLE_SCALARS:
+        if not isinstance(chain[-1], KeysSource) and type(guard.expected) not in IMMUTABLE_SCALARS:
             return None
     return StableReads(tuple(dicts), tuple(owners), tuple(cells))
 

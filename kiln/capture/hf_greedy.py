@@ -53,6 +53,11 @@ Stop strings given to `generate` with their tokenizer are checked by HF's own cr
 loop adds to the list (`generate` cannot make it: it drops the tokenizer before a callable
 `custom_generate`).
 `config.capture.greedy_loop` (`KILN_GREEDY_LOOP=0`) turns it off.
+
+Once nothing but the loop's own code runs between the steps (plain greedy search, no streamer, the
+criteria `generate`'s own, the inputs and kwargs predicted alone, no hooks on the model), the
+steps are a settled run's (kiln/settled.py): each checks only the guards that read its new
+arguments, and the frozen weights are stamped once (`config.capture.settled_steps`).
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from kiln import config
+from kiln import config, settled
 from kiln.native import python_door
 
 # Decode steps whose inputs and kwargs are HF's, each compared with its prediction, before the
@@ -170,6 +175,10 @@ def decoding_loop(model: nn.Module, input_ids: torch.LongTensor, logits_processo
     unfinished = torch.ones(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
     all_unfinished = True  # (then `_sample`'s padding of finished rows changes no token: skipped)
     steps = StepInputs(model)
+    # Steps between which only this loop's own code runs may be a settled run's (kiln/settled.py).
+    only_kiln = (config.capture.settled_steps and not generation_config.do_sample and not len(logits_processor)
+                 and streamer is None and _generates_own_criteria(stopping_criteria))
+    run: settled.Run | None = None
     outputs = model._prefill(input_ids, generation_config, model_kwargs, is_first_iteration=True)
     with model._optimize_model_for_decode():
         while True:
@@ -188,7 +197,14 @@ def decoding_loop(model: nn.Module, input_ids: torch.LongTensor, logits_processo
                     if streamer is not None:
                         streamer.end()
                     return _result(tokens.whole(), generation_config, model_kwargs)
-            outputs = model(**steps.inputs(tokens, column, model_kwargs), return_dict=True)
+            if not (only_kiln and steps.predicted_alone):
+                run = None
+            elif run is None and not _has_hooks(model):
+                run = settled.Run()
+            if run is not None:
+                outputs = settled.call(run, model, **steps.inputs(tokens, column, model_kwargs), return_dict=True)
+            else:
+                outputs = model(**steps.inputs(tokens, column, model_kwargs), return_dict=True)
 
 
 def _result(sequences: torch.Tensor, generation_config: Any, model_kwargs: dict) -> Any:
@@ -306,6 +322,22 @@ def _token_ids(ids: Any) -> set[int]:
     return {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
 
 
+def _generates_own_criteria(stopping_criteria: Any) -> bool:
+    """Whether the criteria are length limits and end-of-sequence tokens alone (`generate`'s own)."""
+    from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+    return all(type(criterion) in (MaxLengthCriteria, EosTokenCriteria) for criterion in stopping_criteria)
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    """Whether calling `module` runs hooks (nn.Module.__call__ runs them outside its compiled forward)."""
+    from torch.nn.modules import module as modules
+
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
+                or modules._global_forward_hooks or modules._global_forward_pre_hooks
+                or modules._global_backward_hooks or modules._global_backward_pre_hooks)
+
+
 def _stop_function(stopping_criteria: Any) -> Callable[[Tokens, torch.Tensor], torch.Tensor | None]:
     """`stop(tokens, column)`: the criteria's verdict per sequence, or None where none is done.
     Length limits and end-of-sequence tokens alone (what `generate` itself makes:
@@ -316,7 +348,7 @@ def _stop_function(stopping_criteria: Any) -> Callable[[Tokens, torch.Tensor], t
     other criteria are called on every step."""
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-    if not all(type(criterion) in (MaxLengthCriteria, EosTokenCriteria) for criterion in stopping_criteria):
+    if not _generates_own_criteria(stopping_criteria):
         return lambda tokens, column: stopping_criteria(tokens.whole(), None)
     lengths = [criterion for criterion in stopping_criteria if type(criterion) is MaxLengthCriteria]
     limit = min((criterion.max_length for criterion in lengths), default=None)
@@ -364,6 +396,12 @@ class StepInputs:
     def settled(self) -> bool:
         """Whether the inputs are predicted alone from now on."""
         return self.trusted_inputs and self.checked_inputs >= CHECKED_STEPS
+
+    @property
+    def predicted_alone(self) -> bool:
+        """Whether the inputs and the updated kwargs are predicted alone from now on (none of HF's
+        functions runs between the steps)."""
+        return self.settled and self.trusted_updates and self.checked_updates >= CHECKED_STEPS
 
     def inputs(self, tokens: Tokens, column: torch.Tensor, model_kwargs: dict) -> dict:
         """The forward's inputs for the step after `tokens`, whose last `column` is the new tokens."""

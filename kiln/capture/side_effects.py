@@ -15,6 +15,7 @@ import torch
 
 from kiln.capture import module_watch
 from kiln.capture.break_records import unsupported
+from kiln.capture.guards import IMMUTABLE_SCALARS
 from kiln.capture.sources import InstanceDictSource
 from kiln.capture.variables.base import Variable
 from kiln.capture.variables.containers import DictVariable, IteratorVariable, ListVariable, SetVariable
@@ -105,6 +106,17 @@ class SideEffects:
 
     def __bool__(self) -> bool:
         return bool(self.mutated or self.attr_writes or self.global_writes or self.cell_writes)
+
+    def constant_stores_only(self) -> bool:
+        """Whether every change replayed is an attribute or a global set to an immutable constant
+        (None, a bool, a number, a string): replayed again, it leaves what it left the first time,
+        so guards that held after one replay hold after the next (kiln/settled.py)."""
+        if self.mutated or self.cell_writes:
+            return False
+        values = [value for obj, attrs in self.attr_writes.values() if obj.source is not None for value in attrs.values()]
+        values += [value for _, _, value in self.global_writes.values()]
+        return all(value is not None and value.is_constant() and type(value.as_constant()) in IMMUTABLE_SCALARS
+                   for value in values)
 
     def replay_lines(self, rc: Any) -> list[str]:
         """Python statements that apply the recorded changes (rc: the output reconstructor)."""

@@ -5,7 +5,8 @@ same version counter (an in-place change, an optimizer step, `load_state_dict`, 
 same memory (`w.data = new` and `module.to(...)` rebind it), and not written through `.data` since
 (kiln/runtime/data_watch.py). If not, the constants graph runs again on the new tensors: a weight
 changed after compiling gives the new, correct result, at the cost of one re-freeze. New tensors with other shapes, dtypes or strides
-than the compiled ones run the graphs through ATen, op by op, logged.
+than the compiled ones run the graphs through ATen, op by op, logged. The steps of a settled run
+(kiln/settled.py: kiln's decoding loop, nothing but its own code between the steps) check once a run.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
-from kiln import logs
+from kiln import logs, settled
 from kiln.native import libkiln, python_door
 from kiln.runtime import data_watch, shared_constants
 from kiln.runtime.compiled_graph import CompiledGraph
@@ -75,6 +76,7 @@ class FrozenProgram:
         self.stamp: Any = None
         self.storages: list[Any] = []  # held so that a rebound tensor's old memory is not reused before the check
         self.epoch = -1  # data_watch's epoch when the constants were last known valid
+        self.stamped_run = 0  # the settled run whose step last found the stamp held (0: none)
         self.constants: tuple = ()
         # The runtime graph with the constants as its last inputs (bound once per freeze: a decode
         # step's ~500 are then not passed through Python on every call).
@@ -113,6 +115,11 @@ class FrozenProgram:
         return True
 
     def __call__(self, *args: Any) -> Any:
+        # A settled run's step (kiln/settled.py) after the run's first: nothing but kiln's loop and
+        # this graph, which writes no frozen input, ran since the stamp held.
+        run = settled.current()
+        if run is not None and run.number == self.stamped_run:
+            return self._run_with_constants(*self._runtime_of(args))
         frozen = self._frozen_of(args)
         # Stale constants: the stamp differs (never frozen: it is None; it is what changes in
         # practice), or a write data_watch saw. Written out here: this runs on every call.
@@ -121,6 +128,7 @@ class FrozenProgram:
                 or epoch != self.epoch and self._written(frozen, epoch)) \
                 and not self._freeze(frozen):
             return self._eager(args, frozen)
+        self.stamped_run = run.number if run is not None else 0
         return self._run_with_constants(*self._runtime_of(args))
 
     def _eager(self, args: Sequence[Any], frozen: list[Any]) -> Any:
