@@ -13,9 +13,10 @@ same run it checks only the guards that read the call's new arguments (kiln/capt
 once a run (kiln/runtime/frozen.py). After a Qwen2-0.5B int4 step's 270 MB of weights the guard
 check and the stamp ran from cold caches: ~150 and ~70 µs of a 9 ms token on a 2-core AMD EPYC.
 
-Not seen, as they are not seen by eager's steps either: another thread that changes the model
-while the loop runs it, and a finalizer that the garbage collector runs between two steps and that
-changes it. `config.capture.settled_steps` (`KILN_SETTLED_STEPS=0`) turns the runs off.
+Not seen: a change that another thread, or a finalizer the garbage collector runs between two
+steps, makes to the model while the loop runs it (eager's next step would read it, racing with it;
+the run's steps keep what the run began with). `config.capture.settled_steps`
+(`KILN_SETTLED_STEPS=0`) turns the runs off.
 """
 
 from __future__ import annotations
