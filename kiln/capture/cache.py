@@ -77,9 +77,9 @@ class FrameCache:
             if entry.guards.check(L):
                 if index:
                     by_last_use.insert(0, by_last_use.pop(index))
-                if run is not None and not SettledEntry.after_check(run, self, entry, L):
-                    run = None
-                return self._run(entry, L, run)
+                if run is not None:
+                    SettledEntry.after_check(run, self, entry, L)
+                return self._run(entry, L, run if run is not None and entry.stamps_once else None)
         if run is not None:
             run.kept.pop(self, None)
         return self._miss(L, args, kwargs)

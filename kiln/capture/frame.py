@@ -44,6 +44,10 @@ class Entry:
     # that change only its arguments (kiln/settled.py): one graph to the frame's end, and its
     # changes to objects all stores of constants, none beside them.
     settles: bool = False
+    # Whether its frozen program may stamp its weights once a settled run: one graph to the frame's
+    # end, none of its changes able to rebind a module's tensor (a dynamic cache's step: it stores
+    # its grown layers, so it does not settle, but it leaves the model's weights alone).
+    stamps_once: bool = False
     argument_guards: Any = None  # its guards by the arguments they read (settled_entry.py), made when first needed
 
 
@@ -138,6 +142,7 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
     rc = Reconstructor(output.size_symbols())
     side_effects = output.side_effects.replay_lines(rc)
     settles = breaking is None and output.side_effects.constant_stores_only()
+    stamps_once = breaking is None and output.side_effects.leaves_modules()
     replayed = len(side_effects)
     if output.side_effects.module_writes_keep_reads():
         # Its own writes (HF's Swin sets `self.shift_size` on every call) must not fail its own guard.
@@ -173,7 +178,9 @@ def _capture(fn: types.FunctionType, L: tuple, backend: Callable, label: str, br
     seconds = time.perf_counter() - start
     stats = {"ops": output.op_count, "inputs": len(output.inputs), "attrs": len(output.attrs), "guards": len(guards.guards)}
     record = breaking.record(resumed=True) if breaking is not None and not breaking.inlined else None
-    return Entry(guards, run, gm, runner_source, seconds, stats, record, settles and len(side_effects) == replayed)
+    only_replayed = len(side_effects) == replayed  # (no grad mode, autocast or module version set beside them)
+    return Entry(guards, run, gm, runner_source, seconds, stats, record, settles and only_replayed,
+                 stamps_once and only_replayed)
 
 
 def _symbols_known_to(output: OutputGraph) -> Any:

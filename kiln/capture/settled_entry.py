@@ -91,18 +91,17 @@ class SettledEntry:
         self.entry, self.values, self.full_checks = entry, values, 1
 
     @staticmethod
-    def after_check(run: Run, frame: Any, entry: Any, L: tuple) -> bool:
-        """Note that `entry`'s guards held in full on this call of `run`; whether the entry settles."""
+    def after_check(run: Run, frame: Any, entry: Any, L: tuple) -> None:
+        """Note that `entry`'s guards held in full on this call of `run`."""
         if not entry.settles:
             run.kept.pop(frame, None)
-            return False
+            return
         reads = _argument_guards(entry, L)
         last = run.kept.get(frame)
         if last is not None and last.entry is entry:
             last.values, last.full_checks = reads.values(L), last.full_checks + 1
         else:
             run.kept[frame] = SettledEntry(entry, reads.values(L))
-        return True
 
     def holds(self, L: tuple) -> bool:
         """Whether the entry's guards hold on this call, checking those that read a changed argument."""

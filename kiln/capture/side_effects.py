@@ -21,6 +21,19 @@ from kiln.capture.variables.base import Variable
 from kiln.capture.variables.containers import DictVariable, IteratorVariable, ListVariable, SetVariable
 
 
+def _immutable_constant(value: Variable | None) -> bool:
+    """Whether a value written is an immutable constant (None: a deletion, which is not)."""
+    return value is not None and value.is_constant() and type(value.as_constant()) in IMMUTABLE_SCALARS
+
+
+def _is_module(obj: Variable) -> bool:
+    """Whether an object written to may be an nn.Module (a type kiln cannot tell: it may)."""
+    try:
+        return issubclass(obj.python_type(), torch.nn.Module)
+    except Exception:  # noqa: BLE001 - a variable without a known type
+        return True
+
+
 def advance(iterator: Any, steps: int) -> None:
     """Take `steps` items of `iterator`, dropping them."""
     collections.deque(itertools.islice(iterator, steps), maxlen=0)
@@ -115,8 +128,19 @@ class SideEffects:
             return False
         values = [value for obj, attrs in self.attr_writes.values() if obj.source is not None for value in attrs.values()]
         values += [value for _, _, value in self.global_writes.values()]
-        return all(value is not None and value.is_constant() and type(value.as_constant()) in IMMUTABLE_SCALARS
-                   for value in values)
+        return all(_immutable_constant(value) for value in values)
+
+    def leaves_modules(self) -> bool:
+        """Whether no change replayed can rebind a tensor a module holds (where frozen weights are
+        read from): no container changed in place, globals and cells set to immutable constants
+        only, and attributes set to anything else only on objects that are not modules (a KV
+        cache's layers)."""
+        if self.mutated or not all(_immutable_constant(value) for _, _, value in self.global_writes.values()):
+            return False
+        if not all(_immutable_constant(value) for _, value in self.cell_writes.values()):
+            return False
+        return all(not _is_module(obj) or all(_immutable_constant(value) for value in attrs.values())
+                   for obj, attrs in self.attr_writes.values() if obj.source is not None)
 
     def replay_lines(self, rc: Any) -> list[str]:
         """Python statements that apply the recorded changes (rc: the output reconstructor)."""

@@ -226,3 +226,25 @@ def _keywords(**kwargs):
     if "shift" in kwargs:
         out = out + kwargs["shift"]
     return out
+
+
+def test_a_dynamic_caches_steps_check_in_full_and_stamp_once(monkeypatch):
+    """The dynamic cache's step stores its grown layers (not constants): every call of the run
+    checks its guards in full; it leaves the model's weights alone, so they are stamped once a run."""
+    kiln.reset()
+    model = _decoder("llama")
+    prompt = _prompt()
+    options = {name: value for name, value in OPTIONS.items() if name != "cache_implementation"}
+    counts = _counted(monkeypatch)
+    compiled = kiln.compile(model)
+    with torch.no_grad():
+        expected = model.generate(prompt, **options)
+        compiled.generate(prompt, **options)
+        counts.update({"held": 0, "not held": 0, "stamps": 0})
+        tokens = compiled.generate(prompt, **options)
+    assert torch.equal(tokens, expected)
+    entries = _frame_entries()
+    assert not any(entry.settles for entry in entries) and any(entry.stamps_once for entry in entries)
+    assert counts["held"] == 0 and counts["not held"] == 0
+    # Stamped on the prefill, the decode steps before the run and the run's first step only.
+    assert 0 < counts["stamps"] <= hf_greedy.CHECKED_STEPS + 3
