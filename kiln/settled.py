@@ -8,8 +8,8 @@ streamer, no hooks on the model), nothing runs between two decode steps but the 
 and the compiled step itself. The loop then opens a run (`Run()`) and makes each step's call
 under its mark (`call`). The first compiled frame the call reaches takes the mark (`take`: the
 frames it reaches in turn see none), and where its entry was checked in full on two calls of the
-same run it checks only the guards that read the call's new arguments (kiln/capture/cache.py
-`SettledEntry`); its frozen program, run under the mark again (`call`), stamps its weights
+same run it checks only the guards that read the call's new arguments
+(kiln/capture/settled_entry.py); its frozen program, run under the mark again (`call`), stamps its weights
 once a run (kiln/runtime/frozen.py). After a Qwen2-0.5B int4 step's 270 MB of weights the guard
 check and the stamp ran from cold caches: ~150 and ~70 µs of a 9 ms token on a 2-core AMD EPYC.
 

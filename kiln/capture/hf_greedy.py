@@ -70,6 +70,7 @@ import torch
 from torch import nn
 
 from kiln import config, settled
+from kiln.capture.resume_at_break import has_hooks
 from kiln.native import python_door
 
 # Decode steps whose inputs and kwargs are HF's, each compared with its prediction, before the
@@ -199,12 +200,11 @@ def decoding_loop(model: nn.Module, input_ids: torch.LongTensor, logits_processo
                     return _result(tokens.whole(), generation_config, model_kwargs)
             if not (only_kiln and steps.predicted_alone):
                 run = None
-            elif run is None and not _has_hooks(model):
+            elif run is None and not has_hooks(model):
                 run = settled.Run()
-            if run is not None:
-                outputs = settled.call(run, model, **steps.inputs(tokens, column, model_kwargs), return_dict=True)
-            else:
-                outputs = model(**steps.inputs(tokens, column, model_kwargs), return_dict=True)
+            inputs = steps.inputs(tokens, column, model_kwargs)
+            outputs = (settled.call(run, model, **inputs, return_dict=True) if run is not None
+                       else model(**inputs, return_dict=True))
 
 
 def _result(sequences: torch.Tensor, generation_config: Any, model_kwargs: dict) -> Any:
@@ -327,15 +327,6 @@ def _generates_own_criteria(stopping_criteria: Any) -> bool:
     from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
     return all(type(criterion) in (MaxLengthCriteria, EosTokenCriteria) for criterion in stopping_criteria)
-
-
-def _has_hooks(module: nn.Module) -> bool:
-    """Whether calling `module` runs hooks (nn.Module.__call__ runs them outside its compiled forward)."""
-    from torch.nn.modules import module as modules
-
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
-                or modules._global_forward_hooks or modules._global_forward_pre_hooks
-                or modules._global_backward_hooks or modules._global_backward_pre_hooks)
 
 
 def _stop_function(stopping_criteria: Any) -> Callable[[Tokens, torch.Tensor], torch.Tensor | None]:

@@ -275,7 +275,7 @@ def compiled_callee(fn: Any, backend: Callable, dynamic: bool | None = None) -> 
     if isinstance(fn, nn.Module):
         if "forward" in fn.__dict__:  # (a forward set on the instance: not the class's to compile)
             return fn
-        if _has_hooks(fn):
+        if has_hooks(fn):
             hooked = fn
         target, bound = type(fn).forward, fn
     elif isinstance(fn, types.MethodType):
@@ -307,7 +307,8 @@ def _call_with_forward(module: nn.Module, forward: Callable, *args: Any, **kwarg
         module.__dict__.pop("forward", None)
 
 
-def _has_hooks(module: nn.Module) -> bool:
+def has_hooks(module: nn.Module) -> bool:
+    """Whether calling `module` runs hooks (nn.Module.__call__ runs them outside a compiled forward)."""
     own = (module._forward_hooks, module._forward_pre_hooks, module._backward_hooks, module._backward_pre_hooks)
     shared = (module_mod._global_forward_hooks, module_mod._global_forward_pre_hooks, module_mod._global_backward_hooks,
               module_mod._global_backward_pre_hooks)
